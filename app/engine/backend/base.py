@@ -1,0 +1,131 @@
+"""The op set every backend implements, with one signature for numpy and CUDA.
+
+Layers call these ops; nothing above the backend touches numpy or cupy arrays directly
+except through `backend.xp`. Activations are 2-D `[tokens, features]` (or 3-D
+`[tokens, heads, head_dim]` around attention) in the backend's activation dtype.
+The numpy backend (`cpu.py`) is the reference: the CUDA backend is tested against it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from app.engine.quant.dispatch import QuantizedTensor
+
+Array = Any  # numpy.ndarray on the CPU backend, cupy.ndarray on CUDA
+
+
+@dataclass
+class AttentionMetadata:
+    """Where each sequence's new tokens sit in the flat batch and in the paged KV cache.
+
+    A batch mixes prefill chunks and decodes: sequence `i` owns flat tokens
+    `query_start_loc[i]:query_start_loc[i+1]`, which are its last tokens; its context
+    after this step is `seq_lens[i]` tokens whose KV lives in blocks `block_tables[i]`.
+    Token `t` sits at absolute position `positions[t]` and writes its KV to cache slot
+    `slot_mapping[t]` (= block_id * block_size + offset).
+    """
+
+    query_start_loc: Array  # int32 [B + 1]
+    seq_lens: Array  # int32 [B]
+    block_tables: Array  # int32 [B, max_blocks_per_seq], unused entries are 0
+    slot_mapping: Array  # int32 [T]
+    positions: Array  # int32 [T]
+    max_query_len: int
+    max_seq_len: int
+    block_size: int
+    # Host copies, for backends that loop over sequences on the host (numpy does).
+    host_query_start_loc: np.ndarray | None = None
+    host_seq_lens: np.ndarray | None = None
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self.seq_lens.shape[0])
+
+    @property
+    def decode_only(self) -> bool:
+        return self.max_query_len == 1
+
+
+@dataclass(frozen=True)
+class RopeTable:
+    """cos/sin of every (position, frequency) pair, `[max_positions, rotary_dim // 2]` float32."""
+
+    cos: Array
+    sin: Array
+
+
+class Backend(Protocol):
+    name: str  # "cpu" or "cuda"
+    xp: Any  # the array module: numpy or cupy
+    act_dtype: Any
+
+    # -- memory -------------------------------------------------------------------
+    def from_host(self, array: np.ndarray, dtype: Any = None) -> Array: ...
+    def to_host(self, array: Array) -> np.ndarray: ...
+    def load_weight(self, tensor: QuantizedTensor) -> Any:
+        """Take a checkpoint tensor into the backend, keeping its quantized layout."""
+        ...
+
+    def alloc_kv_cache(self, num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int) -> tuple[Array, Array]:
+        """K and V caches of one layer, each `[num_blocks, block_size, n_kv_heads, head_dim]`."""
+        ...
+
+    def rope_table(self, cos: np.ndarray, sin: np.ndarray) -> RopeTable: ...
+
+    # -- ops ----------------------------------------------------------------------
+    def embedding(self, weight: Any, token_ids: Array) -> Array:
+        """Rows `token_ids` of a `[vocab, hidden]` weight, dequantized: `[T, hidden]`."""
+        ...
+
+    def linear(self, x: Array, weight: Any, bias: Array | None = None) -> Array:
+        """`x @ weight.T (+ bias)` for `x [T, in]` and a `[out, in]` weight: `[T, out]`."""
+        ...
+
+    def rms_norm(self, x: Array, weight: Array, eps: float) -> Array:
+        """RMS-normalize over the last axis and scale by `weight` (x may be 2-D or 3-D)."""
+        ...
+
+    def add_rms_norm(self, x: Array, residual: Array, weight: Array, eps: float) -> tuple[Array, Array]:
+        """`residual + x` and its RMS norm: returns `(normed, new_residual)`."""
+        ...
+
+    def rope(self, x: Array, positions: Array, table: RopeTable, interleaved: bool) -> Array:
+        """Rotate `x [T, heads, head_dim]` by each token's position.
+
+        `interleaved` pairs (0,1), (2,3)... (GGUF llama layout); otherwise (i, i + d/2)
+        (NeoX / Hugging Face layout).
+        """
+        ...
+
+    def gated_activation(self, gate: Array, up: Array, kind: str) -> Array:
+        """`act(gate) * up` with `kind` "silu" or "gelu_tanh"."""
+        ...
+
+    def write_kv(self, k_cache: Array, v_cache: Array, k: Array, v: Array, slot_mapping: Array) -> None:
+        """Store `k, v [T, n_kv_heads, head_dim]` at their cache slots."""
+        ...
+
+    def attention(
+        self,
+        q: Array,
+        k_cache: Array,
+        v_cache: Array,
+        meta: AttentionMetadata,
+        scale: float,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
+    ) -> Array:
+        """Causal paged attention of `q [T, n_heads, head_dim]` over the cached context.
+
+        Grouped-query: head h reads KV head `h // (n_heads // n_kv_heads)`. With a
+        sliding window W, the token at position p sees keys at positions p-W+1 .. p.
+        """
+        ...
+
+    def softcap(self, x: Array, cap: float) -> Array:
+        """`cap * tanh(x / cap)`."""
+        ...

@@ -1,0 +1,178 @@
+"""The CUDA backend: the numpy backend's op set on an NVIDIA GPU, through CuPy.
+
+Every op is a hand-written kernel from `app/engine/kernels` (compiled at run time by
+NVRTC and cached on disk), except the prefill matrix product, which goes through cuBLAS
+on float16 slices of the weight. Weights stay in their GGUF block layout on the GPU;
+activations are float32 (parity with numpy), the KV cache float16.
+
+CuPy is imported only when a `CudaBackend` is made or `cuda_available()` is asked, so
+the CPU path never loads it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from app.engine.backend.base import AttentionMetadata, RopeTable
+from app.engine.backend.cuda_linear import linear as _linear
+from app.engine.backend.cuda_weights import CudaWeight, upload_matrix, upload_vector
+from app.engine.kernels import activation as _activation
+from app.engine.kernels import attention as _attention
+from app.engine.kernels import kv_cache as _kv_cache
+from app.engine.kernels import norm as _norm
+from app.engine.kernels import rope as _rope
+from app.engine.kernels.dequant import dequant_rows
+from app.engine.quant.dispatch import QuantizedTensor
+
+MIN_COMPUTE_CAPABILITY = 80  # Ampere: the oldest architecture the kernels are built and tested for
+MIN_FREE_BYTES = 512 << 20
+
+
+class CudaUnavailableError(RuntimeError):
+    """This machine's GPU cannot run the CUDA backend; the message says why."""
+
+
+def _device_summary(device_id: int) -> tuple[str, int, int]:
+    import cupy
+
+    props = cupy.cuda.runtime.getDeviceProperties(device_id)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    return name, props["major"] * 10 + props["minor"], int(props["totalGlobalMem"])
+
+
+def cuda_available(device_id: int = 0) -> tuple[bool, str]:
+    """Whether the CUDA backend can run here, and a line saying what was found (or why not)."""
+    try:
+        import cupy
+    except ImportError:
+        return False, "CuPy is not installed (pip install 'paddock-studio[cuda12]' or '[cuda13]', by driver)"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # no driver, driver too old for this CuPy, ...
+        return False, f"no usable CUDA driver: {exc}"
+    if count <= device_id:
+        return False, f"no CUDA GPU number {device_id} (found {count})"
+    name, cc, total = _device_summary(device_id)
+    if cc < MIN_COMPUTE_CAPABILITY:
+        return False, (
+            f"{name} has compute capability {cc // 10}.{cc % 10}; the CUDA backend needs "
+            f"{MIN_COMPUTE_CAPABILITY // 10}.{MIN_COMPUTE_CAPABILITY % 10} or newer (RTX 30 / A100 and later)"
+        )
+    return True, f"{name} (sm_{cc}, {total / 2**30:.0f} GiB)"
+
+
+class CudaBackend:
+    name = "cuda"
+    act_dtype = np.float32
+
+    def __init__(self, device_id: int = 0, min_free_bytes: int = MIN_FREE_BYTES) -> None:
+        ok, reason = cuda_available(device_id)
+        if not ok:
+            raise CudaUnavailableError(reason)
+        import cupy
+
+        self.xp = cupy
+        self.device = cupy.cuda.Device(device_id)
+        self.device.use()
+        self.description = reason
+        free, total = cupy.cuda.runtime.memGetInfo()
+        if free < min_free_bytes:
+            raise CudaUnavailableError(
+                f"{reason}: only {free / 2**20:.0f} MiB of {total / 2**20:.0f} MiB free "
+                f"(need at least {min_free_bytes / 2**20:.0f} MiB); close other programs using the GPU"
+            )
+        self.sm_count = int(self.device.attributes["MultiProcessorCount"])
+
+    # -- memory -------------------------------------------------------------------
+    def from_host(self, array: np.ndarray, dtype: Any = None) -> Any:
+        return self.xp.asarray(np.asarray(array, dtype=dtype))
+
+    def to_host(self, array: Any) -> np.ndarray:
+        return self.xp.asnumpy(array)
+
+    def load_weight(self, tensor: QuantizedTensor) -> CudaWeight | Any:
+        if len(tensor.shape) == 1:
+            return upload_vector(tensor)
+        return upload_matrix(tensor)
+
+    def alloc_kv_cache(
+        self, num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int
+    ) -> tuple[Any, Any]:
+        shape = (num_blocks, block_size, n_kv_heads, head_dim)
+        return self.xp.zeros(shape, self.xp.float16), self.xp.zeros(shape, self.xp.float16)
+
+    def rope_table(self, cos: np.ndarray, sin: np.ndarray) -> RopeTable:
+        return RopeTable(self.from_host(cos, np.float32), self.from_host(sin, np.float32))
+
+    def _f32(self, x: Any) -> Any:
+        return self.xp.ascontiguousarray(x, dtype=self.xp.float32)
+
+    def _i32(self, x: Any) -> Any:
+        return self.xp.ascontiguousarray(self.xp.asarray(x), dtype=self.xp.int32)
+
+    # -- ops ----------------------------------------------------------------------
+    def embedding(self, weight: CudaWeight, token_ids: Any) -> Any:
+        ids = self._i32(token_ids).reshape(-1)
+        if weight.dense is not None:
+            return weight.dense[ids]
+        out = self.xp.empty((ids.shape[0], weight.n_cols), self.xp.float32)
+        return dequant_rows(
+            weight.data, weight.qtype.name, weight.row_bytes, weight.n_rows, weight.n_cols, out, ids
+        )
+
+    def linear(self, x: Any, weight: CudaWeight, bias: Any | None = None) -> Any:
+        return _linear(x, weight, bias)
+
+    def rms_norm(self, x: Any, weight: Any, eps: float) -> Any:
+        x = self._f32(x)
+        return _norm.rms_norm(x, self._f32(weight), eps, self.xp.empty_like(x))
+
+    def add_rms_norm(self, x: Any, residual: Any, weight: Any, eps: float) -> tuple[Any, Any]:
+        x, residual = self._f32(x), self._f32(residual)
+        return _norm.add_rms_norm(
+            x, residual, self._f32(weight), eps, self.xp.empty_like(x), self.xp.empty_like(x)
+        )
+
+    def rope(self, x: Any, positions: Any, table: RopeTable, interleaved: bool) -> Any:
+        x = self._f32(x)
+        return _rope.rope(x, self._i32(positions), table.cos, table.sin, interleaved, self.xp.empty_like(x))
+
+    def gated_activation(self, gate: Any, up: Any, kind: str) -> Any:
+        gate, up = self._f32(gate), self._f32(up)
+        return _activation.gated(gate, up, kind, self.xp.empty_like(gate))
+
+    def write_kv(self, k_cache: Any, v_cache: Any, k: Any, v: Any, slot_mapping: Any) -> None:
+        _kv_cache.write_kv(k_cache, v_cache, self._f32(k), self._f32(v), self._i32(slot_mapping))
+
+    def attention(
+        self,
+        q: Any,
+        k_cache: Any,
+        v_cache: Any,
+        meta: AttentionMetadata,
+        scale: float,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
+        num_splits: int | None = None,
+    ) -> Any:
+        """As `Backend.attention`; `num_splits` forces a split count (a CUDA graph needs
+        one fixed launch shape for every step it replays)."""
+        q = self._f32(q)
+        n_tok, n_heads, head_dim = q.shape
+        if num_splits is None:
+            plan = _attention.plan_splits(
+                n_tok, k_cache.shape[2], int(meta.max_seq_len), self.sm_count, n_heads, head_dim
+            )
+        else:
+            split_len = -(-int(meta.max_seq_len) // num_splits)
+            plan = _attention.SplitPlan(num_splits, max(1, split_len))
+        return _attention.attention(
+            q, k_cache, v_cache, self._i32(meta.query_start_loc), self._i32(meta.seq_lens),
+            self._i32(meta.block_tables), scale, sliding_window, softcap, plan, self.xp.empty_like(q),
+        )  # fmt: skip
+
+    def softcap(self, x: Any, cap: float) -> Any:
+        x = self._f32(x)
+        return _activation.softcap(x, cap, self.xp.empty_like(x))

@@ -1,0 +1,165 @@
+"""KV cache manager: ties the block pool to the radix prefix cache, per request.
+
+Reference rule: a request holds one pool reference on every block of its block table
+(shared prefix blocks included); the prefix cache holds one on every block in its tree.
+Shared blocks are read-only: matching never covers the block that holds a request's
+last known token, so the tokens a step writes always land in blocks private to it.
+
+"Free" blocks, as the scheduler sees them, are the pool's free list plus the cached
+blocks no running request uses (evicted on demand, least recently used first).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Hashable
+
+from app.engine.cache.blocks import NULL_BLOCK, BlockPool, blocks_for
+from app.engine.cache.radix import EvictedBlocks, RadixCache, RadixNode
+from app.engine.request import Request, RequestStatus
+
+
+class KVCacheManager:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        extra_key: Hashable = None,
+        on_evict: Callable[[EvictedBlocks], None] | None = None,
+    ) -> None:
+        self.block_size = block_size
+        self.pool = BlockPool(num_blocks, block_size)
+        self.prefix_cache = RadixCache(block_size, on_evict) if enable_prefix_caching else None
+        self.extra_key = extra_key  # the prefix-cache namespace: one per model/adapter
+        self._holders: dict[str, Request] = {}  # requests holding blocks or a cache lock
+        self._locks: dict[str, RadixNode] = {}  # request id -> its locked prefix-cache match
+
+    @property
+    def capacity(self) -> int:
+        """Usable blocks in all (the reserved null block excluded)."""
+        return self.pool.capacity
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return self.prefix_cache.num_blocks if self.prefix_cache else 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks an allocation can get now: free ones plus cached ones no request uses."""
+        evictable = self.prefix_cache.evictable_blocks if self.prefix_cache else 0
+        return self.pool.num_free + evictable
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.capacity - self.num_free_blocks
+
+    def usage(self) -> float:
+        """Fraction of the usable blocks that running requests hold (0.0 .. 1.0)."""
+        return self.num_used_blocks / self.capacity
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return blocks_for(num_tokens, self.block_size)
+
+    def match_prefix(self, request: Request) -> int:
+        """Reuse cached full blocks of the request's tokens; return how many tokens they cover.
+
+        Sets `block_ids` and `num_computed_tokens` (and, on first admission,
+        `num_cached_tokens`). At most `(num_tokens - 1) // block_size` blocks are matched,
+        so the last token, whose logits the step needs, is always computed.
+        """
+        if request.block_ids or request.num_computed_tokens:
+            raise ValueError(f"request {request.request_id} already holds KV; match_prefix is for admission")
+        matched = 0
+        if self.prefix_cache is not None and request.num_tokens > 0:
+            max_tokens = (request.num_tokens - 1) // self.block_size * self.block_size
+            result = self.prefix_cache.match(request.all_token_ids[:max_tokens], self.extra_key)
+            if result.num_tokens:
+                self.prefix_cache.lock(result.node)
+                self._locks[request.request_id] = result.node
+                self.pool.incref(result.block_ids)
+                request.block_ids = list(result.block_ids)
+                request.num_computed_tokens = matched = result.num_tokens
+                self._holders[request.request_id] = request
+        if request.status == RequestStatus.WAITING:  # a recompute after preemption keeps the first figure
+            request.num_cached_tokens = min(matched, request.num_prompt_tokens)
+        return matched
+
+    def can_allocate(self, request: Request, num_new_tokens: int) -> bool:
+        return self._blocks_short(request, num_new_tokens) <= self.num_free_blocks
+
+    def allocate(self, request: Request, num_new_tokens: int) -> bool:
+        """Grow the block table to cover `num_computed_tokens + num_new_tokens` tokens.
+
+        Evicts unused cached blocks when the free list is short. Returns False, changing
+        nothing, when even that is not enough.
+        """
+        need = self._blocks_short(request, num_new_tokens)
+        if need <= 0:
+            return True
+        if need > self.num_free_blocks:
+            return False
+        shortfall = need - self.pool.num_free
+        if shortfall > 0:
+            assert self.prefix_cache is not None
+            self.pool.decref(self.prefix_cache.evict(shortfall))
+        request.block_ids.extend(self.pool.allocate(need))
+        self._holders[request.request_id] = request
+        return True
+
+    def free(self, request: Request) -> None:
+        """Release the request's blocks, caching the full blocks whose KV is valid.
+
+        Blocks within `num_computed_tokens` join the prefix cache (when enabled); where the
+        cache already had those tokens, the request's duplicate blocks are simply freed.
+        Leaves `num_computed_tokens` alone: the scheduler decides what it means next.
+        """
+        block_ids = request.block_ids
+        if self.prefix_cache is not None:
+            num_full = min(request.num_computed_tokens // self.block_size, len(block_ids))
+            if num_full:
+                tokens = request.all_token_ids[: num_full * self.block_size]
+                result = self.prefix_cache.insert(tokens, block_ids[:num_full], self.extra_key)
+                self.pool.incref(block_ids[result.num_cached_tokens // self.block_size : num_full])
+            node = self._locks.pop(request.request_id, None)
+            if node is not None:
+                self.prefix_cache.unlock(node)
+        self.pool.decref(block_ids)
+        request.block_ids = []
+        self._holders.pop(request.request_id, None)
+
+    def reset_prefix_cache(self) -> int:
+        """Drop every cached block no request uses; return how many were freed."""
+        if self.prefix_cache is None:
+            return 0
+        evicted = self.prefix_cache.evict(self.prefix_cache.evictable_blocks)
+        self.pool.decref(evicted)
+        return len(evicted)
+
+    def check_integrity(self) -> None:
+        """Assert pool and tree invariants, and that every reference has exactly one holder."""
+        self.pool.check_integrity()
+        expected: Counter[int] = Counter()
+        for request in self._holders.values():
+            assert NULL_BLOCK not in request.block_ids, f"{request.request_id} holds the null block"
+            assert len(set(request.block_ids)) == len(request.block_ids), (
+                f"{request.request_id}: duplicate block"
+            )
+            assert len(request.block_ids) * self.block_size >= request.num_computed_tokens, (
+                f"{request.request_id}: {request.num_computed_tokens} computed tokens in {len(request.block_ids)} blocks"
+            )
+            expected.update(request.block_ids)
+        if self.prefix_cache is not None:
+            self.prefix_cache.check_integrity()
+            expected.update(self.prefix_cache.iter_block_ids())
+            for block_id in self.prefix_cache.iter_block_ids(evictable_only=True):
+                # otherwise evicting it would free nothing, and the free count would lie
+                assert self.pool.ref_count(block_id) == 1, f"evictable block {block_id} is used by a request"
+        for block_id in range(1, self.pool.num_blocks):
+            assert self.pool.ref_count(block_id) == expected[block_id], (
+                f"block {block_id}: ref count {self.pool.ref_count(block_id)}, holders {expected[block_id]}"
+            )
+
+    def _blocks_short(self, request: Request, num_new_tokens: int) -> int:
+        total = request.num_computed_tokens + num_new_tokens
+        return self.blocks_needed(total) - len(request.block_ids)

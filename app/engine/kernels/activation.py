@@ -1,0 +1,29 @@
+"""Wrapper of activation.cu: gated activations and the soft cap."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.engine.kernels.compile import get_kernel
+from app.engine.kernels.launch import cdiv, f32, i64
+
+THREADS = 256
+GATED_KERNELS = {"silu": "gated_silu", "gelu_tanh": "gated_gelu_tanh"}
+
+
+def gated(gate: Any, up: Any, kind: str, out: Any) -> Any:
+    try:
+        name = GATED_KERNELS[kind]
+    except KeyError:
+        raise ValueError(f"unknown activation {kind!r}; expected one of {sorted(GATED_KERNELS)}") from None
+    n = gate.size
+    if n:
+        get_kernel("activation.cu", name)((cdiv(n, THREADS),), (THREADS,), (gate, up, out, i64(n)))
+    return out
+
+
+def softcap(x: Any, cap: float, out: Any) -> Any:
+    n = x.size
+    if n:
+        get_kernel("activation.cu", "softcap")((cdiv(n, THREADS),), (THREADS,), (x, out, i64(n), f32(cap)))
+    return out

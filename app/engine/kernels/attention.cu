@@ -1,0 +1,261 @@
+// Paged causal attention for mixed prefill + decode batches, with split-K (flash-decoding).
+//
+// One thread block per (query token, KV head, split): it computes the GQA group of query
+// heads that share the KV head, so every K/V row it fetches serves the whole group. The
+// token's visible keys [lo, pos] (causal, optionally limited to a sliding window) are cut
+// into `num_splits` ranges of `split_len` keys; each block walks its range in chunks of
+// CHUNK keys with an online softmax. With one split the block writes the normalized
+// output; with several it writes (acc, max, sum) partials that `attn_combine` merges, so a
+// long context is read by many blocks at once.
+//
+// Score phase: G lanes share a key, each holding E of its head_dim elements of every
+// group head's query in registers; their partial dot products meet through shuffles.
+// Value phase: each warp takes every 4th key of the chunk, each lane head_dim/32 output
+// elements; the four warps' sums meet in shared memory, in a fixed order.
+//
+// K/V are float16 [num_blocks, block_size, n_kv, head_dim]; q and out float32.
+#include "common.cuh"
+
+#define ATTN_WARPS 4
+#define ATTN_CHUNK 256
+
+template <int D, int GMAX>
+struct AttnShape {
+    static constexpr int E0 = (64 / GMAX) < 16 ? (64 / GMAX) : 16;
+    static constexpr int E = E0 > D / 32 ? E0 : D / 32;  // q elements per lane in the score phase
+    static constexpr int G = D / E;                        // lanes per key
+    static constexpr int KPW = 32 / G;                     // keys per warp per step
+    static constexpr int VE = D / 32;                      // output elements per lane
+};
+
+template <int N>
+__device__ __forceinline__ void load_halves(const u16* p, float* out) {
+    if constexpr (N == 2) {
+        const u32 a = __ldg(reinterpret_cast<const unsigned int*>(p));
+        out[0] = h2f_lo(a); out[1] = h2f_hi(a);
+    } else if constexpr (N == 4) {
+        const uint2 a = __ldg(reinterpret_cast<const uint2*>(p));
+        out[0] = h2f_lo(a.x); out[1] = h2f_hi(a.x); out[2] = h2f_lo(a.y); out[3] = h2f_hi(a.y);
+    } else {
+#pragma unroll
+        for (int c = 0; c < N / 8; ++c) {
+            const uint4 a = __ldg(reinterpret_cast<const uint4*>(p) + c);
+            float* o = out + 8 * c;
+            o[0] = h2f_lo(a.x); o[1] = h2f_hi(a.x); o[2] = h2f_lo(a.y); o[3] = h2f_hi(a.y);
+            o[4] = h2f_lo(a.z); o[5] = h2f_hi(a.z); o[6] = h2f_lo(a.w); o[7] = h2f_hi(a.w);
+        }
+    }
+}
+
+__device__ __forceinline__ int find_seq(const int* __restrict__ qsl, int n_seqs, int t) {
+    int lo = 0, hi = n_seqs;  // the sequence i with qsl[i] <= t < qsl[i + 1]
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) >> 1;
+        if (__ldg(qsl + mid) <= t) lo = mid; else hi = mid;
+    }
+    return lo;
+}
+
+template <int D, int GMAX>
+__device__ __forceinline__ void attn_body(const float* __restrict__ q, const u16* __restrict__ k_cache,
+                                          const u16* __restrict__ v_cache, const int* __restrict__ qsl,
+                                          const int* __restrict__ seq_lens, const int* __restrict__ block_tables,
+                                          int table_stride, int n_seqs, int n_heads, int n_kv, int block_size,
+                                          float scale, float softcap, int window, int split_len,
+                                          float* __restrict__ out, float* __restrict__ part_acc,
+                                          float* __restrict__ part_m, float* __restrict__ part_l) {
+    typedef AttnShape<D, GMAX> S;
+    __shared__ float sc[GMAX][ATTN_CHUNK];  // scores, then probabilities; finally the output sum
+    __shared__ float m_s[GMAX], l_s[GMAX], alpha_s[GMAX];
+
+    const int t = blockIdx.x, g = blockIdx.y, split = blockIdx.z, n_splits = gridDim.z;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int group = n_heads / n_kv;
+    const int head0 = g * group;
+
+    const int i = find_seq(qsl, n_seqs, t);
+    const int q_begin = qsl[i], q_end = qsl[i + 1];
+    const int ctx = seq_lens[i];
+    const int pos = ctx - (q_end - q_begin) + (t - q_begin);
+    const int lo = window > 0 ? max(0, pos - window + 1) : 0;
+    const int k_begin = max(lo, split * split_len);
+    const int k_end = min(pos + 1, (split + 1) * split_len);
+    const bool valid = t < q_end && pos >= 0;
+
+    if (threadIdx.x < GMAX) {
+        m_s[threadIdx.x] = -PADDOCK_INF;
+        l_s[threadIdx.x] = 0.f;
+    }
+
+    // This lane's slice of every group head's query, pre-scaled.
+    const int sub = lane % S::G;
+    float qr[GMAX][S::E];
+#pragma unroll
+    for (int h = 0; h < GMAX; ++h) {
+        const int hh = min(h, group - 1);
+        const float* qp = q + ((i64)t * n_heads + head0 + hh) * D + sub * S::E;
+#pragma unroll
+        for (int e = 0; e < S::E; e += 4) {
+            const float4 v = __ldg(reinterpret_cast<const float4*>(qp + e));
+            qr[h][e] = v.x * scale; qr[h][e + 1] = v.y * scale; qr[h][e + 2] = v.z * scale; qr[h][e + 3] = v.w * scale;
+        }
+    }
+    float acc[GMAX][S::VE];
+#pragma unroll
+    for (int h = 0; h < GMAX; ++h)
+#pragma unroll
+        for (int e = 0; e < S::VE; ++e) acc[h][e] = 0.f;
+    __syncthreads();
+
+    const int* table = block_tables + (i64)i * table_stride;
+    const i64 kv_row = (i64)n_kv * D;  // one slot of the cache
+
+    for (int c0 = k_begin; valid && c0 < k_end; c0 += ATTN_CHUNK) {
+        const int n_c = min(ATTN_CHUNK, k_end - c0);
+
+        // Scores. The loop bound is uniform across the warp so the shuffles stay convergent;
+        // unrolled so that the next keys' loads are in flight during this step's shuffles.
+#pragma unroll 2
+        for (int base = 0; base < n_c; base += ATTN_WARPS * S::KPW) {
+            const int kk = base + warp * S::KPW + lane / S::G;
+            const int key = c0 + min(kk, n_c - 1);
+            const int slot = table[key / block_size] * block_size + key % block_size;
+            float kv[S::E];
+            load_halves<S::E>(k_cache + slot * kv_row + (i64)g * D + sub * S::E, kv);
+#pragma unroll
+            for (int h = 0; h < GMAX; ++h) {
+                float dot = 0.f;
+#pragma unroll
+                for (int e = 0; e < S::E; ++e) dot = fmaf(qr[h][e], kv[e], dot);
+#pragma unroll
+                for (int o = S::G / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+                if (softcap > 0.f) dot = softcap * tanhf(dot / softcap);
+                if (sub == 0 && kk < n_c && h < group) sc[h][kk] = dot;
+            }
+        }
+        __syncthreads();
+
+        // Online softmax, one warp per head.
+        for (int h = warp; h < group; h += ATTN_WARPS) {
+            float mx = -PADDOCK_INF;
+            for (int kk = lane; kk < n_c; kk += 32) mx = fmaxf(mx, sc[h][kk]);
+            mx = warp_max(mx);
+            const float m_old = m_s[h];
+            const float m_new = fmaxf(m_old, mx);
+            float sum = 0.f;
+            for (int kk = lane; kk < n_c; kk += 32) {
+                const float p = expf(sc[h][kk] - m_new);
+                sc[h][kk] = p;
+                sum += p;
+            }
+            sum = warp_sum(sum);
+            __syncwarp();
+            if (lane == 0) {
+                const float alpha = m_old == -PADDOCK_INF ? 0.f : expf(m_old - m_new);
+                alpha_s[h] = alpha;
+                l_s[h] = l_s[h] * alpha + sum;
+                m_s[h] = m_new;
+            }
+        }
+        __syncthreads();
+
+        // Values.
+#pragma unroll
+        for (int h = 0; h < GMAX; ++h) {
+            const float a = h < group ? alpha_s[h] : 0.f;
+#pragma unroll
+            for (int e = 0; e < S::VE; ++e) acc[h][e] *= a;
+        }
+#pragma unroll 4
+        for (int kk = warp; kk < n_c; kk += ATTN_WARPS) {
+            const int key = c0 + kk;
+            const int slot = table[key / block_size] * block_size + key % block_size;
+            float vv[S::VE];
+            load_halves<S::VE>(v_cache + slot * kv_row + (i64)g * D + lane * S::VE, vv);
+#pragma unroll
+            for (int h = 0; h < GMAX; ++h) {
+                const float p = h < group ? sc[h][kk] : 0.f;
+#pragma unroll
+                for (int e = 0; e < S::VE; ++e) acc[h][e] = fmaf(p, vv[e], acc[h][e]);
+            }
+        }
+        __syncthreads();
+    }
+
+    // The four warps' partial sums, added in warp order (deterministic).
+    for (int w = 0; w < ATTN_WARPS; ++w) {
+        if (warp == w) {
+#pragma unroll
+            for (int h = 0; h < GMAX; ++h) {
+                if (h >= group) continue;
+#pragma unroll
+                for (int e = 0; e < S::VE; ++e) {
+                    float* cell = &sc[h][lane * S::VE + e];
+                    *cell = (w == 0 ? 0.f : *cell) + acc[h][e];
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+    for (int idx = threadIdx.x; idx < group * D; idx += blockDim.x) {
+        const int h = idx / D, d = idx % D;
+        const i64 row = (i64)t * n_heads + head0 + h;
+        const float v = sc[h][d];
+        if (n_splits == 1) {
+            const float l = l_s[h];
+            out[row * D + d] = (valid && l > 0.f) ? v / l : 0.f;
+        } else {
+            part_acc[(row * n_splits + split) * D + d] = v;
+            if (d == 0) {
+                part_m[row * n_splits + split] = m_s[h];
+                part_l[row * n_splits + split] = l_s[h];
+            }
+        }
+    }
+}
+
+// Merge the splits of one (token, head): rescale each partial sum to the common max.
+extern "C" __global__ void __launch_bounds__(256) attn_combine(const float* __restrict__ part_acc,
+                                                              const float* __restrict__ part_m,
+                                                              const float* __restrict__ part_l, float* __restrict__ out,
+                                                              int n_splits, int head_dim) {
+    const i64 row = blockIdx.x;  // token * n_heads + head
+    const float* m = part_m + row * n_splits;
+    const float* l = part_l + row * n_splits;
+    float mx = -PADDOCK_INF;
+    for (int s = 0; s < n_splits; ++s) mx = fmaxf(mx, m[s]);
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float num = 0.f, den = 0.f;
+        for (int s = 0; s < n_splits; ++s) {
+            if (m[s] == -PADDOCK_INF) continue;  // an empty split: its sum may be garbage-free zeros, skip anyway
+            const float wgt = expf(m[s] - mx);
+            num = fmaf(wgt, part_acc[(row * n_splits + s) * head_dim + d], num);
+            den = fmaf(wgt, l[s], den);
+        }
+        out[row * head_dim + d] = den > 0.f ? num / den : 0.f;
+    }
+}
+
+#define ATTN_KERNEL(D, GMAX)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_d##D##_g##GMAX(                         \
+        const float* __restrict__ q, const u16* __restrict__ k_cache, const u16* __restrict__ v_cache,         \
+        const int* __restrict__ qsl, const int* __restrict__ seq_lens, const int* __restrict__ block_tables,   \
+        int table_stride, int n_seqs, int n_heads, int n_kv, int block_size, float scale, float softcap,       \
+        int window, int split_len, float* __restrict__ out, float* __restrict__ part_acc,                      \
+        float* __restrict__ part_m, float* __restrict__ part_l) {                                              \
+        attn_body<D, GMAX>(q, k_cache, v_cache, qsl, seq_lens, block_tables, table_stride, n_seqs, n_heads,    \
+                           n_kv, block_size, scale, softcap, window, split_len, out, part_acc, part_m, part_l); \
+    }
+
+#define ATTN_HEAD_DIM(D) ATTN_KERNEL(D, 1) ATTN_KERNEL(D, 2) ATTN_KERNEL(D, 4) ATTN_KERNEL(D, 8) ATTN_KERNEL(D, 16)
+
+// The wrapper compiles one variant per module (-DATTN_D=128 -DATTN_G=4).
+#if defined(PADDOCK_ALL_VARIANTS)
+ATTN_HEAD_DIM(64)
+ATTN_HEAD_DIM(128)
+ATTN_HEAD_DIM(256)
+#else
+#define ATTN_SELECTED(D, GMAX) ATTN_KERNEL(D, GMAX)  // one more expansion, so ATTN_D becomes its value
+ATTN_SELECTED(ATTN_D, ATTN_G)
+#endif

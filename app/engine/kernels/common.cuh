@@ -1,0 +1,99 @@
+// Shared device helpers for every Paddock kernel.
+//
+// No system headers on purpose: NVRTC compiles this without an include path to the CUDA
+// toolkit (users have only the driver and CuPy's wheels), so half/bfloat16 conversions are
+// written as PTX and integer types are declared here.
+#pragma once
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef long long i64;
+
+#define PADDOCK_INF __int_as_float(0x7f800000)
+
+// -- float formats --------------------------------------------------------------------
+
+// PADDOCK_HOST_SHIM: the decoders are also compiled as plain C++ by a CPU-only test
+// (tests/engine/cuda/host/), which brings its own versions of these two.
+#ifndef PADDOCK_HOST_SHIM
+__device__ __forceinline__ float h2f(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ u16 f2h(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+#endif
+
+// bfloat16 is the upper half of a float32: widening is a shift.
+__device__ __forceinline__ float bf2f(u16 b) { return __uint_as_float(((u32)b) << 16); }
+
+// Low and high halves of a 32-bit word holding two f16 values.
+__device__ __forceinline__ float h2f_lo(u32 w) { return h2f((u16)(w & 0xffffu)); }
+__device__ __forceinline__ float h2f_hi(u32 w) { return h2f((u16)(w >> 16)); }
+
+__device__ __forceinline__ u32 pack_h2(float lo, float hi) { return (u32)f2h(lo) | ((u32)f2h(hi) << 16); }
+
+// -- loads ------------------------------------------------------------------------------
+
+__device__ __forceinline__ u16 ld_u16(const u8* p) { return __ldg(reinterpret_cast<const unsigned short*>(p)); }
+
+// Two 16-bit loads: GGUF blocks of 18, 22, 34 and 210 bytes leave 32-bit fields 2-aligned.
+__device__ __forceinline__ u32 ld_u32_a2(const u8* p) { return (u32)ld_u16(p) | ((u32)ld_u16(p + 2) << 16); }
+
+__device__ __forceinline__ uint4 ld16(const u8* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+
+// 16 bytes from a 2-byte-aligned address, built from the two aligned 16-byte words that
+// cover it. Neighbouring lanes read overlapping words, so HBM traffic stays one pass
+// (the second word is an L1 hit); buffers are padded by 16 bytes so the second load of
+// the last unit stays inside the allocation.
+__device__ __forceinline__ uint4 ld16u(const u8* p) {
+    const unsigned long long a = reinterpret_cast<unsigned long long>(p);
+    const uint4* base = reinterpret_cast<const uint4*>(a & ~15ull);
+    const u32 m = (u32)(a & 15);
+    const uint4 lo = __ldg(base);
+    const uint4 hi = __ldg(base + 1);
+    u32 w0 = lo.x, w1 = lo.y, w2 = lo.z, w3 = lo.w, w4 = hi.x, w5 = hi.y, w6 = hi.z, w7 = hi.w;
+    if (m & 8) {  // skip two words; selects, never a run-time register index
+        w0 = w2; w1 = w3; w2 = w4; w3 = w5; w4 = w6; w5 = w7;
+    }
+    if (m & 4) {
+        w0 = w1; w1 = w2; w2 = w3; w3 = w4; w4 = w5;
+    }
+    const u32 sh = (m & 3) * 8;
+    uint4 r;
+    r.x = __funnelshift_r(w0, w1, sh);
+    r.y = __funnelshift_r(w1, w2, sh);
+    r.z = __funnelshift_r(w2, w3, sh);
+    r.w = __funnelshift_r(w3, w4, sh);
+    return r;
+}
+
+// Byte `i` (run-time, 0..15) of a 16-byte value held in four registers.
+__device__ __forceinline__ u32 byte_of16(uint4 v, int i) {
+    const u32 w = (i < 8) ? ((i < 4) ? v.x : v.y) : ((i < 12) ? v.z : v.w);
+    return (w >> ((i & 3) * 8)) & 0xffu;
+}
+
+// Byte `i` (compile-time after unrolling) of a 32-bit word, as unsigned and as signed.
+__device__ __forceinline__ u32 ubyte(u32 w, int i) { return (w >> (8 * i)) & 0xffu; }
+__device__ __forceinline__ int sbyte(u32 w, int i) { return ((int)(w << (24 - 8 * i))) >> 24; }
+
+// -- reductions ---------------------------------------------------------------------------
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}

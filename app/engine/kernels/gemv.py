@@ -1,0 +1,53 @@
+"""Wrapper of gemv.cu: quantized matrix-vector products for up to 8 tokens."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.engine.kernels.compile import get_kernel
+from app.engine.kernels.launch import cdiv, i32, i64, ptr
+
+TOKEN_BUCKETS = (1, 2, 4, 8)  # kernel variants; n tokens run in the smallest bucket >= n
+ROWS_PER_BLOCK = {1: 4, 2: 4, 4: 2, 8: 2}  # must match GEMV_FORMAT in gemv.cu
+MAX_TOKENS = TOKEN_BUCKETS[-1]
+
+
+def format_defines(qtype_name: str) -> dict[str, str]:
+    """The -D pair that selects one format's decoder (see PADDOCK_FORMATS in quant.cuh)."""
+    return {"PADDOCK_FORMAT": qtype_name.lower(), "PADDOCK_FORMAT_STRUCT": f"Fmt{qtype_name}"}
+
+
+def default_warps(n_cols: int) -> int:
+    """Warps per block: about one 32-weight unit per lane, from 1 to 8 warps."""
+    return max(1, min(8, cdiv(n_cols // 32, 32)))
+
+
+def gemv(
+    data: Any,
+    qtype_name: str,
+    row_bytes: int,
+    n_rows: int,
+    n_cols: int,
+    x: Any,
+    out: Any,
+    bias: Any | None = None,
+    warps: int | None = None,
+) -> Any:
+    """`out[t, r] = sum_c W[r, c] x[t, c] (+ bias[r])` for float32 `x [T <= 8, n_cols]`.
+
+    `data` is the padded uint8 device buffer of W's rows (`row_bytes` each); `n_cols`
+    must be a multiple of 32. `out` is float32 `[T, n_rows]`.
+    """
+    n_tok = x.shape[0]
+    if not 1 <= n_tok <= MAX_TOKENS:
+        raise ValueError(f"gemv takes 1..{MAX_TOKENS} tokens, got {n_tok}")
+    if n_cols % 32:
+        raise ValueError(f"gemv needs a multiple of 32 columns, got {n_cols}")
+    bucket = next(b for b in TOKEN_BUCKETS if b >= n_tok)
+    kernel = get_kernel("gemv.cu", f"gemv_{qtype_name.lower()}_t{bucket}", format_defines(qtype_name))
+    warps = warps or default_warps(n_cols)
+    grid = (cdiv(n_rows, ROWS_PER_BLOCK[bucket]),)
+    kernel(
+        grid, (32 * warps,), (data, i64(row_bytes), i32(n_rows), i32(n_cols), x, i32(n_tok), out, ptr(bias))
+    )
+    return out

@@ -1,0 +1,45 @@
+"""Small helpers shared by the kernel wrappers: argument packing and grid sizes.
+
+CuPy packs a launch argument by its type, so every scalar is passed as a sized numpy
+scalar (a bare Python int would not say whether the kernel wants 32 or 64 bits) and an
+absent pointer as a 64-bit zero.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+NULL = np.uint64(0)
+
+
+def i32(v: int) -> np.int32:
+    return np.int32(v)
+
+
+def i64(v: int) -> np.int64:
+    return np.int64(v)
+
+
+def f32(v: float) -> np.float32:
+    return np.float32(v)
+
+
+def ptr(array: Any | None) -> Any:
+    """The array itself (CuPy passes its device pointer) or a null pointer."""
+    return NULL if array is None else array
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def require(array: Any, dtype: Any, name: str) -> Any:
+    """`array` as a C-contiguous device array of `dtype` (a copy only when needed)."""
+    import cupy
+
+    out = cupy.ascontiguousarray(cupy.asarray(array), dtype=dtype)
+    if out.ndim == 0:
+        raise ValueError(f"{name}: expected an array, got a scalar")
+    return out

@@ -1,0 +1,327 @@
+// GGUF block formats, decoded straight from their file layout.
+//
+// Every format is read in "units" of 32 weights of one row: two runs of 16 consecutive
+// weights, the second starting RUN1 weights after the first. The unit is the natural
+// slice of each format (one block of the 32-weight formats; one eighth of a 256-weight
+// k-quant block, chosen so that its quants are 16 contiguous bytes), so a lane fetches
+// a unit with one or two 16-byte loads. `load(row, u)` fetches unit `u` of a row (raw
+// bytes plus its scales) into registers; `get(k, w0, w1)` returns weights 4k..4k+3 of
+// each run (k = 0..3, a compile-time constant after unrolling); `x_base(u)` is the
+// column of the unit's first weight. The numpy dequantizers in quant/reference.py are
+// the oracle for every format here.
+#pragma once
+#include "common.cuh"
+
+__device__ __forceinline__ u32 word4(uint4 v, int k) { return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w; }
+
+// -- 32-weight blocks ----------------------------------------------------------------------
+
+struct FmtQ4_0 {  // d:f16, qs[16]: w = d * (q - 8); low nibbles are weights 0..15
+    static constexpr int RUN1 = 16;
+    static __device__ __forceinline__ int x_base(int u) { return u * 32; }
+    float d;
+    uint4 q;
+    __device__ __forceinline__ void load(const u8* row, int u) {
+        const u8* b = row + u * 18;
+        d = h2f(ld_u16(b));
+        q = ld16u(b + 2);
+    }
+    __device__ __forceinline__ void get(int k, float* w0, float* w1) const {
+        const u32 x = word4(q, k);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            w0[i] = d * (float)((int)(ubyte(x, i) & 15u) - 8);
+            w1[i] = d * (float)((int)(ubyte(x, i) >> 4) - 8);
+        }
+    }
+};
+
+struct FmtQ4_1 {  // d:f16, m:f16, qs[16]: w = d * q + m
+    static constexpr int RUN1 = 16;
+    static __device__ __forceinline__ int x_base(int u) { return u * 32; }
+    float d, m;
+    uint4 q;
+    __device__ __forceinline__ void load(const u8* row, int u) {
+        const u8* b = row + u * 20;
+        d = h2f(ld_u16(b));
+        m = h2f(ld_u16(b + 2));
+        q = ld16u(b + 4);
+    }
+    __device__ __forceinline__ void get(int k, float* w0, float* w1) const {
+        const u32 x = word4(q, k);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            w0[i] = d * (float)(ubyte(x, i) & 15u) + m;
+            w1[i] = d * (float)(ubyte(x, i) >> 4) + m;
+        }
+    }
+};
+
+struct FmtQ5_0 {  // d:f16, qh:u32 (bit j = 5th bit of weight j), qs[16]: w = d * (q - 16)
+    static constexpr int RUN1 = 16;
+    static __device__ __forceinline__ int x_base(int u) { return u * 32; }
+    float d;
+    u32 qh;
+    uint4 q;
+    __device__ __forceinline__ void load(const u8* row, int u) {
+        const u8* b = row + u * 22;
+        d = h2f(ld_u16(b));
+        qh = ld_u32_a2(b + 2);
+        q = ld16u(b + 6);
+    }
+    __device__ __forceinline__ void get(int k, float* w0, float* w1) const {
+        const u32 x = word4(q, k);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int j = 4 * k + i;
+            const u32 lo = (ubyte(x, i) & 15u) | (((qh >> j) & 1u) << 4);
+            const u32 hi = (ubyte(x, i) >> 4) | (((qh >> (j + 16)) & 1u) << 4);
+            w0[i] = d * (float)((int)lo - 16);
+            w1[i] = d * (float)((int)hi - 16);
+        }
+    }
+};
+
+struct FmtQ5_1 {  // d:f16, m:f16, qh:u32, qs[16]: w = d * q + m
+    static constexpr int RUN1 = 16;
+    static __device__ __forceinline__ int x_base(int u) { return u * 32; }
+    float d, m;
+    u32 qh;
+    uint4 q;
+    __device__ __forceinline__ void load(const u8* row, int u) {
+        const u8* b = row + u * 24;
+        d = h2f(ld_u16(b));
+        m = h2f(ld_u16(b + 2));
+        qh = ld_u32_a2(b + 4);
+        q = ld16u(b + 8);
+    }
+    __device__ __forceinline__ void get(int k, float* w0, float* w1) const {
+        const u32 x = word4(q, k);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int j = 4 * k + i;
+            const u32 lo = (ubyte(x, i) & 15u) | (((qh >> j) & 1u) << 4);
+            const u32 hi = (ubyte(x, i) >> 4) | (((qh >> (j + 16)) & 1u) << 4);
+            w0[i] = d * (float)lo + m;
+            w1[i] = d * (float)hi + m;
+        }
+    }
+};
+
+struct FmtQ8_0 {  // d:f16, qs[32] int8: w = d * q
+    static constexpr int RUN1 = 16;
+    static __device__ __forceinline__ int x_base(int u) { return u * 32; }
+    float d;
+    uint4 q0, q1;
+    __device__ __forceinline__ void load(const u8* row, int u) {
+        const u8* b = row + u * 34;
+        d = h2f(ld_u16(b));
+        q0 = ld16u(b + 2);
+        q1 = ld16u(b + 18);
+    }
+    __device__ __forceinline__ void get(int k, float* w0, float* w1) const {
+        const u32 x0 = word4(q0, k), x1 = word4(q1, k);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            w0[i] = d * (float)sbyte(x0, i);
+            w1[i] = d * (float)sbyte(x1, i);
+        }
+    }
+};
+
+// -- 256-weight k-quant super-blocks --------------------------------------------------------
+
+// 6-bit scale and min of sub-block `j` (0..7) from the 12 packed bytes of Q4_K/Q5_K.
+__device__ __forceinline__ void kquant_scale_min(uint4 sc, int j, u32& s, u32& m) {
+    if (j < 4) {
+        s = byte_of16(sc, j) & 63u;
+        m = byte_of16(sc, j + 4) & 63u;
+    } else {
+        s = (byte_of16(sc, j + 4) & 15u) | ((byte_of16(sc, j - 4) >> 6) << 4);
+        m = (byte_of16(sc, j + 4) >> 4) | ((byte_of16(sc, j) >> 6) << 4);
+    }
+}
+
+// Q4_K (144 bytes): d, dmin, scales[12], qs[128]. Unit (j, h) of a block: qs bytes
+// 32j + 16h .. +16; low nibbles are weights 64j + 16h + (0..15) in sub-block 2j, high
+// nibbles the same 32 weights later in sub-block 2j + 1.
+struct FmtQ4_K {
+    static constexpr int RUN1 = 32;
+    static __device__ __forceinline__ int x_base(int u) {
+        const int s = u & 7;
+        return (u >> 3) * 256 + (s >> 1) * 64 + (s & 1) * 16;
+    }
+    float s0, m0, s1, m1;
+    uint4 q;
+    __device__ __forceinline__ void load(const u8* row, int u) {
+        const u8* b = row + (u >> 3) * 144;
+        const int s = u & 7, j = s >> 1, h = s & 1;
+        const uint4 hdr = ld16(b);  // 144-byte blocks in 16-aligned rows: always aligned
+        q = ld16(b + 16 + j * 32 + h * 16);
+        const float d = h2f_lo(hdr.x), dmin = h2f_hi(hdr.x);
+        const uint4 sc = make_uint4(hdr.y, hdr.z, hdr.w, 0u);
+        u32 sa, ma, sb, mb;
+        kquant_scale_min(sc, 2 * j, sa, ma);
+        kquant_scale_min(sc, 2 * j + 1, sb, mb);
+        s0 = d * (float)sa;
+        m0 = dmin * (float)ma;
+        s1 = d * (float)sb;
+        m1 = dmin * (float)mb;
+    }
+    __device__ __forceinline__ void get(int k, float* w0, float* w1) const {
+        const u32 x = word4(q, k);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            w0[i] = s0 * (float)(ubyte(x, i) & 15u) - m0;
+            w1[i] = s1 * (float)(ubyte(x, i) >> 4) - m1;
+        }
+    }
+};
+
+// Q5_K (176 bytes): d, dmin, scales[12], qh[32], qs[128]. As Q4_K, plus a fifth bit:
+// byte l of qh holds it at bit 2j for weight 64j + l and at bit 2j + 1 for 64j + 32 + l.
+struct FmtQ5_K {
+    static constexpr int RUN1 = 32;
+    static __device__ __forceinline__ int x_base(int u) { return FmtQ4_K::x_base(u); }
+    float s0, m0, s1, m1;
+    int j2;
+    uint4 q, qh;
+    __device__ __forceinline__ void load(const u8* row, int u) {
+        const u8* b = row + (u >> 3) * 176;
+        const int s = u & 7, j = s >> 1, h = s & 1;
+        const uint4 hdr = ld16(b);
+        qh = ld16(b + 16 + h * 16);
+        q = ld16(b + 48 + j * 32 + h * 16);
+        const float d = h2f_lo(hdr.x), dmin = h2f_hi(hdr.x);
+        const uint4 sc = make_uint4(hdr.y, hdr.z, hdr.w, 0u);
+        u32 sa, ma, sb, mb;
+        kquant_scale_min(sc, 2 * j, sa, ma);
+        kquant_scale_min(sc, 2 * j + 1, sb, mb);
+        s0 = d * (float)sa;
+        m0 = dmin * (float)ma;
+        s1 = d * (float)sb;
+        m1 = dmin * (float)mb;
+        j2 = 2 * j;
+    }
+    __device__ __forceinline__ void get(int k, float* w0, float* w1) const {
+        const u32 x = word4(q, k), hb = word4(qh, k) >> j2;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const u32 lo = (ubyte(x, i) & 15u) | ((ubyte(hb, i) & 1u) << 4);
+            const u32 hi = (ubyte(x, i) >> 4) | (((ubyte(hb, i) >> 1) & 1u) << 4);
+            w0[i] = s0 * (float)lo - m0;
+            w1[i] = s1 * (float)hi - m1;
+        }
+    }
+};
+
+// Q6_K (210 bytes): ql[128], qh[64], scales[16] int8, d. Half n (128 weights) uses ql
+// bytes 64n.., qh bytes 32n.., scales 8n... Unit (n, part, lh): ql bytes
+// 64n + 32part + 16lh .. +16 and qh bytes 32n + 16lh .. +16; low nibbles (qh bits
+// 2part..) are weights 128n + 32part + 16lh + (0..15), high nibbles (qh bits 4 + 2part..)
+// the same 64 weights later. Blocks are only 2-byte aligned, hence ld16u.
+struct FmtQ6_K {
+    static constexpr int RUN1 = 64;
+    static __device__ __forceinline__ int x_base(int u) {
+        const int s = u & 7;
+        return (u >> 3) * 256 + (s >> 2) * 128 + ((s >> 1) & 1) * 32 + (s & 1) * 16;
+    }
+    float s0, s1;
+    int sh0;
+    uint4 ql, qh;
+    __device__ __forceinline__ void load(const u8* row, int u) {
+        const u8* b = row + (u >> 3) * 210;
+        const int s = u & 7, n = s >> 2, part = (s >> 1) & 1, lh = s & 1;
+        ql = ld16u(b + n * 64 + part * 32 + lh * 16);
+        qh = ld16u(b + 128 + n * 32 + lh * 16);
+        const uint4 sc = ld16u(b + 192);
+        const float d = h2f(ld_u16(b + 208));
+        const int base = n * 8 + lh + part * 2;
+        s0 = d * (float)(signed char)byte_of16(sc, base);
+        s1 = d * (float)(signed char)byte_of16(sc, base + 4);
+        sh0 = part * 2;
+    }
+    __device__ __forceinline__ void get(int k, float* w0, float* w1) const {
+        const u32 x = word4(ql, k), hb = word4(qh, k) >> sh0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const u32 h = ubyte(hb, i);
+            const int lo = (int)((ubyte(x, i) & 15u) | ((h & 3u) << 4)) - 32;
+            const int hi = (int)((ubyte(x, i) >> 4) | (((h >> 4) & 3u) << 4)) - 32;
+            w0[i] = s0 * (float)lo;
+            w1[i] = s1 * (float)hi;
+        }
+    }
+};
+
+// -- float formats (rows of a whole number of 32-weight units, so 16-byte aligned) --------
+
+struct FmtF16 {
+    static constexpr int RUN1 = 16;
+    static __device__ __forceinline__ int x_base(int u) { return u * 32; }
+    uint4 a0, a1, b0, b1;  // run 0: a0, a1; run 1: b0, b1
+    __device__ __forceinline__ void load(const u8* row, int u) {
+        const u8* p = row + u * 64;
+        a0 = ld16(p);
+        a1 = ld16(p + 16);
+        b0 = ld16(p + 32);
+        b1 = ld16(p + 48);
+    }
+    __device__ __forceinline__ void get(int k, float* w0, float* w1) const {
+        const uint4 a = k < 2 ? a0 : a1, b = k < 2 ? b0 : b1;
+        const u32 alo = (k & 1) ? a.z : a.x, ahi = (k & 1) ? a.w : a.y;
+        const u32 blo = (k & 1) ? b.z : b.x, bhi = (k & 1) ? b.w : b.y;
+        w0[0] = h2f_lo(alo); w0[1] = h2f_hi(alo); w0[2] = h2f_lo(ahi); w0[3] = h2f_hi(ahi);
+        w1[0] = h2f_lo(blo); w1[1] = h2f_hi(blo); w1[2] = h2f_lo(bhi); w1[3] = h2f_hi(bhi);
+    }
+};
+
+struct FmtBF16 {
+    static constexpr int RUN1 = 16;
+    static __device__ __forceinline__ int x_base(int u) { return u * 32; }
+    uint4 a0, a1, b0, b1;
+    __device__ __forceinline__ void load(const u8* row, int u) {
+        const u8* p = row + u * 64;
+        a0 = ld16(p);
+        a1 = ld16(p + 16);
+        b0 = ld16(p + 32);
+        b1 = ld16(p + 48);
+    }
+    __device__ __forceinline__ void get(int k, float* w0, float* w1) const {
+        const uint4 a = k < 2 ? a0 : a1, b = k < 2 ? b0 : b1;
+        const u32 alo = (k & 1) ? a.z : a.x, ahi = (k & 1) ? a.w : a.y;
+        const u32 blo = (k & 1) ? b.z : b.x, bhi = (k & 1) ? b.w : b.y;
+        w0[0] = __uint_as_float(alo << 16); w0[1] = __uint_as_float(alo & 0xffff0000u);
+        w0[2] = __uint_as_float(ahi << 16); w0[3] = __uint_as_float(ahi & 0xffff0000u);
+        w1[0] = __uint_as_float(blo << 16); w1[1] = __uint_as_float(blo & 0xffff0000u);
+        w1[2] = __uint_as_float(bhi << 16); w1[3] = __uint_as_float(bhi & 0xffff0000u);
+    }
+};
+
+struct FmtF32 {  // 128 bytes a unit: read in get(), too many registers to hold ahead
+    static constexpr int RUN1 = 16;
+    static __device__ __forceinline__ int x_base(int u) { return u * 32; }
+    const float4* p;
+    __device__ __forceinline__ void load(const u8* row, int u) {
+        p = reinterpret_cast<const float4*>(row + u * 128);
+    }
+    __device__ __forceinline__ void get(int k, float* w0, float* w1) const {
+        const float4 a = __ldg(p + k), b = __ldg(p + 4 + k);
+        w0[0] = a.x; w0[1] = a.y; w0[2] = a.z; w0[3] = a.w;
+        w1[0] = b.x; w1[1] = b.y; w1[2] = b.z; w1[3] = b.w;
+    }
+};
+
+// One line per format: FORMAT(suffix used in kernel names, decoder struct).
+#define PADDOCK_FORMATS(FORMAT) \
+    FORMAT(f32, FmtF32)         \
+    FORMAT(f16, FmtF16)         \
+    FORMAT(bf16, FmtBF16)       \
+    FORMAT(q4_0, FmtQ4_0)       \
+    FORMAT(q4_1, FmtQ4_1)       \
+    FORMAT(q5_0, FmtQ5_0)       \
+    FORMAT(q5_1, FmtQ5_1)       \
+    FORMAT(q8_0, FmtQ8_0)       \
+    FORMAT(q4_k, FmtQ4_K)       \
+    FORMAT(q5_k, FmtQ5_K)       \
+    FORMAT(q6_k, FmtQ6_K)

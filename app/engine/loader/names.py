@@ -1,0 +1,121 @@
+"""Checkpoint names: Hugging Face tensor names translated to GGUF's, per architecture, as data.
+
+The model modules speak GGUF names only (`blk.3.attn_q.weight`), whatever file the weights
+came from. The tables follow llama.cpp's tensor mapping. They rename and nothing more: model
+quirks (Gemma's `1 + weight` norms, the llama q/k row permutation of GGUF conversions) are
+applied by the model modules beside the weights they affect.
+
+This module is the bottom of the loader package, so it also owns `CheckpointError`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be read; the message names the file (or tensor) and what is wrong."""
+
+
+# config.json "architectures" entry (or "model_type") -> GGUF architecture name.
+HF_ARCHITECTURES: dict[str, str] = {
+    "Gemma3ForCausalLM": "gemma3",
+    "Gemma3ForConditionalGeneration": "gemma3",  # its text part; the vision tower is skipped
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+_HF_MODEL_TYPES: dict[str, str] = {
+    "gemma3": "gemma3",
+    "gemma3_text": "gemma3",
+    "llama": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+}
+
+# Where the text model sits inside the checkpoint: plain CausalLM, or the language model of a
+# multimodal checkpoint (transformers >= 4.52 writes `model.language_model.`, older `language_model.model.`).
+_BODY_PREFIXES = ("model.language_model.", "language_model.model.", "model.")
+_HEAD_PREFIXES = ("language_model.lm_head.", "lm_head.")
+
+_GLOBAL_MODULES = {"embed_tokens": "token_embd", "norm": "output_norm"}
+
+_ATTENTION_AND_MLP = {
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+_QK_NORMS = {"self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+# Llama and Qwen have one norm before the MLP, which HF calls post_attention_layernorm.
+_PRE_MLP_NORM = {"post_attention_layernorm": "ffn_norm"}
+# Gemma 3 has sandwich norms: here post_attention_layernorm really follows attention.
+_GEMMA_SANDWICH_NORMS = {
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+}
+
+# Per-layer module tables (HF module path under `layers.N.` -> GGUF name under `blk.N.`).
+LAYER_MODULES: dict[str, dict[str, str]] = {
+    "llama": {**_ATTENTION_AND_MLP, **_PRE_MLP_NORM},
+    "qwen2": {**_ATTENTION_AND_MLP, **_PRE_MLP_NORM},  # q/k/v biases ride on the same names
+    "qwen3": {**_ATTENTION_AND_MLP, **_PRE_MLP_NORM, **_QK_NORMS},
+    "gemma3": {**_ATTENTION_AND_MLP, **_QK_NORMS, **_GEMMA_SANDWICH_NORMS},
+}
+
+# Tensors that are in some checkpoints but carry nothing the engine uses.
+_SKIPPED = re.compile(
+    r"(^|\.)rotary_emb\.inv_freq$"  # old llama checkpoints saved the RoPE table
+    r"|^(model\.)?(vision_tower|multi_modal_projector)\."  # Gemma 3's image side
+)
+_LAYER_NAME = re.compile(r"^layers\.(\d+)\.(.+)\.(weight|bias)$")
+_GLOBAL_NAME = re.compile(r"^(\w+)\.(weight|bias)$")
+
+
+def architecture_of(hf_config: dict[str, Any]) -> str:
+    """GGUF architecture name of a config.json; CheckpointError if the engine cannot translate it."""
+    for hf_class in hf_config.get("architectures") or []:
+        if hf_class in HF_ARCHITECTURES:
+            return HF_ARCHITECTURES[hf_class]
+    model_type = hf_config.get("model_type")
+    if model_type in _HF_MODEL_TYPES:
+        return _HF_MODEL_TYPES[model_type]
+    raise CheckpointError(
+        f"unsupported model: architectures {hf_config.get('architectures')}, model_type {model_type!r}. "
+        f"Supported: {', '.join(HF_ARCHITECTURES)}"
+    )
+
+
+def gguf_name(hf_name: str, architecture: str) -> str | None:
+    """GGUF name of one HF tensor, or None for a tensor the engine deliberately skips."""
+    if architecture not in LAYER_MODULES:
+        raise CheckpointError(f"no tensor name table for architecture {architecture!r}")
+    if _SKIPPED.search(hf_name):
+        return None
+    for prefix in _HEAD_PREFIXES:
+        if hf_name.startswith(prefix) and hf_name[len(prefix) :] in ("weight", "bias"):
+            return "output." + hf_name[len(prefix) :]
+    for prefix in _BODY_PREFIXES:
+        if hf_name.startswith(prefix):
+            translated = _body_name(hf_name[len(prefix) :], architecture)
+            if translated is not None:
+                return translated
+    raise CheckpointError(f"tensor {hf_name!r} has no GGUF name for architecture {architecture!r}")
+
+
+def _body_name(name: str, architecture: str) -> str | None:
+    if match := _LAYER_NAME.match(name):
+        layer, module, kind = match.groups()
+        gguf_module = LAYER_MODULES[architecture].get(module)
+        return None if gguf_module is None else f"blk.{layer}.{gguf_module}.{kind}"
+    if match := _GLOBAL_NAME.match(name):
+        module, kind = match.groups()
+        gguf_module = _GLOBAL_MODULES.get(module)
+        return None if gguf_module is None else f"{gguf_module}.{kind}"
+    return None

@@ -1,0 +1,141 @@
+"""Read a Hugging Face model folder's safetensors weights as GGUF-named float tensors.
+
+A folder holds `model.safetensors`, or shards listed by `model.safetensors.index.json`.
+Each file is memory-mapped and its tensors are zero-copy uint8 views in `QuantizedTensor`
+layout (F32, F16 or BF16). The header is parsed here (8-byte length, then JSON) instead of
+through the `safetensors` package because its numpy API cannot hand out bfloat16, the
+usual dtype of these checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from app.engine.loader.names import CheckpointError, gguf_name
+from app.engine.quant.dispatch import QuantizedTensor
+from app.engine.quant.types import QUANT_TYPES, QuantType
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+_DTYPES: dict[str, QuantType] = {name: QUANT_TYPES[name] for name in ("F32", "F16", "BF16")}
+_MAX_HEADER_BYTES = 100_000_000  # the format's own limit; a larger length means a corrupt file
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The folder's safetensors files: the index's shards, else model.safetensors, else any *.safetensors."""
+    index = folder / INDEX_FILE
+    if index.is_file():
+        weight_map = _read_index(index)
+        return [folder / shard for shard in dict.fromkeys(weight_map.values())]
+    if (folder / SINGLE_FILE).is_file():
+        return [folder / SINGLE_FILE]
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{folder}: no {SINGLE_FILE}, {INDEX_FILE} or other *.safetensors file")
+    return files
+
+
+def read_safetensors_folder(folder: str | Path, architecture: str) -> dict[str, QuantizedTensor]:
+    """All tensors of the folder under their GGUF names (see `names.py`); skipped tensors left out."""
+    folder = Path(folder)
+    hf_tensors: dict[str, tuple[Path, QuantizedTensor]] = {}
+    for file in weight_files(folder):
+        for name, tensor in read_safetensors_file(file).items():
+            if name in hf_tensors:
+                raise CheckpointError(f"{file}: tensor {name!r} is also in {hf_tensors[name][0]}")
+            hf_tensors[name] = (file, tensor)
+    if (folder / INDEX_FILE).is_file():
+        _check_index_matches(folder, hf_tensors)
+    tensors: dict[str, QuantizedTensor] = {}
+    for hf_name, (file, tensor) in hf_tensors.items():
+        try:
+            name = gguf_name(hf_name, architecture)
+        except CheckpointError as exc:
+            raise CheckpointError(f"{file}: {exc}") from None
+        if name is None:
+            continue
+        if name in tensors:
+            raise CheckpointError(
+                f"{file}: tensor {hf_name!r} maps to {name!r}, which another tensor already has"
+            )
+        tensors[name] = QuantizedTensor(name, tensor.qtype, tensor.shape, tensor.data)
+    return tensors
+
+
+def read_safetensors_file(path: Path) -> dict[str, QuantizedTensor]:
+    """Tensors of one .safetensors file under their own (HF) names, as views of the memory-mapped file."""
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such safetensors file")
+    with path.open("rb") as file:
+        size = path.stat().st_size
+        if size < 8:
+            raise CheckpointError(f"{path}: file is truncated ({size} bytes)")
+        mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+    buffer = np.frombuffer(mapped, dtype=np.uint8)
+    header, data_start = _read_header(path, mapped)
+    tensors = {}
+    for name, entry in header.items():
+        if name != "__metadata__":
+            tensors[name] = _tensor(path, name, entry, buffer, data_start)
+    return tensors
+
+
+def _read_header(path: Path, mapped: mmap.mmap) -> tuple[dict[str, Any], int]:
+    (length,) = struct.unpack_from("<Q", mapped, 0)
+    if length > _MAX_HEADER_BYTES or 8 + length > len(mapped):
+        raise CheckpointError(f"{path}: header length {length} does not fit the {len(mapped)}-byte file")
+    try:
+        header = json.loads(bytes(mapped[8 : 8 + length]))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path}: header is not valid JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: header is not a JSON object")
+    return header, 8 + length
+
+
+def _tensor(path: Path, name: str, entry: Any, buffer: np.ndarray, data_start: int) -> QuantizedTensor:
+    try:
+        dtype, shape = entry["dtype"], tuple(int(d) for d in entry["shape"])
+        begin, end = (int(offset) for offset in entry["data_offsets"])
+    except (TypeError, KeyError, ValueError):
+        raise CheckpointError(f"{path}: tensor {name!r} has a malformed header entry {entry!r}") from None
+    if dtype not in _DTYPES:
+        raise CheckpointError(
+            f"{path}: tensor {name!r} has dtype {dtype}, which this engine does not load. "
+            f"Supported: {', '.join(_DTYPES)}"
+        )
+    qtype = _DTYPES[dtype]
+    shape = shape or (1,)  # a scalar is stored as one value
+    expected = int(np.prod(shape, dtype=np.int64)) * qtype.type_size
+    if not 0 <= begin <= end or end - begin != expected or data_start + end > len(buffer):
+        raise CheckpointError(
+            f"{path}: tensor {name!r} ({dtype}, shape {list(shape)}) has data offsets [{begin}, {end}] "
+            f"that do not hold {expected} bytes inside the file (truncated or corrupt)"
+        )
+    rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
+    data = buffer[data_start + begin : data_start + end].reshape(rows, -1)
+    return QuantizedTensor(name, qtype, shape, data)
+
+
+def _read_index(index: Path) -> dict[str, str]:
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{index}: not a safetensors index with a weight_map ({exc})") from None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise CheckpointError(f"{index}: weight_map must map tensor names to shard file names")
+    return weight_map
+
+
+def _check_index_matches(folder: Path, hf_tensors: dict[str, tuple[Path, QuantizedTensor]]) -> None:
+    index = folder / INDEX_FILE
+    for name, shard in _read_index(index).items():
+        found = hf_tensors.get(name)
+        if found is None or found[0].name != shard:
+            raise CheckpointError(f"{index}: lists tensor {name!r} in {shard}, which does not contain it")

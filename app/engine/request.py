@@ -1,0 +1,103 @@
+"""Per-request state inside the engine, and what the engine reports back.
+
+`Request` is mutable bookkeeping owned by the engine thread: token ids, how many of
+them already have KV in the cache, the block table, status. `RequestOutput` is the
+immutable delta handed to callers after each step.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from app.engine.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "finished_stopped"
+    FINISHED_LENGTH = "finished_length"
+    FINISHED_ABORTED = "finished_aborted"
+
+    @property
+    def finished(self) -> bool:
+        return self in _FINISHED
+
+    @property
+    def finish_reason(self) -> str | None:
+        return _FINISH_REASON.get(self)
+
+
+_FINISHED = {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED}
+_FINISH_REASON = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    session_id: str = "default"  # fairness key: requests of one client/session share a turn
+    arrival_time: float = field(default_factory=time.monotonic)
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0  # tokens whose KV is already in the cache
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    block_ids: list[int] = field(default_factory=list)  # block table
+    status: RequestStatus = RequestStatus.WAITING
+    stop_reason: str | int | None = None
+    first_token_time: float | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_pending_tokens(self) -> int:
+        """Known tokens that still lack KV: the rest of the prompt, or the last sampled token.
+
+        One rule covers prefill, chunked prefill, decode and recompute after preemption:
+        a step that processes all pending tokens also samples the next one.
+        """
+        return self.num_tokens - self.num_computed_tokens
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), best first
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """What one step produced for one request: new tokens and text, and totals so far."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str
+    logprobs: list[TokenLogprob] | None
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" | "abort" | None while running
+    stop_reason: str | int | None  # the stop string or token id that ended it
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_cached_tokens: int = 0

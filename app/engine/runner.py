@@ -1,0 +1,78 @@
+"""Turns a scheduled batch into device arrays, runs the model, returns the rows to sample.
+
+The runner owns the device side of a step: the flat token batch, positions, the
+attention metadata (block tables, slot mapping) and the KV caches of every layer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from app.engine.backend.base import AttentionMetadata
+from app.engine.request import Request
+
+
+def token_slice(request: Request, start: int, count: int) -> list[int]:
+    """Tokens `start:start+count` of prompt + output, without concatenating the two lists."""
+    prompt = request.prompt_token_ids
+    end = start + count
+    if end <= len(prompt):
+        return prompt[start:end]
+    out_start = max(0, start - len(prompt))
+    return prompt[start:] + request.output_token_ids[out_start : end - len(prompt)]
+
+
+class ModelRunner:
+    def __init__(self, model: Any, backend: Any, kv_caches: list[tuple[Any, Any]], block_size: int) -> None:
+        self.model = model
+        self.backend = backend
+        self.kv_caches = kv_caches
+        self.block_size = block_size
+
+    def prepare(self, chunks: list[Any]) -> tuple[np.ndarray, AttentionMetadata, np.ndarray]:
+        """Host arrays for one step: token ids, attention metadata, and the rows to sample."""
+        bs = self.block_size
+        counts = np.array([c.num_tokens for c in chunks], dtype=np.int64)
+        starts = np.array([c.start for c in chunks], dtype=np.int64)
+        query_start_loc = np.zeros(len(chunks) + 1, dtype=np.int32)
+        np.cumsum(counts, out=query_start_loc[1:])
+        seq_of_token = np.repeat(np.arange(len(chunks)), counts)
+        positions = (np.arange(int(counts.sum())) - query_start_loc[seq_of_token] + starts[seq_of_token]).astype(
+            np.int32
+        )
+        seq_lens = (starts + counts).astype(np.int32)
+        max_blocks = int(-(-seq_lens.max() // bs))
+        block_tables = np.zeros((len(chunks), max_blocks), dtype=np.int32)
+        token_ids: list[int] = []
+        for i, chunk in enumerate(chunks):
+            table = chunk.request.block_ids[:max_blocks]
+            block_tables[i, : len(table)] = table
+            token_ids.extend(token_slice(chunk.request, chunk.start, chunk.num_tokens))
+        slot_mapping = (block_tables[seq_of_token, positions // bs] * bs + positions % bs).astype(np.int32)
+        sample_rows = np.array(
+            [query_start_loc[i + 1] - 1 for i, c in enumerate(chunks) if c.samples], dtype=np.int64
+        )
+        b = self.backend
+        meta = AttentionMetadata(
+            query_start_loc=b.from_host(query_start_loc),
+            seq_lens=b.from_host(seq_lens),
+            block_tables=b.from_host(block_tables),
+            slot_mapping=b.from_host(slot_mapping),
+            positions=b.from_host(positions),
+            max_query_len=int(counts.max()),
+            max_seq_len=int(seq_lens.max()),
+            block_size=bs,
+            host_query_start_loc=query_start_loc,
+            host_seq_lens=seq_lens,
+        )
+        return np.asarray(token_ids, dtype=np.int32), meta, sample_rows
+
+    def run(self, chunks: list[Any]) -> Any:
+        """Forward the batch; logits `[n_sampling_chunks, vocab]` for the chunks that sample."""
+        token_ids, meta, sample_rows = self.prepare(chunks)
+        hidden = self.model.forward(self.backend.from_host(token_ids), meta, self.kv_caches)
+        if len(sample_rows) == 0:
+            return None
+        return self.model.logits(hidden[self.backend.from_host(sample_rows)])

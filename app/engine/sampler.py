@@ -1,0 +1,274 @@
+"""Batched token sampling on the host (numpy): the reference the GPU sampler must match.
+
+Order, as vLLM: logprobs from the raw logits; penalties (repetition, HF style, over
+prompt and output; frequency and presence, OpenAI style, over the output);
+`min_tokens` (EOS and stop token ids banned until enough tokens were generated);
+temperature; top-k, top-p, min-p; then one draw. Temperature 0 (below 1e-5, in fact,
+where dividing would overflow) is greedy argmax, ties going to the lowest id.
+
+Filters are thresholds on logits, so tokens tied with the last kept one are kept too
+(except past the widest top-k of the batch, which one partition selects). top-p is
+computed on the distribution top-k left; min-p compares each probability with the top
+one, a ratio no renormalisation changes, so it is a threshold on logits too. Rows with
+top-k do all the rest on their few candidates; a cumulative sum over the whole
+vocabulary is never taken, and a full sort only for a top-p nucleus wider than a
+quarter of the vocabulary.
+
+Randomness: a request with a `seed` has its own generator (its tokens depend only on
+its seed and its logits, never on the rest of the batch); the others share one
+generator seeded with `default_seed`. Each sampled row takes one uniform draw,
+inverted through the cumulative distribution of the surviving tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from app.engine.request import Request, TokenLogprob
+
+GREEDY_BELOW = 1e-5
+_FIRST_NUCLEUS_WIDTH = 64  # top-p looks at this many best tokens first, widening only if needed
+
+
+@dataclass(frozen=True)
+class SamplerOutput:
+    token_ids: list[int]
+    logprobs: list[TokenLogprob | None]  # None where the request asked for no logprobs
+
+
+class Sampler:
+    def __init__(self, eos_token_ids: frozenset[int], default_seed: int = 0) -> None:
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self._shared_rng = np.random.default_rng(default_seed)
+        self._seeded_rngs: dict[str, np.random.Generator] = {}
+
+    def forget(self, request_id: str) -> None:
+        """Drop per-request state when a request ends."""
+        self._seeded_rngs.pop(request_id, None)
+
+    def sample(self, logits: np.ndarray, requests: Sequence[Request]) -> SamplerOutput:
+        """Pick one token per row; row i of `logits` (float32 [batch, vocab]) is for requests[i]."""
+        if logits.ndim != 2 or logits.shape[0] != len(requests):
+            raise ValueError(f"logits must be [batch={len(requests)}, vocab], got shape {logits.shape}")
+        params = [r.sampling_params for r in requests]
+        chosen = np.empty(len(requests), dtype=np.int64)
+        raw, logits = logits, self._process(logits, requests)
+
+        greedy = np.array([p.temperature < GREEDY_BELOW for p in params], dtype=bool)
+        if greedy.any():
+            rows = logits if greedy.all() else logits[greedy]
+            chosen[greedy] = np.argmax(rows, axis=1)  # argmax takes the first (lowest id) of ties
+        rows = np.flatnonzero(~greedy)
+        if rows.size:
+            chosen[rows] = self._draw(logits[rows], [requests[i] for i in rows])
+
+        token_ids = chosen.tolist()
+        return SamplerOutput(token_ids, self._logprobs(raw, requests, token_ids))
+
+    # --- logit processing ---
+
+    def _process(self, logits: np.ndarray, requests: Sequence[Request]) -> np.ndarray:
+        """Penalties and min_tokens bans, on a copy (the raw logits feed the logprobs)."""
+        edited: np.ndarray | None = None
+        for row, request in enumerate(requests):
+            p = request.sampling_params
+            banned = self._banned(request)
+            penalised = p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty
+            if not (penalised or banned):
+                continue
+            if edited is None:
+                edited = np.array(logits, dtype=np.float32)
+            if penalised:
+                _apply_penalties(edited[row], request)
+            if banned:
+                # an id past the vocabulary can never be drawn anyway: nothing to ban
+                edited[row, [t for t in banned if t < logits.shape[1]]] = -np.inf
+        return logits if edited is None else edited
+
+    def _banned(self, request: Request) -> list[int]:
+        p = request.sampling_params
+        if request.num_output_tokens >= p.min_tokens:
+            return []
+        return sorted(self.eos_token_ids.union(p.stop_token_ids))
+
+    # --- drawing ---
+
+    def _draw(self, logits: np.ndarray, requests: list[Request]) -> np.ndarray:
+        """Sample one token per row. `logits` is the caller's private copy: scaled in place."""
+        params = [r.sampling_params for r in requests]
+        uniforms = self._uniforms(requests)  # one per row, before any grouping: seeds stay batch-independent
+        scaled = logits
+        scaled /= np.array([p.temperature for p in params], dtype=scaled.dtype)[:, None]
+        vocab = scaled.shape[1]
+        top_k = np.array([p.top_k if 0 < p.top_k < vocab else vocab for p in params])
+        top_p = np.array([p.top_p for p in params])
+        min_p = np.array([p.min_p for p in params])
+        row_max = scaled.max(axis=1)
+        if not np.isfinite(row_max).all():
+            bad = int(np.flatnonzero(~np.isfinite(row_max))[0])
+            raise ValueError(f"logits for request {requests[bad].request_id!r} have no finite value")
+        with np.errstate(divide="ignore"):
+            min_p_cut = row_max + np.log(min_p)  # -inf where min_p is off
+
+        chosen = np.empty(len(requests), dtype=np.int64)
+        with_k = top_k < vocab
+        if with_k.any():
+            chosen[with_k] = _draw_among_top_k(
+                scaled[with_k], top_k[with_k], top_p[with_k], min_p_cut[with_k], uniforms[with_k]
+            )
+        rest = np.flatnonzero(~with_k)
+        if rest.size:
+            rows = scaled[rest] if rest.size < len(requests) else scaled
+            chosen[rest] = _draw_full_width(rows, row_max[rest], top_p[rest], min_p_cut[rest], uniforms[rest])
+        return chosen
+
+    def _uniforms(self, requests: list[Request]) -> np.ndarray:
+        draws = np.empty(len(requests))
+        for i, request in enumerate(requests):
+            seed = request.sampling_params.seed
+            if seed is None:
+                rng = self._shared_rng
+            else:
+                rng = self._seeded_rngs.get(request.request_id)
+                if rng is None:
+                    rng = self._seeded_rngs[request.request_id] = np.random.default_rng(seed)
+            draws[i] = rng.random()
+        return draws
+
+    # --- logprobs ---
+
+    def _logprobs(
+        self, raw: np.ndarray, requests: Sequence[Request], token_ids: list[int]
+    ) -> list[TokenLogprob | None]:
+        """The chosen token's and the top-N log-probabilities under the raw model logits
+        (before penalties and temperature: the model's own distribution)."""
+        result: list[TokenLogprob | None] = [None] * len(requests)
+        rows = [i for i, r in enumerate(requests) if r.sampling_params.logprobs is not None]
+        if not rows:
+            return result
+        values = raw[rows]
+        row_max = values.max(axis=1, keepdims=True)
+        log_total = row_max[:, 0] + np.log(np.exp(values - row_max).sum(axis=1, dtype=np.float64))
+        chosen = values[np.arange(len(rows)), [token_ids[i] for i in rows]] - log_total
+        counts = [requests[i].sampling_params.logprobs or 0 for i in rows]
+        widest = min(max(counts), values.shape[1])
+        top_ids = np.empty((len(rows), 0), dtype=np.int64)
+        if widest:
+            vocab = values.shape[1]
+            top_ids = np.argpartition(values, vocab - widest, axis=1)[:, vocab - widest :]
+            top_values = np.take_along_axis(values, top_ids, axis=1)
+            order = np.lexsort((top_ids, -top_values), axis=1)  # best first; ties: lowest id first
+            top_ids = np.take_along_axis(top_ids, order, axis=1)
+        top_logprobs = np.take_along_axis(values, top_ids, axis=1) - log_total[:, None]
+        for j, i in enumerate(rows):
+            top = tuple(
+                zip(top_ids[j, : counts[j]].tolist(), top_logprobs[j, : counts[j]].tolist(), strict=True)
+            )
+            result[i] = TokenLogprob(token_ids[i], float(chosen[j]), top)
+        return result
+
+
+def _apply_penalties(row: np.ndarray, request: Request) -> None:
+    """Repetition (HF: divide positive logits, multiply negative ones, over every token
+    seen), then frequency and presence (OpenAI: subtract per output occurrence / once)."""
+    p = request.sampling_params
+    if p.repetition_penalty != 1.0:
+        seen = np.unique(np.asarray(request.all_token_ids, dtype=np.int64))
+        values = row[seen]
+        row[seen] = np.where(values > 0, values / p.repetition_penalty, values * p.repetition_penalty)
+    if (p.frequency_penalty or p.presence_penalty) and request.output_token_ids:
+        ids, counts = np.unique(np.asarray(request.output_token_ids, dtype=np.int64), return_counts=True)
+        row[ids] -= (p.frequency_penalty * counts + p.presence_penalty).astype(np.float32)
+
+
+def _draw_among_top_k(
+    rows: np.ndarray, top_k: np.ndarray, top_p: np.ndarray, min_p_cut: np.ndarray, uniforms: np.ndarray
+) -> np.ndarray:
+    """Rows with top-k: one partition to the widest k, then every filter and the draw on
+    those few candidates (ties at a row's k-th value are kept; beyond the widest k, dropped)."""
+    vocab, widest = rows.shape[1], int(top_k.max())
+    ids = np.argpartition(rows, vocab - widest, axis=1)[:, vocab - widest :]
+    values = np.take_along_axis(rows, ids, axis=1)
+    order = np.argsort(-values, axis=1, kind="stable")  # best first
+    ids, values = np.take_along_axis(ids, order, axis=1), np.take_along_axis(values, order, axis=1)
+    index = np.arange(len(rows))
+    keep = values >= values[index, top_k - 1][:, None]
+    weights = np.where(keep, np.exp(values - values[:, :1], dtype=np.float64), 0.0)
+    probs = weights / weights.sum(axis=1, keepdims=True)
+    before = np.cumsum(probs, axis=1) - probs  # top-p: on the distribution top-k left
+    keep &= (before < top_p[:, None]) | (top_p[:, None] >= 1.0)
+    keep &= values >= min_p_cut[:, None]
+    cdf = np.cumsum(np.where(keep, weights, 0.0), axis=1)
+    targets = uniforms * cdf[:, -1]
+    # the first position whose cdf exceeds the target: always a kept token
+    return ids[index, np.minimum((cdf <= targets[:, None]).sum(axis=1), widest - 1)]
+
+
+def _draw_full_width(
+    rows: np.ndarray, row_max: np.ndarray, top_p: np.ndarray, min_p_cut: np.ndarray, uniforms: np.ndarray
+) -> np.ndarray:
+    """Rows without top-k: a logit threshold from top-p and min-p, then the draw."""
+    weights = np.exp(rows - row_max[:, None])
+    cut = min_p_cut.astype(np.float32)
+    nucleus = np.flatnonzero(top_p < 1.0)
+    if nucleus.size:
+        nucleus_cut = _nucleus_cut(rows[nucleus], weights[nucleus], row_max[nucleus], top_p[nucleus])
+        cut[nucleus] = np.maximum(cut[nucleus], nucleus_cut)
+    filtered = np.flatnonzero(np.isfinite(cut))
+    if filtered.size:
+        weights[filtered] = np.where(rows[filtered] < cut[filtered, None], 0.0, weights[filtered])
+    return _inverse_cdf(weights, uniforms)
+
+
+def _inverse_cdf(weights: np.ndarray, uniforms: np.ndarray, chunk: int = 1024) -> np.ndarray:
+    """Per row, the token where `uniform * total` falls in the cumulative weights. Two levels
+    (chunk sums, then one chunk) instead of a cumulative sum over the whole vocabulary."""
+    rows, vocab = weights.shape
+    chunk = min(chunk, vocab)
+    starts = np.arange(0, vocab, chunk)
+    chunk_cdf = np.cumsum(np.add.reduceat(weights, starts, axis=1, dtype=np.float64), axis=1)
+    targets = uniforms * chunk_cdf[:, -1]
+    picked = np.minimum((chunk_cdf <= targets[:, None]).sum(axis=1), len(starts) - 1)
+    index = np.arange(rows)
+    offsets = targets - np.where(picked > 0, chunk_cdf[index, picked - 1], 0.0)
+    columns = starts[picked, None] + np.arange(chunk)
+    inside = np.where(columns < vocab, weights[index[:, None], np.minimum(columns, vocab - 1)], 0.0)
+    position = (np.cumsum(inside, axis=1, dtype=np.float64) <= offsets[:, None]).sum(axis=1)
+    # rounding must never land past the chunk's last token of positive weight
+    last_positive = chunk - 1 - np.argmax(inside[:, ::-1] > 0, axis=1)
+    return starts[picked] + np.minimum(position, last_positive)
+
+
+def _nucleus_cut(rows: np.ndarray, weights: np.ndarray, row_max: np.ndarray, top_p: np.ndarray) -> np.ndarray:
+    """Per row, the smallest logit inside the top-p nucleus (the fewest best tokens whose
+    probability adds up to at least top_p). Looks at the best few tokens first and widens
+    only for rows whose nucleus is wider, so a full sort of the vocabulary is rare."""
+    vocab = rows.shape[1]
+    total = weights.sum(axis=1, dtype=np.float64)
+    cuts = np.empty(len(rows), dtype=np.float32)
+    pending = np.arange(len(rows))
+    width = _FIRST_NUCLEUS_WIDTH
+    while pending.size:
+        width = min(width, vocab)
+        sub = rows[pending]
+        best = -np.sort(-np.partition(sub, vocab - width, axis=1)[:, vocab - width :], axis=1)
+        probs = np.exp(best - row_max[pending, None], dtype=np.float64) / total[pending, None]
+        inclusive = np.cumsum(probs, axis=1)
+        # covered: the mass seen reaches top_p, or only filtered-out (-inf) tokens lie beyond
+        covered = (inclusive[:, -1] >= top_p[pending]) | (width == vocab) | np.isneginf(best[:, -1])
+        # a token is in the nucleus while the mass before it is below top_p
+        num_kept = ((inclusive - probs) < top_p[pending, None]).sum(axis=1)
+        done = pending[covered]
+        cuts[done] = best[covered, num_kept[covered] - 1]
+        # widen by at least 8x, more where the mass seen so far is far from top_p; a partition
+        # wider than a quarter of the vocabulary costs about a sort, so sort then
+        seen, wanted = inclusive[~covered, -1], top_p[pending[~covered]]
+        pending = pending[~covered]
+        if pending.size:
+            estimate = int(width * 2 * (wanted / np.maximum(seen, 1e-12)).max())
+            width = max(width * 8, estimate)
+            width = vocab if width > vocab // 4 else width
+    return cuts

@@ -1,0 +1,366 @@
+"""Which tokens of which requests the next step processes. Integers only: no arrays, no device.
+
+Unified token rule: a request's pending tokens are `num_tokens - num_computed_tokens`
+(the rest of the prompt, the one sampled token still without KV, or everything again
+after a preemption). A chunk covering all of them also samples the next token.
+
+Policy of one `schedule()` call, under a budget of `max_num_batched_tokens` tokens:
+
+1. Decodes first: every running request with exactly one pending token gets it, oldest
+   admission first.
+2. Prefill, round-robin over sessions (`request.session_id`): sessions take turns, and
+   the session served longest ago goes first (a session that was never served goes
+   before all others). On its turn a session continues its oldest running, partly
+   prefilled request (a request keeps its place once admitted: chunked prefill), or,
+   when it has none, admits the head of its waiting queue (FIFO within a session) if
+   fewer than `max_num_seqs` requests run. A chunk is as many pending tokens as the
+   budget allows. Turns go on until the budget is spent or nobody can use it; so one
+   session's 50 queued requests cannot keep another session's single request waiting.
+3. Admission reuses cached prefix blocks (`KVCacheManager.match_prefix`) and must get
+   blocks for its whole first chunk; if it cannot, admission stops for this step (no
+   queue-jumping by smaller requests, so large ones are not starved). Admission never
+   preempts, and no admission happens in a step that preempted.
+
+Out of KV blocks for a running request: the most recently admitted running request not
+yet scheduled in this step is preempted (recompute): its blocks are freed (their full
+prefix goes to the prefix cache, so the recompute is often a cache hit), its
+`num_computed_tokens` returns to 0 and it goes back to the front of its session's
+queue. When nothing else can give way the request preempts itself; one that could not
+fit even into an empty cache is finished instead (reported in `finished`), so no
+request can stall the loop forever.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from app.engine.cache.manager import KVCacheManager
+from app.engine.request import Request, RequestStatus
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    block_size: int
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            # otherwise the decodes of a full batch would not fit one step's budget
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
+                f"max_num_seqs ({self.max_num_seqs})"
+            )
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    """Tokens `request.all_token_ids[start:start + num_tokens]` are processed this step.
+
+    `start` equals `num_computed_tokens` at schedule time; `samples` is true when the
+    chunk reaches the end of the known tokens, so the step samples the next one.
+    """
+
+    request: Request
+    start: int
+    num_tokens: int
+    samples: bool
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    chunks: list[ScheduledChunk]  # decodes first, then prefill chunks
+    num_tokens: int
+    preempted: list[Request]
+    finished: list[Request] = field(default_factory=list)  # ended here: they can never fit in the KV cache
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+
+class _SessionTurns:
+    """Round-robin memory: the session served longest ago comes first."""
+
+    def __init__(self) -> None:
+        self._last_served: dict[str, int] = {}
+        self._tick = 0
+
+    def order(self, sessions: Iterable[str]) -> list[str]:
+        # sorted() is stable: sessions never served keep the order they were given in
+        return sorted(sessions, key=lambda session: self._last_served.get(session, -1))
+
+    def served(self, session: str) -> None:
+        self._tick += 1
+        self._last_served[session] = self._tick
+
+    def forget(self, session: str) -> None:
+        self._last_served.pop(session, None)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+        if kv.block_size != config.block_size:
+            raise ValueError(
+                f"KV cache block_size {kv.block_size} != scheduler block_size {config.block_size}"
+            )
+        if config.enable_prefix_caching != (kv.prefix_cache is not None):
+            raise ValueError(
+                "enable_prefix_caching differs between the scheduler config and the KV cache manager"
+            )
+        self.config = config
+        self.kv = kv
+        self._requests: dict[str, Request] = {}
+        self._waiting: dict[str, deque[Request]] = {}  # session -> FIFO queue (insertion order = first seen)
+        self._running: list[Request] = []  # admission order: the last one is preempted first
+        self._turns = _SessionTurns()
+        self._live_per_session: Counter[str] = Counter()
+
+    # --- queries ---
+
+    def has_unfinished(self) -> bool:
+        return bool(self._requests)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._requests) - len(self._running)
+
+    def get(self, request_id: str) -> Request | None:
+        return self._requests.get(request_id)
+
+    @property
+    def running(self) -> tuple[Request, ...]:
+        return tuple(self._running)
+
+    # --- lifecycle ---
+
+    def add(self, request: Request) -> None:
+        if request.request_id in self._requests:
+            raise ValueError(f"request id {request.request_id!r} is already scheduled")
+        if request.num_prompt_tokens < 1:
+            raise ValueError(f"request {request.request_id!r} has an empty prompt")
+        if request.num_tokens > self.config.max_model_len:
+            raise ValueError(
+                f"request {request.request_id!r} has {request.num_tokens} tokens, "
+                f"more than max_model_len {self.config.max_model_len}"
+            )
+        if self.kv.blocks_needed(request.num_tokens) > self.kv.capacity:
+            raise ValueError(
+                f"request {request.request_id!r} needs {self.kv.blocks_needed(request.num_tokens)} KV blocks; "
+                f"the cache has {self.kv.capacity}"
+            )
+        request.status = RequestStatus.WAITING
+        self._requests[request.request_id] = request
+        self._waiting.setdefault(request.session_id, deque()).append(request)
+        self._live_per_session[request.session_id] += 1
+
+    def finish(self, request: Request, status: RequestStatus) -> None:
+        """End a request: free its blocks (caching their full prefix) and forget it."""
+        if not status.finished:
+            raise ValueError(f"finish needs a finished status, got {status}")
+        if self._requests.pop(request.request_id, None) is None:
+            return
+        if request.status == RequestStatus.RUNNING:
+            self._running.remove(request)
+        else:
+            queue = self._waiting[request.session_id]
+            queue.remove(request)
+            if not queue:
+                del self._waiting[request.session_id]
+        self.kv.free(request)
+        request.status = status
+        self._live_per_session[request.session_id] -= 1
+        if not self._live_per_session[request.session_id]:
+            del self._live_per_session[request.session_id]
+            self._turns.forget(request.session_id)
+
+    def abort(self, request_id: str) -> Request | None:
+        request = self._requests.get(request_id)
+        if request is not None:
+            self.finish(request, RequestStatus.FINISHED_ABORTED)
+        return request
+
+    # --- the step ---
+
+    def schedule(self) -> SchedulerOutput:
+        step = _Step(self.config.max_num_batched_tokens)
+        for request in list(self._running):
+            if step.budget == 0:
+                break
+            if request.status == RequestStatus.RUNNING and request.num_pending_tokens == 1:
+                self._schedule_running(request, step, takes_turn=False)
+        self._schedule_prefills(step)
+        return SchedulerOutput(
+            step.chunks, sum(c.num_tokens for c in step.chunks), step.preempted, step.finished
+        )
+
+    def update(self, output: SchedulerOutput, sampled: dict[str, int]) -> None:
+        """Record a finished step: advance `num_computed_tokens`, append sampled tokens.
+
+        Chunks of requests finished or aborted since `schedule()` are skipped.
+        """
+        now = time.monotonic()
+        for chunk in output.chunks:
+            request = chunk.request
+            if (
+                request.status != RequestStatus.RUNNING
+                or self._requests.get(request.request_id) is not request
+            ):
+                continue
+            assert request.num_computed_tokens == chunk.start, "update() out of step with schedule()"
+            request.num_computed_tokens += chunk.num_tokens
+            if not chunk.samples:
+                continue
+            if request.request_id not in sampled:
+                raise ValueError(f"no sampled token for request {request.request_id!r}, whose chunk samples")
+            request.output_token_ids.append(sampled[request.request_id])
+            if request.first_token_time is None:
+                request.first_token_time = now
+            assert request.num_tokens <= self.config.max_model_len, (
+                f"request {request.request_id!r} grew past max_model_len: the engine must stop it"
+            )
+
+    def check_integrity(self) -> None:
+        """Assert queue invariants and the KV cache's own (call when idle and in tests)."""
+        waiting = [r for queue in self._waiting.values() for r in queue]
+        assert all(queue for queue in self._waiting.values()), "an empty session queue was kept"
+        assert len(waiting) + len(self._running) == len(self._requests), "a request is lost or queued twice"
+        assert len(self._running) <= self.config.max_num_seqs
+        for request in self._running:
+            assert request.status == RequestStatus.RUNNING
+            assert request.num_pending_tokens >= 1
+        for request in waiting:
+            assert request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+            assert not request.block_ids and request.num_computed_tokens == 0
+        assert sum(self._live_per_session.values()) == len(self._requests)
+        self.kv.check_integrity()
+
+    # --- internals ---
+
+    def _schedule_prefills(self, step: _Step) -> None:
+        """Hand out the rest of the budget in session turns (see the module docstring)."""
+        own: dict[str, deque[Request]] = {}
+        for request in self._running:
+            if request.request_id not in step.scheduled:
+                own.setdefault(request.session_id, deque()).append(request)
+        sessions = self._turns.order(dict.fromkeys([*own, *self._waiting]))
+        admitting = not step.preempted
+        while step.budget > 0:
+            progressed = False  # each round pops a running request or admits one: the loop ends
+            for session in sessions:
+                if step.budget == 0:
+                    break
+                queue = own.get(session)
+                if queue:
+                    request = queue.popleft()
+                    if request.status == RequestStatus.RUNNING:  # else preempted meanwhile
+                        self._schedule_running(request, step, takes_turn=True)
+                        admitting = admitting and not step.preempted
+                    progressed = True
+                elif admitting and session in self._waiting:
+                    admitting = self._admit(self._waiting[session][0], step)
+                    progressed = progressed or admitting
+            if not progressed:
+                break
+
+    def _schedule_running(self, request: Request, step: _Step, takes_turn: bool) -> None:
+        """Give a running request a chunk of its pending tokens, unless it had to go."""
+        granted = self._grow(request, min(request.num_pending_tokens, step.budget), step)
+        if granted:
+            step.add(request, granted)
+            if takes_turn:
+                self._turns.served(request.session_id)
+
+    def _admit(self, request: Request, step: _Step) -> bool:
+        if len(self._running) >= self.config.max_num_seqs:
+            return False
+        self.kv.match_prefix(request)
+        num_tokens = min(request.num_pending_tokens, step.budget)
+        if not self.kv.allocate(request, num_tokens):
+            self.kv.free(request)
+            request.num_computed_tokens = 0
+            return False
+        queue = self._waiting[request.session_id]
+        queue.popleft()
+        if not queue:
+            del self._waiting[request.session_id]
+        request.status = RequestStatus.RUNNING
+        self._running.append(request)
+        step.add(request, num_tokens)
+        self._turns.served(request.session_id)
+        return True
+
+    def _grow(self, request: Request, wanted: int, step: _Step) -> int:
+        """Allocate blocks for up to `wanted` more tokens, preempting later requests if needed.
+
+        Returns the tokens granted (>= 1), or 0 when the request itself was preempted or
+        finished because nothing else could give way.
+        """
+        size = self.config.block_size
+        while True:
+            room = (len(request.block_ids) + self.kv.num_free_blocks) * size - request.num_computed_tokens
+            if room >= 1:
+                granted = min(wanted, room)
+                allocated = self.kv.allocate(request, granted)
+                assert allocated, "allocation within the free room failed"
+                return granted
+            victim = next(
+                (
+                    r
+                    for r in reversed(self._running)
+                    if r is not request and r.request_id not in step.scheduled
+                ),
+                None,
+            )
+            if victim is not None:
+                self._preempt(victim, step)
+                continue
+            if self.kv.blocks_needed(request.num_tokens) > self.kv.capacity:
+                status = (
+                    RequestStatus.FINISHED_LENGTH
+                    if request.num_output_tokens
+                    else RequestStatus.FINISHED_ABORTED
+                )
+                self.finish(request, status)
+                step.finished.append(request)
+            else:
+                self._preempt(request, step)
+            return 0
+
+    def _preempt(self, request: Request, step: _Step) -> None:
+        self._running.remove(request)
+        self.kv.free(request)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.PREEMPTED
+        self._waiting.setdefault(request.session_id, deque()).appendleft(request)
+        step.preempted.append(request)
+
+
+class _Step:
+    """What one `schedule()` call has decided so far."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.chunks: list[ScheduledChunk] = []
+        self.scheduled: set[str] = set()
+        self.preempted: list[Request] = []
+        self.finished: list[Request] = []
+
+    def add(self, request: Request, num_tokens: int) -> None:
+        start = request.num_computed_tokens
+        samples = start + num_tokens == request.num_tokens
+        self.chunks.append(ScheduledChunk(request, start, num_tokens, samples))
+        self.scheduled.add(request.request_id)
+        self.budget -= num_tokens

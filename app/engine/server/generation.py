@@ -1,0 +1,240 @@
+"""Running engine requests for the serving layer: start, stream, gather, and always clean up.
+
+`Generation.start()` waits for the engine's first output, so a request the engine
+rejects becomes an error response before any bytes are sent. Whatever ends the
+iteration early (a client disconnect cancelling the stream task, an error, a break)
+closes the engine's iterator and aborts the request, shielded from the cancellation
+that caused it, so its KV blocks are freed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from app.engine.client import ContextOverflowError, EngineClient, GenerationRequest
+from app.engine.request import RequestOutput, TokenLogprob
+from app.engine.server.errors import ApiError, bad_request, context_overflow
+
+if TYPE_CHECKING:
+    from app.engine.server.metrics import ServerMetrics
+
+log = logging.getLogger(__name__)
+
+WaitForDisconnect = Callable[[], Awaitable[None]]
+
+
+class ClientGone(Exception):
+    """The client hung up before a non-streaming response was ready."""
+
+
+@dataclass
+class Completed:
+    """Everything one generation produced, gathered for a non-streaming response."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+
+    def add(self, out: RequestOutput) -> None:
+        self.text += out.new_text
+        self.token_ids += out.new_token_ids
+        self.logprobs += out.logprobs or []
+        self.finish_reason, self.stop_reason = out.finish_reason, out.stop_reason
+        self.prompt_tokens, self.output_tokens = out.num_prompt_tokens, out.num_output_tokens
+        self.cached_tokens = out.num_cached_tokens
+
+
+class Generation:
+    def __init__(
+        self,
+        engine: EngineClient,
+        request: GenerationRequest,
+        metrics: ServerMetrics | None = None,
+        endpoint: str = "",
+    ) -> None:
+        self._engine = engine
+        self.request = request
+        self._metrics = metrics
+        self._endpoint = endpoint
+        self._iterator: Any = None
+        self._first: RequestOutput | None = None
+        self._arrival = time.monotonic()
+        self._saw_token = False
+        self._finished = False
+        self._closed = False
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def first(self) -> RequestOutput | None:
+        """The engine's first output, once `start()` returned."""
+        return self._first
+
+    async def start(self) -> None:
+        """Submit the request and wait for its first output; engine rejections raise ApiError."""
+        try:
+            self._iterator = aiter(self._engine.generate(self.request))
+            self._first = await anext(self._iterator)
+        except ContextOverflowError as exc:
+            await self.close()
+            raise context_overflow(exc) from exc
+        except ValueError as exc:
+            await self.close()
+            raise bad_request(str(exc)) from exc
+        except StopAsyncIteration as exc:
+            raise ApiError(500, "The engine ended the request without producing any output.") from exc
+        except BaseException:
+            await self.close()
+            raise
+
+    async def outputs(self) -> AsyncIterator[RequestOutput]:
+        """The first output and all that follow; an engine-side abort raises ApiError (503)."""
+        if self._first is None:
+            await self.start()
+        try:
+            pending: RequestOutput | None = self._first
+            while pending is not None:
+                self._observe(pending)
+                yield pending
+                if pending.finished:
+                    return
+                pending = await anext(self._iterator, None)
+            raise ApiError(500, "The engine's output stream ended before the request finished.")
+        finally:
+            await self.close()
+
+    def _observe(self, out: RequestOutput) -> None:
+        now = time.monotonic()
+        if out.new_token_ids and not self._saw_token:
+            self._saw_token = True
+            if self._metrics:
+                self._metrics.time_to_first_token.labels(self._endpoint).observe(now - self._arrival)
+        if not out.finished:
+            return
+        self._finished = True
+        if self._metrics:
+            self._metrics.prompt_tokens.labels(self._endpoint).inc(out.num_prompt_tokens)
+            self._metrics.generation_tokens.labels(self._endpoint).inc(out.num_output_tokens)
+            self._metrics.request_latency.labels(self._endpoint).observe(now - self._arrival)
+        if out.finish_reason == "abort":
+            raise ApiError(503, "The engine aborted this request (it may be shutting down).")
+
+    async def close(self) -> None:
+        """Idempotent: close the engine's iterator and abort the request unless it finished."""
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            try:
+                if self._iterator is not None and hasattr(self._iterator, "aclose"):
+                    await self._iterator.aclose()
+                if not self._finished:
+                    await self._engine.abort(self.request_id)
+            except Exception:  # cleanup must not mask what ended the request
+                log.exception("cleaning up request %s failed", self.request_id)
+
+
+async def start_all(generations: list[Generation]) -> None:
+    """Start every generation; if one is rejected, close the rest and re-raise."""
+    try:
+        for generation in generations:
+            await generation.start()
+    except BaseException:
+        for generation in generations:
+            await generation.close()
+        raise
+
+
+async def merged(generations: list[Generation]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Outputs of several generations as they arrive, tagged with each one's index."""
+    if len(generations) == 1:
+        async with aclosing(generations[0].outputs()) as stream:
+            async for out in stream:
+                yield 0, out
+        return
+    queue: asyncio.Queue[tuple[int, RequestOutput | None, BaseException | None]] = asyncio.Queue()
+
+    async def pump(index: int, generation: Generation) -> None:
+        try:
+            async with aclosing(generation.outputs()) as stream:
+                async for out in stream:
+                    await queue.put((index, out, None))
+            await queue.put((index, None, None))
+        except Exception as exc:
+            await queue.put((index, None, exc))
+
+    tasks = [asyncio.create_task(pump(i, g)) for i, g in enumerate(generations)]
+    try:
+        running = len(tasks)
+        while running:
+            index, out, error = await queue.get()
+            if error is not None:
+                raise error
+            if out is None:
+                running -= 1
+            else:
+                yield index, out
+    finally:
+        for task in tasks:
+            task.cancel()
+        with anyio.CancelScope(shield=True):
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for generation in generations:
+                await generation.close()
+
+
+async def collect(
+    generations: list[Generation], wait_for_disconnect: WaitForDisconnect | None
+) -> list[Completed]:
+    """Run generations to the end; if the client disconnects first, abort them and raise ClientGone."""
+    results = [Completed() for _ in generations]
+
+    async def gather() -> None:
+        async with aclosing(merged(generations)) as stream:
+            async for index, out in stream:
+                results[index].add(out)
+
+    if wait_for_disconnect is None:
+        await gather()
+        return results
+    work = asyncio.create_task(gather())
+    watcher = asyncio.create_task(wait_for_disconnect())
+    try:
+        await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not work.done():
+            work.cancel()
+            with anyio.CancelScope(shield=True):
+                await asyncio.gather(work, return_exceptions=True)
+                for generation in generations:
+                    await generation.close()
+    if work.cancelled():
+        raise ClientGone()
+    work.result()  # re-raises what ended it
+    return results
+
+
+def disconnect_waiter(receive: Callable[[], Awaitable[dict[str, Any]]]) -> WaitForDisconnect:
+    """Wait on the ASGI channel (the body is already read) until the client hangs up."""
+
+    async def wait() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    return wait

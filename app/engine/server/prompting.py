@@ -1,0 +1,154 @@
+"""From protocol messages to prompt token ids: chat template, tokenizer, context limit.
+
+Every protocol converts its messages to one neutral list of dicts first (OpenAI chat
+shape, with tool-call arguments as parsed objects as Hugging Face templates expect):
+  {"role": "system" | "user" | "assistant" | "tool", "content": str,
+   "tool_calls": [{"id", "type": "function", "function": {"name", "arguments": dict}}],
+   "tool_call_id": str, "name": str}
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from app.engine.client import ContextOverflowError
+from app.engine.server.errors import ApiError, bad_request, context_overflow
+
+if TYPE_CHECKING:
+    from app.engine.client import EngineClient
+
+
+@dataclass(frozen=True)
+class Prompt:
+    token_ids: list[int]
+    text: str | None = None  # None when the client sent token ids
+
+
+class PromptBuilder:
+    def __init__(self, engine: EngineClient) -> None:
+        self._engine = engine
+
+    @property
+    def context_length(self) -> int:
+        return self._engine.model.context_length
+
+    @property
+    def template_stop_strings(self) -> list[str]:
+        return list(getattr(self._engine.chat_template, "stop_strings", ()) or ())
+
+    def chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> Prompt:
+        for index, message in enumerate(messages):
+            ensure_encodable(message.get("content") or "", f"messages[{index}].content")
+        try:
+            text = self._engine.chat_template.render(
+                messages,
+                tools=tools or None,
+                add_generation_prompt=add_generation_prompt,
+                **(template_kwargs or {}),
+            )
+        except ApiError:
+            raise
+        except (
+            Exception
+        ) as exc:  # template errors are the client's conversation breaking the template's rules
+            raise bad_request(
+                f"The chat template could not render these messages: {exc}", param="messages"
+            ) from exc
+        tokenizer = self._engine.tokenizer
+        bos = tokenizer.id_to_token(tokenizer.bos_token_id) if tokenizer.bos_token_id is not None else None
+        starts_with_bos = bool(bos) and text.startswith(bos)
+        return Prompt(
+            tokenizer.encode(text, add_special_tokens=not starts_with_bos, parse_special=True), text
+        )
+
+    def text(self, text: str, *, add_special_tokens: bool = True, param: str = "prompt") -> Prompt:
+        ensure_encodable(text, param)
+        return Prompt(
+            self._engine.tokenizer.encode(text, add_special_tokens=add_special_tokens, parse_special=True),
+            text,
+        )
+
+    def token_ids(self, ids: list[int], param: str = "prompt") -> Prompt:
+        vocab = self._engine.tokenizer.vocab_size
+        bad = next((i for i in ids if not 0 <= i < vocab), None)
+        if bad is not None:
+            raise bad_request(f"Token id {bad} is outside the vocabulary (0..{vocab - 1}).", param=param)
+        if not ids:
+            raise bad_request("The prompt is empty.", param=param)
+        return Prompt(list(ids))
+
+    def max_tokens(self, prompt: Prompt, requested: int | None, default: int | None) -> int:
+        """The output budget: a request's own limit must fit (never trimmed); a default is clamped to the room left."""
+        room = self.context_length - len(prompt.token_ids)
+        if requested is not None:
+            if requested > room:
+                raise context_overflow(
+                    ContextOverflowError(len(prompt.token_ids), requested, self.context_length)
+                )
+            return requested
+        if room < 1:
+            raise context_overflow(ContextOverflowError(len(prompt.token_ids), 1, self.context_length))
+        return room if default is None else min(default, room)
+
+
+def ensure_encodable(text: str, param: str) -> None:
+    """Lone surrogates (legal in JSON escapes, not in UTF-8) would break the tokenizer: refuse them clearly."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise bad_request(
+            f"'{param}' contains invalid Unicode (a lone surrogate at position {exc.start}).", param=param
+        ) from exc
+
+
+def parse_arguments(arguments: str, param: str) -> dict[str, Any]:
+    """Tool-call arguments arrive as a JSON string; templates want the object."""
+    try:
+        value = json.loads(arguments) if arguments.strip() else {}
+    except json.JSONDecodeError as exc:
+        raise bad_request(f"'{param}' is not valid JSON: {exc.msg}.", param=param) from exc
+    if not isinstance(value, dict):
+        raise bad_request(f"'{param}' must be a JSON object.", param=param)
+    return value
+
+
+def function_tool(name: str, description: str | None, parameters: dict[str, Any] | None) -> dict[str, Any]:
+    """The tool shape chat templates render (OpenAI's)."""
+    function: dict[str, Any] = {
+        "name": name,
+        "parameters": parameters or {"type": "object", "properties": {}},
+    }
+    if description:
+        function["description"] = description
+    return {"type": "function", "function": function}
+
+
+def tool_call_message(
+    calls: list[tuple[str, str, dict[str, Any]]], content: str | None = None
+) -> dict[str, Any]:
+    """An assistant turn that called tools: (id, name, arguments) each."""
+    return {
+        "role": "assistant",
+        "content": content or "",
+        "tool_calls": [
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+            for call_id, name, arguments in calls
+        ],
+    }
+
+
+def merge_system(messages: list[dict[str, Any]], extra: str) -> list[dict[str, Any]]:
+    """Add an instruction to the system turn (creating one first if there is none)."""
+    if messages and messages[0]["role"] == "system":
+        first = dict(messages[0], content=f"{messages[0]['content']}\n\n{extra}".strip())
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": extra}, *messages]

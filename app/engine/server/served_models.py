@@ -1,0 +1,53 @@
+"""Which model names this server answers to, and the /v1/models listing."""
+
+from __future__ import annotations
+
+import time
+
+from app.engine.client import ModelInfo
+from app.engine.server.embedder import Embedder
+from app.engine.server.errors import ApiError, model_not_found
+from app.engine.server.protocol.openai import ModelCard, ModelList
+from app.engine.server.settings import ServerSettings
+
+
+class ServedModels:
+    """The loaded chat model under its own name and aliases, and the embedding model if there is one."""
+
+    def __init__(self, model: ModelInfo, embedder: Embedder | None, settings: ServerSettings) -> None:
+        self.model = model
+        self.chat_names = _unique([model.name, *settings.model_aliases])
+        self.embedding_names = (
+            _unique([embedder.model_name, *settings.embedding_model_aliases]) if embedder else []
+        )
+        self._created = int(time.time())
+
+    def check_chat(self, name: str | None) -> ApiError | None:
+        """None when `name` is the loaded model (or left out where the protocol allows that)."""
+        if name is None or name in self.chat_names:
+            return None
+        return model_not_found(name, self.chat_names)
+
+    def check_embedding(self, name: str) -> ApiError | None:
+        if not self.embedding_names:
+            return ApiError(
+                404, "No embedding model is loaded on this server.", param="model", code="model_not_found"
+            )
+        if name in self.embedding_names:
+            return None
+        return model_not_found(name, self.embedding_names)
+
+    def listing(self) -> ModelList:
+        cards = [
+            ModelCard(id=name, created=self._created, max_model_len=self.model.context_length)
+            for name in self.chat_names
+        ]
+        cards += [ModelCard(id=name, created=self._created) for name in self.embedding_names]
+        return ModelList(data=cards)
+
+    def card(self, name: str) -> ModelCard | None:
+        return next((card for card in self.listing().data if card.id == name), None)
+
+
+def _unique(names: list[str]) -> list[str]:
+    return list(dict.fromkeys(name for name in names if name))

@@ -1,0 +1,40 @@
+"""One instance of every serving class over one shared context: what routes and MCP tools call."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.engine.client import EngineClient
+from app.engine.server.embedder import Embedder
+from app.engine.server.serving_base import ServingContext
+from app.engine.server.serving_chat import OpenAIServingChat
+from app.engine.server.serving_completions import OpenAIServingCompletions
+from app.engine.server.serving_embeddings import OpenAIServingEmbeddings
+from app.engine.server.serving_messages import AnthropicServingMessages
+from app.engine.server.serving_responses import OpenAIServingResponses
+from app.engine.server.serving_tokenize import ServingTokenization
+from app.engine.server.settings import ServerSettings
+
+
+@dataclass
+class Services:
+    ctx: ServingContext
+    chat: OpenAIServingChat
+    completions: OpenAIServingCompletions
+    responses: OpenAIServingResponses
+    messages: AnthropicServingMessages
+    embeddings: OpenAIServingEmbeddings
+    tokenization: ServingTokenization
+
+    @classmethod
+    def build(cls, engine: EngineClient, embedder: Embedder | None, settings: ServerSettings) -> Services:
+        ctx = ServingContext.build(engine, embedder, settings)
+        return cls(
+            ctx=ctx,
+            chat=OpenAIServingChat(ctx),
+            completions=OpenAIServingCompletions(ctx),
+            responses=OpenAIServingResponses(ctx),
+            messages=AnthropicServingMessages(ctx),
+            embeddings=OpenAIServingEmbeddings(ctx),
+            tokenization=ServingTokenization(ctx),
+        )

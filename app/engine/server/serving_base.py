@@ -1,0 +1,58 @@
+"""What every serving class shares: the engine, prompt building, served names, metrics, settings."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+from app.engine.client import EngineClient, GenerationRequest
+from app.engine.sampling_params import SamplingParams
+from app.engine.server.embedder import Embedder
+from app.engine.server.generation import Generation
+from app.engine.server.metrics import ServerMetrics
+from app.engine.server.prompting import Prompt, PromptBuilder
+from app.engine.server.served_models import ServedModels
+from app.engine.server.settings import ServerSettings
+
+
+@dataclass
+class ServingContext:
+    engine: EngineClient
+    embedder: Embedder | None
+    settings: ServerSettings
+    models: ServedModels
+    metrics: ServerMetrics
+    prompts: PromptBuilder
+
+    @classmethod
+    def build(
+        cls, engine: EngineClient, embedder: Embedder | None, settings: ServerSettings
+    ) -> ServingContext:
+        return cls(
+            engine=engine,
+            embedder=embedder,
+            settings=settings,
+            models=ServedModels(engine.model, embedder, settings),
+            metrics=ServerMetrics(engine),
+            prompts=PromptBuilder(engine),
+        )
+
+    def generation(
+        self, prompt: Prompt, params: SamplingParams, endpoint: str, session_id: str | None
+    ) -> Generation:
+        request = GenerationRequest(prompt.token_ids, params, session_id=session_id or "default")
+        return Generation(self.engine, request, self.metrics, endpoint)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex[:24]}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def seeded(seed: int | None, index: int) -> int | None:
+    """Choice `index` of n gets its own seed, so n samples of one seeded request differ but repeat."""
+    return None if seed is None else seed + index

@@ -1,0 +1,309 @@
+"""OpenAI chat completions: messages -> template -> engine -> `chat.completion` or its chunks."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+from app.engine.server.errors import ApiError, Dialect, bad_request
+from app.engine.server.generation import (
+    ClientGone,
+    Completed,
+    Generation,
+    WaitForDisconnect,
+    collect,
+    merged,
+    start_all,
+)
+from app.engine.server.json_output import check_json, json_instruction
+from app.engine.server.logprobs import TokenTexts, chat_logprobs
+from app.engine.server.prompting import Prompt, function_tool, merge_system, parse_arguments
+from app.engine.server.protocol.openai import (
+    ChatChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatMessage,
+    ChoiceLogprobs,
+    ChunkChoice,
+    DeltaMessage,
+    FunctionCallOut,
+    NamedToolChoice,
+    PromptTokensDetails,
+    ResponseMessage,
+    ToolCallDelta,
+    ToolCallOut,
+    UsageInfo,
+)
+from app.engine.server.serving_base import ServingContext, new_id, now, seeded
+from app.engine.server.sse import DONE, data_frame
+from app.engine.server.tool_calls import ParsedCall, ToolCallSplitter, plan_tools, split_calls
+
+ENDPOINT = "chat"
+
+
+@dataclass(frozen=True)
+class ChatPlan:
+    prompt: Prompt
+    parse_calls: bool
+    json_schema: dict[str, Any] | None
+    check_json: bool
+
+
+class OpenAIServingChat:
+    def __init__(self, ctx: ServingContext) -> None:
+        self.ctx = ctx
+        self.texts = TokenTexts(ctx.engine.tokenizer)
+
+    async def create(
+        self, req: ChatCompletionRequest, wait_for_disconnect: WaitForDisconnect | None = None
+    ) -> ChatCompletionResponse | AsyncIterator[str] | ApiError:
+        try:
+            plan = self.plan(req)
+            generations = self._generations(req, plan)
+            await start_all(generations)
+        except ApiError as error:
+            return error
+        if req.stream:
+            return self._stream(req, plan, generations)
+        try:
+            completed = await collect(generations, wait_for_disconnect)
+        except ApiError as error:
+            return error
+        except ClientGone:
+            return ApiError(499, "Client closed the request.")
+        return self._response(req, plan, completed)
+
+    def plan(self, req: ChatCompletionRequest) -> ChatPlan:
+        if error := self.ctx.models.check_chat(req.model):
+            raise error
+        if req.logit_bias:
+            raise bad_request("logit_bias is not supported by this server.", param="logit_bias")
+        messages = chat_messages(req.messages)
+        tools = [
+            function_tool(t.function.name, t.function.description, t.function.parameters)
+            for t in req.tools or []
+        ]
+        choice = req.tool_choice or ("auto" if tools else "none")
+        if isinstance(choice, NamedToolChoice):
+            tool_plan = plan_tools(tools, "named", choice.function.name)
+        else:
+            tool_plan = plan_tools(tools, choice)
+        schema, wants_json = _json_request(req)
+        instructions = [
+            text for text in (tool_plan.instruction, json_instruction(schema) if wants_json else None) if text
+        ]
+        if instructions:
+            messages = merge_system(messages, "\n\n".join(instructions))
+        prompt = self.ctx.prompts.chat(
+            messages,
+            tool_plan.tools,
+            add_generation_prompt=req.add_generation_prompt,
+            template_kwargs=req.chat_template_kwargs,
+        )
+        return ChatPlan(prompt, tool_plan.parse_calls, schema, wants_json)
+
+    def _generations(self, req: ChatCompletionRequest, plan: ChatPlan) -> list[Generation]:
+        requested = req.max_completion_tokens or req.max_tokens
+        max_tokens = self.ctx.prompts.max_tokens(plan.prompt, requested, self.ctx.settings.default_max_tokens)
+        generations = []
+        for index in range(req.n):
+            try:
+                params = req.to_sampling_params(
+                    max_tokens, self.ctx.prompts.template_stop_strings, seeded(req.seed, index)
+                )
+            except ValueError as exc:
+                raise bad_request(str(exc)) from exc
+            generations.append(self.ctx.generation(plan.prompt, params, ENDPOINT, req.user))
+        return generations
+
+    # ---- whole response --------------------------------------------------------------------
+
+    def _response(
+        self, req: ChatCompletionRequest, plan: ChatPlan, completed: list[Completed]
+    ) -> ChatCompletionResponse:
+        choices = []
+        for index, result in enumerate(completed):
+            content, calls = split_calls(self.ctx.engine.chat_template, result.text, plan.parse_calls)
+            message = ResponseMessage(
+                content=content if content or not calls else None, tool_calls=_tool_calls(calls)
+            )
+            choices.append(
+                ChatChoice(
+                    index=index,
+                    message=message,
+                    logprobs=self._logprobs(req, result.logprobs),
+                    finish_reason=_finish_reason(result.finish_reason, calls),
+                    stop_reason=result.stop_reason,
+                    json_error=check_json(content, plan.json_schema)
+                    if plan.check_json and not calls
+                    else None,
+                )
+            )
+        return ChatCompletionResponse(
+            id=new_id("chatcmpl-"), created=now(), model=req.model, choices=choices, usage=_usage(completed)
+        )
+
+    def _logprobs(self, req: ChatCompletionRequest, logprobs: list[Any]) -> ChoiceLogprobs | None:
+        if not req.logprobs:
+            return None
+        return ChoiceLogprobs(content=chat_logprobs(self.texts, logprobs, req.top_logprobs or 0))
+
+    # ---- stream ----------------------------------------------------------------------------
+
+    async def _stream(
+        self, req: ChatCompletionRequest, plan: ChatPlan, generations: list[Generation]
+    ) -> AsyncIterator[str]:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        chunk_id, created = new_id("chatcmpl-"), now()
+
+        def frame(choices: list[ChunkChoice], usage: UsageInfo | None = None) -> str:
+            chunk = ChatCompletionChunk(
+                id=chunk_id, created=created, model=req.model, choices=choices, usage=usage
+            )
+            return f"data: {chunk.model_dump_json(exclude=None if include_usage else {'usage'})}\n\n"
+
+        template = self.ctx.engine.chat_template
+        splitters = [ToolCallSplitter(template, plan.parse_calls) for _ in generations]
+        texts = ["" for _ in generations]
+        finals: list[Completed] = [Completed() for _ in generations]
+        try:
+            for index in range(len(generations)):
+                yield frame([ChunkChoice(index=index, delta=DeltaMessage(role="assistant", content=""))])
+            async with aclosing(merged(generations)) as outputs:
+                async for index, out in outputs:
+                    finals[index].add(out)
+                    content = splitters[index].feed(out.new_text)
+                    texts[index] += content
+                    logprobs = self._logprobs(req, out.logprobs or [])
+                    if content or (logprobs and logprobs.content):
+                        yield frame(
+                            [ChunkChoice(index=index, delta=DeltaMessage(content=content), logprobs=logprobs)]
+                        )
+                    if out.finished:
+                        for text in self._finish(plan, index, splitters[index], texts, finals[index], frame):
+                            yield text
+            if include_usage:
+                yield frame([], _usage(finals))
+            yield DONE
+        except ApiError as error:
+            yield data_frame(error.body(Dialect.OPENAI))
+            yield DONE
+
+    @staticmethod
+    def _finish(
+        plan: ChatPlan,
+        index: int,
+        splitter: ToolCallSplitter,
+        texts: list[str],
+        final: Completed,
+        frame: Callable[[list[ChunkChoice]], str],
+    ) -> list[str]:
+        """The frames that close one choice: held content, tool calls, then the finish reason."""
+        rest, calls = splitter.finish()
+        texts[index] += rest
+        frames = []
+        if rest:
+            frames.append(frame([ChunkChoice(index=index, delta=DeltaMessage(content=rest))]))
+        if calls:
+            deltas = [
+                ToolCallDelta(
+                    index=i,
+                    id=call.id,
+                    type="function",
+                    function=FunctionCallOut(name=call.name, arguments=call.arguments),
+                )
+                for i, call in enumerate(calls)
+            ]
+            frames.append(frame([ChunkChoice(index=index, delta=DeltaMessage(tool_calls=deltas))]))
+        json_error = check_json(texts[index], plan.json_schema) if plan.check_json and not calls else None
+        last = ChunkChoice(
+            index=index,
+            delta=DeltaMessage(),
+            finish_reason=_finish_reason(final.finish_reason, calls),
+            stop_reason=final.stop_reason,
+            json_error=json_error,
+        )
+        frames.append(frame([last]))
+        return frames
+
+
+def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """OpenAI chat messages -> the neutral template messages (see prompting.py)."""
+    result = []
+    for i, message in enumerate(messages):
+        entry: dict[str, Any] = {
+            "role": "system" if message.role == "developer" else message.role,
+            "content": text_content(message.content, f"messages[{i}].content"),
+        }
+        if message.name:
+            entry["name"] = message.name
+        if message.tool_calls:
+            entry["tool_calls"] = [
+                {
+                    "id": call.id or new_id("call_"),
+                    "type": "function",
+                    "function": {
+                        "name": call.function.name,
+                        "arguments": parse_arguments(
+                            call.function.arguments, f"messages[{i}].tool_calls[{j}].function.arguments"
+                        ),
+                    },
+                }
+                for j, call in enumerate(message.tool_calls)
+            ]
+        if message.role == "tool":
+            entry["tool_call_id"] = message.tool_call_id or ""
+        result.append(entry)
+    return result
+
+
+def text_content(content: str | list[Any] | None, param: str) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = []
+    for j, part in enumerate(content):
+        if part.type not in ("text", "input_text", "output_text") or part.text is None:
+            raise bad_request(
+                f"Content of type {part.type!r} is not supported: this model reads text only.",
+                param=f"{param}[{j}]",
+            )
+        texts.append(part.text)
+    return "\n".join(texts)
+
+
+def _json_request(req: ChatCompletionRequest) -> tuple[dict[str, Any] | None, bool]:
+    fmt = req.response_format
+    if fmt is None or fmt.type == "text":
+        return None, False
+    if fmt.type == "json_object":
+        return None, True
+    if fmt.json_schema is None:
+        raise bad_request(
+            "response_format of type json_schema needs a 'json_schema' object.", param="response_format"
+        )
+    return fmt.json_schema.json_schema, True
+
+
+def _tool_calls(calls: list[ParsedCall]) -> list[ToolCallOut]:
+    return [ToolCallOut(id=c.id, function=FunctionCallOut(name=c.name, arguments=c.arguments)) for c in calls]
+
+
+def _finish_reason(reason: str | None, calls: list[ParsedCall]) -> Any:
+    if calls:
+        return "tool_calls"
+    return reason if reason in ("stop", "length") else "stop"
+
+
+def _usage(completed: list[Completed]) -> UsageInfo:
+    prompt = completed[0].prompt_tokens if completed else 0
+    output = sum(result.output_tokens for result in completed)
+    cached = completed[0].cached_tokens if completed else 0
+    return UsageInfo(
+        prompt_tokens=prompt,
+        completion_tokens=output,
+        total_tokens=prompt + output,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
+    )

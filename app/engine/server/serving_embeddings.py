@@ -1,0 +1,87 @@
+"""OpenAI embeddings: texts -> the embedding model -> float lists or base64 float32."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+
+import anyio
+import numpy as np
+
+from app.engine.server.errors import ApiError, bad_request
+from app.engine.server.prompting import ensure_encodable
+from app.engine.server.protocol.embeddings import (
+    EmbeddingData,
+    EmbeddingRequest,
+    EmbeddingResponse,
+    EmbeddingUsage,
+)
+from app.engine.server.serving_base import ServingContext
+
+MAX_INPUTS = 2048  # OpenAI's own limit per request
+
+
+class OpenAIServingEmbeddings:
+    def __init__(self, ctx: ServingContext) -> None:
+        self.ctx = ctx
+        self._lock = asyncio.Lock()  # one batch at a time: the embedder is not assumed thread-safe
+
+    async def create(self, req: EmbeddingRequest) -> EmbeddingResponse | ApiError:
+        try:
+            texts = self.texts(req)
+        except ApiError as error:
+            return error
+        embedder = self.ctx.embedder
+        assert embedder is not None  # texts() checked
+        async with self._lock:
+            counts = await anyio.to_thread.run_sync(embedder.count_tokens, texts)
+            too_long = next(((i, n) for i, n in enumerate(counts) if n > embedder.max_tokens), None)
+            if too_long is not None:
+                index, count = too_long
+                return bad_request(
+                    f"input[{index}] has {count} tokens; the embedding model {embedder.model_name} takes at most "
+                    f"{embedder.max_tokens}. Shorten or split it.",
+                    param="input",
+                    code="context_length_exceeded",
+                )
+            vectors = await anyio.to_thread.run_sync(embedder.embed, texts)
+        data = [
+            EmbeddingData(index=i, embedding=_encode(vector, req.encoding_format))
+            for i, vector in enumerate(vectors)
+        ]
+        total = int(sum(counts))
+        return EmbeddingResponse(
+            data=data, model=req.model, usage=EmbeddingUsage(prompt_tokens=total, total_tokens=total)
+        )
+
+    def texts(self, req: EmbeddingRequest) -> list[str]:
+        if error := self.ctx.models.check_embedding(req.model):
+            raise error
+        embedder = self.ctx.embedder
+        assert embedder is not None
+        raw = req.input
+        texts = [raw] if isinstance(raw, str) else raw
+        if not texts:
+            raise bad_request("'input' is empty.", param="input")
+        if not all(isinstance(text, str) for text in texts):
+            raise bad_request("Token-id input is not supported for embeddings; send text.", param="input")
+        if len(texts) > MAX_INPUTS:
+            raise bad_request(
+                f"'input' has {len(texts)} items; at most {MAX_INPUTS} are allowed.", param="input"
+            )
+        for i, text in enumerate(texts):
+            ensure_encodable(text, f"input[{i}]")  # type: ignore[arg-type]
+            if not text:
+                raise bad_request(f"input[{i}] is an empty string.", param="input")
+        if req.dimensions is not None and req.dimensions != embedder.dimensions:
+            raise bad_request(
+                f"{embedder.model_name} produces {embedder.dimensions} dimensions; 'dimensions' cannot change that.",
+                param="dimensions",
+            )
+        return texts  # type: ignore[return-value]
+
+
+def _encode(vector: np.ndarray, encoding: str) -> list[float] | str:
+    if encoding == "base64":
+        return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+    return [float(x) for x in np.asarray(vector, dtype=np.float32)]

@@ -1,0 +1,223 @@
+"""Anthropic Messages: system + turns with tool_use/tool_result blocks -> engine -> `message` or its events."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any
+
+from app.engine.server.errors import ApiError, Dialect, bad_request
+from app.engine.server.generation import ClientGone, Completed, Generation, WaitForDisconnect, collect, merged
+from app.engine.server.prompting import Prompt, function_tool, merge_system, tool_call_message
+from app.engine.server.protocol.anthropic import (
+    CountTokensRequest,
+    CountTokensResponse,
+    MessageParam,
+    MessageResponse,
+    MessagesRequest,
+    TextBlock,
+    TextBlockParam,
+    ToolUseBlock,
+    Usage,
+)
+from app.engine.server.serving_base import ServingContext, new_id
+from app.engine.server.sse import event_frame
+from app.engine.server.tool_calls import ParsedCall, ToolCallSplitter, plan_tools, split_calls
+
+ENDPOINT = "messages"
+
+
+class AnthropicServingMessages:
+    def __init__(self, ctx: ServingContext) -> None:
+        self.ctx = ctx
+
+    async def create(
+        self, req: MessagesRequest, wait_for_disconnect: WaitForDisconnect | None = None
+    ) -> MessageResponse | AsyncIterator[str] | ApiError:
+        try:
+            prompt, parse_calls = self.prompt(req)
+            max_tokens = self.ctx.prompts.max_tokens(prompt, req.max_tokens, None)
+            try:
+                params = req.to_sampling_params(max_tokens, self.ctx.prompts.template_stop_strings)
+            except ValueError as exc:
+                raise bad_request(str(exc)) from exc
+            user = req.metadata.user_id if req.metadata else None
+            generation = self.ctx.generation(prompt, params, ENDPOINT, user)
+            await generation.start()
+        except ApiError as error:
+            return error
+        if req.stream:
+            return self._stream(req, prompt, parse_calls, generation)
+        try:
+            (result,) = await collect([generation], wait_for_disconnect)
+        except ApiError as error:
+            return error
+        except ClientGone:
+            return ApiError(499, "Client closed the request.")
+        text, calls = split_calls(self.ctx.engine.chat_template, result.text, parse_calls)
+        blocks: list[TextBlock | ToolUseBlock] = [TextBlock(text=text)] if text else []
+        blocks += [ToolUseBlock(id=c.id, name=c.name, input=_input(c)) for c in calls]
+        reason, sequence = _stop_reason(req, result, calls)
+        return MessageResponse(
+            id=new_id("msg_"),
+            model=req.model,
+            content=blocks,
+            stop_reason=reason,
+            stop_sequence=sequence,
+            usage=_usage(result),
+        )
+
+    async def count_tokens(self, req: CountTokensRequest) -> CountTokensResponse | ApiError:
+        try:
+            prompt, _ = self.prompt(req)
+        except ApiError as error:
+            return error
+        return CountTokensResponse(input_tokens=len(prompt.token_ids))
+
+    def prompt(self, req: CountTokensRequest) -> tuple[Prompt, bool]:
+        if error := self.ctx.models.check_chat(req.model):
+            raise error
+        messages = anthropic_messages(req.system, req.messages)
+        tools = [function_tool(t.name, t.description, t.input_schema) for t in req.tools or []]
+        choice = req.tool_choice
+        kind = (
+            {"auto": "auto", "any": "required", "tool": "named", "none": "none"}[choice.type]
+            if choice
+            else "auto"
+        )
+        plan = plan_tools(tools, kind, choice.name if choice else None)
+        if plan.instruction:
+            messages = merge_system(messages, plan.instruction)
+        return self.ctx.prompts.chat(messages, plan.tools), plan.parse_calls
+
+    async def _stream(
+        self, req: MessagesRequest, prompt: Prompt, parse_calls: bool, generation: Generation
+    ) -> AsyncIterator[str]:
+        first = generation.first
+        cached = first.num_cached_tokens if first else 0
+        start_usage = Usage(
+            input_tokens=len(prompt.token_ids) - cached, output_tokens=0, cache_read_input_tokens=cached
+        )
+        message = MessageResponse(id=new_id("msg_"), model=req.model, content=[], usage=start_usage)
+        splitter = ToolCallSplitter(self.ctx.engine.chat_template, parse_calls)
+        final = Completed()
+        try:
+            yield event_frame("message_start", {"type": "message_start", "message": message.model_dump()})
+            yield _block_start(0, {"type": "text", "text": ""})
+            yield event_frame("ping", {"type": "ping"})
+            async with aclosing(merged([generation])) as outputs:
+                async for _, out in outputs:
+                    final.add(out)
+                    if text := splitter.feed(out.new_text):
+                        yield _delta(0, {"type": "text_delta", "text": text})
+            rest, calls = splitter.finish()
+            if rest:
+                yield _delta(0, {"type": "text_delta", "text": rest})
+            yield event_frame("content_block_stop", {"type": "content_block_stop", "index": 0})
+            for index, call in enumerate(calls, start=1):
+                yield _block_start(index, {"type": "tool_use", "id": call.id, "name": call.name, "input": {}})
+                yield _delta(index, {"type": "input_json_delta", "partial_json": json.dumps(_input(call))})
+                yield event_frame("content_block_stop", {"type": "content_block_stop", "index": index})
+            reason, sequence = _stop_reason(req, final, calls)
+            usage = _usage(final).model_dump()
+            delta = {
+                "type": "message_delta",
+                "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                "usage": usage,
+            }
+            yield event_frame("message_delta", delta)
+            yield event_frame("message_stop", {"type": "message_stop"})
+        except ApiError as error:
+            yield event_frame("error", error.body(Dialect.ANTHROPIC))
+
+
+def anthropic_messages(
+    system: str | list[TextBlockParam] | None, turns: list[MessageParam]
+) -> list[dict[str, Any]]:
+    """Anthropic system + turns -> the neutral template messages (see prompting.py)."""
+    result: list[dict[str, Any]] = []
+    if system:
+        text = system if isinstance(system, str) else "\n".join(block.text for block in system)
+        result.append({"role": "system", "content": text})
+    tool_names: dict[str, str] = {}
+    for i, turn in enumerate(turns):
+        if isinstance(turn.content, str):
+            result.append({"role": turn.role, "content": turn.content})
+            continue
+        texts, calls, results = [], [], []
+        for j, block in enumerate(turn.content):
+            where = f"messages[{i}].content[{j}]"
+            if block.type == "text":
+                texts.append(block.text)
+            elif block.type == "tool_use" and turn.role == "assistant":
+                tool_names[block.id] = block.name
+                calls.append((block.id, block.name, block.input))
+            elif block.type == "tool_result" and turn.role == "user":
+                results.append(_tool_result(block, tool_names.get(block.tool_use_id, ""), where))
+            elif block.type in ("thinking", "redacted_thinking"):
+                continue  # earlier reasoning: nothing this engine can use
+            else:
+                raise bad_request(
+                    f"A {block.type} block is not supported in a {turn.role} turn here.", param=where
+                )
+        if turn.role == "assistant":
+            result.append(
+                tool_call_message(calls, "\n".join(texts))
+                if calls
+                else {"role": "assistant", "content": "\n".join(texts)}
+            )
+        else:
+            result += results  # results answer the previous assistant turn, so they come first
+            if texts or not results:
+                result.append({"role": "user", "content": "\n".join(texts)})
+    return result
+
+
+def _tool_result(block: Any, name: str, where: str) -> dict[str, Any]:
+    content = block.content
+    if isinstance(content, list):
+        if any(part.type != "text" for part in content):
+            raise bad_request("Only text is supported inside tool_result content.", param=where)
+        content = "\n".join(part.text for part in content)
+    text = content or ""
+    if block.is_error:
+        text = f"Error: {text}"
+    return {"role": "tool", "tool_call_id": block.tool_use_id, "name": name, "content": text}
+
+
+def _input(call: ParsedCall) -> dict[str, Any]:
+    try:
+        value = json.loads(call.arguments)
+    except json.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _stop_reason(req: MessagesRequest, result: Completed, calls: list[ParsedCall]) -> tuple[str, str | None]:
+    if calls:
+        return "tool_use", None
+    if result.finish_reason == "length":
+        return "max_tokens", None
+    if isinstance(result.stop_reason, str) and result.stop_reason in (req.stop_sequences or []):
+        return "stop_sequence", result.stop_reason
+    return "end_turn", None
+
+
+def _usage(result: Completed) -> Usage:
+    # Anthropic counts prompt tokens read from the cache apart from input_tokens
+    return Usage(
+        input_tokens=result.prompt_tokens - result.cached_tokens,
+        output_tokens=result.output_tokens,
+        cache_read_input_tokens=result.cached_tokens,
+    )
+
+
+def _block_start(index: int, block: dict[str, Any]) -> str:
+    return event_frame(
+        "content_block_start", {"type": "content_block_start", "index": index, "content_block": block}
+    )
+
+
+def _delta(index: int, delta: dict[str, Any]) -> str:
+    return event_frame("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})

@@ -1,0 +1,112 @@
+"""PDF through pypdfium2: text per page, and pages rendered to images for vision models."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from app.studio.documents.model import DocumentError, Section
+
+if TYPE_CHECKING:
+    import pypdfium2
+    from PIL.Image import Image
+
+# PDFium is not thread-safe: every call into it goes through this lock.
+_PDFIUM_LOCK = threading.RLock()
+
+MIN_DPI, MAX_DPI = 18, 600
+MAX_PAGE_PIXELS = 60_000_000  # one rendered page; beyond this a poster-sized page would eat the RAM
+
+
+@contextmanager
+def open_pdf(path: Path, password: str | None = None) -> Iterator[pypdfium2.PdfDocument]:
+    import pypdfium2
+    import pypdfium2.raw as pdfium_c
+
+    with _PDFIUM_LOCK:
+        try:
+            document = pypdfium2.PdfDocument(path, password=password)
+        except pypdfium2.PdfiumError as exc:
+            code = getattr(exc, "err_code", None)
+            if code == pdfium_c.FPDF_ERR_PASSWORD:
+                problem = "the PDF is encrypted" + (
+                    "; the password given is wrong" if password else " and needs a password"
+                )
+            elif code == pdfium_c.FPDF_ERR_SECURITY:
+                problem = "the PDF uses an unsupported security handler"
+            else:
+                problem = f"the PDF is corrupt or unreadable ({exc})"
+            raise DocumentError(path, problem) from exc
+        try:
+            yield document
+        finally:
+            document.close()
+
+
+def select_pages(path: Path, page_count: int, pages: Sequence[int] | None) -> list[int]:
+    """1-based page numbers to read, checked against the document."""
+    if pages is None:
+        return list(range(1, page_count + 1))
+    for number in pages:
+        if not 1 <= number <= page_count:
+            raise DocumentError(path, f"page {number} does not exist; the PDF has {page_count} page(s)")
+    return list(pages)
+
+
+def read_pdf(
+    path: Path, pages: Sequence[int] | None = None, password: str | None = None
+) -> tuple[list[Section], int]:
+    """One section per page ("page 3"), and the file's page count."""
+    import pypdfium2
+
+    sections = []
+    with open_pdf(path, password) as document:
+        page_count = len(document)
+        for number in select_pages(path, page_count, pages):
+            try:
+                text = _page_text(document, number)
+            except pypdfium2.PdfiumError as exc:
+                raise DocumentError(path, f"page {number} is corrupt or unreadable ({exc})") from exc
+            sections.append(Section(location=f"page {number}", text=text))
+    return sections, page_count
+
+
+def _page_text(document: pypdfium2.PdfDocument, number: int) -> str:
+    page = document[number - 1]
+    text_page = page.get_textpage()
+    try:
+        return _clean(text_page.get_text_range())
+    finally:
+        text_page.close()
+        page.close()
+
+
+def render_pdf_pages(
+    path: Path, dpi: float = 150, pages: Sequence[int] | None = None, password: str | None = None
+) -> list[Image]:
+    """Each selected page as an RGB PIL image at `dpi` (PDF units are 1/72 inch)."""
+    if not MIN_DPI <= dpi <= MAX_DPI:
+        raise ValueError(f"dpi must be between {MIN_DPI} and {MAX_DPI}, got {dpi}")
+    scale = dpi / 72
+    images = []
+    with open_pdf(path, password) as document:
+        for number in select_pages(path, len(document), pages):
+            page = document[number - 1]
+            try:
+                width, height = page.get_size()
+                if width * scale * height * scale > MAX_PAGE_PIXELS:
+                    raise DocumentError(path, f"page {number} is too large to render at {dpi} dpi")
+                bitmap = page.render(scale=scale)
+                images.append(bitmap.to_pil().convert("RGB"))
+            finally:
+                page.close()
+    return images
+
+
+def _clean(text: str) -> str:
+    # PDFium ends lines with CRLF; callers want plain newlines and no trailing blanks.
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return "\n".join(line.rstrip() for line in text.split("\n")).strip()

@@ -1,0 +1,96 @@
+"""Random checkpoint tensors in every GGUF format, and the oracle that decodes them.
+
+Shared by the GPU tests and bench/gpu_check.py. Block bytes are random; only the float16
+scale fields are set to finite values of a realistic size, so every code path of a
+decoder (all nibbles, all high bits, signed scales) is exercised without inf or NaN.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from app.engine.quant.dispatch import QuantizedTensor
+from app.engine.quant.types import QUANT_TYPES, QuantType
+
+ALL_QTYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+
+# Byte offsets of the float16 fields inside one block: (scale offsets, offsets of mins/dmin).
+_F16_FIELDS: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
+    "Q4_0": ((0,), ()),
+    "Q4_1": ((0,), (2,)),
+    "Q5_0": ((0,), ()),
+    "Q5_1": ((0,), (2,)),
+    "Q8_0": ((0,), ()),
+    "Q4_K": ((0,), (2,)),
+    "Q5_K": ((0,), (2,)),
+    "Q6_K": ((208,), ()),
+}
+
+
+def fresh_rng() -> tuple[np.random.Generator, int]:
+    """A generator seeded from the OS (fresh inputs every run) and its seed, to print on failure."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    return np.random.default_rng(seed), seed
+
+
+def random_tensor(
+    qtype_name: str, rows: int, cols: int, rng: np.random.Generator, name: str = "w"
+) -> QuantizedTensor:
+    qtype = QUANT_TYPES[qtype_name]
+    if qtype.is_float:
+        values = rng.standard_normal((rows, cols)).astype(np.float32) * np.float32(0.05)
+        return _float_tensor(name, qtype, values)
+    n_blocks = cols // qtype.block_size
+    raw = rng.integers(0, 256, (rows, n_blocks, qtype.type_size), dtype=np.uint8)
+    scales, mins = _F16_FIELDS[qtype_name]
+    for off in scales:
+        d = rng.uniform(0.002, 0.02, (rows, n_blocks)).astype(np.float16)
+        raw[:, :, off : off + 2] = d.view(np.uint8).reshape(rows, n_blocks, 2)
+    for off in mins:
+        m = (rng.uniform(0.002, 0.02, (rows, n_blocks)) * rng.choice([-1.0, 1.0], (rows, n_blocks))).astype(
+            np.float16
+        )
+        raw[:, :, off : off + 2] = m.view(np.uint8).reshape(rows, n_blocks, 2)
+    return QuantizedTensor(name, qtype, (rows, cols), raw.reshape(rows, n_blocks * qtype.type_size))
+
+
+def _float_tensor(name: str, qtype: QuantType, values: np.ndarray) -> QuantizedTensor:
+    rows, cols = values.shape
+    if qtype.name == "F32":
+        raw = values.view(np.uint8)
+    elif qtype.name == "F16":
+        raw = values.astype(np.float16).view(np.uint8)
+    else:  # BF16: the upper 16 bits of float32 (truncation is as valid a bf16 value as rounding)
+        raw = (values.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+    return QuantizedTensor(name, qtype, (rows, cols), np.ascontiguousarray(raw).reshape(rows, -1))
+
+
+def oracle_name() -> str:
+    try:
+        import app.engine.quant.reference  # noqa: F401
+    except ImportError:
+        return "gguf.quants.dequantize"
+    return "app.engine.quant.reference.dequantize"
+
+
+def dequantize_oracle(tensor: QuantizedTensor) -> np.ndarray:
+    """float32 `[rows, cols]` from the project's numpy dequantizers (gguf-py's if those are absent)."""
+    rows = tensor.data.shape[0]
+    try:
+        from app.engine.quant.reference import dequantize
+    except ImportError:
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize as gguf_dequantize
+
+        values = gguf_dequantize(tensor.data, GGMLQuantizationType(tensor.qtype.ggml_id))
+    else:
+        values = dequantize(tensor.data, tensor.qtype)
+    return np.asarray(values, dtype=np.float32).reshape(rows, -1)
+
+
+def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
+    """‖got − ref‖ / ‖ref‖ in float64."""
+    got64, ref64 = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    return float(np.linalg.norm(got64 - ref64) / max(np.linalg.norm(ref64), 1e-30))

@@ -1,0 +1,66 @@
+// Run attention.cu's kernels on the SIMT emulator.
+// argv: dir head_dim gmax n_tok n_heads n_kv block_size n_seqs table_stride scale softcap window
+//       num_splits split_len. Reads dir/{q,k,v,qsl,seq_lens,tables}.bin, writes dir/out.bin.
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#define PADDOCK_ALL_VARIANTS
+#include "attention.cu"
+
+template <class T>
+static std::vector<T> read_file(const std::string& path) {
+    FILE* f = fopen(path.c_str(), "rb");
+    if (!f) exit(3);
+    fseek(f, 0, SEEK_END);
+    const long bytes = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    std::vector<T> v(bytes / sizeof(T));
+    if (fread(v.data(), 1, bytes, f) != (size_t)bytes) exit(3);
+    fclose(f);
+    return v;
+}
+
+typedef void (*AttnFn)(const float*, const u16*, const u16*, const int*, const int*, const int*, int, int, int, int,
+                       int, float, float, int, int, float*, float*, float*, float*);
+
+static AttnFn pick(int d, int g) {
+#define PICK(D, G) \
+    if (d == D && g == G) return attn_d##D##_g##G;
+#define PICK_D(D) PICK(D, 1) PICK(D, 2) PICK(D, 4) PICK(D, 8) PICK(D, 16)
+    PICK_D(64) PICK_D(128) PICK_D(256)
+    exit(4);
+}
+
+int main(int argc, char** argv) {
+    if (argc != 15) return 2;
+    const std::string dir = argv[1];
+    const int d = atoi(argv[2]), g = atoi(argv[3]), n_tok = atoi(argv[4]), n_heads = atoi(argv[5]);
+    const int n_kv = atoi(argv[6]), block_size = atoi(argv[7]), n_seqs = atoi(argv[8]), stride = atoi(argv[9]);
+    const float scale = (float)atof(argv[10]), softcap = (float)atof(argv[11]);
+    const int window = atoi(argv[12]), splits = atoi(argv[13]), split_len = atoi(argv[14]);
+    auto q = read_file<float>(dir + "/q.bin");
+    auto k = read_file<u16>(dir + "/k.bin");
+    auto v = read_file<u16>(dir + "/v.bin");
+    auto qsl = read_file<int>(dir + "/qsl.bin");
+    auto seq_lens = read_file<int>(dir + "/seq_lens.bin");
+    auto tables = read_file<int>(dir + "/tables.bin");
+    std::vector<float> out((size_t)n_tok * n_heads * d, NAN);
+    std::vector<float> acc((size_t)n_tok * n_heads * splits * d, NAN), m((size_t)n_tok * n_heads * splits, NAN),
+        l((size_t)n_tok * n_heads * splits, NAN);
+    AttnFn fn = pick(d, g);
+    launch({(unsigned)n_tok, (unsigned)n_kv, (unsigned)splits}, {128, 1, 1}, [&] {
+        fn(q.data(), k.data(), v.data(), qsl.data(), seq_lens.data(), tables.data(), stride, n_seqs, n_heads, n_kv,
+           block_size, scale, softcap, window, split_len, splits == 1 ? out.data() : nullptr,
+           splits == 1 ? nullptr : acc.data(), splits == 1 ? nullptr : m.data(), splits == 1 ? nullptr : l.data());
+    });
+    if (splits > 1) {
+        launch({(unsigned)(n_tok * n_heads), 1, 1}, {(unsigned)std::min(256, d), 1, 1},
+               [&] { attn_combine(acc.data(), m.data(), l.data(), out.data(), splits, d); });
+    }
+    FILE* o = fopen((dir + "/out.bin").c_str(), "wb");
+    fwrite(out.data(), sizeof(float), out.size(), o);
+    fclose(o);
+    return 0;
+}

@@ -1,0 +1,147 @@
+"""The CUDA kernels run on a CPU SIMT emulator (host/simt_emulator.h), against numpy.
+
+Not marked `gpu`: these run in CI, on machines without a GPU. Every CUDA thread becomes a
+host thread, with real barriers and warp shuffles, so indexing, reductions, splits and
+the online softmax are checked before the kernels ever reach a device. Floating-point
+details (FMA contraction, fast math) differ from the GPU; the GPU suite covers those.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cuda_samples import dequantize_oracle, fresh_rng, random_tensor, rel_err
+
+from app.engine.backend.base import AttentionMetadata
+from app.engine.backend.cpu import CpuBackend
+from app.engine.kernels.attention import GROUP_BUCKETS, NO_SPLIT
+from app.engine.kernels.compile import KERNEL_DIR
+from app.engine.kernels.gemv import ROWS_PER_BLOCK
+
+HOST_DIR = Path(__file__).parent / "host"
+TIMEOUT = 300
+
+
+def _build(tmp_path_factory, main: str) -> Path:
+    cxx = shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    exe = tmp_path_factory.mktemp("emu") / Path(main).stem
+    cmd = [cxx, "-std=c++20", "-O1", "-ffp-contract=off", "-w", "-pthread", "-DPADDOCK_HOST_SHIM", "-include",
+           str(HOST_DIR / "simt_emulator.h"), f"-I{KERNEL_DIR}", str(HOST_DIR / main), "-o", str(exe)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode and "barrier" in done.stderr:
+        pytest.skip("the C++ compiler lacks C++20 <barrier>")
+    assert done.returncode == 0, done.stderr
+    return exe
+
+
+@pytest.fixture(scope="module")
+def kernels_emu(tmp_path_factory) -> Path:
+    return _build(tmp_path_factory, "kernels_main.cpp")
+
+
+@pytest.fixture(scope="module")
+def attention_emu(tmp_path_factory) -> Path:
+    return _build(tmp_path_factory, "attention_main.cpp")
+
+
+def _run(exe: Path, *args: object) -> None:
+    done = subprocess.run([str(exe), *map(str, args)], capture_output=True, timeout=TIMEOUT)
+    assert done.returncode == 0, f"emulator exit {done.returncode}"
+
+
+@pytest.mark.parametrize(("qtype", "n_tok", "warps"), [
+    ("Q4_K", 1, 2), ("Q6_K", 3, 1), ("Q8_0", 8, 2), ("Q5_0", 2, 1), ("Q4_1", 5, 2), ("BF16", 1, 1), ("F32", 4, 2),
+])  # fmt: skip
+def test_gemv_emulated(kernels_emu: Path, tmp_path: Path, qtype: str, n_tok: int, warps: int) -> None:
+    rng, seed = fresh_rng()
+    rows, cols = 9, 1024
+    tensor = random_tensor(qtype, rows, cols, rng)
+    x = rng.standard_normal((n_tok, cols)).astype(np.float32)
+    bias = rng.standard_normal(rows).astype(np.float32)
+    tensor.data.tofile(tmp_path / "w.bin")
+    x.tofile(tmp_path / "x.bin")
+    bias.tofile(tmp_path / "bias.bin")
+    bucket = next(b for b in ROWS_PER_BLOCK if b >= n_tok)
+    _run(kernels_emu, "gemv", qtype.lower(), bucket, warps, tmp_path, rows, cols, n_tok, tensor.data.shape[1])
+    got = np.fromfile(tmp_path / "y.bin", np.float32).reshape(n_tok, rows)
+    ref = x.astype(np.float64) @ dequantize_oracle(tensor).astype(np.float64).T + bias
+    assert not np.isnan(got).any(), f"seed={seed}"
+    assert rel_err(got, ref) < 1e-5, f"seed={seed}"
+
+
+def test_add_rms_norm_emulated(kernels_emu: Path, tmp_path: Path) -> None:
+    rng, seed = fresh_rng()
+    x, res = (rng.standard_normal((3, 1000)).astype(np.float32) for _ in range(2))
+    w = rng.standard_normal(1000).astype(np.float32)
+    for name, a in (("x", x), ("res", res), ("w", w)):
+        a.tofile(tmp_path / f"{name}.bin")
+    _run(kernels_emu, "add_rms_norm", tmp_path, 3, 1000, 1e-6, 256)
+    ref_y, ref_res = CpuBackend().add_rms_norm(x, res, w, 1e-6)
+    assert rel_err(np.fromfile(tmp_path / "y.bin", np.float32).reshape(3, 1000), ref_y) < 1e-6, f"seed={seed}"
+    np.testing.assert_array_equal(np.fromfile(tmp_path / "newres.bin", np.float32).reshape(3, 1000), ref_res)
+
+
+BLOCK = 16
+
+
+def _attention_case(rng, seqs, heads, q_scale):
+    n_heads, n_kv, head_dim = heads
+    per_seq = [-(-ctx // BLOCK) for _, ctx in seqs]
+    order = rng.permutation(sum(per_seq) + 3)
+    tables = np.zeros((len(seqs), max(per_seq)), np.int32)
+    k_cache = np.zeros((len(order), BLOCK, n_kv, head_dim), np.float32)
+    v_cache = np.zeros_like(k_cache)
+    cpu, used = CpuBackend(), 0
+    for i, (_, ctx) in enumerate(seqs):
+        tables[i, : per_seq[i]] = order[used : used + per_seq[i]]
+        used += per_seq[i]
+        slots = tables[i, np.arange(ctx) // BLOCK] * BLOCK + np.arange(ctx) % BLOCK
+        k, v = (
+            rng.standard_normal((ctx, n_kv, head_dim)).astype(np.float16).astype(np.float32) for _ in range(2)
+        )
+        cpu.write_kv(k_cache, v_cache, k, v, slots)
+    qsl = np.concatenate([[0], np.cumsum([n for n, _ in seqs])]).astype(np.int32)
+    seq_lens = np.array([ctx for _, ctx in seqs], np.int32)
+    q = (rng.standard_normal((int(qsl[-1]), n_heads, head_dim)) * q_scale).astype(np.float32)
+    meta = AttentionMetadata(qsl, seq_lens, tables, np.zeros(len(q), np.int32), np.zeros(len(q), np.int32),
+                             max(n for n, _ in seqs), int(seq_lens.max()), BLOCK, qsl, seq_lens)  # fmt: skip
+    return q, k_cache, v_cache, meta
+
+
+@pytest.mark.parametrize(("seqs", "heads", "window", "cap", "splits", "q_scale"), [
+    ([(1, 1), (1, 17), (1, 300)], (32, 8, 128), None, None, None, 1.0),
+    ([(5, 5), (1, 40)], (4, 1, 256), None, None, None, 1.0),
+    ([(1, 513), (7, 300), (1, 2)], (12, 4, 64), None, None, 3, 1.0),
+    ([(1, 70), (6, 60)], (8, 4, 128), 32, 5.0, None, 4.0),
+    ([(1, 300), (3, 280)], (16, 2, 128), 100, None, 4, 1.0),
+])  # fmt: skip
+def test_attention_emulated(
+    attention_emu: Path, tmp_path: Path, seqs, heads, window, cap, splits, q_scale
+) -> None:
+    rng, seed = fresh_rng()
+    q, k_cache, v_cache, meta = _attention_case(rng, seqs, heads, q_scale)
+    n_heads, n_kv, head_dim = heads
+    scale = head_dim**-0.5
+    ref = CpuBackend().attention(q, k_cache, v_cache, meta, scale, window, cap)
+    gmax = next(g for g in GROUP_BUCKETS if g >= n_heads // n_kv)
+    n_splits, split_len = (1, NO_SPLIT) if splits is None else (splits, -(-meta.max_seq_len // splits))
+    for name, a in (
+        ("q", q),
+        ("qsl", meta.query_start_loc),
+        ("seq_lens", meta.seq_lens),
+        ("tables", meta.block_tables),
+    ):
+        a.tofile(tmp_path / f"{name}.bin")
+    k_cache.astype(np.float16).tofile(tmp_path / "k.bin")
+    v_cache.astype(np.float16).tofile(tmp_path / "v.bin")
+    _run(attention_emu, tmp_path, head_dim, gmax, len(q), n_heads, n_kv, BLOCK, len(seqs), meta.block_tables.shape[1],
+         scale, cap or 0.0, window or 0, n_splits, split_len)  # fmt: skip
+    got = np.fromfile(tmp_path / "out.bin", np.float32).reshape(ref.shape)
+    assert not np.isnan(got).any(), f"seed={seed}"
+    assert rel_err(got, ref) < 1e-5, f"seed={seed}"

@@ -1,0 +1,210 @@
+"""Every CUDA kernel source compiles for the release architectures, without a GPU.
+
+Each `.cu` file is compiled with PADDOCK_ALL_VARIANTS (every format, head size and
+group variant the wrappers can ask for) to PTX for sm_86, sm_89, sm_90 and sm_120, with
+`nvcc` when it is on the machine, else with NVRTC from the `cuda-bindings` wheels.
+`PADDOCK_COMPILE_WITH=nvrtc|nvcc` forces one; `PADDOCK_COMPILE_CUBIN=1` also assembles
+machine code (slower, catches register and shared-memory limits). Skipped when neither
+compiler is present.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.engine.kernels.compile import BASE_OPTIONS, KERNEL_DIR
+
+ARCHS = ("86", "89", "90", "120")
+SOURCES = sorted(p.name for p in KERNEL_DIR.glob("*.cu"))
+DEFINES = ("-DPADDOCK_ALL_VARIANTS",)
+
+
+def _nvcc() -> str | None:
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    default = Path("/usr/local/cuda/bin/nvcc")
+    return str(default) if default.exists() else None
+
+
+def _nvrtc_module():
+    try:
+        from cuda.bindings import nvrtc  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    return nvrtc
+
+
+def _compiler() -> str | None:
+    forced = os.environ.get("PADDOCK_COMPILE_WITH")
+    if forced == "nvrtc":
+        return "nvrtc" if _nvrtc_module() else None
+    if forced in ("nvcc", None) and _nvcc():
+        return "nvcc"
+    return "nvrtc" if forced is None and _nvrtc_module() else None
+
+
+def _cubin() -> bool:
+    return os.environ.get("PADDOCK_COMPILE_CUBIN") == "1"
+
+
+# One variant per file as the wrappers compile it (-D selects it), for one architecture:
+# catches macro plumbing that the all-variants build does not exercise.
+SELECTED = {
+    "gemv.cu": ("-DPADDOCK_FORMAT=q6_k", "-DPADDOCK_FORMAT_STRUCT=FmtQ6_K"),
+    "dequant.cu": ("-DPADDOCK_FORMAT=q5_0", "-DPADDOCK_FORMAT_STRUCT=FmtQ5_0"),
+    "attention.cu": ("-DATTN_D=64", "-DATTN_G=2"),
+}
+SELECTED_ENTRIES = {
+    "gemv.cu": "gemv_q6_k_t1",
+    "dequant.cu": "dequant_q5_0_f16",
+    "attention.cu": "attn_d64_g2",
+}
+
+
+def _compile_nvcc(source: str, arch: str, defines: tuple[str, ...] = DEFINES, out: str | None = None) -> str:
+    kind = ["-cubin", f"-arch=sm_{arch}"] if _cubin() else ["--ptx", f"-arch=compute_{arch}"]
+    with tempfile.TemporaryDirectory() as tmp:
+        target = out or f"{tmp}/out"
+        cmd = [
+            _nvcc(),
+            *kind,
+            *BASE_OPTIONS,
+            *defines,
+            f"-I{KERNEL_DIR}",
+            str(KERNEL_DIR / source),
+            "-o",
+            target,
+        ]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+    return "" if done.returncode == 0 else done.stdout + done.stderr
+
+
+def _nvrtc_include_dirs() -> list[str]:
+    dirs = [str(KERNEL_DIR)]
+    try:
+        from cuda.pathfinder import find_nvidia_header_directory  # type: ignore[import-not-found]
+
+        found = find_nvidia_header_directory("cudart")
+        if found:
+            dirs.append(found)
+    except Exception:
+        pass
+    if Path("/usr/local/cuda/include").exists():
+        dirs.append("/usr/local/cuda/include")
+    return dirs
+
+
+def _compile_nvrtc(source: str, arch: str) -> str:
+    nvrtc = _nvrtc_module()
+    text = (KERNEL_DIR / source).read_bytes()
+    err, prog = nvrtc.nvrtcCreateProgram(text, source.encode(), 0, [], [])
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        return f"nvrtcCreateProgram: {err}"
+    target = f"-arch=sm_{arch}" if _cubin() else f"-arch=compute_{arch}"
+    opts = [target, *BASE_OPTIONS, *DEFINES, *(f"-I{d}" for d in _nvrtc_include_dirs())]
+    (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
+    log = ""
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+        buf = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, buf)
+        log = f"{err}: {buf.decode(errors='replace')}"
+    nvrtc.nvrtcDestroyProgram(prog)
+    return log
+
+
+@pytest.fixture(scope="module")
+def compile_results() -> dict[tuple[str, str], str]:
+    """Compile everything once, in parallel; map (source, arch) to the error log ('' if fine)."""
+    compiler = _compiler()
+    if compiler is None:
+        pytest.skip("neither nvcc nor NVRTC (cuda-bindings) is available")
+    run = _compile_nvcc if compiler == "nvcc" else _compile_nvrtc
+    jobs = [(s, a) for s in SOURCES for a in ARCHS]
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
+        logs = list(pool.map(lambda job: run(*job), jobs))
+    return dict(zip(jobs, logs, strict=True))
+
+
+def test_every_kernel_file_is_checked() -> None:
+    assert {"gemv.cu", "dequant.cu", "attention.cu", "norm.cu", "rope.cu"} <= set(SOURCES)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("source", SOURCES)
+def test_kernel_compiles(compile_results: dict[tuple[str, str], str], source: str, arch: str) -> None:
+    log = compile_results[(source, arch)]
+    assert log == "", f"{source} failed for sm_{arch}:\n{log}"
+
+
+@pytest.mark.parametrize("source", sorted(SELECTED))
+def test_selected_variant_compiles(source: str, tmp_path: Path) -> None:
+    if _nvcc() is None:
+        pytest.skip("needs nvcc")
+    if _cubin():
+        pytest.skip("checked in PTX mode only")
+    out = tmp_path / "out.ptx"
+    log = _compile_nvcc(source, "90", SELECTED[source], str(out))
+    assert log == "", log
+    assert f".entry {SELECTED_ENTRIES[source]}(" in out.read_text()
+
+
+HOST_DIR = Path(__file__).parent / "cuda" / "host"
+
+
+@pytest.fixture(scope="module")
+def host_decoder(tmp_path_factory) -> Path:
+    """quant.cuh's block decoders built as a host program (see cuda/host/host_cuda_shim.h)."""
+    cxx = shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    exe = tmp_path_factory.mktemp("decoder") / "decode"
+    cmd = [cxx, "-std=c++17", "-O1", "-ffp-contract=off", "-Wno-unknown-pragmas", "-DPADDOCK_HOST_SHIM", "-include",
+           str(HOST_DIR / "host_cuda_shim.h"), f"-I{KERNEL_DIR}", str(HOST_DIR / "decode_main.cpp"), "-o", str(exe)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return exe
+
+
+def _host_cases() -> list[tuple[str, int, int]]:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent / "cuda"))
+    from cuda_samples import ALL_QTYPES
+
+    cases = []
+    for q in ALL_QTYPES:
+        cases += [(q, 3, 256), (q, 5, 1024)]
+        if not q.endswith("_K"):
+            cases += [(q, 4, 96), (q, 3, 640)]
+    return cases
+
+
+@pytest.mark.parametrize(("qtype", "rows", "cols"), _host_cases())
+def test_block_decoders_match_oracle(
+    host_decoder: Path, tmp_path: Path, qtype: str, rows: int, cols: int
+) -> None:
+    """The GPU kernels' decoders, run on the CPU, reproduce the numpy dequantizers.
+
+    Fresh random blocks every run; runs without a GPU, so a layout mistake in quant.cuh
+    shows up in CI rather than on the lent device.
+    """
+    from cuda_samples import dequantize_oracle, fresh_rng, random_tensor
+
+    rng, seed = fresh_rng()
+    tensor = random_tensor(qtype, rows, cols, rng)
+    tensor.data.tofile(tmp_path / "in")
+    args = [qtype.lower(), tmp_path / "in", rows, cols, tensor.data.shape[1], tmp_path / "out"]
+    done = subprocess.run([str(host_decoder), *map(str, args)], capture_output=True)
+    assert done.returncode == 0, f"decoder exit {done.returncode}"
+    got = np.fromfile(tmp_path / "out", np.float32).reshape(rows, cols)
+    np.testing.assert_allclose(got, dequantize_oracle(tensor), rtol=1e-6, atol=1e-6, err_msg=f"seed={seed}")

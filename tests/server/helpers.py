@@ -1,0 +1,45 @@
+"""Small helpers the server tests share: independent token counts and raw SSE parsing."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+
+
+def chat_prompt_tokens(http: httpx.Client, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> int:
+    """The prompt length as the server's own /tokenize counts it (template + tokenizer)."""
+    body: dict[str, Any] = {"messages": messages}
+    if tools:
+        body["tools"] = tools
+    response = http.post("/tokenize", json=body)
+    response.raise_for_status()
+    return response.json()["count"]
+
+
+def sse_events(response: httpx.Response) -> list[tuple[str | None, Any]]:
+    """(event name, parsed data) per frame of a finished SSE body; `[DONE]` stays a string."""
+    events = []
+    for block in response.text.split("\n\n"):
+        if not block.strip():
+            continue
+        name, data = None, []
+        for line in block.split("\n"):
+            if line.startswith("event: "):
+                name = line[len("event: ") :]
+            elif line.startswith("data: "):
+                data.append(line[len("data: ") :])
+        payload = "\n".join(data)
+        events.append((name, payload if payload == "[DONE]" else json.loads(payload)))
+    return events
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}

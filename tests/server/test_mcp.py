@@ -1,0 +1,48 @@
+"""The MCP tools over streamable HTTP at /mcp and over stdio, driven by the mcp package's own client."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+from mcp import Client, StdioServerParameters
+
+
+async def exercise(client: Client) -> dict:
+    tools = {tool.name for tool in (await client.list_tools()).tools}
+    chat = await client.call_tool("chat", {"messages": [{"role": "user", "content": "hello"}]})
+    generate = await client.call_tool("generate", {"prompt": "abc", "max_tokens": 100})
+    count = await client.call_tool("count_tokens", {"text": "abcd"})
+    embed = await client.call_tool("embed", {"texts": ["a", "b"]})
+    bad = await client.call_tool("count_tokens", {})
+    return {"tools": tools, "chat": chat, "generate": generate, "count": count, "embed": embed, "bad": bad}
+
+
+def check(results: dict, embedder) -> None:
+    assert results["tools"] == {"generate", "chat", "embed", "count_tokens"}
+    assert results["chat"].structured_content["text"] == "Echo: hello"
+    assert results["chat"].structured_content["completion_tokens"] == len("Echo: hello") + 1
+    assert results["generate"].structured_content["text"] == "Echo: abc"
+    assert results["count"].structured_content == {"tokens": 5}  # BOS + four characters
+    embed = results["embed"].structured_content
+    assert embed["dimensions"] == embedder.dimensions and len(embed["embeddings"]) == 2
+    assert results["bad"].is_error and "exactly one" in results["bad"].content[0].text
+
+
+def test_mcp_over_streamable_http(server, embedder):
+    async def run() -> dict:
+        async with Client(f"{server.base_url}/mcp") as client:
+            return await exercise(client)
+
+    check(asyncio.run(run()), embedder)
+
+
+def test_mcp_over_stdio(embedder):
+    script = Path(__file__).with_name("mcp_stdio_fake.py")
+
+    async def run() -> dict:
+        async with Client(StdioServerParameters(command=sys.executable, args=[str(script)])) as client:
+            return await exercise(client)
+
+    check(asyncio.run(run()), embedder)
