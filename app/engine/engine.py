@@ -10,13 +10,19 @@ from pathlib import Path
 from typing import Any
 
 from app.engine.backend import select_backend
+from app.engine.cache.manager import KVCacheManager
+from app.engine.chat import chat_template_for
 from app.engine.client import ContextOverflowError, EngineStats, ModelInfo
 from app.engine.config import DEFAULT_MODEL, EngineConfig
+from app.engine.loader.tokenizer import Tokenizer
+from app.engine.loader.weights import open_checkpoint
 from app.engine.models.registry import build_model, model_config
 from app.engine.output_processor import OutputProcessor
 from app.engine.request import Request, RequestOutput
 from app.engine.runner import ModelRunner
+from app.engine.sampler import Sampler
 from app.engine.sampling_params import SamplingParams
+from app.engine.scheduler import Scheduler, SchedulerConfig
 
 log = logging.getLogger(__name__)
 
@@ -47,14 +53,6 @@ class _Counters:
 
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
-        from app.engine.chat import chat_template_for
-
-        from app.engine.cache.manager import KVCacheManager
-        from app.engine.loader.tokenizer import Tokenizer
-        from app.engine.loader.weights import open_checkpoint
-        from app.engine.sampler import Sampler
-        from app.engine.scheduler import Scheduler, SchedulerConfig
-
         self.config = config
         started = time.monotonic()
         self.path = resolve_model_path(config.model)

@@ -64,7 +64,7 @@ SELECTED = {
     "attention.cu": ("-DATTN_D=64", "-DATTN_G=2"),
 }
 SELECTED_ENTRIES = {
-    "gemv.cu": "gemv_q6_k_t1",
+    "gemv.cu": "gemv_q6_k_t1_r8",
     "dequant.cu": "dequant_q5_0_f16",
     "attention.cu": "attn_d64_g2",
 }

@@ -1,11 +1,12 @@
-"""Fixtures: an engine (fake today; the real engine is one more entry in ENGINES), a real uvicorn server, SDK clients.
+"""Fixtures: an engine, a real uvicorn server on a loopback port over it, and the official SDK clients.
 
-To run these tests against another engine, add a name to ENGINES and a branch to
-`make_engine`; everything else takes the engine from the `engine` fixture.
+Every test takes its engine from the `engine` fixture; PADDOCK_SERVER_TEST_ENGINES=fake,embedded
+adds the real engine. Assertions on exact text rely on the fake's scripted answers (fakes.py).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -17,20 +18,35 @@ import pytest
 
 from app.engine.server.launch import ServerHandle
 from app.engine.server.settings import ServerSettings
+
 from .fakes import FakeEmbedder, FakeEngine
 
-ENGINES = ["fake"]
+# Which engines the server tests run against: "fake" (scripted, instant) and/or "embedded"
+# (the real engine over the embedded Gemma 3 270M, from the suite's `embedded_engine` fixture).
+ENGINES = os.environ.get("PADDOCK_SERVER_TEST_ENGINES", "fake").split(",")
 
 
-def make_engine(kind: str) -> Any:
-    if kind == "fake":
-        return FakeEngine()
-    raise ValueError(f"unknown engine kind {kind!r}")
+# Module scope: an `embedded` wrapper is closed after each module, so the suite's shared
+# LLMEngine is never driven by two threads at once (see tests/conftest.py).
+@pytest.fixture(scope="module", params=ENGINES)
+def engine(request: pytest.FixtureRequest) -> Iterator[Any]:
+    if request.param == "fake":
+        yield FakeEngine()
+    elif request.param == "embedded":
+        from app.engine.client import AsyncEngine
+
+        client = AsyncEngine(engine=request.getfixturevalue("embedded_engine"))
+        yield client
+        client.close()
+    else:
+        raise ValueError(f"unknown engine kind {request.param!r} (fake, embedded)")
 
 
-@pytest.fixture(scope="session", params=ENGINES)
-def engine(request: pytest.FixtureRequest) -> Any:
-    return make_engine(request.param)
+@pytest.fixture
+def scripted(engine: Any) -> None:
+    """For tests that assert the fake's scripted answers exactly: skipped on a real engine."""
+    if not isinstance(engine, FakeEngine):
+        pytest.skip("asserts the scripted fake engine's exact answers")
 
 
 @pytest.fixture(scope="session")
@@ -48,7 +64,7 @@ def running_server(engine: Any, embedder: Any = None, **settings: Any) -> Iterat
         handle.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def server(engine: Any, embedder: FakeEmbedder) -> Iterator[ServerHandle]:
     with running_server(engine, embedder) as handle:
         yield handle

@@ -4,6 +4,7 @@ The fake "model" reads the rendered prompt and answers by rule, one character pe
 token, so every count a test checks can be derived by hand:
   - a prompt containing "forever": "tick " repeated, slowly, until max_tokens (disconnect tests);
   - a prompt containing "batch-together": waits until `batch_barrier` requests are generating at once;
+  - a prompt containing "explode": the engine fails after three tokens;
   - tools rendered and the last turn a user turn: "Let me check. " + one <tool_call> for the first tool;
   - the last turn a tool result: "The tool says: <result>";
   - "JSON" in the prompt: '{"answer": 42}';
@@ -170,6 +171,8 @@ class FakeEngine:
                 while self.active < self.batch_barrier:
                     await asyncio.sleep(0.001)
             for index, (token_id, text, finish, stop_reason) in enumerate(plan):
+                if "explode" in prompt and index == 3:
+                    raise RuntimeError("simulated engine failure")
                 self.last_active = self.active
                 self.max_active = max(self.max_active, self.active)
                 await asyncio.sleep(self.slow_delay if "forever" in prompt else self.token_delay)

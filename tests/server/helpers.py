@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 
 
-def chat_prompt_tokens(http: httpx.Client, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> int:
+def chat_prompt_tokens(
+    http: httpx.Client, messages: list[dict[str, Any]], tools: list[dict] | None = None
+) -> int:
     """The prompt length as the server's own /tokenize counts it (template + tokenizer)."""
     body: dict[str, Any] = {"messages": messages}
     if tools:
@@ -43,3 +47,13 @@ WEATHER_TOOL = {
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
     },
 }
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 15.0) -> bool:
+    """Poll until `predicate()` holds; the deadline only bounds a broken run, it is not what is tested."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True

@@ -9,6 +9,8 @@ from anthropic.types import Message
 
 from .helpers import sse_events
 
+pytestmark = pytest.mark.usefixtures("scripted")  # exact answers come from the fake engine (fakes.py)
+
 TOOL = {
     "name": "get_weather",
     "description": "Current weather for a city",
@@ -40,12 +42,23 @@ def test_max_tokens_and_stop_sequences(anthropic_client, model_name):
     turn = [{"role": "user", "content": "Hello world"}]
     short = anthropic_client.messages.create(model=model_name, max_tokens=3, messages=turn)
     assert (short.stop_reason, short.content[0].text) == ("max_tokens", "Ech")
-    stopped = anthropic_client.messages.create(model=model_name, max_tokens=100, messages=turn, stop_sequences=["world"])
-    assert (stopped.stop_reason, stopped.stop_sequence, stopped.content[0].text) == ("stop_sequence", "world", "Echo: Hello ")
+    stopped = anthropic_client.messages.create(
+        model=model_name, max_tokens=100, messages=turn, stop_sequences=["world"]
+    )
+    assert (stopped.stop_reason, stopped.stop_sequence, stopped.content[0].text) == (
+        "stop_sequence",
+        "world",
+        "Echo: Hello ",
+    )
 
 
 def test_stream_has_the_exact_event_sequence(server, model_name):
-    body = {"model": model_name, "max_tokens": 100, "stream": True, "messages": [{"role": "user", "content": "Hi"}]}
+    body = {
+        "model": model_name,
+        "max_tokens": 100,
+        "stream": True,
+        "messages": [{"role": "user", "content": "Hi"}],
+    }
     response = httpx.post(f"{server.base_url}/v1/messages", json=body, timeout=30)
     assert response.headers["content-type"].startswith("text/event-stream")
     events = sse_events(response)
@@ -105,13 +118,17 @@ def test_streamed_tool_use_is_assembled_by_the_sdk(anthropic_client, model_name)
 def test_count_tokens_counts_tools_too(anthropic_client, model_name):
     turns = [{"role": "user", "content": "Weather?"}]
     plain = anthropic_client.messages.count_tokens(model=model_name, messages=turns).input_tokens
-    with_tools = anthropic_client.messages.count_tokens(model=model_name, messages=turns, tools=[TOOL]).input_tokens
+    with_tools = anthropic_client.messages.count_tokens(
+        model=model_name, messages=turns, tools=[TOOL]
+    ).input_tokens
     assert with_tools > plain > 0
 
 
 def test_images_are_refused_in_anthropic_shape(anthropic_client, model_name):
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}
     with pytest.raises(anthropic.BadRequestError) as caught:
-        anthropic_client.messages.create(model=model_name, max_tokens=10, messages=[{"role": "user", "content": [image]}])
+        anthropic_client.messages.create(
+            model=model_name, max_tokens=10, messages=[{"role": "user", "content": [image]}]
+        )
     assert caught.value.body["type"] == "error"
     assert caught.value.body["error"]["type"] == "invalid_request_error"

@@ -3,28 +3,26 @@
 from __future__ import annotations
 
 import asyncio
-import time
+import contextlib
 
 import httpx
 import openai
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+from .helpers import wait_until
+
+pytestmark = pytest.mark.usefixtures("scripted")  # exact answers come from the fake engine (fakes.py)
 
 FOREVER = [{"role": "user", "content": "forever"}]
 
 
-def wait_until(predicate, timeout: float = 15.0) -> bool:
-    """Poll until `predicate()` holds; the deadline only bounds a broken run, it is not what is tested."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
-
-
 def test_closing_a_stream_aborts_its_generation(server, engine, model_name):
     body = {"model": model_name, "stream": True, "max_tokens": 1000, "messages": FOREVER}
-    with httpx.Client(base_url=server.base_url, timeout=30) as http, http.stream("POST", "/v1/chat/completions", json=body) as response:
+    with (
+        httpx.Client(base_url=server.base_url, timeout=30) as http,
+        http.stream("POST", "/v1/chat/completions", json=body) as response,
+    ):
         lines = response.iter_lines()
         next(lines)
         request_id = engine.requests[-1].request_id
@@ -35,7 +33,10 @@ def test_closing_a_stream_aborts_its_generation(server, engine, model_name):
 
 def test_closing_an_anthropic_stream_aborts_too(server, engine, model_name):
     body = {"model": model_name, "stream": True, "max_tokens": 1000, "messages": FOREVER}
-    with httpx.Client(base_url=server.base_url, timeout=30) as http, http.stream("POST", "/v1/messages", json=body) as response:
+    with (
+        httpx.Client(base_url=server.base_url, timeout=30) as http,
+        http.stream("POST", "/v1/messages", json=body) as response,
+    ):
         lines = response.iter_lines()
         next(lines)
         request_id = engine.requests[-1].request_id
@@ -45,10 +46,8 @@ def test_closing_an_anthropic_stream_aborts_too(server, engine, model_name):
 def test_hanging_up_on_a_non_streaming_request_aborts_it(server, engine, model_name):
     count = len(engine.requests)
     body = {"model": model_name, "max_tokens": 1000, "messages": FOREVER}
-    try:
+    with contextlib.suppress(httpx.ReadTimeout):  # the client gives up and closes the connection
         httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=httpx.Timeout(30, read=0.3))
-    except httpx.ReadTimeout:
-        pass  # the client gives up and closes the connection
     assert wait_until(lambda: len(engine.requests) > count)
     request_id = engine.requests[count].request_id
     assert wait_until(lambda: request_id in engine.aborted and request_id in engine.closed_early)
@@ -82,8 +81,12 @@ def test_sixteen_streaming_clients_are_batched_together(server, engine, model_na
     results = asyncio.run(run_all())
     for i, (text, usage) in enumerate(results):
         assert text == f"Echo: batch-together {i}"
-        prompt = http.post("/tokenize", json={"messages": [{"role": "user", "content": f"batch-together {i}"}]})
+        prompt = http.post(
+            "/tokenize", json={"messages": [{"role": "user", "content": f"batch-together {i}"}]}
+        )
         assert usage.prompt_tokens == prompt.json()["count"]
         assert usage.completion_tokens == len(text) + 1
-    samples = {s.name: s.value for f in text_string_to_metric_families(http.get("/metrics").text) for s in f.samples}
+    samples = {
+        s.name: s.value for f in text_string_to_metric_families(http.get("/metrics").text) for s in f.samples
+    }
     assert samples["paddock_engine_batch_size_max"] >= 16

@@ -11,9 +11,13 @@ import pytest
 
 def test_float_and_base64_give_the_same_unit_vectors(openai_client, embedder):
     texts = ["the cat sat", "on the mat"]
-    as_float = openai_client.embeddings.create(model=embedder.model_name, input=texts, encoding_format="float")
+    as_float = openai_client.embeddings.create(
+        model=embedder.model_name, input=texts, encoding_format="float"
+    )
     # the SDK asks for base64 by default and decodes it itself; read the raw body to see the encoding
-    raw = openai_client.embeddings.with_raw_response.create(model=embedder.model_name, input=texts, encoding_format="base64")
+    raw = openai_client.embeddings.with_raw_response.create(
+        model=embedder.model_name, input=texts, encoding_format="base64"
+    )
     encoded = [item["embedding"] for item in raw.http_response.json()["data"]]
     decoded = np.stack([np.frombuffer(base64.b64decode(e), dtype="<f4") for e in encoded])
     floats = np.array([item.embedding for item in as_float.data], dtype=np.float32)

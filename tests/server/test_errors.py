@@ -10,6 +10,7 @@ import openai
 import pytest
 
 from .conftest import running_server
+from .helpers import sse_events, wait_until
 
 CHAT = "/v1/chat/completions"
 MESSAGES = "/v1/messages"
@@ -33,21 +34,33 @@ def test_malformed_json_is_400_in_each_shape(http):
     headers = {"content-type": "application/json"}
     error = assert_openai_error(http.post(CHAT, content=b'{"model": ', headers=headers), 400)
     assert "Malformed JSON" in error["message"]
-    assert_anthropic_error(http.post(MESSAGES, content=b"{oops", headers=headers), 400, "invalid_request_error")
+    assert_anthropic_error(
+        http.post(MESSAGES, content=b"{oops", headers=headers), 400, "invalid_request_error"
+    )
 
 
 def test_wrong_types_are_400_naming_the_field(http, model_name):
     error = assert_openai_error(http.post(CHAT, json={"model": model_name, "messages": "hello"}), 400)
     assert error["param"] == "messages"
-    error = assert_openai_error(http.post(CHAT, json={"model": model_name, "messages": [{"role": "robot"}]}), 400)
+    error = assert_openai_error(
+        http.post(CHAT, json={"model": model_name, "messages": [{"role": "robot"}]}), 400
+    )
     assert error["param"] == "messages[0].role"
     body = {"model": model_name, "max_tokens": "lots", "messages": [{"role": "user", "content": "x"}]}
-    assert "max_tokens" in assert_anthropic_error(http.post(MESSAGES, json=body), 400, "invalid_request_error")["message"]
+    assert (
+        "max_tokens"
+        in assert_anthropic_error(http.post(MESSAGES, json=body), 400, "invalid_request_error")["message"]
+    )
     assert_openai_error(http.post(CHAT, json=[1, 2]), 400)
 
 
 def test_out_of_range_sampling_values_are_400(http, model_name):
-    body = {"model": model_name, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "min_tokens": 5}
+    body = {
+        "model": model_name,
+        "messages": [{"role": "user", "content": "x"}],
+        "max_tokens": 2,
+        "min_tokens": 5,
+    }
     error = assert_openai_error(http.post(CHAT, json=body), 400)
     assert "min_tokens" in error["message"]
 
@@ -61,24 +74,34 @@ def test_unknown_model_is_404(openai_client, anthropic_client):
     with pytest.raises(openai.NotFoundError):
         openai_client.responses.create(model="gpt-9", input="x")
     with pytest.raises(anthropic.NotFoundError) as caught:
-        anthropic_client.messages.create(model="claude-9", max_tokens=5, messages=[{"role": "user", "content": "x"}])
+        anthropic_client.messages.create(
+            model="claude-9", max_tokens=5, messages=[{"role": "user", "content": "x"}]
+        )
     assert caught.value.body["error"]["type"] == "not_found_error"
 
 
-def test_prompt_plus_max_tokens_over_the_context_is_400_naming_both(openai_client, anthropic_client, http, engine, model_name):
+def test_prompt_plus_max_tokens_over_the_context_is_400_naming_both(
+    openai_client, anthropic_client, http, engine, model_name
+):
     context = engine.model.context_length
     messages = [{"role": "user", "content": "hello"}]
     prompt = http.post("/tokenize", json={"messages": messages}).json()["count"]
     with pytest.raises(openai.BadRequestError) as caught:
         openai_client.chat.completions.create(model=model_name, messages=messages, max_tokens=context)
     message = caught.value.body["message"]
-    assert f"{prompt} in the prompt" in message and f"{context} for the completion" in message and str(context) in message
+    assert (
+        f"{prompt} in the prompt" in message
+        and f"{context} for the completion" in message
+        and str(context) in message
+    )
     assert caught.value.body["code"] == "context_length_exceeded"
     with pytest.raises(anthropic.BadRequestError) as caught:
         anthropic_client.messages.create(model=model_name, max_tokens=context, messages=messages)
     assert f"{prompt} in the prompt" in caught.value.body["error"]["message"]
-    with pytest.raises(openai.BadRequestError):
-        openai_client.completions.create(model=model_name, prompt="x" * (context + 10), max_tokens=None)
+    too_long = engine.tokenizer.encode("x", add_special_tokens=False)[:1] * (context + 10)
+    with pytest.raises(openai.BadRequestError) as caught:  # a prompt alone over the context: no room at all
+        openai_client.completions.create(model=model_name, prompt=too_long, max_tokens=None)
+    assert f"{context + 10} in the prompt" in caught.value.body["message"]
     with pytest.raises(openai.BadRequestError):
         openai_client.responses.create(model=model_name, input="hello", max_output_tokens=context)
 
@@ -90,12 +113,17 @@ def test_unknown_route_and_wrong_method(http):
 
 def test_lone_surrogates_are_refused_not_crashed_on(http, model_name):
     body = b'{"model": "%s", "messages": [{"role": "user", "content": "a\\ud800b"}]}' % model_name.encode()
-    error = assert_openai_error(http.post(CHAT, content=body, headers={"content-type": "application/json"}), 400)
+    error = assert_openai_error(
+        http.post(CHAT, content=body, headers={"content-type": "application/json"}), 400
+    )
     assert "surrogate" in error["message"]
 
 
 def test_body_over_the_cap_is_413(engine, model_name):
-    with running_server(engine, max_body_bytes=2048) as server, httpx.Client(base_url=server.base_url) as http:
+    with (
+        running_server(engine, max_body_bytes=2048) as server,
+        httpx.Client(base_url=server.base_url, timeout=60) as http,
+    ):
         big = {"model": model_name, "messages": [{"role": "user", "content": "x" * 5000}]}
         assert_openai_error(http.post(CHAT, json=big), 413)
         assert_anthropic_error(http.post(MESSAGES, json={**big, "max_tokens": 5}), 413, "request_too_large")
@@ -107,12 +135,26 @@ def test_body_over_the_cap_is_413(engine, model_name):
             yield b'"}'
 
         assert_openai_error(http.post("/v1/completions", content=chunked()), 413)
-        assert http.post(CHAT, json={"model": model_name, "messages": [{"role": "user", "content": "ok"}]}).status_code == 200
+        assert (
+            http.post(
+                CHAT,
+                json={"model": model_name, "messages": [{"role": "user", "content": "ok"}], "max_tokens": 4},
+            ).status_code
+            == 200
+        )
 
 
-def test_too_many_requests_in_flight_is_429_with_retry_after(engine, model_name):
-    with running_server(engine, max_concurrent_requests=1) as server, httpx.Client(base_url=server.base_url, timeout=30) as http:
-        body = {"model": model_name, "stream": True, "max_tokens": 200, "messages": [{"role": "user", "content": "forever"}]}
+def test_too_many_requests_in_flight_is_429_with_retry_after(engine, model_name, scripted):
+    with (
+        running_server(engine, max_concurrent_requests=1) as server,
+        httpx.Client(base_url=server.base_url, timeout=30) as http,
+    ):
+        body = {
+            "model": model_name,
+            "stream": True,
+            "max_tokens": 200,
+            "messages": [{"role": "user", "content": "forever"}],
+        }
         with http.stream("POST", CHAT, json=body) as held:
             lines = held.iter_lines()  # keep a reference: a dropped iterator closes the connection
             next(lines)  # the first request is generating
@@ -120,30 +162,40 @@ def test_too_many_requests_in_flight_is_429_with_retry_after(engine, model_name)
             with pytest.raises(openai.RateLimitError) as caught:
                 client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "x"}])
             assert caught.value.response.headers["retry-after"] == "1"
-            rejected = http.post(MESSAGES, json={"model": model_name, "max_tokens": 5, "messages": body["messages"]})
+            rejected = http.post(
+                MESSAGES, json={"model": model_name, "max_tokens": 5, "messages": body["messages"]}
+            )
             assert_anthropic_error(rejected, 429, "rate_limit_error")
             assert rejected.headers["retry-after"] == "1"
-        ok = http.post(CHAT, json={"model": model_name, "messages": [{"role": "user", "content": "x"}]})
-        assert ok.status_code == 200
+        # once the held stream's connection is gone its slot frees (asynchronously, so poll)
+        one = {"model": model_name, "messages": [{"role": "user", "content": "x"}]}
+        assert wait_until(lambda: http.post(CHAT, json=one).status_code == 200)
 
 
-def test_api_key_is_required_when_set(engine, model_name):
+def test_api_key_is_required_when_set(engine, model_name, scripted):
     with running_server(engine, api_key="sekrit") as server, httpx.Client(base_url=server.base_url) as http:
         url = f"{server.base_url}/v1"
         turn = [{"role": "user", "content": "x"}]
         with pytest.raises(openai.AuthenticationError) as caught:
-            openai.OpenAI(base_url=url, api_key="wrong", max_retries=0).chat.completions.create(model=model_name, messages=turn)
+            openai.OpenAI(base_url=url, api_key="wrong", max_retries=0).chat.completions.create(
+                model=model_name, messages=turn
+            )
         assert caught.value.body["code"] == "invalid_api_key"
         assert "Missing API key" in assert_openai_error(http.get("/v1/models"), 401)["message"]
-        assert openai.OpenAI(base_url=url, api_key="sekrit").chat.completions.create(model=model_name, messages=turn)
+        assert openai.OpenAI(base_url=url, api_key="sekrit").chat.completions.create(
+            model=model_name, messages=turn
+        )
         with pytest.raises(anthropic.AuthenticationError) as caught:
             anthropic.Anthropic(base_url=server.base_url, api_key="nope", max_retries=0).messages.create(
                 model=model_name, max_tokens=5, messages=turn
             )
         assert caught.value.body["error"]["type"] == "authentication_error"
         good = anthropic.Anthropic(base_url=server.base_url, api_key="sekrit")
-        assert good.messages.create(model=model_name, max_tokens=50, messages=turn).content[0].text == "Echo: x"
+        assert (
+            good.messages.create(model=model_name, max_tokens=50, messages=turn).content[0].text == "Echo: x"
+        )
         assert http.get("/health").status_code == 200  # health stays open for monitors
+        assert http.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).status_code == 401
 
 
 def test_server_threads_do_not_leak(engine):
@@ -151,3 +203,14 @@ def test_server_threads_do_not_leak(engine):
     with running_server(engine):
         pass
     assert threading.active_count() == before
+
+
+def test_an_engine_failure_is_an_error_not_a_crash(http, model_name, scripted):
+    turn = [{"role": "user", "content": "explode"}]
+    error = assert_openai_error(http.post(CHAT, json={"model": model_name, "messages": turn}), 500)
+    assert "simulated engine failure" in error["message"]
+    streamed = sse_events(http.post(CHAT, json={"model": model_name, "messages": turn, "stream": True}))
+    assert "simulated engine failure" in streamed[-2][1]["error"]["message"] and streamed[-1][1] == "[DONE]"
+    body = {"model": model_name, "max_tokens": 50, "messages": turn, "stream": True}
+    name, data = sse_events(http.post(MESSAGES, json=body))[-1]
+    assert name == "error" and data["error"]["type"] == "api_error"

@@ -6,7 +6,10 @@ import asyncio
 import sys
 from pathlib import Path
 
+import pytest
 from mcp import Client, StdioServerParameters
+
+pytestmark = pytest.mark.usefixtures("scripted")  # exact answers come from the fake engine (fakes.py)
 
 
 async def exercise(client: Client) -> dict:

@@ -10,6 +10,8 @@ from openai.types.chat import ChatCompletion
 
 from .helpers import WEATHER_TOOL, chat_prompt_tokens
 
+pytestmark = pytest.mark.usefixtures("scripted")  # exact answers come from the fake engine (fakes.py)
+
 USER = [{"role": "user", "content": "Say something nice"}]
 
 
@@ -70,13 +72,24 @@ def test_sampling_fields_reach_the_engine(openai_client, engine, model_name):
         seed=1234,
         presence_penalty=0.5,
         frequency_penalty=-0.5,
-        extra_body={"top_k": 40, "min_p": 0.05, "repetition_penalty": 1.1, "ignore_eos": True, "min_tokens": 3},
+        extra_body={
+            "top_k": 40,
+            "min_p": 0.05,
+            "repetition_penalty": 1.1,
+            "ignore_eos": True,
+            "min_tokens": 3,
+        },
         max_tokens=30,
     )
     params = engine.requests[-1].sampling_params
     assert (params.temperature, params.top_p, params.top_k, params.min_p) == (0.7, 0.9, 40, 0.05)
     assert (params.seed, params.presence_penalty, params.frequency_penalty) == (1234, 0.5, -0.5)
-    assert (params.repetition_penalty, params.ignore_eos, params.min_tokens, params.max_tokens) == (1.1, True, 3, 30)
+    assert (params.repetition_penalty, params.ignore_eos, params.min_tokens, params.max_tokens) == (
+        1.1,
+        True,
+        3,
+        30,
+    )
     assert "<end_of_turn>" in params.stop  # the template's own turn end
 
 
@@ -89,7 +102,9 @@ def test_ignore_eos_generates_to_max_tokens(openai_client, model_name):
 
 
 def test_logprobs_with_top_alternatives(openai_client, model_name):
-    response = openai_client.chat.completions.create(model=model_name, messages=USER, logprobs=True, top_logprobs=2)
+    response = openai_client.chat.completions.create(
+        model=model_name, messages=USER, logprobs=True, top_logprobs=2
+    )
     content = response.choices[0].logprobs.content
     assert "".join(item.token for item in content) == response.choices[0].message.content + "<eos>"
     assert all(item.logprob == -0.25 and len(item.top_logprobs) == 2 for item in content)
@@ -126,7 +141,9 @@ def test_tool_call_round_trip(openai_client, http, model_name):
 
 def test_streamed_tool_call_is_assembled_by_the_sdk(openai_client, model_name):
     messages = [{"role": "user", "content": "Weather in Paris?"}]
-    with openai_client.chat.completions.stream(model=model_name, messages=messages, tools=[WEATHER_TOOL]) as stream:
+    with openai_client.chat.completions.stream(
+        model=model_name, messages=messages, tools=[WEATHER_TOOL]
+    ) as stream:
         final = stream.get_final_completion()
     choice = final.choices[0]
     assert choice.finish_reason == "tool_calls"
@@ -137,7 +154,10 @@ def test_streamed_tool_call_is_assembled_by_the_sdk(openai_client, model_name):
 
 def test_tool_choice_none_renders_no_tools(openai_client, model_name):
     response = openai_client.chat.completions.create(
-        model=model_name, messages=[{"role": "user", "content": "hi"}], tools=[WEATHER_TOOL], tool_choice="none"
+        model=model_name,
+        messages=[{"role": "user", "content": "hi"}],
+        tools=[WEATHER_TOOL],
+        tool_choice="none",
     )
     assert response.choices[0].message.content == "Echo: hi"
 

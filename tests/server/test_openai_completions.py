@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 from openai.types import Completion
 
 from .fakes import FakeTokenizer
+
+pytestmark = pytest.mark.usefixtures("scripted")  # exact answers come from the fake engine (fakes.py)
 
 
 def test_completion_continues_a_raw_prompt(openai_client, http, model_name):
@@ -32,7 +35,9 @@ def test_streamed_completion_matches_and_reports_usage(openai_client, model_name
     )
     assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
     assert chunks[-1].usage == whole.usage
-    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [
+        "stop"
+    ]
 
 
 def test_token_id_prompts_and_batches(openai_client, model_name):
@@ -48,7 +53,11 @@ def test_token_id_prompts_and_batches(openai_client, model_name):
 def test_echo_prepends_the_prompt(openai_client, model_name):
     response = openai_client.completions.create(model=model_name, prompt="abc", echo=True, max_tokens=100)
     assert response.choices[0].text == "abcEcho: abc"
-    chunks = list(openai_client.completions.create(model=model_name, prompt="abc", echo=True, max_tokens=100, stream=True))
+    chunks = list(
+        openai_client.completions.create(
+            model=model_name, prompt="abc", echo=True, max_tokens=100, stream=True
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks) == "abcEcho: abc"
 
 

@@ -10,6 +10,8 @@ from openai.types.responses import Response
 
 from .helpers import sse_events
 
+pytestmark = pytest.mark.usefixtures("scripted")  # exact answers come from the fake engine (fakes.py)
+
 TOOL = {
     "type": "function",
     "name": "get_weather",
@@ -74,7 +76,11 @@ def test_streaming_event_sequence_for_text(server, model_name):
     assert all(data["type"] == name for name, data in events)
     assert [data["sequence_number"] for _, data in events] == list(range(len(events)))
     final = Response.model_validate(events[-1][1]["response"])
-    assert final.output_text == "Echo: Hi" == "".join(d["delta"] for n, d in events if n == "response.output_text.delta")
+    assert (
+        final.output_text
+        == "Echo: Hi"
+        == "".join(d["delta"] for n, d in events if n == "response.output_text.delta")
+    )
 
 
 def test_streaming_function_call_with_the_sdk_helper(openai_client, model_name):

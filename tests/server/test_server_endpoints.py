@@ -6,8 +6,6 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from .fakes import FakeTokenizer
-
 
 def test_models_lists_chat_and_embedding_models(openai_client, model_name, embedder, engine):
     models = {m.id: m for m in openai_client.models.list()}
@@ -23,14 +21,15 @@ def test_health(http, model_name):
     assert response.status_code == 200 and response.json() == {"status": "ok", "model": model_name}
 
 
-def test_tokenize_and_detokenize_round_trip(http):
+def test_tokenize_and_detokenize_round_trip(http, engine):
     tokenized = http.post("/tokenize", json={"prompt": "hi <end_of_turn>", "return_token_strs": True}).json()
-    assert tokenized["tokens"] == FakeTokenizer().encode("hi <end_of_turn>")
+    assert tokenized["tokens"] == engine.tokenizer.encode("hi <end_of_turn>")
     assert tokenized["count"] == len(tokenized["tokens"])
-    assert tokenized["token_strs"][0] == "<bos>"
+    assert tokenized["token_strs"] == [engine.tokenizer.id_to_token(i) for i in tokenized["tokens"]]
     no_bos = http.post("/tokenize", json={"prompt": "hi", "add_special_tokens": False}).json()
-    assert no_bos["tokens"] == FakeTokenizer().encode("hi", add_special_tokens=False)
-    assert http.post("/detokenize", json={"tokens": tokenized["tokens"]}).json() == {"prompt": "<bos>hi <end_of_turn>"}
+    assert no_bos["tokens"] == engine.tokenizer.encode("hi", add_special_tokens=False)
+    detokenized = http.post("/detokenize", json={"tokens": tokenized["tokens"]}).json()
+    assert detokenized == {"prompt": engine.tokenizer.decode(tokenized["tokens"])}
 
 
 def test_tokenize_rejects_both_or_neither_input(http):
@@ -42,7 +41,9 @@ def test_tokenize_rejects_both_or_neither_input(http):
 
 
 def test_metrics_count_requests_tokens_and_engine_state(http, openai_client, model_name):
-    openai_client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "metrics"}])
+    reply = openai_client.chat.completions.create(
+        model=model_name, messages=[{"role": "user", "content": "metrics"}], max_tokens=8
+    )
     response = http.get("/metrics")
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
     samples = {
@@ -50,10 +51,21 @@ def test_metrics_count_requests_tokens_and_engine_state(http, openai_client, mod
         for family in text_string_to_metric_families(response.text)
         for s in family.samples
     }
-    assert samples[("paddock_http_requests_total", (("endpoint", "/v1/chat/completions"), ("status", "200")))] >= 1
-    assert samples[("paddock_generation_tokens_total", (("endpoint", "chat"),))] >= len("Echo: metrics") + 1
+    assert (
+        samples[("paddock_http_requests_total", (("endpoint", "/v1/chat/completions"), ("status", "200")))]
+        >= 1
+    )
+    assert (
+        samples[("paddock_generation_tokens_total", (("endpoint", "chat"),))] >= reply.usage.completion_tokens
+    )
     assert samples[("paddock_time_to_first_token_seconds_count", (("endpoint", "chat"),))] >= 1
-    for name in ("requests_waiting", "kv_cache_usage_ratio", "batch_size", "batch_size_max", "requests_running"):
+    for name in (
+        "requests_waiting",
+        "kv_cache_usage_ratio",
+        "batch_size",
+        "batch_size_max",
+        "requests_running",
+    ):
         assert (f"paddock_engine_{name}", ()) in samples
 
 

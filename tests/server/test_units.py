@@ -61,7 +61,11 @@ def test_tool_plans():
         ("[1]", None, "output is JSON but not an object"),
         ("nope", None, "output is not valid JSON: Expecting value at position 0"),
         ('{"a": "x"}', {"type": "object", "properties": {"a": {"type": "integer"}}}, "$.a should be integer"),
-        ('{"a": 1, "b": 2}', {"type": "object", "properties": {"a": {}}, "additionalProperties": False}, "$ has unexpected b"),
+        (
+            '{"a": 1, "b": 2}',
+            {"type": "object", "properties": {"a": {}}, "additionalProperties": False},
+            "$ has unexpected b",
+        ),
         ('{"a": [1, "x"]}', {"properties": {"a": {"items": {"type": "number"}}}}, "$.a[1] should be number"),
         ('{"a": "z"}', {"properties": {"a": {"enum": ["x", "y"]}}}, "$.a should be one of ['x', 'y']"),
         ("true", {"type": "integer"}, "$ should be integer"),
@@ -72,20 +76,34 @@ def test_json_checks(text, schema, problem):
 
 
 def test_validation_errors_read_like_sentences():
-    errors = [{"type": "string_type", "loc": ("body", "messages", 0, "content"), "msg": "Input should be a valid string"}]
+    errors = [
+        {
+            "type": "string_type",
+            "loc": ("body", "messages", 0, "content"),
+            "msg": "Input should be a valid string",
+        }
+    ]
     assert describe_validation_errors(errors) == (
         "Invalid value for 'messages[0].content': Input should be a valid string.",
         "messages[0].content",
     )
-    assert describe_validation_errors([{"type": "missing", "loc": ("body",), "msg": "Field required"}])[0] == (
-        "The request body must be a JSON object."
-    )
+    assert describe_validation_errors([{"type": "missing", "loc": ("body",), "msg": "Field required"}])[
+        0
+    ] == ("The request body must be a JSON object.")
 
 
 def test_error_shapes():
     error = ApiError(429, "slow down", code="rate_limit_exceeded", headers={"Retry-After": "1"})
     assert error.body(Dialect.OPENAI) == {
-        "error": {"message": "slow down", "type": "rate_limit_error", "param": None, "code": "rate_limit_exceeded"}
+        "error": {
+            "message": "slow down",
+            "type": "rate_limit_error",
+            "param": None,
+            "code": "rate_limit_exceeded",
+        }
     }
-    assert error.body(Dialect.ANTHROPIC) == {"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}}
+    assert error.body(Dialect.ANTHROPIC) == {
+        "type": "error",
+        "error": {"type": "rate_limit_error", "message": "slow down"},
+    }
     assert error.response(Dialect.OPENAI).headers["retry-after"] == "1"

@@ -10,14 +10,18 @@
 //
 // Score phase: G lanes share a key, each holding E of its head_dim elements of every
 // group head's query in registers; their partial dot products meet through shuffles.
-// Value phase: each warp takes every 4th key of the chunk, each lane head_dim/32 output
-// elements; the four warps' sums meet in shared memory, in a fixed order.
+// Value phase: LV lanes share a value row, each with VW elements (up to 16 bytes), so a
+// warp reads 32/LV rows per step; those lanes' sums meet through shuffles after the last
+// chunk, then the four warps' sums in shared memory, in a fixed order.
 //
 // K/V are float16 [num_blocks, block_size, n_kv, head_dim]; q and out float32.
 #include "common.cuh"
 
 #define ATTN_WARPS 4
 #define ATTN_CHUNK 256
+#ifndef ATTN_MINB
+#define ATTN_MINB 1  // blocks per SM the register budget must allow (-DATTN_MINB=4 caps at 128 registers)
+#endif
 
 template <int D, int GMAX>
 struct AttnShape {
@@ -25,7 +29,10 @@ struct AttnShape {
     static constexpr int E = E0 > D / 32 ? E0 : D / 32;  // q elements per lane in the score phase
     static constexpr int G = D / E;                        // lanes per key
     static constexpr int KPW = 32 / G;                     // keys per warp per step
-    static constexpr int VE = D / 32;                      // output elements per lane
+    static constexpr int VW0 = (64 / GMAX) > (D / 32) ? (64 / GMAX) : (D / 32);
+    static constexpr int VW = VW0 < 8 ? VW0 : 8;  // value elements per lane (8 = one 16-byte load)
+    static constexpr int LV = D / VW;               // lanes per value row
+    static constexpr int KV = 32 / LV;              // value rows per warp per step
 };
 
 template <int N>
@@ -100,11 +107,12 @@ __device__ __forceinline__ void attn_body(const float* __restrict__ q, const u16
             qr[h][e] = v.x * scale; qr[h][e + 1] = v.y * scale; qr[h][e + 2] = v.z * scale; qr[h][e + 3] = v.w * scale;
         }
     }
-    float acc[GMAX][S::VE];
+    const int vsub = lane % S::LV, vslot = lane / S::LV;
+    float acc[GMAX][S::VW];
 #pragma unroll
     for (int h = 0; h < GMAX; ++h)
 #pragma unroll
-        for (int e = 0; e < S::VE; ++e) acc[h][e] = 0.f;
+        for (int e = 0; e < S::VW; ++e) acc[h][e] = 0.f;
     __syncthreads();
 
     const int* table = block_tables + (i64)i * table_stride;
@@ -164,33 +172,39 @@ __device__ __forceinline__ void attn_body(const float* __restrict__ q, const u16
         for (int h = 0; h < GMAX; ++h) {
             const float a = h < group ? alpha_s[h] : 0.f;
 #pragma unroll
-            for (int e = 0; e < S::VE; ++e) acc[h][e] *= a;
+            for (int e = 0; e < S::VW; ++e) acc[h][e] *= a;
         }
 #pragma unroll 4
-        for (int kk = warp; kk < n_c; kk += ATTN_WARPS) {
+        for (int kk = warp * S::KV + vslot; kk < n_c; kk += ATTN_WARPS * S::KV) {
             const int key = c0 + kk;
             const int slot = table[key / block_size] * block_size + key % block_size;
-            float vv[S::VE];
-            load_halves<S::VE>(v_cache + slot * kv_row + (i64)g * D + lane * S::VE, vv);
+            float vv[S::VW];
+            load_halves<S::VW>(v_cache + slot * kv_row + (i64)g * D + vsub * S::VW, vv);
 #pragma unroll
             for (int h = 0; h < GMAX; ++h) {
                 const float p = h < group ? sc[h][kk] : 0.f;
 #pragma unroll
-                for (int e = 0; e < S::VE; ++e) acc[h][e] = fmaf(p, vv[e], acc[h][e]);
+                for (int e = 0; e < S::VW; ++e) acc[h][e] = fmaf(p, vv[e], acc[h][e]);
             }
         }
         __syncthreads();
     }
 
-    // The four warps' partial sums, added in warp order (deterministic).
+    // The lanes that read different value rows, then the four warps, added in a fixed order.
+#pragma unroll
+    for (int h = 0; h < GMAX; ++h)
+#pragma unroll
+        for (int e = 0; e < S::VW; ++e)
+#pragma unroll
+            for (int o = S::LV; o < 32; o <<= 1) acc[h][e] += __shfl_xor_sync(0xffffffffu, acc[h][e], o);
     for (int w = 0; w < ATTN_WARPS; ++w) {
-        if (warp == w) {
+        if (warp == w && vslot == 0) {
 #pragma unroll
             for (int h = 0; h < GMAX; ++h) {
                 if (h >= group) continue;
 #pragma unroll
-                for (int e = 0; e < S::VE; ++e) {
-                    float* cell = &sc[h][lane * S::VE + e];
+                for (int e = 0; e < S::VW; ++e) {
+                    float* cell = &sc[h][vsub * S::VW + e];
                     *cell = (w == 0 ? 0.f : *cell) + acc[h][e];
                 }
             }
@@ -238,7 +252,7 @@ extern "C" __global__ void __launch_bounds__(256) attn_combine(const float* __re
 }
 
 #define ATTN_KERNEL(D, GMAX)                                                                                    \
-    extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_d##D##_g##GMAX(                         \
+    extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, ATTN_MINB) attn_d##D##_g##GMAX(                       \
         const float* __restrict__ q, const u16* __restrict__ k_cache, const u16* __restrict__ v_cache,         \
         const int* __restrict__ qsl, const int* __restrict__ seq_lens, const int* __restrict__ block_tables,   \
         int table_stride, int n_seqs, int n_heads, int n_kv, int block_size, float scale, float softcap,       \

@@ -9,6 +9,8 @@ from app.engine.kernels.compile import get_kernel
 from app.engine.kernels.launch import NULL, cdiv, f32, i32
 
 CHUNK = 256  # keys per pass inside a block (ATTN_CHUNK)
+MIN_SPLIT = 64  # shortest split: below this, the partial sums cost more than the keys
+MAX_SPLITS = 128  # the combine kernel walks the splits one by one
 THREADS = 128  # ATTN_WARPS * 32
 GROUP_BUCKETS = (1, 2, 4, 8, 16)
 HEAD_DIMS = (64, 128, 256)
@@ -19,6 +21,12 @@ NO_SPLIT = 1 << 30
 class SplitPlan:
     num_splits: int
     split_len: int  # keys per split
+    min_blocks: int = 1  # register budget of the kernel build: 4 caps it at 128 (see attention.cu)
+
+
+def group_bucket(n_heads: int, n_kv: int) -> int | None:
+    """The kernel variant (GMAX) for this many query heads per KV head, or None if too many."""
+    return next((g for g in GROUP_BUCKETS if g >= n_heads // n_kv), None)
 
 
 def plan_splits(
@@ -26,19 +34,26 @@ def plan_splits(
 ) -> SplitPlan:
     """Split the context when (token, KV head) blocks alone would leave the GPU idle.
 
-    Aims at about four blocks per multiprocessor, never a split shorter than one chunk,
-    and at most 64 MiB of partial sums.
+    Aims at about four blocks per multiprocessor, splits of at least MIN_SPLIT keys, at
+    most MAX_SPLITS, and at most 64 MiB of partial sums. When the grid stays within four
+    blocks per multiprocessor, the 128-register build (more blocks resident) is chosen for
+    up to 4 heads per KV head. Measured on the H200 (bench/NOTES-cuda.md, run 3) this rule
+    matches the faster of the measured settings at 5 of 6 single-sequence points and the
+    faster register budget at 7 of 10 points, the misses within 15% (qwen 1 x 4096: 28 us
+    against 23 us with 16 splits).
     """
     blocks = n_tokens * n_kv
-    if max_seq_len <= CHUNK or blocks >= 2 * sm_count:
-        return SplitPlan(1, NO_SPLIT)
-    splits = min(cdiv(max_seq_len, CHUNK), cdiv(4 * sm_count, blocks))
-    max_by_memory = max(1, (64 << 20) // max(1, n_tokens * n_heads * head_dim * 4))
-    splits = max(1, min(splits, max_by_memory))
+    splits = 1
+    if max_seq_len > MIN_SPLIT and blocks < 2 * sm_count:
+        splits = min(cdiv(max_seq_len, MIN_SPLIT), cdiv(4 * sm_count, blocks), MAX_SPLITS)
+        max_by_memory = max(1, (64 << 20) // max(1, n_tokens * n_heads * head_dim * 4))
+        splits = max(1, min(splits, max_by_memory))
+    gmax = group_bucket(n_heads, n_kv) or GROUP_BUCKETS[-1]
+    min_blocks = 4 if gmax <= 4 and blocks * splits <= 4 * sm_count else 1
     if splits == 1:
-        return SplitPlan(1, NO_SPLIT)
+        return SplitPlan(1, NO_SPLIT, min_blocks)
     split_len = cdiv(cdiv(max_seq_len, splits), 32) * 32
-    return SplitPlan(cdiv(max_seq_len, split_len), split_len)
+    return SplitPlan(cdiv(max_seq_len, split_len), split_len, min_blocks)
 
 
 def attention(
@@ -53,8 +68,12 @@ def attention(
     softcap: float | None,
     plan: SplitPlan,
     out: Any,
+    min_blocks: int | None = None,
 ) -> Any:
-    """`out [T, n_heads, D]` (float32) for float32 `q [T, n_heads, D]` over float16 paged caches."""
+    """`out [T, n_heads, D]` (float32) for float32 `q [T, n_heads, D]` over float16 paged caches.
+
+    `min_blocks` (default: the plan's) > 1 asks the compiler to fit that many blocks per
+    multiprocessor (fewer registers, perhaps spills)."""
     import cupy
 
     n_tok, n_heads, head_dim = q.shape
@@ -64,12 +83,17 @@ def attention(
     if n_heads % n_kv:
         raise ValueError(f"{n_heads} query heads do not divide into {n_kv} KV heads")
     group = n_heads // n_kv
-    gmax = next((g for g in GROUP_BUCKETS if g >= group), None)
+    gmax = group_bucket(n_heads, n_kv)
     if gmax is None:
         raise ValueError(f"attention supports up to {GROUP_BUCKETS[-1]} query heads per KV head, got {group}")
     if n_tok == 0:
         return out
-    kernel = get_kernel("attention.cu", f"attn_d{head_dim}_g{gmax}", {"ATTN_D": head_dim, "ATTN_G": gmax})
+    defines = {
+        "ATTN_D": head_dim,
+        "ATTN_G": gmax,
+        "ATTN_MINB": plan.min_blocks if min_blocks is None else min_blocks,
+    }
+    kernel = get_kernel("attention.cu", f"attn_d{head_dim}_g{gmax}", defines)
     n_seqs = seq_lens.shape[0]
     if plan.num_splits > 1:
         part_acc = cupy.empty((n_tok, n_heads, plan.num_splits, head_dim), cupy.float32)
@@ -86,7 +110,7 @@ def attention(
     )  # fmt: skip
     kernel((n_tok, n_kv, plan.num_splits), (THREADS,), args)
     if plan.num_splits > 1:
-        combine = get_kernel("attention.cu", "attn_combine", {"ATTN_D": head_dim, "ATTN_G": gmax})
+        combine = get_kernel("attention.cu", "attn_combine", defines)
         combine(
             (n_tok * n_heads,),
             (min(256, head_dim),),

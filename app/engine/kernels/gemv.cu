@@ -3,7 +3,8 @@
 // W stays in its GGUF block layout. One thread block owns R consecutive rows; its warps
 // split the row's 32-weight units between them and every lane decodes the same unit of
 // all R rows, so each x value it loads (float4, from L1) is used R times: at one token,
-// x traffic would otherwise outweigh the weight bytes. The token count is a compile-time
+// x traffic would otherwise outweigh the weight bytes. Quants enter the dot products as
+// the codes of quant.cuh's raw() (no int-to-float conversions), scaled once per run. The token count is a compile-time
 // bucket T (1, 2, 4, 8) with the real count n_tok <= T checked per token, so the
 // accumulators stay in registers. Rows past n_rows re-read the last row and are not
 // written; partial sums meet through warp shuffles and then shared memory.
@@ -35,6 +36,14 @@ __device__ __forceinline__ void gemv_body(const u8* __restrict__ w, i64 row_byte
 #pragma unroll
         for (int r = 0; r < R; ++r) f[r].load(rows[r], u);
         const int xb = Fmt::x_base(u);
+        // Per run: sum of codes * x (p0, p1) and, for affine formats, the sum of x (X0, X1).
+        float p0[T][R], p1[T][R], X0[T], X1[T];
+#pragma unroll
+        for (int t = 0; t < T; ++t) {
+            X0[t] = X1[t] = 0.f;
+#pragma unroll
+            for (int r = 0; r < R; ++r) p0[t][r] = p1[t][r] = 0.f;
+        }
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
             float4 xa[T], xc[T];
@@ -48,23 +57,41 @@ __device__ __forceinline__ void gemv_body(const u8* __restrict__ w, i64 row_byte
                     xa[t] = make_float4(0.f, 0.f, 0.f, 0.f);
                     xc[t] = xa[t];
                 }
+                if (Fmt::AFFINE) {
+                    X0[t] += (xa[t].x + xa[t].y) + (xa[t].z + xa[t].w);
+                    X1[t] += (xc[t].x + xc[t].y) + (xc[t].z + xc[t].w);
+                }
             }
 #pragma unroll
             for (int r = 0; r < R; ++r) {
-                float w0[4], w1[4];
-                f[r].get(k, w0, w1);
+                float c0[4], c1[4];
+                f[r].raw(k, c0, c1);
 #pragma unroll
                 for (int t = 0; t < T; ++t) {
-                    float s = acc[t][r];
-                    s = fmaf(w0[0], xa[t].x, s);
-                    s = fmaf(w0[1], xa[t].y, s);
-                    s = fmaf(w0[2], xa[t].z, s);
-                    s = fmaf(w0[3], xa[t].w, s);
-                    s = fmaf(w1[0], xc[t].x, s);
-                    s = fmaf(w1[1], xc[t].y, s);
-                    s = fmaf(w1[2], xc[t].z, s);
-                    s = fmaf(w1[3], xc[t].w, s);
-                    acc[t][r] = s;
+                    float a = p0[t][r], b = p1[t][r];
+                    a = fmaf(c0[0], xa[t].x, a);
+                    a = fmaf(c0[1], xa[t].y, a);
+                    a = fmaf(c0[2], xa[t].z, a);
+                    a = fmaf(c0[3], xa[t].w, a);
+                    b = fmaf(c1[0], xc[t].x, b);
+                    b = fmaf(c1[1], xc[t].y, b);
+                    b = fmaf(c1[2], xc[t].z, b);
+                    b = fmaf(c1[3], xc[t].w, b);
+                    p0[t][r] = a;
+                    p1[t][r] = b;
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            float a0, b0, a1, b1;
+            f[r].coef(a0, b0, a1, b1);
+#pragma unroll
+            for (int t = 0; t < T; ++t) {
+                if (Fmt::AFFINE) {
+                    acc[t][r] += fmaf(a0, p0[t][r], b0 * X0[t]) + fmaf(a1, p1[t][r], b1 * X1[t]);
+                } else {
+                    acc[t][r] += p0[t][r] + p1[t][r];
                 }
             }
         }
@@ -88,15 +115,17 @@ __device__ __forceinline__ void gemv_body(const u8* __restrict__ w, i64 row_byte
     }
 }
 
-// Rows per block by token bucket: more rows reuse x more, more tokens need more registers.
+// Kernels gemv_<format>_t<T>_r<R>: rows per block R by token bucket T (more rows reuse x more,
+// more tokens need more registers); T=1 comes in two R so the benchmark can pick.
 #define GEMV_KERNEL(SUFFIX, FMT, T, R)                                                                    \
-    extern "C" __global__ void __launch_bounds__(256) gemv_##SUFFIX##_t##T(                              \
+    extern "C" __global__ void __launch_bounds__(256) gemv_##SUFFIX##_t##T##_r##R(                       \
         const u8* __restrict__ w, i64 row_bytes, int n_rows, int n_cols, const float* __restrict__ x,    \
         int n_tok, float* __restrict__ y, const float* __restrict__ bias) {                              \
         gemv_body<FMT, T, R>(w, row_bytes, n_rows, n_cols, x, n_tok, y, bias);                            \
     }
 
 #define GEMV_FORMAT(SUFFIX, FMT)     \
+    GEMV_KERNEL(SUFFIX, FMT, 1, 8)   \
     GEMV_KERNEL(SUFFIX, FMT, 1, 4)   \
     GEMV_KERNEL(SUFFIX, FMT, 2, 4)   \
     GEMV_KERNEL(SUFFIX, FMT, 4, 2)   \

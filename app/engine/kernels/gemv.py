@@ -8,7 +8,8 @@ from app.engine.kernels.compile import get_kernel
 from app.engine.kernels.launch import cdiv, i32, i64, ptr
 
 TOKEN_BUCKETS = (1, 2, 4, 8)  # kernel variants; n tokens run in the smallest bucket >= n
-ROWS_PER_BLOCK = {1: 4, 2: 4, 4: 2, 8: 2}  # must match GEMV_FORMAT in gemv.cu
+ROWS_PER_BLOCK = {1: 8, 2: 4, 4: 2, 8: 2}  # default R per bucket; must be a variant in GEMV_FORMAT (gemv.cu)
+VARIANTS = {1: (8, 4), 2: (4,), 4: (2,), 8: (2,)}
 MAX_TOKENS = TOKEN_BUCKETS[-1]
 
 
@@ -18,8 +19,11 @@ def format_defines(qtype_name: str) -> dict[str, str]:
 
 
 def default_warps(n_cols: int) -> int:
-    """Warps per block: about one 32-weight unit per lane, from 1 to 8 warps."""
-    return max(1, min(8, cdiv(n_cols // 32, 32)))
+    """Warps per block: about one 32-weight unit per lane, from 1 to 4 warps.
+
+    Measured on the H200 (bench/NOTES-cuda.md, 2026-11-29): 8 warps lost to 4 at every
+    Qwen3-8B shape (by up to 1.5x); 2 and 4 were within noise of each other."""
+    return max(1, min(4, cdiv(n_cols // 32, 32)))
 
 
 def gemv(
@@ -32,6 +36,7 @@ def gemv(
     out: Any,
     bias: Any | None = None,
     warps: int | None = None,
+    rows_per_block: int | None = None,
 ) -> Any:
     """`out[t, r] = sum_c W[r, c] x[t, c] (+ bias[r])` for float32 `x [T <= 8, n_cols]`.
 
@@ -44,9 +49,14 @@ def gemv(
     if n_cols % 32:
         raise ValueError(f"gemv needs a multiple of 32 columns, got {n_cols}")
     bucket = next(b for b in TOKEN_BUCKETS if b >= n_tok)
-    kernel = get_kernel("gemv.cu", f"gemv_{qtype_name.lower()}_t{bucket}", format_defines(qtype_name))
+    rows = rows_per_block or ROWS_PER_BLOCK[bucket]
+    if rows not in VARIANTS[bucket]:
+        raise ValueError(
+            f"no gemv variant with {rows} rows per block for {bucket} tokens: {VARIANTS[bucket]}"
+        )
+    kernel = get_kernel("gemv.cu", f"gemv_{qtype_name.lower()}_t{bucket}_r{rows}", format_defines(qtype_name))
     warps = warps or default_warps(n_cols)
-    grid = (cdiv(n_rows, ROWS_PER_BLOCK[bucket]),)
+    grid = (cdiv(n_rows, rows),)
     kernel(
         grid, (32 * warps,), (data, i64(row_bytes), i32(n_rows), i32(n_cols), x, i32(n_tok), out, ptr(bias))
     )

@@ -9,10 +9,37 @@
 // each run (k = 0..3, a compile-time constant after unrolling); `x_base(u)` is the
 // column of the unit's first weight. The numpy dequantizers in quant/reference.py are
 // the oracle for every format here.
+//
+// The GEMV kernels use a cheaper pair instead of get(): `raw(k, f0, f1)` returns codes
+// f with sum_run(w * x) = a * sum_run(f * x) + b * sum_run(x), the per-run (a, b) from
+// `coef()`. For the small-integer formats f = 0.5 + u/256 is built from the quant u with
+// one byte permute (no int-to-float conversion, a quarter-rate instruction); the
+// affine terms are applied once per 16 weights. Float formats have AFFINE = false.
 #pragma once
 #include "common.cuh"
 
 __device__ __forceinline__ u32 word4(uint4 v, int k) { return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w; }
+
+// 0.5 + u/256 for byte i of w (u < 128): the byte becomes bits 16..23 of 0x3F000000.
+__device__ __forceinline__ float biased(u32 w, int i) {
+    return __uint_as_float(__byte_perm(w, 0x3F000000u, 0x7044u | ((u32)i << 8)));
+}
+
+// Signed byte i of w, exactly: (b ^ 0x80) in the low bits of 2^23, minus 2^23 + 128.
+__device__ __forceinline__ float signed_byte(u32 w, int i) {
+    return __uint_as_float(__byte_perm(w ^ 0x80808080u, 0x4B000000u, 0x7440u | (u32)i)) - 8388736.f;
+}
+
+// Bits 0..3 of n moved to bit 0 of bytes 0..3 (one multiply; the partial products never collide).
+__device__ __forceinline__ u32 spread4(u32 n) { return ((n & 15u) * 0x00204081u) & 0x01010101u; }
+
+__device__ __forceinline__ void biased4(u32 lo, u32 hi, float* f0, float* f1) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        f0[i] = biased(lo, i);
+        f1[i] = biased(hi, i);
+    }
+}
 
 // -- 32-weight blocks ----------------------------------------------------------------------
 
@@ -34,6 +61,15 @@ struct FmtQ4_0 {  // d:f16, qs[16]: w = d * (q - 8); low nibbles are weights 0..
             w1[i] = d * (float)((int)(ubyte(x, i) >> 4) - 8);
         }
     }
+    static constexpr bool AFFINE = true;
+    __device__ __forceinline__ void raw(int k, float* f0, float* f1) const {
+        const u32 x = word4(q, k);
+        biased4(x & 0x0F0F0F0Fu, (x >> 4) & 0x0F0F0F0Fu, f0, f1);
+    }
+    __device__ __forceinline__ void coef(float& a0, float& b0, float& a1, float& b1) const {
+        a0 = a1 = 256.f * d;  // w = d * (u - 8) = 256 d f - 136 d
+        b0 = b1 = -136.f * d;
+    }
 };
 
 struct FmtQ4_1 {  // d:f16, m:f16, qs[16]: w = d * q + m
@@ -54,6 +90,15 @@ struct FmtQ4_1 {  // d:f16, m:f16, qs[16]: w = d * q + m
             w0[i] = d * (float)(ubyte(x, i) & 15u) + m;
             w1[i] = d * (float)(ubyte(x, i) >> 4) + m;
         }
+    }
+    static constexpr bool AFFINE = true;
+    __device__ __forceinline__ void raw(int k, float* f0, float* f1) const {
+        const u32 x = word4(q, k);
+        biased4(x & 0x0F0F0F0Fu, (x >> 4) & 0x0F0F0F0Fu, f0, f1);
+    }
+    __device__ __forceinline__ void coef(float& a0, float& b0, float& a1, float& b1) const {
+        a0 = a1 = 256.f * d;  // w = d * u + m
+        b0 = b1 = m - 128.f * d;
     }
 };
 
@@ -79,6 +124,16 @@ struct FmtQ5_0 {  // d:f16, qh:u32 (bit j = 5th bit of weight j), qs[16]: w = d 
             w0[i] = d * (float)((int)lo - 16);
             w1[i] = d * (float)((int)hi - 16);
         }
+    }
+    static constexpr bool AFFINE = true;
+    __device__ __forceinline__ void raw(int k, float* f0, float* f1) const {
+        const u32 x = word4(q, k);
+        biased4((x & 0x0F0F0F0Fu) | (spread4(qh >> (4 * k)) << 4), ((x >> 4) & 0x0F0F0F0Fu) | (spread4(qh >> (16 + 4 * k)) << 4),
+                f0, f1);
+    }
+    __device__ __forceinline__ void coef(float& a0, float& b0, float& a1, float& b1) const {
+        a0 = a1 = 256.f * d;  // w = d * (u - 16)
+        b0 = b1 = -144.f * d;
     }
 };
 
@@ -106,6 +161,16 @@ struct FmtQ5_1 {  // d:f16, m:f16, qh:u32, qs[16]: w = d * q + m
             w1[i] = d * (float)hi + m;
         }
     }
+    static constexpr bool AFFINE = true;
+    __device__ __forceinline__ void raw(int k, float* f0, float* f1) const {
+        const u32 x = word4(q, k);
+        biased4((x & 0x0F0F0F0Fu) | (spread4(qh >> (4 * k)) << 4), ((x >> 4) & 0x0F0F0F0Fu) | (spread4(qh >> (16 + 4 * k)) << 4),
+                f0, f1);
+    }
+    __device__ __forceinline__ void coef(float& a0, float& b0, float& a1, float& b1) const {
+        a0 = a1 = 256.f * d;  // w = d * u + m
+        b0 = b1 = m - 128.f * d;
+    }
 };
 
 struct FmtQ8_0 {  // d:f16, qs[32] int8: w = d * q
@@ -127,18 +192,44 @@ struct FmtQ8_0 {  // d:f16, qs[32] int8: w = d * q
             w1[i] = d * (float)sbyte(x1, i);
         }
     }
+    static constexpr bool AFFINE = true;
+    __device__ __forceinline__ void raw(int k, float* f0, float* f1) const {
+        const u32 x0 = word4(q0, k), x1 = word4(q1, k);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            f0[i] = signed_byte(x0, i);
+            f1[i] = signed_byte(x1, i);
+        }
+    }
+    __device__ __forceinline__ void coef(float& a0, float& b0, float& a1, float& b1) const {
+        a0 = a1 = d;  // the codes are the exact quants
+        b0 = b1 = 0.f;
+    }
 };
 
 // -- 256-weight k-quant super-blocks --------------------------------------------------------
 
-// 6-bit scale and min of sub-block `j` (0..7) from the 12 packed bytes of Q4_K/Q5_K.
-__device__ __forceinline__ void kquant_scale_min(uint4 sc, int j, u32& s, u32& m) {
-    if (j < 4) {
-        s = byte_of16(sc, j) & 63u;
-        m = byte_of16(sc, j + 4) & 63u;
+// 6-bit scales and mins of the sub-block pair (2p, 2p + 1), p = 0..3, from the 12 packed
+// bytes of Q4_K/Q5_K held in words y (bytes 0..3), z (4..7), w (8..11). Byte permutes
+// gather the bytes (no run-time register indexing): sub-blocks 0..3 keep their scale in
+// bytes 0..3 and min in 4..7 (low 6 bits); 4..7 split theirs into a nibble of bytes 8..11
+// plus the top 2 bits of bytes 0..3 (scale) or 4..7 (min).
+__device__ __forceinline__ void kquant_scale_min_pair(u32 y, u32 z, u32 w, int p, u32& sa, u32& ma, u32& sb,
+                                                      u32& mb) {
+    const u32 q2 = (u32)(2 * (p & 1));
+    if (p < 2) {
+        const u32 g = __byte_perm(y, z, q2 | ((q2 + 1) << 4) | ((q2 + 4) << 8) | ((q2 + 5) << 12));
+        sa = g & 63u;
+        sb = (g >> 8) & 63u;
+        ma = (g >> 16) & 63u;
+        mb = (g >> 24) & 63u;
     } else {
-        s = (byte_of16(sc, j + 4) & 15u) | ((byte_of16(sc, j - 4) >> 6) << 4);
-        m = (byte_of16(sc, j + 4) >> 4) | ((byte_of16(sc, j) >> 6) << 4);
+        const u32 g = __byte_perm(w, y, q2 | ((q2 + 1) << 4) | ((q2 + 4) << 8) | ((q2 + 5) << 12));
+        const u32 hz = z >> (8 * q2);
+        sa = (g & 15u) | (((g >> 22) & 3u) << 4);
+        sb = ((g >> 8) & 15u) | (((g >> 30) & 3u) << 4);
+        ma = ((g >> 4) & 15u) | (((hz >> 6) & 3u) << 4);
+        mb = ((g >> 12) & 15u) | (((hz >> 14) & 3u) << 4);
     }
 }
 
@@ -159,10 +250,8 @@ struct FmtQ4_K {
         const uint4 hdr = ld16(b);  // 144-byte blocks in 16-aligned rows: always aligned
         q = ld16(b + 16 + j * 32 + h * 16);
         const float d = h2f_lo(hdr.x), dmin = h2f_hi(hdr.x);
-        const uint4 sc = make_uint4(hdr.y, hdr.z, hdr.w, 0u);
         u32 sa, ma, sb, mb;
-        kquant_scale_min(sc, 2 * j, sa, ma);
-        kquant_scale_min(sc, 2 * j + 1, sb, mb);
+        kquant_scale_min_pair(hdr.y, hdr.z, hdr.w, j, sa, ma, sb, mb);
         s0 = d * (float)sa;
         m0 = dmin * (float)ma;
         s1 = d * (float)sb;
@@ -175,6 +264,17 @@ struct FmtQ4_K {
             w0[i] = s0 * (float)(ubyte(x, i) & 15u) - m0;
             w1[i] = s1 * (float)(ubyte(x, i) >> 4) - m1;
         }
+    }
+    static constexpr bool AFFINE = true;
+    __device__ __forceinline__ void raw(int k, float* f0, float* f1) const {
+        const u32 x = word4(q, k);
+        biased4(x & 0x0F0F0F0Fu, (x >> 4) & 0x0F0F0F0Fu, f0, f1);
+    }
+    __device__ __forceinline__ void coef(float& a0, float& b0, float& a1, float& b1) const {
+        a0 = 256.f * s0;  // w = s u - m
+        b0 = -(128.f * s0 + m0);
+        a1 = 256.f * s1;
+        b1 = -(128.f * s1 + m1);
     }
 };
 
@@ -193,10 +293,8 @@ struct FmtQ5_K {
         qh = ld16(b + 16 + h * 16);
         q = ld16(b + 48 + j * 32 + h * 16);
         const float d = h2f_lo(hdr.x), dmin = h2f_hi(hdr.x);
-        const uint4 sc = make_uint4(hdr.y, hdr.z, hdr.w, 0u);
         u32 sa, ma, sb, mb;
-        kquant_scale_min(sc, 2 * j, sa, ma);
-        kquant_scale_min(sc, 2 * j + 1, sb, mb);
+        kquant_scale_min_pair(hdr.y, hdr.z, hdr.w, j, sa, ma, sb, mb);
         s0 = d * (float)sa;
         m0 = dmin * (float)ma;
         s1 = d * (float)sb;
@@ -212,6 +310,17 @@ struct FmtQ5_K {
             w0[i] = s0 * (float)lo - m0;
             w1[i] = s1 * (float)hi - m1;
         }
+    }
+    static constexpr bool AFFINE = true;
+    __device__ __forceinline__ void raw(int k, float* f0, float* f1) const {
+        const u32 x = word4(q, k), hb = word4(qh, k) >> j2;
+        biased4((x & 0x0F0F0F0Fu) | ((hb & 0x01010101u) << 4), ((x >> 4) & 0x0F0F0F0Fu) | ((hb & 0x02020202u) << 3), f0, f1);
+    }
+    __device__ __forceinline__ void coef(float& a0, float& b0, float& a1, float& b1) const {
+        a0 = 256.f * s0;
+        b0 = -(128.f * s0 + m0);
+        a1 = 256.f * s1;
+        b1 = -(128.f * s1 + m1);
     }
 };
 
@@ -252,6 +361,18 @@ struct FmtQ6_K {
             w1[i] = s1 * (float)hi;
         }
     }
+    static constexpr bool AFFINE = true;
+    __device__ __forceinline__ void raw(int k, float* f0, float* f1) const {
+        const u32 x = word4(ql, k), hb = word4(qh, k) >> sh0;
+        biased4((x & 0x0F0F0F0Fu) | ((hb & 0x03030303u) << 4), ((x >> 4) & 0x0F0F0F0Fu) | (((hb >> 4) & 0x03030303u) << 4),
+                f0, f1);
+    }
+    __device__ __forceinline__ void coef(float& a0, float& b0, float& a1, float& b1) const {
+        a0 = 256.f * s0;  // w = s * (u - 32)
+        b0 = -160.f * s0;
+        a1 = 256.f * s1;
+        b1 = -160.f * s1;
+    }
 };
 
 // -- float formats (rows of a whole number of 32-weight units, so 16-byte aligned) --------
@@ -273,6 +394,12 @@ struct FmtF16 {
         const u32 blo = (k & 1) ? b.z : b.x, bhi = (k & 1) ? b.w : b.y;
         w0[0] = h2f_lo(alo); w0[1] = h2f_hi(alo); w0[2] = h2f_lo(ahi); w0[3] = h2f_hi(ahi);
         w1[0] = h2f_lo(blo); w1[1] = h2f_hi(blo); w1[2] = h2f_lo(bhi); w1[3] = h2f_hi(bhi);
+    }
+    static constexpr bool AFFINE = false;
+    __device__ __forceinline__ void raw(int k, float* f0, float* f1) const { get(k, f0, f1); }
+    __device__ __forceinline__ void coef(float& a0, float& b0, float& a1, float& b1) const {
+        a0 = a1 = 1.f;
+        b0 = b1 = 0.f;
     }
 };
 
@@ -296,6 +423,12 @@ struct FmtBF16 {
         w1[0] = __uint_as_float(blo << 16); w1[1] = __uint_as_float(blo & 0xffff0000u);
         w1[2] = __uint_as_float(bhi << 16); w1[3] = __uint_as_float(bhi & 0xffff0000u);
     }
+    static constexpr bool AFFINE = false;
+    __device__ __forceinline__ void raw(int k, float* f0, float* f1) const { get(k, f0, f1); }
+    __device__ __forceinline__ void coef(float& a0, float& b0, float& a1, float& b1) const {
+        a0 = a1 = 1.f;
+        b0 = b1 = 0.f;
+    }
 };
 
 struct FmtF32 {  // 128 bytes a unit: read in get(), too many registers to hold ahead
@@ -309,6 +442,12 @@ struct FmtF32 {  // 128 bytes a unit: read in get(), too many registers to hold 
         const float4 a = __ldg(p + k), b = __ldg(p + 4 + k);
         w0[0] = a.x; w0[1] = a.y; w0[2] = a.z; w0[3] = a.w;
         w1[0] = b.x; w1[1] = b.y; w1[2] = b.z; w1[3] = b.w;
+    }
+    static constexpr bool AFFINE = false;
+    __device__ __forceinline__ void raw(int k, float* f0, float* f1) const { get(k, f0, f1); }
+    __device__ __forceinline__ void coef(float& a0, float& b0, float& a1, float& b1) const {
+        a0 = a1 = 1.f;
+        b0 = b1 = 0.f;
     }
 };
 

@@ -47,14 +47,33 @@ def config_from_gguf(meta: dict[str, Any], vocab_size: int) -> ModelConfig:
     return ModelConfig(**kwargs)
 
 
+GLOBAL_ROPE_THETA = 1_000_000.0
+# Gemma3TextConfig's defaults: real multimodal configs list only what differs from them.
+HF_TEXT_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 262_208,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 131_072,
+    "query_pre_attn_scalar": 256,
+    "sliding_window": 4096,
+}
+
+
 def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
-    text = cfg.get("text_config", cfg)
-    kwargs = _gemma_flags(common_from_hf(cfg, "gemma3"))
+    text = {**HF_TEXT_DEFAULTS, **cfg.get("text_config", cfg)}
+    if "rope_theta" not in text and "rope_parameters" not in text:
+        text["rope_theta"] = GLOBAL_ROPE_THETA  # not merged above: it would override rope_parameters
+    kwargs = _gemma_flags(common_from_hf(text, "gemma3"))
     layer_types = text.get("layer_types")
     if layer_types:
         sliding = tuple(t == "sliding_attention" for t in layer_types)
     else:
-        pattern = int(text.get("sliding_window_pattern", SLIDING_PATTERN))
+        pattern = int(text.get("sliding_window_pattern") or text.get("_sliding_window_pattern") or SLIDING_PATTERN)
         sliding = tuple((i + 1) % pattern != 0 for i in range(kwargs["num_layers"]))
     local_theta = text.get("rope_local_base_freq")
     params = text.get("rope_parameters") or {}
@@ -62,9 +81,9 @@ def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
         local_theta = params["sliding_attention"].get("rope_theta")
     kwargs.update(
         rope_theta_local=float(local_theta or LOCAL_ROPE_THETA),
-        sliding_window=int(text.get("sliding_window") or 512),
+        sliding_window=int(text["sliding_window"]),
         layer_sliding=sliding,
-        query_scale=float(text.get("query_pre_attn_scalar", kwargs["head_dim"])) ** -0.5,
+        query_scale=float(text["query_pre_attn_scalar"]) ** -0.5,
         attn_softcap=text.get("attn_logit_softcapping"),
         final_softcap=text.get("final_logit_softcapping"),
         tie_word_embeddings=bool(text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", True))),

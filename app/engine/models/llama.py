@@ -23,7 +23,7 @@ def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
 
 FAMILY = Family(
     gguf_arch="llama",
-    hf_architectures=("LlamaForCausalLM", "MistralForCausalLM"),
+    hf_architectures=("LlamaForCausalLM",),
     config_from_gguf=config_from_gguf,
     config_from_hf=config_from_hf,
 )

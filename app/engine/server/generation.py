@@ -98,6 +98,9 @@ class Generation:
             raise bad_request(str(exc)) from exc
         except StopAsyncIteration as exc:
             raise ApiError(500, "The engine ended the request without producing any output.") from exc
+        except Exception as exc:
+            await self.close()
+            raise _engine_failure(exc) from exc
         except BaseException:
             await self.close()
             raise
@@ -113,7 +116,10 @@ class Generation:
                 yield pending
                 if pending.finished:
                     return
-                pending = await anext(self._iterator, None)
+                try:
+                    pending = await anext(self._iterator, None)
+                except Exception as exc:  # e.g. the engine loop failed: an error value, not a crash
+                    raise _engine_failure(exc) from exc
             raise ApiError(500, "The engine's output stream ended before the request finished.")
         finally:
             await self.close()
@@ -147,6 +153,13 @@ class Generation:
                     await self._engine.abort(self.request_id)
             except Exception:  # cleanup must not mask what ended the request
                 log.exception("cleaning up request %s failed", self.request_id)
+
+
+def _engine_failure(exc: Exception) -> ApiError:
+    if isinstance(exc, ApiError):
+        return exc
+    log.error("engine failed while serving a request: %s", exc)
+    return ApiError(500, f"The engine failed while generating: {exc}")
 
 
 async def start_all(generations: list[Generation]) -> None:

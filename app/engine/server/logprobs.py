@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from app.engine.request import TokenLogprob
+from app.engine.server.protocol.chat import TokenLogprobInfo, TopLogprob
 from app.engine.server.protocol.completions import CompletionLogprobs
-from app.engine.server.protocol.openai import TokenLogprobInfo, TopLogprob
 
 
 class TokenTexts:
@@ -19,9 +19,20 @@ class TokenTexts:
     def __call__(self, token_id: int) -> str:
         text = self._cache.get(token_id)
         if text is None:
-            text = self._tokenizer.decode([token_id], skip_special_tokens=False)
-            self._cache[token_id] = text
+            text = self._cache[token_id] = self._decode(token_id)
         return text
+
+    def _decode(self, token_id: int) -> str:
+        # A streaming detokenizer keeps a SentencePiece piece's leading space, which decode() of a
+        # lone token drops; "Hello" and " Hello" are different tokens and clients see the difference.
+        make = getattr(self._tokenizer, "detokenizer", None)
+        if make is not None:
+            try:
+                stream = make(skip_special_tokens=False)
+                return stream.add([token_id]) + stream.flush()
+            except ValueError:
+                pass
+        return self._tokenizer.decode([token_id], skip_special_tokens=False)
 
 
 def chat_logprobs(texts: TokenTexts, logprobs: list[TokenLogprob], top_n: int) -> list[TokenLogprobInfo]:

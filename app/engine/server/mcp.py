@@ -13,9 +13,9 @@ from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel, Field
 
 from app.engine.server.errors import ApiError
+from app.engine.server.protocol.chat import ChatCompletionRequest, ChatMessage
 from app.engine.server.protocol.completions import CompletionRequest
 from app.engine.server.protocol.embeddings import EmbeddingRequest
-from app.engine.server.protocol.openai import ChatCompletionRequest, ChatMessage
 from app.engine.server.protocol.tokenize import TokenizeRequest
 from app.engine.server.services import Services
 

@@ -23,9 +23,9 @@ from app.engine.server.errors import (
 if TYPE_CHECKING:
     from app.engine.server.metrics import ServerMetrics
 
-# Endpoints that run the engine or the embedder: these count against max_concurrent_requests.
+# Endpoints that run the engine or the embedder (MCP tool calls too): these count against max_concurrent_requests.
 LIMITED_PATHS = frozenset(
-    {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/embeddings"}
+    {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/embeddings", "/mcp"}
 )
 OPEN_PATHS = frozenset({"/health", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
 

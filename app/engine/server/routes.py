@@ -17,15 +17,10 @@ from app.engine.server.protocol.anthropic import (
     MessageResponse,
     MessagesRequest,
 )
+from app.engine.server.protocol.chat import ChatCompletionRequest, ChatCompletionResponse
 from app.engine.server.protocol.completions import CompletionRequest, CompletionResponse
 from app.engine.server.protocol.embeddings import EmbeddingRequest, EmbeddingResponse
-from app.engine.server.protocol.openai import (
-    ChatCompletionRequest,
-    ChatCompletionResponse,
-    ErrorResponse,
-    ModelCard,
-    ModelList,
-)
+from app.engine.server.protocol.openai import ErrorResponse, ModelCard, ModelList
 from app.engine.server.protocol.responses import ResponseObject, ResponsesRequest
 from app.engine.server.protocol.tokenize import (
     DetokenizeRequest,

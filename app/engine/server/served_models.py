@@ -49,5 +49,10 @@ class ServedModels:
         return next((card for card in self.listing().data if card.id == name), None)
 
 
+def _short(name: str) -> str:
+    """`org/model` is also answered as "model" (clients often drop the hub organisation)."""
+    return name.rsplit("/", 1)[-1]
+
+
 def _unique(names: list[str]) -> list[str]:
     return list(dict.fromkeys(name for name in names if name))

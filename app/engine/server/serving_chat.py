@@ -19,24 +19,22 @@ from app.engine.server.generation import (
 )
 from app.engine.server.json_output import check_json, json_instruction
 from app.engine.server.logprobs import TokenTexts, chat_logprobs
-from app.engine.server.prompting import Prompt, function_tool, merge_system, parse_arguments
-from app.engine.server.protocol.openai import (
+from app.engine.server.openai_messages import chat_messages
+from app.engine.server.prompting import Prompt, function_tool, merge_system
+from app.engine.server.protocol.chat import (
     ChatChoice,
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
-    ChatMessage,
     ChoiceLogprobs,
     ChunkChoice,
     DeltaMessage,
     FunctionCallOut,
-    NamedToolChoice,
-    PromptTokensDetails,
     ResponseMessage,
     ToolCallDelta,
     ToolCallOut,
-    UsageInfo,
 )
+from app.engine.server.protocol.openai import NamedToolChoice, PromptTokensDetails, UsageInfo
 from app.engine.server.serving_base import ServingContext, new_id, now, seeded
 from app.engine.server.sse import DONE, data_frame
 from app.engine.server.tool_calls import ParsedCall, ToolCallSplitter, plan_tools, split_calls
@@ -228,50 +226,6 @@ class OpenAIServingChat:
         )
         frames.append(frame([last]))
         return frames
-
-
-def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """OpenAI chat messages -> the neutral template messages (see prompting.py)."""
-    result = []
-    for i, message in enumerate(messages):
-        entry: dict[str, Any] = {
-            "role": "system" if message.role == "developer" else message.role,
-            "content": text_content(message.content, f"messages[{i}].content"),
-        }
-        if message.name:
-            entry["name"] = message.name
-        if message.tool_calls:
-            entry["tool_calls"] = [
-                {
-                    "id": call.id or new_id("call_"),
-                    "type": "function",
-                    "function": {
-                        "name": call.function.name,
-                        "arguments": parse_arguments(
-                            call.function.arguments, f"messages[{i}].tool_calls[{j}].function.arguments"
-                        ),
-                    },
-                }
-                for j, call in enumerate(message.tool_calls)
-            ]
-        if message.role == "tool":
-            entry["tool_call_id"] = message.tool_call_id or ""
-        result.append(entry)
-    return result
-
-
-def text_content(content: str | list[Any] | None, param: str) -> str:
-    if content is None or isinstance(content, str):
-        return content or ""
-    texts = []
-    for j, part in enumerate(content):
-        if part.type not in ("text", "input_text", "output_text") or part.text is None:
-            raise bad_request(
-                f"Content of type {part.type!r} is not supported: this model reads text only.",
-                param=f"{param}[{j}]",
-            )
-        texts.append(part.text)
-    return "\n".join(texts)
 
 
 def _json_request(req: ChatCompletionRequest) -> tuple[dict[str, Any] | None, bool]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from app.engine.server.errors import ApiError, bad_request
+from app.engine.server.openai_messages import chat_messages
 from app.engine.server.prompting import function_tool
 from app.engine.server.protocol.tokenize import (
     DetokenizeRequest,
@@ -11,7 +12,6 @@ from app.engine.server.protocol.tokenize import (
     TokenizeResponse,
 )
 from app.engine.server.serving_base import ServingContext
-from app.engine.server.serving_chat import chat_messages
 
 
 class ServingTokenization:

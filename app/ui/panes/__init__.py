@@ -1,0 +1,57 @@
+"""The pane registry: what the main window shows, in order, and how each pane gets its services.
+
+A pane is any QWidget. To add one, write `app/ui/panes/<name>.py` and append a
+`PaneSpec` to `PANES` whose `build` picks from the `StudioContext` exactly what the pane
+needs (panes are handed their services; they never look them up). Imports are inside
+the builders so a pane's module loads only when the window is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from PySide6.QtWidgets import QWidget
+
+from app.ui.context import StudioContext
+
+
+@dataclass(frozen=True)
+class PaneSpec:
+    key: str  # stable id: window state, tests, screenshots
+    title: str  # the navigation entry
+    build: Callable[[StudioContext], QWidget]
+    tooltip: str = ""
+
+
+def _chat(ctx: StudioContext) -> QWidget:
+    from app.ui.panes.chat import ChatPane
+
+    return ChatPane(ctx.chat, ctx.history, ctx.runtime, ctx.worker, ctx.dialogs, ctx.chat_defaults,
+                    lambda: ctx.settings.get("chat.system_prompt"))
+
+
+def _compare(ctx: StudioContext) -> QWidget:
+    from app.ui.panes.compare import ComparePane
+
+    return ComparePane(lambda: ctx.host.client, ctx.secrets, ctx.settings, ctx.worker, ctx.dialogs)
+
+
+def _models(ctx: StudioContext) -> QWidget:
+    from app.ui.panes.models import ModelsPane
+
+    return ModelsPane(ctx.library, ctx.hub, ctx.host, ctx.runtime, ctx.settings, ctx.worker, ctx.dialogs)
+
+
+def _server(ctx: StudioContext) -> QWidget:
+    from app.ui.panes.server import ServerPane
+
+    return ServerPane(ctx.server, ctx.runtime, ctx.settings, ctx.secrets, ctx.worker, ctx.copy_text)
+
+
+PANES: list[PaneSpec] = [
+    PaneSpec("chat", "Chat", _chat, "Talk to the loaded model"),
+    PaneSpec("compare", "Compare", _compare, "One prompt, several models side by side"),
+    PaneSpec("models", "Models", _models, "Your models folder, the Hugging Face hub, will-it-fit"),
+    PaneSpec("server", "Server", _server, "The local OpenAI/Anthropic-compatible API"),
+]

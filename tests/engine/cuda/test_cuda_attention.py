@@ -123,3 +123,18 @@ def cuda_cpu_stub():
     from app.engine.backend.cpu import CpuBackend
 
     return CpuBackend()
+
+
+@pytest.mark.parametrize("heads", [(32, 8, 128), (4, 1, 256)], ids=["qwen", "gemma"])
+def test_attention_register_capped_variant(cuda, cpu, rng, heads) -> None:
+    """The min_blocks=4 build (128 registers, a few spilled) computes the same function."""
+    from app.engine.kernels import attention as kernels
+
+    n_heads, n_kv, head_dim = heads
+    q, (kc, vc, mc), (kg, vg, mg) = make_batch(cuda, cpu, rng, BATCHES["mixed"], n_heads, n_kv, head_dim)
+    ref = cpu.attention(q, kc, vc, mc, 0.1)
+    for plan in (kernels.SplitPlan(1, kernels.NO_SPLIT), kernels.SplitPlan(3, 200)):
+        out = cuda.xp.full(q.shape, cuda.xp.nan, cuda.xp.float32)
+        kernels.attention(cuda.from_host(q), kg, vg, mg.query_start_loc, mg.seq_lens, mg.block_tables,
+                          0.1, None, None, plan, out, min_blocks=4)  # fmt: skip
+        assert rel_err(cuda.to_host(out), ref) < TOL

@@ -59,3 +59,20 @@ def test_gemv_any_block_width(cuda, rng, qtype: str, warps: int) -> None:
     gemv(weight.data, qtype, weight.row_bytes, rows, cols, cupy.asarray(x), out, warps=warps)
     ref = x.astype(np.float64) @ dequantize_oracle(tensor).astype(np.float64).T
     assert rel_err(cupy.asnumpy(out), ref) < TOLERANCE
+
+
+@pytest.mark.parametrize("rows_per_block", [4, 8])
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0", "F16"])
+def test_gemv_single_token_variants(cuda, rng, qtype: str, rows_per_block: int) -> None:
+    import cupy
+
+    rows, cols = 21, 4096
+    tensor = random_tensor(qtype, rows, cols, rng)
+    x = rng.standard_normal((1, cols)).astype(np.float32)
+    weight = cuda.load_weight(tensor)
+    out = cupy.full((1, rows), cupy.nan, cupy.float32)
+    gemv(
+        weight.data, qtype, weight.row_bytes, rows, cols, cupy.asarray(x), out, rows_per_block=rows_per_block
+    )
+    ref = x.astype(np.float64) @ dequantize_oracle(tensor).astype(np.float64).T
+    assert rel_err(cupy.asnumpy(out), ref) < TOLERANCE

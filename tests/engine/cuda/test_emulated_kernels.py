@@ -20,7 +20,7 @@ from app.engine.backend.base import AttentionMetadata
 from app.engine.backend.cpu import CpuBackend
 from app.engine.kernels.attention import GROUP_BUCKETS, NO_SPLIT
 from app.engine.kernels.compile import KERNEL_DIR
-from app.engine.kernels.gemv import ROWS_PER_BLOCK
+from app.engine.kernels.gemv import VARIANTS
 
 HOST_DIR = Path(__file__).parent / "host"
 TIMEOUT = 300
@@ -55,10 +55,13 @@ def _run(exe: Path, *args: object) -> None:
     assert done.returncode == 0, f"emulator exit {done.returncode}"
 
 
-@pytest.mark.parametrize(("qtype", "n_tok", "warps"), [
-    ("Q4_K", 1, 2), ("Q6_K", 3, 1), ("Q8_0", 8, 2), ("Q5_0", 2, 1), ("Q4_1", 5, 2), ("BF16", 1, 1), ("F32", 4, 2),
+@pytest.mark.parametrize(("qtype", "n_tok", "warps", "rows_per_block"), [
+    ("Q4_K", 1, 2, 8), ("Q4_K", 1, 1, 4), ("Q6_K", 3, 1, 2), ("Q8_0", 8, 2, 2), ("Q5_0", 2, 1, 4), ("Q5_K", 1, 2, 8),
+    ("Q4_1", 5, 2, 2), ("Q5_1", 1, 1, 4), ("Q4_0", 1, 1, 8), ("BF16", 1, 1, 8), ("F16", 2, 1, 4), ("F32", 4, 2, 2),
 ])  # fmt: skip
-def test_gemv_emulated(kernels_emu: Path, tmp_path: Path, qtype: str, n_tok: int, warps: int) -> None:
+def test_gemv_emulated(
+    kernels_emu: Path, tmp_path: Path, qtype: str, n_tok: int, warps: int, rows_per_block: int
+) -> None:
     rng, seed = fresh_rng()
     rows, cols = 9, 1024
     tensor = random_tensor(qtype, rows, cols, rng)
@@ -67,12 +70,42 @@ def test_gemv_emulated(kernels_emu: Path, tmp_path: Path, qtype: str, n_tok: int
     tensor.data.tofile(tmp_path / "w.bin")
     x.tofile(tmp_path / "x.bin")
     bias.tofile(tmp_path / "bias.bin")
-    bucket = next(b for b in ROWS_PER_BLOCK if b >= n_tok)
-    _run(kernels_emu, "gemv", qtype.lower(), bucket, warps, tmp_path, rows, cols, n_tok, tensor.data.shape[1])
+    bucket = next(b for b in VARIANTS if b >= n_tok)
+    assert rows_per_block in VARIANTS[bucket]
+    _run(kernels_emu, "gemv", qtype.lower(), bucket, rows_per_block, warps, tmp_path, rows, cols, n_tok,
+         tensor.data.shape[1])  # fmt: skip
     got = np.fromfile(tmp_path / "y.bin", np.float32).reshape(n_tok, rows)
     ref = x.astype(np.float64) @ dequantize_oracle(tensor).astype(np.float64).T + bias
     assert not np.isnan(got).any(), f"seed={seed}"
     assert rel_err(got, ref) < 1e-5, f"seed={seed}"
+
+
+@pytest.mark.parametrize(("qtype", "out", "with_ids"), [
+    ("Q4_K", "f16", False), ("Q6_K", "f32", True), ("Q8_0", "f16", False), ("Q5_0", "f32", False),
+    ("Q5_K", "f16", True), ("BF16", "f32", True), ("F16", "f16", False),
+])  # fmt: skip
+def test_dequant_emulated(kernels_emu: Path, tmp_path: Path, qtype: str, out: str, with_ids: bool) -> None:
+    """Rows to float32/float16 through the shared-memory tile, including a partial last block."""
+    rng, seed = fresh_rng()
+    n_src, cols = 40, 768
+    tensor = random_tensor(qtype, n_src, cols, rng)
+    tensor.data.tofile(tmp_path / "w.bin")
+    ref_all = dequantize_oracle(tensor)
+    if with_ids:
+        ids = rng.integers(0, n_src, 13).astype(np.int32)
+        ids.tofile(tmp_path / "ids.bin")
+        n_out, offset, ref = len(ids), 0, ref_all[ids]
+    else:
+        n_out, offset = 29, 7
+        ref = ref_all[offset : offset + n_out]
+    _run(
+        kernels_emu, "dequant", qtype.lower(), out, tmp_path, n_src, cols, tensor.data.shape[1], n_out, offset
+    )
+    dtype = np.float32 if out == "f32" else np.float16
+    got = np.fromfile(tmp_path / "y.bin", dtype).reshape(n_out, cols).astype(np.float32)
+    assert not np.isnan(got).any(), f"seed={seed}"
+    rtol = 1e-6 if out == "f32" else 1e-3
+    np.testing.assert_allclose(got, ref, rtol=rtol, atol=1e-6, err_msg=f"seed={seed}")
 
 
 def test_add_rms_norm_emulated(kernels_emu: Path, tmp_path: Path) -> None:

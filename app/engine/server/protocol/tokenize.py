@@ -6,7 +6,8 @@ from typing import Any, Self
 
 from pydantic import BaseModel, Field, model_validator
 
-from app.engine.server.protocol.openai import ChatMessage, ChatTool
+from app.engine.server.protocol.chat import ChatMessage
+from app.engine.server.protocol.openai import ChatTool
 
 
 class TokenizeRequest(BaseModel):

@@ -27,6 +27,14 @@ inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned sh) {
     return (unsigned)(((((uint64_t)hi) << 32) | lo) >> (sh & 31));
 }
 
+// Byte i of the result is byte (s >> 4i) & 7 of the pair {y:x} (no sign-replicate mode).
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    const uint64_t pair = ((uint64_t)y << 32) | x;
+    unsigned r = 0;
+    for (int i = 0; i < 4; ++i) r |= (unsigned)((pair >> (8 * ((s >> (4 * i)) & 7))) & 0xffu) << (8 * i);
+    return r;
+}
+
 inline float __uint_as_float(unsigned u) {
     float f;
     std::memcpy(&f, &u, 4);
@@ -43,4 +51,21 @@ inline float h2f(unsigned short h) {
     else v = std::ldexp((float)(mant | 1024u), (int)exp - 25);
     return sign ? -v : v;
 }
-inline unsigned short f2h(float) { return 0; }  // not used by the decoders
+// float -> half, round to nearest even (as cvt.rn.f16.f32).
+inline unsigned short f2h(float f) {
+    unsigned x;
+    std::memcpy(&x, &f, 4);
+    const unsigned sign = (x >> 16) & 0x8000u, absx = x & 0x7fffffffu;
+    if (absx >= 0x7f800000u) return (unsigned short)(sign | (absx > 0x7f800000u ? 0x7e00u : 0x7c00u));
+    if (absx >= 0x477ff000u) return (unsigned short)(sign | 0x7c00u);  // rounds past 65504
+    if (absx < 0x38800000u) {  // below 2^-14: a subnormal half, in units of 2^-24
+        float a;
+        std::memcpy(&a, &absx, 4);
+        return (unsigned short)(sign | (unsigned)std::nearbyint(a * 16777216.0f));
+    }
+    const unsigned mant = absx & 0x7fffffu, exp = (absx >> 23) - 112u;
+    unsigned h = (exp << 10) | (mant >> 13);
+    const unsigned rem = mant & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h += 1;
+    return (unsigned short)(sign | h);
+}

@@ -1,12 +1,14 @@
 // Run gemv.cu and norm.cu kernels on the SIMT emulator. Commands (files in DIR):
-//   gemv FMT BUCKET WARPS DIR N_ROWS N_COLS N_TOK ROW_BYTES   reads w.bin x.bin [bias.bin], writes y.bin
+//   gemv FMT BUCKET ROWS WARPS DIR N_ROWS N_COLS N_TOK ROW_BYTES   reads w.bin x.bin [bias.bin], writes y.bin
 //   add_rms_norm DIR ROWS COLS EPS THREADS                    reads x.bin res.bin w.bin, writes y.bin newres.bin
+//   dequant FMT OUT(f32|f16) DIR N_SRC N_COLS ROW_BYTES N_OUT ROW_OFFSET   reads w.bin [ids.bin], writes y.bin
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
 #define PADDOCK_ALL_VARIANTS
+#include "dequant.cu"
 #include "gemv.cu"
 #include "norm.cu"
 
@@ -32,27 +34,40 @@ static void write_file(const std::string& path, const std::vector<T>& v) {
 
 typedef void (*GemvFn)(const u8*, i64, int, int, const float*, int, float*, const float*);
 
-static GemvFn pick_gemv(const std::string& fmt, int bucket) {
-#define PICK_T(SUFFIX, T) \
-    if (fmt == #SUFFIX && bucket == T) return gemv_##SUFFIX##_t##T;
-#define PICK(SUFFIX, FMT) PICK_T(SUFFIX, 1) PICK_T(SUFFIX, 2) PICK_T(SUFFIX, 4) PICK_T(SUFFIX, 8)
+static GemvFn pick_gemv(const std::string& fmt, int bucket, int rows) {
+#define PICK_T(SUFFIX, T, R) \
+    if (fmt == #SUFFIX && bucket == T && rows == R) return gemv_##SUFFIX##_t##T##_r##R;
+#define PICK(SUFFIX, FMT) PICK_T(SUFFIX, 1, 8) PICK_T(SUFFIX, 1, 4) PICK_T(SUFFIX, 2, 4) PICK_T(SUFFIX, 4, 2) PICK_T(SUFFIX, 8, 2)
     PADDOCK_FORMATS(PICK)
+    exit(4);
+}
+
+typedef void (*DequantF32)(const u8*, i64, int, const int*, int, int, int, float*);
+typedef void (*DequantF16)(const u8*, i64, int, const int*, int, int, int, u16*);
+
+static void pick_dequant(const std::string& fmt, DequantF32& f32, DequantF16& f16) {
+#define PICK_DQ(SUFFIX, FMT)                  \
+    if (fmt == #SUFFIX) {                     \
+        f32 = dequant_##SUFFIX##_f32;         \
+        f16 = dequant_##SUFFIX##_f16;         \
+        return;                               \
+    }
+    PADDOCK_FORMATS(PICK_DQ)
     exit(4);
 }
 
 int main(int argc, char** argv) {
     const std::string cmd = argc > 1 ? argv[1] : "";
-    if (cmd == "gemv" && argc == 10) {
-        const std::string fmt = argv[2], dir = argv[5];
-        const int bucket = atoi(argv[3]), warps = atoi(argv[4]), n_rows = atoi(argv[6]), n_cols = atoi(argv[7]);
-        const int n_tok = atoi(argv[8]);
-        const i64 row_bytes = atoll(argv[9]);
+    if (cmd == "gemv" && argc == 11) {
+        const std::string fmt = argv[2], dir = argv[6];
+        const int bucket = atoi(argv[3]), rows_per_block = atoi(argv[4]), warps = atoi(argv[5]);
+        const int n_rows = atoi(argv[7]), n_cols = atoi(argv[8]), n_tok = atoi(argv[9]);
+        const i64 row_bytes = atoll(argv[10]);
         auto w = read_file<uint4>(dir + "/w.bin", 2);  // 16-byte aligned and padded, as on the GPU
         auto x = read_file<float>(dir + "/x.bin");
         auto bias = read_file<float>(dir + "/bias.bin");
         std::vector<float> y((size_t)n_tok * n_rows, NAN);
-        const int rows_per_block = bucket <= 2 ? 4 : 2;
-        GemvFn fn = pick_gemv(fmt, bucket);
+        GemvFn fn = pick_gemv(fmt, bucket, rows_per_block);
         launch({(unsigned)((n_rows + rows_per_block - 1) / rows_per_block), 1, 1}, {(unsigned)(32 * warps), 1, 1}, [&] {
             fn(reinterpret_cast<const u8*>(w.data()), row_bytes, n_rows, n_cols, x.data(), n_tok, y.data(),
                bias.empty() ? nullptr : bias.data());
@@ -72,6 +87,30 @@ int main(int argc, char** argv) {
                [&] { add_rms_norm(x.data(), res.data(), w.data(), y.data(), newres.data(), cols, eps); });
         write_file(dir + "/y.bin", y);
         write_file(dir + "/newres.bin", newres);
+        return 0;
+    }
+    if (cmd == "dequant" && argc == 10) {
+        const std::string fmt = argv[2], out_kind = argv[3], dir = argv[4];
+        const int n_src = atoi(argv[5]), n_cols = atoi(argv[6]), n_out = atoi(argv[8]), row_offset = atoi(argv[9]);
+        const i64 row_bytes = atoll(argv[7]);
+        auto w = read_file<uint4>(dir + "/w.bin", 2);
+        auto ids = read_file<int>(dir + "/ids.bin");
+        DequantF32 f32 = nullptr;
+        DequantF16 f16 = nullptr;
+        pick_dequant(fmt, f32, f16);
+        const i64 work = (i64)n_out * (n_cols / 32);
+        const unsigned grid = (unsigned)((work + 255) / 256);
+        const u8* wp = reinterpret_cast<const u8*>(w.data());
+        const int* ip = ids.empty() ? nullptr : ids.data();
+        if (out_kind == "f32") {
+            std::vector<float> y((size_t)n_out * n_cols, NAN);
+            launch({grid, 1, 1}, {256, 1, 1}, [&] { f32(wp, row_bytes, n_cols, ip, n_out, row_offset, n_src, y.data()); });
+            write_file(dir + "/y.bin", y);
+        } else {
+            std::vector<u16> y((size_t)n_out * n_cols, 0xffffu);
+            launch({grid, 1, 1}, {256, 1, 1}, [&] { f16(wp, row_bytes, n_cols, ip, n_out, row_offset, n_src, y.data()); });
+            write_file(dir + "/y.bin", y);
+        }
         return 0;
     }
     return 2;

@@ -19,6 +19,7 @@
 #define __global__
 #define __shared__ static
 #define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
 #define __restrict__
 
 using std::max;

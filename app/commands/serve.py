@@ -1,0 +1,110 @@
+"""`paddock serve`: the OpenAI- and Anthropic-compatible API (and MCP at /mcp) over one loaded model."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+HELP = "serve the loaded model over an OpenAI- and Anthropic-compatible HTTP API (and MCP at /mcp)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from app.commands.common import add_model_arguments
+    from app.engine.server.settings import DEFAULT_HOST, DEFAULT_PORT
+
+    add_model_arguments(parser)
+    parser.add_argument(
+        "--host",
+        default=DEFAULT_HOST,
+        help=f"address to listen on (default {DEFAULT_HOST}: this machine only)",
+    )
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}")
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("PADDOCK_API_KEY"),
+        help="require this key (Authorization: Bearer KEY or x-api-key: KEY); default $PADDOCK_API_KEY",
+    )
+    parser.add_argument(
+        "--max-batch", type=int, default=32, metavar="N", help="requests decoded together (default 32)"
+    )
+    parser.add_argument(
+        "--served-model-name",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="another name clients may use (repeatable)",
+    )
+    parser.add_argument(
+        "--max-concurrent-requests", type=int, default=256, metavar="N", help="more get 429 (default 256)"
+    )
+    parser.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="allow browser calls (repeatable)",
+    )
+    parser.add_argument(
+        "--embedding-model", default=None, metavar="DIR", help="embedding model folder (default: MiniLM)"
+    )
+    parser.add_argument("--no-embeddings", action="store_true", help="do not load an embedding model")
+    parser.add_argument("--no-mcp", action="store_true", help="do not serve MCP at /mcp")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def load_embedder(args: argparse.Namespace) -> object | None:
+    """The embedding model, or None (with a warning) when it is switched off or cannot load."""
+    if args.no_embeddings:
+        return None
+    try:
+        from app.engine.embeddings import BertEmbedder, load_default_embedder
+
+        return (
+            BertEmbedder.from_dir(args.embedding_model) if args.embedding_model else load_default_embedder()
+        )
+    except (OSError, RuntimeError, ValueError) as exc:
+        logging.getLogger("paddock.serve").warning("embeddings are off: %s", exc)
+        return None
+
+
+def run(args: argparse.Namespace) -> int:
+    from app.commands.common import resolve_model
+    from app.engine.client import AsyncEngine
+    from app.engine.config import EngineConfig
+    from app.engine.server.launch import serve_blocking
+    from app.engine.server.settings import ServerSettings
+
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        settings = ServerSettings(
+            host=args.host,
+            port=args.port,
+            api_key=args.api_key,
+            max_concurrent_requests=args.max_concurrent_requests,
+            model_aliases=tuple(args.served_model_name),
+            cors_origins=tuple(args.cors_origin),
+            enable_mcp=not args.no_mcp,
+            log_level=args.log_level,
+        )
+        config = EngineConfig(
+            model=resolve_model(args.model),
+            device=args.device,
+            max_model_len=args.max_ctx,
+            max_num_seqs=args.max_batch,
+        )
+        engine = AsyncEngine(config)
+    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+        print(f"paddock serve: {exc}", file=sys.stderr)
+        return 2
+    try:
+        serve_blocking(engine, settings=settings, embedder=load_embedder(args))  # type: ignore[arg-type]
+    except OSError as exc:  # the port is taken, or the address is not this machine's
+        print(f"paddock serve: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        engine.close()
+    return 0

@@ -1,0 +1,90 @@
+"""The composition root: build the services once, hand them to the window, run Qt on a qasync loop.
+
+Everything the panes use is created here and passed down (`StudioContext`); tests build
+the same context with fakes through `build_context`'s parameters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from app.studio.chat import ChatService
+from app.studio.history import History
+from app.studio.paths import StudioPaths, studio_paths
+from app.studio.runtime import EngineFactory, EngineHost, default_factory
+from app.studio.secrets import SecretStore
+from app.studio.server_control import ServerControl
+from app.studio.settings import Settings
+from app.studio.tasks import SyncExecutor, ThreadExecutor
+from app.ui.context import RuntimeWatcher, StudioContext
+from app.ui.widgets.dialogs import Dialogs
+from app.ui.workers import UiBridge, Worker, install_asyncgen_hooks
+
+log = logging.getLogger(__name__)
+DESKTOP_FILE_NAME = "paddock-studio"  # matches resources/paddock-studio.desktop, for the taskbar icon
+
+
+def build_context(paths: StudioPaths, *, engine_factory: EngineFactory = default_factory,
+                  executor: ThreadExecutor | SyncExecutor | None = None,
+                  host_executor: ThreadExecutor | SyncExecutor | None = None, dialogs: Dialogs | None = None,
+                  copy_text: Callable[[str], None] | None = None, use_keyring: bool = True) -> StudioContext:
+    """The Studio's services over the folders in `paths` (call on the Qt thread, after QApplication exists)."""
+    paths.ensure()
+    settings = Settings.load(paths.settings_file)
+    history = History(paths.history_db)
+    worker = Worker(UiBridge(), executor)
+    host = EngineHost(engine_factory, executor=host_executor)
+    server = ServerControl(lambda: host.client)
+    server.follow(host)
+    return StudioContext(
+        paths=paths, settings=settings, secrets=SecretStore(settings, use_keyring=use_keyring), history=history,
+        host=host, chat=ChatService(history, lambda: host.client), server=server, worker=worker,
+        runtime=RuntimeWatcher(host, worker), dialogs=dialogs or Dialogs(),
+        copy_text=copy_text or (lambda text: None),
+    )
+
+
+def configure_application(app: Any) -> None:
+    """Names the desktop uses: the .desktop entry (taskbar icon, grouping) and the application's name."""
+    from PySide6.QtGui import QGuiApplication, QIcon
+
+    from app.ui.main_window import ICON_PATH
+
+    QGuiApplication.setDesktopFileName(DESKTOP_FILE_NAME)
+    app.setApplicationName("Paddock Studio")
+    app.setApplicationDisplayName("Paddock Studio")
+    if ICON_PATH.is_file():
+        app.setWindowIcon(QIcon(str(ICON_PATH)))
+
+
+def run_studio(model: str | None = None, home: str | os.PathLike[str] | None = None,
+               argv: list[str] | None = None, **engine_overrides: Any) -> int:
+    """Open the window and run until it closes; returns the exit status."""
+    import qasync
+    from PySide6.QtGui import QGuiApplication
+    from PySide6.QtWidgets import QApplication
+
+    from app.ui.main_window import MainWindow
+    from app.ui.theme import apply_theme
+
+    app = QApplication(argv or sys.argv[:1])
+    configure_application(app)
+    loop = qasync.QEventLoop(app)
+    asyncio.set_event_loop(loop)
+    install_asyncgen_hooks(loop)
+    context = build_context(studio_paths(home), copy_text=lambda text: QGuiApplication.clipboard().setText(text))
+    apply_theme(app, context.settings.get("appearance.theme"))
+    window = MainWindow(context)
+    # an error nobody caught becomes a sentence in the status bar, not a traceback in a terminal
+    sys.excepthook = lambda kind, value, tb: window.report_error(value)
+    window.show()
+    window.load_model(model, **{k: v for k, v in engine_overrides.items() if v is not None})
+    with loop:
+        loop.run_forever()
+    window.shutdown()
+    return 0

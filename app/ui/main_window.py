@@ -1,0 +1,144 @@
+"""The Studio window: navigation on the left, one pane at a time, what is loaded in the status bar."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+
+from PySide6.QtCore import QSize, QTimer
+from PySide6.QtGui import QAction, QCloseEvent, QIcon, QKeySequence
+from PySide6.QtWidgets import QHBoxLayout, QListWidget, QListWidgetItem, QMainWindow, QStackedWidget, QWidget
+
+from app.studio.runtime import RuntimeStatus, engine_config
+from app.studio.server_control import ServerError
+from app.ui.context import StudioContext
+from app.ui.panes import PANES, PaneSpec
+from app.ui.widgets.settings_form import SettingsDialog
+from app.ui.widgets.status_bar import RuntimeStatusBar
+
+log = logging.getLogger(__name__)
+
+WINDOW_TITLE = "Paddock Studio"
+MEMORY_POLL_MS = 2000
+ICON_PATH = Path(__file__).resolve().parents[2] / "resources" / "icons" / "paddock.png"
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, context: StudioContext, panes: list[PaneSpec] | None = None) -> None:
+        super().__init__()
+        self.context = context
+        self.setWindowTitle(WINDOW_TITLE)
+        if ICON_PATH.is_file():
+            self.setWindowIcon(QIcon(str(ICON_PATH)))
+        self.navigation = QListWidget()
+        self.navigation.setObjectName("navigation")
+        self.navigation.setFixedWidth(150)
+        self.stack = QStackedWidget()
+        self.panes: dict[str, QWidget] = {}
+        for spec in panes if panes is not None else PANES:
+            self._add_pane(spec)
+        self.navigation.currentRowChanged.connect(self.stack.setCurrentIndex)
+        self.navigation.setCurrentRow(0)
+        central = QWidget()
+        layout = QHBoxLayout(central)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.navigation)
+        layout.addWidget(self.stack, 1)
+        self.setCentralWidget(central)
+
+        self.status = RuntimeStatusBar()
+        self.setStatusBar(self.status)
+        context.runtime.status_changed.connect(self._on_runtime)
+        self._on_runtime(context.runtime.status)
+        context.worker.bridge.on_error = self.report_error
+        self._memory_timer = QTimer(self)
+        self._memory_timer.timeout.connect(self.refresh_memory)
+        self._memory_timer.start(MEMORY_POLL_MS)
+        self.refresh_memory()
+        self._build_menu()
+        self.resize(QSize(1280, 800))
+        self._closed = False
+
+    def _add_pane(self, spec: PaneSpec) -> None:
+        pane = spec.build(self.context)
+        pane.setObjectName(f"pane:{spec.key}")
+        self.panes[spec.key] = pane
+        self.stack.addWidget(pane)
+        item = QListWidgetItem(spec.title)
+        item.setToolTip(spec.tooltip)
+        self.navigation.addItem(item)
+
+    def _build_menu(self) -> None:
+        studio = self.menuBar().addMenu("&Studio")
+        settings = QAction("&Settings…", self, shortcut=QKeySequence.StandardKey.Preferences)
+        settings.triggered.connect(self.open_settings)
+        quit_action = QAction("&Quit", self, shortcut=QKeySequence.StandardKey.Quit)
+        quit_action.triggered.connect(self.close)
+        studio.addActions([settings, quit_action])
+        model = self.menuBar().addMenu("&Model")
+        load = QAction("Load the &start-up model", self)
+        load.triggered.connect(lambda: self.load_model())
+        unload = QAction("&Unload", self)
+        unload.triggered.connect(lambda: self.context.host.unload())
+        model.addActions([load, unload])
+
+    # -- public -----------------------------------------------------------------------------
+    def pane(self, key: str) -> QWidget:
+        return self.panes[key]
+
+    def show_pane(self, key: str) -> None:
+        self.navigation.setCurrentRow(list(self.panes).index(key))
+
+    def load_model(self, model: str | None = None, **overrides: object) -> None:
+        """Load `model` (a path, a name in the models folder, "default"; None: the start-up setting).
+
+        `overrides` replace EngineConfig fields for this load only (the command line's --device).
+        """
+        try:
+            config = engine_config(self.context.settings, model, self.context.models_dir)
+            config = dataclasses.replace(config, **overrides)
+        except (ValueError, TypeError) as exc:  # a bad setting value: say which
+            self.status.show_error(f"Cannot load the model: {exc}")
+            return
+        self.context.host.load(config)
+
+    def open_settings(self) -> None:
+        SettingsDialog(self.context.settings, self).exec()
+
+    def refresh_memory(self) -> None:
+        self.status.show_memory(self.context.host.memory())
+
+    # -- events -----------------------------------------------------------------------------
+    def _on_runtime(self, status: RuntimeStatus) -> None:
+        self.status.show_status(status)
+        self.refresh_memory()
+
+    def report_error(self, exc: BaseException) -> None:
+        log.error("unexpected error in the Studio", exc_info=exc)
+        self.status.show_error(f"Something went wrong: {exc or type(exc).__name__}")
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        self.shutdown()
+        super().closeEvent(event)
+
+    def shutdown(self) -> None:
+        """Stop everything that runs in the background: answers, jobs, the API, the engine. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._memory_timer.stop()
+        ctx = self.context
+        ctx.chat.stop()
+        ctx.worker.cancel_all()
+        for pane in self.panes.values():
+            stop = getattr(pane, "shutdown", None)
+            if callable(stop):
+                stop()
+        try:
+            ctx.server.stop()
+        except ServerError as exc:
+            log.warning("%s", exc)
+        ctx.runtime.close()
+        ctx.host.shutdown()
+        ctx.worker.executor.shutdown()

@@ -1,0 +1,82 @@
+"""Will-it-fit, shown: the verdict as a coloured badge, the memory breakdown, and the largest context that fits."""
+
+from __future__ import annotations
+
+from PySide6.QtWidgets import QFormLayout, QHBoxLayout, QLabel, QVBoxLayout, QWidget
+
+from app.engine.fit import FitReport, format_bytes
+
+PARTS = (("weights", "Weights"), ("kv_cache", "KV cache"), ("activations", "Activations"), ("overhead", "Overhead"))
+
+
+class FitView(QWidget):
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.verdict = QLabel()
+        self.verdict.setObjectName("verdict")
+        self.headline = QLabel()
+        self.headline.setWordWrap(True)
+        self.parts = {key: QLabel() for key, _ in PARTS}
+        self.total = QLabel()
+        self.max_context = QLabel()
+        self.max_context.setWordWrap(True)
+        top = QHBoxLayout()
+        top.addWidget(self.verdict)
+        top.addWidget(self.headline, 1)
+        form = QFormLayout()
+        for key, title in PARTS:
+            form.addRow(title, self.parts[key])
+        form.addRow("Total", self.total)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addLayout(top)
+        layout.addLayout(form)
+        layout.addWidget(self.max_context)
+        self.report: FitReport | None = None
+        self.clear()
+
+    def clear(self, text: str = "Select a model to see whether it fits.") -> None:
+        self.report = None
+        self._set_verdict("")
+        self.headline.setText(text)
+        for label in (*self.parts.values(), self.total, self.max_context):
+            label.setText("")
+
+    def show_pending(self, text: str) -> None:
+        self.clear(text)
+
+    def show_error(self, text: str) -> None:
+        self.clear(text)
+        self.headline.setObjectName("errorText")
+        self._repolish(self.headline)
+
+    def show_report(self, report: FitReport) -> None:
+        self.report = report
+        self.headline.setObjectName("")
+        self._repolish(self.headline)
+        self._set_verdict(report.verdict)
+        budget = f"{format_bytes(report.budget_bytes)} usable" if report.budget_bytes is not None else "unknown"
+        self.headline.setText(
+            f"{format_bytes(report.breakdown.total)} needed at {report.context_length:,} tokens of context "
+            f"({report.kv_dtype} KV); {budget} on {report.device.describe()}.")
+        for key, _ in PARTS:
+            self.parts[key].setText(format_bytes(getattr(report.breakdown, key)))
+        self.total.setText(format_bytes(report.breakdown.total))
+        if report.budget_bytes is None:
+            self.max_context.setText("")
+        elif report.max_context:
+            self.max_context.setText(f"Largest context that fits: {report.max_context:,} tokens "
+                                     f"(model maximum {report.model_context_length:,}).")
+        else:
+            self.max_context.setText("Not even a short context fits: the weights alone are too large.")
+
+    def _set_verdict(self, verdict: str) -> None:
+        self.verdict.setText(verdict.upper() if verdict else "")
+        self.verdict.setVisible(bool(verdict))
+        self.verdict.setProperty("verdict", verdict)
+        self._repolish(self.verdict)
+
+    @staticmethod
+    def _repolish(label: QLabel) -> None:
+        label.style().unpolish(label)
+        label.style().polish(label)

@@ -1,0 +1,277 @@
+"""Search the Hugging Face hub, pick a model's files, see whether it fits, download with progress, cancel, resume.
+
+Every hub call (search, listing, the fit probe's range requests, the download) runs on
+the worker; replies to a question the user has since replaced (another repo picked)
+are dropped by a sequence number. Downloads go through `HubClient.download`, which
+keeps a cancelled or broken transfer as a `.part` file: pressing Download again resumes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QProgressBar,
+    QPushButton,
+    QSplitter,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.engine.fit import FitReport, check_fit, format_bytes
+from app.studio.downloads import HubClient, RemoteFile, RepoListing, SearchHit, bytes_present, model_folder
+from app.studio.runtime import fit_options
+from app.studio.settings import Settings
+from app.studio.tasks import CancelToken, Progress, TaskResult
+from app.ui.models.hub import remote_files_model, search_results_model
+from app.ui.widgets.fit_view import FitView
+from app.ui.widgets.tables import make_table
+from app.ui.workers import Worker
+
+PROGRESS_STEPS = 1000
+SEARCH_LIMIT = 30
+
+
+class HubBrowser(QWidget):
+    searched = Signal(object)  # TaskResult[list[SearchHit]]
+    listed = Signal(object)  # TaskResult[RepoListing]
+    fit_checked = Signal(object)  # TaskResult[FitReport]
+    download_finished = Signal(object)  # TaskResult[list[Path]]
+
+    def __init__(self, hub: Callable[[], HubClient], models_dir: Callable[[], Path], settings: Settings,
+                 worker: Worker, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._hub, self._models_dir, self.settings, self.worker = hub, models_dir, settings, worker
+        self.listing: RepoListing | None = None
+        self.chosen: list[RemoteFile] = []
+        self._gguf_file: str | None = None
+        self._token: CancelToken | None = None
+        self._asked = 0  # sequence number of the latest listing/fit question
+        self._build()
+        self._update_download()
+
+    def _build(self) -> None:
+        self.query = QLineEdit()
+        self.query.setPlaceholderText("Search the Hugging Face hub, e.g. qwen3 0.6b")
+        self.gguf_only = QCheckBox("GGUF only")
+        self.gguf_only.setChecked(True)
+        self.search_button = QPushButton("Search")
+        self.results_model = search_results_model()
+        self.results = make_table(self.results_model)
+        self.repo = QLabel("Pick a repository to see its files.")
+        self.repo.setWordWrap(True)
+        self.files_model = remote_files_model(self._on_disk)
+        self.files = make_table(self.files_model)
+        self.selection = QLabel()
+        self.selection.setWordWrap(True)
+        self.fit = FitView()
+        self.progress = QProgressBar()
+        self.progress.setRange(0, PROGRESS_STEPS)
+        self.progress.hide()
+        self.status = QLabel()
+        self.status.setWordWrap(True)
+        self.download_button = QPushButton("Download")
+        self.cancel_button = QPushButton("Cancel")
+
+        search_row = QHBoxLayout()
+        search_row.addWidget(self.query, 1)
+        search_row.addWidget(self.gguf_only)
+        search_row.addWidget(self.search_button)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.status, 1)
+        buttons.addWidget(self.cancel_button)
+        buttons.addWidget(self.download_button)
+        right = QWidget()
+        right_layout = QVBoxLayout(right)
+        right_layout.setContentsMargins(0, 0, 0, 0)
+        for widget in (self.repo, self.files, self.selection, self.fit, self.progress):
+            right_layout.addWidget(widget)
+        right_layout.addLayout(buttons)
+        splitter = QSplitter(Qt.Orientation.Horizontal)
+        splitter.addWidget(self.results)
+        splitter.addWidget(right)
+        splitter.setSizes([420, 640])
+        layout = QVBoxLayout(self)
+        layout.addLayout(search_row)
+        layout.addWidget(splitter, 1)
+
+        self.search_button.clicked.connect(self.search)
+        self.query.returnPressed.connect(self.search)
+        self.results.selectionModel().currentRowChanged.connect(lambda index, _: self._on_repo(index.row()))
+        self.files.selectionModel().currentRowChanged.connect(lambda index, _: self._on_file(index.row()))
+        self.download_button.clicked.connect(self.download)
+        self.cancel_button.clicked.connect(self.cancel)
+
+    # -- search and listing ------------------------------------------------------------------
+    def search(self) -> None:
+        query, gguf_only = self.query.text().strip(), self.gguf_only.isChecked()
+        self.status.setText(f"Searching for “{query}”…" if query else "Listing popular models…")
+        self.worker.submit(lambda ctx: self._hub().search(query, limit=SEARCH_LIMIT, gguf_only=gguf_only),
+                           on_done=self._on_search, owner=self)
+
+    def _on_search(self, result: TaskResult[list[SearchHit]]) -> None:
+        if result.ok:
+            self.results_model.replace(result.value or [])
+            self.status.setText(f"{len(result.value or [])} repositories found." if result.value else
+                                "Nothing found: try other words, or untick GGUF only.")
+        else:
+            self.status.setText(result.error_message or "")
+        self.searched.emit(result)
+
+    def open_repo(self, repo_id: str) -> None:
+        """List `repo_id`'s files (also what picking it in the results does)."""
+        self._asked += 1
+        asked = self._asked
+        self.listing, self.chosen, self._gguf_file = None, [], None
+        self.files_model.replace([])
+        self.repo.setText(f"Listing {repo_id}…")
+        self.fit.clear("")
+        self._update_download()
+        self.worker.submit(lambda ctx: self._hub().list_files(repo_id),
+                           on_done=lambda result: self._on_listing(result, asked), owner=self)
+
+    def _on_repo(self, row: int) -> None:
+        hit = self.results_model.row(row)
+        if hit is not None:
+            self.open_repo(hit.repo_id)
+
+    def _on_listing(self, result: TaskResult[RepoListing], asked: int) -> None:
+        if asked != self._asked:
+            return
+        if not result.ok or result.value is None:
+            self.repo.setText(result.error_message or "")
+            self.listed.emit(result)
+            return
+        listing = self.listing = result.value
+        self.files_model.replace(listing.files)
+        self.repo.setText(f"{listing.repo_id} · revision {listing.revision[:10]} · {len(listing.files)} files")
+        only = listing.only_gguf_model()
+        if only is not None:
+            self.choose(only.path)
+        elif not listing.gguf_files and listing.default_selection():
+            self.choose(None)
+        else:
+            self.selection.setText("Pick the GGUF file to download (each is one quantization of the model).")
+        self.listed.emit(result)
+
+    # -- choosing what to download ---------------------------------------------------------------
+    def choose(self, path: str | None) -> None:
+        """Choose the GGUF file `path` (with its shards), or None for a safetensors repo's model files."""
+        listing = self.listing
+        if listing is None:
+            return
+        if path is None:
+            self.chosen, self._gguf_file = listing.default_selection(), None
+        elif path in {f.path for f in listing.gguf_models}:
+            self.chosen, self._gguf_file = listing.files_for(path), path
+        else:
+            self.chosen, self._gguf_file = [], None
+            self.selection.setText("That file is not a model: pick a .gguf file.")
+            self.fit.clear("")
+            self._update_download()
+            return
+        total = sum(f.size for f in self.chosen)
+        names = self._gguf_file or f"{len(self.chosen)} files (weights, config, tokenizer)"
+        self.selection.setText(f"Selected: {names} · {format_bytes(total)} to download")
+        self._update_download()
+        self._check_fit(listing, self._gguf_file)
+
+    def _on_file(self, row: int) -> None:
+        file = self.files_model.row(row)
+        if file is not None and self.listing is not None:
+            self.choose(file.path if self.listing.gguf_files else None)
+
+    def _check_fit(self, listing: RepoListing, gguf_file: str | None) -> None:
+        self._asked += 1
+        asked = self._asked
+        options = fit_options(self.settings)
+        self.fit.show_pending("Reading the model's shape from the hub (a few hundred KB)…")
+
+        def probe(ctx: object) -> FitReport:
+            return check_fit(self._hub().probe_model(listing, gguf_file).shape, options)
+
+        self.worker.submit(probe, on_done=lambda result: self._on_fit(result, asked), owner=self)
+
+    def _on_fit(self, result: TaskResult[FitReport], asked: int) -> None:
+        if asked != self._asked:
+            return
+        if result.ok and result.value is not None:
+            self.fit.show_report(result.value)
+        else:
+            self.fit.show_error(f"Cannot tell whether it fits: {result.error_message}")
+        self.fit_checked.emit(result)
+
+    # -- downloading ------------------------------------------------------------------------------
+    @property
+    def downloading(self) -> bool:
+        return self._token is not None
+
+    def download(self) -> None:
+        if self.downloading or not self.chosen or self.listing is None:
+            return
+        listing, files, folder = self.listing, list(self.chosen), self._models_dir()
+        self._token = CancelToken()
+        self.progress.setValue(0)
+        self.progress.show()
+        self.status.setText("Starting the download…")
+        self.worker.submit(
+            lambda ctx: self._hub().download(listing, files, folder, progress=ctx.progress_callback(),
+                                             token=ctx.token),
+            on_progress=self._on_progress, on_done=self._on_download, owner=self, token=self._token)
+        self._update_download()
+
+    def cancel(self) -> None:
+        if self._token is not None:
+            self._token.cancel()
+
+    def shutdown(self) -> None:
+        self.cancel()
+
+    def _on_progress(self, progress: Progress) -> None:
+        if self._token is None:
+            return
+        self.progress.setValue(int((progress.fraction or 0) * PROGRESS_STEPS))
+        total = format_bytes(int(progress.total)) if progress.total else "?"
+        self.status.setText(f"{format_bytes(int(progress.done))} of {total} · {progress.message}")
+
+    def _on_download(self, result: TaskResult[list[Path]]) -> None:
+        self._token = None
+        self.progress.hide()
+        if result.ok and self.listing is not None:
+            folder = model_folder(self._models_dir(), self.listing.repo_id)
+            self.status.setText(f"Downloaded and verified: {folder}")
+        elif result.cancelled:
+            self.status.setText(f"Paused with {format_bytes(self._kept())} kept: Download resumes where it stopped.")
+        else:
+            self.status.setText(f"Download failed: {result.error_message}")
+        self.files_model.replace(self.listing.files if self.listing else [])  # refresh "On disk"
+        self._update_download()
+        self.download_finished.emit(result)
+
+    def _on_disk(self, file: RemoteFile) -> int:
+        if self.listing is None:
+            return 0
+        return bytes_present(self._models_dir(), self.listing, file)
+
+    def _kept(self) -> int:
+        return sum(self._on_disk(f) for f in self.chosen)
+
+    def _update_download(self) -> None:
+        total = sum(f.size for f in self.chosen)
+        kept = self._kept() if self.chosen else 0
+        if self.chosen and kept >= total:
+            label = "Downloaded"
+        elif kept:
+            label = f"Resume ({format_bytes(kept)} of {format_bytes(total)} here)"
+        else:
+            label = f"Download {format_bytes(total)}" if self.chosen else "Download"
+        self.download_button.setText(label)
+        self.download_button.setEnabled(bool(self.chosen) and not self.downloading and kept < total)
+        self.cancel_button.setEnabled(self.downloading)
+

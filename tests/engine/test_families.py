@@ -1,0 +1,199 @@
+"""Each model family against Hugging Face transformers, on tiny random-weight checkpoints.
+
+tests/fixtures/families/ holds, per family (llama, qwen2, qwen3, gemma3), an HF folder and a
+GGUF written the way llama.cpp's converter writes one (quantized in several ways), plus
+transformers' float32 logits at every position of a 40-token sequence; its manifest says what
+each case stores and where its reference came from. tests/fixtures/make_family_reference.py
+made them (run it in .venv-ref; this test never imports torch or transformers).
+
+Tolerance: max |ours - reference| <= 1e-5 * scale over all positions and the whole vocabulary,
+where scale = max(1, max |reference logit|) of the case. Both sides compute in float32 from
+identical weights (quantized files included: the reference is transformers dequantizing the
+very blocks we dequantize, so quantization adds no error here), so the difference is float32
+summation order only: measured <= 7e-7 * scale. Wrong RoPE scaling, window or query scale
+move these logits by 5-30 % of scale; an RMS-norm epsilon off by 10x moves them by only
+~1e-5 * scale, at the bound, so the config test checks epsilon (and every other field) directly. The run modes (one prefill,
+chunked prefill, decode, decode batched with another request) must agree with each other to
+the same bound: OpenBLAS's small-matrix kernels make a row's result depend on the batch's
+row count by ~1e-6, so they agree to float32 noise, not bit for bit. Greedy argmax must match
+at every position: the fixtures' smallest top-2 gap is 2.9e-3, far above the noise.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from model_harness import MODES, run_logits  # sibling module: pytest puts tests/engine on sys.path
+
+from app.engine.backend.cpu import CpuBackend
+from app.engine.loader.names import architecture_of
+from app.engine.loader.weights import open_checkpoint
+from app.engine.models.config import ModelConfig
+from app.engine.models.decoder import DecoderModel
+from app.engine.models.registry import build_model, family, model_config, supported_architectures
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "families"
+MANIFEST = json.loads((FIXTURES / "manifest.json").read_text(encoding="utf-8"))
+TOKENS: list[int] = MANIFEST["tokens"]
+CASES: dict[str, dict[str, Any]] = {case["name"]: case for case in MANIFEST["cases"]}
+RTOL = 1e-5  # of the case's logit scale; see the module docstring
+MAX_POSITIONS = 64
+MAX_FIXTURE_BYTES = 3_000_000
+
+
+@functools.cache
+def reference(name: str) -> np.ndarray:
+    with np.load(FIXTURES / "references.npz") as refs:
+        return refs[name]
+
+
+def tolerance(name: str) -> float:
+    return RTOL * max(1.0, float(np.abs(reference(name)).max()))
+
+
+@functools.cache
+def model(name: str) -> DecoderModel:
+    checkpoint = open_checkpoint(FIXTURES / CASES[name]["path"])
+    return build_model(checkpoint, CpuBackend(), MAX_POSITIONS)
+
+
+@functools.cache
+def our_logits(name: str, mode: str) -> np.ndarray:
+    built = model(name)
+    return run_logits(built, built.backend, TOKENS, mode)
+
+
+def assert_logits_close(ours: np.ndarray, expected: np.ndarray, tol: float, what: str) -> None:
+    """Fail with the first position over `tol`, its worst vocabulary entry, and the overall worst."""
+    assert ours.shape == expected.shape, f"{what}: logits shape {ours.shape}, expected {expected.shape}"
+    assert np.isfinite(ours).all(), (
+        f"{what}: non-finite logits at positions {np.flatnonzero(~np.isfinite(ours).all(-1))}"
+    )
+    diff = np.abs(ours.astype(np.float64) - expected)
+    per_position = diff.max(axis=-1)
+    over = np.flatnonzero(per_position > tol)
+    if over.size:
+        pos = int(over[0])
+        vocab = int(diff[pos].argmax())
+        worst = int(per_position.argmax())
+        raise AssertionError(
+            f"{what}: {over.size} of {len(per_position)} positions differ by more than {tol:.3g}; "
+            f"first at position {pos} (token {TOKENS[pos]}): max |diff| {per_position[pos]:.4g} at vocab id "
+            f"{vocab} (ours {ours[pos, vocab]:.6g}, expected {expected[pos, vocab]:.6g}); "
+            f"worst {per_position[worst]:.4g} at position {worst}. Positions over: {over[:12].tolist()}"
+        )
+
+
+def assert_same_argmax(ours: np.ndarray, expected: np.ndarray, what: str) -> None:
+    ours_ids, expected_ids = ours.argmax(axis=-1), expected.argmax(axis=-1)
+    differ = np.flatnonzero(ours_ids != expected_ids)
+    if differ.size:
+        pos = int(differ[0])
+        top2 = np.sort(expected[pos])[-2:]
+        raise AssertionError(
+            f"{what}: greedy token differs at {differ.size} positions, first at {pos}: ours {ours_ids[pos]}, "
+            f"expected {expected_ids[pos]} (expected top-2 gap {top2[1] - top2[0]:.3g}; "
+            f"max |diff| there {np.abs(ours[pos] - expected[pos]).max():.3g})"
+        )
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", list(CASES))
+def test_logits_match_transformers(name: str, mode: str) -> None:
+    ours, expected = our_logits(name, mode), reference(name)
+    assert_logits_close(ours, expected, tolerance(name), f"{name} ({mode}) vs transformers")
+    assert_same_argmax(ours, expected, f"{name} ({mode}) vs transformers")
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_run_modes_agree(name: str) -> None:
+    """Chunking, decoding and batching change only float32 rounding, never which KV a token sees."""
+    baseline = our_logits(name, "prefill")
+    for mode in MODES[1:]:
+        ours = our_logits(name, mode)
+        assert_logits_close(ours, baseline, tolerance(name), f"{name}: {mode} vs one prefill")
+        assert_same_argmax(ours, baseline, f"{name}: {mode} vs one prefill")
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_config_read_as_transformers_reads_it(name: str) -> None:
+    """The engine's parse of each file equals the architecture transformers ran (see the manifest)."""
+    checkpoint = open_checkpoint(FIXTURES / CASES[name]["path"])
+    # The engine ties the head when the config says so or the file has no head of its own.
+    assert_config_facts(
+        model_config(checkpoint), CASES[name]["expected_config"], name, "output.weight" in checkpoint.tensors
+    )
+
+
+@pytest.mark.parametrize("variant", MANIFEST["config_variants"], ids=lambda v: v["name"])
+def test_config_json_variants_read_as_transformers_reads_them(variant: dict[str, Any]) -> None:
+    """Hub config.json files name only what differs from transformers' defaults; transformers 5 renames keys."""
+    config = variant["config"]
+    cfg = family(architecture_of(config)).config_from_hf(config)
+    assert_config_facts(cfg, variant["expected_config"], variant["name"], has_output=True)  # config decides
+
+
+def assert_config_facts(cfg: ModelConfig, expected: dict[str, Any], what: str, has_output: bool) -> None:
+    ours: dict[str, Any] = {
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "num_layers": cfg.num_layers,
+        "num_heads": cfg.num_heads,
+        "num_kv_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "intermediate_size": cfg.intermediate_size,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "tie_word_embeddings": cfg.tie_word_embeddings or not has_output,
+        "attention_scale": cfg.attention_scale,
+        "layer_sliding": [cfg.is_sliding(i) for i in range(cfg.num_layers)],
+        "rope_theta": cfg.rope_theta,
+        "rope_theta_local": cfg.rope_theta_local,
+        "sliding_window": cfg.sliding_window,
+        "rope_scaling": _scaling(cfg.rope_scaling, expected.get("rope_scaling")),
+    }
+    wrong = {key: (ours[key], value) for key, value in expected.items() if not _same(ours[key], value)}
+    assert not wrong, f"{what}: fields read differently from transformers (ours, transformers): {wrong}"
+
+
+def _scaling(ours: Any, expected: dict[str, Any] | None) -> dict[str, Any] | None:
+    if ours is None:
+        return None
+    return {key: getattr(ours, key) for key in (expected or {"kind": None})}
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        return a is not None and b is not None and math.isclose(a, b, rel_tol=1e-6)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return a == b
+
+
+def test_gguf_tensor_types_are_read_as_written() -> None:
+    """The quantized cases really run through the formats the manifest lists (mixed per tensor)."""
+    for case in CASES.values():
+        if case["format"] != "gguf":
+            continue
+        tensors = open_checkpoint(FIXTURES / case["path"]).tensors
+        read = {name: tensor.qtype.name for name, tensor in tensors.items()}
+        assert read == case["tensors"], f"{case['name']}: tensor types read {read}, written {case['tensors']}"
+
+
+def test_fixtures_cover_every_family_both_formats_and_quantizations() -> None:
+    covered = {(case["family"], case["format"]) for case in CASES.values()}
+    for arch in supported_architectures():
+        assert {(arch, "safetensors"), (arch, "gguf")} <= covered, f"no HF folder or GGUF fixture for {arch}"
+    types = {t for case in CASES.values() for t in case.get("tensor_types", [])}
+    assert {"Q8_0", "Q4_K", "Q5_K", "Q6_K", "BF16", "F16"} <= types, types
+    size = sum(path.stat().st_size for path in FIXTURES.rglob("*") if path.is_file())
+    assert size < MAX_FIXTURE_BYTES, (
+        f"tests/fixtures/families is {size} bytes; keep it under {MAX_FIXTURE_BYTES}"
+    )
+    for name in CASES:  # references long enough to cross the sliding window and many KV blocks
+        assert reference(name).shape == (len(TOKENS), CASES[name]["expected_config"]["vocab_size"])

@@ -1,0 +1,90 @@
+"""The Server pane over the fake engine: the toggle, addresses and snippets with copy buttons, the request log."""
+
+from __future__ import annotations
+
+import socket
+
+import httpx
+import openai
+import pytest
+from PySide6.QtCore import Qt
+
+WAIT_MS = 15_000
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def pane(make_window):
+    window = make_window(panes=("server",), threaded=True)
+    return window.pane("server")
+
+
+def _toggle(qtbot, pane, running: bool) -> None:
+    qtbot.mouseClick(pane.toggle, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: pane.server.running == running and pane.toggle.isEnabled(), timeout=WAIT_MS)
+
+
+def test_toggle_serves_requests_logs_them_and_stops(qtbot, pane):
+    port = free_port()
+    pane.port.setValue(port)
+    _toggle(qtbot, pane, True)
+    assert pane.toggle.text() == "Stop API" and f"127.0.0.1:{port}" in pane.state.text()
+    assert not pane.port.isEnabled()  # settings are fixed while serving
+    base = pane.openai_url.text.text()
+    assert base == f"http://127.0.0.1:{port}/v1"
+    client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0)
+    reply = client.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "hi"}])
+    assert reply.choices[0].message.content == "Echo: hi"
+    qtbot.waitUntil(lambda: "POST   /v1/chat/completions  200" in pane.log.toPlainText(), timeout=WAIT_MS)
+
+    _toggle(qtbot, pane, False)
+    assert pane.toggle.text() == "Start API" and pane.state.text() == "The API is off."
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(base + "/models")
+    assert pane.settings.get("server.port") == port  # the choice is kept for next time
+
+
+def test_addresses_and_snippets_copy_to_the_clipboard(qtbot, pane, copied):
+    pane.port.setValue(11777)
+    qtbot.mouseClick(pane.openai_url.copy_button, Qt.MouseButton.LeftButton)
+    qtbot.mouseClick(pane.anthropic_url.copy_button, Qt.MouseButton.LeftButton)
+    assert copied == ["http://127.0.0.1:11777/v1", "http://127.0.0.1:11777"]
+    titles = [pane.snippets.tabText(i) for i in range(pane.snippets.count())]
+    assert titles[:3] == ["Continue (config.yaml)", "Claude Code", "Codex CLI (~/.codex/config.toml)"]
+    claude = pane.snippet_blocks["claude-code"]
+    qtbot.mouseClick(claude.copy_button, Qt.MouseButton.LeftButton)
+    assert "export ANTHROPIC_BASE_URL=http://127.0.0.1:11777\n" in copied[-1]
+    assert "ANTHROPIC_MODEL=fake-model" in copied[-1]  # the loaded model's name
+
+
+def test_an_api_key_and_the_lan_warning(qtbot, pane):
+    pane.bind.setCurrentIndex(pane.bind.findData("lan"))
+    assert "Anyone on your network" in pane.exposure.text() and pane.lan_url.text.text().endswith("/v1")
+    qtbot.mouseClick(pane.generate_key, Qt.MouseButton.LeftButton)
+    key = pane.api_key.text()
+    assert key.startswith("pk-") and pane.require_key.isChecked() and not pane.exposure.isVisibleTo(pane)
+    assert f"Authorization: Bearer {key}" in pane.snippet_blocks["curl"].text.toPlainText()
+    pane.bind.setCurrentIndex(pane.bind.findData("loopback"))
+    pane.port.setValue(free_port())
+    _toggle(qtbot, pane, True)
+    url = pane.openai_url.text.text() + "/models"
+    assert httpx.get(url).status_code == 401
+    assert httpx.get(url, headers={"Authorization": f"Bearer {key}"}).status_code == 200
+    assert pane.secrets.get("server_api_key") == key
+    _toggle(qtbot, pane, False)
+
+
+def test_a_port_in_use_is_explained(qtbot, pane):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        pane.port.setValue(taken.getsockname()[1])
+        qtbot.mouseClick(pane.toggle, Qt.MouseButton.LeftButton)
+        qtbot.waitUntil(lambda: pane.error.isVisibleTo(pane), timeout=WAIT_MS)
+    assert "already in use by another program" in pane.error.text()
+    assert not pane.toggle.isChecked() and pane.toggle.isEnabled()
