@@ -219,7 +219,7 @@ def gemv_bench(quick: bool) -> None:
     import cupy
 
     from app.engine.backend.cuda import CudaBackend
-    from app.engine.kernels.gemv import ROWS_PER_BLOCK, VARIANTS, default_warps, gemv
+    from app.engine.kernels.gemv import VARIANTS, default_rows, default_warps, gemv
 
     backend = CudaBackend()
     copy_gbs = float(RESULTS.get("copy_gbs") or 4300.0)
@@ -240,7 +240,7 @@ def gemv_bench(quick: bool) -> None:
                 ref = cupy.asnumpy(x).astype(np.float64) @ dequantize_oracle(sub).astype(np.float64).T
                 got = cupy.asnumpy(out)[:, sample]
                 err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
-                variants = [(default_warps(n_cols), ROWS_PER_BLOCK[8 if n_tok > 4 else n_tok])]
+                variants = [(default_warps(n_cols), default_rows(8 if n_tok > 4 else n_tok, qtype))]
                 if not quick and n_tok == 1:
                     variants = sorted({(w, r) for w in (2, 4, 8, default_warps(n_cols)) for r in VARIANTS[1]})
                 for warps, rows_pb in variants:
@@ -252,9 +252,8 @@ def gemv_bench(quick: bool) -> None:
                     ]
                     sec, how = time_graph(fns)
                     gbs = weight.row_bytes * n_rows / sec / 1e9
-                    default = (
-                        warps == default_warps(n_cols)
-                        and rows_pb == ROWS_PER_BLOCK[8 if n_tok > 4 else n_tok]
+                    default = warps == default_warps(n_cols) and rows_pb == default_rows(
+                        8 if n_tok > 4 else n_tok, qtype
                     )
                     row = {
                         "qtype": qtype, "rows": n_rows, "cols": n_cols, "tokens": n_tok, "warps": warps,

@@ -18,11 +18,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--top-logprobs", type=int, default=0, metavar="K", help="report the K best tokens per step")
+    parser.add_argument(
+        "--top-logprobs", type=int, default=0, metavar="K", help="report the K best tokens per step"
+    )
     parser.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     parser.add_argument("--system", default=None, help="system prompt (with --chat)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    parser.add_argument("prompt", help="the prompt (raw text; special tokens such as <start_of_turn> are parsed)")
+    parser.add_argument(
+        "prompt", help="the prompt (raw text; special tokens such as <start_of_turn> are parsed)"
+    )
 
 
 def prompt_ids(engine, args: argparse.Namespace) -> list[int]:
@@ -44,7 +48,12 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         engine = LLMEngine(
-            EngineConfig(model=resolve_model(args.model), device=args.device, max_model_len=args.max_ctx, max_num_seqs=1)
+            EngineConfig(
+                model=resolve_model(args.model),
+                device=args.device,
+                max_model_len=args.max_ctx,
+                max_num_seqs=1,
+            )
         )
         params = SamplingParams(
             max_tokens=args.max_tokens,

@@ -20,6 +20,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.90  # CUDA: fraction of free memory the engine may take
     kv_dtype: str = "auto"  # "auto" | "float32" | "float16" | "fp8"
     enable_prefix_caching: bool = True
+    cuda_graphs: bool = True  # replay decode steps as CUDA graphs (CUDA only)
     served_model_name: str | None = None  # the id the API reports; None: the file's stem
     seed: int = 0  # for requests without their own seed
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from app.engine.backend import select_backend
 from app.engine.cache.manager import KVCacheManager
 from app.engine.chat import chat_template_for
@@ -64,24 +66,33 @@ class LLMEngine:
         else:
             self.tokenizer = Tokenizer.from_pretrained_dir(self.checkpoint.tokenizer_dir or self.path)
             template_source = self.checkpoint.tokenizer_dir or self.path
-        self.chat_template = chat_template_for(template_source, self.tokenizer, self.model_config.architecture)
+        self.chat_template = chat_template_for(
+            template_source, self.tokenizer, self.model_config.architecture
+        )
         self.backend = select_backend(config.device)
 
         cfg = self.model_config
         self.block_size = config.block_size
-        kv_bytes_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 4
-        num_blocks = config.num_kv_blocks or max(
-            2, (config.kv_cache_bytes or CPU_KV_BUDGET_BYTES) // (kv_bytes_per_token * self.block_size)
-        )
+        positions = min(config.max_model_len or cfg.context_length, cfg.context_length)
+        self.model = build_model(self.checkpoint, self.backend, positions, cfg)
+        num_blocks = self._num_kv_blocks(positions)
         capacity = (num_blocks - 1) * self.block_size  # block 0 is the pool's null block
-        self.max_model_len = min(config.max_model_len or cfg.context_length, cfg.context_length, capacity)
-        self.model = build_model(self.checkpoint, self.backend, self.max_model_len, cfg)
+        self.max_model_len = min(positions, capacity)
         kv_caches = [
             self.backend.alloc_kv_cache(num_blocks, self.block_size, cfg.num_kv_heads, cfg.head_dim)
             for _ in range(cfg.num_layers)
         ]
         self.runner = ModelRunner(self.model, self.backend, kv_caches, self.block_size)
-        self.kv = KVCacheManager(num_blocks, self.block_size, enable_prefix_caching=config.enable_prefix_caching)
+        if self.backend.name == "cuda" and config.cuda_graphs:
+            from app.engine.graphs import DecodeGraphs
+
+            self.runner.graphs = DecodeGraphs(
+                self.model, self.backend, kv_caches, self.block_size, self.max_model_len, config.max_num_seqs
+            )
+            self.runner.graphs.capture()
+        self.kv = KVCacheManager(
+            num_blocks, self.block_size, enable_prefix_caching=config.enable_prefix_caching
+        )
         self.scheduler = Scheduler(
             SchedulerConfig(
                 max_num_seqs=config.max_num_seqs,
@@ -92,7 +103,12 @@ class LLMEngine:
             ),
             self.kv,
         )
-        self.sampler = Sampler(self.tokenizer.eos_token_ids, default_seed=config.seed)
+        if self.backend.name == "cuda":
+            from app.engine.gpu_sampler import GpuSampler
+
+            self.sampler = GpuSampler(self.tokenizer.eos_token_ids, default_seed=config.seed)
+        else:
+            self.sampler = Sampler(self.tokenizer.eos_token_ids, default_seed=config.seed)
         self.outputs = OutputProcessor(self.tokenizer, self.max_model_len)
         self.counters = _Counters()
         self.info = ModelInfo(
@@ -109,6 +125,28 @@ class LLMEngine:
             self.info.name, cfg.architecture, self.info.quantization, self.backend.name,
             time.monotonic() - started, self.max_model_len, num_blocks, self.block_size,
         )  # fmt: skip
+
+    def _num_kv_blocks(self, positions: int) -> int:
+        """KV blocks: enough for max_num_seqs full-length sequences, capped by the memory budget
+        (CPU: kv_cache_bytes; CUDA: the free device memory left after the weights, less a reserve
+        for activations, logits and the sampler)."""
+        config, cfg = self.config, self.model_config
+        if config.num_kv_blocks:
+            return config.num_kv_blocks
+        itemsize = np.dtype(self.backend.kv_dtype).itemsize
+        block_bytes = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * itemsize * self.block_size
+        wanted = config.max_num_seqs * -(-positions // self.block_size) + 1
+        if self.backend.name == "cpu":
+            budget = config.kv_cache_bytes or CPU_KV_BUDGET_BYTES
+        else:
+            activations = (
+                4
+                * config.max_num_batched_tokens
+                * (4 * cfg.hidden_size + 3 * cfg.intermediate_size + 2 * cfg.num_heads * cfg.head_dim)
+            )
+            sampler = 6 * 4 * config.max_num_seqs * cfg.vocab_size
+            budget = int(self.backend.free_memory() * config.gpu_memory_utilization) - activations - sampler
+        return max(2, min(wanted, budget // block_bytes))
 
     # -- requests -------------------------------------------------------------------
     def check_fits(self, num_prompt_tokens: int, params: SamplingParams) -> None:
@@ -153,12 +191,18 @@ class LLMEngine:
         sampling = [c.request for c in scheduled.chunks if c.samples]
         self.counters.last_batch = len(scheduled.chunks)
         self.counters.max_batch = max(self.counters.max_batch, len(scheduled.chunks))
-        self.counters.prompt_tokens += sum(c.num_tokens for c in scheduled.chunks if c.start < c.request.num_prompt_tokens)
+        self.counters.prompt_tokens += sum(
+            c.num_tokens for c in scheduled.chunks if c.start < c.request.num_prompt_tokens
+        )
         if not sampling:
             self.scheduler.update(scheduled, {})
             return ended
-        result = self.sampler.sample(self.backend.to_host(logits), sampling)
-        self.scheduler.update(scheduled, {r.request_id: t for r, t in zip(sampling, result.token_ids, strict=True)})
+        result = self.sampler.sample(
+            logits if self.backend.name == "cuda" else self.backend.to_host(logits), sampling
+        )
+        self.scheduler.update(
+            scheduled, {r.request_id: t for r, t in zip(sampling, result.token_ids, strict=True)}
+        )
         outputs = ended
         for request, token_id, logprob in zip(sampling, result.token_ids, result.logprobs, strict=True):
             self.counters.generation_tokens += 1

@@ -66,7 +66,9 @@ class OutputProcessor:
         if not hits:
             return False
         index, stop = min(hits)
-        state.text = state.text[: index + len(stop)] if params.include_stop_str_in_output else state.text[:index]
+        state.text = (
+            state.text[: index + len(stop)] if params.include_stop_str_in_output else state.text[:index]
+        )
         request.stop_reason = stop
         return True
 

@@ -30,6 +30,7 @@ class ModelRunner:
         self.backend = backend
         self.kv_caches = kv_caches
         self.block_size = block_size
+        self.graphs: Any = None  # DecodeGraphs, set by the engine on CUDA
 
     def prepare(self, chunks: list[Any]) -> tuple[np.ndarray, AttentionMetadata, np.ndarray]:
         """Host arrays for one step: token ids, attention metadata, and the rows to sample."""
@@ -39,9 +40,9 @@ class ModelRunner:
         query_start_loc = np.zeros(len(chunks) + 1, dtype=np.int32)
         np.cumsum(counts, out=query_start_loc[1:])
         seq_of_token = np.repeat(np.arange(len(chunks)), counts)
-        positions = (np.arange(int(counts.sum())) - query_start_loc[seq_of_token] + starts[seq_of_token]).astype(
-            np.int32
-        )
+        positions = (
+            np.arange(int(counts.sum())) - query_start_loc[seq_of_token] + starts[seq_of_token]
+        ).astype(np.int32)
         seq_lens = (starts + counts).astype(np.int32)
         max_blocks = int(-(-seq_lens.max() // bs))
         block_tables = np.zeros((len(chunks), max_blocks), dtype=np.int32)
@@ -71,8 +72,24 @@ class ModelRunner:
 
     def run(self, chunks: list[Any]) -> Any:
         """Forward the batch; logits `[n_sampling_chunks, vocab]` for the chunks that sample."""
+        if self.graphs is not None and self._is_graphable(chunks):
+            return self._run_graph(chunks)
         token_ids, meta, sample_rows = self.prepare(chunks)
         hidden = self.model.forward(self.backend.from_host(token_ids), meta, self.kv_caches)
         if len(sample_rows) == 0:
             return None
         return self.model.logits(hidden[self.backend.from_host(sample_rows)])
+
+    def _is_graphable(self, chunks: list[Any]) -> bool:
+        return all(c.num_tokens == 1 for c in chunks) and self.graphs.bucket_for(len(chunks)) is not None
+
+    def _run_graph(self, chunks: list[Any]) -> Any:
+        """A decode-only step by CUDA-graph replay (every chunk is one token that samples)."""
+        positions = np.array([c.start for c in chunks], dtype=np.int32)
+        token_ids = np.array([token_slice(c.request, c.start, 1)[0] for c in chunks], dtype=np.int32)
+        width = int(positions.max()) // self.block_size + 1
+        tables = np.zeros((len(chunks), width), dtype=np.int32)
+        for i, chunk in enumerate(chunks):
+            table = chunk.request.block_ids[:width]
+            tables[i, : len(table)] = table
+        return self.graphs.run(token_ids, positions, positions + 1, tables)

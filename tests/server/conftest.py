@@ -1,7 +1,8 @@
 """Fixtures: an engine, a real uvicorn server on a loopback port over it, and the official SDK clients.
 
-Every test takes its engine from the `engine` fixture; PADDOCK_SERVER_TEST_ENGINES=fake,embedded
-adds the real engine. Assertions on exact text rely on the fake's scripted answers (fakes.py).
+Every test takes its engine from the `engine` fixture: the scripted fake and the real embedded model
+by default (PADDOCK_SERVER_TEST_ENGINES=fake runs only the fake).
+Assertions on exact text rely on the fake's scripted answers (fakes.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from .fakes import FakeEmbedder, FakeEngine
 
 # Which engines the server tests run against: "fake" (scripted, instant) and/or "embedded"
 # (the real engine over the embedded Gemma 3 270M, from the suite's `embedded_engine` fixture).
-ENGINES = os.environ.get("PADDOCK_SERVER_TEST_ENGINES", "fake").split(",")
+ENGINES = os.environ.get("PADDOCK_SERVER_TEST_ENGINES", "fake,embedded").split(",")
 
 
 # Module scope: an `embedded` wrapper is closed after each module, so the suite's shared

@@ -92,7 +92,10 @@ def make_context(qloop, home: Path, copied: list[str]) -> Iterator[Callable[...,
         built.append(context)
         return context
 
+    make.windows = []  # type: ignore[attr-defined] - make_window registers its windows here
     yield make
+    for window in make.windows:  # type: ignore[attr-defined]
+        window.shutdown()  # stop answers and servers before their History closes
     for context in built:
         context.history.close()
 
@@ -107,6 +110,7 @@ def make_window(qtbot, make_context) -> Callable[..., MainWindow]:
         specs = [spec for spec in PANES if panes is None or spec.key in panes]
         window = MainWindow(context, specs)
         qtbot.addWidget(window, before_close_func=lambda w: w.shutdown())
+        make_context.windows.append(window)
         return window
 
     return make

@@ -204,6 +204,9 @@ def test_cancel_pauses_and_download_resumes(qtbot, make_window, make_context, hu
             qtbot.waitUntil(lambda: held.is_set() and browser.progress.value() > 0, timeout=WAIT_MS)
             assert browser.cancel_button.isEnabled() and "of" in browser.status.text()
             qtbot.mouseClick(browser.cancel_button, Qt.MouseButton.LeftButton)
+            # Let the server end the stalled body: a read blocked on a silent socket only returns then
+            # (without the cancel, the short body would be reported as an interrupted download instead).
+            release.set()
     finally:
         release.set()
     assert cancelled.args[0].cancelled and "Paused with 19.53 KiB kept" in browser.status.text()

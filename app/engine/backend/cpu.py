@@ -45,6 +45,7 @@ class CpuBackend:
     name = "cpu"
     xp = np
     act_dtype = np.float32
+    kv_dtype = np.float32
 
     # -- memory -------------------------------------------------------------------
     def from_host(self, array: np.ndarray, dtype: Any = None) -> np.ndarray:

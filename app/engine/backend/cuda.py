@@ -66,6 +66,7 @@ def cuda_available(device_id: int = 0) -> tuple[bool, str]:
 class CudaBackend:
     name = "cuda"
     act_dtype = np.float32
+    kv_dtype = np.float16
 
     def __init__(self, device_id: int = 0, min_free_bytes: int = MIN_FREE_BYTES) -> None:
         ok, reason = cuda_available(device_id)
@@ -91,6 +92,11 @@ class CudaBackend:
 
     def to_host(self, array: Any) -> np.ndarray:
         return self.xp.asnumpy(array)
+
+    def free_memory(self) -> int:
+        """Bytes a new allocation can still get: free device memory plus the pool's idle blocks."""
+        pool = self.xp.get_default_memory_pool()
+        return int(self.xp.cuda.runtime.memGetInfo()[0]) + int(pool.free_bytes())
 
     def load_weight(self, tensor: QuantizedTensor) -> CudaWeight | Any:
         if len(tensor.shape) == 1:

@@ -10,6 +10,18 @@ from app.engine.kernels.launch import cdiv, i32, i64, ptr
 TOKEN_BUCKETS = (1, 2, 4, 8)  # kernel variants; n tokens run in the smallest bucket >= n
 ROWS_PER_BLOCK = {1: 8, 2: 4, 4: 2, 8: 2}  # default R per bucket; must be a variant in GEMV_FORMAT (gemv.cu)
 VARIANTS = {1: (8, 4), 2: (4,), 4: (2,), 8: (2,)}
+# Formats whose single-token kernel ran faster with 4 rows per block on the H200
+# (bench/NOTES-cuda.md, run 3: Q4_K 17.4 against 21.5 us at 12288 x 4096).
+SINGLE_TOKEN_ROWS = {"Q4_K": 4, "Q5_K": 4}
+
+
+def default_rows(bucket: int, qtype_name: str) -> int:
+    """Rows per block for a token bucket and format (see SINGLE_TOKEN_ROWS)."""
+    if bucket == 1:
+        return SINGLE_TOKEN_ROWS.get(qtype_name, ROWS_PER_BLOCK[1])
+    return ROWS_PER_BLOCK[bucket]
+
+
 MAX_TOKENS = TOKEN_BUCKETS[-1]
 
 
@@ -49,7 +61,7 @@ def gemv(
     if n_cols % 32:
         raise ValueError(f"gemv needs a multiple of 32 columns, got {n_cols}")
     bucket = next(b for b in TOKEN_BUCKETS if b >= n_tok)
-    rows = rows_per_block or ROWS_PER_BLOCK[bucket]
+    rows = rows_per_block or default_rows(bucket, qtype_name)
     if rows not in VARIANTS[bucket]:
         raise ValueError(
             f"no gemv variant with {rows} rows per block for {bucket} tokens: {VARIANTS[bucket]}"

@@ -25,13 +25,17 @@ class AttentionSpec:
 
 
 class Attention:
-    def __init__(self, backend: Any, tensors: dict[str, QuantizedTensor], prefix: str, spec: AttentionSpec) -> None:
+    def __init__(
+        self, backend: Any, tensors: dict[str, QuantizedTensor], prefix: str, spec: AttentionSpec
+    ) -> None:
         self.backend = backend
         self.spec = spec
         self.q = Linear(backend, tensors[f"{prefix}.attn_q.weight"], tensors.get(f"{prefix}.attn_q.bias"))
         self.k = Linear(backend, tensors[f"{prefix}.attn_k.weight"], tensors.get(f"{prefix}.attn_k.bias"))
         self.v = Linear(backend, tensors[f"{prefix}.attn_v.weight"], tensors.get(f"{prefix}.attn_v.bias"))
-        self.o = Linear(backend, tensors[f"{prefix}.attn_output.weight"], tensors.get(f"{prefix}.attn_output.bias"))
+        self.o = Linear(
+            backend, tensors[f"{prefix}.attn_output.weight"], tensors.get(f"{prefix}.attn_output.bias")
+        )
         self.q_norm = self.k_norm = None
         if spec.qk_norm_eps is not None:
             self.q_norm = RMSNorm(backend, tensors[f"{prefix}.attn_q_norm.weight"], spec.qk_norm_eps)

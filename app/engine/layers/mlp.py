@@ -9,7 +9,9 @@ from app.engine.quant.dispatch import QuantizedTensor
 
 
 class GatedMLP:
-    def __init__(self, backend: Any, tensors: dict[str, QuantizedTensor], prefix: str, activation: str) -> None:
+    def __init__(
+        self, backend: Any, tensors: dict[str, QuantizedTensor], prefix: str, activation: str
+    ) -> None:
         self.backend = backend
         self.gate = Linear(backend, tensors[f"{prefix}.ffn_gate.weight"])
         self.up = Linear(backend, tensors[f"{prefix}.ffn_up.weight"])

@@ -39,7 +39,9 @@ def _llama3_scaled(inv_freq: np.ndarray, s: RopeScaling) -> np.ndarray:
     high_wavelen = s.original_max_position / s.high_freq_factor
     wavelen = np.float32(2 * math.pi) / inv_freq
     scaled = np.where(wavelen > low_wavelen, inv_freq / np.float32(s.factor), inv_freq)
-    smooth = (s.original_max_position / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+    smooth = (s.original_max_position / wavelen - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor
+    )
     smoothed = (1 - smooth) * scaled / np.float32(s.factor) + smooth * scaled
     medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
     return np.where(medium, smoothed, scaled).astype(np.float32)

@@ -51,7 +51,9 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"{self.num_heads} attention heads do not divide into {self.num_kv_heads} KV heads")
+            raise ValueError(
+                f"{self.num_heads} attention heads do not divide into {self.num_kv_heads} KV heads"
+            )
 
     @property
     def attention_scale(self) -> float:

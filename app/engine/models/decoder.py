@@ -23,7 +23,9 @@ from app.engine.quant.dispatch import QuantizedTensor
 class DecoderLayer:
     """Pre-norm block; with `sandwich_norm`, the sublayer outputs are normalised too (Gemma)."""
 
-    def __init__(self, backend: Any, cfg: ModelConfig, tensors: dict[str, QuantizedTensor], index: int, spec) -> None:
+    def __init__(
+        self, backend: Any, cfg: ModelConfig, tensors: dict[str, QuantizedTensor], index: int, spec
+    ) -> None:
         prefix = f"blk.{index}"
         eps = cfg.rms_norm_eps
         self.attn_norm = RMSNorm(backend, tensors[f"{prefix}.attn_norm.weight"], eps)
@@ -61,7 +63,10 @@ class DecoderModel:
         self.backend = backend
         self.embed = Embedding(backend, tensors["token_embd.weight"], cfg.embedding_scale)
         global_rope = backend.rope_table(
-            *cos_sin_table(inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, freq_factors), max_positions)
+            *cos_sin_table(
+                inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, freq_factors),
+                max_positions,
+            )
         )
         local_rope = global_rope
         if cfg.rope_theta_local is not None:

@@ -73,7 +73,9 @@ def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
     if layer_types:
         sliding = tuple(t == "sliding_attention" for t in layer_types)
     else:
-        pattern = int(text.get("sliding_window_pattern") or text.get("_sliding_window_pattern") or SLIDING_PATTERN)
+        pattern = int(
+            text.get("sliding_window_pattern") or text.get("_sliding_window_pattern") or SLIDING_PATTERN
+        )
         sliding = tuple((i + 1) % pattern != 0 for i in range(kwargs["num_layers"]))
     local_theta = text.get("rope_local_base_freq")
     params = text.get("rope_parameters") or {}

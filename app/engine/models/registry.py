@@ -47,7 +47,9 @@ def model_config(checkpoint: Any) -> ModelConfig:
     return fam.config_from_hf(checkpoint.hf_config)
 
 
-def build_model(checkpoint: Any, backend: Any, max_positions: int, cfg: ModelConfig | None = None) -> DecoderModel:
+def build_model(
+    checkpoint: Any, backend: Any, max_positions: int, cfg: ModelConfig | None = None
+) -> DecoderModel:
     cfg = cfg or model_config(checkpoint)
     fam = family(checkpoint.architecture)
     tensors = checkpoint.tensors

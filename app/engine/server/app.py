@@ -21,6 +21,12 @@ from app.engine.server.middleware import (
 )
 from app.engine.server.routes import router
 from app.engine.server.services import Services
+from app.engine.server.serving_audio import (
+    MAX_AUDIO_BODY_BYTES,
+    TRANSCRIPTIONS_PATH,
+    TranscriberChoice,
+    resolve_transcriber,
+)
 from app.engine.server.settings import ServerSettings
 
 log = logging.getLogger(__name__)
@@ -30,11 +36,19 @@ MCP_PATH = "/mcp"
 
 
 def create_app(
-    engine: EngineClient, *, embedder: Embedder | None = None, settings: ServerSettings | None = None
+    engine: EngineClient,
+    *,
+    embedder: Embedder | None = None,
+    settings: ServerSettings | None = None,
+    transcriber: TranscriberChoice = "embedded",
 ) -> FastAPI:
-    """Build the app. It does not own the engine: shutting the app down leaves the engine running."""
+    """Build the app. It does not own the engine: shutting the app down leaves the engine running.
+
+    `transcriber` serves /v1/audio/transcriptions: "embedded" (Whisper tiny.en, loaded on the
+    first request), a Transcriber to share (the Studio's, or a test's), or None for no audio.
+    """
     settings = settings or ServerSettings()
-    services = Services.build(engine, embedder, settings)
+    services = Services.build(engine, embedder, settings, resolve_transcriber(transcriber))
     mcp_server = None
     if settings.enable_mcp:
         from app.engine.server.mcp import build_mcp_server
@@ -65,7 +79,9 @@ def create_app(
     # add_middleware wraps what is there: the last added runs first
     app.add_middleware(ConcurrencyLimitMiddleware, limit=settings.max_concurrent_requests,
                        retry_after=settings.retry_after_seconds, metrics=metrics)  # fmt: skip
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    audio_limit = max(MAX_AUDIO_BODY_BYTES, settings.max_body_bytes)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes,
+                       route_limits={TRANSCRIPTIONS_PATH: audio_limit})  # fmt: skip
     if settings.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics, known_paths=known_paths)

@@ -7,6 +7,7 @@ requests in flight (429). Each rejection is rendered in the caller's protocol sh
 from __future__ import annotations
 
 import hmac
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from starlette.datastructures import Headers
@@ -23,9 +24,21 @@ from app.engine.server.errors import (
 if TYPE_CHECKING:
     from app.engine.server.metrics import ServerMetrics
 
-# Endpoints that run the engine or the embedder (MCP tool calls too): these count against max_concurrent_requests.
+# Endpoints that run the engine, the embedder or Whisper (MCP tool calls too): these count against
+# max_concurrent_requests.
 LIMITED_PATHS = frozenset(
-    {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/embeddings", "/mcp"}
+    {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/responses",
+        "/v1/messages",
+        "/v1/embeddings",
+        "/v1/audio/transcriptions",
+        "/v1/rerank",
+        "/v2/rerank",
+        "/rerank",
+        "/mcp",
+    }
 )
 OPEN_PATHS = frozenset({"/health", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
 
@@ -55,18 +68,23 @@ class ApiKeyMiddleware:
 
 
 class BodyLimitMiddleware:
-    """Reads request bodies up to the cap before any route sees them; larger ones get 413."""
+    """Reads request bodies up to the cap before any route sees them; larger ones get 413.
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    `route_limits` gives some paths their own cap (audio uploads are far larger than JSON).
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int, route_limits: Mapping[str, int] | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.route_limits = dict(route_limits or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
             return await self.app(scope, receive, send)
+        limit = self.route_limits.get(scope["path"], self.max_bytes)
         declared = Headers(scope=scope).get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            return await _reject(body_too_large(self.max_bytes), scope, receive, send)
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            return await _reject(body_too_large(limit), scope, receive, send)
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -75,8 +93,8 @@ class BodyLimitMiddleware:
                 return
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > self.max_bytes:
-                return await _reject(body_too_large(self.max_bytes), scope, receive, send)
+            if size > limit:
+                return await _reject(body_too_large(limit), scope, receive, send)
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break

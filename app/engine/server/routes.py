@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Form, Request, Response
 from pydantic import BaseModel
 
 from app.engine.server.errors import ApiError, Dialect, model_not_found
@@ -17,10 +17,12 @@ from app.engine.server.protocol.anthropic import (
     MessageResponse,
     MessagesRequest,
 )
+from app.engine.server.protocol.audio import TranscriptionForm, TranscriptionJson, TranscriptionVerbose
 from app.engine.server.protocol.chat import ChatCompletionRequest, ChatCompletionResponse
 from app.engine.server.protocol.completions import CompletionRequest, CompletionResponse
 from app.engine.server.protocol.embeddings import EmbeddingRequest, EmbeddingResponse
 from app.engine.server.protocol.openai import ErrorResponse, ModelCard, ModelList
+from app.engine.server.protocol.rerank import RerankRequest, RerankResponse
 from app.engine.server.protocol.responses import ResponseObject, ResponsesRequest
 from app.engine.server.protocol.tokenize import (
     DetokenizeRequest,
@@ -29,6 +31,7 @@ from app.engine.server.protocol.tokenize import (
     TokenizeResponse,
 )
 from app.engine.server.services import Services
+from app.engine.server.serving_audio import TRANSCRIPTIONS_PATH
 from app.engine.server.sse import sse_response
 
 router = APIRouter()
@@ -58,6 +61,21 @@ def _errors(model: type[BaseModel], *codes: int) -> dict[int | str, dict[str, An
 _OPENAI_ERRORS = _errors(ErrorResponse, 400, 401, 404, 413, 429, 503)
 _ANTHROPIC_ERRORS = _errors(AnthropicErrorResponse, 400, 401, 404, 413, 429, 503)
 _OPENAI_STREAMING = {200: {"content": _STREAM}, **_OPENAI_ERRORS}
+# json and verbose_json come back as JSON; text, srt and vtt as plain text
+_TRANSCRIPTION_BODY = {
+    "anyOf": [
+        {"$ref": f"#/components/schemas/{m.__name__}"} for m in (TranscriptionJson, TranscriptionVerbose)
+    ]
+}
+_TRANSCRIPTION = {
+    200: {
+        "content": {
+            "application/json": {"schema": _TRANSCRIPTION_BODY},
+            "text/plain": {"schema": {"type": "string"}},
+        }
+    },
+    **_OPENAI_ERRORS,
+}
 _ANTHROPIC_STREAMING = {200: {"content": _STREAM}, **_ANTHROPIC_ERRORS}
 
 
@@ -65,10 +83,12 @@ def _services(request: Request) -> Services:
     return request.app.state.services
 
 
-def _reply(result: BaseModel | AsyncIterator[str] | ApiError, dialect: Dialect) -> BaseModel | Response:
+def _reply(
+    result: BaseModel | Response | AsyncIterator[str] | ApiError, dialect: Dialect
+) -> BaseModel | Response:
     if isinstance(result, ApiError):
         return result.response(dialect)
-    if isinstance(result, BaseModel):
+    if isinstance(result, BaseModel | Response):
         return result
     return sse_response(result)
 
@@ -88,7 +108,7 @@ async def metrics(request: Request) -> Response:
 
 @router.get("/v1/models", tags=["openai"], responses=_errors(ErrorResponse, 401))
 async def list_models(request: Request) -> ModelList:
-    return _services(request).ctx.models.listing()
+    return _services(request).model_listing()
 
 
 @router.get(
@@ -98,10 +118,11 @@ async def list_models(request: Request) -> ModelList:
     responses=_errors(ErrorResponse, 401, 404),
 )
 async def get_model(model_id: str, request: Request) -> Any:
-    models = _services(request).ctx.models
-    card = models.card(model_id)
+    services = _services(request)
+    card = services.model_card(model_id)
     if card is None:
-        return model_not_found(model_id, [c.id for c in models.listing().data]).response(Dialect.OPENAI)
+        names = [c.id for c in services.model_listing().data]
+        return model_not_found(model_id, names).response(Dialect.OPENAI)
     return card
 
 
@@ -133,6 +154,28 @@ async def responses(body: ResponsesRequest, request: Request) -> Any:
 @router.post("/v1/embeddings", tags=["openai"], response_model=EmbeddingResponse, responses=_OPENAI_ERRORS)
 async def embeddings(body: EmbeddingRequest, request: Request) -> Any:
     return _reply(await _services(request).embeddings.create(body), Dialect.OPENAI)
+
+
+@router.post(TRANSCRIPTIONS_PATH, tags=["openai"], response_class=Response, responses=_TRANSCRIPTION)
+async def audio_transcriptions(form: Annotated[TranscriptionForm, Form()], request: Request) -> Any:
+    result = await _services(request).transcription.create(form, disconnect_waiter(request.receive))
+    return _reply(result, Dialect.OPENAI)
+
+
+# Cohere's v1 and v2 paths and vLLM's bare /rerank all take the same body; unasked fields stay out
+_RERANK: dict[str, Any] = {
+    "tags": ["rerank"],
+    "response_model": RerankResponse,
+    "responses": _OPENAI_ERRORS,
+    "response_model_exclude_none": True,
+}
+
+
+@router.post("/v1/rerank", **_RERANK)
+@router.post("/v2/rerank", **_RERANK)
+@router.post("/rerank", **_RERANK)
+async def rerank(body: RerankRequest, request: Request) -> Any:
+    return _reply(await _services(request).rerank.create(body), Dialect.OPENAI)
 
 
 @router.post(

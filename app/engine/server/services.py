@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from app.engine.audio import Transcriber
 from app.engine.client import EngineClient
 from app.engine.server.embedder import Embedder
-from app.engine.server.serving_base import ServingContext
+from app.engine.server.protocol.openai import ModelCard, ModelList
+from app.engine.server.serving_audio import OpenAIServingTranscription
+from app.engine.server.serving_base import ServingContext, now
 from app.engine.server.serving_chat import OpenAIServingChat
 from app.engine.server.serving_completions import OpenAIServingCompletions
 from app.engine.server.serving_embeddings import OpenAIServingEmbeddings
 from app.engine.server.serving_messages import AnthropicServingMessages
+from app.engine.server.serving_rerank import ServingRerank
 from app.engine.server.serving_responses import OpenAIServingResponses
 from app.engine.server.serving_tokenize import ServingTokenization
 from app.engine.server.settings import ServerSettings
@@ -25,9 +29,17 @@ class Services:
     messages: AnthropicServingMessages
     embeddings: OpenAIServingEmbeddings
     tokenization: ServingTokenization
+    transcription: OpenAIServingTranscription
+    rerank: ServingRerank
 
     @classmethod
-    def build(cls, engine: EngineClient, embedder: Embedder | None, settings: ServerSettings) -> Services:
+    def build(
+        cls,
+        engine: EngineClient,
+        embedder: Embedder | None,
+        settings: ServerSettings,
+        transcriber: Transcriber | None = None,
+    ) -> Services:
         ctx = ServingContext.build(engine, embedder, settings)
         return cls(
             ctx=ctx,
@@ -37,4 +49,13 @@ class Services:
             messages=AnthropicServingMessages(ctx),
             embeddings=OpenAIServingEmbeddings(ctx),
             tokenization=ServingTokenization(ctx),
+            transcription=OpenAIServingTranscription(transcriber, created=now()),
+            rerank=ServingRerank(ctx),
         )
+
+    def model_listing(self) -> ModelList:
+        """/v1/models: the chat and embedding models, then the transcription model (as OpenAI lists whisper-1)."""
+        return ModelList(data=[*self.ctx.models.listing().data, *self.transcription.model_cards()])
+
+    def model_card(self, name: str) -> ModelCard | None:
+        return next((card for card in self.model_listing().data if card.id == name), None)

@@ -66,7 +66,7 @@ class ComparePane(QWidget):
     def _build(self) -> None:
         self.prompt = QPlainTextEdit()
         self.prompt.setPlaceholderText("The prompt every column gets…")
-        self.prompt.setMaximumHeight(90)
+        self.prompt.setMaximumHeight(70)
         self.system_prompt = QLineEdit()
         self.system_prompt.setPlaceholderText("optional")
         self.max_tokens = QSpinBox()

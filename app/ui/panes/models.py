@@ -85,7 +85,7 @@ class ModelsPane(QWidget):
         folder_row.addWidget(self.open_folder)
         folder_row.addWidget(self.refresh_button)
         actions = QHBoxLayout()
-        actions.addWidget(self.notice, 1)
+        actions.addStretch(1)
         for button in (self.delete_button, self.unload_button, self.load_button):
             actions.addWidget(button)
         side = QWidget()
@@ -94,6 +94,7 @@ class ModelsPane(QWidget):
         side_layout.addWidget(self.details)
         side_layout.addWidget(self.fit)
         side_layout.addStretch(1)
+        side_layout.addWidget(self.notice)
         side_layout.addLayout(actions)
         splitter = QSplitter()
         splitter.addWidget(self.table)

@@ -34,6 +34,7 @@ from app.studio.server_control import (
     ServerControl,
     ServerOptions,
     ServerState,
+    Snippet,
     agent_snippets,
     endpoints_for,
 )
@@ -114,6 +115,7 @@ class ServerPane(QWidget):
         self.log.setObjectName("requestLog")
         self.log.setReadOnly(True)
         self.log.setMaximumBlockCount(LOG_LINES)
+        self.log.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
         self.log.setPlaceholderText("Requests to the API appear here as they finish.")
         log_box = QGroupBox("Request log")
         QVBoxLayout(log_box).addWidget(self.log)
@@ -230,7 +232,7 @@ class ServerPane(QWidget):
                                                    "MODEL")
         self._show_snippets(agent_snippets(endpoints, model, options.api_key))
 
-    def _show_snippets(self, snippets: list) -> None:
+    def _show_snippets(self, snippets: list[Snippet]) -> None:
         for snippet in snippets:
             block = self.snippet_blocks.get(snippet.key)
             if block is None:

@@ -1,0 +1,172 @@
+"""Batched sampling on the GPU: logits never leave the device, only the chosen ids do.
+
+Same order and semantics as the numpy `Sampler` (the reference): logprobs from the raw
+logits, then temperature, top-k, top-p and min-p as logit thresholds, then one draw.
+The draw is Gumbel-max (argmax of logits/T plus Gumbel noise) with noise hashed from
+(seed, output position, token id), so a seeded request repeats exactly and never depends
+on the rest of the batch. The random streams differ from the numpy sampler's, so seeded
+outputs differ between backends (as they do between vLLM and llama.cpp).
+
+Rows with repetition/frequency/presence penalties or min_tokens bans are rare and need
+the request's token history: those rows alone are copied to the host and sampled by the
+numpy reference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from app.engine.request import Request, TokenLogprob
+from app.engine.sampler import GREEDY_BELOW, Sampler, SamplerOutput
+
+_GUMBEL_SOURCE = r"""
+extern "C" __global__ void gumbel_argmax(const float* logits, const float* inv_temperature,
+        const float* cutoff, const unsigned long long* seed, const unsigned long long* step,
+        int vocab, long long* out) {
+    // One block per row: each thread scans a strided slice, then a shared-memory argmax.
+    int row = blockIdx.x;
+    const float* x = logits + (long long)row * vocab;
+    float best = -__int_as_float(0x7f800000); int best_id = 0x7fffffff;
+    unsigned long long key = seed[row] * 0x9E3779B97F4A7C15ull ^ (step[row] + 0x632BE59BD9B4E019ull);
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        float v = x[i] * inv_temperature[row];
+        if (!(v >= cutoff[row])) continue;
+        unsigned long long z = key + (unsigned long long)i * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        float u = ((z >> 40) + 0.5f) * (1.0f / 16777216.0f);   // in (0, 1)
+        float g = v - logf(-logf(u));
+        if (g > best || (g == best && i < best_id)) { best = g; best_id = i; }
+    }
+    __shared__ float sv[256]; __shared__ int si[256];
+    sv[threadIdx.x] = best; si[threadIdx.x] = best_id;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) {
+            float ov = sv[threadIdx.x + s]; int oi = si[threadIdx.x + s];
+            if (ov > sv[threadIdx.x] || (ov == sv[threadIdx.x] && oi < si[threadIdx.x])) {
+                sv[threadIdx.x] = ov; si[threadIdx.x] = oi;
+            }
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) out[row] = si[0];
+}
+"""
+
+
+class GpuSampler:
+    def __init__(self, eos_token_ids: frozenset[int], default_seed: int = 0) -> None:
+        import cupy
+
+        self.xp = cupy
+        self.host = Sampler(eos_token_ids, default_seed)  # rows that need token histories
+        self.default_seed = default_seed
+        self._kernel = cupy.RawKernel(_GUMBEL_SOURCE, "gumbel_argmax")
+        self._unseeded = 0
+
+    def forget(self, request_id: str) -> None:
+        self.host.forget(request_id)
+
+    def sample(self, logits: Any, requests: Sequence[Request]) -> SamplerOutput:
+        xp = self.xp
+        n = len(requests)
+        params = [r.sampling_params for r in requests]
+        on_host = [i for i, r in enumerate(requests) if self._needs_history(r)]
+        chosen = xp.empty(n, dtype=xp.int64)
+        greedy = np.array([p.temperature < GREEDY_BELOW for p in params])
+        if greedy.all():
+            chosen = xp.argmax(logits, axis=1)
+        else:
+            inv_t = np.where(greedy, 1.0, 1.0 / np.maximum([p.temperature for p in params], GREEDY_BELOW))
+            cutoff = self._cutoffs(logits, params, inv_t.astype(np.float32))
+            seeds, steps = self._seeds(requests)
+            # Greedy rows: no noise would still be argmax; give them a cutoff at their max and unit temperature.
+            self._kernel(
+                (n,), (256,),
+                (logits, xp.asarray(inv_t, dtype=xp.float32), cutoff, xp.asarray(seeds), xp.asarray(steps),
+                 np.int32(logits.shape[1]), chosen),
+            )  # fmt: skip
+            if greedy.any():
+                rows = xp.asarray(np.flatnonzero(greedy))
+                chosen[rows] = xp.argmax(logits[rows], axis=1)
+        token_ids = xp.asnumpy(chosen).tolist()  # the one device-to-host copy of the step
+        if on_host:
+            host_rows = self.host.sample(
+                xp.asnumpy(logits[xp.asarray(on_host)]), [requests[i] for i in on_host]
+            )
+            for i, token in zip(on_host, host_rows.token_ids, strict=True):
+                token_ids[i] = token
+        return SamplerOutput(token_ids, self._logprobs(logits, requests, token_ids))
+
+    @staticmethod
+    def _needs_history(request: Request) -> bool:
+        p = request.sampling_params
+        penalised = p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty
+        return bool(penalised or request.num_output_tokens < p.min_tokens)
+
+    def _seeds(self, requests: Sequence[Request]) -> tuple[np.ndarray, np.ndarray]:
+        seeds = np.empty(len(requests), dtype=np.uint64)
+        for i, r in enumerate(requests):
+            if r.sampling_params.seed is not None:
+                seeds[i] = r.sampling_params.seed
+            else:  # unseeded: a fresh stream per draw, derived from the engine's seed
+                self._unseeded += 1
+                seeds[i] = (self.default_seed << 32) + self._unseeded
+        steps = np.array([r.num_output_tokens for r in requests], dtype=np.uint64)
+        return seeds, steps
+
+    def _cutoffs(self, logits: Any, params: list, inv_t: np.ndarray) -> Any:
+        """Per row, the smallest scaled logit top-k, top-p and min-p keep (-inf: keep all)."""
+        xp = self.xp
+        n, vocab = logits.shape
+        cut = xp.full(n, -np.inf, dtype=xp.float32)
+        row_max = logits.max(axis=1) * xp.asarray(inv_t)
+        min_p = np.array([p.min_p for p in params])
+        if (min_p > 0).any():
+            with np.errstate(divide="ignore"):
+                cut = xp.maximum(cut, row_max + xp.asarray(np.log(min_p), dtype=xp.float32))
+        rows = [i for i, p in enumerate(params) if 0 < p.top_k < vocab or p.top_p < 1.0]
+        if rows:
+            index = xp.asarray(rows)
+            scaled = logits[index] * xp.asarray(inv_t[rows])[:, None]
+            ordered = -xp.sort(-scaled, axis=1)  # best first
+            top_k = np.array([params[i].top_k if 0 < params[i].top_k < vocab else vocab for i in rows])
+            kth = ordered[xp.arange(len(rows)), xp.asarray(top_k - 1)]
+            probs = xp.exp(ordered - ordered[:, :1])
+            probs = xp.where(xp.arange(vocab)[None, :] < xp.asarray(top_k)[:, None], probs, 0.0)
+            probs /= probs.sum(axis=1, keepdims=True)
+            before = xp.cumsum(probs, axis=1) - probs
+            top_p = xp.asarray(np.array([params[i].top_p for i in rows]), dtype=xp.float32)
+            kept = xp.maximum(((before < top_p[:, None]) | (top_p[:, None] >= 1.0)).sum(axis=1), 1)
+            nucleus = ordered[xp.arange(len(rows)), kept - 1]
+            cut[index] = xp.maximum(cut[index], xp.maximum(kth, nucleus))
+        return cut
+
+    def _logprobs(
+        self, logits: Any, requests: Sequence[Request], token_ids: list[int]
+    ) -> list[TokenLogprob | None]:
+        xp = self.xp
+        result: list[TokenLogprob | None] = [None] * len(requests)
+        rows = [i for i, r in enumerate(requests) if r.sampling_params.logprobs is not None]
+        if not rows:
+            return result
+        values = logits[xp.asarray(rows)]
+        row_max = values.max(axis=1, keepdims=True)
+        log_total = row_max[:, 0] + xp.log(xp.exp(values - row_max).sum(axis=1))
+        widest = max(requests[i].sampling_params.logprobs or 0 for i in rows)
+        order = xp.argsort(-values, axis=1)[:, : max(widest, 1)]
+        top = xp.asnumpy(xp.take_along_axis(values, order, axis=1) - log_total[:, None])
+        order = xp.asnumpy(order)
+        chosen = xp.asnumpy(
+            values[xp.arange(len(rows)), xp.asarray([token_ids[i] for i in rows])] - log_total
+        )
+        for j, i in enumerate(rows):
+            count = requests[i].sampling_params.logprobs or 0
+            pairs = tuple(zip(order[j, :count].tolist(), top[j, :count].tolist(), strict=True))
+            result[i] = TokenLogprob(token_ids[i], float(chosen[j]), pairs)
+        return result

@@ -1,0 +1,120 @@
+"""Engine-level checks and timings on the GPU machine (run there; see bench/gpu_run.sh).
+
+python3 bench/gpu_engine.py parity MODEL.gguf     # CUDA (graphs and eager) against the numpy backend
+python3 bench/gpu_engine.py speed MODEL.gguf ...  # decode steps/s at batch 1 and 32, host time per step
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from app.engine.config import EngineConfig
+from app.engine.engine import LLMEngine
+from app.engine.sampling_params import SamplingParams
+
+
+def parity(model: str) -> dict:
+    """Greedy tokens of 8 prompts on CUDA (graphs on, and eager) against the CPU backend."""
+    rng = np.random.default_rng(0)
+    cpu = LLMEngine(EngineConfig(model=model, device="cpu", max_model_len=2048))
+    prompts = [rng.integers(0, 256, size=n).tolist() for n in (3, 9, 17, 40, 77, 130, 260, 600)]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=5)
+    reference = cpu.generate(prompts, params)
+    report = {}
+    for graphs in (True, False):
+        gpu = LLMEngine(EngineConfig(model=model, device="cuda", max_model_len=2048, cuda_graphs=graphs))
+        ours = gpu.generate(prompts, params)
+        same = sum(a["token_ids"] == b["token_ids"] for a, b in zip(ours, reference, strict=True))
+        # the first step's logprobs of the reference's top tokens: a measure free of divergence
+        worst = max(
+            abs(dict(o["logprobs"][0].top).get(t, -99.0) - v)
+            for o, r in zip(ours, reference, strict=True)
+            for t, v in r["logprobs"][0].top
+        )
+        report["graphs" if graphs else "eager"] = {
+            "identical_prompts": f"{same}/8",
+            "first_step_max_lp_diff": worst,
+        }
+        del gpu
+    return report
+
+
+def speed(model: str, batch: int, steps: int = 200) -> dict:
+    import cupy
+
+    engine = LLMEngine(
+        EngineConfig(model=model, device="cuda", max_model_len=4096, max_num_seqs=max(batch, 1))
+    )
+    rng = np.random.default_rng(1)
+    params = SamplingParams(temperature=1.0, max_tokens=steps + 8, ignore_eos=True)
+    for i in range(batch):
+        engine.add_request(f"r{i}", rng.integers(0, 256, size=128).tolist(), params)
+    while any(r.num_output_tokens == 0 for r in engine.scheduler.running) or engine.scheduler.num_waiting:
+        engine.step()  # prefill everyone first
+    cupy.cuda.Device().synchronize()
+    walls = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        engine.step()
+        walls.append(time.perf_counter() - t0)
+    # GPU time of the bucket's graph alone (replayed back to back), for the host-overhead estimate
+    graphs = engine.runner.graphs
+    graph, _ = graphs._graphs[graphs.bucket_for(batch)]
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record()
+    for _ in range(20):
+        graph.launch()
+    end.record()
+    end.synchronize()
+    replay_ms = cupy.cuda.get_elapsed_time(start, end) / 20
+    weight_bytes = sum(t.nbytes for t in engine.checkpoint.tensors.values())
+    step_ms = 1000 * statistics.median(walls)
+    return {
+        "model": Path(model).name,
+        "batch": batch,
+        "step_ms_p50": step_ms,
+        "tok_s": batch * 1000 / step_ms,
+        "graph_replay_ms": replay_ms,
+        "weight_gb": weight_bytes / 1e9,
+    }
+
+
+def copy_bandwidth() -> float:
+    import cupy
+
+    a = cupy.empty(2 << 30, dtype=cupy.uint8)
+    b = cupy.empty_like(a)
+    b[:] = a
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record()
+    for _ in range(10):
+        b[:] = a
+    end.record()
+    end.synchronize()
+    return 2 * 10 * a.nbytes / (cupy.cuda.get_elapsed_time(start, end) / 1000) / 1e12  # TB/s, read + write
+
+
+def main() -> None:
+    what, *models = sys.argv[1:]
+    if what == "parity":
+        print(json.dumps({"parity": parity(models[0])}))
+        return
+    bandwidth = copy_bandwidth()
+    print(json.dumps({"copy_tb_s": bandwidth}))
+    for model in models:
+        for batch in (1, 32):
+            result = speed(model, batch)
+            result["hbm_bound_tok_s_batch1"] = bandwidth * 1e12 / 2 / (result["weight_gb"] * 1e9)
+            print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""Launch plans of the CUDA wrappers (pure Python: runs in CI, no GPU, no CuPy)."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.engine.kernels.attention import MAX_SPLITS, MIN_SPLIT, NO_SPLIT, group_bucket, plan_splits
+from app.engine.kernels.gemv import VARIANTS, default_rows, default_warps
+
+SMS = 132
+
+
+@pytest.mark.parametrize(
+    ("n_tok", "n_kv", "ctx"), [(1, 8, 512), (1, 8, 32768), (1, 1, 32768), (16, 8, 4096), (3, 2, 100)]
+)
+def test_split_plan_covers_the_context(n_tok: int, n_kv: int, ctx: int) -> None:
+    plan = plan_splits(n_tok, n_kv, ctx, SMS, 4 * n_kv, 128)
+    if plan.num_splits == 1:
+        assert plan.split_len == NO_SPLIT
+    else:
+        assert plan.num_splits <= MAX_SPLITS
+        assert plan.split_len >= MIN_SPLIT and plan.split_len % 32 == 0
+        assert (plan.num_splits - 1) * plan.split_len < ctx <= plan.num_splits * plan.split_len
+
+
+def test_no_split_when_tokens_fill_the_gpu() -> None:
+    assert plan_splits(2048, 8, 2048, SMS, 32, 128).num_splits == 1
+    assert plan_splits(1, 8, MIN_SPLIT, SMS, 32, 128).num_splits == 1
+
+
+def test_register_capped_build_only_for_small_grids_and_groups() -> None:
+    assert plan_splits(1, 8, 32768, SMS, 32, 128).min_blocks == 4  # one decode: few blocks
+    assert plan_splits(16, 8, 32768, SMS, 32, 128).min_blocks == 1  # a batch of long decodes
+    assert plan_splits(1, 2, 32768, SMS, 32, 128).min_blocks == 1  # 16 heads per KV head: would spill
+
+
+def test_group_buckets() -> None:
+    assert [group_bucket(h, 1) for h in (1, 2, 3, 4, 5, 16)] == [1, 2, 4, 4, 8, 16]
+    assert group_bucket(64, 2) is None
+
+
+def test_gemv_defaults_are_compiled_variants() -> None:
+    for bucket, rows in VARIANTS.items():
+        for qtype in ("Q4_K", "Q5_K", "Q6_K", "Q8_0", "F16"):
+            assert default_rows(bucket, qtype) in rows
+    assert default_rows(1, "Q4_K") == 4 and default_rows(1, "Q8_0") == 8
+    assert [default_warps(c) for c in (640, 4096, 12288)] == [1, 4, 4]
