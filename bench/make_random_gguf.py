@@ -43,6 +43,7 @@ class Shape:
 
 SHAPES = {
     "qwen3-8b": Shape(4096, 36, 32, 8, 128, 12288, 151936, 40960, tied=False),
+    "qwen3-4b": Shape(2560, 36, 32, 8, 128, 9728, 151936, 40960, tied=True),
     "qwen3-0.6b": Shape(1024, 28, 16, 8, 128, 3072, 151936, 40960, tied=True),
     "tiny": Shape(256, 2, 4, 2, 64, 512, 1024, 4096, tied=False),
 }

@@ -22,39 +22,50 @@ import numpy as np
 from app.engine.request import Request, TokenLogprob
 from app.engine.sampler import GREEDY_BELOW, Sampler, SamplerOutput
 
+_THREADS = 1024  # one block per row: a 150k vocabulary is ~150 logits per thread
 _GUMBEL_SOURCE = r"""
-extern "C" __global__ void gumbel_argmax(const float* logits, const float* inv_temperature,
-        const float* cutoff, const unsigned long long* seed, const unsigned long long* step,
-        int vocab, long long* out) {
-    // One block per row: each thread scans a strided slice, then a shared-memory argmax.
-    int row = blockIdx.x;
+extern "C" __global__ void __launch_bounds__(1024) gumbel_argmax(const float* logits, const unsigned char* params,
+        const float* cutoff, int n_rows, int vocab, long long* out) {
+    // params, one pinned upload per step: seed u64 [n] | step u64 [n] | inverse temperature f32 [n] | greedy i32 [n].
+    // Greedy rows take the plain argmax (no noise, no cutoff); ties go to the lowest id, as numpy's argmax.
+    const int row = blockIdx.x;
+    const unsigned long long seed = reinterpret_cast<const unsigned long long*>(params)[row];
+    const unsigned long long step = reinterpret_cast<const unsigned long long*>(params)[n_rows + row];
+    const float inv_t = reinterpret_cast<const float*>(params + 16 * n_rows)[row];
+    const bool greedy = reinterpret_cast<const int*>(params + 20 * n_rows)[row] != 0;
+    const float cut = (greedy || cutoff == nullptr) ? -__int_as_float(0x7f800000) : cutoff[row];
     const float* x = logits + (long long)row * vocab;
     float best = -__int_as_float(0x7f800000); int best_id = 0x7fffffff;
-    unsigned long long key = seed[row] * 0x9E3779B97F4A7C15ull ^ (step[row] + 0x632BE59BD9B4E019ull);
+    const unsigned long long key = seed * 0x9E3779B97F4A7C15ull ^ (step + 0x632BE59BD9B4E019ull);
     for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-        float v = x[i] * inv_temperature[row];
-        if (!(v >= cutoff[row])) continue;
-        unsigned long long z = key + (unsigned long long)i * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        z ^= z >> 31;
-        float u = ((z >> 40) + 0.5f) * (1.0f / 16777216.0f);   // in (0, 1)
-        float g = v - logf(-logf(u));
+        float g = x[i];
+        if (!greedy) {
+            const float v = g * inv_t;
+            if (!(v >= cut)) continue;
+            unsigned long long z = key + (unsigned long long)i * 0xBF58476D1CE4E5B9ull;
+            z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+            z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+            z ^= z >> 31;
+            const float u = ((z >> 40) + 0.5f) * (1.0f / 16777216.0f);   // in (0, 1)
+            g = v - logf(-logf(u));
+        }
         if (g > best || (g == best && i < best_id)) { best = g; best_id = i; }
     }
-    __shared__ float sv[256]; __shared__ int si[256];
-    sv[threadIdx.x] = best; si[threadIdx.x] = best_id;
-    __syncthreads();
-    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) {
-            float ov = sv[threadIdx.x + s]; int oi = si[threadIdx.x + s];
-            if (ov > sv[threadIdx.x] || (ov == sv[threadIdx.x] && oi < si[threadIdx.x])) {
-                sv[threadIdx.x] = ov; si[threadIdx.x] = oi;
-            }
-        }
-        __syncthreads();
+    // Warp argmax by shuffles, then the warps' winners through shared memory.
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, best_id, o);
+        if (ov > best || (ov == best && oi < best_id)) { best = ov; best_id = oi; }
     }
-    if (threadIdx.x == 0) out[row] = si[0];
+    __shared__ float sv[32]; __shared__ int si[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) { sv[warp] = best; si[warp] = best_id; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); ++w)
+            if (sv[w] > best || (sv[w] == best && si[w] < best_id)) { best = sv[w]; best_id = si[w]; }
+        out[row] = best_id == 0x7fffffff ? 0 : best_id;
+    }
 }
 """
 
@@ -68,6 +79,10 @@ class GpuSampler:
         self.default_seed = default_seed
         self._kernel = cupy.RawKernel(_GUMBEL_SOURCE, "gumbel_argmax")
         self._unseeded = 0
+        # The pinned upload buffer is reused every step: safe, because each step ends with
+        # the blocking copy of the chosen ids, after which the upload has completed.
+        self._host_params: np.ndarray | None = None
+        self._device_params: Any = None
 
     def forget(self, request_id: str) -> None:
         self.host.forget(request_id)
@@ -77,23 +92,17 @@ class GpuSampler:
         n = len(requests)
         params = [r.sampling_params for r in requests]
         on_host = [i for i, r in enumerate(requests) if self._needs_history(r)]
-        chosen = xp.empty(n, dtype=xp.int64)
         greedy = np.array([p.temperature < GREEDY_BELOW for p in params])
-        if greedy.all():
-            chosen = xp.argmax(logits, axis=1)
-        else:
-            inv_t = np.where(greedy, 1.0, 1.0 / np.maximum([p.temperature for p in params], GREEDY_BELOW))
-            cutoff = self._cutoffs(logits, params, inv_t.astype(np.float32))
-            seeds, steps = self._seeds(requests)
-            # Greedy rows: no noise would still be argmax; give them a cutoff at their max and unit temperature.
-            self._kernel(
-                (n,), (256,),
-                (logits, xp.asarray(inv_t, dtype=xp.float32), cutoff, xp.asarray(seeds), xp.asarray(steps),
-                 np.int32(logits.shape[1]), chosen),
-            )  # fmt: skip
-            if greedy.any():
-                rows = xp.asarray(np.flatnonzero(greedy))
-                chosen[rows] = xp.argmax(logits[rows], axis=1)
+        inv_t = np.where(greedy, 1.0, 1.0 / np.maximum([p.temperature for p in params], GREEDY_BELOW))
+        filtered = [p.min_p > 0 or 0 < p.top_k < logits.shape[1] or p.top_p < 1.0 for p in params]
+        cutoff = self._cutoffs(logits, params, inv_t.astype(np.float32)) if any(filtered) else None
+        seeds, steps = self._seeds(requests)
+        chosen = xp.empty(n, dtype=xp.int64)
+        self._kernel(
+            (n,), (_THREADS,),
+            (logits, self._upload_params(seeds, steps, inv_t, greedy), cutoff if cutoff is not None else np.uint64(0),
+             np.int32(n), np.int32(logits.shape[1]), chosen),
+        )  # fmt: skip
         token_ids = xp.asnumpy(chosen).tolist()  # the one device-to-host copy of the step
         if on_host:
             host_rows = self.host.sample(
@@ -102,6 +111,25 @@ class GpuSampler:
             for i, token in zip(on_host, host_rows.token_ids, strict=True):
                 token_ids[i] = token
         return SamplerOutput(token_ids, self._logprobs(logits, requests, token_ids))
+
+    def _upload_params(
+        self, seeds: np.ndarray, steps: np.ndarray, inv_t: np.ndarray, greedy: np.ndarray
+    ) -> Any:
+        """The kernel's per-row parameters in one pinned buffer, one host-to-device copy."""
+        xp = self.xp
+        n = len(seeds)
+        if self._host_params is None or self._host_params.size < 24 * n:
+            size = max(24 * n, 24 * 64)
+            self._host_params = np.frombuffer(xp.cuda.alloc_pinned_memory(size), np.uint8, size)
+            self._device_params = xp.empty(size, xp.uint8)
+        host = self._host_params
+        host[: 8 * n].view(np.uint64)[:] = seeds
+        host[8 * n : 16 * n].view(np.uint64)[:] = steps
+        host[16 * n : 20 * n].view(np.float32)[:] = inv_t
+        host[20 * n : 24 * n].view(np.int32)[:] = greedy
+        device = self._device_params[: 24 * n]
+        device.set(host[: 24 * n], stream=xp.cuda.get_current_stream())
+        return device
 
     @staticmethod
     def _needs_history(request: Request) -> bool:

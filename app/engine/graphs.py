@@ -7,6 +7,11 @@ padding rows of a bucket point at the reserved null KV block 0, whose contents n
 reads. Attention is planned for the longest context the engine allows, so one graph
 serves every context length (splits past a sequence's end exit at once).
 
+Each bucket's inputs are laid out field by field ([ids | positions | slots | seq_lens |
+block tables]), so every field is a contiguous slice that the kernels read in place: no
+copy kernels inside the graph. Matrix products above the GEMV's token count go through
+cuBLAS by ctypes (backend/cuda_blas.py), which capture allows.
+
 Capture runs on a side stream (the legacy default stream cannot capture); replays run on
 the default stream, in order with eager prefill steps and the sampler. Captured kernels
 write their intermediates into memory-pool blocks of the side stream; CuPy's pool reuses a
@@ -45,7 +50,8 @@ class DecodeGraphs:
         self.buckets = bucket_sizes(max_batch)
         biggest = self.buckets[-1]
         self.max_blocks = -(-max_model_len // block_size)
-        # One pinned host staging area and one device area: [ids | positions | slots | seq_lens | tables].
+        # One pinned host staging area and one device area; bucket n uses their first
+        # n * width ints as [ids (n) | positions (n) | slots (n) | seq_lens (n) | tables (n x max_blocks)].
         self._width = 4 + self.max_blocks
         self._host = _pinned_int32(xp, biggest * self._width)
         self._device = xp.zeros(biggest * self._width, dtype=xp.int32)
@@ -79,32 +85,36 @@ class DecodeGraphs:
         n = len(token_ids)
         bucket = self.bucket_for(n)
         graph, logits = self._graphs[bucket]
-        staged = self._host[: bucket * self._width].reshape(bucket, self._width)
-        staged[:] = 0
-        staged[:n, 0] = token_ids
-        staged[:n, 1] = positions
-        staged[:, 3] = 1  # padding rows: one key, in the null block
-        staged[:n, 3] = seq_lens
-        staged[:n, 4 : 4 + tables.shape[1]] = tables
+        ids, pos, slots, lens, table = self._fields(self._host, bucket)
+        # Padding rows: token 0 at position 0, one key, written to and read from the null block 0.
+        # Table entries past a row's context are never read, so stale ones need no clearing.
+        ids[n:] = pos[n:] = slots[n:] = table[n:, 0] = 0
+        lens[n:] = 1
+        ids[:n] = token_ids
+        pos[:n] = positions
+        lens[:n] = seq_lens
+        table[:n, : tables.shape[1]] = tables
         bs = self.block_size
-        staged[:n, 2] = tables[np.arange(n), positions // bs] * bs + positions % bs
+        slots[:n] = tables[np.arange(n), positions // bs] * bs + positions % bs
         # Replays go on the default stream, in order with the eager steps and the sampler.
         null = self.backend.xp.cuda.Stream.null
-        self._device[: staged.size].set(staged.reshape(-1), stream=null)
+        size = bucket * self._width
+        self._device[:size].set(self._host[:size], stream=null)
         graph.launch(stream=null)
         return logits[:n]
 
+    def _fields(self, area: Any, n: int) -> tuple[Any, Any, Any, Any, Any]:
+        """Views of bucket n's fields in a staging area (host or device)."""
+        return (area[:n], area[n : 2 * n], area[2 * n : 3 * n], area[3 * n : 4 * n],
+                area[4 * n : n * self._width].reshape(n, self.max_blocks))  # fmt: skip
+
     def _forward(self, n: int) -> Any:
-        columns = self._device[: n * self._width].reshape(n, self._width)
-        # Strided column views would not be contiguous: the kernels take contiguous copies,
-        # made inside the graph from the staged rows.
-        xp = self.backend.xp
-        token_ids, positions = xp.ascontiguousarray(columns[:, 0]), xp.ascontiguousarray(columns[:, 1])
+        token_ids, positions, slots, seq_lens, tables = self._fields(self._device, n)
         meta = AttentionMetadata(
             query_start_loc=self._query_start_loc[: n + 1],
-            seq_lens=xp.ascontiguousarray(columns[:, 3]),
-            block_tables=xp.ascontiguousarray(columns[:, 4:]),
-            slot_mapping=xp.ascontiguousarray(columns[:, 2]),
+            seq_lens=seq_lens,
+            block_tables=tables,
+            slot_mapping=slots,
             positions=positions,
             max_query_len=1,
             max_seq_len=self.max_model_len,

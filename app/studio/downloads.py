@@ -18,10 +18,12 @@ other tool can open.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -274,7 +276,7 @@ class HubClient:
                 httpx.Client(follow_redirects=True, timeout=timeout) as client,
                 client.stream("GET", self.file_url(listing, file.path), headers=headers) as response,
             ):
-                token.on_cancel(response.close)  # wakes a read blocked on the socket at once
+                token.on_cancel(lambda: _abort(response))  # wakes a read blocked on the socket at once
                 _raise_for_status(response, listing.repo_id, file.path)
                 if response.status_code != 206 and offset:  # the server ignored the Range: start over
                     hasher.reset()
@@ -475,3 +477,14 @@ class _transfer_errors(_hub_errors):
             raise DownloadError(f"download of {self.what} was interrupted ({type(exc).__name__}: {exc}){resume}") \
                 from exc
         return False
+
+
+def _abort(response: httpx.Response) -> None:
+    """Stop a transfer from another thread: closing the response alone does not wake a read
+    blocked on a silent connection (Linux), shutting the socket down does."""
+    stream = response.extensions.get("network_stream")
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+    response.close()

@@ -94,7 +94,7 @@ class LogEntry:
     def line(self) -> str:
         clock = time.strftime("%H:%M:%S", time.localtime(self.at))
         status = self.status if self.status is not None else "---"
-        return f"{clock}  {self.client:<15} {self.method:<6} {self.path}  {status}  {self.duration_s * 1000:.0f} ms"
+        return f"{clock}  {self.method} {self.path}  {status}  {self.duration_s * 1000:.0f} ms  {self.client}"
 
 
 class RequestLog:

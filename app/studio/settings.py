@@ -122,7 +122,7 @@ SETTINGS: tuple[Setting, ...] = (
             "Where OpenRouter targets send requests.", "Compare"),
     Setting("compare.timeout_s", 120.0, "float", "Request timeout (s)",
             "A column gives up after this long without an answer.", "Compare", minimum=1.0, maximum=3600.0),
-    Setting("server.port", 8000, "int", "API port", "Port of the local OpenAI/Anthropic-compatible API.",
+    Setting("server.port", 11660, "int", "API port", "Port of the local OpenAI/Anthropic-compatible API.",
             "Server", minimum=1, maximum=65535),
     Setting("server.bind", "loopback", "choice", "Listen on",
             "loopback: this computer only. lan: other machines on your network too.", "Server",

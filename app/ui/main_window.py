@@ -104,7 +104,7 @@ class MainWindow(QMainWindow):
         self.context.host.load(config)
 
     def open_settings(self) -> None:
-        SettingsDialog(self.context.settings, self).exec()
+        SettingsDialog(self.context.settings, self.context.secrets, self).exec()
 
     def refresh_memory(self) -> None:
         self.status.show_memory(self.context.host.memory())

@@ -26,7 +26,7 @@ def test_every_declared_setting_is_complete_and_its_default_valid():
 def test_round_trip_through_a_flat_json_file(tmp_path):
     path = tmp_path / "settings.json"
     settings = Settings.load(path)
-    assert settings.problems == [] and settings.get("server.port") == 8000
+    assert settings.problems == [] and settings.get("server.port") == 11660
     settings.update({"server.port": "8080", "engine.device": "cuda", "server.require_api_key": "yes"})
     settings.save()
     assert json.loads(path.read_text()) == {"engine.device": "cuda", "server.port": 8080,
@@ -52,7 +52,7 @@ def test_a_bad_value_in_the_file_is_reported_and_kept(tmp_path):
     path = tmp_path / "settings.json"
     path.write_text(json.dumps({"server.port": "eighty", "chat.temperature": 0.3, "from.a.newer.version": 1}))
     settings = Settings.load(path)
-    assert settings["server.port"] == 8000 and settings["chat.temperature"] == 0.3
+    assert settings["server.port"] == 11660 and settings["chat.temperature"] == 0.3
     [problem] = settings.problems
     assert "server.port" in problem and "'eighty'" in problem
     with pytest.raises(SettingsError, match=r"server\.port"):

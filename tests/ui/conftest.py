@@ -63,6 +63,7 @@ def qloop(_session_loop) -> Iterator[qasync.QEventLoop]:
     finally:
         restore_hooks()
         asyncio.events._set_running_loop(None)
+        asyncio.set_event_loop(None)  # tests after this one make their own loops
     assert not errors, f"errors on the event loop: {errors}"
 
 

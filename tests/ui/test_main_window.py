@@ -85,9 +85,13 @@ def test_settings_form_is_generated_from_the_declarations_and_saves(qtbot, make_
     assert saved["server.port"] == 9123 and saved["engine.device"] == "cpu"
     assert saved["chat.system_prompt"] == "Be kind." and "chat.temperature" not in saved  # only changes
 
-    dialog = SettingsDialog(context.settings)
+    dialog = SettingsDialog(context.settings, context.secrets)
     qtbot.addWidget(dialog)
     assert dialog.form.editors["server.port"].get() == 9123
+    dialog.keys.fields["openrouter_api_key"].setText("sk-or-123")
+    dialog._save()
+    assert context.secrets.get("openrouter_api_key") == "sk-or-123" and dialog.result() == SettingsDialog.Accepted
+    assert context.secrets.get("hf_token") is None  # a field left empty keeps what is stored
 
 
 def test_a_broken_settings_file_is_reported_in_the_form(qtbot, make_context, home):

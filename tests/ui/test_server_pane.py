@@ -40,7 +40,7 @@ def test_toggle_serves_requests_logs_them_and_stops(qtbot, pane):
     client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0)
     reply = client.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "hi"}])
     assert reply.choices[0].message.content == "Echo: hi"
-    qtbot.waitUntil(lambda: "POST   /v1/chat/completions  200" in pane.log.toPlainText(), timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: "POST /v1/chat/completions  200" in pane.log.toPlainText(), timeout=WAIT_MS)
 
     _toggle(qtbot, pane, False)
     assert pane.toggle.text() == "Start API" and pane.state.text() == "The API is off."

@@ -8,6 +8,7 @@ The numpy backend (`cpu.py`) is the reference: the CUDA backend is tested agains
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -70,7 +71,9 @@ class Backend(Protocol):
         """Take a checkpoint tensor into the backend, keeping its quantized layout."""
         ...
 
-    def alloc_kv_cache(self, num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int) -> tuple[Array, Array]:
+    def alloc_kv_cache(
+        self, num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int
+    ) -> tuple[Array, Array]:
         """K and V caches of one layer, each `[num_blocks, block_size, n_kv_heads, head_dim]`."""
         ...
 
@@ -82,7 +85,54 @@ class Backend(Protocol):
         ...
 
     def linear(self, x: Array, weight: Any, bias: Array | None = None) -> Array:
-        """`x @ weight.T (+ bias)` for `x [T, in]` and a `[out, in]` weight: `[T, out]`."""
+        """`x @ weight.T (+ bias)` for `x [T, in]` and a `[out, in]` weight: `[T, out]`.
+
+        `weight` may be a fused weight (`fuse_linear`); it carries its own biases, so
+        `bias` must then be None."""
+        ...
+
+    # -- fused ops: one launch where the unfused composition would take several. Each is
+    # defined as that composition, which the numpy backend runs literally (bit for bit).
+
+    def fuse_linear(self, weights: Sequence[Any], biases: Sequence[Array | None]) -> Any:
+        """Loaded weights `[out_i, in]` that multiply the same input, as one `[sum out_i, in]` weight:
+        `linear(x, fused)` == `concatenate([linear(x, w_i, b_i) for each i], axis=-1)`.
+
+        The parts keep their own formats (a Q4_K_M file mixes Q4_K q/k with a Q6_K v) and
+        stay usable on their own."""
+        ...
+
+    def gated_linear(self, x: Array, gate_up: Any, kind: str) -> Array:
+        """`gated_activation(linear(x, gate), linear(x, up), kind)` for
+        `gate_up = fuse_linear([gate, up], [None, None])` (two parts of one shape)."""
+        ...
+
+    def rope_and_cache(
+        self,
+        qkv: Array,
+        n_heads: int,
+        n_kv_heads: int,
+        head_dim: int,
+        q_norm: Array | None,
+        k_norm: Array | None,
+        eps: float,
+        positions: Array,
+        table: RopeTable,
+        interleaved: bool,
+        k_cache: Array,
+        v_cache: Array,
+        slot_mapping: Array,
+    ) -> Array:
+        """Attention's inputs from `qkv [T, (n_heads + 2 n_kv_heads) * head_dim]` (q, k and v
+        side by side, as `linear` of a fused q/k/v weight gives them). Exactly::
+
+            q, k, v = the three column ranges, reshaped to [T, heads, head_dim]
+            if q_norm is not None:  # per-head QK norm (Qwen3, Gemma 3); k_norm comes with it
+                q, k = rms_norm(q, q_norm, eps), rms_norm(k, k_norm, eps)
+            q, k = rope(q, positions, table, interleaved), rope(k, positions, table, interleaved)
+            write_kv(k_cache, v_cache, k, v, slot_mapping)
+            return q  # [T, n_heads, head_dim]
+        """
         ...
 
     def rms_norm(self, x: Array, weight: Array, eps: float) -> Array:

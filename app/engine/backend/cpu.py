@@ -7,6 +7,8 @@ trades memory for speed, the CUDA backend reads the quantized blocks directly.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -41,6 +43,18 @@ class CpuWeight:
         return self.tensor.dequantize(rows=ids)
 
 
+@dataclass(frozen=True)
+class CpuFusedWeight:
+    """Weights that multiply the same input, kept apart: `linear` runs them one by one."""
+
+    parts: tuple[CpuWeight, ...]
+    biases: tuple[np.ndarray | None, ...]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (sum(p.shape[0] for p in self.parts), self.parts[0].shape[1])
+
+
 class CpuBackend:
     name = "cpu"
     xp = np
@@ -70,7 +84,14 @@ class CpuBackend:
     def embedding(self, weight: CpuWeight, token_ids: np.ndarray) -> np.ndarray:
         return weight.rows(np.asarray(token_ids, dtype=np.int64)).astype(np.float32, copy=False)
 
-    def linear(self, x: np.ndarray, weight: CpuWeight, bias: np.ndarray | None = None) -> np.ndarray:
+    def linear(
+        self, x: np.ndarray, weight: CpuWeight | CpuFusedWeight, bias: np.ndarray | None = None
+    ) -> np.ndarray:
+        if isinstance(weight, CpuFusedWeight):
+            if bias is not None:
+                raise ValueError("a fused weight carries its own biases")
+            outs = [self.linear(x, w, b) for w, b in zip(weight.parts, weight.biases, strict=True)]
+            return np.concatenate(outs, axis=-1)
         w = weight.dense
         if x.shape[0] == 1:
             # A single row goes through BLAS gemv, whose summation order differs from gemm's;
@@ -81,6 +102,49 @@ class CpuBackend:
         if bias is not None:
             out += bias
         return out
+
+    # -- fused ops: the reference compositions (base.py defines them as exactly these) ----
+
+    def fuse_linear(
+        self, weights: Sequence[CpuWeight], biases: Sequence[np.ndarray | None]
+    ) -> CpuFusedWeight:
+        if len(weights) != len(biases) or not weights:
+            raise ValueError("fuse_linear takes one bias (or None) per weight")
+        if any(w.shape[1] != weights[0].shape[1] for w in weights):
+            raise ValueError(f"fused weights must share their input width: {[w.shape for w in weights]}")
+        return CpuFusedWeight(tuple(weights), tuple(biases))
+
+    def gated_linear(self, x: np.ndarray, gate_up: CpuFusedWeight, kind: str) -> np.ndarray:
+        (gate, up), (gate_bias, up_bias) = gate_up.parts, gate_up.biases
+        return self.gated_activation(self.linear(x, gate, gate_bias), self.linear(x, up, up_bias), kind)
+
+    def rope_and_cache(
+        self,
+        qkv: np.ndarray,
+        n_heads: int,
+        n_kv_heads: int,
+        head_dim: int,
+        q_norm: np.ndarray | None,
+        k_norm: np.ndarray | None,
+        eps: float,
+        positions: np.ndarray,
+        table: RopeTable,
+        interleaved: bool,
+        k_cache: np.ndarray,
+        v_cache: np.ndarray,
+        slot_mapping: np.ndarray,
+    ) -> np.ndarray:
+        n_tok = qkv.shape[0]
+        q_cols, kv_cols = n_heads * head_dim, n_kv_heads * head_dim
+        q = qkv[:, :q_cols].reshape(n_tok, n_heads, head_dim)
+        k = qkv[:, q_cols : q_cols + kv_cols].reshape(n_tok, n_kv_heads, head_dim)
+        v = qkv[:, q_cols + kv_cols : q_cols + 2 * kv_cols].reshape(n_tok, n_kv_heads, head_dim)
+        if q_norm is not None:
+            q, k = self.rms_norm(q, q_norm, eps), self.rms_norm(k, k_norm, eps)
+        q = self.rope(q, positions, table, interleaved)
+        k = self.rope(k, positions, table, interleaved)
+        self.write_kv(k_cache, v_cache, k, v, slot_mapping)
+        return q
 
     def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
         variance = np.mean(np.square(x), axis=-1, keepdims=True)

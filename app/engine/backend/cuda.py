@@ -1,9 +1,10 @@
 """The CUDA backend: the numpy backend's op set on an NVIDIA GPU, through CuPy.
 
 Every op is a hand-written kernel from `app/engine/kernels` (compiled at run time by
-NVRTC and cached on disk), except the prefill matrix product, which goes through cuBLAS
-on float16 slices of the weight. Weights stay in their GGUF block layout on the GPU;
-activations are float32 (parity with numpy), the KV cache float16.
+NVRTC and cached on disk), except matrix products above GEMV_MAX_TOKENS, which go
+through cuBLAS on float16 weights (a cached copy, or slices expanded per call: see
+cuda_dense.py). Weights stay in their GGUF block layout on the GPU; activations are
+float32 (parity with numpy), the KV cache float16.
 
 CuPy is imported only when a `CudaBackend` is made or `cuda_available()` is asked, so
 the CPU path never loads it.
@@ -11,23 +12,31 @@ the CPU path never loads it.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from app.engine.backend.base import AttentionMetadata, RopeTable
+from app.engine.backend.cuda_blas import cublas
+from app.engine.backend.cuda_dense import DenseCache
+from app.engine.backend.cuda_linear import gated_linear as _gated_linear
 from app.engine.backend.cuda_linear import linear as _linear
-from app.engine.backend.cuda_weights import CudaWeight, upload_matrix, upload_vector
+from app.engine.backend.cuda_weights import CudaFusedWeight, CudaWeight, upload_matrix, upload_vector
 from app.engine.kernels import activation as _activation
 from app.engine.kernels import attention as _attention
 from app.engine.kernels import kv_cache as _kv_cache
 from app.engine.kernels import norm as _norm
 from app.engine.kernels import rope as _rope
+from app.engine.kernels import rope_cache as _rope_cache
 from app.engine.kernels.dequant import dequant_rows
 from app.engine.quant.dispatch import QuantizedTensor
 
 MIN_COMPUTE_CAPABILITY = 80  # Ampere: the oldest architecture the kernels are built and tested for
 MIN_FREE_BYTES = 512 << 20
+
+log = logging.getLogger(__name__)
 
 
 class CudaUnavailableError(RuntimeError):
@@ -68,7 +77,11 @@ class CudaBackend:
     act_dtype = np.float32
     kv_dtype = np.float16
 
-    def __init__(self, device_id: int = 0, min_free_bytes: int = MIN_FREE_BYTES) -> None:
+    def __init__(
+        self, device_id: int = 0, min_free_bytes: int = MIN_FREE_BYTES, dense_cache: str = "auto"
+    ) -> None:
+        """`dense_cache` ("auto", "on", "off"): float16 copies of the weights for products
+        above GEMV_MAX_TOKENS tokens, memory traded for speed (cuda_dense.py says when)."""
         ok, reason = cuda_available(device_id)
         if not ok:
             raise CudaUnavailableError(reason)
@@ -85,6 +98,9 @@ class CudaBackend:
                 f"(need at least {min_free_bytes / 2**20:.0f} MiB); close other programs using the GPU"
             )
         self.sm_count = int(self.device.attributes["MultiProcessorCount"])
+        self.dense_cache = DenseCache(dense_cache, free)
+        cublas()  # the handle and its workspace now: never first made inside a graph capture
+        self._reported = False
 
     # -- memory -------------------------------------------------------------------
     def from_host(self, array: np.ndarray, dtype: Any = None) -> Any:
@@ -94,14 +110,37 @@ class CudaBackend:
         return self.xp.asnumpy(array)
 
     def free_memory(self) -> int:
-        """Bytes a new allocation can still get: free device memory plus the pool's idle blocks."""
+        """Bytes a new allocation can still get: free device memory plus the pool's idle blocks.
+
+        The engine asks once the weights are loaded (to size the KV cache): the first call
+        also logs what the float16 weight cache holds."""
+        if not self._reported:
+            self._reported = True
+            log.info(self.dense_cache.summary())
         pool = self.xp.get_default_memory_pool()
         return int(self.xp.cuda.runtime.memGetInfo()[0]) + int(pool.free_bytes())
 
     def load_weight(self, tensor: QuantizedTensor) -> CudaWeight | Any:
         if len(tensor.shape) == 1:
             return upload_vector(tensor)
-        return upload_matrix(tensor)
+        return self.dense_cache.consider(upload_matrix(tensor))
+
+    def fuse_linear(self, weights: Sequence[CudaWeight], biases: Sequence[Any | None]) -> CudaFusedWeight:
+        """As `Backend.fuse_linear`: the parts stay where they are (no copy of their blocks)."""
+        if len(weights) != len(biases) or not weights:
+            raise ValueError("fuse_linear takes one bias (or None) per weight")
+        if any(w.n_cols != weights[0].n_cols for w in weights):
+            raise ValueError(f"fused weights must share their input width: {[w.shape for w in weights]}")
+        bias = None
+        if any(b is not None for b in biases):
+            xp = self.xp
+            bias = xp.concatenate(
+                [
+                    xp.zeros(w.n_rows, xp.float32) if b is None else self._f32(b).reshape(-1)
+                    for w, b in zip(weights, biases, strict=True)
+                ]
+            )
+        return DenseCache.stack(CudaFusedWeight(tuple(weights), bias))
 
     def alloc_kv_cache(
         self, num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int
@@ -128,8 +167,37 @@ class CudaBackend:
             weight.data, weight.qtype.name, weight.row_bytes, weight.n_rows, weight.n_cols, out, ids
         )
 
-    def linear(self, x: Any, weight: CudaWeight, bias: Any | None = None) -> Any:
-        return _linear(x, weight, bias)
+    def linear(self, x: Any, weight: CudaWeight | CudaFusedWeight, bias: Any | None = None) -> Any:
+        return _linear(x, weight, bias, self.dense_cache)
+
+    def gated_linear(self, x: Any, gate_up: CudaFusedWeight, kind: str) -> Any:
+        if len(gate_up.parts) != 2 or gate_up.parts[0].shape != gate_up.parts[1].shape:
+            raise ValueError(f"gated_linear needs a fused (gate, up) pair of one shape, got {gate_up.name!r}")
+        return _gated_linear(x, gate_up, kind, self.dense_cache)
+
+    def rope_and_cache(
+        self,
+        qkv: Any,
+        n_heads: int,
+        n_kv_heads: int,
+        head_dim: int,
+        q_norm: Any | None,
+        k_norm: Any | None,
+        eps: float,
+        positions: Any,
+        table: RopeTable,
+        interleaved: bool,
+        k_cache: Any,
+        v_cache: Any,
+        slot_mapping: Any,
+    ) -> Any:
+        qkv = self._f32(qkv)
+        q = self.xp.empty((qkv.shape[0], n_heads, head_dim), self.xp.float32)
+        return _rope_cache.rope_cache(
+            qkv, n_heads, n_kv_heads, head_dim,
+            None if q_norm is None else self._f32(q_norm), None if k_norm is None else self._f32(k_norm), eps,
+            self._i32(positions), table.cos, table.sin, interleaved, k_cache, v_cache, self._i32(slot_mapping), q,
+        )  # fmt: skip
 
     def rms_norm(self, x: Any, weight: Any, eps: float) -> Any:
         x = self._f32(x)

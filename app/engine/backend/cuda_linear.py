@@ -1,97 +1,131 @@
-"""`linear` on the GPU: quantized GEMV for decode, dequantize-then-cuBLAS for prefill.
+"""`linear` on the GPU: quantized GEMV for decode, float16 tensor-core products above it.
 
 Up to `GEMV_MAX_TOKENS` rows of x, the GEMV kernels read the weight's blocks directly
-(bandwidth-bound, one pass over the weight). Beyond that, slices of the weight's rows are
-expanded to float16 into a scratch buffer and multiplied on the tensor cores by cuBLAS
-(`cublasGemmEx`: float16 inputs, float32 accumulation and output), written straight into the output's
-columns, so the scratch stays small even for a 150k-row vocabulary projection.
+(bandwidth-bound, one pass over the weight); a fused weight (q/k/v, gate/up) is served by
+one launch over all its parts. Beyond that, cuBLAS multiplies float16 x by the weight's
+float16 copy when it has one (cuda_dense.py), else by slices of its rows expanded into a
+scratch buffer, written straight into the output's columns so the scratch stays small even
+for a 150k-row vocabulary projection. cuBLAS is called through cuda_blas.py, which works
+inside CUDA-graph capture (CuPy's wrapper refuses to).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-from app.engine.backend.cuda_weights import CudaWeight
+from app.engine.backend.cuda_blas import matmul_t
+from app.engine.backend.cuda_dense import DenseCache
+from app.engine.backend.cuda_weights import CudaFusedWeight, CudaWeight
+from app.engine.kernels import activation as activation_kernels
 from app.engine.kernels import gemv as gemv_kernels
 from app.engine.kernels.dequant import dequant_rows
 
 GEMV_MAX_TOKENS = gemv_kernels.MAX_TOKENS
 SCRATCH_ELEMENTS = 32 << 20  # float16 weight elements per cuBLAS slice (64 MiB)
 
-_CUBLAS_OP_N, _CUBLAS_OP_T = 0, 1
-_CUDA_R_32F, _CUDA_R_16F = 0, 2
-_CUBLAS_COMPUTE_32F = 68  # cublasComputeType_t: float32 accumulation (tensor cores for float16 inputs)
-_CUBLAS_GEMM_DEFAULT = -1
-_CUBLAS_POINTER_MODE_HOST = 0
-# alpha and beta are passed by address (host pointer mode): CuPy's gemmEx takes pointers in every version.
-_ONE = np.ones(1, np.float32)
-_ZERO = np.zeros(1, np.float32)
+
+def _as_input(x: Any, weight: CudaWeight | CudaFusedWeight) -> Any:
+    import cupy
+
+    x = cupy.ascontiguousarray(x, dtype=cupy.float32)  # no copy when it already is
+    if x.ndim != 2 or x.shape[1] != weight.n_cols:
+        raise ValueError(f"linear {weight.name!r}: x of shape {x.shape} does not match weight {weight.shape}")
+    return x
 
 
-def linear(x: Any, weight: CudaWeight, bias: Any | None = None) -> Any:
+def linear(
+    x: Any, weight: CudaWeight | CudaFusedWeight, bias: Any | None = None, cache: DenseCache | None = None
+) -> Any:
     """`x @ W.T (+ bias)` for float32 `x [T, in]`: float32 `[T, out]`."""
     import cupy
 
-    x = cupy.ascontiguousarray(x, dtype=cupy.float32)
-    if x.ndim != 2 or x.shape[1] != weight.n_cols:
-        raise ValueError(f"linear {weight.name!r}: x of shape {x.shape} does not match weight {weight.shape}")
-    if weight.dense is not None:
-        out = x @ weight.dense.T
-        return out + bias if bias is not None else out
+    x = _as_input(x, weight)
+    if isinstance(weight, CudaFusedWeight):
+        if bias is not None:
+            raise ValueError("a fused weight carries its own bias")
+        return _linear_fused(x, weight, cache)
     n_tok = x.shape[0]
     out = cupy.empty((n_tok, weight.n_rows), cupy.float32)
-    if n_tok == 0:
+    if weight.dense is not None:
+        matmul_t(x, weight.dense, out)
+    elif n_tok == 0:
         return out
-    if n_tok <= GEMV_MAX_TOKENS:
+    elif n_tok <= GEMV_MAX_TOKENS:
         return gemv_kernels.gemv(
             weight.data, weight.qtype.name, weight.row_bytes, weight.n_rows, weight.n_cols, x, out, bias
         )
-    matmul_dequant_cublas(x, weight, out)
+    else:
+        if cache is not None:
+            cache.promote(weight)
+        matmul_quantized(x.astype(cupy.float16), weight, out.data.ptr, weight.n_rows)
     if bias is not None:
         out += bias
     return out
 
 
-def matmul_dequant_cublas(x: Any, weight: CudaWeight, out: Any) -> Any:
-    """`out = x @ W.T` through float16 slices of W and cuBLAS (`cublasGemmEx`, float32 out)."""
+def _gemv_parts(fused: CudaFusedWeight) -> list[tuple[Any, str, int, int]] | None:
+    """The parts as gemv_multi takes them, or None when one launch cannot serve them."""
+    if not 2 <= len(fused.parts) <= 3 or any(p.data is None for p in fused.parts):
+        return None
+    return [(p.data, p.qtype.name, p.row_bytes, p.n_rows) for p in fused.parts]
+
+
+def _linear_fused(x: Any, fused: CudaFusedWeight, cache: DenseCache | None) -> Any:
     import cupy
 
-    n_tok, n_cols = x.shape
-    n_rows = weight.n_rows
-    x16 = x.astype(cupy.float16)
+    n_tok = x.shape[0]
+    out = cupy.empty((n_tok, fused.n_rows), cupy.float32)
+    if n_tok == 0:
+        return out
+    parts = _gemv_parts(fused)
+    if n_tok <= GEMV_MAX_TOKENS and parts is not None:
+        return gemv_kernels.gemv_multi(parts, fused.n_cols, x, out, fused.bias)
+    if n_tok <= GEMV_MAX_TOKENS or any(p.data is None for p in fused.parts):
+        for part, start in zip(fused.parts, fused.offsets, strict=True):
+            out[:, start : start + part.n_rows] = linear(x, part, cache=cache)
+    elif fused.dense16 is not None:
+        matmul_t(x.astype(cupy.float16), fused.dense16, out)
+    else:
+        x16 = x.astype(cupy.float16)
+        for part, start in zip(fused.parts, fused.offsets, strict=True):
+            matmul_quantized(x16, part, out.data.ptr + 4 * start, fused.n_rows)
+    if fused.bias is not None:
+        out += fused.bias
+    return out
+
+
+def gated_linear(x: Any, fused: CudaFusedWeight, kind: str, cache: DenseCache | None = None) -> Any:
+    """`act(x @ G.T) * (x @ U.T)` for a fused (gate, up) weight: float32 `[T, rows]`."""
+    import cupy
+
+    gate, up = fused.parts
+    x = _as_input(x, fused)
+    n_tok = x.shape[0]
+    if 0 < n_tok <= GEMV_MAX_TOKENS and fused.bias is None and gate.data is not None and up.data is not None:
+        out = cupy.empty((n_tok, gate.n_rows), cupy.float32)
+        return gemv_kernels.gemv_gated(
+            (gate.data, gate.qtype.name, gate.row_bytes), (up.data, up.qtype.name, up.row_bytes),
+            gate.n_rows, gate.n_cols, x, kind, out,
+        )  # fmt: skip
+    both = _linear_fused(x, fused, cache)
+    return activation_kernels.gated_pairs(both, kind, cupy.empty((n_tok, gate.n_rows), cupy.float32))
+
+
+def matmul_quantized(x16: Any, weight: CudaWeight, out_ptr: int, ldc: int) -> None:
+    """float32 `x @ W.T` for float16 `x16 [T, in]`, into the `weight.n_rows` columns at `out_ptr`
+    of a row-major float32 output whose rows are `ldc` elements apart."""
+    import cupy
+
+    if weight.dense16 is not None:
+        matmul_t(x16, weight.dense16, None, out_ptr=out_ptr, ldc=ldc)
+        return
+    n_rows, n_cols = weight.shape
     # Slices of a multiple of 128 rows keep each slice's output column 512-byte aligned: an
     # unaligned output made cuBLAS 3x slower (4096 x 12288 at 2048 tokens, NOTES-cuda.md run 3).
     rows_per_slice = min(n_rows, max(128, SCRATCH_ELEMENTS // n_cols // 128 * 128))
-    scratch = cupy.empty((min(rows_per_slice, n_rows), n_cols), cupy.float16)
+    scratch = cupy.empty((rows_per_slice, n_cols), cupy.float16)
     for r0 in range(0, n_rows, rows_per_slice):
         rows = min(rows_per_slice, n_rows - r0)
         w16 = scratch[:rows]
         dequant_rows(weight.data, weight.qtype.name, weight.row_bytes, n_rows, n_cols, w16, row_offset=r0)
-        # Column-major view: out^T[r0:r0+rows, :] = W16 (rows x in) @ x16^T (in x T), ldc = n_rows.
-        gemm_f16_f32(w16, x16, out.data.ptr + r0 * 4, rows, n_tok, n_cols, ldc=n_rows)
-    return out
-
-
-def gemm_f16_f32(w16: Any, x16: Any, out_ptr: int, m: int, n: int, k: int, ldc: int) -> None:
-    """Column-major `C[m, n] = W16ᵀ[m, k] · X16[k, n]` for row-major float16 `w16 [m, k]`,
-    `x16 [n, k]`, into float32 at `out_ptr` with leading dimension `ldc`."""
-    import cupy
-    from cupy_backends.cuda.libs import cublas
-
-    handle = cupy.cuda.device.get_cublas_handle()
-    mode = cublas.getPointerMode(handle)
-    if mode != _CUBLAS_POINTER_MODE_HOST:
-        cublas.setPointerMode(handle, _CUBLAS_POINTER_MODE_HOST)
-    try:
-        cublas.gemmEx(
-            handle, _CUBLAS_OP_T, _CUBLAS_OP_N, m, n, k,
-            _ONE.ctypes.data, w16.data.ptr, _CUDA_R_16F, k,
-            x16.data.ptr, _CUDA_R_16F, k,
-            _ZERO.ctypes.data, out_ptr, _CUDA_R_32F, ldc,
-            _CUBLAS_COMPUTE_32F, _CUBLAS_GEMM_DEFAULT,
-        )  # fmt: skip
-    finally:
-        if mode != _CUBLAS_POINTER_MODE_HOST:
-            cublas.setPointerMode(handle, mode)
+        matmul_t(x16, w16, None, out_ptr=out_ptr + 4 * r0, ldc=ldc)

@@ -5,6 +5,10 @@ read 16-byte words that may run past a row of the 2-byte-aligned formats (see ld
 common.cuh). Float matrices whose rows are not a whole number of 32-weight units (the
 unit every kernel works in) are kept dense in float32 instead, and served by cuBLAS.
 Vectors (norms, biases) become plain float32 arrays.
+
+A matrix may also carry a float16 copy (`dense16`, see cuda_dense.py) for products over
+more tokens than the GEMV serves; a fused weight (q/k/v, gate/up) groups matrices that
+multiply the same input so that one launch serves them all.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ class CudaWeight:
     row_bytes: int
     data: Any | None  # uint8 device buffer of rows * row_bytes + PAD_BYTES bytes
     dense: Any | None = None  # float32 device matrix when the kernels cannot read `data`
+    dense16: Any | None = None  # float16 copy of the values for T > GEMV_MAX_TOKENS (cuda_dense.py)
+    cache_checked: bool = False  # a late float16 copy was considered (cuda_dense.DenseCache.promote)
 
     @property
     def n_rows(self) -> int:
@@ -46,6 +52,44 @@ class CudaWeight:
     @property
     def nbytes(self) -> int:
         return int(self.data.nbytes if self.data is not None else self.dense.nbytes)
+
+
+@dataclass
+class CudaFusedWeight:
+    """Matrices that multiply the same input, stacked along the output: `[sum rows_i, cols]`.
+
+    Each part keeps its own format; `bias` covers every row (zeros where a part has none)
+    or is None when no part has one. When every part has a float16 copy, `dense16` holds
+    them stacked (the parts' `dense16` are views of it), so one cuBLAS call serves all."""
+
+    parts: tuple[CudaWeight, ...]
+    bias: Any | None = None
+    dense16: Any | None = None
+
+    @property
+    def name(self) -> str:
+        return "+".join(p.name for p in self.parts)
+
+    @property
+    def n_rows(self) -> int:
+        return sum(p.n_rows for p in self.parts)
+
+    @property
+    def n_cols(self) -> int:
+        return self.parts[0].n_cols
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.n_rows, self.n_cols)
+
+    @property
+    def offsets(self) -> list[int]:
+        """First output column of each part."""
+        out, start = [], 0
+        for p in self.parts:
+            out.append(start)
+            start += p.n_rows
+        return out
 
 
 def host_float(tensor: QuantizedTensor) -> np.ndarray | None:

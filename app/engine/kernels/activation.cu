@@ -4,22 +4,42 @@
 // test against numpy, and the kernels are bound by memory, not arithmetic.
 #include "common.cuh"
 
-extern "C" __global__ void __launch_bounds__(256) gated_silu(const float* __restrict__ gate, const float* __restrict__ up,
-                                                             float* __restrict__ y, i64 n) {
+template <int ACT>
+__device__ __forceinline__ void gated_body(const float* __restrict__ gate, const float* __restrict__ up,
+                                           float* __restrict__ y, i64 n) {
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    const float g = gate[i];
-    y[i] = g / (1.f + expf(-g)) * up[i];
+    y[i] = gated_act<ACT>(gate[i], up[i]);
+}
+
+extern "C" __global__ void __launch_bounds__(256) gated_silu(const float* __restrict__ gate, const float* __restrict__ up,
+                                                             float* __restrict__ y, i64 n) {
+    gated_body<0>(gate, up, y, n);
 }
 
 extern "C" __global__ void __launch_bounds__(256) gated_gelu_tanh(const float* __restrict__ gate,
                                                                   const float* __restrict__ up, float* __restrict__ y,
                                                                   i64 n) {
+    gated_body<1>(gate, up, y, n);
+}
+
+// gate and up side by side in one [T, 2F] array (the fused gate/up projection): y [T, F].
+template <int ACT>
+__device__ __forceinline__ void gated_pairs_body(const float* __restrict__ gu, float* __restrict__ y, i64 n, int f) {
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    const float g = gate[i];
-    const float inner = 0.7978845608028654f * (g + 0.044715f * g * g * g);  // sqrt(2/pi)
-    y[i] = 0.5f * g * (1.f + tanhf(inner)) * up[i];
+    const i64 t = i / f, j = i % f;
+    y[i] = gated_act<ACT>(gu[t * 2 * f + j], gu[t * 2 * f + f + j]);
+}
+
+extern "C" __global__ void __launch_bounds__(256) gated_pairs_silu(const float* __restrict__ gu, float* __restrict__ y,
+                                                                   i64 n, int f) {
+    gated_pairs_body<0>(gu, y, n, f);
+}
+
+extern "C" __global__ void __launch_bounds__(256) gated_pairs_gelu_tanh(const float* __restrict__ gu,
+                                                                        float* __restrict__ y, i64 n, int f) {
+    gated_pairs_body<1>(gu, y, n, f);
 }
 
 extern "C" __global__ void __launch_bounds__(256) softcap(const float* __restrict__ x, float* __restrict__ y, i64 n,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.engine.kernels.compile import get_kernel
-from app.engine.kernels.launch import cdiv, f32, i64
+from app.engine.kernels.launch import cdiv, f32, i32, i64
 
 THREADS = 256
 GATED_KERNELS = {"silu": "gated_silu", "gelu_tanh": "gated_gelu_tanh"}
@@ -19,6 +19,19 @@ def gated(gate: Any, up: Any, kind: str, out: Any) -> Any:
     n = gate.size
     if n:
         get_kernel("activation.cu", name)((cdiv(n, THREADS),), (THREADS,), (gate, up, out, i64(n)))
+    return out
+
+
+def gated_pairs(gate_up: Any, kind: str, out: Any) -> Any:
+    """`act(g) * u` for `gate_up [T, 2F]` holding gate and up side by side: `out [T, F]`."""
+    if kind not in GATED_KERNELS:
+        raise ValueError(f"unknown activation {kind!r}; expected one of {sorted(GATED_KERNELS)}")
+    n, f = out.size, out.shape[-1]
+    if gate_up.shape[-1] != 2 * f:
+        raise ValueError(f"gate_up of shape {gate_up.shape} does not hold two halves of {f}")
+    if n:
+        kernel = get_kernel("activation.cu", f"gated_pairs_{kind}")
+        kernel((cdiv(n, THREADS),), (THREADS,), (gate_up, out, i64(n), i32(f)))
     return out
 
 

@@ -97,3 +97,14 @@ __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
+
+// -- gated activations ----------------------------------------------------------------------
+
+// act(g) * u, in float32 as the numpy backend writes them (accurate expf/tanhf: a
+// parity test compares them with numpy; these kernels are bound by memory, not arithmetic).
+template <int ACT>
+__device__ __forceinline__ float gated_act(float g, float u) {
+    if (ACT == 0) return g / (1.f + expf(-g)) * u;  // silu
+    const float inner = 0.7978845608028654f * (g + 0.044715f * g * g * g);  // gelu_tanh, sqrt(2/pi)
+    return 0.5f * g * (1.f + tanhf(inner)) * u;
+}

@@ -73,3 +73,77 @@ def gemv(
         grid, (32 * warps,), (data, i64(row_bytes), i32(n_rows), i32(n_cols), x, i32(n_tok), out, ptr(bias))
     )
     return out
+
+
+# -- several weights in one launch (gemv_fused.cu) ------------------------------------------
+
+FUSED_ROWS_T1 = 4  # at one token: 8 rows per block would double the registers of a Q6_K segment
+ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
+
+
+def fused_rows(bucket: int) -> int:
+    """Rows per block of each weight in gemv_multi (and gate + up rows together in gemv_gated)."""
+    return FUSED_ROWS_T1 if bucket == 1 else ROWS_PER_BLOCK[bucket]
+
+
+def _bucket(n_tok: int, n_cols: int) -> int:
+    if not 1 <= n_tok <= MAX_TOKENS:
+        raise ValueError(f"gemv takes 1..{MAX_TOKENS} tokens, got {n_tok}")
+    if n_cols % 32:
+        raise ValueError(f"gemv needs a multiple of 32 columns, got {n_cols}")
+    return next(b for b in TOKEN_BUCKETS if b >= n_tok)
+
+
+def _struct(qtype_name: str) -> str:
+    return f"Fmt{qtype_name}"
+
+
+def gemv_multi(
+    parts: list[tuple[Any, str, int, int]], n_cols: int, x: Any, out: Any, bias: Any | None = None
+) -> Any:
+    """`out = x @ [W0; W1; W2].T (+ bias)` in one launch for 2 or 3 weights `(data, qtype_name,
+    row_bytes, n_rows)` of `n_cols` columns; `out` is float32 `[T, sum n_rows]`."""
+    if not 2 <= len(parts) <= 3:
+        raise ValueError(f"gemv_multi takes 2 or 3 weights, got {len(parts)}")
+    n_tok = x.shape[0]
+    bucket = _bucket(n_tok, n_cols)
+    rows = fused_rows(bucket)
+    padded = list(parts) + [(*parts[-1][:3], 0)] * (3 - len(parts))  # an empty third weight
+    defines: dict[str, str | int] = {"MULTI_T": bucket}
+    for i, (_, qtype_name, _, _) in enumerate(padded):
+        defines[f"MULTI_F{i}"] = _struct(qtype_name)
+        defines[f"MULTI_R{i}"] = rows
+    kernel = get_kernel("gemv_fused.cu", "gemv_multi", defines)
+    grid = (sum(cdiv(p[3], rows) for p in padded),)
+    kernel(
+        grid, (32 * default_warps(n_cols),),
+        (padded[0][0], padded[1][0], padded[2][0], i64(padded[0][2]), i64(padded[1][2]), i64(padded[2][2]),
+         i32(padded[0][3]), i32(padded[1][3]), i32(padded[2][3]), i32(n_cols), x, i32(n_tok), out, ptr(bias)),
+    )  # fmt: skip
+    return out
+
+
+def gemv_gated(
+    gate: tuple[Any, str, int],
+    up: tuple[Any, str, int],
+    n_rows: int,
+    n_cols: int,
+    x: Any,
+    kind: str,
+    out: Any,
+) -> Any:
+    """`out = act(x @ G.T) * (x @ U.T)` in one launch for weights `(data, qtype_name, row_bytes)`
+    of `[n_rows, n_cols]`; `out` is float32 `[T, n_rows]`."""
+    if kind not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {kind!r}; expected one of {sorted(ACTIVATIONS)}")
+    n_tok = x.shape[0]
+    bucket = _bucket(n_tok, n_cols)
+    half = max(1, fused_rows(bucket) // 2)
+    defines = {"GATED_FA": _struct(gate[1]), "GATED_FB": _struct(up[1]), "GATED_RH": half,
+               "GATED_T": bucket, "GATED_ACT": ACTIVATIONS[kind]}  # fmt: skip
+    kernel = get_kernel("gemv_fused.cu", "gemv_gated", defines)
+    kernel(
+        (cdiv(n_rows, half),), (32 * default_warps(n_cols),),
+        (gate[0], up[0], i64(gate[2]), i64(up[2]), i32(n_rows), i32(n_cols), x, i32(n_tok), out),
+    )  # fmt: skip
+    return out

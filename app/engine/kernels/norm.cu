@@ -3,17 +3,7 @@
 // One thread block per row; the sum of squares is reduced in float32 through warp
 // shuffles and shared memory. The fused form writes the new residual and re-reads it
 // (each thread only its own elements, so no barrier is needed between the passes).
-#include "common.cuh"
-
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = (blockDim.x + 31) >> 5;
-    v = warp_sum(v);
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    float total = 0.f;
-    for (int i = 0; i < n_warps; ++i) total += scratch[i];
-    return total;
-}
+#include "block_sum.cuh"
 
 extern "C" __global__ void __launch_bounds__(1024) rms_norm(const float* __restrict__ x, const float* __restrict__ w,
                                                             float* __restrict__ y, int n_cols, float eps) {

@@ -1,4 +1,9 @@
-"""Self-attention over the paged KV cache: project, normalise, rotate, cache, attend, project."""
+"""Self-attention over the paged KV cache: project, normalise, rotate, cache, attend, project.
+
+q, k and v are one fused projection (one GEMV launch in decode), and QK-norm + RoPE +
+the KV write are one op (`rope_and_cache`): both backends take this path, the numpy one
+as the literal composition of its unfused ops.
+"""
 
 from __future__ import annotations
 
@@ -30,9 +35,9 @@ class Attention:
     ) -> None:
         self.backend = backend
         self.spec = spec
-        self.q = Linear(backend, tensors[f"{prefix}.attn_q.weight"], tensors.get(f"{prefix}.attn_q.bias"))
-        self.k = Linear(backend, tensors[f"{prefix}.attn_k.weight"], tensors.get(f"{prefix}.attn_k.bias"))
-        self.v = Linear(backend, tensors[f"{prefix}.attn_v.weight"], tensors.get(f"{prefix}.attn_v.bias"))
+        parts = [Linear(backend, tensors[f"{prefix}.{n}.weight"], tensors.get(f"{prefix}.{n}.bias"))
+                 for n in ("attn_q", "attn_k", "attn_v")]  # fmt: skip
+        self.qkv = backend.fuse_linear([p.weight for p in parts], [p.bias for p in parts])
         self.o = Linear(
             backend, tensors[f"{prefix}.attn_output.weight"], tensors.get(f"{prefix}.attn_output.bias")
         )
@@ -44,14 +49,15 @@ class Attention:
     def __call__(self, x: Any, meta: AttentionMetadata, kv_cache: tuple[Any, Any]) -> Any:
         s, b = self.spec, self.backend
         n_tokens = x.shape[0]
-        q = self.q(x).reshape(n_tokens, s.num_heads, s.head_dim)
-        k = self.k(x).reshape(n_tokens, s.num_kv_heads, s.head_dim)
-        v = self.v(x).reshape(n_tokens, s.num_kv_heads, s.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = b.rope(q, meta.positions, s.rope, s.rope_interleaved)
-        k = b.rope(k, meta.positions, s.rope, s.rope_interleaved)
         k_cache, v_cache = kv_cache
-        b.write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+        norms = (
+            (None, None, 0.0)
+            if self.q_norm is None
+            else (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
+        )
+        q = b.rope_and_cache(
+            b.linear(x, self.qkv), s.num_heads, s.num_kv_heads, s.head_dim, *norms,
+            meta.positions, s.rope, s.rope_interleaved, k_cache, v_cache, meta.slot_mapping,
+        )  # fmt: skip
         out = b.attention(q, k_cache, v_cache, meta, s.scale, s.sliding_window, s.softcap)
         return self.o(out.reshape(n_tokens, s.num_heads * s.head_dim))

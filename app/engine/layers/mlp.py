@@ -1,4 +1,8 @@
-"""The gated feed-forward block: `down(act(gate(x)) * up(x))`."""
+"""The gated feed-forward block: `down(act(gate(x)) * up(x))`.
+
+gate and up are one fused weight and `gated_linear` applies the activation in the same
+pass (one GEMV launch in decode); the numpy backend runs the unfused composition.
+"""
 
 from __future__ import annotations
 
@@ -13,10 +17,11 @@ class GatedMLP:
         self, backend: Any, tensors: dict[str, QuantizedTensor], prefix: str, activation: str
     ) -> None:
         self.backend = backend
-        self.gate = Linear(backend, tensors[f"{prefix}.ffn_gate.weight"])
-        self.up = Linear(backend, tensors[f"{prefix}.ffn_up.weight"])
+        gate = Linear(backend, tensors[f"{prefix}.ffn_gate.weight"])
+        up = Linear(backend, tensors[f"{prefix}.ffn_up.weight"])
+        self.gate_up = backend.fuse_linear([gate.weight, up.weight], [None, None])
         self.down = Linear(backend, tensors[f"{prefix}.ffn_down.weight"])
         self.activation = activation
 
     def __call__(self, x: Any) -> Any:
-        return self.down(self.backend.gated_activation(self.gate(x), self.up(x), self.activation))
+        return self.down(self.backend.gated_linear(x, self.gate_up, self.activation))

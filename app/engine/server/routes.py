@@ -62,17 +62,10 @@ _OPENAI_ERRORS = _errors(ErrorResponse, 400, 401, 404, 413, 429, 503)
 _ANTHROPIC_ERRORS = _errors(AnthropicErrorResponse, 400, 401, 404, 413, 429, 503)
 _OPENAI_STREAMING = {200: {"content": _STREAM}, **_OPENAI_ERRORS}
 # json and verbose_json come back as JSON; text, srt and vtt as plain text
-_TRANSCRIPTION_BODY = {
-    "anyOf": [
-        {"$ref": f"#/components/schemas/{m.__name__}"} for m in (TranscriptionJson, TranscriptionVerbose)
-    ]
-}
 _TRANSCRIPTION = {
     200: {
-        "content": {
-            "application/json": {"schema": _TRANSCRIPTION_BODY},
-            "text/plain": {"schema": {"type": "string"}},
-        }
+        "model": TranscriptionJson | TranscriptionVerbose,
+        "content": {"text/plain": {"schema": {"type": "string"}}},
     },
     **_OPENAI_ERRORS,
 }
@@ -156,8 +149,12 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Any:
     return _reply(await _services(request).embeddings.create(body), Dialect.OPENAI)
 
 
+# a form model holding an UploadFile is still documented as urlencoded unless told otherwise
+_MULTIPART = Form(media_type="multipart/form-data")
+
+
 @router.post(TRANSCRIPTIONS_PATH, tags=["openai"], response_class=Response, responses=_TRANSCRIPTION)
-async def audio_transcriptions(form: Annotated[TranscriptionForm, Form()], request: Request) -> Any:
+async def audio_transcriptions(form: Annotated[TranscriptionForm, _MULTIPART], request: Request) -> Any:
     result = await _services(request).transcription.create(form, disconnect_waiter(request.receive))
     return _reply(result, Dialect.OPENAI)
 

@@ -39,8 +39,8 @@ WaitForDisconnect = Callable[[], Awaitable[None]]
 
 def resolve_transcriber(choice: TranscriberChoice) -> Transcriber | None:
     """Constructing a Transcriber only finds its folder and device (~0.1 s); the model loads on first use."""
-    if choice != "embedded":
-        return choice  # type: ignore[return-value]
+    if not isinstance(choice, str):
+        return choice
     try:
         return Transcriber()
     except (ImportError, OSError, RuntimeError, ValueError) as exc:

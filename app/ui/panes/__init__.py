@@ -49,9 +49,26 @@ def _server(ctx: StudioContext) -> QWidget:
     return ServerPane(ctx.server, ctx.runtime, ctx.settings, ctx.secrets, ctx.worker, ctx.copy_text)
 
 
+def _documents(ctx: StudioContext) -> QWidget:
+    from app.studio.doc_qa import DocQASession, DocumentSet
+    from app.ui.panes.documents import DocumentsPane
+
+    return DocumentsPane(DocQASession(DocumentSet(), lambda: ctx.host.client), ctx.runtime, ctx.worker)
+
+
+def _transcribe(ctx: StudioContext) -> QWidget:
+    from app.studio.transcription import TranscriptionService
+    from app.ui.panes.transcribe import TranscribePane
+
+    return TranscribePane(TranscriptionService(), ctx.worker, ctx.dialogs)
+
+
 PANES: list[PaneSpec] = [
     PaneSpec("chat", "Chat", _chat, "Talk to the loaded model"),
     PaneSpec("compare", "Compare", _compare, "One prompt, several models side by side"),
     PaneSpec("models", "Models", _models, "Your models folder, the Hugging Face hub, will-it-fit"),
     PaneSpec("server", "Server", _server, "The local OpenAI/Anthropic-compatible API"),
+    PaneSpec("documents", "Documents", _documents, "Ask questions about PDF, Word, Excel and text files"),
+    PaneSpec("transcribe", "Transcribe", _transcribe, "Speech to text with word timestamps, on this computer"),
 ]
+

@@ -3,11 +3,16 @@
 The pane only arranges widgets and forwards clicks: prompts, streaming, History writes
 and statistics are `ChatService`'s (app/studio/chat.py). Answers stream on the qasync
 loop, so each delta lands in the transcript as it arrives without a thread hop.
+
+Documents dropped anywhere on the pane are read and embedded on a worker (`DocumentSet`,
+app/studio/doc_qa.py); while any are attached, each question goes out with its most
+relevant excerpts, numbered under their citations, so the answer can cite them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QItemSelection, Qt, Signal
@@ -18,6 +23,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QListView,
     QPlainTextEdit,
+    QProgressBar,
     QPushButton,
     QSplitter,
     QVBoxLayout,
@@ -25,12 +31,14 @@ from PySide6.QtWidgets import (
 )
 
 from app.studio.chat import Answer, ChatService, ChatSettings
+from app.studio.doc_qa import DocQAError, DocumentSet, IngestReport, chat_message, is_document_file
 from app.studio.history import History, Message
 from app.studio.runtime import RuntimeStatus
-from app.studio.tasks import TaskResult
+from app.studio.tasks import Progress, TaskHandle, TaskResult
 from app.ui.context import RuntimeWatcher
 from app.ui.models.conversations import ConversationListModel
 from app.ui.widgets.dialogs import Dialogs
+from app.ui.widgets.drop_zone import FileDropFilter
 from app.ui.widgets.sampling_form import SamplingForm
 from app.ui.widgets.transcript import TranscriptView
 from app.ui.workers import Worker
@@ -38,13 +46,17 @@ from app.ui.workers import Worker
 
 class ChatPane(QWidget):
     answer_finished = Signal(object)  # TaskResult[Answer]: the answer, or why there is none
+    attach_finished = Signal(object)  # TaskResult[IngestReport]: documents dropped on the chat were read
 
     def __init__(self, chat: ChatService, history: History, runtime: RuntimeWatcher, worker: Worker,
                  dialogs: Dialogs, defaults: Callable[[], ChatSettings], default_system_prompt: Callable[[], str],
-                 parent: QWidget | None = None) -> None:
+                 documents: DocumentSet | None = None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.chat, self.history, self.runtime, self.worker, self.dialogs = chat, history, runtime, worker, dialogs
         self._defaults, self._default_system_prompt = defaults, default_system_prompt
+        # the embedding model loads only when a document is first dropped
+        self.documents = documents if documents is not None else DocumentSet()
+        self._attaching: TaskHandle[IngestReport] | None = None
         self.conversation_id: int | None = None
         self._answering = False  # from the click until the answer's outcome is shown
         self._build()
@@ -75,6 +87,17 @@ class ChatPane(QWidget):
         self.error.setObjectName("errorText")
         self.error.setWordWrap(True)
         self.error.hide()
+        self.attachments = QLabel()
+        self.attachments.setObjectName("mutedText")
+        self.attachments.setWordWrap(True)
+        self.attach_progress = QProgressBar()
+        self.attach_cancel_button = QPushButton("Cancel")
+        self.detach_button = QPushButton("Detach documents")
+        attach_row = QHBoxLayout()
+        attach_row.addWidget(self.attachments, 1)
+        attach_row.addWidget(self.attach_progress)
+        attach_row.addWidget(self.attach_cancel_button)
+        attach_row.addWidget(self.detach_button)
         self.input = QPlainTextEdit()
         self.input.setPlaceholderText("Message the model… (Ctrl+Enter sends)")
         self.input.setMaximumHeight(110)
@@ -87,7 +110,9 @@ class ChatPane(QWidget):
         buttons.addStretch(1)
         buttons.addWidget(self.stop_button)
         buttons.addWidget(self.send_button)
-        center = _column(self.model_hint, self.transcript, self.error, self.input)
+        center = _column(self.model_hint, self.transcript, self.error)
+        center.layout().addLayout(attach_row)
+        center.layout().addWidget(self.input)
         center.layout().addLayout(buttons)
 
         self.system_prompt = QPlainTextEdit()
@@ -114,6 +139,12 @@ class ChatPane(QWidget):
         self.regenerate_button.clicked.connect(self.regenerate)
         QShortcut(QKeySequence("Ctrl+Return"), self.input, activated=self.send)
         self.conversation_list.selectionModel().selectionChanged.connect(self._on_selection)
+        self.drops = FileDropFilter(self)
+        self.drops.watch(self, self.transcript, self.input)
+        self.drops.files_dropped.connect(self.attach_files)
+        self.attach_cancel_button.clicked.connect(self.cancel_attach)
+        self.detach_button.clicked.connect(self.detach_documents)
+        self._show_attachments()
 
     @property
     def busy(self) -> bool:
@@ -164,15 +195,85 @@ class ChatPane(QWidget):
         else:
             self.new_chat()
 
+    # -- documents dropped on the chat ----------------------------------------------------------
+    def attach_files(self, paths: list[Path]) -> None:
+        """Read and embed dropped documents; the next questions are answered from them."""
+        if self._attaching is not None:
+            self._show_error("Documents are still being read: wait for them, or cancel.")
+            return
+        others = [path.name for path in paths if not is_document_file(path)]
+        if others:
+            self._show_error(f"{', '.join(others)}: only PDF, Word, Excel, text and Markdown files can be attached "
+                             "to a chat (audio goes to the Transcribe pane).")
+        paths = [path for path in paths if is_document_file(path)]
+        if not paths:
+            return
+        if not others:
+            self._show_error(None)
+        self._show_attach_progress(Progress(0, None, "Reading…"))
+        documents = self.documents
+        self._attaching = self.worker.submit(
+            lambda ctx: documents.ingest(paths, progress=ctx.report, cancel=lambda: ctx.token.cancelled),
+            on_done=self._on_attached, on_progress=self._show_attach_progress, owner=self)
+
+    def cancel_attach(self) -> None:
+        if self._attaching is not None:
+            self._attaching.cancel()
+
+    def shutdown(self) -> None:
+        """The window is closing: stop reading documents (answers are stopped by the window)."""
+        self.cancel_attach()
+
+    def detach_documents(self) -> None:
+        if self._attaching is None:
+            self.documents.clear()
+            self._show_attachments()
+
+    def _on_attached(self, result: TaskResult[IngestReport]) -> None:
+        self._attaching = None
+        report = result.value
+        if result.error is not None:
+            self._show_error(f"The documents could not be read: {result.error_message}")
+        elif report is not None and report.failed:
+            self._show_error("\n".join(failure.message for failure in report.failed))
+        self._show_attachments()
+        self.attach_finished.emit(result)
+
+    def _show_attachments(self) -> None:
+        documents = self.documents.documents
+        names = "; ".join(f"{d.name} ({d.describe()})" for d in documents)
+        self.attachments.setText(f"Attached: {names}. Answers cite them." if documents
+                                 else "Drop a PDF, Word, Excel or text file here to ask about it.")
+        self.attach_progress.hide()
+        self.attach_cancel_button.hide()
+        self.detach_button.setVisible(bool(documents))
+
+    def _show_attach_progress(self, progress: Progress) -> None:
+        fraction = progress.fraction
+        self.attach_progress.setRange(0, 0 if fraction is None else 1000)
+        if fraction is not None:
+            self.attach_progress.setValue(round(fraction * 1000))
+        self.attachments.setText(progress.message)
+        self.attach_progress.show()
+        self.attach_cancel_button.show()
+        self.detach_button.hide()
+
     # -- answers ------------------------------------------------------------------------------
     def send(self) -> None:
         text = self.input.toPlainText().strip()
         if not text or self.busy or not self.runtime.status.ready:
             return
+        message = text
+        if len(self.documents):
+            try:
+                message = chat_message(text, self.documents.retrieve(text))
+            except DocQAError as exc:
+                self._show_error(str(exc))
+                return
         conversation_id = self._current_conversation()
         self.input.clear()
-        self._start(self.chat.send(conversation_id, text, on_start=self._on_start, on_delta=self._on_delta),
-                    unsent=text)
+        self._start(self.chat.send(conversation_id, message, on_start=self._on_start, on_delta=self._on_delta),
+                    unsent=text, sent=message)
 
     def regenerate(self) -> None:
         if self.conversation_id is None or self.busy:
@@ -183,10 +284,10 @@ class ChatPane(QWidget):
     def stop(self) -> None:
         self.chat.stop()
 
-    def _start(self, coro: Coroutine[Any, Any, Answer], unsent: str = "") -> None:
+    def _start(self, coro: Coroutine[Any, Any, Answer], unsent: str = "", sent: str = "") -> None:
         self._show_error(None)
         self._answering = True
-        self.worker.spawn(coro, on_done=lambda result: self._on_answer(result, unsent), owner=self)
+        self.worker.spawn(coro, on_done=lambda result: self._on_answer(result, unsent, sent or unsent), owner=self)
         self._update_buttons()
 
     def _on_start(self, message: Message) -> None:
@@ -197,12 +298,12 @@ class ChatPane(QWidget):
     def _on_delta(self, message_id: int, text: str) -> None:
         self.transcript.append_delta(text)
 
-    def _on_answer(self, result: TaskResult[Answer], unsent: str) -> None:
+    def _on_answer(self, result: TaskResult[Answer], unsent: str, sent: str) -> None:
         self._answering = False
         answer = result.value
         if result.error is not None:
             self._show_error(result.error_message)
-            if unsent and not self._has_question(unsent):  # refused before it was saved: give the text back
+            if unsent and not self._has_question(sent):  # refused before it was saved: give the text back
                 self.input.setPlainText(unsent)
         elif answer is not None and answer.status == "error":
             self._show_error(f"The answer failed: {answer.error}")

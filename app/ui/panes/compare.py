@@ -92,9 +92,12 @@ class ComparePane(QWidget):
         self.notice = QLabel()
         self.notice.setWordWrap(True)
 
-        key_row = QHBoxLayout()
-        key_row.addWidget(self.openrouter_key, 1)
-        key_row.addWidget(self.save_key_button)
+        key_line = QHBoxLayout()
+        key_line.addWidget(self.openrouter_key, 1)
+        key_line.addWidget(self.save_key_button)
+        key_row = QVBoxLayout()
+        key_row.addLayout(key_line)
+        key_row.addWidget(self.key_note)
         options = QFormLayout()
         options.addRow("Prompt", self.prompt)
         options.addRow("System prompt", self.system_prompt)
@@ -106,7 +109,6 @@ class ComparePane(QWidget):
         numbers.addStretch(1)
         options.addRow("", numbers)
         options.addRow("OpenRouter key", key_row)
-        options.addRow("", self.key_note)
         buttons = QHBoxLayout()
         for button in (self.add_button, self.save_button):
             buttons.addWidget(button)

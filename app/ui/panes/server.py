@@ -130,7 +130,7 @@ class ServerPane(QWidget):
         splitter = QSplitter()
         splitter.addWidget(left)
         splitter.addWidget(log_box)
-        splitter.setSizes([620, 420])
+        splitter.setSizes([580, 460])
         QVBoxLayout(self).addWidget(splitter)
 
         self.toggle.clicked.connect(self._on_toggle)

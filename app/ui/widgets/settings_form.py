@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.studio.secrets import HF_TOKEN, OPENROUTER_API_KEY, SecretStore
 from app.studio.settings import SETTINGS, Setting, Settings, SettingsError
 
 INT_LIMIT = 2**31 - 1  # QSpinBox holds a C int
@@ -141,11 +142,47 @@ class SettingsForm(QWidget):
         return True
 
 
+SECRETS = ((OPENROUTER_API_KEY, "OpenRouter API key", "For OpenRouter columns in Compare (openrouter.ai/keys)."),
+           (HF_TOKEN, "Hugging Face token", "For gated or private models on the hub (huggingface.co/settings/tokens)."))
+
+
+class SecretsForm(QGroupBox):
+    """API keys: typed here, kept in the OS keyring (or the settings file, with a warning). Never shown back."""
+
+    def __init__(self, secrets: SecretStore, parent: QWidget | None = None) -> None:
+        super().__init__("Keys", parent)
+        self.secrets = secrets
+        self.fields: dict[str, QLineEdit] = {}
+        layout = QFormLayout(self)
+        for name, label, help_text in SECRETS:
+            field = QLineEdit()
+            field.setEchoMode(QLineEdit.EchoMode.Password)
+            field.setToolTip(help_text)
+            field.setPlaceholderText("stored (type to replace)" if secrets.get(name) else "not set")
+            layout.addRow(label, field)
+            self.fields[name] = field
+        if secrets.warning:
+            warning = QLabel(secrets.warning)
+            warning.setObjectName("hintText")
+            warning.setWordWrap(True)
+            layout.addRow(warning)
+
+    def apply(self) -> None:
+        """Store the keys that were typed; fields left empty keep what is stored."""
+        for name, field in self.fields.items():
+            if field.text().strip():
+                self.secrets.set(name, field.text())
+                field.clear()
+
+
 class SettingsDialog(QDialog):
-    def __init__(self, settings: Settings, parent: QWidget | None = None) -> None:
+    def __init__(self, settings: Settings, secrets: SecretStore | None = None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Settings")
         self.form = SettingsForm(settings)
+        self.keys = SecretsForm(secrets) if secrets is not None else None
+        if self.keys is not None:
+            self.form.layout().insertWidget(self.form.layout().count() - 2, self.keys)  # before problems, stretch
         scroll = QScrollArea()
         scroll.setWidgetResizable(True)
         scroll.setWidget(self.form)
@@ -158,5 +195,12 @@ class SettingsDialog(QDialog):
         self.resize(560, 640)
 
     def _save(self) -> None:
-        if self.form.apply():
-            self.accept()
+        if not self.form.apply():
+            return
+        if self.keys is not None:
+            try:
+                self.keys.apply()
+            except Exception as exc:  # a keyring backend's own failure, shown as a sentence
+                self.form.problems.setText(f"A key could not be stored: {exc}")
+                return
+        self.accept()

@@ -178,3 +178,119 @@ def test_attention_emulated(
     got = np.fromfile(tmp_path / "out.bin", np.float32).reshape(ref.shape)
     assert not np.isnan(got).any(), f"seed={seed}"
     assert rel_err(got, ref) < 1e-5, f"seed={seed}"
+
+
+@pytest.fixture(scope="module")
+def fused_emu(tmp_path_factory) -> Path:
+    return _build(tmp_path_factory, "fused_main.cpp")
+
+
+# case -> (formats, token count): the combinations fused_main.cpp compiles (pick_multi / pick_gated).
+MULTI_CASES = {0: (("Q4_K", "Q4_K", "Q6_K"), 1), 1: (("Q8_0", "Q5_1", "BF16"), 3), 2: (("Q6_K", "Q4_K"), 8)}
+GATED_CASES = {
+    0: (("Q4_K", "Q4_K"), 1, "silu"),
+    1: (("Q6_K", "Q4_K"), 2, "gelu_tanh"),
+    2: (("Q8_0", "Q8_0"), 6, "silu"),
+}
+
+
+@pytest.mark.parametrize(("case", "warps", "with_bias"), [(0, 1, False), (1, 2, True), (2, 1, True)])
+def test_gemv_multi_emulated(fused_emu: Path, tmp_path: Path, case: int, warps: int, with_bias: bool) -> None:
+    """q/k/v (or any 2-3 weights) in one launch equals the stacked product, odd row counts included."""
+    rng, seed = fresh_rng()
+    formats, n_tok = MULTI_CASES[case]
+    cols = 512
+    rows = [13, 6, 9][: len(formats)]
+    tensors = [random_tensor(q, r, cols, rng) for q, r in zip(formats, rows, strict=True)]
+    for i, t in enumerate(tensors):
+        t.data.tofile(tmp_path / f"w{i}.bin")
+    x = rng.standard_normal((n_tok, cols)).astype(np.float32)
+    x.tofile(tmp_path / "x.bin")
+    total = sum(rows)
+    bias = rng.standard_normal(total).astype(np.float32)
+    if with_bias:
+        bias.tofile(tmp_path / "bias.bin")
+    padded_rows = [*rows, 0][:3]
+    row_bytes = [t.data.shape[1] for t in tensors] + [tensors[-1].data.shape[1]] * (3 - len(tensors))
+    _run(fused_emu, "multi", case, warps, tmp_path, cols, n_tok, *padded_rows, *row_bytes)
+    got = np.fromfile(tmp_path / "y.bin", np.float32).reshape(n_tok, total)
+    w = np.concatenate([dequantize_oracle(t) for t in tensors]).astype(np.float64)
+    ref = x.astype(np.float64) @ w.T + (bias if with_bias else 0)
+    assert not np.isnan(got).any(), f"seed={seed}"
+    assert rel_err(got, ref) < 1e-5, f"seed={seed}"
+
+
+@pytest.mark.parametrize(("case", "warps"), [(0, 1), (1, 2), (2, 1)])
+def test_gemv_gated_emulated(fused_emu: Path, tmp_path: Path, case: int, warps: int) -> None:
+    """act(gate . x) * (up . x) in one launch, same and mixed formats, partial last block."""
+    rng, seed = fresh_rng()
+    (fa, fb), n_tok, kind = GATED_CASES[case]
+    rows, cols = 11, 768
+    gate, up = random_tensor(fa, rows, cols, rng), random_tensor(fb, rows, cols, rng)
+    gate.data.tofile(tmp_path / "wa.bin")
+    up.data.tofile(tmp_path / "wb.bin")
+    x = (
+        rng.standard_normal((n_tok, cols)).astype(np.float32) * 0.02
+    )  # gate ~ O(1): both sides of the activation
+    x.tofile(tmp_path / "x.bin")
+    _run(
+        fused_emu,
+        "gated",
+        case,
+        warps,
+        tmp_path,
+        rows,
+        cols,
+        n_tok,
+        gate.data.shape[1],
+        up.data.shape[1],
+        kind,
+    )
+    got = np.fromfile(tmp_path / "y.bin", np.float32).reshape(n_tok, rows)
+    x64 = x.astype(np.float64)
+    g = (x64 @ dequantize_oracle(gate).astype(np.float64).T).astype(np.float32)
+    u = (x64 @ dequantize_oracle(up).astype(np.float64).T).astype(np.float32)
+    ref = CpuBackend().gated_activation(g, u, kind)
+    assert not np.isnan(got).any(), f"seed={seed}"
+    assert rel_err(got, ref) < 1e-5, f"seed={seed}"
+
+
+@pytest.mark.parametrize(
+    ("head_dim", "interleaved", "norm"), [(64, True, True), (128, False, True), (256, False, False)]
+)
+def test_rope_cache_emulated(
+    fused_emu: Path, tmp_path: Path, head_dim: int, interleaved: bool, norm: bool
+) -> None:
+    """QK-norm + RoPE + KV write in one launch equals the numpy composition; padding slots untouched."""
+    rng, seed = fresh_rng()
+    cpu = CpuBackend()
+    n_tok, n_heads, n_kv, block, n_blocks, max_pos = 5, 4, 2, 16, 3, 300
+    inv = 1.0 / (10000.0 ** (np.arange(0, head_dim, 2) / head_dim))
+    angles = np.arange(max_pos)[:, None] * inv[None, :]
+    table = cpu.rope_table(np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32))
+    qkv = rng.standard_normal((n_tok, (n_heads + 2 * n_kv) * head_dim)).astype(np.float32)
+    pos = rng.integers(0, max_pos, n_tok).astype(np.int32)
+    slots = rng.choice(n_blocks * block, n_tok, replace=False).astype(np.int32)
+    slots[2] = -1  # a padding token: q computed, nothing cached
+    qn, kn = (rng.standard_normal(head_dim).astype(np.float32) for _ in range(2))
+    for name, a in (("qkv", qkv), ("pos", pos), ("cos", table.cos), ("sin", table.sin), ("slots", slots),
+                    ("qn", qn), ("kn", kn)):  # fmt: skip
+        a.tofile(tmp_path / f"{name}.bin")
+    _run(fused_emu, "rope_cache", tmp_path, n_tok, n_heads, n_kv, head_dim, 1e-6, max_pos, int(interleaved),
+         int(norm), n_blocks * block)  # fmt: skip
+    k_ref, v_ref = cpu.alloc_kv_cache(n_blocks, block, n_kv, head_dim)
+    kept = slots >= 0
+    q_ref = cpu.rope_and_cache(
+        qkv[kept], n_heads, n_kv, head_dim, qn if norm else None, kn if norm else None, 1e-6, pos[kept], table,
+        interleaved, k_ref, v_ref, slots[kept],
+    )  # fmt: skip
+    q = np.fromfile(tmp_path / "q.bin", np.float32).reshape(n_tok, n_heads, head_dim)
+    k = np.fromfile(tmp_path / "k.bin", np.float16).reshape(-1, n_kv, head_dim)
+    v = np.fromfile(tmp_path / "v.bin", np.float16).reshape(-1, n_kv, head_dim)
+    assert not np.isnan(q).any(), f"seed={seed}"
+    assert rel_err(q[kept], q_ref) < 1e-6, f"seed={seed}"
+    written = slots[kept]
+    np.testing.assert_allclose(k[written], k_ref.reshape(-1, n_kv, head_dim)[written], rtol=1e-3, atol=1e-3)
+    np.testing.assert_array_equal(v[written], v_ref.reshape(-1, n_kv, head_dim)[written].astype(np.float16))
+    untouched = np.setdiff1d(np.arange(n_blocks * block), written)
+    assert np.isnan(k[untouched].astype(np.float32)).all() and np.isnan(v[untouched].astype(np.float32)).all()

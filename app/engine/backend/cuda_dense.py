@@ -1,0 +1,127 @@
+"""float16 copies of quantized matrices: memory traded for speed above GEMV_MAX_TOKENS.
+
+Decode of up to GEMV_MAX_TOKENS tokens reads the quantized blocks (bandwidth-bound, one
+pass). Above that (concurrency 9..32 decode, prefill) the weight must be in float16 for
+the tensor cores; without a copy each call expands it again (a write and a read of 2 bytes
+per weight on top of the product, 3.9x the time of cuBLAS alone at 32 tokens on the
+H200: bench/NOTES-cuda.md, run 3). With a copy the product reads it once.
+
+Policy, decided per matrix as the backend takes it (the engine loads every weight
+before it sizes the KV cache, so the cache is paid for out of the same free memory):
+
+- "off": never.
+- "on": every matrix, embedding tables included.
+- "auto": projections while the copies stay within DENSE_FRACTION of the free memory
+  the backend found at start; past that, or when an allocation fails, the matrix keeps
+  only its blocks. Load order decides who is cached first: every projection is equally
+  hot (each decode step reads all of them), so no reordering would pay for holding every
+  weight until the end. Embedding tables are cold (one row read per token) unless the
+  output head shares them (tied embeddings): they get their copy on their first product
+  above GEMV_MAX_TOKENS instead, outside graph capture, when the budget and RESERVE_BYTES
+  of free memory still allow it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from app.engine.backend.cuda_weights import CudaFusedWeight, CudaWeight
+from app.engine.kernels.dequant import dequant_rows
+
+log = logging.getLogger(__name__)
+
+MODES = ("auto", "on", "off")
+DENSE_FRACTION = 0.35  # of the free memory at start, for "auto"
+_COLD_SUFFIXES = ("token_embd.weight",)  # read one row per token, never multiplied (unless tied)
+RESERVE_BYTES = 1 << 30  # a late copy (promote) must leave this much free: the KV cache is sized by then
+
+
+class DenseCache:
+    def __init__(self, mode: str, free_bytes: int, fraction: float = DENSE_FRACTION) -> None:
+        if mode not in MODES:
+            raise ValueError(f"dense_cache must be one of {MODES}, not {mode!r}")
+        self.mode = mode
+        self.budget = 0 if mode == "off" else (None if mode == "on" else int(fraction * free_bytes))
+        self.cached_bytes = self.cached_count = 0
+        self.skipped_bytes = self.skipped_count = 0
+
+    def _fits(self, size: int) -> bool:
+        return self.budget is None or self.cached_bytes + size <= self.budget
+
+    def consider(self, weight: CudaWeight) -> CudaWeight:
+        """Give `weight` its float16 copy at load if the policy wants one and memory allows."""
+        if self.mode == "off" or weight.data is None:
+            return weight
+        size = 2 * weight.n_rows * weight.n_cols
+        cold = self.mode == "auto" and weight.name.endswith(_COLD_SUFFIXES)
+        if cold or not self._fits(size) or not self._copy(weight):
+            self.skipped_bytes += size
+            self.skipped_count += 1
+        return weight
+
+    def promote(self, weight: CudaWeight) -> None:
+        """A matrix multiplied above GEMV_MAX_TOKENS without a copy (a tied output head):
+        try once to cache it now, if "auto" allows, memory remains and no graph is being
+        captured (an allocation there would break the capture)."""
+        import cupy
+
+        if weight.cache_checked or self.mode != "auto" or weight.dense16 is not None or weight.data is None:
+            return
+        weight.cache_checked = True
+        if cupy.cuda.get_current_stream().is_capturing():
+            return
+        size = 2 * weight.n_rows * weight.n_cols
+        free = cupy.cuda.runtime.memGetInfo()[0] + cupy.get_default_memory_pool().free_bytes()
+        if not self._fits(size) or free < size + RESERVE_BYTES or not self._copy(weight):
+            return
+        self.skipped_bytes -= size
+        self.skipped_count -= 1
+        log.info("float16 copy of %s made on first use (%.2f GiB)", weight.name, size / 2**30)
+
+    def _copy(self, weight: CudaWeight) -> bool:
+        import cupy
+
+        try:
+            copy = cupy.empty((weight.n_rows, weight.n_cols), cupy.float16)
+        except cupy.cuda.memory.OutOfMemoryError:
+            if self.mode == "on":
+                raise
+            return False
+        dequant_rows(weight.data, weight.qtype.name, weight.row_bytes, weight.n_rows, weight.n_cols, copy)
+        weight.dense16 = copy
+        self.cached_bytes += copy.nbytes
+        self.cached_count += 1
+        return True
+
+    @staticmethod
+    def stack(fused: CudaFusedWeight) -> CudaFusedWeight:
+        """One float16 matrix for a fused weight whose parts all have copies (no extra memory
+        once the parts' own copies are released: they become views of the stack)."""
+        import cupy
+
+        if not all(p.dense16 is not None for p in fused.parts):
+            return fused
+        fused.dense16 = cupy.concatenate([p.dense16 for p in fused.parts], axis=0)
+        for part, start in zip(fused.parts, fused.offsets, strict=True):
+            part.dense16 = fused.dense16[start : start + part.n_rows]
+        return fused
+
+    def summary(self) -> str:
+        line = f"float16 weight cache ({self.mode}): {self.cached_count} matrices, {self.cached_bytes / 2**30:.2f} GiB"
+        if self.skipped_count:
+            line += (
+                f"; {self.skipped_count} matrices ({self.skipped_bytes / 2**30:.2f} GiB as float16) not cached, "
+                "their products above 8 tokens dequantize per call"
+            )
+        if self.budget is not None and self.mode == "auto":
+            line += f" (budget {self.budget / 2**30:.2f} GiB)"
+        return line
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "cached_matrices": self.cached_count,
+            "cached_gib": self.cached_bytes / 2**30,
+            "skipped_matrices": self.skipped_count,
+        }

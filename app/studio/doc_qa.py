@@ -1,0 +1,405 @@
+"""Document Q&A: files in, a retrieval index, and answers that cite the page, sheet or section they come from.
+
+Qt-free. Two parts:
+
+- `DocumentSet` owns the ingested files and their `DocumentIndex`. `ingest` reads files
+  (`extract_document`), chunks and embeds them (`ingest_documents`) with progress and
+  cancel; it runs on a worker thread while questions are answered on the UI's loop, so
+  the index is only touched under a lock and new chunks arrive all at once.
+- `DocQASession` answers one question at a time: retrieve the most relevant chunks,
+  number them [1]..[n] under their citations ("report.pdf, page 3"), and stream the
+  answer from the local `EngineClient`, as `ChatService` streams a chat answer.
+
+Models with vision would get PDF pages as images (`render_pages`); no model the engine
+runs today has a vision tower (`supports_vision` is False for all of them), so pages go
+as extracted text and the Studio says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from app.studio.documents import Document, DocumentError, extract_document, supported_extensions
+from app.studio.retrieval import (
+    DocumentIndex,
+    Embedder,
+    Hit,
+    IngestCancelled,
+    build_question_prompt,
+    ingest_documents,
+)
+
+if TYPE_CHECKING:
+    from app.engine.client import EngineClient
+
+DEFAULT_TOP_K = 4
+DEFAULT_ANSWER_TOKENS = 256
+MIN_ANSWER_TOKENS = 32  # excerpts are dropped (least relevant first) until at least this much room is left
+READ_SHARE = 20.0  # percent of the progress bar for reading files; embedding takes the rest
+DOCUMENT_EXTENSIONS = frozenset(supported_extensions())
+# "[1]", "[2, 3]", "[1][4]": the excerpt numbers an answer refers to
+_CITE = re.compile(r"\[(\d+(?:\s*,\s*\d+)*)\]")
+
+IngestProgress = Callable[[float, float, str], None]  # (done, total, message), as TaskContext.report takes
+CancelCheck = Callable[[], bool]
+EmbedderSource = Callable[[], Embedder]
+
+
+class DocQAError(Exception):
+    """A question cannot be answered yet; the message is meant for the user."""
+
+
+def is_document_file(path: str | Path) -> bool:
+    return Path(path).suffix.lower() in DOCUMENT_EXTENSIONS
+
+
+def default_embedder() -> Embedder:
+    """The shipped all-MiniLM-L6-v2, loaded on first use and shared by every set."""
+    from app.engine.embeddings import load_default_embedder
+
+    return load_default_embedder()
+
+
+def supports_vision(client: EngineClient | None) -> bool:
+    """Whether the loaded model reads images. The engine's ModelInfo has no such flag yet: False for all."""
+    return client is not None and bool(getattr(client.model, "supports_vision", False))
+
+
+@dataclass(frozen=True)
+class IngestedDocument:
+    path: Path
+    kind: str  # "pdf" | "docx" | "xlsx" | "text" | "markdown"
+    locations: tuple[str, ...]  # every section's location, in order
+    chunks: int
+    page_count: int | None = None
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def describe(self) -> str:
+        """What the document holds, for the list: '3 pages', '2 sheets: Budget, Notes', '4 sections'."""
+        if self.kind == "pdf" and self.page_count is not None:
+            return _plural(self.page_count, "page")
+        if self.kind == "xlsx":
+            names = [location.removeprefix("sheet ") for location in self.locations]
+            return f"{_plural(len(names), 'sheet')}: {', '.join(names)}"
+        if self.kind == "text":
+            return _plural(len(self.locations), "part")
+        return _plural(len(self.locations), "section")
+
+
+@dataclass(frozen=True)
+class IngestFailure:
+    path: Path
+    message: str  # DocumentError's own: names the file and the problem
+
+
+@dataclass(frozen=True)
+class IngestReport:
+    added: list[IngestedDocument]
+    failed: list[IngestFailure]
+
+
+@dataclass(frozen=True)
+class Citation:
+    """One numbered excerpt given to the model with the question."""
+
+    number: int
+    hit: Hit
+
+    @property
+    def label(self) -> str:
+        return f"[{self.number}] {self.hit.chunk.citation}"
+
+    @property
+    def text(self) -> str:
+        return self.hit.chunk.text
+
+
+class DocumentSet:
+    """The ingested files and their index; safe to ingest on one thread while another retrieves."""
+
+    def __init__(self, embedder: EmbedderSource = default_embedder, top_k: int = DEFAULT_TOP_K) -> None:
+        self._embedder_source = embedder
+        self._embedder: Embedder | None = None
+        self._embedder_lock = threading.Lock()  # two first uses on two threads load the model once
+        self.top_k = top_k
+        self._lock = threading.Lock()
+        self._index: DocumentIndex | None = None
+        self._documents: dict[str, IngestedDocument] = {}
+
+    @property
+    def documents(self) -> list[IngestedDocument]:
+        with self._lock:
+            return list(self._documents.values())
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._documents)
+
+    def embedder(self) -> Embedder:
+        with self._embedder_lock:
+            if self._embedder is None:
+                self._embedder = self._embedder_source()
+            return self._embedder
+
+    def ingest(self, paths: Sequence[str | Path], progress: IngestProgress | None = None,
+               cancel: CancelCheck | None = None) -> IngestReport:
+        """Read, chunk and embed `paths`. Files that fail are reported, not raised; the others are added.
+
+        A file ingested again replaces its earlier chunks. Cancelling raises `IngestCancelled`
+        (from retrieval) or the caller's own exception, and leaves the set as it was.
+        """
+        report = progress or (lambda done, total, message: None)
+        paths = [Path(path) for path in paths]
+        documents: list[Document] = []
+        failed: list[IngestFailure] = []
+        for number, path in enumerate(paths):
+            _check(cancel)
+            report(READ_SHARE * number / len(paths), 100.0, f"Reading {path.name}…")
+            try:
+                documents.append(extract_document(path))
+            except DocumentError as exc:
+                failed.append(IngestFailure(path, str(exc)))
+        if not documents:
+            return IngestReport([], failed)
+        report(READ_SHARE, 100.0, "Loading the embedding model…")
+        embedder = self.embedder()
+
+        def embedded(done: int, total: int) -> None:
+            share = (100.0 - READ_SHARE) * done / total if total else 0.0
+            report(READ_SHARE + share, 100.0, f"Embedding excerpts: {done} of {total}")
+
+        fresh = ingest_documents(documents, embedder, progress=embedded, cancel=cancel)
+        counts: dict[str, int] = {}
+        for chunk in fresh.chunks:
+            counts[chunk.source] = counts.get(chunk.source, 0) + 1
+        added = []
+        for document in documents:
+            if not counts.get(str(document.path)):  # e.g. a scanned PDF: pages without a text layer
+                failed.append(IngestFailure(document.path, str(DocumentError(
+                    document.path, "no text found to search (scanned pages need OCR, which Paddock lacks)"))))
+                continue
+            added.append(IngestedDocument(document.path, document.kind,
+                                          tuple(section.location for section in document.sections),
+                                          counts[str(document.path)], document.page_count))
+        with self._lock:
+            if self._index is None:
+                self._index = DocumentIndex(embedder)
+            for document in added:
+                self._index.remove_source(document.path)
+                self._documents.pop(str(document.path), None)
+            if len(fresh):
+                self._index.add(fresh.chunks, fresh.vectors)
+            self._documents.update((str(document.path), document) for document in added)
+        report(100.0, 100.0, "Done")
+        return IngestReport(added, failed)
+
+    def remove(self, path: str | Path) -> None:
+        with self._lock:
+            if self._documents.pop(str(path), None) is not None and self._index is not None:
+                self._index.remove_source(path)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._documents.clear()
+            self._index = None
+
+    def retrieve(self, question: str, k: int | None = None) -> list[Citation]:
+        """The k chunks most similar to the question, best first, numbered from 1."""
+        if not question.strip():
+            raise DocQAError("Type a question first.")
+        if not len(self):
+            raise DocQAError("Add a document first: drop a PDF, Word, Excel, text or Markdown file.")
+        query = self.embedder().embed([question])[0]  # outside the lock: an ingest may be embedding too
+        with self._lock:
+            if self._index is None:
+                return []
+            hits = self._index.search_vector(query, k or self.top_k)
+        return [Citation(number, hit) for number, hit in enumerate(hits, start=1)]
+
+
+@dataclass(frozen=True)
+class DocAnswer:
+    question: str
+    text: str
+    citations: list[Citation]  # the excerpts the model was given
+    status: str  # "complete" | "stopped" | "error"
+    error: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int = 0
+
+    @property
+    def cited(self) -> list[Citation]:
+        """The excerpts the answer refers to by number, in the order first cited."""
+        return [self.citations[n - 1] for n in cited_numbers(self.text) if 0 < n <= len(self.citations)]
+
+
+def cited_numbers(text: str) -> list[int]:
+    numbers: list[int] = []
+    for match in _CITE.finditer(text):
+        for part in match.group(1).split(","):
+            if int(part) not in numbers:
+                numbers.append(int(part))
+    return numbers
+
+
+@dataclass(frozen=True)
+class PromptPlan:
+    token_ids: list[int]
+    primer: str  # the answer's opening, written by us into the prompt: shown as the answer's first words
+    stop: list[str]
+
+
+class DocQASession:
+    """Questions over a `DocumentSet`, answered by the loaded model. One answer at a time, on an asyncio loop."""
+
+    def __init__(self, documents: DocumentSet, client: Callable[[], EngineClient | None],
+                 max_tokens: int = DEFAULT_ANSWER_TOKENS, temperature: float = 0.0) -> None:
+        self.documents = documents
+        self._client = client  # asked at each question: models switch
+        self.max_tokens = max_tokens
+        self.temperature = temperature  # greedy by default: an answer should read its sources, not improvise
+        self._stream: asyncio.Task[Any] | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self._stream is not None and not self._stream.done()
+
+    @property
+    def supports_vision(self) -> bool:
+        return supports_vision(self._client())
+
+    def stop(self) -> None:
+        """End the answer being generated (on the loop's thread); a no-op when idle."""
+        if self._stream is not None and not self._stream.done():
+            self._stream.cancel()
+
+    async def ask(self, question: str, on_start: Callable[[list[Citation]], None] | None = None,
+                  on_delta: Callable[[str], None] | None = None) -> DocAnswer:
+        """Answer from the most relevant excerpts. Raises DocQAError when it cannot start."""
+        from app.engine.client import GenerationRequest
+        from app.engine.sampling_params import SamplingParams
+
+        if self.busy:
+            raise DocQAError("An answer is still being generated: stop it first.")
+        client = self._client()
+        if client is None:
+            raise DocQAError("No model is loaded: load one in the Models pane.")
+        citations = self.documents.retrieve(question)
+        plan, citations = self._fit(client, question.strip(), citations)
+        room = client.model.context_length - len(plan.token_ids)
+        params = SamplingParams(max_tokens=min(self.max_tokens, room), temperature=self.temperature,
+                                stop=plan.stop)
+        if on_start is not None:
+            on_start(citations)
+        state = _Streamed(text=plan.primer)
+        if plan.primer and on_delta is not None:
+            on_delta(plan.primer)
+        request = GenerationRequest(plan.token_ids, params, session_id="documents")
+        self._stream = asyncio.ensure_future(self._consume(client, request, state, on_delta))
+        status, error = "complete", None
+        try:
+            await self._stream
+        except asyncio.CancelledError:
+            status = "stopped"
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():  # we were cancelled, not just the stream
+                raise
+        except Exception as exc:  # the engine failed mid-answer: keep the text, say what happened
+            status, error = "error", str(exc) or type(exc).__name__
+        finally:
+            self._stream = None
+        return DocAnswer(question.strip(), state.text, citations, status, error, state.prompt_tokens,
+                         state.completion_tokens)
+
+    def _fit(self, client: EngineClient, question: str,
+             citations: list[Citation]) -> tuple[PromptPlan, list[Citation]]:
+        """The prompt with as many excerpts as leave room for an answer (least relevant dropped first)."""
+        context = client.model.context_length
+        while True:
+            plan = plan_prompt(client, question, citations)
+            if context - len(plan.token_ids) >= MIN_ANSWER_TOKENS:
+                return plan, citations
+            if len(citations) <= 1:
+                raise DocQAError(f"The question and its best excerpt take {len(plan.token_ids)} tokens, and "
+                                 f"the model's context holds {context}: load the model with a longer context.")
+            citations = citations[:-1]
+
+    @staticmethod
+    async def _consume(client: EngineClient, request: Any, state: _Streamed,
+                       on_delta: Callable[[str], None] | None) -> None:
+        async for output in client.generate(request):
+            state.prompt_tokens = output.num_prompt_tokens
+            state.completion_tokens = output.num_output_tokens
+            if output.new_text:
+                state.text += output.new_text
+                if on_delta is not None:
+                    on_delta(output.new_text)
+
+
+@dataclass
+class _Streamed:
+    text: str = ""
+    prompt_tokens: int | None = None
+    completion_tokens: int = 0
+
+
+# A base model (no chat template in its file, so the engine lent it a built-in one) does not
+# follow instructions in chat turns: measured on the embedded Gemma 3 270M, it repeats the
+# instructions back. As plain text ending in "Answer: According to [" it reads the excerpt
+# and names its number. Models that ship their own template get the chat prompt.
+COMPLETION_PRIMER = "According to ["
+
+
+def is_base_model(client: EngineClient) -> bool:
+    source = getattr(client.chat_template, "source", "")
+    return isinstance(source, str) and source.startswith("builtin:")
+
+
+def plan_prompt(client: EngineClient, question: str, citations: Sequence[Citation]) -> PromptPlan:
+    hits = [citation.hit for citation in citations]
+    stops = list(getattr(client.chat_template, "stop_strings", ()) or ())
+    if is_base_model(client):
+        excerpts = "\n\n".join(f"{c.label}\n{c.text}" for c in citations)
+        text = (f"Numbered excerpts from the user's documents:\n\n{excerpts}\n\n"
+                f"Question: {question}\nAnswer, citing the excerpt it comes from: {COMPLETION_PRIMER}")
+        return PromptPlan(_encode(client, text, raw=True), COMPLETION_PRIMER, [*stops, "\n"])
+    rendered = client.chat_template.render([{"role": "user", "content": build_question_prompt(question, hits)}],
+                                           add_generation_prompt=True)
+    return PromptPlan(_encode(client, rendered), "", stops)
+
+
+def chat_message(question: str, citations: Sequence[Citation]) -> str:
+    """A chat turn carrying the question and the excerpts of documents dropped on the chat.
+
+    The question comes first: it names the conversation and reads naturally in the transcript.
+    """
+    excerpts = "\n\n".join(f"{c.label}\n{c.text}" for c in citations)
+    return (f"{question.strip()}\n\nAnswer from these excerpts of the attached documents, citing them by "
+            f"number in square brackets, e.g. [1]:\n\n{excerpts}")
+
+
+def _encode(client: EngineClient, text: str, raw: bool = False) -> list[int]:
+    """Token ids of a rendered prompt; BOS is added unless the template already wrote it."""
+    tokenizer = client.tokenizer
+    bos_id = getattr(tokenizer, "bos_token_id", None)
+    bos = tokenizer.id_to_token(bos_id) if bos_id is not None else None
+    add_bos = raw or not (bos and text.startswith(bos))
+    return tokenizer.encode(text, add_special_tokens=add_bos, parse_special=not raw)
+
+
+def _check(cancel: CancelCheck | None) -> None:
+    if cancel is not None and cancel():
+        raise IngestCancelled("ingestion cancelled")
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"

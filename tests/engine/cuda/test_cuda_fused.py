@@ -1,0 +1,159 @@
+"""Fused ops on CUDA (q/k/v GEMV, gate/up + activation, QK-norm + RoPE + KV write) against the
+numpy backend, which runs them as the unfused compositions; the float16 weight cache; cuBLAS
+inside a CUDA-graph capture."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from cuda_samples import random_tensor, rel_err
+
+pytestmark = pytest.mark.gpu
+
+GEMV_TOL = 2e-5
+F16_TOL = 3e-3  # x and W rounded to float16 for the tensor cores
+
+
+@pytest.fixture(scope="module", params=["auto", "off"])
+def cuda_cache(request, cuda):
+    """Backends with and without the float16 weight cache (products above 8 tokens differ)."""
+    from app.engine.backend.cuda import CudaBackend
+
+    return CudaBackend(dense_cache=request.param)
+
+
+def _load(backends, tensors):
+    return [[b.load_weight(t) for t in tensors] for b in backends]
+
+
+@pytest.mark.parametrize("n_tok", [1, 3, 8, 9, 40])
+@pytest.mark.parametrize(("formats", "rows"), [
+    (("Q4_K", "Q4_K", "Q6_K"), (256, 128, 128)), (("Q8_0", "Q5_0", "F16"), (70, 33, 33)), (("Q4_K", "Q4_K"), (97, 97)),
+])  # fmt: skip
+def test_fused_linear(cuda_cache, cpu, rng, formats, rows, n_tok: int) -> None:
+    cols = 1024
+    tensors = [
+        random_tensor(q, r, cols, rng, name=f"blk.0.w{i}")
+        for i, (q, r) in enumerate(zip(formats, rows, strict=True))
+    ]
+    biases = [rng.standard_normal(r).astype(np.float32) if i != 1 else None for i, r in enumerate(rows)]
+    (gpu_w, cpu_w) = _load((cuda_cache, cpu), tensors)
+    gpu_fused = cuda_cache.fuse_linear(
+        gpu_w, [None if b is None else cuda_cache.from_host(b) for b in biases]
+    )
+    cpu_fused = cpu.fuse_linear(cpu_w, biases)
+    x = rng.standard_normal((n_tok, cols)).astype(np.float32)
+    got = cuda_cache.to_host(cuda_cache.linear(cuda_cache.from_host(x), gpu_fused))
+    ref = cpu.linear(x, cpu_fused)
+    assert got.shape == ref.shape and not np.isnan(got).any()
+    assert rel_err(got, ref) < (GEMV_TOL if n_tok <= 8 else F16_TOL)
+
+
+@pytest.mark.parametrize("n_tok", [1, 2, 5, 8, 20])
+@pytest.mark.parametrize(("formats", "kind"), [
+    (("Q4_K", "Q4_K"), "silu"), (("Q6_K", "Q4_K"), "gelu_tanh"), (("Q8_0", "Q8_0"), "gelu_tanh"),
+])  # fmt: skip
+def test_gated_linear(cuda_cache, cpu, rng, formats, kind: str, n_tok: int) -> None:
+    rows, cols = 301, 2048
+    tensors = [random_tensor(q, rows, cols, rng, name=f"blk.0.ffn{i}") for i, q in enumerate(formats)]
+    (gpu_w, cpu_w) = _load((cuda_cache, cpu), tensors)
+    x = (rng.standard_normal((n_tok, cols)) * 0.02).astype(np.float32)  # gate values ~ O(1)
+    got = cuda_cache.gated_linear(cuda_cache.from_host(x), cuda_cache.fuse_linear(gpu_w, [None, None]), kind)
+    ref = cpu.gated_linear(x, cpu.fuse_linear(cpu_w, [None, None]), kind)
+    assert rel_err(cuda_cache.to_host(got), ref) < (GEMV_TOL if n_tok <= 8 else F16_TOL)
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize(("n_tok", "heads", "qk_norm"), [
+    (1, (16, 8, 128), True), (7, (4, 1, 256), True), (33, (32, 8, 128), False), (3, (8, 2, 64), False),
+])  # fmt: skip
+def test_rope_and_cache(cuda, cpu, rng, n_tok: int, heads, qk_norm: bool, interleaved: bool) -> None:
+    n_heads, n_kv, d = heads
+    blocks, block, max_pos = 6, 16, 1000
+    inv = 1.0 / (10000.0 ** (np.arange(0, d, 2) / d))
+    angles = np.arange(max_pos)[:, None] * inv[None, :]
+    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    qkv = rng.standard_normal((n_tok, (n_heads + 2 * n_kv) * d)).astype(np.float32)
+    pos = rng.integers(0, max_pos, n_tok).astype(np.int32)
+    slots = rng.choice(blocks * block, n_tok, replace=False).astype(np.int32)
+    norms = [rng.standard_normal(d).astype(np.float32) if qk_norm else None for _ in range(2)]
+    k_ref, v_ref = cpu.alloc_kv_cache(blocks, block, n_kv, d)
+    q_ref = cpu.rope_and_cache(qkv, n_heads, n_kv, d, *norms, 1e-6, pos, cpu.rope_table(cos, sin), interleaved,
+                               k_ref, v_ref, slots)  # fmt: skip
+    k_gpu, v_gpu = cuda.alloc_kv_cache(blocks, block, n_kv, d)
+    gpu_norms = [None if w is None else cuda.from_host(w) for w in norms]
+    q = cuda.rope_and_cache(cuda.from_host(qkv), n_heads, n_kv, d, *gpu_norms, 1e-6, cuda.from_host(pos),
+                            cuda.rope_table(cos, sin), interleaved, k_gpu, v_gpu, cuda.from_host(slots))  # fmt: skip
+    assert rel_err(cuda.to_host(q), q_ref) < 2e-6
+    k_got = cuda.to_host(k_gpu).reshape(-1, n_kv, d)[slots].astype(np.float32)
+    v_got = cuda.to_host(v_gpu).reshape(-1, n_kv, d)[slots]
+    assert rel_err(k_got, k_ref.reshape(-1, n_kv, d)[slots]) < 1e-3  # float16 cache
+    np.testing.assert_array_equal(v_got, v_ref.reshape(-1, n_kv, d)[slots].astype(np.float16))
+
+
+def test_rope_and_cache_skips_padding_slots(cuda, rng) -> None:
+    n_heads, n_kv, d = 4, 2, 64
+    table = cuda.rope_table(np.ones((64, 32), np.float32), np.zeros((64, 32), np.float32))
+    k_gpu, v_gpu = cuda.alloc_kv_cache(2, 16, n_kv, d)
+    k_gpu[...] = 7.0
+    qkv = cuda.from_host(rng.standard_normal((2, (n_heads + 2 * n_kv) * d)).astype(np.float32))
+    slots = cuda.from_host(np.array([-1, 5], np.int32))
+    cuda.rope_and_cache(qkv, n_heads, n_kv, d, None, None, 0.0, cuda.from_host(np.zeros(2, np.int32)), table, False,
+                        k_gpu, v_gpu, slots)  # fmt: skip
+    k = cuda.to_host(k_gpu).reshape(-1, n_kv, d)
+    assert (k[np.arange(32) != 5] == 7.0).all()
+
+
+def test_dense_cache_policy(cuda, rng) -> None:
+    from app.engine.backend.cuda import CudaBackend
+
+    embed = random_tensor("Q4_K", 64, 256, rng, name="token_embd.weight")
+    proj = random_tensor("Q4_K", 64, 256, rng, name="blk.0.attn_q.weight")
+    off, on, auto = (CudaBackend(dense_cache=m) for m in ("off", "on", "auto"))
+    assert off.load_weight(proj).dense16 is None
+    assert on.load_weight(embed).dense16 is not None
+    assert auto.load_weight(proj).dense16 is not None
+    cold = auto.load_weight(embed)
+    assert cold.dense16 is None  # embedding tables wait for a product above 8 tokens (tied output head)
+    x = rng.standard_normal((12, 256)).astype(np.float32)
+    auto.linear(auto.from_host(x), cold)
+    assert cold.dense16 is not None and "2 matrices" in auto.dense_cache.summary()
+    with pytest.raises(ValueError, match="dense_cache"):
+        CudaBackend(dense_cache="sometimes")
+
+
+def test_fused_float16_copies_are_stacked(rng) -> None:
+    from app.engine.backend.cuda import CudaBackend
+
+    backend = CudaBackend(dense_cache="on")
+    parts = [backend.load_weight(random_tensor("Q4_K", r, 256, rng, name=f"p{r}")) for r in (32, 16)]
+    fused = backend.fuse_linear(parts, [None, None])
+    assert fused.dense16 is not None and fused.dense16.shape == (48, 256)
+    assert parts[1].dense16.data.ptr == fused.dense16[32:].data.ptr  # views, no second copy
+
+
+@pytest.mark.parametrize("mode", ["on", "off"])
+def test_cublas_inside_graph_capture(rng, mode: str) -> None:
+    """Products above the GEMV's 8 tokens (cuBLAS) can be captured and replayed."""
+    import cupy
+
+    from app.engine.backend.cuda import CudaBackend
+
+    backend = CudaBackend(dense_cache=mode)
+    weight = backend.load_weight(random_tensor("Q6_K", 300, 512, rng, name="blk.0.ffn_down.weight"))
+    x = cupy.asarray(rng.standard_normal((24, 512)).astype(np.float32))
+    eager = backend.to_host(backend.linear(x, weight))
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        backend.linear(x, weight)  # warm-up: sizes the memory pool's blocks
+        stream.synchronize()
+        stream.begin_capture()
+        out = backend.linear(x, weight)
+        graph = stream.end_capture()
+    x[...] = cupy.asarray(rng.standard_normal((24, 512)).astype(np.float32))
+    graph.launch(stream=cupy.cuda.Stream.null)
+    cupy.cuda.Stream.null.synchronize()
+    np.testing.assert_allclose(
+        backend.to_host(out), backend.to_host(backend.linear(x, weight)), rtol=1e-5, atol=1e-4
+    )
+    assert not np.allclose(backend.to_host(out), eager)  # the replay read the new x
