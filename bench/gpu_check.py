@@ -280,11 +280,12 @@ def prefill_bench(quick: bool) -> None:
     import cupy
 
     from app.engine.backend.cuda import CudaBackend
-    from app.engine.backend.cuda_linear import GEMV_MAX_TOKENS, gemm_f16_f32, matmul_dequant_cublas
+    from app.engine.backend.cuda_blas import matmul_t
+    from app.engine.backend.cuda_linear import GEMV_MAX_TOKENS, matmul_quantized
     from app.engine.kernels.dequant import dequant_rows
     from app.engine.kernels.gemv import gemv
 
-    backend = CudaBackend()
+    backend = CudaBackend(dense_cache="off")  # the dequantizing path; "cuBLAS alone" is the cached one
     rng = np.random.default_rng(1)
     results = []
     for qtype, (n_rows, n_cols) in [("Q4_K", (12288, 4096)), ("Q4_K", (4096, 12288)), ("Q6_K", (4096, 4096))]:
@@ -299,10 +300,9 @@ def prefill_bench(quick: bool) -> None:
             x = cupy.asarray(rng.standard_normal((n_tok, n_cols)).astype(np.float32))
             x16 = x.astype(cupy.float16)
             out = cupy.empty((n_tok, n_rows), cupy.float32)
-            cublas_only = functools.partial(
-                gemm_f16_f32, w16, x16, out.data.ptr, n_rows, n_tok, n_cols, n_rows
-            )
-            t_path = time_events(functools.partial(matmul_dequant_cublas, x, weight, out), 10)
+            cublas_only = functools.partial(matmul_t, x16, w16, out)
+            dequant_path = functools.partial(matmul_quantized, x16, weight, out.data.ptr, n_rows)
+            t_path = time_events(dequant_path, 10)
             t_blas = time_events(cublas_only, 10)
             t_gemv = None
             if n_tok <= GEMV_MAX_TOKENS:
@@ -310,7 +310,8 @@ def prefill_bench(quick: bool) -> None:
                     gemv, weight.data, qtype, weight.row_bytes, n_rows, n_cols, x, out
                 )
                 t_gemv = time_events(gemv_call, 10)
-            got = cupy.asnumpy(matmul_dequant_cublas(x, weight, out))
+            dequant_path()
+            got = cupy.asnumpy(out)
             ref = cupy.asnumpy(x16.astype(cupy.float32)) @ cupy.asnumpy(w16.astype(cupy.float32)).T
             err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
             flops = 2.0 * n_tok * n_rows * n_cols
@@ -331,6 +332,120 @@ def prefill_bench(quick: bool) -> None:
         SUMMARY.append(f"  matmul {r['qtype']} {r['rows']}x{r['cols']} T={r['tokens']}: dequant+cuBLAS "
                        f"{r['dequant_cublas_us']} us (cuBLAS alone {r['cublas_f16_us']}, dequant {r['dequant_us']}, "
                        f"gemv {r['gemv_us']})")  # fmt: skip
+
+
+# (name, hidden, q rows, kv rows, ffn): the layer shapes of the issue's two targets
+FUSED_SHAPES = [("qwen3-0.6b", 1024, 2048, 1024, 3072), ("qwen3-8b", 4096, 4096, 1024, 12288)]
+
+
+def _rotating(weights: list, want: int = 512 << 20, cap: int = 96) -> list[list[tuple]]:
+    """Device copies of a set of weights, as (data, qtype name, row_bytes, rows), enough that
+    cycling through them misses the 60 MiB L2 as a decode step does (every layer's weights
+    are read once per step)."""
+    import cupy
+
+    nbytes = sum(w.data.nbytes for w in weights)
+    count = max(2, min(cap, -(-want // nbytes)))
+    return [[(w.data if i == 0 else cupy.array(w.data), w.qtype.name, w.row_bytes, w.n_rows) for w in weights]
+            for i in range(count)]  # fmt: skip
+
+
+def fused_bench(quick: bool) -> None:
+    """One launch against the unfused launches it replaces, per layer of the two target shapes,
+    timed as CUDA-graph replays over weight sets that exceed L2; and, at 32 tokens (concurrency
+    32 decode), the float16 weight cache against dequantize-per-call and four 8-token GEMVs."""
+    import cupy
+
+    from app.engine.backend.cuda import CudaBackend
+    from app.engine.backend.cuda_linear import matmul_quantized
+    from app.engine.kernels import activation, gemv, norm, rope, rope_cache
+    from app.engine.kernels import kv_cache as kv
+
+    rng = np.random.default_rng(5)
+    off = CudaBackend(dense_cache="off")
+    on = CudaBackend(dense_cache="on")
+    rows_out = []
+
+    def record(shape: str, what: str, n_tok: int, fns_new: list, fns_old: list) -> None:
+        """Per layer: `fns_new` is one fused launch per weight set, `fns_old` the unfused launches."""
+        t_new, _ = time_graph(fns_new)
+        t_old, _ = time_graph(fns_old)
+        t_old *= len(fns_old) / len(fns_new)  # time_graph gives seconds per launch
+        rows_out.append({"shape": shape, "op": what, "tokens": n_tok, "fused_us": round(t_new * 1e6, 2),
+                         "unfused_us": round(t_old * 1e6, 2)})  # fmt: skip
+        log(f"  {shape} {what} T={n_tok}: fused {t_new * 1e6:7.2f} us, unfused {t_old * 1e6:7.2f} us")
+
+    for shape, hidden, q_rows, kv_rows, ffn in FUSED_SHAPES[:1] if quick else FUSED_SHAPES:
+        qkv_w = [off.load_weight(random_tensor(q, r, hidden, rng)) for q, r in
+                 (("Q4_K", q_rows), ("Q4_K", kv_rows), ("Q6_K", kv_rows))]  # fmt: skip
+        sets = _rotating(qkv_w)
+        ffn_sets = _rotating([off.load_weight(random_tensor("Q4_K", ffn, hidden, rng)) for _ in range(2)])
+        for n_tok in (1, 8):
+            x = cupy.asarray(rng.standard_normal((n_tok, hidden)).astype(np.float32) * 0.05)
+            y = cupy.empty((n_tok, q_rows + 2 * kv_rows), cupy.float32)
+            fns_new = [functools.partial(gemv.gemv_multi, ws, hidden, x, y) for ws in sets]
+            outs = [cupy.empty((n_tok, r), cupy.float32) for r in (q_rows, kv_rows, kv_rows)]
+            fns_old = [functools.partial(gemv.gemv, data, qtype, rb, rows, hidden, x, o)
+                       for ws in sets for (data, qtype, rb, rows), o in zip(ws, outs, strict=True)]  # fmt: skip
+            record(shape, "qkv gemv", n_tok, fns_new, fns_old)
+            g_out = cupy.empty((n_tok, ffn), cupy.float32)
+            fns_new = [functools.partial(gemv.gemv_gated, g[:3], u[:3], ffn, hidden, x, "silu", g_out)
+                       for g, u in ffn_sets]  # fmt: skip
+            gate_o, up_o = cupy.empty_like(g_out), cupy.empty_like(g_out)
+            fns_old = []
+            for g, u in ffn_sets:
+                fns_old += [functools.partial(gemv.gemv, *g, hidden, x, gate_o),
+                            functools.partial(gemv.gemv, *u, hidden, x, up_o),
+                            functools.partial(activation.gated, gate_o, up_o, "silu", g_out)]  # fmt: skip
+            record(shape, "gate/up gemv + silu", n_tok, fns_new, fns_old)
+            # QK-norm + RoPE + KV write: 128-dim heads, 16-token blocks
+            n_heads, n_kv, d = q_rows // 128, kv_rows // 128, 128
+            qkv = cupy.asarray(rng.standard_normal((n_tok, (n_heads + 2 * n_kv) * d)).astype(np.float32))
+            cos = cupy.asarray(rng.standard_normal((4096, d // 2)).astype(np.float32))
+            sin = cupy.asarray(rng.standard_normal((4096, d // 2)).astype(np.float32))
+            k_cache, v_cache = off.alloc_kv_cache(64, 16, n_kv, d)
+            pos = cupy.arange(n_tok, dtype=cupy.int32)
+            slots = cupy.arange(n_tok, dtype=cupy.int32) * 7
+            wq, wk = cupy.ones(d, cupy.float32), cupy.ones(d, cupy.float32)
+            q_out = cupy.empty((n_tok, n_heads, d), cupy.float32)
+            fused = functools.partial(rope_cache.rope_cache, qkv, n_heads, n_kv, d, wq, wk, 1e-6, pos, cos, sin, False,
+                                      k_cache, v_cache, slots, q_out)  # fmt: skip
+            q = qkv[:, : n_heads * d].reshape(n_tok, n_heads, d).copy()
+            k = qkv[:, n_heads * d : (n_heads + n_kv) * d].reshape(n_tok, n_kv, d).copy()
+            v = qkv[:, (n_heads + n_kv) * d :].reshape(n_tok, n_kv, d).copy()
+            qn, kn, qr, kr = (cupy.empty_like(a) for a in (q, k, q, k))
+            unfused = [functools.partial(norm.rms_norm, q, wq, 1e-6, qn), functools.partial(norm.rms_norm, k, wk, 1e-6, kn),
+                       functools.partial(rope.rope, qn, pos, cos, sin, False, qr),
+                       functools.partial(rope.rope, kn, pos, cos, sin, False, kr),
+                       functools.partial(kv.write_kv, k_cache, v_cache, kr, v, slots)]  # fmt: skip
+            record(shape, "qk-norm + rope + kv write", n_tok, [fused] * 8, unfused * 8)
+        # 32 tokens: float16 cache vs dequantize per call vs four 8-token GEMVs (the down projection)
+        down = random_tensor("Q4_K", hidden, ffn, rng)
+        w_off, w_on = off.load_weight(down), on.load_weight(down)
+        x32 = cupy.asarray(rng.standard_normal((32, ffn)).astype(np.float32))
+        x16 = x32.astype(cupy.float16)
+        out = cupy.empty((32, hidden), cupy.float32)
+        outs8 = [cupy.empty((8, hidden), cupy.float32) for _ in range(4)]
+        t_cached, _ = time_graph([functools.partial(matmul_quantized, x16, w_on, out.data.ptr, hidden)] * 8)
+        t_dequant, _ = time_graph([functools.partial(matmul_quantized, x16, w_off, out.data.ptr, hidden)] * 8)
+        t_gemv, _ = time_graph([functools.partial(gemv.gemv, w_off.data, "Q4_K", w_off.row_bytes, hidden, ffn,
+                                                  x32[8 * i : 8 * i + 8], outs8[i]) for i in range(4)] * 8)  # fmt: skip
+        t_gemv *= 4
+        rows_out.append({"shape": shape, "op": "down T=32", "f16_cache_us": round(t_cached * 1e6, 2),
+                         "dequant_cublas_us": round(t_dequant * 1e6, 2), "gemv_4x8_us": round(t_gemv * 1e6, 2)})  # fmt: skip
+        log(f"  {shape} down [{hidden}x{ffn}] T=32: f16 cache {t_cached * 1e6:.1f} us, dequant+cuBLAS "
+            f"{t_dequant * 1e6:.1f} us, 4 x GEMV T=8 {t_gemv * 1e6:.1f} us")  # fmt: skip
+        del sets, ffn_sets, qkv_w
+        cupy.get_default_memory_pool().free_all_blocks()
+    RESULTS["fused"] = rows_out
+    for r in rows_out:
+        if "fused_us" in r:
+            SUMMARY.append(
+                f"  {r['shape']} {r['op']} T={r['tokens']}: fused {r['fused_us']} us vs {r['unfused_us']} us"
+            )
+        else:
+            SUMMARY.append(f"  {r['shape']} {r['op']}: f16 cache {r['f16_cache_us']} us, dequant+cuBLAS "
+                           f"{r['dequant_cublas_us']} us, 4 x GEMV(8) {r['gemv_4x8_us']} us")  # fmt: skip
 
 
 def _attention_setup(
@@ -426,18 +541,26 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "bench/results/raw")))
     parser.add_argument("--no-tests", action="store_true", help="skip the pytest stages")
     parser.add_argument("--quick", action="store_true", help="fewer variants and sizes")
+    parser.add_argument("--only", default="", help="comma-separated stages to run (default: all)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("PADDOCK_KERNEL_CACHE", str(args.out.parent / "paddock-kernel-cache"))
     RESULTS_PATH.append(args.out / "results.json")
     t0 = time.time()
-    stage("device", device_facts)
-    if not args.no_tests:
-        stage("tests", lambda: run_tests(args.out))
-    stage("copy bandwidth", copy_bandwidth)
-    stage("gemv", lambda: gemv_bench(args.quick))
-    stage("prefill matmul", lambda: prefill_bench(args.quick))
-    stage("attention", lambda: attention_bench(args.quick))
+    stages: list[tuple[str, Callable[[], None]]] = [
+        ("device", device_facts),
+        ("tests", lambda: run_tests(args.out)),
+        ("copy bandwidth", copy_bandwidth),
+        ("gemv", lambda: gemv_bench(args.quick)),
+        ("fused", lambda: fused_bench(args.quick)),
+        ("prefill matmul", lambda: prefill_bench(args.quick)),
+        ("attention", lambda: attention_bench(args.quick)),
+    ]
+    only = {name.strip() for name in args.only.split(",") if name.strip()}
+    for name, fn in stages:
+        if (name == "tests" and args.no_tests) or (only and name not in only):
+            continue
+        stage(name, fn)
     RESULTS["seconds"] = round(time.time() - t0, 1)
     (args.out / "results.json").write_text(json.dumps(RESULTS, indent=1, default=str))
     log("\n=== summary ===")

@@ -1,38 +1,53 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: engine parity, engine-level decode speed, and the server
-# benchmark (paddock bench: streaming chat, ISL 128, OSL 128, ignore_eos) at concurrency
-# 1 and 32 on random-weight Qwen3-0.6B- and Qwen3-8B-shaped Q4_K_M checkpoints.
+# One call on the GPU machine: the GPU test suite, fused-kernel micro-benchmarks, engine
+# parity, engine-level decode speed, and the server benchmark (paddock bench: streaming
+# chat, ISL 128, OSL 128, ignore_eos) at concurrency 1 and 32 on random-weight
+# Qwen3-0.6B- and Qwen3-8B-shaped Q4_K_M checkpoints.
 # Needs the wheels of ../shared/device/fetch-wheels.sh gguf fastapi uvicorn pydantic python-multipart
-# carried as .whl. Logs go to $OUT (or /tmp/gpu-run).
+# carried as .whl. Logs go to $OUT (or /tmp/gpu-run). Every stage has its own timeout and a
+# stage is skipped once the whole run nears BUDGET seconds, so the call ends inside its limit.
 set -u
 OUT=${OUT:-/tmp/gpu-run}
+BUDGET=${BUDGET:-540}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$HOME/site" .whl/*.whl || exit 1
 export PYTHONPATH=$PWD:$HOME/site PYTHONUNBUFFERED=1
-STAGES=${STAGES:-parity speed serve}
+STAGES=${STAGES:-tests micro parity speed serve}
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm --format=csv | tee "$OUT/gpu.txt"
 
+# left SECONDS: true while at least $1 seconds of the budget remain
+left() { (( BUDGET - SECONDS >= $1 )); }
+
+if [[ $STAGES == *tests* ]]; then
+  timeout 200 python3 -m pytest -q -m gpu tests/engine/cuda -x -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -25
+fi
+if [[ $STAGES == *micro* ]] && left 300; then
+  timeout 100 python3 bench/gpu_check.py --out "$OUT/check" --no-tests --only "copy bandwidth,fused" 2>&1 \
+    | tee "$OUT/micro.log" | sed -n '/=== summary ===/,$p'
+fi
 python3 bench/make_random_gguf.py --shape tiny --out /tmp/tiny.gguf
-if [[ $STAGES == *parity* ]]; then
-  timeout 240 python3 bench/gpu_engine.py parity /tmp/tiny.gguf 2>&1 | tee "$OUT/parity.log" | tail -3
+if [[ $STAGES == *parity* ]] && left 240; then
+  timeout 120 python3 bench/gpu_engine.py parity /tmp/tiny.gguf 2>&1 | tee "$OUT/parity.log" | tail -3
 fi
 for shape in qwen3-0.6b qwen3-8b; do
   [[ -f /tmp/$shape.gguf ]] || python3 bench/make_random_gguf.py --shape $shape --out /tmp/$shape.gguf
 done
-if [[ $STAGES == *speed* ]]; then
-  timeout 300 python3 bench/gpu_engine.py speed /tmp/qwen3-0.6b.gguf /tmp/qwen3-8b.gguf 2>&1 | tee "$OUT/speed.log" | grep '^{'
+if [[ $STAGES == *speed* ]] && left 200; then
+  timeout 200 python3 bench/gpu_engine.py speed /tmp/qwen3-0.6b.gguf /tmp/qwen3-8b.gguf 2>&1 | tee "$OUT/speed.log" | grep '^{'
 fi
 if [[ $STAGES == *serve* ]]; then
   for shape in qwen3-0.6b qwen3-8b; do
+    left 75 || break
     python3 -m app.cli serve --model /tmp/$shape.gguf --device cuda --max-ctx 4096 --max-batch 32 --port 11660 \
       --no-mcp --no-embeddings --log-level warning > "$OUT/serve-$shape.log" 2>&1 &
     pid=$!
-    for _ in $(seq 1 120); do curl -sf localhost:11660/health > /dev/null && break; sleep 1; done
+    for _ in $(seq 1 90); do curl -sf localhost:11660/health > /dev/null && break; sleep 1; done
     for c in 1 32; do
       n=$(( c == 1 ? 12 : 96 ))
-      timeout 180 python3 -m app.cli bench --concurrency $c --requests $n --input-tokens 128 --output-tokens 128 --json \
+      timeout 90 python3 -m app.cli bench --concurrency $c --requests $n --input-tokens 128 --output-tokens 128 --json \
         | tee -a "$OUT/bench.jsonl"
     done
     kill $pid; wait $pid 2>/dev/null
   done
 fi
+echo "run took $SECONDS s"

@@ -47,7 +47,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="allow browser calls (repeatable)",
     )
     parser.add_argument(
-        "--embedding-model", default=None, metavar="DIR", help="embedding model folder (default: MiniLM)"
+        "--embedding-model",
+        default=None,
+        metavar="DIR",
+        help="embedding model folder (default: MiniLM), or 'self': last-token embeddings from the loaded "
+        "decoder (for Qwen3-Embedding-style models)",
     )
     parser.add_argument("--no-embeddings", action="store_true", help="do not load an embedding model")
     parser.add_argument("--no-mcp", action="store_true", help="do not serve MCP at /mcp")
@@ -101,7 +105,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"paddock serve: {exc}", file=sys.stderr)
         return 2
     try:
-        serve_blocking(engine, settings=settings, embedder=load_embedder(args))  # type: ignore[arg-type]
+        if args.embedding_model == "self":
+            from app.engine.pooling import DecoderEmbedder
+
+            embedder = DecoderEmbedder(engine.engine, run_on_engine=lambda fn: engine.call(fn).result())
+        else:
+            embedder = load_embedder(args)
+        serve_blocking(engine, settings=settings, embedder=embedder)  # type: ignore[arg-type]
     except OSError as exc:  # the port is taken, or the address is not this machine's
         print(f"paddock serve: {exc}", file=sys.stderr)
         return 1

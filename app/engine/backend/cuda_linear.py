@@ -46,10 +46,10 @@ def linear(
         return _linear_fused(x, weight, cache)
     n_tok = x.shape[0]
     out = cupy.empty((n_tok, weight.n_rows), cupy.float32)
+    if n_tok == 0:
+        return out
     if weight.dense is not None:
         matmul_t(x, weight.dense, out)
-    elif n_tok == 0:
-        return out
     elif n_tok <= GEMV_MAX_TOKENS:
         return gemv_kernels.gemv(
             weight.data, weight.qtype.name, weight.row_bytes, weight.n_rows, weight.n_cols, x, out, bias

@@ -12,9 +12,10 @@ import re
 from pathlib import Path
 
 from PySide6.QtCore import Qt, QUrl, Signal
-from PySide6.QtGui import QStandardItem, QStandardItemModel
+from PySide6.QtGui import QStandardItem, QStandardItemModel, QTextCursor
 from PySide6.QtWidgets import (
     QHBoxLayout,
+    QHeaderView,
     QLabel,
     QLineEdit,
     QListWidget,
@@ -32,12 +33,13 @@ from app.studio.doc_qa import Citation, DocAnswer, DocQASession, IngestReport
 from app.studio.runtime import RuntimeStatus
 from app.studio.tasks import Progress, TaskHandle, TaskResult
 from app.ui.context import RuntimeWatcher
-from app.ui.widgets.drop_zone import DropZone, FileChooser, choose_files
+from app.ui.widgets.drop_zone import DropZone, FileChooser, FileDropFilter, choose_files
 from app.ui.widgets.tables import make_table
 from app.ui.workers import Worker
 
 FILE_FILTERS = "Documents (*.pdf *.docx *.xlsx *.xlsm *.txt *.md *.markdown *.csv *.log);;All files (*)"
 COLUMNS = ("Document", "Type", "Contents", "Excerpts")
+MAX_NAME_WIDTH = 240  # pixels: a long file name is elided (its tooltip has the whole path)
 KIND_NAMES = {"pdf": "PDF", "docx": "Word", "xlsx": "Excel", "text": "Text", "markdown": "Markdown"}
 _CITE = re.compile(r"\[(\d+(?:\s*,\s*\d+)*)\]")
 
@@ -80,6 +82,10 @@ class DocumentsPane(QWidget):
         self.documents = QStandardItemModel(0, len(COLUMNS))
         self.documents.setHorizontalHeaderLabels(COLUMNS)
         self.table = make_table(self.documents)
+        self.table.setWordWrap(False)
+        header = self.table.horizontalHeader()  # names and contents both matter: the contents take the slack
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.ResizeToContents)
+        header.setSectionResizeMode(2, QHeaderView.ResizeMode.Stretch)
         self.remove_button = QPushButton("Remove")
         self.clear_button = QPushButton("Remove all")
         buttons = QHBoxLayout()
@@ -102,14 +108,14 @@ class DocumentsPane(QWidget):
         self.answer_view.setPlaceholderText("Answers stream in here, citing the page, sheet or section they use.")
         self.sources = QListWidget()
         self.sources.setMaximumHeight(110)
-        self.excerpt_title = QLabel("Click a source to read the passage.")
-        self.excerpt_title.setObjectName("mutedText")
+        self.excerpt_title = QLabel("Click an excerpt or a citation to read the passage.")
         self.excerpt = QPlainTextEdit()
         self.excerpt.setReadOnly(True)
         self.excerpt.setMaximumHeight(130)
         right = _column(_heading("Question"))
         right.layout().addLayout(ask_row)
-        for widget in (self.answer_view, _heading("Sources"), self.sources, self.excerpt_title, self.excerpt):
+        for widget in (self.answer_view, _heading("Excerpts given to the model"), self.sources,
+                       self.excerpt_title, self.excerpt):
             right.layout().addWidget(widget)
         right.layout().setStretchFactor(self.answer_view, 1)
 
@@ -117,7 +123,7 @@ class DocumentsPane(QWidget):
         splitter.addWidget(left)
         splitter.addWidget(right)
         splitter.setStretchFactor(1, 1)
-        splitter.setSizes([420, 700])
+        splitter.setSizes([480, 640])
         layout = QVBoxLayout(self)
         layout.addWidget(self.drop_zone)
         layout.addWidget(self.mode)
@@ -126,6 +132,9 @@ class DocumentsPane(QWidget):
         layout.addWidget(splitter, 1)
 
         self.drop_zone.files_dropped.connect(self.add_files)
+        self.drops = FileDropFilter(self)  # a drop that misses the box still counts
+        self.drops.watch(self, self.table, self.answer_view)
+        self.drops.files_dropped.connect(self.add_files)
         self.cancel_button.clicked.connect(self.cancel_ingest)
         self.remove_button.clicked.connect(self.remove_selected)
         self.clear_button.clicked.connect(self.remove_all)
@@ -182,8 +191,14 @@ class DocumentsPane(QWidget):
             name = QStandardItem(document.name)
             name.setData(str(document.path), Qt.ItemDataRole.UserRole)
             name.setToolTip(str(document.path))
+            contents = QStandardItem(document.describe())
+            contents.setToolTip(document.describe())
             self.documents.appendRow([name, QStandardItem(KIND_NAMES.get(document.kind, document.kind)),
-                                      QStandardItem(document.describe()), QStandardItem(str(document.chunks))])
+                                      contents, QStandardItem(str(document.chunks))])
+        # Qt sizes "resize to contents" columns when the view is laid out, not when rows arrive later
+        for column in (0, 1, 3):
+            self.table.resizeColumnToContents(column)
+        self.table.setColumnWidth(0, min(self.table.columnWidth(0), MAX_NAME_WIDTH))
         self._update_buttons()
 
     def _on_ingested(self, result: TaskResult[IngestReport]) -> None:
@@ -227,7 +242,7 @@ class DocumentsPane(QWidget):
             self.sources.addItem(item)
 
     def _on_delta(self, text: str) -> None:
-        self.answer_view.moveCursor(self.answer_view.textCursor().MoveOperation.End)
+        self.answer_view.moveCursor(QTextCursor.MoveOperation.End)
         self.answer_view.insertPlainText(text)
 
     def _on_answer(self, result: TaskResult[DocAnswer]) -> None:
@@ -259,7 +274,7 @@ class DocumentsPane(QWidget):
         if not 0 <= row < len(self.citations):
             return
         citation = self.citations[row]
-        self.excerpt_title.setText(citation.label)
+        self.excerpt_title.setText(f"<b>{html.escape(citation.label)}</b>")
         self.excerpt.setPlainText(citation.text)
         if self.sources.currentRow() != row:
             self.sources.setCurrentRow(row)
@@ -275,8 +290,9 @@ class DocumentsPane(QWidget):
         if not status.ready:
             self.mode.setText("No model is loaded: documents can be added now; load a model in the Models "
                               "pane to ask questions.")
-        elif self.session.supports_vision:
-            self.mode.setText(f"{status.model} reads images: PDF pages go to it as pictures.")
+        elif self.session.supports_vision:  # no engine path takes images yet: say what really happens
+            self.mode.setText(f"{status.model} can read images, but the engine cannot pass them yet: the "
+                              "documents' extracted text is used.")
         else:
             self.mode.setText(f"{status.model} reads text only, so the documents' extracted text is used "
                               "(pages are not sent as images).")
@@ -321,8 +337,7 @@ def _cite_links(numbers: str, count: int) -> str:
 
 
 def _heading(text: str) -> QLabel:
-    label = QLabel(f"<b>{text}</b>")
-    return label
+    return QLabel(f"<b>{text}</b>")
 
 
 def _column(*widgets: QWidget) -> QWidget:

@@ -41,7 +41,7 @@ from app.studio.transcription import (
     word_at,
 )
 from app.ui.widgets.dialogs import Dialogs
-from app.ui.widgets.drop_zone import DropZone, FileChooser, choose_files
+from app.ui.widgets.drop_zone import DropZone, FileChooser, FileDropFilter, choose_files
 from app.ui.workers import Worker
 
 if TYPE_CHECKING:
@@ -171,7 +171,6 @@ class TranscribePane(QWidget):
         self.position = QSlider(Qt.Orientation.Horizontal)
         self.position_label = QLabel("00:00.00")
         self.selection_label = QLabel()
-        self.selection_label.setObjectName("mutedText")
         position_row = QHBoxLayout()
         position_row.addWidget(QLabel("Position"))
         position_row.addWidget(self.position, 1)
@@ -196,8 +195,13 @@ class TranscribePane(QWidget):
         layout.addLayout(export_row)
 
         self.drop_zone.files_dropped.connect(self.transcribe_files)
+        self.drops = FileDropFilter(self)  # a drop that misses the box still counts
+        self.drops.watch(self, self.segments, self.words)
+        self.drops.files_dropped.connect(self.transcribe_files)
         self.cancel_button.clicked.connect(self.cancel)
         self.segments.currentRowChanged.connect(self.select_segment)
+        # a click on the segment the position already selected changes no row, and should still jump
+        self.segments.itemClicked.connect(lambda item: self.select_segment(self.segments.row(item)))
         self.words.word_clicked.connect(self.select_word)
         self.position.valueChanged.connect(self._on_position)
         self._show_progress(None)

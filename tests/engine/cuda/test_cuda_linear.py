@@ -1,4 +1,5 @@
-"""`CudaBackend.linear`: the GEMV path for decode, dequantize + cuBLAS for prefill."""
+"""`CudaBackend.linear`: the GEMV path for decode; above 8 tokens cuBLAS on the float16 weight
+cache ("auto") or on slices dequantized per call ("off")."""
 
 from __future__ import annotations
 
@@ -15,9 +16,17 @@ GEMV_TOL = 2e-5
 F16_TOL = 3e-3  # x and W rounded to float16 for the tensor cores (2^-11 each), float32 accumulation
 
 
+@pytest.fixture(scope="module", params=["auto", "off"])
+def backend(request, cuda):
+    from app.engine.backend.cuda import CudaBackend
+
+    return CudaBackend(dense_cache=request.param)
+
+
 @pytest.mark.parametrize("n_tok", [1, 4, 8, 9, 64, 300])
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0", "Q5_0", "Q4_1", "F16", "BF16", "F32"])
-def test_linear_matches_oracle(cuda, rng, qtype: str, n_tok: int) -> None:
+def test_linear_matches_oracle(backend, rng, qtype: str, n_tok: int) -> None:
+    cuda = backend
     rows, cols = 333, 1024
     tensor = random_tensor(qtype, rows, cols, rng)
     x = rng.standard_normal((n_tok, cols)).astype(np.float32)
@@ -32,7 +41,9 @@ def test_linear_matches_oracle(cuda, rng, qtype: str, n_tok: int) -> None:
 def test_linear_prefill_slices_large_matrices(cuda, rng, monkeypatch) -> None:
     """Several scratch slices (forced small) give the same result as one."""
     from app.engine.backend import cuda_linear
+    from app.engine.backend.cuda import CudaBackend
 
+    cuda = CudaBackend(dense_cache="off")  # the per-call dequantization is what slices
     monkeypatch.setattr(cuda_linear, "SCRATCH_ELEMENTS", 300 * 512)
     tensor = random_tensor("Q4_K", 1000, 512, rng)
     x = rng.standard_normal((17, 512)).astype(np.float32)
