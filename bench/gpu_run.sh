@@ -11,9 +11,10 @@ OUT=${OUT:-/tmp/gpu-run}
 BUDGET=${BUDGET:-540}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$HOME/site" .whl/*.whl || exit 1
-export PYTHONPATH=$PWD:$HOME/site PYTHONUNBUFFERED=1
+# Compiled kernels cached outside $OUT (only 8 files come back from it), shared by every stage.
+export PYTHONPATH=$PWD:$HOME/site PYTHONUNBUFFERED=1 PADDOCK_KERNEL_CACHE=/tmp/paddock-kernels
 STAGES=${STAGES:-tests micro parity speed serve}
-nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm --format=csv | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm --format=csv
 
 # left SECONDS: true while at least $1 seconds of the budget remain
 left() { (( BUDGET - SECONDS >= $1 )); }
@@ -22,8 +23,9 @@ if [[ $STAGES == *tests* ]]; then
   timeout 200 python3 -m pytest -q -m gpu tests/engine/cuda -x -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -25
 fi
 if [[ $STAGES == *micro* ]] && left 300; then
-  timeout 100 python3 bench/gpu_check.py --out "$OUT/check" --no-tests --only "copy bandwidth,fused" 2>&1 \
+  timeout 100 python3 bench/gpu_check.py --out /tmp/check --no-tests --only "copy bandwidth,fused" 2>&1 \
     | tee "$OUT/micro.log" | sed -n '/=== summary ===/,$p'
+  cp /tmp/check/results.json "$OUT/micro.json" 2>/dev/null
 fi
 python3 bench/make_random_gguf.py --shape tiny --out /tmp/tiny.gguf
 if [[ $STAGES == *parity* ]] && left 240; then

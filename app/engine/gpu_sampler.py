@@ -22,12 +22,23 @@ import numpy as np
 from app.engine.request import Request, TokenLogprob
 from app.engine.sampler import GREEDY_BELOW, Sampler, SamplerOutput
 
-_THREADS = 1024  # one block per row: a 150k vocabulary is ~150 logits per thread
+_THREADS = 256
+_SLICE = 4096  # logits per block: a 150k vocabulary is ~38 blocks per row, 16 logits per thread
 _GUMBEL_SOURCE = r"""
-extern "C" __global__ void __launch_bounds__(1024) gumbel_argmax(const float* logits, const unsigned char* params,
-        const float* cutoff, int n_rows, int vocab, long long* out) {
+// Each block scans one slice of one row and folds its best (value, id) into best[row] with a
+// 64-bit atomicMax on a packed key: the value's bits made order-preserving as unsigned in the
+// high word, the complement of the id in the low word (so ties go to the lowest id, as numpy's
+// argmax). A row is spread over many blocks: one block per row made sampling a 30 us tail.
+__device__ __forceinline__ unsigned long long pack(float v, int i) {
+    unsigned int u = __float_as_uint(v);
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return ((unsigned long long)u << 32) | (0xFFFFFFFFu - (unsigned int)i);
+}
+
+extern "C" __global__ void __launch_bounds__(256) gumbel_argmax(const float* logits, const unsigned char* params,
+        const float* cutoff, int n_rows, int vocab, unsigned long long* best) {
     // params, one pinned upload per step: seed u64 [n] | step u64 [n] | inverse temperature f32 [n] | greedy i32 [n].
-    // Greedy rows take the plain argmax (no noise, no cutoff); ties go to the lowest id, as numpy's argmax.
+    // Greedy rows take the plain argmax (no noise, no cutoff). best[] starts at 0 (no candidate).
     const int row = blockIdx.x;
     const unsigned long long seed = reinterpret_cast<const unsigned long long*>(params)[row];
     const unsigned long long step = reinterpret_cast<const unsigned long long*>(params)[n_rows + row];
@@ -35,9 +46,11 @@ extern "C" __global__ void __launch_bounds__(1024) gumbel_argmax(const float* lo
     const bool greedy = reinterpret_cast<const int*>(params + 20 * n_rows)[row] != 0;
     const float cut = (greedy || cutoff == nullptr) ? -__int_as_float(0x7f800000) : cutoff[row];
     const float* x = logits + (long long)row * vocab;
-    float best = -__int_as_float(0x7f800000); int best_id = 0x7fffffff;
+    const int span = (vocab + gridDim.y - 1) / gridDim.y;
+    const int lo = blockIdx.y * span, hi = min(vocab, lo + span);
+    unsigned long long top = 0;
     const unsigned long long key = seed * 0x9E3779B97F4A7C15ull ^ (step + 0x632BE59BD9B4E019ull);
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
         float g = x[i];
         if (!greedy) {
             const float v = g * inv_t;
@@ -49,25 +62,22 @@ extern "C" __global__ void __launch_bounds__(1024) gumbel_argmax(const float* lo
             const float u = ((z >> 40) + 0.5f) * (1.0f / 16777216.0f);   // in (0, 1)
             g = v - logf(-logf(u));
         }
-        if (g > best || (g == best && i < best_id)) { best = g; best_id = i; }
+        const unsigned long long k = pack(g, i);
+        top = k > top ? k : top;
     }
-    // Warp argmax by shuffles, then the warps' winners through shared memory.
     for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, best_id, o);
-        if (ov > best || (ov == best && oi < best_id)) { best = ov; best_id = oi; }
+        const unsigned long long other = __shfl_xor_sync(0xffffffffu, top, o);
+        top = other > top ? other : top;
     }
-    __shared__ float sv[32]; __shared__ int si[32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0) { sv[warp] = best; si[warp] = best_id; }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < (int)(blockDim.x >> 5); ++w)
-            if (sv[w] > best || (sv[w] == best && si[w] < best_id)) { best = sv[w]; best_id = si[w]; }
-        out[row] = best_id == 0x7fffffff ? 0 : best_id;
-    }
+    if ((threadIdx.x & 31) == 0 && top != 0) atomicMax(best + row, top);
 }
 """
+
+
+def _ids(best: np.ndarray) -> list[int]:
+    """Token ids from the packed keys (0: no candidate survived the cutoff, take id 0)."""
+    ids = np.uint64(0xFFFFFFFF) - (best & np.uint64(0xFFFFFFFF))
+    return np.where(best == 0, 0, ids).astype(np.int64).tolist()
 
 
 class GpuSampler:
@@ -97,13 +107,14 @@ class GpuSampler:
         filtered = [p.min_p > 0 or 0 < p.top_k < logits.shape[1] or p.top_p < 1.0 for p in params]
         cutoff = self._cutoffs(logits, params, inv_t.astype(np.float32)) if any(filtered) else None
         seeds, steps = self._seeds(requests)
-        chosen = xp.empty(n, dtype=xp.int64)
+        vocab = logits.shape[1]
+        best = xp.zeros(n, dtype=xp.uint64)
         self._kernel(
-            (n,), (_THREADS,),
+            (n, -(-vocab // _SLICE)), (_THREADS,),
             (logits, self._upload_params(seeds, steps, inv_t, greedy), cutoff if cutoff is not None else np.uint64(0),
-             np.int32(n), np.int32(logits.shape[1]), chosen),
+             np.int32(n), np.int32(vocab), best),
         )  # fmt: skip
-        token_ids = xp.asnumpy(chosen).tolist()  # the one device-to-host copy of the step
+        token_ids = _ids(xp.asnumpy(best))  # the one device-to-host copy of the step
         if on_host:
             host_rows = self.host.sample(
                 xp.asnumpy(logits[xp.asarray(on_host)]), [requests[i] for i in on_host]

@@ -5,8 +5,10 @@
 // token's visible keys [lo, pos] (causal, optionally limited to a sliding window) are cut
 // into `num_splits` ranges of `split_len` keys; each block walks its range in chunks of
 // CHUNK keys with an online softmax. With one split the block writes the normalized
-// output; with several it writes (acc, max, sum) partials that `attn_combine` merges, so a
-// long context is read by many blocks at once.
+// output; with several it writes (acc, max, sum) partials, so a long context is read by
+// many blocks at once, and the last split block of a (token, KV head) to finish, found
+// by an atomic count, merges them (no second launch: in a decode graph that launch cost
+// as much as the merge itself). The count goes back to zero for the next launch.
 //
 // Score phase: G lanes share a key, each holding E of its head_dim elements of every
 // group head's query in registers; their partial dot products meet through shuffles.
@@ -70,10 +72,12 @@ __device__ __forceinline__ void attn_body(const float* __restrict__ q, const u16
                                           int table_stride, int n_seqs, int n_heads, int n_kv, int block_size,
                                           float scale, float softcap, int window, int split_len,
                                           float* __restrict__ out, float* __restrict__ part_acc,
-                                          float* __restrict__ part_m, float* __restrict__ part_l) {
+                                          float* __restrict__ part_m, float* __restrict__ part_l,
+                                          int* __restrict__ counters) {
     typedef AttnShape<D, GMAX> S;
     __shared__ float sc[GMAX][ATTN_CHUNK];  // scores, then probabilities; finally the output sum
     __shared__ float m_s[GMAX], l_s[GMAX], alpha_s[GMAX];
+    __shared__ int last_split;
 
     const int t = blockIdx.x, g = blockIdx.y, split = blockIdx.z, n_splits = gridDim.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -227,27 +231,35 @@ __device__ __forceinline__ void attn_body(const float* __restrict__ q, const u16
             }
         }
     }
-}
+    if (n_splits == 1) return;
 
-// Merge the splits of one (token, head): rescale each partial sum to the common max.
-extern "C" __global__ void __launch_bounds__(256) attn_combine(const float* __restrict__ part_acc,
-                                                              const float* __restrict__ part_m,
-                                                              const float* __restrict__ part_l, float* __restrict__ out,
-                                                              int n_splits, int head_dim) {
-    const i64 row = blockIdx.x;  // token * n_heads + head
-    const float* m = part_m + row * n_splits;
-    const float* l = part_l + row * n_splits;
-    float mx = -PADDOCK_INF;
-    for (int s = 0; s < n_splits; ++s) mx = fmaxf(mx, m[s]);
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+    // Publish this split's partials, then count it; the last split of (t, g) merges them all.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int* count = counters + (i64)t * n_kv + g;
+        last_split = atomicAdd(count, 1) == n_splits - 1;
+        if (last_split) *count = 0;  // every split has counted: ready for the next launch
+    }
+    __syncthreads();
+    if (!last_split) return;
+    __threadfence();
+    for (int idx = threadIdx.x; idx < group * D; idx += blockDim.x) {
+        const int h = idx / D, d = idx % D;
+        const i64 row = (i64)t * n_heads + head0 + h;
+        // Rescale each split's sum to the common max; empty splits (max -inf) add nothing.
+        // __ldcg: read the other blocks' partials from L2, never from a stale L1 line.
+        float mx = -PADDOCK_INF;
+        for (int s = 0; s < n_splits; ++s) mx = fmaxf(mx, __ldcg(part_m + row * n_splits + s));
         float num = 0.f, den = 0.f;
         for (int s = 0; s < n_splits; ++s) {
-            if (m[s] == -PADDOCK_INF) continue;  // an empty split: its sum may be garbage-free zeros, skip anyway
-            const float wgt = expf(m[s] - mx);
-            num = fmaf(wgt, part_acc[(row * n_splits + s) * head_dim + d], num);
-            den = fmaf(wgt, l[s], den);
+            const float m = __ldcg(part_m + row * n_splits + s);
+            if (m == -PADDOCK_INF) continue;
+            const float wgt = expf(m - mx);
+            num = fmaf(wgt, __ldcg(part_acc + (row * n_splits + s) * D + d), num);
+            den = fmaf(wgt, __ldcg(part_l + row * n_splits + s), den);
         }
-        out[row * head_dim + d] = den > 0.f ? num / den : 0.f;
+        out[row * D + d] = den > 0.f ? num / den : 0.f;
     }
 }
 
@@ -257,9 +269,10 @@ extern "C" __global__ void __launch_bounds__(256) attn_combine(const float* __re
         const int* __restrict__ qsl, const int* __restrict__ seq_lens, const int* __restrict__ block_tables,   \
         int table_stride, int n_seqs, int n_heads, int n_kv, int block_size, float scale, float softcap,       \
         int window, int split_len, float* __restrict__ out, float* __restrict__ part_acc,                      \
-        float* __restrict__ part_m, float* __restrict__ part_l) {                                              \
+        float* __restrict__ part_m, float* __restrict__ part_l, int* __restrict__ counters) {                  \
         attn_body<D, GMAX>(q, k_cache, v_cache, qsl, seq_lens, block_tables, table_stride, n_seqs, n_heads,    \
-                           n_kv, block_size, scale, softcap, window, split_len, out, part_acc, part_m, part_l); \
+                           n_kv, block_size, scale, softcap, window, split_len, out, part_acc, part_m, part_l,  \
+                           counters);                                                                           \
     }
 
 #define ATTN_HEAD_DIM(D) ATTN_KERNEL(D, 1) ATTN_KERNEL(D, 2) ATTN_KERNEL(D, 4) ATTN_KERNEL(D, 8) ATTN_KERNEL(D, 16)

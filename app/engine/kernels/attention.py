@@ -10,11 +10,27 @@ from app.engine.kernels.launch import NULL, cdiv, f32, i32
 
 CHUNK = 256  # keys per pass inside a block (ATTN_CHUNK)
 MIN_SPLIT = 64  # shortest split: below this, the partial sums cost more than the keys
-MAX_SPLITS = 128  # the combine kernel walks the splits one by one
+MAX_SPLITS = 128  # the merging block walks the splits one by one
 THREADS = 128  # ATTN_WARPS * 32
 GROUP_BUCKETS = (1, 2, 4, 8, 16)
 HEAD_DIMS = (64, 128, 256)
 NO_SPLIT = 1 << 30
+
+
+# Per (token, KV head) counts of finished splits (attention.cu): zero between launches. Kept
+# for the life of the process, since captured CUDA graphs hold their address; a bigger batch
+# gets a bigger buffer and the old one stays alive for the graphs that use it.
+_counters: dict[int, list[Any]] = {}  # device id -> buffers, the newest last
+MIN_COUNTERS = 1 << 16
+
+
+def _split_counters(n: int) -> Any:
+    import cupy
+
+    buffers = _counters.setdefault(cupy.cuda.Device().id, [])
+    if not buffers or buffers[-1].size < n:
+        buffers.append(cupy.zeros(max(n, MIN_COUNTERS), cupy.int32))
+    return buffers[-1]
 
 
 @dataclass(frozen=True)
@@ -95,25 +111,16 @@ def attention(
     }
     kernel = get_kernel("attention.cu", f"attn_d{head_dim}_g{gmax}", defines)
     n_seqs = seq_lens.shape[0]
+    part_acc = part_m = part_l = counters = NULL
     if plan.num_splits > 1:
         part_acc = cupy.empty((n_tok, n_heads, plan.num_splits, head_dim), cupy.float32)
         part_m = cupy.empty((n_tok, n_heads, plan.num_splits), cupy.float32)
         part_l = cupy.empty((n_tok, n_heads, plan.num_splits), cupy.float32)
-        target = NULL
-    else:
-        part_acc = part_m = part_l = NULL
-        target = out
+        counters = _split_counters(n_tok * n_kv)
     args = (
         q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, i32(block_tables.shape[1]), i32(n_seqs),
         i32(n_heads), i32(n_kv), i32(block_size), f32(scale), f32(softcap or 0.0), i32(sliding_window or 0),
-        i32(plan.split_len), target, part_acc, part_m, part_l,
+        i32(plan.split_len), out, part_acc, part_m, part_l, counters,
     )  # fmt: skip
     kernel((n_tok, n_kv, plan.num_splits), (THREADS,), args)
-    if plan.num_splits > 1:
-        combine = get_kernel("attention.cu", "attn_combine", defines)
-        combine(
-            (n_tok * n_heads,),
-            (min(256, head_dim),),
-            (part_acc, part_m, part_l, out, i32(plan.num_splits), i32(head_dim)),
-        )
     return out

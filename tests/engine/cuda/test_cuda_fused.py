@@ -122,7 +122,7 @@ def test_dense_cache_policy(cuda, rng) -> None:
         CudaBackend(dense_cache="sometimes")
 
 
-def test_fused_float16_copies_are_stacked(rng) -> None:
+def test_fused_float16_copies_are_stacked(cuda, rng) -> None:
     from app.engine.backend.cuda import CudaBackend
 
     backend = CudaBackend(dense_cache="on")
@@ -133,7 +133,7 @@ def test_fused_float16_copies_are_stacked(rng) -> None:
 
 
 @pytest.mark.parametrize("mode", ["on", "off"])
-def test_cublas_inside_graph_capture(rng, mode: str) -> None:
+def test_cublas_inside_graph_capture(cuda, rng, mode: str) -> None:
     """Products above the GEMV's 8 tokens (cuBLAS) can be captured and replayed."""
     import cupy
 

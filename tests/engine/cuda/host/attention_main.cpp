@@ -2,6 +2,7 @@
 // argv: dir head_dim gmax n_tok n_heads n_kv block_size n_seqs table_stride scale softcap window
 //       num_splits split_len. Reads dir/{q,k,v,qsl,seq_lens,tables}.bin, writes dir/out.bin.
 #include <cstdio>
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -23,7 +24,7 @@ static std::vector<T> read_file(const std::string& path) {
 }
 
 typedef void (*AttnFn)(const float*, const u16*, const u16*, const int*, const int*, const int*, int, int, int, int,
-                       int, float, float, int, int, float*, float*, float*, float*);
+                       int, float, float, int, int, float*, float*, float*, float*, int*);
 
 static AttnFn pick(int d, int g) {
 #define PICK(D, G) \
@@ -49,16 +50,20 @@ int main(int argc, char** argv) {
     std::vector<float> out((size_t)n_tok * n_heads * d, NAN);
     std::vector<float> acc((size_t)n_tok * n_heads * splits * d, NAN), m((size_t)n_tok * n_heads * splits, NAN),
         l((size_t)n_tok * n_heads * splits, NAN);
+    std::vector<int> counters((size_t)n_tok * n_kv, 0);
     AttnFn fn = pick(d, g);
-    launch({(unsigned)n_tok, (unsigned)n_kv, (unsigned)splits}, {128, 1, 1}, [&] {
-        fn(q.data(), k.data(), v.data(), qsl.data(), seq_lens.data(), tables.data(), stride, n_seqs, n_heads, n_kv,
-           block_size, scale, softcap, window, split_len, splits == 1 ? out.data() : nullptr,
-           splits == 1 ? nullptr : acc.data(), splits == 1 ? nullptr : m.data(), splits == 1 ? nullptr : l.data());
-    });
-    if (splits > 1) {
-        launch({(unsigned)(n_tok * n_heads), 1, 1}, {(unsigned)std::min(256, d), 1, 1},
-               [&] { attn_combine(acc.data(), m.data(), l.data(), out.data(), splits, d); });
+    // Twice: the split counters must be back at zero after a launch for the next one to merge.
+    for (int round = 0; round < 2; ++round) {
+        std::fill(out.begin(), out.end(), NAN);
+        launch({(unsigned)n_tok, (unsigned)n_kv, (unsigned)splits}, {128, 1, 1}, [&] {
+            fn(q.data(), k.data(), v.data(), qsl.data(), seq_lens.data(), tables.data(), stride, n_seqs, n_heads,
+               n_kv, block_size, scale, softcap, window, split_len, out.data(), splits == 1 ? nullptr : acc.data(),
+               splits == 1 ? nullptr : m.data(), splits == 1 ? nullptr : l.data(),
+               splits == 1 ? nullptr : counters.data());
+        });
     }
+    for (int c : counters)
+        if (c != 0) return 5;
     FILE* o = fopen((dir + "/out.bin").c_str(), "wb");
     fwrite(out.data(), sizeof(float), out.size(), o);
     fclose(o);

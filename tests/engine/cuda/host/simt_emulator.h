@@ -85,3 +85,16 @@ inline void launch(dim3 grid, dim3 block, F body) {
                 for (auto& t : threads) t.join();
             }
 }
+
+// Device-wide memory operations: blocks run one after another here, so a fence has nothing
+// to order and an atomic only has to be atomic among one block's threads.
+#include <atomic>
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+template <class T>
+inline T atomicAdd(T* p, T v) {
+    return std::atomic_ref<T>(*p).fetch_add(v);
+}
+template <class T>
+inline T __ldcg(const T* p) {
+    return *p;
+}
