@@ -30,6 +30,7 @@ def measure(model: str, ctx: int, batch: int) -> dict:
     from app.engine.sampling_params import SamplingParams
 
     blocks = batch * -(-ctx // 16) + 1
+    free_at_start = int(cupy.cuda.runtime.memGetInfo()[0])
     engine = LLMEngine(
         EngineConfig(model=model, device="cuda", max_model_len=ctx, max_num_seqs=batch, num_kv_blocks=blocks)
     )
@@ -42,7 +43,8 @@ def measure(model: str, ctx: int, batch: int) -> dict:
     cupy.cuda.Device().synchronize()
     free, total = cupy.cuda.runtime.memGetInfo()
     pool = cupy.get_default_memory_pool()
-    return {"used": total - free, "pool_total": pool.total_bytes(), "pool_used": pool.used_bytes()}
+    return {"used": total - free, "free_at_start": free_at_start, "pool_total": pool.total_bytes(),
+            "pool_used": pool.used_bytes(), "weight_cache": engine.backend.dense_cache.cached_bytes}  # fmt: skip
 
 
 def main() -> None:
@@ -68,7 +70,7 @@ def main() -> None:
             continue
         measured = json.loads(done.stdout.strip().splitlines()[-1])
         options = FitOptions(context_length=args.ctx, batch=args.batch, max_num_seqs=args.batch)
-        predicted = predict_memory(shape_from_checkpoint(model), options, "cuda")
+        predicted = predict_memory(shape_from_checkpoint(model), options, "cuda", measured["free_at_start"])
         error = (predicted.total - measured["used"]) / measured["used"]
         rows.append({"model": Path(model).name, "predicted": predicted.total, "measured": measured["used"],
                      "error": error, "breakdown": predicted.__dict__, **measured})  # fmt: skip

@@ -96,6 +96,7 @@ def time_graph(fns: list[Callable[[], object]], reps: int = 7) -> tuple[float, s
     Falls back to plain event timing when capture fails."""
     import cupy
 
+    cupy.cuda.Device().synchronize()  # the side stream does not wait for inputs written on the default one
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         for fn in fns[:2]:
@@ -419,6 +420,25 @@ def fused_bench(quick: bool) -> None:
                        functools.partial(rope.rope, kn, pos, cos, sin, False, kr),
                        functools.partial(kv.write_kv, k_cache, v_cache, kr, v, slots)]  # fmt: skip
             record(shape, "qk-norm + rope + kv write", n_tok, [fused] * 8, unfused * 8)
+        # Launch shapes of the fused kernels at one token (defaults: R 4 / RH 2, warps by width).
+        x1 = cupy.asarray(rng.standard_normal((1, hidden)).astype(np.float32) * 0.05)
+        g1 = cupy.empty((1, ffn), cupy.float32)
+        y1 = cupy.empty((1, q_rows + 2 * kv_rows), cupy.float32)
+        for warps in (1, 2, 4, 8):
+            for half in (1, 2, 4):
+                t, _ = time_graph([functools.partial(gemv.gemv_gated, g[:3], u[:3], ffn, hidden, x1, "silu", g1,
+                                                     half, warps) for g, u in ffn_sets])  # fmt: skip
+                rows_out.append({"shape": shape, "op": "gate/up variant", "warps": warps, "rows_half": half,
+                                 "us": round(t * 1e6, 2)})  # fmt: skip
+            for rows in (2, 4, 8):
+                t, _ = time_graph([functools.partial(gemv.gemv_multi, ws, hidden, x1, y1, None, rows, warps)
+                                   for ws in sets])  # fmt: skip
+                rows_out.append({"shape": shape, "op": "qkv variant", "warps": warps, "rows": rows,
+                                 "us": round(t * 1e6, 2)})  # fmt: skip
+        variants = [r for r in rows_out if r["shape"] == shape and r["op"].endswith("variant")]
+        for op in ("gate/up variant", "qkv variant"):
+            best = min((r for r in variants if r["op"] == op), key=lambda r: r["us"])
+            log(f"  {shape} {op} best at T=1: {best}")
         # 32 tokens: float16 cache vs dequantize per call vs four 8-token GEMVs (the down projection)
         down = random_tensor("Q4_K", hidden, ffn, rng)
         w_off, w_on = off.load_weight(down), on.load_weight(down)
@@ -435,10 +455,17 @@ def fused_bench(quick: bool) -> None:
                          "dequant_cublas_us": round(t_dequant * 1e6, 2), "gemv_4x8_us": round(t_gemv * 1e6, 2)})  # fmt: skip
         log(f"  {shape} down [{hidden}x{ffn}] T=32: f16 cache {t_cached * 1e6:.1f} us, dequant+cuBLAS "
             f"{t_dequant * 1e6:.1f} us, 4 x GEMV T=8 {t_gemv * 1e6:.1f} us")  # fmt: skip
+        best = {op: min((r for r in rows_out if r["shape"] == shape and r["op"] == op), key=lambda r: r["us"])
+                for op in ("gate/up variant", "qkv variant")}  # fmt: skip
+        for op, r in best.items():
+            SUMMARY.append(f"  {shape} {op} best at T=1: {r['us']} us (warps {r['warps']}, "
+                           f"rows {r.get('rows', r.get('rows_half'))})")  # fmt: skip
         del sets, ffn_sets, qkv_w
         cupy.get_default_memory_pool().free_all_blocks()
     RESULTS["fused"] = rows_out
     for r in rows_out:
+        if r["op"].endswith("variant"):
+            continue
         if "fused_us" in r:
             SUMMARY.append(
                 f"  {r['shape']} {r['op']} T={r['tokens']}: fused {r['fused_us']} us vs {r['unfused_us']} us"

@@ -2,12 +2,20 @@
 
 python3 bench/gpu_engine.py parity MODEL.gguf     # CUDA (graphs and eager) against the numpy backend
 python3 bench/gpu_engine.py speed MODEL.gguf ...  # decode steps/s at batch 1 and 32, host time per step
+python3 bench/gpu_engine.py speed MODEL.gguf --batch 32  # one batch size only
 
 Speed: 200 decode steps after every sequence's prefill, wall time per `engine.step()`
 (schedule, graph replay, sampling, detokenize); the bucket's graph replayed back to back
 gives its GPU time, and the rest of the step is host time the GPU waits through. The HBM
 bound at batch 1 is the measured copy bandwidth over the weight bytes one token reads
 (every matrix once; an untied embedding table only by its one row).
+
+Profile: the same decode step run eagerly with a CUDA event pair around every backend op
+(the graph's own inputs and split plan), GPU milliseconds per op kind summed over the
+layers. Before each op a spin kernel holds the GPU for SPIN_US while Python enqueues the
+start event, the op's kernels and the end event, so the pair times the kernels back to
+back rather than the host's launch latency (the first version, without the spin, measured
+~40 us of Python per op: NOTES-cuda.md, run 7).
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ import json
 import statistics
 import sys
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -98,6 +107,7 @@ def speed(model: str, batch: int, steps: int = 200) -> dict:
     if "output.weight" in tensors:  # untied: the embedding table is read one row per token
         weight_bytes -= tensors["token_embd.weight"].nbytes
     step_ms = 1000 * statistics.median(walls)
+    profiled = profile(engine, batch)
     return {
         "model": Path(model).name,
         "batch": batch,
@@ -107,7 +117,79 @@ def speed(model: str, batch: int, steps: int = 200) -> dict:
         "host_ms_per_step": step_ms - replay_ms,
         "weight_gb_per_token": weight_bytes / 1e9,
         "dense_cache": engine.backend.dense_cache.describe(),
+        "profile_ms": profiled,
+        "profile_sum_ms": sum(profiled.values()),
     }
+
+
+PROFILED_OPS = (
+    "embedding",
+    "rms_norm",
+    "add_rms_norm",
+    "linear",
+    "gated_linear",
+    "rope_and_cache",
+    "attention",
+)
+_LINEAR_KINDS = (("attn_q", "qkv"), ("attn_output", "o"), ("ffn_down", "down"), ("ffn_gate", "gate_up"))
+
+
+def _op_kind(op: str, args: tuple) -> str:
+    if op not in ("linear", "gated_linear"):
+        return op
+    name = getattr(args[1], "name", "")
+    return next((kind for key, kind in _LINEAR_KINDS if key in name), "lm_head")
+
+
+SPIN_US = 300  # longer than the host time to enqueue any one op (attention: ~60 us of Python)
+_SPIN_SOURCE = r"""
+extern "C" __global__ void spin(long long cycles) {
+    const long long start = clock64();
+    while (clock64() - start < cycles) {}
+}
+"""
+
+
+def profile(engine: LLMEngine, batch: int, reps: int = 5) -> dict[str, float]:
+    """GPU ms per op kind of one eager decode step at this batch's bucket (median of `reps`)."""
+    import cupy
+
+    backend, graphs = engine.backend, engine.runner.graphs
+    bucket = graphs.bucket_for(batch)
+    events: list[tuple[str, object, object]] = []
+    spin = cupy.RawKernel(_SPIN_SOURCE, "spin")
+    clock_khz = cupy.cuda.Device().attributes["ClockRate"]
+    cycles = np.int64(SPIN_US * clock_khz // 1000)
+
+    def timed(op: str, fn):
+        def run(*args, **kwargs):
+            start, end = cupy.cuda.Event(), cupy.cuda.Event()
+            spin((1,), (1,), (cycles,))  # the GPU waits here while the op below is enqueued
+            start.record()
+            out = fn(*args, **kwargs)
+            end.record()
+            events.append((_op_kind(op, args), start, end))
+            return out
+
+        return run
+
+    for op in PROFILED_OPS:  # instance attributes shadow the methods the layers call
+        setattr(backend, op, timed(op, getattr(backend, op)))
+    samples: dict[str, list[float]] = defaultdict(list)
+    try:
+        for _ in range(reps):
+            events.clear()
+            graphs._forward(bucket)  # the graph's step, eagerly, on the inputs of the last replay
+            cupy.cuda.Device().synchronize()
+            step: dict[str, float] = defaultdict(float)
+            for kind, start, end in events:
+                step[kind] += cupy.cuda.get_elapsed_time(start, end)
+            for kind, ms in step.items():
+                samples[kind].append(ms)
+    finally:
+        for op in PROFILED_OPS:
+            delattr(backend, op)
+    return {kind: round(statistics.median(ms), 4) for kind, ms in samples.items()}
 
 
 def copy_bandwidth() -> float:
@@ -130,10 +212,15 @@ def main() -> None:
     if what == "parity":
         print(json.dumps({"parity": parity(models[0])}))
         return
+    batches = [1, 32]
+    if "--batch" in models:
+        at = models.index("--batch")
+        batches = [int(b) for b in models[at + 1 :]]
+        models = models[:at]
     bandwidth = copy_bandwidth()
     print(json.dumps({"copy_tb_s": bandwidth}))
     for model in models:
-        for batch in (1, 32):
+        for batch in batches:
             result = speed(model, batch)
             _release()
             bound = bandwidth * 1e12 / (result["weight_gb_per_token"] * 1e9)

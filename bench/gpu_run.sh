@@ -13,7 +13,7 @@ mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$HOME/site" .whl/*.whl || exit 1
 # Compiled kernels cached outside $OUT (only 8 files come back from it), shared by every stage.
 export PYTHONPATH=$PWD:$HOME/site PYTHONUNBUFFERED=1 PADDOCK_KERNEL_CACHE=/tmp/paddock-kernels
-STAGES=${STAGES:-tests micro parity speed serve}
+STAGES=${STAGES:-tests micro parity speed serve}  # SERVE_C1 / SERVE_C32: requests per server run
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm --format=csv
 
 # left SECONDS: true while at least $1 seconds of the budget remain
@@ -22,20 +22,23 @@ left() { (( BUDGET - SECONDS >= $1 )); }
 if [[ $STAGES == *tests* ]]; then
   timeout 200 python3 -m pytest -q -m gpu tests/engine/cuda -x -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -25
 fi
-if [[ $STAGES == *micro* ]] && left 300; then
+if [[ $STAGES == *micro* ]] && left 180; then
   timeout 100 python3 bench/gpu_check.py --out /tmp/check --no-tests --only "copy bandwidth,fused" 2>&1 \
     | tee "$OUT/micro.log" | sed -n '/=== summary ===/,$p'
   cp /tmp/check/results.json "$OUT/micro.json" 2>/dev/null
 fi
 python3 bench/make_random_gguf.py --shape tiny --out /tmp/tiny.gguf
-if [[ $STAGES == *parity* ]] && left 240; then
+if [[ $STAGES == *parity* ]] && left 150; then
   timeout 120 python3 bench/gpu_engine.py parity /tmp/tiny.gguf 2>&1 | tee "$OUT/parity.log" | tail -3
 fi
 for shape in qwen3-0.6b qwen3-8b; do
   [[ -f /tmp/$shape.gguf ]] || python3 bench/make_random_gguf.py --shape $shape --out /tmp/$shape.gguf
 done
-if [[ $STAGES == *speed* ]] && left 200; then
-  timeout 200 python3 bench/gpu_engine.py speed /tmp/qwen3-0.6b.gguf /tmp/qwen3-8b.gguf 2>&1 | tee "$OUT/speed.log" | grep '^{'
+if [[ $STAGES == *speed* ]]; then
+  for shape in qwen3-0.6b qwen3-8b; do  # one process per model, both batch sizes in it
+    left 90 || break
+    timeout 120 python3 bench/gpu_engine.py speed /tmp/$shape.gguf --batch 1 32 2>&1 | tee -a "$OUT/speed.log" | grep '^{'
+  done
 fi
 if [[ $STAGES == *serve* ]]; then
   for shape in qwen3-0.6b qwen3-8b; do
@@ -45,7 +48,7 @@ if [[ $STAGES == *serve* ]]; then
     pid=$!
     for _ in $(seq 1 90); do curl -sf localhost:11660/health > /dev/null && break; sleep 1; done
     for c in 1 32; do
-      n=$(( c == 1 ? 12 : 96 ))
+      n=$(( c == 1 ? ${SERVE_C1:-12} : ${SERVE_C32:-96} ))
       timeout 90 python3 -m app.cli bench --concurrency $c --requests $n --input-tokens 128 --output-tokens 128 --json \
         | tee -a "$OUT/bench.jsonl"
     done

@@ -80,6 +80,9 @@ def run(args: argparse.Namespace) -> int:
     from app.engine.server.launch import serve_blocking
     from app.engine.server.settings import ServerSettings
 
+    # The engine thread and the HTTP event loop share the GIL: hand it over often, so streams
+    # are written while the GPU works rather than in bursts between steps.
+    sys.setswitchinterval(0.0005)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -191,8 +191,7 @@ class AsyncEngine:
                 log.exception("engine step failed")
                 self._fail_all(EngineDeadError(f"the engine failed while generating: {exc}"))
                 continue
-            for out in outputs:
-                self._deliver(out.request_id, out)
+            self._deliver_step(outputs)
 
     def _drain_commands(self) -> None:
         while True:
@@ -220,6 +219,24 @@ class AsyncEngine:
         except Exception as exc:
             self._deliver(request.request_id, exc)
 
+    def _deliver_step(self, outputs: list[RequestOutput]) -> None:
+        """All of a step's outputs in one hand-off per event loop (one wake-up, not one per request)."""
+        by_loop: dict[Any, list[tuple[_Stream, RequestOutput]]] = {}
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is None:
+                continue
+            if out.finished:
+                del self._streams[out.request_id]
+            by_loop.setdefault(stream.loop, []).append((stream, out))
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:  # the caller's event loop is gone
+                for _, out in items:
+                    self._streams.pop(out.request_id, None)
+                    self.engine.abort(out.request_id)
+
     def _deliver(self, request_id: str, item: Any) -> None:
         stream = self._streams.get(request_id)
         if stream is None:
@@ -236,3 +253,8 @@ class AsyncEngine:
         for request_id in list(self._streams):
             self.engine.abort(request_id)
             self._deliver(request_id, error)
+
+
+def _put_all(items: list[tuple[_Stream, RequestOutput]]) -> None:
+    for stream, out in items:
+        stream.queue.put_nowait(out)

@@ -21,6 +21,9 @@ class EngineConfig:
     kv_dtype: str = "auto"  # "auto" | "float32" | "float16" | "fp8"
     enable_prefix_caching: bool = True
     cuda_graphs: bool = True  # replay decode steps as CUDA graphs (CUDA only)
+    # float16 copies of the weights for batched products (CUDA only): "auto" keeps them only on a
+    # GPU with room to spare (app/engine/fit.py: use_weight_cache), "on", or "off"
+    weight_cache: str = "auto"
     served_model_name: str | None = None  # the id the API reports; None: the file's stem
     seed: int = 0  # for requests without their own seed
 
@@ -31,5 +34,7 @@ class EngineConfig:
             raise ValueError("max_num_seqs, max_num_batched_tokens and block_size must be positive")
         if self.max_model_len is not None and self.max_model_len < 16:
             raise ValueError("max_model_len must be at least 16 tokens")
+        if self.weight_cache not in ("auto", "on", "off"):
+            raise ValueError(f"weight_cache must be auto, on or off, not {self.weight_cache!r}")
         if not 0.05 <= self.gpu_memory_utilization <= 1.0:
             raise ValueError("gpu_memory_utilization must be between 0.05 and 1.0")

@@ -69,7 +69,7 @@ class LLMEngine:
         self.chat_template = chat_template_for(
             template_source, self.tokenizer, self.model_config.architecture
         )
-        self.backend = select_backend(config.device)
+        self.backend = select_backend(config.device, self._weight_cache_mode())
 
         cfg = self.model_config
         self.block_size = config.block_size
@@ -125,6 +125,20 @@ class LLMEngine:
             self.info.name, cfg.architecture, self.info.quantization, self.backend.name,
             time.monotonic() - started, self.max_model_len, num_blocks, self.block_size,
         )  # fmt: skip
+
+    def _weight_cache_mode(self) -> str:
+        """"auto" becomes "off" unless the GPU has room to spare for float16 weight copies."""
+        if self.config.weight_cache != "auto" or self.config.device == "cpu":
+            return self.config.weight_cache
+        from app.engine import fit
+
+        cfg = self.model_config
+        weights = sum(t.nbytes for t in self.checkpoint.tensors.values())
+        shape = fit.ModelShape(cfg.architecture, cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads,
+                               cfg.head_dim, cfg.intermediate_size, cfg.vocab_size, cfg.context_length, weights)  # fmt: skip
+        memory = fit.device_memory()
+        free = memory.free_bytes if memory.kind == "cuda" else None
+        return "auto" if fit.use_weight_cache(weights, fit.weight_copy_bytes(shape), free) else "off"
 
     def _num_kv_blocks(self, positions: int) -> int:
         """KV blocks: enough for max_num_seqs full-length sequences, capped by the memory budget

@@ -40,6 +40,7 @@ GiB = 1024**3
 CUDA_RUNTIME_OVERHEAD_BYTES = 768 * MiB
 # The Python process around a CPU engine: interpreter, numpy, tokenizer tables.
 CPU_RUNTIME_OVERHEAD_BYTES = 384 * MiB
+DENSE_CACHE_FRACTION = 0.35  # the CUDA backend's "auto" share of free memory for float16 copies
 PREDICTION_MARGIN = 0.05  # predictions are trusted to within 5%: closer than that is "tight"
 ACTIVATION_BYTES = 4  # the engine keeps activations in float32
 BLOCK_SIZE = 16  # contexts are reported in whole KV blocks
@@ -111,10 +112,11 @@ class MemoryBreakdown:
     kv_cache: int
     activations: int
     overhead: int
+    weight_cache: int = 0  # CUDA: float16 copies of the projections (memory traded for speed)
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv_cache + self.activations + self.overhead
+        return self.weights + self.weight_cache + self.kv_cache + self.activations + self.overhead
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,7 @@ class FitReport:
         lines = [
             f"Verdict: {self.verdict} ({format_bytes(b.total)} needed; {self.device.describe()})",
             f"  weights      {format_bytes(b.weights):>10}",
+            f"  f16 copies   {format_bytes(b.weight_cache):>10}  (CUDA: faster batched products)",
             f"  KV cache     {format_bytes(b.kv_cache):>10}  ({self.context_length} tokens x {self.batch}, "
             f"{self.kv_dtype})",
             f"  activations  {format_bytes(b.activations):>10}",
@@ -174,7 +177,31 @@ def activation_bytes(shape: ModelShape, step_tokens: int, max_num_seqs: int) -> 
     return (step_tokens * per_token + logits) * ACTIVATION_BYTES
 
 
-def predict_memory(shape: ModelShape, options: FitOptions, device_kind: str) -> MemoryBreakdown:
+def weight_copy_bytes(shape: ModelShape) -> int:
+    """float16 copies of every projection and the output head: what the CUDA backend's
+    weight cache (app/engine/backend/cuda_dense.py) holds when it is on."""
+    s = shape
+    per_layer = 2 * s.num_heads * s.head_dim + 2 * s.num_kv_heads * s.head_dim + 3 * s.intermediate_size
+    return 2 * (s.num_layers * per_layer * s.hidden_size + s.vocab_size * s.hidden_size)
+
+
+def use_weight_cache(weight_bytes: int, copy_bytes: int, free_bytes: int | None) -> bool:
+    """The engine's "auto" rule: keep float16 copies only on a GPU with room to spare (at least
+    twice the weights plus their copies free), so they never take the KV cache's memory."""
+    return free_bytes is not None and free_bytes >= 2 * (weight_bytes + copy_bytes)
+
+
+def weight_cache_bytes(shape: ModelShape, free_bytes: int | None) -> int:
+    """Predicted bytes of float16 copies under the "auto" rule, capped at the backend's share."""
+    copies = weight_copy_bytes(shape)
+    if not use_weight_cache(shape.weight_bytes, copies, free_bytes):
+        return 0
+    return min(copies, int(DENSE_CACHE_FRACTION * free_bytes))
+
+
+def predict_memory(
+    shape: ModelShape, options: FitOptions, device_kind: str, free_bytes: int | None = None
+) -> MemoryBreakdown:
     context = options.context_length or shape.context_length
     kv_dtype = resolve_kv_dtype(options.kv_dtype, device_kind)
     overhead = CUDA_RUNTIME_OVERHEAD_BYTES if device_kind == "cuda" else CPU_RUNTIME_OVERHEAD_BYTES
@@ -183,6 +210,7 @@ def predict_memory(shape: ModelShape, options: FitOptions, device_kind: str) -> 
         kv_cache=kv_cache_bytes(shape, context, options.batch, kv_dtype),
         activations=activation_bytes(shape, min(options.max_num_batched_tokens, context), options.max_num_seqs),
         overhead=overhead,
+        weight_cache=weight_cache_bytes(shape, free_bytes) if device_kind == "cuda" else 0,
     )
 
 
@@ -191,7 +219,7 @@ def check_fit(shape: ModelShape, options: FitOptions | None = None, device: Devi
     options = options or FitOptions()
     device = device or device_memory()
     context = options.context_length or shape.context_length
-    breakdown = predict_memory(shape, options, device.kind)
+    breakdown = predict_memory(shape, options, device.kind, device.free_bytes)
     budget = None if device.free_bytes is None else int(device.free_bytes * options.gpu_memory_utilization)
     if budget is None or device.free_bytes is None:
         verdict = UNKNOWN
@@ -209,20 +237,22 @@ def check_fit(shape: ModelShape, options: FitOptions | None = None, device: Devi
         context_length=context,
         batch=options.batch,
         kv_dtype=resolve_kv_dtype(options.kv_dtype, device.kind),
-        max_context=0 if budget is None else largest_context(shape, options, device.kind, budget),
+        max_context=0 if budget is None else largest_context(shape, options, device.kind, budget, device.free_bytes),
         model_context_length=shape.context_length,
     )
 
 
-def largest_context(shape: ModelShape, options: FitOptions, device_kind: str, budget: int) -> int:
+def largest_context(
+    shape: ModelShape, options: FitOptions, device_kind: str, budget: int, free_bytes: int | None = None
+) -> int:
     """The longest context (whole KV blocks, at most the model's) whose total still 'fits'."""
     allowed = int((1 - PREDICTION_MARGIN) * budget)
     fixed = predict_memory(shape, FitOptions(**{**asdict(options), "context_length": shape.context_length}),
-                           device_kind)
+                           device_kind, free_bytes)
     kv_dtype = resolve_kv_dtype(options.kv_dtype, device_kind)
     per_token = shape.kv_bytes_per_token(KV_DTYPE_BYTES[kv_dtype]) * options.batch
     # Activations shrink with contexts shorter than a step; count a full step (conservative).
-    room = allowed - fixed.weights - fixed.activations - fixed.overhead
+    room = allowed - fixed.weights - fixed.weight_cache - fixed.activations - fixed.overhead
     if room <= 0 or per_token <= 0:
         return 0
     tokens = min(room // per_token, shape.context_length)

@@ -14,6 +14,7 @@ numpy reference.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -114,6 +115,7 @@ class GpuSampler:
             (logits, self._upload_params(seeds, steps, inv_t, greedy), cutoff if cutoff is not None else np.uint64(0),
              np.int32(n), np.int32(vocab), best),
         )  # fmt: skip
+        _wait_without_gil(xp)  # let the API thread run while the GPU finishes the step
         token_ids = _ids(xp.asnumpy(best))  # the one device-to-host copy of the step
         if on_host:
             host_rows = self.host.sample(
@@ -209,3 +211,12 @@ class GpuSampler:
             pairs = tuple(zip(order[j, :count].tolist(), top[j, :count].tolist(), strict=True))
             result[i] = TokenLogprob(token_ids[i], float(chosen[j]), pairs)
         return result
+
+
+def _wait_without_gil(xp: Any) -> None:
+    """Wait for the GPU by polling an event with short sleeps: a blocking copy would hold the GIL
+    for the whole GPU step, starving the thread that streams results to clients."""
+    event = xp.cuda.Event(disable_timing=True)
+    event.record()
+    while not event.done:
+        time.sleep(20e-6)

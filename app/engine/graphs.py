@@ -62,6 +62,11 @@ class DecodeGraphs:
         """Capture every bucket, largest first (so the pool's blocks fit the smaller ones)."""
         import cupy
 
+        # The side stream does not wait for the default stream, where the weights, the KV cache and
+        # the zeroed input buffers were just written: without this sync the warm-up could read
+        # stale block tables and slots from reused memory and write out of bounds (seen on the
+        # H200 with a second engine in one process, 2026-11-30).
+        cupy.cuda.Device().synchronize()
         stream = cupy.cuda.Stream(non_blocking=True)
         with stream:
             for n in reversed(self.buckets):

@@ -74,6 +74,9 @@ class ModelRunner:
         """Forward the batch; logits `[n_sampling_chunks, vocab]` for the chunks that sample."""
         if self.graphs is not None and self._is_graphable(chunks):
             return self._run_graph(chunks)
+        return self._run_eager(chunks)
+
+    def _run_eager(self, chunks: list[Any]) -> Any:
         token_ids, meta, sample_rows = self.prepare(chunks)
         hidden = self.model.forward(self.backend.from_host(token_ids), meta, self.kv_caches)
         if len(sample_rows) == 0:

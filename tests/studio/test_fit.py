@@ -47,7 +47,14 @@ def test_breakdown_is_the_documented_formula():
     per_token = 2 * 64 + (2 * 4 + 2 * 2) * 16 + 3 * 128
     assert breakdown.activations == (step * per_token + 32 * 300) * 4
     assert breakdown.overhead == CUDA_RUNTIME_OVERHEAD_BYTES
+    assert breakdown.weight_cache == 0  # free memory unknown: no float16 copies are assumed
     assert breakdown.total == 1_000_000 + 524_288 + 2_921_984 + CUDA_RUNTIME_OVERHEAD_BYTES
+    # On a GPU with room to spare the CUDA backend keeps float16 copies of the projections.
+    copies = 2 * (2 * (2 * 4 * 16 + 2 * 2 * 16 + 3 * 128) * 64 + 300 * 64)
+    roomy = predict_memory(TINY, options, "cuda", free_bytes=10 * GiB)
+    assert roomy.weight_cache == copies and roomy.total == breakdown.total + copies
+    assert predict_memory(TINY, options, "cuda", free_bytes=2 * (1_000_000 + copies) - 1).weight_cache == 0
+    assert predict_memory(TINY, options, "cpu", free_bytes=10 * GiB).weight_cache == 0
 
 
 def test_kv_precision_and_device_defaults():
@@ -63,7 +70,8 @@ def test_kv_precision_and_device_defaults():
 
 def test_verdict_boundaries():
     options = FitOptions(context_length=2048, kv_dtype="float16")
-    total = predict_memory(TINY, options, "cuda").total
+    # every free figure below leaves room for the float16 copies, so each prediction includes them
+    total = predict_memory(TINY, options, "cuda", free_bytes=GiB).total
     roomy = math.ceil(total / (0.95 * 0.90)) + 64
     assert check_fit(TINY, options, gpu(roomy)).verdict == FITS
     assert check_fit(TINY, options, gpu(total)).verdict == TIGHT  # over the engine's share, under free memory
@@ -78,7 +86,9 @@ def test_largest_context_that_fits_is_exact_in_whole_blocks():
     report = check_fit(TINY, options, gpu(free))
     fixed = predict_memory(TINY, FitOptions(context_length=2048, kv_dtype="float16"), "cuda")
     allowed = int(0.95 * int(free * 0.90))
-    tokens = (allowed - fixed.weights - fixed.activations - fixed.overhead) // 256  # 256 KV bytes per token
+    assert fixed.weight_cache == 0  # predicted without a free figure
+    copies = check_fit(TINY, FitOptions(context_length=2048, kv_dtype="float16"), gpu(free)).breakdown.weight_cache
+    tokens = (allowed - fixed.weights - copies - fixed.activations - fixed.overhead) // 256  # 256 KV bytes per token
     assert report.max_context == min(tokens, 2048) // 16 * 16
 
     # A big model on a small GPU: the context is what is left after the weights.

@@ -8,8 +8,9 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
-def select_backend(device: str) -> Any:
-    """Build the backend for `device` ("auto", "cpu" or "cuda")."""
+def select_backend(device: str, weight_cache: str = "auto") -> Any:
+    """Build the backend for `device` ("auto", "cpu" or "cuda"); `weight_cache` is the CUDA
+    backend's float16 weight-copy mode ("auto", "on", "off")."""
     if device == "cpu":
         from app.engine.backend.cpu import CpuBackend
 
@@ -21,7 +22,7 @@ def select_backend(device: str) -> Any:
     else:
         ok, reason = cuda_available()
     if ok:
-        return CudaBackend()
+        return CudaBackend(dense_cache=weight_cache)
     if device == "cuda":
         raise RuntimeError(f"--device cuda was requested but no usable GPU was found: {reason}")
     log.info("No usable GPU (%s); running on the CPU with the numpy backend.", reason)

@@ -93,141 +93,147 @@ __device__ __forceinline__ void attn_body(const float* __restrict__ q, const u16
     const int k_end = min(pos + 1, (split + 1) * split_len);
     const bool valid = t < q_end && pos >= 0;
 
-    if (threadIdx.x < GMAX) {
-        m_s[threadIdx.x] = -PADDOCK_INF;
-        l_s[threadIdx.x] = 0.f;
-    }
-
-    // This lane's slice of every group head's query, pre-scaled.
-    const int sub = lane % S::G;
-    float qr[GMAX][S::E];
-#pragma unroll
-    for (int h = 0; h < GMAX; ++h) {
-        const int hh = min(h, group - 1);
-        const float* qp = q + ((i64)t * n_heads + head0 + hh) * D + sub * S::E;
-#pragma unroll
-        for (int e = 0; e < S::E; e += 4) {
-            const float4 v = __ldg(reinterpret_cast<const float4*>(qp + e));
-            qr[h][e] = v.x * scale; qr[h][e + 1] = v.y * scale; qr[h][e + 2] = v.z * scale; qr[h][e + 3] = v.w * scale;
+    // A split whose range holds no visible key (common in a decode graph, planned for the
+    // longest context) skips straight to the count: it writes no partials, and the merge
+    // reads only the splits that can hold keys.
+    const bool skip = n_splits > 1 && (!valid || k_begin >= k_end);
+    if (!skip) {
+        if (threadIdx.x < GMAX) {
+            m_s[threadIdx.x] = -PADDOCK_INF;
+            l_s[threadIdx.x] = 0.f;
         }
-    }
-    const int vsub = lane % S::LV, vslot = lane / S::LV;
-    float acc[GMAX][S::VW];
-#pragma unroll
-    for (int h = 0; h < GMAX; ++h)
-#pragma unroll
-        for (int e = 0; e < S::VW; ++e) acc[h][e] = 0.f;
-    __syncthreads();
 
-    const int* table = block_tables + (i64)i * table_stride;
-    const i64 kv_row = (i64)n_kv * D;  // one slot of the cache
-
-    for (int c0 = k_begin; valid && c0 < k_end; c0 += ATTN_CHUNK) {
-        const int n_c = min(ATTN_CHUNK, k_end - c0);
-
-        // Scores. The loop bound is uniform across the warp so the shuffles stay convergent;
-        // unrolled so that the next keys' loads are in flight during this step's shuffles.
-#pragma unroll 2
-        for (int base = 0; base < n_c; base += ATTN_WARPS * S::KPW) {
-            const int kk = base + warp * S::KPW + lane / S::G;
-            const int key = c0 + min(kk, n_c - 1);
-            const int slot = table[key / block_size] * block_size + key % block_size;
-            float kv[S::E];
-            load_halves<S::E>(k_cache + slot * kv_row + (i64)g * D + sub * S::E, kv);
-#pragma unroll
-            for (int h = 0; h < GMAX; ++h) {
-                float dot = 0.f;
-#pragma unroll
-                for (int e = 0; e < S::E; ++e) dot = fmaf(qr[h][e], kv[e], dot);
-#pragma unroll
-                for (int o = S::G / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-                if (softcap > 0.f) dot = softcap * tanhf(dot / softcap);
-                if (sub == 0 && kk < n_c && h < group) sc[h][kk] = dot;
-            }
-        }
-        __syncthreads();
-
-        // Online softmax, one warp per head.
-        for (int h = warp; h < group; h += ATTN_WARPS) {
-            float mx = -PADDOCK_INF;
-            for (int kk = lane; kk < n_c; kk += 32) mx = fmaxf(mx, sc[h][kk]);
-            mx = warp_max(mx);
-            const float m_old = m_s[h];
-            const float m_new = fmaxf(m_old, mx);
-            float sum = 0.f;
-            for (int kk = lane; kk < n_c; kk += 32) {
-                const float p = expf(sc[h][kk] - m_new);
-                sc[h][kk] = p;
-                sum += p;
-            }
-            sum = warp_sum(sum);
-            __syncwarp();
-            if (lane == 0) {
-                const float alpha = m_old == -PADDOCK_INF ? 0.f : expf(m_old - m_new);
-                alpha_s[h] = alpha;
-                l_s[h] = l_s[h] * alpha + sum;
-                m_s[h] = m_new;
-            }
-        }
-        __syncthreads();
-
-        // Values.
+        // This lane's slice of every group head's query, pre-scaled.
+        const int sub = lane % S::G;
+        float qr[GMAX][S::E];
 #pragma unroll
         for (int h = 0; h < GMAX; ++h) {
-            const float a = h < group ? alpha_s[h] : 0.f;
+            const int hh = min(h, group - 1);
+            const float* qp = q + ((i64)t * n_heads + head0 + hh) * D + sub * S::E;
 #pragma unroll
-            for (int e = 0; e < S::VW; ++e) acc[h][e] *= a;
-        }
-#pragma unroll 4
-        for (int kk = warp * S::KV + vslot; kk < n_c; kk += ATTN_WARPS * S::KV) {
-            const int key = c0 + kk;
-            const int slot = table[key / block_size] * block_size + key % block_size;
-            float vv[S::VW];
-            load_halves<S::VW>(v_cache + slot * kv_row + (i64)g * D + vsub * S::VW, vv);
-#pragma unroll
-            for (int h = 0; h < GMAX; ++h) {
-                const float p = h < group ? sc[h][kk] : 0.f;
-#pragma unroll
-                for (int e = 0; e < S::VW; ++e) acc[h][e] = fmaf(p, vv[e], acc[h][e]);
+            for (int e = 0; e < S::E; e += 4) {
+                const float4 v = __ldg(reinterpret_cast<const float4*>(qp + e));
+                qr[h][e] = v.x * scale; qr[h][e + 1] = v.y * scale; qr[h][e + 2] = v.z * scale; qr[h][e + 3] = v.w * scale;
             }
         }
+        const int vsub = lane % S::LV, vslot = lane / S::LV;
+        float acc[GMAX][S::VW];
+#pragma unroll
+        for (int h = 0; h < GMAX; ++h)
+#pragma unroll
+            for (int e = 0; e < S::VW; ++e) acc[h][e] = 0.f;
         __syncthreads();
-    }
 
-    // The lanes that read different value rows, then the four warps, added in a fixed order.
+        const int* table = block_tables + (i64)i * table_stride;
+        const i64 kv_row = (i64)n_kv * D;  // one slot of the cache
+
+        for (int c0 = k_begin; valid && c0 < k_end; c0 += ATTN_CHUNK) {
+            const int n_c = min(ATTN_CHUNK, k_end - c0);
+
+            // Scores. The loop bound is uniform across the warp so the shuffles stay convergent;
+            // unrolled so that the next keys' loads are in flight during this step's shuffles.
+#pragma unroll 2
+            for (int base = 0; base < n_c; base += ATTN_WARPS * S::KPW) {
+                const int kk = base + warp * S::KPW + lane / S::G;
+                const int key = c0 + min(kk, n_c - 1);
+                const int slot = table[key / block_size] * block_size + key % block_size;
+                float kv[S::E];
+                load_halves<S::E>(k_cache + slot * kv_row + (i64)g * D + sub * S::E, kv);
 #pragma unroll
-    for (int h = 0; h < GMAX; ++h)
+                for (int h = 0; h < GMAX; ++h) {
+                    float dot = 0.f;
 #pragma unroll
-        for (int e = 0; e < S::VW; ++e)
+                    for (int e = 0; e < S::E; ++e) dot = fmaf(qr[h][e], kv[e], dot);
 #pragma unroll
-            for (int o = S::LV; o < 32; o <<= 1) acc[h][e] += __shfl_xor_sync(0xffffffffu, acc[h][e], o);
-    for (int w = 0; w < ATTN_WARPS; ++w) {
-        if (warp == w && vslot == 0) {
-#pragma unroll
-            for (int h = 0; h < GMAX; ++h) {
-                if (h >= group) continue;
-#pragma unroll
-                for (int e = 0; e < S::VW; ++e) {
-                    float* cell = &sc[h][vsub * S::VW + e];
-                    *cell = (w == 0 ? 0.f : *cell) + acc[h][e];
+                    for (int o = S::G / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+                    if (softcap > 0.f) dot = softcap * tanhf(dot / softcap);
+                    if (sub == 0 && kk < n_c && h < group) sc[h][kk] = dot;
                 }
             }
-        }
-        __syncthreads();
-    }
+            __syncthreads();
 
-    for (int idx = threadIdx.x; idx < group * D; idx += blockDim.x) {
-        const int h = idx / D, d = idx % D;
-        const i64 row = (i64)t * n_heads + head0 + h;
-        const float v = sc[h][d];
-        if (n_splits == 1) {
-            const float l = l_s[h];
-            out[row * D + d] = (valid && l > 0.f) ? v / l : 0.f;
-        } else {
-            part_acc[(row * n_splits + split) * D + d] = v;
-            if (d == 0) {
-                part_m[row * n_splits + split] = m_s[h];
-                part_l[row * n_splits + split] = l_s[h];
+            // Online softmax, one warp per head.
+            for (int h = warp; h < group; h += ATTN_WARPS) {
+                float mx = -PADDOCK_INF;
+                for (int kk = lane; kk < n_c; kk += 32) mx = fmaxf(mx, sc[h][kk]);
+                mx = warp_max(mx);
+                const float m_old = m_s[h];
+                const float m_new = fmaxf(m_old, mx);
+                float sum = 0.f;
+                for (int kk = lane; kk < n_c; kk += 32) {
+                    const float p = expf(sc[h][kk] - m_new);
+                    sc[h][kk] = p;
+                    sum += p;
+                }
+                sum = warp_sum(sum);
+                __syncwarp();
+                if (lane == 0) {
+                    const float alpha = m_old == -PADDOCK_INF ? 0.f : expf(m_old - m_new);
+                    alpha_s[h] = alpha;
+                    l_s[h] = l_s[h] * alpha + sum;
+                    m_s[h] = m_new;
+                }
+            }
+            __syncthreads();
+
+            // Values.
+#pragma unroll
+            for (int h = 0; h < GMAX; ++h) {
+                const float a = h < group ? alpha_s[h] : 0.f;
+#pragma unroll
+                for (int e = 0; e < S::VW; ++e) acc[h][e] *= a;
+            }
+#pragma unroll 4
+            for (int kk = warp * S::KV + vslot; kk < n_c; kk += ATTN_WARPS * S::KV) {
+                const int key = c0 + kk;
+                const int slot = table[key / block_size] * block_size + key % block_size;
+                float vv[S::VW];
+                load_halves<S::VW>(v_cache + slot * kv_row + (i64)g * D + vsub * S::VW, vv);
+#pragma unroll
+                for (int h = 0; h < GMAX; ++h) {
+                    const float p = h < group ? sc[h][kk] : 0.f;
+#pragma unroll
+                    for (int e = 0; e < S::VW; ++e) acc[h][e] = fmaf(p, vv[e], acc[h][e]);
+                }
+            }
+            __syncthreads();
+        }
+
+        // The lanes that read different value rows, then the four warps, added in a fixed order.
+#pragma unroll
+        for (int h = 0; h < GMAX; ++h)
+#pragma unroll
+            for (int e = 0; e < S::VW; ++e)
+#pragma unroll
+                for (int o = S::LV; o < 32; o <<= 1) acc[h][e] += __shfl_xor_sync(0xffffffffu, acc[h][e], o);
+        for (int w = 0; w < ATTN_WARPS; ++w) {
+            if (warp == w && vslot == 0) {
+#pragma unroll
+                for (int h = 0; h < GMAX; ++h) {
+                    if (h >= group) continue;
+#pragma unroll
+                    for (int e = 0; e < S::VW; ++e) {
+                        float* cell = &sc[h][vsub * S::VW + e];
+                        *cell = (w == 0 ? 0.f : *cell) + acc[h][e];
+                    }
+                }
+            }
+            __syncthreads();
+        }
+
+        for (int idx = threadIdx.x; idx < group * D; idx += blockDim.x) {
+            const int h = idx / D, d = idx % D;
+            const i64 row = (i64)t * n_heads + head0 + h;
+            const float v = sc[h][d];
+            if (n_splits == 1) {
+                const float l = l_s[h];
+                out[row * D + d] = (valid && l > 0.f) ? v / l : 0.f;
+            } else {
+                part_acc[(row * n_splits + split) * D + d] = v;
+                if (d == 0) {
+                    part_m[row * n_splits + split] = m_s[h];
+                    part_l[row * n_splits + split] = l_s[h];
+                }
             }
         }
     }
@@ -244,15 +250,18 @@ __device__ __forceinline__ void attn_body(const float* __restrict__ q, const u16
     __syncthreads();
     if (!last_split) return;
     __threadfence();
+    // Splits first .. last are exactly those with a visible key: [max(lo, s L), min(pos + 1, (s + 1) L))
+    // is non-empty for lo / L <= s <= pos / L.
+    const int first = lo / split_len, last = valid ? min(pos / split_len, n_splits - 1) : -1;
     for (int idx = threadIdx.x; idx < group * D; idx += blockDim.x) {
         const int h = idx / D, d = idx % D;
         const i64 row = (i64)t * n_heads + head0 + h;
-        // Rescale each split's sum to the common max; empty splits (max -inf) add nothing.
+        // Rescale each split's sum to the common max; a split with max -inf adds nothing.
         // __ldcg: read the other blocks' partials from L2, never from a stale L1 line.
         float mx = -PADDOCK_INF;
-        for (int s = 0; s < n_splits; ++s) mx = fmaxf(mx, __ldcg(part_m + row * n_splits + s));
+        for (int s = first; s <= last; ++s) mx = fmaxf(mx, __ldcg(part_m + row * n_splits + s));
         float num = 0.f, den = 0.f;
-        for (int s = 0; s < n_splits; ++s) {
+        for (int s = first; s <= last; ++s) {
             const float m = __ldcg(part_m + row * n_splits + s);
             if (m == -PADDOCK_INF) continue;
             const float wgt = expf(m - mx);

@@ -99,15 +99,22 @@ def _struct(qtype_name: str) -> str:
 
 
 def gemv_multi(
-    parts: list[tuple[Any, str, int, int]], n_cols: int, x: Any, out: Any, bias: Any | None = None
+    parts: list[tuple[Any, str, int, int]],
+    n_cols: int,
+    x: Any,
+    out: Any,
+    bias: Any | None = None,
+    rows_per_block: int | None = None,
+    warps: int | None = None,
 ) -> Any:
     """`out = x @ [W0; W1; W2].T (+ bias)` in one launch for 2 or 3 weights `(data, qtype_name,
-    row_bytes, n_rows)` of `n_cols` columns; `out` is float32 `[T, sum n_rows]`."""
+    row_bytes, n_rows)` of `n_cols` columns; `out` is float32 `[T, sum n_rows]`. The last two
+    arguments override the defaults (benchmarks)."""
     if not 2 <= len(parts) <= 3:
         raise ValueError(f"gemv_multi takes 2 or 3 weights, got {len(parts)}")
     n_tok = x.shape[0]
     bucket = _bucket(n_tok, n_cols)
-    rows = fused_rows(bucket)
+    rows = rows_per_block or fused_rows(bucket)
     padded = list(parts) + [(*parts[-1][:3], 0)] * (3 - len(parts))  # an empty third weight
     defines: dict[str, str | int] = {"MULTI_T": bucket}
     for i, (_, qtype_name, _, _) in enumerate(padded):
@@ -116,7 +123,7 @@ def gemv_multi(
     kernel = get_kernel("gemv_fused.cu", "gemv_multi", defines)
     grid = (sum(cdiv(p[3], rows) for p in padded),)
     kernel(
-        grid, (32 * default_warps(n_cols),),
+        grid, (32 * (warps or default_warps(n_cols)),),
         (padded[0][0], padded[1][0], padded[2][0], i64(padded[0][2]), i64(padded[1][2]), i64(padded[2][2]),
          i32(padded[0][3]), i32(padded[1][3]), i32(padded[2][3]), i32(n_cols), x, i32(n_tok), out, ptr(bias)),
     )  # fmt: skip
@@ -131,19 +138,22 @@ def gemv_gated(
     x: Any,
     kind: str,
     out: Any,
+    rows_half: int | None = None,
+    warps: int | None = None,
 ) -> Any:
     """`out = act(x @ G.T) * (x @ U.T)` in one launch for weights `(data, qtype_name, row_bytes)`
-    of `[n_rows, n_cols]`; `out` is float32 `[T, n_rows]`."""
+    of `[n_rows, n_cols]`; `out` is float32 `[T, n_rows]`. `rows_half` (rows of each weight per
+    block) and `warps` override the defaults (benchmarks)."""
     if kind not in ACTIVATIONS:
         raise ValueError(f"unknown activation {kind!r}; expected one of {sorted(ACTIVATIONS)}")
     n_tok = x.shape[0]
     bucket = _bucket(n_tok, n_cols)
-    half = max(1, fused_rows(bucket) // 2)
+    half = rows_half or max(1, fused_rows(bucket) // 2)
     defines = {"GATED_FA": _struct(gate[1]), "GATED_FB": _struct(up[1]), "GATED_RH": half,
                "GATED_T": bucket, "GATED_ACT": ACTIVATIONS[kind]}  # fmt: skip
     kernel = get_kernel("gemv_fused.cu", "gemv_gated", defines)
     kernel(
-        (cdiv(n_rows, half),), (32 * default_warps(n_cols),),
+        (cdiv(n_rows, half),), (32 * (warps or default_warps(n_cols)),),
         (gate[0], up[0], i64(gate[2]), i64(up[2]), i32(n_rows), i32(n_cols), x, i32(n_tok), out),
     )  # fmt: skip
     return out

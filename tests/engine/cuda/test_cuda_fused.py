@@ -143,6 +143,7 @@ def test_cublas_inside_graph_capture(cuda, rng, mode: str) -> None:
     weight = backend.load_weight(random_tensor("Q6_K", 300, 512, rng, name="blk.0.ffn_down.weight"))
     x = cupy.asarray(rng.standard_normal((24, 512)).astype(np.float32))
     eager = backend.to_host(backend.linear(x, weight))
+    cupy.cuda.Device().synchronize()  # the side stream does not wait for the default one
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         backend.linear(x, weight)  # warm-up: sizes the memory pool's blocks

@@ -153,6 +153,8 @@ def _attention_case(rng, seqs, heads, q_scale):
     ([(1, 513), (7, 300), (1, 2)], (12, 4, 64), None, None, 3, 1.0),
     ([(1, 70), (6, 60)], (8, 4, 128), 32, 5.0, None, 4.0),
     ([(1, 300), (3, 280)], (16, 2, 128), 100, None, 4, 1.0),
+    ([(1, 5), (1, 70), (1, 200), (1, 1)], (16, 8, 128), None, None, 16, 1.0),  # mostly empty splits, as in a decode graph
+    ([(1, 9), (1, 190)], (8, 2, 64), 40, None, 12, 1.0),
 ])  # fmt: skip
 def test_attention_emulated(
     attention_emu: Path, tmp_path: Path, seqs, heads, window, cap, splits, q_scale
