@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from app.engine.config import EngineConfig
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,3 +31,13 @@ def resolve_model(name: str) -> str:
         return name
     found = find_model(name)
     return str(found) if found is not None else name
+
+
+def engine_config(args: argparse.Namespace, **overrides: object) -> EngineConfig:
+    """The EngineConfig the model arguments ask for (`--max-batch` where the command has it)."""
+    from app.engine.config import EngineConfig
+
+    fields: dict[str, object] = dict(model=resolve_model(args.model), device=args.device, max_model_len=args.max_ctx)
+    if getattr(args, "max_batch", None) is not None:
+        fields["max_num_seqs"] = args.max_batch
+    return EngineConfig(**{**fields, **overrides})

@@ -41,20 +41,12 @@ def prompt_ids(engine, args: argparse.Namespace) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.commands.common import resolve_model
-    from app.engine.config import EngineConfig
+    from app.commands.common import engine_config
     from app.engine.engine import LLMEngine
     from app.engine.sampling_params import SamplingParams
 
     try:
-        engine = LLMEngine(
-            EngineConfig(
-                model=resolve_model(args.model),
-                device=args.device,
-                max_model_len=args.max_ctx,
-                max_num_seqs=1,
-            )
-        )
+        engine = LLMEngine(engine_config(args, max_num_seqs=1))
         params = SamplingParams(
             max_tokens=args.max_tokens,
             temperature=args.temperature,

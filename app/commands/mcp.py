@@ -28,10 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
-    from app.commands.common import resolve_model
+    from app.commands.common import engine_config
     from app.commands.serve import load_embedder
     from app.engine.client import AsyncEngine
-    from app.engine.config import EngineConfig
     from app.engine.server.mcp import run_stdio
     from app.engine.server.settings import ServerSettings
 
@@ -41,12 +40,7 @@ def run(args: argparse.Namespace) -> int:
     )
     with contextlib.redirect_stdout(sys.stderr):
         try:
-            config = EngineConfig(
-                model=resolve_model(args.model),
-                device=args.device,
-                max_model_len=args.max_ctx,
-                max_num_seqs=args.max_batch,
-            )
+            config = engine_config(args)
             engine = AsyncEngine(config)
         except (ValueError, FileNotFoundError, RuntimeError) as exc:
             print(f"paddock mcp: {exc}", file=sys.stderr)

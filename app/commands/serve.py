@@ -74,9 +74,8 @@ def load_embedder(args: argparse.Namespace) -> object | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.commands.common import resolve_model
+    from app.commands.common import engine_config
     from app.engine.client import AsyncEngine
-    from app.engine.config import EngineConfig
     from app.engine.server.launch import serve_blocking
     from app.engine.server.settings import ServerSettings
 
@@ -97,12 +96,7 @@ def run(args: argparse.Namespace) -> int:
             enable_mcp=not args.no_mcp,
             log_level=args.log_level,
         )
-        config = EngineConfig(
-            model=resolve_model(args.model),
-            device=args.device,
-            max_model_len=args.max_ctx,
-            max_num_seqs=args.max_batch,
-        )
+        config = engine_config(args)
         engine = AsyncEngine(config)
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"paddock serve: {exc}", file=sys.stderr)
