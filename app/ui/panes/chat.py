@@ -39,6 +39,7 @@ from app.ui.context import RuntimeWatcher
 from app.ui.models.conversations import ConversationListModel
 from app.ui.widgets.dialogs import Dialogs
 from app.ui.widgets.drop_zone import FileDropFilter
+from app.ui.widgets.feedback import error_label
 from app.ui.widgets.sampling_form import SamplingForm
 from app.ui.widgets.transcript import TranscriptView
 from app.ui.workers import Worker
@@ -83,10 +84,7 @@ class ChatPane(QWidget):
         self.model_hint.setObjectName("hintText")
         self.model_hint.setWordWrap(True)
         self.transcript = TranscriptView()
-        self.error = QLabel()
-        self.error.setObjectName("errorText")
-        self.error.setWordWrap(True)
-        self.error.hide()
+        self.error = error_label(hidden=True)
         self.attachments = QLabel()
         self.attachments.setObjectName("mutedText")
         self.attachments.setWordWrap(True)

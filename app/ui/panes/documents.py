@@ -21,7 +21,6 @@ from PySide6.QtWidgets import (
     QListWidget,
     QListWidgetItem,
     QPlainTextEdit,
-    QProgressBar,
     QPushButton,
     QSplitter,
     QTextBrowser,
@@ -34,6 +33,8 @@ from app.studio.runtime import RuntimeStatus
 from app.studio.tasks import Progress, TaskHandle, TaskResult
 from app.ui.context import RuntimeWatcher
 from app.ui.widgets.drop_zone import DropZone, FileChooser, FileDropFilter, choose_files
+from app.ui.widgets.feedback import error_label
+from app.ui.widgets.feedback import progress_row as progress_row_widgets
 from app.ui.widgets.tables import make_table
 from app.ui.workers import Worker
 
@@ -67,17 +68,8 @@ class DocumentsPane(QWidget):
         self.mode = QLabel()
         self.mode.setObjectName("mutedText")
         self.mode.setWordWrap(True)
-        self.progress = QProgressBar()
-        self.progress_label = QLabel()
-        self.cancel_button = QPushButton("Cancel")
-        progress_row = QHBoxLayout()
-        progress_row.addWidget(self.progress, 1)
-        progress_row.addWidget(self.progress_label)
-        progress_row.addWidget(self.cancel_button)
-        self.error = QLabel()
-        self.error.setObjectName("errorText")
-        self.error.setWordWrap(True)
-        self.error.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        progress_row, self.progress, self.progress_label, self.cancel_button = progress_row_widgets()
+        self.error = error_label(selectable=True)
 
         self.documents = QStandardItemModel(0, len(COLUMNS))
         self.documents.setHorizontalHeaderLabels(COLUMNS)

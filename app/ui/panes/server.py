@@ -42,6 +42,7 @@ from app.studio.settings import Settings, SettingsError
 from app.studio.tasks import TaskResult
 from app.ui.context import RuntimeWatcher
 from app.ui.widgets.copy_field import CopyBlock, CopyLine
+from app.ui.widgets.feedback import error_label
 from app.ui.workers import Worker
 
 BIND_CHOICES = (("loopback", "This computer only (127.0.0.1)"), ("lan", "Local network (0.0.0.0)"))
@@ -68,10 +69,7 @@ class ServerPane(QWidget):
         self.toggle.setMinimumWidth(140)
         self.state = QLabel()
         self.state.setWordWrap(True)
-        self.error = QLabel()
-        self.error.setObjectName("errorText")
-        self.error.setWordWrap(True)
-        self.error.hide()
+        self.error = error_label(hidden=True)
         self.port = QSpinBox()
         self.port.setRange(1, 65535)
         self.bind = QComboBox()

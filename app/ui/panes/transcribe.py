@@ -22,7 +22,6 @@ from PySide6.QtWidgets import (
     QLabel,
     QListWidget,
     QListWidgetItem,
-    QProgressBar,
     QPushButton,
     QSlider,
     QSplitter,
@@ -42,6 +41,8 @@ from app.studio.transcription import (
 )
 from app.ui.widgets.dialogs import Dialogs
 from app.ui.widgets.drop_zone import DropZone, FileChooser, FileDropFilter, choose_files
+from app.ui.widgets.feedback import error_label
+from app.ui.widgets.feedback import progress_row as progress_row_widgets
 from app.ui.workers import Worker
 
 if TYPE_CHECKING:
@@ -148,17 +149,8 @@ class TranscribePane(QWidget):
                                   "computer.", FILE_FILTERS, multiple=False, chooser=chooser)
         self.model_label = QLabel("Model: …")
         self.model_label.setObjectName("mutedText")
-        self.progress = QProgressBar()
-        self.progress_label = QLabel()
-        self.cancel_button = QPushButton("Cancel")
-        progress_row = QHBoxLayout()
-        progress_row.addWidget(self.progress, 1)
-        progress_row.addWidget(self.progress_label)
-        progress_row.addWidget(self.cancel_button)
-        self.error = QLabel()
-        self.error.setObjectName("errorText")
-        self.error.setWordWrap(True)
-        self.error.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        progress_row, self.progress, self.progress_label, self.cancel_button = progress_row_widgets()
+        self.error = error_label(selectable=True)
 
         self.segments = QListWidget()
         self.segments.setWordWrap(True)

@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.studio.compare import ColumnResult, Target
+from app.ui.widgets.feedback import error_label
 
 if TYPE_CHECKING:
     from app.engine.client import EngineClient
@@ -53,10 +54,7 @@ class CompareColumn(QFrame):
         self.output.setReadOnly(True)
         self.stats = QLabel()
         self.stats.setWordWrap(True)
-        self.error = QLabel()
-        self.error.setObjectName("errorText")
-        self.error.setWordWrap(True)
-        self.error.hide()
+        self.error = error_label(hidden=True)
 
         header = QHBoxLayout()
         header.addWidget(self.kind, 1)
