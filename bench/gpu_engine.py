@@ -107,7 +107,9 @@ def speed(model: str, batch: int, steps: int = 200) -> dict:
     if "output.weight" in tensors:  # untied: the embedding table is read one row per token
         weight_bytes -= tensors["token_embd.weight"].nbytes
     step_ms = 1000 * statistics.median(walls)
+    joins = joining_steps(engine, batch, rng, params)
     profiled = profile(engine, batch)
+    ablated = ablate(engine, batch)
     return {
         "model": Path(model).name,
         "batch": batch,
@@ -117,9 +119,34 @@ def speed(model: str, batch: int, steps: int = 200) -> dict:
         "host_ms_per_step": step_ms - replay_ms,
         "weight_gb_per_token": weight_bytes / 1e9,
         "dense_cache": engine.backend.dense_cache.describe(),
+        "join_step_ms": joins,
         "profile_ms": profiled,
         "profile_sum_ms": sum(profiled.values()),
+        "graph_ms_saved_without": ablated,
     }
+
+
+def joining_steps(engine: LLMEngine, batch: int, rng: np.random.Generator, params: SamplingParams) -> dict:
+    """Wall ms of the eager steps in which a new request's 128-token prompt joins the running
+    decodes (one running request is aborted to make room), and of that prompt alone."""
+    import cupy
+
+    def timed_step() -> float:
+        cupy.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        engine.step()
+        cupy.cuda.Device().synchronize()
+        return 1000 * (time.perf_counter() - t0)
+
+    mixed = []
+    for i in range(5):
+        engine.abort(f"r{i % batch}" if batch > 1 else "r0")
+        engine.add_request(f"join{i}", rng.integers(0, 256, size=128).tolist(), params)
+        mixed.append(timed_step())
+        engine.abort(f"join{i}")
+        engine.add_request(f"r{i % batch}", rng.integers(0, 256, size=128).tolist(), params)
+        timed_step()
+    return {"with_decodes_p50": statistics.median(mixed), "with_decodes_all": [round(m, 2) for m in mixed]}
 
 
 PROFILED_OPS = (
@@ -190,6 +217,72 @@ def profile(engine: LLMEngine, batch: int, reps: int = 5) -> dict[str, float]:
         for op in PROFILED_OPS:
             delattr(backend, op)
     return {kind: round(statistics.median(ms), 4) for kind, ms in samples.items()}
+
+
+ABLATED_KINDS = ("attention", "rope_and_cache", "add_rms_norm", "qkv", "o", "gate_up", "down", "lm_head")
+
+
+def ablate(engine: LLMEngine, batch: int, reps: int = 50) -> dict[str, float]:
+    """In-graph cost of each op kind: the bucket's graph captured again with that kind's calls
+    returning their outputs from an eager run (no kernel), replayed; ms saved against the full
+    graph. The kernels around the ablated ones still run on the same inputs."""
+    import cupy
+
+    backend, graphs = engine.backend, engine.runner.graphs
+    bucket = graphs.bucket_for(batch)
+
+    def replay_ms(graph) -> float:
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        graph.launch()
+        start.record()
+        for _ in range(reps):
+            graph.launch()
+        end.record()
+        end.synchronize()
+        return cupy.cuda.get_elapsed_time(start, end) / reps
+
+    recorded: list[tuple[str, object]] = []
+    state = {"ablated": None, "call": 0}
+
+    def wrap(op: str, fn):
+        def run(*args, **kwargs):
+            kind = _op_kind(op, args)
+            if state["ablated"] is None:
+                out = fn(*args, **kwargs)
+                recorded.append((kind, out))
+                return out
+            index = state["call"]
+            state["call"] += 1
+            if state["ablated"] in (kind, "all"):
+                return recorded[index][1]
+            return fn(*args, **kwargs)
+
+        return run
+
+    for op in PROFILED_OPS:
+        setattr(backend, op, wrap(op, getattr(backend, op)))
+    saved: dict[str, float] = {}
+    try:
+        graphs._forward(bucket)
+        cupy.cuda.Device().synchronize()
+        full = replay_ms(graphs._graphs[bucket][0])
+        stream = cupy.cuda.Stream(non_blocking=True)
+        for kind in (*ABLATED_KINDS, "all"):
+            state["ablated"] = kind
+            with stream:
+                state["call"] = 0
+                graphs._forward(bucket)
+                stream.synchronize()
+                state["call"] = 0
+                stream.begin_capture()
+                graphs._forward(bucket)
+                graph = stream.end_capture()
+            stream.synchronize()
+            saved[kind] = round(full - replay_ms(graph), 4)
+    finally:
+        for op in PROFILED_OPS:
+            delattr(backend, op)
+    return {"full_replay_ms": round(full, 4), **saved}
 
 
 def copy_bandwidth() -> float:

@@ -7,9 +7,11 @@ The draw is Gumbel-max (argmax of logits/T plus Gumbel noise) with noise hashed 
 on the rest of the batch. The random streams differ from the numpy sampler's, so seeded
 outputs differ between backends (as they do between vLLM and llama.cpp).
 
-Rows with repetition/frequency/presence penalties or min_tokens bans are rare and need
-the request's token history: those rows alone are copied to the host and sampled by the
-numpy reference.
+min_tokens bans (EOS and stop ids set to -inf until the request has its minimum output)
+are applied on the GPU: benchmark workloads (aiperf's `min_tokens` = `max_tokens`) put
+every row under a ban for its whole life. Rows with repetition/frequency/presence
+penalties need the request's token history: those rows alone are copied to the host and
+sampled by the numpy reference.
 """
 
 from __future__ import annotations
@@ -72,6 +74,12 @@ extern "C" __global__ void __launch_bounds__(256) gumbel_argmax(const float* log
     }
     if ((threadIdx.x & 31) == 0 && top != 0) atomicMax(best + row, top);
 }
+
+// min_tokens bans: pairs (row, token id) whose logit becomes -inf before any cutoff or draw.
+extern "C" __global__ void ban_tokens(float* logits, const int* pairs, int n_pairs, int vocab) {
+    const int k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k < n_pairs) logits[(long long)pairs[2 * k] * vocab + pairs[2 * k + 1]] = -__int_as_float(0x7f800000);
+}
 """
 
 
@@ -88,7 +96,9 @@ class GpuSampler:
         self.xp = cupy
         self.host = Sampler(eos_token_ids, default_seed)  # rows that need token histories
         self.default_seed = default_seed
-        self._kernel = cupy.RawKernel(_GUMBEL_SOURCE, "gumbel_argmax")
+        module = cupy.RawModule(code=_GUMBEL_SOURCE)
+        self._kernel = module.get_function("gumbel_argmax")
+        self._ban_kernel = module.get_function("ban_tokens")
         self._unseeded = 0
         # The pinned upload buffer is reused every step: safe, because each step ends with
         # the blocking copy of the chosen ids, after which the upload has completed.
@@ -103,52 +113,78 @@ class GpuSampler:
         n = len(requests)
         params = [r.sampling_params for r in requests]
         on_host = [i for i, r in enumerate(requests) if self._needs_history(r)]
+        vocab = logits.shape[1]
+        bans = self._ban_pairs(requests, on_host, vocab)
+        upload = self._upload_params(requests, bans)
+        raw = logits
+        if bans.size:  # on a copy when logprobs are asked for: those come from the raw logits
+            wants_logprobs = any(p.logprobs is not None for p in params)
+            logits = logits.copy() if wants_logprobs else logits
+            count = bans.size // 2
+            self._ban_kernel((-(-count // 128),), (128,), (logits, upload[24 * n :], np.int32(count), np.int32(vocab)))
         greedy = np.array([p.temperature < GREEDY_BELOW for p in params])
         inv_t = np.where(greedy, 1.0, 1.0 / np.maximum([p.temperature for p in params], GREEDY_BELOW))
         filtered = [p.min_p > 0 or 0 < p.top_k < logits.shape[1] or p.top_p < 1.0 for p in params]
         cutoff = self._cutoffs(logits, params, inv_t.astype(np.float32)) if any(filtered) else None
-        seeds, steps = self._seeds(requests)
-        vocab = logits.shape[1]
+        self._fill_params(requests, inv_t, greedy, upload)
         best = xp.zeros(n, dtype=xp.uint64)
         self._kernel(
             (n, -(-vocab // _SLICE)), (_THREADS,),
-            (logits, self._upload_params(seeds, steps, inv_t, greedy), cutoff if cutoff is not None else np.uint64(0),
-             np.int32(n), np.int32(vocab), best),
+            (logits, upload, cutoff if cutoff is not None else np.uint64(0), np.int32(n), np.int32(vocab), best),
         )  # fmt: skip
         _wait_without_gil(xp)  # let the API thread run while the GPU finishes the step
         token_ids = _ids(xp.asnumpy(best))  # the one device-to-host copy of the step
         if on_host:
             host_rows = self.host.sample(
-                xp.asnumpy(logits[xp.asarray(on_host)]), [requests[i] for i in on_host]
+                xp.asnumpy(raw[xp.asarray(on_host)]), [requests[i] for i in on_host]
             )
             for i, token in zip(on_host, host_rows.token_ids, strict=True):
                 token_ids[i] = token
-        return SamplerOutput(token_ids, self._logprobs(logits, requests, token_ids))
+        return SamplerOutput(token_ids, self._logprobs(raw, requests, token_ids))
 
-    def _upload_params(
-        self, seeds: np.ndarray, steps: np.ndarray, inv_t: np.ndarray, greedy: np.ndarray
-    ) -> Any:
-        """The kernel's per-row parameters in one pinned buffer, one host-to-device copy."""
+    def _ban_pairs(self, requests: Sequence[Request], on_host: list[int], vocab: int) -> np.ndarray:
+        """(row, token id) pairs, flat int32, for the rows under a min_tokens ban (the numpy
+        sampler bans the host rows itself)."""
+        pairs = [
+            (row, token)
+            for row, request in enumerate(requests)
+            if row not in on_host
+            for token in self.host.banned(request)
+            if token < vocab  # an id past the vocabulary can never be drawn anyway
+        ]
+        return np.asarray(pairs, dtype=np.int32).reshape(-1)
+
+    def _upload_params(self, requests: Sequence[Request], bans: np.ndarray) -> Any:
+        """Device room for the kernels' per-row parameters (24 bytes a row) and the ban pairs; the
+        bans go up now (one pinned host-to-device copy), the rest once `_fill_params` has them."""
         xp = self.xp
-        n = len(seeds)
-        if self._host_params is None or self._host_params.size < 24 * n:
-            size = max(24 * n, 24 * 64)
-            self._host_params = np.frombuffer(xp.cuda.alloc_pinned_memory(size), np.uint8, size)
-            self._device_params = xp.empty(size, xp.uint8)
+        n = len(requests)
+        size = 24 * n + 4 * bans.size
+        if self._host_params is None or self._host_params.size < size:
+            capacity = max(size, 24 * 64)
+            self._host_params = np.frombuffer(xp.cuda.alloc_pinned_memory(capacity), np.uint8, capacity)
+            self._device_params = xp.empty(capacity, xp.uint8)
+        if bans.size:
+            self._host_params[24 * n : size].view(np.int32)[:] = bans
+            self._device_params[24 * n : size].set(
+                self._host_params[24 * n : size], stream=xp.cuda.get_current_stream()
+            )
+        return self._device_params[:size]
+
+    def _fill_params(self, requests: Sequence[Request], inv_t: np.ndarray, greedy: np.ndarray, device: Any) -> None:
+        n = len(requests)
+        seeds, steps = self._seeds(requests)
         host = self._host_params
         host[: 8 * n].view(np.uint64)[:] = seeds
         host[8 * n : 16 * n].view(np.uint64)[:] = steps
         host[16 * n : 20 * n].view(np.float32)[:] = inv_t
         host[20 * n : 24 * n].view(np.int32)[:] = greedy
-        device = self._device_params[: 24 * n]
-        device.set(host[: 24 * n], stream=xp.cuda.get_current_stream())
-        return device
+        device[: 24 * n].set(host[: 24 * n], stream=self.xp.cuda.get_current_stream())
 
     @staticmethod
     def _needs_history(request: Request) -> bool:
         p = request.sampling_params
-        penalised = p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty
-        return bool(penalised or request.num_output_tokens < p.min_tokens)
+        return bool(p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty)
 
     def _seeds(self, requests: Sequence[Request]) -> tuple[np.ndarray, np.ndarray]:
         seeds = np.empty(len(requests), dtype=np.uint64)

@@ -75,7 +75,7 @@ class Sampler:
         edited: np.ndarray | None = None
         for row, request in enumerate(requests):
             p = request.sampling_params
-            banned = self._banned(request)
+            banned = self.banned(request)
             penalised = p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty
             if not (penalised or banned):
                 continue
@@ -88,7 +88,7 @@ class Sampler:
                 edited[row, [t for t in banned if t < logits.shape[1]]] = -np.inf
         return logits if edited is None else edited
 
-    def _banned(self, request: Request) -> list[int]:
+    def banned(self, request: Request) -> list[int]:
         p = request.sampling_params
         if request.num_output_tokens >= p.min_tokens:
             return []

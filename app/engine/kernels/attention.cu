@@ -77,6 +77,7 @@ __device__ __forceinline__ void attn_body(const float* __restrict__ q, const u16
     typedef AttnShape<D, GMAX> S;
     __shared__ float sc[GMAX][ATTN_CHUNK];  // scores, then probabilities; finally the output sum
     __shared__ float m_s[GMAX], l_s[GMAX], alpha_s[GMAX];
+    __shared__ int slot_s[ATTN_CHUNK];  // the chunk's cache slots, looked up once for both phases
     __shared__ int last_split;
 
     const int t = blockIdx.x, g = blockIdx.y, split = blockIdx.z, n_splits = gridDim.z;
@@ -129,14 +130,21 @@ __device__ __forceinline__ void attn_body(const float* __restrict__ q, const u16
 
         for (int c0 = k_begin; valid && c0 < k_end; c0 += ATTN_CHUNK) {
             const int n_c = min(ATTN_CHUNK, k_end - c0);
+            // Block-table lookups for the whole chunk at once: in the loops below they would put a
+            // dependent global load before every key and value load (a decode's latency is the
+            // length of that chain, not its bytes).
+            for (int kk = threadIdx.x; kk < n_c; kk += blockDim.x) {
+                const int key = c0 + kk;
+                slot_s[kk] = table[key / block_size] * block_size + key % block_size;
+            }
+            __syncthreads();
 
             // Scores. The loop bound is uniform across the warp so the shuffles stay convergent;
-            // unrolled so that the next keys' loads are in flight during this step's shuffles.
-#pragma unroll 2
+            // unrolled so that several steps' key loads are in flight together.
+#pragma unroll 4
             for (int base = 0; base < n_c; base += ATTN_WARPS * S::KPW) {
                 const int kk = base + warp * S::KPW + lane / S::G;
-                const int key = c0 + min(kk, n_c - 1);
-                const int slot = table[key / block_size] * block_size + key % block_size;
+                const int slot = slot_s[min(kk, n_c - 1)];
                 float kv[S::E];
                 load_halves<S::E>(k_cache + slot * kv_row + (i64)g * D + sub * S::E, kv);
 #pragma unroll
@@ -183,10 +191,9 @@ __device__ __forceinline__ void attn_body(const float* __restrict__ q, const u16
 #pragma unroll
                 for (int e = 0; e < S::VW; ++e) acc[h][e] *= a;
             }
-#pragma unroll 4
+#pragma unroll 8
             for (int kk = warp * S::KV + vslot; kk < n_c; kk += ATTN_WARPS * S::KV) {
-                const int key = c0 + kk;
-                const int slot = table[key / block_size] * block_size + key % block_size;
+                const int slot = slot_s[kk];
                 float vv[S::VW];
                 load_halves<S::VW>(v_cache + slot * kv_row + (i64)g * D + vsub * S::VW, vv);
 #pragma unroll
@@ -253,21 +260,36 @@ __device__ __forceinline__ void attn_body(const float* __restrict__ q, const u16
     // Splits first .. last are exactly those with a visible key: [max(lo, s L), min(pos + 1, (s + 1) L))
     // is non-empty for lo / L <= s <= pos / L.
     const int first = lo / split_len, last = valid ? min(pos / split_len, n_splits - 1) : -1;
+    const int n_used = last - first + 1;
+    // Each split's weight exp(m_s - max) and the common denominator, once per head (one warp
+    // per head, its lanes over the splits) into shared memory; then every output element is
+    // a sum over the splits whose loads are independent (unrolled, so several are in flight:
+    // a serial walk of L2 loads per element made the merge the longest part of a decode).
+    // __ldcg: read the other blocks' partials from L2, never from a stale L1 line.
+    for (int h = warp; h < group; h += ATTN_WARPS) {
+        const i64 row = (i64)t * n_heads + head0 + h;
+        float mx = -PADDOCK_INF;
+        for (int s = lane; s < n_used; s += 32) mx = fmaxf(mx, __ldcg(part_m + row * n_splits + first + s));
+        mx = warp_max(mx);
+        float den = 0.f;
+        for (int s = lane; s < n_used; s += 32) {
+            const float m = __ldcg(part_m + row * n_splits + first + s);
+            const float wgt = m == -PADDOCK_INF ? 0.f : expf(m - mx);  // a split with max -inf adds nothing
+            sc[h][s] = wgt;
+            den = fmaf(wgt, __ldcg(part_l + row * n_splits + first + s), den);
+        }
+        den = warp_sum(den);
+        if (lane == 0) l_s[h] = den;
+    }
+    __syncthreads();
     for (int idx = threadIdx.x; idx < group * D; idx += blockDim.x) {
         const int h = idx / D, d = idx % D;
         const i64 row = (i64)t * n_heads + head0 + h;
-        // Rescale each split's sum to the common max; a split with max -inf adds nothing.
-        // __ldcg: read the other blocks' partials from L2, never from a stale L1 line.
-        float mx = -PADDOCK_INF;
-        for (int s = first; s <= last; ++s) mx = fmaxf(mx, __ldcg(part_m + row * n_splits + s));
-        float num = 0.f, den = 0.f;
-        for (int s = first; s <= last; ++s) {
-            const float m = __ldcg(part_m + row * n_splits + s);
-            if (m == -PADDOCK_INF) continue;
-            const float wgt = expf(m - mx);
-            num = fmaf(wgt, __ldcg(part_acc + (row * n_splits + s) * D + d), num);
-            den = fmaf(wgt, __ldcg(part_l + row * n_splits + s), den);
-        }
+        const float* acc_s = part_acc + (row * n_splits + first) * D + d;
+        float num = 0.f;
+#pragma unroll 8
+        for (int s = 0; s < n_used; ++s) num = fmaf(sc[h][s], __ldcg(acc_s + (i64)s * D), num);
+        const float den = l_s[h];
         out[row * D + d] = den > 0.f ? num / den : 0.f;
     }
 }

@@ -10,7 +10,7 @@ from app.engine.kernels.launch import NULL, cdiv, f32, i32
 
 CHUNK = 256  # keys per pass inside a block (ATTN_CHUNK)
 MIN_SPLIT = 64  # shortest split: below this, the partial sums cost more than the keys
-MAX_SPLITS = 128  # the merging block walks the splits one by one
+MAX_SPLITS = 128  # at most ATTN_CHUNK: the merge keeps one weight per split in the shared scores
 THREADS = 128  # ATTN_WARPS * 32
 GROUP_BUCKETS = (1, 2, 4, 8, 16)
 HEAD_DIMS = (64, 128, 256)

@@ -34,3 +34,76 @@ extern "C" __global__ void __launch_bounds__(1024) add_rms_norm(const float* __r
     const float inv = 1.f / sqrtf(block_sum(ss, scratch) / (float)n_cols + eps);
     for (int c = threadIdx.x; c < n_cols; c += blockDim.x) y[base + c] = new_residual[base + c] * inv * w[c];
 }
+
+// The same two kernels for rows of a multiple of 4 columns, up to 4 * NORM_VEC * 1024: each
+// thread loads its NORM_VEC float4s of x (and residual) at once and keeps them in registers,
+// so the loads are all in flight together and nothing is re-read. At one decode token a row
+// is one block: the old element-at-a-time form spent ~4 us on a 4096-wide row.
+#define NORM_VEC 4
+
+__device__ __forceinline__ float4 norm_scale(float4 v, float inv, float4 w) {
+    return make_float4(v.x * inv * w.x, v.y * inv * w.y, v.z * inv * w.z, v.w * inv * w.w);
+}
+
+__device__ __forceinline__ float sum_squares(float4 v, float ss) {
+    return fmaf(v.w, v.w, fmaf(v.z, v.z, fmaf(v.y, v.y, fmaf(v.x, v.x, ss))));
+}
+
+extern "C" __global__ void __launch_bounds__(1024) rms_norm_vec(const float* __restrict__ x, const float* __restrict__ w,
+                                                                float* __restrict__ y, int n_cols, float eps) {
+    __shared__ float scratch[32];
+    const i64 base = (i64)blockIdx.x * n_cols;
+    const int n4 = n_cols >> 2;
+    const float4* x4 = reinterpret_cast<const float4*>(x + base);
+    float4 v[NORM_VEC];
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < NORM_VEC; ++k) {
+        const int c = threadIdx.x + k * blockDim.x;
+        v[k] = c < n4 ? __ldg(x4 + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+        ss = sum_squares(v[k], ss);
+    }
+    const float inv = 1.f / sqrtf(block_sum(ss, scratch) / (float)n_cols + eps);
+    float4* y4 = reinterpret_cast<float4*>(y + base);
+#pragma unroll
+    for (int k = 0; k < NORM_VEC; ++k) {
+        const int c = threadIdx.x + k * blockDim.x;
+        if (c < n4) y4[c] = norm_scale(v[k], inv, __ldg(reinterpret_cast<const float4*>(w) + c));
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(1024) add_rms_norm_vec(const float* __restrict__ x,
+                                                                    const float* __restrict__ residual,
+                                                                    const float* __restrict__ w, float* __restrict__ y,
+                                                                    float* __restrict__ new_residual, int n_cols,
+                                                                    float eps) {
+    __shared__ float scratch[32];
+    const i64 base = (i64)blockIdx.x * n_cols;
+    const int n4 = n_cols >> 2;
+    const float4* x4 = reinterpret_cast<const float4*>(x + base);
+    const float4* r4 = reinterpret_cast<const float4*>(residual + base);
+    float4 v[NORM_VEC];
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < NORM_VEC; ++k) {
+        const int c = threadIdx.x + k * blockDim.x;
+        if (c < n4) {
+            const float4 a = __ldg(r4 + c), b = __ldg(x4 + c);
+            v[k] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+        } else {
+            v[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        ss = sum_squares(v[k], ss);
+    }
+    const float inv = 1.f / sqrtf(block_sum(ss, scratch) / (float)n_cols + eps);
+    float4* y4 = reinterpret_cast<float4*>(y + base);
+    float4* res4 = reinterpret_cast<float4*>(new_residual + base);
+#pragma unroll
+    for (int k = 0; k < NORM_VEC; ++k) {
+        const int c = threadIdx.x + k * blockDim.x;
+        if (c < n4) {
+            res4[c] = v[k];
+            y4[c] = norm_scale(v[k], inv, __ldg(reinterpret_cast<const float4*>(w) + c));
+        }
+    }
+}

@@ -7,19 +7,35 @@ from typing import Any
 from app.engine.kernels.compile import get_kernel
 from app.engine.kernels.launch import f32, i32
 
+NORM_VEC = 4  # float4 loads per thread in the *_vec kernels (norm.cu)
+MAX_VEC_COLS = 4 * NORM_VEC * 1024
+
 
 def _threads(n_cols: int) -> int:
     # One block per row; up to 1024 threads, a whole number of warps, ~4 elements each.
     return min(1024, max(32, -(-n_cols // 4 // 32) * 32))
 
 
+def vec_threads(n_cols: int) -> int:
+    """Threads of a *_vec block: NORM_VEC float4s each, a whole number of warps."""
+    return max(32, -(-n_cols // (4 * NORM_VEC) // 32) * 32)
+
+
+def _vectorizable(n_cols: int, *arrays: Any) -> bool:
+    """Rows of whole float4s, every pointer 16-byte aligned, and few enough columns for one block."""
+    return n_cols % 4 == 0 and n_cols <= MAX_VEC_COLS and all(a.data.ptr % 16 == 0 for a in arrays)
+
+
 def rms_norm(x: Any, weight: Any, eps: float, out: Any) -> Any:
     n_cols = x.shape[-1]
     n_rows = x.size // n_cols
-    if n_rows:
-        get_kernel("norm.cu", "rms_norm")(
-            (n_rows,), (_threads(n_cols),), (x, weight, out, i32(n_cols), f32(eps))
-        )
+    if not n_rows:
+        return out
+    args = (x, weight, out, i32(n_cols), f32(eps))
+    if _vectorizable(n_cols, x, weight, out):
+        get_kernel("norm.cu", "rms_norm_vec")((n_rows,), (vec_threads(n_cols),), args)
+    else:
+        get_kernel("norm.cu", "rms_norm")((n_rows,), (_threads(n_cols),), args)
     return out
 
 
@@ -28,8 +44,11 @@ def add_rms_norm(
 ) -> tuple[Any, Any]:
     n_cols = x.shape[-1]
     n_rows = x.size // n_cols
-    if n_rows:
-        get_kernel("norm.cu", "add_rms_norm")(
-            (n_rows,), (_threads(n_cols),), (x, residual, weight, out, new_residual, i32(n_cols), f32(eps))
-        )
+    if not n_rows:
+        return out, new_residual
+    args = (x, residual, weight, out, new_residual, i32(n_cols), f32(eps))
+    if _vectorizable(n_cols, x, residual, weight, out, new_residual):
+        get_kernel("norm.cu", "add_rms_norm_vec")((n_rows,), (vec_threads(n_cols),), args)
+    else:
+        get_kernel("norm.cu", "add_rms_norm")((n_rows,), (_threads(n_cols),), args)
     return out, new_residual

@@ -87,3 +87,28 @@ def test_gpu_sampler_seeded_rows_repeat_and_mixed_batches(cuda, rng) -> None:
     mixed = _requests(2, temperature=0.0) + _requests(2, temperature=0.8, top_k=1)
     got = GpuSampler(frozenset()).sample(logits, mixed).token_ids
     assert got == np.argmax(cuda.to_host(logits), axis=1).tolist()  # greedy and top-k=1 rows
+
+
+def test_gpu_sampler_bans_stop_ids_until_min_tokens_on_the_device(cuda, rng) -> None:
+    """min_tokens (aiperf sets it to max_tokens) bans EOS and stop ids on the GPU: the banned
+    best token is never drawn, logprobs still come from the raw logits, and once the minimum
+    is reached the ban lifts."""
+    from app.engine.gpu_sampler import GpuSampler
+
+    eos, stop = 11, 23
+    raw = rng.standard_normal((6, 151936)).astype(np.float32)
+    raw[:, eos] = 40.0
+    raw[:, stop] = 30.0
+    logits = cuda.from_host(raw)
+    requests = _requests(3, temperature=0.0, min_tokens=4, stop_token_ids=[stop], logprobs=2)
+    requests += _requests(3, temperature=0.7, min_tokens=4, seed=5)
+    got = GpuSampler(frozenset({eos})).sample(logits, requests)
+    ranked = np.argsort(-raw, axis=1)
+    assert got.token_ids[:3] == ranked[:3, 2].tolist()  # greedy: the best token neither EOS nor stop
+    assert eos not in got.token_ids[3:]
+    assert got.logprobs[0].top[0][0] == eos  # logprobs from the raw logits, ban not applied
+    np.testing.assert_array_equal(cuda.to_host(logits), raw)  # the caller's logits untouched here
+    for request in requests:
+        request.output_token_ids.extend([1, 2, 3, 4])
+    after = GpuSampler(frozenset({eos})).sample(logits, requests[:3])
+    assert after.token_ids == [eos] * 3

@@ -108,16 +108,21 @@ def test_dequant_emulated(kernels_emu: Path, tmp_path: Path, qtype: str, out: st
     np.testing.assert_allclose(got, ref, rtol=rtol, atol=1e-6, err_msg=f"seed={seed}")
 
 
-def test_add_rms_norm_emulated(kernels_emu: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("cols", "vec"), [(1000, False), (1000, True), (4096, True), (640, True), (16384, True)])
+def test_add_rms_norm_emulated(kernels_emu: Path, tmp_path: Path, cols: int, vec: bool) -> None:
+    """The element-at-a-time kernel and the float4 one (as many threads as the wrapper gives it)."""
+    from app.engine.kernels.norm import vec_threads
+
     rng, seed = fresh_rng()
-    x, res = (rng.standard_normal((3, 1000)).astype(np.float32) for _ in range(2))
-    w = rng.standard_normal(1000).astype(np.float32)
+    x, res = (rng.standard_normal((3, cols)).astype(np.float32) for _ in range(2))
+    w = rng.standard_normal(cols).astype(np.float32)
     for name, a in (("x", x), ("res", res), ("w", w)):
         a.tofile(tmp_path / f"{name}.bin")
-    _run(kernels_emu, "add_rms_norm", tmp_path, 3, 1000, 1e-6, 256)
+    extra = ("vec",) if vec else ()
+    _run(kernels_emu, "add_rms_norm", tmp_path, 3, cols, 1e-6, vec_threads(cols) if vec else 256, *extra)
     ref_y, ref_res = CpuBackend().add_rms_norm(x, res, w, 1e-6)
-    assert rel_err(np.fromfile(tmp_path / "y.bin", np.float32).reshape(3, 1000), ref_y) < 1e-6, f"seed={seed}"
-    np.testing.assert_array_equal(np.fromfile(tmp_path / "newres.bin", np.float32).reshape(3, 1000), ref_res)
+    assert rel_err(np.fromfile(tmp_path / "y.bin", np.float32).reshape(3, cols), ref_y) < 1e-6, f"seed={seed}"
+    np.testing.assert_array_equal(np.fromfile(tmp_path / "newres.bin", np.float32).reshape(3, cols), ref_res)
 
 
 BLOCK = 16

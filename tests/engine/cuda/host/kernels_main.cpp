@@ -1,6 +1,6 @@
 // Run gemv.cu and norm.cu kernels on the SIMT emulator. Commands (files in DIR):
 //   gemv FMT BUCKET ROWS WARPS DIR N_ROWS N_COLS N_TOK ROW_BYTES   reads w.bin x.bin [bias.bin], writes y.bin
-//   add_rms_norm DIR ROWS COLS EPS THREADS                    reads x.bin res.bin w.bin, writes y.bin newres.bin
+//   add_rms_norm DIR ROWS COLS EPS THREADS [vec]              reads x.bin res.bin w.bin, writes y.bin newres.bin
 //   dequant FMT OUT(f32|f16) DIR N_SRC N_COLS ROW_BYTES N_OUT ROW_OFFSET   reads w.bin [ids.bin], writes y.bin
 #include <cstdio>
 #include <cstdlib>
@@ -75,7 +75,8 @@ int main(int argc, char** argv) {
         write_file(dir + "/y.bin", y);
         return 0;
     }
-    if (cmd == "add_rms_norm" && argc == 7) {
+    if (cmd == "add_rms_norm" && (argc == 7 || argc == 8)) {
+        const bool vec = argc == 8 && std::string(argv[7]) == "vec";
         const std::string dir = argv[2];
         const int rows = atoi(argv[3]), cols = atoi(argv[4]), threads = atoi(argv[6]);
         const float eps = (float)atof(argv[5]);
@@ -84,7 +85,10 @@ int main(int argc, char** argv) {
         auto w = read_file<float>(dir + "/w.bin");
         std::vector<float> y((size_t)rows * cols, NAN), newres((size_t)rows * cols, NAN);
         launch({(unsigned)rows, 1, 1}, {(unsigned)threads, 1, 1},
-               [&] { add_rms_norm(x.data(), res.data(), w.data(), y.data(), newres.data(), cols, eps); });
+               [&] {
+                   if (vec) add_rms_norm_vec(x.data(), res.data(), w.data(), y.data(), newres.data(), cols, eps);
+                   else add_rms_norm(x.data(), res.data(), w.data(), y.data(), newres.data(), cols, eps);
+               });
         write_file(dir + "/y.bin", y);
         write_file(dir + "/newres.bin", newres);
         return 0;

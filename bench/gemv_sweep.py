@@ -1,0 +1,84 @@
+"""Single-token GEMV launch shapes on the Qwen3 layer matrices: warps per block and rows per
+block for the fused q/k/v, gate/up and the single down / o products, timed as CUDA-graph
+replays over weight copies that miss L2 (as a decode step does). Prints one JSON line per
+(op, shape) with microseconds per launch for each setting and the fraction of copy bandwidth.
+
+    python3 bench/gemv_sweep.py
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_check import _rotating, random_tensor, time_graph
+
+from app.engine.backend.cuda import CudaBackend
+from app.engine.kernels import gemv
+
+SHAPES = [("qwen3-0.6b", 1024, 2048, 1024, 3072), ("qwen3-8b", 4096, 4096, 1024, 12288)]
+WARPS = (1, 2, 4, 8)
+COPY_GBS = 4280.0
+
+
+def sweep(label: str, nbytes: int, sets: list, build, settings) -> None:
+    """Time `build(weight_set, *setting)` over every weight set for each setting."""
+    row: dict = {"op": label, "mb": round(nbytes / 1e6, 1)}
+    best = None
+    for setting in settings:
+        seconds, _ = time_graph([build(ws, *setting) for ws in sets])
+        us = round(seconds * 1e6, 2)
+        row[str(setting)] = us
+        best = min(best or (us, setting), (us, setting))
+    row["best"] = f"{best[1]} {best[0]} us, {nbytes / best[0] / 1e3 / COPY_GBS:.0%} of copy"
+    print(json.dumps(row), flush=True)
+
+
+def main() -> None:
+    import cupy
+
+    backend = CudaBackend(dense_cache="off")
+    rng = np.random.default_rng(0)
+    for shape, hidden, q_rows, kv_rows, ffn in SHAPES:
+        x = cupy.asarray(rng.standard_normal((1, hidden)).astype(np.float32))
+        qkv = [backend.load_weight(random_tensor(q, r, hidden, rng)) for q, r in
+               (("Q4_K", q_rows), ("Q4_K", kv_rows), ("Q6_K", kv_rows))]  # fmt: skip
+        y = cupy.empty((1, q_rows + 2 * kv_rows), cupy.float32)
+
+        def multi(ws, r, w, x=x, y=y, hidden=hidden):
+            return functools.partial(gemv.gemv_multi, ws, hidden, x, y, None, r, w)
+
+        sweep(f"{shape} qkv", sum(w.data.nbytes for w in qkv), _rotating(qkv), multi,
+              [(r, w) for r in (2, 4, 8) for w in WARPS])  # fmt: skip
+        ffn_w = [backend.load_weight(random_tensor("Q4_K", ffn, hidden, rng)) for _ in range(2)]
+        g = cupy.empty((1, ffn), cupy.float32)
+
+        def gated(ws, r, w, x=x, g=g, hidden=hidden, ffn=ffn):
+            return functools.partial(gemv.gemv_gated, ws[0][:3], ws[1][:3], ffn, hidden, x, "silu", g, r, w)
+
+        sweep(f"{shape} gate_up", sum(w.data.nbytes for w in ffn_w), _rotating(ffn_w), gated,
+              [(r, w) for r in (1, 2, 4, 8) for w in WARPS])  # fmt: skip
+        for name, qtype, rows, cols in (("o", "Q4_K", hidden, q_rows), ("down", "Q4_K", hidden, ffn),
+                                        ("down", "Q6_K", hidden, ffn)):  # fmt: skip
+            weight = backend.load_weight(random_tensor(qtype, rows, cols, rng))
+            xi = cupy.asarray(rng.standard_normal((1, cols)).astype(np.float32))
+            out = cupy.empty((1, rows), cupy.float32)
+
+            def single(ws, r, w, xi=xi, out=out, rows=rows, cols=cols):
+                data, qtype_name, row_bytes, _ = ws[0]
+                return functools.partial(gemv.gemv, data, qtype_name, row_bytes, rows, cols, xi, out, None, w, r)
+
+            sweep(f"{shape} {name} {qtype}", weight.data.nbytes, _rotating([weight]), single,
+                  [(r, w) for r in gemv.VARIANTS[1] for w in WARPS])  # fmt: skip
+        cupy.get_default_memory_pool().free_all_blocks()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""How fast can the host side serve tokens? The real server and engine over a simulated device.
+
+Everything between HTTP and the device runs for real (uvicorn, the protocol layer,
+AsyncEngine, scheduler, KV block accounting, detokenizer, stop checks, SSE framing);
+only the forward pass and the sampler are replaced: a step sleeps for the time the GPU
+would take (`--decode-ms` per step, plus `--prefill-us` per prompt token in the step; the
+sleep releases the GIL as a wait on the GPU does) and the sampler returns random ids. So
+the ITL this reports above `--decode-ms` is the host's own cost, measurable without a GPU.
+
+    python bench/host_path.py --model /tmp/tiny.gguf --concurrency 32 --requests 96 --decode-ms 2.5
+
+It prints `paddock bench`'s JSON with the simulated step times and the engine thread's
+host time per step added. `--profile out.txt` writes a yappi profile of all threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from app.engine.client import AsyncEngine
+from app.engine.config import EngineConfig
+from app.engine.engine import LLMEngine
+from app.engine.sampler import SamplerOutput
+from app.engine.server.launch import ServerHandle
+from app.engine.server.settings import ServerSettings
+
+
+class SimulatedDevice:
+    """Stands in for `runner.run` and `sampler.sample`; counts the time the engine thread spends."""
+
+    def __init__(self, engine: LLMEngine, decode_ms: float, prefill_us: float) -> None:
+        self.engine = engine
+        self.decode_s = decode_ms / 1000
+        self.prefill_s = prefill_us / 1e6
+        self.vocab = engine.model_config.vocab_size
+        self.rng = np.random.default_rng(0)
+        self.steps = 0
+        self.device_s = 0.0
+        self.step_s = 0.0
+        engine.runner.run = self.run
+        engine.sampler.sample = self.sample
+        inner_step = engine.step
+
+        def timed_step():  # wall time of whole engine steps, to subtract the simulated device
+            started = time.perf_counter()
+            try:
+                return inner_step()
+            finally:
+                self.step_s += time.perf_counter() - started
+                self.steps += 1
+
+        engine.step = timed_step
+
+    def run(self, chunks: list) -> object:
+        prompt_tokens = sum(c.num_tokens for c in chunks if c.num_tokens > 1)
+        seconds = self.decode_s + self.prefill_s * prompt_tokens
+        time.sleep(seconds)
+        self.device_s += seconds
+        return None
+
+    def sample(self, logits: object, requests: list) -> SamplerOutput:
+        ids = self.rng.integers(256, self.vocab, size=len(requests)).tolist()  # above the byte tokens
+        return SamplerOutput(ids, [None] * len(requests))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", required=True, help="a GGUF (bench/make_random_gguf.py --shape tiny)")
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--requests", type=int, default=96)
+    parser.add_argument("--decode-ms", type=float, default=2.5, help="simulated time of one decode step")
+    parser.add_argument("--prefill-us", type=float, default=20.0, help="simulated time per prompt token")
+    parser.add_argument("--port", type=int, default=11761)
+    parser.add_argument("--profile", type=Path, default=None, help="write a yappi profile here")
+    args = parser.parse_args()
+
+    config = EngineConfig(model=args.model, device="cpu", max_num_seqs=max(32, args.concurrency),
+                          max_model_len=4096)  # fmt: skip
+    engine = LLMEngine(config)
+    device = SimulatedDevice(engine, args.decode_ms, args.prefill_us)
+    client = AsyncEngine(engine=engine)
+    server = ServerHandle(client, settings=ServerSettings(port=args.port, log_level="warning"))
+    server.start()
+    if args.profile:
+        import yappi
+
+        yappi.set_clock_type("wall")
+        yappi.start()
+    bench = subprocess.run(
+        [sys.executable, "-m", "app.cli", "bench", "--url", server.base_url, "--concurrency",
+         str(args.concurrency), "--requests", str(args.requests), "--json"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if args.profile:
+        yappi.stop()
+        with args.profile.open("w") as fh:
+            for thread in yappi.get_thread_stats():
+                fh.write(f"=== thread {thread.name} ({thread.id}) total {thread.ttot:.2f} s\n")
+                stats = yappi.get_func_stats(ctx_id=thread.id).sort("tsub")
+                stats.print_all(out=fh, columns={0: ("name", 90), 1: ("ncall", 10), 3: ("tsub", 8), 4: ("ttot", 8)})
+    server.stop()
+    client.close()
+    if bench.returncode != 0:
+        print(bench.stderr, file=sys.stderr)
+        return 1
+    summary = json.loads(bench.stdout.strip().splitlines()[-1])
+    summary.update(
+        simulated_decode_ms=args.decode_ms,
+        simulated_prefill_us_per_token=args.prefill_us,
+        engine_steps=device.steps,
+        engine_host_ms_per_step=1000 * (device.step_s - device.device_s) / max(1, device.steps),
+        threads=threading.active_count(),
+    )
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
