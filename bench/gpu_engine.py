@@ -300,8 +300,31 @@ def copy_bandwidth() -> float:
     return 2 * 10 * a.nbytes / (cupy.cuda.get_elapsed_time(start, end) / 1000) / 1e12  # TB/s, read + write
 
 
+def host_profile(model: str, batch: int, steps: int = 300) -> None:
+    """cProfile of `steps` decode steps (graphs) at `batch`: where the host time of a step goes."""
+    import cProfile
+    import pstats
+
+    engine = LLMEngine(EngineConfig(model=model, device="cuda", max_model_len=4096, max_num_seqs=max(batch, 1)))
+    rng = np.random.default_rng(1)
+    params = SamplingParams(temperature=1.0, max_tokens=steps + 8, min_tokens=steps + 8, ignore_eos=True)
+    for i in range(batch):
+        engine.add_request(f"r{i}", rng.integers(0, 256, size=128).tolist(), params)
+    for _ in range(10):
+        engine.step()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(steps):
+        engine.step()
+    profiler.disable()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(28)
+
+
 def main() -> None:
     what, *models = sys.argv[1:]
+    if what == "hostprof":
+        host_profile(models[0], int(models[1]) if len(models) > 1 else 1)
+        return
     if what == "parity":
         print(json.dumps({"parity": parity(models[0])}))
         return

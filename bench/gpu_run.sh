@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: the GPU test suite, fused-kernel micro-benchmarks, engine
 # parity, engine-level decode speed, and the server benchmark (paddock bench: streaming
-# chat, ISL 128, OSL 128, ignore_eos) at concurrency 1 and 32 on random-weight
-# Qwen3-0.6B- and Qwen3-8B-shaped Q4_K_M checkpoints.
+# chat, ISL 128, OSL 128, ignore_eos) at concurrency 1 and 32 on random-weight checkpoints:
+# MODELS lists shape:mix pairs (bench/make_random_gguf.py), by default the Qwen3-0.6B- and
+# Qwen3-8B-shaped Q4_K_M ones; e.g. MODELS="llama3-8b:q4_k_m qwen3-8b:q8_0 llama3-8b:q8_0".
 # Needs the wheels of ../shared/device/fetch-wheels.sh gguf fastapi uvicorn pydantic python-multipart
 # carried as .whl. Logs go to $OUT (or /tmp/gpu-run). Every stage has its own timeout and a
 # stage is skipped once the whole run nears BUDGET seconds, so the call ends inside its limit.
@@ -14,6 +15,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target "$HOME/site
 # Compiled kernels cached outside $OUT (only 8 files come back from it), shared by every stage.
 export PYTHONPATH=$PWD:$HOME/site PYTHONUNBUFFERED=1 PADDOCK_KERNEL_CACHE=/tmp/paddock-kernels
 STAGES=${STAGES:-tests micro parity speed serve}  # SERVE_C1 / SERVE_C32: requests per server run
+MODELS=${MODELS:-qwen3-0.6b:q4_k_m qwen3-8b:q4_k_m}
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm --format=csv
 
 # left SECONDS: true while at least $1 seconds of the budget remain
@@ -31,20 +33,21 @@ python3 bench/make_random_gguf.py --shape tiny --out /tmp/tiny.gguf
 if [[ $STAGES == *parity* ]] && left 150; then
   timeout 120 python3 bench/gpu_engine.py parity /tmp/tiny.gguf 2>&1 | tee "$OUT/parity.log" | tail -3
 fi
-for shape in qwen3-0.6b qwen3-8b; do
-  [[ -f /tmp/$shape.gguf ]] || python3 bench/make_random_gguf.py --shape $shape --out /tmp/$shape.gguf
+gguf_of() { echo "/tmp/${1%%:*}-${1##*:}.gguf"; }  # shape:mix -> its file
+for model in $MODELS; do
+  [[ -f $(gguf_of "$model") ]] || python3 bench/make_random_gguf.py --shape "${model%%:*}" --mix "${model##*:}" --out "$(gguf_of "$model")"
 done
 if [[ $STAGES == *speed* ]]; then
-  for shape in qwen3-0.6b qwen3-8b; do  # one process per model, both batch sizes in it
+  for model in $MODELS; do  # one process per model, both batch sizes in it
     left 90 || break
-    timeout 120 python3 bench/gpu_engine.py speed /tmp/$shape.gguf --batch 1 32 2>&1 | tee -a "$OUT/speed.log" | grep '^{'
+    timeout 120 python3 bench/gpu_engine.py speed "$(gguf_of "$model")" --batch 1 32 2>&1 | tee -a "$OUT/speed.log" | grep '^{'
   done
 fi
 if [[ $STAGES == *serve* ]]; then
-  for shape in qwen3-0.6b qwen3-8b; do
+  for model in $MODELS; do
     left 75 || break
-    python3 -m app.cli serve --model /tmp/$shape.gguf --device cuda --max-ctx 4096 --max-batch 32 --port 11660 \
-      --no-mcp --no-embeddings --log-level warning > "$OUT/serve-$shape.log" 2>&1 &
+    python3 -m app.cli serve --model "$(gguf_of "$model")" --device cuda --max-ctx 4096 --max-batch 32 --port 11660 \
+      --no-mcp --no-embeddings --log-level warning > "$OUT/serve-${model/:/-}.log" 2>&1 &
     pid=$!
     for _ in $(seq 1 90); do curl -sf localhost:11660/health > /dev/null && break; sleep 1; done
     for c in 1 32; do

@@ -9,6 +9,7 @@ padded with plain word tokens to the model's vocabulary, so every sampled id dec
 visible text.
 
     python3 bench/make_random_gguf.py --shape qwen3-8b --mix q4_k_m --out /tmp/qwen3-8b-q4km.gguf
+    python3 bench/make_random_gguf.py --shape llama3-8b --mix q8_0 --out /tmp/llama3-8b-q8_0.gguf
 """
 
 from __future__ import annotations
@@ -39,13 +40,16 @@ class Shape:
     vocab: int
     context: int
     tied: bool
+    arch: str = "qwen3"  # "llama": no q/k norms, rope base 500,000
 
 
 SHAPES = {
     "qwen3-8b": Shape(4096, 36, 32, 8, 128, 12288, 151936, 40960, tied=False),
     "qwen3-4b": Shape(2560, 36, 32, 8, 128, 9728, 151936, 40960, tied=True),
     "qwen3-0.6b": Shape(1024, 28, 16, 8, 128, 3072, 151936, 40960, tied=True),
+    "llama3-8b": Shape(4096, 32, 32, 8, 128, 14336, 128256, 8192, tied=False, arch="llama"),
     "tiny": Shape(256, 2, 4, 2, 64, 512, 1024, 4096, tied=False),
+    "tiny-llama": Shape(256, 2, 4, 2, 64, 512, 1024, 4096, tied=False, arch="llama"),
 }
 
 
@@ -111,7 +115,7 @@ def write_tokenizer(writer: gguf.GGUFWriter, vocab: int) -> None:
 def write(shape_name: str, mix: str, out: Path, seed: int = 0) -> int:
     shape = SHAPES[shape_name]
     rng = np.random.default_rng(seed)
-    writer = gguf.GGUFWriter(str(out), "qwen3")
+    writer = gguf.GGUFWriter(str(out), shape.arch)
     writer.add_name(f"random-{shape_name}-{mix}")
     writer.add_context_length(shape.context)
     writer.add_embedding_length(shape.hidden)
@@ -122,7 +126,8 @@ def write(shape_name: str, mix: str, out: Path, seed: int = 0) -> int:
     writer.add_key_length(shape.head_dim)
     writer.add_value_length(shape.head_dim)
     writer.add_layer_norm_rms_eps(1e-6)
-    writer.add_rope_freq_base(1_000_000.0)
+    writer.add_rope_freq_base(500_000.0 if shape.arch == "llama" else 1_000_000.0)
+    writer.add_rope_dimension_count(shape.head_dim)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M if mix == "q4_k_m" else gguf.LlamaFileType.MOSTLY_Q8_0)
     write_tokenizer(writer, shape.vocab)
     types = tensor_types(shape, mix)
@@ -135,8 +140,9 @@ def write(shape_name: str, mix: str, out: Path, seed: int = 0) -> int:
         weight_bytes += blocks.nbytes
     norms = {"output_norm.weight": shape.hidden}
     for i in range(shape.layers):
-        norms |= {f"blk.{i}.attn_norm.weight": shape.hidden, f"blk.{i}.ffn_norm.weight": shape.hidden,
-                  f"blk.{i}.attn_q_norm.weight": shape.head_dim, f"blk.{i}.attn_k_norm.weight": shape.head_dim}  # fmt: skip
+        norms |= {f"blk.{i}.attn_norm.weight": shape.hidden, f"blk.{i}.ffn_norm.weight": shape.hidden}
+        if shape.arch == "qwen3":
+            norms |= {f"blk.{i}.attn_q_norm.weight": shape.head_dim, f"blk.{i}.attn_k_norm.weight": shape.head_dim}
     for name, size in norms.items():
         values = (1.0 + 0.1 * rng.standard_normal(size)).astype(np.float32)
         writer.add_tensor(name, values)
