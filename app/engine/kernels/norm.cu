@@ -49,8 +49,11 @@ __device__ __forceinline__ float sum_squares(float4 v, float ss) {
     return fmaf(v.w, v.w, fmaf(v.z, v.z, fmaf(v.y, v.y, fmaf(v.x, v.x, ss))));
 }
 
-extern "C" __global__ void __launch_bounds__(1024) rms_norm_vec(const float* __restrict__ x, const float* __restrict__ w,
-                                                                float* __restrict__ y, int n_cols, float eps) {
+// ADD: v = residual + x, also written to new_residual; else v = x.
+template <bool ADD>
+__device__ __forceinline__ void rms_norm_vec_body(const float* __restrict__ x, const float* __restrict__ residual,
+                                                  const float* __restrict__ w, float* __restrict__ y,
+                                                  float* __restrict__ new_residual, int n_cols, float eps) {
     __shared__ float scratch[32];
     const i64 base = (i64)blockIdx.x * n_cols;
     const int n4 = n_cols >> 2;
@@ -60,16 +63,29 @@ extern "C" __global__ void __launch_bounds__(1024) rms_norm_vec(const float* __r
 #pragma unroll
     for (int k = 0; k < NORM_VEC; ++k) {
         const int c = threadIdx.x + k * blockDim.x;
-        v[k] = c < n4 ? __ldg(x4 + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+        v[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (c < n4) {
+            v[k] = __ldg(x4 + c);
+            if (ADD) {
+                const float4 r = __ldg(reinterpret_cast<const float4*>(residual + base) + c);
+                v[k] = make_float4(r.x + v[k].x, r.y + v[k].y, r.z + v[k].z, r.w + v[k].w);
+            }
+        }
         ss = sum_squares(v[k], ss);
     }
     const float inv = 1.f / sqrtf(block_sum(ss, scratch) / (float)n_cols + eps);
-    float4* y4 = reinterpret_cast<float4*>(y + base);
 #pragma unroll
     for (int k = 0; k < NORM_VEC; ++k) {
         const int c = threadIdx.x + k * blockDim.x;
-        if (c < n4) y4[c] = norm_scale(v[k], inv, __ldg(reinterpret_cast<const float4*>(w) + c));
+        if (c >= n4) continue;
+        if (ADD) reinterpret_cast<float4*>(new_residual + base)[c] = v[k];
+        reinterpret_cast<float4*>(y + base)[c] = norm_scale(v[k], inv, __ldg(reinterpret_cast<const float4*>(w) + c));
     }
+}
+
+extern "C" __global__ void __launch_bounds__(1024) rms_norm_vec(const float* __restrict__ x, const float* __restrict__ w,
+                                                                float* __restrict__ y, int n_cols, float eps) {
+    rms_norm_vec_body<false>(x, nullptr, w, y, nullptr, n_cols, eps);
 }
 
 extern "C" __global__ void __launch_bounds__(1024) add_rms_norm_vec(const float* __restrict__ x,
@@ -77,33 +93,5 @@ extern "C" __global__ void __launch_bounds__(1024) add_rms_norm_vec(const float*
                                                                     const float* __restrict__ w, float* __restrict__ y,
                                                                     float* __restrict__ new_residual, int n_cols,
                                                                     float eps) {
-    __shared__ float scratch[32];
-    const i64 base = (i64)blockIdx.x * n_cols;
-    const int n4 = n_cols >> 2;
-    const float4* x4 = reinterpret_cast<const float4*>(x + base);
-    const float4* r4 = reinterpret_cast<const float4*>(residual + base);
-    float4 v[NORM_VEC];
-    float ss = 0.f;
-#pragma unroll
-    for (int k = 0; k < NORM_VEC; ++k) {
-        const int c = threadIdx.x + k * blockDim.x;
-        if (c < n4) {
-            const float4 a = __ldg(r4 + c), b = __ldg(x4 + c);
-            v[k] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
-        } else {
-            v[k] = make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-        ss = sum_squares(v[k], ss);
-    }
-    const float inv = 1.f / sqrtf(block_sum(ss, scratch) / (float)n_cols + eps);
-    float4* y4 = reinterpret_cast<float4*>(y + base);
-    float4* res4 = reinterpret_cast<float4*>(new_residual + base);
-#pragma unroll
-    for (int k = 0; k < NORM_VEC; ++k) {
-        const int c = threadIdx.x + k * blockDim.x;
-        if (c < n4) {
-            res4[c] = v[k];
-            y4[c] = norm_scale(v[k], inv, __ldg(reinterpret_cast<const float4*>(w) + c));
-        }
-    }
+    rms_norm_vec_body<true>(x, residual, w, y, new_residual, n_cols, eps);
 }
