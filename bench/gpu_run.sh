@@ -22,7 +22,7 @@ nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm --format=csv
 left() { (( BUDGET - SECONDS >= $1 )); }
 
 if [[ $STAGES == *tests* ]]; then
-  timeout 200 python3 -m pytest -q -m gpu tests/engine/cuda -x -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -25
+  timeout 200 python3 -m pytest -q -m gpu tests/engine/cuda -x -rf -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -25
 fi
 if [[ $STAGES == *micro* ]] && left 180; then
   timeout 100 python3 bench/gpu_check.py --out /tmp/check --no-tests --only "copy bandwidth,fused" 2>&1 \
