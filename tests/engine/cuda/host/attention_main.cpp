@@ -10,18 +10,7 @@
 #define PADDOCK_ALL_VARIANTS
 #include "attention.cu"
 
-template <class T>
-static std::vector<T> read_file(const std::string& path) {
-    FILE* f = fopen(path.c_str(), "rb");
-    if (!f) exit(3);
-    fseek(f, 0, SEEK_END);
-    const long bytes = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    std::vector<T> v(bytes / sizeof(T));
-    if (fread(v.data(), 1, bytes, f) != (size_t)bytes) exit(3);
-    fclose(f);
-    return v;
-}
+#include "host_io.h"
 
 typedef void (*AttnFn)(const float*, const u16*, const u16*, const int*, const int*, const int*, int, int, int, int,
                        int, float, float, int, int, float*, float*, float*, float*, int*);
@@ -41,12 +30,12 @@ int main(int argc, char** argv) {
     const int n_kv = atoi(argv[6]), block_size = atoi(argv[7]), n_seqs = atoi(argv[8]), stride = atoi(argv[9]);
     const float scale = (float)atof(argv[10]), softcap = (float)atof(argv[11]);
     const int window = atoi(argv[12]), splits = atoi(argv[13]), split_len = atoi(argv[14]);
-    auto q = read_file<float>(dir + "/q.bin");
-    auto k = read_file<u16>(dir + "/k.bin");
-    auto v = read_file<u16>(dir + "/v.bin");
-    auto qsl = read_file<int>(dir + "/qsl.bin");
-    auto seq_lens = read_file<int>(dir + "/seq_lens.bin");
-    auto tables = read_file<int>(dir + "/tables.bin");
+    auto q = read_required<float>(dir + "/q.bin");
+    auto k = read_required<u16>(dir + "/k.bin");
+    auto v = read_required<u16>(dir + "/v.bin");
+    auto qsl = read_required<int>(dir + "/qsl.bin");
+    auto seq_lens = read_required<int>(dir + "/seq_lens.bin");
+    auto tables = read_required<int>(dir + "/tables.bin");
     std::vector<float> out((size_t)n_tok * n_heads * d, NAN);
     std::vector<float> acc((size_t)n_tok * n_heads * splits * d, NAN), m((size_t)n_tok * n_heads * splits, NAN),
         l((size_t)n_tok * n_heads * splits, NAN);
@@ -64,8 +53,6 @@ int main(int argc, char** argv) {
     }
     for (int c : counters)
         if (c != 0) return 5;
-    FILE* o = fopen((dir + "/out.bin").c_str(), "wb");
-    fwrite(out.data(), sizeof(float), out.size(), o);
-    fclose(o);
+    write_file(dir + "/out.bin", out);
     return 0;
 }

@@ -12,25 +12,7 @@
 #include "gemv.cu"
 #include "norm.cu"
 
-template <class T>
-static std::vector<T> read_file(const std::string& path, size_t pad = 0) {
-    FILE* f = fopen(path.c_str(), "rb");
-    if (!f) return {};
-    fseek(f, 0, SEEK_END);
-    const long bytes = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    std::vector<T> v(bytes / sizeof(T) + pad);
-    if (fread(v.data(), 1, bytes, f) != (size_t)bytes) exit(3);
-    fclose(f);
-    return v;
-}
-
-template <class T>
-static void write_file(const std::string& path, const std::vector<T>& v) {
-    FILE* o = fopen(path.c_str(), "wb");
-    fwrite(v.data(), sizeof(T), v.size(), o);
-    fclose(o);
-}
+#include "host_io.h"
 
 typedef void (*GemvFn)(const u8*, i64, int, int, const float*, int, float*, const float*);
 
