@@ -113,19 +113,18 @@ class GpuSampler:
         params = [r.sampling_params for r in requests]
         on_host = [i for i, r in enumerate(requests) if self._needs_history(r)]
         vocab = logits.shape[1]
-        bans = self._ban_pairs(requests, on_host, vocab)
-        upload = self._upload_params(requests, bans)
+        greedy = np.array([p.temperature < GREEDY_BELOW for p in params])
+        inv_t = np.where(greedy, 1.0, 1.0 / np.maximum([p.temperature for p in params], GREEDY_BELOW))
+        bans = self._ban_pairs(requests, set(on_host), vocab)
+        upload = self._upload_params(requests, inv_t, greedy, bans)
         raw = logits
         if bans.size:  # on a copy when logprobs are asked for: those come from the raw logits
             wants_logprobs = any(p.logprobs is not None for p in params)
             logits = logits.copy() if wants_logprobs else logits
             count = bans.size // 2
             self._ban_kernel((-(-count // 128),), (128,), (logits, upload[24 * n :], np.int32(count), np.int32(vocab)))
-        greedy = np.array([p.temperature < GREEDY_BELOW for p in params])
-        inv_t = np.where(greedy, 1.0, 1.0 / np.maximum([p.temperature for p in params], GREEDY_BELOW))
-        filtered = [p.min_p > 0 or 0 < p.top_k < logits.shape[1] or p.top_p < 1.0 for p in params]
+        filtered = [p.min_p > 0 or 0 < p.top_k < vocab or p.top_p < 1.0 for p in params]
         cutoff = self._cutoffs(logits, params, inv_t.astype(np.float32)) if any(filtered) else None
-        self._fill_params(requests, inv_t, greedy, upload)
         best = xp.zeros(n, dtype=xp.uint64)
         self._kernel(
             (n, -(-vocab // _SLICE)), (_THREADS,),
@@ -141,7 +140,7 @@ class GpuSampler:
                 token_ids[i] = token
         return SamplerOutput(token_ids, self._logprobs(raw, requests, token_ids))
 
-    def _ban_pairs(self, requests: Sequence[Request], on_host: list[int], vocab: int) -> np.ndarray:
+    def _ban_pairs(self, requests: Sequence[Request], on_host: set[int], vocab: int) -> np.ndarray:
         """(row, token id) pairs, flat int32, for the rows under a min_tokens ban (the numpy
         sampler bans the host rows itself)."""
         pairs = [
@@ -153,9 +152,11 @@ class GpuSampler:
         ]
         return np.asarray(pairs, dtype=np.int32).reshape(-1)
 
-    def _upload_params(self, requests: Sequence[Request], bans: np.ndarray) -> Any:
-        """Device room for the kernels' per-row parameters (24 bytes a row) and the ban pairs; the
-        bans go up now (one pinned host-to-device copy), the rest once `_fill_params` has them."""
+    def _upload_params(
+        self, requests: Sequence[Request], inv_t: np.ndarray, greedy: np.ndarray, bans: np.ndarray
+    ) -> Any:
+        """The kernels' per-row parameters (24 bytes a row) and the ban pairs after them, in one
+        pinned buffer, one host-to-device copy."""
         xp = self.xp
         n = len(requests)
         size = 24 * n + 4 * bans.size
@@ -163,22 +164,16 @@ class GpuSampler:
             capacity = max(size, 24 * 64)
             self._host_params = np.frombuffer(xp.cuda.alloc_pinned_memory(capacity), np.uint8, capacity)
             self._device_params = xp.empty(capacity, xp.uint8)
-        if bans.size:
-            self._host_params[24 * n : size].view(np.int32)[:] = bans
-            self._device_params[24 * n : size].set(
-                self._host_params[24 * n : size], stream=xp.cuda.get_current_stream()
-            )
-        return self._device_params[:size]
-
-    def _fill_params(self, requests: Sequence[Request], inv_t: np.ndarray, greedy: np.ndarray, device: Any) -> None:
-        n = len(requests)
         seeds, steps = self._seeds(requests)
         host = self._host_params
         host[: 8 * n].view(np.uint64)[:] = seeds
         host[8 * n : 16 * n].view(np.uint64)[:] = steps
         host[16 * n : 20 * n].view(np.float32)[:] = inv_t
         host[20 * n : 24 * n].view(np.int32)[:] = greedy
-        device[: 24 * n].set(host[: 24 * n], stream=self.xp.cuda.get_current_stream())
+        host[24 * n : size].view(np.int32)[:] = bans
+        device = self._device_params[:size]
+        device.set(host[:size], stream=xp.cuda.get_current_stream())
+        return device
 
     @staticmethod
     def _needs_history(request: Request) -> bool:
