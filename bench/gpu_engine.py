@@ -26,6 +26,8 @@ import statistics
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -168,6 +170,19 @@ def _op_kind(op: str, args: tuple) -> str:
     return next((kind for key, kind in _LINEAR_KINDS if key in name), "lm_head")
 
 
+@contextmanager
+def _wrapped_ops(backend, wrap: Callable[[str, Callable], Callable]) -> Iterator[None]:
+    """The backend's PROFILED_OPS replaced by `wrap(op, method)` for the block (instance attributes
+    shadow the methods the layers call)."""
+    for op in PROFILED_OPS:
+        setattr(backend, op, wrap(op, getattr(backend, op)))
+    try:
+        yield
+    finally:
+        for op in PROFILED_OPS:
+            delattr(backend, op)
+
+
 SPIN_US = 300  # longer than the host time to enqueue any one op (attention: ~60 us of Python)
 _SPIN_SOURCE = r"""
 extern "C" __global__ void spin(long long cycles) {
@@ -200,10 +215,8 @@ def profile(engine: LLMEngine, batch: int, reps: int = 5) -> dict[str, float]:
 
         return run
 
-    for op in PROFILED_OPS:  # instance attributes shadow the methods the layers call
-        setattr(backend, op, timed(op, getattr(backend, op)))
     samples: dict[str, list[float]] = defaultdict(list)
-    try:
+    with _wrapped_ops(backend, timed):
         for _ in range(reps):
             events.clear()
             graphs._forward(bucket)  # the graph's step, eagerly, on the inputs of the last replay
@@ -213,9 +226,6 @@ def profile(engine: LLMEngine, batch: int, reps: int = 5) -> dict[str, float]:
                 step[kind] += cupy.cuda.get_elapsed_time(start, end)
             for kind, ms in step.items():
                 samples[kind].append(ms)
-    finally:
-        for op in PROFILED_OPS:
-            delattr(backend, op)
     return {kind: round(statistics.median(ms), 4) for kind, ms in samples.items()}
 
 
@@ -259,10 +269,8 @@ def ablate(engine: LLMEngine, batch: int, reps: int = 50) -> dict[str, float]:
 
         return run
 
-    for op in PROFILED_OPS:
-        setattr(backend, op, wrap(op, getattr(backend, op)))
     saved: dict[str, float] = {}
-    try:
+    with _wrapped_ops(backend, wrap):
         graphs._forward(bucket)
         cupy.cuda.Device().synchronize()
         full = replay_ms(graphs._graphs[bucket][0])
@@ -279,9 +287,6 @@ def ablate(engine: LLMEngine, batch: int, reps: int = 50) -> dict[str, float]:
                 graph = stream.end_capture()
             stream.synchronize()
             saved[kind] = round(full - replay_ms(graph), 4)
-    finally:
-        for op in PROFILED_OPS:
-            delattr(backend, op)
     return {"full_replay_ms": round(full, 4), **saved}
 
 
