@@ -82,6 +82,14 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return ApiError(400, message, param=param, code=code)
 
 
+CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads it, the metrics count it
+
+
+def client_closed(message: str = "Client closed the request.") -> ApiError:
+    """The client hung up before a non-streaming response was ready."""
+    return ApiError(CLIENT_CLOSED, message)
+
+
 def model_not_found(model: str, available: list[str]) -> ApiError:
     return ApiError(
         404,

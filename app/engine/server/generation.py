@@ -21,7 +21,7 @@ import anyio
 
 from app.engine.client import ContextOverflowError, EngineClient, GenerationRequest
 from app.engine.request import RequestOutput, TokenLogprob
-from app.engine.server.errors import ApiError, bad_request, context_overflow
+from app.engine.server.errors import ApiError, bad_request, client_closed, context_overflow
 
 if TYPE_CHECKING:
     from app.engine.server.metrics import ServerMetrics
@@ -29,10 +29,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 WaitForDisconnect = Callable[[], Awaitable[None]]
-
-
-class ClientGone(Exception):
-    """The client hung up before a non-streaming response was ready."""
 
 
 @dataclass
@@ -214,7 +210,8 @@ async def merged(generations: list[Generation]) -> AsyncIterator[tuple[int, Requ
 async def collect(
     generations: list[Generation], wait_for_disconnect: WaitForDisconnect | None
 ) -> list[Completed]:
-    """Run generations to the end; if the client disconnects first, abort them and raise ClientGone."""
+    """Run generations to the end; if the client disconnects first, abort them and raise the 499
+    ApiError (client_closed)."""
     results = [Completed() for _ in generations]
 
     async def gather() -> None:
@@ -238,7 +235,7 @@ async def collect(
                 for generation in generations:
                     await generation.close()
     if work.cancelled():
-        raise ClientGone()
+        raise client_closed()
     work.result()  # re-raises what ended it
     return results
 

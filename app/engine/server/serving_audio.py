@@ -19,7 +19,7 @@ from fastapi.responses import Response
 
 from app.engine import transcript_formats as formats
 from app.engine.audio import AudioError, Transcriber, Transcript, TranscriptionCancelled
-from app.engine.server.errors import ApiError, bad_request, model_not_found
+from app.engine.server.errors import ApiError, bad_request, client_closed, model_not_found
 from app.engine.server.protocol.audio import TranscriptionForm
 from app.engine.server.protocol.openai import ModelCard
 
@@ -30,7 +30,6 @@ TRANSCRIPTIONS_PATH = "/v1/audio/transcriptions"
 MAX_AUDIO_BODY_BYTES = 200 * 1024 * 1024
 # What OpenAI clients send by default; answered by whichever Whisper model is loaded.
 WHISPER_ALIASES = ("whisper-1",)
-CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads it, the metrics count it
 
 # "embedded": the tiny.en model shipped with the app; None: no transcription on this server.
 TranscriberChoice = Transcriber | Literal["embedded"] | None
@@ -137,7 +136,7 @@ async def _transcribe(
     if isinstance(outcome, AudioError):
         raise bad_request(_sentence(str(outcome)), param="file", code="invalid_audio")
     if isinstance(outcome, TranscriptionCancelled):
-        raise ApiError(CLIENT_CLOSED, "The client disconnected; the transcription was stopped.")
+        raise client_closed("The client disconnected; the transcription was stopped.")
     # the model folder is broken, or CTranslate2 cannot run here
     log.error("transcription with %s failed: %r", transcriber.model_name, outcome)
     raise ApiError(

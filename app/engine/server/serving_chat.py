@@ -9,7 +9,6 @@ from typing import Any
 
 from app.engine.server.errors import ApiError, Dialect, bad_request
 from app.engine.server.generation import (
-    ClientGone,
     Completed,
     Generation,
     WaitForDisconnect,
@@ -70,8 +69,6 @@ class OpenAIServingChat:
             completed = await collect(generations, wait_for_disconnect)
         except ApiError as error:
             return error
-        except ClientGone:
-            return ApiError(499, "Client closed the request.")
         return self._response(req, plan, completed)
 
     def plan(self, req: ChatCompletionRequest) -> ChatPlan:

@@ -7,7 +7,6 @@ from contextlib import aclosing
 
 from app.engine.server.errors import ApiError, Dialect, bad_request
 from app.engine.server.generation import (
-    ClientGone,
     Completed,
     Generation,
     WaitForDisconnect,
@@ -45,8 +44,6 @@ class OpenAIServingCompletions:
             completed = await collect(generations, wait_for_disconnect)
         except ApiError as error:
             return error
-        except ClientGone:
-            return ApiError(499, "Client closed the request.")
         return self._response(req, prompts, completed)
 
     def prompts(self, req: CompletionRequest) -> list[Prompt]:

@@ -8,7 +8,7 @@ from contextlib import aclosing
 from typing import Any
 
 from app.engine.server.errors import ApiError, Dialect, bad_request
-from app.engine.server.generation import ClientGone, Completed, Generation, WaitForDisconnect, collect, merged
+from app.engine.server.generation import Completed, Generation, WaitForDisconnect, collect, merged
 from app.engine.server.prompting import Prompt, function_tool, merge_system, tool_call_message
 from app.engine.server.protocol.anthropic import (
     CountTokensRequest,
@@ -53,8 +53,6 @@ class AnthropicServingMessages:
             (result,) = await collect([generation], wait_for_disconnect)
         except ApiError as error:
             return error
-        except ClientGone:
-            return ApiError(499, "Client closed the request.")
         text, calls = split_calls(self.ctx.engine.chat_template, result.text, parse_calls)
         blocks: list[TextBlock | ToolUseBlock] = [TextBlock(text=text)] if text else []
         blocks += [ToolUseBlock(id=c.id, name=c.name, input=_input(c)) for c in calls]

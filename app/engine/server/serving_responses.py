@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from app.engine.server.errors import ApiError, bad_request
-from app.engine.server.generation import ClientGone, WaitForDisconnect, collect
+from app.engine.server.generation import WaitForDisconnect, collect
 from app.engine.server.json_output import json_instruction
 from app.engine.server.openai_messages import text_content
 from app.engine.server.prompting import Prompt, function_tool, merge_system, parse_arguments
@@ -60,8 +60,6 @@ class OpenAIServingResponses:
             (result,) = await collect([generation], wait_for_disconnect)
         except ApiError as error:
             return error
-        except ClientGone:
-            return ApiError(499, "Client closed the request.")
         text, calls = split_calls(self.ctx.engine.chat_template, result.text, parse_calls)
         output: list[Any] = [output_message(text, result)] if text else []
         output += [function_call_item(call, "completed") for call in calls]
