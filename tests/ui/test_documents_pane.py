@@ -10,65 +10,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
-from PySide6.QtGui import QDragEnterEvent, QDropEvent
-from PySide6.QtWidgets import QAbstractScrollArea, QApplication, QWidget
+from PySide6.QtCore import Qt, QUrl
 from server import fakes
 from server.fakes import FakeEngine
+from studio.doc_files import PAGES, write_docx, write_pdf
 
 from app.studio.doc_qa import DocQASession, DocumentSet
 from app.studio.tasks import ThreadExecutor
 from app.ui.panes.documents import DocumentsPane
 from app.ui.workers import UiBridge, Worker
 
+from .drag import drop
+
 WAIT_MS = 20_000
 REAL_MODEL_WAIT_MS = 300_000  # the embedded model on shared CPUs
-PAGES = [
-    "The festival report. The Paddock festival takes place in Lyon on the fourteenth of June.",
-    "Tickets for adults cost twelve euros. Children enter free of charge.",
-    "Pears cost four dollars per kilogram at the orchard market.",
-]
-
-
-def drop(widget: QWidget, paths: list[Path]) -> None:
-    """What a window system delivers when files are dragged onto `widget` and released."""
-    if isinstance(widget, QAbstractScrollArea):
-        widget = widget.viewport()
-    mime = QMimeData()
-    mime.setUrls([QUrl.fromLocalFile(str(path)) for path in paths])
-    point = QPointF(widget.rect().center())
-    buttons, modifiers = Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier
-    enter = QDragEnterEvent(point, Qt.DropAction.CopyAction, mime, buttons, modifiers)
-    QApplication.sendEvent(widget, enter)
-    assert enter.isAccepted(), "the widget refused the drag"
-    release = QDropEvent(point, Qt.DropAction.CopyAction, mime, buttons, modifiers)
-    QApplication.sendEvent(widget, release)
-    assert release.isAccepted(), "the widget refused the drop"
-
-
-def write_pdf(path: Path, pages: list[str] = PAGES) -> Path:
-    from fpdf import FPDF
-
-    pdf = FPDF()
-    pdf.set_font("helvetica", size=12)
-    for text in pages:
-        pdf.add_page()
-        pdf.multi_cell(w=0, text=text)
-    pdf.output(str(path))
-    return path
-
-
-def write_docx(path: Path) -> Path:
-    import docx
-
-    document = docx.Document()
-    for heading, text in (("Travel", "The team travels to Lyon by train."), ("Meals", "Lunch is at noon.")):
-        document.add_heading(heading, level=1)
-        document.add_paragraph(text)
-    document.save(str(path))
-    return path
-
-
 def write_xlsx(path: Path) -> Path:
     import openpyxl
 

@@ -9,32 +9,19 @@ import time
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import QMimeData, QPoint, QPointF, Qt, QUrl
-from PySide6.QtGui import QDragEnterEvent, QDropEvent, QTextCursor
-from PySide6.QtWidgets import QApplication, QWidget
+from PySide6.QtCore import QPoint, Qt
+from PySide6.QtGui import QTextCursor
 
 from app.studio.tasks import ThreadExecutor
 from app.studio.transcription import Transcript, TranscriptionCancelled, TranscriptionService
 from app.ui.panes.transcribe import TranscribePane, clock
 from app.ui.workers import UiBridge, Worker
 
+from .drag import drop
+
 SPEECH = Path(__file__).parents[1] / "fixtures" / "audio" / "speech.wav"
 WAIT_MS = 120_000  # loading and running tiny.en on shared CPUs
 SPOKEN = ["quick", "brown", "fox", "over", "lazy", "dog", "water", "garden"]  # tiny.en hears "jumps" as "jump"
-
-
-def drop(widget: QWidget, paths: list[Path]) -> None:
-    """What a window system delivers when files are dragged onto `widget` and released."""
-    mime = QMimeData()
-    mime.setUrls([QUrl.fromLocalFile(str(path)) for path in paths])
-    point = QPointF(widget.rect().center())
-    buttons, modifiers = Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier
-    enter = QDragEnterEvent(point, Qt.DropAction.CopyAction, mime, buttons, modifiers)
-    QApplication.sendEvent(widget, enter)
-    assert enter.isAccepted(), "the widget refused the drag"
-    release = QDropEvent(point, Qt.DropAction.CopyAction, mime, buttons, modifiers)
-    QApplication.sendEvent(widget, release)
-    assert release.isAccepted(), "the widget refused the drop"
 
 
 def transcribe(qtbot, pane: TranscribePane, path: Path):
