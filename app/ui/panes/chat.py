@@ -39,7 +39,7 @@ from app.ui.context import RuntimeWatcher
 from app.ui.models.conversations import ConversationListModel
 from app.ui.widgets.dialogs import Dialogs
 from app.ui.widgets.drop_zone import FileDropFilter
-from app.ui.widgets.feedback import error_label
+from app.ui.widgets.feedback import error_label, show_error, show_progress
 from app.ui.widgets.sampling_form import SamplingForm
 from app.ui.widgets.transcript import TranscriptView
 from app.ui.workers import Worker
@@ -247,13 +247,7 @@ class ChatPane(QWidget):
         self.detach_button.setVisible(bool(documents))
 
     def _show_attach_progress(self, progress: Progress) -> None:
-        fraction = progress.fraction
-        self.attach_progress.setRange(0, 0 if fraction is None else 1000)
-        if fraction is not None:
-            self.attach_progress.setValue(round(fraction * 1000))
-        self.attachments.setText(progress.message)
-        self.attach_progress.show()
-        self.attach_cancel_button.show()
+        show_progress(self.attach_progress, self.attachments, self.attach_cancel_button, progress)
         self.detach_button.hide()
 
     # -- answers ------------------------------------------------------------------------------
@@ -369,8 +363,7 @@ class ChatPane(QWidget):
             widget.setEnabled(not busy)
 
     def _show_error(self, text: str | None) -> None:
-        self.error.setText(text or "")
-        self.error.setVisible(bool(text))
+        show_error(self.error, text)
 
 
 def _column(*widgets: QWidget, into: QWidget | None = None) -> QWidget:

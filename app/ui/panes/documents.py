@@ -33,7 +33,7 @@ from app.studio.runtime import RuntimeStatus
 from app.studio.tasks import Progress, TaskHandle, TaskResult
 from app.ui.context import RuntimeWatcher
 from app.ui.widgets.drop_zone import DropZone, FileChooser, FileDropFilter, choose_files
-from app.ui.widgets.feedback import error_label
+from app.ui.widgets.feedback import error_label, show_error, show_progress
 from app.ui.widgets.feedback import progress_row as progress_row_widgets
 from app.ui.widgets.tables import make_table
 from app.ui.workers import Worker
@@ -300,22 +300,10 @@ class DocumentsPane(QWidget):
         self.clear_button.setEnabled(not ingesting and has_documents)
 
     def _show_progress(self, progress: Progress | None) -> None:
-        visible = progress is not None
-        for widget in (self.progress, self.cancel_button):
-            widget.setVisible(visible)
-        if progress is None:
-            self.progress_label.hide()
-            return
-        fraction = progress.fraction
-        self.progress.setRange(0, 0 if fraction is None else 1000)  # (0, 0): busy, size unknown yet
-        if fraction is not None:
-            self.progress.setValue(round(fraction * 1000))
-        self.progress_label.setText(progress.message)
-        self.progress_label.show()
+        show_progress(self.progress, self.progress_label, self.cancel_button, progress)
 
     def _show_error(self, text: str | None) -> None:
-        self.error.setText(text or "")
-        self.error.setVisible(bool(text))
+        show_error(self.error, text)
 
     def shutdown(self) -> None:
         self.cancel_ingest()

@@ -42,7 +42,7 @@ from app.studio.settings import Settings, SettingsError
 from app.studio.tasks import TaskResult
 from app.ui.context import RuntimeWatcher
 from app.ui.widgets.copy_field import CopyBlock, CopyLine
-from app.ui.widgets.feedback import error_label
+from app.ui.widgets.feedback import error_label, show_error
 from app.ui.workers import Worker
 
 BIND_CHOICES = (("loopback", "This computer only (127.0.0.1)"), ("lan", "Local network (0.0.0.0)"))
@@ -239,5 +239,4 @@ class ServerPane(QWidget):
             block.set_text(snippet.text)
 
     def _show_error(self, text: str | None) -> None:
-        self.error.setText(text or "")
-        self.error.setVisible(bool(text))
+        show_error(self.error, text)

@@ -20,7 +20,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.studio.compare import ColumnResult, Target
-from app.ui.widgets.feedback import error_label
+from app.ui.widgets.feedback import error_label, show_error
 
 if TYPE_CHECKING:
     from app.engine.client import EngineClient
@@ -99,8 +99,7 @@ class CompareColumn(QFrame):
         self.show_error(None)
 
     def show_error(self, text: str | None) -> None:
-        self.error.setText(text or "")
-        self.error.setVisible(bool(text))
+        show_error(self.error, text)
 
     def show_result(self, column: ColumnResult, new_text: str) -> None:
         if new_text:
