@@ -167,10 +167,7 @@ class ModelsPane(QWidget):
     def _on_fit(self, result: TaskResult[FitReport], asked: int) -> None:
         if asked != self._fit_asked:
             return
-        if result.ok and result.value is not None:
-            self.fit.show_report(result.value)
-        else:
-            self.fit.show_error(f"Cannot tell whether it fits: {result.error_message}")
+        self.fit.show_result(result)
         self.fit_checked.emit(result)
 
     # -- actions ------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 from PySide6.QtWidgets import QFormLayout, QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
 from app.engine.fit import FitReport, format_bytes
+from app.studio.tasks import TaskResult
 
 PARTS = (("weights", "Weights"), ("kv_cache", "KV cache"), ("activations", "Activations"), ("overhead", "Overhead"))
 
@@ -49,6 +50,13 @@ class FitView(QWidget):
         self.clear(text)
         self.headline.setObjectName("errorText")
         self._repolish(self.headline)
+
+    def show_result(self, result: TaskResult[FitReport]) -> None:
+        """The outcome of a background fit check: the report, or why there is none."""
+        if result.ok and result.value is not None:
+            self.show_report(result.value)
+        else:
+            self.show_error(f"Cannot tell whether it fits: {result.error_message}")
 
     def show_report(self, report: FitReport) -> None:
         self.report = report

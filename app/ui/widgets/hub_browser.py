@@ -201,10 +201,7 @@ class HubBrowser(QWidget):
     def _on_fit(self, result: TaskResult[FitReport], asked: int) -> None:
         if asked != self._asked:
             return
-        if result.ok and result.value is not None:
-            self.fit.show_report(result.value)
-        else:
-            self.fit.show_error(f"Cannot tell whether it fits: {result.error_message}")
+        self.fit.show_result(result)
         self.fit_checked.emit(result)
 
     # -- downloading ------------------------------------------------------------------------------
