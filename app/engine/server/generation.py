@@ -169,6 +169,15 @@ async def start_all(generations: list[Generation]) -> None:
         raise
 
 
+async def start_and_collect(
+    generations: list[Generation], stream: bool, wait_for_disconnect: WaitForDisconnect | None
+) -> list[Completed] | None:
+    """Start every generation and, unless the response streams (None), run them to the end.
+    Raises ApiError: a rejected request, an engine failure, or the client gone (499)."""
+    await start_all(generations)
+    return None if stream else await collect(generations, wait_for_disconnect)
+
+
 async def merged(generations: list[Generation]) -> AsyncIterator[tuple[int, RequestOutput]]:
     """Outputs of several generations as they arrive, tagged with each one's index."""
     if len(generations) == 1:

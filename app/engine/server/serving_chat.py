@@ -12,9 +12,8 @@ from app.engine.server.generation import (
     Completed,
     Generation,
     WaitForDisconnect,
-    collect,
     merged,
-    start_all,
+    start_and_collect,
 )
 from app.engine.server.json_output import check_json, json_instruction
 from app.engine.server.logprobs import TokenTexts, chat_logprobs
@@ -60,15 +59,11 @@ class OpenAIServingChat:
         try:
             plan = self.plan(req)
             generations = self._generations(req, plan)
-            await start_all(generations)
+            completed = await start_and_collect(generations, req.stream, wait_for_disconnect)
         except ApiError as error:
             return error
-        if req.stream:
+        if completed is None:
             return self._stream(req, plan, generations)
-        try:
-            completed = await collect(generations, wait_for_disconnect)
-        except ApiError as error:
-            return error
         return self._response(req, plan, completed)
 
     def plan(self, req: ChatCompletionRequest) -> ChatPlan:

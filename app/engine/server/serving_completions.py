@@ -10,9 +10,8 @@ from app.engine.server.generation import (
     Completed,
     Generation,
     WaitForDisconnect,
-    collect,
     merged,
-    start_all,
+    start_and_collect,
 )
 from app.engine.server.logprobs import TokenTexts, completion_logprobs
 from app.engine.server.prompting import Prompt
@@ -35,15 +34,11 @@ class OpenAIServingCompletions:
         try:
             prompts = self.prompts(req)
             generations = self._generations(req, prompts)
-            await start_all(generations)
+            completed = await start_and_collect(generations, req.stream, wait_for_disconnect)
         except ApiError as error:
             return error
-        if req.stream:
+        if completed is None:
             return self._stream(req, prompts, generations)
-        try:
-            completed = await collect(generations, wait_for_disconnect)
-        except ApiError as error:
-            return error
         return self._response(req, prompts, completed)
 
     def prompts(self, req: CompletionRequest) -> list[Prompt]:

@@ -8,7 +8,7 @@ from contextlib import aclosing
 from typing import Any
 
 from app.engine.server.errors import ApiError, Dialect, bad_request
-from app.engine.server.generation import Completed, Generation, WaitForDisconnect, collect, merged
+from app.engine.server.generation import Completed, Generation, WaitForDisconnect, merged, start_and_collect
 from app.engine.server.prompting import Prompt, function_tool, merge_system, tool_call_message
 from app.engine.server.protocol.anthropic import (
     CountTokensRequest,
@@ -44,15 +44,12 @@ class AnthropicServingMessages:
                 raise bad_request(str(exc)) from exc
             user = req.metadata.user_id if req.metadata else None
             generation = self.ctx.generation(prompt, params, ENDPOINT, user)
-            await generation.start()
+            completed = await start_and_collect([generation], req.stream, wait_for_disconnect)
         except ApiError as error:
             return error
-        if req.stream:
+        if completed is None:
             return self._stream(req, prompt, parse_calls, generation)
-        try:
-            (result,) = await collect([generation], wait_for_disconnect)
-        except ApiError as error:
-            return error
+        (result,) = completed
         text, calls = split_calls(self.ctx.engine.chat_template, result.text, parse_calls)
         blocks: list[TextBlock | ToolUseBlock] = [TextBlock(text=text)] if text else []
         blocks += [ToolUseBlock(id=c.id, name=c.name, input=_input(c)) for c in calls]

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from app.engine.server.errors import ApiError, bad_request
-from app.engine.server.generation import WaitForDisconnect, collect
+from app.engine.server.generation import WaitForDisconnect, start_and_collect
 from app.engine.server.json_output import json_instruction
 from app.engine.server.openai_messages import text_content
 from app.engine.server.prompting import Prompt, function_tool, merge_system, parse_arguments
@@ -50,16 +50,13 @@ class OpenAIServingResponses:
             except ValueError as exc:
                 raise bad_request(str(exc)) from exc
             generation = self.ctx.generation(prompt, params, ENDPOINT, req.user)
-            await generation.start()
+            completed = await start_and_collect([generation], req.stream, wait_for_disconnect)
         except ApiError as error:
             return error
         shell = self._shell(req, new_id("resp_"))
-        if req.stream:
+        if completed is None:
             return ResponseStream(shell, self.ctx.engine.chat_template, parse_calls).frames(generation)
-        try:
-            (result,) = await collect([generation], wait_for_disconnect)
-        except ApiError as error:
-            return error
+        (result,) = completed
         text, calls = split_calls(self.ctx.engine.chat_template, result.text, parse_calls)
         output: list[Any] = [output_message(text, result)] if text else []
         output += [function_call_item(call, "completed") for call in calls]
