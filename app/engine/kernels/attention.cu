@@ -85,7 +85,9 @@ __device__ __forceinline__ void attn_body(const float* __restrict__ q, const u16
     const int group = n_heads / n_kv;
     const int head0 = g * group;
 
-    const int i = find_seq(qsl, n_seqs, t);
+    // As many tokens as sequences (every sequence has at least one): one token each, a decode
+    // batch, so token t is sequence t and the binary search's chain of dependent loads is skipped.
+    const int i = gridDim.x == n_seqs ? t : find_seq(qsl, n_seqs, t);
     const int q_begin = qsl[i], q_end = qsl[i + 1];
     const int ctx = seq_lens[i];
     const int pos = ctx - (q_end - q_begin) + (t - q_begin);
