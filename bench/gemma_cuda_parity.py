@@ -2,7 +2,8 @@
 
 Runs the prompts of tests/fixtures/gemma/reference.json (transformers' float32 greedy
 tokens) through our engine on the numpy backend and on CUDA (graphs on, and eager), 32
-tokens each, and reports how many prompts give identical tokens, plus the worst
+tokens each, all prompts in one batch and (graphs, "-b1") one prompt at a time, which is
+where the single-token GEMVs with int16 x (gemv_int.py) run; and reports how many prompts give identical tokens, plus the worst
 logprob difference of the reference's top tokens at the first generated position.
 
     python3 bench/gemma_cuda_parity.py /path/to/gemma-3-270m-q4_k_m.gguf
@@ -35,6 +36,8 @@ def main() -> None:
     for graphs in (True, False):
         engine = LLMEngine(EngineConfig(model=model, device="cuda", max_model_len=2048, cuda_graphs=graphs))
         results["cuda-graphs" if graphs else "cuda-eager"] = engine.generate(prompts, params)
+        if graphs:
+            results["cuda-graphs-b1"] = [engine.generate([p], params)[0] for p in prompts]
         del engine
     for name, outs in results.items():
         same_tf = sum(o["token_ids"] == c["greedy_token_ids"] for o, c in zip(outs, cases, strict=True))

@@ -3,7 +3,9 @@ block for the fused q/k/v, gate/up and the single down / o products, timed as CU
 replays over weight copies that miss L2 (as a decode step does). Prints one JSON line per
 (op, shape) with microseconds per launch for each setting and the fraction of copy bandwidth.
 
-    python3 bench/gemv_sweep.py
+    python3 bench/gemv_sweep.py          # the float32-x kernels: warps x rows per block
+    python3 bench/gemv_sweep.py --int    # the int16-x kernels (gemv_int.py) against the float32-x
+                                         # default: rows per warp x warps x blocks per SM x units per step
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_check import _rotating, random_tensor, time_graph
 
 from app.engine.backend.cuda import CudaBackend
-from app.engine.kernels import gemv
+from app.engine.kernels import gemv, gemv_int
 
 SHAPES = [("qwen3-0.6b", 1024, 2048, 1024, 3072), ("qwen3-8b", 4096, 4096, 1024, 12288)]
 WARPS = (1, 2, 4, 8)
@@ -41,16 +43,85 @@ def sweep(label: str, nbytes: int, sets: list, build, settings) -> None:
     print(json.dumps(row), flush=True)
 
 
-def main() -> None:
+def _qkv_case(backend, rng, hidden: int, q_rows: int, kv_rows: int):
+    """One token of x, the Q4_K_M q/k/v weights (Q6_K v) of a layer, and their output."""
+    import cupy
+
+    x = cupy.asarray(rng.standard_normal((1, hidden)).astype(np.float32))
+    qkv = [backend.load_weight(random_tensor(q, r, hidden, rng)) for q, r in
+           (("Q4_K", q_rows), ("Q4_K", kv_rows), ("Q6_K", kv_rows))]  # fmt: skip
+    return x, qkv, cupy.empty((1, q_rows + 2 * kv_rows), cupy.float32)
+
+
+INT_SETTINGS = [(r, w, b, u) for r in (1, 2, 4) for w in (4, 8) for b in (4,) for u in (1, 2)]
+
+
+def int_sweep() -> None:
+    """The int16-x kernels at every INT_SETTINGS shape; "float" is today's float32-x default."""
     import cupy
 
     backend = CudaBackend(dense_cache="off")
     rng = np.random.default_rng(0)
     for shape, hidden, q_rows, kv_rows, ffn in SHAPES:
-        x = cupy.asarray(rng.standard_normal((1, hidden)).astype(np.float32))
-        qkv = [backend.load_weight(random_tensor(q, r, hidden, rng)) for q, r in
-               (("Q4_K", q_rows), ("Q4_K", kv_rows), ("Q6_K", kv_rows))]  # fmt: skip
-        y = cupy.empty((1, q_rows + 2 * kv_rows), cupy.float32)
+        x, qkv, y = _qkv_case(backend, rng, hidden, q_rows, kv_rows)
+
+        def multi(ws, *setting, x=x, y=y, hidden=hidden):
+            if setting == ("float",):
+                return functools.partial(gemv.gemv_multi, ws, hidden, x, y, None, gemv.fused_rows(1), None)
+            return functools.partial(gemv_int.gemv_int_multi, ws, hidden, x, y, None, *setting)
+
+        sweep(
+            f"{shape} qkv",
+            sum(w.data.nbytes for w in qkv),
+            _rotating(qkv),
+            multi,
+            [("float",), *INT_SETTINGS],
+        )
+        ffn_w = [backend.load_weight(random_tensor("Q4_K", ffn, hidden, rng)) for _ in range(2)]
+        g = cupy.empty((1, ffn), cupy.float32)
+
+        def gated(ws, *setting, x=x, g=g, hidden=hidden, ffn=ffn):
+            if setting == ("float",):
+                return functools.partial(
+                    gemv.gemv_gated, ws[0][:3], ws[1][:3], ffn, hidden, x, "silu", g, 2, None
+                )
+            return functools.partial(
+                gemv_int.gemv_int_gated, ws[0][:3], ws[1][:3], ffn, hidden, x, 0, g, *setting
+            )
+
+        sweep(f"{shape} gate_up", sum(w.data.nbytes for w in ffn_w), _rotating(ffn_w), gated,
+              [("float",), *INT_SETTINGS])  # fmt: skip
+        for name, qtype, rows, cols in (("o", "Q4_K", hidden, q_rows), ("down", "Q4_K", hidden, ffn),
+                                        ("down", "Q6_K", hidden, ffn)):  # fmt: skip
+            weight = backend.load_weight(random_tensor(qtype, rows, cols, rng))
+            xi = cupy.asarray(rng.standard_normal((1, cols)).astype(np.float32))
+            out = cupy.empty((1, rows), cupy.float32)
+
+            def single(ws, *setting, xi=xi, out=out, rows=rows, cols=cols):
+                data, qtype_name, row_bytes, _ = ws[0]
+                if setting == ("float",):
+                    r = gemv.default_rows(1, qtype_name)
+                    return functools.partial(
+                        gemv.gemv, data, qtype_name, row_bytes, rows, cols, xi, out, None, None, r
+                    )
+                return functools.partial(gemv_int.gemv_int, data, qtype_name, row_bytes, rows, cols, xi, out, None,
+                                         *setting)  # fmt: skip
+
+            sweep(f"{shape} {name} {qtype}", weight.data.nbytes, _rotating([weight]), single,
+                  [("float",), *INT_SETTINGS])  # fmt: skip
+        cupy.get_default_memory_pool().free_all_blocks()
+
+
+def main() -> None:
+    if "--int" in sys.argv:
+        int_sweep()
+        return
+    import cupy
+
+    backend = CudaBackend(dense_cache="off")
+    rng = np.random.default_rng(0)
+    for shape, hidden, q_rows, kv_rows, ffn in SHAPES:
+        x, qkv, y = _qkv_case(backend, rng, hidden, q_rows, kv_rows)
 
         def multi(ws, r, w, x=x, y=y, hidden=hidden):
             return functools.partial(gemv.gemv_multi, ws, hidden, x, y, None, r, w)
@@ -73,7 +144,9 @@ def main() -> None:
 
             def single(ws, r, w, xi=xi, out=out, rows=rows, cols=cols):
                 data, qtype_name, row_bytes, _ = ws[0]
-                return functools.partial(gemv.gemv, data, qtype_name, row_bytes, rows, cols, xi, out, None, w, r)
+                return functools.partial(
+                    gemv.gemv, data, qtype_name, row_bytes, rows, cols, xi, out, None, w, r
+                )
 
             sweep(f"{shape} {name} {qtype}", weight.data.nbytes, _rotating([weight]), single,
                   [(r, w) for r in gemv.VARIANTS[1] for w in WARPS])  # fmt: skip

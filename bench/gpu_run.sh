@@ -14,7 +14,7 @@ mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$HOME/site" .whl/*.whl || exit 1
 # Compiled kernels cached outside $OUT (only 8 files come back from it), shared by every stage.
 export PYTHONPATH=$PWD:$HOME/site PYTHONUNBUFFERED=1 PADDOCK_KERNEL_CACHE=/tmp/paddock-kernels
-STAGES=${STAGES:-tests micro parity speed serve}  # SERVE_C1 / SERVE_C32: requests per server run
+STAGES=${STAGES:-tests micro parity speed serve}  # also: sweep (bench/gemv_sweep.py --int)  # SERVE_C1 / SERVE_C32: requests per server run
 MODELS=${MODELS:-qwen3-0.6b:q4_k_m qwen3-8b:q4_k_m}
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm --format=csv
 
@@ -28,6 +28,9 @@ if [[ $STAGES == *micro* ]] && left 180; then
   timeout 100 python3 bench/gpu_check.py --out /tmp/check --no-tests --only "copy bandwidth,fused" 2>&1 \
     | tee "$OUT/micro.log" | sed -n '/=== summary ===/,$p'
   cp /tmp/check/results.json "$OUT/micro.json" 2>/dev/null
+fi
+if [[ $STAGES == *sweep* ]] && left 150; then
+  timeout 200 python3 bench/gemv_sweep.py --int 2>&1 | tee "$OUT/sweep.log" | grep -o '"op": "[^"]*"\|"best": "[^"]*"\|"(.float.,)": [0-9.]*'
 fi
 python3 bench/make_random_gguf.py --shape tiny --out /tmp/tiny.gguf
 if [[ $STAGES == *parity* ]] && left 150; then

@@ -76,12 +76,21 @@ SELECTED = {
         "-DGATED_T=8",
         "-DGATED_ACT=1",
     ),
+    "gemv_int.cu": (
+        "-DXQ_F0=FmtQ8_0",
+        "-DXQ_F1=FmtQ5_1",
+        "-DXQ_F2=FmtQ4_0",
+        "-DXQ_R=4",
+        "-DXQ_U=1",
+        "-DXQ_ACT=1",
+    ),
 }
 SELECTED_ENTRIES = {
     "gemv.cu": "gemv_q6_k_t1_r8",
     "dequant.cu": "dequant_q5_0_f16",
     "attention.cu": "attn_d64_g2",
     "gemv_fused.cu": "gemv_multi",
+    "gemv_int.cu": "gemv_int_gated",
 }
 
 

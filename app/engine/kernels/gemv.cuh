@@ -147,6 +147,18 @@ __device__ __forceinline__ void gemv_rows(const u8* __restrict__ w, i64 row_byte
     }
 }
 
+// rows[r] and rows[RH + r]: row row0 + r of gate (A) and of up (B), past the end clamped to the last.
+template <int RH>
+__device__ __forceinline__ void gated_row_pointers(const u8* wa, const u8* wb, i64 row_bytes_a, i64 row_bytes_b,
+                                                   int row0, int n_rows, const u8* (&rows)[2 * RH]) {
+#pragma unroll
+    for (int r = 0; r < RH; ++r) {
+        const i64 row = min(row0 + r, n_rows - 1);
+        rows[r] = wa + row * row_bytes_a;
+        rows[RH + r] = wb + row * row_bytes_b;
+    }
+}
+
 // Rows block*RH .. of gate (A) and up (B): y[t * n_rows + row] = act(gate . x) * (up . x).
 // With one format for both, the 2*RH rows share every x load.
 template <class FA, class FB, int T, int RH, int ACT>
@@ -157,23 +169,17 @@ __device__ __forceinline__ void gemv_gated_rows(const u8* __restrict__ wa, const
     __shared__ float partial[GEMV_MAX_WARPS][T * 2 * RH];
     const int row0 = block * RH;
     float acc[T][2 * RH];
+    const u8* rows[2 * RH];
+    gated_row_pointers<RH>(wa, wb, row_bytes_a, row_bytes_b, row0, n_rows, rows);
     if constexpr (same_type<FA, FB>::value) {
-        const u8* rows[2 * RH];
-#pragma unroll
-        for (int r = 0; r < RH; ++r) {
-            const i64 row = min(row0 + r, n_rows - 1);
-            rows[r] = wa + row * row_bytes_a;
-            rows[RH + r] = wb + row * row_bytes_b;
-        }
         gemv_accumulate<FA, T, 2 * RH>(rows, n_cols, x, n_tok, acc);
     } else {
         const u8* rows_a[RH];
         const u8* rows_b[RH];
 #pragma unroll
         for (int r = 0; r < RH; ++r) {
-            const i64 row = min(row0 + r, n_rows - 1);
-            rows_a[r] = wa + row * row_bytes_a;
-            rows_b[r] = wb + row * row_bytes_b;
+            rows_a[r] = rows[r];
+            rows_b[r] = rows[RH + r];
         }
         float acc_a[T][RH], acc_b[T][RH];
         gemv_accumulate<FA, T, RH>(rows_a, n_cols, x, n_tok, acc_a);

@@ -1,9 +1,14 @@
-"""Wrapper of gemv.cu: quantized matrix-vector products for up to 8 tokens."""
+"""Wrapper of gemv.cu: quantized matrix-vector products for up to 8 tokens.
+
+One token over large integer-format weights (one weight, or gate/up) goes to gemv_int.py
+(int16 x, integer dot products) unless a launch shape is forced (the benchmarks time these
+kernels' shapes); gemv_int.py says where and why."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from app.engine.kernels import gemv_int
 from app.engine.kernels.compile import get_kernel
 from app.engine.kernels.launch import cdiv, i32, i64, ptr
 
@@ -60,6 +65,12 @@ def gemv(
         raise ValueError(f"gemv takes 1..{MAX_TOKENS} tokens, got {n_tok}")
     if n_cols % 32:
         raise ValueError(f"gemv needs a multiple of 32 columns, got {n_cols}")
+    if (
+        warps is None
+        and rows_per_block is None
+        and gemv_int.serves(n_tok, n_cols, (qtype_name,), row_bytes * n_rows)
+    ):
+        return gemv_int.gemv_int(data, qtype_name, row_bytes, n_rows, n_cols, x, out, bias)
     bucket = next(b for b in TOKEN_BUCKETS if b >= n_tok)
     rows = rows_per_block or default_rows(bucket, qtype_name)
     if rows not in VARIANTS[bucket]:
@@ -148,6 +159,9 @@ def gemv_gated(
         raise ValueError(f"unknown activation {kind!r}; expected one of {sorted(ACTIVATIONS)}")
     n_tok = x.shape[0]
     bucket = _bucket(n_tok, n_cols)
+    nbytes = (gate[2] + up[2]) * n_rows
+    if warps is None and rows_half is None and gemv_int.serves(n_tok, n_cols, (gate[1], up[1]), nbytes):
+        return gemv_int.gemv_int_gated(gate, up, n_rows, n_cols, x, ACTIVATIONS[kind], out)
     half = rows_half or max(1, fused_rows(bucket) // 2)
     defines = {"GATED_FA": _struct(gate[1]), "GATED_FB": _struct(up[1]), "GATED_RH": half,
                "GATED_T": bucket, "GATED_ACT": ACTIVATIONS[kind]}  # fmt: skip

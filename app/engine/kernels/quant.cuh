@@ -15,6 +15,11 @@
 // `coef()`. For the small-integer formats f = 0.5 + u/256 is built from the quant u with
 // one byte permute (no int-to-float conversion, a quarter-rate instruction); the
 // affine terms are applied once per 16 weights. Float formats have AFFINE = false.
+//
+// The integer formats also give their quants as packed int8 codes for dp4a (gemv_q8.cuh):
+// `codes(k, c0, c1)` returns the codes of weights 4k..4k+3 of each run, four to a word,
+// and `icoef()` the per-run (a, b) with w = a * code + b. raw() and coef() follow from
+// them (IntCodes below), except for Q8_0, whose signed codes take another float trick.
 #pragma once
 #include "common.cuh"
 
@@ -41,9 +46,28 @@ __device__ __forceinline__ void biased4(u32 lo, u32 hi, float* f0, float* f1) {
     }
 }
 
+// raw() and coef() of a format with unsigned codes below 128: f = 0.5 + u/256 is one byte
+// permute per code, and w = a u + b = 256 a f + (b - 128 a).
+template <class Self>
+struct IntCodes {
+    static constexpr bool AFFINE = true;
+    __device__ __forceinline__ void raw(int k, float* f0, float* f1) const {
+        u32 c0, c1;
+        static_cast<const Self*>(this)->codes(k, c0, c1);
+        biased4(c0, c1, f0, f1);
+    }
+    __device__ __forceinline__ void coef(float& a0, float& b0, float& a1, float& b1) const {
+        static_cast<const Self*>(this)->icoef(a0, b0, a1, b1);
+        b0 -= 128.f * a0;
+        a0 *= 256.f;
+        b1 -= 128.f * a1;
+        a1 *= 256.f;
+    }
+};
+
 // -- 32-weight blocks ----------------------------------------------------------------------
 
-struct FmtQ4_0 {  // d:f16, qs[16]: w = d * (q - 8); low nibbles are weights 0..15
+struct FmtQ4_0 : IntCodes<FmtQ4_0> {  // d:f16, qs[16]: w = d * (q - 8); low nibbles are weights 0..15
     static constexpr int RUN1 = 16;
     static __device__ __forceinline__ int x_base(int u) { return u * 32; }
     float d;
@@ -61,18 +85,18 @@ struct FmtQ4_0 {  // d:f16, qs[16]: w = d * (q - 8); low nibbles are weights 0..
             w1[i] = d * (float)((int)(ubyte(x, i) >> 4) - 8);
         }
     }
-    static constexpr bool AFFINE = true;
-    __device__ __forceinline__ void raw(int k, float* f0, float* f1) const {
+    __device__ __forceinline__ void codes(int k, u32& c0, u32& c1) const {
         const u32 x = word4(q, k);
-        biased4(x & 0x0F0F0F0Fu, (x >> 4) & 0x0F0F0F0Fu, f0, f1);
+        c0 = x & 0x0F0F0F0Fu;
+        c1 = (x >> 4) & 0x0F0F0F0Fu;
     }
-    __device__ __forceinline__ void coef(float& a0, float& b0, float& a1, float& b1) const {
-        a0 = a1 = 256.f * d;  // w = d * (u - 8) = 256 d f - 136 d
-        b0 = b1 = -136.f * d;
+    __device__ __forceinline__ void icoef(float& a0, float& b0, float& a1, float& b1) const {
+        a0 = a1 = d;  // w = d * (u - 8)
+        b0 = b1 = -8.f * d;
     }
 };
 
-struct FmtQ4_1 {  // d:f16, m:f16, qs[16]: w = d * q + m
+struct FmtQ4_1 : IntCodes<FmtQ4_1> {  // d:f16, m:f16, qs[16]: w = d * q + m
     static constexpr int RUN1 = 16;
     static __device__ __forceinline__ int x_base(int u) { return u * 32; }
     float d, m;
@@ -91,18 +115,18 @@ struct FmtQ4_1 {  // d:f16, m:f16, qs[16]: w = d * q + m
             w1[i] = d * (float)(ubyte(x, i) >> 4) + m;
         }
     }
-    static constexpr bool AFFINE = true;
-    __device__ __forceinline__ void raw(int k, float* f0, float* f1) const {
+    __device__ __forceinline__ void codes(int k, u32& c0, u32& c1) const {
         const u32 x = word4(q, k);
-        biased4(x & 0x0F0F0F0Fu, (x >> 4) & 0x0F0F0F0Fu, f0, f1);
+        c0 = x & 0x0F0F0F0Fu;
+        c1 = (x >> 4) & 0x0F0F0F0Fu;
     }
-    __device__ __forceinline__ void coef(float& a0, float& b0, float& a1, float& b1) const {
-        a0 = a1 = 256.f * d;  // w = d * u + m
-        b0 = b1 = m - 128.f * d;
+    __device__ __forceinline__ void icoef(float& a0, float& b0, float& a1, float& b1) const {
+        a0 = a1 = d;  // w = d * u + m
+        b0 = b1 = m;
     }
 };
 
-struct FmtQ5_0 {  // d:f16, qh:u32 (bit j = 5th bit of weight j), qs[16]: w = d * (q - 16)
+struct FmtQ5_0 : IntCodes<FmtQ5_0> {  // d:f16, qh:u32 (bit j = 5th bit of weight j), qs[16]: w = d * (q - 16)
     static constexpr int RUN1 = 16;
     static __device__ __forceinline__ int x_base(int u) { return u * 32; }
     float d;
@@ -125,19 +149,18 @@ struct FmtQ5_0 {  // d:f16, qh:u32 (bit j = 5th bit of weight j), qs[16]: w = d 
             w1[i] = d * (float)((int)hi - 16);
         }
     }
-    static constexpr bool AFFINE = true;
-    __device__ __forceinline__ void raw(int k, float* f0, float* f1) const {
+    __device__ __forceinline__ void codes(int k, u32& c0, u32& c1) const {
         const u32 x = word4(q, k);
-        biased4((x & 0x0F0F0F0Fu) | (spread4(qh >> (4 * k)) << 4), ((x >> 4) & 0x0F0F0F0Fu) | (spread4(qh >> (16 + 4 * k)) << 4),
-                f0, f1);
+        c0 = (x & 0x0F0F0F0Fu) | (spread4(qh >> (4 * k)) << 4);
+        c1 = ((x >> 4) & 0x0F0F0F0Fu) | (spread4(qh >> (16 + 4 * k)) << 4);
     }
-    __device__ __forceinline__ void coef(float& a0, float& b0, float& a1, float& b1) const {
-        a0 = a1 = 256.f * d;  // w = d * (u - 16)
-        b0 = b1 = -144.f * d;
+    __device__ __forceinline__ void icoef(float& a0, float& b0, float& a1, float& b1) const {
+        a0 = a1 = d;  // w = d * (u - 16)
+        b0 = b1 = -16.f * d;
     }
 };
 
-struct FmtQ5_1 {  // d:f16, m:f16, qh:u32, qs[16]: w = d * q + m
+struct FmtQ5_1 : IntCodes<FmtQ5_1> {  // d:f16, m:f16, qh:u32, qs[16]: w = d * q + m
     static constexpr int RUN1 = 16;
     static __device__ __forceinline__ int x_base(int u) { return u * 32; }
     float d, m;
@@ -161,15 +184,14 @@ struct FmtQ5_1 {  // d:f16, m:f16, qh:u32, qs[16]: w = d * q + m
             w1[i] = d * (float)hi + m;
         }
     }
-    static constexpr bool AFFINE = true;
-    __device__ __forceinline__ void raw(int k, float* f0, float* f1) const {
+    __device__ __forceinline__ void codes(int k, u32& c0, u32& c1) const {
         const u32 x = word4(q, k);
-        biased4((x & 0x0F0F0F0Fu) | (spread4(qh >> (4 * k)) << 4), ((x >> 4) & 0x0F0F0F0Fu) | (spread4(qh >> (16 + 4 * k)) << 4),
-                f0, f1);
+        c0 = (x & 0x0F0F0F0Fu) | (spread4(qh >> (4 * k)) << 4);
+        c1 = ((x >> 4) & 0x0F0F0F0Fu) | (spread4(qh >> (16 + 4 * k)) << 4);
     }
-    __device__ __forceinline__ void coef(float& a0, float& b0, float& a1, float& b1) const {
-        a0 = a1 = 256.f * d;  // w = d * u + m
-        b0 = b1 = m - 128.f * d;
+    __device__ __forceinline__ void icoef(float& a0, float& b0, float& a1, float& b1) const {
+        a0 = a1 = d;  // w = d * u + m
+        b0 = b1 = m;
     }
 };
 
@@ -192,6 +214,14 @@ struct FmtQ8_0 {  // d:f16, qs[32] int8: w = d * q
             w1[i] = d * (float)sbyte(x1, i);
         }
     }
+    __device__ __forceinline__ void codes(int k, u32& c0, u32& c1) const {  // signed codes
+        c0 = word4(q0, k);
+        c1 = word4(q1, k);
+    }
+    __device__ __forceinline__ void icoef(float& a0, float& b0, float& a1, float& b1) const {
+        a0 = a1 = d;
+        b0 = b1 = 0.f;
+    }
     static constexpr bool AFFINE = true;
     __device__ __forceinline__ void raw(int k, float* f0, float* f1) const {
         const u32 x0 = word4(q0, k), x1 = word4(q1, k);
@@ -210,33 +240,29 @@ struct FmtQ8_0 {  // d:f16, qs[32] int8: w = d * q
 // -- 256-weight k-quant super-blocks --------------------------------------------------------
 
 // 6-bit scales and mins of the sub-block pair (2p, 2p + 1), p = 0..3, from the 12 packed
-// bytes of Q4_K/Q5_K held in words y (bytes 0..3), z (4..7), w (8..11). Byte permutes
-// gather the bytes (no run-time register indexing): sub-blocks 0..3 keep their scale in
-// bytes 0..3 and min in 4..7 (low 6 bits); 4..7 split theirs into a nibble of bytes 8..11
-// plus the top 2 bits of bytes 0..3 (scale) or 4..7 (min).
+// bytes of Q4_K/Q5_K held in words y (bytes 0..3), z (4..7), w (8..11). Sub-blocks 0..3 keep
+// their scale in bytes 0..3 and min in 4..7 (low 6 bits); 4..7 split theirs into a nibble of
+// bytes 8..11 plus the top 2 bits of bytes 0..3 (scale) or 4..7 (min). One byte permute
+// selector serves both halves, and both are computed and selected: the lanes of a warp read
+// different pairs, so a branch on p would run both sides one after the other anyway.
 __device__ __forceinline__ void kquant_scale_min_pair(u32 y, u32 z, u32 w, int p, u32& sa, u32& ma, u32& sb,
                                                       u32& mb) {
     const u32 q2 = (u32)(2 * (p & 1));
-    if (p < 2) {
-        const u32 g = __byte_perm(y, z, q2 | ((q2 + 1) << 4) | ((q2 + 4) << 8) | ((q2 + 5) << 12));
-        sa = g & 63u;
-        sb = (g >> 8) & 63u;
-        ma = (g >> 16) & 63u;
-        mb = (g >> 24) & 63u;
-    } else {
-        const u32 g = __byte_perm(w, y, q2 | ((q2 + 1) << 4) | ((q2 + 4) << 8) | ((q2 + 5) << 12));
-        const u32 hz = z >> (8 * q2);
-        sa = (g & 15u) | (((g >> 22) & 3u) << 4);
-        sb = ((g >> 8) & 15u) | (((g >> 30) & 3u) << 4);
-        ma = ((g >> 4) & 15u) | (((hz >> 6) & 3u) << 4);
-        mb = ((g >> 12) & 15u) | (((hz >> 14) & 3u) << 4);
-    }
+    const u32 sel = q2 | ((q2 + 1) << 4) | ((q2 + 4) << 8) | ((q2 + 5) << 12);
+    const u32 t = __byte_perm(y, z, sel);  // scales of 2p, 2p+1 then mins (p < 2), or their top bits (p >= 2)
+    const u32 g = __byte_perm(w, w, sel);  // p >= 2: low nibble scale, high nibble min, of 2p and 2p+1
+    const u32 high = (g & 0x00000F0Fu) | ((g >> 4) & 0x0F0F0000u) | ((t >> 2) & 0x30303030u);
+    const u32 v = p < 2 ? (t & 0x3F3F3F3Fu) : high;
+    sa = v & 0xffu;
+    sb = (v >> 8) & 0xffu;
+    ma = (v >> 16) & 0xffu;
+    mb = v >> 24;
 }
 
 // Q4_K (144 bytes): d, dmin, scales[12], qs[128]. Unit (j, h) of a block: qs bytes
 // 32j + 16h .. +16; low nibbles are weights 64j + 16h + (0..15) in sub-block 2j, high
 // nibbles the same 32 weights later in sub-block 2j + 1.
-struct FmtQ4_K {
+struct FmtQ4_K : IntCodes<FmtQ4_K> {
     static constexpr int RUN1 = 32;
     static __device__ __forceinline__ int x_base(int u) {
         const int s = u & 7;
@@ -265,22 +291,22 @@ struct FmtQ4_K {
             w1[i] = s1 * (float)(ubyte(x, i) >> 4) - m1;
         }
     }
-    static constexpr bool AFFINE = true;
-    __device__ __forceinline__ void raw(int k, float* f0, float* f1) const {
+    __device__ __forceinline__ void codes(int k, u32& c0, u32& c1) const {
         const u32 x = word4(q, k);
-        biased4(x & 0x0F0F0F0Fu, (x >> 4) & 0x0F0F0F0Fu, f0, f1);
+        c0 = x & 0x0F0F0F0Fu;
+        c1 = (x >> 4) & 0x0F0F0F0Fu;
     }
-    __device__ __forceinline__ void coef(float& a0, float& b0, float& a1, float& b1) const {
-        a0 = 256.f * s0;  // w = s u - m
-        b0 = -(128.f * s0 + m0);
-        a1 = 256.f * s1;
-        b1 = -(128.f * s1 + m1);
+    __device__ __forceinline__ void icoef(float& a0, float& b0, float& a1, float& b1) const {
+        a0 = s0;  // w = s u - m
+        b0 = -m0;
+        a1 = s1;
+        b1 = -m1;
     }
 };
 
 // Q5_K (176 bytes): d, dmin, scales[12], qh[32], qs[128]. As Q4_K, plus a fifth bit:
 // byte l of qh holds it at bit 2j for weight 64j + l and at bit 2j + 1 for 64j + 32 + l.
-struct FmtQ5_K {
+struct FmtQ5_K : IntCodes<FmtQ5_K> {
     static constexpr int RUN1 = 32;
     static __device__ __forceinline__ int x_base(int u) { return FmtQ4_K::x_base(u); }
     float s0, m0, s1, m1;
@@ -311,16 +337,16 @@ struct FmtQ5_K {
             w1[i] = s1 * (float)hi - m1;
         }
     }
-    static constexpr bool AFFINE = true;
-    __device__ __forceinline__ void raw(int k, float* f0, float* f1) const {
+    __device__ __forceinline__ void codes(int k, u32& c0, u32& c1) const {
         const u32 x = word4(q, k), hb = word4(qh, k) >> j2;
-        biased4((x & 0x0F0F0F0Fu) | ((hb & 0x01010101u) << 4), ((x >> 4) & 0x0F0F0F0Fu) | ((hb & 0x02020202u) << 3), f0, f1);
+        c0 = (x & 0x0F0F0F0Fu) | ((hb & 0x01010101u) << 4);
+        c1 = ((x >> 4) & 0x0F0F0F0Fu) | ((hb & 0x02020202u) << 3);
     }
-    __device__ __forceinline__ void coef(float& a0, float& b0, float& a1, float& b1) const {
-        a0 = 256.f * s0;
-        b0 = -(128.f * s0 + m0);
-        a1 = 256.f * s1;
-        b1 = -(128.f * s1 + m1);
+    __device__ __forceinline__ void icoef(float& a0, float& b0, float& a1, float& b1) const {
+        a0 = s0;
+        b0 = -m0;
+        a1 = s1;
+        b1 = -m1;
     }
 };
 
@@ -329,7 +355,7 @@ struct FmtQ5_K {
 // 64n + 32part + 16lh .. +16 and qh bytes 32n + 16lh .. +16; low nibbles (qh bits
 // 2part..) are weights 128n + 32part + 16lh + (0..15), high nibbles (qh bits 4 + 2part..)
 // the same 64 weights later. Blocks are only 2-byte aligned, hence ld16u.
-struct FmtQ6_K {
+struct FmtQ6_K : IntCodes<FmtQ6_K> {
     static constexpr int RUN1 = 64;
     static __device__ __forceinline__ int x_base(int u) {
         const int s = u & 7;
@@ -361,17 +387,16 @@ struct FmtQ6_K {
             w1[i] = s1 * (float)hi;
         }
     }
-    static constexpr bool AFFINE = true;
-    __device__ __forceinline__ void raw(int k, float* f0, float* f1) const {
+    __device__ __forceinline__ void codes(int k, u32& c0, u32& c1) const {
         const u32 x = word4(ql, k), hb = word4(qh, k) >> sh0;
-        biased4((x & 0x0F0F0F0Fu) | ((hb & 0x03030303u) << 4), ((x >> 4) & 0x0F0F0F0Fu) | (((hb >> 4) & 0x03030303u) << 4),
-                f0, f1);
+        c0 = (x & 0x0F0F0F0Fu) | ((hb & 0x03030303u) << 4);
+        c1 = ((x >> 4) & 0x0F0F0F0Fu) | (((hb >> 4) & 0x03030303u) << 4);
     }
-    __device__ __forceinline__ void coef(float& a0, float& b0, float& a1, float& b1) const {
-        a0 = 256.f * s0;  // w = s * (u - 32)
-        b0 = -160.f * s0;
-        a1 = 256.f * s1;
-        b1 = -160.f * s1;
+    __device__ __forceinline__ void icoef(float& a0, float& b0, float& a1, float& b1) const {
+        a0 = s0;  // w = s * (u - 32)
+        b0 = -32.f * s0;
+        a1 = s1;
+        b1 = -32.f * s1;
     }
 };
 
@@ -451,16 +476,20 @@ struct FmtF32 {  // 128 bytes a unit: read in get(), too many registers to hold 
     }
 };
 
-// One line per format: FORMAT(suffix used in kernel names, decoder struct).
+// One line per format: FORMAT(suffix used in kernel names, decoder struct). The integer
+// formats (codes() and icoef(), for gemv_int.cuh) are listed on their own as well.
+#define PADDOCK_INT_FORMATS(FORMAT) \
+    FORMAT(q4_0, FmtQ4_0)           \
+    FORMAT(q4_1, FmtQ4_1)           \
+    FORMAT(q5_0, FmtQ5_0)           \
+    FORMAT(q5_1, FmtQ5_1)           \
+    FORMAT(q8_0, FmtQ8_0)           \
+    FORMAT(q4_k, FmtQ4_K)           \
+    FORMAT(q5_k, FmtQ5_K)           \
+    FORMAT(q6_k, FmtQ6_K)
+
 #define PADDOCK_FORMATS(FORMAT) \
     FORMAT(f32, FmtF32)         \
     FORMAT(f16, FmtF16)         \
     FORMAT(bf16, FmtBF16)       \
-    FORMAT(q4_0, FmtQ4_0)       \
-    FORMAT(q4_1, FmtQ4_1)       \
-    FORMAT(q5_0, FmtQ5_0)       \
-    FORMAT(q5_1, FmtQ5_1)       \
-    FORMAT(q8_0, FmtQ8_0)       \
-    FORMAT(q4_k, FmtQ4_K)       \
-    FORMAT(q5_k, FmtQ5_K)       \
-    FORMAT(q6_k, FmtQ6_K)
+    PADDOCK_INT_FORMATS(FORMAT)

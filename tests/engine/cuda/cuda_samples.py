@@ -94,3 +94,18 @@ def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
     """‖got − ref‖ / ‖ref‖ in float64."""
     got64, ref64 = np.asarray(got, np.float64), np.asarray(ref, np.float64)
     return float(np.linalg.norm(got64 - ref64) / max(np.linalg.norm(ref64), 1e-30))
+
+
+GEMV_TOL = 2e-5  # float32 x: only the order of accumulation differs from float64
+INT_X_TOL = 3e-4  # int16 x (gemv_int.py): x rounded per 16 columns; inputs with outliers need the margin
+F16_TOL = 3e-3  # above 8 tokens: x and W rounded to float16 for the tensor cores (2^-11 each)
+
+
+def linear_tol(n_tok: int, n_cols: int, qtypes: list[str] | tuple[str, ...], nbytes: int) -> float:
+    """The relative-error bound of a product of `n_tok` rows over `nbytes` of weights: the path
+    `linear` takes decides it."""
+    from app.engine.kernels import gemv_int
+
+    if n_tok > 8:
+        return F16_TOL
+    return INT_X_TOL if gemv_int.serves(n_tok, n_cols, qtypes, nbytes) else GEMV_TOL

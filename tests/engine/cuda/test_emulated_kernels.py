@@ -8,36 +8,18 @@ details (FMA contraction, fast math) differ from the GPU; the GPU suite covers t
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 from cuda_samples import dequantize_oracle, fresh_rng, random_tensor, rel_err
+from emulator import build as _build
+from emulator import run as _run
 
 from app.engine.backend.base import AttentionMetadata
 from app.engine.backend.cpu import CpuBackend
 from app.engine.kernels.attention import GROUP_BUCKETS, NO_SPLIT
-from app.engine.kernels.compile import KERNEL_DIR
 from app.engine.kernels.gemv import VARIANTS
-
-HOST_DIR = Path(__file__).parent / "host"
-TIMEOUT = 300
-
-
-def _build(tmp_path_factory, main: str) -> Path:
-    cxx = shutil.which("g++") or shutil.which("clang++")
-    if cxx is None:
-        pytest.skip("no C++ compiler")
-    exe = tmp_path_factory.mktemp("emu") / Path(main).stem
-    cmd = [cxx, "-std=c++20", "-O1", "-ffp-contract=off", "-w", "-pthread", "-DPADDOCK_HOST_SHIM", "-include",
-           str(HOST_DIR / "simt_emulator.h"), f"-I{KERNEL_DIR}", str(HOST_DIR / main), "-o", str(exe)]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode and "barrier" in done.stderr:
-        pytest.skip("the C++ compiler lacks C++20 <barrier>")
-    assert done.returncode == 0, done.stderr
-    return exe
 
 
 @pytest.fixture(scope="module")
@@ -48,11 +30,6 @@ def kernels_emu(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def attention_emu(tmp_path_factory) -> Path:
     return _build(tmp_path_factory, "attention_main.cpp")
-
-
-def _run(exe: Path, *args: object) -> None:
-    done = subprocess.run([str(exe), *map(str, args)], capture_output=True, timeout=TIMEOUT)
-    assert done.returncode == 0, f"emulator exit {done.returncode}"
 
 
 @pytest.mark.parametrize(("qtype", "n_tok", "warps", "rows_per_block"), [

@@ -69,3 +69,16 @@ inline unsigned short f2h(float f) {
     if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h += 1;
     return (unsigned short)(sign | h);
 }
+
+// For gemv_int.cuh: integer codes, their dot products and the float2 (scale, sum) pairs.
+#define __host__
+struct float2 { float x, y; };
+inline float2 make_float2(float x, float y) { return {x, y}; }
+inline int __float2int_rn(float v) { return (int)std::nearbyint(v); }  // ties to even, as cvt.rni
+// Two int16 of a times the int8 bytes 0, 1 (lo) or 2, 3 (hi) of b, plus c.
+inline int dp2a_emulated(int a, int b, int c, int byte0) {
+    for (int i = 0; i < 2; ++i) c += (int)(short)(a >> (16 * i)) * (int)(signed char)(b >> (8 * (byte0 + i)));
+    return c;
+}
+inline int __dp2a_lo(int a, int b, int c) { return dp2a_emulated(a, b, c, 0); }
+inline int __dp2a_hi(int a, int b, int c) { return dp2a_emulated(a, b, c, 2); }

@@ -1,0 +1,244 @@
+// Single-token GEMV with x as 16-bit integers: the bodies of gemv_int.cu.
+//
+// Why: with float32 x, every 16 bytes of 4-bit weights cost a lane 128 bytes of x from L1
+// plus a float conversion and an FMA per weight; the H200 profile (bench/NOTES-cuda.md, run
+// 24) showed the issue slots and L1 saturated while HBM ran at 31-37%. Here each block
+// first quantizes x into shared memory: per 16 columns, int16 codes q = rint(x * 32767 /
+// max|x|) with their scale d = max|x| / 32767 and the exact float sum of the 16 values. A
+// weight run of 16 integer codes then costs eight dp2a (two int16 x int8 products each)
+// against the x codes, and sum_run(w * x) = a * d * sum(code * q) + b * sum_run(x) with the
+// format's (a, b) from icoef(). The weights are exact; x carries a rounding error of at
+// most d / 2 = max|x| / 65534 per value, finer than float16's. int8 x (llama.cpp's q8_1,
+// four products per dp4a) was tried first and rejected: emulated on the embedded Gemma 3
+// 270M it changed the greedy text of 4 of 9 reference prompts (bench/NOTES-cuda.md).
+//
+// Work split: each warp owns R rows and walks all their 32-weight units (lane l takes units
+// l, l + 32, ...), so partial sums meet with warp shuffles only; blocks loop over row
+// groups, so the one quantization of x per block is shared by many rows.
+//
+// Shared-memory layout: a unit's x codes are four 16-byte chunks (two per run), and chunk e of
+// the unit in slot s sits at chunk index e * units + s; the unit's two (d, sum) pairs at
+// s and units + s. Lanes take neighbouring slots, so each 16-byte load of a warp covers
+// consecutive addresses: no bank conflicts. (Laid out by column, the units a warp reads sit
+// 64-512 bytes apart and most lanes hit the same banks: Nsight Compute showed the shared
+// memory pipe 85% busy and half the stalls waiting on it.) The slot of unit u is
+// (u % U) * (units / U) + u / U. The layout depends on the format's column map, i.e. on RUN1
+// (16: the 32-weight formats, 32: Q4_K/Q5_K, 64: Q6_K); weights with different maps that
+// share x (q/k/v of a Q4_K_M file) get one copy each.
+#pragma once
+#include "gemv.cuh"
+
+#define XQ_GROUP 16
+#define XQ_LEVELS 32767.f
+
+// Bytes of dynamic shared memory per layout for n_cols columns: the codes, then (d, sum) per run.
+__host__ __device__ constexpr int xq_shared_bytes(int n_cols) { return 2 * n_cols + (n_cols / XQ_GROUP) * 8; }
+
+__device__ __forceinline__ u32 xq_pair(float lo, float hi) {
+    return (u32)(__float2int_rn(lo) & 0xffff) | ((u32)__float2int_rn(hi) << 16);
+}
+
+// x (n_cols floats) in Fmt's layout (above) at smem: one thread per unit, each run of 16
+// values quantized on its own. No barrier: the caller syncs after its last layout.
+template <class Fmt, int U>
+__device__ __forceinline__ void xq_quantize(const float* __restrict__ x, int n_cols, u8* smem) {
+    const int units = n_cols >> 5, per = units / U;
+    uint4* chunks = reinterpret_cast<uint4*>(smem);
+    float2* xs = reinterpret_cast<float2*>(smem + 2 * n_cols);
+    for (int u = threadIdx.x; u < units; u += blockDim.x) {
+        const int slot = (u % U) * per + u / U;
+#pragma unroll
+        for (int run = 0; run < 2; ++run) {
+            const float4* p = reinterpret_cast<const float4*>(x + Fmt::x_base(u) + run * Fmt::RUN1);
+            float4 v[4];
+            float amax = 0.f, sum = 0.f;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                v[k] = __ldg(p + k);
+                amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[k].x), fabsf(v[k].y)), fmaxf(fabsf(v[k].z), fabsf(v[k].w))));
+                sum += (v[k].x + v[k].y) + (v[k].z + v[k].w);
+            }
+            const float inv = amax > 0.f ? XQ_LEVELS / amax : 0.f;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float4 a = v[2 * h], b = v[2 * h + 1];
+                uint4 c;
+                c.x = xq_pair(a.x * inv, a.y * inv);
+                c.y = xq_pair(a.z * inv, a.w * inv);
+                c.z = xq_pair(b.x * inv, b.y * inv);
+                c.w = xq_pair(b.z * inv, b.w * inv);
+                chunks[(2 * run + h) * units + slot] = c;
+            }
+            xs[run * units + slot] = make_float2(amax / XQ_LEVELS, sum);
+        }
+    }
+}
+
+// Which copy of x a format reads: weights whose column maps differ need their own.
+template <class Fmt>
+__device__ __forceinline__ constexpr int xq_layout() {
+    return Fmt::RUN1 == 16 ? 0 : Fmt::RUN1 == 32 ? 1 : 2;
+}
+
+// Sum over a run of codes (word k: codes 4k..4k+3) times x codes (words 2k, 2k+1 of lo:hi).
+template <class Fmt>
+__device__ __forceinline__ void xq_dot_runs(const Fmt& f, uint4 alo, uint4 ahi, uint4 clo, uint4 chi, int& i0,
+                                            int& i1) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        u32 c0, c1;
+        f.codes(k, c0, c1);
+        const uint4 a = k < 2 ? alo : ahi, c = k < 2 ? clo : chi;
+        i0 = __dp2a_lo((int)((k & 1) ? a.z : a.x), (int)c0, i0);
+        i0 = __dp2a_hi((int)((k & 1) ? a.w : a.y), (int)c0, i0);
+        i1 = __dp2a_lo((int)((k & 1) ? c.z : c.x), (int)c1, i1);
+        i1 = __dp2a_hi((int)((k & 1) ? c.w : c.y), (int)c1, i1);
+    }
+}
+
+// This lane's share of acc[r] = sum_c W[rows[r], c] * x[c], x from xq_quantize<Fmt, U> at smem. A lane takes
+// U consecutive units per step (units U*lane.., then 32*U further on): with U = 2 a k-quant
+// lane reads 32 contiguous quant bytes, and the two units' shared block header is loaded and
+// decoded once (the compiler merges the identical loads and scale decoding). units % U == 0.
+template <class Fmt, int R, int U>
+__device__ __forceinline__ void xq_accumulate(const u8* const (&rows)[R], int n_cols, const u8* smem, float (&acc)[R]) {
+    const int lane = threadIdx.x & 31, units = n_cols >> 5, per = units / U;
+    const uint4* chunks = reinterpret_cast<const uint4*>(smem);
+    const float2* xs = reinterpret_cast<const float2*>(smem + 2 * n_cols);
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.f;
+    for (int u0 = lane * U; u0 < units; u0 += 32 * U) {
+        Fmt f[U][R];
+#pragma unroll
+        for (int i = 0; i < U; ++i)
+#pragma unroll
+            for (int r = 0; r < R; ++r) f[i][r].load(rows[r], u0 + i);
+#pragma unroll
+        for (int i = 0; i < U; ++i) {
+            const int slot = i * per + u0 / U;
+            const uint4 alo = chunks[slot], ahi = chunks[units + slot];
+            const uint4 clo = chunks[2 * units + slot], chi = chunks[3 * units + slot];
+            const float2 ga = xs[slot], gc = xs[units + slot];
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                int i0 = 0, i1 = 0;
+                xq_dot_runs(f[i][r], alo, ahi, clo, chi, i0, i1);
+                float a0, b0, a1, b1;
+                f[i][r].icoef(a0, b0, a1, b1);
+                acc[r] += fmaf(a0 * ga.x, (float)i0, b0 * ga.y) + fmaf(a1 * gc.x, (float)i1, b1 * gc.y);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
+}
+
+// Row group g (rows g*R .. g*R+R-1) of one weight, by one warp: y[row] = sum (+ bias[row]).
+// Rows past n_rows re-read the last row and are not written.
+template <class Fmt, int R, int U>
+__device__ __forceinline__ void xq_rows(const u8* __restrict__ w, i64 row_bytes, int n_rows, int n_cols,
+                                        const u8* smem, float* __restrict__ y,
+                                        const float* __restrict__ bias, int g) {
+    const int row0 = g * R, lane = threadIdx.x & 31;
+    const u8* rows[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) rows[r] = w + (i64)min(row0 + r, n_rows - 1) * row_bytes;
+    float acc[R];
+    xq_accumulate<Fmt, R, U>(rows, n_cols, smem, acc);
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+        if (lane == r && row0 + r < n_rows) y[row0 + r] = acc[r] + (bias != nullptr ? bias[row0 + r] : 0.f);
+}
+
+// Row group g of gate (A) and up (B): y[row] = act(gate . x) * (up . x).
+template <class FA, class FB, int RH, int U, int ACT>
+__device__ __forceinline__ void xq_gated_rows(const u8* __restrict__ wa, const u8* __restrict__ wb, i64 row_bytes_a,
+                                              i64 row_bytes_b, int n_rows, int n_cols, const u8* smem_a,
+                                              const u8* smem_b, float* __restrict__ y, int g) {
+    const int row0 = g * RH, lane = threadIdx.x & 31;
+    float acc[2 * RH];
+    const u8* rows[2 * RH];
+    gated_row_pointers<RH>(wa, wb, row_bytes_a, row_bytes_b, row0, n_rows, rows);
+    if constexpr (same_type<FA, FB>::value) {
+        xq_accumulate<FA, 2 * RH, U>(rows, n_cols, smem_a, acc);
+    } else {
+        const u8* rows_a[RH];
+        const u8* rows_b[RH];
+#pragma unroll
+        for (int r = 0; r < RH; ++r) {
+            rows_a[r] = rows[r];
+            rows_b[r] = rows[RH + r];
+        }
+        float acc_a[RH], acc_b[RH];
+        xq_accumulate<FA, RH, U>(rows_a, n_cols, smem_a, acc_a);
+        xq_accumulate<FB, RH, U>(rows_b, n_cols, smem_b, acc_b);
+#pragma unroll
+        for (int r = 0; r < RH; ++r) {
+            acc[r] = acc_a[r];
+            acc[RH + r] = acc_b[r];
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < RH; ++r)
+        if (lane == r && row0 + r < n_rows) y[row0 + r] = gated_act<ACT>(acc[r], acc[RH + r]);
+}
+
+// The row groups of this block's warps: g = blockIdx.x * warps + warp, then a grid's worth on.
+#define XQ_FOR_EACH_GROUP(g, n_groups)                                                               \
+    for (int g = (int)blockIdx.x * (int)(blockDim.x >> 5) + (int)(threadIdx.x >> 5); g < (n_groups); \
+         g += (int)gridDim.x * (int)(blockDim.x >> 5))
+
+// One weight: y[row] = W[row] . x (+ bias[row]). smem: xq_shared_bytes(n_cols) bytes.
+template <class Fmt, int R, int U>
+__device__ __forceinline__ void xq_gemv_body(const u8* __restrict__ w, i64 row_bytes, int n_rows, int n_cols,
+                                             const float* __restrict__ x, float* __restrict__ y,
+                                             const float* __restrict__ bias, u8* smem) {
+    xq_quantize<Fmt, U>(x, n_cols, smem);
+    __syncthreads();
+    XQ_FOR_EACH_GROUP(g, (n_rows + R - 1) / R) xq_rows<Fmt, R, U>(w, row_bytes, n_rows, n_cols, smem, y, bias, g);
+}
+
+// Up to three weights stacked along the output (q, k, v): y = [W0 x; W1 x; W2 x] (+ bias).
+// A warp's row group belongs to one weight, so the branch is uniform over the warp. smem:
+// one xq_shared_bytes(n_cols) copy per distinct layout, in order of first use.
+template <class F0, class F1, class F2, int R, int U>
+__device__ __forceinline__ void xq_multi_body(const u8* __restrict__ w0, const u8* __restrict__ w1,
+                                              const u8* __restrict__ w2, i64 row_bytes0, i64 row_bytes1,
+                                              i64 row_bytes2, int rows0, int rows1, int rows2, int n_cols,
+                                              const float* __restrict__ x, float* __restrict__ y,
+                                              const float* __restrict__ bias, u8* smem) {
+    constexpr int l0 = xq_layout<F0>(), l1 = xq_layout<F1>(), l2 = xq_layout<F2>();
+    constexpr int c1 = l1 == l0 ? 0 : 1, c2 = l2 == l0 ? 0 : l2 == l1 ? c1 : c1 + 1;  // copy of each weight
+    const int bytes = xq_shared_bytes(n_cols);
+    u8 *x0 = smem, *x1 = smem + c1 * bytes, *x2 = smem + c2 * bytes;
+    xq_quantize<F0, U>(x, n_cols, x0);
+    if (c1 == 1) xq_quantize<F1, U>(x, n_cols, x1);
+    if (c2 > c1) xq_quantize<F2, U>(x, n_cols, x2);
+    __syncthreads();
+    const int groups0 = (rows0 + R - 1) / R, groups1 = (rows1 + R - 1) / R, groups2 = (rows2 + R - 1) / R;
+    XQ_FOR_EACH_GROUP(g, groups0 + groups1 + groups2) {
+        if (g < groups0) {
+            xq_rows<F0, R, U>(w0, row_bytes0, rows0, n_cols, x0, y, bias, g);
+        } else if (g < groups0 + groups1) {
+            xq_rows<F1, R, U>(w1, row_bytes1, rows1, n_cols, x1, y + rows0, bias == nullptr ? nullptr : bias + rows0,
+                              g - groups0);
+        } else {
+            xq_rows<F2, R, U>(w2, row_bytes2, rows2, n_cols, x2, y + rows0 + rows1,
+                              bias == nullptr ? nullptr : bias + rows0 + rows1, g - groups0 - groups1);
+        }
+    }
+}
+
+// Gate and up: y[row] = act(gate[row] . x) * (up[row] . x). smem: one or two layouts.
+template <class FA, class FB, int RH, int U, int ACT>
+__device__ __forceinline__ void xq_gated_body(const u8* __restrict__ wa, const u8* __restrict__ wb, i64 row_bytes_a,
+                                              i64 row_bytes_b, int n_rows, int n_cols, const float* __restrict__ x,
+                                              float* __restrict__ y, u8* smem) {
+    constexpr bool two = xq_layout<FA>() != xq_layout<FB>();
+    u8* xb = two ? smem + xq_shared_bytes(n_cols) : smem;
+    xq_quantize<FA, U>(x, n_cols, smem);
+    if (two) xq_quantize<FB, U>(x, n_cols, xb);
+    __syncthreads();
+    XQ_FOR_EACH_GROUP(g, (n_rows + RH - 1) / RH)
+    xq_gated_rows<FA, FB, RH, U, ACT>(wa, wb, row_bytes_a, row_bytes_b, n_rows, n_cols, smem, xb, y, g);
+}

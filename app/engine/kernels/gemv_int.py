@@ -1,0 +1,143 @@
+"""Wrapper of gemv_int.cu: single-token GEMVs over int16-quantized x (integer dot products).
+
+gemv.py sends one token here when every weight is an integer format (the k-quants and the
+32-weight formats), the weights hold at least MIN_BYTES and the quantized x fits the shared
+memory a block can have without an opt-in; everything else keeps the float32-x kernels.
+`PADDOCK_GEMV_INT_X=0` turns the path off (benchmarks compare the two).
+
+Measured on the H200 (bench/NOTES-cuda.md, runs 26-28, `bench/gemv_sweep.py --int`): at the
+Qwen3-8B shapes gate/up 26.7 -> 19.6 us (67% of copy bandwidth), down Q6_K 27.5 -> 20.4, down
+Q4_K 15.3 -> 13.3, o 7.3 -> 6.3; below ~4 MB (every Qwen3-0.6B matrix) the float32-x kernels
+stay 0.2-0.8 us faster, since quantizing x costs each block a round trip before its first
+product. q/k/v in one launch (gemv_int_multi) measured level with the float kernel (11.05 vs
+11.0 us: a Q4_K_M file's Q6_K v needs a second copy of x), so gemv.py keeps the float kernel
+there; gemv_int_multi stays for the benchmark.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+from app.engine.kernels.compile import get_kernel
+from app.engine.kernels.launch import cdiv, i32, i64, ptr
+
+INT_X_FORMATS = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"})
+GROUP = 16  # columns per x scale (XQ_GROUP in gemv_int.cuh)
+SHARED_LIMIT = 48 * 1024  # dynamic shared memory without the opt-in attribute
+MIN_BYTES = 4 << 20  # smaller weights stay on the float32-x kernels (see above)
+# Launch shapes, the best of the run-28 sweep at the 8B shapes: (rows per warp, units per step).
+SINGLE_SHAPE = (2, 2)
+GATED_SHAPE = (1, 1)  # one row of gate and one of up per warp
+MULTI_SHAPE = (2, 2)
+WARPS = 8  # 8 warps beat 4 and 2 at every shape (runs 26 and 28)
+BLOCKS_PER_SM = 4  # the grid's cap: more row groups than this loop inside a block (2-32: within 1%)
+
+
+# The column map of each format, by its RUN1 (xq_layout in gemv_int.cuh): weights whose maps
+# differ get their own copy of the quantized x.
+_LAYOUT = {"Q4_K": 1, "Q5_K": 1, "Q6_K": 2}
+
+
+def shared_bytes(n_cols: int, qtype_names: list[str] | tuple[str, ...] = ("Q8_0",)) -> int:
+    """int16 codes plus one (scale, sum) float pair per 16 columns (xq_shared_bytes), per layout."""
+    copies = len({_LAYOUT.get(q, 0) for q in qtype_names})
+    return copies * (2 * n_cols + (n_cols // GROUP) * 8)
+
+
+def enabled() -> bool:
+    return os.environ.get("PADDOCK_GEMV_INT_X", "1") != "0"
+
+
+def serves(
+    n_tok: int, n_cols: int, qtype_names: list[str] | tuple[str, ...], nbytes: int = MIN_BYTES
+) -> bool:
+    """Whether this path takes a product of `nbytes` of weights (see the module docstring)."""
+    return (
+        n_tok == 1
+        and nbytes >= MIN_BYTES
+        and enabled()
+        and n_cols % 32 == 0
+        and shared_bytes(n_cols, qtype_names) <= SHARED_LIMIT
+        and all(q in INT_X_FORMATS for q in qtype_names)
+    )
+
+
+@functools.cache
+def _sm_count() -> int:
+    import cupy
+
+    return int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+
+
+def _launch(kernel: Any, groups: int, smem: int, args: tuple, warps: int, blocks_per_sm: int) -> None:
+    blocks = min(cdiv(groups, warps), _sm_count() * blocks_per_sm)
+    kernel((blocks,), (32 * warps,), args, shared_mem=smem)
+
+
+def _defines(
+    formats: list[str], shape: tuple[int, int], rows: int | None, units: int | None, n_cols: int, act: int = 0
+) -> dict[str, str | int]:
+    """The -D set of one kernel variant; `rows` / `units` override the shape's defaults."""
+    padded = [*formats, formats[-1], formats[-1]][:3]
+    rows, units = rows or shape[0], units or shape[1]
+    units = 1 if (n_cols // 32) % units else units  # an odd unit count per row takes one at a time
+    return {"XQ_F0": f"Fmt{padded[0]}", "XQ_F1": f"Fmt{padded[1]}", "XQ_F2": f"Fmt{padded[2]}", "XQ_R": rows,
+            "XQ_U": units, "XQ_ACT": act}  # fmt: skip
+
+
+def gemv_int(
+    data: Any, qtype_name: str, row_bytes: int, n_rows: int, n_cols: int, x: Any, out: Any,
+    bias: Any | None = None, rows: int | None = None, warps: int = WARPS, blocks_per_sm: int = BLOCKS_PER_SM,
+    units: int | None = None,
+) -> Any:  # fmt: skip
+    """`out[0, r] = W[r] . x[0] (+ bias[r])`, as gemv.gemv for one token. The last four arguments
+    override the launch shape (benchmarks)."""
+    defines = _defines([qtype_name], SINGLE_SHAPE, rows, units, n_cols)
+    kernel = get_kernel("gemv_int.cu", "gemv_int", defines)
+    args = (data, i64(row_bytes), i32(n_rows), i32(n_cols), x, out, ptr(bias))
+    _launch(
+        kernel,
+        cdiv(n_rows, int(defines["XQ_R"])),
+        shared_bytes(n_cols, (qtype_name,)),
+        args,
+        warps,
+        blocks_per_sm,
+    )
+    return out
+
+
+def gemv_int_multi(
+    parts: list[tuple[Any, str, int, int]], n_cols: int, x: Any, out: Any, bias: Any | None = None,
+    rows: int | None = None, warps: int = WARPS, blocks_per_sm: int = BLOCKS_PER_SM, units: int | None = None,
+) -> Any:  # fmt: skip
+    """2 or 3 weights `(data, qtype_name, row_bytes, n_rows)` stacked along the output, as gemv.gemv_multi."""
+    padded = list(parts) + [(*parts[-1][:3], 0)] * (3 - len(parts))
+    defines = _defines([p[1] for p in padded], MULTI_SHAPE, rows, units, n_cols)
+    kernel = get_kernel("gemv_int.cu", "gemv_int_multi", defines)
+    rows = int(defines["XQ_R"])
+    args = (padded[0][0], padded[1][0], padded[2][0], i64(padded[0][2]), i64(padded[1][2]), i64(padded[2][2]),
+            i32(padded[0][3]), i32(padded[1][3]), i32(padded[2][3]), i32(n_cols), x, out, ptr(bias))  # fmt: skip
+    smem = shared_bytes(n_cols, [p[1] for p in parts])
+    _launch(kernel, sum(cdiv(p[3], rows) for p in padded), smem, args, warps, blocks_per_sm)
+    return out
+
+
+def gemv_int_gated(
+    gate: tuple[Any, str, int], up: tuple[Any, str, int], n_rows: int, n_cols: int, x: Any, act: int, out: Any,
+    rows: int | None = None, warps: int = WARPS, blocks_per_sm: int = BLOCKS_PER_SM, units: int | None = None,
+) -> Any:  # fmt: skip
+    """`out = act(x @ G.T) * (x @ U.T)` for one token, as gemv.gemv_gated (`act` its kernel code)."""
+    defines = _defines([gate[1], up[1]], GATED_SHAPE, rows, units, n_cols, act)
+    kernel = get_kernel("gemv_int.cu", "gemv_int_gated", defines)
+    args = (gate[0], up[0], i64(gate[2]), i64(up[2]), i32(n_rows), i32(n_cols), x, out)
+    _launch(
+        kernel,
+        cdiv(n_rows, int(defines["XQ_R"])),
+        shared_bytes(n_cols, (gate[1], up[1])),
+        args,
+        warps,
+        blocks_per_sm,
+    )
+    return out

@@ -1,0 +1,122 @@
+"""gemv_int.cu's kernels (x as int16 codes, integer dot products) on the SIMT emulator.
+
+Not marked `gpu`: these run in CI. The reference is the float64 product with the numpy
+dequantizers' weights and the exact x; the kernels round x to 16-bit codes per 16 columns
+(|error| <= max|x| / 65534 per value), so they are held to a relative error of 3e-4 (inputs with outliers) where
+the float32-x kernels are held to 1e-5. A wrong index or scale is off by far more.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cuda_samples import INT_X_TOL, dequantize_oracle, fresh_rng, random_tensor, rel_err
+from emulator import build, run
+
+from app.engine.backend.cpu import CpuBackend
+
+
+@pytest.fixture(scope="module")
+def int_emu(tmp_path_factory) -> Path:
+    return build(tmp_path_factory, "int_main.cpp")
+
+
+def _x(rng: np.random.Generator, cols: int, scale: float = 1.0) -> np.ndarray:
+    x = rng.standard_normal(cols).astype(np.float32) * np.float32(scale)
+    x[rng.integers(0, cols, 3)] *= 40.0  # outliers, as real activations have: each costs its group precision
+    x[:16] = 0.0  # an all-zero group: its scale is 0 and must not divide by it
+    return x
+
+
+@pytest.mark.parametrize(("qtype", "rows_per_warp", "units", "warps", "grid", "cols"), [
+    ("Q4_K", 2, 2, 2, 2, 1024), ("Q4_K", 1, 1, 1, 3, 768), ("Q4_K", 1, 2, 1, 3, 768), ("Q6_K", 2, 2, 2, 1, 1024),
+    ("Q6_K", 4, 1, 1, 2, 512), ("Q5_K", 1, 2, 2, 1, 768), ("Q8_0", 1, 1, 2, 2, 640), ("Q4_0", 2, 2, 1, 5, 640),
+    ("Q4_1", 4, 1, 1, 1, 1024), ("Q5_0", 1, 2, 2, 4, 512), ("Q5_1", 2, 2, 1, 3, 1024),
+])  # fmt: skip
+def test_gemv_int_emulated(
+    int_emu: Path,
+    tmp_path: Path,
+    qtype: str,
+    rows_per_warp: int,
+    units: int,
+    warps: int,
+    grid: int,
+    cols: int,
+) -> None:
+    """Every integer format, one or two units per lane step; fewer blocks than row groups, so
+    warps loop; a partial last group."""
+    rng, seed = fresh_rng()
+    rows = 13
+    tensor = random_tensor(qtype, rows, cols, rng)
+    x, bias = _x(rng, cols), rng.standard_normal(rows).astype(np.float32)
+    tensor.data.tofile(tmp_path / "w.bin")
+    x.tofile(tmp_path / "x.bin")
+    bias.tofile(tmp_path / "bias.bin")
+    run(
+        int_emu,
+        "single",
+        qtype.lower(),
+        rows_per_warp,
+        units,
+        warps,
+        grid,
+        tmp_path,
+        rows,
+        cols,
+        tensor.data.shape[1],
+    )
+    got = np.fromfile(tmp_path / "y.bin", np.float32)
+    ref = dequantize_oracle(tensor).astype(np.float64) @ x.astype(np.float64) + bias
+    assert not np.isnan(got).any(), f"seed={seed}"
+    assert rel_err(got, ref) < INT_X_TOL, f"seed={seed}"
+
+
+# case -> formats: the combinations int_main.cpp compiles (pick_multi / pick_gated).
+MULTI_CASES = {0: ("Q4_K", "Q4_K", "Q6_K"), 1: ("Q8_0", "Q5_1", "Q4_0")}
+GATED_CASES = {0: (("Q4_K", "Q4_K"), "silu"), 1: (("Q6_K", "Q5_K"), "gelu_tanh")}
+
+
+@pytest.mark.parametrize(("case", "warps", "grid", "with_bias"), [(0, 2, 3, True), (1, 1, 2, False)])
+def test_gemv_int_multi_emulated(
+    int_emu: Path, tmp_path: Path, case: int, warps: int, grid: int, with_bias: bool
+) -> None:
+    """q/k/v in one launch equals the stacked product; a block's warps cross weight boundaries."""
+    rng, seed = fresh_rng()
+    cols, rows = 512, [13, 6, 9]
+    tensors = [random_tensor(q, r, cols, rng) for q, r in zip(MULTI_CASES[case], rows, strict=True)]
+    for i, t in enumerate(tensors):
+        t.data.tofile(tmp_path / f"w{i}.bin")
+    x = _x(rng, cols)
+    x.tofile(tmp_path / "x.bin")
+    bias = rng.standard_normal(sum(rows)).astype(np.float32)
+    if with_bias:
+        bias.tofile(tmp_path / "bias.bin")
+    run(int_emu, "multi", case, warps, grid, tmp_path, cols, *rows, *(t.data.shape[1] for t in tensors))
+    got = np.fromfile(tmp_path / "y.bin", np.float32)
+    w = np.concatenate([dequantize_oracle(t) for t in tensors]).astype(np.float64)
+    ref = w @ x.astype(np.float64) + (bias if with_bias else 0)
+    assert not np.isnan(got).any(), f"seed={seed}"
+    assert rel_err(got, ref) < INT_X_TOL, f"seed={seed}"
+
+
+@pytest.mark.parametrize(("case", "warps", "grid"), [(0, 2, 2), (1, 1, 3)])
+def test_gemv_int_gated_emulated(int_emu: Path, tmp_path: Path, case: int, warps: int, grid: int) -> None:
+    """act(gate . x) * (up . x) in one launch, same and mixed formats, a partial last group."""
+    rng, seed = fresh_rng()
+    (fa, fb), kind = GATED_CASES[case]
+    rows, cols = 11, 768
+    gate, up = random_tensor(fa, rows, cols, rng), random_tensor(fb, rows, cols, rng)
+    gate.data.tofile(tmp_path / "wa.bin")
+    up.data.tofile(tmp_path / "wb.bin")
+    x = _x(rng, cols, 0.02)  # gate ~ O(1): both sides of the activation
+    x.tofile(tmp_path / "x.bin")
+    run(int_emu, "gated", case, warps, grid, tmp_path, rows, cols, gate.data.shape[1], up.data.shape[1], kind)
+    got = np.fromfile(tmp_path / "y.bin", np.float32)
+    x64 = x.astype(np.float64)
+    g = (dequantize_oracle(gate).astype(np.float64) @ x64).astype(np.float32)
+    u = (dequantize_oracle(up).astype(np.float64) @ x64).astype(np.float32)
+    ref = CpuBackend().gated_activation(g[None], u[None], kind)[0]
+    assert not np.isnan(got).any(), f"seed={seed}"
+    assert rel_err(got, ref) < INT_X_TOL, f"seed={seed}"
