@@ -62,6 +62,7 @@ SELECTED = {
     "gemv.cu": ("-DPADDOCK_FORMAT=q6_k", "-DPADDOCK_FORMAT_STRUCT=FmtQ6_K"),
     "dequant.cu": ("-DPADDOCK_FORMAT=q5_0", "-DPADDOCK_FORMAT_STRUCT=FmtQ5_0"),
     "attention.cu": ("-DATTN_D=64", "-DATTN_G=2"),
+    "attention_decode.cu": ("-DATTN_D=256", "-DATTN_G=2"),
     "gemv_fused.cu": (
         "-DMULTI_F0=FmtQ5_K",
         "-DMULTI_F1=FmtQ8_0",
@@ -89,6 +90,7 @@ SELECTED_ENTRIES = {
     "gemv.cu": "gemv_q6_k_t1_r8",
     "dequant.cu": "dequant_q5_0_f16",
     "attention.cu": "attn_d64_g2",
+    "attention_decode.cu": "attn_dec_d256_g2",
     "gemv_fused.cu": "gemv_multi",
     "gemv_int.cu": "gemv_int_gated",
 }

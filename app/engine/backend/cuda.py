@@ -26,6 +26,7 @@ from app.engine.backend.cuda_linear import linear as _linear
 from app.engine.backend.cuda_weights import CudaFusedWeight, CudaWeight, upload_matrix, upload_vector
 from app.engine.kernels import activation as _activation
 from app.engine.kernels import attention as _attention
+from app.engine.kernels import attention_decode as _attention_decode
 from app.engine.kernels import kv_cache as _kv_cache
 from app.engine.kernels import norm as _norm
 from app.engine.kernels import rope as _rope
@@ -236,6 +237,14 @@ class CudaBackend:
         one fixed launch shape for every step it replays)."""
         q = self._f32(q)
         n_tok, n_heads, head_dim = q.shape
+        n_kv = k_cache.shape[2]
+        decode = meta.decode_only and n_tok == meta.num_seqs and num_splits is None
+        if decode and _attention_decode.supports(head_dim, n_heads, n_kv):
+            n_blocks = _attention_decode.plan_blocks(n_tok, n_kv, int(meta.max_seq_len), self.sm_count, head_dim)
+            return _attention_decode.attention_decode(
+                q, k_cache, v_cache, self._i32(meta.seq_lens), self._i32(meta.block_tables), scale,
+                sliding_window, softcap, n_blocks, self.xp.empty_like(q),
+            )  # fmt: skip
         if num_splits is None:
             plan = _attention.plan_splits(
                 n_tok, k_cache.shape[2], int(meta.max_seq_len), self.sm_count, n_heads, head_dim

@@ -24,7 +24,7 @@ _counters: dict[int, list[Any]] = {}  # device id -> buffers, the newest last
 MIN_COUNTERS = 1 << 16
 
 
-def _split_counters(n: int) -> Any:
+def split_counters(n: int) -> Any:
     import cupy
 
     buffers = _counters.setdefault(cupy.cuda.Device().id, [])
@@ -116,7 +116,7 @@ def attention(
         part_acc = cupy.empty((n_tok, n_heads, plan.num_splits, head_dim), cupy.float32)
         part_m = cupy.empty((n_tok, n_heads, plan.num_splits), cupy.float32)
         part_l = cupy.empty((n_tok, n_heads, plan.num_splits), cupy.float32)
-        counters = _split_counters(n_tok * n_kv)
+        counters = split_counters(n_tok * n_kv)
     args = (
         q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, i32(block_tables.shape[1]), i32(n_seqs),
         i32(n_heads), i32(n_kv), i32(block_size), f32(scale), f32(softcap or 0.0), i32(sliding_window or 0),

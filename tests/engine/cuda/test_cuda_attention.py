@@ -138,3 +138,23 @@ def test_attention_register_capped_variant(cuda, cpu, rng, heads) -> None:
         kernels.attention(cuda.from_host(q), kg, vg, mg.query_start_loc, mg.seq_lens, mg.block_tables,
                           0.1, None, None, plan, out, min_blocks=4)  # fmt: skip
         assert rel_err(cuda.to_host(out), ref) < TOL
+
+
+@pytest.mark.parametrize("n_blocks", [1, 3, 128])  # one block walks every chunk; loops; mostly idle blocks
+@pytest.mark.parametrize("heads", [(32, 8, 128), (4, 1, 256), (12, 4, 64)], ids=["qwen", "gemma", "d64"])
+def test_attention_decode_block_counts(cuda, cpu, rng, heads, n_blocks: int) -> None:
+    """attention_decode.cu at any number of blocks per KV head, with and without a window;
+    every output element written."""
+    from app.engine.kernels import attention_decode
+
+    n_heads, n_kv, head_dim = heads
+    seqs = [(1, 1), (1, 64), (1, 65), (1, 700), (1, 2000)]
+    q, (kc, vc, mc), (kg, vg, mg) = make_batch(cuda, cpu, rng, seqs, n_heads, n_kv, head_dim)
+    for window in (None, 100):
+        ref = cpu.attention(q, kc, vc, mc, 0.1, window)
+        out = cuda.xp.full(q.shape, cuda.xp.nan, cuda.xp.float32)
+        attention_decode.attention_decode(cuda.from_host(q), kg, vg, mg.seq_lens, mg.block_tables, 0.1, window, None,
+                                          n_blocks, out)  # fmt: skip
+        got = cuda.to_host(out)
+        assert not np.isnan(got).any()
+        assert rel_err(got, ref) < TOL

@@ -1,0 +1,301 @@
+// Paged attention for decode batches (one query token per sequence): the latency-bound case.
+//
+// Why a second kernel: at a few hundred keys a decode step's attention is not bytes but the
+// chain of dependent memory round trips and barriers per block; attention.cu (built for
+// mixed prefill batches) spends ~14 us there at 330 keys (bench/NOTES-cuda.md, run 20), its
+// value loads waiting on the softmax and its splits planned for the longest context. Here:
+//
+// - Grid (sequence, KV head, S blocks). The context is cut into chunks of KB keys; block b
+//   takes chunks b, b + S, ... Only the first n_act = min(S, chunks) blocks have work, and
+//   every block computes n_act from the context length, so idle blocks return at once and a
+//   short context (one chunk) writes its output with no partials at all.
+// - Per chunk: the chunk's cache slots (one block-table load per 16 keys), then every K and
+//   V row of the chunk in one wave of 16-byte loads into shared memory, so values are read
+//   while the scores are computed instead of after the softmax.
+// - Scores: thread t takes key t % KB over a 1/P slice of head_dim for every head of the GQA
+//   group; K rows are padded by one word so the 32 keys a warp reads sit in 32 banks.
+//   Online softmax across a block's chunks, one warp per head.
+// - Several active blocks: each writes (acc, max, sum); the last to finish, found by an
+//   atomic count that goes back to zero, merges them (no second launch).
+//
+// K/V are float16 [num_blocks, block_size, n_kv, D]; q and out float32 [n_seqs, n_heads, D].
+#include "common.cuh"
+
+#define DEC_THREADS 128
+#define DEC_WARPS 4
+
+template <int D, int GMAX>
+struct DecShape {
+    static constexpr int KB = D <= 128 ? 64 : 32;   // keys per chunk
+    static constexpr int P = DEC_THREADS / KB;      // threads per key in the score phase
+    static constexpr int DS = D / P;                // head_dim slice of a score thread
+    static constexpr int KROW = D + 2;              // halves per K row in shared memory (one word of pad)
+    static constexpr int VT = D < DEC_THREADS ? DEC_THREADS / D : 1;  // threads per output dim
+    static constexpr int DPT = D > DEC_THREADS ? D / DEC_THREADS : 1;  // output dims per thread
+    static constexpr int UNITS = KB * D / 8;         // 16-byte loads per chunk, K or V
+};
+
+template <int D, int GMAX>
+__device__ __forceinline__ void attn_decode_body(const float* __restrict__ q, const u16* __restrict__ k_cache,
+                                                 const u16* __restrict__ v_cache, const int* __restrict__ seq_lens,
+                                                 const int* __restrict__ block_tables, int table_stride, int n_heads,
+                                                 int n_kv, int block_size, float scale, float softcap, int window,
+                                                 float* __restrict__ out, float* __restrict__ part_acc,
+                                                 float* __restrict__ part_m, float* __restrict__ part_l,
+                                                 int* __restrict__ counters) {
+    typedef DecShape<D, GMAX> S;
+    __shared__ __align__(16) u16 k_s[S::KB * S::KROW];
+    __shared__ __align__(16) u16 v_s[S::KB * D];
+    __shared__ __align__(16) float q_s[GMAX][D];
+    __shared__ float sc[S::P][GMAX][S::KB];  // partial scores; part 0 ends as the probabilities
+    __shared__ int slot_s[S::KB];
+    __shared__ float m_s[GMAX], l_s[GMAX], alpha_s[GMAX];
+    __shared__ int last_block;
+
+    const int seq = blockIdx.x, g = blockIdx.y, b = blockIdx.z, n_blocks = gridDim.z;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int group = n_heads / n_kv, head0 = g * group;
+
+    const int ctx = seq_lens[seq];  // a padding row of a graph bucket has 0: its output is 0
+    const int pos = ctx - 1;
+    const int lo = window > 0 ? max(0, pos - window + 1) : 0;
+    const int first_chunk = lo / S::KB;
+    const int n_chunks = ctx > 0 ? pos / S::KB - first_chunk + 1 : 0;
+    const int n_act = max(1, min(n_blocks, n_chunks));
+    if (b >= n_act) return;  // uniform over the block, before any barrier
+
+    for (int i = tid; i < GMAX * D; i += DEC_THREADS) {
+        const int h = i / D, d = i % D;
+        q_s[h][d] = h < group ? q[((i64)seq * n_heads + head0 + h) * D + d] * scale : 0.f;
+    }
+    if (tid < GMAX) {
+        m_s[tid] = -PADDOCK_INF;
+        l_s[tid] = 0.f;
+    }
+    float acc[S::DPT][GMAX];
+#pragma unroll
+    for (int j = 0; j < S::DPT; ++j)
+#pragma unroll
+        for (int h = 0; h < GMAX; ++h) acc[j][h] = 0.f;
+
+    const int* table = block_tables + (i64)seq * table_stride;
+    const i64 kv_row = (i64)n_kv * D;
+    for (int c = first_chunk + b; ctx > 0 && c <= pos / S::KB; c += n_blocks) {
+        const int k0 = c * S::KB;
+        if (tid < S::KB) {
+            const int key = k0 + tid;
+            slot_s[tid] = key >= lo && key <= pos ? table[key / block_size] * block_size + key % block_size : -1;
+        }
+        __syncthreads();  // also: q_s and the softmax state are written; the last chunk's k_s/v_s are read
+
+        // Every K and V row of the chunk: all loads issued before the first use.
+        constexpr int PER_THREAD = S::UNITS / DEC_THREADS;
+        uint4 kr[PER_THREAD], vr[PER_THREAD];
+#pragma unroll
+        for (int j = 0; j < PER_THREAD; ++j) {
+            const int u = tid + j * DEC_THREADS, row = u / (D / 8), col = u % (D / 8);
+            const int slot = slot_s[row];
+            if (slot >= 0) {
+                const i64 off = slot * kv_row + (i64)g * D + col * 8;
+                kr[j] = __ldg(reinterpret_cast<const uint4*>(k_cache + off));
+                vr[j] = __ldg(reinterpret_cast<const uint4*>(v_cache + off));
+            } else {
+                kr[j] = make_uint4(0u, 0u, 0u, 0u);
+                vr[j] = kr[j];
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < PER_THREAD; ++j) {
+            const int u = tid + j * DEC_THREADS, row = u / (D / 8), col = u % (D / 8);
+            u32* kd = reinterpret_cast<u32*>(k_s + row * S::KROW + col * 8);  // 4-byte aligned rows
+            kd[0] = kr[j].x;
+            kd[1] = kr[j].y;
+            kd[2] = kr[j].z;
+            kd[3] = kr[j].w;
+            reinterpret_cast<uint4*>(v_s)[u] = vr[j];
+        }
+        __syncthreads();
+
+        // Scores: key t % KB, slice t / KB of head_dim, every head of the group.
+        {
+            const int kk = tid % S::KB, part = tid / S::KB;
+            const u32* kp = reinterpret_cast<const u32*>(k_s + kk * S::KROW + part * S::DS);
+            float dot[GMAX];
+#pragma unroll
+            for (int h = 0; h < GMAX; ++h) dot[h] = 0.f;
+#pragma unroll 4
+            for (int e = 0; e < S::DS; e += 4) {
+                const u32 w0 = kp[e / 2], w1 = kp[e / 2 + 1];
+                const float k0f = h2f_lo(w0), k1f = h2f_hi(w0), k2f = h2f_lo(w1), k3f = h2f_hi(w1);
+#pragma unroll
+                for (int h = 0; h < GMAX; ++h) {
+                    const float4 qv = *reinterpret_cast<const float4*>(&q_s[h][part * S::DS + e]);
+                    dot[h] = fmaf(qv.x, k0f, fmaf(qv.y, k1f, fmaf(qv.z, k2f, fmaf(qv.w, k3f, dot[h]))));
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < GMAX; ++h) sc[part][h][kk] = dot[h];
+        }
+        __syncthreads();
+
+        // Online softmax over the chunk, one warp per head; masked keys (slot -1) weigh nothing.
+        for (int h = warp; h < group; h += DEC_WARPS) {
+            float s_k[S::KB / 32];
+            float mx = -PADDOCK_INF;
+#pragma unroll
+            for (int i = 0; i < S::KB / 32; ++i) {
+                const int kk = lane + 32 * i;
+                float s = sc[0][h][kk];
+#pragma unroll
+                for (int p = 1; p < S::P; ++p) s += sc[p][h][kk];
+                if (softcap > 0.f) s = softcap * tanhf(s / softcap);
+                s = slot_s[kk] >= 0 ? s : -PADDOCK_INF;
+                s_k[i] = s;
+                mx = fmaxf(mx, s);
+            }
+            mx = warp_max(mx);
+            const float m_old = m_s[h];
+            const float m_new = fmaxf(m_old, mx);
+            float sum = 0.f;
+#pragma unroll
+            for (int i = 0; i < S::KB / 32; ++i) {
+                const float p = s_k[i] == -PADDOCK_INF ? 0.f : expf(s_k[i] - m_new);
+                sc[0][h][lane + 32 * i] = p;
+                sum += p;
+            }
+            sum = warp_sum(sum);
+            if (lane == 0) {
+                alpha_s[h] = m_old == -PADDOCK_INF ? 0.f : expf(m_old - m_new);
+                l_s[h] = l_s[h] * alpha_s[h] + sum;
+                m_s[h] = m_new;
+            }
+        }
+        __syncthreads();
+
+        // Values: dims tid % D (+ 128 j), keys of this thread's share (VT threads per dim).
+#pragma unroll
+        for (int h = 0; h < GMAX; ++h) {
+            const float a = h < group ? alpha_s[h] : 0.f;
+#pragma unroll
+            for (int j = 0; j < S::DPT; ++j) acc[j][h] *= a;
+        }
+        {
+            const int d0 = tid % D, kpart = tid / D;  // kpart < VT
+#pragma unroll 4
+            for (int kk = kpart; kk < S::KB; kk += S::VT) {
+#pragma unroll
+                for (int j = 0; j < S::DPT; ++j) {
+                    const float v = h2f(v_s[kk * D + d0 + j * DEC_THREADS]);
+#pragma unroll
+                    for (int h = 0; h < GMAX; ++h) acc[j][h] = fmaf(sc[0][h][kk], v, acc[j][h]);
+                }
+            }
+        }
+    }
+    __syncthreads();  // the last chunk's probabilities are read; sc is free for the sum below
+
+    // Threads sharing a dim (VT > 1) add their sums in shared memory, in a fixed order.
+    float* red = &sc[0][0][0];  // P * GMAX * KB >= VT * GMAX * D floats
+    if constexpr (S::VT > 1) {
+#pragma unroll
+        for (int h = 0; h < GMAX; ++h) red[(tid / D) * GMAX * D + h * D + tid % D] = acc[0][h];
+        __syncthreads();
+        if (tid < D) {
+#pragma unroll
+            for (int h = 0; h < GMAX; ++h) {
+                float s = red[h * D + tid];
+#pragma unroll
+                for (int p = 1; p < S::VT; ++p) s += red[p * GMAX * D + h * D + tid];
+                acc[0][h] = s;
+            }
+        }
+    }
+    const bool writer = tid < D || S::DPT > 1;  // threads holding a final dim sum
+    if (n_act == 1) {
+        if (writer) {
+#pragma unroll
+            for (int h = 0; h < GMAX; ++h) {
+                if (h >= group) continue;
+                const float l = l_s[h];
+#pragma unroll
+                for (int j = 0; j < S::DPT; ++j)
+                    out[((i64)seq * n_heads + head0 + h) * D + tid % D + j * DEC_THREADS] = l > 0.f ? acc[j][h] / l : 0.f;
+            }
+        }
+        return;
+    }
+    if (writer) {
+#pragma unroll
+        for (int h = 0; h < GMAX; ++h) {
+            if (h >= group) continue;
+            const i64 row = (i64)seq * n_heads + head0 + h;
+#pragma unroll
+            for (int j = 0; j < S::DPT; ++j) part_acc[(row * n_blocks + b) * D + tid % D + j * DEC_THREADS] = acc[j][h];
+            if (tid == 0) {
+                part_m[row * n_blocks + b] = m_s[h];
+                part_l[row * n_blocks + b] = l_s[h];
+            }
+        }
+    }
+
+    // Publish, count; the last of the n_act blocks merges (and resets the count).
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        int* count = counters + (i64)seq * n_kv + g;
+        last_block = atomicAdd(count, 1) == n_act - 1;
+        if (last_block) *count = 0;
+    }
+    __syncthreads();
+    if (!last_block) return;
+    __threadfence();
+    float* wgt = &sc[0][0][0];  // [GMAX][n_act] split weights, n_act <= n_blocks <= GMAX_SPLITS
+    for (int h = warp; h < group; h += DEC_WARPS) {
+        const i64 row = (i64)seq * n_heads + head0 + h;
+        float mx = -PADDOCK_INF;
+        for (int s = lane; s < n_act; s += 32) mx = fmaxf(mx, __ldcg(part_m + row * n_blocks + s));
+        mx = warp_max(mx);
+        float den = 0.f;
+        for (int s = lane; s < n_act; s += 32) {
+            const float m = __ldcg(part_m + row * n_blocks + s);
+            const float w = m == -PADDOCK_INF ? 0.f : expf(m - mx);
+            wgt[h * n_act + s] = w;
+            den = fmaf(w, __ldcg(part_l + row * n_blocks + s), den);
+        }
+        den = warp_sum(den);
+        if (lane == 0) l_s[h] = den;
+    }
+    __syncthreads();
+    for (int idx = tid; idx < group * D; idx += DEC_THREADS) {
+        const int h = idx / D, d = idx % D;
+        const i64 row = (i64)seq * n_heads + head0 + h;
+        const float* acc_p = part_acc + row * n_blocks * D + d;
+        float num = 0.f;
+#pragma unroll 8
+        for (int s = 0; s < n_act; ++s) num = fmaf(wgt[h * n_act + s], __ldcg(acc_p + (i64)s * D), num);
+        const float den = l_s[h];
+        out[row * D + d] = den > 0.f ? num / den : 0.f;
+    }
+}
+
+#define ATTN_DEC_KERNEL(D, GMAX)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(DEC_THREADS) attn_dec_d##D##_g##GMAX(                          \
+        const float* __restrict__ q, const u16* __restrict__ k_cache, const u16* __restrict__ v_cache,          \
+        const int* __restrict__ seq_lens, const int* __restrict__ block_tables, int table_stride, int n_heads,  \
+        int n_kv, int block_size, float scale, float softcap, int window, float* __restrict__ out,             \
+        float* __restrict__ part_acc, float* __restrict__ part_m, float* __restrict__ part_l,                  \
+        int* __restrict__ counters) {                                                                          \
+        attn_decode_body<D, GMAX>(q, k_cache, v_cache, seq_lens, block_tables, table_stride, n_heads, n_kv,     \
+                                  block_size, scale, softcap, window, out, part_acc, part_m, part_l, counters);  \
+    }
+
+// The variants whose shared memory fits the 48 KB a block gets without an opt-in (attention_decode.py
+// sends the others to attention.cu).
+#if defined(PADDOCK_ALL_VARIANTS)
+ATTN_DEC_KERNEL(64, 1) ATTN_DEC_KERNEL(64, 2) ATTN_DEC_KERNEL(64, 4) ATTN_DEC_KERNEL(64, 8) ATTN_DEC_KERNEL(64, 16)
+ATTN_DEC_KERNEL(128, 1) ATTN_DEC_KERNEL(128, 2) ATTN_DEC_KERNEL(128, 4) ATTN_DEC_KERNEL(128, 8)
+ATTN_DEC_KERNEL(256, 1) ATTN_DEC_KERNEL(256, 2) ATTN_DEC_KERNEL(256, 4)
+#else
+#define ATTN_DEC_SELECTED(D, GMAX) ATTN_DEC_KERNEL(D, GMAX)  // one more expansion, so ATTN_D becomes its value
+ATTN_DEC_SELECTED(ATTN_D, ATTN_G)
+#endif

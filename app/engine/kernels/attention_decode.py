@@ -1,0 +1,69 @@
+"""Wrapper of attention_decode.cu: paged attention for decode batches (one token per sequence).
+
+CudaBackend.attention sends a decode batch here when the (head_dim, group) variant exists
+(the ones whose shared memory fits 48 KB); prefill and mixed batches, and the rest, go to
+attention.cu. `PADDOCK_DECODE_ATTENTION=0` turns this path off (benchmarks compare the two).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from app.engine.kernels.attention import group_bucket, split_counters
+from app.engine.kernels.compile import get_kernel
+from app.engine.kernels.launch import cdiv, f32, i32
+
+VARIANTS = frozenset({(64, 1), (64, 2), (64, 4), (64, 8), (64, 16), (128, 1), (128, 2), (128, 4), (128, 8),
+                      (256, 1), (256, 2), (256, 4)})  # fmt: skip
+MAX_BLOCKS = 128  # blocks per (sequence, KV head): the merge keeps one weight per block in shared memory
+BLOCKS_PER_SM = 4  # enough blocks in flight to stream a long context at full bandwidth
+
+
+def chunk_keys(head_dim: int) -> int:
+    """Keys a block takes per step (DecShape::KB)."""
+    return 64 if head_dim <= 128 else 32
+
+
+def supports(head_dim: int, n_heads: int, n_kv: int) -> bool:
+    if os.environ.get("PADDOCK_DECODE_ATTENTION", "1") == "0" or n_heads % n_kv:
+        return False
+    return (head_dim, group_bucket(n_heads, n_kv)) in VARIANTS
+
+
+def plan_blocks(n_seqs: int, n_kv: int, max_seq_len: int, sm_count: int, head_dim: int) -> int:
+    """Blocks per (sequence, KV head): one per chunk of the longest context, capped at about
+    BLOCKS_PER_SM blocks per multiprocessor over the batch; a block loops over the chunks
+    beyond that. Contexts shorter than the plan leave the extra blocks idle (they return at
+    once), so one plan serves every step a CUDA graph replays."""
+    chunks = cdiv(max(1, max_seq_len), chunk_keys(head_dim))
+    return max(1, min(chunks, cdiv(BLOCKS_PER_SM * sm_count, n_seqs * n_kv), MAX_BLOCKS))
+
+
+def attention_decode(
+    q: Any, k_cache: Any, v_cache: Any, seq_lens: Any, block_tables: Any, scale: float,
+    sliding_window: int | None, softcap: float | None, n_blocks: int, out: Any,
+) -> Any:  # fmt: skip
+    """`out [S, n_heads, D]` for float32 `q [S, n_heads, D]`, one token per sequence, whose
+    position is its `seq_lens` entry minus one (its own key already written to the cache)."""
+    import cupy
+
+    n_seqs, n_heads, head_dim = q.shape
+    n_kv, block_size = k_cache.shape[2], k_cache.shape[1]
+    if not supports(head_dim, n_heads, n_kv):
+        raise ValueError(f"no decode attention variant for head_dim {head_dim}, {n_heads // n_kv} heads per KV head")
+    if n_seqs == 0:
+        return out
+    gmax = group_bucket(n_heads, n_kv)
+    kernel = get_kernel("attention_decode.cu", f"attn_dec_d{head_dim}_g{gmax}", {"ATTN_D": head_dim, "ATTN_G": gmax})
+    n_blocks = max(1, min(n_blocks, MAX_BLOCKS))
+    part_acc = cupy.empty((n_seqs, n_heads, n_blocks, head_dim), cupy.float32)
+    part_m = cupy.empty((n_seqs, n_heads, n_blocks), cupy.float32)
+    part_l = cupy.empty((n_seqs, n_heads, n_blocks), cupy.float32)
+    args = (
+        q, k_cache, v_cache, seq_lens, block_tables, i32(block_tables.shape[1]), i32(n_heads), i32(n_kv),
+        i32(block_size), f32(scale), f32(softcap or 0.0), i32(sliding_window or 0), out, part_acc, part_m, part_l,
+        split_counters(n_seqs * n_kv),
+    )  # fmt: skip
+    kernel((n_seqs, n_kv, n_blocks), (128,), args)
+    return out
