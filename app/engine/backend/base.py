@@ -107,6 +107,19 @@ class Backend(Protocol):
         `gate_up = fuse_linear([gate, up], [None, None])` (two parts of one shape)."""
         ...
 
+    def add_rms_norm_linear(
+        self, x: Array, residual: Array | None, norm_weight: Array, eps: float, weight: Any
+    ) -> tuple[Array, Array]:
+        """`(linear(normed, weight), new_residual)` for `normed, new_residual =
+        add_and_norm(self, x, residual, norm_weight, eps)`: the norm in front of q/k/v."""
+        ...
+
+    def add_rms_norm_gated_linear(
+        self, x: Array, residual: Array | None, norm_weight: Array, eps: float, gate_up: Any, kind: str
+    ) -> tuple[Array, Array]:
+        """`(gated_linear(normed, gate_up, kind), new_residual)`, normed as in `add_rms_norm_linear`."""
+        ...
+
     def rope_and_cache(
         self,
         qkv: Array,
@@ -179,3 +192,11 @@ class Backend(Protocol):
     def softcap(self, x: Array, cap: float) -> Array:
         """`cap * tanh(x / cap)`."""
         ...
+
+
+def add_and_norm(backend: Backend, x: Array, residual: Array | None, weight: Array, eps: float) -> tuple[Array, Array]:
+    """Fold `x` into the residual stream and normalize it: `(normed, new_residual)`; with no
+    residual yet (the first layer), `x` itself is the stream."""
+    if residual is None:
+        return backend.rms_norm(x, weight, eps), x
+    return backend.add_rms_norm(x, residual, weight, eps)

@@ -18,11 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from app.engine.backend.base import AttentionMetadata, RopeTable
+from app.engine.backend.base import AttentionMetadata, RopeTable, add_and_norm
 from app.engine.backend.cuda_blas import cublas
 from app.engine.backend.cuda_dense import DenseCache
 from app.engine.backend.cuda_linear import gated_linear as _gated_linear
 from app.engine.backend.cuda_linear import linear as _linear
+from app.engine.backend.cuda_linear import norm_linear as _norm_linear
 from app.engine.backend.cuda_weights import CudaFusedWeight, CudaWeight, upload_matrix, upload_vector
 from app.engine.kernels import activation as _activation
 from app.engine.kernels import attention as _attention
@@ -176,6 +177,29 @@ class CudaBackend:
         if len(gate_up.parts) != 2 or gate_up.parts[0].shape != gate_up.parts[1].shape:
             raise ValueError(f"gated_linear needs a fused (gate, up) pair of one shape, got {gate_up.name!r}")
         return _gated_linear(x, gate_up, kind, self.dense_cache)
+
+    def add_rms_norm_linear(
+        self, x: Any, residual: Any | None, norm_weight: Any, eps: float, weight: CudaWeight | CudaFusedWeight
+    ) -> tuple[Any, Any]:
+        return self._norm_then(x, residual, norm_weight, eps, weight, None)
+
+    def add_rms_norm_gated_linear(
+        self, x: Any, residual: Any | None, norm_weight: Any, eps: float, gate_up: CudaFusedWeight, kind: str
+    ) -> tuple[Any, Any]:
+        return self._norm_then(x, residual, norm_weight, eps, gate_up, kind)
+
+    def _norm_then(self, x, residual, norm_weight, eps, weight, kind: str | None) -> tuple[Any, Any]:
+        """One fused launch at one token where gemv_int.cu can take it, else the composition."""
+        x = self._f32(x)
+        if isinstance(weight, CudaFusedWeight):
+            residual = None if residual is None else self._f32(residual)
+            done = _norm_linear(x, residual, self._f32(norm_weight), eps, weight, kind)
+            if done is not None:
+                return done
+        normed, new_residual = add_and_norm(self, x, residual, norm_weight, eps)
+        if kind is None:
+            return self.linear(normed, weight), new_residual
+        return self.gated_linear(normed, weight, kind), new_residual
 
     def rope_and_cache(
         self,

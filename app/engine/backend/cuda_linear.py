@@ -18,6 +18,7 @@ from app.engine.backend.cuda_dense import DenseCache
 from app.engine.backend.cuda_weights import CudaFusedWeight, CudaWeight
 from app.engine.kernels import activation as activation_kernels
 from app.engine.kernels import gemv as gemv_kernels
+from app.engine.kernels import gemv_int
 from app.engine.kernels.dequant import dequant_rows
 
 GEMV_MAX_TOKENS = gemv_kernels.MAX_TOKENS
@@ -109,6 +110,33 @@ def gated_linear(x: Any, fused: CudaFusedWeight, kind: str, cache: DenseCache | 
         )  # fmt: skip
     both = _linear_fused(x, fused, cache)
     return activation_kernels.gated_pairs(both, kind, cupy.empty((n_tok, gate.n_rows), cupy.float32))
+
+
+def norm_linear(
+    x: Any, residual: Any | None, norm_weight: Any, eps: float, fused: CudaFusedWeight, kind: str | None
+) -> tuple[Any, Any] | None:
+    """One token's add + RMSNorm and the product after it in one launch (gemv_int.cu's fused
+    prologue): `(linear or gated_linear of the normalized x, new residual)`, with `kind` the
+    activation for a (gate, up) pair and None for q/k/v. None when that kernel cannot serve:
+    more than one token, float weights, a biased gate/up, or an x too wide for its shared memory."""
+    import cupy
+
+    parts = _gemv_parts(fused)
+    if x.shape[0] != 1 or parts is None or (kind is not None and (len(parts) != 2 or fused.bias is not None)):
+        return None
+    if not gemv_int.serves(1, fused.n_cols, [p[1] for p in parts]):
+        return None
+    new_residual = cupy.empty_like(x)
+    norm = gemv_int.NormIn(residual, norm_weight, new_residual, eps)
+    if kind is None:
+        out = cupy.empty((1, fused.n_rows), cupy.float32)
+        gemv_int.gemv_int_multi(parts, fused.n_cols, x, out, fused.bias, norm=norm)
+    else:
+        (gate, gate_q, gate_rb, rows), (up, up_q, up_rb, _) = parts
+        out = cupy.empty((1, rows), cupy.float32)
+        gemv_int.gemv_int_gated((gate, gate_q, gate_rb), (up, up_q, up_rb), rows, fused.n_cols, x,
+                                             gemv_kernels.ACTIVATIONS[kind], out, norm=norm)  # fmt: skip
+    return out, new_residual
 
 
 def matmul_quantized(x16: Any, weight: CudaWeight, out_ptr: int, ldc: int) -> None:

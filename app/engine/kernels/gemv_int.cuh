@@ -25,8 +25,40 @@
 // (u % U) * (units / U) + u / U. The layout depends on the format's column map, i.e. on RUN1
 // (16: the 32-weight formats, 32: Q4_K/Q5_K, 64: Q6_K); weights with different maps that
 // share x (q/k/v of a Q4_K_M file) get one copy each.
+//
+// Fused RMSNorm: with a norm weight (XqNorm.w), x is first folded into the residual stream and
+// normalized, x' = (x + res) * rstd * w, as add_rms_norm would write it; every block computes
+// rstd itself (it reads all of x anyway) and block 0 writes x + res as the new residual. That
+// saves the norm's own launch before q/k/v and gate/up (~3 us each in a decode graph).
 #pragma once
+#include "block_sum.cuh"
 #include "gemv.cuh"
+
+// The optional add + RMSNorm in front of the product (above); w == nullptr: none.
+struct XqNorm {
+    const float* res;  // added to x first; nullptr: nothing to add (the first layer)
+    const float* w;    // the norm's weight
+    float* new_res;    // x + res, written by block 0
+    float eps;
+};
+
+// rstd of x + res over n_cols, and block 0's copy of x + res into new_res. One block_sum per kernel.
+__device__ __forceinline__ float xq_norm_rstd(const float* __restrict__ x, int n_cols, const XqNorm& nrm) {
+    __shared__ float scratch[32];
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    const float4* r4 = reinterpret_cast<const float4*>(nrm.res);
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < n_cols / 4; i += blockDim.x) {
+        float4 v = __ldg(x4 + i);
+        if (nrm.res != nullptr) {
+            const float4 r = __ldg(r4 + i);
+            v = make_float4(r.x + v.x, r.y + v.y, r.z + v.z, r.w + v.w);
+        }
+        if (blockIdx.x == 0) reinterpret_cast<float4*>(nrm.new_res)[i] = v;
+        ss = sum_squares(v, ss);
+    }
+    return 1.f / sqrtf(block_sum(ss, scratch) / (float)n_cols + nrm.eps);
+}
 
 #define XQ_GROUP 16
 #define XQ_LEVELS 32767.f
@@ -38,10 +70,12 @@ __device__ __forceinline__ u32 xq_pair(float lo, float hi) {
     return (u32)(__float2int_rn(lo) & 0xffff) | ((u32)__float2int_rn(hi) << 16);
 }
 
-// x (n_cols floats) in Fmt's layout (above) at smem: one thread per unit, each run of 16
-// values quantized on its own. No barrier: the caller syncs after its last layout.
+// x (n_cols floats; normalized first when nrm.w is set, with rstd from xq_norm_rstd) in Fmt's
+// layout (above) at smem: one thread per unit, each run of 16 values quantized on its own.
+// No barrier: the caller syncs after its last layout.
 template <class Fmt, int U>
-__device__ __forceinline__ void xq_quantize(const float* __restrict__ x, int n_cols, u8* smem) {
+__device__ __forceinline__ void xq_quantize(const float* __restrict__ x, int n_cols, const XqNorm& nrm, float rstd,
+                                            u8* smem) {
     const int units = n_cols >> 5, per = units / U;
     uint4* chunks = reinterpret_cast<uint4*>(smem);
     float2* xs = reinterpret_cast<float2*>(smem + 2 * n_cols);
@@ -49,12 +83,20 @@ __device__ __forceinline__ void xq_quantize(const float* __restrict__ x, int n_c
         const int slot = (u % U) * per + u / U;
 #pragma unroll
         for (int run = 0; run < 2; ++run) {
-            const float4* p = reinterpret_cast<const float4*>(x + Fmt::x_base(u) + run * Fmt::RUN1);
+            const int c0 = Fmt::x_base(u) + run * Fmt::RUN1;
+            const float4* p = reinterpret_cast<const float4*>(x + c0);
             float4 v[4];
             float amax = 0.f, sum = 0.f;
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
                 v[k] = __ldg(p + k);
+                if (nrm.w != nullptr) {
+                    if (nrm.res != nullptr) {
+                        const float4 r = __ldg(reinterpret_cast<const float4*>(nrm.res + c0) + k);
+                        v[k] = make_float4(r.x + v[k].x, r.y + v[k].y, r.z + v[k].z, r.w + v[k].w);
+                    }
+                    v[k] = norm_scale(v[k], rstd, __ldg(reinterpret_cast<const float4*>(nrm.w + c0) + k));
+                }
                 amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[k].x), fabsf(v[k].y)), fmaxf(fabsf(v[k].z), fabsf(v[k].w))));
                 sum += (v[k].x + v[k].y) + (v[k].z + v[k].w);
             }
@@ -192,8 +234,9 @@ __device__ __forceinline__ void xq_gated_rows(const u8* __restrict__ wa, const u
 template <class Fmt, int R, int U>
 __device__ __forceinline__ void xq_gemv_body(const u8* __restrict__ w, i64 row_bytes, int n_rows, int n_cols,
                                              const float* __restrict__ x, float* __restrict__ y,
-                                             const float* __restrict__ bias, u8* smem) {
-    xq_quantize<Fmt, U>(x, n_cols, smem);
+                                             const float* __restrict__ bias, const XqNorm& nrm, u8* smem) {
+    const float rstd = nrm.w != nullptr ? xq_norm_rstd(x, n_cols, nrm) : 1.f;
+    xq_quantize<Fmt, U>(x, n_cols, nrm, rstd, smem);
     __syncthreads();
     XQ_FOR_EACH_GROUP(g, (n_rows + R - 1) / R) xq_rows<Fmt, R, U>(w, row_bytes, n_rows, n_cols, smem, y, bias, g);
 }
@@ -206,14 +249,15 @@ __device__ __forceinline__ void xq_multi_body(const u8* __restrict__ w0, const u
                                               const u8* __restrict__ w2, i64 row_bytes0, i64 row_bytes1,
                                               i64 row_bytes2, int rows0, int rows1, int rows2, int n_cols,
                                               const float* __restrict__ x, float* __restrict__ y,
-                                              const float* __restrict__ bias, u8* smem) {
+                                              const float* __restrict__ bias, const XqNorm& nrm, u8* smem) {
     constexpr int l0 = xq_layout<F0>(), l1 = xq_layout<F1>(), l2 = xq_layout<F2>();
     constexpr int c1 = l1 == l0 ? 0 : 1, c2 = l2 == l0 ? 0 : l2 == l1 ? c1 : c1 + 1;  // copy of each weight
     const int bytes = xq_shared_bytes(n_cols);
     u8 *x0 = smem, *x1 = smem + c1 * bytes, *x2 = smem + c2 * bytes;
-    xq_quantize<F0, U>(x, n_cols, x0);
-    if (c1 == 1) xq_quantize<F1, U>(x, n_cols, x1);
-    if (c2 > c1) xq_quantize<F2, U>(x, n_cols, x2);
+    const float rstd = nrm.w != nullptr ? xq_norm_rstd(x, n_cols, nrm) : 1.f;
+    xq_quantize<F0, U>(x, n_cols, nrm, rstd, x0);
+    if (c1 == 1) xq_quantize<F1, U>(x, n_cols, nrm, rstd, x1);
+    if (c2 > c1) xq_quantize<F2, U>(x, n_cols, nrm, rstd, x2);
     __syncthreads();
     const int groups0 = (rows0 + R - 1) / R, groups1 = (rows1 + R - 1) / R, groups2 = (rows2 + R - 1) / R;
     XQ_FOR_EACH_GROUP(g, groups0 + groups1 + groups2) {
@@ -233,11 +277,12 @@ __device__ __forceinline__ void xq_multi_body(const u8* __restrict__ w0, const u
 template <class FA, class FB, int RH, int U, int ACT>
 __device__ __forceinline__ void xq_gated_body(const u8* __restrict__ wa, const u8* __restrict__ wb, i64 row_bytes_a,
                                               i64 row_bytes_b, int n_rows, int n_cols, const float* __restrict__ x,
-                                              float* __restrict__ y, u8* smem) {
+                                              float* __restrict__ y, const XqNorm& nrm, u8* smem) {
     constexpr bool two = xq_layout<FA>() != xq_layout<FB>();
     u8* xb = two ? smem + xq_shared_bytes(n_cols) : smem;
-    xq_quantize<FA, U>(x, n_cols, smem);
-    if (two) xq_quantize<FB, U>(x, n_cols, xb);
+    const float rstd = nrm.w != nullptr ? xq_norm_rstd(x, n_cols, nrm) : 1.f;
+    xq_quantize<FA, U>(x, n_cols, nrm, rstd, smem);
+    if (two) xq_quantize<FB, U>(x, n_cols, nrm, rstd, xb);
     __syncthreads();
     XQ_FOR_EACH_GROUP(g, (n_rows + RH - 1) / RH)
     xq_gated_rows<FA, FB, RH, U, ACT>(wa, wb, row_bytes_a, row_bytes_b, n_rows, n_cols, smem, xb, y, g);

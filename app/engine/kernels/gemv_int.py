@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import functools
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from app.engine.kernels.compile import get_kernel
-from app.engine.kernels.launch import cdiv, i32, i64, ptr
+from app.engine.kernels.launch import NULL, cdiv, f32, i32, i64, ptr
 
 INT_X_FORMATS = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"})
 GROUP = 16  # columns per x scale (XQ_GROUP in gemv_int.cuh)
@@ -31,7 +32,8 @@ MIN_BYTES = 4 << 20  # smaller weights stay on the float32-x kernels (see above)
 SINGLE_SHAPE = (2, 2)
 GATED_SHAPE = (1, 1)  # one row of gate and one of up per warp
 MULTI_SHAPE = (2, 2)
-WARPS = 8  # 8 warps beat 4 and 2 at every shape (runs 26 and 28)
+WARPS = 8  # 8 warps beat 4 and 2 at every shape (runs 26 and 28) but q/k/v's
+MULTI_WARPS = 4  # q/k/v: (2 rows, 4 warps, 2 units) 11.05 us against 13.4 with 8 warps (run 28)
 BLOCKS_PER_SM = 4  # the grid's cap: more row groups than this loop inside a block (2-32: within 1%)
 
 
@@ -71,6 +73,27 @@ def _sm_count() -> int:
     return int(cupy.cuda.Device().attributes["MultiProcessorCount"])
 
 
+@dataclass(frozen=True)
+class NormIn:
+    """The add + RMSNorm fused in front of a product (XqNorm in gemv_int.cuh): x is replaced by
+    `(x + residual) * rstd * weight` and `x + residual` is written to `new_residual`."""
+
+    residual: Any | None  # None: nothing to add (the first layer's norm)
+    weight: Any
+    new_residual: Any
+    eps: float
+
+    def args(self) -> tuple:
+        return ptr(self.residual), self.weight, self.new_residual, f32(self.eps)
+
+
+NO_NORM = (NULL, NULL, NULL, f32(0.0))
+
+
+def _norm_args(norm: NormIn | None) -> tuple:
+    return NO_NORM if norm is None else norm.args()
+
+
 def _launch(kernel: Any, groups: int, smem: int, args: tuple, warps: int, blocks_per_sm: int) -> None:
     blocks = min(cdiv(groups, warps), _sm_count() * blocks_per_sm)
     kernel((blocks,), (32 * warps,), args, shared_mem=smem)
@@ -90,13 +113,13 @@ def _defines(
 def gemv_int(
     data: Any, qtype_name: str, row_bytes: int, n_rows: int, n_cols: int, x: Any, out: Any,
     bias: Any | None = None, rows: int | None = None, warps: int = WARPS, blocks_per_sm: int = BLOCKS_PER_SM,
-    units: int | None = None,
+    units: int | None = None, norm: NormIn | None = None,
 ) -> Any:  # fmt: skip
-    """`out[0, r] = W[r] . x[0] (+ bias[r])`, as gemv.gemv for one token. The last four arguments
-    override the launch shape (benchmarks)."""
+    """`out[0, r] = W[r] . x[0] (+ bias[r])`, as gemv.gemv for one token; with `norm`, of the
+    normalized x. `rows`, `warps`, `blocks_per_sm` and `units` override the launch shape (benchmarks)."""
     defines = _defines([qtype_name], SINGLE_SHAPE, rows, units, n_cols)
     kernel = get_kernel("gemv_int.cu", "gemv_int", defines)
-    args = (data, i64(row_bytes), i32(n_rows), i32(n_cols), x, out, ptr(bias))
+    args = (data, i64(row_bytes), i32(n_rows), i32(n_cols), x, out, ptr(bias), *_norm_args(norm))
     _launch(
         kernel,
         cdiv(n_rows, int(defines["XQ_R"])),
@@ -110,15 +133,18 @@ def gemv_int(
 
 def gemv_int_multi(
     parts: list[tuple[Any, str, int, int]], n_cols: int, x: Any, out: Any, bias: Any | None = None,
-    rows: int | None = None, warps: int = WARPS, blocks_per_sm: int = BLOCKS_PER_SM, units: int | None = None,
+    rows: int | None = None, warps: int = MULTI_WARPS, blocks_per_sm: int = BLOCKS_PER_SM,
+    units: int | None = None, norm: NormIn | None = None,
 ) -> Any:  # fmt: skip
-    """2 or 3 weights `(data, qtype_name, row_bytes, n_rows)` stacked along the output, as gemv.gemv_multi."""
+    """2 or 3 weights `(data, qtype_name, row_bytes, n_rows)` stacked along the output, as
+    gemv.gemv_multi for one token; with `norm`, of the normalized x."""
     padded = list(parts) + [(*parts[-1][:3], 0)] * (3 - len(parts))
     defines = _defines([p[1] for p in padded], MULTI_SHAPE, rows, units, n_cols)
     kernel = get_kernel("gemv_int.cu", "gemv_int_multi", defines)
     rows = int(defines["XQ_R"])
     args = (padded[0][0], padded[1][0], padded[2][0], i64(padded[0][2]), i64(padded[1][2]), i64(padded[2][2]),
-            i32(padded[0][3]), i32(padded[1][3]), i32(padded[2][3]), i32(n_cols), x, out, ptr(bias))  # fmt: skip
+            i32(padded[0][3]), i32(padded[1][3]), i32(padded[2][3]), i32(n_cols), x, out, ptr(bias),
+            *_norm_args(norm))  # fmt: skip
     smem = shared_bytes(n_cols, [p[1] for p in parts])
     _launch(kernel, sum(cdiv(p[3], rows) for p in padded), smem, args, warps, blocks_per_sm)
     return out
@@ -127,11 +153,13 @@ def gemv_int_multi(
 def gemv_int_gated(
     gate: tuple[Any, str, int], up: tuple[Any, str, int], n_rows: int, n_cols: int, x: Any, act: int, out: Any,
     rows: int | None = None, warps: int = WARPS, blocks_per_sm: int = BLOCKS_PER_SM, units: int | None = None,
+    norm: NormIn | None = None,
 ) -> Any:  # fmt: skip
-    """`out = act(x @ G.T) * (x @ U.T)` for one token, as gemv.gemv_gated (`act` its kernel code)."""
+    """`out = act(x @ G.T) * (x @ U.T)` for one token, as gemv.gemv_gated (`act` its kernel code);
+    with `norm`, of the normalized x."""
     defines = _defines([gate[1], up[1]], GATED_SHAPE, rows, units, n_cols, act)
     kernel = get_kernel("gemv_int.cu", "gemv_int_gated", defines)
-    args = (gate[0], up[0], i64(gate[2]), i64(up[2]), i32(n_rows), i32(n_cols), x, out)
+    args = (gate[0], up[0], i64(gate[2]), i64(up[2]), i32(n_rows), i32(n_cols), x, out, *_norm_args(norm))
     _launch(
         kernel,
         cdiv(n_rows, int(defines["XQ_R"])),

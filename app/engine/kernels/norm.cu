@@ -41,14 +41,6 @@ extern "C" __global__ void __launch_bounds__(1024) add_rms_norm(const float* __r
 // is one block: the old element-at-a-time form spent ~4 us on a 4096-wide row.
 #define NORM_VEC 4
 
-__device__ __forceinline__ float4 norm_scale(float4 v, float inv, float4 w) {
-    return make_float4(v.x * inv * w.x, v.y * inv * w.y, v.z * inv * w.z, v.w * inv * w.w);
-}
-
-__device__ __forceinline__ float sum_squares(float4 v, float ss) {
-    return fmaf(v.w, v.w, fmaf(v.z, v.z, fmaf(v.y, v.y, fmaf(v.x, v.x, ss))));
-}
-
 // ADD: v = residual + x, also written to new_residual; else v = x.
 template <bool ADD>
 __device__ __forceinline__ void rms_norm_vec_body(const float* __restrict__ x, const float* __restrict__ residual,

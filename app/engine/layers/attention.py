@@ -47,8 +47,13 @@ class Attention:
             self.k_norm = RMSNorm(backend, tensors[f"{prefix}.attn_k_norm.weight"], spec.qk_norm_eps)
 
     def __call__(self, x: Any, meta: AttentionMetadata, kv_cache: tuple[Any, Any]) -> Any:
+        return self.attend(self.backend.linear(x, self.qkv), meta, kv_cache)
+
+    def attend(self, qkv: Any, meta: AttentionMetadata, kv_cache: tuple[Any, Any]) -> Any:
+        """Everything after the q/k/v projection, from its output `qkv` (the decoder layer
+        computes it together with the norm in front of it)."""
         s, b = self.spec, self.backend
-        n_tokens = x.shape[0]
+        n_tokens = qkv.shape[0]
         k_cache, v_cache = kv_cache
         norms = (
             (None, None, 0.0)
@@ -56,7 +61,7 @@ class Attention:
             else (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
         )
         q = b.rope_and_cache(
-            b.linear(x, self.qkv), s.num_heads, s.num_kv_heads, s.head_dim, *norms,
+            qkv, s.num_heads, s.num_kv_heads, s.head_dim, *norms,
             meta.positions, s.rope, s.rope_interleaved, k_cache, v_cache, meta.slot_mapping,
         )  # fmt: skip
         out = b.attention(q, k_cache, v_cache, meta, s.scale, s.sliding_window, s.softcap)

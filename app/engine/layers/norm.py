@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from app.engine.backend.base import add_and_norm
 from app.engine.quant.dispatch import QuantizedTensor
 
 
@@ -18,6 +19,13 @@ class RMSNorm:
 
     def add_and_norm(self, x: Any, residual: Any | None) -> tuple[Any, Any]:
         """Fold `x` into the residual stream and normalise it: `(normed, new_residual)`."""
-        if residual is None:
-            return self.backend.rms_norm(x, self.weight, self.eps), x
-        return self.backend.add_rms_norm(x, residual, self.weight, self.eps)
+        return add_and_norm(self.backend, x, residual, self.weight, self.eps)
+
+    def add_norm_linear(self, x: Any, residual: Any | None, weight: Any) -> tuple[Any, Any]:
+        """`linear` of `add_and_norm`'s output, and the new residual: one launch where the backend
+        fuses the norm into the product (one decode token)."""
+        return self.backend.add_rms_norm_linear(x, residual, self.weight, self.eps, weight)
+
+    def add_norm_gated_linear(self, x: Any, residual: Any | None, gate_up: Any, kind: str) -> tuple[Any, Any]:
+        """`gated_linear` of `add_and_norm`'s output, and the new residual (as add_norm_linear)."""
+        return self.backend.add_rms_norm_gated_linear(x, residual, self.weight, self.eps, gate_up, kind)

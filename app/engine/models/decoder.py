@@ -39,12 +39,12 @@ class DecoderLayer:
 
     def __call__(self, h: Any, residual: Any | None, meta: AttentionMetadata, kv_cache) -> tuple[Any, Any]:
         """Residual stream value after this layer is `returned_h + returned_residual`."""
-        x, residual = self.attn_norm.add_and_norm(h, residual)
-        h = self.attn(x, meta, kv_cache)
+        qkv, residual = self.attn_norm.add_norm_linear(h, residual, self.attn.qkv)
+        h = self.attn.attend(qkv, meta, kv_cache)
         if self.post_attn_norm is not None:
             h = self.post_attn_norm(h)
-        x, residual = self.ffn_norm.add_and_norm(h, residual)
-        h = self.mlp(x)
+        act, residual = self.ffn_norm.add_norm_gated_linear(h, residual, self.mlp.gate_up, self.mlp.activation)
+        h = self.mlp.down(act)
         if self.post_ffn_norm is not None:
             h = self.post_ffn_norm(h)
         return h, residual

@@ -98,6 +98,7 @@ def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
 
 GEMV_TOL = 2e-5  # float32 x: only the order of accumulation differs from float64
 INT_X_TOL = 3e-4  # int16 x (gemv_int.py): x rounded per 16 columns; inputs with outliers need the margin
+GATED_FACTOR = 2  # act(gate . x) * (up . x) carries both products' errors (silu's slope adds ~7% at 4)
 F16_TOL = 3e-3  # above 8 tokens: x and W rounded to float16 for the tensor cores (2^-11 each)
 
 
@@ -109,3 +110,27 @@ def linear_tol(n_tok: int, n_cols: int, qtypes: list[str] | tuple[str, ...], nby
     if n_tok > 8:
         return F16_TOL
     return INT_X_TOL if gemv_int.serves(n_tok, n_cols, qtypes, nbytes) else GEMV_TOL
+
+
+def term_err(got: np.ndarray, ref: np.ndarray, w: np.ndarray, x: np.ndarray) -> float:
+    """‖got − ref‖ against ‖|x|·|W|ᵀ‖, the size of the terms: rounding errors (float32 sums, x's
+    int16 codes) scale with the terms, not with a sum that may cancel to near zero."""
+    terms = np.abs(np.asarray(x, np.float64)) @ np.abs(np.asarray(w, np.float64)).T
+    return float(np.linalg.norm(np.asarray(got, np.float64) - ref) / np.linalg.norm(terms))
+
+
+def _act64(g: np.ndarray, kind: str) -> np.ndarray:
+    if kind == "silu":
+        return g / (1.0 + np.exp(-g))
+    return 0.5 * g * (1.0 + np.tanh(0.7978845608028654 * (g + 0.044715 * g**3)))
+
+
+def gated_term_err(got: np.ndarray, w_gate: np.ndarray, w_up: np.ndarray, x: np.ndarray, kind: str) -> float:
+    """‖got − act(Wg x)·(Wu x)‖ against the size of the error that rounding x can make there:
+    |∂/∂g|·(|Wg|·|x|) + |∂/∂u|·(|Wu|·|x|), to first order. With a dozen rows, a plain relative
+    error is decided by whichever output happens to cancel (random k-quant blocks reach 15,000x)."""
+    x64, wg, wu = (np.asarray(a, np.float64) for a in (x, w_gate, w_up))
+    g, u = x64 @ wg.T, x64 @ wu.T
+    slope = (_act64(g + 1e-6, kind) - _act64(g - 1e-6, kind)) / 2e-6
+    scale = np.abs(slope * u) * (np.abs(x64) @ np.abs(wg).T) + np.abs(_act64(g, kind)) * (np.abs(x64) @ np.abs(wu).T)
+    return float(np.linalg.norm(np.asarray(got, np.float64) - _act64(g, kind) * u) / np.linalg.norm(scale))

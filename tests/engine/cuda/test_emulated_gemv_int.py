@@ -12,7 +12,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cuda_samples import INT_X_TOL, dequantize_oracle, fresh_rng, random_tensor, rel_err
+from cuda_samples import (
+    INT_X_TOL,
+    dequantize_oracle,
+    fresh_rng,
+    gated_term_err,
+    random_tensor,
+    rel_err,
+    term_err,
+)
 from emulator import build, run
 
 from app.engine.backend.cpu import CpuBackend
@@ -68,9 +76,10 @@ def test_gemv_int_emulated(
         tensor.data.shape[1],
     )
     got = np.fromfile(tmp_path / "y.bin", np.float32)
-    ref = dequantize_oracle(tensor).astype(np.float64) @ x.astype(np.float64) + bias
+    w = dequantize_oracle(tensor)
+    ref = w.astype(np.float64) @ x.astype(np.float64) + bias
     assert not np.isnan(got).any(), f"seed={seed}"
-    assert rel_err(got, ref) < INT_X_TOL, f"seed={seed}"
+    assert term_err(got, ref, w, x) < INT_X_TOL, f"seed={seed}"
 
 
 # case -> formats: the combinations int_main.cpp compiles (pick_multi / pick_gated).
@@ -98,7 +107,7 @@ def test_gemv_int_multi_emulated(
     w = np.concatenate([dequantize_oracle(t) for t in tensors]).astype(np.float64)
     ref = w @ x.astype(np.float64) + (bias if with_bias else 0)
     assert not np.isnan(got).any(), f"seed={seed}"
-    assert rel_err(got, ref) < INT_X_TOL, f"seed={seed}"
+    assert term_err(got, ref, w, x) < INT_X_TOL, f"seed={seed}"
 
 
 @pytest.mark.parametrize(("case", "warps", "grid"), [(0, 2, 2), (1, 1, 3)])
@@ -114,9 +123,48 @@ def test_gemv_int_gated_emulated(int_emu: Path, tmp_path: Path, case: int, warps
     x.tofile(tmp_path / "x.bin")
     run(int_emu, "gated", case, warps, grid, tmp_path, rows, cols, gate.data.shape[1], up.data.shape[1], kind)
     got = np.fromfile(tmp_path / "y.bin", np.float32)
-    x64 = x.astype(np.float64)
-    g = (dequantize_oracle(gate).astype(np.float64) @ x64).astype(np.float32)
-    u = (dequantize_oracle(up).astype(np.float64) @ x64).astype(np.float32)
-    ref = CpuBackend().gated_activation(g[None], u[None], kind)[0]
     assert not np.isnan(got).any(), f"seed={seed}"
-    assert rel_err(got, ref) < INT_X_TOL, f"seed={seed}"
+    assert gated_term_err(got, dequantize_oracle(gate), dequantize_oracle(up), x, kind) < INT_X_TOL, f"seed={seed}"
+
+
+@pytest.mark.parametrize(("kind", "with_residual"), [("single", True), ("multi", True), ("multi", False), ("gated", True)])
+def test_gemv_int_fused_norm_emulated(int_emu: Path, tmp_path: Path, kind: str, with_residual: bool) -> None:
+    """With a norm weight, the prologue adds the residual and RMS-normalizes x first: the product
+    of add_rms_norm's output, and block 0 writes the new residual (bit for bit x + res)."""
+    rng, seed = fresh_rng()
+    cols, eps = 768, 1e-6
+    x = _x(rng, cols)
+    res = rng.standard_normal(cols).astype(np.float32) * np.float32(3.0)
+    nw = rng.uniform(0.5, 1.5, cols).astype(np.float32)
+    x.tofile(tmp_path / "x.bin")
+    nw.tofile(tmp_path / "nw.bin")
+    if with_residual:
+        res.tofile(tmp_path / "res.bin")
+        normed, new_res = CpuBackend().add_rms_norm(x[None], res[None], nw, eps)
+    else:
+        normed, new_res = CpuBackend().rms_norm(x[None], nw, eps), x[None]
+    x64 = normed[0].astype(np.float64)
+    if kind == "single":
+        tensor = random_tensor("Q4_K", 13, cols, rng)
+        tensor.data.tofile(tmp_path / "w.bin")
+        run(int_emu, "single", "q4_k", 2, 2, 2, 3, tmp_path, 13, cols, tensor.data.shape[1])
+        ref = dequantize_oracle(tensor).astype(np.float64) @ x64
+    elif kind == "multi":
+        tensors = [random_tensor(q, r, cols, rng) for q, r in zip(MULTI_CASES[0], (13, 6, 9), strict=True)]
+        for i, t in enumerate(tensors):
+            t.data.tofile(tmp_path / f"w{i}.bin")
+        run(int_emu, "multi", 0, 2, 3, tmp_path, cols, 13, 6, 9, *(t.data.shape[1] for t in tensors))
+        ref = np.concatenate([dequantize_oracle(t) for t in tensors]).astype(np.float64) @ x64
+    else:
+        gate, up = random_tensor("Q4_K", 11, cols, rng), random_tensor("Q4_K", 11, cols, rng)
+        gate.data.tofile(tmp_path / "wa.bin")
+        up.data.tofile(tmp_path / "wb.bin")
+        run(int_emu, "gated", 0, 2, 2, tmp_path, 11, cols, gate.data.shape[1], up.data.shape[1], "silu")
+    got = np.fromfile(tmp_path / "y.bin", np.float32)
+    assert not np.isnan(got).any(), f"seed={seed}"
+    if kind == "gated":
+        err = gated_term_err(got, dequantize_oracle(gate), dequantize_oracle(up), normed[0], "silu")
+    else:
+        err = rel_err(got, ref)
+    assert err < INT_X_TOL, f"seed={seed}"
+    np.testing.assert_array_equal(np.fromfile(tmp_path / "newres.bin", np.float32), new_res[0])

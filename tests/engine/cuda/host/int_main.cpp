@@ -3,6 +3,8 @@
 //   multi CASE WARPS GRID DIR N_COLS ROWS0 ROWS1 ROWS2 RB0 RB1 RB2      reads w0..2.bin x.bin [bias.bin], writes y.bin
 //   gated CASE WARPS GRID DIR N_ROWS N_COLS RBA RBB                     reads wa.bin wb.bin x.bin, writes y.bin
 // GRID is the number of blocks: fewer than the row groups make each warp loop over several.
+// With DIR/nw.bin present, x is first added to DIR/res.bin (when present) and RMS-normalized
+// (eps 1e-6) in the kernel's prologue; the new residual goes to DIR/newres.bin.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -12,10 +14,24 @@
 
 #include "host_io.h"
 
-typedef void (*SingleFn)(const u8*, i64, int, int, const float*, float*, const float*, u8*);
+typedef void (*SingleFn)(const u8*, i64, int, int, const float*, float*, const float*, const XqNorm&, u8*);
 typedef void (*MultiFn)(const u8*, const u8*, const u8*, i64, i64, i64, int, int, int, int, const float*, float*,
-                        const float*, u8*);
-typedef void (*GatedFn)(const u8*, const u8*, i64, i64, int, int, const float*, float*, u8*);
+                        const float*, const XqNorm&, u8*);
+typedef void (*GatedFn)(const u8*, const u8*, i64, i64, int, int, const float*, float*, const XqNorm&, u8*);
+
+// The optional fused norm's inputs (see the header) and where its new residual goes.
+struct NormFiles {
+    std::vector<float> res, w, new_res;
+    XqNorm load(const std::string& dir, size_t n_cols) {
+        res = read_file<float>(dir + "/res.bin");
+        w = read_file<float>(dir + "/nw.bin");
+        new_res.assign(n_cols, NAN);
+        return XqNorm{res.empty() ? nullptr : res.data(), w.empty() ? nullptr : w.data(), new_res.data(), 1e-6f};
+    }
+    void save(const std::string& dir) const {
+        if (!w.empty()) write_file(dir + "/newres.bin", new_res);
+    }
+};
 
 static SingleFn pick_single(const std::string& fmt, int rows, int units) {
 #define PICK_R(SUFFIX, FMT, R, U) \
@@ -53,11 +69,14 @@ int main(int argc, char** argv) {
         std::vector<float> y(n_rows, NAN);
         std::vector<u8> smem(3 * xq_shared_bytes(n_cols));  // room for three layouts
         SingleFn fn = pick_single(fmt, rows, units);
+        NormFiles norm;
+        const XqNorm nrm = norm.load(dir, n_cols);
         launch({(unsigned)grid, 1, 1}, {(unsigned)(32 * warps), 1, 1}, [&] {
-            fn(bytes(w), row_bytes, n_rows, n_cols, x.data(), y.data(), bias.empty() ? nullptr : bias.data(),
+            fn(bytes(w), row_bytes, n_rows, n_cols, x.data(), y.data(), bias.empty() ? nullptr : bias.data(), nrm,
                smem.data());
         });
         write_file(dir + "/y.bin", y);
+        norm.save(dir);
         return 0;
     }
     if (cmd == "multi" && argc == 13) {
@@ -74,11 +93,14 @@ int main(int argc, char** argv) {
         std::vector<float> y(rows[0] + rows[1] + rows[2], NAN);
         std::vector<u8> smem(3 * xq_shared_bytes(n_cols));  // room for three layouts
         MultiFn fn = pick_multi(c);
+        NormFiles norm;
+        const XqNorm nrm = norm.load(dir, n_cols);
         launch({(unsigned)grid, 1, 1}, {(unsigned)(32 * warps), 1, 1}, [&] {
             fn(bytes(w[0]), bytes(w[1]), bytes(w[2]), rb[0], rb[1], rb[2], rows[0], rows[1], rows[2], n_cols,
-               x.data(), y.data(), bias.empty() ? nullptr : bias.data(), smem.data());
+               x.data(), y.data(), bias.empty() ? nullptr : bias.data(), nrm, smem.data());
         });
         write_file(dir + "/y.bin", y);
+        norm.save(dir);
         return 0;
     }
     if (cmd == "gated" && argc == 11) {
@@ -93,10 +115,13 @@ int main(int argc, char** argv) {
         std::vector<float> y(n_rows, NAN);
         std::vector<u8> smem(3 * xq_shared_bytes(n_cols));  // room for three layouts
         GatedFn fn = pick_gated(c);
+        NormFiles norm;
+        const XqNorm nrm = norm.load(dir, n_cols);
         launch({(unsigned)grid, 1, 1}, {(unsigned)(32 * warps), 1, 1}, [&] {
-            fn(bytes(wa), bytes(wb), rba, rbb, n_rows, n_cols, x.data(), y.data(), smem.data());
+            fn(bytes(wa), bytes(wb), rba, rbb, n_rows, n_cols, x.data(), y.data(), nrm, smem.data());
         });
         write_file(dir + "/y.bin", y);
+        norm.save(dir);
         return 0;
     }
     return 2;
