@@ -117,14 +117,15 @@ def norm_linear(
 ) -> tuple[Any, Any] | None:
     """One token's add + RMSNorm and the product after it in one launch (gemv_int.cu's fused
     prologue): `(linear or gated_linear of the normalized x, new residual)`, with `kind` the
-    activation for a (gate, up) pair and None for q/k/v. None when that kernel cannot serve:
-    more than one token, float weights, a biased gate/up, or an x too wide for its shared memory."""
+    activation for a (gate, up) pair and None for q/k/v. None when that kernel cannot serve or
+    would be slower: more than one token, float weights, a biased gate/up, or an x wider than
+    FUSED_NORM_MAX_COLS."""
     import cupy
 
     parts = _gemv_parts(fused)
     if x.shape[0] != 1 or parts is None or (kind is not None and (len(parts) != 2 or fused.bias is not None)):
         return None
-    if not gemv_int.serves(1, fused.n_cols, [p[1] for p in parts]):
+    if fused.n_cols > gemv_int.FUSED_NORM_MAX_COLS or not gemv_int.serves(1, fused.n_cols, [p[1] for p in parts]):
         return None
     new_residual = cupy.empty_like(x)
     norm = gemv_int.NormIn(residual, norm_weight, new_residual, eps)

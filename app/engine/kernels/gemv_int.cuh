@@ -48,6 +48,7 @@ __device__ __forceinline__ float xq_norm_rstd(const float* __restrict__ x, int n
     const float4* x4 = reinterpret_cast<const float4*>(x);
     const float4* r4 = reinterpret_cast<const float4*>(nrm.res);
     float ss = 0.f;
+#pragma unroll 8  // the loads of every step in flight together: each step would be another L2 round trip
     for (int i = threadIdx.x; i < n_cols / 4; i += blockDim.x) {
         float4 v = __ldg(x4 + i);
         if (nrm.res != nullptr) {

@@ -28,6 +28,10 @@ INT_X_FORMATS = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K
 GROUP = 16  # columns per x scale (XQ_GROUP in gemv_int.cuh)
 SHARED_LIMIT = 48 * 1024  # dynamic shared memory without the opt-in attribute
 MIN_BYTES = 4 << 20  # smaller weights stay on the float32-x kernels (see above)
+# The add + RMSNorm fused into the prologue (NormIn) paid off at hidden 1024 (Qwen3-0.6B: engine
+# 872 -> 928 tok/s at batch 1) and lost at 4096 (Qwen3-8B: 331 -> 306; run 33), where every
+# block reads 32 KB of x and residual before its first product.
+FUSED_NORM_MAX_COLS = int(os.environ.get("PADDOCK_FUSED_NORM_MAX_COLS", "2048"))
 # Launch shapes, the best of the run-28 sweep at the 8B shapes: (rows per warp, units per step).
 SINGLE_SHAPE = (2, 2)
 GATED_SHAPE = (1, 1)  # one row of gate and one of up per warp
