@@ -6,9 +6,8 @@
 // into `num_splits` ranges of `split_len` keys; each block walks its range in chunks of
 // CHUNK keys with an online softmax. With one split the block writes the normalized
 // output; with several it writes (acc, max, sum) partials, so a long context is read by
-// many blocks at once, and the last split block of a (token, KV head) to finish, found
-// by an atomic count, merges them (no second launch: in a decode graph that launch cost
-// as much as the merge itself). The count goes back to zero for the next launch.
+// many blocks at once, and the last split block of a (token, KV head) to finish merges them
+// (attn_merge.cuh).
 //
 // Score phase: G lanes share a key, each holding E of its head_dim elements of every
 // group head's query in registers; their partial dot products meet through shuffles.
@@ -17,7 +16,7 @@
 // chunk, then the four warps' sums in shared memory, in a fixed order.
 //
 // K/V are float16 [num_blocks, block_size, n_kv, head_dim]; q and out float32.
-#include "common.cuh"
+#include "attn_merge.cuh"
 
 #define ATTN_WARPS 4
 #define ATTN_CHUNK 256
@@ -177,12 +176,7 @@ __device__ __forceinline__ void attn_body(const float* __restrict__ q, const u16
                 }
                 sum = warp_sum(sum);
                 __syncwarp();
-                if (lane == 0) {
-                    const float alpha = m_old == -PADDOCK_INF ? 0.f : expf(m_old - m_new);
-                    alpha_s[h] = alpha;
-                    l_s[h] = l_s[h] * alpha + sum;
-                    m_s[h] = m_new;
-                }
+                if (lane == 0) softmax_fold(h, m_new, sum, m_s, l_s, alpha_s);
             }
             __syncthreads();
 
@@ -249,51 +243,12 @@ __device__ __forceinline__ void attn_body(const float* __restrict__ q, const u16
     if (n_splits == 1) return;
 
     // Publish this split's partials, then count it; the last split of (t, g) merges them all.
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int* count = counters + (i64)t * n_kv + g;
-        last_split = atomicAdd(count, 1) == n_splits - 1;
-        if (last_split) *count = 0;  // every split has counted: ready for the next launch
-    }
-    __syncthreads();
-    if (!last_split) return;
-    __threadfence();
+    if (!attn_last_to_finish(counters + (i64)t * n_kv + g, n_splits, &last_split)) return;
     // Splits first .. last are exactly those with a visible key: [max(lo, s L), min(pos + 1, (s + 1) L))
     // is non-empty for lo / L <= s <= pos / L.
     const int first = lo / split_len, last = valid ? min(pos / split_len, n_splits - 1) : -1;
-    const int n_used = last - first + 1;
-    // Each split's weight exp(m_s - max) and the common denominator, once per head (one warp
-    // per head, its lanes over the splits) into shared memory; then every output element is
-    // a sum over the splits whose loads are independent (unrolled, so several are in flight:
-    // a serial walk of L2 loads per element made the merge the longest part of a decode).
-    // __ldcg: read the other blocks' partials from L2, never from a stale L1 line.
-    for (int h = warp; h < group; h += ATTN_WARPS) {
-        const i64 row = (i64)t * n_heads + head0 + h;
-        float mx = -PADDOCK_INF;
-        for (int s = lane; s < n_used; s += 32) mx = fmaxf(mx, __ldcg(part_m + row * n_splits + first + s));
-        mx = warp_max(mx);
-        float den = 0.f;
-        for (int s = lane; s < n_used; s += 32) {
-            const float m = __ldcg(part_m + row * n_splits + first + s);
-            const float wgt = m == -PADDOCK_INF ? 0.f : expf(m - mx);  // a split with max -inf adds nothing
-            sc[h][s] = wgt;
-            den = fmaf(wgt, __ldcg(part_l + row * n_splits + first + s), den);
-        }
-        den = warp_sum(den);
-        if (lane == 0) l_s[h] = den;
-    }
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < group * D; idx += blockDim.x) {
-        const int h = idx / D, d = idx % D;
-        const i64 row = (i64)t * n_heads + head0 + h;
-        const float* acc_s = part_acc + (row * n_splits + first) * D + d;
-        float num = 0.f;
-#pragma unroll 8
-        for (int s = 0; s < n_used; ++s) num = fmaf(sc[h][s], __ldcg(acc_s + (i64)s * D), num);
-        const float den = l_s[h];
-        out[row * D + d] = den > 0.f ? num / den : 0.f;
-    }
+    attn_merge_splits<D>(part_acc, part_m, part_l, (i64)t * n_heads + head0, group, n_splits, first, last - first + 1,
+                         &sc[0][0], ATTN_CHUNK, l_s, out);
 }
 
 #define ATTN_KERNEL(D, GMAX)                                                                                    \

@@ -15,11 +15,11 @@
 // - Scores: thread t takes key t % KB over a 1/P slice of head_dim for every head of the GQA
 //   group; K rows are padded by one word so the 32 keys a warp reads sit in 32 banks.
 //   Online softmax across a block's chunks, one warp per head.
-// - Several active blocks: each writes (acc, max, sum); the last to finish, found by an
-//   atomic count that goes back to zero, merges them (no second launch).
+// - Several active blocks: each writes (acc, max, sum); the last to finish merges them
+//   (attn_merge.cuh).
 //
 // K/V are float16 [num_blocks, block_size, n_kv, D]; q and out float32 [n_seqs, n_heads, D].
-#include "common.cuh"
+#include "attn_merge.cuh"
 
 #define DEC_THREADS 128
 #define DEC_WARPS 4
@@ -164,11 +164,7 @@ __device__ __forceinline__ void attn_decode_body(const float* __restrict__ q, co
                 sum += p;
             }
             sum = warp_sum(sum);
-            if (lane == 0) {
-                alpha_s[h] = m_old == -PADDOCK_INF ? 0.f : expf(m_old - m_new);
-                l_s[h] = l_s[h] * alpha_s[h] + sum;
-                m_s[h] = m_new;
-            }
+            if (lane == 0) softmax_fold(h, m_new, sum, m_s, l_s, alpha_s);
         }
         __syncthreads();
 
@@ -239,43 +235,10 @@ __device__ __forceinline__ void attn_decode_body(const float* __restrict__ q, co
     }
 
     // Publish, count; the last of the n_act blocks merges (and resets the count).
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) {
-        int* count = counters + (i64)seq * n_kv + g;
-        last_block = atomicAdd(count, 1) == n_act - 1;
-        if (last_block) *count = 0;
-    }
-    __syncthreads();
-    if (!last_block) return;
-    __threadfence();
-    float* wgt = &sc[0][0][0];  // [GMAX][n_act] split weights, n_act <= n_blocks <= GMAX_SPLITS
-    for (int h = warp; h < group; h += DEC_WARPS) {
-        const i64 row = (i64)seq * n_heads + head0 + h;
-        float mx = -PADDOCK_INF;
-        for (int s = lane; s < n_act; s += 32) mx = fmaxf(mx, __ldcg(part_m + row * n_blocks + s));
-        mx = warp_max(mx);
-        float den = 0.f;
-        for (int s = lane; s < n_act; s += 32) {
-            const float m = __ldcg(part_m + row * n_blocks + s);
-            const float w = m == -PADDOCK_INF ? 0.f : expf(m - mx);
-            wgt[h * n_act + s] = w;
-            den = fmaf(w, __ldcg(part_l + row * n_blocks + s), den);
-        }
-        den = warp_sum(den);
-        if (lane == 0) l_s[h] = den;
-    }
-    __syncthreads();
-    for (int idx = tid; idx < group * D; idx += DEC_THREADS) {
-        const int h = idx / D, d = idx % D;
-        const i64 row = (i64)seq * n_heads + head0 + h;
-        const float* acc_p = part_acc + row * n_blocks * D + d;
-        float num = 0.f;
-#pragma unroll 8
-        for (int s = 0; s < n_act; ++s) num = fmaf(wgt[h * n_act + s], __ldcg(acc_p + (i64)s * D), num);
-        const float den = l_s[h];
-        out[row * D + d] = den > 0.f ? num / den : 0.f;
-    }
+    if (!attn_last_to_finish(counters + (i64)seq * n_kv + g, n_act, &last_block)) return;
+    // One weight per active block and head: n_act <= MAX_BLOCKS = 128 = P * KB, so sc's rows hold them.
+    attn_merge_splits<D>(part_acc, part_m, part_l, (i64)seq * n_heads + head0, group, n_blocks, 0, n_act,
+                         &sc[0][0][0], n_act, l_s, out);
 }
 
 #define ATTN_DEC_KERNEL(D, GMAX)                                                                                 \
