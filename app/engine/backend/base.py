@@ -200,3 +200,13 @@ def add_and_norm(backend: Backend, x: Array, residual: Array | None, weight: Arr
     if residual is None:
         return backend.rms_norm(x, weight, eps), x
     return backend.add_rms_norm(x, residual, weight, eps)
+
+
+def norm_then_product(
+    backend: Backend, x: Array, residual: Array | None, norm_weight: Array, eps: float, weight: Any, kind: str | None
+) -> tuple[Array, Array]:
+    """The composition that `add_rms_norm_linear` (kind None) and `add_rms_norm_gated_linear`
+    (kind: the activation) are defined as."""
+    normed, new_residual = add_and_norm(backend, x, residual, norm_weight, eps)
+    out = backend.linear(normed, weight) if kind is None else backend.gated_linear(normed, weight, kind)
+    return out, new_residual

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from app.engine.backend.base import AttentionMetadata, RopeTable, add_and_norm
+from app.engine.backend.base import AttentionMetadata, RopeTable, norm_then_product
 from app.engine.quant.dispatch import QuantizedTensor
 
 _GELU_C = np.float32(np.sqrt(2.0 / np.pi))
@@ -127,12 +127,10 @@ class CpuBackend:
         return self.gated_activation(self.linear(x, gate, gate_bias), self.linear(x, up, up_bias), kind)
 
     def add_rms_norm_linear(self, x, residual, norm_weight, eps: float, weight):
-        normed, new_residual = add_and_norm(self, x, residual, norm_weight, eps)
-        return self.linear(normed, weight), new_residual
+        return norm_then_product(self, x, residual, norm_weight, eps, weight, None)
 
     def add_rms_norm_gated_linear(self, x, residual, norm_weight, eps: float, gate_up: CpuFusedWeight, kind: str):
-        normed, new_residual = add_and_norm(self, x, residual, norm_weight, eps)
-        return self.gated_linear(normed, gate_up, kind), new_residual
+        return norm_then_product(self, x, residual, norm_weight, eps, gate_up, kind)
 
     def rope_and_cache(
         self,

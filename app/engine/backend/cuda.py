@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from app.engine.backend.base import AttentionMetadata, RopeTable, add_and_norm
+from app.engine.backend.base import AttentionMetadata, RopeTable, norm_then_product
 from app.engine.backend.cuda_blas import cublas
 from app.engine.backend.cuda_dense import DenseCache
 from app.engine.backend.cuda_linear import gated_linear as _gated_linear
@@ -196,10 +196,7 @@ class CudaBackend:
             done = _norm_linear(x, residual, self._f32(norm_weight), eps, weight, kind)
             if done is not None:
                 return done
-        normed, new_residual = add_and_norm(self, x, residual, norm_weight, eps)
-        if kind is None:
-            return self.linear(normed, weight), new_residual
-        return self.gated_linear(normed, weight, kind), new_residual
+        return norm_then_product(self, x, residual, norm_weight, eps, weight, kind)
 
     def rope_and_cache(
         self,
@@ -270,9 +267,7 @@ class CudaBackend:
                 sliding_window, softcap, n_blocks, self.xp.empty_like(q),
             )  # fmt: skip
         if num_splits is None:
-            plan = _attention.plan_splits(
-                n_tok, k_cache.shape[2], int(meta.max_seq_len), self.sm_count, n_heads, head_dim
-            )
+            plan = _attention.plan_splits(n_tok, n_kv, int(meta.max_seq_len), self.sm_count, n_heads, head_dim)
         else:
             split_len = -(-int(meta.max_seq_len) // num_splits)
             plan = _attention.SplitPlan(num_splits, max(1, split_len))

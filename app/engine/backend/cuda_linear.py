@@ -133,10 +133,10 @@ def norm_linear(
         out = cupy.empty((1, fused.n_rows), cupy.float32)
         gemv_int.gemv_int_multi(parts, fused.n_cols, x, out, fused.bias, norm=norm)
     else:
-        (gate, gate_q, gate_rb, rows), (up, up_q, up_rb, _) = parts
+        rows = parts[0][3]
         out = cupy.empty((1, rows), cupy.float32)
-        gemv_int.gemv_int_gated((gate, gate_q, gate_rb), (up, up_q, up_rb), rows, fused.n_cols, x,
-                                             gemv_kernels.ACTIVATIONS[kind], out, norm=norm)  # fmt: skip
+        gemv_int.gemv_int_gated(parts[0][:3], parts[1][:3], rows, fused.n_cols, x, gemv_kernels.ACTIVATIONS[kind],
+                                out, norm=norm)  # fmt: skip
     return out, new_residual
 
 

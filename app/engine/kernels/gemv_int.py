@@ -11,7 +11,7 @@ Q4_K 15.3 -> 13.3, o 7.3 -> 6.3; below ~4 MB (every Qwen3-0.6B matrix) the float
 stay 0.2-0.8 us faster, since quantizing x costs each block a round trip before its first
 product. q/k/v in one launch (gemv_int_multi) measured level with the float kernel (11.05 vs
 11.0 us: a Q4_K_M file's Q6_K v needs a second copy of x), so gemv.py keeps the float kernel
-there; gemv_int_multi stays for the benchmark.
+there; gemv_int_multi serves q/k/v only with the norm fused in front (cuda_linear.norm_linear).
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ INT_X_FORMATS = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K
 GROUP = 16  # columns per x scale (XQ_GROUP in gemv_int.cuh)
 SHARED_LIMIT = 48 * 1024  # dynamic shared memory without the opt-in attribute
 MIN_BYTES = 4 << 20  # smaller weights stay on the float32-x kernels (see above)
-# The add + RMSNorm fused into the prologue (NormIn) paid off at hidden 1024 (Qwen3-0.6B: engine
-# 872 -> 928 tok/s at batch 1) and lost at 4096 (Qwen3-8B: 331 -> 306; run 33), where every
-# block reads 32 KB of x and residual before its first product.
+# The add + RMSNorm fused into the prologue (NormIn) paid off at hidden 1024 (Qwen3-0.6B: graph
+# replay 1.04 -> 0.98 ms at batch 1, runs 32-33) and lost at 4096 (Qwen3-8B engine 307 tok/s
+# without, 292 with, one machine, run 34), where every block reads 32 KB of x and residual
+# before its first product.
 FUSED_NORM_MAX_COLS = int(os.environ.get("PADDOCK_FUSED_NORM_MAX_COLS", "2048"))
 # Launch shapes, the best of the run-28 sweep at the 8B shapes: (rows per warp, units per step).
 SINGLE_SHAPE = (2, 2)

@@ -1,8 +1,9 @@
 """Self-attention over the paged KV cache: project, normalise, rotate, cache, attend, project.
 
-q, k and v are one fused projection (one GEMV launch in decode), and QK-norm + RoPE +
-the KV write are one op (`rope_and_cache`): both backends take this path, the numpy one
-as the literal composition of its unfused ops.
+q, k and v are one fused projection (one GEMV launch in decode), which the decoder layer
+computes together with the norm in front of it (`RMSNorm.add_norm_linear`) and hands to
+`attend`; QK-norm + RoPE + the KV write are one op (`rope_and_cache`): both backends take
+this path, the numpy one as the literal composition of its unfused ops.
 """
 
 from __future__ import annotations
@@ -45,9 +46,6 @@ class Attention:
         if spec.qk_norm_eps is not None:
             self.q_norm = RMSNorm(backend, tensors[f"{prefix}.attn_q_norm.weight"], spec.qk_norm_eps)
             self.k_norm = RMSNorm(backend, tensors[f"{prefix}.attn_k_norm.weight"], spec.qk_norm_eps)
-
-    def __call__(self, x: Any, meta: AttentionMetadata, kv_cache: tuple[Any, Any]) -> Any:
-        return self.attend(self.backend.linear(x, self.qkv), meta, kv_cache)
 
     def attend(self, qkv: Any, meta: AttentionMetadata, kv_cache: tuple[Any, Any]) -> Any:
         """Everything after the q/k/v projection, from its output `qkv` (the decoder layer

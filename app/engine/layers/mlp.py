@@ -1,7 +1,9 @@
 """The gated feed-forward block: `down(act(gate(x)) * up(x))`.
 
 gate and up are one fused weight and `gated_linear` applies the activation in the same
-pass (one GEMV launch in decode); the numpy backend runs the unfused composition.
+pass (one GEMV launch in decode); the numpy backend runs the unfused composition. The decoder
+layer calls the two halves itself: gate/up together with the norm in front of them
+(`RMSNorm.add_norm_gated_linear`), then `down`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,3 @@ class GatedMLP:
         self.gate_up = backend.fuse_linear([gate.weight, up.weight], [None, None])
         self.down = Linear(backend, tensors[f"{prefix}.ffn_down.weight"])
         self.activation = activation
-
-    def __call__(self, x: Any) -> Any:
-        return self.down(self.backend.gated_linear(x, self.gate_up, self.activation))
