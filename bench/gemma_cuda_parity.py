@@ -3,7 +3,8 @@
 Runs the prompts of tests/fixtures/gemma/reference.json (transformers' float32 greedy
 tokens) through our engine on the numpy backend and on CUDA (graphs on, and eager), 32
 tokens each, all prompts in one batch and (graphs, "-b1") one prompt at a time, which is
-where the single-token GEMVs with int16 x (gemv_int.py) run; and reports how many prompts give identical tokens, plus the worst
+where the single-token GEMVs with int16 x (gemv_int.py) and the prefill graphs run; without
+logprobs ("async"), where decode steps are launched one ahead (engine/pipeline.py); and reports how many prompts give identical tokens, plus the worst
 logprob difference of the reference's top tokens at the first generated position.
 
     python3 bench/gemma_cuda_parity.py /path/to/gemma-3-270m-q4_k_m.gguf
@@ -38,12 +39,16 @@ def main() -> None:
         results["cuda-graphs" if graphs else "cuda-eager"] = engine.generate(prompts, params)
         if graphs:
             results["cuda-graphs-b1"] = [engine.generate([p], params)[0] for p in prompts]
+            # no logprobs: decode steps go in flight (async decode), one prompt at a time and all together
+            plain = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+            results["cuda-async-b1"] = [engine.generate([p], plain)[0] for p in prompts]
+            results["cuda-async"] = engine.generate(prompts, plain)
         del engine
     for name, outs in results.items():
         same_tf = sum(o["token_ids"] == c["greedy_token_ids"] for o, c in zip(outs, cases, strict=True))
         same_cpu = sum(o["token_ids"] == r["token_ids"] for o, r in zip(outs, results["cpu"], strict=True))
         worst = 0.0
-        for o, c in zip(outs, cases, strict=True):
+        for o, c in zip(outs if outs[0]["logprobs"] else [], cases, strict=False):
             for lp, ref in zip(o["logprobs"], c["top_logprobs"], strict=True):
                 if lp.token_id != ref[0][0]:
                     break  # compare only while the texts agree

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import statistics
 import sys
 import time
@@ -36,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.engine.config import EngineConfig
 from app.engine.engine import LLMEngine
+from app.engine.kernels.pdl import programmatic_launches
 from app.engine.sampling_params import SamplingParams
 
 
@@ -109,9 +111,11 @@ def speed(model: str, batch: int, steps: int = 200) -> dict:
     if "output.weight" in tensors:  # untied: the embedding table is read one row per token
         weight_bytes -= tensors["token_embd.weight"].nbytes
     step_ms = 1000 * statistics.median(walls)
-    joins = joining_steps(engine, batch, rng, params)
-    profiled = profile(engine, batch)
-    ablated = ablate(engine, batch)
+    # SPEED_QUICK=1: step and replay times only (A/B runs of one switch)
+    quick = os.environ.get("SPEED_QUICK") == "1"
+    joins = {} if quick else joining_steps(engine, batch, rng, params)
+    profiled = {} if quick else profile(engine, batch)
+    ablated = {} if quick else ablate(engine, batch)
     return {
         "model": Path(model).name,
         "batch": batch,
@@ -277,7 +281,7 @@ def ablate(engine: LLMEngine, batch: int, reps: int = 50) -> dict[str, float]:
         stream = cupy.cuda.Stream(non_blocking=True)
         for kind in (*ABLATED_KINDS, "all"):
             state["ablated"] = kind
-            with stream:
+            with stream, programmatic_launches():  # as DecodeGraphs.capture launches
                 state["call"] = 0
                 graphs._forward(bucket)
                 stream.synchronize()

@@ -14,7 +14,7 @@ mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$HOME/site" .whl/*.whl || exit 1
 # Compiled kernels cached outside $OUT (only 8 files come back from it), shared by every stage.
 export PYTHONPATH=$PWD:$HOME/site PYTHONUNBUFFERED=1 PADDOCK_KERNEL_CACHE=/tmp/paddock-kernels
-STAGES=${STAGES:-tests micro parity speed serve}  # also: sweep (bench/gemv_sweep.py --int)  # SERVE_C1 / SERVE_C32: requests per server run
+STAGES=${STAGES:-tests micro parity speed serve}  # also: sweep (bench/gemv_sweep.py --int), ab (see below)  # SERVE_C1 / SERVE_C32: requests per server run
 MODELS=${MODELS:-qwen3-0.6b:q4_k_m qwen3-8b:q4_k_m}
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm --format=csv
 
@@ -44,6 +44,16 @@ if [[ $STAGES == *speed* ]]; then
   for model in $MODELS; do  # one process per model, both batch sizes in it
     left 90 || break
     timeout 120 python3 bench/gpu_engine.py speed "$(gguf_of "$model")" --batch 1 32 2>&1 | tee -a "$OUT/speed.log" | grep '^{'
+  done
+fi
+if [[ $STAGES == *ab* ]]; then  # AB="PADDOCK_PDL=0 PADDOCK_PDL=1": quick engine speed under each setting
+  for model in $MODELS; do
+    for setting in ${AB:-PADDOCK_PDL=0 PADDOCK_PDL=1}; do
+      left 60 || break
+      echo "== $model $setting"
+      env "$setting" SPEED_QUICK=1 timeout 100 python3 bench/gpu_engine.py speed "$(gguf_of "$model")" --batch ${AB_BATCH:-1 32} 2>&1 \
+        | tee -a "$OUT/ab.log" | grep '^{' | sed "s/^{/{\"setting\": \"$setting\", /"
+    done
   done
 fi
 if [[ $STAGES == *serve* ]]; then

@@ -33,11 +33,24 @@ def resolve_model(name: str) -> str:
     return str(found) if found is not None else name
 
 
+def add_async_decode_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--async-decode",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="launch each decode step before the previous one's tokens are read back (default: on with "
+        "CUDA graphs; $PADDOCK_ASYNC_DECODE=0/1 overrides)",
+    )
+
+
 def engine_config(args: argparse.Namespace, **overrides: object) -> EngineConfig:
-    """The EngineConfig the model arguments ask for (`--max-batch` where the command has it)."""
+    """The EngineConfig the model arguments ask for (`--max-batch` and `--async-decode` where the
+    command has them)."""
     from app.engine.config import EngineConfig
 
     fields: dict[str, object] = dict(model=resolve_model(args.model), device=args.device, max_model_len=args.max_ctx)
     if getattr(args, "max_batch", None) is not None:
         fields["max_num_seqs"] = args.max_batch
+    if getattr(args, "async_decode", None) is not None:
+        fields["async_decode"] = args.async_decode
     return EngineConfig(**{**fields, **overrides})

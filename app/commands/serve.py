@@ -11,10 +11,11 @@ HELP = "serve the loaded model over an OpenAI- and Anthropic-compatible HTTP API
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from app.commands.common import add_model_arguments
+    from app.commands.common import add_async_decode_argument, add_model_arguments
     from app.engine.server.settings import DEFAULT_HOST, DEFAULT_PORT
 
     add_model_arguments(parser)
+    add_async_decode_argument(parser)
     parser.add_argument(
         "--host",
         default=DEFAULT_HOST,

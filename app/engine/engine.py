@@ -1,4 +1,7 @@
-"""LLMEngine: add requests, step, abort. One step = schedule -> run -> sample -> postprocess."""
+"""LLMEngine: add requests, step, abort. One step = schedule -> run -> sample -> postprocess.
+
+With async decode on, a decode step is launched before the previous step's ids are read back,
+and that step's host work runs while the GPU computes (engine/pipeline.py)."""
 
 from __future__ import annotations
 
@@ -20,11 +23,13 @@ from app.engine.loader.tokenizer import Tokenizer
 from app.engine.loader.weights import open_checkpoint
 from app.engine.models.registry import build_model, model_config
 from app.engine.output_processor import OutputProcessor
-from app.engine.request import Request, RequestOutput
+from app.engine.pipeline import DecodePipeline, async_decode_enabled
+from app.engine.prefill_graphs import capture_prefill_graphs
+from app.engine.request import Request, RequestOutput, TokenLogprob
 from app.engine.runner import ModelRunner
-from app.engine.sampler import Sampler
+from app.engine.sampler import Sampler, deferrable
 from app.engine.sampling_params import SamplingParams
-from app.engine.scheduler import Scheduler, SchedulerConfig
+from app.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +95,10 @@ class LLMEngine:
                 self.model, self.backend, kv_caches, self.block_size, self.max_model_len, config.max_num_seqs
             )
             self.runner.graphs.capture()
+            self.runner.prefill_graphs = capture_prefill_graphs(
+                config.prefill_graphs, self.model, self.backend, kv_caches, self.block_size,
+                self.max_model_len, self.runner.graphs.capture_stream,
+            )  # fmt: skip
         self.kv = KVCacheManager(
             num_blocks, self.block_size, enable_prefix_caching=config.enable_prefix_caching
         )
@@ -110,6 +119,8 @@ class LLMEngine:
         else:
             self.sampler = Sampler(self.tokenizer.eos_token_ids, default_seed=config.seed)
         self.outputs = OutputProcessor(self.tokenizer, self.max_model_len)
+        self.pipeline = DecodePipeline(self.scheduler, self.runner.decodes_from_device)
+        self.async_decode = async_decode_enabled(config.async_decode, self.runner.graphs is not None)
         self.counters = _Counters()
         self.info = ModelInfo(
             name=config.served_model_name or self.path.stem,
@@ -125,6 +136,7 @@ class LLMEngine:
             self.info.name, cfg.architecture, self.info.quantization, self.backend.name,
             time.monotonic() - started, self.max_model_len, num_blocks, self.block_size,
         )  # fmt: skip
+        log.info("async decode (one step of look-ahead) is %s", "on" if self.async_decode else "off")
 
     def _weight_cache_mode(self) -> str:
         """"auto" becomes "off" unless the GPU has room to spare for float16 weight copies."""
@@ -193,32 +205,63 @@ class LLMEngine:
             self._forget(request)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self.pipeline.in_flight is not None
 
     # -- the step ---------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """One step's outputs. With a step in flight: launch the next decode step from its ids
+        on the device and then resolve it, or, where that is not safe, resolve it and then run
+        a step as usual."""
+        if self.pipeline.in_flight is None:
+            return self._step()
+        if self.pipeline.can_look_ahead():
+            return self._step_ahead()
+        outputs = self._postprocess(*self.pipeline.resolve())
+        return outputs + self._step()
+
+    def _step(self) -> list[RequestOutput]:
+        """Schedule and run a step from the token ids on the host; it goes in flight when async
+        decode is on and every row it samples may be deferred."""
         scheduled = self.scheduler.schedule()
         ended = [self._end(request) for request in scheduled.finished]  # outgrew the whole KV cache
         if not scheduled.chunks:
             return ended
         logits = self.runner.run(scheduled.chunks)
+        self._count(scheduled)
         sampling = [c.request for c in scheduled.chunks if c.samples]
-        self.counters.last_batch = len(scheduled.chunks)
-        self.counters.max_batch = max(self.counters.max_batch, len(scheduled.chunks))
-        self.counters.prompt_tokens += sum(
-            c.num_tokens for c in scheduled.chunks if c.start < c.request.num_prompt_tokens
-        )
         if not sampling:
             self.scheduler.update(scheduled, {})
             return ended
-        result = self.sampler.sample(
-            logits if self.backend.name == "cuda" else self.backend.to_host(logits), sampling
-        )
+        logits = logits if self.backend.name == "cuda" else self.backend.to_host(logits)
+        if self.async_decode and all(deferrable(r) for r in sampling):
+            self.pipeline.launched(scheduled, sampling, self.sampler.launch(logits, sampling))
+            return ended
+        result = self.sampler.sample(logits, sampling)
         self.scheduler.update(
             scheduled, {r.request_id: t for r, t in zip(sampling, result.token_ids, strict=True)}
         )
-        outputs = ended
-        for request, token_id, logprob in zip(sampling, result.token_ids, result.logprobs, strict=True):
+        return ended + self._postprocess(sampling, result.token_ids, result.logprobs)
+
+    def _step_ahead(self) -> list[RequestOutput]:
+        """Launch the next decode step with the in-flight step's ids as input, on the device;
+        then resolve the in-flight step, whose outputs these are, while the new one runs."""
+        scheduled = self.scheduler.schedule()
+        sampling = self.pipeline.planned(scheduled)
+        logits = self.runner.run_from_device(scheduled.chunks, *self.pipeline.inputs(sampling))
+        self._count(scheduled)
+        logits = logits if self.backend.name == "cuda" else self.backend.to_host(logits)
+        pending = self.sampler.launch(logits, sampling)
+        outputs = self._postprocess(*self.pipeline.resolve())
+        self.pipeline.launched(scheduled, sampling, pending)  # after resolve: drops rows that ended there
+        return outputs
+
+    def _postprocess(
+        self, requests: list[Request], token_ids: list[int], logprobs: list[TokenLogprob | None] | None = None
+    ) -> list[RequestOutput]:
+        """Stop checks and outputs for sampled tokens (logprobs None: none were asked for)."""
+        outputs = []
+        for i, (request, token_id) in enumerate(zip(requests, token_ids, strict=True)):
+            logprob = logprobs[i] if logprobs is not None else None
             self.counters.generation_tokens += 1
             status = self.outputs.process(request, token_id, logprob)
             if status is None:
@@ -227,6 +270,14 @@ class LLMEngine:
                 self.scheduler.finish(request, status)
                 outputs.append(self._end(request))
         return outputs
+
+    def _count(self, scheduled: SchedulerOutput) -> None:
+        chunks = scheduled.chunks
+        self.counters.last_batch = len(chunks)
+        self.counters.max_batch = max(self.counters.max_batch, len(chunks))
+        self.counters.prompt_tokens += sum(
+            c.num_tokens for c in chunks if c.start < c.request.num_prompt_tokens
+        )
 
     def _end(self, request: Request) -> RequestOutput:
         """The final output of a request the scheduler has finished; forget its state."""

@@ -12,6 +12,11 @@ are applied on the GPU: benchmark workloads (aiperf's `min_tokens` = `max_tokens
 every row under a ban for its whole life. Rows with repetition/frequency/presence
 penalties need the request's token history: those rows alone are copied to the host and
 sampled by the numpy reference.
+
+Two ways to sample: `sample()` waits for the ids (the synchronous engine step, and any batch
+with penalties or logprobs); `launch()` only enqueues, leaving the ids on the device as the next
+step's input (engine/pipeline.py) with an asynchronous copy to the host behind them, which
+`GpuPendingSample.resolve()` waits for.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from app.engine.request import Request, TokenLogprob
-from app.engine.sampler import GREEDY_BELOW, Sampler, SamplerOutput
+from app.engine.sampler import GREEDY_BELOW, Sampler, SamplerOutput, deferrable
 
 _THREADS = 256
 _SLICE = 4096  # logits per block: a 150k vocabulary is ~38 blocks per row, 16 logits per thread
@@ -79,6 +84,13 @@ extern "C" __global__ void ban_tokens(float* logits, const int* pairs, int n_pai
     const int k = blockIdx.x * blockDim.x + threadIdx.x;
     if (k < n_pairs) logits[(long long)pairs[2 * k] * vocab + pairs[2 * k + 1]] = -__int_as_float(0x7f800000);
 }
+
+// The token ids of gumbel_argmax's packed keys (as _ids() on the host), as int32 on the device: the
+// next decode step's input ids when it is launched before this step's ids are read back.
+extern "C" __global__ void unpack_ids(const unsigned long long* best, int* ids, int n) {
+    const int k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k < n) ids[k] = best[k] == 0 ? 0 : (int)(0xFFFFFFFFu - (unsigned int)(best[k] & 0xFFFFFFFFull));
+}
 """
 
 
@@ -86,6 +98,21 @@ def _ids(best: np.ndarray) -> list[int]:
     """Token ids from the packed keys (0: no candidate survived the cutoff, take id 0)."""
     ids = np.uint64(0xFFFFFFFF) - (best & np.uint64(0xFFFFFFFF))
     return np.where(best == 0, 0, ids).astype(np.int64).tolist()
+
+
+class GpuPendingSample:
+    """A sample enqueued on the GPU: `device_ids` (int32 [rows]) can feed the next step at once;
+    `resolve()` waits for their copy into pinned host memory and reads it."""
+
+    def __init__(self, device_ids: Any, host_ids: np.ndarray, copied: Any) -> None:
+        self.device_ids = device_ids
+        self._host_ids = host_ids
+        self._copied = copied
+
+    def resolve(self) -> SamplerOutput:
+        self._copied.synchronize()  # an event wait: releases the GIL, as _wait_without_gil
+        token_ids = self._host_ids.tolist()
+        return SamplerOutput(token_ids, [None] * len(token_ids))
 
 
 class GpuSampler:
@@ -98,26 +125,60 @@ class GpuSampler:
         module = cupy.RawModule(code=_GUMBEL_SOURCE)
         self._kernel = module.get_function("gumbel_argmax")
         self._ban_kernel = module.get_function("ban_tokens")
+        self._unpack_kernel = module.get_function("unpack_ids")
         self._unseeded = 0
-        # The pinned upload buffer is reused every step: safe, because each step ends with
-        # the blocking copy of the chosen ids, after which the upload has completed.
-        self._host_params: np.ndarray | None = None
+        self._uploads = _PinnedRing(cupy, np.uint8, 24 * 64)  # per-row parameters and ban pairs
+        self._downloads = _PinnedRing(cupy, np.int32, 64)  # launched samples' ids
         self._device_params: Any = None
 
     def forget(self, request_id: str) -> None:
         self.host.forget(request_id)
 
     def sample(self, logits: Any, requests: Sequence[Request]) -> SamplerOutput:
+        """Sample and wait for the ids (rows with penalties go through the numpy sampler)."""
+        xp = self.xp
+        on_host = [i for i, r in enumerate(requests) if self._needs_history(r)]
+        best = self._draw(logits, requests, set(on_host))
+        _wait_without_gil(xp)  # let the API thread run while the GPU finishes the step
+        token_ids = _ids(xp.asnumpy(best))  # the one device-to-host copy of the step
+        if on_host:
+            host_rows = self.host.sample(
+                xp.asnumpy(logits[xp.asarray(on_host)]), [requests[i] for i in on_host]
+            )
+            for i, token in zip(on_host, host_rows.token_ids, strict=True):
+                token_ids[i] = token
+        return SamplerOutput(token_ids, self._logprobs(logits, requests, token_ids))
+
+    def launch(self, logits: Any, requests: Sequence[Request]) -> GpuPendingSample:
+        """Enqueue the sample, the ids as int32 on the device, their asynchronous copy to pinned
+        host memory and an event after it, all on the current stream; wait for nothing."""
+        if not all(deferrable(r) for r in requests):
+            raise ValueError("rows with penalties or logprobs need sample(), which waits for the ids")
+        xp = self.xp
+        n = len(requests)
+        best = self._draw(logits, requests, set())
+        ids = xp.empty(n, dtype=xp.int32)
+        self._unpack_kernel((-(-n // 128),), (128,), (best, ids, np.int32(n)))
+        host = self._downloads.take(n)
+        stream = xp.cuda.get_current_stream()
+        runtime = xp.cuda.runtime
+        runtime.memcpyAsync(host.ctypes.data, ids.data.ptr, 4 * n, runtime.memcpyDeviceToHost, stream.ptr)
+        copied = xp.cuda.Event(disable_timing=True)
+        copied.record(stream)
+        return GpuPendingSample(ids, host, copied)
+
+    def _draw(self, logits: Any, requests: Sequence[Request], on_host: set[int]) -> Any:
+        """Enqueue bans, cutoffs and the draw of every row but `on_host`; the packed keys
+        (uint64 [rows], see gumbel_argmax). `logits` keep their raw values where logprobs are
+        asked for (the bans then go to a copy); otherwise banned entries become -inf in place."""
         xp = self.xp
         n = len(requests)
         params = [r.sampling_params for r in requests]
-        on_host = [i for i, r in enumerate(requests) if self._needs_history(r)]
         vocab = logits.shape[1]
         greedy = np.array([p.temperature < GREEDY_BELOW for p in params])
         inv_t = np.where(greedy, 1.0, 1.0 / np.maximum([p.temperature for p in params], GREEDY_BELOW))
-        bans = self._ban_pairs(requests, set(on_host), vocab)
+        bans = self._ban_pairs(requests, on_host, vocab)
         upload = self._upload_params(requests, inv_t, greedy, bans)
-        raw = logits
         if bans.size:  # on a copy when logprobs are asked for: those come from the raw logits
             wants_logprobs = any(p.logprobs is not None for p in params)
             logits = logits.copy() if wants_logprobs else logits
@@ -130,15 +191,7 @@ class GpuSampler:
             (n, -(-vocab // _SLICE)), (_THREADS,),
             (logits, upload, cutoff if cutoff is not None else np.uint64(0), np.int32(n), np.int32(vocab), best),
         )  # fmt: skip
-        _wait_without_gil(xp)  # let the API thread run while the GPU finishes the step
-        token_ids = _ids(xp.asnumpy(best))  # the one device-to-host copy of the step
-        if on_host:
-            host_rows = self.host.sample(
-                xp.asnumpy(raw[xp.asarray(on_host)]), [requests[i] for i in on_host]
-            )
-            for i, token in zip(on_host, host_rows.token_ids, strict=True):
-                token_ids[i] = token
-        return SamplerOutput(token_ids, self._logprobs(raw, requests, token_ids))
+        return best
 
     def _ban_pairs(self, requests: Sequence[Request], on_host: set[int], vocab: int) -> np.ndarray:
         """(row, token id) pairs, flat int32, for the rows under a min_tokens ban (the numpy
@@ -156,16 +209,15 @@ class GpuSampler:
         self, requests: Sequence[Request], inv_t: np.ndarray, greedy: np.ndarray, bans: np.ndarray
     ) -> Any:
         """The kernels' per-row parameters (24 bytes a row) and the ban pairs after them, in one
-        pinned buffer, one host-to-device copy."""
+        pinned buffer, one host-to-device copy. The device buffer is reused at once: the next
+        copy into it is queued on the same stream behind the kernels that read this one."""
         xp = self.xp
         n = len(requests)
         size = 24 * n + 4 * bans.size
-        if self._host_params is None or self._host_params.size < size:
-            capacity = max(size, 24 * 64)
-            self._host_params = np.frombuffer(xp.cuda.alloc_pinned_memory(capacity), np.uint8, capacity)
-            self._device_params = xp.empty(capacity, xp.uint8)
+        host = self._uploads.take(size)
+        if self._device_params is None or self._device_params.size < size:
+            self._device_params = xp.empty(max(size, 24 * 64), xp.uint8)
         seeds, steps = self._seeds(requests)
-        host = self._host_params
         host[: 8 * n].view(np.uint64)[:] = seeds
         host[8 * n : 16 * n].view(np.uint64)[:] = steps
         host[16 * n : 20 * n].view(np.float32)[:] = inv_t
@@ -241,6 +293,31 @@ class GpuSampler:
             pairs = tuple(zip(order[j, :count].tolist(), top[j, :count].tolist(), strict=True))
             result[i] = TokenLogprob(token_ids[i], float(chosen[j]), pairs)
         return result
+
+
+class _PinnedRing:
+    """Two pinned host buffers taken in turn, for copies that run after the host moves on.
+
+    With at most one step in flight (engine/pipeline.py), the buffer a step takes is taken again
+    two steps later, and by then the step that used it was resolved: its event, recorded on the
+    same stream after this buffer's copy, was waited for, so the copy is done. (A step takes at
+    most one buffer of each ring; a synchronous step waits before it returns.)"""
+
+    def __init__(self, xp: Any, dtype: Any, min_size: int) -> None:
+        self._xp, self._dtype, self._min_size = xp, np.dtype(dtype), min_size
+        self._buffers: list[np.ndarray | None] = [None, None]
+        self._turn = 0
+
+    def take(self, size: int) -> np.ndarray:
+        """The next buffer's first `size` items. A buffer too small is replaced; its last copy
+        is done (see above), so dropping it is safe."""
+        turn, self._turn = self._turn, self._turn ^ 1
+        buffer = self._buffers[turn]
+        if buffer is None or buffer.size < size:
+            capacity = max(size, self._min_size)
+            memory = self._xp.cuda.alloc_pinned_memory(capacity * self._dtype.itemsize)
+            buffer = self._buffers[turn] = np.frombuffer(memory, self._dtype, capacity)
+        return buffer[:size]
 
 
 def _wait_without_gil(xp: Any) -> None:

@@ -3,6 +3,8 @@
 A decode step (every sequence adds one token) is captured once per batch-size bucket,
 reading its inputs from static device buffers. Per step the runner copies the step's
 few integers into those buffers (one host-to-device copy) and replays the bucket's graph;
+a step launched before the previous one's ids were read back (engine/pipeline.py) takes its
+token ids from that step's sampled ids on the device instead, copied in on the same stream;
 padding rows of a bucket point at the reserved null KV block 0, whose contents nobody
 reads. Attention is planned for the longest context the engine allows, so one graph
 serves every context length (splits past a sequence's end exit at once).
@@ -11,6 +13,9 @@ Each bucket's inputs are laid out field by field ([ids | positions | slots | seq
 block tables]), so every field is a contiguous slice that the kernels read in place: no
 copy kernels inside the graph. Matrix products above the GEMV's token count go through
 cuBLAS by ctypes (backend/cuda_blas.py), which capture allows.
+
+Kernels are captured with programmatic dependent launch where the GPU has it (sm_90+,
+kernels/pdl.py): each one starts while its predecessor drains.
 
 Capture runs on a side stream (the legacy default stream cannot capture); replays run on
 the default stream, in order with eager prefill steps and the sampler. Captured kernels
@@ -23,11 +28,13 @@ inputs and the logits outputs are held here.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from app.engine.backend.base import AttentionMetadata
+from app.engine.kernels.pdl import programmatic_launches
 
 log = logging.getLogger(__name__)
 
@@ -50,13 +57,19 @@ class DecodeGraphs:
         self.buckets = bucket_sizes(max_batch)
         biggest = self.buckets[-1]
         self.max_blocks = -(-max_model_len // block_size)
-        # One pinned host staging area and one device area; bucket n uses their first
+        # Pinned host staging areas and one device area; bucket n uses their first
         # n * width ints as [ids (n) | positions (n) | slots (n) | seq_lens (n) | tables (n x max_blocks)].
+        # Two host areas taken in turn: with one step in flight, a step's host-to-device copy may
+        # not have run yet when the next step stages its inputs. An area is staged again two steps
+        # later, after the step that used it was resolved (its sampler event, recorded behind this
+        # copy on the same stream, was waited for), so two suffice.
         self._width = 4 + self.max_blocks
-        self._host = _pinned_int32(xp, biggest * self._width)
+        self._hosts = [_pinned_int32(xp, biggest * self._width) for _ in range(2)]
+        self._turn = 0
         self._device = xp.zeros(biggest * self._width, dtype=xp.int32)
         self._query_start_loc = xp.arange(biggest + 1, dtype=xp.int32)
         self._graphs: dict[int, tuple[Any, Any]] = {}
+        self.capture_stream: Any = None  # prefill graphs capture on it too, sharing its pool blocks
 
     def capture(self) -> None:
         """Capture every bucket, largest first (so the pool's blocks fit the smaller ones)."""
@@ -67,44 +80,62 @@ class DecodeGraphs:
         # stale block tables and slots from reused memory and write out of bounds (seen on the
         # H200 with a second engine in one process, 2026-11-30).
         cupy.cuda.Device().synchronize()
-        stream = cupy.cuda.Stream(non_blocking=True)
-        with stream:
-            for n in reversed(self.buckets):
-                self._forward(n)  # warm-up: compiles kernels and sizes the pool's blocks
-                stream.synchronize()
-                stream.begin_capture()
-                logits = self._forward(n)
-                graph = stream.end_capture()
-                graph.upload()
-                self._graphs[n] = (graph, logits)
-        stream.synchronize()
+        self.capture_stream = cupy.cuda.Stream(non_blocking=True)
+        self._graphs = capture_buckets(self.buckets, self._forward, self.capture_stream)
         log.info("captured decode CUDA graphs for batch sizes %s", self.buckets)
 
     def bucket_for(self, n: int) -> int | None:
         return next((b for b in self.buckets if b >= n), None)
 
     def run(
-        self, token_ids: np.ndarray, positions: np.ndarray, seq_lens: np.ndarray, tables: np.ndarray
+        self,
+        token_ids: np.ndarray | None,
+        positions: np.ndarray,
+        seq_lens: np.ndarray,
+        tables: np.ndarray,
+        device_ids: Any = None,
+        rows: np.ndarray | None = None,
     ) -> Any:
-        """Logits `[n, vocab]` of one decode step of `n` sequences (host arrays in, device array out)."""
-        n = len(token_ids)
+        """Logits `[n, vocab]` of one decode step of `n` sequences (host arrays in, device array out).
+
+        The token ids come from the host (`token_ids`) or, with `token_ids` None, from the device:
+        row i takes `device_ids[rows[i]]` (`device_ids[i]` when `rows` is None), int32.
+        """
+        n = len(positions)
         bucket = self.bucket_for(n)
         graph, logits = self._graphs[bucket]
-        ids, pos, slots, lens, table = self._fields(self._host, bucket)
+        host = self._hosts[self._turn]
+        self._turn ^= 1
+        ids, pos, slots, lens, table = self._fields(host, bucket)
         # Padding rows: token 0 at position 0, one key, written to and read from the null block 0.
         # Table entries past a row's context are never read, so stale ones need no clearing.
         ids[n:] = pos[n:] = slots[n:] = table[n:, 0] = 0
         lens[n:] = 1
-        ids[:n] = token_ids
+        ids[:n] = 0 if token_ids is None else token_ids
         pos[:n] = positions
         lens[:n] = seq_lens
         table[:n, : tables.shape[1]] = tables
         bs = self.block_size
         slots[:n] = tables[np.arange(n), positions // bs] * bs + positions % bs
         # Replays go on the default stream, in order with the eager steps and the sampler.
-        null = self.backend.xp.cuda.Stream.null
+        xp = self.backend.xp
+        null = xp.cuda.Stream.null
         size = bucket * self._width
-        self._device[:size].set(self._host[:size], stream=null)
+        self._device[:size].set(host[:size], stream=null)
+        if token_ids is None:
+            # After the staged copy (which wrote zeros there) and before the replay, on its stream;
+            # padding rows keep id 0. A plain copy where the rows are in order: a CuPy copy kernel
+            # added ~35 us of host time to a step, memcpyAsync ~10 (H200, tiny model, batch 1).
+            target = self._device[:n]
+            assert device_ids.dtype == xp.int32 and device_ids.flags.c_contiguous
+            if rows is None:
+                runtime = xp.cuda.runtime
+                runtime.memcpyAsync(
+                    target.data.ptr, device_ids.data.ptr, 4 * n, runtime.memcpyDeviceToDevice, null.ptr
+                )
+            else:
+                with null:
+                    xp.take(device_ids, xp.asarray(rows, dtype=xp.int64), out=target)
         graph.launch(stream=null)
         return logits[:n]
 
@@ -127,6 +158,31 @@ class DecodeGraphs:
         )
         hidden = self.model.forward(token_ids, meta, self.kv_caches)
         return self.model.logits(hidden)
+
+
+def capture_buckets(
+    buckets: Sequence[int],
+    forward: Callable[[int], Any],
+    stream: Any,
+    stage: Callable[[int], None] | None = None,
+) -> dict[int, tuple[Any, Any]]:
+    """`(graph, output)` of `forward(n)` for every bucket n, captured on `stream` with programmatic
+    launches, largest first (so the pool's blocks fit the smaller ones). `stage(n)` puts valid
+    inputs in place before each warm-up run, which compiles kernels and sizes the pool's blocks."""
+    graphs = {}
+    with stream, programmatic_launches():
+        for n in sorted(buckets, reverse=True):
+            if stage is not None:
+                stage(n)
+            forward(n)
+            stream.synchronize()
+            stream.begin_capture()
+            output = forward(n)
+            graph = stream.end_capture()
+            graph.upload()
+            graphs[n] = (graph, output)
+    stream.synchronize()
+    return graphs
 
 
 def _pinned_int32(xp: Any, size: int) -> np.ndarray:

@@ -1,7 +1,9 @@
 """Turns a scheduled batch into device arrays, runs the model, returns the rows to sample.
 
 The runner owns the device side of a step: the flat token batch, positions, the
-attention metadata (block tables, slot mapping) and the KV caches of every layer.
+attention metadata (block tables, slot mapping) and the KV caches of every layer. A decode
+step can also take its token ids from the device (`run_from_device`): the previous step's
+sampled ids, before the host has read them (engine/pipeline.py).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from app.engine.backend.base import AttentionMetadata
-from app.engine.request import Request
+from app.engine.request import PLACEHOLDER, Request
 
 
 def token_slice(request: Request, start: int, count: int) -> list[int]:
@@ -21,7 +23,10 @@ def token_slice(request: Request, start: int, count: int) -> list[int]:
     if end <= len(prompt):
         return prompt[start:end]
     out_start = max(0, start - len(prompt))
-    return prompt[start:] + request.output_token_ids[out_start : end - len(prompt)]
+    tokens = prompt[start:] + request.output_token_ids[out_start : end - len(prompt)]
+    # a token still on the device must come from there (run_from_device), never from here
+    assert PLACEHOLDER not in tokens, f"request {request.request_id!r}: a placeholder reached the host ids"
+    return tokens
 
 
 class ModelRunner:
@@ -31,9 +36,18 @@ class ModelRunner:
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.graphs: Any = None  # DecodeGraphs, set by the engine on CUDA
+        self.prefill_graphs: Any = None  # PrefillGraphs, likewise
 
     def prepare(self, chunks: list[Any]) -> tuple[np.ndarray, AttentionMetadata, np.ndarray]:
         """Host arrays for one step: token ids, attention metadata, and the rows to sample."""
+        token_ids: list[int] = []
+        for chunk in chunks:
+            token_ids.extend(token_slice(chunk.request, chunk.start, chunk.num_tokens))
+        meta, sample_rows = self.metadata(chunks)
+        return np.asarray(token_ids, dtype=np.int32), meta, sample_rows
+
+    def metadata(self, chunks: list[Any]) -> tuple[AttentionMetadata, np.ndarray]:
+        """Attention metadata of one step (on the device) and the rows to sample; no token ids."""
         bs = self.block_size
         counts = np.array([c.num_tokens for c in chunks], dtype=np.int64)
         starts = np.array([c.start for c in chunks], dtype=np.int64)
@@ -46,11 +60,9 @@ class ModelRunner:
         seq_lens = (starts + counts).astype(np.int32)
         max_blocks = int(-(-seq_lens.max() // bs))
         block_tables = np.zeros((len(chunks), max_blocks), dtype=np.int32)
-        token_ids: list[int] = []
         for i, chunk in enumerate(chunks):
             table = chunk.request.block_ids[:max_blocks]
             block_tables[i, : len(table)] = table
-            token_ids.extend(token_slice(chunk.request, chunk.start, chunk.num_tokens))
         slot_mapping = (block_tables[seq_of_token, positions // bs] * bs + positions % bs).astype(np.int32)
         sample_rows = np.array(
             [query_start_loc[i + 1] - 1 for i, c in enumerate(chunks) if c.samples], dtype=np.int64
@@ -68,13 +80,39 @@ class ModelRunner:
             host_query_start_loc=query_start_loc,
             host_seq_lens=seq_lens,
         )
-        return np.asarray(token_ids, dtype=np.int32), meta, sample_rows
+        return meta, sample_rows
 
     def run(self, chunks: list[Any]) -> Any:
         """Forward the batch; logits `[n_sampling_chunks, vocab]` for the chunks that sample."""
         if self.graphs is not None and self._is_graphable(chunks):
             return self._run_graph(chunks)
+        if self.prefill_graphs is not None and self._is_prefill_graphable(chunks):
+            chunk = chunks[0]
+            request = chunk.request
+            logits = self.prefill_graphs.run(
+                token_slice(request, chunk.start, chunk.num_tokens), chunk.start, request.block_ids
+            )
+            return logits if chunk.samples else None
         return self._run_eager(chunks)
+
+    def run_from_device(self, chunks: list[Any], device_ids: Any, rows: np.ndarray | None) -> Any:
+        """Forward a decode step (each chunk one token that samples) whose token ids are on the
+        device: chunk i's is `device_ids[rows[i]]` (`device_ids[i]` when `rows` is None). Logits
+        `[n, vocab]`. A CUDA-graph replay where a bucket fits, else the eager path."""
+        assert all(c.num_tokens == 1 and c.samples for c in chunks), "run_from_device takes decodes only"
+        if self.graphs is not None and self._is_graphable(chunks):
+            return self._run_graph(chunks, device_ids, rows)
+        meta, sample_rows = self.metadata(chunks)
+        b = self.backend
+        token_ids = device_ids[: len(chunks)] if rows is None else device_ids[b.from_host(rows)]
+        hidden = self.model.forward(token_ids, meta, self.kv_caches)
+        return self.model.logits(hidden[b.from_host(sample_rows)])
+
+    def decodes_from_device(self, n: int) -> bool:
+        """Whether a look-ahead decode step of `n` sequences should run: with CUDA graphs, only
+        when a bucket holds them (a replay launches fast enough to hide behind the step before);
+        without graphs (numpy, or CUDA with graphs off) the eager path takes any batch."""
+        return self.graphs is None or self.graphs.bucket_for(n) is not None
 
     def _run_eager(self, chunks: list[Any]) -> Any:
         token_ids, meta, sample_rows = self.prepare(chunks)
@@ -89,16 +127,25 @@ class ModelRunner:
         hidden = self.model.forward(self.backend.from_host(token_ids), meta, self.kv_caches)
         return hidden[self.backend.from_host(sample_rows)]
 
+    def _is_prefill_graphable(self, chunks: list[Any]) -> bool:
+        """One sequence's chunk of several tokens that a prefill bucket holds."""
+        if len(chunks) != 1 or chunks[0].num_tokens < 2:
+            return False
+        return self.prefill_graphs.bucket_for(chunks[0].num_tokens, chunks[0].start) is not None
+
     def _is_graphable(self, chunks: list[Any]) -> bool:
         return all(c.num_tokens == 1 for c in chunks) and self.graphs.bucket_for(len(chunks)) is not None
 
-    def _run_graph(self, chunks: list[Any]) -> Any:
-        """A decode-only step by CUDA-graph replay (every chunk is one token that samples)."""
+    def _run_graph(self, chunks: list[Any], device_ids: Any = None, rows: np.ndarray | None = None) -> Any:
+        """A decode-only step by CUDA-graph replay (every chunk is one token that samples); token
+        ids from the requests, or from `device_ids` (see run_from_device)."""
         positions = np.array([c.start for c in chunks], dtype=np.int32)
-        token_ids = np.array([token_slice(c.request, c.start, 1)[0] for c in chunks], dtype=np.int32)
+        token_ids = None
+        if device_ids is None:
+            token_ids = np.array([token_slice(c.request, c.start, 1)[0] for c in chunks], dtype=np.int32)
         width = int(positions.max()) // self.block_size + 1
         tables = np.zeros((len(chunks), width), dtype=np.int32)
         for i, chunk in enumerate(chunks):
             table = chunk.request.block_ids[:width]
             tables[i, : len(table)] = table
-        return self.graphs.run(token_ids, positions, positions + 1, tables)
+        return self.graphs.run(token_ids, positions, positions + 1, tables, device_ids, rows)

@@ -39,6 +39,27 @@ class SamplerOutput:
     logprobs: list[TokenLogprob | None]  # None where the request asked for no logprobs
 
 
+@dataclass(frozen=True)
+class ReadySample:
+    """A launched sample that is already done (the numpy backend has no device to wait for):
+    `device_ids` (int32 [rows]) is what the next step reads its token ids from."""
+
+    output: SamplerOutput
+    device_ids: np.ndarray
+
+    def resolve(self) -> SamplerOutput:
+        return self.output
+
+
+def deferrable(request: Request) -> bool:
+    """Whether a row's token may stay on the device for a step (engine/pipeline.py): not with
+    penalties, which need the token history on the host, nor with logprobs, which are read from
+    a logits buffer the next step overwrites."""
+    p = request.sampling_params
+    penalised = p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty
+    return not penalised and p.logprobs is None
+
+
 class Sampler:
     def __init__(self, eos_token_ids: frozenset[int], default_seed: int = 0) -> None:
         self.eos_token_ids = frozenset(eos_token_ids)
@@ -48,6 +69,11 @@ class Sampler:
     def forget(self, request_id: str) -> None:
         """Drop per-request state when a request ends."""
         self._seeded_rngs.pop(request_id, None)
+
+    def launch(self, logits: np.ndarray, requests: Sequence[Request]) -> ReadySample:
+        """`sample()` in the launch/resolve shape of the GPU sampler (engine/pipeline.py)."""
+        out = self.sample(logits, requests)
+        return ReadySample(out, np.asarray(out.token_ids, dtype=np.int32))
 
     def sample(self, logits: np.ndarray, requests: Sequence[Request]) -> SamplerOutput:
         """Pick one token per row; row i of `logits` (float32 [batch, vocab]) is for requests[i]."""

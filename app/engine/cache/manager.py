@@ -88,6 +88,10 @@ class KVCacheManager:
     def can_allocate(self, request: Request, num_new_tokens: int) -> bool:
         return self._blocks_short(request, num_new_tokens) <= self.num_free_blocks
 
+    def new_blocks_needed(self, request: Request, num_new_tokens: int) -> int:
+        """Blocks `allocate(request, num_new_tokens)` would add to the table (0: it has room). Read-only."""
+        return max(0, self._blocks_short(request, num_new_tokens))
+
     def allocate(self, request: Request, num_new_tokens: int) -> bool:
         """Grow the block table to cover `num_computed_tokens + num_new_tokens` tokens.
 

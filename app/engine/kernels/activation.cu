@@ -14,12 +14,14 @@ __device__ __forceinline__ void gated_body(const float* __restrict__ gate, const
 
 extern "C" __global__ void __launch_bounds__(256) gated_silu(const float* __restrict__ gate, const float* __restrict__ up,
                                                              float* __restrict__ y, i64 n) {
+    after_previous_grid();
     gated_body<0>(gate, up, y, n);
 }
 
 extern "C" __global__ void __launch_bounds__(256) gated_gelu_tanh(const float* __restrict__ gate,
                                                                   const float* __restrict__ up, float* __restrict__ y,
                                                                   i64 n) {
+    after_previous_grid();
     gated_body<1>(gate, up, y, n);
 }
 
@@ -34,16 +36,19 @@ __device__ __forceinline__ void gated_pairs_body(const float* __restrict__ gu, f
 
 extern "C" __global__ void __launch_bounds__(256) gated_pairs_silu(const float* __restrict__ gu, float* __restrict__ y,
                                                                    i64 n, int f) {
+    after_previous_grid();
     gated_pairs_body<0>(gu, y, n, f);
 }
 
 extern "C" __global__ void __launch_bounds__(256) gated_pairs_gelu_tanh(const float* __restrict__ gu,
                                                                         float* __restrict__ y, i64 n, int f) {
+    after_previous_grid();
     gated_pairs_body<1>(gu, y, n, f);
 }
 
 extern "C" __global__ void __launch_bounds__(256) softcap(const float* __restrict__ x, float* __restrict__ y, i64 n,
                                                           float cap) {
+    after_previous_grid();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     y[i] = cap * tanhf(x[i] / cap);

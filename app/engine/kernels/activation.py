@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.engine.kernels.compile import get_kernel
-from app.engine.kernels.launch import cdiv, f32, i32, i64
+from app.engine.kernels.launch import cdiv, f32, i32, i64, launch
 
 THREADS = 256
 GATED_KERNELS = {"silu": "gated_silu", "gelu_tanh": "gated_gelu_tanh"}
@@ -18,7 +18,7 @@ def gated(gate: Any, up: Any, kind: str, out: Any) -> Any:
         raise ValueError(f"unknown activation {kind!r}; expected one of {sorted(GATED_KERNELS)}") from None
     n = gate.size
     if n:
-        get_kernel("activation.cu", name)((cdiv(n, THREADS),), (THREADS,), (gate, up, out, i64(n)))
+        launch(get_kernel("activation.cu", name), (cdiv(n, THREADS),), (THREADS,), (gate, up, out, i64(n)))
     return out
 
 
@@ -31,12 +31,17 @@ def gated_pairs(gate_up: Any, kind: str, out: Any) -> Any:
         raise ValueError(f"gate_up of shape {gate_up.shape} does not hold two halves of {f}")
     if n:
         kernel = get_kernel("activation.cu", f"gated_pairs_{kind}")
-        kernel((cdiv(n, THREADS),), (THREADS,), (gate_up, out, i64(n), i32(f)))
+        launch(kernel, (cdiv(n, THREADS),), (THREADS,), (gate_up, out, i64(n), i32(f)))
     return out
 
 
 def softcap(x: Any, cap: float, out: Any) -> Any:
     n = x.size
     if n:
-        get_kernel("activation.cu", "softcap")((cdiv(n, THREADS),), (THREADS,), (x, out, i64(n), f32(cap)))
+        launch(
+            get_kernel("activation.cu", "softcap"),
+            (cdiv(n, THREADS),),
+            (THREADS,),
+            (x, out, i64(n), f32(cap)),
+        )
     return out

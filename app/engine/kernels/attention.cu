@@ -258,6 +258,7 @@ __device__ __forceinline__ void attn_body(const float* __restrict__ q, const u16
         int table_stride, int n_seqs, int n_heads, int n_kv, int block_size, float scale, float softcap,       \
         int window, int split_len, float* __restrict__ out, float* __restrict__ part_acc,                      \
         float* __restrict__ part_m, float* __restrict__ part_l, int* __restrict__ counters) {                  \
+        after_previous_grid();                                                                                  \
         attn_body<D, GMAX>(q, k_cache, v_cache, qsl, seq_lens, block_tables, table_stride, n_seqs, n_heads,    \
                            n_kv, block_size, scale, softcap, window, split_len, out, part_acc, part_m, part_l,  \
                            counters);                                                                           \

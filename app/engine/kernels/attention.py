@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.engine.kernels.compile import get_kernel
-from app.engine.kernels.launch import NULL, cdiv, f32, i32
+from app.engine.kernels.launch import NULL, cdiv, f32, i32, launch
 
 CHUNK = 256  # keys per pass inside a block (ATTN_CHUNK)
 MIN_SPLIT = 64  # shortest split: below this, the partial sums cost more than the keys
@@ -122,5 +122,5 @@ def attention(
         i32(n_heads), i32(n_kv), i32(block_size), f32(scale), f32(softcap or 0.0), i32(sliding_window or 0),
         i32(plan.split_len), out, part_acc, part_m, part_l, counters,
     )  # fmt: skip
-    kernel((n_tok, n_kv, plan.num_splits), (THREADS,), args)
+    launch(kernel, (n_tok, n_kv, plan.num_splits), (THREADS,), args)
     return out

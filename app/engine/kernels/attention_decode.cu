@@ -35,6 +35,67 @@ struct DecShape {
     static constexpr int UNITS = KB * D / 8;         // 16-byte loads per chunk, K or V
 };
 
+// 8 halves of K row `row` at column unit `col`: rows are padded by one word (DecShape::KROW), so
+// only 4-byte alignment holds.
+template <int D, int GMAX>
+__device__ __forceinline__ void dec_store_k(u16* k_s, int row, int col, uint4 v) {
+    u32* kd = reinterpret_cast<u32*>(k_s + row * DecShape<D, GMAX>::KROW + col * 8);
+    kd[0] = v.x;
+    kd[1] = v.y;
+    kd[2] = v.z;
+    kd[3] = v.w;
+}
+
+// Chunk from key k0: its cache slots (-1 outside [lo, pos]), then every K and V row into shared
+// memory, all loads issued before the first store. Key `skip` (if in the chunk) is left out: its
+// row is loaded after the wait by dec_load_key.
+template <int D, int GMAX>
+__device__ __forceinline__ void dec_load_chunk(const int* __restrict__ table, int block_size, int k0, int lo, int pos,
+                                               int skip, const u16* __restrict__ k_head, const u16* __restrict__ v_head,
+                                               i64 kv_row, int* slot_s, u16* k_s, u16* v_s) {
+    typedef DecShape<D, GMAX> S;
+    const int tid = threadIdx.x;
+    if (tid < S::KB) {
+        const int key = k0 + tid;
+        slot_s[tid] = key >= lo && key <= pos ? table[key / block_size] * block_size + key % block_size : -1;
+    }
+    __syncthreads();
+    constexpr int PER_THREAD = S::UNITS / DEC_THREADS;
+    uint4 kr[PER_THREAD], vr[PER_THREAD];
+#pragma unroll
+    for (int j = 0; j < PER_THREAD; ++j) {
+        const int u = tid + j * DEC_THREADS, row = u / (D / 8), col = u % (D / 8);
+        const int slot = slot_s[row];
+        if (slot >= 0 && k0 + row != skip) {
+            const i64 off = slot * kv_row + col * 8;
+            kr[j] = __ldg(reinterpret_cast<const uint4*>(k_head + off));
+            vr[j] = __ldg(reinterpret_cast<const uint4*>(v_head + off));
+        } else {
+            kr[j] = make_uint4(0u, 0u, 0u, 0u);
+            vr[j] = kr[j];
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < PER_THREAD; ++j) {
+        const int u = tid + j * DEC_THREADS, row = u / (D / 8), col = u % (D / 8);
+        if (k0 + row == skip) continue;  // dec_load_key's to write (another thread, no barrier between)
+        dec_store_k<D, GMAX>(k_s, row, col, kr[j]);
+        reinterpret_cast<uint4*>(v_s)[u] = vr[j];
+    }
+}
+
+// K and V row `row` of the chunk in shared memory (after dec_load_chunk filled slot_s).
+template <int D, int GMAX>
+__device__ __forceinline__ void dec_load_key(int row, const int* slot_s, const u16* __restrict__ k_head,
+                                             const u16* __restrict__ v_head, i64 kv_row, u16* k_s, u16* v_s) {
+    const int slot = slot_s[row];
+    for (int col = threadIdx.x; col < D / 8 && slot >= 0; col += DEC_THREADS) {
+        const i64 off = slot * kv_row + col * 8;
+        dec_store_k<D, GMAX>(k_s, row, col, __ldcg(reinterpret_cast<const uint4*>(k_head + off)));
+        reinterpret_cast<uint4*>(v_s)[row * (D / 8) + col] = __ldcg(reinterpret_cast<const uint4*>(v_head + off));
+    }
+}
+
 template <int D, int GMAX>
 __device__ __forceinline__ void attn_decode_body(const float* __restrict__ q, const u16* __restrict__ k_cache,
                                                  const u16* __restrict__ v_cache, const int* __restrict__ seq_lens,
@@ -56,6 +117,10 @@ __device__ __forceinline__ void attn_decode_body(const float* __restrict__ q, co
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int group = n_heads / n_kv, head0 = g * group;
 
+    // Before the wait for the previous kernel (pdl.py): the context length, the block table and
+    // every K/V row of this block's first chunk except the newest key, which the kernel before
+    // (rope_cache) is writing. Lengths and tables are inputs of the step that no kernel of the
+    // step writes; older keys were written by earlier steps.
     const int ctx = seq_lens[seq];  // a padding row of a graph bucket has 0: its output is 0
     const int pos = ctx - 1;
     const int lo = window > 0 ? max(0, pos - window + 1) : 0;
@@ -64,10 +129,6 @@ __device__ __forceinline__ void attn_decode_body(const float* __restrict__ q, co
     const int n_act = max(1, min(n_blocks, n_chunks));
     if (b >= n_act) return;  // uniform over the block, before any barrier
 
-    for (int i = tid; i < GMAX * D; i += DEC_THREADS) {
-        const int h = i / D, d = i % D;
-        q_s[h][d] = h < group ? q[((i64)seq * n_heads + head0 + h) * D + d] * scale : 0.f;
-    }
     if (tid < GMAX) {
         m_s[tid] = -PADDOCK_INF;
         l_s[tid] = 0.f;
@@ -80,41 +141,24 @@ __device__ __forceinline__ void attn_decode_body(const float* __restrict__ q, co
 
     const int* table = block_tables + (i64)seq * table_stride;
     const i64 kv_row = (i64)n_kv * D;
-    for (int c = first_chunk + b; ctx > 0 && c <= pos / S::KB; c += n_blocks) {
-        const int k0 = c * S::KB;
-        if (tid < S::KB) {
-            const int key = k0 + tid;
-            slot_s[tid] = key >= lo && key <= pos ? table[key / block_size] * block_size + key % block_size : -1;
-        }
-        __syncthreads();  // also: q_s and the softmax state are written; the last chunk's k_s/v_s are read
+    const u16* k_head = k_cache + (i64)g * D;
+    const u16* v_head = v_cache + (i64)g * D;
+    int c = first_chunk + b;
+    const bool any = ctx > 0 && c <= pos / S::KB;
+    if (any) dec_load_chunk<D, GMAX>(table, block_size, c * S::KB, lo, pos, pos, k_head, v_head, kv_row, slot_s, k_s, v_s);
+    after_previous_grid();
+    for (int i = tid; i < GMAX * D; i += DEC_THREADS) {
+        const int h = i / D, d = i % D;
+        q_s[h][d] = h < group ? q[((i64)seq * n_heads + head0 + h) * D + d] * scale : 0.f;
+    }
+    if (any && pos / S::KB == c) dec_load_key<D, GMAX>(pos - c * S::KB, slot_s, k_head, v_head, kv_row, k_s, v_s);
 
-        // Every K and V row of the chunk: all loads issued before the first use.
-        constexpr int PER_THREAD = S::UNITS / DEC_THREADS;
-        uint4 kr[PER_THREAD], vr[PER_THREAD];
-#pragma unroll
-        for (int j = 0; j < PER_THREAD; ++j) {
-            const int u = tid + j * DEC_THREADS, row = u / (D / 8), col = u % (D / 8);
-            const int slot = slot_s[row];
-            if (slot >= 0) {
-                const i64 off = slot * kv_row + (i64)g * D + col * 8;
-                kr[j] = __ldg(reinterpret_cast<const uint4*>(k_cache + off));
-                vr[j] = __ldg(reinterpret_cast<const uint4*>(v_cache + off));
-            } else {
-                kr[j] = make_uint4(0u, 0u, 0u, 0u);
-                vr[j] = kr[j];
-            }
+    for (; any && c <= pos / S::KB; c += n_blocks) {
+        if (c != first_chunk + b) {
+            __syncthreads();  // the previous chunk's k_s, v_s and probabilities are read
+            dec_load_chunk<D, GMAX>(table, block_size, c * S::KB, lo, pos, -1, k_head, v_head, kv_row, slot_s, k_s, v_s);
         }
-#pragma unroll
-        for (int j = 0; j < PER_THREAD; ++j) {
-            const int u = tid + j * DEC_THREADS, row = u / (D / 8), col = u % (D / 8);
-            u32* kd = reinterpret_cast<u32*>(k_s + row * S::KROW + col * 8);  // 4-byte aligned rows
-            kd[0] = kr[j].x;
-            kd[1] = kr[j].y;
-            kd[2] = kr[j].z;
-            kd[3] = kr[j].w;
-            reinterpret_cast<uint4*>(v_s)[u] = vr[j];
-        }
-        __syncthreads();
+        __syncthreads();  // k_s, v_s, q_s and the softmax state are written
 
         // Scores: key t % KB, slice t / KB of head_dim, every head of the group.
         {
@@ -248,6 +292,7 @@ __device__ __forceinline__ void attn_decode_body(const float* __restrict__ q, co
         int n_kv, int block_size, float scale, float softcap, int window, float* __restrict__ out,             \
         float* __restrict__ part_acc, float* __restrict__ part_m, float* __restrict__ part_l,                  \
         int* __restrict__ counters) {                                                                          \
+        after_previous_grid();                                                                                 \
         attn_decode_body<D, GMAX>(q, k_cache, v_cache, seq_lens, block_tables, table_stride, n_heads, n_kv,     \
                                   block_size, scale, softcap, window, out, part_acc, part_m, part_l, counters);  \
     }

@@ -12,7 +12,7 @@ from typing import Any
 
 from app.engine.kernels.attention import group_bucket, split_counters
 from app.engine.kernels.compile import get_kernel
-from app.engine.kernels.launch import cdiv, f32, i32
+from app.engine.kernels.launch import cdiv, f32, i32, launch
 
 VARIANTS = frozenset({(64, 1), (64, 2), (64, 4), (64, 8), (64, 16), (128, 1), (128, 2), (128, 4), (128, 8),
                       (256, 1), (256, 2), (256, 4)})  # fmt: skip
@@ -65,5 +65,5 @@ def attention_decode(
         i32(block_size), f32(scale), f32(softcap or 0.0), i32(sliding_window or 0), out, part_acc, part_m, part_l,
         split_counters(n_seqs * n_kv),
     )  # fmt: skip
-    kernel((n_seqs, n_kv, n_blocks), (128,), args)
+    launch(kernel, (n_seqs, n_kv, n_blocks), (128,), args)
     return out

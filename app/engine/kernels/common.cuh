@@ -84,6 +84,69 @@ __device__ __forceinline__ u32 byte_of16(uint4 v, int i) {
 __device__ __forceinline__ u32 ubyte(u32 w, int i) { return (w >> (8 * i)) & 0xffu; }
 __device__ __forceinline__ int sbyte(u32 w, int i) { return ((int)(w << (24 - 8 * i))) >> 24; }
 
+// -- programmatic dependent launch (pdl.py) ------------------------------------------------
+
+// In a decode graph (sm_90+) a kernel may start while its predecessor still runs. Before
+// wait_previous_grid() it must touch nothing another kernel writes or reads: only its weights,
+// and only as L2 prefetches. Right after the wait it lets its own successor launch, so at
+// most two kernels overlap. Launched normally, or below sm_90, both are no-ops.
+__device__ __forceinline__ void wait_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void launch_next_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Both, for kernels with nothing to prefetch.
+__device__ __forceinline__ void after_previous_grid() {
+    wait_previous_grid();
+    launch_next_grid();
+}
+
+// How much a kernel prefetches before its wait: enough to keep HBM busy across the gap
+// between two kernels (~2 us at ~4 TB/s is ~8 MB over a grid's warps), not its whole weight.
+// Prefetching whole matrices (40 MB of an 8B model's down projection) while the previous
+// kernel streams its own through the 50 MB L2 evicted both and made the step slower (run 36).
+#ifndef PDL_PREFETCH_WARP_BYTES
+#define PDL_PREFETCH_WARP_BYTES 2048
+#endif
+#ifndef PDL_PREFETCH_BLOCK_BYTES
+#define PDL_PREFETCH_BLOCK_BYTES 8192
+#endif
+// Only small weights are prefetched: a big one's kernel is bandwidth-bound anyway, and its
+// prefetches compete with the previous kernel's stream. Measured on the H200 (runs 37-38): the
+// 0.6B step (weights <= 3.5 MB) gains 0.02 ms from them; the 8B step lost 0.04-0.09 ms with
+// prefetches of every weight, and still 0.04 ms with those up to 16 MB (q/k/v, o).
+#ifndef PDL_PREFETCH_MAX_WEIGHT
+#define PDL_PREFETCH_MAX_WEIGHT (8ll << 20)
+#endif
+
+// `bytes` from `p` pulled into L2 by a warp or a block, thread t from line t on (128-byte lines).
+// Device code only: the host builds of these headers (tests/engine/cuda/host) skip it.
+__device__ __forceinline__ void prefetch_l2(const u8* p, i64 bytes, int id, int threads) {
+#if defined(__CUDA_ARCH__)
+    for (i64 off = (i64)id * 128; off < bytes; off += (i64)threads * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + off));
+#endif
+}
+
+__device__ __forceinline__ void prefetch_l2_warp(const u8* p, i64 bytes) {
+#if defined(__CUDA_ARCH__)
+    prefetch_l2(p, bytes, threadIdx.x & 31, 32);
+#endif
+}
+
+__device__ __forceinline__ void prefetch_l2_block(const u8* p, i64 bytes) {
+#if defined(__CUDA_ARCH__)
+    prefetch_l2(p, bytes, threadIdx.x, blockDim.x);
+#endif
+}
+
 // -- reductions ---------------------------------------------------------------------------
 
 __device__ __forceinline__ float warp_sum(float v) {

@@ -102,6 +102,15 @@ def get_module(name: str, options: tuple[str, ...] = ()) -> Any:
         return cupy.RawModule(path=str(path))
 
 
+@functools.cache
+def _experiment_defines() -> dict[str, str]:
+    """`PADDOCK_KERNEL_DEFINES="NAME=VALUE,..."`: defines added to every module, for A/B runs of a
+    kernel constant (e.g. PDL_PREFETCH_WARP_BYTES=0) without editing the sources."""
+    items = os.environ.get("PADDOCK_KERNEL_DEFINES", "").replace(",", " ").split()
+    pairs = (item.split("=", 1) for item in items)
+    return {key: value for key, value in pairs}
+
+
 def get_kernel(name: str, kernel: str, defines: dict[str, str | int] | None = None) -> Any:
     """One `extern "C"` kernel of a module, ready to launch as `k(grid, block, args)`."""
-    return get_module(name, define_options(defines or {})).get_function(kernel)
+    return get_module(name, define_options({**(defines or {}), **_experiment_defines()})).get_function(kernel)

@@ -68,6 +68,7 @@ __device__ __forceinline__ void dequant_body(const u8* __restrict__ w, i64 row_b
     extern "C" __global__ void __launch_bounds__(DEQUANT_THREADS) dequant_##SUFFIX##_##OUTNAME(                      \
         const u8* __restrict__ w, i64 row_bytes, int n_cols, const int* __restrict__ ids, int n_out_rows, \
         int row_offset, int n_src_rows, OUT::T* __restrict__ y) {                                         \
+        after_previous_grid();                                                                            \
         dequant_body<FMT, OUT>(w, row_bytes, n_cols, ids, n_out_rows, row_offset, n_src_rows, y);         \
     }
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from app.engine.kernels.compile import get_kernel
 from app.engine.kernels.gemv import format_defines
-from app.engine.kernels.launch import cdiv, i32, i64, ptr
+from app.engine.kernels.launch import cdiv, i32, i64, launch, ptr
 
 THREADS = 256
 
@@ -32,7 +32,8 @@ def dequant_rows(
     kernel = get_kernel("dequant.cu", f"dequant_{qtype_name.lower()}_{out_name}", format_defines(qtype_name))
     work = n_out * (n_cols // 32)
     if work:
-        kernel(
+        launch(
+            kernel,
             (cdiv(work, THREADS),),
             (THREADS,),
             (data, i64(row_bytes), i32(n_cols), ptr(ids), i32(n_out), i32(row_offset), i32(n_src_rows), out),

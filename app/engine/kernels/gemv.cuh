@@ -132,6 +132,10 @@ __device__ __forceinline__ void gemv_rows(const u8* __restrict__ w, i64 row_byte
                                           int y_stride, const float* __restrict__ bias, int block) {
     __shared__ float partial[GEMV_MAX_WARPS][T * R];
     const int row0 = block * R;
+    if ((i64)n_rows * row_bytes <= PDL_PREFETCH_MAX_WEIGHT)
+        prefetch_l2_block(w + (i64)row0 * row_bytes,
+                          min((i64)PDL_PREFETCH_BLOCK_BYTES, (i64)(min(row0 + R, n_rows) - row0) * row_bytes));
+    after_previous_grid();
     const u8* rows[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) rows[r] = w + (i64)min(row0 + r, n_rows - 1) * row_bytes;
@@ -168,6 +172,12 @@ __device__ __forceinline__ void gemv_gated_rows(const u8* __restrict__ wa, const
                                                 int block) {
     __shared__ float partial[GEMV_MAX_WARPS][T * 2 * RH];
     const int row0 = block * RH;
+    const i64 span = min(row0 + RH, n_rows) - row0, half = PDL_PREFETCH_BLOCK_BYTES / 2;
+    if ((i64)n_rows * (row_bytes_a + row_bytes_b) <= PDL_PREFETCH_MAX_WEIGHT) {
+        prefetch_l2_block(wa + (i64)row0 * row_bytes_a, min(half, span * row_bytes_a));
+        prefetch_l2_block(wb + (i64)row0 * row_bytes_b, min(half, span * row_bytes_b));
+    }
+    after_previous_grid();
     float acc[T][2 * RH];
     const u8* rows[2 * RH];
     gated_row_pointers<RH>(wa, wb, row_bytes_a, row_bytes_b, row0, n_rows, rows);

@@ -10,7 +10,7 @@ from typing import Any
 
 from app.engine.kernels import gemv_int
 from app.engine.kernels.compile import get_kernel
-from app.engine.kernels.launch import cdiv, i32, i64, ptr
+from app.engine.kernels.launch import cdiv, i32, i64, launch, ptr
 
 TOKEN_BUCKETS = (1, 2, 4, 8)  # kernel variants; n tokens run in the smallest bucket >= n
 ROWS_PER_BLOCK = {1: 8, 2: 4, 4: 2, 8: 2}  # default R per bucket; must be a variant in GEMV_FORMAT (gemv.cu)
@@ -80,8 +80,11 @@ def gemv(
     kernel = get_kernel("gemv.cu", f"gemv_{qtype_name.lower()}_t{bucket}_r{rows}", format_defines(qtype_name))
     warps = warps or default_warps(n_cols)
     grid = (cdiv(n_rows, rows),)
-    kernel(
-        grid, (32 * warps,), (data, i64(row_bytes), i32(n_rows), i32(n_cols), x, i32(n_tok), out, ptr(bias))
+    launch(
+        kernel,
+        grid,
+        (32 * warps,),
+        (data, i64(row_bytes), i32(n_rows), i32(n_cols), x, i32(n_tok), out, ptr(bias)),
     )
     return out
 
@@ -133,8 +136,8 @@ def gemv_multi(
         defines[f"MULTI_R{i}"] = rows
     kernel = get_kernel("gemv_fused.cu", "gemv_multi", defines)
     grid = (sum(cdiv(p[3], rows) for p in padded),)
-    kernel(
-        grid, (32 * (warps or default_warps(n_cols)),),
+    launch(
+        kernel, grid, (32 * (warps or default_warps(n_cols)),),
         (padded[0][0], padded[1][0], padded[2][0], i64(padded[0][2]), i64(padded[1][2]), i64(padded[2][2]),
          i32(padded[0][3]), i32(padded[1][3]), i32(padded[2][3]), i32(n_cols), x, i32(n_tok), out, ptr(bias)),
     )  # fmt: skip
@@ -166,8 +169,8 @@ def gemv_gated(
     defines = {"GATED_FA": _struct(gate[1]), "GATED_FB": _struct(up[1]), "GATED_RH": half,
                "GATED_T": bucket, "GATED_ACT": ACTIVATIONS[kind]}  # fmt: skip
     kernel = get_kernel("gemv_fused.cu", "gemv_gated", defines)
-    kernel(
-        (cdiv(n_rows, half),), (32 * (warps or default_warps(n_cols)),),
+    launch(
+        kernel, (cdiv(n_rows, half),), (32 * (warps or default_warps(n_cols)),),
         (gate[0], up[0], i64(gate[2]), i64(up[2]), i32(n_rows), i32(n_cols), x, i32(n_tok), out),
     )  # fmt: skip
     return out

@@ -231,11 +231,27 @@ __device__ __forceinline__ void xq_gated_rows(const u8* __restrict__ wa, const u
     for (int g = (int)blockIdx.x * (int)(blockDim.x >> 5) + (int)(threadIdx.x >> 5); g < (n_groups); \
          g += (int)gridDim.x * (int)(blockDim.x >> 5))
 
+// Before the wait for the previous kernel (common.cuh): the start of each row of this warp's first
+// row group into L2, the bytes its first passes read (lane l reads units l, l + 32, ...).
+__device__ __forceinline__ int xq_first_group() {
+    return (int)blockIdx.x * (int)(blockDim.x >> 5) + (int)(threadIdx.x >> 5);
+}
+
+template <int R>
+__device__ __forceinline__ void xq_prefetch_group(const u8* w, i64 row_bytes, int n_rows, int g, int share = 1) {
+    const i64 head = min(row_bytes, (i64)(PDL_PREFETCH_WARP_BYTES / (R * share)));
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+        if (g * R + r < n_rows) prefetch_l2_warp(w + (i64)(g * R + r) * row_bytes, head);
+}
+
 // One weight: y[row] = W[row] . x (+ bias[row]). smem: xq_shared_bytes(n_cols) bytes.
 template <class Fmt, int R, int U>
 __device__ __forceinline__ void xq_gemv_body(const u8* __restrict__ w, i64 row_bytes, int n_rows, int n_cols,
                                              const float* __restrict__ x, float* __restrict__ y,
                                              const float* __restrict__ bias, const XqNorm& nrm, u8* smem) {
+    if ((i64)n_rows * row_bytes <= PDL_PREFETCH_MAX_WEIGHT) xq_prefetch_group<R>(w, row_bytes, n_rows, xq_first_group());
+    after_previous_grid();
     const float rstd = nrm.w != nullptr ? xq_norm_rstd(x, n_cols, nrm) : 1.f;
     xq_quantize<Fmt, U>(x, n_cols, nrm, rstd, smem);
     __syncthreads();
@@ -255,12 +271,22 @@ __device__ __forceinline__ void xq_multi_body(const u8* __restrict__ w0, const u
     constexpr int c1 = l1 == l0 ? 0 : 1, c2 = l2 == l0 ? 0 : l2 == l1 ? c1 : c1 + 1;  // copy of each weight
     const int bytes = xq_shared_bytes(n_cols);
     u8 *x0 = smem, *x1 = smem + c1 * bytes, *x2 = smem + c2 * bytes;
+    const int groups0 = (rows0 + R - 1) / R, groups1 = (rows1 + R - 1) / R, groups2 = (rows2 + R - 1) / R;
+    const int first = xq_first_group();
+    if ((i64)rows0 * row_bytes0 + (i64)rows1 * row_bytes1 + (i64)rows2 * row_bytes2 <= PDL_PREFETCH_MAX_WEIGHT) {
+        if (first < groups0)
+            xq_prefetch_group<R>(w0, row_bytes0, rows0, first);
+        else if (first < groups0 + groups1)
+            xq_prefetch_group<R>(w1, row_bytes1, rows1, first - groups0);
+        else
+            xq_prefetch_group<R>(w2, row_bytes2, rows2, first - groups0 - groups1);
+    }
+    after_previous_grid();
     const float rstd = nrm.w != nullptr ? xq_norm_rstd(x, n_cols, nrm) : 1.f;
     xq_quantize<F0, U>(x, n_cols, nrm, rstd, x0);
     if (c1 == 1) xq_quantize<F1, U>(x, n_cols, nrm, rstd, x1);
     if (c2 > c1) xq_quantize<F2, U>(x, n_cols, nrm, rstd, x2);
     __syncthreads();
-    const int groups0 = (rows0 + R - 1) / R, groups1 = (rows1 + R - 1) / R, groups2 = (rows2 + R - 1) / R;
     XQ_FOR_EACH_GROUP(g, groups0 + groups1 + groups2) {
         if (g < groups0) {
             xq_rows<F0, R, U>(w0, row_bytes0, rows0, n_cols, x0, y, bias, g);
@@ -281,6 +307,11 @@ __device__ __forceinline__ void xq_gated_body(const u8* __restrict__ wa, const u
                                               float* __restrict__ y, const XqNorm& nrm, u8* smem) {
     constexpr bool two = xq_layout<FA>() != xq_layout<FB>();
     u8* xb = two ? smem + xq_shared_bytes(n_cols) : smem;
+    if ((i64)n_rows * (row_bytes_a + row_bytes_b) <= PDL_PREFETCH_MAX_WEIGHT) {
+        xq_prefetch_group<RH>(wa, row_bytes_a, n_rows, xq_first_group(), 2);
+        xq_prefetch_group<RH>(wb, row_bytes_b, n_rows, xq_first_group(), 2);
+    }
+    after_previous_grid();
     const float rstd = nrm.w != nullptr ? xq_norm_rstd(x, n_cols, nrm) : 1.f;
     xq_quantize<FA, U>(x, n_cols, nrm, rstd, smem);
     if (two) xq_quantize<FB, U>(x, n_cols, nrm, rstd, xb);

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.engine.kernels.compile import get_kernel
-from app.engine.kernels.launch import NULL, cdiv, f32, i32, i64, ptr
+from app.engine.kernels.launch import NULL, cdiv, f32, i32, i64, launch, ptr
 
 INT_X_FORMATS = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"})
 GROUP = 16  # columns per x scale (XQ_GROUP in gemv_int.cuh)
@@ -101,7 +101,7 @@ def _norm_args(norm: NormIn | None) -> tuple:
 
 def _launch(kernel: Any, groups: int, smem: int, args: tuple, warps: int, blocks_per_sm: int) -> None:
     blocks = min(cdiv(groups, warps), _sm_count() * blocks_per_sm)
-    kernel((blocks,), (32 * warps,), args, shared_mem=smem)
+    launch(kernel, (blocks,), (32 * warps,), args, shared_mem=smem)
 
 
 def _defines(

@@ -6,6 +6,7 @@
 extern "C" __global__ void __launch_bounds__(256) write_kv(const float* __restrict__ k, const float* __restrict__ v,
                                                            u16* __restrict__ k_cache, u16* __restrict__ v_cache,
                                                            const int* __restrict__ slots, int n_tok, int row) {
+    after_previous_grid();
     // row = n_kv_heads * head_dim: one token's K (or V) in the cache, contiguous.
     const i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (i64)n_tok * row) return;

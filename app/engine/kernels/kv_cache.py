@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.engine.kernels.compile import get_kernel
-from app.engine.kernels.launch import cdiv, i32
+from app.engine.kernels.launch import cdiv, i32, launch
 
 THREADS = 256
 
@@ -17,6 +17,9 @@ def write_kv(k_cache: Any, v_cache: Any, k: Any, v: Any, slot_mapping: Any) -> N
         raise ValueError(f"k of shape {k.shape} does not match cache rows of {k_cache.shape[2:]}")
     work = n_tok * row
     if work:
-        get_kernel("kv_cache.cu", "write_kv")(
-            (cdiv(work, THREADS),), (THREADS,), (k, v, k_cache, v_cache, slot_mapping, i32(n_tok), i32(row))
+        launch(
+            get_kernel("kv_cache.cu", "write_kv"),
+            (cdiv(work, THREADS),),
+            (THREADS,),
+            (k, v, k_cache, v_cache, slot_mapping, i32(n_tok), i32(row)),
         )

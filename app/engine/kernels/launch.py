@@ -7,9 +7,12 @@ absent pointer as a 64-bit zero.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+from app.engine.kernels import pdl
 
 NULL = np.uint64(0)
 
@@ -43,3 +46,14 @@ def require(array: Any, dtype: Any, name: str) -> Any:
     if out.ndim == 0:
         raise ValueError(f"{name}: expected an array, got a scalar")
     return out
+
+
+def launch(
+    kernel: Any, grid: Sequence[int], block: Sequence[int], args: Sequence[Any], shared_mem: int = 0
+) -> None:
+    """Launch on the current stream; within `pdl.programmatic_launches()` (graph capture) the
+    kernel may overlap the one before it (pdl.py)."""
+    if pdl.active():
+        pdl.launch_programmatic(kernel, grid, block, args, shared_mem)
+    else:
+        kernel(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem)

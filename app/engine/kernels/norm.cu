@@ -7,6 +7,7 @@
 
 extern "C" __global__ void __launch_bounds__(1024) rms_norm(const float* __restrict__ x, const float* __restrict__ w,
                                                             float* __restrict__ y, int n_cols, float eps) {
+    after_previous_grid();
     __shared__ float scratch[32];
     const i64 base = (i64)blockIdx.x * n_cols;
     float ss = 0.f;
@@ -23,6 +24,7 @@ extern "C" __global__ void __launch_bounds__(1024) add_rms_norm(const float* __r
                                                                 const float* __restrict__ w, float* __restrict__ y,
                                                                 float* __restrict__ new_residual, int n_cols,
                                                                 float eps) {
+    after_previous_grid();
     __shared__ float scratch[32];
     const i64 base = (i64)blockIdx.x * n_cols;
     float ss = 0.f;
@@ -77,6 +79,7 @@ __device__ __forceinline__ void rms_norm_vec_body(const float* __restrict__ x, c
 
 extern "C" __global__ void __launch_bounds__(1024) rms_norm_vec(const float* __restrict__ x, const float* __restrict__ w,
                                                                 float* __restrict__ y, int n_cols, float eps) {
+    after_previous_grid();
     rms_norm_vec_body<false>(x, nullptr, w, y, nullptr, n_cols, eps);
 }
 
@@ -85,5 +88,6 @@ extern "C" __global__ void __launch_bounds__(1024) add_rms_norm_vec(const float*
                                                                     const float* __restrict__ w, float* __restrict__ y,
                                                                     float* __restrict__ new_residual, int n_cols,
                                                                     float eps) {
+    after_previous_grid();
     rms_norm_vec_body<true>(x, residual, w, y, new_residual, n_cols, eps);
 }

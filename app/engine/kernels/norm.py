@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.engine.kernels.compile import get_kernel
-from app.engine.kernels.launch import f32, i32
+from app.engine.kernels.launch import f32, i32, launch
 
 NORM_VEC = 4  # float4 loads per thread in the *_vec kernels (norm.cu)
 MAX_VEC_COLS = 4 * NORM_VEC * 1024
@@ -33,9 +33,9 @@ def rms_norm(x: Any, weight: Any, eps: float, out: Any) -> Any:
         return out
     args = (x, weight, out, i32(n_cols), f32(eps))
     if _vectorizable(n_cols, x, weight, out):
-        get_kernel("norm.cu", "rms_norm_vec")((n_rows,), (vec_threads(n_cols),), args)
+        launch(get_kernel("norm.cu", "rms_norm_vec"), (n_rows,), (vec_threads(n_cols),), args)
     else:
-        get_kernel("norm.cu", "rms_norm")((n_rows,), (_threads(n_cols),), args)
+        launch(get_kernel("norm.cu", "rms_norm"), (n_rows,), (_threads(n_cols),), args)
     return out
 
 
@@ -48,7 +48,7 @@ def add_rms_norm(
         return out, new_residual
     args = (x, residual, weight, out, new_residual, i32(n_cols), f32(eps))
     if _vectorizable(n_cols, x, residual, weight, out, new_residual):
-        get_kernel("norm.cu", "add_rms_norm_vec")((n_rows,), (vec_threads(n_cols),), args)
+        launch(get_kernel("norm.cu", "add_rms_norm_vec"), (n_rows,), (vec_threads(n_cols),), args)
     else:
-        get_kernel("norm.cu", "add_rms_norm")((n_rows,), (_threads(n_cols),), args)
+        launch(get_kernel("norm.cu", "add_rms_norm"), (n_rows,), (_threads(n_cols),), args)
     return out, new_residual

@@ -11,6 +11,7 @@ extern "C" __global__ void __launch_bounds__(256) rope(const float* __restrict__
                                                        const float* __restrict__ sin_t, float* __restrict__ y,
                                                        int n_tok, int n_heads, int head_dim, int max_pos,
                                                        int interleaved) {
+    after_previous_grid();
     const int half = head_dim >> 1;
     const i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (i64)n_tok * n_heads * half) return;

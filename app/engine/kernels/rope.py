@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.engine.kernels.compile import get_kernel
-from app.engine.kernels.launch import cdiv, i32
+from app.engine.kernels.launch import cdiv, i32, launch
 
 THREADS = 256
 
@@ -18,7 +18,8 @@ def rope(x: Any, positions: Any, cos: Any, sin: Any, interleaved: bool, out: Any
         )
     work = n_tok * n_heads * (head_dim // 2)
     if work:
-        get_kernel("rope.cu", "rope")(
+        launch(
+            get_kernel("rope.cu", "rope"),
             (cdiv(work, THREADS),),
             (THREADS,),
             (

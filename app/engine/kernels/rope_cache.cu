@@ -14,6 +14,7 @@ extern "C" __global__ void __launch_bounds__(128) rope_cache(
     const float* __restrict__ k_norm, float eps, const int* __restrict__ positions, const float* __restrict__ cos_t,
     const float* __restrict__ sin_t, int max_pos, int interleaved, u16* __restrict__ k_cache,
     u16* __restrict__ v_cache, const int* __restrict__ slots, float* __restrict__ q_out) {
+    after_previous_grid();
     __shared__ float scratch[32];
     const int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
     const int half = head_dim >> 1;

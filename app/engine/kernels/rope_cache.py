@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.engine.kernels.compile import get_kernel
-from app.engine.kernels.launch import f32, i32, ptr
+from app.engine.kernels.launch import f32, i32, launch, ptr
 
 
 def rope_cache(
@@ -37,8 +37,8 @@ def rope_cache(
     if (q_norm is None) != (k_norm is None):
         raise ValueError("q_norm and k_norm come together")
     if n_tok:
-        get_kernel("rope_cache.cu", "rope_cache")(
-            (n_tok, n_heads + 2 * n_kv), (head_dim // 2,),
+        launch(
+            get_kernel("rope_cache.cu", "rope_cache"), (n_tok, n_heads + 2 * n_kv), (head_dim // 2,),
             (qkv, i32(n_heads), i32(n_kv), i32(head_dim), ptr(q_norm), ptr(k_norm), f32(eps), positions, cos, sin,
              i32(cos.shape[0]), i32(interleaved), k_cache, v_cache, slots, q_out),
         )  # fmt: skip

@@ -3,28 +3,10 @@ against the numpy backend, on a tiny random-weight Qwen3-shaped Q4_K_M GGUF; and
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 pytestmark = pytest.mark.gpu
-
-ROOT = Path(__file__).resolve().parents[3]
-
-
-@pytest.fixture(scope="module")
-def tiny_gguf(tmp_path_factory, cuda) -> str:
-    pytest.importorskip("gguf")
-    spec = importlib.util.spec_from_file_location("make_random_gguf", ROOT / "bench" / "make_random_gguf.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
-    module.write("tiny", "q4_k_m", path)
-    return str(path)
 
 
 def _generate(model: str, device: str, graphs: bool, prompts: list[list[int]]) -> list[dict]:
