@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from app.engine.backend import select_backend
 from app.engine.cache.manager import KVCacheManager
 from app.engine.chat import chat_template_for
@@ -21,6 +19,7 @@ from app.engine.client import ContextOverflowError, EngineStats, ModelInfo
 from app.engine.config import DEFAULT_MODEL, EngineConfig
 from app.engine.loader.tokenizer import Tokenizer
 from app.engine.loader.weights import open_checkpoint
+from app.engine.memory_plan import num_kv_blocks, weight_cache_mode
 from app.engine.models.registry import build_model, model_config
 from app.engine.output_processor import OutputProcessor
 from app.engine.pipeline import DecodePipeline, async_decode_enabled
@@ -32,8 +31,6 @@ from app.engine.sampling_params import SamplingParams
 from app.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 
 log = logging.getLogger(__name__)
-
-CPU_KV_BUDGET_BYTES = 2 << 30
 
 
 def resolve_model_path(model: str) -> Path:
@@ -74,13 +71,15 @@ class LLMEngine:
         self.chat_template = chat_template_for(
             template_source, self.tokenizer, self.model_config.architecture
         )
-        self.backend = select_backend(config.device, self._weight_cache_mode())
+        self.backend = select_backend(
+            config.device, weight_cache_mode(config, self.model_config, self.checkpoint)
+        )
 
         cfg = self.model_config
         self.block_size = config.block_size
         positions = min(config.max_model_len or cfg.context_length, cfg.context_length)
         self.model = build_model(self.checkpoint, self.backend, positions, cfg)
-        num_blocks = self._num_kv_blocks(positions)
+        num_blocks = num_kv_blocks(config, self.model_config, self.backend, positions)
         capacity = (num_blocks - 1) * self.block_size  # block 0 is the pool's null block
         self.max_model_len = min(positions, capacity)
         kv_caches = [
@@ -137,42 +136,6 @@ class LLMEngine:
             time.monotonic() - started, self.max_model_len, num_blocks, self.block_size,
         )  # fmt: skip
         log.info("async decode (one step of look-ahead) is %s", "on" if self.async_decode else "off")
-
-    def _weight_cache_mode(self) -> str:
-        """"auto" becomes "off" unless the GPU has room to spare for float16 weight copies."""
-        if self.config.weight_cache != "auto" or self.config.device == "cpu":
-            return self.config.weight_cache
-        from app.engine import fit
-
-        cfg = self.model_config
-        weights = sum(t.nbytes for t in self.checkpoint.tensors.values())
-        shape = fit.ModelShape(cfg.architecture, cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads,
-                               cfg.head_dim, cfg.intermediate_size, cfg.vocab_size, cfg.context_length, weights)  # fmt: skip
-        memory = fit.device_memory()
-        free = memory.free_bytes if memory.kind == "cuda" else None
-        return "auto" if fit.use_weight_cache(weights, fit.weight_copy_bytes(shape), free) else "off"
-
-    def _num_kv_blocks(self, positions: int) -> int:
-        """KV blocks: enough for max_num_seqs full-length sequences, capped by the memory budget
-        (CPU: kv_cache_bytes; CUDA: the free device memory left after the weights, less a reserve
-        for activations, logits and the sampler)."""
-        config, cfg = self.config, self.model_config
-        if config.num_kv_blocks:
-            return config.num_kv_blocks
-        itemsize = np.dtype(self.backend.kv_dtype).itemsize
-        block_bytes = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * itemsize * self.block_size
-        wanted = config.max_num_seqs * -(-positions // self.block_size) + 1
-        if self.backend.name == "cpu":
-            budget = config.kv_cache_bytes or CPU_KV_BUDGET_BYTES
-        else:
-            activations = (
-                4
-                * config.max_num_batched_tokens
-                * (4 * cfg.hidden_size + 3 * cfg.intermediate_size + 2 * cfg.num_heads * cfg.head_dim)
-            )
-            sampler = 6 * 4 * config.max_num_seqs * cfg.vocab_size
-            budget = int(self.backend.free_memory() * config.gpu_memory_utilization) - activations - sampler
-        return max(2, min(wanted, budget // block_bytes))
 
     # -- requests -------------------------------------------------------------------
     def check_fits(self, num_prompt_tokens: int, params: SamplingParams) -> None:

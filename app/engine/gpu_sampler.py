@@ -26,72 +26,12 @@ from typing import Any
 
 import numpy as np
 
+from app.engine.kernels.compile import get_kernel
 from app.engine.request import Request, TokenLogprob
 from app.engine.sampler import GREEDY_BELOW, Sampler, SamplerOutput, deferrable
 
 _THREADS = 256
 _SLICE = 4096  # logits per block: a 150k vocabulary is ~38 blocks per row, 16 logits per thread
-_GUMBEL_SOURCE = r"""
-// Each block scans one slice of one row and folds its best (value, id) into best[row] with a
-// 64-bit atomicMax on a packed key: the value's bits made order-preserving as unsigned in the
-// high word, the complement of the id in the low word (so ties go to the lowest id, as numpy's
-// argmax). A row is spread over many blocks: one block per row made sampling a 30 us tail.
-__device__ __forceinline__ unsigned long long pack(float v, int i) {
-    unsigned int u = __float_as_uint(v);
-    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-    return ((unsigned long long)u << 32) | (0xFFFFFFFFu - (unsigned int)i);
-}
-
-extern "C" __global__ void __launch_bounds__(256) gumbel_argmax(const float* logits, const unsigned char* params,
-        const float* cutoff, int n_rows, int vocab, unsigned long long* best) {
-    // params, one pinned upload per step: seed u64 [n] | step u64 [n] | inverse temperature f32 [n] | greedy i32 [n].
-    // Greedy rows take the plain argmax (no noise, no cutoff). best[] starts at 0 (no candidate).
-    const int row = blockIdx.x;
-    const unsigned long long seed = reinterpret_cast<const unsigned long long*>(params)[row];
-    const unsigned long long step = reinterpret_cast<const unsigned long long*>(params)[n_rows + row];
-    const float inv_t = reinterpret_cast<const float*>(params + 16 * n_rows)[row];
-    const bool greedy = reinterpret_cast<const int*>(params + 20 * n_rows)[row] != 0;
-    const float cut = (greedy || cutoff == nullptr) ? -__int_as_float(0x7f800000) : cutoff[row];
-    const float* x = logits + (long long)row * vocab;
-    const int span = (vocab + gridDim.y - 1) / gridDim.y;
-    const int lo = blockIdx.y * span, hi = min(vocab, lo + span);
-    unsigned long long top = 0;
-    const unsigned long long key = seed * 0x9E3779B97F4A7C15ull ^ (step + 0x632BE59BD9B4E019ull);
-    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-        float g = x[i];
-        if (!greedy) {
-            const float v = g * inv_t;
-            if (!(v >= cut)) continue;
-            unsigned long long z = key + (unsigned long long)i * 0xBF58476D1CE4E5B9ull;
-            z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-            z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-            z ^= z >> 31;
-            const float u = ((z >> 40) + 0.5f) * (1.0f / 16777216.0f);   // in (0, 1)
-            g = v - logf(-logf(u));
-        }
-        const unsigned long long k = pack(g, i);
-        top = k > top ? k : top;
-    }
-    for (int o = 16; o > 0; o >>= 1) {
-        const unsigned long long other = __shfl_xor_sync(0xffffffffu, top, o);
-        top = other > top ? other : top;
-    }
-    if ((threadIdx.x & 31) == 0 && top != 0) atomicMax(best + row, top);
-}
-
-// min_tokens bans: pairs (row, token id) whose logit becomes -inf before any cutoff or draw.
-extern "C" __global__ void ban_tokens(float* logits, const int* pairs, int n_pairs, int vocab) {
-    const int k = blockIdx.x * blockDim.x + threadIdx.x;
-    if (k < n_pairs) logits[(long long)pairs[2 * k] * vocab + pairs[2 * k + 1]] = -__int_as_float(0x7f800000);
-}
-
-// The token ids of gumbel_argmax's packed keys (as _ids() on the host), as int32 on the device: the
-// next decode step's input ids when it is launched before this step's ids are read back.
-extern "C" __global__ void unpack_ids(const unsigned long long* best, int* ids, int n) {
-    const int k = blockIdx.x * blockDim.x + threadIdx.x;
-    if (k < n) ids[k] = best[k] == 0 ? 0 : (int)(0xFFFFFFFFu - (unsigned int)(best[k] & 0xFFFFFFFFull));
-}
-"""
 
 
 def _ids(best: np.ndarray) -> list[int]:
@@ -122,10 +62,9 @@ class GpuSampler:
         self.xp = cupy
         self.host = Sampler(eos_token_ids, default_seed)  # rows that need token histories
         self.default_seed = default_seed
-        module = cupy.RawModule(code=_GUMBEL_SOURCE)
-        self._kernel = module.get_function("gumbel_argmax")
-        self._ban_kernel = module.get_function("ban_tokens")
-        self._unpack_kernel = module.get_function("unpack_ids")
+        self._kernel = get_kernel("sampling.cu", "gumbel_argmax")
+        self._ban_kernel = get_kernel("sampling.cu", "ban_tokens")
+        self._unpack_kernel = get_kernel("sampling.cu", "unpack_ids")
         self._unseeded = 0
         self._uploads = _PinnedRing(cupy, np.uint8, 24 * 64)  # per-row parameters and ban pairs
         self._downloads = _PinnedRing(cupy, np.int32, 64)  # launched samples' ids

@@ -27,6 +27,7 @@ inputs and the logits outputs are held here.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -177,7 +178,13 @@ def capture_buckets(
             forward(n)
             stream.synchronize()
             stream.begin_capture()
-            output = forward(n)
+            try:
+                output = forward(n)
+            except BaseException:
+                # end the capture so the stream stays usable; the first error is the one to report
+                with contextlib.suppress(Exception):
+                    stream.end_capture()
+                raise
             graph = stream.end_capture()
             graph.upload()
             graphs[n] = (graph, output)

@@ -149,6 +149,7 @@ def capture_prefill_graphs(
     try:
         graphs.capture(stream)
     except cupy.cuda.memory.OutOfMemoryError:
-        log.warning("no GPU memory left for prefill CUDA graphs: prefill runs eagerly")
+        log.warning("no GPU memory left for prefill CUDA graphs after the KV cache: prefill runs eagerly")
+        cupy.cuda.Device().synchronize()
         return None
     return graphs
