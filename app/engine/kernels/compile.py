@@ -107,8 +107,8 @@ def _experiment_defines() -> dict[str, str]:
     """`PADDOCK_KERNEL_DEFINES="NAME=VALUE,..."`: defines added to every module, for A/B runs of a
     kernel constant (e.g. PDL_PREFETCH_WARP_BYTES=0) without editing the sources."""
     items = os.environ.get("PADDOCK_KERNEL_DEFINES", "").replace(",", " ").split()
-    pairs = (item.split("=", 1) for item in items)
-    return {key: value for key, value in pairs}
+    pairs = (item.partition("=") for item in items)
+    return {key: value or "1" for key, _, value in pairs}  # a bare NAME defines it as 1
 
 
 def get_kernel(name: str, kernel: str, defines: dict[str, str | int] | None = None) -> Any:
