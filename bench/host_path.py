@@ -2,10 +2,12 @@
 
 Everything between HTTP and the device runs for real (uvicorn, the protocol layer,
 AsyncEngine, scheduler, KV block accounting, detokenizer, stop checks, SSE framing);
-only the forward pass and the sampler are replaced: a step sleeps for the time the GPU
-would take (`--decode-ms` per step, plus `--prefill-us` per prompt token in the step; the
-sleep releases the GIL as a wait on the GPU does) and the sampler returns random ids. So
-the ITL this reports above `--decode-ms` is the host's own cost, measurable without a GPU.
+only the forward pass and the sampler are replaced: a step takes the time the GPU would take
+(`--decode-ms` per step, plus `--prefill-us` per prompt token in the step) on a simulated GPU
+timeline, the engine sleeping where it would wait for the GPU (the sleep releases the GIL as a
+wait on the GPU does), and the sampler returns random ids. So the ITL this reports above
+`--decode-ms` is the host's own cost, measurable without a GPU; with PADDOCK_ASYNC_DECODE=1 the
+engine launches decode steps one ahead (engine/pipeline.py) and hides that cost behind them.
 
     python bench/host_path.py --model /tmp/tiny.gguf --concurrency 32 --requests 96 --decode-ms 2.5
 
@@ -36,7 +38,11 @@ from app.engine.server.settings import ServerSettings
 
 
 class SimulatedDevice:
-    """Stands in for `runner.run` and `sampler.sample`; counts the time the engine thread spends."""
+    """Stands in for the runner's forward passes and the sampler. Work is queued on a simulated
+    GPU timeline (a step starts when the one before it has finished and ends its step time
+    later), and the engine thread sleeps only where it would wait for the GPU: in `sample()`,
+    or, with async decode (PADDOCK_ASYNC_DECODE=1), when it resolves a launched step. Counts the
+    wall time of engine steps and the time spent waiting, whose difference is the host's cost."""
 
     def __init__(self, engine: LLMEngine, decode_ms: float, prefill_us: float) -> None:
         self.engine = engine
@@ -45,13 +51,16 @@ class SimulatedDevice:
         self.vocab = engine.model_config.vocab_size
         self.rng = np.random.default_rng(0)
         self.steps = 0
-        self.device_s = 0.0
+        self.waited_s = 0.0
         self.step_s = 0.0
+        self.free_at = 0.0  # when the simulated GPU is done with the work queued so far
         engine.runner.run = self.run
+        engine.runner.run_from_device = self.run_from_device
         engine.sampler.sample = self.sample
+        engine.sampler.launch = self.launch
         inner_step = engine.step
 
-        def timed_step():  # wall time of whole engine steps, to subtract the simulated device
+        def timed_step():  # wall time of whole engine steps, to subtract the waits for the device
             started = time.perf_counter()
             try:
                 return inner_step()
@@ -63,14 +72,39 @@ class SimulatedDevice:
 
     def run(self, chunks: list) -> object:
         prompt_tokens = sum(c.num_tokens for c in chunks if c.num_tokens > 1)
-        seconds = self.decode_s + self.prefill_s * prompt_tokens
-        time.sleep(seconds)
-        self.device_s += seconds
+        self.free_at = max(time.perf_counter(), self.free_at) + self.decode_s + self.prefill_s * prompt_tokens
         return None
 
+    def run_from_device(self, chunks: list, device_ids: object, rows: object) -> object:
+        return self.run(chunks)
+
     def sample(self, logits: object, requests: list) -> SamplerOutput:
-        ids = self.rng.integers(256, self.vocab, size=len(requests)).tolist()  # above the byte tokens
-        return SamplerOutput(ids, [None] * len(requests))
+        self._wait(self.free_at)
+        return SamplerOutput(self._ids(len(requests)), [None] * len(requests))
+
+    def launch(self, logits: object, requests: list) -> object:
+        ids, ready = self._ids(len(requests)), self.free_at
+        device = self
+
+        class Pending:
+            device_ids = np.asarray(ids, dtype=np.int32)
+
+            def resolve(self) -> SamplerOutput:
+                device._wait(ready)
+                return SamplerOutput(ids, [None] * len(ids))
+
+        return Pending()
+
+    def _ids(self, n: int) -> list[int]:
+        return self.rng.integers(256, self.vocab, size=n).tolist()  # above the byte tokens
+
+    def _wait(self, until: float) -> None:
+        """Sleep until the simulated GPU reaches `until` (a sleep releases the GIL, as a wait on
+        the GPU does)."""
+        seconds = until - time.perf_counter()
+        if seconds > 0:
+            time.sleep(seconds)
+            self.waited_s += seconds
 
 
 def main() -> int:
@@ -118,7 +152,8 @@ def main() -> int:
         simulated_decode_ms=args.decode_ms,
         simulated_prefill_us_per_token=args.prefill_us,
         engine_steps=device.steps,
-        engine_host_ms_per_step=1000 * (device.step_s - device.device_s) / max(1, device.steps),
+        async_decode=engine.async_decode,
+        engine_host_ms_per_step=1000 * (device.step_s - device.waited_s) / max(1, device.steps),
         threads=threading.active_count(),
     )
     print(json.dumps(summary))
