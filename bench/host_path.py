@@ -44,8 +44,11 @@ class SimulatedDevice:
     or, with async decode (PADDOCK_ASYNC_DECODE=1), when it resolves a launched step. Counts the
     wall time of engine steps and the time spent waiting, whose difference is the host's cost."""
 
-    def __init__(self, engine: LLMEngine, decode_ms: float, prefill_us: float) -> None:
+    def __init__(
+        self, engine: LLMEngine, decode_ms: float, prefill_us: float, eager_launch_ms: float = 0.0
+    ) -> None:
         self.engine = engine
+        self.eager_launch_s = eager_launch_ms / 1000
         self.decode_s = decode_ms / 1000
         self.prefill_s = prefill_us / 1e6
         self.vocab = engine.model_config.vocab_size
@@ -72,6 +75,10 @@ class SimulatedDevice:
 
     def run(self, chunks: list) -> object:
         prompt_tokens = sum(c.num_tokens for c in chunks if c.num_tokens > 1)
+        if prompt_tokens and self.eager_launch_s:  # an eager step's kernel launches keep the host busy
+            launched = time.perf_counter() + self.eager_launch_s
+            while time.perf_counter() < launched:
+                pass
         self.free_at = max(time.perf_counter(), self.free_at) + self.decode_s + self.prefill_s * prompt_tokens
         return None
 
@@ -114,6 +121,12 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=96)
     parser.add_argument("--decode-ms", type=float, default=2.5, help="simulated time of one decode step")
     parser.add_argument("--prefill-us", type=float, default=20.0, help="simulated time per prompt token")
+    parser.add_argument(
+        "--eager-launch-ms",
+        type=float,
+        default=0.0,
+        help="host time of launching a step with prompt tokens (eager, not a graph replay)",
+    )
     parser.add_argument("--port", type=int, default=11761)
     parser.add_argument("--profile", type=Path, default=None, help="write a yappi profile here")
     args = parser.parse_args()
@@ -121,7 +134,7 @@ def main() -> int:
     config = EngineConfig(model=args.model, device="cpu", max_num_seqs=max(32, args.concurrency),
                           max_model_len=4096)  # fmt: skip
     engine = LLMEngine(config)
-    device = SimulatedDevice(engine, args.decode_ms, args.prefill_us)
+    device = SimulatedDevice(engine, args.decode_ms, args.prefill_us, args.eager_launch_ms)
     client = AsyncEngine(engine=engine)
     server = ServerHandle(client, settings=ServerSettings(port=args.port, log_level="warning"))
     server.start()
@@ -141,7 +154,9 @@ def main() -> int:
             for thread in yappi.get_thread_stats():
                 fh.write(f"=== thread {thread.name} ({thread.id}) total {thread.ttot:.2f} s\n")
                 stats = yappi.get_func_stats(ctx_id=thread.id).sort("tsub")
-                stats.print_all(out=fh, columns={0: ("name", 90), 1: ("ncall", 10), 3: ("tsub", 8), 4: ("ttot", 8)})
+                stats.print_all(
+                    out=fh, columns={0: ("name", 90), 1: ("ncall", 10), 3: ("tsub", 8), 4: ("ttot", 8)}
+                )
     server.stop()
     client.close()
     if bench.returncode != 0:
@@ -151,6 +166,7 @@ def main() -> int:
     summary.update(
         simulated_decode_ms=args.decode_ms,
         simulated_prefill_us_per_token=args.prefill_us,
+        simulated_eager_launch_ms=args.eager_launch_ms,
         engine_steps=device.steps,
         async_decode=engine.async_decode,
         engine_host_ms_per_step=1000 * (device.step_s - device.waited_s) / max(1, device.steps),
