@@ -69,11 +69,13 @@ def run_studio(model: str | None = None, home: str | os.PathLike[str] | None = N
     from PySide6.QtGui import QGuiApplication
     from PySide6.QtWidgets import QApplication
 
+    from app.ui.gc_guard import GuiThreadCollector
     from app.ui.main_window import MainWindow
     from app.ui.theme import apply_theme
 
     app = QApplication(argv or sys.argv[:1])
     configure_application(app)
+    collector = GuiThreadCollector(app)  # see gc_guard.py: no collection from worker threads
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
     install_asyncgen_hooks(loop)
@@ -87,4 +89,5 @@ def run_studio(model: str | None = None, home: str | os.PathLike[str] | None = N
     with loop:
         loop.run_forever()
     window.shutdown()
+    collector.stop()
     return 0

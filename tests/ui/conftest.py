@@ -9,6 +9,7 @@ slowly). Tests marked as needing the real model take `real_engine`: the embedded
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from server.fakes import FakeEngine
 from app.studio.paths import studio_paths
 from app.studio.tasks import SyncExecutor, ThreadExecutor
 from app.ui.context import StudioContext
+from app.ui.gc_guard import GuiThreadCollector
 from app.ui.main import build_context
 from app.ui.main_window import MainWindow
 from app.ui.panes import PANES
@@ -42,6 +44,15 @@ class ScriptedDialogs(Dialogs):
     def save_path(self, parent: Any, title: str, suggested: str, filters: str) -> str | None:
         self.asked.append(title)
         return self.save_to
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _gui_thread_collector(qapp) -> Iterator[GuiThreadCollector]:
+    """As the Studio runs: cycles are collected on the GUI thread only (app/ui/gc_guard.py)."""
+    collector = GuiThreadCollector(qapp)
+    yield collector
+    collector.stop()
+    gc.collect()
 
 
 @pytest.fixture(scope="session")
