@@ -195,7 +195,7 @@ class LLMEngine:
         if not sampling:
             self.scheduler.update(scheduled, {})
             return ended
-        logits = logits if self.backend.name == "cuda" else self.backend.to_host(logits)
+        logits = self._for_sampler(logits)
         if self.async_decode and all(deferrable(r) for r in sampling):
             self.pipeline.launched(scheduled, sampling, self.sampler.launch(logits, sampling))
             return ended
@@ -212,11 +212,15 @@ class LLMEngine:
         sampling = self.pipeline.planned(scheduled)
         logits = self.runner.run_from_device(scheduled.chunks, *self.pipeline.inputs(sampling))
         self._count(scheduled)
-        logits = logits if self.backend.name == "cuda" else self.backend.to_host(logits)
+        logits = self._for_sampler(logits)
         pending = self.sampler.launch(logits, sampling)
         outputs = self._postprocess(*self.pipeline.resolve())
         self.pipeline.launched(scheduled, sampling, pending)  # after resolve: drops rows that ended there
         return outputs
+
+    def _for_sampler(self, logits: Any) -> Any:
+        """The GPU sampler reads the logits where they are; the numpy one wants them on the host."""
+        return logits if self.backend.name == "cuda" else self.backend.to_host(logits)
 
     def _postprocess(
         self, requests: list[Request], token_ids: list[int], logprobs: list[TokenLogprob | None] | None = None

@@ -28,7 +28,7 @@ import numpy as np
 
 from app.engine.kernels.compile import get_kernel
 from app.engine.request import Request, TokenLogprob
-from app.engine.sampler import GREEDY_BELOW, Sampler, SamplerOutput, deferrable
+from app.engine.sampler import GREEDY_BELOW, Sampler, SamplerOutput, deferrable, penalised
 
 _THREADS = 256
 _SLICE = 4096  # logits per block: a 150k vocabulary is ~38 blocks per row, 16 logits per thread
@@ -76,7 +76,7 @@ class GpuSampler:
     def sample(self, logits: Any, requests: Sequence[Request]) -> SamplerOutput:
         """Sample and wait for the ids (rows with penalties go through the numpy sampler)."""
         xp = self.xp
-        on_host = [i for i, r in enumerate(requests) if self._needs_history(r)]
+        on_host = [i for i, r in enumerate(requests) if penalised(r)]  # rows that need their history
         best = self._draw(logits, requests, set(on_host))
         _wait_without_gil(xp)  # let the API thread run while the GPU finishes the step
         token_ids = _ids(xp.asnumpy(best))  # the one device-to-host copy of the step
@@ -165,11 +165,6 @@ class GpuSampler:
         device = self._device_params[:size]
         device.set(host[:size], stream=xp.cuda.get_current_stream())
         return device
-
-    @staticmethod
-    def _needs_history(request: Request) -> bool:
-        p = request.sampling_params
-        return bool(p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty)
 
     def _seeds(self, requests: Sequence[Request]) -> tuple[np.ndarray, np.ndarray]:
         seeds = np.empty(len(requests), dtype=np.uint64)

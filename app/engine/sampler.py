@@ -51,13 +51,17 @@ class ReadySample:
         return self.output
 
 
+def penalised(request: Request) -> bool:
+    """Whether a row has repetition, frequency or presence penalties: they need its token history."""
+    p = request.sampling_params
+    return bool(p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty)
+
+
 def deferrable(request: Request) -> bool:
     """Whether a row's token may stay on the device for a step (engine/pipeline.py): not with
     penalties, which need the token history on the host, nor with logprobs, which are read from
     a logits buffer the next step overwrites."""
-    p = request.sampling_params
-    penalised = p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty
-    return not penalised and p.logprobs is None
+    return not penalised(request) and request.sampling_params.logprobs is None
 
 
 class Sampler:
@@ -100,14 +104,13 @@ class Sampler:
         """Penalties and min_tokens bans, on a copy (the raw logits feed the logprobs)."""
         edited: np.ndarray | None = None
         for row, request in enumerate(requests):
-            p = request.sampling_params
             banned = self.banned(request)
-            penalised = p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty
-            if not (penalised or banned):
+            with_penalties = penalised(request)
+            if not (with_penalties or banned):
                 continue
             if edited is None:
                 edited = np.array(logits, dtype=np.float32)
-            if penalised:
+            if with_penalties:
                 apply_penalties(edited[row], request)
             if banned:
                 # an id past the vocabulary can never be drawn anyway: nothing to ban
