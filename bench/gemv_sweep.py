@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -54,6 +55,11 @@ def _qkv_case(backend, rng, hidden: int, q_rows: int, kv_rows: int):
 
 
 INT_SETTINGS = [(r, w, b, u) for r in (1, 2, 4) for w in (4, 8) for b in (4,) for u in (1, 2)]
+# SWEEP_INT="1,8,4,1 2,8,4,2": only these (rows, warps, blocks per SM, units); SWEEP_SHAPES="qwen3-8b": only these shapes
+if os.environ.get("SWEEP_INT"):
+    INT_SETTINGS = [tuple(int(v) for v in item.split(",")) for item in os.environ["SWEEP_INT"].split()]
+if os.environ.get("SWEEP_SHAPES"):
+    SHAPES = [s for s in SHAPES if s[0] in os.environ["SWEEP_SHAPES"].split()]
 
 
 def int_sweep() -> None:

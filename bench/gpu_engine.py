@@ -78,6 +78,20 @@ def _release() -> None:
     cupy.get_default_memory_pool().free_all_blocks()
 
 
+def graph_replay_ms(graph, reps: int = 20) -> float:
+    """Milliseconds per replay of a captured graph, replayed back to back after one warm-up."""
+    import cupy
+
+    graph.launch()
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record()
+    for _ in range(reps):
+        graph.launch()
+    end.record()
+    end.synchronize()
+    return cupy.cuda.get_elapsed_time(start, end) / reps
+
+
 def speed(model: str, batch: int, steps: int = 200) -> dict:
     import cupy
 
@@ -98,14 +112,7 @@ def speed(model: str, batch: int, steps: int = 200) -> dict:
         walls.append(time.perf_counter() - t0)
     # GPU time of the bucket's graph alone (replayed back to back), for the host-overhead estimate
     graphs = engine.runner.graphs
-    graph, _ = graphs._graphs[graphs.bucket_for(batch)]
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    start.record()
-    for _ in range(20):
-        graph.launch()
-    end.record()
-    end.synchronize()
-    replay_ms = cupy.cuda.get_elapsed_time(start, end) / 20
+    replay_ms = graph_replay_ms(graphs._graphs[graphs.bucket_for(batch)][0])
     tensors = engine.checkpoint.tensors
     weight_bytes = sum(t.nbytes for t in tensors.values())
     if "output.weight" in tensors:  # untied: the embedding table is read one row per token
@@ -246,14 +253,7 @@ def ablate(engine: LLMEngine, batch: int, reps: int = 50) -> dict[str, float]:
     bucket = graphs.bucket_for(batch)
 
     def replay_ms(graph) -> float:
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
-        graph.launch()
-        start.record()
-        for _ in range(reps):
-            graph.launch()
-        end.record()
-        end.synchronize()
-        return cupy.cuda.get_elapsed_time(start, end) / reps
+        return graph_replay_ms(graph, reps)
 
     recorded: list[tuple[str, object]] = []
     state = {"ablated": None, "call": 0}
@@ -314,7 +314,9 @@ def host_profile(model: str, batch: int, steps: int = 300) -> None:
     import cProfile
     import pstats
 
-    engine = LLMEngine(EngineConfig(model=model, device="cuda", max_model_len=4096, max_num_seqs=max(batch, 1)))
+    engine = LLMEngine(
+        EngineConfig(model=model, device="cuda", max_model_len=4096, max_num_seqs=max(batch, 1))
+    )
     rng = np.random.default_rng(1)
     params = SamplingParams(temperature=1.0, max_tokens=steps + 8, min_tokens=steps + 8, ignore_eos=True)
     for i in range(batch):

@@ -46,12 +46,12 @@ if [[ $STAGES == *speed* ]]; then
     timeout 120 python3 bench/gpu_engine.py speed "$(gguf_of "$model")" --batch 1 32 2>&1 | tee -a "$OUT/speed.log" | grep '^{'
   done
 fi
-if [[ $STAGES == *ab* ]]; then  # AB="PADDOCK_PDL=0 PADDOCK_PDL=1": quick engine speed under each setting
+if [[ $STAGES == *ab* ]]; then  # AB="PADDOCK_PDL=0 PADDOCK_PDL=1": quick engine speed under each setting (A=1+B=2: both)
   for model in $MODELS; do
     for setting in ${AB:-PADDOCK_PDL=0 PADDOCK_PDL=1}; do
       left 60 || break
       echo "== $model $setting"
-      env "$setting" SPEED_QUICK=1 timeout 100 python3 bench/gpu_engine.py speed "$(gguf_of "$model")" --batch ${AB_BATCH:-1 32} 2>&1 \
+      env ${setting//+/ } SPEED_QUICK=1 timeout 100 python3 bench/gpu_engine.py speed "$(gguf_of "$model")" --batch ${AB_BATCH:-1 32} 2>&1 \
         | tee -a "$OUT/ab.log" | grep '^{' | sed "s/^{/{\"setting\": \"$setting\", /"
     done
   done

@@ -6,6 +6,7 @@ kernels' shapes); gemv_int.py says where and why."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from app.engine.kernels import gemv_int
@@ -28,6 +29,9 @@ def default_rows(bucket: int, qtype_name: str) -> int:
 
 
 MAX_TOKENS = TOKEN_BUCKETS[-1]
+# q/k/v at one token on the int16-x kernel (gemv_int_multi) instead of the float32-x one; off
+# until measured faster in the decode graph (`PADDOCK_GEMV_INT_MULTI=1`).
+INT_MULTI = os.environ.get("PADDOCK_GEMV_INT_MULTI", "0") == "1"
 
 
 def format_defines(qtype_name: str) -> dict[str, str]:
@@ -128,6 +132,10 @@ def gemv_multi(
         raise ValueError(f"gemv_multi takes 2 or 3 weights, got {len(parts)}")
     n_tok = x.shape[0]
     bucket = _bucket(n_tok, n_cols)
+    nbytes = sum(p[2] * p[3] for p in parts)
+    names = [p[1] for p in parts]
+    if rows_per_block is None and warps is None and INT_MULTI and gemv_int.serves(n_tok, n_cols, names, nbytes):
+        return gemv_int.gemv_int_multi(parts, n_cols, x, out, bias)
     rows = rows_per_block or fused_rows(bucket)
     padded = list(parts) + [(*parts[-1][:3], 0)] * (3 - len(parts))  # an empty third weight
     defines: dict[str, str | int] = {"MULTI_T": bucket}

@@ -62,6 +62,10 @@ __device__ __forceinline__ float xq_norm_rstd(const float* __restrict__ x, int n
 }
 
 #define XQ_GROUP 16
+#ifndef XQ_PRELOAD
+#define XQ_PRELOAD 1  // xq_preload: each warp's first weights loaded before the kernel's wait
+#endif
+
 #define XQ_LEVELS 32767.f
 
 // Bytes of dynamic shared memory per layout for n_cols columns: the codes, then (d, sum) per run.
@@ -139,23 +143,32 @@ __device__ __forceinline__ void xq_dot_runs(const Fmt& f, uint4 alo, uint4 ahi, 
     }
 }
 
+// The weights of pass u0 (units u0 .. u0 + U - 1 of each row) into f.
+template <class Fmt, int R, int U>
+__device__ __forceinline__ void xq_load_pass(Fmt (&f)[U][R], const u8* const (&rows)[R], int u0) {
+#pragma unroll
+    for (int i = 0; i < U; ++i)
+#pragma unroll
+        for (int r = 0; r < R; ++r) f[i][r].load(rows[r], u0 + i);
+}
+
 // This lane's share of acc[r] = sum_c W[rows[r], c] * x[c], x from xq_quantize<Fmt, U> at smem. A lane takes
 // U consecutive units per step (units U*lane.., then 32*U further on): with U = 2 a k-quant
 // lane reads 32 contiguous quant bytes, and the two units' shared block header is loaded and
 // decoded once (the compiler merges the identical loads and scale decoding). units % U == 0.
+// preloaded: f already holds this lane's first pass (xq_preload, before the kernel's wait).
+// (Loading the next pass while multiplying this one, with a second Fmt array, was tried: the
+// registers it took cut the blocks per multiprocessor and the 8B step got slower, run 55.)
 template <class Fmt, int R, int U>
-__device__ __forceinline__ void xq_accumulate(const u8* const (&rows)[R], int n_cols, const u8* smem, float (&acc)[R]) {
+__device__ __forceinline__ void xq_accumulate(const u8* const (&rows)[R], int n_cols, const u8* smem, float (&acc)[R],
+                                              Fmt (&f)[U][R], bool preloaded) {
     const int lane = threadIdx.x & 31, units = n_cols >> 5, per = units / U;
     const uint4* chunks = reinterpret_cast<const uint4*>(smem);
     const float2* xs = reinterpret_cast<const float2*>(smem + 2 * n_cols);
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] = 0.f;
     for (int u0 = lane * U; u0 < units; u0 += 32 * U) {
-        Fmt f[U][R];
-#pragma unroll
-        for (int i = 0; i < U; ++i)
-#pragma unroll
-            for (int r = 0; r < R; ++r) f[i][r].load(rows[r], u0 + i);
+        if (!preloaded || u0 != lane * U) xq_load_pass<Fmt, R, U>(f, rows, u0);
 #pragma unroll
         for (int i = 0; i < U; ++i) {
             const int slot = i * per + u0 / U;
@@ -176,45 +189,83 @@ __device__ __forceinline__ void xq_accumulate(const u8* const (&rows)[R], int n_
     for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
 }
 
+// Row pointers of row group g of one weight; rows past n_rows re-read the last row.
+template <int R>
+__device__ __forceinline__ void xq_group_rows(const u8* w, i64 row_bytes, int n_rows, int g, const u8* (&rows)[R]) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) rows[r] = w + (i64)min(g * R + r, n_rows - 1) * row_bytes;
+}
+
+// Before the kernel's wait (PDL, common.cuh): this lane's first pass of row group g's weights into
+// registers, so the first HBM round trip overlaps the kernel before and this kernel's own
+// quantization of x instead of following them. Weights are never written by a kernel, so reading
+// them early is allowed. Returns whether f was filled (xq_accumulate's `preloaded`).
+template <class Fmt, int R, int U>
+__device__ __forceinline__ bool xq_preload(Fmt (&f)[U][R], const u8* w, i64 row_bytes, int n_rows, int n_cols, int g) {
+#if XQ_PRELOAD
+    if (g * R >= n_rows || (threadIdx.x & 31) * U >= (n_cols >> 5)) return false;
+    const u8* rows[R];
+    xq_group_rows<R>(w, row_bytes, n_rows, g, rows);
+    xq_load_pass<Fmt, R, U>(f, rows, (threadIdx.x & 31) * U);
+    return true;
+#else
+    return false;
+#endif
+}
+
 // Row group g (rows g*R .. g*R+R-1) of one weight, by one warp: y[row] = sum (+ bias[row]).
-// Rows past n_rows re-read the last row and are not written.
 template <class Fmt, int R, int U>
 __device__ __forceinline__ void xq_rows(const u8* __restrict__ w, i64 row_bytes, int n_rows, int n_cols,
                                         const u8* smem, float* __restrict__ y,
-                                        const float* __restrict__ bias, int g) {
+                                        const float* __restrict__ bias, int g, Fmt (&f)[U][R], bool preloaded) {
     const int row0 = g * R, lane = threadIdx.x & 31;
     const u8* rows[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) rows[r] = w + (i64)min(row0 + r, n_rows - 1) * row_bytes;
+    xq_group_rows<R>(w, row_bytes, n_rows, g, rows);
     float acc[R];
-    xq_accumulate<Fmt, R, U>(rows, n_cols, smem, acc);
+    xq_accumulate<Fmt, R, U>(rows, n_cols, smem, acc, f, preloaded);
 #pragma unroll
     for (int r = 0; r < R; ++r)
         if (lane == r && row0 + r < n_rows) y[row0 + r] = acc[r] + (bias != nullptr ? bias[row0 + r] : 0.f);
 }
 
-// Row group g of gate (A) and up (B): y[row] = act(gate . x) * (up . x).
+// Row group g of gate (A) and up (B): y[row] = act(gate . x) * (up . x). One format for both: fa
+// holds all 2 * RH rows (fb unused); two formats: fa the gate's rows, fb the up's.
+template <class FA, class FB, int RH, int U>
+struct XqGatedPass {
+    static constexpr bool same = same_type<FA, FB>::value;
+    FA fa[U][same ? 2 * RH : RH];
+    FB fb[U][RH];
+};
+
+// The gate rows (first RH) and up rows (last RH) of gated_row_pointers, apart.
+template <int RH>
+__device__ __forceinline__ void xq_halves(const u8* const (&rows)[2 * RH], const u8* (&rows_a)[RH],
+                                          const u8* (&rows_b)[RH]) {
+#pragma unroll
+    for (int r = 0; r < RH; ++r) {
+        rows_a[r] = rows[r];
+        rows_b[r] = rows[RH + r];
+    }
+}
+
 template <class FA, class FB, int RH, int U, int ACT>
 __device__ __forceinline__ void xq_gated_rows(const u8* __restrict__ wa, const u8* __restrict__ wb, i64 row_bytes_a,
                                               i64 row_bytes_b, int n_rows, int n_cols, const u8* smem_a,
-                                              const u8* smem_b, float* __restrict__ y, int g) {
+                                              const u8* smem_b, float* __restrict__ y, int g,
+                                              XqGatedPass<FA, FB, RH, U>& pass, bool preloaded) {
     const int row0 = g * RH, lane = threadIdx.x & 31;
     float acc[2 * RH];
     const u8* rows[2 * RH];
     gated_row_pointers<RH>(wa, wb, row_bytes_a, row_bytes_b, row0, n_rows, rows);
-    if constexpr (same_type<FA, FB>::value) {
-        xq_accumulate<FA, 2 * RH, U>(rows, n_cols, smem_a, acc);
+    if constexpr (XqGatedPass<FA, FB, RH, U>::same) {
+        xq_accumulate<FA, 2 * RH, U>(rows, n_cols, smem_a, acc, pass.fa, preloaded);
     } else {
         const u8* rows_a[RH];
         const u8* rows_b[RH];
-#pragma unroll
-        for (int r = 0; r < RH; ++r) {
-            rows_a[r] = rows[r];
-            rows_b[r] = rows[RH + r];
-        }
+        xq_halves<RH>(rows, rows_a, rows_b);
         float acc_a[RH], acc_b[RH];
-        xq_accumulate<FA, RH, U>(rows_a, n_cols, smem_a, acc_a);
-        xq_accumulate<FB, RH, U>(rows_b, n_cols, smem_b, acc_b);
+        xq_accumulate<FA, RH, U>(rows_a, n_cols, smem_a, acc_a, pass.fa, preloaded);
+        xq_accumulate<FB, RH, U>(rows_b, n_cols, smem_b, acc_b, pass.fb, preloaded);
 #pragma unroll
         for (int r = 0; r < RH; ++r) {
             acc[r] = acc_a[r];
@@ -224,6 +275,30 @@ __device__ __forceinline__ void xq_gated_rows(const u8* __restrict__ wa, const u
 #pragma unroll
     for (int r = 0; r < RH; ++r)
         if (lane == r && row0 + r < n_rows) y[row0 + r] = gated_act<ACT>(acc[r], acc[RH + r]);
+}
+
+// xq_preload for gate/up: the first pass of row group g of both weights.
+template <class FA, class FB, int RH, int U>
+__device__ __forceinline__ bool xq_gated_preload(XqGatedPass<FA, FB, RH, U>& pass, const u8* wa, const u8* wb,
+                                                 i64 row_bytes_a, i64 row_bytes_b, int n_rows, int n_cols, int g) {
+#if XQ_PRELOAD
+    if (g * RH >= n_rows || (threadIdx.x & 31) * U >= (n_cols >> 5)) return false;
+    const u8* rows[2 * RH];
+    gated_row_pointers<RH>(wa, wb, row_bytes_a, row_bytes_b, g * RH, n_rows, rows);
+    const int u0 = (threadIdx.x & 31) * U;
+    if constexpr (XqGatedPass<FA, FB, RH, U>::same) {
+        xq_load_pass<FA, 2 * RH, U>(pass.fa, rows, u0);
+    } else {
+        const u8* rows_a[RH];
+        const u8* rows_b[RH];
+        xq_halves<RH>(rows, rows_a, rows_b);
+        xq_load_pass<FA, RH, U>(pass.fa, rows_a, u0);
+        xq_load_pass<FB, RH, U>(pass.fb, rows_b, u0);
+    }
+    return true;
+#else
+    return false;
+#endif
 }
 
 // The row groups of this block's warps: g = blockIdx.x * warps + warp, then a grid's worth on.
@@ -250,17 +325,22 @@ template <class Fmt, int R, int U>
 __device__ __forceinline__ void xq_gemv_body(const u8* __restrict__ w, i64 row_bytes, int n_rows, int n_cols,
                                              const float* __restrict__ x, float* __restrict__ y,
                                              const float* __restrict__ bias, const XqNorm& nrm, u8* smem) {
-    if ((i64)n_rows * row_bytes <= PDL_PREFETCH_MAX_WEIGHT) xq_prefetch_group<R>(w, row_bytes, n_rows, xq_first_group());
+    const int first = xq_first_group();
+    if ((i64)n_rows * row_bytes <= PDL_PREFETCH_MAX_WEIGHT) xq_prefetch_group<R>(w, row_bytes, n_rows, first);
+    Fmt f[U][R];
+    const bool preloaded = xq_preload<Fmt, R, U>(f, w, row_bytes, n_rows, n_cols, first);
     after_previous_grid();
     const float rstd = nrm.w != nullptr ? xq_norm_rstd(x, n_cols, nrm) : 1.f;
     xq_quantize<Fmt, U>(x, n_cols, nrm, rstd, smem);
     __syncthreads();
-    XQ_FOR_EACH_GROUP(g, (n_rows + R - 1) / R) xq_rows<Fmt, R, U>(w, row_bytes, n_rows, n_cols, smem, y, bias, g);
+    XQ_FOR_EACH_GROUP(g, (n_rows + R - 1) / R)
+    xq_rows<Fmt, R, U>(w, row_bytes, n_rows, n_cols, smem, y, bias, g, f, preloaded && g == first);
 }
 
 // Up to three weights stacked along the output (q, k, v): y = [W0 x; W1 x; W2 x] (+ bias).
 // A warp's row group belongs to one weight, so the branch is uniform over the warp. smem:
-// one xq_shared_bytes(n_cols) copy per distinct layout, in order of first use.
+// one xq_shared_bytes(n_cols) copy per distinct layout, in order of first use. A warp's first
+// group is preloaded when it lies in W0, or in W1 of W0's format (q and k of a Q4_K_M file).
 template <class F0, class F1, class F2, int R, int U>
 __device__ __forceinline__ void xq_multi_body(const u8* __restrict__ w0, const u8* __restrict__ w1,
                                               const u8* __restrict__ w2, i64 row_bytes0, i64 row_bytes1,
@@ -269,6 +349,7 @@ __device__ __forceinline__ void xq_multi_body(const u8* __restrict__ w0, const u
                                               const float* __restrict__ bias, const XqNorm& nrm, u8* smem) {
     constexpr int l0 = xq_layout<F0>(), l1 = xq_layout<F1>(), l2 = xq_layout<F2>();
     constexpr int c1 = l1 == l0 ? 0 : 1, c2 = l2 == l0 ? 0 : l2 == l1 ? c1 : c1 + 1;  // copy of each weight
+    constexpr bool same01 = same_type<F0, F1>::value;
     const int bytes = xq_shared_bytes(n_cols);
     u8 *x0 = smem, *x1 = smem + c1 * bytes, *x2 = smem + c2 * bytes;
     const int groups0 = (rows0 + R - 1) / R, groups1 = (rows1 + R - 1) / R, groups2 = (rows2 + R - 1) / R;
@@ -281,6 +362,12 @@ __device__ __forceinline__ void xq_multi_body(const u8* __restrict__ w0, const u
         else
             xq_prefetch_group<R>(w2, row_bytes2, rows2, first - groups0 - groups1);
     }
+    F0 f[U][R];
+    bool preloaded = false;
+    if (first < groups0)
+        preloaded = xq_preload<F0, R, U>(f, w0, row_bytes0, rows0, n_cols, first);
+    else if (same01 && first < groups0 + groups1)
+        preloaded = xq_preload<F0, R, U>(f, w1, row_bytes1, rows1, n_cols, first - groups0);
     after_previous_grid();
     const float rstd = nrm.w != nullptr ? xq_norm_rstd(x, n_cols, nrm) : 1.f;
     xq_quantize<F0, U>(x, n_cols, nrm, rstd, x0);
@@ -288,14 +375,22 @@ __device__ __forceinline__ void xq_multi_body(const u8* __restrict__ w0, const u
     if (c2 > c1) xq_quantize<F2, U>(x, n_cols, nrm, rstd, x2);
     __syncthreads();
     XQ_FOR_EACH_GROUP(g, groups0 + groups1 + groups2) {
+        const bool pre = preloaded && g == first;
         if (g < groups0) {
-            xq_rows<F0, R, U>(w0, row_bytes0, rows0, n_cols, x0, y, bias, g);
+            xq_rows<F0, R, U>(w0, row_bytes0, rows0, n_cols, x0, y, bias, g, f, pre);
         } else if (g < groups0 + groups1) {
-            xq_rows<F1, R, U>(w1, row_bytes1, rows1, n_cols, x1, y + rows0, bias == nullptr ? nullptr : bias + rows0,
-                              g - groups0);
+            float* y1 = y + rows0;
+            const float* b1 = bias == nullptr ? nullptr : bias + rows0;
+            if constexpr (same01) {
+                xq_rows<F0, R, U>(w1, row_bytes1, rows1, n_cols, x1, y1, b1, g - groups0, f, pre);
+            } else {
+                F1 f1[U][R];
+                xq_rows<F1, R, U>(w1, row_bytes1, rows1, n_cols, x1, y1, b1, g - groups0, f1, false);
+            }
         } else {
+            F2 f2[U][R];
             xq_rows<F2, R, U>(w2, row_bytes2, rows2, n_cols, x2, y + rows0 + rows1,
-                              bias == nullptr ? nullptr : bias + rows0 + rows1, g - groups0 - groups1);
+                              bias == nullptr ? nullptr : bias + rows0 + rows1, g - groups0 - groups1, f2, false);
         }
     }
 }
@@ -307,15 +402,19 @@ __device__ __forceinline__ void xq_gated_body(const u8* __restrict__ wa, const u
                                               float* __restrict__ y, const XqNorm& nrm, u8* smem) {
     constexpr bool two = xq_layout<FA>() != xq_layout<FB>();
     u8* xb = two ? smem + xq_shared_bytes(n_cols) : smem;
+    const int first = xq_first_group();
     if ((i64)n_rows * (row_bytes_a + row_bytes_b) <= PDL_PREFETCH_MAX_WEIGHT) {
-        xq_prefetch_group<RH>(wa, row_bytes_a, n_rows, xq_first_group(), 2);
-        xq_prefetch_group<RH>(wb, row_bytes_b, n_rows, xq_first_group(), 2);
+        xq_prefetch_group<RH>(wa, row_bytes_a, n_rows, first, 2);
+        xq_prefetch_group<RH>(wb, row_bytes_b, n_rows, first, 2);
     }
+    XqGatedPass<FA, FB, RH, U> pass;
+    const bool preloaded = xq_gated_preload<FA, FB, RH, U>(pass, wa, wb, row_bytes_a, row_bytes_b, n_rows, n_cols, first);
     after_previous_grid();
     const float rstd = nrm.w != nullptr ? xq_norm_rstd(x, n_cols, nrm) : 1.f;
     xq_quantize<FA, U>(x, n_cols, nrm, rstd, smem);
     if (two) xq_quantize<FB, U>(x, n_cols, nrm, rstd, xb);
     __syncthreads();
     XQ_FOR_EACH_GROUP(g, (n_rows + RH - 1) / RH)
-    xq_gated_rows<FA, FB, RH, U, ACT>(wa, wb, row_bytes_a, row_bytes_b, n_rows, n_cols, smem, xb, y, g);
+    xq_gated_rows<FA, FB, RH, U, ACT>(wa, wb, row_bytes_a, row_bytes_b, n_rows, n_cols, smem, xb, y, g, pass,
+                                      preloaded && g == first);
 }

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.engine.kernels.compile import get_kernel
-from app.engine.kernels.launch import NULL, cdiv, f32, i32, i64, launch, ptr
+from app.engine.kernels.launch import NULL, cdiv, f32, i32, i64, launch, ptr, resident_blocks
 
 INT_X_FORMATS = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"})
 GROUP = 16  # columns per x scale (XQ_GROUP in gemv_int.cuh)
@@ -100,6 +100,11 @@ def _norm_args(norm: NormIn | None) -> tuple:
 
 
 def _launch(kernel: Any, groups: int, smem: int, args: tuple, warps: int, blocks_per_sm: int) -> None:
+    """Blocks loop over row groups, so the grid never needs more blocks than the GPU holds at
+    once: a grid past that (528 gate/up blocks of 76 registers, of which 396 fit on the H200)
+    runs its last blocks as a second wave, one per multiprocessor, after the rest are done."""
+    if os.environ.get("PADDOCK_GEMV_RESIDENT", "1") != "0":
+        blocks_per_sm = min(blocks_per_sm, resident_blocks(getattr(kernel, "kernel", kernel).ptr, 32 * warps, smem))
     blocks = min(cdiv(groups, warps), _sm_count() * blocks_per_sm)
     launch(kernel, (blocks,), (32 * warps,), args, shared_mem=smem)
 

@@ -7,6 +7,7 @@ absent pointer as a 64-bit zero.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,6 +37,15 @@ def ptr(array: Any | None) -> Any:
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+@functools.cache
+def resident_blocks(function_ptr: int, threads: int, shared_mem: int) -> int:
+    """How many blocks of this kernel (CuPy `Function.ptr`) one multiprocessor holds at once,
+    by its registers, shared memory and threads (the driver's occupancy calculator)."""
+    from cupy_backends.cuda.api import driver
+
+    return max(1, int(driver.occupancyMaxActiveBlocksPerMultiprocessor(function_ptr, threads, shared_mem)))
 
 
 def require(array: Any, dtype: Any, name: str) -> Any:

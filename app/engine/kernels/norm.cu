@@ -43,7 +43,9 @@ extern "C" __global__ void __launch_bounds__(1024) add_rms_norm(const float* __r
 // is one block: the old element-at-a-time form spent ~4 us on a 4096-wide row.
 #define NORM_VEC 4
 
-// ADD: v = residual + x, also written to new_residual; else v = x.
+// ADD: v = residual + x, also written to new_residual; else v = x. The norm's weight is loaded
+// before the wait for the previous kernel (PDL, common.cuh: no kernel writes it), so after the
+// wait only x (and the residual) are a round trip away.
 template <bool ADD>
 __device__ __forceinline__ void rms_norm_vec_body(const float* __restrict__ x, const float* __restrict__ residual,
                                                   const float* __restrict__ w, float* __restrict__ y,
@@ -52,6 +54,13 @@ __device__ __forceinline__ void rms_norm_vec_body(const float* __restrict__ x, c
     const i64 base = (i64)blockIdx.x * n_cols;
     const int n4 = n_cols >> 2;
     const float4* x4 = reinterpret_cast<const float4*>(x + base);
+    float4 wv[NORM_VEC];
+#pragma unroll
+    for (int k = 0; k < NORM_VEC; ++k) {
+        const int c = threadIdx.x + k * blockDim.x;
+        wv[k] = c < n4 ? __ldg(reinterpret_cast<const float4*>(w) + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    after_previous_grid();
     float4 v[NORM_VEC];
     float ss = 0.f;
 #pragma unroll
@@ -73,13 +82,12 @@ __device__ __forceinline__ void rms_norm_vec_body(const float* __restrict__ x, c
         const int c = threadIdx.x + k * blockDim.x;
         if (c >= n4) continue;
         if (ADD) reinterpret_cast<float4*>(new_residual + base)[c] = v[k];
-        reinterpret_cast<float4*>(y + base)[c] = norm_scale(v[k], inv, __ldg(reinterpret_cast<const float4*>(w) + c));
+        reinterpret_cast<float4*>(y + base)[c] = norm_scale(v[k], inv, wv[k]);
     }
 }
 
 extern "C" __global__ void __launch_bounds__(1024) rms_norm_vec(const float* __restrict__ x, const float* __restrict__ w,
                                                                 float* __restrict__ y, int n_cols, float eps) {
-    after_previous_grid();
     rms_norm_vec_body<false>(x, nullptr, w, y, nullptr, n_cols, eps);
 }
 
@@ -88,6 +96,5 @@ extern "C" __global__ void __launch_bounds__(1024) add_rms_norm_vec(const float*
                                                                     const float* __restrict__ w, float* __restrict__ y,
                                                                     float* __restrict__ new_residual, int n_cols,
                                                                     float eps) {
-    after_previous_grid();
     rms_norm_vec_body<true>(x, residual, w, y, new_residual, n_cols, eps);
 }

@@ -14,17 +14,34 @@ extern "C" __global__ void __launch_bounds__(128) rope_cache(
     const float* __restrict__ k_norm, float eps, const int* __restrict__ positions, const float* __restrict__ cos_t,
     const float* __restrict__ sin_t, int max_pos, int interleaved, u16* __restrict__ k_cache,
     u16* __restrict__ v_cache, const int* __restrict__ slots, float* __restrict__ q_out) {
-    after_previous_grid();
     __shared__ float scratch[32];
     const int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
     const int half = head_dim >> 1;
-    const float* row = qkv + ((i64)t * (n_heads + 2 * n_kv) + h) * head_dim;
     const int a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
-    float x1 = row[a], x2 = row[b];
+    const bool is_v = h >= n_heads + n_kv, is_q = h < n_heads;
+    const float* w = is_q ? q_norm : k_norm;
+
+    // Before the wait for the previous kernel (PDL, common.cuh): the step's inputs (slots and
+    // positions, written by the host before the step) and constants (norm weights, rotation
+    // tables), so after the wait only the projection's own output is a round trip away.
     const int slot = slots[t];
+    float wa = 1.f, wb = 1.f, c = 1.f, s = 0.f;
+    if (!is_v) {
+        if (w != nullptr) {
+            wa = w[a];
+            wb = w[b];
+        }
+        const int pos = min(max(positions[t], 0), max_pos - 1);
+        c = cos_t[(i64)pos * half + i];
+        s = sin_t[(i64)pos * half + i];
+    }
+    after_previous_grid();
+
+    const float* row = qkv + ((i64)t * (n_heads + 2 * n_kv) + h) * head_dim;
+    float x1 = row[a], x2 = row[b];
     const i64 kv_row = (i64)n_kv * head_dim;  // one slot of the cache
 
-    if (h >= n_heads + n_kv) {  // a v head: stored as it is (the branch is uniform over the block)
+    if (is_v) {  // a v head: stored as it is (the branch is uniform over the block)
         if (slot >= 0) {
             u16* dst = v_cache + slot * kv_row + (i64)(h - n_heads - n_kv) * head_dim;
             dst[a] = f2h(x1);
@@ -32,15 +49,11 @@ extern "C" __global__ void __launch_bounds__(128) rope_cache(
         }
         return;
     }
-    const bool is_q = h < n_heads;
-    const float* w = is_q ? q_norm : k_norm;
     if (w != nullptr) {
         const float inv = 1.f / sqrtf(block_sum(x1 * x1 + x2 * x2, scratch) / (float)head_dim + eps);
-        x1 = x1 * inv * w[a];
-        x2 = x2 * inv * w[b];
+        x1 = x1 * inv * wa;
+        x2 = x2 * inv * wb;
     }
-    const int pos = min(max(positions[t], 0), max_pos - 1);
-    const float c = cos_t[(i64)pos * half + i], s = sin_t[(i64)pos * half + i];
     const float r1 = x1 * c - x2 * s, r2 = x2 * c + x1 * s;
     if (is_q) {
         float* dst = q_out + ((i64)t * n_heads + h) * head_dim;

@@ -1,0 +1,126 @@
+"""Per-kernel GPU time of one batch-1 decode step, read by Nsight Compute from the decode graph.
+
+    python3 bench/decode_kernel_times.py MODEL.gguf [--context 330] [--out DIR]
+
+Runs itself under `ncu --graph-profiling node` (each kernel node of one graph replay measured
+alone: duration and DRAM bytes read, caches left as the step leaves them, clocks untouched),
+then prints one line per kernel name: calls, total and mean microseconds, and read bandwidth;
+and the kernels of one middle layer in order. The sum of the lone kernel times against the
+replay time shows how much the kernels overlap in the graph (programmatic dependent launch).
+Needs ncu (the lent H200 has it on its Firecracker machines).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+METRICS = "gpu__time_duration.sum,dram__bytes_read.sum"
+
+
+def target(model: str, context: int) -> None:
+    """The profiled process: an engine decoding one request at ~`context` tokens, then one replay."""
+    import cupy
+    import numpy as np
+    from gpu_engine import graph_replay_ms
+
+    from app.engine.config import EngineConfig
+    from app.engine.engine import LLMEngine
+    from app.engine.sampling_params import SamplingParams
+
+    engine = LLMEngine(EngineConfig(model=model, device="cuda", max_model_len=4096, max_num_seqs=1))
+    prompt = np.random.default_rng(1).integers(0, 256, size=max(1, context - 32)).tolist()
+    engine.add_request("r0", prompt, SamplingParams(temperature=1.0, max_tokens=64, ignore_eos=True))
+    for _ in range(40):
+        engine.step()
+    cupy.cuda.Device().synchronize()
+    graphs = engine.runner.graphs
+    graph = graphs._graphs[graphs.bucket_for(1)][0]
+    print(json.dumps({"replay_ms": graph_replay_ms(graph)}), flush=True)
+    cupy.cuda.runtime.profilerStart()
+    graph.launch()
+    cupy.cuda.Device().synchronize()
+    cupy.cuda.runtime.profilerStop()
+
+
+def _num(text: str) -> float:
+    """ncu writes thousands with commas ("4,512")."""
+    return float(text.replace(",", "") or 0)
+
+
+def report(rows: list[dict[str, str]], replay_ms: float | None) -> dict:
+    kernels = [(r["Kernel Name"].split("(")[0], _num(r["gpu__time_duration.sum"]), r) for r in rows]
+    unit = rows[0].get("_unit", "ns") if rows else "ns"
+    scale = 1e-3 if unit == "ns" else 1.0  # to microseconds
+    by_name: dict[str, list[float]] = defaultdict(list)
+    read: dict[str, float] = defaultdict(float)
+    for name, duration, row in kernels:
+        by_name[name].append(duration * scale)
+        read[name] += _num(row.get("dram__bytes_read.sum", "0"))
+    total = sum(sum(v) for v in by_name.values())
+    table = sorted(
+        (
+            {"kernel": name, "calls": len(times), "total_us": round(sum(times), 1),
+             "mean_us": round(sum(times) / len(times), 2),
+             "dram_read_mb": round(read[name] / 1e6, 1),
+             "read_tb_s": round(read[name] / (sum(times) * 1e-6) / 1e12, 2) if sum(times) else 0.0}
+            for name, times in by_name.items()
+        ),
+        key=lambda row: -row["total_us"],
+    )  # fmt: skip
+    middle = len(kernels) // 2
+    layer = [(name, round(d * scale, 2)) for name, d, _ in kernels[middle : middle + 10]]
+    return {"kernels": len(kernels), "sum_alone_us": round(total, 1), "replay_us": replay_ms and replay_ms * 1000,
+            "by_name": table, "middle_kernels": layer}  # fmt: skip
+
+
+def parse_csv(text: str) -> list[dict[str, str]]:
+    """ncu --csv --page raw: a header row, a units row, then one row per kernel."""
+    lines = [line for line in text.splitlines() if line.startswith('"')]
+    reader = list(csv.DictReader(io.StringIO("\n".join(lines))))
+    if not reader:
+        return []
+    units = reader[0]
+    rows = reader[1:]
+    for row in rows:
+        row["_unit"] = units.get("gpu__time_duration.sum", "ns")
+    return rows
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    if args and args[0] == "--target":
+        target(args[1], int(args[2]))
+        return
+    model = args[0]
+    context = int(args[args.index("--context") + 1]) if "--context" in args else 330
+    out = Path(args[args.index("--out") + 1]) if "--out" in args else Path("/tmp")
+    ncu = os.environ.get("NCU", "ncu")
+    command = [ncu, "--graph-profiling", "node", "--profile-from-start", "off", "--cache-control", "none",
+               "--clock-control", "none", "--metrics", METRICS, "--csv", "--page", "raw",
+               sys.executable, __file__, "--target", model, str(context)]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    (out / "decode-kernel-times.csv").write_text(done.stdout)
+    (out / "decode-kernel-times.err").write_text(done.stderr)
+    replay = None
+    for line in done.stdout.splitlines():
+        if line.startswith('{"replay_ms"'):
+            replay = json.loads(line)["replay_ms"]
+    result = report(parse_csv(done.stdout), replay)
+    result["model"] = Path(model).name
+    print(json.dumps(result))
+    if not result["kernels"]:
+        print(done.stderr[-3000:], file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
