@@ -29,9 +29,10 @@ def default_rows(bucket: int, qtype_name: str) -> int:
 
 
 MAX_TOKENS = TOKEN_BUCKETS[-1]
-# q/k/v at one token on the int16-x kernel (gemv_int_multi) instead of the float32-x one; off
-# until measured faster in the decode graph (`PADDOCK_GEMV_INT_MULTI=1`).
-INT_MULTI = os.environ.get("PADDOCK_GEMV_INT_MULTI", "0") == "1"
+# q/k/v at one token on the int16-x kernel (gemv_int_multi) rather than the float32-x one: level
+# until its warps loaded their first weights before the PDL wait, then 0.7% off the Qwen3-8B
+# decode step (2.73 -> 2.715 ms, H200, run 57). `PADDOCK_GEMV_INT_MULTI=0` for A/B runs.
+INT_MULTI = os.environ.get("PADDOCK_GEMV_INT_MULTI", "1") != "0"
 
 
 def format_defines(qtype_name: str) -> dict[str, str]:

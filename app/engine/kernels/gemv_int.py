@@ -10,8 +10,9 @@ Qwen3-8B shapes gate/up 26.7 -> 19.6 us (67% of copy bandwidth), down Q6_K 27.5 
 Q4_K 15.3 -> 13.3, o 7.3 -> 6.3; below ~4 MB (every Qwen3-0.6B matrix) the float32-x kernels
 stay 0.2-0.8 us faster, since quantizing x costs each block a round trip before its first
 product. q/k/v in one launch (gemv_int_multi) measured level with the float kernel (11.05 vs
-11.0 us: a Q4_K_M file's Q6_K v needs a second copy of x), so gemv.py keeps the float kernel
-there; gemv_int_multi serves q/k/v only with the norm fused in front (cuda_linear.norm_linear).
+11.0 us: a Q4_K_M file's Q6_K v needs a second copy of x) until every warp loaded its first
+weights before the PDL wait (xq_preload); since then it is 0.7% faster in the 8B decode graph
+and gemv.py sends q/k/v here too (gemv.INT_MULTI).
 """
 
 from __future__ import annotations
