@@ -62,7 +62,8 @@ SELECTED = {
     "gemv.cu": ("-DPADDOCK_FORMAT=q6_k", "-DPADDOCK_FORMAT_STRUCT=FmtQ6_K"),
     "dequant.cu": ("-DPADDOCK_FORMAT=q5_0", "-DPADDOCK_FORMAT_STRUCT=FmtQ5_0"),
     "attention.cu": ("-DATTN_D=64", "-DATTN_G=2"),
-    "attention_decode.cu": ("-DATTN_D=256", "-DATTN_G=2"),
+    # sm_90: a cluster of two, so each thread merges two output elements
+    "attention_decode.cu": ("-DATTN_D=256", "-DATTN_G=2", "-DATTN_CL=2"),
     "gemv_fused.cu": (
         "-DMULTI_F0=FmtQ5_K",
         "-DMULTI_F1=FmtQ8_0",

@@ -17,12 +17,29 @@
 //   Online softmax across a block's chunks, one warp per head.
 // - Several active blocks: each writes (acc, max, sum); the last to finish merges them
 //   (attn_merge.cuh).
+// - sm_90+: the S blocks come in thread-block clusters of DEC_CLUSTER (the wrapper rounds S up to a
+//   multiple). A cluster merges its blocks' partials through distributed shared memory
+//   (dec_cluster_merge): a context of up to DEC_CLUSTER chunks writes its output with no global
+//   partials, fence or count; a longer one merges one partial per cluster as above.
 //
 // K/V are float16 [num_blocks, block_size, n_kv, D]; q and out float32 [n_seqs, n_heads, D].
 #include "attn_merge.cuh"
 
 #define DEC_THREADS 128
 #define DEC_WARPS 4
+
+// Blocks per cluster along grid z: ATTN_CL from the wrapper (attention_decode.block_layout), 8 when
+// not given (the compile test); 1 below sm_90 and in the host builds, which keep the global merge.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#ifndef ATTN_CL
+#define ATTN_CL 8
+#endif
+#define DEC_CLUSTER ATTN_CL
+#else
+#define DEC_CLUSTER 1
+#endif
+static_assert(DEC_CLUSTER == 1 || DEC_CLUSTER == 2 || DEC_CLUSTER == 4 || DEC_CLUSTER == 8,
+              "a cluster is 1, 2, 4 or 8 blocks (8: the portable maximum)");
 
 template <int D, int GMAX>
 struct DecShape {
@@ -33,6 +50,15 @@ struct DecShape {
     static constexpr int VT = D < DEC_THREADS ? DEC_THREADS / D : 1;  // threads per output dim
     static constexpr int DPT = D > DEC_THREADS ? D / DEC_THREADS : 1;  // output dims per thread
     static constexpr int UNITS = KB * D / 8;         // 16-byte loads per chunk, K or V
+};
+
+// A block's partial as its cluster reads it (sm_90+): max and sum per head, then the group's
+// unnormalised output rows, in floats over k_s (free once the last chunk's scores are computed).
+template <int D, int GMAX>
+struct DecStage {
+    static constexpr int M = 0, L = GMAX, ACC = 2 * GMAX;  // offsets in floats
+    static constexpr int FLOATS = ACC + GMAX * D;
+    static_assert(FLOATS * 4 <= DecShape<D, GMAX>::KB * DecShape<D, GMAX>::KROW * 2, "the stage fits in k_s");
 };
 
 // 8 halves of K row `row` at column unit `col`: rows are padded by one word (DecShape::KROW), so
@@ -96,6 +122,116 @@ __device__ __forceinline__ void dec_load_key(int row, const int* slot_s, const u
     }
 }
 
+// The block's final (acc, max, sum) per head of the group into its stage, for its cluster to read.
+template <int D, int GMAX>
+__device__ __forceinline__ void dec_stage_partial(float* stage, const float (&acc)[DecShape<D, GMAX>::DPT][GMAX],
+                                                  const float* m_s, const float* l_s, int group) {
+    typedef DecStage<D, GMAX> St;
+    constexpr int DPT = DecShape<D, GMAX>::DPT;
+    const int tid = threadIdx.x;
+    if (tid < D || DPT > 1) {  // threads holding a final dim sum
+#pragma unroll
+        for (int h = 0; h < GMAX; ++h) {
+            if (h >= group) continue;
+#pragma unroll
+            for (int j = 0; j < DPT; ++j) stage[St::ACC + h * D + tid % D + j * DEC_THREADS] = acc[j][h];
+        }
+    }
+    if (tid < group) {
+        stage[St::M + tid] = m_s[tid];
+        stage[St::L + tid] = l_s[tid];
+    }
+}
+
+#if DEC_CLUSTER > 1
+struct DecPartial {
+    float acc, m, l;  // unnormalised output element, max and sum of its head
+};
+
+// Element e of the group's [group][D] output (head e / D) merged over the stages of ranks 0 .. n-1
+// of this cluster, by attn_merge_splits' formula: weights exp(m_r - max), denominator sum w_r * l_r,
+// summed in rank order. Every load is issued before the first use (one round trip over the cluster).
+template <int D, int GMAX>
+__device__ __forceinline__ DecPartial dec_merge_ranks(const float* stage, int n, int e) {
+    typedef DecStage<D, GMAX> St;
+    const int h = e / D;
+    float m[DEC_CLUSTER], l[DEC_CLUSTER], x[DEC_CLUSTER];
+#pragma unroll
+    for (int r = 0; r < DEC_CLUSTER; ++r) {
+        m[r] = -PADDOCK_INF;
+        l[r] = x[r] = 0.f;
+        if (r < n) {
+            const float* s = cluster_map_shared(stage, r);
+            m[r] = s[St::M + h];
+            l[r] = s[St::L + h];
+            x[r] = s[St::ACC + e];
+        }
+    }
+    float mx = -PADDOCK_INF;
+#pragma unroll
+    for (int r = 0; r < DEC_CLUSTER; ++r) mx = fmaxf(mx, m[r]);
+    DecPartial p = {0.f, mx, 0.f};
+#pragma unroll
+    for (int r = 0; r < DEC_CLUSTER; ++r) {
+        const float w = m[r] == -PADDOCK_INF ? 0.f : expf(m[r] - mx);  // also the ranks past n
+        p.acc = fmaf(w, x[r], p.acc);
+        p.l = fmaf(w, l[r], p.l);
+    }
+    return p;
+}
+
+// The end of every block of a cluster with active blocks, idle ones included (a cluster barrier
+// waits for every thread of the cluster that has not exited), after dec_stage_partial. The cluster's
+// threads share out the group's output elements: thread t of rank r takes elements
+// r * DEC_THREADS + t + i * DEC_CLUSTER * DEC_THREADS, each merged over the stages of the cluster's
+// active blocks. With one cluster active those are the output; with several, cluster c writes its
+// merge as partial c, and the last block to count merges the clusters' partials (attn_merge_splits).
+// A block's rank is blockIdx.z % DEC_CLUSTER: clusters are (1, 1, DEC_CLUSTER) blocks, ranked along z.
+template <int D, int GMAX>
+__device__ __forceinline__ void dec_cluster_merge(const float* stage, int group, int n_act, i64 row0,
+                                                  float* __restrict__ out, float* __restrict__ part_acc,
+                                                  float* __restrict__ part_m, float* __restrict__ part_l,
+                                                  int* count, float* wgt, float* den, int* flag) {
+    constexpr int STEP = DEC_CLUSTER * DEC_THREADS;       // elements per pass of the cluster's threads
+    constexpr int ITEMS = (GMAX * D + STEP - 1) / STEP;  // passes
+    const int b = blockIdx.z, n_blocks = gridDim.z, rank = b % DEC_CLUSTER, cluster = b / DEC_CLUSTER;
+    const int n_ranks = min(DEC_CLUSTER, n_act - (b - rank));  // active blocks of this cluster
+    const int n_clusters = (n_act + DEC_CLUSTER - 1) / DEC_CLUSTER;
+    const int n_elems = group * D;
+
+    cluster_sync();  // every block's stage is written
+    DecPartial p[ITEMS];
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+        const int e = rank * DEC_THREADS + threadIdx.x + i * STEP;
+        if (e < n_elems) p[i] = dec_merge_ranks<D, GMAX>(stage, n_ranks, e);
+    }
+    cluster_arrive();  // this block has read the others' stages (they wait for it before exiting)
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+        const int e = rank * DEC_THREADS + threadIdx.x + i * STEP;
+        if (e >= n_elems) continue;
+        const i64 row = row0 + e / D;
+        const int d = e % D;
+        if (n_clusters == 1) {
+            out[row * D + d] = p[i].l > 0.f ? p[i].acc / p[i].l : 0.f;
+        } else {
+            part_acc[(row * n_blocks + cluster) * D + d] = p[i].acc;
+            if (d == 0) {
+                part_m[row * n_blocks + cluster] = p[i].m;
+                part_l[row * n_blocks + cluster] = p[i].l;
+            }
+        }
+    }
+    cluster_wait();  // no block exits while another may still read its stage
+    // Blocks that wrote a share of a partial count themselves in; the last merges the clusters'.
+    const int writers = min(DEC_CLUSTER, (n_elems + DEC_THREADS - 1) / DEC_THREADS);
+    if (n_clusters == 1 || rank >= writers) return;
+    if (!attn_last_to_finish(count, n_clusters * writers, flag)) return;
+    attn_merge_splits<D>(part_acc, part_m, part_l, row0, group, n_blocks, 0, n_clusters, wgt, n_clusters, den, out);
+}
+#endif
+
 template <int D, int GMAX>
 __device__ __forceinline__ void attn_decode_body(const float* __restrict__ q, const u16* __restrict__ k_cache,
                                                  const u16* __restrict__ v_cache, const int* __restrict__ seq_lens,
@@ -127,7 +263,11 @@ __device__ __forceinline__ void attn_decode_body(const float* __restrict__ q, co
     const int first_chunk = lo / S::KB;
     const int n_chunks = ctx > 0 ? pos / S::KB - first_chunk + 1 : 0;
     const int n_act = max(1, min(n_blocks, n_chunks));
-    if (b >= n_act) return;  // uniform over the block, before any barrier
+    // A block past the active ones returns at once (uniform over the block, before any barrier),
+    // except in a cluster that merges in shared memory: there it takes part in the cluster's barriers.
+    // A cluster with no active block returns as a whole.
+    const bool in_merging_cluster = DEC_CLUSTER > 1 && n_act > 1 && b - b % DEC_CLUSTER < n_act;
+    if (b >= n_act && !in_merging_cluster) return;
 
     if (tid < GMAX) {
         m_s[tid] = -PADDOCK_INF;
@@ -264,6 +404,14 @@ __device__ __forceinline__ void attn_decode_body(const float* __restrict__ q, co
         }
         return;
     }
+#if DEC_CLUSTER > 1
+    // The cluster merges in shared memory (the stages over k_s); with several clusters, the last
+    // block's merge keeps one weight per cluster and head in sc and the denominators in l_s.
+    dec_stage_partial<D, GMAX>(reinterpret_cast<float*>(k_s), acc, m_s, l_s, group);
+    dec_cluster_merge<D, GMAX>(reinterpret_cast<const float*>(k_s), group, n_act, (i64)seq * n_heads + head0, out,
+                               part_acc, part_m, part_l, counters + (i64)seq * n_kv + g, &sc[0][0][0], l_s,
+                               &last_block);
+#else
     if (writer) {
 #pragma unroll
         for (int h = 0; h < GMAX; ++h) {
@@ -283,16 +431,25 @@ __device__ __forceinline__ void attn_decode_body(const float* __restrict__ q, co
     // One weight per active block and head: n_act <= MAX_BLOCKS = 128 = P * KB, so sc's rows hold them.
     attn_merge_splits<D>(part_acc, part_m, part_l, (i64)seq * n_heads + head0, group, n_blocks, 0, n_act,
                          &sc[0][0][0], n_act, l_s, out);
+#endif
 }
 
+// Cluster builds: compile-time cluster dims, which CuPy's launch and cuLaunchKernelEx both honour
+// (pdl.py), and a minimum of 3 resident blocks per SM, i.e. a budget of 168 registers: left to itself,
+// ptxas gave some sm_90 variants 64 or 96 registers and spilled (with or without clusters).
+#if DEC_CLUSTER > 1
+#define DEC_KERNEL_ATTRS __launch_bounds__(DEC_THREADS, 3) __cluster_dims__(1, 1, DEC_CLUSTER)
+#else
+#define DEC_KERNEL_ATTRS __launch_bounds__(DEC_THREADS)
+#endif
+
 #define ATTN_DEC_KERNEL(D, GMAX)                                                                                 \
-    extern "C" __global__ void __launch_bounds__(DEC_THREADS) attn_dec_d##D##_g##GMAX(                          \
+    extern "C" __global__ void DEC_KERNEL_ATTRS attn_dec_d##D##_g##GMAX(                                         \
         const float* __restrict__ q, const u16* __restrict__ k_cache, const u16* __restrict__ v_cache,          \
         const int* __restrict__ seq_lens, const int* __restrict__ block_tables, int table_stride, int n_heads,  \
         int n_kv, int block_size, float scale, float softcap, int window, float* __restrict__ out,             \
         float* __restrict__ part_acc, float* __restrict__ part_m, float* __restrict__ part_l,                  \
         int* __restrict__ counters) {                                                                          \
-        after_previous_grid();                                                                                 \
         attn_decode_body<D, GMAX>(q, k_cache, v_cache, seq_lens, block_tables, table_stride, n_heads, n_kv,     \
                                   block_size, scale, softcap, window, out, part_acc, part_m, part_l, counters);  \
     }

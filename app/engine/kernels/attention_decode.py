@@ -3,21 +3,28 @@
 CudaBackend.attention sends a decode batch here when the (head_dim, group) variant exists
 (the ones whose shared memory fits 48 KB); prefill and mixed batches, and the rest, go to
 attention.cu. `PADDOCK_DECODE_ATTENTION=0` turns this path off (benchmarks compare the two).
+
+On sm_90+ the blocks of one (sequence, KV head) run in thread-block clusters that merge their
+partial sums through each other's shared memory (block_layout); `PADDOCK_DECODE_CLUSTERS=0`
+keeps the global-memory merge there too.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
 from app.engine.kernels.attention import group_bucket, split_counters
-from app.engine.kernels.compile import get_kernel
+from app.engine.kernels.compile import device_arch, get_kernel
 from app.engine.kernels.launch import cdiv, f32, i32, launch
 
 VARIANTS = frozenset({(64, 1), (64, 2), (64, 4), (64, 8), (64, 16), (128, 1), (128, 2), (128, 4), (128, 8),
                       (256, 1), (256, 2), (256, 4)})  # fmt: skip
 MAX_BLOCKS = 128  # blocks per (sequence, KV head): the merge keeps one weight per block in shared memory
 BLOCKS_PER_SM = 4  # enough blocks in flight to stream a long context at full bandwidth
+MAX_CLUSTER = 8  # blocks per thread-block cluster: the portable maximum on sm_90
+MIN_CLUSTER_CC = 90
 
 
 def chunk_keys(head_dim: int) -> int:
@@ -35,9 +42,34 @@ def plan_blocks(n_seqs: int, n_kv: int, max_seq_len: int, sm_count: int, head_di
     """Blocks per (sequence, KV head): one per chunk of the longest context, capped at about
     BLOCKS_PER_SM blocks per multiprocessor over the batch; a block loops over the chunks
     beyond that. Contexts shorter than the plan leave the extra blocks idle (they return at
-    once), so one plan serves every step a CUDA graph replays."""
+    once, but for those in a cluster with active blocks), so one plan serves every step a CUDA
+    graph replays."""
     chunks = cdiv(max(1, max_seq_len), chunk_keys(head_dim))
     return max(1, min(chunks, cdiv(BLOCKS_PER_SM * sm_count, n_seqs * n_kv), MAX_BLOCKS))
+
+
+@functools.cache
+def clusters_supported() -> bool:
+    """Whether launches on this device use thread-block clusters: sm_90+, unless switched off."""
+    if os.environ.get("PADDOCK_DECODE_CLUSTERS", "1") == "0":
+        return False
+    return int(device_arch()) >= MIN_CLUSTER_CC
+
+
+def block_layout(n_blocks: int, clusters: bool) -> tuple[int, int]:
+    """(blocks per (sequence, KV head), blocks per cluster) for a request of `n_blocks`: the one
+    place that decides both, as the launch's grid and the kernel's ATTN_CL.
+
+    With clusters, the smallest power of two that holds the request, at most MAX_CLUSTER, and the
+    blocks rounded up to a multiple of it: a context of up to that many chunks merges in one
+    cluster's shared memory. A cluster keeps its idle blocks resident until its active ones are
+    done, so a small request (a large batch, a few blocks each) gets a small cluster rather than
+    eight blocks of which most wait. One block needs no merge: no cluster."""
+    n = max(1, min(n_blocks, MAX_BLOCKS))
+    if not clusters or n == 1:
+        return n, 1
+    cluster = min(MAX_CLUSTER, 1 << (n - 1).bit_length())
+    return cdiv(n, cluster) * cluster, cluster
 
 
 def attention_decode(
@@ -51,12 +83,15 @@ def attention_decode(
     n_seqs, n_heads, head_dim = q.shape
     n_kv, block_size = k_cache.shape[2], k_cache.shape[1]
     if not supports(head_dim, n_heads, n_kv):
-        raise ValueError(f"no decode attention variant for head_dim {head_dim}, {n_heads // n_kv} heads per KV head")
+        raise ValueError(
+            f"no decode attention variant for head_dim {head_dim}, {n_heads // n_kv} heads per KV head"
+        )
     if n_seqs == 0:
         return out
     gmax = group_bucket(n_heads, n_kv)
-    kernel = get_kernel("attention_decode.cu", f"attn_dec_d{head_dim}_g{gmax}", {"ATTN_D": head_dim, "ATTN_G": gmax})
-    n_blocks = max(1, min(n_blocks, MAX_BLOCKS))
+    n_blocks, cluster = block_layout(n_blocks, clusters_supported())
+    defines = {"ATTN_D": head_dim, "ATTN_G": gmax, "ATTN_CL": cluster}
+    kernel = get_kernel("attention_decode.cu", f"attn_dec_d{head_dim}_g{gmax}", defines)
     part_acc = cupy.empty((n_seqs, n_heads, n_blocks, head_dim), cupy.float32)
     part_m = cupy.empty((n_seqs, n_heads, n_blocks), cupy.float32)
     part_l = cupy.empty((n_seqs, n_heads, n_blocks), cupy.float32)

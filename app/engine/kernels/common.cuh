@@ -108,6 +108,33 @@ __device__ __forceinline__ void after_previous_grid() {
     launch_next_grid();
 }
 
+// -- thread-block clusters (sm_90+) --------------------------------------------------------
+
+// A kernel declared with __cluster_dims__ runs in clusters of blocks that are scheduled together
+// on one GPC and may read each other's shared memory (distributed shared memory). PTX rather than
+// cooperative_groups: NVRTC has no CUDA headers here. Only for code compiled for sm_90+.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// barrier.cluster: arrive has release semantics and wait acquire (the PTX defaults), so what any
+// thread of the cluster wrote before its arrive is visible after the wait. Every non-exited thread
+// of the cluster takes part; a block whose shared memory another block may still read must not exit
+// before the wait that follows those reads.
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait;" ::: "memory"); }
+__device__ __forceinline__ void cluster_sync() {
+    cluster_arrive();
+    cluster_wait();
+}
+
+// The address of the same shared variable as `p` in block `rank` of this cluster (a generic
+// pointer: plain loads read the other block's shared memory).
+template <class T>
+__device__ __forceinline__ const T* cluster_map_shared(const T* p, int rank) {
+    unsigned long long q;
+    asm("mapa.u64 %0, %1, %2;" : "=l"(q) : "l"(p), "r"(rank));
+    return reinterpret_cast<const T*>(q);
+}
+#endif
+
 // How much a kernel prefetches before its wait: enough to keep HBM busy across the gap
 // between two kernels (~2 us at ~4 TB/s is ~8 MB over a grid's warps), not its whole weight.
 // Prefetching whole matrices (40 MB of an 8B model's down projection) while the previous

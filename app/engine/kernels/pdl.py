@@ -20,6 +20,13 @@ CuPy's launcher has no launch attributes, so `cuLaunchKernelEx` is called throug
 on the kernel's CUfunction. Only launches inside `programmatic_launches()` (the decode
 graphs' capture) take this path: it is slower in Python than CuPy's launcher, which
 the eager steps keep. `PADDOCK_PDL=0` turns it off.
+
+Thread-block clusters need no attribute here: a kernel declared with `__cluster_dims__`
+(attention_decode.cu on sm_90+) carries its cluster shape in the function (PTX
+`.reqnctapercluster`), and every launch of it, plain `cuLaunchKernel` (CuPy) or
+`cuLaunchKernelEx` without a cluster attribute, runs in clusters of that shape; the CUDA
+programming guide launches such kernels with plain `<<<>>>` and says their cluster size cannot
+be changed at launch. The grid must be a multiple of it (the wrapper's business).
 """
 
 from __future__ import annotations

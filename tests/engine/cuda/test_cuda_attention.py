@@ -6,6 +6,8 @@ values the GPU cache holds, so the comparison measures the kernel, not the cache
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from cuda_samples import rel_err
@@ -140,21 +142,72 @@ def test_attention_register_capped_variant(cuda, cpu, rng, heads) -> None:
         assert rel_err(cuda.to_host(out), ref) < TOL
 
 
-@pytest.mark.parametrize("n_blocks", [1, 3, 128])  # one block walks every chunk; loops; mostly idle blocks
-@pytest.mark.parametrize("heads", [(32, 8, 128), (4, 1, 256), (12, 4, 64)], ids=["qwen", "gemma", "d64"])
-def test_attention_decode_block_counts(cuda, cpu, rng, heads, n_blocks: int) -> None:
-    """attention_decode.cu at any number of blocks per KV head, with and without a window;
-    every output element written."""
+DECODE_HEADS = [(32, 8, 128), (4, 1, 256), (12, 4, 64)]
+
+
+def decode_contexts(head_dim: int) -> list[int]:
+    """One sequence per case: 1 to 8 chunks (at most one cluster's), chunk edges, and 9+ chunks
+    (several clusters, or blocks that loop)."""
+    from app.engine.kernels.attention_decode import chunk_keys
+
+    kb = chunk_keys(head_dim)
+    within_one_cluster = [c * kb - kb // 3 for c in range(1, 9)]  # 1..8 chunks, the last one partly filled
+    return [1, kb, kb + 1, *within_one_cluster, 8 * kb, 8 * kb + 1, 700, 2000]
+
+
+def check_decode(cuda, cpu, rng, heads, n_blocks: int, windows=(None, 100, 300)) -> None:
+    """attention_decode.attention_decode at `n_blocks` against the numpy backend, every output element
+    written; one launch per window, on the same counters (each launch must leave them at zero)."""
     from app.engine.kernels import attention_decode
 
     n_heads, n_kv, head_dim = heads
-    seqs = [(1, 1), (1, 64), (1, 65), (1, 700), (1, 2000)]
+    seqs = [(1, ctx) for ctx in decode_contexts(head_dim)]
     q, (kc, vc, mc), (kg, vg, mg) = make_batch(cuda, cpu, rng, seqs, n_heads, n_kv, head_dim)
-    for window in (None, 100):
+    for window in windows:
         ref = cpu.attention(q, kc, vc, mc, 0.1, window)
         out = cuda.xp.full(q.shape, cuda.xp.nan, cuda.xp.float32)
         attention_decode.attention_decode(cuda.from_host(q), kg, vg, mg.seq_lens, mg.block_tables, 0.1, window, None,
                                           n_blocks, out)  # fmt: skip
         got = cuda.to_host(out)
-        assert not np.isnan(got).any()
-        assert rel_err(got, ref) < TOL
+        assert not np.isnan(got).any(), f"window {window}"
+        assert rel_err(got, ref) < TOL, f"window {window}"
+
+
+# 1: one block walks every chunk; 2, 3, 5: one cluster of 2, 4, 8 (sm_90+), not a multiple of it;
+# 8: one full cluster; 13, 16: two clusters, blocks that loop past 16 chunks; 128: many clusters, most idle.
+@pytest.mark.parametrize("n_blocks", [1, 2, 3, 5, 8, 13, 16, 128])
+@pytest.mark.parametrize("heads", DECODE_HEADS, ids=["qwen", "gemma", "d64"])
+def test_attention_decode_block_counts(cuda, cpu, rng, heads, n_blocks: int) -> None:
+    """attention_decode.cu at any number of blocks per KV head: on sm_90+ through clusters that merge
+    in shared memory (and, past one cluster's chunks, across clusters in global memory)."""
+    check_decode(cuda, cpu, rng, heads, n_blocks)
+
+
+@pytest.mark.parametrize("n_blocks", [5, 16])
+def test_attention_decode_without_clusters(cuda, cpu, rng, monkeypatch, n_blocks: int) -> None:
+    """The global-memory merge alone (what sm_86/89 run, and sm_90+ with PADDOCK_DECODE_CLUSTERS=0)."""
+    from app.engine.kernels import attention_decode
+
+    monkeypatch.setattr(attention_decode, "clusters_supported", lambda: False)
+    check_decode(cuda, cpu, rng, (32, 8, 128), n_blocks, windows=(None, 300))
+
+
+@pytest.mark.parametrize("n_blocks", [5, 16])
+def test_attention_decode_programmatic_launch(cuda, cpu, rng, n_blocks: int) -> None:
+    """Launched by cuLaunchKernelEx (pdl.py, as inside a decode graph's capture): the kernel's
+    compile-time cluster dims hold there too, with no cluster attribute."""
+    from app.engine.kernels import pdl
+
+    with pdl.programmatic_launches():
+        check_decode(cuda, cpu, rng, (32, 8, 128), n_blocks, windows=(None, 300))
+
+
+def test_attention_decode_clusters_on_sm90(cuda) -> None:
+    """The device decides (one place): clusters from compute capability 9.0 on."""
+    from app.engine.kernels import attention_decode
+    from app.engine.kernels.compile import device_arch
+
+    if os.environ.get("PADDOCK_DECODE_CLUSTERS", "1") == "0":
+        pytest.skip("clusters switched off")
+    uses = attention_decode.block_layout(66, attention_decode.clusters_supported())[1] > 1
+    assert uses == (int(device_arch()) >= attention_decode.MIN_CLUSTER_CC)

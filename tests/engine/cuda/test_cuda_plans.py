@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.engine.kernels.attention import MAX_SPLITS, MIN_SPLIT, NO_SPLIT, group_bucket, plan_splits
+from app.engine.kernels.attention_decode import MAX_BLOCKS, MAX_CLUSTER, block_layout
 from app.engine.kernels.gemv import VARIANTS, default_rows, default_warps
 
 SMS = 132
@@ -45,3 +46,22 @@ def test_gemv_defaults_are_compiled_variants() -> None:
             assert default_rows(bucket, qtype) in rows
     assert default_rows(1, "Q4_K") == 4 and default_rows(1, "Q8_0") == 8
     assert [default_warps(c) for c in (640, 4096, 12288)] == [1, 4, 4]
+
+
+def test_decode_blocks_without_clusters_are_the_request() -> None:
+    assert [block_layout(n, clusters=False) for n in (0, 1, 3, 66, 500)] == [
+        (1, 1), (1, 1), (3, 1), (66, 1), (MAX_BLOCKS, 1)
+    ]  # fmt: skip
+
+
+def test_decode_blocks_fill_whole_clusters() -> None:
+    """sm_90+: whole clusters of a power of two (at most MAX_CLUSTER) blocks that hold the request,
+    no cluster for one block, never past MAX_BLOCKS."""
+    for n in range(1, MAX_BLOCKS + 2):
+        blocks, cluster = block_layout(n, clusters=True)
+        assert blocks % cluster == 0 and blocks <= MAX_BLOCKS, n
+        assert cluster in (1, 2, 4, MAX_CLUSTER) and (cluster == 1) == (n == 1), n
+        assert min(n, MAX_BLOCKS) <= blocks < min(n, MAX_BLOCKS) + cluster, n
+        if n <= MAX_CLUSTER:
+            assert blocks == cluster, n  # up to one cluster's worth: one cluster, as small as holds it
+    assert block_layout(66, clusters=True) == (72, MAX_CLUSTER)  # one sequence of Qwen3-8B on an H200
