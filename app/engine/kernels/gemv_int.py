@@ -35,11 +35,22 @@ MIN_BYTES = 4 << 20  # smaller weights stay on the float32-x kernels (see above)
 # before its first product.
 FUSED_NORM_MAX_COLS = int(os.environ.get("PADDOCK_FUSED_NORM_MAX_COLS", "2048"))
 # Launch shapes, the best of the run-28 sweep at the 8B shapes: (rows per warp, units per step).
-SINGLE_SHAPE = (2, 2)
-GATED_SHAPE = (1, 1)  # one row of gate and one of up per warp
-MULTI_SHAPE = (2, 2)
-WARPS = 8  # 8 warps beat 4 and 2 at every shape (runs 26 and 28) but q/k/v's
-MULTI_WARPS = 4  # q/k/v: (2 rows, 4 warps, 2 units) 11.05 us against 13.4 with 8 warps (run 28)
+# `PADDOCK_GEMV_SHAPE_SINGLE` / `_GATED` / `_MULTI` = "rows,warps,units" override one (A/B runs).
+
+
+def _shape(name: str, rows: int, warps: int, units: int) -> tuple[tuple[int, int], int]:
+    """((rows per warp, units per step), warps per block) of one kernel, or its override."""
+    text = os.environ.get(f"PADDOCK_GEMV_SHAPE_{name}")
+    if text:
+        rows, warps, units = (int(v) for v in text.split(","))
+    return (rows, units), warps
+
+
+# 8 warps beat 4 and 2 at every shape (runs 26 and 28) but q/k/v's: (2 rows, 4 warps, 2 units)
+# 11.05 us against 13.4 with 8 warps (run 28). Gate/up: one row of gate and one of up per warp.
+SINGLE_SHAPE, WARPS = _shape("SINGLE", 2, 8, 2)
+GATED_SHAPE, GATED_WARPS = _shape("GATED", 1, 8, 1)
+MULTI_SHAPE, MULTI_WARPS = _shape("MULTI", 2, 4, 2)
 BLOCKS_PER_SM = 4  # the grid's cap: more row groups than this loop inside a block (2-32: within 1%)
 
 
@@ -105,7 +116,9 @@ def _launch(kernel: Any, groups: int, smem: int, args: tuple, warps: int, blocks
     once: a grid past that (528 gate/up blocks of 76 registers, of which 396 fit on the H200)
     runs its last blocks as a second wave, one per multiprocessor, after the rest are done."""
     if os.environ.get("PADDOCK_GEMV_RESIDENT", "1") != "0":
-        blocks_per_sm = min(blocks_per_sm, resident_blocks(getattr(kernel, "kernel", kernel).ptr, 32 * warps, smem))
+        blocks_per_sm = min(
+            blocks_per_sm, resident_blocks(getattr(kernel, "kernel", kernel).ptr, 32 * warps, smem)
+        )
     blocks = min(cdiv(groups, warps), _sm_count() * blocks_per_sm)
     launch(kernel, (blocks,), (32 * warps,), args, shared_mem=smem)
 
@@ -163,8 +176,8 @@ def gemv_int_multi(
 
 def gemv_int_gated(
     gate: tuple[Any, str, int], up: tuple[Any, str, int], n_rows: int, n_cols: int, x: Any, act: int, out: Any,
-    rows: int | None = None, warps: int = WARPS, blocks_per_sm: int = BLOCKS_PER_SM, units: int | None = None,
-    norm: NormIn | None = None,
+    rows: int | None = None, warps: int = GATED_WARPS, blocks_per_sm: int = BLOCKS_PER_SM,
+    units: int | None = None, norm: NormIn | None = None,
 ) -> Any:  # fmt: skip
     """`out = act(x @ G.T) * (x @ U.T)` for one token, as gemv.gemv_gated (`act` its kernel code);
     with `norm`, of the normalized x."""
