@@ -39,10 +39,14 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def resident_blocks(kernel: Any, threads: int, shared_mem: int) -> int:
+    """How many blocks of `kernel` one multiprocessor holds at once, by its registers, shared
+    memory and threads (the driver's occupancy calculator)."""
+    return _resident_blocks(pdl.function_ptr(kernel), threads, shared_mem)
+
+
 @functools.cache
-def resident_blocks(function_ptr: int, threads: int, shared_mem: int) -> int:
-    """How many blocks of this kernel (CuPy `Function.ptr`) one multiprocessor holds at once,
-    by its registers, shared memory and threads (the driver's occupancy calculator)."""
+def _resident_blocks(function_ptr: int, threads: int, shared_mem: int) -> int:
     from cupy_backends.cuda.api import driver
 
     return max(1, int(driver.occupancyMaxActiveBlocksPerMultiprocessor(function_ptr, threads, shared_mem)))

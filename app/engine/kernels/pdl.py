@@ -127,6 +127,11 @@ def _argument(value: Any) -> ctypes._SimpleCData:
     raise TypeError(f"kernel argument {type(value).__name__} is not supported")
 
 
+def function_ptr(kernel: Any) -> int:
+    """The CUfunction of a CuPy RawKernel (its loaded `.kernel`) or of a module's Function."""
+    return int(getattr(kernel, "kernel", kernel).ptr)
+
+
 def launch_programmatic(
     kernel: Any, grid: Sequence[int], block: Sequence[int], args: Sequence[Any], shared_mem: int = 0
 ) -> None:
@@ -142,7 +147,8 @@ def launch_programmatic(
         (ctypes.c_uint * 3)(*grid3), (ctypes.c_uint * 3)(*block3), shared_mem,
         ctypes.c_void_p(cupy.cuda.get_current_stream().ptr), ctypes.pointer(attribute), 1,
     )  # fmt: skip
-    function = getattr(kernel, "kernel", kernel)  # a RawKernel's loaded CUfunction
-    status = _driver().cuLaunchKernelEx(ctypes.byref(config), ctypes.c_void_p(function.ptr), params, None)
+    status = _driver().cuLaunchKernelEx(
+        ctypes.byref(config), ctypes.c_void_p(function_ptr(kernel)), params, None
+    )
     if status != 0:
         raise LaunchError(f"cuLaunchKernelEx failed with CUDA error {status}")
