@@ -34,23 +34,39 @@ MIN_BYTES = 4 << 20  # smaller weights stay on the float32-x kernels (see above)
 # without, 292 with, one machine, run 34), where every block reads 32 KB of x and residual
 # before its first product.
 FUSED_NORM_MAX_COLS = int(os.environ.get("PADDOCK_FUSED_NORM_MAX_COLS", "2048"))
-# Launch shapes, the best of the run-28 sweep at the 8B shapes: (rows per warp, units per step).
-# `PADDOCK_GEMV_SHAPE_SINGLE` / `_GATED` / `_MULTI` = "rows,warps,units" override one (A/B runs).
 
 
-def _shape(name: str, rows: int, warps: int, units: int) -> tuple[tuple[int, int], int]:
-    """((rows per warp, units per step), warps per block) of one kernel, or its override."""
+@dataclass(frozen=True)
+class LaunchShape:
+    rows: int  # rows per warp (gate/up: of each)
+    warps: int  # per block
+    units: int  # 32-weight units a lane takes per step
+
+
+def _shapes(name: str, narrow: LaunchShape, wide: LaunchShape) -> tuple[LaunchShape, LaunchShape]:
+    """A kernel's shapes below WIDE_COLS columns and from there on; `PADDOCK_GEMV_SHAPE_<name>` =
+    "rows,warps,units" sets both (A/B runs)."""
     text = os.environ.get(f"PADDOCK_GEMV_SHAPE_{name}")
-    if text:
-        rows, warps, units = (int(v) for v in text.split(","))
-    return (rows, units), warps
+    if not text:
+        return narrow, wide
+    forced = LaunchShape(*(int(v) for v in text.split(",")))
+    return forced, forced
 
 
-# 8 warps beat 4 and 2 at every shape (runs 26 and 28) but q/k/v's: (2 rows, 4 warps, 2 units)
-# 11.05 us against 13.4 with 8 warps (run 28). Gate/up: one row of gate and one of up per warp.
-SINGLE_SHAPE, WARPS = _shape("SINGLE", 2, 8, 2)
-GATED_SHAPE, GATED_WARPS = _shape("GATED", 1, 8, 1)
-MULTI_SHAPE, MULTI_WARPS = _shape("MULTI", 2, 4, 2)
+# Run-28 sweep at the 8B shapes: 8 warps beat 4 and 2 at every shape but q/k/v's: (2 rows, 4 warps,
+# 2 units) 11.05 us against 13.4 with 8 warps. In the decode graph (gpu_run.sh ab, H200, runs 61-63
+# and 2026-11-30) gate/up at 2 rows and q/k/v at 1 row of 8 warps took the 8B step (4096 columns)
+# from 2.478 to 2.448 ms, twice, and the 0.6B one (1024) from 0.770 to 0.787 ms: hence by width.
+WIDE_COLS = 4096
+SINGLE_SHAPES = _shapes("SINGLE", LaunchShape(2, 8, 2), LaunchShape(2, 8, 2))
+GATED_SHAPES = _shapes("GATED", LaunchShape(1, 8, 1), LaunchShape(2, 8, 1))
+MULTI_SHAPES = _shapes("MULTI", LaunchShape(2, 4, 2), LaunchShape(1, 8, 2))
+
+
+def shape_for(shapes: tuple[LaunchShape, LaunchShape], n_cols: int) -> LaunchShape:
+    return shapes[n_cols >= WIDE_COLS]
+
+
 BLOCKS_PER_SM = 4  # the grid's cap: more row groups than this loop inside a block (2-32: within 1%)
 RESIDENT_CAP = os.environ.get("PADDOCK_GEMV_RESIDENT", "1") != "0"  # _launch; 0 for A/B runs
 
@@ -124,11 +140,11 @@ def _launch(kernel: Any, groups: int, smem: int, args: tuple, warps: int, blocks
 
 
 def _defines(
-    formats: list[str], shape: tuple[int, int], rows: int | None, units: int | None, n_cols: int, act: int = 0
+    formats: list[str], shape: LaunchShape, rows: int | None, units: int | None, n_cols: int, act: int = 0
 ) -> dict[str, str | int]:
     """The -D set of one kernel variant; `rows` / `units` override the shape's defaults."""
     padded = [*formats, formats[-1], formats[-1]][:3]
-    rows, units = rows or shape[0], units or shape[1]
+    rows, units = rows or shape.rows, units or shape.units
     units = 1 if (n_cols // 32) % units else units  # an odd unit count per row takes one at a time
     return {"XQ_F0": f"Fmt{padded[0]}", "XQ_F1": f"Fmt{padded[1]}", "XQ_F2": f"Fmt{padded[2]}", "XQ_R": rows,
             "XQ_U": units, "XQ_ACT": act}  # fmt: skip
@@ -136,12 +152,14 @@ def _defines(
 
 def gemv_int(
     data: Any, qtype_name: str, row_bytes: int, n_rows: int, n_cols: int, x: Any, out: Any,
-    bias: Any | None = None, rows: int | None = None, warps: int = WARPS, blocks_per_sm: int = BLOCKS_PER_SM,
-    units: int | None = None, norm: NormIn | None = None,
+    bias: Any | None = None, rows: int | None = None, warps: int | None = None,
+    blocks_per_sm: int = BLOCKS_PER_SM, units: int | None = None, norm: NormIn | None = None,
 ) -> Any:  # fmt: skip
     """`out[0, r] = W[r] . x[0] (+ bias[r])`, as gemv.gemv for one token; with `norm`, of the
     normalized x. `rows`, `warps`, `blocks_per_sm` and `units` override the launch shape (benchmarks)."""
-    defines = _defines([qtype_name], SINGLE_SHAPE, rows, units, n_cols)
+    shape = shape_for(SINGLE_SHAPES, n_cols)
+    warps = warps or shape.warps
+    defines = _defines([qtype_name], shape, rows, units, n_cols)
     kernel = get_kernel("gemv_int.cu", "gemv_int", defines)
     args = (data, i64(row_bytes), i32(n_rows), i32(n_cols), x, out, ptr(bias), *_norm_args(norm))
     _launch(
@@ -157,13 +175,15 @@ def gemv_int(
 
 def gemv_int_multi(
     parts: list[tuple[Any, str, int, int]], n_cols: int, x: Any, out: Any, bias: Any | None = None,
-    rows: int | None = None, warps: int = MULTI_WARPS, blocks_per_sm: int = BLOCKS_PER_SM,
+    rows: int | None = None, warps: int | None = None, blocks_per_sm: int = BLOCKS_PER_SM,
     units: int | None = None, norm: NormIn | None = None,
 ) -> Any:  # fmt: skip
     """2 or 3 weights `(data, qtype_name, row_bytes, n_rows)` stacked along the output, as
     gemv.gemv_multi for one token; with `norm`, of the normalized x."""
     padded = list(parts) + [(*parts[-1][:3], 0)] * (3 - len(parts))
-    defines = _defines([p[1] for p in padded], MULTI_SHAPE, rows, units, n_cols)
+    shape = shape_for(MULTI_SHAPES, n_cols)
+    warps = warps or shape.warps
+    defines = _defines([p[1] for p in padded], shape, rows, units, n_cols)
     kernel = get_kernel("gemv_int.cu", "gemv_int_multi", defines)
     rows = int(defines["XQ_R"])
     args = (padded[0][0], padded[1][0], padded[2][0], i64(padded[0][2]), i64(padded[1][2]), i64(padded[2][2]),
@@ -176,12 +196,14 @@ def gemv_int_multi(
 
 def gemv_int_gated(
     gate: tuple[Any, str, int], up: tuple[Any, str, int], n_rows: int, n_cols: int, x: Any, act: int, out: Any,
-    rows: int | None = None, warps: int = GATED_WARPS, blocks_per_sm: int = BLOCKS_PER_SM,
+    rows: int | None = None, warps: int | None = None, blocks_per_sm: int = BLOCKS_PER_SM,
     units: int | None = None, norm: NormIn | None = None,
 ) -> Any:  # fmt: skip
     """`out = act(x @ G.T) * (x @ U.T)` for one token, as gemv.gemv_gated (`act` its kernel code);
     with `norm`, of the normalized x."""
-    defines = _defines([gate[1], up[1]], GATED_SHAPE, rows, units, n_cols, act)
+    shape = shape_for(GATED_SHAPES, n_cols)
+    warps = warps or shape.warps
+    defines = _defines([gate[1], up[1]], shape, rows, units, n_cols, act)
     kernel = get_kernel("gemv_int.cu", "gemv_int_gated", defines)
     args = (gate[0], up[0], i64(gate[2]), i64(up[2]), i32(n_rows), i32(n_cols), x, out, *_norm_args(norm))
     _launch(
