@@ -59,6 +59,20 @@ class RopeTable:
     sin: Array
 
 
+@dataclass(frozen=True)
+class QkvRope:
+    """What `rope_and_cache` takes besides the step's data: one attention layer's constants."""
+
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    q_norm: Array | None
+    k_norm: Array | None
+    eps: float
+    table: RopeTable
+    interleaved: bool
+
+
 class Backend(Protocol):
     name: str  # "cpu" or "cuda"
     xp: Any  # the array module: numpy or cupy
@@ -189,12 +203,29 @@ class Backend(Protocol):
         """
         ...
 
+    def rope_cache_attention(
+        self,
+        qkv: Array,
+        rope: QkvRope,
+        k_cache: Array,
+        v_cache: Array,
+        meta: AttentionMetadata,
+        scale: float,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
+    ) -> Array:
+        """`attention(rope_and_cache(qkv, ...), ...)` (rope_cache_then_attention): one launch where
+        the backend fuses them (CUDA at decode)."""
+        ...
+
     def softcap(self, x: Array, cap: float) -> Array:
         """`cap * tanh(x / cap)`."""
         ...
 
 
-def add_and_norm(backend: Backend, x: Array, residual: Array | None, weight: Array, eps: float) -> tuple[Array, Array]:
+def add_and_norm(
+    backend: Backend, x: Array, residual: Array | None, weight: Array, eps: float
+) -> tuple[Array, Array]:
     """Fold `x` into the residual stream and normalize it: `(normed, new_residual)`; with no
     residual yet (the first layer), `x` itself is the stream."""
     if residual is None:
@@ -203,10 +234,35 @@ def add_and_norm(backend: Backend, x: Array, residual: Array | None, weight: Arr
 
 
 def norm_then_product(
-    backend: Backend, x: Array, residual: Array | None, norm_weight: Array, eps: float, weight: Any, kind: str | None
+    backend: Backend,
+    x: Array,
+    residual: Array | None,
+    norm_weight: Array,
+    eps: float,
+    weight: Any,
+    kind: str | None,
 ) -> tuple[Array, Array]:
     """The composition that `add_rms_norm_linear` (kind None) and `add_rms_norm_gated_linear`
     (kind: the activation) are defined as."""
     normed, new_residual = add_and_norm(backend, x, residual, norm_weight, eps)
     out = backend.linear(normed, weight) if kind is None else backend.gated_linear(normed, weight, kind)
     return out, new_residual
+
+
+def rope_cache_then_attention(
+    backend: Backend,
+    qkv: Array,
+    rope: QkvRope,
+    k_cache: Array,
+    v_cache: Array,
+    meta: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None,
+    softcap: float | None,
+) -> Array:
+    """The composition that `rope_cache_attention` is defined as."""
+    q = backend.rope_and_cache(
+        qkv, rope.n_heads, rope.n_kv_heads, rope.head_dim, rope.q_norm, rope.k_norm, rope.eps,
+        meta.positions, rope.table, rope.interleaved, k_cache, v_cache, meta.slot_mapping,
+    )  # fmt: skip
+    return backend.attention(q, k_cache, v_cache, meta, scale, sliding_window, softcap)

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from app.engine.backend.base import AttentionMetadata, RopeTable, norm_then_product
+from app.engine.backend.base import AttentionMetadata, RopeTable, norm_then_product, rope_cache_then_attention
 from app.engine.quant.dispatch import QuantizedTensor
 
 _GELU_C = np.float32(np.sqrt(2.0 / np.pi))
@@ -125,6 +125,9 @@ class CpuBackend:
     def gated_linear(self, x: np.ndarray, gate_up: CpuFusedWeight, kind: str) -> np.ndarray:
         (gate, up), (gate_bias, up_bias) = gate_up.parts, gate_up.biases
         return self.gated_activation(self.linear(x, gate, gate_bias), self.linear(x, up, up_bias), kind)
+
+    def rope_cache_attention(self, qkv, rope, k_cache, v_cache, meta, scale, sliding_window=None, softcap=None):
+        return rope_cache_then_attention(self, qkv, rope, k_cache, v_cache, meta, scale, sliding_window, softcap)
 
     def add_rms_norm_linear(self, x, residual, norm_weight, eps: float, weight):
         return norm_then_product(self, x, residual, norm_weight, eps, weight, None)

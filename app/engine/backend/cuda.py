@@ -18,7 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from app.engine.backend.base import AttentionMetadata, RopeTable, norm_then_product
+from app.engine.backend.base import (
+    AttentionMetadata,
+    QkvRope,
+    RopeTable,
+    norm_then_product,
+    rope_cache_then_attention,
+)
 from app.engine.backend.cuda_blas import cublas
 from app.engine.backend.cuda_dense import DenseCache
 from app.engine.backend.cuda_linear import gated_linear as _gated_linear
@@ -220,6 +226,37 @@ class CudaBackend:
             qkv, n_heads, n_kv_heads, head_dim,
             None if q_norm is None else self._f32(q_norm), None if k_norm is None else self._f32(k_norm), eps,
             self._i32(positions), table.cos, table.sin, interleaved, k_cache, v_cache, self._i32(slot_mapping), q,
+        )  # fmt: skip
+
+    def rope_cache_attention(
+        self,
+        qkv: Any,
+        rope: QkvRope,
+        k_cache: Any,
+        v_cache: Any,
+        meta: AttentionMetadata,
+        scale: float,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
+    ) -> Any:
+        """One launch for a decode batch where that pays (attention_decode_qkv: rope_pays), else
+        rope_and_cache then attention."""
+        qkv = self._f32(qkv)
+        n_tok = qkv.shape[0]
+        decode = meta.decode_only and n_tok == meta.num_seqs
+        rotary = 2 * int(rope.table.cos.shape[1])
+        fused = decode and _attention_decode.rope_pays(n_tok, rope.n_heads, rope.head_dim)
+        if not (fused and _attention_decode.rope_supported(rope.head_dim, rope.n_heads, rope.n_kv_heads, rotary)):
+            return rope_cache_then_attention(self, qkv, rope, k_cache, v_cache, meta, scale, sliding_window, softcap)
+        n_blocks = _attention_decode.plan_blocks(
+            n_tok, rope.n_kv_heads, int(meta.max_seq_len), self.sm_count, rope.head_dim
+        )
+        norms = [None if w is None else self._f32(w) for w in (rope.q_norm, rope.k_norm)]
+        return _attention_decode.attention_decode_qkv(
+            qkv, rope.n_heads, rope.n_kv_heads, rope.head_dim, *norms, rope.eps, self._i32(meta.positions),
+            rope.table.cos, rope.table.sin, rope.interleaved, k_cache, v_cache, self._i32(meta.slot_mapping),
+            self._i32(meta.seq_lens), self._i32(meta.block_tables), scale, sliding_window, softcap, n_blocks,
+            self.xp.empty((n_tok, rope.n_heads, rope.head_dim), self.xp.float32),
         )  # fmt: skip
 
     def rms_norm(self, x: Any, weight: Any, eps: float) -> Any:

@@ -22,8 +22,16 @@
 //   (dec_cluster_merge): a context of up to DEC_CLUSTER chunks writes its output with no global
 //   partials, fence or count; a longer one merges one partial per cluster as above.
 //
+// - ATTN_ROPE=1 builds attn_dec_rope_*, which also does rope_cache.cu's work for the step's new
+//   token (one launch less per layer at decode): it reads the projection's raw output
+//   qkv [n_seqs, (n_heads + 2 n_kv) * D] instead of q. Every block normalizes and rotates its
+//   group's q heads itself (G x D values: cheaper than a launch boundary); the one block whose chunk
+//   holds the new key (position seq_len - 1) computes that key and value, stores them in the caches
+//   and puts the float16-rounded row straight into its shared chunk (dec_rope_rows).
+//
 // K/V are float16 [num_blocks, block_size, n_kv, D]; q and out float32 [n_seqs, n_heads, D].
 #include "attn_merge.cuh"
+#include "rope_pair.cuh"
 
 #define DEC_THREADS 128
 #define DEC_WARPS 4
@@ -232,14 +240,159 @@ __device__ __forceinline__ void dec_cluster_merge(const float* stage, int group,
 }
 #endif
 
+// -- rope_cache's work inside the kernel (ATTN_ROPE) ----------------------------------------------
+
+// rope_cache.cu's inputs beyond the projection output.
+struct DecRope {
+    const float* q_norm;  // QK-norm weights [D], both or neither (null: no QK-norm)
+    const float* k_norm;
+    float eps;
+    const int* positions;  // [n_seqs]: the rotation's position of each token
+    const float* cos_t;    // [max_pos, D / 2]
+    const float* sin_t;
+    int max_pos, interleaved;
+    const int* slots;  // [n_seqs]: the new token's cache slot; < 0 (padding): nothing stored
+    u16* k_store;      // the caches, to write the new token's k and v (the body only reads k_cache, v_cache)
+    u16* v_store;
+};
+
+// One thread's share of the new token's rows: pair threadIdx.x % (D/2) of each, and in the threads
+// that computed them the new key's and value's pair as the cache holds them.
+struct DecNewToken {
+    RopePair p;
+    float wqa, wqb, wka, wkb;  // the pair's QK-norm weights, 1 without
+    int slot;
+    u32 k, v;   // float16 pairs (low half: dim p.a, high: p.b)
+    bool held;  // k and v are this thread's (only in the block that owns the new key)
+};
+
+// Before the wait for the previous kernel: what rope_cache also reads then, the step's positions and
+// slots (written by the host before the step) and constants (norm weights, rotation tables).
+template <int D>
+__device__ __forceinline__ DecNewToken dec_rope_inputs(const DecRope& r, int seq) {
+    const int i = threadIdx.x % (D / 2);
+    DecNewToken n;
+    n.p = rope_pair(i, D, r.interleaved);
+    rope_angle(n.p, i, D, r.positions[seq], r.cos_t, r.sin_t, r.max_pos);
+    n.wqa = n.wqb = n.wka = n.wkb = 1.f;
+    if (r.q_norm != nullptr) {
+        n.wqa = r.q_norm[n.p.a];
+        n.wqb = r.q_norm[n.p.b];
+        n.wka = r.k_norm[n.p.a];
+        n.wkb = r.k_norm[n.p.b];
+    }
+    n.slot = r.slots[seq];
+    n.k = n.v = 0u;
+    n.held = false;
+    return n;
+}
+
+// After the wait, rope_cache's work for this block (its formulas: rope_pair.cuh). Rows 0 .. GMAX - 1
+// are the group's q heads, normalized, rotated and times `scale` into q_s (rows past the group zero,
+// as the q path writes them); row GMAX, in the block that owns the new key only, is KV head g's k.
+// That block stores k and v in the caches at the token's slot and keeps their float16 pairs in the
+// computing threads (dec_put_new_token puts them in the chunk). No thread of the kernel reads that
+// cache entry (every chunk load skips it, and other blocks' chunks do not hold it), so the stores
+// need no fence or barrier, and the read-only (__ldg) loads of the cache never see a line change:
+// a slot's row of one KV head is D halves, whole 32-byte sectors.
+//
+// Thread t takes pair t % (D/2) of rows t / (D/2) + HP * pass. A row is D/64 whole warps, so its sum
+// of squares is a warp sum per warp, then the warps' sums added from 0 in warp order: block_sum's
+// order in rope_cache, whose block is one row's D/2 threads, so q and k come out as rope_cache's
+// (the same operations in the same order). Every row's values are loaded before the first sum (one
+// round trip to the projection output for all of them).
 template <int D, int GMAX>
+__device__ __forceinline__ void dec_rope_rows(const float* __restrict__ qkv, const DecRope& r, DecNewToken& n,
+                                              int seq, int g, int n_heads, int n_kv, int group, bool owner,
+                                              float scale, float (*q_s)[D]) {
+    constexpr int HALF = D / 2, HP = DEC_THREADS / HALF, WPH = HALF / 32;
+    constexpr int PASSES = (GMAX + 1 + HP - 1) / HP, K_PASS = GMAX / HP;  // the k row: GMAX
+    static_assert(HALF % 32 == 0 && DEC_THREADS % HALF == 0, "a row's pairs fill whole warps of the block");
+    __shared__ float squares[PASSES][DEC_WARPS];
+    const int tid = threadIdx.x, warp = tid >> 5, in_pass = tid / HALF;
+    const float* tok = qkv + (i64)seq * (n_heads + 2 * n_kv) * D;
+    const bool norm = r.q_norm != nullptr;
+    const bool k_thread = owner && in_pass == GMAX % HP;  // it also takes the v pair
+    float x1[PASSES], x2[PASSES], v1 = 0.f, v2 = 0.f;
+#pragma unroll
+    for (int ps = 0; ps < PASSES; ++ps) {
+        const int row = ps * HP + in_pass;
+        const float* src = row < group ? tok + (i64)(g * group + row) * D : tok + (i64)(n_heads + g) * D;
+        x1[ps] = x2[ps] = 0.f;
+        if (row < group || (row == GMAX && owner)) {
+            x1[ps] = src[n.p.a];
+            x2[ps] = src[n.p.b];
+        }
+    }
+    if (k_thread) {
+        const float* v_src = tok + (i64)(n_heads + n_kv + g) * D;
+        v1 = v_src[n.p.a];
+        v2 = v_src[n.p.b];
+    }
+    if (norm) {
+#pragma unroll
+        for (int ps = 0; ps < PASSES; ++ps) {
+            if (ps * HP >= group && !(owner && ps == K_PASS)) continue;  // no row of it is used (uniform)
+            const float sum = warp_sum(rope_pair_squares(x1[ps], x2[ps]));
+            if ((tid & 31) == 0) squares[ps][warp] = sum;
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int ps = 0; ps < PASSES; ++ps) {
+        const int row = ps * HP + in_pass;
+        if (row >= group && row < GMAX) q_s[row][n.p.a] = q_s[row][n.p.b] = 0.f;
+        if (!(row < group || (row == GMAX && owner))) continue;
+        float head_squares = 0.f;
+        if (norm) {
+#pragma unroll
+            for (int w = 0; w < WPH; ++w) head_squares += squares[ps][in_pass * WPH + w];
+        }
+        const bool is_k = row == GMAX;
+        rope_norm_rotate(x1[ps], x2[ps], norm, head_squares, D, r.eps, is_k ? n.wka : n.wqa, is_k ? n.wkb : n.wqb,
+                         n.p);
+        if (!is_k) {
+            q_s[row][n.p.a] = x1[ps] * scale;
+            q_s[row][n.p.b] = x2[ps] * scale;
+            continue;
+        }
+        n.k = pack_h2(x1[ps], x2[ps]);
+        n.v = pack_h2(v1, v2);
+        n.held = true;
+        if (n.slot >= 0) {
+            const i64 off = n.slot * ((i64)n_kv * D) + (i64)g * D;
+            r.k_store[off + n.p.a] = (u16)(n.k & 0xffffu);
+            r.k_store[off + n.p.b] = (u16)(n.k >> 16);
+            r.v_store[off + n.p.a] = (u16)(n.v & 0xffffu);
+            r.v_store[off + n.p.b] = (u16)(n.v >> 16);
+        }
+    }
+}
+
+// The new key's row `row` of the chunk in shared memory, from the threads that hold it (after
+// dec_load_chunk, which left that row to this, and before the barrier that precedes the scores).
+template <int D, int GMAX>
+__device__ __forceinline__ void dec_put_new_token(const DecNewToken& n, int row, u16* k_s, u16* v_s) {
+    if (!n.held) return;
+    u16* k_row = k_s + row * DecShape<D, GMAX>::KROW;
+    k_row[n.p.a] = (u16)(n.k & 0xffffu);
+    k_row[n.p.b] = (u16)(n.k >> 16);
+    v_s[row * D + n.p.a] = (u16)(n.v & 0xffffu);
+    v_s[row * D + n.p.b] = (u16)(n.v >> 16);
+}
+
+// -- the kernel ------------------------------------------------------------------------------------
+
+// ROPE: the ATTN_ROPE build, `q` is then the projection output qkv and `rope` rope_cache's inputs
+// (unused otherwise).
+template <int D, int GMAX, bool ROPE>
 __device__ __forceinline__ void attn_decode_body(const float* __restrict__ q, const u16* __restrict__ k_cache,
                                                  const u16* __restrict__ v_cache, const int* __restrict__ seq_lens,
                                                  const int* __restrict__ block_tables, int table_stride, int n_heads,
                                                  int n_kv, int block_size, float scale, float softcap, int window,
                                                  float* __restrict__ out, float* __restrict__ part_acc,
                                                  float* __restrict__ part_m, float* __restrict__ part_l,
-                                                 int* __restrict__ counters) {
+                                                 int* __restrict__ counters, const DecRope& rope) {
     typedef DecShape<D, GMAX> S;
     __shared__ __align__(16) u16 k_s[S::KB * S::KROW];
     __shared__ __align__(16) u16 v_s[S::KB * D];
@@ -255,8 +408,8 @@ __device__ __forceinline__ void attn_decode_body(const float* __restrict__ q, co
 
     // Before the wait for the previous kernel (pdl.py): the context length, the block table and
     // every K/V row of this block's first chunk except the newest key, which the kernel before
-    // (rope_cache) is writing. Lengths and tables are inputs of the step that no kernel of the
-    // step writes; older keys were written by earlier steps.
+    // (rope_cache) is writing, or with ROPE this kernel. Lengths and tables are inputs of the step
+    // that no kernel of the step writes; older keys were written by earlier steps.
     const int ctx = seq_lens[seq];  // a padding row of a graph bucket has 0: its output is 0
     const int pos = ctx - 1;
     const int lo = window > 0 ? max(0, pos - window + 1) : 0;
@@ -285,18 +438,32 @@ __device__ __forceinline__ void attn_decode_body(const float* __restrict__ q, co
     const u16* v_head = v_cache + (i64)g * D;
     int c = first_chunk + b;
     const bool any = ctx > 0 && c <= pos / S::KB;
+    // ROPE: the block whose chunks include the new key's (the context's last) computes and stores the
+    // new k and v; with no context (a padding row) block 0 stores them, as rope_cache would.
+    const bool owner = ctx > 0 ? (pos / S::KB - first_chunk) % n_blocks == b : b == 0;
+    DecNewToken fresh;
+    if constexpr (ROPE) fresh = dec_rope_inputs<D>(rope, seq);
     if (any) dec_load_chunk<D, GMAX>(table, block_size, c * S::KB, lo, pos, pos, k_head, v_head, kv_row, slot_s, k_s, v_s);
     after_previous_grid();
-    for (int i = tid; i < GMAX * D; i += DEC_THREADS) {
-        const int h = i / D, d = i % D;
-        q_s[h][d] = h < group ? q[((i64)seq * n_heads + head0 + h) * D + d] * scale : 0.f;
+    if constexpr (ROPE) {
+        if (any || owner) dec_rope_rows<D, GMAX>(q, rope, fresh, seq, g, n_heads, n_kv, group, owner, scale, q_s);
+    } else {
+        for (int i = tid; i < GMAX * D; i += DEC_THREADS) {
+            const int h = i / D, d = i % D;
+            q_s[h][d] = h < group ? q[((i64)seq * n_heads + head0 + h) * D + d] * scale : 0.f;
+        }
+        if (any && pos / S::KB == c) dec_load_key<D, GMAX>(pos - c * S::KB, slot_s, k_head, v_head, kv_row, k_s, v_s);
     }
-    if (any && pos / S::KB == c) dec_load_key<D, GMAX>(pos - c * S::KB, slot_s, k_head, v_head, kv_row, k_s, v_s);
 
     for (; any && c <= pos / S::KB; c += n_blocks) {
         if (c != first_chunk + b) {
             __syncthreads();  // the previous chunk's k_s, v_s and probabilities are read
-            dec_load_chunk<D, GMAX>(table, block_size, c * S::KB, lo, pos, -1, k_head, v_head, kv_row, slot_s, k_s, v_s);
+            // With ROPE the new key is never read from the cache (this kernel is writing it).
+            dec_load_chunk<D, GMAX>(table, block_size, c * S::KB, lo, pos, ROPE ? pos : -1, k_head, v_head, kv_row,
+                                    slot_s, k_s, v_s);
+        }
+        if constexpr (ROPE) {
+            if (c == pos / S::KB) dec_put_new_token<D, GMAX>(fresh, pos - c * S::KB, k_s, v_s);
         }
         __syncthreads();  // k_s, v_s, q_s and the softmax state are written
 
@@ -450,17 +617,41 @@ __device__ __forceinline__ void attn_decode_body(const float* __restrict__ q, co
         int n_kv, int block_size, float scale, float softcap, int window, float* __restrict__ out,             \
         float* __restrict__ part_acc, float* __restrict__ part_m, float* __restrict__ part_l,                  \
         int* __restrict__ counters) {                                                                          \
-        attn_decode_body<D, GMAX>(q, k_cache, v_cache, seq_lens, block_tables, table_stride, n_heads, n_kv,     \
-                                  block_size, scale, softcap, window, out, part_acc, part_m, part_l, counters);  \
+        attn_decode_body<D, GMAX, false>(q, k_cache, v_cache, seq_lens, block_tables, table_stride, n_heads,    \
+                                         n_kv, block_size, scale, softcap, window, out, part_acc, part_m,       \
+                                         part_l, counters, DecRope{});                                          \
     }
 
+// rope_cache then attn_dec_d*: the same arguments with qkv for q, then rope_cache's.
+#define ATTN_DEC_ROPE_KERNEL(D, GMAX)                                                                            \
+    extern "C" __global__ void DEC_KERNEL_ATTRS attn_dec_rope_d##D##_g##GMAX(                                    \
+        const float* __restrict__ qkv, u16* __restrict__ k_cache, u16* __restrict__ v_cache,                    \
+        const int* __restrict__ seq_lens, const int* __restrict__ block_tables, int table_stride, int n_heads,  \
+        int n_kv, int block_size, float scale, float softcap, int window, float* __restrict__ out,             \
+        float* __restrict__ part_acc, float* __restrict__ part_m, float* __restrict__ part_l,                  \
+        int* __restrict__ counters, const float* __restrict__ q_norm, const float* __restrict__ k_norm,        \
+        float eps, const int* __restrict__ positions, const float* __restrict__ cos_t,                         \
+        const float* __restrict__ sin_t, int max_pos, int interleaved, const int* __restrict__ slots) {        \
+        const DecRope rope = {q_norm, k_norm, eps, positions, cos_t, sin_t, max_pos, interleaved, slots,        \
+                              k_cache, v_cache};                                                                \
+        attn_decode_body<D, GMAX, true>(qkv, k_cache, v_cache, seq_lens, block_tables, table_stride, n_heads,   \
+                                        n_kv, block_size, scale, softcap, window, out, part_acc, part_m,        \
+                                        part_l, counters, rope);                                                \
+    }
+
+#define ATTN_DEC_BOTH(D, GMAX) ATTN_DEC_KERNEL(D, GMAX) ATTN_DEC_ROPE_KERNEL(D, GMAX)
+
 // The variants whose shared memory fits the 48 KB a block gets without an opt-in (attention_decode.py
-// sends the others to attention.cu).
+// sends the others to attention.cu). A wrapper's build (ATTN_D, ATTN_G) holds one entry: the
+// rope_cache-fused one when ATTN_ROPE is 1.
 #if defined(PADDOCK_ALL_VARIANTS)
-ATTN_DEC_KERNEL(64, 1) ATTN_DEC_KERNEL(64, 2) ATTN_DEC_KERNEL(64, 4) ATTN_DEC_KERNEL(64, 8) ATTN_DEC_KERNEL(64, 16)
-ATTN_DEC_KERNEL(128, 1) ATTN_DEC_KERNEL(128, 2) ATTN_DEC_KERNEL(128, 4) ATTN_DEC_KERNEL(128, 8)
-ATTN_DEC_KERNEL(256, 1) ATTN_DEC_KERNEL(256, 2) ATTN_DEC_KERNEL(256, 4)
+ATTN_DEC_BOTH(64, 1) ATTN_DEC_BOTH(64, 2) ATTN_DEC_BOTH(64, 4) ATTN_DEC_BOTH(64, 8) ATTN_DEC_BOTH(64, 16)
+ATTN_DEC_BOTH(128, 1) ATTN_DEC_BOTH(128, 2) ATTN_DEC_BOTH(128, 4) ATTN_DEC_BOTH(128, 8)
+ATTN_DEC_BOTH(256, 1) ATTN_DEC_BOTH(256, 2) ATTN_DEC_BOTH(256, 4)
+#elif defined(ATTN_ROPE) && ATTN_ROPE
+#define ATTN_DEC_SELECTED(D, GMAX) ATTN_DEC_ROPE_KERNEL(D, GMAX)  // one more expansion, so ATTN_D becomes its value
+ATTN_DEC_SELECTED(ATTN_D, ATTN_G)
 #else
-#define ATTN_DEC_SELECTED(D, GMAX) ATTN_DEC_KERNEL(D, GMAX)  // one more expansion, so ATTN_D becomes its value
+#define ATTN_DEC_SELECTED(D, GMAX) ATTN_DEC_KERNEL(D, GMAX)
 ATTN_DEC_SELECTED(ATTN_D, ATTN_G)
 #endif

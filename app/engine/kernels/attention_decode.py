@@ -7,6 +7,10 @@ attention.cu. `PADDOCK_DECODE_ATTENTION=0` turns this path off (benchmarks compa
 On sm_90+ the blocks of one (sequence, KV head) run in thread-block clusters that merge their
 partial sums through each other's shared memory (block_layout); `PADDOCK_DECODE_CLUSTERS=0`
 keeps the global-memory merge there too.
+
+attention_decode_qkv is the same attention with rope_cache.cu's work done inside it (one launch
+less per layer at decode), where rope_supported says it applies; `PADDOCK_DECODE_ROPE=0` turns it
+off (the caller then runs rope_cache and attention_decode).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Any
 
 from app.engine.kernels.attention import group_bucket, split_counters
 from app.engine.kernels.compile import device_arch, get_kernel
-from app.engine.kernels.launch import cdiv, f32, i32, launch
+from app.engine.kernels.launch import cdiv, f32, i32, launch, ptr
 
 VARIANTS = frozenset({(64, 1), (64, 2), (64, 4), (64, 8), (64, 16), (128, 1), (128, 2), (128, 4), (128, 8),
                       (256, 1), (256, 2), (256, 4)})  # fmt: skip
@@ -72,15 +76,83 @@ def block_layout(n_blocks: int, clusters: bool) -> tuple[int, int]:
     return cdiv(n, cluster) * cluster, cluster
 
 
+# Where attention_decode_qkv pays (gpu_run.sh ab, H200, 2026-11-30, engine step at batch 1 / 32):
+# Qwen3-8B batch 1 2.474 -> 2.429 ms graph replay (twice), batch 32 6.37 -> 6.51; Qwen3-0.6B (q
+# 2048 wide) batch 1 0.768 -> 0.783, batch 32 2.09 -> 2.16. So one sequence and q at least 4096
+# wide; `PADDOCK_DECODE_ROPE=all` takes it wherever supported, `0` nowhere (A/B runs).
+ROPE_MAX_SEQS = 1
+ROPE_MIN_Q_WIDTH = 4096
+
+
+def rope_pays(n_seqs: int, n_heads: int, head_dim: int) -> bool:
+    """Whether a decode batch takes attention_decode_qkv rather than rope_cache + attention_decode
+    (given rope_supported), by the measurements above."""
+    if os.environ.get("PADDOCK_DECODE_ROPE", "1") == "all":
+        return True
+    return n_seqs <= ROPE_MAX_SEQS and n_heads * head_dim >= ROPE_MIN_Q_WIDTH
+
+
+def rope_supported(head_dim: int, n_heads: int, n_kv: int, rotary_dim: int) -> bool:
+    """Whether attention_decode_qkv applies: a decode variant exists (supports), the rotation covers the
+    whole head (`rotary_dim`, twice the cos/sin tables' width, is head_dim, as rope_cache requires),
+    and head_dim is 64, 128 or 256: a head's D/2 pairs are whole warps of the 128-thread block, so its
+    norm is a sum over whole warps."""
+    if os.environ.get("PADDOCK_DECODE_ROPE", "1") == "0" or rotary_dim != head_dim:
+        return False
+    return head_dim in (64, 128, 256) and supports(head_dim, n_heads, n_kv)
+
+
 def attention_decode(
     q: Any, k_cache: Any, v_cache: Any, seq_lens: Any, block_tables: Any, scale: float,
     sliding_window: int | None, softcap: float | None, n_blocks: int, out: Any,
 ) -> Any:  # fmt: skip
     """`out [S, n_heads, D]` for float32 `q [S, n_heads, D]`, one token per sequence, whose
     position is its `seq_lens` entry minus one (its own key already written to the cache)."""
+    n_seqs, n_heads, head_dim = q.shape
+    return _launch("attn_dec", {}, n_seqs, n_heads, head_dim, q, k_cache, v_cache, seq_lens, block_tables, scale,
+                   sliding_window, softcap, n_blocks, out, ())  # fmt: skip
+
+
+def attention_decode_qkv(
+    qkv: Any, n_heads: int, n_kv: int, head_dim: int, q_norm: Any | None, k_norm: Any | None, eps: float,
+    positions: Any, cos: Any, sin: Any, interleaved: bool, k_cache: Any, v_cache: Any, slots: Any,
+    seq_lens: Any, block_tables: Any, scale: float, sliding_window: int | None, softcap: float | None,
+    n_blocks: int, out: Any,
+) -> Any:  # fmt: skip
+    """Exactly `rope_cache(qkv, n_heads, n_kv, head_dim, q_norm, k_norm, eps, positions, cos, sin,
+    interleaved, k_cache, v_cache, slots, q)` then `attention_decode(q, k_cache, v_cache, seq_lens,
+    block_tables, scale, sliding_window, softcap, n_blocks, out)`, in one launch and without q: fills
+    `out [S, n_heads, D]` from the float32 projection output `qkv [S, (n_heads + 2 n_kv) * D]` of one
+    new token per sequence, and stores its normalized, rotated k and its v (float16) in the caches
+    at `slots[s]` (nothing for a slot < 0: a padding token, whose output is finite but meaningless).
+
+    As with attention_decode, token s sits at position `seq_lens[s] - 1`, and `slots[s]` must be that
+    position's slot in its block table (the new key is used from registers, never read back).
+    `positions[s]` chooses the rotation, as in rope_cache. Needs rope_supported(...)."""
+    if qkv.shape[1] != (n_heads + 2 * n_kv) * head_dim:
+        raise ValueError(f"qkv of shape {qkv.shape} is not {n_heads} + 2 x {n_kv} heads of {head_dim}")
+    if k_cache.shape[2] != n_kv or k_cache.shape[3] != head_dim:
+        raise ValueError(f"cache rows of {k_cache.shape[2:]} do not hold {n_kv} heads of {head_dim}")
+    if (q_norm is None) != (k_norm is None):
+        raise ValueError("q_norm and k_norm come together")
+    if not rope_supported(head_dim, n_heads, n_kv, cos.shape[1] * 2):
+        raise ValueError(f"no fused rope decode attention for head_dim {head_dim}, rotary {cos.shape[1] * 2}, "
+                         f"{n_heads // n_kv} heads per KV head")  # fmt: skip
+    table = (cos, sin, i32(cos.shape[0]), i32(interleaved))
+    rope_args = (ptr(q_norm), ptr(k_norm), f32(eps), positions, *table, slots)
+    return _launch("attn_dec_rope", {"ATTN_ROPE": 1}, qkv.shape[0], n_heads, head_dim, qkv, k_cache, v_cache,
+                   seq_lens, block_tables, scale, sliding_window, softcap, n_blocks, out, rope_args)  # fmt: skip
+
+
+def _launch(
+    entry: str, defines: dict[str, int], n_seqs: int, n_heads: int, head_dim: int, q: Any, k_cache: Any,
+    v_cache: Any, seq_lens: Any, block_tables: Any, scale: float, sliding_window: int | None,
+    softcap: float | None, n_blocks: int, out: Any, extra_args: tuple[Any, ...],
+) -> Any:  # fmt: skip
+    """One launch of kernel `entry`_d{D}_g{G} of attention_decode.cu: grid (sequence, KV head, block),
+    partial buffers for the splits, then the kernel's own `extra_args`."""
     import cupy
 
-    n_seqs, n_heads, head_dim = q.shape
     n_kv, block_size = k_cache.shape[2], k_cache.shape[1]
     if not supports(head_dim, n_heads, n_kv):
         raise ValueError(
@@ -90,15 +162,15 @@ def attention_decode(
         return out
     gmax = group_bucket(n_heads, n_kv)
     n_blocks, cluster = block_layout(n_blocks, clusters_supported())
-    defines = {"ATTN_D": head_dim, "ATTN_G": gmax, "ATTN_CL": cluster}
-    kernel = get_kernel("attention_decode.cu", f"attn_dec_d{head_dim}_g{gmax}", defines)
+    defines = {"ATTN_D": head_dim, "ATTN_G": gmax, "ATTN_CL": cluster, **defines}
+    kernel = get_kernel("attention_decode.cu", f"{entry}_d{head_dim}_g{gmax}", defines)
     part_acc = cupy.empty((n_seqs, n_heads, n_blocks, head_dim), cupy.float32)
     part_m = cupy.empty((n_seqs, n_heads, n_blocks), cupy.float32)
     part_l = cupy.empty((n_seqs, n_heads, n_blocks), cupy.float32)
     args = (
         q, k_cache, v_cache, seq_lens, block_tables, i32(block_tables.shape[1]), i32(n_heads), i32(n_kv),
         i32(block_size), f32(scale), f32(softcap or 0.0), i32(sliding_window or 0), out, part_acc, part_m, part_l,
-        split_counters(n_seqs * n_kv),
+        split_counters(n_seqs * n_kv), *extra_args,
     )  # fmt: skip
     launch(kernel, (n_seqs, n_kv, n_blocks), (128,), args)
     return out

@@ -4,10 +4,11 @@
 //
 // qkv is [T, (n_heads + 2 n_kv) * D] float32: q heads, then k heads, then v heads. One
 // block per (token, head of the three kinds), one thread per rotated pair (D/2 threads),
-// so a head's sum of squares is one block reduction. The formulas are those of norm.cu
-// and rope.cu: x * (1 / sqrt(mean(x^2) + eps)) * w, then (x1 c - x2 s, x2 c + x1 s).
+// so a head's sum of squares is one block reduction. The per-pair math is rope_pair.cuh's
+// (shared with attention_decode.cu's ATTN_ROPE build, which does this kernel's work at decode).
 // A negative slot marks a padding token: its k and v are not stored (q still is).
 #include "block_sum.cuh"
+#include "rope_pair.cuh"
 
 extern "C" __global__ void __launch_bounds__(128) rope_cache(
     const float* __restrict__ qkv, int n_heads, int n_kv, int head_dim, const float* __restrict__ q_norm,
@@ -16,8 +17,6 @@ extern "C" __global__ void __launch_bounds__(128) rope_cache(
     u16* __restrict__ v_cache, const int* __restrict__ slots, float* __restrict__ q_out) {
     __shared__ float scratch[32];
     const int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
-    const int half = head_dim >> 1;
-    const int a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
     const bool is_v = h >= n_heads + n_kv, is_q = h < n_heads;
     const float* w = is_q ? q_norm : k_norm;
 
@@ -25,43 +24,39 @@ extern "C" __global__ void __launch_bounds__(128) rope_cache(
     // positions, written by the host before the step) and constants (norm weights, rotation
     // tables), so after the wait only the projection's own output is a round trip away.
     const int slot = slots[t];
-    float wa = 1.f, wb = 1.f, c = 1.f, s = 0.f;
+    RopePair p = rope_pair(i, head_dim, interleaved);
+    float wa = 1.f, wb = 1.f;
     if (!is_v) {
         if (w != nullptr) {
-            wa = w[a];
-            wb = w[b];
+            wa = w[p.a];
+            wb = w[p.b];
         }
-        const int pos = min(max(positions[t], 0), max_pos - 1);
-        c = cos_t[(i64)pos * half + i];
-        s = sin_t[(i64)pos * half + i];
+        rope_angle(p, i, head_dim, positions[t], cos_t, sin_t, max_pos);
     }
     after_previous_grid();
 
     const float* row = qkv + ((i64)t * (n_heads + 2 * n_kv) + h) * head_dim;
-    float x1 = row[a], x2 = row[b];
+    float x1 = row[p.a], x2 = row[p.b];
     const i64 kv_row = (i64)n_kv * head_dim;  // one slot of the cache
 
     if (is_v) {  // a v head: stored as it is (the branch is uniform over the block)
         if (slot >= 0) {
             u16* dst = v_cache + slot * kv_row + (i64)(h - n_heads - n_kv) * head_dim;
-            dst[a] = f2h(x1);
-            dst[b] = f2h(x2);
+            dst[p.a] = f2h(x1);
+            dst[p.b] = f2h(x2);
         }
         return;
     }
-    if (w != nullptr) {
-        const float inv = 1.f / sqrtf(block_sum(x1 * x1 + x2 * x2, scratch) / (float)head_dim + eps);
-        x1 = x1 * inv * wa;
-        x2 = x2 * inv * wb;
-    }
-    const float r1 = x1 * c - x2 * s, r2 = x2 * c + x1 * s;
+    const bool norm = w != nullptr;
+    rope_norm_rotate(x1, x2, norm, norm ? block_sum(rope_pair_squares(x1, x2), scratch) : 0.f, head_dim, eps, wa, wb,
+                     p);
     if (is_q) {
         float* dst = q_out + ((i64)t * n_heads + h) * head_dim;
-        dst[a] = r1;
-        dst[b] = r2;
+        dst[p.a] = x1;
+        dst[p.b] = x2;
     } else if (slot >= 0) {
         u16* dst = k_cache + slot * kv_row + (i64)(h - n_heads) * head_dim;
-        dst[a] = f2h(r1);
-        dst[b] = f2h(r2);
+        dst[p.a] = f2h(x1);
+        dst[p.b] = f2h(x2);
     }
 }

@@ -2,8 +2,9 @@
 
 q, k and v are one fused projection (one GEMV launch in decode), which the decoder layer
 computes together with the norm in front of it (`RMSNorm.add_norm_linear`) and hands to
-`attend`; QK-norm + RoPE + the KV write are one op (`rope_and_cache`): both backends take
-this path, the numpy one as the literal composition of its unfused ops.
+`attend`; QK-norm + RoPE + the KV write and the attention after them are one op
+(`rope_cache_attention`: one launch on CUDA at decode; elsewhere `rope_and_cache`, itself one
+launch on CUDA, then `attention`), which the numpy backend runs as the literal composition.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from app.engine.backend.base import AttentionMetadata, RopeTable
+from app.engine.backend.base import AttentionMetadata, QkvRope, RopeTable
 from app.engine.layers.linear import Linear
 from app.engine.layers.norm import RMSNorm
 from app.engine.quant.dispatch import QuantizedTensor
@@ -46,21 +47,22 @@ class Attention:
         if spec.qk_norm_eps is not None:
             self.q_norm = RMSNorm(backend, tensors[f"{prefix}.attn_q_norm.weight"], spec.qk_norm_eps)
             self.k_norm = RMSNorm(backend, tensors[f"{prefix}.attn_k_norm.weight"], spec.qk_norm_eps)
-
-    def attend(self, qkv: Any, meta: AttentionMetadata, kv_cache: tuple[Any, Any]) -> Any:
-        """Everything after the q/k/v projection, from its output `qkv` (the decoder layer
-        computes it together with the norm in front of it)."""
-        s, b = self.spec, self.backend
-        n_tokens = qkv.shape[0]
-        k_cache, v_cache = kv_cache
         norms = (
             (None, None, 0.0)
             if self.q_norm is None
             else (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
         )
-        q = b.rope_and_cache(
-            qkv, s.num_heads, s.num_kv_heads, s.head_dim, *norms,
-            meta.positions, s.rope, s.rope_interleaved, k_cache, v_cache, meta.slot_mapping,
-        )  # fmt: skip
-        out = b.attention(q, k_cache, v_cache, meta, s.scale, s.sliding_window, s.softcap)
+        self.rope = QkvRope(
+            spec.num_heads, spec.num_kv_heads, spec.head_dim, *norms, spec.rope, spec.rope_interleaved
+        )
+
+    def attend(self, qkv: Any, meta: AttentionMetadata, kv_cache: tuple[Any, Any]) -> Any:
+        """Everything after the q/k/v projection, from its output `qkv` (the decoder layer
+        computes it together with the norm in front of it)."""
+        s = self.spec
+        k_cache, v_cache = kv_cache
+        out = self.backend.rope_cache_attention(
+            qkv, self.rope, k_cache, v_cache, meta, s.scale, s.sliding_window, s.softcap
+        )
+        n_tokens = qkv.shape[0]
         return self.o(out.reshape(n_tokens, s.num_heads * s.head_dim))

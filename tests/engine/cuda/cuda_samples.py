@@ -102,6 +102,13 @@ GATED_FACTOR = 2  # act(gate . x) * (up . x) carries both products' errors (silu
 F16_TOL = 3e-3  # above 8 tokens: x and W rounded to float16 for the tensor cores (2^-11 each)
 
 
+def rope_tables(head_dim: int, max_pos: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin `[max_pos, head_dim // 2]` float32 of RoPE with base 10000 (a RopeTable's arrays)."""
+    inv = 1.0 / (10000.0 ** (np.arange(0, head_dim, 2) / head_dim))
+    angles = np.arange(max_pos)[:, None] * inv[None, :]
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
 def linear_tol(n_tok: int, n_cols: int, qtypes: list[str] | tuple[str, ...], nbytes: int) -> float:
     """The relative-error bound of a product of `n_tok` rows over `nbytes` of weights: the path
     `linear` takes decides it."""
@@ -132,5 +139,7 @@ def gated_term_err(got: np.ndarray, w_gate: np.ndarray, w_up: np.ndarray, x: np.
     x64, wg, wu = (np.asarray(a, np.float64) for a in (x, w_gate, w_up))
     g, u = x64 @ wg.T, x64 @ wu.T
     slope = (_act64(g + 1e-6, kind) - _act64(g - 1e-6, kind)) / 2e-6
-    scale = np.abs(slope * u) * (np.abs(x64) @ np.abs(wg).T) + np.abs(_act64(g, kind)) * (np.abs(x64) @ np.abs(wu).T)
+    scale = np.abs(slope * u) * (np.abs(x64) @ np.abs(wg).T) + np.abs(_act64(g, kind)) * (
+        np.abs(x64) @ np.abs(wu).T
+    )
     return float(np.linalg.norm(np.asarray(got, np.float64) - _act64(g, kind) * u) / np.linalg.norm(scale))

@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 import pytest
-from cuda_samples import rel_err
+from cuda_samples import rel_err, rope_tables
 
 from app.engine.backend.base import AttentionMetadata
 
@@ -202,6 +202,83 @@ def test_attention_decode_programmatic_launch(cuda, cpu, rng, n_blocks: int) -> 
         check_decode(cuda, cpu, rng, (32, 8, 128), n_blocks, windows=(None, 300))
 
 
+def check_decode_qkv(cuda, cpu, rng, heads, n_blocks: int, windows=(None, 300)) -> None:
+    """attention_decode_qkv (rope_cache fused in) against rope_cache then attention_decode at `n_blocks`,
+    each on its own copy of caches whose new tokens' entries start as NaN (the fused kernel must never
+    read them): the same output, the same new k and v, nothing else written. Row 0 is a graph bucket's
+    padding (context 0, slot -1: output 0), row 2 a padding token mid-context (slot -1: any finite
+    output, nothing stored). Both rope layouts, with and without QK-norm, under every window."""
+    import cupy
+
+    from app.engine.kernels import attention_decode
+    from app.engine.kernels.rope_cache import rope_cache
+
+    n_heads, n_kv, head_dim = heads
+    seqs = [(1, ctx) for ctx in decode_contexts(head_dim)]
+    _, _, (kg, vg, mg) = make_batch(cuda, cpu, rng, seqs, n_heads, n_kv, head_dim)
+    mg.seq_lens[0] = 0
+    seq_lens, tables = cuda.to_host(mg.seq_lens), cuda.to_host(mg.block_tables)
+    pos = np.maximum(seq_lens - 1, 0).astype(np.int32)
+    slots = (tables[np.arange(len(seqs)), pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE).astype(np.int32)
+    slots[[0, 2]] = -1
+    new = slots[slots >= 0]
+    compared = np.arange(len(seqs)) != 2
+    kg.reshape(-1, n_kv, head_dim)[cuda.from_host(new)] = cupy.nan
+    vg.reshape(-1, n_kv, head_dim)[cuda.from_host(new)] = cupy.nan
+    cos, sin = (cuda.from_host(t) for t in rope_tables(head_dim, 4096))
+    qkv = cuda.from_host(rng.standard_normal((len(seqs), (n_heads + 2 * n_kv) * head_dim)).astype(np.float32))
+    norms = [cuda.from_host(rng.standard_normal(head_dim).astype(np.float32)) for _ in range(2)]
+    pos_g, slots_g, scale = cuda.from_host(pos), cuda.from_host(slots), head_dim**-0.5
+    assert attention_decode.rope_supported(head_dim, n_heads, n_kv, cos.shape[1] * 2)
+    for window in windows:
+        for interleaved, (qn, kn) in ((False, norms), (True, (None, None))):
+            rope = (qkv, n_heads, n_kv, head_dim, qn, kn, 1e-6, pos_g, cos, sin, interleaved)
+            k_two, v_two, k_one, v_one = kg.copy(), vg.copy(), kg.copy(), vg.copy()
+            q = cupy.empty((len(seqs), n_heads, head_dim), cupy.float32)
+            rope_cache(*rope, k_two, v_two, slots_g, q)
+            ref = cupy.full(q.shape, cupy.nan, cupy.float32)
+            attention_decode.attention_decode(q, k_two, v_two, mg.seq_lens, mg.block_tables, scale, window, None,
+                                              n_blocks, ref)  # fmt: skip
+            out = cupy.full(q.shape, cupy.nan, cupy.float32)
+            attention_decode.attention_decode_qkv(*rope, k_one, v_one, slots_g, mg.seq_lens, mg.block_tables, scale,
+                                                  window, None, n_blocks, out)  # fmt: skip
+            case = f"window {window}, interleaved {interleaved}"
+            got, want = cuda.to_host(out), cuda.to_host(ref)
+            assert np.isfinite(got).all(), case
+            assert rel_err(got[compared], want[compared]) < 1e-5, case
+            assert not got[0].any(), case
+            # The same float16 values, up to one rounding step where the two builds' float32 norm differs.
+            np.testing.assert_allclose(cuda.to_host(k_one).astype(np.float32), cuda.to_host(k_two).astype(np.float32),
+                                       rtol=1e-3, atol=1e-3, err_msg=case)  # fmt: skip
+            np.testing.assert_array_equal(cuda.to_host(v_one), cuda.to_host(v_two), err_msg=case)
+
+
+@pytest.mark.parametrize("n_blocks", [1, 3, 8, 13, 128])
+@pytest.mark.parametrize("heads", [*DECODE_HEADS, (32, 4, 128)], ids=["qwen", "gemma", "d64", "g8"])
+def test_attention_decode_qkv_block_counts(cuda, cpu, rng, heads, n_blocks: int) -> None:
+    """The rope_cache-fused decode attention at any number of blocks (clusters on sm_90+)."""
+    check_decode_qkv(cuda, cpu, rng, heads, n_blocks)
+
+
+@pytest.mark.parametrize("n_blocks", [5, 16])
+def test_attention_decode_qkv_without_clusters(cuda, cpu, rng, monkeypatch, n_blocks: int) -> None:
+    """The fused build through the global-memory merge (sm_86/89, PADDOCK_DECODE_CLUSTERS=0)."""
+    from app.engine.kernels import attention_decode
+
+    monkeypatch.setattr(attention_decode, "clusters_supported", lambda: False)
+    check_decode_qkv(cuda, cpu, rng, (32, 8, 128), n_blocks)
+
+
+@pytest.mark.parametrize("n_blocks", [5, 16])
+def test_attention_decode_qkv_programmatic_launch(cuda, cpu, rng, n_blocks: int) -> None:
+    """The fused build launched by cuLaunchKernelEx, as in a decode graph: its loads before the PDL
+    wait (first chunk, positions, tables, weights) and its cache stores after it."""
+    from app.engine.kernels import pdl
+
+    with pdl.programmatic_launches():
+        check_decode_qkv(cuda, cpu, rng, (32, 8, 128), n_blocks)
+
+
 def test_attention_decode_clusters_on_sm90(cuda) -> None:
     """The device decides (one place): clusters from compute capability 9.0 on."""
     from app.engine.kernels import attention_decode
@@ -211,3 +288,35 @@ def test_attention_decode_clusters_on_sm90(cuda) -> None:
         pytest.skip("clusters switched off")
     uses = attention_decode.block_layout(66, attention_decode.clusters_supported())[1] > 1
     assert uses == (int(device_arch()) >= attention_decode.MIN_CLUSTER_CC)
+
+
+@pytest.mark.parametrize("ctxs", [[300], [1], [40, 300, 700]])  # one sequence: the fused launch; three: two launches
+@pytest.mark.parametrize("qk_norm", [True, False])
+def test_rope_cache_attention_matches_numpy_composition(cuda, cpu, rng, ctxs, qk_norm: bool) -> None:
+    """The backend op a decode layer calls (rope_cache_attention) against the numpy backend's
+    rope_and_cache then attention, at Qwen3-8B's heads: the output and the new tokens' cache rows."""
+    from app.engine.backend.base import QkvRope, RopeTable
+    from app.engine.kernels import attention_decode
+
+    n_heads, n_kv, head_dim = 32, 8, 128
+    seqs = [(1, ctx) for ctx in ctxs]
+    _, (kc, vc, mc), (kg, vg, mg) = make_batch(cuda, cpu, rng, seqs, n_heads, n_kv, head_dim)
+    tables = cuda.to_host(mg.block_tables)
+    pos = np.array(ctxs, np.int32) - 1
+    slots = (tables[np.arange(len(ctxs)), pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE).astype(np.int32)
+    mc.slot_mapping, mg.slot_mapping = slots, cuda.from_host(slots)
+    cos, sin = rope_tables(head_dim, 4096)
+    norms = [rng.uniform(0.5, 1.5, head_dim).astype(np.float32) for _ in range(2)] if qk_norm else [None, None]
+    qkv = rng.standard_normal((len(ctxs), (n_heads + 2 * n_kv) * head_dim)).astype(np.float32)
+    rope_c = QkvRope(n_heads, n_kv, head_dim, *norms, 1e-6, RopeTable(cos, sin), False)
+    gpu_norms = [None if w is None else cuda.from_host(w) for w in norms]
+    rope_g = QkvRope(n_heads, n_kv, head_dim, *gpu_norms, 1e-6, cuda.rope_table(cos, sin), False)
+    fused = len(ctxs) == 1 and attention_decode.rope_pays(1, n_heads, head_dim)
+    assert fused == (len(ctxs) == 1 and os.environ.get("PADDOCK_DECODE_ROPE", "1") != "0")
+    scale = head_dim**-0.5
+    got = cuda.to_host(cuda.rope_cache_attention(cuda.from_host(qkv), rope_g, kg, vg, mg, scale))
+    want = cpu.rope_cache_attention(qkv, rope_c, kc, vc, mc, scale)
+    assert rel_err(got, want) < 1e-3
+    for got_cache, want_cache in ((kg, kc), (vg, vc)):
+        rows = cuda.to_host(got_cache).reshape(-1, n_kv, head_dim)[slots].astype(np.float32)
+        np.testing.assert_allclose(rows, want_cache.reshape(-1, n_kv, head_dim)[slots], rtol=2e-3, atol=2e-3)

@@ -1,5 +1,6 @@
 """attention_decode.cu (one query token per sequence) on the SIMT emulator, against the numpy
-backend's attention. Not marked `gpu`: these run in CI."""
+backend's attention (and for attn_dec_rope_*, its rope_and_cache then attention). Not marked `gpu`:
+these run in CI."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cuda_samples import fresh_rng, rel_err
+from cuda_samples import fresh_rng, rel_err, rope_tables
 from emulator import build, run
 
 from app.engine.backend.base import AttentionMetadata
@@ -35,14 +36,19 @@ def _decode_case(rng, ctxs: list[int], heads: tuple[int, int, int]):
         tables[i, : per_seq[i]] = order[used : used + per_seq[i]]
         used += per_seq[i]
         slots = tables[i, np.arange(ctx) // BLOCK] * BLOCK + np.arange(ctx) % BLOCK
-        k, v = (rng.standard_normal((ctx, n_kv, head_dim)).astype(np.float16).astype(np.float32) for _ in range(2))
+        k, v = (
+            rng.standard_normal((ctx, n_kv, head_dim)).astype(np.float16).astype(np.float32) for _ in range(2)
+        )
         cpu.write_kv(k_cache, v_cache, k, v, slots)
-    seq_lens = np.array(ctxs, np.int32)
-    qsl = np.arange(len(ctxs) + 1, dtype=np.int32)
     q = rng.standard_normal((len(ctxs), n_heads, head_dim)).astype(np.float32)
-    meta = AttentionMetadata(qsl, seq_lens, tables, np.zeros(len(q), np.int32), seq_lens - 1, 1,
+    return q, k_cache, v_cache, _decode_meta(np.array(ctxs, np.int32), tables)
+
+
+def _decode_meta(seq_lens: np.ndarray, tables: np.ndarray) -> AttentionMetadata:
+    """One query token per sequence, at position seq_len - 1."""
+    qsl = np.arange(len(seq_lens) + 1, dtype=np.int32)
+    return AttentionMetadata(qsl, seq_lens, tables, np.zeros(len(seq_lens), np.int32), seq_lens - 1, 1,
                              int(seq_lens.max()), BLOCK, qsl, seq_lens)  # fmt: skip
-    return q, k_cache, v_cache, meta
 
 
 @pytest.mark.parametrize(("ctxs", "heads", "window", "cap", "blocks"), [
@@ -54,7 +60,9 @@ def _decode_case(rng, ctxs: list[int], heads: tuple[int, int, int]):
     ([260, 1], (8, 1, 64), 40, None, 1),  # one block walks every chunk of a window
     ([129], (7, 1, 128), None, None, 4),  # a group of 7 in the 8-head variant
 ])  # fmt: skip
-def test_attention_decode_emulated(decode_emu: Path, tmp_path: Path, ctxs, heads, window, cap, blocks) -> None:
+def test_attention_decode_emulated(
+    decode_emu: Path, tmp_path: Path, ctxs, heads, window, cap, blocks
+) -> None:
     rng, seed = fresh_rng()
     q, k_cache, v_cache, meta = _decode_case(rng, ctxs, heads)
     n_heads, n_kv, head_dim = heads
@@ -69,3 +77,73 @@ def test_attention_decode_emulated(decode_emu: Path, tmp_path: Path, ctxs, heads
     got = np.fromfile(tmp_path / "out.bin", np.float32).reshape(ref.shape)
     assert not np.isnan(got).any(), f"seed={seed}"
     assert rel_err(got, ref) < 1e-5, f"seed={seed}"
+
+
+# (ctxs, (n_heads, n_kv, head_dim), window, softcap, blocks, interleaved, QK-norm, padding rows). A
+# padding row has slot -1 (nothing stored, any finite output); one of context 0 is a graph bucket's.
+ROPE_CASES = [
+    ([1, 17, 300], (32, 8, 128), None, None, 8, False, True, ()),  # Qwen3-8B: group 4, 1 and 5 chunks
+    ([700, 5, 0], (32, 4, 128), None, None, 3, True, True, (2,)),  # group 8: the new key in a looped chunk
+    ([64, 65, 130], (8, 8, 128), None, None, 16, False, False, ()),  # group 1, chunk edges, no QK-norm
+    ([200, 90], (16, 4, 64), 100, None, 4, True, False, ()),  # head_dim 64, sliding window
+    ([150, 33, 77], (16, 2, 64), None, 5.0, 2, False, True, (2,)),  # group 8, softcap, padding mid-context
+    ([260, 1], (8, 1, 64), 40, None, 1, True, True, ()),  # one block walks every chunk of a window
+    ([129], (7, 1, 128), None, None, 4, False, True, ()),  # a group of 7 in the 8-head variant
+    ([200, 33], (4, 1, 256), 100, None, 4, False, True, ()),  # Gemma-like head_dim 256
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("ctxs", "heads", "window", "cap", "blocks", "interleaved", "norm", "padding"), ROPE_CASES
+)
+def test_attention_decode_rope_emulated(
+    decode_emu: Path, tmp_path: Path, ctxs, heads, window, cap, blocks, interleaved, norm, padding
+) -> None:
+    """attn_dec_rope_* (rope_cache's work fused in) equals the numpy rope_and_cache then attention:
+    the output of every real token, the new k and v in the caches at their slots and nothing else
+    written. The new slots start as NaN: the kernel must never read them from the cache."""
+    rng, seed = fresh_rng()
+    cpu = CpuBackend()
+    _, k_cache, v_cache, meta = _decode_case(rng, ctxs, heads)
+    n_heads, n_kv, head_dim = heads
+    seq_lens, tables = meta.seq_lens, meta.block_tables
+    pos = np.maximum(seq_lens - 1, 0)
+    slots = (tables[np.arange(len(ctxs)), pos // BLOCK] * BLOCK + pos % BLOCK).astype(np.int32)
+    slots[list(padding)] = -1
+    kept = slots >= 0
+    new = slots[kept]
+    k_cache.reshape(-1, n_kv, head_dim)[new] = np.nan  # the new token's entry is not written yet
+    v_cache.reshape(-1, n_kv, head_dim)[new] = np.nan
+    max_pos = 1024
+    table = cpu.rope_table(*rope_tables(head_dim, max_pos))
+    qkv = rng.standard_normal((len(ctxs), (n_heads + 2 * n_kv) * head_dim)).astype(np.float32)
+    qn, kn = (rng.standard_normal(head_dim).astype(np.float32) for _ in range(2))
+    for name, a in (("qkv", qkv), ("seq_lens", seq_lens), ("tables", tables), ("pos", pos), ("slots", slots),
+                    ("cos", table.cos), ("sin", table.sin), ("qn", qn), ("kn", kn)):  # fmt: skip
+        a.tofile(tmp_path / f"{name}.bin")
+    k_in, v_in = k_cache.astype(np.float16), v_cache.astype(np.float16)
+    k_in.tofile(tmp_path / "k.bin")
+    v_in.tofile(tmp_path / "v.bin")
+    scale, eps = head_dim**-0.5, 1e-6
+    run(decode_emu, "rope", tmp_path, head_dim, group_bucket(n_heads, n_kv), len(ctxs), n_heads, n_kv, BLOCK,
+        tables.shape[1], scale, cap or 0.0, window or 0, blocks, eps, max_pos, int(interleaved), int(norm))  # fmt: skip
+
+    # The reference: rope_cache's numpy twin, its caches rounded to float16 as the GPU's hold them.
+    q = cpu.rope_and_cache(qkv[kept], n_heads, n_kv, head_dim, qn if norm else None, kn if norm else None, eps,
+                           pos[kept], table, interleaved, k_cache, v_cache, new)  # fmt: skip
+    k_ref, v_ref = k_cache.astype(np.float16), v_cache.astype(np.float16)
+    ref = cpu.attention(q, k_ref.astype(np.float32), v_ref.astype(np.float32), _decode_meta(seq_lens[kept],
+                        tables[kept]), scale, window, cap)  # fmt: skip
+    got = np.fromfile(tmp_path / "out.bin", np.float32).reshape(len(ctxs), n_heads, head_dim)
+    assert np.isfinite(got).all(), f"seed={seed}"
+    assert rel_err(got[kept], ref) < 1e-5, f"seed={seed}"
+    k_got = np.fromfile(tmp_path / "k_out.bin", np.float16).reshape(k_in.shape)
+    v_got = np.fromfile(tmp_path / "v_out.bin", np.float16).reshape(v_in.shape)
+    rows = k_in.reshape(-1, n_kv, head_dim).shape[0]
+    np.testing.assert_allclose(
+        k_got.reshape(rows, -1)[new], k_ref.reshape(rows, -1)[new], rtol=1e-3, atol=1e-3
+    )
+    np.testing.assert_array_equal(v_got.reshape(rows, -1)[new], v_ref.reshape(rows, -1)[new])
+    others = np.setdiff1d(np.arange(rows), new)  # padding tokens' slots included: untouched
+    np.testing.assert_array_equal(k_got.reshape(rows, -1)[others], k_in.reshape(rows, -1)[others])
+    np.testing.assert_array_equal(v_got.reshape(rows, -1)[others], v_in.reshape(rows, -1)[others])

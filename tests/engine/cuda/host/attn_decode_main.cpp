@@ -1,9 +1,13 @@
 // Run attention_decode.cu's kernels on the SIMT emulator.
-// argv: dir head_dim gmax n_seqs n_heads n_kv block_size table_stride scale softcap window n_blocks.
-// Reads dir/{q,k,v,seq_lens,tables}.bin, writes dir/out.bin.
+// argv: [rope] dir head_dim gmax n_seqs n_heads n_kv block_size table_stride scale softcap window n_blocks
+//       and after `rope`, at the end: eps max_pos interleaved norm.
+// Reads dir/{q,k,v,seq_lens,tables}.bin, writes dir/out.bin. With `rope` (attn_dec_rope_*, rope_cache's
+// work fused in): qkv.bin for q.bin, also pos, cos, sin, slots and [qn, kn].bin, and writes the caches
+// back as k_out.bin, v_out.bin.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -14,24 +18,41 @@
 
 typedef void (*DecFn)(const float*, const u16*, const u16*, const int*, const int*, int, int, int, int, float, float,
                       int, float*, float*, float*, float*, int*);
+typedef void (*RopeFn)(const float*, u16*, u16*, const int*, const int*, int, int, int, int, float, float, int, float*,
+                       float*, float*, float*, int*, const float*, const float*, float, const int*, const float*,
+                       const float*, int, int, const int*);
+
+#define PICK_ALL(PICK)                                                   \
+    PICK(64, 1) PICK(64, 2) PICK(64, 4) PICK(64, 8) PICK(64, 16)         \
+    PICK(128, 1) PICK(128, 2) PICK(128, 4) PICK(128, 8)                  \
+    PICK(256, 1) PICK(256, 2) PICK(256, 4)
 
 static DecFn pick(int d, int g) {
 #define PICK(D, G) \
     if (d == D && g == G) return attn_dec_d##D##_g##G;
-    PICK(64, 1) PICK(64, 2) PICK(64, 4) PICK(64, 8) PICK(64, 16)
-    PICK(128, 1) PICK(128, 2) PICK(128, 4) PICK(128, 8)
-    PICK(256, 1) PICK(256, 2) PICK(256, 4)
+    PICK_ALL(PICK)
+#undef PICK
+    exit(4);
+}
+
+static RopeFn pick_rope(int d, int g) {
+#define PICK(D, G) \
+    if (d == D && g == G) return attn_dec_rope_d##D##_g##G;
+    PICK_ALL(PICK)
+#undef PICK
     exit(4);
 }
 
 int main(int argc, char** argv) {
-    if (argc != 13) return 2;
-    const std::string dir = argv[1];
-    const int d = atoi(argv[2]), g = atoi(argv[3]), n_seqs = atoi(argv[4]), n_heads = atoi(argv[5]);
-    const int n_kv = atoi(argv[6]), block_size = atoi(argv[7]), stride = atoi(argv[8]);
-    const float scale = (float)atof(argv[9]), softcap = (float)atof(argv[10]);
-    const int window = atoi(argv[11]), blocks = atoi(argv[12]);
-    auto q = read_required<float>(dir + "/q.bin");
+    const bool rope = argc > 1 && strcmp(argv[1], "rope") == 0;
+    if (argc != (rope ? 18 : 13)) return 2;
+    char** a = argv + (rope ? 1 : 0);
+    const std::string dir = a[1];
+    const int d = atoi(a[2]), g = atoi(a[3]), n_seqs = atoi(a[4]), n_heads = atoi(a[5]);
+    const int n_kv = atoi(a[6]), block_size = atoi(a[7]), stride = atoi(a[8]);
+    const float scale = (float)atof(a[9]), softcap = (float)atof(a[10]);
+    const int window = atoi(a[11]), blocks = atoi(a[12]);
+    auto q = read_required<float>(dir + (rope ? "/qkv.bin" : "/q.bin"));
     auto k = read_required<u16>(dir + "/k.bin");
     auto v = read_required<u16>(dir + "/v.bin");
     auto seq_lens = read_required<int>(dir + "/seq_lens.bin");
@@ -40,17 +61,43 @@ int main(int argc, char** argv) {
     std::vector<float> acc((size_t)n_seqs * n_heads * blocks * d, NAN), m((size_t)n_seqs * n_heads * blocks, NAN),
         l((size_t)n_seqs * n_heads * blocks, NAN);
     std::vector<int> counters((size_t)n_seqs * n_kv, 0);
-    DecFn fn = pick(d, g);
-    // Twice: the counters must be back at zero after a launch for the next one to merge.
+    std::vector<int> pos, slots;
+    std::vector<float> cos_t, sin_t, qn, kn;
+    float eps = 0.f;
+    int max_pos = 0, interleaved = 0, norm = 0;
+    if (rope) {
+        eps = (float)atof(a[13]);
+        max_pos = atoi(a[14]), interleaved = atoi(a[15]), norm = atoi(a[16]);
+        pos = read_required<int>(dir + "/pos.bin");
+        slots = read_required<int>(dir + "/slots.bin");
+        cos_t = read_required<float>(dir + "/cos.bin");
+        sin_t = read_required<float>(dir + "/sin.bin");
+        qn = read_file<float>(dir + "/qn.bin");
+        kn = read_file<float>(dir + "/kn.bin");
+    }
+    // Twice: the counters must be back at zero after a launch for the next one to merge (and with
+    // `rope`, the second launch finds its own new keys already in the cache: same result).
     for (int round = 0; round < 2; ++round) {
         std::fill(out.begin(), out.end(), NAN);
         launch({(unsigned)n_seqs, (unsigned)n_kv, (unsigned)blocks}, {128, 1, 1}, [&] {
-            fn(q.data(), k.data(), v.data(), seq_lens.data(), tables.data(), stride, n_heads, n_kv, block_size, scale,
-               softcap, window, out.data(), acc.data(), m.data(), l.data(), counters.data());
+            if (!rope) {
+                pick(d, g)(q.data(), k.data(), v.data(), seq_lens.data(), tables.data(), stride, n_heads, n_kv,
+                           block_size, scale, softcap, window, out.data(), acc.data(), m.data(), l.data(),
+                           counters.data());
+                return;
+            }
+            pick_rope(d, g)(q.data(), k.data(), v.data(), seq_lens.data(), tables.data(), stride, n_heads, n_kv,
+                            block_size, scale, softcap, window, out.data(), acc.data(), m.data(), l.data(),
+                            counters.data(), norm ? qn.data() : nullptr, norm ? kn.data() : nullptr, eps, pos.data(),
+                            cos_t.data(), sin_t.data(), max_pos, interleaved, slots.data());
         });
     }
     for (int c : counters)
         if (c != 0) return 5;
     write_file(dir + "/out.bin", out);
+    if (rope) {
+        write_file(dir + "/k_out.bin", k);
+        write_file(dir + "/v_out.bin", v);
+    }
     return 0;
 }
