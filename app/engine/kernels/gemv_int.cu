@@ -6,6 +6,15 @@
 // add + RMSNorm before the product (XqNorm in gemv_int.cuh; norm_w null: none).
 #include "gemv_int.cuh"
 
+// Blocks of 256 threads ptxas must fit on a multiprocessor: at 2 a thread gets at most 128
+// registers. Left free, the Q6_K single-weight build took 143 (one block, 8 warps per SM) and the
+// wide q/k/v one 112; capped, none spills but the narrow q/k/v (32 bytes). The GEMVs are latency-
+// bound at low occupancy (NOTES-cuda.md, run 75), and 2 took the Qwen3-8B step from 2.53 to 2.40
+// ms (runs 76-77); 3 (80 registers) spilled and was level. gemv_int.py passes it.
+#ifndef XQ_MIN_BLOCKS
+#define XQ_MIN_BLOCKS 2
+#endif
+
 #ifndef XQ_F0
 #define XQ_F0 FmtQ4_K
 #define XQ_F1 FmtQ4_K
@@ -15,7 +24,7 @@
 #define XQ_ACT 0
 #endif
 
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(256, XQ_MIN_BLOCKS)
     gemv_int(const u8* __restrict__ w, i64 row_bytes, int n_rows, int n_cols, const float* __restrict__ x,
             float* __restrict__ y, const float* __restrict__ bias, const float* __restrict__ res,
             const float* __restrict__ norm_w, float* __restrict__ new_res, float eps) {
@@ -24,7 +33,7 @@ extern "C" __global__ void __launch_bounds__(256)
     xq_gemv_body<XQ_F0, XQ_R, XQ_U>(w, row_bytes, n_rows, n_cols, x, y, bias, nrm, xq_smem);
 }
 
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(256, XQ_MIN_BLOCKS)
     gemv_int_multi(const u8* __restrict__ w0, const u8* __restrict__ w1, const u8* __restrict__ w2, i64 row_bytes0,
                   i64 row_bytes1, i64 row_bytes2, int rows0, int rows1, int rows2, int n_cols,
                   const float* __restrict__ x, float* __restrict__ y, const float* __restrict__ bias,
@@ -36,7 +45,7 @@ extern "C" __global__ void __launch_bounds__(256)
                                                    n_cols, x, y, bias, nrm, xq_smem);
 }
 
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(256, XQ_MIN_BLOCKS)
     gemv_int_gated(const u8* __restrict__ wa, const u8* __restrict__ wb, i64 row_bytes_a, i64 row_bytes_b,
                   int n_rows, int n_cols, const float* __restrict__ x, float* __restrict__ y,
                   const float* __restrict__ res, const float* __restrict__ norm_w, float* __restrict__ new_res,

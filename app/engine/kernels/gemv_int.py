@@ -69,6 +69,9 @@ def shape_for(shapes: tuple[LaunchShape, LaunchShape], n_cols: int) -> LaunchSha
 
 BLOCKS_PER_SM = 4  # the grid's cap: more row groups than this loop inside a block (2-32: within 1%)
 RESIDENT_CAP = os.environ.get("PADDOCK_GEMV_RESIDENT", "1") != "0"  # _launch; 0 for A/B runs
+# XQ_MIN_BLOCKS (gemv_int.cu): the register cap that keeps two blocks per multiprocessor (8B step
+# 2.53 -> 2.40 ms, 0.6B and batch 32 level: runs 76-77). `PADDOCK_GEMV_MIN_BLOCKS=1` for A/B runs.
+MIN_BLOCKS = int(os.environ.get("PADDOCK_GEMV_MIN_BLOCKS", "2"))
 
 
 # The column map of each format, by its RUN1 (xq_layout in gemv_int.cuh): weights whose maps
@@ -147,7 +150,7 @@ def _defines(
     rows, units = rows or shape.rows, units or shape.units
     units = 1 if (n_cols // 32) % units else units  # an odd unit count per row takes one at a time
     return {"XQ_F0": f"Fmt{padded[0]}", "XQ_F1": f"Fmt{padded[1]}", "XQ_F2": f"Fmt{padded[2]}", "XQ_R": rows,
-            "XQ_U": units, "XQ_ACT": act}  # fmt: skip
+            "XQ_U": units, "XQ_ACT": act, "XQ_MIN_BLOCKS": MIN_BLOCKS}  # fmt: skip
 
 
 def gemv_int(
