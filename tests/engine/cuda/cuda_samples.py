@@ -30,8 +30,9 @@ _F16_FIELDS: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
 
 
 def fresh_rng() -> tuple[np.random.Generator, int]:
-    """A generator seeded from the OS (fresh inputs every run) and its seed, to print on failure."""
-    seed = int.from_bytes(os.urandom(4), "little")
+    """A generator seeded from the OS (fresh inputs every run) and its seed, to print on failure;
+    `PADDOCK_TEST_SEED` replays a printed one."""
+    seed = int(os.environ.get("PADDOCK_TEST_SEED") or int.from_bytes(os.urandom(4), "little"))
     return np.random.default_rng(seed), seed
 
 
