@@ -74,6 +74,16 @@ RESIDENT_CAP = os.environ.get("PADDOCK_GEMV_RESIDENT", "1") != "0"  # _launch; 0
 MIN_BLOCKS = int(os.environ.get("PADDOCK_GEMV_MIN_BLOCKS", "2"))
 
 
+def min_blocks(name: str, first_format: str) -> int:
+    """XQ_MIN_BLOCKS of one build: `PADDOCK_GEMV_MIN_BLOCKS_<NAME>_<FORMAT>` (the first weight's),
+    then `PADDOCK_GEMV_MIN_BLOCKS_<NAME>`, then MIN_BLOCKS (A/B runs of per-kernel caps: at 3, ptxas
+    fits the Q4_K builds in 80 registers without spilling, not the Q6_K ones)."""
+    for key in (f"PADDOCK_GEMV_MIN_BLOCKS_{name}_{first_format}", f"PADDOCK_GEMV_MIN_BLOCKS_{name}"):
+        if key in os.environ:
+            return int(os.environ[key])
+    return MIN_BLOCKS
+
+
 # The column map of each format, by its RUN1 (xq_layout in gemv_int.cuh): weights whose maps
 # differ get their own copy of the quantized x.
 _LAYOUT = {"Q4_K": 1, "Q5_K": 1, "Q6_K": 2}
@@ -143,14 +153,16 @@ def _launch(kernel: Any, groups: int, smem: int, args: tuple, warps: int, blocks
 
 
 def _defines(
-    formats: list[str], shape: LaunchShape, rows: int | None, units: int | None, n_cols: int, act: int = 0
-) -> dict[str, str | int]:
-    """The -D set of one kernel variant; `rows` / `units` override the shape's defaults."""
+    name: str, formats: list[str], shape: LaunchShape, rows: int | None, units: int | None, n_cols: int,
+    act: int = 0,
+) -> dict[str, str | int]:  # fmt: skip
+    """The -D set of one build of kernel `name` (SINGLE, MULTI, GATED); `rows` / `units` override
+    the shape's defaults."""
     padded = [*formats, formats[-1], formats[-1]][:3]
     rows, units = rows or shape.rows, units or shape.units
     units = 1 if (n_cols // 32) % units else units  # an odd unit count per row takes one at a time
     return {"XQ_F0": f"Fmt{padded[0]}", "XQ_F1": f"Fmt{padded[1]}", "XQ_F2": f"Fmt{padded[2]}", "XQ_R": rows,
-            "XQ_U": units, "XQ_ACT": act, "XQ_MIN_BLOCKS": MIN_BLOCKS}  # fmt: skip
+            "XQ_U": units, "XQ_ACT": act, "XQ_MIN_BLOCKS": min_blocks(name, formats[0])}  # fmt: skip
 
 
 def gemv_int(
@@ -162,7 +174,7 @@ def gemv_int(
     normalized x. `rows`, `warps`, `blocks_per_sm` and `units` override the launch shape (benchmarks)."""
     shape = shape_for(SINGLE_SHAPES, n_cols)
     warps = warps or shape.warps
-    defines = _defines([qtype_name], shape, rows, units, n_cols)
+    defines = _defines("SINGLE", [qtype_name], shape, rows, units, n_cols)
     kernel = get_kernel("gemv_int.cu", "gemv_int", defines)
     args = (data, i64(row_bytes), i32(n_rows), i32(n_cols), x, out, ptr(bias), *_norm_args(norm))
     _launch(
@@ -186,7 +198,7 @@ def gemv_int_multi(
     padded = list(parts) + [(*parts[-1][:3], 0)] * (3 - len(parts))
     shape = shape_for(MULTI_SHAPES, n_cols)
     warps = warps or shape.warps
-    defines = _defines([p[1] for p in padded], shape, rows, units, n_cols)
+    defines = _defines("MULTI", [p[1] for p in padded], shape, rows, units, n_cols)
     kernel = get_kernel("gemv_int.cu", "gemv_int_multi", defines)
     rows = int(defines["XQ_R"])
     args = (padded[0][0], padded[1][0], padded[2][0], i64(padded[0][2]), i64(padded[1][2]), i64(padded[2][2]),
@@ -206,7 +218,7 @@ def gemv_int_gated(
     with `norm`, of the normalized x."""
     shape = shape_for(GATED_SHAPES, n_cols)
     warps = warps or shape.warps
-    defines = _defines([gate[1], up[1]], shape, rows, units, n_cols, act)
+    defines = _defines("GATED", [gate[1], up[1]], shape, rows, units, n_cols, act)
     kernel = get_kernel("gemv_int.cu", "gemv_int_gated", defines)
     args = (gate[0], up[0], i64(gate[2]), i64(up[2]), i32(n_rows), i32(n_cols), x, out, *_norm_args(norm))
     _launch(
