@@ -50,11 +50,12 @@ if [[ $STAGES == *ab* ]]; then  # AB="PADDOCK_PDL=0 PADDOCK_PDL=1": quick engine
   for model in $MODELS; do
     for setting in ${AB:-PADDOCK_PDL=0 PADDOCK_PDL=1}; do
       left 60 || break
-      echo "== $model $setting"
+      echo "== $model $setting" | tee -a "$OUT/ab.log"  # bench/ab_table.py reads these headers
       env ${setting//+/ } SPEED_QUICK=1 timeout 100 python3 bench/gpu_engine.py speed "$(gguf_of "$model")" --batch ${AB_BATCH:-1 32} 2>&1 \
         | tee -a "$OUT/ab.log" | grep '^{' | sed "s/^{/{\"setting\": \"$setting\", /"
     done
   done
+  python3 bench/ab_table.py "$OUT/ab.log"
 fi
 if [[ $STAGES == *serve* ]]; then
   for model in $MODELS; do
