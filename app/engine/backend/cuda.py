@@ -80,6 +80,11 @@ def cuda_available(device_id: int = 0) -> tuple[bool, str]:
     return True, f"{name} (sm_{cc}, {total / 2**30:.0f} GiB)"
 
 
+def _decode_batch(meta: AttentionMetadata, n_tok: int) -> bool:
+    """One new token per sequence: what the decode attention kernels take."""
+    return meta.decode_only and n_tok == meta.num_seqs
+
+
 class CudaBackend:
     name = "cuda"
     act_dtype = np.float32
@@ -243,14 +248,11 @@ class CudaBackend:
         rope_and_cache then attention."""
         qkv = self._f32(qkv)
         n_tok = qkv.shape[0]
-        decode = meta.decode_only and n_tok == meta.num_seqs
         rotary = 2 * int(rope.table.cos.shape[1])
-        fused = decode and _attention_decode.rope_pays(n_tok, rope.n_heads, rope.head_dim)
+        fused = _decode_batch(meta, n_tok) and _attention_decode.rope_pays(n_tok, rope.n_heads, rope.head_dim)
         if not (fused and _attention_decode.rope_supported(rope.head_dim, rope.n_heads, rope.n_kv_heads, rotary)):
             return rope_cache_then_attention(self, qkv, rope, k_cache, v_cache, meta, scale, sliding_window, softcap)
-        n_blocks = _attention_decode.plan_blocks(
-            n_tok, rope.n_kv_heads, int(meta.max_seq_len), self.sm_count, rope.head_dim
-        )
+        n_blocks = self._decode_blocks(meta, n_tok, rope.n_kv_heads, rope.head_dim)
         norms = [None if w is None else self._f32(w) for w in (rope.q_norm, rope.k_norm)]
         return _attention_decode.attention_decode_qkv(
             qkv, rope.n_heads, rope.n_kv_heads, rope.head_dim, *norms, rope.eps, self._i32(meta.positions),
@@ -258,6 +260,10 @@ class CudaBackend:
             self._i32(meta.seq_lens), self._i32(meta.block_tables), scale, sliding_window, softcap, n_blocks,
             self.xp.empty((n_tok, rope.n_heads, rope.head_dim), self.xp.float32),
         )  # fmt: skip
+
+    def _decode_blocks(self, meta: AttentionMetadata, n_seqs: int, n_kv: int, head_dim: int) -> int:
+        """Blocks per (sequence, KV head) of a decode attention launch (attention_decode.plan_blocks)."""
+        return _attention_decode.plan_blocks(n_seqs, n_kv, int(meta.max_seq_len), self.sm_count, head_dim)
 
     def rms_norm(self, x: Any, weight: Any, eps: float) -> Any:
         x = self._f32(x)
@@ -296,9 +302,9 @@ class CudaBackend:
         q = self._f32(q)
         n_tok, n_heads, head_dim = q.shape
         n_kv = k_cache.shape[2]
-        decode = meta.decode_only and n_tok == meta.num_seqs and num_splits is None
+        decode = _decode_batch(meta, n_tok) and num_splits is None
         if decode and _attention_decode.supports(head_dim, n_heads, n_kv):
-            n_blocks = _attention_decode.plan_blocks(n_tok, n_kv, int(meta.max_seq_len), self.sm_count, head_dim)
+            n_blocks = self._decode_blocks(meta, n_tok, n_kv, head_dim)
             return _attention_decode.attention_decode(
                 q, k_cache, v_cache, self._i32(meta.seq_lens), self._i32(meta.block_tables), scale,
                 sliding_window, softcap, n_blocks, self.xp.empty_like(q),

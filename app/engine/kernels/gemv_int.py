@@ -74,13 +74,22 @@ RESIDENT_CAP = os.environ.get("PADDOCK_GEMV_RESIDENT", "1") != "0"  # _launch; 0
 MIN_BLOCKS = int(os.environ.get("PADDOCK_GEMV_MIN_BLOCKS", "2"))
 
 
+_MIN_BLOCKS_PREFIX = "PADDOCK_GEMV_MIN_BLOCKS_"
+# Per-kernel overrides, read once as the other switches are: {"GATED": 3, "SINGLE_Q4_K": 3, ...}.
+MIN_BLOCKS_OVERRIDES = {
+    key.removeprefix(_MIN_BLOCKS_PREFIX): int(value)
+    for key, value in os.environ.items()
+    if key.startswith(_MIN_BLOCKS_PREFIX)
+}
+
+
 def min_blocks(name: str, first_format: str) -> int:
     """XQ_MIN_BLOCKS of one build: `PADDOCK_GEMV_MIN_BLOCKS_<NAME>_<FORMAT>` (the first weight's),
     then `PADDOCK_GEMV_MIN_BLOCKS_<NAME>`, then MIN_BLOCKS (A/B runs of per-kernel caps: at 3, ptxas
     fits the Q4_K builds in 80 registers without spilling, not the Q6_K ones)."""
-    for key in (f"PADDOCK_GEMV_MIN_BLOCKS_{name}_{first_format}", f"PADDOCK_GEMV_MIN_BLOCKS_{name}"):
-        if key in os.environ:
-            return int(os.environ[key])
+    for key in (f"{name}_{first_format}", name):
+        if key in MIN_BLOCKS_OVERRIDES:
+            return MIN_BLOCKS_OVERRIDES[key]
     return MIN_BLOCKS
 
 
