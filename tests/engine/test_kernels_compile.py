@@ -11,6 +11,7 @@ compiler is present.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -20,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from app.engine.kernels import gemv_int
 from app.engine.kernels.compile import BASE_OPTIONS, KERNEL_DIR
 
 ARCHS = ("86", "89", "90", "120")
@@ -195,6 +197,36 @@ def test_selected_variant_compiles(source: str, tmp_path: Path) -> None:
     log = _compile_nvcc(source.partition("#")[0], "90", SELECTED[source], str(out))
     assert log == "", log
     assert f".entry {SELECTED_ENTRIES[source]}(" in out.read_text()
+
+
+XQ_ENTRIES = {"SINGLE": "gemv_int", "GATED": "gemv_int_gated", "MULTI": "gemv_int_multi"}
+
+
+def _spill_stores(defines: list[str], entry: str) -> int:
+    """Bytes of register spill stores ptxas reports for `entry` of gemv_int.cu built for sm_90."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [_nvcc(), "-cubin", "-arch=sm_90", "-Xptxas", "-v", *BASE_OPTIONS, *defines, f"-I{KERNEL_DIR}",
+               str(KERNEL_DIR / "gemv_int.cu"), "-o", f"{tmp}/out.cubin"]  # fmt: skip
+        done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    report = done.stdout + done.stderr
+    properties = report.split(f"Function properties for {entry}\n", 1)[1]
+    return int(re.search(r"(\d+) bytes spill stores", properties).group(1))
+
+
+@pytest.mark.parametrize("key", sorted(gemv_int.WIDE_MIN_BLOCKS))
+def test_wide_gemv_register_caps_do_not_spill(key: str) -> None:
+    """The tighter register caps gemv_int gives wide builds (more blocks per multiprocessor) hold
+    without spilling, also with a Q4_K_M file's Q6_K third weight (v of q/k/v)."""
+    if _nvcc() is None:
+        pytest.skip("needs nvcc")
+    name, _, first = key.partition("_")
+    shape = gemv_int.launch_shape(name, gemv_int.WIDE_COLS, first)
+    variants = [[first, first, first]] + ([[first, first, "Q6_K"]] if name == "MULTI" else [])
+    for formats in variants:
+        defines = gemv_int._defines(formats, shape, None, None, gemv_int.WIDE_COLS)
+        flags = [f"-D{k}={v}" for k, v in defines.items()]
+        assert _spill_stores(flags, XQ_ENTRIES[name]) == 0, f"{key} {formats} at {shape}"
 
 
 HOST_DIR = Path(__file__).parent / "cuda" / "host"

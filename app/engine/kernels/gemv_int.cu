@@ -14,6 +14,10 @@
 #ifndef XQ_MIN_BLOCKS
 #define XQ_MIN_BLOCKS 2
 #endif
+// Threads per block (32 x the launch shape's warps): the launch must not exceed it.
+#ifndef XQ_THREADS
+#define XQ_THREADS 256
+#endif
 
 #ifndef XQ_F0
 #define XQ_F0 FmtQ4_K
@@ -24,7 +28,7 @@
 #define XQ_ACT 0
 #endif
 
-extern "C" __global__ void __launch_bounds__(256, XQ_MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(XQ_THREADS, XQ_MIN_BLOCKS)
     gemv_int(const u8* __restrict__ w, i64 row_bytes, int n_rows, int n_cols, const float* __restrict__ x,
             float* __restrict__ y, const float* __restrict__ bias, const float* __restrict__ res,
             const float* __restrict__ norm_w, float* __restrict__ new_res, float eps) {
@@ -33,7 +37,7 @@ extern "C" __global__ void __launch_bounds__(256, XQ_MIN_BLOCKS)
     xq_gemv_body<XQ_F0, XQ_R, XQ_U>(w, row_bytes, n_rows, n_cols, x, y, bias, nrm, xq_smem);
 }
 
-extern "C" __global__ void __launch_bounds__(256, XQ_MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(XQ_THREADS, XQ_MIN_BLOCKS)
     gemv_int_multi(const u8* __restrict__ w0, const u8* __restrict__ w1, const u8* __restrict__ w2, i64 row_bytes0,
                   i64 row_bytes1, i64 row_bytes2, int rows0, int rows1, int rows2, int n_cols,
                   const float* __restrict__ x, float* __restrict__ y, const float* __restrict__ bias,
@@ -45,7 +49,7 @@ extern "C" __global__ void __launch_bounds__(256, XQ_MIN_BLOCKS)
                                                    n_cols, x, y, bias, nrm, xq_smem);
 }
 
-extern "C" __global__ void __launch_bounds__(256, XQ_MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(XQ_THREADS, XQ_MIN_BLOCKS)
     gemv_int_gated(const u8* __restrict__ wa, const u8* __restrict__ wb, i64 row_bytes_a, i64 row_bytes_b,
                   int n_rows, int n_cols, const float* __restrict__ x, float* __restrict__ y,
                   const float* __restrict__ res, const float* __restrict__ norm_w, float* __restrict__ new_res,

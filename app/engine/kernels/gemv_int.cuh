@@ -67,64 +67,112 @@ __device__ __forceinline__ float xq_norm_rstd(const float* __restrict__ x, int n
 #endif
 
 #define XQ_LEVELS 32767.f
+#ifndef XQ_QB
+#define XQ_QB 1  // 16-column groups of x a thread loads at once in xq_quantize (gemv_int.py picks it)
+#endif
 
 // Bytes of dynamic shared memory per layout for n_cols columns: the codes, then (d, sum) per run.
 __host__ __device__ constexpr int xq_shared_bytes(int n_cols) { return 2 * n_cols + (n_cols / XQ_GROUP) * 8; }
 
+// rint(lo) and rint(hi) as the low and high int16 of a word, for |v| < 2^22. Adding 1.5 * 2^23 leaves
+// rint(v) (ties to even, as __float2int_rn) in the low mantissa bits: a full-rate FADD where the
+// conversion is a quarter-rate instruction, and a block converts all of x (4096-12288 values) per
+// GEMV. __fadd_rn keeps the add out of an FMA with the product before it (the code is rint of the
+// float product, as before).
 __device__ __forceinline__ u32 xq_pair(float lo, float hi) {
-    return (u32)(__float2int_rn(lo) & 0xffff) | ((u32)__float2int_rn(hi) << 16);
-}
-
-// x (n_cols floats; normalized first when nrm.w is set, with rstd from xq_norm_rstd) in Fmt's
-// layout (above) at smem: one thread per unit, each run of 16 values quantized on its own.
-// No barrier: the caller syncs after its last layout.
-template <class Fmt, int U>
-__device__ __forceinline__ void xq_quantize(const float* __restrict__ x, int n_cols, const XqNorm& nrm, float rstd,
-                                            u8* smem) {
-    const int units = n_cols >> 5, per = units / U;
-    uint4* chunks = reinterpret_cast<uint4*>(smem);
-    float2* xs = reinterpret_cast<float2*>(smem + 2 * n_cols);
-    for (int u = threadIdx.x; u < units; u += blockDim.x) {
-        const int slot = (u % U) * per + u / U;
-#pragma unroll
-        for (int run = 0; run < 2; ++run) {
-            const int c0 = Fmt::x_base(u) + run * Fmt::RUN1;
-            const float4* p = reinterpret_cast<const float4*>(x + c0);
-            float4 v[4];
-            float amax = 0.f, sum = 0.f;
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                v[k] = __ldg(p + k);
-                if (nrm.w != nullptr) {
-                    if (nrm.res != nullptr) {
-                        const float4 r = __ldg(reinterpret_cast<const float4*>(nrm.res + c0) + k);
-                        v[k] = make_float4(r.x + v[k].x, r.y + v[k].y, r.z + v[k].z, r.w + v[k].w);
-                    }
-                    v[k] = norm_scale(v[k], rstd, __ldg(reinterpret_cast<const float4*>(nrm.w + c0) + k));
-                }
-                amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[k].x), fabsf(v[k].y)), fmaxf(fabsf(v[k].z), fabsf(v[k].w))));
-                sum += (v[k].x + v[k].y) + (v[k].z + v[k].w);
-            }
-            const float inv = amax > 0.f ? XQ_LEVELS / amax : 0.f;
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const float4 a = v[2 * h], b = v[2 * h + 1];
-                uint4 c;
-                c.x = xq_pair(a.x * inv, a.y * inv);
-                c.y = xq_pair(a.z * inv, a.w * inv);
-                c.z = xq_pair(b.x * inv, b.y * inv);
-                c.w = xq_pair(b.z * inv, b.w * inv);
-                chunks[(2 * run + h) * units + slot] = c;
-            }
-            xs[run * units + slot] = make_float2(amax / XQ_LEVELS, sum);
-        }
-    }
+    constexpr float MAGIC = 12582912.f;
+    return __byte_perm(__float_as_uint(__fadd_rn(lo, MAGIC)), __float_as_uint(__fadd_rn(hi, MAGIC)), 0x5410);
 }
 
 // Which copy of x a format reads: weights whose column maps differ need their own.
 template <class Fmt>
 __device__ __forceinline__ constexpr int xq_layout() {
     return Fmt::RUN1 == 16 ? 0 : Fmt::RUN1 == 32 ? 1 : 2;
+}
+
+// The unit and run that hold x's 16-column group `grp` in layout LAYOUT (xq_layout): Fmt::x_base
+// inverted. 32-weight formats: unit u takes groups 2u and 2u + 1. In a 256-column block, unit s of
+// Q4_K/Q5_K takes local groups (s >> 1) * 4 + (s & 1) + 2 run, of Q6_K (s >> 2) * 8 + (s & 3) + 4 run.
+template <int LAYOUT>
+__device__ __forceinline__ void xq_group_place(int grp, int& u, int& run) {
+    const int g = grp & 15, block_units = (grp >> 4) * 8;
+    if constexpr (LAYOUT == 0) {
+        u = grp >> 1;
+        run = grp & 1;
+    } else if constexpr (LAYOUT == 1) {
+        u = block_units + ((g >> 2) << 1) + (g & 1);
+        run = (g >> 1) & 1;
+    } else {
+        u = block_units + ((g >> 3) << 2) + (g & 3);
+        run = (g >> 2) & 1;
+    }
+}
+
+// Group grp's 16 codes (lo: values 0-7, hi: 8-15) and (d, sum) into their place in a layout at smem.
+template <int LAYOUT, int U>
+__device__ __forceinline__ void xq_store_group(u8* smem, int n_cols, int grp, uint4 lo, uint4 hi, float2 ds) {
+    const int units = n_cols >> 5;
+    int u, run;
+    xq_group_place<LAYOUT>(grp, u, run);
+    const int slot = (u % U) * (units / U) + u / U;
+    uint4* chunks = reinterpret_cast<uint4*>(smem);
+    chunks[2 * run * units + slot] = lo;
+    chunks[(2 * run + 1) * units + slot] = hi;
+    reinterpret_cast<float2*>(smem + 2 * n_cols)[run * units + slot] = ds;
+}
+
+// x (n_cols floats; normalized first when nrm.w is set, with rstd from xq_norm_rstd) in layout L0 at s0
+// and, where a weight needs another (L1 / L2 >= 0), in L1 at s1 and L2 at s2. One thread per 16-column
+// group, QB groups per thread loaded before any is quantized (one round trip to x for up to QB *
+// blockDim.x groups), each quantized once and stored in every layout. No barrier: the caller syncs.
+template <int U, int QB, int L0, int L1 = -1, int L2 = -1>
+__device__ __forceinline__ void xq_quantize(const float* __restrict__ x, int n_cols, const XqNorm& nrm, float rstd,
+                                            u8* s0, u8* s1 = nullptr, u8* s2 = nullptr) {
+    const int groups = n_cols >> 4;
+    for (int base = threadIdx.x; base < groups; base += QB * blockDim.x) {
+        float4 v[QB][4];
+#pragma unroll
+        for (int b = 0; b < QB; ++b) {
+            const int c0 = (base + b * blockDim.x) * 16;
+            if (c0 >= n_cols) break;
+            const float4* p = reinterpret_cast<const float4*>(x + c0);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                v[b][k] = __ldg(p + k);
+                if (nrm.w != nullptr) {
+                    if (nrm.res != nullptr) {
+                        const float4 r = __ldg(reinterpret_cast<const float4*>(nrm.res + c0) + k);
+                        v[b][k] = make_float4(r.x + v[b][k].x, r.y + v[b][k].y, r.z + v[b][k].z, r.w + v[b][k].w);
+                    }
+                    v[b][k] = norm_scale(v[b][k], rstd, __ldg(reinterpret_cast<const float4*>(nrm.w + c0) + k));
+                }
+            }
+        }
+#pragma unroll
+        for (int b = 0; b < QB; ++b) {
+            const int grp = base + b * blockDim.x;
+            if (grp >= groups) break;
+            float amax = 0.f, sum = 0.f;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const float4 e = v[b][k];
+                amax = fmaxf(amax, fmaxf(fmaxf(fabsf(e.x), fabsf(e.y)), fmaxf(fabsf(e.z), fabsf(e.w))));
+                sum += (e.x + e.y) + (e.z + e.w);
+            }
+            const float inv = amax > 0.f ? XQ_LEVELS / amax : 0.f;
+            uint4 c[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float4 a = v[b][2 * h], d = v[b][2 * h + 1];
+                c[h] = make_uint4(xq_pair(a.x * inv, a.y * inv), xq_pair(a.z * inv, a.w * inv),
+                                  xq_pair(d.x * inv, d.y * inv), xq_pair(d.z * inv, d.w * inv));
+            }
+            const float2 ds = make_float2(amax / XQ_LEVELS, sum);
+            xq_store_group<L0, U>(s0, n_cols, grp, c[0], c[1], ds);
+            if constexpr (L1 >= 0) xq_store_group<L1, U>(s1, n_cols, grp, c[0], c[1], ds);
+            if constexpr (L2 >= 0) xq_store_group<L2, U>(s2, n_cols, grp, c[0], c[1], ds);
+        }
+    }
 }
 
 // Sum over a run of codes (word k: codes 4k..4k+3) times x codes (words 2k, 2k+1 of lo:hi).
@@ -152,7 +200,7 @@ __device__ __forceinline__ void xq_load_pass(Fmt (&f)[U][R], const u8* const (&r
         for (int r = 0; r < R; ++r) f[i][r].load(rows[r], u0 + i);
 }
 
-// This lane's share of acc[r] = sum_c W[rows[r], c] * x[c], x from xq_quantize<Fmt, U> at smem. A lane takes
+// This lane's share of acc[r] = sum_c W[rows[r], c] * x[c], x from xq_quantize in Fmt's layout at smem. A lane takes
 // U consecutive units per step (units U*lane.., then 32*U further on): with U = 2 a k-quant
 // lane reads 32 contiguous quant bytes, and the two units' shared block header is loaded and
 // decoded once (the compiler merges the identical loads and scale decoding). units % U == 0.
@@ -331,7 +379,7 @@ __device__ __forceinline__ void xq_gemv_body(const u8* __restrict__ w, i64 row_b
     const bool preloaded = xq_preload<Fmt, R, U>(f, w, row_bytes, n_rows, n_cols, first);
     after_previous_grid();
     const float rstd = nrm.w != nullptr ? xq_norm_rstd(x, n_cols, nrm) : 1.f;
-    xq_quantize<Fmt, U>(x, n_cols, nrm, rstd, smem);
+    xq_quantize<U, XQ_QB, xq_layout<Fmt>()>(x, n_cols, nrm, rstd, smem);
     __syncthreads();
     XQ_FOR_EACH_GROUP(g, (n_rows + R - 1) / R)
     xq_rows<Fmt, R, U>(w, row_bytes, n_rows, n_cols, smem, y, bias, g, f, preloaded && g == first);
@@ -370,9 +418,7 @@ __device__ __forceinline__ void xq_multi_body(const u8* __restrict__ w0, const u
         preloaded = xq_preload<F0, R, U>(f, w1, row_bytes1, rows1, n_cols, first - groups0);
     after_previous_grid();
     const float rstd = nrm.w != nullptr ? xq_norm_rstd(x, n_cols, nrm) : 1.f;
-    xq_quantize<F0, U>(x, n_cols, nrm, rstd, x0);
-    if (c1 == 1) xq_quantize<F1, U>(x, n_cols, nrm, rstd, x1);
-    if (c2 > c1) xq_quantize<F2, U>(x, n_cols, nrm, rstd, x2);
+    xq_quantize<U, XQ_QB, l0, (c1 == 1 ? l1 : -1), (c2 > c1 ? l2 : -1)>(x, n_cols, nrm, rstd, x0, x1, x2);
     __syncthreads();
     XQ_FOR_EACH_GROUP(g, groups0 + groups1 + groups2) {
         const bool pre = preloaded && g == first;
@@ -411,8 +457,7 @@ __device__ __forceinline__ void xq_gated_body(const u8* __restrict__ wa, const u
     const bool preloaded = xq_gated_preload<FA, FB, RH, U>(pass, wa, wb, row_bytes_a, row_bytes_b, n_rows, n_cols, first);
     after_previous_grid();
     const float rstd = nrm.w != nullptr ? xq_norm_rstd(x, n_cols, nrm) : 1.f;
-    xq_quantize<FA, U>(x, n_cols, nrm, rstd, smem);
-    if (two) xq_quantize<FB, U>(x, n_cols, nrm, rstd, xb);
+    xq_quantize<U, XQ_QB, xq_layout<FA>(), (two ? xq_layout<FB>() : -1)>(x, n_cols, nrm, rstd, smem, xb);
     __syncthreads();
     XQ_FOR_EACH_GROUP(g, (n_rows + RH - 1) / RH)
     xq_gated_rows<FA, FB, RH, U, ACT>(wa, wb, row_bytes_a, row_bytes_b, n_rows, n_cols, smem, xb, y, g, pass,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from app.engine.kernels.compile import get_kernel
@@ -36,21 +36,17 @@ MIN_BYTES = 4 << 20  # smaller weights stay on the float32-x kernels (see above)
 FUSED_NORM_MAX_COLS = int(os.environ.get("PADDOCK_FUSED_NORM_MAX_COLS", "2048"))
 
 
+# XQ_MIN_BLOCKS (gemv_int.cu), the blocks per multiprocessor ptxas must fit: 2 caps a thread at 128
+# registers (8B step 2.53 -> 2.40 ms, 0.6B and batch 32 level: runs 76-77).
+DEFAULT_MIN_BLOCKS = 2
+
+
 @dataclass(frozen=True)
 class LaunchShape:
     rows: int  # rows per warp (gate/up: of each)
     warps: int  # per block
     units: int  # 32-weight units a lane takes per step
-
-
-def _shapes(name: str, narrow: LaunchShape, wide: LaunchShape) -> tuple[LaunchShape, LaunchShape]:
-    """A kernel's shapes below WIDE_COLS columns and from there on; `PADDOCK_GEMV_SHAPE_<name>` =
-    "rows,warps,units" sets both (A/B runs)."""
-    text = os.environ.get(f"PADDOCK_GEMV_SHAPE_{name}")
-    if not text:
-        return narrow, wide
-    forced = LaunchShape(*(int(v) for v in text.split(",")))
-    return forced, forced
+    min_blocks: int = DEFAULT_MIN_BLOCKS  # XQ_MIN_BLOCKS of the build: its register cap
 
 
 # Run-28 sweep at the 8B shapes: 8 warps beat 4 and 2 at every shape but q/k/v's: (2 rows, 4 warps,
@@ -58,39 +54,69 @@ def _shapes(name: str, narrow: LaunchShape, wide: LaunchShape) -> tuple[LaunchSh
 # and 2026-11-30) gate/up at 2 rows and q/k/v at 1 row of 8 warps took the 8B step (4096 columns)
 # from 2.478 to 2.448 ms, twice, and the 0.6B one (1024) from 0.770 to 0.787 ms: hence by width.
 WIDE_COLS = 4096
-SINGLE_SHAPES = _shapes("SINGLE", LaunchShape(2, 8, 2), LaunchShape(2, 8, 2))
-GATED_SHAPES = _shapes("GATED", LaunchShape(1, 8, 1), LaunchShape(2, 8, 1))
-MULTI_SHAPES = _shapes("MULTI", LaunchShape(2, 4, 2), LaunchShape(1, 8, 2))
+# Wide single-weight products (o, down, the output projection) in blocks of 16 warps, one per
+# multiprocessor, with the same 128-register budget as two blocks of 8 (run 85): 8B step 2.322 ->
+# 2.271 ms.
+SHAPES: dict[str, tuple[LaunchShape, LaunchShape]] = {  # kernel -> (below WIDE_COLS, from there on)
+    "SINGLE": (LaunchShape(2, 8, 2), LaunchShape(2, 16, 2, min_blocks=1)),
+    "GATED": (LaunchShape(1, 8, 1), LaunchShape(2, 8, 1)),
+    "MULTI": (LaunchShape(2, 4, 2), LaunchShape(1, 8, 2)),
+}
+# Tighter register caps of wide builds, by kernel and first weight's format: more blocks per
+# multiprocessor where ptxas fits the build without spilling (tests/engine/test_kernels_compile.py
+# checks). In the 8B decode graph (run 78): gate/up at 3 blocks (79 registers instead of 87)
+# 2.400 -> 2.372 ms, q/k/v at 4 (64 instead of 112) 2.400 -> 2.388; o/down's Q4_K build at 3 (77
+# instead of 87) lost, 2.444. With x quantized per group (run 85) q/k/v at 4 spills 8 bytes and
+# at 3 (80 registers) took the step 2.322 -> 2.271 ms. Q5_K and Q8_0 spill at these caps and keep
+# the default.
+WIDE_MIN_BLOCKS = {"GATED_Q4_K": 3, "MULTI_Q4_K": 3}
 
 
-def shape_for(shapes: tuple[LaunchShape, LaunchShape], n_cols: int) -> LaunchShape:
-    return shapes[n_cols >= WIDE_COLS]
+def _env_overrides(prefix: str) -> dict[str, str]:
+    """{"GATED": "3", "SINGLE_Q6_K": "2,8,1", ...} from $<prefix><KEY>, read once at import as the
+    other switches are."""
+    return {key.removeprefix(prefix): value for key, value in os.environ.items() if key.startswith(prefix)}
+
+
+# A/B switches: `PADDOCK_GEMV_SHAPE_<KERNEL>[_<FORMAT>]="rows,warps,units"` and
+# `PADDOCK_GEMV_MIN_BLOCKS[_<KERNEL>[_<FORMAT>]]=N` (the first weight's format) replace the
+# defaults at every width, the more specific key winning.
+SHAPE_OVERRIDES = _env_overrides("PADDOCK_GEMV_SHAPE_")
+MIN_BLOCKS_OVERRIDES = _env_overrides("PADDOCK_GEMV_MIN_BLOCKS_")
+MIN_BLOCKS_ALL = os.environ.get("PADDOCK_GEMV_MIN_BLOCKS")
+
+
+def launch_shape(name: str, n_cols: int, first_format: str) -> LaunchShape:
+    """The launch shape and register cap of kernel `name` (SINGLE, GATED, MULTI) over `n_cols`
+    columns whose first weight has `first_format`, A/B overrides applied."""
+    wide = n_cols >= WIDE_COLS
+    shape = SHAPES[name][wide]
+    key = f"{name}_{first_format}"
+    if wide and key in WIDE_MIN_BLOCKS:
+        shape = replace(shape, min_blocks=WIDE_MIN_BLOCKS[key])
+    if MIN_BLOCKS_ALL:
+        shape = replace(shape, min_blocks=int(MIN_BLOCKS_ALL))
+    for override in (name, key):
+        if override in SHAPE_OVERRIDES:
+            rows, warps, units = (int(v) for v in SHAPE_OVERRIDES[override].split(","))
+            shape = replace(shape, rows=rows, warps=warps, units=units)
+        if override in MIN_BLOCKS_OVERRIDES:
+            shape = replace(shape, min_blocks=int(MIN_BLOCKS_OVERRIDES[override]))
+    return shape
+
+
+# Groups of 16 columns of x a thread loads at once when it quantizes x (XQ_QB): all of a wide x in
+# one round trip (down's 12288 columns are 3 groups per thread of 256) costs registers the
+# products need; `PADDOCK_GEMV_QB` for A/B runs.
+MAX_QB = int(os.environ.get("PADDOCK_GEMV_QB", "2"))
+
+
+def groups_per_thread(n_cols: int, threads: int) -> int:
+    return max(1, min(MAX_QB, cdiv(n_cols // GROUP, threads)))
 
 
 BLOCKS_PER_SM = 4  # the grid's cap: more row groups than this loop inside a block (2-32: within 1%)
 RESIDENT_CAP = os.environ.get("PADDOCK_GEMV_RESIDENT", "1") != "0"  # _launch; 0 for A/B runs
-# XQ_MIN_BLOCKS (gemv_int.cu): the register cap that keeps two blocks per multiprocessor (8B step
-# 2.53 -> 2.40 ms, 0.6B and batch 32 level: runs 76-77). `PADDOCK_GEMV_MIN_BLOCKS=1` for A/B runs.
-MIN_BLOCKS = int(os.environ.get("PADDOCK_GEMV_MIN_BLOCKS", "2"))
-
-
-_MIN_BLOCKS_PREFIX = "PADDOCK_GEMV_MIN_BLOCKS_"
-# Per-kernel overrides, read once as the other switches are: {"GATED": 3, "SINGLE_Q4_K": 3, ...}.
-MIN_BLOCKS_OVERRIDES = {
-    key.removeprefix(_MIN_BLOCKS_PREFIX): int(value)
-    for key, value in os.environ.items()
-    if key.startswith(_MIN_BLOCKS_PREFIX)
-}
-
-
-def min_blocks(name: str, first_format: str) -> int:
-    """XQ_MIN_BLOCKS of one build: `PADDOCK_GEMV_MIN_BLOCKS_<NAME>_<FORMAT>` (the first weight's),
-    then `PADDOCK_GEMV_MIN_BLOCKS_<NAME>`, then MIN_BLOCKS (A/B runs of per-kernel caps: at 3, ptxas
-    fits the Q4_K builds in 80 registers without spilling, not the Q6_K ones)."""
-    for key in (f"{name}_{first_format}", name):
-        if key in MIN_BLOCKS_OVERRIDES:
-            return MIN_BLOCKS_OVERRIDES[key]
-    return MIN_BLOCKS
 
 
 # The column map of each format, by its RUN1 (xq_layout in gemv_int.cuh): weights whose maps
@@ -162,16 +188,18 @@ def _launch(kernel: Any, groups: int, smem: int, args: tuple, warps: int, blocks
 
 
 def _defines(
-    name: str, formats: list[str], shape: LaunchShape, rows: int | None, units: int | None, n_cols: int,
-    act: int = 0,
+    formats: list[str], shape: LaunchShape, rows: int | None, units: int | None, n_cols: int, act: int = 0,
+    warps: int | None = None,
 ) -> dict[str, str | int]:  # fmt: skip
-    """The -D set of one build of kernel `name` (SINGLE, MULTI, GATED); `rows` / `units` override
-    the shape's defaults."""
+    """The -D set of one build for these weights' formats; `rows` / `units` / `warps` override the
+    shape's."""
     padded = [*formats, formats[-1], formats[-1]][:3]
     rows, units = rows or shape.rows, units or shape.units
     units = 1 if (n_cols // 32) % units else units  # an odd unit count per row takes one at a time
+    threads = 32 * (warps or shape.warps)
     return {"XQ_F0": f"Fmt{padded[0]}", "XQ_F1": f"Fmt{padded[1]}", "XQ_F2": f"Fmt{padded[2]}", "XQ_R": rows,
-            "XQ_U": units, "XQ_ACT": act, "XQ_MIN_BLOCKS": min_blocks(name, formats[0])}  # fmt: skip
+            "XQ_U": units, "XQ_ACT": act, "XQ_MIN_BLOCKS": shape.min_blocks,
+            "XQ_THREADS": threads, "XQ_QB": groups_per_thread(n_cols, threads)}  # fmt: skip
 
 
 def gemv_int(
@@ -181,9 +209,9 @@ def gemv_int(
 ) -> Any:  # fmt: skip
     """`out[0, r] = W[r] . x[0] (+ bias[r])`, as gemv.gemv for one token; with `norm`, of the
     normalized x. `rows`, `warps`, `blocks_per_sm` and `units` override the launch shape (benchmarks)."""
-    shape = shape_for(SINGLE_SHAPES, n_cols)
+    shape = launch_shape("SINGLE", n_cols, qtype_name)
     warps = warps or shape.warps
-    defines = _defines("SINGLE", [qtype_name], shape, rows, units, n_cols)
+    defines = _defines([qtype_name], shape, rows, units, n_cols, warps=warps)
     kernel = get_kernel("gemv_int.cu", "gemv_int", defines)
     args = (data, i64(row_bytes), i32(n_rows), i32(n_cols), x, out, ptr(bias), *_norm_args(norm))
     _launch(
@@ -205,9 +233,9 @@ def gemv_int_multi(
     """2 or 3 weights `(data, qtype_name, row_bytes, n_rows)` stacked along the output, as
     gemv.gemv_multi for one token; with `norm`, of the normalized x."""
     padded = list(parts) + [(*parts[-1][:3], 0)] * (3 - len(parts))
-    shape = shape_for(MULTI_SHAPES, n_cols)
+    shape = launch_shape("MULTI", n_cols, parts[0][1])
     warps = warps or shape.warps
-    defines = _defines("MULTI", [p[1] for p in padded], shape, rows, units, n_cols)
+    defines = _defines([p[1] for p in padded], shape, rows, units, n_cols, warps=warps)
     kernel = get_kernel("gemv_int.cu", "gemv_int_multi", defines)
     rows = int(defines["XQ_R"])
     args = (padded[0][0], padded[1][0], padded[2][0], i64(padded[0][2]), i64(padded[1][2]), i64(padded[2][2]),
@@ -225,9 +253,9 @@ def gemv_int_gated(
 ) -> Any:  # fmt: skip
     """`out = act(x @ G.T) * (x @ U.T)` for one token, as gemv.gemv_gated (`act` its kernel code);
     with `norm`, of the normalized x."""
-    shape = shape_for(GATED_SHAPES, n_cols)
+    shape = launch_shape("GATED", n_cols, gate[1])
     warps = warps or shape.warps
-    defines = _defines("GATED", [gate[1], up[1]], shape, rows, units, n_cols, act)
+    defines = _defines([gate[1], up[1]], shape, rows, units, n_cols, act, warps=warps)
     kernel = get_kernel("gemv_int.cu", "gemv_int_gated", defines)
     args = (gate[0], up[0], i64(gate[2]), i64(up[2]), i32(n_rows), i32(n_cols), x, out, *_norm_args(norm))
     _launch(

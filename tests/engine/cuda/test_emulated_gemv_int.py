@@ -31,6 +31,13 @@ def int_emu(tmp_path_factory) -> Path:
     return build(tmp_path_factory, "int_main.cpp")
 
 
+@pytest.fixture(scope="module")
+def int_emu_qb2(tmp_path_factory) -> Path:
+    """The build whose threads load two 16-column groups of x at once (XQ_QB=2, as gemv_int.py asks
+    for wide x)."""
+    return build(tmp_path_factory, "int_main.cpp", ("-DXQ_QB=2",))
+
+
 def _x(rng: np.random.Generator, cols: int, scale: float = 1.0) -> np.ndarray:
     x = rng.standard_normal(cols).astype(np.float32) * np.float32(scale)
     x[rng.integers(0, cols, 3)] *= 40.0  # outliers, as real activations have: each costs its group precision
@@ -168,3 +175,36 @@ def test_gemv_int_fused_norm_emulated(int_emu: Path, tmp_path: Path, kind: str, 
         err = rel_err(got, ref)
     assert err < INT_X_TOL, f"seed={seed}"
     np.testing.assert_array_equal(np.fromfile(tmp_path / "newres.bin", np.float32), new_res[0])
+
+
+@pytest.mark.parametrize("kind", ["single", "multi", "gated"])
+def test_gemv_int_two_groups_per_thread_emulated(int_emu_qb2: Path, tmp_path: Path, kind: str) -> None:
+    """XQ_QB=2: each thread quantizes two groups of x, the second only where it exists (768 columns
+    over 32 threads: 48 groups, so half the threads take one); a Q6_K weight beside Q4_K ones gets
+    its own layout from the same quantized groups."""
+    rng, seed = fresh_rng()
+    cols = 768
+    x = _x(rng, cols, 0.02 if kind == "gated" else 1.0)
+    x.tofile(tmp_path / "x.bin")
+    if kind == "single":
+        tensor = random_tensor("Q6_K", 13, cols, rng)
+        tensor.data.tofile(tmp_path / "w.bin")
+        run(int_emu_qb2, "single", "q6_k", 2, 2, 1, 3, tmp_path, 13, cols, tensor.data.shape[1])
+        w = dequantize_oracle(tensor)
+        err = term_err(np.fromfile(tmp_path / "y.bin", np.float32), w.astype(np.float64) @ x, w, x)
+    elif kind == "multi":
+        tensors = [random_tensor(q, r, cols, rng) for q, r in zip(MULTI_CASES[0], (13, 6, 9), strict=True)]
+        for i, t in enumerate(tensors):
+            t.data.tofile(tmp_path / f"w{i}.bin")
+        run(int_emu_qb2, "multi", 0, 1, 3, tmp_path, cols, 13, 6, 9, *(t.data.shape[1] for t in tensors))
+        w = np.concatenate([dequantize_oracle(t) for t in tensors])
+        err = term_err(np.fromfile(tmp_path / "y.bin", np.float32), w.astype(np.float64) @ x, w, x)
+    else:
+        (fa, fb), act = GATED_CASES[1]
+        gate, up = random_tensor(fa, 11, cols, rng), random_tensor(fb, 11, cols, rng)
+        gate.data.tofile(tmp_path / "wa.bin")
+        up.data.tofile(tmp_path / "wb.bin")
+        run(int_emu_qb2, "gated", 1, 1, 2, tmp_path, 11, cols, gate.data.shape[1], up.data.shape[1], act)
+        got = np.fromfile(tmp_path / "y.bin", np.float32)
+        err = gated_term_err(got, dequantize_oracle(gate), dequantize_oracle(up), x, act)
+    assert err < INT_X_TOL, f"seed={seed}"

@@ -41,6 +41,12 @@ inline float __uint_as_float(unsigned u) {
     return f;
 }
 inline float __int_as_float(int i) { return __uint_as_float((unsigned)i); }
+inline unsigned __float_as_uint(float f) {
+    unsigned u;
+    std::memcpy(&u, &f, 4);
+    return u;
+}
+inline float __fadd_rn(float a, float b) { return a + b; }  // the host builds never contract (-ffp-contract=off)
 inline float __shfl_xor_sync(unsigned, float v, int) { return v; }
 
 inline float h2f(unsigned short h) {
