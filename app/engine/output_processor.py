@@ -2,7 +2,10 @@
 
 Text is detokenized incrementally. While a stop string could still be forming at the
 end of the text, that tail is held back, so a caller never sees text that a stop string
-later removes.
+later removes. Only that tail: the longest end of the text that begins some stop string.
+(Holding back the longest stop's length less one character, as before, kept a chat
+template's `<|im_end|>` from showing a short first token until the second arrived: the
+first visible text came one decode step late.)
 """
 
 from __future__ import annotations
@@ -81,7 +84,7 @@ class OutputProcessor:
         visible = len(state.text)
         stops = request.sampling_params.stop
         if stops and not finished:
-            visible = max(state.emitted, len(state.text) - (max(len(s) for s in stops) - 1))
+            visible = max(state.emitted, len(state.text) - stop_prefix_at_end(state.text, stops))
         new_text = state.text[state.emitted : visible]
         state.emitted = visible
         out = RequestOutput(
@@ -98,3 +101,15 @@ class OutputProcessor:
         )
         state.new_token_ids, state.logprobs = [], []
         return out
+
+
+def stop_prefix_at_end(text: str, stops: list[str]) -> int:
+    """Characters at the end of `text` that could begin a stop string: the longest suffix that is a
+    proper prefix of one (a whole stop string was cut before this is asked)."""
+    longest = 0
+    for stop in stops:
+        for k in range(min(len(stop) - 1, len(text)), longest, -1):
+            if text.endswith(stop[:k]):
+                longest = k
+                break
+    return longest
