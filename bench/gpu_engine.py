@@ -3,6 +3,7 @@
 python3 bench/gpu_engine.py parity MODEL.gguf     # CUDA (graphs and eager) against the numpy backend
 python3 bench/gpu_engine.py speed MODEL.gguf ...  # decode steps/s at batch 1 and 32, host time per step
 python3 bench/gpu_engine.py speed MODEL.gguf --batch 32  # one batch size only
+python3 bench/gpu_engine.py prefill MODEL.gguf    # prefill graph replay per bucket, ops of 160 tokens
 
 Speed: 200 decode steps after every sequence's prefill, wall time per `engine.step()`
 (schedule, graph replay, sampling, detokenize); the bucket's graph replayed back to back
@@ -170,6 +171,7 @@ PROFILED_OPS = (
     "gated_linear",
     "rope_and_cache",
     "attention",
+    "rope_cache_attention",  # where it is one kernel; else its rope_and_cache and attention count
 )
 _LINEAR_KINDS = (("attn_q", "qkv"), ("attn_output", "o"), ("ffn_down", "down"), ("ffn_gate", "gate_up"))
 
@@ -184,9 +186,26 @@ def _op_kind(op: str, args: tuple) -> str:
 @contextmanager
 def _wrapped_ops(backend, wrap: Callable[[str, Callable], Callable]) -> Iterator[None]:
     """The backend's PROFILED_OPS replaced by `wrap(op, method)` for the block (instance attributes
-    shadow the methods the layers call)."""
+    shadow the methods the layers call). An op called inside another (rope_cache_attention's
+    composition) runs unwrapped: it is part of the outer op's time."""
+    depth = [0]
+
+    def outermost(op: str, fn: Callable) -> Callable:
+        wrapped = wrap(op, fn)
+
+        def run(*args, **kwargs):
+            if depth[0]:
+                return fn(*args, **kwargs)
+            depth[0] += 1
+            try:
+                return wrapped(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+
+        return run
+
     for op in PROFILED_OPS:
-        setattr(backend, op, wrap(op, getattr(backend, op)))
+        setattr(backend, op, outermost(op, getattr(backend, op)))
     try:
         yield
     finally:
@@ -203,12 +222,11 @@ extern "C" __global__ void spin(long long cycles) {
 """
 
 
-def profile(engine: LLMEngine, batch: int, reps: int = 5) -> dict[str, float]:
-    """GPU ms per op kind of one eager decode step at this batch's bucket (median of `reps`)."""
+def op_times(backend, forward: Callable[[], object], reps: int = 5) -> dict[str, float]:
+    """GPU ms per op kind of `forward()` run eagerly (median of `reps`), each op timed by an
+    event pair behind a spin kernel (module docstring)."""
     import cupy
 
-    backend, graphs = engine.backend, engine.runner.graphs
-    bucket = graphs.bucket_for(batch)
     events: list[tuple[str, object, object]] = []
     spin = cupy.RawKernel(_SPIN_SOURCE, "spin")
     clock_khz = cupy.cuda.Device().attributes["ClockRate"]
@@ -230,7 +248,7 @@ def profile(engine: LLMEngine, batch: int, reps: int = 5) -> dict[str, float]:
     with _wrapped_ops(backend, timed):
         for _ in range(reps):
             events.clear()
-            graphs._forward(bucket)  # the graph's step, eagerly, on the inputs of the last replay
+            forward()
             cupy.cuda.Device().synchronize()
             step: dict[str, float] = defaultdict(float)
             for kind, start, end in events:
@@ -240,7 +258,37 @@ def profile(engine: LLMEngine, batch: int, reps: int = 5) -> dict[str, float]:
     return {kind: round(statistics.median(ms), 4) for kind, ms in samples.items()}
 
 
-ABLATED_KINDS = ("attention", "rope_and_cache", "add_rms_norm", "qkv", "o", "gate_up", "down", "lm_head")
+def profile(engine: LLMEngine, batch: int, reps: int = 5) -> dict[str, float]:
+    """GPU ms per op kind of one eager decode step at this batch's bucket (median of `reps`): the
+    graph's step on the inputs of the last replay."""
+    graphs = engine.runner.graphs
+    bucket = graphs.bucket_for(batch)
+    return op_times(engine.backend, lambda: graphs._forward(bucket), reps)
+
+
+def prefill(model: str, buckets: tuple[int, ...] = (64, 128, 160, 192, 256)) -> dict:
+    """One sequence's prefill at 8B-class sizes: the prefill graph's replay ms per token bucket
+    (what a prompt of that many tokens costs before its first token), and GPU ms per op kind of
+    the 160-token bucket run eagerly (the workload's 147-token chat prompt lands there)."""
+    engine = LLMEngine(EngineConfig(model=model, device="cuda", max_model_len=4096, max_num_seqs=1))
+    graphs = engine.runner.prefill_graphs
+    replay = {t: round(graph_replay_ms(graphs._graphs[t][0]), 4) for t in buckets if t in graphs._graphs}
+    ops = op_times(engine.backend, lambda: graphs._forward(160))
+    return {"model": Path(model).name, "prefill_replay_ms": replay, "prefill_160_ops_ms": ops,
+            "prefill_160_ops_sum_ms": round(sum(ops.values()), 4)}  # fmt: skip
+
+
+ABLATED_KINDS = (
+    "attention",
+    "rope_and_cache",
+    "rope_cache_attention",
+    "add_rms_norm",
+    "qkv",
+    "o",
+    "gate_up",
+    "down",
+    "lm_head",
+)
 
 
 def ablate(engine: LLMEngine, batch: int, reps: int = 50) -> dict[str, float]:
@@ -335,6 +383,11 @@ def main() -> None:
     what, *models = sys.argv[1:]
     if what == "hostprof":
         host_profile(models[0], int(models[1]) if len(models) > 1 else 1)
+        return
+    if what == "prefill":
+        for model in models:
+            print(json.dumps(prefill(model)), flush=True)
+            _release()
         return
     if what == "parity":
         print(json.dumps({"parity": parity(models[0])}))

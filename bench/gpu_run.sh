@@ -14,7 +14,7 @@ mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$HOME/site" .whl/*.whl || exit 1
 # Compiled kernels cached outside $OUT (only 8 files come back from it), shared by every stage.
 export PYTHONPATH=$PWD:$HOME/site PYTHONUNBUFFERED=1 PADDOCK_KERNEL_CACHE=/tmp/paddock-kernels
-STAGES=${STAGES:-tests micro parity speed serve}  # also: sweep (bench/gemv_sweep.py --int), ab (see below)  # SERVE_C1 / SERVE_C32: requests per server run
+STAGES=${STAGES:-tests micro parity speed serve}  # also: sweep (bench/gemv_sweep.py --int), ab (see below), prefill  # SERVE_C1 / SERVE_C32: requests per server run
 MODELS=${MODELS:-qwen3-0.6b:q4_k_m qwen3-8b:q4_k_m}
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm --format=csv
 
@@ -56,6 +56,12 @@ if [[ $STAGES == *ab* ]]; then  # AB="PADDOCK_PDL=0 PADDOCK_PDL=1": quick engine
     done
   done
   python3 bench/ab_table.py "$OUT/ab.log"
+fi
+if [[ $STAGES == *prefill* ]]; then  # prefill graph replay per prompt bucket, ops of a 160-token prefill
+  for model in $MODELS; do
+    left 60 || break
+    timeout 120 python3 bench/gpu_engine.py prefill "$(gguf_of "$model")" 2>&1 | tee -a "$OUT/prefill.log" | grep '^{'
+  done
 fi
 if [[ $STAGES == *serve* ]]; then
   for model in $MODELS; do
