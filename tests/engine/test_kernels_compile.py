@@ -214,19 +214,21 @@ def _spill_stores(defines: list[str], entry: str) -> int:
     return int(re.search(r"(\d+) bytes spill stores", properties).group(1))
 
 
-@pytest.mark.parametrize("key", sorted(gemv_int.WIDE_MIN_BLOCKS))
-def test_wide_gemv_register_caps_do_not_spill(key: str) -> None:
-    """The tighter register caps gemv_int gives wide builds (more blocks per multiprocessor) hold
-    without spilling, also with a Q4_K_M file's Q6_K third weight (v of q/k/v)."""
+@pytest.mark.parametrize("n_cols", [gemv_int.WIDE_COLS, 3 * gemv_int.WIDE_COLS])
+@pytest.mark.parametrize("key", sorted(gemv_int.WIDE_BY_FORMAT))
+def test_wide_gemv_shapes_do_not_spill(key: str, n_cols: int) -> None:
+    """The wide builds gemv_int gives their own shape and register cap hold without spilling, at
+    hidden and FFN widths (x loaded one or two groups per thread), also with a Q4_K_M file's Q6_K
+    third weight (v of q/k/v)."""
     if _nvcc() is None:
         pytest.skip("needs nvcc")
     name, _, first = key.partition("_")
-    shape = gemv_int.launch_shape(name, gemv_int.WIDE_COLS, first)
+    shape = gemv_int.launch_shape(name, n_cols, first)
     variants = [[first, first, first]] + ([[first, first, "Q6_K"]] if name == "MULTI" else [])
     for formats in variants:
-        defines = gemv_int._defines(formats, shape, None, None, gemv_int.WIDE_COLS)
+        defines = gemv_int._defines(formats, shape, None, None, n_cols)
         flags = [f"-D{k}={v}" for k, v in defines.items()]
-        assert _spill_stores(flags, XQ_ENTRIES[name]) == 0, f"{key} {formats} at {shape}"
+        assert _spill_stores(flags, XQ_ENTRIES[name]) == 0, f"{key} {formats} at {shape}, {n_cols} columns"
 
 
 HOST_DIR = Path(__file__).parent / "cuda" / "host"

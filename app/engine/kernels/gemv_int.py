@@ -54,22 +54,27 @@ class LaunchShape:
 # and 2026-11-30) gate/up at 2 rows and q/k/v at 1 row of 8 warps took the 8B step (4096 columns)
 # from 2.478 to 2.448 ms, twice, and the 0.6B one (1024) from 0.770 to 0.787 ms: hence by width.
 WIDE_COLS = 4096
-# Wide single-weight products (o, down, the output projection) in blocks of 16 warps, one per
-# multiprocessor, with the same 128-register budget as two blocks of 8 (run 85): 8B step 2.322 ->
-# 2.271 ms.
 SHAPES: dict[str, tuple[LaunchShape, LaunchShape]] = {  # kernel -> (below WIDE_COLS, from there on)
-    "SINGLE": (LaunchShape(2, 8, 2), LaunchShape(2, 16, 2, min_blocks=1)),
+    "SINGLE": (LaunchShape(2, 8, 2), LaunchShape(2, 8, 2)),
     "GATED": (LaunchShape(1, 8, 1), LaunchShape(2, 8, 1)),
     "MULTI": (LaunchShape(2, 4, 2), LaunchShape(1, 8, 2)),
 }
-# Tighter register caps of wide builds, by kernel and first weight's format: more blocks per
-# multiprocessor where ptxas fits the build without spilling (tests/engine/test_kernels_compile.py
-# checks). In the 8B decode graph (run 78): gate/up at 3 blocks (79 registers instead of 87)
-# 2.400 -> 2.372 ms, q/k/v at 4 (64 instead of 112) 2.400 -> 2.388; o/down's Q4_K build at 3 (77
-# instead of 87) lost, 2.444. With x quantized per group (run 85) q/k/v at 4 spills 8 bytes and
-# at 3 (80 registers) took the step 2.322 -> 2.271 ms. Q5_K and Q8_0 spill at these caps and keep
-# the default.
-WIDE_MIN_BLOCKS = {"GATED_Q4_K": 3, "MULTI_Q4_K": 3}
+# Wide builds by kernel and first weight's format, where the 8B decode graph measured better than
+# SHAPES (tests/engine/test_kernels_compile.py checks that none spills):
+# - register caps for more blocks per multiprocessor (run 78): gate/up at 3 blocks (79 registers
+#   instead of 87) 2.400 -> 2.372 ms, q/k/v at 4 (64 instead of 112) 2.400 -> 2.388; o/down's
+#   Q4_K build at 3 (77 instead of 87) lost, 2.444. With x quantized per group (run 85) q/k/v at 4
+#   spills 8 bytes and at 3 (80 registers) took the step 2.322 -> 2.271 ms.
+# - the single-weight k-quant products (o, down, the output projection) in blocks of 16 warps, one
+#   per multiprocessor, with the same 128 registers as two blocks of 8: 2.322 -> 2.271 (run 85;
+#   Llama-3-8B 2.210 -> 2.142, run 88). Q8_0 checkpoints lost 1.0-1.4% with them (run 88), and
+#   Q5_K and Q8_0 spill at the caps above: other formats keep SHAPES.
+WIDE_BY_FORMAT: dict[str, LaunchShape] = {
+    "GATED_Q4_K": LaunchShape(2, 8, 1, min_blocks=3),
+    "MULTI_Q4_K": LaunchShape(1, 8, 2, min_blocks=3),
+    "SINGLE_Q4_K": LaunchShape(2, 16, 2, min_blocks=1),
+    "SINGLE_Q6_K": LaunchShape(2, 16, 2, min_blocks=1),
+}
 
 
 def _env_overrides(prefix: str) -> dict[str, str]:
@@ -90,10 +95,8 @@ def launch_shape(name: str, n_cols: int, first_format: str) -> LaunchShape:
     """The launch shape and register cap of kernel `name` (SINGLE, GATED, MULTI) over `n_cols`
     columns whose first weight has `first_format`, A/B overrides applied."""
     wide = n_cols >= WIDE_COLS
-    shape = SHAPES[name][wide]
     key = f"{name}_{first_format}"
-    if wide and key in WIDE_MIN_BLOCKS:
-        shape = replace(shape, min_blocks=WIDE_MIN_BLOCKS[key])
+    shape = WIDE_BY_FORMAT[key] if wide and key in WIDE_BY_FORMAT else SHAPES[name][wide]
     if MIN_BLOCKS_ALL:
         shape = replace(shape, min_blocks=int(MIN_BLOCKS_ALL))
     for override in (name, key):
@@ -111,7 +114,11 @@ def launch_shape(name: str, n_cols: int, first_format: str) -> LaunchShape:
 MAX_QB = int(os.environ.get("PADDOCK_GEMV_QB", "2"))
 
 
-def groups_per_thread(n_cols: int, threads: int) -> int:
+def groups_per_thread(n_cols: int, threads: int, min_blocks: int) -> int:
+    """XQ_QB of a build: one group at a time under the caps of 3+ blocks per multiprocessor (80
+    registers and fewer), where a second group's 16 floats would spill."""
+    if min_blocks > DEFAULT_MIN_BLOCKS:
+        return 1
     return max(1, min(MAX_QB, cdiv(n_cols // GROUP, threads)))
 
 
@@ -199,7 +206,7 @@ def _defines(
     threads = 32 * (warps or shape.warps)
     return {"XQ_F0": f"Fmt{padded[0]}", "XQ_F1": f"Fmt{padded[1]}", "XQ_F2": f"Fmt{padded[2]}", "XQ_R": rows,
             "XQ_U": units, "XQ_ACT": act, "XQ_MIN_BLOCKS": shape.min_blocks,
-            "XQ_THREADS": threads, "XQ_QB": groups_per_thread(n_cols, threads)}  # fmt: skip
+            "XQ_THREADS": threads, "XQ_QB": groups_per_thread(n_cols, threads, shape.min_blocks)}  # fmt: skip
 
 
 def gemv_int(

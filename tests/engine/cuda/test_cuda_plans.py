@@ -68,8 +68,9 @@ def test_decode_blocks_fill_whole_clusters() -> None:
 
 
 def test_gemv_int_launch_shape_caps_and_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Wide Q4_K gate/up and q/k/v builds take their tighter register caps; other formats and
-    narrow builds keep the default; A/B overrides win, the format-specific key over the kernel's."""
+    """Wide Q4_K gate/up and q/k/v builds take their tighter register caps and the wide k-quant
+    single products 16-warp blocks; other formats and narrow builds keep SHAPES; A/B overrides win,
+    the format-specific key over the kernel's."""
     from app.engine.kernels import gemv_int
 
     monkeypatch.setattr(gemv_int, "SHAPE_OVERRIDES", {})
@@ -82,6 +83,7 @@ def test_gemv_int_launch_shape_caps_and_overrides(monkeypatch: pytest.MonkeyPatc
     assert gemv_int.launch_shape("GATED", narrow, "Q4_K") == gemv_int.LaunchShape(1, 8, 1)
     assert gemv_int.launch_shape("SINGLE", wide, "Q4_K") == gemv_int.LaunchShape(2, 16, 2, 1)
     assert gemv_int.launch_shape("SINGLE", narrow, "Q6_K") == gemv_int.LaunchShape(2, 8, 2)
+    assert gemv_int.launch_shape("SINGLE", wide, "Q8_0") == gemv_int.LaunchShape(2, 8, 2)
 
     monkeypatch.setattr(gemv_int, "MIN_BLOCKS_ALL", "1")
     monkeypatch.setattr(gemv_int, "MIN_BLOCKS_OVERRIDES", {"GATED": "2", "GATED_Q6_K": "4"})
