@@ -267,7 +267,7 @@ def profile(engine: LLMEngine, batch: int, reps: int = 5) -> dict[str, float]:
 
 
 def prefill(model: str, buckets: tuple[int, ...] = (64, 128, 160, 192, 256)) -> dict:
-    """One sequence's prefill at 8B-class sizes: the prefill graph's replay ms per token bucket
+    """One sequence's prefill: the prefill graph's replay ms per token bucket
     (what a prompt of that many tokens costs before its first token), and GPU ms per op kind of
     the 160-token bucket run eagerly (the workload's 147-token chat prompt lands there)."""
     engine = LLMEngine(EngineConfig(model=model, device="cuda", max_model_len=4096, max_num_seqs=1))

@@ -223,10 +223,10 @@ def test_wide_gemv_shapes_do_not_spill(key: str, n_cols: int) -> None:
     if _nvcc() is None:
         pytest.skip("needs nvcc")
     name, _, first = key.partition("_")
-    shape = gemv_int.launch_shape(name, n_cols, first)
+    shape = gemv_int._build_shape(name, n_cols, first, None, None, None)
     variants = [[first, first, first]] + ([[first, first, "Q6_K"]] if name == "MULTI" else [])
     for formats in variants:
-        defines = gemv_int._defines(formats, shape, None, None, n_cols)
+        defines = gemv_int._defines(formats, shape, n_cols)
         flags = [f"-D{k}={v}" for k, v in defines.items()]
         assert _spill_stores(flags, XQ_ENTRIES[name]) == 0, f"{key} {formats} at {shape}, {n_cols} columns"
 

@@ -194,18 +194,22 @@ def _launch(kernel: Any, groups: int, smem: int, args: tuple, warps: int, blocks
     launch(kernel, (blocks,), (32 * warps,), args, shared_mem=smem)
 
 
-def _defines(
-    formats: list[str], shape: LaunchShape, rows: int | None, units: int | None, n_cols: int, act: int = 0,
-    warps: int | None = None,
-) -> dict[str, str | int]:  # fmt: skip
-    """The -D set of one build for these weights' formats; `rows` / `units` / `warps` override the
-    shape's."""
+def _build_shape(
+    name: str, n_cols: int, first_format: str, rows: int | None, warps: int | None, units: int | None
+) -> LaunchShape:
+    """launch_shape with a caller's `rows` / `warps` / `units` (benchmarks) put in; an odd unit count
+    per row takes one unit at a time."""
+    shape = launch_shape(name, n_cols, first_format)
+    shape = replace(shape, rows=rows or shape.rows, warps=warps or shape.warps, units=units or shape.units)
+    return replace(shape, units=1) if (n_cols // 32) % shape.units else shape
+
+
+def _defines(formats: list[str], shape: LaunchShape, n_cols: int, act: int = 0) -> dict[str, str | int]:
+    """The -D set of one build for these weights' formats and this shape."""
     padded = [*formats, formats[-1], formats[-1]][:3]
-    rows, units = rows or shape.rows, units or shape.units
-    units = 1 if (n_cols // 32) % units else units  # an odd unit count per row takes one at a time
-    threads = 32 * (warps or shape.warps)
-    return {"XQ_F0": f"Fmt{padded[0]}", "XQ_F1": f"Fmt{padded[1]}", "XQ_F2": f"Fmt{padded[2]}", "XQ_R": rows,
-            "XQ_U": units, "XQ_ACT": act, "XQ_MIN_BLOCKS": shape.min_blocks,
+    threads = 32 * shape.warps
+    return {"XQ_F0": f"Fmt{padded[0]}", "XQ_F1": f"Fmt{padded[1]}", "XQ_F2": f"Fmt{padded[2]}", "XQ_R": shape.rows,
+            "XQ_U": shape.units, "XQ_ACT": act, "XQ_MIN_BLOCKS": shape.min_blocks,
             "XQ_THREADS": threads, "XQ_QB": groups_per_thread(n_cols, threads, shape.min_blocks)}  # fmt: skip
 
 
@@ -216,19 +220,11 @@ def gemv_int(
 ) -> Any:  # fmt: skip
     """`out[0, r] = W[r] . x[0] (+ bias[r])`, as gemv.gemv for one token; with `norm`, of the
     normalized x. `rows`, `warps`, `blocks_per_sm` and `units` override the launch shape (benchmarks)."""
-    shape = launch_shape("SINGLE", n_cols, qtype_name)
-    warps = warps or shape.warps
-    defines = _defines([qtype_name], shape, rows, units, n_cols, warps=warps)
-    kernel = get_kernel("gemv_int.cu", "gemv_int", defines)
+    shape = _build_shape("SINGLE", n_cols, qtype_name, rows, warps, units)
+    kernel = get_kernel("gemv_int.cu", "gemv_int", _defines([qtype_name], shape, n_cols))
     args = (data, i64(row_bytes), i32(n_rows), i32(n_cols), x, out, ptr(bias), *_norm_args(norm))
-    _launch(
-        kernel,
-        cdiv(n_rows, int(defines["XQ_R"])),
-        shared_bytes(n_cols, (qtype_name,)),
-        args,
-        warps,
-        blocks_per_sm,
-    )
+    smem = shared_bytes(n_cols, (qtype_name,))
+    _launch(kernel, cdiv(n_rows, shape.rows), smem, args, shape.warps, blocks_per_sm)
     return out
 
 
@@ -240,16 +236,13 @@ def gemv_int_multi(
     """2 or 3 weights `(data, qtype_name, row_bytes, n_rows)` stacked along the output, as
     gemv.gemv_multi for one token; with `norm`, of the normalized x."""
     padded = list(parts) + [(*parts[-1][:3], 0)] * (3 - len(parts))
-    shape = launch_shape("MULTI", n_cols, parts[0][1])
-    warps = warps or shape.warps
-    defines = _defines([p[1] for p in padded], shape, rows, units, n_cols, warps=warps)
-    kernel = get_kernel("gemv_int.cu", "gemv_int_multi", defines)
-    rows = int(defines["XQ_R"])
+    shape = _build_shape("MULTI", n_cols, parts[0][1], rows, warps, units)
+    kernel = get_kernel("gemv_int.cu", "gemv_int_multi", _defines([p[1] for p in padded], shape, n_cols))
     args = (padded[0][0], padded[1][0], padded[2][0], i64(padded[0][2]), i64(padded[1][2]), i64(padded[2][2]),
             i32(padded[0][3]), i32(padded[1][3]), i32(padded[2][3]), i32(n_cols), x, out, ptr(bias),
             *_norm_args(norm))  # fmt: skip
     smem = shared_bytes(n_cols, [p[1] for p in parts])
-    _launch(kernel, sum(cdiv(p[3], rows) for p in padded), smem, args, warps, blocks_per_sm)
+    _launch(kernel, sum(cdiv(p[3], shape.rows) for p in padded), smem, args, shape.warps, blocks_per_sm)
     return out
 
 
@@ -260,17 +253,9 @@ def gemv_int_gated(
 ) -> Any:  # fmt: skip
     """`out = act(x @ G.T) * (x @ U.T)` for one token, as gemv.gemv_gated (`act` its kernel code);
     with `norm`, of the normalized x."""
-    shape = launch_shape("GATED", n_cols, gate[1])
-    warps = warps or shape.warps
-    defines = _defines([gate[1], up[1]], shape, rows, units, n_cols, act, warps=warps)
-    kernel = get_kernel("gemv_int.cu", "gemv_int_gated", defines)
+    shape = _build_shape("GATED", n_cols, gate[1], rows, warps, units)
+    kernel = get_kernel("gemv_int.cu", "gemv_int_gated", _defines([gate[1], up[1]], shape, n_cols, act))
     args = (gate[0], up[0], i64(gate[2]), i64(up[2]), i32(n_rows), i32(n_cols), x, out, *_norm_args(norm))
-    _launch(
-        kernel,
-        cdiv(n_rows, int(defines["XQ_R"])),
-        shared_bytes(n_cols, (gate[1], up[1])),
-        args,
-        warps,
-        blocks_per_sm,
-    )
+    smem = shared_bytes(n_cols, (gate[1], up[1]))
+    _launch(kernel, cdiv(n_rows, shape.rows), smem, args, shape.warps, blocks_per_sm)
     return out
