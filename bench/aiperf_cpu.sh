@@ -31,7 +31,7 @@ OUT=$ROOT/bench/results/aiperf-cpu-$STAMP
 if [ ! -f "$TOKENIZER/tokenizer.json" ]; then
   .venv/bin/python - "$TOKENIZER" <<'EOF'
 import json, pathlib, sys
-from app.engine.engine import resolve_model_path
+from app.engine.core.engine import resolve_model_path
 from app.engine.loader.gguf import read_gguf
 from app.engine.loader.tokenizer import Tokenizer
 

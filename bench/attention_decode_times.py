@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_check import _attention_setup, time_graph
 
-from app.engine.backend.cuda import CudaBackend
+from app.engine.backend.cuda.backend import CudaBackend
 from app.engine.kernels.attention_decode import attention_decode
 
 HEADS = {"qwen3-8b": (32, 8, 128), "qwen3-0.6b": (16, 8, 128)}

@@ -18,9 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_check import _attention_setup, time_graph
 
-from app.engine.backend.cuda import CudaBackend
+from app.engine.backend.cuda.backend import CudaBackend
 from app.engine.kernels.attention import SplitPlan, attention, plan_splits
-from app.engine.kernels.launch import cdiv
+from app.engine.kernels.runtime.launch import cdiv
 
 MAX_LEN = 4096
 

@@ -36,7 +36,7 @@ def prompt_ids(tokenizer_encode, n_tokens: int) -> list[int]:
 def run_ours(args: argparse.Namespace) -> dict:
     sys.path.insert(0, str(ROOT))
     from app.engine.config import EngineConfig
-    from app.engine.engine import LLMEngine
+    from app.engine.core.engine import LLMEngine
     from app.engine.sampling_params import SamplingParams
 
     started = time.perf_counter()

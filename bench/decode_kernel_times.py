@@ -34,7 +34,7 @@ def target(model: str, context: int) -> None:
     from gpu_engine import graph_replay_ms
 
     from app.engine.config import EngineConfig
-    from app.engine.engine import LLMEngine
+    from app.engine.core.engine import LLMEngine
     from app.engine.sampling_params import SamplingParams
 
     engine = LLMEngine(EngineConfig(model=model, device="cuda", max_model_len=4096, max_num_seqs=1))

@@ -5,7 +5,7 @@ For each checkpoint, one subprocess (a fresh CUDA context) loads the engine for 
 most of the context (chunked prefill at the default token budget) and a few decode steps,
 and reports the device memory in use at the end (total - free, as nvidia-smi counts it:
 the CUDA context, cuBLAS, and everything CuPy's pool holds, which keeps its peak). The
-parent compares that with `app.engine.fit.predict_memory` for the same options.
+parent compares that with `app.engine.core.fit.predict_memory` for the same options.
 
     python3 bench/fit_calibration.py /tmp/qwen3-0.6b.gguf /tmp/qwen3-4b.gguf /tmp/qwen3-8b.gguf
 """
@@ -26,7 +26,7 @@ def measure(model: str, ctx: int, batch: int) -> dict:
     import numpy as np
 
     from app.engine.config import EngineConfig
-    from app.engine.engine import LLMEngine
+    from app.engine.core.engine import LLMEngine
     from app.engine.sampling_params import SamplingParams
 
     blocks = batch * -(-ctx // 16) + 1
@@ -57,7 +57,7 @@ def main() -> None:
     if args.child:
         print(json.dumps(measure(args.models[0], args.ctx, args.batch)))
         return
-    from app.engine.fit import FitOptions, predict_memory, shape_from_checkpoint
+    from app.engine.core.fit import FitOptions, predict_memory, shape_from_checkpoint
 
     rows = []
     for model in args.models:

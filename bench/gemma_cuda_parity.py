@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.engine.config import EngineConfig  # noqa: E402
-from app.engine.engine import LLMEngine  # noqa: E402
+from app.engine.core.engine import LLMEngine  # noqa: E402
 from app.engine.sampling_params import SamplingParams  # noqa: E402
 
 

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_check import random_tensor
 
-from app.engine.backend.cuda import CudaBackend
+from app.engine.backend.cuda.backend import CudaBackend
 from app.engine.kernels import gemv
 
 

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_check import _rotating, random_tensor, time_graph
 
-from app.engine.backend.cuda import CudaBackend
+from app.engine.backend.cuda.backend import CudaBackend
 from app.engine.kernels import gemv, gemv_int
 
 SHAPES = [("qwen3-0.6b", 1024, 2048, 1024, 3072), ("qwen3-8b", 4096, 4096, 1024, 12288)]

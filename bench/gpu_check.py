@@ -131,7 +131,7 @@ def time_graph(fns: list[Callable[[], object]], reps: int = 7) -> tuple[float, s
 def device_facts() -> None:
     import cupy
 
-    from app.engine.backend.cuda import CudaBackend, cuda_available
+    from app.engine.backend.cuda.backend import CudaBackend, cuda_available
 
     _, text = cuda_available()
     backend = CudaBackend()
@@ -219,7 +219,7 @@ def _gpu_copies(data, want_bytes: int) -> list:
 def gemv_bench(quick: bool) -> None:
     import cupy
 
-    from app.engine.backend.cuda import CudaBackend
+    from app.engine.backend.cuda.backend import CudaBackend
     from app.engine.kernels.gemv import VARIANTS, default_rows, default_warps, gemv
 
     backend = CudaBackend()
@@ -280,9 +280,9 @@ def gemv_bench(quick: bool) -> None:
 def prefill_bench(quick: bool) -> None:
     import cupy
 
-    from app.engine.backend.cuda import CudaBackend
-    from app.engine.backend.cuda_blas import matmul_t
-    from app.engine.backend.cuda_linear import GEMV_MAX_TOKENS, matmul_quantized
+    from app.engine.backend.cuda.backend import CudaBackend
+    from app.engine.backend.cuda.blas import matmul_t
+    from app.engine.backend.cuda.linear import GEMV_MAX_TOKENS, matmul_quantized
     from app.engine.kernels.dequant import dequant_rows
     from app.engine.kernels.gemv import gemv
 
@@ -357,8 +357,8 @@ def fused_bench(quick: bool) -> None:
     32 decode), the float16 weight cache against dequantize-per-call and four 8-token GEMVs."""
     import cupy
 
-    from app.engine.backend.cuda import CudaBackend
-    from app.engine.backend.cuda_linear import matmul_quantized
+    from app.engine.backend.cuda.backend import CudaBackend
+    from app.engine.backend.cuda.linear import matmul_quantized
     from app.engine.kernels import activation, gemv, norm, rope, rope_cache
     from app.engine.kernels import kv_cache as kv
 
@@ -504,7 +504,7 @@ def _attention_setup(
 def attention_bench(quick: bool) -> None:
     import cupy
 
-    from app.engine.backend.cuda import CudaBackend
+    from app.engine.backend.cuda.backend import CudaBackend
     from app.engine.kernels.attention import attention as attention_kernel
     from app.engine.kernels.attention import plan_splits
 

@@ -37,8 +37,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.engine.config import EngineConfig
-from app.engine.engine import LLMEngine
-from app.engine.kernels.pdl import programmatic_launches
+from app.engine.core.engine import LLMEngine
+from app.engine.kernels.runtime.pdl import programmatic_launches
 from app.engine.sampling_params import SamplingParams
 
 

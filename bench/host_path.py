@@ -29,10 +29,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.engine.client import AsyncEngine
 from app.engine.config import EngineConfig
-from app.engine.engine import LLMEngine
-from app.engine.sampler import SamplerOutput
+from app.engine.core.async_engine import AsyncEngine
+from app.engine.core.engine import LLMEngine
+from app.engine.sample.sampler import SamplerOutput
 from app.engine.server.launch import ServerHandle
 from app.engine.server.settings import ServerSettings
 

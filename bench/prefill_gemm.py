@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_check import time_events
 
-from app.engine.backend.cuda_blas import COMPUTE_32F, GEMM_DEFAULT, OP_N, OP_T, R_16F, R_32F, _lib, cublas
+from app.engine.backend.cuda.blas import COMPUTE_32F, GEMM_DEFAULT, OP_N, OP_T, R_16F, R_32F, _lib, cublas
 
 # Qwen3-8B: (name, m, k) of each product a layer runs in prefill
 PRODUCTS = (("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 24576, 4096), ("down", 4096, 12288))

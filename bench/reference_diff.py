@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from app.engine.config import EngineConfig
-from app.engine.engine import LLMEngine
+from app.engine.core.engine import LLMEngine
 from app.engine.sampling_params import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -71,7 +71,7 @@ def instrument(engine, marks: Marks) -> None:
     """Wrap the hand-over points of the request path with marks."""
     import fastapi
 
-    import app.engine.client as client_module
+    import app.engine.interface as client_module
     import app.engine.server.serving_chat as serving_chat
 
     app_call = fastapi.FastAPI.__call__
@@ -130,9 +130,9 @@ def instrument(engine, marks: Marks) -> None:
 
 
 def main() -> int:
-    from app.engine.client import AsyncEngine
     from app.engine.config import EngineConfig
-    from app.engine.engine import LLMEngine
+    from app.engine.core.async_engine import AsyncEngine
+    from app.engine.core.engine import LLMEngine
     from app.engine.server.launch import ServerHandle
     from app.engine.server.settings import ServerSettings
 

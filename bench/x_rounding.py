@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from app.engine.backend import cpu as cpu_backend  # noqa: E402
 from app.engine.config import EngineConfig  # noqa: E402
-from app.engine.engine import LLMEngine  # noqa: E402
+from app.engine.core.engine import LLMEngine  # noqa: E402
 from app.engine.sampling_params import SamplingParams  # noqa: E402
 
 VOCAB_ROWS = 100_000  # wider weights are the vocabulary projection, which the rounding skips

@@ -14,6 +14,6 @@ def embedded_engine():
     before returning, so the engine is owned by one thread at a time.
     """
     from app.engine.config import EngineConfig
-    from app.engine.engine import LLMEngine
+    from app.engine.core.engine import LLMEngine
 
     return LLMEngine(EngineConfig(model="default", device="cpu", max_model_len=4096, max_num_seqs=16))

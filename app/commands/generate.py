@@ -43,8 +43,7 @@ def prompt_ids(engine, args: argparse.Namespace) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     from app.commands.common import engine_config
-    from app.engine.engine import LLMEngine
-    from app.engine.sampling_params import SamplingParams
+    from app.engine import LLMEngine, SamplingParams
 
     try:
         engine = LLMEngine(engine_config(args, max_num_seqs=1))

@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
 
     from app.commands.common import engine_config
     from app.commands.serve import load_embedder
-    from app.engine.client import AsyncEngine
+    from app.engine import AsyncEngine
     from app.engine.server.mcp import run_stdio
     from app.engine.server.settings import ServerSettings
 

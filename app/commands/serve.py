@@ -76,7 +76,7 @@ def load_embedder(args: argparse.Namespace) -> object | None:
 
 def run(args: argparse.Namespace) -> int:
     from app.commands.common import engine_config
-    from app.engine.client import AsyncEngine
+    from app.engine import AsyncEngine
     from app.engine.server.launch import serve_blocking
     from app.engine.server.settings import ServerSettings
 
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         if args.embedding_model == "self":
-            from app.engine.pooling import DecoderEmbedder
+            from app.engine.tasks.pooling import DecoderEmbedder
 
             embedder = DecoderEmbedder(engine.engine, run_on_engine=lambda fn: engine.call(fn).result())
         else:

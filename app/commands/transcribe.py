@@ -27,8 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from app.engine import transcript_formats as formats
-    from app.engine.audio import AudioError, Transcriber
+    from app.engine.tasks import transcript_formats as formats
+    from app.engine.tasks.audio import AudioError, Transcriber
 
     try:
         transcriber = Transcriber(model_path=args.model, device=args.device)

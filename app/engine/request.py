@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from app.engine.sampling_params import SamplingParams
 
-# An output token sampled on the device and not yet read back (engine/pipeline.py): it stands in
+# An output token sampled on the device and not yet read back (worker/pipeline.py): it stands in
 # `output_token_ids` for one step so that the next step is scheduled one token further. It is
 # always the request's last token and never has KV (`num_computed_tokens` stops before it).
 PLACEHOLDER = -1

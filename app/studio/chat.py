@@ -29,8 +29,7 @@ from typing import TYPE_CHECKING, Any
 from app.studio.history import Conversation, History, Message
 
 if TYPE_CHECKING:
-    from app.engine.client import EngineClient
-    from app.engine.sampling_params import SamplingParams
+    from app.engine import EngineClient, SamplingParams
 
 CHAT_ROLES = ("user", "assistant")
 
@@ -60,7 +59,7 @@ class ChatSettings:
         return asdict(self)
 
     def sampling_params(self, max_tokens: int, stop: list[str]) -> SamplingParams:
-        from app.engine.sampling_params import SamplingParams
+        from app.engine import SamplingParams
 
         return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
                               top_k=self.top_k, repetition_penalty=self.repetition_penalty, seed=self.seed,
@@ -213,7 +212,7 @@ class ChatService:
 
     async def _answer(self, conversation_id: int, on_start: StartCallback | None,
                       on_delta: DeltaCallback | None) -> Answer:
-        from app.engine.client import GenerationRequest
+        from app.engine import GenerationRequest
 
         client = self._ensure_model()
         conversation = self.history.conversation(conversation_id)

@@ -33,7 +33,7 @@ import httpx
 from app.studio.tasks import CancelToken
 
 if TYPE_CHECKING:
-    from app.engine.client import EngineClient
+    from app.engine import EngineClient
 
 OPENROUTER_BASE_URL = "https://openrouter.ai/api/v1"
 MIN_TARGETS, MAX_TARGETS = 2, 4
@@ -288,8 +288,7 @@ def _apply_chunk(index: int, chunk: dict[str, Any], column: ColumnResult, emit: 
 
 async def _stream_local(index: int, target: Target, request: CompareRequest, column: ColumnResult,
                         emit: Callable[[int, str], None]) -> None:
-    from app.engine.client import GenerationRequest
-    from app.engine.sampling_params import SamplingParams
+    from app.engine import GenerationRequest, SamplingParams
     from app.engine.server.prompting import PromptBuilder
 
     assert target.client is not None, "a local target needs an EngineClient"

@@ -36,7 +36,7 @@ from app.studio.retrieval import (
 )
 
 if TYPE_CHECKING:
-    from app.engine.client import EngineClient
+    from app.engine import EngineClient
 
 DEFAULT_TOP_K = 4
 DEFAULT_ANSWER_TOKENS = 256
@@ -285,8 +285,7 @@ class DocQASession:
     async def ask(self, question: str, on_start: Callable[[list[Citation]], None] | None = None,
                   on_delta: Callable[[str], None] | None = None) -> DocAnswer:
         """Answer from the most relevant excerpts. Raises DocQAError when it cannot start."""
-        from app.engine.client import GenerationRequest
-        from app.engine.sampling_params import SamplingParams
+        from app.engine import GenerationRequest, SamplingParams
 
         if self.busy:
             raise DocQAError("An answer is still being generated: stop it first.")

@@ -31,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from app.engine.fit import ModelShape, shape_from_hf_config
+from app.engine.core.fit import ModelShape, shape_from_hf_config
 from app.studio.library import (
     GGUF_SHARD_PATTERN,
     PARTIAL_SUFFIX,

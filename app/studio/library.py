@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from app.engine.fit import ModelShape, shape_from_gguf, shape_from_hf_config
+from app.engine.core.fit import ModelShape, shape_from_gguf, shape_from_hf_config
 from app.studio.tasks import CancelToken, Progress, ProgressCallback, TaskCancelled
 
 PARTIAL_SUFFIX = ".part"  # downloads and imports in progress; never listed

@@ -26,9 +26,8 @@ from typing import TYPE_CHECKING, Any
 from app.studio.tasks import DoneCallback, SyncExecutor, TaskContext, TaskHandle, ThreadExecutor
 
 if TYPE_CHECKING:
-    from app.engine.client import EngineClient, ModelInfo
-    from app.engine.config import EngineConfig
-    from app.engine.fit import FitOptions
+    from app.engine import EngineClient, EngineConfig, ModelInfo
+    from app.engine.core.fit import FitOptions
     from app.studio.settings import Settings
 
 EMPTY, LOADING, READY, UNLOADING, ERROR = "empty", "loading", "ready", "unloading", "error"
@@ -79,7 +78,7 @@ class MemoryUse:
     kv_blocks_total: int = 0
 
     def describe(self) -> str:
-        from app.engine.fit import format_bytes
+        from app.engine.core.fit import format_bytes
 
         parts = []
         if self.device_bytes:
@@ -92,7 +91,7 @@ class MemoryUse:
 
 
 def default_factory(config: EngineConfig) -> EngineClient:
-    from app.engine.client import AsyncEngine
+    from app.engine import AsyncEngine
 
     return AsyncEngine(config)
 
@@ -211,7 +210,7 @@ def engine_config(settings: Settings, model: str | None = None, models_dir: str 
 
     A model name is looked up in the models folder; a path or "default" is used as it is.
     """
-    from app.engine.config import EngineConfig
+    from app.engine import EngineConfig
 
     name = model or settings.get("models.default") or "default"
     if name != "default" and not Path(name).expanduser().exists() and models_dir is not None:
@@ -231,7 +230,7 @@ def engine_config(settings: Settings, model: str | None = None, models_dir: str 
 
 def fit_options(settings: Settings) -> FitOptions:
     """Will-it-fit asked with the engine settings the model would be loaded with."""
-    from app.engine.fit import FitOptions
+    from app.engine.core.fit import FitOptions
 
     return FitOptions(
         context_length=settings.get("engine.context_length") or None,

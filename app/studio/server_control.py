@@ -25,7 +25,7 @@ from app.engine.server.launch import ServerHandle
 from app.engine.server.settings import DEFAULT_PORT, ServerSettings
 
 if TYPE_CHECKING:
-    from app.engine.client import EngineClient
+    from app.engine import EngineClient
     from app.studio.runtime import EngineHost, RuntimeStatus
 
 LOOPBACK_HOST, LAN_HOST = "127.0.0.1", "0.0.0.0"

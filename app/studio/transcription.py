@@ -13,8 +13,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from app.engine import transcript_formats as formats
-from app.engine.audio import (
+from app.engine.tasks import transcript_formats as formats
+from app.engine.tasks.audio import (
     AudioError,
     CancelCheck,
     ProgressCallback,

@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
+from app.engine.core.scheduler import ScheduledChunk
 from app.engine.request import Request
-from app.engine.runner import ModelRunner
 from app.engine.sampling_params import SamplingParams
-from app.engine.scheduler import ScheduledChunk
+from app.engine.worker.runner import ModelRunner
 
 MODES = ("prefill", "chunked", "decode", "batched")
 BLOCK_SIZE = 4

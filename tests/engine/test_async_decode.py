@@ -12,15 +12,16 @@ from typing import Any
 
 import pytest
 
-from app.engine import runner as runner_module
-from app.engine.client import AsyncEngine, GenerationRequest
 from app.engine.config import EngineConfig
-from app.engine.engine import LLMEngine
-from app.engine.pipeline import ASYNC_DECODE_ENV, async_decode_enabled
+from app.engine.core.async_engine import AsyncEngine
+from app.engine.core.engine import LLMEngine
+from app.engine.core.scheduler import Scheduler, SchedulerOutput
+from app.engine.interface import GenerationRequest
 from app.engine.request import PLACEHOLDER, Request
-from app.engine.runner import token_slice
 from app.engine.sampling_params import SamplingParams
-from app.engine.scheduler import Scheduler, SchedulerOutput
+from app.engine.worker import runner as runner_module
+from app.engine.worker.pipeline import ASYNC_DECODE_ENV, async_decode_enabled
+from app.engine.worker.runner import token_slice
 
 MODEL = Path(__file__).resolve().parents[1] / "fixtures" / "families" / "qwen3" / "qwen3-kquants.gguf"
 EOS = 2  # the fixture's end-of-sequence id

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from openai.types.audio import Transcription, TranscriptionVerbose
 
-from app.engine import transcript_formats as formats
-from app.engine.audio import (
+from app.engine.tasks import transcript_formats as formats
+from app.engine.tasks.audio import (
     AudioError,
     Segment,
     Transcriber,

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from app.engine.chat import ChatTemplate, ToolCall, builtin_template, chat_template_for, parse_tool_calls
+from app.engine.text.chat_template import ChatTemplate, builtin_template, chat_template_for
+from app.engine.text.tool_calls import ToolCall, parse_tool_calls
 
 FIXTURE = json.loads(
     (Path(__file__).parents[1] / "fixtures" / "tokenizer" / "chat_templates.json").read_text("utf-8")

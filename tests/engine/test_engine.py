@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from app.engine.client import AsyncEngine, ContextOverflowError, GenerationRequest
+from app.engine.core.async_engine import AsyncEngine
+from app.engine.interface import ContextOverflowError, GenerationRequest
 from app.engine.sampling_params import SamplingParams
 
 PROMPT = "Once upon a time, in a village by the sea, there lived"

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from app.engine.kernels import gemv_int
-from app.engine.kernels.compile import BASE_OPTIONS, KERNEL_DIR
+from app.engine.kernels.runtime.compile import BASE_OPTIONS, KERNEL_DIR
 
 ARCHS = ("86", "89", "90", "120")
 SOURCES = sorted(p.name for p in KERNEL_DIR.glob("*.cu"))

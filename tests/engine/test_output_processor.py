@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.engine.output_processor import OutputProcessor, stop_prefix_at_end
+from app.engine.core.output_processor import OutputProcessor, stop_prefix_at_end
 from app.engine.request import Request, RequestStatus
 from app.engine.sampling_params import SamplingParams
 

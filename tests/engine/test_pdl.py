@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.engine.kernels import compile as kernel_compile
-from app.engine.kernels import launch as launch_module
-from app.engine.kernels import pdl
+from app.engine.kernels.runtime import compile as kernel_compile
+from app.engine.kernels.runtime import launch as launch_module
+from app.engine.kernels.runtime import pdl
 
 CUDA_H = Path("/usr/local/cuda/include/cuda.h")
 LAYOUT_PROGRAM = r"""

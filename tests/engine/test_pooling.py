@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.engine.client import AsyncEngine
 from app.engine.config import EngineConfig
-from app.engine.engine import LLMEngine
-from app.engine.pooling import DecoderEmbedder, PromptRunner, decoder_reranker
-from app.engine.rerank import DECODER_YES_NO, rerank
+from app.engine.core.async_engine import AsyncEngine
+from app.engine.core.engine import LLMEngine
+from app.engine.tasks.pooling import DecoderEmbedder, PromptRunner, decoder_reranker
+from app.engine.tasks.rerank import DECODER_YES_NO, rerank
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "families"
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())

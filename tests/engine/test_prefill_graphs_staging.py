@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from app.engine.prefill_graphs import PrefillGraphs
+from app.engine.worker.prefill_graphs import PrefillGraphs
 
 BLOCK = 16
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from app.engine.embeddings import DEFAULT_EMBEDDING_MODEL, load_default_embedder
-from app.engine.rerank import (
+from app.engine.tasks.rerank import (
     DECODER_YES_NO,
     EMBEDDING_COSINE,
     EmbeddingCosineReranker,

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from app.engine.request import Request
-from app.engine.sampler import Sampler
+from app.engine.sample.sampler import Sampler
 from app.engine.sampling_params import SamplingParams
 
 EOS = 7

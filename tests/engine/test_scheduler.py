@@ -6,9 +6,9 @@ import zlib
 import pytest
 
 from app.engine.cache.manager import KVCacheManager
+from app.engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from app.engine.request import Request, RequestStatus
 from app.engine.sampling_params import SamplingParams
-from app.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 
 BS = 4
 

@@ -34,7 +34,7 @@ def engine(request: pytest.FixtureRequest) -> Iterator[Any]:
     if request.param == "fake":
         yield FakeEngine()
     elif request.param == "embedded":
-        from app.engine.client import AsyncEngine
+        from app.engine.core.async_engine import AsyncEngine
 
         client = AsyncEngine(engine=request.getfixturevalue("embedded_engine"))
         yield client

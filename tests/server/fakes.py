@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from app.engine.client import ContextOverflowError, EngineStats, GenerationRequest, ModelInfo
+from app.engine.interface import ContextOverflowError, EngineStats, GenerationRequest, ModelInfo
 from app.engine.request import RequestOutput, TokenLogprob
 
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"]

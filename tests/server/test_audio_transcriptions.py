@@ -19,11 +19,11 @@ import httpx
 import openai
 import pytest
 
-from app.engine.audio import Transcriber, Transcript, TranscriptionCancelled
 from app.engine.server.app import create_app
 from app.engine.server.launch import ServerHandle
 from app.engine.server.serving_audio import MAX_AUDIO_BODY_BYTES
 from app.engine.server.settings import ServerSettings
+from app.engine.tasks.audio import Transcriber, Transcript, TranscriptionCancelled
 
 from .fakes import FakeEngine
 

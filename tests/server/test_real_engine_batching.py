@@ -8,7 +8,7 @@ import httpx
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.engine.client import AsyncEngine
+from app.engine.core.async_engine import AsyncEngine
 
 from .conftest import running_server
 

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 from fake_openai import FakeOpenAI
 
-from app.engine.client import GenerationRequest, ModelInfo
+from app.engine.interface import GenerationRequest, ModelInfo
 from app.engine.request import RequestOutput
 from app.studio.compare import CompareRequest, Target, compare_blocking
 from app.studio.tasks import CancelToken

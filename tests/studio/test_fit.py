@@ -9,7 +9,7 @@ import pytest
 from fake_hub import make_tiny_gguf
 
 from app.cli import main as paddock
-from app.engine.fit import (
+from app.engine.core.fit import (
     CPU_RUNTIME_OVERHEAD_BYTES,
     CUDA_RUNTIME_OVERHEAD_BYTES,
     FITS,

@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from app.engine.client import ModelInfo
 from app.engine.config import EngineConfig
+from app.engine.interface import ModelInfo
 from app.studio.runtime import EngineHost, MemoryUse, RuntimeStatus, load_error_message, process_memory
 from app.studio.tasks import SyncExecutor
 
@@ -21,7 +21,7 @@ class StubEngine:
         self.closed = False
 
     def stats(self):
-        from app.engine.client import EngineStats
+        from app.engine.interface import EngineStats
 
         return EngineStats(0, 0, 16, 64, 0, 0, 0, 0, 0, device_memory_used_bytes=0)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from app.cli import main as paddock
-from app.engine.audio import Segment, Transcript, TranscriptionCancelled, Word
+from app.engine.tasks.audio import Segment, Transcript, TranscriptionCancelled, Word
 from app.studio.transcription import (
     TranscriptionService,
     export_transcript,

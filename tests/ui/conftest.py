@@ -131,7 +131,7 @@ def make_window(qtbot, make_context) -> Callable[..., MainWindow]:
 @pytest.fixture
 def real_engine(embedded_engine) -> Iterator[Any]:
     """The embedded model behind a fresh AsyncEngine (one engine thread at a time, see tests/conftest.py)."""
-    from app.engine.client import AsyncEngine
+    from app.engine.core.async_engine import AsyncEngine
 
     client = AsyncEngine(engine=embedded_engine)
     yield client

@@ -16,7 +16,7 @@ def select_backend(device: str, weight_cache: str = "auto") -> Any:
 
         return CpuBackend()
     try:
-        from app.engine.backend.cuda import CudaBackend, cuda_available
+        from app.engine.backend.cuda.backend import CudaBackend, cuda_available
     except ImportError as exc:  # the CUDA backend's own modules are missing: treat as unavailable
         ok, reason = False, f"CUDA backend not importable ({exc})"
     else:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from app.engine.kernels.compile import get_kernel
-from app.engine.kernels.launch import NULL, cdiv, f32, i32, launch
+from app.engine.kernels.runtime.compile import get_kernel
+from app.engine.kernels.runtime.launch import NULL, cdiv, f32, i32, launch
 
 CHUNK = 256  # keys per pass inside a block (ATTN_CHUNK)
 MIN_SPLIT = 64  # shortest split: below this, the partial sums cost more than the keys

@@ -20,8 +20,8 @@ import os
 from typing import Any
 
 from app.engine.kernels.attention import group_bucket, split_counters
-from app.engine.kernels.compile import device_arch, get_kernel
-from app.engine.kernels.launch import cdiv, f32, i32, launch, ptr
+from app.engine.kernels.runtime.compile import device_arch, get_kernel
+from app.engine.kernels.runtime.launch import cdiv, f32, i32, launch, ptr
 
 VARIANTS = frozenset({(64, 1), (64, 2), (64, 4), (64, 8), (64, 16), (128, 1), (128, 2), (128, 4), (128, 8),
                       (256, 1), (256, 2), (256, 4)})  # fmt: skip

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.engine.kernels.compile import get_kernel
 from app.engine.kernels.gemv import format_defines
-from app.engine.kernels.launch import cdiv, i32, i64, launch, ptr
+from app.engine.kernels.runtime.compile import get_kernel
+from app.engine.kernels.runtime.launch import cdiv, i32, i64, launch, ptr
 
 THREADS = 256
 

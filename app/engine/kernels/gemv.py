@@ -10,8 +10,8 @@ import os
 from typing import Any
 
 from app.engine.kernels import gemv_int
-from app.engine.kernels.compile import get_kernel
-from app.engine.kernels.launch import cdiv, i32, i64, launch, ptr
+from app.engine.kernels.runtime.compile import get_kernel
+from app.engine.kernels.runtime.launch import cdiv, i32, i64, launch, ptr
 
 TOKEN_BUCKETS = (1, 2, 4, 8)  # kernel variants; n tokens run in the smallest bucket >= n
 ROWS_PER_BLOCK = {1: 8, 2: 4, 4: 2, 8: 2}  # default R per bucket; must be a variant in GEMV_FORMAT (gemv.cu)

@@ -22,8 +22,8 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any
 
-from app.engine.kernels.compile import get_kernel
-from app.engine.kernels.launch import NULL, cdiv, f32, i32, i64, launch, ptr, resident_blocks
+from app.engine.kernels.runtime.compile import get_kernel
+from app.engine.kernels.runtime.launch import NULL, cdiv, f32, i32, i64, launch, ptr, resident_blocks
 
 INT_X_FORMATS = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"})
 GROUP = 16  # columns per x scale (XQ_GROUP in gemv_int.cuh)

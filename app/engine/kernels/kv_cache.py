@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.engine.kernels.compile import get_kernel
-from app.engine.kernels.launch import cdiv, i32, launch
+from app.engine.kernels.runtime.compile import get_kernel
+from app.engine.kernels.runtime.launch import cdiv, i32, launch
 
 THREADS = 256
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.engine.kernels.compile import get_kernel
-from app.engine.kernels.launch import f32, i32, launch
+from app.engine.kernels.runtime.compile import get_kernel
+from app.engine.kernels.runtime.launch import f32, i32, launch
 
 NORM_VEC = 4  # float4 loads per thread in the *_vec kernels (norm.cu)
 MAX_VEC_COLS = 4 * NORM_VEC * 1024

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.engine.kernels.compile import get_kernel
-from app.engine.kernels.launch import f32, i32, launch, ptr
+from app.engine.kernels.runtime.compile import get_kernel
+from app.engine.kernels.runtime.launch import f32, i32, launch, ptr
 
 
 def rope_cache(

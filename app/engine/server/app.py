@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
-from app.engine.client import EngineClient
+from app.engine import EngineClient
 from app.engine.server.embedder import Embedder
 from app.engine.server.errors import install_error_handlers
 from app.engine.server.middleware import (

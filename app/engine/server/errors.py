@@ -16,7 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.engine.client import ContextOverflowError
+from app.engine import ContextOverflowError
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from app.engine.client import ContextOverflowError, EngineClient, GenerationRequest
-from app.engine.request import RequestOutput, TokenLogprob
+from app.engine import ContextOverflowError, EngineClient, GenerationRequest, RequestOutput, TokenLogprob
 from app.engine.server.errors import ApiError, bad_request, client_closed, context_overflow
 
 if TYPE_CHECKING:

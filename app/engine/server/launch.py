@@ -11,7 +11,7 @@ from typing import Any
 
 import uvicorn
 
-from app.engine.client import EngineClient
+from app.engine import EngineClient
 from app.engine.server.embedder import Embedder
 from app.engine.server.settings import ServerSettings
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.engine.request import TokenLogprob
+from app.engine import TokenLogprob
 from app.engine.server.protocol.chat import TokenLogprobInfo, TopLogprob
 from app.engine.server.protocol.completions import CompletionLogprobs
 

@@ -13,11 +13,11 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from app.engine.client import ContextOverflowError
+from app.engine import ContextOverflowError
 from app.engine.server.errors import ApiError, bad_request, context_overflow
 
 if TYPE_CHECKING:
-    from app.engine.client import EngineClient
+    from app.engine import EngineClient
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from app.engine.client import ModelInfo
+from app.engine import ModelInfo
 from app.engine.server.embedder import Embedder
 from app.engine.server.errors import ApiError, model_not_found
 from app.engine.server.protocol.openai import ModelCard, ModelList

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.engine.audio import Transcriber
-from app.engine.client import EngineClient
+from app.engine import EngineClient
 from app.engine.server.embedder import Embedder
 from app.engine.server.protocol.openai import ModelCard, ModelList
 from app.engine.server.serving_audio import OpenAIServingTranscription
@@ -18,6 +17,7 @@ from app.engine.server.serving_rerank import ServingRerank
 from app.engine.server.serving_responses import OpenAIServingResponses
 from app.engine.server.serving_tokenize import ServingTokenization
 from app.engine.server.settings import ServerSettings
+from app.engine.tasks.audio import Transcriber
 
 
 @dataclass

@@ -17,11 +17,11 @@ from typing import Literal
 import anyio
 from fastapi.responses import Response
 
-from app.engine import transcript_formats as formats
-from app.engine.audio import AudioError, Transcriber, Transcript, TranscriptionCancelled
 from app.engine.server.errors import ApiError, bad_request, client_closed, model_not_found
 from app.engine.server.protocol.audio import TranscriptionForm
 from app.engine.server.protocol.openai import ModelCard
+from app.engine.tasks import transcript_formats as formats
+from app.engine.tasks.audio import AudioError, Transcriber, Transcript, TranscriptionCancelled
 
 log = logging.getLogger(__name__)
 

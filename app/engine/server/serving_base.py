@@ -6,8 +6,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from app.engine.client import EngineClient, GenerationRequest
-from app.engine.sampling_params import SamplingParams
+from app.engine import EngineClient, GenerationRequest, SamplingParams
 from app.engine.server.embedder import Embedder
 from app.engine.server.generation import Generation
 from app.engine.server.metrics import ServerMetrics

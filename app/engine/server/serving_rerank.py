@@ -1,4 +1,4 @@
-"""Reranking: a query and documents -> `app.engine.rerank` -> results best first, saying which scorer ran.
+"""Reranking: a query and documents -> `app.engine.tasks.rerank` -> results best first, saying which scorer ran.
 
 With no reranker model loaded, the server's embedder scores by cosine similarity
 ("embedding-cosine"); a decoder reranker ("decoder-yes-no") can be passed in instead.
@@ -12,7 +12,6 @@ import anyio
 import numpy as np
 
 from app.engine.embeddings.base import EmbeddingResult
-from app.engine.rerank import EmbeddingCosineReranker, Ranking, Reranker, rerank
 from app.engine.server.embedder import Embedder
 from app.engine.server.errors import ApiError, bad_request, model_not_found
 from app.engine.server.prompting import ensure_encodable
@@ -25,6 +24,7 @@ from app.engine.server.protocol.rerank import (
     RerankUsage,
 )
 from app.engine.server.serving_base import ServingContext, new_id
+from app.engine.tasks.rerank import EmbeddingCosineReranker, Ranking, Reranker, rerank
 
 MAX_DOCUMENTS = 1000  # Cohere's limit per request; each document is one embedder row
 

@@ -42,7 +42,7 @@ from app.ui.widgets.dialogs import Dialogs
 from app.ui.workers import Worker
 
 if TYPE_CHECKING:
-    from app.engine.client import EngineClient
+    from app.engine import EngineClient
 
 DEFAULT_COLUMNS = (("local", "", ""), ("openrouter", "meta-llama/llama-3.1-8b-instruct", ""))
 

@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.engine.fit import WONT_FIT, FitReport, check_fit
+from app.engine.core.fit import WONT_FIT, FitReport, check_fit
 from app.studio.downloads import HubClient
 from app.studio.library import ModelEntry, ModelLibrary
 from app.studio.runtime import EngineHost, RuntimeStatus, embedded_model_path, engine_config, fit_options

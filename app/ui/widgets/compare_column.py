@@ -23,7 +23,7 @@ from app.studio.compare import ColumnResult, Target
 from app.ui.widgets.feedback import error_label, show_error
 
 if TYPE_CHECKING:
-    from app.engine.client import EngineClient
+    from app.engine import EngineClient
 
 KINDS = (("local", "Local model"), ("openrouter", "OpenRouter"), ("openai", "OpenAI-compatible URL"))
 STATUS_TEXT = {"waiting": "waiting…", "streaming": "streaming…", "done": "done", "error": "failed",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import QFormLayout, QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
-from app.engine.fit import FitReport, format_bytes
+from app.engine.core.fit import FitReport, format_bytes
 from app.studio.tasks import TaskResult
 
 PARTS = (("weights", "Weights"), ("kv_cache", "KV cache"), ("activations", "Activations"), ("overhead", "Overhead"))

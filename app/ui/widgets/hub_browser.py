@@ -24,7 +24,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.engine.fit import FitReport, check_fit, format_bytes
+from app.engine.core.fit import FitReport, check_fit, format_bytes
 from app.studio.downloads import HubClient, RemoteFile, RepoListing, SearchHit, bytes_present, model_folder
 from app.studio.runtime import fit_options
 from app.studio.settings import Settings

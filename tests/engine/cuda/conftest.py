@@ -11,7 +11,7 @@ import pytest
 from cuda_samples import fresh_rng
 
 from app.engine.backend.cpu import CpuBackend
-from app.engine.backend.cuda import cuda_available
+from app.engine.backend.cuda.backend import cuda_available
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -21,7 +21,7 @@ def cuda():
     ok, reason = cuda_available()
     if not ok:
         pytest.skip(f"no usable GPU: {reason}")
-    from app.engine.backend.cuda import CudaBackend
+    from app.engine.backend.cuda.backend import CudaBackend
 
     return CudaBackend()
 

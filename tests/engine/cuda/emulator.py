@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.engine.kernels.compile import KERNEL_DIR
+from app.engine.kernels.runtime.compile import KERNEL_DIR
 
 HOST_DIR = Path(__file__).parent / "host"
 TIMEOUT = 300

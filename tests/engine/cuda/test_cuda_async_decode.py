@@ -13,7 +13,7 @@ pytestmark = pytest.mark.gpu
 def _run(model: str, async_decode: bool, requests: dict, sessions: dict | None = None) -> tuple[dict, int]:
     """Tokens per request, and how many steps were launched from device ids."""
     from app.engine.config import EngineConfig
-    from app.engine.engine import LLMEngine
+    from app.engine.core.engine import LLMEngine
 
     engine = LLMEngine(
         EngineConfig(
@@ -77,7 +77,7 @@ def test_rows_are_gathered_when_the_order_changes(tiny_gguf: str) -> None:
 
 def test_abort_with_a_step_in_flight_drains(tiny_gguf: str) -> None:
     from app.engine.config import EngineConfig
-    from app.engine.engine import LLMEngine
+    from app.engine.core.engine import LLMEngine
     from app.engine.sampling_params import SamplingParams
 
     engine = LLMEngine(EngineConfig(model=tiny_gguf, device="cuda", max_model_len=1024, max_num_seqs=4,
@@ -109,7 +109,7 @@ def _requests(n: int, **params):
 def test_gpu_sampler_launch_gives_what_sample_gives(cuda, rng) -> None:
     """Launches overlap as in the engine (launch k+1 before resolving k), so the pinned rings are
     taken in turn while a copy from the other buffer may be pending."""
-    from app.engine.gpu_sampler import GpuSampler
+    from app.engine.sample.gpu import GpuSampler
 
     batches = []
     for k in range(6):

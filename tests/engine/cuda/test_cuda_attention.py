@@ -196,7 +196,7 @@ def test_attention_decode_without_clusters(cuda, cpu, rng, monkeypatch, n_blocks
 def test_attention_decode_programmatic_launch(cuda, cpu, rng, n_blocks: int) -> None:
     """Launched by cuLaunchKernelEx (pdl.py, as inside a decode graph's capture): the kernel's
     compile-time cluster dims hold there too, with no cluster attribute."""
-    from app.engine.kernels import pdl
+    from app.engine.kernels.runtime import pdl
 
     with pdl.programmatic_launches():
         check_decode(cuda, cpu, rng, (32, 8, 128), n_blocks, windows=(None, 300))
@@ -275,7 +275,7 @@ def test_attention_decode_qkv_without_clusters(cuda, cpu, rng, monkeypatch, n_bl
 def test_attention_decode_qkv_programmatic_launch(cuda, cpu, rng, n_blocks: int) -> None:
     """The fused build launched by cuLaunchKernelEx, as in a decode graph: its loads before the PDL
     wait (first chunk, positions, tables, weights) and its cache stores after it."""
-    from app.engine.kernels import pdl
+    from app.engine.kernels.runtime import pdl
 
     with pdl.programmatic_launches():
         check_decode_qkv(cuda, cpu, rng, (32, 8, 128), n_blocks)
@@ -284,7 +284,7 @@ def test_attention_decode_qkv_programmatic_launch(cuda, cpu, rng, n_blocks: int)
 def test_attention_decode_clusters_on_sm90(cuda) -> None:
     """The device decides (one place): clusters from compute capability 9.0 on."""
     from app.engine.kernels import attention_decode
-    from app.engine.kernels.compile import device_arch
+    from app.engine.kernels.runtime.compile import device_arch
 
     if os.environ.get("PADDOCK_DECODE_CLUSTERS", "1") == "0":
         pytest.skip("clusters switched off")

@@ -9,14 +9,14 @@ pytestmark = pytest.mark.gpu
 
 
 def test_cuda_available_describes_the_gpu(cuda) -> None:
-    from app.engine.backend.cuda import cuda_available
+    from app.engine.backend.cuda.backend import cuda_available
 
     ok, text = cuda_available()
     assert ok and "sm_" in text
 
 
 def test_not_enough_free_memory_is_a_clear_error(cuda) -> None:
-    from app.engine.backend.cuda import CudaBackend, CudaUnavailableError
+    from app.engine.backend.cuda.backend import CudaBackend, CudaUnavailableError
 
     with pytest.raises(CudaUnavailableError, match="MiB free"):
         CudaBackend(min_free_bytes=1 << 50)
@@ -31,7 +31,7 @@ def test_host_round_trip_and_kv_dtype(cuda) -> None:
 
 
 def test_too_old_gpu_is_refused(monkeypatch) -> None:
-    from app.engine.backend import cuda as cuda_module
+    from app.engine.backend.cuda import backend as cuda_module
 
     monkeypatch.setattr(cuda_module, "_device_summary", lambda _id: ("Old GPU", 75, 8 << 30))
     ok, reason = cuda_module.cuda_available()

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.gpu
 
 def _generate(model: str, device: str, graphs: bool, prompts: list[list[int]]) -> list[dict]:
     from app.engine.config import EngineConfig
-    from app.engine.engine import LLMEngine
+    from app.engine.core.engine import LLMEngine
     from app.engine.sampling_params import SamplingParams
 
     engine = LLMEngine(
@@ -51,7 +51,7 @@ def _requests(n: int, **params):
 
 
 def test_gpu_sampler_greedy_is_argmax(cuda, rng) -> None:
-    from app.engine.gpu_sampler import GpuSampler
+    from app.engine.sample.gpu import GpuSampler
 
     logits = rng.standard_normal((5, 151936)).astype(np.float32)
     logits[2, 17] = logits[2, 99] = 50.0  # a tie: the lowest id wins, as numpy's argmax
@@ -60,7 +60,7 @@ def test_gpu_sampler_greedy_is_argmax(cuda, rng) -> None:
 
 
 def test_gpu_sampler_seeded_rows_repeat_and_mixed_batches(cuda, rng) -> None:
-    from app.engine.gpu_sampler import GpuSampler
+    from app.engine.sample.gpu import GpuSampler
 
     logits = cuda.from_host(rng.standard_normal((4, 1000)).astype(np.float32))
     seeded = _requests(4, temperature=1.0, seed=7)
@@ -75,7 +75,7 @@ def test_gpu_sampler_bans_stop_ids_until_min_tokens_on_the_device(cuda, rng) -> 
     """min_tokens (aiperf sets it to max_tokens) bans EOS and stop ids on the GPU: the banned
     best token is never drawn, logprobs still come from the raw logits, and once the minimum
     is reached the ban lifts."""
-    from app.engine.gpu_sampler import GpuSampler
+    from app.engine.sample.gpu import GpuSampler
 
     eos, stop = 11, 23
     raw = rng.standard_normal((6, 151936)).astype(np.float32)

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.gpu
 @pytest.fixture(scope="module", params=["auto", "off"])
 def cuda_cache(request, cuda):
     """Backends with and without the float16 weight cache (products above 8 tokens differ)."""
-    from app.engine.backend.cuda import CudaBackend
+    from app.engine.backend.cuda.backend import CudaBackend
 
     return CudaBackend(dense_cache=request.param)
 
@@ -104,7 +104,7 @@ def test_rope_and_cache_skips_padding_slots(cuda, rng) -> None:
 
 
 def test_dense_cache_policy(cuda, rng) -> None:
-    from app.engine.backend.cuda import CudaBackend
+    from app.engine.backend.cuda.backend import CudaBackend
 
     embed = random_tensor("Q4_K", 64, 256, rng, name="token_embd.weight")
     proj = random_tensor("Q4_K", 64, 256, rng, name="blk.0.attn_q.weight")
@@ -122,7 +122,7 @@ def test_dense_cache_policy(cuda, rng) -> None:
 
 
 def test_fused_float16_copies_are_stacked(cuda, rng) -> None:
-    from app.engine.backend.cuda import CudaBackend
+    from app.engine.backend.cuda.backend import CudaBackend
 
     backend = CudaBackend(dense_cache="on")
     parts = [backend.load_weight(random_tensor("Q4_K", r, 256, rng, name=f"p{r}")) for r in (32, 16)]
@@ -136,7 +136,7 @@ def test_cublas_inside_graph_capture(cuda, rng, mode: str) -> None:
     """Products above the GEMV's 8 tokens (cuBLAS) can be captured and replayed."""
     import cupy
 
-    from app.engine.backend.cuda import CudaBackend
+    from app.engine.backend.cuda.backend import CudaBackend
 
     backend = CudaBackend(dense_cache=mode)
     weight = backend.load_weight(random_tensor("Q6_K", 300, 512, rng, name="blk.0.ffn_down.weight"))

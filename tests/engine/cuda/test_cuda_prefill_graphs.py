@@ -12,7 +12,7 @@ pytestmark = pytest.mark.gpu
 
 def _engine(model: str, prefill_graphs: bool):
     from app.engine.config import EngineConfig
-    from app.engine.engine import LLMEngine
+    from app.engine.core.engine import LLMEngine
 
     return LLMEngine(
         EngineConfig(

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.engine.sampling_params import SamplingParams
+from app.engine import SamplingParams
 
 # ---- shared ---------------------------------------------------------------------------------
 

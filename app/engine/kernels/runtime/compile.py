@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-KERNEL_DIR = Path(__file__).resolve().parent
+KERNEL_DIR = Path(__file__).resolve().parents[1] / "csrc"  # the .cu sources and their .cuh headers
 BASE_OPTIONS = ("-std=c++17",)
 _lock = threading.Lock()
 

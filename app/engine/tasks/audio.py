@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 
-from app.engine.transcript_formats import language_code
+from app.engine.tasks.transcript_formats import language_code
 
 if TYPE_CHECKING:
     from faster_whisper import WhisperModel

@@ -15,7 +15,7 @@ sampled by the numpy reference.
 
 Two ways to sample: `sample()` waits for the ids (the synchronous engine step, and any batch
 with penalties or logprobs); `launch()` only enqueues, leaving the ids on the device as the next
-step's input (engine/pipeline.py) with an asynchronous copy to the host behind them, which
+step's input (worker/pipeline.py) with an asynchronous copy to the host behind them, which
 `GpuPendingSample.resolve()` waits for.
 """
 
@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from app.engine.kernels.compile import get_kernel
+from app.engine.kernels.runtime.compile import get_kernel
 from app.engine.request import Request, TokenLogprob
-from app.engine.sampler import GREEDY_BELOW, Sampler, SamplerOutput, deferrable, penalised
+from app.engine.sample.sampler import GREEDY_BELOW, Sampler, SamplerOutput, deferrable, penalised
 
 _THREADS = 256
 _SLICE = 4096  # logits per block: a 150k vocabulary is ~38 blocks per row, 16 logits per thread
@@ -232,7 +232,7 @@ class GpuSampler:
 class _PinnedRing:
     """Two pinned host buffers taken in turn, for copies that run after the host moves on.
 
-    With at most one step in flight (engine/pipeline.py), the buffer a step takes is taken again
+    With at most one step in flight (worker/pipeline.py), the buffer a step takes is taken again
     two steps later, and by then the step that used it was resolved: its event, recorded on the
     same stream after this buffer's copy, was waited for, so the copy is done. (A step takes at
     most one buffer of each ring; a synchronous step waits before it returns.)"""

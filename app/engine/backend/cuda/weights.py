@@ -6,7 +6,7 @@ common.cuh). Float matrices whose rows are not a whole number of 32-weight units
 unit every kernel works in) are kept dense in float32 instead, and served by cuBLAS.
 Vectors (norms, biases) become plain float32 arrays.
 
-A matrix may also carry a float16 copy (`dense16`, see cuda_dense.py) for products over
+A matrix may also carry a float16 copy (`dense16`, see dense.py) for products over
 more tokens than the GEMV serves; a fused weight (q/k/v, gate/up) groups matrices that
 multiply the same input so that one launch serves them all.
 """
@@ -38,7 +38,7 @@ class CudaWeight:
     row_bytes: int
     data: Any | None  # uint8 device buffer of rows * row_bytes + PAD_BYTES bytes
     dense: Any | None = None  # float32 device matrix when the kernels cannot read `data`
-    dense16: Any | None = None  # float16 copy of the values for T > GEMV_MAX_TOKENS (cuda_dense.py)
+    dense16: Any | None = None  # float16 copy of the values for T > GEMV_MAX_TOKENS (dense.py)
     cache_checked: bool = False  # a late float16 copy was considered (cuda_dense.DenseCache.promote)
 
     @property

@@ -179,7 +179,7 @@ def activation_bytes(shape: ModelShape, step_tokens: int, max_num_seqs: int) -> 
 
 def weight_copy_bytes(shape: ModelShape) -> int:
     """float16 copies of every projection and the output head: what the CUDA backend's
-    weight cache (app/engine/backend/cuda_dense.py) holds when it is on."""
+    weight cache (app/engine/backend/cuda/dense.py) holds when it is on."""
     s = shape
     per_layer = 2 * s.num_heads * s.head_dim + 2 * s.num_kv_heads * s.head_dim + 3 * s.intermediate_size
     return 2 * (s.num_layers * per_layer * s.hidden_size + s.vocab_size * s.hidden_size)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from app.engine.request import Request, TokenLogprob
-from app.engine.sampling_math import apply_penalties, draw_among_top_k, draw_full_width
+from app.engine.sample.ops import apply_penalties, draw_among_top_k, draw_full_width
 
 GREEDY_BELOW = 1e-5
 
@@ -58,7 +58,7 @@ def penalised(request: Request) -> bool:
 
 
 def deferrable(request: Request) -> bool:
-    """Whether a row's token may stay on the device for a step (engine/pipeline.py): not with
+    """Whether a row's token may stay on the device for a step (worker/pipeline.py): not with
     penalties, which need the token history on the host, nor with logprobs, which are read from
     a logits buffer the next step overwrites."""
     return not penalised(request) and request.sampling_params.logprobs is None
@@ -75,7 +75,7 @@ class Sampler:
         self._seeded_rngs.pop(request_id, None)
 
     def launch(self, logits: np.ndarray, requests: Sequence[Request]) -> ReadySample:
-        """`sample()` in the launch/resolve shape of the GPU sampler (engine/pipeline.py)."""
+        """`sample()` in the launch/resolve shape of the GPU sampler (worker/pipeline.py)."""
         out = self.sample(logits, requests)
         return ReadySample(out, np.asarray(out.token_ids, dtype=np.int32))
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from app.engine.backend.cuda_weights import CudaFusedWeight, CudaWeight
+from app.engine.backend.cuda.weights import CudaFusedWeight, CudaWeight
 from app.engine.kernels.dequant import dequant_rows
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from app.engine.kernels import pdl
+from app.engine.kernels.runtime import pdl
 
 NULL = np.uint64(0)
 

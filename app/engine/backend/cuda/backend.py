@@ -3,7 +3,7 @@
 Every op is a hand-written kernel from `app/engine/kernels` (compiled at run time by
 NVRTC and cached on disk), except matrix products above GEMV_MAX_TOKENS, which go
 through cuBLAS on float16 weights (a cached copy, or slices expanded per call: see
-cuda_dense.py). Weights stay in their GGUF block layout on the GPU; activations are
+dense.py). Weights stay in their GGUF block layout on the GPU; activations are
 float32 (parity with numpy), the KV cache float16.
 
 CuPy is imported only when a `CudaBackend` is made or `cuda_available()` is asked, so
@@ -25,12 +25,12 @@ from app.engine.backend.base import (
     norm_then_product,
     rope_cache_then_attention,
 )
-from app.engine.backend.cuda_blas import cublas
-from app.engine.backend.cuda_dense import DenseCache
-from app.engine.backend.cuda_linear import gated_linear as _gated_linear
-from app.engine.backend.cuda_linear import linear as _linear
-from app.engine.backend.cuda_linear import norm_linear as _norm_linear
-from app.engine.backend.cuda_weights import CudaFusedWeight, CudaWeight, upload_matrix, upload_vector
+from app.engine.backend.cuda.blas import cublas
+from app.engine.backend.cuda.dense import DenseCache
+from app.engine.backend.cuda.linear import gated_linear as _gated_linear
+from app.engine.backend.cuda.linear import linear as _linear
+from app.engine.backend.cuda.linear import norm_linear as _norm_linear
+from app.engine.backend.cuda.weights import CudaFusedWeight, CudaWeight, upload_matrix, upload_vector
 from app.engine.kernels import activation as _activation
 from app.engine.kernels import attention as _attention
 from app.engine.kernels import attention_decode as _attention_decode
@@ -94,7 +94,7 @@ class CudaBackend:
         self, device_id: int = 0, min_free_bytes: int = MIN_FREE_BYTES, dense_cache: str = "auto"
     ) -> None:
         """`dense_cache` ("auto", "on", "off"): float16 copies of the weights for products
-        above GEMV_MAX_TOKENS tokens, memory traded for speed (cuda_dense.py says when)."""
+        above GEMV_MAX_TOKENS tokens, memory traded for speed (dense.py says when)."""
         ok, reason = cuda_available(device_id)
         if not ok:
             raise CudaUnavailableError(reason)

@@ -3,9 +3,9 @@
 Up to `GEMV_MAX_TOKENS` rows of x, the GEMV kernels read the weight's blocks directly
 (bandwidth-bound, one pass over the weight); a fused weight (q/k/v, gate/up) is served by
 one launch over all its parts. Beyond that, cuBLAS multiplies float16 x by the weight's
-float16 copy when it has one (cuda_dense.py), else by slices of its rows expanded into a
+float16 copy when it has one (dense.py), else by slices of its rows expanded into a
 scratch buffer, written straight into the output's columns so the scratch stays small even
-for a 150k-row vocabulary projection. cuBLAS is called through cuda_blas.py, which works
+for a 150k-row vocabulary projection. cuBLAS is called through blas.py, which works
 inside CUDA-graph capture (CuPy's wrapper refuses to).
 """
 
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.engine.backend.cuda_blas import matmul_t
-from app.engine.backend.cuda_dense import DenseCache
-from app.engine.backend.cuda_weights import CudaFusedWeight, CudaWeight
+from app.engine.backend.cuda.blas import matmul_t
+from app.engine.backend.cuda.dense import DenseCache
+from app.engine.backend.cuda.weights import CudaFusedWeight, CudaWeight
 from app.engine.kernels import activation as activation_kernels
 from app.engine.kernels import gemv as gemv_kernels
 from app.engine.kernels import gemv_int

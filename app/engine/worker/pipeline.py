@@ -32,9 +32,9 @@ from typing import Any
 
 import numpy as np
 
+from app.engine.core.scheduler import Scheduler, SchedulerOutput
 from app.engine.request import PLACEHOLDER, Request, RequestStatus
-from app.engine.sampler import deferrable
-from app.engine.scheduler import Scheduler, SchedulerOutput
+from app.engine.sample.sampler import deferrable
 
 ASYNC_DECODE_ENV = "PADDOCK_ASYNC_DECODE"
 

@@ -3,7 +3,7 @@
 A decode step (every sequence adds one token) is captured once per batch-size bucket,
 reading its inputs from static device buffers. Per step the runner copies the step's
 few integers into those buffers (one host-to-device copy) and replays the bucket's graph;
-a step launched before the previous one's ids were read back (engine/pipeline.py) takes its
+a step launched before the previous one's ids were read back (worker/pipeline.py) takes its
 token ids from that step's sampled ids on the device instead, copied in on the same stream;
 padding rows of a bucket point at the reserved null KV block 0, whose contents nobody
 reads. Attention is planned for the longest context the engine allows, so one graph
@@ -12,10 +12,10 @@ serves every context length (splits past a sequence's end exit at once).
 Each bucket's inputs are laid out field by field ([ids | positions | slots | seq_lens |
 block tables]), so every field is a contiguous slice that the kernels read in place: no
 copy kernels inside the graph. Matrix products above the GEMV's token count go through
-cuBLAS by ctypes (backend/cuda_blas.py), which capture allows.
+cuBLAS by ctypes (backend/cuda/blas.py), which capture allows.
 
 Kernels are captured with programmatic dependent launch where the GPU has it (sm_90+,
-kernels/pdl.py): each one starts while its predecessor drains.
+kernels/runtime/pdl.py): each one starts while its predecessor drains.
 
 Capture runs on a side stream (the legacy default stream cannot capture); replays run on
 the default stream, in order with eager prefill steps and the sampler. Captured kernels
@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from app.engine.backend.base import AttentionMetadata
-from app.engine.kernels.pdl import programmatic_launches
+from app.engine.kernels.runtime.pdl import programmatic_launches
 
 log = logging.getLogger(__name__)
 

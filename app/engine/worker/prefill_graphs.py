@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from app.engine.backend.base import AttentionMetadata
-from app.engine.graphs import capture_buckets
+from app.engine.worker.decode_graphs import capture_buckets
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-// Sampling on the GPU (gpu_sampler.py): the Gumbel-max draw, min_tokens bans, and the chosen ids
+// Sampling on the GPU (sample/gpu.py): the Gumbel-max draw, min_tokens bans, and the chosen ids
 // as int32 for the next step. Launched eagerly after each step, outside the decode graphs.
 #include "common.cuh"
 

@@ -16,7 +16,7 @@ def weight_cache_mode(config: EngineConfig, cfg: ModelConfig, checkpoint: Any) -
     """ "auto" becomes "off" unless the GPU has room to spare for float16 weight copies."""
     if config.weight_cache != "auto" or config.device == "cpu":
         return config.weight_cache
-    from app.engine import fit
+    from app.engine.core import fit
 
     weights = sum(t.nbytes for t in checkpoint.tensors.values())
     shape = fit.ModelShape(cfg.architecture, cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads,

@@ -1,4 +1,4 @@
-"""Chat templates: messages (and tools) -> prompt text, and tool calls parsed back out of replies.
+"""Chat templates: messages (and tools) -> prompt text (tool calls are parsed back in `tool_calls.py`).
 
 A checkpoint's own Jinja template (GGUF `tokenizer.chat_template`, or the Hugging Face folder's)
 runs in jinja2's immutable sandbox with the names Hugging Face templates expect (`messages`,
@@ -13,10 +13,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import re
-import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -26,12 +23,7 @@ import jinja2.ext
 from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-
-@dataclass
-class ToolCall:
-    id: str
-    name: str
-    arguments: str  # JSON text
+from app.engine.text.tool_calls import ToolCall, parse_tool_calls
 
 
 class _Sandbox(ImmutableSandboxedEnvironment):
@@ -220,58 +212,6 @@ def builtin_template(name: str, bos_token: str | None = None, eos_token: str | N
     return ChatTemplate(
         body, source=f"builtin:{name}", bos_token=bos_token, eos_token=eos_token, stop_strings=stops
     )
-
-
-# -- tool-call parsing ------------------------------------------------------------------------
-
-_TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.DOTALL)
-_FENCED = re.compile(r"```(?:json)?\s*\n?(.*?)\n?\s*```", re.DOTALL)
-
-
-def parse_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
-    """Recognises `<tool_call>{json}</tool_call>` (Hermes/Qwen), a bare JSON object or list
-    (Llama 3: `{"name": ..., "parameters": ...}`, optionally after `<|python_tag|>`), and
-    fenced ```json blocks holding name/arguments."""
-    for pattern in (_TAGGED, _FENCED):
-        calls, kept, position = [], [], 0
-        for match in pattern.finditer(text):
-            found = _calls_from_json(match.group(1))
-            if found:
-                calls += found
-                kept.append(text[position : match.start()])
-                position = match.end()
-        if calls:
-            return "".join([*kept, text[position:]]).strip(), calls
-    bare = text.strip().removeprefix("<|python_tag|>").strip()
-    if bare.startswith(("{", "[")):
-        found = _calls_from_json(bare)
-        if found:
-            return "", found
-    return text, []
-
-
-def _calls_from_json(body: str) -> list[ToolCall]:
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return []
-    items = data if isinstance(data, list) else [data]
-    calls = [_call_from_object(item) for item in items]
-    return [call for call in calls if call is not None] if all(calls) else []
-
-
-def _call_from_object(item: Any) -> ToolCall | None:
-    if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-        return None
-    arguments = item.get("arguments", item.get("parameters", {}))
-    if isinstance(arguments, str):  # already JSON text: keep it if it parses
-        try:
-            json.loads(arguments)
-        except ValueError:
-            return None
-    else:
-        arguments = json.dumps(arguments, ensure_ascii=False)
-    return ToolCall(id=f"call_{uuid.uuid4().hex[:24]}", name=item["name"], arguments=arguments)
 
 
 # -- helpers -----------------------------------------------------------------------------------

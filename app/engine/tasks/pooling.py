@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from app.engine.core.scheduler import ScheduledChunk
 from app.engine.request import Request
 from app.engine.sampling_params import SamplingParams
-from app.engine.scheduler import ScheduledChunk
 
 _ids = itertools.count()
 
@@ -92,7 +92,7 @@ class DecoderEmbedder:
 
 def decoder_reranker(engine: Any, run_on_engine: Callable[[Callable[[], Any]], Any] | None = None) -> Any:
     """A Qwen3-Reranker-style scorer over the loaded decoder: P("yes") against P("no")."""
-    from app.engine.rerank import YesNoReranker
+    from app.engine.tasks.rerank import YesNoReranker
 
     runner, run = PromptRunner(engine), run_on_engine or (lambda fn: fn())
     tokenizer = engine.tokenizer

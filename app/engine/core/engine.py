@@ -1,7 +1,7 @@
 """LLMEngine: add requests, step, abort. One step = schedule -> run -> sample -> postprocess.
 
 With async decode on, a decode step is launched before the previous step's ids are read back,
-and that step's host work runs while the GPU computes (engine/pipeline.py)."""
+and that step's host work runs while the GPU computes (worker/pipeline.py)."""
 
 from __future__ import annotations
 
@@ -14,21 +14,21 @@ from typing import Any
 
 from app.engine.backend import select_backend
 from app.engine.cache.manager import KVCacheManager
-from app.engine.chat import chat_template_for
-from app.engine.client import ContextOverflowError, EngineStats, ModelInfo
 from app.engine.config import DEFAULT_MODEL, EngineConfig
+from app.engine.core.memory_plan import num_kv_blocks, weight_cache_mode
+from app.engine.core.output_processor import OutputProcessor
+from app.engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from app.engine.interface import ContextOverflowError, EngineStats, ModelInfo
 from app.engine.loader.tokenizer import Tokenizer
 from app.engine.loader.weights import open_checkpoint
-from app.engine.memory_plan import num_kv_blocks, weight_cache_mode
 from app.engine.models.registry import build_model, model_config
-from app.engine.output_processor import OutputProcessor
-from app.engine.pipeline import DecodePipeline, async_decode_enabled
-from app.engine.prefill_graphs import capture_prefill_graphs
 from app.engine.request import Request, RequestOutput, TokenLogprob
-from app.engine.runner import ModelRunner
-from app.engine.sampler import Sampler, deferrable
+from app.engine.sample.sampler import Sampler, deferrable
 from app.engine.sampling_params import SamplingParams
-from app.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from app.engine.text.chat_template import chat_template_for
+from app.engine.worker.pipeline import DecodePipeline, async_decode_enabled
+from app.engine.worker.prefill_graphs import capture_prefill_graphs
+from app.engine.worker.runner import ModelRunner
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class LLMEngine:
         ]
         self.runner = ModelRunner(self.model, self.backend, kv_caches, self.block_size)
         if self.backend.name == "cuda" and config.cuda_graphs:
-            from app.engine.graphs import DecodeGraphs
+            from app.engine.worker.decode_graphs import DecodeGraphs
 
             self.runner.graphs = DecodeGraphs(
                 self.model, self.backend, kv_caches, self.block_size, self.max_model_len, config.max_num_seqs
@@ -112,7 +112,7 @@ class LLMEngine:
             self.kv,
         )
         if self.backend.name == "cuda":
-            from app.engine.gpu_sampler import GpuSampler
+            from app.engine.sample.gpu import GpuSampler
 
             self.sampler = GpuSampler(self.tokenizer.eos_token_ids, default_seed=config.seed)
         else:
