@@ -11,6 +11,8 @@ import os
 
 import numpy as np
 
+from app.engine.backend.base import AttentionMetadata
+from app.engine.backend.cpu import CpuBackend
 from app.engine.quant.dispatch import QuantizedTensor
 from app.engine.quant.types import QUANT_TYPES, QuantType
 
@@ -144,3 +146,32 @@ def gated_term_err(got: np.ndarray, w_gate: np.ndarray, w_up: np.ndarray, x: np.
         np.abs(x64) @ np.abs(wu).T
     )
     return float(np.linalg.norm(np.asarray(got, np.float64) - _act64(g, kind) * u) / np.linalg.norm(scale))
+
+
+BLOCK = 16
+
+
+def attention_case(rng, seqs, heads, q_scale=1.0):
+    """Paged float16-valued caches for `seqs` [(new tokens, context)] in shuffled blocks, q for the new
+    tokens and the metadata of that batch (host copies included): the attention tests' inputs."""
+    n_heads, n_kv, head_dim = heads
+    per_seq = [-(-ctx // BLOCK) for _, ctx in seqs]
+    order = rng.permutation(sum(per_seq) + 3)
+    tables = np.zeros((len(seqs), max(per_seq)), np.int32)
+    k_cache = np.zeros((len(order), BLOCK, n_kv, head_dim), np.float32)
+    v_cache = np.zeros_like(k_cache)
+    cpu, used = CpuBackend(), 0
+    for i, (_, ctx) in enumerate(seqs):
+        tables[i, : per_seq[i]] = order[used : used + per_seq[i]]
+        used += per_seq[i]
+        slots = tables[i, np.arange(ctx) // BLOCK] * BLOCK + np.arange(ctx) % BLOCK
+        k, v = (
+            rng.standard_normal((ctx, n_kv, head_dim)).astype(np.float16).astype(np.float32) for _ in range(2)
+        )
+        cpu.write_kv(k_cache, v_cache, k, v, slots)
+    qsl = np.concatenate([[0], np.cumsum([n for n, _ in seqs])]).astype(np.int32)
+    seq_lens = np.array([ctx for _, ctx in seqs], np.int32)
+    q = (rng.standard_normal((int(qsl[-1]), n_heads, head_dim)) * q_scale).astype(np.float32)
+    meta = AttentionMetadata(qsl, seq_lens, tables, np.zeros(len(q), np.int32), np.zeros(len(q), np.int32),
+                             max(n for n, _ in seqs), int(seq_lens.max()), BLOCK, qsl, seq_lens)  # fmt: skip
+    return q, k_cache, v_cache, meta

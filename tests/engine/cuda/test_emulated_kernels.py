@@ -12,11 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cuda_samples import dequantize_oracle, fresh_rng, random_tensor, rel_err
+from cuda_samples import BLOCK, attention_case, dequantize_oracle, fresh_rng, random_tensor, rel_err
 from emulator import build as _build
 from emulator import run as _run
 
-from app.engine.backend.base import AttentionMetadata
 from app.engine.backend.cpu import CpuBackend
 from app.engine.kernels.attention import GROUP_BUCKETS, NO_SPLIT
 from app.engine.kernels.gemv import VARIANTS
@@ -85,7 +84,9 @@ def test_dequant_emulated(kernels_emu: Path, tmp_path: Path, qtype: str, out: st
     np.testing.assert_allclose(got, ref, rtol=rtol, atol=1e-6, err_msg=f"seed={seed}")
 
 
-@pytest.mark.parametrize(("cols", "vec"), [(1000, False), (1000, True), (4096, True), (640, True), (16384, True)])
+@pytest.mark.parametrize(
+    ("cols", "vec"), [(1000, False), (1000, True), (4096, True), (640, True), (16384, True)]
+)
 def test_add_rms_norm_emulated(kernels_emu: Path, tmp_path: Path, cols: int, vec: bool) -> None:
     """The element-at-a-time kernel and the float4 one (as many threads as the wrapper gives it)."""
     from app.engine.kernels.norm import vec_threads
@@ -102,33 +103,6 @@ def test_add_rms_norm_emulated(kernels_emu: Path, tmp_path: Path, cols: int, vec
     np.testing.assert_array_equal(np.fromfile(tmp_path / "newres.bin", np.float32).reshape(3, cols), ref_res)
 
 
-BLOCK = 16
-
-
-def _attention_case(rng, seqs, heads, q_scale):
-    n_heads, n_kv, head_dim = heads
-    per_seq = [-(-ctx // BLOCK) for _, ctx in seqs]
-    order = rng.permutation(sum(per_seq) + 3)
-    tables = np.zeros((len(seqs), max(per_seq)), np.int32)
-    k_cache = np.zeros((len(order), BLOCK, n_kv, head_dim), np.float32)
-    v_cache = np.zeros_like(k_cache)
-    cpu, used = CpuBackend(), 0
-    for i, (_, ctx) in enumerate(seqs):
-        tables[i, : per_seq[i]] = order[used : used + per_seq[i]]
-        used += per_seq[i]
-        slots = tables[i, np.arange(ctx) // BLOCK] * BLOCK + np.arange(ctx) % BLOCK
-        k, v = (
-            rng.standard_normal((ctx, n_kv, head_dim)).astype(np.float16).astype(np.float32) for _ in range(2)
-        )
-        cpu.write_kv(k_cache, v_cache, k, v, slots)
-    qsl = np.concatenate([[0], np.cumsum([n for n, _ in seqs])]).astype(np.int32)
-    seq_lens = np.array([ctx for _, ctx in seqs], np.int32)
-    q = (rng.standard_normal((int(qsl[-1]), n_heads, head_dim)) * q_scale).astype(np.float32)
-    meta = AttentionMetadata(qsl, seq_lens, tables, np.zeros(len(q), np.int32), np.zeros(len(q), np.int32),
-                             max(n for n, _ in seqs), int(seq_lens.max()), BLOCK, qsl, seq_lens)  # fmt: skip
-    return q, k_cache, v_cache, meta
-
-
 @pytest.mark.parametrize(("seqs", "heads", "window", "cap", "splits", "q_scale"), [
     ([(1, 1), (1, 17), (1, 300)], (32, 8, 128), None, None, None, 1.0),
     ([(5, 5), (1, 40)], (4, 1, 256), None, None, None, 1.0),
@@ -142,7 +116,7 @@ def test_attention_emulated(
     attention_emu: Path, tmp_path: Path, seqs, heads, window, cap, splits, q_scale
 ) -> None:
     rng, seed = fresh_rng()
-    q, k_cache, v_cache, meta = _attention_case(rng, seqs, heads, q_scale)
+    q, k_cache, v_cache, meta = attention_case(rng, seqs, heads, q_scale)
     n_heads, n_kv, head_dim = heads
     scale = head_dim**-0.5
     ref = CpuBackend().attention(q, k_cache, v_cache, meta, scale, window, cap)

@@ -34,6 +34,7 @@ from app.engine.backend.cuda.weights import CudaFusedWeight, CudaWeight, upload_
 from app.engine.kernels import activation as _activation
 from app.engine.kernels import attention as _attention
 from app.engine.kernels import attention_decode as _attention_decode
+from app.engine.kernels import attention_prefill as _attention_prefill
 from app.engine.kernels import kv_cache as _kv_cache
 from app.engine.kernels import norm as _norm
 from app.engine.kernels import rope as _rope
@@ -115,6 +116,9 @@ class CudaBackend:
         self.dense_cache = DenseCache(dense_cache, free + int(cupy.get_default_memory_pool().free_bytes()))
         cublas()  # the handle and its workspace now: never first made inside a graph capture
         self._reported = False
+        # Prefill and mixed batches on the tensor-core kernel (attention_prefill.cu); False keeps
+        # the SIMT kernel (attention.cu) for comparison.
+        self.tensor_core_prefill = True
 
     # -- memory -------------------------------------------------------------------
     def from_host(self, array: np.ndarray, dtype: Any = None) -> Any:
@@ -250,8 +254,12 @@ class CudaBackend:
         n_tok = qkv.shape[0]
         rotary = 2 * int(rope.table.cos.shape[1])
         fused = _decode_batch(meta, n_tok) and _attention_decode.rope_pays(n_tok, rope.n_heads, rope.head_dim)
-        if not (fused and _attention_decode.rope_supported(rope.head_dim, rope.n_heads, rope.n_kv_heads, rotary)):
-            return rope_cache_then_attention(self, qkv, rope, k_cache, v_cache, meta, scale, sliding_window, softcap)
+        if not (
+            fused and _attention_decode.rope_supported(rope.head_dim, rope.n_heads, rope.n_kv_heads, rotary)
+        ):
+            return rope_cache_then_attention(
+                self, qkv, rope, k_cache, v_cache, meta, scale, sliding_window, softcap
+            )
         n_blocks = self._decode_blocks(meta, n_tok, rope.n_kv_heads, rope.head_dim)
         norms = [None if w is None else self._f32(w) for w in (rope.q_norm, rope.k_norm)]
         return _attention_decode.attention_decode_qkv(
@@ -309,8 +317,20 @@ class CudaBackend:
                 q, k_cache, v_cache, self._i32(meta.seq_lens), self._i32(meta.block_tables), scale,
                 sliding_window, softcap, n_blocks, self.xp.empty_like(q),
             )  # fmt: skip
+        if self.tensor_core_prefill and _attention_prefill.supports(head_dim, n_heads, n_kv):
+            n_seqs = int(meta.seq_lens.shape[0])
+            if num_splits is None:
+                num_splits = _attention_prefill.plan_splits(
+                    n_tok, n_seqs, n_heads, n_kv, int(meta.max_seq_len), self.sm_count, head_dim
+                )
+            return _attention_prefill.attention_prefill(
+                q, k_cache, v_cache, self._i32(meta.query_start_loc), self._i32(meta.seq_lens),
+                self._i32(meta.block_tables), scale, sliding_window, softcap, num_splits, self.xp.empty_like(q),
+            )  # fmt: skip
         if num_splits is None:
-            plan = _attention.plan_splits(n_tok, n_kv, int(meta.max_seq_len), self.sm_count, n_heads, head_dim)
+            plan = _attention.plan_splits(
+                n_tok, n_kv, int(meta.max_seq_len), self.sm_count, n_heads, head_dim
+            )
         else:
             split_len = -(-int(meta.max_seq_len) // num_splits)
             plan = _attention.SplitPlan(num_splits, max(1, split_len))

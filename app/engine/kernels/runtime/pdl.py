@@ -74,7 +74,8 @@ class LaunchError(RuntimeError):
 
 
 @functools.cache
-def _driver() -> ctypes.CDLL:
+def driver_library() -> ctypes.CDLL:
+    """The CUDA driver library (libcuda), for the calls CuPy does not wrap."""
     for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
         with contextlib.suppress(OSError):
             lib = ctypes.CDLL(name)
@@ -147,7 +148,7 @@ def launch_programmatic(
         (ctypes.c_uint * 3)(*grid3), (ctypes.c_uint * 3)(*block3), shared_mem,
         ctypes.c_void_p(cupy.cuda.get_current_stream().ptr), ctypes.pointer(attribute), 1,
     )  # fmt: skip
-    status = _driver().cuLaunchKernelEx(
+    status = driver_library().cuLaunchKernelEx(
         ctypes.byref(config), ctypes.c_void_p(function_ptr(kernel)), params, None
     )
     if status != 0:

@@ -36,6 +36,7 @@ struct BlockSync {
     std::unique_ptr<std::barrier<>> block;
     std::vector<std::unique_ptr<std::barrier<>>> warps;
     std::vector<std::array<unsigned long long, 32>> exchange;
+    std::vector<std::array<unsigned, 32 * 10>> fragments;  // mma / ldmatrix operands of each warp's lanes
 };
 
 inline BlockSync* g_sync = nullptr;
@@ -71,6 +72,7 @@ inline void launch(dim3 grid, dim3 block, F body) {
                 for (int w = 0; w * 32 < n; ++w) {
                     sync.warps.push_back(std::make_unique<std::barrier<>>(std::min(32, n - 32 * w)));
                     sync.exchange.emplace_back();
+                    sync.fragments.emplace_back();
                 }
                 g_sync = &sync;
                 std::vector<std::thread> threads;
@@ -98,3 +100,93 @@ template <class T>
 inline T __ldcg(const T* p) {
     return *p;
 }
+
+// -- the rest of a warp's vocabulary: shuffles by lane, votes ------------------------------------
+template <class T>
+inline T shfl_from_emulated(T v, int src_of_lane) {
+    auto& slots = g_sync->exchange[t_warp];
+    std::memcpy(&slots[t_lane], &v, sizeof(T));
+    __syncwarp();
+    T r;
+    std::memcpy(&r, &slots[src_of_lane], sizeof(T));
+    __syncwarp();
+    return r;
+}
+#define __shfl_sync(mask, v, src) shfl_from_emulated((v), (src))
+#define __shfl_up_sync(mask, v, delta) shfl_from_emulated((v), t_lane >= (delta) ? t_lane - (delta) : t_lane)
+inline unsigned __ballot_sync(unsigned, bool pred) {
+    unsigned bits = 0;
+    for (int i = 0; i < 32; ++i) bits |= (shfl_from_emulated((int)pred, i) ? 1u : 0u) << i;
+    return bits;
+}
+inline int __ffs(unsigned x) { return x ? __builtin_ctz(x) + 1 : 0; }
+
+// -- dynamic shared memory: one buffer, blocks run one after another --------------------------------
+inline std::vector<unsigned char> g_dynamic_shared;
+template <class T>
+inline T* emu_dynamic_shared() {
+    return reinterpret_cast<T*>(g_dynamic_shared.data());
+}
+
+// -- tensor cores (mma.cuh's operations, by their PTX fragment layouts) ------------------------------
+inline float emu_h(unsigned word, int hi) { return h2f((unsigned short)(hi ? word >> 16 : word & 0xffffu)); }
+
+// D += A @ B for m16n8k16: every lane publishes its fragments, then computes its own four outputs.
+inline void mma_16816(float* d, const unsigned* a, const unsigned* b) {
+    auto& f = g_sync->fragments[t_warp];
+    for (int i = 0; i < 4; ++i) f[t_lane * 10 + i] = a[i];
+    for (int i = 0; i < 2; ++i) f[t_lane * 10 + 4 + i] = b[i];
+    __syncwarp();
+    auto A = [&](int row, int col) {  // the lane and register that hold A[row][col]
+        const int lane = (row % 8) * 4 + (col % 8) / 2, reg = (row >= 8 ? 1 : 0) + (col >= 8 ? 2 : 0);
+        return emu_h(f[lane * 10 + reg], col & 1);
+    };
+    auto B = [&](int k, int n) {
+        const int lane = n * 4 + (k % 8) / 2, reg = k >= 8 ? 1 : 0;
+        return emu_h(f[lane * 10 + 4 + reg], k & 1);
+    };
+    const int g = t_lane / 4, t = t_lane % 4;
+    for (int e = 0; e < 4; ++e) {
+        const int row = g + (e >= 2 ? 8 : 0), col = 2 * t + (e & 1);
+        float acc = 0.f;
+        for (int k = 0; k < 16; ++k) acc += A(row, k) * B(k, col);
+        d[e] += acc;
+    }
+    __syncwarp();
+}
+
+// ldmatrix.x4: lane l gets, for each matrix i, row l/4, columns 2(l%4) and 2(l%4)+1.
+inline void ldsm_x4(unsigned* r, const unsigned short* row) {
+    auto& slots = g_sync->exchange[t_warp];
+    slots[t_lane] = (unsigned long long)row;
+    __syncwarp();
+    for (int i = 0; i < 4; ++i) {
+        const auto* src = (const unsigned short*)slots[8 * i + t_lane / 4];
+        r[i] = (unsigned)src[2 * (t_lane % 4)] | ((unsigned)src[2 * (t_lane % 4) + 1] << 16);
+    }
+    __syncwarp();
+}
+
+// ldmatrix.x4.trans: lane l gets, for each matrix i, rows 2(l%4) and 2(l%4)+1 of column l/4.
+inline void ldsm_x4_trans(unsigned* r, const unsigned short* row) {
+    auto& slots = g_sync->exchange[t_warp];
+    slots[t_lane] = (unsigned long long)row;
+    __syncwarp();
+    for (int i = 0; i < 4; ++i) {
+        const auto* r0 = (const unsigned short*)slots[8 * i + 2 * (t_lane % 4)];
+        const auto* r1 = (const unsigned short*)slots[8 * i + 2 * (t_lane % 4) + 1];
+        r[i] = (unsigned)r0[t_lane / 4] | ((unsigned)r1[t_lane / 4] << 16);
+    }
+    __syncwarp();
+}
+
+// cp.async as a plain copy: the data is there at once, so commits and waits have nothing to do.
+inline void cp_async16(void* dst, const void* src, bool valid) {
+    if (valid) std::memcpy(dst, src, 16);
+    else std::memset(dst, 0, 16);
+}
+inline void cp_async_commit() {}
+template <int N>
+inline void cp_async_wait() {}
+inline unsigned pack_h2_rn(float lo, float hi) { return (unsigned)f2h(lo) | ((unsigned)f2h(hi) << 16); }
+inline float fast_exp2(float x) { return std::exp2(x); }

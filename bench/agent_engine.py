@@ -1,0 +1,210 @@
+"""The coding-agent workload at engine level, on the GPU machine (issue 16's rows, no HTTP in between).
+
+python3 bench/agent_engine.py MODEL.gguf [--cases prefill8k,hit,c8,prefill32k,decode32k] [--simt]
+
+Cases (random token ids, so no unplanned prefix hits; TTFT = wall time from add_request to the
+step that returns the first token, the engine stepped back to back):
+- prefill8k:  an 8,000-token prompt alone, 3 times (each a fresh prompt).
+- hit:        an 8,000-token prefix prefilled once, then 3 requests of that prefix + 140 new tokens.
+- c8:         8 sessions of the shared 8,000-token prefix + 140 own tokens at once, 128 out each:
+              step time p50 while all 8 decode (ITL) and output tok/s over the whole run.
+- prefill32k: a 32,000-token prompt.
+- decode32k:  one session at 32k context: step time p50 over 64 decode steps.
+- interfere:  8 sessions decoding at 2k context while a 16k-token prompt prefills: their step-time
+              p99 against p50 without it.
+`--simt` runs prefill attention on the SIMT kernel (attention.cu) instead of the tensor-core one.
+Prints one JSON line per case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from app.engine.config import EngineConfig
+from app.engine.core.engine import LLMEngine
+from app.engine.sampling_params import SamplingParams
+from bench.gpu_engine import graph_replay_ms, op_times, profile
+
+VOCAB_SAFE = 30000  # ids below every shipped shape's vocabulary size
+
+
+def _sync() -> None:
+    import cupy
+
+    cupy.cuda.Device().synchronize()
+
+
+class Driver:
+    def __init__(self, engine: LLMEngine, seed: int = 0) -> None:
+        self.engine = engine
+        self.rng = np.random.default_rng(seed)
+        self.n = 0
+
+    def tokens(self, n: int) -> list[int]:
+        return self.rng.integers(100, VOCAB_SAFE, size=n).tolist()
+
+    def add(self, ids: list[int], max_tokens: int, session: str = "default") -> str:
+        self.n += 1
+        rid = f"r{self.n}"
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        self.engine.add_request(rid, ids, params, session)
+        return rid
+
+    def ttft(self, ids: list[int]) -> tuple[float, int]:
+        """Milliseconds to the first token of a lone request (then drained), and its cached tokens."""
+        _sync()
+        t0 = time.perf_counter()
+        rid = self.add(ids, 2)
+        first, cached = None, 0
+        while self.engine.has_unfinished():
+            for out in self.engine.step():
+                if out.request_id == rid and out.new_token_ids and first is None:
+                    first = time.perf_counter()
+                    cached = out.num_cached_tokens
+        return 1000 * (first - t0), cached
+
+    def steps(self, count: int) -> list[float]:
+        walls = []
+        for _ in range(count):
+            t0 = time.perf_counter()
+            self.engine.step()
+            walls.append(1000 * (time.perf_counter() - t0))
+        return walls
+
+    def drain(self) -> None:
+        while self.engine.has_unfinished():
+            self.engine.step()
+
+
+def case_prefill(d: Driver, n: int, reps: int) -> dict:
+    d.ttft(d.tokens(256))  # warm the kernels of this shape family
+    times = [d.ttft(d.tokens(n))[0] for _ in range(reps)]
+    return {"tokens": n, "ttft_ms": times, "ttft_p50_ms": statistics.median(times),
+            "prefill_tok_s": n / (statistics.median(times) / 1000)}  # fmt: skip
+
+
+def case_prefill_ops(d: Driver, n: int = 8000) -> dict:
+    """GPU ms per op kind of the first and the last chunk of an n-token prefill (the last one attends
+    to everything before it), each step run once with every op timed (gpu_engine.op_times)."""
+    d.add(d.tokens(n), 2)
+    first = op_times(d.engine.backend, d.engine.step, reps=1)
+    while not any(
+        r.num_computed_tokens + d.engine.config.max_num_batched_tokens >= n
+        for r in d.engine.scheduler.running
+    ):
+        d.engine.step()
+    last = op_times(d.engine.backend, d.engine.step, reps=1)
+    d.drain()
+    return {"tokens": n, "first_chunk_ms": first, "first_sum_ms": round(sum(first.values()), 2),
+            "last_chunk_ms": last, "last_sum_ms": round(sum(last.values()), 2)}  # fmt: skip
+
+
+def case_hit(d: Driver) -> dict:
+    prefix = d.tokens(8000)
+    d.ttft(prefix)
+    runs = [d.ttft(prefix + d.tokens(140)) for _ in range(3)]
+    return {"prefix": 8000, "new": 140, "ttft_ms": [r[0] for r in runs], "cached": [r[1] for r in runs],
+            "ttft_p50_ms": statistics.median(r[0] for r in runs)}  # fmt: skip
+
+
+def gpu_split(d: Driver, batch: int) -> dict:
+    """The decode graph's GPU time at this batch (replayed back to back) and GPU ms per op kind of
+    the same step run eagerly: what of a step is the GPU's and where it goes."""
+    graphs = d.engine.runner.graphs
+    if graphs is None:
+        return {}
+    replay = graph_replay_ms(graphs._graphs[graphs.bucket_for(batch)][0])
+    ops = profile(d.engine, batch, reps=3)
+    return {"graph_replay_ms": round(replay, 3), "ops_ms": ops}
+
+
+def case_c8(d: Driver, sessions: int = 8, out_tokens: int = 128) -> dict:
+    prefix = d.tokens(8000)
+    d.ttft(prefix)
+    _sync()
+    t0 = time.perf_counter()
+    for i in range(sessions):
+        d.add(prefix + d.tokens(140), out_tokens, session=f"s{i}")
+    walls, produced = [], 0
+    while d.engine.has_unfinished():
+        s0 = time.perf_counter()
+        outs = d.engine.step()
+        walls.append((1000 * (time.perf_counter() - s0), len(outs)))
+        produced += sum(len(o.new_token_ids) for o in outs)
+    total = time.perf_counter() - t0
+    split = gpu_split(d, sessions)  # the static inputs still hold the last step's 8 sequences
+    decode = [w for w, n in walls if n == sessions]
+    return {"sessions": sessions, "itl_p50_ms": statistics.median(decode), "steps": len(walls),
+            "output_tok_s": produced / total, "wall_s": total, **split}  # fmt: skip
+
+
+def case_decode_long(d: Driver, context: int) -> dict:
+    d.add(d.tokens(context), 80)
+    while not any(r.num_output_tokens > 2 for r in d.engine.scheduler.running):
+        d.engine.step()
+    walls = d.steps(64)
+    d.drain()
+    split = gpu_split(d, 1)
+    return {"context": context, "itl_p50_ms": statistics.median(walls), **split}
+
+
+def case_interfere(d: Driver, sessions: int = 8, prompt: int = 16000) -> dict:
+    for i in range(sessions):
+        d.add(d.tokens(2000), 400, session=f"s{i}")
+    while any(r.num_output_tokens == 0 for r in d.engine.scheduler.running) or d.engine.scheduler.num_waiting:
+        d.engine.step()
+    alone = d.steps(40)
+    long_id = d.add(d.tokens(prompt), 2, session="long")
+    during = []
+    while True:  # until the long prompt's first token: every step meanwhile carries the 8 decodes too
+        s0 = time.perf_counter()
+        outs = d.engine.step()
+        during.append(1000 * (time.perf_counter() - s0))
+        if any(o.request_id == long_id and o.new_token_ids for o in outs):
+            break
+    d.drain()
+    return {"decoders": sessions, "prompt": prompt, "itl_p50_alone_ms": statistics.median(alone),
+            "itl_p99_during_ms": float(np.percentile(during, 99)), "itl_max_during_ms": max(during),
+            "steps_during": len(during)}  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model")
+    ap.add_argument("--cases", default="prefill8k,hit,c8,prefill32k,decode32k,interfere")
+    ap.add_argument("--simt", action="store_true")
+    ap.add_argument("--max-batched-tokens", type=int, default=None)
+    args = ap.parse_args()
+    extra = {} if args.max_batched_tokens is None else {"max_num_batched_tokens": args.max_batched_tokens}
+    engine = LLMEngine(
+        EngineConfig(model=args.model, device="cuda", max_model_len=40000, max_num_seqs=16, **extra)
+    )
+    engine.backend.tensor_core_prefill = not args.simt
+    d = Driver(engine)
+    runs = {
+        "prefill8k": lambda: case_prefill(d, 8000, 3),
+        "prefill_ops": lambda: case_prefill_ops(d),
+        "hit": lambda: case_hit(d),
+        "c8": lambda: case_c8(d),
+        "prefill32k": lambda: case_prefill(d, 32000, 1),
+        "decode32k": lambda: case_decode_long(d, 32000),
+        "interfere": lambda: case_interfere(d),
+    }
+    kernel = "simt" if args.simt else "tensor_cores"
+    for name in args.cases.split(","):
+        result = runs[name]()
+        print(json.dumps({"case": name, "attention": kernel, "batched_tokens": engine.config.max_num_batched_tokens,
+                          **result}), flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+// Run attention_prefill.cu's kernels on the SIMT emulator.
+// argv: dir head_dim n_tok n_heads n_kv block_size n_seqs table_stride scale softcap window num_splits.
+// Reads dir/{q,k,v,qsl,seq_lens,tables}.bin, writes dir/out.bin.
+#include <cstdio>
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#define PADDOCK_ALL_VARIANTS
+#include "attention_prefill.cu"
+
+#include "host_io.h"
+
+typedef void (*PrefillFn)(const float*, const u16*, const u16*, const int*, const int*, const int*, int, int, int,
+                          int, int, float, float, int, float*, float*, float*);
+
+static PrefillFn pick(int d, size_t* smem) {
+#define PICK(D)                          \
+    if (d == D) {                        \
+        *smem = PF_SMEM_BYTES(D);        \
+        return attn_prefill_d##D;        \
+    }
+    PICK(64) PICK(128) PICK(256)
+    exit(4);
+}
+
+int main(int argc, char** argv) {
+    if (argc != 13) return 2;
+    const std::string dir = argv[1];
+    const int d = atoi(argv[2]), n_tok = atoi(argv[3]), n_heads = atoi(argv[4]), n_kv = atoi(argv[5]);
+    const int block_size = atoi(argv[6]), n_seqs = atoi(argv[7]), stride = atoi(argv[8]);
+    const float scale = (float)atof(argv[9]), softcap = (float)atof(argv[10]);
+    const int window = atoi(argv[11]), splits = atoi(argv[12]);
+    auto q = read_required<float>(dir + "/q.bin");
+    auto k = read_required<u16>(dir + "/k.bin");
+    auto v = read_required<u16>(dir + "/v.bin");
+    auto qsl = read_required<int>(dir + "/qsl.bin");
+    auto seq_lens = read_required<int>(dir + "/seq_lens.bin");
+    auto tables = read_required<int>(dir + "/tables.bin");
+    const size_t rows = (size_t)n_tok * n_heads;
+    std::vector<float> out(rows * d, NAN), part_o(rows * splits * d, NAN), part_ml(rows * splits * 2, NAN);
+    size_t smem = 0;
+    PrefillFn fn = pick(d, &smem);
+    g_dynamic_shared.assign(smem, 0xff);  // garbage, as on the device
+    const unsigned tiles = (unsigned)((n_tok * (n_heads / n_kv) + PF_BM - 1) / PF_BM + n_seqs);
+    launch({tiles, (unsigned)n_kv, (unsigned)splits}, {PF_WARPS * 32, 1, 1}, [&] {
+        fn(q.data(), k.data(), v.data(), qsl.data(), seq_lens.data(), tables.data(), stride, n_seqs, n_heads, n_kv,
+           block_size, scale, softcap, window, out.data(), part_o.data(), part_ml.data());
+    });
+    if (splits > 1)
+        launch({(unsigned)rows, 1, 1}, {(unsigned)d, 1, 1},
+               [&] { attn_prefill_merge(part_o.data(), part_ml.data(), splits, d, out.data()); });
+    write_file(dir + "/out.bin", out);
+    return 0;
+}
