@@ -14,7 +14,7 @@ mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$HOME/site" .whl/*.whl || exit 1
 # Compiled kernels cached outside $OUT (only 8 files come back from it), shared by every stage.
 export PYTHONPATH=$PWD:$HOME/site PYTHONUNBUFFERED=1 PADDOCK_KERNEL_CACHE=/tmp/paddock-kernels
-STAGES=${STAGES:-tests micro parity speed serve}  # also: sweep (bench/gemv_sweep.py --int), ab (see below), prefill  # SERVE_C1 / SERVE_C32: requests per server run
+STAGES=${STAGES:-tests micro parity speed serve}  # also: sweep (bench/micro/gemv_sweep.py --int), ab (see below), prefill  # SERVE_C1 / SERVE_C32: requests per server run
 MODELS=${MODELS:-qwen3-0.6b:q4_k_m qwen3-8b:q4_k_m}
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm --format=csv
 
@@ -25,16 +25,16 @@ if [[ $STAGES == *tests* ]]; then
   timeout 200 python3 -m pytest -q -m gpu tests/engine/cuda -x -rf -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -25
 fi
 if [[ $STAGES == *micro* ]] && left 180; then
-  timeout 100 python3 bench/gpu_check.py --out /tmp/check --no-tests --only "copy bandwidth,fused" 2>&1 \
+  timeout 100 python3 bench/suite/gpu_check.py --out /tmp/check --no-tests --only "copy bandwidth,fused" 2>&1 \
     | tee "$OUT/micro.log" | sed -n '/=== summary ===/,$p'
   cp /tmp/check/results.json "$OUT/micro.json" 2>/dev/null
 fi
 if [[ $STAGES == *sweep* ]] && left 150; then
-  timeout 200 python3 bench/gemv_sweep.py --int 2>&1 | tee "$OUT/sweep.log" | grep -o '"op": "[^"]*"\|"best": "[^"]*"\|"(.float.,)": [0-9.]*'
+  timeout 200 python3 bench/micro/gemv_sweep.py --int 2>&1 | tee "$OUT/sweep.log" | grep -o '"op": "[^"]*"\|"best": "[^"]*"\|"(.float.,)": [0-9.]*'
 fi
 python3 bench/make_random_gguf.py --shape tiny --out /tmp/tiny.gguf
 if [[ $STAGES == *parity* ]] && left 150; then
-  timeout 120 python3 bench/gpu_engine.py parity /tmp/tiny.gguf 2>&1 | tee "$OUT/parity.log" | tail -3
+  timeout 120 python3 bench/suite/gpu_engine.py parity /tmp/tiny.gguf 2>&1 | tee "$OUT/parity.log" | tail -3
 fi
 gguf_of() { echo "/tmp/${1%%:*}-${1##*:}.gguf"; }  # shape:mix -> its file
 for model in $MODELS; do
@@ -43,7 +43,7 @@ done
 if [[ $STAGES == *speed* ]]; then
   for model in $MODELS; do  # one process per model, both batch sizes in it
     left 90 || break
-    timeout 120 python3 bench/gpu_engine.py speed "$(gguf_of "$model")" --batch 1 32 2>&1 | tee -a "$OUT/speed.log" | grep '^{'
+    timeout 120 python3 bench/suite/gpu_engine.py speed "$(gguf_of "$model")" --batch 1 32 2>&1 | tee -a "$OUT/speed.log" | grep '^{'
   done
 fi
 if [[ $STAGES == *ab* ]]; then  # AB="PADDOCK_PDL=0 PADDOCK_PDL=1": quick engine speed under each setting (A=1+B=2: both)
@@ -51,7 +51,7 @@ if [[ $STAGES == *ab* ]]; then  # AB="PADDOCK_PDL=0 PADDOCK_PDL=1": quick engine
     for setting in ${AB:-PADDOCK_PDL=0 PADDOCK_PDL=1}; do
       left 60 || break
       echo "== $model $setting" | tee -a "$OUT/ab.log"  # bench/ab_table.py reads these headers
-      env ${setting//+/ } SPEED_QUICK=1 timeout 100 python3 bench/gpu_engine.py speed "$(gguf_of "$model")" --batch ${AB_BATCH:-1 32} 2>&1 \
+      env ${setting//+/ } SPEED_QUICK=1 timeout 100 python3 bench/suite/gpu_engine.py speed "$(gguf_of "$model")" --batch ${AB_BATCH:-1 32} 2>&1 \
         | tee -a "$OUT/ab.log" | grep '^{' | sed "s/^{/{\"setting\": \"$setting\", /"
     done
   done
@@ -60,7 +60,7 @@ fi
 if [[ $STAGES == *prefill* ]]; then  # prefill graph replay per prompt bucket, ops of a 160-token prefill
   for model in $MODELS; do
     left 60 || break
-    timeout 120 python3 bench/gpu_engine.py prefill "$(gguf_of "$model")" 2>&1 | tee -a "$OUT/prefill.log" | grep '^{'
+    timeout 120 python3 bench/suite/gpu_engine.py prefill "$(gguf_of "$model")" 2>&1 | tee -a "$OUT/prefill.log" | grep '^{'
   done
 fi
 if [[ $STAGES == *serve* ]]; then
