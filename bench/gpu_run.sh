@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: the GPU test suite, fused-kernel micro-benchmarks, engine
-# parity, engine-level decode speed, and the server benchmark (paddock bench: streaming
-# chat, ISL 128, OSL 128, ignore_eos) at concurrency 1 and 32 on random-weight checkpoints:
-# MODELS lists shape:mix pairs (bench/make_random_gguf.py), by default the Qwen3-0.6B- and
-# Qwen3-8B-shaped Q4_K_M ones; e.g. MODELS="llama3-8b:q4_k_m qwen3-8b:q8_0 llama3-8b:q8_0".
-# Needs the wheels of ../shared/device/fetch-wheels.sh gguf fastapi uvicorn pydantic python-multipart
-# carried as .whl. Logs go to $OUT (or /tmp/gpu-run). Every stage has its own timeout and a
-# stage is skipped once the whole run nears BUDGET seconds, so the call ends inside its limit.
+# parity, engine-level decode speed, and the server workloads of bench/suite/serve_workloads.sh
+# (serve: ISL 128 / OSL 128 at concurrency 1 and 32; agent: 8,000-token prompts, a shared prefix,
+# a multi-turn replay) on random-weight checkpoints: MODELS lists shape:mix pairs
+# (bench/make_random_gguf.py), by default the Qwen3-0.6B- and Qwen3-8B-shaped Q4_K_M ones, e.g.
+# MODELS="llama3-8b:q4_k_m qwen3-8b:q8_0 llama3-8b:q8_0"; AGENT_MODELS the agent stage's.
+# The machine lacks the server's wheels and gguf: run bench/fetch_wheels.sh here first, then call
+# the device tool with carry [".whl"] and `STAGES="..." bash bench/gpu_run.sh`. Logs go to $OUT
+# (or /tmp/gpu-run). Every stage has its own timeout and a stage is skipped once the whole run
+# nears BUDGET seconds, so the call ends inside its limit.
 set -u
 OUT=${OUT:-/tmp/gpu-run}
 BUDGET=${BUDGET:-540}
 mkdir -p "$OUT"
+compgen -G ".whl/*.whl" > /dev/null || { echo "no wheels in .whl/: run bench/fetch_wheels.sh and carry .whl" >&2; exit 1; }
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$HOME/site" .whl/*.whl || exit 1
 # Compiled kernels cached outside $OUT (only 8 files come back from it), shared by every stage.
 export PYTHONPATH=$PWD:$HOME/site PYTHONUNBUFFERED=1 PADDOCK_KERNEL_CACHE=/tmp/paddock-kernels
-STAGES=${STAGES:-tests micro parity speed serve}  # also: sweep (bench/micro/gemv_sweep.py --int), ab (see below), prefill  # SERVE_C1 / SERVE_C32: requests per server run
-MODELS=${MODELS:-qwen3-0.6b:q4_k_m qwen3-8b:q4_k_m}
+STAGES=${STAGES:-tests micro parity speed serve}  # also: agent, sweep (bench/micro/gemv_sweep.py --int), ab (see below), prefill
+MODELS=${MODELS:-qwen3-0.6b:q4_k_m qwen3-8b:q4_k_m}  # SERVE_C1 / SERVE_C32: requests of the serve runs
+AGENT_MODELS=${AGENT_MODELS:-qwen3-8b:q4_k_m}
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm --format=csv
 
 # left SECONDS: true while at least $1 seconds of the budget remain
@@ -37,7 +41,8 @@ if [[ $STAGES == *parity* ]] && left 150; then
   timeout 120 python3 bench/suite/gpu_engine.py parity /tmp/tiny.gguf 2>&1 | tee "$OUT/parity.log" | tail -3
 fi
 gguf_of() { echo "/tmp/${1%%:*}-${1##*:}.gguf"; }  # shape:mix -> its file
-for model in $MODELS; do
+[[ $STAGES == *agent* ]] && MADE="$MODELS $AGENT_MODELS" || MADE=$MODELS
+for model in $MADE; do
   [[ -f $(gguf_of "$model") ]] || python3 bench/make_random_gguf.py --shape "${model%%:*}" --mix "${model##*:}" --out "$(gguf_of "$model")"
 done
 if [[ $STAGES == *speed* ]]; then
@@ -63,19 +68,28 @@ if [[ $STAGES == *prefill* ]]; then  # prefill graph replay per prompt bucket, o
     timeout 120 python3 bench/suite/gpu_engine.py prefill "$(gguf_of "$model")" 2>&1 | tee -a "$OUT/prefill.log" | grep '^{'
   done
 fi
+# serve MODEL MAX_CTX: `paddock serve` on port 11660 in the background, log under $OUT; its pid in $server
+serve() {
+  python3 -m app.cli serve --model "$(gguf_of "$1")" --device cuda --max-ctx "$2" --max-batch 32 --port 11660 \
+    --no-mcp --no-embeddings --log-level warning > "$OUT/serve-${1/:/-}.log" 2>&1 &
+  server=$!
+  for _ in $(seq 1 90); do curl -sf localhost:11660/health > /dev/null && break; sleep 1; done
+}
 if [[ $STAGES == *serve* ]]; then
   for model in $MODELS; do
     left 75 || break
-    python3 -m app.cli serve --model "$(gguf_of "$model")" --device cuda --max-ctx 4096 --max-batch 32 --port 11660 \
-      --no-mcp --no-embeddings --log-level warning > "$OUT/serve-${model/:/-}.log" 2>&1 &
-    pid=$!
-    for _ in $(seq 1 90); do curl -sf localhost:11660/health > /dev/null && break; sleep 1; done
-    for c in 1 32; do
-      n=$(( c == 1 ? ${SERVE_C1:-12} : ${SERVE_C32:-96} ))
-      timeout 90 python3 -m app.cli bench --concurrency $c --requests $n --input-tokens 128 --output-tokens 128 --json \
-        | tee -a "$OUT/bench.jsonl"
-    done
-    kill $pid; wait $pid 2>/dev/null
+    serve "$model" 4096
+    timeout 180 bash bench/suite/serve_workloads.sh short | tee -a "$OUT/bench.jsonl"
+    kill $server; wait $server 2>/dev/null
   done
+fi
+if [[ $STAGES == *agent* ]]; then
+  for model in $AGENT_MODELS; do
+    left 150 || break
+    serve "$model" 16384
+    timeout 300 bash bench/suite/serve_workloads.sh agent | tee -a "$OUT/agent.jsonl"
+    kill $server; wait $server 2>/dev/null
+  done
+  python3 bench/suite/bench_table.py "$OUT/agent.jsonl"
 fi
 echo "run took $SECONDS s"
