@@ -79,8 +79,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _percentile(values: list[float], q: float) -> float:
+    """Nearest rank: the smallest value with at least q of the values at or below it."""
     ordered = sorted(values)
-    return ordered[int(q * (len(ordered) - 1))]
+    return ordered[max(math.ceil(q * len(ordered)) - 1, 0)]
 
 
 async def measure(args: argparse.Namespace, client) -> tuple[dict, list]:

@@ -16,7 +16,8 @@ from app.engine.core.async_engine import AsyncEngine
 from app.engine.server.launch import ServerHandle
 from app.engine.server.settings import ServerSettings
 
-pytestmark = pytest.mark.slow  # the embedded model on the CPU: ~45 s on a busy 2-core machine
+# The embedded model on the CPU: ~45 s for the agent run on a busy 2-core machine.
+slow = pytest.mark.slow
 
 PREFIX, TURNS, CONCURRENCY, NEW = 64, 2, 2, 12
 
@@ -56,6 +57,7 @@ def agent_run(embedded_engine):
     return summary, results, bodies, tokens.json()["count"]
 
 
+@slow
 def test_every_request_starts_with_the_same_prefix_of_the_asked_length(agent_run) -> None:
     _, _, bodies, prefix_tokens = agent_run
     assert len(bodies) == CONCURRENCY + CONCURRENCY * TURNS  # warm-up turns, then the timed sessions
@@ -64,6 +66,7 @@ def test_every_request_starts_with_the_same_prefix_of_the_asked_length(agent_run
     assert abs(prefix_tokens - PREFIX) <= 2
 
 
+@slow
 def test_each_turn_resends_the_previous_turn_and_its_answer(agent_run) -> None:
     _, results, bodies, _ = agent_run
     first_turns = [b["messages"] for b in bodies if len(b["messages"]) == 2]
@@ -78,6 +81,7 @@ def test_each_turn_resends_the_previous_turn_and_its_answer(agent_run) -> None:
     assert len(set(own_texts)) == len(own_texts)  # no request repeats another's own text
 
 
+@slow
 def test_report_has_every_field_and_cached_tokens_from_the_prefix_cache(agent_run) -> None:
     summary, results, _, _ = agent_run
     for key in ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "output_throughput_tok_s", "cached_tokens_mean"):
@@ -109,3 +113,18 @@ def test_cached_tokens_are_none_when_the_server_does_not_report_them() -> None:
     assert summary["cached_tokens_mean"] is None
     assert [row["cached_tokens_mean"] for row in summary["per_turn"]] == [None, None]
     assert summary["output_throughput_tok_s"] == 8.0
+
+
+def test_tail_latencies_are_nearest_rank_and_never_below_the_median() -> None:
+    args = build_parser().parse_args(["bench"])
+    results = [
+        TurnResult(session=i, turn=1, ttft=(i + 1) / 10, itl=0.01 * (i + 1), latency=2.0, output_tokens=4,
+                   prompt_tokens=9, cached_tokens=0, answer="x")
+        for i in range(10)
+    ]  # fmt: skip
+    summary = bench.summarize(args, results, wall=1.0)
+    assert summary["ttft_p50_ms"] == pytest.approx(550)
+    assert (summary["ttft_p90_ms"], summary["ttft_p99_ms"]) == (pytest.approx(900), pytest.approx(1000))
+    two = bench.summarize(args, results[:2], wall=1.0)
+    assert two["ttft_p90_ms"] == two["ttft_p99_ms"] == pytest.approx(200)  # the slower of two, not the faster
+    assert two["ttft_p50_ms"] == pytest.approx(150)
