@@ -68,28 +68,27 @@ if [[ $STAGES == *prefill* ]]; then  # prefill graph replay per prompt bucket, o
     timeout 120 python3 bench/suite/gpu_engine.py prefill "$(gguf_of "$model")" 2>&1 | tee -a "$OUT/prefill.log" | grep '^{'
   done
 fi
-# serve MODEL MAX_CTX: `paddock serve` on port 11660 in the background, log under $OUT; its pid in $server
-serve() {
-  python3 -m app.cli serve --model "$(gguf_of "$1")" --device cuda --max-ctx "$2" --max-batch 32 --port 11660 \
-    --no-mcp --no-embeddings --log-level warning > "$OUT/serve-${1/:/-}.log" 2>&1 &
-  server=$!
-  for _ in $(seq 1 90); do curl -sf localhost:11660/health > /dev/null && break; sleep 1; done
+# serve_workloads WORKLOAD MAX_CTX LOG MODEL...: per model, `paddock serve` on port 11660 (its log under $OUT),
+# then suite/serve_workloads.sh WORKLOAD, its JSON lines appended to $OUT/LOG
+serve_workloads() {
+  local workload=$1 max_ctx=$2 log=$3 model server need=75 limit=180
+  [[ $workload == agent ]] && need=150 limit=300  # four runs with 8,000-token prompts
+  shift 3
+  for model in "$@"; do
+    left $need || break
+    python3 -m app.cli serve --model "$(gguf_of "$model")" --device cuda --max-ctx "$max_ctx" --max-batch 32 \
+      --port 11660 --no-mcp --no-embeddings --log-level warning > "$OUT/serve-${model/:/-}.log" 2>&1 &
+    server=$!
+    for _ in $(seq 1 90); do curl -sf localhost:11660/health > /dev/null && break; sleep 1; done
+    timeout $limit bash bench/suite/serve_workloads.sh "$workload" | tee -a "$OUT/$log"
+    kill $server; wait $server 2>/dev/null
+  done
 }
 if [[ $STAGES == *serve* ]]; then
-  for model in $MODELS; do
-    left 75 || break
-    serve "$model" 4096
-    timeout 180 bash bench/suite/serve_workloads.sh short | tee -a "$OUT/bench.jsonl"
-    kill $server; wait $server 2>/dev/null
-  done
+  serve_workloads short 4096 bench.jsonl $MODELS
 fi
 if [[ $STAGES == *agent* ]]; then
-  for model in $AGENT_MODELS; do
-    left 150 || break
-    serve "$model" 16384
-    timeout 300 bash bench/suite/serve_workloads.sh agent | tee -a "$OUT/agent.jsonl"
-    kill $server; wait $server 2>/dev/null
-  done
+  serve_workloads agent 16384 agent.jsonl $AGENT_MODELS
   python3 bench/suite/bench_table.py "$OUT/agent.jsonl"
 fi
 echo "run took $SECONDS s"
