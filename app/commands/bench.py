@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--requests",
         type=_count(1),
         default=None,
-        help="timed requests in all (default: 8 x concurrency; with --turns: concurrency x turns)",
+        help="timed requests in all, rounded up to whole sessions of --turns (default: 8 x concurrency; with --turns: concurrency x turns)",
     )
     parser.add_argument(
         "--input-tokens",
