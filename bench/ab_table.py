@@ -2,7 +2,7 @@
 
     python3 bench/ab_table.py AB_LOG [AB_LOG ...]
 
-An ab.log holds, per run, a header `== MODEL SETTING` and then `bench/gpu_engine.py speed`'s JSON
+An ab.log holds, per run, a header `== MODEL SETTING` and then `bench/suite/gpu_engine.py speed`'s JSON
 lines (the copy bandwidth, then one line per batch size). A setting run twice in a call shows
 both figures, in order, so the spread within a loan is visible beside the difference.
 """

@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: the GPU test suite, fused-kernel micro-benchmarks, engine
-# parity, engine-level decode speed, and the server benchmark (paddock bench: streaming
-# chat, ISL 128, OSL 128, ignore_eos) at concurrency 1 and 32 on random-weight checkpoints:
-# MODELS lists shape:mix pairs (bench/make_random_gguf.py), by default the Qwen3-0.6B- and
-# Qwen3-8B-shaped Q4_K_M ones; e.g. MODELS="llama3-8b:q4_k_m qwen3-8b:q8_0 llama3-8b:q8_0".
-# Needs the wheels of ../shared/device/fetch-wheels.sh gguf fastapi uvicorn pydantic python-multipart
-# carried as .whl. Logs go to $OUT (or /tmp/gpu-run). Every stage has its own timeout and a
-# stage is skipped once the whole run nears BUDGET seconds, so the call ends inside its limit.
+# parity, engine-level decode speed, and the server workloads of bench/suite/serve_workloads.sh
+# (serve: ISL 128 / OSL 128 at concurrency 1 and 32; agent: 8,000-token prompts, a shared prefix,
+# a multi-turn replay) on random-weight checkpoints: MODELS lists shape:mix pairs
+# (bench/make_random_gguf.py), by default the Qwen3-0.6B- and Qwen3-8B-shaped Q4_K_M ones, e.g.
+# MODELS="llama3-8b:q4_k_m qwen3-8b:q8_0 llama3-8b:q8_0"; AGENT_MODELS the agent stage's.
+# The machine lacks the server's wheels and gguf: run bench/fetch_wheels.sh here first, then call
+# the device tool with carry [".whl"] and `STAGES="..." bash bench/gpu_run.sh`. Logs go to $OUT
+# (or /tmp/gpu-run). Every stage has its own timeout and a stage is skipped once the whole run
+# nears BUDGET seconds, so the call ends inside its limit.
 set -u
 OUT=${OUT:-/tmp/gpu-run}
 BUDGET=${BUDGET:-540}
 mkdir -p "$OUT"
+compgen -G ".whl/*.whl" > /dev/null || { echo "no wheels in .whl/: run bench/fetch_wheels.sh and carry .whl" >&2; exit 1; }
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$HOME/site" .whl/*.whl || exit 1
 # Compiled kernels cached outside $OUT (only 8 files come back from it), shared by every stage.
 export PYTHONPATH=$PWD:$HOME/site PYTHONUNBUFFERED=1 PADDOCK_KERNEL_CACHE=/tmp/paddock-kernels
-STAGES=${STAGES:-tests micro parity speed serve}  # also: sweep (bench/gemv_sweep.py --int), ab (see below), prefill  # SERVE_C1 / SERVE_C32: requests per server run
-MODELS=${MODELS:-qwen3-0.6b:q4_k_m qwen3-8b:q4_k_m}
+STAGES=${STAGES:-tests micro parity speed serve}  # also: agent, sweep (bench/micro/gemv_sweep.py --int), ab (see below), prefill
+MODELS=${MODELS:-qwen3-0.6b:q4_k_m qwen3-8b:q4_k_m}  # SERVE_C1 / SERVE_C32: requests of the serve runs
+AGENT_MODELS=${AGENT_MODELS:-qwen3-8b:q4_k_m}
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm --format=csv
 
 # left SECONDS: true while at least $1 seconds of the budget remain
@@ -25,25 +29,26 @@ if [[ $STAGES == *tests* ]]; then
   timeout 200 python3 -m pytest -q -m gpu tests/engine/cuda -x -rf -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -25
 fi
 if [[ $STAGES == *micro* ]] && left 180; then
-  timeout 100 python3 bench/gpu_check.py --out /tmp/check --no-tests --only "copy bandwidth,fused" 2>&1 \
+  timeout 100 python3 bench/suite/gpu_check.py --out /tmp/check --no-tests --only "copy bandwidth,fused" 2>&1 \
     | tee "$OUT/micro.log" | sed -n '/=== summary ===/,$p'
   cp /tmp/check/results.json "$OUT/micro.json" 2>/dev/null
 fi
 if [[ $STAGES == *sweep* ]] && left 150; then
-  timeout 200 python3 bench/gemv_sweep.py --int 2>&1 | tee "$OUT/sweep.log" | grep -o '"op": "[^"]*"\|"best": "[^"]*"\|"(.float.,)": [0-9.]*'
+  timeout 200 python3 bench/micro/gemv_sweep.py --int 2>&1 | tee "$OUT/sweep.log" | grep -o '"op": "[^"]*"\|"best": "[^"]*"\|"(.float.,)": [0-9.]*'
 fi
 python3 bench/make_random_gguf.py --shape tiny --out /tmp/tiny.gguf
 if [[ $STAGES == *parity* ]] && left 150; then
-  timeout 120 python3 bench/gpu_engine.py parity /tmp/tiny.gguf 2>&1 | tee "$OUT/parity.log" | tail -3
+  timeout 120 python3 bench/suite/gpu_engine.py parity /tmp/tiny.gguf 2>&1 | tee "$OUT/parity.log" | tail -3
 fi
 gguf_of() { echo "/tmp/${1%%:*}-${1##*:}.gguf"; }  # shape:mix -> its file
-for model in $MODELS; do
+[[ $STAGES == *agent* ]] && MADE="$MODELS $AGENT_MODELS" || MADE=$MODELS
+for model in $MADE; do
   [[ -f $(gguf_of "$model") ]] || python3 bench/make_random_gguf.py --shape "${model%%:*}" --mix "${model##*:}" --out "$(gguf_of "$model")"
 done
 if [[ $STAGES == *speed* ]]; then
   for model in $MODELS; do  # one process per model, both batch sizes in it
     left 90 || break
-    timeout 120 python3 bench/gpu_engine.py speed "$(gguf_of "$model")" --batch 1 32 2>&1 | tee -a "$OUT/speed.log" | grep '^{'
+    timeout 120 python3 bench/suite/gpu_engine.py speed "$(gguf_of "$model")" --batch 1 32 2>&1 | tee -a "$OUT/speed.log" | grep '^{'
   done
 fi
 if [[ $STAGES == *ab* ]]; then  # AB="PADDOCK_PDL=0 PADDOCK_PDL=1": quick engine speed under each setting (A=1+B=2: both)
@@ -51,7 +56,7 @@ if [[ $STAGES == *ab* ]]; then  # AB="PADDOCK_PDL=0 PADDOCK_PDL=1": quick engine
     for setting in ${AB:-PADDOCK_PDL=0 PADDOCK_PDL=1}; do
       left 60 || break
       echo "== $model $setting" | tee -a "$OUT/ab.log"  # bench/ab_table.py reads these headers
-      env ${setting//+/ } SPEED_QUICK=1 timeout 100 python3 bench/gpu_engine.py speed "$(gguf_of "$model")" --batch ${AB_BATCH:-1 32} 2>&1 \
+      env ${setting//+/ } SPEED_QUICK=1 timeout 100 python3 bench/suite/gpu_engine.py speed "$(gguf_of "$model")" --batch ${AB_BATCH:-1 32} 2>&1 \
         | tee -a "$OUT/ab.log" | grep '^{' | sed "s/^{/{\"setting\": \"$setting\", /"
     done
   done
@@ -60,22 +65,30 @@ fi
 if [[ $STAGES == *prefill* ]]; then  # prefill graph replay per prompt bucket, ops of a 160-token prefill
   for model in $MODELS; do
     left 60 || break
-    timeout 120 python3 bench/gpu_engine.py prefill "$(gguf_of "$model")" 2>&1 | tee -a "$OUT/prefill.log" | grep '^{'
+    timeout 120 python3 bench/suite/gpu_engine.py prefill "$(gguf_of "$model")" 2>&1 | tee -a "$OUT/prefill.log" | grep '^{'
   done
 fi
-if [[ $STAGES == *serve* ]]; then
-  for model in $MODELS; do
-    left 75 || break
-    python3 -m app.cli serve --model "$(gguf_of "$model")" --device cuda --max-ctx 4096 --max-batch 32 --port 11660 \
-      --no-mcp --no-embeddings --log-level warning > "$OUT/serve-${model/:/-}.log" 2>&1 &
-    pid=$!
+# serve_workloads WORKLOAD MAX_CTX LOG MODEL...: per model, `paddock serve` on port 11660 (its log under $OUT),
+# then suite/serve_workloads.sh WORKLOAD, its JSON lines appended to $OUT/LOG
+serve_workloads() {
+  local workload=$1 max_ctx=$2 log=$3 model server need=75 limit=180
+  [[ $workload == agent ]] && need=150 limit=300  # four runs with 8,000-token prompts
+  shift 3
+  for model in "$@"; do
+    left $need || break
+    python3 -m app.cli serve --model "$(gguf_of "$model")" --device cuda --max-ctx "$max_ctx" --max-batch 32 \
+      --port 11660 --no-mcp --no-embeddings --log-level warning > "$OUT/serve-${model/:/-}.log" 2>&1 &
+    server=$!
     for _ in $(seq 1 90); do curl -sf localhost:11660/health > /dev/null && break; sleep 1; done
-    for c in 1 32; do
-      n=$(( c == 1 ? ${SERVE_C1:-12} : ${SERVE_C32:-96} ))
-      timeout 90 python3 -m app.cli bench --concurrency $c --requests $n --input-tokens 128 --output-tokens 128 --json \
-        | tee -a "$OUT/bench.jsonl"
-    done
-    kill $pid; wait $pid 2>/dev/null
+    timeout $limit bash bench/suite/serve_workloads.sh "$workload" | tee -a "$OUT/$log"
+    kill $server; wait $server 2>/dev/null
   done
+}
+if [[ $STAGES == *serve* ]]; then
+  serve_workloads short 4096 bench.jsonl $MODELS
+fi
+if [[ $STAGES == *agent* ]]; then
+  serve_workloads agent 16384 agent.jsonl $AGENT_MODELS
+  python3 bench/suite/bench_table.py "$OUT/agent.jsonl"
 fi
 echo "run took $SECONDS s"

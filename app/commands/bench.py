@@ -3,8 +3,13 @@
 The seed's aiperf workload: synthetic prompts of exactly `--input-tokens` tokens (counted
 by the server's own tokenizer through /tokenize), `--output-tokens` generated per request
 (ignore_eos and min_tokens, so every request produces exactly that many), streamed, at a
-fixed concurrency. Reports output-token throughput, TTFT and inter-token latency (p50 and
-p90), as aiperf defines them: ITL = (request latency - TTFT) / (output tokens - 1).
+fixed concurrency. Reports output-token throughput, TTFT and inter-token latency, as aiperf
+defines them: ITL = (request latency - TTFT) / (output tokens - 1).
+
+The agent workload adds `--prefix-tokens N` (one shared system prompt of N tokens before every
+request's own text, as IDE agents send) and `--turns K` (each session re-sends its whole
+conversation plus `--input-tokens` new tokens per turn, like a tool result), and reports the
+prompt tokens the server served from its prefix cache per turn (`usage.prompt_tokens_details`).
 """
 
 from __future__ import annotations
@@ -12,113 +17,135 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import random
 import statistics
 import sys
 import time
 
 HELP = "benchmark a running server with the aiperf-style streaming chat workload"
+PROMPT_POOL = 64  # distinct prompts per run at most; later requests reuse them in order
 
-WORDS = [
-    "river",
-    "mountain",
-    "quiet",
-    "engine",
-    "paper",
-    "window",
-    "orange",
-    "simple",
-    "market",
-    "travel",
-    "garden",
-    "silver",
-    "thunder",
-    "planet",
-    "history",
-    "music",
-    "winter",
-    "coffee",
-    "bridge",
-    "forest",
-    "ocean",
-    "letter",
-    "yellow",
-    "friend",
-    "morning",
-    "doctor",
-    "island",
-    "number",
-    "summer",
-    "dinner",
-    "castle",
-    "pocket",
-    "rocket",
-    "signal",
-    "finger",
-    "valley",
-    "shadow",
-    "candle",
-]
+
+def _count(minimum: int):
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return parse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default="http://127.0.0.1:11660", help="the server's base URL")
     parser.add_argument("--model", default=None, help="model id (default: the server's first)")
-    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--concurrency", type=_count(1), default=1, help="requests (sessions) in flight")
     parser.add_argument(
-        "--requests", type=int, default=None, help="requests in all (default: 8 x concurrency)"
+        "--requests",
+        type=_count(1),
+        default=None,
+        help="timed requests in all, rounded up to whole sessions of --turns (default: 8 x concurrency; with --turns: concurrency x turns)",
     )
-    parser.add_argument("--input-tokens", type=int, default=128)
-    parser.add_argument("--output-tokens", type=int, default=128)
     parser.add_argument(
-        "--warmup", type=int, default=None, help="requests before timing (default: concurrency)"
+        "--input-tokens",
+        "--isl",
+        type=_count(1),
+        default=128,
+        help="new prompt tokens per request (per turn)",
+    )
+    parser.add_argument("--output-tokens", "--osl", type=_count(1), default=128)
+    parser.add_argument(
+        "--prefix-tokens",
+        type=_count(0),
+        default=0,
+        help="a shared system prompt of N tokens before every request",
+    )
+    parser.add_argument(
+        "--turns",
+        type=_count(1),
+        default=1,
+        help="turns per session, each re-sending the conversation so far",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=_count(0),
+        default=None,
+        help="one-turn requests before timing (default: concurrency)",
     )
     parser.add_argument("--api-key", default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
-async def _prompt(client, args, rng: random.Random) -> str:
-    """Random words trimmed to exactly `input_tokens` tokens of the server's tokenizer."""
-    text = " ".join(rng.choice(WORDS) for _ in range(args.input_tokens * 2))
-    tokens = await client.post(
-        "/tokenize", json={"model": args.model, "prompt": text, "add_special_tokens": False}
-    )
-    ids = tokens.json()["tokens"][: args.input_tokens]
-    detok = await client.post("/detokenize", json={"model": args.model, "tokens": ids})
-    return detok.json()["prompt"]
+def _percentile(values: list[float], q: float) -> float:
+    """Nearest rank: the smallest value with at least q of the values at or below it."""
+    ordered = sorted(values)
+    return ordered[max(math.ceil(q * len(ordered)) - 1, 0)]
 
 
-async def _one(client, args, prompt: str) -> dict:
-    body = {
+async def measure(args: argparse.Namespace, client) -> tuple[dict, list]:
+    """Warm up, run the timed sessions; the summary and every timed request's `TurnResult`."""
+    from app.commands.bench_load import Plan, exact_text, run_sessions
+
+    if args.model is None:
+        args.model = (await client.get("/v1/models")).json()["data"][0]["id"]
+    rng = random.Random(args.seed)
+    total = args.requests or (8 * args.concurrency if args.turns == 1 else args.concurrency * args.turns)
+    sessions = math.ceil(total / args.turns)
+    warmup = args.concurrency if args.warmup is None else args.warmup
+    prefix = await exact_text(client, args.model, args.prefix_tokens, rng)
+    pool = [
+        await exact_text(client, args.model, args.input_tokens, rng)
+        for _ in range(min(warmup + sessions * args.turns, PROMPT_POOL))
+    ]
+    texts = iter(pool[i % len(pool)] for i in range(warmup + sessions * args.turns))
+    plan = Plan(model=args.model, output_tokens=args.output_tokens, prefix=prefix, turns=args.turns)
+    if warmup:
+        await run_sessions(client, plan, [[next(texts)] for _ in range(warmup)], args.concurrency)
+    timed = [[next(texts) for _ in range(args.turns)] for _ in range(sessions)]
+    results, wall = await run_sessions(client, plan, timed, args.concurrency)
+    return summarize(args, results, wall), results
+
+
+def summarize(args: argparse.Namespace, results: list, wall: float) -> dict:
+    ttfts = [r.ttft for r in results]
+    itls = [r.itl for r in results]
+    out_tokens = sum(r.output_tokens for r in results)
+    reported = all(r.cached_tokens is not None for r in results)
+    per_turn = []
+    for turn in range(1, args.turns + 1):
+        rows = [r for r in results if r.turn == turn]
+        per_turn.append({
+            "turn": turn,
+            "requests": len(rows),
+            "prompt_tokens_mean": statistics.fmean(r.prompt_tokens for r in rows),
+            "cached_tokens_mean": statistics.fmean(r.cached_tokens for r in rows) if reported else None,
+            "ttft_p50_ms": 1000 * statistics.median(r.ttft for r in rows),
+        })  # fmt: skip
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "url": args.url,
         "model": args.model,
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": args.output_tokens,
-        "min_tokens": args.output_tokens,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
+        "concurrency": args.concurrency,
+        "requests": len(results),
+        "sessions": len({r.session for r in results}),
+        "turns": args.turns,
+        "prefix_tokens": args.prefix_tokens,
+        "input_tokens": args.input_tokens,
+        "output_tokens": args.output_tokens,
+        "mean_prompt_tokens": statistics.fmean(r.prompt_tokens for r in results),
+        "output_tokens_total": out_tokens,
+        "output_throughput_tok_s": out_tokens / wall,
+        "ttft_p50_ms": 1000 * statistics.median(ttfts),
+        "ttft_p90_ms": 1000 * _percentile(ttfts, 0.9),
+        "ttft_p99_ms": 1000 * _percentile(ttfts, 0.99),
+        "itl_p50_ms": 1000 * statistics.median(itls),
+        "itl_p90_ms": 1000 * _percentile(itls, 0.9),
+        "cached_tokens_mean": statistics.fmean(r.cached_tokens for r in results) if reported else None,
+        "per_turn": per_turn,
+        "wall_s": wall,
     }
-    started = time.perf_counter()
-    first = None
-    usage = None
-    async with client.stream("POST", "/v1/chat/completions", json=body) as response:
-        if response.status_code != 200:
-            raise RuntimeError(f"HTTP {response.status_code}: {(await response.aread()).decode()[:300]}")
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                usage = chunk["usage"]
-            if any(c.get("delta", {}).get("content") for c in chunk.get("choices", [])):
-                first = first or time.perf_counter()
-    end = time.perf_counter()
-    tokens = usage["completion_tokens"] if usage else 0
-    ttft = (first or end) - started
-    itl = (end - started - ttft) / (tokens - 1) if tokens > 1 else 0.0
-    return {"ttft": ttft, "itl": itl, "latency": end - started, "tokens": tokens,
-            "prompt_tokens": usage["prompt_tokens"] if usage else 0}  # fmt: skip
 
 
 async def _run(args: argparse.Namespace) -> dict:
@@ -127,53 +154,12 @@ async def _run(args: argparse.Namespace) -> dict:
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     limits = httpx.Limits(max_connections=args.concurrency + 4)
     async with httpx.AsyncClient(base_url=args.url, headers=headers, timeout=600, limits=limits) as client:
-        if args.model is None:
-            args.model = (await client.get("/v1/models")).json()["data"][0]["id"]
-        rng = random.Random(args.seed)
-        total = args.requests or 8 * args.concurrency
-        warmup = args.concurrency if args.warmup is None else args.warmup
-        prompts = [await _prompt(client, args, rng) for _ in range(min(total + warmup, 64))]
-        queue: asyncio.Queue[str] = asyncio.Queue()
+        summary, _ = await measure(args, client)
+    return summary
 
-        async def worker(results: list[dict]) -> None:
-            while True:
-                try:
-                    prompt = queue.get_nowait()
-                except asyncio.QueueEmpty:
-                    return
-                results.append(await _one(client, args, prompt))
 
-        async def phase(count: int) -> tuple[list[dict], float]:
-            for i in range(count):
-                queue.put_nowait(prompts[i % len(prompts)])
-            results: list[dict] = []
-            started = time.perf_counter()
-            await asyncio.gather(*(worker(results) for _ in range(args.concurrency)))
-            return results, time.perf_counter() - started
-
-        if warmup:
-            await phase(warmup)
-        results, wall = await phase(total)
-    ttfts = sorted(r["ttft"] for r in results)
-    itls = sorted(r["itl"] for r in results)
-    out_tokens = sum(r["tokens"] for r in results)
-    return {
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-        "url": args.url,
-        "model": args.model,
-        "concurrency": args.concurrency,
-        "requests": len(results),
-        "input_tokens": args.input_tokens,
-        "output_tokens": args.output_tokens,
-        "mean_prompt_tokens": statistics.fmean(r["prompt_tokens"] for r in results),
-        "output_tokens_total": out_tokens,
-        "output_throughput_tok_s": out_tokens / wall,
-        "ttft_p50_ms": 1000 * statistics.median(ttfts),
-        "ttft_p90_ms": 1000 * ttfts[int(0.9 * (len(ttfts) - 1))],
-        "itl_p50_ms": 1000 * statistics.median(itls),
-        "itl_p90_ms": 1000 * itls[int(0.9 * (len(itls) - 1))],
-        "wall_s": wall,
-    }
+def _cached(tokens: float | None) -> str:
+    return "not reported" if tokens is None else f"{tokens:.0f}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -184,10 +170,17 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if args.json:
         print(json.dumps(summary))
-    else:
-        print(
-            f"concurrency {summary['concurrency']}, {summary['requests']} requests, ISL {args.input_tokens} / "
-            f"OSL {args.output_tokens}: {summary['output_throughput_tok_s']:.1f} output tok/s, "
-            f"TTFT p50 {summary['ttft_p50_ms']:.1f} ms, ITL p50 {summary['itl_p50_ms']:.2f} ms"
-        )
+        return 0
+    print(
+        f"concurrency {summary['concurrency']}, {summary['requests']} requests, ISL {args.input_tokens} / "
+        f"OSL {args.output_tokens}: {summary['output_throughput_tok_s']:.1f} output tok/s, "
+        f"TTFT p50 {summary['ttft_p50_ms']:.1f} ms, ITL p50 {summary['itl_p50_ms']:.2f} ms"
+    )
+    if args.prefix_tokens or args.turns > 1:
+        print(f"prefix {args.prefix_tokens} tokens, TTFT p99 {summary['ttft_p99_ms']:.1f} ms")
+        for row in summary["per_turn"]:
+            print(
+                f"  turn {row['turn']}: {row['requests']} requests, prompt {row['prompt_tokens_mean']:.0f} tokens, "
+                f"cached {_cached(row['cached_tokens_mean'])}, TTFT p50 {row['ttft_p50_ms']:.1f} ms"
+            )
     return 0

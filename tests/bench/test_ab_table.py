@@ -34,7 +34,7 @@ def test_runs_grouped_by_model_batch_and_setting_in_log_order() -> None:
 
 def test_table_of_a_committed_log() -> None:
     module = _ab_table()
-    text = (ROOT / "bench" / "results" / "ab-min-blocks-2026-11-30-run77.log").read_text()
+    text = (ROOT / "bench" / "results" / "archive" / "ab-min-blocks-2026-11-30-run77.log").read_text()
     table = module.table(module.read_runs(text))
     assert "| qwen3-8b:q4_k_m | 1 | PADDOCK_GEMV_MIN_BLOCKS=2 | 2.400 | 2.437 |" in table
     assert table.count("\n") == 1 + 8  # header rule + 2 models x 2 batches x 2 settings

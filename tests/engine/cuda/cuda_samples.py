@@ -1,6 +1,6 @@
 """Random checkpoint tensors in every GGUF format, and the oracle that decodes them.
 
-Shared by the GPU tests and bench/gpu_check.py. Block bytes are random; only the float16
+Shared by the GPU tests and bench/suite/gpu_check.py. Block bytes are random; only the float16
 scale fields are set to finite values of a realistic size, so every code path of a
 decoder (all nibbles, all high bits, signed scales) is exercised without inf or NaN.
 """

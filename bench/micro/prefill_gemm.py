@@ -8,8 +8,8 @@ its weight far below copy bandwidth. Split-K through cublasGemmStridedBatchedEx 
 columns i*k/s of both operands, writing its own float32 partial) and a sum of the partials gives
 cuBLAS s times the tiles with the plain API.
 
-    python3 bench/prefill_gemm.py                # Qwen3-8B's products at T = 64, 160, 256
-    python3 bench/prefill_gemm.py --tokens 160   # one size
+    python3 bench/micro/prefill_gemm.py                # Qwen3-8B's products at T = 64, 160, 256
+    python3 bench/micro/prefill_gemm.py --tokens 160   # one size
 
 Prints one JSON line per (product, T): microseconds per variant, the weight's read rate and the
 largest difference from the unsplit product.
@@ -23,8 +23,8 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "suite"))
 
 from gpu_check import time_events
 

@@ -4,8 +4,8 @@
 # takes them), concurrency 4, a bounded request count. Writes aiperf's summary and a short report
 # to bench/results/aiperf-cpu-<date>.{json,md}; aiperf's full artifacts go to bench/results/raw/.
 #
-#   bench/aiperf_cpu.sh                  # REQUESTS=16 PORT=18123 by default
-#   REQUESTS=24 bench/aiperf_cpu.sh
+#   bench/lab/aiperf_cpu.sh                  # REQUESTS=16 PORT=18123 by default
+#   REQUESTS=24 bench/lab/aiperf_cpu.sh
 #
 # Needs a separate venv with aiperf (it pins its own dependency versions):
 #   python3 -m venv .venv-bench && .venv-bench/bin/pip install aiperf
@@ -13,7 +13,7 @@
 # (aiperf 0.13 mishandles a local tokenizer path when HF_HUB_OFFLINE is set, so it is left unset;
 # an absolute path is never looked up on the hub.)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ROOT=$PWD
 
 REQUESTS=${REQUESTS:-16}  # 4 rounds of 4 x 128 tokens: ~10 min on 2 quiet cores, 19 min when they were shared
@@ -117,7 +117,7 @@ lines = [
     "| --- | --- |",
     *[f"| {name} | {value} |" for name, value in rows],
     "",
-    "Command (bench/aiperf_cpu.sh):",
+    "Command (bench/lab/aiperf_cpu.sh):",
     "",
     "```",
     command,

@@ -1,8 +1,8 @@
 """Where the time to first token goes: one streaming chat request at a time through the real server,
 with timestamps at each hand-over.
 
-    python3 bench/ttft_trace.py --model /tmp/qwen3-8b-q4_k_m.gguf --device cuda
-    python3 bench/ttft_trace.py --model /tmp/tiny.gguf --device cpu --simulate-ms 2.4
+    python3 bench/lab/ttft_trace.py --model /tmp/qwen3-8b-q4_k_m.gguf --device cuda
+    python3 bench/lab/ttft_trace.py --model /tmp/tiny.gguf --device cpu --simulate-ms 2.4
 
 The engine and server run in this process (as `paddock serve` runs them); the client, a separate
 process as `paddock bench` is, sends the bench workload's request (a 128-token user message,
@@ -11,7 +11,7 @@ when each SSE line arrived. Server-side marks (time.perf_counter, one clock for 
 Linux): ASGI entry, route handler, prompt built (template + tokenizer), request handed to the
 engine thread, engine step start and end, first output handed back, first SSE body written. Prints
 the median ms of each mark after the send; TTFT is the first line with content.
-`--simulate-ms` replaces the forward pass and sampler with bench/host_path.py's simulated device.
+`--simulate-ms` replaces the forward pass and sampler with bench/lab/host_path.py's simulated device.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 CLIENT = r"""

@@ -1,7 +1,7 @@
 """Decode attention alone (attention_decode.cu), one sequence at the Qwen3-8B head shape, timed
 as CUDA-graph replays of back-to-back launches (H200): where its time goes at short contexts.
 
-    python3 bench/attention_decode_times.py
+    python3 bench/micro/attention_decode_times.py
 
 One line per (context, blocks per KV head): microseconds per launch. One block over several
 chunks against one chunk per block shows the per-chunk cost; one chunk alone the floor; the
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "suite"))
 
 from gpu_check import _attention_setup, time_graph
 

@@ -6,9 +6,9 @@ single-token GEMV sees them), once as it is and once with every decode-step inpu
 gemv_int.cu rounds it (d = max|x| / levels per group, x -> d * rint(x / d)). Prints how many
 prompts keep their 32 greedy tokens and, where they split, the reference's top logprobs there.
 
-    python3 bench/x_rounding.py [--group 16] [--levels 127|32767] [--model PATH]
+    python3 bench/lab/x_rounding.py [--group 16] [--levels 127|32767] [--model PATH]
 
-Measured 2026-11-30 on this project's VM (bench/NOTES-cuda.md, runs 26-34): int8 codes
+Measured 2026-11-30 on this project's VM (bench/results/archive/NOTES-cuda-2026-11.md, runs 26-34): int8 codes
 (levels 127) per 16 columns kept 5 of 9 prompts, int16 (32767) kept 9 of 9.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from app.engine.backend import cpu as cpu_backend  # noqa: E402

@@ -7,7 +7,7 @@ where the single-token GEMVs with int16 x (gemv_int.py) and the prefill graphs r
 logprobs ("async"), where decode steps are launched one ahead (engine/pipeline.py); and reports how many prompts give identical tokens, plus the worst
 logprob difference of the reference's top tokens at the first generated position.
 
-    python3 bench/gemma_cuda_parity.py /path/to/gemma-3-270m-q4_k_m.gguf
+    python3 bench/suite/gemma_cuda_parity.py /path/to/gemma-3-270m-q4_k_m.gguf
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from app.engine.config import EngineConfig  # noqa: E402

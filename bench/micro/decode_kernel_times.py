@@ -1,6 +1,6 @@
 """Per-kernel GPU time of one batch-1 decode step, read by Nsight Compute from the decode graph.
 
-    python3 bench/decode_kernel_times.py MODEL.gguf [--context 330] [--out DIR]
+    python3 bench/micro/decode_kernel_times.py MODEL.gguf [--context 330] [--out DIR]
 
 Runs itself under `ncu --graph-profiling node` (each kernel node of one graph replay measured
 alone: duration and DRAM bytes read, caches left as the step leaves them, clocks untouched),
@@ -21,8 +21,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "suite"))
 
 METRICS = "gpu__time_duration.sum,dram__bytes_read.sum"
 

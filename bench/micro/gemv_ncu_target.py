@@ -1,7 +1,7 @@
 """A fixed set of single-token GEMV launches at the Qwen3-8B layer shapes, for Nsight Compute:
 
     ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
-        --section Occupancy --section WarpStateStats -k regex:gemv python3 bench/gemv_ncu_target.py
+        --section Occupancy --section WarpStateStats -k regex:gemv python3 bench/micro/gemv_ncu_target.py
 
 Each kernel runs three times (the first compiles); ncu flushes the caches between its passes, so
 the weights come from HBM as in a decode step.
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "suite"))
 
 from gpu_check import random_tensor
 

@@ -7,7 +7,7 @@ and reports the device memory in use at the end (total - free, as nvidia-smi cou
 the CUDA context, cuBLAS, and everything CuPy's pool holds, which keeps its peak). The
 parent compares that with `app.engine.core.fit.predict_memory` for the same options.
 
-    python3 bench/fit_calibration.py /tmp/qwen3-0.6b.gguf /tmp/qwen3-4b.gguf /tmp/qwen3-8b.gguf
+    python3 bench/lab/fit_calibration.py /tmp/qwen3-0.6b.gguf /tmp/qwen3-4b.gguf /tmp/qwen3-8b.gguf
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def measure(model: str, ctx: int, batch: int) -> dict:

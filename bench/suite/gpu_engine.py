@@ -1,9 +1,9 @@
 """Engine-level checks and timings on the GPU machine (run there; see bench/gpu_run.sh).
 
-python3 bench/gpu_engine.py parity MODEL.gguf     # CUDA (graphs and eager) against the numpy backend
-python3 bench/gpu_engine.py speed MODEL.gguf ...  # decode steps/s at batch 1 and 32, host time per step
-python3 bench/gpu_engine.py speed MODEL.gguf --batch 32  # one batch size only
-python3 bench/gpu_engine.py prefill MODEL.gguf    # prefill graph replay per bucket, ops of 160 tokens
+python3 bench/suite/gpu_engine.py parity MODEL.gguf     # CUDA (graphs and eager) against the numpy backend
+python3 bench/suite/gpu_engine.py speed MODEL.gguf ...  # decode steps/s at batch 1 and 32, host time per step
+python3 bench/suite/gpu_engine.py speed MODEL.gguf --batch 32  # one batch size only
+python3 bench/suite/gpu_engine.py prefill MODEL.gguf    # prefill graph replay per bucket, ops of 160 tokens
 
 Speed: 200 decode steps after every sequence's prefill, wall time per `engine.step()`
 (schedule, graph replay, sampling, detokenize); the bucket's graph replayed back to back
@@ -16,7 +16,7 @@ Profile: the same decode step run eagerly with a CUDA event pair around every ba
 layers. Before each op a spin kernel holds the GPU for SPIN_US while Python enqueues the
 start event, the op's kernels and the end event, so the pair times the kernels back to
 back rather than the host's launch latency (the first version, without the spin, measured
-~40 us of Python per op: NOTES-cuda.md, run 7).
+~40 us of Python per op: bench/results/archive/NOTES-cuda-2026-11.md, run 7).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from app.engine.config import EngineConfig
 from app.engine.core.engine import LLMEngine

@@ -6,7 +6,7 @@ median is reported. llama.cpp comes from llama-cpp-python (build it once, outsid
 `pip install llama-cpp-python` compiles llama.cpp in ~15 minutes on 2 cores) and is
 optional: without it only our figures are printed.
 
-    .venv/bin/python bench/cpu_generate.py [--runs 3] [--prompt-tokens 512] [--new-tokens 64]
+    .venv/bin/python bench/suite/cpu_generate.py [--runs 3] [--prompt-tokens 512] [--new-tokens 64]
         [--llama-python .venv-ref/bin/python]
 """
 
@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def prompt_ids(tokenizer_encode, n_tokens: int) -> list[int]:

@@ -6,7 +6,7 @@ position, the log-probabilities of the reference's top-8 tokens. llama.cpp (thro
 llama-cpp-python, if installed) is teacher-forced along the same tokens and compared the
 same way. Prints the worst absolute differences.
 
-    PYTHONPATH=. .venv-ref/bin/python bench/reference_diff.py     # needs llama-cpp-python there
+    PYTHONPATH=. .venv-ref/bin/python bench/lab/reference_diff.py     # needs llama-cpp-python there
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from app.engine.config import EngineConfig
 from app.engine.core.engine import LLMEngine
 from app.engine.sampling_params import SamplingParams
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Everything the CUDA backend needs checked on a GPU machine, in one call.
 
-    python3 bench/gpu_check.py --out "$OUT"            # tests, then micro-benchmarks
-    python3 bench/gpu_check.py --out "$OUT" --no-tests # benchmarks only
+    python3 bench/suite/gpu_check.py --out "$OUT"            # tests, then micro-benchmarks
+    python3 bench/suite/gpu_check.py --out "$OUT" --no-tests # benchmarks only
 
 Stages, each logged under --out and summarised in a table printed last:
   1. device facts (name, SMs, clocks from nvidia-smi, CuPy/NVRTC versions);
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "engine" / "cuda"))
 

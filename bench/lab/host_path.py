@@ -9,7 +9,7 @@ wait on the GPU does), and the sampler returns random ids. So the ITL this repor
 `--decode-ms` is the host's own cost, measurable without a GPU; with PADDOCK_ASYNC_DECODE=1 the
 engine launches decode steps one ahead (engine/pipeline.py) and hides that cost behind them.
 
-    python bench/host_path.py --model /tmp/tiny.gguf --concurrency 32 --requests 96 --decode-ms 2.5
+    python bench/lab/host_path.py --model /tmp/tiny.gguf --concurrency 32 --requests 96 --decode-ms 2.5
 
 It prints `paddock bench`'s JSON with the simulated step times and the engine thread's
 host time per step added. `--profile out.txt` writes a yappi profile of all threads.
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from app.engine.config import EngineConfig
 from app.engine.core.async_engine import AsyncEngine

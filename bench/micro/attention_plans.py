@@ -1,7 +1,7 @@
 """Decode attention at one sequence: the split plan a decode graph uses (planned for the longest
 context) against plans fitted to the actual context, timed inside CUDA graphs (H200).
 
-    python3 bench/attention_plans.py
+    python3 bench/micro/attention_plans.py
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "suite"))
 
 from gpu_check import _attention_setup, time_graph
 

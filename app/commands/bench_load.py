@@ -1,0 +1,188 @@
+"""The load `paddock bench` puts on a server: prompts of exact token lengths and streamed chat sessions.
+
+A session is one or more turns of OpenAI chat: turn k sends the shared prefix (a system message,
+when there is one), every earlier user message and the model's answers to them, and one new user
+message; each turn is a streaming request with ignore_eos and min_tokens, so it generates exactly
+the asked number of tokens. The single-request workload is sessions of one turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import dataclass
+
+import httpx
+
+WORDS = [
+    "river",
+    "mountain",
+    "quiet",
+    "engine",
+    "paper",
+    "window",
+    "orange",
+    "simple",
+    "market",
+    "travel",
+    "garden",
+    "silver",
+    "thunder",
+    "planet",
+    "history",
+    "music",
+    "winter",
+    "coffee",
+    "bridge",
+    "forest",
+    "ocean",
+    "letter",
+    "yellow",
+    "friend",
+    "morning",
+    "doctor",
+    "island",
+    "number",
+    "summer",
+    "dinner",
+    "castle",
+    "pocket",
+    "rocket",
+    "signal",
+    "finger",
+    "valley",
+    "shadow",
+    "candle",
+]
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    """One request's measurement: seconds, token counts as the server's usage reports them."""
+
+    session: int
+    turn: int  # 1-based
+    ttft: float
+    itl: float
+    latency: float
+    output_tokens: int
+    prompt_tokens: int
+    cached_tokens: int | None  # None: the server's usage has no prompt_tokens_details
+    answer: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: str
+    output_tokens: int
+    prefix: str  # "" for none
+    turns: int
+
+
+async def exact_text(client: httpx.AsyncClient, model: str, tokens: int, rng: random.Random) -> str:
+    """Random words trimmed to exactly `tokens` tokens of the server's tokenizer (its /tokenize).
+
+    Re-tokenized inside a chat template the text can come out a token or two longer or shorter,
+    where the cut or the template's neighbours merge differently."""
+    if tokens == 0:
+        return ""
+    text = " ".join(rng.choice(WORDS) for _ in range(tokens * 2))
+    encoded = await client.post(
+        "/tokenize", json={"model": model, "prompt": text, "add_special_tokens": False}
+    )
+    encoded.raise_for_status()
+    ids = encoded.json()["tokens"][:tokens]
+    decoded = await client.post("/detokenize", json={"model": model, "tokens": ids})
+    decoded.raise_for_status()
+    return decoded.json()["prompt"]
+
+
+def turn_messages(prefix: str, history: list[dict], new_text: str) -> list[dict]:
+    """The shared prefix as the system message, the conversation so far, then the new user message."""
+    system = [{"role": "system", "content": prefix}] if prefix else []
+    return [*system, *history, {"role": "user", "content": new_text}]
+
+
+async def stream_turn(client: httpx.AsyncClient, plan: Plan, messages: list[dict]) -> dict:
+    """One streaming chat request: TTFT (first content), latency, the usage chunk and the answer."""
+    body = {
+        "model": plan.model,
+        "messages": messages,
+        "max_tokens": plan.output_tokens,
+        "min_tokens": plan.output_tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    started = time.perf_counter()
+    first, usage, pieces = None, None, []
+    async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        if response.status_code != 200:
+            raise RuntimeError(f"HTTP {response.status_code}: {(await response.aread()).decode()[:300]}")
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            usage = chunk.get("usage") or usage
+            for choice in chunk.get("choices", []):
+                if content := choice.get("delta", {}).get("content"):
+                    first = first or time.perf_counter()
+                    pieces.append(content)
+    end = time.perf_counter()
+    return {
+        "ttft": (first or end) - started,
+        "latency": end - started,
+        "usage": usage or {},
+        "answer": "".join(pieces),
+    }
+
+
+async def run_session(
+    client: httpx.AsyncClient, plan: Plan, session: int, texts: list[str]
+) -> list[TurnResult]:
+    """The session's turns in order, each re-sending the whole conversation before its new text."""
+    history: list[dict] = []
+    results = []
+    for turn, text in enumerate(texts, start=1):
+        messages = turn_messages(plan.prefix, history, text)
+        reply = await stream_turn(client, plan, messages)
+        usage = reply["usage"]
+        tokens = usage.get("completion_tokens", 0)
+        ttft = reply["ttft"]
+        details = usage.get("prompt_tokens_details")
+        results.append(
+            TurnResult(
+                session=session,
+                turn=turn,
+                ttft=ttft,
+                itl=(reply["latency"] - ttft) / (tokens - 1) if tokens > 1 else 0.0,
+                latency=reply["latency"],
+                output_tokens=tokens,
+                prompt_tokens=usage.get("prompt_tokens", 0),
+                cached_tokens=details.get("cached_tokens") if details else None,
+                answer=reply["answer"],
+            )
+        )
+        history += [{"role": "user", "content": text}, {"role": "assistant", "content": reply["answer"]}]
+    return results
+
+
+async def run_sessions(
+    client: httpx.AsyncClient, plan: Plan, sessions: list[list[str]], concurrency: int
+) -> tuple[list[TurnResult], float]:
+    """All sessions through `concurrency` workers (each runs one session at a time); results, wall seconds."""
+    queue: asyncio.Queue[tuple[int, list[str]]] = asyncio.Queue()
+    for item in enumerate(sessions):
+        queue.put_nowait(item)
+    results: list[TurnResult] = []
+
+    async def worker() -> None:
+        while not queue.empty():
+            session, texts = queue.get_nowait()
+            results.extend(await run_session(client, plan, session, texts))
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return results, time.perf_counter() - started
