@@ -1,6 +1,6 @@
 """The coding-agent workload at engine level, on the GPU machine (issue 16's rows, no HTTP in between).
 
-python3 bench/agent_engine.py MODEL.gguf [--cases prefill8k,hit,c8,prefill32k,decode32k] [--simt]
+python3 bench/suite/agent_engine.py MODEL.gguf [--cases prefill8k,hit,c8,prefill32k,decode32k] [--simt]
 
 Cases (random token ids, so no unplanned prefix hits; TTFT = wall time from add_request to the
 step that returns the first token, the engine stepped back to back):
@@ -27,12 +27,12 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from app.engine.config import EngineConfig
 from app.engine.core.engine import LLMEngine
 from app.engine.sampling_params import SamplingParams
-from bench.gpu_engine import graph_replay_ms, op_times, profile
+from bench.suite.gpu_engine import graph_replay_ms, op_times, profile
 
 VOCAB_SAFE = 30000  # ids below every shipped shape's vocabulary size
 
