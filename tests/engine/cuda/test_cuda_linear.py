@@ -38,7 +38,7 @@ def test_linear_matches_oracle(backend, rng, qtype: str, n_tok: int) -> None:
 def test_linear_prefill_slices_large_matrices(cuda, rng, monkeypatch) -> None:
     """Several scratch slices (forced small) give the same result as one."""
     from app.engine.backend.cuda.backend import CudaBackend
-    from app.engine.backend.cuda.backend import linear as cuda_linear
+    from app.engine.backend.cuda import linear as cuda_linear
 
     cuda = CudaBackend(dense_cache="off")  # the per-call dequantization is what slices
     monkeypatch.setattr(cuda_linear, "SCRATCH_ELEMENTS", 300 * 512)
