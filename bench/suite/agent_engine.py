@@ -182,6 +182,11 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("--cases", default="prefill8k,hit,c8,prefill32k,decode32k,interfere")
     ap.add_argument("--simt", action="store_true")
+    ap.add_argument(
+        "--gemv-small-batches",
+        action="store_true",
+        help="2-8 token products on the quantized GEMVs even where a float16 copy exists",
+    )
     ap.add_argument("--max-batched-tokens", type=int, default=None)
     args = ap.parse_args()
     extra = {} if args.max_batched_tokens is None else {"max_num_batched_tokens": args.max_batched_tokens}
@@ -189,6 +194,10 @@ def main() -> None:
         EngineConfig(model=args.model, device="cuda", max_model_len=40000, max_num_seqs=16, **extra)
     )
     engine.backend.tensor_core_prefill = not args.simt
+    if args.gemv_small_batches:
+        from app.engine.backend.cuda import linear
+
+        linear.DENSE_FROM_TOKENS = linear.GEMV_MAX_TOKENS + 1
     d = Driver(engine)
     runs = {
         "prefill8k": lambda: case_prefill(d, 8000, 3),

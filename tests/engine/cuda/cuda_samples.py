@@ -112,12 +112,16 @@ def rope_tables(head_dim: int, max_pos: int) -> tuple[np.ndarray, np.ndarray]:
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 
-def linear_tol(n_tok: int, n_cols: int, qtypes: list[str] | tuple[str, ...], nbytes: int) -> float:
+def linear_tol(
+    n_tok: int, n_cols: int, qtypes: list[str] | tuple[str, ...], nbytes: int, dense: bool = False
+) -> float:
     """The relative-error bound of a product of `n_tok` rows over `nbytes` of weights: the path
-    `linear` takes decides it."""
+    `linear` takes decides it (`dense`: the weight has a float16 copy, which cuBLAS multiplies
+    from DENSE_FROM_TOKENS tokens on)."""
+    from app.engine.backend.cuda.linear import DENSE_FROM_TOKENS
     from app.engine.kernels import gemv_int
 
-    if n_tok > 8:
+    if n_tok > 8 or (dense and n_tok >= DENSE_FROM_TOKENS):
         return F16_TOL
     return INT_X_TOL if gemv_int.serves(n_tok, n_cols, qtypes, nbytes) else GEMV_TOL
 

@@ -23,6 +23,14 @@ from app.engine.kernels.dequant import dequant_rows
 
 GEMV_MAX_TOKENS = gemv_kernels.MAX_TOKENS
 SCRATCH_ELEMENTS = 32 << 20  # float16 weight elements per cuBLAS slice (64 MiB)
+# From this many tokens a matrix with a float16 copy goes to cuBLAS on the copy even below
+# GEMV_MAX_TOKENS: the float32-x GEMVs for 2-8 tokens (gemv.cu, gemv_fused.cu) are compute-bound,
+# Qwen3-8B gate/up at 8 tokens 10.3 ms per step against ~2 for the copy's 3.6x the bytes.
+DENSE_FROM_TOKENS = 2
+
+
+def _dense_pays(n_tok: int, weight: CudaWeight | CudaFusedWeight) -> bool:
+    return n_tok >= DENSE_FROM_TOKENS and weight.dense16 is not None
 
 
 def _as_input(x: Any, weight: CudaWeight | CudaFusedWeight) -> Any:
@@ -51,7 +59,7 @@ def linear(
         return out
     if weight.dense is not None:
         matmul_t(x, weight.dense, out)
-    elif n_tok <= GEMV_MAX_TOKENS:
+    elif n_tok <= GEMV_MAX_TOKENS and not _dense_pays(n_tok, weight):
         return gemv_kernels.gemv(
             weight.data, weight.qtype.name, weight.row_bytes, weight.n_rows, weight.n_cols, x, out, bias
         )
@@ -79,9 +87,10 @@ def _linear_fused(x: Any, fused: CudaFusedWeight, cache: DenseCache | None) -> A
     if n_tok == 0:
         return out
     parts = _gemv_parts(fused)
-    if n_tok <= GEMV_MAX_TOKENS and parts is not None:
+    dense = _dense_pays(n_tok, fused)
+    if n_tok <= GEMV_MAX_TOKENS and parts is not None and not dense:
         return gemv_kernels.gemv_multi(parts, fused.n_cols, x, out, fused.bias)
-    if n_tok <= GEMV_MAX_TOKENS or any(p.data is None for p in fused.parts):
+    if (n_tok <= GEMV_MAX_TOKENS and not dense) or any(p.data is None for p in fused.parts):
         for part, start in zip(fused.parts, fused.offsets, strict=True):
             out[:, start : start + part.n_rows] = linear(x, part, cache=cache)
     elif fused.dense16 is not None:
@@ -102,7 +111,8 @@ def gated_linear(x: Any, fused: CudaFusedWeight, kind: str, cache: DenseCache | 
     gate, up = fused.parts
     x = _as_input(x, fused)
     n_tok = x.shape[0]
-    if 0 < n_tok <= GEMV_MAX_TOKENS and fused.bias is None and gate.data is not None and up.data is not None:
+    gemv = 0 < n_tok <= GEMV_MAX_TOKENS and not _dense_pays(n_tok, fused)
+    if gemv and fused.bias is None and gate.data is not None and up.data is not None:
         out = cupy.empty((n_tok, gate.n_rows), cupy.float32)
         return gemv_kernels.gemv_gated(
             (gate.data, gate.qtype.name, gate.row_bytes), (up.data, up.qtype.name, up.row_bytes),
@@ -125,7 +135,9 @@ def norm_linear(
     parts = _gemv_parts(fused)
     if x.shape[0] != 1 or parts is None or (kind is not None and (len(parts) != 2 or fused.bias is not None)):
         return None
-    if fused.n_cols > gemv_int.FUSED_NORM_MAX_COLS or not gemv_int.serves(1, fused.n_cols, [p[1] for p in parts]):
+    if fused.n_cols > gemv_int.FUSED_NORM_MAX_COLS or not gemv_int.serves(
+        1, fused.n_cols, [p[1] for p in parts]
+    ):
         return None
     new_residual = cupy.empty_like(x)
     norm = gemv_int.NormIn(residual, norm_weight, new_residual, eps)
