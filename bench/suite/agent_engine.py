@@ -12,7 +12,8 @@ step that returns the first token, the engine stepped back to back):
 - decode32k:  one session at 32k context: step time p50 over 64 decode steps.
 - interfere:  8 sessions decoding at 2k context while a 16k-token prompt prefills: their step-time
               p99 against p50 without it.
-`--simt` runs prefill attention on the SIMT kernel (attention.cu) instead of the tensor-core one.
+`--simt` runs prefill attention on the SIMT kernel (attention.cu) instead of the tensor-core one, in eager
+steps (the prefill graphs of up to 512 tokens are captured with the default at load).
 Prints one JSON line per case.
 """
 
@@ -157,6 +158,23 @@ def case_decode_long(d: Driver, context: int) -> dict:
     return {"context": context, "itl_p50_ms": statistics.median(walls), **split}
 
 
+def case_small_batches(d: Driver, batches: tuple[int, ...] = (2, 4, 8)) -> dict:
+    """Decode step time p50 at a few small batches of 128-token prompts (the short workload's range
+    between concurrency 1 and 32)."""
+    result = {}
+    for batch in batches:
+        for i in range(batch):
+            d.add(d.tokens(128), 60, session=f"b{i}")
+        while (
+            any(r.num_output_tokens == 0 for r in d.engine.scheduler.running)
+            or d.engine.scheduler.num_waiting
+        ):
+            d.engine.step()
+        result[f"step_ms_b{batch}"] = round(statistics.median(d.steps(40)), 3)
+        d.drain()
+    return result
+
+
 def case_interfere(d: Driver, sessions: int = 8, prompt: int = 16000) -> dict:
     for i in range(sessions):
         d.add(d.tokens(2000), 400, session=f"s{i}")
@@ -190,14 +208,14 @@ def main() -> None:
     ap.add_argument("--max-batched-tokens", type=int, default=None)
     args = ap.parse_args()
     extra = {} if args.max_batched_tokens is None else {"max_num_batched_tokens": args.max_batched_tokens}
-    engine = LLMEngine(
-        EngineConfig(model=args.model, device="cuda", max_model_len=40000, max_num_seqs=16, **extra)
-    )
-    engine.backend.tensor_core_prefill = not args.simt
     if args.gemv_small_batches:
         from app.engine.backend.cuda import linear
 
         linear.DENSE_FROM_TOKENS = linear.GEMV_MAX_TOKENS + 1
+    engine = LLMEngine(
+        EngineConfig(model=args.model, device="cuda", max_model_len=40000, max_num_seqs=16, **extra)
+    )
+    engine.backend.tensor_core_prefill = not args.simt
     d = Driver(engine)
     runs = {
         "prefill8k": lambda: case_prefill(d, 8000, 3),
@@ -207,6 +225,7 @@ def main() -> None:
         "prefill32k": lambda: case_prefill(d, 32000, 1),
         "decode32k": lambda: case_decode_long(d, 32000),
         "interfere": lambda: case_interfere(d),
+        "small": lambda: case_small_batches(d),
     }
     kernel = "simt" if args.simt else "tensor_cores"
     for name in args.cases.split(","):
