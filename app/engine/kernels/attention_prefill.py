@@ -9,11 +9,10 @@ from app.engine.kernels.runtime import pdl
 from app.engine.kernels.runtime.compile import get_kernel
 from app.engine.kernels.runtime.launch import cdiv, f32, i32, launch
 
-ROWS = 64  # PF_BM: (token, query head) rows per block
 THREADS = 128  # PF_WARPS * 32
 PAD = 8  # PF_PAD
 HEAD_DIMS = (64, 128, 256)
-RESIDENT = 2  # blocks per multiprocessor the register budget allows (128 threads at ~200 registers)
+RESIDENT = 2  # blocks per multiprocessor the register budget allows (128 threads at ~240 registers)
 MIN_KEYS_PER_SPLIT = 256  # below this a split's partial sums cost more than its keys
 MAX_SPLITS = 32
 MAX_PARTIAL_BYTES = 64 << 20
@@ -21,22 +20,28 @@ MAX_PARTIAL_BYTES = 64 << 20
 _MAX_DYNAMIC_SHARED = 8
 
 
+def rows_per_block(head_dim: int) -> int:
+    """PfShape::BM: (token, query head) rows per block, two 16-row tiles per warp below head dim 256."""
+    return 64 if head_dim >= 256 else 128
+
+
 def keys_per_tile(head_dim: int) -> int:
-    return 32 if head_dim >= 256 else 64
+    """PfShape::BN."""
+    return 64 if head_dim <= 64 else 32
 
 
 def shared_bytes(head_dim: int) -> int:
     """PF_SMEM_BYTES: Q, two K buffers and one V buffer, rows padded."""
-    return (ROWS + 3 * keys_per_tile(head_dim)) * (head_dim + PAD) * 2
+    return (rows_per_block(head_dim) + 3 * keys_per_tile(head_dim)) * (head_dim + PAD) * 2
 
 
 def supports(head_dim: int, n_heads: int, n_kv: int) -> bool:
     return head_dim in HEAD_DIMS and n_kv > 0 and n_heads % n_kv == 0
 
 
-def grid_tiles(n_tok: int, n_seqs: int, group: int) -> int:
-    """Blocks along x: every sequence's cdiv(q_len * group, ROWS) tiles fit in this bound."""
-    return cdiv(n_tok * group, ROWS) + n_seqs
+def grid_tiles(n_tok: int, n_seqs: int, group: int, head_dim: int) -> int:
+    """Blocks along x: every sequence's cdiv(q_len * group, rows per block) tiles fit in this bound."""
+    return cdiv(n_tok * group, rows_per_block(head_dim)) + n_seqs
 
 
 def plan_splits(
@@ -45,7 +50,7 @@ def plan_splits(
     """KV splits for a batch whose tiles alone would not fill the GPU (a short chunk over a
     long cached context): about two waves of resident blocks, each split at least
     MIN_KEYS_PER_SPLIT keys, partial sums within MAX_PARTIAL_BYTES."""
-    blocks = grid_tiles(n_tok, n_seqs, n_heads // n_kv) * n_kv
+    blocks = grid_tiles(n_tok, n_seqs, n_heads // n_kv, head_dim) * n_kv
     want = cdiv(2 * RESIDENT * sm_count, blocks)
     by_keys = cdiv(max_seq_len, MIN_KEYS_PER_SPLIT)
     by_memory = MAX_PARTIAL_BYTES // max(1, n_tok * n_heads * (head_dim + 2) * 4)
@@ -103,7 +108,7 @@ def attention_prefill(
         i32(n_heads), i32(n_kv), i32(block_size), f32(scale), f32(softcap or 0.0), i32(sliding_window or 0),
         out, part_o, part_ml,
     )  # fmt: skip
-    grid = (grid_tiles(n_tok, n_seqs, n_heads // n_kv), n_kv, num_splits)
+    grid = (grid_tiles(n_tok, n_seqs, n_heads // n_kv, head_dim), n_kv, num_splits)
     launch(kernel, grid, (THREADS,), args, shared_mem=smem)
     if num_splits > 1:
         merge = get_kernel("attention_prefill.cu", "attn_prefill_merge", {"PF_D": head_dim})

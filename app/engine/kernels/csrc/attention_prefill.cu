@@ -1,13 +1,15 @@
 // Paged causal attention for prefill chunks on tensor cores, in the FlashAttention-2 manner.
 //
-// A block owns PF_BM = 64 query rows of one sequence and one KV head, where a row is a
-// (token, query head) pair of the KV head's GQA group, token-major: the group's heads share
-// every K/V tile the block loads, so a GQA model reads its cache once per group, not once per
-// head. Each of the four warps owns 16 rows: S = Q K^T for a tile of BN keys with mma.sync
-// (f16 in, f32 accumulate), the online softmax in registers (exp2, scale folded into Q), then
-// O += P V with P reused from S's accumulators as the A operand (mma.cuh) and V read by
-// ldmatrix.trans. K and V tiles arrive by cp.async, K one tile ahead in a second buffer, so
-// the loads overlap the products.
+// A block owns BM query rows of one sequence and one KV head, where a row is a (token, query
+// head) pair of the KV head's GQA group, token-major: the group's heads share every K/V tile the
+// block loads, so a GQA model reads its cache once per group, not once per head. Each of the four
+// warps owns MT tiles of 16 rows: S = Q K^T for a tile of BN keys with mma.sync (f16 in, f32
+// accumulate), each K fragment read from shared memory once for all MT row tiles, the online
+// softmax in registers (exp2, scale folded into Q), then O += P V with P reused from S's
+// accumulators as the A operand (mma.cuh) and V read by ldmatrix.trans, again once for MT tiles.
+// K and V tiles arrive by cp.async, K one tile ahead in a second buffer, so the loads overlap the
+// products. Two row tiles per warp halve the shared-memory reads per product, which bound the
+// one-tile build (head dim 64 and 128; 256 keeps one, for registers).
 //
 // A row of token position p sees keys [p - window + 1, p] (window 0: [0, p]); a block walks
 // the union of its rows' ranges and masks per element. With gridDim.z > 1 the block's range
@@ -21,31 +23,31 @@
 #include "mma.cuh"
 
 #define PF_WARPS 4
-#define PF_BM 64  // query rows per block: PF_WARPS x 16
 #define PF_PAD 8  // halves of padding per shared row: the 8 rows of a fragment land 4 banks apart
 #define PF_LOG2E 1.4426950408889634f
 
 template <int D>
 struct PfShape {
-    static constexpr int BN = D >= 256 ? 32 : 64;  // keys per tile (256: shared memory under 99 KB)
-    static constexpr int LD = D + PF_PAD;           // shared row stride in halves
-    static constexpr int KSTEPS = D / 16;           // k-steps of S = Q K^T
-    static constexpr int NT = BN / 8;               // 8-key n-tiles of S per warp
-    static constexpr int DT = D / 8;                // 8-column n-tiles of O per warp
-    static constexpr bool QREG = D <= 128;          // Q fragments held in registers (256: read per use)
+    static constexpr int MT = D >= 256 ? 1 : 2;              // 16-row tiles per warp
+    static constexpr int BM = PF_WARPS * 16 * MT;            // query rows per block
+    static constexpr int BN = (D >= 256 || MT == 2 && D >= 128) ? 32 : 64;  // keys per tile (registers)
+    static constexpr int LD = D + PF_PAD;                    // shared row stride in halves
+    static constexpr int KSTEPS = D / 16;                    // k-steps of S = Q K^T
+    static constexpr int NT = BN / 8;                        // 8-key n-tiles of S per row tile
+    static constexpr int DT = D / 8;                         // 8-column n-tiles of O per row tile
 };
 
 // Dynamic shared memory bytes of a build: Q, two K buffers, one V buffer.
-#define PF_SMEM_BYTES(D) ((PF_BM + 3 * PfShape<D>::BN) * PfShape<D>::LD * 2)
+#define PF_SMEM_BYTES(D) ((PfShape<D>::BM + 3 * PfShape<D>::BN) * PfShape<D>::LD * 2)
 
 struct PfTile {
     int seq, tile, q_start, q_len, seq_len;
 };
 
-// Block `bx` -> (sequence, tile within it): sequences take cdiv(q_len * group, PF_BM) tiles each,
+// Block `bx` -> (sequence, tile within it): sequences take cdiv(q_len * group, BM) tiles each,
 // in order. Every warp scans the sequences 32 at a time with a prefix sum over its lanes.
 __device__ __forceinline__ bool pf_find_tile(const int* __restrict__ qsl, const int* __restrict__ seq_lens,
-                                             int n_seqs, int group, int bx, int lane, PfTile& out) {
+                                             int n_seqs, int group, int bm, int bx, int lane, PfTile& out) {
     int base = 0;
     for (int s0 = 0; s0 < n_seqs; s0 += 32) {
         const int s = s0 + lane;
@@ -53,7 +55,7 @@ __device__ __forceinline__ bool pf_find_tile(const int* __restrict__ qsl, const 
         if (s < n_seqs) {
             q0 = __ldg(qsl + s);
             q1 = __ldg(qsl + s + 1);
-            tiles = ((q1 - q0) * group + PF_BM - 1) / PF_BM;
+            tiles = ((q1 - q0) * group + bm - 1) / bm;
         }
         int incl = tiles;
 #pragma unroll
@@ -104,36 +106,44 @@ __device__ __forceinline__ void attn_prefill_body(
     int table_stride, int n_seqs, int n_heads, int n_kv, int block_size, float scale, float softcap, int window,
     float* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_ml, u16* smem) {
     typedef PfShape<D> S;
-    constexpr int BN = S::BN, LD = S::LD;
-    u16* sQ = smem;                // [PF_BM][LD]
-    u16* sK = sQ + PF_BM * LD;     // [2][BN][LD]
-    u16* sV = sK + 2 * BN * LD;    // [BN][LD]
+    constexpr int BM = S::BM, BN = S::BN, LD = S::LD, MT = S::MT;
+    u16* sQ = smem;             // [BM][LD]
+    u16* sK = sQ + BM * LD;     // [2][BN][LD]
+    u16* sV = sK + 2 * BN * LD; // [BN][LD]
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int kvh = blockIdx.y, split = blockIdx.z, n_splits = gridDim.z;
     const int group = n_heads / n_kv;
     PfTile tile;
-    if (!pf_find_tile(qsl, seq_lens, n_seqs, group, blockIdx.x, lane, tile)) return;  // the grid's spare blocks
+    if (!pf_find_tile(qsl, seq_lens, n_seqs, group, BM, blockIdx.x, lane, tile)) return;  // spare blocks
     const int rows = tile.q_len * group;
-    const int f0 = tile.tile * PF_BM;
+    const int f0 = tile.tile * BM;
     const int ctx0 = tile.seq_len - tile.q_len;  // position of the chunk's first token
-    const int pos_lo = ctx0 + f0 / group, pos_hi = ctx0 + (min(f0 + PF_BM, rows) - 1) / group;
+    const int pos_lo = ctx0 + f0 / group, pos_hi = ctx0 + (min(f0 + BM, rows) - 1) / group;
     const int key_lo = window > 0 ? max(0, pos_lo - window + 1) : 0;
     const int key_hi = pos_hi + 1;
     const int n_key_tiles = (key_hi - key_lo + BN - 1) / BN;
     const int per_split = (n_key_tiles + n_splits - 1) / n_splits;
     const int kt0 = split * per_split, kt1 = min(n_key_tiles, kt0 + per_split);
     const int* table = block_tables + (size_t)tile.seq * table_stride;
+    const int warp_row = warp * 16 * MT;  // the warp's first row in the block
 
-    // This thread's two rows (g and g + 8 of its warp's 16): position, or -1 for padding rows.
-    const int fr0 = f0 + warp * 16 + g, fr1 = fr0 + 8;
-    const int pos0 = fr0 < rows ? ctx0 + fr0 / group : -1;
-    const int pos1 = fr1 < rows ? ctx0 + fr1 / group : -1;
-
-    float o[S::DT][4];
+    // This thread's rows: g and g + 8 of each of its warp's row tiles (index 2 mt + h); their
+    // positions, -1 for padding rows.
+    int fr[2 * MT], pos[2 * MT];
+    float m[2 * MT], l[2 * MT];
 #pragma unroll
-    for (int i = 0; i < S::DT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-    float m0 = -PADDOCK_INF, m1 = -PADDOCK_INF, l0 = 0.f, l1 = 0.f;
+    for (int i = 0; i < 2 * MT; ++i) {
+        fr[i] = f0 + warp_row + (i >> 1) * 16 + g + (i & 1) * 8;
+        pos[i] = fr[i] < rows ? ctx0 + fr[i] / group : -1;
+        m[i] = -PADDOCK_INF;
+        l[i] = 0.f;
+    }
+    float o[MT][S::DT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int i = 0; i < S::DT; ++i) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.f;
     const float q_scale = softcap > 0.f ? scale : scale * PF_LOG2E;
     const float inv_softcap = softcap > 0.f ? 1.f / softcap : 0.f, softcap_log2 = softcap * PF_LOG2E;
 
@@ -142,7 +152,7 @@ __device__ __forceinline__ void attn_prefill_body(
         cp_async_commit();
         pf_load_kv<D>(sV, v_cache, table, key_lo + kt0 * BN, key_hi, block_size, n_kv, kvh, tid);
         cp_async_commit();
-        for (int i = tid; i < PF_BM * D / 4; i += PF_WARPS * 32) {  // Q, scaled, as f16
+        for (int i = tid; i < BM * D / 4; i += PF_WARPS * 32) {  // Q, scaled, as f16
             const int r = i / (D / 4), c = (i % (D / 4)) * 4;
             const int f = f0 + r;
             float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -155,9 +165,8 @@ __device__ __forceinline__ void attn_prefill_body(
             dst[1] = pack_h2_rn(v.z * q_scale, v.w * q_scale);
         }
     }
-    u32 qf[S::QREG ? S::KSTEPS : 1][4];
-    // A-fragment rows of ldmatrix.x4: matrices (rows 0-7 | 8-15) x (columns 0-7 | 8-15) of the warp's 16
-    const u16* q_rows = sQ + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
+    // A-fragment rows of ldmatrix.x4: matrices (rows 0-7 | 8-15) x (columns 0-7 | 8-15) of a row tile
+    const u16* q_rows = sQ + (warp_row + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
     // B-fragment rows for two 8-key n-tiles: keys (0-7 | 8-15 by lane / 16) x d (0-7 | 8-15 by lane / 8 % 2)
     const int k_row = (lane & 7) + (lane >> 4) * 8, k_col = ((lane >> 3) & 1) * 8;
 
@@ -165,27 +174,25 @@ __device__ __forceinline__ void attn_prefill_body(
         const u16* kb = sK + ((kt - kt0) & 1) * BN * LD;
         cp_async_wait<1>();  // this tile's K (its V may still be in flight)
         __syncthreads();
-        if (S::QREG && kt == kt0) {
+        float s[MT][S::NT][4];
 #pragma unroll
-            for (int kk = 0; kk < S::KSTEPS; ++kk) ldsm_x4(qf[kk], q_rows + 16 * kk);
-        }
-        float s[S::NT][4];
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int j = 0; j < S::NT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+            for (int j = 0; j < S::NT; ++j) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < S::KSTEPS; ++kk) {
-            u32 a[4];
-            if constexpr (S::QREG) {
-                a[0] = qf[kk][0]; a[1] = qf[kk][1]; a[2] = qf[kk][2]; a[3] = qf[kk][3];
-            } else {
-                ldsm_x4(a, q_rows + 16 * kk);
-            }
+            u32 a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[mt], q_rows + mt * 16 * LD + 16 * kk);
 #pragma unroll
             for (int j = 0; j < S::NT; j += 2) {
                 u32 b[4];
                 ldsm_x4(b, kb + (8 * j + k_row) * LD + 16 * kk + k_col);
-                mma_16816(s[j], a, b);
-                mma_16816(s[j + 1], a, b + 2);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma_16816(s[mt][j], a[mt], b);
+                    mma_16816(s[mt][j + 1], a[mt], b + 2);
+                }
             }
         }
         const bool more = kt + 1 < kt1;
@@ -197,72 +204,78 @@ __device__ __forceinline__ void attn_prefill_body(
 
         // Scores in the log2 domain (log2 e folded into q, or applied after the cap), masked where the
         // tile crosses a row's causal edge or window (block-uniform test: most tiles of a long context
-        // are wholly visible); then the online softmax of both rows.
+        // are wholly visible); then the online softmax of each row.
         const int key0 = key_lo + kt * BN;
         if (softcap > 0.f) {
 #pragma unroll
-            for (int j = 0; j < S::NT; ++j)
+            for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) s[j][e] = softcap_log2 * tanhf(s[j][e] * inv_softcap);
+                for (int j = 0; j < S::NT; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) s[mt][j][e] = softcap_log2 * tanhf(s[mt][j][e] * inv_softcap);
         }
         const bool interior = key0 + BN - 1 <= pos_lo && (window <= 0 || key0 > pos_hi - window);
         if (!interior) {
 #pragma unroll
-            for (int j = 0; j < S::NT; ++j)
+            for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int key = key0 + 8 * j + 2 * t4 + (e & 1);
-                    const int pos = e < 2 ? pos0 : pos1;
-                    if (key > pos || key >= key_hi || (window > 0 && key <= pos - window)) s[j][e] = -PADDOCK_INF;
-                }
+                for (int j = 0; j < S::NT; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int key = key0 + 8 * j + 2 * t4 + (e & 1);
+                        const int p = pos[2 * mt + (e >> 1)];
+                        if (key > p || key >= key_hi || (window > 0 && key <= p - window)) s[mt][j][e] = -PADDOCK_INF;
+                    }
         }
-        float mx0 = -PADDOCK_INF, mx1 = -PADDOCK_INF;
 #pragma unroll
-        for (int j = 0; j < S::NT; ++j) {
-            mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
-            mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
-        }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
-        const float u0 = n0 == -PADDOCK_INF ? 0.f : n0, u1 = n1 == -PADDOCK_INF ? 0.f : n1;
-        const float alpha0 = fast_exp2(m0 - u0), alpha1 = fast_exp2(m1 - u1);
-        m0 = n0;
-        m1 = n1;
-        float sum0 = 0.f, sum1 = 0.f;
+        for (int i = 0; i < 2 * MT; ++i) {
+            const int mt = i >> 1, e0 = 2 * (i & 1);
+            float mx = -PADDOCK_INF;
 #pragma unroll
-        for (int j = 0; j < S::NT; ++j) {
-            s[j][0] = fast_exp2(s[j][0] - u0);
-            s[j][1] = fast_exp2(s[j][1] - u0);
-            s[j][2] = fast_exp2(s[j][2] - u1);
-            s[j][3] = fast_exp2(s[j][3] - u1);
-            sum0 += s[j][0] + s[j][1];
-            sum1 += s[j][2] + s[j][3];
-        }
-        l0 = l0 * alpha0 + sum0;  // this lane's share; the row's four lanes meet at the end
-        l1 = l1 * alpha1 + sum1;
+            for (int j = 0; j < S::NT; ++j) mx = fmaxf(mx, fmaxf(s[mt][j][e0], s[mt][j][e0 + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float now = fmaxf(m[i], mx);
+            const float use = now == -PADDOCK_INF ? 0.f : now;
+            const float alpha = fast_exp2(m[i] - use);
+            m[i] = now;
+            float sum = 0.f;
 #pragma unroll
-        for (int i = 0; i < S::DT; ++i) {
-            o[i][0] *= alpha0; o[i][1] *= alpha0;
-            o[i][2] *= alpha1; o[i][3] *= alpha1;
+            for (int j = 0; j < S::NT; ++j) {
+                s[mt][j][e0] = fast_exp2(s[mt][j][e0] - use);
+                s[mt][j][e0 + 1] = fast_exp2(s[mt][j][e0 + 1] - use);
+                sum += s[mt][j][e0] + s[mt][j][e0 + 1];
+            }
+            l[i] = l[i] * alpha + sum;  // this lane's share; the row's four lanes meet at the end
+#pragma unroll
+            for (int d = 0; d < S::DT; ++d) {
+                o[mt][d][e0] *= alpha;
+                o[mt][d][e0 + 1] *= alpha;
+            }
         }
 
         if (more) cp_async_wait<1>(); else cp_async_wait<0>();  // this tile's V
         __syncthreads();
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
-            const u32 a[4] = {pack_h2_rn(s[2 * kk][0], s[2 * kk][1]), pack_h2_rn(s[2 * kk][2], s[2 * kk][3]),
-                              pack_h2_rn(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              pack_h2_rn(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            u32 a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                a[mt][0] = pack_h2_rn(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                a[mt][1] = pack_h2_rn(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                a[mt][2] = pack_h2_rn(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                a[mt][3] = pack_h2_rn(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+            }
             const u16* vrow = sV + (16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
 #pragma unroll
             for (int np = 0; np < D / 16; ++np) {
                 u32 b[4];
                 ldsm_x4_trans(b, vrow + 16 * np);
-                mma_16816(o[2 * np], a, b);
-                mma_16816(o[2 * np + 1], a, b + 2);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma_16816(o[mt][2 * np], a[mt], b);
+                    mma_16816(o[mt][2 * np + 1], a[mt], b + 2);
+                }
             }
         }
         __syncthreads();  // every warp is done with V before the next one lands there
@@ -272,31 +285,28 @@ __device__ __forceinline__ void attn_prefill_body(
         }
     }
 
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const int f = half ? fr1 : fr0;
+    for (int i = 0; i < 2 * MT; ++i) {
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+        const int f = fr[i], mt = i >> 1, e0 = 2 * (i & 1);
         if (f >= rows) continue;
         const size_t row = (size_t)(tile.q_start + f / group) * n_heads + kvh * group + f % group;
-        const float l = half ? l1 : l0;
         if (n_splits == 1) {
-            const float inv = l > 0.f ? 1.f / l : 0.f;
+            const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
             float* dst = out + row * D + 2 * t4;
 #pragma unroll
-            for (int i = 0; i < S::DT; ++i)
-                *reinterpret_cast<float2*>(dst + 8 * i) = make_float2(o[i][2 * half] * inv, o[i][2 * half + 1] * inv);
+            for (int d = 0; d < S::DT; ++d)
+                *reinterpret_cast<float2*>(dst + 8 * d) = make_float2(o[mt][d][e0] * inv, o[mt][d][e0 + 1] * inv);
         } else {
             const size_t at = row * n_splits + split;
             float* dst = part_o + at * D + 2 * t4;
 #pragma unroll
-            for (int i = 0; i < S::DT; ++i)
-                *reinterpret_cast<float2*>(dst + 8 * i) = make_float2(o[i][2 * half], o[i][2 * half + 1]);
+            for (int d = 0; d < S::DT; ++d)
+                *reinterpret_cast<float2*>(dst + 8 * d) = make_float2(o[mt][d][e0], o[mt][d][e0 + 1]);
             if (t4 == 0) {
-                part_ml[2 * at] = half ? m1 : m0;
-                part_ml[2 * at + 1] = l;
+                part_ml[2 * at] = m[i];
+                part_ml[2 * at + 1] = l[i];
             }
         }
     }

@@ -43,7 +43,8 @@ int main(int argc, char** argv) {
     size_t smem = 0;
     PrefillFn fn = pick(d, &smem);
     g_dynamic_shared.assign(smem, 0xff);  // garbage, as on the device
-    const unsigned tiles = (unsigned)((n_tok * (n_heads / n_kv) + PF_BM - 1) / PF_BM + n_seqs);
+    const int bm = d == 64 ? PfShape<64>::BM : d == 128 ? PfShape<128>::BM : PfShape<256>::BM;
+    const unsigned tiles = (unsigned)((n_tok * (n_heads / n_kv) + bm - 1) / bm + n_seqs);
     launch({tiles, (unsigned)n_kv, (unsigned)splits}, {PF_WARPS * 32, 1, 1}, [&] {
         fn(q.data(), k.data(), v.data(), qsl.data(), seq_lens.data(), tables.data(), stride, n_seqs, n_heads, n_kv,
            block_size, scale, softcap, window, out.data(), part_o.data(), part_ml.data());
