@@ -24,9 +24,10 @@ from app.engine.kernels.dequant import dequant_rows
 GEMV_MAX_TOKENS = gemv_kernels.MAX_TOKENS
 SCRATCH_ELEMENTS = 32 << 20  # float16 weight elements per cuBLAS slice (64 MiB)
 # From this many tokens a matrix with a float16 copy goes to cuBLAS on the copy even below
-# GEMV_MAX_TOKENS: the float32-x GEMVs for 2-8 tokens (gemv.cu, gemv_fused.cu) are compute-bound,
-# Qwen3-8B gate/up at 8 tokens 10.3 ms per step against ~2 for the copy's 3.6x the bytes.
-DENSE_FROM_TOKENS = 2
+# GEMV_MAX_TOKENS: the float32-x GEMVs for 2-8 tokens (gemv.cu, gemv_fused.cu) are compute-bound.
+# Qwen3-8B decode step on the H200 (2026-12-01, docs/tuning-log.md): batch 2 3.85 ms on the GEMVs
+# against 5.08 on the copies, batch 4 9.91 against 5.16, batch 8 22.0 against 5.38.
+DENSE_FROM_TOKENS = 3
 
 
 def _dense_pays(n_tok: int, weight: CudaWeight | CudaFusedWeight) -> bool:
