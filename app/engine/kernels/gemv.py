@@ -34,8 +34,7 @@ def format_defines(qtype_name: str) -> dict[str, str]:
 def default_warps(n_cols: int) -> int:
     """Warps per block: about one 32-weight unit per lane, from 1 to 4 warps.
 
-    Measured on the H200 (bench/NOTES-cuda.md, 2026-11-29): 8 warps lost to 4 at every
-    Qwen3-8B shape (by up to 1.5x); 2 and 4 were within noise of each other."""
+    8 warps lost to 4 at every Qwen3-8B shape on the H200 (docs/tuning-log.md)."""
     return max(1, min(4, cdiv(n_cols // 32, 32)))
 
 

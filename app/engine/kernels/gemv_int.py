@@ -2,11 +2,11 @@
 
 gemv.py sends one token here when every weight is an integer format (the k-quants and the
 32-weight formats), the weights hold at least MIN_BYTES and the quantized x fits the shared
-memory a block can have without an opt-in; everything else keeps the float32-x kernels. The
-backend's GemvPlan (gemv_plan.py) turns the path off or on and gives the launch shapes: by width,
-and for some wide kernels by format, from the tuning tables (kernels/tuning/), whose history is in
-docs/tuning-log.md. From ~4 MB of weights on this path is faster (quantizing x costs each block a
-round trip before its first product, which small matrices do not win back).
+memory a block can have without an opt-in; everything else keeps the float32-x kernels (below
+~4 MB, quantizing x costs each block a round trip that the product does not win back). The
+backend's GemvPlan (gemv_plan.py) turns the path on or off and gives the launch shapes: by width,
+and for some wide kernels by format, from the tuning tables (kernels/tuning/); their history is
+in docs/tuning-log.md.
 """
 
 from __future__ import annotations
