@@ -12,7 +12,7 @@ import pytest
 from app.engine.kernels import gemv_int
 from app.engine.kernels.gemv import TOKEN_BUCKETS, VARIANTS, default_rows, fused_rows
 from app.engine.kernels.gemv_plan import GemvPlan
-from app.engine.kernels.tuning import GEMV_INT_KERNELS, LaunchShape, Tuning, for_arch, merge
+from app.engine.kernels.tuning import GEMV_INT_KERNELS, LaunchShape, Tuning, for_arch, merge, write_overlay
 
 SHIPPED_ARCHS = ("86", "89", "90", "120")
 FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16", "F32")
@@ -122,3 +122,25 @@ def test_every_shipped_file_is_complete() -> None:
             for fmt in FORMATS:
                 for n_cols in (1024, 4096):
                     assert isinstance(tuning.gemv_int_shape(kernel, n_cols, fmt), LaunchShape), path.name
+
+
+def test_a_sweeps_overlay_holds_only_what_differs(tmp_path: Path) -> None:
+    """tuning.write_overlay (bench/gemv_sweep.py's write_tuning): measured shapes the tables already
+    give are left out; the others come back from for_arch."""
+    shipped = Path(gemv_int.__file__).parent / "tuning" / "default.json"
+    (tmp_path / "default.json").write_text(shipped.read_text())
+    measured = {
+        ("GATED", "Q4_K", 4096): LaunchShape(2, 8, 1, 3),  # what default.json says: left out
+        ("SINGLE", "Q8_0", 4096): LaunchShape(1, 16, 2, 1),
+        ("MULTI", "Q4_K", 1024): LaunchShape(1, 4, 1, 2),
+    }
+    path = write_overlay("86", measured, tmp_path)
+    assert json.loads(path.read_text()) == {"gemv_int": {
+        "shapes": {"MULTI": {"narrow": {"rows": 1, "warps": 4, "units": 1, "min_blocks": 2}}},
+        "wide_by_format": {"SINGLE_Q8_0": {"rows": 1, "warps": 16, "units": 2, "min_blocks": 1}},
+    }}  # fmt: skip
+    tuned = for_arch("86", tmp_path)
+    assert all(tuned.gemv_int_shape(k, n, f) == shape for (k, f, n), shape in measured.items())
+    assert tuned.gemv_int_shape("MULTI", 4096, "Q8_0") == for_arch(None, tmp_path).gemv_int_shape(
+        "MULTI", 4096, "Q8_0"
+    )

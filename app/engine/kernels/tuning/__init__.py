@@ -109,6 +109,35 @@ class Tuning:
         return n_seqs <= table["rope_max_seqs"] and q_width >= table["rope_min_q_width"]
 
 
+def overlay(measured: dict[tuple[str, str, int], LaunchShape], base: Tuning) -> dict[str, Any]:
+    """The `sm<arch>.json` entries that make `base` give the `measured` best int16-x shapes, keyed
+    (kernel, first weight's format, columns): a wide shape goes in by format, a narrow one for the
+    kernel (the table has no narrow shapes by format); those `base` already gives are left out."""
+    wide_cols = base.gemv_int_wide_cols
+    shapes: dict[str, Any] = {}
+    by_format: dict[str, Any] = {}
+    for (kernel, first_format, n_cols), shape in sorted(measured.items()):
+        if base.gemv_int_shape(kernel, n_cols, first_format) == shape:
+            continue
+        if n_cols >= wide_cols:
+            by_format[f"{kernel}_{first_format}"] = shape.to_data()
+        else:
+            shapes.setdefault(kernel, {})["narrow"] = shape.to_data()
+    table = {k: v for k, v in (("shapes", shapes), ("wide_by_format", by_format)) if v}
+    return {"gemv_int": table} if table else {}
+
+
+def write_overlay(
+    arch: str, measured: dict[tuple[str, str, int], LaunchShape], folder: Path = TUNING_DIR
+) -> Path:
+    """Merge `overlay(measured, ...)` into `folder/sm<arch>.json` (made if absent); returns its path."""
+    path = folder / f"sm{arch}.json"
+    data = merge(_read(path), overlay(measured, for_arch(arch, folder)))
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    for_arch.cache_clear()
+    return path
+
+
 def _read(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.exists() else {}
 
