@@ -39,7 +39,7 @@ def add_async_decode_argument(parser: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="launch each decode step before the previous one's tokens are read back (default: on with "
-        "CUDA graphs; $PADDOCK_ASYNC_DECODE=0/1 overrides)",
+        "CUDA graphs)",
     )
 
 

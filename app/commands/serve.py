@@ -8,12 +8,17 @@ import os
 import sys
 
 HELP = "serve the loaded model over an OpenAI- and Anthropic-compatible HTTP API (and MCP at /mcp)"
+EPILOG = (
+    "Engine environment switches (kernel A/B runs, the kernel cache folder) are listed in "
+    "docs/configuration.md; `python -m app.engine.envs` prints them."
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from app.commands.common import add_async_decode_argument, add_model_arguments
     from app.engine.server.settings import DEFAULT_HOST, DEFAULT_PORT
 
+    parser.epilog = EPILOG
     add_model_arguments(parser)
     add_async_decode_argument(parser)
     parser.add_argument(

@@ -22,10 +22,10 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     cuda_graphs: bool = True  # replay decode steps as CUDA graphs (CUDA only)
     # with cuda_graphs, also replay one sequence's prefill chunk of up to 512 tokens as a graph
-    # (worker/prefill_graphs.py; $PADDOCK_PREFILL_GRAPHS=0 turns it off)
+    # (worker/prefill_graphs.py)
     prefill_graphs: bool = True
     # launch each decode step before reading the previous one's ids back (worker/pipeline.py);
-    # None: on with CUDA graphs, off otherwise. $PADDOCK_ASYNC_DECODE=0/1 overrides it.
+    # None: on with CUDA graphs, off otherwise (--async-decode / --no-async-decode)
     async_decode: bool | None = None
     # float16 copies of the weights for batched products (CUDA only): "auto" keeps them only on a
     # GPU with room to spare (app/engine/fit.py: use_weight_cache), "on", or "off"

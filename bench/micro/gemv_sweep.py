@@ -118,6 +118,15 @@ def int_sweep() -> None:
         cupy.get_default_memory_pool().free_all_blocks()
 
 
+def write_tuning(arch: str, best: dict[tuple[str, str, int], tuple[int, int, int, int]]) -> Path:
+    """Write the best int16-x shapes of a sweep, {(kernel, first format, columns): (rows, warps,
+    units, min_blocks)} with kernel SINGLE, GATED or MULTI, as app/engine/kernels/tuning/sm<arch>.json
+    (only what differs from the shipped tables; tests/engine/test_tuning.py checks the format)."""
+    from app.engine.kernels import tuning
+
+    return tuning.write_overlay(arch, {key: tuning.LaunchShape(*shape) for key, shape in best.items()})
+
+
 def main() -> None:
     if "--int" in sys.argv:
         int_sweep()

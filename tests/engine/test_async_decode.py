@@ -20,7 +20,7 @@ from app.engine.interface import GenerationRequest
 from app.engine.request import PLACEHOLDER, Request
 from app.engine.sampling_params import SamplingParams
 from app.engine.worker import runner as runner_module
-from app.engine.worker.pipeline import ASYNC_DECODE_ENV, async_decode_enabled
+from app.engine.worker.pipeline import async_decode_enabled
 from app.engine.worker.runner import token_slice
 
 MODEL = Path(__file__).resolve().parents[1] / "fixtures" / "families" / "qwen3" / "qwen3-kquants.gguf"
@@ -30,11 +30,6 @@ PROMPTS = {"a": [1, 2, 3, 4, 5], "b": [7, 8, 9], "c": [11, 12] * 6, "d": [40]}
 Requests = dict[str, tuple[list[int], SamplingParams]]
 Add = Callable[[str, list[int], SamplingParams], None]
 Trigger = tuple[str, int, Callable[[LLMEngine, Add], None]]  # when request rid has shown n tokens: act
-
-
-@pytest.fixture(autouse=True)
-def _no_env_override(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(ASYNC_DECODE_ENV, raising=False)
 
 
 def make_engine(async_decode: bool, **overrides: Any) -> LLMEngine:
@@ -320,16 +315,10 @@ def test_async_engine_streams_and_an_abandoned_stream_frees_its_blocks() -> None
     assert not engine.has_unfinished() and engine.kv.num_used_blocks == 0
 
 
-def test_async_decode_setting_and_its_environment_override(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_async_decode_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The config decides alone (no environment override): None means on exactly with CUDA graphs."""
     assert async_decode_enabled(None, cuda_graphs=True) and not async_decode_enabled(None, cuda_graphs=False)
     assert async_decode_enabled(True, cuda_graphs=False) and not async_decode_enabled(False, cuda_graphs=True)
-    monkeypatch.setenv(ASYNC_DECODE_ENV, "1")
-    assert async_decode_enabled(False, cuda_graphs=False)
-    monkeypatch.setenv(ASYNC_DECODE_ENV, "0")
-    assert not async_decode_enabled(True, cuda_graphs=True)
-    assert not make_engine(True).async_decode
-    monkeypatch.setenv(ASYNC_DECODE_ENV, "yes")
-    with pytest.raises(ValueError, match=ASYNC_DECODE_ENV):
-        async_decode_enabled(None, cuda_graphs=True)
-    monkeypatch.delenv(ASYNC_DECODE_ENV)
+    monkeypatch.setenv("PADDOCK_ASYNC_DECODE", "0")  # the retired switch no longer overrides the config
+    assert make_engine(True).async_decode
     assert not make_engine(None).async_decode  # numpy: off unless asked for

@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.engine.kernels import gemv_int
+from app.engine.kernels import gemv_int, tuning
+from app.engine.kernels.gemv_plan import GemvPlan
 from app.engine.kernels.runtime.compile import BASE_OPTIONS, KERNEL_DIR
 
 ARCHS = ("86", "89", "90", "120")
@@ -200,6 +201,7 @@ def test_selected_variant_compiles(source: str, tmp_path: Path) -> None:
 
 
 XQ_ENTRIES = {"SINGLE": "gemv_int", "GATED": "gemv_int_gated", "MULTI": "gemv_int_multi"}
+SM90 = GemvPlan(tuning=tuning.for_arch("90"))  # the builds ptxas is asked about below
 
 
 def _spill_stores(defines: list[str], entry: str) -> int:
@@ -214,8 +216,8 @@ def _spill_stores(defines: list[str], entry: str) -> int:
     return int(re.search(r"(\d+) bytes spill stores", properties).group(1))
 
 
-@pytest.mark.parametrize("n_cols", [gemv_int.WIDE_COLS, 3 * gemv_int.WIDE_COLS])
-@pytest.mark.parametrize("key", sorted(gemv_int.WIDE_BY_FORMAT))
+@pytest.mark.parametrize("n_cols", [SM90.tuning.gemv_int_wide_cols, 3 * SM90.tuning.gemv_int_wide_cols])
+@pytest.mark.parametrize("key", SM90.tuning.gemv_int_by_format)
 def test_wide_gemv_shapes_do_not_spill(key: str, n_cols: int) -> None:
     """The wide builds gemv_int gives their own shape and register cap hold without spilling, at
     hidden and FFN widths (x loaded one or two groups per thread), also with a Q4_K_M file's Q6_K
@@ -223,10 +225,10 @@ def test_wide_gemv_shapes_do_not_spill(key: str, n_cols: int) -> None:
     if _nvcc() is None:
         pytest.skip("needs nvcc")
     name, _, first = key.partition("_")
-    shape = gemv_int._build_shape(name, n_cols, first, None, None, None)
+    shape = gemv_int._build_shape(name, n_cols, first, None, None, None, SM90)
     variants = [[first, first, first]] + ([[first, first, "Q6_K"]] if name == "MULTI" else [])
     for formats in variants:
-        defines = gemv_int._defines(formats, shape, n_cols)
+        defines = gemv_int._defines(formats, shape, n_cols, plan=SM90)
         flags = [f"-D{k}={v}" for k, v in defines.items()]
         assert _spill_stores(flags, XQ_ENTRIES[name]) == 0, f"{key} {formats} at {shape}, {n_cols} columns"
 

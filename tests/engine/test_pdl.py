@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from app.engine import envs
 from app.engine.kernels.runtime import compile as kernel_compile
 from app.engine.kernels.runtime import launch as launch_module
 from app.engine.kernels.runtime import pdl
@@ -81,12 +82,37 @@ def test_launch_takes_cupys_launcher_outside_programmatic_launches() -> None:
     assert not pdl.active()
 
 
+def test_programmatic_launches_switched_off_stay_plain() -> None:
+    """KernelOptions.pdl off: the capture's launches keep CuPy's launcher (no device is asked)."""
+    with pdl.programmatic_launches(False):
+        assert not pdl.active()
+    assert not pdl.active()
+
+
 def test_experiment_defines_parse(monkeypatch) -> None:
-    kernel_compile._experiment_defines.cache_clear()
     monkeypatch.setenv("PADDOCK_KERNEL_DEFINES", "PDL_PREFETCH_WARP_BYTES=0,PDL_PREFETCH_BLOCK_BYTES=0 FLAG")
+    envs.reload()
     try:
-        assert kernel_compile._experiment_defines() == {
+        assert envs.PADDOCK_KERNEL_DEFINES == {
             "PDL_PREFETCH_WARP_BYTES": "0", "PDL_PREFETCH_BLOCK_BYTES": "0", "FLAG": "1",
         }  # fmt: skip
+        options = kernel_compile.define_options({"XQ_R": 2, **envs.PADDOCK_KERNEL_DEFINES})
+        assert options == ("-DFLAG=1", "-DPDL_PREFETCH_BLOCK_BYTES=0", "-DPDL_PREFETCH_WARP_BYTES=0", "-DXQ_R=2")
     finally:
-        kernel_compile._experiment_defines.cache_clear()
+        monkeypatch.delenv("PADDOCK_KERNEL_DEFINES")
+        envs.reload()
+
+
+def test_kernel_cache_folder(monkeypatch, tmp_path: Path) -> None:
+    """$PADDOCK_KERNEL_CACHE, else the user cache folder's paddock/kernels."""
+    try:
+        monkeypatch.setenv("PADDOCK_KERNEL_CACHE", str(tmp_path / "k"))
+        envs.reload()
+        assert kernel_compile.cache_dir() == tmp_path / "k"
+        monkeypatch.delenv("PADDOCK_KERNEL_CACHE")
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+        envs.reload()
+        assert kernel_compile.cache_dir() == tmp_path / "xdg" / "paddock" / "kernels"
+    finally:
+        monkeypatch.undo()
+        envs.reload()

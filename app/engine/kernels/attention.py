@@ -53,10 +53,8 @@ def plan_splits(
     Aims at about four blocks per multiprocessor, splits of at least MIN_SPLIT keys, at
     most MAX_SPLITS, and at most 64 MiB of partial sums. When the grid stays within four
     blocks per multiprocessor, the 128-register build (more blocks resident) is chosen for
-    up to 4 heads per KV head. Measured on the H200 (bench/NOTES-cuda.md, run 3) this rule
-    matches the faster of the measured settings at 5 of 6 single-sequence points and the
-    faster register budget at 7 of 10 points, the misses within 15% (qwen 1 x 4096: 28 us
-    against 23 us with 16 splits).
+    up to 4 heads per KV head: on the H200 the faster of the measured settings at most points,
+    the misses within 15% (docs/tuning-log.md).
     """
     blocks = n_tokens * n_kv
     splits = 1

@@ -1,22 +1,21 @@
 """Wrapper of attention_decode.cu: paged attention for decode batches (one token per sequence).
 
 CudaBackend.attention sends a decode batch here when the (head_dim, group) variant exists
-(the ones whose shared memory fits 48 KB); prefill and mixed batches, and the rest, go to
-attention.cu. `PADDOCK_DECODE_ATTENTION=0` turns this path off (benchmarks compare the two).
+(the ones whose shared memory fits 48 KB) and its KernelOptions have the path on; prefill and
+mixed batches, and the rest, go to attention.cu.
 
 On sm_90+ the blocks of one (sequence, KV head) run in thread-block clusters that merge their
-partial sums through each other's shared memory (block_layout); `PADDOCK_DECODE_CLUSTERS=0`
-keeps the global-memory merge there too.
+partial sums through each other's shared memory (block_layout); `clusters=False` keeps the
+global-memory merge there too.
 
 attention_decode_qkv is the same attention with rope_cache.cu's work done inside it (one launch
-less per layer at decode), where rope_supported says it applies; `PADDOCK_DECODE_ROPE=0` turns it
-off (the caller then runs rope_cache and attention_decode).
+less per layer at decode), where rope_supported says it applies and the backend's tuning says it
+pays (otherwise the caller runs rope_cache and attention_decode).
 """
 
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
 from app.engine.kernels.attention import group_bucket, split_counters
@@ -26,7 +25,6 @@ from app.engine.kernels.runtime.launch import cdiv, f32, i32, launch, ptr
 VARIANTS = frozenset({(64, 1), (64, 2), (64, 4), (64, 8), (64, 16), (128, 1), (128, 2), (128, 4), (128, 8),
                       (256, 1), (256, 2), (256, 4)})  # fmt: skip
 MAX_BLOCKS = 128  # blocks per (sequence, KV head): the merge keeps one weight per block in shared memory
-BLOCKS_PER_SM = 4  # enough blocks in flight to stream a long context at full bandwidth
 MAX_CLUSTER = 8  # blocks per thread-block cluster: the portable maximum on sm_90
 MIN_CLUSTER_CC = 90
 
@@ -37,26 +35,28 @@ def chunk_keys(head_dim: int) -> int:
 
 
 def supports(head_dim: int, n_heads: int, n_kv: int) -> bool:
-    if os.environ.get("PADDOCK_DECODE_ATTENTION", "1") == "0" or n_heads % n_kv:
+    """Whether a decode variant exists for these heads."""
+    if n_heads % n_kv:
         return False
     return (head_dim, group_bucket(n_heads, n_kv)) in VARIANTS
 
 
-def plan_blocks(n_seqs: int, n_kv: int, max_seq_len: int, sm_count: int, head_dim: int) -> int:
+def plan_blocks(
+    n_seqs: int, n_kv: int, max_seq_len: int, sm_count: int, head_dim: int, blocks_per_sm: int
+) -> int:
     """Blocks per (sequence, KV head): one per chunk of the longest context, capped at about
-    BLOCKS_PER_SM blocks per multiprocessor over the batch; a block loops over the chunks
+    `blocks_per_sm` blocks per multiprocessor over the batch (enough in flight to stream a long
+    context at full bandwidth: the tuning's decode_blocks_per_sm); a block loops over the chunks
     beyond that. Contexts shorter than the plan leave the extra blocks idle (they return at
     once, but for those in a cluster with active blocks), so one plan serves every step a CUDA
     graph replays."""
     chunks = cdiv(max(1, max_seq_len), chunk_keys(head_dim))
-    return max(1, min(chunks, cdiv(BLOCKS_PER_SM * sm_count, n_seqs * n_kv), MAX_BLOCKS))
+    return max(1, min(chunks, cdiv(blocks_per_sm * sm_count, n_seqs * n_kv), MAX_BLOCKS))
 
 
 @functools.cache
 def clusters_supported() -> bool:
-    """Whether launches on this device use thread-block clusters: sm_90+, unless switched off."""
-    if os.environ.get("PADDOCK_DECODE_CLUSTERS", "1") == "0":
-        return False
+    """Whether this device can run thread-block clusters: sm_90+."""
     return int(device_arch()) >= MIN_CLUSTER_CC
 
 
@@ -76,48 +76,33 @@ def block_layout(n_blocks: int, clusters: bool) -> tuple[int, int]:
     return cdiv(n, cluster) * cluster, cluster
 
 
-# Where attention_decode_qkv pays (gpu_run.sh ab, H200, 2026-11-30, engine step at batch 1 / 32):
-# Qwen3-8B batch 1 2.474 -> 2.429 ms graph replay (twice), batch 32 6.37 -> 6.51; Qwen3-0.6B (q
-# 2048 wide) batch 1 0.768 -> 0.783, batch 32 2.09 -> 2.16. So one sequence and q at least 4096
-# wide; `PADDOCK_DECODE_ROPE=all` takes it wherever supported, `0` nowhere (A/B runs).
-ROPE_MAX_SEQS = 1
-ROPE_MIN_Q_WIDTH = 4096
-
-
-def rope_pays(n_seqs: int, n_heads: int, head_dim: int) -> bool:
-    """Whether a decode batch takes attention_decode_qkv rather than rope_cache + attention_decode
-    (given rope_supported), by the measurements above."""
-    if os.environ.get("PADDOCK_DECODE_ROPE", "1") == "all":
-        return True
-    return n_seqs <= ROPE_MAX_SEQS and n_heads * head_dim >= ROPE_MIN_Q_WIDTH
-
-
 def rope_supported(head_dim: int, n_heads: int, n_kv: int, rotary_dim: int) -> bool:
     """Whether attention_decode_qkv applies: a decode variant exists (supports), the rotation covers the
     whole head (`rotary_dim`, twice the cos/sin tables' width, is head_dim, as rope_cache requires),
     and head_dim is 64, 128 or 256: a head's D/2 pairs are whole warps of the 128-thread block, so its
     norm is a sum over whole warps."""
-    if os.environ.get("PADDOCK_DECODE_ROPE", "1") == "0" or rotary_dim != head_dim:
+    if rotary_dim != head_dim:
         return False
     return head_dim in (64, 128, 256) and supports(head_dim, n_heads, n_kv)
 
 
 def attention_decode(
     q: Any, k_cache: Any, v_cache: Any, seq_lens: Any, block_tables: Any, scale: float,
-    sliding_window: int | None, softcap: float | None, n_blocks: int, out: Any,
+    sliding_window: int | None, softcap: float | None, n_blocks: int, out: Any, clusters: bool = True,
 ) -> Any:  # fmt: skip
     """`out [S, n_heads, D]` for float32 `q [S, n_heads, D]`, one token per sequence, whose
-    position is its `seq_lens` entry minus one (its own key already written to the cache)."""
+    position is its `seq_lens` entry minus one (its own key already written to the cache).
+    `clusters`: merge through thread-block clusters where the device has them."""
     n_seqs, n_heads, head_dim = q.shape
     return _launch("attn_dec", {}, n_seqs, n_heads, head_dim, q, k_cache, v_cache, seq_lens, block_tables, scale,
-                   sliding_window, softcap, n_blocks, out, ())  # fmt: skip
+                   sliding_window, softcap, n_blocks, out, (), clusters)  # fmt: skip
 
 
 def attention_decode_qkv(
     qkv: Any, n_heads: int, n_kv: int, head_dim: int, q_norm: Any | None, k_norm: Any | None, eps: float,
     positions: Any, cos: Any, sin: Any, interleaved: bool, k_cache: Any, v_cache: Any, slots: Any,
     seq_lens: Any, block_tables: Any, scale: float, sliding_window: int | None, softcap: float | None,
-    n_blocks: int, out: Any,
+    n_blocks: int, out: Any, clusters: bool = True,
 ) -> Any:  # fmt: skip
     """Exactly `rope_cache(qkv, n_heads, n_kv, head_dim, q_norm, k_norm, eps, positions, cos, sin,
     interleaved, k_cache, v_cache, slots, q)` then `attention_decode(q, k_cache, v_cache, seq_lens,
@@ -141,13 +126,14 @@ def attention_decode_qkv(
     table = (cos, sin, i32(cos.shape[0]), i32(interleaved))
     rope_args = (ptr(q_norm), ptr(k_norm), f32(eps), positions, *table, slots)
     return _launch("attn_dec_rope", {"ATTN_ROPE": 1}, qkv.shape[0], n_heads, head_dim, qkv, k_cache, v_cache,
-                   seq_lens, block_tables, scale, sliding_window, softcap, n_blocks, out, rope_args)  # fmt: skip
+                   seq_lens, block_tables, scale, sliding_window, softcap, n_blocks, out, rope_args,
+                   clusters)  # fmt: skip
 
 
 def _launch(
     entry: str, defines: dict[str, int], n_seqs: int, n_heads: int, head_dim: int, q: Any, k_cache: Any,
     v_cache: Any, seq_lens: Any, block_tables: Any, scale: float, sliding_window: int | None,
-    softcap: float | None, n_blocks: int, out: Any, extra_args: tuple[Any, ...],
+    softcap: float | None, n_blocks: int, out: Any, extra_args: tuple[Any, ...], clusters: bool,
 ) -> Any:  # fmt: skip
     """One launch of kernel `entry`_d{D}_g{G} of attention_decode.cu: grid (sequence, KV head, block),
     partial buffers for the splits, then the kernel's own `extra_args`."""
@@ -161,7 +147,7 @@ def _launch(
     if n_seqs == 0:
         return out
     gmax = group_bucket(n_heads, n_kv)
-    n_blocks, cluster = block_layout(n_blocks, clusters_supported())
+    n_blocks, cluster = block_layout(n_blocks, clusters and clusters_supported())
     defines = {"ATTN_D": head_dim, "ATTN_G": gmax, "ATTN_CL": cluster, **defines}
     kernel = get_kernel("attention_decode.cu", f"{entry}_d{head_dim}_g{gmax}", defines)
     part_acc = cupy.empty((n_seqs, n_heads, n_blocks, head_dim), cupy.float32)

@@ -1,38 +1,29 @@
 """Wrapper of gemv.cu: quantized matrix-vector products for up to 8 tokens.
 
-One token over large integer-format weights (one weight, or gate/up) goes to gemv_int.py
-(int16 x, integer dot products) unless a launch shape is forced (the benchmarks time these
-kernels' shapes); gemv_int.py says where and why."""
+One token over large integer-format weights (one weight, q/k/v, or gate/up) goes to gemv_int.py
+(int16 x, integer dot products) where the plan has that path on, unless a launch shape is forced
+(the benchmarks time these kernels' shapes); gemv_int.py says where and why. Rows per block come
+from the plan's tuning table (kernels/tuning/)."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from app.engine.kernels import gemv_int
+from app.engine.kernels.gemv_plan import DEFAULT_PLAN, GemvPlan
 from app.engine.kernels.runtime.compile import get_kernel
 from app.engine.kernels.runtime.launch import cdiv, i32, i64, launch, ptr
 
 TOKEN_BUCKETS = (1, 2, 4, 8)  # kernel variants; n tokens run in the smallest bucket >= n
-ROWS_PER_BLOCK = {1: 8, 2: 4, 4: 2, 8: 2}  # default R per bucket; must be a variant in GEMV_FORMAT (gemv.cu)
-VARIANTS = {1: (8, 4), 2: (4,), 4: (2,), 8: (2,)}
-# Formats whose single-token kernel ran faster with 4 rows per block on the H200
-# (bench/NOTES-cuda.md, run 3: Q4_K 17.4 against 21.5 us at 12288 x 4096).
-SINGLE_TOKEN_ROWS = {"Q4_K": 4, "Q5_K": 4}
+VARIANTS = {1: (8, 4), 2: (4,), 4: (2,), 8: (2,)}  # rows per block compiled for each bucket (gemv.cu)
 
 
-def default_rows(bucket: int, qtype_name: str) -> int:
-    """Rows per block for a token bucket and format (see SINGLE_TOKEN_ROWS)."""
-    if bucket == 1:
-        return SINGLE_TOKEN_ROWS.get(qtype_name, ROWS_PER_BLOCK[1])
-    return ROWS_PER_BLOCK[bucket]
+def default_rows(bucket: int, qtype_name: str, plan: GemvPlan = DEFAULT_PLAN) -> int:
+    """Rows per block for a token bucket and format (the plan's tuning; one of VARIANTS)."""
+    return plan.float_rows(bucket, qtype_name)
 
 
 MAX_TOKENS = TOKEN_BUCKETS[-1]
-# q/k/v at one token on the int16-x kernel (gemv_int_multi) rather than the float32-x one: level
-# until its warps loaded their first weights before the PDL wait, then 0.7% off the Qwen3-8B
-# decode step (2.73 -> 2.715 ms, H200, run 57). `PADDOCK_GEMV_INT_MULTI=0` for A/B runs.
-INT_MULTI = os.environ.get("PADDOCK_GEMV_INT_MULTI", "1") != "0"
 
 
 def format_defines(qtype_name: str) -> dict[str, str]:
@@ -43,8 +34,7 @@ def format_defines(qtype_name: str) -> dict[str, str]:
 def default_warps(n_cols: int) -> int:
     """Warps per block: about one 32-weight unit per lane, from 1 to 4 warps.
 
-    Measured on the H200 (bench/NOTES-cuda.md, 2026-11-29): 8 warps lost to 4 at every
-    Qwen3-8B shape (by up to 1.5x); 2 and 4 were within noise of each other."""
+    8 warps lost to 4 at every Qwen3-8B shape on the H200 (docs/tuning-log.md)."""
     return max(1, min(4, cdiv(n_cols // 32, 32)))
 
 
@@ -59,6 +49,7 @@ def gemv(
     bias: Any | None = None,
     warps: int | None = None,
     rows_per_block: int | None = None,
+    plan: GemvPlan = DEFAULT_PLAN,
 ) -> Any:
     """`out[t, r] = sum_c W[r, c] x[t, c] (+ bias[r])` for float32 `x [T <= 8, n_cols]`.
 
@@ -73,11 +64,12 @@ def gemv(
     if (
         warps is None
         and rows_per_block is None
+        and plan.int_x
         and gemv_int.serves(n_tok, n_cols, (qtype_name,), row_bytes * n_rows)
     ):
-        return gemv_int.gemv_int(data, qtype_name, row_bytes, n_rows, n_cols, x, out, bias)
+        return gemv_int.gemv_int(data, qtype_name, row_bytes, n_rows, n_cols, x, out, bias, plan=plan)
     bucket = next(b for b in TOKEN_BUCKETS if b >= n_tok)
-    rows = rows_per_block or default_rows(bucket, qtype_name)
+    rows = rows_per_block or default_rows(bucket, qtype_name, plan)
     if rows not in VARIANTS[bucket]:
         raise ValueError(
             f"no gemv variant with {rows} rows per block for {bucket} tokens: {VARIANTS[bucket]}"
@@ -96,13 +88,12 @@ def gemv(
 
 # -- several weights in one launch (gemv_fused.cu) ------------------------------------------
 
-FUSED_ROWS_T1 = 4  # at one token: 8 rows per block would double the registers of a Q6_K segment
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
 
 
-def fused_rows(bucket: int) -> int:
+def fused_rows(bucket: int, plan: GemvPlan = DEFAULT_PLAN) -> int:
     """Rows per block of each weight in gemv_multi (and gate + up rows together in gemv_gated)."""
-    return FUSED_ROWS_T1 if bucket == 1 else ROWS_PER_BLOCK[bucket]
+    return plan.fused_rows(bucket)
 
 
 def _bucket(n_tok: int, n_cols: int) -> int:
@@ -125,6 +116,7 @@ def gemv_multi(
     bias: Any | None = None,
     rows_per_block: int | None = None,
     warps: int | None = None,
+    plan: GemvPlan = DEFAULT_PLAN,
 ) -> Any:
     """`out = x @ [W0; W1; W2].T (+ bias)` in one launch for 2 or 3 weights `(data, qtype_name,
     row_bytes, n_rows)` of `n_cols` columns; `out` is float32 `[T, sum n_rows]`. The last two
@@ -135,9 +127,10 @@ def gemv_multi(
     bucket = _bucket(n_tok, n_cols)
     nbytes = sum(p[2] * p[3] for p in parts)
     names = [p[1] for p in parts]
-    if rows_per_block is None and warps is None and INT_MULTI and gemv_int.serves(n_tok, n_cols, names, nbytes):
-        return gemv_int.gemv_int_multi(parts, n_cols, x, out, bias)
-    rows = rows_per_block or fused_rows(bucket)
+    int_x = plan.int_x and plan.int_multi
+    if rows_per_block is None and warps is None and int_x and gemv_int.serves(n_tok, n_cols, names, nbytes):
+        return gemv_int.gemv_int_multi(parts, n_cols, x, out, bias, plan=plan)
+    rows = rows_per_block or fused_rows(bucket, plan)
     padded = list(parts) + [(*parts[-1][:3], 0)] * (3 - len(parts))  # an empty third weight
     defines: dict[str, str | int] = {"MULTI_T": bucket}
     for i, (_, qtype_name, _, _) in enumerate(padded):
@@ -163,6 +156,7 @@ def gemv_gated(
     out: Any,
     rows_half: int | None = None,
     warps: int | None = None,
+    plan: GemvPlan = DEFAULT_PLAN,
 ) -> Any:
     """`out = act(x @ G.T) * (x @ U.T)` in one launch for weights `(data, qtype_name, row_bytes)`
     of `[n_rows, n_cols]`; `out` is float32 `[T, n_rows]`. `rows_half` (rows of each weight per
@@ -172,9 +166,10 @@ def gemv_gated(
     n_tok = x.shape[0]
     bucket = _bucket(n_tok, n_cols)
     nbytes = (gate[2] + up[2]) * n_rows
-    if warps is None and rows_half is None and gemv_int.serves(n_tok, n_cols, (gate[1], up[1]), nbytes):
-        return gemv_int.gemv_int_gated(gate, up, n_rows, n_cols, x, ACTIVATIONS[kind], out)
-    half = rows_half or max(1, fused_rows(bucket) // 2)
+    forced = warps is not None or rows_half is not None
+    if not forced and plan.int_x and gemv_int.serves(n_tok, n_cols, (gate[1], up[1]), nbytes):
+        return gemv_int.gemv_int_gated(gate, up, n_rows, n_cols, x, ACTIVATIONS[kind], out, plan=plan)
+    half = rows_half or max(1, fused_rows(bucket, plan) // 2)
     defines = {"GATED_FA": _struct(gate[1]), "GATED_FB": _struct(up[1]), "GATED_RH": half,
                "GATED_T": bucket, "GATED_ACT": ACTIVATIONS[kind]}  # fmt: skip
     kernel = get_kernel("gemv_fused.cu", "gemv_gated", defines)

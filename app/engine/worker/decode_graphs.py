@@ -82,7 +82,8 @@ class DecodeGraphs:
         # H200 with a second engine in one process, 2026-11-30).
         cupy.cuda.Device().synchronize()
         self.capture_stream = cupy.cuda.Stream(non_blocking=True)
-        self._graphs = capture_buckets(self.buckets, self._forward, self.capture_stream)
+        pdl = self.backend.kernel_options.pdl
+        self._graphs = capture_buckets(self.buckets, self._forward, self.capture_stream, programmatic=pdl)
         log.info("captured decode CUDA graphs for batch sizes %s", self.buckets)
 
     def bucket_for(self, n: int) -> int | None:
@@ -166,12 +167,14 @@ def capture_buckets(
     forward: Callable[[int], Any],
     stream: Any,
     stage: Callable[[int], None] | None = None,
+    programmatic: bool = True,
 ) -> dict[int, tuple[Any, Any]]:
     """`(graph, output)` of `forward(n)` for every bucket n, captured on `stream` with programmatic
-    launches, largest first (so the pool's blocks fit the smaller ones). `stage(n)` puts valid
-    inputs in place before each warm-up run, which compiles kernels and sizes the pool's blocks."""
+    launches (unless `programmatic` is off), largest first (so the pool's blocks fit the smaller
+    ones). `stage(n)` puts valid inputs in place before each warm-up run, which compiles kernels and
+    sizes the pool's blocks."""
     graphs = {}
-    with stream, programmatic_launches():
+    with stream, programmatic_launches(programmatic):
         for n in sorted(buckets, reverse=True):
             if stage is not None:
                 stage(n)

@@ -25,7 +25,6 @@ need the token history, logprobs the logits buffer that the next replay overwrit
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,17 +35,10 @@ from app.engine.core.scheduler import Scheduler, SchedulerOutput
 from app.engine.request import PLACEHOLDER, Request, RequestStatus
 from app.engine.sample.sampler import deferrable
 
-ASYNC_DECODE_ENV = "PADDOCK_ASYNC_DECODE"
-
 
 def async_decode_enabled(setting: bool | None, cuda_graphs: bool) -> bool:
-    """$PADDOCK_ASYNC_DECODE (0 or 1) if set, else the config's setting; None means on exactly
-    where decode steps are CUDA-graph replays (elsewhere a launch costs about what it hides)."""
-    value = os.environ.get(ASYNC_DECODE_ENV, "").strip()
-    if value:
-        if value not in ("0", "1"):
-            raise ValueError(f"{ASYNC_DECODE_ENV} must be 0 or 1, not {value!r}")
-        return value == "1"
+    """The config's setting (EngineConfig.async_decode); None means on exactly where decode steps
+    are CUDA-graph replays (elsewhere a launch costs about what it hides)."""
     return cuda_graphs if setting is None else setting
 
 

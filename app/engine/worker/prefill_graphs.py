@@ -2,7 +2,7 @@
 hundreds of Python launches.
 
 Run eagerly, a prefill step of a small model is bound by Python, not by the GPU: ~11 ms
-for a 147-token prompt on Qwen3-0.6B (bench/NOTES-cuda.md, runs 32-34), most of a
+for a 147-token prompt on Qwen3-0.6B (docs/tuning-log.md), most of a
 request's time to first token, against ~1 ms of kernels. The desktop's common case (one
 prompt at a time: a chat, an agent's turn) is one sequence's chunk of up to a few hundred
 tokens, so that case is captured once per token-count bucket and replayed.
@@ -15,8 +15,8 @@ past its allocated blocks (table entries 0), in the reserved null block 0. The s
 counts only the real tokens as computed, so the prefix cache never takes a padded slot.
 Only the last real token's logits are computed (its row is an input of the graph).
 
-Prefill graphs are an addition to the decode graphs (engine: `prefill_graphs`, on by default
-with `cuda_graphs`; `PADDOCK_PREFILL_GRAPHS=0` turns them off for A/B runs). Like
+Prefill graphs are an addition to the decode graphs (EngineConfig.prefill_graphs, on by default
+with `cuda_graphs`). Like
 DecodeGraphs: static inputs laid out field by field in one device buffer
 ([ids | positions | slots | seq_len | query_start_loc | sample row | table]), filled by one
 host-to-device copy per step, and capture on a side stream with programmatic launches.
@@ -25,7 +25,6 @@ host-to-device copy per step, and capture on a side stream with programmatic lau
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 import numpy as np
@@ -71,8 +70,9 @@ class PrefillGraphs:
         stream = stream or cupy.cuda.Stream(non_blocking=True)
         # warm-up inputs: a valid chunk of t zeros at position 0, all in the null block
         self._graphs = capture_buckets(
-            self.buckets, self._forward, stream, lambda t: self._stage([0] * t, 0, [], t, stream)
-        )
+            self.buckets, self._forward, stream, lambda t: self._stage([0] * t, 0, [], t, stream),
+            programmatic=self.backend.kernel_options.pdl,
+        )  # fmt: skip
         log.info("captured prefill CUDA graphs for chunks of up to %s tokens", self.buckets)
 
     def run(self, token_ids: list[int], start: int, block_ids: list[int]) -> Any:
@@ -137,11 +137,11 @@ class PrefillGraphs:
 def capture_prefill_graphs(
     wanted: bool, model: Any, backend: Any, kv_caches: list, block_size: int, max_model_len: int, stream: Any
 ) -> PrefillGraphs | None:
-    """Captured prefill graphs, or None: not wanted (config or $PADDOCK_PREFILL_GRAPHS=0), or no
-    room for their buffers on the GPU after the KV cache (eager prefill works the same)."""
+    """Captured prefill graphs, or None: not wanted (EngineConfig.prefill_graphs), or no room for
+    their buffers on the GPU after the KV cache (eager prefill works the same)."""
     import cupy
 
-    if not wanted or os.environ.get("PADDOCK_PREFILL_GRAPHS", "1") == "0":
+    if not wanted:
         return None
     graphs = PrefillGraphs(model, backend, kv_caches, block_size, max_model_len)
     if not graphs.buckets:

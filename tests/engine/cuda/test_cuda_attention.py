@@ -6,8 +6,6 @@ values the GPU cache holds, so the comparison measures the kernel, not the cache
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 from cuda_samples import rel_err, rope_tables
@@ -179,7 +177,7 @@ def decode_contexts(head_dim: int) -> list[int]:
     return [1, kb, kb + 1, *within_one_cluster, 8 * kb, 8 * kb + 1, 700, 2000]
 
 
-def check_decode(cuda, cpu, rng, heads, n_blocks: int, windows=(None, 100, 300)) -> None:
+def check_decode(cuda, cpu, rng, heads, n_blocks: int, windows=(None, 100, 300), clusters: bool = True) -> None:
     """attention_decode.attention_decode at `n_blocks` against the numpy backend, every output element
     written; one launch per window, on the same counters (each launch must leave them at zero)."""
     from app.engine.kernels import attention_decode
@@ -191,7 +189,7 @@ def check_decode(cuda, cpu, rng, heads, n_blocks: int, windows=(None, 100, 300))
         ref = cpu.attention(q, kc, vc, mc, 0.1, window)
         out = cuda.xp.full(q.shape, cuda.xp.nan, cuda.xp.float32)
         attention_decode.attention_decode(cuda.from_host(q), kg, vg, mg.seq_lens, mg.block_tables, 0.1, window, None,
-                                          n_blocks, out)  # fmt: skip
+                                          n_blocks, out, clusters)  # fmt: skip
         got = cuda.to_host(out)
         assert not np.isnan(got).any(), f"window {window}"
         assert rel_err(got, ref) < TOL, f"window {window}"
@@ -208,12 +206,9 @@ def test_attention_decode_block_counts(cuda, cpu, rng, heads, n_blocks: int) -> 
 
 
 @pytest.mark.parametrize("n_blocks", [5, 16])
-def test_attention_decode_without_clusters(cuda, cpu, rng, monkeypatch, n_blocks: int) -> None:
-    """The global-memory merge alone (what sm_86/89 run, and sm_90+ with PADDOCK_DECODE_CLUSTERS=0)."""
-    from app.engine.kernels import attention_decode
-
-    monkeypatch.setattr(attention_decode, "clusters_supported", lambda: False)
-    check_decode(cuda, cpu, rng, (32, 8, 128), n_blocks, windows=(None, 300))
+def test_attention_decode_without_clusters(cuda, cpu, rng, n_blocks: int) -> None:
+    """The global-memory merge alone (what sm_86/89 run, and sm_90+ with KernelOptions.decode_clusters off)."""
+    check_decode(cuda, cpu, rng, (32, 8, 128), n_blocks, windows=(None, 300), clusters=False)
 
 
 @pytest.mark.parametrize("n_blocks", [5, 16])
@@ -226,7 +221,7 @@ def test_attention_decode_programmatic_launch(cuda, cpu, rng, n_blocks: int) -> 
         check_decode(cuda, cpu, rng, (32, 8, 128), n_blocks, windows=(None, 300))
 
 
-def check_decode_qkv(cuda, cpu, rng, heads, n_blocks: int, windows=(None, 300)) -> None:
+def check_decode_qkv(cuda, cpu, rng, heads, n_blocks: int, windows=(None, 300), clusters: bool = True) -> None:
     """attention_decode_qkv (rope_cache fused in) against rope_cache then attention_decode at `n_blocks`,
     each on its own copy of caches whose new tokens' entries start as NaN (the fused kernel must never
     read them): the same output, the same new k and v, nothing else written. Row 0 is a graph bucket's
@@ -262,12 +257,12 @@ def check_decode_qkv(cuda, cpu, rng, heads, n_blocks: int, windows=(None, 300)) 
             rope_cache(*rope, k_two, v_two, slots_g, q)
             out = cupy.full(q.shape, cupy.nan, cupy.float32)
             attention_decode.attention_decode_qkv(*rope, k_one, v_one, slots_g, mg.seq_lens, mg.block_tables, scale,
-                                                  window, None, n_blocks, out)  # fmt: skip
+                                                  window, None, n_blocks, out, clusters)  # fmt: skip
             # The reference attends over the caches the fused kernel wrote: its new key may sit one
             # float16 step from rope_cache's (checked below), which alone moves the output by ~1e-5.
             ref = cupy.full(q.shape, cupy.nan, cupy.float32)
             attention_decode.attention_decode(q, k_one, v_one, mg.seq_lens, mg.block_tables, scale, window, None,
-                                              n_blocks, ref)  # fmt: skip
+                                              n_blocks, ref, clusters)  # fmt: skip
             case = f"window {window}, interleaved {interleaved}"
             got, want = cuda.to_host(out), cuda.to_host(ref)
             assert np.isfinite(got).all(), case
@@ -287,12 +282,9 @@ def test_attention_decode_qkv_block_counts(cuda, cpu, rng, heads, n_blocks: int)
 
 
 @pytest.mark.parametrize("n_blocks", [5, 16])
-def test_attention_decode_qkv_without_clusters(cuda, cpu, rng, monkeypatch, n_blocks: int) -> None:
-    """The fused build through the global-memory merge (sm_86/89, PADDOCK_DECODE_CLUSTERS=0)."""
-    from app.engine.kernels import attention_decode
-
-    monkeypatch.setattr(attention_decode, "clusters_supported", lambda: False)
-    check_decode_qkv(cuda, cpu, rng, (32, 8, 128), n_blocks)
+def test_attention_decode_qkv_without_clusters(cuda, cpu, rng, n_blocks: int) -> None:
+    """The fused build through the global-memory merge (sm_86/89, KernelOptions.decode_clusters off)."""
+    check_decode_qkv(cuda, cpu, rng, (32, 8, 128), n_blocks, clusters=False)
 
 
 @pytest.mark.parametrize("n_blocks", [5, 16])
@@ -310,8 +302,6 @@ def test_attention_decode_clusters_on_sm90(cuda) -> None:
     from app.engine.kernels import attention_decode
     from app.engine.kernels.runtime.compile import device_arch
 
-    if os.environ.get("PADDOCK_DECODE_CLUSTERS", "1") == "0":
-        pytest.skip("clusters switched off")
     uses = attention_decode.block_layout(66, attention_decode.clusters_supported())[1] > 1
     assert uses == (int(device_arch()) >= attention_decode.MIN_CLUSTER_CC)
 
@@ -324,7 +314,6 @@ def test_rope_cache_attention_matches_numpy_composition(cuda, cpu, rng, ctxs, qk
     """The backend op a decode layer calls (rope_cache_attention) against the numpy backend's
     rope_and_cache then attention, at Qwen3-8B's heads: the output and the new tokens' cache rows."""
     from app.engine.backend.base import QkvRope, RopeTable
-    from app.engine.kernels import attention_decode
 
     n_heads, n_kv, head_dim = 32, 8, 128
     seqs = [(1, ctx) for ctx in ctxs]
@@ -341,8 +330,8 @@ def test_rope_cache_attention_matches_numpy_composition(cuda, cpu, rng, ctxs, qk
     rope_c = QkvRope(n_heads, n_kv, head_dim, *norms, 1e-6, RopeTable(cos, sin), False)
     gpu_norms = [None if w is None else cuda.from_host(w) for w in norms]
     rope_g = QkvRope(n_heads, n_kv, head_dim, *gpu_norms, 1e-6, cuda.rope_table(cos, sin), False)
-    fused = len(ctxs) == 1 and attention_decode.rope_pays(1, n_heads, head_dim)
-    assert fused == (len(ctxs) == 1 and os.environ.get("PADDOCK_DECODE_ROPE", "1") != "0")
+    fused = len(ctxs) == 1 and cuda.fuses_rope(1, n_heads, head_dim)
+    assert fused == (len(ctxs) == 1 and cuda.kernel_options.decode_rope != "off")
     scale = head_dim**-0.5
     got = cuda.to_host(cuda.rope_cache_attention(cuda.from_host(qkv), rope_g, kg, vg, mg, scale))
     want = cpu.rope_cache_attention(qkv, rope_c, kc, vc, mc, scale)

@@ -177,7 +177,7 @@ def test_gated_linear_large_single_token_takes_int_x(cuda, cpu, rng, formats, ki
     rows, cols = 12288, 4096
     tensors = [random_tensor(q, rows, cols, rng, name=f"blk.0.ffn{i}") for i, q in enumerate(formats)]
     nbytes = sum(t.data.nbytes for t in tensors)
-    assert gemv_int.serves(1, cols, formats, nbytes)
+    assert cuda.gemv_plan.int_x and gemv_int.serves(1, cols, formats, nbytes)
     (gpu_w, cpu_w) = _load((cuda, cpu), tensors)
     x = (rng.standard_normal((1, cols)) * 0.02).astype(np.float32)
     got = cuda.gated_linear(cuda.from_host(x), cuda.fuse_linear(gpu_w, [None, None]), kind)

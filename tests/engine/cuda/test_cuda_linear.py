@@ -70,7 +70,7 @@ def test_linear_large_single_token_takes_int_x(cuda, rng, qtype: str) -> None:
 
     rows, cols = 4096, 4096
     tensor = random_tensor(qtype, rows, cols, rng)
-    assert gemv_int.serves(1, cols, [qtype], tensor.data.nbytes)
+    assert cuda.gemv_plan.int_x and gemv_int.serves(1, cols, [qtype], tensor.data.nbytes)
     x = rng.standard_normal((1, cols)).astype(np.float32)
     got = cuda.to_host(cuda.linear(cuda.from_host(x), cuda.load_weight(tensor)))
     ref = x.astype(np.float64) @ dequantize_oracle(tensor).astype(np.float64).T

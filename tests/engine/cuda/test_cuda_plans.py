@@ -67,28 +67,33 @@ def test_decode_blocks_fill_whole_clusters() -> None:
     assert block_layout(66, clusters=True) == (72, MAX_CLUSTER)  # one sequence of Qwen3-8B on an H200
 
 
-def test_gemv_int_launch_shape_caps_and_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gemv_int_launch_shape_caps_and_overrides() -> None:
     """Wide Q4_K gate/up and q/k/v builds take their tighter register caps and the wide k-quant
-    single products 16-warp blocks; other formats and narrow builds keep SHAPES; A/B overrides win,
-    the format-specific key over the kernel's."""
+    single products 16-warp blocks; other formats and narrow builds keep the kernel's shapes; A/B
+    overrides win, the format-specific key over the kernel's."""
     from app.engine.kernels import gemv_int
+    from app.engine.kernels.gemv_plan import GemvPlan
+    from app.engine.kernels.options import ShapeOverrides
+    from app.engine.kernels.tuning import LaunchShape, for_arch
 
-    monkeypatch.setattr(gemv_int, "SHAPE_OVERRIDES", {})
-    monkeypatch.setattr(gemv_int, "MIN_BLOCKS_OVERRIDES", {})
-    monkeypatch.setattr(gemv_int, "MIN_BLOCKS_ALL", None)
-    wide, narrow = gemv_int.WIDE_COLS, gemv_int.WIDE_COLS // 4
-    assert gemv_int.launch_shape("GATED", wide, "Q4_K") == gemv_int.LaunchShape(2, 8, 1, 3)
-    assert gemv_int.launch_shape("MULTI", wide, "Q4_K") == gemv_int.LaunchShape(1, 8, 2, 3)
-    assert gemv_int.launch_shape("GATED", wide, "Q8_0").min_blocks == gemv_int.DEFAULT_MIN_BLOCKS
-    assert gemv_int.launch_shape("GATED", narrow, "Q4_K") == gemv_int.LaunchShape(1, 8, 1)
-    assert gemv_int.launch_shape("SINGLE", wide, "Q4_K") == gemv_int.LaunchShape(2, 16, 2, 1)
-    assert gemv_int.launch_shape("SINGLE", narrow, "Q6_K") == gemv_int.LaunchShape(2, 8, 2)
-    assert gemv_int.launch_shape("SINGLE", wide, "Q8_0") == gemv_int.LaunchShape(2, 8, 2)
+    plan = GemvPlan(tuning=for_arch("90"))
+    wide = plan.tuning.gemv_int_wide_cols
+    narrow = wide // 4
+    assert gemv_int.launch_shape("GATED", wide, "Q4_K", plan) == LaunchShape(2, 8, 1, 3)
+    assert gemv_int.launch_shape("MULTI", wide, "Q4_K", plan) == LaunchShape(1, 8, 2, 3)
+    assert gemv_int.launch_shape("GATED", wide, "Q8_0", plan).min_blocks == 2
+    assert gemv_int.launch_shape("GATED", narrow, "Q4_K", plan) == LaunchShape(1, 8, 1, 2)
+    assert gemv_int.launch_shape("SINGLE", wide, "Q4_K", plan) == LaunchShape(2, 16, 2, 1)
+    assert gemv_int.launch_shape("SINGLE", narrow, "Q6_K", plan) == LaunchShape(2, 8, 2, 2)
+    assert gemv_int.launch_shape("SINGLE", wide, "Q8_0", plan) == LaunchShape(2, 8, 2, 2)
 
-    monkeypatch.setattr(gemv_int, "MIN_BLOCKS_ALL", "1")
-    monkeypatch.setattr(gemv_int, "MIN_BLOCKS_OVERRIDES", {"GATED": "2", "GATED_Q6_K": "4"})
-    monkeypatch.setattr(gemv_int, "SHAPE_OVERRIDES", {"MULTI": "2,4,1", "MULTI_Q8_0": "1,8,1"})
-    assert gemv_int.launch_shape("MULTI", wide, "Q4_K") == gemv_int.LaunchShape(2, 4, 1, 1)
-    assert gemv_int.launch_shape("MULTI", narrow, "Q8_0") == gemv_int.LaunchShape(1, 8, 1, 1)
-    assert gemv_int.launch_shape("GATED", wide, "Q4_K").min_blocks == 2
-    assert gemv_int.launch_shape("GATED", wide, "Q6_K").min_blocks == 4
+    overrides = ShapeOverrides(
+        min_blocks=1,
+        min_blocks_by_key={"GATED": 2, "GATED_Q6_K": 4},
+        shapes_by_key={"MULTI": (2, 4, 1), "MULTI_Q8_0": (1, 8, 1)},
+    )
+    plan = GemvPlan(tuning=for_arch("90"), overrides=overrides)
+    assert gemv_int.launch_shape("MULTI", wide, "Q4_K", plan) == LaunchShape(2, 4, 1, 1)
+    assert gemv_int.launch_shape("MULTI", narrow, "Q8_0", plan) == LaunchShape(1, 8, 1, 1)
+    assert gemv_int.launch_shape("GATED", wide, "Q4_K", plan).min_blocks == 2
+    assert gemv_int.launch_shape("GATED", wide, "Q6_K", plan).min_blocks == 4

@@ -39,7 +39,11 @@ from app.engine.kernels import kv_cache as _kv_cache
 from app.engine.kernels import norm as _norm
 from app.engine.kernels import rope as _rope
 from app.engine.kernels import rope_cache as _rope_cache
+from app.engine.kernels import tuning as _tuning
 from app.engine.kernels.dequant import dequant_rows
+from app.engine.kernels.gemv_plan import GemvPlan
+from app.engine.kernels.options import KernelOptions
+from app.engine.kernels.runtime.compile import device_arch
 from app.engine.quant.dispatch import QuantizedTensor
 
 MIN_COMPUTE_CAPABILITY = 80  # Ampere: the oldest architecture the kernels are built and tested for
@@ -92,10 +96,15 @@ class CudaBackend:
     kv_dtype = np.float16
 
     def __init__(
-        self, device_id: int = 0, min_free_bytes: int = MIN_FREE_BYTES, dense_cache: str = "auto"
+        self,
+        device_id: int = 0,
+        min_free_bytes: int = MIN_FREE_BYTES,
+        dense_cache: str = "auto",
+        kernel_options: KernelOptions | None = None,
     ) -> None:
         """`dense_cache` ("auto", "on", "off"): float16 copies of the weights for products
-        above GEMV_MAX_TOKENS tokens, memory traded for speed (dense.py says when)."""
+        above GEMV_MAX_TOKENS tokens, memory traded for speed (dense.py says when).
+        `kernel_options`: the kernel path choices (None: their defaults, from app/engine/envs.py)."""
         ok, reason = cuda_available(device_id)
         if not ok:
             raise CudaUnavailableError(reason)
@@ -112,6 +121,9 @@ class CudaBackend:
                 f"(need at least {min_free_bytes / 2**20:.0f} MiB); close other programs using the GPU"
             )
         self.sm_count = int(self.device.attributes["MultiProcessorCount"])
+        self.kernel_options = kernel_options or KernelOptions()
+        self.tuning = _tuning.for_arch(device_arch())
+        self.gemv_plan = GemvPlan.for_backend(self.kernel_options, self.tuning)
         # Idle blocks of CuPy's pool (an earlier engine of this process) count as free too.
         self.dense_cache = DenseCache(dense_cache, free + int(cupy.get_default_memory_pool().free_bytes()))
         cublas()  # the handle and its workspace now: never first made inside a graph capture
@@ -186,12 +198,12 @@ class CudaBackend:
         )
 
     def linear(self, x: Any, weight: CudaWeight | CudaFusedWeight, bias: Any | None = None) -> Any:
-        return _linear(x, weight, bias, self.dense_cache)
+        return _linear(x, weight, bias, self.dense_cache, self.gemv_plan)
 
     def gated_linear(self, x: Any, gate_up: CudaFusedWeight, kind: str) -> Any:
         if len(gate_up.parts) != 2 or gate_up.parts[0].shape != gate_up.parts[1].shape:
             raise ValueError(f"gated_linear needs a fused (gate, up) pair of one shape, got {gate_up.name!r}")
-        return _gated_linear(x, gate_up, kind, self.dense_cache)
+        return _gated_linear(x, gate_up, kind, self.dense_cache, self.gemv_plan)
 
     def add_rms_norm_linear(
         self, x: Any, residual: Any | None, norm_weight: Any, eps: float, weight: CudaWeight | CudaFusedWeight
@@ -208,7 +220,7 @@ class CudaBackend:
         x = self._f32(x)
         if isinstance(weight, CudaFusedWeight):
             residual = None if residual is None else self._f32(residual)
-            done = _norm_linear(x, residual, self._f32(norm_weight), eps, weight, kind)
+            done = _norm_linear(x, residual, self._f32(norm_weight), eps, weight, kind, self.gemv_plan)
             if done is not None:
                 return done
         return norm_then_product(self, x, residual, norm_weight, eps, weight, kind)
@@ -248,18 +260,16 @@ class CudaBackend:
         sliding_window: int | None = None,
         softcap: float | None = None,
     ) -> Any:
-        """One launch for a decode batch where that pays (attention_decode_qkv: rope_pays), else
+        """One launch for a decode batch where that pays (attention_decode_qkv: fuses_rope), else
         rope_and_cache then attention."""
         qkv = self._f32(qkv)
         n_tok = qkv.shape[0]
         rotary = 2 * int(rope.table.cos.shape[1])
-        fused = _decode_batch(meta, n_tok) and _attention_decode.rope_pays(n_tok, rope.n_heads, rope.head_dim)
-        if not (
-            fused and _attention_decode.rope_supported(rope.head_dim, rope.n_heads, rope.n_kv_heads, rotary)
-        ):
-            return rope_cache_then_attention(
-                self, qkv, rope, k_cache, v_cache, meta, scale, sliding_window, softcap
-            )
+        heads = (rope.head_dim, rope.n_heads, rope.n_kv_heads)
+        fused = _decode_batch(meta, n_tok) and self.fuses_rope(n_tok, rope.n_heads, rope.head_dim)
+        fused = fused and self._decode_attention(*heads) and _attention_decode.rope_supported(*heads, rotary)
+        if not fused:
+            return rope_cache_then_attention(self, qkv, rope, k_cache, v_cache, meta, scale, sliding_window, softcap)
         n_blocks = self._decode_blocks(meta, n_tok, rope.n_kv_heads, rope.head_dim)
         norms = [None if w is None else self._f32(w) for w in (rope.q_norm, rope.k_norm)]
         return _attention_decode.attention_decode_qkv(
@@ -267,11 +277,24 @@ class CudaBackend:
             rope.table.cos, rope.table.sin, rope.interleaved, k_cache, v_cache, self._i32(meta.slot_mapping),
             self._i32(meta.seq_lens), self._i32(meta.block_tables), scale, sliding_window, softcap, n_blocks,
             self.xp.empty((n_tok, rope.n_heads, rope.head_dim), self.xp.float32),
+            clusters=self.kernel_options.decode_clusters,
         )  # fmt: skip
+
+    def fuses_rope(self, n_seqs: int, n_heads: int, head_dim: int) -> bool:
+        """Whether a decode batch of `n_seqs` takes attention_decode_qkv (where rope_supported) rather
+        than rope_cache + attention_decode: by the options, and under "auto" by this GPU's tuning."""
+        mode = self.kernel_options.decode_rope
+        return mode == "all" or (mode == "auto" and self.tuning.decode_rope_pays(n_seqs, n_heads * head_dim))
+
+    def _decode_attention(self, head_dim: int, n_heads: int, n_kv: int) -> bool:
+        """Whether decode batches of these heads run attention_decode.cu."""
+        return self.kernel_options.decode_attention and _attention_decode.supports(head_dim, n_heads, n_kv)
 
     def _decode_blocks(self, meta: AttentionMetadata, n_seqs: int, n_kv: int, head_dim: int) -> int:
         """Blocks per (sequence, KV head) of a decode attention launch (attention_decode.plan_blocks)."""
-        return _attention_decode.plan_blocks(n_seqs, n_kv, int(meta.max_seq_len), self.sm_count, head_dim)
+        return _attention_decode.plan_blocks(
+            n_seqs, n_kv, int(meta.max_seq_len), self.sm_count, head_dim, self.tuning.decode_blocks_per_sm
+        )
 
     def rms_norm(self, x: Any, weight: Any, eps: float) -> Any:
         x = self._f32(x)
@@ -311,11 +334,11 @@ class CudaBackend:
         n_tok, n_heads, head_dim = q.shape
         n_kv = k_cache.shape[2]
         decode = _decode_batch(meta, n_tok) and num_splits is None
-        if decode and _attention_decode.supports(head_dim, n_heads, n_kv):
+        if decode and self._decode_attention(head_dim, n_heads, n_kv):
             n_blocks = self._decode_blocks(meta, n_tok, n_kv, head_dim)
             return _attention_decode.attention_decode(
                 q, k_cache, v_cache, self._i32(meta.seq_lens), self._i32(meta.block_tables), scale,
-                sliding_window, softcap, n_blocks, self.xp.empty_like(q),
+                sliding_window, softcap, n_blocks, self.xp.empty_like(q), self.kernel_options.decode_clusters,
             )  # fmt: skip
         if self.tensor_core_prefill and _attention_prefill.supports(head_dim, n_heads, n_kv):
             n_seqs = int(meta.seq_lens.shape[0])

@@ -4,7 +4,7 @@ Decode of up to GEMV_MAX_TOKENS tokens reads the quantized blocks (bandwidth-bou
 pass). Above that (concurrency 9..32 decode, prefill) the weight must be in float16 for
 the tensor cores; without a copy each call expands it again (a write and a read of 2 bytes
 per weight on top of the product, 3.9x the time of cuBLAS alone at 32 tokens on the
-H200: bench/NOTES-cuda.md, run 3). With a copy the product reads it once.
+H200: docs/tuning-log.md). With a copy the product reads it once.
 
 Policy, decided per matrix as the backend takes it (the engine loads every weight
 before it sizes the KV cache, so the cache is paid for out of the same free memory):

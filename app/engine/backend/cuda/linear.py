@@ -20,6 +20,7 @@ from app.engine.kernels import activation as activation_kernels
 from app.engine.kernels import gemv as gemv_kernels
 from app.engine.kernels import gemv_int
 from app.engine.kernels.dequant import dequant_rows
+from app.engine.kernels.gemv_plan import DEFAULT_PLAN, GemvPlan
 
 GEMV_MAX_TOKENS = gemv_kernels.MAX_TOKENS
 SCRATCH_ELEMENTS = 32 << 20  # float16 weight elements per cuBLAS slice (64 MiB)
@@ -44,16 +45,20 @@ def _as_input(x: Any, weight: CudaWeight | CudaFusedWeight) -> Any:
 
 
 def linear(
-    x: Any, weight: CudaWeight | CudaFusedWeight, bias: Any | None = None, cache: DenseCache | None = None
+    x: Any,
+    weight: CudaWeight | CudaFusedWeight,
+    bias: Any | None = None,
+    cache: DenseCache | None = None,
+    plan: GemvPlan = DEFAULT_PLAN,
 ) -> Any:
-    """`x @ W.T (+ bias)` for float32 `x [T, in]`: float32 `[T, out]`."""
+    """`x @ W.T (+ bias)` for float32 `x [T, in]`: float32 `[T, out]`; GEMVs launched by `plan`."""
     import cupy
 
     x = _as_input(x, weight)
     if isinstance(weight, CudaFusedWeight):
         if bias is not None:
             raise ValueError("a fused weight carries its own bias")
-        return _linear_fused(x, weight, cache)
+        return _linear_fused(x, weight, cache, plan)
     n_tok = x.shape[0]
     out = cupy.empty((n_tok, weight.n_rows), cupy.float32)
     if n_tok == 0:
@@ -62,8 +67,9 @@ def linear(
         matmul_t(x, weight.dense, out)
     elif n_tok <= GEMV_MAX_TOKENS and not _dense_pays(n_tok, weight):
         return gemv_kernels.gemv(
-            weight.data, weight.qtype.name, weight.row_bytes, weight.n_rows, weight.n_cols, x, out, bias
-        )
+            weight.data, weight.qtype.name, weight.row_bytes, weight.n_rows, weight.n_cols, x, out, bias,
+            plan=plan,
+        )  # fmt: skip
     else:
         if cache is not None:
             cache.promote(weight)
@@ -80,7 +86,7 @@ def _gemv_parts(fused: CudaFusedWeight) -> list[tuple[Any, str, int, int]] | Non
     return [(p.data, p.qtype.name, p.row_bytes, p.n_rows) for p in fused.parts]
 
 
-def _linear_fused(x: Any, fused: CudaFusedWeight, cache: DenseCache | None) -> Any:
+def _linear_fused(x: Any, fused: CudaFusedWeight, cache: DenseCache | None, plan: GemvPlan) -> Any:
     import cupy
 
     n_tok = x.shape[0]
@@ -90,10 +96,10 @@ def _linear_fused(x: Any, fused: CudaFusedWeight, cache: DenseCache | None) -> A
     parts = _gemv_parts(fused)
     dense = _dense_pays(n_tok, fused)
     if n_tok <= GEMV_MAX_TOKENS and parts is not None and not dense:
-        return gemv_kernels.gemv_multi(parts, fused.n_cols, x, out, fused.bias)
+        return gemv_kernels.gemv_multi(parts, fused.n_cols, x, out, fused.bias, plan=plan)
     if (n_tok <= GEMV_MAX_TOKENS and not dense) or any(p.data is None for p in fused.parts):
         for part, start in zip(fused.parts, fused.offsets, strict=True):
-            out[:, start : start + part.n_rows] = linear(x, part, cache=cache)
+            out[:, start : start + part.n_rows] = linear(x, part, cache=cache, plan=plan)
     elif fused.dense16 is not None:
         matmul_t(x.astype(cupy.float16), fused.dense16, out)
     else:
@@ -105,7 +111,9 @@ def _linear_fused(x: Any, fused: CudaFusedWeight, cache: DenseCache | None) -> A
     return out
 
 
-def gated_linear(x: Any, fused: CudaFusedWeight, kind: str, cache: DenseCache | None = None) -> Any:
+def gated_linear(
+    x: Any, fused: CudaFusedWeight, kind: str, cache: DenseCache | None = None, plan: GemvPlan = DEFAULT_PLAN
+) -> Any:
     """`act(x @ G.T) * (x @ U.T)` for a fused (gate, up) weight: float32 `[T, rows]`."""
     import cupy
 
@@ -117,39 +125,40 @@ def gated_linear(x: Any, fused: CudaFusedWeight, kind: str, cache: DenseCache | 
         out = cupy.empty((n_tok, gate.n_rows), cupy.float32)
         return gemv_kernels.gemv_gated(
             (gate.data, gate.qtype.name, gate.row_bytes), (up.data, up.qtype.name, up.row_bytes),
-            gate.n_rows, gate.n_cols, x, kind, out,
+            gate.n_rows, gate.n_cols, x, kind, out, plan=plan,
         )  # fmt: skip
-    both = _linear_fused(x, fused, cache)
+    both = _linear_fused(x, fused, cache, plan)
     return activation_kernels.gated_pairs(both, kind, cupy.empty((n_tok, gate.n_rows), cupy.float32))
 
 
 def norm_linear(
-    x: Any, residual: Any | None, norm_weight: Any, eps: float, fused: CudaFusedWeight, kind: str | None
-) -> tuple[Any, Any] | None:
+    x: Any, residual: Any | None, norm_weight: Any, eps: float, fused: CudaFusedWeight, kind: str | None,
+    plan: GemvPlan = DEFAULT_PLAN,
+) -> tuple[Any, Any] | None:  # fmt: skip
     """One token's add + RMSNorm and the product after it in one launch (gemv_int.cu's fused
     prologue): `(linear or gated_linear of the normalized x, new residual)`, with `kind` the
     activation for a (gate, up) pair and None for q/k/v. None when that kernel cannot serve or
-    would be slower: more than one token, float weights, a biased gate/up, or an x wider than
-    FUSED_NORM_MAX_COLS."""
+    would be slower: more than one token, float weights, a biased gate/up, the int16-x path off,
+    or an x wider than the plan's norm_max_cols."""
     import cupy
 
     parts = _gemv_parts(fused)
     if x.shape[0] != 1 or parts is None or (kind is not None and (len(parts) != 2 or fused.bias is not None)):
         return None
-    if fused.n_cols > gemv_int.FUSED_NORM_MAX_COLS or not gemv_int.serves(
-        1, fused.n_cols, [p[1] for p in parts]
-    ):
+    if not plan.int_x or fused.n_cols > plan.norm_max_cols:
+        return None
+    if not gemv_int.serves(1, fused.n_cols, [p[1] for p in parts]):
         return None
     new_residual = cupy.empty_like(x)
     norm = gemv_int.NormIn(residual, norm_weight, new_residual, eps)
     if kind is None:
         out = cupy.empty((1, fused.n_rows), cupy.float32)
-        gemv_int.gemv_int_multi(parts, fused.n_cols, x, out, fused.bias, norm=norm)
+        gemv_int.gemv_int_multi(parts, fused.n_cols, x, out, fused.bias, norm=norm, plan=plan)
     else:
         rows = parts[0][3]
         out = cupy.empty((1, rows), cupy.float32)
         gemv_int.gemv_int_gated(parts[0][:3], parts[1][:3], rows, fused.n_cols, x, gemv_kernels.ACTIVATIONS[kind],
-                                out, norm=norm)  # fmt: skip
+                                out, norm=norm, plan=plan)  # fmt: skip
     return out, new_residual
 
 
@@ -163,7 +172,7 @@ def matmul_quantized(x16: Any, weight: CudaWeight, out_ptr: int, ldc: int) -> No
         return
     n_rows, n_cols = weight.shape
     # Slices of a multiple of 128 rows keep each slice's output column 512-byte aligned: an
-    # unaligned output made cuBLAS 3x slower (4096 x 12288 at 2048 tokens, NOTES-cuda.md run 3).
+    # unaligned output made cuBLAS 3x slower (docs/tuning-log.md).
     rows_per_slice = min(n_rows, max(128, SCRATCH_ELEMENTS // n_cols // 128 * 128))
     scratch = cupy.empty((rows_per_slice, n_cols), cupy.float16)
     for r0 in range(0, n_rows, rows_per_slice):

@@ -2,7 +2,7 @@
 //
 // Why a second kernel: at a few hundred keys a decode step's attention is not bytes but the
 // chain of dependent memory round trips and barriers per block; attention.cu (built for
-// mixed prefill batches) spends ~14 us there at 330 keys (bench/NOTES-cuda.md, run 20), its
+// mixed prefill batches) spends ~14 us there at 330 keys (docs/tuning-log.md), its
 // value loads waiting on the softmax and its splits planned for the longest context. Here:
 //
 // - Grid (sequence, KV head, S blocks). The context is cut into chunks of KB keys; block b

@@ -138,7 +138,7 @@ __device__ __forceinline__ const T* cluster_map_shared(const T* p, int rank) {
 // How much a kernel prefetches before its wait: enough to keep HBM busy across the gap
 // between two kernels (~2 us at ~4 TB/s is ~8 MB over a grid's warps), not its whole weight.
 // Prefetching whole matrices (40 MB of an 8B model's down projection) while the previous
-// kernel streams its own through the 50 MB L2 evicted both and made the step slower (run 36).
+// kernel streams its own through the 50 MB L2 evicted both and made the step slower.
 #ifndef PDL_PREFETCH_WARP_BYTES
 #define PDL_PREFETCH_WARP_BYTES 2048
 #endif
@@ -146,9 +146,8 @@ __device__ __forceinline__ const T* cluster_map_shared(const T* p, int rank) {
 #define PDL_PREFETCH_BLOCK_BYTES 8192
 #endif
 // Only small weights are prefetched: a big one's kernel is bandwidth-bound anyway, and its
-// prefetches compete with the previous kernel's stream. Measured on the H200 (runs 37-38): the
-// 0.6B step (weights <= 3.5 MB) gains 0.02 ms from them; the 8B step lost 0.04-0.09 ms with
-// prefetches of every weight, and still 0.04 ms with those up to 16 MB (q/k/v, o).
+// prefetches compete with the previous kernel's stream: the 0.6B step gains from them, the 8B
+// step loses with prefetches of every weight (docs/tuning-log.md).
 #ifndef PDL_PREFETCH_MAX_WEIGHT
 #define PDL_PREFETCH_MAX_WEIGHT (8ll << 20)
 #endif

@@ -7,10 +7,10 @@
 #include "gemv_int.cuh"
 
 // Blocks of XQ_THREADS threads ptxas must fit on a multiprocessor: at 2 blocks of 256 a thread gets
-// at most 128 registers (gemv_int.py sets both per build: WIDE_BY_FORMAT). Left free, the Q6_K
-// single-weight build took 143 (one block, 8 warps per SM) and the wide q/k/v one 112; capped,
-// none spills but the narrow q/k/v (32 bytes). The GEMVs are latency-bound at low occupancy
-// (NOTES-cuda.md, run 75), and 2 took the Qwen3-8B step from 2.53 to 2.40 ms (runs 76-77).
+// at most 128 registers (gemv_int.py sets both per build from the tuning tables). Left free, the
+// Q6_K single-weight build took 143 (one block, 8 warps per SM) and the wide q/k/v one 112; capped,
+// none spills but the narrow q/k/v (32 bytes). The GEMVs are latency-bound at low occupancy, so
+// the cap pays (docs/tuning-log.md).
 #ifndef XQ_MIN_BLOCKS
 #define XQ_MIN_BLOCKS 2
 #endif

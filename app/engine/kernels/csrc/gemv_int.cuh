@@ -1,8 +1,8 @@
 // Single-token GEMV with x as 16-bit integers: the bodies of gemv_int.cu.
 //
 // Why: with float32 x, every 16 bytes of 4-bit weights cost a lane 128 bytes of x from L1
-// plus a float conversion and an FMA per weight; the H200 profile (bench/NOTES-cuda.md, run
-// 24) showed the issue slots and L1 saturated while HBM ran at 31-37%. Here each block
+// plus a float conversion and an FMA per weight; the H200 profile showed the issue slots and
+// L1 saturated while HBM ran at 31-37% (docs/tuning-log.md). Here each block
 // first quantizes x into shared memory: per 16 columns, int16 codes q = rint(x * 32767 /
 // max|x|) with their scale d = max|x| / 32767 and the exact float sum of the 16 values. A
 // weight run of 16 integer codes then costs eight dp2a (two int16 x int8 products each)
@@ -10,7 +10,7 @@
 // format's (a, b) from icoef(). The weights are exact; x carries a rounding error of at
 // most d / 2 = max|x| / 65534 per value, finer than float16's. int8 x (llama.cpp's q8_1,
 // four products per dp4a) was tried first and rejected: emulated on the embedded Gemma 3
-// 270M it changed the greedy text of 4 of 9 reference prompts (bench/NOTES-cuda.md).
+// 270M it changed the greedy text of 4 of 9 reference prompts.
 //
 // Work split: each warp owns R rows and walks all their 32-weight units (lane l takes units
 // l, l + 32, ...), so partial sums meet with warp shuffles only; blocks loop over row
@@ -206,7 +206,7 @@ __device__ __forceinline__ void xq_load_pass(Fmt (&f)[U][R], const u8* const (&r
 // decoded once (the compiler merges the identical loads and scale decoding). units % U == 0.
 // preloaded: f already holds this lane's first pass (xq_preload, before the kernel's wait).
 // (Loading the next pass while multiplying this one, with a second Fmt array, was tried: the
-// registers it took cut the blocks per multiprocessor and the 8B step got slower, run 55.)
+// registers it took cut the blocks per multiprocessor and the 8B step got slower.)
 template <class Fmt, int R, int U>
 __device__ __forceinline__ void xq_accumulate(const u8* const (&rows)[R], int n_cols, const u8* smem, float (&acc)[R],
                                               Fmt (&f)[U][R], bool preloaded) {

@@ -405,7 +405,7 @@ struct FmtQ6_K : IntCodes<FmtQ6_K> {
 struct FmtF16 {
     static constexpr int RUN1 = 16;
     static __device__ __forceinline__ int x_base(int u) { return u * 32; }
-    uint4 a0, a1, b0, b1;  // run 0: a0, a1; run 1: b0, b1
+    uint4 a0, a1, b0, b1;  // the first run of 16 weights: a0, a1; the second: b0, b1
     __device__ __forceinline__ void load(const u8* row, int u) {
         const u8* p = row + u * 64;
         a0 = ld16(p);

@@ -5,7 +5,7 @@ format, one head size...). Its cubin is stored under the cache folder, named by 
 of everything that decides the machine code: the sources (the `.cu` and every `.cuh`
 here), the options, the GPU architecture and the NVRTC version. A second run, or a
 second process, loads the cubin without compiling. The folder is
-`$PADDOCK_KERNEL_CACHE`, else `<user cache>/paddock/kernels`.
+`$PADDOCK_KERNEL_CACHE`, else `<user cache>/paddock/kernels` (app/engine/envs.py).
 
 CuPy is imported lazily: importing this module costs nothing on a machine without a GPU.
 """
@@ -20,16 +20,17 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from app.engine import envs
+
 KERNEL_DIR = Path(__file__).resolve().parents[1] / "csrc"  # the .cu sources and their .cuh headers
 BASE_OPTIONS = ("-std=c++17",)
 _lock = threading.Lock()
 
 
 def cache_dir() -> Path:
-    explicit = os.environ.get("PADDOCK_KERNEL_CACHE")
-    if explicit:
-        return Path(explicit)
-    root = os.environ.get("XDG_CACHE_HOME") or os.environ.get("LOCALAPPDATA") or Path.home() / ".cache"
+    if envs.PADDOCK_KERNEL_CACHE:
+        return Path(envs.PADDOCK_KERNEL_CACHE)
+    root = envs.XDG_CACHE_HOME or envs.LOCALAPPDATA or Path.home() / ".cache"
     return Path(root) / "paddock" / "kernels"
 
 
@@ -102,15 +103,8 @@ def get_module(name: str, options: tuple[str, ...] = ()) -> Any:
         return cupy.RawModule(path=str(path))
 
 
-@functools.cache
-def _experiment_defines() -> dict[str, str]:
-    """`PADDOCK_KERNEL_DEFINES="NAME=VALUE,..."`: defines added to every module, for A/B runs of a
-    kernel constant (e.g. PDL_PREFETCH_WARP_BYTES=0) without editing the sources."""
-    items = os.environ.get("PADDOCK_KERNEL_DEFINES", "").replace(",", " ").split()
-    pairs = (item.partition("=") for item in items)
-    return {key: value or "1" for key, _, value in pairs}  # a bare NAME defines it as 1
-
-
 def get_kernel(name: str, kernel: str, defines: dict[str, str | int] | None = None) -> Any:
-    """One `extern "C"` kernel of a module, ready to launch as `k(grid, block, args)`."""
-    return get_module(name, define_options({**(defines or {}), **_experiment_defines()})).get_function(kernel)
+    """One `extern "C"` kernel of a module, ready to launch as `k(grid, block, args)`, with
+    $PADDOCK_KERNEL_DEFINES added (A/B runs of a kernel constant without editing the sources)."""
+    options = define_options({**(defines or {}), **envs.PADDOCK_KERNEL_DEFINES})
+    return get_module(name, options).get_function(kernel)

@@ -19,7 +19,7 @@ usual.
 CuPy's launcher has no launch attributes, so `cuLaunchKernelEx` is called through ctypes
 on the kernel's CUfunction. Only launches inside `programmatic_launches()` (the decode
 graphs' capture) take this path: it is slower in Python than CuPy's launcher, which
-the eager steps keep. `PADDOCK_PDL=0` turns it off.
+the eager steps keep. The backend's KernelOptions.pdl turns it off (`programmatic_launches(False)`).
 
 Thread-block clusters need no attribute here: a kernel declared with `__cluster_dims__`
 (attention_decode.cu on sm_90+) carries its cluster shape in the function (PTX
@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import os
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -89,19 +88,18 @@ def driver_library() -> ctypes.CDLL:
 
 @functools.cache
 def supported() -> bool:
-    """Whether this process may launch programmatically: sm_90+ and not switched off."""
-    if os.environ.get("PADDOCK_PDL", "1") == "0":
-        return False
+    """Whether this device can launch programmatically: sm_90+."""
     import cupy
 
     return int(cupy.cuda.Device().compute_capability) >= MIN_COMPUTE_CAPABILITY
 
 
 @contextlib.contextmanager
-def programmatic_launches() -> Iterator[None]:
-    """Kernels of this folder launched within (on this thread) overlap their predecessor."""
+def programmatic_launches(enabled: bool = True) -> Iterator[None]:
+    """Kernels of this folder launched within (on this thread) overlap their predecessor, where
+    `enabled` and the device supports it."""
     previous = getattr(_state, "on", False)
-    _state.on = supported()
+    _state.on = enabled and supported()
     try:
         yield
     finally:

@@ -1,0 +1,185 @@
+"""Every environment variable the engine reads, declared once: name, type, default, one line of doc.
+
+They are A/B switches for benchmarks and kernel work, not product settings (those are
+`EngineConfig` fields). Read as `envs.PADDOCK_PDL`: parsed at first use and cached for the
+process; `reload()` forgets the cache (tests that set a variable call it). docs/configuration.md
+is generated from DECLARED (`python -m app.engine.envs docs/configuration.md` rewrites its table;
+tests/engine/test_envs.py checks it is in sync).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+_TRUE, _FALSE = ("1", "true", "on", "yes"), ("0", "false", "off", "no")
+
+
+def _bool(name: str, text: str) -> bool:
+    if text.lower() in _TRUE:
+        return True
+    if text.lower() in _FALSE:
+        return False
+    raise ValueError(f"${name} must be 0 or 1, not {text!r}")
+
+
+def _int(name: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"${name} must be a whole number, not {text!r}") from None
+
+
+def _choice(*choices: str) -> Callable[[str, str], str]:
+    def parse(name: str, text: str) -> str:
+        if text not in choices:
+            raise ValueError(f"${name} must be one of {', '.join(choices)}, not {text!r}")
+        return text
+
+    parse.__name__ = " or ".join(choices)
+    return parse
+
+
+def _text(name: str, text: str) -> str:
+    return text
+
+
+def _defines(name: str, text: str) -> Mapping[str, str]:
+    """`NAME=VALUE,NAME2 ...` (commas or spaces): a bare NAME is defined as 1."""
+    pairs = (item.partition("=") for item in text.replace(",", " ").split())
+    return MappingProxyType({key: value or "1" for key, _, value in pairs})
+
+
+def _shape(name: str, text: str) -> tuple[int, int, int]:
+    parts = text.split(",")
+    if len(parts) != 3 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"${name} must be 'rows,warps,units' (three positive numbers), not {text!r}")
+    rows, warps, units = (int(p) for p in parts)
+    return rows, warps, units
+
+
+_TYPE_NAMES = {
+    _bool: "0 or 1",
+    _int: "integer",
+    _text: "text",
+    _defines: "NAME=VALUE,...",
+    _shape: "rows,warps,units",
+}
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """One variable, or with `prefix` a family of them (`<name><KEY>`, each parsed by `parse`)."""
+
+    name: str
+    parse: Callable[[str, str], Any]
+    default: Any
+    doc: str
+    prefix: bool = False
+
+    @property
+    def type_name(self) -> str:
+        return _TYPE_NAMES.get(self.parse, self.parse.__name__)
+
+    def read(self, environ: Mapping[str, str]) -> Any:
+        """The parsed value from `environ`: unset or empty gives the default; a family gives
+        {KEY: value} of every variable named `<name><KEY>`."""
+        if self.prefix:
+            found = {
+                k.removeprefix(self.name): v for k, v in environ.items() if k.startswith(self.name) and v
+            }
+            return MappingProxyType({key: self.parse(self.name + key, v) for key, v in sorted(found.items())})
+        text = environ.get(self.name, "").strip()
+        return self.parse(self.name, text) if text else self.default
+
+
+DECLARED: tuple[EnvVar, ...] = (
+    # kernel path choices: the defaults of KernelOptions (kernels/options.py)
+    EnvVar("PADDOCK_PDL", _bool, True, "programmatic dependent launches inside decode graphs (sm_90+)"),
+    EnvVar("PADDOCK_DECODE_ATTENTION", _bool, True, "decode batches on attention_decode.cu (else attention.cu)"),
+    EnvVar("PADDOCK_DECODE_CLUSTERS", _bool, True, "decode attention merges in thread-block clusters (sm_90+)"),
+    EnvVar("PADDOCK_DECODE_ROPE", _choice("1", "0", "all"), "1",
+           "rope + cache write fused into decode attention: 1 where it pays, all wherever supported, 0 never"),
+    EnvVar("PADDOCK_GEMV_INT_X", _bool, True, "single-token GEMVs over int16-quantized x (gemv_int.cu)"),
+    EnvVar("PADDOCK_GEMV_INT_MULTI", _bool, True, "q/k/v in one int16-x launch too (gemv_int_multi)"),
+    EnvVar("PADDOCK_GEMV_RESIDENT", _bool, True, "cap int16-x grids at the blocks the GPU holds at once"),
+    EnvVar("PADDOCK_GEMV_QB", _int, None, "groups of 16 x columns a thread quantizes at once (default: tuning table)"),
+    EnvVar("PADDOCK_FUSED_NORM_MAX_COLS", _int, None,
+           "widest x whose add + RMSNorm is fused into the next GEMV (default: tuning table)"),
+    EnvVar("PADDOCK_GEMV_MIN_BLOCKS", _int, None, "XQ_MIN_BLOCKS (register cap) of every int16-x build"),
+    EnvVar("PADDOCK_GEMV_MIN_BLOCKS_", _int, MappingProxyType({}),
+           "XQ_MIN_BLOCKS of one kernel: `<KEY>` is `<KERNEL>[_<FORMAT>]` (GATED, MULTI_Q4_K, ...)", prefix=True),
+    EnvVar("PADDOCK_GEMV_SHAPE_", _shape, MappingProxyType({}),
+           "int16-x launch shape of one kernel: `<KEY>` as above, the format-specific key winning", prefix=True),
+    # kernel compilation
+    EnvVar("PADDOCK_KERNEL_DEFINES", _defines, MappingProxyType({}),
+           "`-D` defines added to every kernel build, for A/B runs of a kernel constant"),
+    EnvVar("PADDOCK_KERNEL_CACHE", _text, None, "folder of compiled kernels (default: the user cache folder's paddock/kernels)"),
+    EnvVar("XDG_CACHE_HOME", _text, None, "platform: the user cache folder on Linux (default ~/.cache)"),
+    EnvVar("LOCALAPPDATA", _text, None, "platform: the user cache folder on Windows"),
+)  # fmt: skip
+_BY_NAME = {var.name: var for var in DECLARED}
+_values: dict[str, Any] = {}
+
+
+def __getattr__(name: str) -> Any:
+    var = _BY_NAME.get(name)
+    if var is None:
+        raise AttributeError(f"{name} is not a declared engine environment variable (app/engine/envs.py)")
+    if name not in _values:
+        _values[name] = var.read(os.environ)
+    return _values[name]
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_BY_NAME])
+
+
+def reload() -> None:
+    """Forget every cached value: the next read sees the environment as it is now (tests)."""
+    _values.clear()
+
+
+TABLE_BEGIN = "<!-- envs table: generated by python -m app.engine.envs docs/configuration.md -->"
+TABLE_END = "<!-- end of envs table -->"
+
+
+def markdown() -> str:
+    """docs/configuration.md's table of switches."""
+    rows = [
+        f"| `{v.name}{'<KEY>' if v.prefix else ''}` | {v.type_name} | {_default_text(v)} | {v.doc} |"
+        for v in DECLARED
+    ]
+    return (
+        "\n".join(["| variable | type | default | what it does |", "| --- | --- | --- | --- |", *rows]) + "\n"
+    )
+
+
+def _default_text(var: EnvVar) -> str:
+    if var.prefix or var.default is None or isinstance(var.default, Mapping):
+        return "unset"
+    if isinstance(var.default, bool):
+        return "1" if var.default else "0"
+    return str(var.default)
+
+
+def with_table(doc: str) -> str:
+    """`doc` with the text between TABLE_BEGIN and TABLE_END replaced by markdown()."""
+    head, begin, rest = doc.partition(TABLE_BEGIN)
+    _, end, tail = rest.partition(TABLE_END)
+    if not begin or not end:
+        raise ValueError(f"the document has no {TABLE_BEGIN!r} ... {TABLE_END!r} section")
+    return f"{head}{TABLE_BEGIN}\n{markdown()}{TABLE_END}{tail}"
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1:
+        path = Path(sys.argv[1])
+        path.write_text(with_table(path.read_text()))
+    else:
+        print(markdown(), end="")

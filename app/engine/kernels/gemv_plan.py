@@ -1,0 +1,56 @@
+"""GemvPlan: how one backend's GEMVs launch, the value its kernel wrappers are handed.
+
+It joins the tuning tables of the backend's GPU (kernels/tuning) with its KernelOptions: which
+paths are on and the A/B shape overrides. The default plan (default tuning, every path on, no
+overrides) is what a wrapper called without one uses: benchmarks and tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from app.engine.kernels import tuning as tuning_tables
+from app.engine.kernels.options import KernelOptions, ShapeOverrides
+from app.engine.kernels.tuning import LaunchShape, Tuning
+
+
+@dataclass(frozen=True, eq=False)
+class GemvPlan:
+    tuning: Tuning = tuning_tables.DEFAULT
+    overrides: ShapeOverrides = field(default_factory=ShapeOverrides)
+    int_x: bool = True  # single-token products over int16 x (gemv_int.cu) where they serve
+    int_multi: bool = True  # q/k/v in one such launch
+    resident_cap: bool = True  # grids capped at the blocks the GPU holds at once
+    groups_per_thread: int | None = None  # XQ_QB's cap; None: the tuning's
+    fused_norm_max_cols: int | None = None  # None: the tuning's
+
+    @classmethod
+    def for_backend(cls, options: KernelOptions, tuning: Tuning) -> GemvPlan:
+        return cls(tuning, options.gemv_overrides, options.gemv_int_x, options.gemv_int_multi,
+                   options.gemv_resident_cap, options.gemv_groups_per_thread, options.fused_norm_max_cols)  # fmt: skip
+
+    def float_rows(self, bucket: int, qtype_name: str) -> int:
+        """Rows per block of gemv.cu (float32 x) for a token bucket and format."""
+        return self.tuning.gemv_rows(bucket, qtype_name)
+
+    def fused_rows(self, bucket: int) -> int:
+        return self.tuning.fused_rows(bucket)
+
+    def int_shape(self, kernel: str, n_cols: int, first_format: str) -> LaunchShape:
+        """The int16-x launch shape of `kernel` (SINGLE, GATED, MULTI): the tuning's, overrides applied."""
+        return self.overrides.apply(
+            self.tuning.gemv_int_shape(kernel, n_cols, first_format), kernel, first_format
+        )
+
+    @property
+    def max_groups_per_thread(self) -> int:
+        return self.tuning.groups_per_thread if self.groups_per_thread is None else self.groups_per_thread
+
+    @property
+    def norm_max_cols(self) -> int:
+        return (
+            self.tuning.fused_norm_max_cols if self.fused_norm_max_cols is None else self.fused_norm_max_cols
+        )
+
+
+DEFAULT_PLAN = GemvPlan()

@@ -1,0 +1,66 @@
+"""KernelOptions: the kernel path choices of one CUDA backend, fixed when it is made.
+
+Each field's default comes from its environment switch (app/engine/envs.py), so A/B runs keep
+working (`PADDOCK_PDL=0 python bench/...`); code and tests pass fields explicitly instead. The
+backend hands plain values from here to the kernel wrappers, which read no environment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from app.engine import envs
+from app.engine.kernels.tuning import LaunchShape
+
+DecodeRope = Literal["auto", "all", "off"]
+DECODE_ROPE_BY_SWITCH: dict[str, DecodeRope] = {"1": "auto", "all": "all", "0": "off"}
+
+
+def _from_env(name: str) -> Any:
+    return field(default_factory=lambda: getattr(envs, name))
+
+
+@dataclass(frozen=True)
+class ShapeOverrides:
+    """Replacements of the int16-x launch shapes at every width (A/B runs), keyed `<KERNEL>` or
+    `<KERNEL>_<FORMAT>` (the first weight's format), the more specific key winning."""
+
+    min_blocks: int | None = None  # every build's register cap
+    min_blocks_by_key: Mapping[str, int] = field(default_factory=dict)
+    shapes_by_key: Mapping[str, tuple[int, int, int]] = field(default_factory=dict)  # (rows, warps, units)
+
+    @classmethod
+    def from_env(cls) -> ShapeOverrides:
+        return cls(envs.PADDOCK_GEMV_MIN_BLOCKS, envs.PADDOCK_GEMV_MIN_BLOCKS_, envs.PADDOCK_GEMV_SHAPE_)
+
+    def apply(self, shape: LaunchShape, kernel: str, first_format: str) -> LaunchShape:
+        if self.min_blocks is not None:
+            shape = replace(shape, min_blocks=self.min_blocks)
+        for key in (kernel, f"{kernel}_{first_format}"):
+            if key in self.shapes_by_key:
+                rows, warps, units = self.shapes_by_key[key]
+                shape = replace(shape, rows=rows, warps=warps, units=units)
+            if key in self.min_blocks_by_key:
+                shape = replace(shape, min_blocks=self.min_blocks_by_key[key])
+        return shape
+
+
+@dataclass(frozen=True)
+class KernelOptions:
+    pdl: bool = _from_env("PADDOCK_PDL")  # programmatic dependent launches in decode graphs (sm_90+)
+    decode_attention: bool = _from_env("PADDOCK_DECODE_ATTENTION")  # attention_decode.cu for decode batches
+    decode_clusters: bool = _from_env("PADDOCK_DECODE_CLUSTERS")  # its merge through clusters (sm_90+)
+    # rope + cache write inside decode attention: "auto" where the tuning says it pays, "all", "off"
+    decode_rope: DecodeRope = field(default_factory=lambda: DECODE_ROPE_BY_SWITCH[envs.PADDOCK_DECODE_ROPE])
+    gemv_int_x: bool = _from_env("PADDOCK_GEMV_INT_X")  # single-token GEMVs over int16 x (gemv_int.cu)
+    gemv_int_multi: bool = _from_env("PADDOCK_GEMV_INT_MULTI")  # q/k/v on that path too
+    gemv_resident_cap: bool = _from_env("PADDOCK_GEMV_RESIDENT")  # int16-x grids capped at resident blocks
+    gemv_groups_per_thread: int | None = _from_env("PADDOCK_GEMV_QB")  # XQ_QB's cap; None: the tuning's
+    fused_norm_max_cols: int | None = _from_env("PADDOCK_FUSED_NORM_MAX_COLS")  # None: the tuning's
+    gemv_overrides: ShapeOverrides = field(default_factory=ShapeOverrides.from_env)
+
+    def __post_init__(self) -> None:
+        if self.decode_rope not in ("auto", "all", "off"):
+            raise ValueError(f"decode_rope must be auto, all or off, not {self.decode_rope!r}")
