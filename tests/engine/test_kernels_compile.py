@@ -180,6 +180,7 @@ def test_every_kernel_file_is_checked() -> None:
     } <= set(SOURCES)
 
 
+@pytest.mark.slow  # ~1 min: compile_results runs NVRTC over every source for every architecture
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("source", SOURCES)
 def test_kernel_compiles(compile_results: dict[tuple[str, str], str], source: str, arch: str) -> None:

@@ -15,6 +15,8 @@ from app.engine.backend.base import AttentionMetadata
 from app.engine.backend.cpu import CpuBackend
 from app.engine.kernels.attention import group_bucket
 
+pytestmark = pytest.mark.slow  # ~40 s together: kernels run thread by thread on the CPU
+
 BLOCK = 16
 
 

@@ -21,6 +21,8 @@ from app.engine.backend.cpu import CpuBackend
 from app.engine.kernels.attention import GROUP_BUCKETS, NO_SPLIT
 from app.engine.kernels.gemv import VARIANTS
 
+pytestmark = pytest.mark.slow  # ~1 min together: kernels run thread by thread on the CPU
+
 
 @pytest.fixture(scope="module")
 def kernels_emu(tmp_path_factory) -> Path:
