@@ -232,7 +232,8 @@ def read_gguf_header(
     by HTTP range requests, so tensor types are left to `read_gguf` to check. EOFError if the stream
     ends inside the header."""
     data = bytearray()
-    while chunk := stream.read(max(len(data), 1 << 20)):  # a short read only means parsing again sooner
+    # 8 MiB holds a 262k-token vocabulary's header (~6.5 MB): one parse; a short read means another
+    while chunk := stream.read(max(len(data), 8 << 20)):
         data += chunk
         with memoryview(data) as view:
             header = _Header(view)
