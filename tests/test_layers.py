@@ -22,7 +22,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = ROOT / "pyproject.toml"
 
 
-def test_the_import_contracts_hold(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_import_contracts_hold(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.chdir(ROOT)
     exit_code = lint_imports(config_filename=str(PYPROJECT), no_cache=True, no_logo=True)
     assert exit_code == 0, capsys.readouterr().out  # the report names each broken contract and the import
@@ -52,7 +54,9 @@ def test_the_engine_server_and_every_studio_module_load_without_pyside6() -> Non
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'PySide6')\n"
         "print(' '.join(loaded))\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "", f"PySide6 was loaded: {done.stdout.strip()}"
     assert len(modules) > 10  # the walk found the Studio's modules, documents/ included
