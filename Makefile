@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run serve test lint gpu-test clean
+.PHONY: run serve test test-fast lint gpu-test clean
 
 # One stamp for the whole setup: the venv, the project with its dev extras, the
 # embeddings model (installed without its torch-pulling dependencies, see
@@ -26,9 +26,14 @@ serve: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
+# `test` runs everything (CI); `test-fast` leaves out the tests marked slow (over ~30 s each).
 test: $(STAMP)
 	$(BIN)/ruff check .
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -p no:cacheprovider
+
+test-fast: $(STAMP)
+	$(BIN)/ruff check .
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow"
 
 gpu-test: $(STAMP)
 	$(BIN)/python -m pytest -q -m gpu tests/engine/cuda

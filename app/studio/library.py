@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from app.engine.core.fit import ModelShape, shape_from_gguf, shape_from_hf_config
+from app.engine.loader import gguf as gguf_loader
 from app.studio.tasks import CancelToken, Progress, ProgressCallback, TaskCancelled
 
 PARTIAL_SUFFIX = ".part"  # downloads and imports in progress; never listed
@@ -299,27 +300,8 @@ def _copy_tree(src: Path, dst: Path, move: bool, done: int, total: int,
 
 # --- file headers: read without touching the weights -------------------------------------------
 
-GGUF_MAGIC = b"GGUF"
-_KEEP_ARRAY_ITEMS = 4096  # longer arrays (token lists, scores) are skipped, keeping their length
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_STRING, _ARRAY = 8, 9
-
-
 class HeaderIncomplete(ValueError):
     """The bytes ended inside a file header: a truncated file, or a prefix that was too short."""
-
-
-class SkippedArray:
-    """A long GGUF array whose items were not kept; `len()` still works (vocab size)."""
-
-    def __init__(self, length: int) -> None:
-        self.length = length
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __repr__(self) -> str:
-        return f"SkippedArray({self.length})"
 
 
 @dataclass(frozen=True)
@@ -358,80 +340,15 @@ class GGUFHeader:
     version: int
     metadata: dict
     tensors: list[GGUFTensorInfo]
-    header_bytes: int  # where the header ended (tensor data starts at the next alignment boundary)
-
-
-class _Cursor:
-    """Reads little-endian values from a stream, pulling more bytes as it needs them."""
-
-    def __init__(self, stream: BinaryIO) -> None:
-        self.stream, self.buf, self.pos = stream, bytearray(), 0
-
-    def _need(self, n: int) -> None:
-        while len(self.buf) - self.pos < n:
-            chunk = self.stream.read(max(n, 1 << 20))
-            if not chunk:
-                raise HeaderIncomplete(f"the file ends inside its GGUF header (at byte {len(self.buf)})")
-            self.buf += chunk
-
-    def unpack(self, fmt: str) -> int | float | bool:
-        size = struct.calcsize(fmt)
-        self._need(size)
-        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
-        self.pos += size
-        return value
-
-    def string(self, skip: bool = False) -> str:
-        length = int(self.unpack("<Q"))
-        self._need(length)
-        raw = self.buf[self.pos : self.pos + length]
-        self.pos += length
-        return "" if skip else raw.decode("utf-8", errors="replace")
-
-    def value(self, kind: int) -> object:
-        if kind in _SCALARS:
-            return self.unpack(_SCALARS[kind])
-        if kind == _STRING:
-            return self.string()
-        if kind == _ARRAY:
-            item_kind, count = int(self.unpack("<I")), int(self.unpack("<Q"))
-            if count <= _KEEP_ARRAY_ITEMS:
-                return [self.value(item_kind) for _ in range(count)]
-            if item_kind in _SCALARS:  # skip fixed-size items in one step
-                size = struct.calcsize(_SCALARS[item_kind]) * count
-                self._need(size)
-                self.pos += size
-            elif item_kind == _STRING:
-                for _ in range(count):
-                    self.string(skip=True)
-            else:
-                for _ in range(count):
-                    self.value(item_kind)
-            return SkippedArray(count)
-        raise ValueError(f"unknown GGUF value type {kind} at byte {self.pos}")
 
 
 def read_gguf_header(stream: BinaryIO) -> GGUFHeader:
     """Metadata and tensor infos of a GGUF file (or of a prefix of one, e.g. from an HTTP range)."""
-    cursor = _Cursor(stream)
-    cursor._need(4)
-    if bytes(cursor.buf[:4]) != GGUF_MAGIC:
-        raise ValueError(f"not a GGUF file (starts with {bytes(cursor.buf[:4])!r}, expected b'GGUF')")
-    cursor.pos = 4
-    version = int(cursor.unpack("<I"))
-    if version not in (2, 3):
-        raise ValueError(f"unsupported GGUF version {version} (supported: 2, 3)")
-    n_tensors, n_kv = int(cursor.unpack("<Q")), int(cursor.unpack("<Q"))
-    metadata: dict = {}
-    for _ in range(n_kv):
-        key = cursor.string()
-        metadata[key] = cursor.value(int(cursor.unpack("<I")))
-    tensors = []
-    for _ in range(n_tensors):
-        name = cursor.string()
-        dims = tuple(int(cursor.unpack("<Q")) for _ in range(int(cursor.unpack("<I"))))
-        tensors.append(GGUFTensorInfo(name, dims, int(cursor.unpack("<I")), int(cursor.unpack("<Q"))))
-    return GGUFHeader(version, metadata, tensors, cursor.pos)
+    try:
+        version, metadata, tensors = gguf_loader.read_gguf_header(stream)
+    except EOFError as exc:
+        raise HeaderIncomplete(str(exc)) from None
+    return GGUFHeader(version, metadata, [GGUFTensorInfo(*tensor) for tensor in tensors])
 
 
 def read_safetensors_header(stream: BinaryIO) -> dict[str, dict]:

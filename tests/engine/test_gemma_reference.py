@@ -15,6 +15,8 @@ import pytest
 
 from app.engine.sampling_params import SamplingParams
 
+pytestmark = pytest.mark.slow  # ~30 s together: greedy decoding of every reference prompt
+
 REFERENCE = json.loads((Path(__file__).parents[1] / "fixtures" / "gemma" / "reference.json").read_text())
 CASES = REFERENCE["cases"]
 LOGPROB_TOLERANCE = 0.02

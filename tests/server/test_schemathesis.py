@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from functools import partial
 
+import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import GenerationMode
@@ -23,6 +24,8 @@ from app.engine.server.launch import ServerHandle
 
 from .conftest import running_server
 from .fakes import FakeEngine
+
+pytestmark = pytest.mark.slow  # ~2 min: hundreds of generated requests against both engines
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 # per operation and mode (valid data, then invalid data); a real engine on a CPU prefills

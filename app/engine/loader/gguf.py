@@ -21,7 +21,7 @@ import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import gguf as gguf_constants
 import numpy as np
@@ -222,3 +222,35 @@ def _view(buffer: np.ndarray, data_start: int, info: _TensorInfo) -> np.ndarray:
     start = data_start + info.offset
     rows = int(np.prod(info.shape[:-1], dtype=np.int64)) if len(info.shape) > 1 else 1
     return buffer[start : start + info.nbytes].reshape(rows, info.nbytes // rows)
+
+
+def read_gguf_header(
+    stream: BinaryIO,
+) -> tuple[int, dict[str, Any], list[tuple[str, tuple[int, ...], int, int]]]:
+    """Version, metadata and each tensor's (name, GGUF-order dims, type id, offset) from the start of
+    a stream, reading only as far as the header goes: for listing a models folder or probing a file
+    by HTTP range requests, so tensor types are left to `read_gguf` to check. EOFError if the stream
+    ends inside the header."""
+    data = bytearray()
+    # 8 MiB holds a 262k-token vocabulary's header (~6.5 MB): one parse; a short read means another
+    while chunk := stream.read(max(len(data), 8 << 20)):
+        data += chunk
+        with memoryview(data) as view:
+            header = _Header(view)
+            try:
+                if (magic := header.scalar("4s")) != b"GGUF":
+                    raise CheckpointError(f"not a GGUF file (magic bytes {magic!r}, expected b'GGUF')")
+                if (version := header.scalar("<I")) not in SUPPORTED_VERSIONS:
+                    supported = ", ".join(map(str, SUPPORTED_VERSIONS))
+                    raise CheckpointError(f"GGUF version {version} is not supported (supported: {supported})")
+                n_tensors, n_kv = header.scalar("<Q"), header.scalar("<Q")
+                metadata = {header.string(): header.value(header.scalar("<I")) for _ in range(n_kv)}
+                tensors = [
+                    (header.string(), tuple(header.scalar("<Q") for _ in range(header.scalar("<I"))),
+                     header.scalar("<I"), header.scalar("<Q"))
+                    for _ in range(n_tensors)
+                ]  # fmt: skip
+                return version, metadata, tensors
+            except struct.error:
+                continue  # the header goes on past the bytes read so far
+    raise EOFError(f"the file ends inside its GGUF header (at byte {len(data)})")

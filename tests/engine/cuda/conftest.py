@@ -34,7 +34,7 @@ def cpu() -> CpuBackend:
 @pytest.fixture
 def rng(request) -> np.random.Generator:
     """Fresh random inputs for every test; the seed is attached to the report for replay."""
-    generator, seed = fresh_rng()
+    generator, seed = fresh_rng(request.node.nodeid)
     request.node.user_properties.append(("seed", seed))
     print(f"seed={seed}")
     return generator

@@ -15,6 +15,8 @@ from app.engine.backend.base import AttentionMetadata
 from app.engine.backend.cpu import CpuBackend
 from app.engine.kernels.attention import group_bucket
 
+pytestmark = pytest.mark.slow  # ~40 s together: kernels run thread by thread on the CPU
+
 BLOCK = 16
 
 
@@ -61,9 +63,9 @@ def _decode_meta(seq_lens: np.ndarray, tables: np.ndarray) -> AttentionMetadata:
     ([129], (7, 1, 128), None, None, 4),  # a group of 7 in the 8-head variant
 ])  # fmt: skip
 def test_attention_decode_emulated(
-    decode_emu: Path, tmp_path: Path, ctxs, heads, window, cap, blocks
+    request: pytest.FixtureRequest, decode_emu: Path, tmp_path: Path, ctxs, heads, window, cap, blocks
 ) -> None:
-    rng, seed = fresh_rng()
+    rng, seed = fresh_rng(request.node.nodeid)
     q, k_cache, v_cache, meta = _decode_case(rng, ctxs, heads)
     n_heads, n_kv, head_dim = heads
     scale = head_dim**-0.5
@@ -97,12 +99,13 @@ ROPE_CASES = [
     ("ctxs", "heads", "window", "cap", "blocks", "interleaved", "norm", "padding"), ROPE_CASES
 )
 def test_attention_decode_rope_emulated(
+    request: pytest.FixtureRequest,
     decode_emu: Path, tmp_path: Path, ctxs, heads, window, cap, blocks, interleaved, norm, padding
 ) -> None:
     """attn_dec_rope_* (rope_cache's work fused in) equals the numpy rope_and_cache then attention:
     the output of every real token, the new k and v in the caches at their slots and nothing else
     written. The new slots start as NaN: the kernel must never read them from the cache."""
-    rng, seed = fresh_rng()
+    rng, seed = fresh_rng(request.node.nodeid)
     cpu = CpuBackend()
     _, k_cache, v_cache, meta = _decode_case(rng, ctxs, heads)
     n_heads, n_kv, head_dim = heads

@@ -18,6 +18,7 @@ from emulator import run as _run
 
 from app.engine.backend.cpu import CpuBackend
 
+pytestmark = pytest.mark.slow  # ~40 s: kernels run thread by thread on the CPU
 F16_TOL = 1e-3  # q rounded to float16 (2^-11 relative) and P rounded before P @ V
 
 
@@ -36,9 +37,17 @@ def prefill_emu(tmp_path_factory) -> Path:
     ([(5, 5), (9, 200)], (8, 8, 64), None, None, 8, 1.0),  # many splits, some with no visible key
 ])  # fmt: skip
 def test_prefill_attention_emulated(
-    prefill_emu: Path, tmp_path: Path, seqs, heads, window, cap, splits, q_scale
+    request: pytest.FixtureRequest,
+    prefill_emu: Path,
+    tmp_path: Path,
+    seqs,
+    heads,
+    window,
+    cap,
+    splits,
+    q_scale,
 ):
-    rng, seed = fresh_rng()
+    rng, seed = fresh_rng(request.node.nodeid)
     q, k_cache, v_cache, meta = attention_case(rng, seqs, heads, q_scale)
     n_heads, n_kv, head_dim = heads
     scale = head_dim**-0.5

@@ -51,6 +51,7 @@ def _x(rng: np.random.Generator, cols: int, scale: float = 1.0) -> np.ndarray:
     ("Q4_1", 4, 1, 1, 1, 1024), ("Q5_0", 1, 2, 2, 4, 512), ("Q5_1", 2, 2, 1, 3, 1024),
 ])  # fmt: skip
 def test_gemv_int_emulated(
+    request: pytest.FixtureRequest,
     int_emu: Path,
     tmp_path: Path,
     qtype: str,
@@ -62,7 +63,7 @@ def test_gemv_int_emulated(
 ) -> None:
     """Every integer format, one or two units per lane step; fewer blocks than row groups, so
     warps loop; a partial last group."""
-    rng, seed = fresh_rng()
+    rng, seed = fresh_rng(request.node.nodeid)
     rows = 13
     tensor = random_tensor(qtype, rows, cols, rng)
     x, bias = _x(rng, cols), rng.standard_normal(rows).astype(np.float32)
@@ -96,10 +97,11 @@ GATED_CASES = {0: (("Q4_K", "Q4_K"), "silu"), 1: (("Q6_K", "Q5_K"), "gelu_tanh")
 
 @pytest.mark.parametrize(("case", "warps", "grid", "with_bias"), [(0, 2, 3, True), (1, 1, 2, False)])
 def test_gemv_int_multi_emulated(
+    request: pytest.FixtureRequest,
     int_emu: Path, tmp_path: Path, case: int, warps: int, grid: int, with_bias: bool
 ) -> None:
     """q/k/v in one launch equals the stacked product; a block's warps cross weight boundaries."""
-    rng, seed = fresh_rng()
+    rng, seed = fresh_rng(request.node.nodeid)
     cols, rows = 512, [13, 6, 9]
     tensors = [random_tensor(q, r, cols, rng) for q, r in zip(MULTI_CASES[case], rows, strict=True)]
     for i, t in enumerate(tensors):
@@ -118,9 +120,11 @@ def test_gemv_int_multi_emulated(
 
 
 @pytest.mark.parametrize(("case", "warps", "grid"), [(0, 2, 2), (1, 1, 3)])
-def test_gemv_int_gated_emulated(int_emu: Path, tmp_path: Path, case: int, warps: int, grid: int) -> None:
+def test_gemv_int_gated_emulated(
+    request: pytest.FixtureRequest, int_emu: Path, tmp_path: Path, case: int, warps: int, grid: int
+) -> None:
     """act(gate . x) * (up . x) in one launch, same and mixed formats, a partial last group."""
-    rng, seed = fresh_rng()
+    rng, seed = fresh_rng(request.node.nodeid)
     (fa, fb), kind = GATED_CASES[case]
     rows, cols = 11, 768
     gate, up = random_tensor(fa, rows, cols, rng), random_tensor(fb, rows, cols, rng)
@@ -135,10 +139,12 @@ def test_gemv_int_gated_emulated(int_emu: Path, tmp_path: Path, case: int, warps
 
 
 @pytest.mark.parametrize(("kind", "with_residual"), [("single", True), ("multi", True), ("multi", False), ("gated", True)])
-def test_gemv_int_fused_norm_emulated(int_emu: Path, tmp_path: Path, kind: str, with_residual: bool) -> None:
+def test_gemv_int_fused_norm_emulated(
+    request: pytest.FixtureRequest, int_emu: Path, tmp_path: Path, kind: str, with_residual: bool
+) -> None:
     """With a norm weight, the prologue adds the residual and RMS-normalizes x first: the product
     of add_rms_norm's output, and block 0 writes the new residual (bit for bit x + res)."""
-    rng, seed = fresh_rng()
+    rng, seed = fresh_rng(request.node.nodeid)
     cols, eps = 768, 1e-6
     x = _x(rng, cols)
     res = rng.standard_normal(cols).astype(np.float32) * np.float32(3.0)
@@ -178,11 +184,13 @@ def test_gemv_int_fused_norm_emulated(int_emu: Path, tmp_path: Path, kind: str, 
 
 
 @pytest.mark.parametrize("kind", ["single", "multi", "gated"])
-def test_gemv_int_two_groups_per_thread_emulated(int_emu_qb2: Path, tmp_path: Path, kind: str) -> None:
+def test_gemv_int_two_groups_per_thread_emulated(
+    request: pytest.FixtureRequest, int_emu_qb2: Path, tmp_path: Path, kind: str
+) -> None:
     """XQ_QB=2: each thread quantizes two groups of x, the second only where it exists (768 columns
     over 32 threads: 48 groups, so half the threads take one); a Q6_K weight beside Q4_K ones gets
     its own layout from the same quantized groups."""
-    rng, seed = fresh_rng()
+    rng, seed = fresh_rng(request.node.nodeid)
     cols = 768
     x = _x(rng, cols, 0.02 if kind == "gated" else 1.0)
     x.tofile(tmp_path / "x.bin")

@@ -20,6 +20,8 @@ from app.engine.backend.cpu import CpuBackend
 from app.engine.kernels.attention import GROUP_BUCKETS, NO_SPLIT
 from app.engine.kernels.gemv import VARIANTS
 
+pytestmark = pytest.mark.slow  # ~1 min together: kernels run thread by thread on the CPU
+
 
 @pytest.fixture(scope="module")
 def kernels_emu(tmp_path_factory) -> Path:
@@ -36,9 +38,10 @@ def attention_emu(tmp_path_factory) -> Path:
     ("Q4_1", 5, 2, 2), ("Q5_1", 1, 1, 4), ("Q4_0", 1, 1, 8), ("BF16", 1, 1, 8), ("F16", 2, 1, 4), ("F32", 4, 2, 2),
 ])  # fmt: skip
 def test_gemv_emulated(
+    request: pytest.FixtureRequest,
     kernels_emu: Path, tmp_path: Path, qtype: str, n_tok: int, warps: int, rows_per_block: int
 ) -> None:
-    rng, seed = fresh_rng()
+    rng, seed = fresh_rng(request.node.nodeid)
     rows, cols = 9, 1024
     tensor = random_tensor(qtype, rows, cols, rng)
     x = rng.standard_normal((n_tok, cols)).astype(np.float32)
@@ -60,9 +63,11 @@ def test_gemv_emulated(
     ("Q4_K", "f16", False), ("Q6_K", "f32", True), ("Q8_0", "f16", False), ("Q5_0", "f32", False),
     ("Q5_K", "f16", True), ("BF16", "f32", True), ("F16", "f16", False),
 ])  # fmt: skip
-def test_dequant_emulated(kernels_emu: Path, tmp_path: Path, qtype: str, out: str, with_ids: bool) -> None:
+def test_dequant_emulated(
+    request: pytest.FixtureRequest, kernels_emu: Path, tmp_path: Path, qtype: str, out: str, with_ids: bool
+) -> None:
     """Rows to float32/float16 through the shared-memory tile, including a partial last block."""
-    rng, seed = fresh_rng()
+    rng, seed = fresh_rng(request.node.nodeid)
     n_src, cols = 40, 768
     tensor = random_tensor(qtype, n_src, cols, rng)
     tensor.data.tofile(tmp_path / "w.bin")
@@ -84,14 +89,14 @@ def test_dequant_emulated(kernels_emu: Path, tmp_path: Path, qtype: str, out: st
     np.testing.assert_allclose(got, ref, rtol=rtol, atol=1e-6, err_msg=f"seed={seed}")
 
 
-@pytest.mark.parametrize(
-    ("cols", "vec"), [(1000, False), (1000, True), (4096, True), (640, True), (16384, True)]
-)
-def test_add_rms_norm_emulated(kernels_emu: Path, tmp_path: Path, cols: int, vec: bool) -> None:
+@pytest.mark.parametrize(("cols", "vec"), [(1000, False), (1000, True), (4096, True), (640, True), (16384, True)])
+def test_add_rms_norm_emulated(
+    request: pytest.FixtureRequest, kernels_emu: Path, tmp_path: Path, cols: int, vec: bool
+) -> None:
     """The element-at-a-time kernel and the float4 one (as many threads as the wrapper gives it)."""
     from app.engine.kernels.norm import vec_threads
 
-    rng, seed = fresh_rng()
+    rng, seed = fresh_rng(request.node.nodeid)
     x, res = (rng.standard_normal((3, cols)).astype(np.float32) for _ in range(2))
     w = rng.standard_normal(cols).astype(np.float32)
     for name, a in (("x", x), ("res", res), ("w", w)):
@@ -113,9 +118,10 @@ def test_add_rms_norm_emulated(kernels_emu: Path, tmp_path: Path, cols: int, vec
     ([(1, 9), (1, 190)], (8, 2, 64), 40, None, 12, 1.0),
 ])  # fmt: skip
 def test_attention_emulated(
+    request: pytest.FixtureRequest,
     attention_emu: Path, tmp_path: Path, seqs, heads, window, cap, splits, q_scale
 ) -> None:
-    rng, seed = fresh_rng()
+    rng, seed = fresh_rng(request.node.nodeid)
     q, k_cache, v_cache, meta = attention_case(rng, seqs, heads, q_scale)
     n_heads, n_kv, head_dim = heads
     scale = head_dim**-0.5
@@ -153,9 +159,11 @@ GATED_CASES = {
 
 
 @pytest.mark.parametrize(("case", "warps", "with_bias"), [(0, 1, False), (1, 2, True), (2, 1, True)])
-def test_gemv_multi_emulated(fused_emu: Path, tmp_path: Path, case: int, warps: int, with_bias: bool) -> None:
+def test_gemv_multi_emulated(
+    request: pytest.FixtureRequest, fused_emu: Path, tmp_path: Path, case: int, warps: int, with_bias: bool
+) -> None:
     """q/k/v (or any 2-3 weights) in one launch equals the stacked product, odd row counts included."""
-    rng, seed = fresh_rng()
+    rng, seed = fresh_rng(request.node.nodeid)
     formats, n_tok = MULTI_CASES[case]
     cols = 512
     rows = [13, 6, 9][: len(formats)]
@@ -179,9 +187,11 @@ def test_gemv_multi_emulated(fused_emu: Path, tmp_path: Path, case: int, warps: 
 
 
 @pytest.mark.parametrize(("case", "warps"), [(0, 1), (1, 2), (2, 1)])
-def test_gemv_gated_emulated(fused_emu: Path, tmp_path: Path, case: int, warps: int) -> None:
+def test_gemv_gated_emulated(
+    request: pytest.FixtureRequest, fused_emu: Path, tmp_path: Path, case: int, warps: int
+) -> None:
     """act(gate . x) * (up . x) in one launch, same and mixed formats, partial last block."""
-    rng, seed = fresh_rng()
+    rng, seed = fresh_rng(request.node.nodeid)
     (fa, fb), n_tok, kind = GATED_CASES[case]
     rows, cols = 11, 768
     gate, up = random_tensor(fa, rows, cols, rng), random_tensor(fb, rows, cols, rng)
@@ -217,10 +227,11 @@ def test_gemv_gated_emulated(fused_emu: Path, tmp_path: Path, case: int, warps: 
     ("head_dim", "interleaved", "norm"), [(64, True, True), (128, False, True), (256, False, False)]
 )
 def test_rope_cache_emulated(
+    request: pytest.FixtureRequest,
     fused_emu: Path, tmp_path: Path, head_dim: int, interleaved: bool, norm: bool
 ) -> None:
     """QK-norm + RoPE + KV write in one launch equals the numpy composition; padding slots untouched."""
-    rng, seed = fresh_rng()
+    rng, seed = fresh_rng(request.node.nodeid)
     cpu = CpuBackend()
     n_tok, n_heads, n_kv, block, n_blocks, max_pos = 5, 4, 2, 16, 3, 300
     inv = 1.0 / (10000.0 ** (np.arange(0, head_dim, 2) / head_dim))
