@@ -19,6 +19,7 @@ from app.engine.core.memory_plan import num_kv_blocks, weight_cache_mode
 from app.engine.core.output_processor import OutputProcessor
 from app.engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from app.engine.interface import ContextOverflowError, EngineStats, ModelInfo
+from app.engine.loader.finite import check_finite
 from app.engine.loader.tokenizer import Tokenizer
 from app.engine.loader.weights import open_checkpoint
 from app.engine.models.registry import build_model, model_config
@@ -73,6 +74,7 @@ class LLMEngine:
         started = time.monotonic()
         self.path = resolve_model_path(config.model)
         self.checkpoint = open_checkpoint(self.path)
+        check_finite(self.checkpoint.tensors, self.path)  # a NaN scale would make every logit NaN
         self.model_config = model_config(self.checkpoint)
         if self.checkpoint.format == "gguf":
             self.tokenizer = Tokenizer.from_gguf_metadata(self.checkpoint.metadata)
