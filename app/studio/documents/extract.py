@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from app.studio.documents.detect import MAX_FILE_BYTES, check_file, detect_kind
 from app.studio.documents.model import Document, DocumentError, Section
-from app.studio.documents.pdf import read_pdf, render_pdf_pages
+from app.studio.documents.pdf import PageSelection, read_pdf, render_pdf_pages
 from app.studio.documents.spreadsheet import read_xlsx
 from app.studio.documents.text import read_markdown, read_text
 from app.studio.documents.word import read_docx
@@ -28,7 +28,7 @@ _PAGE_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
 def extract_document(
     path: str | Path,
-    pages: Sequence[int] | None = None,
+    pages: Sequence[int] | PageSelection | None = None,
     password: str | None = None,
     max_bytes: int = MAX_FILE_BYTES,
 ) -> Document:
@@ -51,7 +51,7 @@ def extract_document(
 def render_pages(
     path: str | Path,
     dpi: float = 150,
-    pages: Sequence[int] | None = None,
+    pages: Sequence[int] | PageSelection | None = None,
     password: str | None = None,
     max_bytes: int = MAX_FILE_BYTES,
 ) -> list[Image]:
@@ -63,9 +63,10 @@ def render_pages(
     return render_pdf_pages(path, dpi, pages, password)
 
 
-def parse_page_spec(spec: str) -> list[int]:
-    """Turn "1-3,5" into [1, 2, 3, 5]: 1-based, in the order given, duplicates dropped."""
-    pages: list[int] = []
+def parse_page_spec(spec: str) -> PageSelection:
+    """Turn "1-3,5" into a `PageSelection`: 1-based ranges, kept as ranges until the page count is
+    known (so "1-2000000000" costs nothing), then clamped to the document and de-duplicated."""
+    ranges = []
     for part in spec.replace(" ", "").split(","):
         match = _PAGE_RANGE.match(part)
         if not match:
@@ -74,5 +75,5 @@ def parse_page_spec(spec: str) -> list[int]:
         last = int(match.group(2) or first)
         if first < 1 or last < first:
             raise ValueError(f"bad page range {part!r} in {spec!r}: pages start at 1 and ranges go upwards")
-        pages.extend(number for number in range(first, last + 1) if number not in pages)
-    return pages
+        ranges.append((first, last))
+    return PageSelection(tuple(ranges))
