@@ -14,10 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from app.studio.documents import DocumentError, extract_document, isolation, parse_page_spec, render_pages
+from app.studio.documents import (
+    DocumentError,
+    ExtractionCancelled,
+    extract_document,
+    isolation,
+    parse_page_spec,
+    render_pages,
+)
 from app.studio.documents.spreadsheet import MAX_CELLS
 from app.studio.documents.word import MAX_ELEMENTS
-from app.studio.tasks import CancelToken, TaskCancelled
+from app.studio.tasks import CancelToken
 from tests.studio.doc_files import write_docx, write_pdf
 
 
@@ -152,10 +159,15 @@ def test_a_crash_of_the_pdf_reader_is_a_document_error(tmp_path):
 
 def test_extraction_in_progress_stops_when_the_caller_cancels(tmp_path):
     pdf = write_pdf(tmp_path / "fine.pdf")
-    cancel = CancelToken()
-    threading.Timer(0.5, cancel.cancel).start()
-    with pytest.raises(TaskCancelled):
-        isolation.run_isolated(pdf, _hang, pdf, cancel=cancel)
+    token = CancelToken()
+    threading.Timer(0.5, token.cancel).start()
+    with pytest.raises(ExtractionCancelled, match=r"reading fine\.pdf was cancelled"):
+        isolation.run_isolated(pdf, _hang, pdf, cancel=lambda: token.cancelled)
+
+
+def test_a_cancelled_extraction_does_not_start(tmp_path):
+    with pytest.raises(ExtractionCancelled):
+        extract_document(write_pdf(tmp_path / "fine.pdf"), cancel=lambda: True)
 
 
 def _abort(path: Path) -> None:

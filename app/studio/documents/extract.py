@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from app.studio.documents.detect import MAX_FILE_BYTES, check_file, detect_kind
-from app.studio.documents.model import Document, DocumentError, Section
+from app.studio.documents.model import Document, DocumentError, ExtractionCancelled, Section
 from app.studio.documents.pdf import PageSelection, read_pdf, render_pdf_pages
 from app.studio.documents.spreadsheet import read_xlsx
 from app.studio.documents.text import read_markdown, read_text
@@ -31,17 +31,20 @@ def extract_document(
     pages: Sequence[int] | PageSelection | None = None,
     password: str | None = None,
     max_bytes: int = MAX_FILE_BYTES,
+    cancel: Callable[[], bool] | None = None,
 ) -> Document:
     """Read a PDF, DOCX, XLSX, TXT or Markdown file.
 
-    `pages` (1-based) selects PDF pages; `password` opens an encrypted PDF.
-    Raises DocumentError naming the file and the problem.
+    `pages` (1-based) selects PDF pages; `password` opens an encrypted PDF; `cancel()` turning true
+    stops a PDF being read (ExtractionCancelled). Raises DocumentError naming the file and the problem.
     """
     path = Path(path)
     check_file(path, max_bytes)
     kind = detect_kind(path)
+    if cancel is not None and cancel():
+        raise ExtractionCancelled(f"reading {path.name} was cancelled")
     if kind == "pdf":
-        sections, page_count = read_pdf(path, pages, password)
+        sections, page_count = read_pdf(path, pages, password, cancel=cancel)
         return Document(path=path, kind=kind, sections=sections, page_count=page_count)
     if pages is not None:
         raise DocumentError(path, "selecting pages works only for PDF files")
@@ -54,13 +57,14 @@ def render_pages(
     pages: Sequence[int] | PageSelection | None = None,
     password: str | None = None,
     max_bytes: int = MAX_FILE_BYTES,
+    cancel: Callable[[], bool] | None = None,
 ) -> list[Image]:
     """PDF pages as RGB PIL images for vision models (all pages unless `pages`, 1-based, is given)."""
     path = Path(path)
     check_file(path, max_bytes)
     if detect_kind(path) != "pdf":
         raise DocumentError(path, "only PDF pages can be rendered as images")
-    return render_pdf_pages(path, dpi, pages, password)
+    return render_pdf_pages(path, dpi, pages, password, cancel=cancel)
 
 
 def parse_page_spec(spec: str) -> PageSelection:

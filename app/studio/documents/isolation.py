@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from app.studio.documents.model import DocumentError
+from app.studio.documents.model import DocumentError, ExtractionCancelled
 
 MEMORY_LIMIT_BYTES = 768 * 1024**2  # the child's address space: extracting text needs a few hundred MB
 TIME_LIMIT_SECONDS = 120.0
@@ -24,13 +24,13 @@ def run_isolated(
     path: Path,
     target: Callable[..., Any],
     *args: Any,
-    cancel: Any = None,
+    cancel: Callable[[], bool] | None = None,
     seconds: float | None = None,
     memory_bytes: int | None = None,
 ) -> Any:
     """`target(*args)` (a module-level function, picklable arguments and result) in a child process.
-    Its DocumentError comes back as one; a crash, a time-out or a cancel (`cancel.cancelled`, e.g. a
-    `CancelToken`) ends the child and raises DocumentError (TaskCancelled for a cancel)."""
+    Its DocumentError comes back as one; a crash or a time-out ends the child and raises DocumentError,
+    and `cancel()` turning true ends it and raises ExtractionCancelled."""
     seconds = TIME_LIMIT_SECONDS if seconds is None else seconds
     memory_bytes = MEMORY_LIMIT_BYTES if memory_bytes is None else memory_bytes
     context = multiprocessing.get_context("spawn")
@@ -42,10 +42,8 @@ def run_isolated(
         waited = 0.0
         while not receiver.poll(_POLL_SECONDS):
             waited += _POLL_SECONDS
-            if cancel is not None and cancel.cancelled:
-                from app.studio.tasks import TaskCancelled
-
-                raise TaskCancelled("cancelled")
+            if cancel is not None and cancel():
+                raise ExtractionCancelled(f"reading {path.name} was cancelled")
             if not child.is_alive() and not receiver.poll(0):
                 raise DocumentError(path, _crash_message(child.exitcode))
             if waited > seconds:

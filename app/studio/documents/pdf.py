@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from app.studio.documents.isolation import run_isolated
 from app.studio.documents.model import DocumentError, Section
@@ -82,10 +82,10 @@ def read_pdf(
     path: Path,
     pages: Sequence[int] | PageSelection | None = None,
     password: str | None = None,
-    cancel: Any = None,
+    cancel: Callable[[], bool] | None = None,
 ) -> tuple[list[Section], int]:
     """One section per page ("page 3"), and the file's page count; read in a child process
-    (isolation.py), so a file that crashes PDFium is a DocumentError. `cancel` stops it."""
+    (isolation.py), so a file that crashes PDFium is a DocumentError; `cancel()` turning true stops it."""
     return run_isolated(path, _read_pdf_here, path, pages, password, cancel=cancel)
 
 
@@ -121,7 +121,7 @@ def render_pdf_pages(
     dpi: float = 150,
     pages: Sequence[int] | PageSelection | None = None,
     password: str | None = None,
-    cancel: Any = None,
+    cancel: Callable[[], bool] | None = None,
 ) -> list[Image]:
     """Each selected page as an RGB PIL image at `dpi` (PDF units are 1/72 inch), rendered in a
     child process like `read_pdf`."""
