@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import struct
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
@@ -79,16 +80,21 @@ def load(path: Path) -> None:
     model_config(checkpoint)
 
 
+def opens_or_refuses(data: bytes, name: str, read: Callable[[Path], object], *also: type[Exception]) -> None:
+    """`read` a file of these bytes: it returns, or raises a one-line CheckpointError (or one of `also`)."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / name
+        path.write_bytes(data)
+        try:
+            read(path)
+        except (CheckpointError, *also) as exc:
+            assert "\n" not in str(exc)
+
+
 @FUZZ
 @given(changes=edits)
 def test_a_mutated_gguf_file_opens_or_is_refused_with_a_checkpoint_error(changes: list[Edit]) -> None:
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "fuzz.gguf"
-        path.write_bytes(mutate(GGUF_BYTES, changes))
-        try:
-            load(path)
-        except (CheckpointError, UnsupportedArchitecture) as exc:
-            assert "\n" not in str(exc)
+    opens_or_refuses(mutate(GGUF_BYTES, changes), "fuzz.gguf", load, UnsupportedArchitecture)
 
 
 dimension = st.one_of(
@@ -118,22 +124,11 @@ headers = st.dictionaries(
 @given(header=headers, data_size=st.integers(0, 4096))
 def test_a_fuzzed_safetensors_header_opens_or_is_refused_with_a_checkpoint_error(header, data_size) -> None:
     encoded = json.dumps(header).encode()
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "model.safetensors"
-        path.write_bytes(struct.pack("<Q", len(encoded)) + encoded + bytes(data_size))
-        try:
-            read_safetensors_file(path)
-        except CheckpointError as exc:
-            assert "\n" not in str(exc)
+    data = struct.pack("<Q", len(encoded)) + encoded + bytes(data_size)
+    opens_or_refuses(data, "model.safetensors", read_safetensors_file)
 
 
 @FUZZ
 @given(changes=edits)
 def test_mutated_safetensors_bytes_open_or_are_refused_with_a_checkpoint_error(changes: list[Edit]) -> None:
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "model.safetensors"
-        path.write_bytes(mutate(SAFETENSORS_BYTES, changes))
-        try:
-            read_safetensors_file(path)
-        except CheckpointError as exc:
-            assert "\n" not in str(exc)
+    opens_or_refuses(mutate(SAFETENSORS_BYTES, changes), "model.safetensors", read_safetensors_file)

@@ -58,7 +58,7 @@ def test_a_hostile_template_fails_with_a_clear_error_and_bounded_memory(case):
     tracemalloc.start()
     try:
         with pytest.raises(TemplateLimitError, match="chat template \\(checkpoint\\)") as raised:
-            template.render(HELLO, limits=FAST)
+            template.render_within(FAST, HELLO)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -69,7 +69,7 @@ def test_a_hostile_template_fails_with_a_clear_error_and_bounded_memory(case):
 def test_the_output_size_limit_stops_a_render_that_writes_too_much():
     template = ChatTemplate("{% for i in range(100000) %}{{ 'y' * 1000 }}{% endfor %}", source="checkpoint")
     with pytest.raises(TemplateLimitError, match="the rendered prompt would make"):
-        template.render(HELLO, limits=Limits(seconds=60, chars=10**6))
+        template.render_within(Limits(seconds=60, chars=10**6), HELLO)
 
 
 def test_ordinary_template_code_is_not_limited():

@@ -173,15 +173,26 @@ class ChatTemplate:
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None = None,
         add_generation_prompt: bool = True,
-        limits: Limits | None = None,
         **extra: Any,
     ) -> str:
         """The prompt text for these messages (OpenAI-shaped dicts: role, content, tool_calls, ...);
-        TemplateLimitError if the template runs past its time or size limit."""
+        TemplateLimitError if the template runs past its time or size limit. `extra` goes to the
+        template as variables (chat_template_kwargs)."""
+        return self.render_within(Limits(), messages, tools, add_generation_prompt, extra)
+
+    def render_within(
+        self,
+        limits: Limits,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        extra: dict[str, Any] | None = None,
+    ) -> str:
+        """`render` under other limits (the load probe's tighter ones)."""
         template = self._tool_template if tools and self._tool_template is not None else self._template
         context = {
             **self._specials,
-            **extra,
+            **(extra or {}),
             "messages": _normalized(messages),
             "tools": tools or None,
             "add_generation_prompt": add_generation_prompt,
@@ -189,7 +200,7 @@ class ChatTemplate:
             "NL": "\n",
         }
         try:
-            return render_bounded(template, context, limits or Limits())
+            return render_bounded(template, context, limits)
         except TemplateLimitError as exc:
             raise TemplateLimitError(f"chat template ({self.source}) exceeded its limits: {exc}") from None
         except RecursionError:
@@ -202,7 +213,7 @@ class ChatTemplate:
         if the template breaks them. Other failures pass: a template may refuse a conversation."""
         for tools in (None, _PROBE_TOOLS):
             try:
-                self.render(_PROBE_MESSAGES, tools=tools, limits=PROBE_LIMITS)
+                self.render_within(PROBE_LIMITS, _PROBE_MESSAGES, tools)
             except TemplateLimitError:
                 raise
             except ValueError:  # the template refuses this conversation (raise_exception): not a limit
