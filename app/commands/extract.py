@@ -37,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
         if args.images:
             folder = Path(args.images)
             folder.mkdir(parents=True, exist_ok=True)
-            numbers = pages or list(range(1, (document.page_count or 0) + 1))
+            count = document.page_count or 0
+            numbers = pages.resolve(Path(args.file), count) if pages else list(range(1, count + 1))
             images = render_pages(args.file, dpi=args.dpi, pages=numbers, password=args.password)
             for number, image in zip(numbers, images, strict=True):
                 image.save(folder / f"page-{number:04d}.png")

@@ -24,6 +24,7 @@ _EXPORTS = {
     "EngineStats": "app.engine.interface",
     "ContextOverflowError": "app.engine.interface",
     "EngineDeadError": "app.engine.interface",
+    "RequestFailedError": "app.engine.interface",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -38,6 +39,7 @@ if TYPE_CHECKING:  # the same names for type checkers, as explicit re-exports
     from app.engine.interface import EngineStats as EngineStats
     from app.engine.interface import GenerationRequest as GenerationRequest
     from app.engine.interface import ModelInfo as ModelInfo
+    from app.engine.interface import RequestFailedError as RequestFailedError
     from app.engine.request import RequestOutput as RequestOutput
     from app.engine.request import TokenLogprob as TokenLogprob
     from app.engine.sampling_params import SamplingParams as SamplingParams

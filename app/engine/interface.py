@@ -94,3 +94,7 @@ class EngineClient(Protocol):
 
 class EngineDeadError(RuntimeError):
     """The engine loop failed while running this request; the engine keeps serving others."""
+
+
+class RequestFailedError(EngineDeadError):
+    """This request alone failed inside the engine (its sampling or its output); the others go on."""

@@ -26,6 +26,7 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = "finished_stopped"
     FINISHED_LENGTH = "finished_length"
     FINISHED_ABORTED = "finished_aborted"
+    FINISHED_ERROR = "finished_error"  # this request alone failed (sampling, detokenizing)
 
     @property
     def finished(self) -> bool:
@@ -36,12 +37,13 @@ class RequestStatus(enum.Enum):
         return _FINISH_REASON.get(self)
 
 
-_FINISHED = {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED}
 _FINISH_REASON = {
     RequestStatus.FINISHED_STOPPED: "stop",
     RequestStatus.FINISHED_LENGTH: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_ERROR: "error",
 }
+_FINISHED = set(_FINISH_REASON)
 
 
 @dataclass
@@ -101,8 +103,9 @@ class RequestOutput:
     new_text: str
     logprobs: list[TokenLogprob] | None
     finished: bool
-    finish_reason: str | None  # "stop" | "length" | "abort" | None while running
+    finish_reason: str | None  # "stop" | "length" | "abort" | "error" | None while running
     stop_reason: str | int | None  # the stop string or token id that ended it
     num_prompt_tokens: int
     num_output_tokens: int
     num_cached_tokens: int = 0
+    error: str | None = None  # why this request failed (finish_reason "error")

@@ -25,7 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from app.studio.documents import Document, DocumentError, extract_document, supported_extensions
+from app.studio.documents import (
+    Document,
+    DocumentError,
+    ExtractionCancelled,
+    extract_document,
+    supported_extensions,
+)
 from app.studio.retrieval import (
     DocumentIndex,
     Embedder,
@@ -165,7 +171,9 @@ class DocumentSet:
             _check(cancel)
             report(READ_SHARE * number / len(paths), 100.0, f"Reading {path.name}…")
             try:
-                documents.append(extract_document(path))
+                documents.append(extract_document(path, cancel=cancel))
+            except ExtractionCancelled:
+                raise IngestCancelled("ingestion cancelled") from None
             except DocumentError as exc:
                 failed.append(IngestFailure(path, str(exc)))
         if not documents:

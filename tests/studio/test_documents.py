@@ -333,8 +333,8 @@ def test_unknown_extension_is_read_by_content(tmp_path: Path, files: dict[str, P
 
 
 def test_parse_page_spec() -> None:
-    assert parse_page_spec("1-3,5") == [1, 2, 3, 5]
-    assert parse_page_spec("4, 2-3, 3") == [4, 2, 3]
+    assert parse_page_spec("1-3,5").resolve(Path("a.pdf"), 10) == [1, 2, 3, 5]
+    assert parse_page_spec("4, 2-3, 3").resolve(Path("a.pdf"), 10) == [4, 2, 3]
     for bad in ("", "0", "3-1", "a", "1-", "1,,2"):
         with pytest.raises(ValueError, match="bad page"):
             parse_page_spec(bad)

@@ -13,7 +13,13 @@ from typing import Any
 
 from app.engine.config import EngineConfig
 from app.engine.core.engine import LLMEngine
-from app.engine.interface import EngineDeadError, EngineStats, GenerationRequest, ModelInfo
+from app.engine.interface import (
+    EngineDeadError,
+    EngineStats,
+    GenerationRequest,
+    ModelInfo,
+    RequestFailedError,
+)
 from app.engine.request import RequestOutput
 
 log = logging.getLogger(__name__)
@@ -136,21 +142,23 @@ class AsyncEngine:
 
     def _deliver_step(self, outputs: list[RequestOutput]) -> None:
         """All of a step's outputs in one hand-off per event loop (one wake-up, not one per request)."""
-        by_loop: dict[Any, list[tuple[_Stream, RequestOutput]]] = {}
+        by_loop: dict[Any, list[tuple[_Stream, str, RequestOutput | Exception]]] = {}
         for out in outputs:
             stream = self._streams.get(out.request_id)
             if stream is None:
                 continue
             if out.finished:
                 del self._streams[out.request_id]
-            by_loop.setdefault(stream.loop, []).append((stream, out))
+            # a request that failed alone gets its own error; the others their outputs
+            item = RequestFailedError(out.error) if out.error is not None else out
+            by_loop.setdefault(stream.loop, []).append((stream, out.request_id, item))
         for loop, items in by_loop.items():
             try:
                 loop.call_soon_threadsafe(_put_all, items)
             except RuntimeError:  # the caller's event loop is gone
-                for _, out in items:
-                    self._streams.pop(out.request_id, None)
-                    self.engine.abort(out.request_id)
+                for _, request_id, _ in items:
+                    self._streams.pop(request_id, None)
+                    self.engine.abort(request_id)
 
     def _deliver(self, request_id: str, item: Any) -> None:
         stream = self._streams.get(request_id)
@@ -170,6 +178,6 @@ class AsyncEngine:
             self._deliver(request_id, error)
 
 
-def _put_all(items: list[tuple[_Stream, RequestOutput]]) -> None:
-    for stream, out in items:
-        stream.queue.put_nowait(out)
+def _put_all(items: list[tuple[_Stream, str, RequestOutput | Exception]]) -> None:
+    for stream, _, item in items:
+        stream.queue.put_nowait(item)

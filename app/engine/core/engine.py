@@ -19,10 +19,11 @@ from app.engine.core.memory_plan import num_kv_blocks, weight_cache_mode
 from app.engine.core.output_processor import OutputProcessor
 from app.engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from app.engine.interface import ContextOverflowError, EngineStats, ModelInfo
+from app.engine.loader.finite import check_finite
 from app.engine.loader.tokenizer import Tokenizer
 from app.engine.loader.weights import open_checkpoint
 from app.engine.models.registry import build_model, model_config
-from app.engine.request import Request, RequestOutput, TokenLogprob
+from app.engine.request import Request, RequestOutput, RequestStatus, TokenLogprob
 from app.engine.sample.sampler import Sampler, deferrable
 from app.engine.sampling_params import SamplingParams
 from app.engine.text.chat_template import chat_template_for
@@ -31,6 +32,8 @@ from app.engine.worker.prefill_graphs import capture_prefill_graphs
 from app.engine.worker.runner import ModelRunner
 
 log = logging.getLogger(__name__)
+
+SEED_LIMIT = 2**64  # seeds are unsigned 64-bit (the GPU sampler's noise hash takes them as uint64)
 
 
 def resolve_model_path(model: str) -> Path:
@@ -43,6 +46,16 @@ def resolve_model_path(model: str) -> Path:
     if not path.exists():
         raise FileNotFoundError(f"model {model!r} not found: no such file or folder")
     return path
+
+
+def check_sampling_ids(params: SamplingParams, vocab_size: int) -> None:
+    """Raise ValueError naming the field whose value no sampler can use: a seed outside uint64, a stop
+    token id outside the vocabulary (it would index past the logits)."""
+    if params.seed is not None and not 0 <= params.seed < SEED_LIMIT:
+        raise ValueError(f"seed must be between 0 and 2**64 - 1, got {params.seed}")
+    bad = next((t for t in params.stop_token_ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise ValueError(f"stop_token_ids: {bad} is outside the vocabulary (0..{vocab_size - 1})")
 
 
 @dataclass
@@ -61,6 +74,7 @@ class LLMEngine:
         started = time.monotonic()
         self.path = resolve_model_path(config.model)
         self.checkpoint = open_checkpoint(self.path)
+        check_finite(self.checkpoint.tensors, self.path)  # a NaN scale would make every logit NaN
         self.model_config = model_config(self.checkpoint)
         if self.checkpoint.format == "gguf":
             self.tokenizer = Tokenizer.from_gguf_metadata(self.checkpoint.metadata)
@@ -157,6 +171,7 @@ class LLMEngine:
         bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise ValueError(f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})")
+        check_sampling_ids(params, vocab)
         self.check_fits(len(prompt_token_ids), params)
         request = Request(request_id, list(prompt_token_ids), params, session_id=session_id)
         self.outputs.add(request)
@@ -197,13 +212,44 @@ class LLMEngine:
             return ended
         logits = self._for_sampler(logits)
         if self.async_decode and all(deferrable(r) for r in sampling):
-            self.pipeline.launched(scheduled, sampling, self.sampler.launch(logits, sampling))
-            return ended
-        result = self.sampler.sample(logits, sampling)
-        self.scheduler.update(
-            scheduled, {r.request_id: t for r, t in zip(sampling, result.token_ids, strict=True)}
-        )
-        return ended + self._postprocess(sampling, result.token_ids, result.logprobs)
+            try:
+                pending = self.sampler.launch(logits, sampling)
+            except Exception:  # some row broke the batched launch: sample now, row by row
+                log.warning("a batched sample launch failed; sampling this step row by row", exc_info=True)
+            else:
+                self.pipeline.launched(scheduled, sampling, pending)
+                return ended
+        return ended + self._sample_now(scheduled, sampling, logits)
+
+    def _sample_now(
+        self, scheduled: SchedulerOutput, sampling: list[Request], logits: Any
+    ) -> list[RequestOutput]:
+        """Sample and wait for the ids, record the step and postprocess it. When the batch fails,
+        each row is sampled alone: a row that still fails ends its own request, the rest go on."""
+        try:
+            result = self.sampler.sample(logits, sampling)
+            rows = list(zip(sampling, result.token_ids, result.logprobs, strict=True))
+            failed: list[RequestOutput] = []
+        except Exception:
+            rows, failed = self._sample_row_by_row(logits, sampling)
+        rows = [row for row in rows if self._live(row[0])]  # a look-ahead's rows may have ended meanwhile
+        self.scheduler.update(scheduled, {request.request_id: token for request, token, _ in rows})
+        requests, token_ids = [row[0] for row in rows], [row[1] for row in rows]
+        return failed + self._postprocess(requests, token_ids, [row[2] for row in rows])
+
+    def _sample_row_by_row(
+        self, logits: Any, sampling: list[Request]
+    ) -> tuple[list[tuple[Request, int, TokenLogprob | None]], list[RequestOutput]]:
+        """Each row sampled on its own, to find the rows whose sampling fails and end only those."""
+        rows, failed = [], []
+        for i, request in enumerate(sampling):
+            try:
+                result = self.sampler.sample(logits[i : i + 1], [request])
+            except Exception as exc:
+                failed.append(self._fail(request, exc, "sampling"))
+                continue
+            rows.append((request, result.token_ids[0], result.logprobs[0]))
+        return rows, failed
 
     def _step_ahead(self) -> list[RequestOutput]:
         """Launch the next decode step with the in-flight step's ids as input, on the device;
@@ -213,7 +259,12 @@ class LLMEngine:
         logits = self.runner.run_from_device(scheduled.chunks, *self.pipeline.inputs(sampling))
         self._count(scheduled)
         logits = self._for_sampler(logits)
-        pending = self.sampler.launch(logits, sampling)
+        try:
+            pending = self.sampler.launch(logits, sampling)
+        except Exception:  # some row broke the batched launch: resolve first, then sample row by row
+            log.warning("a batched sample launch failed; sampling this step row by row", exc_info=True)
+            outputs = self._postprocess(*self.pipeline.resolve())
+            return outputs + self._sample_now(scheduled, sampling, logits)
         outputs = self._postprocess(*self.pipeline.resolve())
         self.pipeline.launched(scheduled, sampling, pending)  # after resolve: drops rows that ended there
         return outputs
@@ -225,17 +276,21 @@ class LLMEngine:
     def _postprocess(
         self, requests: list[Request], token_ids: list[int], logprobs: list[TokenLogprob | None] | None = None
     ) -> list[RequestOutput]:
-        """Stop checks and outputs for sampled tokens (logprobs None: none were asked for)."""
+        """Stop checks and outputs for sampled tokens (logprobs None: none were asked for). A
+        request whose postprocessing fails (detokenizing, a stop check) ends alone, with its error."""
         outputs = []
         for i, (request, token_id) in enumerate(zip(requests, token_ids, strict=True)):
             logprob = logprobs[i] if logprobs is not None else None
             self.counters.generation_tokens += 1
-            status = self.outputs.process(request, token_id, logprob)
-            if status is None:
-                outputs.append(self.outputs.output(request))
-            else:
-                self.scheduler.finish(request, status)
-                outputs.append(self._end(request))
+            try:
+                status = self.outputs.process(request, token_id, logprob)
+                if status is None:
+                    outputs.append(self.outputs.output(request))
+                else:
+                    self.scheduler.finish(request, status)
+                    outputs.append(self._end(request))
+            except Exception as exc:
+                outputs.append(self._fail(request, exc, "postprocessing"))
         return outputs
 
     def _count(self, scheduled: SchedulerOutput) -> None:
@@ -253,6 +308,30 @@ class LLMEngine:
         out = self.outputs.output(request)
         self._forget(request)
         return out
+
+    def _fail(self, request: Request, error: Exception, stage: str) -> RequestOutput:
+        """End one request whose own work failed: free its blocks and report the error to it
+        alone. Built without the output processor, which may be what failed."""
+        log.error("request %r failed in %s", request.request_id, stage, exc_info=error)
+        self.scheduler.finish(request, RequestStatus.FINISHED_ERROR)
+        self.counters.finished += 1
+        self._forget(request)
+        return RequestOutput(
+            request_id=request.request_id,
+            new_token_ids=[],
+            new_text="",
+            logprobs=None,
+            finished=True,
+            finish_reason=request.status.finish_reason,
+            stop_reason=None,
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_output_tokens=request.num_output_tokens,
+            num_cached_tokens=request.num_cached_tokens,
+            error=f"this request failed in {stage}: {type(error).__name__}: {error}",
+        )
+
+    def _live(self, request: Request) -> bool:
+        return request.status == RequestStatus.RUNNING and self.scheduler.get(request.request_id) is request
 
     def _forget(self, request: Request) -> None:
         self.sampler.forget(request.request_id)
@@ -276,6 +355,8 @@ class LLMEngine:
                 res["logprobs"].extend(out.logprobs or [])
                 if out.finished:
                     res["finish_reason"] = out.finish_reason
+                if out.error is not None:
+                    res["error"] = out.error
         return [results[rid] for rid in order]
 
     def stats(self) -> EngineStats:

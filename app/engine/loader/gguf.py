@@ -17,6 +17,7 @@ Numeric arrays are converted in one numpy call, so the 262,144 Gemma scores take
 
 from __future__ import annotations
 
+import math
 import mmap
 import struct
 from dataclasses import dataclass
@@ -32,8 +33,15 @@ from app.engine.quant.types import QUANT_TYPES, QuantType, UnsupportedQuantType,
 
 SUPPORTED_VERSIONS = (2, 3)
 _MAX_DIMS = 8  # ggml uses 4; anything above 8 is a corrupt header, not a real tensor
+_MAX_ARRAY_DEPTH = 8  # real files nest arrays two deep at most
+# The fewest header bytes a metadata entry (key length, type, a 1-byte value) and a tensor entry
+# (name length, dimension count, one dimension, type, offset) can take: counts that cannot fit the
+# file are refused before anything is allocated for them.
+_MIN_KV_BYTES = 8 + 4 + 1
+_MIN_TENSOR_BYTES = 8 + 4 + 8 + 4 + 8
 
 _VT = gguf_constants.GGUFValueType
+_MIN_ITEM_BYTES = {_VT.STRING: 8, _VT.ARRAY: 4 + 8}
 _SCALAR_FORMATS: dict[int, str] = {
     _VT.UINT8: "<B", _VT.INT8: "<b", _VT.UINT16: "<H", _VT.INT16: "<h",
     _VT.UINT32: "<I", _VT.INT32: "<i", _VT.UINT64: "<Q", _VT.INT64: "<q",
@@ -80,27 +88,34 @@ class _Header:
         self.pos = end
         return text
 
-    def value(self, value_type: int) -> Any:
+    def remaining(self) -> int:
+        return len(self.view) - self.pos
+
+    def value(self, value_type: int, depth: int = 0) -> Any:
         if value_type == _VT.STRING:
             return self.string()
         if value_type == _VT.ARRAY:
-            return self.array()
+            return self.array(depth + 1)
         if value_type in _SCALAR_FORMATS:
             return self.scalar(_SCALAR_FORMATS[value_type])
         raise ValueError(f"unknown metadata value type {value_type}")
 
-    def array(self) -> Any:
+    def array(self, depth: int = 1) -> Any:
+        if depth > _MAX_ARRAY_DEPTH:
+            raise ValueError(f"arrays nested more than {_MAX_ARRAY_DEPTH} deep")
         item_type = self.scalar("<I")
         count = self.scalar("<Q")
         if item_type in _SCALAR_FORMATS:
             dtype = np.dtype(_SCALAR_FORMATS[item_type])
             end = self.pos + count * dtype.itemsize
             if end > len(self.view):
-                raise struct.error("array runs past the end of the file")
+                raise struct.error(f"array of {count} items runs past the end of the file")
             values = np.frombuffer(self.view, dtype, count, self.pos).tolist()  # one C loop: fast
             self.pos = end
             return values
-        return [self.value(item_type) for _ in range(count)]
+        if count * _MIN_ITEM_BYTES.get(item_type, 1) > self.remaining():
+            raise struct.error(f"array of {count} items runs past the end of the file")
+        return [self.value(item_type, depth) for _ in range(count)]
 
 
 def read_gguf(path: str | Path) -> GGUFFile:
@@ -122,8 +137,9 @@ def read_gguf(path: str | Path) -> GGUFFile:
         if isinstance(exc, CheckpointError):
             raise
         raise CheckpointError(f"{path}: corrupt or truncated header at byte {header.pos}: {exc}") from exc
-    data_start = _align(header.pos, _alignment(path, metadata))
-    _check_extents(path, infos, data_start, len(buffer))
+    alignment = _alignment(path, metadata)
+    data_start = _align(header.pos, alignment)
+    _check_layout(path, infos, data_start, len(buffer), alignment)
     tensors = {
         info.name: QuantizedTensor(info.name, info.qtype, info.shape, _view(buffer, data_start, info))
         for info in infos
@@ -144,6 +160,11 @@ def _parse_header(path: Path, header: _Header) -> tuple[int, dict[str, Any], lis
             f"{', '.join(map(str, SUPPORTED_VERSIONS))}"
         )
     n_tensors, n_kv = header.scalar("<Q"), header.scalar("<Q")
+    if n_kv * _MIN_KV_BYTES + n_tensors * _MIN_TENSOR_BYTES > header.remaining():
+        raise CheckpointError(
+            f"{path}: header claims {n_tensors} tensors and {n_kv} metadata keys, more than the "
+            f"{len(header.view)}-byte file can hold (a corrupt count?)"
+        )
     metadata: dict[str, Any] = {}
     for _ in range(n_kv):
         key = header.string()
@@ -178,8 +199,14 @@ def _tensor_info(path: Path, header: _Header) -> _TensorInfo:
             f"{path}: tensor {name!r} ({qtype.name}, shape {shape}) has rows of {shape[-1]} values, "
             f"not a multiple of the {qtype.block_size}-value block"
         )
-    rows = int(np.prod(shape[:-1], dtype=np.int64))
-    return _TensorInfo(name, qtype, shape, offset, rows * qtype.row_bytes(shape[-1]))
+    rows = math.prod(shape[:-1])  # Python ints: dimensions that overflow int64 cannot wrap to zero rows
+    nbytes = rows * qtype.row_bytes(shape[-1])
+    if nbytes > len(header.view):
+        raise CheckpointError(
+            f"{path}: tensor {name!r} ({qtype.name}, shape {shape}) needs {nbytes} bytes, more than the "
+            f"{len(header.view)}-byte file holds (corrupt dimensions?)"
+        )
+    return _TensorInfo(name, qtype, shape, offset, nbytes)
 
 
 def _supported_type(path: Path, name: str, type_id: int) -> QuantType:
@@ -208,19 +235,36 @@ def _align(offset: int, alignment: int) -> int:
     return -(-offset // alignment) * alignment
 
 
-def _check_extents(path: Path, infos: list[_TensorInfo], data_start: int, file_size: int) -> None:
+def _check_layout(
+    path: Path, infos: list[_TensorInfo], data_start: int, file_size: int, alignment: int
+) -> None:
+    """Tensors lie one after another in header order, each aligned (as llama.cpp requires), inside
+    the file, and the last one ends the file: a count or offset that lies shows here."""
+    expected = 0
     for info in infos:
+        if info.offset != expected:
+            raise CheckpointError(
+                f"{path}: tensor {info.name!r} starts at data offset {info.offset}, expected {expected} "
+                f"(tensors follow each other in order: a corrupt offset or tensor count?)"
+            )
         end = data_start + info.offset + info.nbytes
         if end > file_size:
             raise CheckpointError(
                 f"{path}: file is truncated: tensor {info.name!r} ends at byte {end}, "
                 f"but the file has {file_size} bytes"
             )
+        expected = _align(info.offset + info.nbytes, alignment)
+    trailing = file_size - data_start - expected
+    if infos and trailing >= alignment:
+        raise CheckpointError(
+            f"{path}: {trailing} bytes follow the last tensor ({infos[-1].name!r}): the header lists "
+            f"fewer tensors than the file holds (a corrupt tensor count?)"
+        )
 
 
 def _view(buffer: np.ndarray, data_start: int, info: _TensorInfo) -> np.ndarray:
     start = data_start + info.offset
-    rows = int(np.prod(info.shape[:-1], dtype=np.int64)) if len(info.shape) > 1 else 1
+    rows = math.prod(info.shape[:-1])
     return buffer[start : start + info.nbytes].reshape(rows, info.nbytes // rows)
 
 

@@ -10,6 +10,7 @@ usual dtype of these checkpoints.
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import struct
 from pathlib import Path
@@ -25,6 +26,7 @@ INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 _DTYPES: dict[str, QuantType] = {name: QUANT_TYPES[name] for name in ("F32", "F16", "BF16")}
 _MAX_HEADER_BYTES = 100_000_000  # the format's own limit; a larger length means a corrupt file
+_MAX_DIMS = 8  # no real weight has more; a longer shape is a corrupt header
 
 
 def weight_files(folder: Path) -> list[Path]:
@@ -94,6 +96,8 @@ def _read_header(path: Path, mapped: mmap.mmap) -> tuple[dict[str, Any], int]:
         header = json.loads(bytes(mapped[8 : 8 + length]))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{path}: header is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise CheckpointError(f"{path}: header JSON is nested too deep to be a safetensors header") from None
     if not isinstance(header, dict):
         raise CheckpointError(f"{path}: header is not a JSON object")
     return header, 8 + length
@@ -101,10 +105,14 @@ def _read_header(path: Path, mapped: mmap.mmap) -> tuple[dict[str, Any], int]:
 
 def _tensor(path: Path, name: str, entry: Any, buffer: np.ndarray, data_start: int) -> QuantizedTensor:
     try:
-        dtype, shape = entry["dtype"], tuple(int(d) for d in entry["shape"])
-        begin, end = (int(offset) for offset in entry["data_offsets"])
+        dtype, shape = entry["dtype"], tuple(_whole(d) for d in entry["shape"])
+        begin, end = (_whole(offset) for offset in entry["data_offsets"])
+        if not isinstance(dtype, str) or len(shape) > _MAX_DIMS:
+            raise ValueError("dtype is not a string, or too many dimensions")
     except (TypeError, KeyError, ValueError):
-        raise CheckpointError(f"{path}: tensor {name!r} has a malformed header entry {entry!r}") from None
+        raise CheckpointError(
+            f"{path}: tensor {name!r} has a malformed header entry {str(entry)[:200]}"
+        ) from None
     if dtype not in _DTYPES:
         raise CheckpointError(
             f"{path}: tensor {name!r} has dtype {dtype}, which this engine does not load. "
@@ -112,15 +120,24 @@ def _tensor(path: Path, name: str, entry: Any, buffer: np.ndarray, data_start: i
         )
     qtype = _DTYPES[dtype]
     shape = shape or (1,)  # a scalar is stored as one value
-    expected = int(np.prod(shape, dtype=np.int64)) * qtype.type_size
+    if 0 in shape:
+        raise CheckpointError(f"{path}: tensor {name!r} has an empty dimension in shape {list(shape)}")
+    expected = math.prod(shape) * qtype.type_size  # Python ints: a huge shape cannot overflow to a fit
     if not 0 <= begin <= end or end - begin != expected or data_start + end > len(buffer):
         raise CheckpointError(
             f"{path}: tensor {name!r} ({dtype}, shape {list(shape)}) has data offsets [{begin}, {end}] "
             f"that do not hold {expected} bytes inside the file (truncated or corrupt)"
         )
-    rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
+    rows = math.prod(shape[:-1])
     data = buffer[data_start + begin : data_start + end].reshape(rows, -1)
     return QuantizedTensor(name, qtype, shape, data)
+
+
+def _whole(value: Any) -> int:
+    """A non-negative JSON integer (a shape dimension or a data offset); ValueError otherwise."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{value!r} is not a non-negative integer")
+    return value
 
 
 def _read_index(index: Path) -> dict[str, str]:

@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from app.engine.loader.names import CheckpointError
+
 
 @dataclass(frozen=True)
 class RopeScaling:
@@ -51,7 +53,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(
+            raise CheckpointError(
                 f"{self.num_heads} attention heads do not divide into {self.num_kv_heads} KV heads"
             )
 
@@ -66,56 +68,133 @@ class ModelConfig:
         return replace(self, **changes)
 
 
-def _gguf_key(meta: dict[str, Any], arch: str, key: str, default: Any = None) -> Any:
-    return meta.get(f"{arch}.{key}", default)
+# The largest value of each size a real checkpoint has, with room to spare: beyond it the file is
+# corrupt (a context of 2**40 positions would ask numpy for terabytes of RoPE tables).
+LIMITS: dict[str, int] = {
+    "vocab_size": 1 << 22,
+    "hidden_size": 1 << 17,
+    "num_layers": 1024,
+    "num_heads": 4096,
+    "num_kv_heads": 4096,
+    "head_dim": 4096,
+    "intermediate_size": 1 << 20,
+    "context_length": 1 << 24,
+}
+# Where each size lives in the checkpoint's own terms, for errors that name it.
+GGUF_KEYS = {
+    "hidden_size": "embedding_length",
+    "num_layers": "block_count",
+    "num_heads": "attention.head_count",
+    "num_kv_heads": "attention.head_count_kv",
+    "head_dim": "attention.key_length",
+    "intermediate_size": "feed_forward_length",
+    "context_length": "context_length",
+}
+HF_KEYS = {
+    "vocab_size": "vocab_size",
+    "hidden_size": "hidden_size",
+    "num_layers": "num_hidden_layers",
+    "num_heads": "num_attention_heads",
+    "num_kv_heads": "num_key_value_heads",
+    "head_dim": "head_dim",
+    "intermediate_size": "intermediate_size",
+    "context_length": "max_position_embeddings",
+}
+_REQUIRED = object()
+
+
+def size(value: Any, key: str, field: str) -> int:
+    """`value` as a size for `field`: a whole number from 1 to LIMITS[field]; CheckpointError naming `key`."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= LIMITS[field]:
+        raise CheckpointError(f"{key} is {value!r}: it must be a whole number from 1 to {LIMITS[field]}")
+    return value
+
+
+def positive_number(value: Any, key: str) -> float:
+    """A finite number above zero (a norm epsilon, a RoPE base); CheckpointError naming `key`."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise CheckpointError(f"{key} is {value!r}: it must be a finite number above 0")
+    return float(value)
+
+
+def kv_heads(heads: int, kv: int, heads_key: str, kv_key: str) -> int:
+    """The KV head count, which must divide the query heads (grouped-query attention)."""
+    if heads % kv:
+        raise CheckpointError(f"{heads_key} = {heads} is not a multiple of {kv_key} = {kv}")
+    return kv
 
 
 def common_from_gguf(meta: dict[str, Any], vocab_size: int) -> dict[str, Any]:
-    """The keys every GGUF decoder has, as ModelConfig keyword arguments."""
+    """The keys every GGUF decoder has, as ModelConfig keyword arguments (checked: CheckpointError
+    naming the key whose value no real model has)."""
     arch = meta["general.architecture"]
-    hidden = int(_gguf_key(meta, arch, "embedding_length"))
-    heads = int(_gguf_key(meta, arch, "attention.head_count"))
-    head_dim = int(_gguf_key(meta, arch, "attention.key_length", hidden // heads))
+
+    def key(field: str) -> str:
+        return f"{arch}.{GGUF_KEYS[field]}"
+
+    def read(field: str, default: Any = _REQUIRED) -> int:
+        if key(field) not in meta and default is _REQUIRED:
+            raise CheckpointError(f"metadata has no {key(field)}")
+        return size(meta.get(key(field), default), key(field), field)
+
+    def number(key: str, default: float) -> float:
+        return positive_number(meta.get(f"{arch}.{key}", default), f"{arch}.{key}")
+
+    hidden, heads = read("hidden_size"), read("num_heads")
     kwargs: dict[str, Any] = dict(
         architecture=arch,
-        vocab_size=vocab_size,
+        vocab_size=size(vocab_size, "token_embd.weight rows", "vocab_size"),
         hidden_size=hidden,
-        num_layers=int(_gguf_key(meta, arch, "block_count")),
+        num_layers=read("num_layers"),
         num_heads=heads,
-        num_kv_heads=int(_gguf_key(meta, arch, "attention.head_count_kv", heads)),
-        head_dim=head_dim,
-        intermediate_size=int(_gguf_key(meta, arch, "feed_forward_length")),
-        rms_norm_eps=float(_gguf_key(meta, arch, "attention.layer_norm_rms_epsilon", 1e-6)),
-        rope_theta=float(_gguf_key(meta, arch, "rope.freq_base", 10000.0)),
-        context_length=int(_gguf_key(meta, arch, "context_length", 4096)),
+        num_kv_heads=kv_heads(heads, read("num_kv_heads", heads), key("num_heads"), key("num_kv_heads")),
+        head_dim=read("head_dim", max(hidden // heads, 1)),
+        intermediate_size=read("intermediate_size"),
+        rms_norm_eps=number("attention.layer_norm_rms_epsilon", 1e-6),
+        rope_theta=number("rope.freq_base", 10000.0),
+        context_length=read("context_length", 4096),
     )
-    window = _gguf_key(meta, arch, "attention.sliding_window")
+    window = meta.get(f"{arch}.attention.sliding_window")
     if window:
-        kwargs["sliding_window"] = int(window)
-    scaling_type = _gguf_key(meta, arch, "rope.scaling.type")
-    factor = _gguf_key(meta, arch, "rope.scaling.factor")
+        kwargs["sliding_window"] = size(window, f"{arch}.attention.sliding_window", "context_length")
+    scaling_type = meta.get(f"{arch}.rope.scaling.type")
+    factor = meta.get(f"{arch}.rope.scaling.factor")
     if scaling_type == "linear" and factor:
-        kwargs["rope_scaling"] = RopeScaling("linear", float(factor))
+        kwargs["rope_scaling"] = RopeScaling("linear", positive_number(factor, f"{arch}.rope.scaling.factor"))
     return kwargs
 
 
 def common_from_hf(cfg: dict[str, Any], architecture: str) -> dict[str, Any]:
-    """The keys every Hugging Face decoder config has, as ModelConfig keyword arguments."""
+    """The keys every Hugging Face decoder config has, as ModelConfig keyword arguments (checked:
+    CheckpointError naming the config.json key that is missing or holds no real model's value)."""
     cfg = cfg.get("text_config", cfg)  # multimodal wrappers keep the decoder under text_config
-    hidden = int(cfg["hidden_size"])
-    heads = int(cfg["num_attention_heads"])
+
+    def key(field: str) -> str:
+        return f"config.json {HF_KEYS[field]}"
+
+    def read(field: str, default: Any = _REQUIRED) -> int:
+        value = cfg.get(HF_KEYS[field])
+        if not value and default is not _REQUIRED:  # null or 0 for an optional key: its default
+            value = default
+        if value is None:
+            raise CheckpointError(f"config.json has no {HF_KEYS[field]}")
+        return size(value, key(field), field)
+
+    hidden, heads = read("hidden_size"), read("num_heads")
     kwargs: dict[str, Any] = dict(
         architecture=architecture,
-        vocab_size=int(cfg["vocab_size"]),
+        vocab_size=read("vocab_size"),
         hidden_size=hidden,
-        num_layers=int(cfg["num_hidden_layers"]),
+        num_layers=read("num_layers"),
         num_heads=heads,
-        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-        head_dim=int(cfg.get("head_dim") or hidden // heads),
-        intermediate_size=int(cfg["intermediate_size"]),
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(_hf_rope_theta(cfg)),
-        context_length=int(cfg.get("max_position_embeddings", 4096)),
+        num_kv_heads=kv_heads(heads, read("num_kv_heads", heads), key("num_heads"), key("num_kv_heads")),
+        head_dim=read("head_dim", max(hidden // heads, 1)),
+        intermediate_size=read("intermediate_size"),
+        rms_norm_eps=positive_number(cfg.get("rms_norm_eps", 1e-6), "config.json rms_norm_eps"),
+        rope_theta=positive_number(_hf_rope_theta(cfg), "config.json rope_theta"),
+        context_length=read("context_length", 4096),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
     )
     scaling = _hf_rope_scaling(cfg)

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from app.engine.models.config import ModelConfig, common_from_gguf, common_from_hf
+from app.engine.models.config import ModelConfig, common_from_gguf, common_from_hf, positive_number, size
 from app.engine.models.family import Family, Tensors
 from app.engine.quant.dispatch import QuantizedTensor
 from app.engine.quant.types import QUANT_TYPES
@@ -73,8 +73,10 @@ def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
     if layer_types:
         sliding = tuple(t == "sliding_attention" for t in layer_types)
     else:
-        pattern = int(
-            text.get("sliding_window_pattern") or text.get("_sliding_window_pattern") or SLIDING_PATTERN
+        pattern = size(
+            text.get("sliding_window_pattern") or text.get("_sliding_window_pattern") or SLIDING_PATTERN,
+            "config.json sliding_window_pattern",
+            "num_layers",
         )
         sliding = tuple((i + 1) % pattern != 0 for i in range(kwargs["num_layers"]))
     local_theta = text.get("rope_local_base_freq")
@@ -83,9 +85,10 @@ def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
         local_theta = params["sliding_attention"].get("rope_theta")
     kwargs.update(
         rope_theta_local=float(local_theta or LOCAL_ROPE_THETA),
-        sliding_window=int(text["sliding_window"]),
+        sliding_window=size(text["sliding_window"], "config.json sliding_window", "context_length"),
         layer_sliding=sliding,
-        query_scale=float(text["query_pre_attn_scalar"]) ** -0.5,
+        query_scale=positive_number(text["query_pre_attn_scalar"], "config.json query_pre_attn_scalar")
+        ** -0.5,
         attn_softcap=text.get("attn_logit_softcapping"),
         final_softcap=text.get("final_logit_softcapping"),
         tie_word_embeddings=bool(text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", True))),

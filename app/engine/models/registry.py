@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from typing import Any
 
-from app.engine.models.config import ModelConfig
+from app.engine.loader.names import CheckpointError
+from app.engine.models.checks import check_against_tensors
+from app.engine.models.config import GGUF_KEYS, HF_KEYS, ModelConfig
 from app.engine.models.decoder import DecoderModel
 from app.engine.models.family import Family
 
@@ -41,10 +44,29 @@ def family(architecture: str) -> Family:
 def model_config(checkpoint: Any) -> ModelConfig:
     """Parse the checkpoint's own description of itself into a ModelConfig."""
     fam = family(checkpoint.architecture)
-    if checkpoint.format == "gguf":
-        vocab_size = checkpoint.tensors["token_embd.weight"].shape[0]
-        return fam.config_from_gguf(checkpoint.metadata, vocab_size)
-    return fam.config_from_hf(checkpoint.hf_config)
+    tensors = checkpoint.tensors
+    try:
+        if checkpoint.format == "gguf":
+            embedding = tensors.get("token_embd.weight")
+            if embedding is None:
+                raise CheckpointError("the checkpoint has no token embedding (token_embd.weight)")
+            cfg = fam.config_from_gguf(checkpoint.metadata, embedding.shape[0])
+            key = _gguf_key(checkpoint)
+        else:
+            cfg, key = fam.config_from_hf(checkpoint.hf_config), _hf_key
+        check_against_tensors(cfg, tensors, key)
+    except CheckpointError as exc:  # the config's own messages name keys and tensors; add the file
+        raise CheckpointError(f"{checkpoint.path}: {exc}") from None
+    return cfg
+
+
+def _gguf_key(checkpoint: Any) -> Callable[[str], str]:
+    arch = checkpoint.metadata["general.architecture"]
+    return lambda field: "token_embd.weight rows" if field == "vocab_size" else f"{arch}.{GGUF_KEYS[field]}"
+
+
+def _hf_key(field: str) -> str:
+    return f"config.json {HF_KEYS[field]}"
 
 
 def build_model(

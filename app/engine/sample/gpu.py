@@ -140,7 +140,7 @@ class GpuSampler:
             for row, request in enumerate(requests)
             if row not in on_host
             for token in self.host.banned(request)
-            if token < vocab  # an id past the vocabulary can never be drawn anyway
+            if 0 <= token < vocab  # an id outside the vocabulary can never be drawn anyway
         ]
         return np.asarray(pairs, dtype=np.int32).reshape(-1)
 

@@ -113,8 +113,8 @@ class Sampler:
             if with_penalties:
                 apply_penalties(edited[row], request)
             if banned:
-                # an id past the vocabulary can never be drawn anyway: nothing to ban
-                edited[row, [t for t in banned if t < logits.shape[1]]] = -np.inf
+                # an id outside the vocabulary can never be drawn anyway: nothing to ban
+                edited[row, [t for t in banned if 0 <= t < logits.shape[1]]] = -np.inf
         return logits if edited is None else edited
 
     def banned(self, request: Request) -> list[int]:

@@ -13,25 +13,31 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import logging
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import jinja2
-import jinja2.ext
-from jinja2.exceptions import SecurityError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from app.engine.text.template_sandbox import Limits, TemplateLimitError, render_bounded, sandbox
 from app.engine.text.tool_calls import ToolCall, parse_tool_calls
 
+log = logging.getLogger(__name__)
 
-class _Sandbox(ImmutableSandboxedEnvironment):
-    """The immutable sandbox, but reading an unsafe attribute (`__class__`, `__globals__`)
-    fails at once instead of quietly rendering as empty."""
-
-    def unsafe_undefined(self, obj: Any, attribute: str) -> jinja2.Undefined:
-        raise SecurityError(f"the template reads {attribute!r} of a {type(obj).__name__}: not allowed")
+# A checkpoint's template is rendered once at load on a small conversation: one that breaks these
+# limits there is refused for the family's built-in. Real templates take milliseconds and a few KB.
+PROBE_LIMITS = Limits(seconds=1.0, chars=2**20)
+_PROBE_MESSAGES = [
+    {"role": "user", "content": "Hello"},
+    {"role": "assistant", "content": "Hi! How can I help?"},
+    {"role": "user", "content": "What is the weather in Paris?"},
+]
+_PROBE_TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
+     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+]  # fmt: skip
 
 
 def _raise_exception(message: str) -> None:
@@ -44,7 +50,7 @@ def _tojson(value: Any, indent: int | None = None, separators: Any = None, sort_
 
 
 def _environment() -> jinja2.Environment:
-    env = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env = sandbox()
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -150,6 +156,7 @@ class ChatTemplate:
         tool_use_text: str | None = None,
     ) -> None:
         self.source = source
+        self.refused: str | None = None  # why the checkpoint's own template was refused for this built-in
         self._template = _compile(text, source)
         self._tool_template = _compile(tool_use_text, f"{source} (tool_use)") if tool_use_text else None
         self._specials = {"bos_token": bos_token or "", "eos_token": eos_token or ""}
@@ -168,11 +175,24 @@ class ChatTemplate:
         add_generation_prompt: bool = True,
         **extra: Any,
     ) -> str:
-        """The prompt text for these messages (OpenAI-shaped dicts: role, content, tool_calls, ...)."""
+        """The prompt text for these messages (OpenAI-shaped dicts: role, content, tool_calls, ...);
+        TemplateLimitError if the template runs past its time or size limit. `extra` goes to the
+        template as variables (chat_template_kwargs)."""
+        return self.render_within(Limits(), messages, tools, add_generation_prompt, extra)
+
+    def render_within(
+        self,
+        limits: Limits,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        extra: dict[str, Any] | None = None,
+    ) -> str:
+        """`render` under other limits (the load probe's tighter ones)."""
         template = self._tool_template if tools and self._tool_template is not None else self._template
         context = {
             **self._specials,
-            **extra,
+            **(extra or {}),
             "messages": _normalized(messages),
             "tools": tools or None,
             "add_generation_prompt": add_generation_prompt,
@@ -180,9 +200,24 @@ class ChatTemplate:
             "NL": "\n",
         }
         try:
-            return template.render(**context)
+            return render_bounded(template, context, limits)
+        except TemplateLimitError as exc:
+            raise TemplateLimitError(f"chat template ({self.source}) exceeded its limits: {exc}") from None
+        except RecursionError:
+            raise TemplateLimitError(f"chat template ({self.source}) recursed too deep") from None
         except Exception as exc:  # raise_exception(), undefined names, sandbox refusals, None + str ...
             raise ValueError(f"chat template ({self.source}) failed: {exc}") from exc
+
+    def probe(self) -> None:
+        """Render a small conversation, with and without tools, within PROBE_LIMITS; TemplateLimitError
+        if the template breaks them. Other failures pass: a template may refuse a conversation."""
+        for tools in (None, _PROBE_TOOLS):
+            try:
+                self.render_within(PROBE_LIMITS, _PROBE_MESSAGES, tools)
+            except TemplateLimitError:
+                raise
+            except ValueError:  # the template refuses this conversation (raise_exception): not a limit
+                continue
 
     def parse_tool_calls(self, text: str) -> tuple[str, list[ToolCall]]:
         """Split a reply into (remaining content, tool calls); text that is not a valid call stays content."""
@@ -198,11 +233,22 @@ def chat_template_for(metadata_or_config: Any, tokenizer: Any, architecture: str
     bos, eos = getattr(tokenizer, "bos_token", None), getattr(tokenizer, "eos_token", None)
     text, tool_use = _checkpoint_template(metadata_or_config)
     text = text or getattr(tokenizer, "chat_template", None)
-    if text:
-        return ChatTemplate(text, source="checkpoint", bos_token=bos, eos_token=eos, tool_use_text=tool_use)
     name = _builtin_name(tokenizer, architecture)
+    refused = None
+    if text:
+        template = ChatTemplate(
+            text, source="checkpoint", bos_token=bos, eos_token=eos, tool_use_text=tool_use
+        )
+        try:
+            template.probe()
+            return template
+        except TemplateLimitError as exc:
+            refused = str(exc)
+            log.warning("%s; using the built-in %s template instead", refused, name)
     body, stops = BUILTIN_TEMPLATES[name]
-    return ChatTemplate(body, source=f"builtin:{name}", bos_token=bos, eos_token=eos, stop_strings=stops)
+    builtin = ChatTemplate(body, source=f"builtin:{name}", bos_token=bos, eos_token=eos, stop_strings=stops)
+    builtin.refused = refused
+    return builtin
 
 
 def builtin_template(name: str, bos_token: str | None = None, eos_token: str | None = None) -> ChatTemplate:

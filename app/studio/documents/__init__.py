@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from app.studio.documents.detect import MAX_FILE_BYTES, supported_extensions
 from app.studio.documents.extract import extract_document, parse_page_spec, render_pages
-from app.studio.documents.model import Document, DocumentError, Section
+from app.studio.documents.model import Document, DocumentError, ExtractionCancelled, Section
 from app.studio.documents.render import FORMATS, render_document, to_json, to_markdown, to_text
 
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
     "MAX_FILE_BYTES",
     "Document",
     "DocumentError",
+    "ExtractionCancelled",
     "Section",
     "extract_document",
     "parse_page_spec",

@@ -12,6 +12,7 @@ from pathlib import Path
 from app.studio.documents.model import DocumentError
 
 MAX_FILE_BYTES = 200 * 1024 * 1024  # larger files are refused before any parsing
+MAX_UNZIPPED_BYTES = 512 * 1024 * 1024  # a DOCX/XLSX whose parts add up to more is a ZIP bomb
 
 EXTENSION_KINDS = {
     ".pdf": "pdf",
@@ -99,3 +100,17 @@ def _describe(sniffed: str) -> str:
         "bad-zip": "it looks like a ZIP archive but is corrupt or truncated",
         "zip": "it is a ZIP archive without the parts an Office document has",
     }.get(sniffed, "its content is neither a PDF nor an Office document")
+
+
+def check_unzipped_size(path: Path, max_bytes: int = MAX_UNZIPPED_BYTES) -> None:
+    """Refuse an Office file whose ZIP parts would decompress past `max_bytes`, before reading any."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            total = sum(info.file_size for info in archive.infolist())
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise DocumentError(path, f"the file is not a readable ZIP archive ({exc})") from exc
+    if total > max_bytes:
+        raise DocumentError(
+            path,
+            f"its parts decompress to {total:,} bytes, more than the {max_bytes:,} allowed (a ZIP bomb?)",
+        )

@@ -15,6 +15,10 @@ class DocumentError(ValueError):
         super().__init__(f"{Path(path).name}: {problem}")
 
 
+class ExtractionCancelled(Exception):
+    """The caller's cancel check turned true while a document was being read."""
+
+
 @dataclass(frozen=True)
 class Section:
     """One located piece of a document.

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from app.studio.documents.isolation import run_isolated
 from app.studio.documents.model import DocumentError, Section
 
 if TYPE_CHECKING:
@@ -46,10 +48,30 @@ def open_pdf(path: Path, password: str | None = None) -> Iterator[pypdfium2.PdfD
             document.close()
 
 
-def select_pages(path: Path, page_count: int, pages: Sequence[int] | None) -> list[int]:
+@dataclass(frozen=True)
+class PageSelection:
+    """Pages as the user wrote them ("1-3,5"): inclusive 1-based ranges, never expanded before the
+    page count is known."""
+
+    ranges: tuple[tuple[int, int], ...]
+
+    def resolve(self, path: Path, page_count: int) -> list[int]:
+        """The pages in the order given, duplicates dropped, each range clamped to the document (work
+        proportional to the pages that exist); a range that starts past the last page is an error."""
+        chosen: dict[int, None] = {}
+        for first, last in self.ranges:
+            if first > page_count:
+                raise DocumentError(path, f"page {first} does not exist; the PDF has {page_count} page(s)")
+            chosen.update(dict.fromkeys(range(first, min(last, page_count) + 1)))
+        return list(chosen)
+
+
+def select_pages(path: Path, page_count: int, pages: Sequence[int] | PageSelection | None) -> list[int]:
     """1-based page numbers to read, checked against the document."""
     if pages is None:
         return list(range(1, page_count + 1))
+    if isinstance(pages, PageSelection):
+        return pages.resolve(path, page_count)
     for number in pages:
         if not 1 <= number <= page_count:
             raise DocumentError(path, f"page {number} does not exist; the PDF has {page_count} page(s)")
@@ -57,9 +79,19 @@ def select_pages(path: Path, page_count: int, pages: Sequence[int] | None) -> li
 
 
 def read_pdf(
-    path: Path, pages: Sequence[int] | None = None, password: str | None = None
+    path: Path,
+    pages: Sequence[int] | PageSelection | None = None,
+    password: str | None = None,
+    cancel: Callable[[], bool] | None = None,
 ) -> tuple[list[Section], int]:
-    """One section per page ("page 3"), and the file's page count."""
+    """One section per page ("page 3"), and the file's page count; read in a child process
+    (isolation.py), so a file that crashes PDFium is a DocumentError; `cancel()` turning true stops it."""
+    return run_isolated(path, _read_pdf_here, path, pages, password, cancel=cancel)
+
+
+def _read_pdf_here(
+    path: Path, pages: Sequence[int] | PageSelection | None, password: str | None
+) -> tuple[list[Section], int]:
     import pypdfium2
 
     sections = []
@@ -85,11 +117,22 @@ def _page_text(document: pypdfium2.PdfDocument, number: int) -> str:
 
 
 def render_pdf_pages(
-    path: Path, dpi: float = 150, pages: Sequence[int] | None = None, password: str | None = None
+    path: Path,
+    dpi: float = 150,
+    pages: Sequence[int] | PageSelection | None = None,
+    password: str | None = None,
+    cancel: Callable[[], bool] | None = None,
 ) -> list[Image]:
-    """Each selected page as an RGB PIL image at `dpi` (PDF units are 1/72 inch)."""
+    """Each selected page as an RGB PIL image at `dpi` (PDF units are 1/72 inch), rendered in a
+    child process like `read_pdf`."""
     if not MIN_DPI <= dpi <= MAX_DPI:
         raise ValueError(f"dpi must be between {MIN_DPI} and {MAX_DPI}, got {dpi}")
+    return run_isolated(path, _render_here, path, dpi, pages, password, cancel=cancel)
+
+
+def _render_here(
+    path: Path, dpi: float, pages: Sequence[int] | PageSelection | None, password: str | None
+) -> list[Image]:
     scale = dpi / 72
     images = []
     with open_pdf(path, password) as document:

@@ -10,8 +10,12 @@ from __future__ import annotations
 import datetime as dt
 import io
 from pathlib import Path
+from typing import Any
 
+from app.studio.documents.detect import check_unzipped_size
 from app.studio.documents.model import DocumentError, Section, table_to_text
+
+MAX_CELLS = 2_000_000  # of a sheet's used range: its table of strings takes ~100 MB
 
 
 def format_cell(value: object) -> str:
@@ -33,6 +37,7 @@ def format_cell(value: object) -> str:
 
 def read_xlsx(path: Path) -> list[Section]:
     """One section per worksheet ("sheet Budget") with the used range as a table."""
+    check_unzipped_size(path)
     data = path.read_bytes()
     values_book = _load(path, data, data_only=True)
     formulas_book = _load(path, data, data_only=False)
@@ -41,8 +46,8 @@ def read_xlsx(path: Path) -> list[Section]:
         for values_sheet, formulas_sheet in zip(
             values_book.worksheets, formulas_book.worksheets, strict=True
         ):
-            formulas, extent = _sheet_formulas(formulas_sheet)
-            rows = _sheet_rows(values_sheet)
+            formulas, extent = _sheet_formulas(path, formulas_sheet)
+            rows = _sheet_rows(path, values_sheet)
             # A formula without a cached value still keeps its cell inside the table.
             table = _trim([[format_cell(value) for value in row] for row in rows], *extent)
             sections.append(
@@ -54,6 +59,8 @@ def read_xlsx(path: Path) -> list[Section]:
                 )
             )
         return sections
+    except DocumentError:
+        raise
     except Exception as exc:  # a damaged sheet fails lazily, in whatever way its XML parser fails
         raise DocumentError(path, f"the Excel workbook is corrupt or unreadable ({exc!r})") from exc
     finally:
@@ -72,13 +79,13 @@ def _load(path: Path, data: bytes, data_only: bool) -> object:
         raise DocumentError(path, f"the Excel workbook is corrupt or unreadable ({exc!r})") from exc
 
 
-def _sheet_formulas(sheet: object) -> tuple[dict[str, str], tuple[int, int]]:
+def _sheet_formulas(path: Path, sheet: object) -> tuple[dict[str, str], tuple[int, int]]:
     """Cell reference -> formula, and the (rows, columns) extent the formulas reach."""
     from openpyxl.utils import get_column_letter
 
     formulas: dict[str, str] = {}
     extent = (0, 0)
-    for row_number, row in enumerate(_sheet_rows(sheet), start=1):
+    for row_number, row in enumerate(_sheet_rows(path, sheet), start=1):
         for column_number, raw in enumerate(row, start=1):
             formula = getattr(raw, "text", raw)  # ArrayFormula keeps its text in .text
             if isinstance(formula, str) and formula.startswith("="):
@@ -87,10 +94,29 @@ def _sheet_formulas(sheet: object) -> tuple[dict[str, str], tuple[int, int]]:
     return formulas, extent
 
 
-def _sheet_rows(sheet: object) -> list[tuple[object, ...]]:
-    # Read-only sheets trust the file's stored dimensions, which some writers get wrong.
-    sheet.reset_dimensions()  # type: ignore[attr-defined]
-    return list(sheet.iter_rows(values_only=True))  # type: ignore[attr-defined]
+def _sheet_rows(path: Path, sheet: Any) -> list[tuple[object, ...]]:
+    """The sheet's rows up to its last non-empty one, each cut after its last value. Only the cells
+    the file holds are read (missing rows come as empty tuples); a sheet whose used range spans more
+    than MAX_CELLS (cells at A1 and XFD1048576 make 17 billion) is refused before any table is built."""
+    sheet.reset_dimensions()  # read-only sheets trust the stored dimensions, which some writers get wrong
+    rows: dict[int, tuple[object, ...]] = {}
+    cells = 0
+    for number, row in enumerate(sheet.iter_rows(values_only=True), start=1):
+        width = next((i for i in range(len(row), 0, -1) if row[i - 1] is not None), 0)
+        if width:
+            rows[number] = row[:width]
+            cells += width
+            if cells > MAX_CELLS:
+                raise DocumentError(path, f"sheet {sheet.title!r} has more than {MAX_CELLS:,} cells")
+    height = max(rows, default=0)
+    width = max(map(len, rows.values()), default=0)
+    if height * width > MAX_CELLS:
+        raise DocumentError(
+            path,
+            f"sheet {sheet.title!r} spans {height:,} rows by {width:,} columns ({height * width:,} cells), "
+            f"more than the {MAX_CELLS:,} this reader takes",
+        )
+    return [rows.get(number, ()) for number in range(1, height + 1)]
 
 
 def _trim(table: list[list[str]], min_rows: int = 0, min_columns: int = 0) -> list[list[str]]:

@@ -1,0 +1,76 @@
+"""A parsed `ModelConfig` checked against the tensors it describes, before any weight is used.
+
+A header that lies (a wrong `embedding_length`, a `block_count` of 1e6, a tensor count that
+dropped the last blocks) would otherwise surface as a KeyError or a shape error deep in model
+building, or as garbage output. Each check names the config key and the tensor that disagree.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+
+from app.engine.loader.names import CheckpointError
+from app.engine.models.config import ModelConfig
+from app.engine.quant.dispatch import QuantizedTensor
+
+_BLOCK = re.compile(r"blk\.(\d+)\.")
+# Per block, the projections every family has, each dimension a product of ModelConfig fields.
+_BLOCK_SHAPES: dict[str, tuple[tuple[str, ...], ...]] = {
+    "attn_q": (("num_heads", "head_dim"), ("hidden_size",)),
+    "attn_k": (("num_kv_heads", "head_dim"), ("hidden_size",)),
+    "attn_v": (("num_kv_heads", "head_dim"), ("hidden_size",)),
+    "attn_output": (("hidden_size",), ("num_heads", "head_dim")),
+    "ffn_gate": (("intermediate_size",), ("hidden_size",)),
+    "ffn_up": (("intermediate_size",), ("hidden_size",)),
+    "ffn_down": (("hidden_size",), ("intermediate_size",)),
+}
+
+
+def check_against_tensors(
+    cfg: ModelConfig, tensors: dict[str, QuantizedTensor], key: Callable[[str], str]
+) -> None:
+    """Raise CheckpointError where the config and the tensors disagree; `key(field)` names a
+    ModelConfig field in the checkpoint's own terms (`gemma3.embedding_length`, `config.json hidden_size`)."""
+    embedding = tensors["token_embd.weight"]
+    if embedding.shape != (cfg.vocab_size, cfg.hidden_size):
+        raise CheckpointError(
+            f"{key('hidden_size')} is {cfg.hidden_size} and {key('vocab_size')} is {cfg.vocab_size}, "
+            f"but tensor 'token_embd.weight' has shape {embedding.shape}"
+        )
+    _check_blocks(cfg, tensors, key)
+    for name in ("output.weight", "output_norm.weight"):
+        tensor = tensors.get(name)
+        wanted = (cfg.vocab_size, cfg.hidden_size) if name == "output.weight" else (cfg.hidden_size,)
+        if tensor is not None and tensor.shape != wanted:
+            raise CheckpointError(f"tensor {name!r} has shape {tensor.shape}; the config makes it {wanted}")
+    if cfg.layer_sliding and len(cfg.layer_sliding) != cfg.num_layers:
+        raise CheckpointError(
+            f"{key('num_layers')} is {cfg.num_layers}, but the sliding-window pattern lists "
+            f"{len(cfg.layer_sliding)} layers"
+        )
+
+
+def _check_blocks(cfg: ModelConfig, tensors: dict[str, QuantizedTensor], key: Callable[[str], str]) -> None:
+    blocks = {int(m.group(1)) for name in tensors if (m := _BLOCK.match(name))}
+    if blocks != set(range(cfg.num_layers)):
+        present = f"blocks 0..{max(blocks)}" if blocks else "no blocks"
+        missing = sorted(set(range(cfg.num_layers)) - blocks)[:1]
+        detail = f" (blk.{missing[0]} is missing)" if missing else ""
+        raise CheckpointError(
+            f"{key('num_layers')} is {cfg.num_layers}, but the file has tensors for {len(blocks)} "
+            f"{present}{detail}: a corrupt block count or tensor count?"
+        )
+    for part, spec in _BLOCK_SHAPES.items():
+        wanted = tuple(math.prod(getattr(cfg, f) for f in dim) for dim in spec)
+        for layer in range(cfg.num_layers):
+            name = f"blk.{layer}.{part}.weight"
+            tensor = tensors.get(name)
+            if tensor is None:
+                raise CheckpointError(f"tensor {name!r} is missing")
+            if tensor.shape != wanted:
+                fields = ", ".join(f"{key(f)} = {getattr(cfg, f)}" for f in dict.fromkeys(sum(spec, ())))
+                raise CheckpointError(
+                    f"tensor {name!r} has shape {tensor.shape}, but {fields} make it {wanted}"
+                )
