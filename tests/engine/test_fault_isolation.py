@@ -17,16 +17,10 @@ from app.engine.interface import EngineDeadError, GenerationRequest, RequestFail
 from app.engine.request import Request
 from app.engine.sample import sampler as sampler_module
 from app.engine.sampling_params import SamplingParams
-from app.engine.worker.pipeline import ASYNC_DECODE_ENV
 
 MODEL = Path(__file__).resolve().parents[1] / "fixtures" / "families" / "qwen3" / "qwen3-kquants.gguf"
 PROMPTS = {"a": [1, 2, 3, 4, 5], "b": [7, 8, 9], "c": [11, 12] * 6}
 POISON = "poison"
-
-
-@pytest.fixture(autouse=True)
-def _no_env_override(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(ASYNC_DECODE_ENV, raising=False)
 
 
 def greedy(**kwargs: Any) -> SamplingParams:
