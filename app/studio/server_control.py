@@ -73,6 +73,7 @@ class ServerState:
     endpoints: Endpoints | None = None
     options: ServerOptions | None = None
     model: str = ""
+    context_length: int | None = None  # the served model's, for snippets that declare it (opencode)
 
 
 @dataclass(frozen=True)
@@ -198,7 +199,7 @@ class ServerControl:
             endpoints = endpoints_for(options, handle.port or options.port)
             where = "on your network" if options.lan else "on this computer"
             return self._set(ServerState(True, f"Serving {client.model.name} {where} at {endpoints.root}",
-                                         endpoints, options, client.model.name))
+                                         endpoints, options, client.model.name, client.model.context_length))
 
     def stop(self) -> ServerState:
         with self._lock:
@@ -214,7 +215,7 @@ class ServerControl:
         state = self._state
         if state.endpoints is None or state.options is None:
             return []
-        return agent_snippets(state.endpoints, state.model, state.options.api_key)
+        return agent_snippets(state.endpoints, state.model, state.options.api_key, state.context_length)
 
     # -- internals --------------------------------------------------------------------------
     def _app_factory(self, engine: EngineClient, embedder: Any, settings: ServerSettings) -> Any:
@@ -283,16 +284,21 @@ class _SnippetValues:
     anthropic: str
     model: str
     key: str | None
+    context_length: int | None
 
     @property
     def shown_key(self) -> str:
         return self.key or "paddock"  # SDKs insist on some key even when the server wants none
 
 
-def agent_snippets(endpoints: Endpoints, model: str, api_key: str | None) -> list[Snippet]:
-    """Copy-paste configuration for common IDE agents and SDKs, filled in for this server."""
-    v = _SnippetValues(endpoints.openai_base, endpoints.anthropic_base, model, api_key)
-    return [builder(v) for builder in (_continue, _claude_code, _codex, _openai_sdk, _anthropic_sdk, _curl)]
+def agent_snippets(
+    endpoints: Endpoints, model: str, api_key: str | None, context_length: int | None = None
+) -> list[Snippet]:
+    """Copy-paste configuration for common IDE agents and SDKs, filled in for this server.
+    tests/server/test_agent_snippets.py drives the server with exactly these settings."""
+    v = _SnippetValues(endpoints.openai_base, endpoints.anthropic_base, model, api_key, context_length)
+    builders = (_continue, _claude_code, _codex, _aider, _opencode, _openai_sdk, _anthropic_sdk, _curl)
+    return [builder(v) for builder in builders]
 
 
 def _continue(v: _SnippetValues) -> Snippet:
@@ -316,8 +322,38 @@ def _claude_code(v: _SnippetValues) -> Snippet:
         f"export ANTHROPIC_DEFAULT_OPUS_MODEL={v.model}\n"
         f"export ANTHROPIC_DEFAULT_SONNET_MODEL={v.model}\n"
         f"export ANTHROPIC_DEFAULT_HAIKU_MODEL={v.model}\n"
+        "export CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1\n"  # no telemetry or update checks elsewhere
         "claude\n"
     ))
+
+
+def _aider(v: _SnippetValues) -> Snippet:
+    # litellm's "openai/" prefix: any OpenAI-compatible server; the prefix is stripped from requests
+    return Snippet("aider", "aider", (
+        f"aider --model openai/{v.model} \\\n"
+        f"  --openai-api-base {v.openai} \\\n"
+        f"  --openai-api-key {v.shown_key}\n"
+    ))
+
+
+def _opencode(v: _SnippetValues) -> Snippet:
+    model: dict[str, Any] = {"name": v.model}
+    if v.context_length:
+        # opencode sends limit.output as max_tokens on every turn: leave the prompt most of the context
+        model["limit"] = {"context": v.context_length, "output": min(4096, v.context_length // 4)}
+    config = {
+        "$schema": "https://opencode.ai/config.json",
+        "provider": {
+            "paddock": {
+                "npm": "@ai-sdk/openai-compatible",
+                "name": "Paddock Studio",
+                "options": {"baseURL": v.openai, "apiKey": v.shown_key},
+                "models": {v.model: model},
+            }
+        },
+        "model": f"paddock/{v.model}",
+    }
+    return Snippet("opencode", "opencode (opencode.json)", json.dumps(config, indent=2) + "\n")
 
 
 def _codex(v: _SnippetValues) -> Snippet:

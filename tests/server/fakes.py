@@ -5,6 +5,7 @@ token, so every count a test checks can be derived by hand:
   - a prompt containing "forever": "tick " repeated, slowly, until max_tokens (disconnect tests);
   - a prompt containing "batch-together": waits until `batch_barrier` requests are generating at once;
   - a prompt containing "explode": the engine fails after three tokens;
+  - while `prefill_gate` is set and not open, every request is held in its "prefill" (running, no token yet);
   - tools rendered and the last turn a user turn: "Let me check. " + one <tool_call> for the first tool;
   - the last turn a tool result: "The tool says: <result>";
   - "JSON" in the prompt: '{"answer": 42}';
@@ -18,6 +19,7 @@ import asyncio
 import hashlib
 import json
 import re
+import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -139,6 +141,7 @@ class FakeEngine:
     token_delay: float = 0.0  # seconds between tokens (0: just yield to the loop)
     slow_delay: float = 0.02  # per token for "forever" prompts
     batch_barrier: int = 16
+    prefill_gate: threading.Event | None = None  # set by a test thread to end every held prefill
     tokenizer: FakeTokenizer = field(default_factory=FakeTokenizer)
     chat_template: FakeChatTemplate = field(default_factory=FakeChatTemplate)
     requests: list[GenerationRequest] = field(default_factory=list)
@@ -167,6 +170,8 @@ class FakeEngine:
         self.active += 1
         done = False
         try:
+            while self.prefill_gate is not None and not self.prefill_gate.is_set():
+                await asyncio.sleep(0.002)
             if "batch-together" in prompt:
                 while self.active < self.batch_barrier:
                     await asyncio.sleep(0.001)

@@ -23,7 +23,8 @@ def chat_prompt_tokens(
 
 
 def sse_events(response: httpx.Response) -> list[tuple[str | None, Any]]:
-    """(event name, parsed data) per frame of a finished SSE body; `[DONE]` stays a string."""
+    """(event name, parsed data) per frame of a finished SSE body; `[DONE]` stays a string.
+    Comment frames (`: ping`, sent while the engine is quiet) carry nothing and are skipped, as clients do."""
     events = []
     for block in response.text.split("\n\n"):
         if not block.strip():
@@ -34,6 +35,8 @@ def sse_events(response: httpx.Response) -> list[tuple[str | None, Any]]:
                 name = line[len("event: ") :]
             elif line.startswith("data: "):
                 data.append(line[len("data: ") :])
+        if name is None and not data:
+            continue
         payload = "\n".join(data)
         events.append((name, payload if payload == "[DONE]" else json.loads(payload)))
     return events

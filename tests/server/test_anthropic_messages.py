@@ -132,3 +132,35 @@ def test_images_are_refused_in_anthropic_shape(anthropic_client, model_name):
         )
     assert caught.value.body["type"] == "error"
     assert caught.value.body["error"]["type"] == "invalid_request_error"
+
+
+def test_system_turns_inside_messages_join_the_system_prompt_in_order(anthropic_client, engine, model_name):
+    turns = [
+        {"role": "user", "content": "first"},
+        {"role": "system", "content": "Be terse."},
+        {"role": "user", "content": [{"type": "text", "text": "second"}]},
+    ]
+    message = anthropic_client.messages.create(
+        model=model_name, max_tokens=100, system="Be kind.", messages=turns
+    )
+    assert message.content[0].text == "Echo: first\n\nsecond"  # the user turns around it became one
+    prompt = engine.tokenizer.decode(engine.requests[-1].prompt_token_ids)
+    assert (
+        "<start_of_turn>system\nBe kind.\n\nBe terse.<end_of_turn>\n<start_of_turn>user\nfirst\n\nsecond"
+        in prompt
+    )
+
+
+def test_a_system_turn_holds_text_only(http, model_name):
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}
+    body = {
+        "model": model_name,
+        "max_tokens": 10,
+        "messages": [{"role": "user", "content": "hi"}, {"role": "system", "content": [image]}],
+    }
+    response = http.post("/v1/messages", json=body)
+    assert response.status_code == 400
+    assert response.json()["error"] == {
+        "type": "invalid_request_error",
+        "message": "A system turn may hold text blocks only.",
+    }

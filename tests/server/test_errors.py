@@ -97,13 +97,36 @@ def test_prompt_plus_max_tokens_over_the_context_is_400_naming_both(
     assert caught.value.body["code"] == "context_length_exceeded"
     with pytest.raises(anthropic.BadRequestError) as caught:
         anthropic_client.messages.create(model=model_name, max_tokens=context, messages=messages)
-    assert f"{prompt} in the prompt" in caught.value.body["error"]["message"]
+    # Anthropic's own words, which Claude Code parses to retry with a smaller max_tokens
+    assert caught.value.body["error"] == {
+        "type": "invalid_request_error",
+        "message": f"input length and `max_tokens` exceed context limit: {prompt} + {context} > {context}, "
+        "decrease input length or `max_tokens` and try again",
+    }
     too_long = engine.tokenizer.encode("x", add_special_tokens=False)[:1] * (context + 10)
     with pytest.raises(openai.BadRequestError) as caught:  # a prompt alone over the context: no room at all
         openai_client.completions.create(model=model_name, prompt=too_long, max_tokens=None)
     assert f"{context + 10} in the prompt" in caught.value.body["message"]
-    with pytest.raises(openai.BadRequestError):
+    assert caught.value.body["param"] == "prompt"
+    with pytest.raises(openai.BadRequestError) as caught:
         openai_client.responses.create(model=model_name, input="hello", max_output_tokens=context)
+    assert caught.value.body["param"] == "input"
+
+
+def test_a_prompt_alone_over_the_context_gets_anthropics_prompt_too_long(
+    anthropic_client, engine, model_name
+):
+    context = engine.model.context_length
+    messages = [{"role": "user", "content": "word " * (context + 10)}]
+    prompt = anthropic_client.messages.count_tokens(model=model_name, messages=messages).input_tokens
+    assert prompt > context
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        anthropic_client.messages.create(model=model_name, max_tokens=100, messages=messages)
+    assert caught.value.status_code == 400
+    assert caught.value.body["error"] == {
+        "type": "invalid_request_error",
+        "message": f"prompt is too long: {prompt} tokens > {context} maximum",
+    }
 
 
 def test_unknown_route_and_wrong_method(http):

@@ -120,7 +120,7 @@ def test_lan_listens_on_all_interfaces_and_shows_the_network_address():
 def test_snippets_carry_the_urls_model_and_key():
     endpoints = endpoints_for(ServerOptions(port=11660), 11660)
     snippets = {s.key: s for s in agent_snippets(endpoints, "gemma", "k3y")}
-    assert set(snippets) == {"continue", "claude-code", "codex", "openai", "anthropic", "curl"}
+    assert set(snippets) == {"continue", "claude-code", "aider", "opencode", "codex", "openai", "anthropic", "curl"}
     assert "ANTHROPIC_BASE_URL=http://127.0.0.1:11660\n" in snippets["claude-code"].text
     assert "ANTHROPIC_AUTH_TOKEN=k3y" in snippets["claude-code"].text
     assert "apiBase: http://127.0.0.1:11660/v1" in snippets["continue"].text and "apiKey: k3y" in snippets[

@@ -96,6 +96,12 @@ class LLMEngine:
         num_blocks = num_kv_blocks(config, self.model_config, self.backend, positions)
         capacity = (num_blocks - 1) * self.block_size  # block 0 is the pool's null block
         self.max_model_len = min(positions, capacity)
+        if config.max_model_len and config.max_model_len > self.max_model_len:
+            limit = "the model's context" if positions < config.max_model_len else "what the KV cache holds"
+            log.warning(
+                "--max-ctx %d exceeds %s: the context is %d tokens",
+                config.max_model_len, limit, self.max_model_len,
+            )  # fmt: skip
         kv_caches = [
             self.backend.alloc_kv_cache(num_blocks, self.block_size, cfg.num_kv_heads, cfg.head_dim)
             for _ in range(cfg.num_layers)

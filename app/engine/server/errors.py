@@ -51,10 +51,12 @@ class ApiError(Exception):
         param: str | None = None,
         code: str | None = None,
         headers: dict[str, str] | None = None,
+        anthropic_message: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.anthropic_message = anthropic_message or message  # where Anthropic words it differently
         self.param = param
         self.code = code
         self.headers = headers or {}
@@ -62,7 +64,7 @@ class ApiError(Exception):
     def body(self, dialect: Dialect) -> dict[str, Any]:
         openai_type, anthropic_type = _ERROR_TYPES.get(self.status, _SERVER_ERROR_TYPES)
         if dialect is Dialect.ANTHROPIC:
-            return {"type": "error", "error": {"type": anthropic_type, "message": self.message}}
+            return {"type": "error", "error": {"type": anthropic_type, "message": self.anthropic_message}}
         return {
             "error": {"message": self.message, "type": openai_type, "param": self.param, "code": self.code}
         }
@@ -99,8 +101,17 @@ def model_not_found(model: str, available: list[str]) -> ApiError:
     )
 
 
-def context_overflow(exc: ContextOverflowError) -> ApiError:
-    return ApiError(400, str(exc), param="messages", code="context_length_exceeded")
+def context_overflow(exc: ContextOverflowError, param: str = "messages") -> ApiError:
+    """OpenAI clients get vLLM's sentence; Anthropic clients get Anthropic's own words, which
+    Claude Code parses to retry with a smaller max_tokens."""
+    if exc.prompt_tokens > exc.context_length:
+        anthropic = f"prompt is too long: {exc.prompt_tokens} tokens > {exc.context_length} maximum"
+    else:
+        anthropic = (
+            f"input length and `max_tokens` exceed context limit: {exc.prompt_tokens} + {exc.max_tokens} > "
+            f"{exc.context_length}, decrease input length or `max_tokens` and try again"
+        )
+    return ApiError(400, str(exc), param=param, code="context_length_exceeded", anthropic_message=anthropic)
 
 
 def body_too_large(limit: int) -> ApiError:

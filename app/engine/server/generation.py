@@ -1,10 +1,12 @@
 """Running engine requests for the serving layer: start, stream, gather, and always clean up.
 
-`Generation.start()` waits for the engine's first output, so a request the engine
-rejects becomes an error response before any bytes are sent. Whatever ends the
-iteration early (a client disconnect cancelling the stream task, an error, a break)
-closes the engine's iterator and aborts the request, shielded from the cancellation
-that caused it, so its KV blocks are freed.
+The serving layer checks that prompt + max_tokens fit on token counts before anything
+starts. A whole response then waits for `Generation.start()` (the engine's first output),
+so a request the engine rejects is an error response; a stream opens at once and starts
+its generations inside, since the first output only comes after the prefill. Whatever
+ends the iteration early (a client disconnect cancelling the stream task, an error, a
+break) closes the engine's iterator and aborts the request, shielded from the
+cancellation that caused it, so its KV blocks are freed.
 """
 
 from __future__ import annotations
@@ -59,8 +61,10 @@ class Generation:
         request: GenerationRequest,
         metrics: ServerMetrics | None = None,
         endpoint: str = "",
+        prompt_param: str = "messages",
     ) -> None:
         self._engine = engine
+        self._prompt_param = prompt_param  # the request field an overflow error names
         self.request = request
         self._metrics = metrics
         self._endpoint = endpoint
@@ -75,11 +79,6 @@ class Generation:
     def request_id(self) -> str:
         return self.request.request_id
 
-    @property
-    def first(self) -> RequestOutput | None:
-        """The engine's first output, once `start()` returned."""
-        return self._first
-
     async def start(self) -> None:
         """Submit the request and wait for its first output; engine rejections raise ApiError."""
         try:
@@ -87,7 +86,7 @@ class Generation:
             self._first = await anext(self._iterator)
         except ContextOverflowError as exc:
             await self.close()
-            raise context_overflow(exc) from exc
+            raise context_overflow(exc, self._prompt_param) from exc
         except ValueError as exc:
             await self.close()
             raise bad_request(str(exc)) from exc
@@ -171,10 +170,13 @@ async def start_all(generations: list[Generation]) -> None:
 async def start_and_collect(
     generations: list[Generation], stream: bool, wait_for_disconnect: WaitForDisconnect | None
 ) -> list[Completed] | None:
-    """Start every generation and, unless the response streams (None), run them to the end.
-    Raises ApiError: a rejected request, an engine failure, or the client gone (499)."""
+    """Run every generation to the end, or return None at once for a stream (it starts them itself,
+    so its first bytes go out before the prefill). Raises ApiError: a rejected request, an engine
+    failure, or the client gone (499)."""
+    if stream:
+        return None
     await start_all(generations)
-    return None if stream else await collect(generations, wait_for_disconnect)
+    return await collect(generations, wait_for_disconnect)
 
 
 async def merged(generations: list[Generation]) -> AsyncIterator[tuple[int, RequestOutput]]:

@@ -153,5 +153,12 @@ def serve_blocking(
     """Run until interrupted (Ctrl-C / SIGTERM): the `paddock serve` entry."""
     warn_if_exposed(settings)
     app = _build_app(engine, embedder, settings)
-    log.info("serving %s at http://%s:%d", engine.model.name, settings.host, settings.port)
+    model = engine.model
+    log.info(
+        "serving %s (context %d tokens) at http://%s:%d",
+        model.name,
+        model.context_length,
+        settings.host,
+        settings.port,
+    )
     uvicorn.Server(_uvicorn_config(app, settings)).run()

@@ -45,9 +45,10 @@ class PromptBuilder:
         *,
         add_generation_prompt: bool = True,
         template_kwargs: dict[str, Any] | None = None,
+        param: str = "messages",
     ) -> Prompt:
         for index, message in enumerate(messages):
-            ensure_encodable(message.get("content") or "", f"messages[{index}].content")
+            ensure_encodable(message.get("content") or "", f"{param}[{index}].content")
         try:
             text = self._engine.chat_template.render(
                 messages,
@@ -61,7 +62,7 @@ class PromptBuilder:
             Exception
         ) as exc:  # template errors are the client's conversation breaking the template's rules
             raise bad_request(
-                f"The chat template could not render these messages: {exc}", param="messages"
+                f"The chat template could not render these messages: {exc}", param=param
             ) from exc
         tokenizer = self._engine.tokenizer
         bos = tokenizer.id_to_token(tokenizer.bos_token_id) if tokenizer.bos_token_id is not None else None
@@ -86,17 +87,20 @@ class PromptBuilder:
             raise bad_request("The prompt is empty.", param=param)
         return Prompt(list(ids))
 
-    def max_tokens(self, prompt: Prompt, requested: int | None, default: int | None) -> int:
-        """The output budget: a request's own limit must fit (never trimmed); a default is clamped to the room left."""
+    def max_tokens(
+        self, prompt: Prompt, requested: int | None, default: int | None, param: str = "messages"
+    ) -> int:
+        """The output budget: a request's own limit must fit (never trimmed); a default is clamped to the room left.
+        An overflow names `param`, the request field that holds the prompt."""
         room = self.context_length - len(prompt.token_ids)
         if requested is not None:
             if requested > room:
                 raise context_overflow(
-                    ContextOverflowError(len(prompt.token_ids), requested, self.context_length)
+                    ContextOverflowError(len(prompt.token_ids), requested, self.context_length), param
                 )
             return requested
         if room < 1:
-            raise context_overflow(ContextOverflowError(len(prompt.token_ids), 1, self.context_length))
+            raise context_overflow(ContextOverflowError(len(prompt.token_ids), 1, self.context_length), param)
         return room if default is None else min(default, room)
 
 

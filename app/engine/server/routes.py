@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Form, Request, Response
 from pydantic import BaseModel
 
-from app.engine.server.errors import ApiError, Dialect, model_not_found
-from app.engine.server.generation import disconnect_waiter
+from app import __version__
+from app.engine.server.errors import CLIENT_CLOSED, ApiError, Dialect, model_not_found
+from app.engine.server.generation import WaitForDisconnect, disconnect_waiter
 from app.engine.server.protocol.anthropic import (
     AnthropicErrorResponse,
     CountTokensRequest,
     CountTokensResponse,
     MessageResponse,
     MessagesRequest,
+    ModelInfo,
+    ModelListResponse,
 )
 from app.engine.server.protocol.audio import TranscriptionForm, TranscriptionJson, TranscriptionVerbose
 from app.engine.server.protocol.chat import ChatCompletionRequest, ChatCompletionResponse
@@ -33,7 +39,9 @@ from app.engine.server.protocol.tokenize import (
 from app.engine.server.services import Services
 from app.engine.server.serving_audio import TRANSCRIPTIONS_PATH
 from app.engine.server.sse import sse_response
+from app.engine.server.streaming import ANTHROPIC_PING, COMMENT_PING, keep_alive
 
+log = logging.getLogger(__name__)
 router = APIRouter()
 
 # One server-sent event (sent when the request says "stream": true): JSON data, or "[DONE]" ending OpenAI streams.
@@ -86,6 +94,46 @@ def _reply(
     return sse_response(result)
 
 
+GenerationResult = BaseModel | Response | AsyncIterator[str] | ApiError
+
+
+async def _generate(
+    request: Request, dialect: Dialect, create: Callable[[WaitForDisconnect], Awaitable[GenerationResult]]
+) -> BaseModel | Response:
+    """A generation route's answer. A stream opens at once and pings while the engine is quiet
+    (the prefill); a client that hangs up is logged, like an access line, as 499 with its wait."""
+    started = time.monotonic()
+    result = await create(disconnect_waiter(request.receive))
+    if isinstance(result, ApiError) and result.status == CLIENT_CLOSED:
+        _log_client_closed(request, started)
+    if isinstance(result, ApiError | BaseModel | Response):
+        return _reply(result, dialect)
+    ping = ANTHROPIC_PING if dialect is Dialect.ANTHROPIC else COMMENT_PING
+    interval = _services(request).ctx.settings.stream_keepalive_seconds
+    return sse_response(keep_alive(result, ping, interval, partial(_log_client_closed, request, started)))
+
+
+def _log_client_closed(request: Request, started: float) -> None:
+    client = request.client
+    where = f"{client.host}:{client.port}" if client else "-"
+    target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    log.info(
+        '%s - "%s %s" %d client closed the request after %.2f s; generation aborted',
+        where, request.method, target, CLIENT_CLOSED, time.monotonic() - started,
+    )  # fmt: skip
+
+
+@router.get("/", tags=["server"])
+@router.head("/", tags=["server"], operation_id="root_head")
+async def root(request: Request) -> dict[str, str]:
+    """What answers here, for clients and probes that check the base URL first."""
+    return {
+        "name": "Paddock Studio",
+        "version": __version__,
+        "model": _services(request).ctx.models.model.name,
+    }
+
+
 @router.get("/health", tags=["server"])
 async def health(request: Request) -> dict[str, str]:
     return {"status": "ok", "model": _services(request).ctx.models.model.name}
@@ -99,24 +147,45 @@ async def metrics(request: Request) -> Response:
     return Response(body, media_type=content_type)
 
 
-@router.get("/v1/models", tags=["openai"], responses=_errors(ErrorResponse, 401))
-async def list_models(request: Request) -> ModelList:
-    return _services(request).model_listing()
+def _asks_anthropic(request: Request) -> bool:
+    """Anthropic's SDKs (and Claude Code) send `anthropic-version` on every call; OpenAI's never do."""
+    return "anthropic-version" in request.headers
+
+
+_MODELS_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "model": ModelList | ModelListResponse,
+        "description": "Anthropic's shape when anthropic-version is sent",
+    }
+}
+
+
+@router.get(
+    "/v1/models",
+    tags=["openai", "anthropic"],
+    response_model=None,
+    responses={**_MODELS_RESPONSES, **_errors(ErrorResponse, 401)},
+)
+async def list_models(request: Request) -> ModelList | ModelListResponse:
+    services = _services(request)
+    return services.ctx.models.anthropic_listing() if _asks_anthropic(request) else services.model_listing()
 
 
 @router.get(
     "/v1/models/{model_id:path}",
-    tags=["openai"],
-    response_model=ModelCard,
-    responses=_errors(ErrorResponse, 401, 404),
+    tags=["openai", "anthropic"],
+    response_model=None,
+    responses={200: {"model": ModelCard | ModelInfo}, **_errors(ErrorResponse, 401, 404)},
 )
 async def get_model(model_id: str, request: Request) -> Any:
     services = _services(request)
-    card = services.model_card(model_id)
-    if card is None:
-        names = [c.id for c in services.model_listing().data]
-        return model_not_found(model_id, names).response(Dialect.OPENAI)
-    return card
+    if _asks_anthropic(request):
+        card: Any = services.ctx.models.anthropic_card(model_id)
+        names, dialect = services.ctx.models.chat_names, Dialect.ANTHROPIC
+    else:
+        card = services.model_card(model_id)
+        names, dialect = [c.id for c in services.model_listing().data], Dialect.OPENAI
+    return card if card is not None else model_not_found(model_id, names).response(dialect)
 
 
 @router.post(
@@ -126,22 +195,19 @@ async def get_model(model_id: str, request: Request) -> Any:
     responses=_OPENAI_STREAMING,
 )
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
-    result = await _services(request).chat.create(body, disconnect_waiter(request.receive))
-    return _reply(result, Dialect.OPENAI)
+    return await _generate(request, Dialect.OPENAI, partial(_services(request).chat.create, body))
 
 
 @router.post(
     "/v1/completions", tags=["openai"], response_model=CompletionResponse, responses=_OPENAI_STREAMING
 )
 async def completions(body: CompletionRequest, request: Request) -> Any:
-    result = await _services(request).completions.create(body, disconnect_waiter(request.receive))
-    return _reply(result, Dialect.OPENAI)
+    return await _generate(request, Dialect.OPENAI, partial(_services(request).completions.create, body))
 
 
 @router.post("/v1/responses", tags=["openai"], response_model=ResponseObject, responses=_OPENAI_STREAMING)
 async def responses(body: ResponsesRequest, request: Request) -> Any:
-    result = await _services(request).responses.create(body, disconnect_waiter(request.receive))
-    return _reply(result, Dialect.OPENAI)
+    return await _generate(request, Dialect.OPENAI, partial(_services(request).responses.create, body))
 
 
 @router.post("/v1/embeddings", tags=["openai"], response_model=EmbeddingResponse, responses=_OPENAI_ERRORS)
@@ -179,8 +245,7 @@ async def rerank(body: RerankRequest, request: Request) -> Any:
     "/v1/messages", tags=["anthropic"], response_model=MessageResponse, responses=_ANTHROPIC_STREAMING
 )
 async def messages(body: MessagesRequest, request: Request) -> Any:
-    result = await _services(request).messages.create(body, disconnect_waiter(request.receive))
-    return _reply(result, Dialect.ANTHROPIC)
+    return await _generate(request, Dialect.ANTHROPIC, partial(_services(request).messages.create, body))
 
 
 @router.post(

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
 
 from app.engine import ModelInfo
 from app.engine.server.embedder import Embedder
 from app.engine.server.errors import ApiError, model_not_found
+from app.engine.server.protocol import anthropic
 from app.engine.server.protocol.openai import ModelCard, ModelList
 from app.engine.server.settings import ServerSettings
 
@@ -38,15 +40,27 @@ class ServedModels:
         return model_not_found(name, self.embedding_names)
 
     def listing(self) -> ModelList:
-        cards = [
-            ModelCard(id=name, created=self._created, max_model_len=self.model.context_length)
-            for name in self.chat_names
-        ]
+        cards = [ModelCard.chat(name, self._created, self.model.context_length) for name in self.chat_names]
         cards += [ModelCard(id=name, created=self._created) for name in self.embedding_names]
         return ModelList(data=cards)
 
     def card(self, name: str) -> ModelCard | None:
         return next((card for card in self.listing().data if card.id == name), None)
+
+    def anthropic_listing(self) -> anthropic.ModelListResponse:
+        """The chat model's names in Anthropic's shape (its Models API lists only models /v1/messages takes)."""
+        created = datetime.fromtimestamp(self._created, UTC).isoformat().replace("+00:00", "Z")
+        context = self.model.context_length
+        models = [
+            anthropic.ModelInfo(
+                id=name, display_name=name, created_at=created, max_input_tokens=context, max_tokens=context
+            )
+            for name in self.chat_names
+        ]
+        return anthropic.ModelListResponse(data=models, first_id=models[0].id, last_id=models[-1].id)
+
+    def anthropic_card(self, name: str) -> anthropic.ModelInfo | None:
+        return next((model for model in self.anthropic_listing().data if model.id == name), None)
 
 
 def _short(name: str) -> str:

@@ -14,6 +14,9 @@ from app.engine.server.prompting import Prompt, PromptBuilder
 from app.engine.server.served_models import ServedModels
 from app.engine.server.settings import ServerSettings
 
+# The request field that holds the prompt, per endpoint, for errors about it (chat and messages: "messages")
+PROMPT_PARAMS = {"completions": "prompt", "responses": "input"}
+
 
 @dataclass
 class ServingContext:
@@ -41,7 +44,9 @@ class ServingContext:
         self, prompt: Prompt, params: SamplingParams, endpoint: str, session_id: str | None
     ) -> Generation:
         request = GenerationRequest(prompt.token_ids, params, session_id=session_id or "default")
-        return Generation(self.engine, request, self.metrics, endpoint)
+        return Generation(
+            self.engine, request, self.metrics, endpoint, PROMPT_PARAMS.get(endpoint, "messages")
+        )
 
 
 def new_id(prefix: str) -> str:

@@ -71,7 +71,7 @@ class OpenAIServingCompletions:
         generations = []
         for prompt in prompts:
             max_tokens = self.ctx.prompts.max_tokens(
-                prompt, req.max_tokens, self.ctx.settings.default_max_tokens
+                prompt, req.max_tokens, self.ctx.settings.default_max_tokens, param="prompt"
             )
             for j in range(req.n):
                 try:

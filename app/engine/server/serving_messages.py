@@ -89,11 +89,8 @@ class AnthropicServingMessages:
     async def _stream(
         self, req: MessagesRequest, prompt: Prompt, parse_calls: bool, generation: Generation
     ) -> AsyncIterator[str]:
-        first = generation.first
-        cached = first.num_cached_tokens if first else 0
-        start_usage = Usage(
-            input_tokens=len(prompt.token_ids) - cached, output_tokens=0, cache_read_input_tokens=cached
-        )
+        # sent before the prefill, so before the prefix cache says what it held: message_delta has the split
+        start_usage = Usage(input_tokens=len(prompt.token_ids), output_tokens=0)
         message = MessageResponse(id=new_id("msg_"), model=req.model, content=[], usage=start_usage)
         splitter = ToolCallSplitter(self.ctx.engine.chat_template, parse_calls)
         final = Completed()
@@ -130,43 +127,72 @@ class AnthropicServingMessages:
 def anthropic_messages(
     system: str | list[TextBlockParam] | None, turns: list[MessageParam]
 ) -> list[dict[str, Any]]:
-    """Anthropic system + turns -> the neutral template messages (see prompting.py)."""
+    """Anthropic system + turns -> the neutral template messages (see prompting.py).
+
+    `system` turns inside `messages` join the system prompt in their order; consecutive turns
+    of one role become one turn, as Anthropic's API combines them (templates want alternation).
+    """
+    system_texts = [_block_text(system)] if system else []
     result: list[dict[str, Any]] = []
-    if system:
-        text = system if isinstance(system, str) else "\n".join(block.text for block in system)
-        result.append({"role": "system", "content": text})
     tool_names: dict[str, str] = {}
     for i, turn in enumerate(turns):
-        if isinstance(turn.content, str):
-            result.append({"role": turn.role, "content": turn.content})
+        if turn.role == "system":
+            system_texts.append(_system_turn_text(turn.content, f"messages[{i}].content"))
             continue
-        texts, calls, results = [], [], []
-        for j, block in enumerate(turn.content):
-            where = f"messages[{i}].content[{j}]"
-            if block.type == "text":
-                texts.append(block.text)
-            elif block.type == "tool_use" and turn.role == "assistant":
-                tool_names[block.id] = block.name
-                calls.append((block.id, block.name, block.input))
-            elif block.type == "tool_result" and turn.role == "user":
-                results.append(_tool_result(block, tool_names.get(block.tool_use_id, ""), where))
-            elif block.type in ("thinking", "redacted_thinking"):
-                continue  # earlier reasoning: nothing this engine can use
-            else:
-                raise bad_request(
-                    f"A {block.type} block is not supported in a {turn.role} turn here.", param=where
-                )
-        if turn.role == "assistant":
-            result.append(
-                tool_call_message(calls, "\n".join(texts))
-                if calls
-                else {"role": "assistant", "content": "\n".join(texts)}
-            )
-        else:
-            result += results  # results answer the previous assistant turn, so they come first
-            if texts or not results:
-                result.append({"role": "user", "content": "\n".join(texts)})
+        for message in _turn_messages(turn, i, tool_names):
+            _append_combined(result, message)
+    if prompt := "\n\n".join(text for text in system_texts if text):
+        result.insert(0, {"role": "system", "content": prompt})
     return result
+
+
+def _block_text(content: str | list[TextBlockParam]) -> str:
+    return content if isinstance(content, str) else "\n".join(block.text for block in content)
+
+
+def _system_turn_text(content: str | list[Any], where: str) -> str:
+    if not isinstance(content, str) and any(block.type != "text" for block in content):
+        raise bad_request("A system turn may hold text blocks only.", param=where)
+    return _block_text(content)
+
+
+def _turn_messages(turn: MessageParam, i: int, tool_names: dict[str, str]) -> list[dict[str, Any]]:
+    """One user or assistant turn -> its template messages (tool results first, as they answer the last turn)."""
+    if isinstance(turn.content, str):
+        return [{"role": turn.role, "content": turn.content}]
+    texts, calls, results = [], [], []
+    for j, block in enumerate(turn.content):
+        where = f"messages[{i}].content[{j}]"
+        if block.type == "text":
+            texts.append(block.text)
+        elif block.type == "tool_use" and turn.role == "assistant":
+            tool_names[block.id] = block.name
+            calls.append((block.id, block.name, block.input))
+        elif block.type == "tool_result" and turn.role == "user":
+            results.append(_tool_result(block, tool_names.get(block.tool_use_id, ""), where))
+        elif block.type in ("thinking", "redacted_thinking"):
+            continue  # earlier reasoning: nothing this engine can use
+        else:
+            raise bad_request(
+                f"A {block.type} block is not supported in a {turn.role} turn here.", param=where
+            )
+    if turn.role == "assistant":
+        text = "\n".join(texts)
+        return [tool_call_message(calls, text) if calls else {"role": "assistant", "content": text}]
+    return [*results, {"role": "user", "content": "\n".join(texts)}] if texts or not results else results
+
+
+def _append_combined(messages: list[dict[str, Any]], message: dict[str, Any]) -> None:
+    """Append `message`, or join its text to the last turn when both are plain turns of one role."""
+    last = messages[-1] if messages else {}
+    if _plain(last) and _plain(message) and last["role"] == message["role"]:
+        messages[-1] = dict(last, content="\n\n".join(t for t in (last["content"], message["content"]) if t))
+    else:
+        messages.append(message)
+
+
+def _plain(message: dict[str, Any]) -> bool:
+    return message.get("role") in ("user", "assistant") and not message.get("tool_calls")
 
 
 def _tool_result(block: Any, name: str, where: str) -> dict[str, Any]:

@@ -14,7 +14,13 @@ from app.engine.server.errors import ApiError, bad_request
 from app.engine.server.generation import WaitForDisconnect, start_and_collect
 from app.engine.server.json_output import json_instruction
 from app.engine.server.openai_messages import text_content
-from app.engine.server.prompting import Prompt, function_tool, merge_system, parse_arguments
+from app.engine.server.prompting import (
+    Prompt,
+    ensure_encodable,
+    function_tool,
+    merge_system,
+    parse_arguments,
+)
 from app.engine.server.protocol.responses import (
     FunctionToolChoice,
     ResponseObject,
@@ -43,7 +49,7 @@ class OpenAIServingResponses:
         try:
             prompt, parse_calls = self.prompt(req)
             max_tokens = self.ctx.prompts.max_tokens(
-                prompt, req.max_output_tokens, self.ctx.settings.default_max_tokens
+                prompt, req.max_output_tokens, self.ctx.settings.default_max_tokens, param="input"
             )
             try:
                 params = req.to_sampling_params(max_tokens, self.ctx.prompts.template_stop_strings)
@@ -84,7 +90,7 @@ class OpenAIServingResponses:
         ]
         if instructions:
             messages = merge_system(messages, "\n\n".join(instructions))
-        return self.ctx.prompts.chat(messages, plan.tools), plan.parse_calls
+        return self.ctx.prompts.chat(messages, plan.tools, param="input"), plan.parse_calls
 
     @staticmethod
     def _shell(req: ResponsesRequest, response_id: str) -> ResponseObject:
@@ -109,17 +115,23 @@ class OpenAIServingResponses:
 
 
 def responses_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
-    """Instructions + input items -> the neutral template messages (see prompting.py)."""
-    result: list[dict[str, Any]] = (
-        [{"role": "system", "content": req.instructions}] if req.instructions else []
-    )
+    """Instructions + input items -> the neutral template messages (see prompting.py).
+
+    Text is checked here, where its place in the request is known (`input[3].content`)."""
+    result: list[dict[str, Any]] = []
+    if req.instructions:
+        ensure_encodable(req.instructions, "instructions")
+        result.append({"role": "system", "content": req.instructions})
     if isinstance(req.input, str):
+        ensure_encodable(req.input, "input")
         return [*result, {"role": "user", "content": req.input}]
     names: dict[str, str] = {}
     for i, item in enumerate(req.input):
         if item.type == "message":
             role = "system" if item.role == "developer" else item.role
-            result.append({"role": role, "content": text_content(item.content, f"input[{i}].content")})
+            content = text_content(item.content, f"input[{i}].content")
+            ensure_encodable(content, f"input[{i}].content")
+            result.append({"role": role, "content": content})
         elif item.type == "function_call":
             names[item.call_id] = item.name
             call = {
@@ -140,6 +152,7 @@ def responses_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
                 if isinstance(item.output, str)
                 else text_content(item.output, f"input[{i}].output")
             )
+            ensure_encodable(output, f"input[{i}].output")
             result.append(
                 {
                     "role": "tool",

@@ -23,6 +23,7 @@ class ServerSettings:
     cors_origins: tuple[str, ...] = ()
     enable_mcp: bool = True
     log_level: str = "warning"
+    stream_keepalive_seconds: float = 5.0  # a ping on a stream that sent nothing for this long (prefill)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -35,6 +36,8 @@ class ServerSettings:
             )
         if self.default_max_tokens is not None and self.default_max_tokens < 1:
             raise ValueError(f"default_max_tokens must be at least 1, not {self.default_max_tokens}")
+        if not self.stream_keepalive_seconds > 0:
+            raise ValueError(f"stream_keepalive_seconds must be above 0, not {self.stream_keepalive_seconds}")
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("api_key must not be blank (leave it unset to disable authentication)")
 

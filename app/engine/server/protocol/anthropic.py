@@ -2,7 +2,9 @@
 
 Content blocks are a union tagged by `type`. Thinking blocks a client sends back are
 accepted and dropped; images and documents are refused by the serving layer (the
-engine reads text only). `cache_control` and other unknown fields are ignored.
+engine reads text only). `system` turns inside `messages` (Claude Code sends them for
+models it does not know) join the system prompt. `cache_control`, `context_management`,
+`thinking` and other fields Claude Code sends that do not apply here are ignored.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ ContentBlockParam = Annotated[
 
 
 class MessageParam(BaseModel):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]
     content: str | list[ContentBlockParam]
 
 
@@ -145,6 +147,24 @@ class MessageResponse(BaseModel):
 
 class CountTokensResponse(BaseModel):
     input_tokens: int
+
+
+class ModelInfo(BaseModel):
+    """GET /v1/models as Anthropic answers it (to requests carrying `anthropic-version`)."""
+
+    type: Literal["model"] = "model"
+    id: str
+    display_name: str
+    created_at: str  # RFC 3339
+    max_input_tokens: int | None = None
+    max_tokens: int | None = None
+
+
+class ModelListResponse(BaseModel):
+    data: list[ModelInfo]
+    has_more: bool = False
+    first_id: str | None = None
+    last_id: str | None = None
 
 
 class AnthropicErrorDetail(BaseModel):

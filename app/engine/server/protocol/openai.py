@@ -74,11 +74,33 @@ class SamplingExtensions(BaseModel):
 
 
 class ModelCard(BaseModel):
+    """A model as OpenAI lists it, plus the context size under each name a client reads it by:
+    vLLM's `max_model_len`, litellm's and aider's `max_input_tokens`/`max_output_tokens`,
+    `context_length` (OpenRouter, LM Studio) and `context_window`. Each bounds one side; the
+    prompt and the output together must still fit `max_model_len`."""
+
     id: str
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "paddock"
     max_model_len: int | None = None
+    context_length: int | None = None
+    context_window: int | None = None
+    max_input_tokens: int | None = None
+    max_output_tokens: int | None = None
+
+    @classmethod
+    def chat(cls, name: str, created: int, context_length: int) -> ModelCard:
+        n = context_length
+        return cls(
+            id=name,
+            created=created,
+            max_model_len=n,
+            context_length=n,
+            context_window=n,
+            max_input_tokens=n,
+            max_output_tokens=n,
+        )
 
 
 class ModelList(BaseModel):
