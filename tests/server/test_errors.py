@@ -134,7 +134,8 @@ def test_body_over_the_cap_is_413(engine, model_name):
                 yield b"y" * 500
             yield b'"}'
 
-        assert_openai_error(http.post("/v1/completions", content=chunked()), 413)
+        json_type = {"content-type": "application/json"}
+        assert_openai_error(http.post("/v1/completions", content=chunked(), headers=json_type), 413)
         assert (
             http.post(
                 CHAT,
