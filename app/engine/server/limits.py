@@ -35,8 +35,9 @@ _NODE_CAPS = {"tools": MAX_TOOL_NODES}
 def _children(value: Any) -> Iterator[tuple[str, Any]]:
     if isinstance(value, dict):
         for key, item in value.items():
-            yield f".{key}", key
-            yield f".{key}", item
+            step = f".{str(key).encode('utf-8', 'backslashreplace').decode()}"  # a path that can be printed
+            yield step, key
+            yield step, item
     elif isinstance(value, list | tuple):
         for index, item in enumerate(value):
             yield f"[{index}]", item

@@ -71,8 +71,8 @@ class PromptBuilder:
         if len(text) > bound:
             raise ApiError(
                 400,
-                f"The prompt has {len(text)} characters, more than {self.context_length} tokens of context can "
-                f"hold (at most {bound} characters for this tokenizer); it was refused before tokenizing.",
+                f"The prompt in '{param}' has {len(text)} characters, more than {self.context_length} tokens of "
+                f"context can hold (at most {bound} characters for this tokenizer); it was refused before tokenizing.",
                 param=param,
                 code="context_length_exceeded",
             )
