@@ -203,7 +203,8 @@ def test_server_threads_do_not_leak(engine):
     before = threading.active_count()
     with running_server(engine):
         pass
-    assert threading.active_count() == before
+    # worker threads of servers stopped earlier may still be exiting: the count must not grow
+    assert wait_until(lambda: threading.active_count() <= before)
 
 
 def test_an_engine_failure_is_an_error_not_a_crash(http, model_name, scripted):

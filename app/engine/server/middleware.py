@@ -48,6 +48,8 @@ OPEN_PATHS = frozenset({"/health"})  # monitors reach it without the key; it tel
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 # Routes whose bodies are forms (uploads); every other body must be JSON.
 FORM_PATHS = frozenset({"/v1/audio/transcriptions"})
+FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
+JSON_TYPES = ("application/json",)
 
 
 async def _reject(error: ApiError, scope: Scope, receive: Receive, send: Send) -> None:
@@ -92,16 +94,16 @@ class BrowserGuardMiddleware:
             error = _refusal(refused.status_code, Headers(scope=scope))
             return await _reject(error, scope, receive, send)
         if scope["method"] in BODY_METHODS:
-            expected = "multipart/form-data" if scope["path"] in FORM_PATHS else "application/json"
+            expected = FORM_TYPES if scope["path"] in FORM_PATHS else JSON_TYPES
             content_type = Headers(scope=scope).get("content-type", "")
-            if not _media_type_is(content_type, expected):
+            if not _media_type_in(content_type, expected):
                 return await _reject(_unsupported_media_type(content_type, expected), scope, receive, send)
         await self.app(scope, receive, send)
 
 
-def _media_type_is(content_type: str, expected: str) -> bool:
+def _media_type_in(content_type: str, expected: tuple[str, ...]) -> bool:
     media = content_type.split(";", 1)[0].strip().lower()
-    return media == expected or (expected == "application/json" and media.endswith("+json"))
+    return media in expected or (expected == JSON_TYPES and media.endswith("+json"))
 
 
 def _refusal(status: int, headers: Headers) -> ApiError:
@@ -119,9 +121,11 @@ def _refusal(status: int, headers: Headers) -> ApiError:
     )
 
 
-def _unsupported_media_type(content_type: str, expected: str) -> ApiError:
+def _unsupported_media_type(content_type: str, expected: tuple[str, ...]) -> ApiError:
     given = f"{content_type!r}" if content_type else "no Content-Type"
-    return ApiError(415, f"The body must be sent as {expected}, not {given}.", code="unsupported_media_type")
+    return ApiError(
+        415, f"The body must be sent as {' or '.join(expected)}, not {given}.", code="unsupported_media_type"
+    )
 
 
 class ApiKeyMiddleware:
