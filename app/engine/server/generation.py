@@ -168,13 +168,19 @@ async def start_all(generations: list[Generation]) -> None:
         if failed is not None:
             raise failed.exception()  # type: ignore[misc]
     except BaseException:
-        for task in tasks:
-            task.cancel()
-        with anyio.CancelScope(shield=True):
-            await asyncio.gather(*tasks, return_exceptions=True)
-            for generation in generations:
-                await generation.close()
+        await cancel_and_close(tasks, generations)
         raise
+
+
+async def cancel_and_close(tasks: list[asyncio.Task[Any]], generations: list[Generation]) -> None:
+    """Cancel the tasks driving generations, wait for them, and close every generation (aborting it),
+    shielded from the cancellation that may have caused this."""
+    for task in tasks:
+        task.cancel()
+    with anyio.CancelScope(shield=True):
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for generation in generations:
+            await generation.close()
 
 
 async def start_and_collect(
@@ -219,12 +225,7 @@ async def merged(generations: list[Generation]) -> AsyncIterator[tuple[int, Requ
             else:
                 yield index, out
     finally:
-        for task in tasks:
-            task.cancel()
-        with anyio.CancelScope(shield=True):
-            await asyncio.gather(*tasks, return_exceptions=True)
-            for generation in generations:
-                await generation.close()
+        await cancel_and_close(tasks, generations)
 
 
 async def collect(generations: list[Generation]) -> list[Completed]:
