@@ -13,10 +13,23 @@ EPILOG = (
     "docs/configuration.md; `python -m app.engine.envs` prints them."
 )
 
+# Request limits as flags: (flag, ServerSettings field, what more gets); defaults come from ServerSettings.
+LIMIT_FLAGS = (
+    ("--max-concurrent-requests", "max_concurrent_requests", "generation requests in flight; more get 429"),
+    ("--max-body-bytes", "max_body_bytes", "JSON request body size; more get 413"),
+    ("--max-audio-body-bytes", "max_audio_body_bytes", "audio upload size; more get 413"),
+    ("--max-audio-seconds", "max_audio_seconds", "audio length; longer gets 400"),
+    ("--max-concurrent-uploads", "max_concurrent_uploads", "transcriptions in flight; more get 429"),
+    ("--max-choices", "max_choices", "`n` of one request; more gets 400"),
+    ("--max-prompts", "max_prompts", "prompts in one completions list; more get 400"),
+    ("--max-generations", "max_generations", "n x prompts of one request; more get 400"),
+    ("--prompt-workers", "prompt_workers", "threads rendering templates and tokenizing"),
+)
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from app.commands.common import add_async_decode_argument, add_model_arguments
-    from app.engine.server.settings import DEFAULT_HOST, DEFAULT_PORT
+    from app.engine.server.settings import DEFAULT_HOST, DEFAULT_PORT, ServerSettings
 
     parser.epilog = EPILOG
     add_model_arguments(parser)
@@ -42,15 +55,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="another name clients may use (repeatable)",
     )
-    parser.add_argument(
-        "--max-concurrent-requests", type=int, default=256, metavar="N", help="more get 429 (default 256)"
-    )
+    defaults = ServerSettings()
+    for flag, field, what in LIMIT_FLAGS:
+        default = getattr(defaults, field)
+        parser.add_argument(flag, type=int, default=default, metavar="N", help=f"{what} (default {default})")
     parser.add_argument(
         "--cors-origin",
         action="append",
         default=[],
         metavar="ORIGIN",
-        help="allow browser calls (repeatable)",
+        help="a web page origin allowed to call the API, e.g. http://localhost:3000 (repeatable; default none)",
+    )
+    parser.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="another Host name clients use to reach this server, beside its address and localhost "
+        "(repeatable; needed for the Host check when listening on 0.0.0.0)",
     )
     parser.add_argument(
         "--embedding-model",
@@ -96,11 +118,12 @@ def run(args: argparse.Namespace) -> int:
             host=args.host,
             port=args.port,
             api_key=args.api_key,
-            max_concurrent_requests=args.max_concurrent_requests,
             model_aliases=tuple(args.served_model_name),
             cors_origins=tuple(args.cors_origin),
+            allowed_hosts=tuple(args.allowed_host),
             enable_mcp=not args.no_mcp,
             log_level=args.log_level,
+            **{field: getattr(args, field) for _, field, _ in LIMIT_FLAGS},
         )
         config = engine_config(args)
         engine = AsyncEngine(config)

@@ -157,7 +157,8 @@ def test_body_over_the_cap_is_413(engine, model_name):
                 yield b"y" * 500
             yield b'"}'
 
-        assert_openai_error(http.post("/v1/completions", content=chunked()), 413)
+        json_type = {"content-type": "application/json"}
+        assert_openai_error(http.post("/v1/completions", content=chunked(), headers=json_type), 413)
         assert (
             http.post(
                 CHAT,
@@ -225,7 +226,8 @@ def test_server_threads_do_not_leak(engine):
     before = threading.active_count()
     with running_server(engine):
         pass
-    assert threading.active_count() == before
+    # worker threads of servers stopped earlier may still be exiting: the count must not grow
+    assert wait_until(lambda: threading.active_count() <= before)
 
 
 def test_an_engine_failure_is_an_error_not_a_crash(http, model_name, scripted):

@@ -16,13 +16,14 @@ from app.engine.server.errors import install_error_handlers
 from app.engine.server.middleware import (
     ApiKeyMiddleware,
     BodyLimitMiddleware,
+    BrowserGuardMiddleware,
     ConcurrencyLimitMiddleware,
     RequestMetricsMiddleware,
+    transport_security,
 )
 from app.engine.server.routes import router
 from app.engine.server.services import Services
 from app.engine.server.serving_audio import (
-    MAX_AUDIO_BODY_BYTES,
     TRANSCRIPTIONS_PATH,
     TranscriberChoice,
     resolve_transcriber,
@@ -67,7 +68,7 @@ def create_app(
         version=API_VERSION,
         description="OpenAI- and Anthropic-compatible API over the Paddock engine.",
         lifespan=lifespan,
-        strict_content_type=False,  # a JSON body without a Content-Type header is still JSON
+        strict_content_type=False,  # BrowserGuardMiddleware answers a body that is not JSON with 415
     )
     app.state.services = services
     install_error_handlers(app)
@@ -78,12 +79,13 @@ def create_app(
     metrics = services.ctx.metrics
     # add_middleware wraps what is there: the last added runs first
     app.add_middleware(ConcurrencyLimitMiddleware, limit=settings.max_concurrent_requests,
-                       retry_after=settings.retry_after_seconds, metrics=metrics)  # fmt: skip
-    audio_limit = max(MAX_AUDIO_BODY_BYTES, settings.max_body_bytes)
+                       retry_after=settings.retry_after_seconds, metrics=metrics,
+                       route_limits={TRANSCRIPTIONS_PATH: settings.max_concurrent_uploads})  # fmt: skip
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes,
-                       route_limits={TRANSCRIPTIONS_PATH: audio_limit})  # fmt: skip
+                       route_limits={TRANSCRIPTIONS_PATH: settings.max_audio_body_bytes})  # fmt: skip
     if settings.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
+    app.add_middleware(BrowserGuardMiddleware, security=transport_security(settings))
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics, known_paths=known_paths)
     if settings.cors_origins:
         app.add_middleware(
@@ -98,18 +100,12 @@ def create_app(
 
 def _mount_mcp(app: FastAPI, mcp_server: Any, settings: ServerSettings) -> None:
     """The MCP endpoint as a route at exactly /mcp (a Mount would redirect /mcp to /mcp/)."""
-    from mcp.server.transport_security import TransportSecuritySettings
-
-    security = None
-    if not settings.is_loopback:
-        # DNS-rebinding protection only fits loopback; elsewhere the API key guards /mcp
-        security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
     mcp_app = mcp_server.streamable_http_app(
         streamable_http_path=MCP_PATH,
         stateless_http=True,
         json_response=True,
         max_request_body_size=settings.max_body_bytes,
-        transport_security=security,
+        transport_security=transport_security(settings),  # the same rule BrowserGuardMiddleware applies
         host=settings.host,
     )
     app.router.routes.extend(mcp_app.routes)

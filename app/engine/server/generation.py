@@ -14,10 +14,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 WaitForDisconnect = Callable[[], Awaitable[None]]
+T = TypeVar("T")
 
 
 @dataclass
@@ -157,26 +158,40 @@ def _engine_failure(exc: Exception) -> ApiError:
 
 
 async def start_all(generations: list[Generation]) -> None:
-    """Start every generation; if one is rejected, close the rest and re-raise."""
+    """Start every generation at once (each waits for its first output); if one is rejected, close
+    them all and re-raise its error."""
+    tasks = [asyncio.create_task(generation.start()) for generation in generations]
     try:
-        for generation in generations:
-            await generation.start()
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        failed = next((task for task in tasks if task.done() and task.exception() is not None), None)
+        if failed is not None:
+            raise failed.exception()  # type: ignore[misc]
     except BaseException:
+        await cancel_and_close(tasks, generations)
+        raise
+
+
+async def cancel_and_close(tasks: list[asyncio.Task[Any]], generations: list[Generation]) -> None:
+    """Cancel the tasks driving generations, wait for them, and close every generation (aborting it),
+    shielded from the cancellation that may have caused this."""
+    for task in tasks:
+        task.cancel()
+    with anyio.CancelScope(shield=True):
+        await asyncio.gather(*tasks, return_exceptions=True)
         for generation in generations:
             await generation.close()
-        raise
 
 
 async def start_and_collect(
     generations: list[Generation], stream: bool, wait_for_disconnect: WaitForDisconnect | None
 ) -> list[Completed] | None:
     """Run every generation to the end, or return None at once for a stream (it starts them itself,
-    so its first bytes go out before the prefill). Raises ApiError: a rejected request, an engine
-    failure, or the client gone (499)."""
+    so its first bytes go out before the prefill). A client that hangs up meanwhile aborts them all.
+    Raises ApiError: a rejected request, an engine failure, or the client gone (499)."""
     if stream:
         return None
-    await start_all(generations)
-    return await collect(generations, wait_for_disconnect)
+    await until_disconnect(start_all(generations), generations, wait_for_disconnect)
+    return await until_disconnect(collect(generations), generations, wait_for_disconnect)
 
 
 async def merged(generations: list[Generation]) -> AsyncIterator[tuple[int, RequestOutput]]:
@@ -209,45 +224,40 @@ async def merged(generations: list[Generation]) -> AsyncIterator[tuple[int, Requ
             else:
                 yield index, out
     finally:
-        for task in tasks:
-            task.cancel()
-        with anyio.CancelScope(shield=True):
-            await asyncio.gather(*tasks, return_exceptions=True)
-            for generation in generations:
-                await generation.close()
+        await cancel_and_close(tasks, generations)
 
 
-async def collect(
-    generations: list[Generation], wait_for_disconnect: WaitForDisconnect | None
-) -> list[Completed]:
-    """Run generations to the end; if the client disconnects first, abort them and raise the 499
-    ApiError (client_closed)."""
+async def collect(generations: list[Generation]) -> list[Completed]:
+    """Run generations to the end."""
     results = [Completed() for _ in generations]
+    async with aclosing(merged(generations)) as stream:
+        async for index, out in stream:
+            results[index].add(out)
+    return results
 
-    async def gather() -> None:
-        async with aclosing(merged(generations)) as stream:
-            async for index, out in stream:
-                results[index].add(out)
 
+async def until_disconnect(
+    work: Coroutine[Any, Any, T], generations: list[Generation], wait_for_disconnect: WaitForDisconnect | None
+) -> T:
+    """`work`'s result; if the client disconnects first, abort every generation and raise the 499
+    ApiError (client_closed)."""
     if wait_for_disconnect is None:
-        await gather()
-        return results
-    work = asyncio.create_task(gather())
+        return await work
+    task = asyncio.create_task(work)
     watcher = asyncio.create_task(wait_for_disconnect())
     try:
-        await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         watcher.cancel()
-        if not work.done():
-            work.cancel()
+        if not task.done():
+            task.cancel()
             with anyio.CancelScope(shield=True):
-                await asyncio.gather(work, return_exceptions=True)
+                await asyncio.gather(task, return_exceptions=True)
                 for generation in generations:
                     await generation.close()
-    if work.cancelled():
+    if task.cancelled():
         raise client_closed()
-    work.result()  # re-raises what ended it
-    return results
+    return task.result()  # re-raises what ended it
 
 
 def disconnect_waiter(receive: Callable[[], Awaitable[dict[str, Any]]]) -> WaitForDisconnect:

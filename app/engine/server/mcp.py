@@ -109,7 +109,8 @@ def build_mcp_server(services: Services) -> MCPServer:
         turns = (
             [ChatMessage(role=m.role, content=m.content) for m in messages] if messages is not None else None
         )
-        result = _unwrap(services.tokenization.tokenize(TokenizeRequest(prompt=text, messages=turns)))
+        request = TokenizeRequest(prompt=text, messages=turns)
+        result = _unwrap(await ctx.prompts.off_loop(services.tokenization.tokenize, request))
         return TokenCount(tokens=result.count)
 
     return server

@@ -1,7 +1,8 @@
 """Admission checks in front of every route, as plain ASGI (so streaming responses pass through untouched).
 
-Order, outermost first: request metrics -> API key (401) -> body size (413) ->
-requests in flight (429). Each rejection is rendered in the caller's protocol shape.
+Order, outermost first: CORS (when configured) -> request metrics -> browser guard (Host 421,
+Origin 403, Content-Type 415) -> API key (401) -> body size (413) -> requests in flight (429).
+Each rejection is rendered in the caller's protocol shape.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ import hmac
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
 from starlette.datastructures import Headers
+from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.engine.server.errors import (
@@ -23,6 +26,7 @@ from app.engine.server.errors import (
 
 if TYPE_CHECKING:
     from app.engine.server.metrics import ServerMetrics
+    from app.engine.server.settings import ServerSettings
 
 # Endpoints that run the engine, the embedder or Whisper (MCP tool calls too): these count against
 # max_concurrent_requests.
@@ -40,15 +44,95 @@ LIMITED_PATHS = frozenset(
         "/mcp",
     }
 )
-OPEN_PATHS = frozenset({"/health", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+OPEN_PATHS = frozenset({"/health"})  # monitors reach it without the key; it tells nothing but the model name
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+# Routes whose bodies are forms (uploads); every other body must be JSON.
+FORM_PATHS = frozenset({"/v1/audio/transcriptions"})
+FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
+JSON_TYPES = ("application/json",)
 
 
 async def _reject(error: ApiError, scope: Scope, receive: Receive, send: Send) -> None:
     await error.response(dialect_for_path(scope["path"]))(scope, receive, send)
 
 
+def transport_security(settings: ServerSettings) -> TransportSecuritySettings:
+    """The Host and Origin values this server accepts: the one rule for the API and /mcp alike.
+
+    A wildcard bind (0.0.0.0) can be reached under names the server cannot know: there the check
+    runs only over the `allowed_hosts` given, and the API key is the guard.
+    """
+    if settings.is_wildcard and not settings.allowed_hosts:
+        return TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    names = settings.host_names()
+    origins = [
+        f"{scheme}://{name}{port}" for name in names for scheme in ("http", "https") for port in ("", ":*")
+    ]
+    return TransportSecuritySettings(
+        allowed_hosts=[pattern for name in names for pattern in (name, f"{name}:*")],
+        allowed_origins=[*origins, *settings.cors_origins],
+    )
+
+
+class BrowserGuardMiddleware:
+    """What keeps a web page from driving the local API.
+
+    A foreign Host header (DNS rebinding) gets 421 and a foreign Origin 403, by the MCP SDK's own
+    check; a body that is not JSON (a browser sends text/plain or a form without a CORS preflight)
+    gets 415, except on the upload routes, which take forms.
+    """
+
+    def __init__(self, app: ASGIApp, security: TransportSecuritySettings) -> None:
+        self.app = app
+        self._check = TransportSecurityMiddleware(security)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        refused = await self._check.validate_request(Request(scope))
+        if refused is not None:
+            error = _refusal(refused.status_code, Headers(scope=scope))
+            return await _reject(error, scope, receive, send)
+        if scope["method"] in BODY_METHODS:
+            expected = FORM_TYPES if scope["path"] in FORM_PATHS else JSON_TYPES
+            content_type = Headers(scope=scope).get("content-type", "")
+            if not _media_type_in(content_type, expected):
+                return await _reject(_unsupported_media_type(content_type, expected), scope, receive, send)
+        await self.app(scope, receive, send)
+
+
+def _media_type_in(content_type: str, expected: tuple[str, ...]) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media in expected or (expected == JSON_TYPES and media.endswith("+json"))
+
+
+def _refusal(status: int, headers: Headers) -> ApiError:
+    if status == 421:
+        return ApiError(
+            421,
+            f"This server does not answer to the Host {headers.get('host')!r} (DNS-rebinding protection).",
+            code="misdirected_request",
+        )
+    return ApiError(
+        403,
+        f"Requests from the origin {headers.get('origin')!r} are not allowed (start the server with "
+        "--cors-origin to allow a web page).",
+        code="origin_not_allowed",
+    )
+
+
+def _unsupported_media_type(content_type: str, expected: tuple[str, ...]) -> ApiError:
+    given = f"{content_type!r}" if content_type else "no Content-Type"
+    return ApiError(
+        415, f"The body must be sent as {' or '.join(expected)}, not {given}.", code="unsupported_media_type"
+    )
+
+
 class ApiKeyMiddleware:
-    """Accepts `Authorization: Bearer KEY` (OpenAI clients) or `x-api-key: KEY` (Anthropic clients)."""
+    """Accepts `Authorization: Bearer KEY` (OpenAI clients) or `x-api-key: KEY` (Anthropic clients).
+
+    Either header may carry the key; an empty one counts as absent. Keys are compared in constant time.
+    """
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
@@ -58,19 +142,22 @@ class ApiKeyMiddleware:
         if scope["type"] != "http" or scope["method"] == "OPTIONS" or scope["path"] in OPEN_PATHS:
             return await self.app(scope, receive, send)
         headers = Headers(scope=scope)
-        given = headers.get("x-api-key")
         authorization = headers.get("authorization", "")
-        if given is None and authorization[:7].lower() == "bearer ":
-            given = authorization[7:].strip()
-        if given is None or not hmac.compare_digest(given.encode(), self._key):
-            return await _reject(unauthorized(present=given is not None), scope, receive, send)
+        bearer = authorization[7:].strip() if authorization[:7].lower() == "bearer " else ""
+        given = [key for key in (headers.get("x-api-key", "").strip(), bearer) if key]
+        # every candidate is compared, so the time taken does not say which header matched
+        matches = [hmac.compare_digest(key.encode(), self._key) for key in given]
+        if not any(matches):
+            return await _reject(unauthorized(present=bool(given)), scope, receive, send)
         await self.app(scope, receive, send)
 
 
 class BodyLimitMiddleware:
-    """Reads request bodies up to the cap before any route sees them; larger ones get 413.
+    """Counts request body bytes as they arrive; past the cap the client gets 413 and the route a disconnect.
 
-    `route_limits` gives some paths their own cap (audio uploads are far larger than JSON).
+    Nothing is buffered here: the route reads the body as it would without the cap (uploads spool to
+    disk), so a body is never held whole before it is known to fit. `route_limits` gives some paths
+    their own cap (audio uploads are far larger than JSON).
     """
 
     def __init__(self, app: ASGIApp, max_bytes: int, route_limits: Mapping[str, int] | None = None) -> None:
@@ -79,57 +166,78 @@ class BodyLimitMiddleware:
         self.route_limits = dict(route_limits or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
+        if scope["type"] != "http" or scope["method"] not in BODY_METHODS:
             return await self.app(scope, receive, send)
         limit = self.route_limits.get(scope["path"], self.max_bytes)
         declared = Headers(scope=scope).get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             return await _reject(body_too_large(limit), scope, receive, send)
-        chunks: list[bytes] = []
-        size = 0
-        while True:
+        state = {"size": 0, "over": False, "started": False}
+
+        async def counted() -> Message:
+            if state["over"]:
+                return {"type": "http.disconnect"}
             message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                return await _reject(body_too_large(limit), scope, receive, send)
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        await self.app(scope, _replay(b"".join(chunks), receive), send)
+            if message["type"] == "http.request":
+                state["size"] += len(message.get("body", b""))
+                if state["size"] > limit:
+                    state["over"] = True
+                    if not state["started"]:
+                        await _reject(body_too_large(limit), scope, receive, send)
+                    return {"type": "http.disconnect"}
+            return message
 
+        async def guarded(message: Message) -> None:
+            if state["over"]:
+                return  # the 413 is sent; what the route says about its "disconnect" is dropped
+            state["started"] = state["started"] or message["type"] == "http.response.start"
+            await send(message)
 
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """The buffered body first, then the real channel (which later reports the disconnect)."""
-    pending = [{"type": "http.request", "body": body, "more_body": False}]
-
-    async def replay() -> Message:
-        return pending.pop() if pending else await receive()
-
-    return replay
+        try:
+            await self.app(scope, counted, guarded)
+        except Exception:
+            if not state["over"]:
+                raise
 
 
 class ConcurrencyLimitMiddleware:
-    def __init__(self, app: ASGIApp, limit: int, retry_after: int, metrics: ServerMetrics) -> None:
+    """Requests in flight on the limited paths, capped in all (`limit`) and per route (`route_limits`)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        limit: int,
+        retry_after: int,
+        metrics: ServerMetrics,
+        route_limits: Mapping[str, int] | None = None,
+    ) -> None:
         self.app = app
         self.limit = limit
         self.retry_after = retry_after
         self.metrics = metrics
+        self.route_limits = dict(route_limits or {})
         self.in_flight = 0  # touched only on the event loop's thread
+        self.in_flight_by_route = dict.fromkeys(self.route_limits, 0)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in LIMITED_PATHS:
             return await self.app(scope, receive, send)
+        path = scope["path"]
         if self.in_flight >= self.limit:
             return await _reject(too_many_requests(self.limit, self.retry_after), scope, receive, send)
+        route_limit = self.route_limits.get(path)
+        if route_limit is not None and self.in_flight_by_route[path] >= route_limit:
+            return await _reject(too_many_requests(route_limit, self.retry_after), scope, receive, send)
         self.in_flight += 1
+        if route_limit is not None:
+            self.in_flight_by_route[path] += 1
         self.metrics.in_flight.inc()
         try:
             await self.app(scope, receive, send)
         finally:
             self.in_flight -= 1
+            if route_limit is not None:
+                self.in_flight_by_route[path] -= 1
             self.metrics.in_flight.dec()
 
 

@@ -10,14 +10,27 @@ shape, with tool-call arguments as parsed objects as Hugging Face templates expe
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import anyio
+import anyio.to_thread
 
 from app.engine import ContextOverflowError
+from app.engine.server import limits
 from app.engine.server.errors import ApiError, bad_request, context_overflow
 
 if TYPE_CHECKING:
     from app.engine import EngineClient
+
+T = TypeVar("T")
+
+# Unicode composition (NFC/NFKC, which some tokenizers apply first) joins at most 4 code points
+# into one (U+1F82 decomposes to 4), so normalized text is at least a quarter of the raw length.
+NORMALIZATION_SHRINK = 4
+DEFAULT_PROMPT_WORKERS = 4
 
 
 @dataclass(frozen=True)
@@ -27,8 +40,42 @@ class Prompt:
 
 
 class PromptBuilder:
-    def __init__(self, engine: EngineClient) -> None:
+    """Template rendering and tokenization; `off_loop` runs them on a bounded pool of worker threads."""
+
+    def __init__(self, engine: EngineClient, workers: int = DEFAULT_PROMPT_WORKERS) -> None:
         self._engine = engine
+        self._workers = anyio.CapacityLimiter(workers)
+
+    async def off_loop(self, work: Callable[..., T], *args: Any) -> T:
+        """Run CPU-heavy request work (templates, tokenizers) where it cannot stall the event loop."""
+        return await anyio.to_thread.run_sync(work, *args, limiter=self._workers)
+
+    @cached_property
+    def max_token_chars(self) -> int:
+        """The most characters one token's piece spells (byte tokens' `<0xAB>` count 6: an overestimate)."""
+        tokenizer = self._engine.tokenizer
+        known = getattr(tokenizer, "max_token_chars", None)
+        if known is not None:
+            return int(known)
+        return max(len(tokenizer.id_to_token(i)) for i in range(tokenizer.vocab_size))
+
+    def check_length(self, text: str, param: str) -> None:
+        """Refuse, without tokenizing, a text too long for the context whatever its tokens.
+
+        Sound: each token covers at most `max_token_chars` characters of the normalized text, which
+        is at least 1/NORMALIZATION_SHRINK of the raw text, so the text has at least
+        len(text) / (max_token_chars * NORMALIZATION_SHRINK) tokens. (A tokenizer.json whose
+        normalizer deletes characters, as BERT's does, is outside this bound; decoder models' are not.)
+        """
+        bound = self.context_length * self.max_token_chars * NORMALIZATION_SHRINK
+        if len(text) > bound:
+            raise ApiError(
+                400,
+                f"The prompt in '{param}' has {len(text)} characters, more than {self.context_length} tokens of "
+                f"context can hold (at most {bound} characters for this tokenizer); it was refused before tokenizing.",
+                param=param,
+                code="context_length_exceeded",
+            )
 
     @property
     def context_length(self) -> int:
@@ -64,6 +111,7 @@ class PromptBuilder:
             raise bad_request(
                 f"The chat template could not render these messages: {exc}", param=param
             ) from exc
+        self.check_length(text, "messages")
         tokenizer = self._engine.tokenizer
         bos = tokenizer.id_to_token(tokenizer.bos_token_id) if tokenizer.bos_token_id is not None else None
         starts_with_bos = bool(bos) and text.startswith(bos)
@@ -73,6 +121,7 @@ class PromptBuilder:
 
     def text(self, text: str, *, add_special_tokens: bool = True, param: str = "prompt") -> Prompt:
         ensure_encodable(text, param)
+        self.check_length(text, param)
         return Prompt(
             self._engine.tokenizer.encode(text, add_special_tokens=add_special_tokens, parse_special=True),
             text,
@@ -107,19 +156,24 @@ class PromptBuilder:
 def ensure_encodable(text: str, param: str) -> None:
     """Lone surrogates (legal in JSON escapes, not in UTF-8) would break the tokenizer: refuse them clearly."""
     try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise bad_request(
-            f"'{param}' contains invalid Unicode (a lone surrogate at position {exc.start}).", param=param
-        ) from exc
+        limits.ensure_encodable(text, param)
+    except ValueError as exc:
+        raise bad_request(f"{exc}.", param=param) from exc
 
 
 def parse_arguments(arguments: str, param: str) -> dict[str, Any]:
     """Tool-call arguments arrive as a JSON string; templates want the object."""
     try:
         value = json.loads(arguments) if arguments.strip() else {}
+        limits.check_json_value(value, param)
     except json.JSONDecodeError as exc:
         raise bad_request(f"'{param}' is not valid JSON: {exc.msg}.", param=param) from exc
+    except RecursionError as exc:
+        raise bad_request(
+            f"'{param}' is nested more than {limits.MAX_JSON_DEPTH} levels deep.", param=param
+        ) from exc
+    except ValueError as exc:
+        raise bad_request(f"{exc}.", param=param) from exc
     if not isinstance(value, dict):
         raise bad_request(f"'{param}' must be a JSON object.", param=param)
     return value

@@ -260,7 +260,8 @@ async def count_tokens(body: CountTokensRequest, request: Request) -> Any:
 
 @router.post("/tokenize", tags=["tokens"], response_model=TokenizeResponse, responses=_OPENAI_ERRORS)
 async def tokenize(body: TokenizeRequest, request: Request) -> Any:
-    return _reply(_services(request).tokenization.tokenize(body), Dialect.OPENAI)
+    services = _services(request)
+    return _reply(await services.ctx.prompts.off_loop(services.tokenization.tokenize, body), Dialect.OPENAI)
 
 
 @router.post("/detokenize", tags=["tokens"], response_model=DetokenizeResponse, responses=_OPENAI_ERRORS)

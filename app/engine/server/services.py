@@ -49,7 +49,9 @@ class Services:
             messages=AnthropicServingMessages(ctx),
             embeddings=OpenAIServingEmbeddings(ctx),
             tokenization=ServingTokenization(ctx),
-            transcription=OpenAIServingTranscription(transcriber, created=now()),
+            transcription=OpenAIServingTranscription(
+                transcriber, created=now(), max_seconds=settings.max_audio_seconds
+            ),
             rerank=ServingRerank(ctx),
         )
 

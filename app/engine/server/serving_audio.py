@@ -20,14 +20,14 @@ from fastapi.responses import Response
 from app.engine.server.errors import ApiError, bad_request, client_closed, model_not_found
 from app.engine.server.protocol.audio import TranscriptionForm
 from app.engine.server.protocol.openai import ModelCard
+from app.engine.server.settings import DEFAULT_MAX_AUDIO_BODY_BYTES
 from app.engine.tasks import transcript_formats as formats
 from app.engine.tasks.audio import AudioError, Transcriber, Transcript, TranscriptionCancelled
 
 log = logging.getLogger(__name__)
 
 TRANSCRIPTIONS_PATH = "/v1/audio/transcriptions"
-# OpenAI stops at 25 MB; a local server takes long recordings: an hour of 16 kHz 16-bit mono WAV is 115 MB.
-MAX_AUDIO_BODY_BYTES = 200 * 1024 * 1024
+MAX_AUDIO_BODY_BYTES = DEFAULT_MAX_AUDIO_BODY_BYTES
 # What OpenAI clients send by default; answered by whichever Whisper model is loaded.
 WHISPER_ALIASES = ("whisper-1",)
 
@@ -48,8 +48,11 @@ def resolve_transcriber(choice: TranscriberChoice) -> Transcriber | None:
 
 
 class OpenAIServingTranscription:
-    def __init__(self, transcriber: Transcriber | None, created: int) -> None:
+    def __init__(
+        self, transcriber: Transcriber | None, created: int, max_seconds: float | None = None
+    ) -> None:
         self.transcriber = transcriber
+        self.max_seconds = max_seconds
         self.model_names = [transcriber.model_name, *WHISPER_ALIASES] if transcriber else []
         self._created = created
 
@@ -61,7 +64,7 @@ class OpenAIServingTranscription:
     ) -> Response | ApiError:
         try:
             transcriber = self._check(form)
-            transcript = await _transcribe(transcriber, form, wait_for_disconnect)
+            transcript = await _transcribe(transcriber, form, wait_for_disconnect, self.max_seconds)
             body = formats.render(transcript, form.response_format, form.granularities)
         except ApiError as error:
             return error
@@ -100,7 +103,10 @@ class OpenAIServingTranscription:
 
 
 async def _transcribe(
-    transcriber: Transcriber, form: TranscriptionForm, wait_for_disconnect: WaitForDisconnect
+    transcriber: Transcriber,
+    form: TranscriptionForm,
+    wait_for_disconnect: WaitForDisconnect,
+    max_seconds: float | None = None,
 ) -> Transcript:
     """Runs in a worker thread while the loop watches for the client hanging up."""
     cancelled = threading.Event()
@@ -114,6 +120,7 @@ async def _transcribe(
         word_timestamps="word" in form.granularities,
         cancel=cancelled.is_set,
         source=form.file.filename or "audio",
+        max_seconds=max_seconds,
     )
 
     async def watch() -> None:

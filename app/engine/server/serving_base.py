@@ -8,7 +8,9 @@ from dataclasses import dataclass
 
 from app.engine import EngineClient, GenerationRequest, SamplingParams
 from app.engine.server.embedder import Embedder
+from app.engine.server.errors import bad_request
 from app.engine.server.generation import Generation
+from app.engine.server.limits import SEED_MAX
 from app.engine.server.metrics import ServerMetrics
 from app.engine.server.prompting import Prompt, PromptBuilder
 from app.engine.server.served_models import ServedModels
@@ -37,12 +39,18 @@ class ServingContext:
             settings=settings,
             models=ServedModels(engine.model, embedder, settings),
             metrics=ServerMetrics(engine),
-            prompts=PromptBuilder(engine),
+            prompts=PromptBuilder(engine, settings.prompt_workers),
         )
 
     def generation(
         self, prompt: Prompt, params: SamplingParams, endpoint: str, session_id: str | None
     ) -> Generation:
+        vocab = self.engine.tokenizer.vocab_size
+        bad = next((i for i in params.stop_token_ids if not 0 <= i < vocab), None)
+        if bad is not None:  # the sampler indexes logits by these ids
+            raise bad_request(
+                f"Token id {bad} is outside the vocabulary (0..{vocab - 1}).", param="stop_token_ids"
+            )
         request = GenerationRequest(prompt.token_ids, params, session_id=session_id or "default")
         return Generation(
             self.engine, request, self.metrics, endpoint, PROMPT_PARAMS.get(endpoint, "messages")
@@ -59,4 +67,4 @@ def now() -> int:
 
 def seeded(seed: int | None, index: int) -> int | None:
     """Choice `index` of n gets its own seed, so n samples of one seeded request differ but repeat."""
-    return None if seed is None else seed + index
+    return None if seed is None else (seed + index) % (SEED_MAX + 1)

@@ -16,6 +16,7 @@ from app.engine.server.generation import (
     start_and_collect,
 )
 from app.engine.server.json_output import check_json, json_instruction
+from app.engine.server.limits import check_fan_out
 from app.engine.server.logprobs import TokenTexts, chat_logprobs
 from app.engine.server.openai_messages import chat_messages
 from app.engine.server.prompting import Prompt, function_tool, merge_system
@@ -57,7 +58,7 @@ class OpenAIServingChat:
         self, req: ChatCompletionRequest, wait_for_disconnect: WaitForDisconnect | None = None
     ) -> ChatCompletionResponse | AsyncIterator[str] | ApiError:
         try:
-            plan = self.plan(req)
+            plan = await self.ctx.prompts.off_loop(self.plan, req)
             generations = self._generations(req, plan)
             completed = await start_and_collect(generations, req.stream, wait_for_disconnect)
         except ApiError as error:
@@ -71,6 +72,7 @@ class OpenAIServingChat:
             raise error
         if req.logit_bias:
             raise bad_request("logit_bias is not supported by this server.", param="logit_bias")
+        check_fan_out(self.ctx.settings, req.n)
         messages = chat_messages(req.messages)
         tools = [
             function_tool(t.function.name, t.function.description, t.function.parameters)

@@ -13,6 +13,7 @@ from app.engine.server.generation import (
     merged,
     start_and_collect,
 )
+from app.engine.server.limits import check_fan_out
 from app.engine.server.logprobs import TokenTexts, completion_logprobs
 from app.engine.server.prompting import Prompt
 from app.engine.server.protocol.completions import CompletionChoice, CompletionRequest, CompletionResponse
@@ -32,7 +33,7 @@ class OpenAIServingCompletions:
         self, req: CompletionRequest, wait_for_disconnect: WaitForDisconnect | None = None
     ) -> CompletionResponse | AsyncIterator[str] | ApiError:
         try:
-            prompts = self.prompts(req)
+            prompts = await self.ctx.prompts.off_loop(self.prompts, req)
             generations = self._generations(req, prompts)
             completed = await start_and_collect(generations, req.stream, wait_for_disconnect)
         except ApiError as error:
@@ -54,6 +55,8 @@ class OpenAIServingCompletions:
             if present:
                 raise bad_request(f"{name} is not supported by this server.", param=name.split(" ")[0])
         raw = req.prompt
+        many = isinstance(raw, list) and bool(raw) and not all(isinstance(item, int) for item in raw)
+        check_fan_out(self.ctx.settings, req.n, len(raw) if many else 1)  # before any prompt is tokenized
         if isinstance(raw, str):
             return [self.ctx.prompts.text(raw, add_special_tokens=req.add_special_tokens)]
         if not raw:

@@ -36,7 +36,7 @@ class AnthropicServingMessages:
         self, req: MessagesRequest, wait_for_disconnect: WaitForDisconnect | None = None
     ) -> MessageResponse | AsyncIterator[str] | ApiError:
         try:
-            prompt, parse_calls = self.prompt(req)
+            prompt, parse_calls = await self.ctx.prompts.off_loop(self.prompt, req)
             max_tokens = self.ctx.prompts.max_tokens(prompt, req.max_tokens, None)
             try:
                 params = req.to_sampling_params(max_tokens, self.ctx.prompts.template_stop_strings)
@@ -65,7 +65,7 @@ class AnthropicServingMessages:
 
     async def count_tokens(self, req: CountTokensRequest) -> CountTokensResponse | ApiError:
         try:
-            prompt, _ = self.prompt(req)
+            prompt, _ = await self.ctx.prompts.off_loop(self.prompt, req)
         except ApiError as error:
             return error
         return CountTokensResponse(input_tokens=len(prompt.token_ids))

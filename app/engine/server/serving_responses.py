@@ -47,7 +47,7 @@ class OpenAIServingResponses:
         self, req: ResponsesRequest, wait_for_disconnect: WaitForDisconnect | None = None
     ) -> ResponseObject | AsyncIterator[str] | ApiError:
         try:
-            prompt, parse_calls = self.prompt(req)
+            prompt, parse_calls = await self.ctx.prompts.off_loop(self.prompt, req)
             max_tokens = self.ctx.prompts.max_tokens(
                 prompt, req.max_output_tokens, self.ctx.settings.default_max_tokens, param="input"
             )

@@ -180,6 +180,7 @@ class Transcriber:
         progress: ProgressCallback | None = None,
         cancel: CancelCheck | None = None,
         source: str | None = None,
+        max_seconds: float | None = None,
     ) -> Transcript:
         """Transcribe a path, bytes or binary file object.
 
@@ -187,12 +188,18 @@ class Transcriber:
         always use English). `prompt` guides spelling and style. `progress(fraction)` is called
         as segments complete; `cancel()` is checked before the model runs and between segments.
         `source` names the audio in error messages (default: the file name, or "audio").
+        Audio longer than `max_seconds` is refused (AudioError) before the model runs.
         """
         if not 0.0 <= temperature <= 1.0:
             raise ValueError(f"temperature must be between 0 and 1, got {temperature}")
         code = language_code(language) if language else None
         samples = decode_audio(audio, source)
         duration = samples.size / SAMPLE_RATE
+        if max_seconds is not None and duration > max_seconds:
+            raise AudioError(
+                source or _describe(audio),
+                f"the audio lasts {duration:.0f} s, longer than the {max_seconds:.0f} s allowed",
+            )
         if cancel is not None and cancel():
             raise TranscriptionCancelled("transcription cancelled before it started")
         model = self.load()

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.engine import SamplingParams
+from app.engine.server.limits import MAX_MESSAGES, MAX_TOOLS, EdgeChecked, StopSequences
 
 # ---- request --------------------------------------------------------------------------------
 
@@ -79,18 +80,18 @@ class MetadataParam(BaseModel):
     user_id: str | None = None
 
 
-class CountTokensRequest(BaseModel):
+class CountTokensRequest(EdgeChecked):
     model: str
-    messages: list[MessageParam] = Field(min_length=1)
+    messages: list[MessageParam] = Field(min_length=1, max_length=MAX_MESSAGES)
     system: str | list[TextBlockParam] | None = None
-    tools: list[ToolParam] | None = None
+    tools: list[ToolParam] | None = Field(default=None, max_length=MAX_TOOLS)
     tool_choice: ToolChoiceParam | None = None
     thinking: dict[str, Any] | None = None  # accepted and ignored
 
 
 class MessagesRequest(CountTokensRequest):
     max_tokens: int = Field(ge=1)
-    stop_sequences: list[str] | None = None
+    stop_sequences: StopSequences = None
     stream: bool = False
     temperature: float | None = Field(default=None, ge=0.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.engine.sampling_params import MAX_TOP_LOGPROBS, SamplingParams
+from app.engine.server.limits import MAX_LOGIT_BIAS, MAX_MESSAGES, MAX_TOOLS, Seed, Stop
 from app.engine.server.protocol.openai import (
     ChatTool,
     FinishReason,
@@ -50,24 +51,24 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(SamplingExtensions):
     model: str
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = Field(default=None, max_length=MAX_LOGIT_BIAS)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     max_tokens: int | None = Field(
         default=None, ge=1, description="deprecated alias of max_completion_tokens"
     )
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    n: int = Field(default=1, ge=1, le=16)
-    seed: int | None = None
-    stop: str | list[str] | None = None
+    n: int = Field(default=1, ge=1, description="at most the server's max_choices (16 by default)")
+    seed: Seed = None
+    stop: Stop = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(default=None, ge=0.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    tools: list[ChatTool] | None = None
+    tools: list[ChatTool] | None = Field(default=None, max_length=MAX_TOOLS)
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from app.engine.sampling_params import MAX_TOP_LOGPROBS, SamplingParams
+from app.engine.server.limits import MAX_LOGIT_BIAS, Seed, Stop
 from app.engine.server.protocol.openai import FinishReason, StreamOptions, UsageInfo
 from app.engine.server.protocol.openai import SamplingExtensions as _SamplingExtensions
 
@@ -15,17 +16,19 @@ Prompt = str | list[str] | list[int] | list[list[int]]
 
 class CompletionRequest(_SamplingExtensions):
     model: str
-    prompt: Prompt
+    prompt: Prompt = Field(
+        description="a text, token ids, or a list of either (at most the server's max_prompts)"
+    )
     best_of: int | None = Field(default=None, ge=1)
     echo: bool = False
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = Field(default=None, max_length=MAX_LOGIT_BIAS)
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     max_tokens: int | None = Field(default=16, ge=1)
-    n: int = Field(default=1, ge=1, le=16)
-    seed: int | None = None
-    stop: str | list[str] | None = None
+    n: int = Field(default=1, ge=1, description="at most the server's max_choices (16 by default)")
+    seed: Seed = None
+    stop: Stop = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     suffix: str | None = None

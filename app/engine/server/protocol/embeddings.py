@@ -6,8 +6,10 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from app.engine.server.limits import EdgeChecked
 
-class EmbeddingRequest(BaseModel):
+
+class EmbeddingRequest(EdgeChecked):
     model: str
     input: str | list[str] | list[int] | list[list[int]]
     encoding_format: Literal["float", "base64"] = "float"

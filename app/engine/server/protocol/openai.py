@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.engine import SamplingParams
+from app.engine.server.limits import MAX_STOP_TOKEN_IDS, EdgeChecked
 
 # ---- shared ---------------------------------------------------------------------------------
 
@@ -42,7 +43,7 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class SamplingExtensions(BaseModel):
+class SamplingExtensions(EdgeChecked):
     """Sampling fields shared by chat and completions, beyond the OpenAI reference (vLLM's names)."""
 
     top_k: int | None = Field(default=None, ge=-1, description="extension: sample from the k best tokens")
@@ -50,7 +51,9 @@ class SamplingExtensions(BaseModel):
     repetition_penalty: float | None = Field(default=None, gt=0.0, description="extension")
     min_tokens: int = Field(default=0, ge=0, description="extension: tokens generated before EOS may stop")
     ignore_eos: bool = Field(default=False, description="extension: keep generating past EOS")
-    stop_token_ids: list[int] | None = Field(default=None, description="extension")
+    stop_token_ids: list[int] | None = Field(
+        default=None, max_length=MAX_STOP_TOKEN_IDS, description="extension: ids inside the vocabulary"
+    )
     include_stop_str_in_output: bool = Field(default=False, description="extension")
     skip_special_tokens: bool = Field(default=True, description="extension")
 

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from app.engine.server.limits import EdgeChecked
+
 
 class RerankDocument(BaseModel):
     text: str
 
 
-class RerankRequest(BaseModel):
+class RerankRequest(EdgeChecked):
     model: str | None = Field(default=None, description="the embedding model's name; omit for the default")
     query: str
     documents: list[str | RerankDocument]

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from app.engine import SamplingParams
+from app.engine.server.limits import MAX_MESSAGES, MAX_TOOLS, EdgeChecked
 
 # ---- request --------------------------------------------------------------------------------
 
@@ -98,11 +99,11 @@ class TextConfig(BaseModel):
     format: TextFormat = Field(default_factory=TextFormat)
 
 
-class ResponsesRequest(BaseModel):
+class ResponsesRequest(EdgeChecked):
     model: str
-    input: str | list[InputItem]
+    input: str | Annotated[list[InputItem], Field(max_length=MAX_MESSAGES)]
     instructions: str | None = None
-    tools: list[FunctionTool] | None = None
+    tools: list[FunctionTool] | None = Field(default=None, max_length=MAX_TOOLS)
     tool_choice: Literal["none", "auto", "required"] | FunctionToolChoice | None = None
     max_output_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0)

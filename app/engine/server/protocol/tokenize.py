@@ -6,19 +6,20 @@ from typing import Any, Self
 
 from pydantic import BaseModel, Field, model_validator
 
+from app.engine.server.limits import MAX_MESSAGES, MAX_TOOLS, EdgeChecked
 from app.engine.server.protocol.chat import ChatMessage
 from app.engine.server.protocol.openai import ChatTool
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(EdgeChecked):
     """Either a raw `prompt` or chat `messages` (rendered through the chat template)."""
 
     model: str | None = None
     prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    messages: list[ChatMessage] | None = Field(default=None, max_length=MAX_MESSAGES)
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
-    tools: list[ChatTool] | None = None
+    tools: list[ChatTool] | None = Field(default=None, max_length=MAX_TOOLS)
     chat_template_kwargs: dict[str, Any] | None = None
     return_token_strs: bool = False
 
