@@ -78,7 +78,9 @@ class GrammarMasks:
         for request, token_id in zip(requests, token_ids, strict=True):
             matcher = self._matcher(request)
             if not matcher.consume_token(token_id):
-                log.warning("%s: token %d breaks its grammar: %s", request.request_id, token_id, matcher.get_error())
+                log.warning(
+                    "%s: token %d breaks its grammar: %s", request.request_id, token_id, matcher.get_error()
+                )
 
     def _matcher(self, request: Request) -> llguidance.LLMatcher:
         if request.request_id not in self._matchers:
@@ -88,7 +90,9 @@ class GrammarMasks:
     def _matcher_for(self, spec: GrammarSpec) -> llguidance.LLMatcher:
         matcher = llguidance.LLMatcher(self._tokenizer_view(), spec.compiled, log_level=0)
         if matcher.is_error():
-            raise ValueError(f"the grammar cannot be enforced with this model's vocabulary: {matcher.get_error()}")
+            raise ValueError(
+                f"the grammar cannot be enforced with this model's vocabulary: {matcher.get_error()}"
+            )
         return matcher
 
     def _tokenizer_view(self) -> llguidance.LLTokenizer:

@@ -88,7 +88,9 @@ class Sampler:
         the grammar cannot be served."""
         if constrained(request):
             if self.grammars is None:
-                raise ValueError("this engine cannot enforce grammars (no tokenizer was given to its sampler)")
+                raise ValueError(
+                    "this engine cannot enforce grammars (no tokenizer was given to its sampler)"
+                )
             self.grammars.start(request)
 
     def forget(self, request_id: str) -> None:

@@ -58,17 +58,12 @@ class GrammarSpec:
     def lark(cls, grammar: str) -> GrammarSpec:
         return cls("lark", grammar)
 
+    @staticmethod
+    def lark_json(schema: dict[str, Any], options: dict[str, Any] | None = None) -> str:
+        """A Lark `%json` expression for `schema`, compact unless the schema says otherwise;
+        `options` (llguidance's JSON options, e.g. {"lenient": True}) come before the schema's own."""
+        merged = {**COMPACT_JSON, **(options or {}), **schema.get("x-guidance", {})}
+        return "%json " + json.dumps({**schema, "x-guidance": merged}, ensure_ascii=False)
+
 
 _NAMES: dict[str, str] = {"json_schema": "JSON schema", "json_object": "JSON object", "lark": "grammar"}
-
-
-def lark_literal(text: str) -> str:
-    """`text` as a Lark string literal (JSON's escapes are Lark's)."""
-    return json.dumps(text, ensure_ascii=False)
-
-
-def lark_json(schema: dict[str, Any], options: dict[str, Any] | None = None) -> str:
-    """A Lark `%json` expression for `schema`, compact unless the schema says otherwise; `options`
-    (llguidance's JSON options, e.g. {"lenient": True}) come before the schema's own."""
-    merged = {**COMPACT_JSON, **(options or {}), **schema.get("x-guidance", {})}
-    return "%json " + json.dumps({**schema, "x-guidance": merged}, ensure_ascii=False)

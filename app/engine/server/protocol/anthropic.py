@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.engine import SamplingParams
+from app.engine import GrammarSpec, SamplingParams
 
 # ---- request --------------------------------------------------------------------------------
 
@@ -95,7 +95,9 @@ class MessagesRequest(CountTokensRequest):
     top_k: int | None = Field(default=None, ge=0)
     metadata: MetadataParam | None = None
 
-    def to_sampling_params(self, max_tokens: int, template_stops: list[str]) -> SamplingParams:
+    def to_sampling_params(
+        self, max_tokens: int, template_stops: list[str], grammar: GrammarSpec | None = None
+    ) -> SamplingParams:
         """Raises ValueError naming the first field out of range."""
         return SamplingParams(
             max_tokens=max_tokens,
@@ -103,6 +105,7 @@ class MessagesRequest(CountTokensRequest):
             top_p=1.0 if self.top_p is None else self.top_p,
             top_k=self.top_k or 0,
             stop=list(dict.fromkeys([*(self.stop_sequences or []), *template_stops])),
+            grammar=grammar,
         )
 
 

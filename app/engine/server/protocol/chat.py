@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.engine import GrammarSpec
 from app.engine.sampling_params import MAX_TOP_LOGPROBS, SamplingParams
 from app.engine.server.protocol.openai import (
     ChatTool,
@@ -76,7 +77,7 @@ class ChatCompletionRequest(SamplingExtensions):
     add_generation_prompt: bool = Field(default=True, description="extension")
 
     def to_sampling_params(
-        self, max_tokens: int, template_stops: list[str], seed: int | None
+        self, max_tokens: int, template_stops: list[str], seed: int | None, grammar: GrammarSpec | None = None
     ) -> SamplingParams:
         """Raises ValueError naming the first field out of range."""
         return self._sampling_params(
@@ -89,6 +90,7 @@ class ChatCompletionRequest(SamplingExtensions):
             frequency_penalty=self.frequency_penalty,
             seed=seed,
             logprobs=(self.top_logprobs or 0) if self.logprobs else None,
+            grammar=grammar,
         )
 
 
