@@ -98,22 +98,23 @@ class GrammarMasks:
     def _tokenizer_view(self) -> llguidance.LLTokenizer:
         if self._llg_tokenizer is None:
             self._llg_tokenizer = llguidance.LLTokenizer(
-                llguidance.TokenizerWrapper(_TokenTable(self._tokenizer)),
-                n_vocab=self.vocab_size,
+                llguidance.TokenizerWrapper(_TokenTable(self._tokenizer, self.vocab_size)),
                 eos_token=sorted(self._tokenizer.eos_token_ids),
             )
         return self._llg_tokenizer
 
 
 class _TokenTable:
-    """What `llguidance.TokenizerWrapper` reads: every token's bytes, the special ids, an encoder."""
+    """What `llguidance.TokenizerWrapper` reads: every token's bytes, the special ids, an encoder.
+    The table has one entry per logit: ids the tokenizer lacks are empty, which no grammar allows."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
         eos_ids = sorted(tokenizer.eos_token_ids)
         self.eos_token_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else eos_ids[0]
         self.bos_token_id = tokenizer.bos_token_id
-        self.tokens = [tokenizer.token_bytes(i) for i in range(tokenizer.vocab_size)]
-        self.special_token_ids = [i for i in range(tokenizer.vocab_size) if tokenizer.is_special(i)]
+        known = min(vocab_size, tokenizer.vocab_size)
+        self.tokens = [tokenizer.token_bytes(i) for i in range(known)] + [b""] * (vocab_size - known)
+        self.special_token_ids = [i for i in range(known) if tokenizer.is_special(i)]
         self._tokenizer = tokenizer
 
     def __call__(self, text: str) -> list[int]:
