@@ -130,7 +130,7 @@ class ResponseMessage(BaseModel):
     tool_calls: list[ToolCallOut] | None = Field(default=None, exclude_if=lambda v: not v)
 
 
-# Set only when response_format asked for JSON and the output does not match it (not enforced while sampling).
+# Set only when response_format asked for JSON and the output does not match it (cut short by max_tokens).
 JsonError = Annotated[
     str | None, Field(default=None, exclude_if=lambda v: v is None, description="extension")
 ]
