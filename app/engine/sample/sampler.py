@@ -70,8 +70,7 @@ def deferrable(request: Request) -> bool:
     penalties, which need the token history on the host, nor with logprobs, which are read from
     a logits buffer the next step overwrites, nor with a grammar, whose matcher must take each
     token before the next mask."""
-    p = request.sampling_params
-    return not penalised(request) and p.logprobs is None and p.grammar is None
+    return not penalised(request) and request.sampling_params.logprobs is None and not constrained(request)
 
 
 class Sampler:
@@ -159,7 +158,7 @@ class Sampler:
 
     def banned(self, request: Request) -> list[int]:
         p = request.sampling_params
-        if request.num_output_tokens >= p.min_tokens or p.grammar is not None:
+        if request.num_output_tokens >= p.min_tokens or constrained(request):
             return []
         return sorted(self.eos_token_ids.union(p.stop_token_ids))
 
