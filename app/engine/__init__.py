@@ -16,6 +16,7 @@ _EXPORTS = {
     "AsyncEngine": "app.engine.core.async_engine",
     "EngineConfig": "app.engine.config",
     "SamplingParams": "app.engine.sampling_params",
+    "GrammarSpec": "app.engine.text.grammar",
     "RequestOutput": "app.engine.request",
     "TokenLogprob": "app.engine.request",
     "EngineClient": "app.engine.interface",
@@ -43,6 +44,7 @@ if TYPE_CHECKING:  # the same names for type checkers, as explicit re-exports
     from app.engine.request import RequestOutput as RequestOutput
     from app.engine.request import TokenLogprob as TokenLogprob
     from app.engine.sampling_params import SamplingParams as SamplingParams
+    from app.engine.text.grammar import GrammarSpec as GrammarSpec
 
 
 def __getattr__(name: str) -> Any:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from app.engine.text.grammar import GrammarSpec
 
 MAX_TOP_LOGPROBS = 20
 
@@ -13,7 +17,9 @@ class SamplingParams:
 
     `temperature == 0` means greedy. `top_k <= 0`, `top_p == 1` and `min_p == 0` switch
     those filters off. `logprobs` is the number of top alternatives returned per generated
-    token (0: only the chosen token's own logprob; None: no logprobs at all).
+    token (0: only the chosen token's own logprob; None: no logprobs at all). `grammar`: what
+    the output must match (a JSON schema, any JSON object, a Lark grammar), enforced by a token
+    mask while sampling; the request stops on EOS once it is complete.
     """
 
     max_tokens: int | None = 256  # None: until the context is full
@@ -32,6 +38,7 @@ class SamplingParams:
     logprobs: int | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    grammar: GrammarSpec | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -67,3 +74,8 @@ class SamplingParams:
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+        if self.grammar is not None:
+            from app.engine.text.grammar import GrammarSpec
+
+            if not isinstance(self.grammar, GrammarSpec):
+                raise ValueError(f"grammar must be a GrammarSpec, not {type(self.grammar).__name__}")

@@ -24,6 +24,7 @@ from app.engine.loader.tokenizer import Tokenizer
 from app.engine.loader.weights import open_checkpoint
 from app.engine.models.registry import build_model, model_config
 from app.engine.request import Request, RequestOutput, RequestStatus, TokenLogprob
+from app.engine.sample.grammar import GrammarMasks
 from app.engine.sample.sampler import Sampler, deferrable
 from app.engine.sampling_params import SamplingParams
 from app.engine.text.chat_template import chat_template_for
@@ -131,12 +132,13 @@ class LLMEngine:
             ),
             self.kv,
         )
+        grammars = GrammarMasks(self.tokenizer, cfg.vocab_size)
         if self.backend.name == "cuda":
             from app.engine.sample.gpu import GpuSampler
 
-            self.sampler = GpuSampler(self.tokenizer.eos_token_ids, default_seed=config.seed)
+            self.sampler = GpuSampler(self.tokenizer.eos_token_ids, config.seed, grammars)
         else:
-            self.sampler = Sampler(self.tokenizer.eos_token_ids, default_seed=config.seed)
+            self.sampler = Sampler(self.tokenizer.eos_token_ids, config.seed, grammars)
         self.outputs = OutputProcessor(self.tokenizer, self.max_model_len)
         self.pipeline = DecodePipeline(self.scheduler, self.runner.decodes_from_device)
         self.async_decode = async_decode_enabled(config.async_decode, self.runner.graphs is not None)
@@ -180,6 +182,7 @@ class LLMEngine:
         check_sampling_ids(params, vocab)
         self.check_fits(len(prompt_token_ids), params)
         request = Request(request_id, list(prompt_token_ids), params, session_id=session_id)
+        self.sampler.start(request)  # a grammar's matcher; ValueError if it cannot be served
         self.outputs.add(request)
         self.scheduler.add(request)
 

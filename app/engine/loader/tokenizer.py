@@ -182,6 +182,12 @@ class Tokenizer:
     def is_special(self, id: int) -> bool:
         return id in self._special_ids
 
+    def token_bytes(self, id: int) -> bytes:
+        """The bytes token `id` stands for in generated text (its piece; a special token's name)."""
+        if self._piece_bytes is None:
+            raise ValueError("this tokenizer has no per-token bytes (not SentencePiece or byte-level)")
+        return self._piece_bytes(id)
+
     def detokenizer(
         self, skip_special_tokens: bool = True, *, at_start: bool = False
     ) -> IncrementalDetokenizer:

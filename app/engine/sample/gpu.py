@@ -1,7 +1,7 @@
 """Batched sampling on the GPU: logits never leave the device, only the chosen ids do.
 
 Same order and semantics as the numpy `Sampler` (the reference): logprobs from the raw
-logits, then temperature, top-k, top-p and min-p as logit thresholds, then one draw.
+logits, then grammar masks, temperature, top-k, top-p and min-p as logit thresholds, then one draw.
 The draw is Gumbel-max (argmax of logits/T plus Gumbel noise) with noise hashed from
 (seed, output position, token id), so a seeded request repeats exactly and never depends
 on the rest of the batch. The random streams differ from the numpy sampler's, so seeded
@@ -12,6 +12,10 @@ are applied on the GPU: benchmark workloads (aiperf's `min_tokens` = `max_tokens
 every row under a ban for its whole life. Rows with repetition/frequency/presence
 penalties need the request's token history: those rows alone are copied to the host and
 sampled by the numpy reference.
+
+Grammar masks are computed on the host (llguidance, sample/grammar.py) for the rows that have a
+grammar, uploaded with one copy per step and applied by one kernel; those rows always take
+`sample()`, since their matchers need each chosen token before the next mask.
 
 Two ways to sample: `sample()` waits for the ids (the synchronous engine step, and any batch
 with penalties or logprobs); `launch()` only enqueues, leaving the ids on the device as the next
@@ -28,7 +32,15 @@ import numpy as np
 
 from app.engine.kernels.runtime.compile import get_kernel
 from app.engine.request import Request, TokenLogprob
-from app.engine.sample.sampler import GREEDY_BELOW, Sampler, SamplerOutput, deferrable, penalised
+from app.engine.sample.grammar import GrammarMasks, mask_words
+from app.engine.sample.sampler import (
+    GREEDY_BELOW,
+    Sampler,
+    SamplerOutput,
+    constrained,
+    deferrable,
+    penalised,
+)
 
 _THREADS = 256
 _SLICE = 4096  # logits per block: a 150k vocabulary is ~38 blocks per row, 16 logits per thread
@@ -56,19 +68,27 @@ class GpuPendingSample:
 
 
 class GpuSampler:
-    def __init__(self, eos_token_ids: frozenset[int], default_seed: int = 0) -> None:
+    def __init__(
+        self, eos_token_ids: frozenset[int], default_seed: int = 0, grammars: GrammarMasks | None = None
+    ) -> None:
         import cupy
 
         self.xp = cupy
-        self.host = Sampler(eos_token_ids, default_seed)  # rows that need token histories
+        self.host = Sampler(eos_token_ids, default_seed, grammars)  # rows that need token histories
         self.default_seed = default_seed
         self._kernel = get_kernel("sampling.cu", "gumbel_argmax")
         self._ban_kernel = get_kernel("sampling.cu", "ban_tokens")
         self._unpack_kernel = get_kernel("sampling.cu", "unpack_ids")
+        self._mask_kernel = get_kernel("sampling.cu", "apply_token_bitmask")
         self._unseeded = 0
         self._uploads = _PinnedRing(cupy, np.uint8, 24 * 64)  # per-row parameters and ban pairs
         self._downloads = _PinnedRing(cupy, np.int32, 64)  # launched samples' ids
+        self._mask_uploads = _PinnedRing(cupy, np.int32, 8 * (1 + 8192))  # grammar rows, masks
         self._device_params: Any = None
+        self._device_masks: Any = None
+
+    def start(self, request: Request) -> None:
+        self.host.start(request)
 
     def forget(self, request_id: str) -> None:
         self.host.forget(request_id)
@@ -77,7 +97,8 @@ class GpuSampler:
         """Sample and wait for the ids (rows with penalties go through the numpy sampler)."""
         xp = self.xp
         on_host = [i for i, r in enumerate(requests) if penalised(r)]  # rows that need their history
-        best = self._draw(logits, requests, set(on_host))
+        host_rows = set(on_host)
+        best = self._draw(logits, requests, host_rows)
         _wait_without_gil(xp)  # let the API thread run while the GPU finishes the step
         token_ids = _ids(xp.asnumpy(best))  # the one device-to-host copy of the step
         if on_host:
@@ -86,13 +107,15 @@ class GpuSampler:
             )
             for i, token in zip(on_host, host_rows.token_ids, strict=True):
                 token_ids[i] = token
+        on_device = [i for i in range(len(requests)) if i not in host_rows]
+        self.host.advance_grammars([requests[i] for i in on_device], [token_ids[i] for i in on_device])
         return SamplerOutput(token_ids, self._logprobs(logits, requests, token_ids))
 
     def launch(self, logits: Any, requests: Sequence[Request]) -> GpuPendingSample:
         """Enqueue the sample, the ids as int32 on the device, their asynchronous copy to pinned
         host memory and an event after it, all on the current stream; wait for nothing."""
         if not all(deferrable(r) for r in requests):
-            raise ValueError("rows with penalties or logprobs need sample(), which waits for the ids")
+            raise ValueError("rows with penalties, logprobs or a grammar need sample(): it waits for ids")
         xp = self.xp
         n = len(requests)
         best = self._draw(logits, requests, set())
@@ -107,9 +130,9 @@ class GpuSampler:
         return GpuPendingSample(ids, host, copied)
 
     def _draw(self, logits: Any, requests: Sequence[Request], on_host: set[int]) -> Any:
-        """Enqueue bans, cutoffs and the draw of every row but `on_host`; the packed keys
-        (uint64 [rows], see gumbel_argmax). `logits` keep their raw values where logprobs are
-        asked for (the bans then go to a copy); otherwise banned entries become -inf in place."""
+        """Enqueue grammar masks, bans, cutoffs and the draw of every row but `on_host`; the packed
+        keys (uint64 [rows], see gumbel_argmax). `logits` keep their raw values where logprobs are
+        asked for (masks and bans then go to a copy); otherwise those entries become -inf in place."""
         xp = self.xp
         n = len(requests)
         params = [r.sampling_params for r in requests]
@@ -118,9 +141,12 @@ class GpuSampler:
         inv_t = np.where(greedy, 1.0, 1.0 / np.maximum([p.temperature for p in params], GREEDY_BELOW))
         bans = self._ban_pairs(requests, on_host, vocab)
         upload = self._upload_params(requests, inv_t, greedy, bans)
-        if bans.size:  # on a copy when logprobs are asked for: those come from the raw logits
-            wants_logprobs = any(p.logprobs is not None for p in params)
-            logits = logits.copy() if wants_logprobs else logits
+        masked = [i for i, r in enumerate(requests) if i not in on_host and constrained(r)]
+        if (bans.size or masked) and any(p.logprobs is not None for p in params):
+            logits = logits.copy()  # logprobs come from the raw logits
+        if masked:
+            self._apply_masks(logits, requests, masked)
+        if bans.size:
             count = bans.size // 2
             self._ban_kernel((-(-count // 128),), (128,), (logits, upload[24 * n :], np.int32(count), np.int32(vocab)))
         filtered = [p.min_p > 0 or 0 < p.top_k < vocab or p.top_p < 1.0 for p in params]
@@ -131,6 +157,27 @@ class GpuSampler:
             (logits, upload, cutoff if cutoff is not None else np.uint64(0), np.int32(n), np.int32(vocab), best),
         )  # fmt: skip
         return best
+
+    def _apply_masks(self, logits: Any, requests: Sequence[Request], rows: list[int]) -> None:
+        """The grammar masks of `rows`, filled on the host into one pinned buffer after their row
+        numbers, one copy to the device, then -inf where a mask's bit is clear."""
+        xp, grammars = self.xp, self.host.grammars
+        assert grammars is not None, "a request with a grammar was not started"
+        count, vocab = len(rows), logits.shape[1]
+        words = mask_words(vocab)
+        assert grammars.words == words, f"grammar masks cover {grammars.vocab_size} tokens, logits {vocab}"
+        size = count * (1 + words)
+        host = self._mask_uploads.take(size)
+        host[:count] = rows
+        grammars.fill([requests[i] for i in rows], host[count:].reshape(count, words))
+        if self._device_masks is None or self._device_masks.size < size:
+            self._device_masks = xp.empty(size, xp.int32)
+        device = self._device_masks[:size]
+        device.set(host, stream=xp.cuda.get_current_stream())
+        self._mask_kernel(
+            (-(-vocab // _THREADS), count), (_THREADS,),
+            (logits, device[count:], device[:count], np.int32(words), np.int32(vocab)),
+        )  # fmt: skip
 
     def _ban_pairs(self, requests: Sequence[Request], on_host: set[int], vocab: int) -> np.ndarray:
         """(row, token id) pairs, flat int32, for the rows under a min_tokens ban (the numpy

@@ -1,5 +1,5 @@
-"""The numpy sampler's arithmetic on logit rows: penalties, the top-k / top-p / min-p filters and
-the inverse-CDF draw (sampler.py says the order and semantics)."""
+"""The numpy sampler's arithmetic on logit rows: grammar masks, penalties, the top-k / top-p / min-p
+filters and the inverse-CDF draw (sampler.py says the order and semantics)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,14 @@ import numpy as np
 from app.engine.request import Request
 
 FIRST_NUCLEUS_WIDTH = 64  # top-p looks at this many best tokens first, widening only if needed
+
+
+def apply_token_bitmask(rows: np.ndarray, bitmask: np.ndarray) -> None:
+    """Set to -inf, in place, each logit whose bit is clear in its row's mask (int32 words, bit t
+    of word t // 32 for token t: `sample/grammar.py`)."""
+    as_bytes = np.ascontiguousarray(bitmask, dtype="<i4").view(np.uint8)
+    allowed = np.unpackbits(as_bytes, axis=1, count=rows.shape[1], bitorder="little")
+    rows[allowed == 0] = -np.inf
 
 
 def apply_penalties(row: np.ndarray, request: Request) -> None:

@@ -1,8 +1,10 @@
 """Batched token sampling on the host (numpy): the reference the GPU sampler must match.
 
-Order, as vLLM: logprobs from the raw logits; penalties (repetition, HF style, over
-prompt and output; frequency and presence, OpenAI style, over the output);
-`min_tokens` (EOS and stop token ids banned until enough tokens were generated);
+Order, as vLLM: logprobs from the raw logits; a grammar's mask (tokens it does not allow
+next become -inf: sample/grammar.py); penalties (repetition, HF style, over prompt and
+output; frequency and presence, OpenAI style, over the output); `min_tokens` (EOS and stop
+token ids banned until enough tokens were generated; not on rows with a grammar, which
+decides where its text ends);
 temperature; top-k, top-p, min-p; then one draw. Temperature 0 (below 1e-5, in fact,
 where dividing would overflow) is greedy argmax, ties going to the lowest id.
 
@@ -28,7 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from app.engine.request import Request, TokenLogprob
-from app.engine.sample.ops import apply_penalties, draw_among_top_k, draw_full_width
+from app.engine.sample.grammar import GrammarMasks
+from app.engine.sample.ops import apply_penalties, apply_token_bitmask, draw_among_top_k, draw_full_width
 
 GREEDY_BELOW = 1e-5
 
@@ -57,22 +60,43 @@ def penalised(request: Request) -> bool:
     return bool(p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty)
 
 
+def constrained(request: Request) -> bool:
+    """Whether a row's tokens must follow a grammar."""
+    return request.sampling_params.grammar is not None
+
+
 def deferrable(request: Request) -> bool:
     """Whether a row's token may stay on the device for a step (worker/pipeline.py): not with
     penalties, which need the token history on the host, nor with logprobs, which are read from
-    a logits buffer the next step overwrites."""
-    return not penalised(request) and request.sampling_params.logprobs is None
+    a logits buffer the next step overwrites, nor with a grammar, whose matcher must take each
+    token before the next mask."""
+    return not penalised(request) and request.sampling_params.logprobs is None and not constrained(request)
 
 
 class Sampler:
-    def __init__(self, eos_token_ids: frozenset[int], default_seed: int = 0) -> None:
+    def __init__(
+        self, eos_token_ids: frozenset[int], default_seed: int = 0, grammars: GrammarMasks | None = None
+    ) -> None:
         self.eos_token_ids = frozenset(eos_token_ids)
+        self.grammars = grammars  # None: requests with a grammar are refused
         self._shared_rng = np.random.default_rng(default_seed)
         self._seeded_rngs: dict[str, np.random.Generator] = {}
+
+    def start(self, request: Request) -> None:
+        """Set up per-request state as a request arrives: its grammar's matcher. ValueError when
+        the grammar cannot be served."""
+        if constrained(request):
+            if self.grammars is None:
+                raise ValueError(
+                    "this engine cannot enforce grammars (no tokenizer was given to its sampler)"
+                )
+            self.grammars.start(request)
 
     def forget(self, request_id: str) -> None:
         """Drop per-request state when a request ends."""
         self._seeded_rngs.pop(request_id, None)
+        if self.grammars is not None:
+            self.grammars.forget(request_id)
 
     def launch(self, logits: np.ndarray, requests: Sequence[Request]) -> ReadySample:
         """`sample()` in the launch/resolve shape of the GPU sampler (worker/pipeline.py)."""
@@ -96,13 +120,28 @@ class Sampler:
             chosen[rows] = self._draw(logits[rows], [requests[i] for i in rows])
 
         token_ids = chosen.tolist()
+        self.advance_grammars(requests, token_ids)
         return SamplerOutput(token_ids, self._logprobs(raw, requests, token_ids))
+
+    def advance_grammars(self, requests: Sequence[Request], token_ids: Sequence[int]) -> None:
+        """The constrained rows' matchers take their chosen tokens."""
+        rows = [i for i, r in enumerate(requests) if constrained(r)]
+        if rows:
+            assert self.grammars is not None, "a request with a grammar was not started"
+            self.grammars.advance([requests[i] for i in rows], [token_ids[i] for i in rows])
 
     # --- logit processing ---
 
     def _process(self, logits: np.ndarray, requests: Sequence[Request]) -> np.ndarray:
-        """Penalties and min_tokens bans, on a copy (the raw logits feed the logprobs)."""
+        """Grammar masks, penalties and min_tokens bans, on a copy (the raw logits feed the logprobs)."""
         edited: np.ndarray | None = None
+        masked = [i for i, r in enumerate(requests) if constrained(r)]
+        if masked:
+            assert self.grammars is not None, "a request with a grammar was not started"
+            edited = np.array(logits, dtype=np.float32)
+            rows = edited[masked]
+            apply_token_bitmask(rows, self.grammars.masks([requests[i] for i in masked]))
+            edited[masked] = rows
         for row, request in enumerate(requests):
             banned = self.banned(request)
             with_penalties = penalised(request)
@@ -119,7 +158,7 @@ class Sampler:
 
     def banned(self, request: Request) -> list[int]:
         p = request.sampling_params
-        if request.num_output_tokens >= p.min_tokens:
+        if request.num_output_tokens >= p.min_tokens or constrained(request):
             return []
         return sorted(self.eos_token_ids.union(p.stop_token_ids))
 

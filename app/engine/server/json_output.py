@@ -1,16 +1,20 @@
-"""`response_format` JSON modes: asked for in the prompt, checked afterwards.
+"""`response_format` JSON modes: enforced while sampling, asked for in the prompt, checked afterwards.
 
-What is enforced: nothing while sampling (there is no grammar-constrained decoding
-yet). The model is instructed through the system turn, and the finished text is
-checked: it must parse as JSON and, for json_schema, match the schema's types,
-required keys, enums and closed objects. A mismatch is reported in the choice's
-`json_error` extension field rather than by altering the text.
+The reply's grammar (`reply_grammar`) admits only JSON (an object for json_object; a value
+matching the schema for json_schema) or, where tools may be called too, tool calls instead. The
+model is also instructed through the system turn, and the finished text is still checked: a reply
+cut short by max_tokens is not valid JSON. A mismatch is reported in the choice's `json_error`
+extension field rather than by altering the text.
 """
 
 from __future__ import annotations
 
 import json
 from typing import Any
+
+from app.engine import GrammarSpec
+from app.engine.server.errors import bad_request
+from app.engine.server.tool_calls import ToolPlan
 
 _TYPES: dict[str, tuple[type, ...]] = {
     "object": (dict,),
@@ -30,6 +34,22 @@ def json_instruction(schema: dict[str, Any] | None) -> str:
         "Respond only with a JSON value that matches this JSON schema, without any other text:\n"
         + json.dumps(schema, ensure_ascii=False)
     )
+
+
+def reply_grammar(
+    tools: ToolPlan, schema: dict[str, Any] | None, wants_json: bool, param: str
+) -> GrammarSpec | None:
+    """What the reply is held to: forced tool calls; else JSON (or tool calls, where the model may
+    call one); else nothing. A schema the grammar library refuses is a 400 naming `param`."""
+    if tools.grammar is not None or not wants_json:
+        return tools.grammar
+    try:
+        if tools.calls_rule is None:
+            return GrammarSpec.json_schema(schema) if schema is not None else GrammarSpec.json_object()
+        answer = GrammarSpec.lark_json(schema if schema is not None else {"type": "object"})
+        return GrammarSpec.lark(f"start: calls | answer\nanswer: {answer}\n{tools.calls_rule}")
+    except ValueError as exc:
+        raise bad_request(f"{param}: {str(exc).splitlines()[0]}", param=param) from exc
 
 
 def check_json(text: str, schema: dict[str, Any] | None) -> str | None:

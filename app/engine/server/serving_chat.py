@@ -7,6 +7,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
+from app.engine import GrammarSpec
 from app.engine.server.errors import ApiError, Dialect, bad_request
 from app.engine.server.generation import (
     Completed,
@@ -15,7 +16,7 @@ from app.engine.server.generation import (
     merged,
     start_and_collect,
 )
-from app.engine.server.json_output import check_json, json_instruction
+from app.engine.server.json_output import check_json, json_instruction, reply_grammar
 from app.engine.server.limits import check_fan_out
 from app.engine.server.logprobs import TokenTexts, chat_logprobs
 from app.engine.server.openai_messages import chat_messages
@@ -47,6 +48,7 @@ class ChatPlan:
     parse_calls: bool
     json_schema: dict[str, Any] | None
     check_json: bool
+    grammar: GrammarSpec | None  # enforced tool calls / JSON
 
 
 class OpenAIServingChat:
@@ -79,10 +81,14 @@ class OpenAIServingChat:
             for t in req.tools or []
         ]
         choice = req.tool_choice or ("auto" if tools else "none")
+        marker = self.ctx.engine.chat_template.tool_call_start
+        parallel = req.parallel_tool_calls is not False
         if isinstance(choice, NamedToolChoice):
-            tool_plan = plan_tools(tools, "named", choice.function.name)
+            tool_plan = plan_tools(
+                tools, "named", choice.function.name, call_marker=marker, parallel=parallel
+            )
         else:
-            tool_plan = plan_tools(tools, choice)
+            tool_plan = plan_tools(tools, choice, call_marker=marker, parallel=parallel)
         schema, wants_json = _json_request(req)
         instructions = [
             text for text in (tool_plan.instruction, json_instruction(schema) if wants_json else None) if text
@@ -95,7 +101,8 @@ class OpenAIServingChat:
             add_generation_prompt=req.add_generation_prompt,
             template_kwargs=req.chat_template_kwargs,
         )
-        return ChatPlan(prompt, tool_plan.parse_calls, schema, wants_json)
+        grammar = reply_grammar(tool_plan, schema, wants_json, "response_format")
+        return ChatPlan(prompt, tool_plan.parse_calls, schema, wants_json, grammar)
 
     def _generations(self, req: ChatCompletionRequest, plan: ChatPlan) -> list[Generation]:
         requested = req.max_completion_tokens or req.max_tokens
@@ -104,7 +111,7 @@ class OpenAIServingChat:
         for index in range(req.n):
             try:
                 params = req.to_sampling_params(
-                    max_tokens, self.ctx.prompts.template_stop_strings, seeded(req.seed, index)
+                    max_tokens, self.ctx.prompts.template_stop_strings, seeded(req.seed, index), plan.grammar
                 )
             except ValueError as exc:
                 raise bad_request(str(exc)) from exc

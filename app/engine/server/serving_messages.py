@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
+from app.engine import GrammarSpec
 from app.engine.server.errors import ApiError, Dialect, bad_request
 from app.engine.server.generation import Completed, Generation, WaitForDisconnect, merged, start_and_collect
 from app.engine.server.prompting import Prompt, function_tool, merge_system, tool_call_message
@@ -36,10 +37,10 @@ class AnthropicServingMessages:
         self, req: MessagesRequest, wait_for_disconnect: WaitForDisconnect | None = None
     ) -> MessageResponse | AsyncIterator[str] | ApiError:
         try:
-            prompt, parse_calls = await self.ctx.prompts.off_loop(self.prompt, req)
+            prompt, parse_calls, grammar = await self.ctx.prompts.off_loop(self.prompt, req)
             max_tokens = self.ctx.prompts.max_tokens(prompt, req.max_tokens, None)
             try:
-                params = req.to_sampling_params(max_tokens, self.ctx.prompts.template_stop_strings)
+                params = req.to_sampling_params(max_tokens, self.ctx.prompts.template_stop_strings, grammar)
             except ValueError as exc:
                 raise bad_request(str(exc)) from exc
             user = req.metadata.user_id if req.metadata else None
@@ -65,12 +66,13 @@ class AnthropicServingMessages:
 
     async def count_tokens(self, req: CountTokensRequest) -> CountTokensResponse | ApiError:
         try:
-            prompt, _ = await self.ctx.prompts.off_loop(self.prompt, req)
+            prompt, _, _ = await self.ctx.prompts.off_loop(self.prompt, req)
         except ApiError as error:
             return error
         return CountTokensResponse(input_tokens=len(prompt.token_ids))
 
-    def prompt(self, req: CountTokensRequest) -> tuple[Prompt, bool]:
+    def prompt(self, req: CountTokensRequest) -> tuple[Prompt, bool, GrammarSpec | None]:
+        """The prompt, whether to parse tool calls, and the grammar forced tool calls are held to."""
         if error := self.ctx.models.check_chat(req.model):
             raise error
         messages = anthropic_messages(req.system, req.messages)
@@ -81,10 +83,14 @@ class AnthropicServingMessages:
             if choice
             else "auto"
         )
-        plan = plan_tools(tools, kind, choice.name if choice else None)
+        plan = plan_tools(
+            tools, kind, choice.name if choice else None,
+            call_marker=self.ctx.engine.chat_template.tool_call_start,
+            parallel=not (choice and choice.disable_parallel_tool_use),
+        )  # fmt: skip
         if plan.instruction:
             messages = merge_system(messages, plan.instruction)
-        return self.ctx.prompts.chat(messages, plan.tools), plan.parse_calls
+        return self.ctx.prompts.chat(messages, plan.tools), plan.parse_calls, plan.grammar
 
     async def _stream(
         self, req: MessagesRequest, prompt: Prompt, parse_calls: bool, generation: Generation

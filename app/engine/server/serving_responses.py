@@ -2,7 +2,7 @@
 
 Responses are not stored, so `previous_response_id` is refused: clients send the whole
 conversation as input items (function_call and function_call_output included).
-`text.format` JSON modes are asked for in the prompt only (see json_output.py).
+`text.format` JSON modes and forced tool calls are enforced while sampling (see json_output.py).
 """
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+from app.engine import GrammarSpec
 from app.engine.server.errors import ApiError, bad_request
 from app.engine.server.generation import WaitForDisconnect, start_and_collect
-from app.engine.server.json_output import json_instruction
+from app.engine.server.json_output import json_instruction, reply_grammar
 from app.engine.server.openai_messages import text_content
 from app.engine.server.prompting import (
     Prompt,
@@ -47,12 +48,12 @@ class OpenAIServingResponses:
         self, req: ResponsesRequest, wait_for_disconnect: WaitForDisconnect | None = None
     ) -> ResponseObject | AsyncIterator[str] | ApiError:
         try:
-            prompt, parse_calls = await self.ctx.prompts.off_loop(self.prompt, req)
+            prompt, parse_calls, grammar = await self.ctx.prompts.off_loop(self.prompt, req)
             max_tokens = self.ctx.prompts.max_tokens(
                 prompt, req.max_output_tokens, self.ctx.settings.default_max_tokens, param="input"
             )
             try:
-                params = req.to_sampling_params(max_tokens, self.ctx.prompts.template_stop_strings)
+                params = req.to_sampling_params(max_tokens, self.ctx.prompts.template_stop_strings, grammar)
             except ValueError as exc:
                 raise bad_request(str(exc)) from exc
             generation = self.ctx.generation(prompt, params, ENDPOINT, req.user)
@@ -68,7 +69,7 @@ class OpenAIServingResponses:
         output += [function_call_item(call, "completed") for call in calls]
         return finished_response(shell, output, result)
 
-    def prompt(self, req: ResponsesRequest) -> tuple[Prompt, bool]:
+    def prompt(self, req: ResponsesRequest) -> tuple[Prompt, bool, GrammarSpec | None]:
         if error := self.ctx.models.check_chat(req.model):
             raise error
         if req.previous_response_id:
@@ -79,10 +80,12 @@ class OpenAIServingResponses:
         messages = responses_messages(req)
         tools = [function_tool(t.name, t.description, t.parameters) for t in req.tools or []]
         choice = req.tool_choice or "auto"
+        marker = self.ctx.engine.chat_template.tool_call_start
+        parallel = req.parallel_tool_calls is not False
         if isinstance(choice, FunctionToolChoice):
-            plan = plan_tools(tools, "named", choice.name)
+            plan = plan_tools(tools, "named", choice.name, call_marker=marker, parallel=parallel)
         else:
-            plan = plan_tools(tools, choice)
+            plan = plan_tools(tools, choice, call_marker=marker, parallel=parallel)
         fmt = req.text.format if req.text else None
         wants_json = fmt is not None and fmt.type != "text"
         instructions = [
@@ -90,7 +93,9 @@ class OpenAIServingResponses:
         ]
         if instructions:
             messages = merge_system(messages, "\n\n".join(instructions))
-        return self.ctx.prompts.chat(messages, plan.tools, param="input"), plan.parse_calls
+        schema = fmt.json_schema if wants_json and fmt is not None else None
+        grammar = reply_grammar(plan, schema, wants_json, "text.format")
+        return self.ctx.prompts.chat(messages, plan.tools, param="input"), plan.parse_calls, grammar
 
     @staticmethod
     def _shell(req: ResponsesRequest, response_id: str) -> ResponseObject:

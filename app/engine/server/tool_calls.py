@@ -4,8 +4,14 @@ The template renders tools and parses calls (`ChatTemplate.parse_tool_calls`). W
 streaming, text before a call is shown as it comes; once a call may have begun, the
 rest is held and parsed when generation ends. Templates that name their call marker
 (`tool_call_start`, e.g. "<tool_call>") get that incremental behaviour; for others,
-all text is held while tools are enabled. `tool_choice` "required" or a named tool is
-asked for in the system prompt: sampling is not constrained to a call.
+all text is held while tools are enabled.
+
+`tool_choice` "required" (Anthropic "any") or a named tool is enforced while sampling: the
+plan's grammar admits only tool calls in the format the parser reads, `<tool_call>`-tagged
+JSON where the template names that marker, else a bare JSON object, each call's arguments
+held to its tool's JSON schema (unsupported schema keywords are ignored, not refused: agents
+send large schemas). It is asked for in the system prompt too, which keeps the model's
+choice of tool and arguments sensible.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from app.engine import GrammarSpec
 from app.engine.server.errors import bad_request
 
 log = logging.getLogger(__name__)
@@ -25,24 +32,75 @@ class ToolPlan:
     tools: list[dict[str, Any]] | None  # what the template renders
     parse_calls: bool
     instruction: str | None  # added to the system turn
+    calls_rule: str | None = None  # Lark rules whose `calls` is one or more calls to `tools`
+    grammar: GrammarSpec | None = None  # set when the reply must be tool calls
 
 
 def plan_tools(
-    tools: list[dict[str, Any]] | None, choice: str | None, forced_name: str | None = None
+    tools: list[dict[str, Any]] | None,
+    choice: str | None,
+    forced_name: str | None = None,
+    *,
+    call_marker: str | None = None,
+    parallel: bool = True,
 ) -> ToolPlan:
-    """`choice` is "auto" | "none" | "required" | "named" (with `forced_name`); tools in OpenAI's shape."""
+    """`choice` is "auto" | "none" | "required" | "named" (with `forced_name`); tools in OpenAI's
+    shape; `call_marker` the template's `tool_call_start`; `parallel`: more than one call allowed."""
     if not tools or choice == "none":
         return ToolPlan(None, False, None)
-    if choice == "required":
-        return ToolPlan(tools, True, "You must answer by calling one of the provided tools.")
     if choice == "named":
         chosen = [tool for tool in tools if tool["function"]["name"] == forced_name]
         if not chosen:
             raise bad_request(
                 f"tool_choice names {forced_name!r}, which is not among the tools.", param="tool_choice"
             )
-        return ToolPlan(chosen, True, f"You must answer by calling the tool {forced_name}.")
-    return ToolPlan(tools, True, None)
+        rule = calls_rule(chosen, call_marker, parallel)
+        instruction = f"You must answer by calling the tool {forced_name}."
+        return ToolPlan(chosen, True, instruction, rule, _only(rule))
+    rule = calls_rule(tools, call_marker, parallel)
+    if choice == "required":
+        instruction = "You must answer by calling one of the provided tools."
+        return ToolPlan(tools, True, instruction, rule, _only(rule))
+    return ToolPlan(tools, True, None, rule)
+
+
+def _only(calls: str) -> GrammarSpec:
+    return GrammarSpec.lark("start: calls\n" + calls)
+
+
+def calls_rule(tools: list[dict[str, Any]], call_marker: str | None, parallel: bool) -> str:
+    """Lark rules for tool calls as the parser (text/tool_calls.py) reads them back: with the
+    "<tool_call>" marker, each call tagged on lines of its own as the built-in templates ask
+    (several separated by a newline when `parallel`); otherwise one bare JSON object. A tool
+    whose schema cannot be enforced is a 400 naming it."""
+    for index, tool in enumerate(tools):
+        try:
+            GrammarSpec.lark("start: " + _call_json(tool))
+        except ValueError as exc:
+            reason = str(exc).splitlines()[0]  # the rest repeats the whole schema
+            raise bad_request(
+                f"tools[{index}] ({tool['function']['name']}): {reason}", param="tools"
+            ) from exc
+    rules = ["call_json: " + " | ".join(_call_json(tool) for tool in tools)]
+    if call_marker == "<tool_call>":
+        rules.append('call: "<tool_call>\\n" call_json "\\n</tool_call>"')
+        rules.append('calls: call ("\\n" call)*' if parallel else "calls: call")
+    else:
+        rules.append("calls: call_json")
+    return "\n".join(rules)
+
+
+def _call_json(tool: dict[str, Any]) -> str:
+    """A `%json` expression for one call of `tool`: its name, then arguments under its schema."""
+    function = tool["function"]
+    parameters = function.get("parameters") or {"type": "object", "properties": {}}
+    schema = {
+        "type": "object",
+        "properties": {"name": {"const": function["name"]}, "arguments": parameters},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
+    return GrammarSpec.lark_json(schema, {"lenient": True})
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-// Sampling on the GPU (sample/gpu.py): the Gumbel-max draw, min_tokens bans, and the chosen ids
+// Sampling on the GPU (sample/gpu.py): grammar masks, the Gumbel-max draw, min_tokens bans, and the chosen ids
 // as int32 for the next step. Launched eagerly after each step, outside the decode graphs.
 #include "common.cuh"
 
@@ -62,4 +62,15 @@ extern "C" __global__ void ban_tokens(float* logits, const int* pairs, int n_pai
 extern "C" __global__ void unpack_ids(const u64* best, int* ids, int n) {
     const int k = blockIdx.x * blockDim.x + threadIdx.x;
     if (k < n) ids[k] = best[k] == 0 ? 0 : (int)(0xFFFFFFFFu - (unsigned int)(best[k] & 0xFFFFFFFFull));
+}
+
+// Grammar masks (sample/grammar.py): a logit whose bit is clear in its row's mask (int32 words, bit
+// t % 32 of word t / 32 for token t) becomes -inf, before any ban, cutoff or draw. Mask k belongs to
+// logits row rows[k]: only rows with a grammar have one. Grid: (vocab / 256 blocks, masks).
+extern "C" __global__ void apply_token_bitmask(float* logits, const int* masks, const int* rows, int words, int vocab) {
+    const int k = blockIdx.y;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= vocab) return;
+    const unsigned int word = (unsigned int)masks[(i64)k * words + (i >> 5)];
+    if (!((word >> (i & 31)) & 1u)) logits[(i64)rows[k] * vocab + i] = -PADDOCK_INF;
 }

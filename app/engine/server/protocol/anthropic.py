@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.engine import SamplingParams
+from app.engine import GrammarSpec, SamplingParams
 from app.engine.server.limits import MAX_MESSAGES, MAX_TOOLS, EdgeChecked, StopSequences
 
 # ---- request --------------------------------------------------------------------------------
@@ -98,7 +98,9 @@ class MessagesRequest(CountTokensRequest):
     top_k: int | None = Field(default=None, ge=0)
     metadata: MetadataParam | None = None
 
-    def to_sampling_params(self, max_tokens: int, template_stops: list[str]) -> SamplingParams:
+    def to_sampling_params(
+        self, max_tokens: int, template_stops: list[str], grammar: GrammarSpec | None = None
+    ) -> SamplingParams:
         """Raises ValueError naming the first field out of range."""
         return SamplingParams(
             max_tokens=max_tokens,
@@ -106,6 +108,7 @@ class MessagesRequest(CountTokensRequest):
             top_p=1.0 if self.top_p is None else self.top_p,
             top_k=self.top_k or 0,
             stop=list(dict.fromkeys([*(self.stop_sequences or []), *template_stops])),
+            grammar=grammar,
         )
 
 

@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.engine import GrammarSpec
 from app.engine.sampling_params import MAX_TOP_LOGPROBS, SamplingParams
 from app.engine.server.limits import MAX_LOGIT_BIAS, MAX_MESSAGES, MAX_TOOLS, Seed, Stop
 from app.engine.server.protocol.openai import (
@@ -77,7 +78,7 @@ class ChatCompletionRequest(SamplingExtensions):
     add_generation_prompt: bool = Field(default=True, description="extension")
 
     def to_sampling_params(
-        self, max_tokens: int, template_stops: list[str], seed: int | None
+        self, max_tokens: int, template_stops: list[str], seed: int | None, grammar: GrammarSpec | None = None
     ) -> SamplingParams:
         """Raises ValueError naming the first field out of range."""
         return self._sampling_params(
@@ -90,6 +91,7 @@ class ChatCompletionRequest(SamplingExtensions):
             frequency_penalty=self.frequency_penalty,
             seed=seed,
             logprobs=(self.top_logprobs or 0) if self.logprobs else None,
+            grammar=grammar,
         )
 
 
@@ -129,7 +131,7 @@ class ResponseMessage(BaseModel):
     tool_calls: list[ToolCallOut] | None = Field(default=None, exclude_if=lambda v: not v)
 
 
-# Set only when response_format asked for JSON and the output does not match it (not enforced while sampling).
+# Set only when response_format asked for JSON and the output does not match it (cut short by max_tokens).
 JsonError = Annotated[
     str | None, Field(default=None, exclude_if=lambda v: v is None, description="extension")
 ]

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
-from app.engine import SamplingParams
+from app.engine import GrammarSpec, SamplingParams
 from app.engine.server.limits import MAX_MESSAGES, MAX_TOOLS, EdgeChecked
 
 # ---- request --------------------------------------------------------------------------------
@@ -118,13 +118,16 @@ class ResponsesRequest(EdgeChecked):
     user: str | None = None
     reasoning: dict[str, Any] | None = None  # accepted and ignored: the engine has no reasoning effort knob
 
-    def to_sampling_params(self, max_tokens: int, template_stops: list[str]) -> SamplingParams:
+    def to_sampling_params(
+        self, max_tokens: int, template_stops: list[str], grammar: GrammarSpec | None = None
+    ) -> SamplingParams:
         """Raises ValueError naming the first field out of range."""
         return SamplingParams(
             max_tokens=max_tokens,
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
             stop=list(template_stops),
+            grammar=grammar,
         )
 
 
