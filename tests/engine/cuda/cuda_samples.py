@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import zlib
+from pathlib import Path
 
 import numpy as np
 
@@ -192,3 +193,18 @@ def attention_case(rng, seqs, heads, q_scale=1.0):
     meta = AttentionMetadata(qsl, seq_lens, tables, np.zeros(len(q), np.int32), np.zeros(len(q), np.int32),
                              max(n for n, _ in seqs), int(seq_lens.max()), BLOCK, qsl, seq_lens)  # fmt: skip
     return q, k_cache, v_cache, meta
+
+
+def write_attention_case(
+    directory: Path, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta
+) -> None:
+    """The files the emulator's attention harnesses read: q, the metadata arrays, float16 caches."""
+    for name, a in (
+        ("q", q),
+        ("qsl", meta.query_start_loc),
+        ("seq_lens", meta.seq_lens),
+        ("tables", meta.block_tables),
+    ):
+        a.tofile(directory / f"{name}.bin")
+    k_cache.astype(np.float16).tofile(directory / "k.bin")
+    v_cache.astype(np.float16).tofile(directory / "v.bin")

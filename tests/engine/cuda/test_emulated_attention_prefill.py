@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cuda_samples import BLOCK, attention_case, fresh_rng, rel_err
+from cuda_samples import BLOCK, attention_case, fresh_rng, rel_err, write_attention_case
 from emulator import build as _build
 from emulator import run as _run
 
@@ -52,15 +52,7 @@ def test_prefill_attention_emulated(
     n_heads, n_kv, head_dim = heads
     scale = head_dim**-0.5
     ref = CpuBackend().attention(q, k_cache, v_cache, meta, scale, window, cap)
-    for name, a in (
-        ("q", q),
-        ("qsl", meta.query_start_loc),
-        ("seq_lens", meta.seq_lens),
-        ("tables", meta.block_tables),
-    ):
-        a.tofile(tmp_path / f"{name}.bin")
-    k_cache.astype(np.float16).tofile(tmp_path / "k.bin")
-    v_cache.astype(np.float16).tofile(tmp_path / "v.bin")
+    write_attention_case(tmp_path, q, k_cache, v_cache, meta)
     _run(prefill_emu, tmp_path, head_dim, len(q), n_heads, n_kv, BLOCK, len(seqs), meta.block_tables.shape[1],
          scale, cap or 0.0, window or 0, splits)  # fmt: skip
     got = np.fromfile(tmp_path / "out.bin", np.float32).reshape(ref.shape)

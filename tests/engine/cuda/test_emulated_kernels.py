@@ -12,7 +12,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cuda_samples import BLOCK, attention_case, dequantize_oracle, fresh_rng, random_tensor, rel_err
+from cuda_samples import (
+    BLOCK,
+    attention_case,
+    dequantize_oracle,
+    fresh_rng,
+    random_tensor,
+    rel_err,
+    write_attention_case,
+)
 from emulator import build as _build
 from emulator import run as _run
 
@@ -128,15 +136,7 @@ def test_attention_emulated(
     ref = CpuBackend().attention(q, k_cache, v_cache, meta, scale, window, cap)
     gmax = next(g for g in GROUP_BUCKETS if g >= n_heads // n_kv)
     n_splits, split_len = (1, NO_SPLIT) if splits is None else (splits, -(-meta.max_seq_len // splits))
-    for name, a in (
-        ("q", q),
-        ("qsl", meta.query_start_loc),
-        ("seq_lens", meta.seq_lens),
-        ("tables", meta.block_tables),
-    ):
-        a.tofile(tmp_path / f"{name}.bin")
-    k_cache.astype(np.float16).tofile(tmp_path / "k.bin")
-    v_cache.astype(np.float16).tofile(tmp_path / "v.bin")
+    write_attention_case(tmp_path, q, k_cache, v_cache, meta)
     _run(attention_emu, tmp_path, head_dim, gmax, len(q), n_heads, n_kv, BLOCK, len(seqs), meta.block_tables.shape[1],
          scale, cap or 0.0, window or 0, n_splits, split_len)  # fmt: skip
     got = np.fromfile(tmp_path / "out.bin", np.float32).reshape(ref.shape)
