@@ -6,6 +6,7 @@ import asyncio
 
 import httpx
 import openai
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.engine.core.async_engine import AsyncEngine
@@ -15,6 +16,7 @@ from .conftest import running_server
 NEW_TOKENS = 12
 
 
+@pytest.mark.slow  # 17-40 s: sixteen full streams on the embedded model
 def test_sixteen_streams_on_the_real_engine_complete_with_exact_usage_in_one_batch(embedded_engine):
     engine = AsyncEngine(engine=embedded_engine)
     try:
