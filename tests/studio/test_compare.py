@@ -17,6 +17,8 @@ from app.studio.tasks import CancelToken
 
 class _FakeTokenizer:
     bos_token_id = None
+    vocab_size = 0x110000  # one id per code point: encode() spells text by ord()
+    max_token_chars = 1  # what the prompt builder's length pre-check reads
 
     def encode(self, text: str, add_special_tokens: bool = True, parse_special: bool = True) -> list[int]:
         return [ord(c) for c in text]
