@@ -79,7 +79,11 @@ def test_the_window_stays_responsive_while_the_engine_generates(qtbot, window):
             started = time.monotonic()
     finally:
         timer.stop()
-    assert outcome.args[0].value.stats.completion_tokens == 12
+    stats = outcome.args[0].value.stats
+    # Sampled, so the base model may end its turn early (a stop string after 9 tokens was seen when
+    # the tests before this one drew other seeds); what matters is how the window behaved meanwhile.
+    assert 0 < stats.completion_tokens <= 12
+    assert stats.completion_tokens == 12 or stats.finish_reason == "stop"
     during = [t for t in ticks if t >= started]
     assert len(during) > 10  # generation took many tick intervals...
     gaps = [b - a for a, b in itertools.pairwise(during)]
