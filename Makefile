@@ -26,7 +26,10 @@ serve: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-# `test` runs everything (CI); `test-fast` leaves out the tests marked slow (over ~30 s each).
+# `test` runs everything (CI); `test-fast` leaves out the tests marked slow and stays under 4 minutes on
+# a quiet 2-core machine. Slow: over ~30 s, or a costly run of what a cheaper fast test also checks (an
+# embedded-model run of server behaviour the fake engine shows: `slow_on_embedded`); each feature keeps
+# a fast test. Costly setup is shared (session/module fixtures, cached emulator builds), not marked.
 test: $(STAMP)
 	$(BIN)/ruff check .
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -p no:cacheprovider

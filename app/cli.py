@@ -27,6 +27,8 @@ COMMANDS = [
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="paddock", description="Paddock Studio: local LLMs on your GPU.")
+    parser.add_argument("--version", action=VersionAction,
+                        help="print the version, the engine backend this machine gets and the CUDA/CuPy versions")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         try:
@@ -41,12 +43,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class VersionAction(argparse.Action):
+    """`--version`: the report, then exit (CuPy is probed only here, not when the parser is built)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kwargs)  # type: ignore[arg-type]
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        print("\n".join(version_lines()))
+        parser.exit()
+
+
+def version_lines() -> list[str]:
+    from app import __version__
+    from app.studio.gpu_support import gpu_support
+
+    frozen = " (installed bundle)" if getattr(sys, "frozen", False) else ""
+    return [f"Paddock Studio {__version__}{frozen}", f"Python {sys.version.split()[0]}", *gpu_support().lines()]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.command is None:
         args = parser.parse_args(["studio"])
-    return int(args._module.run(args) or 0)
+    try:
+        return int(args._module.run(args) or 0)
+    except KeyboardInterrupt:  # Ctrl-C: the command has already stopped cleanly (uvicorn re-raises it after)
+        return 130  # the shell's status for "ended by SIGINT", without a traceback
 
 
 if __name__ == "__main__":

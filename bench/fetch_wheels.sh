@@ -10,11 +10,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PACKAGES=("$@")
-[[ ${#PACKAGES[@]} -gt 0 ]] || PACKAGES=(gguf fastapi uvicorn pydantic python-multipart)
+[[ ${#PACKAGES[@]} -gt 0 ]] || PACKAGES=(gguf fastapi uvicorn pydantic python-multipart mcp llguidance)  # mcp: the server's middleware imports it
 read -ra PIP <<< "${PIP:-python3 -m pip}"
 mkdir -p .whl
 "${PIP[@]}" download -q --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+  --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any \
   -d .whl "${PACKAGES[@]}"
 # The GPU machine's image has these (read 2026-11): its own versions stay, fewer bytes travel.

@@ -4,7 +4,7 @@
 # (serve: ISL 128 / OSL 128 at concurrency 1 and 32; agent: 8,000-token prompts, a shared prefix,
 # a multi-turn replay) on random-weight checkpoints: MODELS lists shape:mix pairs
 # (bench/make_random_gguf.py), by default the Qwen3-0.6B- and Qwen3-8B-shaped Q4_K_M ones, e.g.
-# MODELS="llama3-8b:q4_k_m qwen3-8b:q8_0 llama3-8b:q8_0"; AGENT_MODELS the agent stage's.
+# MODELS="llama3-8b:q4_k_m qwen3-8b:q8_0 qwen3-8b:mxfp4 qwen3-8b:st-fp8-block"; AGENT_MODELS the agent stage's.
 # The machine lacks the server's wheels and gguf: run bench/fetch_wheels.sh here first, then call
 # the device tool with carry [".whl"] and `STAGES="..." bash bench/gpu_run.sh`. Logs go to $OUT
 # (or /tmp/gpu-run). Every stage has its own timeout and a stage is skipped once the whole run
@@ -17,7 +17,7 @@ compgen -G ".whl/*.whl" > /dev/null || { echo "no wheels in .whl/: run bench/fet
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$HOME/site" .whl/*.whl || exit 1
 # Compiled kernels cached outside $OUT (only 8 files come back from it), shared by every stage.
 export PYTHONPATH=$PWD:$HOME/site PYTHONUNBUFFERED=1 PADDOCK_KERNEL_CACHE=/tmp/paddock-kernels
-STAGES=${STAGES:-tests micro parity speed serve}  # also: agent, sweep (bench/micro/gemv_sweep.py --int), ab (see below), prefill
+STAGES=${STAGES:-tests micro parity speed serve}  # also: agent, cascade, sweep (bench/micro/gemv_sweep.py --int), ab (see below), prefill
 MODELS=${MODELS:-qwen3-0.6b:q4_k_m qwen3-8b:q4_k_m}  # SERVE_C1 / SERVE_C32: requests of the serve runs
 AGENT_MODELS=${AGENT_MODELS:-qwen3-8b:q4_k_m}
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm --format=csv
@@ -40,10 +40,16 @@ python3 bench/make_random_gguf.py --shape tiny --out /tmp/tiny.gguf
 if [[ $STAGES == *parity* ]] && left 150; then
   timeout 120 python3 bench/suite/gpu_engine.py parity /tmp/tiny.gguf 2>&1 | tee "$OUT/parity.log" | tail -3
 fi
-gguf_of() { echo "/tmp/${1%%:*}-${1##*:}.gguf"; }  # shape:mix -> its file
-[[ $STAGES == *agent* ]] && MADE="$MODELS $AGENT_MODELS" || MADE=$MODELS
+# shape:mix -> its file; a mix "st-FORMAT" (st-fp8-block, st-nvfp4, st-mix) is a safetensors folder
+gguf_of() { [[ ${1##*:} == st-* ]] && echo "/tmp/${1%%:*}-${1##*:}" || echo "/tmp/${1%%:*}-${1##*:}.gguf"; }
+[[ $STAGES == *agent* || $STAGES == *cascade* ]] && MADE="$MODELS $AGENT_MODELS" || MADE=$MODELS
 for model in $MADE; do
-  [[ -f $(gguf_of "$model") ]] || python3 bench/make_random_gguf.py --shape "${model%%:*}" --mix "${model##*:}" --out "$(gguf_of "$model")"
+  [[ -e $(gguf_of "$model") ]] && continue
+  if [[ ${model##*:} == st-* ]]; then
+    python3 bench/make_random_safetensors.py --shape "${model%%:*}" --format "${model##*:st-}" --out "$(gguf_of "$model")"
+  else
+    python3 bench/make_random_gguf.py --shape "${model%%:*}" --mix "${model##*:}" --out "$(gguf_of "$model")"
+  fi
 done
 if [[ $STAGES == *speed* ]]; then
   for model in $MODELS; do  # one process per model, both batch sizes in it
@@ -86,6 +92,19 @@ serve_workloads() {
 }
 if [[ $STAGES == *serve* ]]; then
   serve_workloads short 4096 bench.jsonl $MODELS
+fi
+if [[ $STAGES == *cascade* ]]; then  # decode attention at agent contexts (plain loop, prefetch), then c=8 without/with cascade
+  for defines in "" DEC_PREFETCH=1; do
+    echo "== PADDOCK_KERNEL_DEFINES=$defines" | tee -a "$OUT/cascade.log"
+    PADDOCK_KERNEL_DEFINES=$defines timeout 90 python3 bench/micro/attention_decode_times.py --long 2>&1 \
+      | tee -a "$OUT/cascade.log" | grep '^{'
+  done
+  for setting in PADDOCK_CASCADE=0 PADDOCK_CASCADE=1 PADDOCK_CASCADE=1+PADDOCK_KERNEL_DEFINES=DEC_PREFETCH=1; do
+    left 120 || break
+    echo "== $setting" | tee -a "$OUT/cascade.log"
+    env ${setting//+/ } timeout 240 python3 bench/suite/agent_engine.py "$(gguf_of "${AGENT_MODELS%% *}")" --cases c8,decode32k 2>&1 \
+      | tee -a "$OUT/cascade.log" | grep '^{' | cut -c1-600
+  done
 fi
 if [[ $STAGES == *agent* ]]; then
   serve_workloads agent 16384 agent.jsonl $AGENT_MODELS

@@ -4,12 +4,16 @@ The weights are random quantized blocks (app.engine.quant.reference.random_block
 out as llama.cpp lays out a Q4_K_M file: Q4_K for the attention q/k/o, gate, up and the
 embedding table; Q6_K for the output projection, and for attn_v and ffn_down on the
 layers llama.cpp's `use_more_bits` picks (else Q4_K); F32 norms. `--mix q8_0` makes every
-matrix Q8_0 instead. The tokenizer is byte-level BPE with no merges (one token per byte),
+matrix Q8_0 instead; `--mix mxfp4` makes every layer matrix MXFP4 (Q8_0 embedding, Q6_K output,
+as llama.cpp's MXFP4_MOE keeps the non-expert tensors in 8 bits; `nvfp4` the same with GGUF's NVFP4); `--mix iq4_xs` is a "dynamic"
+mix as Unsloth's UD files are: IQ4_XS layer matrices, Q6_K on the `use_more_bits` layers' attn_v
+and ffn_down and on the output, Q4_K embedding. The tokenizer is byte-level BPE with no merges (one token per byte),
 padded with plain word tokens to the model's vocabulary, so every sampled id decodes to
 visible text.
 
     python3 bench/make_random_gguf.py --shape qwen3-8b --mix q4_k_m --out /tmp/qwen3-8b-q4km.gguf
     python3 bench/make_random_gguf.py --shape llama3-8b --mix q8_0 --out /tmp/llama3-8b-q8_0.gguf
+    python3 bench/make_random_gguf.py --shape qwen3-8b --mix mxfp4 --out /tmp/qwen3-8b-mxfp4.gguf
 """
 
 from __future__ import annotations
@@ -58,7 +62,28 @@ def use_more_bits(layer: int, n_layers: int) -> bool:
     return layer < n_layers // 8 or layer >= 7 * n_layers // 8 or (layer - n_layers // 8) % 3 == 2
 
 
+# mix -> (plain layer matrix, use_more_bits layers' attn_v/ffn_down, token_embd, output, file type)
+MIXES = {
+    "q4_k_m": ("Q4_K", "Q6_K", "Q4_K", "Q6_K", gguf.LlamaFileType.MOSTLY_Q4_K_M),
+    "q8_0": ("Q8_0", "Q8_0", "Q8_0", "Q8_0", gguf.LlamaFileType.MOSTLY_Q8_0),
+    "mxfp4": ("MXFP4", "MXFP4", "Q8_0", "Q6_K", gguf.LlamaFileType.MOSTLY_MXFP4_MOE),
+    "nvfp4": ("NVFP4", "NVFP4", "Q8_0", "Q6_K", gguf.LlamaFileType.MOSTLY_NVFP4),
+    "iq4_xs": ("IQ4_XS", "Q6_K", "Q4_K", "Q6_K", gguf.LlamaFileType.MOSTLY_IQ4_XS),
+}
+
+
 def tensor_types(shape: Shape, mix: str) -> dict[str, str]:
+    if mix != "q4_k_m":
+        plain, more, embd, output, _ = MIXES[mix]
+        out = {}
+        for i in range(shape.layers):
+            heavy = more if use_more_bits(i, shape.layers) else plain
+            for part in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"):
+                out[f"blk.{i}.{part}.weight"] = heavy if part in ("attn_v", "ffn_down") else plain
+        out["token_embd.weight"] = embd
+        if not shape.tied:
+            out["output.weight"] = output
+        return out
     out: dict[str, str] = {}
     for i in range(shape.layers):
         heavy = "Q6_K" if use_more_bits(i, shape.layers) else "Q4_K"
@@ -90,7 +115,11 @@ def matrix_shapes(shape: Shape) -> dict[str, tuple[int, int]]:
 
 
 def write_tokenizer(writer: gguf.GGUFWriter, vocab: int) -> None:
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     chars, extra = [], 0
     for b in range(256):
         if b in printable:
@@ -128,7 +157,7 @@ def write(shape_name: str, mix: str, out: Path, seed: int = 0) -> int:
     writer.add_layer_norm_rms_eps(1e-6)
     writer.add_rope_freq_base(500_000.0 if shape.arch == "llama" else 1_000_000.0)
     writer.add_rope_dimension_count(shape.head_dim)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M if mix == "q4_k_m" else gguf.LlamaFileType.MOSTLY_Q8_0)
+    writer.add_file_type(MIXES[mix][4])
     write_tokenizer(writer, shape.vocab)
     types = tensor_types(shape, mix)
     weight_bytes = 0
@@ -142,7 +171,10 @@ def write(shape_name: str, mix: str, out: Path, seed: int = 0) -> int:
     for i in range(shape.layers):
         norms |= {f"blk.{i}.attn_norm.weight": shape.hidden, f"blk.{i}.ffn_norm.weight": shape.hidden}
         if shape.arch == "qwen3":
-            norms |= {f"blk.{i}.attn_q_norm.weight": shape.head_dim, f"blk.{i}.attn_k_norm.weight": shape.head_dim}
+            norms |= {
+                f"blk.{i}.attn_q_norm.weight": shape.head_dim,
+                f"blk.{i}.attn_k_norm.weight": shape.head_dim,
+            }
     for name, size in norms.items():
         values = (1.0 + 0.1 * rng.standard_normal(size)).astype(np.float32)
         writer.add_tensor(name, values)
@@ -157,7 +189,7 @@ def write(shape_name: str, mix: str, out: Path, seed: int = 0) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), required=True)
-    parser.add_argument("--mix", choices=["q4_k_m", "q8_0"], default="q4_k_m")
+    parser.add_argument("--mix", choices=sorted(MIXES), default="q4_k_m")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     started = time.perf_counter()

@@ -15,5 +15,10 @@ def embedded_engine():
     """
     from app.engine.config import EngineConfig
     from app.engine.core.engine import LLMEngine
+    from app.engine.sample.grammar import tokenizer_view
 
-    return LLMEngine(EngineConfig(model="default", device="cpu", max_model_len=4096, max_num_seqs=16))
+    engine = LLMEngine(EngineConfig(model="default", device="cpu", max_model_len=4096, max_num_seqs=16))
+    # llguidance's vocabulary view builds on its own thread from the engine's construction, holding the
+    # interpreter lock for seconds: waited for here, so no test that watches responsiveness overlaps it
+    tokenizer_view(engine.tokenizer, engine.model_config.vocab_size).result()
+    return engine

@@ -19,6 +19,23 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument("--max-ctx", type=int, default=None, help="context length (default: the model's)")
+    parser.add_argument(
+        "--mmproj",
+        default=None,
+        metavar="FILE",
+        help="a llama.cpp mmproj GGUF: the vision tower for a GGUF model (default: an mmproj*.gguf beside it)",
+    )
+    parser.add_argument(
+        "--cpu-kernels", choices=["auto", "numba", "numpy"], default="auto",
+        help="CPU products: numba kernels over the quantized blocks, or the numpy float32 reference "
+        "(default: numba where it is installed)",
+    )  # fmt: skip
+    parser.add_argument("--threads", type=int, default=None, help="CPU kernel threads (default: every core)")
+    parser.add_argument(
+        "--experts-on-gpu", default=None, metavar="N|auto|all",
+        help="mixture of experts: experts per layer kept on the GPU; the rest stay in pinned host RAM and "
+        "stream in per step over PCIe (auto: the largest hot set that fits; default: all)",
+    )  # fmt: skip
 
 
 def resolve_model(name: str) -> str:
@@ -43,14 +60,38 @@ def add_async_decode_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_kv_arguments(parser: argparse.ArgumentParser) -> None:
+    """The KV cache's flags: prefix reuse, element type and the offload tiers (host RAM, disk)."""
+    group = parser.add_argument_group("KV cache")
+    group.add_argument("--prefix-cache", choices=["on", "off"], default="on",
+                       help="reuse the KV of prompt prefixes seen before (default on; off: no reuse at all)")
+    group.add_argument("--kv-dtype", choices=["auto", "f16", "fp8"], default="auto",
+                       help="KV cache element type (auto: float16 on the GPU, float32 on the CPU; fp8: e4m3 with "
+                       "per-block scales, half of f16's memory, CPU backend only for now)")
+    group.add_argument("--kv-host-gb", type=float, default=4.0, metavar="GB",
+                       help="host RAM (pinned on CUDA) for prefix blocks evicted from the KV cache (default 4; 0: off)")
+    group.add_argument("--kv-disk-gb", type=float, default=0.0, metavar="GB",
+                       help="disk space for prefix blocks evicted from host RAM; kept across restarts (default 0: off)")
+    group.add_argument("--kv-disk-dir", default=None, metavar="DIR",
+                       help="folder of the disk tier (default: the user cache folder's paddock/kv)")
+
+
 def engine_config(args: argparse.Namespace, **overrides: object) -> EngineConfig:
-    """The EngineConfig the model arguments ask for (`--max-batch` and `--async-decode` where the
-    command has them)."""
+    """The EngineConfig the model arguments ask for (`--max-batch`, `--async-decode` and the KV flags
+    where the command has them)."""
     from app.engine import EngineConfig
 
-    fields: dict[str, object] = dict(model=resolve_model(args.model), device=args.device, max_model_len=args.max_ctx)
+    fields: dict[str, object] = dict(
+        model=resolve_model(args.model), device=args.device, max_model_len=args.max_ctx
+    )
+    for name in ("mmproj", "cpu_kernels", "threads", "experts_on_gpu"):  # commands built before these arguments existed lack them
+        if getattr(args, name, None) is not None:
+            fields[name] = getattr(args, name)
     if getattr(args, "max_batch", None) is not None:
         fields["max_num_seqs"] = args.max_batch
     if getattr(args, "async_decode", None) is not None:
         fields["async_decode"] = args.async_decode
+    if getattr(args, "prefix_cache", None) is not None:  # the commands with add_kv_arguments
+        fields.update(enable_prefix_caching=args.prefix_cache == "on", kv_dtype=args.kv_dtype,
+                      kv_host_gb=args.kv_host_gb, kv_disk_gb=args.kv_disk_gb, kv_disk_dir=args.kv_disk_dir)
     return EngineConfig(**{**fields, **overrides})

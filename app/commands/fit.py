@@ -8,6 +8,7 @@ download from its config.json or the GGUF header (read with an HTTP range reques
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -23,6 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="tokens per engine step")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.90,
                         help="share of free memory the engine may take")
+    parser.add_argument("--experts-on-gpu", default=None,
+                        help="mixture of experts: experts per layer kept on the GPU (N, auto or all); "
+                        "the rest stay in host RAM")
     parser.add_argument("--file", default=None, help="for a hub repo with several GGUF files: which one")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
@@ -34,15 +38,19 @@ def run(args: argparse.Namespace) -> int:
         options = FitOptions(
             context_length=args.ctx, batch=args.batch, kv_dtype=args.kv_dtype, max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
-            gpu_memory_utilization=args.gpu_memory_utilization,
+            gpu_memory_utilization=args.gpu_memory_utilization, experts_on_gpu=args.experts_on_gpu,
         )
         label, shape = resolve_shape(args.model, args.file)
     except Exception as exc:  # every failure is a one-line message, never a traceback
         print(f"paddock fit: {exc}", file=sys.stderr)
         return 2
-    report = check_fit(shape, options)
+    try:
+        report = check_fit(shape, options)
+    except ValueError as exc:  # --experts-on-gpu that the model cannot take
+        print(f"paddock fit: {exc}", file=sys.stderr)
+        return 2
     if args.json:
-        print(json.dumps({"model": label, "shape": shape.__dict__, **report.as_dict()}, indent=2))
+        print(json.dumps({"model": label, "shape": dataclasses.asdict(shape), **report.as_dict()}, indent=2))
     else:
         print(f"Model: {label} ({shape.architecture}, {shape.num_layers} layers, "
               f"{shape.num_kv_heads} KV heads x {shape.head_dim})")

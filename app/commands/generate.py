@@ -26,19 +26,47 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--system", default=None, help="system prompt (with --chat)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     parser.add_argument(
+        "--image",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="an image for a vision model, placed before the prompt (repeatable; needs --chat)",
+    )
+    parser.add_argument(
         "prompt", help="the prompt (raw text; special tokens such as <start_of_turn> are parsed)"
     )
 
 
-def prompt_ids(engine, args: argparse.Namespace) -> list[int]:
+def prompt_ids(engine, args: argparse.Namespace, images: list | None = None) -> list[int]:
+    """The prompt's token ids; with `images` (PreparedImages), their placeholders before the prompt
+    text in the user turn, expanded into the model's image tokens."""
     tokenizer = engine.tokenizer
     if not args.chat:
         return tokenizer.encode(args.prompt)
     messages = [{"role": "system", "content": args.system}] if args.system else []
-    messages.append({"role": "user", "content": args.prompt})
+    placeholders = engine.vision.placeholder * len(images) if images else ""
+    messages.append({"role": "user", "content": placeholders + args.prompt})
     text = engine.chat_template.render(messages, add_generation_prompt=True)
+    if images:
+        text = engine.vision.expand(text, images)
     has_bos = tokenizer.bos_token is not None and text.startswith(tokenizer.bos_token)
     return tokenizer.encode(text, add_special_tokens=not has_bos)
+
+
+def load_images(engine, paths: list[str]) -> list:
+    """The images' PreparedImages; ValueError naming the file that cannot be used."""
+    if not paths:
+        return []
+    if engine.vision is None:
+        raise ValueError("--image: the loaded model has no vision (give a vision model, or its --mmproj)")
+    images = []
+    for path in paths:
+        try:
+            with open(path, "rb") as file:
+                images.append(engine.vision.prepare(file.read()))
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"--image {path}: {exc}") from None
+    return images
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,8 +84,12 @@ def run(args: argparse.Namespace) -> int:
             logprobs=args.top_logprobs if args.json or args.top_logprobs else None,
             stop=list(engine.chat_template.stop_strings) if args.chat else [],
         )
-        ids = prompt_ids(engine, args)
-        engine.add_request("cli", ids, params)
+        if args.image and not args.chat:
+            raise ValueError("--image needs --chat (the images go into the chat template's user turn)")
+        images = load_images(engine, args.image)
+        ids = prompt_ids(engine, args, images)
+        views = engine.vision.views(images) if images else []
+        engine.add_request("cli", ids, params, images=views)
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"paddock generate: {exc}", file=sys.stderr)
         return 2

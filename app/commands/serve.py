@@ -24,11 +24,13 @@ LIMIT_FLAGS = (
     ("--max-prompts", "max_prompts", "prompts in one completions list; more get 400"),
     ("--max-generations", "max_generations", "n x prompts of one request; more get 400"),
     ("--prompt-workers", "prompt_workers", "threads rendering templates and tokenizing"),
+    ("--max-images", "max_images", "image parts of one request; more get 400"),
+    ("--max-image-bytes", "max_image_bytes", "one image's decoded size; more gets 400"),
 )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from app.commands.common import add_async_decode_argument, add_model_arguments
+    from app.commands.common import add_async_decode_argument, add_kv_arguments, add_model_arguments
     from app.engine.server.settings import DEFAULT_HOST, DEFAULT_PORT, ServerSettings
 
     parser.epilog = EPILOG
@@ -40,6 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"address to listen on (default {DEFAULT_HOST}: this machine only)",
     )
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}")
+    add_kv_arguments(parser)
     parser.add_argument(
         "--api-key",
         default=os.environ.get("PADDOCK_API_KEY"),
@@ -83,6 +86,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-embeddings", action="store_true", help="do not load an embedding model")
     parser.add_argument("--no-mcp", action="store_true", help="do not serve MCP at /mcp")
+    parser.add_argument(
+        "--allow-image-urls",
+        action="store_true",
+        help="fetch http(s) image URLs in requests (default: only inline data: URLs and base64 images)",
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -122,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
             cors_origins=tuple(args.cors_origin),
             allowed_hosts=tuple(args.allowed_host),
             enable_mcp=not args.no_mcp,
+            allow_image_urls=args.allow_image_urls,
             log_level=args.log_level,
             **{field: getattr(args, field) for _, field, _ in LIMIT_FLAGS},
         )

@@ -103,11 +103,16 @@ DECLARED: tuple[EnvVar, ...] = (
     EnvVar("PADDOCK_PDL", _bool, True, "programmatic dependent launches inside decode graphs (sm_90+)"),
     EnvVar("PADDOCK_DECODE_ATTENTION", _bool, True, "decode batches on attention_decode.cu (else attention.cu)"),
     EnvVar("PADDOCK_DECODE_CLUSTERS", _bool, True, "decode attention merges in thread-block clusters (sm_90+)"),
+    EnvVar("PADDOCK_CASCADE", _bool, False,
+           "decode graphs read the blocks every sequence of the batch shares once (cascade attention; "
+           "off until measured on a GPU)"),
     EnvVar("PADDOCK_DECODE_ROPE", _choice("1", "0", "all"), "1",
            "rope + cache write fused into decode attention: 1 where it pays, all wherever supported, 0 never"),
     EnvVar("PADDOCK_GEMV_INT_X", _bool, True, "single-token GEMVs over int16-quantized x (gemv_int.cu)"),
     EnvVar("PADDOCK_GEMV_INT_MULTI", _bool, True, "q/k/v in one int16-x launch too (gemv_int_multi)"),
     EnvVar("PADDOCK_GEMV_RESIDENT", _bool, True, "cap int16-x grids at the blocks the GPU holds at once"),
+    EnvVar("PADDOCK_GEMV_MMA_MAX_TOKENS", _int, 0,
+           "most tokens a product takes on quantized weights through tensor cores (gemv_mma.cu); 0: never"),
     EnvVar("PADDOCK_GEMV_QB", _int, None, "groups of 16 x columns a thread quantizes at once (default: tuning table)"),
     EnvVar("PADDOCK_FUSED_NORM_MAX_COLS", _int, None,
            "widest x whose add + RMSNorm is fused into the next GEMV (default: tuning table)"),
@@ -175,6 +180,12 @@ def with_table(doc: str) -> str:
     if not begin or not end:
         raise ValueError(f"the document has no {TABLE_BEGIN!r} ... {TABLE_END!r} section")
     return f"{head}{TABLE_BEGIN}\n{markdown()}{TABLE_END}{tail}"
+
+
+def set_library_default(name: str, value: str) -> None:
+    """Give a variable that another library reads (not the engine: e.g. libgomp's OMP_WAIT_POLICY) a
+    default, keeping the user's value where set; the one place the engine writes the environment."""
+    os.environ.setdefault(name, value)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from app.engine.images import ImageInput
 from app.engine.request import RequestOutput
 from app.engine.sampling_params import SamplingParams
 
@@ -29,6 +30,7 @@ class GenerationRequest:
     sampling_params: SamplingParams
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     session_id: str = "default"  # fairness key: one per API key / client / Studio tab
+    images: list[ImageInput] = field(default_factory=list)  # one per run of image tokens, in order
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,8 @@ class ModelInfo:
     parameters: int
     context_length: int  # the engine's max_model_len (may be below the model's own)
     device: str  # "cpu" or "cuda:0 (NVIDIA H200)"
-    supports_vision: bool = False  # no family the engine runs takes images yet
+    supports_vision: bool = False  # a vision tower is loaded: the prompt may hold images
+    quant_mix: tuple[tuple[str, int], ...] = ()  # (format, tensor count), most tensors first
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,14 @@ class EngineStats:
     requests_finished_total: int
     prefix_cache_hit_tokens_total: int = 0
     device_memory_used_bytes: int = 0
+    # prompt tokens served from each KV tier: "device" (the radix tree), "host", "disk"
+    prefix_cache_hit_tokens_by_tier: dict[str, int] = field(default_factory=dict)
+    # KV bytes copied between tiers: "device_to_host", "host_to_device", "to_disk", "from_disk"
+    kv_bytes_moved: dict[str, int] = field(default_factory=dict)
+    kv_evicted_blocks_total: int = 0  # cached blocks evicted from the device pool
+    preemptions_total: int = 0  # running requests sent back to wait (recomputed later)
+    # bytes of MoE experts copied from host RAM to the device over PCIe (--experts-on-gpu)
+    expert_bytes_copied_total: int = 0
 
 
 class ContextOverflowError(ValueError):

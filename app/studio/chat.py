@@ -22,11 +22,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
-from app.studio.history import Conversation, History, Message
+from app.studio.attachments import IMAGE_MARK, turn_text
+from app.studio.doc_qa import supports_vision
+from app.studio.documents import PageScale
+from app.studio.history import Attachment, Conversation, History, Message
+from app.studio.page_qa import page_scale
 
 if TYPE_CHECKING:
     from app.engine import EngineClient, SamplingParams
@@ -36,6 +40,10 @@ CHAT_ROLES = ("user", "assistant")
 
 class ChatError(Exception):
     """The answer cannot be generated; the message is meant for the user."""
+
+
+class ContextOverflow(ChatError):
+    """The conversation alone fills the model's context."""
 
 
 @dataclass(frozen=True)
@@ -135,10 +143,35 @@ class ChatService:
         self._client = client  # the host's current engine, asked at each answer (models switch)
         self._stream: asyncio.Task[Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._live: tuple[int, _Streamed] | None = None  # (conversation id, its answer's counters) while streaming
 
     @property
     def busy(self) -> bool:
         return self._stream is not None and not self._stream.done()
+
+    @property
+    def streaming_conversation(self) -> int | None:
+        """The conversation whose answer is streaming now (others may be opened meanwhile)."""
+        return self._live[0] if self._live is not None and self.busy else None
+
+    @property
+    def supports_vision(self) -> bool:
+        """Whether the model loaded now takes images."""
+        return supports_vision(self._client())
+
+    def page_scale(self) -> PageScale | None:
+        """The resolution a scanned PDF's pages are rendered at for the loaded model (as the Documents pane
+        renders them); None when the model has no vision."""
+        client = self._client()
+        return page_scale(client) if client is not None and supports_vision(client) else None
+
+    def live_stats(self) -> tuple[AnswerStats, float] | None:
+        """The streaming answer's numbers so far and the seconds since it was asked; None when idle."""
+        if self._live is None or not self.busy:
+            return None
+        state = self._live[1]
+        stats = state.clock.stats(state.prompt_tokens, state.completion_tokens, None)
+        return stats, time.perf_counter() - state.clock.started
 
     def new_conversation(self, system_prompt: str = "", settings: ChatSettings | None = None) -> Conversation:
         client = self._client()
@@ -155,14 +188,27 @@ class ChatService:
         return ChatSettings.from_dict(conversation.settings, defaults)
 
     async def send(self, conversation_id: int, text: str, on_start: StartCallback | None = None,
-                   on_delta: DeltaCallback | None = None) -> Answer:
-        """Add the user's message and stream the answer to it."""
+                   on_delta: DeltaCallback | None = None, attachments: Sequence[Attachment] = ()) -> Answer:
+        """Add the user's message (with its attached files) and stream the answer to it."""
         if not text.strip():
             raise ChatError("The message is empty.")
         self._ensure_idle()
-        self._ensure_model()
-        self.history.add_message(conversation_id, "user", text)
-        return await self._answer(conversation_id, on_start, on_delta)
+        client = self._ensure_model()
+        images = [a.name for a in attachments if a.kind == "image"]
+        if images and not supports_vision(client):
+            raise ChatError(f"{client.model.name} reads text only, so it cannot see {', '.join(images)}: load a "
+                            "model with vision (such as Gemma 3 with its mmproj file) or remove the image.")
+        message = self.history.add_message(conversation_id, "user", text)
+        if attachments:
+            self.history.add_attachments(message.id, list(attachments))
+        try:
+            return await self._answer(conversation_id, on_start, on_delta)
+        except ContextOverflow as exc:  # kept, it would overflow every later turn too: the caller gets it back
+            self.history.delete_message(message.id)
+            if any(a.kind == "document" for a in attachments):
+                raise ContextOverflow(f"{exc} The attached documents are sent whole: remove them, or drop the "
+                                      "files on the chat to search them instead.") from exc
+            raise
 
     async def regenerate(self, conversation_id: int, on_start: StartCallback | None = None,
                          on_delta: DeltaCallback | None = None) -> Answer:
@@ -172,9 +218,8 @@ class ChatService:
         messages = self.history.conversation(conversation_id).messages
         if not any(m.role == "user" for m in messages):
             raise ChatError("There is no question to answer again yet.")
-        if messages[-1].role == "assistant":
-            self.history.delete_messages_from(messages[-1].id)
-        return await self._answer(conversation_id, on_start, on_delta)
+        replacing = messages[-1].id if messages[-1].role == "assistant" else None  # kept as an earlier version
+        return await self._answer(conversation_id, on_start, on_delta, replacing)
 
     def stop(self) -> None:
         """End the answer being generated (call on the loop's thread); a no-op when idle."""
@@ -187,17 +232,37 @@ class ChatService:
         if self._loop is not None and self.busy:
             self._loop.call_soon_threadsafe(self.stop)
 
-    def prompt_token_ids(self, client: EngineClient, conversation: Conversation) -> list[int]:
-        """The conversation rendered with the model's chat template and tokenized, ready to answer."""
-        messages = prompt_messages(conversation)
+    def prompt(self, client: EngineClient, conversation: Conversation) -> tuple[list[int], list[Any]]:
+        """The conversation rendered with the model's chat template and tokenized, ready to answer, and the
+        image inputs its image tokens stand for (none for a text-only model)."""
+        vision = getattr(client, "vision", None) if supports_vision(client) else None
+        messages = prompt_messages(conversation, vision=vision is not None)
         try:
             text = client.chat_template.render(messages, add_generation_prompt=True)
         except Exception as exc:  # a template's own rule (roles, content types) failed on this conversation
             raise ChatError(f"The model's chat template could not render this conversation: {exc}") from exc
+        views: list[Any] = []
+        images = [a.data for m in conversation.messages for a in conversation.attachments.get(m.id, ())
+                  if a.kind == "image" and m.role == "user"]
+        if vision is not None and images:
+            text, views = self._with_images(vision, text, images)
         tokenizer = client.tokenizer
         bos_id = getattr(tokenizer, "bos_token_id", None)
         bos = tokenizer.id_to_token(bos_id) if bos_id is not None else None
-        return tokenizer.encode(text, add_special_tokens=not (bos and text.startswith(bos)), parse_special=True)
+        ids = tokenizer.encode(text, add_special_tokens=not (bos and text.startswith(bos)), parse_special=True)
+        return ids, views
+
+    def prompt_token_ids(self, client: EngineClient, conversation: Conversation) -> list[int]:
+        return self.prompt(client, conversation)[0]
+
+    @staticmethod
+    def _with_images(vision: Any, text: str, images: list[bytes]) -> tuple[str, list[Any]]:
+        """The images decoded and preprocessed, and their marks in the rendered prompt expanded."""
+        try:
+            prepared = [vision.prepare(data) for data in images]
+            return vision.expand(text, prepared, marker=IMAGE_MARK), vision.views(prepared)
+        except ValueError as exc:  # ImageError (undecodable, too many pixels) is a ValueError
+            raise ChatError(f"An attached image cannot be shown to the model: {exc}.") from exc
 
     # -- one answer ---------------------------------------------------------------------
     def _ensure_idle(self) -> None:
@@ -211,28 +276,33 @@ class ChatService:
         return client
 
     async def _answer(self, conversation_id: int, on_start: StartCallback | None,
-                      on_delta: DeltaCallback | None) -> Answer:
+                      on_delta: DeltaCallback | None, replacing: int | None = None) -> Answer:
         from app.engine import GenerationRequest
 
         client = self._ensure_model()
         conversation = self.history.conversation(conversation_id)
+        if replacing is not None:  # the prompt ends with the question, not with the answer being replaced
+            conversation = replace(conversation, messages=tuple(
+                m for m in conversation.messages if m.id != replacing))
         settings = self.settings_of(conversation)
-        ids = self.prompt_token_ids(client, conversation)
+        ids, images = self.prompt(client, conversation)
         context = client.model.context_length
         room = context - len(ids)
         if room < 1:
-            raise ChatError(f"This conversation is {len(ids)} tokens long, and the model's context holds "
+            raise ContextOverflow(f"This conversation is {len(ids)} tokens long, and the model's context holds "
                             f"{context}. Start a new conversation (or load the model with a longer context).")
         stop = list(getattr(client.chat_template, "stop_strings", ()) or ())
         try:
             params = settings.sampling_params(min(settings.max_tokens, room), stop)
         except ValueError as exc:
             raise ChatError(f"Sampling settings: {exc}") from exc
-        message = self.history.start_message(conversation_id, "assistant", model=client.model.name)
+        message = self.history.start_message(conversation_id, "assistant", model=client.model.name,
+                                             replacing=replacing)
         if on_start is not None:
             on_start(message)
-        request = GenerationRequest(ids, params, session_id=f"chat-{conversation_id}")
+        request = GenerationRequest(ids, params, session_id=f"chat-{conversation_id}", images=images)
         state = _Streamed(len(ids))
+        self._live = (conversation_id, state)
         self._loop = asyncio.get_running_loop()
         self._stream = asyncio.ensure_future(self._consume(client, request, message.id, state, on_delta))
         status, error = "complete", None
@@ -247,7 +317,7 @@ class ChatService:
         except Exception as exc:  # the engine failed mid-answer: keep the text, say what happened
             status, error = "error", _error_text(exc)
         finally:
-            self._stream = None
+            self._stream, self._live = None, None
         stats = self._finish(message.id, status, state)
         return Answer(message.id, status, state.text, stats, error)
 
@@ -282,18 +352,22 @@ class _Streamed:
     clock: _Clock = field(default_factory=_Clock)  # started with the request
 
 
-def prompt_messages(conversation: Conversation) -> list[dict[str, str]]:
-    """The turns the model sees: system prompt, then user/assistant text, one role at a time."""
+def prompt_messages(conversation: Conversation, vision: bool = False) -> list[dict[str, str]]:
+    """The turns the model sees: system prompt, then user/assistant text, one role at a time; a question's
+    attached documents go before it as text, its images as IMAGE_MARKs (`vision`) or their names."""
     turns: list[dict[str, str]] = []
     if conversation.system_prompt.strip():
         turns.append({"role": "system", "content": conversation.system_prompt})
     for message in conversation.messages:
         if message.role not in CHAT_ROLES or not message.content:
             continue
+        content = message.content
+        if message.role == "user":
+            content = turn_text(content, conversation.attachments.get(message.id, ()), vision)
         if turns and turns[-1]["role"] == message.role:  # e.g. a question whose answer failed, then another
-            turns[-1] = {"role": message.role, "content": turns[-1]["content"] + "\n\n" + message.content}
+            turns[-1] = {"role": message.role, "content": turns[-1]["content"] + "\n\n" + content}
         else:
-            turns.append({"role": message.role, "content": message.content})
+            turns.append({"role": message.role, "content": content})
     return turns
 
 

@@ -119,6 +119,18 @@ class ColumnResult:
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ColumnResult:
+        """A saved column back (the last results shown again after a restart)."""
+        known = {f for f in cls.__dataclass_fields__ if not f.startswith("_")}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def live_speed(self) -> float | None:
+        """Decode speed so far, counting streamed chunks (the server's count comes only at the end)."""
+        if self._chunks > 1 and self._first is not None and self._last is not None and self._last > self._first:
+            return (self._chunks - 1) / (self._last - self._first)
+        return None
+
 
 EventCallback = Callable[[int, ColumnResult, str], None]  # column index, column state, new text
 
@@ -242,7 +254,8 @@ class ColumnError(Exception):
 async def _stream_remote(index: int, target: Target, request: CompareRequest, column: ColumnResult,
                          emit: Callable[[int, str], None], http: httpx.AsyncClient) -> None:
     if target.kind == "openrouter" and not target.api_key:
-        raise ColumnError("No OpenRouter API key set: add one under Settings.")
+        raise ColumnError("No OpenRouter API key set: paste one into the OpenRouter key field above "
+                          "(from openrouter.ai/keys) and press Save key.")
     url = target.base_url.rstrip("/") + "/chat/completions"
     headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
     if target.kind == "openrouter":
@@ -317,8 +330,9 @@ def _http_error(status: int, body: bytes, target: Target, url: str) -> str:
         what = "the API key" if target.api_key else "the request: it needs an API key"
         return f"{host} rejected {what} (HTTP {status}): {detail}"
     if status == 404:
+        hint = "" if "/v1" in urlparse(url).path else " The base URL usually ends in /v1."
         return f"{host} does not know model {target.model!r}, or {url} is not an OpenAI-compatible endpoint " \
-               f"(HTTP 404): {detail}"
+               f"(HTTP 404): {detail}{hint}"
     if status == 429:
         return f"{host} is rate limiting these requests (HTTP 429): {detail}"
     return f"{host} answered HTTP {status}: {detail}"
@@ -329,6 +343,32 @@ def _error_text(payload: Any) -> str:
     if isinstance(error, dict):
         return str(error.get("message") or error)
     return str(error)
+
+
+def with_v1(base_url: str) -> str:
+    """An OpenAI-compatible base URL with its /v1: "http://host:8080" becomes "http://host:8080/v1".
+    A URL that already has a path is left alone (some servers mount the API elsewhere)."""
+    url = base_url.strip().rstrip("/")
+    parsed = urlparse(url)
+    return url + "/v1" if parsed.scheme in ("http", "https") and parsed.path in ("", "/") else url
+
+
+def list_models(base_url: str, api_key: str | None = None, timeout_s: float = 10.0) -> list[str]:
+    """The model ids an OpenAI-compatible endpoint serves (GET {base}/models); ColumnError in words."""
+    url = with_v1(base_url) + "/models"
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        response = httpx.get(url, headers=headers, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise ColumnError(f"Could not reach {_host(url)}: {exc or type(exc).__name__}") from None
+    if response.status_code >= 400:
+        target = Target("", "openai", "", base_url, api_key)
+        raise ColumnError(_http_error(response.status_code, response.content, target, url))
+    try:
+        data = response.json().get("data") or []
+        return sorted(str(item["id"]) for item in data if isinstance(item, dict) and item.get("id"))
+    except (ValueError, AttributeError, KeyError):
+        raise ColumnError(f"{_host(url)} answered /models with something that is not a model list") from None
 
 
 def _host(url: str) -> str:

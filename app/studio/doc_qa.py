@@ -10,20 +10,23 @@ Qt-free. Two parts:
   number them [1]..[n] under their citations ("report.pdf, page 3"), and stream the
   answer from the local `EngineClient`, as `ChatService` streams a chat answer.
 
-Models with vision would get PDF pages as images (`render_pages`); no model the engine
-runs today has a vision tower (`supports_vision` is False for all of them), so pages go
-as extracted text and the Studio says so.
+A model with vision (`supports_vision`: Gemma 3 with its tower) reads the set's PDFs as page
+images instead, page by page (doc_pages.py over `page_qa.ask_pages`), each page a citation; the
+other documents' excerpts follow as text, numbered after the pages. A set that keeps scanned PDFs
+(`keep_scanned`: no text layer, nothing to search) holds them for such a model; a text-only model
+is told plainly that it cannot read them (`needs_vision_message`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from app.studio.documents import (
     Document,
@@ -33,6 +36,7 @@ from app.studio.documents import (
     supported_extensions,
 )
 from app.studio.retrieval import (
+    Chunk,
     DocumentIndex,
     Embedder,
     Hit,
@@ -46,6 +50,9 @@ if TYPE_CHECKING:
 
 DEFAULT_TOP_K = 4
 DEFAULT_ANSWER_TOKENS = 256
+# Excerpts less similar to the question than this (cosine, all-MiniLM-L6-v2) are not sent: unrelated
+# text scores about 0.0-0.1 with it, a passage on the question's subject 0.3 and above.
+MIN_RELEVANCE = 0.15
 MIN_ANSWER_TOKENS = 32  # excerpts are dropped (least relevant first) until at least this much room is left
 READ_SHARE = 20.0  # percent of the progress bar for reading files; embedding takes the rest
 DOCUMENT_EXTENSIONS = frozenset(supported_extensions())
@@ -53,6 +60,11 @@ DOCUMENT_EXTENSIONS = frozenset(supported_extensions())
 _CITE = re.compile(r"\[(\d+(?:\s*,\s*\d+)*)\]")
 
 IngestProgress = Callable[[float, float, str], None]  # (done, total, message), as TaskContext.report takes
+AnswerProgress = Callable[[int, int, str], None]  # (pages read, pages to read, message)
+# What a user without a vision model is told to do about a scanned PDF (the Models pane downloads a
+# GGUF's mmproj companion with it, which gives the model its vision).
+GET_VISION = ("Load a model with vision: in the Models pane, download a Gemma 3 GGUF together with its mmproj "
+              "file (e.g. ggml-org/gemma-3-4b-it-GGUF) and load it.")
 CancelCheck = Callable[[], bool]
 EmbedderSource = Callable[[], Embedder]
 
@@ -73,8 +85,21 @@ def default_embedder() -> Embedder:
 
 
 def supports_vision(client: EngineClient | None) -> bool:
-    """Whether the loaded model reads images. The engine's ModelInfo has no such flag yet: False for all."""
+    """Whether the loaded model reads images (its ModelInfo.supports_vision: a vision tower is loaded)."""
     return client is not None and bool(getattr(client.model, "supports_vision", False))
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+def needs_vision_message(scanned: Sequence[_Named]) -> str:
+    """One plain sentence for a text-only model: these PDFs (documents or paths: their names are used) are
+    images of pages, and how to read them. The Chat pane says the same of a scanned PDF attached there."""
+    names = ", ".join(d.name for d in scanned)
+    verb = "has" if len(scanned) == 1 else "have"
+    return f"{names} {verb} no text layer (scanned pages): a vision model is needed to read them. {GET_VISION}"
 
 
 @dataclass(frozen=True)
@@ -89,10 +114,15 @@ class IngestedDocument:
     def name(self) -> str:
         return self.path.name
 
+    @property
+    def scanned(self) -> bool:
+        """A PDF without a text layer: only a vision model can read it (as page images)."""
+        return self.kind == "pdf" and self.chunks == 0
+
     def describe(self) -> str:
         """What the document holds, for the list: '3 pages', '2 sheets: Budget, Notes', '4 sections'."""
         if self.kind == "pdf" and self.page_count is not None:
-            return _plural(self.page_count, "page")
+            return _plural(self.page_count, "page") + (", scanned (no text layer)" if self.scanned else "")
         if self.kind == "xlsx":
             names = [location.removeprefix("sheet ") for location in self.locations]
             return f"{_plural(len(names), 'sheet')}: {', '.join(names)}"
@@ -119,6 +149,7 @@ class Citation:
 
     number: int
     hit: Hit
+    image: bool = False  # a PDF page the model was shown as an image (its text, if any, is for the reader)
 
     @property
     def label(self) -> str:
@@ -132,23 +163,46 @@ class Citation:
 class DocumentSet:
     """The ingested files and their index; safe to ingest on one thread while another retrieves."""
 
-    def __init__(self, embedder: EmbedderSource = default_embedder, top_k: int = DEFAULT_TOP_K) -> None:
+    def __init__(self, embedder: EmbedderSource = default_embedder, top_k: int = DEFAULT_TOP_K,
+                 store: Path | None = None, min_relevance: float = MIN_RELEVANCE, keep_scanned: bool = False) -> None:
+        """`store`: a folder the set is kept in across restarts (document_store.py), loaded here.
+        `keep_scanned`: a PDF without text is kept (for a vision model) rather than refused."""
+        self.keep_scanned = keep_scanned
         self._embedder_source = embedder
+        self._store, self.min_relevance = store, min_relevance
+        self._saved: tuple[list[Chunk], Any] | None = None  # loaded excerpts, indexed once the embedder is up
         self._embedder: Embedder | None = None
         self._embedder_lock = threading.Lock()  # two first uses on two threads load the model once
         self.top_k = top_k
         self._lock = threading.Lock()
         self._index: DocumentIndex | None = None
         self._documents: dict[str, IngestedDocument] = {}
+        if store is not None:
+            self._load(store)
 
     @property
     def documents(self) -> list[IngestedDocument]:
         with self._lock:
             return list(self._documents.values())
 
+    @property
+    def scanned(self) -> list[IngestedDocument]:
+        return [d for d in self.documents if d.scanned]
+
+    @property
+    def has_pdfs(self) -> bool:
+        return any(d.kind == "pdf" for d in self.documents)
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._documents)
+
+    def passage(self, source: str | Path, location: str) -> str:
+        """The extracted text at one location of a document ("page 3"), its chunks joined; "" when none."""
+        with self._lock:
+            chunks = self._index.chunks if self._index is not None else (self._saved or ([], None))[0]
+            texts = [c.text for c in chunks if c.source == str(source) and c.location == location]
+        return _join_overlapping(texts)
 
     def embedder(self) -> Embedder:
         with self._embedder_lock:
@@ -191,34 +245,40 @@ class DocumentSet:
             counts[chunk.source] = counts.get(chunk.source, 0) + 1
         added = []
         for document in documents:
-            if not counts.get(str(document.path)):  # e.g. a scanned PDF: pages without a text layer
+            scanned = document.kind == "pdf" and self.keep_scanned
+            if not counts.get(str(document.path)) and not scanned:  # e.g. a scanned PDF: no text layer
                 failed.append(IngestFailure(document.path, str(DocumentError(
                     document.path, "no text found to search (scanned pages need OCR, which Paddock lacks)"))))
                 continue
             added.append(IngestedDocument(document.path, document.kind,
                                           tuple(section.location for section in document.sections),
-                                          counts[str(document.path)], document.page_count))
+                                          counts.get(str(document.path), 0), document.page_count))
         with self._lock:
-            if self._index is None:
-                self._index = DocumentIndex(embedder)
+            self._ensure_index(embedder)
             for document in added:
                 self._index.remove_source(document.path)
                 self._documents.pop(str(document.path), None)
             if len(fresh):
                 self._index.add(fresh.chunks, fresh.vectors)
             self._documents.update((str(document.path), document) for document in added)
+        self._keep()
         report(100.0, 100.0, "Done")
         return IngestReport(added, failed)
 
     def remove(self, path: str | Path) -> None:
         with self._lock:
-            if self._documents.pop(str(path), None) is not None and self._index is not None:
-                self._index.remove_source(path)
+            if self._documents.pop(str(path), None) is not None:
+                if self._index is not None:
+                    self._index.remove_source(path)
+                elif self._saved is not None:
+                    self._saved = _without_source(self._saved, str(path))
+        self._keep()
 
     def clear(self) -> None:
         with self._lock:
             self._documents.clear()
-            self._index = None
+            self._index, self._saved = None, None
+        self._keep()
 
     def retrieve(self, question: str, k: int | None = None) -> list[Citation]:
         """The k chunks most similar to the question, best first, numbered from 1."""
@@ -226,12 +286,62 @@ class DocumentSet:
             raise DocQAError("Type a question first.")
         if not len(self):
             raise DocQAError("Add a document first: drop a PDF, Word, Excel, text or Markdown file.")
-        query = self.embedder().embed([question])[0]  # outside the lock: an ingest may be embedding too
+        embedder = self.embedder()
+        query = embedder.embed([question])[0]  # outside the lock: an ingest may be embedding too
         with self._lock:
+            self._ensure_index(embedder)
             if self._index is None:
                 return []
             hits = self._index.search_vector(query, k or self.top_k)
-        return [Citation(number, hit) for number, hit in enumerate(hits, start=1)]
+        relevant = [hit for hit in hits if hit.score >= self.min_relevance]  # unrelated text is not sent
+        return [Citation(number, hit) for number, hit in enumerate(relevant, start=1)]
+
+    # -- kept across restarts (with a store folder) -------------------------------------------
+    def _ensure_index(self, embedder: Embedder) -> None:
+        """Under the lock: the index exists, holding the excerpts loaded from the store if any."""
+        if self._index is not None:
+            return
+        self._index = DocumentIndex(embedder)
+        saved, self._saved = self._saved, None
+        if saved is not None and len(saved[0]):
+            if saved[1].shape[1] != embedder.dimensions:  # embedded by another model: read them again
+                self._documents.clear()
+                return
+            self._index.add(saved[0], saved[1])
+
+    def _load(self, store: Path) -> None:
+        from app.studio.document_store import load_documents
+
+        loaded = load_documents(store)
+        if loaded is None:
+            return
+        documents, chunks, vectors = loaded
+        for data in documents:
+            document = IngestedDocument(Path(data["path"]), data["kind"], tuple(data["locations"]),
+                                        int(data["chunks"]), data.get("page_count"))
+            self._documents[str(document.path)] = document
+        self._saved = (chunks, vectors)
+
+    def _keep(self) -> None:
+        if self._store is None:
+            return
+        import numpy as np
+
+        from app.studio.document_store import save_documents
+
+        with self._lock:
+            documents = [{"path": str(d.path), "kind": d.kind, "locations": list(d.locations), "chunks": d.chunks,
+                          "page_count": d.page_count} for d in self._documents.values()]
+            if self._index is not None:
+                chunks, vectors = list(self._index.chunks), self._index.vectors
+            elif self._saved is not None:
+                chunks, vectors = list(self._saved[0]), self._saved[1]
+            else:
+                chunks, vectors = [], np.zeros((0, 0), dtype=np.float32)
+        try:
+            save_documents(self._store, documents, chunks, vectors)
+        except OSError as exc:  # the set still works for this session; the next change tries again
+            logging.getLogger(__name__).warning("could not keep the document set in %s: %s", self._store, exc)
 
 
 @dataclass(frozen=True)
@@ -287,32 +397,35 @@ class DocQASession:
 
     def stop(self) -> None:
         """End the answer being generated (on the loop's thread); a no-op when idle."""
+        self._stopping = True  # a page being rendered off the loop sees it too
         if self._stream is not None and not self._stream.done():
             self._stream.cancel()
 
     async def ask(self, question: str, on_start: Callable[[list[Citation]], None] | None = None,
-                  on_delta: Callable[[str], None] | None = None) -> DocAnswer:
-        """Answer from the most relevant excerpts. Raises DocQAError when it cannot start."""
-        from app.engine import GenerationRequest, SamplingParams
-
+                  on_delta: Callable[[str], None] | None = None,
+                  on_progress: AnswerProgress | None = None) -> DocAnswer:
+        """Answer from the most relevant excerpts, or with a vision model from the PDFs' page images
+        (`on_progress` follows the pages). Raises DocQAError when it cannot start."""
         if self.busy:
             raise DocQAError("An answer is still being generated: stop it first.")
         client = self._client()
         if client is None:
             raise DocQAError("No model is loaded: load one in the Models pane.")
-        # embedding one short question on the loop's thread takes ~30 ms on a CPU: no worker needed
-        citations = self.documents.retrieve(question)
-        plan, citations = self._fit(client, question.strip(), citations)
-        room = client.model.context_length - len(plan.token_ids)
-        params = SamplingParams(max_tokens=min(self.max_tokens, room), temperature=self.temperature,
-                                stop=plan.stop)
+        if not question.strip():
+            raise DocQAError("Type a question first.")
+        if not len(self.documents):
+            raise DocQAError("Add a document first: drop a PDF, Word, Excel, text or Markdown file.")
+        self._stopping = False
+        state = _Streamed()
+        if supports_vision(client) and self.documents.has_pdfs:
+            citations, work = self._plan_pages(client, question.strip(), state, on_delta, on_progress)
+        else:
+            citations, work = self._plan_text(client, question.strip(), state, on_delta)
         if on_start is not None:
             on_start(citations)
-        state = _Streamed(text=plan.primer)
-        if plan.primer and on_delta is not None:
-            on_delta(plan.primer)
-        request = GenerationRequest(plan.token_ids, params, session_id="documents")
-        self._stream = asyncio.ensure_future(self._consume(client, request, state, on_delta))
+        if state.text and on_delta is not None:
+            on_delta(state.text)
+        self._stream = asyncio.ensure_future(work)
         status, error = "complete", None
         try:
             await self._stream
@@ -327,6 +440,60 @@ class DocQASession:
             self._stream = None
         return DocAnswer(question.strip(), state.text, citations, status, error, state.prompt_tokens,
                          state.completion_tokens)
+
+    def _plan_text(self, client: EngineClient, question: str, state: _Streamed,
+                   on_delta: Callable[[str], None] | None) -> tuple[list[Citation], Any]:
+        # embedding one short question on the loop's thread takes ~30 ms on a CPU: no worker needed
+        citations = self.documents.retrieve(question)
+        if not citations:
+            scanned = self.documents.scanned
+            if scanned and len(scanned) == len(self.documents):  # nothing here is text: say what would read it
+                raise DocQAError(needs_vision_message(scanned))
+            raise DocQAError("No passage in the documents is close enough to the question to answer from "
+                             f"(similarity below {self.documents.min_relevance:.2f}): rephrase it, or add the "
+                             "document that answers it.")
+        plan, citations = self._fit(client, question, citations)
+        state.text = plan.primer
+        return citations, self._consume(client, self._request(client, plan), state, on_delta)
+
+    def _plan_pages(self, client: EngineClient, question: str, state: _Streamed,
+                    on_delta: Callable[[str], None] | None,
+                    on_progress: AnswerProgress | None) -> tuple[list[Citation], Any]:
+        """The PDFs' pages as images, then the other documents' excerpts as text, numbered after them."""
+        from app.studio.doc_pages import page_citations, stream_pages
+
+        pages = page_citations(self.documents, question)
+        kinds = {str(d.path): d.kind for d in self.documents.documents}
+        texts = []
+        if any(kind != "pdf" for kind in kinds.values()):
+            hits = self.documents.retrieve(question, 3 * self.documents.top_k)  # some are the PDFs' own text
+            texts = [c for c in hits if kinds.get(c.hit.chunk.source) != "pdf"][: self.documents.top_k]
+        plan = None
+        if texts:
+            texts = [Citation(len(pages) + i, c.hit) for i, c in enumerate(texts, start=1)]
+            plan, texts = self._fit(client, question, texts)
+
+        async def work() -> None:
+            await stream_pages(client, question, pages, state, on_delta, on_progress, lambda: self._stopping)
+            if plan is not None:
+                opening = ("\n\n" if state.text else "") + plan.primer  # a base model's answer opening, too
+                state.text += opening
+                if opening and on_delta is not None:
+                    on_delta(opening)
+                pages_prompt, pages_output = state.prompt_tokens or 0, state.completion_tokens
+                await self._consume(client, self._request(client, plan), state, on_delta)
+                state.prompt_tokens = pages_prompt + (state.prompt_tokens or 0)
+                state.completion_tokens += pages_output
+
+        return [*pages, *texts], work()
+
+    def _request(self, client: EngineClient, plan: PromptPlan) -> Any:
+        from app.engine import GenerationRequest, SamplingParams
+
+        room = client.model.context_length - len(plan.token_ids)
+        params = SamplingParams(max_tokens=min(self.max_tokens, room), temperature=self.temperature,
+                                stop=plan.stop)
+        return GenerationRequest(plan.token_ids, params, session_id="documents")
 
     def _fit(self, client: EngineClient, question: str,
              citations: list[Citation]) -> tuple[PromptPlan, list[Citation]]:
@@ -380,7 +547,8 @@ def plan_prompt(client: EngineClient, question: str, citations: Sequence[Citatio
         text = (f"Numbered excerpts from the user's documents:\n\n{excerpts}\n\n"
                 f"Question: {question}\nAnswer, citing the excerpt it comes from: {COMPLETION_PRIMER}")
         return PromptPlan(_encode(client, text, raw=True), COMPLETION_PRIMER, [*stops, "\n"])
-    rendered = client.chat_template.render([{"role": "user", "content": build_question_prompt(question, hits)}],
+    first = citations[0].number if citations else 1  # excerpts after a vision answer's pages go on counting
+    rendered = client.chat_template.render([{"role": "user", "content": build_question_prompt(question, hits, first)}],
                                            add_generation_prompt=True)
     return PromptPlan(_encode(client, rendered), "", stops)
 
@@ -402,6 +570,21 @@ def _encode(client: EngineClient, text: str, raw: bool = False) -> list[int]:
     bos = tokenizer.id_to_token(bos_id) if bos_id is not None else None
     add_bos = raw or not (bos and text.startswith(bos))
     return tokenizer.encode(text, add_special_tokens=add_bos, parse_special=not raw)
+
+
+def _join_overlapping(texts: Sequence[str]) -> str:
+    """Consecutive chunks of one section, their overlap (whole lines: chunks are packed from pieces) once."""
+    lines: list[str] = []
+    for text in texts:
+        new = text.split("\n")
+        overlap = next((n for n in range(min(len(lines), len(new)), 0, -1) if lines[-n:] == new[:n]), 0)
+        lines += new[overlap:]
+    return "\n".join(lines)
+
+
+def _without_source(saved: tuple[list[Chunk], Any], source: str) -> tuple[list[Chunk], Any]:
+    keep = [i for i, chunk in enumerate(saved[0]) if chunk.source != source]
+    return [saved[0][i] for i in keep], saved[1][keep]
 
 
 def _check(cancel: CancelCheck | None) -> None:

@@ -13,7 +13,8 @@ chunk, and resume across restarts:
   deletes the part and raises `ChecksumMismatch`.
 
 Files land in `<models folder>/<owner>/<repo>/<path in repo>`: standard files any
-other tool can open.
+other tool can open. A GGUF model's download takes its mmproj companion (the vision projector
+beside it in the repo, mmproj.py) along by default, so the model arrives able to read images.
 """
 
 from __future__ import annotations
@@ -31,7 +32,13 @@ from typing import Any
 
 import httpx
 
-from app.engine.core.fit import ModelShape, shape_from_hf_config
+from app.engine.core.fit import (
+    ModelShape,
+    VisionShape,
+    shape_from_hf_config,
+    takes_images,
+    vision_from_mmproj,
+)
 from app.studio.library import (
     GGUF_SHARD_PATTERN,
     PARTIAL_SUFFIX,
@@ -39,6 +46,7 @@ from app.studio.library import (
     gguf_summary,
     read_gguf_header,
 )
+from app.studio.mmproj import is_mmproj, pick_mmproj
 from app.studio.tasks import CancelToken, Progress, ProgressCallback, TaskCancelled
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -87,13 +95,20 @@ class RepoListing:
         """The GGUF files a user chooses between: split models by their first shard; no projectors."""
         return [
             f for f in self.gguf_files
-            if not Path(f.path).name.startswith("mmproj")
+            if not is_mmproj(f.path)
             and ((m := GGUF_SHARD_PATTERN.match(Path(f.path).name)) is None or int(m["index"]) == 1)
         ]
 
-    def files_for(self, path: str) -> list[RemoteFile]:
-        """What downloading `path` takes: every shard of a split GGUF, else the file itself."""
-        return _shards_of(self, self.file(path))
+    def files_for(self, path: str, vision: bool = True) -> list[RemoteFile]:
+        """What downloading `path` takes: every shard of a split GGUF, else the file itself; with
+        `vision`, the model's mmproj companion too (`mmproj_for`), so that it takes images."""
+        files = _shards_of(self, self.file(path))
+        companion = self.mmproj_for(path) if vision else None
+        return files + ([companion] if companion is not None and companion not in files else [])
+
+    def mmproj_for(self, path: str) -> RemoteFile | None:
+        """The vision projector that goes with the GGUF model `path` (mmproj.py's pick), or None."""
+        return pick_mmproj(self.files, path)
 
     def only_gguf_model(self) -> RemoteFile | None:
         """The repo's single GGUF model when there is exactly one, else None (the user must choose)."""
@@ -294,15 +309,21 @@ class HubClient:
             token.raise_if_cancelled()  # an error caused by the cancel is a cancel (the part is kept)
             raise
 
-    def probe_model(self, listing: RepoListing, gguf_file: str | None = None) -> RemoteModel:
-        """The model's shape without downloading it: a GGUF's header via range requests, or config.json."""
+    def probe_model(self, listing: RepoListing, gguf_file: str | None = None, vision: bool = True) -> RemoteModel:
+        """The model's shape without downloading it: a GGUF's header via range requests, or config.json.
+        With `vision`, a GGUF's mmproj companion counts too (its header read the same way)."""
         if gguf_file is None and listing.gguf_files:
             only = listing.only_gguf_model()
             if only is None:
                 raise DownloadError(f"{listing.repo_id} holds several GGUF models; choose one")
             gguf_file = only.path
         if gguf_file is not None:
-            return self._probe_gguf(listing, listing.file(gguf_file))
+            model = self._probe_gguf(listing, listing.file(gguf_file))
+            companion = listing.mmproj_for(gguf_file) if vision else None
+            if companion is None or not takes_images(model.shape.architecture):
+                return model
+            shape = replace(model.shape, vision=self._probe_mmproj(listing, companion))
+            return replace(model, files=(*model.files, companion), shape=shape)
         weights = tuple(f for f in listing.files if f.path.endswith(".safetensors"))
         try:
             config = json.loads(self.read_text(listing, "config.json"))
@@ -329,6 +350,17 @@ class HubClient:
             shape = replace(shape, weight_bytes=shape.weight_bytes + rest)
         return RemoteModel(listing.repo_id, tuple(shards), shape, fields.get("architecture"),
                            fields.get("quantization"), fields.get("parameters"))
+
+
+    def _probe_mmproj(self, listing: RepoListing, file: RemoteFile) -> VisionShape:
+        try:
+            header = read_gguf_header(_RemoteReader(self, listing, file))
+            return vision_from_mmproj(header.metadata, sum(t.nbytes for t in header.tensors), Path(file.path).name)
+        except HeaderIncomplete:
+            raise DownloadError(f"{file.path}: no complete GGUF header in its first "
+                                f"{min(file.size, _GGUF_PROBE_LIMIT)} bytes") from None
+        except ValueError as exc:
+            raise DownloadError(f"{file.path} is not a readable mmproj file: {exc}") from exc
 
 
 class _RemoteReader:

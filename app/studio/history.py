@@ -18,11 +18,12 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 ROLES = ("system", "user", "assistant", "tool")
+ATTACHMENT_KINDS = ("image", "document")
 STATUSES = ("streaming", "complete", "stopped", "interrupted", "error")
 TITLE_LENGTH = 60
 
@@ -57,6 +58,22 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE messages ADD COLUMN tokens_per_s REAL;
     ALTER TABLE conversations ADD COLUMN settings_json TEXT NOT NULL DEFAULT '{}';
     """,
+    # 2 -> 3: answer versions (Regenerate keeps the earlier answers; one of each group is shown)
+    """
+    ALTER TABLE messages ADD COLUMN version_of INTEGER;
+    ALTER TABLE messages ADD COLUMN active INTEGER NOT NULL DEFAULT 1;
+    """,
+    # 3 -> 4: files attached to a question (images as their bytes, documents as their extracted text)
+    """
+    CREATE TABLE attachments (
+        id INTEGER PRIMARY KEY,
+        message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+        kind TEXT NOT NULL,
+        name TEXT NOT NULL,
+        data BLOB NOT NULL
+    );
+    CREATE INDEX attachments_by_message ON attachments(message_id, id);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -79,6 +96,25 @@ class Message:
     completion_tokens: int | None = None
     ttft_s: float | None = None
     tokens_per_s: float | None = None
+    version_of: int | None = None  # the first answer of this one's version group; None: it is the first
+    active: int = 1  # 1: the version shown and sent to the model; 0: an earlier (or later) alternative
+
+    @property
+    def group(self) -> int:
+        return self.version_of or self.id
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """A file sent with a question: an image's bytes, or a document's extracted text (UTF-8)."""
+
+    kind: str  # "image" | "document"
+    name: str  # the file's name, shown under the question
+    data: bytes
+
+    @property
+    def text(self) -> str:
+        return self.data.decode("utf-8")
 
 
 @dataclass(frozen=True)
@@ -91,6 +127,7 @@ class Conversation:
     updated_at: float
     settings: dict[str, Any] = field(default_factory=dict)
     messages: tuple[Message, ...] = ()  # empty in listings; filled by History.conversation()
+    attachments: dict[int, tuple[Attachment, ...]] = field(default_factory=dict)  # message id -> its files
 
 
 class History:
@@ -187,11 +224,21 @@ class History:
             if row is None:
                 raise HistoryError(f"no conversation with id {conversation_id}")
             messages = (
-                self._db.execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY id",
+                self._db.execute("SELECT * FROM messages WHERE conversation_id = ? AND active = 1 ORDER BY id",
                                  (conversation_id,)).fetchall()
                 if with_messages else []
             )
-        return _conversation(row, tuple(_message(m) for m in messages))
+            files = (
+                self._db.execute("SELECT a.* FROM attachments a JOIN messages m ON m.id = a.message_id "
+                                 "WHERE m.conversation_id = ? AND m.active = 1 ORDER BY a.id",
+                                 (conversation_id,)).fetchall()
+                if with_messages else []
+            )
+        attachments: dict[int, tuple[Attachment, ...]] = {}
+        for file in files:
+            attachments[file["message_id"]] = (*attachments.get(file["message_id"], ()),
+                                               Attachment(file["kind"], file["name"], bytes(file["data"])))
+        return replace(_conversation(row, tuple(_message(m) for m in messages)), attachments=attachments)
 
     def update_conversation(self, conversation_id: int, *, title: str | None = None, model: str | None = None,
                             system_prompt: str | None = None, settings: dict[str, Any] | None = None) -> None:
@@ -217,9 +264,59 @@ class History:
         """A finished message (the user's, or a complete answer)."""
         return self._insert(conversation_id, role, content, model, "complete")
 
-    def start_message(self, conversation_id: int, role: str = "assistant", model: str = "") -> Message:
-        """An answer about to stream in: append deltas with `append`, end with `finish_message`."""
-        return self._insert(conversation_id, role, "", model, "streaming")
+    def add_attachments(self, message_id: int, attachments: tuple[Attachment, ...] | list[Attachment]) -> None:
+        """Keep the files sent with a question (deleted with it)."""
+        for attachment in attachments:
+            if attachment.kind not in ATTACHMENT_KINDS:
+                raise HistoryError(f"an attachment's kind must be one of {', '.join(ATTACHMENT_KINDS)}, "
+                                   f"not {attachment.kind!r}")
+        with self._write() as db:
+            try:
+                db.executemany("INSERT INTO attachments (message_id, kind, name, data) VALUES (?, ?, ?, ?)",
+                               [(message_id, a.kind, a.name, a.data) for a in attachments])
+            except sqlite3.IntegrityError:
+                raise HistoryError(f"no message with id {message_id}") from None
+
+    def start_message(self, conversation_id: int, role: str = "assistant", model: str = "",
+                      replacing: int | None = None) -> Message:
+        """An answer about to stream in: append deltas with `append`, end with `finish_message`.
+
+        `replacing`: the answer this one is a new version of; it is kept, hidden, as version 1/2/…"""
+        message = self._insert(conversation_id, role, "", model, "streaming")
+        if replacing is not None:
+            group = self.message(replacing).group
+            with self._write() as db:
+                db.execute("UPDATE messages SET active = 0 WHERE id = ?1 OR version_of = ?1", (group,))
+                db.execute("UPDATE messages SET version_of = ? WHERE id = ?", (group, message.id))
+            message = self.message(message.id)
+        return message
+
+    def versions(self, message_id: int) -> list[Message]:
+        """Every version of this answer, oldest first (one entry when it was never regenerated)."""
+        group = self.message(message_id).group
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM messages WHERE id = ?1 OR version_of = ?1 ORDER BY id",
+                                    (group,)).fetchall()
+        return [_message(row) for row in rows]
+
+    def show_version(self, message_id: int) -> None:
+        """Make this version the one shown and sent; its siblings are hidden."""
+        group = self.message(message_id).group
+        with self._write() as db:
+            db.execute("UPDATE messages SET active = (id = ?2) WHERE id = ?1 OR version_of = ?1", (group, message_id))
+
+    def delete_message(self, message_id: int) -> None:
+        """Delete one message; when it was the version shown, the newest remaining version is shown instead."""
+        message = self.message(message_id)
+        siblings = [m for m in self.versions(message_id) if m.id != message_id]
+        with self._write() as db:
+            db.execute("DELETE FROM messages WHERE id = ?", (message_id,))
+            if siblings:
+                first = siblings[0].id  # the oldest remaining heads the group now
+                db.execute("UPDATE messages SET version_of = CASE WHEN id = ?1 THEN NULL ELSE ?1 END "
+                           "WHERE id = ?2 OR version_of = ?2", (first, message.group))
+                if message.active:
+                    db.execute("UPDATE messages SET active = 1 WHERE id = ?", (siblings[-1].id,))
 
     def append(self, message_id: int, text: str) -> None:
         """Add a streamed delta, committed at once."""

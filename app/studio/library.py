@@ -4,6 +4,10 @@ A model is either a `.gguf` file (split GGUFs: the `-00001-of-0000N` shards toge
 or a folder holding `config.json` and `.safetensors` files, anywhere under the folder.
 Descriptions come from the files' headers only (no weights are read), so listing a
 folder of large models is quick; they are cached by (path, size, mtime).
+
+Models the user already has in other applications' folders (LM Studio's, the Hugging Face
+cache's GGUF files: `StudioPaths.other_models`) are listed too, in place: they are loaded
+from where they are, never copied, and never deleted from here.
 """
 
 from __future__ import annotations
@@ -15,12 +19,25 @@ import shutil
 import struct
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
-from app.engine.core.fit import ModelShape, shape_from_gguf, shape_from_hf_config
+from app.engine.core.fit import (
+    ModelShape,
+    is_mmproj_name,
+    is_vision_tensor,
+    shape_from_gguf,
+    shape_from_hf_config,
+    takes_images,
+    vision_beside_gguf,
+    vision_from_hf_config,
+)
 from app.engine.loader import gguf as gguf_loader
+from app.engine.loader.names import CheckpointError, architecture_of
+from app.engine.loader.split_tensors import stored_format
+from app.studio.model_check import INCOMPLETE_HINT, check_model_files
+from app.studio.paths import ModelSource
 from app.studio.tasks import CancelToken, Progress, ProgressCallback, TaskCancelled
 
 PARTIAL_SUFFIX = ".part"  # downloads and imports in progress; never listed
@@ -42,12 +59,30 @@ class ModelEntry:
     context_length: int | None = None
     shape: ModelShape | None = None  # for will-it-fit
     error: str | None = None  # why the header could not be read (corrupt, truncated...)
+    location: str | None = None  # another application's folder it was found in ("LM Studio"); None: ours
+    incomplete: bool = False  # the files stop short of the tensors they declare (model_check.py)
+    chat_template: bool | None = None  # whether the checkpoint carries one; None: unknown
+    vision: str | None = None  # where its vision tower is (the mmproj file beside it, the folder): it takes images
+
+    @property
+    def takes_images(self) -> bool:
+        return self.vision is not None
+
+    @property
+    def is_base(self) -> bool:
+        """A base (not instruction-tuned) model: no chat template of its own."""
+        return self.chat_template is False
+
+    @property
+    def usable(self) -> bool:
+        return self.architecture is not None and not self.incomplete and self.error is None
 
 
 class ModelLibrary:
-    def __init__(self, models_dir: str | os.PathLike[str]) -> None:
+    def __init__(self, models_dir: str | os.PathLike[str], other_models: Iterable[ModelSource] = ()) -> None:
         self.root = Path(models_dir).expanduser().resolve()
-        self._cache: dict[tuple[str, int, int], ModelEntry] = {}
+        self.other_models = tuple(other_models)
+        self._cache: dict[tuple, ModelEntry] = {}  # by file, size, time and the mmproj files beside it
 
     def list(self) -> list[ModelEntry]:
         """Every model under the folder, sorted by name; unreadable files come with `.error` set."""
@@ -55,6 +90,23 @@ class ModelLibrary:
             return []
         entries = [self._cached(files) for files in _find_models(self.root)]
         return sorted(entries, key=lambda e: e.name.lower())
+
+    def found_elsewhere(self) -> list[ModelEntry]:
+        """The GGUF models in the other applications' folders, named "<application>: <where>".
+
+        A file reached twice (LM Studio's two folders linked together, our own folder inside
+        one of them) is listed once, under the first name it was found by.
+        """
+        seen = {entry.path.resolve() for entry in self.list()}
+        found = []
+        for source in self.other_models:
+            for name, files in _gguf_models_in(source):
+                real = files[0].resolve()
+                if real in seen or not all(f.is_file() for f in files):  # a hub link to a missing blob
+                    continue
+                seen.add(real)
+                found.append(_with(self._cached(files), name=f"{source.label}: {name}", location=source.label))
+        return sorted(found, key=lambda e: e.name.lower())
 
     def find(self, name: str) -> ModelEntry:
         for entry in self.list():
@@ -64,11 +116,7 @@ class ModelLibrary:
 
     def describe(self, path: str | os.PathLike[str]) -> ModelEntry:
         """The entry for one .gguf file or safetensors folder, inside the folder or not."""
-        path = Path(path).expanduser().resolve()
-        if path.is_dir():
-            files = tuple(sorted(path.glob("*.safetensors")))
-            return self._cached((path, *files))
-        return self._cached(_gguf_shards(path))
+        return self._cached(model_files(Path(path).expanduser().resolve()))
 
     def delete(self, entry: ModelEntry) -> None:
         """Remove the model's files, then folders it leaves empty (never the models folder itself)."""
@@ -108,11 +156,13 @@ class ModelLibrary:
         copied = 0
         for src, target in pairs:
             copied = _copy_tree(src, target, move, copied, total, progress, token)
-        return self.describe(target_dir / (source.name if entry.format == "safetensors" else entry.files[0].name))
+        return self.describe(
+            target_dir / (source.name if entry.format == "safetensors" else entry.files[0].name)
+        )
 
     def _cached(self, files: tuple[Path, ...]) -> ModelEntry:
         stat = files[0].stat()
-        key = (str(files[0]), stat.st_size, stat.st_mtime_ns)
+        key = (str(files[0]), stat.st_size, stat.st_mtime_ns, _mmproj_stamps(files[0]))
         if key not in self._cache:
             self._cache[key] = self._read(files)
         return self._cache[key]
@@ -145,12 +195,73 @@ def default_models_dir() -> Path:
     return Path(Settings.load(paths.settings_file).get("models.folder") or paths.models_dir)
 
 
-def find_model(name: str, models_dir: str | os.PathLike[str] | None = None) -> Path | None:
-    """The path of the library model called `name` (its full name, file name or stem), or None."""
+def find_model(name: str, models_dir: str | os.PathLike[str] | None = None,
+               other_models: Iterable[ModelSource] | None = None) -> Path | None:
+    """The path of the model called `name` (its full name, file name or stem) in the library, else
+    in the other applications' folders (default: this user's), or None."""
+    from app.studio.paths import studio_paths
+
+    library = ModelLibrary(models_dir or default_models_dir(),
+                           studio_paths().other_models if other_models is None else other_models)
     try:
-        return ModelLibrary(models_dir or default_models_dir()).find(name).path
+        return library.find(name).path
     except KeyError:
-        return None
+        pass
+    for entry in library.found_elsewhere():
+        if name in (entry.name, entry.path.name, entry.path.stem):
+            return entry.path
+    return None
+
+
+def _gguf_models_in(source: ModelSource) -> Iterable[tuple[str, tuple[Path, ...]]]:
+    """(name, shards) of each GGUF model in another application's folder; nothing when it is absent."""
+    if not source.path.is_dir():
+        return
+    if source.layout != "hub":
+        for files in _find_models(source.path):
+            if files[0].suffix == ".gguf":
+                yield str(files[0].relative_to(source.path)), files
+        return
+    for repo in sorted(source.path.glob("models--*")):
+        snapshot = _current_snapshot(repo)
+        if snapshot is None:
+            continue
+        repo_id = repo.name.removeprefix("models--").replace("--", "/")
+        for files in _find_models(snapshot):
+            if files[0].suffix == ".gguf":
+                yield f"{repo_id}/{files[0].relative_to(snapshot)}", files
+
+
+def _current_snapshot(repo: Path) -> Path | None:
+    """The snapshot `refs/main` names, else the newest one: older revisions are not offered."""
+    ref = repo / "refs" / "main"
+    if ref.is_file():
+        named = repo / "snapshots" / ref.read_text(encoding="utf-8").strip()
+        if named.is_dir():
+            return named
+    snapshots = [s for s in (repo / "snapshots").glob("*") if s.is_dir()]
+    return max(snapshots, key=lambda s: s.stat().st_mtime, default=None)
+
+
+def model_files(path: Path) -> tuple[Path, ...]:
+    """What one model is made of: a safetensors folder and its files, or a GGUF's shards."""
+    if path.is_dir():
+        return (path, *sorted(path.glob("*.safetensors")))
+    return _gguf_shards(path)
+
+
+def is_base_model(path: str | os.PathLike[str]) -> bool:
+    """True when the checkpoint at `path` has no chat template of its own (False when it cannot be read)."""
+    path = Path(path)
+    try:
+        if path.is_dir():
+            return _folder_has_chat_template(path) is False
+        if not path.is_file():
+            return False
+        with open(path, "rb") as stream:
+            return "tokenizer.chat_template" not in read_gguf_header(stream).metadata
+    except (OSError, ValueError):
+        return False
 
 
 def _find_models(root: Path) -> Iterable[tuple[Path, ...]]:
@@ -162,6 +273,8 @@ def _find_models(root: Path) -> Iterable[tuple[Path, ...]]:
             yield (here, *safetensors)
         for name in sorted(names):
             match = GGUF_SHARD_PATTERN.match(name)
+            if is_mmproj_name(name):  # a vision projector: part of the model beside it, not a model
+                continue
             if name.endswith(".gguf") and (match is None or int(match["index"]) == 1):
                 yield _gguf_shards(here / name)
 
@@ -182,11 +295,42 @@ def describe_gguf(files: tuple[Path, ...], name: str) -> ModelEntry:
         for file in files:
             with open(file, "rb") as stream:
                 headers.append(read_gguf_header(stream))
+    except HeaderIncomplete as exc:
+        return _with(base, incomplete=True, error=f"{name}: {INCOMPLETE_HINT} ({exc})")
     except (OSError, ValueError) as exc:
         return _with(base, error=f"{name}: {exc}")
     meta = headers[0].metadata
     tensors = [t for h in headers for t in h.tensors]
-    return _with(base, **gguf_summary(meta, tensors))
+    entry = _with(base, chat_template="tokenizer.chat_template" in meta, **gguf_summary(meta, tensors))
+    return _with_file_check(_with_mmproj(entry))
+
+
+def _mmproj_stamps(path: Path) -> tuple[tuple[str, int, int], ...]:
+    """The mmproj files beside a GGUF, with size and time: one added or removed changes the entry."""
+    if path.is_dir():
+        return ()
+    found = [p for p in path.parent.glob("*.gguf") if is_mmproj_name(p.name)]
+    return tuple(sorted((p.name, (st := p.stat()).st_size, st.st_mtime_ns) for p in found))
+
+
+def _with_mmproj(entry: ModelEntry) -> ModelEntry:
+    """The entry with the vision tower the engine would load beside it (its mmproj file), if any."""
+    if entry.shape is None or not takes_images(entry.shape.architecture):
+        return entry
+    try:
+        vision = vision_beside_gguf(entry.path, entry.shape.architecture)
+    except (OSError, ValueError) as exc:  # two mmproj files, or a broken one: loading would fail the same way
+        return _with(entry, error=entry.error or f"{entry.name}: {exc}")
+    if vision is None:
+        return entry
+    return _with(entry, vision=vision.source, shape=replace(entry.shape, vision=vision))
+
+
+def _with_file_check(entry: ModelEntry) -> ModelEntry:
+    problem = check_model_files(entry.files if entry.format == "gguf" else (entry.path, *entry.files))
+    if problem is None:
+        return entry
+    return _with(entry, incomplete=problem.incomplete, error=entry.error or f"{entry.name}: {problem.message}")
 
 
 def gguf_summary(meta: dict, tensors: list[GGUFTensorInfo]) -> dict:
@@ -227,32 +371,63 @@ def describe_safetensors_folder(folder: Path, files: tuple[Path, ...], name: str
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
         mix = Counter[str]()
-        weight_bytes = 0
+        weight_bytes = vision_bytes = 0
         for file in files:
             with open(file, "rb") as stream:
-                for tensor in read_safetensors_header(stream).values():
-                    mix[tensor["dtype"]] += _product(tensor["shape"])
-                    weight_bytes += tensor["data_offsets"][1] - tensor["data_offsets"][0]
+                for name, tensor in read_safetensors_header(stream).items():
+                    # Quantized weights count under their format (FP8_E4M3, NVFP4_SPLIT, ...), scales with them.
+                    stored = stored_format(name, tensor["dtype"])
+                    if stored is not None:
+                        mix[stored[0]] += _product(tensor["shape"]) * stored[1]
+                    size = tensor["data_offsets"][1] - tensor["data_offsets"][0]
+                    if is_vision_tensor(name):  # the image tower: its own line in will-it-fit
+                        vision_bytes += size
+                    else:
+                        weight_bytes += size
         shape = shape_from_hf_config(config, weight_bytes)
+        processor_file = folder / "preprocessor_config.json"
+        processor = json.loads(processor_file.read_text()) if processor_file.is_file() else None
+        vision = vision_from_hf_config(config, vision_bytes, f"{folder.name}/*.safetensors", processor)
+        if vision is not None and takes_images(_engine_architecture(config)):  # as the loader decides
+            shape = replace(shape, vision=vision)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return _with(base, error=f"{name}: {exc}")
     quant = (config.get("quantization_config") or {}).get("quant_method")
     dtypes = ", ".join(d for d, _ in mix.most_common())
-    return _with(
+    return _with_file_check(_with(
         base,
+        chat_template=_folder_has_chat_template(folder),
         architecture=shape.architecture,
         parameters=sum(mix.values()),
         quantization=f"{quant} ({dtypes})" if quant else (dtypes if len(mix) == 1 else f"mixed: {dtypes}"),
         quant_mix=tuple(mix.most_common()),
         context_length=shape.context_length,
         shape=shape,
-    )
+        vision=shape.vision.source if shape.vision else None,
+    ))
+
+
+def _folder_has_chat_template(folder: Path) -> bool | None:
+    """Hugging Face folders keep the template in tokenizer_config.json or chat_template.jinja."""
+    if (folder / "chat_template.jinja").is_file() or (folder / "chat_template.json").is_file():
+        return True
+    try:
+        config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return bool(config.get("chat_template")) if isinstance(config, dict) else None
 
 
 def _with(entry: ModelEntry, **fields) -> ModelEntry:
-    from dataclasses import replace
-
     return replace(entry, **fields)
+
+
+def _engine_architecture(config: dict[str, Any]) -> str:
+    """The engine's family name for a config.json ("" for one it does not run)."""
+    try:
+        return architecture_of(config)
+    except CheckpointError:
+        return ""
 
 
 def _product(shape: list[int]) -> int:
@@ -268,8 +443,15 @@ def _size(path: Path) -> int:
     return path.stat().st_size
 
 
-def _copy_tree(src: Path, dst: Path, move: bool, done: int, total: int,
-               progress: ProgressCallback | None, token: CancelToken | None) -> int:
+def _copy_tree(
+    src: Path,
+    dst: Path,
+    move: bool,
+    done: int,
+    total: int,
+    progress: ProgressCallback | None,
+    token: CancelToken | None,
+) -> int:
     """Copy a file or folder through `.part` names so a cancelled copy leaves nothing half-made."""
     if src.is_dir():
         for child in sorted(src.iterdir()):
@@ -299,6 +481,7 @@ def _copy_tree(src: Path, dst: Path, move: bool, done: int, total: int,
 
 
 # --- file headers: read without touching the weights -------------------------------------------
+
 
 class HeaderIncomplete(ValueError):
     """The bytes ended inside a file header: a truncated file, or a prefix that was too short."""

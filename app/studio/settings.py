@@ -107,6 +107,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("engine.kv_dtype", "auto", "choice", "KV cache precision",
             "auto: float16 on the GPU, float32 on the CPU. fp8 halves KV memory at a small quality cost.",
             "Engine", ("auto", "float16", "fp8", "float32")),
+    Setting("engine.prefix_cache", True, "bool", "Prefix cache",
+            "Reuse the work done on prompt beginnings seen before (agents resend long prompts every turn). "
+            "Off: every prompt is computed in full. Applies when a model is loaded.", "Server"),
     Setting("engine.gpu_memory_utilization", 0.90, "float", "GPU memory share",
             "Fraction of the GPU's free memory the engine may take.", "Engine", minimum=0.05, maximum=1.0),
     Setting("engine.max_num_seqs", 32, "int", "Parallel requests",
@@ -118,6 +121,8 @@ SETTINGS: tuple[Setting, ...] = (
             "probability.", "Chat", minimum=0.01, maximum=1.0),
     Setting("chat.max_tokens", 1024, "int", "Max answer tokens", "Longest answer, in tokens.", "Chat",
             minimum=1, maximum=1_000_000),
+    Setting("chat.enter_sends", True, "bool", "Enter sends",
+            "On: Enter sends and Shift+Enter starts a new line. Off: Ctrl+Enter sends.", "Chat"),
     Setting("compare.openrouter_base_url", "https://openrouter.ai/api/v1", "str", "OpenRouter base URL",
             "Where OpenRouter targets send requests.", "Compare"),
     Setting("compare.timeout_s", 120.0, "float", "Request timeout (s)",

@@ -8,6 +8,7 @@ and is reused until another model is chosen.
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 import threading
 from collections.abc import Callable
@@ -95,9 +96,23 @@ class TranscriptionService:
         if cancel is not None and cancel():
             raise TranscriptionCancelled("transcription cancelled before it started")
         transcriber = self.transcriber()
-        return transcriber.transcribe(
-            path, language=language, prompt=prompt, word_timestamps=True, progress=progress, cancel=cancel
-        )
+        try:
+            return transcriber.transcribe(
+                path, language=language, prompt=prompt, word_timestamps=True, progress=progress, cancel=cancel
+            )
+        except AudioError as exc:
+            raise AudioError(exc.source, readable_audio_error(exc.problem, path)) from exc
+
+
+_ERRNO = re.compile(r"\[Errno -?\d+\]\s*")
+
+
+def readable_audio_error(message: str, path: Path) -> str:
+    """The decoder's message in words: no "[Errno 1094995529]", no repeated path, and what it means."""
+    text = _ERRNO.sub("", message).replace(f": '{path}'", "").replace(f": {path}", "")
+    if "Invalid data" in text:
+        text = text.rstrip(".") + ". The file is damaged, or is not really the audio format its name says."
+    return text
 
 
 def export_transcript(transcript: Transcript, path: str | Path, response_format: str | None = None) -> Path:

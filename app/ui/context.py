@@ -63,7 +63,7 @@ class StudioContext:
         return Path(self.settings.get("models.folder") or self.paths.models_dir)
 
     def library(self) -> ModelLibrary:
-        return ModelLibrary(self.models_dir)
+        return ModelLibrary(self.models_dir, self.paths.other_models)
 
     def hub(self) -> HubClient:
         """A hub client with the current endpoint setting and token (both may change while running)."""

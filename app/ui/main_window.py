@@ -8,14 +8,25 @@ from pathlib import Path
 
 from PySide6.QtCore import QSize, QTimer
 from PySide6.QtGui import QAction, QCloseEvent, QIcon, QKeySequence
-from PySide6.QtWidgets import QHBoxLayout, QListWidget, QListWidgetItem, QMainWindow, QStackedWidget, QWidget
+from PySide6.QtWidgets import (
+    QHBoxLayout,
+    QListWidget,
+    QListWidgetItem,
+    QMainWindow,
+    QStackedWidget,
+    QVBoxLayout,
+    QWidget,
+)
 
+from app.studio.gpu_support import gpu_support
 from app.studio.runtime import RuntimeStatus, engine_config
 from app.studio.server_control import ServerError
 from app.ui.context import StudioContext
 from app.ui.panes import PANES, PaneSpec
+from app.ui.widgets.gpu_banner import GpuBanner
 from app.ui.widgets.settings_form import SettingsDialog
 from app.ui.widgets.status_bar import RuntimeStatusBar
+from app.ui.widgets.wheel_guard import guard_wheel
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +56,14 @@ class MainWindow(QMainWindow):
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.navigation)
         layout.addWidget(self.stack, 1)
-        self.setCentralWidget(central)
+        self.gpu_banner = GpuBanner()
+        outer = QWidget()
+        column = QVBoxLayout(outer)
+        column.setContentsMargins(0, 0, 0, 0)
+        column.setSpacing(0)
+        column.addWidget(self.gpu_banner)
+        column.addWidget(central, 1)
+        self.setCentralWidget(outer)
 
         self.status = RuntimeStatusBar()
         self.setStatusBar(self.status)
@@ -56,6 +74,9 @@ class MainWindow(QMainWindow):
         self._memory_timer.timeout.connect(self.refresh_memory)
         self._memory_timer.start(MEMORY_POLL_MS)
         self.refresh_memory()
+        if context.settings.get("engine.device") != "cpu":  # asked for the CPU: nothing to explain
+            context.worker.submit(lambda ctx: gpu_support(), on_done=self.gpu_banner.show_support, owner=self)
+        self.settings_dialog: SettingsDialog | None = None
         self._build_menu()
         self.resize(QSize(1280, 800))
         self._closed = False
@@ -63,19 +84,35 @@ class MainWindow(QMainWindow):
     def _add_pane(self, spec: PaneSpec) -> None:
         pane = spec.build(self.context)
         pane.setObjectName(f"pane:{spec.key}")
+        guard_wheel(pane)
         self.panes[spec.key] = pane
         self.stack.addWidget(pane)
+        wanted = getattr(pane, "chat_model_wanted", None)
+        if wanted is not None:
+            wanted.connect(self.show_recommended)
         item = QListWidgetItem(spec.title)
         item.setToolTip(spec.tooltip)
         self.navigation.addItem(item)
 
     def _build_menu(self) -> None:
         studio = self.menuBar().addMenu("&Studio")
-        settings = QAction("&Settings…", self, shortcut=QKeySequence.StandardKey.Preferences)
+        settings = self.settings_action = QAction("&Settings…", self)
+        # Ctrl+, everywhere (the platform's Preferences key is empty on most Linux desktops)
+        settings.setShortcuts([QKeySequence("Ctrl+,"),
+                               *QKeySequence.keyBindings(QKeySequence.StandardKey.Preferences)])
         settings.triggered.connect(self.open_settings)
         quit_action = QAction("&Quit", self, shortcut=QKeySequence.StandardKey.Quit)
         quit_action.triggered.connect(self.close)
         studio.addActions([settings, quit_action])
+        chat = self.menuBar().addMenu("&Chat")
+        new_chat = QAction("&New chat", self, shortcut=QKeySequence("Ctrl+N"))
+        new_chat.triggered.connect(self.new_chat)
+        chat.addAction(new_chat)
+        view = self.menuBar().addMenu("&View")
+        for number, key in enumerate(list(self.panes)[:9], start=1):  # Ctrl+1..6: the panes in order
+            go = QAction(self.navigation.item(number - 1).text(), self, shortcut=QKeySequence(f"Ctrl+{number}"))
+            go.triggered.connect(lambda _=False, k=key: self.show_pane(k))
+            view.addAction(go)
         model = self.menuBar().addMenu("&Model")
         load = QAction("Load the &start-up model", self)
         load.triggered.connect(lambda: self.load_model())
@@ -89,6 +126,18 @@ class MainWindow(QMainWindow):
 
     def show_pane(self, key: str) -> None:
         self.navigation.setCurrentRow(list(self.panes).index(key))
+
+    def new_chat(self) -> None:
+        if "chat" in self.panes:
+            self.show_pane("chat")
+            self.panes["chat"].new_chat()
+            self.panes["chat"].input.setFocus()
+
+    def show_recommended(self) -> None:
+        """The Models pane's hub tab on its recommended chat models."""
+        if "models" in self.panes:
+            self.show_pane("models")
+            self.panes["models"].show_recommended()
 
     def load_model(self, model: str | None = None, **overrides: object) -> None:
         """Load `model` (a path, a name in the models folder, "default"; None: the start-up setting).
@@ -104,7 +153,12 @@ class MainWindow(QMainWindow):
         self.context.host.load(config)
 
     def open_settings(self) -> None:
-        SettingsDialog(self.context.settings, self.context.secrets, self).exec()
+        """Window-modal, not a nested event loop: the answer streaming behind it keeps streaming."""
+        if self.settings_dialog is not None and self.settings_dialog.isVisible():
+            self.settings_dialog.raise_()
+            return
+        self.settings_dialog = SettingsDialog(self.context.settings, self.context.secrets, self, self.context.dialogs)
+        self.settings_dialog.open()
 
     def refresh_memory(self) -> None:
         self.status.show_memory(self.context.host.memory())

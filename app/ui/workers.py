@@ -45,26 +45,61 @@ T = TypeVar("T")
 ErrorHandler = Callable[[BaseException], None]
 
 
-def install_asyncgen_hooks(loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
-    """Close abandoned async generators on `loop`, as asyncio's own run_forever arranges and qasync does not.
+class AsyncgenHooks:
+    """Closes abandoned async generators on `loop`, as asyncio's own run_forever arranges and qasync does not.
 
     Without this, an HTTP stream left by a `break` is finalized by the garbage collector
     outside the loop and prints "async generator ignored GeneratorExit". Hooks are per
-    thread: call on the Qt thread. Returns a function restoring the previous hooks.
+    thread: install on the Qt thread. A generator remembers the finalizer it first ran
+    under, so one abandoned later (even from another thread) is still closed here.
+    Closing is best effort: a stream that fails to close is logged, never left as a
+    "Task exception was never retrieved" for whoever collects the task.
     """
-    previous = sys.get_asyncgen_hooks()
-    closing: set[asyncio.Future[Any]] = set()
 
-    def finalize(generator: Any) -> None:
-        def close() -> None:
-            task = loop.create_task(generator.aclose())
-            closing.add(task)
-            task.add_done_callback(closing.discard)
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._previous = sys.get_asyncgen_hooks()
+        self._lock = threading.Lock()
+        self._pending = 0  # finalized generators whose aclose has not finished yet
+        self._tasks: set[asyncio.Future[Any]] = set()
+        sys.set_asyncgen_hooks(firstiter=self._previous.firstiter, finalizer=self._finalize)
 
-        loop.call_soon_threadsafe(close)
+    @property
+    def pending(self) -> int:
+        with self._lock:
+            return self._pending
 
-    sys.set_asyncgen_hooks(firstiter=previous.firstiter, finalizer=finalize)
-    return lambda: sys.set_asyncgen_hooks(*previous)
+    def restore(self) -> None:
+        """Put back the hooks that were there before (generators already started keep this finalizer)."""
+        sys.set_asyncgen_hooks(*self._previous)
+
+    def _finalize(self, generator: Any) -> None:
+        with self._lock:
+            self._pending += 1
+        try:
+            self._loop.call_soon_threadsafe(self._close, generator)
+        except RuntimeError:  # the loop is closed: nothing left to close the stream on
+            self._done_one()
+
+    def _close(self, generator: Any) -> None:
+        task = self._loop.create_task(generator.aclose())
+        self._tasks.add(task)
+        task.add_done_callback(self._closed)
+
+    def _closed(self, task: asyncio.Future[Any]) -> None:
+        self._tasks.discard(task)
+        self._done_one()
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("an abandoned async generator failed to close: %r", task.exception())
+
+    def _done_one(self) -> None:
+        with self._lock:
+            self._pending -= 1
+
+
+def install_asyncgen_hooks(loop: asyncio.AbstractEventLoop) -> AsyncgenHooks:
+    """Close abandoned async generators on `loop` (see AsyncgenHooks); `.restore()` undoes it."""
+    return AsyncgenHooks(loop)
 
 
 class UiBridge(QObject):

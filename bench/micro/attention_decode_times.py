@@ -1,11 +1,16 @@
 """Decode attention alone (attention_decode.cu), one sequence at the Qwen3-8B head shape, timed
 as CUDA-graph replays of back-to-back launches (H200): where its time goes at short contexts.
 
-    python3 bench/micro/attention_decode_times.py
+    python3 bench/micro/attention_decode_times.py          # short contexts, one sequence
+    python3 bench/micro/attention_decode_times.py --long   # the agent rows: 8 x 8k and 1 x 32k
 
 One line per (context, blocks per KV head): microseconds per launch. One block over several
 chunks against one chunk per block shows the per-chunk cost; one chunk alone the floor; the
 difference between one active block and several the cost of merging their partials.
+
+`--long` times the contexts of issue 16's decode rows (8 sequences at 8k, 1 at 32k, 4 at 16k), each
+launch on another layer's cache of LAYERS so that the 50 MB L2 holds none of it, and gives the KV
+bytes read per second beside the microseconds: the number to hold against the copy bandwidth.
 """
 
 from __future__ import annotations
@@ -26,12 +31,44 @@ from app.engine.backend.cuda.backend import CudaBackend
 from app.engine.kernels.attention_decode import attention_decode
 
 HEADS = {"qwen3-8b": (32, 8, 128), "qwen3-0.6b": (16, 8, 128)}
+LONG = ((8, 8000), (1, 32000), (4, 16000))  # (sequences, context)
+LAYERS = 6  # distinct caches a timed graph cycles through: more bytes than L2
+
+
+def long_contexts(backend: CudaBackend, blocks: tuple[int, ...]) -> None:
+    import cupy
+
+    from app.engine.kernels.attention_decode import block_layout, clusters_supported, plan_blocks
+
+    _, n_kv, head_dim = HEADS["qwen3-8b"]
+    sm_count = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    rng = np.random.default_rng(0)
+    for n_seqs, ctx in LONG:
+        layers = [_attention_setup(backend, rng, n_seqs, ctx, 1, HEADS["qwen3-8b"]) for _ in range(LAYERS)]
+        kv_bytes = 2 * n_seqs * ctx * n_kv * head_dim * 2
+        row: dict = {"shape": "qwen3-8b", "seqs": n_seqs, "ctx": ctx, "kv_mb": round(kv_bytes / 1e6, 1)}
+        for bps in blocks:
+            n_blocks = plan_blocks(n_seqs, n_kv, ctx, sm_count, head_dim, bps)
+            calls = []
+            for q, kc, vc, meta in layers:
+                out = cupy.empty_like(q)
+                args = (q, kc, vc, meta.seq_lens, meta.block_tables, head_dim**-0.5, None, None, n_blocks, out)
+                calls.append(functools.partial(attention_decode, *args))
+            seconds, _ = time_graph(calls * 4)
+            grid = block_layout(n_blocks, clusters_supported())[0]
+            row[f"bps{bps}"] = {"us": round(seconds * 1e6, 1), "tb_s": round(kv_bytes / seconds / 1e12, 2), "blocks": grid}
+        print(json.dumps(row), flush=True)
+        del layers
+        cupy.get_default_memory_pool().free_all_blocks()
 
 
 def main() -> None:
     import cupy
 
     backend = CudaBackend()
+    if "--long" in sys.argv:
+        long_contexts(backend, (2, 3, 4, 6, 8, 12))
+        return
     rng = np.random.default_rng(0)
     for name, heads in HEADS.items():
         for ctx in (64, 330, 1000, 4000):

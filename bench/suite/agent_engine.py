@@ -12,6 +12,10 @@ step that returns the first token, the engine stepped back to back):
 - decode32k:  one session at 32k context: step time p50 over 64 decode steps.
 - interfere:  8 sessions decoding at 2k context while a 16k-token prompt prefills: their step-time
               p99 against p50 without it.
+c8 reports the decode steps that replayed a cascade graph (PADDOCK_CASCADE=1: the shared prefix read
+once per step, kernels/attention_cascade.py) and that graph's replay time beside the plain one's.
+`--decode-blocks-per-sm N` overrides the tuning table's decode attention parallelism (A/B runs).
+Products of 2-64 tokens run on gemv_mma.cu with PADDOCK_GEMV_MMA_MAX_TOKENS=64 (off by default; A/B).
 `--simt` runs prefill attention on the SIMT kernel (attention.cu) instead of the tensor-core one, in eager
 steps (the prefill graphs of up to 512 tokens are captured with the default at load).
 Prints one JSON line per case.
@@ -123,9 +127,13 @@ def gpu_split(d: Driver, batch: int) -> dict:
     graphs = d.engine.runner.graphs
     if graphs is None:
         return {}
-    replay = graph_replay_ms(graphs._graphs[graphs.bucket_for(batch)][0])
+    bucket = graphs.bucket_for(batch)
+    replay = graph_replay_ms(graphs._graphs[bucket][0])
     ops = profile(d.engine, batch, reps=3)
-    return {"graph_replay_ms": round(replay, 3), "ops_ms": ops}
+    times = {"graph_replay_ms": round(replay, 3)}
+    if bucket in graphs._cascade_graphs:  # its shared length is the last cascade step's, still staged
+        times["cascade_replay_ms"] = round(graph_replay_ms(graphs._cascade_graphs[bucket][0]), 3)
+    return {**times, "ops_ms": ops}
 
 
 def case_c8(d: Driver, sessions: int = 8, out_tokens: int = 128) -> dict:
@@ -144,8 +152,10 @@ def case_c8(d: Driver, sessions: int = 8, out_tokens: int = 128) -> dict:
     total = time.perf_counter() - t0
     split = gpu_split(d, sessions)  # the static inputs still hold the last step's 8 sequences
     decode = [w for w, n in walls if n == sessions]
+    graphs = d.engine.runner.graphs
+    cascade = {} if graphs is None else {"cascade_steps": graphs.cascade_steps}
     return {"sessions": sessions, "itl_p50_ms": statistics.median(decode), "steps": len(walls),
-            "output_tok_s": produced / total, "wall_s": total, **split}  # fmt: skip
+            "output_tok_s": produced / total, "wall_s": total, **cascade, **split}  # fmt: skip
 
 
 def case_decode_long(d: Driver, context: int) -> dict:
@@ -206,7 +216,17 @@ def main() -> None:
         help="2-8 token products on the quantized GEMVs even where a float16 copy exists",
     )
     ap.add_argument("--max-batched-tokens", type=int, default=None)
+    ap.add_argument(
+        "--decode-blocks-per-sm",
+        type=int,
+        default=None,
+        help="decode attention's blocks per multiprocessor instead of the tuning table's",
+    )
     args = ap.parse_args()
+    if args.decode_blocks_per_sm is not None:
+        from app.engine.kernels.tuning import Tuning
+
+        Tuning.decode_blocks_per_sm = property(lambda _: args.decode_blocks_per_sm)
     extra = {} if args.max_batched_tokens is None else {"max_num_batched_tokens": args.max_batched_tokens}
     if args.gemv_small_batches:
         from app.engine.backend.cuda import linear

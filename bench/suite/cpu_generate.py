@@ -7,13 +7,19 @@ median is reported. llama.cpp comes from llama-cpp-python (build it once, outsid
 optional: without it only our figures are printed.
 
     .venv/bin/python bench/suite/cpu_generate.py [--runs 3] [--prompt-tokens 512] [--new-tokens 64]
-        [--llama-python .venv-ref/bin/python]
+        [--llama-python .venv-ref/bin/python] [--cpu-kernels numba numpy] [--threads 2]
+
+`--cpu-kernels` lists our CPU products to run, each in its own subprocess: "numba" (the kernels over
+the quantized blocks, app/engine/backend/cpu_fast/) and "numpy" (the float32 reference). Our load
+time includes numba compiling (or loading from its disk cache) the model's kernels: run twice to see
+the warm figure. The machine is shared: note the load average (printed) beside the figures.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -40,10 +46,11 @@ def run_ours(args: argparse.Namespace) -> dict:
     from app.engine.sampling_params import SamplingParams
 
     started = time.perf_counter()
-    engine = LLMEngine(EngineConfig(device="cpu", max_model_len=4096, max_num_batched_tokens=4096))
+    engine = LLMEngine(EngineConfig(device="cpu", max_model_len=4096, max_num_batched_tokens=4096,
+                                    cpu_kernels=args.kernels, threads=args.threads))  # fmt: skip
     ids = prompt_ids(engine.tokenizer.encode, args.prompt_tokens)
     params = SamplingParams(temperature=0.0, max_tokens=args.new_tokens, ignore_eos=True)
-    engine.generate([ids[:16]], SamplingParams(temperature=0.0, max_tokens=2))  # dequantizes weights once
+    engine.generate([ids[:16]], SamplingParams(temperature=0.0, max_tokens=2))  # numpy: dequantizes weights once
     load_s = time.perf_counter() - started
     prefill, decode = [], []
     for run in range(args.runs):
@@ -90,14 +97,14 @@ def run_llama_cpp(args: argparse.Namespace) -> dict:
 def child(args: argparse.Namespace) -> None:
     import resource
 
-    result = run_ours(args) if args.child == "ours" else run_llama_cpp(args)
+    result = run_llama_cpp(args) if args.child == "llama.cpp" else run_ours(args)
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps(result))
 
 
-def spawn(python: str, which: str, args: argparse.Namespace) -> dict | None:
+def spawn(python: str, which: str, args: argparse.Namespace, kernels: str = "numba") -> dict | None:
     cmd = [python, __file__, "--child", which, "--runs", str(args.runs), "--prompt-tokens", str(args.prompt_tokens),
-           "--new-tokens", str(args.new_tokens), "--threads", str(args.threads)]  # fmt: skip
+           "--new-tokens", str(args.new_tokens), "--threads", str(args.threads), "--kernels", kernels]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         print(f"{which}: failed\n{done.stderr[-2000:]}", file=sys.stderr)
@@ -112,22 +119,25 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--llama-python", default=str(ROOT / ".venv-ref" / "bin" / "python"))
+    parser.add_argument("--cpu-kernels", nargs="+", default=["numba", "numpy"], choices=["numba", "numpy"])
     parser.add_argument("--child", choices=["ours", "llama.cpp"])
+    parser.add_argument("--kernels", default="numba", help=argparse.SUPPRESS)  # one child's CPU products
     args = parser.parse_args()
     if args.child:
         child(args)
         return
-    results = {"ours": spawn(sys.executable, "ours", args)}
+    load_before = os.getloadavg()[0]
+    results = {f"ours-{k}": spawn(sys.executable, "ours", args, k) for k in args.cpu_kernels}
     if Path(args.llama_python).exists():
         results["llama.cpp"] = spawn(args.llama_python, "llama.cpp", args)
     stamp = time.strftime("%Y-%m-%d")
     print(f"\n{stamp}  {platform.node()}  {platform.processor() or platform.machine()}, 2 threads; "
           f"embedded Gemma 3 270M Q4_K_M; prompt {args.prompt_tokens} tokens, {args.new_tokens} new, "
-          f"median of {args.runs}")  # fmt: skip
-    print(f"{'engine':<10} {'prefill tok/s':>14} {'decode tok/s':>13} {'peak RSS MB':>12} {'load s':>7}")
+          f"median of {args.runs}; load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")  # fmt: skip
+    print(f"{'engine':<12} {'prefill tok/s':>14} {'decode tok/s':>13} {'peak RSS MB':>12} {'load s':>7}")
     for name, r in results.items():
         if r:
-            print(f"{name:<10} {statistics.median(r['prefill']):>14.1f} {statistics.median(r['decode']):>13.1f} "
+            print(f"{name:<12} {statistics.median(r['prefill']):>14.1f} {statistics.median(r['decode']):>13.1f} "
                   f"{r['peak_rss_mb']:>12.0f} {r['load_s']:>7.1f}")  # fmt: skip
     out = ROOT / "bench" / "results" / f"cpu_generate-{stamp}.json"
     out.write_text(json.dumps({"date": stamp, "args": vars(args), "results": results}, indent=1))

@@ -4,6 +4,7 @@ python3 bench/suite/gpu_engine.py parity MODEL.gguf     # CUDA (graphs and eager
 python3 bench/suite/gpu_engine.py speed MODEL.gguf ...  # decode steps/s at batch 1 and 32, host time per step
 python3 bench/suite/gpu_engine.py speed MODEL.gguf --batch 32  # one batch size only
 python3 bench/suite/gpu_engine.py prefill MODEL.gguf    # prefill graph replay per bucket, ops of 160 tokens
+python3 bench/suite/gpu_engine.py experts MODEL.gguf N [--batch 1 32]  # MoE experts streamed: tok/s, PCIe bytes/token
 
 Speed: 200 decode steps after every sequence's prefill, wall time per `engine.step()`
 (schedule, graph replay, sampling, detokenize); the bucket's graph replayed back to back
@@ -379,8 +380,51 @@ def host_profile(model: str, batch: int, steps: int = 300) -> None:
     pstats.Stats(profiler).sort_stats("tottime").print_stats(28)
 
 
+def experts(model: str, on_gpu: str, batch: int, steps: int = 64) -> dict:
+    """Decode with `--experts-on-gpu on_gpu` (no CUDA graphs: the router's choices come to the host):
+    wall time per step and the expert bytes copied over PCIe per generated token (the engine's
+    counter over the decode steps alone, after every prefill)."""
+    import cupy
+
+    config = EngineConfig(model=model, device="cuda", max_model_len=4096, max_num_seqs=max(batch, 1),
+                          experts_on_gpu=on_gpu)  # fmt: skip
+    engine = LLMEngine(config)
+    rng = np.random.default_rng(1)
+    params = SamplingParams(temperature=1.0, max_tokens=steps + 8, ignore_eos=True)
+    for i in range(batch):
+        engine.add_request(f"r{i}", rng.integers(0, 256, size=128).tolist(), params)
+    while any(r.num_output_tokens == 0 for r in engine.scheduler.running) or engine.scheduler.num_waiting:
+        engine.step()
+    cupy.cuda.Device().synchronize()
+    before = engine.stats()
+    t0 = time.perf_counter()
+    walls = []
+    for _ in range(steps):
+        s0 = time.perf_counter()
+        engine.step()
+        walls.append(time.perf_counter() - s0)
+    wall = time.perf_counter() - t0
+    after = engine.stats()
+    tokens = after.generation_tokens_total - before.generation_tokens_total
+    copied = after.expert_bytes_copied_total - before.expert_bytes_copied_total
+    streaming = engine.expert_streaming
+    return {
+        "model": Path(model).name, "batch": batch, "experts_on_gpu": on_gpu,
+        "resident_per_layer": None if streaming is None else streaming.on_gpu,
+        "step_ms_p50": 1000 * statistics.median(walls), "tok_s": tokens / wall,
+        "pcie_bytes_per_token": copied / max(tokens, 1), "pcie_gb_s": copied / wall / 1e9,
+        "graphs": engine.runner.graphs is not None,
+    }  # fmt: skip
+
+
 def main() -> None:
     what, *models = sys.argv[1:]
+    if what == "experts":
+        model, on_gpu, *rest = models
+        for batch in [int(b) for b in rest[1:]] if rest[:1] == ["--batch"] else [1, 32]:
+            print(json.dumps(experts(model, on_gpu, batch)), flush=True)
+            _release()
+        return
     if what == "hostprof":
         host_profile(models[0], int(models[1]) if len(models) > 1 else 1)
         return

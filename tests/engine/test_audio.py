@@ -70,11 +70,12 @@ def test_bytes_input_with_progress(transcriber: Transcriber, transcript: Transcr
 
 
 def test_file_object_input_can_be_cancelled(transcriber: Transcriber) -> None:
-    checks = iter([False, True])  # let it start, then stop after the first segment
+    done: list[float] = []  # progress: the cancel turns true once the first segment is in
     with SPEECH.open("rb") as handle, pytest.raises(TranscriptionCancelled, match="cancelled at"):
         transcriber.transcribe(
-            handle, prompt="Foxes and dogs.", word_timestamps=False, cancel=lambda: next(checks)
-        )
+            handle, prompt="Foxes and dogs.", word_timestamps=False, progress=done.append,
+            cancel=lambda: bool(done) and done[-1] > 0,
+        )  # fmt: skip
 
 
 def wav_bytes(frames: bytes) -> bytes:

@@ -185,6 +185,24 @@ def test_gemma_builtin_is_gemmas_official_format() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("name", "answer_at"),
+    [("gemma", "<start_of_turn>model\n"), ("llama3", "<|start_header_id|>assistant<|end_header_id|>\n\n")],
+)
+def test_builtins_write_an_answer_back_as_the_model_wrote_it(name: str, answer_at: str) -> None:
+    """Other turns are trimmed, as the families' templates do; an assistant's text is not, so the
+    next turn's prompt repeats the previous answer's tokens (its KV is in the prefix cache)."""
+    answer = " Hello!\n\n"
+    messages = [
+        {"role": "user", "content": " Hi \n"},
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "2+2?"},
+    ]
+    rendered = builtin_template(name).render(messages)
+    assert answer_at + answer in rendered
+    assert " Hi \n" not in rendered and "Hi" in rendered
+
+
 def test_chatml_and_llama3_builtins() -> None:
     messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
     assert builtin_template("chatml").render(messages) == (

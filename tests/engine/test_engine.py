@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from engine_thread import Settled, settle  # sibling module: pytest puts tests/engine on sys.path
 
 from app.engine.core.async_engine import AsyncEngine
 from app.engine.interface import ContextOverflowError, GenerationRequest
@@ -85,18 +86,15 @@ def test_async_engine_streams_and_a_closed_stream_frees_its_blocks(embedded_engi
                 seen += 1
                 if seen == 2:
                     break
-            await stream.aclose()
-            for _ in range(100):
-                if not embedded_engine.has_unfinished():
-                    break
-                await asyncio.sleep(0.05)
-            return "".join(pieces), engine.stats().requests_running
+            await stream.aclose()  # sends the abort
+            return "".join(pieces), await settle(engine)
         finally:
             await engine.shutdown()
 
-    text, running = asyncio.run(scenario())
+    text, settled = asyncio.run(scenario())
     assert text
-    assert running == 0
+    # synchronous decode: the abort is applied before the next command, so one round trip sees it
+    assert settled == Settled(rounds=1, unfinished=False, requests_running=0, kv_blocks_used=0)
     assert embedded_engine.kv.num_used_blocks == 0
 
 

@@ -182,3 +182,28 @@ def test_grammars_the_library_refuses_are_named(make, message: str) -> None:
 def test_a_sampler_without_a_tokenizer_refuses_grammars() -> None:
     with pytest.raises(ValueError, match="cannot enforce grammars"):
         Sampler(frozenset({EOS})).start(constrained_request(GrammarSpec.json_object()))
+
+
+def test_the_vocabulary_view_is_built_once_per_tokenizer_on_its_own_thread(tiny_tokenizer, monkeypatch) -> None:
+    """Building llguidance's view holds the interpreter for seconds at a 262k vocabulary: it starts when
+    the masks are made (at engine load), off the caller's thread, and engines over one tokenizer share it."""
+    import threading
+
+    from app.engine.sample import grammar
+
+    built_on: list[str] = []
+    table = grammar._TokenTable
+
+    def recording_table(*args):
+        built_on.append(threading.current_thread().name)
+        return table(*args)
+
+    monkeypatch.setattr(grammar, "_TokenTable", recording_table)
+    monkeypatch.setattr(grammar, "_VIEWS", grammar.weakref.WeakKeyDictionary())
+    first, second = GrammarMasks(tiny_tokenizer, PADDED_VOCAB), GrammarMasks(tiny_tokenizer, PADDED_VOCAB)
+    request = constrained_request(GrammarSpec.json_schema(OK_SCHEMA))
+    assert allowed_ids(first, request) == allowed_ids(second, constrained_request(request.sampling_params.grammar))
+    assert first._tokenizer_view() is second._tokenizer_view()
+    assert built_on == ["grammar-vocab"]
+    GrammarMasks(tiny_tokenizer, PADDED_VOCAB + 32)._tokenizer_view()  # another logits width: its own view
+    assert built_on == ["grammar-vocab", "grammar-vocab"]

@@ -65,6 +65,9 @@ def _cubin() -> bool:
 SELECTED = {
     "gemv.cu": ("-DPADDOCK_FORMAT=q6_k", "-DPADDOCK_FORMAT_STRUCT=FmtQ6_K"),
     "dequant.cu": ("-DPADDOCK_FORMAT=q5_0", "-DPADDOCK_FORMAT_STRUCT=FmtQ5_0"),
+    "gemv.cu#lowbit": ("-DPADDOCK_FORMAT=iq4_xs", "-DPADDOCK_FORMAT_STRUCT=FmtIQ4_XS"),  # quant_lowbit.cuh
+    "dequant.cu#lowbit": ("-DPADDOCK_FORMAT=mxfp4", "-DPADDOCK_FORMAT_STRUCT=FmtMXFP4"),
+    "gemv_split.cu": ("-DSPLIT_CODES=e2m1", "-DSPLIT_CODES_STRUCT=CodesE2M1", "-DSPLIT_SCALE=2"),  # NVFP4
     "attention.cu": ("-DATTN_D=64", "-DATTN_G=2"),
     # sm_90: a cluster of two, so each thread merges two output elements
     "attention_decode.cu": ("-DATTN_D=256", "-DATTN_G=2", "-DATTN_CL=2"),
@@ -92,15 +95,29 @@ SELECTED = {
         "-DXQ_U=1",
         "-DXQ_ACT=1",
     ),
+    # The FP8 KV builds (kernels/kv_format.py adds KV_FP8=1 for an FP8 cache).
+    "attention.cu#fp8": ("-DATTN_D=128", "-DATTN_G=4", "-DKV_FP8=1"),
+    "attention_decode.cu#fp8": ("-DATTN_D=64", "-DATTN_G=16", "-DATTN_CL=8", "-DKV_FP8=1"),
+    "attention_prefill.cu#fp8": ("-DPF_D=256", "-DKV_FP8=1"),
+    "kv_cache.cu#fp8": ("-DKV_FP8=1",),
+    "rope_cache.cu#fp8": ("-DKV_FP8=1",),
 }
 SELECTED_ENTRIES = {
     "gemv.cu": "gemv_q6_k_t1_r8",
     "dequant.cu": "dequant_q5_0_f16",
+    "gemv.cu#lowbit": "gemv_iq4_xs_t1_r8",
+    "dequant.cu#lowbit": "dequant_mxfp4_f16",
+    "gemv_split.cu": "gemv_split_e2m1_s2_t1_r4",
     "attention.cu": "attn_d64_g2",
     "attention_decode.cu": "attn_dec_d256_g2",
     "attention_decode.cu#rope": "attn_dec_rope_d128_g4",
     "gemv_fused.cu": "gemv_multi",
     "gemv_int.cu": "gemv_int_gated",
+    "attention.cu#fp8": "attn_d128_g4",
+    "attention_decode.cu#fp8": "attn_dec_d64_g16",
+    "attention_prefill.cu#fp8": "attn_prefill_d256",
+    "kv_cache.cu#fp8": "write_kv_fp8",
+    "rope_cache.cu#fp8": "rope_cache",
 }
 
 
@@ -178,6 +195,7 @@ def test_every_kernel_file_is_checked() -> None:
         "norm.cu",
         "rope.cu",
         "rope_cache.cu",
+        "gemv_split.cu",
     } <= set(SOURCES)
 
 
@@ -260,7 +278,7 @@ def _host_cases() -> list[tuple[str, int, int]]:
     cases = []
     for q in ALL_QTYPES:
         cases += [(q, 3, 256), (q, 5, 1024)]
-        if not q.endswith("_K"):
+        if not q.endswith("_K") and q not in ("IQ4_XS", "NVFP4"):  # 256- and 64-weight blocks
             cases += [(q, 4, 96), (q, 3, 640)]
     return cases
 

@@ -211,7 +211,7 @@ def test_gguf_duplicate_tensor_name(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("ggml_type", "block_bytes"), [(GGMLQuantizationType.Q2_K, 84), (GGMLQuantizationType.IQ4_NL, 18)]
+    ("ggml_type", "block_bytes"), [(GGMLQuantizationType.Q2_K, 84), (GGMLQuantizationType.Q3_K, 110)]
 )
 def test_gguf_real_tensor_of_unsupported_type(
     tmp_path: Path, ggml_type: GGMLQuantizationType, block_bytes: int

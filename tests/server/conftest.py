@@ -43,6 +43,18 @@ def engine(request: pytest.FixtureRequest) -> Iterator[Any]:
         raise ValueError(f"unknown engine kind {request.param!r} (fake, embedded)")
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`slow_on_embedded` makes a test's embedded-engine run slow: the fake's run checks the same server
+    behaviour in milliseconds, and each request on the real model costs about a CPU-second."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and callspec.params.get("engine") == "embedded" and item.get_closest_marker(
+            "slow_on_embedded"
+        ):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture
 def scripted(engine: Any) -> None:
     """For tests that assert the fake's scripted answers exactly: skipped on a real engine."""

@@ -20,6 +20,7 @@ import hashlib
 import json
 import re
 import threading
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -34,19 +35,21 @@ _SPECIAL_RE = re.compile("(" + "|".join(re.escape(s) for s in SPECIALS) + ")")
 
 
 class FakeTokenizer:
-    """One token per character; the five special tokens are parsed from text when asked."""
+    """One token per character; the special tokens (`specials`, ids from 0) are parsed from text when asked."""
 
     vocab_size = CHAR_OFFSET + 0x110000
-    bos_token_id = 1
+    bos_token_id: int | None = 1
     eos_token_id = 2
     eos_token_ids = frozenset({2})
+    specials: list[str] = SPECIALS
+    special_re = _SPECIAL_RE
 
     def encode(self, text: str, add_special_tokens: bool = True, parse_special: bool = True) -> list[int]:
-        ids = [self.bos_token_id] if add_special_tokens else []
-        pieces = _SPECIAL_RE.split(text) if parse_special else [text]
+        ids = [self.bos_token_id] if add_special_tokens and self.bos_token_id is not None else []
+        pieces = self.special_re.split(text) if parse_special else [text]
         for piece in pieces:
-            if parse_special and piece in SPECIALS:
-                ids.append(SPECIALS.index(piece))
+            if parse_special and piece in self.specials:
+                ids.append(self.specials.index(piece))
             else:
                 ids.extend(CHAR_OFFSET + ord(c) for c in piece)
         return ids
@@ -55,13 +58,13 @@ class FakeTokenizer:
         return "".join("" if (i < CHAR_OFFSET and skip_special_tokens) else self.id_to_token(i) for i in ids)
 
     def token_to_id(self, token: str) -> int | None:
-        if token in SPECIALS:
-            return SPECIALS.index(token)
+        if token in self.specials:
+            return self.specials.index(token)
         return CHAR_OFFSET + ord(token) if len(token) == 1 else None
 
     def id_to_token(self, token_id: int) -> str:
         if token_id < CHAR_OFFSET:
-            return SPECIALS[token_id] if token_id < len(SPECIALS) else f"<unused{token_id}>"
+            return self.specials[token_id] if token_id < len(self.specials) else f"<unused{token_id}>"
         return chr(token_id - CHAR_OFFSET)
 
 
@@ -134,6 +137,9 @@ def scripted_answer(prompt: str) -> str:
     return f"Echo: {text[:200]}"
 
 
+BARRIER_SECONDS = 120  # how long "batch-together" requests wait for the rest of their batch
+
+
 @dataclass
 class FakeEngine:
     context_length: int = 2048
@@ -154,7 +160,10 @@ class FakeEngine:
 
     @property
     def model(self) -> ModelInfo:
-        return ModelInfo(self.name, "/fake", "fake", "F32", 1000, self.context_length, "cpu")
+        return ModelInfo(
+            self.name, "/fake", "fake", "mixed (FP8_E4M3, Q4_K, F32)", 1000, self.context_length, "cpu",
+            quant_mix=(("FP8_E4M3", 7), ("Q4_K", 3), ("F32", 2)),
+        )  # fmt: skip
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
         return self._generate(request)
@@ -173,7 +182,10 @@ class FakeEngine:
             while self.prefill_gate is not None and not self.prefill_gate.is_set():
                 await asyncio.sleep(0.002)
             if "batch-together" in prompt:
+                give_up = time.monotonic() + BARRIER_SECONDS  # a failure that names the count, not a hang
                 while self.active < self.batch_barrier:
+                    if time.monotonic() > give_up:
+                        raise RuntimeError(f"only {self.active} of {self.batch_barrier} requests ever ran at once")
                     await asyncio.sleep(0.001)
             for index, (token_id, text, finish, stop_reason) in enumerate(plan):
                 if "explode" in prompt and index == 3:

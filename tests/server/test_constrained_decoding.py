@@ -85,6 +85,7 @@ def assert_valid_call(name: str, arguments: str | dict[str, Any], allowed: set[s
     jsonschema.validate(json.loads(arguments) if isinstance(arguments, str) else arguments, SCHEMAS[name])
 
 
+@pytest.mark.slow  # n=3 sampled tool calls for 2 prompts: 49-417 s in make test-fast runs on this machine
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 def test_openai_tool_choice_required_always_calls_a_tool(oai: openai.OpenAI, live, stream: bool) -> None:
     for seed, prompt in enumerate(PROMPTS[:2]):
@@ -113,6 +114,7 @@ def test_openai_tool_choice_required_always_calls_a_tool(oai: openai.OpenAI, liv
                 assert_valid_call(delta.function.name, delta.function.arguments, set(SCHEMAS))
 
 
+@pytest.mark.slow  # n=3 sampled tool calls: 206 s in a make test-fast run on this machine
 def test_openai_named_tool_choice_calls_that_tool(oai: openai.OpenAI, live) -> None:
     reply = oai.chat.completions.create(
         model=live[1], messages=[{"role": "user", "content": PROMPTS[1]}], tools=OPENAI_TOOLS,
@@ -124,6 +126,7 @@ def test_openai_named_tool_choice_calls_that_tool(oai: openai.OpenAI, live) -> N
         assert_valid_call(call.function.name, call.function.arguments, {"get_time"})
 
 
+@pytest.mark.slow  # 3 sampled tool-use replies: 100-435 s in make test-fast runs on this machine
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 def test_anthropic_tool_choice_any_and_tool_always_use_a_tool(live, stream: bool) -> None:
     server, model = live
@@ -163,7 +166,9 @@ def test_anthropic_tool_choice_any_and_tool_always_use_a_tool(live, stream: bool
             assert_valid_call(name, arguments, {choice["name"]} if choice["type"] == "tool" else set(SCHEMAS))
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+# ~15 CPU-seconds each: the streamed run checks the grammar in `make test-fast`; whole replies differ only in
+# their framing, which the fake engine's protocol tests cover
+@pytest.mark.parametrize("stream", [pytest.param(False, id="whole", marks=pytest.mark.slow), pytest.param(True, id="stream")])
 def test_openai_json_schema_output_always_validates(oai: openai.OpenAI, live, stream: bool) -> None:
     response_format = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER}}
     for seed, prompt in enumerate(PROMPTS[1:]):
@@ -186,6 +191,7 @@ def test_openai_json_schema_output_always_validates(oai: openai.OpenAI, live, st
             jsonschema.validate(json.loads(text), ANSWER)
 
 
+@pytest.mark.slow  # 3 sampled JSON replies: 54 s in a make test-fast run on this machine
 def test_json_object_and_responses_text_format_are_json(oai: openai.OpenAI, live) -> None:
     reply = oai.chat.completions.create(
         model=live[1], messages=[{"role": "user", "content": PROMPTS[0]}], response_format={"type": "json_object"},

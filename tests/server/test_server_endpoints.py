@@ -11,6 +11,10 @@ def test_models_lists_chat_and_embedding_models(openai_client, model_name, embed
     models = {m.id: m for m in openai_client.models.list()}
     assert {model_name, embedder.model_name} <= set(models)
     assert models[model_name].model_extra["max_model_len"] == engine.model.context_length
+    # The weights' formats, tensor counts per format: the loaded checkpoint's own (a mix per tensor).
+    assert models[model_name].model_extra["quantization"] == engine.model.quantization
+    mix = models[model_name].model_extra["quant_mix"]
+    assert mix == dict(engine.model.quant_mix) and len(mix) >= 2 and all(n > 0 for n in mix.values())
     assert openai_client.models.retrieve(model_name).id == model_name
     with pytest.raises(openai.NotFoundError):
         openai_client.models.retrieve("no-such-model")

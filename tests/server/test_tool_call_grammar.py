@@ -106,3 +106,20 @@ def test_refused_schemas_name_their_field() -> None:
     with pytest.raises(ApiError) as refused:
         plan_tools(bad, "required")
     assert refused.value.param == "tools" and refused.value.message.startswith("tools[0] (f): ")
+
+
+def test_arguments_hold_only_declared_keys_unless_the_schema_opens_them() -> None:
+    """An object schema silent on other keys is closed (as in OpenAI's strict mode): a sampled call
+    cannot grow undeclared arguments until max_tokens cuts it off; a schema that opens it keeps it open."""
+    nested = {
+        "type": "object",
+        "properties": {"where": {"type": "object", "properties": {"city": {"type": "string"}}}},
+    }
+    tools = [{"type": "function", "function": {"name": "f", "parameters": nested}}]
+    grammar = plan_tools(tools, "required").grammar
+    assert accepts(grammar, '{"name": "f", "arguments": {"where": {"city": "Lyon"}}}')
+    assert not accepts(grammar, '{"name": "f", "arguments": {"where": {"city": "Lyon"}, "x": 1}}')
+    assert not accepts(grammar, '{"name": "f", "arguments": {"where": {"city": "Lyon", "x": 1}}}')
+    opened = {**nested, "additionalProperties": True}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": opened}}]
+    assert accepts(plan_tools(tools, "required").grammar, '{"name": "f", "arguments": {"x": 1}}')

@@ -33,3 +33,16 @@ def write_docx(path: Path) -> Path:
     document.add_paragraph("Lunch is served at noon in the market hall.")
     document.save(str(path))
     return path
+
+
+def write_scanned_pdf(path: Path, pages: list[str] = PAGES[:2]) -> Path:
+    """A PDF whose pages are pictures of text (as a scanner makes them): no text layer to extract."""
+    from PIL import Image, ImageDraw
+
+    images = []
+    for text in pages:
+        image = Image.new("RGB", (620, 877), "white")  # A4 at 75 dpi
+        ImageDraw.Draw(image).multiline_text((40, 60), text.replace(". ", ".\n"), fill="black")
+        images.append(image)
+    images[0].save(path, "PDF", resolution=75.0, save_all=True, append_images=images[1:])
+    return path

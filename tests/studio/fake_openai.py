@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
@@ -41,6 +43,24 @@ class FakeOpenAI:
         self.gate.set()  # release a held stream so its thread can end
         self._server.shutdown()
         self._server.server_close()
+
+
+@contextmanager
+def fake_servers() -> Iterator[Callable[..., FakeOpenAI]]:
+    """`start(mode="ok", **options)` starts a FakeOpenAI; every one started is stopped on exit."""
+    started: list[FakeOpenAI] = []
+
+    def start(mode: str = "ok", **kwargs) -> FakeOpenAI:
+        server = FakeOpenAI(mode=mode, **kwargs)
+        server.start()
+        started.append(server)
+        return server
+
+    try:
+        yield start
+    finally:
+        for server in started:
+            server.stop()
 
 
 class _Handler(BaseHTTPRequestHandler):

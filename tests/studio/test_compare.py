@@ -7,7 +7,7 @@ import socket
 from collections.abc import AsyncIterator
 
 import pytest
-from fake_openai import FakeOpenAI
+from fake_openai import fake_servers
 
 from app.engine.interface import GenerationRequest, ModelInfo
 from app.engine.request import RequestOutput
@@ -58,17 +58,8 @@ class FakeEngine:
 
 @pytest.fixture
 def servers():
-    started: list[FakeOpenAI] = []
-
-    def make(**kwargs) -> FakeOpenAI:
-        server = FakeOpenAI(**kwargs)
-        server.start()
-        started.append(server)
-        return server
-
-    yield make
-    for server in started:
-        server.stop()
+    with fake_servers() as start:
+        yield start
 
 
 def _closed_port_url() -> str:

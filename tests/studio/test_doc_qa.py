@@ -123,6 +123,7 @@ def test_cancel_leaves_the_set_unchanged(tmp_path: Path, documents: DocumentSet)
         # the first check (before reading) passes; the second, before embedding, cancels
         documents.ingest([write_docx(tmp_path / "travel.docx")], cancel=lambda: next(calls) >= 1)
     assert [d.name for d in documents.documents] == ["festival.pdf"]
+    documents.min_relevance = -1.0  # every excerpt, related or not: the point is which documents are there
     assert [c.hit.chunk.source for c in documents.retrieve("train to Lyon")] == [str(tmp_path / "festival.pdf")] * 3
 
 
@@ -169,6 +170,7 @@ def test_a_base_model_gets_a_completion_prompt_and_a_primed_answer(tmp_path: Pat
 
 def test_excerpts_are_dropped_to_fit_the_context_and_a_hopeless_question_says_why(
         tmp_path: Path, documents: DocumentSet, citing_engine: FakeEngine) -> None:
+    documents.min_relevance = -1.0  # all three pages go, so that the context has to drop some
     documents.ingest([write_pdf(tmp_path / "festival.pdf")])
     whole = asyncio.run(DocQASession(documents, lambda: citing_engine).ask("How much do pears cost?"))
     assert len(whole.citations) == 3 and whole.prompt_tokens is not None
@@ -193,6 +195,7 @@ def test_questions_need_a_model_documents_and_text(tmp_path: Path, documents: Do
 
 
 def test_stop_keeps_the_partial_answer(tmp_path: Path, documents: DocumentSet) -> None:
+    documents.min_relevance = -1.0  # "tell me forever" (the fake engine's slow stream) matches no page
     documents.ingest([write_pdf(tmp_path / "festival.pdf")])
     engine = FakeEngine(context_length=4096)
     session = DocQASession(documents, lambda: engine, max_tokens=2000)
@@ -234,3 +237,43 @@ def test_ingest_on_a_worker_while_questions_are_answered(tmp_path: Path, documen
         assert all(hit.hit.chunk.text for hit in hits)
     worker.join()
     assert len(documents) == 5
+
+
+def test_excerpts_below_the_relevance_floor_are_not_sent(tmp_path: Path, documents: DocumentSet,
+                                                         citing_engine: FakeEngine) -> None:
+    documents.ingest([write_pdf(tmp_path / "festival.pdf")])
+    everything = DocumentSet(lambda: documents.embedder(), min_relevance=-1.0)
+    everything.ingest([tmp_path / "festival.pdf"])
+    scores = [c.hit.score for c in everything.retrieve("How much do pears cost?")]
+    kept = documents.retrieve("How much do pears cost?")
+    assert len(kept) == sum(score >= documents.min_relevance for score in scores) < len(scores)
+    answer = asyncio.run(DocQASession(documents, lambda: citing_engine).ask("How much do pears cost?"))
+    prompt = citing_engine.tokenizer.decode(citing_engine.requests[-1].prompt_token_ids)
+    assert prompt.count("festival.pdf, page") == len(kept) == len(answer.citations)
+    with pytest.raises(DocQAError, match="close enough"):
+        asyncio.run(DocQASession(documents, lambda: citing_engine).ask("Quantum chromodynamics lattice gauge"))
+
+
+def test_a_stored_set_comes_back_with_its_embeddings(tmp_path: Path, documents: DocumentSet) -> None:
+    store = tmp_path / "store"
+    first = DocumentSet(lambda: documents.embedder(), store=store)
+    first.ingest([write_pdf(tmp_path / "festival.pdf")])
+    expected = [(c.label, round(c.hit.score, 5)) for c in first.retrieve("How much do pears cost?")]
+    calls: list[int] = []
+
+    class Counting:  # the same embedder, counting what it is asked to embed
+        dimensions = documents.embedder().dimensions
+
+        def count_tokens(self, texts):
+            return documents.embedder().count_tokens(texts)
+
+        def embed(self, texts):
+            calls.append(len(texts))
+            return documents.embedder().embed(texts)
+
+    again = DocumentSet(Counting, store=store)
+    assert [d.name for d in again.documents] == ["festival.pdf"]
+    assert [(c.label, round(c.hit.score, 5)) for c in again.retrieve("How much do pears cost?")] == expected
+    assert calls == [1]  # only the question was embedded: the excerpts' vectors came from the store
+    again.remove(tmp_path / "festival.pdf")
+    assert DocumentSet(Counting, store=store).documents == []

@@ -192,8 +192,9 @@ def test_paddock_models_and_fit_commands(hub, tmp_path, monkeypatch, capsys):
 def test_split_gguf_is_one_model_of_several_files(client, hub, tmp_path):
     listing = client.list_files(SPLIT_REPO)
     assert [f.path for f in listing.gguf_models] == ["m-00001-of-00002.gguf"]  # no second shard, no projector
-    shards = listing.files_for("m-00001-of-00002.gguf")
+    shards = listing.files_for("m-00001-of-00002.gguf", vision=False)
     assert [f.path for f in shards] == ["m-00001-of-00002.gguf", "m-00002-of-00002.gguf"]
+    assert listing.files_for("m-00001-of-00002.gguf") == [*shards, listing.file("mmproj-m-f16.gguf")]
     remote = client.probe_model(listing)
     one = ModelLibrary(tmp_path).describe(hub.gguf_path).shape.weight_bytes
     assert remote.shape.weight_bytes == one + shards[1].size  # later shards counted by their size

@@ -61,7 +61,10 @@ def test_kv_precision_and_device_defaults():
     llama = shape_from_hf_config(LLAMA3_8B_CONFIG, weight_bytes=16 * GiB)
     at_8k = FitOptions(context_length=8192)
     assert predict_memory(llama, at_8k, "cuda").kv_cache == 1 * GiB  # 128 KiB per token in float16
-    assert predict_memory(llama, FitOptions(context_length=8192, kv_dtype="fp8"), "cuda").kv_cache == GiB // 2
+    # one byte per element plus a float32 scale per (layer, K/V, KV head, 16-token block): 32 x 2 x 8 x 4 x 512
+    assert predict_memory(llama, FitOptions(context_length=8192, kv_dtype="fp8"), "cuda").kv_cache == (
+        GiB // 2 + 32 * 2 * 8 * 4 * 512
+    )
     assert predict_memory(llama, at_8k, "cpu").kv_cache == 2 * GiB  # auto is float32 on the CPU
     assert predict_memory(llama, at_8k, "cpu").overhead == CPU_RUNTIME_OVERHEAD_BYTES
     with pytest.raises(ValueError, match="unknown KV dtype 'int3'"):

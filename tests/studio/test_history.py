@@ -116,3 +116,23 @@ def test_newer_schema_is_refused_untouched(tmp_path):
     db = sqlite3.connect(path)
     assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION + 1
     db.close()
+
+
+def test_answer_versions_are_kept_one_shown_and_deleting_one_shows_another(tmp_path):
+    from app.studio.history import History
+
+    with History(tmp_path / "h.sqlite3") as history:
+        conversation = history.create_conversation()
+        history.add_message(conversation.id, "user", "q")
+        first = history.add_message(conversation.id, "assistant", "a1")
+        second = history.start_message(conversation.id, replacing=first.id)
+        history.append(second.id, "a2")
+        third = history.start_message(conversation.id, replacing=second.id)
+        assert [m.content for m in history.conversation(conversation.id).messages] == ["q", ""]
+        assert [v.id for v in history.versions(first.id)] == [first.id, second.id, third.id]
+        history.show_version(second.id)
+        assert [m.content for m in history.conversation(conversation.id).messages] == ["q", "a2"]
+        history.delete_message(second.id)  # the shown one: the newest remaining is shown instead
+        assert [m.id for m in history.conversation(conversation.id).messages][1] == third.id
+        history.delete_message(first.id)  # the group's head: the rest stay one group
+        assert [v.id for v in history.versions(third.id)] == [third.id]

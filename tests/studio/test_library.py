@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -69,6 +70,26 @@ def test_the_embedded_model_shows_its_quant_mix():
     assert (entry.architecture, entry.quantization, entry.context_length) == ("gemma3", "Q4_K_M", 32768)
     assert {name for name, _ in entry.quant_mix} == {"Q5_0", "Q4_K", "Q6_K", "Q8_0", "F32"}
     assert entry.shape.vocab_size == 262144 and entry.shape.weight_bytes == 246_587_904
+
+
+def test_a_quantized_safetensors_folder_shows_its_formats(models):
+    # FP8 / NVFP4 codes count under their format (by weights, their scale tensors with them), as
+    # the engine's loader reads the same folder.
+    from collections import Counter
+
+    from app.engine.loader.weights import open_checkpoint
+
+    source = Path(__file__).resolve().parents[1] / "fixtures" / "quant_mix" / "hf"
+    folder = models / "acme" / "mixed-FP8"
+    shutil.copytree(source, folder)
+    entry = ModelLibrary(models).describe(folder)
+    loaded = Counter[str]()
+    for tensor in open_checkpoint(source).tensors.values():
+        loaded[tensor.qtype.name] += int(np.prod(tensor.shape))
+    assert dict(entry.quant_mix) == dict(loaded)
+    assert set(loaded) == {"FP8_E4M3", "NVFP4_SPLIT", "BF16", "F32"}
+    assert entry.quantization.startswith("fp8 (") and "NVFP4_SPLIT" in entry.quantization
+    assert entry.parameters == sum(loaded.values()) and entry.error is None
 
 
 def test_damaged_files_are_listed_with_a_reason(models):

@@ -55,17 +55,45 @@ def test_load_reports_what_is_loaded_and_every_step_to_listeners():
     assert host.client is built[0]
 
 
-def test_switching_unloads_the_old_model_before_loading_the_new_one():
+def test_switching_loads_the_new_model_before_releasing_the_old_one():
     built: list[StubEngine] = []
     host = EngineHost(_factory(built), executor=SyncExecutor())
     host.load(EngineConfig(model="a.gguf"))
     seen: list[str] = []
-    host.subscribe(lambda s: seen.append(f"{s.state}:{built[0].closed}"))
+    host.subscribe(lambda s: seen.append(f"{s.state}:{len(built)}:{built[0].closed}"))
     host.load(EngineConfig(model="b.gguf"))
-    assert seen == ["unloading:False", "loading:True", "ready:True"]
+    assert seen == ["loading:1:False", "unloading:2:False", "ready:2:True"]  # b was made while a served
     assert host.client is built[1] and host.status.model == "b.gguf-name"
     host.unload()
     assert host.client is None and host.status.state == "empty" and built[1].closed
+
+
+def test_a_failed_switch_keeps_the_old_model_loaded():
+    built: list[StubEngine] = []
+    host = EngineHost(_factory(built), executor=SyncExecutor())
+    host.load(EngineConfig(model="a.gguf"))
+    result = host.load(EngineConfig(model="broken.gguf")).result()
+    assert not result.ok and "bad magic" in result.error_message
+    assert host.client is built[0] and not built[0].closed
+    status = host.status
+    assert status.ready and status.model == "a.gguf-name" and "bad magic" in status.problem
+    assert status.message.endswith("a.gguf-name is still loaded.")
+
+
+def test_on_the_gpu_the_old_model_is_released_first():
+    built: list[StubEngine] = []
+
+    def make(config: EngineConfig) -> StubEngine:
+        engine = _factory(built)(config)
+        engine.model = ModelInfo(engine.model.name, engine.model.path, "llama", "Q4_K_M", 1_000, 4096, "cuda:0")
+        return engine
+
+    host = EngineHost(make, executor=SyncExecutor())
+    host.load(EngineConfig(model="a.gguf"))
+    seen: list[str] = []
+    host.subscribe(lambda s: seen.append(f"{s.state}:{len(built)}:{built[0].closed}"))
+    host.load(EngineConfig(model="b.gguf"))
+    assert seen[1:] == ["unloading:1:False", "loading:1:True", "ready:2:True"]
 
 
 @pytest.mark.parametrize(("model", "words"), [("broken.gguf", "bad magic"), ("missing.gguf", "was not found")])

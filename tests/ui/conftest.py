@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import qasync
+from PySide6.QtWidgets import QApplication
 from server.fakes import FakeEngine
+from studio.fake_openai import fake_servers
 
 from app.studio.paths import studio_paths
 from app.studio.tasks import SyncExecutor, ThreadExecutor
@@ -35,15 +38,33 @@ class ScriptedDialogs(Dialogs):
     def __init__(self) -> None:
         self.confirm_answer = True
         self.save_to: str | None = None
+        self.choice: str | None = None  # the button `choose` clicks; None: the box is closed
+        self.text_answer: str | None = None  # what `ask_text` types; None: cancelled
+        self.open_answer: list[str] = []  # the files `open_paths` picks; empty: cancelled
         self.asked: list[str] = []
 
     def confirm(self, parent: Any, title: str, text: str) -> bool:
         self.asked.append(text)
         return self.confirm_answer
 
+    def choose(self, parent: Any, title: str, text: str, choices: list[str]) -> str | None:
+        self.asked.append(text)
+        return self.choice
+
+    def ask_text(self, parent: Any, title: str, label: str, text: str) -> str | None:
+        self.asked.append(title)
+        return self.text_answer
+
     def save_path(self, parent: Any, title: str, suggested: str, filters: str) -> str | None:
         self.asked.append(title)
         return self.save_to
+
+    def open_paths(self, parent: Any, title: str, filters: str) -> list[str]:
+        self.asked.append(title)
+        return list(self.open_answer)
+
+
+DRAIN_SECONDS = 5.0  # the longest a test's abandoned streams may take to close at its end
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -68,11 +89,16 @@ def qloop(_session_loop) -> Iterator[qasync.QEventLoop]:
     _session_loop.set_exception_handler(lambda loop, context: errors.append(context))
     asyncio.events._set_running_loop(_session_loop)
     asyncio.set_event_loop(_session_loop)
-    restore_hooks = install_asyncgen_hooks(_session_loop)
+    hooks = install_asyncgen_hooks(_session_loop)
     try:
         yield _session_loop
+        # streams this test abandoned close now, while the loop is the running one, not in a later test
+        deadline = time.monotonic() + DRAIN_SECONDS
+        while hooks.pending and time.monotonic() < deadline:
+            QApplication.processEvents()
+            time.sleep(0.001)
     finally:
-        restore_hooks()
+        hooks.restore()
         asyncio.events._set_running_loop(None)
         asyncio.set_event_loop(None)  # tests after this one make their own loops
     assert not errors, f"errors on the event loop: {errors}"
@@ -136,3 +162,10 @@ def real_engine(embedded_engine) -> Iterator[Any]:
     client = AsyncEngine(engine=embedded_engine)
     yield client
     client.close()
+
+
+@pytest.fixture
+def servers():
+    """Starts local OpenAI-compatible test servers (`servers(mode, **options)`), stopped after the test."""
+    with fake_servers() as start:
+        yield start

@@ -7,6 +7,8 @@ from server.fakes import FakeEngine
 
 from app.studio.chat import ChatSettings
 
+from .held_engine import HeldEngine
+
 WAIT_MS = 10_000
 
 
@@ -22,17 +24,21 @@ def _ask(qtbot, pane, text: str):
 
 
 def test_answer_streams_into_the_transcript_and_is_saved(qtbot, make_window):
-    window = make_window(panes=("chat",), engine=FakeEngine(token_delay=0.001))
+    engine = HeldEngine(parts=["Echo: ", "hello ", "there"])
+    window = make_window(panes=("chat",), engine=engine)
     pane = _chat(window)
-    snapshots: list[str] = []
-    pane.transcript.textChanged.connect(lambda: snapshots.append(pane.transcript.toPlainText()))
-    result = _ask(qtbot, pane, "hello there")
+    pane.input.setPlainText("hello there")
+    with qtbot.waitSignal(pane.answer_finished, timeout=WAIT_MS) as outcome:
+        qtbot.mouseClick(pane.send_button, Qt.MouseButton.LeftButton)
+        for shown in ("Echo:", "Echo: hello", "Echo: hello there"):  # each part is on screen before the next
+            qtbot.waitUntil(lambda: engine.waiting, timeout=WAIT_MS)
+            engine.release()
+            qtbot.waitUntil(lambda shown=shown: shown in pane.transcript.toPlainText(), timeout=WAIT_MS)
+            assert shown == "Echo: hello there" or "Echo: hello there" not in pane.transcript.toPlainText()
+    result = outcome.args[0]
     assert result.ok and result.value.status == "complete"
-    # the view grew delta by delta: partial answers were on screen before the whole one
-    partial = [s for s in snapshots if "Echo:" in s and "Echo: hello there" not in s]
-    assert len(partial) >= 5
     text = pane.transcript.toPlainText()
-    assert "You\nhello there" in text and "Echo: hello there" in text
+    assert "You  Copy · Edit · Delete\nhello there" in text and "Echo: hello there" in text
     assert "tok/s" in text and "prompt" in text  # the answer's statistics line
     [conversation] = window.context.history.conversations()
     assert conversation.title == "hello there"

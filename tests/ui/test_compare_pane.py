@@ -4,26 +4,9 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from PySide6.QtCore import Qt
-from studio.fake_openai import FakeOpenAI
 
 WAIT_MS = 15_000
-
-
-@pytest.fixture
-def servers():
-    started: list[FakeOpenAI] = []
-
-    def start(mode: str, **kwargs) -> FakeOpenAI:
-        server = FakeOpenAI(mode=mode, **kwargs)
-        server.start()
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
 
 
 def _set(column, kind: str, model: str = "", base_url: str = "") -> None:

@@ -101,7 +101,8 @@ def test_an_answer_streams_cites_the_page_and_its_sources_open(qtbot, make_windo
     shown = pane.answer_view.toPlainText()
     assert "[1] festival.pdf, page 3 says" in shown and "Sources\n[1] festival.pdf, page 3" in shown
     assert pane.sources.item(0).text().startswith("[1] festival.pdf, page 3")
-    assert pane.sources.count() == 3
+    assert pane.sources.count() == len(answer.citations) == 2  # the third page is below the relevance floor
+    assert all(c.hit.score >= pane.session.documents.min_relevance for c in answer.citations)
     pane.sources.setCurrentRow(1)  # a click on the second source shows its passage
     assert pane.excerpt_title.text() == f"<b>{answer.citations[1].label}</b>"
     assert pane.excerpt.toPlainText() == answer.citations[1].text
@@ -220,3 +221,27 @@ def test_the_embedded_model_answers_from_a_dropped_pdf_with_a_citation(qtbot, ma
     assert answer.cited[0].label == "[1] festival.pdf, page 1"
     assert "Sources\n[1] festival.pdf, page 1" in pane.answer_view.toPlainText()
     assert "gemma-3-270m-q4_k_m reads text only" in pane.mode.text()
+
+
+
+def test_a_document_set_is_back_after_a_restart(qtbot, make_window, make_context, tmp_path, citing_engine):
+    first = make_window(make_context(citing_engine), panes=("documents",))
+    ingest(qtbot, first.pane("documents"), [write_pdf(tmp_path / "festival.pdf")])
+    listed = rows(first.pane("documents"))
+    first.close()
+
+    pane = make_window(make_context(citing_engine), panes=("documents",)).pane("documents")
+    assert rows(pane) == listed and listed[0][0] == "festival.pdf"
+    result = ask(qtbot, pane, "How much do pears cost?")
+    assert result.ok and result.value.citations[0].text == PAGES[2]  # searched with the kept vectors
+
+
+def test_the_passage_viewer_follows_the_current_answer(qtbot, make_window, tmp_path, citing_engine):
+    pane = make_window(panes=("documents",), engine=citing_engine).pane("documents")
+    ingest(qtbot, pane, [write_pdf(tmp_path / "festival.pdf")])
+    first = ask(qtbot, pane, "How much do pears cost?").value
+    assert pane.excerpt.toPlainText() == first.cited[0].text
+    second = ask(qtbot, pane, "When does the festival open?").value
+    assert second.citations[0].text != first.cited[0].text
+    assert pane.excerpt_title.text() == f"<b>{second.cited[0].label}</b>"
+    assert pane.excerpt.toPlainText() == second.cited[0].text and pane.sources.currentRow() == 0

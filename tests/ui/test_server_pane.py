@@ -88,3 +88,17 @@ def test_a_port_in_use_is_explained(qtbot, pane):
         qtbot.waitUntil(lambda: pane.error.isVisibleTo(pane), timeout=WAIT_MS)
     assert "already in use by another program" in pane.error.text()
     assert not pane.toggle.isChecked() and pane.toggle.isEnabled()
+
+
+def test_kv_cache_settings_are_saved_for_the_next_model_load(qtbot, pane):
+    from app.studio.runtime import engine_config
+
+    assert pane.prefix_cache.isChecked() and pane.kv_dtype.currentData() == "auto"  # the defaults
+    pane.prefix_cache.setChecked(False)
+    pane.kv_dtype.setCurrentIndex(pane.kv_dtype.findData("fp8"))
+    pane.port.setValue(free_port())
+    _toggle(qtbot, pane, True)  # starting saves the pane's settings
+    _toggle(qtbot, pane, False)
+    assert pane.settings.get("engine.prefix_cache") is False and pane.settings.get("engine.kv_dtype") == "fp8"
+    config = engine_config(pane.settings)
+    assert config.enable_prefix_caching is False and config.kv_dtype_name == "fp8"

@@ -165,3 +165,23 @@ def test_cancel_stops_the_transcription(qtbot, make_context):
     assert pane.drop_zone.isEnabled() and pane.result is None
     assert pane.model_label.text() == "Model: slow-fake · Device: CPU (int8) · loaded"
     worker.shutdown()
+
+
+def test_a_corrupt_file_is_explained_in_words_and_the_transcript_stays(qtbot, transcribed, tmp_path):
+    pane = transcribed
+    kept = pane.words.toPlainText()
+    broken = tmp_path / "broken.wav"
+    broken.write_bytes(b"RIFF" + bytes(range(256)) * 4)  # a WAV name, not WAV data
+    result = transcribe(qtbot, pane, broken)
+    assert not result.ok
+    message = pane.error.text()
+    assert "broken.wav" in message and "Errno" not in message and "1094995529" not in message
+    assert "damaged" in message
+    assert pane.words.toPlainText() == kept and pane.result is not None  # the earlier transcript is kept
+
+
+def test_without_playback_the_position_slider_is_hidden(window):
+    from app.ui.panes import transcribe as module
+
+    pane = window.pane("transcribe")
+    assert pane.position_row.isVisibleTo(pane) == module.HAS_PLAYBACK

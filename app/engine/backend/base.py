@@ -41,6 +41,17 @@ class AttentionMetadata:
     # Host copies, for backends that loop over sequences on the host (numpy does).
     host_query_start_loc: np.ndarray | None = None
     host_seq_lens: np.ndarray | None = None
+    # Per sequence, absolute position spans [start, end) whose tokens attend both ways (an image's
+    # soft tokens); None for text-only steps. Set, the step runs `reference_attention`'s path.
+    image_spans: list[list[tuple[int, int]]] | None = None
+    # A decode batch whose rows share the blocks leading their block tables (the CUDA decode graphs
+    # set it; attention_cascade.py): a hint that reads those keys once. The result is the same
+    # attention, so backends without a cascade path ignore it.
+    shared_prefix: SharedPrefix | None = None
+    # M-RoPE (Qwen2.5-VL) steps with images: each flat token's own cos/sin row, replacing the layers'
+    # tables at `positions` (which keep placing the KV and the causal mask). Set, the step runs
+    # `reference_attention`'s path too.
+    rope: RopeTable | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -49,6 +60,18 @@ class AttentionMetadata:
     @property
     def decode_only(self) -> bool:
         return self.max_query_len == 1
+
+
+@dataclass(frozen=True)
+class SharedPrefix:
+    """Keys [0, length) that every row of a decode batch reads through the same blocks, as device
+    arrays a CUDA graph's replays refill: `length` int32 [1]; the batch's n rows as one pseudo sequence,
+    `query_start_loc` int32 [2] = (0, n) and `seq_len` int32 [1] = length - 1 + n (so each row sits
+    past every shared key)."""
+
+    query_start_loc: Array
+    seq_len: Array
+    length: Array
 
 
 @dataclass(frozen=True)
@@ -86,9 +109,29 @@ class Backend(Protocol):
         ...
 
     def alloc_kv_cache(
-        self, num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int
+        self, num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int, dtype: str = "auto"
     ) -> tuple[Array, Array]:
-        """K and V caches of one layer, each `[num_blocks, block_size, n_kv_heads, head_dim]`."""
+        """K and V caches of one layer, each `[num_blocks, block_size, n_kv_heads, head_dim]` in
+        `dtype` ("auto": the backend's `kv_dtype`; "float16", "float32", "fp8": an FP8 cache with
+        per-block scales, backend/fp8_kv.py). A dtype the backend cannot run raises ValueError."""
+        ...
+
+    # -- whole KV blocks for the offload tiers (backend/kv_blocks.py: the payload layout) ----
+    def alloc_host_blocks(self, num_blocks: int, block_nbytes: int) -> np.ndarray:
+        """Host rows for `num_blocks` block payloads, uint8 (pinned on CUDA)."""
+        ...
+
+    def read_kv_blocks(self, kv_caches: list, block_ids: Sequence[int], out: np.ndarray) -> None:
+        """Copy the payloads of `block_ids` (every layer) into host rows `out`; may be asynchronous:
+        `out` is valid after `sync_kv_copies()`."""
+        ...
+
+    def write_kv_blocks(self, kv_caches: list, block_ids: Sequence[int], src: np.ndarray) -> None:
+        """Copy host payload rows `src` into `block_ids`, ordered before the next step's work."""
+        ...
+
+    def sync_kv_copies(self) -> None:
+        """Wait until every `read_kv_blocks` so far has landed in its host rows."""
         ...
 
     def rope_table(self, cos: np.ndarray, sin: np.ndarray) -> RopeTable: ...
@@ -200,6 +243,8 @@ class Backend(Protocol):
 
         Grouped-query: head h reads KV head `h // (n_heads // n_kv_heads)`. With a
         sliding window W, the token at position p sees keys at positions p-W+1 .. p.
+        A backend with `supports_attention_sinks` also takes `sinks [n_heads]` (GPT-OSS): head h's
+        softmax gets one more logit `sinks[h]` in its denominator, which weighs no value.
         """
         ...
 

@@ -9,16 +9,27 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from app.engine.backend import kv_blocks
 from app.engine.backend.base import AttentionMetadata, RopeTable, norm_then_product, rope_cache_then_attention
+from app.engine.backend.cpu_experts import CpuStreamedExperts
+from app.engine.backend.fp8_kv import Fp8KvCache
+from app.engine.backend.reference_attention import paged_attention
 from app.engine.quant.dispatch import QuantizedTensor
+
+if TYPE_CHECKING:
+    from app.engine.core.expert_residency import ExpertStreaming
+    from app.engine.models.config import MoeSpec
 
 _GELU_C = np.float32(np.sqrt(2.0 / np.pi))
 GEMV_ABOVE_BYTES = 64 << 20  # dense matrices above this go through gemv for few rows (see linear)
 GEMV_MAX_ROWS = 16
+
+
+KV_NUMPY_DTYPES = {"auto": np.float32, "float32": np.float32, "float16": np.float16}
 
 
 class CpuWeight:
@@ -59,9 +70,13 @@ class CpuFusedWeight:
 
 class CpuBackend:
     name = "cpu"
+    supports_attention_sinks = True  # `attention(..., sinks=)` (GPT-OSS)
     xp = np
     act_dtype = np.float32
     kv_dtype = np.float32
+    # set by the engine for `--experts-on-gpu N`: MoE layers then keep N experts per layer in
+    # "device" slots and copy the rest in per step, as the CUDA backend streams them (see moe)
+    expert_streaming: ExpertStreaming | None = None
 
     # -- memory -------------------------------------------------------------------
     def from_host(self, array: np.ndarray, dtype: Any = None) -> np.ndarray:
@@ -75,9 +90,30 @@ class CpuBackend:
             return np.ascontiguousarray(tensor.dequantize(), dtype=np.float32)
         return CpuWeight(tensor)
 
-    def alloc_kv_cache(self, num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int):
+    def alloc_kv_cache(self, num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int, dtype: str = "auto"):
+        """`dtype`: "auto" or "float32", "float16" (numpy half) or "fp8" (fp8_kv.Fp8KvCache)."""
+        if dtype == "fp8":
+            return tuple(Fp8KvCache.zeros(num_blocks, block_size, n_kv_heads, head_dim) for _ in range(2))
+        if dtype not in KV_NUMPY_DTYPES:
+            raise ValueError(f"unknown KV dtype {dtype!r}; choose auto, float32, float16 or fp8")
         shape = (num_blocks, block_size, n_kv_heads, head_dim)
-        return np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+        return np.zeros(shape, KV_NUMPY_DTYPES[dtype]), np.zeros(shape, KV_NUMPY_DTYPES[dtype])
+
+    # -- whole KV blocks, for the offload tiers (backend/kv_blocks.py) ------------------
+    def alloc_host_blocks(self, num_blocks: int, block_nbytes: int) -> np.ndarray:
+        """Host memory for `num_blocks` block payloads (CUDA: pinned)."""
+        return np.zeros((num_blocks, block_nbytes), np.uint8)
+
+    def read_kv_blocks(self, kv_caches: list, block_ids: Sequence[int], out: np.ndarray) -> None:
+        """Copy the blocks' payloads into host rows `out [len(block_ids), block_nbytes]`."""
+        out[...] = kv_blocks.gather_blocks(np, kv_caches, np.asarray(block_ids, dtype=np.int64))
+
+    def write_kv_blocks(self, kv_caches: list, block_ids: Sequence[int], src: np.ndarray) -> None:
+        """Copy host payload rows `src [len(block_ids), block_nbytes]` into the blocks."""
+        kv_blocks.scatter_blocks(np, kv_caches, np.asarray(block_ids, dtype=np.int64), np.asarray(src, np.uint8))
+
+    def sync_kv_copies(self) -> None:
+        """Wait for block copies in flight (numpy copies synchronously)."""
 
     def rope_table(self, cos: np.ndarray, sin: np.ndarray) -> RopeTable:
         return RopeTable(np.asarray(cos, np.float32), np.asarray(sin, np.float32))
@@ -126,13 +162,19 @@ class CpuBackend:
         (gate, up), (gate_bias, up_bias) = gate_up.parts, gate_up.biases
         return self.gated_activation(self.linear(x, gate, gate_bias), self.linear(x, up, up_bias), kind)
 
-    def rope_cache_attention(self, qkv, rope, k_cache, v_cache, meta, scale, sliding_window=None, softcap=None):
-        return rope_cache_then_attention(self, qkv, rope, k_cache, v_cache, meta, scale, sliding_window, softcap)
+    def rope_cache_attention(
+        self, qkv, rope, k_cache, v_cache, meta, scale, sliding_window=None, softcap=None
+    ):
+        return rope_cache_then_attention(
+            self, qkv, rope, k_cache, v_cache, meta, scale, sliding_window, softcap
+        )
 
     def add_rms_norm_linear(self, x, residual, norm_weight, eps: float, weight):
         return norm_then_product(self, x, residual, norm_weight, eps, weight, None)
 
-    def add_rms_norm_gated_linear(self, x, residual, norm_weight, eps: float, gate_up: CpuFusedWeight, kind: str):
+    def add_rms_norm_gated_linear(
+        self, x, residual, norm_weight, eps: float, gate_up: CpuFusedWeight, kind: str
+    ):
         return norm_then_product(self, x, residual, norm_weight, eps, gate_up, kind)
 
     def rope_and_cache(
@@ -196,6 +238,10 @@ class CpuBackend:
         raise ValueError(f"unknown activation {kind!r}; expected 'silu' or 'gelu_tanh'")
 
     def write_kv(self, k_cache, v_cache, k, v, slot_mapping) -> None:
+        if isinstance(k_cache, Fp8KvCache):
+            k_cache.write(k, slot_mapping)
+            v_cache.write(v, slot_mapping)
+            return
         block_size = k_cache.shape[1]
         blocks, offsets = np.divmod(np.asarray(slot_mapping, dtype=np.int64), block_size)
         k_cache[blocks, offsets] = k
@@ -210,41 +256,42 @@ class CpuBackend:
         scale: float,
         sliding_window: int | None = None,
         softcap: float | None = None,
+        sinks: np.ndarray | None = None,
     ) -> np.ndarray:
-        n_heads, head_dim = q.shape[1], q.shape[2]
-        n_kv = k_cache.shape[2]
-        group = n_heads // n_kv
-        block_size = k_cache.shape[1]
-        starts = meta.host_query_start_loc if meta.host_query_start_loc is not None else meta.query_start_loc
-        seq_lens = meta.host_seq_lens if meta.host_seq_lens is not None else meta.seq_lens
-        out = np.empty_like(q)
-        for i in range(len(seq_lens)):
-            q_start, q_end, ctx = int(starts[i]), int(starts[i + 1]), int(seq_lens[i])
-            n_q = q_end - q_start
-            n_blocks = -(-ctx // block_size)
-            table = meta.block_tables[i, :n_blocks]
-            keys = k_cache[table].reshape(-1, n_kv, head_dim)[:ctx]  # [ctx, n_kv, d]
-            values = v_cache[table].reshape(-1, n_kv, head_dim)[:ctx]
-            # [n_kv, group * n_q, d]: the query heads that share one KV head, stacked as rows
-            qs = q[q_start:q_end].reshape(n_q, n_kv, group, head_dim).transpose(1, 2, 0, 3)
-            qs = qs.reshape(n_kv, group * n_q, head_dim)
-            scores = np.matmul(qs, keys.transpose(1, 2, 0)) * np.float32(scale)  # [n_kv, group*n_q, ctx]
-            if softcap is not None:
-                scores = np.float32(softcap) * np.tanh(scores / np.float32(softcap))
-            q_pos = np.arange(ctx - n_q, ctx)
-            k_pos = np.arange(ctx)
-            visible = k_pos[None, :] <= q_pos[:, None]
-            if sliding_window is not None:
-                visible &= k_pos[None, :] > q_pos[:, None] - sliding_window
-            mask = np.tile(visible, (group, 1))  # rows ordered (group, n_q)
-            scores = np.where(mask[None], scores, np.float32(-np.inf))
-            scores -= scores.max(axis=-1, keepdims=True)
-            probs = np.exp(scores)
-            probs /= probs.sum(axis=-1, keepdims=True)
-            ctx_out = np.matmul(probs, values.transpose(1, 0, 2))  # [n_kv, group*n_q, d]
-            ctx_out = ctx_out.reshape(n_kv, group, n_q, head_dim).transpose(2, 0, 1, 3)
-            out[q_start:q_end] = ctx_out.reshape(n_q, n_heads, head_dim)
-        return out
+        return paged_attention(np, q, k_cache, v_cache, meta, scale, sliding_window, softcap, sinks=sinks)
+
+    # -- mixture of experts streamed from host RAM (only with expert_streaming set) ---------
+    def load_experts(
+        self,
+        spec: MoeSpec,
+        weights: Sequence[Sequence[QuantizedTensor]],
+        biases: Sequence[Sequence[QuantizedTensor | None]],
+    ) -> CpuStreamedExperts | None:
+        """None (the layer's own per-expert loop) unless experts are streamed; then the layer's slots."""
+        if self.expert_streaming is None:
+            return None
+        per_expert = sum(ws[0].data.nbytes for ws in weights)  # what a copy moves: the file's blocks
+        residency = self.expert_streaming.layer(spec.num_experts, spec.num_used, per_expert)
+        return CpuStreamedExperts(weights, biases, residency)
+
+    def moe(self, x: np.ndarray, router_logits: np.ndarray, spec: MoeSpec, experts: CpuStreamedExperts) -> np.ndarray:
+        """The layer's experts' weighted sum, each expert read from the slot the residency manager
+        put it in, its copies made just before its round: the same ops in the same order as the
+        all-resident loop (layers/moe.py), so the same values."""
+        from app.engine.layers.moe import expert_forward, route, sum_over_experts
+
+        weights, chosen = route(np, router_logits, spec)
+        rounds = experts.residency.step(chosen)
+        slot_of = {e: s for r in rounds for e, s in zip(r.experts, r.slots, strict=True)}
+        starts = {r.experts[0]: r.copies for r in rounds if r.experts}
+        experts.fetch([c for r in rounds if not r.experts for c in r.copies])  # a rebalance alone
+
+        def run(expert: int, rows: np.ndarray) -> np.ndarray:
+            experts.fetch(starts.get(expert, ()))
+            slot = slot_of[expert]
+            return expert_forward(self, spec, experts.gate_up[slot], experts.down[slot], experts.down_biases[slot], rows)
+
+        return sum_over_experts(self, x, weights, chosen, spec, run)
 
     def softcap(self, x: np.ndarray, cap: float) -> np.ndarray:
         return np.float32(cap) * np.tanh(x / np.float32(cap))

@@ -14,7 +14,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Hashable
 
+from app.engine.cache.block_table import BlockTable
 from app.engine.cache.blocks import NULL_BLOCK, BlockPool, blocks_for
+from app.engine.cache.offload import KVTiers
 from app.engine.cache.radix import EvictedBlocks, RadixCache, RadixNode
 from app.engine.request import Request, RequestStatus
 
@@ -27,10 +29,16 @@ class KVCacheManager:
         enable_prefix_caching: bool = True,
         extra_key: Hashable = None,
         on_evict: Callable[[EvictedBlocks], None] | None = None,
+        tiers: KVTiers | None = None,
     ) -> None:
         self.block_size = block_size
         self.pool = BlockPool(num_blocks, block_size)
+        # no prefix cache, no tiers: with prefix caching off nothing is reused at all
+        self.tiers = tiers if enable_prefix_caching else None
+        if self.tiers is not None:
+            on_evict = _both(on_evict, self.tiers.spill)
         self.prefix_cache = RadixCache(block_size, on_evict) if enable_prefix_caching else None
+        self.evicted_blocks = 0  # cached blocks evicted from the device pool, since start
         self.extra_key = extra_key  # the prefix-cache namespace: one per model/adapter
         self._holders: dict[str, Request] = {}  # requests holding blocks or a cache lock
         self._locks: dict[str, RadixNode] = {}  # request id -> its locked prefix-cache match
@@ -71,19 +79,43 @@ class KVCacheManager:
         if request.block_ids or request.num_computed_tokens:
             raise ValueError(f"request {request.request_id} already holds KV; match_prefix is for admission")
         matched = 0
+        tiers: dict[str, int] = {}
         if self.prefix_cache is not None and request.num_tokens > 0:
             max_tokens = (request.num_tokens - 1) // self.block_size * self.block_size
-            result = self.prefix_cache.match(request.all_token_ids[:max_tokens], self.extra_key)
+            tokens = request.cache_token_prefix(max_tokens)
+            result = self.prefix_cache.match(tokens, self.extra_key)
             if result.num_tokens:
                 self.prefix_cache.lock(result.node)
                 self._locks[request.request_id] = result.node
-                self.pool.incref(result.block_ids)
-                request.block_ids = list(result.block_ids)
+                request.block_ids = BlockTable(result.block_ids)
+                self.pool.incref(request.block_ids)  # through the table's int32 copy
                 request.num_computed_tokens = matched = result.num_tokens
                 self._holders[request.request_id] = request
+                tiers["device"] = matched
+            if self.tiers is not None:
+                matched += self._load_from_tiers(request, tokens, tiers)
         if request.status == RequestStatus.WAITING:  # a recompute after preemption keeps the first figure
             request.num_cached_tokens = min(matched, request.num_prompt_tokens)
+            request.cached_tokens_by_tier = tiers
         return matched
+
+    def _load_from_tiers(self, request: Request, tokens: list[int], tiers: dict[str, int]) -> int:
+        """Blocks past the device match that the host or disk tier holds, copied into fresh device
+        blocks (no more than are free now); return the tokens they cover."""
+        assert self.tiers is not None
+        start = len(request.block_ids)
+        limit = min(len(tokens) // self.block_size - start, self.num_free_blocks)
+        hits = self.tiers.fetch(self.extra_key, tokens, start, limit)
+        if not hits:
+            return 0
+        block_ids = self._take(len(hits))  # may evict (and spill) other cached blocks; hits are pinned
+        self.tiers.load(hits, block_ids)
+        request.block_ids.extend(block_ids)
+        request.num_computed_tokens += len(hits) * self.block_size
+        self._holders[request.request_id] = request
+        for hit in hits:
+            tiers[hit.tier] = tiers.get(hit.tier, 0) + self.block_size
+        return len(hits) * self.block_size
 
     def can_allocate(self, request: Request, num_new_tokens: int) -> bool:
         return self._blocks_short(request, num_new_tokens) <= self.num_free_blocks
@@ -103,13 +135,18 @@ class KVCacheManager:
             return True
         if need > self.num_free_blocks:
             return False
-        shortfall = need - self.pool.num_free
+        request.block_ids.extend(self._take(need))
+        self._holders[request.request_id] = request
+        return True
+
+    def _take(self, n: int) -> list[int]:
+        """`n` blocks from the free list, evicting unused cached blocks when it is short."""
+        shortfall = n - self.pool.num_free
         if shortfall > 0:
             assert self.prefix_cache is not None
             self.pool.decref(self.prefix_cache.evict(shortfall))
-        request.block_ids.extend(self.pool.allocate(need))
-        self._holders[request.request_id] = request
-        return True
+            self.evicted_blocks += shortfall
+        return self.pool.allocate(n)
 
     def free(self, request: Request) -> None:
         """Release the request's blocks, caching the full blocks whose KV is valid.
@@ -122,7 +159,7 @@ class KVCacheManager:
         if self.prefix_cache is not None:
             num_full = min(request.num_computed_tokens // self.block_size, len(block_ids))
             if num_full:
-                tokens = request.all_token_ids[: num_full * self.block_size]
+                tokens = request.cache_token_prefix(num_full * self.block_size)
                 result = self.prefix_cache.insert(tokens, block_ids[:num_full], self.extra_key)
                 self.pool.incref(block_ids[result.num_cached_tokens // self.block_size : num_full])
             node = self._locks.pop(request.request_id, None)
@@ -138,6 +175,7 @@ class KVCacheManager:
             return 0
         evicted = self.prefix_cache.evict(self.prefix_cache.evictable_blocks)
         self.pool.decref(evicted)
+        self.evicted_blocks += len(evicted)
         return len(evicted)
 
     def check_integrity(self) -> None:
@@ -153,6 +191,8 @@ class KVCacheManager:
                 f"{request.request_id}: {request.num_computed_tokens} computed tokens in {len(request.block_ids)} blocks"
             )
             expected.update(request.block_ids)
+        if self.tiers is not None:
+            self.tiers.check_integrity()
         if self.prefix_cache is not None:
             self.prefix_cache.check_integrity()
             expected.update(self.prefix_cache.iter_block_ids())
@@ -167,3 +207,16 @@ class KVCacheManager:
     def _blocks_short(self, request: Request, num_new_tokens: int) -> int:
         total = request.num_computed_tokens + num_new_tokens
         return self.blocks_needed(total) - len(request.block_ids)
+
+
+def _both(
+    first: Callable[[EvictedBlocks], None] | None, second: Callable[[EvictedBlocks], None]
+) -> Callable[[EvictedBlocks], None]:
+    if first is None:
+        return second
+
+    def hook(evicted: EvictedBlocks) -> None:
+        first(evicted)
+        second(evicted)
+
+    return hook

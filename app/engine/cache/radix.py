@@ -249,7 +249,10 @@ class RadixCache:
         return root
 
     def _full_blocks(self, token_ids: Sequence[int]) -> tuple[int, ...]:
-        return tuple(token_ids[: len(token_ids) // self.block_size * self.block_size])
+        end = len(token_ids) // self.block_size * self.block_size
+        # no slice when the ids are whole blocks already (the manager passes them so): one copy
+        # of a 32k-token prefix instead of two
+        return tuple(token_ids) if end == len(token_ids) else tuple(token_ids[:end])
 
     def _walk(self, root: RadixNode, tokens: tuple[int, ...]) -> tuple[RadixNode, int]:
         """Follow `tokens` (whole blocks) from `root`; return the deepest node matched and

@@ -43,6 +43,7 @@ class AsyncEngine:
         self.model: ModelInfo = self.engine.info
         self.tokenizer = self.engine.tokenizer
         self.chat_template = self.engine.chat_template
+        self.vision = self.engine.vision  # ImagePrompter, or None for a text-only model
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wakeup = threading.Event()
         self._streams: dict[str, _Stream] = {}
@@ -113,6 +114,10 @@ class AsyncEngine:
                 self._fail_all(EngineDeadError(f"the engine failed while generating: {exc}"))
                 continue
             self._deliver_step(outputs)
+        try:  # stopping: keep the prefix cache on disk for the next start (where there is a disk tier)
+            self.engine.persist_prefix_cache()
+        except Exception:
+            log.exception("could not save the prefix cache to the KV disk tier")
 
     def _drain_commands(self) -> None:
         while True:
@@ -135,7 +140,11 @@ class AsyncEngine:
         self._streams[request.request_id] = stream
         try:
             self.engine.add_request(
-                request.request_id, request.prompt_token_ids, request.sampling_params, request.session_id
+                request.request_id,
+                request.prompt_token_ids,
+                request.sampling_params,
+                request.session_id,
+                images=request.images,
             )
         except Exception as exc:
             self._deliver(request.request_id, exc)

@@ -7,17 +7,28 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from app.engine.backend import select_backend
 from app.engine.cache.manager import KVCacheManager
+from app.engine.cache.offload import DeviceBlocks, kv_bytes_moved
 from app.engine.config import DEFAULT_MODEL, EngineConfig
-from app.engine.core.memory_plan import num_kv_blocks, weight_cache_mode
+from app.engine.core.memory_plan import (
+    expert_streaming,
+    kv_dtype,
+    num_kv_blocks,
+    offload_tiers,
+    weight_cache_mode,
+)
 from app.engine.core.output_processor import OutputProcessor
+from app.engine.core.request_log import log_finished
 from app.engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from app.engine.core.vision import attach_vision, place_images
+from app.engine.images import ImageInput
 from app.engine.interface import ContextOverflowError, EngineStats, ModelInfo
 from app.engine.loader.finite import check_finite
 from app.engine.loader.tokenizer import Tokenizer
@@ -67,6 +78,7 @@ class _Counters:
     cached_tokens: int = 0
     last_batch: int = 0
     max_batch: int = 0
+    cached_by_tier: Counter[str] = field(default_factory=Counter)
 
 
 class LLMEngine:
@@ -87,12 +99,16 @@ class LLMEngine:
             template_source, self.tokenizer, self.model_config.architecture
         )
         self.backend = select_backend(
-            config.device, weight_cache_mode(config, self.model_config, self.checkpoint)
-        )
+            config.device, weight_cache_mode(config, self.model_config, self.checkpoint),
+            config.cpu_kernels, config.threads,
+        )  # fmt: skip
 
         cfg = self.model_config
         self.block_size = config.block_size
         positions = min(config.max_model_len or cfg.context_length, cfg.context_length)
+        self.expert_streaming = expert_streaming(config, cfg, self.backend, self.path, positions)
+        if self.expert_streaming is not None:
+            self.backend.expert_streaming = self.expert_streaming
         self.model = build_model(self.checkpoint, self.backend, positions, cfg)
         num_blocks = num_kv_blocks(config, self.model_config, self.backend, positions)
         capacity = (num_blocks - 1) * self.block_size  # block 0 is the pool's null block
@@ -103,12 +119,17 @@ class LLMEngine:
                 "--max-ctx %d exceeds %s: the context is %d tokens",
                 config.max_model_len, limit, self.max_model_len,
             )  # fmt: skip
+        self.kv_dtype = kv_dtype(config, self.backend)
         kv_caches = [
-            self.backend.alloc_kv_cache(num_blocks, self.block_size, cfg.num_kv_heads, cfg.head_dim)
+            self.backend.alloc_kv_cache(num_blocks, self.block_size, cfg.num_kv_heads, cfg.head_dim, self.kv_dtype)
             for _ in range(cfg.num_layers)
         ]
         self.runner = ModelRunner(self.model, self.backend, kv_caches, self.block_size)
-        if self.backend.name == "cuda" and config.cuda_graphs:
+        self.vision = attach_vision(self.runner, self.checkpoint, self.tokenizer, config.mmproj)
+        if self.backend.name == "cuda" and config.cuda_graphs and self.model.syncs_host:
+            log.warning("CUDA graphs off: this model's MoE layers read the router's choices on the host "
+                        "(per-expert products, or experts streamed from host RAM)")
+        elif self.backend.name == "cuda" and config.cuda_graphs:
             from app.engine.worker.decode_graphs import DecodeGraphs
 
             self.runner.graphs = DecodeGraphs(
@@ -119,8 +140,9 @@ class LLMEngine:
                 config.prefill_graphs, self.model, self.backend, kv_caches, self.block_size,
                 self.max_model_len, self.runner.graphs.capture_stream,
             )  # fmt: skip
+        tiers = offload_tiers(config, DeviceBlocks(self.backend, kv_caches), self.path, cfg, self.kv_dtype)
         self.kv = KVCacheManager(
-            num_blocks, self.block_size, enable_prefix_caching=config.enable_prefix_caching
+            num_blocks, self.block_size, enable_prefix_caching=config.enable_prefix_caching, tiers=tiers
         )
         self.scheduler = Scheduler(
             SchedulerConfig(
@@ -151,11 +173,14 @@ class LLMEngine:
             parameters=self.checkpoint.parameter_count,
             context_length=self.max_model_len,
             device=self.backend.name,
+            supports_vision=self.vision is not None,
+            quant_mix=self.checkpoint.quant_mix,
         )
         log.info(
-            "loaded %s (%s, %s) on %s in %.1f s; context %d, %d KV blocks of %d",
+            "loaded %s (%s, %s) on %s in %.1f s; context %d, %d KV blocks of %d (%s), prefix cache %s",
             self.info.name, cfg.architecture, self.info.quantization, self.backend.name,
-            time.monotonic() - started, self.max_model_len, num_blocks, self.block_size,
+            time.monotonic() - started, self.max_model_len, num_blocks, self.block_size, self.kv_dtype,
+            "on" if config.enable_prefix_caching else "off",
         )  # fmt: skip
         log.info("async decode (one step of look-ahead) is %s", "on" if self.async_decode else "off")
 
@@ -172,6 +197,7 @@ class LLMEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         session_id: str = "default",
+        images: Sequence[ImageInput] = (),
     ) -> None:
         if not prompt_token_ids:
             raise ValueError("the prompt is empty: at least one token is needed")
@@ -181,7 +207,8 @@ class LLMEngine:
             raise ValueError(f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})")
         check_sampling_ids(params, vocab)
         self.check_fits(len(prompt_token_ids), params)
-        request = Request(request_id, list(prompt_token_ids), params, session_id=session_id)
+        placed = place_images(self.vision, prompt_token_ids, images)
+        request = Request(request_id, list(prompt_token_ids), params, session_id=session_id, images=placed)
         self.sampler.start(request)  # a grammar's matcher; ValueError if it cannot be served
         self.outputs.add(request)
         self.scheduler.add(request)
@@ -314,6 +341,8 @@ class LLMEngine:
         """The final output of a request the scheduler has finished; forget its state."""
         self.counters.finished += 1
         self.counters.cached_tokens += request.num_cached_tokens
+        self.counters.cached_by_tier.update(request.cached_tokens_by_tier)
+        log_finished(request)
         out = self.outputs.output(request)
         self._forget(request)
         return out
@@ -346,22 +375,41 @@ class LLMEngine:
         self.sampler.forget(request.request_id)
         self.outputs.forget(request.request_id)
 
+    def persist_prefix_cache(self) -> int:
+        """With a disk tier: move every cached prefix block no request uses down to it (the tree's
+        through the host tier), so a restart finds them; return how many went to disk. At shutdown."""
+        tiers = self.kv.tiers
+        if tiers is None or tiers.disk is None:
+            return 0
+        before = tiers.stats.spilled_blocks["disk"]
+        self.kv.reset_prefix_cache()
+        tiers.flush_host_to_disk()
+        return tiers.stats.spilled_blocks["disk"] - before
+
     # -- conveniences -----------------------------------------------------------------
-    def generate(self, prompts: Iterable[list[int]], params: SamplingParams) -> list[dict[str, Any]]:
-        """Run prompts to completion together; results in prompt order (tests, CLI, benchmarks)."""
+    def generate(
+        self,
+        prompts: Iterable[list[int]],
+        params: SamplingParams,
+        images: Sequence[Sequence[ImageInput]] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Run prompts to completion together; results in prompt order (tests, CLI, benchmarks).
+        `images[i]`: prompt i's images, one per run of image tokens."""
         results: dict[str, dict[str, Any]] = {}
         order = []
         for i, ids in enumerate(prompts):
             rid = f"gen-{i}-{time.monotonic_ns()}"
             order.append(rid)
-            results[rid] = {"prompt_token_ids": list(ids), "token_ids": [], "text": "", "logprobs": []}
-            self.add_request(rid, list(ids), params)
+            results[rid] = {"prompt_token_ids": list(ids), "token_ids": [], "text": "", "logprobs": [],
+                            "num_cached_tokens": 0}  # fmt: skip
+            self.add_request(rid, list(ids), params, images=images[i] if images else ())
         while self.has_unfinished():
             for out in self.step():
                 res = results[out.request_id]
                 res["token_ids"].extend(out.new_token_ids)
                 res["text"] += out.new_text
                 res["logprobs"].extend(out.logprobs or [])
+                res["num_cached_tokens"] = out.num_cached_tokens
                 if out.finished:
                     res["finish_reason"] = out.finish_reason
                 if out.error is not None:
@@ -381,4 +429,9 @@ class LLMEngine:
             generation_tokens_total=c.generation_tokens,
             requests_finished_total=c.finished,
             prefix_cache_hit_tokens_total=c.cached_tokens,
+            prefix_cache_hit_tokens_by_tier={tier: c.cached_by_tier[tier] for tier in ("device", "host", "disk")},
+            kv_bytes_moved=kv_bytes_moved(self.kv.tiers),
+            kv_evicted_blocks_total=self.kv.evicted_blocks,
+            preemptions_total=self.scheduler.num_preemptions,
+            expert_bytes_copied_total=self.expert_streaming.bytes_copied if self.expert_streaming else 0,
         )

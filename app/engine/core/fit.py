@@ -1,10 +1,12 @@
 """Will-it-fit: predicted device memory for a model, against what the device has free.
 
-    total = weights + KV cache + activations + runtime overhead
+    total = weights + vision tower + KV cache + activations + runtime overhead
 
 - weights: the tensors' bytes as stored (they stay in their file's quantized layout).
 - KV cache: layers x kv_heads x (key_dim + value_dim) x context x batch x bytes per
-  element (float16 2, fp8 1, float32 4; "auto" is float16 on CUDA and float32 on CPU).
+  element (float16 2, fp8 1, float32 4; "auto" is float16 on CUDA and float32 on CPU); fp8
+  adds one float32 scale per layer, K or V, KV head and block of 16 tokens (so it holds just
+  under twice float16's context in the same memory).
   With equal key and value dims this is the familiar 2 x layers x kv_heads x head_dim x ...
 - activations: the engine's peak working set for one step of T = min(max_num_batched_tokens,
   context) tokens, in float32. Only one layer's intermediates are alive at a time:
@@ -13,8 +15,15 @@
            + 3 x intermediate) x 4        MLP gate, up and their product
   plus the logits of the last position of each sequence: max_num_seqs x vocab x 4.
   Attention is tiled (flash-style), so no T x context score matrix is counted.
+- vision tower (a model that takes images): its weights as stored (the mmproj GGUF beside a
+  GGUF, found as the loader finds it, or a Hugging Face folder's vision tensors) and the working
+  set to encode one image (vision_fit.py).
 - runtime overhead: CUDA context, cuBLAS workspace and allocator slack, a constant
   (`CUDA_RUNTIME_OVERHEAD_BYTES`) to be calibrated against measured peaks on the GPU.
+
+A mixture of experts may keep only a hot set of its experts on the GPU (`experts_on_gpu`, planned
+by `expert_plan.py`): the rest is in pinned host RAM (reported, not counted against the device),
+and the device holds staging slots for the cold experts a step copies in.
 
 The budget is the device's free memory x gpu_memory_utilization (what the engine may
 take). Verdicts: "fits" when the total is within the budget less the prediction margin,
@@ -26,11 +35,23 @@ made from a repo's config and file sizes.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from app.engine.core.expert_plan import ExpertPlan, auto_plan, fixed_plan, parse_experts_on_gpu
+
+# the Studio reaches the vision side of will-it-fit through this public module
+from app.engine.core.vision_fit import VisionShape as VisionShape
+from app.engine.core.vision_fit import is_mmproj_name as is_mmproj_name
+from app.engine.core.vision_fit import is_vision_tensor as is_vision_tensor
+from app.engine.core.vision_fit import takes_images as takes_images
+from app.engine.core.vision_fit import vision_beside_gguf as vision_beside_gguf
+from app.engine.core.vision_fit import vision_from_hf_config as vision_from_hf_config
+from app.engine.core.vision_fit import vision_from_mmproj as vision_from_mmproj
 
 MiB = 1024**2
 GiB = 1024**3
@@ -67,6 +88,10 @@ class ModelShape:
     context_length: int  # the model's own maximum
     weight_bytes: int
     value_head_dim: int | None = None  # None: same as head_dim
+    num_experts: int = 0  # per layer; 0: a dense model
+    experts_used: int = 0  # per token
+    expert_bytes: int = 0  # all layers' expert tensors, part of weight_bytes
+    vision: VisionShape | None = None  # the image tower the engine loads beside it (not in weight_bytes)
 
     def kv_bytes_per_token(self, bytes_per_element: int) -> int:
         value_dim = self.value_head_dim or self.head_dim
@@ -81,8 +106,10 @@ class FitOptions:
     max_num_batched_tokens: int = 2048  # EngineConfig's default
     max_num_seqs: int = 32  # EngineConfig's default
     gpu_memory_utilization: float = 0.90
+    experts_on_gpu: int | str | None = None  # experts per layer kept on the GPU: a number, "auto", "all"
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "experts_on_gpu", parse_experts_on_gpu(self.experts_on_gpu))
         if self.context_length is not None and self.context_length < 1:
             raise ValueError(f"context length must be at least 1, not {self.context_length}")
         if self.batch < 1 or self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
@@ -113,10 +140,23 @@ class MemoryBreakdown:
     activations: int
     overhead: int
     weight_cache: int = 0  # CUDA: float16 copies of the projections (memory traded for speed)
+    expert_staging: int = 0  # slots for cold experts copied in per step
+    host_experts: int = 0  # experts kept in pinned host RAM (not device memory: not in the total)
+    experts_on_gpu: int | None = None  # per layer, when only a hot set is resident
+    pcie_bytes_per_token: float = 0.0  # cold experts copied in per decoded token (uniform routing)
+    vision_weights: int = 0  # the image tower's weights
+    vision_activations: int = 0  # its working set while it encodes one image
+
+    @property
+    def vision(self) -> int:
+        return self.vision_weights + self.vision_activations
 
     @property
     def total(self) -> int:
-        return self.weights + self.weight_cache + self.kv_cache + self.activations + self.overhead
+        return (
+            self.weights + self.weight_cache + self.expert_staging + self.kv_cache + self.activations + self.overhead
+            + self.vision
+        )
 
 
 @dataclass(frozen=True)
@@ -130,18 +170,27 @@ class FitReport:
     kv_dtype: str
     max_context: int  # the largest context (whole blocks, <= the model's) that "fits"; 0: none
     model_context_length: int
+    vision_source: str | None = None  # the file the vision tower comes from; None: a text-only model
 
     def summary(self) -> str:
         b = self.breakdown
         lines = [
             f"Verdict: {self.verdict} ({format_bytes(b.total)} needed; {self.device.describe()})",
             f"  weights      {format_bytes(b.weights):>10}",
+            *([f"  vision       {format_bytes(b.vision):>10}  ({format_bytes(b.vision_weights)} of weights in "
+               f"{self.vision_source}, {format_bytes(b.vision_activations)} to encode an image)"]
+              if self.vision_source else []),
             f"  f16 copies   {format_bytes(b.weight_cache):>10}  (CUDA: faster batched products)",
             f"  KV cache     {format_bytes(b.kv_cache):>10}  ({self.context_length} tokens x {self.batch}, "
             f"{self.kv_dtype})",
             f"  activations  {format_bytes(b.activations):>10}",
             f"  overhead     {format_bytes(b.overhead):>10}",
         ]
+        if b.experts_on_gpu is not None:
+            lines.insert(2, f"  experts      {b.experts_on_gpu} per layer on the GPU; "
+                            f"{format_bytes(b.host_experts)} in pinned host RAM, "
+                            f"{format_bytes(b.expert_staging)} staging, "
+                            f"~{format_bytes(int(b.pcie_bytes_per_token))} over PCIe per token")  # fmt: skip
         if self.budget_bytes is not None:
             lines.append(f"Largest context that fits: {self.max_context} tokens "
                          f"(model maximum {self.model_context_length})")
@@ -150,6 +199,7 @@ class FitReport:
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["breakdown"]["total"] = self.breakdown.total
+        data["breakdown"]["vision"] = self.breakdown.vision
         return data
 
 
@@ -164,7 +214,16 @@ def resolve_kv_dtype(name: str, device_kind: str) -> str:
 
 
 def kv_cache_bytes(shape: ModelShape, context_length: int, batch: int, kv_dtype: str) -> int:
-    return shape.kv_bytes_per_token(KV_DTYPE_BYTES[kv_dtype]) * context_length * batch
+    """KV bytes for `batch` sequences of `context_length` tokens; FP8 adds its float32 scale per
+    (layer, K or V, KV head, block of BLOCK_SIZE tokens), as backend/fp8_kv.py keeps them."""
+    elements = shape.kv_bytes_per_token(KV_DTYPE_BYTES[kv_dtype]) * context_length
+    return (elements + fp8_scale_bytes(shape, context_length, kv_dtype)) * batch
+
+
+def fp8_scale_bytes(shape: ModelShape, context_length: int, kv_dtype: str) -> int:
+    if kv_dtype != "fp8":
+        return 0
+    return 2 * shape.num_layers * shape.num_kv_heads * 4 * -(-context_length // BLOCK_SIZE)
 
 
 def activation_bytes(shape: ModelShape, step_tokens: int, max_num_seqs: int) -> int:
@@ -200,17 +259,33 @@ def weight_cache_bytes(shape: ModelShape, free_bytes: int | None) -> int:
 
 
 def predict_memory(
-    shape: ModelShape, options: FitOptions, device_kind: str, free_bytes: int | None = None
+    shape: ModelShape,
+    options: FitOptions,
+    device_kind: str,
+    free_bytes: int | None = None,
+    experts: ExpertPlan | None = None,
 ) -> MemoryBreakdown:
+    """With `experts` (a hot set smaller than all experts), only the hot set counts as weights."""
     context = options.context_length or shape.context_length
     kv_dtype = resolve_kv_dtype(options.kv_dtype, device_kind)
     overhead = CUDA_RUNTIME_OVERHEAD_BYTES if device_kind == "cuda" else CPU_RUNTIME_OVERHEAD_BYTES
+    offload: dict[str, Any] = {}
+    if experts is not None and not experts.all_on_gpu:
+        offload = dict(
+            expert_staging=experts.staging_bytes,
+            host_experts=experts.host_bytes,
+            experts_on_gpu=experts.on_gpu,
+            pcie_bytes_per_token=experts.pcie_bytes_per_token,
+        )
     return MemoryBreakdown(
-        weights=shape.weight_bytes,
+        weights=shape.weight_bytes - offload.get("host_experts", 0),
+        **offload,
         kv_cache=kv_cache_bytes(shape, context, options.batch, kv_dtype),
         activations=activation_bytes(shape, min(options.max_num_batched_tokens, context), options.max_num_seqs),
         overhead=overhead,
         weight_cache=weight_cache_bytes(shape, free_bytes) if device_kind == "cuda" else 0,
+        vision_weights=shape.vision.weight_bytes if shape.vision else 0,
+        vision_activations=shape.vision.activation_bytes() if shape.vision else 0,
     )
 
 
@@ -219,8 +294,9 @@ def check_fit(shape: ModelShape, options: FitOptions | None = None, device: Devi
     options = options or FitOptions()
     device = device or device_memory()
     context = options.context_length or shape.context_length
-    breakdown = predict_memory(shape, options, device.kind, device.free_bytes)
     budget = None if device.free_bytes is None else int(device.free_bytes * options.gpu_memory_utilization)
+    experts = plan_experts(shape, options, device, budget)
+    breakdown = predict_memory(shape, options, device.kind, device.free_bytes, experts)
     if budget is None or device.free_bytes is None:
         verdict = UNKNOWN
     elif breakdown.total <= (1 - PREDICTION_MARGIN) * budget:
@@ -237,22 +313,53 @@ def check_fit(shape: ModelShape, options: FitOptions | None = None, device: Devi
         context_length=context,
         batch=options.batch,
         kv_dtype=resolve_kv_dtype(options.kv_dtype, device.kind),
-        max_context=0 if budget is None else largest_context(shape, options, device.kind, budget, device.free_bytes),
+        max_context=0
+        if budget is None
+        else largest_context(shape, options, device.kind, budget, device.free_bytes, experts),
         model_context_length=shape.context_length,
+        vision_source=shape.vision.source if shape.vision else None,
     )
 
 
+def plan_experts(
+    shape: ModelShape, options: FitOptions, device: DeviceMemory, budget: int | None
+) -> ExpertPlan | None:
+    """The expert placement `options.experts_on_gpu` asks for (None for a dense model left alone);
+    "auto": the largest hot set that leaves the rest of the prediction within the margin."""
+    requested = options.experts_on_gpu
+    if not shape.num_experts:
+        if requested not in (None, "all", "auto"):
+            raise ValueError(f"--experts-on-gpu: {shape.architecture} has no experts")
+        return None
+    args = (shape.num_layers, shape.num_experts, shape.experts_used, shape.expert_bytes)
+    if requested != "auto":
+        return fixed_plan(*args, requested)
+    full = fixed_plan(*args, "all")
+    if budget is None:
+        return full
+    everything = predict_memory(shape, options, device.kind, device.free_bytes, full)
+    room = int((1 - PREDICTION_MARGIN) * budget) - (everything.total - full.gpu_bytes)
+    return auto_plan(full, room)
+
+
 def largest_context(
-    shape: ModelShape, options: FitOptions, device_kind: str, budget: int, free_bytes: int | None = None
+    shape: ModelShape,
+    options: FitOptions,
+    device_kind: str,
+    budget: int,
+    free_bytes: int | None = None,
+    experts: ExpertPlan | None = None,
 ) -> int:
     """The longest context (whole KV blocks, at most the model's) whose total still 'fits'."""
     allowed = int((1 - PREDICTION_MARGIN) * budget)
     fixed = predict_memory(shape, FitOptions(**{**asdict(options), "context_length": shape.context_length}),
-                           device_kind, free_bytes)
+                           device_kind, free_bytes, experts)
     kv_dtype = resolve_kv_dtype(options.kv_dtype, device_kind)
-    per_token = shape.kv_bytes_per_token(KV_DTYPE_BYTES[kv_dtype]) * options.batch
+    # per token, FP8's per-block scales rounded up (conservative)
+    per_token = (shape.kv_bytes_per_token(KV_DTYPE_BYTES[kv_dtype]) + -(-fp8_scale_bytes(shape, BLOCK_SIZE, kv_dtype)
+                                                                     // BLOCK_SIZE)) * options.batch
     # Activations shrink with contexts shorter than a step; count a full step (conservative).
-    room = allowed - fixed.weights - fixed.weight_cache - fixed.activations - fixed.overhead
+    room = allowed - (fixed.total - fixed.kv_cache)  # everything but the KV cache is fixed
     if room <= 0 or per_token <= 0:
         return 0
     tokens = min(room // per_token, shape.context_length)
@@ -322,7 +429,10 @@ def shape_from_gguf(meta: Mapping[str, Any], weight_bytes: int, vocab_size: int 
     if vocab_size is None:
         tokens = meta.get("tokenizer.ggml.tokens")
         vocab_size = len(tokens) if tokens is not None else _first(key("vocab_size"))
-    return ModelShape(
+    experts = _first(meta.get(f"{arch}.expert_count") or 0)
+    used = _first(meta.get(f"{arch}.expert_used_count") or 0)
+    expert_ff = _first(meta.get(f"{arch}.expert_feed_forward_length") or 0)
+    shape = ModelShape(
         architecture=arch,
         num_layers=_first(key("block_count")),
         hidden_size=hidden,
@@ -334,7 +444,10 @@ def shape_from_gguf(meta: Mapping[str, Any], weight_bytes: int, vocab_size: int 
         context_length=_first(key("context_length", 4096)),
         weight_bytes=int(weight_bytes),
         value_head_dim=_first(key("attention.value_length", head_dim)),
+        num_experts=experts,
+        experts_used=used,
     )
+    return with_estimated_expert_bytes(shape, expert_ff)
 
 
 def shape_from_hf_config(config: Mapping[str, Any], weight_bytes: int) -> ModelShape:
@@ -351,9 +464,10 @@ def shape_from_hf_config(config: Mapping[str, Any], weight_bytes: int) -> ModelS
     hidden = int(key("hidden_size"))
     heads = int(key("num_attention_heads"))
     intermediate = cfg.get("intermediate_size")
+    expert_ff = int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0)
     if cfg.get("num_experts_per_tok") and cfg.get("moe_intermediate_size"):
         intermediate = int(cfg["moe_intermediate_size"]) * int(cfg["num_experts_per_tok"])
-    return ModelShape(
+    shape = ModelShape(
         architecture=str(architectures[0]),
         num_layers=int(key("num_hidden_layers")),
         hidden_size=hidden,
@@ -364,7 +478,22 @@ def shape_from_hf_config(config: Mapping[str, Any], weight_bytes: int) -> ModelS
         vocab_size=int(key("vocab_size")),
         context_length=int(cfg.get("max_position_embeddings") or 4096),
         weight_bytes=int(weight_bytes),
+        num_experts=int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0),
+        experts_used=int(cfg.get("num_experts_per_tok") or 0),
     )
+    return with_estimated_expert_bytes(shape, expert_ff)
+
+
+def with_estimated_expert_bytes(shape: ModelShape, expert_ff: int) -> ModelShape:
+    """Without the tensors (a hub header or config), the experts' share of the weight bytes is their
+    share of the parameters: 3 x layers x experts x ff x hidden of the whole count."""
+    if not shape.num_experts or not expert_ff:
+        return shape
+    s = shape
+    experts = 3 * s.num_layers * s.num_experts * expert_ff * s.hidden_size
+    attention = s.num_layers * s.hidden_size * (2 * s.num_heads + 2 * s.num_kv_heads) * s.head_dim
+    total = experts + attention + 2 * s.vocab_size * s.hidden_size
+    return replace(shape, expert_bytes=int(s.weight_bytes * experts / total))
 
 
 def shape_from_checkpoint(path: str | os.PathLike[str]) -> ModelShape:
@@ -372,10 +501,34 @@ def shape_from_checkpoint(path: str | os.PathLike[str]) -> ModelShape:
     from app.engine.loader.weights import open_checkpoint
 
     checkpoint = open_checkpoint(path)
-    weight_bytes = sum(t.nbytes for t in checkpoint.tensors.values())
+    weight_bytes = sum(t.nbytes for t in checkpoint.tensors.values())  # the text model's (the loader's names)
     if checkpoint.format == "gguf":
-        return shape_from_gguf(checkpoint.metadata, weight_bytes)
-    return shape_from_hf_config(checkpoint.hf_config, weight_bytes)
+        shape = shape_from_gguf(checkpoint.metadata, weight_bytes)
+        shape = replace(shape, vision=vision_beside_gguf(checkpoint.path, checkpoint.architecture))
+    else:
+        shape = shape_from_hf_config(checkpoint.hf_config, weight_bytes)
+        shape = replace(shape, vision=_hf_folder_vision(Path(checkpoint.path), checkpoint.hf_config or {}))
+    if shape.num_experts:  # the tensors are here: their exact bytes, not an estimate
+        expert_bytes = sum(t.nbytes for name, t in checkpoint.tensors.items() if "_exps" in name)
+        shape = replace(shape, expert_bytes=expert_bytes)
+    return shape
+
+
+def _hf_folder_vision(folder: Path, config: Mapping[str, Any]) -> VisionShape | None:
+    """The vision tensors of a Hugging Face folder, by their names in the safetensors headers."""
+    from app.engine.loader.safetensors import read_safetensors_file, weight_files
+
+    if "vision_config" not in config:
+        return None
+    weight_bytes = sum(
+        tensor.data.nbytes
+        for file in weight_files(folder)
+        for name, tensor in read_safetensors_file(file).items()
+        if is_vision_tensor(name)
+    )
+    processor_file = folder / "preprocessor_config.json"
+    processor = json.loads(processor_file.read_text()) if processor_file.is_file() else None
+    return vision_from_hf_config(config, weight_bytes, f"{folder.name}/*.safetensors", processor)
 
 
 def format_bytes(n: int | None) -> str:

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from app.engine.backend.fp8_kv import kv_block_bytes_fp8
+from app.engine.cache.disk_tier import DiskTier, layout_identity, model_fingerprint, user_kv_dir
+from app.engine.cache.offload import HostTier, KVTiers
 from app.engine.config import EngineConfig
+from app.engine.core.expert_residency import ExpertStreaming
 from app.engine.models.config import ModelConfig
+
+log = logging.getLogger(__name__)
 
 CPU_KV_BUDGET_BYTES = 2 << 30
 
@@ -26,14 +34,64 @@ def weight_cache_mode(config: EngineConfig, cfg: ModelConfig, checkpoint: Any) -
     return "auto" if fit.use_weight_cache(weights, fit.weight_copy_bytes(shape), free) else "off"
 
 
+def expert_streaming(
+    config: EngineConfig, cfg: ModelConfig, backend: Any, model_path: Path, positions: int
+) -> ExpertStreaming | None:
+    """`--experts-on-gpu` as the backend takes it: None keeps every expert resident (a dense model,
+    "all", a number that covers them all on CUDA, or "auto" where everything fits or on the CPU)."""
+    requested = config.experts_on_gpu
+    if requested in (None, "all"):
+        return None
+    if cfg.moe is None:
+        if requested == "auto":
+            return None
+        raise ValueError(f"--experts-on-gpu: {cfg.architecture} has no experts")
+    if requested == "auto":
+        if backend.name == "cpu":
+            return None  # the experts are in RAM already
+        from app.engine.core import fit
+
+        shape = fit.shape_from_checkpoint(model_path)
+        options = fit.FitOptions(
+            context_length=positions, kv_dtype=config.kv_dtype_name, max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            gpu_memory_utilization=config.gpu_memory_utilization, experts_on_gpu="auto",
+        )  # fmt: skip
+        device = fit.device_memory()
+        budget = None if device.free_bytes is None else int(device.free_bytes * config.gpu_memory_utilization)
+        plan = fit.plan_experts(shape, options, device, budget)
+        if plan is None or plan.all_on_gpu:
+            return None
+        requested = plan.on_gpu
+    if requested > cfg.moe.num_experts:
+        raise ValueError(f"--experts-on-gpu {requested} is more than the model's {cfg.moe.num_experts} experts per layer")
+    if requested == cfg.moe.num_experts and backend.name != "cpu":
+        return None  # all resident: the stacked experts, inside decode graphs
+    log.info("MoE: %d of %d experts per layer on the device, the rest streamed from host RAM",
+             requested, cfg.moe.num_experts)  # fmt: skip
+    return ExpertStreaming(on_gpu=requested)
+
+
+def kv_dtype(config: EngineConfig, backend: Any) -> str:
+    """The KV element type the engine allocates: "float32", "float16" or "fp8" ("auto": the backend's)."""
+    name = config.kv_dtype_name
+    return np.dtype(backend.kv_dtype).name if name == "auto" else name
+
+
+def kv_block_bytes(cfg: ModelConfig, block_size: int, dtype: str) -> int:
+    """Bytes of one KV block over all layers, K and V; FP8 counts its per-(block, head) scales."""
+    if dtype == "fp8":
+        return 2 * cfg.num_layers * kv_block_bytes_fp8(block_size, cfg.num_kv_heads, cfg.head_dim)
+    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * np.dtype(dtype).itemsize * block_size
+
+
 def num_kv_blocks(config: EngineConfig, cfg: ModelConfig, backend: Any, positions: int) -> int:
     """KV blocks: enough for max_num_seqs full-length sequences, capped by the memory budget
     (CPU: kv_cache_bytes; CUDA: the free device memory left after the weights, less a reserve
     for activations, logits and the sampler)."""
     if config.num_kv_blocks:
         return config.num_kv_blocks
-    itemsize = np.dtype(backend.kv_dtype).itemsize
-    block_bytes = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * itemsize * config.block_size
+    block_bytes = kv_block_bytes(cfg, config.block_size, kv_dtype(config, backend))
     wanted = config.max_num_seqs * -(-positions // config.block_size) + 1
     if backend.name == "cpu":
         budget = config.kv_cache_bytes or CPU_KV_BUDGET_BYTES
@@ -46,3 +104,20 @@ def num_kv_blocks(config: EngineConfig, cfg: ModelConfig, backend: Any, position
         sampler = 6 * 4 * config.max_num_seqs * cfg.vocab_size
         budget = int(backend.free_memory() * config.gpu_memory_utilization) - activations - sampler
     return max(2, min(wanted, budget // block_bytes))
+
+
+def offload_tiers(config: EngineConfig, copier: Any, model_path: Path, cfg: ModelConfig, dtype: str) -> KVTiers | None:
+    """The host and disk tiers `config` asks for (None: neither, or prefix caching off)."""
+    if not config.enable_prefix_caching or not (config.kv_host_gb or config.kv_disk_gb):
+        return None
+    nbytes = copier.block_nbytes
+    host = HostTier(int(config.kv_host_gb * 2**30) // nbytes, copier) if config.kv_host_gb else None
+    disk = None
+    if config.kv_disk_gb:
+        layout = (f"layers={cfg.num_layers} kv_heads={cfg.num_kv_heads} head_dim={cfg.head_dim} "
+                  f"block={config.block_size} dtype={dtype} bytes={nbytes}")  # fmt: skip
+        identity = layout_identity(model_fingerprint(model_path), layout)
+        root = Path(config.kv_disk_dir) if config.kv_disk_dir else user_kv_dir()
+        disk = DiskTier(root, int(config.kv_disk_gb * 2**30), identity, nbytes)
+        log.info("KV disk tier: %s, %d blocks found from earlier runs", disk.folder, len(disk))
+    return KVTiers(copier, config.block_size, host, disk)

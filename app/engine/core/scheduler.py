@@ -16,10 +16,13 @@ Policy of one `schedule()` call, under a budget of `max_num_batched_tokens` toke
    fewer than `max_num_seqs` requests run. A chunk is as many pending tokens as the
    budget allows. Turns go on until the budget is spent or nobody can use it; so one
    session's 50 queued requests cannot keep another session's single request waiting.
+   When every seat (`max_num_seqs`) is taken, a session waiting with nothing running gets one
+   at the start of the step: the session holding the most seats gives up its newest request
+   (preempted for recompute, see below), so a flood cannot hold every seat until it ends.
 3. Admission reuses cached prefix blocks (`KVCacheManager.match_prefix`) and must get
    blocks for its whole first chunk; if it cannot, admission stops for this step (no
    queue-jumping by smaller requests, so large ones are not starved). Admission never
-   preempts, and no admission happens in a step that preempted.
+   preempts for blocks, and no admission happens in a step that preempted for blocks.
 
 Out of KV blocks for a running request: the most recently admitted running request not
 yet scheduled in this step is preempted (recompute): its blocks are freed (their full
@@ -123,6 +126,7 @@ class Scheduler:
         self._running: list[Request] = []  # admission order: the last one is preempted first
         self._turns = _SessionTurns()
         self._live_per_session: Counter[str] = Counter()
+        self.num_preemptions = 0  # since start, for /metrics
 
     # --- queries ---
 
@@ -196,6 +200,7 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         step = _Step(self.config.max_num_batched_tokens)
+        self._free_seats_for_waiting_sessions(step)
         for request in list(self._running):
             if step.budget == 0:
                 break
@@ -249,6 +254,24 @@ class Scheduler:
 
     # --- internals ---
 
+    def _free_seats_for_waiting_sessions(self, step: _Step) -> None:
+        """With every seat taken, each session that waits with nothing running gets one: the session
+        holding the most seats (two at least) gives up its newest request (recompute; its computed
+        prefix goes to the prefix cache, so that is mostly a cache hit later)."""
+        if len(self._running) < self.config.max_num_seqs:
+            return
+        held = Counter(r.session_id for r in self._running)
+        for session in self._turns.order([s for s in self._waiting if not held[s]]):
+            if len(self._running) < self.config.max_num_seqs:
+                break
+            richest, seats = held.most_common(1)[0]
+            if seats < 2:
+                break
+            victim = next(r for r in reversed(self._running) if r.session_id == richest)
+            self._preempt(victim, step, out_of_blocks=False)
+            held[richest] -= 1
+            held[session] += 1  # its turn comes first in this step's prefills (served longest ago)
+
     def _schedule_prefills(self, step: _Step) -> None:
         """Hand out the rest of the budget in session turns (see the module docstring)."""
         own: dict[str, deque[Request]] = {}
@@ -256,7 +279,7 @@ class Scheduler:
             if request.request_id not in step.scheduled:
                 own.setdefault(request.session_id, deque()).append(request)
         sessions = self._turns.order(dict.fromkeys([*own, *self._waiting]))
-        admitting = not step.preempted
+        admitting = not step.out_of_blocks
         while step.budget > 0:
             progressed = False  # each round pops a running request or admits one: the loop ends
             for session in sessions:
@@ -267,7 +290,7 @@ class Scheduler:
                     request = queue.popleft()
                     if request.status == RequestStatus.RUNNING:  # else preempted meanwhile
                         self._schedule_running(request, step, takes_turn=True)
-                        admitting = admitting and not step.preempted
+                        admitting = admitting and not step.out_of_blocks
                     progressed = True
                 elif admitting and session in self._waiting:
                     admitting = self._admit(self._waiting[session][0], step)
@@ -277,7 +300,10 @@ class Scheduler:
 
     def _schedule_running(self, request: Request, step: _Step, takes_turn: bool) -> None:
         """Give a running request a chunk of its pending tokens, unless it had to go."""
-        granted = self._grow(request, min(request.num_pending_tokens, step.budget), step)
+        wanted = request.chunk_before_image(
+            request.num_computed_tokens, min(request.num_pending_tokens, step.budget)
+        )
+        granted = self._grow(request, wanted, step)
         if granted:
             step.add(request, granted)
             if takes_turn:
@@ -287,7 +313,9 @@ class Scheduler:
         if len(self._running) >= self.config.max_num_seqs:
             return False
         self.kv.match_prefix(request)
-        num_tokens = min(request.num_pending_tokens, step.budget)
+        num_tokens = request.chunk_before_image(
+            request.num_computed_tokens, min(request.num_pending_tokens, step.budget)
+        )
         if not self.kv.allocate(request, num_tokens):
             self.kv.free(request)
             request.num_computed_tokens = 0
@@ -339,7 +367,11 @@ class Scheduler:
                 self._preempt(request, step)
             return 0
 
-    def _preempt(self, request: Request, step: _Step) -> None:
+    def _preempt(self, request: Request, step: _Step, out_of_blocks: bool = True) -> None:
+        """Send a running request back to wait (recompute); `out_of_blocks`: for KV blocks, which
+        stops admissions in this step (a seat handed to a waiting session does not)."""
+        self.num_preemptions += 1
+        step.out_of_blocks = step.out_of_blocks or out_of_blocks
         self._running.remove(request)
         self.kv.free(request)
         request.num_computed_tokens = 0
@@ -356,6 +388,7 @@ class _Step:
         self.chunks: list[ScheduledChunk] = []
         self.scheduled: set[str] = set()
         self.preempted: list[Request] = []
+        self.out_of_blocks = False  # a preemption for KV blocks happened: no admissions in this step
         self.finished: list[Request] = []
 
     def add(self, request: Request, num_tokens: int) -> None:

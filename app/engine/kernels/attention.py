@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from app.engine.kernels.kv_format import kv_operands
 from app.engine.kernels.runtime.compile import get_kernel
 from app.engine.kernels.runtime.launch import NULL, cdiv, f32, i32, launch
 
@@ -84,7 +85,7 @@ def attention(
     out: Any,
     min_blocks: int | None = None,
 ) -> Any:
-    """`out [T, n_heads, D]` (float32) for float32 `q [T, n_heads, D]` over float16 paged caches.
+    """`out [T, n_heads, D]` (float32) for float32 `q [T, n_heads, D]` over paged caches (float16, or FP8: kv_format.py).
 
     `min_blocks` (default: the plan's) > 1 asks the compiler to fit that many blocks per
     multiprocessor (fewer registers, perhaps spills)."""
@@ -107,7 +108,8 @@ def attention(
         "ATTN_G": gmax,
         "ATTN_MINB": plan.min_blocks if min_blocks is None else min_blocks,
     }
-    kernel = get_kernel("attention.cu", f"attn_d{head_dim}_g{gmax}", defines)
+    kv = kv_operands(k_cache, v_cache)
+    kernel = get_kernel("attention.cu", f"attn_d{head_dim}_g{gmax}", {**defines, **kv.defines})
     n_seqs = seq_lens.shape[0]
     part_acc = part_m = part_l = counters = NULL
     if plan.num_splits > 1:
@@ -116,9 +118,9 @@ def attention(
         part_l = cupy.empty((n_tok, n_heads, plan.num_splits), cupy.float32)
         counters = split_counters(n_tok * n_kv)
     args = (
-        q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, i32(block_tables.shape[1]), i32(n_seqs),
+        q, kv.k, kv.v, query_start_loc, seq_lens, block_tables, i32(block_tables.shape[1]), i32(n_seqs),
         i32(n_heads), i32(n_kv), i32(block_size), f32(scale), f32(softcap or 0.0), i32(sliding_window or 0),
-        i32(plan.split_len), out, part_acc, part_m, part_l, counters,
+        i32(plan.split_len), out, part_acc, part_m, part_l, counters, *kv.scales,
     )  # fmt: skip
     launch(kernel, (n_tok, n_kv, plan.num_splits), (THREADS,), args)
     return out

@@ -19,8 +19,9 @@ import functools
 from typing import Any
 
 from app.engine.kernels.attention import group_bucket, split_counters
+from app.engine.kernels.kv_format import is_fp8, kv_operands
 from app.engine.kernels.runtime.compile import device_arch, get_kernel
-from app.engine.kernels.runtime.launch import cdiv, f32, i32, launch, ptr
+from app.engine.kernels.runtime.launch import NULL, cdiv, f32, i32, launch, ptr
 
 VARIANTS = frozenset({(64, 1), (64, 2), (64, 4), (64, 8), (64, 16), (128, 1), (128, 2), (128, 4), (128, 8),
                       (256, 1), (256, 2), (256, 4)})  # fmt: skip
@@ -89,13 +90,21 @@ def rope_supported(head_dim: int, n_heads: int, n_kv: int, rotary_dim: int) -> b
 def attention_decode(
     q: Any, k_cache: Any, v_cache: Any, seq_lens: Any, block_tables: Any, scale: float,
     sliding_window: int | None, softcap: float | None, n_blocks: int, out: Any, clusters: bool = True,
+    key_floor: Any = None, lse_out: Any = None, sinks: Any = None,
 ) -> Any:  # fmt: skip
     """`out [S, n_heads, D]` for float32 `q [S, n_heads, D]`, one token per sequence, whose
     position is its `seq_lens` entry minus one (its own key already written to the cache).
-    `clusters`: merge through thread-block clusters where the device has them."""
+    `clusters`: merge through thread-block clusters where the device has them.
+
+    For a cascade decode (attention_cascade.py): `key_floor` (int32 [1] on the device, read at run
+    time so a graph's replays may change it) leaves out the keys below it, and `lse_out`
+    (float32 [S, n_heads]) receives each row's natural-log sum of exponentials, what the merge with
+    the left-out keys' attention weighs this part by. `sinks` (float32 [n_heads], GPT-OSS): one more
+    logit per head in its softmax's denominator, weighing no value."""
     n_seqs, n_heads, head_dim = q.shape
+    extras = (ptr(key_floor), ptr(lse_out), ptr(sinks))
     return _launch("attn_dec", {}, n_seqs, n_heads, head_dim, q, k_cache, v_cache, seq_lens, block_tables, scale,
-                   sliding_window, softcap, n_blocks, out, (), clusters)  # fmt: skip
+                   sliding_window, softcap, n_blocks, out, (), clusters, extras)  # fmt: skip
 
 
 def attention_decode_qkv(
@@ -120,6 +129,8 @@ def attention_decode_qkv(
         raise ValueError(f"cache rows of {k_cache.shape[2:]} do not hold {n_kv} heads of {head_dim}")
     if (q_norm is None) != (k_norm is None):
         raise ValueError("q_norm and k_norm come together")
+    if is_fp8(k_cache):
+        raise ValueError("no fused rope decode attention over FP8 caches: run rope_cache, then attention_decode")
     if not rope_supported(head_dim, n_heads, n_kv, cos.shape[1] * 2):
         raise ValueError(f"no fused rope decode attention for head_dim {head_dim}, rotary {cos.shape[1] * 2}, "
                          f"{n_heads // n_kv} heads per KV head")  # fmt: skip
@@ -134,9 +145,11 @@ def _launch(
     entry: str, defines: dict[str, int], n_seqs: int, n_heads: int, head_dim: int, q: Any, k_cache: Any,
     v_cache: Any, seq_lens: Any, block_tables: Any, scale: float, sliding_window: int | None,
     softcap: float | None, n_blocks: int, out: Any, extra_args: tuple[Any, ...], clusters: bool,
+    extras: tuple[Any, Any, Any] = (NULL, NULL, NULL),
 ) -> Any:  # fmt: skip
     """One launch of kernel `entry`_d{D}_g{G} of attention_decode.cu: grid (sequence, KV head, block),
-    partial buffers for the splits, then the kernel's own `extra_args`."""
+    partial buffers for the splits, the `extras` pointers (key floor, lse out, sinks; NULL: none), then
+    the kernel's own `extra_args`."""
     import cupy
 
     n_kv, block_size = k_cache.shape[2], k_cache.shape[1]
@@ -148,15 +161,16 @@ def _launch(
         return out
     gmax = group_bucket(n_heads, n_kv)
     n_blocks, cluster = block_layout(n_blocks, clusters and clusters_supported())
-    defines = {"ATTN_D": head_dim, "ATTN_G": gmax, "ATTN_CL": cluster, **defines}
+    kv = kv_operands(k_cache, v_cache)
+    defines = {"ATTN_D": head_dim, "ATTN_G": gmax, "ATTN_CL": cluster, **defines, **kv.defines}
     kernel = get_kernel("attention_decode.cu", f"{entry}_d{head_dim}_g{gmax}", defines)
     part_acc = cupy.empty((n_seqs, n_heads, n_blocks, head_dim), cupy.float32)
     part_m = cupy.empty((n_seqs, n_heads, n_blocks), cupy.float32)
     part_l = cupy.empty((n_seqs, n_heads, n_blocks), cupy.float32)
     args = (
-        q, k_cache, v_cache, seq_lens, block_tables, i32(block_tables.shape[1]), i32(n_heads), i32(n_kv),
+        q, kv.k, kv.v, seq_lens, block_tables, i32(block_tables.shape[1]), i32(n_heads), i32(n_kv),
         i32(block_size), f32(scale), f32(softcap or 0.0), i32(sliding_window or 0), out, part_acc, part_m, part_l,
-        split_counters(n_seqs * n_kv), *extra_args,
+        split_counters(n_seqs * n_kv), *extras, *extra_args, *kv.scales,
     )  # fmt: skip
     launch(kernel, (n_seqs, n_kv, n_blocks), (128,), args)
     return out

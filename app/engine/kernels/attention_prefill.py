@@ -5,9 +5,10 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from app.engine.kernels.kv_format import kv_operands
 from app.engine.kernels.runtime import pdl
 from app.engine.kernels.runtime.compile import get_kernel
-from app.engine.kernels.runtime.launch import cdiv, f32, i32, launch
+from app.engine.kernels.runtime.launch import cdiv, f32, i32, launch, ptr
 
 THREADS = 128  # PF_WARPS * 32
 PAD = 8  # PF_PAD
@@ -66,7 +67,9 @@ def _allow_shared(function_ptr: int, nbytes: int) -> None:
         ctypes.c_void_p(function_ptr), ctypes.c_int(_MAX_DYNAMIC_SHARED), ctypes.c_int(nbytes)
     )
     if status != 0:
-        raise RuntimeError(f"cuFuncSetAttribute(max dynamic shared memory = {nbytes}) failed with CUDA error {status}")
+        raise RuntimeError(
+            f"cuFuncSetAttribute(max dynamic shared memory = {nbytes}) failed with CUDA error {status}"
+        )
 
 
 def attention_prefill(
@@ -81,13 +84,13 @@ def attention_prefill(
     softcap: float | None,
     num_splits: int,
     out: Any,
+    sinks: Any = None,
 ) -> Any:
-    """`out [T, n_heads, D]` (float32) for float32 `q [T, n_heads, D]` over float16 paged caches;
-    any batch of sequences whose new tokens are their last ones (prefill chunks, decodes)."""
-    import cupy
-
+    """`out [T, n_heads, D]` (float32) for float32 `q [T, n_heads, D]` over paged caches (float16, or FP8: kv_format.py);
+    any batch of sequences whose new tokens are their last ones (prefill chunks, decodes).
+    `sinks` (float32 [n_heads], GPT-OSS): one more logit per head in its softmax's denominator."""
     n_tok, n_heads, head_dim = q.shape
-    n_kv, block_size = k_cache.shape[2], k_cache.shape[1]
+    n_kv = k_cache.shape[2]
     if not supports(head_dim, n_heads, n_kv):
         raise ValueError(
             f"prefill attention: head_dim {head_dim} (supported {HEAD_DIMS}), {n_heads} heads "
@@ -95,22 +98,64 @@ def attention_prefill(
         )
     if n_tok == 0:
         return out
+    if num_splits == 1:
+        _launch(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, sliding_window, softcap, 1,
+                out, out, out, None, sinks)  # fmt: skip
+        return out
+    part_o, part_ml = split_partials(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale,
+                                     sliding_window, softcap, num_splits)  # fmt: skip
+    return merge_splits(part_o, part_ml, out, sinks=sinks)
+
+
+def split_partials(
+    q: Any, k_cache: Any, v_cache: Any, query_start_loc: Any, seq_lens: Any, block_tables: Any, scale: float,
+    sliding_window: int | None, softcap: float | None, num_splits: int, key_limit: Any = None,
+) -> tuple[Any, Any]:  # fmt: skip
+    """The unnormalised partials of `num_splits` (>= 2) KV splits, `part_o [T, H, S, D]` and their
+    log2-domain (max, sum) `part_ml [T, H, S, 2]`, for merge_splits. `key_limit` (int32 [1] on the
+    device, read at run time): no key at or past it is read, whatever the rows' positions."""
+    import cupy
+
+    if num_splits < 2:
+        raise ValueError(f"split partials need at least 2 splits, got {num_splits}")
+    n_tok, n_heads, head_dim = q.shape
+    part_o = cupy.empty((n_tok, n_heads, num_splits, head_dim), cupy.float32)
+    part_ml = cupy.empty((n_tok, n_heads, num_splits, 2), cupy.float32)
+    _launch(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, sliding_window, softcap,
+            num_splits, part_o, part_o, part_ml, key_limit, None)  # fmt: skip
+    return part_o, part_ml
+
+
+def _launch(
+    q: Any, k_cache: Any, v_cache: Any, query_start_loc: Any, seq_lens: Any, block_tables: Any, scale: float,
+    sliding_window: int | None, softcap: float | None, num_splits: int, out: Any, part_o: Any, part_ml: Any,
+    key_limit: Any, sinks: Any,
+) -> None:  # fmt: skip
+    n_tok, n_heads, head_dim = q.shape
+    n_kv, block_size = k_cache.shape[2], k_cache.shape[1]
     n_seqs = seq_lens.shape[0]
     smem = shared_bytes(head_dim)
-    kernel = get_kernel("attention_prefill.cu", f"attn_prefill_d{head_dim}", {"PF_D": head_dim})
+    kv = kv_operands(k_cache, v_cache)
+    kernel = get_kernel("attention_prefill.cu", f"attn_prefill_d{head_dim}", {"PF_D": head_dim, **kv.defines})
     _allow_shared(pdl.function_ptr(kernel), smem)
-    part_o = part_ml = out
-    if num_splits > 1:
-        part_o = cupy.empty((n_tok, n_heads, num_splits, head_dim), cupy.float32)
-        part_ml = cupy.empty((n_tok, n_heads, num_splits, 2), cupy.float32)
     args = (
-        q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, i32(block_tables.shape[1]), i32(n_seqs),
+        q, kv.k, kv.v, query_start_loc, seq_lens, block_tables, i32(block_tables.shape[1]), i32(n_seqs),
         i32(n_heads), i32(n_kv), i32(block_size), f32(scale), f32(softcap or 0.0), i32(sliding_window or 0),
-        out, part_o, part_ml,
+        out, part_o, part_ml, ptr(key_limit), ptr(sinks), *kv.scales,
     )  # fmt: skip
     grid = (grid_tiles(n_tok, n_seqs, n_heads // n_kv, head_dim), n_kv, num_splits)
     launch(kernel, grid, (THREADS,), args, shared_mem=smem)
-    if num_splits > 1:
-        merge = get_kernel("attention_prefill.cu", "attn_prefill_merge", {"PF_D": head_dim})
-        launch(merge, (n_tok * n_heads,), (head_dim,), (part_o, part_ml, i32(num_splits), i32(head_dim), out))
+
+
+def merge_splits(
+    part_o: Any, part_ml: Any, out: Any, extra_o: Any = None, extra_lse: Any = None, sinks: Any = None
+) -> Any:
+    """`out [T, H, D]` from the split partials `part_o [T, H, S, D]`, `part_ml [T, H, S, 2]` (and a
+    normalised `extra_o [T, H, D]` with its natural-log sums `extra_lse [T, H]`, and the heads' sink
+    logits `sinks [H]`, where given)."""
+    n_tok, n_heads, num_splits, head_dim = part_o.shape
+    merge = get_kernel("attention_prefill.cu", "attn_prefill_merge", {"PF_D": head_dim})
+    args = (part_o, part_ml, i32(num_splits), i32(head_dim), out, ptr(extra_o), ptr(extra_lse), ptr(sinks),
+            i32(n_heads))  # fmt: skip
+    launch(merge, (n_tok * n_heads,), (head_dim,), args)
     return out

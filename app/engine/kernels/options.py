@@ -52,11 +52,13 @@ class KernelOptions:
     pdl: bool = _from_env("PADDOCK_PDL")  # programmatic dependent launches in decode graphs (sm_90+)
     decode_attention: bool = _from_env("PADDOCK_DECODE_ATTENTION")  # attention_decode.cu for decode batches
     decode_clusters: bool = _from_env("PADDOCK_DECODE_CLUSTERS")  # its merge through clusters (sm_90+)
+    cascade_attention: bool = _from_env("PADDOCK_CASCADE")  # a decode batch's shared prefix read once
     # rope + cache write inside decode attention: "auto" where the tuning says it pays, "all", "off"
     decode_rope: DecodeRope = field(default_factory=lambda: DECODE_ROPE_BY_SWITCH[envs.PADDOCK_DECODE_ROPE])
     gemv_int_x: bool = _from_env("PADDOCK_GEMV_INT_X")  # single-token GEMVs over int16 x (gemv_int.cu)
     gemv_int_multi: bool = _from_env("PADDOCK_GEMV_INT_MULTI")  # q/k/v on that path too
     gemv_resident_cap: bool = _from_env("PADDOCK_GEMV_RESIDENT")  # int16-x grids capped at resident blocks
+    gemv_mma_max_tokens: int = _from_env("PADDOCK_GEMV_MMA_MAX_TOKENS")  # 2..N tokens on gemv_mma.cu; 0: off
     gemv_groups_per_thread: int | None = _from_env("PADDOCK_GEMV_QB")  # XQ_QB's cap; None: the tuning's
     fused_norm_max_cols: int | None = _from_env("PADDOCK_FUSED_NORM_MAX_COLS")  # None: the tuning's
     gemv_overrides: ShapeOverrides = field(default_factory=ShapeOverrides.from_env)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from app.engine.kernels.kv_cache import write_kv
+from app.engine.kernels.kv_format import is_fp8
 from app.engine.kernels.runtime.compile import get_kernel
 from app.engine.kernels.runtime.launch import f32, i32, launch, ptr
 
@@ -26,7 +28,8 @@ def rope_cache(
     q_out: Any,
 ) -> Any:
     """Fill `q_out [T, n_heads, head_dim]` and store k, v of contiguous float32
-    `qkv [T, (n_heads + 2 n_kv) * head_dim]` into the float16 caches (see rope_cache.cu)."""
+    `qkv [T, (n_heads + 2 n_kv) * head_dim]` into the caches (see rope_cache.cu): float16 ones directly;
+    FP8 ones through float32 rows that kv_cache.write_kv then stores (a block's scale needs them all)."""
     n_tok = qkv.shape[0]
     if qkv.shape[1] != (n_heads + 2 * n_kv) * head_dim:
         raise ValueError(f"qkv of shape {qkv.shape} is not {n_heads} + 2 x {n_kv} heads of {head_dim}")
@@ -36,10 +39,21 @@ def rope_cache(
         raise ValueError(f"cache rows of {k_cache.shape[2:]} do not hold {n_kv} heads of {head_dim}")
     if (q_norm is None) != (k_norm is None):
         raise ValueError("q_norm and k_norm come together")
-    if n_tok:
-        launch(
-            get_kernel("rope_cache.cu", "rope_cache"), (n_tok, n_heads + 2 * n_kv), (head_dim // 2,),
-            (qkv, i32(n_heads), i32(n_kv), i32(head_dim), ptr(q_norm), ptr(k_norm), f32(eps), positions, cos, sin,
-             i32(cos.shape[0]), i32(interleaved), k_cache, v_cache, slots, q_out),
-        )  # fmt: skip
+    if n_tok == 0:
+        return q_out
+    fp8 = is_fp8(k_cache)
+    if fp8:
+        import cupy
+
+        k_out, v_out = (cupy.empty((n_tok, n_kv, head_dim), cupy.float32) for _ in range(2))
+    else:
+        k_out, v_out = k_cache, v_cache
+    launch(
+        get_kernel("rope_cache.cu", "rope_cache", {"KV_FP8": 1} if fp8 else None), (n_tok, n_heads + 2 * n_kv),
+        (head_dim // 2,),
+        (qkv, i32(n_heads), i32(n_kv), i32(head_dim), ptr(q_norm), ptr(k_norm), f32(eps), positions, cos, sin,
+         i32(cos.shape[0]), i32(interleaved), k_out, v_out, slots, q_out),
+    )  # fmt: skip
+    if fp8:
+        write_kv(k_cache, v_cache, k_out, v_out, slots)
     return q_out

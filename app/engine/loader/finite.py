@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from app.engine.loader.names import CheckpointError
-from app.engine.quant.dispatch import QuantizedTensor
+from app.engine.quant.dispatch import QuantizedTensor, ScaleGrid
 
 # Per format: the byte offset of each float16 scale in a block (d, then dmin/m where there is one);
 # float formats: their one value per "block". Layouts as in quant/types.py and ggml.
@@ -27,6 +27,10 @@ SCALE_FIELDS: dict[str, tuple[int, ...]] = {
     "Q4_K": (0, 2),
     "Q5_K": (0, 2),
     "Q6_K": (128 + 64 + 16,),  # after ql, qh and the int8 sub-block scales
+    "IQ4_NL": (0,),
+    "IQ4_XS": (0,),
+    "MXFP4": (),  # an e8m0 exponent byte: every value is a finite power of two to ggml
+    "NVFP4": (),  # ue4m3 scale bytes: ggml decodes every one to a finite value (0x7F to 0)
 }
 _FIELD_DTYPE = {"F32": np.dtype("<f4"), "BF16": np.dtype("<u2")}  # others: float16
 _BF16_EXPONENT = 0x7F80  # all exponent bits set: inf or NaN
@@ -46,6 +50,8 @@ def check_finite(tensors: dict[str, QuantizedTensor], source: object) -> None:
 
 
 def _first_non_finite_block(tensor: QuantizedTensor) -> int | None:
+    if tensor.scales is not None:
+        return _first_non_finite_scale(tensor.scales)
     qtype = tensor.qtype
     dtype = _FIELD_DTYPE.get(qtype.name, np.dtype("<f2"))
     blocks = tensor.data.reshape(-1, qtype.type_size)
@@ -56,4 +62,24 @@ def _first_non_finite_block(tensor: QuantizedTensor) -> int | None:
             bad = (values & _BF16_EXPONENT) == _BF16_EXPONENT if dtype.kind == "u" else ~np.isfinite(values)
             if bad.any():
                 return start + int(np.argmax(bad))
+    return None
+
+
+def _first_non_finite_scale(grid: ScaleGrid) -> int | None:
+    """Index (row-major) of a split tensor's first NaN or infinite scale, read in its stored form."""
+    if not np.isfinite(grid.global_scale):
+        return 0
+    raw = grid.raw.reshape(-1)
+    for start in range(0, len(raw), _CHUNK_BLOCKS):
+        chunk = raw[start : start + _CHUNK_BLOCKS]
+        if grid.dtype == "F32":
+            bad = ~np.isfinite(chunk)
+        elif grid.dtype == "BF16":
+            bad = (chunk & _BF16_EXPONENT) == _BF16_EXPONENT
+        elif grid.dtype == "F8_E4M3":
+            bad = (chunk & 0x7F) == 0x7F  # e4m3fn's only non-finite codes
+        else:  # E8M0: 0xFF is NaN
+            bad = chunk == 0xFF
+        if bad.any():
+            return start + int(np.argmax(bad))
     return None

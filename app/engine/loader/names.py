@@ -25,6 +25,10 @@ HF_ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3moe",
+    "GraniteForCausalLM": "granite",
+    "GptOssForCausalLM": "gpt-oss",
+    "Qwen2_5_VLForConditionalGeneration": "qwen2vl",  # llama.cpp's name for the Qwen2-VL text side
 }
 _HF_MODEL_TYPES: dict[str, str] = {
     "gemma3": "gemma3",
@@ -32,6 +36,10 @@ _HF_MODEL_TYPES: dict[str, str] = {
     "llama": "llama",
     "qwen2": "qwen2",
     "qwen3": "qwen3",
+    "qwen3_moe": "qwen3moe",
+    "granite": "granite",
+    "gpt_oss": "gpt-oss",
+    "qwen2_5_vl": "qwen2vl",
 }
 
 # Where the text model sits inside the checkpoint: plain CausalLM, or the language model of a
@@ -61,20 +69,49 @@ _GEMMA_SANDWICH_NORMS = {
     "post_feedforward_layernorm": "post_ffw_norm",
 }
 
+# Mixture-of-experts routers (HF `mlp.gate` / `mlp.router`, a linear to one logit per expert).
+_ROUTER = {"mlp.gate": "ffn_gate_inp", "mlp.router": "ffn_gate_inp"}
+# GPT-OSS's attention: every projection has a bias (on the same names), plus a sink logit per head.
+_GPT_OSS = {
+    **{k: v for k, v in _ATTENTION_AND_MLP.items() if not k.startswith("mlp.")},
+    **_PRE_MLP_NORM,
+    **_ROUTER,
+}
+
 # Per-layer module tables (HF module path under `layers.N.` -> GGUF name under `blk.N.`).
 LAYER_MODULES: dict[str, dict[str, str]] = {
     "llama": {**_ATTENTION_AND_MLP, **_PRE_MLP_NORM},
     "qwen2": {**_ATTENTION_AND_MLP, **_PRE_MLP_NORM},  # q/k/v biases ride on the same names
+    "qwen2vl": {**_ATTENTION_AND_MLP, **_PRE_MLP_NORM},
     "qwen3": {**_ATTENTION_AND_MLP, **_PRE_MLP_NORM, **_QK_NORMS},
     "gemma3": {**_ATTENTION_AND_MLP, **_QK_NORMS, **_GEMMA_SANDWICH_NORMS},
+    "granite": {**_ATTENTION_AND_MLP, **_PRE_MLP_NORM},
+    "qwen3moe": {**_ATTENTION_AND_MLP, **_PRE_MLP_NORM, **_QK_NORMS, **_ROUTER},
+    "gpt-oss": _GPT_OSS,
+}
+# Parameters saved under their own name, not as `<module>.weight` (HF layer path -> GGUF name).
+# GPT-OSS keeps its experts stacked, input-major, gate and up interleaved: models/gpt_oss.py
+# turns `ffn_gate_up_exps` into GGUF's separate ffn_gate_exps / ffn_up_exps.
+BARE_PARAMETERS: dict[str, dict[str, str]] = {
+    "gpt-oss": {
+        "self_attn.sinks": "attn_sinks.weight",
+        "mlp.experts.gate_up_proj": "ffn_gate_up_exps.weight",
+        "mlp.experts.gate_up_proj_bias": "ffn_gate_up_exps.bias",
+        "mlp.experts.down_proj": "ffn_down_exps.weight",
+        "mlp.experts.down_proj_bias": "ffn_down_exps.bias",
+    },
 }
 
 # Tensors that are in some checkpoints but carry nothing the engine uses.
 _SKIPPED = re.compile(
     r"(^|\.)rotary_emb\.inv_freq$"  # old llama checkpoints saved the RoPE table
     r"|^(model\.)?(vision_tower|multi_modal_projector)\."  # Gemma 3's image side
+    r"|^(model\.)?visual\."  # Qwen2.5-VL's
 )
 _LAYER_NAME = re.compile(r"^layers\.(\d+)\.(.+)\.(weight|bias)$")
+_BARE_LAYER_NAME = re.compile(r"^layers\.(\d+)\.(.+)$")
+# One expert's projection as Qwen3-MoE (and Mixtral-style) folders list them: kept per expert.
+_EXPERT_MODULE = re.compile(r"^mlp\.experts\.(\d+)\.(gate|up|down)_proj$")
 _GLOBAL_NAME = re.compile(r"^(\w+)\.(weight|bias)$")
 
 
@@ -112,8 +149,15 @@ def gguf_name(hf_name: str, architecture: str) -> str | None:
 def _body_name(name: str, architecture: str) -> str | None:
     if match := _LAYER_NAME.match(name):
         layer, module, kind = match.groups()
+        if expert := _EXPERT_MODULE.match(module):
+            return f"blk.{layer}.ffn_{expert.group(2)}_exps.{expert.group(1)}.{kind}"
         gguf_module = LAYER_MODULES[architecture].get(module)
-        return None if gguf_module is None else f"blk.{layer}.{gguf_module}.{kind}"
+        if gguf_module is not None:
+            return f"blk.{layer}.{gguf_module}.{kind}"
+    if match := _BARE_LAYER_NAME.match(name):
+        layer, parameter = match.groups()
+        gguf_parameter = BARE_PARAMETERS.get(architecture, {}).get(parameter)
+        return None if gguf_parameter is None else f"blk.{layer}.{gguf_parameter}"
     if match := _GLOBAL_NAME.match(name):
         module, kind = match.groups()
         gguf_module = _GLOBAL_MODULES.get(module)

@@ -2,7 +2,8 @@
 
 A folder holds `model.safetensors`, or shards listed by `model.safetensors.index.json`.
 Each file is memory-mapped and its tensors are zero-copy uint8 views in `QuantizedTensor`
-layout (F32, F16 or BF16). The header is parsed here (8-byte length, then JSON) instead of
+layout: F32, F16 or BF16, or quantized codes joined with their scale tensors (FP8, NVFP4,
+MXFP4: split_tensors.py). The header is parsed here (8-byte length, then JSON) instead of
 through the `safetensors` package because its numpy API cannot hand out bfloat16, the
 usual dtype of these checkpoints.
 """
@@ -19,12 +20,11 @@ from typing import Any
 import numpy as np
 
 from app.engine.loader.names import CheckpointError, gguf_name
+from app.engine.loader.split_tensors import ITEM_BYTES, RawTensor, join_tensors
 from app.engine.quant.dispatch import QuantizedTensor
-from app.engine.quant.types import QUANT_TYPES, QuantType
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
-_DTYPES: dict[str, QuantType] = {name: QUANT_TYPES[name] for name in ("F32", "F16", "BF16")}
 _MAX_HEADER_BYTES = 100_000_000  # the format's own limit; a larger length means a corrupt file
 _MAX_DIMS = 8  # no real weight has more; a longer shape is a corrupt header
 
@@ -43,19 +43,26 @@ def weight_files(folder: Path) -> list[Path]:
     return files
 
 
-def read_safetensors_folder(folder: str | Path, architecture: str) -> dict[str, QuantizedTensor]:
-    """All tensors of the folder under their GGUF names (see `names.py`); skipped tensors left out."""
+def read_safetensors_folder(
+    folder: str | Path, architecture: str, quantization_config: dict[str, Any] | None = None
+) -> dict[str, QuantizedTensor]:
+    """All tensors of the folder under their GGUF names (see `names.py`); skipped tensors left out.
+
+    `quantization_config` (config.json's) gives FP8's `weight_block_size`; the format of each
+    tensor is read from the tensors themselves."""
     folder = Path(folder)
-    hf_tensors: dict[str, tuple[Path, QuantizedTensor]] = {}
+    raw: dict[str, RawTensor] = {}
     for file in weight_files(folder):
-        for name, tensor in read_safetensors_file(file).items():
-            if name in hf_tensors:
-                raise CheckpointError(f"{file}: tensor {name!r} is also in {hf_tensors[name][0]}")
-            hf_tensors[name] = (file, tensor)
+        for name, tensor in read_raw_tensors(file).items():
+            if name in raw:
+                raise CheckpointError(f"{file}: tensor {name!r} is also in {raw[name].path}")
+            raw[name] = tensor
     if (folder / INDEX_FILE).is_file():
-        _check_index_matches(folder, hf_tensors)
+        _check_index_matches(folder, raw)
+    joined = join_tensors(raw, _fp8_block(folder, quantization_config))
     tensors: dict[str, QuantizedTensor] = {}
-    for hf_name, (file, tensor) in hf_tensors.items():
+    for hf_name, tensor in joined.items():
+        file = raw[hf_name].path if hf_name in raw else folder
         try:
             name = gguf_name(hf_name, architecture)
         except CheckpointError as exc:
@@ -66,12 +73,28 @@ def read_safetensors_folder(folder: str | Path, architecture: str) -> dict[str, 
             raise CheckpointError(
                 f"{file}: tensor {hf_name!r} maps to {name!r}, which another tensor already has"
             )
-        tensors[name] = QuantizedTensor(name, tensor.qtype, tensor.shape, tensor.data)
+        tensors[name] = QuantizedTensor(name, tensor.qtype, tensor.shape, tensor.data, tensor.scales)
     return tensors
+
+
+def _fp8_block(folder: Path, config: dict[str, Any] | None) -> tuple[int, int] | None:
+    block = (config or {}).get("weight_block_size")
+    if block is None:
+        return None
+    if not (isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
+        raise CheckpointError(
+            f"{folder}/config.json: quantization_config.weight_block_size {block!r} is not [rows, cols]"
+        )
+    return (block[0], block[1])
 
 
 def read_safetensors_file(path: Path) -> dict[str, QuantizedTensor]:
     """Tensors of one .safetensors file under their own (HF) names, as views of the memory-mapped file."""
+    return join_tensors(read_raw_tensors(path), None)
+
+
+def read_raw_tensors(path: Path) -> dict[str, RawTensor]:
+    """Entries of one .safetensors file as stored (dtype, shape, bytes), views of the memory-mapped file."""
     if not path.is_file():
         raise CheckpointError(f"{path}: no such safetensors file")
     with path.open("rb") as file:
@@ -103,7 +126,7 @@ def _read_header(path: Path, mapped: mmap.mmap) -> tuple[dict[str, Any], int]:
     return header, 8 + length
 
 
-def _tensor(path: Path, name: str, entry: Any, buffer: np.ndarray, data_start: int) -> QuantizedTensor:
+def _tensor(path: Path, name: str, entry: Any, buffer: np.ndarray, data_start: int) -> RawTensor:
     try:
         dtype, shape = entry["dtype"], tuple(_whole(d) for d in entry["shape"])
         begin, end = (_whole(offset) for offset in entry["data_offsets"])
@@ -113,24 +136,21 @@ def _tensor(path: Path, name: str, entry: Any, buffer: np.ndarray, data_start: i
         raise CheckpointError(
             f"{path}: tensor {name!r} has a malformed header entry {str(entry)[:200]}"
         ) from None
-    if dtype not in _DTYPES:
+    if dtype not in ITEM_BYTES:
         raise CheckpointError(
             f"{path}: tensor {name!r} has dtype {dtype}, which this engine does not load. "
-            f"Supported: {', '.join(_DTYPES)}"
+            f"Supported: {', '.join(ITEM_BYTES)}"
         )
-    qtype = _DTYPES[dtype]
     shape = shape or (1,)  # a scalar is stored as one value
     if 0 in shape:
         raise CheckpointError(f"{path}: tensor {name!r} has an empty dimension in shape {list(shape)}")
-    expected = math.prod(shape) * qtype.type_size  # Python ints: a huge shape cannot overflow to a fit
+    expected = math.prod(shape) * ITEM_BYTES[dtype]  # Python ints: a huge shape cannot overflow to a fit
     if not 0 <= begin <= end or end - begin != expected or data_start + end > len(buffer):
         raise CheckpointError(
             f"{path}: tensor {name!r} ({dtype}, shape {list(shape)}) has data offsets [{begin}, {end}] "
             f"that do not hold {expected} bytes inside the file (truncated or corrupt)"
         )
-    rows = math.prod(shape[:-1])
-    data = buffer[data_start + begin : data_start + end].reshape(rows, -1)
-    return QuantizedTensor(name, qtype, shape, data)
+    return RawTensor(path, name, dtype, shape, buffer[data_start + begin : data_start + end])
 
 
 def _whole(value: Any) -> int:
@@ -150,9 +170,9 @@ def _read_index(index: Path) -> dict[str, str]:
     return weight_map
 
 
-def _check_index_matches(folder: Path, hf_tensors: dict[str, tuple[Path, QuantizedTensor]]) -> None:
+def _check_index_matches(folder: Path, raw: dict[str, RawTensor]) -> None:
     index = folder / INDEX_FILE
     for name, shard in _read_index(index).items():
-        found = hf_tensors.get(name)
-        if found is None or found[0].name != shard:
+        found = raw.get(name)
+        if found is None or found.path.name != shard:
             raise CheckpointError(f"{index}: lists tensor {name!r} in {shard}, which does not contain it")

@@ -52,6 +52,15 @@ _QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# o200k (GPT-4o, GPT-OSS, Llama 4): as gpt-oss's tokenizer.json writes it. Words split where case
+# changes ("HelloWorld" -> "Hello", "World") and take their contraction along. llama.cpp runs an
+# ASCII rewrite of it (its std::regex has no \p{Lu}), which differs on non-ASCII capitals; the
+# model was trained on this one.
+_O200K_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 # DeepSeek LLM's "letters": code point ranges (written as numbers because several of them, such
 # as U+1F7D and U+212A, are Unicode singletons that text tools silently normalize away).
 _DEEPSEEK_LLM_LETTER_RANGES = (
@@ -88,6 +97,7 @@ PRE_TOKENIZER_SPLITS: dict[str, tuple[str, ...]] = {
     "falcon3": (_LLAMA3_SPLIT,), "dbrx": (_LLAMA3_SPLIT,), "smaug-bpe": (_LLAMA3_SPLIT,),
     "qwen2": (_QWEN2_SPLIT,), "deepseek-r1-qwen": (_QWEN2_SPLIT,), "stablelm2": (_QWEN2_SPLIT,),
     "megrez": (_QWEN2_SPLIT,),
+    "gpt-4o": (_O200K_SPLIT,), "llama4": (_O200K_SPLIT,),
     "deepseek-llm": (
         r"[\r\n]", rf"\s?[{_DEEPSEEK_LLM_LETTERS}]+", r"\s?[!-/:-~！-／：-～‘-‟　-。]+", r"\s+$",
         r"[一-龥ࠀ-一가-퟿]+", r"\p{N}+",

@@ -2,7 +2,8 @@
 
 A checkpoint is a `.gguf` file, or a Hugging Face folder (config.json + safetensors). A
 folder that holds a single .gguf and no config.json, as model folders downloaded for
-llama.cpp or LM Studio do, opens that file.
+llama.cpp or LM Studio do, opens that file (an `mmproj*.gguf` beside it, a vision model's
+projector, is not counted: models/vision loads it with the model).
 """
 
 from __future__ import annotations
@@ -42,6 +43,11 @@ class Checkpoint:
     def quantization(self) -> str:
         return describe_quantization(self.tensors, self.metadata)
 
+    @property
+    def quant_mix(self) -> tuple[tuple[str, int], ...]:
+        """(format, tensor count) of every format present, most tensors first: a mixed file at a glance."""
+        return tuple(Counter(t.qtype.name for t in self.tensors.values()).most_common())
+
 
 def open_checkpoint(path: str | Path) -> Checkpoint:
     """Open a .gguf file or a Hugging Face safetensors folder; CheckpointError naming the path if it cannot be."""
@@ -58,12 +64,16 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
 
 
 def _single_gguf_in(folder: Path) -> Path:
-    found = sorted(folder.glob("*.gguf"))
+    """The folder's model GGUF; an mmproj beside it is its vision tower, not a second model."""
+    ggufs = sorted(folder.glob("*.gguf"))
+    found = [p for p in ggufs if "mmproj" not in p.name.lower()]
     if len(found) == 1:
         return found[0]
     if not found:
+        alone = " (an mmproj file is a vision projector: it needs its model GGUF beside it)"
         raise CheckpointError(
             f"{folder}: not a checkpoint folder (expected config.json with safetensors, or a .gguf file)"
+            + (alone if ggufs else "")
         )
     names = ", ".join(p.name for p in found)
     raise CheckpointError(f"{folder}: holds several .gguf files ({names}); pass the one to open")
@@ -89,7 +99,10 @@ def _open_safetensors(folder: Path) -> Checkpoint:
         architecture = architecture_of(hf_config)
     except CheckpointError as exc:
         raise CheckpointError(f"{config_path}: {exc}") from None
-    tensors = read_safetensors_folder(folder, architecture)
+    quant_config = hf_config.get("quantization_config")
+    tensors = read_safetensors_folder(
+        folder, architecture, quant_config if isinstance(quant_config, dict) else None
+    )
     tokenizer_dir = folder if (folder / "tokenizer.json").is_file() else None
     return Checkpoint(
         "safetensors", folder, architecture, tensors, hf_config=hf_config, tokenizer_dir=tokenizer_dir

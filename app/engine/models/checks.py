@@ -63,6 +63,8 @@ def _check_blocks(cfg: ModelConfig, tensors: dict[str, QuantizedTensor], key: Ca
             f"{present}{detail}: a corrupt block count or tensor count?"
         )
     for part, spec in _BLOCK_SHAPES.items():
+        if cfg.moe is not None and part.startswith("ffn_"):
+            continue  # experts instead: their shapes are checked as the MoE layer splits them
         wanted = tuple(math.prod(getattr(cfg, f) for f in dim) for dim in spec)
         for layer in range(cfg.num_layers):
             name = f"blk.{layer}.{part}.weight"
@@ -74,3 +76,22 @@ def _check_blocks(cfg: ModelConfig, tensors: dict[str, QuantizedTensor], key: Ca
                 raise CheckpointError(
                     f"tensor {name!r} has shape {tensor.shape}, but {fields} make it {wanted}"
                 )
+    if cfg.moe is not None:
+        _check_routers(cfg, tensors)
+
+
+def _check_routers(cfg: ModelConfig, tensors: dict[str, QuantizedTensor]) -> None:
+    moe = cfg.moe
+    assert moe is not None
+    if not 1 <= moe.num_used <= moe.num_experts:
+        raise CheckpointError(f"{moe.num_used} experts used per token of {moe.num_experts}: not a real model")
+    for layer in range(cfg.num_layers):
+        name = f"blk.{layer}.ffn_gate_inp.weight"
+        router = tensors.get(name)
+        if router is None:
+            raise CheckpointError(f"tensor {name!r} (the expert router) is missing")
+        if router.shape != (moe.num_experts, cfg.hidden_size):
+            raise CheckpointError(
+                f"tensor {name!r} has shape {router.shape}, but {moe.num_experts} experts of hidden size "
+                f"{cfg.hidden_size} make it {(moe.num_experts, cfg.hidden_size)}"
+            )

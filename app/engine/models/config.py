@@ -16,11 +16,30 @@ from app.engine.loader.names import CheckpointError
 
 @dataclass(frozen=True)
 class RopeScaling:
-    kind: str  # "linear" | "llama3"
+    kind: str  # "linear" | "llama3" | "yarn"
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position: int = 8192
+    beta_fast: float = 32.0  # YaRN's ramp between extrapolated and interpolated frequencies
+    beta_slow: float = 1.0
+    truncate: bool = True  # YaRN: round the ramp's ends to whole dimensions (GPT-OSS: False)
+
+
+@dataclass(frozen=True)
+class MoeSpec:
+    """A mixture-of-experts feed-forward: `num_used` of `num_experts` experts per token."""
+
+    num_experts: int
+    num_used: int
+    intermediate_size: int  # of one expert
+    # "softmax_topk": softmax over all experts, then the top k (renormalised when `normalize`) (Qwen3-MoE);
+    # "topk_softmax": the top k logits, then a softmax over those k (GPT-OSS).
+    routing: str = "softmax_topk"
+    normalize: bool = True
+    activation: str = "silu"  # or "swiglu_oai": GPT-OSS's clamped swish-gated unit
+    swiglu_limit: float = 7.0
+    swiglu_alpha: float = 1.702
 
 
 @dataclass(frozen=True)
@@ -50,6 +69,12 @@ class ModelConfig:
     qk_norm: bool = False
     sandwich_norm: bool = False  # extra norms after attention and MLP (Gemma 2/3)
     activation: str = "silu"
+    residual_scale: float | None = None  # sublayer outputs scaled before the residual add (Granite)
+    logit_scale: float | None = None  # logits divided by it (Granite's logits_scaling)
+    moe: MoeSpec | None = None  # mixture-of-experts feed-forward in every layer
+    attention_sinks: bool = False  # a learned per-head logit in each softmax's denominator (GPT-OSS)
+    # Multimodal RoPE (Qwen2.5-VL): frequencies per t/h/w section, each rotated by its own position
+    mrope_section: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -79,6 +104,7 @@ LIMITS: dict[str, int] = {
     "head_dim": 4096,
     "intermediate_size": 1 << 20,
     "context_length": 1 << 24,
+    "num_experts": 4096,
 }
 # Where each size lives in the checkpoint's own terms, for errors that name it.
 GGUF_KEYS = {
@@ -229,6 +255,15 @@ def _hf_rope_scaling(cfg: dict[str, Any]) -> RopeScaling | None:
             float(params.get("high_freq_factor", 4.0)),
             int(params.get("original_max_position_embeddings", 8192)),
         )
+    if kind == "yarn":
+        return RopeScaling(
+            "yarn",
+            float(params["factor"]),
+            original_max_position=int(params["original_max_position_embeddings"]),
+            beta_fast=float(params.get("beta_fast") or 32.0),
+            beta_slow=float(params.get("beta_slow") or 1.0),
+            truncate=bool(params.get("truncate", True)),
+        )
     if kind not in (None, "default"):
-        raise ValueError(f"unsupported RoPE scaling {kind!r}; supported: linear, llama3")
+        raise ValueError(f"unsupported RoPE scaling {kind!r}; supported: linear, llama3, yarn")
     return None

@@ -24,3 +24,5 @@ class Family:
     config_from_hf: Callable[[dict[str, Any]], ModelConfig]
     # Checkpoint quirks of Hugging Face files, applied to the tensors beside the model that needs them.
     adapt_hf_tensors: Callable[[Tensors, ModelConfig], Tensors] = _no_quirks
+    # The same for GGUF files, where the family's names differ from the shared decoder's.
+    adapt_gguf_tensors: Callable[[Tensors, ModelConfig], Tensors] = _no_quirks

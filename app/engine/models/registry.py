@@ -14,9 +14,13 @@ from app.engine.models.family import Family
 
 _FAMILY_MODULES = {
     "gemma3": "app.engine.models.gemma3",
+    "gpt-oss": "app.engine.models.gpt_oss",
+    "granite": "app.engine.models.granite",
     "llama": "app.engine.models.llama",
     "qwen2": "app.engine.models.qwen2",
+    "qwen2vl": "app.engine.models.qwen2_vl",
     "qwen3": "app.engine.models.qwen3",
+    "qwen3moe": "app.engine.models.qwen3moe",
 }
 
 
@@ -77,6 +81,8 @@ def build_model(
     tensors = checkpoint.tensors
     if checkpoint.format != "gguf":
         tensors = fam.adapt_hf_tensors(tensors, cfg)
+    else:
+        tensors = fam.adapt_gguf_tensors(tensors, cfg)
     freq_factors = tensors.get("rope_freqs.weight")
     return DecoderModel(
         cfg,

@@ -333,3 +333,7 @@ def quantize_q8_0(values: np.ndarray) -> np.ndarray:
     q = np.where(is_tie, truncated + np.sign(scaled), np.rint(scaled)).astype(np.int8)
     blocks = np.concatenate([d.astype("<f2").view(np.uint8), q.view(np.uint8)], axis=-1)
     return blocks.reshape(*values.shape[:-1], -1)
+
+
+# The table-lookup formats register themselves on import; they need BlockFormat defined above.
+from app.engine.quant import lowbit as _lowbit  # noqa: E402, F401

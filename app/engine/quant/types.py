@@ -2,8 +2,13 @@
 
 Each format is one `QuantType`: its GGML id, how many weights one block holds, and how
 many bytes that block takes (written as a sum of its parts so the byte layout reads off
-the table). The numpy dequantizer of each format lives in `reference.py`; CUDA kernels
-register against the same names in `dispatch.py`.
+the table). The numpy dequantizer of each format lives in `reference.py` (`lowbit.py` for
+MXFP4 and the IQ4 types); CUDA kernels register against the same names in `dispatch.py`.
+
+"Split" formats come from safetensors checkpoints: the tensor holds only the element codes
+(one fp8 byte, or two fp4 nibbles, per byte) and its scales live in a second tensor of the
+file (`weight_scale_inv`, `weight_scale`, `*_scales`), carried beside it as a `ScaleGrid`
+(dispatch.py, decoded by split.py). They have no GGML id.
 """
 
 from __future__ import annotations
@@ -16,9 +21,10 @@ QK_K = 256  # super-block size of the k-quants
 @dataclass(frozen=True)
 class QuantType:
     name: str
-    ggml_id: int
+    ggml_id: int | None  # None: not a GGUF type (split formats)
     block_size: int  # weights per block
     type_size: int  # bytes per block
+    split: bool = False  # codes only; the scales come in a ScaleGrid beside the tensor
 
     def row_bytes(self, n_cols: int) -> int:
         """Bytes of one row of `n_cols` weights; `n_cols` must be a whole number of blocks."""
@@ -28,7 +34,7 @@ class QuantType:
 
     @property
     def is_float(self) -> bool:
-        return self.block_size == 1
+        return self.block_size == 1 and not self.split
 
 
 _TABLE = [
@@ -43,10 +49,17 @@ _TABLE = [
     QuantType("Q4_K", 12, QK_K, 2 + 2 + 12 + QK_K // 2),
     QuantType("Q5_K", 13, QK_K, 2 + 2 + 12 + QK_K // 8 + QK_K // 2),
     QuantType("Q6_K", 14, QK_K, QK_K // 2 + QK_K // 4 + QK_K // 16 + 2),
+    QuantType("IQ4_NL", 20, 32, 2 + 16),  # d, 16 bytes of nibbles indexing a 16-value table
+    QuantType("IQ4_XS", 23, QK_K, 2 + 2 + QK_K // 64 + QK_K // 2),  # d, scales_h, scales_l, nibbles
+    QuantType("MXFP4", 39, 32, 1 + 16),  # e8m0 exponent, 16 bytes of e2m1 nibbles
+    QuantType("NVFP4", 40, 64, 4 + 32),  # GGUF's NVFP4: 4 ue4m3 scales (one per 16), 32 bytes of e2m1 nibbles
+    QuantType("FP8_E4M3", None, 1, 1, split=True),  # one float8_e4m3fn code per byte
+    QuantType("NVFP4_SPLIT", None, 2, 1, split=True),  # ModelOpt: e2m1 pairs, e4m3 scale per 16 + global
+    QuantType("MXFP4_SPLIT", None, 2, 1, split=True),  # GPT-OSS: e2m1 pairs, e8m0 scale per 32
 ]
 
 QUANT_TYPES: dict[str, QuantType] = {q.name: q for q in _TABLE}
-_BY_ID: dict[int, QuantType] = {q.ggml_id: q for q in _TABLE}
+_BY_ID: dict[int, QuantType] = {q.ggml_id: q for q in _TABLE if q.ggml_id is not None}
 
 
 class UnsupportedQuantType(ValueError):
@@ -60,4 +73,6 @@ def quant_type(name_or_id: str | int) -> QuantType:
         return table[name_or_id]  # type: ignore[index]
     except KeyError:
         supported = ", ".join(QUANT_TYPES)
-        raise UnsupportedQuantType(f"unsupported tensor type {name_or_id!r}. Supported: {supported}") from None
+        raise UnsupportedQuantType(
+            f"unsupported tensor type {name_or_id!r}. Supported: {supported}"
+        ) from None

@@ -8,14 +8,20 @@ so the request ends on EOS with finish_reason "stop".
 
 llguidance gets every token's bytes from our tokenizer's own byte table (`Tokenizer.token_bytes`,
 the one the detokenizer uses), so byte-level BPE and SentencePiece with byte fallback work alike.
-That view is built once, on the first request with a grammar (about 2 s for a 262k vocabulary);
-requests without a grammar never reach this module.
+That view takes 1.4-3 s to build for a 262k vocabulary, all of it inside llguidance holding the
+interpreter lock. Built on the engine thread at a model's first grammar request, it stalled every
+running request for that long; it is now started on a worker thread when the engine is made (while
+the model loads, before any request), built once per tokenizer and vocabulary width and shared by
+every engine over that tokenizer. A request that arrives before it is ready waits for it.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import weakref
 from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import llguidance
@@ -43,7 +49,7 @@ class GrammarMasks:
         self._tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.words = mask_words(vocab_size)
-        self._llg_tokenizer: llguidance.LLTokenizer | None = None
+        self._view = tokenizer_view(tokenizer, vocab_size)
         self._executor = llguidance.LLExecutor()
         self._matchers: dict[str, llguidance.LLMatcher] = {}
 
@@ -96,12 +102,39 @@ class GrammarMasks:
         return matcher
 
     def _tokenizer_view(self) -> llguidance.LLTokenizer:
-        if self._llg_tokenizer is None:
-            self._llg_tokenizer = llguidance.LLTokenizer(
-                llguidance.TokenizerWrapper(_TokenTable(self._tokenizer, self.vocab_size)),
-                eos_token=sorted(self._tokenizer.eos_token_ids),
-            )
-        return self._llg_tokenizer
+        return self._view.result()
+
+
+_VIEWS: weakref.WeakKeyDictionary[Any, dict[int, Future[llguidance.LLTokenizer]]] = weakref.WeakKeyDictionary()
+_VIEWS_LOCK = threading.Lock()
+
+
+def tokenizer_view(tokenizer: Any, vocab_size: int) -> Future[llguidance.LLTokenizer]:
+    """llguidance's view of `tokenizer` at `vocab_size` logits, built once on its own thread."""
+    with _VIEWS_LOCK:
+        try:
+            views = _VIEWS.setdefault(tokenizer, {})
+        except TypeError:  # a tokenizer that cannot be weakly referenced or hashed: this engine's own view
+            views = {}
+        if vocab_size not in views:
+            future: Future[llguidance.LLTokenizer] = Future()
+            views[vocab_size] = future
+            threading.Thread(
+                target=_build_view, args=(future, tokenizer, vocab_size), name="grammar-vocab", daemon=True
+            ).start()
+        return views[vocab_size]
+
+
+def _build_view(future: Future[llguidance.LLTokenizer], tokenizer: Any, vocab_size: int) -> None:
+    try:
+        view = llguidance.LLTokenizer(
+            llguidance.TokenizerWrapper(_TokenTable(tokenizer, vocab_size)),
+            eos_token=sorted(tokenizer.eos_token_ids),
+        )
+    except BaseException as exc:  # handed to the request that needs the view
+        future.set_exception(exc)
+    else:
+        future.set_result(view)
 
 
 class _TokenTable:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from app.engine.request import Request
+from app.engine.sample.history import TokenHistory
 
 FIRST_NUCLEUS_WIDTH = 64  # top-p looks at this many best tokens first, widening only if needed
 
@@ -22,13 +23,14 @@ def apply_penalties(row: np.ndarray, request: Request) -> None:
     """Repetition (HF: divide positive logits, multiply negative ones, over every token
     seen), then frequency and presence (OpenAI: subtract per output occurrence / once)."""
     p = request.sampling_params
+    history = TokenHistory.of(request)
     if p.repetition_penalty != 1.0:
-        seen = np.unique(np.asarray(request.all_token_ids, dtype=np.int64))
+        seen = history.seen
         values = row[seen]
         row[seen] = np.where(values > 0, values / p.repetition_penalty, values * p.repetition_penalty)
-    if (p.frequency_penalty or p.presence_penalty) and request.output_token_ids:
-        ids, counts = np.unique(np.asarray(request.output_token_ids, dtype=np.int64), return_counts=True)
-        row[ids] -= (p.frequency_penalty * counts + p.presence_penalty).astype(np.float32)
+    if (p.frequency_penalty or p.presence_penalty) and len(history.output_ids):
+        counts = history.output_counts
+        row[history.output_ids] -= (p.frequency_penalty * counts + p.presence_penalty).astype(np.float32)
 
 
 def draw_among_top_k(

@@ -63,8 +63,11 @@ class Generation:
         metrics: ServerMetrics | None = None,
         endpoint: str = "",
         prompt_param: str = "messages",
+        on_finish: Callable[[list[int]], None] | None = None,
     ) -> None:
         self._engine = engine
+        self._on_finish = on_finish  # given the sampled ids of a request that ran to its end
+        self._output_ids: list[int] = []
         self._prompt_param = prompt_param  # the request field an overflow error names
         self.request = request
         self._metrics = metrics
@@ -121,6 +124,8 @@ class Generation:
 
     def _observe(self, out: RequestOutput) -> None:
         now = time.monotonic()
+        if self._on_finish is not None:
+            self._output_ids += out.new_token_ids
         if out.new_token_ids and not self._saw_token:
             self._saw_token = True
             if self._metrics:
@@ -134,6 +139,8 @@ class Generation:
             self._metrics.request_latency.labels(self._endpoint).observe(now - self._arrival)
         if out.finish_reason == "abort":
             raise ApiError(503, "The engine aborted this request (it may be shutting down).")
+        if self._on_finish is not None and out.finish_reason in ("stop", "length"):
+            self._on_finish(self._output_ids)
 
     async def close(self) -> None:
         """Idempotent: close the engine's iterator and abort the request unless it finished."""

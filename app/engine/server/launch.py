@@ -79,6 +79,11 @@ class ServerHandle:
         return self._thread is not None and self._thread.is_alive()
 
     @property
+    def thread(self) -> threading.Thread | None:
+        """The thread running the server's event loop (None when stopped)."""
+        return self._thread
+
+    @property
     def base_url(self) -> str:
         if self.port is None:
             raise RuntimeError("the server has not been started")

@@ -101,6 +101,27 @@ class _EngineStatsCollector(Collector):
                 "Prompt tokens served from the prefix cache",
                 s.prefix_cache_hit_tokens_total,
             ),
-        ]
+            ("paddock_engine_kv_evicted_blocks", "Cached KV blocks evicted from the device pool",
+             s.kv_evicted_blocks_total),
+            ("paddock_engine_preemptions", "Running requests preempted (sent back to wait)", s.preemptions_total),
+            ("paddock_engine_expert_copied_bytes", "MoE expert bytes copied from host RAM to the device",
+             s.expert_bytes_copied_total),
+        ]  # fmt: skip
         for name, doc, value in counters:
             yield CounterMetricFamily(name, doc, value=value)
+        yield _labelled(
+            "paddock_engine_prefix_cache_hit_tokens_by_tier",
+            "Prompt tokens served from the prefix cache, by the tier they came from",
+            "tier",
+            s.prefix_cache_hit_tokens_by_tier,
+        )
+        yield _labelled(
+            "paddock_engine_kv_moved_bytes", "KV cache bytes copied between tiers", "direction", s.kv_bytes_moved
+        )
+
+
+def _labelled(name: str, doc: str, label: str, values: dict[str, int]) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, doc, labels=[label])
+    for key, value in values.items():
+        family.add_metric([key], value)
+    return family

@@ -44,7 +44,11 @@ LIMITED_PATHS = frozenset(
         "/mcp",
     }
 )
-OPEN_PATHS = frozenset({"/health"})  # monitors reach it without the key; it tells nothing but the model name
+# Read without the key: monitors probe /health, and clients and load balancers probe the base URL (GET
+# or HEAD /) before they send a key, as vLLM and llama.cpp leave them open. Both tell only the server's
+# name, version and model.
+OPEN_PATHS = frozenset({"/health", "/"})
+OPEN_METHODS = frozenset({"GET", "HEAD"})
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 # Routes whose bodies are forms (uploads); every other body must be JSON.
 FORM_PATHS = frozenset({"/v1/audio/transcriptions"})
@@ -139,7 +143,7 @@ class ApiKeyMiddleware:
         self._key = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] == "OPTIONS" or scope["path"] in OPEN_PATHS:
+        if scope["type"] != "http" or scope["method"] == "OPTIONS" or _is_open(scope):
             return await self.app(scope, receive, send)
         headers = Headers(scope=scope)
         authorization = headers.get("authorization", "")
@@ -150,6 +154,10 @@ class ApiKeyMiddleware:
         if not any(matches):
             return await _reject(unauthorized(present=bool(given)), scope, receive, send)
         await self.app(scope, receive, send)
+
+
+def _is_open(scope: Scope) -> bool:
+    return scope["path"] in OPEN_PATHS and scope["method"] in OPEN_METHODS
 
 
 class BodyLimitMiddleware:

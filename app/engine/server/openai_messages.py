@@ -8,18 +8,20 @@ from __future__ import annotations
 from typing import Any
 
 from app.engine.server.errors import bad_request
+from app.engine.server.images import ImageCollector, join_text, openai_image
 from app.engine.server.prompting import parse_arguments
 from app.engine.server.protocol.chat import ChatMessage
 from app.engine.server.serving_base import new_id
 
 
-def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """OpenAI chat messages -> the neutral template messages (see prompting.py)."""
+def chat_messages(messages: list[ChatMessage], images: ImageCollector | None = None) -> list[dict[str, Any]]:
+    """OpenAI chat messages -> the neutral template messages (see prompting.py); image parts go
+    to `images` (refused without one)."""
     result = []
     for i, message in enumerate(messages):
         entry: dict[str, Any] = {
             "role": "system" if message.role == "developer" else message.role,
-            "content": text_content(message.content, f"messages[{i}].content"),
+            "content": text_content(message.content, f"messages[{i}].content", images),
         }
         if message.name:
             entry["name"] = message.name
@@ -43,15 +45,21 @@ def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     return result
 
 
-def text_content(content: str | list[Any] | None, param: str) -> str:
+IMAGE_PARTS = ("image_url", "input_image")
+
+
+def text_content(content: str | list[Any] | None, param: str, images: ImageCollector | None = None) -> str:
+    """The parts' text, joined by newlines; each image part (with a collector) becomes IMAGE_MARK
+    in place, written next to its neighbours as Gemma's template writes its image token."""
     if content is None or isinstance(content, str):
         return content or ""
-    texts = []
+    pieces: list[str] = []
     for j, part in enumerate(content):
-        if part.type not in ("text", "input_text", "output_text") or part.text is None:
-            raise bad_request(
-                f"Content of type {part.type!r} is not supported: this model reads text only.",
-                param=f"{param}[{j}]",
-            )
-        texts.append(part.text)
-    return "\n".join(texts)
+        where = f"{param}[{j}]"
+        if part.type in IMAGE_PARTS and images is not None:
+            pieces.append(images.add(openai_image(part, where)))
+        elif part.type not in ("text", "input_text", "output_text") or part.text is None:
+            raise bad_request(f"Content of type {part.type!r} is not supported here.", param=where)
+        else:
+            pieces.append(part.text)
+    return join_text(pieces)

@@ -19,8 +19,11 @@ import anyio
 import anyio.to_thread
 
 from app.engine import ContextOverflowError
+from app.engine.models.vision.splice import image_spans
 from app.engine.server import limits
 from app.engine.server.errors import ApiError, bad_request, context_overflow
+from app.engine.server.images import IMAGE_MARK
+from app.engine.server.turn_memory import DEFAULT_TURNS, NO_REUSE, TurnMemory
 
 if TYPE_CHECKING:
     from app.engine import EngineClient
@@ -37,14 +40,23 @@ DEFAULT_PROMPT_WORKERS = 4
 class Prompt:
     token_ids: list[int]
     text: str | None = None  # None when the client sent token ids
+    images: tuple[Any, ...] = ()  # ImageInput per run of image tokens, in order
+    remembered: bool = False  # a chat prompt: its ids and the answer's go to the turn memory
 
 
 class PromptBuilder:
     """Template rendering and tokenization; `off_loop` runs them on a bounded pool of worker threads."""
 
-    def __init__(self, engine: EngineClient, workers: int = DEFAULT_PROMPT_WORKERS) -> None:
+    def __init__(
+        self,
+        engine: EngineClient,
+        workers: int = DEFAULT_PROMPT_WORKERS,
+        remembered_turns: int = DEFAULT_TURNS,
+    ) -> None:
         self._engine = engine
         self._workers = anyio.CapacityLimiter(workers)
+        self._remembered_turns = remembered_turns
+        self._memory: TurnMemory | None = None
 
     async def off_loop(self, work: Callable[..., T], *args: Any) -> T:
         """Run CPU-heavy request work (templates, tokenizers) where it cannot stall the event loop."""
@@ -82,6 +94,11 @@ class PromptBuilder:
         return self._engine.model.context_length
 
     @property
+    def vision(self) -> Any:
+        """The engine's ImagePrompter, or None for a model without vision."""
+        return getattr(self._engine, "vision", None)
+
+    @property
     def template_stop_strings(self) -> list[str]:
         return list(getattr(self._engine.chat_template, "stop_strings", ()) or ())
 
@@ -93,7 +110,10 @@ class PromptBuilder:
         add_generation_prompt: bool = True,
         template_kwargs: dict[str, Any] | None = None,
         param: str = "messages",
+        images: list[Any] | None = None,
     ) -> Prompt:
+        """The prompt of these messages; `images` (PreparedImages, from `load_images`) replace the
+        IMAGE_MARKs the conversion left in the messages' text, in order."""
         for index, message in enumerate(messages):
             ensure_encodable(message.get("content") or "", f"{param}[{index}].content")
         try:
@@ -112,12 +132,68 @@ class PromptBuilder:
                 f"The chat template could not render these messages: {exc}", param=param
             ) from exc
         self.check_length(text, "messages")
+        views: tuple[Any, ...] = ()
+        if images or IMAGE_MARK in text:
+            text, views = self._with_images(text, images or [], param)
+        if views:
+            ids = self._encode(text)
+            if len(image_spans(ids, self.vision.image_token_id)) != len(views):
+                raise bad_request(
+                    f"The messages' text holds the image token itself; it stands only for the {len(views)} images sent.",
+                    param=param,
+                )
+            return Prompt(ids, text, views)
+        memory = self._turn_memory()
+        reuse = memory.reuse(text) if memory is not None else NO_REUSE
+        if not reuse.num_chars:
+            return Prompt(self._encode(text), text, remembered=memory is not None)
+        rest = self._engine.tokenizer.encode(
+            text[reuse.num_chars :], add_special_tokens=False, parse_special=True
+        )
+        return Prompt(reuse.token_ids + rest, text, remembered=True)
+
+    def _encode(self, text: str) -> list[int]:
+        """A rendered prompt's ids: the tokenizer's BOS unless the template wrote it."""
         tokenizer = self._engine.tokenizer
         bos = tokenizer.id_to_token(tokenizer.bos_token_id) if tokenizer.bos_token_id is not None else None
         starts_with_bos = bool(bos) and text.startswith(bos)
-        return Prompt(
-            tokenizer.encode(text, add_special_tokens=not starts_with_bos, parse_special=True), text
-        )
+        return tokenizer.encode(text, add_special_tokens=not starts_with_bos, parse_special=True)
+
+    def _turn_memory(self) -> TurnMemory | None:
+        """The memory of the loaded tokenizer's turns (a new model starts an empty one); None when off
+        or where ids cannot be spliced (no per-token bytes, or an EOS the tokenizer appends to every prompt)."""
+        tokenizer = self._engine.tokenizer
+        if not self._remembered_turns or getattr(tokenizer, "add_eos", False):
+            return None
+        try:
+            tokenizer.token_bytes(0)
+        except (ValueError, AttributeError):
+            return None
+        memory = self._memory
+        if memory is None or memory.tokenizer is not tokenizer:
+            memory = self._memory = TurnMemory(tokenizer, self._remembered_turns)
+        return memory
+
+    def remember(self, prompt: Prompt, output_ids: list[int]) -> None:
+        """Keep a finished chat request's ids for the next turn to reuse (turn_memory.py)."""
+        memory = self._memory
+        if (
+            prompt.remembered
+            and prompt.text
+            and memory is not None
+            and memory.tokenizer is self._engine.tokenizer
+        ):
+            memory.remember(prompt.text, prompt.token_ids, output_ids)
+
+    def _with_images(self, text: str, images: list[Any], param: str) -> tuple[str, tuple[Any, ...]]:
+        prompter = self.vision
+        try:
+            if prompter is None:
+                raise ValueError("the loaded model has no vision")
+            expanded = prompter.expand(text, images, marker=IMAGE_MARK)
+        except ValueError as exc:
+            raise bad_request(f"The images could not be placed in the prompt: {exc}.", param=param) from exc
+        return expanded, tuple(prompter.views(images))
 
     def text(self, text: str, *, add_special_tokens: bool = True, param: str = "prompt") -> Prompt:
         ensure_encodable(text, param)

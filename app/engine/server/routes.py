@@ -14,6 +14,7 @@ from pydantic import BaseModel
 from app import __version__
 from app.engine.server.errors import CLIENT_CLOSED, ApiError, Dialect, model_not_found
 from app.engine.server.generation import WaitForDisconnect, disconnect_waiter
+from app.engine.server.json_body import OffLoopJsonRoute
 from app.engine.server.protocol.anthropic import (
     AnthropicErrorResponse,
     CountTokensRequest,
@@ -38,11 +39,12 @@ from app.engine.server.protocol.tokenize import (
 )
 from app.engine.server.services import Services
 from app.engine.server.serving_audio import TRANSCRIPTIONS_PATH
+from app.engine.server.sessions import bind_caller
 from app.engine.server.sse import sse_response
 from app.engine.server.streaming import ANTHROPIC_PING, COMMENT_PING, keep_alive
 
 log = logging.getLogger(__name__)
-router = APIRouter()
+router = APIRouter(route_class=OffLoopJsonRoute)  # large JSON bodies parse on a worker
 
 # One server-sent event (sent when the request says "stream": true): JSON data, or "[DONE]" ending OpenAI streams.
 _SSE_EVENT = {
@@ -103,6 +105,7 @@ async def _generate(
     """A generation route's answer. A stream opens at once and pings while the engine is quiet
     (the prefill); a client that hangs up is logged, like an access line, as 499 with its wait."""
     started = time.monotonic()
+    bind_caller(request)  # the session the engine's fairness sees (sessions.py)
     result = await create(disconnect_waiter(request.receive))
     if isinstance(result, ApiError) and result.status == CLIENT_CLOSED:
         _log_client_closed(request, started)

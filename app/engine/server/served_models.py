@@ -40,7 +40,12 @@ class ServedModels:
         return model_not_found(name, self.embedding_names)
 
     def listing(self) -> ModelList:
-        cards = [ModelCard.chat(name, self._created, self.model.context_length) for name in self.chat_names]
+        vision = self.model.supports_vision
+        mix = dict(self.model.quant_mix) or None
+        cards = [
+            ModelCard.chat(name, self._created, self.model.context_length, vision, self.model.quantization, mix)
+            for name in self.chat_names
+        ]
         cards += [ModelCard(id=name, created=self._created) for name in self.embedding_names]
         return ModelList(data=cards)
 

@@ -5,14 +5,18 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from app.engine import EngineClient, GenerationRequest, SamplingParams
+from app.engine.server import sessions
 from app.engine.server.embedder import Embedder
 from app.engine.server.errors import bad_request
-from app.engine.server.generation import Generation
+from app.engine.server.generation import Completed, Generation
+from app.engine.server.images import ImageCollector, load_images
 from app.engine.server.limits import SEED_MAX
 from app.engine.server.metrics import ServerMetrics
 from app.engine.server.prompting import Prompt, PromptBuilder
+from app.engine.server.reasoning_tokens import count_reasoning_tokens
 from app.engine.server.served_models import ServedModels
 from app.engine.server.settings import ServerSettings
 
@@ -39,22 +43,35 @@ class ServingContext:
             settings=settings,
             models=ServedModels(engine.model, embedder, settings),
             metrics=ServerMetrics(engine),
-            prompts=PromptBuilder(engine, settings.prompt_workers),
+            prompts=PromptBuilder(engine, settings.prompt_workers, settings.remembered_turns),
         )
 
     def generation(
         self, prompt: Prompt, params: SamplingParams, endpoint: str, session_id: str | None
     ) -> Generation:
+        """The engine request for one choice; `session_id` is the user the body names (or None),
+        combined with the caller's key or connection (sessions.py)."""
         vocab = self.engine.tokenizer.vocab_size
         bad = next((i for i in params.stop_token_ids if not 0 <= i < vocab), None)
         if bad is not None:  # the sampler indexes logits by these ids
             raise bad_request(
                 f"Token id {bad} is outside the vocabulary (0..{vocab - 1}).", param="stop_token_ids"
             )
-        request = GenerationRequest(prompt.token_ids, params, session_id=session_id or "default")
-        return Generation(
-            self.engine, request, self.metrics, endpoint, PROMPT_PARAMS.get(endpoint, "messages")
+        request = GenerationRequest(
+            prompt.token_ids, params, session_id=sessions.session_id(session_id), images=list(prompt.images)
         )
+        remember = (lambda ids: self.prompts.remember(prompt, ids)) if prompt.remembered else None
+        return Generation(
+            self.engine, request, self.metrics, endpoint, PROMPT_PARAMS.get(endpoint, "messages"), remember
+        )
+
+    def reasoning_tokens(self, result: Completed) -> int:
+        """How many of the generated tokens were reasoning (GPT-OSS's analysis channel); see reasoning_tokens.py."""
+        return count_reasoning_tokens(self.engine.chat_template, self.engine.tokenizer, result.token_ids)
+
+    def load_images(self, images: ImageCollector) -> list[Any]:
+        """The collected image parts, decoded and preprocessed for the loaded model (400s on bad ones)."""
+        return load_images(images.sources, self.prompts.vision, self.settings)
 
 
 def new_id(prefix: str) -> str:

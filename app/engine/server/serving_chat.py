@@ -16,6 +16,7 @@ from app.engine.server.generation import (
     merged,
     start_and_collect,
 )
+from app.engine.server.images import ImageCollector
 from app.engine.server.json_output import check_json, json_instruction, reply_grammar
 from app.engine.server.limits import check_fan_out
 from app.engine.server.logprobs import TokenTexts, chat_logprobs
@@ -34,10 +35,16 @@ from app.engine.server.protocol.chat import (
     ToolCallDelta,
     ToolCallOut,
 )
-from app.engine.server.protocol.openai import NamedToolChoice, PromptTokensDetails, UsageInfo
+from app.engine.server.protocol.openai import (
+    CompletionTokensDetails,
+    NamedToolChoice,
+    PromptTokensDetails,
+    UsageInfo,
+)
 from app.engine.server.serving_base import ServingContext, new_id, now, seeded
 from app.engine.server.sse import DONE, data_frame
-from app.engine.server.tool_calls import ParsedCall, ToolCallSplitter, plan_tools, split_calls
+from app.engine.server.tool_calls import ParsedCall, ReplySplitter, plan_tools, reply_params, split_reply
+from app.engine.text.harmony import REASONING
 
 ENDPOINT = "chat"
 
@@ -75,7 +82,9 @@ class OpenAIServingChat:
         if req.logit_bias:
             raise bad_request("logit_bias is not supported by this server.", param="logit_bias")
         check_fan_out(self.ctx.settings, req.n)
-        messages = chat_messages(req.messages)
+        collected = ImageCollector()
+        messages = chat_messages(req.messages, collected)
+        images = self.ctx.load_images(collected)
         tools = [
             function_tool(t.function.name, t.function.description, t.function.parameters)
             for t in req.tools or []
@@ -100,6 +109,7 @@ class OpenAIServingChat:
             tool_plan.tools,
             add_generation_prompt=req.add_generation_prompt,
             template_kwargs=req.chat_template_kwargs,
+            images=images,
         )
         grammar = reply_grammar(tool_plan, schema, wants_json, "response_format")
         return ChatPlan(prompt, tool_plan.parse_calls, schema, wants_json, grammar)
@@ -115,6 +125,7 @@ class OpenAIServingChat:
                 )
             except ValueError as exc:
                 raise bad_request(str(exc)) from exc
+            params = reply_params(self.ctx.engine.chat_template, params)
             generations.append(self.ctx.generation(plan.prompt, params, ENDPOINT, req.user))
         return generations
 
@@ -125,9 +136,13 @@ class OpenAIServingChat:
     ) -> ChatCompletionResponse:
         choices = []
         for index, result in enumerate(completed):
-            content, calls = split_calls(self.ctx.engine.chat_template, result.text, plan.parse_calls)
+            reasoning, content, calls = split_reply(
+                self.ctx.engine.chat_template, result.text, plan.parse_calls
+            )
             message = ResponseMessage(
-                content=content if content or not calls else None, tool_calls=_tool_calls(calls)
+                content=content if content or not calls else None,
+                reasoning_content=reasoning or None,
+                tool_calls=_tool_calls(calls),
             )
             choices.append(
                 ChatChoice(
@@ -142,13 +157,30 @@ class OpenAIServingChat:
                 )
             )
         return ChatCompletionResponse(
-            id=new_id("chatcmpl-"), created=now(), model=req.model, choices=choices, usage=_usage(completed)
+            id=new_id("chatcmpl-"),
+            created=now(),
+            model=req.model,
+            choices=choices,
+            usage=self._usage(completed),
         )
 
     def _logprobs(self, req: ChatCompletionRequest, logprobs: list[Any]) -> ChoiceLogprobs | None:
         if not req.logprobs:
             return None
         return ChoiceLogprobs(content=chat_logprobs(self.texts, logprobs, req.top_logprobs or 0))
+
+    def _usage(self, completed: list[Completed]) -> UsageInfo:
+        prompt = completed[0].prompt_tokens if completed else 0
+        output = sum(result.output_tokens for result in completed)
+        cached = completed[0].cached_tokens if completed else 0
+        reasoning = sum(self.ctx.reasoning_tokens(result) for result in completed)
+        return UsageInfo(
+            prompt_tokens=prompt,
+            completion_tokens=output,
+            total_tokens=prompt + output,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
+            completion_tokens_details=CompletionTokensDetails(reasoning_tokens=reasoning),
+        )
 
     # ---- stream ----------------------------------------------------------------------------
 
@@ -165,7 +197,7 @@ class OpenAIServingChat:
             return f"data: {chunk.model_dump_json(exclude=None if include_usage else {'usage'})}\n\n"
 
         template = self.ctx.engine.chat_template
-        splitters = [ToolCallSplitter(template, plan.parse_calls) for _ in generations]
+        splitters = [ReplySplitter(template, plan.parse_calls) for _ in generations]
         texts = ["" for _ in generations]
         finals: list[Completed] = [Completed() for _ in generations]
         try:
@@ -174,18 +206,17 @@ class OpenAIServingChat:
             async with aclosing(merged(generations)) as outputs:
                 async for index, out in outputs:
                     finals[index].add(out)
-                    content = splitters[index].feed(out.new_text)
-                    texts[index] += content
+                    deltas = _deltas(splitters[index].feed(out.new_text), texts, index)
                     logprobs = self._logprobs(req, out.logprobs or [])
-                    if content or (logprobs and logprobs.content):
-                        yield frame(
-                            [ChunkChoice(index=index, delta=DeltaMessage(content=content), logprobs=logprobs)]
-                        )
+                    if logprobs and logprobs.content and not deltas:
+                        deltas = [DeltaMessage(content="")]
+                    for n, delta in enumerate(deltas):  # logprobs ride on the step's first frame
+                        yield frame([ChunkChoice(index=index, delta=delta, logprobs=None if n else logprobs)])
                     if out.finished:
                         for text in self._finish(plan, index, splitters[index], texts, finals[index], frame):
                             yield text
             if include_usage:
-                yield frame([], _usage(finals))
+                yield frame([], self._usage(finals))
             yield DONE
         except ApiError as error:
             yield data_frame(error.body(Dialect.OPENAI))
@@ -195,17 +226,14 @@ class OpenAIServingChat:
     def _finish(
         plan: ChatPlan,
         index: int,
-        splitter: ToolCallSplitter,
+        splitter: ReplySplitter,
         texts: list[str],
         final: Completed,
         frame: Callable[[list[ChunkChoice]], str],
     ) -> list[str]:
         """The frames that close one choice: held content, tool calls, then the finish reason."""
-        rest, calls = splitter.finish()
-        texts[index] += rest
-        frames = []
-        if rest:
-            frames.append(frame([ChunkChoice(index=index, delta=DeltaMessage(content=rest))]))
+        pieces, calls = splitter.finish()
+        frames = [frame([ChunkChoice(index=index, delta=delta)]) for delta in _deltas(pieces, texts, index)]
         if calls:
             deltas = [
                 ToolCallDelta(
@@ -229,6 +257,19 @@ class OpenAIServingChat:
         return frames
 
 
+def _deltas(pieces: list[tuple[str, str]], texts: list[str], index: int) -> list[DeltaMessage]:
+    """One delta per piece of the reply: reasoning as `reasoning_content`, the rest as content
+    (kept in `texts` for the JSON check)."""
+    out = []
+    for kind, text in pieces:
+        if kind == REASONING:
+            out.append(DeltaMessage(reasoning_content=text))
+        else:
+            texts[index] += text
+            out.append(DeltaMessage(content=text))
+    return out
+
+
 def _json_request(req: ChatCompletionRequest) -> tuple[dict[str, Any] | None, bool]:
     fmt = req.response_format
     if fmt is None or fmt.type == "text":
@@ -250,15 +291,3 @@ def _finish_reason(reason: str | None, calls: list[ParsedCall]) -> Any:
     if calls:
         return "tool_calls"
     return reason if reason in ("stop", "length") else "stop"
-
-
-def _usage(completed: list[Completed]) -> UsageInfo:
-    prompt = completed[0].prompt_tokens if completed else 0
-    output = sum(result.output_tokens for result in completed)
-    cached = completed[0].cached_tokens if completed else 0
-    return UsageInfo(
-        prompt_tokens=prompt,
-        completion_tokens=output,
-        total_tokens=prompt + output,
-        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
-    )

@@ -13,6 +13,7 @@ from typing import Any
 from app.engine import GrammarSpec
 from app.engine.server.errors import ApiError, bad_request
 from app.engine.server.generation import WaitForDisconnect, start_and_collect
+from app.engine.server.images import ImageCollector
 from app.engine.server.json_output import json_instruction, reply_grammar
 from app.engine.server.openai_messages import text_content
 from app.engine.server.prompting import (
@@ -32,10 +33,10 @@ from app.engine.server.responses_stream import (
     ResponseStream,
     finished_response,
     function_call_item,
-    output_message,
+    reply_items,
 )
 from app.engine.server.serving_base import ServingContext, new_id, now
-from app.engine.server.tool_calls import plan_tools, split_calls
+from app.engine.server.tool_calls import plan_tools, reply_params, split_reply
 
 ENDPOINT = "responses"
 
@@ -56,18 +57,21 @@ class OpenAIServingResponses:
                 params = req.to_sampling_params(max_tokens, self.ctx.prompts.template_stop_strings, grammar)
             except ValueError as exc:
                 raise bad_request(str(exc)) from exc
+            params = reply_params(self.ctx.engine.chat_template, params)
             generation = self.ctx.generation(prompt, params, ENDPOINT, req.user)
             completed = await start_and_collect([generation], req.stream, wait_for_disconnect)
         except ApiError as error:
             return error
         shell = self._shell(req, new_id("resp_"))
         if completed is None:
-            return ResponseStream(shell, self.ctx.engine.chat_template, parse_calls).frames(generation)
+            template = self.ctx.engine.chat_template
+            stream = ResponseStream(shell, template, parse_calls, self.ctx.reasoning_tokens)
+            return stream.frames(generation)
         (result,) = completed
-        text, calls = split_calls(self.ctx.engine.chat_template, result.text, parse_calls)
-        output: list[Any] = [output_message(text, result)] if text else []
+        reasoning, text, calls = split_reply(self.ctx.engine.chat_template, result.text, parse_calls)
+        output = reply_items(reasoning, text, result)
         output += [function_call_item(call, "completed") for call in calls]
-        return finished_response(shell, output, result)
+        return finished_response(shell, output, result, self.ctx.reasoning_tokens(result))
 
     def prompt(self, req: ResponsesRequest) -> tuple[Prompt, bool, GrammarSpec | None]:
         if error := self.ctx.models.check_chat(req.model):
@@ -77,7 +81,9 @@ class OpenAIServingResponses:
                 "previous_response_id is not supported: responses are not stored here; send the whole conversation as input.",
                 param="previous_response_id",
             )
-        messages = responses_messages(req)
+        collected = ImageCollector()
+        messages = responses_messages(req, collected)
+        images = self.ctx.load_images(collected)
         tools = [function_tool(t.name, t.description, t.parameters) for t in req.tools or []]
         choice = req.tool_choice or "auto"
         marker = self.ctx.engine.chat_template.tool_call_start
@@ -95,7 +101,8 @@ class OpenAIServingResponses:
             messages = merge_system(messages, "\n\n".join(instructions))
         schema = fmt.json_schema if wants_json and fmt is not None else None
         grammar = reply_grammar(plan, schema, wants_json, "text.format")
-        return self.ctx.prompts.chat(messages, plan.tools, param="input"), plan.parse_calls, grammar
+        prompt = self.ctx.prompts.chat(messages, plan.tools, param="input", images=images)
+        return prompt, plan.parse_calls, grammar
 
     @staticmethod
     def _shell(req: ResponsesRequest, response_id: str) -> ResponseObject:
@@ -119,8 +126,9 @@ class OpenAIServingResponses:
         )
 
 
-def responses_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
-    """Instructions + input items -> the neutral template messages (see prompting.py).
+def responses_messages(req: ResponsesRequest, images: ImageCollector | None = None) -> list[dict[str, Any]]:
+    """Instructions + input items -> the neutral template messages (see prompting.py); a
+    message's `input_image` parts go to `images`.
 
     Text is checked here, where its place in the request is known (`input[3].content`)."""
     result: list[dict[str, Any]] = []
@@ -134,7 +142,7 @@ def responses_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
     for i, item in enumerate(req.input):
         if item.type == "message":
             role = "system" if item.role == "developer" else item.role
-            content = text_content(item.content, f"input[{i}].content")
+            content = text_content(item.content, f"input[{i}].content", images if role == "user" else None)
             ensure_encodable(content, f"input[{i}].content")
             result.append({"role": role, "content": content})
         elif item.type == "function_call":

@@ -21,6 +21,9 @@ class ServerSettings:
     max_body_bytes: int = 32 * MIB  # JSON bodies; more get 413 (counted as the bytes arrive)
     max_audio_body_bytes: int = DEFAULT_MAX_AUDIO_BODY_BYTES  # /v1/audio/transcriptions uploads
     max_audio_seconds: int = 2 * 3600  # longer audio is refused before Whisper runs (400)
+    max_images: int = 16  # image parts of one request; more get 400
+    max_image_bytes: int = 20 * MIB  # one image, decoded from its base64; more get 400
+    allow_image_urls: bool = False  # fetch http(s) image URLs (off: only inline data: URLs / base64)
     max_concurrent_uploads: int = 2  # transcriptions in flight; more get 429
     max_concurrent_requests: int = 256  # generation/embedding requests in flight; more get 429
     max_choices: int = 16  # `n` of one chat or completions request
@@ -36,6 +39,8 @@ class ServerSettings:
     enable_mcp: bool = True
     log_level: str = "warning"
     stream_keepalive_seconds: float = 5.0  # a ping on a stream that sent nothing for this long (prefill)
+    # chat turns whose sampled ids a next turn may reuse where its text repeats them (turn_memory.py); 0: off
+    remembered_turns: int = 64
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -49,6 +54,8 @@ class ServerSettings:
                     raise ValueError(f"{field.name} must be at least {least}, not {value}")
         if self.default_max_tokens is not None and self.default_max_tokens < 1:
             raise ValueError(f"default_max_tokens must be at least 1, not {self.default_max_tokens}")
+        if self.remembered_turns < 0:
+            raise ValueError(f"remembered_turns must not be negative, not {self.remembered_turns}")
         if not self.stream_keepalive_seconds > 0:
             raise ValueError(f"stream_keepalive_seconds must be above 0, not {self.stream_keepalive_seconds}")
         if self.api_key is not None and not self.api_key.strip():

@@ -16,13 +16,15 @@ choice of tool and arguments sensible.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from app.engine import GrammarSpec
+from app.engine import GrammarSpec, SamplingParams
 from app.engine.server.errors import bad_request
+from app.engine.text.harmony import CONTENT, HarmonyStream
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +95,7 @@ def calls_rule(tools: list[dict[str, Any]], call_marker: str | None, parallel: b
 def _call_json(tool: dict[str, Any]) -> str:
     """A `%json` expression for one call of `tool`: its name, then arguments under its schema."""
     function = tool["function"]
-    parameters = function.get("parameters") or {"type": "object", "properties": {}}
+    parameters = _closed(function.get("parameters") or {"type": "object", "properties": {}})
     schema = {
         "type": "object",
         "properties": {"name": {"const": function["name"]}, "arguments": parameters},
@@ -101,6 +103,22 @@ def _call_json(tool: dict[str, Any]) -> str:
         "additionalProperties": False,
     }
     return GrammarSpec.lark_json(schema, {"lenient": True})
+
+
+def _closed(schema: Any) -> Any:
+    """`schema` with every object that declares `properties` but says nothing of other keys closed
+    to them, as OpenAI's strict mode and xgrammar's do: a tool has no use for arguments it never
+    declared, and left open, a sampled call can grow keys until max_tokens cuts it off mid-JSON."""
+    if isinstance(schema, list):
+        return [_closed(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    closed = {key: _closed(value) for key, value in schema.items()}
+    if "properties" in schema and not {"additionalProperties", "patternProperties"} & schema.keys():
+        closed["additionalProperties"] = False
+    if isinstance(schema.get("properties"), dict):  # property names are not schemas: keep them
+        closed["properties"] = {name: _closed(value) for name, value in schema["properties"].items()}
+    return closed
 
 
 @dataclass(frozen=True)
@@ -177,3 +195,49 @@ def split_calls(template: Any, text: str, enabled: bool) -> tuple[str, list[Pars
 
 def _with_id(call: Any) -> ParsedCall:
     return ParsedCall(call.id or f"call_{uuid.uuid4().hex[:24]}", call.name, call.arguments)
+
+
+# -- replies in channels (GPT-OSS's harmony): reasoning apart from the answer -------------------
+
+
+def is_channelled(template: Any) -> bool:
+    return getattr(template, "reply_format", None) == "harmony"
+
+
+def reply_params(template: Any, params: SamplingParams) -> SamplingParams:
+    """A channelled reply is parsed from its special tokens, so they must be decoded as text."""
+    return dataclasses.replace(params, skip_special_tokens=False) if is_channelled(template) else params
+
+
+class ReplySplitter:
+    """Feed text deltas; get `(kind, text)` pieces safe to show now, kind REASONING or CONTENT;
+    `finish()` gives the rest and the tool calls. Templates without channels give only CONTENT,
+    through `ToolCallSplitter`."""
+
+    def __init__(self, template: Any, parse_calls: bool) -> None:
+        self._parse_calls = parse_calls
+        self._stream = HarmonyStream() if is_channelled(template) else None
+        self._splitter = ToolCallSplitter(template, parse_calls)
+
+    def feed(self, delta: str) -> list[tuple[str, str]]:
+        if self._stream is not None:
+            return self._stream.feed(delta)
+        text = self._splitter.feed(delta)
+        return [(CONTENT, text)] if text else []
+
+    def finish(self) -> tuple[list[tuple[str, str]], list[ParsedCall]]:
+        if self._stream is not None:
+            pieces = self._stream.finish()
+            calls = [_with_id(c) for c in self._stream.reply.calls] if self._parse_calls else []
+            return pieces, calls
+        rest, calls = self._splitter.finish()
+        return ([(CONTENT, rest)] if rest else []), calls
+
+
+def split_reply(template: Any, text: str, enabled: bool) -> tuple[str, str, list[ParsedCall]]:
+    """A finished text's reasoning, content and tool calls (reasoning only from channelled replies)."""
+    if not is_channelled(template):
+        content, calls = split_calls(template, text, enabled)
+        return "", content, calls
+    reply = template.parse_reply(text)
+    return reply.reasoning, reply.content, [_with_id(c) for c in reply.calls] if enabled else []

@@ -9,12 +9,13 @@ undecodable input fails with a message naming the file before the model is touch
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 
@@ -100,10 +101,17 @@ def resolve_device(device: str = "auto", compute_type: str | None = None) -> tup
     return chosen, compute_type or ("float16" if chosen == "cuda" else "int8")
 
 
-def decode_audio(audio: AudioInput, source: str | None = None) -> np.ndarray:
-    """Any format FFmpeg reads -> float32 mono samples at 16 kHz. Raises AudioError."""
-    from faster_whisper import decode_audio as whisper_decode
+def decode_audio(
+    audio: AudioInput,
+    source: str | None = None,
+    max_seconds: float | None = None,
+    cancel: CancelCheck | None = None,
+) -> np.ndarray:
+    """Any format FFmpeg reads -> float32 mono samples at 16 kHz. Raises AudioError.
 
+    Past `max_seconds` decoding stops at once (a 150 MB noise file is refused after its first
+    `max_seconds`, never held whole in memory first); `cancel()` is checked as frames come.
+    """
     source = source or _describe(audio)
     if isinstance(audio, bytes | bytearray):
         if not audio:
@@ -116,15 +124,58 @@ def decode_audio(audio: AudioInput, source: str | None = None) -> np.ndarray:
         if path.stat().st_size == 0:
             raise AudioError(source, "the audio file is empty (0 bytes)")
         audio = str(path)
+    max_samples = None if max_seconds is None else int(max_seconds * SAMPLE_RATE)
     try:
-        samples = whisper_decode(audio, sampling_rate=SAMPLE_RATE)
-    except MemoryError:
+        chunks = list(_decoded_chunks(audio, max_samples, cancel))
+    except (MemoryError, TranscriptionCancelled):
         raise
+    except _TooLong as exc:
+        raise AudioError(source, f"the audio lasts longer than the {max_seconds:.0f} s allowed") from exc
     except Exception as exc:  # PyAV reports bad input through many FFmpeg error classes
         raise AudioError(source, f"cannot decode the audio ({exc})") from exc
+    samples = np.concatenate(chunks) if chunks else np.zeros(0, np.int16)
     if samples.size == 0:
         raise AudioError(source, "the audio contains no samples")
-    return samples
+    return samples.astype(np.float32) / 32768.0
+
+
+class _TooLong(Exception):
+    pass
+
+
+def _decoded_chunks(
+    audio: str | BinaryIO, max_samples: int | None, cancel: CancelCheck | None
+) -> Iterator[np.ndarray]:
+    """16 kHz mono int16 chunks, frame by frame, stopping as soon as `max_samples` is passed."""
+    import av
+
+    resampler = av.audio.resampler.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
+    total = 0
+    with av.open(audio, mode="r", metadata_errors="ignore") as container:
+        frames = _valid_frames(container.decode(audio=0))
+        for frame in itertools.chain(frames, [None]):  # None flushes the resampler
+            for out in resampler.resample(frame):
+                chunk = out.to_ndarray().reshape(-1)
+                total += chunk.size
+                if max_samples is not None and total > max_samples:
+                    raise _TooLong
+                yield chunk
+            if cancel is not None and cancel():
+                raise TranscriptionCancelled("transcription cancelled while the audio was decoded")
+
+
+def _valid_frames(frames: Iterator[Any]) -> Iterator[Any]:
+    """Frames FFmpeg can decode; a damaged one in the middle is skipped, as faster-whisper does."""
+    import av
+
+    iterator = iter(frames)
+    while True:
+        try:
+            yield next(iterator)
+        except StopIteration:
+            return
+        except av.error.InvalidDataError:
+            continue
 
 
 class Transcriber:
@@ -193,13 +244,8 @@ class Transcriber:
         if not 0.0 <= temperature <= 1.0:
             raise ValueError(f"temperature must be between 0 and 1, got {temperature}")
         code = language_code(language) if language else None
-        samples = decode_audio(audio, source)
+        samples = decode_audio(audio, source, max_seconds, cancel)
         duration = samples.size / SAMPLE_RATE
-        if max_seconds is not None and duration > max_seconds:
-            raise AudioError(
-                source or _describe(audio),
-                f"the audio lasts {duration:.0f} s, longer than the {max_seconds:.0f} s allowed",
-            )
         if cancel is not None and cancel():
             raise TranscriptionCancelled("transcription cancelled before it started")
         model = self.load()

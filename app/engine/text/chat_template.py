@@ -21,6 +21,8 @@ from typing import Any
 
 import jinja2
 
+from app.engine.text import harmony
+from app.engine.text.harmony_render import HarmonyTemplate
 from app.engine.text.template_sandbox import Limits, TemplateLimitError, render_bounded, sandbox
 from app.engine.text.tool_calls import ToolCall, parse_tool_calls
 
@@ -88,10 +90,16 @@ _CALLS = (  # an assistant message's tool calls, each on its own lines after the
     "{{ NL }}</tool_call>"
     "{%- endfor -%}"
 )
+# A message's text as these templates write it: trimmed, as the families' own templates do, except
+# an assistant's, which goes back exactly as the model wrote it, so that the next turn's prompt
+# repeats the previous answer's tokens and the prefix cache reuses them (server/turn_memory.py).
+_CONTENT = (
+    "{%- set _content = (message.content or '') if message.role == 'assistant' else (message.content or '') | trim -%}"
+)
 _GEMMA = (  # Gemma's turns: the system text opens the first user turn; a run of tool results is one user turn
     "{{ bos_token }}" + _SYSTEM + "{%- set prefix = system ~ NL ~ NL if system else '' -%}"
     "{%- if not turns and system -%}<start_of_turn>user{{ NL }}{{ system }}<end_of_turn>{{ NL }}{%- endif -%}"
-    "{%- for message in turns -%}"
+    "{%- for message in turns -%}" + _CONTENT + ""
     "{%- set is_tool = message.role == 'tool' -%}"
     "{%- if not is_tool or loop.first or loop.previtem.role != 'tool' -%}"
     "<start_of_turn>{{ 'model' if message.role == 'assistant' else 'user' }}{{ NL }}"
@@ -100,7 +108,7 @@ _GEMMA = (  # Gemma's turns: the system text opens the first user turn; a run of
     "{%- if is_tool -%}"
     "<tool_response>{{ NL }}{{ (message.content or '') | trim }}{{ NL }}</tool_response>"
     "{%- else -%}"
-    "{{ (message.content or '') | trim }}" + _CALLS + ""
+    "{{ _content }}" + _CALLS + ""
     "{%- endif -%}"
     "{%- if not is_tool or loop.last or loop.nextitem.role != 'tool' -%}<end_of_turn>{{ NL }}{%- endif -%}"
     "{%- endfor -%}"
@@ -122,9 +130,9 @@ _CHATML = (
 _LLAMA3 = (
     "{{ bos_token }}" + _SYSTEM + "{%- if system -%}"
     "<|start_header_id|>system<|end_header_id|>{{ NL ~ NL }}{{ system }}<|eot_id|>{%- endif -%}"
-    "{%- for message in turns -%}"
+    "{%- for message in turns -%}" + _CONTENT + ""
     "<|start_header_id|>{{ 'ipython' if message.role == 'tool' else message.role }}<|end_header_id|>{{ NL ~ NL }}"
-    "{{- (message.content or '') | trim -}}" + _CALLS + "<|eot_id|>"
+    "{{- _content -}}" + _CALLS + "<|eot_id|>"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}<|start_header_id|>assistant<|end_header_id|>{{ NL ~ NL }}{%- endif -%}"
 )
@@ -135,11 +143,12 @@ BUILTIN_TEMPLATES: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 # Which built-in a vocabulary wants, by a marker token it has; else by architecture.
 _BUILTIN_BY_TOKEN = (
+    ("<|channel|>", "harmony"),  # o200k_harmony (GPT-OSS)
     ("<start_of_turn>", "gemma"),
     ("<|start_header_id|>", "llama3"),
     ("<|im_start|>", "chatml"),
 )
-_BUILTIN_BY_ARCHITECTURE = (("gemma", "gemma"), ("llama", "llama3"), ("qwen", "chatml"))
+_BUILTIN_BY_ARCHITECTURE = (("gemma", "gemma"), ("llama", "llama3"), ("qwen", "chatml"), ("gpt-oss", "harmony"))
 
 
 class ChatTemplate:
@@ -167,6 +176,11 @@ class ChatTemplate:
         self.tool_call_start: str | None = (
             "<tool_call>" if "<tool_call>" in sources or "builtin" in source else None
         )
+        # GPT-OSS templates write harmony: replies come back in channels (text/harmony.py)
+        self.reply_format: str | None = "harmony" if "<|channel|>" in sources else None
+        if self.reply_format == "harmony":
+            self.tool_call_start = None
+            self.stop_strings = self.stop_strings or (harmony.RETURN, harmony.CALL)
 
     def render(
         self,
@@ -221,7 +235,17 @@ class ChatTemplate:
 
     def parse_tool_calls(self, text: str) -> tuple[str, list[ToolCall]]:
         """Split a reply into (remaining content, tool calls); text that is not a valid call stays content."""
+        if self.reply_format == "harmony":
+            reply = harmony.parse_reply(text)
+            return reply.content, reply.calls
         return parse_tool_calls(text)
+
+    def parse_reply(self, text: str) -> harmony.Reply:
+        """Reasoning, answer and tool calls of a finished reply (reasoning only in channelled formats)."""
+        if self.reply_format == "harmony":
+            return harmony.parse_reply(text)
+        content, calls = self.parse_tool_calls(text)
+        return harmony.Reply("", content, calls)
 
 
 def chat_template_for(metadata_or_config: Any, tokenizer: Any, architecture: str) -> ChatTemplate:
@@ -245,6 +269,10 @@ def chat_template_for(metadata_or_config: Any, tokenizer: Any, architecture: str
         except TemplateLimitError as exc:
             refused = str(exc)
             log.warning("%s; using the built-in %s template instead", refused, name)
+    if name == "harmony":
+        harmony_template = HarmonyTemplate()
+        harmony_template.refused = refused
+        return harmony_template  # type: ignore[return-value]
     body, stops = BUILTIN_TEMPLATES[name]
     builtin = ChatTemplate(body, source=f"builtin:{name}", bos_token=bos, eos_token=eos, stop_strings=stops)
     builtin.refused = refused

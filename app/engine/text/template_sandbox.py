@@ -31,6 +31,9 @@ from jinja2.utils import _PassArg
 
 MAX_RENDER_SECONDS = 2.0
 MAX_RENDER_CHARS = 64 * 2**20  # characters of output, and of any one string or list a template builds
+# Characters all the strings and lists a render builds may add up to: one value is held to
+# MAX_RENDER_CHARS, but a loop could build (and drop) one of that size at every step.
+MAX_BUILT_CHARS = 16 * MAX_RENDER_CHARS
 MAX_RANGE = 100_000
 MAX_POWER_BITS = 4096  # no template needs a larger integer than this
 _CHECK_EVERY = 1024  # range steps between deadline checks
@@ -51,6 +54,22 @@ class Limits:
 class _Budget:
     deadline: float
     chars: int
+    built: int = 0  # characters of every value built so far, kept or not
+
+    @property
+    def built_chars(self) -> int:
+        return MAX_BUILT_CHARS * self.chars // MAX_RENDER_CHARS
+
+    def spend(self, size: int, what: str) -> None:
+        """A value of `size` items is about to be built: within the per-value and the per-render limit."""
+        self.check_size(size, what)
+        self.built += size
+        if self.built > self.built_chars:
+            raise TemplateLimitError(
+                f"{what} would take the strings the template built to {self.built} characters in all "
+                f"(limit {self.built_chars})"
+            )
+        self.check_time()
 
     def check_time(self) -> None:
         if time.monotonic() > self.deadline:
@@ -151,9 +170,9 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         if operator == "*":
             for seq, count in ((left, right), (right, left)):
                 if _sized(seq) is not None and isinstance(count, int):
-                    budget.check_size(_sized(seq) * max(count, 0), f"{type(seq).__name__} * {count}")
+                    budget.spend(_sized(seq) * max(count, 0), f"{type(seq).__name__} * {count}")
         elif operator == "+" and _sized(left) is not None and _sized(right) is not None:
-            budget.check_size(_sized(left) + _sized(right), f"{type(left).__name__} + {type(right).__name__}")
+            budget.spend(_sized(left) + _sized(right), f"{type(left).__name__} + {type(right).__name__}")
         elif operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1:
             bits = int(right * math.log2(abs(left)))
             if bits > MAX_POWER_BITS:
@@ -164,7 +183,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
 
     def bounded_concat(self, parts: tuple[Any, ...]) -> str:
         texts = [str(part) for part in parts]
-        _budget().check_size(sum(map(len, texts)), "a ~ concatenation")
+        _budget().spend(sum(map(len, texts)), "a ~ concatenation")
         return "".join(texts)
 
 

@@ -34,7 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from app.engine.backend.base import AttentionMetadata
+from app.engine.backend.base import AttentionMetadata, SharedPrefix
+from app.engine.kernels.attention_cascade import MIN_SHARED_TOKENS, shared_length
 from app.engine.kernels.runtime.pdl import programmatic_launches
 
 log = logging.getLogger(__name__)
@@ -64,12 +65,21 @@ class DecodeGraphs:
         # not have run yet when the next step stages its inputs. An area is staged again two steps
         # later, after the step that used it was resolved (its sampler event, recorded behind this
         # copy on the same stream, was waited for), so two suffice.
+        # After bucket n's fields, two more ints: a cascade step's shared length and its pseudo
+        # sequence's length (SharedPrefix).
         self._width = 4 + self.max_blocks
-        self._hosts = [_pinned_int32(xp, biggest * self._width) for _ in range(2)]
+        self._hosts = [_pinned_int32(xp, biggest * self._width + 2) for _ in range(2)]
         self._turn = 0
-        self._device = xp.zeros(biggest * self._width, dtype=xp.int32)
+        self._device = xp.zeros(biggest * self._width + 2, dtype=xp.int32)
         self._query_start_loc = xp.arange(biggest + 1, dtype=xp.int32)
         self._graphs: dict[int, tuple[Any, Any]] = {}
+        # Buckets of two or more rows get a second graph whose attention reads the blocks all rows
+        # share once (kernels/attention_cascade.py), replayed for steps that share enough of them.
+        options = getattr(backend, "kernel_options", None)
+        self.cascade = bool(options is not None and options.cascade_attention)
+        self._cascade_graphs: dict[int, tuple[Any, Any]] = {}
+        self.cascade_steps = 0  # steps replayed on a cascade graph (tests and benchmarks read it)
+        self._pair_starts = {n: xp.asarray([0, n], dtype=xp.int32) for n in self.buckets}
         self.capture_stream: Any = None  # prefill graphs capture on it too, sharing its pool blocks
 
     def capture(self) -> None:
@@ -84,7 +94,13 @@ class DecodeGraphs:
         self.capture_stream = cupy.cuda.Stream(non_blocking=True)
         pdl = self.backend.kernel_options.pdl
         self._graphs = capture_buckets(self.buckets, self._forward, self.capture_stream, programmatic=pdl)
-        log.info("captured decode CUDA graphs for batch sizes %s", self.buckets)
+        if self.cascade:
+            several = [n for n in self.buckets if n >= 2]
+            self._cascade_graphs = capture_buckets(
+                several, self._forward_cascade, self.capture_stream, programmatic=pdl
+            )
+        log.info("captured decode CUDA graphs for batch sizes %s%s", self.buckets,
+                 " (and their cascade variants)" if self._cascade_graphs else "")  # fmt: skip
 
     def bucket_for(self, n: int) -> int | None:
         return next((b for b in self.buckets if b >= n), None)
@@ -105,7 +121,10 @@ class DecodeGraphs:
         """
         n = len(positions)
         bucket = self.bucket_for(n)
-        graph, logits = self._graphs[bucket]
+        shared = shared_length(seq_lens, tables, self.block_size) if bucket in self._cascade_graphs else 0
+        cascade = shared >= MIN_SHARED_TOKENS
+        self.cascade_steps += cascade
+        graph, logits = (self._cascade_graphs if cascade else self._graphs)[bucket]
         host = self._hosts[self._turn]
         self._turn ^= 1
         ids, pos, slots, lens, table = self._fields(host, bucket)
@@ -123,6 +142,9 @@ class DecodeGraphs:
         xp = self.backend.xp
         null = xp.cuda.Stream.null
         size = bucket * self._width
+        if cascade:  # padding rows see the shared keys too: harmless, their outputs are dropped
+            host[size], host[size + 1] = shared, shared - 1 + bucket
+            size += 2
         self._device[:size].set(host[:size], stream=null)
         if token_ids is None:
             # After the staged copy (which wrote zeros there) and before the replay, on its stream;
@@ -146,8 +168,17 @@ class DecodeGraphs:
         return (area[:n], area[n : 2 * n], area[2 * n : 3 * n], area[3 * n : 4 * n],
                 area[4 * n : n * self._width].reshape(n, self.max_blocks))  # fmt: skip
 
-    def _forward(self, n: int) -> Any:
+    def _forward_cascade(self, n: int) -> Any:
+        return self._forward(n, cascade=True)
+
+    def _forward(self, n: int, cascade: bool = False) -> Any:
         token_ids, positions, slots, seq_lens, tables = self._fields(self._device, n)
+        shared = None
+        if cascade:  # the two ints after the bucket's fields; zero at capture: no shared keys
+            end = n * self._width
+            shared = SharedPrefix(
+                self._pair_starts[n], self._device[end + 1 : end + 2], self._device[end : end + 1]
+            )
         meta = AttentionMetadata(
             query_start_loc=self._query_start_loc[: n + 1],
             seq_lens=seq_lens,
@@ -157,6 +188,7 @@ class DecodeGraphs:
             max_query_len=1,
             max_seq_len=self.max_model_len,
             block_size=self.block_size,
+            shared_prefix=shared,
         )
         hidden = self.model.forward(token_ids, meta, self.kv_caches)
         return self.model.logits(hidden)

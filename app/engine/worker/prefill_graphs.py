@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from app.engine.backend.base import AttentionMetadata
+from app.engine.cache.block_table import block_table_array
 from app.engine.worker.decode_graphs import capture_buckets
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,7 @@ class PrefillGraphs:
         ids[n:] = 0
         pos[:] = np.arange(start, start + bucket, dtype=np.int32)
         width = min(len(block_ids), self.max_blocks)
-        table[:width] = block_ids[:width]
+        table[:width] = block_table_array(block_ids)[:width]  # the table's int32 copy: no conversion
         table[width:] = 0  # padding past the allocated blocks goes to the null block 0
         bs = self.block_size
         slots[:] = table[pos // bs] * bs + pos % bs

@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 
 from app.engine.backend.base import AttentionMetadata
+from app.engine.cache.block_table import block_table_array
+from app.engine.models.mrope import mrope_positions
 from app.engine.request import PLACEHOLDER, Request
 
 
@@ -37,6 +39,8 @@ class ModelRunner:
         self.block_size = block_size
         self.graphs: Any = None  # DecodeGraphs, set by the engine on CUDA
         self.prefill_graphs: Any = None  # PrefillGraphs, likewise
+        self.images: Any = None  # ImageEmbedder, set by the engine when the model has vision
+        self.mrope_merge: int | None = None  # the tower's spatial merge, set for M-RoPE models (Qwen2.5-VL)
 
     def prepare(self, chunks: list[Any]) -> tuple[np.ndarray, AttentionMetadata, np.ndarray]:
         """Host arrays for one step: token ids, attention metadata, and the rows to sample."""
@@ -59,10 +63,7 @@ class ModelRunner:
         ).astype(np.int32)
         seq_lens = (starts + counts).astype(np.int32)
         max_blocks = int(-(-seq_lens.max() // bs))
-        block_tables = np.zeros((len(chunks), max_blocks), dtype=np.int32)
-        for i, chunk in enumerate(chunks):
-            table = chunk.request.block_ids[:max_blocks]
-            block_tables[i, : len(table)] = table
+        block_tables = _block_tables(chunks, max_blocks)
         slot_mapping = (block_tables[seq_of_token, positions // bs] * bs + positions % bs).astype(np.int32)
         sample_rows = np.array(
             [query_start_loc[i + 1] - 1 for i, c in enumerate(chunks) if c.samples], dtype=np.int64
@@ -80,12 +81,24 @@ class ModelRunner:
             host_query_start_loc=query_start_loc,
             host_seq_lens=seq_lens,
         )
+        if self.mrope_merge is not None and any(c.request.images for c in chunks):
+            meta.rope = self.model.mrope_table(self._mrope_positions(chunks))
         return meta, sample_rows
+
+    def _mrope_positions(self, chunks: list[Any]) -> np.ndarray:
+        """`[3, T]` M-RoPE position ids of the step's tokens (equal rows for text-only requests)."""
+        merge = self.mrope_merge
+        assert merge is not None
+        return np.concatenate(
+            [mrope_positions(c.request.images, c.start, c.num_tokens, merge) for c in chunks], axis=1
+        )
 
     def run(self, chunks: list[Any]) -> Any:
         """Forward the batch; logits `[n_sampling_chunks, vocab]` for the chunks that sample."""
         if self.graphs is not None and self._is_graphable(chunks):
             return self._run_graph(chunks)
+        if self.images is not None and any(self.images.touches_images(c) for c in chunks):
+            return self._run_eager(chunks)
         if self.prefill_graphs is not None and self._is_prefill_graphable(chunks):
             chunk = chunks[0]
             request = chunk.request
@@ -114,17 +127,26 @@ class ModelRunner:
         without graphs (numpy, or CUDA with graphs off) the eager path takes any batch."""
         return self.graphs is None or self.graphs.bucket_for(n) is not None
 
-    def _run_eager(self, chunks: list[Any]) -> Any:
+    def _forward(self, chunks: list[Any]) -> tuple[Any, np.ndarray]:
+        """Eager forward of the batch (image soft tokens spliced in); hidden states and sample rows."""
         token_ids, meta, sample_rows = self.prepare(chunks)
-        hidden = self.model.forward(self.backend.from_host(token_ids), meta, self.kv_caches)
+        embeds = None
+        if self.images is not None:
+            inputs = self.images.step_inputs(chunks)
+            if inputs is not None:
+                embeds, meta.image_spans = inputs
+        hidden = self.model.forward(self.backend.from_host(token_ids), meta, self.kv_caches, embeds=embeds)
+        return hidden, sample_rows
+
+    def _run_eager(self, chunks: list[Any]) -> Any:
+        hidden, sample_rows = self._forward(chunks)
         if len(sample_rows) == 0:
             return None
         return self.model.logits(hidden[self.backend.from_host(sample_rows)])
 
     def last_hidden(self, chunks: list[Any]) -> Any:
         """Forward the batch; final hidden states (after the last norm) of the sampling chunks' last tokens."""
-        token_ids, meta, sample_rows = self.prepare(chunks)
-        hidden = self.model.forward(self.backend.from_host(token_ids), meta, self.kv_caches)
+        hidden, sample_rows = self._forward(chunks)
         return hidden[self.backend.from_host(sample_rows)]
 
     def _is_prefill_graphable(self, chunks: list[Any]) -> bool:
@@ -144,8 +166,16 @@ class ModelRunner:
         if device_ids is None:
             token_ids = np.array([token_slice(c.request, c.start, 1)[0] for c in chunks], dtype=np.int32)
         width = int(positions.max()) // self.block_size + 1
-        tables = np.zeros((len(chunks), width), dtype=np.int32)
-        for i, chunk in enumerate(chunks):
-            table = chunk.request.block_ids[:width]
-            tables[i, : len(table)] = table
+        tables = _block_tables(chunks, width)
         return self.graphs.run(token_ids, positions, positions + 1, tables, device_ids, rows)
+
+
+def _block_tables(chunks: list[Any], width: int) -> np.ndarray:
+    """`[len(chunks), width]` int32: each chunk's block table, cut to `width` or padded with the null
+    block 0. Rows are copied from the tables' kept int32 arrays (cache/block_table.py): no per-id
+    conversion, which at 32k tokens was most of a step's host time."""
+    tables = np.zeros((len(chunks), width), dtype=np.int32)
+    for i, chunk in enumerate(chunks):
+        table = block_table_array(chunk.request.block_ids)[:width]
+        tables[i, : len(table)] = table
+    return tables

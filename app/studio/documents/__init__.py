@@ -10,6 +10,7 @@ from __future__ import annotations
 from app.studio.documents.detect import MAX_FILE_BYTES, supported_extensions
 from app.studio.documents.extract import extract_document, parse_page_spec, render_pages
 from app.studio.documents.model import Document, DocumentError, ExtractionCancelled, Section
+from app.studio.documents.pdf import PageScale
 from app.studio.documents.render import FORMATS, render_document, to_json, to_markdown, to_text
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "Document",
     "DocumentError",
     "ExtractionCancelled",
+    "PageScale",
     "Section",
     "extract_document",
     "parse_page_spec",

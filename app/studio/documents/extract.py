@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from app.studio.documents.detect import MAX_FILE_BYTES, check_file, detect_kind
 from app.studio.documents.model import Document, DocumentError, ExtractionCancelled, Section
-from app.studio.documents.pdf import PageSelection, read_pdf, render_pdf_pages
+from app.studio.documents.pdf import PageScale, PageSelection, read_pdf, render_pdf_pages
 from app.studio.documents.spreadsheet import read_xlsx
 from app.studio.documents.text import read_markdown, read_text
 from app.studio.documents.word import read_docx
@@ -53,7 +53,7 @@ def extract_document(
 
 def render_pages(
     path: str | Path,
-    dpi: float = 150,
+    dpi: float | PageScale = 150,
     pages: Sequence[int] | PageSelection | None = None,
     password: str | None = None,
     max_bytes: int = MAX_FILE_BYTES,

@@ -23,6 +23,28 @@ MIN_DPI, MAX_DPI = 18, 600
 MAX_PAGE_PIXELS = 60_000_000  # one rendered page; beyond this a poster-sized page would eat the RAM
 
 
+@dataclass(frozen=True)
+class PageScale:
+    """Render each page so that one of its edges is `pixels` long: a vision model's own resolution.
+
+    `edge` "long" fits the page inside the model's square; "short" suits a model that cuts an
+    elongated image into square crops along its long side (Gemma 3's pan-and-scan), so each crop
+    keeps the model's full resolution. The resulting dpi is held to [MIN_DPI, MAX_DPI].
+    """
+
+    pixels: int
+    edge: str = "long"  # "long" | "short"
+
+    def __post_init__(self) -> None:
+        if self.pixels < 1 or self.edge not in ("long", "short"):
+            raise ValueError(f"bad page scale {self.pixels} px on the {self.edge!r} edge (long or short)")
+
+    def dpi(self, width_pt: float, height_pt: float) -> float:
+        """The dpi for a page of this size in PDF points (1/72 inch)."""
+        edge = max(width_pt, height_pt) if self.edge == "long" else min(width_pt, height_pt)
+        return min(MAX_DPI, max(MIN_DPI, self.pixels * 72 / edge))
+
+
 @contextmanager
 def open_pdf(path: Path, password: str | None = None) -> Iterator[pypdfium2.PdfDocument]:
     import pypdfium2
@@ -118,30 +140,31 @@ def _page_text(document: pypdfium2.PdfDocument, number: int) -> str:
 
 def render_pdf_pages(
     path: Path,
-    dpi: float = 150,
+    dpi: float | PageScale = 150,
     pages: Sequence[int] | PageSelection | None = None,
     password: str | None = None,
     cancel: Callable[[], bool] | None = None,
 ) -> list[Image]:
-    """Each selected page as an RGB PIL image at `dpi` (PDF units are 1/72 inch), rendered in a
-    child process like `read_pdf`."""
-    if not MIN_DPI <= dpi <= MAX_DPI:
+    """Each selected page as an RGB PIL image at `dpi` (PDF units are 1/72 inch), or at each page's
+    own dpi under a `PageScale`, rendered in a child process like `read_pdf`."""
+    if not isinstance(dpi, PageScale) and not MIN_DPI <= dpi <= MAX_DPI:
         raise ValueError(f"dpi must be between {MIN_DPI} and {MAX_DPI}, got {dpi}")
     return run_isolated(path, _render_here, path, dpi, pages, password, cancel=cancel)
 
 
 def _render_here(
-    path: Path, dpi: float, pages: Sequence[int] | PageSelection | None, password: str | None
+    path: Path, dpi: float | PageScale, pages: Sequence[int] | PageSelection | None, password: str | None
 ) -> list[Image]:
-    scale = dpi / 72
     images = []
     with open_pdf(path, password) as document:
         for number in select_pages(path, len(document), pages):
             page = document[number - 1]
             try:
                 width, height = page.get_size()
+                page_dpi = dpi.dpi(width, height) if isinstance(dpi, PageScale) else dpi
+                scale = page_dpi / 72
                 if width * scale * height * scale > MAX_PAGE_PIXELS:
-                    raise DocumentError(path, f"page {number} is too large to render at {dpi} dpi")
+                    raise DocumentError(path, f"page {number} is too large to render at {page_dpi:.0f} dpi")
                 bitmap = page.render(scale=scale)
                 images.append(bitmap.to_pil().convert("RGB"))
             finally:

@@ -10,6 +10,7 @@ from PySide6.QtGui import QFont
 
 from app.engine.core.fit import format_bytes
 from app.studio.library import ModelEntry
+from app.studio.model_check import INCOMPLETE_HINT
 
 Index = QModelIndex | QPersistentModelIndex
 
@@ -33,6 +34,26 @@ COLUMNS: tuple[tuple[str, Callable[[ModelEntry], str]], ...] = (
     ("Context", lambda e: f"{e.context_length:,}" if e.context_length else "?"),
     ("Size", lambda e: format_bytes(e.size_bytes)),
 )
+NOTES_COLUMN = len(COLUMNS)  # "loaded", "base", "incomplete download…": depends on what is loaded too
+HEADERS = (*(title for title, _ in COLUMNS), "Notes")
+
+
+def notes(entry: ModelEntry, loaded: bool) -> str:
+    """The badges of a row, most important first."""
+    marks = []
+    if entry.incomplete:
+        marks.append(INCOMPLETE_HINT)
+    elif entry.error and entry.architecture is None:
+        marks.append("unreadable")
+    elif entry.error:
+        marks.append("problem: see details")
+    if loaded:
+        marks.append("loaded")
+    if entry.is_base:
+        marks.append("base")
+    if entry.takes_images:
+        marks.append("takes images")
+    return " · ".join(marks)
 
 
 class LibraryTableModel(QAbstractTableModel):
@@ -50,7 +71,7 @@ class LibraryTableModel(QAbstractTableModel):
         """Show the model at `path` in bold (the one the engine has loaded)."""
         self._loaded_path = path
         if self._entries:
-            self.dataChanged.emit(self.index(0, 0), self.index(len(self._entries) - 1, len(COLUMNS) - 1))
+            self.dataChanged.emit(self.index(0, 0), self.index(len(self._entries) - 1, len(HEADERS) - 1))
 
     def entry(self, row: int) -> ModelEntry | None:
         return self._entries[row] if 0 <= row < len(self._entries) else None
@@ -59,22 +80,26 @@ class LibraryTableModel(QAbstractTableModel):
         return 0 if parent.isValid() else len(self._entries)
 
     def columnCount(self, parent: Index = QModelIndex()) -> int:  # noqa: B008
-        return 0 if parent.isValid() else len(COLUMNS)
+        return 0 if parent.isValid() else len(HEADERS)
 
     def headerData(self, section: int, orientation: Qt.Orientation, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
         if orientation == Qt.Orientation.Horizontal and role == Qt.ItemDataRole.DisplayRole:
-            return COLUMNS[section][0]
+            return HEADERS[section]
         return None
 
     def data(self, index: Index, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
         if not index.isValid():
             return None
         entry = self._entries[index.row()]
+        loaded = bool(self._loaded_path) and str(entry.path) == self._loaded_path
         if role == Qt.ItemDataRole.DisplayRole:
-            return COLUMNS[index.column()][1](entry)
+            return notes(entry, loaded) if index.column() == NOTES_COLUMN else COLUMNS[index.column()][1](entry)
         if role == Qt.ItemDataRole.ToolTipRole:
+            if index.column() == NOTES_COLUMN and entry.is_base:
+                return ("A base model: it continues text rather than answering. For chat, pick an instruct "
+                        "model (Models → Download, 'Recommended').")
             return entry.error or str(entry.path)
-        if role == Qt.ItemDataRole.FontRole and str(entry.path) == self._loaded_path:
+        if role == Qt.ItemDataRole.FontRole and loaded:
             font = QFont()
             font.setBold(True)
             return font

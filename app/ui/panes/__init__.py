@@ -26,15 +26,19 @@ class PaneSpec:
 
 def _chat(ctx: StudioContext) -> QWidget:
     from app.ui.panes.chat import ChatPane
+    from app.ui.widgets.model_picker import ModelPicker
 
+    picker = ModelPicker(ctx.library, ctx.host, ctx.settings, ctx.runtime, ctx.worker, ctx.dialogs)
     return ChatPane(ctx.chat, ctx.history, ctx.runtime, ctx.worker, ctx.dialogs, ctx.chat_defaults,
-                    lambda: ctx.settings.get("chat.system_prompt"))
+                    lambda: ctx.settings.get("chat.system_prompt"), copy_text=ctx.copy_text,
+                    enter_sends=lambda: ctx.settings.get("chat.enter_sends"), model_picker=picker)
 
 
 def _compare(ctx: StudioContext) -> QWidget:
     from app.ui.panes.compare import ComparePane
 
-    return ComparePane(lambda: ctx.host.client, ctx.secrets, ctx.settings, ctx.worker, ctx.dialogs)
+    return ComparePane(lambda: ctx.host.client, ctx.secrets, ctx.settings, ctx.worker, ctx.dialogs,
+                       state_file=ctx.paths.data_dir / "compare.json", runtime=ctx.runtime, copy_text=ctx.copy_text)
 
 
 def _models(ctx: StudioContext) -> QWidget:
@@ -46,14 +50,17 @@ def _models(ctx: StudioContext) -> QWidget:
 def _server(ctx: StudioContext) -> QWidget:
     from app.ui.panes.server import ServerPane
 
-    return ServerPane(ctx.server, ctx.runtime, ctx.settings, ctx.secrets, ctx.worker, ctx.copy_text)
+    return ServerPane(ctx.server, ctx.runtime, ctx.settings, ctx.secrets, ctx.worker, ctx.copy_text,
+                      dialogs=ctx.dialogs)
 
 
 def _documents(ctx: StudioContext) -> QWidget:
     from app.studio.doc_qa import DocQASession, DocumentSet
     from app.ui.panes.documents import DocumentsPane
 
-    return DocumentsPane(DocQASession(DocumentSet(), lambda: ctx.host.client), ctx.runtime, ctx.worker)
+    # kept, with embeddings, across restarts; scanned PDFs stay in the set for a vision model to read
+    documents = DocumentSet(store=ctx.paths.data_dir / "documents", keep_scanned=True)
+    return DocumentsPane(DocQASession(documents, lambda: ctx.host.client), ctx.runtime, ctx.worker)
 
 
 def _transcribe(ctx: StudioContext) -> QWidget:

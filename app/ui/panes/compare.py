@@ -9,10 +9,12 @@ that column while the others keep streaming.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
+    QCheckBox,
     QDoubleSpinBox,
     QFormLayout,
     QHBoxLayout,
@@ -32,13 +34,17 @@ from app.studio.compare import (
     ColumnResult,
     CompareRequest,
     CompareResult,
+    list_models,
     run_compare,
 )
+from app.studio.compare_store import CompareSetup, load_setup, save_setup
 from app.studio.secrets import OPENROUTER_API_KEY, SecretStore
 from app.studio.settings import Settings
 from app.studio.tasks import CancelToken, TaskResult
+from app.ui.context import RuntimeWatcher
 from app.ui.widgets.compare_column import CompareColumn
 from app.ui.widgets.dialogs import Dialogs
+from app.ui.widgets.wheel_guard import guard_wheel
 from app.ui.workers import Worker
 
 if TYPE_CHECKING:
@@ -51,16 +57,20 @@ class ComparePane(QWidget):
     compare_finished = Signal(object)  # TaskResult[CompareResult]
 
     def __init__(self, local_client: Callable[[], EngineClient | None], secrets: SecretStore, settings: Settings,
-                 worker: Worker, dialogs: Dialogs, parent: QWidget | None = None) -> None:
+                 worker: Worker, dialogs: Dialogs, parent: QWidget | None = None, *,
+                 state_file: Path | None = None, runtime: RuntimeWatcher | None = None,
+                 copy_text: Callable[[str], None] | None = None) -> None:
         super().__init__(parent)
         self._local, self.secrets, self.settings, self.worker, self.dialogs = (
             local_client, secrets, settings, worker, dialogs)
+        self._state_file, self._copy = state_file, copy_text
         self.columns: list[CompareColumn] = []
         self.result: CompareResult | None = None
         self._token: CancelToken | None = None
         self._build()
-        for kind, model, url in DEFAULT_COLUMNS:
-            self.add_column(kind, model, url)
+        self._restore()
+        if runtime is not None:
+            runtime.status_changed.connect(lambda status: self._show_local_model())
         self._update_buttons()
 
     def _build(self) -> None:
@@ -89,6 +99,8 @@ class ComparePane(QWidget):
         self.stop_button = QPushButton("Stop")
         self.add_button = QPushButton("Add column")
         self.save_button = QPushButton("Save results…")
+        self.raw_view = QCheckBox("Raw")
+        self.raw_view.setToolTip("Show answers as the models wrote them, Markdown unrendered")
         self.notice = QLabel()
         self.notice.setWordWrap(True)
 
@@ -110,7 +122,7 @@ class ComparePane(QWidget):
         options.addRow("", numbers)
         options.addRow("OpenRouter key", key_row)
         buttons = QHBoxLayout()
-        for button in (self.add_button, self.save_button):
+        for button in (self.add_button, self.save_button, self.raw_view):
             buttons.addWidget(button)
         buttons.addWidget(self.notice, 1)
         buttons.addWidget(self.stop_button)
@@ -126,15 +138,20 @@ class ComparePane(QWidget):
         self.add_button.clicked.connect(lambda: self.add_column("openai"))
         self.save_button.clicked.connect(self.save)
         self.save_key_button.clicked.connect(self.save_key)
+        self.raw_view.toggled.connect(lambda raw: [column.set_raw(raw) for column in self.columns])
 
     # -- columns ----------------------------------------------------------------------------
     def add_column(self, kind: str = "openai", model: str = "", base_url: str = "") -> CompareColumn | None:
         if len(self.columns) >= MAX_TARGETS:
             return None
-        column = CompareColumn(kind, model, base_url)
+        column = CompareColumn(kind, model, base_url, copy_text=self._copy)
         column.remove_requested.connect(self.remove_column)
+        column.models_requested.connect(self.list_models)
+        column.set_raw(self.raw_view.isChecked())
         self.columns.append(column)
         self.splitter.addWidget(column)
+        guard_wheel(column)
+        self._show_local_model()
         self._update_buttons()
         return column
 
@@ -145,6 +162,53 @@ class ComparePane(QWidget):
         column.setParent(None)
         column.deleteLater()
         self._update_buttons()
+
+    def list_models(self, column: CompareColumn) -> None:
+        """Fill the column's model list from its endpoint's /v1/models (on the worker: it is a request)."""
+        url, key = column.base_url.text().strip(), column.api_key.text().strip() or None
+        if not url:
+            column.show_error("Enter the endpoint's base URL first.")
+            return
+        column.show_error(None)
+        self.worker.submit(lambda ctx: list_models(url, key), owner=self,
+                           on_done=lambda result: column.set_model_choices(result.value or []) if result.ok
+                           else column.show_error(result.error_message))
+
+    def _show_local_model(self) -> None:
+        client = self._local()
+        for column in self.columns:
+            column.set_local_model(client.model.name if client is not None else "")
+
+    # -- kept across restarts -------------------------------------------------------------------
+    def _restore(self) -> None:
+        setup = load_setup(self._state_file) if self._state_file is not None else None
+        if setup is None or not MIN_TARGETS <= len(setup.columns) <= MAX_TARGETS:
+            for kind, model, url in DEFAULT_COLUMNS:
+                self.add_column(kind, model, url)
+            return
+        for saved in setup.columns:
+            self.add_column(saved["kind"], saved["model"], saved["base_url"])
+        self.prompt.setPlainText(setup.prompt)
+        self.system_prompt.setText(setup.system_prompt)
+        self.max_tokens.setValue(setup.max_tokens)
+        self.temperature.setValue(setup.temperature)
+        self.result = setup.result
+        if setup.result is not None and len(setup.result.columns) == len(self.columns):
+            for column, saved_result in zip(self.columns, setup.result.columns, strict=True):
+                column.show_result(saved_result, "")
+            self._notify(f"The last comparison ({setup.result.started_at}).")
+
+    def keep(self) -> None:
+        """Save the columns, options and last results (when the pane has a state file)."""
+        if self._state_file is None:
+            return
+        setup = CompareSetup([c.setup() for c in self.columns], self.prompt.toPlainText(),
+                             self.system_prompt.text(), self.max_tokens.value(), self.temperature.value(),
+                             self.result)
+        try:
+            save_setup(self._state_file, setup)
+        except OSError as exc:
+            self._notify(f"The Compare setup could not be kept: {exc}", error=True)
 
     # -- running ----------------------------------------------------------------------------
     @property
@@ -186,6 +250,7 @@ class ComparePane(QWidget):
 
     def shutdown(self) -> None:
         self.stop()
+        self.keep()
 
     def _on_event(self, index: int, column: ColumnResult, new_text: str) -> None:
         if index < len(self.columns):
@@ -200,6 +265,7 @@ class ComparePane(QWidget):
         else:
             self._notify(outcome.error_message or "The comparison did not run.", error=not outcome.cancelled)
         self._update_buttons()
+        self.keep()
         self.compare_finished.emit(outcome)
 
     # -- results and keys ----------------------------------------------------------------------

@@ -3,6 +3,8 @@
 Reading and embedding run on a worker (`Worker.submit`) with a progress bar and Cancel;
 answers stream on the qasync loop (`Worker.spawn`). Everything about documents, retrieval
 and prompts is `DocQASession`'s (app/studio/doc_qa.py); the pane arranges and forwards.
+With a vision model loaded, a question reads the PDFs' pages as images, page by page under the
+same progress bar (Cancel or Stop ends it), and the answer cites the pages.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.studio.doc_qa import Citation, DocAnswer, DocQASession, IngestReport
+from app.studio.doc_qa import Citation, DocAnswer, DocQASession, IngestReport, needs_vision_message
 from app.studio.runtime import RuntimeStatus
 from app.studio.tasks import Progress, TaskHandle, TaskResult
 from app.ui.context import RuntimeWatcher
@@ -55,11 +57,13 @@ class DocumentsPane(QWidget):
         self.session, self.runtime, self.worker = session, runtime, worker
         self._ingesting: TaskHandle[IngestReport] | None = None
         self._answering = False
+        self._reading_pages = False  # the progress row follows a vision model through the pages
         self.citations: list[Citation] = []
         self.answer: DocAnswer | None = None
         self._build(chooser)
         self.runtime.status_changed.connect(self._on_runtime)
         self._on_runtime(runtime.status)
+        self.refresh_documents()  # a set kept from the last session
 
     # -- layout ---------------------------------------------------------------------------
     def _build(self, chooser: FileChooser) -> None:
@@ -68,6 +72,9 @@ class DocumentsPane(QWidget):
         self.mode = QLabel()
         self.mode.setObjectName("mutedText")
         self.mode.setWordWrap(True)
+        self.vision_notice = QLabel()  # scanned PDFs and a text-only model: what would read them
+        self.vision_notice.setWordWrap(True)
+        self.vision_notice.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         progress_row, self.progress, self.progress_label, self.cancel_button = progress_row_widgets()
         self.error = error_label(selectable=True)
 
@@ -119,6 +126,7 @@ class DocumentsPane(QWidget):
         layout = QVBoxLayout(self)
         layout.addWidget(self.drop_zone)
         layout.addWidget(self.mode)
+        layout.addWidget(self.vision_notice)
         layout.addLayout(progress_row)
         layout.addWidget(self.error)
         layout.addWidget(splitter, 1)
@@ -127,7 +135,7 @@ class DocumentsPane(QWidget):
         self.drops = FileDropFilter(self)  # a drop that misses the box still counts
         self.drops.watch(self, self.table, self.answer_view)
         self.drops.files_dropped.connect(self.add_files)
-        self.cancel_button.clicked.connect(self.cancel_ingest)
+        self.cancel_button.clicked.connect(self.cancel)
         self.remove_button.clicked.connect(self.remove_selected)
         self.clear_button.clicked.connect(self.remove_all)
         self.ask_button.clicked.connect(self.ask)
@@ -166,6 +174,13 @@ class DocumentsPane(QWidget):
         if self._ingesting is not None:
             self._ingesting.cancel()
 
+    def cancel(self) -> None:
+        """The progress row's Cancel: files being read, or pages being read by a vision model."""
+        if self._ingesting is not None:
+            self.cancel_ingest()
+        elif self._answering:
+            self.session.stop()
+
     def remove_selected(self) -> None:
         rows = self.table.selectionModel().selectedRows()
         if rows and not self.ingesting:
@@ -187,6 +202,7 @@ class DocumentsPane(QWidget):
             contents.setToolTip(document.describe())
             self.documents.appendRow([name, QStandardItem(KIND_NAMES.get(document.kind, document.kind)),
                                       contents, QStandardItem(str(document.chunks))])
+        self._show_vision_notice()
         # Qt sizes "resize to contents" columns when the view is laid out, not when rows arrive later
         for column in (0, 1, 3):
             self.table.resizeColumnToContents(column)
@@ -222,16 +238,25 @@ class DocumentsPane(QWidget):
         self.answer_view.clear()
         self.sources.clear()
         self.excerpt.clear()
-        self.worker.spawn(self.session.ask(question, on_start=self._on_start, on_delta=self._on_delta),
+        self.excerpt_title.setText("The passages of this answer appear here.")  # nothing of the last one stays
+        self.worker.spawn(self.session.ask(question, on_start=self._on_start, on_delta=self._on_delta,
+                                           on_progress=self._on_page_progress),
                           on_done=self._on_answer, owner=self)
         self._update_buttons()
 
     def _on_start(self, citations: list[Citation]) -> None:
         self.citations = citations
         for citation in citations:
-            item = QListWidgetItem(f"{citation.label}   (similarity {citation.hit.score:.2f})")
+            how = "page image" if citation.image else f"similarity {citation.hit.score:.2f}"
+            item = QListWidgetItem(f"{citation.label}   ({how})")
             item.setToolTip(citation.text[:400])
             self.sources.addItem(item)
+        self.show_excerpt(0)  # the viewer follows the answer being given
+
+    def _on_page_progress(self, done: int, total: int, message: str) -> None:
+        self._reading_pages = True
+        self._show_progress(Progress(done, total, message))
+        self.cancel_button.setEnabled(True)
 
     def _on_delta(self, text: str) -> None:
         self.answer_view.moveCursor(QTextCursor.MoveOperation.End)
@@ -239,12 +264,17 @@ class DocumentsPane(QWidget):
 
     def _on_answer(self, result: TaskResult[DocAnswer]) -> None:
         self._answering = False
+        if self._reading_pages and not self.ingesting:  # the pages' progress; an ingest keeps its own
+            self._show_progress(None)
+        self._reading_pages = False
         answer = result.value
         if result.error is not None:
             self._show_error(result.error_message)
         elif answer is not None:
             self.answer = answer
             self._render_answer(answer)
+            if answer.cited:  # the first passage the answer cites
+                self.show_excerpt(answer.cited[0].number - 1)
             if answer.status == "error":
                 self._show_error(f"The answer failed: {answer.error}")
         self._update_buttons()
@@ -267,7 +297,8 @@ class DocumentsPane(QWidget):
             return
         citation = self.citations[row]
         self.excerpt_title.setText(f"<b>{html.escape(citation.label)}</b>")
-        self.excerpt.setPlainText(citation.text)
+        self.excerpt.setPlainText(citation.text if citation.text or not citation.image
+                                  else "This page has no text layer: the model read its image.")
         if self.sources.currentRow() != row:
             self.sources.setCurrentRow(row)
 
@@ -282,20 +313,28 @@ class DocumentsPane(QWidget):
         if not status.ready:
             self.mode.setText("No model is loaded: documents can be added now; load a model in the Models "
                               "pane to ask questions.")
-        elif self.session.supports_vision:  # no engine path takes images yet: say what really happens
-            self.mode.setText(f"{status.model} can read images, but the engine cannot pass them yet: the "
-                              "documents' extracted text is used.")
+        elif self.session.supports_vision:
+            self.mode.setText(f"{status.model} reads images: PDF pages go to it as images, page by page; "
+                              "other documents as their extracted text.")
         else:
             self.mode.setText(f"{status.model} reads text only, so the documents' extracted text is used "
                               "(pages are not sent as images).")
+        self._show_vision_notice()
         self._update_buttons()
+
+    def _show_vision_notice(self) -> None:
+        """Scanned PDFs in the set and no vision model: say that one is needed, and how to get it."""
+        scanned = self.session.documents.scanned
+        needed = bool(scanned) and not self.session.supports_vision
+        self.vision_notice.setText(needs_vision_message(scanned) if needed else "")
+        self.vision_notice.setVisible(needed)
 
     def _update_buttons(self) -> None:
         busy, ingesting = self.busy, self.ingesting
         has_documents = self.documents.rowCount() > 0
         self.ask_button.setEnabled(self.runtime.status.ready and has_documents and not busy)
         self.stop_button.setEnabled(busy)
-        self.cancel_button.setEnabled(ingesting)
+        self.cancel_button.setEnabled(ingesting or busy)
         self.remove_button.setEnabled(not ingesting and self.table.selectionModel().hasSelection())
         self.clear_button.setEnabled(not ingesting and has_documents)
 

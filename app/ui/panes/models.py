@@ -8,8 +8,6 @@ that will not fit asks first.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import html
 from collections.abc import Callable
 
@@ -26,10 +24,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.engine.core.fit import WONT_FIT, FitReport, check_fit
+from app.engine.core.fit import FitReport, check_fit
 from app.studio.downloads import HubClient
 from app.studio.library import ModelEntry, ModelLibrary
-from app.studio.runtime import EngineHost, RuntimeStatus, embedded_model_path, engine_config, fit_options
+from app.studio.model_choice import EMBEDDED_NAME, LOAD_ANYWAY, list_models, load_entry, wont_fit_question
+from app.studio.runtime import EngineHost, RuntimeStatus, fit_options
 from app.studio.settings import Settings
 from app.studio.tasks import TaskResult
 from app.ui.context import RuntimeWatcher
@@ -39,9 +38,6 @@ from app.ui.widgets.fit_view import FitView
 from app.ui.widgets.hub_browser import HubBrowser
 from app.ui.widgets.tables import make_table
 from app.ui.workers import Worker
-
-EMBEDDED_NAME = "Gemma 3 270M Q4_K_M (embedded)"
-EMBEDDED = "default"  # what EngineConfig calls the embedded model
 
 
 class ModelsPane(QWidget):
@@ -122,7 +118,7 @@ class ModelsPane(QWidget):
         library = self._library()
         library.root.mkdir(parents=True, exist_ok=True)
         self.folder.setText(str(library.root))
-        self.worker.submit(lambda ctx: _list_models(library), on_done=self._on_listed, owner=self)
+        self.worker.submit(lambda ctx: list_models(library), on_done=self._on_listed, owner=self)
 
     def _on_listed(self, result: TaskResult[list[ModelEntry]]) -> None:
         selected = self.selected()
@@ -175,22 +171,17 @@ class ModelsPane(QWidget):
         entry = self.selected()
         if entry is None or self.runtime.status.busy:
             return
-        report = self.fit.report
-        if report is not None and report.verdict == WONT_FIT and not self.dialogs.confirm(
-                self, "Load anyway?", f"{entry.name} is predicted not to fit "
-                f"({report.breakdown.total / 2**30:.1f} GiB needed). Load it anyway?"):
+        question = wont_fit_question(entry, self.fit.report)
+        if question is not None and not self.dialogs.confirm(self, LOAD_ANYWAY, question):
             return
-        model = EMBEDDED if str(entry.path) == self._embedded_path else str(entry.path)
         try:
-            config = engine_config(self.settings, model)
+            load_entry(self.host, self.settings, entry)
         except ValueError as exc:
             self.notice.setText(f"Cannot load: {exc}")
-            return
-        self.host.load(config)
 
     def delete_selected(self) -> None:
         entry = self.selected()
-        if entry is None or str(entry.path) == self._embedded_path:
+        if entry is None or str(entry.path) == self._embedded_path or entry.location is not None:
             return
         if str(entry.path) == self.runtime.status.path:
             self.notice.setText("Unload the model before deleting it.")
@@ -205,12 +196,16 @@ class ModelsPane(QWidget):
         self.notice.setText("" if result.ok else f"Could not delete: {result.error_message}")
         self.refresh()
 
+    def show_recommended(self) -> None:
+        self.tabs.setCurrentWidget(self.hub)
+        self.hub.show_recommended()
+
     def shutdown(self) -> None:
         self.hub.shutdown()
 
     def _on_runtime(self, status: RuntimeStatus) -> None:
         self.entries.set_loaded(status.path if status.ready else "")
-        if status.state == "error":
+        if status.state == "error" or status.problem:  # a failed switch: the old model is still loaded
             self.notice.setText(status.message)
         elif status.ready:
             self.notice.setText(f"Loaded {status.model}.")
@@ -220,17 +215,11 @@ class ModelsPane(QWidget):
         entry, status = self.selected(), self.runtime.status
         loaded = entry is not None and status.ready and str(entry.path) == status.path
         self.load_button.setEnabled(entry is not None and not status.busy and not loaded
-                                    and entry.architecture is not None)
+                                    and entry.architecture is not None and not entry.incomplete)
         self.unload_button.setEnabled(status.ready and not status.busy)
-        self.delete_button.setEnabled(entry is not None and str(entry.path) != self._embedded_path and not loaded)
+        self.delete_button.setEnabled(entry is not None and str(entry.path) != self._embedded_path and not loaded
+                                      and entry.location is None)  # another application's file: not ours to delete
 
-
-def _list_models(library: ModelLibrary) -> list[ModelEntry]:
-    """The embedded model first (when its package is installed), then the folder's models."""
-    entries = []
-    with contextlib.suppress(ImportError, OSError, ValueError):  # no embedded model here: the folder only
-        entries.append(dataclasses.replace(library.describe(embedded_model_path()), name=EMBEDDED_NAME))
-    return entries + library.list()
 
 
 def describe(entry: ModelEntry) -> str:
@@ -246,6 +235,11 @@ def describe(entry: ModelEntry) -> str:
     files = ", ".join(f.name for f in entry.files[:4]) + (" …" if len(entry.files) > 4 else "")
     lines = [f"<b>{name}</b>", what, f"Quantization: {entry.quantization or '?'}" + (f" ({mix})" if mix else ""),
              f"Files: {html.escape(files)}"]
+    if entry.vision:
+        lines.append(f"Takes images: its vision tower is {html.escape(entry.vision)}")
+    if entry.location:
+        lines.append(f"Found in {html.escape(entry.location)}'s folder, used in place (not copied): "
+                     f"{html.escape(str(entry.path.parent))}")
     if entry.error:
         lines.append(f"<span style='color:#c62828'>{html.escape(entry.error)}</span>")
     return "<br>".join(lines)

@@ -7,7 +7,6 @@ through `Worker.threadsafe`.
 
 from __future__ import annotations
 
-import secrets as token_source
 from collections.abc import Callable
 
 from PySide6.QtWidgets import (
@@ -28,7 +27,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.studio.runtime import RuntimeStatus
-from app.studio.secrets import SERVER_API_KEY, SecretStore
+from app.studio.secrets import SERVER_API_KEY, SecretStore, generate_api_key
 from app.studio.server_control import (
     LogEntry,
     ServerControl,
@@ -38,11 +37,13 @@ from app.studio.server_control import (
     agent_snippets,
     endpoints_for,
 )
-from app.studio.settings import Settings, SettingsError
+from app.studio.settings import Settings, SettingsError, declaration
 from app.studio.tasks import TaskResult
 from app.ui.context import RuntimeWatcher
 from app.ui.widgets.copy_field import CopyBlock, CopyLine
+from app.ui.widgets.dialogs import Dialogs
 from app.ui.widgets.feedback import error_label, show_error
+from app.ui.widgets.lan_guard import GENERATE, ask_lan_without_key
 from app.ui.workers import Worker
 
 BIND_CHOICES = (("loopback", "This computer only (127.0.0.1)"), ("lan", "Local network (0.0.0.0)"))
@@ -51,8 +52,10 @@ LOG_LINES = 500
 
 class ServerPane(QWidget):
     def __init__(self, server: ServerControl, runtime: RuntimeWatcher, settings: Settings, secrets: SecretStore,
-                 worker: Worker, copy_text: Callable[[str], None], parent: QWidget | None = None) -> None:
+                 worker: Worker, copy_text: Callable[[str], None], parent: QWidget | None = None,
+                 dialogs: Dialogs | None = None) -> None:
         super().__init__(parent)
+        self.dialogs = dialogs or Dialogs()
         self.server, self.runtime, self.settings, self.secrets, self.worker = server, runtime, settings, secrets, worker
         self._copy = copy_text
         self._switching = False  # a start or stop is on its way
@@ -79,6 +82,12 @@ class ServerPane(QWidget):
         self.api_key = QLineEdit()
         self.api_key.setPlaceholderText("no key set")
         self.generate_key = QPushButton("Generate")
+        # the engine settings that matter most for agents' long prompts; they apply at the next model load
+        self.prefix_cache = QCheckBox("Reuse prompt prefixes (prefix cache)")
+        self.kv_dtype = QComboBox()
+        for choice in declaration("engine.kv_dtype").choices:
+            self.kv_dtype.addItem(choice, choice)
+        self.kv_dtype.setToolTip(declaration("engine.kv_dtype").help)
         self.exposure = QLabel()
         self.exposure.setObjectName("hintText")
         self.exposure.setWordWrap(True)
@@ -100,6 +109,8 @@ class ServerPane(QWidget):
         form.addRow("Port", self.port)
         form.addRow("Listen on", self.bind)
         form.addRow("API key", key_row)
+        form.addRow("KV cache", self.prefix_cache)
+        form.addRow("KV precision", self.kv_dtype)
         form.addRow(self.exposure)
         urls_box = QGroupBox("Base URLs")
         self.urls = QFormLayout(urls_box)
@@ -133,6 +144,7 @@ class ServerPane(QWidget):
 
         self.toggle.clicked.connect(self._on_toggle)
         self.generate_key.clicked.connect(self._generate_key)
+        self.bind.activated.connect(self._on_bind_chosen)  # the user's choice only, not _load_settings
         for signal in (self.port.valueChanged, self.bind.currentIndexChanged, self.require_key.toggled,
                        self.api_key.textChanged):
             signal.connect(self._refresh_addresses)
@@ -142,6 +154,8 @@ class ServerPane(QWidget):
         self.port.setValue(self.settings.get("server.port"))
         self.bind.setCurrentIndex(self.bind.findData(self.settings.get("server.bind")))
         self.require_key.setChecked(self.settings.get("server.require_api_key"))
+        self.prefix_cache.setChecked(self.settings.get("engine.prefix_cache"))
+        self.kv_dtype.setCurrentIndex(self.kv_dtype.findData(self.settings.get("engine.kv_dtype")))
         self.api_key.setText(self.secrets.get(SERVER_API_KEY) or "")
         self._refresh_addresses()
 
@@ -152,15 +166,26 @@ class ServerPane(QWidget):
     def _save_settings(self) -> None:
         try:
             self.settings.update({"server.port": self.port.value(), "server.bind": self.bind.currentData(),
-                                  "server.require_api_key": self.require_key.isChecked()})
+                                  "server.require_api_key": self.require_key.isChecked(),
+                                  "engine.prefix_cache": self.prefix_cache.isChecked(),
+                                  "engine.kv_dtype": self.kv_dtype.currentData()})
             self.settings.save()
             self.secrets.set(SERVER_API_KEY, self.api_key.text())
         except (SettingsError, OSError) as exc:
             self._show_error(f"The server settings were not saved: {exc}")
 
     def _generate_key(self) -> None:
-        self.api_key.setText("pk-" + token_source.token_urlsafe(24))
+        self.api_key.setText(generate_api_key())
         self.require_key.setChecked(True)
+
+    def _on_bind_chosen(self) -> None:
+        if self.bind.currentData() != "lan" or (self.require_key.isChecked() and self.api_key.text().strip()):
+            return
+        answer = ask_lan_without_key(self.dialogs, self)
+        if answer == GENERATE:
+            self._generate_key()
+        elif answer is None:  # backed out: stay on this computer only
+            self.bind.setCurrentIndex(self.bind.findData("loopback"))
 
     # -- start / stop -------------------------------------------------------------------------
     def start(self) -> None:

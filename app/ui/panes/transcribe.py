@@ -10,6 +10,7 @@ slider to it.
 from __future__ import annotations
 
 import bisect
+import importlib.util
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,7 @@ from app.ui.workers import Worker
 if TYPE_CHECKING:
     from app.studio.transcription import Transcript
 
+HAS_PLAYBACK = importlib.util.find_spec("PySide6.QtMultimedia") is not None  # not in PySide6-Essentials
 FILE_FILTERS = f"Audio ({' '.join('*' + suffix for suffix in sorted(AUDIO_EXTENSIONS))});;All files (*)"
 # (button label, file suffix, export format, file dialog filter)
 EXPORTS = (("TXT", ".txt", "text", "Text (*.txt)"), ("SRT", ".srt", "srt", "SubRip subtitles (*.srt)"),
@@ -183,7 +185,11 @@ class TranscribePane(QWidget):
         layout.addLayout(progress_row)
         layout.addWidget(self.error)
         layout.addWidget(splitter, 1)
-        layout.addLayout(position_row)
+        self.position_row = _row_widget(position_row)
+        # No audio playback without QtMultimedia (PySide6-Essentials lacks it): a "Position" slider that plays
+        # nothing misleads, so it is hidden; segments and words still select each other.
+        self.position_row.setVisible(HAS_PLAYBACK)
+        layout.addWidget(self.position_row)
         layout.addLayout(export_row)
 
         self.drop_zone.files_dropped.connect(self.transcribe_files)
@@ -217,8 +223,7 @@ class TranscribePane(QWidget):
             self._show_error(f"{path.name} is not an audio file Paddock can read "
                              "(try WAV, MP3, M4A, OGG, OPUS, FLAC or WEBM).")
             return
-        self._show_error(None)
-        self._show_result(None)
+        self._show_error(None)  # the transcript on screen stays until a new one replaces it
         self._show_progress(Progress(0, None, f"Loading the model and reading {path.name}…"))
         service = self.service
 
@@ -355,6 +360,13 @@ class TranscribePane(QWidget):
     def shutdown(self) -> None:
         self.cancel()
 
+
+
+def _row_widget(row: QHBoxLayout) -> QWidget:
+    holder = QWidget()
+    holder.setLayout(row)
+    row.setContentsMargins(0, 0, 0, 0)
+    return holder
 
 
 def _column(*widgets: QWidget) -> QWidget:

@@ -2,25 +2,27 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import QStringListModel, Signal
 from PySide6.QtGui import QTextCursor
 from PySide6.QtWidgets import (
     QComboBox,
+    QCompleter,
     QFormLayout,
     QFrame,
     QHBoxLayout,
     QLabel,
     QLineEdit,
-    QPlainTextEdit,
     QToolButton,
     QVBoxLayout,
     QWidget,
 )
 
-from app.studio.compare import ColumnResult, Target
+from app.studio.compare import ColumnResult, Target, with_v1
 from app.ui.widgets.feedback import error_label, show_error
+from app.ui.widgets.markdown_view import MarkdownView
 
 if TYPE_CHECKING:
     from app.engine import EngineClient
@@ -32,9 +34,10 @@ STATUS_TEXT = {"waiting": "waiting…", "streaming": "streaming…", "done": "do
 
 class CompareColumn(QFrame):
     remove_requested = Signal(object)  # this column
+    models_requested = Signal(object)  # this column: fill its model list from the endpoint's /v1/models
 
     def __init__(self, kind: str = "local", model: str = "", base_url: str = "",
-                 parent: QWidget | None = None) -> None:
+                 parent: QWidget | None = None, copy_text: Callable[[str], None] | None = None) -> None:
         super().__init__(parent)
         self.setFrameShape(QFrame.Shape.StyledPanel)
         self.kind = QComboBox()
@@ -50,8 +53,18 @@ class CompareColumn(QFrame):
         self.remove.setText("✕")
         self.remove.setToolTip("Remove this column")
         self.remove.clicked.connect(lambda: self.remove_requested.emit(self))
-        self.output = QPlainTextEdit()
-        self.output.setReadOnly(True)
+        self.list_models = QToolButton()
+        self.list_models.setText("List")
+        self.list_models.setToolTip("Fill the model list from the endpoint's /v1/models")
+        self.list_models.clicked.connect(lambda: self.models_requested.emit(self))
+        self.url_note = QLabel()
+        self.url_note.setObjectName("hintText")
+        self.url_note.hide()
+        self.base_url.editingFinished.connect(self._complete_url)
+        self.output = MarkdownView(copy_text)
+        self.raw = False
+        self._text = ""  # the answer as streamed (the view may show it rendered)
+        self._local_name = ""
         self.stats = QLabel()
         self.stats.setWordWrap(True)
         self.error = error_label(hidden=True)
@@ -60,8 +73,12 @@ class CompareColumn(QFrame):
         header.addWidget(self.kind, 1)
         header.addWidget(self.remove)
         self.form = QFormLayout()
-        self.form.addRow("Model", self.model)
+        model_row = QHBoxLayout()
+        model_row.addWidget(self.model, 1)
+        model_row.addWidget(self.list_models)
+        self.form.addRow("Model", model_row)
         self.form.addRow("Base URL", self.base_url)
+        self.form.addRow("", self.url_note)
         self.form.addRow("API key", self.api_key)
         layout = QVBoxLayout(self)
         layout.addLayout(header)
@@ -88,12 +105,45 @@ class CompareColumn(QFrame):
             raise ValueError("Enter the model name this endpoint serves.")
         if kind == "openrouter":
             return Target.openrouter(model, openrouter_key, openrouter_base)
+        self._complete_url()
         url = self.base_url.text().strip()
         if not url.startswith(("http://", "https://")):
             raise ValueError("Enter the endpoint's base URL, starting with http:// or https://.")
         return Target.openai_compatible(url, model, self.api_key.text().strip() or None)
 
+    def setup(self) -> dict[str, str]:
+        """What restores this column after a restart (no API key: those are not written to files)."""
+        model = "" if self.kind_key == "local" else self.model.text().strip()
+        return {"kind": self.kind_key, "model": model, "base_url": self.base_url.text().strip()}
+
+    def set_local_model(self, name: str) -> None:
+        """The loaded model's name, shown in a local column."""
+        self._local_name = name
+        if self.kind_key == "local":
+            self.model.setText(name)
+
+    def set_model_choices(self, ids: list[str]) -> None:
+        completer = QCompleter(QStringListModel(ids, self), self.model)
+        completer.setCaseSensitivity(completer.caseSensitivity().CaseInsensitive)
+        completer.setCompletionMode(QCompleter.CompletionMode.UnfilteredPopupCompletion)
+        self.model.setCompleter(completer)
+        if ids and self.model.text().strip() not in ids:
+            self.model.setText(ids[0])
+        self.url_note.setText(f"{len(ids)} model{'s' if len(ids) != 1 else ''} served here: pick one in the list.")
+        self.url_note.show()
+        if ids:
+            completer.complete()
+
+    def model_choices(self) -> list[str]:
+        completer = self.model.completer()
+        return completer.model().stringList() if completer is not None else []
+
+    def set_raw(self, raw: bool) -> None:
+        self.raw = raw
+        self._render()
+
     def reset(self) -> None:
+        self._text = ""
         self.output.clear()
         self.stats.setText("")
         self.show_error(None)
@@ -103,17 +153,34 @@ class CompareColumn(QFrame):
 
     def show_result(self, column: ColumnResult, new_text: str) -> None:
         if new_text:
+            self._text += new_text
             cursor = self.output.textCursor()
             cursor.movePosition(QTextCursor.MoveOperation.End)
             cursor.insertText(new_text)
             self.output.setTextCursor(cursor)
+        if column.status != "streaming" and column.status != "waiting":
+            self._text = column.text or self._text
+            self._render()  # the whole answer is in: render it
         self.show_error(column.error)
         self.stats.setText(describe(column))
+
+    def _render(self) -> None:
+        self.output.show_markdown(self._text, raw=self.raw)
+
+    def _complete_url(self) -> None:
+        url = self.base_url.text().strip()
+        if url and with_v1(url) != url:
+            self.base_url.setText(with_v1(url))
+            self.url_note.setText("/v1 added: OpenAI-compatible servers serve the API there.")
+            self.url_note.show()
 
     def _on_kind(self) -> None:
         kind = self.kind_key
         local = kind == "local"
         self.model.setReadOnly(local)
+        if local:
+            self.model.setText(self._local_name)
+        self.list_models.setVisible(kind == "openai")
         self.model.setPlaceholderText("the loaded model" if local else
                                       "e.g. meta-llama/llama-3.1-8b-instruct" if kind == "openrouter" else "model id")
         self.form.setRowVisible(self.base_url, kind == "openai")
@@ -125,8 +192,10 @@ def describe(column: ColumnResult) -> str:
     parts = [STATUS_TEXT.get(column.status, column.status)]
     if column.ttft_s is not None:
         parts.append(f"TTFT {column.ttft_s:.2f} s")
-    if column.tokens_per_s is not None:
-        parts.append(f"{column.tokens_per_s:.1f} tok/s")
+    speed = column.tokens_per_s if column.tokens_per_s is not None else (
+        column.live_speed() if column.status == "streaming" else None)
+    if speed is not None:
+        parts.append(f"{speed:.1f} tok/s")
     if column.completion_tokens is not None:
         estimated = " (est.)" if column.tokens_estimated else ""
         prompt = f"{column.prompt_tokens} prompt + " if column.prompt_tokens is not None else ""

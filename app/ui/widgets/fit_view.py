@@ -7,7 +7,9 @@ from PySide6.QtWidgets import QFormLayout, QHBoxLayout, QLabel, QVBoxLayout, QWi
 from app.engine.core.fit import FitReport, format_bytes
 from app.studio.tasks import TaskResult
 
-PARTS = (("weights", "Weights"), ("kv_cache", "KV cache"), ("activations", "Activations"), ("overhead", "Overhead"))
+PARTS = (("weights", "Weights"), ("vision", "Vision"), ("kv_cache", "KV cache"), ("activations", "Activations"),
+         ("overhead", "Overhead"))
+VISION_ROW = 1  # shown only for a model that takes images
 
 
 class FitView(QWidget):
@@ -24,7 +26,7 @@ class FitView(QWidget):
         top = QHBoxLayout()
         top.addWidget(self.verdict)
         top.addWidget(self.headline, 1)
-        form = QFormLayout()
+        form = self.form = QFormLayout()
         for key, title in PARTS:
             form.addRow(title, self.parts[key])
         form.addRow("Total", self.total)
@@ -42,6 +44,7 @@ class FitView(QWidget):
         self.headline.setText(text)
         for label in (*self.parts.values(), self.total, self.max_context):
             label.setText("")
+        self.form.setRowVisible(VISION_ROW, False)
 
     def show_pending(self, text: str) -> None:
         self.clear(text)
@@ -69,6 +72,11 @@ class FitView(QWidget):
             f"({report.kv_dtype} KV); {budget} on {report.device.describe()}.")
         for key, _ in PARTS:
             self.parts[key].setText(format_bytes(getattr(report.breakdown, key)))
+        if report.vision_source:
+            b = report.breakdown
+            self.parts["vision"].setText(f"{format_bytes(b.vision)} ({format_bytes(b.vision_weights)} in "
+                                         f"{report.vision_source}, {format_bytes(b.vision_activations)} per image)")
+        self.form.setRowVisible(VISION_ROW, bool(report.vision_source))
         self.total.setText(format_bytes(report.breakdown.total))
         if report.budget_bytes is None:
             self.max_context.setText("")

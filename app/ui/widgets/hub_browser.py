@@ -1,5 +1,8 @@
 """Search the Hugging Face hub, pick a model's files, see whether it fits, download with progress, cancel, resume.
 
+A GGUF model whose repo has an mmproj file beside it (its vision projector) is offered with it,
+ticked by default ("with vision"): downloaded together, the model takes images.
+
 Every hub call (search, listing, the fit probe's range requests, the download) runs on
 the worker; replies to a question the user has since replaced (another repo picked)
 are dropped by a sequence number. Downloads go through `HubClient.download`, which
@@ -11,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QHBoxLayout,
@@ -20,22 +23,26 @@ from PySide6.QtWidgets import (
     QProgressBar,
     QPushButton,
     QSplitter,
+    QStackedWidget,
     QVBoxLayout,
     QWidget,
 )
 
 from app.engine.core.fit import FitReport, check_fit, format_bytes
 from app.studio.downloads import HubClient, RemoteFile, RepoListing, SearchHit, bytes_present, model_folder
+from app.studio.recommendations import Recommendation, recommended_fits
 from app.studio.runtime import fit_options
 from app.studio.settings import Settings
 from app.studio.tasks import CancelToken, Progress, TaskResult
 from app.ui.models.hub import remote_files_model, search_results_model
 from app.ui.widgets.fit_view import FitView
+from app.ui.widgets.recommended_view import RecommendedView
 from app.ui.widgets.tables import make_table
 from app.ui.workers import Worker
 
 PROGRESS_STEPS = 1000
 SEARCH_LIMIT = 30
+HUB_WAIT_MS = 5000  # a search with no reply by then is reported as offline/unreachable (and abandoned)
 
 
 class HubBrowser(QWidget):
@@ -53,8 +60,13 @@ class HubBrowser(QWidget):
         self._gguf_file: str | None = None
         self._token: CancelToken | None = None
         self._asked = 0  # sequence number of the latest listing/fit question
+        self._then_download: str | None = None  # a recommended file: download it once its repo is listed
+        self._search_seq = 0  # replies to an abandoned search (timed out, cancelled, replaced) are dropped
+        self._search_token: CancelToken | None = None
         self._build()
         self._update_download()
+        options = fit_options(settings)
+        self.worker.submit(lambda ctx: recommended_fits(options), on_done=self.recommended.show_fits, owner=self)
 
     def _build(self) -> None:
         self.query = QLineEdit()
@@ -62,14 +74,29 @@ class HubBrowser(QWidget):
         self.gguf_only = QCheckBox("GGUF only")
         self.gguf_only.setChecked(True)
         self.search_button = QPushButton("Search")
+        self.search_note = QLabel()  # offline or unreachable: said here, beside the search box
+        self.search_note.setObjectName("errorText")
+        self.search_note.setWordWrap(True)
+        self.search_note.hide()
+        self.retry_button = QPushButton("Retry")
+        self.retry_button.hide()
+        self.recommended_button = QPushButton("Recommended")
+        self.recommended_button.setToolTip("Chat models picked for this engine, with fit verdicts for this machine")
         self.results_model = search_results_model()
         self.results = make_table(self.results_model)
+        self.recommended = RecommendedView()
+        self.left = QStackedWidget()  # the recommendations until a search is made, then the results
+        self.left.addWidget(self.recommended)
+        self.left.addWidget(self.results)
         self.repo = QLabel("Pick a repository to see its files.")
         self.repo.setWordWrap(True)
         self.files_model = remote_files_model(self._on_disk)
         self.files = make_table(self.files_model)
         self.selection = QLabel()
         self.selection.setWordWrap(True)
+        self.with_vision = QCheckBox()  # "Also download the vision projector …": shown when the model has one
+        self.with_vision.setChecked(True)
+        self.with_vision.hide()
         self.fit = FitView()
         self.progress = QProgressBar()
         self.progress.setRange(0, PROGRESS_STEPS)
@@ -83,6 +110,10 @@ class HubBrowser(QWidget):
         search_row.addWidget(self.query, 1)
         search_row.addWidget(self.gguf_only)
         search_row.addWidget(self.search_button)
+        search_row.addWidget(self.recommended_button)
+        note_row = QHBoxLayout()
+        note_row.addWidget(self.search_note, 1)
+        note_row.addWidget(self.retry_button)
         buttons = QHBoxLayout()
         buttons.addWidget(self.status, 1)
         buttons.addWidget(self.cancel_button)
@@ -90,15 +121,16 @@ class HubBrowser(QWidget):
         right = QWidget()
         right_layout = QVBoxLayout(right)
         right_layout.setContentsMargins(0, 0, 0, 0)
-        for widget in (self.repo, self.files, self.selection, self.fit, self.progress):
+        for widget in (self.repo, self.files, self.selection, self.with_vision, self.fit, self.progress):
             right_layout.addWidget(widget)
         right_layout.addLayout(buttons)
         splitter = QSplitter(Qt.Orientation.Horizontal)
-        splitter.addWidget(self.results)
+        splitter.addWidget(self.left)
         splitter.addWidget(right)
-        splitter.setSizes([420, 640])
+        splitter.setSizes([640, 420])  # the recommendations' verdicts and Get buttons need the room
         layout = QVBoxLayout(self)
         layout.addLayout(search_row)
+        layout.addLayout(note_row)
         layout.addWidget(splitter, 1)
 
         self.search_button.clicked.connect(self.search)
@@ -106,29 +138,84 @@ class HubBrowser(QWidget):
         self.results.selectionModel().currentRowChanged.connect(lambda index, _: self._on_repo(index.row()))
         self.files.selectionModel().currentRowChanged.connect(lambda index, _: self._on_file(index.row()))
         self.download_button.clicked.connect(self.download)
+        self.with_vision.toggled.connect(lambda _: self._gguf_file and self.choose(self._gguf_file))
         self.cancel_button.clicked.connect(self.cancel)
+        self.recommended_button.clicked.connect(self.show_recommended)
+        self.retry_button.clicked.connect(self.search)
+        self.recommended.download_requested.connect(self.get_recommended)
+
+    def show_recommended(self) -> None:
+        self.left.setCurrentWidget(self.recommended)
+
+    def get_recommended(self, rec: Recommendation) -> None:
+        """One click: list the repository, pick the file, download it."""
+        if self.downloading:
+            return
+        self.status.setText(f"Getting {rec.title} from {rec.repo_id}…")
+        self.open_repo(rec.repo_id, then_download=rec.file)
 
     # -- search and listing ------------------------------------------------------------------
+    @property
+    def searching(self) -> bool:
+        return self._search_token is not None
+
     def search(self) -> None:
         query, gguf_only = self.query.text().strip(), self.gguf_only.isChecked()
+        self._abandon_search()
+        self._show_search_note(None)
+        self.left.setCurrentWidget(self.results)
         self.status.setText(f"Searching for “{query}”…" if query else "Listing popular models…")
-        self.worker.submit(lambda ctx: self._hub().search(query, limit=SEARCH_LIMIT, gguf_only=gguf_only),
-                           on_done=self._on_search, owner=self)
+        self._search_seq += 1
+        seq, hub = self._search_seq, self._hub()
+        self._search_token = CancelToken()
+        self.worker.submit(lambda ctx: hub.search(query, limit=SEARCH_LIMIT, gguf_only=gguf_only),
+                           on_done=lambda result: self._on_search(result, seq), owner=self, token=self._search_token)
+        QTimer.singleShot(HUB_WAIT_MS, self, lambda: self._search_timed_out(seq, hub.endpoint))
+        self._update_download()
 
-    def _on_search(self, result: TaskResult[list[SearchHit]]) -> None:
+    def _search_timed_out(self, seq: int, endpoint: str) -> None:
+        if seq != self._search_seq or not self.searching:
+            return
+        self._abandon_search()  # a late reply is dropped; the worker's request ends on its own timeout
+        self.status.setText("")
+        self._show_search_note(f"The hub at {endpoint} does not answer (offline, or unreachable from here). "
+                               "The recommended models are listed without it.")
+        self.show_recommended()
+
+    def _abandon_search(self) -> None:
+        if self._search_token is not None:
+            self._search_token.cancel()
+        self._search_token = None
+        self._search_seq += 1
+        self._update_download()
+
+    def _show_search_note(self, text: str | None) -> None:
+        self.search_note.setText(text or "")
+        self.search_note.setVisible(bool(text))
+        self.retry_button.setVisible(bool(text))
+
+    def _on_search(self, result: TaskResult[list[SearchHit]], seq: int) -> None:
+        if seq != self._search_seq:
+            return
+        self._search_token = None
+        self._update_download()
         if result.ok:
             self.results_model.replace(result.value or [])
             self.status.setText(f"{len(result.value or [])} repositories found." if result.value else
                                 "Nothing found: try other words, or untick GGUF only.")
         else:
-            self.status.setText(result.error_message or "")
+            self.status.setText("")
+            self._show_search_note(result.error_message or "The search failed.")
         self.searched.emit(result)
 
-    def open_repo(self, repo_id: str) -> None:
-        """List `repo_id`'s files (also what picking it in the results does)."""
+    def open_repo(self, repo_id: str, then_download: str | None = None) -> None:
+        """List `repo_id`'s files (also what picking it in the results does); then download `then_download`."""
         self._asked += 1
         asked = self._asked
+        self._then_download = then_download
         self.listing, self.chosen, self._gguf_file = None, [], None
+        self.with_vision.setChecked(True)  # each repo's model comes with its vision unless unticked
+        self.with_vision.hide()
         self.files_model.replace([])
         self.repo.setText(f"Listing {repo_id}…")
         self.fit.clear("")
@@ -144,8 +231,11 @@ class HubBrowser(QWidget):
     def _on_listing(self, result: TaskResult[RepoListing], asked: int) -> None:
         if asked != self._asked:
             return
+        wanted, self._then_download = self._then_download, None
         if not result.ok or result.value is None:
             self.repo.setText(result.error_message or "")
+            if wanted:
+                self.status.setText(f"Could not reach the hub: {result.error_message}")
             self.listed.emit(result)
             return
         listing = self.listing = result.value
@@ -158,6 +248,9 @@ class HubBrowser(QWidget):
             self.choose(None)
         else:
             self.selection.setText("Pick the GGUF file to download (each is one quantization of the model).")
+        if wanted:
+            self.choose(wanted)
+            self.download()
         self.listed.emit(result)
 
     # -- choosing what to download ---------------------------------------------------------------
@@ -166,35 +259,44 @@ class HubBrowser(QWidget):
         listing = self.listing
         if listing is None:
             return
+        companion = listing.mmproj_for(path) if path is not None else None
+        self.with_vision.setVisible(companion is not None)
+        if companion is not None:
+            self.with_vision.setText(f"Also download its vision projector, {companion.path} "
+                                     f"({format_bytes(companion.size)}): the model then reads images")
+        vision = companion is not None and self.with_vision.isChecked()
         if path is None:
             self.chosen, self._gguf_file = listing.default_selection(), None
         elif path in {f.path for f in listing.gguf_models}:
-            self.chosen, self._gguf_file = listing.files_for(path), path
+            self.chosen, self._gguf_file = listing.files_for(path, vision=vision), path
         else:
             self.chosen, self._gguf_file = [], None
+            self.with_vision.hide()
             self.selection.setText("That file is not a model: pick a .gguf file.")
             self.fit.clear("")
             self._update_download()
             return
         total = sum(f.size for f in self.chosen)
         names = self._gguf_file or f"{len(self.chosen)} files (weights, config, tokenizer)"
+        if vision:
+            names += f" + {companion.path} (vision)"  # type: ignore[union-attr]
         self.selection.setText(f"Selected: {names} · {format_bytes(total)} to download")
         self._update_download()
-        self._check_fit(listing, self._gguf_file)
+        self._check_fit(listing, self._gguf_file, vision)
 
     def _on_file(self, row: int) -> None:
         file = self.files_model.row(row)
         if file is not None and self.listing is not None:
             self.choose(file.path if self.listing.gguf_files else None)
 
-    def _check_fit(self, listing: RepoListing, gguf_file: str | None) -> None:
+    def _check_fit(self, listing: RepoListing, gguf_file: str | None, vision: bool = False) -> None:
         self._asked += 1
         asked = self._asked
         options = fit_options(self.settings)
         self.fit.show_pending("Reading the model's shape from the hub (a few hundred KB)…")
 
         def probe(ctx: object) -> FitReport:
-            return check_fit(self._hub().probe_model(listing, gguf_file).shape, options)
+            return check_fit(self._hub().probe_model(listing, gguf_file, vision=vision).shape, options)
 
         self.worker.submit(probe, on_done=lambda result: self._on_fit(result, asked), owner=self)
 
@@ -224,8 +326,12 @@ class HubBrowser(QWidget):
         self._update_download()
 
     def cancel(self) -> None:
+        """Stop the download, or the search in progress (its reply, when it comes, is dropped)."""
         if self._token is not None:
             self._token.cancel()
+        elif self.searching:
+            self._abandon_search()
+            self.status.setText("Search cancelled.")
 
     def shutdown(self) -> None:
         self.cancel()
@@ -270,5 +376,5 @@ class HubBrowser(QWidget):
             label = f"Download {format_bytes(total)}" if self.chosen else "Download"
         self.download_button.setText(label)
         self.download_button.setEnabled(bool(self.chosen) and not self.downloading and kept < total)
-        self.cancel_button.setEnabled(self.downloading)
+        self.cancel_button.setEnabled(self.downloading or self.searching)
 

@@ -28,8 +28,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.studio.secrets import HF_TOKEN, OPENROUTER_API_KEY, SecretStore
+from app.studio.secrets import HF_TOKEN, OPENROUTER_API_KEY, SERVER_API_KEY, SecretStore, generate_api_key
 from app.studio.settings import SETTINGS, Setting, Settings, SettingsError
+from app.ui.widgets.dialogs import Dialogs
+from app.ui.widgets.lan_guard import GENERATE, ask_lan_without_key
+from app.ui.widgets.wheel_guard import guard_wheel
 
 INT_LIMIT = 2**31 - 1  # QSpinBox holds a C int
 
@@ -176,9 +179,11 @@ class SecretsForm(QGroupBox):
 
 
 class SettingsDialog(QDialog):
-    def __init__(self, settings: Settings, secrets: SecretStore | None = None, parent: QWidget | None = None) -> None:
+    def __init__(self, settings: Settings, secrets: SecretStore | None = None, parent: QWidget | None = None,
+                 dialogs: Dialogs | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Settings")
+        self.secrets, self.dialogs = secrets, dialogs or Dialogs()
         self.form = SettingsForm(settings)
         self.keys = SecretsForm(secrets) if secrets is not None else None
         if self.keys is not None:
@@ -193,9 +198,10 @@ class SettingsDialog(QDialog):
         layout.addWidget(scroll)
         layout.addWidget(buttons)
         self.resize(560, 640)
+        guard_wheel(self)  # scrolling the dialog must not change the field under the pointer
 
     def _save(self) -> None:
-        if not self.form.apply():
+        if not self._lan_confirmed() or not self.form.apply():
             return
         if self.keys is not None:
             try:
@@ -204,3 +210,18 @@ class SettingsDialog(QDialog):
                 self.form.problems.setText(f"A key could not be stored: {exc}")
                 return
         self.accept()
+
+    def _lan_confirmed(self) -> bool:
+        """Opening the API to the network without a key is asked about first; False: do not save."""
+        editors, settings = self.form.editors, self.form.settings
+        if editors["server.bind"].get() != "lan" or settings.get("server.bind") == "lan":
+            return True
+        key = self.secrets.get(SERVER_API_KEY) if self.secrets is not None else None
+        if editors["server.require_api_key"].get() and key:
+            return True
+        answer = ask_lan_without_key(self.dialogs, self)
+        if answer == GENERATE and self.secrets is not None:
+            if not key:
+                self.secrets.set(SERVER_API_KEY, generate_api_key())
+            editors["server.require_api_key"].put(True)
+        return answer is not None

@@ -5,13 +5,14 @@ from __future__ import annotations
 from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar, QWidget
 
 from app.studio.runtime import MemoryUse, RuntimeStatus
+from app.ui.widgets.elided_label import ElidedLabel
 
 
 class RuntimeStatusBar(QStatusBar):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setSizeGripEnabled(False)
-        self.state = QLabel()
+        self.state = ElidedLabel()  # a long error is shortened here, never widens the window
         self.state.setObjectName("runtimeState")
         self.busy = QProgressBar()
         self.busy.setRange(0, 0)  # indeterminate: loading has no byte count to show
@@ -35,7 +36,7 @@ class RuntimeStatusBar(QStatusBar):
     def show_status(self, status: RuntimeStatus) -> None:
         self.busy.setVisible(status.busy)
         self.state.setText(status.message)
-        self.state.setProperty("error", status.state == "error")
+        self.state.setProperty("error", status.state == "error" or bool(status.problem))
         self.state.style().unpolish(self.state)  # re-read the stylesheet for the new property
         self.state.style().polish(self.state)
         loaded = status.ready

@@ -15,10 +15,12 @@ import numpy as np
 
 from app.engine.backend.base import AttentionMetadata
 from app.engine.backend.cpu import CpuBackend
+from app.engine.backend.fp8_kv import Fp8KvCache
 from app.engine.quant.dispatch import QuantizedTensor
 from app.engine.quant.types import QUANT_TYPES, QuantType
 
-ALL_QTYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+ALL_QTYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "MXFP4", "NVFP4",
+              "IQ4_NL", "IQ4_XS")
 
 # Byte offsets of the float16 fields inside one block: (scale offsets, offsets of mins/dmin).
 _F16_FIELDS: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
@@ -30,6 +32,10 @@ _F16_FIELDS: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
     "Q4_K": ((0,), (2,)),
     "Q5_K": ((0,), (2,)),
     "Q6_K": ((208,), ()),
+    "IQ4_NL": ((0,), ()),
+    "IQ4_XS": ((0,), ()),  # its 6-bit sub-block scales stay random
+    "MXFP4": ((), ()),  # an e8m0 exponent byte instead (below)
+    "NVFP4": ((), ()),  # four ue4m3 scale bytes instead (below)
 }
 
 
@@ -70,6 +76,10 @@ def random_tensor(
             np.float16
         )
         raw[:, :, off : off + 2] = m.view(np.uint8).reshape(rows, n_blocks, 2)
+    if qtype_name == "MXFP4":  # 2^(e - 128) * |q| <= 12: weights up to about 0.05
+        raw[:, :, 0] = rng.integers(116, 123, (rows, n_blocks), dtype=np.uint8)
+    if qtype_name == "NVFP4":  # ue4m3 scales 2^-6 .. 2^-3 (times |q| / 2 <= 6)
+        raw[:, :, 0:4] = rng.integers(0x08, 0x20, (rows, n_blocks, 4), dtype=np.uint8)
     return QuantizedTensor(name, qtype, (rows, cols), raw.reshape(rows, n_blocks * qtype.type_size))
 
 
@@ -129,14 +139,21 @@ def rope_tables(head_dim: int, max_pos: int) -> tuple[np.ndarray, np.ndarray]:
 def linear_tol(
     n_tok: int, n_cols: int, qtypes: list[str] | tuple[str, ...], nbytes: int, dense: bool = False
 ) -> float:
-    """The relative-error bound of a product of `n_tok` rows over `nbytes` of weights: the path
-    `linear` takes decides it (`dense`: the weight has a float16 copy, which cuBLAS multiplies
-    from DENSE_FROM_TOKENS tokens on)."""
-    from app.engine.backend.cuda.linear import DENSE_FROM_TOKENS
+    """The relative-error bound of a `linear` product of `n_tok` rows over `nbytes` of weights: the
+    path it takes decides it. 2..64 tokens go through tensor cores on the quantized weights
+    (gemv_mma), more to cuBLAS on float16 (`dense`: the weight has a float16 copy): x and W in
+    float16 either way."""
+    from app.engine.kernels import gemv_mma
+
+    if n_tok > 8 or gemv_mma.serves(n_tok, qtypes, n_cols) or (dense and n_tok >= 3):
+        return F16_TOL
+    return gemv_tol(n_tok, n_cols, qtypes, nbytes)
+
+
+def gemv_tol(n_tok: int, n_cols: int, qtypes: list[str] | tuple[str, ...], nbytes: int) -> float:
+    """The bound of gemv.py's kernels themselves (float32 x, or int16 x for one token)."""
     from app.engine.kernels import gemv_int
 
-    if n_tok > 8 or (dense and n_tok >= DENSE_FROM_TOKENS):
-        return F16_TOL
     return INT_X_TOL if gemv_int.serves(n_tok, n_cols, qtypes, nbytes) else GEMV_TOL
 
 
@@ -208,3 +225,89 @@ def write_attention_case(
         a.tofile(directory / f"{name}.bin")
     k_cache.astype(np.float16).tofile(directory / "k.bin")
     v_cache.astype(np.float16).tofile(directory / "v.bin")
+
+
+def fp8_caches(rng, k_cache: np.ndarray, v_cache: np.ndarray, spread: int = 6) -> tuple[Fp8KvCache, Fp8KvCache]:
+    """The float32 caches' values, each (block, KV head) times its own power of two in
+    [2^-spread, 2^spread] (so the block scales differ), written into FP8 caches (fp8_kv.Fp8KvCache)
+    slot by slot in order."""
+    num_blocks, block, n_kv, head_dim = k_cache.shape
+    out = []
+    for cache in (k_cache, v_cache):
+        gain = np.exp2(rng.integers(-spread, spread + 1, (num_blocks, 1, n_kv, 1))).astype(np.float32)
+        fp8 = Fp8KvCache.zeros(num_blocks, block, n_kv, head_dim)
+        fp8.write((cache * gain).reshape(-1, n_kv, head_dim), np.arange(num_blocks * block))
+        out.append(fp8)
+    return out[0], out[1]
+
+
+def write_fp8_caches(directory: Path, k_cache: Fp8KvCache, v_cache: Fp8KvCache) -> None:
+    """The FP8 caches as the emulator harnesses built with KV_FP8=1 read them: codes, then scales."""
+    for name, cache in (("k", k_cache), ("v", v_cache)):
+        cache.data.tofile(directory / f"{name}.bin")
+        cache.scale.tofile(directory / f"{name[0]}s.bin")
+
+
+# Split formats (safetensors): how each layout is made for a kernel test.
+SPLIT_KINDS = ("fp8-block", "fp8-channel-bf16", "fp8-tensor", "nvfp4", "mxfp4")
+
+
+def random_split_tensor(
+    kind: str, rows: int, cols: int, rng: np.random.Generator, name: str = "w"
+) -> QuantizedTensor:
+    """A split-format tensor of `kind` (SPLIT_KINDS): FP8 and NVFP4 quantized from normal weights by
+    app.engine.quant.split's quantizers, MXFP4 random codes with e8m0 scales near 2^-5."""
+    from app.engine.quant.dispatch import ScaleGrid
+    from app.engine.quant.split import quantize_fp8, quantize_nvfp4
+
+    values = rng.standard_normal((rows, cols)).astype(np.float32) * np.float32(0.05)
+    if kind.startswith("fp8"):
+        group = {"fp8-block": (128, 128), "fp8-channel-bf16": (1, cols), "fp8-tensor": (rows, cols)}[kind]
+        codes, scales = quantize_fp8(values, group)
+        grid = ScaleGrid(scales, "F32", group)
+        if kind == "fp8-channel-bf16":  # bf16 scales: the top halves (truncated) of the float32 ones
+            grid = ScaleGrid((scales.view(np.uint32) >> 16).astype(np.uint16), "BF16", group)
+        return QuantizedTensor(name, QUANT_TYPES["FP8_E4M3"], (rows, cols), codes, grid)
+    if kind == "nvfp4":
+        packed, scale_codes, global_scale = quantize_nvfp4(values)
+        grid = ScaleGrid(scale_codes, "F8_E4M3", (1, 16), global_scale)
+        return QuantizedTensor(name, QUANT_TYPES["NVFP4_SPLIT"], (rows, cols), packed, grid)
+    if kind == "mxfp4":
+        codes = rng.integers(0, 256, (rows, cols // 2), dtype=np.uint8)
+        grid = ScaleGrid(rng.integers(119, 124, (rows, cols // 32), dtype=np.uint8), "E8M0", (1, 32))
+        return QuantizedTensor(name, QUANT_TYPES["MXFP4_SPLIT"], (rows, cols), codes, grid)
+    raise ValueError(f"unknown split kind {kind!r}; expected one of {SPLIT_KINDS}")
+
+
+def shared_prefix_case(rng, shared_blocks: int, own: list[int], heads: tuple[int, int, int], block: int):
+    """A decode batch (numpy) whose block tables start with the same `shared_blocks` block ids, then
+    `own[i]` keys each in blocks of their own (shuffled ids); every key float16-exact."""
+    n_heads, n_kv, head_dim = heads
+    ctxs = [shared_blocks * block + n for n in own]
+    per_seq = [-(-c // block) for c in ctxs]
+    n_blocks = shared_blocks + sum(p - shared_blocks for p in per_seq) + 2
+    order = rng.permutation(n_blocks)
+    tables = np.zeros((len(ctxs), max(per_seq) + 1), np.int32)
+    tables[:, :shared_blocks] = order[:shared_blocks]
+    used = shared_blocks
+    for i, p in enumerate(per_seq):
+        tables[i, shared_blocks:p] = order[used : used + p - shared_blocks]
+        used += p - shared_blocks
+    shape = (n_blocks, block, n_kv, head_dim)
+    k_cache, v_cache = (rng.standard_normal(shape).astype(np.float16).astype(np.float32) for _ in range(2))
+    q = rng.standard_normal((len(ctxs), n_heads, head_dim)).astype(np.float32)
+    seq_lens = np.array(ctxs, np.int32)
+    qsl = np.arange(len(ctxs) + 1, dtype=np.int32)
+    meta = AttentionMetadata(qsl, seq_lens, tables, np.zeros(len(ctxs), np.int32), seq_lens - 1, 1,
+                             int(seq_lens.max()), block, qsl, seq_lens)  # fmt: skip
+    return q, k_cache, v_cache, meta
+
+
+def assert_greedy_agrees(got: dict, ref: dict, label: str) -> None:
+    """Greedy tokens of a GPU run equal the numpy reference's, but where the reference's top two
+    logprobs are a near-tie: there a float32 reordering may pick the other, and the texts split."""
+    pairs = zip(got["token_ids"], ref["token_ids"], strict=True)
+    split = next((i for i, (a, b) in enumerate(pairs) if a != b), None)
+    if split is not None:
+        top = ref["logprobs"][split].top
+        assert abs(top[0][1] - top[1][1]) < 5e-2, f"{label}: split at {split} without a near-tie"

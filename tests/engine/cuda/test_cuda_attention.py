@@ -94,6 +94,26 @@ def test_attention_matches_numpy(cuda, cpu, rng, prefill_kernel, heads, batch: s
     check(cuda, cpu, rng, BATCHES[batch], heads)
 
 
+@pytest.mark.parametrize("num_splits", [None, 1, 4])  # None: decode batches on attention_decode.cu
+@pytest.mark.parametrize("window", [None, 128])  # GPT-OSS alternates full and 128-key windowed layers
+@pytest.mark.parametrize("batch", ["decode", "mixed"])
+@pytest.mark.parametrize("heads", [(64, 8, 64), (32, 8, 128)], ids=["gpt-oss", "d128"])
+def test_attention_sinks_match_numpy(cuda, cpu, rng, heads, batch: str, window, num_splits) -> None:
+    """GPT-OSS's attention sinks (one more logit per head in the softmax's denominator) on both
+    kernels, split or not, some far above the scores."""
+    n_heads, n_kv, head_dim = heads
+    q, (kc, vc, mc), (kg, vg, mg) = make_batch(cuda, cpu, rng, BATCHES[batch], n_heads, n_kv, head_dim)
+    sinks = rng.normal(0.0, 2.0, n_heads).astype(np.float32)
+    sinks[::7] += 12.0
+    scale = head_dim**-0.5
+    ref = cpu.attention(q, kc, vc, mc, scale, window, None, sinks=sinks)
+    got = cuda.to_host(cuda.attention(cuda.from_host(q), kg, vg, mg, scale, window, None, num_splits=num_splits,
+                                      sinks=cuda.from_host(sinks)))  # fmt: skip
+    assert not np.isnan(got).any()
+    decode_only = batch == "decode" and num_splits is None
+    assert rel_err(got, ref) < (TOL if decode_only else TC_TOL)
+
+
 @pytest.mark.parametrize("num_splits", [1, 3, 8, 64])  # 64: mostly empty splits, as in a decode graph
 @pytest.mark.parametrize("batch", ["decode", "mixed"])
 def test_attention_forced_splits(cuda, cpu, rng, prefill_kernel, batch: str, num_splits: int) -> None:

@@ -20,9 +20,10 @@ pytestmark = pytest.mark.slow  # ~40 s together: kernels run thread by thread on
 BLOCK = 16
 
 
-@pytest.fixture(scope="module")
-def decode_emu(tmp_path_factory) -> Path:
-    return build(tmp_path_factory, "attn_decode_main.cpp")
+@pytest.fixture(scope="module", params=[(), ("-DDEC_PREFETCH=1",)], ids=["loop", "prefetch"])
+def decode_emu(request, tmp_path_factory) -> Path:
+    """The kernel as built by default, and with its next chunk prefetched into registers (DEC_PREFETCH)."""
+    return build(tmp_path_factory, "attn_decode_main.cpp", request.param)
 
 
 def _decode_case(rng, ctxs: list[int], heads: tuple[int, int, int]):
@@ -76,6 +77,37 @@ def test_attention_decode_emulated(
     v_cache.astype(np.float16).tofile(tmp_path / "v.bin")
     run(decode_emu, tmp_path, head_dim, group_bucket(n_heads, n_kv), len(ctxs), n_heads, n_kv, BLOCK,
         meta.block_tables.shape[1], scale, cap or 0.0, window or 0, blocks)  # fmt: skip
+    got = np.fromfile(tmp_path / "out.bin", np.float32).reshape(ref.shape)
+    assert not np.isnan(got).any(), f"seed={seed}"
+    assert rel_err(got, ref) < 1e-5, f"seed={seed}"
+
+
+@pytest.mark.parametrize(("ctxs", "heads", "window", "blocks"), [
+    ([1, 17, 300], (64, 8, 64), None, 8),  # GPT-OSS's heads: 64 x 64 over 8 KV heads; one block, several
+    ([700, 5], (64, 8, 64), 128, 3),  # its sliding layers (window 128), blocks looping over chunks
+    ([129, 64], (32, 8, 128), None, 1),  # one block: the n_act == 1 output path
+])  # fmt: skip
+def test_attention_decode_sinks_emulated(
+    request: pytest.FixtureRequest, decode_emu: Path, tmp_path: Path, ctxs, heads, window, blocks
+) -> None:
+    """GPT-OSS's attention sinks: one more logit per head in the softmax's denominator, against numpy,
+    over every output path (one block, a cluster or the global merge). Some sinks sit far above the
+    scores, where a head's output all but vanishes."""
+    rng, seed = fresh_rng(request.node.nodeid)
+    q, k_cache, v_cache, meta = _decode_case(rng, ctxs, heads)
+    n_heads, n_kv, head_dim = heads
+    sinks = rng.normal(0.0, 2.0, n_heads).astype(np.float32)
+    sinks[::7] += 12.0
+    scale = head_dim**-0.5
+    ref = CpuBackend().attention(q, k_cache, v_cache, meta, scale, window, None, sinks=sinks)
+    plain = CpuBackend().attention(q, k_cache, v_cache, meta, scale, window, None)
+    assert rel_err(plain, ref) > 0.05  # the sinks change the answer: the check below can fail
+    for name, a in (("q", q), ("seq_lens", meta.seq_lens), ("tables", meta.block_tables), ("sinks", sinks)):
+        a.tofile(tmp_path / f"{name}.bin")
+    k_cache.astype(np.float16).tofile(tmp_path / "k.bin")
+    v_cache.astype(np.float16).tofile(tmp_path / "v.bin")
+    run(decode_emu, tmp_path, head_dim, group_bucket(n_heads, n_kv), len(ctxs), n_heads, n_kv, BLOCK,
+        meta.block_tables.shape[1], scale, 0.0, window or 0, blocks)  # fmt: skip
     got = np.fromfile(tmp_path / "out.bin", np.float32).reshape(ref.shape)
     assert not np.isnan(got).any(), f"seed={seed}"
     assert rel_err(got, ref) < 1e-5, f"seed={seed}"

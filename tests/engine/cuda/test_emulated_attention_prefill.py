@@ -58,3 +58,29 @@ def test_prefill_attention_emulated(
     got = np.fromfile(tmp_path / "out.bin", np.float32).reshape(ref.shape)
     assert not np.isnan(got).any(), f"seed={seed}"
     assert rel_err(got, ref) < F16_TOL, f"seed={seed}"
+
+
+@pytest.mark.parametrize(("seqs", "window", "splits"), [
+    ([(40, 40), (3, 300)], None, 1),  # GPT-OSS's full layers: the sink at the kernel's own output
+    ([(70, 200), (1, 90)], 128, 3),  # its sliding layers, split: the sink in the merge
+])  # fmt: skip
+def test_prefill_attention_sinks_emulated(
+    request: pytest.FixtureRequest, prefill_emu: Path, tmp_path: Path, seqs, window, splits
+) -> None:
+    """GPT-OSS's attention sinks (64 heads of 64 over 8 KV heads) against numpy."""
+    rng, seed = fresh_rng(request.node.nodeid)
+    heads = (64, 8, 64)
+    q, k_cache, v_cache, meta = attention_case(rng, seqs, heads, 1.0)
+    n_heads, n_kv, head_dim = heads
+    sinks = rng.normal(0.0, 2.0, n_heads).astype(np.float32)
+    sinks[::7] += 12.0
+    scale = head_dim**-0.5
+    ref = CpuBackend().attention(q, k_cache, v_cache, meta, scale, window, None, sinks=sinks)
+    assert rel_err(CpuBackend().attention(q, k_cache, v_cache, meta, scale, window, None), ref) > 0.05
+    write_attention_case(tmp_path, q, k_cache, v_cache, meta)
+    sinks.tofile(tmp_path / "sinks.bin")
+    _run(prefill_emu, tmp_path, head_dim, len(q), n_heads, n_kv, BLOCK, len(seqs), meta.block_tables.shape[1],
+         scale, 0.0, window or 0, splits)  # fmt: skip
+    got = np.fromfile(tmp_path / "out.bin", np.float32).reshape(ref.shape)
+    assert not np.isnan(got).any(), f"seed={seed}"
+    assert rel_err(got, ref) < F16_TOL, f"seed={seed}"

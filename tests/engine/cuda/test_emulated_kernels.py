@@ -44,6 +44,8 @@ def attention_emu(tmp_path_factory) -> Path:
 @pytest.mark.parametrize(("qtype", "n_tok", "warps", "rows_per_block"), [
     ("Q4_K", 1, 2, 8), ("Q4_K", 1, 1, 4), ("Q6_K", 3, 1, 2), ("Q8_0", 8, 2, 2), ("Q5_0", 2, 1, 4), ("Q5_K", 1, 2, 8),
     ("Q4_1", 5, 2, 2), ("Q5_1", 1, 1, 4), ("Q4_0", 1, 1, 8), ("BF16", 1, 1, 8), ("F16", 2, 1, 4), ("F32", 4, 2, 2),
+    ("MXFP4", 1, 2, 8), ("MXFP4", 3, 1, 2), ("IQ4_NL", 1, 1, 4), ("IQ4_NL", 8, 2, 2), ("IQ4_XS", 1, 2, 8),
+    ("IQ4_XS", 2, 1, 4), ("NVFP4", 1, 2, 8), ("NVFP4", 5, 1, 2),
 ])  # fmt: skip
 def test_gemv_emulated(
     request: pytest.FixtureRequest,
@@ -70,6 +72,8 @@ def test_gemv_emulated(
 @pytest.mark.parametrize(("qtype", "out", "with_ids"), [
     ("Q4_K", "f16", False), ("Q6_K", "f32", True), ("Q8_0", "f16", False), ("Q5_0", "f32", False),
     ("Q5_K", "f16", True), ("BF16", "f32", True), ("F16", "f16", False),
+    ("MXFP4", "f32", True), ("IQ4_NL", "f16", False), ("IQ4_XS", "f32", False), ("IQ4_XS", "f16", True),
+    ("NVFP4", "f32", True), ("NVFP4", "f16", False),
 ])  # fmt: skip
 def test_dequant_emulated(
     request: pytest.FixtureRequest, kernels_emu: Path, tmp_path: Path, qtype: str, out: str, with_ids: bool

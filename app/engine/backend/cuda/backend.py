@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from app.engine.backend import kv_blocks
 from app.engine.backend.base import (
     AttentionMetadata,
     QkvRope,
@@ -27,24 +28,32 @@ from app.engine.backend.base import (
 )
 from app.engine.backend.cuda.blas import cublas
 from app.engine.backend.cuda.dense import DenseCache
+from app.engine.backend.cuda.expand import expand_rows
+from app.engine.backend.cuda.experts import StreamedExperts, streamed_moe, unsupported, upload_experts
 from app.engine.backend.cuda.linear import gated_linear as _gated_linear
 from app.engine.backend.cuda.linear import linear as _linear
 from app.engine.backend.cuda.linear import norm_linear as _norm_linear
 from app.engine.backend.cuda.weights import CudaFusedWeight, CudaWeight, upload_matrix, upload_vector
+from app.engine.backend.fp8_kv import Fp8KvCache
 from app.engine.kernels import activation as _activation
 from app.engine.kernels import attention as _attention
+from app.engine.kernels import attention_cascade as _attention_cascade
 from app.engine.kernels import attention_decode as _attention_decode
 from app.engine.kernels import attention_prefill as _attention_prefill
 from app.engine.kernels import kv_cache as _kv_cache
+from app.engine.kernels import moe as _moe
 from app.engine.kernels import norm as _norm
 from app.engine.kernels import rope as _rope
 from app.engine.kernels import rope_cache as _rope_cache
 from app.engine.kernels import tuning as _tuning
-from app.engine.kernels.dequant import dequant_rows
 from app.engine.kernels.gemv_plan import GemvPlan
 from app.engine.kernels.options import KernelOptions
 from app.engine.kernels.runtime.compile import device_arch
+from app.engine.models.config import MoeSpec
 from app.engine.quant.dispatch import QuantizedTensor
+
+if TYPE_CHECKING:
+    from app.engine.core.expert_residency import ExpertStreaming
 
 MIN_COMPUTE_CAPABILITY = 80  # Ampere: the oldest architecture the kernels are built and tested for
 MIN_FREE_BYTES = 512 << 20
@@ -94,6 +103,10 @@ class CudaBackend:
     name = "cuda"
     act_dtype = np.float32
     kv_dtype = np.float16
+    # `attention(..., sinks=)` (GPT-OSS) on attention_decode.cu and attention_prefill.cu: head dims
+    # 64, 128 and 256 (the SIMT attention.cu has none)
+    supports_attention_sinks = True
+    sink_head_dims = _attention_prefill.HEAD_DIMS
 
     def __init__(
         self,
@@ -131,6 +144,11 @@ class CudaBackend:
         # Prefill and mixed batches on the tensor-core kernel (attention_prefill.cu); False keeps
         # the SIMT kernel (attention.cu) for comparison.
         self.tensor_core_prefill = True
+        self._pinned: list[Any] = []  # pinned host allocations behind alloc_host_blocks' arrays
+        self._staged: list[Any] = []  # device staging of block reads still copying to the host
+        # set by the engine for `--experts-on-gpu N`: MoE layers keep N experts per layer on the GPU
+        # and stream the rest from pinned host RAM (experts.py: StreamedExperts)
+        self.expert_streaming: ExpertStreaming | None = None
 
     # -- memory -------------------------------------------------------------------
     def from_host(self, array: np.ndarray, dtype: Any = None) -> Any:
@@ -172,11 +190,80 @@ class CudaBackend:
             )
         return DenseCache.stack(CudaFusedWeight(tuple(weights), bias))
 
+    def load_experts(
+        self,
+        spec: MoeSpec,
+        weights: Sequence[Sequence[QuantizedTensor]],
+        biases: Sequence[Sequence[QuantizedTensor | None]],
+    ) -> tuple[_moe.StackedExperts, ...] | None:
+        """A MoE layer's (gate, up, down) experts stacked for moe.cu, or None where the kernels
+        cannot read them (the layer then runs each expert through `linear`, syncing on the host).
+        With `expert_streaming` set, a hot set in device slots and the rest in pinned host RAM."""
+        reason = unsupported(spec, weights)
+        if self.expert_streaming is not None:
+            if reason is not None:
+                raise ValueError(f"--experts-on-gpu {self.expert_streaming.on_gpu}: these experts cannot be "
+                                 f"streamed from host RAM ({reason}); use --experts-on-gpu all")  # fmt: skip
+            per_expert = sum(ws[0].data.nbytes for ws in weights)
+            residency = self.expert_streaming.layer(spec.num_experts, spec.num_used, per_expert)
+            return StreamedExperts(spec, weights, biases, residency)
+        if reason is not None:
+            log.info("MoE experts through per-expert products: no grouped kernel for %s", reason)
+            return None
+        return tuple(upload_experts(w, b) for w, b in zip(weights, biases, strict=True))
+
+    def moe(self, x: Any, router_logits: Any, spec: MoeSpec, experts: tuple[_moe.StackedExperts, ...]) -> Any:
+        """The experts' weighted sum `[T, hidden]` for normalised `x [T, hidden]`: routing, grouping
+        by expert and the grouped products on the GPU, with no host sync (kernels/moe.py)."""
+        if isinstance(experts, StreamedExperts):
+            return streamed_moe(self._f32(x), self._f32(router_logits), spec, experts)
+        gate, up, down = experts
+        return _moe.moe_forward(self._f32(x), self._f32(router_logits), spec, gate, up, down)
+
     def alloc_kv_cache(
-        self, num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int
+        self, num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int, dtype: str = "auto"
     ) -> tuple[Any, Any]:
+        """`dtype` "auto" or "float16" (float16 arrays), or "fp8": fp8_kv.Fp8KvCache of device arrays,
+        e4m3 codes and per-(block, KV head) scales, the numpy backend's layout (kernels/kv_format.py)."""
+        if dtype == "fp8":
+            return tuple(Fp8KvCache.zeros(num_blocks, block_size, n_kv_heads, head_dim, self.xp) for _ in range(2))
+        if dtype not in ("auto", "float16"):
+            raise ValueError(f"KV dtype {dtype!r} is not on CUDA; choose auto, float16 or fp8")
         shape = (num_blocks, block_size, n_kv_heads, head_dim)
         return self.xp.zeros(shape, self.xp.float16), self.xp.zeros(shape, self.xp.float16)
+
+    # -- whole KV blocks, for the offload tiers (backend/kv_blocks.py) ------------------
+    # Copies run on the current stream, so they are ordered with the steps around them: a block
+    # read out before its reuse is copied before the next step overwrites it, and a block written
+    # back is in place before the step that reads it. Host reads of the payload wait for
+    # sync_kv_copies().
+    def alloc_host_blocks(self, num_blocks: int, block_nbytes: int) -> np.ndarray:
+        """Pinned host memory for `num_blocks` payloads (asynchronous copies need pinned pages)."""
+        nbytes = max(1, num_blocks * block_nbytes)
+        memory = self.xp.cuda.alloc_pinned_memory(nbytes)
+        host = np.frombuffer(memory, np.uint8, num_blocks * block_nbytes).reshape(num_blocks, block_nbytes)
+        self._pinned.append(memory)  # np.frombuffer holds a view, not the allocation: keep it alive
+        return host
+
+    def read_kv_blocks(self, kv_caches: list, block_ids: Sequence[int], out: np.ndarray) -> None:
+        """Start copying the blocks' payloads into pinned host rows `out` (asynchronous)."""
+        ids = self.xp.asarray(np.asarray(block_ids, dtype=np.int64))
+        staged = kv_blocks.gather_blocks(self.xp, kv_caches, ids)
+        staged.get(stream=self.xp.cuda.get_current_stream(), out=out, blocking=False)
+        self._staged.append(staged)  # the device buffer must outlive the copy
+
+    def write_kv_blocks(self, kv_caches: list, block_ids: Sequence[int], src: np.ndarray) -> None:
+        """Copy host payload rows `src` (pinned for an asynchronous copy) into the blocks."""
+        ids = self.xp.asarray(np.asarray(block_ids, dtype=np.int64))
+        staged = self.xp.empty(src.shape, self.xp.uint8)
+        staged.set(src, stream=self.xp.cuda.get_current_stream())
+        kv_blocks.scatter_blocks(self.xp, kv_caches, ids, staged)
+
+    def sync_kv_copies(self) -> None:
+        """Wait for the block copies started so far; their host rows may then be read."""
+        if self._staged:
+            self.xp.cuda.get_current_stream().synchronize()
+            self._staged.clear()
 
     def rope_table(self, cos: np.ndarray, sin: np.ndarray) -> RopeTable:
         return RopeTable(self.from_host(cos, np.float32), self.from_host(sin, np.float32))
@@ -193,9 +280,7 @@ class CudaBackend:
         if weight.dense is not None:
             return weight.dense[ids]
         out = self.xp.empty((ids.shape[0], weight.n_cols), self.xp.float32)
-        return dequant_rows(
-            weight.data, weight.qtype.name, weight.row_bytes, weight.n_rows, weight.n_cols, out, ids
-        )
+        return expand_rows(weight, out, ids)
 
     def linear(self, x: Any, weight: CudaWeight | CudaFusedWeight, bias: Any | None = None) -> Any:
         return _linear(x, weight, bias, self.dense_cache, self.gemv_plan)
@@ -267,6 +352,10 @@ class CudaBackend:
         rotary = 2 * int(rope.table.cos.shape[1])
         heads = (rope.head_dim, rope.n_heads, rope.n_kv_heads)
         fused = _decode_batch(meta, n_tok) and self.fuses_rope(n_tok, rope.n_heads, rope.head_dim)
+        # A cascade decode needs q itself (its shared part is a second kernel over the same rows).
+        fused = fused and not self._cascades(meta, sliding_window, *heads)
+        # FP8: a block's scale depends on every key written into it, which rope_cache + write_kv_fp8 see.
+        fused = fused and not isinstance(k_cache, Fp8KvCache)
         fused = fused and self._decode_attention(*heads) and _attention_decode.rope_supported(*heads, rotary)
         if not fused:
             return rope_cache_then_attention(self, qkv, rope, k_cache, v_cache, meta, scale, sliding_window, softcap)
@@ -289,6 +378,19 @@ class CudaBackend:
     def _decode_attention(self, head_dim: int, n_heads: int, n_kv: int) -> bool:
         """Whether decode batches of these heads run attention_decode.cu."""
         return self.kernel_options.decode_attention and _attention_decode.supports(head_dim, n_heads, n_kv)
+
+    def _cascades(
+        self, meta: AttentionMetadata, sliding_window: int | None, head_dim: int, n_heads: int, n_kv: int
+    ) -> bool:
+        """Whether this decode layer reads its batch's shared prefix once (attention_cascade.py): the
+        step carries one, the options have the path on, the layer has no window, both kernels exist."""
+        return (
+            meta.shared_prefix is not None
+            and self.kernel_options.cascade_attention
+            and not sliding_window
+            and self._decode_attention(head_dim, n_heads, n_kv)
+            and _attention_prefill.supports(head_dim, n_heads, n_kv)
+        )
 
     def _decode_blocks(self, meta: AttentionMetadata, n_seqs: int, n_kv: int, head_dim: int) -> int:
         """Blocks per (sequence, KV head) of a decode attention launch (attention_decode.plan_blocks)."""
@@ -327,20 +429,29 @@ class CudaBackend:
         sliding_window: int | None = None,
         softcap: float | None = None,
         num_splits: int | None = None,
+        sinks: Any | None = None,
     ) -> Any:
         """As `Backend.attention`; `num_splits` forces a split count (a CUDA graph needs
         one fixed launch shape for every step it replays)."""
         q = self._f32(q)
         n_tok, n_heads, head_dim = q.shape
         n_kv = k_cache.shape[2]
+        sinks = None if sinks is None else self._f32(sinks)
         decode = _decode_batch(meta, n_tok) and num_splits is None
         if decode and self._decode_attention(head_dim, n_heads, n_kv):
             n_blocks = self._decode_blocks(meta, n_tok, n_kv, head_dim)
+            if sinks is None and self._cascades(meta, sliding_window, head_dim, n_heads, n_kv):
+                return _attention_cascade.cascade_decode(
+                    q, k_cache, v_cache, self._i32(meta.seq_lens), self._i32(meta.block_tables), meta.shared_prefix,
+                    scale, softcap, n_blocks, _attention_cascade.plan_splits(n_kv, self.sm_count),
+                    self.xp.empty_like(q), self.kernel_options.decode_clusters,
+                )  # fmt: skip
             return _attention_decode.attention_decode(
                 q, k_cache, v_cache, self._i32(meta.seq_lens), self._i32(meta.block_tables), scale,
                 sliding_window, softcap, n_blocks, self.xp.empty_like(q), self.kernel_options.decode_clusters,
+                sinks=sinks,
             )  # fmt: skip
-        if self.tensor_core_prefill and _attention_prefill.supports(head_dim, n_heads, n_kv):
+        if (self.tensor_core_prefill or sinks is not None) and _attention_prefill.supports(head_dim, n_heads, n_kv):
             n_seqs = int(meta.seq_lens.shape[0])
             if num_splits is None:
                 num_splits = _attention_prefill.plan_splits(
@@ -349,7 +460,13 @@ class CudaBackend:
             return _attention_prefill.attention_prefill(
                 q, k_cache, v_cache, self._i32(meta.query_start_loc), self._i32(meta.seq_lens),
                 self._i32(meta.block_tables), scale, sliding_window, softcap, num_splits, self.xp.empty_like(q),
+                sinks=sinks,
             )  # fmt: skip
+        if sinks is not None:
+            raise NotImplementedError(
+                f"attention with sinks on CUDA needs head_dim 64, 128 or 256, got {head_dim}; "
+                "run this model on the CPU backend (--device cpu)"
+            )
         if num_splits is None:
             plan = _attention.plan_splits(
                 n_tok, n_kv, int(meta.max_seq_len), self.sm_count, n_heads, head_dim

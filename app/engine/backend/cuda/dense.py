@@ -26,8 +26,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from app.engine.backend.cuda.expand import expand_rows
 from app.engine.backend.cuda.weights import CudaFusedWeight, CudaWeight
-from app.engine.kernels.dequant import dequant_rows
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class DenseCache:
             if self.mode == "on":
                 raise
             return False
-        dequant_rows(weight.data, weight.qtype.name, weight.row_bytes, weight.n_rows, weight.n_cols, copy)
+        expand_rows(weight, copy)
         weight.dense16 = copy
         self.cached_bytes += copy.nbytes
         self.cached_count += 1

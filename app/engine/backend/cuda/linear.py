@@ -1,8 +1,9 @@
 """`linear` on the GPU: quantized GEMV for decode, float16 tensor-core products above it.
 
-Up to `GEMV_MAX_TOKENS` rows of x, the GEMV kernels read the weight's blocks directly
-(bandwidth-bound, one pass over the weight); a fused weight (q/k/v, gate/up) is served by
-one launch over all its parts. Beyond that, cuBLAS multiplies float16 x by the weight's
+One row of x goes to the GEMV kernels, which read the weight's blocks directly (bandwidth-bound,
+one pass over the weight); 2 to the plan's `mma_max_tokens` rows go to gemv_mma.cu, which decodes
+each weight once into tensor-core fragments for all of them (also one pass). A fused weight
+(q/k/v, gate/up) is served by one launch over all its parts. Beyond that, cuBLAS multiplies float16 x by the weight's
 float16 copy when it has one (dense.py), else by slices of its rows expanded into a
 scratch buffer, written straight into the output's columns so the scratch stays small even
 for a 150k-row vocabulary projection. cuBLAS is called through blas.py, which works
@@ -15,12 +16,13 @@ from typing import Any
 
 from app.engine.backend.cuda.blas import matmul_t
 from app.engine.backend.cuda.dense import DenseCache
+from app.engine.backend.cuda.expand import expand_rows
 from app.engine.backend.cuda.weights import CudaFusedWeight, CudaWeight
 from app.engine.kernels import activation as activation_kernels
 from app.engine.kernels import gemv as gemv_kernels
-from app.engine.kernels import gemv_int
-from app.engine.kernels.dequant import dequant_rows
+from app.engine.kernels import gemv_int, gemv_mma
 from app.engine.kernels.gemv_plan import DEFAULT_PLAN, GemvPlan
+from app.engine.kernels.gemv_split import gemv_split
 
 GEMV_MAX_TOKENS = gemv_kernels.MAX_TOKENS
 SCRATCH_ELEMENTS = 32 << 20  # float16 weight elements per cuBLAS slice (64 MiB)
@@ -33,6 +35,18 @@ DENSE_FROM_TOKENS = 3
 
 def _dense_pays(n_tok: int, weight: CudaWeight | CudaFusedWeight) -> bool:
     return n_tok >= DENSE_FROM_TOKENS and weight.dense16 is not None
+
+
+def _mma_parts(
+    n_tok: int, weight: CudaWeight | CudaFusedWeight, plan: GemvPlan
+) -> list[tuple[Any, str, int, int]] | None:
+    """The parts as gemv_mma takes them when it serves this product, else None."""
+    parts = weight.parts if isinstance(weight, CudaFusedWeight) else (weight,)
+    if len(parts) > 3 or any(p.data is None for p in parts):
+        return None
+    if not gemv_mma.serves(n_tok, [p.qtype.name for p in parts], weight.n_cols, plan.mma_max_tokens):
+        return None
+    return [(p.data, p.qtype.name, p.row_bytes, p.n_rows) for p in parts]
 
 
 def _as_input(x: Any, weight: CudaWeight | CudaFusedWeight) -> Any:
@@ -63,8 +77,15 @@ def linear(
     out = cupy.empty((n_tok, weight.n_rows), cupy.float32)
     if n_tok == 0:
         return out
+    mma = _mma_parts(n_tok, weight, plan)
     if weight.dense is not None:
         matmul_t(x, weight.dense, out)
+    elif mma is not None:
+        return gemv_mma.gemv_mma(mma, weight.n_cols, x, out, bias)
+    elif n_tok <= GEMV_MAX_TOKENS and not _dense_pays(n_tok, weight) and weight.layout is not None:
+        return gemv_split(
+            weight.data, weight.scales, weight.layout, weight.n_rows, weight.n_cols, x, out, bias
+        )
     elif n_tok <= GEMV_MAX_TOKENS and not _dense_pays(n_tok, weight):
         return gemv_kernels.gemv(
             weight.data, weight.qtype.name, weight.row_bytes, weight.n_rows, weight.n_cols, x, out, bias,
@@ -81,8 +102,8 @@ def linear(
 
 def _gemv_parts(fused: CudaFusedWeight) -> list[tuple[Any, str, int, int]] | None:
     """The parts as gemv_multi takes them, or None when one launch cannot serve them."""
-    if not 2 <= len(fused.parts) <= 3 or any(p.data is None for p in fused.parts):
-        return None
+    if not 2 <= len(fused.parts) <= 3 or any(p.data is None or p.split for p in fused.parts):
+        return None  # split formats: one GEMV per part
     return [(p.data, p.qtype.name, p.row_bytes, p.n_rows) for p in fused.parts]
 
 
@@ -93,6 +114,9 @@ def _linear_fused(x: Any, fused: CudaFusedWeight, cache: DenseCache | None, plan
     out = cupy.empty((n_tok, fused.n_rows), cupy.float32)
     if n_tok == 0:
         return out
+    mma = _mma_parts(n_tok, fused, plan)
+    if mma is not None:
+        return gemv_mma.gemv_mma(mma, fused.n_cols, x, out, fused.bias)
     parts = _gemv_parts(fused)
     dense = _dense_pays(n_tok, fused)
     if n_tok <= GEMV_MAX_TOKENS and parts is not None and not dense:
@@ -120,8 +144,12 @@ def gated_linear(
     gate, up = fused.parts
     x = _as_input(x, fused)
     n_tok = x.shape[0]
-    gemv = 0 < n_tok <= GEMV_MAX_TOKENS and not _dense_pays(n_tok, fused)
-    if gemv and fused.bias is None and gate.data is not None and up.data is not None:
+    gemv = (
+        0 < n_tok <= GEMV_MAX_TOKENS
+        and not _dense_pays(n_tok, fused)
+        and _mma_parts(n_tok, fused, plan) is None
+    )
+    if gemv and fused.bias is None and _gemv_parts(fused) is not None:
         out = cupy.empty((n_tok, gate.n_rows), cupy.float32)
         return gemv_kernels.gemv_gated(
             (gate.data, gate.qtype.name, gate.row_bytes), (up.data, up.qtype.name, up.row_bytes),
@@ -178,5 +206,5 @@ def matmul_quantized(x16: Any, weight: CudaWeight, out_ptr: int, ldc: int) -> No
     for r0 in range(0, n_rows, rows_per_slice):
         rows = min(rows_per_slice, n_rows - r0)
         w16 = scratch[:rows]
-        dequant_rows(weight.data, weight.qtype.name, weight.row_bytes, n_rows, n_cols, w16, row_offset=r0)
+        expand_rows(weight, w16, row_offset=r0)
         matmul_t(x16, w16, None, out_ptr=out_ptr + 4 * r0, ldc=ldc)

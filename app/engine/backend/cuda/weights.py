@@ -6,6 +6,9 @@ common.cuh). Float matrices whose rows are not a whole number of 32-weight units
 unit every kernel works in) are kept dense in float32 instead, and served by cuBLAS.
 Vectors (norms, biases) become plain float32 arrays.
 
+A split-format matrix (FP8, NVFP4, MXFP4 from safetensors) goes up as two buffers, its codes and
+its scale grid, each as the checkpoint stores it, with the `SplitLayout` that reads them.
+
 A matrix may also carry a float16 copy (`dense16`, see dense.py) for products over
 more tokens than the GEMV serves; a fused weight (q/k/v, gate/up) groups matrices that
 multiply the same input so that one launch serves them all.
@@ -18,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from app.engine.kernels.gemv_split import SplitLayout
 from app.engine.quant.dispatch import QuantizedTensor
 from app.engine.quant.types import QuantType
 
@@ -40,6 +44,8 @@ class CudaWeight:
     dense: Any | None = None  # float32 device matrix when the kernels cannot read `data`
     dense16: Any | None = None  # float16 copy of the values for T > GEMV_MAX_TOKENS (dense.py)
     cache_checked: bool = False  # a late float16 copy was considered (cuda_dense.DenseCache.promote)
+    scales: Any | None = None  # split formats: the scale grid's bytes on the device
+    layout: SplitLayout | None = None  # split formats: how to read `data` and `scales`
 
     @property
     def n_rows(self) -> int:
@@ -51,7 +57,12 @@ class CudaWeight:
 
     @property
     def nbytes(self) -> int:
-        return int(self.data.nbytes if self.data is not None else self.dense.nbytes)
+        scales = int(self.scales.nbytes) if self.scales is not None else 0
+        return int(self.data.nbytes if self.data is not None else self.dense.nbytes) + scales
+
+    @property
+    def split(self) -> bool:
+        return self.layout is not None
 
 
 @dataclass
@@ -124,6 +135,13 @@ def upload_matrix(tensor: QuantizedTensor) -> CudaWeight:
     cols = int(tensor.shape[-1])
     what = f"tensor {tensor.name!r} ({tensor.qtype.name}, shape {tensor.shape})"
     row_bytes = tensor.qtype.row_bytes(cols)
+    if tensor.scales is not None:
+        layout = SplitLayout.of(tensor)
+        scales = _upload(_padded(np.ascontiguousarray(tensor.scales.raw).view(np.uint8).reshape(-1)), what)
+        codes = _upload(_padded(np.ascontiguousarray(tensor.data).reshape(-1)), what)
+        return CudaWeight(
+            tensor.name, tensor.qtype, (rows, cols), row_bytes, codes, scales=scales, layout=layout
+        )
     if cols % 32:
         # Only float formats can have such rows (every block format is a multiple of 32).
         dense = host_float(tensor)
@@ -138,11 +156,19 @@ def upload_matrix(tensor: QuantizedTensor) -> CudaWeight:
     return CudaWeight(tensor.name, tensor.qtype, (rows, cols), row_bytes, _upload(flat, what))
 
 
+def _padded(raw: np.ndarray) -> np.ndarray:
+    flat = np.zeros(raw.nbytes + PAD_BYTES, np.uint8)
+    flat[: raw.nbytes] = raw
+    return flat
+
+
 def upload_vector(tensor: QuantizedTensor) -> Any:
     """A 1-D tensor (norm weight, bias) as a float32 device vector."""
     import cupy
 
     values = host_float(tensor)
+    if values is None and tensor.scales is not None:
+        values = tensor.dequantize()  # a split-format vector: small, expanded here
     if values is not None:
         return _upload(np.ascontiguousarray(values, np.float32).reshape(-1), f"tensor {tensor.name!r}")
     # A quantized vector: expand it on the GPU as a one-row matrix (its length is whole blocks).

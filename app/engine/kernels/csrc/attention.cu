@@ -16,6 +16,11 @@
 // chunk, then the four warps' sums in shared memory, in a fixed order.
 //
 // K/V are float16 [num_blocks, block_size, n_kv, head_dim]; q and out float32.
+//
+// KV_FP8=1 builds read FP8 caches (fp8_kv.cuh: e4m3 codes of the same shape, a float32 scale per
+// (block, KV head), passed after the float16 build's arguments): codes widen to their values times
+// 2^-8 (exact), and each key's block scale times 2^8, a power of two, multiplies its score and its
+// probability's value weight, so the sums are the numpy backend's over the dequantized cache.
 #include "attn_merge.cuh"
 
 #define ATTN_WARPS 4
@@ -55,6 +60,41 @@ __device__ __forceinline__ void load_halves(const u16* p, float* out) {
     }
 }
 
+#if defined(KV_FP8) && KV_FP8
+#include "fp8_kv.cuh"
+#define ATTN_FP8 1
+typedef u8 attn_kv_t;
+
+// N codes at p (N-byte aligned) as floats of their values times 2^-8.
+template <int N>
+__device__ __forceinline__ void load_codes(const u8* p, float* out) {
+    u32 w[N / 4];
+    if constexpr (N == 4) {
+        w[0] = __ldg(reinterpret_cast<const unsigned int*>(p));
+    } else if constexpr (N == 8) {
+        const uint2 a = __ldg(reinterpret_cast<const uint2*>(p));
+        w[0] = a.x;
+        w[1] = a.y;
+    } else {
+#pragma unroll
+        for (int c = 0; c < N / 16; ++c) {
+            const uint4 a = __ldg(reinterpret_cast<const uint4*>(p) + c);
+            w[4 * c] = a.x;
+            w[4 * c + 1] = a.y;
+            w[4 * c + 2] = a.z;
+            w[4 * c + 3] = a.w;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < N; ++j) out[j] = h2f(e4m3_to_half_2m8((w[j / 4] >> (8 * (j % 4))) & 0xffu));
+}
+#define ATTN_LOAD_ROW(N, p, out) load_codes<N>(p, out)
+#else
+#define ATTN_FP8 0
+typedef u16 attn_kv_t;
+#define ATTN_LOAD_ROW(N, p, out) load_halves<N>(p, out)
+#endif
+
 __device__ __forceinline__ int find_seq(const int* __restrict__ qsl, int n_seqs, int t) {
     int lo = 0, hi = n_seqs;  // the sequence i with qsl[i] <= t < qsl[i + 1]
     while (hi - lo > 1) {
@@ -65,18 +105,22 @@ __device__ __forceinline__ int find_seq(const int* __restrict__ qsl, int n_seqs,
 }
 
 template <int D, int GMAX>
-__device__ __forceinline__ void attn_body(const float* __restrict__ q, const u16* __restrict__ k_cache,
-                                          const u16* __restrict__ v_cache, const int* __restrict__ qsl,
+__device__ __forceinline__ void attn_body(const float* __restrict__ q, const attn_kv_t* __restrict__ k_cache,
+                                          const attn_kv_t* __restrict__ v_cache, const int* __restrict__ qsl,
                                           const int* __restrict__ seq_lens, const int* __restrict__ block_tables,
                                           int table_stride, int n_seqs, int n_heads, int n_kv, int block_size,
                                           float scale, float softcap, int window, int split_len,
                                           float* __restrict__ out, float* __restrict__ part_acc,
                                           float* __restrict__ part_m, float* __restrict__ part_l,
-                                          int* __restrict__ counters) {
+                                          int* __restrict__ counters, const float* __restrict__ k_scale,
+                                          const float* __restrict__ v_scale) {
     typedef AttnShape<D, GMAX> S;
     __shared__ float sc[GMAX][ATTN_CHUNK];  // scores, then probabilities; finally the output sum
     __shared__ float m_s[GMAX], l_s[GMAX], alpha_s[GMAX];
     __shared__ int slot_s[ATTN_CHUNK];  // the chunk's cache slots, looked up once for both phases
+#if ATTN_FP8
+    __shared__ float ks_s[ATTN_CHUNK], vs_s[ATTN_CHUNK];  // KV_FP8: the keys' block scales, times 2^8
+#endif
     __shared__ int last_split;
 
     const int t = blockIdx.x, g = blockIdx.y, split = blockIdx.z, n_splits = gridDim.z;
@@ -137,6 +181,11 @@ __device__ __forceinline__ void attn_body(const float* __restrict__ q, const u16
             for (int kk = threadIdx.x; kk < n_c; kk += blockDim.x) {
                 const int key = c0 + kk;
                 slot_s[kk] = table[key / block_size] * block_size + key % block_size;
+#if ATTN_FP8
+                const i64 at = (i64)table[key / block_size] * n_kv + g;
+                ks_s[kk] = k_scale[at] * E4M3_HALF_UNSCALE;
+                vs_s[kk] = v_scale[at] * E4M3_HALF_UNSCALE;
+#endif
             }
             __syncthreads();
 
@@ -147,7 +196,10 @@ __device__ __forceinline__ void attn_body(const float* __restrict__ q, const u16
                 const int kk = base + warp * S::KPW + lane / S::G;
                 const int slot = slot_s[min(kk, n_c - 1)];
                 float kv[S::E];
-                load_halves<S::E>(k_cache + slot * kv_row + (i64)g * D + sub * S::E, kv);
+                ATTN_LOAD_ROW(S::E, k_cache + slot * kv_row + (i64)g * D + sub * S::E, kv);
+#if ATTN_FP8
+                const float k_sc = ks_s[min(kk, n_c - 1)];
+#endif
 #pragma unroll
                 for (int h = 0; h < GMAX; ++h) {
                     float dot = 0.f;
@@ -155,6 +207,9 @@ __device__ __forceinline__ void attn_body(const float* __restrict__ q, const u16
                     for (int e = 0; e < S::E; ++e) dot = fmaf(qr[h][e], kv[e], dot);
 #pragma unroll
                     for (int o = S::G / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+#if ATTN_FP8
+                    dot *= k_sc;
+#endif
                     if (softcap > 0.f) dot = softcap * tanhf(dot / softcap);
                     if (sub == 0 && kk < n_c && h < group) sc[h][kk] = dot;
                 }
@@ -191,10 +246,15 @@ __device__ __forceinline__ void attn_body(const float* __restrict__ q, const u16
             for (int kk = warp * S::KV + vslot; kk < n_c; kk += ATTN_WARPS * S::KV) {
                 const int slot = slot_s[kk];
                 float vv[S::VW];
-                load_halves<S::VW>(v_cache + slot * kv_row + (i64)g * D + vsub * S::VW, vv);
+                ATTN_LOAD_ROW(S::VW, v_cache + slot * kv_row + (i64)g * D + vsub * S::VW, vv);
+#if ATTN_FP8
+                const float v_sc = vs_s[kk];
+#else
+                const float v_sc = 1.f;
+#endif
 #pragma unroll
                 for (int h = 0; h < GMAX; ++h) {
-                    const float p = h < group ? sc[h][kk] : 0.f;
+                    const float p = h < group ? sc[h][kk] * v_sc : 0.f;
 #pragma unroll
                     for (int e = 0; e < S::VW; ++e) acc[h][e] = fmaf(p, vv[e], acc[h][e]);
                 }
@@ -251,17 +311,26 @@ __device__ __forceinline__ void attn_body(const float* __restrict__ q, const u16
                          &sc[0][0], ATTN_CHUNK, l_s, out);
 }
 
+// KV_FP8: the caches' block scales [num_blocks, n_kv] follow the float16 build's arguments.
+#if ATTN_FP8
+#define ATTN_SCALE_PARAMS , const float *__restrict__ k_scale, const float *__restrict__ v_scale
+#define ATTN_SCALE_ARGS k_scale, v_scale
+#else
+#define ATTN_SCALE_PARAMS
+#define ATTN_SCALE_ARGS nullptr, nullptr
+#endif
+
 #define ATTN_KERNEL(D, GMAX)                                                                                    \
     extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, ATTN_MINB) attn_d##D##_g##GMAX(                       \
-        const float* __restrict__ q, const u16* __restrict__ k_cache, const u16* __restrict__ v_cache,         \
+        const float* __restrict__ q, const attn_kv_t* __restrict__ k_cache, const attn_kv_t* __restrict__ v_cache, \
         const int* __restrict__ qsl, const int* __restrict__ seq_lens, const int* __restrict__ block_tables,   \
         int table_stride, int n_seqs, int n_heads, int n_kv, int block_size, float scale, float softcap,       \
         int window, int split_len, float* __restrict__ out, float* __restrict__ part_acc,                      \
-        float* __restrict__ part_m, float* __restrict__ part_l, int* __restrict__ counters) {                  \
+        float* __restrict__ part_m, float* __restrict__ part_l, int* __restrict__ counters ATTN_SCALE_PARAMS) {\
         after_previous_grid();                                                                                  \
         attn_body<D, GMAX>(q, k_cache, v_cache, qsl, seq_lens, block_tables, table_stride, n_seqs, n_heads,    \
                            n_kv, block_size, scale, softcap, window, split_len, out, part_acc, part_m, part_l,  \
-                           counters);                                                                           \
+                           counters, ATTN_SCALE_ARGS);                                                          \
     }
 
 #define ATTN_HEAD_DIM(D) ATTN_KERNEL(D, 1) ATTN_KERNEL(D, 2) ATTN_KERNEL(D, 4) ATTN_KERNEL(D, 8) ATTN_KERNEL(D, 16)

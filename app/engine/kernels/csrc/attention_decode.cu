@@ -30,11 +30,40 @@
 //   and puts the float16-rounded row straight into its shared chunk (dec_rope_rows).
 //
 // K/V are float16 [num_blocks, block_size, n_kv, D]; q and out float32 [n_seqs, n_heads, D].
+//
+// - KV_FP8=1 builds read FP8 caches (fp8_kv.cuh's layout: e4m3 bytes of the same shape and a float32
+//   scale per (block, KV head)) through the same float16 path: a chunk's loads are 8-byte units of
+//   codes, stored into shared memory as the float16 of each value times 2^-8 (exact), and each key's
+//   block scale (times 2^8) multiplies its score and, folded into its probability, its value. The
+//   scales are powers of two, so the products come out as over the numpy backend's dequantized cache.
+//   The kernel waits for the previous one before its first loads: the writer before it may have
+//   raised a block's scale and re-encoded that block's older keys. No ATTN_ROPE build (a block's
+//   scale depends on every key written to it: write_kv_fp8 does that).
 #include "attn_merge.cuh"
 #include "rope_pair.cuh"
 
+#if defined(KV_FP8) && KV_FP8
+#include "fp8_kv.cuh"
+#define DEC_FP8 1
+typedef u8 dec_kv_t;
+typedef uint2 DecUnit;  // 8 codes: one 16-byte unit of the float16 rows in shared memory
+__device__ __forceinline__ uint4 dec_unit_halves(uint2 c) { return e4m3x8_to_half2m8(c); }
+#else
+#define DEC_FP8 0
+typedef u16 dec_kv_t;
+typedef uint4 DecUnit;  // 8 halves
+__device__ __forceinline__ uint4 dec_unit_halves(uint4 h) { return h; }
+#endif
+
 #define DEC_THREADS 128
 #define DEC_WARPS 4
+
+// 1: a block's next chunk loads into registers while it computes this one (the loop below). Off by
+// default until measured on a GPU: its 64 more registers leave 3 blocks per SM where the plain loop's
+// 128 allowed 4 (PADDOCK_KERNEL_DEFINES=DEC_PREFETCH=1 for the A/B).
+#ifndef DEC_PREFETCH
+#define DEC_PREFETCH 0
+#endif
 
 // Blocks per cluster along grid z: ATTN_CL from the wrapper (attention_decode.block_layout), 8 when
 // not given (the compile test); 1 below sm_90 and in the host builds, which keep the global merge.
@@ -80,53 +109,92 @@ __device__ __forceinline__ void dec_store_k(u16* k_s, int row, int col, uint4 v)
     kd[3] = v.w;
 }
 
-// Chunk from key k0: its cache slots (-1 outside [lo, pos]), then every K and V row into shared
-// memory, all loads issued before the first store. Key `skip` (if in the chunk) is left out: its
-// row is loaded after the wait by dec_load_key.
+// A chunk's K and V rows on their way from the cache to shared memory: each thread's share of
+// the chunk's 16-byte units, held in registers between dec_issue_chunk and dec_store_chunk.
 template <int D, int GMAX>
-__device__ __forceinline__ void dec_load_chunk(const int* __restrict__ table, int block_size, int k0, int lo, int pos,
-                                               int skip, const u16* __restrict__ k_head, const u16* __restrict__ v_head,
-                                               i64 kv_row, int* slot_s, u16* k_s, u16* v_s) {
-    typedef DecShape<D, GMAX> S;
+struct DecChunkRegs {
+    static constexpr int PER_THREAD = DecShape<D, GMAX>::UNITS / DEC_THREADS;
+    DecUnit k[PER_THREAD], v[PER_THREAD];
+};
+
+// The cache slots of the chunk from key k0 into slot_s (-1 outside [lo, pos]): one block-table
+// load per key of the chunk, by the first KB threads. Readers wait for a barrier.
+template <int D, int GMAX>
+__device__ __forceinline__ void dec_chunk_slots(const int* __restrict__ table, int block_size, int k0, int lo, int pos,
+                                                int* slot_s) {
     const int tid = threadIdx.x;
-    if (tid < S::KB) {
+    if (tid < DecShape<D, GMAX>::KB) {
         const int key = k0 + tid;
         slot_s[tid] = key >= lo && key <= pos ? table[key / block_size] * block_size + key % block_size : -1;
     }
-    __syncthreads();
-    constexpr int PER_THREAD = S::UNITS / DEC_THREADS;
-    uint4 kr[PER_THREAD], vr[PER_THREAD];
+}
+
+#if DEC_FP8
+// KV_FP8: the chunk's K and V block scales per key (times 2^8: see the top), from the slots the same
+// threads just wrote (dec_chunk_slots); 0 for a masked key.
+template <int D, int GMAX>
+__device__ __forceinline__ void dec_chunk_scales(const int* slot_s, int block_size, const float* __restrict__ k_scale,
+                                                 const float* __restrict__ v_scale, int n_kv, int g,
+                                                 float (*kvs_s)[DecShape<D, GMAX>::KB]) {
+    const int tid = threadIdx.x;
+    if (tid < DecShape<D, GMAX>::KB) {
+        const int slot = slot_s[tid];
+        const i64 i = (i64)(slot / block_size) * n_kv + g;
+        kvs_s[0][tid] = slot >= 0 ? k_scale[i] * E4M3_HALF_UNSCALE : 0.f;
+        kvs_s[1][tid] = slot >= 0 ? v_scale[i] * E4M3_HALF_UNSCALE : 0.f;
+    }
+}
+#endif
+
+// Every K and V load of the chunk from key k0 (its slots in slot_s), issued at once into registers:
+// the loads of the next chunk stay in flight while this one's scores, softmax and values are
+// computed (the kernel's one source of memory-level parallelism beyond its resident blocks). Key
+// `skip` (if in the chunk) is left out: dec_load_key or dec_put_new_token writes its row.
+template <int D, int GMAX>
+__device__ __forceinline__ void dec_issue_chunk(const int* slot_s, int k0, int skip, const dec_kv_t* __restrict__ k_head,
+                                                const dec_kv_t* __restrict__ v_head, i64 kv_row,
+                                                DecChunkRegs<D, GMAX>& r) {
+    const int tid = threadIdx.x;
 #pragma unroll
-    for (int j = 0; j < PER_THREAD; ++j) {
+    for (int j = 0; j < DecChunkRegs<D, GMAX>::PER_THREAD; ++j) {
         const int u = tid + j * DEC_THREADS, row = u / (D / 8), col = u % (D / 8);
         const int slot = slot_s[row];
         if (slot >= 0 && k0 + row != skip) {
             const i64 off = slot * kv_row + col * 8;
-            kr[j] = __ldg(reinterpret_cast<const uint4*>(k_head + off));
-            vr[j] = __ldg(reinterpret_cast<const uint4*>(v_head + off));
+            r.k[j] = __ldg(reinterpret_cast<const DecUnit*>(k_head + off));
+            r.v[j] = __ldg(reinterpret_cast<const DecUnit*>(v_head + off));
         } else {
-            kr[j] = make_uint4(0u, 0u, 0u, 0u);
-            vr[j] = kr[j];
+            r.k[j] = DecUnit{};
+            r.v[j] = r.k[j];
         }
-    }
-#pragma unroll
-    for (int j = 0; j < PER_THREAD; ++j) {
-        const int u = tid + j * DEC_THREADS, row = u / (D / 8), col = u % (D / 8);
-        if (k0 + row == skip) continue;  // dec_load_key's to write (another thread, no barrier between)
-        dec_store_k<D, GMAX>(k_s, row, col, kr[j]);
-        reinterpret_cast<uint4*>(v_s)[u] = vr[j];
     }
 }
 
-// K and V row `row` of the chunk in shared memory (after dec_load_chunk filled slot_s).
+// The registers of dec_issue_chunk into the chunk's shared rows (k_s and v_s free: after a barrier
+// that follows their last reads), but for row `skip`, which another thread writes.
 template <int D, int GMAX>
-__device__ __forceinline__ void dec_load_key(int row, const int* slot_s, const u16* __restrict__ k_head,
-                                             const u16* __restrict__ v_head, i64 kv_row, u16* k_s, u16* v_s) {
+__device__ __forceinline__ void dec_store_chunk(int k0, int skip, const DecChunkRegs<D, GMAX>& r, u16* k_s,
+                                                u16* v_s) {
+    const int tid = threadIdx.x;
+#pragma unroll
+    for (int j = 0; j < DecChunkRegs<D, GMAX>::PER_THREAD; ++j) {
+        const int u = tid + j * DEC_THREADS, row = u / (D / 8), col = u % (D / 8);
+        if (k0 + row == skip) continue;
+        dec_store_k<D, GMAX>(k_s, row, col, dec_unit_halves(r.k[j]));
+        reinterpret_cast<uint4*>(v_s)[u] = dec_unit_halves(r.v[j]);
+    }
+}
+
+// K and V row `row` of the chunk in shared memory (its slot in slot_s).
+template <int D, int GMAX>
+__device__ __forceinline__ void dec_load_key(int row, const int* slot_s, const dec_kv_t* __restrict__ k_head,
+                                             const dec_kv_t* __restrict__ v_head, i64 kv_row, u16* k_s, u16* v_s) {
     const int slot = slot_s[row];
     for (int col = threadIdx.x; col < D / 8 && slot >= 0; col += DEC_THREADS) {
         const i64 off = slot * kv_row + col * 8;
-        dec_store_k<D, GMAX>(k_s, row, col, __ldcg(reinterpret_cast<const uint4*>(k_head + off)));
-        reinterpret_cast<uint4*>(v_s)[row * (D / 8) + col] = __ldcg(reinterpret_cast<const uint4*>(v_head + off));
+        dec_store_k<D, GMAX>(k_s, row, col, dec_unit_halves(__ldcg(reinterpret_cast<const DecUnit*>(k_head + off))));
+        reinterpret_cast<uint4*>(v_s)[row * (D / 8) + col] =
+            dec_unit_halves(__ldcg(reinterpret_cast<const DecUnit*>(v_head + off)));
     }
 }
 
@@ -199,7 +267,8 @@ template <int D, int GMAX>
 __device__ __forceinline__ void dec_cluster_merge(const float* stage, int group, int n_act, i64 row0,
                                                   float* __restrict__ out, float* __restrict__ part_acc,
                                                   float* __restrict__ part_m, float* __restrict__ part_l,
-                                                  int* count, float* wgt, float* den, int* flag) {
+                                                  int* count, float* wgt, float* den, int* flag,
+                                                  float* __restrict__ lse_out, const float* __restrict__ sinks) {
     constexpr int STEP = DEC_CLUSTER * DEC_THREADS;       // elements per pass of the cluster's threads
     constexpr int ITEMS = (GMAX * D + STEP - 1) / STEP;  // passes
     const int b = blockIdx.z, n_blocks = gridDim.z, rank = b % DEC_CLUSTER, cluster = b / DEC_CLUSTER;
@@ -222,7 +291,9 @@ __device__ __forceinline__ void dec_cluster_merge(const float* stage, int group,
         const i64 row = row0 + e / D;
         const int d = e % D;
         if (n_clusters == 1) {
-            out[row * D + d] = p[i].l > 0.f ? p[i].acc / p[i].l : 0.f;
+            const float den = attn_denominator(p[i].m, p[i].l, sinks, e / D);
+            out[row * D + d] = den > 0.f ? p[i].acc / den : 0.f;
+            if (d == 0 && lse_out != nullptr) lse_out[row] = attn_lse(p[i].m, p[i].l);
         } else {
             part_acc[(row * n_blocks + cluster) * D + d] = p[i].acc;
             if (d == 0) {
@@ -236,7 +307,8 @@ __device__ __forceinline__ void dec_cluster_merge(const float* stage, int group,
     const int writers = min(DEC_CLUSTER, (n_elems + DEC_THREADS - 1) / DEC_THREADS);
     if (n_clusters == 1 || rank >= writers) return;
     if (!attn_last_to_finish(count, n_clusters * writers, flag)) return;
-    attn_merge_splits<D>(part_acc, part_m, part_l, row0, group, n_blocks, 0, n_clusters, wgt, n_clusters, den, out);
+    attn_merge_splits<D>(part_acc, part_m, part_l, row0, group, n_blocks, 0, n_clusters, wgt, n_clusters, den, out,
+                         lse_out, sinks);
 }
 #endif
 
@@ -370,7 +442,7 @@ __device__ __forceinline__ void dec_rope_rows(const float* __restrict__ qkv, con
 }
 
 // The new key's row `row` of the chunk in shared memory, from the threads that hold it (after
-// dec_load_chunk, which left that row to this, and before the barrier that precedes the scores).
+// dec_store_chunk, which left that row to this, and before the barrier that precedes the scores).
 template <int D, int GMAX>
 __device__ __forceinline__ void dec_put_new_token(const DecNewToken& n, int row, u16* k_s, u16* v_s) {
     if (!n.held) return;
@@ -386,25 +458,32 @@ __device__ __forceinline__ void dec_put_new_token(const DecNewToken& n, int row,
 // ROPE: the ATTN_ROPE build, `q` is then the projection output qkv and `rope` rope_cache's inputs
 // (unused otherwise).
 template <int D, int GMAX, bool ROPE>
-__device__ __forceinline__ void attn_decode_body(const float* __restrict__ q, const u16* __restrict__ k_cache,
-                                                 const u16* __restrict__ v_cache, const int* __restrict__ seq_lens,
+__device__ __forceinline__ void attn_decode_body(const float* __restrict__ q, const dec_kv_t* __restrict__ k_cache,
+                                                 const dec_kv_t* __restrict__ v_cache, const int* __restrict__ seq_lens,
                                                  const int* __restrict__ block_tables, int table_stride, int n_heads,
                                                  int n_kv, int block_size, float scale, float softcap, int window,
                                                  float* __restrict__ out, float* __restrict__ part_acc,
                                                  float* __restrict__ part_m, float* __restrict__ part_l,
-                                                 int* __restrict__ counters, const DecRope& rope) {
+                                                 int* __restrict__ counters, const int* __restrict__ key_floor,
+                                                 float* __restrict__ lse_out, const float* __restrict__ sinks,
+                                                 const DecRope& rope, const float* __restrict__ k_scale,
+                                                 const float* __restrict__ v_scale) {
     typedef DecShape<D, GMAX> S;
     __shared__ __align__(16) u16 k_s[S::KB * S::KROW];
     __shared__ __align__(16) u16 v_s[S::KB * D];
     __shared__ __align__(16) float q_s[GMAX][D];
     __shared__ float sc[S::P][GMAX][S::KB];  // partial scores; part 0 ends as the probabilities
-    __shared__ int slot_s[S::KB];
+    __shared__ int slot_s[2][S::KB];  // the chunk in k_s / v_s, and the one loading (parity of the chunk's turn)
+#if DEC_FP8
+    __shared__ float kvs_s[2][2][S::KB];  // KV_FP8: per turn as slot_s, the keys' K then V scales
+#endif
     __shared__ float m_s[GMAX], l_s[GMAX], alpha_s[GMAX];
     __shared__ int last_block;
 
     const int seq = blockIdx.x, g = blockIdx.y, b = blockIdx.z, n_blocks = gridDim.z;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int group = n_heads / n_kv, head0 = g * group;
+    const float* group_sinks = sinks == nullptr ? nullptr : sinks + head0;  // sink logits (nullable: none)
 
     // Before the wait for the previous kernel (pdl.py): the context length, the block table and
     // every K/V row of this block's first chunk except the newest key, which the kernel before
@@ -412,7 +491,9 @@ __device__ __forceinline__ void attn_decode_body(const float* __restrict__ q, co
     // that no kernel of the step writes; older keys were written by earlier steps.
     const int ctx = seq_lens[seq];  // a padding row of a graph bucket has 0: its output is 0
     const int pos = ctx - 1;
-    const int lo = window > 0 ? max(0, pos - window + 1) : 0;
+    // key_floor (nullable): keys below *key_floor are another launch's (a cascade decode's shared prefix).
+    const int key_min = key_floor == nullptr ? 0 : key_floor[0];
+    const int lo = max(key_min, window > 0 ? max(0, pos - window + 1) : 0);
     const int first_chunk = lo / S::KB;
     const int n_chunks = ctx > 0 ? pos / S::KB - first_chunk + 1 : 0;
     const int n_act = max(1, min(n_blocks, n_chunks));
@@ -434,8 +515,8 @@ __device__ __forceinline__ void attn_decode_body(const float* __restrict__ q, co
 
     const int* table = block_tables + (i64)seq * table_stride;
     const i64 kv_row = (i64)n_kv * D;
-    const u16* k_head = k_cache + (i64)g * D;
-    const u16* v_head = v_cache + (i64)g * D;
+    const dec_kv_t* k_head = k_cache + (i64)g * D;
+    const dec_kv_t* v_head = v_cache + (i64)g * D;
     int c = first_chunk + b;
     const bool any = ctx > 0 && c <= pos / S::KB;
     // ROPE: the block whose chunks include the new key's (the context's last) computes and stores the
@@ -443,8 +524,29 @@ __device__ __forceinline__ void attn_decode_body(const float* __restrict__ q, co
     const bool owner = ctx > 0 ? (pos / S::KB - first_chunk) % n_blocks == b : b == 0;
     DecNewToken fresh;
     if constexpr (ROPE) fresh = dec_rope_inputs<D>(rope, seq);
-    if (any) dec_load_chunk<D, GMAX>(table, block_size, c * S::KB, lo, pos, pos, k_head, v_head, kv_row, slot_s, k_s, v_s);
+    const int last = pos / S::KB;  // the context's last chunk
+    // Chunk `chunk`'s cache slots into slot_s[t], and with KV_FP8 its keys' scales into kvs_s[t] (by the
+    // same threads, so no barrier between); readers wait for a barrier.
+    auto chunk_slots = [&](int chunk, int t) {
+        dec_chunk_slots<D, GMAX>(table, block_size, chunk * S::KB, lo, pos, slot_s[t]);
+#if DEC_FP8
+        dec_chunk_scales<D, GMAX>(slot_s[t], block_size, k_scale, v_scale, n_kv, g, kvs_s[t]);
+#endif
+    };
+#if DEC_FP8
+    after_previous_grid();  // the writer may have re-encoded older keys of the newest key's block
+#endif
+    if (any) {
+        chunk_slots(c, 0);
+        if (DEC_PREFETCH && c + n_blocks <= last) chunk_slots(c + n_blocks, 1);
+        __syncthreads();
+        DecChunkRegs<D, GMAX> first;
+        dec_issue_chunk<D, GMAX>(slot_s[0], c * S::KB, pos, k_head, v_head, kv_row, first);
+        dec_store_chunk<D, GMAX>(c * S::KB, pos, first, k_s, v_s);
+    }
+#if !DEC_FP8
     after_previous_grid();
+#endif
     if constexpr (ROPE) {
         if (any || owner) dec_rope_rows<D, GMAX>(q, rope, fresh, seq, g, n_heads, n_kv, group, owner, scale, q_s);
     } else {
@@ -452,20 +554,35 @@ __device__ __forceinline__ void attn_decode_body(const float* __restrict__ q, co
             const int h = i / D, d = i % D;
             q_s[h][d] = h < group ? q[((i64)seq * n_heads + head0 + h) * D + d] * scale : 0.f;
         }
-        if (any && pos / S::KB == c) dec_load_key<D, GMAX>(pos - c * S::KB, slot_s, k_head, v_head, kv_row, k_s, v_s);
+        if (any && last == c) dec_load_key<D, GMAX>(pos - c * S::KB, slot_s[0], k_head, v_head, kv_row, k_s, v_s);
     }
 
-    for (; any && c <= pos / S::KB; c += n_blocks) {
-        if (c != first_chunk + b) {
-            __syncthreads();  // the previous chunk's k_s, v_s and probabilities are read
-            // With ROPE the new key is never read from the cache (this kernel is writing it).
-            dec_load_chunk<D, GMAX>(table, block_size, c * S::KB, lo, pos, ROPE ? pos : -1, k_head, v_head, kv_row,
-                                    slot_s, k_s, v_s);
+    // Chunk c is in k_s / v_s with its slots in slot_s[turn]. With DEC_PREFETCH, chunk c + n_blocks, if
+    // any, loads into registers while c is computed and is stored after c's values are read; without,
+    // each chunk after the first loads at the top of its turn. With ROPE the new key is never read from
+    // the cache (this kernel is writing it); without, the kernel before wrote it.
+    const int skip = ROPE ? pos : -1;
+    for (int turn = 0; any && c <= last; c += n_blocks, turn ^= DEC_PREFETCH) {
+        const bool more = DEC_PREFETCH && c + n_blocks <= last;  // uniform over the block, as barriers need
+        if (!DEC_PREFETCH && c != first_chunk + b) {
+            __syncthreads();  // the previous chunk's k_s, v_s, probabilities and slots are read
+            chunk_slots(c, 0);
+            __syncthreads();
+            DecChunkRegs<D, GMAX> now;
+            dec_issue_chunk<D, GMAX>(slot_s[0], c * S::KB, skip, k_head, v_head, kv_row, now);
+            dec_store_chunk<D, GMAX>(c * S::KB, skip, now, k_s, v_s);
         }
         if constexpr (ROPE) {
-            if (c == pos / S::KB) dec_put_new_token<D, GMAX>(fresh, pos - c * S::KB, k_s, v_s);
+            if (c == last) dec_put_new_token<D, GMAX>(fresh, pos - c * S::KB, k_s, v_s);
         }
-        __syncthreads();  // k_s, v_s, q_s and the softmax state are written
+        __syncthreads();  // k_s, v_s, the slot rows, q_s and the softmax state are written
+        DecChunkRegs<D, GMAX> next;
+        if (more) dec_issue_chunk<D, GMAX>(slot_s[turn ^ 1], (c + n_blocks) * S::KB, skip, k_head, v_head, kv_row, next);
+        const int* slots = slot_s[turn];
+#if DEC_FP8
+        const float* k_sc = kvs_s[turn][0];
+        const float* v_sc = kvs_s[turn][1];
+#endif
 
         // Scores: key t % KB, slice t / KB of head_dim, every head of the group.
         {
@@ -499,8 +616,11 @@ __device__ __forceinline__ void attn_decode_body(const float* __restrict__ q, co
                 float s = sc[0][h][kk];
 #pragma unroll
                 for (int p = 1; p < S::P; ++p) s += sc[p][h][kk];
+#if DEC_FP8
+                s *= k_sc[kk];
+#endif
                 if (softcap > 0.f) s = softcap * tanhf(s / softcap);
-                s = slot_s[kk] >= 0 ? s : -PADDOCK_INF;
+                s = slots[kk] >= 0 ? s : -PADDOCK_INF;
                 s_k[i] = s;
                 mx = fmaxf(mx, s);
             }
@@ -511,7 +631,11 @@ __device__ __forceinline__ void attn_decode_body(const float* __restrict__ q, co
 #pragma unroll
             for (int i = 0; i < S::KB / 32; ++i) {
                 const float p = s_k[i] == -PADDOCK_INF ? 0.f : expf(s_k[i] - m_new);
+#if DEC_FP8
+                sc[0][h][lane + 32 * i] = p * v_sc[lane + 32 * i];  // the value's scale, folded in
+#else
                 sc[0][h][lane + 32 * i] = p;
+#endif
                 sum += p;
             }
             sum = warp_sum(sum);
@@ -538,6 +662,11 @@ __device__ __forceinline__ void attn_decode_body(const float* __restrict__ q, co
                 }
             }
         }
+        if (more) {
+            __syncthreads();  // chunk c's k_s, v_s, probabilities and slots are read
+            dec_store_chunk<D, GMAX>((c + n_blocks) * S::KB, skip, next, k_s, v_s);
+            if (c + 2 * n_blocks <= last) chunk_slots(c + 2 * n_blocks, turn);
+        }
     }
     __syncthreads();  // the last chunk's probabilities are read; sc is free for the sum below
 
@@ -563,10 +692,11 @@ __device__ __forceinline__ void attn_decode_body(const float* __restrict__ q, co
 #pragma unroll
             for (int h = 0; h < GMAX; ++h) {
                 if (h >= group) continue;
-                const float l = l_s[h];
+                const float l = l_s[h], den = attn_denominator(m_s[h], l, group_sinks, h);
 #pragma unroll
                 for (int j = 0; j < S::DPT; ++j)
-                    out[((i64)seq * n_heads + head0 + h) * D + tid % D + j * DEC_THREADS] = l > 0.f ? acc[j][h] / l : 0.f;
+                    out[((i64)seq * n_heads + head0 + h) * D + tid % D + j * DEC_THREADS] = den > 0.f ? acc[j][h] / den : 0.f;
+                if (tid == 0 && lse_out != nullptr) lse_out[(i64)seq * n_heads + head0 + h] = attn_lse(m_s[h], l);
             }
         }
         return;
@@ -577,7 +707,7 @@ __device__ __forceinline__ void attn_decode_body(const float* __restrict__ q, co
     dec_stage_partial<D, GMAX>(reinterpret_cast<float*>(k_s), acc, m_s, l_s, group);
     dec_cluster_merge<D, GMAX>(reinterpret_cast<const float*>(k_s), group, n_act, (i64)seq * n_heads + head0, out,
                                part_acc, part_m, part_l, counters + (i64)seq * n_kv + g, &sc[0][0][0], l_s,
-                               &last_block);
+                               &last_block, lse_out, group_sinks);
 #else
     if (writer) {
 #pragma unroll
@@ -597,7 +727,7 @@ __device__ __forceinline__ void attn_decode_body(const float* __restrict__ q, co
     if (!attn_last_to_finish(counters + (i64)seq * n_kv + g, n_act, &last_block)) return;
     // One weight per active block and head: n_act <= MAX_BLOCKS = 128 = P * KB, so sc's rows hold them.
     attn_merge_splits<D>(part_acc, part_m, part_l, (i64)seq * n_heads + head0, group, n_blocks, 0, n_act,
-                         &sc[0][0][0], n_act, l_s, out);
+                         &sc[0][0][0], n_act, l_s, out, lse_out, group_sinks);
 #endif
 }
 
@@ -610,16 +740,26 @@ __device__ __forceinline__ void attn_decode_body(const float* __restrict__ q, co
 #define DEC_KERNEL_ATTRS __launch_bounds__(DEC_THREADS)
 #endif
 
+// KV_FP8: the caches' block scales [num_blocks, n_kv] follow the float16 build's arguments.
+#if DEC_FP8
+#define DEC_SCALE_PARAMS , const float *__restrict__ k_scale, const float *__restrict__ v_scale
+#define DEC_SCALE_ARGS k_scale, v_scale
+#else
+#define DEC_SCALE_PARAMS
+#define DEC_SCALE_ARGS nullptr, nullptr
+#endif
+
 #define ATTN_DEC_KERNEL(D, GMAX)                                                                                 \
     extern "C" __global__ void DEC_KERNEL_ATTRS attn_dec_d##D##_g##GMAX(                                         \
-        const float* __restrict__ q, const u16* __restrict__ k_cache, const u16* __restrict__ v_cache,          \
+        const float* __restrict__ q, const dec_kv_t* __restrict__ k_cache, const dec_kv_t* __restrict__ v_cache,\
         const int* __restrict__ seq_lens, const int* __restrict__ block_tables, int table_stride, int n_heads,  \
         int n_kv, int block_size, float scale, float softcap, int window, float* __restrict__ out,             \
         float* __restrict__ part_acc, float* __restrict__ part_m, float* __restrict__ part_l,                  \
-        int* __restrict__ counters) {                                                                          \
+        int* __restrict__ counters, const int* __restrict__ key_floor, float* __restrict__ lse_out,            \
+        const float* __restrict__ sinks DEC_SCALE_PARAMS) {                                                    \
         attn_decode_body<D, GMAX, false>(q, k_cache, v_cache, seq_lens, block_tables, table_stride, n_heads,    \
                                          n_kv, block_size, scale, softcap, window, out, part_acc, part_m,       \
-                                         part_l, counters, DecRope{});                                          \
+                                         part_l, counters, key_floor, lse_out, sinks, DecRope{}, DEC_SCALE_ARGS);\
     }
 
 // rope_cache then attn_dec_d*: the same arguments with qkv for q, then rope_cache's.
@@ -629,14 +769,15 @@ __device__ __forceinline__ void attn_decode_body(const float* __restrict__ q, co
         const int* __restrict__ seq_lens, const int* __restrict__ block_tables, int table_stride, int n_heads,  \
         int n_kv, int block_size, float scale, float softcap, int window, float* __restrict__ out,             \
         float* __restrict__ part_acc, float* __restrict__ part_m, float* __restrict__ part_l,                  \
-        int* __restrict__ counters, const float* __restrict__ q_norm, const float* __restrict__ k_norm,        \
+        int* __restrict__ counters, const int* __restrict__ key_floor, float* __restrict__ lse_out,            \
+        const float* __restrict__ sinks, const float* __restrict__ q_norm, const float* __restrict__ k_norm,   \
         float eps, const int* __restrict__ positions, const float* __restrict__ cos_t,                         \
         const float* __restrict__ sin_t, int max_pos, int interleaved, const int* __restrict__ slots) {        \
         const DecRope rope = {q_norm, k_norm, eps, positions, cos_t, sin_t, max_pos, interleaved, slots,        \
                               k_cache, v_cache};                                                                \
         attn_decode_body<D, GMAX, true>(qkv, k_cache, v_cache, seq_lens, block_tables, table_stride, n_heads,   \
                                         n_kv, block_size, scale, softcap, window, out, part_acc, part_m,        \
-                                        part_l, counters, rope);                                                \
+                                        part_l, counters, key_floor, lse_out, sinks, rope, nullptr, nullptr);   \
     }
 
 #define ATTN_DEC_BOTH(D, GMAX) ATTN_DEC_KERNEL(D, GMAX) ATTN_DEC_ROPE_KERNEL(D, GMAX)
@@ -644,7 +785,13 @@ __device__ __forceinline__ void attn_decode_body(const float* __restrict__ q, co
 // The variants whose shared memory fits the 48 KB a block gets without an opt-in (attention_decode.py
 // sends the others to attention.cu). A wrapper's build (ATTN_D, ATTN_G) holds one entry: the
 // rope_cache-fused one when ATTN_ROPE is 1.
-#if defined(PADDOCK_ALL_VARIANTS)
+#if DEC_FP8 && defined(ATTN_ROPE) && ATTN_ROPE
+#error "no ATTN_ROPE build reads FP8 caches: rope_cache.cu and write_kv_fp8 write the new token"
+#elif DEC_FP8 && defined(PADDOCK_ALL_VARIANTS)
+ATTN_DEC_KERNEL(64, 1) ATTN_DEC_KERNEL(64, 2) ATTN_DEC_KERNEL(64, 4) ATTN_DEC_KERNEL(64, 8) ATTN_DEC_KERNEL(64, 16)
+ATTN_DEC_KERNEL(128, 1) ATTN_DEC_KERNEL(128, 2) ATTN_DEC_KERNEL(128, 4) ATTN_DEC_KERNEL(128, 8)
+ATTN_DEC_KERNEL(256, 1) ATTN_DEC_KERNEL(256, 2) ATTN_DEC_KERNEL(256, 4)
+#elif defined(PADDOCK_ALL_VARIANTS)
 ATTN_DEC_BOTH(64, 1) ATTN_DEC_BOTH(64, 2) ATTN_DEC_BOTH(64, 4) ATTN_DEC_BOTH(64, 8) ATTN_DEC_BOTH(64, 16)
 ATTN_DEC_BOTH(128, 1) ATTN_DEC_BOTH(128, 2) ATTN_DEC_BOTH(128, 4) ATTN_DEC_BOTH(128, 8)
 ATTN_DEC_BOTH(256, 1) ATTN_DEC_BOTH(256, 2) ATTN_DEC_BOTH(256, 4)

@@ -20,7 +20,22 @@
 // context length its replays bring.
 //
 // q float32 [T, n_heads, D]; K/V float16 [num_blocks, block_size, n_kv, D]; out float32.
+//
+// KV_FP8=1 builds read FP8 caches (fp8_kv.cuh: e4m3 codes of the same shape, a float32 scale per
+// (block, KV head), passed after the float16 build's arguments): each tile's codes are loaded into
+// registers and stored in shared memory as the float16 of their dequantized values, exact wherever a
+// block's scale lies in [2^-15, 2^7] (its values' largest |x| between ~0.007 and ~57,000), so the
+// products run as over a float16 cache. These loads are synchronous (no cp.async into the float16
+// tile): overlap of the FP8 build is to be measured on the GPU.
 #include "mma.cuh"
+#if defined(KV_FP8) && KV_FP8
+#include "fp8_kv.cuh"
+#define PF_FP8 1
+typedef u8 pf_kv_t;
+#else
+#define PF_FP8 0
+typedef u16 pf_kv_t;
+#endif
 
 #define PF_WARPS 4
 #define PF_PAD 8  // halves of padding per shared row: the 8 rows of a fragment land 4 banks apart
@@ -80,6 +95,39 @@ __device__ __forceinline__ bool pf_find_tile(const int* __restrict__ qsl, const 
     return false;
 }
 
+#if PF_FP8
+// KV_FP8: the tile's rows as float16 values (see the top), zeros past key_hi. `scales` [num_blocks, n_kv].
+template <int D>
+__device__ __forceinline__ void pf_load_kv(u16* dst, const u8* __restrict__ cache, const float* __restrict__ scales,
+                                           const int* __restrict__ table, int key0, int key_hi, int block_size,
+                                           int n_kv, int kvh, int tid) {
+    typedef PfShape<D> S;
+    constexpr int CH = D / 8;  // 8-code units per row
+#pragma unroll
+    for (int i = tid; i < S::BN * CH; i += PF_WARPS * 32) {
+        const int r = i / CH, c = (i % CH) * 8;
+        const int key = key0 + r;
+        uint4 h = make_uint4(0u, 0u, 0u, 0u);
+        if (key < key_hi) {
+            const int blk = __ldg(table + key / block_size);
+            const float sc = __ldg(scales + (size_t)blk * n_kv + kvh) * E4M3_HALF_UNSCALE;
+            const uint2 codes = __ldg(reinterpret_cast<const uint2*>(
+                cache + (((size_t)blk * block_size + key % block_size) * n_kv + kvh) * D + c));
+            const uint4 raw = e4m3x8_to_half2m8(codes);
+            const u32 w[4] = {raw.x, raw.y, raw.z, raw.w};
+            u32 o[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) o[j] = pack_h2(h2f_lo(w[j]) * sc, h2f_hi(w[j]) * sc);
+            h = make_uint4(o[0], o[1], o[2], o[3]);
+        }
+        *reinterpret_cast<uint4*>(dst + r * S::LD + c) = h;
+    }
+}
+#define PF_LOAD_KV(D, dst, cache, scales, ...) pf_load_kv<D>(dst, cache, scales, __VA_ARGS__)
+#else
+#define PF_LOAD_KV(D, dst, cache, scales, ...) pf_load_kv<D>(dst, cache, __VA_ARGS__)
+#endif
+
 template <int D>
 __device__ __forceinline__ void pf_load_kv(u16* dst, const u16* __restrict__ cache, const int* __restrict__ table,
                                            int key0, int key_hi, int block_size, int n_kv, int kvh, int tid) {
@@ -101,10 +149,11 @@ __device__ __forceinline__ void pf_load_kv(u16* dst, const u16* __restrict__ cac
 
 template <int D>
 __device__ __forceinline__ void attn_prefill_body(
-    const float* __restrict__ q, const u16* __restrict__ k_cache, const u16* __restrict__ v_cache,
+    const float* __restrict__ q, const pf_kv_t* __restrict__ k_cache, const pf_kv_t* __restrict__ v_cache,
     const int* __restrict__ qsl, const int* __restrict__ seq_lens, const int* __restrict__ block_tables,
     int table_stride, int n_seqs, int n_heads, int n_kv, int block_size, float scale, float softcap, int window,
-    float* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_ml, u16* smem) {
+    float* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_ml, const int* __restrict__ key_limit,
+    const float* __restrict__ sinks, u16* smem, const float* __restrict__ k_scale, const float* __restrict__ v_scale) {
     typedef PfShape<D> S;
     constexpr int BM = S::BM, BN = S::BN, LD = S::LD, MT = S::MT;
     u16* sQ = smem;             // [BM][LD]
@@ -121,7 +170,9 @@ __device__ __forceinline__ void attn_prefill_body(
     const int ctx0 = tile.seq_len - tile.q_len;  // position of the chunk's first token
     const int pos_lo = ctx0 + f0 / group, pos_hi = ctx0 + (min(f0 + BM, rows) - 1) / group;
     const int key_lo = window > 0 ? max(0, pos_lo - window + 1) : 0;
-    const int key_hi = pos_hi + 1;
+    // key_limit (nullable, a step input): no key at or past *key_limit is read, whatever the rows' positions
+    // (the shared prefix of a cascade decode: every row sees exactly the prefix's keys).
+    const int key_hi = key_limit == nullptr ? pos_hi + 1 : min(pos_hi + 1, __ldg(key_limit));
     const int n_key_tiles = (key_hi - key_lo + BN - 1) / BN;
     const int per_split = (n_key_tiles + n_splits - 1) / n_splits;
     const int kt0 = split * per_split, kt1 = min(n_key_tiles, kt0 + per_split);
@@ -148,9 +199,9 @@ __device__ __forceinline__ void attn_prefill_body(
     const float inv_softcap = softcap > 0.f ? 1.f / softcap : 0.f, softcap_log2 = softcap * PF_LOG2E;
 
     if (kt0 < kt1) {
-        pf_load_kv<D>(sK, k_cache, table, key_lo + kt0 * BN, key_hi, block_size, n_kv, kvh, tid);
+        PF_LOAD_KV(D, sK, k_cache, k_scale, table, key_lo + kt0 * BN, key_hi, block_size, n_kv, kvh, tid);
         cp_async_commit();
-        pf_load_kv<D>(sV, v_cache, table, key_lo + kt0 * BN, key_hi, block_size, n_kv, kvh, tid);
+        PF_LOAD_KV(D, sV, v_cache, v_scale, table, key_lo + kt0 * BN, key_hi, block_size, n_kv, kvh, tid);
         cp_async_commit();
         for (int i = tid; i < BM * D / 4; i += PF_WARPS * 32) {  // Q, scaled, as f16
             const int r = i / (D / 4), c = (i % (D / 4)) * 4;
@@ -197,8 +248,8 @@ __device__ __forceinline__ void attn_prefill_body(
         }
         const bool more = kt + 1 < kt1;
         if (more) {  // the next K into the other buffer, behind this tile's softmax and P @ V
-            pf_load_kv<D>(sK + ((kt + 1 - kt0) & 1) * BN * LD, k_cache, table, key_lo + (kt + 1) * BN, key_hi,
-                          block_size, n_kv, kvh, tid);
+            PF_LOAD_KV(D, sK + ((kt + 1 - kt0) & 1) * BN * LD, k_cache, k_scale, table, key_lo + (kt + 1) * BN,
+                       key_hi, block_size, n_kv, kvh, tid);
             cp_async_commit();
         }
 
@@ -214,7 +265,7 @@ __device__ __forceinline__ void attn_prefill_body(
 #pragma unroll
                     for (int e = 0; e < 4; ++e) s[mt][j][e] = softcap_log2 * tanhf(s[mt][j][e] * inv_softcap);
         }
-        const bool interior = key0 + BN - 1 <= pos_lo && (window <= 0 || key0 > pos_hi - window);
+        const bool interior = key0 + BN - 1 <= pos_lo && key0 + BN <= key_hi && (window <= 0 || key0 > pos_hi - window);
         if (!interior) {
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
@@ -280,7 +331,7 @@ __device__ __forceinline__ void attn_prefill_body(
         }
         __syncthreads();  // every warp is done with V before the next one lands there
         if (more) {
-            pf_load_kv<D>(sV, v_cache, table, key_lo + (kt + 1) * BN, key_hi, block_size, n_kv, kvh, tid);
+            PF_LOAD_KV(D, sV, v_cache, v_scale, table, key_lo + (kt + 1) * BN, key_hi, block_size, n_kv, kvh, tid);
             cp_async_commit();
         }
     }
@@ -293,7 +344,9 @@ __device__ __forceinline__ void attn_prefill_body(
         if (f >= rows) continue;
         const size_t row = (size_t)(tile.q_start + f / group) * n_heads + kvh * group + f % group;
         if (n_splits == 1) {
-            const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
+            // A sink logit (nullable; GPT-OSS) joins the denominator, in the scores' log2 domain.
+            const float den = sinks == nullptr ? l[i] : l[i] + fast_exp2(sinks[kvh * group + f % group] * PF_LOG2E - m[i]);
+            const float inv = den > 0.f ? 1.f / den : 0.f;
             float* dst = out + row * D + 2 * t4;
 #pragma unroll
             for (int d = 0; d < S::DT; ++d)
@@ -312,15 +365,27 @@ __device__ __forceinline__ void attn_prefill_body(
     }
 }
 
+// KV_FP8: the caches' block scales [num_blocks, n_kv] follow the float16 build's arguments.
+#if PF_FP8
+#define PF_SCALE_PARAMS , const float *__restrict__ k_scale, const float *__restrict__ v_scale
+#define PF_SCALE_ARGS k_scale, v_scale
+#else
+#define PF_SCALE_PARAMS
+#define PF_SCALE_ARGS nullptr, nullptr
+#endif
+
 #define ATTN_PREFILL_KERNEL(D)                                                                                  \
     extern "C" __global__ void __launch_bounds__(PF_WARPS * 32) attn_prefill_d##D(                              \
-        const float* __restrict__ q, const u16* __restrict__ k_cache, const u16* __restrict__ v_cache,         \
+        const float* __restrict__ q, const pf_kv_t* __restrict__ k_cache, const pf_kv_t* __restrict__ v_cache, \
         const int* __restrict__ qsl, const int* __restrict__ seq_lens, const int* __restrict__ block_tables,   \
         int table_stride, int n_seqs, int n_heads, int n_kv, int block_size, float scale, float softcap,       \
-        int window, float* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_ml) {        \
+        int window, float* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_ml,          \
+        const int* __restrict__ key_limit, const float* __restrict__ sinks PF_SCALE_PARAMS) {                  \
         PADDOCK_DYNAMIC_SHARED(u16, pf_smem);                                                                   \
+        after_previous_grid(); /* graphs launch it programmatically (pdl.py): q is the kernel before's */      \
         attn_prefill_body<D>(q, k_cache, v_cache, qsl, seq_lens, block_tables, table_stride, n_seqs, n_heads,  \
-                             n_kv, block_size, scale, softcap, window, out, part_o, part_ml, pf_smem);         \
+                             n_kv, block_size, scale, softcap, window, out, part_o, part_ml, key_limit, sinks, \
+                             pf_smem, PF_SCALE_ARGS);                                                           \
     }
 
 #if defined(PADDOCK_ALL_VARIANTS)
@@ -333,13 +398,20 @@ ATTN_PREFILL_SELECTED(PF_D)
 #endif
 
 // The splits of one (token, head) row combined: out = sum_z o_z 2^(m_z - M) / sum_z l_z 2^(m_z - M).
-// One block per row, one thread per output element.
+// One block per row, one thread per output element. `extra_o` / `extra_lse` (nullable): one more
+// part of the row, already normalised, with its natural-log sum of exponentials (a cascade decode's
+// own keys, from attention_decode.cu): in the splits' log2 domain a split of max lse * log2 e and sum 1.
+// `sinks` (nullable; GPT-OSS): head row % n_heads's sink logit joins the denominator.
 extern "C" __global__ void attn_prefill_merge(const float* __restrict__ part_o, const float* __restrict__ part_ml,
-                                              int n_splits, int head_dim, float* __restrict__ out) {
+                                              int n_splits, int head_dim, float* __restrict__ out,
+                                              const float* __restrict__ extra_o, const float* __restrict__ extra_lse,
+                                              const float* __restrict__ sinks, int n_heads) {
+    after_previous_grid();  // the partials are the kernel before's; extra_o the one before it, which that one waited for
     const size_t row = blockIdx.x;
     const int d = threadIdx.x;
     const float* ml = part_ml + row * n_splits * 2;
-    float big = -PADDOCK_INF;
+    const float extra_m = extra_o == nullptr ? -PADDOCK_INF : extra_lse[row] * PF_LOG2E;
+    float big = extra_m;
     for (int z = 0; z < n_splits; ++z)
         if (ml[2 * z + 1] > 0.f) big = fmaxf(big, ml[2 * z]);
     float acc = 0.f, sum = 0.f;
@@ -351,5 +423,11 @@ extern "C" __global__ void attn_prefill_merge(const float* __restrict__ part_o, 
             acc += w * part_o[(row * n_splits + z) * head_dim + d];
         }
     }
+    if (extra_m != -PADDOCK_INF) {
+        const float w = fast_exp2(extra_m - big);
+        sum += w;
+        acc += w * extra_o[row * head_dim + d];
+    }
+    if (sinks != nullptr) sum += fast_exp2(sinks[row % n_heads] * PF_LOG2E - big);
     out[row * head_dim + d] = sum > 0.f ? acc / sum : 0.f;
 }

@@ -31,8 +31,20 @@ __device__ __forceinline__ bool attn_last_to_finish(int* count, int n, int* flag
     return last;
 }
 
+// The natural log of a row's sum of exponentials from its (max, sum): what a later merge with another
+// part of the row's keys weighs it by; -inf for a row that saw no key.
+__device__ __forceinline__ float attn_lse(float m, float l) { return l > 0.f ? m + logf(l) : -PADDOCK_INF; }
+
+// A row's softmax denominator from its (max m, sum l of exp(score - m)), with the head's sink logit
+// (GPT-OSS: one more logit that weighs no value) where `sinks` (the group's, nullable) has one. Far
+// above every score, or with no key at all, it is inf and the row's output 0: the limit, not a NaN.
+__device__ __forceinline__ float attn_denominator(float m, float l, const float* sinks, int h) {
+    return sinks == nullptr ? l : l + expf(sinks[h] - m);
+}
+
 // out[(row0 + h) * D + d] for the group's heads h from partials s = first .. first + n - 1 of
-// rows laid out [row][stride][D] (acc) and [row][stride] (max, sum). Each split's weight
+// rows laid out [row][stride][D] (acc) and [row][stride] (max, sum), and with `lse_out` each row's
+// attn_lse there; `sinks` (nullable) the group's sink logits, from head 0 of the group. Each split's weight
 // exp(m_s - max) and the common denominator are computed once per head (one warp per head,
 // its lanes over the splits) into wgt[h * wgt_stride + s] and den[h]; then every output
 // element is a sum over the splits whose loads are independent (unrolled, so several are in
@@ -42,7 +54,8 @@ template <int D>
 __device__ __forceinline__ void attn_merge_splits(const float* __restrict__ part_acc, const float* __restrict__ part_m,
                                                   const float* __restrict__ part_l, i64 row0, int group, int stride,
                                                   int first, int n, float* wgt, int wgt_stride, float* den,
-                                                  float* __restrict__ out) {
+                                                  float* __restrict__ out, float* __restrict__ lse_out = nullptr,
+                                                  const float* __restrict__ sinks = nullptr) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
     for (int h = warp; h < group; h += n_warps) {
         const float* m_p = part_m + (row0 + h) * stride + first;
@@ -58,7 +71,10 @@ __device__ __forceinline__ void attn_merge_splits(const float* __restrict__ part
             sum = fmaf(w, __ldcg(l_p + s), sum);
         }
         sum = warp_sum(sum);
-        if (lane == 0) den[h] = sum;
+        if (lane == 0) {
+            den[h] = attn_denominator(mx, sum, sinks, h);
+            if (lse_out != nullptr) lse_out[row0 + h] = attn_lse(mx, sum);
+        }
     }
     __syncthreads();
     for (int idx = threadIdx.x; idx < group * D; idx += blockDim.x) {

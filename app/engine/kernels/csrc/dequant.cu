@@ -4,22 +4,9 @@
 // expands a slice of rows to float16 for the tensor-core matrix product. One thread
 // decodes one 32-weight unit with the same decoders the GEMV kernels use.
 #include "quant.cuh"
+#include "store_out.cuh"
 
 #define DEQUANT_THREADS 256
-
-struct OutF32 {
-    typedef float T;
-    static __device__ __forceinline__ void store4(float* y, const float* v) {
-        *reinterpret_cast<float4*>(y) = make_float4(v[0], v[1], v[2], v[3]);
-    }
-};
-
-struct OutF16 {
-    typedef u16 T;
-    static __device__ __forceinline__ void store4(u16* y, const float* v) {
-        *reinterpret_cast<uint2*>(y) = make_uint2(pack_h2(v[0], v[1]), pack_h2(v[2], v[3]));
-    }
-};
 
 // Output row i is source row ids[i] (clamped into the tensor, so a bad id cannot read
 // out of bounds), or row_offset + i when ids is null.

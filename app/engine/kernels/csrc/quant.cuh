@@ -492,4 +492,13 @@ struct FmtF32 {  // 128 bytes a unit: read in get(), too many registers to hold 
     FORMAT(f32, FmtF32)         \
     FORMAT(f16, FmtF16)         \
     FORMAT(bf16, FmtBF16)       \
-    PADDOCK_INT_FORMATS(FORMAT)
+    PADDOCK_INT_FORMATS(FORMAT) \
+    PADDOCK_LOWBIT_FORMATS(FORMAT)
+
+// MXFP4, NVFP4, IQ4_NL, IQ4_XS: table-lookup formats, float-x GEMV and dequantize only (quant_lowbit.cuh).
+#include "quant_lowbit.cuh"
+#define PADDOCK_LOWBIT_FORMATS(FORMAT) \
+    FORMAT(mxfp4, FmtMXFP4)            \
+    FORMAT(nvfp4, FmtNVFP4)            \
+    FORMAT(iq4_nl, FmtIQ4_NL)          \
+    FORMAT(iq4_xs, FmtIQ4_XS)

@@ -7,14 +7,28 @@
 // so a head's sum of squares is one block reduction. The per-pair math is rope_pair.cuh's
 // (shared with attention_decode.cu's ATTN_ROPE build, which does this kernel's work at decode).
 // A negative slot marks a padding token: its k and v are not stored (q still is).
+//
+// KV_FP8=1 (an FP8 cache, fp8_kv.cuh): k_cache and v_cache are float32 rows [T, n_kv, D] indexed by
+// token, not slot, which kv_cache.cu's write_kv_fp8 then stores (a block's scale depends on every
+// token written into it, which no single block of this kernel sees).
 #include "block_sum.cuh"
 #include "rope_pair.cuh"
+
+#if defined(KV_FP8) && KV_FP8
+typedef float rc_kv_t;
+#define RC_ROW(t, slot) (t)
+#define RC_VALUE(x) (x)
+#else
+typedef u16 rc_kv_t;
+#define RC_ROW(t, slot) slot
+#define RC_VALUE(x) f2h(x)
+#endif
 
 extern "C" __global__ void __launch_bounds__(128) rope_cache(
     const float* __restrict__ qkv, int n_heads, int n_kv, int head_dim, const float* __restrict__ q_norm,
     const float* __restrict__ k_norm, float eps, const int* __restrict__ positions, const float* __restrict__ cos_t,
-    const float* __restrict__ sin_t, int max_pos, int interleaved, u16* __restrict__ k_cache,
-    u16* __restrict__ v_cache, const int* __restrict__ slots, float* __restrict__ q_out) {
+    const float* __restrict__ sin_t, int max_pos, int interleaved, rc_kv_t* __restrict__ k_cache,
+    rc_kv_t* __restrict__ v_cache, const int* __restrict__ slots, float* __restrict__ q_out) {
     __shared__ float scratch[32];
     const int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
     const bool is_v = h >= n_heads + n_kv, is_q = h < n_heads;
@@ -41,9 +55,9 @@ extern "C" __global__ void __launch_bounds__(128) rope_cache(
 
     if (is_v) {  // a v head: stored as it is (the branch is uniform over the block)
         if (slot >= 0) {
-            u16* dst = v_cache + slot * kv_row + (i64)(h - n_heads - n_kv) * head_dim;
-            dst[p.a] = f2h(x1);
-            dst[p.b] = f2h(x2);
+            rc_kv_t* dst = v_cache + RC_ROW(t, slot) * kv_row + (i64)(h - n_heads - n_kv) * head_dim;
+            dst[p.a] = RC_VALUE(x1);
+            dst[p.b] = RC_VALUE(x2);
         }
         return;
     }
@@ -55,8 +69,8 @@ extern "C" __global__ void __launch_bounds__(128) rope_cache(
         dst[p.a] = x1;
         dst[p.b] = x2;
     } else if (slot >= 0) {
-        u16* dst = k_cache + slot * kv_row + (i64)(h - n_heads) * head_dim;
-        dst[p.a] = f2h(x1);
-        dst[p.b] = f2h(x2);
+        rc_kv_t* dst = k_cache + RC_ROW(t, slot) * kv_row + (i64)(h - n_heads) * head_dim;
+        dst[p.a] = RC_VALUE(x1);
+        dst[p.b] = RC_VALUE(x2);
     }
 }

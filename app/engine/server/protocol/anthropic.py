@@ -120,6 +120,15 @@ class TextBlock(BaseModel):
     text: str
 
 
+class ThinkingBlock(BaseModel):
+    """The model's reasoning (GPT-OSS's analysis channel). This server signs nothing: `signature`
+    is empty, and a client that sends the block back has it ignored (see ContentBlockParam)."""
+
+    type: Literal["thinking"] = "thinking"
+    thinking: str
+    signature: str = ""
+
+
 class ToolUseBlock(BaseModel):
     type: Literal["tool_use"] = "tool_use"
     id: str
@@ -127,8 +136,12 @@ class ToolUseBlock(BaseModel):
     input: dict[str, Any]
 
 
-ContentBlock = Annotated[TextBlock | ToolUseBlock, Field(discriminator="type")]
+ContentBlock = Annotated[ThinkingBlock | TextBlock | ToolUseBlock, Field(discriminator="type")]
 StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
+
+
+class OutputTokensDetails(BaseModel):
+    thinking_tokens: int  # counted in output_tokens too, thinking-block delimiters included
 
 
 class Usage(BaseModel):
@@ -136,6 +149,7 @@ class Usage(BaseModel):
     output_tokens: int
     cache_creation_input_tokens: int = 0
     cache_read_input_tokens: int = 0
+    output_tokens_details: OutputTokensDetails | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class MessageResponse(BaseModel):

@@ -127,6 +127,8 @@ class ToolCallOut(BaseModel):
 class ResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    # the model's reasoning (GPT-OSS's analysis channel), as vLLM and DeepSeek's API name it
+    reasoning_content: str | None = Field(default=None, exclude_if=lambda v: v is None)
     refusal: str | None = None
     tool_calls: list[ToolCallOut] | None = Field(default=None, exclude_if=lambda v: not v)
 
@@ -166,6 +168,7 @@ class ToolCallDelta(BaseModel):
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = Field(default=None, exclude_if=lambda v: v is None)
     content: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    reasoning_content: str | None = Field(default=None, exclude_if=lambda v: v is None)
     tool_calls: list[ToolCallDelta] | None = Field(default=None, exclude_if=lambda v: v is None)
 
 

@@ -32,11 +32,19 @@ class PromptTokensDetails(BaseModel):
     cached_tokens: int = 0
 
 
+class CompletionTokensDetails(BaseModel):
+    reasoning_tokens: int = 0  # counted in completion_tokens too
+
+
 class UsageInfo(BaseModel):
     prompt_tokens: int
     completion_tokens: int = 0
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails | None = None
+    # chat only (a plain completion has no reasoning split from its text)
+    completion_tokens_details: CompletionTokensDetails | None = Field(
+        default=None, exclude_if=lambda v: v is None
+    )
 
 
 class StreamOptions(BaseModel):
@@ -91,13 +99,23 @@ class ModelCard(BaseModel):
     context_window: int | None = None
     max_input_tokens: int | None = None
     max_output_tokens: int | None = None
+    input_modalities: list[str] | None = None  # what the model reads: ["text"] or ["text", "image"]
+    # The weights' formats: the file's label, and tensors per format (a checkpoint mixes them per tensor).
+    quantization: str | None = None
+    quant_mix: dict[str, int] | None = None
 
     @classmethod
-    def chat(cls, name: str, created: int, context_length: int) -> ModelCard:
+    def chat(
+        cls, name: str, created: int, context_length: int, vision: bool = False, quantization: str | None = None,
+        quant_mix: dict[str, int] | None = None,
+    ) -> ModelCard:  # fmt: skip
         n = context_length
         return cls(
             id=name,
             created=created,
+            input_modalities=["text", "image"] if vision else ["text"],
+            quantization=quantization,
+            quant_mix=quant_mix,
             max_model_len=n,
             context_length=n,
             context_window=n,

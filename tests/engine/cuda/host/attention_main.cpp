@@ -1,6 +1,7 @@
 // Run attention.cu's kernels on the SIMT emulator.
 // argv: dir head_dim gmax n_tok n_heads n_kv block_size n_seqs table_stride scale softcap window
-//       num_splits split_len. Reads dir/{q,k,v,qsl,seq_lens,tables}.bin, writes dir/out.bin.
+//       num_splits split_len. Reads dir/{q,k,v,qsl,seq_lens,tables}.bin, writes dir/out.bin. Built with
+//       -DKV_FP8=1: k.bin and v.bin are e4m3 codes with their block scales in ks.bin, vs.bin.
 #include <cstdio>
 #include <algorithm>
 #include <cstdlib>
@@ -12,8 +13,13 @@
 
 #include "host_io.h"
 
+#if ATTN_FP8
+typedef void (*AttnFn)(const float*, const u8*, const u8*, const int*, const int*, const int*, int, int, int, int, int,
+                       float, float, int, int, float*, float*, float*, float*, int*, const float*, const float*);
+#else
 typedef void (*AttnFn)(const float*, const u16*, const u16*, const int*, const int*, const int*, int, int, int, int,
                        int, float, float, int, int, float*, float*, float*, float*, int*);
+#endif
 
 static AttnFn pick(int d, int g) {
 #define PICK(D, G) \
@@ -31,8 +37,10 @@ int main(int argc, char** argv) {
     const float scale = (float)atof(argv[10]), softcap = (float)atof(argv[11]);
     const int window = atoi(argv[12]), splits = atoi(argv[13]), split_len = atoi(argv[14]);
     auto q = read_required<float>(dir + "/q.bin");
-    auto k = read_required<u16>(dir + "/k.bin");
-    auto v = read_required<u16>(dir + "/v.bin");
+    auto k = read_required<attn_kv_t>(dir + "/k.bin");
+    auto v = read_required<attn_kv_t>(dir + "/v.bin");
+    auto ks = read_file<float>(dir + "/ks.bin");  // KV_FP8 builds: the block scales
+    auto vs = read_file<float>(dir + "/vs.bin");
     auto qsl = read_required<int>(dir + "/qsl.bin");
     auto seq_lens = read_required<int>(dir + "/seq_lens.bin");
     auto tables = read_required<int>(dir + "/tables.bin");
@@ -48,7 +56,11 @@ int main(int argc, char** argv) {
             fn(q.data(), k.data(), v.data(), qsl.data(), seq_lens.data(), tables.data(), stride, n_seqs, n_heads,
                n_kv, block_size, scale, softcap, window, split_len, out.data(), splits == 1 ? nullptr : acc.data(),
                splits == 1 ? nullptr : m.data(), splits == 1 ? nullptr : l.data(),
-               splits == 1 ? nullptr : counters.data());
+               splits == 1 ? nullptr : counters.data()
+#if ATTN_FP8
+               , ks.data(), vs.data()
+#endif
+            );
         });
     }
     for (int c : counters)

@@ -3,7 +3,8 @@
 //       and after `rope`, at the end: eps max_pos interleaved norm.
 // Reads dir/{q,k,v,seq_lens,tables}.bin, writes dir/out.bin. With `rope` (attn_dec_rope_*, rope_cache's
 // work fused in): qkv.bin for q.bin, also pos, cos, sin, slots and [qn, kn].bin, and writes the caches
-// back as k_out.bin, v_out.bin.
+// back as k_out.bin, v_out.bin. Built with -DKV_FP8=1: k.bin and v.bin are e4m3 codes with their block
+// scales in ks.bin, vs.bin (no `rope`).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -16,11 +17,17 @@
 
 #include "host_io.h"
 
+#if DEC_FP8
+typedef void (*DecFn)(const float*, const u8*, const u8*, const int*, const int*, int, int, int, int, float, float,
+                      int, float*, float*, float*, float*, int*, const int*, float*, const float*, const float*,
+                      const float*);
+#else
 typedef void (*DecFn)(const float*, const u16*, const u16*, const int*, const int*, int, int, int, int, float, float,
-                      int, float*, float*, float*, float*, int*);
+                      int, float*, float*, float*, float*, int*, const int*, float*, const float*);
+#endif
 typedef void (*RopeFn)(const float*, u16*, u16*, const int*, const int*, int, int, int, int, float, float, int, float*,
-                       float*, float*, float*, int*, const float*, const float*, float, const int*, const float*,
-                       const float*, int, int, const int*);
+                       float*, float*, float*, int*, const int*, float*, const float*, const float*, const float*, float,
+                       const int*, const float*, const float*, int, int, const int*);
 
 #define PICK_ALL(PICK)                                                   \
     PICK(64, 1) PICK(64, 2) PICK(64, 4) PICK(64, 8) PICK(64, 16)         \
@@ -36,11 +43,15 @@ static DecFn pick(int d, int g) {
 }
 
 static RopeFn pick_rope(int d, int g) {
+#if DEC_FP8
+    exit(4);
+#else
 #define PICK(D, G) \
     if (d == D && g == G) return attn_dec_rope_d##D##_g##G;
     PICK_ALL(PICK)
 #undef PICK
     exit(4);
+#endif
 }
 
 int main(int argc, char** argv) {
@@ -53,10 +64,13 @@ int main(int argc, char** argv) {
     const float scale = (float)atof(a[9]), softcap = (float)atof(a[10]);
     const int window = atoi(a[11]), blocks = atoi(a[12]);
     auto q = read_required<float>(dir + (rope ? "/qkv.bin" : "/q.bin"));
-    auto k = read_required<u16>(dir + "/k.bin");
-    auto v = read_required<u16>(dir + "/v.bin");
+    auto k = read_required<dec_kv_t>(dir + "/k.bin");
+    auto v = read_required<dec_kv_t>(dir + "/v.bin");
+    auto ks = read_file<float>(dir + "/ks.bin");  // KV_FP8 builds: the block scales
+    auto vs = read_file<float>(dir + "/vs.bin");
     auto seq_lens = read_required<int>(dir + "/seq_lens.bin");
     auto tables = read_required<int>(dir + "/tables.bin");
+    auto sinks = read_file<float>(dir + "/sinks.bin");  // optional: the heads' sink logits
     std::vector<float> out((size_t)n_seqs * n_heads * d, NAN);
     std::vector<float> acc((size_t)n_seqs * n_heads * blocks * d, NAN), m((size_t)n_seqs * n_heads * blocks, NAN),
         l((size_t)n_seqs * n_heads * blocks, NAN);
@@ -83,13 +97,19 @@ int main(int argc, char** argv) {
             if (!rope) {
                 pick(d, g)(q.data(), k.data(), v.data(), seq_lens.data(), tables.data(), stride, n_heads, n_kv,
                            block_size, scale, softcap, window, out.data(), acc.data(), m.data(), l.data(),
-                           counters.data());
+                           counters.data(), nullptr, nullptr, sinks.empty() ? nullptr : sinks.data()
+#if DEC_FP8
+                           , ks.data(), vs.data()
+#endif
+                );
                 return;
             }
+#if !DEC_FP8
             pick_rope(d, g)(q.data(), k.data(), v.data(), seq_lens.data(), tables.data(), stride, n_heads, n_kv,
                             block_size, scale, softcap, window, out.data(), acc.data(), m.data(), l.data(),
-                            counters.data(), norm ? qn.data() : nullptr, norm ? kn.data() : nullptr, eps, pos.data(),
+                            counters.data(), nullptr, nullptr, nullptr, norm ? qn.data() : nullptr, norm ? kn.data() : nullptr, eps, pos.data(),
                             cos_t.data(), sin_t.data(), max_pos, interleaved, slots.data());
+#endif
         });
     }
     for (int c : counters)

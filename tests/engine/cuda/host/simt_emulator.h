@@ -1,17 +1,26 @@
 // A small SIMT emulator: runs Paddock's CUDA kernels as host C++ so that their indexing,
 // barriers and warp shuffles are tested on machines without a GPU (CI).
 //
-// Every CUDA thread of a block is a std::thread; blocks run one after another.
-// __syncthreads is a barrier over the block, __shfl_xor_sync exchanges values through a
-// per-warp buffer between two warp barriers, and __shared__ variables become function
-// statics (shared by the block's threads; blocks never overlap). A kernel whose warps
-// diverge around a shuffle or barrier deadlocks here, as it would misbehave on the GPU.
+// Every CUDA thread of a block is a fiber (its own stack, switched with ucontext on one OS
+// thread); blocks run one after another. A fiber runs until it reaches a barrier, then the next
+// one runs, in thread order: __syncthreads is a barrier over the block, __shfl_xor_sync exchanges
+// values through a per-warp buffer between two warp barriers, and __shared__ variables become
+// function statics (shared by the block's threads; blocks never overlap). Fibers rather than
+// std::threads: a block of 128 threads and its thousands of barrier rounds cost microseconds of
+// switching instead of thread starts and futex wake-ups, and the schedule is the same every run.
+// A thread that reads what another writes without a barrier between them reads it unwritten (the
+// writer has not run yet), and a kernel whose warps diverge around a shuffle or barrier ends in a
+// reported deadlock (every unfinished thread waiting), as it would misbehave on the GPU.
 // Compile with -std=c++20 -DPADDOCK_HOST_SHIM -include simt_emulator.h.
 #pragma once
+#include <sys/mman.h>
+#include <ucontext.h>
+
 #include <array>
-#include <barrier>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
 #include <memory>
-#include <thread>
 #include <vector>
 
 #include "host_cuda_shim.h"
@@ -29,18 +38,62 @@ struct dim3 {
     unsigned x = 1, y = 1, z = 1;
 };
 
-inline dim3 blockIdx, blockDim, gridDim;
-inline thread_local dim3 threadIdx;
+// The running fiber's coordinates: set by the scheduler each time it switches to a fiber.
+inline dim3 blockIdx, blockDim, gridDim, threadIdx;
+inline int t_warp = 0, t_lane = 0;
+
+namespace emu {
+
+struct Fiber {
+    ucontext_t context;
+    char* stack = nullptr;  // STACK bytes, a guard page below
+    bool runnable = false, done = false;
+};
+
+constexpr size_t GUARD = 1 << 12, STACK = 1 << 20;  // as much stack as a kernel's locals need
+inline std::vector<Fiber> fibers;                  // grows to the largest block; stacks reused
+inline ucontext_t scheduler;
+inline int current = -1;
+inline std::function<void()> kernel;
+
+inline void fiber_main() {
+    kernel();
+    fibers[current].done = true;
+    fibers[current].runnable = false;
+}  // returns to `scheduler` (uc_link)
+
+// Suspends the running fiber until the scheduler picks it again (after a barrier releases it).
+inline void suspend() {
+    fibers[current].runnable = false;
+    swapcontext(&fibers[current].context, &scheduler);
+}
+
+}  // namespace emu
+
+struct Barrier {
+    explicit Barrier(int count) : expected(count) {}
+    void arrive_and_wait() {
+        if (++arrived == expected) {  // the last to arrive releases the others and runs on
+            arrived = 0;
+            for (int tid : waiting) emu::fibers[tid].runnable = true;
+            waiting.clear();
+            return;
+        }
+        waiting.push_back(emu::current);
+        emu::suspend();
+    }
+    int expected, arrived = 0;
+    std::vector<int> waiting;
+};
 
 struct BlockSync {
-    std::unique_ptr<std::barrier<>> block;
-    std::vector<std::unique_ptr<std::barrier<>>> warps;
+    std::unique_ptr<Barrier> block;
+    std::vector<std::unique_ptr<Barrier>> warps;
     std::vector<std::array<unsigned long long, 32>> exchange;
     std::vector<std::array<unsigned, 32 * 10>> fragments;  // mma / ldmatrix operands of each warp's lanes
 };
 
 inline BlockSync* g_sync = nullptr;
-inline thread_local int t_warp = 0, t_lane = 0;
 
 inline void __syncthreads() { g_sync->block->arrive_and_wait(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { g_sync->warps[t_warp]->arrive_and_wait(); }
@@ -57,35 +110,77 @@ inline T shfl_xor_emulated(T v, int offset) {
 }
 #define __shfl_xor_sync(mask, v, offset) shfl_xor_emulated((v), (offset))
 
+namespace emu {
+
+inline void ensure_fibers(int n) {
+    while ((int)fibers.size() < n) {
+        void* mem = mmap(nullptr, GUARD + STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (mem == MAP_FAILED || mprotect(mem, GUARD, PROT_NONE) != 0) {
+            std::perror("emulator: a fiber stack");
+            std::abort();
+        }
+        fibers.emplace_back().stack = static_cast<char*>(mem) + GUARD;
+    }
+}
+
+// Runs one block's `n` threads to their ends, always resuming the lowest-numbered runnable thread
+// after the one that last ran (so each barrier round runs the threads in order).
+inline void run_block(int n) {
+    for (int tid = 0; tid < n; ++tid) {
+        Fiber& f = fibers[tid];
+        getcontext(&f.context);
+        f.context.uc_stack.ss_sp = f.stack;
+        f.context.uc_stack.ss_size = STACK;
+        f.context.uc_link = &scheduler;
+        makecontext(&f.context, fiber_main, 0);
+        f.runnable = true;
+        f.done = false;
+    }
+    for (int left = n, next = 0; left > 0;) {
+        int pick = -1;
+        for (int k = 0; k < n && pick < 0; ++k)
+            if (fibers[(next + k) % n].runnable) pick = (next + k) % n;
+        if (pick < 0) {
+            std::fprintf(stderr, "emulator: deadlock in block (%u,%u,%u): %d threads wait at barriers no other thread reaches\n",
+                         blockIdx.x, blockIdx.y, blockIdx.z, left);
+            std::abort();
+        }
+        current = pick;
+        threadIdx = {pick % blockDim.x, (pick / blockDim.x) % blockDim.y, pick / (blockDim.x * blockDim.y)};
+        t_warp = pick / 32;
+        t_lane = pick % 32;
+        swapcontext(&scheduler, &fibers[pick].context);
+        if (fibers[pick].done) --left;
+        next = (pick + 1) % n;
+    }
+    current = -1;
+}
+
+}  // namespace emu
+
 // Run `body` (a kernel call with its arguments bound) over the grid.
 template <class F>
 inline void launch(dim3 grid, dim3 block, F body) {
     gridDim = grid;
     blockDim = block;
     const int n = (int)(block.x * block.y * block.z);
+    emu::ensure_fibers(n);
+    emu::kernel = body;
     for (unsigned bz = 0; bz < grid.z; ++bz)
         for (unsigned by = 0; by < grid.y; ++by)
             for (unsigned bx = 0; bx < grid.x; ++bx) {
                 blockIdx = {bx, by, bz};
                 BlockSync sync;
-                sync.block = std::make_unique<std::barrier<>>(n);
+                sync.block = std::make_unique<Barrier>(n);
                 for (int w = 0; w * 32 < n; ++w) {
-                    sync.warps.push_back(std::make_unique<std::barrier<>>(std::min(32, n - 32 * w)));
+                    sync.warps.push_back(std::make_unique<Barrier>(std::min(32, n - 32 * w)));
                     sync.exchange.emplace_back();
                     sync.fragments.emplace_back();
                 }
                 g_sync = &sync;
-                std::vector<std::thread> threads;
-                threads.reserve(n);
-                for (int tid = 0; tid < n; ++tid)
-                    threads.emplace_back([tid, block, &body] {
-                        threadIdx = {tid % block.x, (tid / block.x) % block.y, tid / (block.x * block.y)};
-                        t_warp = tid / 32;
-                        t_lane = tid % 32;
-                        body();
-                    });
-                for (auto& t : threads) t.join();
+                emu::run_block(n);
             }
+    emu::kernel = nullptr;
 }
 
 // Device-wide memory operations: blocks run one after another here, so a fence has nothing

@@ -1,0 +1,75 @@
+"""The engine's vision glue: load a model's vision tower beside its text model, and place a
+request's images over their runs of image tokens (checked, with errors naming the mismatch)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from app.engine.images import ImageInput, PromptImage
+from app.engine.loader.names import CheckpointError
+from app.engine.models.vision import QwenVisionModel, load_vision
+from app.engine.models.vision.prompter import ImagePrompter
+from app.engine.models.vision.qwen_vl_prompter import QwenImagePrompter
+from app.engine.models.vision.splice import image_spans
+from app.engine.worker.images import ImageEmbedder
+
+log = logging.getLogger(__name__)
+VISION_ARCHITECTURES = ("gemma3", "qwen2vl")
+
+
+class NoVisionError(ValueError):
+    """An image was sent to a model without a vision tower."""
+
+
+def attach_vision(runner: Any, checkpoint: Any, tokenizer: Any, mmproj: str | None) -> ImagePrompter | None:
+    """Load the checkpoint's vision tower (its own, `mmproj`, or an mmproj beside a GGUF) and give
+    the runner its image embedder; the prompter for the server, or None for a text-only model."""
+    if checkpoint.architecture not in VISION_ARCHITECTURES:
+        if mmproj is not None:
+            raise CheckpointError(
+                f"--mmproj given, but {checkpoint.architecture} models take no images here "
+                f"(vision: {', '.join(VISION_ARCHITECTURES)})"
+            )
+        return None
+    vision = load_vision(checkpoint, runner.backend, mmproj)
+    if vision is None:
+        return None
+    runner.images = ImageEmbedder(vision, runner.backend)
+    if isinstance(vision, QwenVisionModel):
+        cfg = vision.config
+        runner.mrope_merge = cfg.merge_size  # its text model places image tokens by M-RoPE
+        log.info(
+            "vision tower: %d layers, %d..%d pixels per image", cfg.depth, cfg.min_pixels, cfg.max_pixels
+        )
+        return QwenImagePrompter(cfg, tokenizer)
+    log.info(
+        "vision tower: %d layers, %d px, %d tokens per image",
+        vision.config.num_layers, vision.config.image_size, vision.config.tokens_per_image,
+    )  # fmt: skip
+    return ImagePrompter(vision.config, tokenizer)
+
+
+def place_images(
+    prompter: ImagePrompter | None, token_ids: Sequence[int], images: Sequence[ImageInput]
+) -> list[PromptImage]:
+    """Each image over its run of image tokens; ValueError when runs and images do not pair up.
+    Without images the prompt is text, whatever ids it holds (a raw completion may spell the
+    image token): those tokens keep their own embeddings, as on a text-only model."""
+    if not images:
+        return []
+    if prompter is None:
+        raise NoVisionError("the loaded model has no vision: it cannot take images")
+    spans = image_spans(token_ids, prompter.image_token_id)
+    if len(spans) != len(images):
+        raise ValueError(f"the prompt has {len(spans)} runs of image tokens for {len(images)} images")
+    placed = []
+    for (start, end), image in zip(spans, images, strict=True):
+        expected = prompter.tokens_for(image)
+        if end - start != expected:
+            raise ValueError(
+                f"the image tokens at {start}..{end - 1} are {end - start}, not the {expected} an image takes"
+            )
+        placed.append(PromptImage(start, end, image))
+    return placed

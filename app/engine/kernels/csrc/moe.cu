@@ -1,0 +1,185 @@
+// Mixture-of-experts feed-forward on the GPU, with no host sync (so decode steps stay capturable):
+//
+//   moe_route    per token: the k best experts and their weights (softmax-then-top-k, renormalised or
+//                not, as Qwen3-MoE; or top-k-then-softmax, as GPT-OSS); ties go to the lower id, as
+//                a stable sort of the negated logits does (layers/moe.py, the numpy oracle).
+//   moe_count, moe_offsets, moe_scatter
+//                the (token, slot) pairs grouped by expert: counts, exclusive offsets, then each
+//                pair's place in the grouped order (`order`) and its inverse (`where`).
+//   moe_grouped_<fmt>
+//                for expert e and output row r, one warp multiplies row r of expert e's stacked
+//                weight [E, rows, cols] (GGUF block layout, quant.cuh) with the inputs of e's pairs,
+//                MOE_T pairs at a time: each weight row is read once per MOE_T tokens of that
+//                expert, the grouped product of prefill, and at decode (one token, k pairs) only the
+//                k picked experts' rows are read, the per-expert GEMV.
+//   moe_gated    act(gate) * up per pair (silu, or GPT-OSS's clamped swiglu).
+//   moe_combine  per token, sum of its k pairs' outputs times their weights, in expert-id order
+//                (the oracle's order, so a token's sum does not depend on the rest of the batch).
+#include "quant.cuh"
+
+#define MOE_MAX_K 16
+#define MOE_T 4
+
+extern "C" __global__ void moe_route(const float* __restrict__ logits, int n_tok, int n_exp, int k, int topk_first,
+                                     int normalize, int* __restrict__ chosen, float* __restrict__ weights) {
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n_tok) return;
+    const float* l = logits + (i64)t * n_exp;
+    int idx[MOE_MAX_K];
+    float val[MOE_MAX_K];
+    for (int j = 0; j < k; ++j) {
+        int best = -1;
+        float best_v = 0.f;
+        for (int e = 0; e < n_exp; ++e) {
+            bool taken = false;
+            for (int i = 0; i < j; ++i) taken |= idx[i] == e;
+            if (!taken && (best < 0 || l[e] > best_v)) {
+                best = e;
+                best_v = l[e];
+            }
+        }
+        idx[j] = best;
+        val[j] = best_v;
+    }
+    float w[MOE_MAX_K], sum = 0.f;
+    if (topk_first) {  // softmax over the k chosen logits
+        for (int j = 0; j < k; ++j) sum += (w[j] = expf(val[j] - val[0]));
+        for (int j = 0; j < k; ++j) w[j] /= sum;
+    } else {  // softmax over every expert, then the chosen probabilities
+        float all = 0.f;
+        for (int e = 0; e < n_exp; ++e) all += expf(l[e] - val[0]);
+        for (int j = 0; j < k; ++j) sum += (w[j] = expf(val[j] - val[0]) / all);
+        if (normalize)
+            for (int j = 0; j < k; ++j) w[j] /= sum;
+    }
+    for (int j = 0; j < k; ++j) {
+        chosen[(i64)t * k + j] = idx[j];
+        weights[(i64)t * k + j] = w[j];
+    }
+}
+
+extern "C" __global__ void moe_count(const int* __restrict__ chosen, int n_pairs, int* __restrict__ counts) {
+    const int p = blockIdx.x * blockDim.x + threadIdx.x;
+    if (p < n_pairs) atomicAdd(counts + chosen[p], 1);
+}
+
+// One thread: offsets[e] = sum of counts before e (offsets[n_exp] = all pairs); cursor = offsets.
+extern "C" __global__ void moe_offsets(const int* __restrict__ counts, int n_exp, int* __restrict__ offsets,
+                                       int* __restrict__ cursor) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    int total = 0;
+    for (int e = 0; e < n_exp; ++e) {
+        offsets[e] = cursor[e] = total;
+        total += counts[e];
+    }
+    offsets[n_exp] = total;
+}
+
+extern "C" __global__ void moe_scatter(const int* __restrict__ chosen, int n_pairs, int* __restrict__ cursor,
+                                       int* __restrict__ order, int* __restrict__ where) {
+    const int p = blockIdx.x * blockDim.x + threadIdx.x;
+    if (p >= n_pairs) return;
+    const int at = atomicAdd(cursor + chosen[p], 1);  // the order within an expert does not matter
+    order[at] = p;
+    where[p] = at;
+}
+
+// y[g, r] = W_e[r, :] . x[src(g), :] (+ bias_e[r]) for each grouped pair g of expert e = blockIdx.y;
+// src(g) = order[g] / k (the pair's token) or g itself when the inputs are per pair (`x_per_pair`).
+template <class Fmt>
+__device__ __forceinline__ void moe_grouped(const u8* __restrict__ w, i64 expert_stride, i64 row_bytes, int n_rows,
+                                            int n_cols, const float* __restrict__ x, int x_per_pair,
+                                            const int* __restrict__ order, const int* __restrict__ offsets, int k,
+                                            const float* __restrict__ bias, float* __restrict__ y) {
+    const int e = blockIdx.y, lane = threadIdx.x & 31;
+    const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int begin = offsets[e], end = offsets[e + 1];
+    if (r >= n_rows || begin == end) return;
+    const u8* row = w + e * expert_stride + (i64)r * row_bytes;
+    const int units = n_cols >> 5;
+    for (int g0 = begin; g0 < end; g0 += MOE_T) {
+        const int n = min(MOE_T, end - g0);
+        const float* xs[MOE_T];
+#pragma unroll
+        for (int t = 0; t < MOE_T; ++t) {
+            const int g = g0 + min(t, n - 1);
+            xs[t] = x + (i64)(x_per_pair ? g : order[g] / k) * n_cols;
+        }
+        float acc[MOE_T];
+#pragma unroll
+        for (int t = 0; t < MOE_T; ++t) acc[t] = 0.f;
+        for (int u = lane; u < units; u += 32) {
+            Fmt f;
+            f.load(row, u);
+            const int xb = Fmt::x_base(u);
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                float w0[4], w1[4];
+                f.get(q, w0, w1);
+#pragma unroll
+                for (int t = 0; t < MOE_T; ++t)
+#pragma unroll
+                    for (int i = 0; i < 4; ++i)
+                        acc[t] += w0[i] * xs[t][xb + 4 * q + i] + w1[i] * xs[t][xb + Fmt::RUN1 + 4 * q + i];
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < MOE_T; ++t) {
+            float v = acc[t];
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+            if (lane == 0 && t < n) y[(i64)(g0 + t) * n_rows + r] = v + (bias ? bias[(i64)e * n_rows + r] : 0.f);
+        }
+    }
+}
+
+#define MOE_GROUPED_KERNEL(SUFFIX, FMT)                                                                        \
+    extern "C" __global__ void moe_grouped_##SUFFIX(                                                           \
+        const u8* __restrict__ w, i64 expert_stride, i64 row_bytes, int n_rows, int n_cols,                    \
+        const float* __restrict__ x, int x_per_pair, const int* __restrict__ order,                            \
+        const int* __restrict__ offsets, int k, const float* __restrict__ bias, float* __restrict__ y) {       \
+        moe_grouped<FMT>(w, expert_stride, row_bytes, n_rows, n_cols, x, x_per_pair, order, offsets, k, bias, y); \
+    }
+
+#if defined(PADDOCK_ALL_VARIANTS)
+PADDOCK_FORMATS(MOE_GROUPED_KERNEL)
+#else
+MOE_GROUPED_KERNEL(PADDOCK_FORMAT, PADDOCK_FORMAT_STRUCT)
+#endif
+
+// kind 0: silu(g) * u; kind 1: (clamp(u, +-limit) + 1) * g' * sigmoid(alpha g') with g' = min(g, limit).
+extern "C" __global__ void moe_gated(const float* __restrict__ gate, const float* __restrict__ up, i64 n, int kind,
+                                     float limit, float alpha, float* __restrict__ out) {
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float g = gate[i], u = up[i];
+    if (kind == 0) {
+        out[i] = g / (1.f + expf(-g)) * u;
+    } else {
+        const float gc = fminf(g, limit), uc = fminf(fmaxf(u, -limit), limit);
+        out[i] = (uc + 1.f) * (gc / (1.f + expf(-gc * alpha)));
+    }
+}
+
+// out[t, c] = sum over t's k pairs, in expert-id order, of weights[t, j] * h[where[t k + j], c].
+extern "C" __global__ void moe_combine(const float* __restrict__ h, const int* __restrict__ chosen,
+                                       const float* __restrict__ weights, const int* __restrict__ where, int k,
+                                       int n_cols, float* __restrict__ out) {
+    const int t = blockIdx.x;
+    int slot[MOE_MAX_K];
+    for (int j = 0; j < k; ++j) slot[j] = j;
+    for (int j = 1; j < k; ++j)  // insertion sort of the token's slots by expert id
+        for (int i = j; i > 0 && chosen[(i64)t * k + slot[i - 1]] > chosen[(i64)t * k + slot[i]]; --i) {
+            const int s = slot[i];
+            slot[i] = slot[i - 1];
+            slot[i - 1] = s;
+        }
+    for (int c = threadIdx.x; c < n_cols; c += blockDim.x) {
+        float acc = 0.f;
+        for (int j = 0; j < k; ++j) {
+            const i64 q = (i64)t * k + slot[j];
+            acc += h[(i64)where[q] * n_cols + c] * weights[q];
+        }
+        out[(i64)t * n_cols + c] = acc;
+    }
+}

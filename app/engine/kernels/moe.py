@@ -1,0 +1,139 @@
+"""Wrapper of moe.cu: a mixture-of-experts feed-forward on the GPU with no host sync.
+
+`moe_forward` runs route -> count -> offsets -> scatter -> grouped gate and up products -> gated
+unit -> grouped down product -> combine, eight launches whose sizes depend only on the token
+count (never on how the tokens were routed), so a decode step that holds it can be captured as a
+CUDA graph. The experts of one projection are one stacked buffer in their checkpoint's block
+format (`StackedExperts`, GGUF's `ffn_*_exps [E, rows, cols]`); layers/moe.py is the oracle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from app.engine.kernels.gemv import format_defines
+from app.engine.kernels.runtime.compile import get_kernel
+from app.engine.kernels.runtime.launch import f32, i32, i64, launch, ptr
+from app.engine.models.config import MoeSpec
+from app.engine.quant.dispatch import QuantizedTensor
+
+MAX_USED = 16  # MOE_MAX_K in moe.cu
+WARPS = 4  # rows per block of the grouped products
+THREADS = 256
+PAD_BYTES = 16  # the format decoders read whole 16-byte words
+
+
+@dataclass(frozen=True)
+class StackedExperts:
+    data: Any  # uint8 device buffer: E x rows x row_bytes (+ PAD_BYTES)
+    qtype_name: str
+    num_experts: int
+    n_rows: int
+    n_cols: int
+    row_bytes: int
+    bias: Any | None = None  # float32 [E, rows] or None
+
+    @property
+    def expert_stride(self) -> int:
+        return self.n_rows * self.row_bytes
+
+
+def upload_stacked(weight: QuantizedTensor, bias: QuantizedTensor | None = None) -> StackedExperts:
+    """A GGUF-stacked expert tensor `[E, rows, cols]` (and its `[E, rows]` bias) on the device."""
+    import cupy as cp
+
+    experts, rows, cols = weight.shape
+    if cols % 32:
+        raise ValueError(f"tensor {weight.name!r}: {cols} columns is not a whole number of 32-weight units")
+    flat = np.zeros(weight.data.size + PAD_BYTES, np.uint8)
+    flat[: weight.data.size] = np.ascontiguousarray(weight.data).reshape(-1)
+    device_bias = None if bias is None else cp.asarray(bias.dequantize().astype(np.float32).reshape(experts, rows))
+    return StackedExperts(cp.asarray(flat), weight.qtype.name, experts, rows, cols, weight.data.shape[1], device_bias)
+
+
+def _kernel(name: str, qtype_name: str = "F32") -> Any:
+    return get_kernel("moe.cu", name, format_defines(qtype_name))
+
+
+def _grid(n: int) -> tuple[int]:
+    return (max(1, -(-n // THREADS)),)
+
+
+def moe_forward(
+    x: Any, logits: Any, spec: MoeSpec, gate: StackedExperts, up: StackedExperts, down: StackedExperts
+) -> Any:
+    """`[T, hidden]` normalised hidden states and their router logits `[T, E]` -> the experts' sum."""
+    chosen, weights = moe_route(logits, spec)
+    return moe_experts(x, chosen, weights, spec, gate, up, down)
+
+
+def moe_route(logits: Any, spec: MoeSpec) -> tuple[Any, Any]:
+    """Each token's k expert ids `[T, k]` (int32) and their weights (float32), on the device."""
+    import cupy as cp
+
+    n_tok, k, n_exp = logits.shape[0], spec.num_used, spec.num_experts
+    if not 1 <= k <= min(MAX_USED, n_exp):
+        raise ValueError(f"{k} experts per token: the kernels take 1 to {min(MAX_USED, n_exp)}")
+    if spec.activation not in ("silu", "swiglu_oai"):
+        raise ValueError(f"no MoE kernel for activation {spec.activation!r}")
+    chosen = cp.empty((n_tok, k), cp.int32)
+    weights = cp.empty((n_tok, k), cp.float32)
+    topk_first = spec.routing == "topk_softmax"
+    launch(_kernel("moe_route"), _grid(n_tok), (THREADS,),
+           (logits, i32(n_tok), i32(n_exp), i32(k), i32(topk_first), i32(spec.normalize), chosen, weights))  # fmt: skip
+    return chosen, weights
+
+
+def moe_experts(
+    x: Any,
+    chosen: Any,
+    weights: Any,
+    spec: MoeSpec,
+    gate: StackedExperts,
+    up: StackedExperts,
+    down: StackedExperts,
+    groups: Any = None,
+) -> Any:
+    """The routed pairs through the grouped products, gated unit and combine.
+
+    `groups` `[T, k]` (int32): the stacked slot each pair's product reads, by default its expert.
+    A pair whose group is `gate.num_experts` (one past the last slot) is skipped: its output is 0,
+    so one call can run only the experts that are in slots (backend/cuda/experts.py streams the
+    rest). The combine adds a token's pairs in expert-id order (`chosen`) either way."""
+    import cupy as cp
+
+    n_tok, k = x.shape[0], spec.num_used
+    n_slots = gate.num_experts
+    skipping = groups is not None
+    groups = chosen if groups is None else groups
+    n_groups = n_slots + 1 if skipping else n_slots  # the extra group holds the skipped pairs
+    pairs = n_tok * k
+    counts = cp.zeros(n_groups, cp.int32)
+    offsets = cp.empty(n_groups + 1, cp.int32)
+    cursor = cp.empty(n_groups, cp.int32)
+    order = cp.empty(pairs, cp.int32)
+    where = cp.empty(pairs, cp.int32)
+    launch(_kernel("moe_count"), _grid(pairs), (THREADS,), (groups, i32(pairs), counts))
+    launch(_kernel("moe_offsets"), (1,), (1,), (counts, i32(n_groups), offsets, cursor))
+    launch(_kernel("moe_scatter"), _grid(pairs), (THREADS,), (groups, i32(pairs), cursor, order, where))  # fmt: skip
+
+    def grouped(w: StackedExperts, inputs: Any, per_pair: bool) -> Any:
+        y = (cp.zeros if skipping else cp.empty)((pairs, w.n_rows), cp.float32)  # skipped rows stay 0
+        kernel = _kernel(f"moe_grouped_{w.qtype_name.lower()}", w.qtype_name)
+        args = (w.data, i64(w.expert_stride), i64(w.row_bytes), i32(w.n_rows), i32(w.n_cols), inputs,
+                i32(per_pair), order, offsets, i32(k), ptr(w.bias), y)  # fmt: skip
+        launch(kernel, (-(-w.n_rows // WARPS), n_slots), (32 * WARPS,), args)
+        return y
+
+    g, u = grouped(gate, x, False), grouped(up, x, False)
+    act = cp.empty_like(g)
+    kind = 1 if spec.activation == "swiglu_oai" else 0
+    launch(_kernel("moe_gated"), _grid(g.size), (THREADS,),
+           (g, u, i64(g.size), i32(kind), f32(spec.swiglu_limit), f32(spec.swiglu_alpha), act))  # fmt: skip
+    h = grouped(down, act, True)
+    out = cp.empty((n_tok, down.n_rows), cp.float32)
+    launch(_kernel("moe_combine"), (n_tok,), (THREADS,), (h, chosen, weights, where, i32(k), i32(down.n_rows), out))
+    return out

@@ -1,0 +1,164 @@
+"""Mixture-of-experts feed-forward: a router picks k experts per token, their outputs are summed.
+
+Written over backend ops so every backend runs it: the router is a `linear`, each expert a
+gated product and a `linear`. Tokens are grouped by expert (one stable sort of the k choices of
+every token), so each expert that any token picked runs once, on all of its tokens together;
+an expert nobody picked costs nothing. A token's contributions are added in expert order,
+whatever else is in the batch, as transformers adds them.
+
+Checkpoints hold an expert tensor either stacked (GGUF's `ffn_gate_exps.weight [E, ff, hidden]`,
+split here into E zero-copy row views) or one per expert (`ffn_gate_exps.{e}.weight`, as Hugging
+Face folders list them).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from app.engine.layers.linear import Linear
+from app.engine.loader.names import CheckpointError
+from app.engine.models.config import MoeSpec
+from app.engine.quant.dispatch import QuantizedTensor
+
+
+def expert_tensors(
+    tensors: dict[str, QuantizedTensor], name: str, count: int
+) -> list[QuantizedTensor] | None:
+    """The `count` experts' slices of `name` ("blk.0.ffn_up_exps.weight"), or None if absent."""
+    stacked = tensors.get(name)
+    if stacked is None:
+        base, kind = name.rsplit(".", 1)
+        parts = [tensors.get(f"{base}.{e}.{kind}") for e in range(count)]
+        if all(p is None for p in parts):
+            return None
+        if any(p is None for p in parts):
+            missing = next(e for e, p in enumerate(parts) if p is None)
+            raise CheckpointError(f"tensor {base}.{missing}.{kind} is missing ({count} experts)")
+        return parts  # type: ignore[return-value]
+    if stacked.shape[0] != count:
+        raise CheckpointError(f"tensor {name!r} has shape {stacked.shape}: expected {count} experts first")
+    rows = math.prod(stacked.shape[1:-1]) if len(stacked.shape) > 2 else 1
+    shape = stacked.shape[1:] if len(stacked.shape) > 1 else (1,)
+    return [
+        QuantizedTensor(f"{name}[{e}]", stacked.qtype, shape, stacked.data[e * rows : (e + 1) * rows])
+        for e in range(count)
+    ]
+
+
+class MoE:
+    """On a backend with `load_experts` (CUDA) whose kernels read the experts' format, the whole
+    layer after the router is one `backend.moe` call on the device; elsewhere it is the loop below
+    over backend ops, which reads the expert counts back to the host (the oracle the kernels are
+    tested against)."""
+
+    def __init__(self, backend: Any, tensors: dict[str, QuantizedTensor], prefix: str, spec: MoeSpec) -> None:
+        self.backend, self.spec = backend, spec
+        self.router = Linear(
+            backend, tensors[f"{prefix}.ffn_gate_inp.weight"], tensors.get(f"{prefix}.ffn_gate_inp.bias")
+        )
+        n = spec.num_experts
+
+        def experts(part: str) -> tuple[list[QuantizedTensor], list[QuantizedTensor | None]]:
+            weights = expert_tensors(tensors, f"{prefix}.ffn_{part}_exps.weight", n)
+            if weights is None:
+                raise CheckpointError(f"tensor {prefix}.ffn_{part}_exps.weight is missing")
+            biases = expert_tensors(tensors, f"{prefix}.ffn_{part}_exps.bias", n) or [None] * n
+            return weights, biases  # type: ignore[return-value]
+
+        (gate_w, gate_b), (up_w, up_b), (down_w, down_b) = experts("gate"), experts("up"), experts("down")
+        load = getattr(backend, "load_experts", None)
+        self.grouped = None if load is None else load(spec, [gate_w, up_w, down_w], [gate_b, up_b, down_b])
+        if self.grouped is not None:
+            return
+        self.down = [Linear(backend, w, b) for w, b in zip(down_w, down_b, strict=True)]
+        self.gate_up = [
+            backend.fuse_linear(
+                [backend.load_weight(g), backend.load_weight(u)],
+                [None if b is None else backend.load_weight(b) for b in (gb, ub)],
+            )
+            for g, u, gb, ub in zip(gate_w, up_w, gate_b, up_b, strict=True)
+        ]
+
+    @property
+    def syncs_host(self) -> bool:
+        """Whether a forward reads the router's choices back to the host (the per-expert loop, or
+        experts streamed from host RAM); on a GPU, no CUDA graph can hold such a step."""
+        return self.grouped is None or getattr(self.grouped, "syncs_host", False)
+
+    def __call__(self, x: Any) -> Any:
+        """`[T, hidden]` normalised hidden states -> the experts' weighted sum, `[T, hidden]`."""
+        logits = self.router(x)
+        if self.grouped is not None:
+            return self.backend.moe(x, logits, self.spec, self.grouped)
+        weights, chosen = route(self.backend.xp, logits, self.spec)
+
+        def run(expert: int, rows: Any) -> Any:
+            down = self.down[expert]
+            return expert_forward(self.backend, self.spec, self.gate_up[expert], down.weight, down.bias, rows)
+
+        return sum_over_experts(self.backend, x, weights, chosen, self.spec, run)
+
+
+def sum_over_experts(
+    backend: Any, x: Any, weights: Any, chosen: Any, spec: MoeSpec, run: Callable[[int, Any], Any]
+) -> Any:
+    """Each token's experts' outputs times their weights, summed: every picked expert runs once, in
+    ascending id order, on all of its tokens' rows (`run(expert, rows)`), and a token's contributions
+    are added in that order, whatever else is in the batch."""
+    xp = backend.xp
+    flat = chosen.reshape(-1)
+    order = xp.argsort(flat, kind="stable")  # the (token, slot) pairs grouped by expert
+    counts = backend.to_host(xp.bincount(flat, minlength=spec.num_experts))
+    flat_weights = weights.reshape(-1)
+    out = xp.zeros_like(x)
+    start = 0
+    for expert, count in enumerate(counts.tolist()):
+        if not count:
+            continue
+        picks = order[start : start + count]
+        start += count
+        rows = picks // spec.num_used  # distinct: a token picks an expert at most once
+        out[rows] += run(expert, x[rows]) * flat_weights[picks][:, None]
+    return out
+
+
+def expert_forward(backend: Any, spec: MoeSpec, gate_up: Any, down: Any, down_bias: Any, x: Any) -> Any:
+    """One expert on its tokens' rows: the gated unit over the fused gate and up products, then down."""
+    if spec.activation != "swiglu_oai":
+        act = backend.gated_linear(x, gate_up, spec.activation)
+    else:
+        act = swiglu_oai(backend.xp, backend.linear(x, gate_up), spec.swiglu_limit, spec.swiglu_alpha)
+    return backend.linear(act, down, down_bias)
+
+
+def route(xp: Any, logits: Any, spec: MoeSpec) -> tuple[Any, Any]:
+    """Each token's k expert ids (best first) and their weights, as the family's router computes them."""
+    k = spec.num_used
+    chosen = xp.argsort(-logits, axis=-1, kind="stable")[:, :k]
+    if spec.routing == "softmax_topk":
+        probs = _softmax(xp, logits)
+        top = xp.take_along_axis(probs, chosen, axis=-1)
+        if spec.normalize:
+            top = top / top.sum(axis=-1, keepdims=True)
+        return top, chosen
+    if spec.routing == "topk_softmax":
+        return _softmax(xp, xp.take_along_axis(logits, chosen, axis=-1)), chosen
+    raise ValueError(f"unknown expert routing {spec.routing!r}; expected softmax_topk or topk_softmax")
+
+
+def _softmax(xp: Any, x: Any) -> Any:
+    e = xp.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def swiglu_oai(xp: Any, gate_up: Any, limit: float, alpha: float) -> Any:
+    """GPT-OSS's gated unit on `[T, 2 ff]` (gate columns, then up): `(clamp(up) + 1) * g * sigmoid(alpha g)`
+    with `g = min(gate, limit)` and up clamped to +-limit."""
+    half = gate_up.shape[-1] // 2
+    one = gate_up.dtype.type(1.0)
+    gate = xp.minimum(gate_up[:, :half], gate_up.dtype.type(limit))
+    up = xp.clip(gate_up[:, half:], -limit, limit)
+    glu = gate / (one + xp.exp(-gate * gate_up.dtype.type(alpha)))
+    return (up + one) * glu

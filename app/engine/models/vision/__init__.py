@@ -1,0 +1,81 @@
+"""Vision towers: images to the text model's input embeddings.
+
+`VisionModel` = SigLIP encoder + Gemma 3 projector over backend ops, `QwenVisionModel` the
+Qwen2.5-VL vision transformer and merger (qwen_vl.py); `load_vision` builds the checkpoint's
+from a Hugging Face folder or a llama.cpp mmproj GGUF (see weights.py, qwen_vl_mmproj.py);
+image preprocessing is in image_processing.py and qwen_vl_processing.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from app.engine.images import ImageInput
+from app.engine.loader.names import CheckpointError
+from app.engine.models.vision.config import VisionConfig
+from app.engine.models.vision.gemma3_projector import Gemma3Projector
+from app.engine.models.vision.qwen_vl import QwenVisionModel
+from app.engine.models.vision.qwen_vl_mmproj import load_qwen_mmproj
+from app.engine.models.vision.qwen_vl_weights import load_qwen_vision
+from app.engine.models.vision.siglip import SiglipEncoder
+from app.engine.models.vision.weights import Tensors, find_mmproj, load_hf_vision, load_mmproj
+
+__all__ = ["QwenVisionModel", "VisionConfig", "VisionModel", "load_vision"]
+
+
+class VisionModel:
+    def __init__(self, backend: Any, cfg: VisionConfig, tensors: Tensors) -> None:
+        self.backend, self.config = backend, cfg
+        self.encoder = SiglipEncoder(backend, cfg, tensors)
+        self.projector = Gemma3Projector(backend, cfg, tensors)
+
+    def encode(self, pixels: np.ndarray) -> Any:
+        """Normalized pixel values `[3, S, S]` -> soft-token embeddings `[tokens_per_image, text hidden]`."""
+        return self.projector(self.encoder(pixels))
+
+    def encode_image(self, image: ImageInput) -> Any:
+        return self.encode(image.pixel_values)
+
+
+def load_vision(checkpoint: Any, backend: Any, mmproj: str | Path | None = None) -> VisionModel | None:
+    """The checkpoint's vision tower: its own (HF folder), the given mmproj, or an mmproj beside a
+    GGUF. None when the model has none."""
+    if checkpoint.architecture == "qwen2vl":
+        return _load_qwen(checkpoint, backend, mmproj)
+    text_hidden = checkpoint.tensors["token_embd.weight"].shape[1]
+    if mmproj is not None:
+        cfg, tensors = load_mmproj(Path(mmproj), text_hidden)
+    elif checkpoint.format == "gguf":
+        found = find_mmproj(checkpoint.path)
+        if found is None:
+            return None
+        cfg, tensors = load_mmproj(found, text_hidden)
+    else:
+        loaded = load_hf_vision(checkpoint.path, checkpoint.hf_config or {})
+        if loaded is None:
+            return None
+        cfg, tensors = loaded
+    return VisionModel(backend, cfg, tensors)
+
+
+def _load_qwen(checkpoint: Any, backend: Any, mmproj: str | Path | None) -> QwenVisionModel | None:
+    """From the given mmproj, the mmproj beside a GGUF, or the folder's own `visual.*` tensors."""
+    text_hidden = checkpoint.tensors["token_embd.weight"].shape[1]
+    if mmproj is not None or checkpoint.format == "gguf":
+        path = Path(mmproj) if mmproj is not None else find_mmproj(checkpoint.path)
+        if path is None:
+            return None
+        cfg, tensors = load_qwen_mmproj(path, text_hidden)
+    else:
+        loaded = load_qwen_vision(checkpoint.path, checkpoint.hf_config or {})
+        if loaded is None:
+            return None
+        cfg, tensors = loaded
+    if cfg.out_hidden_size != text_hidden:
+        raise CheckpointError(
+            f"{checkpoint.path}: the vision merger outputs width {cfg.out_hidden_size}, the text model's is {text_hidden}"
+        )
+    return QwenVisionModel(backend, cfg, tensors)

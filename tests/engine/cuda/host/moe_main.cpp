@@ -1,0 +1,72 @@
+// Run moe.cu's whole pipeline on the SIMT emulator, in the order kernels/moe.py launches it:
+//   moe FMT DIR N_TOK HIDDEN FF N_EXP K TOPK_FIRST NORMALIZE ACT ROW_BYTES_GU ROW_BYTES_DOWN
+// reads x.bin [T, H], logits.bin [T, E], gate.bin / up.bin ([E, FF] rows), down.bin ([E, H] rows),
+// optional gate_bias.bin / up_bias.bin / down_bias.bin; writes out.bin, chosen.bin, weights.bin.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#define PADDOCK_ALL_VARIANTS
+#include "moe.cu"
+
+#include "host_io.h"
+
+typedef void (*GroupedFn)(const u8*, i64, i64, int, int, const float*, int, const int*, const int*, int,
+                          const float*, float*);
+
+static GroupedFn pick(const std::string& fmt) {
+#define PICK_MOE(SUFFIX, FMT) \
+    if (fmt == #SUFFIX) return moe_grouped_##SUFFIX;
+    PADDOCK_FORMATS(PICK_MOE)
+    exit(4);
+}
+
+static const float* opt(const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); }
+
+int main(int argc, char** argv) {
+    if (argc != 14 || std::string(argv[1]) != "moe") return 2;
+    const std::string fmt = argv[2], dir = argv[3];
+    const int T = atoi(argv[4]), H = atoi(argv[5]), FF = atoi(argv[6]), E = atoi(argv[7]), K = atoi(argv[8]);
+    const int topk_first = atoi(argv[9]), normalize = atoi(argv[10]), act = atoi(argv[11]);
+    const i64 rb_gu = atoll(argv[12]), rb_d = atoll(argv[13]);
+    auto x = read_required<float>(dir + "/x.bin");
+    auto logits = read_required<float>(dir + "/logits.bin");
+    auto gate = read_file<uint4>(dir + "/gate.bin", 2), up = read_file<uint4>(dir + "/up.bin", 2);
+    auto down = read_file<uint4>(dir + "/down.bin", 2);
+    auto gate_bias = read_file<float>(dir + "/gate_bias.bin"), up_bias = read_file<float>(dir + "/up_bias.bin");
+    auto down_bias = read_file<float>(dir + "/down_bias.bin");
+    const int P = T * K;
+    std::vector<int> chosen(P), counts(E, 0), offsets(E + 1), cursor(E), order(P), where(P);
+    std::vector<float> weights(P), g((size_t)P * FF), u((size_t)P * FF), a((size_t)P * FF), h((size_t)P * H),
+        out((size_t)T * H, NAN);
+    const unsigned threads = 64;
+    auto blocks = [&](long n) { return dim3{(unsigned)((n + threads - 1) / threads), 1, 1}; };
+    launch(blocks(T), {threads, 1, 1}, [&] {
+        moe_route(logits.data(), T, E, K, topk_first, normalize, chosen.data(), weights.data());
+    });
+    launch(blocks(P), {threads, 1, 1}, [&] { moe_count(chosen.data(), P, counts.data()); });
+    launch({1, 1, 1}, {1, 1, 1}, [&] { moe_offsets(counts.data(), E, offsets.data(), cursor.data()); });
+    launch(blocks(P), {threads, 1, 1}, [&] { moe_scatter(chosen.data(), P, cursor.data(), order.data(), where.data()); });
+    GroupedFn fn = pick(fmt);
+    const unsigned warps = 2;
+    auto grouped = [&](const std::vector<uint4>& w, i64 rb, int rows, int cols, const float* in, int per_pair,
+                       const std::vector<float>& bias, float* y) {
+        launch({(unsigned)((rows + warps - 1) / warps), (unsigned)E, 1}, {32 * warps, 1, 1}, [&] {
+            fn(reinterpret_cast<const u8*>(w.data()), rb * rows, rb, rows, cols, in, per_pair, order.data(),
+               offsets.data(), K, opt(bias), y);
+        });
+    };
+    grouped(gate, rb_gu, FF, H, x.data(), 0, gate_bias, g.data());
+    grouped(up, rb_gu, FF, H, x.data(), 0, up_bias, u.data());
+    launch(blocks((long)P * FF), {threads, 1, 1}, [&] {
+        moe_gated(g.data(), u.data(), (i64)P * FF, act, 7.0f, 1.702f, a.data());
+    });
+    grouped(down, rb_d, H, FF, a.data(), 1, down_bias, h.data());
+    launch({(unsigned)T, 1, 1}, {32, 1, 1}, [&] {
+        moe_combine(h.data(), chosen.data(), weights.data(), where.data(), K, H, out.data());
+    });
+    write_file(dir + "/out.bin", out);
+    write_file(dir + "/chosen.bin", chosen);
+    write_file(dir + "/weights.bin", weights);
+    return 0;
+}

@@ -1,0 +1,55 @@
+"""The benchmarks' random quantized checkpoints load, keep each tensor in its planned format, and run."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from model_harness import run_logits
+
+from app.engine.backend.cpu import CpuBackend
+from app.engine.loader.tokenizer import Tokenizer
+from app.engine.loader.weights import open_checkpoint
+from app.engine.models.registry import build_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import make_random_gguf
+import make_random_safetensors
+
+
+def _runs(path: Path) -> None:
+    checkpoint = open_checkpoint(path)
+    model = build_model(checkpoint, CpuBackend(), 64)
+    logits = run_logits(model, model.backend, list(range(1, 13)), "prefill")
+    assert np.isfinite(logits).all() and 0.1 < logits.std() < 10  # weights scaled so activations stay O(1)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "expected"),
+    [
+        ("fp8-block", {"FP8_E4M3": 14, "BF16": 2, "F32": 9}),
+        ("nvfp4", {"NVFP4_SPLIT": 14, "BF16": 2, "F32": 9}),
+        ("mix", {"FP8_E4M3": 10, "NVFP4_SPLIT": 4, "BF16": 2, "F32": 9}),
+    ],
+)
+def test_random_safetensors(tmp_path: Path, fmt: str, expected: dict[str, int]) -> None:
+    out = tmp_path / fmt
+    make_random_safetensors.write("tiny", fmt, out)
+    checkpoint = open_checkpoint(out)
+    assert dict(checkpoint.quant_mix) == expected
+    if fmt == "fp8-block":
+        assert checkpoint.tensors["blk.0.attn_q.weight"].scales.group == (128, 128)
+    assert Tokenizer.from_pretrained_dir(out).eos_token_id == make_random_gguf.SHAPES["tiny"].vocab - 1
+    _runs(out)
+
+
+@pytest.mark.parametrize(("mix", "formats"), [("mxfp4", {"MXFP4", "Q8_0", "Q6_K", "F32"}),
+                                              ("iq4_xs", {"IQ4_XS", "Q6_K", "Q4_K", "F32"}),
+                                              ("nvfp4", {"NVFP4", "Q8_0", "Q6_K", "F32"})])  # fmt: skip
+def test_random_gguf_new_mixes(tmp_path: Path, mix: str, formats: set[str]) -> None:
+    path = tmp_path / f"{mix}.gguf"
+    make_random_gguf.write("tiny", mix, path)
+    assert {name for name, _ in open_checkpoint(path).quant_mix} == formats
+    _runs(path)

@@ -1,0 +1,109 @@
+"""The numba CPU kernels against the numpy oracle (quant/reference.py) and gguf-py's dequantizers.
+
+Decoding must equal gguf-py bit for bit, arbitrary bytes included (the kernels use the oracle's
+operations in its order). Products differ from `x @ dequantize(W).T` in float32 summation order
+only: bounded by 1e-5 of the sum of |x| * |w| per output, far above rounding (~1e-7) and far below
+any decoding slip (one wrong nibble moves an output by ~1e-2 of that sum).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize as gguf_dequantize
+
+from app.engine.backend.cpu import CpuBackend
+from app.engine.backend.cpu_fast.backend import GEMV_MAX_ROWS, FastCpuBackend
+from app.engine.backend.cpu_fast.weights import FAST_FORMATS, FastWeight
+from app.engine.quant.dispatch import QuantizedTensor
+from app.engine.quant.reference import dequantize, random_blocks
+from app.engine.quant.types import QUANT_TYPES
+
+# numba compiles every format's kernels on a fresh clone (~2 minutes of CPU; its disk cache makes
+# later runs take seconds): slow tier. The embedded model's formats run in the fast tier through
+# every test that loads it.
+pytestmark = pytest.mark.slow
+
+FORMATS = sorted(FAST_FORMATS)
+ROWS, COLS = 48, 512  # 2 super-blocks per row; 3 parallel tasks of rows
+
+
+def tensor(name: str, rng: np.random.Generator, arbitrary: bool = False) -> QuantizedTensor:
+    qtype = QUANT_TYPES[name]
+    n_bytes = ROWS * qtype.row_bytes(COLS)
+    if arbitrary:
+        data = rng.integers(0, 256, size=n_bytes, dtype=np.uint8)
+    else:
+        data = random_blocks(qtype, ROWS * COLS // qtype.block_size, rng)
+    return QuantizedTensor("w", qtype, (ROWS, COLS), data.reshape(ROWS, -1))
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_decoding_equals_gguf_on_arbitrary_bytes(name: str) -> None:
+    rng = np.random.default_rng(QUANT_TYPES[name].ggml_id)
+    t = tensor(name, rng, arbitrary=True)
+    weight = FastWeight(t)
+    with np.errstate(invalid="ignore", over="ignore"):
+        expected = gguf_dequantize(t.data, GGMLQuantizationType[name])
+    tile = weight.tile(0, np.empty((ROWS, COLS), np.float32))
+    np.testing.assert_array_equal(tile, expected)
+    picked = np.array([5, 0, 47, 5])
+    np.testing.assert_array_equal(weight.rows(picked), expected[picked])
+    np.testing.assert_array_equal(weight.tile(7, np.empty((3, COLS), np.float32)), expected[7:10])
+
+
+def _bound(x: np.ndarray, dense: np.ndarray) -> np.ndarray:
+    return 1e-5 * (np.abs(x) @ np.abs(dense).T) + 1e-30
+
+
+@pytest.mark.parametrize("n_x", [1, 3, GEMV_MAX_ROWS, GEMV_MAX_ROWS + 1, 40])
+@pytest.mark.parametrize("name", FORMATS)
+def test_products_match_the_oracle(name: str, n_x: int) -> None:
+    """Decode rows (gemv) and prefill rows (tiles + BLAS) against numpy on the dequantized matrix."""
+    rng = np.random.default_rng(QUANT_TYPES[name].ggml_id * 10 + n_x)
+    t = tensor(name, rng)
+    dense = dequantize(t.data, t.qtype)
+    x = rng.standard_normal((n_x, COLS)).astype(np.float32)
+    ours = FastCpuBackend().linear(x, FastCpuBackend().load_weight(t))
+    expected = x.astype(np.float64) @ dense.T.astype(np.float64)
+    assert ours.dtype == np.float32 and ours.shape == (n_x, ROWS)
+    assert (np.abs(ours - expected) <= _bound(x, dense)).all(), np.abs(ours - expected).max()
+
+
+def test_fused_weights_with_biases_mixed_formats_and_batch_invariance() -> None:
+    """q/k/v-style parts of different formats side by side, biases added per part; a decode row's
+    result is the same bits alone or in a batch (each row is its own dot product)."""
+    rng = np.random.default_rng(7)
+    fast, ref = FastCpuBackend(), CpuBackend()
+    parts = [tensor(name, rng) for name in ("Q5_0", "Q8_0", "Q6_K")]
+    biases = [rng.standard_normal(ROWS).astype(np.float32), None, rng.standard_normal(ROWS).astype(np.float32)]
+    fused = fast.fuse_linear([fast.load_weight(p) for p in parts], biases)
+    fused_ref = ref.fuse_linear([ref.load_weight(p) for p in parts], biases)
+    x = rng.standard_normal((GEMV_MAX_ROWS, COLS)).astype(np.float32)
+    ours, expected = fast.linear(x, fused), ref.linear(x, fused_ref)
+    dense = np.concatenate([dequantize(p.data, p.qtype) for p in parts])
+    assert (np.abs(ours - expected) <= _bound(x, dense) + 1e-6).all()
+    for i in range(len(x)):
+        np.testing.assert_array_equal(fast.linear(x[i : i + 1], fused)[0], ours[i])
+
+
+def test_embedding_rows_and_float_matrices_fall_back() -> None:
+    rng = np.random.default_rng(3)
+    fast = FastCpuBackend()
+    t = tensor("Q4_K", rng)
+    ids = np.array([3, 3, 40], dtype=np.int32)
+    np.testing.assert_array_equal(fast.embedding(fast.load_weight(t), ids), dequantize(t.data, t.qtype)[ids])
+    f32 = QuantizedTensor.from_float("w", rng.standard_normal((4, 32)).astype(np.float32), QUANT_TYPES["F32"])
+    weight = fast.load_weight(f32)
+    assert not isinstance(weight, FastWeight)  # F32 matrices stay on the numpy path
+    x = rng.standard_normal((2, 32)).astype(np.float32)
+    np.testing.assert_allclose(fast.linear(x, weight), x @ f32.dequantize().T, rtol=1e-6, atol=1e-6)
+
+
+def test_thread_count_is_checked() -> None:
+    import numba
+
+    with pytest.raises(ValueError, match="--threads must be between 1 and"):
+        FastCpuBackend(numba.config.NUMBA_NUM_THREADS + 1)
+    assert FastCpuBackend(1).threads == 1

@@ -1,0 +1,103 @@
+"""The host side of the decode graphs (worker/decode_graphs.py), without a GPU: which graph a step
+replays (the plain one, or the cascade variant when its rows share enough leading blocks) and the
+inputs it stages for it, over a stand-in for CuPy whose arrays are numpy arrays."""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import numpy as np
+
+from app.engine.kernels.attention_cascade import MIN_SHARED_TOKENS
+from app.engine.kernels.options import KernelOptions
+from app.engine.worker.decode_graphs import DecodeGraphs
+
+BLOCK = 16
+
+
+class _DeviceArray(np.ndarray):
+    def set(self, host: np.ndarray, stream: Any = None) -> None:  # cupy's host-to-device copy
+        self[...] = host
+
+
+def _device(a: np.ndarray) -> _DeviceArray:
+    return np.asarray(a).view(_DeviceArray)
+
+
+class _Graph:
+    def __init__(self) -> None:
+        self.launches = 0
+
+    def launch(self, stream: Any = None) -> None:
+        self.launches += 1
+
+
+def _fake_cupy() -> Any:
+    cuda = types.SimpleNamespace(
+        alloc_pinned_memory=lambda nbytes: bytearray(nbytes),
+        Stream=types.SimpleNamespace(null=None),
+    )
+    return types.SimpleNamespace(
+        int32=np.int32,
+        zeros=lambda n, dtype: _device(np.zeros(n, dtype)),
+        arange=lambda n, dtype: _device(np.arange(n, dtype=dtype)),
+        asarray=lambda a, dtype=None: _device(np.asarray(a, dtype)),
+        cuda=cuda,
+    )
+
+
+def _graphs(cascade: bool) -> tuple[DecodeGraphs, dict[int, _Graph], dict[int, _Graph]]:
+    backend = types.SimpleNamespace(xp=_fake_cupy(), kernel_options=KernelOptions(cascade_attention=cascade))
+    graphs = DecodeGraphs(model=None, backend=backend, kv_caches=[], block_size=BLOCK, max_model_len=4096,
+                          max_batch=8)  # fmt: skip
+    plain = {n: _Graph() for n in graphs.buckets}
+    several = {n: _Graph() for n in graphs.buckets if n >= 2} if cascade else {}
+    graphs._graphs = {n: (g, np.zeros((n, 4))) for n, g in plain.items()}
+    graphs._cascade_graphs = {n: (g, np.zeros((n, 4))) for n, g in several.items()}
+    return graphs, plain, several
+
+
+def _step(graphs: DecodeGraphs, tables: np.ndarray, seq_lens: np.ndarray) -> None:
+    graphs.run(np.arange(len(seq_lens)), seq_lens - 1, seq_lens, tables)
+
+
+def _shared_tables(n: int, shared_blocks: int, own_blocks: int) -> np.ndarray:
+    rng = np.random.default_rng(n)
+    ids = rng.permutation(1000)[: shared_blocks + n * own_blocks] + 1
+    shared = ids[:shared_blocks]
+    own = ids[shared_blocks:].reshape(n, own_blocks)
+    return np.concatenate([np.tile(shared, (n, 1)), own], axis=1).astype(np.int32)
+
+
+def test_a_batch_over_one_long_prefix_replays_the_cascade_graph_with_its_shared_length() -> None:
+    graphs, plain, several = _graphs(cascade=True)
+    n, shared_blocks = 3, MIN_SHARED_TOKENS // BLOCK + 4
+    tables = _shared_tables(n, shared_blocks, 2)
+    seq_lens = np.array([shared_blocks * BLOCK + 5, shared_blocks * BLOCK + 20, shared_blocks * BLOCK + 1], np.int32)
+    _step(graphs, tables, seq_lens)
+    bucket = graphs.bucket_for(n)
+    assert several[bucket].launches == 1 and plain[bucket].launches == 0
+    assert graphs.cascade_steps == 1
+    end = bucket * graphs._width
+    shared = shared_blocks * BLOCK
+    assert graphs._device[end] == shared  # SharedPrefix.length
+    assert graphs._device[end + 1] == shared - 1 + bucket  # the pseudo sequence's length
+    # the step's own fields are staged as for a plain step
+    _, _, _, lens, table = graphs._fields(graphs._device, bucket)
+    assert lens[:n].tolist() == seq_lens.tolist() and lens[n:].tolist() == [1] * (bucket - n)
+    assert (table[:n, : tables.shape[1]] == tables).all()
+
+
+def test_short_shares_single_rows_and_the_switch_off_replay_the_plain_graph() -> None:
+    graphs, plain, several = _graphs(cascade=True)
+    few = MIN_SHARED_TOKENS // BLOCK - 1  # one block short of paying
+    _step(graphs, _shared_tables(4, few, 2), np.full(4, few * BLOCK + 3, np.int32))
+    _step(graphs, _shared_tables(1, 40, 2), np.array([40 * BLOCK + 3], np.int32))  # nobody to share with
+    assert graphs.cascade_steps == 0 and sum(g.launches for g in several.values()) == 0
+    assert plain[graphs.bucket_for(4)].launches == 1 and plain[1].launches == 1
+
+    graphs, plain, several = _graphs(cascade=False)
+    assert several == {} and not graphs.cascade
+    _step(graphs, _shared_tables(4, 60, 2), np.full(4, 60 * BLOCK + 3, np.int32))
+    assert graphs.cascade_steps == 0 and plain[graphs.bucket_for(4)].launches == 1

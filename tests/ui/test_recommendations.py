@@ -1,0 +1,135 @@
+"""The chat models suggested for a base model: verdicts equal to `paddock fit`'s on files with the same
+headers, shown with sizes in the hub tab's opening view, one click to download, reached from the chat."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import gguf
+import numpy as np
+import pytest
+from PySide6.QtCore import Qt
+from studio.fake_hub import FakeHub, make_tiny_gguf
+
+from app.commands import fit as fit_command
+from app.engine.core import fit as fit_module
+from app.engine.core.fit import DeviceMemory, FitOptions
+from app.studio.recommendations import RECOMMENDED, Recommendation, recommended_fits
+
+GPUS = [DeviceMemory("cuda", f"test GPU {gb} GB", int(gb * 0.95 * 2**30), gb * 2**30) for gb in (4, 8, 12, 24, 80)]
+WAIT_MS = 15_000
+
+
+def write_gguf_like(rec: Recommendation, path) -> None:
+    """A GGUF with `rec`'s header keys and one F32 tensor of its size, the data left sparse (no disk used)."""
+    writer = gguf.GGUFWriter(str(path), rec.architecture)
+    for key, value in rec.gguf_metadata().items():
+        if key != "general.architecture":
+            writer.add_uint32(key, int(value))
+    n = rec.size_bytes // 4
+    writer.add_tensor_info("weights", (n,), np.dtype(np.float32), rec.size_bytes, raw_dtype=gguf.GGMLQuantizationType.F32)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    writer.close()
+    data_start = -(-os.path.getsize(path) // 32) * 32
+    os.truncate(path, data_start + rec.size_bytes)
+
+
+def _paddock_fit(path, capsys) -> dict:
+    parser = argparse.ArgumentParser()
+    fit_command.add_arguments(parser)  # the command's own defaults, as `paddock fit FILE --json` gets them
+    assert fit_command.run(parser.parse_args([str(path), "--json"])) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("gpu", GPUS, ids=lambda d: d.name)
+def test_the_recommended_verdicts_equal_paddock_fit_on_the_same_files(gpu, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(fit_module, "device_memory", lambda: gpu)  # the one GPU both are asked about
+    listed = recommended_fits(FitOptions())  # the Studio's defaults: what the Settings start from
+    verdicts = set()
+    for row in listed:
+        path = tmp_path / row.recommendation.file
+        write_gguf_like(row.recommendation, path)
+        report = _paddock_fit(path, capsys)
+        assert report["shape"] == row.recommendation.shape.__dict__, row.recommendation.title
+        assert (row.report.verdict, row.report.max_context) == (report["verdict"], report["max_context"])
+        assert row.report.breakdown.total == report["breakdown"]["total"]
+        path.unlink()
+        verdicts.add(row.report.verdict)
+    assert len(verdicts) >= 2 or gpu.total_bytes >= 80 * 2**30  # the list spans what fits and what does not
+
+
+def test_every_recommendation_is_an_instruct_gguf_the_engine_runs():
+    assert len({r.file for r in RECOMMENDED}) == len(RECOMMENDED)
+    for rec in RECOMMENDED:
+        assert rec.architecture in ("gemma3", "llama", "qwen2", "qwen3") and rec.file.endswith(".gguf")
+        assert rec.repo_id.count("/") == 1 and rec.heads % rec.kv_heads == 0
+        assert rec.size_bytes > rec.layers * rec.hidden * rec.hidden // 2  # Q4: at least half a byte per weight
+
+
+@pytest.fixture
+def tiny_hub(tmp_path_factory, monkeypatch):
+    """A fake hub that serves a tiny GGUF under the first recommendation's repo and file name."""
+    data = make_tiny_gguf(tmp_path_factory.mktemp("src") / "tiny.gguf")
+    rec = RECOMMENDED[0]
+    fake = FakeHub()
+    fake.add_repo(rec.repo_id, {rec.file: data, "README.md": b"# tiny\n"}, tags=("gguf",), downloads=1)
+    monkeypatch.setenv("HF_ENDPOINT", fake.start())
+    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    yield rec, data
+    fake.stop()
+
+
+def test_the_hub_tab_opens_on_the_recommendations_and_downloads_one_in_a_click(qtbot, make_window, home,
+                                                                               tiny_hub, monkeypatch):
+    monkeypatch.setattr(fit_module, "device_memory", lambda: GPUS[1])
+    rec, data = tiny_hub
+    window = make_window(panes=("models",))
+    browser = window.pane("models").hub
+    view = browser.recommended
+    assert browser.left.currentWidget() is view  # the opening view, before any search
+    qtbot.waitUntil(lambda: view.table.item(0, 3).text() != "", timeout=WAIT_MS)
+    expected = recommended_fits(FitOptions(), GPUS[1])
+    for row, fit in enumerate(expected):
+        assert view.table.item(row, 0).text() == fit.recommendation.title
+        assert view.table.item(row, 3).text().startswith(fit.report.verdict.upper())
+    assert view.table.item(0, 2).text() == "468.25 MiB"  # 491 MB
+    with qtbot.waitSignal(browser.download_finished, timeout=WAIT_MS) as done:
+        qtbot.mouseClick(view.get_buttons[0], Qt.MouseButton.LeftButton)
+    assert done.args[0].ok
+    downloaded = next((home / "models").rglob(rec.file))
+    assert downloaded.read_bytes() == data
+
+
+def test_a_base_model_is_named_in_the_chat_which_leads_to_a_chat_model(qtbot, make_window, make_context, home):
+    folder = home / "models"
+    folder.mkdir(parents=True)
+    make_tiny_gguf(folder / "tiny-base.gguf")  # no chat template in its header: a base model
+
+    from server.fakes import FakeEngine
+
+    class EngineAt(FakeEngine):
+        @property
+        def model(self):
+            import dataclasses
+
+            return dataclasses.replace(super().model, name="tiny-base", path=str(folder / "tiny-base.gguf"))
+
+    context = make_context(engine_factory=lambda config: EngineAt())
+    window = make_window(context, panes=("chat", "models"))
+    chat = window.pane("chat")
+    window.load_model(str(folder / "tiny-base.gguf"))
+    qtbot.waitUntil(lambda: chat.base_note.isVisibleTo(chat), timeout=WAIT_MS)
+    assert "tiny-base is a base model" in chat.base_note_text.text()
+    assert chat.base_note_text.text().count("\n") == 0
+    qtbot.mouseClick(chat.get_chat_model, Qt.MouseButton.LeftButton)
+    models = window.pane("models")
+    assert window.stack.currentWidget() is models and models.tabs.currentWidget() is models.hub
+    assert models.hub.left.currentWidget() is models.hub.recommended
+
+    context.host.adopt(FakeEngine())  # an instruct model (no file to read): no note
+    qtbot.waitUntil(lambda: not chat.base_note.isVisibleTo(chat), timeout=WAIT_MS)
