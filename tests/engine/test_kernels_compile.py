@@ -67,6 +67,7 @@ SELECTED = {
     "dequant.cu": ("-DPADDOCK_FORMAT=q5_0", "-DPADDOCK_FORMAT_STRUCT=FmtQ5_0"),
     "gemv.cu#lowbit": ("-DPADDOCK_FORMAT=iq4_xs", "-DPADDOCK_FORMAT_STRUCT=FmtIQ4_XS"),  # quant_lowbit.cuh
     "dequant.cu#lowbit": ("-DPADDOCK_FORMAT=mxfp4", "-DPADDOCK_FORMAT_STRUCT=FmtMXFP4"),
+    "moe.cu": ("-DPADDOCK_FORMAT=q4_k", "-DPADDOCK_FORMAT_STRUCT=FmtQ4_K"),  # the name kernels/moe.py looks up
     "gemv_split.cu": ("-DSPLIT_CODES=e2m1", "-DSPLIT_CODES_STRUCT=CodesE2M1", "-DSPLIT_SCALE=2"),  # NVFP4
     "attention.cu": ("-DATTN_D=64", "-DATTN_G=2"),
     # sm_90: a cluster of two, so each thread merges two output elements
@@ -107,6 +108,7 @@ SELECTED_ENTRIES = {
     "dequant.cu": "dequant_q5_0_f16",
     "gemv.cu#lowbit": "gemv_iq4_xs_t1_r8",
     "dequant.cu#lowbit": "dequant_mxfp4_f16",
+    "moe.cu": "moe_grouped_q4_k",
     "gemv_split.cu": "gemv_split_e2m1_s2_t1_r4",
     "attention.cu": "attn_d64_g2",
     "attention_decode.cu": "attn_dec_d256_g2",

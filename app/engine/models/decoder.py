@@ -71,10 +71,6 @@ class DecoderModel:
         max_positions: int,
         freq_factors: Any = None,
     ) -> None:
-        if cfg.mrope_section and getattr(backend, "name", "") == "cuda":
-            raise NotImplementedError(
-                "Qwen2.5-VL's multimodal RoPE runs on the numpy backend only for now; load it with --device cpu"
-            )
         self.config = cfg
         self.backend = backend
         self.embed = Embedding(backend, tensors["token_embd.weight"], cfg.embedding_scale)

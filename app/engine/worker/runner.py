@@ -81,9 +81,14 @@ class ModelRunner:
             host_query_start_loc=query_start_loc,
             host_seq_lens=seq_lens,
         )
-        if self.mrope_merge is not None and any(c.request.images for c in chunks):
+        if self._needs_step_rope(chunks):
             meta.rope = self.model.mrope_table(self._mrope_positions(chunks))
         return meta, sample_rows
+
+    def _needs_step_rope(self, chunks: list[Any]) -> bool:
+        """Whether the step rotates by M-RoPE positions (a request with images on an M-RoPE model):
+        every later token of such a request is shifted too, so no captured graph (1D positions) runs it."""
+        return self.mrope_merge is not None and any(c.request.images for c in chunks)
 
     def _mrope_positions(self, chunks: list[Any]) -> np.ndarray:
         """`[3, T]` M-RoPE position ids of the step's tokens (equal rows for text-only requests)."""
@@ -151,12 +156,16 @@ class ModelRunner:
 
     def _is_prefill_graphable(self, chunks: list[Any]) -> bool:
         """One sequence's chunk of several tokens that a prefill bucket holds."""
-        if len(chunks) != 1 or chunks[0].num_tokens < 2:
+        if len(chunks) != 1 or chunks[0].num_tokens < 2 or self._needs_step_rope(chunks):
             return False
         return self.prefill_graphs.bucket_for(chunks[0].num_tokens, chunks[0].start) is not None
 
     def _is_graphable(self, chunks: list[Any]) -> bool:
-        return all(c.num_tokens == 1 for c in chunks) and self.graphs.bucket_for(len(chunks)) is not None
+        return (
+            all(c.num_tokens == 1 for c in chunks)
+            and self.graphs.bucket_for(len(chunks)) is not None
+            and not self._needs_step_rope(chunks)
+        )
 
     def _run_graph(self, chunks: list[Any], device_ids: Any = None, rows: np.ndarray | None = None) -> Any:
         """A decode-only step by CUDA-graph replay (every chunk is one token that samples); token

@@ -5,6 +5,7 @@ prefill chunk with two-way image attention, then a prefix-cache hit over the ima
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -30,33 +31,78 @@ def test_tower_soft_tokens_match_numpy(cuda, cpu) -> None:
     np.testing.assert_allclose(ours, reference, rtol=0, atol=2e-3 * scale)
 
 
-def _first_tokens(device: str, graphs: bool) -> list[dict]:
+def _widened(source: Path, out: Path, rng: np.random.Generator) -> Path:
+    """The fixture folder with its text model's heads widened to head_dim 64, the smallest the CUDA
+    rope and attention kernels take (the fixture's 16 is below it): new random attention weights of
+    the wider shapes, every other tensor (the vision tower, the projector, the MLPs) as it was.
+    Qwen2.5-VL derives head_dim from hidden / heads, so it keeps one head and one KV head of 64, and
+    its M-RoPE sections grow fourfold with the head."""
+    from safetensors.numpy import load_file, save_file
+
+    shutil.copytree(source, out)
+    config = json.loads((out / "config.json").read_text())
+    text = config["text_config"]
+    if text["model_type"].startswith("qwen2_5_vl"):
+        text["num_attention_heads"] = text["num_key_value_heads"] = 1
+        sections = text["rope_parameters"]["mrope_section"]
+        text["rope_parameters"]["mrope_section"] = [4 * n for n in sections]
+    else:
+        text["head_dim"] = text["query_pre_attn_scalar"] = 64
+    (out / "config.json").write_text(json.dumps(config))
+    hidden, heads, kv = text["hidden_size"], text["num_attention_heads"], text["num_key_value_heads"]
+    head_dim = 64
+    shapes = {"q_proj.weight": (heads * head_dim, hidden), "k_proj.weight": (kv * head_dim, hidden),
+              "v_proj.weight": (kv * head_dim, hidden), "o_proj.weight": (hidden, heads * head_dim),
+              "q_proj.bias": (heads * head_dim,), "k_proj.bias": (kv * head_dim,), "v_proj.bias": (kv * head_dim,),
+              "q_norm.weight": (head_dim,), "k_norm.weight": (head_dim,)}  # fmt: skip
+    tensors = load_file(out / "model.safetensors")
+    for name in list(tensors):
+        suffix = ".".join(name.split(".")[-2:])
+        if ".self_attn." in name and "vision" not in name and "visual" not in name and suffix in shapes:
+            scale = 0.1 if suffix.endswith("norm.weight") else shapes[suffix][-1] ** -0.5
+            tensors[name] = (rng.standard_normal(shapes[suffix]) * scale).astype(np.float32)
+    save_file(tensors, out / "model.safetensors")
+    return out
+
+
+def _first_tokens(model: Path, images_dir: Path, spec: dict, device: str, graphs: bool) -> list[dict]:
     from app.engine.config import EngineConfig
     from app.engine.core.engine import LLMEngine
     from app.engine.sampling_params import SamplingParams
 
     engine = LLMEngine(
-        EngineConfig(model=str(HF), device=device, max_model_len=256, block_size=16, cuda_graphs=graphs)
+        EngineConfig(model=str(model), device=device, max_model_len=256, block_size=16, cuda_graphs=graphs)
     )
-    spec = MANIFEST["cases"]["two_images"]
-    images = [
-        engine.vision.prepare((FIXTURES / "images" / f"{n}.png").read_bytes()).views[0]
-        for n in spec["images"]
-    ]
-    params = SamplingParams(temperature=0.0, max_tokens=3, logprobs=5)
+    images = [engine.vision.prepare((images_dir / f"{n}.png").read_bytes()).views[0] for n in spec["images"]]
+    params = SamplingParams(temperature=0.0, max_tokens=4, logprobs=5)
     first = engine.generate([spec["token_ids"]], params, images=[images])[0]
     again = engine.generate([spec["token_ids"]], params, images=[images])[0]  # images from the prefix cache
     assert again["num_cached_tokens"] > 0
     return [first, again]
 
 
-# Seen on the H200 (2026-12-02): the fixture's text model has head_dim 16, below what the CUDA
-# rope/attention kernels take (multiples of 64), so the engine cannot run it on CUDA at all. The
-# tower test above runs; this one waits for a fixture with head_dim >= 64.
-@pytest.mark.skip(reason="vision fixture's head_dim 16 is below the CUDA kernels' 64 (needs a larger fixture)")
+FAMILIES = {
+    "gemma3": (HF, FIXTURES / "images", MANIFEST),
+    "qwen2_5_vl": (
+        FIXTURES / "qwen2_5_vl" / "hf",
+        FIXTURES / "qwen2_5_vl" / "images",
+        json.loads((FIXTURES / "qwen2_5_vl" / "manifest.json").read_text()),
+    ),
+}
+
+
 @pytest.mark.parametrize("graphs", [True, False])
-def test_engine_with_images_matches_numpy(cuda, graphs: bool) -> None:
-    reference = _first_tokens("cpu", False)
-    for got, ref in zip(_first_tokens("cuda", graphs), reference, strict=True):
-        for token, value in ref["logprobs"][0].top:
-            assert abs(dict(got["logprobs"][0].top).get(token, -99.0) - value) < 5e-2
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_engine_with_two_images_matches_numpy(cuda, tmp_path, family: str, graphs: bool) -> None:
+    """Every generated token's top-5 logprobs, on a fresh prefill and on a prefix-cache hit over the
+    images; Gemma 3's image tokens attend both ways, Qwen2.5-VL's rotate by M-RoPE positions (graphs
+    on: the runner keeps such requests off the captured graphs)."""
+    source, images_dir, manifest = FAMILIES[family]
+    model = _widened(source, tmp_path / family, np.random.default_rng(7))
+    spec = manifest["cases"]["two_images"]
+    reference = _first_tokens(model, images_dir, spec, "cpu", False)
+    for got, ref in zip(_first_tokens(model, images_dir, spec, "cuda", graphs), reference, strict=True):
+        assert got["token_ids"] == ref["token_ids"]
+        for got_step, ref_step in zip(got["logprobs"], ref["logprobs"], strict=True):
+            for token, value in ref_step.top:
+                assert abs(dict(got_step.top).get(token, -99.0) - value) < 5e-2

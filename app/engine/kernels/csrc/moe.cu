@@ -141,10 +141,13 @@ __device__ __forceinline__ void moe_grouped(const u8* __restrict__ w, i64 expert
         moe_grouped<FMT>(w, expert_stride, row_bytes, n_rows, n_cols, x, x_per_pair, order, offsets, k, bias, y); \
     }
 
+// One level more, so that PADDOCK_FORMAT is expanded (to q4_k, ...) before `##` pastes it into the name.
+#define MOE_GROUPED_FORMAT(SUFFIX, FMT) MOE_GROUPED_KERNEL(SUFFIX, FMT)
+
 #if defined(PADDOCK_ALL_VARIANTS)
 PADDOCK_FORMATS(MOE_GROUPED_KERNEL)
 #else
-MOE_GROUPED_KERNEL(PADDOCK_FORMAT, PADDOCK_FORMAT_STRUCT)
+MOE_GROUPED_FORMAT(PADDOCK_FORMAT, PADDOCK_FORMAT_STRUCT)
 #endif
 
 // kind 0: silu(g) * u; kind 1: (clamp(u, +-limit) + 1) * g' * sigmoid(alpha g') with g' = min(g, limit).
