@@ -31,6 +31,24 @@ def test_tower_soft_tokens_match_numpy(cuda, cpu) -> None:
     np.testing.assert_allclose(ours, reference, rtol=0, atol=2e-3 * scale)
 
 
+def test_qwen_tower_matches_numpy(cuda, cpu) -> None:
+    """Qwen2.5-VL's tower (window and full attention, 2D RoPE, merger) on every fixture image."""
+    from app.engine.loader.weights import open_checkpoint
+    from app.engine.models.vision import load_vision
+
+    folder = FIXTURES / "qwen2_5_vl"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    checkpoint = open_checkpoint(folder / "hf")
+    ours, reference = load_vision(checkpoint, cuda), load_vision(checkpoint, cpu)
+    with np.load(folder / "references.npz") as refs:
+        for name, grid in manifest["grids"].items():
+            pixels, grid = refs[f"pixels/{name}"], tuple(grid)
+            for got, want in zip(ours.tower(pixels, grid), reference.tower(pixels, grid), strict=True):
+                want = np.asarray(want)
+                scale = max(1.0, float(np.abs(want).max()))
+                np.testing.assert_allclose(cuda.to_host(got), want, rtol=0, atol=2e-3 * scale, err_msg=name)
+
+
 def _widened(source: Path, out: Path, rng: np.random.Generator) -> Path:
     """The fixture folder with its text model's heads widened to head_dim 64, the smallest the CUDA
     rope and attention kernels take (the fixture's 16 is below it): new random attention weights of
@@ -93,16 +111,17 @@ FAMILIES = {
 
 @pytest.mark.parametrize("graphs", [True, False])
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_engine_with_two_images_matches_numpy(cuda, tmp_path, family: str, graphs: bool) -> None:
+def test_engine_with_images_matches_numpy(cuda, tmp_path, family: str, graphs: bool) -> None:
     """Every generated token's top-5 logprobs, on a fresh prefill and on a prefix-cache hit over the
     images; Gemma 3's image tokens attend both ways, Qwen2.5-VL's rotate by M-RoPE positions (graphs
     on: the runner keeps such requests off the captured graphs)."""
     source, images_dir, manifest = FAMILIES[family]
     model = _widened(source, tmp_path / family, np.random.default_rng(7))
-    spec = manifest["cases"]["two_images"]
-    reference = _first_tokens(model, images_dir, spec, "cpu", False)
-    for got, ref in zip(_first_tokens(model, images_dir, spec, "cuda", graphs), reference, strict=True):
-        assert got["token_ids"] == ref["token_ids"]
-        for got_step, ref_step in zip(got["logprobs"], ref["logprobs"], strict=True):
-            for token, value in ref_step.top:
-                assert abs(dict(got_step.top).get(token, -99.0) - value) < 5e-2
+    for case in ("one_image", "two_images"):
+        spec = manifest["cases"][case]
+        reference = _first_tokens(model, images_dir, spec, "cpu", False)
+        for got, ref in zip(_first_tokens(model, images_dir, spec, "cuda", graphs), reference, strict=True):
+            assert got["token_ids"] == ref["token_ids"], case
+            for got_step, ref_step in zip(got["logprobs"], ref["logprobs"], strict=True):
+                for token, value in ref_step.top:
+                    assert abs(dict(got_step.top).get(token, -99.0) - value) < 5e-2, case

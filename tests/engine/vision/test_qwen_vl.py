@@ -17,7 +17,6 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -33,7 +32,6 @@ from app.engine.loader.names import CheckpointError
 from app.engine.loader.weights import open_checkpoint
 from app.engine.models.mrope import mrope_positions
 from app.engine.models.qwen2_vl import config_from_hf
-from app.engine.models.registry import build_model
 from app.engine.models.vision import QwenVisionModel, load_vision
 from app.engine.models.vision.image_processing import ImageError
 from app.engine.models.vision.qwen_vl import window_order
@@ -214,12 +212,6 @@ def test_a_chunked_prefill_may_cut_an_image_and_still_match(refs):
     assert result["token_ids"] == MANIFEST["greedy"]["two_images"][:3]
     large = image_spans(spec["token_ids"], IMAGE_TOKEN)[1]
     assert any(large[0] < start < large[1] for start, _ in chunks)
-
-
-def test_the_cuda_backend_refuses_m_rope_with_a_clear_error():
-    checkpoint = open_checkpoint(HF)
-    with pytest.raises(NotImplementedError, match=r"numpy backend only.*--device cpu"):
-        build_model(checkpoint, SimpleNamespace(name="cuda"), 64)
 
 
 def test_a_resent_image_is_cached_by_content_and_another_one_is_not(refs):
