@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from cuda_samples import random_tensor, rel_err
+from cuda_samples import SMALL_HEADS, random_tensor, rel_err
 
 from app.engine.backend.cuda.backend import CudaBackend
 from app.engine.core.expert_residency import ExpertStreaming
@@ -29,8 +29,6 @@ from app.engine.quant.types import QUANT_TYPES
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/engine: model_harness
 from model_harness import MODES, run_logits
 
-SMALL_HEADS = pytest.mark.skip(reason="the tiny Qwen3-MoE fixture has head_dim 32, below the CUDA rope and attention kernels' 64 "
-                              "(seen on the H200 2026-12-02): needs a fixture with head_dim >= 64")
 FAMILIES = Path(__file__).resolve().parents[2] / "fixtures" / "families"
 QWEN3MOE = FAMILIES / "qwen3moe" / "qwen3moe-q8_0-q4_0.gguf"
 SPEC = MoeSpec(num_experts=6, num_used=2, intermediate_size=256)
