@@ -4,14 +4,14 @@
 operations in the same order as `app/engine/quant/reference.py` (`d * sc` first, then `* q - dmin
 * m`, ...), so a decoded row equals the numpy oracle bit for bit and the products differ from the
 oracle only in summation order. fp16 fields are read through `f16`, a 65,536-entry table of every
-half value (ggml's `ggml_table_f32_f16`): exact, one load per block. `decode_row` picks the format
-by its code (`FORMAT_CODES`), so each kernel is compiled once for every format.
+half value (ggml's `ggml_table_f32_f16`): exact, one load per block. Each kernel is made per format
+(`make_gemv`, `make_dequantize`) and compiled for that format alone.
 
 `gemv` serves decode (one to a few activation rows): each weight row is decoded once into a
 per-thread buffer of the row's width (L1-resident) and dotted with every activation row, so the
 weights are read once per step whatever the batch, and an activation row's result is computed the
-same way alone or batched (batch invariance, bit for bit). `dequantize_range` decodes a tile of rows
-for prefill's BLAS products (linear.py); `dequantize_rows` the rows an embedding lookup needs.
+same way alone or batched (batch invariance, bit for bit). `dequantize` decodes the rows of a tile
+for prefill's BLAS products (backend.py) or the rows an embedding lookup needs.
 
 The kernels release the GIL (`nogil`) and split weight rows over numba's threads (`prange`);
 `fastmath` is limited to reassociation, which lets LLVM vectorise the dot products' sums and
@@ -155,31 +155,6 @@ def decode_q6_k(row, out, f16):
                         lo = np.int32((low[16 * half + j] >> shift) & _LOW)
                         hi = np.int32((high[16 * half + j] >> hshift) & np.uint8(3))
                         dst[j] = ds * np.float32((lo | (hi << np.int32(4))) - np.int32(32))
-
-
-@njit(inline="always")
-def decode_row(fmt, row, out, f16):
-    """Decode one row of format code `fmt` (FORMAT_CODES) into `out` (float32, the row's width)."""
-    if fmt == 7:
-        decode_q8_0(row, out, f16)
-    elif fmt == 8:
-        _k_4_5(row, out, f16, 144, False)
-    elif fmt == 10:
-        decode_q6_k(row, out, f16)
-    elif fmt == 5:
-        _legacy_4bit(row, out, f16, 22, 6, False, True)
-    elif fmt == 3:
-        _legacy_4bit(row, out, f16, 18, 2, False, False)
-    elif fmt == 9:
-        _k_4_5(row, out, f16, 176, True)
-    elif fmt == 4:
-        _legacy_4bit(row, out, f16, 20, 4, True, False)
-    elif fmt == 6:
-        _legacy_4bit(row, out, f16, 24, 8, True, True)
-    elif fmt == 1:
-        decode_f16(row, out, f16)
-    else:
-        decode_bf16(row, out, f16)
 
 
 _FLAGS = dict(nogil=True, cache=True, fastmath={"reassoc"}, error_model="numpy")
@@ -418,28 +393,11 @@ def _dot_q8_0(row0, row1, x, f16, g):
     return acc0, acc1
 
 
-@njit(inline="always")
-def _row_dot(code, row0, row1, x, xs, f16, g):
-    """Two quantized rows (format `code`, not F16/BF16) times float32 `x`, read in place. Called
-    with `code` a constant of the calling closure, so numba prunes the other formats' branches
-    before compiling them. `g` is GROUP: a trip count LLVM cannot see, so it vectorises the loop
-    over a group's values instead of fully unrolling it and vectorising across blocks with gathers
-    (3.6x slower on Q8_0)."""
-    if code == 7:
-        return _dot_q8_0(row0, row1, x, f16, g)
-    if code == 8:
-        return _dot_k_4_5(row0, row1, x, xs, f16, g, 144, False)
-    if code == 9:
-        return _dot_k_4_5(row0, row1, x, xs, f16, g, 176, True)
-    if code == 10:
-        return _dot_q6_k(row0, row1, x, f16, g)
-    if code == 3:
-        return _dot_legacy(row0, row1, x, xs, f16, g, 18, 2, False, False)
-    if code == 4:
-        return _dot_legacy(row0, row1, x, xs, f16, g, 20, 4, True, False)
-    if code == 5:
-        return _dot_legacy(row0, row1, x, xs, f16, g, 22, 6, False, True)
-    return _dot_legacy(row0, row1, x, xs, f16, g, 24, 8, True, True)
+# Why each kernel below picks its format with an if-chain in its own body, on `code` (a constant of
+# the closure): numba prunes dead branches on constants before it inlines the `inline="always"`
+# helpers, and not inside them afterwards. With the chain in an inlined helper (`decode_row(code, ...)`)
+# every kernel compiled all ten formats' decoders: ~8 s per kernel on this VM where its own format
+# takes ~1.5 s, some 5 minutes of a cold test run over the ten formats.
 
 
 def make_gemv(name: str):
@@ -454,7 +412,9 @@ def make_gemv(name: str):
         """`out[i, col0 + r] = dot(decode(data[r]), x[i])` for every weight row r and activation row i.
 
         Float rows (F16, BF16) are decoded into a per-task buffer first; quantized rows are read in
-        place. `xs[i, j]` is the sum of `x[i, 32 j : 32 j + 32]`; `g` is GROUP."""
+        place. `xs[i, j]` is the sum of `x[i, 32 j : 32 j + 32]`; `g` is GROUP: a trip count LLVM
+        cannot see, so it vectorises the loop over a group's values instead of fully unrolling it and
+        vectorising across blocks with gathers (3.6x slower on Q8_0)."""
         n_rows, n_x, width = data.shape[0], x.shape[0], x.shape[1]
         for task in prange((n_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
             buf = np.empty(width if is_float else 0, np.float32)
@@ -462,36 +422,70 @@ def make_gemv(name: str):
             for r in range(task * ROWS_PER_TASK, stop, 1 if is_float else 2):
                 _prefetch_ahead(data, r)
                 if is_float:
-                    decode_row(code, data[r], buf, f16)
+                    if code == 1:
+                        decode_f16(data[r], buf, f16)
+                    else:
+                        decode_bf16(data[r], buf, f16)
                     for i in range(n_x):
                         acc = np.float32(0.0)
                         for k in range(width):
                             acc += buf[k] * x[i, k]
                         out[i, col0 + r] = acc
-                else:  # rows in pairs (2t, 2t + 1); an odd last row pairs with itself
-                    r1 = min(r + 1, stop - 1)
-                    _prefetch_ahead(data, r1)
-                    for i in range(n_x):
-                        out[i, col0 + r], out[i, col0 + r1] = _row_dot(
-                            code, data[r], data[r1], x[i], xs[i], f16, g
-                        )
+                    continue
+                # rows in pairs (2t, 2t + 1); an odd last row pairs with itself
+                r1 = min(r + 1, stop - 1)
+                _prefetch_ahead(data, r1)
+                row0, row1 = data[r], data[r1]
+                for i in range(n_x):
+                    if code == 7:
+                        a, b = _dot_q8_0(row0, row1, x[i], f16, g)
+                    elif code == 8:
+                        a, b = _dot_k_4_5(row0, row1, x[i], xs[i], f16, g, 144, False)
+                    elif code == 9:
+                        a, b = _dot_k_4_5(row0, row1, x[i], xs[i], f16, g, 176, True)
+                    elif code == 10:
+                        a, b = _dot_q6_k(row0, row1, x[i], f16, g)
+                    elif code == 3:
+                        a, b = _dot_legacy(row0, row1, x[i], xs[i], f16, g, 18, 2, False, False)
+                    elif code == 4:
+                        a, b = _dot_legacy(row0, row1, x[i], xs[i], f16, g, 20, 4, True, False)
+                    elif code == 5:
+                        a, b = _dot_legacy(row0, row1, x[i], xs[i], f16, g, 22, 6, False, True)
+                    else:
+                        a, b = _dot_legacy(row0, row1, x[i], xs[i], f16, g, 24, 8, True, True)
+                    out[i, col0 + r], out[i, col0 + r1] = a, b
 
     return gemv
 
 
 def make_dequantize(name: str):
-    """`(dequantize_range, dequantize_rows)` for one format: a tile `out[j] = decode(data[start + j])`
-    for prefill's BLAS products, and `out[j] = decode(data[rows[j]])` for embedding lookups."""
+    """`dequantize(data, f16, rows, out)` for one format: `out[j] = decode(data[rows[j]])`, for
+    prefill's tiles (consecutive rows) and embedding lookups alike."""
     code = FORMAT_CODES[name]
 
     @njit(parallel=True, **_FLAGS)
-    def dequantize_range(data, f16, start, out):  # pragma: no cover - compiled by numba
-        for j in prange(out.shape[0]):
-            decode_row(code, data[start + j], out[j], f16)
-
-    @njit(parallel=True, **_FLAGS)
-    def dequantize_rows(data, f16, rows, out):  # pragma: no cover - compiled by numba
+    def dequantize(data, f16, rows, out):  # pragma: no cover - compiled by numba
         for j in prange(rows.shape[0]):
-            decode_row(code, data[rows[j]], out[j], f16)
+            row, dst = data[rows[j]], out[j]
+            if code == 7:
+                decode_q8_0(row, dst, f16)
+            elif code == 8:
+                _k_4_5(row, dst, f16, 144, False)
+            elif code == 9:
+                _k_4_5(row, dst, f16, 176, True)
+            elif code == 10:
+                decode_q6_k(row, dst, f16)
+            elif code == 3:
+                _legacy_4bit(row, dst, f16, 18, 2, False, False)
+            elif code == 4:
+                _legacy_4bit(row, dst, f16, 20, 4, True, False)
+            elif code == 5:
+                _legacy_4bit(row, dst, f16, 22, 6, False, True)
+            elif code == 6:
+                _legacy_4bit(row, dst, f16, 24, 8, True, True)
+            elif code == 1:
+                decode_f16(row, dst, f16)
+            else:
+                decode_bf16(row, dst, f16)
 
-    return dequantize_range, dequantize_rows
+    return dequantize

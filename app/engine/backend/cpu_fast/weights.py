@@ -17,14 +17,13 @@ FAST_FORMATS = frozenset(kernels.FORMAT_CODES)  # F32 matrices stay with the num
 @dataclass(frozen=True)
 class FormatKernels:
     gemv: Any
-    dequantize_range: Any
-    dequantize_rows: Any
+    dequantize: Any
 
 
 @functools.cache
 def format_kernels(name: str) -> FormatKernels:
     """One format's kernels; each compiles (or loads from numba's disk cache) on its first call."""
-    return FormatKernels(kernels.make_gemv(name), *kernels.make_dequantize(name))
+    return FormatKernels(kernels.make_gemv(name), kernels.make_dequantize(name))
 
 
 @functools.cache
@@ -54,10 +53,10 @@ class FastWeight:
     def rows(self, ids: np.ndarray) -> np.ndarray:
         """float32 values of rows `ids` (embedding lookups)."""
         out = np.empty((len(ids), self.shape[1]), np.float32)
-        self.kernels.dequantize_rows(self.data, half_table(), np.ascontiguousarray(ids, dtype=np.int64), out)
+        self.kernels.dequantize(self.data, half_table(), np.ascontiguousarray(ids, dtype=np.int64), out)
         return out
 
     def tile(self, start: int, out: np.ndarray) -> np.ndarray:
         """Rows `start : start + len(out)` decoded into `out`."""
-        self.kernels.dequantize_range(self.data, half_table(), start, out)
+        self.kernels.dequantize(self.data, half_table(), np.arange(start, start + len(out), dtype=np.int64), out)
         return out
