@@ -6,6 +6,12 @@ group variant the wrappers can ask for) to PTX for sm_86, sm_89, sm_90 and sm_12
 `PADDOCK_COMPILE_WITH=nvrtc|nvcc` forces one; `PADDOCK_COMPILE_CUBIN=1` also assembles
 machine code (slower, catches register and shared-memory limits). Skipped when neither
 compiler is present.
+
+With nvcc the all-variants builds skip NVVM's optimizer (`-Xcicc -O0`): what they check, that every
+instantiation parses, type-checks and lowers to PTX for each architecture, is the front end's and
+the code generator's work, and the optimizer took ~4x their time (gemv.cu: 16 s -> 4 s on the 2-core
+VM; the matrix: minutes of `make test`). `PADDOCK_COMPILE_OPTIMIZED=1` optimizes them too. The
+selected variants below are compiled as the runtime compiles them, optimizer included.
 """
 
 from __future__ import annotations
@@ -123,8 +129,16 @@ SELECTED_ENTRIES = {
 }
 
 
-def _compile_nvcc(source: str, arch: str, defines: tuple[str, ...] = DEFINES, out: str | None = None) -> str:
+def _optimized() -> bool:
+    return os.environ.get("PADDOCK_COMPILE_OPTIMIZED") == "1"
+
+
+def _compile_nvcc(
+    source: str, arch: str, defines: tuple[str, ...] = DEFINES, out: str | None = None, optimize: bool = True
+) -> str:
     kind = ["-cubin", f"-arch=sm_{arch}"] if _cubin() else ["--ptx", f"-arch=compute_{arch}"]
+    if not optimize:
+        kind += ["-Xcicc", "-O0"]
     with tempfile.TemporaryDirectory() as tmp:
         target = out or f"{tmp}/out"
         cmd = [
@@ -181,7 +195,13 @@ def compile_results() -> dict[tuple[str, str], str]:
     compiler = _compiler()
     if compiler is None:
         pytest.skip("neither nvcc nor NVRTC (cuda-bindings) is available")
-    run = _compile_nvcc if compiler == "nvcc" else _compile_nvrtc
+    if compiler == "nvcc":
+        optimize = _optimized() or _cubin()
+
+        def run(source: str, arch: str) -> str:
+            return _compile_nvcc(source, arch, optimize=optimize)
+    else:
+        run = _compile_nvrtc
     jobs = [(s, a) for s in SOURCES for a in ARCHS]
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
         logs = list(pool.map(lambda job: run(*job), jobs))

@@ -137,12 +137,15 @@ def loop_stretches(server: Any) -> Iterator[list[float]]:
 
     sampler = asyncio.run_coroutine_threadsafe(sample(), server_loop(server))
     # the collector's pauses belong to this test process's heap (every fixture of the session), not to
-    # the request: they are kept out of the measure
+    # the request: they are kept out of the measure. Put back as found: a Qt test's session in the same
+    # worker process may have handed collection to the GUI thread (app/ui/gc_guard.py)
+    was_enabled = gc.isenabled()
     gc.disable()
     try:
         yield stretches
     finally:
-        gc.enable()
+        if was_enabled:
+            gc.enable()
         stop.set()
         sampler.result(HANG)
 
