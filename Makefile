@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run serve test test-fast lint gpu-test clean
+.PHONY: run serve test test-fast test-bundle lint gpu-test clean
 
 # The tests run on TEST_WORKERS processes (pytest-xdist), a whole file per worker at a time so that a
 # file's module fixtures are built once. Two by default: CI has two cores, and much of the suite is
@@ -33,17 +33,22 @@ serve: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-# `test` runs everything (CI); `test-fast` leaves out the tests marked slow and stays under 4 minutes on
+# `test` runs every test but the installer bundle's (`test-bundle`; CI runs both); `test-fast` leaves out the tests marked slow and stays under 4 minutes on
 # a quiet 2-core machine. Slow: over ~30 s, or a costly run of what a cheaper fast test also checks (an
 # embedded-model run of server behaviour the fake engine shows: `slow_on_embedded`); each feature keeps
 # a fast test. Costly setup is shared (session/module fixtures, cached emulator builds), not marked.
 test: $(STAMP)
 	$(BIN)/ruff check .
-	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -p no:cacheprovider $(PARALLEL)
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -p no:cacheprovider $(PARALLEL) -m "not bundle"
 
 test-fast: $(STAMP)
 	$(BIN)/ruff check .
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -p no:cacheprovider $(PARALLEL) -m "not slow"
+
+# The installer check: builds the CPU-only Linux bundle in a venv of its own (pip, PyInstaller, the
+# archive: 4-6 minutes on 2 cores) and runs the built program. CI runs it after `make test`.
+test-bundle: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m bundle tests/installer
 
 gpu-test: $(STAMP)
 	$(BIN)/python -m pytest -q -m gpu tests/engine/cuda

@@ -1,5 +1,6 @@
 """installer/build_linux.sh from this checkout, then the built program run as a user would: `--version`,
 `serve` on a loopback port answering from the embedded model, a clean stop, `install.sh` and back.
+`make test-bundle` runs this file (CI runs it after `make test`, which leaves it out: marker `bundle`).
 
 The bundle is built CPU-only (`--cuda none`: CI has no GPU) into a build venv of its own; the
 first build installs the runtime dependencies and takes a few minutes, later ones reuse it. The
@@ -27,7 +28,7 @@ from bundle_layout import LAYOUT, REPO, archive_name, expected_paths
 import app
 
 # the first test builds the bundle (minutes: pip, PyInstaller, the archive), beyond pytest's 600 s default
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
+pytestmark = [pytest.mark.bundle, pytest.mark.slow, pytest.mark.timeout(3600)]
 REFERENCE = json.loads((REPO / "tests" / "fixtures" / "gemma" / "reference.json").read_text())
 CASE = next(c for c in REFERENCE["cases"] if c["prompt"] == "La capitale de la France est")
 BUILD_TIMEOUT_S = 45 * 60
