@@ -108,7 +108,20 @@ def wait_ready(base: str, server: subprocess.Popen) -> None:
     raise AssertionError(f"the server did not answer /health within {READY_TIMEOUT_S} s")
 
 
-def test_serve_answers_from_the_embedded_model_and_stops_cleanly(bundle, user_env, tmp_path):
+@pytest.fixture
+def sigint_reaches_children():
+    """The program under test starts with SIGINT at its default, as from a terminal. A shell without job
+    control starts a background job (`make test &`) with SIGINT ignored, and an ignored signal stays
+    ignored through exec: Python then never raises KeyboardInterrupt, and `serve` ends on Ctrl-C with 0,
+    not 130. A handler in this process is reset to the default in the child instead."""
+    before = signal.getsignal(signal.SIGINT)
+    if before == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def test_serve_answers_from_the_embedded_model_and_stops_cleanly(bundle, user_env, tmp_path, sigint_reaches_children):
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     server = subprocess.Popen([str(bundle / "paddock"), "serve", "--host", "127.0.0.1", "--port", str(port)],
