@@ -7,9 +7,8 @@ STAMP := $(VENV)/.installed
 .PHONY: run serve test test-fast test-bundle lint gpu-test clean
 
 # The tests run on TEST_WORKERS processes (pytest-xdist), a whole file per worker at a time so that a
-# file's module fixtures are built once. Two by default: CI has two cores, and much of the suite is
-# one thread (server round trips, Qt, numba's compiler, the bundle build). `make test TEST_WORKERS=0`
-# runs in one process.
+# file's module fixtures are built once. Two by default: CI has two cores, and with two workers
+# both stay busy (a third adds nothing on two cores). `make test TEST_WORKERS=0` runs in one process.
 TEST_WORKERS ?= 2
 PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
@@ -35,8 +34,8 @@ serve: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-# `test` runs every test but the installer bundle's (`test-bundle`; CI runs both); `test-fast` leaves out the tests marked slow and stays under 4 minutes on
-# a quiet 2-core machine. Slow: over ~30 s, or a costly run of what a cheaper fast test also checks (an
+# `test` runs every test but the installer bundle's (`test-bundle`; CI runs both); `test-fast` leaves
+# out the tests marked slow and stays under 4 minutes on a quiet 2-core machine. Slow: over ~30 s, or a costly run of what a cheaper fast test also checks (an
 # embedded-model run of server behaviour the fake engine shows: `slow_on_embedded`); each feature keeps
 # a fast test. Costly setup is shared (session/module fixtures, cached emulator builds), not marked.
 test: $(STAMP)

@@ -16,6 +16,7 @@ selected variants below are compiled as the runtime compiles them, optimizer inc
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -129,15 +130,12 @@ SELECTED_ENTRIES = {
 }
 
 
-def _optimized() -> bool:
-    return os.environ.get("PADDOCK_COMPILE_OPTIMIZED") == "1"
-
-
 def _compile_nvcc(
     source: str, arch: str, defines: tuple[str, ...] = DEFINES, out: str | None = None, optimize: bool = True
 ) -> str:
+    """`optimize=False` skips NVVM's optimizer, for PTX only: cubin checks register counts, which need it."""
     kind = ["-cubin", f"-arch=sm_{arch}"] if _cubin() else ["--ptx", f"-arch=compute_{arch}"]
-    if not optimize:
+    if not (optimize or _cubin()):
         kind += ["-Xcicc", "-O0"]
     with tempfile.TemporaryDirectory() as tmp:
         target = out or f"{tmp}/out"
@@ -196,10 +194,7 @@ def compile_results() -> dict[tuple[str, str], str]:
     if compiler is None:
         pytest.skip("neither nvcc nor NVRTC (cuda-bindings) is available")
     if compiler == "nvcc":
-        optimize = _optimized() or _cubin()
-
-        def run(source: str, arch: str) -> str:
-            return _compile_nvcc(source, arch, optimize=optimize)
+        run = functools.partial(_compile_nvcc, optimize=os.environ.get("PADDOCK_COMPILE_OPTIMIZED") == "1")
     else:
         run = _compile_nvrtc
     jobs = [(s, a) for s in SOURCES for a in ARCHS]

@@ -396,8 +396,8 @@ def _dot_q8_0(row0, row1, x, f16, g):
 # Why each kernel below picks its format with an if-chain in its own body, on `code` (a constant of
 # the closure): numba prunes dead branches on constants before it inlines the `inline="always"`
 # helpers, and not inside them afterwards. With the chain in an inlined helper (`decode_row(code, ...)`)
-# every kernel compiled all ten formats' decoders: ~8 s per kernel on this VM where its own format
-# takes ~1.5 s, some 5 minutes of a cold test run over the ten formats.
+# every kernel compiled all ten formats' code: ~8 s per kernel on this VM where its own format takes
+# 1.5-7 s, some 5 minutes of a cold test run over the ten formats.
 
 
 def make_gemv(name: str):
