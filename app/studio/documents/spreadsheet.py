@@ -102,6 +102,8 @@ def _sheet_rows(path: Path, sheet: Any) -> list[tuple[object, ...]]:
     rows: dict[int, tuple[object, ...]] = {}
     cells = 0
     for number, row in enumerate(sheet.iter_rows(values_only=True), start=1):
+        if not row:  # a row the file does not hold: most of a sparse sheet's rows, skipped at once
+            continue
         width = next((i for i in range(len(row), 0, -1) if row[i - 1] is not None), 0)
         if width:
             rows[number] = row[:width]
