@@ -451,3 +451,23 @@ def test_o200k_splits_differ_from_llama3_where_it_matters() -> None:
     assert _split("gpt-4o", "I'M here") == ["I'M", " here"]
     assert _split("gpt-4o", "a/b/\nc") == ["a", "/b", "/\n", "c"]
     assert _split("gpt-4o", "12345") == ["123", "45"]
+
+
+# -- one build per vocabulary ------------------------------------------------------------------
+
+
+def test_the_same_vocabulary_is_built_once_and_any_change_builds_anew(whisper_json: Path) -> None:
+    """Reloading a model reuses its tokenizer; a metadata change of any kind, even deep inside a
+    numpy array whose repr elides it, gives a tokenizer of its own."""
+    metadata = gguf_metadata_from_tokenizer_json(whisper_json, "gpt-2")
+    first = Tokenizer.from_gguf_metadata(metadata)
+    assert Tokenizer.from_gguf_metadata(dict(metadata)) is first
+    types = np.asarray(metadata["tokenizer.ggml.token_type"])
+    as_numpy = Tokenizer.from_gguf_metadata(dict(metadata, **{"tokenizer.ggml.token_type": types}))
+    changed = types.copy()
+    changed[len(changed) // 2] = CONTROL  # the middle: what a numpy repr leaves out
+    assert changed[len(changed) // 2] != types[len(types) // 2]
+    other = Tokenizer.from_gguf_metadata(dict(metadata, **{"tokenizer.ggml.token_type": changed}))
+    assert other is not as_numpy and other.is_special(len(changed) // 2) != as_numpy.is_special(len(types) // 2)
+    with_eos = Tokenizer.from_gguf_metadata(dict(metadata, **{"tokenizer.ggml.eos_token_id": 7}))
+    assert with_eos is not first and with_eos.eos_token_id == 7 != first.eos_token_id

@@ -17,6 +17,7 @@ UTF-8 character.
 from __future__ import annotations
 
 import codecs
+import hashlib
 import json
 import logging
 import re
@@ -226,7 +227,23 @@ class Tokenizer:
 
     @classmethod
     def from_gguf_metadata(cls, metadata: Mapping[str, Any]) -> Tokenizer:
-        """From a GGUF file's metadata as plain Python values (`tokenizer.ggml.*` keys)."""
+        """From a GGUF file's metadata as plain Python values (`tokenizer.ggml.*` keys).
+
+        Built once per process for the same vocabulary: rebuilding a SentencePiece one takes ~4 s
+        (its merges are derived piece by piece; see `_merges_from_vocab`), which every reload of
+        the model (a changed setting, a switch back to it) would pay again. A Tokenizer is safe to
+        share: it holds no per-use state, and `encode` takes its lock."""
+        key = _tokenizer_key(metadata)
+        built = _BUILT.get(key)
+        if built is None:
+            built = cls._from_gguf_metadata(metadata)
+            while len(_BUILT) >= _BUILT_LIMIT:
+                _BUILT.pop(next(iter(_BUILT)))
+            _BUILT[key] = built
+        return built
+
+    @classmethod
+    def _from_gguf_metadata(cls, metadata: Mapping[str, Any]) -> Tokenizer:
         model = _required(metadata, "tokenizer.ggml.model")
         tokens = list(_required(metadata, "tokenizer.ggml.tokens"))
         types = metadata.get("tokenizer.ggml.token_type")
@@ -525,6 +542,32 @@ def _cached(compute: Callable[[int], bytes]) -> Callable[[int], bytes]:
         return found
 
     return lookup
+
+
+_BUILT: dict[bytes, Tokenizer] = {}  # by `_tokenizer_key`, oldest first
+_BUILT_LIMIT = 4  # vocabularies kept: a few models switched between, not every one ever opened
+
+
+def _tokenizer_key(metadata: Mapping[str, Any]) -> bytes:
+    """A digest of every `tokenizer.*` value, the whole of what the Tokenizer is built from."""
+    digest = hashlib.sha256()
+    for key in sorted(k for k in metadata if k.startswith("tokenizer.")):
+        digest.update(key.encode() + b"\0" + _value_bytes(metadata[key]) + b"\1")
+    return digest.digest()
+
+
+def _value_bytes(value: Any) -> bytes:
+    """A metadata value as bytes that differ whenever the value does (its kind included)."""
+    if isinstance(value, np.ndarray):  # callers may pass token types as numpy: its repr elides
+        return b"a" + value.dtype.str.encode() + repr(value.shape).encode() + np.ascontiguousarray(value).tobytes()
+    if isinstance(value, list) and value:
+        if all(type(v) is str for v in value):  # a vocabulary, merges: joined in one call
+            return b"s" + "\0".join(value).encode("utf-8", "surrogatepass")
+        if all(type(v) in (int, float) for v in value):  # scores, token types: one numpy copy
+            array = np.asarray(value)
+            if array.dtype != object:  # ints past 64 bits stay Python objects: repr below
+                return array.dtype.str.encode() + array.tobytes()
+    return b"r" + repr(value).encode("utf-8", "surrogatepass")
 
 
 def _unique_vocab(tokens: list[str]) -> dict[str, int]:
