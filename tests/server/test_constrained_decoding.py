@@ -85,33 +85,38 @@ def assert_valid_call(name: str, arguments: str | dict[str, Any], allowed: set[s
     jsonschema.validate(json.loads(arguments) if isinstance(arguments, str) else arguments, SCHEMAS[name])
 
 
-@pytest.mark.slow  # n=3 sampled tool calls for 2 prompts: 49-417 s in make test-fast runs on this machine
-@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
-def test_openai_tool_choice_required_always_calls_a_tool(oai: openai.OpenAI, live, stream: bool) -> None:
-    for seed, prompt in enumerate(PROMPTS[:2]):
-        kwargs: dict[str, Any] = dict(
-            model=live[1], messages=[{"role": "user", "content": prompt}], tools=OPENAI_TOOLS,
-            tool_choice="required", parallel_tool_calls=False, temperature=1.0, seed=seed, n=3,
-            max_tokens=MAX_TOKENS,
-        )  # fmt: skip
-        if not stream:
-            reply = oai.chat.completions.create(**kwargs)
-            for choice in reply.choices:
-                assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
-                for call in choice.message.tool_calls:
-                    assert_valid_call(call.function.name, call.function.arguments, set(SCHEMAS))
-            continue
-        calls: dict[int, list[Any]] = {}
-        finish: dict[int, str | None] = {}
-        for chunk in oai.chat.completions.create(**kwargs, stream=True):
-            for choice in chunk.choices:
-                calls.setdefault(choice.index, []).extend(choice.delta.tool_calls or [])
-                finish[choice.index] = choice.finish_reason or finish.get(choice.index)
-        assert set(finish.values()) == {"tool_calls"} and len(calls) == 3
-        for deltas in calls.values():
-            assert deltas and all(d.id and d.type == "function" for d in deltas)
-            for delta in deltas:
-                assert_valid_call(delta.function.name, delta.function.arguments, set(SCHEMAS))
+# A seed samples the same replies streamed or not, so each framing takes a prompt and seed of its
+# own: the two runs check twice as many distinct samples as both framings of the same ones would.
+SEEDED = [pytest.param(False, 0, id="whole"), pytest.param(True, 1, id="stream")]
+
+
+@pytest.mark.slow  # n=3 sampled tool calls: 8-20 s alone on this machine
+@pytest.mark.parametrize("stream, seed", SEEDED)
+def test_openai_tool_choice_required_always_calls_a_tool(oai: openai.OpenAI, live, stream: bool, seed: int) -> None:
+    kwargs: dict[str, Any] = dict(
+        model=live[1], messages=[{"role": "user", "content": PROMPTS[seed]}], tools=OPENAI_TOOLS,
+        tool_choice="required", parallel_tool_calls=False, temperature=1.0, seed=seed, n=3,
+        max_tokens=MAX_TOKENS,
+    )  # fmt: skip
+    if not stream:
+        reply = oai.chat.completions.create(**kwargs)
+        assert len(reply.choices) == 3
+        for choice in reply.choices:
+            assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+            for call in choice.message.tool_calls:
+                assert_valid_call(call.function.name, call.function.arguments, set(SCHEMAS))
+        return
+    calls: dict[int, list[Any]] = {}
+    finish: dict[int, str | None] = {}
+    for chunk in oai.chat.completions.create(**kwargs, stream=True):
+        for choice in chunk.choices:
+            calls.setdefault(choice.index, []).extend(choice.delta.tool_calls or [])
+            finish[choice.index] = choice.finish_reason or finish.get(choice.index)
+    assert set(finish.values()) == {"tool_calls"} and len(calls) == 3
+    for deltas in calls.values():
+        assert deltas and all(d.id and d.type == "function" for d in deltas)
+        for delta in deltas:
+            assert_valid_call(delta.function.name, delta.function.arguments, set(SCHEMAS))
 
 
 @pytest.mark.slow  # n=3 sampled tool calls: 206 s in a make test-fast run on this machine
@@ -166,29 +171,28 @@ def test_anthropic_tool_choice_any_and_tool_always_use_a_tool(live, stream: bool
             assert_valid_call(name, arguments, {choice["name"]} if choice["type"] == "tool" else set(SCHEMAS))
 
 
-# ~15 CPU-seconds each: the streamed run checks the grammar in `make test-fast`; whole replies differ only in
-# their framing, which the fake engine's protocol tests cover
-@pytest.mark.parametrize("stream", [pytest.param(False, id="whole", marks=pytest.mark.slow), pytest.param(True, id="stream")])
-def test_openai_json_schema_output_always_validates(oai: openai.OpenAI, live, stream: bool) -> None:
+# ~8 CPU-seconds each: the streamed run checks the grammar in `make test-fast`; whole replies differ only in
+# their framing, which the fake engine's protocol tests cover. Each takes its own prompt and seed (see SEEDED).
+@pytest.mark.parametrize("stream, seed", [pytest.param(False, 0, id="whole", marks=pytest.mark.slow), SEEDED[1]])
+def test_openai_json_schema_output_always_validates(oai: openai.OpenAI, live, stream: bool, seed: int) -> None:
     response_format = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER}}
-    for seed, prompt in enumerate(PROMPTS[1:]):
-        kwargs: dict[str, Any] = dict(
-            model=live[1], messages=[{"role": "user", "content": prompt}], response_format=response_format,
-            temperature=1.0, seed=seed, n=3, max_tokens=MAX_TOKENS,
-        )  # fmt: skip
-        if stream:
-            texts: dict[int, str] = {}
-            for chunk in oai.chat.completions.create(**kwargs, stream=True):
-                for choice in chunk.choices:
-                    texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
-                    assert choice.finish_reason in (None, "stop")
-        else:
-            reply = oai.chat.completions.create(**kwargs)
-            assert {c.finish_reason for c in reply.choices} == {"stop"}
-            texts = {c.index: c.message.content for c in reply.choices}
-        assert len(texts) == 3
-        for text in texts.values():
-            jsonschema.validate(json.loads(text), ANSWER)
+    kwargs: dict[str, Any] = dict(
+        model=live[1], messages=[{"role": "user", "content": PROMPTS[1 + seed]}], response_format=response_format,
+        temperature=1.0, seed=seed, n=3, max_tokens=MAX_TOKENS,
+    )  # fmt: skip
+    if stream:
+        texts: dict[int, str] = {}
+        for chunk in oai.chat.completions.create(**kwargs, stream=True):
+            for choice in chunk.choices:
+                texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
+                assert choice.finish_reason in (None, "stop")
+    else:
+        reply = oai.chat.completions.create(**kwargs)
+        assert {c.finish_reason for c in reply.choices} == {"stop"}
+        texts = {c.index: c.message.content for c in reply.choices}
+    assert len(texts) == 3
+    for text in texts.values():
+        jsonschema.validate(json.loads(text), ANSWER)
 
 
 @pytest.mark.slow  # 3 sampled JSON replies: 54 s in a make test-fast run on this machine
