@@ -1,8 +1,8 @@
 // A small SIMT emulator: runs Paddock's CUDA kernels as host C++ so that their indexing,
 // barriers and warp shuffles are tested on machines without a GPU (CI).
 //
-// Every CUDA thread of a block is a fiber (its own stack, switched with ucontext on one OS
-// thread); blocks run one after another. A fiber runs until it reaches a barrier, then the next
+// Every CUDA thread of a block is a fiber (its own stack, switched on one OS thread; see
+// switch_context); blocks run one after another. A fiber runs until it reaches a barrier, then the next
 // one runs, in thread order: __syncthreads is a barrier over the block, __shfl_xor_sync exchanges
 // values through a per-warp buffer between two warp barriers, and __shared__ variables become
 // function statics (shared by the block's threads; blocks never overlap). Fibers rather than
@@ -17,6 +17,7 @@
 #include <ucontext.h>
 
 #include <array>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -44,15 +45,73 @@ inline int t_warp = 0, t_lane = 0;
 
 namespace emu {
 
+#if defined(__x86_64__)
+// glibc's swapcontext saves and restores the signal mask with a system call at every switch, and
+// the barriers make millions of switches: 6.9 million rt_sigprocmask calls in one prefill case, about
+// half of its time. No fiber touches signals, so on x86-64 a switch keeps only what the System V ABI
+// says a call preserves: the callee-saved registers, pushed on the fiber's own stack, and the stack
+// pointer (MXCSR and the x87 control word are left alone: no kernel changes a rounding mode).
+extern "C" void emu_switch(void** save_sp, void* load_sp);
+asm(R"(
+    .text
+    .globl emu_switch
+    .type emu_switch, @function
+emu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size emu_switch, .-emu_switch
+)");
+
+struct Context {
+    void* sp = nullptr;
+};
+inline void switch_context(Context& from, Context& to) { emu_switch(&from.sp, to.sp); }
+// Make `to` start `entry` on `stack`: a frame as emu_switch leaves one, six zeroed registers and a
+// return address, placed so that `entry` begins with the stack aligned as after a call.
+inline void start_context(Context& to, char* stack, size_t size, void (*entry)()) {
+    auto top = reinterpret_cast<uintptr_t>(stack + size) & ~uintptr_t{15};
+    void** frame = reinterpret_cast<void**>(top) - 8;
+    for (int i = 0; i < 6; ++i) frame[i] = nullptr;
+    frame[6] = reinterpret_cast<void*>(entry);
+    frame[7] = nullptr;
+    to.sp = frame;
+}
+#else
+struct Context {
+    ucontext_t uc;
+};
+inline void switch_context(Context& from, Context& to) { swapcontext(&from.uc, &to.uc); }
+inline void start_context(Context& to, char* stack, size_t size, void (*entry)()) {
+    getcontext(&to.uc);
+    to.uc.uc_stack.ss_sp = stack;
+    to.uc.uc_stack.ss_size = size;
+    to.uc.uc_link = nullptr;  // entry never returns: it switches back to the scheduler
+    makecontext(&to.uc, entry, 0);
+}
+#endif
+
 struct Fiber {
-    ucontext_t context;
+    Context context;
     char* stack = nullptr;  // STACK bytes, a guard page below
     bool runnable = false, done = false;
 };
 
 constexpr size_t GUARD = 1 << 12, STACK = 1 << 20;  // as much stack as a kernel's locals need
 inline std::vector<Fiber> fibers;                  // grows to the largest block; stacks reused
-inline ucontext_t scheduler;
+inline Context scheduler;
 inline int current = -1;
 inline std::function<void()> kernel;
 
@@ -60,12 +119,14 @@ inline void fiber_main() {
     kernel();
     fibers[current].done = true;
     fibers[current].runnable = false;
-}  // returns to `scheduler` (uc_link)
+    switch_context(fibers[current].context, scheduler);  // never resumed: the next block starts anew
+    std::abort();
+}
 
 // Suspends the running fiber until the scheduler picks it again (after a barrier releases it).
 inline void suspend() {
     fibers[current].runnable = false;
-    swapcontext(&fibers[current].context, &scheduler);
+    switch_context(fibers[current].context, scheduler);
 }
 
 }  // namespace emu
@@ -128,11 +189,7 @@ inline void ensure_fibers(int n) {
 inline void run_block(int n) {
     for (int tid = 0; tid < n; ++tid) {
         Fiber& f = fibers[tid];
-        getcontext(&f.context);
-        f.context.uc_stack.ss_sp = f.stack;
-        f.context.uc_stack.ss_size = STACK;
-        f.context.uc_link = &scheduler;
-        makecontext(&f.context, fiber_main, 0);
+        start_context(f.context, f.stack, STACK, fiber_main);
         f.runnable = true;
         f.done = false;
     }
@@ -149,7 +206,7 @@ inline void run_block(int n) {
         threadIdx = {pick % blockDim.x, (pick / blockDim.x) % blockDim.y, pick / (blockDim.x * blockDim.y)};
         t_warp = pick / 32;
         t_lane = pick % 32;
-        swapcontext(&scheduler, &fibers[pick].context);
+        switch_context(scheduler, fibers[pick].context);
         if (fibers[pick].done) --left;
         next = (pick + 1) % n;
     }
