@@ -174,7 +174,10 @@ class ModelLibrary:
         stat = path.stat()
         key = (name, str(path), stat.st_size, stat.st_mtime_ns, _mmproj_stamps(path))
         if key not in _ENTRIES:
-            _ENTRIES[key] = describe_safetensors_folder(path, files[1:], name) if path.is_dir() else describe_gguf(files, name)
+            if path.is_dir():
+                _ENTRIES[key] = describe_safetensors_folder(path, files[1:], name)
+            else:
+                _ENTRIES[key] = describe_gguf(files, name)
         return _ENTRIES[key]
 
     def _prune_empty(self, folder: Path) -> None:

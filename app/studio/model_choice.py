@@ -14,7 +14,8 @@ import contextlib
 import dataclasses
 from typing import TYPE_CHECKING
 
-from app.studio.runtime import embedded_model_path, engine_config, fit_options
+from app.engine.loader.embedded import embedded_gguf_path
+from app.studio.runtime import engine_config, fit_options
 
 if TYPE_CHECKING:
     from app.engine.core.fit import FitReport
@@ -32,7 +33,7 @@ def list_models(library: ModelLibrary) -> list[ModelEntry]:
     found in other applications' folders (LM Studio, the Hugging Face cache), offered where they are."""
     entries = []
     with contextlib.suppress(ImportError, OSError, ValueError):  # no embedded model here: the folder only
-        entries.append(dataclasses.replace(library.describe(embedded_model_path()), name=EMBEDDED_NAME))
+        entries.append(dataclasses.replace(library.describe(embedded_gguf_path()), name=EMBEDDED_NAME))
     return entries + library.list() + library.found_elsewhere()
 
 

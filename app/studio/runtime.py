@@ -288,13 +288,6 @@ def fit_options(settings: Settings) -> FitOptions:
     )
 
 
-def embedded_model_path() -> Path:
-    """The embedded default model's .gguf (assembled from its package on first use: ~0.5 s, call off the UI)."""
-    from app.engine.loader.embedded import embedded_gguf_path
-
-    return embedded_gguf_path()
-
-
 def _on_gpu(client: EngineClient) -> bool:
     return str(client.model.device).startswith("cuda")
 

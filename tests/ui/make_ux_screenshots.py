@@ -52,9 +52,9 @@ def main(out: Path) -> None:
     from server import fakes
     from server.fakes import FakeEngine
 
+    from app.engine.loader.embedded import embedded_gguf_path
     from app.studio.attachments import read_attachment
     from app.studio.paths import studio_paths
-    from app.studio.runtime import embedded_model_path
     from app.studio.tasks import SyncExecutor
     from app.ui.main import build_context
     from app.ui.main_window import MainWindow
@@ -66,7 +66,7 @@ def main(out: Path) -> None:
     apply_theme(app, "light")
     out.mkdir(parents=True, exist_ok=True)
     home = Path(tempfile.mkdtemp(prefix="paddock-shots-"))
-    gemma = embedded_model_path()
+    gemma = embedded_gguf_path()
 
     class Embedded(FakeEngine):  # reports the embedded model's own file, so the base-model mark is real
         @property

@@ -229,9 +229,9 @@ class Tokenizer:
     def from_gguf_metadata(cls, metadata: Mapping[str, Any]) -> Tokenizer:
         """From a GGUF file's metadata as plain Python values (`tokenizer.ggml.*` keys).
 
-        Built once per process for the same vocabulary: rebuilding a SentencePiece one takes ~4 s
-        (its merges are derived piece by piece; see `_merges_from_vocab`), which every reload of
-        the model (a changed setting, a switch back to it) would pay again. A Tokenizer is safe to
+        Built once per process for the same vocabulary: building Gemma's takes 2.6-4.6 s on a
+        2-core machine (its merges derived piece by piece, then the BPE model made from them),
+        which every reload of the model (a changed setting, a switch back to it) would pay again. A Tokenizer is safe to
         share: it holds no per-use state, and `encode` takes its lock."""
         key = _tokenizer_key(metadata)
         built = _BUILT.get(key)
