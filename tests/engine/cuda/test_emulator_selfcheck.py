@@ -11,7 +11,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from emulator import TIMEOUT, build
+from emulator import TIMEOUT, build, run
 
 
 @pytest.fixture(scope="module")
@@ -21,8 +21,7 @@ def selfcheck(tmp_path_factory):
 
 def test_barriers_shared_memory_and_shuffles_across_warps_and_blocks(selfcheck, tmp_path) -> None:
     out_path = tmp_path / "out.bin"
-    done = subprocess.run([str(selfcheck), "order", str(out_path)], capture_output=True, timeout=TIMEOUT)
-    assert done.returncode == 0, done.stderr
+    run(selfcheck, "order", out_path)
     blocks, threads = 3, 128
     t = np.arange(threads)
     expected = np.concatenate([1000 * b + (threads - 1 - t) + 100000 * ((t % 32) ^ 5) for b in range(blocks)])
