@@ -27,12 +27,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--experts-on-gpu", default=None,
                         help="mixture of experts: experts per layer kept on the GPU (N, auto or all); "
                         "the rest stay in host RAM")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                        help="the device to predict for (auto: the GPU if one is usable, else the CPU's RAM)")
     parser.add_argument("--file", default=None, help="for a hub repo with several GGUF files: which one")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.engine.core.fit import FitOptions, check_fit
+    from app.engine.plan.fit import FitOptions, check_fit
 
     try:
         options = FitOptions(
@@ -41,11 +43,12 @@ def run(args: argparse.Namespace) -> int:
             gpu_memory_utilization=args.gpu_memory_utilization, experts_on_gpu=args.experts_on_gpu,
         )
         label, shape = resolve_shape(args.model, args.file)
+        device = target_device(args.device)
     except Exception as exc:  # every failure is a one-line message, never a traceback
         print(f"paddock fit: {exc}", file=sys.stderr)
         return 2
     try:
-        report = check_fit(shape, options)
+        report = check_fit(shape, options, device)
     except ValueError as exc:  # --experts-on-gpu that the model cannot take
         print(f"paddock fit: {exc}", file=sys.stderr)
         return 2
@@ -58,11 +61,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def target_device(name: str):  # -> DeviceMemory
+    """The device `--device` names, with its free memory now."""
+    from app.engine.plan.fit import cpu_memory, device_memory
+
+    device = cpu_memory() if name == "cpu" else device_memory()
+    if name == "cuda" and device.kind != "cuda":
+        raise ValueError("--device cuda: no usable GPU (CuPy cannot reach one)")
+    return device
+
+
 def resolve_shape(model: str, gguf_file: str | None = None):  # -> tuple[str, ModelShape]
     """Find MODEL locally (path, 'default', library name) or on the hub, and read its shape."""
     from pathlib import Path
 
-    from app.engine.core.fit import shape_from_checkpoint
+    from app.engine.plan.fit import shape_from_checkpoint
 
     if model == "default":
         from app.engine.loader.embedded import embedded_gguf_path

@@ -65,7 +65,7 @@ def hub_client():  # -> HubClient, with the user's endpoint setting and token
 
 
 def _list(args: argparse.Namespace) -> int:
-    from app.engine.core.fit import format_bytes
+    from app.engine.plan.fit import format_bytes
     from app.studio.library import ModelLibrary
 
     folder = models_dir()
@@ -94,7 +94,7 @@ def _search(args: argparse.Namespace) -> int:
 
 
 def _files(args: argparse.Namespace) -> int:
-    from app.engine.core.fit import format_bytes
+    from app.engine.plan.fit import format_bytes
 
     listing = hub_client().list_files(args.repo)
     _print_table([("FILE", "SIZE", "CHECKSUM")] + [
@@ -104,7 +104,7 @@ def _files(args: argparse.Namespace) -> int:
 
 
 def _download(args: argparse.Namespace) -> int:
-    from app.engine.core.fit import format_bytes
+    from app.engine.plan.fit import format_bytes
     from app.studio.tasks import CancelToken, Progress
 
     client = hub_client()

@@ -6,10 +6,41 @@ from dataclasses import dataclass
 
 DEFAULT_MODEL = "default"  # the embedded Gemma 3 270M Q4_K_M
 
-# KV cache element types by the names users give them (the fit module's names beside the short
-# ones the CLI takes); "auto" is float16 on CUDA and float32 on the CPU (backend.kv_dtype).
-KV_DTYPES = {"auto": "auto", "f16": "float16", "float16": "float16", "fp16": "float16",
-             "f32": "float32", "float32": "float32", "fp8": "fp8", "f8": "fp8", "fp8_e4m3": "fp8"}  # fmt: skip
+# KV cache element types, the one table: each name users give -> the canonical name, and each canonical
+# name's bytes per element. "auto" is the backend's own (AUTO_KV_DTYPE): float16 on CUDA, float32 on the CPU.
+KV_DTYPES = {"auto": "auto", "f16": "float16", "float16": "float16", "fp16": "float16", "half": "float16",
+             "f32": "float32", "float32": "float32", "fp32": "float32", "fp8": "fp8", "f8": "fp8",
+             "fp8_e4m3": "fp8"}  # fmt: skip
+KV_DTYPE_BYTES = {"float32": 4, "float16": 2, "fp8": 1}  # fp8 adds per-(block, head) scales: backend/fp8_kv.py
+AUTO_KV_DTYPE = {"cuda": "float16", "cpu": "float32"}
+# The CUDA backend's "auto" weight cache: float16 copies within this share of the free memory
+# (backend/cuda/dense.py), predicted by the memory plan (plan/memory.py).
+DENSE_CACHE_FRACTION = 0.35
+
+
+def kv_dtype_name(name: str, device: str | None = None) -> str:
+    """The canonical KV dtype for a user's name ("auto" stays "auto" unless `device`, "cuda" or "cpu",
+    is given); ValueError naming the accepted names."""
+    canonical = KV_DTYPES.get(name.strip().lower())
+    if canonical is None:
+        raise ValueError(f"KV dtype must be one of {', '.join(sorted(KV_DTYPES))}, not {name!r}")
+    return AUTO_KV_DTYPE[device] if canonical == "auto" and device is not None else canonical
+
+
+def parse_experts_on_gpu(value: str | int | None) -> int | str | None:
+    """`--experts-on-gpu`: a whole number of experts per layer, "auto" or "all" (None: all)."""
+    if value is None or isinstance(value, int):
+        if isinstance(value, int) and value < 0:
+            raise ValueError(f"--experts-on-gpu must be at least 0, not {value}")
+        return value
+    text = value.strip().lower()
+    if text in ("auto", "all"):
+        return text
+    try:
+        count = int(text)
+    except ValueError:
+        raise ValueError(f"--experts-on-gpu takes a number of experts per layer, 'auto' or 'all', not {value!r}") from None
+    return parse_experts_on_gpu(count)
 
 
 @dataclass(frozen=True)
@@ -39,7 +70,7 @@ class EngineConfig:
     # None: on with CUDA graphs, off otherwise (--async-decode / --no-async-decode)
     async_decode: bool | None = None
     # float16 copies of the weights for batched products (CUDA only): "auto" keeps them only on a
-    # GPU with room to spare (app/engine/fit.py: use_weight_cache), "on", or "off"
+    # GPU with room to spare (plan/memory.py: use_weight_cache), "on", or "off"
     weight_cache: str = "auto"
     mmproj: str | None = None  # a llama.cpp mmproj GGUF (vision tower); None: one beside a GGUF model, if any
     # the CPU backend's products: "numba" (kernels over the GGUF blocks, backend/cpu_fast/), "numpy"
@@ -68,10 +99,8 @@ class EngineConfig:
             raise ValueError(f"threads must be at least 1, got {self.threads}")
         if not 0.05 <= self.gpu_memory_utilization <= 1.0:
             raise ValueError("gpu_memory_utilization must be between 0.05 and 1.0")
-        if self.kv_dtype.lower() not in KV_DTYPES:
+        if self.kv_dtype.strip().lower() not in KV_DTYPES:
             raise ValueError(f"kv_dtype must be auto, f16 or fp8 (or float32), not {self.kv_dtype!r}")
-        from app.engine.core.expert_plan import parse_experts_on_gpu
-
         object.__setattr__(self, "experts_on_gpu", parse_experts_on_gpu(self.experts_on_gpu))
         if self.kv_host_gb < 0 or self.kv_disk_gb < 0:
             raise ValueError("kv_host_gb and kv_disk_gb must be 0 (off) or positive")
@@ -79,4 +108,4 @@ class EngineConfig:
     @property
     def kv_dtype_name(self) -> str:
         """The canonical KV dtype: "auto", "float16", "float32" or "fp8"."""
-        return KV_DTYPES[self.kv_dtype.lower()]
+        return kv_dtype_name(self.kv_dtype)

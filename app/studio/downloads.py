@@ -32,7 +32,7 @@ from typing import Any
 
 import httpx
 
-from app.engine.core.fit import (
+from app.engine.plan.fit import (
     ModelShape,
     VisionShape,
     shape_from_hf_config,

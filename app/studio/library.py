@@ -23,7 +23,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from app.engine.core.fit import (
+from app.engine.loader import gguf as gguf_loader
+from app.engine.loader.names import CheckpointError, architecture_of
+from app.engine.loader.split_tensors import stored_format
+from app.engine.plan.fit import (
     ModelShape,
     is_mmproj_name,
     is_vision_tensor,
@@ -33,9 +36,6 @@ from app.engine.core.fit import (
     vision_beside_gguf,
     vision_from_hf_config,
 )
-from app.engine.loader import gguf as gguf_loader
-from app.engine.loader.names import CheckpointError, architecture_of
-from app.engine.loader.split_tensors import stored_format
 from app.studio.model_check import INCOMPLETE_HINT, check_model_files
 from app.studio.paths import ModelSource
 from app.studio.tasks import CancelToken, Progress, ProgressCallback, TaskCancelled

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import PurePosixPath
 from typing import Protocol, TypeVar
 
-from app.engine.core.fit import is_mmproj_name
+from app.engine.plan.fit import is_mmproj_name
 
 PREFERENCE = ("f16", "bf16", "f32", "q8_0")
 

@@ -18,7 +18,7 @@ from app.engine.loader.embedded import embedded_gguf_path
 from app.studio.runtime import engine_config, fit_options
 
 if TYPE_CHECKING:
-    from app.engine.core.fit import FitReport
+    from app.engine.plan.fit import FitReport
     from app.studio.library import ModelEntry, ModelLibrary
     from app.studio.runtime import EngineHost
     from app.studio.settings import Settings
@@ -45,14 +45,14 @@ def load_entry(host: EngineHost, settings: Settings, entry: ModelEntry) -> None:
 
 def fit_of(entry: ModelEntry, settings: Settings) -> FitReport | None:
     """Will-it-fit for `entry` under the engine settings it would load with; None when its shape is unknown."""
-    from app.engine.core.fit import check_fit
+    from app.engine.plan.fit import check_fit
 
     return None if entry.shape is None else check_fit(entry.shape, fit_options(settings))
 
 
 def wont_fit_question(entry: ModelEntry, report: FitReport | None) -> str | None:
     """What to ask before loading a model predicted not to fit; None when nothing needs asking."""
-    from app.engine.core.fit import WONT_FIT
+    from app.engine.plan.fit import WONT_FIT
 
     if report is None or report.verdict != WONT_FIT:
         return None

@@ -3,7 +3,7 @@
 Each entry names one instruct GGUF on the Hugging Face hub and carries the numbers
 will-it-fit needs (the shape keys of its GGUF header and its size), so the verdict for
 this machine is known before anything is downloaded, and without a network. The verdict
-is `app.engine.core.fit.check_fit` over the same `ModelShape` that `paddock fit` reads
+is `app.engine.plan.fit.check_fit` over the same `ModelShape` that `paddock fit` reads
 from the file's header (tests/ui/test_recommendations.py writes files with these headers
 and compares the two). Sizes are the hub's listed file sizes (2026-11), rounded to the MB;
 the tensors are counted as the whole file, which overstates them by the header's few MB.
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.engine.core.fit import DeviceMemory, FitOptions, FitReport, ModelShape, check_fit
+from app.engine.plan.fit import DeviceMemory, FitOptions, FitReport, ModelShape, check_fit
 
 MB = 1_000_000
 
@@ -93,7 +93,7 @@ class RecommendationFit:
 def recommended_fits(options: FitOptions | None = None, device: DeviceMemory | None = None,
                      table: tuple[Recommendation, ...] = RECOMMENDED) -> list[RecommendationFit]:
     """Each recommendation with its will-it-fit report on `device` (default: this machine's GPU or RAM)."""
-    from app.engine.core.fit import device_memory
+    from app.engine.plan.fit import device_memory
 
     device = device or device_memory()  # read once: every row is judged against the same free memory
     return [RecommendationFit(rec, check_fit(rec.shape, options, device)) for rec in table]

@@ -33,7 +33,7 @@ from app.studio.tasks import DoneCallback, SyncExecutor, TaskContext, TaskHandle
 
 if TYPE_CHECKING:
     from app.engine import EngineClient, EngineConfig, ModelInfo
-    from app.engine.core.fit import FitOptions
+    from app.engine.plan.fit import FitOptions
     from app.studio.settings import Settings
 
 EMPTY, LOADING, READY, UNLOADING, ERROR = "empty", "loading", "ready", "unloading", "error"
@@ -89,7 +89,7 @@ class MemoryUse:
     kv_blocks_total: int = 0
 
     def describe(self) -> str:
-        from app.engine.core.fit import format_bytes
+        from app.engine.plan.fit import format_bytes
 
         parts = []
         if self.device_bytes:
@@ -278,7 +278,7 @@ def engine_config(settings: Settings, model: str | None = None, models_dir: str 
 
 def fit_options(settings: Settings) -> FitOptions:
     """Will-it-fit asked with the engine settings the model would be loaded with."""
-    from app.engine.core.fit import FitOptions
+    from app.engine.plan.fit import FitOptions
 
     return FitOptions(
         context_length=settings.get("engine.context_length") or None,

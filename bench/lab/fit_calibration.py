@@ -5,7 +5,7 @@ For each checkpoint, one subprocess (a fresh CUDA context) loads the engine for 
 most of the context (chunked prefill at the default token budget) and a few decode steps,
 and reports the device memory in use at the end (total - free, as nvidia-smi counts it:
 the CUDA context, cuBLAS, and everything CuPy's pool holds, which keeps its peak). The
-parent compares that with `app.engine.core.fit.predict_memory` for the same options.
+parent compares that with `app.engine.plan.memory.memory` for the same options.
 
     python3 bench/lab/fit_calibration.py /tmp/qwen3-0.6b.gguf /tmp/qwen3-4b.gguf /tmp/qwen3-8b.gguf
 """
@@ -57,7 +57,8 @@ def main() -> None:
     if args.child:
         print(json.dumps(measure(args.models[0], args.ctx, args.batch)))
         return
-    from app.engine.core.fit import FitOptions, predict_memory, shape_from_checkpoint
+    from app.engine.plan.fit import FitOptions, shape_from_checkpoint
+    from app.engine.plan.memory import memory
 
     rows = []
     for model in args.models:
@@ -70,7 +71,7 @@ def main() -> None:
             continue
         measured = json.loads(done.stdout.strip().splitlines()[-1])
         options = FitOptions(context_length=args.ctx, batch=args.batch, max_num_seqs=args.batch)
-        predicted = predict_memory(shape_from_checkpoint(model), options, "cuda", measured["free_at_start"])
+        predicted = memory(shape_from_checkpoint(model), options, "cuda", measured["free_at_start"])
         error = (predicted.total - measured["used"]) / measured["used"]
         rows.append({"model": Path(model).name, "predicted": predicted.total, "measured": measured["used"],
                      "error": error, "breakdown": predicted.__dict__, **measured})  # fmt: skip

@@ -18,10 +18,10 @@ from app.engine.core.async_engine import AsyncEngine
 from app.engine.core.engine import LLMEngine
 from app.engine.core.scheduler import Scheduler, SchedulerOutput
 from app.engine.interface import GenerationRequest
+from app.engine.plan.engine_plan import async_decode_enabled
 from app.engine.request import PLACEHOLDER, Request
 from app.engine.sampling_params import SamplingParams
 from app.engine.worker import runner as runner_module
-from app.engine.worker.pipeline import async_decode_enabled
 from app.engine.worker.runner import token_slice
 
 MODEL = Path(__file__).resolve().parents[1] / "fixtures" / "families" / "qwen3" / "qwen3-kquants.gguf"

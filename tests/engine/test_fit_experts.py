@@ -14,17 +14,17 @@ import gguf
 import pytest
 
 from app.cli import main as paddock
-from app.engine.core.expert_plan import parse_experts_on_gpu
-from app.engine.core.fit import (
-    CUDA_RUNTIME_OVERHEAD_BYTES,
+from app.engine.config import parse_experts_on_gpu
+from app.engine.plan.device import GiB
+from app.engine.plan.fit import (
     PREDICTION_MARGIN,
     DeviceMemory,
     FitOptions,
-    GiB,
     ModelShape,
     check_fit,
     shape_from_checkpoint,
 )
+from app.engine.plan.memory import CUDA_RUNTIME_OVERHEAD_BYTES
 
 QWEN3MOE = Path(__file__).resolve().parents[1] / "fixtures" / "families" / "qwen3moe" / "qwen3moe-q8_0-q4_0.gguf"
 # 48 layers x 128 experts of 1 MiB, 8 used per token, plus 2 GiB of everything else.

@@ -11,8 +11,9 @@ from app.engine.backend.base import AttentionMetadata
 from app.engine.backend.cpu import CpuBackend
 from app.engine.backend.fp8_kv import E4M3_VALUES, FP8_MAX, Fp8KvCache, encode_e4m3, pow2_scale
 from app.engine.config import EngineConfig
-from app.engine.core.memory_plan import kv_block_bytes
 from app.engine.models.config import ModelConfig
+from app.engine.plan.memory import kv_block_bytes
+from app.engine.plan.shape import shape_from_config
 
 
 def test_every_code_decodes_as_ml_dtypes_does() -> None:
@@ -85,11 +86,9 @@ def test_attention_over_a_low_precision_cache_stays_close_to_float32(dtype, tole
 
 
 def test_fp8_holds_about_twice_the_blocks_of_float16_in_the_same_budget() -> None:
-    cfg = ModelConfig.__new__(ModelConfig)
-    object.__setattr__(cfg, "num_layers", 32)
-    object.__setattr__(cfg, "num_kv_heads", 8)
-    object.__setattr__(cfg, "head_dim", 128)
-    f16, fp8 = kv_block_bytes(cfg, 16, "float16"), kv_block_bytes(cfg, 16, "fp8")
+    cfg = ModelConfig("llama", 1000, 4096, 32, 32, 8, 128, 14336, 1e-5, 10000.0, 8192)
+    shape = shape_from_config(cfg, weight_bytes=0)
+    f16, fp8 = kv_block_bytes(shape, 16, "float16"), kv_block_bytes(shape, 16, "fp8")
     assert f16 == 2 * 32 * 8 * 128 * 2 * 16
     assert fp8 == 2 * 32 * (8 * 128 * 16 + 4 * 8)  # the per-(block, head) float32 scales counted
     assert 1.98 < f16 / fp8 < 2.0
@@ -103,7 +102,7 @@ def test_the_engine_config_takes_the_cli_names() -> None:
 
 
 def test_will_it_fit_gives_fp8_about_twice_the_context_of_float16() -> None:
-    from app.engine.core.fit import FitOptions, ModelShape, largest_context
+    from app.engine.plan.fit import FitOptions, ModelShape, largest_context
 
     shape = ModelShape("llama", 32, 4096, 32, 8, 128, 14336, 128256, 1 << 20, 16 << 30)  # an 8B shape
     budget = 40 << 30  # about 20 GiB left for KV: well under the model context either way

@@ -25,7 +25,6 @@ from app.cli import main as paddock
 from app.engine.backend.cpu import CpuBackend
 from app.engine.config import EngineConfig
 from app.engine.core.engine import LLMEngine
-from app.engine.core.fit import shape_from_checkpoint
 from app.engine.core.vision import NoVisionError
 from app.engine.images import ImageInput
 from app.engine.loader.gguf import read_gguf
@@ -35,6 +34,7 @@ from app.engine.models.qwen2_vl import config_from_gguf, config_from_hf
 from app.engine.models.vision import QwenVisionModel, load_vision
 from app.engine.models.vision.qwen_vl_mmproj import qwen_config_from_gguf, tower_tensors
 from app.engine.models.vision.qwen_vl_processing import preprocess_qwen
+from app.engine.plan.fit import shape_from_checkpoint
 from app.engine.sampling_params import SamplingParams
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from fake_hub import FakeHub
 
-from app.engine.core.fit import check_fit, shape_from_checkpoint
 from app.engine.models.vision.weights import find_mmproj
+from app.engine.plan.fit import check_fit, shape_from_checkpoint
 from app.studio.downloads import HubClient, model_folder
 from app.studio.library import ModelLibrary
 from app.studio.mmproj import pick_mmproj

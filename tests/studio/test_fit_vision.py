@@ -13,15 +13,10 @@ from pathlib import Path
 import pytest
 
 from app.cli import main as paddock
-from app.engine.core.fit import (
-    DeviceMemory,
-    FitOptions,
-    GiB,
-    check_fit,
-    predict_memory,
-    shape_from_checkpoint,
-)
-from app.engine.core.vision_fit import VisionShape
+from app.engine.plan.device import GiB
+from app.engine.plan.fit import DeviceMemory, FitOptions, check_fit, shape_from_checkpoint
+from app.engine.plan.memory import memory
+from app.engine.plan.vision_fit import VisionShape
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 HF = FIXTURES / "vision" / "gemma3" / "hf"
@@ -60,7 +55,7 @@ def test_the_mmproj_beside_a_gguf_is_counted(gemma_with_mmproj):
     assert shape.vision == VisionShape(gguf_tensor_bytes(MMPROJ), image_size=56, patch_size=7, hidden_size=32,
                                        num_heads=4, intermediate_size=48, source="mmproj-gemma3-f16.gguf")
     options = FitOptions(context_length=256)
-    with_vision, without = predict_memory(shape, options, "cuda"), predict_memory(alone, options, "cuda")
+    with_vision, without = memory(shape, options, "cuda"), memory(alone, options, "cuda")
     patches = (56 // 7) ** 2
     # one head's scores at a time, softmaxed in place (siglip.full_attention), and one layer's activations
     encode = (patches**2 + patches * (6 * 32 + 2 * 48)) * 4

@@ -104,7 +104,7 @@ def test_a_model_that_fails_to_load_leaves_the_old_one_loaded_and_shown(qtbot, m
 @pytest.fixture
 def small_gpu(monkeypatch):
     """A GPU with 64 MiB free: the tiny models' KV cache at their full context does not fit in it."""
-    from app.engine.core import fit as fit_module
+    from app.engine.plan import fit as fit_module
 
     gpu = fit_module.DeviceMemory("cuda", "Test GPU", 64 * 2**20, 80 * 2**20)
     monkeypatch.setattr(fit_module, "device_memory", lambda: gpu)
@@ -114,7 +114,7 @@ def small_gpu(monkeypatch):
 @pytest.mark.parametrize("load_anyway", [False, True])
 def test_a_model_predicted_not_to_fit_asks_before_loading(qtbot, make_window, make_context, models, small_gpu,
                                                           load_anyway):
-    from app.engine.core.fit import WONT_FIT, check_fit, shape_from_checkpoint
+    from app.engine.plan.fit import WONT_FIT, check_fit, shape_from_checkpoint
     from app.studio.runtime import fit_options
 
     made: list[EngineAt] = []

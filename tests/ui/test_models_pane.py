@@ -12,7 +12,7 @@ from server.fakes import FakeEngine
 from studio import fake_hub
 from studio.fake_hub import FakeHub, make_tiny_gguf
 
-from app.engine.core.fit import TIGHT, DeviceMemory, FitOptions, check_fit, shape_from_checkpoint
+from app.engine.plan.fit import TIGHT, DeviceMemory, FitOptions, check_fit, shape_from_checkpoint
 from app.studio.downloads import model_folder
 from app.ui.panes.models import EMBEDDED_NAME
 from app.ui.widgets.fit_view import FitView

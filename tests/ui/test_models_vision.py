@@ -10,7 +10,7 @@ import pytest
 from PySide6.QtCore import Qt
 from studio.fake_hub import FakeHub
 
-from app.engine.core.fit import FitOptions, check_fit, shape_from_checkpoint
+from app.engine.plan.fit import FitOptions, check_fit, shape_from_checkpoint
 from app.studio.downloads import model_folder
 from app.ui.models.library import NOTES_COLUMN
 

@@ -14,8 +14,8 @@ from PySide6.QtCore import Qt
 from studio.fake_hub import FakeHub, make_tiny_gguf
 
 from app.commands import fit as fit_command
-from app.engine.core import fit as fit_module
-from app.engine.core.fit import DeviceMemory, FitOptions
+from app.engine.plan import fit as fit_module
+from app.engine.plan.fit import DeviceMemory, FitOptions
 from app.studio.recommendations import RECOMMENDED, Recommendation, recommended_fits
 
 GPUS = [DeviceMemory("cuda", f"test GPU {gb} GB", int(gb * 0.95 * 2**30), gb * 2**30) for gb in (4, 8, 12, 24, 80)]

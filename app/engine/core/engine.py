@@ -17,13 +17,7 @@ from app.engine.backend import select_backend
 from app.engine.cache.manager import KVCacheManager
 from app.engine.cache.offload import DeviceBlocks, kv_bytes_moved
 from app.engine.config import DEFAULT_MODEL, EngineConfig
-from app.engine.core.memory_plan import (
-    expert_streaming,
-    kv_dtype,
-    num_kv_blocks,
-    offload_tiers,
-    weight_cache_mode,
-)
+from app.engine.core.expert_residency import ExpertStreaming
 from app.engine.core.output_processor import OutputProcessor
 from app.engine.core.request_log import log_finished
 from app.engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
@@ -34,12 +28,16 @@ from app.engine.loader.finite import check_finite
 from app.engine.loader.tokenizer import Tokenizer
 from app.engine.loader.weights import open_checkpoint
 from app.engine.models.registry import build_model, model_config
+from app.engine.plan.device import cpu_memory, device_memory
+from app.engine.plan.engine_plan import experts_on_device, model_positions, resolve, weight_cache_mode
+from app.engine.plan.shape import shape_of
+from app.engine.plan.tiers import offload_tiers
 from app.engine.request import Request, RequestOutput, RequestStatus, TokenLogprob
 from app.engine.sample.grammar import GrammarMasks
 from app.engine.sample.sampler import Sampler, deferrable
 from app.engine.sampling_params import SamplingParams
 from app.engine.text.chat_template import chat_template_for
-from app.engine.worker.pipeline import DecodePipeline, async_decode_enabled
+from app.engine.worker.pipeline import DecodePipeline
 from app.engine.worker.prefill_graphs import capture_prefill_graphs
 from app.engine.worker.runner import ModelRunner
 
@@ -85,71 +83,82 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         started = time.monotonic()
-        self.path = resolve_model_path(config.model)
+        self._open_checkpoint()
+        self._load_model()
+        self._allocate_kv()
+        self._build_request_path()
+        log.info("loaded %s (%s, %s) on %s in %.1f s; prefix cache %s", self.info.name, self.model_config.architecture,
+                 self.info.quantization, self.backend.name, time.monotonic() - started,
+                 "on" if config.enable_prefix_caching else "off")  # fmt: skip
+        log.info("%s", self.plan.describe())
+
+    # -- loading, in the order it happens -------------------------------------------------
+    def _open_checkpoint(self) -> None:
+        """The checkpoint, checked; its config, shape, tokenizer and chat template."""
+        self.path = resolve_model_path(self.config.model)
         self.checkpoint = open_checkpoint(self.path)
         check_finite(self.checkpoint.tensors, self.path)  # a NaN scale would make every logit NaN
         self.model_config = model_config(self.checkpoint)
+        self.shape = shape_of(self.checkpoint, self.model_config)
         if self.checkpoint.format == "gguf":
             self.tokenizer = Tokenizer.from_gguf_metadata(self.checkpoint.metadata)
             template_source: Any = self.checkpoint.metadata
         else:
             self.tokenizer = Tokenizer.from_pretrained_dir(self.checkpoint.tokenizer_dir or self.path)
             template_source = self.checkpoint.tokenizer_dir or self.path
-        self.chat_template = chat_template_for(
-            template_source, self.tokenizer, self.model_config.architecture
-        )
-        self.backend = select_backend(
-            config.device, weight_cache_mode(config, self.model_config, self.checkpoint),
-            config.cpu_kernels, config.threads,
-        )  # fmt: skip
+        self.chat_template = chat_template_for(template_source, self.tokenizer, self.model_config.architecture)
 
-        cfg = self.model_config
-        self.block_size = config.block_size
-        positions = min(config.max_model_len or cfg.context_length, cfg.context_length)
-        self.expert_streaming = expert_streaming(config, cfg, self.backend, self.path, positions)
+    def _load_model(self) -> None:
+        """The backend and the weights on it; then the plan, which sizes the KV cache from what is left."""
+        config = self.config
+        device = cpu_memory() if config.device == "cpu" else device_memory()  # read once, before the weights
+        self.backend = select_backend(config.device, weight_cache_mode(config, self.shape, device),
+                                      config.cpu_kernels, config.threads)  # fmt: skip
+        experts = experts_on_device(config, self.shape, self.backend.name, device)
+        self.expert_streaming = None if experts is None else ExpertStreaming(on_gpu=experts)
         if self.expert_streaming is not None:
             self.backend.expert_streaming = self.expert_streaming
-        self.model = build_model(self.checkpoint, self.backend, positions, cfg)
-        num_blocks = num_kv_blocks(config, self.model_config, self.backend, positions)
-        capacity = (num_blocks - 1) * self.block_size  # block 0 is the pool's null block
-        self.max_model_len = min(positions, capacity)
-        if config.max_model_len and config.max_model_len > self.max_model_len:
-            limit = "the model's context" if positions < config.max_model_len else "what the KV cache holds"
-            log.warning(
-                "--max-ctx %d exceeds %s: the context is %d tokens",
-                config.max_model_len, limit, self.max_model_len,
-            )  # fmt: skip
-        self.kv_dtype = kv_dtype(config, self.backend)
+        positions = model_positions(config, self.shape)
+        self.model = build_model(self.checkpoint, self.backend, positions, self.model_config)
+        free = self.backend.free_memory() if self.backend.name == "cuda" else None
+        self.plan = resolve(config, self.shape, device, self.backend.name, free, self.model.syncs_host)
+        self.block_size = self.plan.block_size
+        self.max_model_len = self.plan.max_model_len
+        self.kv_dtype = self.plan.kv_dtype
+
+    def _allocate_kv(self) -> None:
+        """The KV cache, the runner over it (with its CUDA graphs), the vision tower and the cache manager."""
+        plan, cfg = self.plan, self.model_config
         kv_caches = [
-            self.backend.alloc_kv_cache(num_blocks, self.block_size, cfg.num_kv_heads, cfg.head_dim, self.kv_dtype)
+            self.backend.alloc_kv_cache(plan.num_blocks, plan.block_size, cfg.num_kv_heads, cfg.head_dim, plan.kv_dtype)
             for _ in range(cfg.num_layers)
         ]
-        self.runner = ModelRunner(self.model, self.backend, kv_caches, self.block_size)
-        self.vision = attach_vision(self.runner, self.checkpoint, self.tokenizer, config.mmproj)
-        if self.backend.name == "cuda" and config.cuda_graphs and self.model.syncs_host:
-            log.warning("CUDA graphs off: this model's MoE layers read the router's choices on the host "
-                        "(per-expert products, or experts streamed from host RAM)")
-        elif self.backend.name == "cuda" and config.cuda_graphs:
+        self.runner = ModelRunner(self.model, self.backend, kv_caches, plan.block_size)
+        self.vision = attach_vision(self.runner, self.checkpoint, self.tokenizer, self.config.mmproj)
+        if plan.graphs:
             from app.engine.worker.decode_graphs import DecodeGraphs
 
-            self.runner.graphs = DecodeGraphs(
-                self.model, self.backend, kv_caches, self.block_size, self.max_model_len, config.max_num_seqs
-            )
+            self.runner.graphs = DecodeGraphs(self.model, self.backend, kv_caches, plan.block_size,
+                                              plan.max_model_len, self.config.max_num_seqs)  # fmt: skip
             self.runner.graphs.capture()
             self.runner.prefill_graphs = capture_prefill_graphs(
-                config.prefill_graphs, self.model, self.backend, kv_caches, self.block_size,
-                self.max_model_len, self.runner.graphs.capture_stream,
+                plan.prefill_graphs, self.model, self.backend, kv_caches, plan.block_size,
+                plan.max_model_len, self.runner.graphs.capture_stream,
             )  # fmt: skip
-        tiers = offload_tiers(config, DeviceBlocks(self.backend, kv_caches), self.path, cfg, self.kv_dtype)
-        self.kv = KVCacheManager(
-            num_blocks, self.block_size, enable_prefix_caching=config.enable_prefix_caching, tiers=tiers
-        )
+        copier = DeviceBlocks(self.backend, kv_caches)
+        tiers = offload_tiers(plan, copier, self.path, self.shape, self.config.kv_disk_dir)
+        self.kv = KVCacheManager(plan.num_blocks, plan.block_size,
+                                 enable_prefix_caching=self.config.enable_prefix_caching, tiers=tiers)  # fmt: skip
+
+    def _build_request_path(self) -> None:
+        """Scheduler, sampler, output processing and the look-ahead pipeline; what the API reports."""
+        config, plan, cfg = self.config, self.plan, self.model_config
         self.scheduler = Scheduler(
             SchedulerConfig(
                 max_num_seqs=config.max_num_seqs,
                 max_num_batched_tokens=config.max_num_batched_tokens,
-                max_model_len=self.max_model_len,
-                block_size=self.block_size,
+                max_model_len=plan.max_model_len,
+                block_size=plan.block_size,
                 enable_prefix_caching=config.enable_prefix_caching,
             ),
             self.kv,
@@ -161,9 +170,9 @@ class LLMEngine:
             self.sampler = GpuSampler(self.tokenizer.eos_token_ids, config.seed, grammars)
         else:
             self.sampler = Sampler(self.tokenizer.eos_token_ids, config.seed, grammars)
-        self.outputs = OutputProcessor(self.tokenizer, self.max_model_len)
+        self.outputs = OutputProcessor(self.tokenizer, plan.max_model_len)
         self.pipeline = DecodePipeline(self.scheduler, self.runner.decodes_from_device)
-        self.async_decode = async_decode_enabled(config.async_decode, self.runner.graphs is not None)
+        self.async_decode = plan.async_decode
         self.counters = _Counters()
         self.info = ModelInfo(
             name=config.served_model_name or self.path.stem,
@@ -171,18 +180,11 @@ class LLMEngine:
             architecture=cfg.architecture,
             quantization=self.checkpoint.quantization,
             parameters=self.checkpoint.parameter_count,
-            context_length=self.max_model_len,
+            context_length=plan.max_model_len,
             device=self.backend.name,
             supports_vision=self.vision is not None,
             quant_mix=self.checkpoint.quant_mix,
         )
-        log.info(
-            "loaded %s (%s, %s) on %s in %.1f s; context %d, %d KV blocks of %d (%s), prefix cache %s",
-            self.info.name, cfg.architecture, self.info.quantization, self.backend.name,
-            time.monotonic() - started, self.max_model_len, num_blocks, self.block_size, self.kv_dtype,
-            "on" if config.enable_prefix_caching else "off",
-        )  # fmt: skip
-        log.info("async decode (one step of look-ahead) is %s", "on" if self.async_decode else "off")
 
     # -- requests -------------------------------------------------------------------
     def check_fits(self, num_prompt_tokens: int, params: SamplingParams) -> None:

@@ -22,7 +22,7 @@ Why this design:
   `syncs_host`), as the per-expert fallback does.
 - Slots per layer, not one staging pool shared by the layers: the LRU keeps last step's cold
   picks of each layer, which consecutive tokens often pick again, at the price of S slots per
-  layer (core/expert_plan.py counts them).
+  layer (plan/expert_plan.py counts them).
 - Rounds in ascending expert order let the numpy backend add a token's expert outputs in the same
   order as with every expert resident, so it gives exactly the same tokens (the oracle); the
   CUDA backend adds the rounds' partial sums, equal up to float32 rounding.

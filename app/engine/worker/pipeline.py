@@ -36,12 +36,6 @@ from app.engine.request import PLACEHOLDER, Request, RequestStatus
 from app.engine.sample.sampler import deferrable
 
 
-def async_decode_enabled(setting: bool | None, cuda_graphs: bool) -> bool:
-    """The config's setting (EngineConfig.async_decode); None means on exactly where decode steps
-    are CUDA-graph replays (elsewhere a launch costs about what it hides)."""
-    return cuda_graphs if setting is None else setting
-
-
 @dataclass
 class InFlight:
     """A launched step whose sampled ids the host has not read yet."""

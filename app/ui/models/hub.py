@@ -7,7 +7,7 @@ from typing import Any, Generic, TypeVar
 
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt
 
-from app.engine.core.fit import format_bytes
+from app.engine.plan.fit import format_bytes
 from app.studio.downloads import RemoteFile, SearchHit
 
 Index = QModelIndex | QPersistentModelIndex

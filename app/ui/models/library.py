@@ -8,7 +8,7 @@ from typing import Any
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt
 from PySide6.QtGui import QFont
 
-from app.engine.core.fit import format_bytes
+from app.engine.plan.fit import format_bytes
 from app.studio.library import ModelEntry
 from app.studio.model_check import INCOMPLETE_HINT
 

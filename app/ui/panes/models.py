@@ -24,7 +24,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.engine.core.fit import FitReport, check_fit
+from app.engine.plan.fit import FitReport, check_fit
 from app.studio.downloads import HubClient
 from app.studio.library import ModelEntry, ModelLibrary
 from app.studio.model_choice import EMBEDDED_NAME, LOAD_ANYWAY, list_models, load_entry, wont_fit_question

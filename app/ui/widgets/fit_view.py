@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import QFormLayout, QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
-from app.engine.core.fit import FitReport, format_bytes
+from app.engine.plan.fit import FitReport, format_bytes
 from app.studio.tasks import TaskResult
 
 PARTS = (("weights", "Weights"), ("vision", "Vision"), ("kv_cache", "KV cache"), ("activations", "Activations"),

@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.engine.core.fit import FitReport, check_fit, format_bytes
+from app.engine.plan.fit import FitReport, check_fit, format_bytes
 from app.studio.downloads import HubClient, RemoteFile, RepoListing, SearchHit, bytes_present, model_folder
 from app.studio.recommendations import Recommendation, recommended_fits
 from app.studio.runtime import fit_options

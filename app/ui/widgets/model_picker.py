@@ -27,7 +27,7 @@ from app.ui.widgets.dialogs import Dialogs
 from app.ui.workers import Worker
 
 if TYPE_CHECKING:
-    from app.engine.core.fit import FitReport
+    from app.engine.plan.fit import FitReport
 
 NONE_LOADED = "No model loaded: choose one"
 

@@ -19,7 +19,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.engine.core.fit import format_bytes
+from app.engine.plan.fit import format_bytes
 from app.studio.recommendations import RECOMMENDED, Recommendation, RecommendationFit
 from app.studio.tasks import TaskResult
 

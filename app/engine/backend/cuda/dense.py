@@ -28,11 +28,11 @@ from typing import Any
 
 from app.engine.backend.cuda.expand import expand_rows
 from app.engine.backend.cuda.weights import CudaFusedWeight, CudaWeight
+from app.engine.config import DENSE_CACHE_FRACTION as DENSE_FRACTION
 
 log = logging.getLogger(__name__)
 
-MODES = ("auto", "on", "off")
-DENSE_FRACTION = 0.35  # of the free memory at start, for "auto"
+MODES = ("auto", "on", "off")  # "auto": copies within DENSE_FRACTION of the free memory at start
 _COLD_SUFFIXES = ("token_embd.weight",)  # read one row per token, never multiplied (unless tied)
 RESERVE_BYTES = 1 << 30  # a late copy (promote) must leave this much free: the KV cache is sized by then
 

@@ -57,22 +57,6 @@ class ExpertPlan:
         return self.host_bytes - self.staging_bytes
 
 
-def parse_experts_on_gpu(value: str | int | None) -> int | str | None:
-    """`--experts-on-gpu`: a whole number of experts per layer, "auto" or "all" (None: all)."""
-    if value is None or isinstance(value, int):
-        if isinstance(value, int) and value < 0:
-            raise ValueError(f"--experts-on-gpu must be at least 0, not {value}")
-        return value
-    text = value.strip().lower()
-    if text in ("auto", "all"):
-        return text
-    try:
-        count = int(text)
-    except ValueError:
-        raise ValueError(f"--experts-on-gpu takes a number of experts per layer, 'auto' or 'all', not {value!r}") from None
-    return parse_experts_on_gpu(count)
-
-
 def fixed_plan(
     num_layers: int, num_experts: int, experts_used: int, expert_bytes_total: int, requested: int | str | None
 ) -> ExpertPlan:

@@ -1,0 +1,174 @@
+"""Will-it-fit: the memory plan's prediction for a model (memory.py), against what the device has free.
+
+The budget is the device's free memory x gpu_memory_utilization (what the engine may take).
+Verdicts: "fits" when the total is within the budget less the prediction margin, "tight" when it is
+over that but still under the free memory, "won't fit" otherwise. The report also gives the KV blocks
+the engine would allocate with the same options (`kv_blocks`, counted as the engine counts them) and
+the largest context that fits.
+
+A mixture of experts may keep only a hot set of its experts on the GPU (`experts_on_gpu`, planned
+by `expert_plan.py`): the rest is in pinned host RAM (reported, not counted against the device),
+and the device holds staging slots for the cold experts a step copies in. A model that takes images
+adds its vision tower (vision_fit.py).
+
+The shape comes from GGUF metadata or a config.json through the families' own parsers (shape.py),
+so a prediction needs no weights: before a download it can be made from a repo's config and file
+sizes. This is the module the Studio and `paddock fit` import: it re-exports what they use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from app.engine.plan.device import DeviceMemory as DeviceMemory
+from app.engine.plan.device import cpu_memory as cpu_memory
+from app.engine.plan.device import device_memory as device_memory
+from app.engine.plan.device import format_bytes as format_bytes
+from app.engine.plan.expert_plan import ExpertPlan, auto_plan, fixed_plan
+from app.engine.plan.memory import FitOptions as FitOptions
+from app.engine.plan.memory import MemoryBreakdown as MemoryBreakdown
+from app.engine.plan.memory import kv_block_bytes, kv_blocks, max_model_len, memory, resolve_kv_dtype
+from app.engine.plan.shape import ModelShape as ModelShape
+from app.engine.plan.shape import shape_from_checkpoint as shape_from_checkpoint
+from app.engine.plan.shape import shape_from_gguf as shape_from_gguf
+from app.engine.plan.shape import shape_from_hf_config as shape_from_hf_config
+from app.engine.plan.vision_fit import VisionShape as VisionShape
+from app.engine.plan.vision_fit import is_mmproj_name as is_mmproj_name
+from app.engine.plan.vision_fit import is_vision_tensor as is_vision_tensor
+from app.engine.plan.vision_fit import takes_images as takes_images
+from app.engine.plan.vision_fit import vision_beside_gguf as vision_beside_gguf
+from app.engine.plan.vision_fit import vision_from_hf_config as vision_from_hf_config
+from app.engine.plan.vision_fit import vision_from_mmproj as vision_from_mmproj
+
+PREDICTION_MARGIN = 0.05  # predictions are trusted to within 5%: closer than that is "tight"
+
+FITS, TIGHT, WONT_FIT, UNKNOWN = "fits", "tight", "won't fit", "unknown"
+
+
+@dataclass(frozen=True)
+class FitReport:
+    verdict: str  # FITS | TIGHT | WONT_FIT | UNKNOWN
+    breakdown: MemoryBreakdown
+    device: DeviceMemory
+    budget_bytes: int | None  # free x gpu_memory_utilization
+    context_length: int
+    batch: int
+    kv_dtype: str
+    max_context: int  # the largest context (whole blocks, <= the model's) that "fits"; 0: none
+    model_context_length: int
+    vision_source: str | None = None  # the file the vision tower comes from; None: a text-only model
+    kv_blocks: int = 0  # the KV blocks an engine with these options allocates (its null block included)
+    block_size: int = 16
+    engine_context: int = 0  # the context that engine serves: the one asked for, at most what its blocks hold
+
+    def summary(self) -> str:
+        b = self.breakdown
+        lines = [
+            f"Verdict: {self.verdict} ({format_bytes(b.total)} needed; {self.device.describe()})",
+            f"  weights      {format_bytes(b.weights):>10}",
+            *([f"  vision       {format_bytes(b.vision):>10}  ({format_bytes(b.vision_weights)} of weights in "
+               f"{self.vision_source}, {format_bytes(b.vision_activations)} to encode an image)"]
+              if self.vision_source else []),
+            f"  f16 copies   {format_bytes(b.weight_cache):>10}  (CUDA: faster batched products)",
+            f"  KV cache     {format_bytes(b.kv_cache):>10}  ({self.context_length} tokens x {self.batch}, "
+            f"{self.kv_dtype})",
+            f"  activations  {format_bytes(b.activations):>10}",
+            *([f"  state        {format_bytes(b.state):>10}  (recurrent state of each sequence)"] if b.state else []),
+            f"  overhead     {format_bytes(b.overhead):>10}",
+        ]
+        if b.experts_on_gpu is not None:
+            lines.insert(2, f"  experts      {b.experts_on_gpu} per layer on the GPU; "
+                            f"{format_bytes(b.host_experts)} in pinned host RAM, "
+                            f"{format_bytes(b.expert_staging)} staging, "
+                            f"~{format_bytes(int(b.pcie_bytes_per_token))} over PCIe per token")  # fmt: skip
+        lines.append(f"KV blocks the engine allocates: {self.kv_blocks} of {self.block_size} tokens "
+                     f"(context {self.engine_context})")
+        if self.budget_bytes is not None:
+            lines.append(f"Largest context that fits: {self.max_context} tokens "
+                         f"(model maximum {self.model_context_length})")
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["breakdown"]["total"] = self.breakdown.total
+        data["breakdown"]["vision"] = self.breakdown.vision
+        return data
+
+
+def check_fit(shape: ModelShape, options: FitOptions | None = None, device: DeviceMemory | None = None) -> FitReport:
+    """The verdict for `shape` under `options` on `device` (default: the GPU if usable, else CPU RAM)."""
+    options = options or FitOptions()
+    device = device or device_memory()
+    context = options.context_length or shape.context_length
+    budget = None if device.free_bytes is None else int(device.free_bytes * options.gpu_memory_utilization)
+    experts = plan_experts(shape, options, device, budget)
+    breakdown = memory(shape, options, device.kind, device.free_bytes, experts)
+    blocks = kv_blocks(shape, options, device.kind, device.free_bytes, experts)
+    if budget is None or device.free_bytes is None:
+        verdict = UNKNOWN
+    elif breakdown.total <= (1 - PREDICTION_MARGIN) * budget:
+        verdict = FITS
+    elif breakdown.total <= device.free_bytes:
+        verdict = TIGHT
+    else:
+        verdict = WONT_FIT
+    return FitReport(
+        verdict=verdict,
+        breakdown=breakdown,
+        device=device,
+        budget_bytes=budget,
+        context_length=context,
+        batch=options.batch,
+        kv_dtype=resolve_kv_dtype(options.kv_dtype, device.kind),
+        max_context=0
+        if budget is None
+        else largest_context(shape, options, device.kind, budget, device.free_bytes, experts),
+        model_context_length=shape.context_length,
+        vision_source=shape.vision.source if shape.vision else None,
+        kv_blocks=blocks,
+        block_size=options.block_size,
+        engine_context=max_model_len(shape, options, blocks),
+    )
+
+
+def plan_experts(
+    shape: ModelShape, options: FitOptions, device: DeviceMemory, budget: int | None
+) -> ExpertPlan | None:
+    """The expert placement `options.experts_on_gpu` asks for (None for a dense model left alone);
+    "auto": the largest hot set that leaves the rest of the prediction within the margin."""
+    requested = options.experts_on_gpu
+    if not shape.num_experts:
+        if requested not in (None, "all", "auto"):
+            raise ValueError(f"--experts-on-gpu: {shape.architecture} has no experts")
+        return None
+    args = (shape.num_layers, shape.num_experts, shape.experts_used, shape.expert_bytes)
+    if requested != "auto":
+        return fixed_plan(*args, requested)
+    full = fixed_plan(*args, "all")
+    if budget is None:
+        return full
+    everything = memory(shape, options, device.kind, device.free_bytes, full)
+    room = int((1 - PREDICTION_MARGIN) * budget) - (everything.total - full.gpu_bytes)
+    return auto_plan(full, room)
+
+
+def largest_context(
+    shape: ModelShape,
+    options: FitOptions,
+    device_kind: str,
+    budget: int,
+    free_bytes: int | None = None,
+    experts: ExpertPlan | None = None,
+) -> int:
+    """The longest context (whole KV blocks, at most the model's) whose total still 'fits'."""
+    allowed = int((1 - PREDICTION_MARGIN) * budget)
+    fixed = memory(shape, replace(options, context_length=shape.context_length), device_kind, free_bytes, experts)
+    kv_dtype = resolve_kv_dtype(options.kv_dtype, device_kind)
+    per_block = kv_block_bytes(shape, options.block_size, kv_dtype) * options.batch
+    # Activations shrink with contexts shorter than a step; count a full step (conservative).
+    room = allowed - fixed.besides_kv  # everything but the KV cache is fixed
+    if room <= 0:
+        return 0
+    tokens = min(room // per_block * options.block_size, shape.context_length)
+    return tokens // options.block_size * options.block_size
