@@ -1,4 +1,4 @@
-"""DESIGN.md's arrows: `commands -> ui -> studio -> engine (public API)`, `engine.server -> engine`.
+"""docs/structure.md's arrows: `commands -> ui -> studio -> engine (public API)`, `engine.server -> engine`.
 
 The import contracts live in pyproject.toml's `[tool.importlinter]`; this runs them so `make test`
 does, and checks what import-linter cannot: the engine and the Studio load without Qt.

@@ -67,7 +67,7 @@ def add_kv_arguments(parser: argparse.ArgumentParser) -> None:
                        help="reuse the KV of prompt prefixes seen before (default on; off: no reuse at all)")
     group.add_argument("--kv-dtype", choices=["auto", "f16", "fp8"], default="auto",
                        help="KV cache element type (auto: float16 on the GPU, float32 on the CPU; fp8: e4m3 with "
-                       "per-block scales, half of f16's memory, CPU backend only for now)")
+                       "per-block scales, about half of f16's memory, on both backends)")
     group.add_argument("--kv-host-gb", type=float, default=4.0, metavar="GB",
                        help="host RAM (pinned on CUDA) for prefix blocks evicted from the KV cache (default 4; 0: off)")
     group.add_argument("--kv-disk-gb", type=float, default=0.0, metavar="GB",

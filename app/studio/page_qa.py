@@ -4,7 +4,7 @@ cites the pages it read.
 
 Qt-free, like doc_qa.py. The loaded client must have vision (`client.vision`, the engine's
 ImagePrompter: it turns the rendered page into the model's image input and places it in the
-prompt); `doc_qa.supports_vision` says whether it does. `page_set.py` picks the pages of a
+prompt); `doc_qa.supports_vision` says whether it does. `doc_pages.py` picks the pages of a
 document set that a question reads and numbers them as citations.
 """
 

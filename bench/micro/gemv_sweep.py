@@ -3,8 +3,8 @@ block for the fused q/k/v, gate/up and the single down / o products, timed as CU
 replays over weight copies that miss L2 (as a decode step does). Prints one JSON line per
 (op, shape) with microseconds per launch for each setting and the fraction of copy bandwidth.
 
-    python3 bench/gemv_sweep.py          # the float32-x kernels: warps x rows per block
-    python3 bench/gemv_sweep.py --int    # the int16-x kernels (gemv_int.py) against the float32-x
+    python3 bench/micro/gemv_sweep.py          # the float32-x kernels: warps x rows per block
+    python3 bench/micro/gemv_sweep.py --int    # the int16-x kernels (gemv_int.py) against the float32-x
                                          # default: rows per warp x warps x blocks per SM x units per step
 """
 

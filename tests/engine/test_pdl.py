@@ -1,4 +1,4 @@
-"""kernels/pdl.py and launch.py without a GPU: the ctypes mirrors of the driver's launch structs
+"""kernels/runtime/pdl.py and launch.py without a GPU: the ctypes mirrors of the driver's launch structs
 against cuda.h's layout, the packing of kernel arguments, and which launcher a launch takes."""
 
 from __future__ import annotations

@@ -125,7 +125,7 @@ def test_every_shipped_file_is_complete() -> None:
 
 
 def test_a_sweeps_overlay_holds_only_what_differs(tmp_path: Path) -> None:
-    """tuning.write_overlay (bench/gemv_sweep.py's write_tuning): measured shapes the tables already
+    """tuning.write_overlay (bench/micro/gemv_sweep.py's write_tuning): measured shapes the tables already
     give are left out; the others come back from for_arch."""
     shipped = Path(gemv_int.__file__).parent / "tuning" / "default.json"
     (tmp_path / "default.json").write_text(shipped.read_text())

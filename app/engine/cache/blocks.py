@@ -1,7 +1,7 @@
 """Paged KV block allocator: a free list and a reference count per block id.
 
 Integers only: a block id names one fixed-size slot (`block_size` tokens) of the device
-KV cache that `kv_pool.py` owns. Every holder of a block holds one reference: each
+KV cache that the backend allocates (`alloc_kv_cache`, one array per layer). Every holder of a block holds one reference: each
 request whose block table lists it, and the prefix cache while the block is in its tree.
 A block returns to the free list when its last reference is dropped.
 

@@ -1,4 +1,4 @@
-"""What the embeddings endpoint needs from an embedding model (app/engine/embeddings.py provides one)."""
+"""What the embeddings endpoint needs from an embedding model (app/engine/embeddings/ provides one)."""
 
 from __future__ import annotations
 

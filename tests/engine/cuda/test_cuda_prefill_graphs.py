@@ -1,4 +1,4 @@
-"""Prefill CUDA graphs (engine/prefill_graphs.py): one prompt at a time, the replayed prefill
+"""Prefill CUDA graphs (worker/prefill_graphs.py): one prompt at a time, the replayed prefill
 (padded to its bucket) gives the eager prefill's first logprobs and the same greedy tokens,
 with and without a prefix-cache hit; chunks no bucket holds run eagerly."""
 

@@ -3,7 +3,7 @@ beside it for what one architecture measured differently (its entries replace de
 
 `for_arch("90")` gives the `Tuning` of one GPU family; the backend looks its shapes up there and
 passes them to the kernel wrappers. The figures behind the values are in docs/tuning-log.md; the
-sweep that measures them is bench/gemv_sweep.py (its `write_tuning` writes this format).
+sweep that measures them is bench/micro/gemv_sweep.py (its `write_tuning` writes this format).
 """
 
 from __future__ import annotations
