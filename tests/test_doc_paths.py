@@ -2,7 +2,7 @@
 tests/ and bench/ exists.
 
 A path that starts at a top-level folder (`app/engine/plan/fit.py`, `bench/micro/`) must exist as
-written. A path written relative to some package (`worker/pipeline.py`, `cuda/dense.py`) or a bare
+written. A path written relative to some package (`core/pipeline.py`, `cuda/dense.py`) or a bare
 file name (`structure.md`, `fit.py`) must be the tail of a file in the repository. docs/structure.md
 is held tighter: the files a package's paragraph names must be inside that package.
 """
@@ -112,7 +112,7 @@ def test_each_structure_paragraph_names_files_of_its_own_package() -> None:
     ("text", "stale"),
     [
         ("see bench/gemv_sweep.py and DESIGN.md", ["bench/gemv_sweep.py", "DESIGN.md"]),
-        ("see bench/micro/gemv_sweep.py, worker/pipeline.py and q/k/v at 5 tok/s", []),
+        ("see bench/micro/gemv_sweep.py, core/pipeline.py and q/k/v at 5 tok/s", []),
         ("engine/pipeline.py launches ahead", ["engine/pipeline.py"]),
         ("fixtures from tests/fixtures/make_*.py and kernels/tuning/sm<arch>.json", []),
     ],

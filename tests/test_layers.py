@@ -1,16 +1,21 @@
-"""docs/structure.md's arrows: `commands -> ui -> studio -> engine (public API)`, `engine.server -> engine`.
+"""docs/structure.md's arrows: `commands -> ui -> studio -> engine (public API)`, `engine.server -> engine`,
+and the engine's own floors (`server > tasks > core > plan > worker | sample > ... > kernels > leaves`).
 
 The import contracts live in pyproject.toml's `[tool.importlinter]`; this runs them so `make test`
-does, and checks what import-linter cannot: the engine and the Studio load without Qt.
+does, and checks what import-linter cannot: every engine package has a floor, no module imports
+itself back through others, and the engine and the Studio load without Qt.
 """
 
 from __future__ import annotations
 
 import pkgutil
+import re
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
+
+import grimp
 
 import app.engine
 import app.studio
@@ -35,6 +40,78 @@ def test_the_server_contract_covers_every_other_engine_package() -> None:
     (server_rule,) = (c for c in contracts if c.get("forbidden_modules") == ["app.engine.server"])
     engine_modules = {f"app.engine.{m.name}" for m in pkgutil.iter_modules(app.engine.__path__)}
     assert set(server_rule["source_modules"]) == engine_modules - {"app.engine.server"}
+
+
+def test_the_floors_contract_places_every_engine_package() -> None:
+    """A new engine package or leaf module must be given its floor."""
+    contracts = tomllib.loads(PYPROJECT.read_text())["tool"]["importlinter"]["contracts"]
+    (floors,) = (c for c in contracts if c.get("containers") == ["app.engine"])
+    placed = {name for layer in floors["layers"] for name in re.split(r"\s*[|:]\s*", layer)}
+    assert placed == {m.name for m in pkgutil.iter_modules(app.engine.__path__)} - {"__init__"}
+
+
+# Import cycles of the Studio that its own rework (issue 33's Studio bullet) removes; no other may appear.
+KNOWN_CYCLES = [
+    {"app.studio.library", "app.studio.model_check"},
+    {"app.studio.doc_pages", "app.studio.doc_qa"},
+]
+
+
+def import_cycles(package: str) -> list[set[str]]:
+    """The groups of modules that import each other round (strongly connected), counting imports made at
+    run time, in functions too (imports under TYPE_CHECKING run never)."""
+    graph = grimp.build_graph(package, exclude_type_checking_imports=True, cache_dir=None)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+    for root in sorted(graph.modules):  # Tarjan's algorithm, iteratively (the graph is deep)
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.find_modules_directly_imported_by(root))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    work.append((child, iter(sorted(graph.find_modules_directly_imported_by(child)))))
+                elif child in stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = set()
+                while True:
+                    member = stack.pop()
+                    group.add(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    cycles.append(group)
+    return cycles
+
+
+def test_no_import_cycles_in_app() -> None:
+    new = [sorted(c) for c in import_cycles("app") if c not in KNOWN_CYCLES]
+    assert not new, f"modules that import each other round: {new}"
+
+
+def test_the_cycle_finder_finds_a_cycle(tmp_path, monkeypatch) -> None:
+    package = tmp_path / "roundabout"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from roundabout import b\n")
+    (package / "b.py").write_text("def f():\n    from roundabout import c\n")
+    (package / "c.py").write_text("from roundabout import a\n")
+    (package / "d.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from roundabout import a\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert import_cycles("roundabout") == [{"roundabout.a", "roundabout.b", "roundabout.c"}]
 
 
 def _studio_modules() -> list[str]:

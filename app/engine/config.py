@@ -66,7 +66,7 @@ class EngineConfig:
     # with cuda_graphs, also replay one sequence's prefill chunk of up to 512 tokens as a graph
     # (worker/prefill_graphs.py)
     prefill_graphs: bool = True
-    # launch each decode step before reading the previous one's ids back (worker/pipeline.py);
+    # launch each decode step before reading the previous one's ids back (core/pipeline.py);
     # None: on with CUDA graphs, off otherwise (--async-decode / --no-async-decode)
     async_decode: bool | None = None
     # float16 copies of the weights for batched products (CUDA only): "auto" keeps them only on a
@@ -80,7 +80,7 @@ class EngineConfig:
     served_model_name: str | None = None  # the id the API reports; None: the file's stem
     seed: int = 0  # for requests without their own seed
     # a mixture of experts' experts per layer kept on the GPU: a number (the rest stream in from
-    # pinned host RAM per step: core/expert_residency.py), "auto" (the largest hot set the fit
+    # pinned host RAM per step: moe/residency.py), "auto" (the largest hot set the fit
     # allows) or "all"/None (every expert resident). The numpy backend honours a number too.
     experts_on_gpu: int | str | None = None
 

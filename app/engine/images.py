@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+VISION_ARCHITECTURES = ("gemma3", "qwen2vl")  # the families the engine gives a vision tower
+
 
 @dataclass(frozen=True)
 class ImageInput:

@@ -10,16 +10,13 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 from app.engine.cache.block_table import BlockTableField
 from app.engine.images import PromptImage
 from app.engine.sampling_params import SamplingParams
 
-if TYPE_CHECKING:
-    from app.engine.sample.history import TokenHistory
-
-# An output token sampled on the device and not yet read back (worker/pipeline.py): it stands in
+# An output token sampled on the device and not yet read back (core/pipeline.py): it stands in
 # `output_token_ids` for one step so that the next step is scheduled one token further. It is
 # always the request's last token and never has KV (`num_computed_tokens` stops before it).
 PLACEHOLDER = -1
@@ -70,8 +67,9 @@ class Request:
     stop_reason: str | int | None = None
     first_token_time: float | None = None
     images: list[PromptImage] = field(default_factory=list)  # in prompt order, not overlapping
-    # what the penalties read of the token history, folded in step by step (sample/history.py)
-    token_history: TokenHistory | None = field(default=None, repr=False, compare=False)
+    # what the penalties read of the token history, folded in step by step: the sampler's own
+    # sample/history.py TokenHistory (not named here: the request is a leaf below the sampler)
+    token_history: Any = field(default=None, repr=False, compare=False)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -7,7 +7,7 @@ only the forward pass and the sampler are replaced: a step takes the time the GP
 timeline, the engine sleeping where it would wait for the GPU (the sleep releases the GIL as a
 wait on the GPU does), and the sampler returns random ids. So the ITL this reports above
 `--decode-ms` is the host's own cost, measurable without a GPU; with PADDOCK_ASYNC_DECODE=1 the
-engine launches decode steps one ahead (worker/pipeline.py) and hides that cost behind them.
+engine launches decode steps one ahead (core/pipeline.py) and hides that cost behind them.
 
     python bench/lab/host_path.py --model /tmp/tiny.gguf --concurrency 32 --requests 96 --decode-ms 2.5
 

@@ -4,7 +4,7 @@ Runs the prompts of tests/fixtures/gemma/reference.json (transformers' float32 g
 tokens) through our engine on the numpy backend and on CUDA (graphs on, and eager), 32
 tokens each, all prompts in one batch and (graphs, "-b1") one prompt at a time, which is
 where the single-token GEMVs with int16 x (gemv_int.py) and the prefill graphs run; without
-logprobs ("async"), where decode steps are launched one ahead (worker/pipeline.py); and reports how many prompts give identical tokens, plus the worst
+logprobs ("async"), where decode steps are launched one ahead (core/pipeline.py); and reports how many prompts give identical tokens, plus the worst
 logprob difference of the reference's top tokens at the first generated position.
 
     python3 bench/suite/gemma_cuda_parity.py /path/to/gemma-3-270m-q4_k_m.gguf

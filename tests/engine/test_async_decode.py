@@ -1,4 +1,4 @@
-"""Async decode (worker/pipeline.py) on the numpy backend: the same tokens, text and finish
+"""Async decode (core/pipeline.py) on the numpy backend: the same tokens, text and finish
 reasons as the synchronous engine in every scenario, with step N+1 really launched before step
 N's ids are read, and never a placeholder where the host reads token ids."""
 

@@ -1,4 +1,4 @@
-"""The expert residency manager (core/expert_residency.py), against a model of the device slots.
+"""The expert residency manager (moe/residency.py), against a model of the device slots.
 
 The test keeps its own picture of what each device slot holds, changed only by the copies the
 manager asks for, and checks every round against it: each expert a round runs is in the slot the
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.engine.core.expert_residency import ExpertStreaming, LayerResidency
+from app.engine.moe.residency import ExpertStreaming, LayerResidency
 
 EXPERT_BYTES = 1000
 

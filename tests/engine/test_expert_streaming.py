@@ -4,7 +4,7 @@ expert resident gives.
 The tiny random Qwen3-MoE fixtures (6 experts, 2 per token, 2 layers; GGUF with the experts
 stacked, Hugging Face folder with them listed one by one) run once with every expert resident
 (the layer's own per-expert loop) and once with N experts per layer in "device" slots and the rest
-copied in per step (backend/cpu_experts.py, planned by core/expert_residency.py): for N = 0, a
+copied in per step (backend/cpu_experts.py, planned by moe/residency.py): for N = 0, a
 partial hot set and all six, the logits in every run mode of the paged-KV harness and the engine's
 greedy tokens and logprobs must be equal, not close. The bytes the engine reports copied are whole
 experts, their size read independently with gguf-py.
@@ -22,9 +22,9 @@ from model_harness import MODES, run_logits
 from app.engine.backend.cpu import CpuBackend
 from app.engine.config import EngineConfig
 from app.engine.core.engine import LLMEngine
-from app.engine.core.expert_residency import ExpertStreaming
 from app.engine.loader.weights import open_checkpoint
 from app.engine.models.registry import build_model
+from app.engine.moe.residency import ExpertStreaming
 from app.engine.sampling_params import SamplingParams
 
 FAMILIES = Path(__file__).resolve().parents[1] / "fixtures" / "families"

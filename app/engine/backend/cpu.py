@@ -8,7 +8,6 @@ trades memory for speed, the CUDA backend reads the quantized blocks directly.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -16,13 +15,14 @@ import numpy as np
 from app.engine.backend import kv_blocks
 from app.engine.backend.base import AttentionMetadata, RopeTable, norm_then_product, rope_cache_then_attention
 from app.engine.backend.cpu_experts import CpuStreamedExperts
+from app.engine.backend.cpu_weights import CpuFusedWeight, CpuWeight
 from app.engine.backend.fp8_kv import Fp8KvCache
 from app.engine.backend.reference_attention import paged_attention
 from app.engine.quant.dispatch import QuantizedTensor
 
 if TYPE_CHECKING:
-    from app.engine.core.expert_residency import ExpertStreaming
-    from app.engine.models.config import MoeSpec
+    from app.engine.moe.residency import ExpertStreaming
+    from app.engine.specs import MoeSpec
 
 _GELU_C = np.float32(np.sqrt(2.0 / np.pi))
 GEMV_ABOVE_BYTES = 64 << 20  # dense matrices above this go through gemv for few rows (see linear)
@@ -30,42 +30,6 @@ GEMV_MAX_ROWS = 16
 
 
 KV_NUMPY_DTYPES = {"auto": np.float32, "float32": np.float32, "float16": np.float16}
-
-
-class CpuWeight:
-    """A checkpoint tensor plus its float32 values, dequantized on first use."""
-
-    def __init__(self, tensor: QuantizedTensor) -> None:
-        self.tensor = tensor
-        self._dense: np.ndarray | None = None
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self.tensor.shape
-
-    @property
-    def dense(self) -> np.ndarray:
-        if self._dense is None:
-            self._dense = np.ascontiguousarray(self.tensor.dequantize(), dtype=np.float32)
-        return self._dense
-
-    def rows(self, ids: np.ndarray) -> np.ndarray:
-        """Selected rows without dequantizing the whole matrix (embedding lookups)."""
-        if self._dense is not None:
-            return self._dense[ids]
-        return self.tensor.dequantize(rows=ids)
-
-
-@dataclass(frozen=True)
-class CpuFusedWeight:
-    """Weights that multiply the same input, kept apart: `linear` runs them one by one."""
-
-    parts: tuple[CpuWeight, ...]
-    biases: tuple[np.ndarray | None, ...]
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (sum(p.shape[0] for p in self.parts), self.parts[0].shape[1])
 
 
 class CpuBackend:
@@ -278,7 +242,7 @@ class CpuBackend:
         """The layer's experts' weighted sum, each expert read from the slot the residency manager
         put it in, its copies made just before its round: the same ops in the same order as the
         all-resident loop (layers/moe.py), so the same values."""
-        from app.engine.layers.moe import expert_forward, route, sum_over_experts
+        from app.engine.moe.ops import expert_forward, route, sum_over_experts
 
         weights, chosen = route(np, router_logits, spec)
         rounds = experts.residency.step(chosen)

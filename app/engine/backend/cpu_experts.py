@@ -2,7 +2,7 @@
 
 Every expert stays on the "host" (its checkpoint tensors, dequantized to float32 once, on first
 fetch); the layer's "device" is a fixed set of slot arrays, one `[slots, rows, cols]` array per
-projection, into which the residency manager's copies are made (core/expert_residency.py). The
+projection, into which the residency manager's copies are made (moe/residency.py). The
 products then read the slots only, through the same backend ops and in the same order as with
 every expert resident, so the tokens are exactly the same: the oracle for the CUDA path.
 """
@@ -13,7 +13,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from app.engine.core.expert_residency import Copy, LayerResidency
+from app.engine.backend.cpu_weights import CpuFusedWeight
+from app.engine.moe.residency import Copy, LayerResidency
 from app.engine.quant.dispatch import QuantizedTensor
 
 
@@ -34,8 +35,6 @@ class CpuStreamedExperts:
         biases: Sequence[Sequence[QuantizedTensor | None]],
         residency: LayerResidency,
     ) -> None:
-        from app.engine.backend.cpu import CpuFusedWeight  # cpu.py imports this module
-
         self.residency = residency
         self._host = [list(ws) for ws in weights]  # (gate, up, down) x expert
         self._host_biases = [list(bs) for bs in biases]

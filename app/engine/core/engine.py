@@ -1,7 +1,7 @@
 """LLMEngine: add requests, step, abort. One step = schedule -> run -> sample -> postprocess.
 
 With async decode on, a decode step is launched before the previous step's ids are read back,
-and that step's host work runs while the GPU computes (worker/pipeline.py)."""
+and that step's host work runs while the GPU computes (core/pipeline.py)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from app.engine.backend import select_backend
 from app.engine.cache.manager import KVCacheManager
 from app.engine.cache.offload import DeviceBlocks, kv_bytes_moved
 from app.engine.config import DEFAULT_MODEL, EngineConfig
-from app.engine.core.expert_residency import ExpertStreaming
 from app.engine.core.output_processor import OutputProcessor
+from app.engine.core.pipeline import DecodePipeline
 from app.engine.core.request_log import log_finished
 from app.engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from app.engine.core.vision import attach_vision, place_images
@@ -28,6 +28,7 @@ from app.engine.loader.finite import check_finite
 from app.engine.loader.tokenizer import Tokenizer
 from app.engine.loader.weights import open_checkpoint
 from app.engine.models.registry import build_model, model_config
+from app.engine.moe.residency import ExpertStreaming
 from app.engine.plan.device import cpu_memory, device_memory
 from app.engine.plan.engine_plan import experts_on_device, model_positions, resolve, weight_cache_mode
 from app.engine.plan.shape import shape_of
@@ -37,7 +38,6 @@ from app.engine.sample.grammar import GrammarMasks
 from app.engine.sample.sampler import Sampler, deferrable
 from app.engine.sampling_params import SamplingParams
 from app.engine.text.chat_template import chat_template_for
-from app.engine.worker.pipeline import DecodePipeline
 from app.engine.worker.prefill_graphs import capture_prefill_graphs
 from app.engine.worker.runner import ModelRunner
 

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from app.engine.images import ImageInput, PromptImage
+from app.engine.images import VISION_ARCHITECTURES, ImageInput, PromptImage
 from app.engine.loader.names import CheckpointError
 from app.engine.models.vision import QwenVisionModel, load_vision
 from app.engine.models.vision.prompter import ImagePrompter
@@ -16,7 +16,6 @@ from app.engine.models.vision.splice import image_spans
 from app.engine.worker.images import ImageEmbedder
 
 log = logging.getLogger(__name__)
-VISION_ARCHITECTURES = ("gemma3", "qwen2vl")
 
 
 class NoVisionError(ValueError):

@@ -17,8 +17,8 @@ import numpy as np
 from app.engine.kernels.gemv import format_defines
 from app.engine.kernels.runtime.compile import get_kernel
 from app.engine.kernels.runtime.launch import f32, i32, i64, launch, ptr
-from app.engine.models.config import MoeSpec
 from app.engine.quant.dispatch import QuantizedTensor
+from app.engine.specs import MoeSpec
 
 MAX_USED = 16  # MOE_MAX_K in moe.cu
 WARPS = 4  # rows per block of the grouped products

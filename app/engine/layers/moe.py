@@ -14,13 +14,13 @@ Face folders list them).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 from app.engine.layers.linear import Linear
 from app.engine.loader.names import CheckpointError
-from app.engine.models.config import MoeSpec
+from app.engine.moe.ops import expert_forward, route, sum_over_experts
 from app.engine.quant.dispatch import QuantizedTensor
+from app.engine.specs import MoeSpec
 
 
 def expert_tensors(
@@ -99,66 +99,3 @@ class MoE:
             return expert_forward(self.backend, self.spec, self.gate_up[expert], down.weight, down.bias, rows)
 
         return sum_over_experts(self.backend, x, weights, chosen, self.spec, run)
-
-
-def sum_over_experts(
-    backend: Any, x: Any, weights: Any, chosen: Any, spec: MoeSpec, run: Callable[[int, Any], Any]
-) -> Any:
-    """Each token's experts' outputs times their weights, summed: every picked expert runs once, in
-    ascending id order, on all of its tokens' rows (`run(expert, rows)`), and a token's contributions
-    are added in that order, whatever else is in the batch."""
-    xp = backend.xp
-    flat = chosen.reshape(-1)
-    order = xp.argsort(flat, kind="stable")  # the (token, slot) pairs grouped by expert
-    counts = backend.to_host(xp.bincount(flat, minlength=spec.num_experts))
-    flat_weights = weights.reshape(-1)
-    out = xp.zeros_like(x)
-    start = 0
-    for expert, count in enumerate(counts.tolist()):
-        if not count:
-            continue
-        picks = order[start : start + count]
-        start += count
-        rows = picks // spec.num_used  # distinct: a token picks an expert at most once
-        out[rows] += run(expert, x[rows]) * flat_weights[picks][:, None]
-    return out
-
-
-def expert_forward(backend: Any, spec: MoeSpec, gate_up: Any, down: Any, down_bias: Any, x: Any) -> Any:
-    """One expert on its tokens' rows: the gated unit over the fused gate and up products, then down."""
-    if spec.activation != "swiglu_oai":
-        act = backend.gated_linear(x, gate_up, spec.activation)
-    else:
-        act = swiglu_oai(backend.xp, backend.linear(x, gate_up), spec.swiglu_limit, spec.swiglu_alpha)
-    return backend.linear(act, down, down_bias)
-
-
-def route(xp: Any, logits: Any, spec: MoeSpec) -> tuple[Any, Any]:
-    """Each token's k expert ids (best first) and their weights, as the family's router computes them."""
-    k = spec.num_used
-    chosen = xp.argsort(-logits, axis=-1, kind="stable")[:, :k]
-    if spec.routing == "softmax_topk":
-        probs = _softmax(xp, logits)
-        top = xp.take_along_axis(probs, chosen, axis=-1)
-        if spec.normalize:
-            top = top / top.sum(axis=-1, keepdims=True)
-        return top, chosen
-    if spec.routing == "topk_softmax":
-        return _softmax(xp, xp.take_along_axis(logits, chosen, axis=-1)), chosen
-    raise ValueError(f"unknown expert routing {spec.routing!r}; expected softmax_topk or topk_softmax")
-
-
-def _softmax(xp: Any, x: Any) -> Any:
-    e = xp.exp(x - x.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
-
-
-def swiglu_oai(xp: Any, gate_up: Any, limit: float, alpha: float) -> Any:
-    """GPT-OSS's gated unit on `[T, 2 ff]` (gate columns, then up): `(clamp(up) + 1) * g * sigmoid(alpha g)`
-    with `g = min(gate, limit)` and up clamped to +-limit."""
-    half = gate_up.shape[-1] // 2
-    one = gate_up.dtype.type(1.0)
-    gate = xp.minimum(gate_up[:, :half], gate_up.dtype.type(limit))
-    up = xp.clip(gate_up[:, half:], -limit, limit)
-    glu = gate / (one + xp.exp(-gate * gate_up.dtype.type(alpha)))
-    return (up + one) * glu

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from app.engine.models.config import RopeScaling
+from app.engine.specs import RopeScaling
 
 
 def inverse_frequencies(

@@ -13,33 +13,9 @@ from typing import Any
 
 from app.engine.loader.names import CheckpointError
 
-
-@dataclass(frozen=True)
-class RopeScaling:
-    kind: str  # "linear" | "llama3" | "yarn"
-    factor: float = 1.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position: int = 8192
-    beta_fast: float = 32.0  # YaRN's ramp between extrapolated and interpolated frequencies
-    beta_slow: float = 1.0
-    truncate: bool = True  # YaRN: round the ramp's ends to whole dimensions (GPT-OSS: False)
-
-
-@dataclass(frozen=True)
-class MoeSpec:
-    """A mixture-of-experts feed-forward: `num_used` of `num_experts` experts per token."""
-
-    num_experts: int
-    num_used: int
-    intermediate_size: int  # of one expert
-    # "softmax_topk": softmax over all experts, then the top k (renormalised when `normalize`) (Qwen3-MoE);
-    # "topk_softmax": the top k logits, then a softmax over those k (GPT-OSS).
-    routing: str = "softmax_topk"
-    normalize: bool = True
-    activation: str = "silu"  # or "swiglu_oai": GPT-OSS's clamped swish-gated unit
-    swiglu_limit: float = 7.0
-    swiglu_alpha: float = 1.702
+# the records the backends and kernels take too live in a leaf below them; named here for the families
+from app.engine.specs import MoeSpec as MoeSpec
+from app.engine.specs import RopeScaling as RopeScaling
 
 
 @dataclass(frozen=True)

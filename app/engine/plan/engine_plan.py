@@ -36,7 +36,7 @@ class EnginePlan:
     experts_on_gpu: int | None  # a MoE's hot set per layer, the rest streamed from host RAM; None: all resident
     graphs: bool  # decode steps replayed as CUDA graphs
     prefill_graphs: bool  # and one sequence's prefill chunks
-    async_decode: bool  # one step of look-ahead (worker/pipeline.py)
+    async_decode: bool  # one step of look-ahead (core/pipeline.py)
     max_model_len: int  # the context served
     num_blocks: int  # KV blocks, the pool's null block included
     block_size: int

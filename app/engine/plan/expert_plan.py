@@ -2,7 +2,7 @@
 
 `--experts-on-gpu N` keeps N experts of every layer resident on the GPU; the other E - N stay in
 pinned host memory and the ones a step's tokens pick are copied in over PCIe into each layer's
-staging slots (k of them, least recently used evicted first: core/expert_residency.py says how
+staging slots (k of them, least recently used evicted first: moe/residency.py says how
 and why), overlapped with the products of the layer's hot experts. "auto" takes the largest N
 whose resident experts and staging fit the budget left after everything else; "all" (the
 default) keeps every expert on the GPU, as for a dense model.

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from app.engine.images import VISION_ARCHITECTURES
+
 FLOAT_BYTES = 4
 # config.json's names for the Qwen towers the engine runs (the rest of a vision_config is SigLIP's)
 QWEN_VL_MODEL_TYPES = ("qwen2_5_vl",)
@@ -116,8 +118,6 @@ def vision_from_hf_config(
 
 
 def takes_images(architecture: str) -> bool:
-    from app.engine.core.vision import VISION_ARCHITECTURES
-
     return architecture in VISION_ARCHITECTURES
 
 

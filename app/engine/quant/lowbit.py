@@ -5,14 +5,14 @@ follow ggml's `block_mxfp4`, `block_iq4_nl` and `block_iq4_xs`: in every 32-weig
 low nibbles of 16 bytes are weights 0..15 and the high nibbles weights 16..31 (`block_nvfp4`:
 the same per 16 weights and 8 bytes). The
 arithmetic is ggml's (`d * table[q]` in float32), so results equal gguf-py's bit for bit.
-Registered with reference.py's format table on import (reference.py imports this module).
+Registered with the format table (blocks.py) on import; reference.py imports this module.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from app.engine.quant.reference import BlockFormat, _f16, _jitter, _set_f16
+from app.engine.quant.blocks import BlockFormat, _f16, _jitter, _set_f16
 from app.engine.quant.types import QK_K
 
 # e2m1 values doubled, so that each is an integer; the e8m0 scale is halved to match (ggml's

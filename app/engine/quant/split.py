@@ -168,7 +168,7 @@ def random_split(
     FP8 codes have exponent bit 3 cleared (|code| <= 1.875, never NaN; mean |code| ~ 0.35) under
     128 x 128 float32 blocks; NVFP4 has e4m3 scales per 16 under a 2^-8 global scale; MXFP4 e8m0
     scales per 32 (mean |e2m1| is 2.25)."""
-    from app.engine.quant.reference import _random_bytes
+    from app.engine.quant.blocks import _random_bytes
 
     n_bytes = rows * qtype.row_bytes(cols)
     codes = _random_bytes(rng, n_bytes).reshape(rows, -1)

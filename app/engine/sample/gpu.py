@@ -19,7 +19,7 @@ grammar, uploaded with one copy per step and applied by one kernel; those rows a
 
 Two ways to sample: `sample()` waits for the ids (the synchronous engine step, and any batch
 with penalties or logprobs); `launch()` only enqueues, leaving the ids on the device as the next
-step's input (worker/pipeline.py) with an asynchronous copy to the host behind them, which
+step's input (core/pipeline.py) with an asynchronous copy to the host behind them, which
 `GpuPendingSample.resolve()` waits for.
 """
 
@@ -279,7 +279,7 @@ class GpuSampler:
 class _PinnedRing:
     """Two pinned host buffers taken in turn, for copies that run after the host moves on.
 
-    With at most one step in flight (worker/pipeline.py), the buffer a step takes is taken again
+    With at most one step in flight (core/pipeline.py), the buffer a step takes is taken again
     two steps later, and by then the step that used it was resolved: its event, recorded on the
     same stream after this buffer's copy, was waited for, so the copy is done. (A step takes at
     most one buffer of each ring; a synchronous step waits before it returns.)"""

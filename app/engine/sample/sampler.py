@@ -66,7 +66,7 @@ def constrained(request: Request) -> bool:
 
 
 def deferrable(request: Request) -> bool:
-    """Whether a row's token may stay on the device for a step (worker/pipeline.py): not with
+    """Whether a row's token may stay on the device for a step (core/pipeline.py): not with
     penalties, which need the token history on the host, nor with logprobs, which are read from
     a logits buffer the next step overwrites, nor with a grammar, whose matcher must take each
     token before the next mask."""
@@ -99,7 +99,7 @@ class Sampler:
             self.grammars.forget(request_id)
 
     def launch(self, logits: np.ndarray, requests: Sequence[Request]) -> ReadySample:
-        """`sample()` in the launch/resolve shape of the GPU sampler (worker/pipeline.py)."""
+        """`sample()` in the launch/resolve shape of the GPU sampler (core/pipeline.py)."""
         out = self.sample(logits, requests)
         return ReadySample(out, np.asarray(out.token_ids, dtype=np.int32))
 

@@ -3,7 +3,7 @@
 A decode step (every sequence adds one token) is captured once per batch-size bucket,
 reading its inputs from static device buffers. Per step the runner copies the step's
 few integers into those buffers (one host-to-device copy) and replays the bucket's graph;
-a step launched before the previous one's ids were read back (worker/pipeline.py) takes its
+a step launched before the previous one's ids were read back (core/pipeline.py) takes its
 token ids from that step's sampled ids on the device instead, copied in on the same stream;
 padding rows of a bucket point at the reserved null KV block 0, whose contents nobody
 reads. Attention is planned for the longest context the engine allows, so one graph

@@ -3,7 +3,7 @@
 The runner owns the device side of a step: the flat token batch, positions, the
 attention metadata (block tables, slot mapping) and the KV caches of every layer. A decode
 step can also take its token ids from the device (`run_from_device`): the previous step's
-sampled ids, before the host has read them (worker/pipeline.py).
+sampled ids, before the host has read them (core/pipeline.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Async decode on CUDA (worker/pipeline.py): decode steps launched from the previous step's ids
+"""Async decode on CUDA (core/pipeline.py): decode steps launched from the previous step's ids
 on the device (graph replays, row gathers) give the synchronous engine's tokens; the GPU
 sampler's launch/resolve gives what sample() gives, with its pinned buffers taken in turn."""
 

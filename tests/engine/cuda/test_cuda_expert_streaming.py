@@ -20,9 +20,9 @@ import pytest
 from cuda_samples import SMALL_HEADS, random_tensor, rel_err
 
 from app.engine.backend.cuda.backend import CudaBackend
-from app.engine.core.expert_residency import ExpertStreaming
 from app.engine.layers.moe import MoE
 from app.engine.models.config import MoeSpec
+from app.engine.moe.residency import ExpertStreaming
 from app.engine.quant.dispatch import QuantizedTensor, ScaleGrid
 from app.engine.quant.types import QUANT_TYPES
 

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 from cuda_samples import random_tensor, rel_err
 
-from app.engine.layers.moe import MoE, route
+from app.engine.layers.moe import MoE
 from app.engine.models.config import MoeSpec
+from app.engine.moe.ops import route
 from app.engine.quant.dispatch import QuantizedTensor
 from app.engine.quant.types import QUANT_TYPES
 

@@ -17,8 +17,9 @@ from emulator import build as _build
 from emulator import run as _run
 
 from app.engine.backend.cpu import CpuBackend
-from app.engine.layers.moe import MoE, route
+from app.engine.layers.moe import MoE
 from app.engine.models.config import MoeSpec
+from app.engine.moe.ops import route
 from app.engine.quant.dispatch import QuantizedTensor
 from app.engine.quant.types import QUANT_TYPES
 

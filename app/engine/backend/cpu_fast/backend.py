@@ -20,10 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from app.engine.backend.cpu import CpuBackend, CpuFusedWeight
+from app.engine.backend.cpu import CpuBackend
 from app.engine.backend.cpu_fast import blas, kernels
 from app.engine.backend.cpu_fast.attention import attention_decode, causal_softmax
 from app.engine.backend.cpu_fast.weights import FAST_FORMATS, FastWeight, half_table
+from app.engine.backend.cpu_weights import CpuFusedWeight
 from app.engine.quant.dispatch import QuantizedTensor
 
 GEMV_MAX_ROWS = 8  # above this many activation rows, tiles + BLAS beat the per-row decode (bench/)

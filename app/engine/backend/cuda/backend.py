@@ -49,11 +49,11 @@ from app.engine.kernels import tuning as _tuning
 from app.engine.kernels.gemv_plan import GemvPlan
 from app.engine.kernels.options import KernelOptions
 from app.engine.kernels.runtime.compile import device_arch
-from app.engine.models.config import MoeSpec
 from app.engine.quant.dispatch import QuantizedTensor
+from app.engine.specs import MoeSpec
 
 if TYPE_CHECKING:
-    from app.engine.core.expert_residency import ExpertStreaming
+    from app.engine.moe.residency import ExpertStreaming
 
 MIN_COMPUTE_CAPABILITY = 80  # Ampere: the oldest architecture the kernels are built and tested for
 MIN_FREE_BYTES = 512 << 20

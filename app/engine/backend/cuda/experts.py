@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 
 from app.engine.backend.cuda.weights import _upload
-from app.engine.core.expert_residency import Copy, LayerResidency
 from app.engine.kernels.moe import MAX_USED, PAD_BYTES, StackedExperts, moe_experts, moe_route
-from app.engine.models.config import MoeSpec
+from app.engine.moe.residency import Copy, LayerResidency
 from app.engine.quant.dispatch import QuantizedTensor
+from app.engine.specs import MoeSpec
 
 ACTIVATIONS = ("silu", "swiglu_oai")  # what moe_gated computes
 
@@ -83,7 +83,7 @@ class StreamedExperts:
 
     Per projection the host keeps every expert's blocks back to back (the stacked layout), the
     device `num_slots` of them in a slot-indexed `StackedExperts` the grouped kernels read as if
-    it held `num_slots` experts; the residency manager (core/expert_residency.py) says which
+    it held `num_slots` experts; the residency manager (moe/residency.py) says which
     expert is in which slot and which to copy. Copies run on a side stream from pinned memory
     (cudaMemcpyAsync), ordered after the work already queued on the compute stream (a slot may
     still be read by the previous step) and waited on, through an event, only by the products of
