@@ -4,6 +4,7 @@ faster-whisper's own decoder's."""
 
 from __future__ import annotations
 
+import struct
 import tracemalloc
 import wave
 from pathlib import Path
@@ -62,3 +63,43 @@ def test_a_cancel_stops_decoding(tmp_path):
     with pytest.raises(TranscriptionCancelled):
         decode_audio(path, cancel=cancel)
     assert len(checks) == 4  # it stopped at the first check that said so
+
+
+def riff_wav(
+    rate: int = SAMPLE_RATE, channels: int = 1, bits: int = 16, codec: int = 1, data: bytes = b"\0" * 2000
+) -> bytes:
+    """A WAV whose header says whatever it is told (`wave` refuses to write the absurd ones)."""
+    block = (channels * bits // 8) & 0xFFFF
+    fmt = struct.pack("<HHIIHH", codec, channels, rate, (rate * block) & 0xFFFFFFFF, block, bits)
+    body = (
+        b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data)) + data
+    )
+    return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
+# (name, bytes, words the 400 names): issue 40's 2**31 Hz WAV made PyAV raise a MemoryError subclass
+MALFORMED_AUDIO = [
+    ("rate 2**31-1", riff_wav(rate=2**31 - 1), "sample rate of 2147483647 Hz"),
+    ("rate 2**31-1 float", riff_wav(rate=2**31 - 1, codec=3, bits=32), "sample rate of 2147483647 Hz"),
+    ("rate 800 kHz", riff_wav(rate=800_000), "sample rate of 800000 Hz"),
+    ("rate 1 Hz", riff_wav(rate=1), "sample rate of 1 Hz"),
+    ("rate 0", riff_wav(rate=0), "cannot decode"),
+    ("0 channels", riff_wav(channels=0), "0 channels"),
+    ("0 bits", riff_wav(bits=0), "cannot decode"),
+    ("unknown codec", riff_wav(codec=0x1234), "cannot decode"),
+    ("header cut", riff_wav()[:30], "cannot decode"),
+    ("RIFF only", b"RIFF", "cannot decode"),
+    ("random bytes", np.random.default_rng(1).bytes(4000), "cannot decode"),
+    ("MP3 tag, no frames", b"ID3\x03" + bytes(6) + np.random.default_rng(2).bytes(3000), "cannot decode"),
+    ("Ogg magic, noise", b"OggS" + np.random.default_rng(3).bytes(3000), "cannot decode"),
+    ("FLAC magic, noise", b"fLaC" + np.random.default_rng(4).bytes(3000), "cannot decode"),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "words"), MALFORMED_AUDIO, ids=[case[0] for case in MALFORMED_AUDIO]
+)
+def test_malformed_audio_is_an_audio_error_naming_the_problem(name, data, words):
+    with pytest.raises(AudioError) as caught:
+        decode_audio(data, "clip.wav", max_seconds=7200)
+    assert str(caught.value).startswith("clip.wav: ") and words in str(caught.value)

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -302,3 +303,105 @@ def test_a_nan_weight_in_safetensors_is_refused_naming_the_tensor(family, tmp_pa
     path.write_bytes(bytes(raw))
     err = refusal(folder, capsys)
     assert "blk.0.ffn_down.weight" in err and "NaN or infinite value" in err
+
+
+# ---------------------------------------------------------------- tokenizer files
+
+VISION_GEMMA = (
+    Path(__file__).resolve().parents[1] / "fixtures" / "vision" / "gemma3" / "hf"
+)  # has tokenizer files
+
+
+def _edit_json(name: str, edit: Callable[[Any], Any]) -> Callable[[Path], None]:
+    """Rewrite one JSON file of the folder: `edit` changes the parsed value in place, or returns the
+    new text (for files that are not JSON at all)."""
+
+    def apply(folder: Path) -> None:
+        path = folder / name
+        data = json.loads(path.read_text())
+        text = edit(data)
+        path.write_text(text if isinstance(text, str) else json.dumps(data))
+
+    return apply
+
+
+def _model(**changes: Any) -> Callable[[Any], None]:
+    return lambda tokenizer: tokenizer["model"].update(changes)
+
+
+def _vocab(token: str, value: Any) -> Callable[[Any], None]:
+    return lambda tokenizer: tokenizer["model"]["vocab"].update({token: value})
+
+
+TOKENIZER = "tokenizer.json"
+CONFIG = "tokenizer_config.json"
+GENERATION = "generation_config.json"
+# (file, edit, words of the one-line refusal); issue 40 found 4 of 4 variants printing a traceback
+TOKENIZER_CASES = {
+    "truncated": (TOKENIZER, lambda t: json.dumps(t)[:2000], "EOF while parsing"),
+    "empty": (TOKENIZER, lambda t: "", "EOF while parsing"),
+    "a list, not an object": (TOKENIZER, lambda t: "[]", "expected struct Tokenizer"),
+    "model an integer": (TOKENIZER, lambda t: t.update(model=5), "ModelUntagged"),
+    "vocab a list of integers": (TOKENIZER, _model(vocab=[1, 2, 3]), "expected a map"),
+    "a vocab id a string": (TOKENIZER, _vocab("x", "seven"), 'string "seven", expected u32'),
+    "a negative vocab id": (TOKENIZER, _vocab("x", -3), "integer `-3`, expected u32"),
+    "a vocab id past u32": (TOKENIZER, _vocab("x", 2**40), "expected u32"),
+    "a vocab id past the vocabulary": (TOKENIZER, _vocab("xx", 4_000_000_000), "has id 4000000000, past the"),
+    "a merge out of the vocabulary": (TOKENIZER, _model(merges=["a zzzzq"]), "`zzzzq` out of vocabulary"),
+    "a merge without its space": (TOKENIZER, _model(merges=["abc"]), "Merges text file invalid"),
+    "merges an integer": (TOKENIZER, _model(merges=5), "MergeType"),
+    "an unknown model type": (TOKENIZER, _model(type="Nope"), "ModelUntagged"),
+    "added tokens a string": (TOKENIZER, lambda t: t.update(added_tokens="x"), "expected a sequence"),
+    "config truncated": (CONFIG, lambda c: '{"bos_token": "<b', "cannot read"),
+    "config a list": (CONFIG, lambda c: "[1, 2]", "holds a JSON list, not an object"),
+    "config bos_token an integer": (CONFIG, lambda c: c.update(bos_token=5), "bos_token is 5"),
+    "config add_bos_token a string": (
+        CONFIG,
+        lambda c: c.update(add_bos_token="no"),
+        "add_bos_token is 'no'",
+    ),
+    "config eos_token unknown": (CONFIG, lambda c: c.update(eos_token="<nope>"), "'<nope>' is not in"),
+    "config chat_template an integer": (CONFIG, lambda c: c.update(chat_template=5), "chat_template is 5"),
+    "generation eos a string": (GENERATION, lambda g: g.update(eos_token_id="one"), "eos_token_id is 'one'"),
+    "generation eos past the vocabulary": (
+        GENERATION,
+        lambda g: g.update(eos_token_id=[2**40]),
+        "outside the",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", TOKENIZER_CASES, ids=list(TOKENIZER_CASES))
+def test_corrupt_tokenizer_files_are_refused_in_one_line_naming_the_file(case, tmp_path, capsys):
+    name, edit, words = TOKENIZER_CASES[case]
+    folder = tmp_path / "hf"
+    shutil.copytree(VISION_GEMMA, folder)
+    _edit_json(name, edit)(folder)
+    message = refusal(folder, capsys)
+    assert str(folder / name) in message and words in message, message
+
+
+def test_a_tokenizer_json_past_the_size_cap_is_refused_before_it_is_parsed(tmp_path, monkeypatch):
+    from app.engine.loader import tokenizer_files
+    from app.engine.loader.tokenizer import Tokenizer
+
+    folder = tmp_path / "hf"
+    shutil.copytree(VISION_GEMMA, folder)
+    monkeypatch.setattr(tokenizer_files, "MAX_TOKENIZER_JSON_BYTES", 1024)
+    with pytest.raises(
+        ValueError, match=r"tokenizer\.json is \d[\d,]* bytes; a tokenizer\.json of more than 1,024"
+    ):
+        Tokenizer.from_pretrained_dir(folder)
+
+
+def test_a_corrupt_tokenizer_is_one_line_from_a_real_process(tmp_path):
+    folder = tmp_path / "hf"
+    shutil.copytree(VISION_GEMMA, folder)
+    (folder / TOKENIZER).write_text('{"version": "1.0", "model": {"type": "BPE", "vocab": 5}}')
+    done = subprocess.run(
+        [sys.executable, "-m", "app.cli", "generate", "--model", str(folder), "--device", "cpu", "hi"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()]
+    assert f"{folder / TOKENIZER} is not a valid tokenizer.json" in done.stderr

@@ -22,6 +22,7 @@ from .helpers import wait_until
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 MESSAGES = "/v1/messages"
+TRANSCRIPTIONS = "/v1/audio/transcriptions"
 HI = [{"role": "user", "content": "hi"}]
 # /health answers within 100 ms (issue 24's acceptance line) while the server works on a hostile request:
 # the median is held to that line; the slowest answer gets a margin that survives a loaded 2-core
@@ -327,9 +328,62 @@ def test_a_browser_style_request_is_refused_on_every_route(http, model_name, met
     assert rebinding.status_code == 421 and "evil.example" in error_of(rebinding, path)[0]
     foreign = send(http, method, path, kind, model_name, origin="https://evil.example")
     assert foreign.status_code == 403 and "evil.example" in error_of(foreign, path)[0]
+    # a page on another port of this machine (a dev server) is another origin, as browsers count them
+    for other_port in ("http://localhost:3000", "http://127.0.0.1:3000", "http://localhost"):
+        local_page = send(http, method, path, kind, model_name, origin=other_port)
+        assert local_page.status_code == 403 and other_port in error_of(local_page, path)[0]
+    own = send(http, method, path, kind, model_name, origin=str(http.base_url).rstrip("/"))
+    assert own.status_code == 200, own.text[:300]
+    assert error_type(rebinding, path) == "invalid_request_error"  # the client's fault, not the server's
     if kind is not None:
         as_text = send(http, method, path, kind, model_name, **{"content-type": "text/plain"})
         assert as_text.status_code == 415 and "text/plain" in error_of(as_text, path)[0]
+        assert error_type(as_text, path) == "invalid_request_error"
+
+
+def error_type(response: httpx.Response, path: str) -> str:
+    return response.json()["error"]["type"]
+
+
+def test_a_multipart_upload_from_another_local_page_is_refused():
+    """A form upload is a "simple" request: the browser sends it without a preflight, so the Origin
+    check alone stops it; the server's own page (same host and port) reaches the route."""
+    from .test_audio_transcriptions import audio_server
+
+    with audio_server(None) as server, httpx.Client(base_url=server.base_url) as http:
+        files = {"file": ("a.wav", b"", "audio/wav")}
+        data = {"model": "whisper-1"}
+        foreign = http.post(TRANSCRIPTIONS, files=files, data=data, headers={"origin": "http://localhost:3000"})
+        assert foreign.status_code == 403 and "localhost:3000" in foreign.json()["error"]["message"]
+        own = http.post(TRANSCRIPTIONS, files=files, data=data, headers={"origin": server.base_url})
+        assert own.status_code == 404 and "transcription" in own.json()["error"]["message"]  # no model here
+
+
+@pytest.mark.parametrize(
+    ("origin", "host", "allowed"),
+    [
+        (None, "localhost:8000", True),
+        ("http://localhost:8000", "localhost:8000", True),
+        ("https://localhost:8000", "localhost:8000", True),
+        ("http://localhost", "localhost:80", True),
+        ("http://localhost:80", "localhost", True),
+        ("http://LOCALHOST:8000", "localhost:8000", True),
+        ("http://[::1]:8000", "[::1]:8000", True),
+        ("http://localhost:3000", "localhost:8000", False),
+        ("http://127.0.0.1:8000", "localhost:8000", False),
+        ("http://localhost:8000", None, False),
+        ("null", "localhost:8000", False),
+        ("file://", "localhost:8000", False),
+        ("http://localhost:x", "localhost:8000", False),
+        ("http://[::1:8000", "localhost:8000", False),
+        ("http://localhost:8000/path", "localhost:8000", False),
+        ("https://app.example", "localhost:8000", True),  # configured with --cors-origin
+    ],
+)
+def test_the_origin_rule_accepts_only_the_servers_own_and_configured_ones(origin, host, allowed):
+    from app.engine.server.middleware import is_own_or_allowed_origin
+
+    assert is_own_or_allowed_origin(origin, host, {"https://app.example"}) is allowed
 
 
 def test_an_allowed_origin_gets_cors_and_its_requests(engine, model_name):

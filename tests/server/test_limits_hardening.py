@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 
 from app.engine.tasks.audio import Transcriber
+from tests.engine.test_audio_limits import MALFORMED_AUDIO
 
 from .conftest import running_server
 from .test_audio_transcriptions import SPEECH, BlockingTranscriber, audio_server
@@ -101,3 +102,16 @@ def test_audio_longer_than_the_limit_is_a_400_naming_it_before_whisper_loads():
     error = refused.json()["error"]
     assert error["param"] == "file" and "longer than the 2 s allowed" in error["message"]
     assert not whisper.loaded
+
+
+def test_every_malformed_audio_file_is_a_400_naming_its_problem_never_a_500():
+    """Issue 40: a 2 KB WAV declaring 2,147,483,647 Hz made PyAV raise a MemoryError subclass: a 500."""
+    whisper = Transcriber(device="cpu")
+    with audio_server(whisper) as handle:
+        for name, data, words in MALFORMED_AUDIO:
+            refused = upload(handle, data)
+            assert refused.status_code == 400, (name, refused.text)
+            error = refused.json()["error"]
+            assert error["param"] == "file" and error["code"] == "invalid_audio", (name, error)
+            assert error["message"].startswith("a.wav: ") and words in error["message"], (name, error)
+    assert not whisper.loaded  # every one was refused while decoding, before the model

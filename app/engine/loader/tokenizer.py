@@ -31,6 +31,8 @@ from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as Backend
 from tokenizers.models import BPE
 
+from app.engine.loader import tokenizer_files as files
+
 log = logging.getLogger(__name__)
 
 # GGUF token types (llama.cpp's llama_token_type)
@@ -285,19 +287,28 @@ class Tokenizer:
         file = folder / "tokenizer.json"
         if not file.is_file():
             raise FileNotFoundError(f"{folder} has no tokenizer.json")
-        backend = Backend.from_file(str(file))
-        config = _read_json(folder / "tokenizer_config.json")
-        generation = _read_json(folder / "generation_config.json")
-        model_config = _read_json(folder / "config.json")
+        backend = files.open_backend(file)
+        config_file = folder / "tokenizer_config.json"
+        config = files.read_json_object(config_file)
+        generation = files.read_json_object(folder / "generation_config.json")
+        model_config = files.read_json_object(folder / "config.json")
+        vocab_size = backend.get_vocab_size(with_added_tokens=True)
 
         def config_token_id(name: str) -> int | None:
-            token = config.get(name)
-            if isinstance(token, dict):
-                token = token.get("content")
-            if isinstance(token, str):
-                return backend.token_to_id(token)
-            found = generation.get(f"{name}_id", model_config.get(f"{name}_id"))
-            return found[0] if isinstance(found, list) and found else found
+            token = files.special_token(config, name, config_file)
+            if token is not None:
+                found = backend.token_to_id(token)
+                if found is None and name != "pad_token":  # a missing pad token only means no padding
+                    raise ValueError(f"{config_file} {name} {token!r} is not in tokenizer.json's vocabulary")
+                return found
+            key = f"{name}_id"
+            source, value = (
+                ("generation_config.json", generation[key])
+                if key in generation
+                else ("config.json", model_config.get(key))
+            )
+            value = value[0] if isinstance(value, list) and value else value
+            return files.token_id(value, f"{folder / source} {key}", vocab_size)
 
         bos, eos, pad = (
             config_token_id("bos_token"),
@@ -305,13 +316,16 @@ class Tokenizer:
             config_token_id("pad_token"),
         )
         prefix, suffix = _post_processor_additions(backend)
-        add_bos = (
-            bool(config["add_bos_token"]) if "add_bos_token" in config else bos is not None and bos in prefix
+        add_bos, add_eos = (
+            files.flag(config, name, config_file) for name in ("add_bos_token", "add_eos_token")
         )
-        add_eos = (
-            bool(config["add_eos_token"]) if "add_eos_token" in config else eos is not None and eos in suffix
+        if add_bos is None:
+            add_bos = bos is not None and bos in prefix
+        if add_eos is None:
+            add_eos = eos is not None and eos in suffix
+        generation_eos = files.token_ids(
+            generation.get("eos_token_id"), f"{folder / 'generation_config.json'} eos_token_id", vocab_size
         )
-        generation_eos = generation.get("eos_token_id", [])
         added = backend.get_added_tokens_decoder()
         piece_bytes, strips = _piece_bytes_for_decoder(backend)
         return cls(
@@ -321,7 +335,7 @@ class Tokenizer:
             pad_token_id=pad,
             add_bos=add_bos,
             add_eos=add_eos,
-            extra_eos_ids=generation_eos if isinstance(generation_eos, list) else [generation_eos],
+            extra_eos_ids=generation_eos,
             special_ids=[i for i, token in added.items() if token.special],
             piece_bytes=piece_bytes,
             strips_prefix_space=strips,
@@ -559,7 +573,12 @@ def _tokenizer_key(metadata: Mapping[str, Any]) -> bytes:
 def _value_bytes(value: Any) -> bytes:
     """A metadata value as bytes that differ whenever the value does (its kind included)."""
     if isinstance(value, np.ndarray):  # callers may pass token types as numpy: its repr elides
-        return b"a" + value.dtype.str.encode() + repr(value.shape).encode() + np.ascontiguousarray(value).tobytes()
+        return (
+            b"a"
+            + value.dtype.str.encode()
+            + repr(value.shape).encode()
+            + np.ascontiguousarray(value).tobytes()
+        )
     if isinstance(value, list) and value:
         if all(type(v) is str for v in value):  # a vocabulary, merges: joined in one call
             return b"s" + "\0".join(value).encode("utf-8", "surrogatepass")
@@ -592,23 +611,18 @@ def _optional_id(metadata: Mapping[str, Any], key: str) -> int | None:
     return None if value is None else int(value)
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"cannot read {path}: {exc}") from exc
-    return data if isinstance(data, dict) else {}
-
-
 def _template_from_config(folder: Path, config: Mapping[str, Any]) -> str | None:
     """The folder's chat template: chat_template.jinja, chat_template.json or tokenizer_config.json."""
     jinja = folder / "chat_template.jinja"
     if jinja.is_file():
         return jinja.read_text(encoding="utf-8")
-    template = _read_json(folder / "chat_template.json").get("chat_template", config.get("chat_template"))
+    source = folder / "chat_template.json"
+    template = files.read_json_object(source).get("chat_template")
+    if template is None:
+        source, template = folder / "tokenizer_config.json", config.get("chat_template")
     if isinstance(template, list):  # named variants: take "default"
         named = {entry.get("name"): entry.get("template") for entry in template if isinstance(entry, dict)}
         template = named.get("default") or next(iter(named.values()), None)
-    return template if isinstance(template, str) else None
+    if template is not None and not isinstance(template, str):
+        raise ValueError(f"{source} chat_template is {template!r:.60}; expected a Jinja template string")
+    return template

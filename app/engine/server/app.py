@@ -85,7 +85,9 @@ def create_app(
                        route_limits={TRANSCRIPTIONS_PATH: settings.max_audio_body_bytes})  # fmt: skip
     if settings.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
-    app.add_middleware(BrowserGuardMiddleware, security=transport_security(settings))
+    app.add_middleware(
+        BrowserGuardMiddleware, security=transport_security(settings), cors_origins=settings.cors_origins
+    )
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics, known_paths=known_paths)
     if settings.cors_origins:
         app.add_middleware(

@@ -34,6 +34,8 @@ _ERROR_TYPES: dict[int, tuple[str, str]] = {
     404: ("invalid_request_error", "not_found_error"),
     405: ("invalid_request_error", "invalid_request_error"),
     413: ("invalid_request_error", "request_too_large"),
+    415: ("invalid_request_error", "invalid_request_error"),  # a body sent as a form or text, not JSON
+    421: ("invalid_request_error", "invalid_request_error"),  # a Host this server does not answer to
     429: ("rate_limit_error", "rate_limit_error"),
     503: ("server_error", "overloaded_error"),
 }

@@ -8,8 +8,9 @@ Each rejection is rendered in the caller's protocol shape.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
 from starlette.datastructures import Headers
@@ -61,10 +62,12 @@ async def _reject(error: ApiError, scope: Scope, receive: Receive, send: Send) -
 
 
 def transport_security(settings: ServerSettings) -> TransportSecuritySettings:
-    """The Host and Origin values this server accepts: the one rule for the API and /mcp alike.
+    """The Host values this server accepts: the one rule for the API and /mcp alike.
 
-    A wildcard bind (0.0.0.0) can be reached under names the server cannot know: there the check
-    runs only over the `allowed_hosts` given, and the API key is the guard.
+    A wildcard bind (0.0.0.0) can be reached under names the server cannot know: there the Host check
+    runs only over the `allowed_hosts` given, and the API key is the guard. The SDK's Origin patterns
+    take any port of a loopback name; `BrowserGuardMiddleware` runs first on every route (/mcp too)
+    and holds Origin to the server's own one (`is_own_or_allowed_origin`).
     """
     if settings.is_wildcard and not settings.allowed_hosts:
         return TransportSecuritySettings(enable_dns_rebinding_protection=False)
@@ -78,31 +81,68 @@ def transport_security(settings: ServerSettings) -> TransportSecuritySettings:
     )
 
 
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def is_own_or_allowed_origin(origin: str | None, host: str | None, allowed: Collection[str]) -> bool:
+    """An Origin header is the server's own (the page came from this very host and port, as the Host
+    header names it: the Swagger page at /docs) or one the operator allowed with --cors-origin.
+
+    A page on another port of the same machine (a dev server on localhost:3000) is another origin, as
+    browsers count them: a multipart upload needs no CORS preflight, so this check is all that stops it.
+    No Origin at all is a client that is not a browser page (the Studio, SDKs, curl)."""
+    if origin is None:
+        return True
+    if origin in allowed:
+        return True
+    try:
+        page = urlsplit(origin)
+        server = urlsplit(f"{page.scheme}://{host}")
+        if page.scheme not in _DEFAULT_PORTS or page.path or not host or not page.hostname:
+            return False
+        default = _DEFAULT_PORTS[page.scheme]
+        return (page.hostname, page.port or default) == (server.hostname, server.port or default)
+    except ValueError:  # a port that is not a number, a bracket left open
+        return False
+
+
 class BrowserGuardMiddleware:
     """What keeps a web page from driving the local API.
 
-    A foreign Host header (DNS rebinding) gets 421 and a foreign Origin 403, by the MCP SDK's own
-    check; a body that is not JSON (a browser sends text/plain or a form without a CORS preflight)
+    A foreign Host header (DNS rebinding) gets 421, by the MCP SDK's own check, and an Origin other than
+    the server's own or a --cors-origin gets 403 (`is_own_or_allowed_origin`); a body that is not JSON (a browser sends text/plain or a form without a CORS preflight)
     gets 415, except on the upload routes, which take forms.
     """
 
-    def __init__(self, app: ASGIApp, security: TransportSecuritySettings) -> None:
+    def __init__(
+        self, app: ASGIApp, security: TransportSecuritySettings, cors_origins: Collection[str] = ()
+    ) -> None:
         self.app = app
         self._check = TransportSecurityMiddleware(security)
+        self._cors_origins = frozenset(cors_origins)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        refused = await self._check.validate_request(Request(scope))
+        headers = Headers(scope=scope)
+        refused = await self._refused_status(scope, headers)
         if refused is not None:
-            error = _refusal(refused.status_code, Headers(scope=scope))
-            return await _reject(error, scope, receive, send)
+            return await _reject(_refusal(refused, headers), scope, receive, send)
         if scope["method"] in BODY_METHODS:
             expected = FORM_TYPES if scope["path"] in FORM_PATHS else JSON_TYPES
-            content_type = Headers(scope=scope).get("content-type", "")
+            content_type = headers.get("content-type", "")
             if not _media_type_in(content_type, expected):
                 return await _reject(_unsupported_media_type(content_type, expected), scope, receive, send)
         await self.app(scope, receive, send)
+
+    async def _refused_status(self, scope: Scope, headers: Headers) -> int | None:
+        """421 for a foreign Host, 403 for a foreign Origin, None when both are this server's."""
+        refused = await self._check.validate_request(Request(scope))
+        if refused is not None:
+            return refused.status_code
+        if not is_own_or_allowed_origin(headers.get("origin"), headers.get("host"), self._cors_origins):
+            return 403
+        return None
 
 
 def _media_type_in(content_type: str, expected: tuple[str, ...]) -> bool:

@@ -127,20 +127,63 @@ def decode_audio(
     max_samples = None if max_seconds is None else int(max_seconds * SAMPLE_RATE)
     try:
         chunks = list(_decoded_chunks(audio, max_samples, cancel))
-    except (MemoryError, TranscriptionCancelled):
+    except TranscriptionCancelled:
         raise
     except _TooLong as exc:
         raise AudioError(source, f"the audio lasts longer than the {max_seconds:.0f} s allowed") from exc
-    except Exception as exc:  # PyAV reports bad input through many FFmpeg error classes
-        raise AudioError(source, f"cannot decode the audio ({exc})") from exc
+    except _BadHeader as exc:
+        raise AudioError(source, str(exc)) from exc
+    except Exception as exc:
+        # PyAV reports bad input through many FFmpeg error classes, among them av.error.MemoryError (a
+        # MemoryError too): a header whose sizes FFmpeg cannot allocate, not this process running out.
+        if isinstance(exc, MemoryError) and not _is_ffmpeg_error(exc):
+            raise
+        raise AudioError(source, f"cannot decode the audio ({_ffmpeg_problem(exc)})") from exc
     samples = np.concatenate(chunks) if chunks else np.zeros(0, np.int16)
     if samples.size == 0:
         raise AudioError(source, "the audio contains no samples")
     return samples.astype(np.float32) / 32768.0
 
 
+# What a stream header may declare. FFmpeg itself takes any rate up to 2**31 - 1 and then fails to
+# allocate its buffers (or resamples one byte into minutes): real audio stays far inside these.
+MAX_SAMPLE_RATE = 768_000  # the highest rate studio formats use
+MIN_SAMPLE_RATE = 1_000  # below telephone rates; resampling to 16 kHz multiplies the samples by at most 16
+MAX_CHANNELS = 64
+
+
 class _TooLong(Exception):
     pass
+
+
+class _BadHeader(Exception):
+    """The stream header declares what no real audio has; the message says what."""
+
+
+def _check_stream(stream: Any) -> None:
+    context = stream.codec_context
+    if context is None:  # no decoder for it: decoding says so in FFmpeg's words
+        return
+    rate, channels = context.sample_rate, context.channels
+    if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
+        raise _BadHeader(
+            f"the audio declares a sample rate of {rate} Hz; {MIN_SAMPLE_RATE} to {MAX_SAMPLE_RATE} Hz are supported"
+        )
+    if not 0 < channels <= MAX_CHANNELS:
+        raise _BadHeader(f"the audio declares {channels} channels; 1 to {MAX_CHANNELS} are supported")
+
+
+def _is_ffmpeg_error(exc: BaseException) -> bool:
+    import av
+
+    return isinstance(exc, av.error.FFmpegError)
+
+
+def _ffmpeg_problem(exc: BaseException) -> str:
+    """FFmpeg's words for it; its ENOMEM ("Cannot allocate memory") means the header's sizes are absurd."""
+    if isinstance(exc, MemoryError):
+        return "its header declares sizes FFmpeg cannot allocate: the file is damaged or not audio"
+    return str(exc) or type(exc).__name__
 
 
 def _decoded_chunks(
@@ -152,6 +195,9 @@ def _decoded_chunks(
     resampler = av.audio.resampler.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
     total = 0
     with av.open(audio, mode="r", metadata_errors="ignore") as container:
+        if not container.streams.audio:
+            raise _BadHeader("the file has no audio stream")
+        _check_stream(container.streams.audio[0])
         frames = _valid_frames(container.decode(audio=0))
         for frame in itertools.chain(frames, [None]):  # None flushes the resampler
             for out in resampler.resample(frame):
