@@ -4,13 +4,16 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run serve test test-fast test-bundle lint gpu-test clean
+.PHONY: run serve test test-fast test-budget test-bundle lint gpu-test clean
 
 # The tests run on TEST_WORKERS processes (pytest-xdist), a whole file per worker at a time so that a
 # file's module fixtures are built once. Two by default: CI has two cores, and with two workers
 # both stay busy (a third adds nothing on two cores). `make test TEST_WORKERS=0` runs in one process.
 TEST_WORKERS ?= 2
 PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+# Each test's CPU and wall seconds, one JSON line per test (tests/conftest.py); .ci/run checks the fast
+# tier's budget from the full run's figures (.ci/tier_budget.py), and `make test-budget` prints it.
+TEST_TIMES := build/test-times
 
 # One stamp for the whole setup: the venv, the project with its dev extras, the
 # embeddings model (installed without its torch-pulling dependencies, see
@@ -40,11 +43,21 @@ lint: $(STAMP)
 # a fast test. Costly setup is shared (session/module fixtures, cached emulator builds), not marked.
 test: $(STAMP)
 	$(BIN)/ruff check .
-	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -p no:cacheprovider $(PARALLEL) -m "not bundle"
+	rm -rf $(TEST_TIMES)
+	PADDOCK_TEST_TIMES=$(TEST_TIMES) QT_QPA_PLATFORM=offscreen \
+		$(BIN)/python -m pytest -q -p no:cacheprovider $(PARALLEL) -m "not bundle"
 
 test-fast: $(STAMP)
 	$(BIN)/ruff check .
-	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -p no:cacheprovider $(PARALLEL) -m "not slow"
+	rm -rf $(TEST_TIMES)
+	PADDOCK_TEST_TIMES=$(TEST_TIMES) QT_QPA_PLATFORM=offscreen \
+		$(BIN)/python -m pytest -q -p no:cacheprovider $(PARALLEL) -m "not slow"
+
+# The fast tier's estimated pytest time from the last `make test` or `make test-fast`, against its budget
+# (240 s; failing over 1.25 x). CPU seconds, so a busy machine does not fail it (.ci/tier_budget.py).
+test-budget:
+	$(BIN)/python .ci/tier_budget.py $(TEST_TIMES) --budget 240 --factor 1.25 \
+		--workers $(if $(filter 0,$(TEST_WORKERS)),1,$(TEST_WORKERS))
 
 # The installer check: builds the CPU-only Linux bundle in a venv of its own (pip, PyInstaller, the
 # archive: 4-6 minutes on 2 cores) and runs the built program. CI runs it after `make test`.

@@ -21,6 +21,7 @@ from app.engine.server.launch import ServerHandle
 from app.engine.server.settings import ServerSettings
 
 from .fakes import FakeEmbedder, FakeEngine
+from .helpers import CLIENT_TIMEOUT
 
 # Which engines the server tests run against: "fake" (scripted, instant) and/or "embedded"
 # (the real engine over the embedded Gemma 3 270M, from the suite's `embedded_engine` fixture).
@@ -90,15 +91,15 @@ def model_name(engine: Any) -> str:
 
 @pytest.fixture
 def openai_client(server: ServerHandle) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=30)
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=CLIENT_TIMEOUT)
 
 
 @pytest.fixture
 def anthropic_client(server: ServerHandle) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0, timeout=30)
+    return anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0, timeout=CLIENT_TIMEOUT)
 
 
 @pytest.fixture
 def http(server: ServerHandle) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.base_url, timeout=30) as client:
+    with httpx.Client(base_url=server.base_url, timeout=CLIENT_TIMEOUT) as client:
         yield client

@@ -19,7 +19,7 @@ import pytest
 from .agent_requests import aider_request, claude_code_request, opencode_request
 from .conftest import running_server
 from .fakes import FakeEngine
-from .helpers import sse_events
+from .helpers import CLIENT_TIMEOUT, sse_events
 
 # What Claude Code reads out of the error to retry with a smaller max_tokens
 OVERFLOW_RE = re.compile(r"input length and `max_tokens` exceed context limit: (\d+) \+ (\d+) > (\d+)")
@@ -39,7 +39,7 @@ def count_claude_code_tokens(client: httpx.Client, model: str) -> int:
 
 def test_claude_code_request_streams_a_tool_call_with_its_system_turn_in_the_system_prompt():
     engine = FakeEngine(context_length=100_000, name="paddock-local")
-    with running_server(engine) as server, httpx.Client(base_url=server.base_url, timeout=30) as client:
+    with running_server(engine) as server, httpx.Client(base_url=server.base_url, timeout=CLIENT_TIMEOUT) as client:
         response = post_claude_code(client, "paddock-local")
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
     events = sse_events(response)
@@ -58,7 +58,7 @@ def test_claude_code_request_streams_a_tool_call_with_its_system_turn_in_the_sys
 
 def test_claude_code_overflow_is_in_anthropics_words_and_its_retry_streams():
     engine = FakeEngine(context_length=100_000, name="paddock-local")
-    with running_server(engine) as server, httpx.Client(base_url=server.base_url, timeout=30) as client:
+    with running_server(engine) as server, httpx.Client(base_url=server.base_url, timeout=CLIENT_TIMEOUT) as client:
         prompt = count_claude_code_tokens(client, "paddock-local")
         engine.context_length = prompt + 1000  # room for a reply, not for 32000 tokens of it
         refused = post_claude_code(client, "paddock-local")
@@ -78,7 +78,7 @@ def test_claude_code_overflow_is_in_anthropics_words_and_its_retry_streams():
 
 
 def test_claude_code_request_longer_than_the_context_is_prompt_too_long(server, engine, model_name):
-    with httpx.Client(base_url=server.base_url, timeout=60) as client:
+    with httpx.Client(base_url=server.base_url, timeout=CLIENT_TIMEOUT) as client:
         prompt = count_claude_code_tokens(client, model_name)
         context = engine.model.context_length
         assert prompt > context  # the premise: 24 tools and the system prompt alone overflow this model
@@ -152,7 +152,7 @@ def test_opencode_request_streams_with_usage(agent_server, model_name, engine):
     body = opencode_request(model_name)
     if not isinstance(engine, FakeEngine):
         body["max_tokens"] = 8  # a real model on the CPU: a few tokens show the stream's shape
-    with httpx.Client(base_url=agent_server.base_url, timeout=120) as client:
+    with httpx.Client(base_url=agent_server.base_url, timeout=CLIENT_TIMEOUT) as client:
         response = client.post("/v1/chat/completions", headers=OPENCODE_HEADERS, json=body)
     assert response.status_code == 200
     text, calls, chunks = chat_stream(response)
@@ -169,7 +169,7 @@ def test_opencode_request_streams_with_usage(agent_server, model_name, engine):
 
 
 def test_aider_request_streams(agent_server, model_name, engine):
-    with httpx.Client(base_url=agent_server.base_url, timeout=120) as client:
+    with httpx.Client(base_url=agent_server.base_url, timeout=CLIENT_TIMEOUT) as client:
         response = client.post("/v1/chat/completions", headers=AIDER_HEADERS, json=aider_request(model_name))
     assert response.status_code == 200
     text, calls, _ = chat_stream(response)
@@ -181,7 +181,7 @@ def test_aider_request_streams(agent_server, model_name, engine):
 def test_openai_agents_get_the_overflow_in_openai_words(agent_server, model_name):
     context = agent_server.engine.model.context_length
     body = {**opencode_request(model_name), "max_tokens": context}
-    with httpx.Client(base_url=agent_server.base_url, timeout=60) as client:
+    with httpx.Client(base_url=agent_server.base_url, timeout=CLIENT_TIMEOUT) as client:
         response = client.post("/v1/chat/completions", json=body)
     assert response.status_code == 400
     error = response.json()["error"]

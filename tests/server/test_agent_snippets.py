@@ -19,7 +19,7 @@ from app.studio.server_control import Endpoints, Snippet, agent_snippets
 from .agent_requests import aider_request, claude_code_request, opencode_request
 from .conftest import running_server
 from .fakes import FakeEngine
-from .helpers import sse_events
+from .helpers import CLIENT_TIMEOUT, sse_events
 
 KEY = "sk-snippet-test"
 
@@ -43,7 +43,7 @@ def test_claude_code_snippet(keyed):
     path, headers, body = claude_code_request(env["ANTHROPIC_MODEL"])
     # Claude Code sends ANTHROPIC_AUTH_TOKEN as a bearer token (the recorded request has a placeholder)
     headers = {**headers, "authorization": f"Bearer {env['ANTHROPIC_AUTH_TOKEN']}"}
-    with httpx.Client(base_url=env["ANTHROPIC_BASE_URL"], timeout=30) as client:
+    with httpx.Client(base_url=env["ANTHROPIC_BASE_URL"], timeout=CLIENT_TIMEOUT) as client:
         response = client.post(path, headers=headers, json=body)
     assert response.status_code == 200 and sse_events(response)[-1][0] == "message_stop"
     for tier in ("OPUS", "SONNET", "HAIKU"):
@@ -55,7 +55,7 @@ def test_aider_snippet(keyed):
     flags = dict(re.findall(r"--([\w-]+) (\S+)", snippets["aider"].text))
     provider, model = flags["model"].split("/", 1)
     assert provider == "openai"  # litellm: an OpenAI-compatible server, the prefix stripped from requests
-    with httpx.Client(base_url=flags["openai-api-base"], timeout=30) as client:
+    with httpx.Client(base_url=flags["openai-api-base"], timeout=CLIENT_TIMEOUT) as client:
         response = client.post(
             "/chat/completions",
             headers={"authorization": f"Bearer {flags['openai-api-key']}"},
@@ -72,7 +72,7 @@ def test_opencode_snippet(keyed):
     assert provider["npm"] == "@ai-sdk/openai-compatible"
     limit = provider["models"][model]["limit"]
     body = {**opencode_request(model), "max_tokens": limit["output"]}  # what opencode sends each turn
-    with httpx.Client(base_url=provider["options"]["baseURL"], timeout=30) as client:
+    with httpx.Client(base_url=provider["options"]["baseURL"], timeout=CLIENT_TIMEOUT) as client:
         response = client.post(
             "/chat/completions",
             headers={"authorization": f"Bearer {provider['options']['apiKey']}"},
@@ -86,7 +86,7 @@ def test_continue_snippet(keyed):
     _, snippets = keyed
     (model,) = yaml.safe_load(snippets["continue"].text)["models"]
     assert model["provider"] == "openai"
-    with httpx.Client(base_url=model["apiBase"], timeout=30) as client:
+    with httpx.Client(base_url=model["apiBase"], timeout=CLIENT_TIMEOUT) as client:
         response = client.post(
             "/chat/completions",
             headers={"authorization": f"Bearer {model['apiKey']}"},

@@ -7,7 +7,7 @@ import httpx
 import pytest
 from anthropic.types import Message
 
-from .helpers import sse_events
+from .helpers import CLIENT_TIMEOUT, sse_events
 
 pytestmark = pytest.mark.usefixtures("scripted")  # exact answers come from the fake engine (fakes.py)
 
@@ -59,7 +59,7 @@ def test_stream_has_the_exact_event_sequence(server, model_name):
         "stream": True,
         "messages": [{"role": "user", "content": "Hi"}],
     }
-    response = httpx.post(f"{server.base_url}/v1/messages", json=body, timeout=30)
+    response = httpx.post(f"{server.base_url}/v1/messages", json=body, timeout=CLIENT_TIMEOUT)
     assert response.headers["content-type"].startswith("text/event-stream")
     events = sse_events(response)
     names = [name for name, _ in events]

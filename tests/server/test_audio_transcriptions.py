@@ -26,6 +26,7 @@ from app.engine.server.settings import ServerSettings
 from app.engine.tasks.audio import Transcriber, Transcript, TranscriptionCancelled
 
 from .fakes import FakeEngine
+from .helpers import CLIENT_TIMEOUT
 
 SPEECH = Path(__file__).parents[1] / "fixtures" / "audio" / "speech.wav"
 SPOKEN_WORDS = ["the", "quick", "brown", "fox", "over", "lazy", "dog", "please", "water", "garden"]
@@ -57,7 +58,7 @@ def server(whisper: Transcriber) -> Iterator[ServerHandle]:
 
 @pytest.fixture
 def client(server: ServerHandle) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=CLIENT_TIMEOUT)
 
 
 def transcribe(client: openai.OpenAI, **options: Any) -> Any:
@@ -163,7 +164,7 @@ def test_audio_has_its_own_body_cap_above_the_json_one(server: ServerHandle) -> 
 
 def _post_declaring_length(server: ServerHandle, length: int) -> tuple[int, str]:
     """Only the headers: the cap is checked against Content-Length before the body is read."""
-    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+    with socket.create_connection(("127.0.0.1", server.port), timeout=CLIENT_TIMEOUT) as sock:
         head = (
             "POST /v1/audio/transcriptions HTTP/1.1\r\nHost: localhost\r\n"
             f"Content-Type: multipart/form-data; boundary=x\r\nContent-Length: {length}\r\n\r\n"
@@ -227,14 +228,14 @@ def test_the_loop_keeps_serving_while_a_transcription_runs() -> None:
                 f"{handle.base_url}/v1/audio/transcriptions",
                 files={"file": ("a.wav", SPEECH.read_bytes())},
                 data={"model": "whisper-1"},
-                timeout=60,
+                timeout=CLIENT_TIMEOUT,
             )
             result["body"] = response.json()
 
         uploader = threading.Thread(target=upload)
         uploader.start()
         assert blocking.started.wait(30)
-        assert httpx.get(f"{handle.base_url}/health", timeout=30).status_code == 200
+        assert httpx.get(f"{handle.base_url}/health", timeout=CLIENT_TIMEOUT).status_code == 200
         blocking.release.set()
         uploader.join(60)
     assert result["body"] == {"text": "done", "usage": {"type": "duration", "seconds": 1}}
@@ -258,7 +259,7 @@ def test_a_client_that_hangs_up_cancels_its_transcription() -> None:
             "POST /v1/audio/transcriptions HTTP/1.1\r\nHost: localhost\r\n"
             f"Content-Type: multipart/form-data; boundary={boundary}\r\nContent-Length: {len(body)}\r\n\r\n"
         )
-        with socket.create_connection(("127.0.0.1", handle.port), timeout=30) as sock:
+        with socket.create_connection(("127.0.0.1", handle.port), timeout=CLIENT_TIMEOUT) as sock:
             sock.sendall(head.encode() + body)
             assert blocking.started.wait(30)
         assert blocking.cancelled.wait(30), "the transcription kept running after the client left"

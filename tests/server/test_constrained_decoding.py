@@ -20,6 +20,7 @@ from app.engine.core.async_engine import AsyncEngine
 from app.engine.server.launch import ServerHandle
 
 from .conftest import ENGINES, running_server
+from .helpers import CLIENT_TIMEOUT
 
 pytestmark = [
     pytest.mark.skipif("embedded" not in ENGINES, reason="needs the embedded model"),
@@ -221,7 +222,7 @@ def test_schemas_the_library_refuses_are_400s_naming_the_field(live) -> None:
             "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": 3}}}},
         }
     ]
-    with httpx.Client(base_url=server.base_url, timeout=60) as http:
+    with httpx.Client(base_url=server.base_url, timeout=CLIENT_TIMEOUT) as http:
         refused = http.post(
             "/v1/chat/completions", json={"model": model, "messages": messages, "response_format": bad_format}
         )

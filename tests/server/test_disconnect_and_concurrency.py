@@ -10,7 +10,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from .helpers import wait_until
+from .helpers import CLIENT_TIMEOUT, wait_until
 
 pytestmark = pytest.mark.usefixtures("scripted")  # exact answers come from the fake engine (fakes.py)
 
@@ -20,7 +20,7 @@ FOREVER = [{"role": "user", "content": "forever"}]
 def test_closing_a_stream_aborts_its_generation(server, engine, model_name):
     body = {"model": model_name, "stream": True, "max_tokens": 1000, "messages": FOREVER}
     with (
-        httpx.Client(base_url=server.base_url, timeout=30) as http,
+        httpx.Client(base_url=server.base_url, timeout=CLIENT_TIMEOUT) as http,
         http.stream("POST", "/v1/chat/completions", json=body) as response,
     ):
         lines = response.iter_lines()
@@ -34,7 +34,7 @@ def test_closing_a_stream_aborts_its_generation(server, engine, model_name):
 def test_closing_an_anthropic_stream_aborts_too(server, engine, model_name):
     body = {"model": model_name, "stream": True, "max_tokens": 1000, "messages": FOREVER}
     with (
-        httpx.Client(base_url=server.base_url, timeout=30) as http,
+        httpx.Client(base_url=server.base_url, timeout=CLIENT_TIMEOUT) as http,
         http.stream("POST", "/v1/messages", json=body) as response,
     ):
         lines = response.iter_lines()
@@ -72,7 +72,7 @@ def test_sixteen_streaming_clients_are_batched_together(server, engine, model_na
         return text, usage
 
     async def run_all() -> list[tuple[str, object]]:
-        client = openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="x", max_retries=0, timeout=60)
+        client = openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="x", max_retries=0, timeout=CLIENT_TIMEOUT)
         try:
             return await asyncio.gather(*(one(client, i) for i in range(16)))
         finally:

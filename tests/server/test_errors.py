@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from .conftest import running_server
-from .helpers import sse_events, wait_until
+from .helpers import CLIENT_TIMEOUT, sse_events, wait_until
 
 CHAT = "/v1/chat/completions"
 MESSAGES = "/v1/messages"
@@ -145,7 +145,7 @@ def test_lone_surrogates_are_refused_not_crashed_on(http, model_name):
 def test_body_over_the_cap_is_413(engine, model_name):
     with (
         running_server(engine, max_body_bytes=2048) as server,
-        httpx.Client(base_url=server.base_url, timeout=60) as http,
+        httpx.Client(base_url=server.base_url, timeout=CLIENT_TIMEOUT) as http,
     ):
         big = {"model": model_name, "messages": [{"role": "user", "content": "x" * 5000}]}
         assert_openai_error(http.post(CHAT, json=big), 413)
@@ -171,7 +171,7 @@ def test_body_over_the_cap_is_413(engine, model_name):
 def test_too_many_requests_in_flight_is_429_with_retry_after(engine, model_name, scripted):
     with (
         running_server(engine, max_concurrent_requests=1) as server,
-        httpx.Client(base_url=server.base_url, timeout=30) as http,
+        httpx.Client(base_url=server.base_url, timeout=CLIENT_TIMEOUT) as http,
     ):
         body = {
             "model": model_name,

@@ -23,7 +23,7 @@ from app.engine.text.harmony_render import HarmonyTemplate
 
 from .conftest import running_server
 from .fakes import FakeEngine, FakeTokenizer
-from .helpers import sse_events
+from .helpers import CLIENT_TIMEOUT, sse_events
 
 SPECIALS = ["<|endoftext|>", "<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>",
             "<|return|>", "<|call|>"]  # fmt: skip
@@ -144,7 +144,7 @@ def test_openai_tool_round_trip_ends_in_the_final_answer(openai_client, engine):
 def test_anthropic_stream_has_a_thinking_block_then_the_tool_use(server, anthropic_client, engine):
     body = {"model": engine.name, "max_tokens": 300, "stream": True, "tools": [_anthropic_tool()],
             "messages": [{"role": "user", "content": "Weather in Paris?"}]}  # fmt: skip
-    events = sse_events(httpx.post(f"{server.base_url}/v1/messages", json=body, timeout=30))
+    events = sse_events(httpx.post(f"{server.base_url}/v1/messages", json=body, timeout=CLIENT_TIMEOUT))
     starts = [data["content_block"]["type"] for name, data in events if name == "content_block_start"]
     assert starts == ["thinking", "tool_use"]  # nothing was said to the user: no text block
     thinking = "".join(d["delta"].get("thinking", "") for n, d in events if n == "content_block_delta")

@@ -17,7 +17,7 @@ import pytest
 
 from .conftest import running_server
 from .fakes import FakeEngine
-from .helpers import wait_until
+from .helpers import CLIENT_TIMEOUT, wait_until
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -185,7 +185,7 @@ def health_probe(base_url: str) -> Iterator[list[float]]:
     stop = threading.Event()
 
     def poll() -> None:
-        with httpx.Client(base_url=base_url, timeout=30) as client:
+        with httpx.Client(base_url=base_url, timeout=CLIENT_TIMEOUT) as client:
             while not stop.is_set():
                 began = time.perf_counter()
                 assert client.get("/health").status_code == 200

@@ -14,6 +14,7 @@ from app.engine.tasks.audio import Transcriber
 from tests.engine.test_audio_limits import MALFORMED_AUDIO
 
 from .conftest import running_server
+from .helpers import CLIENT_TIMEOUT
 from .test_audio_transcriptions import SPEECH, BlockingTranscriber, audio_server
 
 CAP = 64 * 1024
@@ -22,7 +23,7 @@ CAP = 64 * 1024
 def refusal_for_partial_body(port: int, declared: int | None, sent: int) -> bytes:
     """Send the head of a POST and `sent` body bytes out of `declared` (None: chunked, never ended),
     then read what the server answers while the rest of the body is still owed."""
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+    with socket.create_connection(("127.0.0.1", port), timeout=CLIENT_TIMEOUT) as sock:
         length = f"Content-Length: {declared}" if declared is not None else "Transfer-Encoding: chunked"
         head = (
             f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
@@ -52,7 +53,7 @@ def test_a_chunked_body_is_refused_once_it_passes_the_cap_not_when_it_ends(engin
     with running_server(engine, max_body_bytes=CAP) as server:
         reply = refusal_for_partial_body(server.port, declared=None, sent=2 * CAP)
         assert reply.startswith(b"HTTP/1.1 413"), reply[:200]
-        assert httpx.get(f"{server.base_url}/health", timeout=30).status_code == 200
+        assert httpx.get(f"{server.base_url}/health", timeout=CLIENT_TIMEOUT).status_code == 200
 
 
 def test_the_base_url_answers_get_and_head_without_the_key(engine, model_name):
@@ -74,7 +75,7 @@ def upload(handle: Any, audio: bytes) -> httpx.Response:
         f"{handle.base_url}/v1/audio/transcriptions",
         files={"file": ("a.wav", audio)},
         data={"model": "whisper-1"},
-        timeout=60,
+        timeout=CLIENT_TIMEOUT,
     )
 
 

@@ -8,7 +8,7 @@ import openai
 import pytest
 from openai.types.responses import Response
 
-from .helpers import sse_events
+from .helpers import CLIENT_TIMEOUT, sse_events
 
 pytestmark = pytest.mark.usefixtures("scripted")  # exact answers come from the fake engine (fakes.py)
 
@@ -58,7 +58,7 @@ def test_streaming_event_sequence_for_text(server, model_name):
     import httpx
 
     body = {"model": model_name, "input": "Hi", "stream": True}
-    response = httpx.post(f"{server.base_url}/v1/responses", json=body, timeout=30)
+    response = httpx.post(f"{server.base_url}/v1/responses", json=body, timeout=CLIENT_TIMEOUT)
     events = sse_events(response)
     names = [name for name, _ in events]
     deltas = names.count("response.output_text.delta")

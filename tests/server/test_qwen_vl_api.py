@@ -17,6 +17,7 @@ from app.engine.config import EngineConfig
 from app.engine.core.async_engine import AsyncEngine
 
 from .conftest import running_server
+from .helpers import CLIENT_TIMEOUT
 from .test_vision_api import _chat, _top  # the same request and reading of its top logprobs
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "vision" / "qwen2_5_vl"
@@ -48,7 +49,7 @@ def server(engine):
 
 
 def test_openai_images_count_their_merged_patches_move_the_logits_and_are_cached(server, engine):
-    oai = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="none", max_retries=0, timeout=60)
+    oai = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="none", max_retries=0, timeout=CLIENT_TIMEOUT)
     question = {"type": "text", "text": "What is in the pictures?"}
     text_only = _chat(oai, engine, [question])
     images = [
@@ -66,7 +67,7 @@ def test_openai_images_count_their_merged_patches_move_the_logits_and_are_cached
 
 
 def test_anthropic_image_block_counts_its_tokens(server, engine):
-    claude = anthropic.Anthropic(base_url=server.base_url, api_key="none", max_retries=0, timeout=60)
+    claude = anthropic.Anthropic(base_url=server.base_url, api_key="none", max_retries=0, timeout=CLIENT_TIMEOUT)
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": _b64("tall")}}
     turn = [{"role": "user", "content": [image, {"type": "text", "text": "What is this?"}]}]
     plain = [{"role": "user", "content": [{"type": "text", "text": "What is this?"}]}]

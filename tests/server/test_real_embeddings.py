@@ -14,6 +14,7 @@ from app.engine.embeddings import load_default_embedder
 
 from .conftest import running_server
 from .fakes import FakeEngine
+from .helpers import CLIENT_TIMEOUT
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "embeddings"
 
@@ -24,7 +25,7 @@ def test_sdk_embeddings_match_sentence_transformers():
     chosen = [i for i, text in enumerate(sentences) if text.strip()][:12]  # the API refuses empty strings
     embedder = load_default_embedder()
     with running_server(FakeEngine(), embedder) as server:
-        client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="x", max_retries=0, timeout=120)
+        client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="x", max_retries=0, timeout=CLIENT_TIMEOUT)
         response = client.embeddings.create(model=embedder.model_name, input=[sentences[i] for i in chosen])
         as_base64 = client.embeddings.create(
             model=embedder.model_name, input=[sentences[chosen[0]]], encoding_format="base64"

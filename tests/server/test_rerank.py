@@ -14,6 +14,7 @@ from app.engine.embeddings import BertEmbedder, load_default_embedder
 
 from .conftest import running_server
 from .fakes import FakeEmbedder, FakeEngine
+from .helpers import CLIENT_TIMEOUT
 
 QUERY = "How often should I water my garden?"
 DOCUMENTS = [
@@ -33,7 +34,7 @@ def minilm() -> BertEmbedder:
 def http(minilm: BertEmbedder) -> Iterator[httpx.Client]:
     with (
         running_server(FakeEngine(), minilm) as server,
-        httpx.Client(base_url=server.base_url, timeout=60) as client,
+        httpx.Client(base_url=server.base_url, timeout=CLIENT_TIMEOUT) as client,
     ):
         yield client
 

@@ -18,7 +18,7 @@ import pytest
 
 from .conftest import running_server
 from .fakes import FakeEngine
-from .helpers import wait_until
+from .helpers import CLIENT_TIMEOUT, wait_until
 
 KEEPALIVE = 0.05  # seconds: small, so a test sees pings at once
 ANTHROPIC_PING = 'event: ping\ndata: {"type":"ping"}'
@@ -73,7 +73,7 @@ def test_first_bytes_and_pings_arrive_while_the_prefill_runs(engine, gated, mode
     first, ping = OPENING[protocol]
     with (
         running_server(engine, stream_keepalive_seconds=KEEPALIVE) as server,
-        httpx.Client(base_url=server.base_url, timeout=30) as client,
+        httpx.Client(base_url=server.base_url, timeout=CLIENT_TIMEOUT) as client,
         client.stream("POST", path, json=body) as response,
     ):
         assert response.status_code == 200
@@ -134,7 +134,7 @@ def test_a_disconnect_during_the_prefill_frees_the_requests_blocks(engine, model
             running_server(engine, stream_keepalive_seconds=KEEPALIVE) as server,
         ):
             with (
-                httpx.Client(base_url=server.base_url, timeout=60) as client,
+                httpx.Client(base_url=server.base_url, timeout=CLIENT_TIMEOUT) as client,
                 client.stream("POST", path, json=body) as response,
             ):
                 assert response.status_code == 200

@@ -22,6 +22,7 @@ from app.commands.bench_load import Plan, run_session
 
 from .conftest import running_server
 from .fakes import FakeEngine
+from .helpers import CLIENT_TIMEOUT
 
 # 90 s on two cores: a dozen requests on the embedded model
 pytestmark = pytest.mark.slow
@@ -73,7 +74,7 @@ def test_without_the_memory_turn_two_misses_the_sampled_reply(
     engine: Any, model_name: str, block: int
 ) -> None:
     with running_server(engine, remembered_turns=0) as handle:
-        client = openai.OpenAI(base_url=f"{handle.base_url}/v1", api_key="none", max_retries=0, timeout=60)
+        client = openai.OpenAI(base_url=f"{handle.base_url}/v1", api_key="none", max_retries=0, timeout=CLIENT_TIMEOUT)
         first, second = two_turns(client, model_name, "no memory", **SAMPLED)
     cached = second.usage.prompt_tokens_details.cached_tokens
     assert cached < reusable(first.usage.prompt_tokens, first.usage.completion_tokens, block)
@@ -137,7 +138,7 @@ def test_agent_sessions_read_every_earlier_turn_from_the_cache(
              for _ in range(2)]  # fmt: skip
 
     async def sessions() -> list[Any]:
-        async with httpx.AsyncClient(base_url=server.base_url, timeout=120) as client:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=CLIENT_TIMEOUT) as client:
             done = await asyncio.gather(*(run_session(client, plan, i, t) for i, t in enumerate(texts)))
         return [turn for session in done for turn in session]
 

@@ -22,6 +22,7 @@ from app.engine.core.async_engine import AsyncEngine
 
 from .conftest import running_server
 from .fakes import FakeEngine
+from .helpers import CLIENT_TIMEOUT
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "vision"
 PNG = (FIXTURES / "images" / "odd_rgba.png").read_bytes()
@@ -51,12 +52,12 @@ def server(engine):
 
 @pytest.fixture
 def oai(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="none", max_retries=0, timeout=60)
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="none", max_retries=0, timeout=CLIENT_TIMEOUT)
 
 
 @pytest.fixture
 def claude(server) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=server.base_url, api_key="none", max_retries=0, timeout=60)
+    return anthropic.Anthropic(base_url=server.base_url, api_key="none", max_retries=0, timeout=CLIENT_TIMEOUT)
 
 
 def _chat(oai, engine, content, **extra):

@@ -225,39 +225,52 @@ class LLMEngine:
 
     # -- the step ---------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """One step's outputs. With a step in flight: launch the next decode step from its ids
-        on the device and then resolve it, or, where that is not safe, resolve it and then run
-        a step as usual."""
-        if self.pipeline.in_flight is None:
-            return self._step()
-        if self.pipeline.can_look_ahead():
-            return self._step_ahead()
-        outputs = self._postprocess(*self.pipeline.resolve())
-        return outputs + self._step()
-
-    def _step(self) -> list[RequestOutput]:
-        """Schedule and run a step from the token ids on the host; it goes in flight when async
-        decode is on and every row it samples may be deferred."""
+        """One step: schedule -> run -> sample -> postprocess, for sync and look-ahead decode alike. With
+        async decode a step may stay in flight (its ids not read back); the next one is then a look-ahead,
+        launched from those ids on the device before the step in flight is resolved, or, where that is
+        not safe, the step in flight is resolved first and this one runs from the host's ids."""
+        ahead = self.pipeline.can_look_ahead()  # False with nothing in flight
+        outputs = self._resolve() if self.pipeline.in_flight is not None and not ahead else []
         scheduled = self.scheduler.schedule()
-        ended = [self._end(request) for request in scheduled.finished]  # outgrew the whole KV cache
+        outputs += [self._end(request) for request in scheduled.finished]  # outgrew the whole KV cache
         if not scheduled.chunks:
-            return ended
-        logits = self.runner.run(scheduled.chunks)
-        self._count(scheduled)
-        sampling = [c.request for c in scheduled.chunks if c.samples]
+            return outputs
+        sampling = self.pipeline.planned(scheduled) if ahead else [c.request for c in scheduled.chunks if c.samples]
+        logits = self._run(scheduled, sampling, ahead)
         if not sampling:
             self.scheduler.update(scheduled, {})
-            return ended
+            return outputs
         logits = self._for_sampler(logits)
-        if self.async_decode and all(deferrable(r) for r in sampling):
-            try:
-                pending = self.sampler.launch(logits, sampling)
-            except Exception:  # some row broke the batched launch: sample now, row by row
-                log.warning("a batched sample launch failed; sampling this step row by row", exc_info=True)
-            else:
-                self.pipeline.launched(scheduled, sampling, pending)
-                return ended
-        return ended + self._sample_now(scheduled, sampling, logits)
+        defer = ahead or (self.async_decode and all(deferrable(r) for r in sampling))
+        pending = self._launch(logits, sampling) if defer else None
+        if ahead:  # the step in flight's host work, while this one runs
+            outputs += self._resolve()
+        if pending is None:
+            return outputs + self._sample_now(scheduled, sampling, logits)
+        self.pipeline.launched(scheduled, sampling, pending)  # after resolve: drops rows that ended there
+        return outputs
+
+    def _run(self, scheduled: SchedulerOutput, sampling: list[Request], ahead: bool) -> Any:
+        """The model over the scheduled chunks: a look-ahead's input ids are the in-flight step's, on the device."""
+        if ahead:
+            logits = self.runner.run_from_device(scheduled.chunks, *self.pipeline.inputs(sampling))
+        else:
+            logits = self.runner.run(scheduled.chunks)
+        self._count(scheduled)
+        return logits
+
+    def _launch(self, logits: Any, sampling: list[Request]) -> Any:
+        """The batched sample launched without waiting for its ids; None where some row broke the launch
+        (the step is then sampled now, row by row)."""
+        try:
+            return self.sampler.launch(logits, sampling)
+        except Exception:
+            log.warning("a batched sample launch failed; sampling this step row by row", exc_info=True)
+            return None
+
+    def _resolve(self) -> list[RequestOutput]:
+        """Wait for the step in flight's ids and postprocess them."""
+        return self._postprocess(*self.pipeline.resolve())
 
     def _sample_now(
         self, scheduled: SchedulerOutput, sampling: list[Request], logits: Any
@@ -288,24 +301,6 @@ class LLMEngine:
                 continue
             rows.append((request, result.token_ids[0], result.logprobs[0]))
         return rows, failed
-
-    def _step_ahead(self) -> list[RequestOutput]:
-        """Launch the next decode step with the in-flight step's ids as input, on the device;
-        then resolve the in-flight step, whose outputs these are, while the new one runs."""
-        scheduled = self.scheduler.schedule()
-        sampling = self.pipeline.planned(scheduled)
-        logits = self.runner.run_from_device(scheduled.chunks, *self.pipeline.inputs(sampling))
-        self._count(scheduled)
-        logits = self._for_sampler(logits)
-        try:
-            pending = self.sampler.launch(logits, sampling)
-        except Exception:  # some row broke the batched launch: resolve first, then sample row by row
-            log.warning("a batched sample launch failed; sampling this step row by row", exc_info=True)
-            outputs = self._postprocess(*self.pipeline.resolve())
-            return outputs + self._sample_now(scheduled, sampling, logits)
-        outputs = self._postprocess(*self.pipeline.resolve())
-        self.pipeline.launched(scheduled, sampling, pending)  # after resolve: drops rows that ended there
-        return outputs
 
     def _for_sampler(self, logits: Any) -> Any:
         """The GPU sampler reads the logits where they are; the numpy one wants them on the host."""
