@@ -200,3 +200,19 @@ def test_batches_cover_every_text_once_within_the_budget() -> None:
         assert len(batch) == 1 or len(batch) * max(members) <= 300
         # Short texts are not padded up to long ones' length.
         assert min(members) >= 0.75 * max(members) or max(members) - min(members) < 8
+
+
+def test_tokenizing_in_groups_gives_what_one_batch_gives(
+    embedder: BertEmbedder, reference: tuple[list[dict], np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Texts are encoded a bounded group of characters at a time (the library holds every Encoding of a
+    call at once); the grouping changes nothing the model reads or the counts report."""
+    from app.engine.embeddings import tokenization
+
+    texts = [s["text"] for s in reference[0]]
+    whole = embedder.tokenizer.tokenize(texts)
+    counts = embedder.tokenizer.count(texts)
+    monkeypatch.setattr(tokenization, "GROUP_CHARS", max(len(t) for t in texts) // 2)
+    assert len(tokenization._groups(texts)) > 1  # really split
+    assert embedder.tokenizer.tokenize(texts) == whole
+    assert embedder.tokenizer.count(texts) == counts

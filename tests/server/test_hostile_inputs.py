@@ -147,6 +147,36 @@ CASES: dict[str, tuple[str, Callable[[str], dict[str, Any]], str]] = {
         "messages",
     ),
     "anthropic surrogate in system": (MESSAGES, lambda m: message(m, system="\udc00"), "system"),
+    "temperature Infinity": (CHAT, lambda m: chat(m, temperature=float("inf")), "temperature"),
+    "top_p NaN": (COMPLETIONS, lambda m: completion(m, top_p=float("nan")), "top_p"),
+    "anthropic temperature Infinity": (
+        MESSAGES,
+        lambda m: message(m, temperature=float("inf")),
+        "temperature",
+    ),
+    "responses temperature Infinity": (
+        "/v1/responses",
+        lambda m: {"model": m, "input": "hi", "temperature": float("inf")},
+        "temperature",
+    ),
+    "tool_choice required with a self-referencing schema": (
+        CHAT,
+        lambda m: chat(m, tools=[tool(parameters={"$ref": "#"})], tool_choice="required"),
+        "tools",
+    ),
+    "anthropic tool_choice any with a self-referencing schema": (
+        MESSAGES,
+        lambda m: message(
+            m, tools=[{"name": "f", "input_schema": {"$ref": "#"}}], tool_choice={"type": "any"}
+        ),
+        "finite value",
+    ),
+    "tool_choice required without tools": (CHAT, lambda m: chat(m, tool_choice="required"), "tool_choice"),
+    "responses tool_choice required without tools": (
+        "/v1/responses",
+        lambda m: {"model": m, "input": "hi", "tool_choice": "required"},
+        "tool_choice",
+    ),
     "surrogate in a completions prompt": (
         COMPLETIONS,
         lambda m: completion(m, prompt=["ok", "\ud800"]),
@@ -229,7 +259,11 @@ REAL_MODEL_CASES = ("stop_token_ids past the vocabulary", "surrogate in chat_tem
 
 
 @pytest.mark.parametrize(
-    "case", [case if case in REAL_MODEL_CASES else pytest.param(case, marks=pytest.mark.slow_on_embedded) for case in CASES]
+    "case",
+    [
+        case if case in REAL_MODEL_CASES else pytest.param(case, marks=pytest.mark.slow_on_embedded)
+        for case in CASES
+    ],
 )
 def test_hostile_field_is_refused_naming_it(http, model_name, case):
     path, body, field = CASES[case]
@@ -353,7 +387,9 @@ def test_a_multipart_upload_from_another_local_page_is_refused():
     with audio_server(None) as server, httpx.Client(base_url=server.base_url) as http:
         files = {"file": ("a.wav", b"", "audio/wav")}
         data = {"model": "whisper-1"}
-        foreign = http.post(TRANSCRIPTIONS, files=files, data=data, headers={"origin": "http://localhost:3000"})
+        foreign = http.post(
+            TRANSCRIPTIONS, files=files, data=data, headers={"origin": "http://localhost:3000"}
+        )
         assert foreign.status_code == 403 and "localhost:3000" in foreign.json()["error"]["message"]
         own = http.post(TRANSCRIPTIONS, files=files, data=data, headers={"origin": server.base_url})
         assert own.status_code == 404 and "transcription" in own.json()["error"]["message"]  # no model here

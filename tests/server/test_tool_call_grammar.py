@@ -123,3 +123,68 @@ def test_arguments_hold_only_declared_keys_unless_the_schema_opens_them() -> Non
     opened = {**nested, "additionalProperties": True}
     tools = [{"type": "function", "function": {"name": "f", "parameters": opened}}]
     assert accepts(plan_tools(tools, "required").grammar, '{"name": "f", "arguments": {"x": 1}}')
+
+
+def _tool(parameters: object) -> list[dict]:
+    return [{"type": "function", "function": {"name": "f", "parameters": parameters}}]
+
+
+NODE = {"type": "object", "properties": {"value": {"type": "integer"}, "next": {"$ref": "#"}}}
+
+
+def test_local_references_point_into_the_arguments() -> None:
+    """A recursive schema ("#") and one with $defs / definitions (what pydantic writes) are enforced as
+    the tool means them: the references were rooted at the call, where "#" named the whole call and
+    "#/$defs/x" nothing (issue 40: $defs were refused with a 400)."""
+    linked = plan_tools(_tool({**NODE, "required": ["value"]}), "required").grammar
+    assert accepts(linked, '{"name": "f", "arguments": {"value": 1, "next": {"value": 2}}}')
+    assert not accepts(linked, '{"name": "f", "arguments": {"value": 1, "next": {"name": "f"}}}')
+    for defs in ("$defs", "definitions"):
+        schema = {
+            "type": "object",
+            "properties": {"u": {"$ref": f"#/{defs}/Unit"}},
+            defs: {"Unit": {"enum": ["C"]}},
+        }
+        grammar = plan_tools(_tool(schema), "required").grammar
+        assert accepts(grammar, '{"name": "f", "arguments": {"u": "C"}}')
+        assert not accepts(grammar, '{"name": "f", "arguments": {"u": "F"}}')
+
+
+@pytest.mark.parametrize(
+    ("schema", "where"),
+    [
+        ({"$ref": "#"}, "'#'"),
+        ({**NODE, "required": ["next"]}, "'#/properties/next'"),
+        (
+            {
+                "type": "object",
+                "properties": {"l": {"type": "array", "items": {"$ref": "#"}, "minItems": 1}},
+                "required": ["l"],
+            },
+            "'#/properties/l/items'",
+        ),
+        ({"allOf": [{"$ref": "#"}]}, "'#/allOf/0'"),
+    ],
+    ids=["the root itself", "a required self", "a non-empty list of selves", "allOf of itself"],
+)
+def test_a_schema_without_a_finite_value_is_refused_naming_the_loop(schema: object, where: str) -> None:
+    """Issue 40: `{"$ref": "#"}` under tool_choice "required" compiled, then llguidance's parser gave
+    up on the first token and the reply was "<" with no call and a 200."""
+    for choice in ("required", "auto"):
+        with pytest.raises(ApiError) as refused:
+            plan_tools(_tool(schema), choice, call_marker="<tool_call>")
+        error = refused.value
+        assert error.status == 400 and error.param == "tools"
+        assert (
+            error.message.startswith("tools[0] (f): its parameters schema has no finite value")
+            and where in error.message
+        )
+
+
+def test_a_forced_choice_without_tools_is_refused() -> None:
+    for choice, name in (("required", None), ("named", "f")):
+        for tools in (None, []):
+            with pytest.raises(ApiError) as refused:
+                plan_tools(tools, choice, name)
+            assert refused.value.param == "tool_choice" and "no tools" in refused.value.message
+    assert plan_tools(None, "auto").grammar is None and plan_tools([], "none").tools is None

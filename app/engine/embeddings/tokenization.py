@@ -62,11 +62,12 @@ class WindowTokenizer:
         return cls(tokenizer, max_tokens, 0 if pad_id is None else pad_id)
 
     def count(self, texts: list[str]) -> list[int]:
-        return [len(e.ids) for e in self._full.encode_batch(texts)] if texts else []
+        return [len(e.ids) for group in _groups(texts) for e in self._full.encode_batch(group)]
 
     def tokenize(self, texts: list[str]) -> list[TokenizedText]:
-        if not texts:
-            return []
+        return [row for group in _groups(texts) for row in self._tokenize(group)]
+
+    def _tokenize(self, texts: list[str]) -> list[TokenizedText]:
         full = [e.ids for e in self._full.encode_batch(texts)]
         long_rows = [i for i, ids in enumerate(full) if len(ids) > self.max_tokens]
         cut = self._cutting.encode_batch([texts[i] for i in long_rows]) if long_rows else []
@@ -83,6 +84,26 @@ class WindowTokenizer:
             input_ids[i, : len(row.ids)] = row.ids
             mask[i, : len(row.ids)] = 1
         return PaddedBatch(input_ids, mask)
+
+
+# Characters encoded in one `encode_batch` call. The library's Encodings (ids, offsets, token strings,
+# masks) take ~100 bytes a token, all alive until the call returns: 16 MB of text at once held ~2 GB.
+GROUP_CHARS = 1 << 20
+
+
+def _groups(texts: list[str], max_chars: int | None = None) -> list[list[str]]:
+    """Consecutive runs of texts of at most `max_chars` (default GROUP_CHARS) together (a longer text
+    alone), in order."""
+    limit = GROUP_CHARS if max_chars is None else max_chars
+    groups: list[list[str]] = []
+    size = 0
+    for text in texts:
+        if not groups or size + len(text) > limit:
+            groups.append([])
+            size = 0
+        groups[-1].append(text)
+        size += len(text)
+    return groups
 
 
 def plan_batches(lengths: list[int], max_batch_tokens: int, max_batch_size: int) -> list[list[int]]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, Field, ValidationInfo, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from app.engine.server.errors import bad_request
 
@@ -27,6 +27,12 @@ MAX_TOOL_NODES = 20_000  # JSON values (objects, arrays, scalars) in all tool de
 MAX_JSON_DEPTH = 64  # nesting of any JSON value: tool schemas, tool-call arguments, template kwargs
 SEED_MAX = 2**64 - 1  # seeds are unsigned 64-bit, as the samplers hold them
 RANDOM_SEED = -1  # llama.cpp's and vLLM's "pick one at random"
+
+# An embedding model reads at most its window of tokens from a text; real text spells a token in under 10
+# characters (English averages 4). Past this many characters per token of the window a text is refused
+# (embeddings) or cut (rerank, which scores the beginning of a long text anyway) before it is tokenized:
+# tokenizing a 15 MB query only to keep its first 256 tokens took 41 s and 5 GB.
+MAX_CHARS_PER_TOKEN = 64
 
 # Per-field node caps: the fields whose size the prompt renders as text (schemas) get one.
 _NODE_CAPS = {"tools": MAX_TOOL_NODES}
@@ -97,6 +103,11 @@ def check_seed(seed: int | None) -> int | None:
     return seed
 
 
+def embedding_char_cap(window_tokens: int) -> int:
+    """The most characters of one text an embedding model with this window is given to tokenize."""
+    return window_tokens * MAX_CHARS_PER_TOKEN
+
+
 def check_fan_out(settings: ServerSettings, n: int, prompts: int = 1) -> None:
     """How many generations one request may start: n, the prompt list, and the two together."""
     caps = [
@@ -112,7 +123,10 @@ def check_fan_out(settings: ServerSettings, n: int, prompts: int = 1) -> None:
 
 
 class EdgeChecked(BaseModel):
-    """A request model whose every field is walked once on arrival (see `check_json_value`)."""
+    """A request model whose every field is walked once on arrival (see `check_json_value`), and whose
+    numbers are finite: JSON parsers take `Infinity` and `NaN`, and `temperature: Infinity` was sampled."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
 
     @field_validator("*", mode="before")
     @classmethod

@@ -9,6 +9,7 @@ import anyio
 import numpy as np
 
 from app.engine.server.errors import ApiError, bad_request
+from app.engine.server.limits import embedding_char_cap
 from app.engine.server.prompting import ensure_encodable
 from app.engine.server.protocol.embeddings import (
     EmbeddingData,
@@ -69,10 +70,19 @@ class OpenAIServingEmbeddings:
             raise bad_request(
                 f"'input' has {len(texts)} items; at most {MAX_INPUTS} are allowed.", param="input"
             )
+        cap = embedding_char_cap(embedder.max_tokens)
         for i, text in enumerate(texts):
             ensure_encodable(text, f"input[{i}]")  # type: ignore[arg-type]
             if not text:
                 raise bad_request(f"input[{i}] is an empty string.", param="input")
+            if len(text) > cap:  # type: ignore[arg-type]
+                raise bad_request(
+                    f"input[{i}] has {len(text)} characters; the embedding model {embedder.model_name} reads at "  # type: ignore[arg-type]
+                    f"most {embedder.max_tokens} tokens, and texts over {cap} characters are refused before "
+                    "tokenizing. Shorten or split it.",
+                    param="input",
+                    code="context_length_exceeded",
+                )
         if req.dimensions is not None and req.dimensions != embedder.dimensions:
             raise bad_request(
                 f"{embedder.model_name} produces {embedder.dimensions} dimensions; 'dimensions' cannot change that.",

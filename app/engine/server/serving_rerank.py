@@ -7,6 +7,7 @@ With no reranker model loaded, the server's embedder scores by cosine similarity
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import anyio
 import numpy as np
@@ -14,6 +15,7 @@ import numpy as np
 from app.engine.embeddings.base import EmbeddingResult
 from app.engine.server.embedder import Embedder
 from app.engine.server.errors import ApiError, bad_request, model_not_found
+from app.engine.server.limits import embedding_char_cap
 from app.engine.server.prompting import ensure_encodable
 from app.engine.server.protocol.rerank import (
     RerankDocument,
@@ -43,9 +45,10 @@ class ServingRerank:
             documents = _documents(req)
         except ApiError as error:
             return error
+        query, read = _bounded(reranker, [req.query, *documents])
         async with self._lock:
-            ranking = await anyio.to_thread.run_sync(rerank, req.query, documents, req.top_n, reranker)
-        return _response(req, ranking, documents)
+            ranking = await anyio.to_thread.run_sync(rerank, query, read, req.top_n, reranker)
+        return _response(req, _with_cuts(ranking, query, read, req.query, documents), documents)
 
     def _check_model(self, name: str | None) -> Reranker:
         if self.reranker is None:
@@ -78,6 +81,28 @@ def _documents(req: RerankRequest) -> list[str]:
     for index, text in enumerate(texts):
         ensure_encodable(text, f"documents[{index}]")
     return texts
+
+
+def _bounded(reranker: Reranker, texts: list[str]) -> tuple[str, list[str]]:
+    """(query, documents) as the scorer gets them: an embedding scorer reads a text's first window of
+    tokens only, so each text is cut to `embedding_char_cap` characters before it is tokenized. (A decoder
+    scorer refuses an over-long prompt itself; the body cap bounds what it tokenizes.)"""
+    if not isinstance(reranker, EmbeddingCosineReranker):
+        return texts[0], texts[1:]
+    cap = embedding_char_cap(reranker.embedder.max_tokens)
+    cut = [text[:cap] for text in texts]
+    return cut[0], cut[1:]
+
+
+def _with_cuts(ranking: Ranking, query: str, read: list[str], sent_query: str, sent: list[str]) -> Ranking:
+    """The ranking, with the texts cut before tokenizing counted as truncated (the scorer saw only their
+    beginning, as it would have)."""
+    cut = {i for i, (kept, whole) in enumerate(zip(read, sent, strict=True)) if len(kept) < len(whole)}
+    return replace(
+        ranking,
+        truncated_documents=sorted(cut.union(ranking.truncated_documents)),
+        query_truncated=ranking.query_truncated or len(query) < len(sent_query),
+    )
 
 
 def _response(req: RerankRequest, ranking: Ranking, documents: list[str]) -> RerankResponse:

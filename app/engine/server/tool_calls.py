@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.engine import GrammarSpec, SamplingParams
+from app.engine.server import tool_schemas as schemas
 from app.engine.server.errors import bad_request
 from app.engine.text.harmony import CONTENT, HarmonyStream
 
@@ -48,6 +49,11 @@ def plan_tools(
 ) -> ToolPlan:
     """`choice` is "auto" | "none" | "required" | "named" (with `forced_name`); tools in OpenAI's
     shape; `call_marker` the template's `tool_call_start`; `parallel`: more than one call allowed."""
+    if not tools and choice in ("required", "named"):
+        wanted = "a call" if choice == "required" else f"a call of {forced_name!r}"
+        raise bad_request(
+            f"tool_choice asks for {wanted}, but the request has no tools.", param="tool_choice"
+        )
     if not tools or choice == "none":
         return ToolPlan(None, False, None)
     if choice == "named":
@@ -76,6 +82,13 @@ def calls_rule(tools: list[dict[str, Any]], call_marker: str | None, parallel: b
     (several separated by a newline when `parallel`); otherwise one bare JSON object. A tool
     whose schema cannot be enforced is a 400 naming it."""
     for index, tool in enumerate(tools):
+        loop = schemas.endless_reference(tool["function"].get("parameters") or {})
+        if loop is not None:
+            raise bad_request(
+                f"tools[{index}] ({tool['function']['name']}): its parameters schema has no finite value: the "
+                f"reference at '{loop}' loops back to itself with no way to end, so no call could be sampled.",
+                param="tools",
+            )
         try:
             GrammarSpec.lark("start: " + _call_json(tool))
         except ValueError as exc:
@@ -95,7 +108,9 @@ def calls_rule(tools: list[dict[str, Any]], call_marker: str | None, parallel: b
 def _call_json(tool: dict[str, Any]) -> str:
     """A `%json` expression for one call of `tool`: its name, then arguments under its schema."""
     function = tool["function"]
-    parameters = _closed(function.get("parameters") or {"type": "object", "properties": {}})
+    parameters = schemas.rebased(
+        schemas.closed(function.get("parameters") or {"type": "object", "properties": {}})
+    )
     schema = {
         "type": "object",
         "properties": {"name": {"const": function["name"]}, "arguments": parameters},
@@ -103,22 +118,6 @@ def _call_json(tool: dict[str, Any]) -> str:
         "additionalProperties": False,
     }
     return GrammarSpec.lark_json(schema, {"lenient": True})
-
-
-def _closed(schema: Any) -> Any:
-    """`schema` with every object that declares `properties` but says nothing of other keys closed
-    to them, as OpenAI's strict mode and xgrammar's do: a tool has no use for arguments it never
-    declared, and left open, a sampled call can grow keys until max_tokens cuts it off mid-JSON."""
-    if isinstance(schema, list):
-        return [_closed(item) for item in schema]
-    if not isinstance(schema, dict):
-        return schema
-    closed = {key: _closed(value) for key, value in schema.items()}
-    if "properties" in schema and not {"additionalProperties", "patternProperties"} & schema.keys():
-        closed["additionalProperties"] = False
-    if isinstance(schema.get("properties"), dict):  # property names are not schemas: keep them
-        closed["properties"] = {name: _closed(value) for name, value in schema["properties"].items()}
-    return closed
 
 
 @dataclass(frozen=True)
