@@ -35,6 +35,7 @@ from app.engine.core.fit import (
 )
 from app.engine.loader import gguf as gguf_loader
 from app.engine.loader.names import CheckpointError, architecture_of
+from app.engine.loader.processor_config import read_processor_settings
 from app.engine.loader.split_tensors import stored_format
 from app.studio.model_check import INCOMPLETE_HINT, check_model_files
 from app.studio.paths import ModelSource
@@ -388,8 +389,7 @@ def describe_safetensors_folder(folder: Path, files: tuple[Path, ...], name: str
                     else:
                         weight_bytes += size
         shape = shape_from_hf_config(config, weight_bytes)
-        processor_file = folder / "preprocessor_config.json"
-        processor = json.loads(processor_file.read_text()) if processor_file.is_file() else None
+        processor = read_processor_settings(folder, "image_processor").values  # either layout
         vision = vision_from_hf_config(config, vision_bytes, f"{folder.name}/*.safetensors", processor)
         if vision is not None and takes_images(_engine_architecture(config)):  # as the loader decides
             shape = replace(shape, vision=vision)

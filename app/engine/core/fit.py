@@ -35,7 +35,6 @@ made from a repo's config and file sizes.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
@@ -516,6 +515,7 @@ def shape_from_checkpoint(path: str | os.PathLike[str]) -> ModelShape:
 
 def _hf_folder_vision(folder: Path, config: Mapping[str, Any]) -> VisionShape | None:
     """The vision tensors of a Hugging Face folder, by their names in the safetensors headers."""
+    from app.engine.loader.processor_config import read_processor_settings
     from app.engine.loader.safetensors import read_safetensors_file, weight_files
 
     if "vision_config" not in config:
@@ -526,8 +526,7 @@ def _hf_folder_vision(folder: Path, config: Mapping[str, Any]) -> VisionShape | 
         for name, tensor in read_safetensors_file(file).items()
         if is_vision_tensor(name)
     )
-    processor_file = folder / "preprocessor_config.json"
-    processor = json.loads(processor_file.read_text()) if processor_file.is_file() else None
+    processor = read_processor_settings(folder, "image_processor").values  # either layout
     return vision_from_hf_config(config, weight_bytes, f"{folder.name}/*.safetensors", processor)
 
 
