@@ -172,7 +172,9 @@ def run(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as exc:  # a model named on the command line that cannot load
             print(f"paddock serve: {exc}", file=sys.stderr)
             return 2
-        serve_blocking(engine, settings=settings, embedder=embedder, reranker=reranker)  # type: ignore[arg-type]
+        serve_blocking(
+            engine, settings=settings, embedder=embedder, reranker=reranker  # type: ignore[arg-type]
+        )
     except OSError as exc:  # the port is taken, or the address is not this machine's
         print(f"paddock serve: {exc}", file=sys.stderr)
         return 1

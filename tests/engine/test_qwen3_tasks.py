@@ -51,7 +51,9 @@ def reranker():
 
 def _close(ours: np.ndarray, reference: np.ndarray) -> None:
     np.testing.assert_allclose(ours, reference, rtol=0, atol=1e-4)
-    cosines = (ours * reference).sum(axis=1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(reference, axis=1)
+    cosines = (
+        (ours * reference).sum(axis=1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(reference, axis=1)
+    )
     assert cosines.min() > 0.9999
 
 
@@ -136,15 +138,21 @@ def test_missing_and_wrong_kinds_of_file_are_named(tmp_path):
         load_decoder_embedder(tmp_path / "nope", device="cpu")
     text = tmp_path / "notes.txt"
     text.write_text("hello")
-    with pytest.raises(CheckpointError, match=r"rerank model .*notes.txt: not a \.gguf file or a model folder"):
+    with pytest.raises(
+        CheckpointError, match=r"rerank model .*notes.txt: not a \.gguf file or a model folder"
+    ):
         load_decoder_reranker(text, device="cpu")
     mmproj = FIXTURES / "vision" / "gemma3" / "mmproj-gemma3.gguf"  # a vision tower, not a language model
     with pytest.raises(CheckpointError, match=r"mmproj-gemma3\.gguf.*clip"):
         load_decoder_embedder(mmproj, device="cpu")
-    with pytest.raises(CheckpointError, match=r"rerank model .*embedding: this is an embedding model \(modules"):
+    with pytest.raises(
+        CheckpointError, match=r"rerank model .*embedding: this is an embedding model \(modules"
+    ):
         load_decoder_reranker(EMBEDDING, device="cpu")
     bytes_only = FIXTURES / "families" / "qwen3" / "qwen3-kquants.gguf"  # no single "yes"/"no" tokens
-    with pytest.raises(CheckpointError, match=r"rerank model .*qwen3-kquants\.gguf: .*'yes' and 'no' are not single"):
+    with pytest.raises(
+        CheckpointError, match=r"rerank model .*qwen3-kquants\.gguf: .*'yes' and 'no' are not single"
+    ):
         load_decoder_reranker(bytes_only, device="cpu")
 
 
@@ -164,7 +172,9 @@ def test_corrupt_sentence_transformers_files_are_named(tmp_path):
     folder = _copy(EMBEDDING, tmp_path / "embedding")
     pooling = folder / "1_Pooling" / "config.json"
     pooling.write_text(json.dumps({"pooling_mode_mean_tokens": True, "pooling_mode_lasttoken": False}))
-    with pytest.raises(CheckpointError, match=r"1_Pooling pools by pooling_mode_mean_tokens; a decoder embeds"):
+    with pytest.raises(
+        CheckpointError, match=r"1_Pooling pools by pooling_mode_mean_tokens; a decoder embeds"
+    ):
         load_decoder_embedder(folder, device="cpu")
     (folder / "modules.json").write_text('[{"type": ')
     with pytest.raises(CheckpointError, match=r"modules\.json: not valid JSON"):

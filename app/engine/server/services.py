@@ -63,8 +63,9 @@ class Services:
         transcription model (as OpenAI lists whisper-1)."""
         cards = self.ctx.models.listing().data
         reranker = self.rerank.reranker
-        if reranker is not None and reranker.method == DECODER_YES_NO and all(c.id != reranker.model_name for c in cards):
-            cards.append(ModelCard(id=reranker.model_name, created=int(now())))
+        loaded = reranker is not None and reranker.method == DECODER_YES_NO  # not the embedder's cosines
+        if loaded and all(card.id != reranker.model_name for card in cards):  # type: ignore[union-attr]
+            cards.append(ModelCard(id=reranker.model_name, created=int(now())))  # type: ignore[union-attr]
         return ModelList(data=[*cards, *self.transcription.model_cards()])
 
     def model_card(self, name: str) -> ModelCard | None:

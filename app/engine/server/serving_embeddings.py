@@ -94,7 +94,8 @@ class OpenAIServingEmbeddings:
             )
         if not low <= req.dimensions <= embedder.dimensions:
             raise bad_request(
-                f"'dimensions' is {req.dimensions}; {embedder.model_name} gives {low} to {embedder.dimensions}.",
+                f"'dimensions' is {req.dimensions}; {embedder.model_name} gives {low} to "
+                f"{embedder.dimensions}.",
                 param="dimensions",
             )
 
@@ -105,11 +106,14 @@ class OpenAIServingEmbeddings:
         if query_texts is None:  # queries and documents alike (input_type is a hint it has no use for)
             if req.instruction is not None:
                 raise bad_request(
-                    f"{embedder.model_name} takes no task instruction; leave out 'instruction'.", param="instruction"
+                    f"{embedder.model_name} takes no task instruction; leave out 'instruction'.",
+                    param="instruction",
                 )
             return texts
         if req.instruction is not None and req.input_type != "query":
-            raise bad_request("'instruction' applies to queries: send it with input_type 'query'.", param="instruction")
+            raise bad_request(
+                "'instruction' applies to queries: send it with input_type 'query'.", param="instruction"
+            )
         if req.input_type == "query":
             ensure_encodable(req.instruction or "", "instruction")
             return query_texts(texts, req.instruction)

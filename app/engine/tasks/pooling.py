@@ -97,7 +97,8 @@ class DecoderEmbedder:
 
     def _ids(self, text: str) -> list[int]:
         ids = self.engine.tokenizer.encode(text)
-        # The recipe pools the end-of-text token Qwen3-Embedding's tokenizer appends; add it if this one does not.
+        # The recipe pools the end-of-text token Qwen3-Embedding's tokenizer appends; add it if this
+        # one does not.
         if self._end_id is not None and (not ids or ids[-1] != self._end_id):
             ids.append(self._end_id)
         return ids
@@ -116,7 +117,8 @@ class DecoderEmbedder:
     def embed(self, texts: list[str], dimensions: int | None = None) -> np.ndarray:
         if dimensions is not None and not self.min_dimensions <= dimensions <= self.dimensions:
             raise ValueError(
-                f"{self.model_name} gives {self.min_dimensions} to {self.dimensions} dimensions, not {dimensions}"
+                f"{self.model_name} gives {self.min_dimensions} to {self.dimensions} dimensions, "
+                f"not {dimensions}"
             )
         prompts = [self._ids(text) for text in texts]
         vectors = self.run_on_engine(lambda: self.runner.last_hidden(prompts))

@@ -63,10 +63,9 @@ class TaskModel:
         )  # fmt: skip
         try:
             return cls(LLMEngine(config))
-        except CheckpointError as exc:
-            raise CheckpointError(exc.args[0] if str(path) in str(exc) else f"{job} model {path}: {exc}") from None
-        except (ValueError, KeyError) as exc:
-            raise CheckpointError(f"{job} model {path}: {exc}") from None
+        except (ValueError, KeyError) as exc:  # CheckpointError included: say which job's model it was
+            named = f"{job} model:" if str(path) in str(exc) else f"{job} model {path}:"
+            raise CheckpointError(f"{named} {exc}") from None
 
 
 def is_decoder_model(path: str | Path) -> bool:

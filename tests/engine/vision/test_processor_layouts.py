@@ -87,7 +87,10 @@ def test_pan_and_scan_pixels_match_the_hf_processor(gemma_v5):
 def test_the_engine_answers_as_transformers_on_the_new_layout(gemma_v5, case):
     engine = LLMEngine(EngineConfig(model=str(gemma_v5), device="cpu", max_model_len=256, block_size=4))
     spec = MANIFEST["cases"][case]
-    views = [engine.vision.prepare((FIXTURES / "images" / f"{n}.png").read_bytes()).views[0] for n in spec["images"]]
+    views = [
+        engine.vision.prepare((FIXTURES / "images" / f"{n}.png").read_bytes()).views[0]
+        for n in spec["images"]
+    ]
     params = SamplingParams(temperature=0.0, max_tokens=1, logprobs=TOP)
     result = engine.generate([spec["token_ids"]], params, images=[views])[0]
     with np.load(FIXTURES / "references.npz") as refs:
@@ -102,7 +105,17 @@ def test_the_engine_answers_as_transformers_on_the_new_layout(gemma_v5, case):
 def test_generate_with_an_image_runs_on_the_new_layout(gemma_v5, capsys):
     # The failure: exit 2, "preprocessor_config.json size {896} differs from ... 224".
     image = str(FIXTURES / "images" / "odd_rgba.png")
-    args = ["generate", "--model", str(gemma_v5), "--device", "cpu", "--temperature", "0", "--max-tokens", "2"]
+    args = [
+        "generate",
+        "--model",
+        str(gemma_v5),
+        "--device",
+        "cpu",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "2",
+    ]
     code = main([*args, "--json", "--chat", "--image", image, "Hello"])
     out = capsys.readouterr()
     assert code == 0, out.err
@@ -122,8 +135,12 @@ def test_the_nested_settings_win_over_the_old_file(tmp_path):
     (tmp_path / "preprocessor_config.json").write_text(json.dumps({"size": {"height": 896, "width": 896}}))
     (tmp_path / "processor_config.json").write_text(json.dumps({"image_processor": {"size": {"height": 56}}}))
     found = read_processor_settings(tmp_path, "image_processor")
-    assert found.values == {"size": {"height": 56}} and found.source == "processor_config.json image_processor"
-    (tmp_path / "processor_config.json").write_text(json.dumps({"processor_class": "X", "video_processor": {}}))
+    assert (
+        found.values == {"size": {"height": 56}} and found.source == "processor_config.json image_processor"
+    )
+    (tmp_path / "processor_config.json").write_text(
+        json.dumps({"processor_class": "X", "video_processor": {}})
+    )
     assert read_processor_settings(tmp_path, "image_processor").source == "preprocessor_config.json"
     assert read_processor_settings(tmp_path, "video_processor").values == {}
     (tmp_path / "video_preprocessor_config.json").write_text(json.dumps({"fps": 2}))
@@ -145,15 +162,20 @@ def test_bad_processor_files_are_named(gemma_v5, tmp_path):
     with pytest.raises(CheckpointError, match=r"processor_config\.json: not UTF-8 text"):
         load_hf_vision(folder, config)
     (folder / "processor_config.json").write_text('{"image_processor": [1, 2]}')
-    with pytest.raises(CheckpointError, match=r"processor_config\.json: image_processor is a list, not an object"):
+    with pytest.raises(
+        CheckpointError, match=r"processor_config\.json: image_processor is a list, not an object"
+    ):
         load_hf_vision(folder, config)
     (folder / "processor_config.json").write_text("[]")
     with pytest.raises(CheckpointError, match=r"processor_config\.json: holds a JSON list"):
         load_hf_vision(folder, config)
     (folder / "processor_config.json").write_text(json.dumps({"image_processor": {"size": {"height": 896}}}))
-    with pytest.raises(CheckpointError, match=r"processor_config\.json image_processor size .* differs from vision_config"):
+    with pytest.raises(
+        CheckpointError, match=r"processor_config\.json image_processor size .* differs from vision_config"
+    ):
         load_hf_vision(folder, config)
     (folder / "processor_config.json").unlink()
     with pytest.raises(CheckpointError, match=r"image_processor's defaults \(no processor_config.json or "
-                       r"preprocessor_config.json\) size .*896.* differs from vision_config image_size 56"):  # fmt: skip
+                       r"preprocessor_config.json\) size .*896.* differs from "
+        r"vision_config image_size 56"):  # fmt: skip
         load_hf_vision(folder, config)

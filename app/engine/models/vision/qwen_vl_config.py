@@ -126,7 +126,8 @@ def qwen_vision_config(
                           ("spatial_merge_size", "merge_size")):  # fmt: skip
         if int(vision[key]) != int(proc[proc_key]):
             raise CheckpointError(
-                f"{processor_source} {proc_key} {proc[proc_key]} differs from vision_config {key} {vision[key]}"
+                f"{processor_source} {proc_key} {proc[proc_key]} differs from vision_config "
+                f"{key} {vision[key]}"
             )
     if vision["hidden_act"] != "silu":
         raise CheckpointError(
