@@ -25,18 +25,23 @@ from app.engine.tasks.task_model import (
     load_decoder_embedder,
     load_decoder_reranker,
 )
+from tests.engine.qwen3_task_fixtures import (
+    DOCUMENTS,
+    EMBEDDING,
+    EMBEDDING_GGUF,
+    MANIFEST,
+    QUERIES,
+    RERANKER,
+    TASKS,
+    references,
+)
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
-TASKS = FIXTURES / "qwen3_tasks"
-EMBEDDING, EMBEDDING_GGUF, RERANKER = TASKS / "embedding", TASKS / "embedding-f16.gguf", TASKS / "reranker"
-MANIFEST = json.loads((TASKS / "manifest.json").read_text())
-QUERIES, DOCUMENTS = MANIFEST["queries"], MANIFEST["documents"]
 
 
 @pytest.fixture(scope="module")
 def refs() -> dict[str, np.ndarray]:
-    with np.load(TASKS / "references.npz") as data:
-        return dict(data)
+    return references()
 
 
 @pytest.fixture(scope="module", params=["folder", "gguf"])

@@ -5,9 +5,7 @@ yes/no score, both equal to the model cards' transformers computation
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,22 +16,18 @@ import pytest
 from app.engine.server.launch import ServerHandle
 from app.engine.server.settings import ServerSettings
 from app.engine.tasks.task_model import load_decoder_embedder, load_decoder_reranker
-
-TASKS = Path(__file__).parents[1] / "fixtures" / "qwen3_tasks"
-MANIFEST = json.loads((TASKS / "manifest.json").read_text())
-QUERIES, DOCUMENTS = MANIFEST["queries"], MANIFEST["documents"]
+from tests.engine.qwen3_task_fixtures import DOCUMENTS, EMBEDDING, MANIFEST, QUERIES, RERANKER, references
 
 
 @pytest.fixture(scope="module")
 def refs() -> dict[str, np.ndarray]:
-    with np.load(TASKS / "references.npz") as data:
-        return dict(data)
+    return references()
 
 
 @pytest.fixture(scope="module")
 def server(engine: Any) -> Iterator[ServerHandle]:
-    embedder = load_decoder_embedder(TASKS / "embedding", device="cpu")
-    reranker = load_decoder_reranker(TASKS / "reranker", device="cpu")
+    embedder = load_decoder_embedder(EMBEDDING, device="cpu")
+    reranker = load_decoder_reranker(RERANKER, device="cpu")
     handle = ServerHandle(engine, settings=ServerSettings(port=0), embedder=embedder, reranker=reranker)
     handle.start()
     yield handle
