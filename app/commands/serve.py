@@ -156,22 +156,25 @@ def run(args: argparse.Namespace) -> int:
             **{field: getattr(args, field) for _, field, _ in LIMIT_FLAGS},
         )
         config = engine_config(args)
+    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+        print(f"paddock serve: {exc}", file=sys.stderr)
+        return 2
+    try:  # models named on the command line, loaded before the chat model takes its share of the GPU
+        embedder = None if args.embedding_model == "self" else load_embedder(args)
+        reranker = load_reranker(args)
+    except (OSError, ValueError) as exc:
+        print(f"paddock serve: {exc}", file=sys.stderr)
+        return 2
+    try:
         engine = AsyncEngine(config)
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"paddock serve: {exc}", file=sys.stderr)
         return 2
     try:
-        try:
-            if args.embedding_model == "self":
-                from app.engine.tasks.pooling import DecoderEmbedder
+        if args.embedding_model == "self":
+            from app.engine.tasks.pooling import DecoderEmbedder
 
-                embedder = DecoderEmbedder(engine.engine, run_on_engine=lambda fn: engine.call(fn).result())
-            else:
-                embedder = load_embedder(args)
-            reranker = load_reranker(args)
-        except (OSError, ValueError) as exc:  # a model named on the command line that cannot load
-            print(f"paddock serve: {exc}", file=sys.stderr)
-            return 2
+            embedder = DecoderEmbedder(engine.engine, run_on_engine=lambda fn: engine.call(fn).result())
         serve_blocking(
             engine, settings=settings, embedder=embedder, reranker=reranker  # type: ignore[arg-type]
         )

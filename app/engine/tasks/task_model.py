@@ -55,8 +55,9 @@ class TaskModel:
             raise FileNotFoundError(f"{job} model {path} does not exist")
         if path.is_file() and path.suffix.lower() != ".gguf":
             raise CheckpointError(f"{job} model {path}: not a .gguf file or a model folder")
+        # No max_model_len: the KV blocks bound the context (the model's own if shorter), without a warning.
         config = EngineConfig(
-            model=str(path), device=device, max_model_len=context, max_num_seqs=1,
+            model=str(path), device=device, max_num_seqs=1,
             max_num_batched_tokens=min(context, 2048), block_size=TASK_BLOCK_SIZE,
             num_kv_blocks=-(-context // TASK_BLOCK_SIZE) + 1, enable_prefix_caching=False,
             cuda_graphs=False, prefill_graphs=False, async_decode=False, weight_cache="off",
