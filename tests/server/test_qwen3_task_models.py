@@ -17,6 +17,7 @@ from app.engine.server.launch import ServerHandle
 from app.engine.server.settings import ServerSettings
 from app.engine.tasks.task_model import load_decoder_embedder, load_decoder_reranker
 from tests.engine.qwen3_task_fixtures import DOCUMENTS, EMBEDDING, MANIFEST, QUERIES, RERANKER, references
+from tests.server.fakes import FakeEngine
 
 
 @pytest.fixture(scope="module")
@@ -99,3 +100,16 @@ def test_the_task_models_are_listed_and_the_chat_model_still_answers(client, eng
         model=engine.model.name, messages=[{"role": "user", "content": "Hi"}], max_tokens=3, temperature=0
     )
     assert reply.choices[0].message.content is not None and reply.usage.completion_tokens >= 1
+
+
+def test_without_a_reranker_the_qwen3_embedders_cosines_rank_with_the_query_instructed(refs):
+    embedder = load_decoder_embedder(EMBEDDING, device="cpu")
+    with ServerHandle(FakeEngine(), settings=ServerSettings(port=0), embedder=embedder) as handle:
+        body = httpx.post(
+            f"{handle.base_url}/v1/rerank", json={"query": QUERIES[1], "documents": DOCUMENTS}, timeout=60
+        ).json()
+    assert body["meta"]["method"] == "embedding-cosine" and body["meta"]["scorer_model"] == "embedding"
+    vectors = refs["embeddings"]  # the card's query (instructed) and document rows
+    expected = [float(vectors[len(QUERIES) + d] @ vectors[1]) for d in range(len(DOCUMENTS))]
+    scores = {r["index"]: r["relevance_score"] for r in body["results"]}
+    np.testing.assert_allclose([scores[d] for d in range(len(DOCUMENTS))], expected, rtol=0, atol=1e-4)
