@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 
 TASKS = Path(__file__).parents[1] / "fixtures" / "qwen3_tasks"
-EMBEDDING, EMBEDDING_GGUF, RERANKER = TASKS / "embedding", TASKS / "embedding-f16.gguf", TASKS / "reranker"
+EMBEDDING, EMBEDDING_GGUF = TASKS / "embedding", TASKS / "embedding-f16.gguf"
+RERANKER, RERANKER_GGUF = TASKS / "reranker", TASKS / "reranker-f16.gguf"  # the GGUF in llama.cpp's layout
 MANIFEST = json.loads((TASKS / "manifest.json").read_text())
 QUERIES, DOCUMENTS = MANIFEST["queries"], MANIFEST["documents"]
 

@@ -25,6 +25,7 @@ from app.engine.tasks.task_model import (
     load_decoder_embedder,
     load_decoder_reranker,
 )
+from tests.engine.gguf_forge import Forge
 from tests.engine.qwen3_task_fixtures import (
     DOCUMENTS,
     EMBEDDING,
@@ -32,6 +33,7 @@ from tests.engine.qwen3_task_fixtures import (
     MANIFEST,
     QUERIES,
     RERANKER,
+    RERANKER_GGUF,
     TASKS,
     references,
 )
@@ -49,9 +51,9 @@ def embedder(request):
     return load_decoder_embedder(EMBEDDING if request.param == "folder" else EMBEDDING_GGUF, device="cpu")
 
 
-@pytest.fixture(scope="module")
-def reranker():
-    return load_decoder_reranker(RERANKER, device="cpu")
+@pytest.fixture(scope="module", params=["folder", "gguf"])
+def reranker(request):
+    return load_decoder_reranker(RERANKER if request.param == "folder" else RERANKER_GGUF, device="cpu")
 
 
 def _close(ours: np.ndarray, reference: np.ndarray) -> None:
@@ -110,7 +112,7 @@ def test_rerank_scores_match_the_model_card(reranker, refs):
 
 def test_rerank_orders_documents_by_the_reranker(reranker, refs):
     ranking = rerank(QUERIES[0], DOCUMENTS, reranker=reranker)
-    assert ranking.method == DECODER_YES_NO and ranking.model == "reranker"
+    assert ranking.method == DECODER_YES_NO and ranking.model in ("reranker", "reranker-f16")
     expected = refs["rerank_scores"][: len(DOCUMENTS)]
     assert [r.index for r in ranking.results] == list(np.argsort(-expected))
     assert ranking.total_tokens == sum(len(i) for i in MANIFEST["rerank_token_ids"][: len(DOCUMENTS)])
@@ -159,6 +161,15 @@ def test_missing_and_wrong_kinds_of_file_are_named(tmp_path):
         CheckpointError, match=r"rerank model .*qwen3-kquants\.gguf: .*'yes' and 'no' are not single"
     ):
         load_decoder_reranker(bytes_only, device="cpu")
+
+
+def test_a_classifier_head_that_is_not_yes_no_is_named(tmp_path):
+    forge = Forge.of(RERANKER_GGUF)
+    forge.metadata["qwen3.classifier.output_labels"] = ["relevant", "irrelevant"]
+    bad = forge.write(tmp_path / "labels.gguf")
+    with pytest.raises(CheckpointError, match=r"labels\.gguf: cls\.output\.weight of shape \[2, 64\] with labels "
+                       r"\['relevant', 'irrelevant'\] is not a yes/no head"):  # fmt: skip
+        load_decoder_reranker(bad, device="cpu")
 
 
 def test_truncated_checkpoints_are_named(tmp_path):

@@ -19,10 +19,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
+
 from app.engine.loader.names import CheckpointError, architecture_of
 
 TASK_CONTEXT = 8192  # tokens per text; Qwen3's model cards embed and rerank with max_length 8192
 TASK_BLOCK_SIZE = 16
+CLASSIFIER_HEAD = "cls.output.weight"  # llama.cpp's Qwen3-Reranker head: the "yes" and "no" rows
 _LAST_TOKEN = "pooling_mode_lasttoken"
 T = TypeVar("T")
 
@@ -109,9 +112,35 @@ def load_decoder_reranker(path: str | Path, device: str = "auto", context: int =
         )
     task = TaskModel.load(path, "rerank", device, context)
     try:
+        if CLASSIFIER_HEAD in task.engine.checkpoint.tensors:
+            return _classifier_reranker(task, path)
         return decoder_reranker(task.engine, run_on_engine=task.run)
     except ValueError as exc:
         raise CheckpointError(f"rerank model {path}: {exc}") from None
+
+
+def _classifier_reranker(task: TaskModel, path: Path) -> Any:
+    """A Qwen3-Reranker GGUF as llama.cpp converts it: no output.weight (its own head's rows would be
+    lost: the engine would fall back to the embeddings), the head's "yes" and "no" rows kept as
+    `cls.output.weight` in the order `{arch}.classifier.output_labels` gives."""
+    from app.engine.tasks.pooling import PromptRunner
+    from app.engine.tasks.rerank import YesNoReranker
+
+    engine = task.engine
+    head = engine.checkpoint.tensors[CLASSIFIER_HEAD].dequantize()
+    labels = list(engine.checkpoint.metadata.get(f"{engine.checkpoint.architecture}.classifier.output_labels") or [])
+    if head.ndim != 2 or head.shape[1] != engine.model_config.hidden_size or sorted(labels) != ["no", "yes"]:
+        raise CheckpointError(
+            f"rerank model {path}: {CLASSIFIER_HEAD} of shape {list(head.shape)} with labels {labels} is not "
+            f"a yes/no head over the hidden size {engine.model_config.hidden_size}"
+        )
+    runner, tokenizer = PromptRunner(engine), engine.tokenizer
+
+    def final_logits(prompts: list[str]) -> tuple[np.ndarray, list[int]]:
+        ids = [tokenizer.encode(p) for p in prompts]
+        return task.run(lambda: runner.last_hidden(ids)) @ head.T, [len(i) for i in ids]
+
+    return YesNoReranker(task.name, final_logits, labels.index("yes"), labels.index("no"))
 
 
 def _folder_query_prompt(folder: Path) -> str | None:
