@@ -210,3 +210,12 @@ def test_serve_refuses_a_bad_task_model_naming_it(tmp_path, capsys):
     text.write_bytes(b"\0" * 64)
     assert main([*base, "--no-embeddings", "--rerank-model", str(text)]) == 2
     assert "not a .gguf file or a model folder" in capsys.readouterr().err
+
+
+def test_the_larger_models_layout_untied_without_an_lm_head_embeds_the_same(tmp_path, refs):
+    # Qwen3-Embedding-4B/8B: tie_word_embeddings false and, saved as a Qwen3Model, no lm_head at all
+    folder = _copy(EMBEDDING, tmp_path / "embedding-8b-layout")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}))
+    embedder = load_decoder_embedder(folder, device="cpu")
+    _close(embedder.embed(DOCUMENTS), refs["embeddings"][len(QUERIES) :])
