@@ -201,7 +201,7 @@ def test_corrupt_sentence_transformers_files_are_named(tmp_path):
         load_decoder_embedder(folder, device="cpu")
 
 
-def test_serve_refuses_a_bad_task_model_naming_it(tmp_path, capsys):
+def test_serve_and_mcp_refuse_a_bad_task_model_naming_it(tmp_path, capsys):
     chat = str(FIXTURES / "families" / "qwen3" / "qwen3-kquants.gguf")
     base = ["serve", "--model", chat, "--device", "cpu", "--port", "0", "--no-mcp"]
     assert main([*base, "--embedding-model", str(tmp_path / "missing")]) == 2
@@ -210,6 +210,11 @@ def test_serve_refuses_a_bad_task_model_naming_it(tmp_path, capsys):
     text.write_bytes(b"\0" * 64)
     assert main([*base, "--no-embeddings", "--rerank-model", str(text)]) == 2
     assert "not a .gguf file or a model folder" in capsys.readouterr().err
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(EMBEDDING_GGUF.read_bytes()[:4096])
+    assert main(["mcp", "--model", chat, "--device", "cpu", "--embedding-model", str(cut)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("paddock mcp: embedding model") and "cut.gguf" in err
 
 
 def test_the_larger_models_layout_untied_without_an_lm_head_embeds_the_same(tmp_path, refs):
