@@ -20,7 +20,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-batch", type=int, default=8, metavar="N", help="requests decoded together (default 8)"
     )
     parser.add_argument(
-        "--embedding-model", default=None, metavar="DIR", help="embedding model folder (default: MiniLM)"
+        "--embedding-model",
+        default=None,
+        metavar="DIR_OR_GGUF",
+        help="embedding model (default: MiniLM): a sentence-transformers folder, or a Qwen3-Embedding "
+        "folder or .gguf",
     )
     parser.add_argument("--no-embeddings", action="store_true", help="do not load an embedding model")
 
@@ -41,11 +45,11 @@ def run(args: argparse.Namespace) -> int:
     with contextlib.redirect_stdout(sys.stderr):
         try:
             config = engine_config(args)
+            embedder = load_embedder(args)  # before the chat model takes its share of the GPU
             engine = AsyncEngine(config)
-        except (ValueError, FileNotFoundError, RuntimeError) as exc:
+        except (OSError, ValueError, RuntimeError) as exc:  # a model named on the command line
             print(f"paddock mcp: {exc}", file=sys.stderr)
             return 2
-        embedder = load_embedder(args)
     try:
         asyncio.run(run_stdio(engine, embedder, ServerSettings(log_level="warning")))
     except KeyboardInterrupt:

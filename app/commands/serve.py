@@ -80,9 +80,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--embedding-model",
         default=None,
-        metavar="DIR",
-        help="embedding model folder (default: MiniLM), or 'self': last-token embeddings from the loaded "
-        "decoder (for Qwen3-Embedding-style models)",
+        metavar="DIR_OR_GGUF",
+        help="embedding model beside the chat model (default: MiniLM): a sentence-transformers BERT folder, "
+        "or a Qwen3-Embedding folder or .gguf (last-token pooling, its own engine); 'self': last-token "
+        "embeddings from the loaded model itself",
+    )
+    parser.add_argument(
+        "--rerank-model",
+        default=None,
+        metavar="DIR_OR_GGUF",
+        help="a Qwen3-Reranker folder or .gguf scoring /v1/rerank beside the chat model (default: cosine "
+        "similarity of the embedding model's vectors)",
     )
     parser.add_argument("--no-embeddings", action="store_true", help="do not load an embedding model")
     parser.add_argument("--no-mcp", action="store_true", help="do not serve MCP at /mcp")
@@ -95,18 +103,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load_embedder(args: argparse.Namespace) -> object | None:
-    """The embedding model, or None (with a warning) when it is switched off or cannot load."""
+    """The embedding model, or None when switched off. The default one failing turns embeddings off
+    with a warning; a model named with --embedding-model failing raises (OSError, ValueError)."""
     if args.no_embeddings:
         return None
-    try:
-        from app.engine.embeddings import BertEmbedder, load_default_embedder
+    from app.engine.embeddings import BertEmbedder, load_default_embedder
+    from app.engine.tasks.task_model import is_decoder_model, load_decoder_embedder
 
-        return (
-            BertEmbedder.from_dir(args.embedding_model) if args.embedding_model else load_default_embedder()
-        )
+    if args.embedding_model:
+        if is_decoder_model(args.embedding_model):
+            return load_decoder_embedder(args.embedding_model, device=args.device)
+        return BertEmbedder.from_dir(args.embedding_model)
+    try:
+        return load_default_embedder()
     except (OSError, RuntimeError, ValueError) as exc:
         logging.getLogger("paddock.serve").warning("embeddings are off: %s", exc)
         return None
+
+
+def load_reranker(args: argparse.Namespace) -> object | None:
+    """The --rerank-model, loaded as its own engine; None without one (the embedder's cosines score)."""
+    if not args.rerank_model:
+        return None
+    from app.engine.tasks.task_model import load_decoder_reranker
+
+    return load_decoder_reranker(args.rerank_model, device=args.device)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -135,6 +156,16 @@ def run(args: argparse.Namespace) -> int:
             **{field: getattr(args, field) for _, field, _ in LIMIT_FLAGS},
         )
         config = engine_config(args)
+    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+        print(f"paddock serve: {exc}", file=sys.stderr)
+        return 2
+    try:  # models named on the command line, loaded before the chat model takes its share of the GPU
+        embedder = None if args.embedding_model == "self" else load_embedder(args)
+        reranker = load_reranker(args)
+    except (OSError, ValueError) as exc:
+        print(f"paddock serve: {exc}", file=sys.stderr)
+        return 2
+    try:
         engine = AsyncEngine(config)
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"paddock serve: {exc}", file=sys.stderr)
@@ -144,9 +175,9 @@ def run(args: argparse.Namespace) -> int:
             from app.engine.tasks.pooling import DecoderEmbedder
 
             embedder = DecoderEmbedder(engine.engine, run_on_engine=lambda fn: engine.call(fn).result())
-        else:
-            embedder = load_embedder(args)
-        serve_blocking(engine, settings=settings, embedder=embedder)  # type: ignore[arg-type]
+        serve_blocking(
+            engine, settings=settings, embedder=embedder, reranker=reranker  # type: ignore[arg-type]
+        )
     except OSError as exc:  # the port is taken, or the address is not this machine's
         print(f"paddock serve: {exc}", file=sys.stderr)
         return 1

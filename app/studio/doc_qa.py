@@ -42,6 +42,7 @@ from app.studio.retrieval import (
     Hit,
     IngestCancelled,
     build_question_prompt,
+    embed_query,
     ingest_documents,
 )
 
@@ -82,6 +83,23 @@ def default_embedder() -> Embedder:
     from app.engine.embeddings import load_default_embedder
 
     return load_default_embedder()
+
+
+def embedder_source(path: str, device: str = "auto") -> EmbedderSource:
+    """The Studio's embedder setting as a source: "" the shipped MiniLM; a Qwen3-Embedding folder or
+    .gguf (its own engine beside the chat model) or a sentence-transformers BERT folder."""
+    if not path:
+        return default_embedder
+
+    def load() -> Embedder:
+        from app.engine.embeddings import BertEmbedder
+        from app.engine.tasks.task_model import is_decoder_model, load_decoder_embedder
+
+        if is_decoder_model(path):
+            return load_decoder_embedder(path, device=device)
+        return BertEmbedder.from_dir(path)
+
+    return load
 
 
 def supports_vision(client: EngineClient | None) -> bool:
@@ -287,7 +305,7 @@ class DocumentSet:
         if not len(self):
             raise DocQAError("Add a document first: drop a PDF, Word, Excel, text or Markdown file.")
         embedder = self.embedder()
-        query = embedder.embed([question])[0]  # outside the lock: an ingest may be embedding too
+        query = embed_query(embedder, question)  # outside the lock: an ingest may be embedding too
         with self._lock:
             self._ensure_index(embedder)
             if self._index is None:

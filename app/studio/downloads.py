@@ -52,10 +52,14 @@ from app.studio.tasks import CancelToken, Progress, ProgressCallback, TaskCancel
 DEFAULT_ENDPOINT = "https://huggingface.co"
 _GGUF_PROBE_PIECE = 4 * 1024 * 1024  # per range request; a 262k-token vocabulary's header is ~6.5 MB
 _GGUF_PROBE_LIMIT = 128 * 1024 * 1024  # no real header is larger
-# What a safetensors model needs besides its weights.
+# What a safetensors model needs besides its weights: its tokenizer and template, its image/audio
+# processor's settings in either layout (transformers 5 writes processor_config.json only), and a
+# sentence-transformers embedder's pooling and query prompt.
 _SUPPORT_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                   "tokenizer.model", "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
-                  "model.safetensors.index.json")
+                  "model.safetensors.index.json", "preprocessor_config.json", "processor_config.json",
+                  "video_preprocessor_config.json", "modules.json", "1_Pooling/config.json",
+                  "config_sentence_transformers.json")
 
 
 class DownloadError(Exception):

@@ -25,6 +25,7 @@ from typing import Any, BinaryIO
 
 from app.engine.loader import gguf as gguf_loader
 from app.engine.loader.names import CheckpointError, architecture_of
+from app.engine.loader.processor_config import read_processor_settings
 from app.engine.loader.split_tensors import stored_format
 from app.engine.plan.fit import (
     ModelShape,
@@ -388,8 +389,7 @@ def describe_safetensors_folder(folder: Path, files: tuple[Path, ...], name: str
                     else:
                         weight_bytes += size
         shape = shape_from_hf_config(config, weight_bytes)
-        processor_file = folder / "preprocessor_config.json"
-        processor = json.loads(processor_file.read_text()) if processor_file.is_file() else None
+        processor = read_processor_settings(folder, "image_processor").values  # either layout
         vision = vision_from_hf_config(config, vision_bytes, f"{folder.name}/*.safetensors", processor)
         if vision is not None and takes_images(_engine_architecture(config)):  # as the loader decides
             shape = replace(shape, vision=vision)

@@ -151,7 +151,7 @@ class DocumentIndex:
     def search(self, question: str, k: int = 5) -> list[Hit]:
         if not question.strip():
             raise ValueError("the question is empty")
-        return self.search_vector(_check_vectors(self.embedder.embed([question]), 1, self.embedder)[0], k)
+        return self.search_vector(embed_query(self.embedder, question), k)
 
     def search_vector(self, query: np.ndarray, k: int = 5) -> list[Hit]:
         """The k most similar chunks, best first (ties keep insertion order)."""
@@ -223,6 +223,14 @@ def build_question_prompt(question: str, hits: Sequence[Hit], first: int = 1) ->
         f"Excerpts:\n\n{excerpts}\n\n"
         f"Question: {question.strip()}"
     )
+
+
+def embed_query(embedder: Embedder, question: str) -> np.ndarray:
+    """The question's vector: after the embedder's task instruction where it takes one (Qwen3-Embedding
+    embeds queries so and documents as they are), else as a document."""
+    embed_queries = getattr(embedder, "embed_queries", None)
+    vectors = embed_queries([question]) if embed_queries is not None else embedder.embed([question])
+    return _check_vectors(vectors, 1, embedder)[0]
 
 
 def _check_vectors(vectors: np.ndarray, count: int, embedder: Embedder) -> np.ndarray:

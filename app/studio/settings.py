@@ -134,6 +134,10 @@ SETTINGS: tuple[Setting, ...] = (
             ("loopback", "lan")),
     Setting("server.require_api_key", False, "bool", "Require an API key",
             "Clients must send the key set under Server. Recommended with lan.", "Server"),
+    Setting("documents.embedding_model", "", "path", "Embedding model",
+            "Embeds the Documents pane's files and questions: a Qwen3-Embedding folder or .gguf, or a "
+            "sentence-transformers folder. Empty: the built-in all-MiniLM-L6-v2. Applies at the next start; "
+            "documents embedded by another model are read again.", "Documents"),
     Setting("appearance.theme", "system", "choice", "Theme", "Colours of the window.", "Appearance",
             ("system", "light", "dark")),
 )

@@ -18,6 +18,7 @@ from app.engine.tasks.audio import (
     Transcript,
     TranscriptionCancelled,
     Word,
+    default_model_path,
     resolve_device,
 )
 
@@ -211,3 +212,30 @@ def test_real_transcript_in_every_format(transcript: Transcript) -> None:
     assert len(srt_cues) == len(transcript.segments)
     verbose = TranscriptionVerbose.model_validate(formats.to_verbose_json(transcript, ["word", "segment"]))
     assert [w.word for w in verbose.words or []] == [w.word for w in transcript.words]
+
+
+def _model_copy(folder: Path) -> Path:
+    folder.mkdir()
+    for file in default_model_path().iterdir():
+        (folder / file.name).symlink_to(file)
+    return folder
+
+
+def test_feature_extractor_settings_are_read_from_either_layout(tmp_path: Path) -> None:
+    # A fine-tune saved by transformers 5 keeps them in processor_config.json; faster-whisper alone
+    # reads only preprocessor_config.json and would fall back to its defaults (chunk_length 30).
+    settings = {"feature_extractor_type": "WhisperFeatureExtractor", "feature_size": 80, "chunk_length": 20,
+                "hop_length": 160, "n_fft": 400, "sampling_rate": 16000, "padding_value": 0.0}  # fmt: skip
+    new = _model_copy(tmp_path / "new")
+    (new / "processor_config.json").write_text(
+        json.dumps({"feature_extractor": settings, "processor_class": "WhisperProcessor"})
+    )
+    old = _model_copy(tmp_path / "old")
+    (old / "preprocessor_config.json").write_text(json.dumps({**settings, "chunk_length": 25}))
+    for folder, chunk in ((new, 20), (old, 25), (default_model_path(), 30)):
+        model = Transcriber(model_path=folder, device="cpu").load()
+        assert model.feature_extractor.chunk_length == chunk, folder
+        assert model.feature_extractor.n_samples == chunk * 16000
+    (new / "processor_config.json").write_text('{"feature_extractor": {')
+    with pytest.raises(ValueError, match=r"new/processor_config.json: not valid JSON"):
+        Transcriber(model_path=new, device="cpu").load()

@@ -68,6 +68,18 @@ def test_listing_shows_sizes_and_checksums_before_download(client, hub):
     assert {f.path for f in hf.default_selection()} == {"config.json", "model.safetensors", "tokenizer.json"}
 
 
+def test_a_safetensors_model_comes_with_its_processor_and_pooling_settings(client, hub):
+    # transformers 5 keeps image processor settings in processor_config.json; sentence-transformers
+    # embedders keep their pooling in 1_Pooling/ and their query prompt beside it
+    extras = ["processor_config.json", "preprocessor_config.json", "modules.json", "1_Pooling/config.json",
+              "config_sentence_transformers.json"]  # fmt: skip
+    files = {"config.json": b"{}", "model.safetensors": b"x", **{name: b"{}" for name in extras},
+             "README.md": b"#", "2_Normalize/notes.txt": b"-"}  # fmt: skip
+    hub.add_repo("tiny/embedder", files)
+    chosen = {f.path for f in client.list_files("tiny/embedder").default_selection()}
+    assert chosen == {"config.json", "model.safetensors", *extras}
+
+
 def test_download_with_progress_lands_as_a_standard_file(client, hub, tmp_path):
     listing = client.list_files(GGUF_REPO)
     seen = []

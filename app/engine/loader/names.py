@@ -42,9 +42,11 @@ _HF_MODEL_TYPES: dict[str, str] = {
     "qwen2_5_vl": "qwen2vl",
 }
 
-# Where the text model sits inside the checkpoint: plain CausalLM, or the language model of a
-# multimodal checkpoint (transformers >= 4.52 writes `model.language_model.`, older `language_model.model.`).
-_BODY_PREFIXES = ("model.language_model.", "language_model.model.", "model.")
+# Where the text model sits inside the checkpoint: plain CausalLM, the language model of a
+# multimodal checkpoint (transformers >= 4.52 writes `model.language_model.`, older `language_model.model.`),
+# or the bare model without the causal-LM wrapper (Qwen3-Embedding is saved as a Qwen3Model: no
+# prefix and no lm_head, while its config.json names Qwen3ForCausalLM).
+_BODY_PREFIXES = ("model.language_model.", "language_model.model.", "model.", "")
 _HEAD_PREFIXES = ("language_model.lm_head.", "lm_head.")
 
 _GLOBAL_MODULES = {"embed_tokens": "token_embd", "norm": "output_norm"}

@@ -10,7 +10,6 @@ decoder shares (`common_from_gguf` / `common_from_hf`), so their memory can stil
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -217,6 +216,7 @@ def _hf_folder_vision(folder: Path, config: Mapping[str, Any]) -> VisionShape | 
         for name, tensor in read_safetensors_file(file).items()
         if is_vision_tensor(name)
     )
-    processor_file = folder / "preprocessor_config.json"
-    processor = json.loads(processor_file.read_text()) if processor_file.is_file() else None
+    from app.engine.loader.processor_config import read_processor_settings
+
+    processor = read_processor_settings(folder, "image_processor").values  # either layout
     return vision_from_hf_config(config, weight_bytes, f"{folder.name}/*.safetensors", processor)

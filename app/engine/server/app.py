@@ -29,6 +29,7 @@ from app.engine.server.serving_audio import (
     resolve_transcriber,
 )
 from app.engine.server.settings import ServerSettings
+from app.engine.tasks.rerank import Reranker
 
 log = logging.getLogger(__name__)
 
@@ -42,14 +43,16 @@ def create_app(
     embedder: Embedder | None = None,
     settings: ServerSettings | None = None,
     transcriber: TranscriberChoice = "embedded",
+    reranker: Reranker | None = None,
 ) -> FastAPI:
     """Build the app. It does not own the engine: shutting the app down leaves the engine running.
 
     `transcriber` serves /v1/audio/transcriptions: "embedded" (Whisper tiny.en, loaded on the
     first request), a Transcriber to share (the Studio's, or a test's), or None for no audio.
+    `reranker` scores /v1/rerank (a Qwen3-Reranker loaded beside the model); None: the embedder's cosines.
     """
     settings = settings or ServerSettings()
-    services = Services.build(engine, embedder, settings, resolve_transcriber(transcriber))
+    services = Services.build(engine, embedder, settings, resolve_transcriber(transcriber), reranker)
     mcp_server = None
     if settings.enable_mcp:
         from app.engine.server.mcp import build_mcp_server

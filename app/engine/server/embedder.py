@@ -18,3 +18,8 @@ class Embedder(Protocol):
     def embed(self, texts: list[str]) -> np.ndarray:
         """float32 [len(texts), dimensions], each row L2-normalised."""
         ...
+
+
+# A decoder embedder (app/engine/tasks/pooling.py: DecoderEmbedder) offers more, found by attribute:
+# `min_dimensions` (with `embed(texts, dimensions)`: output sizes min_dimensions..dimensions) and
+# `query_texts(texts, instruction)` (queries after their task instruction).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import socket
 import threading
@@ -43,10 +44,12 @@ def _uvicorn_config(app: Any, settings: ServerSettings) -> uvicorn.Config:
     )
 
 
-def _build_app(engine: EngineClient, embedder: Embedder | None, settings: ServerSettings) -> Any:
+def _build_app(
+    engine: EngineClient, embedder: Embedder | None, settings: ServerSettings, reranker: Any = None
+) -> Any:
     from app.engine.server.app import create_app
 
-    return create_app(engine, embedder=embedder, settings=settings)
+    return create_app(engine, embedder=embedder, settings=settings, reranker=reranker)
 
 
 class ServerHandle:
@@ -62,12 +65,14 @@ class ServerHandle:
         *,
         settings: ServerSettings | None = None,
         embedder: Embedder | None = None,
-        app_factory: Callable[[EngineClient, Embedder | None, ServerSettings], Any] = _build_app,
+        app_factory: Callable[[EngineClient, Embedder | None, ServerSettings], Any] | None = None,
+        reranker: Any = None,
     ) -> None:
+        """`reranker`: a model for /v1/rerank (tasks/rerank.py's Reranker), with the default app factory."""
         self.engine = engine
         self.settings = settings or ServerSettings()
         self.embedder = embedder
-        self._app_factory = app_factory
+        self._app_factory = app_factory or functools.partial(_build_app, reranker=reranker)
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -153,11 +158,11 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def serve_blocking(
-    engine: EngineClient, *, settings: ServerSettings, embedder: Embedder | None = None
+    engine: EngineClient, *, settings: ServerSettings, embedder: Embedder | None = None, reranker: Any = None
 ) -> None:
     """Run until interrupted (Ctrl-C / SIGTERM): the `paddock serve` entry."""
     warn_if_exposed(settings)
-    app = _build_app(engine, embedder, settings)
+    app = _build_app(engine, embedder, settings, reranker)
     model = engine.model
     log.info(
         "serving %s (context %d tokens) at http://%s:%d",

@@ -18,6 +18,7 @@ from app.engine.server.serving_responses import OpenAIServingResponses
 from app.engine.server.serving_tokenize import ServingTokenization
 from app.engine.server.settings import ServerSettings
 from app.engine.tasks.audio import Transcriber
+from app.engine.tasks.rerank import DECODER_YES_NO, Reranker
 
 
 @dataclass
@@ -39,7 +40,9 @@ class Services:
         embedder: Embedder | None,
         settings: ServerSettings,
         transcriber: Transcriber | None = None,
+        reranker: Reranker | None = None,
     ) -> Services:
+        """`reranker`: a model loaded for /v1/rerank (Qwen3-Reranker); None scores with the embedder."""
         ctx = ServingContext.build(engine, embedder, settings)
         return cls(
             ctx=ctx,
@@ -52,12 +55,18 @@ class Services:
             transcription=OpenAIServingTranscription(
                 transcriber, created=now(), max_seconds=settings.max_audio_seconds
             ),
-            rerank=ServingRerank(ctx),
+            rerank=ServingRerank(ctx, reranker),
         )
 
     def model_listing(self) -> ModelList:
-        """/v1/models: the chat and embedding models, then the transcription model (as OpenAI lists whisper-1)."""
-        return ModelList(data=[*self.ctx.models.listing().data, *self.transcription.model_cards()])
+        """/v1/models: the chat and embedding models, a reranking model loaded for /v1/rerank, then the
+        transcription model (as OpenAI lists whisper-1)."""
+        cards = self.ctx.models.listing().data
+        reranker = self.rerank.reranker
+        loaded = reranker is not None and reranker.method == DECODER_YES_NO  # not the embedder's cosines
+        if loaded and all(card.id != reranker.model_name for card in cards):  # type: ignore[union-attr]
+            cards.append(ModelCard(id=reranker.model_name, created=int(now())))  # type: ignore[union-attr]
+        return ModelList(data=[*cards, *self.transcription.model_cards()])
 
     def model_card(self, name: str) -> ModelCard | None:
         return next((card for card in self.model_listing().data if card.id == name), None)

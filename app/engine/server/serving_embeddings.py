@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 
 import anyio
 import numpy as np
 
+from app.engine.server.embedder import Embedder
 from app.engine.server.errors import ApiError, bad_request
 from app.engine.server.limits import embedding_char_cap
 from app.engine.server.prompting import ensure_encodable
@@ -45,7 +47,11 @@ class OpenAIServingEmbeddings:
                     param="input",
                     code="context_length_exceeded",
                 )
-            vectors = await anyio.to_thread.run_sync(embedder.embed, texts)
+            if req.dimensions is not None and req.dimensions != embedder.dimensions:
+                embed = functools.partial(embedder.embed, dimensions=req.dimensions)  # type: ignore[call-arg]
+            else:
+                embed = embedder.embed
+            vectors = await anyio.to_thread.run_sync(embed, texts)
         data = [
             EmbeddingData(index=i, embedding=_encode(vector, req.encoding_format))
             for i, vector in enumerate(vectors)
@@ -83,12 +89,45 @@ class OpenAIServingEmbeddings:
                     param="input",
                     code="context_length_exceeded",
                 )
-        if req.dimensions is not None and req.dimensions != embedder.dimensions:
+        self._check_dimensions(req, embedder)
+        return self._with_instruction(req, embedder, texts)  # type: ignore[arg-type]
+
+    @staticmethod
+    def _check_dimensions(req: EmbeddingRequest, embedder: Embedder) -> None:
+        if req.dimensions is None or req.dimensions == embedder.dimensions:
+            return
+        low = getattr(embedder, "min_dimensions", None)
+        if low is None:
             raise bad_request(
                 f"{embedder.model_name} produces {embedder.dimensions} dimensions; 'dimensions' cannot change that.",
                 param="dimensions",
             )
-        return texts  # type: ignore[return-value]
+        if not low <= req.dimensions <= embedder.dimensions:
+            raise bad_request(
+                f"'dimensions' is {req.dimensions}; {embedder.model_name} gives {low} to "
+                f"{embedder.dimensions}.",
+                param="dimensions",
+            )
+
+    @staticmethod
+    def _with_instruction(req: EmbeddingRequest, embedder: Embedder, texts: list[str]) -> list[str]:
+        """Queries after the model's task instruction; documents (and an unspecified input_type) as sent."""
+        query_texts = getattr(embedder, "query_texts", None)
+        if query_texts is None:  # queries and documents alike (input_type is a hint it has no use for)
+            if req.instruction is not None:
+                raise bad_request(
+                    f"{embedder.model_name} takes no task instruction; leave out 'instruction'.",
+                    param="instruction",
+                )
+            return texts
+        if req.instruction is not None and req.input_type != "query":
+            raise bad_request(
+                "'instruction' applies to queries: send it with input_type 'query'.", param="instruction"
+            )
+        if req.input_type == "query":
+            ensure_encodable(req.instruction or "", "instruction")
+            return query_texts(texts, req.instruction)
+        return texts
 
 
 def _encode(vector: np.ndarray, encoding: str) -> list[float] | str:

@@ -139,6 +139,7 @@ class _CountingEmbedder:
         self.model_name = embedder.model_name
         self.dimensions = embedder.dimensions
         self.max_tokens = embedder.max_tokens
+        self.query_texts = getattr(embedder, "query_texts", None)  # what an instruction-tuned one has
 
     def count_tokens(self, texts: list[str]) -> list[int]:
         return self._embedder.count_tokens(texts)

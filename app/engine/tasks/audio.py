@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 
+from app.engine.loader.processor_config import PROCESSOR_FILE, read_processor_settings
 from app.engine.tasks.transcript_formats import language_code
 
 if TYPE_CHECKING:
@@ -257,9 +258,7 @@ class Transcriber:
     def load(self) -> WhisperModel:
         with self._load_lock:
             if self._model is None:
-                from faster_whisper import WhisperModel
-
-                self._model = WhisperModel(
+                self._model = _whisper_model_class()(
                     str(self.model_path),
                     device=self.device,
                     compute_type=self.compute_type,
@@ -317,6 +316,26 @@ class Transcriber:
             progress(1.0)
         text = "".join(segment.text for segment in segments).strip()
         return Transcript(text=text, language=info.language, duration=round(duration, 3), segments=segments)
+
+
+def _whisper_model_class() -> type[WhisperModel]:
+    """faster-whisper's model, reading the feature extractor's settings in either layout: it reads
+    preprocessor_config.json only, and a fine-tune saved by transformers 5 keeps them in
+    processor_config.json (under "feature_extractor"); missed, a 128-mel model would get 80 mels."""
+    from inspect import signature
+
+    from faster_whisper import WhisperModel
+    from faster_whisper.feature_extractor import FeatureExtractor
+
+    class LayoutAwareWhisperModel(WhisperModel):
+        def _get_feature_kwargs(self, model_path: str, preprocessor_bytes: bytes | None = None) -> dict:
+            settings = read_processor_settings(Path(model_path), "feature_extractor")
+            if preprocessor_bytes or not settings.source.startswith(PROCESSOR_FILE):
+                return super()._get_feature_kwargs(model_path, preprocessor_bytes)
+            known = signature(FeatureExtractor.__init__).parameters
+            return {key: value for key, value in settings.values.items() if key in known}
+
+    return LayoutAwareWhisperModel
 
 
 def _convert_segment(raw: object, index: int) -> Segment:

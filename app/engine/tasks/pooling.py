@@ -21,6 +21,17 @@ from app.engine.sampling_params import SamplingParams
 
 _ids = itertools.count()
 
+# Qwen3-Embedding's recipe (its model card): a query is prefixed with its task, documents are not;
+# the text ends with <|endoftext|> (its tokenizer.json appends it) and that token's state is pooled.
+QWEN3_EMBEDDING_TASK = "Given a web search query, retrieve relevant passages that answer the query"
+POOLED_TOKEN = "<|endoftext|>"
+MRL_MIN_DIMENSIONS = 32  # the model cards allow any output size from 32 up to the hidden size
+
+
+def query_prompt(instruction: str = QWEN3_EMBEDDING_TASK) -> str:
+    """The text put before a query: `Instruct: {task}\nQuery:` (the query follows without a space)."""
+    return f"Instruct: {instruction}\nQuery:"
+
 
 class PromptRunner:
     def __init__(self, engine: Any) -> None:
@@ -57,37 +68,67 @@ class PromptRunner:
 
 
 class DecoderEmbedder:
-    """The loaded decoder as an `Embedder`: last-token pooling, L2-normalised (Qwen3-Embedding).
+    """A decoder as an `Embedder`: last-token pooling, L2-normalised (Qwen3-Embedding).
 
     `run_on_engine(fn)` runs `fn()` where the engine may be used: directly for a bare
-    `LLMEngine`, or `lambda fn: async_engine.call(fn).result()` under an `AsyncEngine`.
+    `LLMEngine`, `lambda fn: async_engine.call(fn).result()` under an `AsyncEngine`, or a
+    `TaskModel`'s `run` for a model loaded beside the chat model. `query_prefix` is what
+    `embed_queries` puts before each query; any output size from `min_dimensions` up to
+    `dimensions` may be asked of `embed` (Matryoshka: the leading components, renormalised).
     """
 
-    def __init__(self, engine: Any, run_on_engine: Callable[[Callable[[], Any]], Any] | None = None) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        run_on_engine: Callable[[Callable[[], Any]], Any] | None = None,
+        query_prefix: str | None = None,
+    ) -> None:
         self.engine = engine
         self.runner = PromptRunner(engine)
         self.run_on_engine = run_on_engine or (lambda fn: fn())
         self.model_name = engine.info.name
         self.dimensions = engine.model_config.hidden_size
+        self.min_dimensions = min(MRL_MIN_DIMENSIONS, self.dimensions)
         self.max_tokens = engine.max_model_len
+        self.query_prefix = query_prompt() if query_prefix is None else query_prefix
+        tokenizer = engine.tokenizer
+        pooled = tokenizer.token_to_id(POOLED_TOKEN)
+        self._end_id = pooled if pooled is not None else tokenizer.eos_token_id
 
     def _ids(self, text: str) -> list[int]:
-        tokenizer = self.engine.tokenizer
-        ids = tokenizer.encode(text)
-        eos = tokenizer.eos_token_id
-        # The recipe pools the end-of-text token the tokenizer appends; add it if this one does not.
-        if eos is not None and (not ids or ids[-1] != eos):
-            ids.append(eos)
+        ids = self.engine.tokenizer.encode(text)
+        # The recipe pools the end-of-text token Qwen3-Embedding's tokenizer appends; add it if this
+        # one does not.
+        if self._end_id is not None and (not ids or ids[-1] != self._end_id):
+            ids.append(self._end_id)
         return ids
+
+    def query_texts(self, texts: list[str], instruction: str | None = None) -> list[str]:
+        """Queries as the model reads them: after the task instruction (the default task when None)."""
+        prefix = self.query_prefix if instruction is None else query_prompt(instruction)
+        return [prefix + text for text in texts]
+
+    def embed_queries(self, texts: list[str], instruction: str | None = None) -> np.ndarray:
+        return self.embed(self.query_texts(texts, instruction))
 
     def count_tokens(self, texts: list[str]) -> list[int]:
         return [len(self._ids(text)) for text in texts]
 
-    def embed(self, texts: list[str]) -> np.ndarray:
+    def embed(self, texts: list[str], dimensions: int | None = None) -> np.ndarray:
+        if dimensions is not None and not self.min_dimensions <= dimensions <= self.dimensions:
+            raise ValueError(
+                f"{self.model_name} gives {self.min_dimensions} to {self.dimensions} dimensions, "
+                f"not {dimensions}"
+            )
         prompts = [self._ids(text) for text in texts]
         vectors = self.run_on_engine(lambda: self.runner.last_hidden(prompts))
-        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-        return (vectors / np.maximum(norms, 1e-12)).astype(np.float32)
+        return unit_rows(vectors[:, :dimensions] if dimensions else vectors)
+
+
+def unit_rows(vectors: np.ndarray) -> np.ndarray:
+    """Rows scaled to length 1, float32 (a zero row stays zero)."""
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return (vectors / np.maximum(norms, 1e-12)).astype(np.float32)
 
 
 def decoder_reranker(engine: Any, run_on_engine: Callable[[Callable[[], Any]], Any] | None = None) -> Any:

@@ -68,7 +68,9 @@ class EmbeddingCosineReranker:
         self.model_name = embedder.model_name
 
     def score(self, query: str, documents: list[str]) -> DocumentScores:
-        result = self.embedder.encode([query, *documents])
+        # An instruction-tuned embedder (Qwen3-Embedding) reads the query after its task instruction.
+        query_texts = getattr(self.embedder, "query_texts", None)
+        result = self.embedder.encode([query_texts([query])[0] if query_texts else query, *documents])
         # Rows are unit vectors, so the dot product is the cosine.
         cosines = result.vectors[1:] @ result.vectors[0]
         return DocumentScores(

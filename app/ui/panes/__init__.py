@@ -55,11 +55,12 @@ def _server(ctx: StudioContext) -> QWidget:
 
 
 def _documents(ctx: StudioContext) -> QWidget:
-    from app.studio.doc_qa import DocQASession, DocumentSet
+    from app.studio.doc_qa import DocQASession, DocumentSet, embedder_source
     from app.ui.panes.documents import DocumentsPane
 
     # kept, with embeddings, across restarts; scanned PDFs stay in the set for a vision model to read
-    documents = DocumentSet(store=ctx.paths.data_dir / "documents", keep_scanned=True)
+    embedder = embedder_source(ctx.settings.get("documents.embedding_model"), ctx.settings.get("engine.device"))
+    documents = DocumentSet(embedder, store=ctx.paths.data_dir / "documents", keep_scanned=True)
     return DocumentsPane(DocQASession(documents, lambda: ctx.host.client), ctx.runtime, ctx.worker)
 
 

@@ -100,15 +100,18 @@ def _pan_and_scan(proc: dict[str, Any]) -> PanAndScan | None:
     )
 
 
-def vision_config_from_hf(cfg: dict[str, Any], processor: dict[str, Any] | None) -> VisionConfig:
-    """From Gemma3ForConditionalGeneration's config.json (+ preprocessor_config.json, if any)."""
+def vision_config_from_hf(
+    cfg: dict[str, Any], processor: dict[str, Any] | None, processor_source: str = "preprocessor_config.json"
+) -> VisionConfig:
+    """From Gemma3ForConditionalGeneration's config.json (+ the image processor's settings, if any:
+    `processor_source` names where they came from, loader/processor_config.py)."""
     vision = {**SIGLIP_DEFAULTS, **cfg["vision_config"]}
     proc = {**PROCESSOR_DEFAULTS, **(processor or {})}
     text_hidden = (cfg.get("text_config") or {}).get("hidden_size", 2304)
     size = proc["size"]
     if size.get("height", vision["image_size"]) != vision["image_size"]:
         raise CheckpointError(
-            f"preprocessor_config.json size {size} differs from vision_config image_size {vision['image_size']}"
+            f"{processor_source} size {size} differs from vision_config image_size {vision['image_size']}"
         )
     return VisionConfig(
         hidden_size=int(vision["hidden_size"]),

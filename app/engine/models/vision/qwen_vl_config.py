@@ -2,7 +2,8 @@
 patch, window attention with full-attention layers at `fullatt_block_indexes`, the 2x2 patch
 merger to the text width) and its image processor's settings (Qwen2VLImageProcessor: dynamic
 resolution within min/max pixels, CLIP mean/std, bicubic), parsed from config.json's
-`vision_config` and preprocessor_config.json."""
+`vision_config` and the image processor's settings (preprocessor_config.json, or
+processor_config.json's `image_processor` as transformers 5 saves them)."""
 
 from __future__ import annotations
 
@@ -114,15 +115,19 @@ def _pixels_bounds(proc: dict[str, Any]) -> tuple[int, int]:
     return int(low), int(high)
 
 
-def qwen_vision_config(cfg: dict[str, Any], processor: dict[str, Any] | None) -> QwenVisionConfig:
-    """From Qwen2_5_VLForConditionalGeneration's config.json (+ preprocessor_config.json, if any)."""
+def qwen_vision_config(
+    cfg: dict[str, Any], processor: dict[str, Any] | None, processor_source: str = "preprocessor_config.json"
+) -> QwenVisionConfig:
+    """From Qwen2_5_VLForConditionalGeneration's config.json (+ the image processor's settings, if
+    any: `processor_source` names where they came from, loader/processor_config.py)."""
     vision = {**VISION_DEFAULTS, **cfg["vision_config"]}
     proc = {**PROCESSOR_DEFAULTS, **(processor or {})}
     for key, proc_key in (("patch_size", "patch_size"), ("temporal_patch_size", "temporal_patch_size"),
                           ("spatial_merge_size", "merge_size")):  # fmt: skip
         if int(vision[key]) != int(proc[proc_key]):
             raise CheckpointError(
-                f"preprocessor_config.json {proc_key} {proc[proc_key]} differs from vision_config {key} {vision[key]}"
+                f"{processor_source} {proc_key} {proc[proc_key]} differs from vision_config "
+                f"{key} {vision[key]}"
             )
     if vision["hidden_act"] != "silu":
         raise CheckpointError(
@@ -154,4 +159,4 @@ def qwen_vision_config(cfg: dict[str, Any], processor: dict[str, Any] | None) ->
         image_std=tuple(float(v) for v in proc["image_std"]),
         rescale_factor=float(proc["rescale_factor"]),
         resample=int(proc["resample"]),
-    ).check()
+    ).check(processor=processor_source)

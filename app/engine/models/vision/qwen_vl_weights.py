@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from app.engine.loader.names import CheckpointError
+from app.engine.loader.processor_config import read_processor_settings
 from app.engine.loader.safetensors import read_safetensors_file, weight_files
 from app.engine.models.vision.qwen_vl_config import QwenVisionConfig, qwen_vision_config
 from app.engine.quant.dispatch import QuantizedTensor
@@ -19,10 +19,9 @@ def load_qwen_vision(folder: Path, hf_config: dict) -> tuple[QwenVisionConfig, T
     """The vision side of a Qwen2_5_VLForConditionalGeneration folder; None without a vision_config."""
     if "vision_config" not in hf_config:
         return None
-    processor_path = folder / "preprocessor_config.json"
-    processor = json.loads(processor_path.read_text("utf-8")) if processor_path.is_file() else None
+    settings = read_processor_settings(folder, "image_processor")
     try:
-        cfg = qwen_vision_config(hf_config, processor)
+        cfg = qwen_vision_config(hf_config, settings.values, settings.source)
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, CheckpointError):
             raise CheckpointError(f"{folder}: {exc}") from None

@@ -8,7 +8,6 @@ converter adds the 1).
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import numpy as np
 
 from app.engine.loader.gguf import read_gguf
 from app.engine.loader.names import CheckpointError
+from app.engine.loader.processor_config import read_processor_settings
 from app.engine.loader.safetensors import read_safetensors_file, weight_files
 from app.engine.models.vision.config import VisionConfig, vision_config_from_gguf, vision_config_from_hf
 from app.engine.quant.dispatch import QuantizedTensor
@@ -88,9 +88,11 @@ def load_hf_vision(folder: Path, hf_config: dict) -> tuple[VisionConfig, Tensors
     """The vision side of a Gemma3ForConditionalGeneration folder; None for a text-only folder."""
     if "vision_config" not in hf_config:
         return None
-    processor_path = folder / "preprocessor_config.json"
-    processor = json.loads(processor_path.read_text("utf-8")) if processor_path.is_file() else None
-    cfg = vision_config_from_hf(hf_config, processor)
+    settings = read_processor_settings(folder, "image_processor")
+    try:
+        cfg = vision_config_from_hf(hf_config, settings.values, settings.source)
+    except CheckpointError as exc:
+        raise CheckpointError(f"{folder}: {exc}") from None
     tensors: Tensors = {}
     for file in weight_files(folder):
         for hf_name, tensor in read_safetensors_file(file).items():

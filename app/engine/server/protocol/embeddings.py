@@ -15,6 +15,10 @@ class EmbeddingRequest(EdgeChecked):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(default=None, ge=1)
     user: str | None = None
+    # Extensions for instruction-tuned embedders (Qwen3-Embedding): "query" puts the model's task
+    # instruction before each input (`instruction` replaces its default task); documents go as they are.
+    input_type: Literal["query", "document"] | None = None
+    instruction: str | None = Field(default=None, min_length=1, max_length=2000)
 
 
 class EmbeddingData(BaseModel):

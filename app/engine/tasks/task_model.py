@@ -1,0 +1,182 @@
+"""Embedding and reranking models loaded beside the chat model (`paddock serve --embedding-model`,
+`--rerank-model`): Qwen3-Embedding and Qwen3-Reranker are Qwen3 decoders, so each is a second
+`LLMEngine` of its own, used only through `PromptRunner` (whole prompts, nothing sampled).
+
+A task model's engine is sized for its job: one sequence at a time, a KV cache for one text of
+`TASK_CONTEXT` tokens (or the model's context if shorter), no prefix cache, no CUDA graphs and no
+float16 weight copies. Its calls come from the server's worker threads; a lock lets one run at
+a time, so the engine is never driven by two threads at once.
+
+`--embedding-model` also takes a BERT-family sentence-transformers folder (the default kind);
+a GGUF file or a folder whose config.json names a decoder architecture is loaded here instead.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+
+from app.engine.loader.names import CheckpointError, architecture_of
+
+TASK_CONTEXT = 8192  # tokens per text; Qwen3's model cards embed and rerank with max_length 8192
+TASK_BLOCK_SIZE = 16
+CLASSIFIER_HEAD = "cls.output.weight"  # llama.cpp's Qwen3-Reranker head: the "yes" and "no" rows
+_LAST_TOKEN = "pooling_mode_lasttoken"
+T = TypeVar("T")
+
+
+class TaskModel:
+    """A decoder engine that one job uses: `run(fn)` calls `fn()` while no other call runs."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self._lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return self.engine.info.name
+
+    def run(self, fn: Callable[[], T]) -> T:
+        with self._lock:
+            return fn()
+
+    @classmethod
+    def load(cls, path: str | Path, job: str, device: str = "auto", context: int = TASK_CONTEXT) -> TaskModel:
+        """The decoder at `path` (a .gguf file or a Hugging Face folder) for `job` ("embedding", "rerank").
+
+        Errors name the path and what is wrong with it (FileNotFoundError, CheckpointError)."""
+        from app.engine.config import EngineConfig
+        from app.engine.core.engine import LLMEngine
+
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"{job} model {path} does not exist")
+        if path.is_file() and path.suffix.lower() != ".gguf":
+            raise CheckpointError(f"{job} model {path}: not a .gguf file or a model folder")
+        # No max_model_len: the KV blocks bound the context (the model's own if shorter), without a warning.
+        config = EngineConfig(
+            model=str(path), device=device, max_num_seqs=1,
+            max_num_batched_tokens=min(context, 2048), block_size=TASK_BLOCK_SIZE,
+            num_kv_blocks=-(-context // TASK_BLOCK_SIZE) + 1, enable_prefix_caching=False,
+            cuda_graphs=False, prefill_graphs=False, async_decode=False, weight_cache="off",
+        )  # fmt: skip
+        try:
+            return cls(LLMEngine(config))
+        except (ValueError, KeyError) as exc:  # CheckpointError included: say which job's model it was
+            named = f"{job} model:" if str(path) in str(exc) else f"{job} model {path}:"
+            raise CheckpointError(f"{named} {exc}") from None
+
+
+def is_decoder_model(path: str | Path) -> bool:
+    """A GGUF file, or a folder whose config.json names an architecture the engine decodes
+    (anything else is left to the BERT embedder, whose errors name what it lacks)."""
+    path = Path(path)
+    if path.is_file():
+        return path.suffix.lower() == ".gguf"
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        return False
+    try:
+        architecture_of(_read_json(config_file))
+    except CheckpointError:
+        return False
+    return True
+
+
+def load_decoder_embedder(path: str | Path, device: str = "auto", context: int = TASK_CONTEXT) -> Any:
+    """Qwen3-Embedding (or another decoder) as an `Embedder` beside the chat model: last-token
+    pooling, the folder's own query prompt (config_sentence_transformers.json) if it has one."""
+    from app.engine.tasks.pooling import DecoderEmbedder
+
+    path = Path(path)
+    prefix = _folder_query_prompt(path) if path.is_dir() else None
+    task = TaskModel.load(path, "embedding", device, context)
+    return DecoderEmbedder(task.engine, run_on_engine=task.run, query_prefix=prefix)
+
+
+def load_decoder_reranker(path: str | Path, device: str = "auto", context: int = TASK_CONTEXT) -> Any:
+    """Qwen3-Reranker as a `Reranker` beside the chat model: P("yes") against P("no") after the
+    model card's prompt. A sentence-transformers embedding folder is refused: it pools, it does not judge."""
+    from app.engine.tasks.pooling import decoder_reranker
+
+    path = Path(path)
+    if path.is_dir() and _pooling_modes(path):
+        raise CheckpointError(
+            f"rerank model {path}: this is an embedding model (modules.json has a Pooling module); "
+            "pass it as --embedding-model, and a Qwen3-Reranker as --rerank-model"
+        )
+    task = TaskModel.load(path, "rerank", device, context)
+    try:
+        if CLASSIFIER_HEAD in task.engine.checkpoint.tensors:
+            return _classifier_reranker(task, path)
+        return decoder_reranker(task.engine, run_on_engine=task.run)
+    except ValueError as exc:
+        raise CheckpointError(f"rerank model {path}: {exc}") from None
+
+
+def _classifier_reranker(task: TaskModel, path: Path) -> Any:
+    """A Qwen3-Reranker GGUF as llama.cpp converts it: no output.weight (its own head's rows would be
+    lost: the engine would fall back to the embeddings), the head's "yes" and "no" rows kept as
+    `cls.output.weight` in the order `{arch}.classifier.output_labels` gives."""
+    from app.engine.tasks.pooling import PromptRunner
+    from app.engine.tasks.rerank import YesNoReranker
+
+    engine = task.engine
+    head = engine.checkpoint.tensors[CLASSIFIER_HEAD].dequantize()
+    labels = list(engine.checkpoint.metadata.get(f"{engine.checkpoint.architecture}.classifier.output_labels") or [])
+    if head.ndim != 2 or head.shape[1] != engine.model_config.hidden_size or sorted(labels) != ["no", "yes"]:
+        raise CheckpointError(
+            f"rerank model {path}: {CLASSIFIER_HEAD} of shape {list(head.shape)} with labels {labels} is not "
+            f"a yes/no head over the hidden size {engine.model_config.hidden_size}"
+        )
+    runner, tokenizer = PromptRunner(engine), engine.tokenizer
+
+    def final_logits(prompts: list[str]) -> tuple[np.ndarray, list[int]]:
+        ids = [tokenizer.encode(p) for p in prompts]
+        return task.run(lambda: runner.last_hidden(ids)) @ head.T, [len(i) for i in ids]
+
+    return YesNoReranker(task.name, final_logits, labels.index("yes"), labels.index("no"))
+
+
+def _folder_query_prompt(folder: Path) -> str | None:
+    """Its sentence-transformers query prompt; refuses a pooling other than the last token's."""
+    modes = _pooling_modes(folder)
+    if modes and not modes.get(_LAST_TOKEN):
+        chosen = ", ".join(k for k, on in modes.items() if on and k.startswith("pooling_mode")) or "none"
+        raise CheckpointError(
+            f"embedding model {folder}: 1_Pooling pools by {chosen}; a decoder embeds with its last token "
+            f"({_LAST_TOKEN})"
+        )
+    st_config = folder / "config_sentence_transformers.json"
+    if not st_config.is_file():
+        return None
+    prompts = _read_json(st_config).get("prompts") or {}
+    query = prompts.get("query")
+    return query if isinstance(query, str) else None
+
+
+def _pooling_modes(folder: Path) -> dict[str, Any]:
+    """The Pooling module's settings from modules.json, {} without one."""
+    modules_file = folder / "modules.json"
+    if not modules_file.is_file():
+        return {}
+    modules = _read_json(modules_file)
+    if not isinstance(modules, list):
+        raise CheckpointError(f"{modules_file}: holds a JSON {type(modules).__name__}, not a list of modules")
+    for module in modules:
+        if isinstance(module, dict) and str(module.get("type", "")).endswith(".Pooling"):
+            config = folder / str(module.get("path", "")) / "config.json"
+            return _read_json(config) if config.is_file() else {}
+    return {}
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
