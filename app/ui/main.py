@@ -71,7 +71,7 @@ def run_studio(model: str | None = None, home: str | os.PathLike[str] | None = N
 
     from app.ui.gc_guard import GuiThreadCollector
     from app.ui.main_window import MainWindow
-    from app.ui.theme import apply_theme
+    from app.ui.theme import follow_theme
 
     app = QApplication(argv or sys.argv[:1])
     configure_application(app)
@@ -80,7 +80,7 @@ def run_studio(model: str | None = None, home: str | os.PathLike[str] | None = N
     asyncio.set_event_loop(loop)
     install_asyncgen_hooks(loop)
     context = build_context(studio_paths(home), copy_text=lambda text: QGuiApplication.clipboard().setText(text))
-    apply_theme(app, context.settings.get("appearance.theme"))
+    stop_theme = follow_theme(app, context.settings)  # a theme chosen in Settings applies at once
     window = MainWindow(context)
     # an error nobody caught becomes a sentence in the status bar, not a traceback in a terminal
     sys.excepthook = lambda kind, value, tb: window.report_error(value)
@@ -89,5 +89,6 @@ def run_studio(model: str | None = None, home: str | os.PathLike[str] | None = N
     with loop:
         loop.run_forever()
     window.shutdown()
+    stop_theme()
     collector.stop()
     return 0
