@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from app.studio.chat import ChatService
+from app.studio.embedders import EmbedderHost, EmbedderSource, default_embedder
 from app.studio.history import History
 from app.studio.paths import StudioPaths, studio_paths
 from app.studio.runtime import EngineFactory, EngineHost, default_factory
@@ -32,20 +33,23 @@ DESKTOP_FILE_NAME = "paddock-studio"  # matches resources/paddock-studio.desktop
 def build_context(paths: StudioPaths, *, engine_factory: EngineFactory = default_factory,
                   executor: ThreadExecutor | SyncExecutor | None = None,
                   host_executor: ThreadExecutor | SyncExecutor | None = None, dialogs: Dialogs | None = None,
-                  copy_text: Callable[[str], None] | None = None, use_keyring: bool = True) -> StudioContext:
+                  copy_text: Callable[[str], None] | None = None, use_keyring: bool = True,
+                  embedder_source: EmbedderSource = default_embedder) -> StudioContext:
     """The Studio's services over the folders in `paths` (call on the Qt thread, after QApplication exists)."""
     paths.ensure()
     settings = Settings.load(paths.settings_file)
     history = History(paths.history_db)
     worker = Worker(UiBridge(), executor)
     host = EngineHost(engine_factory, executor=host_executor)
-    server = ServerControl(lambda: host.client)
+    embedders = EmbedderHost(embedder_source)
+    server = ServerControl(lambda: host.client, embedder=lambda: embedders.loaded)
     server.follow(host)
+    server.follow_embedder(embedders)  # /v1/embeddings once the Documents pane has loaded the model
     return StudioContext(
         paths=paths, settings=settings, secrets=SecretStore(settings, use_keyring=use_keyring), history=history,
         host=host, chat=ChatService(history, lambda: host.client), server=server, worker=worker,
         runtime=RuntimeWatcher(host, worker), dialogs=dialogs or Dialogs(),
-        copy_text=copy_text or (lambda text: None),
+        copy_text=copy_text or (lambda text: None), embedders=embedders,
     )
 
 

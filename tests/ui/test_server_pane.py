@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 
 import httpx
+import numpy as np
 import openai
 import pytest
 from PySide6.QtCore import QPoint, Qt
@@ -155,3 +156,27 @@ def test_a_typed_key_is_saved_when_the_field_is_left(qtbot, pane, make_window, m
 def test_the_settings_dialog_changes_show_in_the_pane(qtbot, pane):
     pane.settings.update({"server.port": 23456, "engine.kv_dtype": "fp8"})
     assert pane.port.value() == 23456 and pane.kv_dtype.currentData() == "fp8"
+
+
+def test_the_api_serves_embeddings_once_the_documents_pane_loaded_the_model(qtbot, make_window, tmp_path):
+    from studio.doc_files import write_pdf
+
+    from .drag import drop
+
+    window = make_window(panes=("server", "documents"), threaded=True)
+    pane, documents = window.pane("server"), window.pane("documents")
+    pane.port.setValue(free_port())
+    _toggle(qtbot, pane, True)
+    url = pane.openai_url.text.text() + "/embeddings"
+    before = httpx.post(url, json={"model": "sentence-transformers/all-MiniLM-L6-v2", "input": "hello"})
+    assert before.status_code == 404 and "No embedding model is loaded" in before.text
+
+    with qtbot.waitSignal(documents.ingest_finished, timeout=60_000):
+        drop(documents.drop_zone, [write_pdf(tmp_path / "festival.pdf")])  # loads the embedding model
+    qtbot.waitUntil(lambda: pane.server.running and "(embeddings)" in pane.state.text(), timeout=WAIT_MS)
+    client = openai.OpenAI(base_url=pane.openai_url.text.text(), api_key="unused", max_retries=0)
+    reply = client.embeddings.create(model="sentence-transformers/all-MiniLM-L6-v2", input="hello")
+    embedder = window.context.embedders.loaded
+    assert len(reply.data[0].embedding) == embedder.dimensions == 384
+    assert np.allclose(reply.data[0].embedding, embedder.embed(["hello"])[0], atol=1e-5)
+    _toggle(qtbot, pane, False)
