@@ -33,7 +33,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.engine.core.fit import FitReport, check_fit, format_bytes
+from app.engine.core.fit import format_bytes
 from app.studio.downloads import (
     HubClient,
     HubUnreachable,
@@ -43,7 +43,8 @@ from app.studio.downloads import (
     bytes_present,
     model_folder,
 )
-from app.studio.recommendations import Recommendation, recommended_fits
+from app.studio.fit_estimate import FitEstimate, estimate
+from app.studio.recommendations import Recommendation, RecommendationFit, recommended_fits
 from app.studio.runtime import fit_options
 from app.studio.settings import Settings
 from app.studio.tasks import CancelToken, Progress, TaskResult
@@ -62,7 +63,7 @@ HUB_WAIT_MS = 4000  # no reply by then: reported as offline (and abandoned); und
 class HubBrowser(QWidget):
     searched = Signal(object)  # TaskResult[list[SearchHit]]
     listed = Signal(object)  # TaskResult[RepoListing]
-    fit_checked = Signal(object)  # TaskResult[FitReport]
+    fit_checked = Signal(object)  # TaskResult[FitEstimate]
     download_finished = Signal(object)  # TaskResult[list[Path]]
 
     def __init__(self, hub: Callable[[], HubClient], models_dir: Callable[[], Path], settings: Settings,
@@ -159,9 +160,16 @@ class HubBrowser(QWidget):
         self.recommended_button.clicked.connect(self.show_recommended)
         self.retry_button.clicked.connect(lambda: self._retry())
         self.recommended.download_requested.connect(self.get_recommended)
+        self.recommended.fit_selected.connect(self.show_recommended_fit)
 
     def show_recommended(self) -> None:
         self.left.setCurrentWidget(self.recommended)
+
+    def show_recommended_fit(self, fit: RecommendationFit) -> None:
+        """A recommended model's row picked: its breakdown and speed in the fit panel, before any download."""
+        self._asked += 1  # a fit check still on its way for another model is dropped
+        self.repo.setText(f"{fit.recommendation.title}: {fit.recommendation.repo_id} · {fit.recommendation.file}")
+        self.fit.show_report(fit.report, fit.speed)
 
     def get_recommended(self, rec: Recommendation) -> None:
         """One click: list the repository, pick the file, download it."""
@@ -341,12 +349,12 @@ class HubBrowser(QWidget):
         options = fit_options(self.settings)
         self.fit.show_pending("Reading the model's shape from the hub (a few hundred KB)…")
 
-        def probe(ctx: object) -> FitReport:
-            return check_fit(self._hub().probe_model(listing, gguf_file, vision=vision).shape, options)
+        def probe(ctx: object) -> FitEstimate:
+            return estimate(self._hub().probe_model(listing, gguf_file, vision=vision).shape, options)
 
         self.worker.submit(probe, on_done=lambda result: self._on_fit(result, asked), owner=self)
 
-    def _on_fit(self, result: TaskResult[FitReport], asked: int) -> None:
+    def _on_fit(self, result: TaskResult[FitEstimate], asked: int) -> None:
         if asked != self._asked:
             return
         self.fit.show_result(result)
