@@ -47,16 +47,19 @@ class DecodeSpeed:
     def slow(self) -> bool:
         return self.tokens_per_s < SLOW_TOKENS_PER_S
 
+    def rate(self) -> str:
+        """"~12 tokens/s", "~2.1 tokens/s"."""
+        return (f"~{self.tokens_per_s:.0f}" if self.tokens_per_s >= 10 else f"~{self.tokens_per_s:.1f}") + " tokens/s"
+
     def short(self) -> str:
-        """For a table cell: "~12 tokens/s", "~2.1 tokens/s: slow"."""
-        rate = f"~{self.tokens_per_s:.0f}" if self.tokens_per_s >= 10 else f"~{self.tokens_per_s:.1f}"
-        return f"{rate} tokens/s" + (": slow" if self.slow else "")
+        """For a table cell: "~12 tok/s", "~2.1 tok/s, slow"."""
+        return self.rate().replace("tokens/s", "tok/s") + (", slow" if self.slow else "")
 
     def describe(self) -> str:
         """The sentence behind the number."""
-        return (f"Expected speed here: {self.short()} at most ({format_bytes(self.bytes_per_token)} of weights "
+        return (f"Expected speed here: at most {self.rate()} ({format_bytes(self.bytes_per_token)} of weights "
                 f"read per token at {self.bandwidth / 1e9:.1f} GB/s measured memory bandwidth)"
-                + (". Fits, but answers will come slowly." if self.slow else "."))
+                + (". It fits, but answers will come slowly." if self.slow else "."))
 
 
 def active_weight_bytes(shape: ModelShape) -> int:

@@ -50,8 +50,8 @@ def test_fits_but_slow_is_told_from_memory_bandwidth(tmp_path):
     small, big = rows["Llama 3.2 3B Instruct"].speed, rows["Qwen3 8B"].speed
     assert small.tokens_per_s == BANDWIDTH / 2_019_000_000 and not small.slow  # ~9.9 tokens/s
     assert big.tokens_per_s == BANDWIDTH / 5_027_000_000 < SLOW_TOKENS_PER_S and big.slow  # ~4.0 tokens/s
-    assert big.short() == "~4.0 tokens/s: slow" and "answers will come slowly" in big.describe()
-    assert small.short() == "~9.9 tokens/s" and "20.0 GB/s" in small.describe()
+    assert big.short() == "~4.0 tok/s, slow" and "answers will come slowly" in big.describe()
+    assert small.short() == "~9.9 tok/s" and "20.0 GB/s" in small.describe()
     assert decode_speed(RECOMMENDED[0].shape, None) is None  # bandwidth unknown: no number is made up
 
 

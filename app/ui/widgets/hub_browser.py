@@ -144,7 +144,7 @@ class HubBrowser(QWidget):
         splitter = QSplitter(Qt.Orientation.Horizontal)
         splitter.addWidget(self.left)
         splitter.addWidget(right)
-        splitter.setSizes([640, 420])  # the recommendations' verdicts and Get buttons need the room
+        splitter.setSizes([700, 360])  # the recommendations' verdicts, speeds and Get buttons need the room
         layout = QVBoxLayout(self)
         layout.addLayout(search_row)
         layout.addLayout(note_row)

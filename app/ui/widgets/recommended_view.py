@@ -25,7 +25,7 @@ from app.engine.core.fit import format_bytes
 from app.studio.recommendations import RECOMMENDED, Recommendation, RecommendationFit
 from app.studio.tasks import TaskResult
 
-HEADERS = ("Model", "For", "Download", "Fit on this machine", "Speed here", "")
+HEADERS = ("Model", "For", "Download", "Fit at the chat's context", "Speed here", "")
 FIT_COLUMN, SPEED_COLUMN = 3, 4
 
 
@@ -41,6 +41,7 @@ class RecommendedView(QWidget):
         self.table = QTableWidget(len(RECOMMENDED), len(HEADERS))
         self.table.setHorizontalHeaderLabels(list(HEADERS))
         self.table.verticalHeader().hide()
+        self.table.setWordWrap(False)  # a verdict wrapped into a row's height was cut off
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         header = self.table.horizontalHeader()
@@ -89,9 +90,16 @@ class RecommendedView(QWidget):
 
 
 def verdict_text(fit: RecommendationFit) -> str:
-    """"FITS at 8,192 tokens (max 131,072)"; where less than that fits, how much does."""
+    """"FITS at 8k (max 128k)": tokens of context; where less than that fits, how much does (one short line:
+    the whole sentence is the cell's tooltip and the fit panel's)."""
     report = fit.report
-    text = f"{report.verdict.upper()} at {report.context_length:,} tokens (max {report.model_context_length:,})"
+    text = (f"{report.verdict.upper()} at {tokens_short(report.context_length)} "
+            f"(max {tokens_short(report.model_context_length)})")
     if report.budget_bytes is not None and report.max_context < report.context_length:
-        text += f" · up to {report.max_context:,} fit" if report.max_context else ""
+        text += f" · up to {tokens_short(report.max_context)} fit" if report.max_context else ""
     return text
+
+
+def tokens_short(count: int) -> str:
+    """A context length as models are named by it: 8192 -> "8k", 131072 -> "128k"; others in full."""
+    return f"{count // 1024}k" if count >= 1024 and count % 1024 == 0 else f"{count:,}"
