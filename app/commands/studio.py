@@ -5,8 +5,11 @@ its platform plugin) there is no window to open: the command says so and serves 
 headless on 127.0.0.1:11660 instead, exactly as `paddock serve` does.
 
 Qt aborts the whole process when its platform plugin cannot start (a missing xcb
-library, an unreachable X server), so whether it can is asked of a short-lived child
-process first; only then is the window opened in this one.
+library, an unreachable X server), so whether it can is asked first: `ldd` on the xcb
+plugin for the shared libraries it lacks (named with their packages and the install
+command, app/studio/qt_libraries.py), then a short-lived child process that starts Qt with
+`QT_DEBUG_PLUGINS=1` (whose output names a library `ldd` could not check); only then is the
+window opened in this one.
 """
 
 from __future__ import annotations
@@ -43,8 +46,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     reason = "--headless was given" if args.headless else no_display_reason()
     if reason is not None:
-        print(f"paddock: no display ({reason}); serving the API headless on "
-              f"http://127.0.0.1:{args.port} instead (Ctrl-C stops it).", file=sys.stderr)
+        headless = f"serving the API headless on http://127.0.0.1:{args.port} instead (Ctrl-C stops it)."
+        if "\n" in reason:  # the system packages Qt lacks, with the install command
+            print(f"paddock: the window cannot open.\n{reason}\nFor now, {headless}", file=sys.stderr)
+        else:
+            print(f"paddock: no display ({reason}); {headless}", file=sys.stderr)
         return serve_headless(args)
     from app.ui.main import run_studio
 
@@ -60,18 +66,31 @@ def no_display_reason(environ: dict[str, str] | None = None, probe: bool = True)
     if sys.platform.startswith("linux") and not platform:
         if not env.get("DISPLAY") and not env.get("WAYLAND_DISPLAY"):
             return "neither DISPLAY nor WAYLAND_DISPLAY is set"
-    return qt_start_problem(env) if probe else None
+    if not probe:
+        return None
+    from app.commands.check_display import missing_for_window
+    from app.studio.qt_libraries import install_advice, read_os_release
+
+    missing = missing_for_window(env)
+    if missing:
+        return install_advice(missing, read_os_release())
+    return qt_start_problem(env)
 
 
 def qt_start_problem(environ: dict[str, str] | os._Environ[str]) -> str | None:
     """Start Qt's GUI layer in a child process; the reason it failed, or None when it started."""
+    from app.studio.qt_libraries import install_advice, missing_from_qt_debug, read_os_release
+
     try:
-        child = subprocess.run([sys.executable, "-c", QT_PROBE], env=dict(environ), capture_output=True, text=True,
-                               timeout=QT_PROBE_TIMEOUT_S)
+        child = subprocess.run([sys.executable, "-c", QT_PROBE], env={**environ, "QT_DEBUG_PLUGINS": "1"},
+                               capture_output=True, text=True, timeout=QT_PROBE_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"Qt did not start: {exc}"
     if child.returncode == 0:
         return None
+    missing = missing_from_qt_debug(child.stderr)
+    if missing:
+        return install_advice(missing, read_os_release())
     lines = [line.strip() for line in child.stderr.splitlines() if line.strip()]
     detail = next((line for line in lines if "platform plugin" in line or "cannot" in line.lower()),
                   lines[-1] if lines else f"exit status {child.returncode}")

@@ -35,6 +35,7 @@ from app.studio.documents import (
     extract_document,
     supported_extensions,
 )
+from app.studio.embedders import EmbedderSource, default_embedder
 from app.studio.retrieval import (
     Chunk,
     DocumentIndex,
@@ -67,7 +68,6 @@ AnswerProgress = Callable[[int, int, str], None]  # (pages read, pages to read, 
 GET_VISION = ("Load a model with vision: in the Models pane, download a Gemma 3 GGUF together with its mmproj "
               "file (e.g. ggml-org/gemma-3-4b-it-GGUF) and load it.")
 CancelCheck = Callable[[], bool]
-EmbedderSource = Callable[[], Embedder]
 
 
 class DocQAError(Exception):
@@ -76,13 +76,6 @@ class DocQAError(Exception):
 
 def is_document_file(path: str | Path) -> bool:
     return Path(path).suffix.lower() in DOCUMENT_EXTENSIONS
-
-
-def default_embedder() -> Embedder:
-    """The shipped all-MiniLM-L6-v2, loaded on first use and shared by every set."""
-    from app.engine.embeddings import load_default_embedder
-
-    return load_default_embedder()
 
 
 def embedder_source(path: str, device: str = "auto") -> EmbedderSource:

@@ -1,6 +1,10 @@
 """Hugging Face hub: search, list a repo's files with sizes, download into the models folder.
 
-Listing and search go through `huggingface_hub.HfApi`; the transfer itself is our own
+Search is one plain request to the hub's `/api/models` and the listing goes through
+`huggingface_hub.HfApi`, each tried once with a short timeout: huggingface_hub's own retry loop
+(five retries with back-off, each logged) kept a worker thread retrying and logging long after
+the Studio had said the hub does not answer, and past interpreter exit. A hub that cannot be
+reached raises `HubUnreachable`, which the UI shows as "offline" with a Retry. The transfer itself is our own
 streaming loop so the UI gets byte progress, a cancel that takes effect within one
 chunk, and resume across restarts:
 
@@ -50,6 +54,7 @@ from app.studio.mmproj import is_mmproj, pick_mmproj
 from app.studio.tasks import CancelToken, Progress, ProgressCallback, TaskCancelled
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
+HUB_CALL_TIMEOUT_S = 5.0  # search and listing: the UI calls a hub silent this long offline (HUB_WAIT_MS)
 _GGUF_PROBE_PIECE = 4 * 1024 * 1024  # per range request; a 262k-token vocabulary's header is ~6.5 MB
 _GGUF_PROBE_LIMIT = 128 * 1024 * 1024  # no real header is larger
 # What a safetensors model needs besides its weights: its tokenizer and template, its image/audio
@@ -64,6 +69,10 @@ _SUPPORT_FILES = ("config.json", "generation_config.json", "tokenizer.json", "to
 
 class DownloadError(Exception):
     """A hub request or transfer failed; the message is meant for the user."""
+
+
+class HubUnreachable(DownloadError):
+    """No answer from the hub: no network, no such host, a refused or silent connection."""
 
 
 class ChecksumMismatch(DownloadError):
@@ -176,21 +185,32 @@ class HubClient:
         return build_hf_headers(token=self.token, library_name="paddock-studio")
 
     def search(self, query: str, limit: int = 20, gguf_only: bool = False) -> list[SearchHit]:
-        """Models matching `query`, most downloaded first."""
+        """Models matching `query`, most downloaded first (one request, no retries)."""
+        params: dict[str, str | int] = {"sort": "downloads", "direction": -1, "limit": limit}
+        if query:
+            params["search"] = query
+        if gguf_only:
+            params["filter"] = "gguf"
         with _hub_errors(f"search for {query!r}", self.endpoint):
-            found = self._api().list_models(
-                search=query or None, filter="gguf" if gguf_only else None, sort="downloads", limit=limit
-            )
+            response = httpx.get(f"{self.endpoint}/api/models", params=params, headers=self._headers(),
+                                 timeout=HUB_CALL_TIMEOUT_S, follow_redirects=True)
+        if response.status_code >= 400:
+            raise DownloadError(f"search for {query!r}: the hub answered HTTP {response.status_code}")
+        try:
+            found = response.json()
             return [
-                SearchHit(m.id, m.downloads or 0, m.likes or 0, tuple(m.tags or ()),
-                          m.last_modified.isoformat() if m.last_modified else None)
-                for m in found
+                SearchHit(m["id"], int(m.get("downloads") or 0), int(m.get("likes") or 0), tuple(m.get("tags") or ()),
+                          m.get("lastModified"))
+                for m in found[:limit]
             ]
+        except (ValueError, TypeError, KeyError) as exc:
+            raise DownloadError(f"search for {query!r}: the hub's answer is not a model list ({exc})") from exc
 
     def list_files(self, repo_id: str, revision: str | None = None) -> RepoListing:
         """Every file of the repo with its size and checksum, pinned to the current commit."""
         with _hub_errors(repo_id, self.endpoint):
-            info = self._api().model_info(repo_id, revision=revision, files_metadata=True)
+            info = self._api().model_info(repo_id, revision=revision, files_metadata=True,
+                                          timeout=HUB_CALL_TIMEOUT_S)
         files = tuple(
             RemoteFile(
                 path=s.rfilename,
@@ -491,7 +511,8 @@ class _hub_errors:
         elif isinstance(exc, errors.HfHubHTTPError):
             message = f"{self.what}: the hub answered {exc.response.status_code if exc.response else 'an error'}"
         elif type(exc).__module__.split(".")[0] in ("httpx", "httpx2") or isinstance(exc, OSError):
-            message = f"cannot reach the Hugging Face hub at {self.endpoint} ({type(exc).__name__}: {exc})"
+            raise HubUnreachable(f"cannot reach the Hugging Face hub at {self.endpoint} "
+                                 f"({type(exc).__name__}: {exc})") from exc
         else:
             return False
         raise DownloadError(message) from exc
@@ -506,7 +527,7 @@ class _transfer_errors(_hub_errors):
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
         if isinstance(exc, httpx.ConnectError):
-            raise DownloadError(f"cannot reach the hub for {self.what} ({exc})") from exc
+            raise HubUnreachable(f"cannot reach the hub for {self.what} ({exc})") from exc
         if isinstance(exc, httpx.TransportError):
             have = self.part.stat().st_size if self.part and self.part.exists() else 0
             resume = f"; {have} bytes kept, start again to resume" if self.part else ""

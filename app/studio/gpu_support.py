@@ -1,7 +1,8 @@
 """What this installation can run on: its CuPy build, the CUDA driver found, and what to do about it.
 
 `paddock --version` prints it and the Studio shows `banner()` when the engine would run on
-the CPU: an installer built with `--cuda 12` or `--cuda 13` carries one CuPy wheel, and each
+the CPU on a machine that has an NVIDIA GPU (one with none has nothing to install: no banner;
+the PCI bus in sysfs says which, without any driver): an installer built with `--cuda 12` or `--cuda 13` carries one CuPy wheel, and each
 needs an NVIDIA driver at least as new as its CUDA major version. CuPy is imported lazily and
 only here, so the CPU path and machines without a driver never load the CUDA libraries; any
 call that needs a driver is caught and reported as the reason.
@@ -13,6 +14,7 @@ import contextlib
 import importlib.metadata
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 # The oldest driver each CUDA major version runs on (NVIDIA's CUDA release notes, "minor version
 # compatibility": any 12.x runtime works from the 12.0 driver, any 13.x from the 13.0 driver).
@@ -21,6 +23,8 @@ DRIVER_NEEDED = {
     13: "NVIDIA driver 580.65 or newer on Linux, 580.88 or newer on Windows (CUDA 13)",
 }
 CUPY_DISTRIBUTIONS = {"cupy-cuda12x": 12, "cupy-cuda13x": 13}
+NVIDIA_PCI_VENDOR = "0x10de"
+PCI_DEVICES = Path("/sys/bus/pci/devices")
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,7 @@ class GpuSupport:
     cuda_runtime: str | None = None  # "13.0"
     driver_cuda: str | None = None  # the newest CUDA version the installed driver supports
     gpu: str | None = None
+    nvidia_gpu: bool | None = None  # an NVIDIA GPU on the PCI bus; None: cannot tell here (not Linux)
 
     @property
     def driver_needed(self) -> str:
@@ -42,8 +47,9 @@ class GpuSupport:
         return "CuPy: pip install 'paddock-studio[cuda12]' or '[cuda13]', matching the driver (nvidia-smi)"
 
     def banner(self) -> str | None:
-        """One sentence for the window when the engine runs on the CPU, None when it uses the GPU."""
-        if self.backend == "cuda":
+        """One sentence for the window when the engine runs on the CPU of a machine with an NVIDIA GPU; None
+        when it uses the GPU or the machine has none (nothing to install would change that)."""
+        if self.backend == "cuda" or self.nvidia_gpu is False:
             return None
         return f"Running on the CPU: {self.reason}. The GPU engine needs {self.driver_needed}."
 
@@ -58,14 +64,15 @@ class GpuSupport:
         return out
 
 
-def gpu_support() -> GpuSupport:
+def gpu_support(pci_devices: Path = PCI_DEVICES) -> GpuSupport:
     """Probe CuPy and the driver once (about a second with a GPU; instant without CuPy)."""
-    major = cupy_cuda_major()
+    major, present = cupy_cuda_major(), nvidia_gpu_present(pci_devices)
     try:
         import cupy
     except ImportError:
-        return GpuSupport("cpu", "this installation has no CUDA support: CuPy is not installed", cuda_major=major)
-    found: dict = dict(cupy_version=cupy.__version__, cuda_major=major)
+        return GpuSupport("cpu", "this installation has no CUDA support: CuPy is not installed", cuda_major=major,
+                          nvidia_gpu=present)
+    found: dict = dict(cupy_version=cupy.__version__, cuda_major=major, nvidia_gpu=present)
     with contextlib.suppress(Exception):  # a CuPy whose CUDA runtime library is missing from this machine
         found["cuda_runtime"] = _cuda_version(cupy.cuda.runtime.runtimeGetVersion())
     try:
@@ -84,6 +91,19 @@ def gpu_support() -> GpuSupport:
         return GpuSupport("cpu", "the NVIDIA driver found no GPU", **found)
     name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
     return GpuSupport("cuda", f"{name}, sm_{props['major']}{props['minor']}", gpu=name, **found)
+
+
+def nvidia_gpu_present(pci_devices: Path = PCI_DEVICES) -> bool | None:
+    """Whether the PCI bus has an NVIDIA display or 3D controller (vendor 0x10de, class 0x03xxxx), read from
+    sysfs without any driver; None where there is no sysfs to read (Windows, macOS, a container without it)."""
+    if not pci_devices.is_dir():
+        return None
+    for device in pci_devices.iterdir():
+        with contextlib.suppress(OSError):
+            vendor = (device / "vendor").read_text().strip().lower()
+            if vendor == NVIDIA_PCI_VENDOR and (device / "class").read_text().strip().lower().startswith("0x03"):
+                return True
+    return False
 
 
 def cupy_cuda_major() -> int | None:

@@ -7,6 +7,11 @@ colours code with inline styles, since Qt's rich text has no stylesheet classes.
 fenced or indented code block is collected in `RenderedMarkdown.code_blocks` and gets a
 header with its language and a Copy link made by `copy_href(n)`, numbered across the
 whole transcript so one click handler serves every block.
+
+A single newline is a line break, as in every chat UI (CommonMark would join the lines into
+one paragraph: an answer streamed as separate lines became one run-on paragraph when it
+finished). An image in an answer is shown as a link to it: Qt's rich text would try to load
+the URL itself and draw a broken-image icon, and the Studio fetches nothing a model names.
 """
 
 from __future__ import annotations
@@ -60,11 +65,22 @@ def _parser() -> Any:
     if _PARSER is None:
         from markdown_it import MarkdownIt
 
-        parser = MarkdownIt("commonmark", {"html": False, "linkify": False}).enable(["table", "strikethrough"])
+        parser = MarkdownIt("commonmark", {"html": False, "linkify": False, "breaks": True})
+        parser.enable(["table", "strikethrough"])
         parser.add_render_rule("fence", _code_block)
+        parser.add_render_rule("image", _image_link)
         parser.add_render_rule("code_block", _code_block)
         _PARSER = parser
     return _PARSER
+
+
+def _image_link(renderer: Any, tokens: list[Any], idx: int, options: Any, env: dict[str, Any]) -> str:
+    """`![alt](url)` as a link saying it is an image (markdown-it has already dropped unsafe URLs)."""
+    token = tokens[idx]
+    alt = renderer.renderInlineAsText(token.children or [], options, env) or "image"
+    src = str(token.attrGet("src") or "")
+    label = f"[image: {html.escape(alt)}]"
+    return f'<a href="{html.escape(src, quote=True)}">{label}</a>' if src else label
 
 
 def _code_block(renderer: Any, tokens: list[Any], idx: int, options: Any, env: dict[str, Any]) -> str:

@@ -44,10 +44,11 @@ def load_entry(host: EngineHost, settings: Settings, entry: ModelEntry) -> None:
 
 
 def fit_of(entry: ModelEntry, settings: Settings) -> FitReport | None:
-    """Will-it-fit for `entry` under the engine settings it would load with; None when its shape is unknown."""
-    from app.engine.plan.fit import check_fit
+    """Will-it-fit for `entry` under the engine settings it would load with (at the context it will get);
+    None when its shape is unknown."""
+    from app.studio.fit_estimate import fit_at_context
 
-    return None if entry.shape is None else check_fit(entry.shape, fit_options(settings))
+    return None if entry.shape is None else fit_at_context(entry.shape, fit_options(settings))
 
 
 def wont_fit_question(entry: ModelEntry, report: FitReport | None) -> str | None:

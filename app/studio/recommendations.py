@@ -4,7 +4,8 @@ Each entry names one instruct GGUF on the Hugging Face hub and carries the numbe
 will-it-fit needs (the shape keys of its GGUF header and its size), so the verdict for
 this machine is known before anything is downloaded, and without a network. The verdict
 is `app.engine.plan.fit.check_fit` over the same `ModelShape` that `paddock fit` reads
-from the file's header (tests/ui/test_recommendations.py writes files with these headers
+from the file's header, at the context the Studio will load it with (fit_estimate.py), with the
+decode speed to expect on this machine (tests/ui/test_recommendations.py writes files with these headers
 and compares the two). Sizes are the hub's listed file sizes (2026-11), rounded to the MB;
 the tensors are counted as the whole file, which overstates them by the header's few MB.
 Only architectures the engine runs are listed (gemma3, llama, qwen2, qwen3).
@@ -14,7 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.engine.plan.fit import DeviceMemory, FitOptions, FitReport, ModelShape, check_fit
+from app.engine.plan.fit import DeviceMemory, FitOptions, FitReport, ModelShape
+from app.studio.fit_estimate import DecodeSpeed, decode_speed, fit_at_context, memory_bandwidth
 
 MB = 1_000_000
 
@@ -88,12 +90,18 @@ RECOMMENDED: tuple[Recommendation, ...] = (
 class RecommendationFit:
     recommendation: Recommendation
     report: FitReport
+    speed: DecodeSpeed | None = None  # None: this machine's memory bandwidth is unknown
 
 
 def recommended_fits(options: FitOptions | None = None, device: DeviceMemory | None = None,
-                     table: tuple[Recommendation, ...] = RECOMMENDED) -> list[RecommendationFit]:
-    """Each recommendation with its will-it-fit report on `device` (default: this machine's GPU or RAM)."""
+                     table: tuple[Recommendation, ...] = RECOMMENDED,
+                     bandwidth: float | None = None) -> list[RecommendationFit]:
+    """Each recommendation with its will-it-fit report on `device` (default: this machine's GPU or RAM) at
+    the context the Studio loads it with, and its decode speed at `bandwidth` (default: measured here)."""
     from app.engine.plan.fit import device_memory
 
+    options = options or FitOptions()
     device = device or device_memory()  # read once: every row is judged against the same free memory
-    return [RecommendationFit(rec, check_fit(rec.shape, options, device)) for rec in table]
+    bandwidth = bandwidth if bandwidth is not None else memory_bandwidth(device.kind)
+    return [RecommendationFit(rec, fit_at_context(rec.shape, options, device), decode_speed(rec.shape, bandwidth))
+            for rec in table]

@@ -26,6 +26,7 @@ from app.engine.server.settings import DEFAULT_PORT, ServerSettings
 
 if TYPE_CHECKING:
     from app.engine import EngineClient
+    from app.studio.embedders import EmbedderHost
     from app.studio.runtime import EngineHost, RuntimeStatus
 
 LOOPBACK_HOST, LAN_HOST = "127.0.0.1", "0.0.0.0"
@@ -187,7 +188,8 @@ class ServerControl:
                 settings = options.server_settings()
             except ValueError as exc:
                 raise ServerError(f"Server settings: {exc}") from exc
-            handle = self._handle_factory(client, settings=settings, embedder=self._embedder(),
+            embedder = self._embedder()
+            handle = self._handle_factory(client, settings=settings, embedder=embedder,
                                           app_factory=self._app_factory)
             try:
                 handle.start()
@@ -198,7 +200,8 @@ class ServerControl:
             self._handle, self._options = handle, options
             endpoints = endpoints_for(options, handle.port or options.port)
             where = "on your network" if options.lan else "on this computer"
-            return self._set(ServerState(True, f"Serving {client.model.name} {where} at {endpoints.root}",
+            served = client.model.name + (f" and {embedder.model_name} (embeddings)" if embedder is not None else "")
+            return self._set(ServerState(True, f"Serving {served} {where} at {endpoints.root}",
                                          endpoints, options, client.model.name, client.model.context_length))
 
     def stop(self) -> ServerState:
@@ -210,6 +213,10 @@ class ServerControl:
     def follow(self, host: EngineHost) -> Callable[[], None]:
         """Keep serving across model switches: stop before the old model unloads, restart once the new is ready."""
         return host.subscribe(self._on_runtime)
+
+    def follow_embedder(self, embedders: EmbedderHost) -> Callable[[], None]:
+        """Serve /v1/embeddings once the embedding model is loaded: a running API restarts to take it on."""
+        return embedders.subscribe(lambda embedder: self._restart_for_embeddings())
 
     def snippets(self) -> list[Snippet]:
         state = self._state
@@ -246,6 +253,15 @@ class ServerControl:
             elif status.state == "error" and self._resume_after_switch:
                 self._resume_after_switch = False
                 self._set(ServerState(False, "The API is off: the new model did not load."))
+
+    def _restart_for_embeddings(self) -> None:
+        with self._lock:
+            if not self.running or self._options is None:
+                return  # the next start takes it
+            try:
+                self.start(self._options)
+            except ServerError as exc:
+                self._set(ServerState(False, f"The API could not restart with the embedding model: {exc}"))
 
     def _set(self, state: ServerState) -> ServerState:
         self._state = state

@@ -101,9 +101,10 @@ SETTINGS: tuple[Setting, ...] = (
             "Empty: $HF_ENDPOINT or https://huggingface.co. Set for a mirror.", "Models"),
     Setting("engine.device", "auto", "choice", "Device",
             "auto uses the NVIDIA GPU when one is usable, else the CPU.", "Engine", ("auto", "cpu", "cuda")),
-    Setting("engine.context_length", 0, "int", "Context length",
-            "Tokens per conversation. 0: the model's own, capped by what fits in memory.", "Engine",
-            minimum=0, maximum=10_000_000),
+    Setting("engine.context_length", 8192, "int", "Context length",
+            "Tokens per conversation (question and answer together), capped at the model's own maximum; "
+            "will-it-fit verdicts are taken at this length. 0: the model's maximum, capped by what fits in "
+            "memory.", "Engine", minimum=0, maximum=10_000_000),
     Setting("engine.kv_dtype", "auto", "choice", "KV cache precision",
             "auto: float16 on the GPU, float32 on the CPU. fp8 halves KV memory at a small quality cost.",
             "Engine", ("auto", "float16", "fp8", "float32")),

@@ -14,6 +14,7 @@ from PySide6.QtCore import QObject, Signal
 
 from app.studio.chat import ChatService, ChatSettings
 from app.studio.downloads import HubClient
+from app.studio.embedders import EmbedderHost
 from app.studio.history import History
 from app.studio.library import ModelLibrary
 from app.studio.paths import StudioPaths
@@ -57,6 +58,7 @@ class StudioContext:
     runtime: RuntimeWatcher
     dialogs: Dialogs
     copy_text: Callable[[str], None]  # the clipboard, injected so tests can read what was copied
+    embedders: EmbedderHost  # the embedding model the Documents pane loads, served by the local API too
 
     @property
     def models_dir(self) -> Path:

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from app.studio.chat import ChatService
+from app.studio.doc_qa import embedder_source as doc_qa_embedder
+from app.studio.embedders import EmbedderHost, EmbedderSource
 from app.studio.history import History
 from app.studio.paths import StudioPaths, studio_paths
 from app.studio.runtime import EngineFactory, EngineHost, default_factory
@@ -32,20 +34,25 @@ DESKTOP_FILE_NAME = "paddock-studio"  # matches resources/paddock-studio.desktop
 def build_context(paths: StudioPaths, *, engine_factory: EngineFactory = default_factory,
                   executor: ThreadExecutor | SyncExecutor | None = None,
                   host_executor: ThreadExecutor | SyncExecutor | None = None, dialogs: Dialogs | None = None,
-                  copy_text: Callable[[str], None] | None = None, use_keyring: bool = True) -> StudioContext:
+                  copy_text: Callable[[str], None] | None = None, use_keyring: bool = True,
+                  embedder_source: EmbedderSource | None = None) -> StudioContext:
     """The Studio's services over the folders in `paths` (call on the Qt thread, after QApplication exists)."""
     paths.ensure()
     settings = Settings.load(paths.settings_file)
     history = History(paths.history_db)
     worker = Worker(UiBridge(), executor)
     host = EngineHost(engine_factory, executor=host_executor)
-    server = ServerControl(lambda: host.client)
+    # the Studio's embedder setting: "" the shipped MiniLM, else a Qwen3-Embedding or BERT folder / GGUF
+    embedders = EmbedderHost(embedder_source or doc_qa_embedder(settings.get("documents.embedding_model"),
+                                                                settings.get("engine.device")))
+    server = ServerControl(lambda: host.client, embedder=lambda: embedders.loaded)
     server.follow(host)
+    server.follow_embedder(embedders)  # /v1/embeddings once the Documents pane has loaded the model
     return StudioContext(
         paths=paths, settings=settings, secrets=SecretStore(settings, use_keyring=use_keyring), history=history,
         host=host, chat=ChatService(history, lambda: host.client), server=server, worker=worker,
         runtime=RuntimeWatcher(host, worker), dialogs=dialogs or Dialogs(),
-        copy_text=copy_text or (lambda text: None),
+        copy_text=copy_text or (lambda text: None), embedders=embedders,
     )
 
 
@@ -71,7 +78,7 @@ def run_studio(model: str | None = None, home: str | os.PathLike[str] | None = N
 
     from app.ui.gc_guard import GuiThreadCollector
     from app.ui.main_window import MainWindow
-    from app.ui.theme import apply_theme
+    from app.ui.theme import follow_theme
 
     app = QApplication(argv or sys.argv[:1])
     configure_application(app)
@@ -80,7 +87,7 @@ def run_studio(model: str | None = None, home: str | os.PathLike[str] | None = N
     asyncio.set_event_loop(loop)
     install_asyncgen_hooks(loop)
     context = build_context(studio_paths(home), copy_text=lambda text: QGuiApplication.clipboard().setText(text))
-    apply_theme(app, context.settings.get("appearance.theme"))
+    stop_theme = follow_theme(app, context.settings)  # a theme chosen in Settings applies at once
     window = MainWindow(context)
     # an error nobody caught becomes a sentence in the status bar, not a traceback in a terminal
     sys.excepthook = lambda kind, value, tb: window.report_error(value)
@@ -89,5 +96,6 @@ def run_studio(model: str | None = None, home: str | os.PathLike[str] | None = N
     with loop:
         loop.run_forever()
     window.shutdown()
+    stop_theme()
     collector.stop()
     return 0

@@ -18,11 +18,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.studio.gpu_support import gpu_support
+from app.studio.gpu_support import GpuSupport, gpu_support
 from app.studio.runtime import RuntimeStatus, engine_config
 from app.studio.server_control import ServerError
+from app.studio.tasks import TaskResult
 from app.ui.context import StudioContext
 from app.ui.panes import PANES, PaneSpec
+from app.ui.widgets.about import AboutDialog
 from app.ui.widgets.gpu_banner import GpuBanner
 from app.ui.widgets.settings_form import SettingsDialog
 from app.ui.widgets.status_bar import RuntimeStatusBar
@@ -74,9 +76,10 @@ class MainWindow(QMainWindow):
         self._memory_timer.timeout.connect(self.refresh_memory)
         self._memory_timer.start(MEMORY_POLL_MS)
         self.refresh_memory()
-        if context.settings.get("engine.device") != "cpu":  # asked for the CPU: nothing to explain
-            context.worker.submit(lambda ctx: gpu_support(), on_done=self.gpu_banner.show_support, owner=self)
+        self.gpu: GpuSupport | None = None  # what the engine can run on, for Help → About
+        context.worker.submit(lambda ctx: gpu_support(), on_done=self._on_gpu_support, owner=self)
         self.settings_dialog: SettingsDialog | None = None
+        self.about_dialog: AboutDialog | None = None
         self._build_menu()
         self.resize(QSize(1280, 800))
         self._closed = False
@@ -119,6 +122,11 @@ class MainWindow(QMainWindow):
         unload = QAction("&Unload", self)
         unload.triggered.connect(lambda: self.context.host.unload())
         model.addActions([load, unload])
+        help_menu = self.menuBar().addMenu("&Help")
+        about = self.about_action = QAction("&About Paddock Studio", self)
+        about.setMenuRole(QAction.MenuRole.AboutRole)
+        about.triggered.connect(self.open_about)
+        help_menu.addAction(about)
 
     # -- public -----------------------------------------------------------------------------
     def pane(self, key: str) -> QWidget:
@@ -159,6 +167,19 @@ class MainWindow(QMainWindow):
             return
         self.settings_dialog = SettingsDialog(self.context.settings, self.context.secrets, self, self.context.dialogs)
         self.settings_dialog.open()
+
+    def open_about(self) -> None:
+        if self.about_dialog is not None and self.about_dialog.isVisible():
+            self.about_dialog.raise_()
+            return
+        self.about_dialog = AboutDialog(self.context.paths, self.context.models_dir, self.gpu, self)
+        self.about_dialog.open()
+
+    def _on_gpu_support(self, result: TaskResult[GpuSupport]) -> None:
+        if result.ok:
+            self.gpu = result.value
+        if self.context.settings.get("engine.device") != "cpu":  # asked for the CPU: nothing to explain
+            self.gpu_banner.show_support(result)
 
     def refresh_memory(self) -> None:
         self.status.show_memory(self.context.host.memory())

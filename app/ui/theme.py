@@ -1,14 +1,22 @@
 """Colours of the window: Fusion with a light or dark palette, and the few styled roles the panes use.
 
 Widgets opt in by object name (`errorText`, `hintText`, `verdict`...) or a dynamic
-property, so no pane hard-codes a colour.
+property, so no pane hard-codes a colour. `follow_theme` applies the setting live: a choice
+saved in Settings (or the desktop's own light/dark switch, under "system") recolours the
+open window at once, no restart.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QGuiApplication, QPalette
 from PySide6.QtWidgets import QApplication
+
+from app.studio.settings import Settings
+
+THEME_KEY = "appearance.theme"
 
 STYLESHEET = """
 QLabel#errorText, QLabel[error="true"] { color: #d32f2f; }
@@ -54,3 +62,29 @@ def apply_theme(app: QApplication, choice: str) -> None:
     app.setStyle("Fusion")
     app.setPalette(dark_palette() if wants_dark(choice) else app.style().standardPalette())
     app.setStyleSheet(STYLESHEET)
+
+
+def follow_theme(app: QApplication, settings: Settings) -> Callable[[], None]:
+    """Apply the theme setting now and again whenever it (or the desktop's scheme, for "system") changes.
+
+    Returns a function that stops following.
+    """
+    apply_theme(app, settings.get(THEME_KEY))
+
+    def on_setting(key: str, value: object) -> None:
+        if key == THEME_KEY:
+            apply_theme(app, str(value))
+
+    def on_scheme(_scheme: object) -> None:
+        if settings.get(THEME_KEY) == "system":
+            apply_theme(app, "system")
+
+    unsubscribe = settings.subscribe(on_setting)
+    hints = QGuiApplication.styleHints()
+    hints.colorSchemeChanged.connect(on_scheme)
+
+    def stop() -> None:
+        unsubscribe()
+        hints.colorSchemeChanged.disconnect(on_scheme)
+
+    return stop

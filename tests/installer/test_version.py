@@ -84,3 +84,27 @@ def test_building_the_parser_loads_no_cupy():
     code = "import sys; from app.cli import build_parser; build_parser(); print('cupy' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def _pci(root, *devices: tuple[str, str]):
+    """A sysfs PCI folder with (vendor, class) devices."""
+    for number, (vendor, kind) in enumerate(devices):
+        device = root / f"0000:00:{number:02x}.0"
+        device.mkdir(parents=True)
+        (device / "vendor").write_text(vendor + "\n")
+        (device / "class").write_text(kind + "\n")
+    return root
+
+
+def test_a_machine_without_an_nvidia_gpu_gets_no_banner(tmp_path):
+    from app.studio.gpu_support import GpuSupport, gpu_support, nvidia_gpu_present
+
+    none = _pci(tmp_path / "none", ("0x8086", "0x030000"), ("0x1af4", "0x010000"))  # Intel graphics, virtio disk
+    audio = _pci(tmp_path / "audio", ("0x10de", "0x040300"))  # an NVIDIA HDMI audio function is not a GPU
+    gpu = _pci(tmp_path / "gpu", ("0x8086", "0x060000"), ("0x10de", "0x030200"))  # a 3D controller (H100)
+    assert nvidia_gpu_present(none) is False and nvidia_gpu_present(audio) is False
+    assert nvidia_gpu_present(gpu) is True and nvidia_gpu_present(tmp_path / "no-sysfs") is None
+    assert gpu_support(none).banner() is None  # the CPU is all there is: nothing to install
+    assert gpu_support(none).lines()[0].startswith("engine backend: cpu")  # --version still says why
+    assert GpuSupport("cpu", "no NVIDIA driver is installed", cuda_major=12, nvidia_gpu=True).banner()
+    assert GpuSupport("cpu", "CuPy is not installed", nvidia_gpu=None).banner()  # cannot tell: say it

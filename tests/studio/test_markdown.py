@@ -75,3 +75,18 @@ def test_raw_html_and_script_links_from_the_model_are_not_markup():
     rendered, tags = _parse(TEXT)
     assert "script" not in tags.tags and "&lt;script&gt;" in rendered.html
     assert "https://example.com" in tags.links and not any(link.startswith("javascript") for link in tags.links)
+
+
+def test_a_single_newline_is_a_line_break():
+    rendered, tags = _parse("Step one\nStep two\n\nNext paragraph")
+    assert tags.tags.count("p") == 2 and "br" in tags.tags
+    assert rendered.html.startswith("<p>Step one<br />\nStep two</p>")
+
+
+def test_an_image_in_an_answer_is_a_link_to_it_never_loaded():
+    rendered, tags = _parse("See ![a *cat*](https://x.org/cat.png) and ![](https://x.org/b.png) "
+                            "and ![x](javascript:alert(1))")
+    assert "img" not in tags.tags
+    assert "[image: a cat]" in rendered.html and "[image: image]" in rendered.html
+    assert tags.links.count("https://x.org/cat.png") == 1 and "https://x.org/b.png" in tags.links
+    assert not any(link.startswith("javascript") for link in tags.links)

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 import openai
 import pytest
 
@@ -18,7 +19,8 @@ from app.studio.server_control import ServerControl, ServerError, ServerOptions,
 from app.studio.tasks import SyncExecutor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for the server's fake engine
-FakeEngine = importlib.import_module("server.fakes").FakeEngine
+fakes = importlib.import_module("server.fakes")
+FakeEngine = fakes.FakeEngine
 
 
 def logged(control: ServerControl, count: int) -> list:
@@ -129,3 +131,45 @@ def test_snippets_carry_the_urls_model_and_key():
     assert 'Authorization: Bearer k3y' in snippets["curl"].text and '"model": "gemma"' in snippets["curl"].text
     keyless = {s.key: s for s in agent_snippets(endpoints, "gemma", None)}
     assert "Authorization" not in keyless["curl"].text and "apiKey" not in keyless["continue"].text
+
+
+def test_embeddings_are_served_once_the_embedding_model_is_loaded():
+    from app.studio.embedders import EmbedderHost
+
+    embedder = fakes.FakeEmbedder()
+    embedders = EmbedderHost(lambda: embedder)
+    engine = FakeEngine()
+    control = ServerControl(lambda: engine, embedder=lambda: embedders.loaded)
+    control.follow_embedder(embedders)
+    starts: list[str] = []
+    control.subscribe(lambda s: starts.append(s.message) if s.running else None)
+    try:
+        state = control.start(ServerOptions(port=free_port()))
+        url = state.endpoints.openai_base + "/embeddings"
+        before = httpx.post(url, json={"model": "fake-embed", "input": "hello"})
+        assert before.status_code == 404 and "No embedding model is loaded" in before.text
+        assert "embeddings" not in state.message
+
+        assert embedders.get() is embedder  # the Documents pane's first use loads it
+        assert control.running and control.state.options == state.options  # restarted on the same port
+        assert "fake-embed (embeddings)" in control.state.message
+        reply = openai.OpenAI(base_url=state.endpoints.openai_base, api_key="unused", max_retries=0)
+        vector = reply.embeddings.create(model="fake-embed", input="hello").data[0].embedding
+        assert np.allclose(vector, embedder.embed(["hello"])[0], atol=1e-6)
+        assert embedders.get() is embedder and len(starts) == 2  # loaded once: one restart, not one per use
+    finally:
+        control.stop()
+
+
+def test_an_api_started_after_the_embedding_model_loaded_serves_it_at_once():
+    from app.studio.embedders import EmbedderHost
+
+    embedders = EmbedderHost(fakes.FakeEmbedder)
+    embedders.get()
+    control = ServerControl(lambda: FakeEngine(), embedder=lambda: embedders.loaded)
+    try:
+        state = control.start(ServerOptions(port=free_port()))
+        models = httpx.get(state.endpoints.openai_base + "/models").json()
+        assert "fake-embed" in [m["id"] for m in models["data"]]
+    finally:
+        control.stop()

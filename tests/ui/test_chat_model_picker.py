@@ -114,7 +114,8 @@ def small_gpu(monkeypatch):
 @pytest.mark.parametrize("load_anyway", [False, True])
 def test_a_model_predicted_not_to_fit_asks_before_loading(qtbot, make_window, make_context, models, small_gpu,
                                                           load_anyway):
-    from app.engine.plan.fit import WONT_FIT, check_fit, shape_from_checkpoint
+    from app.engine.plan.fit import WONT_FIT, shape_from_checkpoint
+    from app.studio.fit_estimate import fit_at_context
     from app.studio.runtime import fit_options
 
     made: list[EngineAt] = []
@@ -122,7 +123,7 @@ def test_a_model_predicted_not_to_fit_asks_before_loading(qtbot, make_window, ma
     picker, dialogs = pane.model_picker, context.dialogs
     window.load_model(str(models / FIRST))
     qtbot.waitUntil(lambda: _shown(picker) == FIRST, timeout=WAIT_MS)
-    expected = check_fit(shape_from_checkpoint(models / SECOND), fit_options(context.settings), small_gpu)
+    expected = fit_at_context(shape_from_checkpoint(models / SECOND), fit_options(context.settings), small_gpu)
     assert expected.verdict == WONT_FIT  # the premise: this GPU is too small for it
     dialogs.confirm_answer, dialogs.asked = load_anyway, []
 

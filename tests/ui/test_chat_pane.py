@@ -141,3 +141,17 @@ def test_delete_asks_first(qtbot, make_window):
     pane.delete_conversation()
     assert pane.conversations.rowCount() == 0 and window.context.history.conversations() == []
     assert "to be deleted" in window.context.dialogs.asked[0]
+
+
+def test_a_long_conversation_title_ends_in_an_ellipsis_not_a_clipped_row(qtbot, make_window):
+    window = make_window(panes=("chat",))
+    window.show()
+    qtbot.waitExposed(window)
+    pane = _chat(window)
+    title = "How do I read this CSV file in Python? Show a table of the example data, please"
+    _ask(qtbot, pane, title)
+    listing = pane.conversation_list
+    assert listing.model().index(0, 0).data(Qt.ItemDataRole.ToolTipRole).startswith(title[:40])
+    assert listing.horizontalScrollBar().maximum() == 0 or not listing.horizontalScrollBar().isVisible()
+    assert listing.textElideMode() == Qt.TextElideMode.ElideRight
+    assert listing.visualRect(listing.model().index(0, 0)).width() > listing.viewport().width()  # the premise

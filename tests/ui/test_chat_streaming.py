@@ -90,3 +90,16 @@ def test_the_view_follows_the_answer_unless_the_user_scrolled_up(qtbot, make_win
     with qtbot.waitSignal(pane.answer_finished, timeout=WAIT_MS):  # the answer ends: rendered again whole
         _let_through(qtbot, engine, lambda: not pane.chat.busy)
     assert "Line 119 of" in pane.transcript.toPlainText() and bar.value() == 0  # and still where the user was
+
+
+def test_streamed_lines_stay_lines_when_the_answer_ends_and_images_are_links(qtbot, make_window):
+    engine, pane = _start(qtbot, make_window, ["Step one\nStep two\n", "Step three\n\n![a cat](https://x.org/c.png)"])
+    transcript = pane.transcript
+    _let_through(qtbot, engine, lambda: "Step two" in transcript.toPlainText())
+    streamed = transcript.toPlainText()
+    with qtbot.waitSignal(pane.answer_finished, timeout=WAIT_MS):
+        _let_through(qtbot, engine, lambda: not pane.chat.busy)
+    text = transcript.toPlainText().replace("\u2028", "\n")  # a <br> is a line separator in Qt's text
+    assert "Step one\nStep two\nStep three" in text  # not "Step one Step two Step three"
+    assert "Step one\u2028Step two" in streamed or "Step one\nStep two" in streamed  # the same while streaming
+    assert "[image: a cat]" in text and "<img" not in transcript.toHtml()  # a link, not a broken-image icon

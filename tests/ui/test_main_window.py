@@ -126,3 +126,22 @@ def test_closing_the_window_stops_the_api(qtbot, make_window):
     qtbot.waitUntil(lambda: pane.server.running, timeout=WAIT_MS)
     window.close()
     assert not window.context.server.running and window.context.host.client is None
+
+
+def test_help_about_tells_the_version_the_engine_and_where_things_are_kept(qtbot, make_window):
+    from app import __version__
+
+    window = make_window(panes=("chat",))
+    qtbot.waitUntil(lambda: window.gpu is not None, timeout=WAIT_MS)  # probed on the worker at start
+    help_menu = next(a.menu() for a in window.menuBar().actions() if a.text() == "&Help")
+    assert window.about_action in help_menu.actions()
+    window.about_action.trigger()
+    dialog = window.about_dialog
+    assert dialog is not None and dialog.isVisible()
+    text = dialog.text.text()
+    assert f"<td>{__version__}</td>" in text and str(window.context.paths.settings_file) in text
+    assert str(window.context.models_dir) in text and "Apache-2.0" in text
+    assert f"{window.gpu.backend}: " in text  # the engine line: the same probe as `paddock --version`
+    window.about_action.trigger()  # a second click raises the open one
+    assert window.about_dialog is dialog
+    dialog.reject()

@@ -66,21 +66,22 @@ def test_the_folder_lists_models_with_metadata_and_fit_verdicts(qtbot, make_wind
 
     with qtbot.waitSignal(pane.fit_checked, timeout=WAIT_MS) as checked:
         pane.table.selectRow(row)
-    report = checked.args[0].value
+    report = checked.args[0].value.report
     assert report.verdict == "fits" and pane.fit.verdict.text() == "FITS"
     assert pane.fit.parts["weights"].text() and "Largest context that fits: 2,048" in pane.fit.max_context.text()
     assert "Q8_0" in pane.details.text() and "llama" in pane.details.text()
 
     with qtbot.waitSignal(pane.fit_checked, timeout=WAIT_MS) as checked:  # the embedded model, real numbers
         pane.table.selectRow(0)
-    embedded = checked.args[0].value
+    embedded = checked.args[0].value.report
     assert 200 * 2**20 < embedded.breakdown.weights < 300 * 2**20
     assert embedded.model_context_length == 32768 and "gemma3" in pane.details.text()
 
 
 def test_a_model_that_wont_fit_is_flagged_and_loading_it_asks_first(qtbot, make_window, make_context, home):
     (home / "models").mkdir(parents=True)
-    make_tiny_gguf(home / "models" / FILE, hidden=256, layers=8)  # 8 KiB of KV per token: 10M tokens is 80 GB
+    # 8 KiB of KV per token: 10M tokens is 80 GB (the verdict is taken at the setting, up to the model's maximum)
+    make_tiny_gguf(home / "models" / FILE, hidden=256, layers=8, context=10_000_000)
     built = []
     context = make_context(FakeEngine(), engine_factory=lambda config: built.append(config) or FakeEngine())
     context.settings.update({"engine.context_length": 10_000_000, "engine.gpu_memory_utilization": 0.05})

@@ -65,7 +65,7 @@ def test_a_gguf_comes_with_its_mmproj_and_is_listed_as_taking_images(qtbot, make
     assert "takes images" in pane.entries.index(row, NOTES_COLUMN).data()
     with qtbot.waitSignal(pane.fit_checked, timeout=WAIT_MS) as checked:
         pane.table.selectRow(row)
-    local = checked.args[0].value
+    local = checked.args[0].value.report
     expected = check_fit(shape_from_checkpoint(folder / MODEL), FitOptions())
     assert local.vision_source == PROJECTOR and local.breakdown.vision == expected.breakdown.vision > 0
     assert pane.fit.form.isRowVisible(1) and f"Takes images: its vision tower is {PROJECTOR}" in pane.details.text()

@@ -17,6 +17,7 @@ from app.commands import fit as fit_command
 from app.engine.plan import fit as fit_module
 from app.engine.plan.fit import DeviceMemory, FitOptions
 from app.studio.recommendations import RECOMMENDED, Recommendation, recommended_fits
+from app.studio.runtime import fit_options
 
 GPUS = [DeviceMemory("cuda", f"test GPU {gb} GB", int(gb * 0.95 * 2**30), gb * 2**30) for gb in (4, 8, 12, 24, 80)]
 WAIT_MS = 15_000
@@ -93,10 +94,11 @@ def test_the_hub_tab_opens_on_the_recommendations_and_downloads_one_in_a_click(q
     view = browser.recommended
     assert browser.left.currentWidget() is view  # the opening view, before any search
     qtbot.waitUntil(lambda: view.table.item(0, 3).text() != "", timeout=WAIT_MS)
-    expected = recommended_fits(FitOptions(), GPUS[1])
+    expected = recommended_fits(fit_options(window.context.settings), GPUS[1])  # at the chat's context
     for row, fit in enumerate(expected):
         assert view.table.item(row, 0).text() == fit.recommendation.title
-        assert view.table.item(row, 3).text().startswith(fit.report.verdict.upper())
+        context = min(8192, fit.recommendation.context) // 1024
+        assert view.table.item(row, 3).text().startswith(f"{fit.report.verdict.upper()} at {context}k (max ")
     assert view.table.item(0, 2).text() == "468.25 MiB"  # 491 MB
     with qtbot.waitSignal(browser.download_finished, timeout=WAIT_MS) as done:
         qtbot.mouseClick(view.get_buttons[0], Qt.MouseButton.LeftButton)
@@ -133,3 +135,32 @@ def test_a_base_model_is_named_in_the_chat_which_leads_to_a_chat_model(qtbot, ma
 
     context.host.adopt(FakeEngine())  # an instruct model (no file to read): no note
     qtbot.waitUntil(lambda: not chat.base_note.isVisibleTo(chat), timeout=WAIT_MS)
+
+
+def test_on_a_24_gb_cpu_each_row_shows_its_verdict_at_8k_its_breakdown_and_its_speed(qtbot, make_window,
+                                                                                       monkeypatch):
+    from app.studio import recommendations
+
+    cpu = DeviceMemory("cpu", "no GPU: CPU RAM", 24 * 2**30, 24 * 2**30)
+    monkeypatch.setattr(fit_module, "device_memory", lambda: cpu)
+    monkeypatch.setattr(recommendations, "memory_bandwidth", lambda kind: 20e9)  # 20 GB/s measured
+    window = make_window(panes=("models",))
+    window.show()
+    browser = window.pane("models").hub
+    view = browser.recommended
+    qtbot.waitUntil(lambda: len(view.fits) == len(RECOMMENDED), timeout=WAIT_MS)
+    titles = [rec.title for rec in RECOMMENDED]
+    llama = titles.index("Llama 3.2 3B Instruct")
+    assert view.table.item(llama, 3).text() == "FITS at 8k (max 128k)"
+    assert view.table.item(llama, 4).text() == "~9.9 tok/s"
+    assert view.table.item(titles.index("Qwen3 8B"), 4).text() == "~4.0 tok/s, slow"
+
+    for row, rec in enumerate(RECOMMENDED):  # every row's breakdown, before anything is downloaded
+        qtbot.mouseClick(view.table.viewport(), Qt.MouseButton.LeftButton,
+                         pos=view.table.visualRect(view.table.model().index(row, 0)).center())
+        assert browser.fit.report is view.fits[row].report, rec.title
+        assert all(browser.fit.parts[key].text() for key in ("weights", "kv_cache", "activations", "overhead"))
+        assert f"the model's maximum: {rec.context:,}" in browser.fit.headline.text()
+        assert "tokens/s" in browser.fit.speed.text() and rec.repo_id in browser.repo.text()
+    assert browser.fit.verdict.text() != "" and "answers will come slowly" in browser.fit.speed.text()  # Qwen3 32B
+    assert browser.fit.speed.objectName() == "hintText"  # "fits but slow" stands out

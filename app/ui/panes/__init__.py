@@ -25,12 +25,15 @@ class PaneSpec:
 
 
 def _chat(ctx: StudioContext) -> QWidget:
+    from app.studio.doc_qa import DocumentSet
     from app.ui.panes.chat import ChatPane
     from app.ui.widgets.model_picker import ModelPicker
 
     picker = ModelPicker(ctx.library, ctx.host, ctx.settings, ctx.runtime, ctx.worker, ctx.dialogs)
+    # documents dropped on the chat: the embedding model loads at the first drop, shared with the API
+    documents = DocumentSet(ctx.embedders.get, keep_scanned=True)
     return ChatPane(ctx.chat, ctx.history, ctx.runtime, ctx.worker, ctx.dialogs, ctx.chat_defaults,
-                    lambda: ctx.settings.get("chat.system_prompt"), copy_text=ctx.copy_text,
+                    lambda: ctx.settings.get("chat.system_prompt"), documents, copy_text=ctx.copy_text,
                     enter_sends=lambda: ctx.settings.get("chat.enter_sends"), model_picker=picker)
 
 
@@ -55,12 +58,11 @@ def _server(ctx: StudioContext) -> QWidget:
 
 
 def _documents(ctx: StudioContext) -> QWidget:
-    from app.studio.doc_qa import DocQASession, DocumentSet, embedder_source
+    from app.studio.doc_qa import DocQASession, DocumentSet
     from app.ui.panes.documents import DocumentsPane
 
     # kept, with embeddings, across restarts; scanned PDFs stay in the set for a vision model to read
-    embedder = embedder_source(ctx.settings.get("documents.embedding_model"), ctx.settings.get("engine.device"))
-    documents = DocumentSet(embedder, store=ctx.paths.data_dir / "documents", keep_scanned=True)
+    documents = DocumentSet(ctx.embedders.get, store=ctx.paths.data_dir / "documents", keep_scanned=True)
     return DocumentsPane(DocQASession(documents, lambda: ctx.host.client), ctx.runtime, ctx.worker)
 
 

@@ -111,6 +111,9 @@ class ChatPane(QWidget):
         self.conversation_list = QListView()
         self.conversation_list.setModel(self.conversations)
         self.conversation_list.setSelectionMode(QListView.SelectionMode.SingleSelection)
+        # a long title ends in "…" (its tooltip has it whole) instead of a clipped row and a sideways scroll bar
+        self.conversation_list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.conversation_list.setTextElideMode(Qt.TextElideMode.ElideRight)
         self.delete_button = QPushButton("Delete")
         self.rename_button = QPushButton("Rename")
         list_buttons = QWidget()

@@ -24,8 +24,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.engine.plan.fit import FitReport, check_fit
 from app.studio.downloads import HubClient
+from app.studio.fit_estimate import FitEstimate, estimate
 from app.studio.library import ModelEntry, ModelLibrary
 from app.studio.model_choice import EMBEDDED_NAME, LOAD_ANYWAY, list_models, load_entry, wont_fit_question
 from app.studio.runtime import EngineHost, RuntimeStatus, fit_options
@@ -42,7 +42,7 @@ from app.ui.workers import Worker
 
 class ModelsPane(QWidget):
     listed = Signal(object)  # TaskResult[list[ModelEntry]]
-    fit_checked = Signal(object)  # TaskResult[FitReport]
+    fit_checked = Signal(object)  # TaskResult[FitEstimate]
 
     def __init__(self, library: Callable[[], ModelLibrary], hub: Callable[[], HubClient], host: EngineHost,
                  runtime: RuntimeWatcher, settings: Settings, worker: Worker, dialogs: Dialogs,
@@ -157,10 +157,10 @@ class ModelsPane(QWidget):
         self._fit_asked += 1
         asked, shape, options = self._fit_asked, entry.shape, fit_options(self.settings)
         self.fit.show_pending("Checking free memory…")
-        self.worker.submit(lambda ctx: check_fit(shape, options),
+        self.worker.submit(lambda ctx: estimate(shape, options),
                            on_done=lambda result: self._on_fit(result, asked), owner=self)
 
-    def _on_fit(self, result: TaskResult[FitReport], asked: int) -> None:
+    def _on_fit(self, result: TaskResult[FitEstimate], asked: int) -> None:
         if asked != self._fit_asked:
             return
         self.fit.show_result(result)

@@ -1,5 +1,9 @@
 """The Server pane: the local API toggle, where clients reach it, snippets for IDE agents, a live request log.
 
+Every choice here is saved as it is made (a restart finds the pane as it was left, Start pressed
+or not); the API key is saved when its field is left or a key is generated. Changes made in the
+Settings dialog show here at once.
+
 Starting and stopping block for a moment (the port opening or closing), so they run
 through the worker; the server's state and its request log arrive from other threads
 through `Worker.threadsafe`.
@@ -48,6 +52,8 @@ from app.ui.workers import Worker
 
 BIND_CHOICES = (("loopback", "This computer only (127.0.0.1)"), ("lan", "Local network (0.0.0.0)"))
 LOG_LINES = 500
+PANE_SETTINGS = frozenset({"server.port", "server.bind", "server.require_api_key", "engine.prefix_cache",
+                           "engine.kv_dtype"})
 
 
 class ServerPane(QWidget):
@@ -59,8 +65,11 @@ class ServerPane(QWidget):
         self.server, self.runtime, self.settings, self.secrets, self.worker = server, runtime, settings, secrets, worker
         self._copy = copy_text
         self._switching = False  # a start or stop is on its way
+        self._loading = False  # the widgets are being filled from the settings: nothing to save
         self._build()
         self._load_settings()
+        unsubscribe = settings.subscribe(self._on_setting_changed)
+        self.destroyed.connect(lambda *_: unsubscribe())
         server.subscribe(worker.threadsafe(self._show_state, owner=self))
         server.log.subscribe(worker.threadsafe(self._append_log, owner=self))
         runtime.status_changed.connect(self._on_runtime)
@@ -148,34 +157,64 @@ class ServerPane(QWidget):
         for signal in (self.port.valueChanged, self.bind.currentIndexChanged, self.require_key.toggled,
                        self.api_key.textChanged):
             signal.connect(self._refresh_addresses)
+        for signal in (self.port.valueChanged, self.bind.currentIndexChanged, self.require_key.toggled,
+                       self.prefix_cache.toggled, self.kv_dtype.currentIndexChanged):
+            signal.connect(self._save_settings)
+        self.api_key.editingFinished.connect(self._save_key)
 
     # -- settings -----------------------------------------------------------------------------
     def _load_settings(self) -> None:
-        self.port.setValue(self.settings.get("server.port"))
-        self.bind.setCurrentIndex(self.bind.findData(self.settings.get("server.bind")))
-        self.require_key.setChecked(self.settings.get("server.require_api_key"))
-        self.prefix_cache.setChecked(self.settings.get("engine.prefix_cache"))
-        self.kv_dtype.setCurrentIndex(self.kv_dtype.findData(self.settings.get("engine.kv_dtype")))
-        self.api_key.setText(self.secrets.get(SERVER_API_KEY) or "")
+        self._loading = True
+        try:
+            self.port.setValue(self.settings.get("server.port"))
+            self.bind.setCurrentIndex(self.bind.findData(self.settings.get("server.bind")))
+            self.require_key.setChecked(self.settings.get("server.require_api_key"))
+            self.prefix_cache.setChecked(self.settings.get("engine.prefix_cache"))
+            self.kv_dtype.setCurrentIndex(self.kv_dtype.findData(self.settings.get("engine.kv_dtype")))
+            self.api_key.setText(self.secrets.get(SERVER_API_KEY) or "")
+        finally:
+            self._loading = False
         self._refresh_addresses()
+
+    def _on_setting_changed(self, key: str, value: object) -> None:
+        """The Settings dialog changed one of this pane's settings: show it (our own saves change nothing)."""
+        if key in PANE_SETTINGS and not self._loading:
+            self._load_settings()
 
     def options(self) -> ServerOptions:
         key = self.api_key.text().strip() if self.require_key.isChecked() else ""
         return ServerOptions(port=self.port.value(), lan=self.bind.currentData() == "lan", api_key=key or None)
 
     def _save_settings(self) -> None:
+        """The pane's choices into the settings file, as they are made (not only when Start is pressed)."""
+        if self._loading:
+            return
+        values = {"server.port": self.port.value(), "server.bind": self.bind.currentData(),
+                  "server.require_api_key": self.require_key.isChecked(),
+                  "engine.prefix_cache": self.prefix_cache.isChecked(), "engine.kv_dtype": self.kv_dtype.currentData()}
+        changed = {key: value for key, value in values.items() if self.settings.get(key) != value}
+        if not changed:
+            return
+        self._loading = True  # our own change coming back through the subscription reloads nothing
         try:
-            self.settings.update({"server.port": self.port.value(), "server.bind": self.bind.currentData(),
-                                  "server.require_api_key": self.require_key.isChecked(),
-                                  "engine.prefix_cache": self.prefix_cache.isChecked(),
-                                  "engine.kv_dtype": self.kv_dtype.currentData()})
+            self.settings.update(changed)
             self.settings.save()
-            self.secrets.set(SERVER_API_KEY, self.api_key.text())
         except (SettingsError, OSError) as exc:
             self._show_error(f"The server settings were not saved: {exc}")
+        finally:
+            self._loading = False
+
+    def _save_key(self) -> None:
+        if self._loading or (self.secrets.get(SERVER_API_KEY) or "") == self.api_key.text().strip():
+            return
+        try:
+            self.secrets.set(SERVER_API_KEY, self.api_key.text())
+        except Exception as exc:  # a keyring backend's own failure, shown as a sentence
+            self._show_error(f"The API key was not saved: {exc}")
 
     def _generate_key(self) -> None:
         self.api_key.setText(generate_api_key())
+        self._save_key()
         self.require_key.setChecked(True)
 
     def _on_bind_chosen(self) -> None:
@@ -197,6 +236,7 @@ class ServerPane(QWidget):
             self.toggle.setChecked(False)
             return
         self._save_settings()
+        self._save_key()
         self._begin()
         self.worker.submit(lambda ctx: self.server.start(options), on_done=self._on_switched, owner=self)
 

@@ -1,10 +1,12 @@
-"""Will-it-fit, shown: the verdict as a coloured badge, the memory breakdown, and the largest context that fits."""
+"""Will-it-fit, shown: the verdict as a coloured badge at the context the chat will use (the model's maximum
+beside it), the memory breakdown, the largest context that fits, and the speed to expect on this machine."""
 
 from __future__ import annotations
 
 from PySide6.QtWidgets import QFormLayout, QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
 from app.engine.plan.fit import FitReport, format_bytes
+from app.studio.fit_estimate import DecodeSpeed, FitEstimate
 from app.studio.tasks import TaskResult
 
 PARTS = (("weights", "Weights"), ("vision", "Vision"), ("kv_cache", "KV cache"), ("activations", "Activations"),
@@ -23,6 +25,8 @@ class FitView(QWidget):
         self.total = QLabel()
         self.max_context = QLabel()
         self.max_context.setWordWrap(True)
+        self.speed = QLabel()  # "Expected speed here: ~3.2 tokens/s: slow …"
+        self.speed.setWordWrap(True)
         top = QHBoxLayout()
         top.addWidget(self.verdict)
         top.addWidget(self.headline, 1)
@@ -35,6 +39,7 @@ class FitView(QWidget):
         layout.addLayout(top)
         layout.addLayout(form)
         layout.addWidget(self.max_context)
+        layout.addWidget(self.speed)
         self.report: FitReport | None = None
         self.clear()
 
@@ -42,8 +47,9 @@ class FitView(QWidget):
         self.report = None
         self._set_verdict("")
         self.headline.setText(text)
-        for label in (*self.parts.values(), self.total, self.max_context):
+        for label in (*self.parts.values(), self.total, self.max_context, self.speed):
             label.setText("")
+        self._set_slow(False)
         self.form.setRowVisible(VISION_ROW, False)
 
     def show_pending(self, text: str) -> None:
@@ -54,14 +60,14 @@ class FitView(QWidget):
         self.headline.setObjectName("errorText")
         self._repolish(self.headline)
 
-    def show_result(self, result: TaskResult[FitReport]) -> None:
-        """The outcome of a background fit check: the report, or why there is none."""
+    def show_result(self, result: TaskResult[FitEstimate]) -> None:
+        """The outcome of a background fit check: the report and speed, or why there is none."""
         if result.ok and result.value is not None:
-            self.show_report(result.value)
+            self.show_report(result.value.report, result.value.speed)
         else:
             self.show_error(f"Cannot tell whether it fits: {result.error_message}")
 
-    def show_report(self, report: FitReport) -> None:
+    def show_report(self, report: FitReport, speed: DecodeSpeed | None = None) -> None:
         self.report = report
         self.headline.setObjectName("")
         self._repolish(self.headline)
@@ -69,7 +75,8 @@ class FitView(QWidget):
         budget = f"{format_bytes(report.budget_bytes)} usable" if report.budget_bytes is not None else "unknown"
         self.headline.setText(
             f"{format_bytes(report.breakdown.total)} needed at {report.context_length:,} tokens of context "
-            f"({report.kv_dtype} KV); {budget} on {report.device.describe()}.")
+            f"(the model's maximum: {report.model_context_length:,}; {report.kv_dtype} KV); {budget} on "
+            f"{report.device.describe()}.")
         for key, _ in PARTS:
             self.parts[key].setText(format_bytes(getattr(report.breakdown, key)))
         if report.vision_source:
@@ -85,6 +92,12 @@ class FitView(QWidget):
                                      f"(model maximum {report.model_context_length:,}).")
         else:
             self.max_context.setText("Not even a short context fits: the weights alone are too large.")
+        self.speed.setText(speed.describe() if speed is not None else "")
+        self._set_slow(speed is not None and speed.slow)
+
+    def _set_slow(self, slow: bool) -> None:
+        self.speed.setObjectName("hintText" if slow else "")  # "fits but slow" stands out
+        self._repolish(self.speed)
 
     def _set_verdict(self, verdict: str) -> None:
         self.verdict.setText(verdict.upper() if verdict else "")

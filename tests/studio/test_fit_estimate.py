@@ -1,0 +1,77 @@
+"""Will-it-fit as the Studio shows it: at the chat's context (default 8k) with the model's maximum beside it,
+and the decode speed memory bandwidth allows on this machine ("fits but slow")."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from app.engine.plan.fit import FITS, WONT_FIT, DeviceMemory, FitOptions, check_fit
+from app.studio.fit_estimate import (
+    SLOW_TOKENS_PER_S,
+    active_weight_bytes,
+    decode_speed,
+    estimate,
+    fit_at_context,
+    memory_bandwidth,
+)
+from app.studio.recommendations import RECOMMENDED, recommended_fits
+from app.studio.runtime import fit_options
+from app.studio.settings import Settings
+
+GiB = 2**30
+CPU_24GB = DeviceMemory("cpu", "no GPU: CPU RAM", 24 * GiB, 24 * GiB)
+BANDWIDTH = 20e9  # bytes/s: a desktop's dual-channel DDR4, as the copy probe measures it
+
+
+def _studio_defaults(tmp_path) -> FitOptions:
+    return fit_options(Settings.load(tmp_path / "settings.json"))  # a fresh install's settings
+
+
+def test_on_a_24_gb_cpu_every_verdict_is_at_8k_and_llama_3_2_3b_fits(tmp_path):
+    options = _studio_defaults(tmp_path)
+    assert options.context_length == 8192
+    rows = {row.recommendation.title: row for row in recommended_fits(options, CPU_24GB, bandwidth=BANDWIDTH)}
+    assert len(rows) == len(RECOMMENDED)
+    for title, row in rows.items():
+        assert row.report.context_length == min(8192, row.recommendation.context), title
+        assert row.report.model_context_length == row.recommendation.context  # the maximum, shown beside it
+        assert row.report.breakdown.weights == row.recommendation.size_bytes and row.report.breakdown.kv_cache > 0
+        assert row.speed is not None and row.speed.bytes_per_token == row.recommendation.size_bytes
+    llama = rows["Llama 3.2 3B Instruct"]
+    assert llama.report.verdict == FITS and llama.report.model_context_length == 131072
+    # the issue's case: at its full 131k context (28 GiB of float32 KV) the same model did not fit
+    assert check_fit(llama.recommendation.shape, FitOptions(), CPU_24GB).verdict == WONT_FIT
+    assert rows["Qwen3 8B"].report.verdict == FITS and rows["Qwen3 32B"].report.verdict != FITS
+
+
+def test_fits_but_slow_is_told_from_memory_bandwidth(tmp_path):
+    rows = {row.recommendation.title: row for row in
+            recommended_fits(_studio_defaults(tmp_path), CPU_24GB, bandwidth=BANDWIDTH)}
+    small, big = rows["Llama 3.2 3B Instruct"].speed, rows["Qwen3 8B"].speed
+    assert small.tokens_per_s == BANDWIDTH / 2_019_000_000 and not small.slow  # ~9.9 tokens/s
+    assert big.tokens_per_s == BANDWIDTH / 5_027_000_000 < SLOW_TOKENS_PER_S and big.slow  # ~4.0 tokens/s
+    assert big.short() == "~4.0 tok/s, slow" and "answers will come slowly" in big.describe()
+    assert small.short() == "~9.9 tok/s" and "20.0 GB/s" in small.describe()
+    assert decode_speed(RECOMMENDED[0].shape, None) is None  # bandwidth unknown: no number is made up
+
+
+def test_a_mixture_of_experts_reads_only_its_routed_experts_per_token():
+    dense = RECOMMENDED[0].shape
+    moe = dataclasses.replace(dense, weight_bytes=10 * GiB, expert_bytes=8 * GiB, num_experts=128, experts_used=8)
+    assert active_weight_bytes(dense) == dense.weight_bytes
+    assert active_weight_bytes(moe) == 2 * GiB + 8 * GiB * 8 // 128
+
+
+def test_a_context_setting_past_the_model_maximum_is_the_maximum_and_0_is_the_maximum():
+    shape = RECOMMENDED[0].shape  # 32k
+    assert fit_at_context(shape, FitOptions(context_length=1_000_000), CPU_24GB).context_length == 32768
+    assert fit_at_context(shape, FitOptions(context_length=None), CPU_24GB).context_length == 32768
+    assert fit_at_context(shape, FitOptions(context_length=4096), CPU_24GB).context_length == 4096
+
+
+def test_the_bandwidth_is_measured_here_once():
+    measured = memory_bandwidth("cpu")
+    assert measured is not None and measured > 1e8  # any machine copies faster than 100 MB/s
+    assert memory_bandwidth("cpu") == measured  # cached: measured once per process
+    result = estimate(RECOMMENDED[0].shape, FitOptions(context_length=8192), CPU_24GB)
+    assert result.speed is not None and result.speed.bandwidth == measured
