@@ -40,6 +40,69 @@ class MoeSpec:
     activation: str = "silu"  # or "swiglu_oai": GPT-OSS's clamped swish-gated unit
     swiglu_limit: float = 7.0
     swiglu_alpha: float = 1.702
+    # A shared expert every token goes through beside the routed ones (Qwen3-Next, Qwen3.5-MoE,
+    # Nemotron-H MoE); `shared_gate`: its output scaled by sigmoid(x @ shared_expert_gate) (Qwen).
+    shared_intermediate_size: int | None = None
+    shared_gate: bool = False
+
+
+# What a layer's token mixer is: full attention over the paged KV cache, or a recurrent layer that
+# keeps a fixed-size state per sequence instead (hybrid models); "none": the layer has no mixer
+# (Nemotron-H's MLP-only layers).
+MIXER_ATTENTION = "attention"
+MIXER_GATED_DELTANET = "gated_deltanet"  # Qwen3.5, Qwen3-Next (layer_types "linear_attention")
+MIXER_MAMBA2 = "mamba2"  # Nemotron-H, Granite 4 hybrid
+MIXER_NONE = "none"
+RECURRENT_MIXERS = (MIXER_GATED_DELTANET, MIXER_MAMBA2)
+# What a layer's feed-forward is: "dense" (gated MLP), "moe" (cfg.moe), "none" (a mixer-only layer).
+FFN_DENSE, FFN_MOE, FFN_NONE = "dense", "moe", "none"
+
+
+@dataclass(frozen=True)
+class GatedDeltaNetSpec:
+    """Gated DeltaNet linear attention (Qwen3.5, Qwen3-Next): a short causal conv over q/k/v, then
+    the gated delta rule. Per sequence it keeps the conv's last `conv_kernel - 1` inputs and a
+    `[num_v_heads, head_k_dim, head_v_dim]` recurrent state."""
+
+    num_k_heads: int
+    num_v_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    conv_kernel: int
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.num_k_heads * self.head_k_dim + self.num_v_heads * self.head_v_dim
+
+    def state_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Per-sequence (conv state, recurrent state) shapes, float32."""
+        return (self.conv_dim, self.conv_kernel - 1), (self.num_v_heads, self.head_k_dim, self.head_v_dim)
+
+
+@dataclass(frozen=True)
+class Mamba2Spec:
+    """Mamba-2 (SSD) mixer (Nemotron-H, Granite 4 hybrid): a causal conv over x/B/C, then the
+    selective state-space scan. Per sequence it keeps the conv's last `conv_kernel - 1` inputs and a
+    `[num_heads, head_dim, state_size]` SSM state."""
+
+    num_heads: int
+    head_dim: int
+    state_size: int  # d_state
+    n_groups: int
+    conv_kernel: int
+    chunk_size: int = 256  # the SSD chunk length of the chunked (prefill) form
+
+    @property
+    def d_inner(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return self.d_inner + 2 * self.n_groups * self.state_size
+
+    def state_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Per-sequence (conv state, SSM state) shapes, float32."""
+        return (self.conv_dim, self.conv_kernel - 1), (self.num_heads, self.head_dim, self.state_size)
 
 
 @dataclass(frozen=True)
@@ -75,6 +138,16 @@ class ModelConfig:
     attention_sinks: bool = False  # a learned per-head logit in each softmax's denominator (GPT-OSS)
     # Multimodal RoPE (Qwen2.5-VL): frequencies per t/h/w section, each rotated by its own position
     mrope_section: tuple[int, ...] = ()
+    # Hybrid models: per layer, its mixer (MIXER_*) and its feed-forward (FFN_*); empty means every
+    # layer is attention + (moe if `moe` else dense), as in every pre-hybrid family.
+    layer_mixers: tuple[str, ...] = ()
+    layer_ffns: tuple[str, ...] = ()
+    gated_deltanet: GatedDeltaNetSpec | None = None
+    mamba2: Mamba2Spec | None = None
+    # Attention output gate (Qwen3.5, Qwen3-Next): q_proj gives each head's query and a gate side by
+    # side; the attention output is multiplied by sigmoid(gate) before o_proj.
+    attn_output_gate: bool = False
+    rotary_dim: int | None = None  # partial RoPE: only the first rotary_dim dims of a head rotate
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -88,6 +161,44 @@ class ModelConfig:
 
     def is_sliding(self, layer: int) -> bool:
         return bool(self.layer_sliding) and self.layer_sliding[layer]
+
+    def mixer(self, layer: int) -> str:
+        return self.layer_mixers[layer] if self.layer_mixers else MIXER_ATTENTION
+
+    def ffn(self, layer: int) -> str:
+        if self.layer_ffns:
+            return self.layer_ffns[layer]
+        return FFN_MOE if self.moe is not None else FFN_DENSE
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Whether some layer keeps a recurrent state per sequence (a state cache beside the KV)."""
+        return any(m in RECURRENT_MIXERS for m in self.layer_mixers)
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """The layers that own a KV cache."""
+        return tuple(i for i in range(self.num_layers) if self.mixer(i) == MIXER_ATTENTION)
+
+    def state_shapes(self, layer: int) -> tuple[tuple[int, ...], ...] | None:
+        """Per-sequence recurrent state shapes of `layer` (float32), None for a layer without state."""
+        kind = self.mixer(layer)
+        if kind == MIXER_GATED_DELTANET:
+            assert self.gated_deltanet is not None
+            return self.gated_deltanet.state_shapes()
+        if kind == MIXER_MAMBA2:
+            assert self.mamba2 is not None
+            return self.mamba2.state_shapes()
+        return None
+
+    @property
+    def state_bytes_per_sequence(self) -> int:
+        """float32 bytes of one sequence's recurrent state over every layer (0: no recurrent layers)."""
+        total = 0
+        for layer in range(self.num_layers):
+            for shape in self.state_shapes(layer) or ():
+                total += 4 * math.prod(shape)
+        return total
 
     def with_overrides(self, **changes: Any) -> ModelConfig:
         return replace(self, **changes)

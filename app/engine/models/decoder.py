@@ -17,41 +17,77 @@ from app.engine.layers.mlp import GatedMLP
 from app.engine.layers.moe import MoE
 from app.engine.layers.norm import RMSNorm
 from app.engine.layers.rope import attention_factor, cos_sin_table, inverse_frequencies, mrope_cos_sin
-from app.engine.models.config import ModelConfig
+from app.engine.models.config import (
+    FFN_DENSE,
+    FFN_MOE,
+    FFN_NONE,
+    MIXER_ATTENTION,
+    MIXER_GATED_DELTANET,
+    MIXER_MAMBA2,
+    MIXER_NONE,
+    RECURRENT_MIXERS,
+    ModelConfig,
+)
 from app.engine.quant.dispatch import QuantizedTensor
 
 
 class DecoderLayer:
-    """Pre-norm block; with `sandwich_norm`, the sublayer outputs are normalised too (Gemma)."""
+    """Pre-norm block: a token mixer, then a feed-forward, each behind its own norm and folded into
+    the residual stream; with `sandwich_norm`, the sublayer outputs are normalised too (Gemma).
+
+    The mixer is attention over the paged KV cache, or (hybrid models) a recurrent layer whose
+    cache entry is its state arrays `[num_slots, ...]` (layers/gated_deltanet.py, layers/mamba2.py);
+    a layer may lack either part (Nemotron-H's MLP-only and mixer-only layers)."""
 
     def __init__(
         self, backend: Any, cfg: ModelConfig, tensors: dict[str, QuantizedTensor], index: int, spec
     ) -> None:
         prefix = f"blk.{index}"
         eps = cfg.rms_norm_eps
-        self.attn_norm = RMSNorm(backend, tensors[f"{prefix}.attn_norm.weight"], eps)
-        self.attn = Attention(backend, tensors, prefix, spec)
-        self.ffn_norm = RMSNorm(backend, tensors[f"{prefix}.ffn_norm.weight"], eps)
-        self.mlp = GatedMLP(backend, tensors, prefix, cfg.activation) if cfg.moe is None else None
-        self.moe = MoE(backend, tensors, prefix, cfg.moe) if cfg.moe is not None else None
+        self.mixer_kind, self.ffn_kind = cfg.mixer(index), cfg.ffn(index)
+        self.attn_norm = self.attn = self.recurrent = None
+        if self.mixer_kind != MIXER_NONE:
+            self.attn_norm = RMSNorm(backend, tensors[f"{prefix}.attn_norm.weight"], eps)
+        if self.mixer_kind == MIXER_ATTENTION:
+            self.attn = Attention(backend, tensors, prefix, spec)
+        elif self.mixer_kind in RECURRENT_MIXERS:
+            self.recurrent = recurrent_mixer(backend, cfg, tensors, prefix)
+        self.ffn_norm = self.mlp = self.moe = None
+        if self.ffn_kind != FFN_NONE:
+            self.ffn_norm = RMSNorm(backend, tensors[f"{prefix}.ffn_norm.weight"], eps)
+        if self.ffn_kind == FFN_DENSE:
+            self.mlp = GatedMLP(backend, tensors, prefix, cfg.activation)
+        elif self.ffn_kind == FFN_MOE:
+            assert cfg.moe is not None
+            self.moe = MoE(backend, tensors, prefix, cfg.moe)
         self.residual_scale = None if cfg.residual_scale is None else float(cfg.residual_scale)
         self.post_attn_norm = self.post_ffn_norm = None
         if cfg.sandwich_norm:
             self.post_attn_norm = RMSNorm(backend, tensors[f"{prefix}.post_attention_norm.weight"], eps)
             self.post_ffn_norm = RMSNorm(backend, tensors[f"{prefix}.post_ffw_norm.weight"], eps)
 
-    def __call__(self, h: Any, residual: Any | None, meta: AttentionMetadata, kv_cache) -> tuple[Any, Any]:
-        """Residual stream value after this layer is `returned_h + returned_residual`."""
-        qkv, residual = self.attn_norm.add_norm_linear(h, residual, self.attn.qkv)
-        h = self.attn.attend(qkv, meta, kv_cache)
-        if self.post_attn_norm is not None:
-            h = self.post_attn_norm(h)
-        h = self._scaled(h)
+    def __call__(self, h: Any, residual: Any | None, meta: AttentionMetadata, cache: Any) -> tuple[Any, Any]:
+        """Residual stream value after this layer is `returned_h + returned_residual`. `cache` is the
+        layer's (K, V) for attention, its state arrays for a recurrent mixer, None for neither."""
+        if self.attn is not None:
+            qkv, residual = self.attn_norm.add_norm_linear(h, residual, self.attn.qkv)
+            h = self.attn.attend(qkv, meta, cache)
+        elif self.recurrent is not None:
+            normed, residual = self.attn_norm.add_and_norm(h, residual)
+            h = self.recurrent(normed, meta, cache)
+        if self.mixer_kind != MIXER_NONE:
+            if self.post_attn_norm is not None:
+                h = self.post_attn_norm(h)
+            h = self._scaled(h)
+        if self.ffn_kind == FFN_NONE:
+            return h, residual
         if self.moe is not None:
             normed, residual = self.ffn_norm.add_and_norm(h, residual)
             h = self.moe(normed)
         else:
-            act, residual = self.ffn_norm.add_norm_gated_linear(h, residual, self.mlp.gate_up, self.mlp.activation)
+            act, residual = self.ffn_norm.add_norm_gated_linear(
+                h, residual, self.mlp.gate_up, self.mlp.activation
+            )
             h = self.mlp.down(act)
         if self.post_ffn_norm is not None:
             h = self.post_ffn_norm(h)
@@ -60,6 +96,23 @@ class DecoderLayer:
     def _scaled(self, h: Any) -> Any:
         """A sublayer's output as it joins the residual stream (Granite scales it)."""
         return h if self.residual_scale is None else h * h.dtype.type(self.residual_scale)
+
+
+def recurrent_mixer(backend: Any, cfg: ModelConfig, tensors: dict[str, QuantizedTensor], prefix: str) -> Any:
+    """The recurrent token mixer of a hybrid model's layer (`cfg.mixer(i)` in RECURRENT_MIXERS)."""
+    index = int(prefix.rsplit(".", 1)[1])
+    kind = cfg.mixer(index)
+    if kind == MIXER_GATED_DELTANET:
+        from app.engine.layers.gated_deltanet import GatedDeltaNet
+
+        assert cfg.gated_deltanet is not None
+        return GatedDeltaNet(backend, tensors, prefix, cfg.gated_deltanet, cfg.rms_norm_eps)
+    if kind == MIXER_MAMBA2:
+        from app.engine.layers.mamba2 import Mamba2
+
+        assert cfg.mamba2 is not None
+        return Mamba2(backend, tensors, prefix, cfg.mamba2, cfg.rms_norm_eps)
+    raise ValueError(f"layer {index}: unknown recurrent mixer {kind!r}")
 
 
 class DecoderModel:
@@ -116,6 +169,11 @@ class DecoderModel:
         which a CUDA graph capture cannot hold."""
         return any(layer.moe is not None and layer.moe.syncs_host for layer in self.layers)
 
+    def state_shapes(self) -> list[tuple[tuple[int, ...], ...] | None]:
+        """Per layer, the per-sequence recurrent state shapes (float32) the runner allocates a slot
+        array for, `[num_slots, *shape]` each; None for layers whose cache is (K, V) or nothing."""
+        return [self.config.state_shapes(i) for i in range(self.config.num_layers)]
+
     def mrope_table(self, positions: Any) -> Any:
         """The step's own RoPE table for 3D position ids `[3, T]` (AttentionMetadata.rope)."""
         cos, sin = self._host_rope
@@ -125,10 +183,12 @@ class DecoderModel:
         self,
         token_ids: Any,
         meta: AttentionMetadata,
-        kv_caches: list[tuple[Any, Any]],
+        kv_caches: list[Any],
         embeds: tuple[Any, Any] | None = None,
     ) -> Any:
-        """Final hidden states `[T, hidden]` of the batch's new tokens (KV written as a side effect).
+        """Final hidden states `[T, hidden]` of the batch's new tokens (KV and recurrent states
+        written as a side effect). `kv_caches[i]` is layer i's cache: (K, V) for attention, the
+        state arrays for a recurrent mixer (`state_shapes`), None for a layer with neither.
 
         `embeds = (rows, values)` replaces the embeddings of flat rows `rows` by `values` (an image's
         soft tokens, which are not scaled like token embeddings)."""
@@ -136,8 +196,8 @@ class DecoderModel:
         if embeds is not None:
             rows, values = embeds
             h[rows] = values.astype(h.dtype, copy=False)
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            h, residual = layer(h, residual, meta, kv_cache)
+        for layer, cache in zip(self.layers, kv_caches, strict=True):
+            h, residual = layer(h, residual, meta, cache)
         normed, _ = self.norm.add_and_norm(h, residual)
         return normed
 
