@@ -120,10 +120,7 @@ class LLMEngine:
                 config.max_model_len, limit, self.max_model_len,
             )  # fmt: skip
         self.kv_dtype = kv_dtype(config, self.backend)
-        kv_caches = [
-            self.backend.alloc_kv_cache(num_blocks, self.block_size, cfg.num_kv_heads, cfg.head_dim, self.kv_dtype)
-            for _ in range(cfg.num_layers)
-        ]
+        kv_caches = self._kv_caches(cfg, num_blocks)
         self.runner = ModelRunner(self.model, self.backend, kv_caches, self.block_size)
         self.vision = attach_vision(self.runner, self.checkpoint, self.tokenizer, config.mmproj)
         if self.backend.name == "cuda" and config.cuda_graphs and self.model.syncs_host:
@@ -183,6 +180,19 @@ class LLMEngine:
             "on" if config.enable_prefix_caching else "off",
         )  # fmt: skip
         log.info("async decode (one step of look-ahead) is %s", "on" if self.async_decode else "off")
+
+    def _kv_caches(self, cfg: Any, num_blocks: int) -> list[Any]:
+        """Each layer's KV cache: its own, shaped by its heads, where it owns one; the cache of the layer
+        it reads where it shares another's (Gemma 4); None where it has no attention."""
+        caches: list[Any] = []
+        for layer in range(cfg.num_layers):
+            shape = cfg.kv_shape(layer)
+            if shape is None:
+                source = cfg.kv_source(layer)
+                caches.append(caches[source] if source != layer else None)
+            else:
+                caches.append(self.backend.alloc_kv_cache(num_blocks, self.block_size, *shape, self.kv_dtype))
+        return caches
 
     # -- requests -------------------------------------------------------------------
     def check_fits(self, num_prompt_tokens: int, params: SamplingParams) -> None:

@@ -80,9 +80,10 @@ def kv_dtype(config: EngineConfig, backend: Any) -> str:
 
 def kv_block_bytes(cfg: ModelConfig, block_size: int, dtype: str) -> int:
     """Bytes of one KV block over all layers, K and V; FP8 counts its per-(block, head) scales."""
+    shapes = cfg.kv_layer_shapes  # the layers that own a cache, each with its own heads
     if dtype == "fp8":
-        return 2 * cfg.num_layers * kv_block_bytes_fp8(block_size, cfg.num_kv_heads, cfg.head_dim)
-    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * np.dtype(dtype).itemsize * block_size
+        return 2 * sum(kv_block_bytes_fp8(block_size, heads, dim) for heads, dim in shapes)
+    return 2 * sum(heads * dim for heads, dim in shapes) * np.dtype(dtype).itemsize * block_size
 
 
 def num_kv_blocks(config: EngineConfig, cfg: ModelConfig, backend: Any, positions: int) -> int:

@@ -12,11 +12,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from app.engine.backend.base import AttentionMetadata, QkvRope, RopeTable
 from app.engine.backend.reference_attention import paged_attention
 from app.engine.layers.linear import Linear
 from app.engine.layers.norm import RMSNorm
 from app.engine.quant.dispatch import QuantizedTensor
+from app.engine.quant.types import QUANT_TYPES
+
+F32 = QUANT_TYPES["F32"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,10 @@ class AttentionSpec:
     softcap: float | None = None
     qk_norm_eps: float | None = None  # set when the checkpoint has per-head q/k norms
     sinks: bool = False  # a learned logit per head in the softmax's denominator (`attn_sinks.weight`)
+    # Reads the KV cache another layer writes (Gemma 4's shared-KV layers): q only, no KV write.
+    kv_shared: bool = False
+    # Values RMS-normalised (no learned scale) before they are cached (Gemma 4).
+    value_norm_eps: float | None = None
 
 
 class Attention:
@@ -39,8 +48,9 @@ class Attention:
     ) -> None:
         self.backend = backend
         self.spec = spec
+        names = ("attn_q",) if spec.kv_shared else ("attn_q", "attn_k", "attn_v")
         parts = [Linear(backend, tensors[f"{prefix}.{n}.weight"], tensors.get(f"{prefix}.{n}.bias"))
-                 for n in ("attn_q", "attn_k", "attn_v")]  # fmt: skip
+                 for n in names]  # fmt: skip
         self.qkv = backend.fuse_linear([p.weight for p in parts], [p.bias for p in parts])
         self.o = Linear(
             backend, tensors[f"{prefix}.attn_output.weight"], tensors.get(f"{prefix}.attn_output.bias")
@@ -48,12 +58,17 @@ class Attention:
         self.q_norm = self.k_norm = None
         if spec.qk_norm_eps is not None:
             self.q_norm = RMSNorm(backend, tensors[f"{prefix}.attn_q_norm.weight"], spec.qk_norm_eps)
-            self.k_norm = RMSNorm(backend, tensors[f"{prefix}.attn_k_norm.weight"], spec.qk_norm_eps)
+            if not spec.kv_shared:
+                self.k_norm = RMSNorm(backend, tensors[f"{prefix}.attn_k_norm.weight"], spec.qk_norm_eps)
         norms = (
             (None, None, 0.0)
             if self.q_norm is None
-            else (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
+            else (self.q_norm.weight, getattr(self.k_norm, "weight", None), self.q_norm.eps)
         )
+        self.value_scale = None  # the unscaled value norm's weight: ones
+        if spec.value_norm_eps is not None:
+            ones = QuantizedTensor.from_float(f"{prefix}.value_norm", np.ones(spec.head_dim, np.float32), F32)
+            self.value_scale = backend.load_weight(ones)
         self.sinks = None
         if spec.sinks:
             heads = getattr(backend, "sink_head_dims", None)  # where a backend's sinks have a head-dim limit
@@ -77,6 +92,12 @@ class Attention:
         computes it together with the norm in front of it)."""
         s = self.spec
         k_cache, v_cache = kv_cache
+        if s.kv_shared:
+            return self.o(
+                self._attend_shared(qkv, meta, kv_cache).reshape(qkv.shape[0], s.num_heads * s.head_dim)
+            )
+        if self.value_scale is not None:
+            qkv = self._normed_values(qkv)
         if meta.image_spans is not None or meta.rope is not None:
             out = self._attend_reference(qkv, meta, kv_cache)  # honours image spans and a step's own rope
         elif self.sinks is None:
@@ -94,6 +115,36 @@ class Attention:
             )
         n_tokens = qkv.shape[0]
         return self.o(out.reshape(n_tokens, s.num_heads * s.head_dim))
+
+    def _normed_values(self, qkv: Any) -> Any:
+        """`qkv` with its value columns RMS-normalised per head (no learned scale): Gemma 4's v_norm."""
+        s = self.spec
+        start = (s.num_heads + s.num_kv_heads) * s.head_dim
+        values = qkv[:, start:].reshape(qkv.shape[0], s.num_kv_heads, s.head_dim)
+        qkv = qkv.copy()
+        qkv[:, start:] = self.backend.rms_norm(values, self.value_scale, s.value_norm_eps).reshape(
+            qkv.shape[0], -1
+        )
+        return qkv
+
+    def _attend_shared(self, q: Any, meta: AttentionMetadata, kv_cache: tuple[Any, Any]) -> Any:
+        """Attention of this layer's queries over the cache an earlier layer of the step wrote (its keys
+        and values for the step's tokens are already there): normed, rotated queries, no KV write."""
+        s, r, b = self.spec, self.rope, self.backend
+        k_cache, v_cache = kv_cache
+        q = q.reshape(q.shape[0], s.num_heads, s.head_dim)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        table, positions = r.table, meta.positions
+        if meta.rope is not None:
+            table, positions = meta.rope, b.xp.arange(q.shape[0], dtype=b.xp.int32)
+        q = b.rope(q, positions, table, r.interleaved)
+        if meta.image_spans is not None or meta.rope is not None:
+            out = paged_attention(
+                b.xp, q, k_cache, v_cache, meta, s.scale, s.sliding_window, s.softcap, meta.image_spans
+            )
+            return out.astype(q.dtype, copy=False)
+        return b.attention(q, k_cache, v_cache, meta, s.scale, s.sliding_window, s.softcap)
 
     def _attend_reference(self, qkv: Any, meta: AttentionMetadata, kv_cache: tuple[Any, Any]) -> Any:
         s, r, b = self.spec, self.rope, self.backend

@@ -68,7 +68,11 @@ class MoE:
             return weights, biases  # type: ignore[return-value]
 
         (gate_w, gate_b), (up_w, up_b), (down_w, down_b) = experts("gate"), experts("up"), experts("down")
-        load = getattr(backend, "load_experts", None)
+        # A learned scale per expert's output (Gemma 4; llama.cpp's `ffn_down_exps.scale`).
+        scale = tensors.get(f"{prefix}.ffn_down_exps.scale")
+        self.expert_scale = None if scale is None else backend.from_host(scale.dequantize().reshape(-1))
+        # the grouped kernels take no per-expert scale: such a layer runs the loop below
+        load = getattr(backend, "load_experts", None) if scale is None else None
         self.grouped = None if load is None else load(spec, [gate_w, up_w, down_w], [gate_b, up_b, down_b])
         if self.grouped is not None:
             return
@@ -87,12 +91,15 @@ class MoE:
         experts streamed from host RAM); on a GPU, no CUDA graph can hold such a step."""
         return self.grouped is None or getattr(self.grouped, "syncs_host", False)
 
-    def __call__(self, x: Any) -> Any:
-        """`[T, hidden]` normalised hidden states -> the experts' weighted sum, `[T, hidden]`."""
-        logits = self.router(x)
+    def __call__(self, x: Any, router_input: Any = None) -> Any:
+        """`[T, hidden]` normalised hidden states -> the experts' weighted sum, `[T, hidden]`; the router
+        reads `router_input` where the family routes on something else than the experts' input (Gemma 4)."""
+        logits = self.router(x if router_input is None else router_input)
         if self.grouped is not None:
             return self.backend.moe(x, logits, self.spec, self.grouped)
         weights, chosen = route(self.backend.xp, logits, self.spec)
+        if self.expert_scale is not None:
+            weights = weights * self.expert_scale[chosen]
 
         def run(expert: int, rows: Any) -> Any:
             down = self.down[expert]

@@ -148,6 +148,23 @@ class ModelConfig:
     # side; the attention output is multiplied by sigmoid(gate) before o_proj.
     attn_output_gate: bool = False
     rotary_dim: int | None = None  # partial RoPE: only the first rotary_dim dims of a head rotate
+    # Per-layer attention geometry (Gemma 4: global layers have a head size and KV head count of
+    # their own); empty: every layer has `head_dim` and `num_kv_heads`.
+    layer_head_dims: tuple[int, ...] = ()
+    layer_kv_heads: tuple[int, ...] = ()
+    # KV shared across layers (Gemma 4's `num_kv_shared_layers`): layer i attends over the cache of
+    # layer kv_sources[i] and writes none of its own; empty: every attention layer owns its cache.
+    kv_sources: tuple[int, ...] = ()
+    # Per layer: its values are its key projection (Gemma 4's `attention_k_eq_v`, global layers).
+    layer_values_from_keys: tuple[bool, ...] = ()
+    value_norm: bool = False  # values RMS-normalised (no learned scale) before they are cached (Gemma 4)
+    # Proportional RoPE on the global (non-sliding) layers (Gemma 4): the share of a head's frequency
+    # pairs that rotate; the rest keep frequency 0 (they pass unrotated).
+    global_rope_fraction: float | None = None
+    per_layer_input_size: int = 0  # per-layer input embeddings (Gemma 4's PLE), per layer and token
+    layer_output_scale: bool = False  # each layer's output stream times a learned scalar (Gemma 4)
+    moe_beside_mlp: bool = False  # experts added to the dense MLP's output in every layer (Gemma 4)
+    layer_intermediate_sizes: tuple[int, ...] = ()  # per layer, where MLP widths differ (Gemma 4's double-wide)
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -168,7 +185,33 @@ class ModelConfig:
     def ffn(self, layer: int) -> str:
         if self.layer_ffns:
             return self.layer_ffns[layer]
-        return FFN_MOE if self.moe is not None else FFN_DENSE
+        return FFN_MOE if self.moe is not None and not self.moe_beside_mlp else FFN_DENSE
+
+    def head_dim_of(self, layer: int) -> int:
+        return self.layer_head_dims[layer] if self.layer_head_dims else self.head_dim
+
+    def intermediate_of(self, layer: int) -> int:
+        return self.layer_intermediate_sizes[layer] if self.layer_intermediate_sizes else self.intermediate_size
+
+    def kv_heads_of(self, layer: int) -> int:
+        return self.layer_kv_heads[layer] if self.layer_kv_heads else self.num_kv_heads
+
+    def kv_source(self, layer: int) -> int:
+        """The layer whose KV cache `layer` attends over (itself unless it shares another's)."""
+        return self.kv_sources[layer] if self.kv_sources else layer
+
+    def kv_shape(self, layer: int) -> tuple[int, int] | None:
+        """(KV heads, head dim) of the KV cache `layer` owns; None where it owns none (a recurrent
+        or mixer-less layer, or one that reads another layer's cache)."""
+        if self.mixer(layer) != MIXER_ATTENTION or self.kv_source(layer) != layer:
+            return None
+        return self.kv_heads_of(layer), self.head_dim_of(layer)
+
+    @property
+    def kv_layer_shapes(self) -> tuple[tuple[int, int], ...]:
+        """(KV heads, head dim) of every KV cache the model owns, in layer order: what one token costs
+        in the KV pool (no entry for recurrent layers, nor for layers reading another's cache)."""
+        return tuple(shape for i in range(self.num_layers) if (shape := self.kv_shape(i)) is not None)
 
     @property
     def is_hybrid(self) -> bool:

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.engine.backend.base import AttentionMetadata
+from app.engine.backend.base import AttentionMetadata, RopeTable
 from app.engine.layers.attention import Attention, AttentionSpec
 from app.engine.layers.embedding import Embedding
 from app.engine.layers.linear import Linear
 from app.engine.layers.mlp import GatedMLP
 from app.engine.layers.moe import MoE
+from app.engine.layers.moe_beside import ExpertsBesideMlp
 from app.engine.layers.norm import RMSNorm
+from app.engine.layers.per_layer_input import LayerInputGate, PerLayerInputs
 from app.engine.layers.rope import attention_factor, cos_sin_table, inverse_frequencies, mrope_cos_sin
 from app.engine.models.config import (
     FFN_DENSE,
@@ -65,10 +67,19 @@ class DecoderLayer:
         if cfg.sandwich_norm:
             self.post_attn_norm = RMSNorm(backend, tensors[f"{prefix}.post_attention_norm.weight"], eps)
             self.post_ffn_norm = RMSNorm(backend, tensors[f"{prefix}.post_ffw_norm.weight"], eps)
+        # Gemma 4: experts beside the MLP, the per-layer input, a scalar on the layer's output stream
+        self.experts_beside = ExpertsBesideMlp(backend, cfg, tensors, prefix) if cfg.moe_beside_mlp else None
+        self.input_gate = LayerInputGate(backend, tensors, prefix, eps) if cfg.per_layer_input_size else None
+        self.output_scale = None
+        if cfg.layer_output_scale:
+            self.output_scale = backend.load_weight(tensors[f"{prefix}.layer_output_scale.weight"])
 
-    def __call__(self, h: Any, residual: Any | None, meta: AttentionMetadata, cache: Any) -> tuple[Any, Any]:
+    def __call__(
+        self, h: Any, residual: Any | None, meta: AttentionMetadata, cache: Any, layer_input: Any = None
+    ) -> tuple[Any, Any]:
         """Residual stream value after this layer is `returned_h + returned_residual`. `cache` is the
-        layer's (K, V) for attention, its state arrays for a recurrent mixer, None for neither."""
+        layer's (K, V) for attention (another layer's, for a shared-KV layer), its state arrays for a
+        recurrent mixer, None for neither; `layer_input`: its per-layer input `[T, size]` (PLE)."""
         if self.attn is not None:
             qkv, residual = self.attn_norm.add_norm_linear(h, residual, self.attn.qkv)
             h = self.attn.attend(qkv, meta, cache)
@@ -89,9 +100,19 @@ class DecoderLayer:
                 h, residual, self.mlp.gate_up, self.mlp.activation
             )
             h = self.mlp.down(act)
+            if self.experts_beside is not None:
+                h = self.experts_beside(h, residual)
         if self.post_ffn_norm is not None:
             h = self.post_ffn_norm(h)
-        return self._scaled(h), residual
+        h = self._scaled(h)
+        if self.input_gate is None and self.output_scale is None:
+            return h, residual
+        stream = h + residual
+        if self.input_gate is not None:
+            stream = self.input_gate(stream, layer_input)
+        if self.output_scale is not None:
+            stream = stream * self.output_scale
+        return stream, None
 
     def _scaled(self, h: Any) -> Any:
         """A sublayer's output as it joins the residual stream (Granite scales it)."""
@@ -127,34 +148,33 @@ class DecoderModel:
         self.config = cfg
         self.backend = backend
         self.embed = Embedding(backend, tensors["token_embd.weight"], cfg.embedding_scale)
-        tables = cos_sin_table(
-            inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, freq_factors),
-            max_positions,
-            attention_factor(cfg.rope_scaling),
-        )
-        global_rope = backend.rope_table(*tables)
-        self._host_rope = tables if cfg.mrope_section else None  # M-RoPE gathers its rows per step
-        local_rope = global_rope
-        if cfg.rope_theta_local is not None:
-            local_rope = backend.rope_table(
-                *cos_sin_table(inverse_frequencies(cfg.head_dim, cfg.rope_theta_local), max_positions)
-            )
+        self._max_positions, self._freq_factors = max_positions, freq_factors
+        self._rope_tables: dict[tuple[int, bool], RopeTable] = {}
+        # M-RoPE gathers its rows per step from the host tables
+        self._host_rope = self._host_tables(cfg.head_dim, local=False) if cfg.mrope_section else None
         self.layers = []
         for i in range(cfg.num_layers):
             sliding = cfg.is_sliding(i)
             spec = AttentionSpec(
                 num_heads=cfg.num_heads,
-                num_kv_heads=cfg.num_kv_heads,
-                head_dim=cfg.head_dim,
+                num_kv_heads=cfg.kv_heads_of(i),
+                head_dim=cfg.head_dim_of(i),
                 scale=cfg.attention_scale,
-                rope=local_rope if sliding else global_rope,
+                rope=self._rope(cfg.head_dim_of(i), local=sliding and cfg.rope_theta_local is not None),
                 rope_interleaved=cfg.rope_interleaved,
                 sliding_window=cfg.sliding_window if sliding else None,
                 softcap=cfg.attn_softcap,
                 qk_norm_eps=cfg.rms_norm_eps if cfg.qk_norm else None,
                 sinks=cfg.attention_sinks,
+                kv_shared=cfg.kv_source(i) != i,
+                value_norm_eps=cfg.rms_norm_eps if cfg.value_norm else None,
             )
             self.layers.append(DecoderLayer(backend, cfg, tensors, i, spec))
+        self.per_layer_inputs = None
+        if cfg.per_layer_input_size:
+            self.per_layer_inputs = PerLayerInputs(
+                backend, tensors, cfg.num_layers, cfg.per_layer_input_size, cfg.rms_norm_eps
+            )
         self.norm = RMSNorm(backend, tensors["output_norm.weight"], cfg.rms_norm_eps)
         output = tensors.get("output.weight")
         if output is None or cfg.tie_word_embeddings:
@@ -163,11 +183,31 @@ class DecoderModel:
         else:
             self.lm_head = Linear(backend, output)
 
+    def _host_tables(self, head_dim: int, local: bool) -> tuple[Any, Any]:
+        """cos/sin tables for heads of `head_dim`: the sliding layers' own base (`local`), or the global
+        base with its scaling, the checkpoint's frequency factors and proportional RoPE (Gemma 4)."""
+        cfg = self.config
+        if local:
+            assert cfg.rope_theta_local is not None
+            return cos_sin_table(inverse_frequencies(head_dim, cfg.rope_theta_local), self._max_positions)
+        inverse = inverse_frequencies(head_dim, cfg.rope_theta, cfg.rope_scaling, self._freq_factors)
+        if cfg.global_rope_fraction is not None:  # the pairs past the rotated share keep frequency 0
+            inverse = inverse.copy()
+            inverse[int(cfg.global_rope_fraction * head_dim // 2) :] = 0.0
+        return cos_sin_table(inverse, self._max_positions, attention_factor(cfg.rope_scaling))
+
+    def _rope(self, head_dim: int, local: bool) -> RopeTable:
+        key = (head_dim, local)
+        if key not in self._rope_tables:
+            self._rope_tables[key] = self.backend.rope_table(*self._host_tables(head_dim, local))
+        return self._rope_tables[key]
+
     @property
     def syncs_host(self) -> bool:
         """Whether a forward reads back to the host midway (a MoE layer on per-expert products),
         which a CUDA graph capture cannot hold."""
-        return any(layer.moe is not None and layer.moe.syncs_host for layer in self.layers)
+        experts = [layer.moe for layer in self.layers] + [layer.experts_beside for layer in self.layers]
+        return any(e is not None and e.syncs_host for e in experts)
 
     def state_shapes(self) -> list[tuple[tuple[int, ...], ...] | None]:
         """Per layer, the per-sequence recurrent state shapes (float32) the runner allocates a slot
@@ -193,11 +233,14 @@ class DecoderModel:
         `embeds = (rows, values)` replaces the embeddings of flat rows `rows` by `values` (an image's
         soft tokens, which are not scaled like token embeddings)."""
         h, residual = self.embed(token_ids), None
+        layer_inputs = None if self.per_layer_inputs is None else self.per_layer_inputs(token_ids, h)
         if embeds is not None:
             rows, values = embeds
             h[rows] = values.astype(h.dtype, copy=False)
-        for layer, cache in zip(self.layers, kv_caches, strict=True):
-            h, residual = layer(h, residual, meta, cache)
+        for i, (layer, cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
+            h, residual = layer(
+                h, residual, meta, cache, None if layer_inputs is None else layer_inputs[:, i]
+            )
         normed, _ = self.norm.add_and_norm(h, residual)
         return normed
 

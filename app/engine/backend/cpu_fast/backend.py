@@ -51,7 +51,9 @@ class FastCpuBackend(CpuBackend):
         self._pool: ThreadPoolExecutor | None = None
 
     def load_weight(self, tensor: QuantizedTensor) -> Any:
-        if len(tensor.shape) == 2 and tensor.qtype.name in FAST_FORMATS:
+        # the GEMV kernels sum inputs in groups of GROUP: a narrower or ragged matrix (Gemma 4's 16-wide
+        # per-layer projections in a tiny model) takes the numpy product
+        if len(tensor.shape) == 2 and tensor.qtype.name in FAST_FORMATS and tensor.shape[1] % kernels.GROUP == 0:
             return FastWeight(tensor)
         return super().load_weight(tensor)
 
