@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable
 
 from app.engine.loader.names import CheckpointError
-from app.engine.models.config import ModelConfig
+from app.engine.models.config import FFN_DENSE, FFN_MOE, MIXER_ATTENTION, ModelConfig
 from app.engine.quant.dispatch import QuantizedTensor
 
 _BLOCK = re.compile(r"blk\.(\d+)\.")
@@ -63,10 +63,16 @@ def _check_blocks(cfg: ModelConfig, tensors: dict[str, QuantizedTensor], key: Ca
             f"{present}{detail}: a corrupt block count or tensor count?"
         )
     for part, spec in _BLOCK_SHAPES.items():
-        if cfg.moe is not None and part.startswith("ffn_"):
-            continue  # experts instead: their shapes are checked as the MoE layer splits them
         wanted = tuple(math.prod(getattr(cfg, f) for f in dim) for dim in spec)
+        if part == "attn_q" and cfg.attn_output_gate:  # each head's query and its output gate
+            wanted = (2 * wanted[0], wanted[1])
         for layer in range(cfg.num_layers):
+            # hybrid models: attention tensors only in attention layers, a dense MLP only in dense
+            # layers (experts' shapes are checked as the MoE layer splits them)
+            if cfg.mixer(layer) != MIXER_ATTENTION and part.startswith("attn_"):
+                continue
+            if cfg.ffn(layer) != FFN_DENSE and part.startswith("ffn_"):
+                continue
             name = f"blk.{layer}.{part}.weight"
             tensor = tensors.get(name)
             if tensor is None:
@@ -86,6 +92,8 @@ def _check_routers(cfg: ModelConfig, tensors: dict[str, QuantizedTensor]) -> Non
     if not 1 <= moe.num_used <= moe.num_experts:
         raise CheckpointError(f"{moe.num_used} experts used per token of {moe.num_experts}: not a real model")
     for layer in range(cfg.num_layers):
+        if cfg.ffn(layer) != FFN_MOE:
+            continue
         name = f"blk.{layer}.ffn_gate_inp.weight"
         router = tensors.get(name)
         if router is None:

@@ -69,6 +69,9 @@ class GatedDeltaNetSpec:
     head_k_dim: int
     head_v_dim: int
     conv_kernel: int
+    # Which value heads a q/k head serves (num_v_heads > num_k_heads): consecutive ones (Hugging Face),
+    # or every num_k_heads-th one (llama.cpp's Qwen3.5 GGUFs reorder value heads "tiled").
+    tiled_v_heads: bool = False
 
     @property
     def conv_dim(self) -> int:

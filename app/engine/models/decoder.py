@@ -128,7 +128,7 @@ class DecoderModel:
         self.backend = backend
         self.embed = Embedding(backend, tensors["token_embd.weight"], cfg.embedding_scale)
         tables = cos_sin_table(
-            inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, freq_factors),
+            inverse_frequencies(cfg.rotary_dim or cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, freq_factors),
             max_positions,
             attention_factor(cfg.rope_scaling),
         )
@@ -153,6 +153,7 @@ class DecoderModel:
                 softcap=cfg.attn_softcap,
                 qk_norm_eps=cfg.rms_norm_eps if cfg.qk_norm else None,
                 sinks=cfg.attention_sinks,
+                output_gate=cfg.attn_output_gate,
             )
             self.layers.append(DecoderLayer(backend, cfg, tensors, i, spec))
         self.norm = RMSNorm(backend, tensors["output_norm.weight"], cfg.rms_norm_eps)
