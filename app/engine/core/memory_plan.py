@@ -1,4 +1,5 @@
-"""How the engine spends memory: float16 weight copies or not, and how many KV blocks."""
+"""How the engine spends memory: float16 weight copies or not, how many KV blocks, and (hybrid
+models) how many recurrent-state rows: a slot per running sequence and the prefix cache's snapshots."""
 
 from __future__ import annotations
 
@@ -18,6 +19,11 @@ from app.engine.models.config import ModelConfig
 log = logging.getLogger(__name__)
 
 CPU_KV_BUDGET_BYTES = 2 << 30
+# Hybrid models without --state-snapshot-gb: the prefix cache's state snapshots may take this share
+# of the cache budget, and no more than SNAPSHOTS_PER_SEQ per sequence slot (beyond that, rows would
+# only hold snapshots LRU eviction drops before anyone asks for them).
+STATE_SNAPSHOT_SHARE = 0.2
+SNAPSHOTS_PER_SEQ = 8
 
 
 def weight_cache_mode(config: EngineConfig, cfg: ModelConfig, checkpoint: Any) -> str:
@@ -79,30 +85,62 @@ def kv_dtype(config: EngineConfig, backend: Any) -> str:
 
 
 def kv_block_bytes(cfg: ModelConfig, block_size: int, dtype: str) -> int:
-    """Bytes of one KV block over all layers, K and V; FP8 counts its per-(block, head) scales."""
+    """Bytes of one KV block over the attention layers (a hybrid model's recurrent layers keep no
+    KV), K and V; FP8 counts its per-(block, head) scales."""
+    layers = len(cfg.attention_layers)
     if dtype == "fp8":
-        return 2 * cfg.num_layers * kv_block_bytes_fp8(block_size, cfg.num_kv_heads, cfg.head_dim)
-    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * np.dtype(dtype).itemsize * block_size
+        return 2 * layers * kv_block_bytes_fp8(block_size, cfg.num_kv_heads, cfg.head_dim)
+    return 2 * layers * cfg.num_kv_heads * cfg.head_dim * np.dtype(dtype).itemsize * block_size
 
 
-def num_kv_blocks(config: EngineConfig, cfg: ModelConfig, backend: Any, positions: int) -> int:
-    """KV blocks: enough for max_num_seqs full-length sequences, capped by the memory budget
-    (CPU: kv_cache_bytes; CUDA: the free device memory left after the weights, less a reserve
-    for activations, logits and the sampler)."""
+def cache_budget(config: EngineConfig, cfg: ModelConfig, backend: Any) -> int:
+    """Bytes the KV cache and the recurrent state rows share (CPU: kv_cache_bytes; CUDA: the free
+    device memory left after the weights, less a reserve for activations, logits and the sampler)."""
+    if backend.name == "cpu":
+        return config.kv_cache_bytes or CPU_KV_BUDGET_BYTES
+    activations = (
+        4
+        * config.max_num_batched_tokens
+        * (4 * cfg.hidden_size + 3 * cfg.intermediate_size + 2 * cfg.num_heads * cfg.head_dim)
+    )
+    sampler = 6 * 4 * config.max_num_seqs * cfg.vocab_size
+    return int(backend.free_memory() * config.gpu_memory_utilization) - activations - sampler
+
+
+def state_rows(config: EngineConfig, cfg: ModelConfig, budget: int) -> tuple[int, int]:
+    """(live slots, snapshot rows) of a hybrid model's recurrent state arrays; (0, 0) for a model
+    without recurrent layers. A slot per sequence (max_num_seqs); snapshots only with prefix
+    caching, sized by --state-snapshot-gb, else a share of `budget` (capped per sequence)."""
+    per_sequence = cfg.state_bytes_per_sequence
+    if not per_sequence:
+        return 0, 0
+    snapshots = 0
+    if config.enable_prefix_caching:
+        if config.state_snapshot_gb is not None:
+            snapshots = int(config.state_snapshot_gb * 2**30) // per_sequence
+        else:
+            share = int(max(budget, 0) * STATE_SNAPSHOT_SHARE) // per_sequence
+            snapshots = min(share, SNAPSHOTS_PER_SEQ * config.max_num_seqs)
+    return config.max_num_seqs, snapshots
+
+
+def state_cache_bytes(cfg: ModelConfig, slots: int, snapshots: int) -> int:
+    """Bytes of the recurrent state arrays: the null row, the slots and the snapshots, float32."""
+    return (1 + slots + snapshots) * cfg.state_bytes_per_sequence if slots else 0
+
+
+def num_kv_blocks(
+    config: EngineConfig, cfg: ModelConfig, backend: Any, positions: int, reserved: int = 0
+) -> int:
+    """KV blocks: enough for max_num_seqs full-length sequences, capped by the cache budget less
+    `reserved` bytes (a hybrid model's recurrent state rows)."""
     if config.num_kv_blocks:
         return config.num_kv_blocks
     block_bytes = kv_block_bytes(cfg, config.block_size, kv_dtype(config, backend))
     wanted = config.max_num_seqs * -(-positions // config.block_size) + 1
-    if backend.name == "cpu":
-        budget = config.kv_cache_bytes or CPU_KV_BUDGET_BYTES
-    else:
-        activations = (
-            4
-            * config.max_num_batched_tokens
-            * (4 * cfg.hidden_size + 3 * cfg.intermediate_size + 2 * cfg.num_heads * cfg.head_dim)
-        )
-        sampler = 6 * 4 * config.max_num_seqs * cfg.vocab_size
-        budget = int(backend.free_memory() * config.gpu_memory_utilization) - activations - sampler
+    if not block_bytes:
+        return wanted  # no attention layer: the block tables only count positions
+    budget = cache_budget(config, cfg, backend) - reserved
     return max(2, min(wanted, budget // block_bytes))
 
 
