@@ -1,0 +1,304 @@
+"""Qwen3.5, Qwen3.5-MoE and Qwen3-Next (Gated DeltaNet hybrids) against transformers 5.24.
+
+tests/fixtures/hybrid/<family>/ holds a tiny random-weight HF folder per family and transformers'
+float32 outputs for a 72-token sequence (tests/fixtures/make_qwen35_reference.py made them); the
+GGUFs are written here at test time in llama.cpp's layout (hybrid_gguf.py: Qwen3.5's tiled value
+heads, Qwen3-Next's split qkvz, `1 + w` norms, -exp(A_log)). The model runs at the model level
+(DecoderModel.forward with hand-built metadata and state arrays), in the ways the engine schedules
+it: one prefill (the chunked delta rule over two 64-token chunks), chunked prefill (13, 11, then
+the rest: chunks continue the conv and recurrent states), then decode one token at a time (the
+recurrent form), and batches of sequences of different lengths sharing steps.
+
+Tolerance: logits within 5e-5 x the case's logit scale (float32 summation order, the chunked
+against the recurrent form: measured <= 1.4e-5 x scale); first-step top-5 log-probs within 1e-3.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as GQ
+from hybrid_gguf import write_qwen_gguf  # sibling module: pytest puts tests/engine on sys.path
+
+from app.engine.backend import cpu_backend
+from app.engine.backend.base import AttentionMetadata
+from app.engine.backend.recurrent_reference import delta_rule_chunked, delta_rule_recurrent, gated_delta_rule
+from app.engine.loader.names import CheckpointError
+from app.engine.loader.weights import open_checkpoint
+from app.engine.models.config import MIXER_ATTENTION, MIXER_GATED_DELTANET
+from app.engine.models.decoder import DecoderModel
+from app.engine.models.registry import build_model, family, model_config
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hybrid"
+FAMILIES = ("qwen35", "qwen3next", "qwen35moe")
+SOURCES = ("hf", "gguf")
+RTOL = 5e-5
+BLOCK = 8
+MAX_POSITIONS = 256
+CHUNKS = (13, 11)  # then the rest: a small prefill budget
+
+
+def manifest(fam: str) -> dict[str, Any]:
+    return json.loads((FIXTURES / fam / "manifest.json").read_text(encoding="utf-8"))
+
+
+@functools.cache
+def reference(fam: str) -> dict[str, np.ndarray]:
+    with np.load(FIXTURES / fam / "references.npz") as refs:
+        return dict(refs)
+
+
+@functools.cache
+def gguf_path(fam: str, tmp_root: str, kind: str = "bf16") -> Path:
+    path = Path(tmp_root) / f"{fam}-{kind}.gguf"
+    float_type = None if kind == "bf16" else (lambda name, data: GQ.F16 if data.ndim > 1 else GQ.F32)
+    return write_qwen_gguf(FIXTURES / fam / "hf", fam, path, float_type)
+
+
+@pytest.fixture(scope="module")
+def tmp_root(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(tmp_path_factory.mktemp("hybrid-gguf"))
+
+
+@functools.cache
+def model(fam: str, source: str, tmp_root: str, kernels: str = "numpy") -> DecoderModel:
+    path = FIXTURES / fam / "hf" if source == "hf" else gguf_path(fam, tmp_root)
+    return build_model(open_checkpoint(path), cpu_backend(kernels), MAX_POSITIONS)
+
+
+class Runner:
+    """Caches for one model (KV blocks per attention layer, state slots per recurrent layer) and the
+    metadata of steps that each carry chunks of several sequences, placed as the engine places them."""
+
+    def __init__(self, m: DecoderModel, slots: int = 9, blocks: int = 160) -> None:
+        self.m, cfg, backend = m, m.config, m.backend
+        rng = np.random.default_rng(0)
+        self.caches: list[Any] = []
+        for shapes in m.state_shapes():
+            if shapes is None:
+                k, v = backend.alloc_kv_cache(blocks, BLOCK, cfg.num_kv_heads, cfg.head_dim)
+                k[...], v[...] = rng.normal(0, 10, k.shape), rng.normal(0, 10, v.shape)  # reused blocks
+                self.caches.append((k, v))
+            else:  # a slot's old contents must not leak into a sequence that starts from zeros
+                self.caches.append(tuple(rng.normal(0, 10, (slots, *s)).astype(np.float32) for s in shapes))
+        self.free = list(rng.permutation(np.arange(1, blocks)))
+        self.tables: dict[int, list[int]] = {}
+
+    def step(self, chunks: list[tuple[int, list[int], int]]) -> list[np.ndarray]:
+        """One forward over `(slot, new tokens, tokens already computed)` chunks; each chunk's logits."""
+        qsl, positions, slots_map, lens = [0], [], [], []
+        for slot, tokens, start in chunks:
+            table = self.tables.setdefault(slot, [])
+            while len(table) * BLOCK < start + len(tokens):
+                table.append(int(self.free.pop()))
+            pos = list(range(start, start + len(tokens)))
+            qsl.append(qsl[-1] + len(tokens))
+            positions += pos
+            slots_map += [table[p // BLOCK] * BLOCK + p % BLOCK for p in pos]
+            lens.append(start + len(tokens))
+        width = max(len(self.tables[s]) for s, _, _ in chunks)
+        tables = np.array(
+            [self.tables[s] + [0] * (width - len(self.tables[s])) for s, _, _ in chunks], np.int32
+        )
+        q, seq_lens = np.array(qsl, np.int32), np.array(lens, np.int32)
+        state_slots = np.array([s for s, _, _ in chunks], np.int32)
+        initial = np.array([start > 0 for _, _, start in chunks])
+        meta = AttentionMetadata(
+            q, seq_lens, tables, np.array(slots_map, np.int32), np.array(positions, np.int32),
+            max(len(t) for _, t, _ in chunks), int(seq_lens.max()), BLOCK,
+            host_query_start_loc=q, host_seq_lens=seq_lens, state_slots=state_slots, has_initial_state=initial,
+            host_state_slots=state_slots, host_has_initial_state=initial,
+        )  # fmt: skip
+        tokens = np.array([t for _, ts, _ in chunks for t in ts], np.int32)
+        logits = np.asarray(self.m.logits(self.m.forward(tokens, meta, self.caches)), np.float32)
+        return [logits[q[i] : q[i + 1]] for i in range(len(chunks))]
+
+
+def chunked_then_greedy(
+    m: DecoderModel, prompt: list[int], steps: int
+) -> tuple[np.ndarray, list[int], np.ndarray]:
+    """Prompt logits (prefill in CHUNKS), the greedy continuation, and the first decode step's logits."""
+    run, start, rows = Runner(m), 0, []
+    for n in [*CHUNKS, len(prompt)]:
+        n = min(n, len(prompt) - start)
+        if n:
+            rows.append(run.step([(3, prompt[start : start + n], start)])[0])
+            start += n
+    greedy, first = [int(np.argmax(rows[-1][-1]))], None
+    for _ in range(steps - 1):
+        out = run.step([(3, [greedy[-1]], start)])[0][-1]
+        first = out if first is None else first
+        start += 1
+        greedy.append(int(np.argmax(out)))
+    return np.concatenate(rows), greedy, first
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    return x - x.max() - np.log(np.exp(x - x.max()).sum())
+
+
+@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("fam", FAMILIES)
+def test_one_prefill_matches_transformers(fam: str, source: str, tmp_root: str) -> None:
+    expected = reference(fam)["logits"]
+    ours = Runner(model(fam, source, tmp_root)).step([(0, manifest(fam)["tokens"], 0)])[0]
+    scale = max(1.0, float(np.abs(expected).max()))
+    assert np.abs(ours - expected).max() <= RTOL * scale
+    assert (ours.argmax(-1) == expected.argmax(-1)).all()
+
+
+@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("fam", FAMILIES)
+def test_chunked_prefill_and_greedy_decode_match_transformers(fam: str, source: str, tmp_root: str) -> None:
+    man, ref = manifest(fam), reference(fam)
+    logits, greedy, second = chunked_then_greedy(
+        model(fam, source, tmp_root), man["tokens"], len(man["greedy"])
+    )
+    scale = max(1.0, float(np.abs(ref["logits"]).max()))
+    assert np.abs(logits - ref["logits"]).max() <= RTOL * scale
+    assert greedy == man["greedy"]
+    # transformers' first generated step reads the prompt's last logits; its second, our first decode
+    first = log_softmax(logits[-1])
+    top5 = np.argsort(-first, kind="stable")[:5]
+    assert top5.tolist() == man["top5_ids"]
+    assert np.abs(first[top5] - ref["top5_logprobs"]).max() <= 1e-3
+    assert np.abs(second - ref["step_logits"][1]).max() <= RTOL * scale
+
+
+@pytest.mark.parametrize("fam", FAMILIES)
+def test_sequences_alone_and_in_a_batch_of_eight(fam: str, tmp_root: str) -> None:
+    """Eight prompts of different lengths prefilled in shared steps (chunks of 9) then decoded together
+    give each the greedy tokens it gets alone, from slots full of an earlier sequence's leftovers."""
+    m, tokens = model(fam, "hf", tmp_root), manifest(fam)["tokens"]
+    prompts = [tokens[i : i + n] for i, n in enumerate((5, 12, 17, 23, 30, 41, 52, 66))]
+    steps = 6
+    alone = [chunked_then_greedy(m, p, steps)[1] for p in prompts]
+    run = Runner(m)
+    done = [0] * 8
+    seqs = [list(p) for p in prompts]
+    while any(len(s) < len(p) + steps for s, p in zip(seqs, prompts, strict=True)):
+        chunks, owners = [], []
+        for i, s in enumerate(seqs):
+            if len(s) == len(prompts[i]) + steps:
+                continue
+            n = min(9, len(s) - done[i])
+            chunks.append((i, s[done[i] : done[i] + n], done[i]))
+            owners.append(i)
+        for i, out in zip(owners, run.step(chunks), strict=True):
+            done[i] += len(chunks[owners.index(i)][1])
+            if done[i] == len(seqs[i]):
+                seqs[i].append(int(np.argmax(out[-1])))
+    assert [s[len(p) :] for s, p in zip(seqs, prompts, strict=True)] == alone
+
+
+@pytest.mark.parametrize("fam", ["qwen35"])
+def test_f16_gguf_and_numba_backend(fam: str, tmp_root: str) -> None:
+    """An F16 GGUF on the numba CPU backend (which inherits the recurrent layers' numpy ops)."""
+    m = build_model(open_checkpoint(gguf_path(fam, tmp_root, "f16")), cpu_backend("numba"), MAX_POSITIONS)
+    man, ref = manifest(fam), reference(fam)
+    logits, greedy, _ = chunked_then_greedy(m, man["tokens"], len(man["greedy"]))
+    assert greedy == man["greedy"]
+    first = log_softmax(logits[-1])
+    assert np.abs(first[man["top5_ids"]] - ref["top5_logprobs"]).max() <= 1e-2  # f16-rounded weights
+
+
+@pytest.mark.parametrize("length", [1, 5, 64, 100, 130])
+def test_chunked_and_recurrent_delta_rule_agree(length: int) -> None:
+    rng = np.random.default_rng(length)
+    h, dk, dv = 3, 8, 6
+    q, k = (rng.normal(size=(h, length, dk)).astype(np.float32) for _ in range(2))
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)  # unit keys, as the layer feeds the rule
+    v = rng.normal(size=(h, length, dv)).astype(np.float32)
+    g = -rng.uniform(0.0, 0.5, (h, length)).astype(np.float32)
+    beta = rng.uniform(0.0, 1.0, (h, length)).astype(np.float32)
+    s0 = rng.normal(size=(h, dk, dv)).astype(np.float32)
+    out_r, s_r = delta_rule_recurrent(np, q, k, v, g, beta, s0)
+    out_c, s_c = delta_rule_chunked(np, q, k, v, g, beta, s0)
+    assert np.abs(out_r - out_c).max() <= 1e-4 * max(1.0, float(np.abs(out_r).max()))
+    assert np.abs(s_r - s_c).max() <= 1e-4 * max(1.0, float(np.abs(s_r).max()))
+    # in two pieces, the state carried between them: the same as in one
+    cut = length // 2
+    first, s_mid = delta_rule_chunked(np, *(a[:, :cut] for a in (q, k, v, g, beta)), s0)
+    second, s_end = delta_rule_chunked(np, *(a[:, cut:] for a in (q, k, v, g, beta)), s_mid)
+    assert np.abs(np.concatenate([first, second], axis=1) - out_r).max() <= 1e-4 * max(
+        1.0, float(np.abs(out_r).max())
+    )
+    assert np.abs(s_end - s_r).max() <= 1e-4 * max(1.0, float(np.abs(s_r).max()))
+
+
+def test_tiled_value_heads_are_the_grouped_ones_reordered() -> None:
+    """llama.cpp's tiled order is a permutation of the value heads: the same outputs, permuted."""
+    rng = np.random.default_rng(7)
+    t, hk, r, d = 10, 2, 3, 4
+    q, k = (rng.normal(size=(t, hk, d)).astype(np.float32) for _ in range(2))
+    v = rng.normal(size=(t, hk * r, d)).astype(np.float32)
+    g = -rng.uniform(0, 1, (t, hk * r)).astype(np.float32)
+    beta = rng.uniform(0, 1, (t, hk * r)).astype(np.float32)
+    perm = np.arange(hk * r).reshape(hk, r).T.reshape(-1)  # tiled position j holds grouped head perm[j]
+    meta = AttentionMetadata(
+        np.array([0, t], np.int32), np.array([t], np.int32), np.zeros((1, 1), np.int32), np.zeros(t, np.int32),
+        np.arange(t, dtype=np.int32), t, t, 16, host_query_start_loc=np.array([0, t]),
+        host_state_slots=np.array([0]), host_has_initial_state=np.array([False]),
+    )  # fmt: skip
+    grouped = gated_delta_rule(np, q, k, v, g, beta, np.zeros((1, hk * r, d, d), np.float32), meta)
+    tiled = gated_delta_rule(
+        np, q, k, v[:, perm], g[:, perm], beta[:, perm], np.zeros((1, hk * r, d, d), np.float32), meta, True
+    )
+    np.testing.assert_allclose(tiled, grouped[:, perm], rtol=1e-5, atol=1e-6)
+
+
+# -- configs ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fam", FAMILIES)
+def test_config_from_both_sources(fam: str, tmp_root: str) -> None:
+    hf = model_config(open_checkpoint(FIXTURES / fam / "hf"))
+    gg = model_config(open_checkpoint(gguf_path(fam, tmp_root)))
+    kinds = {"linear_attention": MIXER_GATED_DELTANET, "full_attention": MIXER_ATTENTION}
+    assert hf.layer_mixers == gg.layer_mixers == tuple(kinds[t] for t in manifest(fam)["layer_types"])
+    assert hf.rotary_dim == gg.rotary_dim == 4 and hf.attn_output_gate and gg.attn_output_gate
+    assert hf.gated_deltanet.tiled_v_heads is False
+    assert gg.gated_deltanet.tiled_v_heads is (fam != "qwen3next")
+    assert (hf.gated_deltanet.num_k_heads, hf.gated_deltanet.num_v_heads) == (2, 4)
+    if fam != "qwen35":
+        assert hf.moe == gg.moe and hf.moe.shared_intermediate_size == 32 and hf.moe.shared_gate
+
+
+def test_multimodal_wrapper_and_interval_configs() -> None:
+    """Qwen3_5ForConditionalGeneration keeps the decoder under text_config; older configs give the
+    layer pattern as full_attention_interval."""
+    text = json.loads((FIXTURES / "qwen35" / "hf" / "config.json").read_text(encoding="utf-8"))
+    text.pop("layer_types")
+    text["full_attention_interval"] = 4
+    wrapped = {
+        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "model_type": "qwen3_5",
+        "text_config": text,
+    }
+    cfg = family("Qwen3_5ForConditionalGeneration").config_from_hf(wrapped)
+    assert cfg.layer_mixers == (MIXER_GATED_DELTANET,) * 3 + (MIXER_ATTENTION,)
+    bad = {
+        **text,
+        "layer_types": ["linear_attention", "sliding_attention", "full_attention", "full_attention"],
+    }
+    with pytest.raises(CheckpointError, match="layer_types"):
+        family("qwen35").config_from_hf(bad)
+
+
+def test_gguf_with_mtp_blocks_is_refused_by_name(tmp_root: str) -> None:
+    checkpoint = open_checkpoint(gguf_path("qwen35", tmp_root))
+    meta = {**checkpoint.metadata, "qwen35.nextn_predict_layers": 1}
+    with pytest.raises(CheckpointError, match="nextn_predict_layers"):
+        family("qwen35").config_from_gguf(meta, checkpoint.tensors["token_embd.weight"].shape[0])
+
+
+def test_fixtures_are_small() -> None:
+    for fam in FAMILIES:
+        size = sum(p.stat().st_size for p in (FIXTURES / fam).rglob("*") if p.is_file())
+        assert size < 300_000, f"{fam}: {size} bytes"
