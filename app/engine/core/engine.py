@@ -151,7 +151,7 @@ class LLMEngine:
             )  # fmt: skip
         tiers = None
         if cfg.is_hybrid and (config.kv_host_gb or config.kv_disk_gb):
-            log.warning("KV host/disk tiers off: they do not keep this hybrid model's recurrent-state snapshots")
+            log.info("KV host/disk tiers off: they do not keep this hybrid model's recurrent-state snapshots")
         elif cfg.attention_layers:
             copier = DeviceBlocks(self.backend, attention_caches(cfg, kv_caches))
             tiers = offload_tiers(config, copier, self.path, cfg, self.kv_dtype)
