@@ -302,3 +302,22 @@ def test_fixtures_are_small() -> None:
     for fam in FAMILIES:
         size = sum(p.stat().st_size for p in (FIXTURES / fam).rglob("*") if p.is_file())
         assert size < 300_000, f"{fam}: {size} bytes"
+
+
+def test_qwen35_xml_tool_calls_are_parsed() -> None:
+    """Qwen3.5 / Qwen3-Next write `<function=...>` with one `<parameter=...>` per argument."""
+    from app.engine.text.tool_calls import parse_tool_calls
+
+    reply = (
+        "Checking.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParís\n</parameter>\n"
+        '<parameter=days>\n3\n</parameter>\n<parameter=opts>\n{"units": "c"}\n</parameter>\n</function>\n'
+        "</tool_call>"
+    )
+    content, calls = parse_tool_calls(reply)
+    assert content == "Checking."
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "París", "days": 3, "opts": {"units": "c"}})
+    ]
+    assert (
+        parse_tool_calls("<tool_call>\n<function=f>\nnot xml arguments</tool_call>")[1][0].arguments == "{}"
+    )
