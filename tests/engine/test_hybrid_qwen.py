@@ -16,6 +16,7 @@ against the recurrent form: measured <= 1.4e-5 x scale); first-step top-5 log-pr
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -321,3 +322,86 @@ def test_qwen35_xml_tool_calls_are_parsed() -> None:
     assert (
         parse_tool_calls("<tool_call>\n<function=f>\nnot xml arguments</tool_call>")[1][0].arguments == "{}"
     )
+
+
+# -- through the engine (scheduler, state slots, chunked prefill under a small token budget) ---------
+
+
+def engine_folder(fam: str, tmp_root: str) -> Path:
+    """The HF fixture plus a tokenizer.json (a byte-level BPE without merges: the engine loads one with
+    every folder; the tests feed token ids)."""
+    folder = Path(tmp_root) / f"{fam}-hf"
+    if folder.exists():
+        return folder
+    folder.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (folder / name).symlink_to((FIXTURES / fam / "hf" / name).resolve())
+    printable = {*range(33, 127), *range(161, 173), *range(174, 256)}  # GPT-2's byte-to-character map
+    shifted = (chr(256 + i) for i in itertools.count())
+    byte_chars = [chr(b) if b in printable else next(shifted) for b in range(256)]
+    vocab = {byte_chars[i]: i for i in range(json.loads((folder / "config.json").read_text())["vocab_size"])}
+    level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    model = {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+             "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "vocab": vocab, "merges": []}  # fmt: skip
+    tokenizer = {"version": "1.0", "added_tokens": [], "normalizer": None, "pre_tokenizer": level,
+                 "post_processor": None, "decoder": level, "model": model}  # fmt: skip
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer), encoding="utf-8")
+    return folder
+
+
+def make_engine(fam: str, source: str, tmp_root: str, **fields: Any) -> Any:
+    from app.engine import EngineConfig
+    from app.engine.core.engine import LLMEngine
+
+    path = engine_folder(fam, tmp_root) if source == "hf" else gguf_path(fam, tmp_root)
+    settings: dict[str, Any] = dict(model=str(path), device="cpu", cpu_kernels="numpy", max_model_len=256,
+                                    max_num_seqs=8, max_num_batched_tokens=16, kv_cache_bytes=8 << 20,
+                                    enable_prefix_caching=False)  # fmt: skip
+    return LLMEngine(EngineConfig(**{**settings, **fields}))
+
+
+def greedy_params(n: int, logprobs: int | None = None) -> Any:
+    from app.engine import SamplingParams
+
+    return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, logprobs=logprobs)
+
+
+@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("fam", FAMILIES)
+def test_engine_greedy_and_top5_match_transformers(fam: str, source: str, tmp_root: str) -> None:
+    """The 72-token prompt in chunks of 16 tokens, then decode: transformers' greedy tokens and
+    first-step top-5 log-probs."""
+    man, ref = manifest(fam), reference(fam)
+    engine = make_engine(fam, source, tmp_root)
+    assert engine.model_config.is_hybrid
+    (result,) = engine.generate([man["tokens"]], greedy_params(len(man["greedy"]), logprobs=5))
+    assert result["token_ids"] == man["greedy"]
+    top = result["logprobs"][0].top
+    assert [t for t, _ in top] == man["top5_ids"]
+    assert np.abs(np.array([lp for _, lp in top]) - ref["top5_logprobs"]).max() <= 1e-3
+
+
+@pytest.mark.parametrize(("fam", "source"), [("qwen35", "gguf"), ("qwen3next", "hf"), ("qwen35moe", "hf")])
+def test_engine_batch_of_eight_matches_each_alone(fam: str, source: str, tmp_root: str) -> None:
+    tokens = manifest(fam)["tokens"]
+    prompts = [tokens[i : i + n] for i, n in enumerate((7, 70, 20, 33, 12, 58, 41, 26))]
+    engine = make_engine(fam, source, tmp_root, max_num_batched_tokens=40)
+    params = greedy_params(6)
+    alone = [engine.generate([p], params)[0]["token_ids"] for p in prompts]
+    together = engine.generate(prompts, params)
+    assert [r["token_ids"] for r in together] == alone
+    assert all(len(a) == 6 for a in alone)
+
+
+def test_engine_prefix_hit_resumes_the_gated_deltanet_state(tmp_root: str) -> None:
+    """A second request sharing 64 tokens resumes from the state snapshot the first left, and
+    generates what a server without the prefix cache generates."""
+    tokens = manifest("qwen35")["tokens"]
+    first, second = tokens[:70], tokens[:64] + tokens[::-1][:6]
+    params = greedy_params(8)
+    expected = make_engine("qwen35", "hf", tmp_root).generate([second], params)[0]["token_ids"]
+    engine = make_engine("qwen35", "hf", tmp_root, enable_prefix_caching=True, state_snapshot_interval=16)
+    engine.generate([first], params)
+    (result,) = engine.generate([second], params)
+    assert result["num_cached_tokens"] >= 48
+    assert result["token_ids"] == expected
