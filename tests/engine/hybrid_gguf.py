@@ -127,7 +127,7 @@ def _interval(cfg: dict[str, Any]) -> int:
 
 
 def qwen_gguf_tensors(
-    arch: str, cfg: dict[str, Any], weights: dict[str, np.ndarray]
+    arch: str, cfg: dict[str, Any], weights: dict[str, np.ndarray], legacy_ssm_in: bool = False
 ) -> list[tuple[str, np.ndarray]]:
     """(GGUF name, values) as convert_hf_to_gguf.py writes them: `1 + w` for every norm but the gated
     one, -exp(A_log), the conv squeezed, Qwen3-Next's in_proj_qkvz as attn_qkv + attn_gate, experts
@@ -166,8 +166,12 @@ def qwen_gguf_tensors(
             parts = name.split(".")
             experts.setdefault((layer, parts[-2]), {})[int(parts[-3])] = data
             continue
-        if "in_proj_qkvz" in name:
-            out += _split_qkvz(layer, data, hk, hv // hk, dk, dv)
+        if "in_proj_qkvz" in name:  # older converters kept it whole, as `ssm_in`
+            out += (
+                [(f"blk.{layer}.ssm_in.weight", data)]
+                if legacy_ssm_in
+                else _split_qkvz(layer, data, hk, hv // hk, dk, dv)
+            )
             continue
         if name.endswith("shared_expert_gate.weight"):
             data = data.reshape(-1)  # llama.cpp's {n_embd}
@@ -214,12 +218,17 @@ def _split_qkvz(
 
 
 def write_qwen_gguf(
-    folder: Path, arch: str, path: Path, float_type: Callable[[str, np.ndarray], GQ] | None = None
+    folder: Path,
+    arch: str,
+    path: Path,
+    float_type: Callable[[str, np.ndarray], GQ] | None = None,
+    legacy_ssm_in: bool = False,
 ) -> Path:
-    """The HF fixture in `folder` as llama.cpp's converter would write it for `arch`."""
+    """The HF fixture in `folder` as llama.cpp's converter would write it for `arch` (`legacy_ssm_in`:
+    Qwen3-Next's fused `in_proj_qkvz` kept whole, as converters before the split wrote it)."""
     cfg, weights = hf_weights(folder)
     cfg = cfg.get("text_config", cfg)
     kwargs = {} if float_type is None else {"float_type": float_type}
-    tensors = qwen_gguf_tensors(arch, cfg, weights)
+    tensors = qwen_gguf_tensors(arch, cfg, weights, legacy_ssm_in)
     assert all(math.isfinite(float(np.abs(t).max())) for _, t in tensors)
     return write_gguf(path, arch, qwen_metadata(arch, cfg), tensors, cfg["vocab_size"], **kwargs)

@@ -15,6 +15,7 @@ against the recurrent form: measured <= 1.4e-5 x scale); first-step top-5 log-pr
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import json
@@ -34,6 +35,8 @@ from app.engine.loader.weights import open_checkpoint
 from app.engine.models.config import MIXER_ATTENTION, MIXER_GATED_DELTANET
 from app.engine.models.decoder import DecoderModel
 from app.engine.models.registry import build_model, family, model_config
+from app.engine.quant.dispatch import QuantizedTensor
+from app.engine.quant.types import QUANT_TYPES
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hybrid"
 FAMILIES = ("qwen35", "qwen3next", "qwen35moe")
@@ -54,11 +57,27 @@ def reference(fam: str) -> dict[str, np.ndarray]:
         return dict(refs)
 
 
+def _quantized(name: str, data: np.ndarray) -> GQ:
+    """Q8_0 for the projections (whole rows of 32-weight blocks), Q4_0 for the MLP, F32 for the rest."""
+    if data.ndim < 2 or data.shape[-1] % 32:
+        return GQ.F32
+    return GQ.Q4_0 if ".ffn_" in name else GQ.Q8_0
+
+
+_FLOAT_TYPES = {
+    "bf16": None,
+    "f16": lambda name, data: GQ.F16 if data.ndim > 1 else GQ.F32,
+    "quantized": _quantized,
+    "legacy": None,
+}
+
+
 @functools.cache
 def gguf_path(fam: str, tmp_root: str, kind: str = "bf16") -> Path:
     path = Path(tmp_root) / f"{fam}-{kind}.gguf"
-    float_type = None if kind == "bf16" else (lambda name, data: GQ.F16 if data.ndim > 1 else GQ.F32)
-    return write_qwen_gguf(FIXTURES / fam / "hf", fam, path, float_type)
+    return write_qwen_gguf(
+        FIXTURES / fam / "hf", fam, path, _FLOAT_TYPES[kind], legacy_ssm_in=kind == "legacy"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -405,3 +424,27 @@ def test_engine_prefix_hit_resumes_the_gated_deltanet_state(tmp_root: str) -> No
     (result,) = engine.generate([second], params)
     assert result["num_cached_tokens"] >= 48
     assert result["token_ids"] == expected
+
+
+@pytest.mark.parametrize(("fam", "kind"), [("qwen35", "quantized"), ("qwen3next", "legacy")])
+def test_quantized_and_legacy_ggufs_equal_their_float_values(fam: str, kind: str, tmp_root: str) -> None:
+    """Rows picked out of quantized tensors (the gated query's halves, Qwen3-Next's fused projections:
+    `ssm_ba`, and `ssm_in` in older files) stay in their format: the model equals one built from the same
+    file with every tensor dequantized to float32."""
+    checkpoint = open_checkpoint(gguf_path(fam, tmp_root, kind))
+    names = set(checkpoint.tensors)
+    assert ("blk.0.ssm_in.weight" in names) is (kind == "legacy")
+    if kind == "quantized":
+        assert checkpoint.tensors["blk.1.attn_q.weight"].qtype.name == "Q8_0"
+    floats = {
+        n: QuantizedTensor.from_float(n, t.dequantize(), QUANT_TYPES["F32"])
+        for n, t in checkpoint.tensors.items()
+    }
+    as_floats = dataclasses.replace(checkpoint, tensors=floats)
+    tokens = manifest(fam)["tokens"]
+    ours = Runner(build_model(checkpoint, cpu_backend("numpy"), MAX_POSITIONS)).step([(0, tokens, 0)])[0]
+    expected = Runner(build_model(as_floats, cpu_backend("numpy"), MAX_POSITIONS)).step([(0, tokens, 0)])[0]
+    assert np.abs(ours - expected).max() <= 1e-5 * max(1.0, float(np.abs(expected).max()))
+    if kind == "legacy":  # the float file's values are the HF ones: transformers' logits too
+        ref = reference(fam)["logits"]
+        assert np.abs(ours - ref).max() <= RTOL * max(1.0, float(np.abs(ref).max()))
