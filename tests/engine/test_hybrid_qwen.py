@@ -448,3 +448,36 @@ def test_quantized_and_legacy_ggufs_equal_their_float_values(fam: str, kind: str
     if kind == "legacy":  # the float file's values are the HF ones: transformers' logits too
         ref = reference(fam)["logits"]
         assert np.abs(ours - ref).max() <= RTOL * max(1.0, float(np.abs(ref).max()))
+
+
+# Qwen/Qwen3-Next-80B-A3B-Instruct's config.json as published (transformers 4 keys: rope_theta and
+# partial_rotary_factor at the top level, the layer pattern as full_attention_interval).
+QWEN3_NEXT_80B = {
+    "architectures": ["Qwen3NextForCausalLM"], "decoder_sparse_step": 1, "full_attention_interval": 4,
+    "head_dim": 256, "hidden_act": "silu", "hidden_size": 2048, "intermediate_size": 5120,
+    "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32, "linear_value_head_dim": 128, "max_position_embeddings": 262144,
+    "mlp_only_layers": [], "model_type": "qwen3_next", "moe_intermediate_size": 512, "norm_topk_prob": True,
+    "num_attention_heads": 16, "num_experts": 512, "num_experts_per_tok": 10, "num_hidden_layers": 48,
+    "num_key_value_heads": 2, "partial_rotary_factor": 0.25, "rms_norm_eps": 1e-06, "rope_scaling": None,
+    "rope_theta": 10000000, "shared_expert_intermediate_size": 512, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "vocab_size": 151936,
+}  # fmt: skip
+
+
+def test_released_qwen3_next_config() -> None:
+    cfg = family("Qwen3NextForCausalLM").config_from_hf(QWEN3_NEXT_80B)
+    assert cfg.layer_mixers == ((MIXER_GATED_DELTANET,) * 3 + (MIXER_ATTENTION,)) * 12
+    assert (cfg.rotary_dim, cfg.rope_theta, cfg.head_dim) == (64, 1e7, 256)
+    spec = cfg.gated_deltanet
+    assert (spec.num_k_heads, spec.num_v_heads, spec.head_k_dim, spec.head_v_dim, spec.conv_kernel) == (
+        16,
+        32,
+        128,
+        128,
+        4,
+    )
+    assert (cfg.moe.num_experts, cfg.moe.num_used, cfg.moe.intermediate_size) == (512, 10, 512)
+    assert cfg.moe.shared_intermediate_size == 512 and cfg.moe.normalize
+    # per sequence: 36 Gated DeltaNet layers, each a [8192, 3] conv state and a [32, 128, 128] state
+    assert cfg.state_bytes_per_sequence == 36 * 4 * (8192 * 3 + 32 * 128 * 128)

@@ -88,10 +88,10 @@ class GatedDeltaNet:
         beta = _sigmoid(xp, proj[:, i_b:i_a])
         g = self.neg_a * _softplus(xp, proj[:, i_a:] + self.dt_bias)
         core = gated_delta_rule(xp, q, k, v, g, beta, recurrent_state, meta, s.tiled_v_heads)
-        z = proj[:, i_z:i_b].reshape(n, s.num_v_heads, s.head_v_dim)
-        gated = b.rms_norm(core, self.norm_weight, self.eps) * (z * _sigmoid(xp, z))
-        out = self.out(xp.ascontiguousarray(gated.reshape(n, s.num_v_heads * s.head_v_dim)).astype(x.dtype))
-        return out
+        z = proj[:, i_z:i_b].reshape(n * s.num_v_heads, s.head_v_dim)
+        normed = b.rms_norm(core.reshape(n * s.num_v_heads, s.head_v_dim), self.norm_weight, self.eps)
+        gated = normed * (z * _sigmoid(xp, z))  # per value head: norm(core) * silu(z)
+        return self.out(xp.ascontiguousarray(gated.reshape(n, s.num_v_heads * s.head_v_dim)).astype(x.dtype))
 
 
 def _dense(backend: Any, tensor: QuantizedTensor) -> Any:
