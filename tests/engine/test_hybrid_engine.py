@@ -1,6 +1,11 @@
 """The engine's side of hybrid models (recurrent layers beside attention), on the numpy backend.
 
-The model is the tiny llama fixture with its middle layer's attention replaced by a toy recurrent
+First on the hybrid families' fixtures (tests/fixtures/hybrid/, as GGUFs written at test time in
+llama.cpp's layout, which carry a minimal vocabulary the engine loads): greedy tokens through
+`LLMEngine` with a small prefill budget against transformers', a batch of eight against each
+alone, a 2,000-token shared prefix and a 16-turn session served from state snapshots.
+
+Then on a toy hybrid: the tiny llama fixture with its middle layer's attention replaced by a toy recurrent
 mixer (a causal conv, then a slowly decaying running mean per channel: both state kinds a real recurrent
 layer keeps, and every output depends on the whole history). It exercises what the engine owns
 (state slots, the runner's metadata, chunked prefill continuing the state, batching, preemption,
@@ -14,11 +19,14 @@ the whole sequence, a fresh state each time), so no state carried between steps 
 from __future__ import annotations
 
 import itertools
+import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from hybrid_gguf import write_qwen_gguf  # sibling module: pytest puts tests/engine on sys.path
 
 from app.engine import EngineConfig, SamplingParams
 from app.engine.backend.recurrent_reference import causal_conv1d, sequences
@@ -29,7 +37,10 @@ from app.engine.models import decoder
 from app.engine.models.config import MIXER_ATTENTION, MIXER_GATED_DELTANET, GatedDeltaNetSpec
 from app.engine.request import Request
 
-LLAMA = Path(__file__).resolve().parents[1] / "fixtures" / "families" / "llama" / "llama-bf16-q8_0.gguf"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+LLAMA = FIXTURES / "families" / "llama" / "llama-bf16-q8_0.gguf"
+HYBRID = FIXTURES / "hybrid"
+QWEN_FAMILIES = ("qwen35", "qwen35moe", "qwen3next")
 CONTEXT = 9216
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 DECAY = np.float32(0.995)  # a memory of hundreds of tokens: a state resumed wrong shows for long
@@ -58,7 +69,7 @@ class ToyRecurrent:
         return xp.tanh(4 * out).astype(x.dtype)
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def toy_hybrid(monkeypatch: pytest.MonkeyPatch) -> None:
     """The llama fixture, layer 1 made recurrent, its context widened for long prompts."""
     real_config = engine_module.model_config
@@ -137,7 +148,8 @@ def prompts() -> list[list[int]]:
     return [prompt(seed, n) for seed, n in enumerate((70, 9, 33, 130, 17, 64, 41, 100))]
 
 
-def test_chunked_prefill_and_decode_continue_the_state(prompts: list[list[int]]) -> None:
+@pytest.mark.usefixtures("toy_hybrid")
+def test_toy_chunked_prefill_and_decode_continue_the_state(prompts: list[list[int]]) -> None:
     engine = make_engine(max_num_batched_tokens=8, enable_prefix_caching=False)
     assert engine.model_config.is_hybrid and engine.kv.state is not None
     for tokens in (prompts[0], prompts[3]):
@@ -146,7 +158,8 @@ def test_chunked_prefill_and_decode_continue_the_state(prompts: list[list[int]])
     assert_no_state_held(engine)
 
 
-def test_a_sequence_in_a_batch_of_eight_matches_it_alone(prompts: list[list[int]]) -> None:
+@pytest.mark.usefixtures("toy_hybrid")
+def test_toy_a_sequence_in_a_batch_of_eight_matches_it_alone(prompts: list[list[int]]) -> None:
     engine = make_engine(max_num_batched_tokens=48, enable_prefix_caching=False)
     alone = [run(engine, tokens)[0] for tokens in prompts]
     together = engine.generate(prompts, GREEDY)
@@ -154,7 +167,8 @@ def test_a_sequence_in_a_batch_of_eight_matches_it_alone(prompts: list[list[int]
     assert_no_state_held(engine)
 
 
-def test_preemption_and_abort_leave_no_slot_held(prompts: list[list[int]]) -> None:
+@pytest.mark.usefixtures("toy_hybrid")
+def test_toy_preemption_and_abort_leave_no_slot_held(prompts: list[list[int]]) -> None:
     roomy = make_engine(enable_prefix_caching=False)
     expected = [run(roomy, tokens)[0] for tokens in prompts]
     # 11 blocks of 16 tokens for eight requests of up to 138 tokens: they preempt each other
@@ -172,7 +186,8 @@ def test_preemption_and_abort_leave_no_slot_held(prompts: list[list[int]]) -> No
     assert_no_state_held(tight)
 
 
-def test_a_shared_2000_token_prefix_resumes_from_a_snapshot() -> None:
+@pytest.mark.usefixtures("toy_hybrid")
+def test_toy_a_shared_2000_token_prefix_resumes_from_a_snapshot() -> None:
     shared = prompt(100, 2000)
     first, second = shared + prompt(101, 40), shared + prompt(102, 30)
     off = make_engine(enable_prefix_caching=False)
@@ -186,17 +201,106 @@ def test_a_shared_2000_token_prefix_resumes_from_a_snapshot() -> None:
     assert_no_state_held(engine)
 
 
-def test_a_16_turn_session_reuses_the_previous_turns() -> None:
-    """Each turn re-sends the conversation so far (prompt and reply) plus ~500 new tokens: all of
-    what earlier turns sent or generated, bar the last partial block, comes from the cache."""
-    engine = make_engine(max_num_batched_tokens=512)
+# --- the hybrid families ---
+
+
+@pytest.fixture(scope="module")
+def gguf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("hybrid-engine")
+
+
+def family_gguf(fam: str, folder: Path, context: int | None = None) -> Path:
+    """The family's fixture as a GGUF in llama.cpp's layout; `context` widens its maximum positions
+    (random weights: nothing about them depends on it) for the long-prefix tests."""
+    path = folder / f"{fam}-{context}.gguf"
+    if path.exists():
+        return path
+    source = HYBRID / fam / "hf"
+    if context is not None:
+        wider = folder / f"{fam}-{context}-hf"
+        shutil.copytree(source, wider, dirs_exist_ok=True)
+        config = json.loads((wider / "config.json").read_text(encoding="utf-8"))
+        (config.get("text_config") or config)["max_position_embeddings"] = context
+        (wider / "config.json").write_text(json.dumps(config), encoding="utf-8")
+        source = wider
+    return write_qwen_gguf(source, fam, path)
+
+
+def family_engine(path: Path, **fields: Any) -> LLMEngine:
+    settings: dict[str, Any] = dict(model=str(path), device="cpu", cpu_kernels="numpy", max_num_seqs=8,
+                                    max_num_batched_tokens=8, block_size=8, kv_cache_bytes=64 << 20)  # fmt: skip
+    return LLMEngine(EngineConfig(**{**settings, **fields}))
+
+
+def manifest(fam: str) -> dict[str, Any]:
+    return json.loads((HYBRID / fam / "manifest.json").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("fam", QWEN_FAMILIES)
+def test_family_greedy_in_small_prefill_chunks_matches_transformers(fam: str, gguf_dir: Path) -> None:
+    """The prompt (longer than five 8-token steps) prefilled in chunks of the step budget, then
+    greedy decode, through the engine: transformers' greedy tokens."""
+    man = manifest(fam)
+    engine = family_engine(family_gguf(fam, gguf_dir))
+    assert engine.model_config.is_hybrid and len(man["tokens"]) > 5 * 8
+    params = SamplingParams(max_tokens=len(man["greedy"]), temperature=0.0, ignore_eos=True)
+    assert run(engine, man["tokens"], params)[0] == man["greedy"]
+    assert_no_state_held(engine)
+
+
+@pytest.mark.parametrize("fam", QWEN_FAMILIES)
+def test_family_sequences_in_a_batch_of_eight_match_each_alone(fam: str, gguf_dir: Path) -> None:
+    tokens = manifest(fam)["tokens"]
+    prompts = [tokens[i : i + n] for i, n in enumerate((5, 12, 17, 23, 30, 41, 52, 66)) if i + n <= len(tokens)]
+    prompts += [tokens[: 9 + 7 * i] for i in range(8 - len(prompts))]
+    engine = family_engine(family_gguf(fam, gguf_dir), max_num_batched_tokens=40, enable_prefix_caching=False)
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    alone = [run(engine, p, params)[0] for p in prompts]
+    assert [r["token_ids"] for r in engine.generate(prompts, params)] == alone
+    assert_no_state_held(engine)
+
+
+def test_family_shared_2000_token_prefix_is_served_from_the_cache(gguf_dir: Path) -> None:
+    """Qwen3.5: a second request sharing a 2,000-token prefix with the first reports >= 1,900
+    cached tokens and gives the greedy tokens of an engine with prefix caching off."""
+    path = family_gguf("qwen35", gguf_dir, context=4096)
+    vocab = json.loads((HYBRID / "qwen35" / "hf" / "config.json").read_text(encoding="utf-8"))["vocab_size"]
+    rng = np.random.default_rng(7)
+    shared = [int(t) for t in rng.integers(0, vocab - 1, 2000)]
+    first = shared + [int(t) for t in rng.integers(0, vocab - 1, 40)]
+    second = shared + [int(t) for t in rng.integers(0, vocab - 1, 30)]
+    fields: dict[str, Any] = dict(max_num_batched_tokens=512, max_model_len=4096, block_size=16)
+    expected, cached_off = run(family_engine(path, enable_prefix_caching=False, **fields), second)
+    assert cached_off == 0
+    engine = family_engine(path, state_snapshot_interval=64, **fields)
+    run(engine, first)
+    got, cached = run(engine, second)
+    assert cached >= 1900, f"only {cached} of the 2,000 shared tokens were served from the cache"
+    assert got == expected
+    assert_no_state_held(engine)
+
+
+@pytest.mark.slow  # ~45 s on 2 cores: sixteen prefills over a context growing to 8,500 tokens
+def test_family_16_turn_session_reuses_each_earlier_turn(gguf_dir: Path) -> None:
+    """Qwen3.5, a 16-turn session (`paddock bench --turns 16` at the engine's level): each turn
+    re-sends the conversation so far (prompts and replies) plus ~500 new tokens. Each later turn
+    reports at least 95 % of the part earlier turns sent or generated as cached (all of it but the
+    last partial block), and the last turn's tokens equal an engine's without prefix caching."""
+    path = family_gguf("qwen35", gguf_dir, context=10240)
+    fields: dict[str, Any] = dict(max_num_batched_tokens=512, max_model_len=10240, block_size=16)
+    engine = family_engine(path, **fields)
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
     conversation: list[int] = []
+    shares = []
     for turn in range(16):
-        new = prompt(200 + turn, 480 + 7 * turn) if turn else prompt(199, 500)
+        new = [int(t) for t in np.random.default_rng(300 + turn).integers(0, 159, 480 + 7 * turn)]
         tokens = conversation + new
         got, cached = run(engine, tokens, params)
         if turn:
             assert cached >= 0.95 * len(conversation), f"turn {turn + 1}: {cached} of {len(conversation)} cached"
+            shares.append(cached / len(tokens))
         conversation = tokens + got
     assert_no_state_held(engine)
+    # the whole prompt's share is bounded by the ~500 new tokens: ~50 % at turn 2, ~94 % at turn 16
+    assert shares[-1] > 0.9
+    assert run(family_engine(path, enable_prefix_caching=False, **fields), tokens, params)[0] == got

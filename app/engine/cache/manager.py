@@ -38,7 +38,9 @@ class KVCacheManager:
         state: StateCache | None = None,
     ) -> None:
         if state is not None and tiers is not None:
-            raise ValueError("the host/disk KV tiers do not hold recurrent state snapshots: hybrid models run without them")
+            raise ValueError(
+                "the host/disk KV tiers do not hold recurrent state snapshots: hybrid models run without them"
+            )
         self.block_size = block_size
         self.state = state  # hybrid models: state slots and snapshots
         self.pool = BlockPool(num_blocks, block_size)

@@ -115,9 +115,10 @@ class LLMEngine:
             self.backend.expert_streaming = self.expert_streaming
         self.model = build_model(self.checkpoint, self.backend, positions, cfg)
         # hybrid models: a recurrent-state row per sequence slot and per prefix-cache snapshot
-        slots, snapshots = state_rows(config, cfg, cache_budget(config, cfg, self.backend) if cfg.is_hybrid else 0)
+        budget = cache_budget(config, cfg, self.backend) if cfg.is_hybrid else 0
+        slots, snapshots = state_rows(config, cfg, budget)
         self.state_bytes = state_cache_bytes(cfg, slots, snapshots)
-        num_blocks = num_kv_blocks(config, self.model_config, self.backend, positions, reserved=self.state_bytes)
+        num_blocks = num_kv_blocks(config, cfg, self.backend, positions, reserved=self.state_bytes)
         capacity = (num_blocks - 1) * self.block_size  # block 0 is the pool's null block
         self.max_model_len = min(positions, capacity)
         if config.max_model_len and config.max_model_len > self.max_model_len:
@@ -127,9 +128,8 @@ class LLMEngine:
                 config.max_model_len, limit, self.max_model_len,
             )  # fmt: skip
         self.kv_dtype = kv_dtype(config, self.backend)
-        kv_caches = allocate_caches(
-            self.backend, cfg, num_blocks, self.block_size, self.kv_dtype, 1 + slots + snapshots if slots else 0
-        )
+        state_rows_total = 1 + slots + snapshots if slots else 0
+        kv_caches = allocate_caches(self.backend, cfg, num_blocks, self.block_size, self.kv_dtype, state_rows_total)
         self.runner = ModelRunner(self.model, self.backend, kv_caches, self.block_size)
         self.vision = attach_vision(self.runner, self.checkpoint, self.tokenizer, config.mmproj)
         if self.backend.name == "cuda" and config.cuda_graphs and cfg.is_hybrid:

@@ -19,11 +19,6 @@ from app.engine.models.config import ModelConfig
 log = logging.getLogger(__name__)
 
 CPU_KV_BUDGET_BYTES = 2 << 30
-# Hybrid models without --state-snapshot-gb: the prefix cache's state snapshots may take this share
-# of the cache budget, and no more than SNAPSHOTS_PER_SEQ per sequence slot (beyond that, rows would
-# only hold snapshots LRU eviction drops before anyone asks for them).
-STATE_SNAPSHOT_SHARE = 0.2
-SNAPSHOTS_PER_SEQ = 8
 
 
 def weight_cache_mode(config: EngineConfig, cfg: ModelConfig, checkpoint: Any) -> str:
@@ -108,25 +103,19 @@ def cache_budget(config: EngineConfig, cfg: ModelConfig, backend: Any) -> int:
 
 
 def state_rows(config: EngineConfig, cfg: ModelConfig, budget: int) -> tuple[int, int]:
-    """(live slots, snapshot rows) of a hybrid model's recurrent state arrays; (0, 0) for a model
-    without recurrent layers. A slot per sequence (max_num_seqs); snapshots only with prefix
-    caching, sized by --state-snapshot-gb, else a share of `budget` (capped per sequence)."""
-    per_sequence = cfg.state_bytes_per_sequence
-    if not per_sequence:
-        return 0, 0
-    snapshots = 0
-    if config.enable_prefix_caching:
-        if config.state_snapshot_gb is not None:
-            snapshots = int(config.state_snapshot_gb * 2**30) // per_sequence
-        else:
-            share = int(max(budget, 0) * STATE_SNAPSHOT_SHARE) // per_sequence
-            snapshots = min(share, SNAPSHOTS_PER_SEQ * config.max_num_seqs)
-    return config.max_num_seqs, snapshots
+    """(live slots, snapshot rows) of a hybrid model's recurrent state arrays, by will-it-fit's
+    rule (fit.state_rows): a slot per sequence, snapshots with prefix caching; (0, 0) otherwise."""
+    from app.engine.core import fit
+
+    return fit.state_rows(cfg.state_bytes_per_sequence, config.max_num_seqs, config.enable_prefix_caching,
+                          config.state_snapshot_gb, budget)  # fmt: skip
 
 
 def state_cache_bytes(cfg: ModelConfig, slots: int, snapshots: int) -> int:
     """Bytes of the recurrent state arrays: the null row, the slots and the snapshots, float32."""
-    return (1 + slots + snapshots) * cfg.state_bytes_per_sequence if slots else 0
+    from app.engine.core import fit
+
+    return fit.state_bytes(cfg.state_bytes_per_sequence, slots, snapshots)
 
 
 def num_kv_blocks(

@@ -258,11 +258,12 @@ class Scheduler:
         for request in self._running:
             assert request.status == RequestStatus.RUNNING
             assert request.num_pending_tokens >= 1
-            assert (request.state_slot is not None) == (self.kv.state is not None), "running without a state slot"
+            has_slot = request.state_slot is not None
+            assert has_slot == (self.kv.state is not None), f"{request.request_id}: state slot {request.state_slot}"
         for request in waiting:
             assert request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
             assert not request.block_ids and request.num_computed_tokens == 0
-            assert request.state_slot is None, f"{request.request_id} waits holding state slot {request.state_slot}"
+            assert request.state_slot is None, f"{request.request_id} waits holding a state slot"
         assert sum(self._live_per_session.values()) == len(self._requests)
         self.kv.check_integrity()
 

@@ -44,10 +44,12 @@ def allocate_caches(
     caches: list[Any] = []
     for layer in range(cfg.num_layers):
         shapes = cfg.state_shapes(layer)
+        xp = backend.xp
         if shapes is not None:
-            caches.append(tuple(backend.xp.zeros((state_rows, *shape), backend.xp.float32) for shape in shapes))
+            caches.append(tuple(xp.zeros((state_rows, *shape), xp.float32) for shape in shapes))
         elif layer in cfg.attention_layers:
-            caches.append(backend.alloc_kv_cache(num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim, kv_dtype))
+            heads, dim = cfg.num_kv_heads, cfg.head_dim
+            caches.append(backend.alloc_kv_cache(num_blocks, block_size, heads, dim, kv_dtype))
         else:
             caches.append(None)
     return caches
