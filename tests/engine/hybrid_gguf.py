@@ -223,6 +223,7 @@ def write_qwen_gguf(
     path: Path,
     float_type: Callable[[str, np.ndarray], GQ] | None = None,
     legacy_ssm_in: bool = False,
+    mtp_block: bool = False,
 ) -> Path:
     """The HF fixture in `folder` as llama.cpp's converter would write it for `arch` (`legacy_ssm_in`:
     Qwen3-Next's fused `in_proj_qkvz` kept whole, as converters before the split wrote it)."""
@@ -231,4 +232,33 @@ def write_qwen_gguf(
     kwargs = {} if float_type is None else {"float_type": float_type}
     tensors = qwen_gguf_tensors(arch, cfg, weights, legacy_ssm_in)
     assert all(math.isfinite(float(np.abs(t).max())) for _, t in tensors)
-    return write_gguf(path, arch, qwen_metadata(arch, cfg), tensors, cfg["vocab_size"], **kwargs)
+    metadata = qwen_metadata(arch, cfg)
+    if mtp_block:  # _Qwen35MtpMixin: one more block, counted in block_count, named by nextn_predict_layers
+        tensors += _mtp_block(cfg)
+        metadata["block_count"] += 1
+        metadata["nextn_predict_layers"] = 1
+    return write_gguf(path, arch, metadata, tensors, cfg["vocab_size"], **kwargs)
+
+
+def _mtp_block(cfg: dict[str, Any]) -> list[tuple[str, np.ndarray]]:
+    """A dense-MLP MTP block of random values (as the Qwen3.5 converter writes one: a gated-attention
+    decoder block plus the nextn projections and norms)."""
+    rng = np.random.default_rng(0)
+    hidden, heads, kv, d = (
+        cfg["hidden_size"],
+        cfg["num_attention_heads"],
+        cfg["num_key_value_heads"],
+        cfg["head_dim"],
+    )
+    ff = cfg.get("intermediate_size") or cfg["moe_intermediate_size"]
+    shapes = {
+        "attn_norm.weight": (hidden,), "post_attention_norm.weight": (hidden,), "attn_q.weight": (2 * heads * d, hidden),
+        "attn_k.weight": (kv * d, hidden), "attn_v.weight": (kv * d, hidden), "attn_output.weight": (hidden, heads * d),
+        "attn_q_norm.weight": (d,), "attn_k_norm.weight": (d,), "ffn_gate.weight": (ff, hidden),
+        "ffn_up.weight": (ff, hidden), "ffn_down.weight": (hidden, ff), "nextn.eh_proj.weight": (hidden, 2 * hidden),
+        "nextn.enorm.weight": (hidden,), "nextn.hnorm.weight": (hidden,), "nextn.shared_head_norm.weight": (hidden,),
+    }  # fmt: skip
+    block = cfg["num_hidden_layers"]
+    return [
+        (f"blk.{block}.{name}", rng.normal(0, 1, shape).astype(np.float32)) for name, shape in shapes.items()
+    ]

@@ -69,6 +69,7 @@ _FLOAT_TYPES = {
     "f16": lambda name, data: GQ.F16 if data.ndim > 1 else GQ.F32,
     "quantized": _quantized,
     "legacy": None,
+    "mtp": None,
 }
 
 
@@ -76,7 +77,12 @@ _FLOAT_TYPES = {
 def gguf_path(fam: str, tmp_root: str, kind: str = "bf16") -> Path:
     path = Path(tmp_root) / f"{fam}-{kind}.gguf"
     return write_qwen_gguf(
-        FIXTURES / fam / "hf", fam, path, _FLOAT_TYPES[kind], legacy_ssm_in=kind == "legacy"
+        FIXTURES / fam / "hf",
+        fam,
+        path,
+        _FLOAT_TYPES[kind],
+        legacy_ssm_in=kind == "legacy",
+        mtp_block=kind == "mtp",
     )
 
 
@@ -311,9 +317,20 @@ def test_multimodal_wrapper_and_interval_configs() -> None:
         family("qwen35").config_from_hf(bad)
 
 
-def test_gguf_with_mtp_blocks_is_refused_by_name(tmp_root: str) -> None:
-    checkpoint = open_checkpoint(gguf_path("qwen35", tmp_root))
-    meta = {**checkpoint.metadata, "qwen35.nextn_predict_layers": 1}
+def test_gguf_with_an_mtp_block_runs_the_layers_before_it(tmp_root: str) -> None:
+    """llama.cpp's converter appends Qwen3.5's multi-token-prediction block (nextn_predict_layers 1):
+    the model runs the blocks before it, and gives transformers' logits."""
+    checkpoint = open_checkpoint(gguf_path("qwen35", tmp_root, "mtp"))
+    cfg = model_config(checkpoint)
+    assert (cfg.num_layers, cfg.trailing_blocks) == (
+        4,
+        1,
+    ) and "blk.4.nextn.eh_proj.weight" in checkpoint.tensors
+    built = build_model(checkpoint, cpu_backend("numpy"), MAX_POSITIONS)
+    ours = Runner(built).step([(0, manifest("qwen35")["tokens"], 0)])[0]
+    expected = reference("qwen35")["logits"]
+    assert np.abs(ours - expected).max() <= RTOL * max(1.0, float(np.abs(expected).max()))
+    meta = {**checkpoint.metadata, "qwen35.nextn_predict_layers": 5}
     with pytest.raises(CheckpointError, match="nextn_predict_layers"):
         family("qwen35").config_from_gguf(meta, checkpoint.tensors["token_embd.weight"].shape[0])
 

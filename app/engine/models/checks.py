@@ -54,7 +54,7 @@ def check_against_tensors(
 
 def _check_blocks(cfg: ModelConfig, tensors: dict[str, QuantizedTensor], key: Callable[[str], str]) -> None:
     blocks = {int(m.group(1)) for name in tensors if (m := _BLOCK.match(name))}
-    if blocks != set(range(cfg.num_layers)):
+    if blocks != set(range(cfg.num_layers + cfg.trailing_blocks)):
         present = f"blocks 0..{max(blocks)}" if blocks else "no blocks"
         missing = sorted(set(range(cfg.num_layers)) - blocks)[:1]
         detail = f" (blk.{missing[0]} is missing)" if missing else ""

@@ -151,6 +151,9 @@ class ModelConfig:
     # side; the attention output is multiplied by sigmoid(gate) before o_proj.
     attn_output_gate: bool = False
     rotary_dim: int | None = None  # partial RoPE: only the first rotary_dim dims of a head rotate
+    # Blocks a file holds past num_layers that the decoder does not run (the multi-token-prediction block
+    # llama.cpp's converter appends to Qwen3.5 GGUFs: `nextn_predict_layers`); their tensors stay unread.
+    trailing_blocks: int = 0
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:

@@ -16,8 +16,8 @@ File layouts:
 - GGUF (qwen35, qwen35moe): llama.cpp's converter reorders the value heads "tiled" (head h uses q/k
   head h % Hk) in every tensor that has them; the layer follows that order (`tiled_v_heads`).
   qwen3next GGUFs keep the grouped order; old ones hold the fused `ssm_in` (split here).
-- MTP (multi-token prediction) weights are skipped in folders (names.py). GGUFs whose converter
-  appended them as extra blocks (`nextn_predict_layers`) are not read yet.
+- MTP (multi-token prediction) weights are skipped: in folders by name (names.py); in GGUFs, where the
+  converter appends them as the last `nextn_predict_layers` blocks, by leaving those blocks unread.
 """
 
 from __future__ import annotations
@@ -81,11 +81,14 @@ def hybrid_from_hf(cfg: dict[str, Any], architecture: str, **extra: Any) -> Mode
 def hybrid_from_gguf(meta: dict[str, Any], vocab_size: int, tiled_v_heads: bool, **extra: Any) -> ModelConfig:
     """The ModelConfig of a qwen35 / qwen35moe / qwen3next GGUF (`extra`: the family's MoE)."""
     arch = meta["general.architecture"]
-    if meta.get(f"{arch}.nextn_predict_layers"):
-        raise CheckpointError(
-            f"{arch}.nextn_predict_layers is {meta[f'{arch}.nextn_predict_layers']}: GGUFs with the "
-            "multi-token-prediction blocks appended are not supported yet (convert without MTP)"
-        )
+    blocks = meta.get(f"{arch}.block_count")
+    mtp = meta.get(f"{arch}.nextn_predict_layers") or 0  # the converter appends the MTP block(s) last
+    if mtp:
+        if not isinstance(blocks, int) or not isinstance(mtp, int) or not 0 < mtp < blocks:
+            raise CheckpointError(
+                f"{arch}.nextn_predict_layers is {mtp!r} of {arch}.block_count {blocks!r}: it must leave layers to run"
+            )
+        meta = {**meta, f"{arch}.block_count": blocks - mtp}
     if f"{arch}.feed_forward_length" not in meta and f"{arch}.expert_feed_forward_length" in meta:
         meta = {**meta, f"{arch}.feed_forward_length": meta[f"{arch}.expert_feed_forward_length"]}
     kwargs = common_from_gguf(meta, vocab_size)
@@ -114,7 +117,9 @@ def hybrid_from_gguf(meta: dict[str, Any], vocab_size: int, tiled_v_heads: bool,
     )
     rotary = size(meta.get(f"{arch}.rope.dimension_count", kwargs["head_dim"]), f"{arch}.rope.dimension_count",
                   "head_dim")  # fmt: skip
-    return _hybrid(kwargs, spec, _every_nth(kwargs["num_layers"], interval), rotary, **extra)
+    return _hybrid(
+        kwargs, spec, _every_nth(kwargs["num_layers"], interval), rotary, trailing_blocks=mtp, **extra
+    )
 
 
 def _hybrid(
