@@ -236,12 +236,16 @@ def manifest(fam: str) -> dict[str, Any]:
     return json.loads((HYBRID / fam / "manifest.json").read_text(encoding="utf-8"))
 
 
+@pytest.mark.parametrize("async_decode", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("fam", QWEN_FAMILIES)
-def test_family_greedy_in_small_prefill_chunks_matches_transformers(fam: str, gguf_dir: Path) -> None:
+def test_family_greedy_in_small_prefill_chunks_matches_transformers(
+    fam: str, async_decode: bool, gguf_dir: Path
+) -> None:
     """The prompt (longer than five 8-token steps) prefilled in chunks of the step budget, then
-    greedy decode, through the engine: transformers' greedy tokens."""
+    greedy decode, through the engine: transformers' greedy tokens; also with async decode (each
+    decode step launched from the previous one's ids before they are read back)."""
     man = manifest(fam)
-    engine = family_engine(family_gguf(fam, gguf_dir))
+    engine = family_engine(family_gguf(fam, gguf_dir), async_decode=async_decode)
     assert engine.model_config.is_hybrid and len(man["tokens"]) > 5 * 8
     params = SamplingParams(max_tokens=len(man["greedy"]), temperature=0.0, ignore_eos=True)
     assert run(engine, man["tokens"], params)[0] == man["greedy"]
