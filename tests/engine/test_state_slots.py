@@ -4,8 +4,10 @@ at snapshot points, and prefix hits that resume only where a snapshot exists."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
-from test_scheduler import step  # sibling module: schedule, 'run', sample, update, check integrity
+from test_scheduler import next_token, step  # sibling module: the fake model, one checked step
 
 from app.engine.cache.manager import KVCacheManager
 from app.engine.cache.state_cache import StateCache
@@ -191,3 +193,94 @@ def test_snapshot_memory_stays_bounded() -> None:
 def drain_one(sched: Scheduler, request: Request) -> None:
     sched.add(request)
     drain(sched)
+
+
+# --- random workloads against a model of the state rows ---
+
+
+class FakeState:
+    """The recurrent state rows as the runner moves them: row -> the tokens its state has seen. A
+    chunk that continues a sequence must find exactly the tokens before it in its slot."""
+
+    def __init__(self) -> None:
+        self.rows: dict[int, tuple[int, ...]] = {}
+        self.resumed = self.restored = 0
+
+    def run(self, out: SchedulerOutput) -> None:
+        for src, dst in out.state_restores:  # before the forward
+            self.rows[dst] = self.rows[src]
+            self.restored += 1
+        for chunk in out.chunks:
+            r = chunk.request
+            tokens = tuple(r.all_token_ids)
+            slot = r.state_slot
+            assert slot is not None
+            if chunk.start > 0:  # has_initial_state: the slot must hold the state after tokens[:start]
+                assert self.rows.get(slot) == tokens[: chunk.start], f"{r.request_id}: wrong state at {chunk.start}"
+                self.resumed += 1
+            self.rows[slot] = tokens[: chunk.start + chunk.num_tokens]
+        for src, dst in out.state_saves:  # after it
+            self.rows[dst] = self.rows[src]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_workloads_resume_only_from_the_right_state(seed: int) -> None:
+    """Shared prefixes, multi-turn follow-ups, tight KV (preemption), aborts, few snapshot rows:
+    every continued chunk finds its own state, no slot or row leaks, outputs are the model's."""
+    rng = random.Random(seed)
+    max_seqs = rng.randint(1, 5)
+    sched = make(num_blocks=rng.randint(14, 40), max_seqs=max_seqs, budget=max(max_seqs, rng.randint(8, 40)),
+                 snapshots=rng.randint(0, 12), interval=rng.choice([0, 8, 12]))  # fmt: skip
+    fake = FakeState()
+    shared = list(range(500, 524))
+    requests: list[Request] = []
+    finished: list[Request] = []
+    aborted: set[str] = set()
+    for i in range(80):
+        if rng.random() < 0.5:
+            if finished and rng.random() < 0.3:  # the next turn of an earlier conversation
+                prompt = finished[-1].all_token_ids + [rng.randint(0, 99) for _ in range(rng.randint(1, 8))]
+            else:
+                prompt = shared[: rng.randint(0, 24)] + [rng.randint(0, 99) for _ in range(rng.randint(1, 20))]
+            if len(prompt) + 12 <= 512 and sched.kv.blocks_needed(len(prompt) + 12) <= sched.kv.capacity:
+                requests.append(req(f"r{i}", prompt[:44], max_tokens=rng.randint(1, 10)))
+                sched.add(requests[-1])
+        if requests and rng.random() < 0.05:
+            victim = rng.choice(requests)
+            if sched.abort(victim.request_id):
+                aborted.add(victim.request_id)
+                sched.check_integrity()
+        out = sched.schedule()
+        fake.run(out)
+        sampled = {c.request.request_id: next_token(c.request.all_token_ids) for c in out.chunks if c.samples}
+        sched.update(out, sampled)
+        for chunk in out.chunks:
+            r = chunk.request
+            if chunk.samples and r.num_output_tokens >= r.sampling_params.max_tokens:
+                sched.finish(r, RequestStatus.FINISHED_LENGTH)
+                finished.append(r)
+        sched.check_integrity()
+    for _ in range(3000):
+        if not sched.has_unfinished():
+            break
+        out = sched.schedule()
+        fake.run(out)
+        sampled = {c.request.request_id: next_token(c.request.all_token_ids) for c in out.chunks if c.samples}
+        sched.update(out, sampled)
+        for chunk in out.chunks:
+            r = chunk.request
+            if chunk.samples and r.num_output_tokens >= r.sampling_params.max_tokens:
+                sched.finish(r, RequestStatus.FINISHED_LENGTH)
+        sched.check_integrity()
+    assert not sched.has_unfinished()
+    assert state(sched).slots.num_free == max_seqs
+    assert fake.resumed > 0
+    # measured: 12-36 restores in seven of the eight seeds, preemptions in four, aborts in seven
+    assert fake.restored > 0 or state(sched).snapshots.num_rows < 4
+    for r in requests:
+        if r.request_id not in aborted and r.status == RequestStatus.FINISHED_LENGTH:
+            prompt = r.prompt_token_ids
+            expected = list(prompt)
+            for _ in range(r.num_output_tokens):
+                expected.append(next_token(expected))
+            assert r.output_token_ids == expected[len(prompt) :]
