@@ -16,12 +16,16 @@ from typing import Any
 from app.engine.backend import select_backend
 from app.engine.cache.manager import KVCacheManager
 from app.engine.cache.offload import DeviceBlocks, kv_bytes_moved
+from app.engine.cache.state_cache import StateCache
 from app.engine.config import DEFAULT_MODEL, EngineConfig
 from app.engine.core.memory_plan import (
+    cache_budget,
     expert_streaming,
     kv_dtype,
     num_kv_blocks,
     offload_tiers,
+    state_cache_bytes,
+    state_rows,
     weight_cache_mode,
 )
 from app.engine.core.output_processor import OutputProcessor
@@ -41,7 +45,7 @@ from app.engine.sampling_params import SamplingParams
 from app.engine.text.chat_template import chat_template_for
 from app.engine.worker.pipeline import DecodePipeline, async_decode_enabled
 from app.engine.worker.prefill_graphs import capture_prefill_graphs
-from app.engine.worker.runner import ModelRunner
+from app.engine.worker.runner import ModelRunner, allocate_caches, attention_caches
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +114,11 @@ class LLMEngine:
         if self.expert_streaming is not None:
             self.backend.expert_streaming = self.expert_streaming
         self.model = build_model(self.checkpoint, self.backend, positions, cfg)
-        num_blocks = num_kv_blocks(config, self.model_config, self.backend, positions)
+        # hybrid models: a recurrent-state row per sequence slot and per prefix-cache snapshot
+        budget = cache_budget(config, cfg, self.backend) if cfg.is_hybrid else 0
+        slots, snapshots = state_rows(config, cfg, budget)
+        self.state_bytes = state_cache_bytes(cfg, slots, snapshots)
+        num_blocks = num_kv_blocks(config, cfg, self.backend, positions, reserved=self.state_bytes)
         capacity = (num_blocks - 1) * self.block_size  # block 0 is the pool's null block
         self.max_model_len = min(positions, capacity)
         if config.max_model_len and config.max_model_len > self.max_model_len:
@@ -120,10 +128,14 @@ class LLMEngine:
                 config.max_model_len, limit, self.max_model_len,
             )  # fmt: skip
         self.kv_dtype = kv_dtype(config, self.backend)
-        kv_caches = self._kv_caches(cfg, num_blocks)
+        state_rows_total = 1 + slots + snapshots if slots else 0
+        kv_caches = allocate_caches(self.backend, cfg, num_blocks, self.block_size, self.kv_dtype, state_rows_total)
         self.runner = ModelRunner(self.model, self.backend, kv_caches, self.block_size)
         self.vision = attach_vision(self.runner, self.checkpoint, self.tokenizer, config.mmproj)
-        if self.backend.name == "cuda" and config.cuda_graphs and self.model.syncs_host:
+        if self.backend.name == "cuda" and config.cuda_graphs and cfg.is_hybrid:
+            log.warning("CUDA graphs off: this hybrid model's recurrent layers walk the batch's sequences "
+                        "on the host (no captured kernels for them yet)")  # fmt: skip
+        elif self.backend.name == "cuda" and config.cuda_graphs and self.model.syncs_host:
             log.warning("CUDA graphs off: this model's MoE layers read the router's choices on the host "
                         "(per-expert products, or experts streamed from host RAM)")
         elif self.backend.name == "cuda" and config.cuda_graphs:
@@ -137,10 +149,19 @@ class LLMEngine:
                 config.prefill_graphs, self.model, self.backend, kv_caches, self.block_size,
                 self.max_model_len, self.runner.graphs.capture_stream,
             )  # fmt: skip
-        tiers = offload_tiers(config, DeviceBlocks(self.backend, kv_caches), self.path, cfg, self.kv_dtype)
+        tiers = None
+        if cfg.is_hybrid and (config.kv_host_gb or config.kv_disk_gb):
+            log.info("KV host/disk tiers off: they do not keep this hybrid model's recurrent-state snapshots")
+        elif cfg.attention_layers:
+            copier = DeviceBlocks(self.backend, attention_caches(cfg, kv_caches))
+            tiers = offload_tiers(config, copier, self.path, cfg, self.kv_dtype)
+        state = None
+        if slots:
+            state = StateCache(slots, snapshots, self.block_size, config.state_snapshot_interval)
         self.kv = KVCacheManager(
-            num_blocks, self.block_size, enable_prefix_caching=config.enable_prefix_caching, tiers=tiers
-        )
+            num_blocks, self.block_size, enable_prefix_caching=config.enable_prefix_caching, tiers=tiers,
+            state=state,
+        )  # fmt: skip
         self.scheduler = Scheduler(
             SchedulerConfig(
                 max_num_seqs=config.max_num_seqs,
@@ -179,20 +200,10 @@ class LLMEngine:
             time.monotonic() - started, self.max_model_len, num_blocks, self.block_size, self.kv_dtype,
             "on" if config.enable_prefix_caching else "off",
         )  # fmt: skip
+        if slots:
+            log.info("recurrent state: %d slots and %d prefix-cache snapshots of %.1f MiB each (%.1f MiB)",
+                     slots, snapshots, cfg.state_bytes_per_sequence / 2**20, self.state_bytes / 2**20)  # fmt: skip
         log.info("async decode (one step of look-ahead) is %s", "on" if self.async_decode else "off")
-
-    def _kv_caches(self, cfg: Any, num_blocks: int) -> list[Any]:
-        """Each layer's KV cache: its own, shaped by its heads, where it owns one; the cache of the layer
-        it reads where it shares another's (Gemma 4); None where it has no attention."""
-        caches: list[Any] = []
-        for layer in range(cfg.num_layers):
-            shape = cfg.kv_shape(layer)
-            if shape is None:
-                source = cfg.kv_source(layer)
-                caches.append(caches[source] if source != layer else None)
-            else:
-                caches.append(self.backend.alloc_kv_cache(num_blocks, self.block_size, *shape, self.kv_dtype))
-        return caches
 
     # -- requests -------------------------------------------------------------------
     def check_fits(self, num_prompt_tokens: int, params: SamplingParams) -> None:
@@ -250,7 +261,7 @@ class LLMEngine:
         ended = [self._end(request) for request in scheduled.finished]  # outgrew the whole KV cache
         if not scheduled.chunks:
             return ended
-        logits = self.runner.run(scheduled.chunks)
+        logits = self._run(scheduled)
         self._count(scheduled)
         sampling = [c.request for c in scheduled.chunks if c.samples]
         if not sampling:
@@ -302,7 +313,9 @@ class LLMEngine:
         then resolve the in-flight step, whose outputs these are, while the new one runs."""
         scheduled = self.scheduler.schedule()
         sampling = self.pipeline.planned(scheduled)
+        self.runner.copy_states(scheduled.state_restores)
         logits = self.runner.run_from_device(scheduled.chunks, *self.pipeline.inputs(sampling))
+        self.runner.copy_states(scheduled.state_saves)
         self._count(scheduled)
         logits = self._for_sampler(logits)
         try:
@@ -314,6 +327,14 @@ class LLMEngine:
         outputs = self._postprocess(*self.pipeline.resolve())
         self.pipeline.launched(scheduled, sampling, pending)  # after resolve: drops rows that ended there
         return outputs
+
+    def _run(self, scheduled: SchedulerOutput) -> Any:
+        """Forward a step from host token ids, with its recurrent-state copies around it (hybrid
+        models: prefix hits' snapshots into their slots before, new snapshots out after)."""
+        self.runner.copy_states(scheduled.state_restores)
+        logits = self.runner.run(scheduled.chunks)
+        self.runner.copy_states(scheduled.state_saves)
+        return logits
 
     def _for_sampler(self, logits: Any) -> Any:
         """The GPU sampler reads the logits where they are; the numpy one wants them on the host."""

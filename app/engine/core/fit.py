@@ -3,11 +3,15 @@
     total = weights + vision tower + KV cache + activations + runtime overhead
 
 - weights: the tensors' bytes as stored (they stay in their file's quantized layout).
-- KV cache: layers x kv_heads x (key_dim + value_dim) x context x batch x bytes per
+- KV cache: attention layers x kv_heads x (key_dim + value_dim) x context x batch x bytes per
   element (float16 2, fp8 1, float32 4; "auto" is float16 on CUDA and float32 on CPU); fp8
   adds one float32 scale per layer, K or V, KV head and block of 16 tokens (so it holds just
   under twice float16's context in the same memory).
   With equal key and value dims this is the familiar 2 x layers x kv_heads x head_dim x ...
+- recurrent state (hybrid models: Gated DeltaNet, Mamba-2 layers): a fixed float32 state per
+  sequence (the model config's state_bytes_per_sequence), in rows of one array per layer: a null
+  row, a slot per sequence (max_num_seqs) and, with prefix caching, the prefix cache's snapshots
+  (`state_rows`: the engine sizes them by the same rule, core/memory_plan.py).
 - activations: the engine's peak working set for one step of T = min(max_num_batched_tokens,
   context) tokens, in float32. Only one layer's intermediates are alive at a time:
       T x (2 x hidden                     residual stream and its normed copy
@@ -72,6 +76,13 @@ _KV_DTYPE_ALIASES = {"f32": "float32", "fp32": "float32", "f16": "float16", "fp1
 
 FITS, TIGHT, WONT_FIT, UNKNOWN = "fits", "tight", "won't fit", "unknown"
 
+CPU_CACHE_BUDGET_BYTES = 2 * GiB  # the CPU engine's KV + recurrent state budget without kv_cache_bytes
+# Hybrid models without --state-snapshot-gb: the prefix cache's state snapshots may take this share
+# of the cache budget, and no more than SNAPSHOTS_PER_SEQ per sequence slot (beyond that, rows would
+# only hold snapshots LRU eviction drops before anyone asks for them).
+STATE_SNAPSHOT_SHARE = 0.2
+SNAPSHOTS_PER_SEQ = 8
+
 
 @dataclass(frozen=True)
 class ModelShape:
@@ -92,10 +103,17 @@ class ModelShape:
     experts_used: int = 0  # per token
     expert_bytes: int = 0  # all layers' expert tensors, part of weight_bytes
     vision: VisionShape | None = None  # the image tower the engine loads beside it (not in weight_bytes)
+    # hybrid models: the layers that keep a KV cache (None: all), one sequence's recurrent state
+    kv_layers: int | None = None
+    state_bytes_per_sequence: int = 0
+
+    @property
+    def num_kv_layers(self) -> int:
+        return self.num_layers if self.kv_layers is None else self.kv_layers
 
     def kv_bytes_per_token(self, bytes_per_element: int) -> int:
         value_dim = self.value_head_dim or self.head_dim
-        return self.num_layers * self.num_kv_heads * (self.head_dim + value_dim) * bytes_per_element
+        return self.num_kv_layers * self.num_kv_heads * (self.head_dim + value_dim) * bytes_per_element
 
 
 @dataclass(frozen=True)
@@ -107,6 +125,8 @@ class FitOptions:
     max_num_seqs: int = 32  # EngineConfig's default
     gpu_memory_utilization: float = 0.90
     experts_on_gpu: int | str | None = None  # experts per layer kept on the GPU: a number, "auto", "all"
+    prefix_caching: bool = True  # hybrid models: the prefix cache keeps recurrent-state snapshots
+    state_snapshot_gb: float | None = None  # their memory (None: the engine's default rule, `state_rows`)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "experts_on_gpu", parse_experts_on_gpu(self.experts_on_gpu))
@@ -146,6 +166,9 @@ class MemoryBreakdown:
     pcie_bytes_per_token: float = 0.0  # cold experts copied in per decoded token (uniform routing)
     vision_weights: int = 0  # the image tower's weights
     vision_activations: int = 0  # its working set while it encodes one image
+    state_cache: int = 0  # hybrid models: the recurrent state rows (slots and snapshots)
+    state_slots: int = 0
+    state_snapshots: int = 0
 
     @property
     def vision(self) -> int:
@@ -155,7 +178,7 @@ class MemoryBreakdown:
     def total(self) -> int:
         return (
             self.weights + self.weight_cache + self.expert_staging + self.kv_cache + self.activations + self.overhead
-            + self.vision
+            + self.vision + self.state_cache
         )
 
 
@@ -183,6 +206,8 @@ class FitReport:
             f"  f16 copies   {format_bytes(b.weight_cache):>10}  (CUDA: faster batched products)",
             f"  KV cache     {format_bytes(b.kv_cache):>10}  ({self.context_length} tokens x {self.batch}, "
             f"{self.kv_dtype})",
+            *([f"  state        {format_bytes(b.state_cache):>10}  (recurrent layers: {b.state_slots} "
+               f"sequence slots + {b.state_snapshots} prefix-cache snapshots)"] if b.state_cache else []),
             f"  activations  {format_bytes(b.activations):>10}",
             f"  overhead     {format_bytes(b.overhead):>10}",
         ]
@@ -223,7 +248,30 @@ def kv_cache_bytes(shape: ModelShape, context_length: int, batch: int, kv_dtype:
 def fp8_scale_bytes(shape: ModelShape, context_length: int, kv_dtype: str) -> int:
     if kv_dtype != "fp8":
         return 0
-    return 2 * shape.num_layers * shape.num_kv_heads * 4 * -(-context_length // BLOCK_SIZE)
+    return 2 * shape.num_kv_layers * shape.num_kv_heads * 4 * -(-context_length // BLOCK_SIZE)
+
+
+def state_rows(
+    per_sequence: int, max_num_seqs: int, prefix_caching: bool, snapshot_gb: float | None, budget: int
+) -> tuple[int, int]:
+    """(sequence slots, snapshot rows) of a hybrid model's recurrent state; (0, 0) without one.
+    Snapshots only with prefix caching: `snapshot_gb` of them, else STATE_SNAPSHOT_SHARE of the
+    cache `budget` (the memory the KV cache and the state share), at most SNAPSHOTS_PER_SEQ a slot."""
+    if not per_sequence:
+        return 0, 0
+    snapshots = 0
+    if prefix_caching:
+        if snapshot_gb is not None:
+            snapshots = int(snapshot_gb * GiB) // per_sequence
+        else:
+            share = int(max(budget, 0) * STATE_SNAPSHOT_SHARE) // per_sequence
+            snapshots = min(share, SNAPSHOTS_PER_SEQ * max_num_seqs)
+    return max_num_seqs, snapshots
+
+
+def state_bytes(per_sequence: int, slots: int, snapshots: int) -> int:
+    """The recurrent state arrays' bytes: the null row, the slots and the snapshots."""
+    return (1 + slots + snapshots) * per_sequence if slots else 0
 
 
 def activation_bytes(shape: ModelShape, step_tokens: int, max_num_seqs: int) -> int:
@@ -277,7 +325,7 @@ def predict_memory(
             experts_on_gpu=experts.on_gpu,
             pcie_bytes_per_token=experts.pcie_bytes_per_token,
         )
-    return MemoryBreakdown(
+    breakdown = MemoryBreakdown(
         weights=shape.weight_bytes - offload.get("host_experts", 0),
         **offload,
         kv_cache=kv_cache_bytes(shape, context, options.batch, kv_dtype),
@@ -287,6 +335,20 @@ def predict_memory(
         vision_weights=shape.vision.weight_bytes if shape.vision else 0,
         vision_activations=shape.vision.activation_bytes() if shape.vision else 0,
     )
+    if not shape.state_bytes_per_sequence:
+        return breakdown
+    # the engine's cache budget: CPU, a constant; CUDA, what is left after the weights and a step
+    if device_kind != "cuda":
+        budget = CPU_CACHE_BUDGET_BYTES
+    elif free_bytes is None:
+        budget = 0
+    else:
+        budget = int((free_bytes - breakdown.weights - breakdown.weight_cache - breakdown.vision)
+                     * options.gpu_memory_utilization) - breakdown.activations  # fmt: skip
+    slots, snapshots = state_rows(shape.state_bytes_per_sequence, options.max_num_seqs, options.prefix_caching,
+                                  options.state_snapshot_gb, budget)  # fmt: skip
+    return replace(breakdown, state_cache=state_bytes(shape.state_bytes_per_sequence, slots, snapshots),
+                   state_slots=slots, state_snapshots=snapshots)  # fmt: skip
 
 
 def check_fit(shape: ModelShape, options: FitOptions | None = None, device: DeviceMemory | None = None) -> FitReport:
@@ -446,6 +508,7 @@ def shape_from_gguf(meta: Mapping[str, Any], weight_bytes: int, vocab_size: int 
         value_head_dim=_first(key("attention.value_length", head_dim)),
         num_experts=experts,
         experts_used=used,
+        **_recurrent_gguf(meta, arch, int(vocab_size)),
     )
     return with_estimated_expert_bytes(shape, expert_ff)
 
@@ -480,8 +543,42 @@ def shape_from_hf_config(config: Mapping[str, Any], weight_bytes: int) -> ModelS
         weight_bytes=int(weight_bytes),
         num_experts=int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0),
         experts_used=int(cfg.get("num_experts_per_tok") or 0),
+        **_recurrent_hf(config, cfg),
     )
     return with_estimated_expert_bytes(shape, expert_ff)
+
+
+# keys that only hybrid (recurrent-layer) models' configs have: only those pay for the family's parser
+_HYBRID_HF_KEYS = ("linear_conv_kernel_dim", "hybrid_override_pattern", "mamba_d_conv", "mamba_n_heads",
+                   "mamba_num_heads", "layer_types")  # fmt: skip
+
+
+def _recurrent_gguf(meta: Mapping[str, Any], arch: str, vocab_size: int) -> dict[str, int]:
+    """A hybrid GGUF's KV layers and per-sequence state, by its family's own config parser."""
+    if f"{arch}.ssm.conv_kernel" not in meta:
+        return {}
+    return _recurrent_fields(arch, lambda fam: fam.config_from_gguf(dict(meta), vocab_size))
+
+
+def _recurrent_hf(config: Mapping[str, Any], text: Mapping[str, Any]) -> dict[str, int]:
+    if not any(key in text for key in _HYBRID_HF_KEYS):
+        return {}
+    architectures = config.get("architectures") or [config.get("model_type", "")]
+    return _recurrent_fields(str(architectures[0]), lambda fam: fam.config_from_hf(dict(config)))
+
+
+def _recurrent_fields(architecture: str, parse: Any) -> dict[str, int]:
+    """`kv_layers` and `state_bytes_per_sequence` of a hybrid model; {} for one the engine cannot
+    parse (its load would fail anyway) or without recurrent layers."""
+    from app.engine.models.registry import family
+
+    try:
+        cfg = parse(family(architecture))
+    except (ValueError, KeyError, TypeError):
+        return {}
+    if not cfg.is_hybrid:
+        return {}
+    return {"kv_layers": len(cfg.attention_layers), "state_bytes_per_sequence": cfg.state_bytes_per_sequence}
 
 
 def with_estimated_expert_bytes(shape: ModelShape, expert_ff: int) -> ModelShape:

@@ -1,4 +1,5 @@
-"""How the engine spends memory: float16 weight copies or not, and how many KV blocks."""
+"""How the engine spends memory: float16 weight copies or not, how many KV blocks, and (hybrid
+models) how many recurrent-state rows: a slot per running sequence and the prefix cache's snapshots."""
 
 from __future__ import annotations
 
@@ -64,7 +65,9 @@ def expert_streaming(
             return None
         requested = plan.on_gpu
     if requested > cfg.moe.num_experts:
-        raise ValueError(f"--experts-on-gpu {requested} is more than the model's {cfg.moe.num_experts} experts per layer")
+        raise ValueError(
+            f"--experts-on-gpu {requested} is more than the model's {cfg.moe.num_experts} experts per layer"
+        )
     if requested == cfg.moe.num_experts and backend.name != "cpu":
         return None  # all resident: the stacked experts, inside decode graphs
     log.info("MoE: %d of %d experts per layer on the device, the rest streamed from host RAM",
@@ -79,35 +82,63 @@ def kv_dtype(config: EngineConfig, backend: Any) -> str:
 
 
 def kv_block_bytes(cfg: ModelConfig, block_size: int, dtype: str) -> int:
-    """Bytes of one KV block over all layers, K and V; FP8 counts its per-(block, head) scales."""
-    shapes = cfg.kv_layer_shapes  # the layers that own a cache, each with its own heads
+    """Bytes of one KV block over the layers that own a cache (a hybrid model's recurrent layers keep
+    no KV, Gemma 4's shared-KV layers read another's), each with its own heads, K and V; FP8 counts
+    its per-(block, head) scales."""
+    shapes = cfg.kv_layer_shapes
     if dtype == "fp8":
         return 2 * sum(kv_block_bytes_fp8(block_size, heads, dim) for heads, dim in shapes)
     return 2 * sum(heads * dim for heads, dim in shapes) * np.dtype(dtype).itemsize * block_size
 
 
-def num_kv_blocks(config: EngineConfig, cfg: ModelConfig, backend: Any, positions: int) -> int:
-    """KV blocks: enough for max_num_seqs full-length sequences, capped by the memory budget
-    (CPU: kv_cache_bytes; CUDA: the free device memory left after the weights, less a reserve
-    for activations, logits and the sampler)."""
+def cache_budget(config: EngineConfig, cfg: ModelConfig, backend: Any) -> int:
+    """Bytes the KV cache and the recurrent state rows share (CPU: kv_cache_bytes; CUDA: the free
+    device memory left after the weights, less a reserve for activations, logits and the sampler)."""
+    if backend.name == "cpu":
+        return config.kv_cache_bytes or CPU_KV_BUDGET_BYTES
+    activations = (
+        4
+        * config.max_num_batched_tokens
+        * (4 * cfg.hidden_size + 3 * cfg.intermediate_size + 2 * cfg.num_heads * cfg.head_dim)
+    )
+    sampler = 6 * 4 * config.max_num_seqs * cfg.vocab_size
+    return int(backend.free_memory() * config.gpu_memory_utilization) - activations - sampler
+
+
+def state_rows(config: EngineConfig, cfg: ModelConfig, budget: int) -> tuple[int, int]:
+    """(live slots, snapshot rows) of a hybrid model's recurrent state arrays, by will-it-fit's
+    rule (fit.state_rows): a slot per sequence, snapshots with prefix caching; (0, 0) otherwise."""
+    from app.engine.core import fit
+
+    return fit.state_rows(cfg.state_bytes_per_sequence, config.max_num_seqs, config.enable_prefix_caching,
+                          config.state_snapshot_gb, budget)  # fmt: skip
+
+
+def state_cache_bytes(cfg: ModelConfig, slots: int, snapshots: int) -> int:
+    """Bytes of the recurrent state arrays: the null row, the slots and the snapshots, float32."""
+    from app.engine.core import fit
+
+    return fit.state_bytes(cfg.state_bytes_per_sequence, slots, snapshots)
+
+
+def num_kv_blocks(
+    config: EngineConfig, cfg: ModelConfig, backend: Any, positions: int, reserved: int = 0
+) -> int:
+    """KV blocks: enough for max_num_seqs full-length sequences, capped by the cache budget less
+    `reserved` bytes (a hybrid model's recurrent state rows)."""
     if config.num_kv_blocks:
         return config.num_kv_blocks
     block_bytes = kv_block_bytes(cfg, config.block_size, kv_dtype(config, backend))
     wanted = config.max_num_seqs * -(-positions // config.block_size) + 1
-    if backend.name == "cpu":
-        budget = config.kv_cache_bytes or CPU_KV_BUDGET_BYTES
-    else:
-        activations = (
-            4
-            * config.max_num_batched_tokens
-            * (4 * cfg.hidden_size + 3 * cfg.intermediate_size + 2 * cfg.num_heads * cfg.head_dim)
-        )
-        sampler = 6 * 4 * config.max_num_seqs * cfg.vocab_size
-        budget = int(backend.free_memory() * config.gpu_memory_utilization) - activations - sampler
+    if not block_bytes:
+        return wanted  # no attention layer: the block tables only count positions
+    budget = cache_budget(config, cfg, backend) - reserved
     return max(2, min(wanted, budget // block_bytes))
 
 
-def offload_tiers(config: EngineConfig, copier: Any, model_path: Path, cfg: ModelConfig, dtype: str) -> KVTiers | None:
+def offload_tiers(
+    config: EngineConfig, copier: Any, model_path: Path, cfg: ModelConfig, dtype: str
+) -> KVTiers | None:
     """The host and disk tiers `config` asks for (None: neither, or prefix caching off)."""
     if not config.enable_prefix_caching or not (config.kv_host_gb or config.kv_disk_gb):
         return None

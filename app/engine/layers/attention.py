@@ -18,6 +18,7 @@ from app.engine.backend.base import AttentionMetadata, QkvRope, RopeTable
 from app.engine.backend.reference_attention import paged_attention
 from app.engine.layers.linear import Linear
 from app.engine.layers.norm import RMSNorm
+from app.engine.loader.names import CheckpointError
 from app.engine.quant.dispatch import QuantizedTensor
 from app.engine.quant.types import QUANT_TYPES
 
@@ -40,6 +41,9 @@ class AttentionSpec:
     kv_shared: bool = False
     # Values RMS-normalised (no learned scale) before they are cached (Gemma 4).
     value_norm_eps: float | None = None
+    # Qwen3.5 / Qwen3-Next: `attn_q` gives each head's query and an output gate side by side
+    # ([q_h, gate_h] per head); the attention output is multiplied by sigmoid(gate) before attn_output.
+    output_gate: bool = False
 
 
 class Attention:
@@ -49,8 +53,16 @@ class Attention:
         self.backend = backend
         self.spec = spec
         names = ("attn_q",) if spec.kv_shared else ("attn_q", "attn_k", "attn_v")
-        parts = [Linear(backend, tensors[f"{prefix}.{n}.weight"], tensors.get(f"{prefix}.{n}.bias"))
-                 for n in names]  # fmt: skip
+        weights = [tensors[f"{prefix}.{n}.weight"] for n in names]
+        biases = [tensors.get(f"{prefix}.{n}.bias") for n in names]
+        self.gate_cols = 0
+        if spec.output_gate:  # the gate rows go last in the fused product, after q, k, v
+            if biases[0] is not None:
+                raise NotImplementedError(f"{prefix}: a gated query projection with a bias")
+            query, gate = split_query_gate(weights[0], spec.num_heads, spec.head_dim)
+            weights, biases = [query, *weights[1:], gate], [*biases, None]
+            self.gate_cols = spec.num_heads * spec.head_dim
+        parts = [Linear(backend, w, b) for w, b in zip(weights, biases, strict=True)]
         self.qkv = backend.fuse_linear([p.weight for p in parts], [p.bias for p in parts])
         self.o = Linear(
             backend, tensors[f"{prefix}.attn_output.weight"], tensors.get(f"{prefix}.attn_output.bias")
@@ -83,6 +95,11 @@ class Attention:
                     "run this model on the CPU backend (--device cpu)"
                 )
             self.sinks = backend.load_weight(tensors[f"{prefix}.attn_sinks.weight"])
+        if 2 * spec.rope.cos.shape[-1] < spec.head_dim and backend.name != "cpu":
+            raise NotImplementedError(
+                f"the {backend.name} backend has no partial RoPE yet (Qwen3.5, Qwen3-Next rotate "
+                f"{2 * spec.rope.cos.shape[-1]} of {spec.head_dim} dims); run this model on the CPU backend (--device cpu)"
+            )
         self.rope = QkvRope(
             spec.num_heads, spec.num_kv_heads, spec.head_dim, *norms, spec.rope, spec.rope_interleaved
         )
@@ -96,6 +113,11 @@ class Attention:
             return self.o(
                 self._attend_shared(qkv, meta, kv_cache).reshape(qkv.shape[0], s.num_heads * s.head_dim)
             )
+        gate = None
+        if self.gate_cols:
+            xp = self.backend.xp
+            gate = qkv[:, -self.gate_cols :]
+            qkv = xp.ascontiguousarray(qkv[:, : -self.gate_cols])
         if self.value_scale is not None:
             qkv = self._normed_values(qkv)
         if meta.image_spans is not None or meta.rope is not None:
@@ -114,7 +136,11 @@ class Attention:
                 q, k_cache, v_cache, meta, s.scale, s.sliding_window, s.softcap, sinks=self.sinks
             )
         n_tokens = qkv.shape[0]
-        return self.o(out.reshape(n_tokens, s.num_heads * s.head_dim))
+        out = out.reshape(n_tokens, s.num_heads * s.head_dim)
+        if gate is not None:
+            one = gate.dtype.type(1.0)
+            out = out * (one / (one + self.backend.xp.exp(-gate))).astype(out.dtype, copy=False)
+        return self.o(out)
 
     def _normed_values(self, qkv: Any) -> Any:
         """`qkv` with its value columns RMS-normalised per head (no learned scale): Gemma 4's v_norm."""
@@ -160,3 +186,29 @@ class Attention:
             b.xp, q, k_cache, v_cache, meta, s.scale, s.sliding_window, s.softcap, meta.image_spans
         )
         return out.astype(q.dtype, copy=False)
+
+
+def split_query_gate(
+    weight: QuantizedTensor, num_heads: int, head_dim: int
+) -> tuple[QuantizedTensor, QuantizedTensor]:
+    """A gated `attn_q [heads * 2 * head_dim, hidden]` (per head: query rows, then gate rows) as the
+    query rows and the gate rows, each still in the file's format (whole rows are picked)."""
+    per_head = np.arange(num_heads)[:, None] * 2 * head_dim + np.arange(head_dim)[None, :]
+    query_rows, gate_rows = per_head.reshape(-1), (per_head + head_dim).reshape(-1)
+    if weight.shape[0] != 2 * num_heads * head_dim:
+        raise CheckpointError(
+            f"tensor {weight.name!r} has {weight.shape[0]} rows; a gated query of {num_heads} heads of "
+            f"{head_dim} has {2 * num_heads * head_dim}"
+        )
+    return take_rows(weight, query_rows, f"{weight.name}[query]"), take_rows(
+        weight, gate_rows, f"{weight.name}[gate]"
+    )
+
+
+def take_rows(weight: QuantizedTensor, rows: np.ndarray, name: str) -> QuantizedTensor:
+    """Rows `rows` of a matrix as a tensor of its own, in the file's format (each row is whole blocks)."""
+    if weight.scales is not None:  # a split format's scale grid is per row group: go through floats
+        return QuantizedTensor.from_float(name, weight.dequantize(rows), QUANT_TYPES["F32"])
+    return QuantizedTensor(
+        name, weight.qtype, (len(rows), weight.shape[1]), np.ascontiguousarray(weight.data[rows])
+    )

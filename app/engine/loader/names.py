@@ -31,6 +31,11 @@ HF_ARCHITECTURES: dict[str, str] = {
     "GraniteForCausalLM": "granite",
     "GptOssForCausalLM": "gpt-oss",
     "Qwen2_5_VLForConditionalGeneration": "qwen2vl",  # llama.cpp's name for the Qwen2-VL text side
+    "Qwen3_5ForCausalLM": "qwen35",
+    "Qwen3_5ForConditionalGeneration": "qwen35",  # its text part; the vision tower is skipped
+    "Qwen3_5MoeForCausalLM": "qwen35moe",
+    "Qwen3_5MoeForConditionalGeneration": "qwen35moe",
+    "Qwen3NextForCausalLM": "qwen3next",
 }
 _HF_MODEL_TYPES: dict[str, str] = {
     "gemma3": "gemma3",
@@ -44,6 +49,11 @@ _HF_MODEL_TYPES: dict[str, str] = {
     "granite": "granite",
     "gpt_oss": "gpt-oss",
     "qwen2_5_vl": "qwen2vl",
+    "qwen3_5": "qwen35",
+    "qwen3_5_text": "qwen35",
+    "qwen3_5_moe": "qwen35moe",
+    "qwen3_5_moe_text": "qwen35moe",
+    "qwen3_next": "qwen3next",
 }
 
 # Where the text model sits inside the checkpoint: plain CausalLM, or the language model of a
@@ -105,6 +115,28 @@ _GPT_OSS = {
     **_ROUTER,
 }
 
+# Gated DeltaNet layers (Qwen3.5's separate projections; Qwen3-Next's fused `in_proj_qkvz` /
+# `in_proj_ba`, which models/qwen35.py splits into the former as llama.cpp's converter does).
+_GATED_DELTANET = {
+    "linear_attn.in_proj_qkv": "attn_qkv",
+    "linear_attn.in_proj_z": "attn_gate",
+    "linear_attn.in_proj_b": "ssm_beta",
+    "linear_attn.in_proj_a": "ssm_alpha",
+    "linear_attn.in_proj_qkvz": "ssm_in",
+    "linear_attn.in_proj_ba": "ssm_ba",
+    "linear_attn.conv1d": "ssm_conv1d",
+    "linear_attn.norm": "ssm_norm",
+    "linear_attn.out_proj": "ssm_out",
+}
+# A shared expert beside the routed ones, with its sigmoid gate (Qwen2-MoE style names).
+_SHARED_EXPERT = {
+    "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_expert.up_proj": "ffn_up_shexp",
+    "mlp.shared_expert.down_proj": "ffn_down_shexp",
+    "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
+}
+_QWEN35 = {**_ATTENTION_AND_MLP, **_PRE_MLP_NORM, **_QK_NORMS, **_GATED_DELTANET}
+
 # Per-layer module tables (HF module path under `layers.N.` -> GGUF name under `blk.N.`).
 LAYER_MODULES: dict[str, dict[str, str]] = {
     "llama": {**_ATTENTION_AND_MLP, **_PRE_MLP_NORM},
@@ -116,6 +148,9 @@ LAYER_MODULES: dict[str, dict[str, str]] = {
     "granite": {**_ATTENTION_AND_MLP, **_PRE_MLP_NORM},
     "qwen3moe": {**_ATTENTION_AND_MLP, **_PRE_MLP_NORM, **_QK_NORMS, **_ROUTER},
     "gpt-oss": _GPT_OSS,
+    "qwen35": _QWEN35,
+    "qwen35moe": {**_QWEN35, **_ROUTER, **_SHARED_EXPERT},
+    "qwen3next": {**_QWEN35, **_ROUTER, **_SHARED_EXPERT},
 }
 # Parameters saved under their own name, not as `<module>.weight` (HF layer path -> GGUF name).
 # GPT-OSS keeps its experts stacked, input-major, gate and up interleaved: models/gpt_oss.py
@@ -137,6 +172,17 @@ BARE_PARAMETERS: dict[str, dict[str, str]] = {
         "mlp.experts.down_proj": "ffn_down_exps.weight",
         "mlp.experts.down_proj_bias": "ffn_down_exps.bias",
     },
+    # Gated DeltaNet's decay parameters (A_log: models/qwen35.py stores -exp(A_log) as GGUF does);
+    # experts stacked as transformers 5 holds them (`gate_up_proj [E, 2 ff, hidden]`: gate rows, then up).
+    **{
+        arch: {
+            "linear_attn.A_log": "ssm_a",
+            "linear_attn.dt_bias": "ssm_dt.bias",
+            "mlp.experts.gate_up_proj": "ffn_gate_up_exps.weight",
+            "mlp.experts.down_proj": "ffn_down_exps.weight",
+        }
+        for arch in ("qwen35", "qwen35moe", "qwen3next")
+    },
 }
 
 # Tensors that are in some checkpoints but carry nothing the engine uses.
@@ -144,7 +190,8 @@ _SKIPPED = re.compile(
     r"(^|\.)rotary_emb\.inv_freq$"  # old llama checkpoints saved the RoPE table
     r"|^(model\.)?(vision_tower|multi_modal_projector)\."  # Gemma 3's image side
     r"|^(model\.)?(audio_tower|embed_vision|embed_audio)\."  # Gemma 4's image and audio sides
-    r"|^(model\.)?visual\."  # Qwen2.5-VL's
+    r"|^(model\.)?visual\."  # Qwen2.5-VL's, Qwen3.5's
+    r"|^mtp\."  # Qwen3.5 / Qwen3-Next multi-token prediction heads (speculative decoding: unused)
 )
 _LAYER_NAME = re.compile(r"^layers\.(\d+)\.(.+)\.(weight|bias)$")
 _BARE_LAYER_NAME = re.compile(r"^layers\.(\d+)\.(.+)$")

@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable
 
 from app.engine.loader.names import CheckpointError
-from app.engine.models.config import FFN_DENSE, MIXER_ATTENTION, ModelConfig
+from app.engine.models.config import FFN_DENSE, FFN_MOE, MIXER_ATTENTION, ModelConfig
 from app.engine.quant.dispatch import QuantizedTensor
 
 _BLOCK = re.compile(r"blk\.(\d+)\.")
@@ -54,7 +54,7 @@ def check_against_tensors(
 
 def _check_blocks(cfg: ModelConfig, tensors: dict[str, QuantizedTensor], key: Callable[[str], str]) -> None:
     blocks = {int(m.group(1)) for name in tensors if (m := _BLOCK.match(name))}
-    if blocks != set(range(cfg.num_layers)):
+    if blocks != set(range(cfg.num_layers + cfg.trailing_blocks)):
         present = f"blocks 0..{max(blocks)}" if blocks else "no blocks"
         missing = sorted(set(range(cfg.num_layers)) - blocks)[:1]
         detail = f" (blk.{missing[0]} is missing)" if missing else ""
@@ -73,6 +73,8 @@ def _check_blocks(cfg: ModelConfig, tensors: dict[str, QuantizedTensor], key: Ca
         for part in _layer_parts(cfg, layer):
             spec = _BLOCK_SHAPES[part]
             wanted = tuple(math.prod(values[f] for f in dim) for dim in spec)
+            if part == "attn_q" and cfg.attn_output_gate:  # each head's query and its output gate
+                wanted = (2 * wanted[0], wanted[1])
             name = f"blk.{layer}.{part}.weight"
             tensor = tensors.get(name)
             if tensor is None:
@@ -107,6 +109,8 @@ def _check_routers(cfg: ModelConfig, tensors: dict[str, QuantizedTensor]) -> Non
     if not 1 <= moe.num_used <= moe.num_experts:
         raise CheckpointError(f"{moe.num_used} experts used per token of {moe.num_experts}: not a real model")
     for layer in range(cfg.num_layers):
+        if cfg.ffn(layer) != FFN_MOE:
+            continue
         name = f"blk.{layer}.ffn_gate_inp.weight"
         router = tensors.get(name)
         if router is None:

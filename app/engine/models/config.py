@@ -69,6 +69,9 @@ class GatedDeltaNetSpec:
     head_k_dim: int
     head_v_dim: int
     conv_kernel: int
+    # Which value heads a q/k head serves (num_v_heads > num_k_heads): consecutive ones (Hugging Face),
+    # or every num_k_heads-th one (llama.cpp's Qwen3.5 GGUFs reorder value heads "tiled").
+    tiled_v_heads: bool = False
 
     @property
     def conv_dim(self) -> int:
@@ -165,6 +168,9 @@ class ModelConfig:
     layer_output_scale: bool = False  # each layer's output stream times a learned scalar (Gemma 4)
     moe_beside_mlp: bool = False  # experts added to the dense MLP's output in every layer (Gemma 4)
     layer_intermediate_sizes: tuple[int, ...] = ()  # per layer, where MLP widths differ (Gemma 4's double-wide)
+    # Blocks a file holds past num_layers that the decoder does not run (the multi-token-prediction block
+    # llama.cpp's converter appends to Qwen3.5 GGUFs: `nextn_predict_layers`); their tensors stay unread.
+    trailing_blocks: int = 0
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:

@@ -168,6 +168,7 @@ class DecoderModel:
                 sinks=cfg.attention_sinks,
                 kv_shared=cfg.kv_source(i) != i,
                 value_norm_eps=cfg.rms_norm_eps if cfg.value_norm else None,
+                output_gate=cfg.attn_output_gate,
             )
             self.layers.append(DecoderLayer(backend, cfg, tensors, i, spec))
         self.per_layer_inputs = None
@@ -190,7 +191,9 @@ class DecoderModel:
         if local:
             assert cfg.rope_theta_local is not None
             return cos_sin_table(inverse_frequencies(head_dim, cfg.rope_theta_local), self._max_positions)
-        inverse = inverse_frequencies(head_dim, cfg.rope_theta, cfg.rope_scaling, self._freq_factors)
+        # partial RoPE (Qwen3.5, Qwen3-Next): the frequencies of the rotated dims only
+        rotated = cfg.rotary_dim or head_dim
+        inverse = inverse_frequencies(rotated, cfg.rope_theta, cfg.rope_scaling, self._freq_factors)
         if cfg.global_rope_fraction is not None:  # the pairs past the rotated share keep frequency 0
             inverse = inverse.copy()
             inverse[int(cfg.global_rope_fraction * head_dim // 2) :] = 0.0

@@ -22,6 +22,9 @@ _FAMILY_MODULES = {
     "qwen2vl": "app.engine.models.qwen2_vl",
     "qwen3": "app.engine.models.qwen3",
     "qwen3moe": "app.engine.models.qwen3moe",
+    "qwen35": "app.engine.models.qwen35",
+    "qwen35moe": "app.engine.models.qwen35moe",
+    "qwen3next": "app.engine.models.qwen3next",
 }
 
 

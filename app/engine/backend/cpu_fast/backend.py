@@ -51,9 +51,10 @@ class FastCpuBackend(CpuBackend):
         self._pool: ThreadPoolExecutor | None = None
 
     def load_weight(self, tensor: QuantizedTensor) -> Any:
-        # the GEMV kernels sum inputs in groups of GROUP: a narrower or ragged matrix (Gemma 4's 16-wide
-        # per-layer projections in a tiny model) takes the numpy product
-        if len(tensor.shape) == 2 and tensor.qtype.name in FAST_FORMATS and tensor.shape[1] % kernels.GROUP == 0:
+        # the kernels read rows in groups of kernels.GROUP values; other rows (a float matrix of 48
+        # columns: the tiny hybrid fixtures) stay on the numpy path
+        grouped = len(tensor.shape) == 2 and tensor.shape[1] % kernels.GROUP == 0
+        if grouped and tensor.qtype.name in FAST_FORMATS:
             return FastWeight(tensor)
         return super().load_weight(tensor)
 
