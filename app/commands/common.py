@@ -74,6 +74,12 @@ def add_kv_arguments(parser: argparse.ArgumentParser) -> None:
                        help="disk space for prefix blocks evicted from host RAM; kept across restarts (default 0: off)")
     group.add_argument("--kv-disk-dir", default=None, metavar="DIR",
                        help="folder of the disk tier (default: the user cache folder's paddock/kv)")
+    group.add_argument("--state-snapshot-gb", type=float, default=None, metavar="GB",
+                       help="hybrid models: memory for the prefix cache's recurrent-state snapshots (default: a "
+                       "fifth of the cache budget, at most 8 per sequence; 0: no prefix reuse)")
+    group.add_argument("--state-snapshot-interval", type=int, default=512, metavar="TOKENS",
+                       help="hybrid models: a prompt's state is snapshotted every this many tokens, so a request "
+                       "sharing part of it resumes close to where they differ (default 512; 0: only at its end)")
 
 
 def engine_config(args: argparse.Namespace, **overrides: object) -> EngineConfig:
@@ -93,5 +99,6 @@ def engine_config(args: argparse.Namespace, **overrides: object) -> EngineConfig
         fields["async_decode"] = args.async_decode
     if getattr(args, "prefix_cache", None) is not None:  # the commands with add_kv_arguments
         fields.update(enable_prefix_caching=args.prefix_cache == "on", kv_dtype=args.kv_dtype,
-                      kv_host_gb=args.kv_host_gb, kv_disk_gb=args.kv_disk_gb, kv_disk_dir=args.kv_disk_dir)
+                      kv_host_gb=args.kv_host_gb, kv_disk_gb=args.kv_disk_gb, kv_disk_dir=args.kv_disk_dir,
+                      state_snapshot_gb=args.state_snapshot_gb, state_snapshot_interval=args.state_snapshot_interval)
     return EngineConfig(**{**fields, **overrides})

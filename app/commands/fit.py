@@ -29,18 +29,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "the rest stay in host RAM")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                         help="the device to predict for (auto: the GPU if one is usable, else the CPU's RAM)")
+    parser.add_argument("--prefix-cache", choices=["on", "off"], default="on",
+                        help="hybrid models: with prefix caching, recurrent-state snapshots are counted too")
+    parser.add_argument("--state-snapshot-gb", type=float, default=None, metavar="GB",
+                        help="hybrid models: memory for recurrent-state snapshots (default: the engine's rule)")
     parser.add_argument("--file", default=None, help="for a hub repo with several GGUF files: which one")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.engine.plan.fit import FitOptions, check_fit
+    from app.engine.plan.fit import FitOptions, check_fit, format_bytes
 
     try:
         options = FitOptions(
             context_length=args.ctx, batch=args.batch, kv_dtype=args.kv_dtype, max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             gpu_memory_utilization=args.gpu_memory_utilization, experts_on_gpu=args.experts_on_gpu,
+            enable_prefix_caching=args.prefix_cache == "on", state_snapshot_gb=args.state_snapshot_gb,
         )
         label, shape = resolve_shape(args.model, args.file)
         device = target_device(args.device)
@@ -55,8 +60,12 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"model": label, "shape": dataclasses.asdict(shape), **report.as_dict()}, indent=2))
     else:
-        print(f"Model: {label} ({shape.architecture}, {shape.num_layers} layers, "
-              f"{shape.num_kv_heads} KV heads x {shape.head_dim})")
+        layers = f"{shape.num_layers} layers"
+        if shape.kv_layers:  # a hybrid model's attention layers, or layers that share or size their KV
+            layers += f", {len(shape.kv_layers)} with a KV cache"
+        if shape.state_bytes_per_sequence:
+            layers += f", {format_bytes(shape.state_bytes_per_sequence)} of recurrent state per sequence"
+        print(f"Model: {label} ({shape.architecture}, {layers}, {shape.num_kv_heads} KV heads x {shape.head_dim})")
         print(report.summary())
     return 0
 

@@ -83,6 +83,11 @@ class EngineConfig:
     # pinned host RAM per step: moe/residency.py), "auto" (the largest hot set the fit
     # allows) or "all"/None (every expert resident). The numpy backend honours a number too.
     experts_on_gpu: int | str | None = None
+    # hybrid models (recurrent layers): memory for the prefix cache's recurrent-state snapshots
+    # (None: a share of the cache room, plan/memory.py), and the prompt interval in tokens
+    # at which prefill takes one (cache/state_cache.py; 0: only at the prompt's last block boundary)
+    state_snapshot_gb: float | None = None
+    state_snapshot_interval: int = 512
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda"):
@@ -104,6 +109,10 @@ class EngineConfig:
         object.__setattr__(self, "experts_on_gpu", parse_experts_on_gpu(self.experts_on_gpu))
         if self.kv_host_gb < 0 or self.kv_disk_gb < 0:
             raise ValueError("kv_host_gb and kv_disk_gb must be 0 (off) or positive")
+        if self.state_snapshot_gb is not None and self.state_snapshot_gb < 0:
+            raise ValueError(f"state_snapshot_gb must be 0 (off) or positive, got {self.state_snapshot_gb}")
+        if self.state_snapshot_interval < 0:
+            raise ValueError(f"state_snapshot_interval must be 0 or positive, got {self.state_snapshot_interval}")
 
     @property
     def kv_dtype_name(self) -> str:

@@ -64,6 +64,9 @@ class Request:
     # the block table: always a cache.block_table.BlockTable (a list with an int32 copy in step)
     block_ids: list[int] = BlockTableField()  # type: ignore[assignment]  # noqa: RUF009 (a descriptor, one per class)
     status: RequestStatus = RequestStatus.WAITING
+    # hybrid models: the row of the recurrent state arrays this request's state lives in while it
+    # runs (cache/state_cache.py); None while it waits, or on a model without recurrent layers
+    state_slot: int | None = None
     stop_reason: str | int | None = None
     first_token_time: float | None = None
     images: list[PromptImage] = field(default_factory=list)  # in prompt order, not overlapping

@@ -35,3 +35,7 @@ class MoeSpec:
     activation: str = "silu"  # or "swiglu_oai": GPT-OSS's clamped swish-gated unit
     swiglu_limit: float = 7.0
     swiglu_alpha: float = 1.702
+    # A shared expert every token goes through beside the routed ones (Qwen3-Next, Qwen3.5-MoE,
+    # Nemotron-H MoE); `shared_gate`: its output scaled by sigmoid(x @ shared_expert_gate) (Qwen).
+    shared_intermediate_size: int | None = None
+    shared_gate: bool = False

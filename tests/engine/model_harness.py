@@ -113,10 +113,17 @@ def _step(runner: ModelRunner, chunks: list[ScheduledChunk]) -> list[np.ndarray]
 
 
 def _garbage_kv_caches(model: Any, backend: Any, num_blocks: int, block_size: int, rng: np.random.Generator):
+    """Each layer's cache: its own (K, V) where it owns one (shaped as that layer's heads), the cache of
+    the layer it reads where it shares another's (Gemma 4), None where it has no attention."""
     cfg = model.config
-    caches = []
-    for _ in range(cfg.num_layers):
-        k_cache, v_cache = backend.alloc_kv_cache(num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+    caches: list[Any] = []
+    for layer in range(cfg.num_layers):
+        shape = cfg.kv_shape(layer)
+        if shape is None:
+            source = cfg.kv_source(layer)
+            caches.append(caches[source] if source != layer else None)
+            continue
+        k_cache, v_cache = backend.alloc_kv_cache(num_blocks, block_size, *shape)
         for cache in (k_cache, v_cache):
             cache[...] = backend.from_host(rng.normal(0.0, 10.0, cache.shape).astype(np.float32))
         caches.append((k_cache, v_cache))

@@ -204,6 +204,13 @@ def test_gguf_tensor_types_are_read_as_written() -> None:
 COVERED_ELSEWHERE = {
     ("qwen2vl", "safetensors"): "tests/fixtures/vision/qwen2_5_vl (vision/test_qwen_vl.py)",
     ("qwen2vl", "gguf"): "converted at test time by tests/fixtures/make_qwen_vl_gguf.py (test_qwen_vl_gguf.py)",
+    ("gemma4", "safetensors"): "tests/fixtures/gemma4 (test_gemma4.py)",
+    ("gemma4", "gguf"): "written at test time by tests/engine/gemma4_gguf.py (test_gemma4.py)",
+    **{
+        (arch, fmt): "tests/fixtures/hybrid/ HF folders, GGUFs written at test time (test_hybrid_qwen.py)"
+        for arch in ("qwen35", "qwen35moe", "qwen3next")
+        for fmt in ("safetensors", "gguf")
+    },
 }
 
 

@@ -52,6 +52,14 @@ class AttentionMetadata:
     # tables at `positions` (which keep placing the KV and the causal mask). Set, the step runs
     # `reference_attention`'s path too.
     rope: RopeTable | None = None
+    # Hybrid models (recurrent layers: Gated DeltaNet, Mamba-2; see models/config.py): sequence i's
+    # row in every recurrent layer's state arrays `[num_slots, ...]`, and whether its chunk continues
+    # the state held there (False: the chunk starts at position 0, and the layer starts from zeros
+    # without reading the row). None on models without recurrent layers.
+    state_slots: Array | None = None  # int32 [B]
+    has_initial_state: Array | None = None  # bool [B]
+    host_state_slots: np.ndarray | None = None
+    host_has_initial_state: np.ndarray | None = None
 
     @property
     def num_seqs(self) -> int:

@@ -178,6 +178,10 @@ class CpuBackend:
         return self.rms_norm(new_residual, weight, eps), new_residual
 
     def rope(self, x: np.ndarray, positions: np.ndarray, table: RopeTable, interleaved: bool) -> np.ndarray:
+        rotary = 2 * table.cos.shape[-1]
+        if rotary < x.shape[-1]:  # partial RoPE (Qwen3.5, Qwen3-Next): the first `rotary` dims turn
+            turned = self.rope(x[..., :rotary], positions, table, interleaved)
+            return np.concatenate([turned, x[..., rotary:]], axis=-1)
         cos = table.cos[positions][:, None, :]  # [T, 1, d/2]
         sin = table.sin[positions][:, None, :]
         if interleaved:

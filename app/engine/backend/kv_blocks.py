@@ -14,11 +14,16 @@ from typing import Any
 Array = Any
 
 
-def cache_leaves(kv_caches: list[tuple[Any, Any]]) -> list[Array]:
-    """Every array that holds per-block KV, in payload order."""
+def cache_leaves(kv_caches: list[tuple[Any, Any] | None]) -> list[Array]:
+    """Every array that holds per-block KV, in payload order: each cache once (a layer that reads another
+    layer's cache lists the same pair again, Gemma 4), layers without a KV cache (None) skipped."""
     leaves: list[Array] = []
-    for k_cache, v_cache in kv_caches:
-        for cache in (k_cache, v_cache):
+    seen: set[int] = set()
+    for pair in kv_caches:
+        if pair is None or id(pair) in seen:
+            continue
+        seen.add(id(pair))
+        for cache in pair:
             leaves.extend(cache.leaves() if hasattr(cache, "leaves") else (cache,))
     return leaves
 

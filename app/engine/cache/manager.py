@@ -7,6 +7,10 @@ last known token, so the tokens a step writes always land in blocks private to i
 
 "Free" blocks, as the scheduler sees them, are the pool's free list plus the cached
 blocks no running request uses (evicted on demand, least recently used first).
+
+Hybrid models (recurrent layers) add a state cache (cache/state_cache.py): each running request
+holds a state slot, and a prefix match only counts up to where a snapshot of the recurrent state
+exists, since the recurrent layers cannot resume anywhere else.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from collections.abc import Callable, Hashable
 from app.engine.cache.block_table import BlockTable
 from app.engine.cache.blocks import NULL_BLOCK, BlockPool, blocks_for
 from app.engine.cache.offload import KVTiers
-from app.engine.cache.radix import EvictedBlocks, RadixCache, RadixNode
+from app.engine.cache.radix import EvictedBlocks, MatchResult, RadixCache, RadixNode
+from app.engine.cache.state_cache import StateCache
 from app.engine.request import Request, RequestStatus
 
 
@@ -30,8 +35,14 @@ class KVCacheManager:
         extra_key: Hashable = None,
         on_evict: Callable[[EvictedBlocks], None] | None = None,
         tiers: KVTiers | None = None,
+        state: StateCache | None = None,
     ) -> None:
+        if state is not None and tiers is not None:
+            raise ValueError(
+                "the host/disk KV tiers do not hold recurrent state snapshots: hybrid models run without them"
+            )
         self.block_size = block_size
+        self.state = state  # hybrid models: state slots and snapshots
         self.pool = BlockPool(num_blocks, block_size)
         # no prefix cache, no tiers: with prefix caching off nothing is reused at all
         self.tiers = tiers if enable_prefix_caching else None
@@ -69,21 +80,30 @@ class KVCacheManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return blocks_for(num_tokens, self.block_size)
 
+    def can_admit(self) -> bool:
+        """Whether a new request can get what every running one holds besides blocks (a state slot)."""
+        return self.state is None or self.state.can_admit()
+
     def match_prefix(self, request: Request) -> int:
         """Reuse cached full blocks of the request's tokens; return how many tokens they cover.
 
         Sets `block_ids` and `num_computed_tokens` (and, on first admission,
         `num_cached_tokens`). At most `(num_tokens - 1) // block_size` blocks are matched,
-        so the last token, whose logits the step needs, is always computed.
+        so the last token, whose logits the step needs, is always computed. A hybrid model's
+        request gets its state slot here, restored from the snapshot the match ends at.
         """
         if request.block_ids or request.num_computed_tokens:
             raise ValueError(f"request {request.request_id} already holds KV; match_prefix is for admission")
         matched = 0
         tiers: dict[str, int] = {}
+        if self.state is not None:
+            self.state.slot(request)
         if self.prefix_cache is not None and request.num_tokens > 0:
             max_tokens = (request.num_tokens - 1) // self.block_size * self.block_size
             tokens = request.cache_token_prefix(max_tokens)
             result = self.prefix_cache.match(tokens, self.extra_key)
+            if self.state is not None:
+                result = self._resumable(request, tokens, result)
             if result.num_tokens:
                 self.prefix_cache.lock(result.node)
                 self._locks[request.request_id] = result.node
@@ -98,6 +118,14 @@ class KVCacheManager:
             request.num_cached_tokens = min(matched, request.num_prompt_tokens)
             request.cached_tokens_by_tier = tiers
         return matched
+
+    def _resumable(self, request: Request, tokens: list[int], result: MatchResult) -> MatchResult:
+        """The KV match cut back to the longest prefix whose recurrent state snapshot exists."""
+        assert self.state is not None and self.prefix_cache is not None
+        blocks = self.state.resume(request, tokens, result.num_tokens // self.block_size)
+        if blocks * self.block_size == result.num_tokens:
+            return result
+        return self.prefix_cache.match(tokens[: blocks * self.block_size], self.extra_key)
 
     def _load_from_tiers(self, request: Request, tokens: list[int], tiers: dict[str, int]) -> int:
         """Blocks past the device match that the host or disk tier holds, copied into fresh device
@@ -168,12 +196,16 @@ class KVCacheManager:
         self.pool.decref(block_ids)
         request.block_ids = []
         self._holders.pop(request.request_id, None)
+        if self.state is not None:
+            self.state.release(request)
 
     def reset_prefix_cache(self) -> int:
         """Drop every cached block no request uses; return how many were freed."""
         if self.prefix_cache is None:
             return 0
         evicted = self.prefix_cache.evict(self.prefix_cache.evictable_blocks)
+        if self.state is not None:
+            self.state.reset()
         self.pool.decref(evicted)
         self.evicted_blocks += len(evicted)
         return len(evicted)
@@ -181,6 +213,8 @@ class KVCacheManager:
     def check_integrity(self) -> None:
         """Assert pool and tree invariants, and that every reference has exactly one holder."""
         self.pool.check_integrity()
+        if self.state is not None:
+            self.state.check_integrity()
         expected: Counter[int] = Counter()
         for request in self._holders.values():
             assert NULL_BLOCK not in request.block_ids, f"{request.request_id} holds the null block"

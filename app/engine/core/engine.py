@@ -16,6 +16,7 @@ from typing import Any
 from app.engine.backend import select_backend
 from app.engine.cache.manager import KVCacheManager
 from app.engine.cache.offload import DeviceBlocks, kv_bytes_moved
+from app.engine.cache.state_cache import StateCache
 from app.engine.config import DEFAULT_MODEL, EngineConfig
 from app.engine.core.output_processor import OutputProcessor
 from app.engine.core.pipeline import DecodePipeline
@@ -39,7 +40,7 @@ from app.engine.sample.sampler import Sampler, deferrable
 from app.engine.sampling_params import SamplingParams
 from app.engine.text.chat_template import chat_template_for
 from app.engine.worker.prefill_graphs import capture_prefill_graphs
-from app.engine.worker.runner import ModelRunner
+from app.engine.worker.runner import ModelRunner, allocate_caches, attention_caches
 
 log = logging.getLogger(__name__)
 
@@ -127,12 +128,11 @@ class LLMEngine:
         self.kv_dtype = self.plan.kv_dtype
 
     def _allocate_kv(self) -> None:
-        """The KV cache, the runner over it (with its CUDA graphs), the vision tower and the cache manager."""
+        """The KV cache (and a hybrid model's recurrent-state rows), the runner over it (with its CUDA
+        graphs), the vision tower and the cache manager."""
         plan, cfg = self.plan, self.model_config
-        kv_caches = [
-            self.backend.alloc_kv_cache(plan.num_blocks, plan.block_size, cfg.num_kv_heads, cfg.head_dim, plan.kv_dtype)
-            for _ in range(cfg.num_layers)
-        ]
+        state_rows = 1 + plan.state_slots + plan.state_snapshots if plan.state_slots else 0
+        kv_caches = allocate_caches(self.backend, cfg, plan.num_blocks, plan.block_size, plan.kv_dtype, state_rows)
         self.runner = ModelRunner(self.model, self.backend, kv_caches, plan.block_size)
         self.vision = attach_vision(self.runner, self.checkpoint, self.tokenizer, self.config.mmproj)
         if plan.graphs:
@@ -145,10 +145,21 @@ class LLMEngine:
                 plan.prefill_graphs, self.model, self.backend, kv_caches, plan.block_size,
                 plan.max_model_len, self.runner.graphs.capture_stream,
             )  # fmt: skip
-        copier = DeviceBlocks(self.backend, kv_caches)
-        tiers = offload_tiers(plan, copier, self.path, self.shape, self.config.kv_disk_dir)
-        self.kv = KVCacheManager(plan.num_blocks, plan.block_size,
-                                 enable_prefix_caching=self.config.enable_prefix_caching, tiers=tiers)  # fmt: skip
+        tiers = None
+        if cfg.is_hybrid and (plan.kv_host_gb or plan.kv_disk_gb):
+            log.info("KV host/disk tiers off: they do not keep this hybrid model's recurrent-state snapshots")
+        elif cfg.attention_layers:
+            copier = DeviceBlocks(self.backend, attention_caches(cfg, kv_caches))
+            tiers = offload_tiers(plan, copier, self.path, self.shape, self.config.kv_disk_dir)
+        state = None
+        if plan.state_slots:
+            state = StateCache(plan.state_slots, plan.state_snapshots, plan.block_size,
+                               self.config.state_snapshot_interval)  # fmt: skip
+            log.info("recurrent state: %d slots and %d prefix-cache snapshots of %.1f MiB each (%.1f MiB)",
+                     plan.state_slots, plan.state_snapshots, cfg.state_bytes_per_sequence / 2**20,
+                     plan.state_bytes / 2**20)  # fmt: skip
+        self.kv = KVCacheManager(plan.num_blocks, plan.block_size, enable_prefix_caching=self.config.enable_prefix_caching,
+                                 tiers=tiers, state=state)  # fmt: skip
 
     def _build_request_path(self) -> None:
         """Scheduler, sampler, output processing and the look-ahead pipeline; what the API reports."""
@@ -251,11 +262,14 @@ class LLMEngine:
         return outputs
 
     def _run(self, scheduled: SchedulerOutput, sampling: list[Request], ahead: bool) -> Any:
-        """The model over the scheduled chunks: a look-ahead's input ids are the in-flight step's, on the device."""
+        """The model over the scheduled chunks: a look-ahead's input ids are the in-flight step's, on the device.
+        Hybrid models: prefix hits' state snapshots go into their slots before, new snapshots out after."""
+        self.runner.copy_states(scheduled.state_restores)
         if ahead:
             logits = self.runner.run_from_device(scheduled.chunks, *self.pipeline.inputs(sampling))
         else:
             logits = self.runner.run(scheduled.chunks)
+        self.runner.copy_states(scheduled.state_saves)
         self._count(scheduled)
         return logits
 

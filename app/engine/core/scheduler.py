@@ -31,6 +31,11 @@ prefix goes to the prefix cache, so the recompute is often a cache hit), its
 queue. When nothing else can give way the request preempts itself; one that could not
 fit even into an empty cache is finished instead (reported in `finished`), so no
 request can stall the loop forever.
+
+Hybrid models (`kv.state`, cache/state_cache.py): admission also needs a free state slot (there
+are `max_num_seqs`), a preempted request gives its slot up and later resumes from a state
+snapshot or from zero, prefill chunks are cut to end at the state cache's snapshot points, and
+the step's state copies (restores before the forward, snapshot saves after) ride in the output.
 """
 
 from __future__ import annotations
@@ -84,6 +89,10 @@ class SchedulerOutput:
     num_tokens: int
     preempted: list[Request]
     finished: list[Request] = field(default_factory=list)  # ended here: they can never fit in the KV cache
+    # hybrid models: recurrent-state row copies (source, destination) the runner does before the
+    # forward (snapshot -> slot: prefix hits) and after it (slot -> snapshot)
+    state_restores: list[tuple[int, int]] = field(default_factory=list)
+    state_saves: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:
@@ -207,8 +216,9 @@ class Scheduler:
             if request.status == RequestStatus.RUNNING and request.num_pending_tokens == 1:
                 self._schedule_running(request, step, takes_turn=False)
         self._schedule_prefills(step)
+        restores, saves = self.kv.state.take_copies() if self.kv.state is not None else ([], [])
         return SchedulerOutput(
-            step.chunks, sum(c.num_tokens for c in step.chunks), step.preempted, step.finished
+            step.chunks, sum(c.num_tokens for c in step.chunks), step.preempted, step.finished, restores, saves
         )
 
     def update(self, output: SchedulerOutput, sampled: dict[str, int]) -> None:
@@ -226,6 +236,8 @@ class Scheduler:
                 continue
             assert request.num_computed_tokens == chunk.start, "update() out of step with schedule()"
             request.num_computed_tokens += chunk.num_tokens
+            if self.kv.state is not None:
+                self.kv.state.step_done(request)
             if not chunk.samples:
                 continue
             if request.request_id not in sampled:
@@ -246,9 +258,12 @@ class Scheduler:
         for request in self._running:
             assert request.status == RequestStatus.RUNNING
             assert request.num_pending_tokens >= 1
+            has_slot = request.state_slot is not None
+            assert has_slot == (self.kv.state is not None), f"{request.request_id}: state slot {request.state_slot}"
         for request in waiting:
             assert request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
             assert not request.block_ids and request.num_computed_tokens == 0
+            assert request.state_slot is None, f"{request.request_id} waits holding a state slot"
         assert sum(self._live_per_session.values()) == len(self._requests)
         self.kv.check_integrity()
 
@@ -300,22 +315,18 @@ class Scheduler:
 
     def _schedule_running(self, request: Request, step: _Step, takes_turn: bool) -> None:
         """Give a running request a chunk of its pending tokens, unless it had to go."""
-        wanted = request.chunk_before_image(
-            request.num_computed_tokens, min(request.num_pending_tokens, step.budget)
-        )
+        wanted = self._chunk_tokens(request, min(request.num_pending_tokens, step.budget))
         granted = self._grow(request, wanted, step)
         if granted:
-            step.add(request, granted)
+            self._add(request, granted, step)
             if takes_turn:
                 self._turns.served(request.session_id)
 
     def _admit(self, request: Request, step: _Step) -> bool:
-        if len(self._running) >= self.config.max_num_seqs:
+        if len(self._running) >= self.config.max_num_seqs or not self.kv.can_admit():
             return False
         self.kv.match_prefix(request)
-        num_tokens = request.chunk_before_image(
-            request.num_computed_tokens, min(request.num_pending_tokens, step.budget)
-        )
+        num_tokens = self._chunk_tokens(request, min(request.num_pending_tokens, step.budget))
         if not self.kv.allocate(request, num_tokens):
             self.kv.free(request)
             request.num_computed_tokens = 0
@@ -326,9 +337,24 @@ class Scheduler:
             del self._waiting[request.session_id]
         request.status = RequestStatus.RUNNING
         self._running.append(request)
-        step.add(request, num_tokens)
+        self._add(request, num_tokens, step)
         self._turns.served(request.session_id)
         return True
+
+    def _chunk_tokens(self, request: Request, num_tokens: int) -> int:
+        """A chunk of up to `num_tokens` from `num_computed_tokens`: not ending inside an image, and
+        (hybrid models) ending at the next recurrent-state snapshot point."""
+        start = request.num_computed_tokens
+        num_tokens = request.chunk_before_image(start, num_tokens)
+        if self.kv.state is not None:
+            num_tokens = self.kv.state.chunk_tokens(request, start, num_tokens)
+        return num_tokens
+
+    def _add(self, request: Request, num_tokens: int, step: _Step) -> None:
+        start = request.num_computed_tokens
+        chunk = step.add(request, num_tokens)
+        if self.kv.state is not None:
+            self.kv.state.plan_save(request, start, num_tokens, chunk.samples)
 
     def _grow(self, request: Request, wanted: int, step: _Step) -> int:
         """Allocate blocks for up to `wanted` more tokens, preempting later requests if needed.
@@ -391,9 +417,11 @@ class _Step:
         self.out_of_blocks = False  # a preemption for KV blocks happened: no admissions in this step
         self.finished: list[Request] = []
 
-    def add(self, request: Request, num_tokens: int) -> None:
+    def add(self, request: Request, num_tokens: int) -> ScheduledChunk:
         start = request.num_computed_tokens
         samples = start + num_tokens == request.num_tokens
-        self.chunks.append(ScheduledChunk(request, start, num_tokens, samples))
+        chunk = ScheduledChunk(request, start, num_tokens, samples)
+        self.chunks.append(chunk)
         self.scheduled.add(request.request_id)
         self.budget -= num_tokens
+        return chunk

@@ -12,11 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from app.engine.backend.base import AttentionMetadata, QkvRope, RopeTable
 from app.engine.backend.reference_attention import paged_attention
 from app.engine.layers.linear import Linear
 from app.engine.layers.norm import RMSNorm
+from app.engine.loader.names import CheckpointError
 from app.engine.quant.dispatch import QuantizedTensor
+from app.engine.quant.types import QUANT_TYPES
+
+F32 = QUANT_TYPES["F32"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +37,13 @@ class AttentionSpec:
     softcap: float | None = None
     qk_norm_eps: float | None = None  # set when the checkpoint has per-head q/k norms
     sinks: bool = False  # a learned logit per head in the softmax's denominator (`attn_sinks.weight`)
+    # Reads the KV cache another layer writes (Gemma 4's shared-KV layers): q only, no KV write.
+    kv_shared: bool = False
+    # Values RMS-normalised (no learned scale) before they are cached (Gemma 4).
+    value_norm_eps: float | None = None
+    # Qwen3.5 / Qwen3-Next: `attn_q` gives each head's query and an output gate side by side
+    # ([q_h, gate_h] per head); the attention output is multiplied by sigmoid(gate) before attn_output.
+    output_gate: bool = False
 
 
 class Attention:
@@ -39,8 +52,17 @@ class Attention:
     ) -> None:
         self.backend = backend
         self.spec = spec
-        parts = [Linear(backend, tensors[f"{prefix}.{n}.weight"], tensors.get(f"{prefix}.{n}.bias"))
-                 for n in ("attn_q", "attn_k", "attn_v")]  # fmt: skip
+        names = ("attn_q",) if spec.kv_shared else ("attn_q", "attn_k", "attn_v")
+        weights = [tensors[f"{prefix}.{n}.weight"] for n in names]
+        biases = [tensors.get(f"{prefix}.{n}.bias") for n in names]
+        self.gate_cols = 0
+        if spec.output_gate:  # the gate rows go last in the fused product, after q, k, v
+            if biases[0] is not None:
+                raise NotImplementedError(f"{prefix}: a gated query projection with a bias")
+            query, gate = split_query_gate(weights[0], spec.num_heads, spec.head_dim)
+            weights, biases = [query, *weights[1:], gate], [*biases, None]
+            self.gate_cols = spec.num_heads * spec.head_dim
+        parts = [Linear(backend, w, b) for w, b in zip(weights, biases, strict=True)]
         self.qkv = backend.fuse_linear([p.weight for p in parts], [p.bias for p in parts])
         self.o = Linear(
             backend, tensors[f"{prefix}.attn_output.weight"], tensors.get(f"{prefix}.attn_output.bias")
@@ -48,12 +70,17 @@ class Attention:
         self.q_norm = self.k_norm = None
         if spec.qk_norm_eps is not None:
             self.q_norm = RMSNorm(backend, tensors[f"{prefix}.attn_q_norm.weight"], spec.qk_norm_eps)
-            self.k_norm = RMSNorm(backend, tensors[f"{prefix}.attn_k_norm.weight"], spec.qk_norm_eps)
+            if not spec.kv_shared:
+                self.k_norm = RMSNorm(backend, tensors[f"{prefix}.attn_k_norm.weight"], spec.qk_norm_eps)
         norms = (
             (None, None, 0.0)
             if self.q_norm is None
-            else (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
+            else (self.q_norm.weight, getattr(self.k_norm, "weight", None), self.q_norm.eps)
         )
+        self.value_scale = None  # the unscaled value norm's weight: ones
+        if spec.value_norm_eps is not None:
+            ones = QuantizedTensor.from_float(f"{prefix}.value_norm", np.ones(spec.head_dim, np.float32), F32)
+            self.value_scale = backend.load_weight(ones)
         self.sinks = None
         if spec.sinks:
             heads = getattr(backend, "sink_head_dims", None)  # where a backend's sinks have a head-dim limit
@@ -68,6 +95,11 @@ class Attention:
                     "run this model on the CPU backend (--device cpu)"
                 )
             self.sinks = backend.load_weight(tensors[f"{prefix}.attn_sinks.weight"])
+        if 2 * spec.rope.cos.shape[-1] < spec.head_dim and backend.name != "cpu":
+            raise NotImplementedError(
+                f"the {backend.name} backend has no partial RoPE yet (Qwen3.5, Qwen3-Next rotate "
+                f"{2 * spec.rope.cos.shape[-1]} of {spec.head_dim} dims); run this model on the CPU backend (--device cpu)"
+            )
         self.rope = QkvRope(
             spec.num_heads, spec.num_kv_heads, spec.head_dim, *norms, spec.rope, spec.rope_interleaved
         )
@@ -77,6 +109,17 @@ class Attention:
         computes it together with the norm in front of it)."""
         s = self.spec
         k_cache, v_cache = kv_cache
+        if s.kv_shared:
+            return self.o(
+                self._attend_shared(qkv, meta, kv_cache).reshape(qkv.shape[0], s.num_heads * s.head_dim)
+            )
+        gate = None
+        if self.gate_cols:
+            xp = self.backend.xp
+            gate = qkv[:, -self.gate_cols :]
+            qkv = xp.ascontiguousarray(qkv[:, : -self.gate_cols])
+        if self.value_scale is not None:
+            qkv = self._normed_values(qkv)
         if meta.image_spans is not None or meta.rope is not None:
             out = self._attend_reference(qkv, meta, kv_cache)  # honours image spans and a step's own rope
         elif self.sinks is None:
@@ -93,7 +136,41 @@ class Attention:
                 q, k_cache, v_cache, meta, s.scale, s.sliding_window, s.softcap, sinks=self.sinks
             )
         n_tokens = qkv.shape[0]
-        return self.o(out.reshape(n_tokens, s.num_heads * s.head_dim))
+        out = out.reshape(n_tokens, s.num_heads * s.head_dim)
+        if gate is not None:
+            one = gate.dtype.type(1.0)
+            out = out * (one / (one + self.backend.xp.exp(-gate))).astype(out.dtype, copy=False)
+        return self.o(out)
+
+    def _normed_values(self, qkv: Any) -> Any:
+        """`qkv` with its value columns RMS-normalised per head (no learned scale): Gemma 4's v_norm."""
+        s = self.spec
+        start = (s.num_heads + s.num_kv_heads) * s.head_dim
+        values = qkv[:, start:].reshape(qkv.shape[0], s.num_kv_heads, s.head_dim)
+        qkv = qkv.copy()
+        qkv[:, start:] = self.backend.rms_norm(values, self.value_scale, s.value_norm_eps).reshape(
+            qkv.shape[0], -1
+        )
+        return qkv
+
+    def _attend_shared(self, q: Any, meta: AttentionMetadata, kv_cache: tuple[Any, Any]) -> Any:
+        """Attention of this layer's queries over the cache an earlier layer of the step wrote (its keys
+        and values for the step's tokens are already there): normed, rotated queries, no KV write."""
+        s, r, b = self.spec, self.rope, self.backend
+        k_cache, v_cache = kv_cache
+        q = q.reshape(q.shape[0], s.num_heads, s.head_dim)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        table, positions = r.table, meta.positions
+        if meta.rope is not None:
+            table, positions = meta.rope, b.xp.arange(q.shape[0], dtype=b.xp.int32)
+        q = b.rope(q, positions, table, r.interleaved)
+        if meta.image_spans is not None or meta.rope is not None:
+            out = paged_attention(
+                b.xp, q, k_cache, v_cache, meta, s.scale, s.sliding_window, s.softcap, meta.image_spans
+            )
+            return out.astype(q.dtype, copy=False)
+        return b.attention(q, k_cache, v_cache, meta, s.scale, s.sliding_window, s.softcap)
 
     def _attend_reference(self, qkv: Any, meta: AttentionMetadata, kv_cache: tuple[Any, Any]) -> Any:
         s, r, b = self.spec, self.rope, self.backend
@@ -109,3 +186,29 @@ class Attention:
             b.xp, q, k_cache, v_cache, meta, s.scale, s.sliding_window, s.softcap, meta.image_spans
         )
         return out.astype(q.dtype, copy=False)
+
+
+def split_query_gate(
+    weight: QuantizedTensor, num_heads: int, head_dim: int
+) -> tuple[QuantizedTensor, QuantizedTensor]:
+    """A gated `attn_q [heads * 2 * head_dim, hidden]` (per head: query rows, then gate rows) as the
+    query rows and the gate rows, each still in the file's format (whole rows are picked)."""
+    per_head = np.arange(num_heads)[:, None] * 2 * head_dim + np.arange(head_dim)[None, :]
+    query_rows, gate_rows = per_head.reshape(-1), (per_head + head_dim).reshape(-1)
+    if weight.shape[0] != 2 * num_heads * head_dim:
+        raise CheckpointError(
+            f"tensor {weight.name!r} has {weight.shape[0]} rows; a gated query of {num_heads} heads of "
+            f"{head_dim} has {2 * num_heads * head_dim}"
+        )
+    return take_rows(weight, query_rows, f"{weight.name}[query]"), take_rows(
+        weight, gate_rows, f"{weight.name}[gate]"
+    )
+
+
+def take_rows(weight: QuantizedTensor, rows: np.ndarray, name: str) -> QuantizedTensor:
+    """Rows `rows` of a matrix as a tensor of its own, in the file's format (each row is whole blocks)."""
+    if weight.scales is not None:  # a split format's scale grid is per row group: go through floats
+        return QuantizedTensor.from_float(name, weight.dequantize(rows), QUANT_TYPES["F32"])
+    return QuantizedTensor(
+        name, weight.qtype, (len(rows), weight.shape[1]), np.ascontiguousarray(weight.data[rows])
+    )

@@ -58,6 +58,7 @@ class MoE:
         self.router = Linear(
             backend, tensors[f"{prefix}.ffn_gate_inp.weight"], tensors.get(f"{prefix}.ffn_gate_inp.bias")
         )
+        self.shared = SharedExpert(backend, tensors, prefix, spec) if spec.shared_intermediate_size else None
         n = spec.num_experts
 
         def experts(part: str) -> tuple[list[QuantizedTensor], list[QuantizedTensor | None]]:
@@ -68,7 +69,11 @@ class MoE:
             return weights, biases  # type: ignore[return-value]
 
         (gate_w, gate_b), (up_w, up_b), (down_w, down_b) = experts("gate"), experts("up"), experts("down")
-        load = getattr(backend, "load_experts", None)
+        # A learned scale per expert's output (Gemma 4; llama.cpp's `ffn_down_exps.scale`).
+        scale = tensors.get(f"{prefix}.ffn_down_exps.scale")
+        self.expert_scale = None if scale is None else backend.from_host(scale.dequantize().reshape(-1))
+        # the grouped kernels take no per-expert scale: such a layer runs the loop below
+        load = getattr(backend, "load_experts", None) if scale is None else None
         self.grouped = None if load is None else load(spec, [gate_w, up_w, down_w], [gate_b, up_b, down_b])
         if self.grouped is not None:
             return
@@ -87,15 +92,56 @@ class MoE:
         experts streamed from host RAM); on a GPU, no CUDA graph can hold such a step."""
         return self.grouped is None or getattr(self.grouped, "syncs_host", False)
 
-    def __call__(self, x: Any) -> Any:
-        """`[T, hidden]` normalised hidden states -> the experts' weighted sum, `[T, hidden]`."""
-        logits = self.router(x)
+    def __call__(self, x: Any, router_input: Any = None) -> Any:
+        """`[T, hidden]` normalised hidden states -> the experts' weighted sum, `[T, hidden]`; the router
+        reads `router_input` where the family routes on something else than the experts' input (Gemma 4)."""
+        routed = self._routed(x, x if router_input is None else router_input)
+        return routed if self.shared is None else routed + self.shared(x)
+
+    def _routed(self, x: Any, router_input: Any) -> Any:
+        logits = self.router(router_input)
         if self.grouped is not None:
             return self.backend.moe(x, logits, self.spec, self.grouped)
         weights, chosen = route(self.backend.xp, logits, self.spec)
+        if self.expert_scale is not None:
+            weights = weights * self.expert_scale[chosen]
 
         def run(expert: int, rows: Any) -> Any:
             down = self.down[expert]
             return expert_forward(self.backend, self.spec, self.gate_up[expert], down.weight, down.bias, rows)
 
         return sum_over_experts(self.backend, x, weights, chosen, self.spec, run)
+
+
+class SharedExpert:
+    """The expert every token goes through beside the routed ones (`ffn_{gate,up,down}_shexp`), its
+    output scaled per token by `sigmoid(x @ ffn_gate_inp_shexp)` when `spec.shared_gate` (Qwen3-Next,
+    Qwen3.5-MoE)."""
+
+    def __init__(self, backend: Any, tensors: dict[str, QuantizedTensor], prefix: str, spec: MoeSpec) -> None:
+        def need(name: str) -> QuantizedTensor:
+            tensor = tensors.get(f"{prefix}.{name}.weight")
+            if tensor is None:
+                raise CheckpointError(f"tensor {prefix}.{name}.weight (the shared expert) is missing")
+            return tensor
+
+        self.backend, self.activation = backend, spec.activation
+        self.gate_up = backend.fuse_linear(
+            [backend.load_weight(need("ffn_gate_shexp")), backend.load_weight(need("ffn_up_shexp"))],
+            [None, None],
+        )
+        self.down = Linear(backend, need("ffn_down_shexp"))
+        self.gate = None
+        if spec.shared_gate:
+            gate = need("ffn_gate_inp_shexp")  # [hidden] in GGUF, [1, hidden] in Hugging Face files
+            self.gate = Linear(
+                backend, QuantizedTensor(gate.name, gate.qtype, (1, gate.shape[-1]), gate.data)
+            )
+
+    def __call__(self, x: Any) -> Any:
+        out = self.down(self.backend.gated_linear(x, self.gate_up, self.activation))
+        if self.gate is None:
+            return out
+        logit = self.gate(x)
+        one = logit.dtype.type(1.0)
+        return out * (one / (one + self.backend.xp.exp(-logit)))

@@ -22,6 +22,8 @@ class CheckpointError(ValueError):
 HF_ARCHITECTURES: dict[str, str] = {
     "Gemma3ForCausalLM": "gemma3",
     "Gemma3ForConditionalGeneration": "gemma3",  # its text part; the vision tower is skipped
+    "Gemma4ForCausalLM": "gemma4",
+    "Gemma4ForConditionalGeneration": "gemma4",  # its text part; the vision and audio towers are skipped
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
@@ -29,10 +31,17 @@ HF_ARCHITECTURES: dict[str, str] = {
     "GraniteForCausalLM": "granite",
     "GptOssForCausalLM": "gpt-oss",
     "Qwen2_5_VLForConditionalGeneration": "qwen2vl",  # llama.cpp's name for the Qwen2-VL text side
+    "Qwen3_5ForCausalLM": "qwen35",
+    "Qwen3_5ForConditionalGeneration": "qwen35",  # its text part; the vision tower is skipped
+    "Qwen3_5MoeForCausalLM": "qwen35moe",
+    "Qwen3_5MoeForConditionalGeneration": "qwen35moe",
+    "Qwen3NextForCausalLM": "qwen3next",
 }
 _HF_MODEL_TYPES: dict[str, str] = {
     "gemma3": "gemma3",
     "gemma3_text": "gemma3",
+    "gemma4": "gemma4",
+    "gemma4_text": "gemma4",
     "llama": "llama",
     "qwen2": "qwen2",
     "qwen3": "qwen3",
@@ -40,6 +49,11 @@ _HF_MODEL_TYPES: dict[str, str] = {
     "granite": "granite",
     "gpt_oss": "gpt-oss",
     "qwen2_5_vl": "qwen2vl",
+    "qwen3_5": "qwen35",
+    "qwen3_5_text": "qwen35",
+    "qwen3_5_moe": "qwen35moe",
+    "qwen3_5_moe_text": "qwen35moe",
+    "qwen3_next": "qwen3next",
 }
 
 # Where the text model sits inside the checkpoint: plain CausalLM, the language model of a
@@ -50,6 +64,14 @@ _BODY_PREFIXES = ("model.language_model.", "language_model.model.", "model.", ""
 _HEAD_PREFIXES = ("language_model.lm_head.", "lm_head.")
 
 _GLOBAL_MODULES = {"embed_tokens": "token_embd", "norm": "output_norm"}
+# Model-level tensors some architectures add (Gemma 4's per-layer input embeddings).
+_ARCH_GLOBAL_MODULES: dict[str, dict[str, str]] = {
+    "gemma4": {
+        "embed_tokens_per_layer": "per_layer_token_embd",
+        "per_layer_model_projection": "per_layer_model_proj",
+        "per_layer_projection_norm": "per_layer_proj_norm",
+    },
+}
 
 _ATTENTION_AND_MLP = {
     "input_layernorm": "attn_norm",
@@ -71,6 +93,21 @@ _GEMMA_SANDWICH_NORMS = {
     "post_feedforward_layernorm": "post_ffw_norm",
 }
 
+# Gemma 4 adds experts beside the MLP (with norms of their own), its router's projection, and the
+# per-layer input (PLE) gate, projection and norm.
+_GEMMA4 = {
+    **_ATTENTION_AND_MLP,
+    **_QK_NORMS,
+    **_GEMMA_SANDWICH_NORMS,
+    "post_feedforward_layernorm_1": "post_ffw_norm_1",
+    "pre_feedforward_layernorm_2": "pre_ffw_norm_2",
+    "post_feedforward_layernorm_2": "post_ffw_norm_2",
+    "router.proj": "ffn_gate_inp",
+    "per_layer_input_gate": "inp_gate",
+    "per_layer_projection": "proj",
+    "post_per_layer_input_norm": "post_norm",
+}
+
 # Mixture-of-experts routers (HF `mlp.gate` / `mlp.router`, a linear to one logit per expert).
 _ROUTER = {"mlp.gate": "ffn_gate_inp", "mlp.router": "ffn_gate_inp"}
 # GPT-OSS's attention: every projection has a bias (on the same names), plus a sink logit per head.
@@ -80,6 +117,28 @@ _GPT_OSS = {
     **_ROUTER,
 }
 
+# Gated DeltaNet layers (Qwen3.5's separate projections; Qwen3-Next's fused `in_proj_qkvz` /
+# `in_proj_ba`, which models/qwen35.py splits into the former as llama.cpp's converter does).
+_GATED_DELTANET = {
+    "linear_attn.in_proj_qkv": "attn_qkv",
+    "linear_attn.in_proj_z": "attn_gate",
+    "linear_attn.in_proj_b": "ssm_beta",
+    "linear_attn.in_proj_a": "ssm_alpha",
+    "linear_attn.in_proj_qkvz": "ssm_in",
+    "linear_attn.in_proj_ba": "ssm_ba",
+    "linear_attn.conv1d": "ssm_conv1d",
+    "linear_attn.norm": "ssm_norm",
+    "linear_attn.out_proj": "ssm_out",
+}
+# A shared expert beside the routed ones, with its sigmoid gate (Qwen2-MoE style names).
+_SHARED_EXPERT = {
+    "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_expert.up_proj": "ffn_up_shexp",
+    "mlp.shared_expert.down_proj": "ffn_down_shexp",
+    "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
+}
+_QWEN35 = {**_ATTENTION_AND_MLP, **_PRE_MLP_NORM, **_QK_NORMS, **_GATED_DELTANET}
+
 # Per-layer module tables (HF module path under `layers.N.` -> GGUF name under `blk.N.`).
 LAYER_MODULES: dict[str, dict[str, str]] = {
     "llama": {**_ATTENTION_AND_MLP, **_PRE_MLP_NORM},
@@ -87,14 +146,27 @@ LAYER_MODULES: dict[str, dict[str, str]] = {
     "qwen2vl": {**_ATTENTION_AND_MLP, **_PRE_MLP_NORM},
     "qwen3": {**_ATTENTION_AND_MLP, **_PRE_MLP_NORM, **_QK_NORMS},
     "gemma3": {**_ATTENTION_AND_MLP, **_QK_NORMS, **_GEMMA_SANDWICH_NORMS},
+    "gemma4": _GEMMA4,
     "granite": {**_ATTENTION_AND_MLP, **_PRE_MLP_NORM},
     "qwen3moe": {**_ATTENTION_AND_MLP, **_PRE_MLP_NORM, **_QK_NORMS, **_ROUTER},
     "gpt-oss": _GPT_OSS,
+    "qwen35": _QWEN35,
+    "qwen35moe": {**_QWEN35, **_ROUTER, **_SHARED_EXPERT},
+    "qwen3next": {**_QWEN35, **_ROUTER, **_SHARED_EXPERT},
 }
 # Parameters saved under their own name, not as `<module>.weight` (HF layer path -> GGUF name).
 # GPT-OSS keeps its experts stacked, input-major, gate and up interleaved: models/gpt_oss.py
 # turns `ffn_gate_up_exps` into GGUF's separate ffn_gate_exps / ffn_up_exps.
 BARE_PARAMETERS: dict[str, dict[str, str]] = {
+    # Gemma 4's experts are stacked with gate and up side by side (`[E, 2 ff, hidden]`); its router's
+    # input scale and per-expert output scale are llama.cpp's `.scale` companions of the tensors they scale.
+    "gemma4": {
+        "layer_scalar": "layer_output_scale.weight",
+        "experts.gate_up_proj": "ffn_gate_up_exps.weight",
+        "experts.down_proj": "ffn_down_exps.weight",
+        "router.scale": "ffn_gate_inp.scale",
+        "router.per_expert_scale": "ffn_down_exps.scale",
+    },
     "gpt-oss": {
         "self_attn.sinks": "attn_sinks.weight",
         "mlp.experts.gate_up_proj": "ffn_gate_up_exps.weight",
@@ -102,13 +174,26 @@ BARE_PARAMETERS: dict[str, dict[str, str]] = {
         "mlp.experts.down_proj": "ffn_down_exps.weight",
         "mlp.experts.down_proj_bias": "ffn_down_exps.bias",
     },
+    # Gated DeltaNet's decay parameters (A_log: models/qwen35.py stores -exp(A_log) as GGUF does);
+    # experts stacked as transformers 5 holds them (`gate_up_proj [E, 2 ff, hidden]`: gate rows, then up).
+    **{
+        arch: {
+            "linear_attn.A_log": "ssm_a",
+            "linear_attn.dt_bias": "ssm_dt.bias",
+            "mlp.experts.gate_up_proj": "ffn_gate_up_exps.weight",
+            "mlp.experts.down_proj": "ffn_down_exps.weight",
+        }
+        for arch in ("qwen35", "qwen35moe", "qwen3next")
+    },
 }
 
 # Tensors that are in some checkpoints but carry nothing the engine uses.
 _SKIPPED = re.compile(
     r"(^|\.)rotary_emb\.inv_freq$"  # old llama checkpoints saved the RoPE table
     r"|^(model\.)?(vision_tower|multi_modal_projector)\."  # Gemma 3's image side
-    r"|^(model\.)?visual\."  # Qwen2.5-VL's
+    r"|^(model\.)?(audio_tower|embed_vision|embed_audio)\."  # Gemma 4's image and audio sides
+    r"|^(model\.)?visual\."  # Qwen2.5-VL's, Qwen3.5's
+    r"|^mtp\."  # Qwen3.5 / Qwen3-Next multi-token prediction heads (speculative decoding: unused)
 )
 _LAYER_NAME = re.compile(r"^layers\.(\d+)\.(.+)\.(weight|bias)$")
 _BARE_LAYER_NAME = re.compile(r"^layers\.(\d+)\.(.+)$")
@@ -162,6 +247,6 @@ def _body_name(name: str, architecture: str) -> str | None:
         return None if gguf_parameter is None else f"blk.{layer}.{gguf_parameter}"
     if match := _GLOBAL_NAME.match(name):
         module, kind = match.groups()
-        gguf_module = _GLOBAL_MODULES.get(module)
+        gguf_module = _GLOBAL_MODULES.get(module) or _ARCH_GLOBAL_MODULES.get(architecture, {}).get(module)
         return None if gguf_module is None else f"{gguf_module}.{kind}"
     return None

@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable
 
 from app.engine.loader.names import CheckpointError
-from app.engine.models.config import ModelConfig
+from app.engine.models.config import FFN_DENSE, FFN_MOE, MIXER_ATTENTION, ModelConfig
 from app.engine.quant.dispatch import QuantizedTensor
 
 _BLOCK = re.compile(r"blk\.(\d+)\.")
@@ -54,7 +54,7 @@ def check_against_tensors(
 
 def _check_blocks(cfg: ModelConfig, tensors: dict[str, QuantizedTensor], key: Callable[[str], str]) -> None:
     blocks = {int(m.group(1)) for name in tensors if (m := _BLOCK.match(name))}
-    if blocks != set(range(cfg.num_layers)):
+    if blocks != set(range(cfg.num_layers + cfg.trailing_blocks)):
         present = f"blocks 0..{max(blocks)}" if blocks else "no blocks"
         missing = sorted(set(range(cfg.num_layers)) - blocks)[:1]
         detail = f" (blk.{missing[0]} is missing)" if missing else ""
@@ -62,22 +62,45 @@ def _check_blocks(cfg: ModelConfig, tensors: dict[str, QuantizedTensor], key: Ca
             f"{key('num_layers')} is {cfg.num_layers}, but the file has tensors for {len(blocks)} "
             f"{present}{detail}: a corrupt block count or tensor count?"
         )
-    for part, spec in _BLOCK_SHAPES.items():
-        if cfg.moe is not None and part.startswith("ffn_"):
-            continue  # experts instead: their shapes are checked as the MoE layer splits them
-        wanted = tuple(math.prod(getattr(cfg, f) for f in dim) for dim in spec)
-        for layer in range(cfg.num_layers):
+    for layer in range(cfg.num_layers):
+        values = {
+            "hidden_size": cfg.hidden_size,
+            "num_heads": cfg.num_heads,
+            "num_kv_heads": cfg.kv_heads_of(layer),
+            "head_dim": cfg.head_dim_of(layer),
+            "intermediate_size": cfg.intermediate_of(layer),
+        }
+        for part in _layer_parts(cfg, layer):
+            spec = _BLOCK_SHAPES[part]
+            wanted = tuple(math.prod(values[f] for f in dim) for dim in spec)
+            if part == "attn_q" and cfg.attn_output_gate:  # each head's query and its output gate
+                wanted = (2 * wanted[0], wanted[1])
             name = f"blk.{layer}.{part}.weight"
             tensor = tensors.get(name)
             if tensor is None:
                 raise CheckpointError(f"tensor {name!r} is missing")
             if tensor.shape != wanted:
-                fields = ", ".join(f"{key(f)} = {getattr(cfg, f)}" for f in dict.fromkeys(sum(spec, ())))
+                fields = ", ".join(f"{key(f)} = {values[f]}" for f in dict.fromkeys(sum(spec, ())))
                 raise CheckpointError(
                     f"tensor {name!r} has shape {tensor.shape}, but {fields} make it {wanted}"
                 )
     if cfg.moe is not None:
         _check_routers(cfg, tensors)
+
+
+def _layer_parts(cfg: ModelConfig, layer: int) -> list[str]:
+    """The projections layer `layer` must have: attention's (a layer reading another's KV has no k/v;
+    one whose values are its keys has no v), and the dense MLP's unless experts replace it."""
+    parts = []
+    if cfg.mixer(layer) == MIXER_ATTENTION:
+        parts += ["attn_q", "attn_output"]
+        if cfg.kv_source(layer) == layer:
+            parts.append("attn_k")
+            if not (cfg.layer_values_from_keys and cfg.layer_values_from_keys[layer]):
+                parts.append("attn_v")
+    if cfg.ffn(layer) == FFN_DENSE:
+        parts += ["ffn_gate", "ffn_up", "ffn_down"]
+    return parts
 
 
 def _check_routers(cfg: ModelConfig, tensors: dict[str, QuantizedTensor]) -> None:
@@ -86,6 +109,8 @@ def _check_routers(cfg: ModelConfig, tensors: dict[str, QuantizedTensor]) -> Non
     if not 1 <= moe.num_used <= moe.num_experts:
         raise CheckpointError(f"{moe.num_used} experts used per token of {moe.num_experts}: not a real model")
     for layer in range(cfg.num_layers):
+        if cfg.ffn(layer) != FFN_MOE:
+            continue
         name = f"blk.{layer}.ffn_gate_inp.weight"
         router = tensors.get(name)
         if router is None:

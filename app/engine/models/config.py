@@ -17,6 +17,67 @@ from app.engine.loader.names import CheckpointError
 from app.engine.specs import MoeSpec as MoeSpec
 from app.engine.specs import RopeScaling as RopeScaling
 
+# What a layer's token mixer is: full attention over the paged KV cache, or a recurrent layer that
+# keeps a fixed-size state per sequence instead (hybrid models); "none": the layer has no mixer
+# (Nemotron-H's MLP-only layers).
+MIXER_ATTENTION = "attention"
+MIXER_GATED_DELTANET = "gated_deltanet"  # Qwen3.5, Qwen3-Next (layer_types "linear_attention")
+MIXER_MAMBA2 = "mamba2"  # Nemotron-H, Granite 4 hybrid
+MIXER_NONE = "none"
+RECURRENT_MIXERS = (MIXER_GATED_DELTANET, MIXER_MAMBA2)
+# What a layer's feed-forward is: "dense" (gated MLP), "moe" (cfg.moe), "none" (a mixer-only layer).
+FFN_DENSE, FFN_MOE, FFN_NONE = "dense", "moe", "none"
+
+
+@dataclass(frozen=True)
+class GatedDeltaNetSpec:
+    """Gated DeltaNet linear attention (Qwen3.5, Qwen3-Next): a short causal conv over q/k/v, then
+    the gated delta rule. Per sequence it keeps the conv's last `conv_kernel - 1` inputs and a
+    `[num_v_heads, head_k_dim, head_v_dim]` recurrent state."""
+
+    num_k_heads: int
+    num_v_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    conv_kernel: int
+    # Which value heads a q/k head serves (num_v_heads > num_k_heads): consecutive ones (Hugging Face),
+    # or every num_k_heads-th one (llama.cpp's Qwen3.5 GGUFs reorder value heads "tiled").
+    tiled_v_heads: bool = False
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.num_k_heads * self.head_k_dim + self.num_v_heads * self.head_v_dim
+
+    def state_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Per-sequence (conv state, recurrent state) shapes, float32."""
+        return (self.conv_dim, self.conv_kernel - 1), (self.num_v_heads, self.head_k_dim, self.head_v_dim)
+
+
+@dataclass(frozen=True)
+class Mamba2Spec:
+    """Mamba-2 (SSD) mixer (Nemotron-H, Granite 4 hybrid): a causal conv over x/B/C, then the
+    selective state-space scan. Per sequence it keeps the conv's last `conv_kernel - 1` inputs and a
+    `[num_heads, head_dim, state_size]` SSM state."""
+
+    num_heads: int
+    head_dim: int
+    state_size: int  # d_state
+    n_groups: int
+    conv_kernel: int
+    chunk_size: int = 256  # the SSD chunk length of the chunked (prefill) form
+
+    @property
+    def d_inner(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return self.d_inner + 2 * self.n_groups * self.state_size
+
+    def state_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Per-sequence (conv state, SSM state) shapes, float32."""
+        return (self.conv_dim, self.conv_kernel - 1), (self.num_heads, self.head_dim, self.state_size)
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -51,6 +112,36 @@ class ModelConfig:
     attention_sinks: bool = False  # a learned per-head logit in each softmax's denominator (GPT-OSS)
     # Multimodal RoPE (Qwen2.5-VL): frequencies per t/h/w section, each rotated by its own position
     mrope_section: tuple[int, ...] = ()
+    # Hybrid models: per layer, its mixer (MIXER_*) and its feed-forward (FFN_*); empty means every
+    # layer is attention + (moe if `moe` else dense), as in every pre-hybrid family.
+    layer_mixers: tuple[str, ...] = ()
+    layer_ffns: tuple[str, ...] = ()
+    gated_deltanet: GatedDeltaNetSpec | None = None
+    mamba2: Mamba2Spec | None = None
+    # Attention output gate (Qwen3.5, Qwen3-Next): q_proj gives each head's query and a gate side by
+    # side; the attention output is multiplied by sigmoid(gate) before o_proj.
+    attn_output_gate: bool = False
+    rotary_dim: int | None = None  # partial RoPE: only the first rotary_dim dims of a head rotate
+    # Per-layer attention geometry (Gemma 4: global layers have a head size and KV head count of
+    # their own); empty: every layer has `head_dim` and `num_kv_heads`.
+    layer_head_dims: tuple[int, ...] = ()
+    layer_kv_heads: tuple[int, ...] = ()
+    # KV shared across layers (Gemma 4's `num_kv_shared_layers`): layer i attends over the cache of
+    # layer kv_sources[i] and writes none of its own; empty: every attention layer owns its cache.
+    kv_sources: tuple[int, ...] = ()
+    # Per layer: its values are its key projection (Gemma 4's `attention_k_eq_v`, global layers).
+    layer_values_from_keys: tuple[bool, ...] = ()
+    value_norm: bool = False  # values RMS-normalised (no learned scale) before they are cached (Gemma 4)
+    # Proportional RoPE on the global (non-sliding) layers (Gemma 4): the share of a head's frequency
+    # pairs that rotate; the rest keep frequency 0 (they pass unrotated).
+    global_rope_fraction: float | None = None
+    per_layer_input_size: int = 0  # per-layer input embeddings (Gemma 4's PLE), per layer and token
+    layer_output_scale: bool = False  # each layer's output stream times a learned scalar (Gemma 4)
+    moe_beside_mlp: bool = False  # experts added to the dense MLP's output in every layer (Gemma 4)
+    layer_intermediate_sizes: tuple[int, ...] = ()  # per layer, where MLP widths differ (Gemma 4's double-wide)
+    # Blocks a file holds past num_layers that the decoder does not run (the multi-token-prediction block
+    # llama.cpp's converter appends to Qwen3.5 GGUFs: `nextn_predict_layers`); their tensors stay unread.
+    trailing_blocks: int = 0
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -64,6 +155,70 @@ class ModelConfig:
 
     def is_sliding(self, layer: int) -> bool:
         return bool(self.layer_sliding) and self.layer_sliding[layer]
+
+    def mixer(self, layer: int) -> str:
+        return self.layer_mixers[layer] if self.layer_mixers else MIXER_ATTENTION
+
+    def ffn(self, layer: int) -> str:
+        if self.layer_ffns:
+            return self.layer_ffns[layer]
+        return FFN_MOE if self.moe is not None and not self.moe_beside_mlp else FFN_DENSE
+
+    def head_dim_of(self, layer: int) -> int:
+        return self.layer_head_dims[layer] if self.layer_head_dims else self.head_dim
+
+    def intermediate_of(self, layer: int) -> int:
+        return self.layer_intermediate_sizes[layer] if self.layer_intermediate_sizes else self.intermediate_size
+
+    def kv_heads_of(self, layer: int) -> int:
+        return self.layer_kv_heads[layer] if self.layer_kv_heads else self.num_kv_heads
+
+    def kv_source(self, layer: int) -> int:
+        """The layer whose KV cache `layer` attends over (itself unless it shares another's)."""
+        return self.kv_sources[layer] if self.kv_sources else layer
+
+    def kv_shape(self, layer: int) -> tuple[int, int] | None:
+        """(KV heads, head dim) of the KV cache `layer` owns; None where it owns none (a recurrent
+        or mixer-less layer, or one that reads another layer's cache)."""
+        if self.mixer(layer) != MIXER_ATTENTION or self.kv_source(layer) != layer:
+            return None
+        return self.kv_heads_of(layer), self.head_dim_of(layer)
+
+    @property
+    def kv_layer_shapes(self) -> tuple[tuple[int, int], ...]:
+        """(KV heads, head dim) of every KV cache the model owns, in layer order: what one token costs
+        in the KV pool (no entry for recurrent layers, nor for layers reading another's cache)."""
+        return tuple(shape for i in range(self.num_layers) if (shape := self.kv_shape(i)) is not None)
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Whether some layer keeps a recurrent state per sequence (a state cache beside the KV)."""
+        return any(m in RECURRENT_MIXERS for m in self.layer_mixers)
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """The layers that own a KV cache."""
+        return tuple(i for i in range(self.num_layers) if self.mixer(i) == MIXER_ATTENTION)
+
+    def state_shapes(self, layer: int) -> tuple[tuple[int, ...], ...] | None:
+        """Per-sequence recurrent state shapes of `layer` (float32), None for a layer without state."""
+        kind = self.mixer(layer)
+        if kind == MIXER_GATED_DELTANET:
+            assert self.gated_deltanet is not None
+            return self.gated_deltanet.state_shapes()
+        if kind == MIXER_MAMBA2:
+            assert self.mamba2 is not None
+            return self.mamba2.state_shapes()
+        return None
+
+    @property
+    def state_bytes_per_sequence(self) -> int:
+        """float32 bytes of one sequence's recurrent state over every layer (0: no recurrent layers)."""
+        total = 0
+        for layer in range(self.num_layers):
+            for shape in self.state_shapes(layer) or ():
+                total += 4 * math.prod(shape)
+        return total
 
     def with_overrides(self, **changes: Any) -> ModelConfig:
         return replace(self, **changes)

@@ -16,6 +16,10 @@ def _no_quirks(tensors: Tensors, cfg: ModelConfig) -> Tensors:
     return tensors
 
 
+def _as_read(cfg: ModelConfig, tensors: Tensors) -> ModelConfig:
+    return cfg
+
+
 @dataclass(frozen=True)
 class Family:
     gguf_arch: str
@@ -26,3 +30,6 @@ class Family:
     adapt_hf_tensors: Callable[[Tensors, ModelConfig], Tensors] = _no_quirks
     # The same for GGUF files, where the family's names differ from the shared decoder's.
     adapt_gguf_tensors: Callable[[Tensors, ModelConfig], Tensors] = _no_quirks
+    # What a GGUF's metadata leaves to its tensors (Gemma 4: a global layer without `attn_v` takes its
+    # keys as values), completed before the config is checked against them.
+    complete_gguf_config: Callable[[ModelConfig, Tensors], ModelConfig] = _as_read

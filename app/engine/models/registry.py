@@ -14,6 +14,7 @@ from app.engine.models.family import Family
 
 _FAMILY_MODULES = {
     "gemma3": "app.engine.models.gemma3",
+    "gemma4": "app.engine.models.gemma4",
     "gpt-oss": "app.engine.models.gpt_oss",
     "granite": "app.engine.models.granite",
     "llama": "app.engine.models.llama",
@@ -21,6 +22,9 @@ _FAMILY_MODULES = {
     "qwen2vl": "app.engine.models.qwen2_vl",
     "qwen3": "app.engine.models.qwen3",
     "qwen3moe": "app.engine.models.qwen3moe",
+    "qwen35": "app.engine.models.qwen35",
+    "qwen35moe": "app.engine.models.qwen35moe",
+    "qwen3next": "app.engine.models.qwen3next",
 }
 
 
@@ -54,7 +58,9 @@ def model_config(checkpoint: Any) -> ModelConfig:
             embedding = tensors.get("token_embd.weight")
             if embedding is None:
                 raise CheckpointError("the checkpoint has no token embedding (token_embd.weight)")
-            cfg = fam.config_from_gguf(checkpoint.metadata, embedding.shape[0])
+            cfg = fam.complete_gguf_config(
+                fam.config_from_gguf(checkpoint.metadata, embedding.shape[0]), tensors
+            )
             key = _gguf_key(checkpoint)
         else:
             cfg, key = fam.config_from_hf(checkpoint.hf_config), _hf_key

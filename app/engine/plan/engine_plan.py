@@ -19,6 +19,7 @@ from app.engine.plan.memory import (
     FitOptions,
     kv_blocks,
     max_model_len,
+    memory,
     resolve_kv_dtype,
     use_weight_cache,
     weight_copy_bytes,
@@ -42,6 +43,10 @@ class EnginePlan:
     block_size: int
     kv_host_gb: float  # offload tiers for evicted prefix blocks (0: none)
     kv_disk_gb: float
+    # hybrid models: recurrent-state rows, a slot per sequence and the prefix cache's snapshots
+    state_slots: int = 0
+    state_snapshots: int = 0
+    state_bytes: int = 0
 
     def describe(self) -> str:
         """The plan in one log line."""
@@ -50,7 +55,9 @@ class EnginePlan:
         return (f"plan: {self.device}; context {self.max_model_len}, {self.num_blocks} KV blocks of {self.block_size} "
                 f"({self.kv_dtype}); weight cache {self.weight_cache}; experts {experts}; CUDA graphs "
                 f"{_on(self.graphs)} (prefill {_on(self.prefill_graphs)}); async decode {_on(self.async_decode)}; "
-                f"KV tiers {tiers}")  # fmt: skip
+                f"KV tiers {tiers}"
+                + (f"; recurrent state {self.state_slots} slots + {self.state_snapshots} snapshots"
+                   if self.state_slots else ""))  # fmt: skip
 
 
 def _on(flag: bool) -> str:
@@ -123,10 +130,15 @@ def resolve(
     if config.max_model_len and config.max_model_len > served:
         limit = "the model's context" if positions < config.max_model_len else "what the KV cache holds"
         log.warning("--max-ctx %d exceeds %s: the context is %d tokens", config.max_model_len, limit, served)
-    if cuda and config.cuda_graphs and syncs_host:
+    hybrid = shape.state_bytes_per_sequence > 0
+    if cuda and config.cuda_graphs and hybrid:
+        log.warning("CUDA graphs off: this hybrid model's recurrent layers walk the batch's sequences "
+                    "on the host (no captured kernels for them yet)")  # fmt: skip
+    elif cuda and config.cuda_graphs and syncs_host:
         log.warning("CUDA graphs off: this model's MoE layers read the router's choices on the host "
                     "(per-expert products, or experts streamed from host RAM)")  # fmt: skip
-    graphs = cuda and config.cuda_graphs and not syncs_host
+    graphs = cuda and config.cuda_graphs and not syncs_host and not hybrid
+    state = memory(shape, options, backend_name, free_after_load, weights_loaded=True) if hybrid else None
     tiers = config.enable_prefix_caching
     return EnginePlan(
         device=backend_name,
@@ -141,4 +153,7 @@ def resolve(
         block_size=config.block_size,
         kv_host_gb=config.kv_host_gb if tiers else 0.0,
         kv_disk_gb=config.kv_disk_gb if tiers else 0.0,
+        state_slots=state.state_slots if state else 0,
+        state_snapshots=state.state_snapshots if state else 0,
+        state_bytes=state.state if state else 0,
     )

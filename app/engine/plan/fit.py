@@ -74,7 +74,8 @@ class FitReport:
             f"  KV cache     {format_bytes(b.kv_cache):>10}  ({self.context_length} tokens x {self.batch}, "
             f"{self.kv_dtype})",
             f"  activations  {format_bytes(b.activations):>10}",
-            *([f"  state        {format_bytes(b.state):>10}  (recurrent state of each sequence)"] if b.state else []),
+            *([f"  state        {format_bytes(b.state):>10}  (recurrent layers: {b.state_slots} sequence slots + "
+               f"{b.state_snapshots} prefix-cache snapshots)"] if b.state else []),
             f"  overhead     {format_bytes(b.overhead):>10}",
         ]
         if b.experts_on_gpu is not None:

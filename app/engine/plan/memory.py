@@ -10,7 +10,11 @@ the engine allocates. `paddock fit`, the Studio's will-it-fit and the engine all
   float32 on the CPU), and fp8 adds one float32 scale per layer, K or V, KV head and block (so it holds
   just under twice float16's context in the same memory). The verdict counts `batch` sequences of the
   full context.
-- recurrent state (hybrid models): state_bytes_per_sequence for each of max_num_seqs sequences.
+- recurrent state (hybrid models: Gated DeltaNet, Mamba-2 layers): a fixed float32 state per
+  sequence (state_bytes_per_sequence), in rows of one array per recurrent layer: a null row, a slot per
+  sequence (max_num_seqs) and, with prefix caching, the prefix cache's snapshots (`state_rows`):
+  --state-snapshot-gb of them, else STATE_SNAPSHOT_SHARE of the cache room (what the KV cache and the
+  state share), at most SNAPSHOTS_PER_SEQ per slot.
 - activations: the engine's reserve for one step of T = min(max_num_batched_tokens, context) tokens,
   in float32. Only one layer's intermediates are alive at a time:
       T x (4 x hidden                            residual stream, its normed copy, sublayer outputs
@@ -31,7 +35,7 @@ after the weights are loaded, so only activations and state are taken from it th
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from app.engine.backend.fp8_kv import kv_block_bytes_fp8
@@ -53,6 +57,11 @@ CUDA_RUNTIME_OVERHEAD_BYTES = 768 * MiB
 CPU_RUNTIME_OVERHEAD_BYTES = 384 * MiB
 CPU_KV_BUDGET_BYTES = 2 << 30  # the CPU engine's KV cache when kv_cache_bytes is not given
 ACTIVATION_BYTES = 4  # the engine keeps activations in float32
+# Hybrid models without --state-snapshot-gb: the prefix cache's state snapshots may take this share of
+# the cache room, and no more than SNAPSHOTS_PER_SEQ per sequence slot (beyond that, rows would only
+# hold snapshots LRU eviction drops before anyone asks for them).
+STATE_SNAPSHOT_SHARE = 0.2
+SNAPSHOTS_PER_SEQ = 8
 SAMPLER_ROWS = 6  # float32 copies of each sequence's logits the sampler may hold at once
 
 
@@ -71,6 +80,8 @@ class FitOptions:
     block_size: int = EngineConfig.block_size
     kv_cache_bytes: int | None = None  # CPU: the KV budget (None: CPU_KV_BUDGET_BYTES)
     num_kv_blocks: int | None = None  # a fixed block count (None: sized from the room)
+    enable_prefix_caching: bool = True  # hybrid models: the prefix cache keeps recurrent-state snapshots
+    state_snapshot_gb: float | None = None  # their memory (None: the share rule, `state_rows`)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "experts_on_gpu", parse_experts_on_gpu(self.experts_on_gpu))
@@ -103,7 +114,9 @@ class MemoryBreakdown:
     pcie_bytes_per_token: float = 0.0  # cold experts copied in per decoded token (uniform routing)
     vision_weights: int = 0  # the image tower's weights
     vision_activations: int = 0  # its working set while it encodes one image
-    state: int = 0  # hybrid models: max_num_seqs sequences' recurrent state
+    state: int = 0  # hybrid models: the recurrent state rows (the null row, slots and snapshots)
+    state_slots: int = 0
+    state_snapshots: int = 0
 
     @property
     def vision(self) -> int:
@@ -127,7 +140,10 @@ def resolve_kv_dtype(name: str, device_kind: str) -> str:
 
 
 def kv_block_bytes(shape: ModelShape, block_size: int, kv_dtype: str) -> int:
-    """Bytes of one KV block over all layers, K and V; FP8 counts its per-(block, head) scales."""
+    """Bytes of one KV block over the layers that own a cache, K and V; FP8 counts its per-(block, head)
+    scales."""
+    if kv_dtype == "fp8" and shape.kv_layers:
+        return 2 * sum(kv_block_bytes_fp8(block_size, heads, dim) for heads, dim in shape.kv_layers)
     if kv_dtype == "fp8":
         value_dim = shape.value_head_dim or shape.head_dim
         per_layer = kv_block_bytes_fp8(block_size, shape.num_kv_heads, shape.head_dim)
@@ -174,15 +190,49 @@ def weight_cache_bytes(shape: ModelShape, free_bytes: int | None) -> int:
     return min(copies, int(DENSE_CACHE_FRACTION * free_bytes))
 
 
+def state_rows(
+    per_sequence: int, max_num_seqs: int, prefix_caching: bool, snapshot_gb: float | None, room: int
+) -> tuple[int, int]:
+    """(sequence slots, snapshot rows) of a hybrid model's recurrent state; (0, 0) without one."""
+    if not per_sequence:
+        return 0, 0
+    snapshots = 0
+    if prefix_caching:
+        if snapshot_gb is not None:
+            snapshots = int(snapshot_gb * (1 << 30)) // per_sequence
+        else:
+            share = int(max(room, 0) * STATE_SNAPSHOT_SHARE) // per_sequence
+            snapshots = min(share, SNAPSHOTS_PER_SEQ * max_num_seqs)
+    return max_num_seqs, snapshots
+
+
+def state_bytes(per_sequence: int, slots: int, snapshots: int) -> int:
+    """The recurrent state arrays' bytes: the null row, the slots and the snapshots."""
+    return (1 + slots + snapshots) * per_sequence if slots else 0
+
+
+def cache_room(
+    base: MemoryBreakdown, options: FitOptions, device_kind: str, free_bytes: int | None, weights_loaded: bool
+) -> int:
+    """Bytes the KV cache and a hybrid model's state rows share: on the CPU the KV budget; on CUDA the
+    free memory x gpu_memory_utilization less all the rest (only activations once the weights are in)."""
+    if device_kind != "cuda":
+        return options.kv_cache_bytes or CPU_KV_BUDGET_BYTES
+    taken = base.activations if weights_loaded else base.besides_kv - base.state
+    return int((free_bytes or 0) * options.gpu_memory_utilization) - taken
+
+
 def memory(
     shape: ModelShape,
     options: FitOptions,
     device_kind: str,
     free_bytes: int | None = None,
     experts: ExpertPlan | None = None,
+    weights_loaded: bool = False,
 ) -> MemoryBreakdown:
     """The device memory `shape` takes under `options`. With `experts` (a hot set smaller than all
-    experts), only the hot set counts as weights."""
+    experts), only the hot set counts as weights. `weights_loaded`: `free_bytes` was read after the
+    weights were loaded (the engine's case), which moves the state's share of the room."""
     context = options.context_length or shape.context_length
     kv_dtype = resolve_kv_dtype(options.kv_dtype, device_kind)
     overhead = CUDA_RUNTIME_OVERHEAD_BYTES if device_kind == "cuda" else CPU_RUNTIME_OVERHEAD_BYTES
@@ -194,7 +244,7 @@ def memory(
             experts_on_gpu=experts.on_gpu,
             pcie_bytes_per_token=experts.pcie_bytes_per_token,
         )
-    return MemoryBreakdown(
+    base = MemoryBreakdown(
         weights=shape.weight_bytes - offload.get("host_experts", 0),
         **offload,
         kv_cache=kv_cache_bytes(shape, context, options.batch, kv_dtype, options.block_size),
@@ -203,8 +253,14 @@ def memory(
         weight_cache=weight_cache_bytes(shape, free_bytes) if device_kind == "cuda" else 0,
         vision_weights=shape.vision.weight_bytes if shape.vision else 0,
         vision_activations=shape.vision.activation_bytes() if shape.vision else 0,
-        state=options.max_num_seqs * shape.state_bytes_per_sequence,
     )
+    if not shape.state_bytes_per_sequence:
+        return base
+    room = cache_room(base, options, device_kind, free_bytes, weights_loaded)
+    slots, snapshots = state_rows(shape.state_bytes_per_sequence, options.max_num_seqs,
+                                  options.enable_prefix_caching, options.state_snapshot_gb, room)  # fmt: skip
+    return replace(base, state=state_bytes(shape.state_bytes_per_sequence, slots, snapshots),
+                   state_slots=slots, state_snapshots=snapshots)  # fmt: skip
 
 
 def kv_blocks(
@@ -223,12 +279,10 @@ def kv_blocks(
     positions = min(options.context_length or shape.context_length, shape.context_length)
     block_bytes = kv_block_bytes(shape, options.block_size, resolve_kv_dtype(options.kv_dtype, device_kind))
     wanted = options.max_num_seqs * -(-positions // options.block_size) + 1
-    if device_kind != "cuda":
-        room = (options.kv_cache_bytes or CPU_KV_BUDGET_BYTES) - options.max_num_seqs * shape.state_bytes_per_sequence
-    else:
-        m = memory(shape, options, device_kind, free_bytes, experts)
-        taken = m.activations + m.state if weights_loaded else m.besides_kv
-        room = int((free_bytes or 0) * options.gpu_memory_utilization) - taken
+    if not block_bytes:
+        return wanted  # no attention layer: the block tables only count positions
+    m = memory(shape, options, device_kind, free_bytes, experts, weights_loaded)
+    room = cache_room(m, options, device_kind, free_bytes, weights_loaded) - m.state
     return max(2, min(wanted, room // block_bytes))
 
 

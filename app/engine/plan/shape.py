@@ -48,10 +48,21 @@ class ModelShape:
     expert_bytes: int = 0  # all layers' expert tensors, part of weight_bytes
     vision: VisionShape | None = None  # the image tower the engine loads beside it (not in weight_bytes)
     # A hybrid model's recurrent state per sequence (all its recurrent layers), held beside the paged
-    # KV cache for each of max_num_seqs sequences; 0 for a pure attention model.
+    # KV cache in rows (a slot per sequence, snapshots for the prefix cache); 0 for a pure attention model.
     state_bytes_per_sequence: int = 0
+    # (KV heads, head dim) of each layer that owns a KV cache, where they are not every layer's
+    # num_kv_heads x head_dim (a hybrid model's recurrent layers own none, Gemma 4's shared-KV layers
+    # read another's, its global layers have heads of their own); empty: every layer, uniform.
+    kv_layers: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def owned_kv_layers(self) -> tuple[tuple[int, int], ...]:
+        """(KV heads, key dim) of every KV cache the model owns."""
+        return self.kv_layers or ((self.num_kv_heads, self.head_dim),) * self.num_layers
 
     def kv_bytes_per_token(self, bytes_per_element: int) -> int:
+        if self.kv_layers:  # the engine keeps values at the key's width
+            return sum(2 * heads * dim for heads, dim in self.kv_layers) * bytes_per_element
         value_dim = self.value_head_dim or self.head_dim
         return self.num_layers * self.num_kv_heads * (self.head_dim + value_dim) * bytes_per_element
 
@@ -77,10 +88,19 @@ def shape_from_config(
         num_experts=moe.num_experts if moe else 0,
         experts_used=moe.num_used if moe else 0,
         vision=vision,
+        state_bytes_per_sequence=cfg.state_bytes_per_sequence,
+        kv_layers=_kv_layers(cfg),
     )
     if expert_bytes is not None:
         return replace(shape, expert_bytes=expert_bytes)
     return with_estimated_expert_bytes(shape, moe.intermediate_size if moe else 0)
+
+
+def _kv_layers(cfg: ModelConfig) -> tuple[tuple[int, int], ...]:
+    """The model's owned KV caches where they differ from num_layers x (num_kv_heads, head_dim)."""
+    owned = cfg.kv_layer_shapes
+    uniform = ((cfg.num_kv_heads, cfg.head_dim),) * cfg.num_layers
+    return () if owned == uniform else owned
 
 
 def gguf_config(meta: Mapping[str, Any], vocab_size: int) -> ModelConfig:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from app.engine.server.tool_calls import is_channelled
-from app.engine.text import harmony
+from app.engine.text import gemma4_reply, harmony
 
 
 class _Markers(NamedTuple):
@@ -29,6 +29,8 @@ class _Markers(NamedTuple):
 
 def count_reasoning_tokens(template: Any, tokenizer: Any, token_ids: Sequence[int]) -> int:
     """The reasoning tokens among a reply's generated `token_ids` (0 for a reply without channels)."""
+    if getattr(template, "reply_format", None) == "gemma4":
+        return _gemma4_reasoning_tokens(tokenizer, token_ids)
     markers = _markers(tokenizer) if is_channelled(template) else None
     if markers is None:
         return 0
@@ -51,6 +53,29 @@ def count_reasoning_tokens(template: Any, tokenizer: Any, token_ids: Sequence[in
     if not reading_header and kind == harmony.REASONING:
         total += in_message  # the reply stopped inside an analysis message
     return total
+
+
+def _gemma4_reasoning_tokens(tokenizer: Any, token_ids: Sequence[int]) -> int:
+    """Gemma 4: the tokens of each thought channel, `<|channel>` and `<channel|>` included (one cut short
+    by max_tokens counts up to where it stopped); the channel's name is read from the tokens after it."""
+    opener, closer = (tokenizer.token_to_id(t) for t in (gemma4_reply.CHANNEL_OPEN, gemma4_reply.CHANNEL_CLOSE))
+    if opener is None or closer is None:
+        return 0
+    total, start = 0, None
+    for i, token in enumerate(token_ids):
+        if token == opener and start is None:
+            start = i
+        elif token == closer and start is not None:
+            total += _thought(tokenizer, token_ids[start : i + 1])
+            start = None
+    if start is not None:
+        total += _thought(tokenizer, token_ids[start:])
+    return total
+
+
+def _thought(tokenizer: Any, channel: Sequence[int]) -> int:
+    name = tokenizer.decode(list(channel[1:12]), skip_special_tokens=False).lstrip().split("\n")[0]
+    return len(channel) if name.strip().startswith(("thought", "thinking", "analysis")) else 0
 
 
 def _markers(tokenizer: Any) -> _Markers | None:

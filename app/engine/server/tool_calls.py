@@ -25,6 +25,7 @@ from typing import Any
 from app.engine import GrammarSpec, SamplingParams
 from app.engine.server import tool_schemas as schemas
 from app.engine.server.errors import bad_request
+from app.engine.text.gemma4_reply import Gemma4Stream
 from app.engine.text.harmony import CONTENT, HarmonyStream
 
 log = logging.getLogger(__name__)
@@ -200,7 +201,8 @@ def _with_id(call: Any) -> ParsedCall:
 
 
 def is_channelled(template: Any) -> bool:
-    return getattr(template, "reply_format", None) == "harmony"
+    """Whether replies come in channels parsed from their special tokens (GPT-OSS's harmony, Gemma 4)."""
+    return getattr(template, "reply_format", None) in ("harmony", "gemma4")
 
 
 def reply_params(template: Any, params: SamplingParams) -> SamplingParams:
@@ -215,7 +217,9 @@ class ReplySplitter:
 
     def __init__(self, template: Any, parse_calls: bool) -> None:
         self._parse_calls = parse_calls
-        self._stream = HarmonyStream() if is_channelled(template) else None
+        self._stream: HarmonyStream | Gemma4Stream | None = None
+        if is_channelled(template):
+            self._stream = Gemma4Stream() if template.reply_format == "gemma4" else HarmonyStream()
         self._splitter = ToolCallSplitter(template, parse_calls)
 
     def feed(self, delta: str) -> list[tuple[str, str]]:

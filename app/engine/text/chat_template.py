@@ -21,7 +21,7 @@ from typing import Any
 
 import jinja2
 
-from app.engine.text import harmony
+from app.engine.text import gemma4_reply, harmony
 from app.engine.text.harmony_render import HarmonyTemplate
 from app.engine.text.template_sandbox import Limits, TemplateLimitError, render_bounded, sandbox
 from app.engine.text.tool_calls import ToolCall, parse_tool_calls
@@ -176,11 +176,14 @@ class ChatTemplate:
         self.tool_call_start: str | None = (
             "<tool_call>" if "<tool_call>" in sources or "builtin" in source else None
         )
-        # GPT-OSS templates write harmony: replies come back in channels (text/harmony.py)
-        self.reply_format: str | None = "harmony" if "<|channel|>" in sources else None
+        # GPT-OSS templates write harmony: replies come back in channels (text/harmony.py); Gemma 4's
+        # write a thought channel and their own tool-call tokens (text/gemma4_reply.py)
+        self.reply_format: str | None = reply_format_of(sources)
         if self.reply_format == "harmony":
             self.tool_call_start = None
             self.stop_strings = self.stop_strings or (harmony.RETURN, harmony.CALL)
+        elif self.reply_format == "gemma4":
+            self.tool_call_start = None
 
     def render(
         self,
@@ -235,8 +238,8 @@ class ChatTemplate:
 
     def parse_tool_calls(self, text: str) -> tuple[str, list[ToolCall]]:
         """Split a reply into (remaining content, tool calls); text that is not a valid call stays content."""
-        if self.reply_format == "harmony":
-            reply = harmony.parse_reply(text)
+        if self.reply_format is not None:
+            reply = self.parse_reply(text)
             return reply.content, reply.calls
         return parse_tool_calls(text)
 
@@ -244,8 +247,20 @@ class ChatTemplate:
         """Reasoning, answer and tool calls of a finished reply (reasoning only in channelled formats)."""
         if self.reply_format == "harmony":
             return harmony.parse_reply(text)
+        if self.reply_format == "gemma4":
+            return gemma4_reply.parse_reply(text)
         content, calls = self.parse_tool_calls(text)
         return harmony.Reply("", content, calls)
+
+
+def reply_format_of(template_text: str) -> str | None:
+    """"harmony" (GPT-OSS: `<|channel|>`), "gemma4" (its `<|channel>` thought channel and `<|tool_call>`
+    calls), or None: a reply that is all answer, with calls parsed by text/tool_calls.py."""
+    if "<|channel|>" in template_text:
+        return "harmony"
+    if "<|tool_call>" in template_text or "<|channel>" in template_text:
+        return "gemma4"
+    return None
 
 
 def chat_template_for(metadata_or_config: Any, tokenizer: Any, architecture: str) -> ChatTemplate:

@@ -4,6 +4,11 @@ The runner owns the device side of a step: the flat token batch, positions, the
 attention metadata (block tables, slot mapping) and the KV caches of every layer. A decode
 step can also take its token ids from the device (`run_from_device`): the previous step's
 sampled ids, before the host has read them (core/pipeline.py).
+
+Hybrid models: `kv_caches[i]` is a recurrent layer's tuple of state arrays `[rows, *shape]`
+(`allocate_caches`), and each step's metadata says which row each sequence continues
+(`state_slots`, from its request) and whether it continues it (`has_initial_state`: its chunk
+does not start at token 0; a prefix hit restored the row from a snapshot before the step).
 """
 
 from __future__ import annotations
@@ -31,12 +36,44 @@ def token_slice(request: Request, start: int, count: int) -> list[int]:
     return tokens
 
 
+def allocate_caches(
+    backend: Any, cfg: Any, num_blocks: int, block_size: int, kv_dtype: str, state_rows: int
+) -> list[Any]:
+    """Each layer's cache: (K, V) paged blocks shaped by its own heads for an attention layer that owns
+    one, the pair of the layer it reads for one that shares another's (Gemma 4), zeroed float32 state
+    arrays `[state_rows, *shape]` for a recurrent one (models/config.py: state_shapes), None otherwise."""
+    caches: list[Any] = []
+    for layer in range(cfg.num_layers):
+        shapes = cfg.state_shapes(layer)
+        xp = backend.xp
+        kv_shape = cfg.kv_shape(layer)
+        if shapes is not None:
+            caches.append(tuple(xp.zeros((state_rows, *shape), xp.float32) for shape in shapes))
+        elif kv_shape is not None:
+            caches.append(backend.alloc_kv_cache(num_blocks, block_size, *kv_shape, kv_dtype))
+        elif layer in cfg.attention_layers:
+            caches.append(caches[cfg.kv_source(layer)])
+        else:
+            caches.append(None)
+    return caches
+
+
+def attention_caches(cfg: Any, kv_caches: list[Any]) -> list[tuple[Any, Any]]:
+    """The (K, V) caches the attention layers own (each once: a shared-KV layer reads another's): what
+    block copies (offload tiers) move."""
+    return [kv_caches[layer] for layer in cfg.attention_layers if cfg.kv_source(layer) == layer]
+
+
 class ModelRunner:
-    def __init__(self, model: Any, backend: Any, kv_caches: list[tuple[Any, Any]], block_size: int) -> None:
+    def __init__(self, model: Any, backend: Any, kv_caches: list[Any], block_size: int) -> None:
         self.model = model
         self.backend = backend
         self.kv_caches = kv_caches
         self.block_size = block_size
+        # hybrid models: every recurrent layer's state arrays (one row number names a row in all)
+        cfg = getattr(model, "config", None)
+        recurrent = [i for i in range(len(kv_caches)) if cfg is not None and cfg.state_shapes(i) is not None]
+        self.state_arrays = [array for i in recurrent for array in kv_caches[i]]
         self.graphs: Any = None  # DecodeGraphs, set by the engine on CUDA
         self.prefill_graphs: Any = None  # PrefillGraphs, likewise
         self.images: Any = None  # ImageEmbedder, set by the engine when the model has vision
@@ -83,7 +120,24 @@ class ModelRunner:
         )
         if self._needs_step_rope(chunks):
             meta.rope = self.model.mrope_table(self._mrope_positions(chunks))
+        if self.state_arrays:
+            slots = np.array([c.request.state_slot for c in chunks], dtype=np.int32)
+            initial = starts > 0
+            meta.host_state_slots, meta.host_has_initial_state = slots, initial
+            meta.state_slots, meta.has_initial_state = b.from_host(slots), b.from_host(initial)
         return meta, sample_rows
+
+    def copy_states(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy recurrent-state rows (source, destination) in every recurrent layer: a prefix hit's
+        snapshot into its slot before a step, a slot into a snapshot row after one. Device ops in
+        stream order, no host sync."""
+        if not pairs or not self.state_arrays:
+            return
+        b = self.backend
+        src = b.from_host(np.array([p[0] for p in pairs], dtype=np.int64))
+        dst = b.from_host(np.array([p[1] for p in pairs], dtype=np.int64))
+        for array in self.state_arrays:
+            array[dst] = array[src]  # the gather on the right is a copy: overlapping pairs are safe
 
     def _needs_step_rope(self, chunks: list[Any]) -> bool:
         """Whether the step rotates by M-RoPE positions (a request with images on an M-RoPE model):

@@ -52,7 +52,10 @@ class FastCpuBackend(CpuBackend):
         self._pool: ThreadPoolExecutor | None = None
 
     def load_weight(self, tensor: QuantizedTensor) -> Any:
-        if len(tensor.shape) == 2 and tensor.qtype.name in FAST_FORMATS:
+        # the kernels read rows in groups of kernels.GROUP values; other rows (a float matrix of 48
+        # columns: the tiny hybrid fixtures) stay on the numpy path
+        grouped = len(tensor.shape) == 2 and tensor.shape[1] % kernels.GROUP == 0
+        if grouped and tensor.qtype.name in FAST_FORMATS:
             return FastWeight(tensor)
         return super().load_weight(tensor)
 

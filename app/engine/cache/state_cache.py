@@ -1,0 +1,201 @@
+"""A hybrid model's recurrent-state cache, per request: its slot, and the prefix-cache snapshots.
+
+Integers only (cache/state_slots.py names the rows). A recurrent layer keeps one fixed-size state
+per sequence instead of a KV entry per token, so a prefix hit can only resume where a copy of the
+state at that exact token count was kept: a snapshot. The policy:
+
+- A running request holds one slot (its live state) from admission to finish, abort or preemption.
+- On admission, the prefix match is the longest prefix whose KV blocks are cached AND whose state
+  snapshot exists (`resume`); the snapshot is copied into the request's slot before the step runs
+  (a restore), and the chunk continues from it.
+- Snapshots are taken at the end of a step (a save: slot -> snapshot row, after the forward) where
+  a chunk ends on a block boundary. Prefill chunks are cut (`chunk_tokens`) to end at every
+  `interval` tokens and at the prompt's last block boundary, so a second request sharing a long
+  system prompt resumes within `interval` tokens of where they differ, and the next turn of a
+  conversation resumes at the end of the previous one; those snapshots are published after the
+  step. A decoding request keeps overwriting one held row at each block boundary it passes; when
+  it ends that row is published (the last block boundary of prompt + output: an agent's next turn).
+- Snapshot rows are bounded (`SnapshotRows`, sized by bytes in the memory plan) and evicted least
+  recently used first; a restore and a save of the same step never race (restores run before the
+  forward, saves after it).
+
+Keys: a chain hash per block of the cache tokens (`Request.cache_token_prefix`), seeded by the
+prefix cache's namespace, so a key names the whole prefix up to a block boundary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+from app.engine.cache.state_slots import NULL_ROW, SnapshotRows, StateSlots
+from app.engine.request import Request
+
+
+class StateCache:
+    def __init__(
+        self,
+        num_slots: int,
+        num_snapshots: int,
+        block_size: int,
+        interval: int = 0,
+        extra_key: Hashable = None,
+    ) -> None:
+        self.block_size = block_size
+        self.slots = StateSlots(num_slots)
+        self.snapshots = SnapshotRows(num_slots + 1, num_snapshots)
+        self.num_rows = 1 + num_slots + num_snapshots  # with the null row 0
+        self.interval = -(-interval // block_size) * block_size if interval > 0 else 0  # whole blocks
+        self.extra_key = extra_key
+        self._slot_of: dict[str, int] = {}  # request id -> its live slot
+        self._restores: dict[int, int] = {}  # slot -> snapshot row, copied before the next forward
+        self._saves: dict[int, int] = {}  # slot -> snapshot row, copied after the next forward
+        self._planned: dict[str, tuple[int, int]] = {}  # request id -> (row, end): published after the step
+        self._held: dict[str, tuple[int, int]] = {}  # request id -> (row, end): published when it ends
+        self._keys: dict[str, list[int]] = {}  # request id -> chain key per block, computed so far
+        self.restored_tokens = 0  # tokens resumed from snapshots, since start
+
+    # --- slots ---
+
+    def can_admit(self) -> bool:
+        return self.slots.can_allocate()
+
+    def slot(self, request: Request) -> int:
+        """The request's live slot, allocated on first use (admission)."""
+        slot = self._slot_of.get(request.request_id)
+        if slot is None:
+            slot = self._slot_of[request.request_id] = self.slots.allocate()
+        request.state_slot = slot
+        return slot
+
+    def release(self, request: Request) -> None:
+        """The request gives up its slot (finish, abort, preemption, failed admission): its held
+        decode snapshot is published if the state there is known to be computed; pending copies go."""
+        rid = request.request_id
+        slot = self._slot_of.pop(rid, None)
+        if slot is not None:
+            self._restores.pop(slot, None)
+            self._saves.pop(slot, None)
+            self.slots.free(slot)
+        request.state_slot = None
+        planned = self._planned.pop(rid, None)
+        if planned is not None:
+            self.snapshots.release(planned[0])
+        held = self._held.pop(rid, None)
+        if held is not None:
+            row, end = held
+            if end <= request.num_computed_tokens and not self._pending_save(row):
+                self.snapshots.publish(row, self._key(request, end))
+            else:  # the save past num_computed_tokens ran ahead of the stop (async decode), or never ran
+                self.snapshots.release(row)
+        self._keys.pop(rid, None)
+
+    # --- prefix hits ---
+
+    def resume(self, request: Request, tokens: Sequence[int], max_blocks: int) -> int:
+        """The most blocks k <= max_blocks of `tokens` whose state snapshot exists; the request's
+        slot is restored from it before the next step (0: none, the request starts from zero)."""
+        keys = self._chain(request, tokens, max_blocks)
+        for k in range(max_blocks, 0, -1):
+            if self.snapshots.contains(keys[k - 1]):
+                row = self.snapshots.lookup(keys[k - 1])
+                assert row is not None
+                self._restores[self.slot(request)] = row
+                self.restored_tokens += k * self.block_size
+                return k
+        return 0
+
+    # --- snapshot points ---
+
+    def chunk_tokens(self, request: Request, start: int, num_tokens: int) -> int:
+        """`num_tokens`, cut so that a prefill chunk from `start` ends at its first snapshot point:
+        a multiple of `interval`, the last block boundary of the known tokens, or (for a chunk the
+        budget cut short) the block boundary before its end. Decodes are never cut."""
+        if not self.snapshots.num_rows or num_tokens < 2:
+            return num_tokens
+        bs, end, total = self.block_size, start + num_tokens, request.num_tokens
+        points = [total // bs * bs]
+        if self.interval:
+            points.append((start // self.interval + 1) * self.interval)
+        if end < total:
+            points.append(end // bs * bs)
+        inside = [p for p in points if start < p < end]
+        return min(inside) - start if inside else num_tokens
+
+    def plan_save(self, request: Request, start: int, num_tokens: int, samples: bool) -> None:
+        """A chunk was scheduled: if it ends on a block boundary, its state there is copied to a
+        snapshot row after the step (prefill: published then; decode: held until the request ends)."""
+        end = start + num_tokens
+        if not self.snapshots.num_rows or end % self.block_size:
+            return
+        slot, rid = self.slot(request), request.request_id
+        if samples and start >= request.num_prompt_tokens:  # a decode: one held row, overwritten
+            held = self._held.get(rid)
+            if held is None:
+                if len(self._held) >= self.snapshots.num_rows // 2:
+                    return  # held rows would crowd out the published ones
+                row = self.snapshots.reserve()
+                if row is None:
+                    return
+            else:
+                row = held[0]
+            self._held[rid] = (row, end)
+        else:
+            if rid in self._planned:
+                return
+            row = self.snapshots.reserve()
+            if row is None:
+                return
+            self._planned[rid] = (row, end)
+        self._saves[slot] = row
+
+    def step_done(self, request: Request) -> None:
+        """The request's chunk of the step was recorded (its state is computed up to
+        `num_computed_tokens`): publish the prefill snapshot planned for it."""
+        planned = self._planned.pop(request.request_id, None)
+        if planned is None:
+            return
+        row, end = planned
+        if end == request.num_computed_tokens:
+            self.snapshots.publish(row, self._key(request, end))
+        else:
+            self.snapshots.release(row)
+
+    # --- the step's copies ---
+
+    def take_copies(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """(restores, saves) of the step just scheduled, as (source row, destination row): the
+        runner copies restores before the forward and saves after it."""
+        restores = [(row, slot) for slot, row in self._restores.items()]
+        saves = [(slot, row) for slot, row in self._saves.items()]
+        self._restores.clear()
+        self._saves.clear()
+        return restores, saves
+
+    def reset(self) -> int:
+        """Drop every published snapshot; return how many."""
+        return self.snapshots.clear()
+
+    def check_integrity(self) -> None:
+        self.slots.check_integrity()
+        self.snapshots.check_integrity()
+        assert NULL_ROW not in self._slot_of.values()
+        assert len(set(self._slot_of.values())) == len(self._slot_of), "two requests share a state slot"
+
+    # --- internals ---
+
+    def _pending_save(self, row: int) -> bool:
+        return row in self._saves.values()
+
+    def _key(self, request: Request, end: int) -> int:
+        return self._chain(request, request.cache_token_prefix(end), end // self.block_size)[-1]
+
+    def _chain(self, request: Request, tokens: Sequence[int], num_blocks: int) -> list[int]:
+        """Chain keys of the first `num_blocks` blocks of `tokens` (the request's cache tokens),
+        extending the request's cached list: each prefix is hashed once per request."""
+        keys = self._keys.setdefault(request.request_id, [])
+        bs = self.block_size
+        key = keys[-1] if keys else hash(("state", self.extra_key))
+        for k in range(len(keys), num_blocks):
+            key = hash((key, tuple(tokens[k * bs : (k + 1) * bs])))
+            keys.append(key)
+        return keys[:num_blocks]

@@ -1,0 +1,58 @@
+"""Per-layer input embeddings (Gemma 4's PLE, the E-series): a second, narrow embedding of every token for
+each layer, mixed with a projection of the token's main embedding, and folded into the residual stream
+after each layer's feed-forward through a small gated bottleneck.
+
+Computed once per step (`PerLayerInputs`: `[T, layers, size]`); each layer then runs `LayerInputGate`:
+`stream + norm(proj(gelu(gate(stream)) * inputs[:, layer]))`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from app.engine.layers.embedding import Embedding
+from app.engine.layers.linear import Linear
+from app.engine.layers.norm import RMSNorm
+from app.engine.quant.dispatch import QuantizedTensor
+
+INPUT_MIX = np.float32(2.0**-0.5)  # the token and projection parts are averaged in RMS
+
+
+class PerLayerInputs:
+    """`(token_ids [T], embeddings [T, hidden]) -> [T, num_layers, size]`: each token's per-layer inputs.
+    `embeddings` are the scaled main embeddings the decoder starts from."""
+
+    def __init__(
+        self, backend: Any, tensors: dict[str, QuantizedTensor], num_layers: int, size: int, eps: float
+    ) -> None:
+        self.backend, self.num_layers, self.size = backend, num_layers, size
+        self.embed = Embedding(backend, tensors["per_layer_token_embd.weight"], math.sqrt(size))
+        self.projection = Linear(backend, tensors["per_layer_model_proj.weight"])
+        self.norm = RMSNorm(backend, tensors["per_layer_proj_norm.weight"], eps)
+        self.projection_scale = np.float32(tensors["per_layer_model_proj.weight"].shape[1] ** -0.5)
+
+    def __call__(self, token_ids: Any, embeddings: Any) -> Any:
+        n = embeddings.shape[0]
+        projected = self.projection(embeddings) * self.projection_scale
+        projected = self.norm(projected.reshape(n, self.num_layers, self.size))
+        tokens = self.embed(token_ids).reshape(n, self.num_layers, self.size)
+        return (projected + tokens) * INPUT_MIX
+
+
+class LayerInputGate:
+    """One layer's use of its per-layer input: `stream + norm(proj(gelu(gate(stream)) * inputs))`."""
+
+    def __init__(self, backend: Any, tensors: dict[str, QuantizedTensor], prefix: str, eps: float) -> None:
+        self.backend = backend
+        self.gate = Linear(backend, tensors[f"{prefix}.inp_gate.weight"])
+        self.projection = Linear(backend, tensors[f"{prefix}.proj.weight"])
+        self.norm = RMSNorm(backend, tensors[f"{prefix}.post_norm.weight"], eps)
+
+    def __call__(self, stream: Any, inputs: Any) -> Any:
+        gate = self.gate(stream)
+        # gelu_tanh(gate) * inputs, as the backend's gated activation computes it
+        gated = self.backend.gated_activation(gate, inputs.astype(gate.dtype, copy=False), "gelu_tanh")
+        return stream + self.norm(self.projection(gated))

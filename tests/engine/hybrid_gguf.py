@@ -1,0 +1,264 @@
+"""GGUFs of the hybrid fixtures, written at test time from their Hugging Face weights in llama.cpp's layout.
+
+`write_gguf` is the generic part (metadata keys, a minimal tokenizer section, tensors in a chosen
+float type); each architecture has a function mirroring what llama.cpp's convert_hf_to_gguf.py does
+to its tensors (`qwen_gguf_tensors`: its Qwen3Next / Qwen3.5 model classes). Nothing here imports
+torch: the HF weights are read with the engine's safetensors reader as float32.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as GQ
+
+from app.engine.loader.safetensors import read_safetensors_file
+
+_GGUF_ARCH = {"qwen35": "QWEN35", "qwen35moe": "QWEN35MOE", "qwen3next": "QWEN3NEXT"}
+
+
+def hf_weights(folder: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """config.json and every tensor of an HF fixture folder, as float32 arrays."""
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    tensors = read_safetensors_file(folder / "model.safetensors")
+    return config, {name: t.dequantize().astype(np.float32) for name, t in tensors.items()}
+
+
+def write_gguf(
+    path: Path,
+    arch: str,
+    metadata: dict[str, Any],
+    tensors: Iterable[tuple[str, np.ndarray]],
+    vocab_size: int,
+    float_type: Callable[[str, np.ndarray], GQ] = lambda name, data: GQ.BF16 if data.ndim > 1 else GQ.F32,
+) -> Path:
+    """A GGUF of `arch` with `metadata` (`{arch}.*` keys named without the prefix; lists become arrays)
+    and `tensors` (GGUF name, float32 values in numpy order) stored as `float_type(name, values)` says."""
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_name(f"tiny-random-{arch}")
+    for key, value in metadata.items():
+        full = f"{arch}.{key}"
+        if isinstance(value, bool):
+            writer.add_bool(full, value)
+        elif isinstance(value, int):
+            writer.add_uint32(full, value)
+        elif isinstance(value, float):
+            writer.add_float32(full, value)
+        else:
+            writer.add_array(full, list(value))
+    writer.add_tokenizer_model("gpt2")  # a minimal vocabulary: the tests run on token ids
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list([f"<t{i}>" for i in range(vocab_size)])
+    writer.add_token_types([gguf.TokenType.NORMAL] * vocab_size)
+    writer.add_token_merges([])
+    writer.add_eos_token_id(vocab_size - 1)
+    for name, data in tensors:
+        qtype = float_type(name, data)
+        if qtype == GQ.F32:
+            writer.add_tensor(name, data.astype(np.float32))
+        elif qtype == GQ.F16:
+            writer.add_tensor(name, data.astype(np.float16))
+        else:
+            writer.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+# -- Qwen3.5 / Qwen3.5-MoE / Qwen3-Next ---------------------------------------------------------
+
+
+def qwen_metadata(arch: str, cfg: dict[str, Any]) -> dict[str, Any]:
+    """The keys convert_hf_to_gguf.py writes for these architectures (TextModel, Qwen2MoeModel,
+    Qwen3NextModel; Qwen3.5's M-RoPE sections)."""
+    head_dim = cfg["head_dim"]
+    factor = cfg["rope_parameters"].get("partial_rotary_factor", 0.25)
+    meta: dict[str, Any] = {
+        "context_length": cfg["max_position_embeddings"],
+        "embedding_length": cfg["hidden_size"],
+        "block_count": cfg["num_hidden_layers"],
+        "attention.head_count": cfg["num_attention_heads"],
+        "attention.head_count_kv": cfg["num_key_value_heads"],
+        "attention.key_length": head_dim,
+        "attention.value_length": head_dim,
+        "attention.layer_norm_rms_epsilon": float(cfg["rms_norm_eps"]),
+        "rope.freq_base": float(cfg["rope_parameters"]["rope_theta"]),
+        "ssm.conv_kernel": cfg["linear_conv_kernel_dim"],
+        "ssm.state_size": cfg["linear_key_head_dim"],
+        "ssm.group_count": cfg["linear_num_key_heads"],
+        "ssm.time_step_rank": cfg["linear_num_value_heads"],
+        "ssm.inner_size": cfg["linear_value_head_dim"] * cfg["linear_num_value_heads"],
+        "full_attention_interval": _interval(cfg),
+        "rope.dimension_count": int(head_dim * factor),
+    }
+    if "intermediate_size" in cfg:
+        meta["feed_forward_length"] = cfg["intermediate_size"]
+    if "num_experts" in cfg:
+        meta.update(
+            {
+                "expert_count": cfg["num_experts"],
+                "expert_used_count": cfg["num_experts_per_tok"],
+                "expert_feed_forward_length": cfg["moe_intermediate_size"],
+                "expert_shared_feed_forward_length": cfg["shared_expert_intermediate_size"],
+            }
+        )
+    if arch in ("qwen35", "qwen35moe"):
+        meta["rope.dimension_sections"] = [11, 11, 10, 0]
+    return meta
+
+
+def _interval(cfg: dict[str, Any]) -> int:
+    """The converter writes `full_attention_interval`; the fixtures' configs list layer_types instead."""
+    types = cfg["layer_types"]
+    interval = types.index("full_attention") + 1
+    expected = [
+        "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(len(types))
+    ]
+    assert types == expected, f"layer_types {types} are no every-{interval}th pattern"
+    return interval
+
+
+def qwen_gguf_tensors(
+    arch: str, cfg: dict[str, Any], weights: dict[str, np.ndarray], legacy_ssm_in: bool = False
+) -> list[tuple[str, np.ndarray]]:
+    """(GGUF name, values) as convert_hf_to_gguf.py writes them: `1 + w` for every norm but the gated
+    one, -exp(A_log), the conv squeezed, Qwen3-Next's in_proj_qkvz as attn_qkv + attn_gate, experts
+    stacked, and for qwen35 / qwen35moe the value heads reordered from grouped to tiled."""
+    names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, _GGUF_ARCH[arch]), cfg["num_hidden_layers"])
+    hk, hv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+    tiled = arch in ("qwen35", "qwen35moe") and hk != hv
+    experts: dict[tuple[int, str], dict[int, np.ndarray]] = {}
+    out = []
+    for hf_name, data in weights.items():
+        name = hf_name.removeprefix("model.language_model.").removeprefix("model.")
+        name = name if name.startswith("lm_head") else f"model.{name}"
+        if name.endswith(".A_log"):
+            data = -np.exp(data)
+        elif name.endswith(".dt_bias"):
+            name = name.removesuffix(".dt_bias") + ".dt_proj.bias"
+        elif "conv1d" in name:
+            data = data.reshape(data.shape[0], data.shape[-1])
+        elif name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+            data = data + 1
+        if tiled and "linear_attn." in name:
+            data = _tiled_v_heads(name, data, hk, hv // hk, dk, dv)
+        layer = int(name.split(".")[2]) if name.startswith("model.layers.") else -1
+        if name.endswith("mlp.experts.gate_up_proj"):  # stacked [E, 2 ff, hidden]
+            ff = data.shape[1] // 2
+            out += [
+                (f"blk.{layer}.ffn_gate_exps.weight", data[:, :ff]),
+                (f"blk.{layer}.ffn_up_exps.weight", data[:, ff:]),
+            ]
+            continue
+        if name.endswith("mlp.experts.down_proj"):
+            out.append((f"blk.{layer}.ffn_down_exps.weight", data))
+            continue
+        if ".mlp.experts." in name:  # one expert's projection: stacked per layer below
+            parts = name.split(".")
+            experts.setdefault((layer, parts[-2]), {})[int(parts[-3])] = data
+            continue
+        if "in_proj_qkvz" in name:  # older converters kept it whole, as `ssm_in`
+            out += (
+                [(f"blk.{layer}.ssm_in.weight", data)]
+                if legacy_ssm_in
+                else _split_qkvz(layer, data, hk, hv // hk, dk, dv)
+            )
+            continue
+        if name.endswith("shared_expert_gate.weight"):
+            data = data.reshape(-1)  # llama.cpp's {n_embd}
+        gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        assert gguf_name is not None, f"no GGUF name for {hf_name}"
+        out.append((gguf_name, data))
+    for (layer, proj), per_expert in sorted(experts.items()):
+        kind = proj.removesuffix("_proj")
+        out.append(
+            (f"blk.{layer}.ffn_{kind}_exps.weight", np.stack([per_expert[e] for e in sorted(per_expert)]))
+        )
+    return out
+
+
+def _tiled_v_heads(name: str, data: np.ndarray, hk: int, r: int, dk: int, dv: int) -> np.ndarray:
+    """_LinearAttentionVReorderBase: value heads from grouped (by key head) to tiled order."""
+
+    def reorder(x: np.ndarray, axis: int, head_dim: int) -> np.ndarray:
+        x = np.moveaxis(x, axis, 0)
+        shape = x.shape
+        x = x.reshape(hk, r, head_dim, *shape[1:]).swapaxes(0, 1).reshape(shape)
+        return np.moveaxis(x, 0, axis)
+
+    if ".in_proj_qkv." in name or ".conv1d." in name:
+        qk = 2 * hk * dk
+        return np.concatenate([data[:qk], reorder(data[qk:], 0, dv)])
+    if ".in_proj_z." in name:
+        return reorder(data, 0, dv)
+    if ".in_proj_b." in name or ".in_proj_a." in name or name.endswith((".A_log", ".dt_proj.bias")):
+        return reorder(data, 0, 1)
+    if ".out_proj." in name:
+        return reorder(data, 1, dv)
+    return data
+
+
+def _split_qkvz(
+    layer: int, data: np.ndarray, hk: int, r: int, dk: int, dv: int
+) -> list[tuple[str, np.ndarray]]:
+    """Qwen3NextModel.modify_tensors: per key head [q, k, v, z] rows -> attn_qkv (all q, k, v) and attn_gate (z)."""
+    grouped = data.reshape(hk, 2 * dk + 2 * r * dv, data.shape[1])
+    bounds = np.cumsum([dk, dk, r * dv])
+    q, k, v, z = (p.reshape(-1, data.shape[1]) for p in np.split(grouped, bounds, axis=1))
+    return [(f"blk.{layer}.attn_qkv.weight", np.concatenate([q, k, v])), (f"blk.{layer}.attn_gate.weight", z)]
+
+
+def write_qwen_gguf(
+    folder: Path,
+    arch: str,
+    path: Path,
+    float_type: Callable[[str, np.ndarray], GQ] | None = None,
+    legacy_ssm_in: bool = False,
+    mtp_block: bool = False,
+) -> Path:
+    """The HF fixture in `folder` as llama.cpp's converter would write it for `arch` (`legacy_ssm_in`:
+    Qwen3-Next's fused `in_proj_qkvz` kept whole, as converters before the split wrote it)."""
+    cfg, weights = hf_weights(folder)
+    cfg = cfg.get("text_config", cfg)
+    kwargs = {} if float_type is None else {"float_type": float_type}
+    tensors = qwen_gguf_tensors(arch, cfg, weights, legacy_ssm_in)
+    assert all(math.isfinite(float(np.abs(t).max())) for _, t in tensors)
+    metadata = qwen_metadata(arch, cfg)
+    if mtp_block:  # _Qwen35MtpMixin: one more block, counted in block_count, named by nextn_predict_layers
+        tensors += _mtp_block(cfg)
+        metadata["block_count"] += 1
+        metadata["nextn_predict_layers"] = 1
+    return write_gguf(path, arch, metadata, tensors, cfg["vocab_size"], **kwargs)
+
+
+def _mtp_block(cfg: dict[str, Any]) -> list[tuple[str, np.ndarray]]:
+    """A dense-MLP MTP block of random values (as the Qwen3.5 converter writes one: a gated-attention
+    decoder block plus the nextn projections and norms)."""
+    rng = np.random.default_rng(0)
+    hidden, heads, kv, d = (
+        cfg["hidden_size"],
+        cfg["num_attention_heads"],
+        cfg["num_key_value_heads"],
+        cfg["head_dim"],
+    )
+    ff = cfg.get("intermediate_size") or cfg["moe_intermediate_size"]
+    shapes = {
+        "attn_norm.weight": (hidden,), "post_attention_norm.weight": (hidden,), "attn_q.weight": (2 * heads * d, hidden),
+        "attn_k.weight": (kv * d, hidden), "attn_v.weight": (kv * d, hidden), "attn_output.weight": (hidden, heads * d),
+        "attn_q_norm.weight": (d,), "attn_k_norm.weight": (d,), "ffn_gate.weight": (ff, hidden),
+        "ffn_up.weight": (ff, hidden), "ffn_down.weight": (hidden, ff), "nextn.eh_proj.weight": (hidden, 2 * hidden),
+        "nextn.enorm.weight": (hidden,), "nextn.hnorm.weight": (hidden,), "nextn.shared_head_norm.weight": (hidden,),
+    }  # fmt: skip
+    block = cfg["num_hidden_layers"]
+    return [
+        (f"blk.{block}.{name}", rng.normal(0, 1, shape).astype(np.float32)) for name, shape in shapes.items()
+    ]
