@@ -29,8 +29,8 @@ from typing import Any
 from app.engine.backend.recurrent_reference import causal_conv1d, gated_delta_rule
 from app.engine.layers.linear import Linear
 from app.engine.loader.names import CheckpointError
-from app.engine.models.config import GatedDeltaNetSpec
 from app.engine.quant.dispatch import QuantizedTensor
+from app.engine.specs import GatedDeltaNetSpec
 
 _IN_PROJECTIONS = ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha")
 

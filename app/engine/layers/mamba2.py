@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.engine.models.config import Mamba2Spec
+from app.engine.specs import Mamba2Spec
 
 
 class Mamba2:

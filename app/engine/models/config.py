@@ -14,6 +14,8 @@ from typing import Any
 from app.engine.loader.names import CheckpointError
 
 # the records the backends and kernels take too live in a leaf below them; named here for the families
+from app.engine.specs import GatedDeltaNetSpec as GatedDeltaNetSpec
+from app.engine.specs import Mamba2Spec as Mamba2Spec
 from app.engine.specs import MoeSpec as MoeSpec
 from app.engine.specs import RopeScaling as RopeScaling
 
@@ -27,56 +29,6 @@ MIXER_NONE = "none"
 RECURRENT_MIXERS = (MIXER_GATED_DELTANET, MIXER_MAMBA2)
 # What a layer's feed-forward is: "dense" (gated MLP), "moe" (cfg.moe), "none" (a mixer-only layer).
 FFN_DENSE, FFN_MOE, FFN_NONE = "dense", "moe", "none"
-
-
-@dataclass(frozen=True)
-class GatedDeltaNetSpec:
-    """Gated DeltaNet linear attention (Qwen3.5, Qwen3-Next): a short causal conv over q/k/v, then
-    the gated delta rule. Per sequence it keeps the conv's last `conv_kernel - 1` inputs and a
-    `[num_v_heads, head_k_dim, head_v_dim]` recurrent state."""
-
-    num_k_heads: int
-    num_v_heads: int
-    head_k_dim: int
-    head_v_dim: int
-    conv_kernel: int
-    # Which value heads a q/k head serves (num_v_heads > num_k_heads): consecutive ones (Hugging Face),
-    # or every num_k_heads-th one (llama.cpp's Qwen3.5 GGUFs reorder value heads "tiled").
-    tiled_v_heads: bool = False
-
-    @property
-    def conv_dim(self) -> int:
-        return 2 * self.num_k_heads * self.head_k_dim + self.num_v_heads * self.head_v_dim
-
-    def state_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """Per-sequence (conv state, recurrent state) shapes, float32."""
-        return (self.conv_dim, self.conv_kernel - 1), (self.num_v_heads, self.head_k_dim, self.head_v_dim)
-
-
-@dataclass(frozen=True)
-class Mamba2Spec:
-    """Mamba-2 (SSD) mixer (Nemotron-H, Granite 4 hybrid): a causal conv over x/B/C, then the
-    selective state-space scan. Per sequence it keeps the conv's last `conv_kernel - 1` inputs and a
-    `[num_heads, head_dim, state_size]` SSM state."""
-
-    num_heads: int
-    head_dim: int
-    state_size: int  # d_state
-    n_groups: int
-    conv_kernel: int
-    chunk_size: int = 256  # the SSD chunk length of the chunked (prefill) form
-
-    @property
-    def d_inner(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def conv_dim(self) -> int:
-        return self.d_inner + 2 * self.n_groups * self.state_size
-
-    def state_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """Per-sequence (conv state, SSM state) shapes, float32."""
-        return (self.conv_dim, self.conv_kernel - 1), (self.num_heads, self.head_dim, self.state_size)
 
 
 @dataclass(frozen=True)
