@@ -63,12 +63,16 @@ def test_paddock_fit_cli_reports_the_engines_blocks(capsys) -> None:
 
 
 def test_fit_counts_recurrent_state_in_the_room() -> None:
-    """A hybrid model's per-sequence state is memory the KV blocks cannot have."""
+    """A hybrid model's state rows (the null row, a slot per sequence, the prefix cache's snapshots:
+    a fifth of the room here, 1 MiB / 5 = one 128 KiB row) are memory the KV blocks cannot have."""
     from dataclasses import replace
 
     shape = shape_from_checkpoint(GGUFS[0])
     options = FitOptions(context_length=512, kv_cache_bytes=1 << 20, max_num_seqs=4)
     plain = check_fit(shape, options, cpu_memory())
     hybrid = check_fit(replace(shape, state_bytes_per_sequence=1 << 17), options, cpu_memory())
-    assert hybrid.breakdown.state == 4 << 17 and hybrid.breakdown.total == plain.breakdown.total + (4 << 17)
+    rows = 1 + 4 + 1
+    assert (hybrid.breakdown.state_slots, hybrid.breakdown.state_snapshots) == (4, 1)
+    assert hybrid.breakdown.state == rows << 17
+    assert hybrid.breakdown.total == plain.breakdown.total + (rows << 17)
     assert hybrid.kv_blocks < plain.kv_blocks
