@@ -184,6 +184,13 @@ def test_truncated_checkpoints_are_named(tmp_path):
         load_decoder_reranker(folder, device="cpu")
 
 
+def test_a_corrupt_tokenizer_is_named(tmp_path):
+    folder = _copy(EMBEDDING, tmp_path / "embedding")
+    (folder / "tokenizer.json").write_text('{"model": ')
+    with pytest.raises(CheckpointError, match=r"embedding model: .*tokenizer\.json: not a tokenizer the tokenizers "):
+        load_decoder_embedder(folder, device="cpu")
+
+
 def test_corrupt_sentence_transformers_files_are_named(tmp_path):
     folder = _copy(EMBEDDING, tmp_path / "embedding")
     pooling = folder / "1_Pooling" / "config.json"

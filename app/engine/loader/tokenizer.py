@@ -285,7 +285,10 @@ class Tokenizer:
         file = folder / "tokenizer.json"
         if not file.is_file():
             raise FileNotFoundError(f"{folder} has no tokenizer.json")
-        backend = Backend.from_file(str(file))
+        try:
+            backend = Backend.from_file(str(file))
+        except Exception as exc:  # the tokenizers library raises a bare Exception that names no file
+            raise ValueError(f"{file}: not a tokenizer the tokenizers library reads ({exc})") from None
         config = _read_json(folder / "tokenizer_config.json")
         generation = _read_json(folder / "generation_config.json")
         model_config = _read_json(folder / "config.json")
