@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import wave
 from pathlib import Path
 
@@ -222,15 +223,14 @@ def _model_copy(folder: Path) -> Path:
 
 
 def test_feature_extractor_settings_are_read_from_either_layout(tmp_path: Path) -> None:
-    # A fine-tune saved by transformers 5 keeps them in processor_config.json; faster-whisper alone
+    # A fine-tune saved by transformers 5 keeps them in processor_config.json (the fixture is what
+    # WhisperProcessor.save_pretrained wrote: make_whisper_processor_config.py); faster-whisper alone
     # reads only preprocessor_config.json and would fall back to its defaults (chunk_length 30).
-    settings = {"feature_extractor_type": "WhisperFeatureExtractor", "feature_size": 80, "chunk_length": 20,
-                "hop_length": 160, "n_fft": 400, "sampling_rate": 16000, "padding_value": 0.0}  # fmt: skip
+    saved = SPEECH.parent / "transformers5" / "processor_config.json"
     new = _model_copy(tmp_path / "new")
-    (new / "processor_config.json").write_text(
-        json.dumps({"feature_extractor": settings, "processor_class": "WhisperProcessor"})
-    )
+    shutil.copy(saved, new / "processor_config.json")
     old = _model_copy(tmp_path / "old")
+    settings = json.loads(saved.read_text())["feature_extractor"]
     (old / "preprocessor_config.json").write_text(json.dumps({**settings, "chunk_length": 25}))
     for folder, chunk in ((new, 20), (old, 25), (default_model_path(), 30)):
         model = Transcriber(model_path=folder, device="cpu").load()

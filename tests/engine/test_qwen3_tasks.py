@@ -167,8 +167,8 @@ def test_a_classifier_head_that_is_not_yes_no_is_named(tmp_path):
     forge = Forge.of(RERANKER_GGUF)
     forge.metadata["qwen3.classifier.output_labels"] = ["relevant", "irrelevant"]
     bad = forge.write(tmp_path / "labels.gguf")
-    with pytest.raises(CheckpointError, match=r"labels\.gguf: cls\.output\.weight of shape \[2, 64\] with labels "
-                       r"\['relevant', 'irrelevant'\] is not a yes/no head"):  # fmt: skip
+    with pytest.raises(CheckpointError, match=r"labels\.gguf: cls\.output\.weight of shape \[2, 64\] with "
+                       r"labels \['relevant', 'irrelevant'\] is not a yes/no head"):  # fmt: skip
         load_decoder_reranker(bad, device="cpu")
 
 
@@ -182,6 +182,13 @@ def test_truncated_checkpoints_are_named(tmp_path):
     weights.write_bytes(weights.read_bytes()[:-1000])
     with pytest.raises(CheckpointError, match=r"model\.safetensors.*truncated or corrupt"):
         load_decoder_reranker(folder, device="cpu")
+
+
+def test_a_corrupt_tokenizer_is_named(tmp_path):
+    folder = _copy(EMBEDDING, tmp_path / "embedding")
+    (folder / "tokenizer.json").write_text('{"model": ')
+    with pytest.raises(CheckpointError, match=r"embedding model: .*tokenizer\.json: not a tokenizer the "):
+        load_decoder_embedder(folder, device="cpu")
 
 
 def test_corrupt_sentence_transformers_files_are_named(tmp_path):
@@ -199,6 +206,11 @@ def test_corrupt_sentence_transformers_files_are_named(tmp_path):
     (folder / "config_sentence_transformers.json").write_text("{]")
     with pytest.raises(CheckpointError, match=r"config_sentence_transformers\.json: not valid JSON"):
         load_decoder_embedder(folder, device="cpu")
+    (folder / "config_sentence_transformers.json").write_text('{"prompts": ["query"]}')
+    with pytest.raises(CheckpointError, match=r"config_sentence_transformers\.json: expected \{\"prompts\""):
+        load_decoder_embedder(folder, device="cpu")
+    (folder / "config_sentence_transformers.json").write_text('{"similarity_fn_name": "cosine"}')
+    assert load_decoder_embedder(folder, device="cpu").query_prefix == query_prompt()  # the card's own
 
 
 def test_serve_and_mcp_refuse_a_bad_task_model_naming_it(tmp_path, capsys):

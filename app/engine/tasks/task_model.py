@@ -105,7 +105,7 @@ def load_decoder_reranker(path: str | Path, device: str = "auto", context: int =
     from app.engine.tasks.pooling import decoder_reranker
 
     path = Path(path)
-    if path.is_dir() and _pooling_modes(path):
+    if path.is_dir() and _pooling_module(path) is not None:
         raise CheckpointError(
             f"rerank model {path}: this is an embedding model (modules.json has a Pooling module); "
             "pass it as --embedding-model, and a Qwen3-Reranker as --rerank-model"
@@ -128,7 +128,8 @@ def _classifier_reranker(task: TaskModel, path: Path) -> Any:
 
     engine = task.engine
     head = engine.checkpoint.tensors[CLASSIFIER_HEAD].dequantize()
-    labels = list(engine.checkpoint.metadata.get(f"{engine.checkpoint.architecture}.classifier.output_labels") or [])
+    labels_key = f"{engine.checkpoint.architecture}.classifier.output_labels"
+    labels = list(engine.checkpoint.metadata.get(labels_key) or [])
     if head.ndim != 2 or head.shape[1] != engine.model_config.hidden_size or sorted(labels) != ["no", "yes"]:
         raise CheckpointError(
             f"rerank model {path}: {CLASSIFIER_HEAD} of shape {list(head.shape)} with labels {labels} is not "
@@ -145,8 +146,8 @@ def _classifier_reranker(task: TaskModel, path: Path) -> Any:
 
 def _folder_query_prompt(folder: Path) -> str | None:
     """Its sentence-transformers query prompt; refuses a pooling other than the last token's."""
-    modes = _pooling_modes(folder)
-    if modes and not modes.get(_LAST_TOKEN):
+    modes = _pooling_module(folder)
+    if modes is not None and not modes.get(_LAST_TOKEN):
         chosen = ", ".join(k for k, on in modes.items() if on and k.startswith("pooling_mode")) or "none"
         raise CheckpointError(
             f"embedding model {folder}: 1_Pooling pools by {chosen}; a decoder embeds with its last token "
@@ -155,24 +156,31 @@ def _folder_query_prompt(folder: Path) -> str | None:
     st_config = folder / "config_sentence_transformers.json"
     if not st_config.is_file():
         return None
-    prompts = _read_json(st_config).get("prompts") or {}
-    query = prompts.get("query")
-    return query if isinstance(query, str) else None
+    settings = _read_json(st_config)
+    prompts = settings.get("prompts", {}) if isinstance(settings, dict) else None
+    if not isinstance(prompts, dict) or not isinstance(prompts.get("query", ""), str):
+        wanted = '{"prompts": {"query": "..."}}'
+        raise CheckpointError(f"{st_config}: expected {wanted}, found {settings!r:.80}")
+    return prompts.get("query")
 
 
-def _pooling_modes(folder: Path) -> dict[str, Any]:
-    """The Pooling module's settings from modules.json, {} without one."""
+def _pooling_module(folder: Path) -> dict[str, Any] | None:
+    """The settings of modules.json's Pooling module ({} where it has no config.json); None without one."""
     modules_file = folder / "modules.json"
     if not modules_file.is_file():
-        return {}
+        return None
     modules = _read_json(modules_file)
     if not isinstance(modules, list):
         raise CheckpointError(f"{modules_file}: holds a JSON {type(modules).__name__}, not a list of modules")
     for module in modules:
         if isinstance(module, dict) and str(module.get("type", "")).endswith(".Pooling"):
             config = folder / str(module.get("path", "")) / "config.json"
-            return _read_json(config) if config.is_file() else {}
-    return {}
+            settings = _read_json(config) if config.is_file() else {}
+            if not isinstance(settings, dict):
+                kind = type(settings).__name__
+                raise CheckpointError(f"{config}: holds a JSON {kind}, not pooling settings")
+            return settings
+    return None
 
 
 def _read_json(path: Path) -> Any:
