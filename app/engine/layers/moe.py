@@ -17,9 +17,12 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from app.engine.layers.linear import Linear
+from app.engine.layers.mlp import UpDownMLP, ungated_activation
 from app.engine.loader.names import CheckpointError
-from app.engine.models.config import MoeSpec
+from app.engine.models.config import UNGATED_ACTIVATIONS, MoeSpec
 from app.engine.quant.dispatch import QuantizedTensor
 
 
@@ -47,6 +50,10 @@ def expert_tensors(
     ]
 
 
+# The routings a backend's fused expert kernels (`load_experts` / `moe`) compute on the device.
+DEVICE_ROUTINGS = ("softmax_topk", "topk_softmax")
+
+
 class MoE:
     """On a backend with `load_experts` (CUDA) whose kernels read the experts' format, the whole
     layer after the router is one `backend.moe` call on the device; elsewhere it is the loop below
@@ -59,6 +66,10 @@ class MoE:
             backend, tensors[f"{prefix}.ffn_gate_inp.weight"], tensors.get(f"{prefix}.ffn_gate_inp.bias")
         )
         self.shared = SharedExpert(backend, tensors, prefix, spec) if spec.shared_intermediate_size else None
+        self.score_bias = None  # sigmoid_grouped routing's per-expert bias on the choice (`exp_probs_b`)
+        if f"{prefix}.exp_probs_b.bias" in tensors:
+            bias = tensors[f"{prefix}.exp_probs_b.bias"].dequantize().astype(np.float32).reshape(-1)
+            self.score_bias = backend.from_host(bias)
         n = spec.num_experts
 
         def experts(part: str) -> tuple[list[QuantizedTensor], list[QuantizedTensor | None]]:
@@ -68,8 +79,18 @@ class MoE:
             biases = expert_tensors(tensors, f"{prefix}.ffn_{part}_exps.bias", n) or [None] * n
             return weights, biases  # type: ignore[return-value]
 
-        (gate_w, gate_b), (up_w, up_b), (down_w, down_b) = experts("gate"), experts("up"), experts("down")
-        load = getattr(backend, "load_experts", None)
+        (up_w, up_b), (down_w, down_b) = experts("up"), experts("down")
+        if spec.activation in UNGATED_ACTIVATIONS:  # down(act(up x)): the loop below, with up alone
+            self.grouped = None
+            if any(b is not None for b in up_b):
+                raise CheckpointError(
+                    f"tensor {prefix}.ffn_up_exps.bias: ungated experts with biases are not supported"
+                )
+            self.down = [Linear(backend, w, b) for w, b in zip(down_w, down_b, strict=True)]
+            self.gate_up = [backend.load_weight(w) for w in up_w]
+            return
+        gate_w, gate_b = experts("gate")
+        load = getattr(backend, "load_experts", None) if spec.routing in DEVICE_ROUTINGS else None
         self.grouped = None if load is None else load(spec, [gate_w, up_w, down_w], [gate_b, up_b, down_b])
         if self.grouped is not None:
             return
@@ -97,7 +118,7 @@ class MoE:
         logits = self.router(x)
         if self.grouped is not None:
             return self.backend.moe(x, logits, self.spec, self.grouped)
-        weights, chosen = route(self.backend.xp, logits, self.spec)
+        weights, chosen = route(self.backend.xp, logits, self.spec, self.score_bias)
 
         def run(expert: int, rows: Any) -> Any:
             down = self.down[expert]
@@ -119,11 +140,15 @@ class SharedExpert:
             return tensor
 
         self.backend, self.activation = backend, spec.activation
-        self.gate_up = backend.fuse_linear(
-            [backend.load_weight(need("ffn_gate_shexp")), backend.load_weight(need("ffn_up_shexp"))],
-            [None, None],
-        )
-        self.down = Linear(backend, need("ffn_down_shexp"))
+        self.plain = None
+        if spec.activation in UNGATED_ACTIVATIONS:  # Nemotron-H: down(relu(up x)^2)
+            self.plain = UpDownMLP(backend, need("ffn_up_shexp"), need("ffn_down_shexp"), spec.activation)
+        else:
+            self.gate_up = backend.fuse_linear(
+                [backend.load_weight(need("ffn_gate_shexp")), backend.load_weight(need("ffn_up_shexp"))],
+                [None, None],
+            )
+            self.down = Linear(backend, need("ffn_down_shexp"))
         self.gate = None
         if spec.shared_gate:
             gate = need("ffn_gate_inp_shexp")  # [hidden] in GGUF, [1, hidden] in Hugging Face files
@@ -132,7 +157,10 @@ class SharedExpert:
             )
 
     def __call__(self, x: Any) -> Any:
-        out = self.down(self.backend.gated_linear(x, self.gate_up, self.activation))
+        if self.plain is not None:
+            out = self.plain(x)
+        else:
+            out = self.down(self.backend.gated_linear(x, self.gate_up, self.activation))
         if self.gate is None:
             return out
         logit = self.gate(x)
@@ -165,16 +193,21 @@ def sum_over_experts(
 
 def expert_forward(backend: Any, spec: MoeSpec, gate_up: Any, down: Any, down_bias: Any, x: Any) -> Any:
     """One expert on its tokens' rows: the gated unit over the fused gate and up products, then down."""
-    if spec.activation != "swiglu_oai":
+    if spec.activation in UNGATED_ACTIVATIONS:  # `gate_up` is the up projection alone
+        act = ungated_activation(backend.xp, backend.linear(x, gate_up), spec.activation)
+    elif spec.activation != "swiglu_oai":
         act = backend.gated_linear(x, gate_up, spec.activation)
     else:
         act = swiglu_oai(backend.xp, backend.linear(x, gate_up), spec.swiglu_limit, spec.swiglu_alpha)
     return backend.linear(act, down, down_bias)
 
 
-def route(xp: Any, logits: Any, spec: MoeSpec) -> tuple[Any, Any]:
-    """Each token's k expert ids (best first) and their weights, as the family's router computes them."""
+def route(xp: Any, logits: Any, spec: MoeSpec, score_bias: Any = None) -> tuple[Any, Any]:
+    """Each token's k expert ids (best first) and their weights, as the family's router computes them
+    (`score_bias`: sigmoid_grouped's per-expert bias on the choice, none if None)."""
     k = spec.num_used
+    if spec.routing == "sigmoid_grouped":
+        return _sigmoid_grouped(xp, logits, spec, score_bias)
     chosen = xp.argsort(-logits, axis=-1, kind="stable")[:, :k]
     if spec.routing == "softmax_topk":
         probs = _softmax(xp, logits)
@@ -184,7 +217,30 @@ def route(xp: Any, logits: Any, spec: MoeSpec) -> tuple[Any, Any]:
         return top, chosen
     if spec.routing == "topk_softmax":
         return _softmax(xp, xp.take_along_axis(logits, chosen, axis=-1)), chosen
-    raise ValueError(f"unknown expert routing {spec.routing!r}; expected softmax_topk or topk_softmax")
+    raise ValueError(
+        f"unknown expert routing {spec.routing!r}; expected softmax_topk, topk_softmax or sigmoid_grouped"
+    )
+
+
+def _sigmoid_grouped(xp: Any, logits: Any, spec: MoeSpec, score_bias: Any) -> tuple[Any, Any]:
+    """Nemotron-H's router (transformers' NemotronHTopkRouter): sigmoid scores; the experts are chosen
+    on scores + bias, only within the `topk_groups` groups whose two best biased scores sum highest;
+    their weights are the unbiased scores, renormalised (when `normalize`), times `routed_scale`."""
+    scores = 1.0 / (1.0 + xp.exp(-logits.astype(xp.float32, copy=False)))
+    choice = scores if score_bias is None else scores + score_bias
+    if spec.num_groups > 1:
+        tokens, per_group = choice.shape[0], spec.num_experts // spec.num_groups
+        grouped = choice.reshape(tokens, spec.num_groups, per_group)
+        best_two = -xp.sort(-grouped, axis=-1)[..., :2]
+        kept = xp.argsort(-best_two.sum(axis=-1), axis=-1, kind="stable")[:, : spec.topk_groups]
+        allowed = xp.zeros((tokens, spec.num_groups), dtype=bool)
+        xp.put_along_axis(allowed, kept, True, axis=-1)
+        choice = xp.where(xp.repeat(allowed, per_group, axis=1), choice, -xp.inf)
+    chosen = xp.argsort(-choice, axis=-1, kind="stable")[:, : spec.num_used]
+    weights = xp.take_along_axis(scores, chosen, axis=-1)
+    if spec.normalize:
+        weights = weights / (weights.sum(axis=-1, keepdims=True) + xp.float32(1e-20))
+    return weights * xp.float32(spec.routed_scale), chosen
 
 
 def _softmax(xp: Any, x: Any) -> Any:

@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable
 
 from app.engine.loader.names import CheckpointError
-from app.engine.models.config import FFN_DENSE, FFN_MOE, MIXER_ATTENTION, ModelConfig
+from app.engine.models.config import FFN_DENSE, FFN_MOE, MIXER_ATTENTION, UNGATED_ACTIVATIONS, ModelConfig
 from app.engine.quant.dispatch import QuantizedTensor
 
 _BLOCK = re.compile(r"blk\.(\d+)\.")
@@ -72,6 +72,8 @@ def _check_blocks(cfg: ModelConfig, tensors: dict[str, QuantizedTensor], key: Ca
             if cfg.mixer(layer) != MIXER_ATTENTION and part.startswith("attn_"):
                 continue
             if cfg.ffn(layer) != FFN_DENSE and part.startswith("ffn_"):
+                continue
+            if part == "ffn_gate" and cfg.activation in UNGATED_ACTIVATIONS:  # down(act(up(x))): no gate
                 continue
             name = f"blk.{layer}.{part}.weight"
             tensor = tensors.get(name)

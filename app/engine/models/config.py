@@ -34,10 +34,16 @@ class MoeSpec:
     num_used: int
     intermediate_size: int  # of one expert
     # "softmax_topk": softmax over all experts, then the top k (renormalised when `normalize`) (Qwen3-MoE);
-    # "topk_softmax": the top k logits, then a softmax over those k (GPT-OSS).
+    # "topk_softmax": the top k logits, then a softmax over those k (GPT-OSS);
+    # "sigmoid_grouped": sigmoid scores; the top k of scores + a per-expert bias (`exp_probs_b`) among
+    # the experts of the best `topk_groups` of `num_groups` groups, weighted by their scores
+    # (renormalised when `normalize`) times `routed_scale` (Nemotron-H, DeepSeek-V3 style).
     routing: str = "softmax_topk"
     normalize: bool = True
-    activation: str = "silu"  # or "swiglu_oai": GPT-OSS's clamped swish-gated unit
+    num_groups: int = 1
+    topk_groups: int = 1
+    routed_scale: float = 1.0
+    activation: str = "silu"  # or "swiglu_oai": GPT-OSS's clamped swish-gated unit; "relu2": ungated
     swiglu_limit: float = 7.0
     swiglu_alpha: float = 1.702
     # A shared expert every token goes through beside the routed ones (Qwen3-Next, Qwen3.5-MoE,
@@ -56,6 +62,9 @@ MIXER_NONE = "none"
 RECURRENT_MIXERS = (MIXER_GATED_DELTANET, MIXER_MAMBA2)
 # What a layer's feed-forward is: "dense" (gated MLP), "moe" (cfg.moe), "none" (a mixer-only layer).
 FFN_DENSE, FFN_MOE, FFN_NONE = "dense", "moe", "none"
+# Activations of a plain `down(act(up(x)))` MLP and experts, which have no gate projection
+# (Nemotron-H's squared ReLU); every other activation gates: `down(act(gate(x)) * up(x))`.
+UNGATED_ACTIVATIONS = ("relu2",)
 
 
 @dataclass(frozen=True)
@@ -154,6 +163,7 @@ class ModelConfig:
     # Blocks a file holds past num_layers that the decoder does not run (the multi-token-prediction block
     # llama.cpp's converter appends to Qwen3.5 GGUFs: `nextn_predict_layers`); their tensors stay unread.
     trailing_blocks: int = 0
+    use_rope: bool = True  # False: attention without positions (NoPE: Nemotron-H, Granite 4.0-H)
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:

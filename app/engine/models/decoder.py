@@ -13,7 +13,7 @@ from app.engine.backend.base import AttentionMetadata
 from app.engine.layers.attention import Attention, AttentionSpec
 from app.engine.layers.embedding import Embedding
 from app.engine.layers.linear import Linear
-from app.engine.layers.mlp import GatedMLP
+from app.engine.layers.mlp import dense_mlp
 from app.engine.layers.moe import MoE
 from app.engine.layers.norm import RMSNorm
 from app.engine.layers.rope import attention_factor, cos_sin_table, inverse_frequencies, mrope_cos_sin
@@ -56,7 +56,7 @@ class DecoderLayer:
         if self.ffn_kind != FFN_NONE:
             self.ffn_norm = RMSNorm(backend, tensors[f"{prefix}.ffn_norm.weight"], eps)
         if self.ffn_kind == FFN_DENSE:
-            self.mlp = GatedMLP(backend, tensors, prefix, cfg.activation)
+            self.mlp = dense_mlp(backend, tensors, prefix, cfg.activation)
         elif self.ffn_kind == FFN_MOE:
             assert cfg.moe is not None
             self.moe = MoE(backend, tensors, prefix, cfg.moe)
@@ -81,9 +81,9 @@ class DecoderLayer:
             h = self._scaled(h)
         if self.ffn_kind == FFN_NONE:
             return h, residual
-        if self.moe is not None:
+        if self.moe is not None or not self.mlp.gated:  # experts, or a plain up/down MLP (Nemotron-H)
             normed, residual = self.ffn_norm.add_and_norm(h, residual)
-            h = self.moe(normed)
+            h = self.moe(normed) if self.moe is not None else self.mlp(normed)
         else:
             act, residual = self.ffn_norm.add_norm_gated_linear(
                 h, residual, self.mlp.gate_up, self.mlp.activation
@@ -127,11 +127,12 @@ class DecoderModel:
         self.config = cfg
         self.backend = backend
         self.embed = Embedding(backend, tensors["token_embd.weight"], cfg.embedding_scale)
-        tables = cos_sin_table(
-            inverse_frequencies(cfg.rotary_dim or cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, freq_factors),
-            max_positions,
-            attention_factor(cfg.rope_scaling),
+        inv_freq = inverse_frequencies(
+            cfg.rotary_dim or cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, freq_factors
         )
+        if not cfg.use_rope:  # NoPE: every angle 0 (cos 1, sin 0) turns q and k by nothing, exactly
+            inv_freq = inv_freq * inv_freq.dtype.type(0.0)
+        tables = cos_sin_table(inv_freq, max_positions, attention_factor(cfg.rope_scaling))
         global_rope = backend.rope_table(*tables)
         self._host_rope = tables if cfg.mrope_section else None  # M-RoPE gathers its rows per step
         local_rope = global_rope
