@@ -506,3 +506,33 @@ def test_released_qwen3_next_config() -> None:
     assert cfg.moe.shared_intermediate_size == 512 and cfg.moe.normalize
     # per sequence: 36 Gated DeltaNet layers, each a [8192, 3] conv state and a [32, 128, 128] state
     assert cfg.state_bytes_per_sequence == 36 * 4 * (8192 * 3 + 32 * 128 * 128)
+
+
+def test_multimodal_checkpoint_runs_its_text_side(tmp_path: Path) -> None:
+    """A Qwen3_5ForConditionalGeneration folder: the decoder under model.language_model., the config
+    under text_config, a vision tower (model.visual.*) and MTP weights (mtp.*) beside it, skipped."""
+    from app.engine.loader.safetensors import read_raw_tensors
+    from app.engine.loader.safetensors_write import StoredTensor, write_safetensors
+
+    source = FIXTURES / "qwen35" / "hf"
+    text = json.loads((source / "config.json").read_text(encoding="utf-8"))
+    wrapped = {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5", "text_config": text,
+               "vision_config": {"depth": 1, "hidden_size": 8}, "tie_word_embeddings": True}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(wrapped), encoding="utf-8")
+    tensors = {
+        name.replace("model.", "model.language_model.", 1): StoredTensor(raw.dtype, raw.shape, raw.data)
+        for name, raw in read_raw_tensors(source / "model.safetensors").items()
+    }
+    extra = np.ones((8, 8), np.float32)
+    for name in ("model.visual.blocks.0.attn.qkv.weight", "mtp.fc.weight", "mtp.layers.0.mlp.up_proj.weight"):
+        tensors[name] = StoredTensor("F32", extra.shape, extra)
+    write_safetensors(tmp_path / "model.safetensors", tensors)
+    checkpoint = open_checkpoint(tmp_path)
+    assert checkpoint.architecture == "qwen35" and not any(
+        "visual" in n or "mtp" in n for n in checkpoint.tensors
+    )
+    ours = Runner(build_model(checkpoint, cpu_backend("numpy"), MAX_POSITIONS)).step(
+        [(0, manifest("qwen35")["tokens"], 0)]
+    )[0]
+    expected = reference("qwen35")["logits"]
+    assert np.abs(ours - expected).max() <= RTOL * max(1.0, float(np.abs(expected).max()))
