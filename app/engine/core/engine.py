@@ -25,6 +25,7 @@ from app.engine.core.memory_plan import (
     num_kv_blocks,
     offload_tiers,
     state_cache_bytes,
+    state_host_rows,
     state_rows,
     weight_cache_mode,
 )
@@ -151,13 +152,16 @@ class LLMEngine:
             )  # fmt: skip
         tiers = None
         if cfg.is_hybrid and (config.kv_host_gb or config.kv_disk_gb):
-            log.info("KV host/disk tiers off: they do not keep this hybrid model's recurrent-state snapshots")
+            log.info("KV host/disk tiers off for this hybrid model (a prefix hit needs its recurrent state too); "
+                     "host RAM keeps evicted state snapshots instead")  # fmt: skip
         elif cfg.attention_layers:
             copier = DeviceBlocks(self.backend, attention_caches(cfg, kv_caches))
             tiers = offload_tiers(config, copier, self.path, cfg, self.kv_dtype)
         state = None
         if slots:
-            state = StateCache(slots, snapshots, self.block_size, config.state_snapshot_interval)
+            host_rows = state_host_rows(config, cfg, snapshots)
+            state = StateCache(slots, snapshots, self.block_size, config.state_snapshot_interval, host_rows=host_rows)
+            self.runner.allocate_host_states(host_rows)
         self.kv = KVCacheManager(
             num_blocks, self.block_size, enable_prefix_caching=config.enable_prefix_caching, tiers=tiers,
             state=state,
@@ -313,9 +317,9 @@ class LLMEngine:
         then resolve the in-flight step, whose outputs these are, while the new one runs."""
         scheduled = self.scheduler.schedule()
         sampling = self.pipeline.planned(scheduled)
-        self.runner.copy_states(scheduled.state_restores)
+        self.runner.states_before(scheduled.state)
         logits = self.runner.run_from_device(scheduled.chunks, *self.pipeline.inputs(sampling))
-        self.runner.copy_states(scheduled.state_saves)
+        self.runner.states_after(scheduled.state)
         self._count(scheduled)
         logits = self._for_sampler(logits)
         try:
@@ -331,9 +335,9 @@ class LLMEngine:
     def _run(self, scheduled: SchedulerOutput) -> Any:
         """Forward a step from host token ids, with its recurrent-state copies around it (hybrid
         models: prefix hits' snapshots into their slots before, new snapshots out after)."""
-        self.runner.copy_states(scheduled.state_restores)
+        self.runner.states_before(scheduled.state)
         logits = self.runner.run(scheduled.chunks)
-        self.runner.copy_states(scheduled.state_saves)
+        self.runner.states_after(scheduled.state)
         return logits
 
     def _for_sampler(self, logits: Any) -> Any:

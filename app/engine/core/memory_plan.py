@@ -111,6 +111,15 @@ def state_rows(config: EngineConfig, cfg: ModelConfig, budget: int) -> tuple[int
                           config.state_snapshot_gb, budget)  # fmt: skip
 
 
+def state_host_rows(config: EngineConfig, cfg: ModelConfig, snapshots: int) -> int:
+    """Rows of the host-RAM snapshot tier: --kv-host-gb of a hybrid model's snapshots (its KV
+    blocks do not go to host RAM: a prefix hit needs the state there too); 0 without device ones."""
+    per_sequence = cfg.state_bytes_per_sequence
+    if not per_sequence or not snapshots or not config.kv_host_gb:
+        return 0
+    return int(config.kv_host_gb * 2**30) // per_sequence
+
+
 def state_cache_bytes(cfg: ModelConfig, slots: int, snapshots: int) -> int:
     """Bytes of the recurrent state arrays: the null row, the slots and the snapshots, float32."""
     from app.engine.core import fit
