@@ -536,3 +536,13 @@ def test_multimodal_checkpoint_runs_its_text_side(tmp_path: Path) -> None:
     )[0]
     expected = reference("qwen35")["logits"]
     assert np.abs(ours - expected).max() <= RTOL * max(1.0, float(np.abs(expected).max()))
+
+
+@pytest.mark.parametrize("missing", ["blk.0.ssm_out.weight", "blk.0.ssm_beta.weight", "blk.0.ssm_a"])
+def test_a_missing_gated_deltanet_tensor_is_named(missing: str, tmp_root: str) -> None:
+    checkpoint = open_checkpoint(gguf_path("qwen35", tmp_root))
+    broken = dataclasses.replace(
+        checkpoint, tensors={n: t for n, t in checkpoint.tensors.items() if n != missing}
+    )
+    with pytest.raises(CheckpointError, match=f"'{missing}' is missing"):
+        build_model(broken, cpu_backend("numpy"), MAX_POSITIONS)
