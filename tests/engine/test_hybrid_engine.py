@@ -277,9 +277,10 @@ def test_family_sequences_in_a_batch_of_eight_match_each_alone(fam: str, gguf_di
     prompts = [tokens[i : i + n] for i, n in enumerate((5, 12, 17, 23, 30, 41, 52, 66)) if i + n <= len(tokens)]
     prompts += [tokens[: 9 + 7 * i] for i in range(8 - len(prompts))]
     engine = family_engine(family_gguf(fam, gguf_dir), max_num_batched_tokens=40, enable_prefix_caching=False)
-    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
-    alone = [run(engine, p, params)[0] for p in prompts]
-    assert [r["token_ids"] for r in engine.generate(prompts, params)] == alone
+    alone = [run_scored(engine, p) for p in prompts]
+    for result, single in zip(engine.generate(prompts, SCORED), alone, strict=True):
+        top = np.array([[value for _, value in step.top] for step in result["logprobs"]])
+        assert_same_scores((result["token_ids"], top, 0), single)
     assert_no_state_held(engine)
 
 
