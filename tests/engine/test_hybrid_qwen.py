@@ -546,3 +546,14 @@ def test_a_missing_gated_deltanet_tensor_is_named(missing: str, tmp_root: str) -
     )
     with pytest.raises(CheckpointError, match=f"'{missing}' is missing"):
         build_model(broken, cpu_backend("numpy"), MAX_POSITIONS)
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_files_without_a_chat_template_get_chatml(arch: str) -> None:
+    """Qwen3.5 / Qwen3-Next checkpoints carry their template; without one, the Qwen built-in (ChatML)."""
+    from app.engine.text.chat_template import chat_template_for
+
+    template = chat_template_for({}, None, arch)
+    assert template.source == "builtin:chatml"
+    prompt = template.render([{"role": "user", "content": "hi"}], add_generation_prompt=True)
+    assert prompt.endswith("<|im_start|>assistant\n")
