@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hybrid_gguf import write_qwen_gguf  # sibling module: pytest puts tests/engine on sys.path
+from hybrid_gguf import write_mamba_gguf, write_qwen_gguf  # sibling module: tests/engine is on sys.path
 
 from app.engine import EngineConfig, SamplingParams
 from app.engine.backend.recurrent_reference import causal_conv1d, sequences
@@ -41,6 +41,8 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 LLAMA = FIXTURES / "families" / "llama" / "llama-bf16-q8_0.gguf"
 HYBRID = FIXTURES / "hybrid"
 QWEN_FAMILIES = ("qwen35", "qwen35moe", "qwen3next")
+MAMBA_ARCH = {"nemotron_h": "nemotron_h", "nemotron_h_moe": "nemotron_h_moe", "granite_hybrid": "granitehybrid"}
+FAMILIES = (*QWEN_FAMILIES, *MAMBA_ARCH)
 CONTEXT = 9216
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 DECAY = np.float32(0.995)  # a memory of hundreds of tokens: a state resumed wrong shows for long
@@ -242,6 +244,8 @@ def family_gguf(fam: str, folder: Path, context: int | None = None) -> Path:
         (config.get("text_config") or config)["max_position_embeddings"] = context
         (wider / "config.json").write_text(json.dumps(config), encoding="utf-8")
         source = wider
+    if fam in MAMBA_ARCH:
+        return write_mamba_gguf(source, MAMBA_ARCH[fam], path)
     return write_qwen_gguf(source, fam, path)
 
 
@@ -256,7 +260,7 @@ def manifest(fam: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("async_decode", [False, True], ids=["sync", "async"])
-@pytest.mark.parametrize("fam", QWEN_FAMILIES)
+@pytest.mark.parametrize("fam", FAMILIES)
 def test_family_greedy_in_small_prefill_chunks_matches_transformers(
     fam: str, async_decode: bool, gguf_dir: Path
 ) -> None:
@@ -271,7 +275,7 @@ def test_family_greedy_in_small_prefill_chunks_matches_transformers(
     assert_no_state_held(engine)
 
 
-@pytest.mark.parametrize("fam", QWEN_FAMILIES)
+@pytest.mark.parametrize("fam", FAMILIES)
 def test_family_sequences_in_a_batch_of_eight_match_each_alone(fam: str, gguf_dir: Path) -> None:
     tokens = manifest(fam)["tokens"]
     prompts = [tokens[i : i + n] for i, n in enumerate((5, 12, 17, 23, 30, 41, 52, 66)) if i + n <= len(tokens)]
@@ -284,11 +288,13 @@ def test_family_sequences_in_a_batch_of_eight_match_each_alone(fam: str, gguf_di
     assert_no_state_held(engine)
 
 
-def test_family_shared_2000_token_prefix_is_served_from_the_cache(gguf_dir: Path) -> None:
-    """Qwen3.5: a second request sharing a 2,000-token prefix with the first reports >= 1,900
-    cached tokens and gives the greedy tokens of an engine with prefix caching off."""
-    path = family_gguf("qwen35", gguf_dir, context=4096)
-    vocab = json.loads((HYBRID / "qwen35" / "hf" / "config.json").read_text(encoding="utf-8"))["vocab_size"]
+@pytest.mark.parametrize("fam", ["qwen35", "nemotron_h"])
+def test_family_shared_2000_token_prefix_is_served_from_the_cache(fam: str, gguf_dir: Path) -> None:
+    """Qwen3.5 (Gated DeltaNet) and Nemotron-H (Mamba-2): a second request sharing a 2,000-token
+    prefix with the first reports >= 1,900 cached tokens and scores as on an engine with prefix
+    caching off (greedy tokens and top-5 log-probs)."""
+    path = family_gguf(fam, gguf_dir, context=4096)
+    vocab = json.loads((HYBRID / fam / "hf" / "config.json").read_text(encoding="utf-8"))["vocab_size"]
     rng = np.random.default_rng(7)
     shared = [int(t) for t in rng.integers(0, vocab - 1, 2000)]
     first = shared + [int(t) for t in rng.integers(0, vocab - 1, 40)]

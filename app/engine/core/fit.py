@@ -526,13 +526,15 @@ def shape_from_hf_config(config: Mapping[str, Any], weight_bytes: int) -> ModelS
 
     hidden = int(key("hidden_size"))
     heads = int(key("num_attention_heads"))
+    hybrid = _recurrent_hf(config, cfg)
+    layers = hybrid.pop("num_layers", None) or int(key("num_hidden_layers"))  # Nemotron-H: its pattern's length
     intermediate = cfg.get("intermediate_size")
     expert_ff = int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0)
     if cfg.get("num_experts_per_tok") and cfg.get("moe_intermediate_size"):
         intermediate = int(cfg["moe_intermediate_size"]) * int(cfg["num_experts_per_tok"])
     shape = ModelShape(
         architecture=str(architectures[0]),
-        num_layers=int(key("num_hidden_layers")),
+        num_layers=layers,
         hidden_size=hidden,
         num_heads=heads,
         num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
@@ -543,7 +545,7 @@ def shape_from_hf_config(config: Mapping[str, Any], weight_bytes: int) -> ModelS
         weight_bytes=int(weight_bytes),
         num_experts=int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0),
         experts_used=int(cfg.get("num_experts_per_tok") or 0),
-        **_recurrent_hf(config, cfg),
+        **hybrid,
     )
     return with_estimated_expert_bytes(shape, expert_ff)
 
@@ -557,7 +559,9 @@ def _recurrent_gguf(meta: Mapping[str, Any], arch: str, vocab_size: int) -> dict
     """A hybrid GGUF's KV layers and per-sequence state, by its family's own config parser."""
     if f"{arch}.ssm.conv_kernel" not in meta:
         return {}
-    return _recurrent_fields(arch, lambda fam: fam.config_from_gguf(dict(meta), vocab_size))
+    fields = _recurrent_fields(arch, lambda fam: fam.config_from_gguf(dict(meta), vocab_size))
+    fields.pop("num_layers", None)  # block_count says it (with any trailing MTP blocks)
+    return fields
 
 
 def _recurrent_hf(config: Mapping[str, Any], text: Mapping[str, Any]) -> dict[str, int]:
@@ -578,7 +582,8 @@ def _recurrent_fields(architecture: str, parse: Any) -> dict[str, int]:
         return {}
     if not cfg.is_hybrid:
         return {}
-    return {"kv_layers": len(cfg.attention_layers), "state_bytes_per_sequence": cfg.state_bytes_per_sequence}
+    return {"kv_layers": len(cfg.attention_layers), "state_bytes_per_sequence": cfg.state_bytes_per_sequence,
+            "num_layers": cfg.num_layers}  # fmt: skip
 
 
 def with_estimated_expert_bytes(shape: ModelShape, expert_ff: int) -> ModelShape:
