@@ -7,8 +7,11 @@ here at test time in llama.cpp's layout (hybrid_gguf.py: -exp(A_log) as [H, 1], 
 [G, d_inner / G], q/k permuted, experts stacked, Granite's gate/up rows split). At the model level
 (DecoderModel.forward with hand-built metadata and state slots: test_hybrid_qwen's Runner) the
 models run in one prefill, in chunked prefill (13, 11, then the rest) and decode one token at a
-time (the one-step recurrence); through the engine (`LLMEngine` on the GGUF, 8-token prefill steps)
-greedy tokens and batches of eight are checked too.
+time (the one-step recurrence). Through the engine (`LLMEngine` in 8-token prefill steps, on the HF
+folder with a tokenizer.json beside it and on the GGUF): greedy tokens and top-5 log-probs, batches
+of eight against each alone, a prefix hit resuming the Mamba-2 states from a snapshot. Also: an F16
+GGUF on the numba backend, a Q8_0 GGUF against its own float values, the scan's two forms against
+each other, Nemotron-H's router, and the configs (both sources, the hub's spellings, refusals).
 
 Tolerance: logits within 5e-5 x the case's logit scale (float32 summation order, the chunked
 against the recurrent form: measured <= 1e-6 x scale); first-step top-5 log-probs within 1e-3.
@@ -16,6 +19,7 @@ against the recurrent form: measured <= 1e-6 x scale); first-step top-5 log-prob
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from pathlib import Path
@@ -25,9 +29,9 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as GQ
 from hybrid_gguf import write_mamba_gguf  # sibling modules: pytest puts tests/engine on sys.path
-from test_hybrid_qwen import Runner, chunked_then_greedy, log_softmax
+from test_hybrid_qwen import Runner, chunked_then_greedy, engine_folder, greedy_params, log_softmax
 
-from app.engine import EngineConfig, SamplingParams
+from app.engine import EngineConfig
 from app.engine.backend import cpu_backend
 from app.engine.backend.base import AttentionMetadata
 from app.engine.backend.ssd_reference import ssd_chunked, ssd_recurrent, ssd_scan
@@ -46,6 +50,8 @@ from app.engine.models.config import (
 )
 from app.engine.models.decoder import DecoderModel
 from app.engine.models.registry import build_model, family, model_config
+from app.engine.quant.dispatch import QuantizedTensor
+from app.engine.quant.types import QUANT_TYPES
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hybrid"
 ARCH = {"nemotron_h": "nemotron_h", "nemotron_h_moe": "nemotron_h_moe", "granite_hybrid": "granitehybrid"}
@@ -125,8 +131,33 @@ def test_chunked_prefill_and_greedy_decode_match_transformers(fam: str, source: 
     assert np.abs(second - ref["step_logits"][1]).max() <= RTOL * scale(fam)
 
 
+# Nemotron-H's GGUF in the fast tier; the rest (numba's first compile of each format takes a while on a
+# fresh clone) in the slow one.
+NUMBA_CASES = [
+    (fam, source)
+    if (fam, source) == ("nemotron_h", "gguf")
+    else pytest.param(fam, source, marks=pytest.mark.slow)
+    for fam in FAMILIES
+    for source in SOURCES
+]
+
+
+@pytest.mark.parametrize(("fam", "source"), NUMBA_CASES)
+def test_numba_backend_matches_transformers(fam: str, source: str, tmp_root: str) -> None:
+    """On the numba CPU backend (its products over the file's blocks; the Mamba-2 layer runs the numpy
+    ops it inherits): the same logits, greedy tokens and top-5 log-probs."""
+    path = FIXTURES / fam / "hf" if source == "hf" else gguf_path(fam, tmp_root)
+    m = build_model(open_checkpoint(path), cpu_backend("numba"), MAX_POSITIONS)
+    man, ref = manifest(fam), reference(fam)
+    logits, greedy, _ = chunked_then_greedy(m, man["tokens"], len(man["greedy"]))
+    assert np.abs(logits - ref["logits"]).max() <= RTOL * scale(fam)
+    assert greedy == man["greedy"]
+    first = log_softmax(logits[-1])
+    assert np.abs(first[man["top5_ids"]] - ref["top5_logprobs"]).max() <= 1e-3
+
+
 def test_f16_gguf_on_the_numba_backend(tmp_root: str) -> None:
-    """Nemotron-H from an F16 GGUF on the numba CPU backend (the Mamba-2 layer runs its numpy ops)."""
+    """Nemotron-H from an F16 GGUF (weights rounded to f16) on the numba backend: the same greedy tokens."""
     fam = "nemotron_h"
     m = build_model(open_checkpoint(gguf_path(fam, tmp_root, GQ.F16)), cpu_backend("numba"), MAX_POSITIONS)
     man, ref = manifest(fam), reference(fam)
@@ -139,35 +170,83 @@ def test_f16_gguf_on_the_numba_backend(tmp_root: str) -> None:
 # -- through the engine -------------------------------------------------------------------------
 
 
-def engine(path: Path, **fields: Any) -> LLMEngine:
+def engine(fam: str, source: str, tmp_root: str, **fields: Any) -> LLMEngine:
+    """An engine on the fixture (the HF folder with a byte-level tokenizer.json beside it, or the GGUF)
+    in 8-token prefill steps."""
+    path = engine_folder(fam, tmp_root) if source == "hf" else gguf_path(fam, tmp_root)
     settings: dict[str, Any] = dict(model=str(path), device="cpu", cpu_kernels="numpy", max_num_seqs=8,
                                     max_num_batched_tokens=8, block_size=8, max_model_len=512,
-                                    kv_cache_bytes=64 << 20)  # fmt: skip
+                                    kv_cache_bytes=64 << 20, enable_prefix_caching=False)  # fmt: skip
     return LLMEngine(EngineConfig(**{**settings, **fields}))
 
 
-def generate_one(eng: LLMEngine, tokens: list[int], max_tokens: int) -> list[int]:
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    return eng.generate([tokens], params)[0]["token_ids"]
-
-
+@pytest.mark.parametrize("source", SOURCES)
 @pytest.mark.parametrize("fam", FAMILIES)
-def test_engine_greedy_in_small_prefill_chunks_matches_transformers(fam: str, tmp_root: str) -> None:
-    """The 72-token prompt prefilled in 8-token steps, then greedy decode, through LLMEngine."""
-    man = manifest(fam)
-    eng = engine(gguf_path(fam, tmp_root))
+def test_engine_greedy_and_top5_in_small_prefill_chunks_match_transformers(
+    fam: str, source: str, tmp_root: str
+) -> None:
+    """The 72-token prompt prefilled in 8-token steps, then greedy decode, through LLMEngine:
+    transformers' greedy tokens and first-step top-5 log-probs."""
+    man, ref = manifest(fam), reference(fam)
+    eng = engine(fam, source, tmp_root)
     assert eng.model_config.is_hybrid and len(man["tokens"]) > 8 * 8
-    assert generate_one(eng, man["tokens"], len(man["greedy"])) == man["greedy"]
+    (result,) = eng.generate([man["tokens"]], greedy_params(len(man["greedy"]), logprobs=5))
+    assert result["token_ids"] == man["greedy"]
+    top = result["logprobs"][0].top
+    assert [t for t, _ in top] == man["top5_ids"]
+    assert np.abs(np.array([lp for _, lp in top]) - ref["top5_logprobs"]).max() <= 1e-3
 
 
 @pytest.mark.parametrize("fam", FAMILIES)
 def test_engine_sequences_in_a_batch_of_eight_match_each_alone(fam: str, tmp_root: str) -> None:
     tokens = manifest(fam)["tokens"]
     prompts = [tokens[i : i + n] for i, n in enumerate((5, 12, 17, 23, 30, 41, 52, 66))]
-    eng = engine(gguf_path(fam, tmp_root), max_num_batched_tokens=40, enable_prefix_caching=False)
-    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
-    alone = [generate_one(eng, p, 6) for p in prompts]
+    eng = engine(fam, "gguf", tmp_root, max_num_batched_tokens=40)
+    params = greedy_params(6)
+    alone = [eng.generate([p], params)[0]["token_ids"] for p in prompts]
     assert [r["token_ids"] for r in eng.generate(prompts, params)] == alone
+    assert all(len(a) == 6 for a in alone)
+
+
+@pytest.mark.parametrize("fam", ["nemotron_h", "granite_hybrid"])
+def test_engine_prefix_hit_resumes_the_mamba2_state(fam: str, tmp_root: str) -> None:
+    """A second request sharing 64 tokens resumes the conv and SSM states from the snapshot the first
+    left, and generates what an engine without the prefix cache generates."""
+    tokens = manifest(fam)["tokens"]
+    first, second = tokens[:70], tokens[:64] + tokens[::-1][:6]
+    params = greedy_params(8)
+    expected = engine(fam, "hf", tmp_root).generate([second], params)[0]["token_ids"]
+    eng = engine(fam, "hf", tmp_root, enable_prefix_caching=True, state_snapshot_interval=16)
+    eng.generate([first], params)
+    (result,) = eng.generate([second], params)
+    assert result["num_cached_tokens"] >= 48
+    assert result["token_ids"] == expected
+
+
+def test_quantized_gguf_equals_its_float_values(tmp_root: str) -> None:
+    """Nemotron-H as a Q8_0 GGUF (the converter's rule keeps A, D, the conv, norms and biases F32):
+    the model equals one built from the same file with every tensor dequantized to float32."""
+    checkpoint = open_checkpoint(gguf_path("nemotron_h", tmp_root, GQ.Q8_0))
+    types = {name: t.qtype.name for name, t in checkpoint.tensors.items()}
+    assert (
+        types["blk.0.ssm_in.weight"]
+        == types["blk.0.ssm_out.weight"]
+        == types["blk.1.ffn_up.weight"]
+        == "Q8_0"
+    )
+    assert types["blk.0.ssm_a"] == types["blk.0.ssm_conv1d.weight"] == types["blk.0.ssm_norm.weight"] == "F32"
+    floats = {
+        n: QuantizedTensor.from_float(n, t.dequantize(), QUANT_TYPES["F32"])
+        for n, t in checkpoint.tensors.items()
+    }
+    as_floats = dataclasses.replace(checkpoint, tensors=floats)
+    tokens = manifest("nemotron_h")["tokens"]
+    ours = Runner(build_model(checkpoint, cpu_backend("numpy"), MAX_POSITIONS)).step([(0, tokens, 0)])[0]
+    expected = Runner(build_model(as_floats, cpu_backend("numpy"), MAX_POSITIONS)).step([(0, tokens, 0)])[0]
+    assert np.abs(ours - expected).max() <= 1e-5 * max(1.0, float(np.abs(expected).max()))
+    assert (
+        ours.argmax(-1) == reference("nemotron_h")["logits"].argmax(-1)
+    ).mean() > 0.9  # Q8_0's error is small
 
 
 # -- the scan's two forms -----------------------------------------------------------------------

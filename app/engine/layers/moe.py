@@ -232,9 +232,8 @@ def _sigmoid_grouped(xp: Any, logits: Any, spec: MoeSpec, score_bias: Any) -> tu
         tokens, per_group = choice.shape[0], spec.num_experts // spec.num_groups
         grouped = choice.reshape(tokens, spec.num_groups, per_group)
         best_two = -xp.sort(-grouped, axis=-1)[..., :2]
-        kept = xp.argsort(-best_two.sum(axis=-1), axis=-1, kind="stable")[:, : spec.topk_groups]
-        allowed = xp.zeros((tokens, spec.num_groups), dtype=bool)
-        xp.put_along_axis(allowed, kept, True, axis=-1)
+        order = xp.argsort(-best_two.sum(axis=-1), axis=-1, kind="stable")
+        allowed = xp.argsort(order, axis=-1) < spec.topk_groups  # each group's rank among the token's groups
         choice = xp.where(xp.repeat(allowed, per_group, axis=1), choice, -xp.inf)
     chosen = xp.argsort(-choice, axis=-1, kind="stable")[:, : spec.num_used]
     weights = xp.take_along_axis(scores, chosen, axis=-1)
