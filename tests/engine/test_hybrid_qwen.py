@@ -557,3 +557,38 @@ def test_files_without_a_chat_template_get_chatml(arch: str) -> None:
     assert template.source == "builtin:chatml"
     prompt = template.render([{"role": "user", "content": "hi"}], add_generation_prompt=True)
     assert prompt.endswith("<|im_start|>assistant\n")
+
+
+def _meta(lengths: list[int], slots: list[int], initial: list[bool]) -> AttentionMetadata:
+    qsl = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    n = int(qsl[-1])
+    return AttentionMetadata(
+        qsl, np.array(lengths, np.int32), np.zeros((len(lengths), 1), np.int32), np.zeros(n, np.int32),
+        np.zeros(n, np.int32), max(lengths), max(lengths), 16, host_query_start_loc=qsl,
+        host_state_slots=np.array(slots), host_has_initial_state=np.array(initial),
+    )  # fmt: skip
+
+
+def test_one_token_sequences_step_together_as_each_alone() -> None:
+    """Decoding sequences take one batched step; a sequence that starts here ignores its slot's leftovers."""
+    rng = np.random.default_rng(3)
+    lengths, slots, initial = [1, 1, 5, 1, 12], [4, 0, 2, 1, 3], [True, False, True, True, False]
+    t, hk, hv, d = sum(lengths), 2, 4, 8
+    q, k = (rng.normal(size=(t, hk, d)).astype(np.float32) for _ in range(2))
+    v = rng.normal(size=(t, hv, d)).astype(np.float32)
+    g = -rng.uniform(0, 1, (t, hv)).astype(np.float32)
+    beta = rng.uniform(0, 1, (t, hv)).astype(np.float32)
+    start_state = rng.normal(0, 10, (5, hv, d, d)).astype(np.float32)
+    batched_state = start_state.copy()
+    batched = gated_delta_rule(np, q, k, v, g, beta, batched_state, _meta(lengths, slots, initial))
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    for i, (n, slot, init) in enumerate(zip(lengths, slots, initial, strict=True)):
+        rows = slice(starts[i], starts[i] + n)
+        alone_state = start_state.copy()
+        if not init:  # expected: it starts from a state of zeros (then continues it)
+            alone_state[slot] = 0
+        alone = gated_delta_rule(
+            np, q[rows], k[rows], v[rows], g[rows], beta[rows], alone_state, _meta([n], [slot], [True])
+        )
+        np.testing.assert_allclose(batched[rows], alone, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(batched_state[slot], alone_state[slot], rtol=1e-6, atol=1e-6)

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+
 from app.engine.backend.base import AttentionMetadata
 
 
@@ -97,7 +99,11 @@ def gated_delta_rule(
     q, k = (_heads_for_values(xp, a, v.shape[1], tiled_v_heads) for a in (q, k))
     v, g, beta = (a.astype(f32, copy=False) for a in (v, g, beta))
     out = xp.empty(v.shape, f32)
+    decoding = []  # (row, slot, continues) of one-token sequences: one batched step for all of them
     for start, end, slot, initial in sequences(meta):
+        if end - start == 1:
+            decoding.append((start, slot, initial))
+            continue
         s = state[slot].astype(f32, copy=True) if initial else xp.zeros(state.shape[1:], f32)
         rows = slice(start, end)
         form = delta_rule_recurrent if end - start <= GDN_RECURRENT_MAX_TOKENS else delta_rule_chunked
@@ -105,6 +111,11 @@ def gated_delta_rule(
         o, s = form(xp, *(a[rows].swapaxes(0, 1) for a in (q, k, v, g, beta)), s)
         out[rows] = o.swapaxes(0, 1)
         state[slot] = s
+    if decoding:
+        rows, slots, initial = (xp.asarray(np.array(c)) for c in zip(*decoding, strict=True))
+        s = state[slots].astype(f32, copy=True)  # [B, H, Dk, Dv]
+        s[~initial] = 0  # sequences that start here: their rows' old contents are not theirs
+        out[rows], state[slots] = delta_step(xp, s, q[rows], k[rows], v[rows], g[rows], beta[rows])
     return out
 
 
@@ -120,14 +131,20 @@ def delta_rule_recurrent(xp: Any, q: Any, k: Any, v: Any, g: Any, beta: Any, s: 
     """Token by token, for one sequence: `q, k [H, L, Dk]`, `v [H, L, Dv]`, `g, beta [H, L]`, state
     `s [H, Dk, Dv]` -> (`[H, L, Dv]`, the state after the last token)."""
     out = xp.empty(v.shape, v.dtype)
-    decay = xp.exp(g)
     for t in range(q.shape[1]):
-        s = s * decay[:, t, None, None]
-        predicted = xp.einsum("hk,hkv->hv", k[:, t], s)
-        delta = (v[:, t] - predicted) * beta[:, t, None]
-        s = s + k[:, t, :, None] * delta[:, None, :]
-        out[:, t] = xp.einsum("hk,hkv->hv", q[:, t], s)
+        out[:, t], s = delta_step(xp, s, q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t])
     return out, s
+
+
+def delta_step(xp: Any, s: Any, q: Any, k: Any, v: Any, g: Any, beta: Any) -> tuple[Any, Any]:
+    """One token of the recurrence over any leading dims (heads; or sequences, heads for a batch of
+    decodes): state `s [..., Dk, Dv]`, `q, k [..., Dk]`, `v [..., Dv]`, `g, beta [...]` -> (output
+    `[..., Dv]`, the new state)."""
+    s = s * xp.exp(g)[..., None, None]
+    predicted = xp.einsum("...k,...kv->...v", k, s)
+    delta = (v - predicted) * beta[..., None]
+    s = s + k[..., :, None] * delta[..., None, :]
+    return xp.einsum("...k,...kv->...v", q, s), s
 
 
 def delta_rule_chunked(
