@@ -95,3 +95,18 @@ def test_paddock_fit_shows_the_recurrent_state(qwen35: Path, capsys: Any) -> Non
     report = json.loads(capsys.readouterr().out)
     assert report["breakdown"]["state_snapshots"] == 0 and report["breakdown"]["state_slots"] == 32
     assert report["breakdown"]["state_cache"] == 33 * report["shape"]["state_bytes_per_sequence"]
+
+
+@pytest.mark.parametrize("fam", ["qwen35", "nemotron_h"])
+def test_the_studio_library_sees_the_state_of_a_hybrid_gguf(fam: str, gguf_dir: Path) -> None:
+    """The Studio's model list judges a hybrid file with its recurrent state counted."""
+    from app.studio.library import describe_gguf
+
+    path = family_gguf(fam, gguf_dir)
+    entry = describe_gguf((path,), path.stem)
+    cfg = model_config(open_checkpoint(path))
+    assert entry.shape is not None
+    assert (entry.shape.kv_layers, entry.shape.state_bytes_per_sequence) == (
+        len(cfg.attention_layers), cfg.state_bytes_per_sequence
+    )
+    assert predict_memory(entry.shape, FitOptions(max_num_seqs=SEQS), "cpu").state_slots == SEQS
