@@ -592,3 +592,15 @@ def test_one_token_sequences_step_together_as_each_alone() -> None:
         )
         np.testing.assert_allclose(batched[rows], alone, rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(batched_state[slot], alone_state[slot], rtol=1e-6, atol=1e-6)
+
+
+def test_stacked_hf_experts_split_in_their_own_format() -> None:
+    """Qwen3.5-MoE's stacked `gate_up_proj [E, 2 ff, hidden]` splits into gate and up halves, still bf16."""
+    checkpoint = open_checkpoint(FIXTURES / "qwen35moe" / "hf")
+    stacked = checkpoint.tensors["blk.0.ffn_gate_up_exps.weight"]
+    adapted = family("qwen35moe").adapt_hf_tensors(checkpoint.tensors, model_config(checkpoint))
+    gate, up = adapted["blk.0.ffn_gate_exps.weight"], adapted["blk.0.ffn_up_exps.weight"]
+    assert stacked.qtype.name == gate.qtype.name == up.qtype.name == "BF16"
+    values, ff = stacked.dequantize(), stacked.shape[1] // 2
+    np.testing.assert_array_equal(gate.dequantize(), values[:, :ff])
+    np.testing.assert_array_equal(up.dequantize(), values[:, ff:])

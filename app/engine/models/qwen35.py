@@ -168,13 +168,31 @@ def adapt_hf_tensors(tensors: Tensors, cfg: ModelConfig) -> Tensors:
             out[name] = _float(name, -np.exp(tensor.dequantize().astype(np.float64)))
         elif name.endswith(".ssm_conv1d.weight") and len(tensor.shape) == 3:
             out[name] = QuantizedTensor(name, tensor.qtype, (tensor.shape[0], tensor.shape[2]), tensor.data)
-        elif name.endswith(".ffn_gate_up_exps.weight"):  # [E, 2 ff, hidden]: gate rows, then up rows
+        elif name.endswith(".ffn_gate_up_exps.weight"):
             del out[name]
-            values = tensor.dequantize()
-            ff = values.shape[1] // 2
             prefix = name.removesuffix(".ffn_gate_up_exps.weight")
-            out[f"{prefix}.ffn_gate_exps.weight"] = _float(f"{prefix}.ffn_gate_exps.weight", values[:, :ff])
-            out[f"{prefix}.ffn_up_exps.weight"] = _float(f"{prefix}.ffn_up_exps.weight", values[:, ff:])
+            out.update(_split_gate_up(tensor, prefix))
+    return out
+
+
+def _split_gate_up(tensor: QuantizedTensor, prefix: str) -> Tensors:
+    """Stacked experts `[E, 2 ff, hidden]` (each expert's gate rows, then its up rows) as GGUF's
+    `ffn_gate_exps` and `ffn_up_exps` `[E, ff, hidden]`, rows picked in the file's format (a
+    checkpoint's bf16 experts stay bf16)."""
+    experts, double, hidden = tensor.shape
+    ff = double // 2
+    rows = np.arange(experts)[:, None] * double + np.arange(ff)[None, :]
+    out = {}
+    for part, picked in (("gate", rows), ("up", rows + ff)):
+        name = f"{prefix}.ffn_{part}_exps.weight"
+        flat = take_rows(
+            QuantizedTensor(
+                tensor.name, tensor.qtype, (experts * double, hidden), tensor.data, tensor.scales
+            ),
+            picked.reshape(-1),
+            name,
+        )
+        out[name] = QuantizedTensor(name, flat.qtype, (experts, ff, hidden), flat.data, flat.scales)
     return out
 
 
