@@ -98,6 +98,7 @@ class StateCache:
         decode snapshot is published if the state there is known to be computed; pending copies go."""
         rid = request.request_id
         slot = self._slot_of.pop(rid, None)
+        unsaved = slot is not None and slot in self._saves  # its save of this step will not run
         if slot is not None:
             self._restores.pop(slot, None)
             self._saves.pop(slot, None)
@@ -110,7 +111,7 @@ class StateCache:
         held = self._held.pop(rid, None)
         if held is not None:
             row, end = held
-            if end <= request.num_computed_tokens and not self._pending_save(row):
+            if end <= request.num_computed_tokens and not unsaved:
                 self.snapshots.publish(row, self._key(request, end))
             else:  # the save past num_computed_tokens ran ahead of the stop (async decode), or never ran
                 self.snapshots.release(row)
@@ -240,9 +241,6 @@ class StateCache:
         assert self.host is not None
         row = self.host.lookup_quiet(key)
         return row in self._spills
-
-    def _pending_save(self, row: int) -> bool:
-        return row in self._saves.values()
 
     def _key(self, request: Request, end: int) -> int:
         return self._chain(request, request.cache_token_prefix(end), end // self.block_size)[-1]
