@@ -296,7 +296,7 @@ def mamba_layer_pattern(cfg: dict[str, Any]) -> str:
 def mamba_metadata(arch: str, cfg: dict[str, Any]) -> dict[str, Any]:
     """The keys convert_hf_to_gguf.py writes (TextModel, GraniteMoeModel, GraniteHybridModel,
     NemotronHModel): per-layer head_count_kv (and for Nemotron-H feed_forward_length) arrays that are 0
-    where a layer lacks the part, ssm.* with time_step_rank = the number of heads, no RoPE."""
+    where a layer lacks the part, ssm.* with time_step_rank = the number of heads."""
     pattern = mamba_layer_pattern(cfg)
     granite = arch == "granitehybrid"
     heads = cfg["num_attention_heads"]
@@ -314,8 +314,12 @@ def mamba_metadata(arch: str, cfg: dict[str, Any]) -> dict[str, Any]:
         "ssm.inner_size": cfg["mamba_n_heads"] * cfg["mamba_d_head"]
         if granite
         else cfg["mamba_num_heads"] * cfg["mamba_head_dim"],
-        "rope.scaling.finetuned": False,
+        # llama.cpp's flag for RoPE in granitehybrid attention (its converter sets it only for Bamba;
+        # a config asking for RoPE gets it here, so the file says what the model computes)
+        "rope.scaling.finetuned": cfg.get("position_embedding_type") == "rope",
     }
+    if meta["rope.scaling.finetuned"]:
+        meta["context_length"] = cfg["max_position_embeddings"]
     if granite:
         meta["feed_forward_length"] = cfg["intermediate_size"]
         meta["rope.freq_base"] = float(cfg["rope_parameters"]["rope_theta"])

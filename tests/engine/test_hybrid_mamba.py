@@ -54,7 +54,12 @@ from app.engine.quant.dispatch import QuantizedTensor
 from app.engine.quant.types import QUANT_TYPES
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hybrid"
-ARCH = {"nemotron_h": "nemotron_h", "nemotron_h_moe": "nemotron_h_moe", "granite_hybrid": "granitehybrid"}
+ARCH = {
+    "nemotron_h": "nemotron_h",
+    "nemotron_h_moe": "nemotron_h_moe",
+    "granite_hybrid": "granitehybrid",
+    "granite_hybrid_dense": "granitehybrid",
+}
 FAMILIES = tuple(ARCH)
 SOURCES = ("hf", "gguf")
 RTOL = 5e-5
@@ -66,6 +71,7 @@ LAYERS = {
     "nemotron_h_moe": [(MIXER_MAMBA2, FFN_NONE), (MIXER_NONE, FFN_MOE), (MIXER_ATTENTION, FFN_NONE),
                        (MIXER_MAMBA2, FFN_NONE), (MIXER_NONE, FFN_MOE)],
     "granite_hybrid": [(MIXER_MAMBA2, FFN_MOE), (MIXER_ATTENTION, FFN_MOE), (MIXER_MAMBA2, FFN_MOE)],
+    "granite_hybrid_dense": [(MIXER_MAMBA2, FFN_DENSE), (MIXER_ATTENTION, FFN_DENSE), (MIXER_MAMBA2, FFN_DENSE)],
 }  # fmt: skip
 
 
@@ -340,7 +346,8 @@ def test_config_from_both_sources(fam: str, tmp_root: str) -> None:
     assert hf.layer_mixers == gg.layer_mixers == layers[0]
     assert hf.layer_ffns == gg.layer_ffns == layers[1]
     assert hf.architecture == gg.architecture == ARCH[fam]
-    assert not hf.use_rope and not gg.use_rope  # NoPE, as the released models
+    rope = fam == "granite_hybrid_dense"  # the others: no positions in attention, as the released models
+    assert hf.use_rope is gg.use_rope is rope
     for field in ("num_heads", "head_dim", "state_size", "n_groups", "conv_kernel"):
         assert getattr(hf.mamba2, field) == getattr(gg.mamba2, field)
     assert hf.mamba2.chunk_size == 16  # the GGUF does not say it: its default (the result is the same)
@@ -400,15 +407,6 @@ def test_gguf_without_ssm_keys_is_refused_by_name(tmp_root: str) -> None:
     meta = {k: v for k, v in checkpoint.metadata.items() if k != "nemotron_h.ssm.state_size"}
     with pytest.raises(CheckpointError, match=r"nemotron_h\.ssm\.state_size"):
         family("nemotron_h").config_from_gguf(meta, checkpoint.tensors["token_embd.weight"].shape[0])
-
-
-def test_granite_dense_and_rope_variants_read() -> None:
-    """granite-4.0-h-micro's kind: no experts, the shared MLP as every layer's dense MLP; a config with
-    position_embedding_type "rope" turns RoPE on."""
-    cfg = {**hf_config("granite_hybrid"), "num_local_experts": 0, "position_embedding_type": "rope"}
-    parsed = family("granitehybrid").config_from_hf(cfg)
-    assert parsed.moe is None and parsed.layer_ffns == (FFN_DENSE,) * 3
-    assert parsed.intermediate_size == cfg["shared_intermediate_size"] and parsed.use_rope
 
 
 def test_fixtures_are_small() -> None:

@@ -146,13 +146,14 @@ _NEMOTRON_H = {
     **_mamba2("mixer"),
 }
 # Granite 4 hybrid: mamba or attention, then a shared MLP (+ experts); the shared MLP's and the
-# experts' gate and up rows are one tensor, split by models/granite_hybrid.py as llama.cpp's converter does.
+# experts' gate and up rows are one tensor, split by models/granite_hybrid.py as llama.cpp's converter
+# does (the shared MLP is the dense MLP of a model without experts, else a shared expert).
 _GRANITE_HYBRID = {
     **{k: v for k, v in _ATTENTION_AND_MLP.items() if not k.startswith("mlp.")},
     **_PRE_MLP_NORM,
     **_mamba2("mamba"),
-    "shared_mlp.input_linear": "ffn_gate_up_shexp",
-    "shared_mlp.output_linear": "ffn_down_shexp",
+    "shared_mlp.input_linear": "ffn_gate_up",
+    "shared_mlp.output_linear": "ffn_down",
     "block_sparse_moe.router.layer": "ffn_gate_inp",
     "block_sparse_moe.input_linear": "ffn_gate_up_exps",
     "block_sparse_moe.output_linear": "ffn_down_exps",

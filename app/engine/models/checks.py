@@ -25,6 +25,7 @@ _BLOCK_SHAPES: dict[str, tuple[tuple[str, ...], ...]] = {
     "ffn_gate": (("intermediate_size",), ("hidden_size",)),
     "ffn_up": (("intermediate_size",), ("hidden_size",)),
     "ffn_down": (("hidden_size",), ("intermediate_size",)),
+    "ffn_gate_up": (("intermediate_size",), ("hidden_size",)),  # gate rows, then up rows (doubled below)
 }
 
 
@@ -66,6 +67,8 @@ def _check_blocks(cfg: ModelConfig, tensors: dict[str, QuantizedTensor], key: Ca
         wanted = tuple(math.prod(getattr(cfg, f) for f in dim) for dim in spec)
         if part == "attn_q" and cfg.attn_output_gate:  # each head's query and its output gate
             wanted = (2 * wanted[0], wanted[1])
+        if part == "ffn_gate_up":  # Granite 4 hybrid folders: one tensor, split where the model is built
+            wanted = (2 * wanted[0], wanted[1])
         for layer in range(cfg.num_layers):
             # hybrid models: attention tensors only in attention layers, a dense MLP only in dense
             # layers (experts' shapes are checked as the MoE layer splits them)
@@ -74,6 +77,9 @@ def _check_blocks(cfg: ModelConfig, tensors: dict[str, QuantizedTensor], key: Ca
             if cfg.ffn(layer) != FFN_DENSE and part.startswith("ffn_"):
                 continue
             if part == "ffn_gate" and cfg.activation in UNGATED_ACTIVATIONS:  # down(act(up(x))): no gate
+                continue
+            fused = f"blk.{layer}.ffn_gate_up.weight" in tensors
+            if (part in ("ffn_gate", "ffn_up") and fused) or (part == "ffn_gate_up" and not fused):
                 continue
             name = f"blk.{layer}.{part}.weight"
             tensor = tensors.get(name)

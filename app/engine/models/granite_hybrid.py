@@ -13,7 +13,8 @@ writes it; the released models use none).
 
 Checkpoint quirks: the shared MLP's and the experts' gate and up rows are one tensor in folders
 (`input_linear`, gate rows first), split here as llama.cpp's converter splits them (into
-`ffn_{gate,up}_shexp` with experts, `ffn_{gate,up}` without); folders hold A_log (-exp here).
+`ffn_{gate,up}_shexp` with experts, `ffn_{gate,up}` without), in the file's format; folders hold
+A_log (-exp here).
 """
 
 from __future__ import annotations
@@ -136,20 +137,20 @@ def config_from_gguf(meta: dict[str, Any], vocab_size: int) -> ModelConfig:
 
 
 def adapt_hf_tensors(tensors: Tensors, cfg: ModelConfig) -> Tensors:
-    """Split the fused gate/up tensors (gate rows first) and name the shared MLP by its role."""
+    """Split the fused gate/up tensors (gate rows first); with experts, the shared MLP is the shared expert."""
     adapted = m2.a_from_a_log(tensors)
-    shared = "shexp" if cfg.moe is not None else ""
+    shared = "_shexp" if cfg.moe is not None else ""
     for name, tensor in list(adapted.items()):
         prefix, _, rest = name.partition(".ffn_")
-        if rest in ("gate_up_shexp.weight", "gate_up_exps.weight"):
+        if rest in ("gate_up.weight", "gate_up_exps.weight"):
             del adapted[name]
+            suffix = "_exps" if rest.startswith("gate_up_exps") else shared
             half = tensor.shape[-2] // 2
-            kind = "exps" if "exps" in rest else shared
             for part, lo in (("gate", 0), ("up", half)):
-                new = f"{prefix}.ffn_{part}{'_' + kind if kind else ''}.weight"
+                new = f"{prefix}.ffn_{part}{suffix}.weight"
                 adapted[new] = m2.rows(new, tensor, lo, lo + half)
-        elif rest == "down_shexp.weight" and cfg.moe is None:
-            adapted[f"{prefix}.ffn_down.weight"] = adapted.pop(name)
+        elif rest == "down.weight" and shared:
+            adapted[f"{prefix}.ffn_down_shexp.weight"] = adapted.pop(name)
     return adapted
 
 

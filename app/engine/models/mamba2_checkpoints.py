@@ -11,6 +11,7 @@ Hugging Face folders hold A_log, which `a_from_a_log` turns into GGUF's A.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -100,6 +101,13 @@ def a_from_a_log(tensors: Tensors) -> Tensors:
 
 
 def rows(name: str, tensor: QuantizedTensor, lo: int, hi: int) -> QuantizedTensor:
-    """Rows lo..hi of the second-to-last axis (a fused gate/up projection's half), as float32."""
-    values = tensor.dequantize()[..., lo:hi, :]
-    return QuantizedTensor.from_float(name, np.ascontiguousarray(values), QUANT_TYPES["F32"])
+    """Rows lo..hi of the second-to-last axis (one half of a fused gate/up projection, of each expert
+    when stacked), in the file's format: whole rows are picked, no value changes."""
+    *lead, n_rows, cols = tensor.shape
+    if tensor.scales is not None:  # a split format's scale grid is per row group: go through floats
+        values = np.ascontiguousarray(tensor.dequantize()[..., lo:hi, :])
+        return QuantizedTensor.from_float(name, values, QUANT_TYPES["F32"])
+    picked = (np.arange(math.prod(lead))[:, None] * n_rows + np.arange(lo, hi)[None, :]).reshape(-1)
+    return QuantizedTensor(
+        name, tensor.qtype, (*lead, hi - lo, cols), np.ascontiguousarray(tensor.data[picked])
+    )
