@@ -359,3 +359,23 @@ def test_family_prefix_hit_resumes_from_a_snapshot_spilled_to_host_ram(gguf_dir:
     assert state.host_hits == 1 and got[2] >= 960
     assert_same_scores(got, expected)
     assert_no_state_held(engine)
+
+
+@pytest.mark.parametrize("fam", ["qwen35", "nemotron_h"])
+def test_family_preempted_requests_resume_from_their_snapshots(fam: str, gguf_dir: Path) -> None:
+    """Too few KV blocks for eight requests with prefix caching on: preempted requests come back
+    through prefix hits on their own snapshots, and every request scores as it does alone."""
+    tokens = manifest(fam)["tokens"]
+    prompts = [tokens[i:] + tokens[:i] for i in range(0, 64, 8)]
+    path = family_gguf(fam, gguf_dir)
+    roomy = family_engine(path, enable_prefix_caching=False, max_num_batched_tokens=64)
+    alone = [run_scored(roomy, p) for p in prompts]
+    tight = family_engine(path, num_kv_blocks=40, max_num_batched_tokens=64, state_snapshot_interval=16)
+    results = tight.generate(prompts, SCORED)
+    state = tight.kv.state
+    assert state is not None
+    assert tight.scheduler.num_preemptions > 0 and state.restored_tokens > 0
+    for result, single in zip(results, alone, strict=True):
+        top = np.array([[value for _, value in step.top] for step in result["logprobs"]])
+        assert_same_scores((result["token_ids"], top, 0), single)
+    assert_no_state_held(tight)
