@@ -430,10 +430,38 @@ def converter_float_type(kind: GQ) -> Callable[[str, np.ndarray], GQ]:
     return float_type
 
 
-def write_mamba_gguf(folder: Path, arch: str, path: Path, kind: GQ = GQ.BF16) -> Path:
+def write_mamba_gguf(
+    folder: Path, arch: str, path: Path, kind: GQ = GQ.BF16, mtp_block: bool = False
+) -> Path:
     """The HF fixture in `folder` (Nemotron-H or Granite 4 hybrid) as llama.cpp's converter writes it
-    for `arch` with `--outtype` `kind`."""
+    for `arch` with `--outtype` `kind` (`mtp_block`: a Nemotron-H MoE's multi-token-prediction head
+    appended as one more block, as NemotronHModel does unless --no-mtp)."""
     cfg, weights = hf_weights(folder)
     tensors = mamba_gguf_tensors(arch, cfg, weights)
     metadata = mamba_metadata(arch, cfg)
+    if mtp_block:
+        block = metadata["block_count"]
+        tensors += _nemotron_mtp_block(block, tensors)
+        metadata["block_count"] += 1
+        metadata["nextn_predict_layers"] = 1
+        for key in ("attention.head_count_kv", "feed_forward_length"):  # both parts: attention and experts
+            metadata[key] = [*metadata[key], max(metadata[key])]
     return write_gguf(path, arch, metadata, tensors, cfg["vocab_size"], converter_float_type(kind))
+
+
+def _nemotron_mtp_block(block: int, tensors: list[tuple[str, np.ndarray]]) -> list[tuple[str, np.ndarray]]:
+    """An MTP block of random values shaped like the model's attention and expert tensors, plus the
+    nextn projection and norms."""
+    rng = np.random.default_rng(0)
+    shapes = {name.split(".", 2)[2]: data.shape for name, data in tensors if name.startswith("blk.")}
+    hidden = shapes["attn_norm.weight"][0]
+    parts = [p for p in shapes if p.startswith(("attn_", "ffn_", "exp_probs_b"))]
+    shapes = {
+        **{p: shapes[p] for p in parts},
+        "post_attention_norm.weight": (hidden,),
+        "nextn.eh_proj.weight": (hidden, 2 * hidden),
+        "nextn.enorm.weight": (hidden,),
+        "nextn.hnorm.weight": (hidden,),
+        "nextn.shared_head_norm.weight": (hidden,),
+    }
+    return [(f"blk.{block}.{p}", rng.normal(0, 1, shape).astype(np.float32)) for p, shape in shapes.items()]

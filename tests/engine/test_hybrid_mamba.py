@@ -402,6 +402,21 @@ def test_configs_no_real_model_has_are_refused_by_name(
         family(ARCH[fam]).config_from_hf({**hf_config(fam), **change})
 
 
+def test_nemotron_h_moe_gguf_with_an_mtp_block(tmp_root: str) -> None:
+    """The converter appends the multi-token-prediction head as one more block (`nextn_predict_layers`):
+    the model is the blocks before it, as transformers' (which skips `mtp.*`)."""
+    fam = "nemotron_h_moe"
+    path = write_mamba_gguf(FIXTURES / fam / "hf", ARCH[fam], Path(tmp_root) / "mtp.gguf", mtp_block=True)
+    checkpoint = open_checkpoint(path)
+    assert "blk.5.nextn.eh_proj.weight" in checkpoint.tensors
+    cfg = model_config(checkpoint)
+    assert (cfg.num_layers, cfg.trailing_blocks) == (5, 1)
+    ours = Runner(build_model(checkpoint, cpu_backend("numpy"), MAX_POSITIONS)).step(
+        [(0, manifest(fam)["tokens"], 0)]
+    )[0]
+    assert np.abs(ours - reference(fam)["logits"]).max() <= RTOL * scale(fam)
+
+
 def test_gguf_without_ssm_keys_is_refused_by_name(tmp_root: str) -> None:
     checkpoint = open_checkpoint(gguf_path("nemotron_h", tmp_root))
     meta = {k: v for k, v in checkpoint.metadata.items() if k != "nemotron_h.ssm.state_size"}

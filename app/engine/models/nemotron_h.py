@@ -12,8 +12,9 @@ expert groups, and weighs them by their scores (renormalised) times `routed_scal
 
 Checkpoint quirks: the one norm is `attn_norm` in both layouts and moves to `ffn_norm` on
 feed-forward layers here; folders hold A_log (-exp here, as GGUF stores it). Hub files keep
-everything under `backbone.`, their experts one projection per expert. A latent MoE projection
-(`moe_latent_size`) is refused by name rather than run wrongly.
+everything under `backbone.`, their experts one projection per expert. The multi-token-prediction
+head (folders: `mtp.*`; GGUFs: the last `nextn_predict_layers` blocks) is not run. A latent MoE
+projection (`moe_latent_size`) is refused by name rather than run wrongly.
 """
 
 from __future__ import annotations
@@ -158,9 +159,14 @@ def _moe(
 
 def config_from_gguf(meta: dict[str, Any], vocab_size: int) -> ModelConfig:
     arch = meta["general.architecture"]
-    layers = size(meta.get(f"{arch}.block_count"), f"{arch}.block_count", "num_layers")
-    kv = m2.per_layer(meta, f"{arch}.attention.head_count_kv", layers)
-    ff = m2.per_layer(meta, f"{arch}.feed_forward_length", layers)
+    blocks = size(meta.get(f"{arch}.block_count"), f"{arch}.block_count", "num_layers")
+    # the converter appends the multi-token-prediction head as the last block(s): not run here
+    mtp = int(meta.get(f"{arch}.nextn_predict_layers") or 0)
+    if not 0 <= mtp < blocks:
+        raise CheckpointError(f"{arch}.nextn_predict_layers is {mtp} of {blocks} blocks")
+    layers = blocks - mtp
+    kv = m2.per_layer(meta, f"{arch}.attention.head_count_kv", blocks)[:layers]
+    ff = m2.per_layer(meta, f"{arch}.feed_forward_length", blocks)[:layers]
     moe_arch = arch == "nemotron_h_moe"
     pattern = "".join(
         ("*" if k else "M") if not f else ("E" if moe_arch else "-") for k, f in zip(kv, ff, strict=True)
@@ -172,6 +178,7 @@ def config_from_gguf(meta: dict[str, Any], vocab_size: int) -> ModelConfig:
     heads = meta.get(f"{arch}.attention.head_count")
     scalar = {
         **meta,
+        f"{arch}.block_count": layers,
         f"{arch}.attention.head_count_kv": max(kv) or heads,
         f"{arch}.feed_forward_length": max(ff) or 1,
     }
@@ -184,6 +191,7 @@ def config_from_gguf(meta: dict[str, Any], vocab_size: int) -> ModelConfig:
         moe=moe,
         activation="relu2",
         use_rope=False,
+        trailing_blocks=mtp,
     )
 
 
