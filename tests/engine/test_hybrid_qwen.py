@@ -604,3 +604,26 @@ def test_stacked_hf_experts_split_in_their_own_format() -> None:
     values, ff = stacked.dequantize(), stacked.shape[1] // 2
     np.testing.assert_array_equal(gate.dequantize(), values[:, :ff])
     np.testing.assert_array_equal(up.dequantize(), values[:, ff:])
+
+
+def test_causal_conv_of_a_mixed_batch() -> None:
+    """The conv over chunks and one-token decodes of several sequences (the decodes in one batched
+    step) against the convolution written out per sequence; slots of starting sequences are ignored."""
+    from app.engine.backend.recurrent_reference import causal_conv1d
+
+    rng = np.random.default_rng(5)
+    lengths, slots, initial = [1, 3, 1, 1, 2], [2, 0, 4, 1, 3], [True, True, False, True, False]
+    c, kernel = 6, 4
+    x = rng.normal(size=(sum(lengths), c)).astype(np.float32)
+    w = rng.normal(size=(c, kernel)).astype(np.float32)
+    bias = rng.normal(size=c).astype(np.float32)
+    before = rng.normal(0, 10, (5, c, kernel - 1)).astype(np.float32)
+    state = before.copy()
+    out = causal_conv1d(np, x, w, bias, state, _meta(lengths, slots, initial), silu=False)
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    for i, (n, slot, init) in enumerate(zip(lengths, slots, initial, strict=True)):
+        past = before[slot].T if init else np.zeros((kernel - 1, c), np.float32)
+        xs = np.concatenate([past, x[starts[i] : starts[i] + n]])
+        expected = np.stack([(xs[t : t + kernel] * w.T).sum(0) + bias for t in range(n)])
+        np.testing.assert_allclose(out[starts[i] : starts[i] + n], expected, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(state[slot], xs[-(kernel - 1) :].T)

@@ -45,7 +45,11 @@ def causal_conv1d(
     w = weight.astype(f32, copy=False)
     k = w.shape[1]
     out = xp.empty_like(x)
+    decoding = []  # (row, slot, continues) of one-token sequences: one batched step for all of them
     for start, end, slot, initial in sequences(meta):
+        if end - start == 1:
+            decoding.append((start, slot, initial))
+            continue
         past = conv_state[slot].T if initial else xp.zeros((k - 1, x.shape[1]), f32)  # [K-1, C]
         xs = xp.concatenate([past.astype(f32, copy=False), x[start:end]], axis=0)  # [K-1+L, C]
         n = end - start
@@ -56,6 +60,18 @@ def causal_conv1d(
             y = y + bias.astype(f32, copy=False)
         out[start:end] = y
         conv_state[slot] = xs[-(k - 1) :].T
+    if decoding:  # the same taps in the same order, over [B, C, K] windows
+        rows, slots, initial = (xp.asarray(np.array(c)) for c in zip(*decoding, strict=True))
+        past = conv_state[slots].astype(f32, copy=True)  # [B, C, K-1]
+        past[~initial] = 0
+        window = xp.concatenate([past, x[rows][:, :, None]], axis=2)  # [B, C, K]
+        y = window[:, :, 0] * w[:, 0]
+        for tap in range(1, k):
+            y = y + window[:, :, tap] * w[:, tap]
+        if bias is not None:
+            y = y + bias.astype(f32, copy=False)
+        out[rows] = y
+        conv_state[slots] = window[:, :, 1:]
     if silu:
         out = out / (f32(1.0) + xp.exp(-out))
     return out
