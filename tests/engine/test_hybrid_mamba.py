@@ -315,6 +315,28 @@ def test_scan_per_sequence_slots_chunk_size_and_skip() -> None:
         assert np.abs(other_state - state).max() <= 1e-5
 
 
+def test_scan_of_a_decode_batch_steps_every_sequence_at_once() -> None:
+    """One token per sequence: the batched step equals each sequence's own step (from its slot, or from
+    zeros where it starts there), and writes each slot."""
+    x, dt, a, b, c, d, _ = _scan_inputs(5)
+    slots, initial = np.array([3, 0, 4, 1, 2]), np.array([True, False, True, True, False])
+    qsl = np.arange(6, dtype=np.int32)
+    meta = AttentionMetadata(
+        qsl, np.full(5, 9, np.int32), np.zeros((5, 1), np.int32), np.zeros(5, np.int32), np.zeros(5, np.int32),
+        1, 9, 16, host_query_start_loc=qsl, state_slots=slots, has_initial_state=initial,
+        host_state_slots=slots, host_has_initial_state=initial,
+    )  # fmt: skip
+    start = np.random.default_rng(1).normal(0, 3, (5, 4, 8, 6)).astype(np.float32)
+    state = start.copy()
+    y = ssd_scan(np, x, dt, a, b, c, d, state, meta, 16)
+    bh, ch = (np.repeat(v, 2, axis=1) for v in (b, c))
+    for i, (slot, init) in enumerate(zip(slots, initial, strict=True)):
+        s0 = start[slot] if init else np.zeros_like(start[slot])
+        y_i, s_i = ssd_recurrent(np, x[i : i + 1], dt[i : i + 1], a, bh[i : i + 1], ch[i : i + 1], s0)
+        np.testing.assert_allclose(y[i], y_i[0] + x[i] * d[:, None], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(state[slot], s_i, rtol=1e-5, atol=1e-6)
+
+
 def test_sigmoid_grouped_routing_keeps_to_the_best_groups() -> None:
     """Nemotron-H's router: experts only from the topk_group best groups (by their two best biased
     scores), chosen by the biased scores, weighted by the unbiased ones, renormalised and scaled."""

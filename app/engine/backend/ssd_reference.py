@@ -11,7 +11,8 @@ repeat_interleave). Two forms of the same recurrence: token by token (decode, sh
 chunked (prefill: within a chunk of L tokens the updates become L x L "attention" products with a
 causal decay mask; the state carries from chunk to chunk) as transformers' `torch_forward` and the
 Mamba-2 paper's SSD algorithm compute it. The batch's sequences and their state rows come from
-`recurrent_reference.sequences`, like every recurrent op's.
+`recurrent_reference.sequences`, like every recurrent op's; a decode batch (one token per sequence)
+steps all its sequences at once, on the device's copies of the slots.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ def ssd_scan(
     x, dt, b, c = (arr.astype(f32, copy=False) for arr in (x, dt, b, c))
     heads = x.shape[1]
     b, c = (_heads_for_groups(xp, arr, heads) for arr in (b, c))
+    if meta.decode_only and meta.state_slots is not None:
+        return ssd_decode_step(xp, x, dt, a, b, c, ssm_state, meta) + x * d.astype(f32, copy=False)[:, None]
     out = xp.empty(x.shape, f32)
     for start, end, slot, initial in sequences(meta):
         state = ssm_state[slot].astype(f32, copy=True) if initial else xp.zeros(ssm_state.shape[1:], f32)
@@ -53,6 +56,21 @@ def ssd_scan(
             out[lo:hi], state = form(xp, x[lo:hi], dt[lo:hi], a, b[lo:hi], c[lo:hi], state)
         ssm_state[slot] = state
     return out + x * d.astype(f32, copy=False)[:, None]
+
+
+def ssd_decode_step(
+    xp: Any, x: Any, dt: Any, a: Any, b: Any, c: Any, ssm_state: Any, meta: AttentionMetadata
+) -> Any:
+    """A decode step (one token per sequence) for the whole batch at once, on the device's copies of
+    the slots: row i is `ssd_recurrent` of sequence i's one token (from zeros where it starts here).
+    `x [B, H, P]`, `dt [B, H]`, `b, c [B, H, N]` (per head). Returns `y [B, H, P]` without the D skip."""
+    slots = meta.state_slots
+    state = ssm_state[slots]  # a copy: [B, H, P, N]
+    state = xp.where(meta.has_initial_state[:, None, None, None], state, state.dtype.type(0.0))
+    decay = xp.exp(dt * a)  # [B, H]
+    state = state * decay[:, :, None, None] + (dt[:, :, None] * x)[..., None] * b[:, :, None, :]
+    ssm_state[slots] = state
+    return (state @ c[..., None])[..., 0]
 
 
 def _heads_for_groups(xp: Any, x: Any, heads: int) -> Any:
