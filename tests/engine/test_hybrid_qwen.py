@@ -317,6 +317,11 @@ def test_multimodal_wrapper_and_interval_configs() -> None:
     }
     cfg = family("Qwen3_5ForConditionalGeneration").config_from_hf(wrapped)
     assert cfg.layer_mixers == (MIXER_GATED_DELTANET,) * 3 + (MIXER_ATTENTION,)
+    # the M-RoPE sections of the multimodal model (text positions are equal in all three: plain RoPE)
+    text["rope_parameters"] = {**text["rope_parameters"], "rope_type": "mrope", "mrope_section": [1, 1, 0],
+                               "mrope_interleaved": True}  # fmt: skip
+    sectioned = family("Qwen3_5ForConditionalGeneration").config_from_hf(wrapped)
+    assert (sectioned.rotary_dim, sectioned.rope_scaling, sectioned.mrope_section) == (4, None, ())
     bad = {
         **text,
         "layer_types": ["linear_attention", "sliding_attention", "full_attention", "full_attention"],

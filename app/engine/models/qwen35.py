@@ -53,6 +53,10 @@ def hybrid_from_hf(cfg: dict[str, Any], architecture: str, **extra: Any) -> Mode
     text = cfg.get("text_config", cfg)
     if "intermediate_size" not in text and "moe_intermediate_size" in text:  # Qwen3.5-MoE has no dense MLP
         text = {**text, "intermediate_size": text["moe_intermediate_size"]}
+    for key in ("rope_scaling", "rope_parameters"):  # Qwen3.5's M-RoPE sections: plain RoPE for text
+        params = text.get(key) or {}
+        if (params.get("type") or params.get("rope_type")) == "mrope":
+            text = {**text, key: {k: v for k, v in params.items() if k not in ("type", "rope_type")}}
     kwargs = common_from_hf(text, architecture)
     layers = kwargs["num_layers"]
     spec = GatedDeltaNetSpec(
