@@ -402,6 +402,9 @@ def test_nemotron_h_layer_pattern_spellings() -> None:
                   ["linear_attention", "mlp", "full_attention", "linear_attention", "mlp"]):  # fmt: skip
         cfg = family("nemotron_h").config_from_hf({**listed, "layers_block_type": names})
         assert (cfg.layer_mixers, cfg.layer_ffns) == (expected.layer_mixers, expected.layer_ffns)
+    # older hub configs name it attention_head_dim (32, not hidden / heads = 16: it is read, not derived)
+    older = {k: v for k, v in base.items() if k != "head_dim"}
+    assert family("nemotron_h").config_from_hf({**older, "attention_head_dim": 32}).head_dim == 32
 
 
 @pytest.mark.parametrize(

@@ -96,6 +96,8 @@ def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
         **cfg,
         "num_hidden_layers": len(pattern),
         "rms_norm_eps": cfg.get("layer_norm_epsilon", cfg.get("rms_norm_eps", 1e-5)),
+        # the hub's older configs name it attention_head_dim (as llama.cpp's converter also reads)
+        "head_dim": cfg.get("head_dim") or cfg.get("attention_head_dim"),
     }
     moe = _moe_from_hf(cfg) if "E" in pattern else None
     if "-" not in pattern and moe is not None:  # no dense MLP: intermediate_size is unused
