@@ -13,8 +13,9 @@ of eight against each alone, a prefix hit resuming the Mamba-2 states from a sna
 GGUF on the numba backend, a Q8_0 GGUF against its own float values, the scan's two forms against
 each other, Nemotron-H's router, and the configs (both sources, the hub's spellings, refusals).
 
-Tolerance: logits within 5e-5 x the case's logit scale (float32 summation order, the chunked
-against the recurrent form: measured <= 1e-6 x scale); first-step top-5 log-probs within 1e-3.
+Tolerance: logits within 1e-5 x the case's logit scale, test_families.py's bound, on the numpy and
+the numba backend alike (float32 summation order, the chunked against the recurrent form: measured
+<= 1e-6 x scale); first-step top-5 log-probs within 1e-3.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ ARCH = {
 }
 FAMILIES = tuple(ARCH)
 SOURCES = ("hf", "gguf")
-RTOL = 5e-5
+RTOL = 1e-5  # as test_families.py: float32 summation order only
 MAX_POSITIONS = 256
 # config.json layer kinds -> (mixer, feed-forward), as each family's layers are built
 LAYERS = {
