@@ -450,6 +450,36 @@ def test_gguf_without_ssm_keys_is_refused_by_name(tmp_root: str) -> None:
         family("nemotron_h").config_from_gguf(meta, checkpoint.tensors["token_embd.weight"].shape[0])
 
 
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda t: t.pop("blk.0.ssm_d"), r"tensor blk\.0\.ssm_d \(Mamba-2 layer\) is missing"),
+        (lambda t: t.update({"blk.3.ssm_dt.bias": t["blk.3.ssm_d"]}), None),  # same size: accepted
+        (
+            lambda t: t.update({"blk.3.ssm_norm.weight": t["blk.3.ssm_d"]}),
+            r"ssm_d.*has shape .*needs \(128,\)",
+        ),
+        (
+            lambda t: t.update({"blk.0.ssm_in.weight": t["blk.0.ssm_out.weight"]}),
+            r"ssm_in\.weight has 64 rows",
+        ),
+    ],
+)
+def test_a_mamba2_layer_names_the_tensor_it_cannot_use(
+    change: Any, message: str | None, tmp_root: str
+) -> None:
+    checkpoint = open_checkpoint(gguf_path("nemotron_h", tmp_root))
+    tensors = dict(checkpoint.tensors)
+    change(tensors)
+    broken = dataclasses.replace(checkpoint, tensors=tensors)
+    cfg = model_config(checkpoint)
+    if message is None:
+        build_model(broken, cpu_backend("numpy"), MAX_POSITIONS, cfg)
+        return
+    with pytest.raises(CheckpointError, match=message):
+        build_model(broken, cpu_backend("numpy"), MAX_POSITIONS, cfg)
+
+
 def test_fixtures_are_small() -> None:
     for fam in FAMILIES:
         size = sum(p.stat().st_size for p in (FIXTURES / fam).rglob("*") if p.is_file())
