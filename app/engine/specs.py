@@ -21,6 +21,11 @@ class RopeScaling:
     truncate: bool = True  # YaRN: round the ramp's ends to whole dimensions (GPT-OSS: False)
 
 
+# Activations of a plain `down(act(up(x)))` MLP and experts, which have no gate projection
+# (Nemotron-H's squared ReLU); every other activation gates: `down(act(gate(x)) * up(x))`.
+UNGATED_ACTIVATIONS = ("relu2",)
+
+
 @dataclass(frozen=True)
 class MoeSpec:
     """A mixture-of-experts feed-forward: `num_used` of `num_experts` experts per token."""
@@ -29,10 +34,16 @@ class MoeSpec:
     num_used: int
     intermediate_size: int  # of one expert
     # "softmax_topk": softmax over all experts, then the top k (renormalised when `normalize`) (Qwen3-MoE);
-    # "topk_softmax": the top k logits, then a softmax over those k (GPT-OSS).
+    # "topk_softmax": the top k logits, then a softmax over those k (GPT-OSS);
+    # "sigmoid_grouped": sigmoid scores; the top k of scores + a per-expert bias (`exp_probs_b`) among
+    # the experts of the best `topk_groups` of `num_groups` groups, weighted by their scores
+    # (renormalised when `normalize`) times `routed_scale` (Nemotron-H, DeepSeek-V3 style).
     routing: str = "softmax_topk"
     normalize: bool = True
-    activation: str = "silu"  # or "swiglu_oai": GPT-OSS's clamped swish-gated unit
+    num_groups: int = 1
+    topk_groups: int = 1
+    routed_scale: float = 1.0
+    activation: str = "silu"  # or "swiglu_oai": GPT-OSS's clamped swish-gated unit; "relu2": ungated
     swiglu_limit: float = 7.0
     swiglu_alpha: float = 1.702
     # A shared expert every token goes through beside the routed ones (Qwen3-Next, Qwen3.5-MoE,

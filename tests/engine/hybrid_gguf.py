@@ -178,6 +178,12 @@ def qwen_gguf_tensors(
         gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
         assert gguf_name is not None, f"no GGUF name for {hf_name}"
         out.append((gguf_name, data))
+    return out + stacked_experts(experts)
+
+
+def stacked_experts(experts: dict[tuple[int, str], dict[int, np.ndarray]]) -> list[tuple[str, np.ndarray]]:
+    """Per-expert projections `{(layer, "up_proj"): {expert: values}}` stacked as GGUF's `ffn_*_exps`."""
+    out = []
     for (layer, proj), per_expert in sorted(experts.items()):
         kind = proj.removesuffix("_proj")
         out.append(
@@ -262,3 +268,200 @@ def _mtp_block(cfg: dict[str, Any]) -> list[tuple[str, np.ndarray]]:
     return [
         (f"blk.{block}.{name}", rng.normal(0, 1, shape).astype(np.float32)) for name, shape in shapes.items()
     ]
+
+
+# -- Nemotron-H (dense and MoE) / Granite 4 hybrid ----------------------------------------------
+
+_MAMBA_ARCH = {
+    "nemotron_h": "NEMOTRON_H",
+    "nemotron_h_moe": "NEMOTRON_H_MOE",
+    "granitehybrid": "GRANITE_HYBRID",
+}
+_SPELLINGS = {
+    "M": ("mamba", "linear_attention"),
+    "*": ("attention", "full_attention"),
+    "-": ("mlp",),
+    "E": ("moe",),
+}
+_PATTERN = {name: letter for letter, names in _SPELLINGS.items() for name in (letter, *names)}
+
+
+def mamba_layer_pattern(cfg: dict[str, Any]) -> str:
+    """One letter per layer (M Mamba-2, * attention, - MLP, E experts) from either family's config."""
+    if "hybrid_override_pattern" in cfg:
+        return cfg["hybrid_override_pattern"]
+    return "".join(_PATTERN[t] for t in cfg.get("layers_block_type") or cfg["layer_types"])
+
+
+def mamba_metadata(arch: str, cfg: dict[str, Any]) -> dict[str, Any]:
+    """The keys convert_hf_to_gguf.py writes (TextModel, GraniteMoeModel, GraniteHybridModel,
+    NemotronHModel): per-layer head_count_kv (and for Nemotron-H feed_forward_length) arrays that are 0
+    where a layer lacks the part, ssm.* with time_step_rank = the number of heads."""
+    pattern = mamba_layer_pattern(cfg)
+    granite = arch == "granitehybrid"
+    heads = cfg["num_attention_heads"]
+    meta: dict[str, Any] = {
+        "context_length": 2**20,  # the converter's value for models without RoPE
+        "embedding_length": cfg["hidden_size"],
+        "block_count": len(pattern),
+        "attention.head_count": heads,
+        "attention.head_count_kv": [cfg["num_key_value_heads"] if c == "*" else 0 for c in pattern],
+        "attention.layer_norm_rms_epsilon": float(cfg["rms_norm_eps" if granite else "layer_norm_epsilon"]),
+        "ssm.conv_kernel": cfg["mamba_d_conv" if granite else "conv_kernel"],
+        "ssm.state_size": cfg["mamba_d_state" if granite else "ssm_state_size"],
+        "ssm.group_count": cfg["mamba_n_groups" if granite else "n_groups"],
+        "ssm.time_step_rank": cfg["mamba_n_heads" if granite else "mamba_num_heads"],
+        "ssm.inner_size": cfg["mamba_n_heads"] * cfg["mamba_d_head"]
+        if granite
+        else cfg["mamba_num_heads"] * cfg["mamba_head_dim"],
+        # llama.cpp's flag for RoPE in granitehybrid attention (its converter sets it only for Bamba;
+        # a config asking for RoPE gets it here, so the file says what the model computes)
+        "rope.scaling.finetuned": cfg.get("position_embedding_type") == "rope",
+    }
+    if meta["rope.scaling.finetuned"]:
+        meta["context_length"] = cfg["max_position_embeddings"]
+    if granite:
+        meta["feed_forward_length"] = cfg["intermediate_size"]
+        meta["rope.freq_base"] = float(cfg["rope_parameters"]["rope_theta"])
+        meta["rope.dimension_count"] = cfg["hidden_size"] // heads
+        meta["expert_count"] = cfg["num_local_experts"]
+        meta["expert_used_count"] = cfg["num_experts_per_tok"]
+        meta["expert_shared_feed_forward_length"] = cfg["shared_intermediate_size"]
+        for key, hf in (("attention.scale", "attention_multiplier"), ("embedding_scale", "embedding_multiplier"),
+                        ("residual_scale", "residual_multiplier"), ("logit_scale", "logits_scaling")):  # fmt: skip
+            meta[key] = float(cfg[hf])
+        return meta
+    moe = arch == "nemotron_h_moe"
+    ff = cfg["moe_intermediate_size"] if moe else cfg["intermediate_size"]
+    meta["feed_forward_length"] = [ff if c in "-E" else 0 for c in pattern]
+    meta["attention.key_length"] = meta["attention.value_length"] = cfg["head_dim"]
+    if moe:
+        meta.update(
+            {
+                "expert_count": cfg["n_routed_experts"],
+                "expert_used_count": cfg["num_experts_per_tok"],
+                "expert_feed_forward_length": cfg["moe_intermediate_size"],
+                "expert_shared_feed_forward_length": cfg["moe_shared_expert_intermediate_size"],
+                "expert_shared_count": cfg["n_shared_experts"],
+                "expert_weights_norm": bool(cfg["norm_topk_prob"]),
+                "expert_weights_scale": float(cfg["routed_scaling_factor"]),
+                "expert_group_count": cfg["n_group"],
+                "expert_group_used_count": cfg["topk_group"],
+            }
+        )
+    return meta
+
+
+def mamba_gguf_tensors(
+    arch: str, cfg: dict[str, Any], weights: dict[str, np.ndarray]
+) -> list[tuple[str, np.ndarray]]:
+    """(GGUF name, values) as convert_hf_to_gguf.py writes them: -exp(A_log) as [H, 1], D as [H, 1], the
+    conv squeezed, the gated norm as [G, d_inner / G], q/k rows permuted as for Llama (LlamaModel's
+    undo_permute), Nemotron-H's experts stacked, Granite's fused gate/up rows split (gate first)."""
+    pattern = mamba_layer_pattern(cfg)
+    names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, _MAMBA_ARCH[arch]), len(pattern))
+    granite = arch == "granitehybrid"
+    groups = cfg["mamba_n_groups" if granite else "n_groups"]
+    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    experts: dict[tuple[int, str], dict[int, np.ndarray]] = {}
+    out = []
+    for hf_name, data in weights.items():
+        name = hf_name
+        layer = int(name.split(".")[2]) if name.startswith(("model.layers.", "backbone.layers.")) else -1
+        if name.endswith(".A_log"):
+            data = -np.exp(data).reshape(-1, 1)
+        elif name.endswith((".mixer.D", ".mamba.D")):
+            data = data.reshape(-1, 1)
+        elif name.endswith(".dt_bias"):
+            name = name.removesuffix(".dt_bias") + ".dt_proj.bias"
+        elif "conv1d.weight" in name:
+            data = data.reshape(data.shape[0], data.shape[-1])
+        elif name.endswith(("mixer.norm.weight", "mamba.norm.weight")) and pattern[layer] == "M":
+            data = data.reshape(groups, -1)
+        elif name.endswith("q_proj.weight"):
+            data = _llama_permute(data, heads, heads)
+        elif name.endswith("k_proj.weight"):
+            data = _llama_permute(data, heads, kv)
+        if name.endswith("e_score_correction_bias"):
+            out.append((f"blk.{layer}.exp_probs_b.bias", data))
+            continue
+        if ".experts." in name and not granite:  # one expert's projection: stacked per layer below
+            parts = name.split(".")
+            experts.setdefault((layer, parts[-2]), {})[int(parts[-3])] = data
+            continue
+        if name.endswith(("input_linear.weight",)):  # [.., 2 ff, hidden]: gate rows, then up rows
+            half = data.shape[-2] // 2
+            kind = "exps" if "block_sparse_moe" in name else ("shexp" if cfg["num_local_experts"] else "")
+            suffix = f"_{kind}" if kind else ""
+            out += [
+                (f"blk.{layer}.ffn_gate{suffix}.weight", data[..., :half, :]),
+                (f"blk.{layer}.ffn_up{suffix}.weight", data[..., half:, :]),
+            ]
+            continue
+        if name.endswith("shared_mlp.output_linear.weight") and not cfg["num_local_experts"]:
+            out.append((f"blk.{layer}.ffn_down.weight", data))
+            continue
+        gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        assert gguf_name is not None, f"no GGUF name for {hf_name}"
+        out.append((gguf_name, data))
+    return out + stacked_experts(experts)
+
+
+def _llama_permute(weights: np.ndarray, n_head: int, n_head_kv: int) -> np.ndarray:
+    """LlamaModel.permute: each head's rows from rotate-half to interleaved pair order."""
+    heads = n_head_kv if n_head_kv != n_head else n_head
+    return (
+        weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
+
+
+def converter_float_type(kind: GQ) -> Callable[[str, np.ndarray], GQ]:
+    """The converter's rule for an `--outtype` of `kind`: F32 for vectors, norms, tensors not named
+    `.weight` (ssm_a, ssm_d, biases), routers and the conv; `kind` for the rest."""
+    always_f32 = (".ffn_gate_inp.", ".ssm_conv1d.")
+
+    def float_type(name: str, data: np.ndarray) -> GQ:
+        if data.ndim <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight"):
+            return GQ.F32
+        return GQ.F32 if any(part in name for part in always_f32) else kind
+
+    return float_type
+
+
+def write_mamba_gguf(
+    folder: Path, arch: str, path: Path, kind: GQ = GQ.BF16, mtp_block: bool = False
+) -> Path:
+    """The HF fixture in `folder` (Nemotron-H or Granite 4 hybrid) as llama.cpp's converter writes it
+    for `arch` with `--outtype` `kind` (`mtp_block`: a Nemotron-H MoE's multi-token-prediction head
+    appended as one more block, as NemotronHModel does unless --no-mtp)."""
+    cfg, weights = hf_weights(folder)
+    tensors = mamba_gguf_tensors(arch, cfg, weights)
+    metadata = mamba_metadata(arch, cfg)
+    if mtp_block:
+        block = metadata["block_count"]
+        tensors += _nemotron_mtp_block(block, tensors)
+        metadata["block_count"] += 1
+        metadata["nextn_predict_layers"] = 1
+        for key in ("attention.head_count_kv", "feed_forward_length"):  # both parts: attention and experts
+            metadata[key] = [*metadata[key], max(metadata[key])]
+    return write_gguf(path, arch, metadata, tensors, cfg["vocab_size"], converter_float_type(kind))
+
+
+def _nemotron_mtp_block(block: int, tensors: list[tuple[str, np.ndarray]]) -> list[tuple[str, np.ndarray]]:
+    """An MTP block of random values shaped like the model's attention and expert tensors, plus the
+    nextn projection and norms."""
+    rng = np.random.default_rng(0)
+    shapes = {name.split(".", 2)[2]: data.shape for name, data in tensors if name.startswith("blk.")}
+    hidden = shapes["attn_norm.weight"][0]
+    parts = [p for p in shapes if p.startswith(("attn_", "ffn_", "exp_probs_b"))]
+    shapes = {
+        **{p: shapes[p] for p in parts},
+        "post_attention_norm.weight": (hidden,),
+        "nextn.eh_proj.weight": (hidden, 2 * hidden),
+        "nextn.enorm.weight": (hidden,),
+        "nextn.hnorm.weight": (hidden,),
+        "nextn.shared_head_norm.weight": (hidden,),
+    }
+    return [(f"blk.{block}.{p}", rng.normal(0, 1, shape).astype(np.float32)) for p, shape in shapes.items()]

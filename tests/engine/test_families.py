@@ -211,6 +211,11 @@ COVERED_ELSEWHERE = {
         for arch in ("qwen35", "qwen35moe", "qwen3next")
         for fmt in ("safetensors", "gguf")
     },
+    **{
+        (arch, fmt): "tests/fixtures/hybrid/ HF folders, GGUFs written at test time (test_hybrid_mamba.py)"
+        for arch in ("nemotron_h", "nemotron_h_moe", "granitehybrid")
+        for fmt in ("safetensors", "gguf")
+    },
 }
 
 

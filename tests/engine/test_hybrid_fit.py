@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hybrid_gguf import write_qwen_gguf  # sibling module: pytest puts tests/engine on sys.path
+from hybrid_gguf import write_mamba_gguf, write_qwen_gguf  # sibling module: tests/engine is on sys.path
 
 from app.cli import main as paddock
 from app.engine import EngineConfig
@@ -21,11 +21,26 @@ from app.engine.plan.memory import memory
 
 HYBRID = Path(__file__).resolve().parents[1] / "fixtures" / "hybrid"
 CONTEXT, SEQS = 256, 4
+GGUF_ARCH = {"qwen35": "qwen35", "qwen35moe": "qwen35moe", "qwen3next": "qwen3next", "nemotron_h": "nemotron_h",
+             "nemotron_h_moe": "nemotron_h_moe", "granite_hybrid": "granitehybrid"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def qwen35(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_qwen_gguf(HYBRID / "qwen35" / "hf", "qwen35", tmp_path_factory.mktemp("fit") / "qwen35.gguf")
+def gguf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("fit")
+
+
+def family_gguf(fam: str, folder: Path) -> Path:
+    path = folder / f"{fam}.gguf"
+    if not path.exists():
+        write = write_qwen_gguf if fam.startswith("qwen") else write_mamba_gguf
+        write(HYBRID / fam / "hf", GGUF_ARCH[fam], path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def qwen35(gguf_dir: Path) -> Path:
+    return family_gguf("qwen35", gguf_dir)
 
 
 def allocated_bytes(engine: LLMEngine) -> int:
@@ -38,20 +53,23 @@ def allocated_bytes(engine: LLMEngine) -> int:
 
 
 @pytest.mark.parametrize("source", ["gguf", "hf"])
-def test_the_shape_counts_attention_layers_and_the_state(source: str, qwen35: Path) -> None:
-    path = qwen35 if source == "gguf" else HYBRID / "qwen35" / "hf"
+@pytest.mark.parametrize("fam", sorted(GGUF_ARCH))
+def test_the_shape_counts_attention_layers_and_the_state(fam: str, source: str, gguf_dir: Path) -> None:
+    path = family_gguf(fam, gguf_dir) if source == "gguf" else HYBRID / fam / "hf"
     cfg = model_config(open_checkpoint(path))
     shape = shape_from_checkpoint(path)
-    assert len(shape.kv_layers) == len(cfg.attention_layers) < shape.num_layers
+    assert len(shape.kv_layers) == len(cfg.attention_layers) < shape.num_layers == cfg.num_layers
     assert shape.state_bytes_per_sequence == cfg.state_bytes_per_sequence > 0
 
 
-@pytest.mark.parametrize("snapshot_gb", [None, 0.0001, 0.0])
-def test_prediction_is_within_5_percent_of_the_engine(snapshot_gb: float | None, qwen35: Path) -> None:
-    engine = LLMEngine(EngineConfig(model=str(qwen35), device="cpu", cpu_kernels="numpy", max_model_len=CONTEXT,
+@pytest.mark.parametrize(("fam", "snapshot_gb"), [("qwen35", None), ("qwen35", 0.0001), ("qwen35", 0.0),
+                                                  ("nemotron_h", None), ("granite_hybrid", 0.0001)])  # fmt: skip
+def test_prediction_is_within_5_percent_of_the_engine(fam: str, snapshot_gb: float | None, gguf_dir: Path) -> None:
+    path = family_gguf(fam, gguf_dir)
+    engine = LLMEngine(EngineConfig(model=str(path), device="cpu", cpu_kernels="numpy", max_model_len=CONTEXT,
                                     max_num_seqs=SEQS, state_snapshot_gb=snapshot_gb))  # fmt: skip
     options = FitOptions(context_length=CONTEXT, batch=SEQS, max_num_seqs=SEQS, state_snapshot_gb=snapshot_gb)
-    predicted = memory(shape_from_checkpoint(qwen35), options, "cpu")
+    predicted = memory(shape_from_checkpoint(path), options, "cpu")
     state = engine.kv.state
     assert state is not None
     assert predicted.state_slots == state.slots.num_slots == SEQS
@@ -79,3 +97,18 @@ def test_paddock_fit_shows_the_recurrent_state(qwen35: Path, capsys: Any) -> Non
     report = json.loads(capsys.readouterr().out)
     assert report["breakdown"]["state_snapshots"] == 0 and report["breakdown"]["state_slots"] == 32
     assert report["breakdown"]["state"] == 33 * report["shape"]["state_bytes_per_sequence"]
+
+
+@pytest.mark.parametrize("fam", ["qwen35", "nemotron_h"])
+def test_the_studio_library_sees_the_state_of_a_hybrid_gguf(fam: str, gguf_dir: Path) -> None:
+    """The Studio's model list judges a hybrid file with its recurrent state counted."""
+    from app.studio.library import describe_gguf
+
+    path = family_gguf(fam, gguf_dir)
+    entry = describe_gguf((path,), path.stem)
+    cfg = model_config(open_checkpoint(path))
+    assert entry.shape is not None
+    assert (len(entry.shape.kv_layers), entry.shape.state_bytes_per_sequence) == (
+        len(cfg.attention_layers), cfg.state_bytes_per_sequence
+    )
+    assert memory(entry.shape, FitOptions(max_num_seqs=SEQS), "cpu").state_slots == SEQS

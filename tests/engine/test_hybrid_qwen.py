@@ -11,8 +11,9 @@ recurrent form), and batches of sequences of different lengths sharing steps; th
 (LLMEngine: a 16-token prefill budget, state slots, a prefix hit resuming from a state snapshot), on
 the numpy backend and on the numba one.
 
-Tolerance: logits within 5e-5 x the case's logit scale (float32 summation order, the chunked
-against the recurrent form: measured <= 1.4e-5 x scale); first-step top-5 log-probs within 1e-3.
+Tolerance: logits within 5e-5 x the case's logit scale (float32 summation order over the chunked and
+recurrent forms of the delta rule; measured on numpy and numba: one prefill <= 8.8e-6, chunked prefill
+<= 1.9e-5, decode <= 7.4e-7 x scale); first-step top-5 log-probs within 1e-3 (measured <= 6e-6).
 """
 
 from __future__ import annotations
@@ -317,6 +318,11 @@ def test_multimodal_wrapper_and_interval_configs() -> None:
     }
     cfg = family("Qwen3_5ForConditionalGeneration").config_from_hf(wrapped)
     assert cfg.layer_mixers == (MIXER_GATED_DELTANET,) * 3 + (MIXER_ATTENTION,)
+    # the M-RoPE sections of the multimodal model (text positions are equal in all three: plain RoPE)
+    text["rope_parameters"] = {**text["rope_parameters"], "rope_type": "mrope", "mrope_section": [1, 1, 0],
+                               "mrope_interleaved": True}  # fmt: skip
+    sectioned = family("Qwen3_5ForConditionalGeneration").config_from_hf(wrapped)
+    assert (sectioned.rotary_dim, sectioned.rope_scaling, sectioned.mrope_section) == (4, None, ())
     bad = {
         **text,
         "layer_types": ["linear_attention", "sliding_attention", "full_attention", "full_attention"],
@@ -506,3 +512,124 @@ def test_released_qwen3_next_config() -> None:
     assert cfg.moe.shared_intermediate_size == 512 and cfg.moe.normalize
     # per sequence: 36 Gated DeltaNet layers, each a [8192, 3] conv state and a [32, 128, 128] state
     assert cfg.state_bytes_per_sequence == 36 * 4 * (8192 * 3 + 32 * 128 * 128)
+
+
+def test_multimodal_checkpoint_runs_its_text_side(tmp_path: Path) -> None:
+    """A Qwen3_5ForConditionalGeneration folder: the decoder under model.language_model., the config
+    under text_config, a vision tower (model.visual.*) and MTP weights (mtp.*) beside it, skipped."""
+    from app.engine.loader.safetensors import read_raw_tensors
+    from app.engine.loader.safetensors_write import StoredTensor, write_safetensors
+
+    source = FIXTURES / "qwen35" / "hf"
+    text = json.loads((source / "config.json").read_text(encoding="utf-8"))
+    wrapped = {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5", "text_config": text,
+               "vision_config": {"depth": 1, "hidden_size": 8}, "tie_word_embeddings": True}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(wrapped), encoding="utf-8")
+    tensors = {
+        name.replace("model.", "model.language_model.", 1): StoredTensor(raw.dtype, raw.shape, raw.data)
+        for name, raw in read_raw_tensors(source / "model.safetensors").items()
+    }
+    extra = np.ones((8, 8), np.float32)
+    for name in ("model.visual.blocks.0.attn.qkv.weight", "mtp.fc.weight", "mtp.layers.0.mlp.up_proj.weight"):
+        tensors[name] = StoredTensor("F32", extra.shape, extra)
+    write_safetensors(tmp_path / "model.safetensors", tensors)
+    checkpoint = open_checkpoint(tmp_path)
+    assert checkpoint.architecture == "qwen35" and not any(
+        "visual" in n or "mtp" in n for n in checkpoint.tensors
+    )
+    ours = Runner(build_model(checkpoint, cpu_backend("numpy"), MAX_POSITIONS)).step(
+        [(0, manifest("qwen35")["tokens"], 0)]
+    )[0]
+    expected = reference("qwen35")["logits"]
+    assert np.abs(ours - expected).max() <= RTOL * max(1.0, float(np.abs(expected).max()))
+
+
+@pytest.mark.parametrize("missing", ["blk.0.ssm_out.weight", "blk.0.ssm_beta.weight", "blk.0.ssm_a"])
+def test_a_missing_gated_deltanet_tensor_is_named(missing: str, tmp_root: str) -> None:
+    checkpoint = open_checkpoint(gguf_path("qwen35", tmp_root))
+    broken = dataclasses.replace(
+        checkpoint, tensors={n: t for n, t in checkpoint.tensors.items() if n != missing}
+    )
+    with pytest.raises(CheckpointError, match=f"'{missing}' is missing"):
+        build_model(broken, cpu_backend("numpy"), MAX_POSITIONS)
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_files_without_a_chat_template_get_chatml(arch: str) -> None:
+    """Qwen3.5 / Qwen3-Next checkpoints carry their template; without one, the Qwen built-in (ChatML)."""
+    from app.engine.text.chat_template import chat_template_for
+
+    template = chat_template_for({}, None, arch)
+    assert template.source == "builtin:chatml"
+    prompt = template.render([{"role": "user", "content": "hi"}], add_generation_prompt=True)
+    assert prompt.endswith("<|im_start|>assistant\n")
+
+
+def _meta(lengths: list[int], slots: list[int], initial: list[bool]) -> AttentionMetadata:
+    qsl = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    n = int(qsl[-1])
+    return AttentionMetadata(
+        qsl, np.array(lengths, np.int32), np.zeros((len(lengths), 1), np.int32), np.zeros(n, np.int32),
+        np.zeros(n, np.int32), max(lengths), max(lengths), 16, host_query_start_loc=qsl,
+        host_state_slots=np.array(slots), host_has_initial_state=np.array(initial),
+    )  # fmt: skip
+
+
+def test_one_token_sequences_step_together_as_each_alone() -> None:
+    """Decoding sequences take one batched step; a sequence that starts here ignores its slot's leftovers."""
+    rng = np.random.default_rng(3)
+    lengths, slots, initial = [1, 1, 5, 1, 12], [4, 0, 2, 1, 3], [True, False, True, True, False]
+    t, hk, hv, d = sum(lengths), 2, 4, 8
+    q, k = (rng.normal(size=(t, hk, d)).astype(np.float32) for _ in range(2))
+    v = rng.normal(size=(t, hv, d)).astype(np.float32)
+    g = -rng.uniform(0, 1, (t, hv)).astype(np.float32)
+    beta = rng.uniform(0, 1, (t, hv)).astype(np.float32)
+    start_state = rng.normal(0, 10, (5, hv, d, d)).astype(np.float32)
+    batched_state = start_state.copy()
+    batched = gated_delta_rule(np, q, k, v, g, beta, batched_state, _meta(lengths, slots, initial))
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    for i, (n, slot, init) in enumerate(zip(lengths, slots, initial, strict=True)):
+        rows = slice(starts[i], starts[i] + n)
+        alone_state = start_state.copy()
+        if not init:  # expected: it starts from a state of zeros (then continues it)
+            alone_state[slot] = 0
+        alone = gated_delta_rule(
+            np, q[rows], k[rows], v[rows], g[rows], beta[rows], alone_state, _meta([n], [slot], [True])
+        )
+        np.testing.assert_allclose(batched[rows], alone, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(batched_state[slot], alone_state[slot], rtol=1e-6, atol=1e-6)
+
+
+def test_stacked_hf_experts_split_in_their_own_format() -> None:
+    """Qwen3.5-MoE's stacked `gate_up_proj [E, 2 ff, hidden]` splits into gate and up halves, still bf16."""
+    checkpoint = open_checkpoint(FIXTURES / "qwen35moe" / "hf")
+    stacked = checkpoint.tensors["blk.0.ffn_gate_up_exps.weight"]
+    adapted = family("qwen35moe").adapt_hf_tensors(checkpoint.tensors, model_config(checkpoint))
+    gate, up = adapted["blk.0.ffn_gate_exps.weight"], adapted["blk.0.ffn_up_exps.weight"]
+    assert stacked.qtype.name == gate.qtype.name == up.qtype.name == "BF16"
+    values, ff = stacked.dequantize(), stacked.shape[1] // 2
+    np.testing.assert_array_equal(gate.dequantize(), values[:, :ff])
+    np.testing.assert_array_equal(up.dequantize(), values[:, ff:])
+
+
+def test_causal_conv_of_a_mixed_batch() -> None:
+    """The conv over chunks and one-token decodes of several sequences (the decodes in one batched
+    step) against the convolution written out per sequence; slots of starting sequences are ignored."""
+    from app.engine.backend.recurrent_reference import causal_conv1d
+
+    rng = np.random.default_rng(5)
+    lengths, slots, initial = [1, 3, 1, 1, 2], [2, 0, 4, 1, 3], [True, True, False, True, False]
+    c, kernel = 6, 4
+    x = rng.normal(size=(sum(lengths), c)).astype(np.float32)
+    w = rng.normal(size=(c, kernel)).astype(np.float32)
+    bias = rng.normal(size=c).astype(np.float32)
+    before = rng.normal(0, 10, (5, c, kernel - 1)).astype(np.float32)
+    state = before.copy()
+    out = causal_conv1d(np, x, w, bias, state, _meta(lengths, slots, initial), silu=False)
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    for i, (n, slot, init) in enumerate(zip(lengths, slots, initial, strict=True)):
+        past = before[slot].T if init else np.zeros((kernel - 1, c), np.float32)
+        xs = np.concatenate([past, x[starts[i] : starts[i] + n]])
+        expected = np.stack([(xs[t : t + kernel] * w.T).sum(0) + bias for t in range(n)])
+        np.testing.assert_allclose(out[starts[i] : starts[i] + n], expected, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(state[slot], xs[-(kernel - 1) :].T)

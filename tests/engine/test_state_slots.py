@@ -26,8 +26,9 @@ def make(
     snapshots: int = 16,
     interval: int = 16,
     caching: bool = True,
+    host_rows: int = 0,
 ) -> Scheduler:
-    state = StateCache(max_seqs, snapshots if caching else 0, BS, interval)
+    state = StateCache(max_seqs, snapshots if caching else 0, BS, interval, host_rows=host_rows)
     kv = KVCacheManager(num_blocks, BS, enable_prefix_caching=caching, state=state)
     return Scheduler(SchedulerConfig(max_seqs, budget, 512, BS, caching), kv)
 
@@ -136,7 +137,7 @@ def test_prefill_chunks_end_at_snapshot_points_and_publish_there() -> None:
     outs = drain(sched)
     ends = [c.start + c.num_tokens for out in outs for c in out.chunks]
     assert ends == [16, 32, 48, 50]  # every interval, then the prompt's last block boundary (48)
-    saves = [pair for out in outs for pair in out.state_saves]
+    saves = [pair for out in outs for pair in out.state.saves]
     assert len(saves) == 3 and all(src == 1 for src, _ in saves)  # slot 1 -> three snapshot rows
     assert state(sched).snapshots.num_published == 3
 
@@ -150,7 +151,7 @@ def test_a_shared_prefix_resumes_at_the_last_snapshot_inside_the_kv_match() -> N
     out = step(sched)
     # the KV match covers 40 tokens (10 blocks); the snapshots inside it are at 16 and 32
     assert b.num_cached_tokens == 32 and out.chunks[0].start == 32
-    assert len(out.state_restores) == 1 and out.state_restores[0][1] == b.state_slot
+    assert len(out.state.restores) == 1 and out.state.restores[0][1] == b.state_slot
     drain(sched)
 
 
@@ -163,7 +164,7 @@ def test_no_snapshot_means_no_prefix_hit() -> None:
     sched.add(b)
     out = step(sched)
     assert b.num_cached_tokens == 0 and out.chunks[0].start == 0  # ... but the state cannot resume there
-    assert not out.state_restores
+    assert not out.state
     drain(sched)
 
 
@@ -190,6 +191,31 @@ def test_snapshot_memory_stays_bounded() -> None:
     rows.check_integrity()
 
 
+def test_a_snapshot_evicted_from_the_device_is_loaded_back_from_host_ram() -> None:
+    sched = make(budget=32, interval=16, snapshots=2, host_rows=8)
+    fake = FakeState()
+    prompt = list(range(50))
+    a = req("a", prompt, max_tokens=1)
+    sched.add(a)
+    while sched.has_unfinished():
+        out = sched.schedule()
+        fake.run(out)
+        sched.update(out, {c.request.request_id: 7 for c in out.chunks if c.samples})
+        for c in out.chunks:
+            if c.samples:
+                sched.finish(c.request, RequestStatus.FINISHED_LENGTH)
+    # snapshots at 16, 32 and 48; two device rows: the one at 16 went to host RAM
+    host = state(sched).host
+    assert host is not None and host.num_published == 1 and state(sched).snapshots.num_published == 2
+    b = req("b", prompt[:20] + [999] * 6, max_tokens=1)
+    sched.add(b)
+    out = sched.schedule()
+    fake.run(out)
+    assert b.num_cached_tokens == 16 and out.state.loads and not out.state.restores
+    assert fake.loaded == 1 and state(sched).host_hits == 1
+    sched.check_integrity()
+
+
 def drain_one(sched: Scheduler, request: Request) -> None:
     sched.add(request)
     drain(sched)
@@ -204,12 +230,18 @@ class FakeState:
 
     def __init__(self) -> None:
         self.rows: dict[int, tuple[int, ...]] = {}
-        self.resumed = self.restored = 0
+        self.host: dict[int, tuple[int, ...]] = {}
+        self.resumed = self.restored = self.loaded = 0
 
     def run(self, out: SchedulerOutput) -> None:
-        for src, dst in out.state_restores:  # before the forward
+        for src, dst in out.state.loads:  # before the forward: loads, restores, spills
+            self.rows[dst] = self.host[src]
+            self.loaded += 1
+        for src, dst in out.state.restores:
             self.rows[dst] = self.rows[src]
             self.restored += 1
+        for src, dst in out.state.spills:
+            self.host[dst] = self.rows[src]
         for chunk in out.chunks:
             r = chunk.request
             tokens = tuple(r.all_token_ids)
@@ -219,7 +251,7 @@ class FakeState:
                 assert self.rows.get(slot) == tokens[: chunk.start], f"{r.request_id}: wrong state at {chunk.start}"
                 self.resumed += 1
             self.rows[slot] = tokens[: chunk.start + chunk.num_tokens]
-        for src, dst in out.state_saves:  # after it
+        for src, dst in out.state.saves:  # after it
             self.rows[dst] = self.rows[src]
 
 
@@ -230,7 +262,8 @@ def test_random_workloads_resume_only_from_the_right_state(seed: int) -> None:
     rng = random.Random(seed)
     max_seqs = rng.randint(1, 5)
     sched = make(num_blocks=rng.randint(14, 40), max_seqs=max_seqs, budget=max(max_seqs, rng.randint(8, 40)),
-                 snapshots=rng.randint(0, 12), interval=rng.choice([0, 8, 12]))  # fmt: skip
+                 snapshots=rng.randint(0, 12), interval=rng.choice([0, 8, 12]),
+                 host_rows=rng.choice([0, 0, 3, 10]))  # fmt: skip
     fake = FakeState()
     shared = list(range(500, 524))
     requests: list[Request] = []

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+
 from app.engine.backend.base import AttentionMetadata
 
 
@@ -43,7 +45,11 @@ def causal_conv1d(
     w = weight.astype(f32, copy=False)
     k = w.shape[1]
     out = xp.empty_like(x)
+    decoding = []  # (row, slot, continues) of one-token sequences: one batched step for all of them
     for start, end, slot, initial in sequences(meta):
+        if end - start == 1:
+            decoding.append((start, slot, initial))
+            continue
         past = conv_state[slot].T if initial else xp.zeros((k - 1, x.shape[1]), f32)  # [K-1, C]
         xs = xp.concatenate([past.astype(f32, copy=False), x[start:end]], axis=0)  # [K-1+L, C]
         n = end - start
@@ -54,6 +60,18 @@ def causal_conv1d(
             y = y + bias.astype(f32, copy=False)
         out[start:end] = y
         conv_state[slot] = xs[-(k - 1) :].T
+    if decoding:  # the same taps in the same order, over [B, C, K] windows
+        rows, slots, initial = (xp.asarray(np.array(c)) for c in zip(*decoding, strict=True))
+        past = conv_state[slots].astype(f32, copy=True)  # [B, C, K-1]
+        past[~initial] = 0
+        window = xp.concatenate([past, x[rows][:, :, None]], axis=2)  # [B, C, K]
+        y = window[:, :, 0] * w[:, 0]
+        for tap in range(1, k):
+            y = y + window[:, :, tap] * w[:, tap]
+        if bias is not None:
+            y = y + bias.astype(f32, copy=False)
+        out[rows] = y
+        conv_state[slots] = window[:, :, 1:]
     if silu:
         out = out / (f32(1.0) + xp.exp(-out))
     return out
@@ -97,7 +115,11 @@ def gated_delta_rule(
     q, k = (_heads_for_values(xp, a, v.shape[1], tiled_v_heads) for a in (q, k))
     v, g, beta = (a.astype(f32, copy=False) for a in (v, g, beta))
     out = xp.empty(v.shape, f32)
+    decoding = []  # (row, slot, continues) of one-token sequences: one batched step for all of them
     for start, end, slot, initial in sequences(meta):
+        if end - start == 1:
+            decoding.append((start, slot, initial))
+            continue
         s = state[slot].astype(f32, copy=True) if initial else xp.zeros(state.shape[1:], f32)
         rows = slice(start, end)
         form = delta_rule_recurrent if end - start <= GDN_RECURRENT_MAX_TOKENS else delta_rule_chunked
@@ -105,6 +127,11 @@ def gated_delta_rule(
         o, s = form(xp, *(a[rows].swapaxes(0, 1) for a in (q, k, v, g, beta)), s)
         out[rows] = o.swapaxes(0, 1)
         state[slot] = s
+    if decoding:
+        rows, slots, initial = (xp.asarray(np.array(c)) for c in zip(*decoding, strict=True))
+        s = state[slots].astype(f32, copy=True)  # [B, H, Dk, Dv]
+        s[~initial] = 0  # sequences that start here: their rows' old contents are not theirs
+        out[rows], state[slots] = delta_step(xp, s, q[rows], k[rows], v[rows], g[rows], beta[rows])
     return out
 
 
@@ -120,14 +147,20 @@ def delta_rule_recurrent(xp: Any, q: Any, k: Any, v: Any, g: Any, beta: Any, s: 
     """Token by token, for one sequence: `q, k [H, L, Dk]`, `v [H, L, Dv]`, `g, beta [H, L]`, state
     `s [H, Dk, Dv]` -> (`[H, L, Dv]`, the state after the last token)."""
     out = xp.empty(v.shape, v.dtype)
-    decay = xp.exp(g)
     for t in range(q.shape[1]):
-        s = s * decay[:, t, None, None]
-        predicted = xp.einsum("hk,hkv->hv", k[:, t], s)
-        delta = (v[:, t] - predicted) * beta[:, t, None]
-        s = s + k[:, t, :, None] * delta[:, None, :]
-        out[:, t] = xp.einsum("hk,hkv->hv", q[:, t], s)
+        out[:, t], s = delta_step(xp, s, q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t])
     return out, s
+
+
+def delta_step(xp: Any, s: Any, q: Any, k: Any, v: Any, g: Any, beta: Any) -> tuple[Any, Any]:
+    """One token of the recurrence over any leading dims (heads; or sequences, heads for a batch of
+    decodes): state `s [..., Dk, Dv]`, `q, k [..., Dk]`, `v [..., Dv]`, `g, beta [...]` -> (output
+    `[..., Dv]`, the new state)."""
+    s = s * xp.exp(g)[..., None, None]
+    predicted = xp.einsum("...k,...kv->...v", k, s)
+    delta = (v - predicted) * beta[..., None]
+    s = s + k[..., :, None] * delta[..., None, :]
+    return xp.einsum("...k,...kv->...v", q, s), s
 
 
 def delta_rule_chunked(

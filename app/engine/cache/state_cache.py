@@ -18,6 +18,11 @@ state at that exact token count was kept: a snapshot. The policy:
 - Snapshot rows are bounded (`SnapshotRows`, sized by bytes in the memory plan) and evicted least
   recently used first; a restore and a save of the same step never race (restores run before the
   forward, saves after it).
+- With a host-RAM tier (`host_rows`), a snapshot evicted from the device is spilled there (a
+  device row -> host row copy before the forward of the step whose save reuses the row), and a
+  prefix hit may load its snapshot from there straight into the request's slot. Before the
+  forward the runner does loads, then restores, then spills: a load reads its host row before a
+  spill of the same step reuses it, and a key spilled in this step is not loaded until the next.
 
 Keys: a chain hash per block of the cache tokens (`Request.cache_token_prefix`), seeded by the
 prefix cache's namespace, so a key names the whole prefix up to a block boundary.
@@ -26,9 +31,25 @@ prefix cache's namespace, so a key names the whole prefix up to a block boundary
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
 
 from app.engine.cache.state_slots import NULL_ROW, SnapshotRows, StateSlots
 from app.engine.request import Request
+
+
+@dataclass
+class StateCopies:
+    """One step's recurrent-state row copies, (source, destination) each. Before the forward, in
+    this order: loads (host row -> slot), restores (snapshot row -> slot), spills (snapshot row ->
+    host row); after it: saves (slot -> snapshot row)."""
+
+    restores: list[tuple[int, int]] = field(default_factory=list)
+    saves: list[tuple[int, int]] = field(default_factory=list)
+    loads: list[tuple[int, int]] = field(default_factory=list)
+    spills: list[tuple[int, int]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.restores or self.saves or self.loads or self.spills)
 
 
 class StateCache:
@@ -39,10 +60,12 @@ class StateCache:
         block_size: int,
         interval: int = 0,
         extra_key: Hashable = None,
+        host_rows: int = 0,
     ) -> None:
         self.block_size = block_size
         self.slots = StateSlots(num_slots)
-        self.snapshots = SnapshotRows(num_slots + 1, num_snapshots)
+        self.host = SnapshotRows(0, host_rows) if host_rows else None  # rows of the host-RAM tier
+        self.snapshots = SnapshotRows(num_slots + 1, num_snapshots, self._spill if self.host else None)
         self.num_rows = 1 + num_slots + num_snapshots  # with the null row 0
         self.interval = -(-interval // block_size) * block_size if interval > 0 else 0  # whole blocks
         self.extra_key = extra_key
@@ -52,7 +75,10 @@ class StateCache:
         self._planned: dict[str, tuple[int, int]] = {}  # request id -> (row, end): published after the step
         self._held: dict[str, tuple[int, int]] = {}  # request id -> (row, end): published when it ends
         self._keys: dict[str, list[int]] = {}  # request id -> chain key per block, computed so far
+        self._loads: dict[int, int] = {}  # slot -> host row, copied before the next forward
+        self._spills: dict[int, int] = {}  # host row -> device row, copied before the next forward
         self.restored_tokens = 0  # tokens resumed from snapshots, since start
+        self.host_hits = 0  # prefix hits resumed from the host tier, since start
 
     # --- slots ---
 
@@ -72,9 +98,11 @@ class StateCache:
         decode snapshot is published if the state there is known to be computed; pending copies go."""
         rid = request.request_id
         slot = self._slot_of.pop(rid, None)
+        unsaved = slot is not None and slot in self._saves  # its save of this step will not run
         if slot is not None:
             self._restores.pop(slot, None)
             self._saves.pop(slot, None)
+            self._loads.pop(slot, None)
             self.slots.free(slot)
         request.state_slot = None
         planned = self._planned.pop(rid, None)
@@ -83,7 +111,7 @@ class StateCache:
         held = self._held.pop(rid, None)
         if held is not None:
             row, end = held
-            if end <= request.num_computed_tokens and not self._pending_save(row):
+            if end <= request.num_computed_tokens and not unsaved:
                 self.snapshots.publish(row, self._key(request, end))
             else:  # the save past num_computed_tokens ran ahead of the stop (async decode), or never ran
                 self.snapshots.release(row)
@@ -96,12 +124,20 @@ class StateCache:
         slot is restored from it before the next step (0: none, the request starts from zero)."""
         keys = self._chain(request, tokens, max_blocks)
         for k in range(max_blocks, 0, -1):
-            if self.snapshots.contains(keys[k - 1]):
-                row = self.snapshots.lookup(keys[k - 1])
+            key = keys[k - 1]
+            if self.snapshots.contains(key):
+                row = self.snapshots.lookup(key)
                 assert row is not None
                 self._restores[self.slot(request)] = row
-                self.restored_tokens += k * self.block_size
-                return k
+            elif self.host is not None and self.host.contains(key) and not self._spilling(key):
+                row = self.host.lookup(key)
+                assert row is not None
+                self._loads[self.slot(request)] = row
+                self.host_hits += 1
+            else:
+                continue
+            self.restored_tokens += k * self.block_size
+            return k
         return 0
 
     # --- snapshot points ---
@@ -162,14 +198,19 @@ class StateCache:
 
     # --- the step's copies ---
 
-    def take_copies(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-        """(restores, saves) of the step just scheduled, as (source row, destination row): the
-        runner copies restores before the forward and saves after it."""
-        restores = [(row, slot) for slot, row in self._restores.items()]
-        saves = [(slot, row) for slot, row in self._saves.items()]
+    def take_copies(self) -> StateCopies:
+        """The state copies of the step just scheduled, each (source row, destination row)."""
+        copies = StateCopies(
+            restores=[(row, slot) for slot, row in self._restores.items()],
+            saves=[(slot, row) for slot, row in self._saves.items()],
+            loads=[(host_row, slot) for slot, host_row in self._loads.items()],
+            spills=[(row, host_row) for host_row, row in self._spills.items()],
+        )
         self._restores.clear()
         self._saves.clear()
-        return restores, saves
+        self._loads.clear()
+        self._spills.clear()
+        return copies
 
     def reset(self) -> int:
         """Drop every published snapshot; return how many."""
@@ -178,13 +219,28 @@ class StateCache:
     def check_integrity(self) -> None:
         self.slots.check_integrity()
         self.snapshots.check_integrity()
+        if self.host is not None:
+            self.host.check_integrity()
         assert NULL_ROW not in self._slot_of.values()
         assert len(set(self._slot_of.values())) == len(self._slot_of), "two requests share a state slot"
 
     # --- internals ---
 
-    def _pending_save(self, row: int) -> bool:
-        return row in self._saves.values()
+    def _spill(self, key: Hashable, row: int) -> None:
+        """A published device snapshot is evicted: keep it in the host tier (copied before the
+        forward of this step, whose save then overwrites the device row)."""
+        assert self.host is not None
+        host_row = self.host.reserve()
+        if host_row is None:
+            return
+        self.host.publish(host_row, key)
+        self._spills[host_row] = row
+
+    def _spilling(self, key: Hashable) -> bool:
+        """Whether `key`'s host copy is only planned (its spill runs with this step's copies)."""
+        assert self.host is not None
+        row = self.host.lookup_quiet(key)
+        return row in self._spills
 
     def _key(self, request: Request, end: int) -> int:
         return self._chain(request, request.cache_token_prefix(end), end // self.block_size)[-1]

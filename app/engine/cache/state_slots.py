@@ -10,13 +10,14 @@ request sharing those tokens resumes the recurrent layers there instead of from 
 
 A snapshot row is free, reserved (a save is planned into it, or a running request holds it), or
 published under a prefix key; published rows are evicted least recently used first when a save
-needs a row and none is free.
+needs a row and none is free (`on_evict` sees each: the place to spill it to host RAM). The same
+bookkeeping names the rows of the host-RAM snapshot tier.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 NULL_ROW = 0
@@ -60,10 +61,13 @@ class StateSlots:
 class SnapshotRows:
     """Snapshot rows `first..first+num_rows-1`: free, reserved, or published under a key (LRU)."""
 
-    def __init__(self, first: int, num_rows: int) -> None:
+    def __init__(
+        self, first: int, num_rows: int, on_evict: Callable[[Hashable, int], None] | None = None
+    ) -> None:
         if num_rows < 0:
             raise ValueError(f"num_rows must not be negative, got {num_rows}")
         self.first, self.num_rows = first, num_rows
+        self.on_evict = on_evict  # (key, row) of a published row about to be reused
         self._free: deque[int] = deque(range(first, first + num_rows))
         self._reserved: set[int] = set()
         self._published: OrderedDict[Hashable, int] = OrderedDict()  # key -> row, oldest first
@@ -80,6 +84,10 @@ class SnapshotRows:
             self._published.move_to_end(key)
         return row
 
+    def lookup_quiet(self, key: Hashable) -> int | None:
+        """The row published under `key`, the LRU order left alone."""
+        return self._published.get(key)
+
     def contains(self, key: Hashable) -> bool:
         """Whether `key` is published (read-only: the LRU order does not change)."""
         return key in self._published
@@ -90,8 +98,10 @@ class SnapshotRows:
         if self._free:
             row = self._free.popleft()
         elif self._published:
-            _, row = self._published.popitem(last=False)
+            key, row = self._published.popitem(last=False)
             self.evictions += 1
+            if self.on_evict is not None:
+                self.on_evict(key, row)
         else:
             return None
         self._reserved.add(row)

@@ -147,14 +147,16 @@ class LLMEngine:
             )  # fmt: skip
         tiers = None
         if cfg.is_hybrid and (plan.kv_host_gb or plan.kv_disk_gb):
-            log.info("KV host/disk tiers off: they do not keep this hybrid model's recurrent-state snapshots")
+            log.info("KV host/disk tiers off for this hybrid model (a prefix hit needs its recurrent state too); "
+                     "host RAM keeps evicted state snapshots instead")  # fmt: skip
         elif cfg.attention_layers:
             copier = DeviceBlocks(self.backend, attention_caches(cfg, kv_caches))
             tiers = offload_tiers(plan, copier, self.path, self.shape, self.config.kv_disk_dir)
         state = None
         if plan.state_slots:
             state = StateCache(plan.state_slots, plan.state_snapshots, plan.block_size,
-                               self.config.state_snapshot_interval)  # fmt: skip
+                               self.config.state_snapshot_interval, host_rows=plan.state_host_rows)  # fmt: skip
+            self.runner.allocate_host_states(plan.state_host_rows)
             log.info("recurrent state: %d slots and %d prefix-cache snapshots of %.1f MiB each (%.1f MiB)",
                      plan.state_slots, plan.state_snapshots, cfg.state_bytes_per_sequence / 2**20,
                      plan.state_bytes / 2**20)  # fmt: skip
@@ -264,12 +266,12 @@ class LLMEngine:
     def _run(self, scheduled: SchedulerOutput, sampling: list[Request], ahead: bool) -> Any:
         """The model over the scheduled chunks: a look-ahead's input ids are the in-flight step's, on the device.
         Hybrid models: prefix hits' state snapshots go into their slots before, new snapshots out after."""
-        self.runner.copy_states(scheduled.state_restores)
+        self.runner.states_before(scheduled.state)
         if ahead:
             logits = self.runner.run_from_device(scheduled.chunks, *self.pipeline.inputs(sampling))
         else:
             logits = self.runner.run(scheduled.chunks)
-        self.runner.copy_states(scheduled.state_saves)
+        self.runner.states_after(scheduled.state)
         self._count(scheduled)
         return logits
 

@@ -46,6 +46,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from app.engine.cache.manager import KVCacheManager
+from app.engine.cache.state_cache import StateCopies
 from app.engine.request import Request, RequestStatus
 
 
@@ -89,10 +90,9 @@ class SchedulerOutput:
     num_tokens: int
     preempted: list[Request]
     finished: list[Request] = field(default_factory=list)  # ended here: they can never fit in the KV cache
-    # hybrid models: recurrent-state row copies (source, destination) the runner does before the
-    # forward (snapshot -> slot: prefix hits) and after it (slot -> snapshot)
-    state_restores: list[tuple[int, int]] = field(default_factory=list)
-    state_saves: list[tuple[int, int]] = field(default_factory=list)
+    # hybrid models: the recurrent-state row copies the runner does around the forward (prefix
+    # hits' snapshots into their slots, new snapshots out of them; cache/state_cache.py)
+    state: StateCopies = field(default_factory=StateCopies)
 
     @property
     def is_empty(self) -> bool:
@@ -216,9 +216,9 @@ class Scheduler:
             if request.status == RequestStatus.RUNNING and request.num_pending_tokens == 1:
                 self._schedule_running(request, step, takes_turn=False)
         self._schedule_prefills(step)
-        restores, saves = self.kv.state.take_copies() if self.kv.state is not None else ([], [])
+        copies = self.kv.state.take_copies() if self.kv.state is not None else StateCopies()
         return SchedulerOutput(
-            step.chunks, sum(c.num_tokens for c in step.chunks), step.preempted, step.finished, restores, saves
+            step.chunks, sum(c.num_tokens for c in step.chunks), step.preempted, step.finished, copies
         )
 
     def update(self, output: SchedulerOutput, sampled: dict[str, int]) -> None:

@@ -62,7 +62,10 @@ class GatedDeltaNet:
                 )
             return t
 
-        hidden = tensors[f"{prefix}.ssm_out.weight"].shape[0]
+        out = tensors.get(f"{prefix}.ssm_out.weight")
+        if out is None:
+            raise CheckpointError(f"tensor '{prefix}.ssm_out.weight' is missing (a Gated DeltaNet layer)")
+        hidden = out.shape[0]
         rows = (spec.conv_dim, value_dim, spec.num_v_heads, spec.num_v_heads)
         parts = [tensor(f"{n}.weight", (r, hidden)) for n, r in zip(_IN_PROJECTIONS, rows, strict=True)]
         self.in_proj = backend.fuse_linear([backend.load_weight(p) for p in parts], [None] * len(parts))

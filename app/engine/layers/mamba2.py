@@ -1,4 +1,4 @@
-"""Mamba-2 (SSD) mixer (Nemotron-H, Granite 4 hybrid). SKELETON: being written (issue 34).
+"""Mamba-2 (SSD) mixer (Nemotron-H, Granite 4 hybrid).
 
 Contract with the decoder (models/decoder.py) and the runner:
 - `Mamba2(backend, tensors, prefix, spec: Mamba2Spec, eps)` builds from the layer's
@@ -8,18 +8,109 @@ Contract with the decoder (models/decoder.py) and the runner:
   batch owns flat rows `meta.query_start_loc[i]:[i+1]`, its state row is `meta.state_slots[i]`, and it
   continues that state when `meta.has_initial_state[i]`, else starts from zeros. The layer updates the
   rows in place so the next chunk / decode step continues from them.
+
+One step, as transformers' `torch_forward` and llama.cpp's `build_mamba2_layer` compute it: `ssm_in`
+projects to z (the gate, d_inner), xBC (d_inner + 2 G N) and dt (one per head), in that order; a
+depthwise causal conv with bias and SiLU runs over xBC; dt = softplus(dt + dt_bias); the scan
+(backend/ssd_reference.py) with A (`ssm_a`, already -exp(A_log) as llama.cpp's converter stores it)
+and the D skip; then `y * silu(z)` normalised by RMS within each of the G groups of d_inner / G
+channels (MambaRMSNormGated, norm_before_gate=False) and scaled by `ssm_norm`; then `ssm_out`.
+
+Neither reference clamps dt on decode; transformers' Nemotron-H clamps it below at time_step_min in
+its chunked prefill only, llama.cpp never: we follow llama.cpp (dt below 1e-3 needs dt + dt_bias
+below -6.9, which trained checkpoints keep clear of).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+import numpy as np
+
+from app.engine.backend.base import AttentionMetadata
+from app.engine.backend.recurrent_reference import causal_conv1d
+from app.engine.backend.ssd_reference import ssd_scan
+from app.engine.layers.linear import Linear
+from app.engine.loader.names import CheckpointError
+from app.engine.quant.dispatch import QuantizedTensor
 from app.engine.specs import Mamba2Spec
+
+SOFTPLUS_THRESHOLD = 20.0  # torch's softplus is the identity above it
 
 
 class Mamba2:
-    def __init__(self, backend: Any, tensors: dict, prefix: str, spec: Mamba2Spec, eps: float) -> None:
-        raise NotImplementedError("Mamba-2 is being written")
+    def __init__(
+        self, backend: Any, tensors: dict[str, QuantizedTensor], prefix: str, spec: Mamba2Spec, eps: float
+    ) -> None:
+        self.backend, self.spec, self.eps = backend, spec, eps
 
-    def __call__(self, x: Any, meta: Any, state: tuple[Any, Any]) -> Any:
-        raise NotImplementedError
+        def need(name: str) -> QuantizedTensor:
+            tensor = tensors.get(f"{prefix}.{name}")
+            if tensor is None:
+                raise CheckpointError(f"tensor {prefix}.{name} (Mamba-2 layer) is missing")
+            return tensor
+
+        def small(name: str, shape: tuple[int, ...], optional: bool = False) -> Any:
+            """A small parameter as float32 in `shape` (checkpoints store some with unit axes:
+            GGUF's A and D are [H, 1], its norm [G, d_inner / G], Hugging Face's conv [C, 1, K])."""
+            if optional and f"{prefix}.{name}" not in tensors:
+                return None
+            tensor = need(name)
+            if math.prod(tensor.shape) != math.prod(shape):
+                raise CheckpointError(
+                    f"tensor {tensor.name!r} has shape {tensor.shape}; this Mamba-2 layer needs {shape} "
+                    f"({spec.num_heads} heads of {spec.head_dim}, {spec.n_groups} groups, state {spec.state_size}, "
+                    f"conv kernel {spec.conv_kernel})"
+                )
+            return backend.from_host(np.ascontiguousarray(tensor.dequantize(), np.float32).reshape(shape))
+
+        heads, inner, conv_dim = spec.num_heads, spec.d_inner, spec.conv_dim
+        self.in_proj = Linear(backend, need("ssm_in.weight"), tensors.get(f"{prefix}.ssm_in.bias"))
+        if self.in_proj.out_features != inner + conv_dim + heads:
+            raise CheckpointError(
+                f"tensor {prefix}.ssm_in.weight has {self.in_proj.out_features} rows; z, xBC and dt of this "
+                f"Mamba-2 layer make {inner} + {conv_dim} + {heads} = {inner + conv_dim + heads}"
+            )
+        self.conv_weight = small("ssm_conv1d.weight", (conv_dim, spec.conv_kernel))
+        self.conv_bias = small("ssm_conv1d.bias", (conv_dim,), optional=True)
+        self.dt_bias = small("ssm_dt.bias", (heads,))
+        self.a = small("ssm_a", (heads,))
+        self.d = small("ssm_d", (heads,))
+        self.norm = small("ssm_norm.weight", (inner,))
+        self.out_proj = Linear(backend, need("ssm_out.weight"), tensors.get(f"{prefix}.ssm_out.bias"))
+
+    def __call__(self, x: Any, meta: AttentionMetadata, state: tuple[Any, Any]) -> Any:
+        s, xp = self.spec, self.backend.xp
+        conv_state, ssm_state = state
+        n, inner, groups = x.shape[0], s.d_inner, s.n_groups * s.state_size
+        projected = self.in_proj(x).astype(xp.float32, copy=False)
+        z, xbc, dt = (
+            projected[:, :inner],
+            projected[:, inner : inner + s.conv_dim],
+            projected[:, inner + s.conv_dim :],
+        )
+        xbc = causal_conv1d(xp, xbc, self.conv_weight, self.conv_bias, conv_state, meta, silu=True)
+        heads_x = xbc[:, :inner].reshape(n, s.num_heads, s.head_dim)
+        b = xbc[:, inner : inner + groups].reshape(n, s.n_groups, s.state_size)
+        c = xbc[:, inner + groups :].reshape(n, s.n_groups, s.state_size)
+        y = ssd_scan(
+            xp, heads_x, softplus(xp, dt + self.dt_bias), self.a, b, c, self.d, ssm_state, meta, s.chunk_size
+        )
+        y = gated_group_rms_norm(xp, y.reshape(n, inner), z, self.norm, self.eps, s.n_groups)
+        return self.out_proj(y.astype(self.backend.act_dtype, copy=False))
+
+
+def softplus(xp: Any, x: Any) -> Any:
+    """`log(1 + exp(x))`, the identity above SOFTPLUS_THRESHOLD (torch's F.softplus)."""
+    return xp.where(x > SOFTPLUS_THRESHOLD, x, xp.log1p(xp.exp(xp.minimum(x, SOFTPLUS_THRESHOLD))))
+
+
+def gated_group_rms_norm(xp: Any, y: Any, z: Any, weight: Any, eps: float, groups: int) -> Any:
+    """`y * silu(z)`, RMS-normalised within each of `groups` equal channel groups, times `weight`
+    (Mamba-2's gated norm with norm_before_gate=False): `[T, C]` float32."""
+    one = xp.float32(1.0)
+    gated = y * (z / (one + xp.exp(-z)))
+    grouped = gated.reshape(gated.shape[0], groups, -1)
+    scale = one / xp.sqrt((grouped * grouped).mean(axis=-1, keepdims=True) + xp.float32(eps))
+    return (grouped * scale).reshape(gated.shape) * weight

@@ -16,11 +16,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from app.engine.layers.linear import Linear
+from app.engine.layers.mlp import UpDownMLP
 from app.engine.loader.names import CheckpointError
 from app.engine.moe.ops import expert_forward, route, sum_over_experts
 from app.engine.quant.dispatch import QuantizedTensor
-from app.engine.specs import MoeSpec
+from app.engine.specs import UNGATED_ACTIVATIONS, MoeSpec
 
 
 def expert_tensors(
@@ -47,6 +50,10 @@ def expert_tensors(
     ]
 
 
+# The routings a backend's fused expert kernels (`load_experts` / `moe`) compute on the device.
+DEVICE_ROUTINGS = ("softmax_topk", "topk_softmax")
+
+
 class MoE:
     """On a backend with `load_experts` (CUDA) whose kernels read the experts' format, the whole
     layer after the router is one `backend.moe` call on the device; elsewhere it is the loop below
@@ -59,6 +66,10 @@ class MoE:
             backend, tensors[f"{prefix}.ffn_gate_inp.weight"], tensors.get(f"{prefix}.ffn_gate_inp.bias")
         )
         self.shared = SharedExpert(backend, tensors, prefix, spec) if spec.shared_intermediate_size else None
+        self.score_bias = None  # sigmoid_grouped routing's per-expert bias on the choice (`exp_probs_b`)
+        if f"{prefix}.exp_probs_b.bias" in tensors:
+            bias = tensors[f"{prefix}.exp_probs_b.bias"].dequantize().astype(np.float32).reshape(-1)
+            self.score_bias = backend.from_host(bias)
         n = spec.num_experts
 
         def experts(part: str) -> tuple[list[QuantizedTensor], list[QuantizedTensor | None]]:
@@ -68,12 +79,23 @@ class MoE:
             biases = expert_tensors(tensors, f"{prefix}.ffn_{part}_exps.bias", n) or [None] * n
             return weights, biases  # type: ignore[return-value]
 
-        (gate_w, gate_b), (up_w, up_b), (down_w, down_b) = experts("gate"), experts("up"), experts("down")
+        (up_w, up_b), (down_w, down_b) = experts("up"), experts("down")
         # A learned scale per expert's output (Gemma 4; llama.cpp's `ffn_down_exps.scale`).
         scale = tensors.get(f"{prefix}.ffn_down_exps.scale")
         self.expert_scale = None if scale is None else backend.from_host(scale.dequantize().reshape(-1))
-        # the grouped kernels take no per-expert scale: such a layer runs the loop below
-        load = getattr(backend, "load_experts", None) if scale is None else None
+        if spec.activation in UNGATED_ACTIVATIONS:  # down(act(up x)): the loop below, with up alone
+            self.grouped = None
+            if any(b is not None for b in up_b):
+                raise CheckpointError(
+                    f"tensor {prefix}.ffn_up_exps.bias: ungated experts with biases are not supported"
+                )
+            self.down = [Linear(backend, w, b) for w, b in zip(down_w, down_b, strict=True)]
+            self.gate_up = [backend.load_weight(w) for w in up_w]
+            return
+        gate_w, gate_b = experts("gate")
+        # the grouped kernels take no per-expert scale and only the routings they compute on the device
+        device_routing = spec.routing in DEVICE_ROUTINGS and scale is None
+        load = getattr(backend, "load_experts", None) if device_routing else None
         self.grouped = None if load is None else load(spec, [gate_w, up_w, down_w], [gate_b, up_b, down_b])
         if self.grouped is not None:
             return
@@ -102,7 +124,7 @@ class MoE:
         logits = self.router(router_input)
         if self.grouped is not None:
             return self.backend.moe(x, logits, self.spec, self.grouped)
-        weights, chosen = route(self.backend.xp, logits, self.spec)
+        weights, chosen = route(self.backend.xp, logits, self.spec, self.score_bias)
         if self.expert_scale is not None:
             weights = weights * self.expert_scale[chosen]
 
@@ -126,11 +148,15 @@ class SharedExpert:
             return tensor
 
         self.backend, self.activation = backend, spec.activation
-        self.gate_up = backend.fuse_linear(
-            [backend.load_weight(need("ffn_gate_shexp")), backend.load_weight(need("ffn_up_shexp"))],
-            [None, None],
-        )
-        self.down = Linear(backend, need("ffn_down_shexp"))
+        self.plain = None
+        if spec.activation in UNGATED_ACTIVATIONS:  # Nemotron-H: down(relu(up x)^2)
+            self.plain = UpDownMLP(backend, need("ffn_up_shexp"), need("ffn_down_shexp"), spec.activation)
+        else:
+            self.gate_up = backend.fuse_linear(
+                [backend.load_weight(need("ffn_gate_shexp")), backend.load_weight(need("ffn_up_shexp"))],
+                [None, None],
+            )
+            self.down = Linear(backend, need("ffn_down_shexp"))
         self.gate = None
         if spec.shared_gate:
             gate = need("ffn_gate_inp_shexp")  # [hidden] in GGUF, [1, hidden] in Hugging Face files
@@ -139,7 +165,10 @@ class SharedExpert:
             )
 
     def __call__(self, x: Any) -> Any:
-        out = self.down(self.backend.gated_linear(x, self.gate_up, self.activation))
+        if self.plain is not None:
+            out = self.plain(x)
+        else:
+            out = self.down(self.backend.gated_linear(x, self.gate_up, self.activation))
         if self.gate is None:
             return out
         logit = self.gate(x)

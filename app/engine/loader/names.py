@@ -36,6 +36,8 @@ HF_ARCHITECTURES: dict[str, str] = {
     "Qwen3_5MoeForCausalLM": "qwen35moe",
     "Qwen3_5MoeForConditionalGeneration": "qwen35moe",
     "Qwen3NextForCausalLM": "qwen3next",
+    "NemotronHForCausalLM": "nemotron_h",  # with or without experts (GGUF: nemotron_h / nemotron_h_moe)
+    "GraniteMoeHybridForCausalLM": "granitehybrid",
 }
 _HF_MODEL_TYPES: dict[str, str] = {
     "gemma3": "gemma3",
@@ -54,16 +56,23 @@ _HF_MODEL_TYPES: dict[str, str] = {
     "qwen3_5_moe": "qwen35moe",
     "qwen3_5_moe_text": "qwen35moe",
     "qwen3_next": "qwen3next",
+    "nemotron_h": "nemotron_h",
+    "granitemoehybrid": "granitehybrid",
 }
 
 # Where the text model sits inside the checkpoint: plain CausalLM, the language model of a
 # multimodal checkpoint (transformers >= 4.52 writes `model.language_model.`, older `language_model.model.`),
-# or the bare model without the causal-LM wrapper (Qwen3-Embedding is saved as a Qwen3Model: no
-# prefix and no lm_head, while its config.json names Qwen3ForCausalLM).
-_BODY_PREFIXES = ("model.language_model.", "language_model.model.", "model.", "")
+# Nemotron-H's `backbone.`, or the bare model without the causal-LM wrapper (Qwen3-Embedding is saved as a
+# Qwen3Model: no prefix and no lm_head, while its config.json names Qwen3ForCausalLM).
+_BODY_PREFIXES = ("model.language_model.", "language_model.model.", "model.", "backbone.", "")
 _HEAD_PREFIXES = ("language_model.lm_head.", "lm_head.")
 
-_GLOBAL_MODULES = {"embed_tokens": "token_embd", "norm": "output_norm"}
+_GLOBAL_MODULES = {
+    "embed_tokens": "token_embd",
+    "norm": "output_norm",
+    "embeddings": "token_embd",
+    "norm_f": "output_norm",
+}
 # Model-level tensors some architectures add (Gemma 4's per-layer input embeddings).
 _ARCH_GLOBAL_MODULES: dict[str, dict[str, str]] = {
     "gemma4": {
@@ -139,6 +148,45 @@ _SHARED_EXPERT = {
 }
 _QWEN35 = {**_ATTENTION_AND_MLP, **_PRE_MLP_NORM, **_QK_NORMS, **_GATED_DELTANET}
 
+
+def _mamba2(module: str) -> dict[str, str]:
+    """A Mamba-2 mixer's projections, conv and gated norm (Nemotron-H's under `mixer.`, Granite 4's
+    under `mamba.`)."""
+    parts = {"in_proj": "ssm_in", "conv1d": "ssm_conv1d", "norm": "ssm_norm", "out_proj": "ssm_out"}
+    return {f"{module}.{hf}": gguf for hf, gguf in parts.items()}
+
+
+def _mamba2_parameters(module: str) -> dict[str, str]:
+    """Its per-head parameters (models/nemotron_h.py stores -exp(A_log) as `ssm_a`, as GGUF does)."""
+    return {f"{module}.A_log": "ssm_a", f"{module}.D": "ssm_d", f"{module}.dt_bias": "ssm_dt.bias"}
+
+
+# Nemotron-H: each layer is ONE mixer behind one norm (mamba, attention, MLP or MoE, all under
+# `mixer.`); models/nemotron_h.py moves the norm of MLP / MoE layers to `ffn_norm`.
+_NEMOTRON_H = {
+    "norm": "attn_norm",
+    **{f"mixer.{p}_proj": f"attn_{'output' if p == 'o' else p}" for p in ("q", "k", "v", "o")},
+    "mixer.up_proj": "ffn_up",
+    "mixer.down_proj": "ffn_down",
+    "mixer.gate": "ffn_gate_inp",
+    "mixer.shared_experts.up_proj": "ffn_up_shexp",
+    "mixer.shared_experts.down_proj": "ffn_down_shexp",
+    **_mamba2("mixer"),
+}
+# Granite 4 hybrid: mamba or attention, then a shared MLP (+ experts); the shared MLP's and the
+# experts' gate and up rows are one tensor, split by models/granite_hybrid.py as llama.cpp's converter
+# does (the shared MLP is the dense MLP of a model without experts, else a shared expert).
+_GRANITE_HYBRID = {
+    **{k: v for k, v in _ATTENTION_AND_MLP.items() if not k.startswith("mlp.")},
+    **_PRE_MLP_NORM,
+    **_mamba2("mamba"),
+    "shared_mlp.input_linear": "ffn_gate_up",
+    "shared_mlp.output_linear": "ffn_down",
+    "block_sparse_moe.router.layer": "ffn_gate_inp",
+    "block_sparse_moe.input_linear": "ffn_gate_up_exps",
+    "block_sparse_moe.output_linear": "ffn_down_exps",
+}
+
 # Per-layer module tables (HF module path under `layers.N.` -> GGUF name under `blk.N.`).
 LAYER_MODULES: dict[str, dict[str, str]] = {
     "llama": {**_ATTENTION_AND_MLP, **_PRE_MLP_NORM},
@@ -153,6 +201,8 @@ LAYER_MODULES: dict[str, dict[str, str]] = {
     "qwen35": _QWEN35,
     "qwen35moe": {**_QWEN35, **_ROUTER, **_SHARED_EXPERT},
     "qwen3next": {**_QWEN35, **_ROUTER, **_SHARED_EXPERT},
+    "nemotron_h": _NEMOTRON_H,
+    "granitehybrid": _GRANITE_HYBRID,
 }
 # Parameters saved under their own name, not as `<module>.weight` (HF layer path -> GGUF name).
 # GPT-OSS keeps its experts stacked, input-major, gate and up interleaved: models/gpt_oss.py
@@ -185,6 +235,14 @@ BARE_PARAMETERS: dict[str, dict[str, str]] = {
         }
         for arch in ("qwen35", "qwen35moe", "qwen3next")
     },
+    # experts stacked as transformers 5 holds them in memory ([E, out, in]; hub files list them per expert)
+    "nemotron_h": {
+        **_mamba2_parameters("mixer"),
+        "mixer.gate.e_score_correction_bias": "exp_probs_b.bias",
+        "mixer.experts.up_proj": "ffn_up_exps.weight",
+        "mixer.experts.down_proj": "ffn_down_exps.weight",
+    },
+    "granitehybrid": _mamba2_parameters("mamba"),
 }
 
 # Tensors that are in some checkpoints but carry nothing the engine uses.
@@ -198,7 +256,7 @@ _SKIPPED = re.compile(
 _LAYER_NAME = re.compile(r"^layers\.(\d+)\.(.+)\.(weight|bias)$")
 _BARE_LAYER_NAME = re.compile(r"^layers\.(\d+)\.(.+)$")
 # One expert's projection as Qwen3-MoE (and Mixtral-style) folders list them: kept per expert.
-_EXPERT_MODULE = re.compile(r"^mlp\.experts\.(\d+)\.(gate|up|down)_proj$")
+_EXPERT_MODULE = re.compile(r"^(?:mlp|mixer)\.experts\.(\d+)\.(gate|up|down)_proj$")
 _GLOBAL_NAME = re.compile(r"^(\w+)\.(weight|bias)$")
 
 

@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable
 
 from app.engine.loader.names import CheckpointError
-from app.engine.models.config import FFN_DENSE, FFN_MOE, MIXER_ATTENTION, ModelConfig
+from app.engine.models.config import FFN_DENSE, FFN_MOE, MIXER_ATTENTION, UNGATED_ACTIVATIONS, ModelConfig
 from app.engine.quant.dispatch import QuantizedTensor
 
 _BLOCK = re.compile(r"blk\.(\d+)\.")
@@ -25,6 +25,7 @@ _BLOCK_SHAPES: dict[str, tuple[tuple[str, ...], ...]] = {
     "ffn_gate": (("intermediate_size",), ("hidden_size",)),
     "ffn_up": (("intermediate_size",), ("hidden_size",)),
     "ffn_down": (("hidden_size",), ("intermediate_size",)),
+    "ffn_gate_up": (("intermediate_size",), ("hidden_size",)),  # gate rows, then up rows (doubled below)
 }
 
 
@@ -70,10 +71,12 @@ def _check_blocks(cfg: ModelConfig, tensors: dict[str, QuantizedTensor], key: Ca
             "head_dim": cfg.head_dim_of(layer),
             "intermediate_size": cfg.intermediate_of(layer),
         }
-        for part in _layer_parts(cfg, layer):
+        for part in _layer_parts(cfg, layer, tensors):
             spec = _BLOCK_SHAPES[part]
             wanted = tuple(math.prod(values[f] for f in dim) for dim in spec)
             if part == "attn_q" and cfg.attn_output_gate:  # each head's query and its output gate
+                wanted = (2 * wanted[0], wanted[1])
+            if part == "ffn_gate_up":  # Granite 4 hybrid folders: one tensor, split where the model is built
                 wanted = (2 * wanted[0], wanted[1])
             name = f"blk.{layer}.{part}.weight"
             tensor = tensors.get(name)
@@ -88,9 +91,10 @@ def _check_blocks(cfg: ModelConfig, tensors: dict[str, QuantizedTensor], key: Ca
         _check_routers(cfg, tensors)
 
 
-def _layer_parts(cfg: ModelConfig, layer: int) -> list[str]:
+def _layer_parts(cfg: ModelConfig, layer: int, tensors: dict[str, QuantizedTensor]) -> list[str]:
     """The projections layer `layer` must have: attention's (a layer reading another's KV has no k/v;
-    one whose values are its keys has no v), and the dense MLP's unless experts replace it."""
+    one whose values are its keys has no v), and the dense MLP's unless experts replace it (no gate for
+    an ungated activation; gate and up as one tensor where the file fuses them)."""
     parts = []
     if cfg.mixer(layer) == MIXER_ATTENTION:
         parts += ["attn_q", "attn_output"]
@@ -99,7 +103,12 @@ def _layer_parts(cfg: ModelConfig, layer: int) -> list[str]:
             if not (cfg.layer_values_from_keys and cfg.layer_values_from_keys[layer]):
                 parts.append("attn_v")
     if cfg.ffn(layer) == FFN_DENSE:
-        parts += ["ffn_gate", "ffn_up", "ffn_down"]
+        if f"blk.{layer}.ffn_gate_up.weight" in tensors:
+            parts += ["ffn_gate_up", "ffn_down"]
+        elif cfg.activation in UNGATED_ACTIVATIONS:  # down(act(up(x))): no gate
+            parts += ["ffn_up", "ffn_down"]
+        else:
+            parts += ["ffn_gate", "ffn_up", "ffn_down"]
     return parts
 
 

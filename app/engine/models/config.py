@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from app.engine.loader.names import CheckpointError
+from app.engine.specs import UNGATED_ACTIVATIONS as UNGATED_ACTIVATIONS
 
 # the records the backends and kernels take too live in a leaf below them; named here for the families
 from app.engine.specs import GatedDeltaNetSpec as GatedDeltaNetSpec
@@ -94,6 +95,7 @@ class ModelConfig:
     # Blocks a file holds past num_layers that the decoder does not run (the multi-token-prediction block
     # llama.cpp's converter appends to Qwen3.5 GGUFs: `nextn_predict_layers`); their tensors stay unread.
     trailing_blocks: int = 0
+    use_rope: bool = True  # False: attention without positions (NoPE: Nemotron-H, Granite 4.0-H)
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:

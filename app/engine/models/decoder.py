@@ -13,7 +13,7 @@ from app.engine.backend.base import AttentionMetadata, RopeTable
 from app.engine.layers.attention import Attention, AttentionSpec
 from app.engine.layers.embedding import Embedding
 from app.engine.layers.linear import Linear
-from app.engine.layers.mlp import GatedMLP
+from app.engine.layers.mlp import dense_mlp
 from app.engine.layers.moe import MoE
 from app.engine.layers.moe_beside import ExpertsBesideMlp
 from app.engine.layers.norm import RMSNorm
@@ -58,7 +58,7 @@ class DecoderLayer:
         if self.ffn_kind != FFN_NONE:
             self.ffn_norm = RMSNorm(backend, tensors[f"{prefix}.ffn_norm.weight"], eps)
         if self.ffn_kind == FFN_DENSE:
-            self.mlp = GatedMLP(backend, tensors, prefix, cfg.activation)
+            self.mlp = dense_mlp(backend, tensors, prefix, cfg.activation)
         elif self.ffn_kind == FFN_MOE:
             assert cfg.moe is not None
             self.moe = MoE(backend, tensors, prefix, cfg.moe)
@@ -92,9 +92,9 @@ class DecoderLayer:
             h = self._scaled(h)
         if self.ffn_kind == FFN_NONE:
             return h, residual
-        if self.moe is not None:
+        if self.moe is not None or not self.mlp.gated:  # experts, or a plain up/down MLP (Nemotron-H)
             normed, residual = self.ffn_norm.add_and_norm(h, residual)
-            h = self.moe(normed)
+            h = self.moe(normed) if self.moe is not None else self.mlp(normed)
         else:
             act, residual = self.ffn_norm.add_norm_gated_linear(
                 h, residual, self.mlp.gate_up, self.mlp.activation
@@ -194,6 +194,8 @@ class DecoderModel:
         # partial RoPE (Qwen3.5, Qwen3-Next): the frequencies of the rotated dims only
         rotated = cfg.rotary_dim or head_dim
         inverse = inverse_frequencies(rotated, cfg.rope_theta, cfg.rope_scaling, self._freq_factors)
+        if not cfg.use_rope:  # NoPE: every angle 0 (cos 1, sin 0) turns q and k by nothing, exactly
+            inverse = inverse * inverse.dtype.type(0.0)
         if cfg.global_rope_fraction is not None:  # the pairs past the rotated share keep frequency 0
             inverse = inverse.copy()
             inverse[int(cfg.global_rope_fraction * head_dim // 2) :] = 0.0

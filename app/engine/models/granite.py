@@ -29,20 +29,33 @@ _GGUF_SCALARS = {
 }
 
 
-def config_from_gguf(meta: dict[str, Any], vocab_size: int) -> ModelConfig:
-    kwargs = common_from_gguf(meta, vocab_size)
-    arch = kwargs["architecture"]
+def scalars_from_gguf(meta: dict[str, Any], arch: str) -> dict[str, float]:
+    """The four scalars a Granite GGUF gives (also Granite 4 hybrid's), as ModelConfig fields."""
+    scalars = {}
     for field, key in _GGUF_SCALARS.items():
         value = meta.get(f"{arch}.{key}")
         if value is not None:  # llama.cpp treats a missing scalar as 1 (0 for attention: 1/sqrt(d))
-            kwargs[field] = positive_number(value, f"{arch}.{key}")
+            scalars[field] = positive_number(value, f"{arch}.{key}")
+    return scalars
+
+
+def scalars_from_hf(cfg: dict[str, Any]) -> dict[str, float]:
+    """The same from config.json, where a missing multiplier means GraniteConfig's default."""
+    return {
+        field: positive_number(cfg.get(key, default), f"config.json {key}")
+        for field, (key, default) in _HF_SCALARS.items()
+    }
+
+
+def config_from_gguf(meta: dict[str, Any], vocab_size: int) -> ModelConfig:
+    kwargs = common_from_gguf(meta, vocab_size)
+    kwargs.update(scalars_from_gguf(meta, kwargs["architecture"]))
     return ModelConfig(**kwargs, rope_interleaved=True)
 
 
 def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
     kwargs = common_from_hf(cfg, "granite")
-    for field, (key, default) in _HF_SCALARS.items():
-        kwargs[field] = positive_number(cfg.get(key, default), f"config.json {key}")
+    kwargs.update(scalars_from_hf(cfg))
     kwargs["qkv_bias"] = bool(cfg.get("attention_bias", False))
     return ModelConfig(**kwargs)
 

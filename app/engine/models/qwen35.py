@@ -53,6 +53,10 @@ def hybrid_from_hf(cfg: dict[str, Any], architecture: str, **extra: Any) -> Mode
     text = cfg.get("text_config", cfg)
     if "intermediate_size" not in text and "moe_intermediate_size" in text:  # Qwen3.5-MoE has no dense MLP
         text = {**text, "intermediate_size": text["moe_intermediate_size"]}
+    for key in ("rope_scaling", "rope_parameters"):  # Qwen3.5's M-RoPE sections: plain RoPE for text
+        params = text.get(key) or {}
+        if (params.get("type") or params.get("rope_type")) == "mrope":
+            text = {**text, key: {k: v for k, v in params.items() if k not in ("type", "rope_type")}}
     kwargs = common_from_hf(text, architecture)
     layers = kwargs["num_layers"]
     spec = GatedDeltaNetSpec(
@@ -168,13 +172,31 @@ def adapt_hf_tensors(tensors: Tensors, cfg: ModelConfig) -> Tensors:
             out[name] = _float(name, -np.exp(tensor.dequantize().astype(np.float64)))
         elif name.endswith(".ssm_conv1d.weight") and len(tensor.shape) == 3:
             out[name] = QuantizedTensor(name, tensor.qtype, (tensor.shape[0], tensor.shape[2]), tensor.data)
-        elif name.endswith(".ffn_gate_up_exps.weight"):  # [E, 2 ff, hidden]: gate rows, then up rows
+        elif name.endswith(".ffn_gate_up_exps.weight"):
             del out[name]
-            values = tensor.dequantize()
-            ff = values.shape[1] // 2
             prefix = name.removesuffix(".ffn_gate_up_exps.weight")
-            out[f"{prefix}.ffn_gate_exps.weight"] = _float(f"{prefix}.ffn_gate_exps.weight", values[:, :ff])
-            out[f"{prefix}.ffn_up_exps.weight"] = _float(f"{prefix}.ffn_up_exps.weight", values[:, ff:])
+            out.update(_split_gate_up(tensor, prefix))
+    return out
+
+
+def _split_gate_up(tensor: QuantizedTensor, prefix: str) -> Tensors:
+    """Stacked experts `[E, 2 ff, hidden]` (each expert's gate rows, then its up rows) as GGUF's
+    `ffn_gate_exps` and `ffn_up_exps` `[E, ff, hidden]`, rows picked in the file's format (a
+    checkpoint's bf16 experts stay bf16)."""
+    experts, double, hidden = tensor.shape
+    ff = double // 2
+    rows = np.arange(experts)[:, None] * double + np.arange(ff)[None, :]
+    out = {}
+    for part, picked in (("gate", rows), ("up", rows + ff)):
+        name = f"{prefix}.ffn_{part}_exps.weight"
+        flat = take_rows(
+            QuantizedTensor(
+                tensor.name, tensor.qtype, (experts * double, hidden), tensor.data, tensor.scales
+            ),
+            picked.reshape(-1),
+            name,
+        )
+        out[name] = QuantizedTensor(name, flat.qtype, (experts, ff, hidden), flat.data, flat.scales)
     return out
 
 

@@ -25,6 +25,9 @@ _FAMILY_MODULES = {
     "qwen35": "app.engine.models.qwen35",
     "qwen35moe": "app.engine.models.qwen35moe",
     "qwen3next": "app.engine.models.qwen3next",
+    "nemotron_h": "app.engine.models.nemotron_h",
+    "nemotron_h_moe": "app.engine.models.nemotron_h",  # the same family with experts
+    "granitehybrid": "app.engine.models.granite_hybrid",
 }
 
 

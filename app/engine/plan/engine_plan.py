@@ -21,6 +21,7 @@ from app.engine.plan.memory import (
     max_model_len,
     memory,
     resolve_kv_dtype,
+    state_host_rows,
     use_weight_cache,
     weight_copy_bytes,
 )
@@ -47,6 +48,7 @@ class EnginePlan:
     state_slots: int = 0
     state_snapshots: int = 0
     state_bytes: int = 0
+    state_host_rows: int = 0  # snapshots evicted to host RAM (--kv-host-gb, for a hybrid model)
 
     def describe(self) -> str:
         """The plan in one log line."""
@@ -156,4 +158,7 @@ def resolve(
         state_slots=state.state_slots if state else 0,
         state_snapshots=state.state_snapshots if state else 0,
         state_bytes=state.state if state else 0,
+        state_host_rows=state_host_rows(shape.state_bytes_per_sequence, state.state_snapshots, config.kv_host_gb)
+        if state
+        else 0,
     )

@@ -211,6 +211,14 @@ def state_bytes(per_sequence: int, slots: int, snapshots: int) -> int:
     return (1 + slots + snapshots) * per_sequence if slots else 0
 
 
+def state_host_rows(per_sequence: int, snapshots: int, kv_host_gb: float) -> int:
+    """Rows of the host-RAM snapshot tier: --kv-host-gb of a hybrid model's snapshots (its KV blocks do
+    not go to host RAM: a prefix hit needs the state there too); 0 without device snapshots."""
+    if not per_sequence or not snapshots or not kv_host_gb:
+        return 0
+    return int(kv_host_gb * (1 << 30)) // per_sequence
+
+
 def cache_room(
     base: MemoryBreakdown, options: FitOptions, device_kind: str, free_bytes: int | None, weights_loaded: bool
 ) -> int:

@@ -74,6 +74,7 @@ class ModelRunner:
         cfg = getattr(model, "config", None)
         recurrent = [i for i in range(len(kv_caches)) if cfg is not None and cfg.state_shapes(i) is not None]
         self.state_arrays = [array for i in recurrent for array in kv_caches[i]]
+        self.host_states: list[np.ndarray] = []  # the host-RAM snapshot tier (allocate_host_states)
         self.graphs: Any = None  # DecodeGraphs, set by the engine on CUDA
         self.prefill_graphs: Any = None  # PrefillGraphs, likewise
         self.images: Any = None  # ImageEmbedder, set by the engine when the model has vision
@@ -127,6 +128,29 @@ class ModelRunner:
             meta.state_slots, meta.has_initial_state = b.from_host(slots), b.from_host(initial)
         return meta, sample_rows
 
+    def states_before(self, copies: Any) -> None:
+        """A step's recurrent-state copies before its forward (cache/state_cache.py: StateCopies):
+        host-tier snapshots into their slots, then device snapshots into theirs, then evicted
+        snapshots out to the host tier."""
+        if not copies or not self.state_arrays:
+            return
+        b = self.backend
+        if copies.loads:
+            rows = np.array([p[0] for p in copies.loads], dtype=np.int64)
+            slots = b.from_host(np.array([p[1] for p in copies.loads], dtype=np.int64))
+            for array, host in zip(self.state_arrays, self.host_states, strict=True):
+                array[slots] = b.from_host(host[rows])
+        self.copy_states(copies.restores)
+        if copies.spills:
+            rows = b.from_host(np.array([p[0] for p in copies.spills], dtype=np.int64))
+            host_rows = np.array([p[1] for p in copies.spills], dtype=np.int64)
+            for array, host in zip(self.state_arrays, self.host_states, strict=True):
+                host[host_rows] = b.to_host(array[rows])  # a device -> host copy: waits for the GPU
+
+    def states_after(self, copies: Any) -> None:
+        """A step's recurrent-state copies after its forward: slots into new snapshot rows."""
+        self.copy_states(copies.saves)
+
     def copy_states(self, pairs: list[tuple[int, int]]) -> None:
         """Copy recurrent-state rows (source, destination) in every recurrent layer: a prefix hit's
         snapshot into its slot before a step, a slot into a snapshot row after one. Device ops in
@@ -138,6 +162,10 @@ class ModelRunner:
         dst = b.from_host(np.array([p[1] for p in pairs], dtype=np.int64))
         for array in self.state_arrays:
             array[dst] = array[src]  # the gather on the right is a copy: overlapping pairs are safe
+
+    def allocate_host_states(self, rows: int) -> None:
+        """The host-RAM snapshot tier: `rows` rows beside every recurrent layer's state arrays."""
+        self.host_states = [np.zeros((rows, *array.shape[1:]), np.float32) for array in self.state_arrays]
 
     def _needs_step_rope(self, chunks: list[Any]) -> bool:
         """Whether the step rotates by M-RoPE positions (a request with images on an M-RoPE model):
