@@ -78,9 +78,10 @@ def add_kv_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--state-snapshot-gb", type=float, default=None, metavar="GB",
                        help="hybrid models: memory for the prefix cache's recurrent-state snapshots (default: a "
                        "fifth of the cache budget, at most 8 per sequence; 0: no prefix reuse)")
-    group.add_argument("--state-snapshot-interval", type=int, default=512, metavar="TOKENS",
+    group.add_argument("--state-snapshot-interval", type=int, default=None, metavar="TOKENS",
                        help="hybrid models: a prompt's state is snapshotted every this many tokens, so a request "
-                       "sharing part of it resumes close to where they differ (default 512; 0: only at its end)")
+                       "sharing part of it resumes close to where they differ (default: as many tokens as one "
+                       "snapshot's memory holds in KV, at least a block, at most 4096; 0: only at its end)")
 
 
 def engine_config(args: argparse.Namespace, **overrides: object) -> EngineConfig:

@@ -85,9 +85,10 @@ class EngineConfig:
     experts_on_gpu: int | str | None = None
     # hybrid models (recurrent layers): memory for the prefix cache's recurrent-state snapshots
     # (None: a share of the cache room, plan/memory.py), and the prompt interval in tokens
-    # at which prefill takes one (cache/state_cache.py; 0: only at the prompt's last block boundary)
+    # at which prefill takes one (cache/state_cache.py; 0: only at the prompt's last block boundary;
+    # None: as many tokens as one snapshot's bytes hold KV, plan/memory.py snapshot_interval)
     state_snapshot_gb: float | None = None
-    state_snapshot_interval: int = 512
+    state_snapshot_interval: int | None = None
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda"):
@@ -111,7 +112,7 @@ class EngineConfig:
             raise ValueError("kv_host_gb and kv_disk_gb must be 0 (off) or positive")
         if self.state_snapshot_gb is not None and self.state_snapshot_gb < 0:
             raise ValueError(f"state_snapshot_gb must be 0 (off) or positive, got {self.state_snapshot_gb}")
-        if self.state_snapshot_interval < 0:
+        if self.state_snapshot_interval is not None and self.state_snapshot_interval < 0:
             raise ValueError(f"state_snapshot_interval must be 0 or positive, got {self.state_snapshot_interval}")
 
     @property

@@ -214,7 +214,8 @@ def test_toy_a_shared_2000_token_prefix_resumes_from_a_snapshot() -> None:
     off = make_engine(enable_prefix_caching=False)
     expected, cached_off = run(off, second)
     assert cached_off == 0
-    engine = make_engine(state_snapshot_interval=64)
+    engine = make_engine()  # the default interval: a snapshot's bytes in KV tokens, here a few blocks
+    assert engine.plan.state_snapshot_interval <= 64
     run(engine, first)
     got, cached = run(engine, second)
     assert cached >= 1900, f"only {cached} of the 2,000 shared tokens were served from the cache"
@@ -302,7 +303,7 @@ def test_family_shared_2000_token_prefix_is_served_from_the_cache(fam: str, gguf
     fields: dict[str, Any] = dict(max_num_batched_tokens=512, max_model_len=4096, block_size=16)
     expected = run_scored(family_engine(path, enable_prefix_caching=False, **fields), second)
     assert expected[2] == 0
-    engine = family_engine(path, state_snapshot_interval=64, **fields)
+    engine = family_engine(path, **fields)  # the default snapshot interval
     run(engine, first)
     got = run_scored(engine, second)
     assert got[2] >= 1900, f"only {got[2]} of the 2,000 shared tokens were served from the cache"

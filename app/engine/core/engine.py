@@ -155,7 +155,7 @@ class LLMEngine:
         state = None
         if plan.state_slots:
             state = StateCache(plan.state_slots, plan.state_snapshots, plan.block_size,
-                               self.config.state_snapshot_interval, host_rows=plan.state_host_rows)  # fmt: skip
+                               plan.state_snapshot_interval, host_rows=plan.state_host_rows)  # fmt: skip
             self.runner.allocate_host_states(plan.state_host_rows)
             log.info("recurrent state: %d slots and %d prefix-cache snapshots of %.1f MiB each (%.1f MiB)",
                      plan.state_slots, plan.state_snapshots, cfg.state_bytes_per_sequence / 2**20,

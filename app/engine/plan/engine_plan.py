@@ -21,6 +21,7 @@ from app.engine.plan.memory import (
     max_model_len,
     memory,
     resolve_kv_dtype,
+    snapshot_interval,
     state_host_rows,
     use_weight_cache,
     weight_copy_bytes,
@@ -49,6 +50,7 @@ class EnginePlan:
     state_snapshots: int = 0
     state_bytes: int = 0
     state_host_rows: int = 0  # snapshots evicted to host RAM (--kv-host-gb, for a hybrid model)
+    state_snapshot_interval: int = 0  # prompt tokens between state snapshots (0: only at a prompt's end)
 
     def describe(self) -> str:
         """The plan in one log line."""
@@ -58,7 +60,8 @@ class EnginePlan:
                 f"({self.kv_dtype}); weight cache {self.weight_cache}; experts {experts}; CUDA graphs "
                 f"{_on(self.graphs)} (prefill {_on(self.prefill_graphs)}); async decode {_on(self.async_decode)}; "
                 f"KV tiers {tiers}"
-                + (f"; recurrent state {self.state_slots} slots + {self.state_snapshots} snapshots"
+                + (f"; recurrent state {self.state_slots} slots + {self.state_snapshots} snapshots, one every "
+                   f"{self.state_snapshot_interval} prompt tokens"
                    if self.state_slots else ""))  # fmt: skip
 
 
@@ -161,4 +164,11 @@ def resolve(
         state_host_rows=state_host_rows(shape.state_bytes_per_sequence, state.state_snapshots, config.kv_host_gb)
         if state
         else 0,
+        state_snapshot_interval=_snapshot_interval(config, shape, backend_name) if hybrid else 0,
     )
+
+
+def _snapshot_interval(config: EngineConfig, shape: ModelShape, backend_name: str) -> int:
+    if config.state_snapshot_interval is not None:
+        return config.state_snapshot_interval
+    return snapshot_interval(shape, config.block_size, resolve_kv_dtype(config.kv_dtype, backend_name))

@@ -211,6 +211,21 @@ def state_bytes(per_sequence: int, slots: int, snapshots: int) -> int:
     return (1 + slots + snapshots) * per_sequence if slots else 0
 
 
+MAX_SNAPSHOT_INTERVAL = 4096  # tokens: beyond it a shared prompt would resume too far from where it differs
+
+
+def snapshot_interval(shape: ModelShape, block_size: int, kv_dtype: str) -> int:
+    """The prompt interval between a hybrid model's state snapshots when none is given: as many tokens as
+    one snapshot's bytes hold in KV (a snapshot then costs about what the KV of the tokens it spans costs),
+    in whole blocks, at least one block and at most MAX_SNAPSHOT_INTERVAL. Qwen3.5-27B-shaped in float16
+    KV: ~150 MB of state against ~64 KB a token, ~2,300 tokens; a tiny test model: a block or two."""
+    per_token = shape.kv_bytes_per_token(KV_DTYPE_BYTES[kv_dtype])
+    if not shape.state_bytes_per_sequence or not per_token:
+        return MAX_SNAPSHOT_INTERVAL
+    tokens = -(-shape.state_bytes_per_sequence // per_token)
+    return min(MAX_SNAPSHOT_INTERVAL, max(block_size, -(-tokens // block_size) * block_size))
+
+
 def state_host_rows(per_sequence: int, snapshots: int, kv_host_gb: float) -> int:
     """Rows of the host-RAM snapshot tier: --kv-host-gb of a hybrid model's snapshots (its KV blocks do
     not go to host RAM: a prefix hit needs the state there too); 0 without device snapshots."""

@@ -110,11 +110,10 @@ def gguf_config(meta: Mapping[str, Any], vocab_size: int) -> ModelConfig:
     arch = str(meta.get("general.architecture") or "")
     if not arch:
         raise ValueError("GGUF metadata has no general.architecture")
-    meta = _largest_per_layer(dict(meta), arch)
-    try:
-        return family(arch).config_from_gguf(meta, vocab_size)
+    try:  # a family reads its own per-layer arrays (which layers have attention, their KV heads)
+        return family(arch).config_from_gguf(dict(meta), vocab_size)
     except UnsupportedArchitecture:
-        return _shared_gguf_config(meta, arch, vocab_size)
+        return _shared_gguf_config(_largest_per_layer(dict(meta), arch), arch, vocab_size)
 
 
 def hf_config(config: Mapping[str, Any]) -> ModelConfig:
