@@ -125,3 +125,17 @@ def test_a_remote_that_does_not_answer_is_said_in_words(qtbot, make_window, make
     with pytest.raises(RemoteEngineError, match="not an http"):
         RemoteEngine("gpu-box:8000")
 
+
+
+def test_an_error_from_the_remote_is_shown_in_words(qtbot, make_window, make_context):
+    handle = ServerHandle(FakeEngine(name="tiny-context", context_length=24), settings=ServerSettings(port=0))
+    with handle:
+        window = _window(qtbot, make_window, make_context, handle.base_url, panes=("chat",))
+        pane = window.pane("chat")
+        pane.input.setPlainText("a question far too long for a context of twenty-four tokens")
+        with qtbot.waitSignal(pane.answer_finished, timeout=WAIT_MS) as outcome:
+            qtbot.mouseClick(pane.send_button, Qt.MouseButton.LeftButton)
+    result = outcome.args[0]
+    message = result.error_message if not result.ok else result.value.error
+    assert f"the remote engine at 127.0.0.1:{handle.port} answered HTTP 400" in message
+    assert "24" in message  # the server's own sentence, with the context it holds
