@@ -39,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep settings, history and models under this folder (default: $PADDOCK_HOME or "
                              "the platform's user folders)")
     parser.add_argument("--headless", action="store_true", help="do not open a window: serve the API only")
+    parser.add_argument("--engine", default=None, metavar="URL",
+                        help="answer Chat, Documents and Transcribe with this OpenAI-compatible server (vLLM, "
+                             "SGLang, another Paddock) instead of the engine inside the Studio")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT,
                         help=f"port of the headless API (default {DEFAULT_PORT})")
 
@@ -55,8 +58,8 @@ def run(args: argparse.Namespace) -> int:
     from app.ui.main import run_studio
 
     model = args.model if args.model != "default" else None  # None: the start-up model from the settings
-    return run_studio(model, home=args.home, device=None if args.device == "auto" else args.device,
-                      max_model_len=args.max_ctx)
+    return run_studio(model, home=args.home, engine_url=args.engine,
+                      device=None if args.device == "auto" else args.device, max_model_len=args.max_ctx)
 
 
 def no_display_reason(environ: dict[str, str] | None = None, probe: bool = True) -> str | None:

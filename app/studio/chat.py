@@ -31,6 +31,7 @@ from app.studio.doc_qa import supports_vision
 from app.studio.documents import PageScale
 from app.studio.history import Attachment, Conversation, History, Message
 from app.studio.page_qa import page_scale
+from app.studio.remote_engine import RemoteEngine
 
 if TYPE_CHECKING:
     from app.engine import EngineClient, SamplingParams
@@ -277,7 +278,6 @@ class ChatService:
 
     async def _answer(self, conversation_id: int, on_start: StartCallback | None,
                       on_delta: DeltaCallback | None, replacing: int | None = None) -> Answer:
-        from app.engine import GenerationRequest
 
         client = self._ensure_model()
         conversation = self.history.conversation(conversation_id)
@@ -285,26 +285,19 @@ class ChatService:
             conversation = replace(conversation, messages=tuple(
                 m for m in conversation.messages if m.id != replacing))
         settings = self.settings_of(conversation)
-        ids, images = self.prompt(client, conversation)
-        context = client.model.context_length
-        room = context - len(ids)
-        if room < 1:
-            raise ContextOverflow(f"This conversation is {len(ids)} tokens long, and the model's context holds "
-                            f"{context}. Start a new conversation (or load the model with a longer context).")
-        stop = list(getattr(client.chat_template, "stop_strings", ()) or ())
-        try:
-            params = settings.sampling_params(min(settings.max_tokens, room), stop)
-        except ValueError as exc:
-            raise ChatError(f"Sampling settings: {exc}") from exc
-        message = self.history.start_message(conversation_id, "assistant", model=client.model.name,
-                                             replacing=replacing)
+        if isinstance(client, RemoteEngine):  # the server builds the prompt from the messages
+            message = self.history.start_message(conversation_id, "assistant", model=client.model.name,
+                                                 replacing=replacing)
+            outputs = client.stream_chat(prompt_messages(conversation), settings.max_tokens, settings.temperature,
+                                         settings.top_p, settings.seed)
+            state = _Streamed(0)
+        else:
+            message, outputs, state = self._local_request(client, conversation_id, conversation, settings, replacing)
         if on_start is not None:
             on_start(message)
-        request = GenerationRequest(ids, params, session_id=f"chat-{conversation_id}", images=images)
-        state = _Streamed(len(ids))
         self._live = (conversation_id, state)
         self._loop = asyncio.get_running_loop()
-        self._stream = asyncio.ensure_future(self._consume(client, request, message.id, state, on_delta))
+        self._stream = asyncio.ensure_future(self._consume(outputs, message.id, state, on_delta))
         status, error = "complete", None
         try:
             await self._stream
@@ -321,12 +314,34 @@ class ChatService:
         stats = self._finish(message.id, status, state)
         return Answer(message.id, status, state.text, stats, error)
 
-    async def _consume(self, client: EngineClient, request: Any, message_id: int, state: _Streamed,
+    def _local_request(self, client: EngineClient, conversation_id: int, conversation: Conversation,
+                       settings: ChatSettings, replacing: int | None) -> tuple[Message, Any, _Streamed]:
+        """The prompt rendered and tokenized here, sized to the context; the answer's row and its stream."""
+        from app.engine import GenerationRequest
+
+        ids, images = self.prompt(client, conversation)
+        context = client.model.context_length
+        room = context - len(ids)
+        if room < 1:
+            raise ContextOverflow(f"This conversation is {len(ids)} tokens long, and the model's context holds "
+                            f"{context}. Start a new conversation (or load the model with a longer context).")
+        stop = list(getattr(client.chat_template, "stop_strings", ()) or ())
+        try:
+            params = settings.sampling_params(min(settings.max_tokens, room), stop)
+        except ValueError as exc:
+            raise ChatError(f"Sampling settings: {exc}") from exc
+        message = self.history.start_message(conversation_id, "assistant", model=client.model.name,
+                                             replacing=replacing)
+        request = GenerationRequest(ids, params, session_id=f"chat-{conversation_id}", images=images)
+        return message, client.generate(request), _Streamed(len(ids))
+
+    async def _consume(self, outputs: Any, message_id: int, state: _Streamed,
                        on_delta: DeltaCallback | None) -> None:
-        async for output in client.generate(request):
+        """Stream the outputs (the local engine's RequestOutputs or a remote's RemoteOutputs) into History."""
+        async for output in outputs:
             if output.num_output_tokens > state.completion_tokens:
                 state.clock.token()
-            state.prompt_tokens = output.num_prompt_tokens
+            state.prompt_tokens = output.num_prompt_tokens or state.prompt_tokens
             state.completion_tokens = output.num_output_tokens
             state.finish_reason = output.finish_reason or state.finish_reason
             if output.new_text:

@@ -30,6 +30,7 @@ from urllib.parse import urlparse
 
 import httpx
 
+from app.studio.remote_engine import error_message, sse_chunks
 from app.studio.tasks import CancelToken
 
 if TYPE_CHECKING:
@@ -270,18 +271,7 @@ async def _stream_remote(index: int, target: Target, request: CompareRequest, co
     async with http.stream("POST", url, json=body, headers=headers) as response:
         if response.status_code >= 400:
             raise ColumnError(_http_error(response.status_code, await response.aread(), target, url))
-        async for line in response.aiter_lines():
-            if not line.startswith("data:"):
-                continue
-            data = line.removeprefix("data:").strip()
-            if data == "[DONE]":
-                break
-            try:
-                chunk = json.loads(data)
-            except json.JSONDecodeError:
-                raise ColumnError(f"{_host(url)} sent something that is not JSON: {data[:80]!r}") from None
-            if chunk.get("error"):
-                raise ColumnError(f"{_host(url)} reported an error: {_error_text(chunk)}")
+        async for chunk in sse_chunks(response, _host(url), ColumnError):
             _apply_chunk(index, chunk, column, emit)
 
 
@@ -322,7 +312,7 @@ async def _stream_local(index: int, target: Target, request: CompareRequest, col
 
 def _http_error(status: int, body: bytes, target: Target, url: str) -> str:
     try:
-        detail = _error_text(json.loads(body))
+        detail = error_message(json.loads(body))
     except (ValueError, AttributeError):
         detail = body.decode("utf-8", errors="replace").strip()[:200]
     host = _host(url)
@@ -336,13 +326,6 @@ def _http_error(status: int, body: bytes, target: Target, url: str) -> str:
     if status == 429:
         return f"{host} is rate limiting these requests (HTTP 429): {detail}"
     return f"{host} answered HTTP {status}: {detail}"
-
-
-def _error_text(payload: Any) -> str:
-    error = payload.get("error", payload) if isinstance(payload, dict) else payload
-    if isinstance(error, dict):
-        return str(error.get("message") or error)
-    return str(error)
 
 
 def with_v1(base_url: str) -> str:

@@ -36,6 +36,7 @@ from app.studio.documents import (
     supported_extensions,
 )
 from app.studio.embedders import EmbedderSource, default_embedder
+from app.studio.remote_engine import RemoteEngine
 from app.studio.retrieval import (
     Chunk,
     DocumentIndex,
@@ -428,7 +429,9 @@ class DocQASession:
             raise DocQAError("Add a document first: drop a PDF, Word, Excel, text or Markdown file.")
         self._stopping = False
         state = _Streamed()
-        if supports_vision(client) and self.documents.has_pdfs:
+        if isinstance(client, RemoteEngine):
+            citations, work = self._plan_remote(client, question.strip(), state, on_delta)
+        elif supports_vision(client) and self.documents.has_pdfs:
             citations, work = self._plan_pages(client, question.strip(), state, on_delta, on_progress)
         else:
             citations, work = self._plan_text(client, question.strip(), state, on_delta)
@@ -454,6 +457,20 @@ class DocQASession:
 
     def _plan_text(self, client: EngineClient, question: str, state: _Streamed,
                    on_delta: Callable[[str], None] | None) -> tuple[list[Citation], Any]:
+        plan, citations = self._fit(client, question, self._relevant(question))
+        state.text = plan.primer
+        return citations, self._consume(client, self._request(client, plan), state, on_delta)
+
+    def _plan_remote(self, remote: RemoteEngine, question: str, state: _Streamed,
+                     on_delta: Callable[[str], None] | None) -> tuple[list[Citation], Any]:
+        """A remote engine gets the question and its excerpts as one chat turn (its server fits the context)."""
+        citations = self._relevant(question)
+        messages = [{"role": "user", "content": build_question_prompt(question, [c.hit for c in citations])}]
+        return citations, self._consume_outputs(remote.stream_chat(messages, self.max_tokens, self.temperature),
+                                                state, on_delta)
+
+    def _relevant(self, question: str) -> list[Citation]:
+        """The excerpts close enough to answer from, or DocQAError saying why there are none."""
         # embedding one short question on the loop's thread takes ~30 ms on a CPU: no worker needed
         citations = self.documents.retrieve(question)
         if not citations:
@@ -463,9 +480,7 @@ class DocQASession:
             raise DocQAError("No passage in the documents is close enough to the question to answer from "
                              f"(similarity below {self.documents.min_relevance:.2f}): rephrase it, or add the "
                              "document that answers it.")
-        plan, citations = self._fit(client, question, citations)
-        state.text = plan.primer
-        return citations, self._consume(client, self._request(client, plan), state, on_delta)
+        return citations
 
     def _plan_pages(self, client: EngineClient, question: str, state: _Streamed,
                     on_delta: Callable[[str], None] | None,
@@ -519,11 +534,14 @@ class DocQASession:
                                  f"the model's context holds {context}: load the model with a longer context.")
             citations = citations[:-1]
 
-    @staticmethod
-    async def _consume(client: EngineClient, request: Any, state: _Streamed,
+    async def _consume(self, client: EngineClient, request: Any, state: _Streamed,
                        on_delta: Callable[[str], None] | None) -> None:
-        async for output in client.generate(request):
-            state.prompt_tokens = output.num_prompt_tokens
+        await self._consume_outputs(client.generate(request), state, on_delta)
+
+    @staticmethod
+    async def _consume_outputs(outputs: Any, state: _Streamed, on_delta: Callable[[str], None] | None) -> None:
+        async for output in outputs:
+            state.prompt_tokens = output.num_prompt_tokens or state.prompt_tokens
             state.completion_tokens = output.num_output_tokens
             if output.new_text:
                 state.text += output.new_text

@@ -8,12 +8,14 @@ a Studio that never reads a document never pays for it.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 
 from app.studio.retrieval import Embedder
 
 EmbedderSource = Callable[[], Embedder]
+log = logging.getLogger(__name__)
 
 
 def default_embedder() -> Embedder:
@@ -44,7 +46,10 @@ class EmbedderHost:
                 return self._embedder
             embedder = self._embedder = self._source()
         for listener in list(self._listeners):
-            listener(embedder)
+            try:
+                listener(embedder)
+            except Exception:  # the API failing to take it on must not fail the documents that loaded it
+                log.exception("a listener of the embedding model failed")
         return embedder
 
     def subscribe(self, listener: Callable[[Embedder], None]) -> Callable[[], None]:

@@ -18,6 +18,7 @@ KEYRING_SERVICE = "paddock-studio"
 OPENROUTER_API_KEY = "openrouter_api_key"
 HF_TOKEN = "hf_token"
 SERVER_API_KEY = "server_api_key"
+REMOTE_ENGINE_API_KEY = "remote_engine_api_key"
 
 
 def generate_api_key() -> str:

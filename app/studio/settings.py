@@ -105,6 +105,12 @@ SETTINGS: tuple[Setting, ...] = (
             "Tokens per conversation (question and answer together), capped at the model's own maximum; "
             "will-it-fit verdicts are taken at this length. 0: the model's maximum, capped by what fits in "
             "memory.", "Engine", minimum=0, maximum=10_000_000),
+    Setting("engine.remote_url", "", "str", "Remote engine",
+            "An OpenAI-compatible server (vLLM, SGLang, another Paddock) that answers Chat, Documents and "
+            "Transcribe instead of the engine inside the Studio, e.g. http://gpu-box:8000/v1. Its API key goes "
+            "under Keys. Empty: the engine inside the Studio. Applies at the next start.", "Engine"),
+    Setting("engine.remote_model", "", "str", "Remote model",
+            "The chat model to use on the remote engine. Empty: the first chat model it lists.", "Engine"),
     Setting("engine.kv_dtype", "auto", "choice", "KV cache precision",
             "auto: float16 on the GPU, float32 on the CPU. fp8 halves KV memory at a small quality cost.",
             "Engine", ("auto", "float16", "fp8", "float32")),

@@ -18,6 +18,7 @@ from app.studio.embedders import EmbedderHost
 from app.studio.history import History
 from app.studio.library import ModelLibrary
 from app.studio.paths import StudioPaths
+from app.studio.remote_engine import RemoteEngine
 from app.studio.runtime import EngineHost, RuntimeStatus
 from app.studio.secrets import HF_TOKEN, SecretStore
 from app.studio.server_control import ServerControl
@@ -59,6 +60,8 @@ class StudioContext:
     dialogs: Dialogs
     copy_text: Callable[[str], None]  # the clipboard, injected so tests can read what was copied
     embedders: EmbedderHost  # the embedding model the Documents pane loads, served by the local API too
+    remote: RemoteEngine | None = None  # an OpenAI-compatible server answering in place of the local engine
+    remote_problem: str | None = None  # why the remote engine asked for cannot be used (a bad URL)
 
     @property
     def models_dir(self) -> Path:

@@ -18,8 +18,9 @@ from app.studio.doc_qa import embedder_source as doc_qa_embedder
 from app.studio.embedders import EmbedderHost, EmbedderSource
 from app.studio.history import History
 from app.studio.paths import StudioPaths, studio_paths
+from app.studio.remote_engine import RemoteEngine, RemoteEngineError
 from app.studio.runtime import EngineFactory, EngineHost, default_factory
-from app.studio.secrets import SecretStore
+from app.studio.secrets import REMOTE_ENGINE_API_KEY, SecretStore
 from app.studio.server_control import ServerControl
 from app.studio.settings import Settings
 from app.studio.tasks import SyncExecutor, ThreadExecutor
@@ -35,10 +36,24 @@ def build_context(paths: StudioPaths, *, engine_factory: EngineFactory = default
                   executor: ThreadExecutor | SyncExecutor | None = None,
                   host_executor: ThreadExecutor | SyncExecutor | None = None, dialogs: Dialogs | None = None,
                   copy_text: Callable[[str], None] | None = None, use_keyring: bool = True,
-                  embedder_source: EmbedderSource | None = None) -> StudioContext:
-    """The Studio's services over the folders in `paths` (call on the Qt thread, after QApplication exists)."""
+                  embedder_source: EmbedderSource | None = None,
+                  remote_url: str | None = None) -> StudioContext:
+    """The Studio's services over the folders in `paths` (call on the Qt thread, after QApplication exists).
+
+    `remote_url` (default: the engine.remote_url setting) puts an OpenAI-compatible server in place of
+    the local engine; it is connected to by `MainWindow.load_model`, off the UI thread."""
     paths.ensure()
     settings = Settings.load(paths.settings_file)
+    secrets = SecretStore(settings, use_keyring=use_keyring)
+    remote, remote_problem = None, None
+    url = remote_url if remote_url is not None else settings.get("engine.remote_url")
+    if url:
+        try:
+            remote = RemoteEngine(url, secrets.get(REMOTE_ENGINE_API_KEY), settings.get("engine.remote_model") or None)
+        except RemoteEngineError as exc:
+            remote_problem = f"Remote engine: {exc}"
+        else:
+            embedder_source = remote.embedder  # Documents embed on the remote too
     history = History(paths.history_db)
     worker = Worker(UiBridge(), executor)
     host = EngineHost(engine_factory, executor=host_executor)
@@ -49,10 +64,11 @@ def build_context(paths: StudioPaths, *, engine_factory: EngineFactory = default
     server.follow(host)
     server.follow_embedder(embedders)  # /v1/embeddings once the Documents pane has loaded the model
     return StudioContext(
-        paths=paths, settings=settings, secrets=SecretStore(settings, use_keyring=use_keyring), history=history,
+        paths=paths, settings=settings, secrets=secrets, history=history,
         host=host, chat=ChatService(history, lambda: host.client), server=server, worker=worker,
         runtime=RuntimeWatcher(host, worker), dialogs=dialogs or Dialogs(),
-        copy_text=copy_text or (lambda text: None), embedders=embedders,
+        copy_text=copy_text or (lambda text: None), embedders=embedders, remote=remote,
+        remote_problem=remote_problem,
     )
 
 
@@ -70,7 +86,7 @@ def configure_application(app: Any) -> None:
 
 
 def run_studio(model: str | None = None, home: str | os.PathLike[str] | None = None,
-               argv: list[str] | None = None, **engine_overrides: Any) -> int:
+               argv: list[str] | None = None, engine_url: str | None = None, **engine_overrides: Any) -> int:
     """Open the window and run until it closes; returns the exit status."""
     import qasync
     from PySide6.QtGui import QGuiApplication
@@ -86,7 +102,8 @@ def run_studio(model: str | None = None, home: str | os.PathLike[str] | None = N
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
     install_asyncgen_hooks(loop)
-    context = build_context(studio_paths(home), copy_text=lambda text: QGuiApplication.clipboard().setText(text))
+    context = build_context(studio_paths(home), copy_text=lambda text: QGuiApplication.clipboard().setText(text),
+                            remote_url=engine_url)
     stop_theme = follow_theme(app, context.settings)  # a theme chosen in Settings applies at once
     window = MainWindow(context)
     # an error nobody caught becomes a sentence in the status bar, not a traceback in a terminal

@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.studio.gpu_support import GpuSupport, gpu_support
+from app.studio.remote_engine import RemoteEngine
 from app.studio.runtime import RuntimeStatus, engine_config
 from app.studio.server_control import ServerError
 from app.studio.tasks import TaskResult
@@ -33,6 +34,8 @@ from app.ui.widgets.wheel_guard import guard_wheel
 log = logging.getLogger(__name__)
 
 WINDOW_TITLE = "Paddock Studio"
+# what a remote engine leaves nothing to do for: loading local models (and their fit), serving the local one
+LOCAL_ONLY_PANES = ("models", "server")
 MEMORY_POLL_MS = 2000
 ICON_PATH = Path(__file__).resolve().parents[2] / "resources" / "icons" / "paddock.png"
 
@@ -50,7 +53,8 @@ class MainWindow(QMainWindow):
         self.stack = QStackedWidget()
         self.panes: dict[str, QWidget] = {}
         for spec in panes if panes is not None else PANES:
-            self._add_pane(spec)
+            if context.remote is None or spec.key not in LOCAL_ONLY_PANES:
+                self._add_pane(spec)
         self.navigation.currentRowChanged.connect(self.stack.setCurrentIndex)
         self.navigation.setCurrentRow(0)
         central = QWidget()
@@ -151,7 +155,16 @@ class MainWindow(QMainWindow):
         """Load `model` (a path, a name in the models folder, "default"; None: the start-up setting).
 
         `overrides` replace EngineConfig fields for this load only (the command line's --device).
+        With a remote engine, connect to it instead (on the worker: it lists the server's models).
         """
+        if self.context.remote_problem is not None:
+            self.status.show_error(self.context.remote_problem)
+            return
+        if self.context.remote is not None:
+            remote = self.context.remote
+            self.status.state.setText(f"Connecting to the remote engine at {remote.host}…")
+            self.context.worker.submit(lambda ctx: remote.connect(), on_done=self._on_remote, owner=self)
+            return
         try:
             config = engine_config(self.context.settings, model, self.context.models_dir)
             config = dataclasses.replace(config, **overrides)
@@ -159,6 +172,12 @@ class MainWindow(QMainWindow):
             self.status.show_error(f"Cannot load the model: {exc}")
             return
         self.context.host.load(config)
+
+    def _on_remote(self, result: TaskResult[RemoteEngine]) -> None:
+        if result.ok and result.value is not None:
+            self.context.host.adopt(result.value)  # the status bar names it: "Device: remote: host:port"
+        else:
+            self.status.show_error(f"Remote engine: {result.error_message}")
 
     def open_settings(self) -> None:
         """Window-modal, not a nested event loop: the answer streaming behind it keeps streaming."""

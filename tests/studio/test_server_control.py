@@ -173,3 +173,14 @@ def test_an_api_started_after_the_embedding_model_loaded_serves_it_at_once():
         assert "fake-embed" in [m["id"] for m in models["data"]]
     finally:
         control.stop()
+
+
+def test_a_listener_that_fails_does_not_fail_the_load():
+    from app.studio.embedders import EmbedderHost
+
+    embedder = fakes.FakeEmbedder()
+    embedders = EmbedderHost(lambda: embedder)
+    heard = []
+    embedders.subscribe(lambda e: 1 / 0)
+    embedders.subscribe(heard.append)
+    assert embedders.get() is embedder and heard == [embedder]  # the documents still get their model

@@ -57,4 +57,6 @@ def test_with_a_display_the_window_opens(monkeypatch):
     monkeypatch.setattr(studio, "no_display_reason", lambda: None)
     monkeypatch.setattr("app.ui.main.run_studio", lambda model, **kwargs: opened.append((model, kwargs)) or 0)
     assert studio.run(_args("--device", "cpu")) == 0
-    assert opened == [(None, {"home": None, "device": "cpu", "max_model_len": None})]
+    assert opened == [(None, {"home": None, "engine_url": None, "device": "cpu", "max_model_len": None})]
+    assert studio.run(_args("--engine", "http://gpu-box:8000/v1")) == 0  # a remote engine instead of the local one
+    assert opened[-1][1]["engine_url"] == "http://gpu-box:8000/v1"

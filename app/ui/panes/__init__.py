@@ -29,7 +29,9 @@ def _chat(ctx: StudioContext) -> QWidget:
     from app.ui.panes.chat import ChatPane
     from app.ui.widgets.model_picker import ModelPicker
 
-    picker = ModelPicker(ctx.library, ctx.host, ctx.settings, ctx.runtime, ctx.worker, ctx.dialogs)
+    # a remote engine answers with the model it serves: no local models to pick
+    picker = None if ctx.remote else ModelPicker(ctx.library, ctx.host, ctx.settings, ctx.runtime, ctx.worker,
+                                                 ctx.dialogs)
     # documents dropped on the chat: the embedding model loads at the first drop, shared with the API
     documents = DocumentSet(ctx.embedders.get, keep_scanned=True)
     return ChatPane(ctx.chat, ctx.history, ctx.runtime, ctx.worker, ctx.dialogs, ctx.chat_defaults,
@@ -40,7 +42,8 @@ def _chat(ctx: StudioContext) -> QWidget:
 def _compare(ctx: StudioContext) -> QWidget:
     from app.ui.panes.compare import ComparePane
 
-    return ComparePane(lambda: ctx.host.client, ctx.secrets, ctx.settings, ctx.worker, ctx.dialogs,
+    # the local column compares the engine inside the Studio; a remote one is added as an OpenAI column
+    return ComparePane(lambda: None if ctx.remote else ctx.host.client, ctx.secrets, ctx.settings, ctx.worker, ctx.dialogs,
                        state_file=ctx.paths.data_dir / "compare.json", runtime=ctx.runtime, copy_text=ctx.copy_text)
 
 
@@ -70,7 +73,10 @@ def _transcribe(ctx: StudioContext) -> QWidget:
     from app.studio.transcription import TranscriptionService
     from app.ui.panes.transcribe import TranscribePane
 
-    return TranscribePane(TranscriptionService(), ctx.worker, ctx.dialogs)
+    remote = ctx.remote
+    service = TranscriptionService(transcriber_factory=lambda path, device: remote.transcriber()) if remote else \
+        TranscriptionService()
+    return TranscribePane(service, ctx.worker, ctx.dialogs)
 
 
 PANES: list[PaneSpec] = [

@@ -28,7 +28,14 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.studio.secrets import HF_TOKEN, OPENROUTER_API_KEY, SERVER_API_KEY, SecretStore, generate_api_key
+from app.studio.secrets import (
+    HF_TOKEN,
+    OPENROUTER_API_KEY,
+    REMOTE_ENGINE_API_KEY,
+    SERVER_API_KEY,
+    SecretStore,
+    generate_api_key,
+)
 from app.studio.settings import SETTINGS, Setting, Settings, SettingsError
 from app.ui.widgets.dialogs import Dialogs
 from app.ui.widgets.lan_guard import GENERATE, ask_lan_without_key
@@ -146,7 +153,8 @@ class SettingsForm(QWidget):
 
 
 SECRETS = ((OPENROUTER_API_KEY, "OpenRouter API key", "For OpenRouter columns in Compare (openrouter.ai/keys)."),
-           (HF_TOKEN, "Hugging Face token", "For gated or private models on the hub (huggingface.co/settings/tokens)."))
+           (HF_TOKEN, "Hugging Face token", "For gated or private models on the hub (huggingface.co/settings/tokens)."),
+           (REMOTE_ENGINE_API_KEY, "Remote engine API key", "Sent to the remote engine (Engine → Remote engine)."))
 
 
 class SecretsForm(QGroupBox):
