@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from app.engine.backend.base import AttentionMetadata, QkvRope, RopeTable
+from app.engine.backend.base import AttentionMetadata, Backend, QkvRope, RopeTable
 from app.engine.backend.reference_attention import paged_attention
 from app.engine.layers.linear import Linear
 from app.engine.layers.norm import RMSNorm
@@ -35,7 +35,7 @@ class AttentionSpec:
 
 class Attention:
     def __init__(
-        self, backend: Any, tensors: dict[str, QuantizedTensor], prefix: str, spec: AttentionSpec
+        self, backend: Backend, tensors: dict[str, QuantizedTensor], prefix: str, spec: AttentionSpec
     ) -> None:
         self.backend = backend
         self.spec = spec

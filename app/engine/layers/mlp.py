@@ -8,15 +8,14 @@ layer calls the two halves itself: gate/up together with the norm in front of th
 
 from __future__ import annotations
 
-from typing import Any
-
+from app.engine.backend.base import Backend
 from app.engine.layers.linear import Linear
 from app.engine.quant.dispatch import QuantizedTensor
 
 
 class GatedMLP:
     def __init__(
-        self, backend: Any, tensors: dict[str, QuantizedTensor], prefix: str, activation: str
+        self, backend: Backend, tensors: dict[str, QuantizedTensor], prefix: str, activation: str
     ) -> None:
         self.backend = backend
         gate = Linear(backend, tensors[f"{prefix}.ffn_gate.weight"])

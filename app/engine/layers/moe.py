@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from app.engine.backend.base import Backend
 from app.engine.layers.linear import Linear
 from app.engine.loader.names import CheckpointError
 from app.engine.moe.ops import expert_forward, route, sum_over_experts
@@ -53,7 +54,7 @@ class MoE:
     over backend ops, which reads the expert counts back to the host (the oracle the kernels are
     tested against)."""
 
-    def __init__(self, backend: Any, tensors: dict[str, QuantizedTensor], prefix: str, spec: MoeSpec) -> None:
+    def __init__(self, backend: Backend, tensors: dict[str, QuantizedTensor], prefix: str, spec: MoeSpec) -> None:
         self.backend, self.spec = backend, spec
         self.router = Linear(
             backend, tensors[f"{prefix}.ffn_gate_inp.weight"], tensors.get(f"{prefix}.ffn_gate_inp.bias")
