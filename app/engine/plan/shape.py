@@ -78,6 +78,9 @@ def shape_from_config(
         num_experts=moe.num_experts if moe else 0,
         experts_used=moe.num_used if moe else 0,
         vision=vision,
+        # hybrid families: their recurrent layers' state per sequence goes here, from the config; memory()
+        # and kv_blocks() count it for max_num_seqs sequences
+        state_bytes_per_sequence=0,
     )
     if expert_bytes is not None:
         return replace(shape, expert_bytes=expert_bytes)
