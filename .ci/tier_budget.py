@@ -9,8 +9,12 @@ themselves use. With the tests on as many workers as cores, both busy, the tier'
 
     (CPU of the fast tests + each worker's start and collection) / workers
 
+On a quiet machine that is the wall time: the full suite's fresh-clone runs of 2026-12-03 used 1168
+CPU-s for 604 s of pytest on 2 workers (bench/results/make-test-2026-12-03.txt). On a busy one it is
+not stretched: `make test-fast` at load 13-14 took 1137 s of pytest and 323 CPU-s, an estimate of 157 s.
 Waits that use no CPU (sleeps, timeouts) are not counted: the estimate is a floor for those tests,
-which is why the suite waits on events rather than on clocks. Exit status 1 when the estimate is over
+which is why the suite waits on events rather than on clocks. A module fixture counts with the test that builds it: in the
+full run that may be a slow test, whose fixture the fast tier alone would build itself. Exit status 1 when the estimate is over
 `--factor` x `--budget` (the fast tier's goal, 240 s, and 1.25: noise never fails CI, a real slide does).
 """
 

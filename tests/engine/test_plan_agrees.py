@@ -12,7 +12,8 @@ import pytest
 from app.cli import main as paddock
 from app.engine.config import EngineConfig
 from app.engine.core.engine import LLMEngine
-from app.engine.plan.fit import FitOptions, check_fit, cpu_memory, shape_from_checkpoint
+from app.engine.loader.gguf import read_gguf_header
+from app.engine.plan.fit import FitOptions, check_fit, cpu_memory, shape_from_checkpoint, shape_from_gguf
 
 FAMILIES = Path(__file__).resolve().parents[1] / "fixtures" / "families"
 GGUFS = sorted(FAMILIES.glob("*/*.gguf"))
@@ -49,6 +50,21 @@ def test_fit_predicts_the_blocks_the_engine_allocates(path: Path) -> None:
         assert engine.kv.capacity == engine.plan.num_blocks - 1  # the pool's null block
         seen.add(engine.plan.num_blocks)
     assert len(seen) == len(SETTINGS)  # each setting changed the count: none of them is vacuous
+
+
+@pytest.mark.parametrize("path", GGUFS, ids=lambda p: p.parent.name)
+def test_the_studios_header_only_shape_predicts_the_same_blocks(path: Path) -> None:
+    """The Studio reads a GGUF's header alone (its folder listing, a hub file before download)."""
+    with path.open("rb") as stream:
+        _, meta, _ = read_gguf_header(stream)
+    header_shape = shape_from_gguf(meta, weight_bytes=path.stat().st_size)
+    loaded = shape_from_checkpoint(path)
+    assert (header_shape.num_layers, header_shape.num_kv_heads, header_shape.head_dim, header_shape.num_experts) == (
+        loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.num_experts)  # fmt: skip
+    for settings in SETTINGS[1:3]:
+        engine = engine_for(str(path), settings)
+        report = check_fit(header_shape, FitOptions.from_engine(engine.config), cpu_memory())
+        assert (report.kv_blocks, report.engine_context) == (engine.plan.num_blocks, engine.max_model_len)
 
 
 def test_paddock_fit_cli_reports_the_engines_blocks(capsys) -> None:

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
+from app.engine.backend.base import Backend
 from app.engine.cache.disk_tier import DiskTier
 from app.engine.cache.radix import EvictedBlocks
 
@@ -56,7 +57,7 @@ class BlockCopier(Protocol):
 class DeviceBlocks:
     """`BlockCopier` over a backend's `read_kv_blocks` / `write_kv_blocks` and the engine's caches."""
 
-    def __init__(self, backend: Any, kv_caches: list[tuple[Any, Any]]) -> None:
+    def __init__(self, backend: Backend, kv_caches: list[tuple[Any, Any]]) -> None:
         from app.engine.backend.kv_blocks import block_nbytes
 
         self.backend, self.kv_caches = backend, kv_caches

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from app.engine.backend.base import AttentionMetadata, QkvRope, RopeTable
+from app.engine.backend.base import AttentionMetadata, Backend, QkvRope, RopeTable
 from app.engine.backend.reference_attention import paged_attention
 from app.engine.layers.linear import Linear
 from app.engine.layers.norm import RMSNorm
@@ -48,7 +48,7 @@ class AttentionSpec:
 
 class Attention:
     def __init__(
-        self, backend: Any, tensors: dict[str, QuantizedTensor], prefix: str, spec: AttentionSpec
+        self, backend: Backend, tensors: dict[str, QuantizedTensor], prefix: str, spec: AttentionSpec
     ) -> None:
         self.backend = backend
         self.spec = spec

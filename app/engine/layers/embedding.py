@@ -6,11 +6,12 @@ from typing import Any
 
 import numpy as np
 
+from app.engine.backend.base import Backend
 from app.engine.quant.dispatch import QuantizedTensor
 
 
 class Embedding:
-    def __init__(self, backend: Any, weight: QuantizedTensor, scale: float | None = None) -> None:
+    def __init__(self, backend: Backend, weight: QuantizedTensor, scale: float | None = None) -> None:
         self.backend = backend
         self.num_embeddings, self.dim = weight.shape
         self.weight = backend.load_weight(weight)

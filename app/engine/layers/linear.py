@@ -4,18 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from app.engine.backend.base import Backend
 from app.engine.quant.dispatch import QuantizedTensor
 
 
 class Linear:
-    def __init__(self, backend: Any, weight: QuantizedTensor, bias: QuantizedTensor | None = None) -> None:
+    def __init__(self, backend: Backend, weight: QuantizedTensor, bias: QuantizedTensor | None = None) -> None:
         self.backend = backend
         self.out_features, self.in_features = weight.shape
         self.weight = backend.load_weight(weight)
         self.bias = backend.load_weight(bias) if bias is not None else None
 
     @classmethod
-    def sharing(cls, backend: Any, loaded_weight: Any, shape: tuple[int, ...]) -> Linear:
+    def sharing(cls, backend: Backend, loaded_weight: Any, shape: tuple[int, ...]) -> Linear:
         """A projection over a weight the backend already holds (tied embeddings)."""
         layer = cls.__new__(cls)
         layer.backend = backend

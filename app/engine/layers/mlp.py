@@ -9,8 +9,7 @@ form (Nemotron-H: squared ReLU), which the layer calls whole.
 
 from __future__ import annotations
 
-from typing import Any
-
+from app.engine.backend.base import Backend
 from app.engine.layers.linear import Linear
 from app.engine.moe.ops import ungated_activation
 from app.engine.quant.dispatch import QuantizedTensor
@@ -21,7 +20,7 @@ class GatedMLP:
     gated = True
 
     def __init__(
-        self, backend: Any, tensors: dict[str, QuantizedTensor], prefix: str, activation: str
+        self, backend: Backend, tensors: dict[str, QuantizedTensor], prefix: str, activation: str
     ) -> None:
         self.backend = backend
         gate = Linear(backend, tensors[f"{prefix}.ffn_gate.weight"])

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from app.engine.backend.base import Backend
 from app.engine.layers.linear import Linear
 from app.engine.layers.mlp import UpDownMLP
 from app.engine.loader.names import CheckpointError
@@ -60,7 +61,7 @@ class MoE:
     over backend ops, which reads the expert counts back to the host (the oracle the kernels are
     tested against)."""
 
-    def __init__(self, backend: Any, tensors: dict[str, QuantizedTensor], prefix: str, spec: MoeSpec) -> None:
+    def __init__(self, backend: Backend, tensors: dict[str, QuantizedTensor], prefix: str, spec: MoeSpec) -> None:
         self.backend, self.spec = backend, spec
         self.router = Linear(
             backend, tensors[f"{prefix}.ffn_gate_inp.weight"], tensors.get(f"{prefix}.ffn_gate_inp.bias")

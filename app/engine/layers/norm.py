@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.engine.backend.base import add_and_norm
+from app.engine.backend.base import Backend, add_and_norm
 from app.engine.quant.dispatch import QuantizedTensor
 
 
 class RMSNorm:
-    def __init__(self, backend: Any, weight: QuantizedTensor, eps: float) -> None:
+    def __init__(self, backend: Backend, weight: QuantizedTensor, eps: float) -> None:
         self.backend = backend
         self.weight = backend.load_weight(weight)
         self.eps = eps

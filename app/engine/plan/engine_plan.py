@@ -55,11 +55,12 @@ class EnginePlan:
     def describe(self) -> str:
         """The plan in one log line."""
         experts = "all resident" if self.experts_on_gpu is None else f"{self.experts_on_gpu} per layer on the device"
-        tiers = f"host {self.kv_host_gb:g} GB, disk {self.kv_disk_gb:g} GB" if self.kv_host_gb or self.kv_disk_gb else "none"
+        tiers = f"host {self.kv_host_gb:g} GB, disk {self.kv_disk_gb:g} GB"
+        weight_cache = self.weight_cache if self.device == "cuda" else "n/a"
         return (f"plan: {self.device}; context {self.max_model_len}, {self.num_blocks} KV blocks of {self.block_size} "
-                f"({self.kv_dtype}); weight cache {self.weight_cache}; experts {experts}; CUDA graphs "
-                f"{_on(self.graphs)} (prefill {_on(self.prefill_graphs)}); async decode {_on(self.async_decode)}; "
-                f"KV tiers {tiers}"
+                f"({self.kv_dtype}); weight cache {weight_cache}; experts {experts}; CUDA graphs {_on(self.graphs)} "
+                f"(prefill {_on(self.prefill_graphs)}); async decode {_on(self.async_decode)}; "
+                f"KV tiers {tiers if self.kv_host_gb or self.kv_disk_gb else 'none'}"
                 + (f"; recurrent state {self.state_slots} slots + {self.state_snapshots} snapshots, one every "
                    f"{self.state_snapshot_interval} prompt tokens"
                    if self.state_slots else ""))  # fmt: skip

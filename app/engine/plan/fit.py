@@ -83,8 +83,8 @@ class FitReport:
                             f"{format_bytes(b.host_experts)} in pinned host RAM, "
                             f"{format_bytes(b.expert_staging)} staging, "
                             f"~{format_bytes(int(b.pcie_bytes_per_token))} over PCIe per token")  # fmt: skip
-        lines.append(f"KV blocks the engine allocates: {self.kv_blocks} of {self.block_size} tokens "
-                     f"(context {self.engine_context})")
+        lines.append(f"KV blocks an engine with these settings allocates: {self.kv_blocks} of {self.block_size} "
+                     f"tokens (context {self.engine_context})")
         if self.budget_bytes is not None:
             lines.append(f"Largest context that fits: {self.max_context} tokens "
                          f"(model maximum {self.model_context_length})")

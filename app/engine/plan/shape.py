@@ -16,13 +16,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from app.engine.models.config import GGUF_KEYS, ModelConfig, MoeSpec, common_from_gguf, common_from_hf
+from app.engine.models.config import GGUF_KEYS, ModelConfig, common_from_gguf, common_from_hf
 from app.engine.plan.vision_fit import (
     VisionShape,
     is_vision_tensor,
     vision_beside_gguf,
     vision_from_hf_config,
 )
+from app.engine.specs import MoeSpec
 
 # GGUF keys that some files store per layer (an array); the plan counts the largest layer.
 _PER_LAYER_FIELDS = ("num_heads", "num_kv_heads", "intermediate_size", "head_dim")

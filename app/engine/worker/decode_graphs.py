@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from app.engine.backend.base import AttentionMetadata, SharedPrefix
+from app.engine.backend.base import AttentionMetadata, Backend, SharedPrefix
 from app.engine.kernels.attention_cascade import MIN_SHARED_TOKENS, shared_length
 from app.engine.kernels.runtime.pdl import programmatic_launches
 
@@ -51,7 +51,7 @@ def bucket_sizes(max_batch: int) -> list[int]:
 
 class DecodeGraphs:
     def __init__(
-        self, model: Any, backend: Any, kv_caches: list, block_size: int, max_model_len: int, max_batch: int
+        self, model: Any, backend: Backend, kv_caches: list, block_size: int, max_model_len: int, max_batch: int
     ):
         xp = backend.xp
         self.model, self.backend, self.kv_caches = model, backend, kv_caches

@@ -14,13 +14,14 @@ from typing import Any
 
 import numpy as np
 
+from app.engine.backend.base import Backend
 from app.engine.images import ImageInput
 
 DEFAULT_CACHED_IMAGES = 32
 
 
 class ImageEmbedder:
-    def __init__(self, vision: Any, backend: Any, max_cached: int = DEFAULT_CACHED_IMAGES) -> None:
+    def __init__(self, vision: Any, backend: Backend, max_cached: int = DEFAULT_CACHED_IMAGES) -> None:
         self.vision = vision
         self.backend = backend
         self.max_cached = max_cached

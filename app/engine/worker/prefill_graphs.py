@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from app.engine.backend.base import AttentionMetadata
+from app.engine.backend.base import AttentionMetadata, Backend
 from app.engine.cache.block_table import block_table_array
 from app.engine.worker.decode_graphs import capture_buckets
 
@@ -40,7 +40,7 @@ BUCKETS = (16, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512)
 
 class PrefillGraphs:
     def __init__(
-        self, model: Any, backend: Any, kv_caches: list, block_size: int, max_model_len: int,
+        self, model: Any, backend: Backend, kv_caches: list, block_size: int, max_model_len: int,
         buckets: tuple[int, ...] = BUCKETS,
     ) -> None:  # fmt: skip
         xp = backend.xp
@@ -136,7 +136,7 @@ class PrefillGraphs:
 
 
 def capture_prefill_graphs(
-    wanted: bool, model: Any, backend: Any, kv_caches: list, block_size: int, max_model_len: int, stream: Any
+    wanted: bool, model: Any, backend: Backend, kv_caches: list, block_size: int, max_model_len: int, stream: Any
 ) -> PrefillGraphs | None:
     """Captured prefill graphs, or None: not wanted (EngineConfig.prefill_graphs), or no room for
     their buffers on the GPU after the KV cache (eager prefill works the same)."""
