@@ -9,6 +9,8 @@ form (Nemotron-H: squared ReLU), which the layer calls whole.
 
 from __future__ import annotations
 
+from typing import Any
+
 from app.engine.backend.base import Backend
 from app.engine.layers.linear import Linear
 from app.engine.moe.ops import ungated_activation
