@@ -204,9 +204,10 @@ class LLMEngine:
             time.monotonic() - started, self.max_model_len, num_blocks, self.block_size, self.kv_dtype,
             "on" if config.enable_prefix_caching else "off",
         )  # fmt: skip
-        if slots:
-            log.info("recurrent state: %d slots and %d prefix-cache snapshots of %.1f MiB each (%.1f MiB)",
-                     slots, snapshots, cfg.state_bytes_per_sequence / 2**20, self.state_bytes / 2**20)  # fmt: skip
+        if state is not None:
+            log.info("recurrent state: %d slots and %d prefix-cache snapshots of %.1f MiB each (%.1f MiB), "
+                     "%d more snapshots in host RAM", slots, snapshots, cfg.state_bytes_per_sequence / 2**20,
+                     self.state_bytes / 2**20, state.host.num_rows if state.host else 0)  # fmt: skip
         log.info("async decode (one step of look-ahead) is %s", "on" if self.async_decode else "off")
 
     # -- requests -------------------------------------------------------------------
