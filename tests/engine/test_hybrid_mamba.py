@@ -60,6 +60,7 @@ ARCH = {
     "nemotron_h_moe": "nemotron_h_moe",
     "granite_hybrid": "granitehybrid",
     "granite_hybrid_dense": "granitehybrid",
+    "nemotron_h_latent": "nemotron_h_moe",
 }
 FAMILIES = tuple(ARCH)
 SOURCES = ("hf", "gguf")
@@ -73,6 +74,8 @@ LAYERS = {
                        (MIXER_MAMBA2, FFN_NONE), (MIXER_NONE, FFN_MOE)],
     "granite_hybrid": [(MIXER_MAMBA2, FFN_MOE), (MIXER_ATTENTION, FFN_MOE), (MIXER_MAMBA2, FFN_MOE)],
     "granite_hybrid_dense": [(MIXER_MAMBA2, FFN_DENSE), (MIXER_ATTENTION, FFN_DENSE), (MIXER_MAMBA2, FFN_DENSE)],
+    "nemotron_h_latent": [(MIXER_MAMBA2, FFN_NONE), (MIXER_NONE, FFN_MOE), (MIXER_ATTENTION, FFN_NONE),
+                          (MIXER_NONE, FFN_MOE)],
 }  # fmt: skip
 
 
@@ -391,6 +394,9 @@ def test_nemotron_h_moe_routing_is_read_from_both_sources(tmp_root: str) -> None
         num_experts=8, num_used=2, intermediate_size=24, routing="sigmoid_grouped", num_groups=2, topk_groups=1,
         routed_scale=2.5, activation="relu2", shared_intermediate_size=40,
     )  # fmt: skip
+    assert model_config(open_checkpoint(gguf_path("nemotron_h_moe", tmp_root))).moe == hf.moe
+    latent = model_config(open_checkpoint(gguf_path("nemotron_h_latent", tmp_root))).moe
+    assert latent is not None and latent.latent_size == 16
 
 
 def test_nemotron_h_layer_pattern_spellings() -> None:
@@ -415,7 +421,7 @@ def test_nemotron_h_layer_pattern_spellings() -> None:
         ("nemotron_h", {"num_hidden_layers": 7}, "num_hidden_layers"),
         ("nemotron_h", {"mlp_hidden_act": "silu"}, "mlp_hidden_act"),
         ("nemotron_h", {"n_groups": 3}, "n_groups"),
-        ("nemotron_h_moe", {"moe_latent_size": 16}, "moe_latent_size"),
+        ("nemotron_h_latent", {"moe_latent_size": 0}, "moe_latent_size"),
         ("nemotron_h_moe", {"n_group": 3}, "experts in 3 groups"),
         ("granite_hybrid", {"layer_types": ["mamba", "sliding_attention", "mamba"]}, "layer_types"),
         ("granite_hybrid", {"position_embedding_type": "alibi"}, "position_embedding_type"),
