@@ -434,6 +434,18 @@ def test_configs_no_real_model_has_are_refused_by_name(
         family(ARCH[fam]).config_from_hf({**hf_config(fam), **change})
 
 
+def test_nope_attention_table_costs_no_memory_at_the_gguf_context(tmp_root: str) -> None:
+    """A NoPE GGUF says 2^20 positions (the converter's value): its identity rotation table is one row
+    seen at every position, not 2^20 rows (512 MB for these head dims at full size)."""
+    checkpoint = open_checkpoint(gguf_path("nemotron_h", tmp_root))
+    cfg = model_config(checkpoint)
+    assert cfg.context_length == 2**20 and not cfg.use_rope
+    m = build_model(checkpoint, cpu_backend("numpy"), cfg.context_length, cfg)
+    table = m.layers[2].attn.spec.rope
+    assert table.cos.shape[0] == 2**20 and table.cos.strides[0] == 0 and table.sin.strides[0] == 0
+    assert (table.cos[[0, 2**20 - 1]] == 1).all() and (table.sin[[0, 2**20 - 1]] == 0).all()
+
+
 def test_nemotron_h_moe_gguf_with_an_mtp_block(tmp_root: str) -> None:
     """The converter appends the multi-token-prediction head as one more block (`nextn_predict_layers`):
     the model is the blocks before it, as transformers' (which skips `mtp.*`)."""

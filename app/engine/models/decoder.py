@@ -16,7 +16,13 @@ from app.engine.layers.linear import Linear
 from app.engine.layers.mlp import dense_mlp
 from app.engine.layers.moe import MoE
 from app.engine.layers.norm import RMSNorm
-from app.engine.layers.rope import attention_factor, cos_sin_table, inverse_frequencies, mrope_cos_sin
+from app.engine.layers.rope import (
+    attention_factor,
+    cos_sin_table,
+    identity_table,
+    inverse_frequencies,
+    mrope_cos_sin,
+)
 from app.engine.models.config import (
     FFN_DENSE,
     FFN_MOE,
@@ -130,9 +136,10 @@ class DecoderModel:
         inv_freq = inverse_frequencies(
             cfg.rotary_dim or cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, freq_factors
         )
-        if not cfg.use_rope:  # NoPE: every angle 0 (cos 1, sin 0) turns q and k by nothing, exactly
-            inv_freq = inv_freq * inv_freq.dtype.type(0.0)
-        tables = cos_sin_table(inv_freq, max_positions, attention_factor(cfg.rope_scaling))
+        if cfg.use_rope:
+            tables = cos_sin_table(inv_freq, max_positions, attention_factor(cfg.rope_scaling))
+        else:  # NoPE (Nemotron-H, Granite 4.0-H)
+            tables = identity_table(inv_freq.shape[0], max_positions)
         global_rope = backend.rope_table(*tables)
         self._host_rope = tables if cfg.mrope_section else None  # M-RoPE gathers its rows per step
         local_rope = global_rope
