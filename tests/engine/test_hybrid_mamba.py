@@ -207,11 +207,12 @@ def test_engine_greedy_and_top5_in_small_prefill_chunks_match_transformers(
     assert np.abs(np.array([lp for _, lp in top]) - ref["top5_logprobs"]).max() <= 1e-3
 
 
+@pytest.mark.parametrize("source", SOURCES)
 @pytest.mark.parametrize("fam", FAMILIES)
-def test_engine_sequences_in_a_batch_of_eight_match_each_alone(fam: str, tmp_root: str) -> None:
+def test_engine_sequences_in_a_batch_of_eight_match_each_alone(fam: str, source: str, tmp_root: str) -> None:
     tokens = manifest(fam)["tokens"]
     prompts = [tokens[i : i + n] for i, n in enumerate((5, 12, 17, 23, 30, 41, 52, 66))]
-    eng = engine(fam, "gguf", tmp_root, max_num_batched_tokens=40)
+    eng = engine(fam, source, tmp_root, max_num_batched_tokens=40)
     params = greedy_params(6)
     alone = [eng.generate([p], params)[0]["token_ids"] for p in prompts]
     assert [r["token_ids"] for r in eng.generate(prompts, params)] == alone
