@@ -50,6 +50,9 @@ class MoeSpec:
     # Nemotron-H MoE); `shared_gate`: its output scaled by sigmoid(x @ shared_expert_gate) (Qwen).
     shared_intermediate_size: int | None = None
     shared_gate: bool = False
+    # Nemotron 3 Super: the routed experts work in a smaller space, `ffn_latent_down` before them and
+    # `ffn_latent_up` after (the router and the shared expert see the hidden state itself).
+    latent_size: int | None = None
 
 
 @dataclass(frozen=True)

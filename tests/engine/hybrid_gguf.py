@@ -349,6 +349,8 @@ def mamba_metadata(arch: str, cfg: dict[str, Any]) -> dict[str, Any]:
                 "expert_group_used_count": cfg["topk_group"],
             }
         )
+        if cfg.get("moe_latent_size") is not None:
+            meta["moe_latent_size"] = cfg["moe_latent_size"]
     return meta
 
 

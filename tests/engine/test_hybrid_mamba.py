@@ -60,6 +60,7 @@ ARCH = {
     "nemotron_h_moe": "nemotron_h_moe",
     "granite_hybrid": "granitehybrid",
     "granite_hybrid_dense": "granitehybrid",
+    "nemotron_h_latent": "nemotron_h_moe",
 }
 FAMILIES = tuple(ARCH)
 SOURCES = ("hf", "gguf")
@@ -73,6 +74,8 @@ LAYERS = {
                        (MIXER_MAMBA2, FFN_NONE), (MIXER_NONE, FFN_MOE)],
     "granite_hybrid": [(MIXER_MAMBA2, FFN_MOE), (MIXER_ATTENTION, FFN_MOE), (MIXER_MAMBA2, FFN_MOE)],
     "granite_hybrid_dense": [(MIXER_MAMBA2, FFN_DENSE), (MIXER_ATTENTION, FFN_DENSE), (MIXER_MAMBA2, FFN_DENSE)],
+    "nemotron_h_latent": [(MIXER_MAMBA2, FFN_NONE), (MIXER_NONE, FFN_MOE), (MIXER_ATTENTION, FFN_NONE),
+                          (MIXER_NONE, FFN_MOE)],
 }  # fmt: skip
 
 
@@ -204,11 +207,12 @@ def test_engine_greedy_and_top5_in_small_prefill_chunks_match_transformers(
     assert np.abs(np.array([lp for _, lp in top]) - ref["top5_logprobs"]).max() <= 1e-3
 
 
+@pytest.mark.parametrize("source", SOURCES)
 @pytest.mark.parametrize("fam", FAMILIES)
-def test_engine_sequences_in_a_batch_of_eight_match_each_alone(fam: str, tmp_root: str) -> None:
+def test_engine_sequences_in_a_batch_of_eight_match_each_alone(fam: str, source: str, tmp_root: str) -> None:
     tokens = manifest(fam)["tokens"]
     prompts = [tokens[i : i + n] for i, n in enumerate((5, 12, 17, 23, 30, 41, 52, 66))]
-    eng = engine(fam, "gguf", tmp_root, max_num_batched_tokens=40)
+    eng = engine(fam, source, tmp_root, max_num_batched_tokens=40)
     params = greedy_params(6)
     alone = [eng.generate([p], params)[0]["token_ids"] for p in prompts]
     assert [r["token_ids"] for r in eng.generate(prompts, params)] == alone
@@ -391,6 +395,9 @@ def test_nemotron_h_moe_routing_is_read_from_both_sources(tmp_root: str) -> None
         num_experts=8, num_used=2, intermediate_size=24, routing="sigmoid_grouped", num_groups=2, topk_groups=1,
         routed_scale=2.5, activation="relu2", shared_intermediate_size=40,
     )  # fmt: skip
+    assert model_config(open_checkpoint(gguf_path("nemotron_h_moe", tmp_root))).moe == hf.moe
+    latent = model_config(open_checkpoint(gguf_path("nemotron_h_latent", tmp_root))).moe
+    assert latent is not None and latent.latent_size == 16
 
 
 def test_nemotron_h_layer_pattern_spellings() -> None:
@@ -415,7 +422,7 @@ def test_nemotron_h_layer_pattern_spellings() -> None:
         ("nemotron_h", {"num_hidden_layers": 7}, "num_hidden_layers"),
         ("nemotron_h", {"mlp_hidden_act": "silu"}, "mlp_hidden_act"),
         ("nemotron_h", {"n_groups": 3}, "n_groups"),
-        ("nemotron_h_moe", {"moe_latent_size": 16}, "moe_latent_size"),
+        ("nemotron_h_latent", {"moe_latent_size": 0}, "moe_latent_size"),
         ("nemotron_h_moe", {"n_group": 3}, "experts in 3 groups"),
         ("granite_hybrid", {"layer_types": ["mamba", "sliding_attention", "mamba"]}, "layer_types"),
         ("granite_hybrid", {"position_embedding_type": "alibi"}, "position_embedding_type"),
@@ -426,6 +433,18 @@ def test_configs_no_real_model_has_are_refused_by_name(
 ) -> None:
     with pytest.raises(CheckpointError, match=message):
         family(ARCH[fam]).config_from_hf({**hf_config(fam), **change})
+
+
+def test_nope_attention_table_costs_no_memory_at_the_gguf_context(tmp_root: str) -> None:
+    """A NoPE GGUF says 2^20 positions (the converter's value): its identity rotation table is one row
+    seen at every position, not 2^20 rows (512 MB for these head dims at full size)."""
+    checkpoint = open_checkpoint(gguf_path("nemotron_h", tmp_root))
+    cfg = model_config(checkpoint)
+    assert cfg.context_length == 2**20 and not cfg.use_rope
+    m = build_model(checkpoint, cpu_backend("numpy"), cfg.context_length, cfg)
+    table = m.layers[2].attn.spec.rope
+    assert table.cos.shape[0] == 2**20 and table.cos.strides[0] == 0 and table.sin.strides[0] == 0
+    assert (table.cos[[0, 2**20 - 1]] == 1).all() and (table.sin[[0, 2**20 - 1]] == 0).all()
 
 
 def test_nemotron_h_moe_gguf_with_an_mtp_block(tmp_root: str) -> None:

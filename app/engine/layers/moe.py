@@ -67,6 +67,10 @@ class MoE:
             backend, tensors[f"{prefix}.ffn_gate_inp.weight"], tensors.get(f"{prefix}.ffn_gate_inp.bias")
         )
         self.shared = SharedExpert(backend, tensors, prefix, spec) if spec.shared_intermediate_size else None
+        self.latent_down = self.latent_up = None
+        if spec.latent_size is not None:  # the routed experts' own smaller space (Nemotron 3 Super)
+            self.latent_down = Linear(backend, _need(tensors, f"{prefix}.ffn_latent_down.weight"))
+            self.latent_up = Linear(backend, _need(tensors, f"{prefix}.ffn_latent_up.weight"))
         self.score_bias = None  # sigmoid_grouped routing's per-expert bias on the choice (`exp_probs_b`)
         if f"{prefix}.exp_probs_b.bias" in tensors:
             bias = tensors[f"{prefix}.exp_probs_b.bias"].dequantize().astype(np.float32).reshape(-1)
@@ -94,8 +98,8 @@ class MoE:
             self.gate_up = [backend.load_weight(w) for w in up_w]
             return
         gate_w, gate_b = experts("gate")
-        # the grouped kernels take no per-expert scale and only the routings they compute on the device
-        device_routing = spec.routing in DEVICE_ROUTINGS and scale is None
+        # the grouped kernels take no per-expert scale, no latent space, and only the routings they compute
+        device_routing = spec.routing in DEVICE_ROUTINGS and scale is None and spec.latent_size is None
         load = getattr(backend, "load_experts", None) if device_routing else None
         self.grouped = None if load is None else load(spec, [gate_w, up_w, down_w], [gate_b, up_b, down_b])
         if self.grouped is not None:
@@ -133,7 +137,10 @@ class MoE:
             down = self.down[expert]
             return expert_forward(self.backend, self.spec, self.gate_up[expert], down.weight, down.bias, rows)
 
-        return sum_over_experts(self.backend, x, weights, chosen, self.spec, run)
+        if self.latent_down is None:
+            return sum_over_experts(self.backend, x, weights, chosen, self.spec, run)
+        summed = sum_over_experts(self.backend, self.latent_down(x), weights, chosen, self.spec, run)
+        return self.latent_up(summed)
 
 
 class SharedExpert:
@@ -175,3 +182,9 @@ class SharedExpert:
         logit = self.gate(x)
         one = logit.dtype.type(1.0)
         return out * (one / (one + self.backend.xp.exp(-logit)))
+
+
+def _need(tensors: dict[str, QuantizedTensor], name: str) -> QuantizedTensor:
+    if name not in tensors:
+        raise CheckpointError(f"tensor {name} is missing")
+    return tensors[name]

@@ -62,7 +62,9 @@ def _yarn_scaled(dim: int, theta: float, s: RopeScaling) -> np.ndarray:
     low, high = max(low, 0), min(high, dim - 1)
     if low == high:
         high += 0.001  # as transformers does, against a zero-width ramp
-    pos_freqs = np.float32(theta) ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim))
+    pos_freqs = np.float32(theta) ** (
+        np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim)
+    )
     extrapolated = np.float32(1.0) / pos_freqs
     interpolated = np.float32(1.0) / (np.float32(s.factor) * pos_freqs)
     ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - np.float32(low)) / np.float32(high - low), 0, 1)
@@ -87,6 +89,14 @@ def cos_sin_table(
     if scale != 1.0:
         cos, sin = cos * np.float32(scale), sin * np.float32(scale)
     return cos, sin
+
+
+def identity_table(columns: int, max_positions: int) -> tuple[np.ndarray, np.ndarray]:
+    """The table of attention without positions (NoPE): every angle 0, so cos 1 and sin 0 turn q and k
+    by nothing, exactly. One row serves every position: read-only broadcast views of it, which cost no
+    host memory however long the context (a NoPE GGUF says 2^20 positions)."""
+    cos = np.broadcast_to(np.ones((1, columns), np.float32), (max_positions, columns))
+    return cos, np.broadcast_to(np.zeros((1, columns), np.float32), (max_positions, columns))
 
 
 def mrope_cos_sin(

@@ -171,6 +171,8 @@ _NEMOTRON_H = {
     "mixer.gate": "ffn_gate_inp",
     "mixer.shared_experts.up_proj": "ffn_up_shexp",
     "mixer.shared_experts.down_proj": "ffn_down_shexp",
+    "mixer.fc1_latent_proj": "ffn_latent_down",  # Nemotron 3 Super's experts' smaller space
+    "mixer.fc2_latent_proj": "ffn_latent_up",
     **_mamba2("mixer"),
 }
 # Granite 4 hybrid: mamba or attention, then a shared MLP (+ experts); the shared MLP's and the

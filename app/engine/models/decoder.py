@@ -18,7 +18,13 @@ from app.engine.layers.moe import MoE
 from app.engine.layers.moe_beside import ExpertsBesideMlp
 from app.engine.layers.norm import RMSNorm
 from app.engine.layers.per_layer_input import LayerInputGate, PerLayerInputs
-from app.engine.layers.rope import attention_factor, cos_sin_table, inverse_frequencies, mrope_cos_sin
+from app.engine.layers.rope import (
+    attention_factor,
+    cos_sin_table,
+    identity_table,
+    inverse_frequencies,
+    mrope_cos_sin,
+)
 from app.engine.models.config import (
     FFN_DENSE,
     FFN_MOE,
@@ -194,8 +200,8 @@ class DecoderModel:
         # partial RoPE (Qwen3.5, Qwen3-Next): the frequencies of the rotated dims only
         rotated = cfg.rotary_dim or head_dim
         inverse = inverse_frequencies(rotated, cfg.rope_theta, cfg.rope_scaling, self._freq_factors)
-        if not cfg.use_rope:  # NoPE: every angle 0 (cos 1, sin 0) turns q and k by nothing, exactly
-            inverse = inverse * inverse.dtype.type(0.0)
+        if not cfg.use_rope:  # NoPE (Nemotron-H, Granite 4.0-H): one identity row, broadcast
+            return identity_table(inverse.shape[0], self._max_positions)
         if cfg.global_rope_fraction is not None:  # the pairs past the rotated share keep frequency 0
             inverse = inverse.copy()
             inverse[int(cfg.global_rope_fraction * head_dim // 2) :] = 0.0

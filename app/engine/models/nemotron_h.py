@@ -13,8 +13,9 @@ expert groups, and weighs them by their scores (renormalised) times `routed_scal
 Checkpoint quirks: the one norm is `attn_norm` in both layouts and moves to `ffn_norm` on
 feed-forward layers here; folders hold A_log (-exp here, as GGUF stores it). Hub files keep
 everything under `backbone.`, their experts one projection per expert. The multi-token-prediction
-head (folders: `mtp.*`; GGUFs: the last `nextn_predict_layers` blocks) is not run. A latent MoE
-projection (`moe_latent_size`) is refused by name rather than run wrongly.
+head (folders: `mtp.*`; GGUFs: the last `nextn_predict_layers` blocks) is not run. Nemotron 3 Super's
+experts work in a smaller space (`moe_latent_size`: `fc1_latent_proj` down before them, `fc2_latent_proj`
+up after; GGUF `ffn_latent_down` / `ffn_latent_up`).
 """
 
 from __future__ import annotations
@@ -108,8 +109,6 @@ def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
 
 
 def _moe_from_hf(cfg: dict[str, Any]) -> MoeSpec:
-    if cfg.get("moe_latent_size") is not None:
-        raise CheckpointError("config.json moe_latent_size: latent expert projections are not supported yet")
 
     def need(key: str, field: str = "num_experts") -> int:
         if key not in cfg:
@@ -127,6 +126,9 @@ def _moe_from_hf(cfg: dict[str, Any]) -> MoeSpec:
         groups=size(cfg.get("n_group", 1), "config.json n_group", "num_experts"),
         used_groups=size(cfg.get("topk_group", 1), "config.json topk_group", "num_experts"),
         scale=positive_number(cfg.get("routed_scaling_factor", 1.0), "config.json routed_scaling_factor"),
+        latent=None
+        if cfg.get("moe_latent_size") is None
+        else size(cfg["moe_latent_size"], "config.json moe_latent_size", "hidden_size"),
     )
 
 
@@ -139,6 +141,7 @@ def _moe(
     groups: int,
     used_groups: int,
     scale: float,
+    latent: int | None,
 ) -> MoeSpec:
     if experts % groups or used_groups > groups or used > used_groups * (experts // groups):
         raise CheckpointError(
@@ -156,6 +159,7 @@ def _moe(
         routed_scale=scale,
         activation="relu2",
         shared_intermediate_size=shared,
+        latent_size=latent,
     )
 
 
@@ -205,6 +209,7 @@ def _moe_from_gguf(meta: dict[str, Any], arch: str) -> MoeSpec:
         return size(meta[full], full, field)
 
     shared = meta.get(f"{arch}.expert_shared_feed_forward_length")
+    latent = meta.get(f"{arch}.moe_latent_size")
     return _moe(
         experts=need("expert_count"),
         used=need("expert_used_count"),
@@ -218,6 +223,7 @@ def _moe_from_gguf(meta: dict[str, Any], arch: str) -> MoeSpec:
             meta.get(f"{arch}.expert_group_used_count", 1), f"{arch}.expert_group_used_count", "num_experts"
         ),
         scale=positive_number(meta.get(f"{arch}.expert_weights_scale", 1.0), f"{arch}.expert_weights_scale"),
+        latent=None if not latent else size(latent, f"{arch}.moe_latent_size", "hidden_size"),
     )
 
 
