@@ -15,7 +15,11 @@ EPILOG = (
 
 # Request limits as flags: (flag, ServerSettings field, what more gets); defaults come from ServerSettings.
 LIMIT_FLAGS = (
-    ("--max-concurrent-requests", "max_concurrent_requests", "generation requests in flight; more get 429"),
+    (
+        "--max-concurrent-requests",
+        "max_concurrent_requests",
+        "requests in flight (once their body is whole); more get 429",
+    ),
     ("--max-body-bytes", "max_body_bytes", "JSON request body size; more get 413"),
     ("--max-audio-body-bytes", "max_audio_body_bytes", "audio upload size; more get 413"),
     ("--max-audio-seconds", "max_audio_seconds", "audio length; longer gets 400"),
@@ -26,6 +30,20 @@ LIMIT_FLAGS = (
     ("--prompt-workers", "prompt_workers", "threads rendering templates and tokenizing"),
     ("--max-images", "max_images", "image parts of one request; more get 400"),
     ("--max-image-bytes", "max_image_bytes", "one image's decoded size; more gets 400"),
+)
+# Slow clients: (flag, ServerSettings field, what a client slower than this gets); seconds, floats.
+TIMEOUT_FLAGS = (
+    (
+        "--header-timeout",
+        "header_timeout_seconds",
+        "a request's line and headers; later gets 408, connection closed",
+    ),
+    ("--body-timeout", "body_timeout_seconds", "a JSON body, whole; later gets 408, connection closed"),
+    (
+        "--upload-timeout",
+        "upload_timeout_seconds",
+        "an audio upload, whole; later gets 408, connection closed",
+    ),
 )
 
 
@@ -62,6 +80,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, field, what in LIMIT_FLAGS:
         default = getattr(defaults, field)
         parser.add_argument(flag, type=int, default=default, metavar="N", help=f"{what} (default {default})")
+    for flag, field, what in TIMEOUT_FLAGS:
+        default = getattr(defaults, field)
+        parser.add_argument(
+            flag, type=float, default=default, metavar="S", help=f"{what} (default {default:g} s)"
+        )
     parser.add_argument(
         "--cors-origin",
         action="append",
@@ -132,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
             enable_mcp=not args.no_mcp,
             allow_image_urls=args.allow_image_urls,
             log_level=args.log_level,
-            **{field: getattr(args, field) for _, field, _ in LIMIT_FLAGS},
+            **{field: getattr(args, field) for _, field, _ in (*LIMIT_FLAGS, *TIMEOUT_FLAGS)},
         )
         config = engine_config(args)
         engine = AsyncEngine(config)
