@@ -122,7 +122,9 @@ def test_a_connection_without_whole_headers_is_closed_by_the_header_deadline(sen
     with server() as handle, socket.create_connection(("127.0.0.1", handle.port), timeout=PATIENT) as sock:
         sock.sendall(sent)
         reply = read_until_closed(sock)
-        assert reply.startswith(b"HTTP/1.1 408 Request Timeout") and reply.endswith(b"did not arrive in time.")
+        assert reply.startswith(b"HTTP/1.1 408 Request Timeout") and reply.endswith(
+            b"did not arrive in time."
+        )
         assert httpx.get(f"{handle.base_url}/health", timeout=PATIENT).status_code == 200
 
 
@@ -200,3 +202,21 @@ def test_every_limit_flag_is_documented_beside_the_others():
     table = docs[docs.index("## Server limits") : docs.index("## Environment switches")]
     missing = [flag for flag, _, _ in (*LIMIT_FLAGS, *TIMEOUT_FLAGS) if f"| `{flag}` |" not in table]
     assert not missing, missing
+
+
+def test_the_serve_flags_reach_the_settings():
+    import argparse
+
+    from app.commands import serve
+
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)
+    args = parser.parse_args(["--header-timeout", "3", "--body-timeout", "4.5", "--upload-timeout", "90",
+                              "--max-concurrent-requests", "7"])  # fmt: skip
+    settings = serve.server_settings(args)
+    assert (settings.header_timeout_seconds, settings.body_timeout_seconds, settings.upload_timeout_seconds) == (
+        3.0, 4.5, 90.0,
+    )  # fmt: skip
+    assert settings.max_concurrent_requests == 7
+    with pytest.raises(ValueError, match="body_timeout_seconds must be above 0"):
+        serve.server_settings(parser.parse_args(["--body-timeout", "0"]))
