@@ -6,6 +6,10 @@ import argparse
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from app.engine.server.settings import ServerSettings
 
 HELP = "serve the loaded model over an OpenAI- and Anthropic-compatible HTTP API (and MCP at /mcp)"
 EPILOG = (
@@ -15,7 +19,11 @@ EPILOG = (
 
 # Request limits as flags: (flag, ServerSettings field, what more gets); defaults come from ServerSettings.
 LIMIT_FLAGS = (
-    ("--max-concurrent-requests", "max_concurrent_requests", "generation requests in flight; more get 429"),
+    (
+        "--max-concurrent-requests",
+        "max_concurrent_requests",
+        "requests in flight (once their body is whole); more get 429",
+    ),
     ("--max-body-bytes", "max_body_bytes", "JSON request body size; more get 413"),
     ("--max-audio-body-bytes", "max_audio_body_bytes", "audio upload size; more get 413"),
     ("--max-audio-seconds", "max_audio_seconds", "audio length; longer gets 400"),
@@ -26,6 +34,20 @@ LIMIT_FLAGS = (
     ("--prompt-workers", "prompt_workers", "threads rendering templates and tokenizing"),
     ("--max-images", "max_images", "image parts of one request; more get 400"),
     ("--max-image-bytes", "max_image_bytes", "one image's decoded size; more gets 400"),
+)
+# Slow clients: (flag, ServerSettings field, what a client slower than this gets); seconds, floats.
+TIMEOUT_FLAGS = (
+    (
+        "--header-timeout",
+        "header_timeout_seconds",
+        "a request's line and headers; later gets 408, connection closed",
+    ),
+    ("--body-timeout", "body_timeout_seconds", "a JSON body, whole; later gets 408, connection closed"),
+    (
+        "--upload-timeout",
+        "upload_timeout_seconds",
+        "an audio upload, whole; later gets 408, connection closed",
+    ),
 )
 
 
@@ -61,7 +83,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = ServerSettings()
     for flag, field, what in LIMIT_FLAGS:
         default = getattr(defaults, field)
-        parser.add_argument(flag, type=int, default=default, metavar="N", help=f"{what} (default {default})")
+        parser.add_argument(
+            flag, type=int, default=default, dest=field, metavar="N", help=f"{what} (default {default})"
+        )
+    for flag, field, what in TIMEOUT_FLAGS:
+        default = getattr(defaults, field)
+        parser.add_argument(
+            flag, type=float, default=default, dest=field, metavar="S", help=f"{what} (default {default:g} s)"
+        )
     parser.add_argument(
         "--cors-origin",
         action="append",
@@ -130,11 +159,28 @@ def load_reranker(args: argparse.Namespace) -> object | None:
     return load_decoder_reranker(args.rerank_model, device=args.device)
 
 
+def server_settings(args: argparse.Namespace) -> ServerSettings:
+    """The server's settings from the parsed flags; ValueError names a value out of range."""
+    from app.engine.server.settings import ServerSettings
+
+    return ServerSettings(
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        model_aliases=tuple(args.served_model_name),
+        cors_origins=tuple(args.cors_origin),
+        allowed_hosts=tuple(args.allowed_host),
+        enable_mcp=not args.no_mcp,
+        allow_image_urls=args.allow_image_urls,
+        log_level=args.log_level,
+        **{field: getattr(args, field) for _, field, _ in (*LIMIT_FLAGS, *TIMEOUT_FLAGS)},
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     from app.commands.common import engine_config
     from app.engine import AsyncEngine
     from app.engine.server.launch import serve_blocking
-    from app.engine.server.settings import ServerSettings
 
     # The engine thread and the HTTP event loop share the GIL: hand it over often, so streams
     # are written while the GPU works rather than in bursts between steps.
@@ -143,18 +189,7 @@ def run(args: argparse.Namespace) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        settings = ServerSettings(
-            host=args.host,
-            port=args.port,
-            api_key=args.api_key,
-            model_aliases=tuple(args.served_model_name),
-            cors_origins=tuple(args.cors_origin),
-            allowed_hosts=tuple(args.allowed_host),
-            enable_mcp=not args.no_mcp,
-            allow_image_urls=args.allow_image_urls,
-            log_level=args.log_level,
-            **{field: getattr(args, field) for _, field, _ in LIMIT_FLAGS},
-        )
+        settings = server_settings(args)
         config = engine_config(args)
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"paddock serve: {exc}", file=sys.stderr)

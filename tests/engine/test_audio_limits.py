@@ -7,12 +7,21 @@ from __future__ import annotations
 import struct
 import tracemalloc
 import wave
+from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from app.engine.tasks.audio import SAMPLE_RATE, AudioError, TranscriptionCancelled, decode_audio
+from app.engine.tasks.audio import (
+    SAMPLE_RATE,
+    WINDOW_SECONDS,
+    AudioError,
+    Transcriber,
+    TranscriptionCancelled,
+    decode_audio,
+)
 
 SPEECH = Path(__file__).parents[1] / "fixtures" / "audio" / "speech.wav"
 LONG_SECONDS = 300
@@ -103,3 +112,59 @@ def test_malformed_audio_is_an_audio_error_naming_the_problem(name, data, words)
     with pytest.raises(AudioError) as caught:
         decode_audio(data, "clip.wav", max_seconds=7200)
     assert str(caught.value).startswith("clip.wav: ") and words in str(caught.value)
+
+
+class FakeWhisper:
+    """Stands in for faster-whisper's model: one segment per 30 s of each array it is given, made only
+    when the caller asks for the next one (faster-whisper's segments are a generator too)."""
+
+    def __init__(self) -> None:
+        self.given: list[int] = []  # samples of each transcribe() call
+        self.segments_made = 0
+
+    def transcribe(
+        self, samples: np.ndarray, **options: object
+    ) -> tuple[Iterator[SimpleNamespace], SimpleNamespace]:
+        self.given.append(samples.size)
+        step = 30 * SAMPLE_RATE
+
+        def segments() -> Iterator[SimpleNamespace]:
+            for start in range(0, samples.size, step):
+                self.segments_made += 1
+                end = min(start + step, samples.size)
+                yield SimpleNamespace(
+                    start=start / SAMPLE_RATE, end=end / SAMPLE_RATE, text=" x", words=[], seek=start // 160,
+                    tokens=[1], temperature=0.0, avg_logprob=-0.1, compression_ratio=1.0, no_speech_prob=0.0,
+                )  # fmt: skip
+
+        return segments(), SimpleNamespace(language="en")
+
+
+@pytest.fixture
+def fake_whisper(tmp_path: Path) -> tuple[Transcriber, FakeWhisper]:
+    (tmp_path / "model.bin").write_bytes(b"")
+    transcriber = Transcriber(tmp_path, device="cpu")
+    model = FakeWhisper()
+    transcriber._model = model  # type: ignore[assignment]
+    return transcriber, model
+
+
+def test_whisper_gets_the_audio_a_window_at_a_time_with_times_in_the_whole(tmp_path, fake_whisper):
+    """Issue 40: an 82-minute upload went to Whisper as one array (+4.3 GB for its features at once)."""
+    transcriber, model = fake_whisper
+    seconds = 2 * WINDOW_SECONDS + 120
+    transcript = transcriber.transcribe(write_noise(tmp_path / "long.wav", seconds), word_timestamps=False)
+    assert model.given == [WINDOW_SECONDS * SAMPLE_RATE] * 2 + [120 * SAMPLE_RATE]
+    starts = [segment.start for segment in transcript.segments]
+    assert starts == [30.0 * i for i in range(seconds // 30)]  # each window's times placed in the whole
+    assert transcript.segments[-1].end == transcript.duration == seconds
+    assert [segment.id for segment in transcript.segments] == list(range(seconds // 30))
+
+
+def test_a_cancel_stops_whisper_at_the_next_segment(tmp_path, fake_whisper):
+    """The cancel is seen after each segment (30 s of audio): nothing more is decoded once it turns true."""
+    transcriber, model = fake_whisper
+    path = write_noise(tmp_path / "long.wav", 2 * WINDOW_SECONDS)
+    with pytest.raises(TranscriptionCancelled, match=r"at 30\.0 s of 600\.0 s"):
+        transcriber.transcribe(path, cancel=lambda: model.segments_made >= 1)
+    assert model.segments_made == 1 and len(model.given) == 1

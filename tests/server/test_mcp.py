@@ -19,7 +19,11 @@ async def exercise(client: Client) -> dict:
     count = await client.call_tool("count_tokens", {"text": "abcd"})
     embed = await client.call_tool("embed", {"texts": ["a", "b"]})
     bad = await client.call_tool("count_tokens", {})
-    return {"tools": tools, "chat": chat, "generate": generate, "count": count, "embed": embed, "bad": bad}
+    bad_value = await client.call_tool("generate", {"prompt": "abc", "max_tokens": 0, "temperature": -1})
+    return {
+        "tools": tools, "chat": chat, "generate": generate, "count": count, "embed": embed, "bad": bad,
+        "bad_value": bad_value,
+    }  # fmt: skip
 
 
 def check(results: dict, embedder) -> None:
@@ -31,6 +35,10 @@ def check(results: dict, embedder) -> None:
     embed = results["embed"].structured_content
     assert embed["dimensions"] == embedder.dimensions and len(embed["embeddings"]) == 2
     assert results["bad"].is_error and "exactly one" in results["bad"].content[0].text
+    # a value the HTTP API would refuse with a 400 says why here too (issue 40: it gave no reason)
+    bad_value = results["bad_value"]
+    assert bad_value.is_error and "Invalid value for 'max_tokens'" in bad_value.content[0].text
+    assert "(and 1 more problem)" in bad_value.content[0].text
 
 
 def test_mcp_over_streamable_http(server, embedder):
@@ -45,7 +53,10 @@ def test_mcp_over_stdio(embedder):
     script = Path(__file__).with_name("mcp_stdio_fake.py")
 
     async def run() -> dict:
-        async with Client(StdioServerParameters(command=sys.executable, args=[str(script)])) as client:
+        # this checkout's app/ first: the virtual environment's own entry may point at another one
+        root = str(Path(__file__).resolve().parents[2])
+        server = StdioServerParameters(command=sys.executable, args=[str(script)], env={"PYTHONPATH": root})
+        async with Client(server) as client:
             return await exercise(client)
 
     check(asyncio.run(run()), embedder)

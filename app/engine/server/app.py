@@ -11,13 +11,16 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from app.engine import EngineClient
+from app.engine.server.admission import (
+    BodyDeadlineMiddleware,
+    BodyLimitMiddleware,
+    ConcurrencyLimitMiddleware,
+)
 from app.engine.server.embedder import Embedder
 from app.engine.server.errors import install_error_handlers
 from app.engine.server.middleware import (
     ApiKeyMiddleware,
-    BodyLimitMiddleware,
     BrowserGuardMiddleware,
-    ConcurrencyLimitMiddleware,
     RequestMetricsMiddleware,
     transport_security,
 )
@@ -86,6 +89,8 @@ def create_app(
                        route_limits={TRANSCRIPTIONS_PATH: settings.max_concurrent_uploads})  # fmt: skip
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes,
                        route_limits={TRANSCRIPTIONS_PATH: settings.max_audio_body_bytes})  # fmt: skip
+    app.add_middleware(BodyDeadlineMiddleware, seconds=settings.body_timeout_seconds,
+                       route_seconds={TRANSCRIPTIONS_PATH: settings.upload_timeout_seconds})  # fmt: skip
     if settings.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
     app.add_middleware(

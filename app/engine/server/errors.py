@@ -15,6 +15,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+from starlette.types import Receive, Scope, Send
 
 from app.engine import ContextOverflowError
 
@@ -33,6 +35,7 @@ _ERROR_TYPES: dict[int, tuple[str, str]] = {
     403: ("permission_error", "permission_error"),
     404: ("invalid_request_error", "not_found_error"),
     405: ("invalid_request_error", "invalid_request_error"),
+    408: ("invalid_request_error", "invalid_request_error"),  # a body that did not arrive in time
     413: ("invalid_request_error", "request_too_large"),
     415: ("invalid_request_error", "invalid_request_error"),  # a body sent as a form or text, not JSON
     421: ("invalid_request_error", "invalid_request_error"),  # a Host this server does not answer to
@@ -82,6 +85,16 @@ def dialect_for_path(path: str) -> Dialect:
     return Dialect.ANTHROPIC if path.startswith("/v1/messages") else Dialect.OPENAI
 
 
+# Set in a request's scope by the middleware that answered it itself (admission.py): the route then
+# sees the client as gone, which is not the client's doing and not worth a log line.
+REFUSED_KEY = "paddock.refused"
+
+
+async def reject(error: ApiError, scope: Scope, receive: Receive, send: Send) -> None:
+    """Answer a request with `error` from ASGI middleware, in the protocol shape of its path."""
+    await error.response(dialect_for_path(scope["path"]))(scope, receive, send)
+
+
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
     return ApiError(400, message, param=param, code=code)
 
@@ -119,6 +132,16 @@ def context_overflow(exc: ContextOverflowError, param: str = "messages") -> ApiE
 def body_too_large(limit: int) -> ApiError:
     return ApiError(
         413, f"Request body is larger than the server's limit of {limit} bytes.", code="request_too_large"
+    )
+
+
+def request_timeout(seconds: float) -> ApiError:
+    """The body did not arrive whole in time; the connection is closed after this answer."""
+    return ApiError(
+        408,
+        f"The request body did not arrive within the server's {seconds:g} s; the connection is closed.",
+        code="request_timeout",
+        headers={"Connection": "close"},
     )
 
 
@@ -175,8 +198,14 @@ def install_error_handlers(app: FastAPI) -> None:
         message, param = describe_validation_errors(list(exc.errors()))
         return bad_request(message, param=param).response(dialect_for_path(request.url.path))
 
+    @app.exception_handler(ClientDisconnect)
+    async def _disconnected(request: Request, exc: ClientDisconnect) -> JSONResponse:
+        return _client_left(request)
+
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if isinstance(exc.__cause__, ClientDisconnect):  # FastAPI's 400 for a form cut off mid-upload
+            return _client_left(request)
         message = exc.detail if isinstance(exc.detail, str) else "HTTP error"
         if exc.status_code == 404:
             message = f"No such endpoint: {request.method} {request.url.path}"
@@ -188,3 +217,17 @@ def install_error_handlers(app: FastAPI) -> None:
         log.exception("unhandled error serving %s", request.url.path)
         error = ApiError(500, f"Internal server error: {type(exc).__name__}: {exc}")
         return error.response(dialect_for_path(request.url.path))
+
+
+def _client_left(request: Request) -> JSONResponse:
+    """A client that hung up while sending its body (an aborted upload): one line, like an access line,
+    and a 499 that nobody reads but /metrics counts. (Not a 500 with two tracebacks, as it was.)"""
+    if not request.scope.get(REFUSED_KEY):
+        client = request.client
+        where = f"{client.host}:{client.port}" if client else "-"
+        log.info(
+            '%s - "%s %s" %d client closed the request while sending its body',
+            where, request.method, request.url.path, CLIENT_CLOSED,
+        )  # fmt: skip
+    message = "The client closed the connection before its request body was whole."
+    return client_closed(message).response(dialect_for_path(request.url.path))

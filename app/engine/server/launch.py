@@ -14,6 +14,7 @@ import uvicorn
 
 from app.engine import EngineClient
 from app.engine.server.embedder import Embedder
+from app.engine.server.http_protocol import http_protocol
 from app.engine.server.settings import ServerSettings
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,7 @@ def _uvicorn_config(app: Any, settings: ServerSettings) -> uvicorn.Config:
         log_level=settings.log_level,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
         lifespan="on",
+        http=http_protocol(settings.header_timeout_seconds),
     )
 
 

