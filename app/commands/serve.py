@@ -6,6 +6,10 @@ import argparse
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from app.engine.server.settings import ServerSettings
 
 HELP = "serve the loaded model over an OpenAI- and Anthropic-compatible HTTP API (and MCP at /mcp)"
 EPILOG = (
@@ -91,6 +95,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="fetch http(s) image URLs in requests (default: only inline data: URLs and base64 images)",
     )
+    parser.add_argument(
+        "--keep-volatile-metadata",
+        action="store_true",
+        help="keep client metadata that changes on every request in the prompt (Claude Code's "
+        "x-anthropic-billing-header line); by default it is dropped, so the prefix cache hits past it",
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -109,11 +119,29 @@ def load_embedder(args: argparse.Namespace) -> object | None:
         return None
 
 
+def server_settings(args: argparse.Namespace) -> ServerSettings:
+    """The server's settings from the parsed flags (ValueError names a bad one)."""
+    from app.engine.server.settings import ServerSettings
+
+    return ServerSettings(
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        model_aliases=tuple(args.served_model_name),
+        cors_origins=tuple(args.cors_origin),
+        allowed_hosts=tuple(args.allowed_host),
+        enable_mcp=not args.no_mcp,
+        allow_image_urls=args.allow_image_urls,
+        strip_volatile_metadata=not args.keep_volatile_metadata,
+        log_level=args.log_level,
+        **{field: getattr(args, field) for _, field, _ in LIMIT_FLAGS},
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     from app.commands.common import engine_config
     from app.engine import AsyncEngine
     from app.engine.server.launch import serve_blocking
-    from app.engine.server.settings import ServerSettings
 
     # The engine thread and the HTTP event loop share the GIL: hand it over often, so streams
     # are written while the GPU works rather than in bursts between steps.
@@ -122,18 +150,7 @@ def run(args: argparse.Namespace) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        settings = ServerSettings(
-            host=args.host,
-            port=args.port,
-            api_key=args.api_key,
-            model_aliases=tuple(args.served_model_name),
-            cors_origins=tuple(args.cors_origin),
-            allowed_hosts=tuple(args.allowed_host),
-            enable_mcp=not args.no_mcp,
-            allow_image_urls=args.allow_image_urls,
-            log_level=args.log_level,
-            **{field: getattr(args, field) for _, field, _ in LIMIT_FLAGS},
-        )
+        settings = server_settings(args)
         config = engine_config(args)
         engine = AsyncEngine(config)
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
