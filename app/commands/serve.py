@@ -128,6 +128,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="fetch http(s) image URLs in requests (default: only inline data: URLs and base64 images)",
     )
+    parser.add_argument(
+        "--keep-volatile-metadata",
+        action="store_true",
+        help="keep client metadata that changes on every request in the prompt (Claude Code's "
+        "x-anthropic-billing-header line); by default it is dropped, so the prefix cache hits past it",
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -172,6 +178,7 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
         allowed_hosts=tuple(args.allowed_host),
         enable_mcp=not args.no_mcp,
         allow_image_urls=args.allow_image_urls,
+        strip_volatile_metadata=not args.keep_volatile_metadata,
         log_level=args.log_level,
         **{field: getattr(args, field) for _, field, _ in (*LIMIT_FLAGS, *TIMEOUT_FLAGS)},
     )

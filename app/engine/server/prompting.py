@@ -25,6 +25,7 @@ from app.engine.server import limits
 from app.engine.server.errors import ApiError, bad_request, context_overflow
 from app.engine.server.images import IMAGE_MARK
 from app.engine.server.turn_memory import DEFAULT_TURNS, NO_REUSE, TurnMemory
+from app.engine.server.volatile_parts import strip_volatile
 from app.engine.text.template_sandbox import SlowRender, quick_lane
 
 if TYPE_CHECKING:
@@ -58,12 +59,15 @@ class PromptBuilder:
         engine: EngineClient,
         workers: int = DEFAULT_PROMPT_WORKERS,
         remembered_turns: int = DEFAULT_TURNS,
+        strip_volatile_metadata: bool = True,
     ) -> None:
         self._engine = engine
         self._workers = anyio.CapacityLimiter(workers)
         self._slow_workers = anyio.CapacityLimiter(max(1, workers // 2))
         self._remembered_turns = remembered_turns
         self._memory: TurnMemory | None = None
+        self._strip_volatile = strip_volatile_metadata
+        self._told_stripped = False
 
     async def off_loop(self, work: Callable[..., T], *args: Any) -> T:
         """Run CPU-heavy request work (templates, tokenizers) where it cannot stall the event loop.
@@ -133,6 +137,8 @@ class PromptBuilder:
         IMAGE_MARKs the conversion left in the messages' text, in order."""
         for index, message in enumerate(messages):
             ensure_encodable(message.get("content") or "", f"{param}[{index}].content")
+        if self._strip_volatile:  # after the check: its errors name the messages as the client sent them
+            messages = self._without_volatile(messages)
         try:
             text = self._engine.chat_template.render(
                 messages,
@@ -168,6 +174,21 @@ class PromptBuilder:
             text[reuse.num_chars :], add_special_tokens=False, parse_special=True
         )
         return Prompt(reuse.token_ids + rest, text, remembered=True)
+
+    def _without_volatile(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The messages without the lines clients change on every request (volatile_parts.py), logged:
+        at info the first time, so a user sees it happens and how to keep them, then at debug."""
+        stripped = strip_volatile(messages)
+        if stripped.removed:
+            level = logging.DEBUG if self._told_stripped else logging.INFO
+            self._told_stripped = True
+            log.log(
+                level,
+                "removed from the system prompt, so the prefix cache can hit (--keep-volatile-metadata keeps "
+                "it): %s",
+                "; ".join(stripped.removed),
+            )
+        return stripped.messages
 
     def _encode(self, text: str) -> list[int]:
         """A rendered prompt's ids: the tokenizer's BOS unless the template wrote it."""

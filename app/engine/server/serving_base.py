@@ -43,7 +43,9 @@ class ServingContext:
             settings=settings,
             models=ServedModels(engine.model, embedder, settings),
             metrics=ServerMetrics(engine),
-            prompts=PromptBuilder(engine, settings.prompt_workers, settings.remembered_turns),
+            prompts=PromptBuilder(
+                engine, settings.prompt_workers, settings.remembered_turns, settings.strip_volatile_metadata
+            ),
         )
 
     def generation(

@@ -45,6 +45,9 @@ class ServerSettings:
     stream_keepalive_seconds: float = 5.0  # a ping on a stream that sent nothing for this long (prefill)
     # chat turns whose sampled ids a next turn may reuse where its text repeats them (turn_memory.py); 0: off
     remembered_turns: int = 64
+    # drop lines a client changes on every request from system prompts (volatile_parts.py: Claude Code's
+    # x-anthropic-billing-header), so the prefix cache hits past them; False keeps the prompt as sent
+    strip_volatile_metadata: bool = True
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
