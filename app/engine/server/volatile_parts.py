@@ -6,20 +6,22 @@ system prompt of every request it sends:
 
     x-anthropic-billing-header: cc_version=2.1.197.404; cc_entrypoint=cli; cch=1f0a3;
 
-The version's three-hex suffix is a hash of characters of the first user message, and `cch`, where
-it is sent, a hash of the request body: both change between requests (the title requests Claude
-Code sends beside each turn have another suffix than the turns, and `cch` changes every request),
-so without this each such request would read about 30 tokens from the cache and prefill the rest of
-a 10-60k-token prompt again. The line is Anthropic's accounting of which client sent the request, not
-an instruction: vLLM (PR 36829), SGLang, Ollama (14918) and vllm-mlx drop it before templating too.
+The version's three-hex suffix follows the first user message (in a recorded session it stayed the
+same through the conversation and was another in each title request Claude Code sends beside a
+turn), and `cch`, where it is sent, is a hash of the request body, new on every request: without
+this such a request reads about 30 tokens from the cache and prefills the rest of a 10-60k-token
+prompt again. The line is Anthropic's accounting of which client sent the request, not
+an instruction: vLLM (PR 36829), Ollama (14918) and vllm-mlx drop it before templating too.
 
 What is done, exactly: in the content of every system message (Anthropic's `system` blocks and
 `system` turns, OpenAI's system and developer messages, after they became the neutral messages of
 prompting.py), each line that begins with `x-anthropic-billing-header:` is removed with its line
 break; a system message left with nothing but white space is removed. Nothing else in the prompt
-changes. Claude Code's other per-turn texts (`<system-reminder>` blocks in user turns) were checked
-against a recorded session (tests/fixtures/claude_code/): each stays the same in every later
-request of the conversation, so they do not break the prefix and are left as the model needs them.
+changes. The rest of what Claude Code sends was checked in a recorded session
+(tests/fixtures/claude_code/README.md): its `<system-reminder>` texts are sent again unchanged in
+every later request, so they do not break the prefix; the "Output token limit hit. Resume
+directly ..." message it sends after a cut answer is dropped from the history in later turns, which
+does, but the model needs it in the request that carries it, so it stays.
 ServerSettings.strip_volatile_metadata (`paddock serve --keep-volatile-metadata`) turns this off.
 """
 
