@@ -50,6 +50,9 @@ class MoeSpec:
     # Nemotron-H MoE); `shared_gate`: its output scaled by sigmoid(x @ shared_expert_gate) (Qwen).
     shared_intermediate_size: int | None = None
     shared_gate: bool = False
+    # The router's logits tanh-softcapped (`cap * tanh(logit / cap)`) before routing (Laguna's
+    # `moe_router_logit_softcapping`); 0: none.
+    router_softcap: float = 0.0
 
 
 @dataclass(frozen=True)

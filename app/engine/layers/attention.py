@@ -44,6 +44,9 @@ class AttentionSpec:
     # Qwen3.5 / Qwen3-Next: `attn_q` gives each head's query and an output gate side by side
     # ([q_h, gate_h] per head); the attention output is multiplied by sigmoid(gate) before attn_output.
     output_gate: bool = False
+    # Laguna: the output multiplied by softplus(`attn_gate` x), one gate per head ("head") or per head
+    # and dim ("element"), from its own projection of the layer's normed input (fused after q, k, v).
+    softplus_gate: str | None = None
 
 
 class Attention:
@@ -62,6 +65,9 @@ class Attention:
             query, gate = split_query_gate(weights[0], spec.num_heads, spec.head_dim)
             weights, biases = [query, *weights[1:], gate], [*biases, None]
             self.gate_cols = spec.num_heads * spec.head_dim
+        if spec.softplus_gate is not None:
+            weights, biases = [*weights, _gate_weight(tensors, prefix, spec)], [*biases, None]
+            self.gate_cols = weights[-1].shape[0]
         parts = [Linear(backend, w, b) for w, b in zip(weights, biases, strict=True)]
         self.qkv = backend.fuse_linear([p.weight for p in parts], [p.bias for p in parts])
         self.o = Linear(
@@ -138,9 +144,21 @@ class Attention:
         n_tokens = qkv.shape[0]
         out = out.reshape(n_tokens, s.num_heads * s.head_dim)
         if gate is not None:
-            one = gate.dtype.type(1.0)
-            out = out * (one / (one + self.backend.xp.exp(-gate))).astype(out.dtype, copy=False)
+            out = self._gated(out, gate)
         return self.o(out)
+
+    def _gated(self, out: Any, gate: Any) -> Any:
+        """The attention output `[T, heads * dim]` times its gate: sigmoid (Qwen) or softplus (Laguna),
+        per element or, for a gate of one column per head, broadcast over each head's dims."""
+        xp, s = self.backend.xp, self.spec
+        if s.softplus_gate is None:
+            one = gate.dtype.type(1.0)
+            return out * (one / (one + xp.exp(-gate))).astype(out.dtype, copy=False)
+        factor = xp.logaddexp(gate.dtype.type(0.0), gate).astype(out.dtype, copy=False)
+        if s.softplus_gate == "element":
+            return out * factor
+        heads = out.reshape(out.shape[0], s.num_heads, s.head_dim) * factor[:, :, None]
+        return heads.reshape(out.shape)
 
     def _normed_values(self, qkv: Any) -> Any:
         """`qkv` with its value columns RMS-normalised per head (no learned scale): Gemma 4's v_norm."""
@@ -186,6 +204,21 @@ class Attention:
             b.xp, q, k_cache, v_cache, meta, s.scale, s.sliding_window, s.softcap, meta.image_spans
         )
         return out.astype(q.dtype, copy=False)
+
+
+def _gate_weight(tensors: dict[str, QuantizedTensor], prefix: str, spec: AttentionSpec) -> QuantizedTensor:
+    """Laguna's `attn_gate [heads or heads * head_dim, hidden]`, checked against the gate kind."""
+    name = f"{prefix}.attn_gate.weight"
+    weight = tensors.get(name)
+    if weight is None:
+        raise CheckpointError(f"tensor {name!r} (the attention output gate) is missing")
+    rows = spec.num_heads if spec.softplus_gate == "head" else spec.num_heads * spec.head_dim
+    if weight.shape[0] != rows:
+        raise CheckpointError(
+            f"tensor {name!r} has {weight.shape[0]} rows; a gate per {spec.softplus_gate} of "
+            f"{spec.num_heads} heads of {spec.head_dim} has {rows}"
+        )
+    return weight
 
 
 def split_query_gate(

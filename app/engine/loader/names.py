@@ -38,6 +38,7 @@ HF_ARCHITECTURES: dict[str, str] = {
     "Qwen3NextForCausalLM": "qwen3next",
     "NemotronHForCausalLM": "nemotron_h",  # with or without experts (GGUF: nemotron_h / nemotron_h_moe)
     "GraniteMoeHybridForCausalLM": "granitehybrid",
+    "LagunaForCausalLM": "laguna",
 }
 _HF_MODEL_TYPES: dict[str, str] = {
     "gemma3": "gemma3",
@@ -58,6 +59,7 @@ _HF_MODEL_TYPES: dict[str, str] = {
     "qwen3_next": "qwen3next",
     "nemotron_h": "nemotron_h",
     "granitemoehybrid": "granitehybrid",
+    "laguna": "laguna",
 }
 
 # Where the text model sits inside the checkpoint: plain CausalLM, the language model of a
@@ -203,6 +205,15 @@ LAYER_MODULES: dict[str, dict[str, str]] = {
     "qwen3next": {**_QWEN35, **_ROUTER, **_SHARED_EXPERT},
     "nemotron_h": _NEMOTRON_H,
     "granitehybrid": _GRANITE_HYBRID,
+    # Laguna: its attention output gate's own projection, sparse layers' router and shared expert
+    "laguna": {
+        **_ATTENTION_AND_MLP,
+        **_PRE_MLP_NORM,
+        **_QK_NORMS,
+        **_ROUTER,
+        **_SHARED_EXPERT,
+        "self_attn.g_proj": "attn_gate",
+    },
 }
 # Parameters saved under their own name, not as `<module>.weight` (HF layer path -> GGUF name).
 # GPT-OSS keeps its experts stacked, input-major, gate and up interleaved: models/gpt_oss.py
@@ -243,6 +254,7 @@ BARE_PARAMETERS: dict[str, dict[str, str]] = {
         "mixer.experts.down_proj": "ffn_down_exps.weight",
     },
     "granitehybrid": _mamba2_parameters("mamba"),
+    "laguna": {"mlp.experts.e_score_correction_bias": "exp_probs_b.bias"},
 }
 
 # Tensors that are in some checkpoints but carry nothing the engine uses.

@@ -66,7 +66,7 @@ def _check_blocks(cfg: ModelConfig, tensors: dict[str, QuantizedTensor], key: Ca
     for layer in range(cfg.num_layers):
         values = {
             "hidden_size": cfg.hidden_size,
-            "num_heads": cfg.num_heads,
+            "num_heads": cfg.heads_of(layer),
             "num_kv_heads": cfg.kv_heads_of(layer),
             "head_dim": cfg.head_dim_of(layer),
             "intermediate_size": cfg.intermediate_of(layer),

@@ -96,6 +96,13 @@ class ModelConfig:
     # llama.cpp's converter appends to Qwen3.5 GGUFs: `nextn_predict_layers`); their tensors stay unread.
     trailing_blocks: int = 0
     use_rope: bool = True  # False: attention without positions (NoPE: Nemotron-H, Granite 4.0-H)
+    # Per-layer query head counts (Laguna's `num_attention_heads_per_layer`); empty: every layer has
+    # `num_heads` (which is then the largest layer's, what the memory plan counts).
+    layer_num_heads: tuple[int, ...] = ()
+    # Laguna's attention output gate: its own projection (`attn_gate`) of the layer's normed input,
+    # softplus, times the attention output before attn_output; "head": one gate per head, "element": one
+    # per head and dim; None: no such gate.
+    softplus_gate: str | None = None
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -123,6 +130,9 @@ class ModelConfig:
 
     def intermediate_of(self, layer: int) -> int:
         return self.layer_intermediate_sizes[layer] if self.layer_intermediate_sizes else self.intermediate_size
+
+    def heads_of(self, layer: int) -> int:
+        return self.layer_num_heads[layer] if self.layer_num_heads else self.num_heads
 
     def kv_heads_of(self, layer: int) -> int:
         return self.layer_kv_heads[layer] if self.layer_kv_heads else self.num_kv_heads

@@ -156,7 +156,7 @@ class DecoderModel:
         for i in range(cfg.num_layers):
             sliding = cfg.is_sliding(i)
             spec = AttentionSpec(
-                num_heads=cfg.num_heads,
+                num_heads=cfg.heads_of(i),
                 num_kv_heads=cfg.kv_heads_of(i),
                 head_dim=cfg.head_dim_of(i),
                 scale=cfg.attention_scale,
@@ -169,6 +169,7 @@ class DecoderModel:
                 kv_shared=cfg.kv_source(i) != i,
                 value_norm_eps=cfg.rms_norm_eps if cfg.value_norm else None,
                 output_gate=cfg.attn_output_gate,
+                softplus_gate=cfg.softplus_gate,
             )
             self.layers.append(DecoderLayer(backend, cfg, tensors, i, spec))
         self.per_layer_inputs = None

@@ -1,0 +1,98 @@
+"""What the per-family parity tests (test_gemma4.py, test_laguna.py) share: a fixture folder made by a
+tests/fixtures/make_*_reference.py script (Hugging Face folders per case, transformers' float32 logits and
+greedy tokens in references.npz, manifest.json), GGUFs written from those folders at test time, the models
+built on a CPU kernel set, the logit check against transformers, and the whole engine on a fixture."""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from model_harness import run_logits
+
+from app.engine import EngineConfig, LLMEngine, SamplingParams
+from app.engine.backend import cpu_backend
+from app.engine.loader.weights import open_checkpoint
+from app.engine.models.registry import build_model, model_config
+
+MAX_POSITIONS = 64
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+
+
+class ParityFixtures:
+    def __init__(self, folder: Path, write_gguf: Callable[[Path, Path], None]) -> None:
+        self.folder, self._write_gguf = folder, write_gguf
+        self.manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+        self.tokens: list[int] = self.manifest["tokens"]
+        self.prompt_len: int = self.manifest["prompt_len"]
+        self.cases = sorted(self.manifest["cases"])
+        self._gguf: dict[tuple[str, str], Path] = {}
+
+    @functools.cache  # noqa: B019 (one instance per test module, alive for the session)
+    def reference(self, case: str, what: str) -> np.ndarray:
+        with np.load(self.folder / "references.npz") as refs:
+            return refs[f"{case}.{what}"]
+
+    def path(self, case: str, fmt: str, tmp_root: str) -> Path:
+        """The case's HF folder, or a GGUF written from it under `tmp_root` (once per session)."""
+        if fmt == "hf":
+            return self.folder / case
+        if (case, tmp_root) not in self._gguf:
+            out = Path(tmp_root) / f"{self.folder.name}-{case}.gguf"
+            self._write_gguf(self.folder / case, out)
+            self._gguf[case, tmp_root] = out
+        return self._gguf[case, tmp_root]
+
+    def check_logits(self, case: str, path: Path, label: str, mode: str, kernels: str, rtol: float) -> None:
+        """The model's logits over the fixture's tokens within `rtol` of the case's logit scale of
+        transformers', the same greedy token at every position, the first generated token's top-5
+        log-probs within 1e-3."""
+        built, backend = model(path, kernels)
+        ours = run_logits(built, backend, self.tokens, mode)
+        expected = self.reference(case, "logits")
+        tol = rtol * max(1.0, float(np.abs(expected).max()))
+        worst = float(np.abs(ours - expected).max())
+        assert worst <= tol, f"{case} ({label}): max |ours - transformers| = {worst:.3g} > {tol:.3g}"
+        assert (ours.argmax(-1) == expected.argmax(-1)).all(), f"{case} ({label}): a greedy token differs"
+        first = self.prompt_len - 1  # the first generated token's distribution
+        top5 = np.argsort(-expected[first])[:5]
+        diff = np.abs(log_softmax(ours[first])[top5] - log_softmax(expected[first])[top5]).max()
+        assert diff <= 1e-3, f"{case} ({label}): top-5 log-probs differ by {diff:.3g}"
+
+
+@functools.cache
+def model(path: Path, kernels: str):
+    checkpoint = open_checkpoint(path)
+    backend = cpu_backend(kernels)
+    return build_model(checkpoint, backend, MAX_POSITIONS, model_config(checkpoint)), backend
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def engine_for(path: Path, kernels: str = "numpy") -> LLMEngine:
+    """The whole CPU engine on a fixture, prefill in chunks of 16 tokens (a 40-token prompt takes three)."""
+    return LLMEngine(
+        EngineConfig(
+            model=str(path),
+            device="cpu",
+            cpu_kernels=kernels,
+            max_num_seqs=8,
+            max_num_batched_tokens=16,
+            max_model_len=MAX_POSITIONS,
+        )
+    )
+
+
+def batch_of_eight_equals_alone(engine: LLMEngine) -> None:
+    """Eight prompts of different lengths generated together decode as each does alone."""
+    rng = np.random.default_rng(7)
+    prompts = [[int(t) for t in rng.integers(3, 256, n)] for n in (5, 9, 17, 23, 31, 12, 40, 3)]
+    together = [r["token_ids"] for r in engine.generate(prompts, GREEDY)]
+    alone = [engine.generate([p], GREEDY)[0]["token_ids"] for p in prompts]
+    assert together == alone
