@@ -1,0 +1,168 @@
+"""Laguna files beyond parity: what will-it-fit predicts for them (per-layer head counts, sparse layers'
+experts), and corrupt, truncated or lying Laguna files refused in one line naming the file and what is
+wrong. The HF folders are tests/fixtures/laguna's; the GGUFs are written from them (laguna_gguf.py) and
+edited with tests/engine/gguf_forge.py."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from laguna_gguf import write_gguf
+
+from app.cli import main
+from app.engine.config import EngineConfig
+from app.engine.core.engine import LLMEngine
+from app.engine.loader.weights import open_checkpoint
+from app.engine.models.registry import model_config
+from app.engine.plan.fit import FitOptions, check_fit, cpu_memory, shape_from_checkpoint
+from tests.engine.gguf_forge import Forge
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "laguna"
+
+
+@pytest.fixture(scope="module")
+def xs_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("laguna-files") / "laguna-xs.gguf"
+    write_gguf(FIXTURES / "xs", out)
+    return out
+
+
+def refusal(path: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    """What `paddock generate --model path` prints: exit code 2, one line, no traceback."""
+    code = main(["generate", "--model", str(path), "--device", "cpu", "--max-tokens", "1", "hi"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2, f"not refused: {err}"
+    assert err.count("\n") == 0 and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("source", ["hf", "gguf"])
+def test_fit_counts_the_largest_layers_heads_and_predicts_the_engines_blocks(
+    source: str, xs_gguf: Path
+) -> None:
+    path = FIXTURES / "xs" if source == "hf" else xs_gguf
+    shape = shape_from_checkpoint(path)
+    cfg = model_config(open_checkpoint(path))
+    # the sliding layers' 8 query heads (not num_attention_heads' 4) size the activations; 2 KV heads of 16
+    # in each of the 4 layers size the KV pool; the sparse layers' experts are counted as experts
+    assert (shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.num_layers) == (8, 2, 16, 4)
+    assert shape.kv_bytes_per_token(2) == 4 * 2 * 2 * 16 * 2
+    assert (shape.num_experts, shape.experts_used) == (4, 2) and shape.expert_bytes > 0
+    assert cfg.layer_num_heads == (4, 8, 8, 8)
+    for settings in (dict(max_model_len=64, max_num_seqs=2), dict(max_model_len=200, kv_cache_bytes=1 << 19)):
+        engine = LLMEngine(EngineConfig(model=str(path), device="cpu", cpu_kernels="numpy", **settings))
+        report = check_fit(shape, FitOptions.from_engine(engine.config), cpu_memory())
+        assert (report.kv_blocks, report.engine_context) == (engine.plan.num_blocks, engine.max_model_len)
+
+
+def _copy(tmp_path: Path, case: str = "xs") -> Path:
+    folder = tmp_path / case
+    shutil.copytree(FIXTURES / case, folder)
+    return folder
+
+
+def _edit_config(folder: Path, **changes: object) -> None:
+    path = folder / "config.json"
+    cfg = json.loads(path.read_text(encoding="utf-8"))
+    cfg.update(changes)
+    path.write_text(json.dumps(cfg), encoding="utf-8")
+
+
+CONFIG_CASES = {
+    "per-layer heads of the wrong length": (
+        {"num_attention_heads_per_layer": [4, 8]},
+        "config.json num_attention_heads_per_layer must list one entry per layer (4)",
+    ),
+    "per-layer heads not a multiple of the KV heads": (
+        {"num_attention_heads_per_layer": [4, 8, 7, 8]},
+        "layer 2's 7 heads do not divide into 2 KV heads",
+    ),
+    "an unknown MLP kind": (
+        {"mlp_layer_types": ["dense", "sparse", "dense", "moe"]},
+        "mlp_layer_types has ['moe']",
+    ),
+    "an unknown gate kind": ({"gating": "per-token"}, "config.json gating is 'per-token'"),
+    "router weights on the input": (
+        {"moe_apply_router_weight_on_input": True},
+        "moe_apply_router_weight_on_input",
+    ),
+    "heads that do not match q_proj": (
+        {"num_attention_heads_per_layer": [4, 4, 8, 8]},
+        "tensor 'blk.1.attn_q.weight' has shape (128, 64)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", CONFIG_CASES, ids=list(CONFIG_CASES))
+def test_a_lying_config_json_is_refused_naming_the_folder_and_the_key(
+    case: str, tmp_path: Path, capsys
+) -> None:
+    changes, message = CONFIG_CASES[case]
+    folder = _copy(tmp_path)
+    _edit_config(folder, **changes)
+    err = refusal(folder, capsys)
+    assert message in err and str(folder) in err
+
+
+def test_a_truncated_safetensors_file_is_refused(tmp_path: Path, capsys) -> None:
+    folder = _copy(tmp_path)
+    path = folder / "model.safetensors"
+    path.write_bytes(path.read_bytes()[:-100])
+    err = refusal(folder, capsys)
+    assert "truncated or corrupt" in err and str(path) in err
+
+
+def test_a_truncated_gguf_is_refused(xs_gguf: Path, tmp_path: Path, capsys) -> None:
+    data = xs_gguf.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    for size in (100, len(data) // 2, len(data) - 1):
+        cut.write_bytes(data[:size])
+        err = refusal(cut, capsys)
+        assert "truncated" in err and str(cut) in err
+
+
+GGUF_CASES = {
+    "head counts of the wrong length": (
+        lambda f: f.metadata.__setitem__("laguna.attention.head_count", [4, 8, 8]),
+        "laguna.attention.head_count must list one entry per layer (4)",
+    ),
+    "a leading dense count past the layers": (
+        lambda f: f.metadata.__setitem__("laguna.leading_dense_block_count", 9),
+        "laguna.leading_dense_block_count is 9 of 4 layers",
+    ),
+    "softmax expert gating": (
+        lambda f: f.metadata.__setitem__("laguna.expert_gating_func", 1),
+        "laguna.expert_gating_func is 1",
+    ),
+    "partial RoPE on sliding layers": (
+        lambda f: f.metadata.__setitem__("laguna.rope.dimension_count_swa", 8),
+        "laguna.rope.dimension_count_swa is 8",
+    ),
+    "no shared expert width": (
+        lambda f: f.metadata.pop("laguna.expert_shared_feed_forward_length"),
+        "metadata has no laguna.expert_shared_feed_forward_length",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", GGUF_CASES, ids=list(GGUF_CASES))
+def test_a_lying_gguf_header_is_refused_naming_the_file_and_the_key(case: str, xs_gguf: Path, tmp_path: Path,
+                                                                    capsys) -> None:  # fmt: skip
+    edit, message = GGUF_CASES[case]
+    forge = Forge.of(xs_gguf)
+    edit(forge)
+    path = forge.write(tmp_path / "bad.gguf")
+    err = refusal(path, capsys)
+    assert message in err and str(path) in err
+
+
+def test_a_gate_of_neither_width_is_refused_naming_the_tensor(tmp_path: Path, capsys) -> None:
+    """A config.json whose gate kind the g_proj tensors do not have."""
+    folder = _copy(tmp_path)
+    _edit_config(folder, gating="per-element")  # the file's gates are per head: 4 rows, not 4 x 16
+    err = refusal(folder, capsys)
+    assert "tensor 'blk.0.attn_gate.weight' has shape (4, 64); a gate per element of 4 heads of 16" in err
+    assert str(folder) in err
