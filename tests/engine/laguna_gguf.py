@@ -104,7 +104,13 @@ def write_gguf(folder: Path, out: Path) -> None:
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_BF16)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     write_tokenizer(writer, cfg["vocab_size"])
-    for name, data in gguf_tensors(tensors, layers, cfg["num_experts"]).items():
+    write_tensors(writer, gguf_tensors(tensors, layers, cfg["num_experts"]))
+
+
+def write_tensors(writer: gguf.GGUFWriter, tensors: dict[str, np.ndarray]) -> None:
+    """Matrices as BF16 (the published weights' type: exact from the bf16 folder), vectors as F32; then the
+    file is written and closed."""
+    for name, data in tensors.items():
         if data.ndim >= 2:
             writer.add_tensor(name, gguf.quants.quantize(data, GQ.BF16), raw_dtype=GQ.BF16)
         else:

@@ -60,7 +60,7 @@ def test_both_formats_read_the_same_config() -> None:
     """The GGUF's keys (head-count array, leading dense count, default SWA period, rope dims, the gate's kind
     from its rows) say what config.json says."""
     fields = ("num_heads", "layer_num_heads", "layer_sliding", "layer_ffns", "rotary_dim",
-              "rope_theta", "rope_theta_local", "sliding_window", "softplus_gate", "moe")  # fmt: skip
+              "rope_theta", "rope_theta_local", "sliding_window", "gate_proj", "moe")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         for case in GGUF_CASES:
             hf = model_config(open_checkpoint(FIXTURES / case))
@@ -68,8 +68,8 @@ def test_both_formats_read_the_same_config() -> None:
             assert {f: getattr(gguf, f) for f in fields} == {f: getattr(hf, f) for f in fields}, case
     xs = model_config(open_checkpoint(FIXTURES / "xs"))
     assert xs.layer_num_heads == (4, 8, 8, 8) and xs.layer_sliding == (False, True, True, True)
-    assert xs.rotary_dim == 8 and xs.softplus_gate == "head"
-    assert model_config(open_checkpoint(FIXTURES / "m")).softplus_gate == "element"
+    assert xs.rotary_dim == 8 and xs.gate_proj == "softplus_head"
+    assert model_config(open_checkpoint(FIXTURES / "m")).gate_proj == "softplus"
 
 
 @pytest.mark.parametrize(("case", "fmt"), FORMATS)

@@ -164,5 +164,5 @@ def test_a_gate_of_neither_width_is_refused_naming_the_tensor(tmp_path: Path, ca
     folder = _copy(tmp_path)
     _edit_config(folder, gating="per-element")  # the file's gates are per head: 4 rows, not 4 x 16
     err = refusal(folder, capsys)
-    assert "tensor 'blk.0.attn_gate.weight' has shape (4, 64); a gate per element of 4 heads of 16" in err
+    assert "tensor 'blk.0.attn_gate.weight' has shape (4, 64); a softplus gate of 4 heads of 16" in err
     assert str(folder) in err

@@ -44,9 +44,10 @@ class AttentionSpec:
     # Qwen3.5 / Qwen3-Next: `attn_q` gives each head's query and an output gate side by side
     # ([q_h, gate_h] per head); the attention output is multiplied by sigmoid(gate) before attn_output.
     output_gate: bool = False
-    # Laguna: the output multiplied by softplus(`attn_gate` x), one gate per head ("head") or per head
-    # and dim ("element"), from its own projection of the layer's normed input (fused after q, k, v).
-    softplus_gate: str | None = None
+    # The output multiplied by a gate from its own projection `attn_gate` of the layer's normed input
+    # (fused after q, k, v): softplus per head ("softplus_head") or per element ("softplus") (Laguna),
+    # sigmoid per element ("sigmoid") (Muse Glimmer).
+    gate_proj: str | None = None
 
 
 class Attention:
@@ -65,7 +66,7 @@ class Attention:
             query, gate = split_query_gate(weights[0], spec.num_heads, spec.head_dim)
             weights, biases = [query, *weights[1:], gate], [*biases, None]
             self.gate_cols = spec.num_heads * spec.head_dim
-        if spec.softplus_gate is not None:
+        if spec.gate_proj is not None:
             weights, biases = [*weights, _gate_weight(tensors, prefix, spec)], [*biases, None]
             self.gate_cols = weights[-1].shape[0]
         parts = [Linear(backend, w, b) for w, b in zip(weights, biases, strict=True)]
@@ -148,14 +149,14 @@ class Attention:
         return self.o(out)
 
     def _gated(self, out: Any, gate: Any) -> Any:
-        """The attention output `[T, heads * dim]` times its gate: sigmoid (Qwen) or softplus (Laguna),
-        per element or, for a gate of one column per head, broadcast over each head's dims."""
+        """The attention output `[T, heads * dim]` times its gate: sigmoid (Qwen, Muse Glimmer) or softplus
+        (Laguna), per element or, for a gate of one column per head, broadcast over each head's dims."""
         xp, s = self.backend.xp, self.spec
-        if s.softplus_gate is None:
+        if s.gate_proj in (None, "sigmoid"):
             one = gate.dtype.type(1.0)
             return out * (one / (one + xp.exp(-gate))).astype(out.dtype, copy=False)
         factor = xp.logaddexp(gate.dtype.type(0.0), gate).astype(out.dtype, copy=False)
-        if s.softplus_gate == "element":
+        if s.gate_proj != "softplus_head":
             return out * factor
         heads = out.reshape(out.shape[0], s.num_heads, s.head_dim) * factor[:, :, None]
         return heads.reshape(out.shape)
@@ -207,15 +208,15 @@ class Attention:
 
 
 def _gate_weight(tensors: dict[str, QuantizedTensor], prefix: str, spec: AttentionSpec) -> QuantizedTensor:
-    """Laguna's `attn_gate [heads or heads * head_dim, hidden]`, checked against the gate kind."""
+    """The gate's projection `attn_gate [heads or heads * head_dim, hidden]`, checked against its kind."""
     name = f"{prefix}.attn_gate.weight"
     weight = tensors.get(name)
     if weight is None:
         raise CheckpointError(f"tensor {name!r} (the attention output gate) is missing")
-    rows = spec.num_heads if spec.softplus_gate == "head" else spec.num_heads * spec.head_dim
+    rows = spec.num_heads if spec.gate_proj == "softplus_head" else spec.num_heads * spec.head_dim
     if weight.shape[0] != rows:
         raise CheckpointError(
-            f"tensor {name!r} has {weight.shape[0]} rows; a gate per {spec.softplus_gate} of "
+            f"tensor {name!r} has {weight.shape[0]} rows; a {spec.gate_proj} gate of "
             f"{spec.num_heads} heads of {spec.head_dim} has {rows}"
         )
     return weight

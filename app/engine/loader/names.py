@@ -39,6 +39,7 @@ HF_ARCHITECTURES: dict[str, str] = {
     "NemotronHForCausalLM": "nemotron_h",  # with or without experts (GGUF: nemotron_h / nemotron_h_moe)
     "GraniteMoeHybridForCausalLM": "granitehybrid",
     "LagunaForCausalLM": "laguna",
+    "MuseGlimmerForConditionalGeneration": "muse-glimmer",  # its text part; the vision side is skipped
 }
 _HF_MODEL_TYPES: dict[str, str] = {
     "gemma3": "gemma3",
@@ -60,6 +61,7 @@ _HF_MODEL_TYPES: dict[str, str] = {
     "nemotron_h": "nemotron_h",
     "granitemoehybrid": "granitehybrid",
     "laguna": "laguna",
+    "muse_glimmer": "muse-glimmer",
 }
 
 # Where the text model sits inside the checkpoint: plain CausalLM, the language model of a
@@ -214,6 +216,8 @@ LAYER_MODULES: dict[str, dict[str, str]] = {
         **_SHARED_EXPERT,
         "self_attn.g_proj": "attn_gate",
     },
+    # Muse Glimmer: Gemma's sandwich norms, an output gate from its own projection (no QK norm weights)
+    "muse-glimmer": {**_ATTENTION_AND_MLP, **_GEMMA_SANDWICH_NORMS, "self_attn.gate_proj": "attn_gate"},
 }
 # Parameters saved under their own name, not as `<module>.weight` (HF layer path -> GGUF name).
 # GPT-OSS keeps its experts stacked, input-major, gate and up interleaved: models/gpt_oss.py
@@ -263,6 +267,7 @@ _SKIPPED = re.compile(
     r"|^(model\.)?(vision_tower|multi_modal_projector)\."  # Gemma 3's image side
     r"|^(model\.)?(audio_tower|embed_vision|embed_audio)\."  # Gemma 4's image and audio sides
     r"|^(model\.)?visual\."  # Qwen2.5-VL's, Qwen3.5's
+    r"|^model\.(vision_adapter|vision_projection)\."  # Muse Glimmer's projector (its tower: vision_tower)
     r"|^mtp\."  # Qwen3.5 / Qwen3-Next multi-token prediction heads (speculative decoding: unused)
 )
 _LAYER_NAME = re.compile(r"^layers\.(\d+)\.(.+)\.(weight|bias)$")

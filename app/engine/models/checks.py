@@ -87,22 +87,22 @@ def _check_blocks(cfg: ModelConfig, tensors: dict[str, QuantizedTensor], key: Ca
                 raise CheckpointError(
                     f"tensor {name!r} has shape {tensor.shape}, but {fields} make it {wanted}"
                 )
-        if cfg.softplus_gate is not None and cfg.mixer(layer) == MIXER_ATTENTION:
+        if cfg.gate_proj is not None and cfg.mixer(layer) == MIXER_ATTENTION:
             _check_gate(cfg, tensors, layer)
     if cfg.moe is not None:
         _check_routers(cfg, tensors)
 
 
 def _check_gate(cfg: ModelConfig, tensors: dict[str, QuantizedTensor], layer: int) -> None:
-    """Laguna's output gate projection: a row per head ("head") or per head and dim ("element")."""
+    """An output gate's projection: a row per head, or per head and dim (`ModelConfig.gate_rows_per_head`)."""
     name, heads = f"blk.{layer}.attn_gate.weight", cfg.heads_of(layer)
-    rows = heads if cfg.softplus_gate == "head" else heads * cfg.head_dim_of(layer)
+    rows = heads * cfg.gate_rows_per_head
     gate = tensors.get(name)
     if gate is None:
         raise CheckpointError(f"tensor {name!r} (the attention output gate) is missing")
     if gate.shape != (rows, cfg.hidden_size):
         raise CheckpointError(
-            f"tensor {name!r} has shape {gate.shape}; a gate per {cfg.softplus_gate} of {heads} heads "
+            f"tensor {name!r} has shape {gate.shape}; a {cfg.gate_proj} gate of {heads} heads "
             f"of {cfg.head_dim_of(layer)} makes it {(rows, cfg.hidden_size)}"
         )
 

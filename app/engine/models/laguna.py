@@ -28,6 +28,8 @@ from app.engine.loader.names import CheckpointError
 from app.engine.models.config import (
     FFN_DENSE,
     FFN_MOE,
+    GATE_SOFTPLUS,
+    GATE_SOFTPLUS_HEAD,
     ModelConfig,
     MoeSpec,
     common_from_gguf,
@@ -37,13 +39,8 @@ from app.engine.models.config import (
 )
 from app.engine.models.family import Family, Tensors
 
-_GATES = {
-    True: "head",
-    "per-head": "head",
-    "per_head": "head",
-    "per-element": "element",
-    "per_element": "element",
-}
+_GATES = {True: GATE_SOFTPLUS_HEAD, "per-head": GATE_SOFTPLUS_HEAD, "per_head": GATE_SOFTPLUS_HEAD,
+          "per-element": GATE_SOFTPLUS, "per_element": GATE_SOFTPLUS}  # fmt: skip
 _FFNS = {"dense": FFN_DENSE, "sparse": FFN_MOE}
 SWA_PERIOD = 4  # llama.cpp's default: full at layer % 4 == 0, the rest sliding (Laguna-XS.2)
 GGUF_SIGMOID_GATING = 2  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
@@ -101,7 +98,7 @@ def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
         num_heads=max(head_counts),
         layer_num_heads=head_counts if len(set(head_counts)) > 1 else (),
         qk_norm=True,
-        softplus_gate=_GATES[gating],
+        gate_proj=_GATES[gating],
         layer_sliding=sliding if any(sliding) else (),
         layer_ffns=tuple(_FFNS[t] for t in mlp),
         rotary_dim=_rotary_dim(kwargs["head_dim"], float(full.get("partial_rotary_factor", 1.0))),
@@ -181,7 +178,7 @@ def config_from_gguf(meta: dict[str, Any], vocab_size: int) -> ModelConfig:
     kwargs.update(
         layer_num_heads=counts if len(set(counts)) > 1 else (),
         qk_norm=True,
-        softplus_gate="head",  # until complete_gguf_config reads the gate tensor's rows
+        gate_proj=GATE_SOFTPLUS_HEAD,  # until complete_gguf_config reads the gate tensor's rows
         layer_ffns=(FFN_DENSE,) * dense + (FFN_MOE,) * (layers - dense),
         rotary_dim=None if rotated == head_dim else rotated,
         moe=_moe_from_gguf(meta, arch) if dense < layers else None,
@@ -244,10 +241,10 @@ def complete_gguf_config(cfg: ModelConfig, tensors: Tensors) -> ModelConfig:
                 f"tensor {name!r} has {gate.shape[0]} rows: neither {heads} (per head) nor "
                 f"{heads * cfg.head_dim} (per element)"
             )
-        kinds.add("head" if gate.shape[0] == heads else "element")
+        kinds.add(GATE_SOFTPLUS_HEAD if gate.shape[0] == heads else GATE_SOFTPLUS)
     if len(kinds) > 1:
         raise CheckpointError("the attention gates are per head on some layers, per element on others")
-    return cfg.with_overrides(softplus_gate=kinds.pop()) if kinds else cfg
+    return cfg.with_overrides(gate_proj=kinds.pop()) if kinds else cfg
 
 
 FAMILY = Family(

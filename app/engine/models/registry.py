@@ -29,6 +29,7 @@ _FAMILY_MODULES = {
     "nemotron_h_moe": "app.engine.models.nemotron_h",  # the same family with experts
     "granitehybrid": "app.engine.models.granite_hybrid",
     "laguna": "app.engine.models.laguna",
+    "muse-glimmer": "app.engine.models.muse_glimmer",
 }
 
 
