@@ -9,14 +9,17 @@ import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from model_harness import run_logits
 
+from app.cli import main
 from app.engine import EngineConfig, LLMEngine, SamplingParams
 from app.engine.backend import cpu_backend
 from app.engine.loader.weights import open_checkpoint
 from app.engine.models.registry import build_model, model_config
+from app.engine.plan.fit import FitOptions, check_fit, cpu_memory, shape_from_checkpoint
 
 MAX_POSITIONS = 64
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
@@ -87,6 +90,24 @@ def engine_for(path: Path, kernels: str = "numpy") -> LLMEngine:
             max_model_len=MAX_POSITIONS,
         )
     )
+
+
+def refusal(path: Path, capsys: Any) -> str:
+    """What `paddock generate --model path` prints: exit code 2, one line, no traceback."""
+    code = main(["generate", "--model", str(path), "--device", "cpu", "--max-tokens", "1", "hi"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2, f"not refused: {err}"
+    assert err.count("\n") == 0 and "Traceback" not in err, err
+    return err
+
+
+def fit_predicts_the_engines_blocks(path: Path) -> None:
+    """`paddock fit`'s shape of `path` gives the KV blocks and context the engine allocates, at two settings."""
+    shape = shape_from_checkpoint(path)
+    for settings in (dict(max_model_len=64, max_num_seqs=2), dict(max_model_len=200, kv_cache_bytes=1 << 19)):
+        engine = LLMEngine(EngineConfig(model=str(path), device="cpu", cpu_kernels="numpy", **settings))
+        report = check_fit(shape, FitOptions.from_engine(engine.config), cpu_memory())
+        assert (report.kv_blocks, report.engine_context) == (engine.plan.num_blocks, engine.max_model_len)
 
 
 def batch_of_eight_equals_alone(engine: LLMEngine) -> None:

@@ -10,14 +10,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+from family_parity import fit_predicts_the_engines_blocks, refusal
 from laguna_gguf import write_gguf
 
-from app.cli import main
-from app.engine.config import EngineConfig
-from app.engine.core.engine import LLMEngine
 from app.engine.loader.weights import open_checkpoint
 from app.engine.models.registry import model_config
-from app.engine.plan.fit import FitOptions, check_fit, cpu_memory, shape_from_checkpoint
+from app.engine.plan.fit import shape_from_checkpoint
 from tests.engine.gguf_forge import Forge
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "laguna"
@@ -28,15 +26,6 @@ def xs_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("laguna-files") / "laguna-xs.gguf"
     write_gguf(FIXTURES / "xs", out)
     return out
-
-
-def refusal(path: Path, capsys: pytest.CaptureFixture[str]) -> str:
-    """What `paddock generate --model path` prints: exit code 2, one line, no traceback."""
-    code = main(["generate", "--model", str(path), "--device", "cpu", "--max-tokens", "1", "hi"])
-    err = capsys.readouterr().err.strip()
-    assert code == 2, f"not refused: {err}"
-    assert err.count("\n") == 0 and "Traceback" not in err, err
-    return err
 
 
 @pytest.mark.parametrize("source", ["hf", "gguf"])
@@ -52,10 +41,7 @@ def test_fit_counts_the_largest_layers_heads_and_predicts_the_engines_blocks(
     assert shape.kv_bytes_per_token(2) == 4 * 2 * 2 * 16 * 2
     assert (shape.num_experts, shape.experts_used) == (4, 2) and shape.expert_bytes > 0
     assert cfg.layer_num_heads == (4, 8, 8, 8)
-    for settings in (dict(max_model_len=64, max_num_seqs=2), dict(max_model_len=200, kv_cache_bytes=1 << 19)):
-        engine = LLMEngine(EngineConfig(model=str(path), device="cpu", cpu_kernels="numpy", **settings))
-        report = check_fit(shape, FitOptions.from_engine(engine.config), cpu_memory())
-        assert (report.kv_blocks, report.engine_context) == (engine.plan.num_blocks, engine.max_model_len)
+    fit_predicts_the_engines_blocks(path)
 
 
 def _copy(tmp_path: Path, case: str = "xs") -> Path:
