@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from app.engine.backend import cpu_backend
 from app.engine.loader.weights import open_checkpoint
 from app.engine.models.registry import build_model, model_config
 from app.engine.plan.fit import FitOptions, check_fit, cpu_memory, shape_from_checkpoint
+from tests.engine.gguf_forge import Forge
 
 MAX_POSITIONS = 64
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
@@ -99,6 +101,36 @@ def refusal(path: Path, capsys: Any) -> str:
     assert code == 2, f"not refused: {err}"
     assert err.count("\n") == 0 and "Traceback" not in err, err
     return err
+
+
+def edited_copy(folder: Path, tmp_path: Path, section: str | None = None, **changes: object) -> Path:
+    """A copy of an HF fixture folder under `tmp_path` whose config.json (its `section`, e.g. text_config)
+    has `changes` applied."""
+    copy = tmp_path / folder.name
+    shutil.copytree(folder, copy)
+    path = copy / "config.json"
+    cfg = json.loads(path.read_text(encoding="utf-8"))
+    (cfg[section] if section else cfg).update(changes)
+    path.write_text(json.dumps(cfg), encoding="utf-8")
+    return copy
+
+
+def forged_refusal(gguf: Path, edit: Callable[[Forge], Any], tmp_path: Path, capsys: Any) -> tuple[Path, str]:
+    """A copy of `gguf` with its header edited (tests/engine/gguf_forge.py), and the engine's refusal of it."""
+    forge = Forge.of(gguf)
+    edit(forge)
+    path = forge.write(tmp_path / "bad.gguf")
+    return path, refusal(path, capsys)
+
+
+def truncated_ggufs_are_refused(gguf: Path, tmp_path: Path, capsys: Any) -> None:
+    """`gguf` cut in its header, midway and one byte short: refused as truncated, naming the file."""
+    data = gguf.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    for size in (100, len(data) // 2, len(data) - 1):
+        cut.write_bytes(data[:size])
+        err = refusal(cut, capsys)
+        assert "truncated" in err and str(cut) in err
 
 
 def fit_predicts_the_engines_blocks(path: Path) -> None:

@@ -5,18 +5,21 @@ edited with tests/engine/gguf_forge.py."""
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
-from family_parity import fit_predicts_the_engines_blocks, refusal
+from family_parity import (
+    edited_copy,
+    fit_predicts_the_engines_blocks,
+    forged_refusal,
+    refusal,
+    truncated_ggufs_are_refused,
+)
 from laguna_gguf import write_gguf
 
 from app.engine.loader.weights import open_checkpoint
 from app.engine.models.registry import model_config
 from app.engine.plan.fit import shape_from_checkpoint
-from tests.engine.gguf_forge import Forge
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "laguna"
 
@@ -42,19 +45,6 @@ def test_fit_counts_the_largest_layers_heads_and_predicts_the_engines_blocks(
     assert (shape.num_experts, shape.experts_used) == (4, 2) and shape.expert_bytes > 0
     assert cfg.layer_num_heads == (4, 8, 8, 8)
     fit_predicts_the_engines_blocks(path)
-
-
-def _copy(tmp_path: Path, case: str = "xs") -> Path:
-    folder = tmp_path / case
-    shutil.copytree(FIXTURES / case, folder)
-    return folder
-
-
-def _edit_config(folder: Path, **changes: object) -> None:
-    path = folder / "config.json"
-    cfg = json.loads(path.read_text(encoding="utf-8"))
-    cfg.update(changes)
-    path.write_text(json.dumps(cfg), encoding="utf-8")
 
 
 CONFIG_CASES = {
@@ -87,14 +77,13 @@ def test_a_lying_config_json_is_refused_naming_the_folder_and_the_key(
     case: str, tmp_path: Path, capsys
 ) -> None:
     changes, message = CONFIG_CASES[case]
-    folder = _copy(tmp_path)
-    _edit_config(folder, **changes)
+    folder = edited_copy(FIXTURES / "xs", tmp_path, **changes)
     err = refusal(folder, capsys)
     assert message in err and str(folder) in err
 
 
 def test_a_truncated_safetensors_file_is_refused(tmp_path: Path, capsys) -> None:
-    folder = _copy(tmp_path)
+    folder = edited_copy(FIXTURES / "xs", tmp_path)
     path = folder / "model.safetensors"
     path.write_bytes(path.read_bytes()[:-100])
     err = refusal(folder, capsys)
@@ -102,12 +91,7 @@ def test_a_truncated_safetensors_file_is_refused(tmp_path: Path, capsys) -> None
 
 
 def test_a_truncated_gguf_is_refused(xs_gguf: Path, tmp_path: Path, capsys) -> None:
-    data = xs_gguf.read_bytes()
-    cut = tmp_path / "cut.gguf"
-    for size in (100, len(data) // 2, len(data) - 1):
-        cut.write_bytes(data[:size])
-        err = refusal(cut, capsys)
-        assert "truncated" in err and str(cut) in err
+    truncated_ggufs_are_refused(xs_gguf, tmp_path, capsys)
 
 
 GGUF_CASES = {
@@ -138,17 +122,15 @@ GGUF_CASES = {
 def test_a_lying_gguf_header_is_refused_naming_the_file_and_the_key(case: str, xs_gguf: Path, tmp_path: Path,
                                                                     capsys) -> None:  # fmt: skip
     edit, message = GGUF_CASES[case]
-    forge = Forge.of(xs_gguf)
-    edit(forge)
-    path = forge.write(tmp_path / "bad.gguf")
-    err = refusal(path, capsys)
+    path, err = forged_refusal(xs_gguf, edit, tmp_path, capsys)
     assert message in err and str(path) in err
 
 
 def test_a_gate_of_neither_width_is_refused_naming_the_tensor(tmp_path: Path, capsys) -> None:
     """A config.json whose gate kind the g_proj tensors do not have."""
-    folder = _copy(tmp_path)
-    _edit_config(folder, gating="per-element")  # the file's gates are per head: 4 rows, not 4 x 16
+    folder = edited_copy(
+        FIXTURES / "xs", tmp_path, gating="per-element"
+    )  # the file's gates are per head: 4 rows, not 4 x 16
     err = refusal(folder, capsys)
     assert "tensor 'blk.0.attn_gate.weight' has shape (4, 64); a softplus gate of 4 heads of 16" in err
     assert str(folder) in err

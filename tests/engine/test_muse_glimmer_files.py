@@ -5,16 +5,20 @@ file and what is wrong."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
-from family_parity import fit_predicts_the_engines_blocks, refusal
+from family_parity import (
+    edited_copy,
+    fit_predicts_the_engines_blocks,
+    forged_refusal,
+    refusal,
+    truncated_ggufs_are_refused,
+)
 from muse_glimmer_gguf import write_gguf
 
 from app.engine.loader.weights import open_checkpoint
 from app.engine.plan.fit import shape_from_checkpoint
-from tests.engine.gguf_forge import Forge
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "muse_glimmer"
 
@@ -38,19 +42,6 @@ def test_fit_counts_the_text_model_and_predicts_the_engines_blocks(source: str, 
     fit_predicts_the_engines_blocks(path)
 
 
-def _copy(tmp_path: Path, case: str = "base") -> Path:
-    folder = tmp_path / case
-    shutil.copytree(FIXTURES / case, folder)
-    return folder
-
-
-def _edit_text_config(folder: Path, **changes: object) -> None:
-    path = folder / "config.json"
-    cfg = json.loads(path.read_text(encoding="utf-8"))
-    cfg["text_config"].update(changes)
-    path.write_text(json.dumps(cfg), encoding="utf-8")
-
-
 CONFIG_CASES = {
     "layer_rope_theta of the wrong length": (
         {"layer_rope_theta": [0, 1]},
@@ -69,15 +60,14 @@ def test_a_lying_config_json_is_refused_naming_the_folder_and_the_key(
     case: str, tmp_path: Path, capsys
 ) -> None:
     changes, message = CONFIG_CASES[case]
-    folder = _copy(tmp_path)
-    _edit_text_config(folder, **changes)
+    folder = edited_copy(FIXTURES / "base", tmp_path, "text_config", **changes)
     err = refusal(folder, capsys)
     assert message in err and str(folder) in err
 
 
 def test_a_gate_projection_of_the_wrong_width_is_refused(tmp_path: Path, capsys) -> None:
     """The sigmoid gate is per element: a g_proj of one row per head is refused naming the tensor."""
-    folder = _copy(tmp_path)
+    folder = edited_copy(FIXTURES / "base", tmp_path)
     path = folder / "model.safetensors"
     raw = bytearray(path.read_bytes())
     length = int.from_bytes(raw[:8], "little")
@@ -96,12 +86,7 @@ def test_a_gate_projection_of_the_wrong_width_is_refused(tmp_path: Path, capsys)
 
 
 def test_a_truncated_gguf_is_refused(base_gguf: Path, tmp_path: Path, capsys) -> None:
-    data = base_gguf.read_bytes()
-    cut = tmp_path / "cut.gguf"
-    for size in (100, len(data) // 2, len(data) - 1):
-        cut.write_bytes(data[:size])
-        err = refusal(cut, capsys)
-        assert "truncated" in err and str(cut) in err
+    truncated_ggufs_are_refused(base_gguf, tmp_path, capsys)
 
 
 GGUF_CASES = {
@@ -129,8 +114,5 @@ def test_a_lying_gguf_header_is_refused_naming_the_file_and_the_key(
     case: str, base_gguf: Path, tmp_path: Path, capsys
 ) -> None:
     edit, message = GGUF_CASES[case]
-    forge = Forge.of(base_gguf)
-    edit(forge)
-    path = forge.write(tmp_path / "bad.gguf")
-    err = refusal(path, capsys)
+    path, err = forged_refusal(base_gguf, edit, tmp_path, capsys)
     assert message in err and str(path) in err
