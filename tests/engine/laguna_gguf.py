@@ -86,6 +86,12 @@ def write_gguf(folder: Path, out: Path) -> None:
     writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     writer.add_rope_freq_base(rope["full_attention"]["rope_theta"])
     writer.add_rope_dimension_count(int(head_dim * rope["full_attention"]["partial_rotary_factor"]))
+    if rope["full_attention"]["rope_type"] == "yarn":  # the full layers' (llama.cpp: the SWA ones unscaled)
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(rope["full_attention"]["factor"])
+        writer.add_rope_scaling_orig_ctx_len(rope["full_attention"]["original_max_position_embeddings"])
+        writer.add_rope_scaling_yarn_beta_fast(rope["full_attention"]["beta_fast"])
+        writer.add_rope_scaling_yarn_beta_slow(rope["full_attention"]["beta_slow"])
     if "sliding_attention" in cfg["layer_types"]:
         writer.add_sliding_window(cfg["sliding_window"])
         writer.add_rope_freq_base_swa(rope["sliding_attention"]["rope_theta"])

@@ -308,6 +308,29 @@ def common_from_gguf(meta: dict[str, Any], vocab_size: int) -> dict[str, Any]:
     return kwargs
 
 
+def yarn_from_gguf(meta: dict[str, Any], truncate: bool = True) -> RopeScaling | None:
+    """YaRN from llama.cpp's `rope.scaling.*` keys (None when the type is not yarn); GGUF has no key for
+    transformers' `truncate`, so the family says it."""
+    arch = meta["general.architecture"]
+    if meta.get(f"{arch}.rope.scaling.type") != "yarn":
+        return None
+    for key in ("rope.scaling.factor", "rope.scaling.original_context_length"):
+        if f"{arch}.{key}" not in meta:
+            raise CheckpointError(f"metadata has no {arch}.{key} (its RoPE is YaRN)")
+    return RopeScaling(
+        "yarn",
+        positive_number(meta[f"{arch}.rope.scaling.factor"], f"{arch}.rope.scaling.factor"),
+        original_max_position=size(
+            meta[f"{arch}.rope.scaling.original_context_length"],
+            f"{arch}.rope.scaling.original_context_length",
+            "context_length",
+        ),
+        beta_fast=float(meta.get(f"{arch}.rope.scaling.yarn_beta_fast", 32.0)),
+        beta_slow=float(meta.get(f"{arch}.rope.scaling.yarn_beta_slow", 1.0)),
+        truncate=truncate,
+    )
+
+
 def common_from_hf(cfg: dict[str, Any], architecture: str) -> dict[str, Any]:
     """The keys every Hugging Face decoder config has, as ModelConfig keyword arguments (checked:
     CheckpointError naming the config.json key that is missing or holds no real model's value)."""

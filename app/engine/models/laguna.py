@@ -7,8 +7,8 @@ A pre-norm block (no sandwich norms) with QK norms and:
   array), one KV head count;
 - sliding and full layers (`layer_types`; GGUF: `sliding_window_pattern`, a period whose first layer is
   full, or a list), each kind with its own RoPE: full layers rotate the first `partial_rotary_factor` of
-  each head (GGUF: `rope.dimension_count`) at their own base, sliding ones the whole head at theirs
-  (`rope.freq_base_swa`);
+  each head (GGUF: `rope.dimension_count`) at their own base, with YaRN where configured (GGUF:
+  `rope.scaling.*`), sliding ones the whole head at theirs (`rope.freq_base_swa`), never scaled;
 - a softplus output gate from its own projection (`g_proj`, GGUF `attn_gate`): one gate per head
   (`gating` true or "per-head") or per element ("per-element"; GGUF: told by the tensor's rows);
 - dense and sparse MLP layers (`mlp_layer_types`; GGUF: `leading_dense_block_count`): the sparse block
@@ -36,6 +36,7 @@ from app.engine.models.config import (
     common_from_hf,
     positive_number,
     size,
+    yarn_from_gguf,
 )
 from app.engine.models.family import Family, Tensors
 
@@ -175,6 +176,9 @@ def config_from_gguf(meta: dict[str, Any], vocab_size: int) -> ModelConfig:
     rotated = size(
         meta.get(f"{arch}.rope.dimension_count", head_dim), f"{arch}.rope.dimension_count", "head_dim"
     )
+    yarn = yarn_from_gguf(meta)  # the full layers' (Laguna-XS.2); the sliding layers' RoPE is plain
+    if yarn is not None:
+        kwargs["rope_scaling"] = yarn
     kwargs.update(
         layer_num_heads=counts if len(set(counts)) > 1 else (),
         qk_norm=True,
