@@ -5,6 +5,7 @@ built on a CPU kernel set, the logit check against transformers, and the whole e
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import shutil
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from gguf import GGMLQuantizationType as GQ
 from model_harness import run_logits
 
 from app.cli import main
@@ -21,14 +23,17 @@ from app.engine.backend import cpu_backend
 from app.engine.loader.weights import open_checkpoint
 from app.engine.models.registry import build_model, model_config
 from app.engine.plan.fit import FitOptions, check_fit, cpu_memory, shape_from_checkpoint
+from app.engine.quant.dispatch import QuantizedTensor
+from app.engine.quant.types import QUANT_TYPES
 from tests.engine.gguf_forge import Forge
 
 MAX_POSITIONS = 64
+F32 = QUANT_TYPES["F32"]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
 
 class ParityFixtures:
-    def __init__(self, folder: Path, write_gguf: Callable[[Path, Path], None]) -> None:
+    def __init__(self, folder: Path, write_gguf: Callable[..., None]) -> None:
         self.folder, self._write_gguf = folder, write_gguf
         self.manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
         self.tokens: list[int] = self.manifest["tokens"]
@@ -140,6 +145,31 @@ def fit_predicts_the_engines_blocks(path: Path) -> None:
         engine = LLMEngine(EngineConfig(model=str(path), device="cpu", cpu_kernels="numpy", **settings))
         report = check_fit(shape, FitOptions.from_engine(engine.config), cpu_memory())
         assert (report.kv_blocks, report.engine_context) == (engine.plan.num_blocks, engine.max_model_len)
+
+
+def q8_0_gguf_equals_its_floats(parity: ParityFixtures, case: str, tmp_path: Path, agreement: float) -> None:
+    """The case written as a Q8_0 GGUF (`parity`'s writer with a qtype): its attention gate and q in Q8_0,
+    its logits equal, within float32 rounding, those of the same file with every tensor dequantized to
+    float32 (the quantized products read the blocks as the floats say), and transformers' greedy token at
+    `agreement` of the positions or more (a sanity check of the blocks' values: a random tiny model
+    amplifies Q8_0's rounding)."""
+    path = tmp_path / "q8_0.gguf"
+    parity._write_gguf(parity.folder / case, path, GQ.Q8_0)
+    types = {name: t.qtype.name for name, t in open_checkpoint(path).tensors.items()}
+    assert types["blk.1.attn_gate.weight"] == types["blk.1.attn_q.weight"] == "Q8_0"
+    ours = _quantized_equals_its_floats(path, parity.tokens)
+    assert (ours.argmax(-1) == parity.reference(case, "logits").argmax(-1)).mean() >= agreement
+
+
+def _quantized_equals_its_floats(path: Path, tokens: list[int]) -> np.ndarray:
+    checkpoint = open_checkpoint(path)
+    floats = {n: QuantizedTensor.from_float(n, t.dequantize(), F32) for n, t in checkpoint.tensors.items()}
+    backend = cpu_backend("numpy")
+    ours = run_logits(build_model(checkpoint, backend, MAX_POSITIONS), backend, tokens, "prefill")
+    as_floats = build_model(dataclasses.replace(checkpoint, tensors=floats), backend, MAX_POSITIONS)
+    expected = run_logits(as_floats, backend, tokens, "prefill")
+    assert np.abs(ours - expected).max() <= 1e-5 * max(1.0, float(np.abs(expected).max()))
+    return ours
 
 
 def batch_of_eight_equals_alone(engine: LLMEngine) -> None:

@@ -63,7 +63,7 @@ def gguf_tensors(tensors: dict[str, np.ndarray], layers: int, experts: int) -> d
     return out
 
 
-def write_gguf(folder: Path, out: Path) -> None:
+def write_gguf(folder: Path, out: Path, qtype: GQ = GQ.BF16) -> None:
     cfg, tensors = read_hf(folder)
     layers, head_dim = cfg["num_hidden_layers"], cfg["head_dim"]
     rope = cfg["rope_parameters"]
@@ -110,15 +110,19 @@ def write_gguf(folder: Path, out: Path) -> None:
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_BF16)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     write_tokenizer(writer, cfg["vocab_size"])
-    write_tensors(writer, gguf_tensors(tensors, layers, cfg["num_experts"]))
+    write_tensors(writer, gguf_tensors(tensors, layers, cfg["num_experts"]), qtype)
 
 
-def write_tensors(writer: gguf.GGUFWriter, tensors: dict[str, np.ndarray]) -> None:
-    """Matrices as BF16 (the published weights' type: exact from the bf16 folder), vectors as F32; then the
-    file is written and closed."""
+def write_tensors(writer: gguf.GGUFWriter, tensors: dict[str, np.ndarray], qtype: GQ = GQ.BF16) -> None:
+    """Matrices as `qtype` (BF16 by default: the published weights' type, exact from the bf16 folder; the
+    routers stay F32, as llama.cpp's quantizer keeps them), vectors as F32; then the file is written."""
+    block = gguf.GGML_QUANT_SIZES[qtype][0]
     for name, data in tensors.items():
-        if data.ndim >= 2:
-            writer.add_tensor(name, gguf.quants.quantize(data, GQ.BF16), raw_dtype=GQ.BF16)
+        if data.ndim >= 2 and "ffn_gate_inp" not in name:
+            kind = qtype if data.shape[-1] % block == 0 else GQ.BF16  # rows of whole blocks, else as stored
+            writer.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)
+        elif data.ndim >= 2:
+            writer.add_tensor(name, data.astype(np.float32))
         else:
             writer.add_tensor(name, data.astype(np.float32))
     writer.write_header_to_file()

@@ -42,7 +42,9 @@ def permute(weight: np.ndarray, heads: int) -> np.ndarray:
     return weight.reshape(heads, 2, rows // heads // 2, cols).swapaxes(1, 2).reshape(rows, cols)
 
 
-def write_gguf(folder: Path, out: Path) -> None:
+def write_gguf(
+    folder: Path, out: Path, qtype: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.BF16
+) -> None:
     cfg, tensors = read_hf(folder)
     text = cfg["text_config"]
     layers, head_dim = text["num_hidden_layers"], text["head_dim"]
@@ -88,4 +90,4 @@ def write_gguf(folder: Path, out: Path) -> None:
             head_dim, text["qk_scale_factor"], np.float32
         )
         out_tensors[f"blk.{layer}.attn_k_norm.weight"] = np.ones(head_dim, np.float32)
-    write_tensors(writer, out_tensors)
+    write_tensors(writer, out_tensors, qtype)
