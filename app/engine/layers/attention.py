@@ -104,8 +104,9 @@ class Attention:
             self.sinks = backend.load_weight(tensors[f"{prefix}.attn_sinks.weight"])
         if 2 * spec.rope.cos.shape[-1] < spec.head_dim and backend.name != "cpu":
             raise NotImplementedError(
-                f"the {backend.name} backend has no partial RoPE yet (Qwen3.5, Qwen3-Next rotate "
-                f"{2 * spec.rope.cos.shape[-1]} of {spec.head_dim} dims); run this model on the CPU backend (--device cpu)"
+                f"the {backend.name} backend has no partial RoPE yet (this model's {prefix} rotates "
+                f"{2 * spec.rope.cos.shape[-1]} of {spec.head_dim} dims, as Qwen3.5, Qwen3-Next and Laguna's "
+                "full layers do); run this model on the CPU backend (--device cpu)"
             )
         self.rope = QkvRope(
             spec.num_heads, spec.num_kv_heads, spec.head_dim, *norms, spec.rope, spec.rope_interleaved
