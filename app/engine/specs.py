@@ -53,6 +53,9 @@ class MoeSpec:
     # Nemotron 3 Super: the routed experts work in a smaller space, `ffn_latent_down` before them and
     # `ffn_latent_up` after (the router and the shared expert see the hidden state itself).
     latent_size: int | None = None
+    # The router's logits tanh-softcapped (`cap * tanh(logit / cap)`) before routing (Laguna's
+    # `moe_router_logit_softcapping`); 0: none.
+    router_softcap: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ def read_hf(folder: Path) -> tuple[dict, dict[str, np.ndarray]]:
     return cfg, tensors
 
 
-def _tokenizer(writer: gguf.GGUFWriter, vocab_size: int) -> None:
+def write_tokenizer(writer: gguf.GGUFWriter, vocab_size: int) -> None:
     """A minimal SentencePiece-style vocabulary (the tests run on token ids)."""
     tokens = ["<pad>", "<eos>", "<bos>"] + [f"<tok{i}>" for i in range(3, vocab_size)]
     writer.add_tokenizer_model("llama")
@@ -105,7 +105,7 @@ def write_gguf(folder: Path, out: Path) -> None:
     writer.add_vocab_size(cfg["vocab_size"])
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_BF16)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    _tokenizer(writer, cfg["vocab_size"])
+    write_tokenizer(writer, cfg["vocab_size"])
 
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GEMMA4, layers)
     out_tensors: list[tuple[str, np.ndarray]] = []

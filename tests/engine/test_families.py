@@ -206,6 +206,10 @@ COVERED_ELSEWHERE = {
     ("qwen2vl", "gguf"): "converted at test time by tests/fixtures/make_qwen_vl_gguf.py (test_qwen_vl_gguf.py)",
     ("gemma4", "safetensors"): "tests/fixtures/gemma4 (test_gemma4.py)",
     ("gemma4", "gguf"): "written at test time by tests/engine/gemma4_gguf.py (test_gemma4.py)",
+    ("laguna", "safetensors"): "tests/fixtures/laguna (test_laguna.py)",
+    ("laguna", "gguf"): "written at test time by tests/engine/laguna_gguf.py (test_laguna.py)",
+    ("muse-glimmer", "safetensors"): "tests/fixtures/muse_glimmer (test_muse_glimmer.py)",
+    ("muse-glimmer", "gguf"): "written at test time by tests/engine/muse_glimmer_gguf.py (test_muse_glimmer.py)",
     **{
         (arch, fmt): "tests/fixtures/hybrid/ HF folders, GGUFs written at test time (test_hybrid_qwen.py)"
         for arch in ("qwen35", "qwen35moe", "qwen3next")

@@ -19,40 +19,17 @@ every position; the first generated token's top-5 log-probs within 1e-3.
 
 from __future__ import annotations
 
-import functools
-import json
 from pathlib import Path
 
-import numpy as np
 import pytest
+from family_parity import GREEDY, ParityFixtures, batch_of_eight_equals_alone, engine_for
 from gemma4_gguf import write_gguf
-from model_harness import MODES, run_logits
-
-from app.engine import EngineConfig, LLMEngine, SamplingParams
-from app.engine.backend import cpu_backend
-from app.engine.loader.weights import open_checkpoint
-from app.engine.models.registry import build_model, model_config
+from model_harness import MODES
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gemma4"
-MANIFEST = json.loads((FIXTURES / "manifest.json").read_text(encoding="utf-8"))
-TOKENS: list[int] = MANIFEST["tokens"]
-PROMPT_LEN: int = MANIFEST["prompt_len"]
-CASES = sorted(MANIFEST["cases"])
+PARITY = ParityFixtures(FIXTURES, write_gguf)
+CASES = PARITY.cases
 RTOL = 3e-5  # measured: <= 1.3e-5 of the scale over every case, mode and kernel set
-MAX_POSITIONS = 64
-
-
-@functools.cache
-def reference(case: str, what: str) -> np.ndarray:
-    with np.load(FIXTURES / "references.npz") as refs:
-        return refs[f"{case}.{what}"]
-
-
-@functools.cache
-def gguf_path(case: str, tmp_root: str) -> Path:
-    out = Path(tmp_root) / f"gemma4-{case}.gguf"
-    write_gguf(FIXTURES / case, out)
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -60,75 +37,27 @@ def gguf_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(tmp_path_factory.mktemp("gemma4-gguf"))
 
 
-def checkpoint_path(case: str, fmt: str, gguf_dir: str) -> Path:
-    return FIXTURES / case if fmt == "hf" else gguf_path(case, gguf_dir)
-
-
-@functools.cache
-def model(path: Path, kernels: str):
-    checkpoint = open_checkpoint(path)
-    backend = cpu_backend(kernels)
-    return build_model(checkpoint, backend, MAX_POSITIONS, model_config(checkpoint)), backend
-
-
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x - x.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
-
-
 @pytest.mark.parametrize("kernels", ["numpy", "numba"])
 @pytest.mark.parametrize("fmt", ["hf", "gguf"])
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("case", CASES)
 def test_logits_match_transformers(case: str, mode: str, fmt: str, kernels: str, gguf_dir: str) -> None:
-    built, backend = model(checkpoint_path(case, fmt, gguf_dir), kernels)
-    ours = run_logits(built, backend, TOKENS, mode)
-    expected = reference(case, "logits")
-    tol = RTOL * max(1.0, float(np.abs(expected).max()))
-    worst = float(np.abs(ours - expected).max())
-    assert worst <= tol, (
-        f"{case} ({fmt}, {mode}, {kernels}): max |ours - transformers| = {worst:.3g} > {tol:.3g}"
+    PARITY.check_logits(
+        case, PARITY.path(case, fmt, gguf_dir), f"{fmt}, {mode}, {kernels}", mode, kernels, RTOL
     )
-    assert (ours.argmax(-1) == expected.argmax(-1)).all(), f"{case} ({fmt}, {mode}): a greedy token differs"
-    first = PROMPT_LEN - 1  # the first generated token's distribution
-    top5 = np.argsort(-expected[first])[:5]
-    diff = np.abs(log_softmax(ours[first])[top5] - log_softmax(expected[first])[top5]).max()
-    assert diff <= 1e-3, f"{case} ({fmt}, {mode}): top-5 log-probs differ by {diff:.3g}"
-
-
-def engine_for(path: Path, kernels: str = "numpy") -> LLMEngine:
-    """The whole CPU engine on a fixture, prefill in chunks of 16 tokens (a 40-token prompt takes three)."""
-    return LLMEngine(
-        EngineConfig(
-            model=str(path),
-            device="cpu",
-            cpu_kernels=kernels,
-            max_num_seqs=8,
-            max_num_batched_tokens=16,
-            max_model_len=64,
-        )
-    )
-
-
-GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
 
 @pytest.mark.parametrize("fmt", ["hf", "gguf"])
 @pytest.mark.parametrize("case", CASES)
 def test_engine_greedy_tokens_equal_transformers(case: str, fmt: str, gguf_dir: str) -> None:
-    engine = engine_for(checkpoint_path(case, fmt, gguf_dir))
-    [result] = engine.generate([TOKENS[:PROMPT_LEN]], GREEDY)
-    assert result["token_ids"] == reference(case, "greedy").tolist()
+    engine = engine_for(PARITY.path(case, fmt, gguf_dir))
+    [result] = engine.generate([PARITY.tokens[: PARITY.prompt_len]], GREEDY)
+    assert result["token_ids"] == PARITY.reference(case, "greedy").tolist()
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_a_sequence_decodes_the_same_alone_and_in_a_batch_of_eight(case: str) -> None:
-    engine = engine_for(FIXTURES / case, kernels="numba")
-    rng = np.random.default_rng(7)
-    prompts = [[int(t) for t in rng.integers(3, 256, n)] for n in (5, 9, 17, 23, 31, 12, 40, 3)]
-    together = [r["token_ids"] for r in engine.generate(prompts, GREEDY)]
-    alone = [engine.generate([p], GREEDY)[0]["token_ids"] for p in prompts]
-    assert together == alone
+    batch_of_eight_equals_alone(engine_for(FIXTURES / case, kernels="numba"))
 
 
 def test_shared_kv_layers_own_no_cache_and_the_pool_counts_only_owners() -> None:

@@ -44,6 +44,10 @@ class AttentionSpec:
     # Qwen3.5 / Qwen3-Next: `attn_q` gives each head's query and an output gate side by side
     # ([q_h, gate_h] per head); the attention output is multiplied by sigmoid(gate) before attn_output.
     output_gate: bool = False
+    # The output multiplied by a gate from its own projection `attn_gate` of the layer's normed input
+    # (fused after q, k, v): softplus per head ("softplus_head") or per element ("softplus") (Laguna),
+    # sigmoid per element ("sigmoid") (Muse Glimmer).
+    gate_proj: str | None = None
 
 
 class Attention:
@@ -62,6 +66,9 @@ class Attention:
             query, gate = split_query_gate(weights[0], spec.num_heads, spec.head_dim)
             weights, biases = [query, *weights[1:], gate], [*biases, None]
             self.gate_cols = spec.num_heads * spec.head_dim
+        if spec.gate_proj is not None:
+            weights, biases = [*weights, _gate_weight(tensors, prefix, spec)], [*biases, None]
+            self.gate_cols = weights[-1].shape[0]
         parts = [Linear(backend, w, b) for w, b in zip(weights, biases, strict=True)]
         self.qkv = backend.fuse_linear([p.weight for p in parts], [p.bias for p in parts])
         self.o = Linear(
@@ -97,8 +104,9 @@ class Attention:
             self.sinks = backend.load_weight(tensors[f"{prefix}.attn_sinks.weight"])
         if 2 * spec.rope.cos.shape[-1] < spec.head_dim and backend.name != "cpu":
             raise NotImplementedError(
-                f"the {backend.name} backend has no partial RoPE yet (Qwen3.5, Qwen3-Next rotate "
-                f"{2 * spec.rope.cos.shape[-1]} of {spec.head_dim} dims); run this model on the CPU backend (--device cpu)"
+                f"the {backend.name} backend has no partial RoPE yet (this model's {prefix} rotates "
+                f"{2 * spec.rope.cos.shape[-1]} of {spec.head_dim} dims, as Qwen3.5, Qwen3-Next and Laguna's "
+                "full layers do); run this model on the CPU backend (--device cpu)"
             )
         self.rope = QkvRope(
             spec.num_heads, spec.num_kv_heads, spec.head_dim, *norms, spec.rope, spec.rope_interleaved
@@ -138,9 +146,21 @@ class Attention:
         n_tokens = qkv.shape[0]
         out = out.reshape(n_tokens, s.num_heads * s.head_dim)
         if gate is not None:
-            one = gate.dtype.type(1.0)
-            out = out * (one / (one + self.backend.xp.exp(-gate))).astype(out.dtype, copy=False)
+            out = self._gated(out, gate)
         return self.o(out)
+
+    def _gated(self, out: Any, gate: Any) -> Any:
+        """The attention output `[T, heads * dim]` times its gate: sigmoid (Qwen, Muse Glimmer) or softplus
+        (Laguna), per element or, for a gate of one column per head, broadcast over each head's dims."""
+        xp, s = self.backend.xp, self.spec
+        if s.gate_proj in (None, "sigmoid"):
+            one = gate.dtype.type(1.0)
+            return out * (one / (one + xp.exp(-gate))).astype(out.dtype, copy=False)
+        factor = xp.logaddexp(gate.dtype.type(0.0), gate).astype(out.dtype, copy=False)
+        if s.gate_proj != "softplus_head":
+            return out * factor
+        heads = out.reshape(out.shape[0], s.num_heads, s.head_dim) * factor[:, :, None]
+        return heads.reshape(out.shape)
 
     def _normed_values(self, qkv: Any) -> Any:
         """`qkv` with its value columns RMS-normalised per head (no learned scale): Gemma 4's v_norm."""
@@ -186,6 +206,21 @@ class Attention:
             b.xp, q, k_cache, v_cache, meta, s.scale, s.sliding_window, s.softcap, meta.image_spans
         )
         return out.astype(q.dtype, copy=False)
+
+
+def _gate_weight(tensors: dict[str, QuantizedTensor], prefix: str, spec: AttentionSpec) -> QuantizedTensor:
+    """The gate's projection `attn_gate [heads or heads * head_dim, hidden]`, checked against its kind."""
+    name = f"{prefix}.attn_gate.weight"
+    weight = tensors.get(name)
+    if weight is None:
+        raise CheckpointError(f"tensor {name!r} (the attention output gate) is missing")
+    rows = spec.num_heads if spec.gate_proj == "softplus_head" else spec.num_heads * spec.head_dim
+    if weight.shape[0] != rows:
+        raise CheckpointError(
+            f"tensor {name!r} has {weight.shape[0]} rows; a {spec.gate_proj} gate of "
+            f"{spec.num_heads} heads of {spec.head_dim} has {rows}"
+        )
+    return weight
 
 
 def split_query_gate(

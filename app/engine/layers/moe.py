@@ -98,8 +98,10 @@ class MoE:
             self.gate_up = [backend.load_weight(w) for w in up_w]
             return
         gate_w, gate_b = experts("gate")
-        # the grouped kernels take no per-expert scale, no latent space, and only the routings they compute
-        device_routing = spec.routing in DEVICE_ROUTINGS and scale is None and spec.latent_size is None
+        # the grouped kernels take no per-expert scale, no latent space, no router softcap and only the
+        # routings they compute on the device
+        device_routing = (spec.routing in DEVICE_ROUTINGS and scale is None and spec.latent_size is None
+                          and not spec.router_softcap)  # fmt: skip
         load = getattr(backend, "load_experts", None) if device_routing else None
         self.grouped = None if load is None else load(spec, [gate_w, up_w, down_w], [gate_b, up_b, down_b])
         if self.grouped is not None:

@@ -38,6 +38,8 @@ HF_ARCHITECTURES: dict[str, str] = {
     "Qwen3NextForCausalLM": "qwen3next",
     "NemotronHForCausalLM": "nemotron_h",  # with or without experts (GGUF: nemotron_h / nemotron_h_moe)
     "GraniteMoeHybridForCausalLM": "granitehybrid",
+    "LagunaForCausalLM": "laguna",
+    "MuseGlimmerForConditionalGeneration": "muse-glimmer",  # its text part; the vision side is skipped
 }
 _HF_MODEL_TYPES: dict[str, str] = {
     "gemma3": "gemma3",
@@ -58,6 +60,8 @@ _HF_MODEL_TYPES: dict[str, str] = {
     "qwen3_next": "qwen3next",
     "nemotron_h": "nemotron_h",
     "granitemoehybrid": "granitehybrid",
+    "laguna": "laguna",
+    "muse_glimmer": "muse-glimmer",
 }
 
 # Where the text model sits inside the checkpoint: plain CausalLM, the language model of a
@@ -205,6 +209,17 @@ LAYER_MODULES: dict[str, dict[str, str]] = {
     "qwen3next": {**_QWEN35, **_ROUTER, **_SHARED_EXPERT},
     "nemotron_h": _NEMOTRON_H,
     "granitehybrid": _GRANITE_HYBRID,
+    # Laguna: its attention output gate's own projection, sparse layers' router and shared expert
+    "laguna": {
+        **_ATTENTION_AND_MLP,
+        **_PRE_MLP_NORM,
+        **_QK_NORMS,
+        **_ROUTER,
+        **_SHARED_EXPERT,
+        "self_attn.g_proj": "attn_gate",
+    },
+    # Muse Glimmer: Gemma's sandwich norms, an output gate from its own projection (no QK norm weights)
+    "muse-glimmer": {**_ATTENTION_AND_MLP, **_GEMMA_SANDWICH_NORMS, "self_attn.gate_proj": "attn_gate"},
 }
 # Parameters saved under their own name, not as `<module>.weight` (HF layer path -> GGUF name).
 # GPT-OSS keeps its experts stacked, input-major, gate and up interleaved: models/gpt_oss.py
@@ -245,6 +260,7 @@ BARE_PARAMETERS: dict[str, dict[str, str]] = {
         "mixer.experts.down_proj": "ffn_down_exps.weight",
     },
     "granitehybrid": _mamba2_parameters("mamba"),
+    "laguna": {"mlp.experts.e_score_correction_bias": "exp_probs_b.bias"},
 }
 
 # Tensors that are in some checkpoints but carry nothing the engine uses.
@@ -253,6 +269,7 @@ _SKIPPED = re.compile(
     r"|^(model\.)?(vision_tower|multi_modal_projector)\."  # Gemma 3's image side
     r"|^(model\.)?(audio_tower|embed_vision|embed_audio)\."  # Gemma 4's image and audio sides
     r"|^(model\.)?visual\."  # Qwen2.5-VL's, Qwen3.5's
+    r"|^model\.(vision_adapter|vision_projection)\."  # Muse Glimmer's projector (its tower: vision_tower)
     r"|^mtp\."  # Qwen3.5 / Qwen3-Next multi-token prediction heads (speculative decoding: unused)
 )
 _LAYER_NAME = re.compile(r"^layers\.(\d+)\.(.+)\.(weight|bias)$")

@@ -66,7 +66,7 @@ def _check_blocks(cfg: ModelConfig, tensors: dict[str, QuantizedTensor], key: Ca
     for layer in range(cfg.num_layers):
         values = {
             "hidden_size": cfg.hidden_size,
-            "num_heads": cfg.num_heads,
+            "num_heads": cfg.heads_of(layer),
             "num_kv_heads": cfg.kv_heads_of(layer),
             "head_dim": cfg.head_dim_of(layer),
             "intermediate_size": cfg.intermediate_of(layer),
@@ -87,8 +87,24 @@ def _check_blocks(cfg: ModelConfig, tensors: dict[str, QuantizedTensor], key: Ca
                 raise CheckpointError(
                     f"tensor {name!r} has shape {tensor.shape}, but {fields} make it {wanted}"
                 )
+        if cfg.gate_proj is not None and cfg.mixer(layer) == MIXER_ATTENTION:
+            _check_gate(cfg, tensors, layer)
     if cfg.moe is not None:
         _check_routers(cfg, tensors)
+
+
+def _check_gate(cfg: ModelConfig, tensors: dict[str, QuantizedTensor], layer: int) -> None:
+    """An output gate's projection: a row per head, or per head and dim (`ModelConfig.gate_rows_per_head`)."""
+    name, heads = f"blk.{layer}.attn_gate.weight", cfg.heads_of(layer)
+    rows = heads * cfg.gate_rows_per_head
+    gate = tensors.get(name)
+    if gate is None:
+        raise CheckpointError(f"tensor {name!r} (the attention output gate) is missing")
+    if gate.shape != (rows, cfg.hidden_size):
+        raise CheckpointError(
+            f"tensor {name!r} has shape {gate.shape}; a {cfg.gate_proj} gate of {heads} heads "
+            f"of {cfg.head_dim_of(layer)} makes it {(rows, cfg.hidden_size)}"
+        )
 
 
 def _layer_parts(cfg: ModelConfig, layer: int, tensors: dict[str, QuantizedTensor]) -> list[str]:

@@ -30,6 +30,10 @@ MIXER_NONE = "none"
 RECURRENT_MIXERS = (MIXER_GATED_DELTANET, MIXER_MAMBA2)
 # What a layer's feed-forward is: "dense" (gated MLP), "moe" (cfg.moe), "none" (a mixer-only layer).
 FFN_DENSE, FFN_MOE, FFN_NONE = "dense", "moe", "none"
+# An attention output gate's own projection (`gate_proj`): softplus, one per head or per element (Laguna),
+# or sigmoid per element (Muse Glimmer).
+GATE_SOFTPLUS_HEAD, GATE_SOFTPLUS, GATE_SIGMOID = "softplus_head", "softplus", "sigmoid"
+GATE_PROJ_KINDS = (GATE_SOFTPLUS_HEAD, GATE_SOFTPLUS, GATE_SIGMOID)
 
 
 @dataclass(frozen=True)
@@ -91,11 +95,25 @@ class ModelConfig:
     per_layer_input_size: int = 0  # per-layer input embeddings (Gemma 4's PLE), per layer and token
     layer_output_scale: bool = False  # each layer's output stream times a learned scalar (Gemma 4)
     moe_beside_mlp: bool = False  # experts added to the dense MLP's output in every layer (Gemma 4)
-    layer_intermediate_sizes: tuple[int, ...] = ()  # per layer, where MLP widths differ (Gemma 4's double-wide)
+    layer_intermediate_sizes: tuple[
+        int, ...
+    ] = ()  # per layer, where MLP widths differ (Gemma 4's double-wide)
     # Blocks a file holds past num_layers that the decoder does not run (the multi-token-prediction block
     # llama.cpp's converter appends to Qwen3.5 GGUFs: `nextn_predict_layers`); their tensors stay unread.
     trailing_blocks: int = 0
     use_rope: bool = True  # False: attention without positions (NoPE: Nemotron-H, Granite 4.0-H)
+    # Per-layer query head counts (Laguna's `num_attention_heads_per_layer`); empty: every layer has
+    # `num_heads` (which is then the largest layer's, what the memory plan counts).
+    layer_num_heads: tuple[int, ...] = ()
+    # An attention output gate from its own projection (`attn_gate`) of the layer's normed input, times the
+    # attention output before attn_output (GATE_PROJ_KINDS: Laguna's softplus per head or per element, Muse
+    # Glimmer's sigmoid per element); None: no such gate.
+    gate_proj: str | None = None
+    # Muse Glimmer: the embeddings RMS-normalised without a scale; the sandwich norms after attention and the
+    # MLP with an epsilon of their own (None: rms_norm_eps); per layer, attention without RoPE (NoPE).
+    embedding_norm: bool = False
+    post_norm_eps: float | None = None
+    layer_nope: tuple[bool, ...] = ()
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -106,6 +124,9 @@ class ModelConfig:
     @property
     def attention_scale(self) -> float:
         return self.query_scale if self.query_scale is not None else 1.0 / math.sqrt(self.head_dim)
+
+    def is_nope(self, layer: int) -> bool:
+        return not self.use_rope or (bool(self.layer_nope) and self.layer_nope[layer])
 
     def is_sliding(self, layer: int) -> bool:
         return bool(self.layer_sliding) and self.layer_sliding[layer]
@@ -122,7 +143,17 @@ class ModelConfig:
         return self.layer_head_dims[layer] if self.layer_head_dims else self.head_dim
 
     def intermediate_of(self, layer: int) -> int:
-        return self.layer_intermediate_sizes[layer] if self.layer_intermediate_sizes else self.intermediate_size
+        return (
+            self.layer_intermediate_sizes[layer] if self.layer_intermediate_sizes else self.intermediate_size
+        )
+
+    @property
+    def gate_rows_per_head(self) -> int:
+        """Rows of `attn_gate` per query head: 1 for a gate per head, else the head's dims."""
+        return 1 if self.gate_proj == GATE_SOFTPLUS_HEAD else self.head_dim
+
+    def heads_of(self, layer: int) -> int:
+        return self.layer_num_heads[layer] if self.layer_num_heads else self.num_heads
 
     def kv_heads_of(self, layer: int) -> int:
         return self.layer_kv_heads[layer] if self.layer_kv_heads else self.num_kv_heads
@@ -275,6 +306,29 @@ def common_from_gguf(meta: dict[str, Any], vocab_size: int) -> dict[str, Any]:
     if scaling_type == "linear" and factor:
         kwargs["rope_scaling"] = RopeScaling("linear", positive_number(factor, f"{arch}.rope.scaling.factor"))
     return kwargs
+
+
+def yarn_from_gguf(meta: dict[str, Any], truncate: bool = True) -> RopeScaling | None:
+    """YaRN from llama.cpp's `rope.scaling.*` keys (None when the type is not yarn); GGUF has no key for
+    transformers' `truncate`, so the family says it."""
+    arch = meta["general.architecture"]
+    if meta.get(f"{arch}.rope.scaling.type") != "yarn":
+        return None
+    for key in ("rope.scaling.factor", "rope.scaling.original_context_length"):
+        if f"{arch}.{key}" not in meta:
+            raise CheckpointError(f"metadata has no {arch}.{key} (its RoPE is YaRN)")
+    return RopeScaling(
+        "yarn",
+        positive_number(meta[f"{arch}.rope.scaling.factor"], f"{arch}.rope.scaling.factor"),
+        original_max_position=size(
+            meta[f"{arch}.rope.scaling.original_context_length"],
+            f"{arch}.rope.scaling.original_context_length",
+            "context_length",
+        ),
+        beta_fast=float(meta.get(f"{arch}.rope.scaling.yarn_beta_fast", 32.0)),
+        beta_slow=float(meta.get(f"{arch}.rope.scaling.yarn_beta_slow", 1.0)),
+        truncate=truncate,
+    )
 
 
 def common_from_hf(cfg: dict[str, Any], architecture: str) -> dict[str, Any]:

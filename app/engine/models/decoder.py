@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from app.engine.backend.base import AttentionMetadata, RopeTable
 from app.engine.layers.attention import Attention, AttentionSpec
 from app.engine.layers.embedding import Embedding
@@ -37,6 +39,9 @@ from app.engine.models.config import (
     ModelConfig,
 )
 from app.engine.quant.dispatch import QuantizedTensor
+from app.engine.quant.types import QUANT_TYPES
+
+F32 = QUANT_TYPES["F32"]
 
 
 class DecoderLayer:
@@ -71,8 +76,9 @@ class DecoderLayer:
         self.residual_scale = None if cfg.residual_scale is None else float(cfg.residual_scale)
         self.post_attn_norm = self.post_ffn_norm = None
         if cfg.sandwich_norm:
-            self.post_attn_norm = RMSNorm(backend, tensors[f"{prefix}.post_attention_norm.weight"], eps)
-            self.post_ffn_norm = RMSNorm(backend, tensors[f"{prefix}.post_ffw_norm.weight"], eps)
+            post_eps = eps if cfg.post_norm_eps is None else cfg.post_norm_eps
+            self.post_attn_norm = RMSNorm(backend, tensors[f"{prefix}.post_attention_norm.weight"], post_eps)
+            self.post_ffn_norm = RMSNorm(backend, tensors[f"{prefix}.post_ffw_norm.weight"], post_eps)
         # Gemma 4: experts beside the MLP, the per-layer input, a scalar on the layer's output stream
         self.experts_beside = ExpertsBesideMlp(backend, cfg, tensors, prefix) if cfg.moe_beside_mlp else None
         self.input_gate = LayerInputGate(backend, tensors, prefix, eps) if cfg.per_layer_input_size else None
@@ -155,18 +161,22 @@ class DecoderModel:
         self.backend = backend
         self.embed = Embedding(backend, tensors["token_embd.weight"], cfg.embedding_scale)
         self._max_positions, self._freq_factors = max_positions, freq_factors
-        self._rope_tables: dict[tuple[int, bool], RopeTable] = {}
+        self._rope_tables: dict[tuple[int, bool, bool], RopeTable] = {}
         # M-RoPE gathers its rows per step from the host tables
         self._host_rope = self._host_tables(cfg.head_dim, local=False) if cfg.mrope_section else None
         self.layers = []
         for i in range(cfg.num_layers):
             sliding = cfg.is_sliding(i)
             spec = AttentionSpec(
-                num_heads=cfg.num_heads,
+                num_heads=cfg.heads_of(i),
                 num_kv_heads=cfg.kv_heads_of(i),
                 head_dim=cfg.head_dim_of(i),
                 scale=cfg.attention_scale,
-                rope=self._rope(cfg.head_dim_of(i), local=sliding and cfg.rope_theta_local is not None),
+                rope=self._rope(
+                    cfg.head_dim_of(i),
+                    local=sliding and cfg.rope_theta_local is not None,
+                    nope=cfg.is_nope(i),
+                ),
                 rope_interleaved=cfg.rope_interleaved,
                 sliding_window=cfg.sliding_window if sliding else None,
                 softcap=cfg.attn_softcap,
@@ -175,6 +185,7 @@ class DecoderModel:
                 kv_shared=cfg.kv_source(i) != i,
                 value_norm_eps=cfg.rms_norm_eps if cfg.value_norm else None,
                 output_gate=cfg.attn_output_gate,
+                gate_proj=cfg.gate_proj,
             )
             self.layers.append(DecoderLayer(backend, cfg, tensors, i, spec))
         self.per_layer_inputs = None
@@ -183,6 +194,12 @@ class DecoderModel:
                 backend, tensors, cfg.num_layers, cfg.per_layer_input_size, cfg.rms_norm_eps
             )
         self.norm = RMSNorm(backend, tensors["output_norm.weight"], cfg.rms_norm_eps)
+        self.embed_norm = None  # Muse Glimmer: the embeddings RMS-normalised, no scale
+        if cfg.embedding_norm:
+            ones = np.ones(cfg.hidden_size, np.float32)
+            self.embed_norm = RMSNorm(
+                backend, QuantizedTensor.from_float("embed_norm", ones, F32), cfg.rms_norm_eps
+            )
         output = tensors.get("output.weight")
         if output is None or cfg.tie_word_embeddings:
             embedding = tensors["token_embd.weight"]
@@ -190,27 +207,28 @@ class DecoderModel:
         else:
             self.lm_head = Linear(backend, output)
 
-    def _host_tables(self, head_dim: int, local: bool) -> tuple[Any, Any]:
+    def _host_tables(self, head_dim: int, local: bool, nope: bool = False) -> tuple[Any, Any]:
         """cos/sin tables for heads of `head_dim`: the sliding layers' own base (`local`), or the global
-        base with its scaling, the checkpoint's frequency factors and proportional RoPE (Gemma 4)."""
+        base with its scaling, the checkpoint's frequency factors and proportional RoPE (Gemma 4); for
+        a NoPE layer (`nope`) every angle is 0 (cos 1, sin 0), which turns q and k by nothing, exactly."""
         cfg = self.config
+        if nope:  # one identity row, broadcast: no memory however many positions (a NoPE GGUF says 2^20)
+            return identity_table(head_dim // 2, self._max_positions)
         if local:
             assert cfg.rope_theta_local is not None
             return cos_sin_table(inverse_frequencies(head_dim, cfg.rope_theta_local), self._max_positions)
         # partial RoPE (Qwen3.5, Qwen3-Next): the frequencies of the rotated dims only
         rotated = cfg.rotary_dim or head_dim
         inverse = inverse_frequencies(rotated, cfg.rope_theta, cfg.rope_scaling, self._freq_factors)
-        if not cfg.use_rope:  # NoPE (Nemotron-H, Granite 4.0-H): one identity row, broadcast
-            return identity_table(inverse.shape[0], self._max_positions)
         if cfg.global_rope_fraction is not None:  # the pairs past the rotated share keep frequency 0
             inverse = inverse.copy()
             inverse[int(cfg.global_rope_fraction * head_dim // 2) :] = 0.0
         return cos_sin_table(inverse, self._max_positions, attention_factor(cfg.rope_scaling))
 
-    def _rope(self, head_dim: int, local: bool) -> RopeTable:
-        key = (head_dim, local)
+    def _rope(self, head_dim: int, local: bool, nope: bool = False) -> RopeTable:
+        key = (head_dim, local, nope)
         if key not in self._rope_tables:
-            self._rope_tables[key] = self.backend.rope_table(*self._host_tables(head_dim, local))
+            self._rope_tables[key] = self.backend.rope_table(*self._host_tables(head_dim, local, nope))
         return self._rope_tables[key]
 
     @property
@@ -244,6 +262,8 @@ class DecoderModel:
         `embeds = (rows, values)` replaces the embeddings of flat rows `rows` by `values` (an image's
         soft tokens, which are not scaled like token embeddings)."""
         h, residual = self.embed(token_ids), None
+        if self.embed_norm is not None:
+            h = self.embed_norm(h)
         layer_inputs = None if self.per_layer_inputs is None else self.per_layer_inputs(token_ids, h)
         if embeds is not None:
             rows, values = embeds

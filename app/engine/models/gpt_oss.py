@@ -21,11 +21,11 @@ from app.engine.loader.names import CheckpointError
 from app.engine.models.config import (
     ModelConfig,
     MoeSpec,
-    RopeScaling,
     common_from_gguf,
     common_from_hf,
     positive_number,
     size,
+    yarn_from_gguf,
 )
 from app.engine.models.family import Family, Tensors
 from app.engine.quant.dispatch import QuantizedTensor
@@ -59,16 +59,9 @@ def config_from_gguf(meta: dict[str, Any], vocab_size: int) -> ModelConfig:
         routing="topk_softmax", normalize=False, activation="swiglu_oai", swiglu_limit=SWIGLU_LIMIT,
         swiglu_alpha=SWIGLU_ALPHA,
     )  # fmt: skip
-    if meta.get(f"{arch}.rope.scaling.type") == "yarn":
-        kwargs["rope_scaling"] = RopeScaling(
-            "yarn",
-            positive_number(need("rope.scaling.factor"), f"{arch}.rope.scaling.factor"),
-            original_max_position=size(need("rope.scaling.original_context_length"),
-                                       f"{arch}.rope.scaling.original_context_length", "context_length"),
-            beta_fast=float(meta.get(f"{arch}.rope.scaling.yarn_beta_fast", 32.0)),
-            beta_slow=float(meta.get(f"{arch}.rope.scaling.yarn_beta_slow", 1.0)),
-            truncate=False,  # the released config.json says so; GGUF has no key for it
-        )  # fmt: skip
+    yarn = yarn_from_gguf(meta, truncate=False)  # the released config.json says so; GGUF has no key for it
+    if yarn is not None:
+        kwargs["rope_scaling"] = yarn
     return _flags(kwargs, moe, _alternating(kwargs["num_layers"]))
 
 

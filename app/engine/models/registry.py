@@ -28,6 +28,8 @@ _FAMILY_MODULES = {
     "nemotron_h": "app.engine.models.nemotron_h",
     "nemotron_h_moe": "app.engine.models.nemotron_h",  # the same family with experts
     "granitehybrid": "app.engine.models.granite_hybrid",
+    "laguna": "app.engine.models.laguna",
+    "muse-glimmer": "app.engine.models.muse_glimmer",
 }
 
 

@@ -48,6 +48,9 @@ def route(xp: Any, logits: Any, spec: MoeSpec, score_bias: Any = None) -> tuple[
     """Each token's k expert ids (best first) and their weights, as the family's router computes them
     (`score_bias`: sigmoid_grouped's per-expert bias on the choice, none if None)."""
     k = spec.num_used
+    if spec.router_softcap:
+        cap = logits.dtype.type(spec.router_softcap)
+        logits = xp.tanh(logits / cap) * cap
     if spec.routing == "sigmoid_grouped":
         return _sigmoid_grouped(xp, logits, spec, score_bias)
     chosen = xp.argsort(-logits, axis=-1, kind="stable")[:, :k]

@@ -20,6 +20,7 @@ from app.engine.models.config import GGUF_KEYS, ModelConfig, common_from_gguf, c
 from app.engine.plan.vision_fit import (
     VisionShape,
     is_vision_tensor,
+    takes_images,
     vision_beside_gguf,
     vision_from_hf_config,
 )
@@ -161,8 +162,10 @@ def shape_of(checkpoint: Any, cfg: ModelConfig) -> ModelShape:
         expert_bytes = sum(t.nbytes for name, t in checkpoint.tensors.items() if "_exps" in name)
     if checkpoint.format == "gguf":
         vision = vision_beside_gguf(checkpoint.path, checkpoint.architecture)
-    else:
-        vision = _hf_folder_vision(Path(checkpoint.path), checkpoint.hf_config or {})
+    else:  # a folder's tower counts where the engine gives its family one (Muse Glimmer's is skipped)
+        vision = None
+        if takes_images(checkpoint.architecture):
+            vision = _hf_folder_vision(Path(checkpoint.path), checkpoint.hf_config or {})
         cfg = replace(cfg, architecture=hf_architecture(checkpoint.hf_config or {}))  # the name, as above
     return shape_from_config(cfg, weight_bytes, expert_bytes, vision)
 
