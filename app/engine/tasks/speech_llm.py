@@ -1,0 +1,127 @@
+"""Transcription by a speech LLM (Qwen3-ASR): an audio encoder in front of a decoder the engine
+runs, beside faster-whisper's `Transcriber` and answering the same calls (`paddock serve --asr-model`).
+
+The model is a task model (tasks/task_model.py: its own `LLMEngine`, one sequence at a time, behind a
+lock) whose runner gets the audio encoder as its soft-token embedder: the clip's log-mel goes in as
+the prompt's run of `<|audio_pad|>` tokens, spliced as image soft tokens are. The reply names the
+language (unless one was forced) before `<asr_text>`; the model gives no timestamps, so the transcript
+is one segment over the whole clip.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from app.engine.loader.names import CheckpointError
+from app.engine.models.audio import load_audio_encoder
+from app.engine.models.audio.qwen3_asr_prompter import Qwen3AsrPrompter
+from app.engine.sampling_params import SamplingParams
+from app.engine.tasks.audio import (
+    SAMPLE_RATE,
+    AudioError,
+    AudioInput,
+    CancelCheck,
+    ProgressCallback,
+    Segment,
+    Transcript,
+    TranscriptionCancelled,
+    decode_audio,
+)
+from app.engine.tasks.task_model import TaskModel
+from app.engine.tasks.transcript_formats import language_code
+from app.engine.worker.images import ImageEmbedder
+
+ASR_CONTEXT = 8192  # prompt + reply tokens: 13 audio tokens a second, so about eight minutes of audio
+MAX_REPLY_TOKENS = 1024
+
+
+class SpeechLLMTranscriber:
+    """A Qwen3-ASR folder as a transcriber; `transcribe` as `Transcriber.transcribe`."""
+
+    loaded = True  # loaded when made: the engine is built at start, like the chat model
+
+    def __init__(self, task: TaskModel, prompter: Qwen3AsrPrompter, max_reply_tokens: int = MAX_REPLY_TOKENS):
+        self.task, self.prompter = task, prompter
+        self.model_name = task.name
+        self.max_reply_tokens = max_reply_tokens
+
+    @classmethod
+    def load(cls, path: str | Path, device: str = "auto", context: int = ASR_CONTEXT) -> SpeechLLMTranscriber:
+        """The speech LLM at `path` (a Hugging Face folder); errors name the path and the problem."""
+        path = Path(path)
+        config_file = path / "config.json"
+        if not path.is_dir() or not config_file.is_file():
+            raise CheckpointError(f"ASR model {path}: not a model folder (no config.json)")
+        task = TaskModel.load(path, "ASR", device, context)
+        engine = task.engine
+        try:
+            encoder = load_audio_encoder(path, engine.checkpoint.hf_config or {}, engine.backend)
+        except ValueError as exc:
+            raise CheckpointError(f"ASR model {exc}" if str(path) in str(exc) else f"ASR model {path}: {exc}") from None
+        if encoder is None:
+            raise CheckpointError(
+                f"ASR model {path}: {config_file.name} names {engine.checkpoint.architecture}, not a speech model "
+                "(Qwen3ASRForConditionalGeneration)"
+            )
+        hidden = engine.model_config.hidden_size
+        if encoder.config.output_dim != hidden:
+            raise CheckpointError(
+                f"ASR model {path}: the audio projector outputs width {encoder.config.output_dim}, "
+                f"the text model's is {hidden}"
+            )
+        engine.runner.images = ImageEmbedder(encoder, engine.backend)
+        engine.vision = prompter = Qwen3AsrPrompter(encoder.config, engine.tokenizer)  # places the audio tokens
+        return cls(task, prompter)
+
+    def reply_ids(self, samples: Any, language: str | None = None, prompt: str | None = None,
+                  min_tokens: int = 0) -> tuple[list[int], list[int]]:  # fmt: skip
+        """`(prompt ids, greedy reply ids)` for mono 16 kHz samples (the tests read both)."""
+        audio = self.prompter.audio_input(samples)
+        ids = self.prompter.prompt_ids(audio, language, prompt or "")
+        engine = self.task.engine
+        room = engine.max_model_len - len(ids)
+        if room < 1:
+            seconds = samples.size / SAMPLE_RATE
+            raise ValueError(
+                f"{seconds:.0f} s of audio make a {len(ids)}-token prompt; {self.model_name} takes "
+                f"{engine.max_model_len} tokens at once"
+            )
+        params = SamplingParams(temperature=0.0, max_tokens=min(room, self.max_reply_tokens), min_tokens=min_tokens)
+        result = self.task.run(lambda: engine.generate([ids], params, images=[[audio]])[0])
+        if "error" in result:
+            raise RuntimeError(f"{self.model_name}: {result['error']}")
+        return ids, result["token_ids"]
+
+    def transcribe(
+        self,
+        audio: AudioInput,
+        language: str | None = None,
+        prompt: str | None = None,
+        temperature: float = 0.0,
+        word_timestamps: bool = False,
+        progress: ProgressCallback | None = None,
+        cancel: CancelCheck | None = None,
+        source: str | None = None,
+        max_seconds: float | None = None,
+    ) -> Transcript:
+        """As `Transcriber.transcribe`; greedy whatever the temperature (the model card decodes greedily),
+        and no word timestamps (the model gives none)."""
+        if not 0.0 <= temperature <= 1.0:
+            raise ValueError(f"temperature must be between 0 and 1, got {temperature}")
+        code = language_code(language) if language else None
+        samples = decode_audio(audio, source, max_seconds, cancel)
+        duration = round(samples.size / SAMPLE_RATE, 3)
+        if cancel is not None and cancel():
+            raise TranscriptionCancelled("transcription cancelled before it started")
+        if progress:
+            progress(0.0)
+        try:
+            _, reply = self.reply_ids(samples, code, prompt)
+        except ValueError as exc:
+            raise AudioError(source or "audio", str(exc)) from None
+        found, text = self.prompter.parse(reply, forced_language=code)
+        if progress:
+            progress(1.0)
+        segments = [Segment(id=0, start=0.0, end=duration, text=text, tokens=list(reply))] if text else []
+        return Transcript(text=text, language=found or "", duration=duration, segments=segments)
