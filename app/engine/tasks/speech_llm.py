@@ -58,7 +58,9 @@ class SpeechLLMTranscriber:
         try:
             encoder = load_audio_encoder(path, engine.checkpoint.hf_config or {}, engine.backend)
         except ValueError as exc:
-            raise CheckpointError(f"ASR model {exc}" if str(path) in str(exc) else f"ASR model {path}: {exc}") from None
+            raise CheckpointError(
+                f"ASR model {exc}" if str(path) in str(exc) else f"ASR model {path}: {exc}"
+            ) from None
         if encoder is None:
             raise CheckpointError(
                 f"ASR model {path}: {config_file.name} names {engine.checkpoint.architecture}, not a speech model "
@@ -71,7 +73,9 @@ class SpeechLLMTranscriber:
                 f"the text model's is {hidden}"
             )
         engine.runner.images = ImageEmbedder(encoder, engine.backend)
-        engine.vision = prompter = Qwen3AsrPrompter(encoder.config, engine.tokenizer)  # places the audio tokens
+        engine.vision = prompter = Qwen3AsrPrompter(
+            encoder.config, engine.tokenizer
+        )  # places the audio tokens
         return cls(task, prompter)
 
     def reply_ids(self, samples: Any, language: str | None = None, prompt: str | None = None,
@@ -87,7 +91,9 @@ class SpeechLLMTranscriber:
                 f"{seconds:.0f} s of audio make a {len(ids)}-token prompt; {self.model_name} takes "
                 f"{engine.max_model_len} tokens at once"
             )
-        params = SamplingParams(temperature=0.0, max_tokens=min(room, self.max_reply_tokens), min_tokens=min_tokens)
+        params = SamplingParams(
+            temperature=0.0, max_tokens=min(room, self.max_reply_tokens), min_tokens=min_tokens
+        )
         result = self.task.run(lambda: engine.generate([ids], params, images=[[audio]])[0])
         if "error" in result:
             raise RuntimeError(f"{self.model_name}: {result['error']}")

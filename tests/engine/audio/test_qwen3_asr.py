@@ -157,3 +157,15 @@ def test_a_text_model_is_not_taken_as_a_speech_model(tmp_path):
     folder = FIXTURES / "qwen3_tasks" / "embedding"
     with pytest.raises(CheckpointError, match=rf"ASR model {folder}.*not a speech model"):
         SpeechLLMTranscriber.load(folder, device="cpu")
+
+
+def test_serve_refuses_a_bad_asr_model_naming_it(tmp_path, capsys):
+    from app.cli import main
+
+    chat = str(FIXTURES / "families" / "qwen3" / "qwen3-kquants.gguf")
+    base = ["serve", "--model", chat, "--device", "cpu", "--port", "0", "--no-mcp", "--no-embeddings"]
+    assert main([*base, "--asr-model", str(tmp_path / "missing")]) == 2
+    assert f"ASR model {tmp_path / 'missing'}: not a model folder" in capsys.readouterr().err
+    text_model = FIXTURES / "qwen3_tasks" / "reranker"
+    assert main([*base, "--asr-model", str(text_model)]) == 2
+    assert f"ASR model {text_model}: " in capsys.readouterr().err
