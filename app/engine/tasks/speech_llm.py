@@ -10,11 +10,13 @@ is one segment over the whole clip.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from app.engine.loader.names import CheckpointError
 from app.engine.models.audio import load_audio_encoder
+from app.engine.models.audio.qwen3_asr_config import is_qwen3_asr
 from app.engine.models.audio.qwen3_asr_prompter import Qwen3AsrPrompter
 from app.engine.sampling_params import SamplingParams
 from app.engine.tasks.audio import (
@@ -44,6 +46,7 @@ class SpeechLLMTranscriber:
     def __init__(self, task: TaskModel, prompter: Qwen3AsrPrompter, max_reply_tokens: int = MAX_REPLY_TOKENS):
         self.task, self.prompter = task, prompter
         self.model_name = task.name
+        self.device = "cuda" if task.engine.backend.name == "cuda" else "cpu"  # what the Studio shows
         self.max_reply_tokens = max_reply_tokens
 
     @classmethod
@@ -51,6 +54,10 @@ class SpeechLLMTranscriber:
         """The speech LLM at `path` (a Hugging Face folder); errors name the path and the problem."""
         path = Path(path)
         config_file = path / "config.json"
+        if path.suffix.lower() == ".gguf":
+            raise CheckpointError(
+                f"ASR model {path}: speech GGUFs (with an audio mmproj) are not read yet; give the Hugging Face folder"
+            )
         if not path.is_dir() or not config_file.is_file():
             raise CheckpointError(f"ASR model {path}: not a model folder (no config.json)")
         task = TaskModel.load(path, "ASR", device, context)
@@ -131,3 +138,14 @@ class SpeechLLMTranscriber:
             progress(1.0)
         segments = [Segment(id=0, start=0.0, end=duration, text=text, tokens=list(reply))] if text else []
         return Transcript(text=text, language=found or "", duration=duration, segments=segments)
+
+
+def is_speech_llm_folder(path: str | Path) -> bool:
+    """A folder whose config.json names a speech LLM this module serves (Qwen3-ASR); anything else,
+    unreadable files included, is left to faster-whisper, whose errors name what it lacks."""
+    config_file = Path(path) / "config.json"
+    try:
+        config = json.loads(config_file.read_text("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(config, dict) and is_qwen3_asr(config)
