@@ -113,7 +113,7 @@ def decode_audio(
     Past `max_seconds` decoding stops at once (a 150 MB noise file is refused after its first
     `max_seconds`, never held whole in memory first); `cancel()` is checked as frames come.
     """
-    source = source or _describe(audio)
+    source = source or describe_audio(audio)
     if isinstance(audio, bytes | bytearray):
         if not audio:
             raise AudioError(source, "the audio is empty (0 bytes)")
@@ -367,7 +367,8 @@ def _seconds(value: float) -> float:
     return round(float(value), 3)  # numpy floats -> plain floats, to the millisecond
 
 
-def _describe(audio: AudioInput) -> str:
+def describe_audio(audio: AudioInput) -> str:
+    """The name errors give the audio: its file name, else "audio"."""
     if isinstance(audio, str | os.PathLike):
         return Path(audio).name
     name = getattr(audio, "name", None)

@@ -29,6 +29,7 @@ from app.engine.tasks.audio import (
     Transcript,
     TranscriptionCancelled,
     decode_audio,
+    describe_audio,
 )
 from app.engine.tasks.task_model import TaskModel
 from app.engine.tasks.transcript_formats import language_code
@@ -123,6 +124,7 @@ class SpeechLLMTranscriber:
         if not 0.0 <= temperature <= 1.0:
             raise ValueError(f"temperature must be between 0 and 1, got {temperature}")
         code = language_code(language) if language else None
+        source = source or describe_audio(audio)
         samples = decode_audio(audio, source, max_seconds, cancel)
         duration = round(samples.size / SAMPLE_RATE, 3)
         if cancel is not None and cancel():
@@ -132,7 +134,7 @@ class SpeechLLMTranscriber:
         try:
             _, reply = self.reply_ids(samples, code, prompt)
         except ValueError as exc:
-            raise AudioError(source or "audio", str(exc)) from None
+            raise AudioError(source, str(exc)) from None
         found, text = self.prompter.parse(reply, forced_language=code)
         if progress:
             progress(1.0)

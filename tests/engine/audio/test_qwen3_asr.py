@@ -169,3 +169,36 @@ def test_serve_refuses_a_bad_asr_model_naming_it(tmp_path, capsys):
     text_model = FIXTURES / "qwen3_tasks" / "reranker"
     assert main([*base, "--asr-model", str(text_model)]) == 2
     assert f"ASR model {text_model}: " in capsys.readouterr().err
+
+
+def test_a_missing_or_misshapen_encoder_tensor_is_named(tmp_path):
+    from app.engine.loader.safetensors import read_safetensors_file
+    from app.engine.loader.safetensors_write import StoredTensor, write_safetensors
+
+    folder = _copy_fixture(tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    weights = folder / "model.safetensors"
+    tensors = {
+        name: StoredTensor("F32", tuple(t.shape), np.array(t.dequantize(), np.float32))
+        for name, t in read_safetensors_file(weights).items()
+    }
+    dropped = {name: t for name, t in tensors.items() if name != "model.audio_tower.layers.1.fc2.weight"}
+    write_safetensors(weights, dropped)
+    with pytest.raises(CheckpointError, match=r"lacks model\.audio_tower\.layers\.1\.fc2\.weight"):
+        load_audio_encoder(folder, config, None)
+    tensors["model.multi_modal_projector.linear_2.weight"] = StoredTensor(
+        "F32", (63, 32), np.zeros((63, 32), np.float32)
+    )
+    write_safetensors(weights, tensors)
+    with pytest.raises(
+        CheckpointError, match=r"multi_modal_projector\.linear_2\.weight has shape \[63, 32\]"
+    ):
+        load_audio_encoder(folder, config, None)
+
+
+def test_audio_too_long_for_the_context_is_refused_naming_the_file():
+    small = SpeechLLMTranscriber.load(HF, device="cpu", context=64)
+    with pytest.raises(
+        AudioError, match=r"speech\.wav: 5 s of audio make a 115-token prompt; .* takes \d+ tokens"
+    ):
+        small.transcribe(CLIP, language="en")
