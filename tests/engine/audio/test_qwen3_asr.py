@@ -202,3 +202,17 @@ def test_audio_too_long_for_the_context_is_refused_naming_the_file():
         AudioError, match=r"speech\.wav: 5 s of audio make a 115-token prompt; .* takes \d+ tokens"
     ):
         small.transcribe(CLIP, language="en")
+
+
+def test_transcribe_command_runs_a_qwen3_asr_folder(tmp_path, capsys):
+    from app.cli import main
+
+    out = tmp_path / "speech.srt"
+    args = ["transcribe", str(CLIP), "--model", str(HF), "--device", "cpu", "--language", "en"]
+    assert main([*args, "--format", "srt", "--output", str(out)]) == 0
+    cue = out.read_text()
+    assert cue.startswith("1\n00:00:00,000 --> 00:00:05,131\n") and cue.count(" --> ") == 1
+    bad = tmp_path / "notes.wav"
+    bad.write_bytes(b"%PDF-1.7\n" * 40)
+    assert main(["transcribe", str(bad), "--model", str(HF), "--device", "cpu"]) == 1
+    assert "notes.wav: cannot decode" in capsys.readouterr().err
