@@ -70,6 +70,19 @@ def test_encoder_and_projector_match_transformers(clip, refs, transcriber):
     np.testing.assert_allclose(encoder.encode(mel), refs[f"features/{clip}"], atol=1e-4, rtol=0)
 
 
+def test_encoder_in_small_groups_of_chunks_and_windows_is_the_same(refs, transcriber, monkeypatch):
+    # a long clip's chunks are convolved CONV_CHUNKS at a time and its windows batched WINDOW_BATCH at a
+    # time: groups of 4 chunks (6 chunks: the second group short) and 1 window give the reference's output
+    from app.engine.models.audio import qwen3_asr
+
+    monkeypatch.setattr(qwen3_asr, "CONV_CHUNKS", 4)
+    monkeypatch.setattr(qwen3_asr, "WINDOW_BATCH", 1)
+    encoder = transcriber.task.engine.runner.images.vision
+    frames = int(refs["mask/speech"].sum())
+    states = encoder.encoder_states(refs["mel/speech"][:, :frames])
+    np.testing.assert_allclose(states, refs["encoder/speech"], atol=1e-4, rtol=0)
+
+
 def test_attention_windows_follow_the_chunks(transcriber):
     cfg = transcriber.prompter.cfg
     assert attention_windows(513, cfg) == [26, 26, 15]  # 5 full chunks (13 each) and 13 frames (2)

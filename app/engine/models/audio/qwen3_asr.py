@@ -25,6 +25,10 @@ from app.engine.quant.dispatch import QuantizedTensor
 
 Tensors = dict[str, QuantizedTensor]
 POSITIONS = 13  # sinusoids the checkpoint's encoder has: positions in one 100-frame chunk
+# Chunks convolved together: bounds the gathered patches (Qwen3-ASR's 480 channels x 9 taps x 800
+# positions are 14 MB a chunk in float32 at the second convolution), whatever the clip's length.
+CONV_CHUNKS = 32
+WINDOW_BATCH = 64  # attention windows computed as one batched product (their scores: windows x heads x w^2)
 
 
 def conv_length(frames: int) -> int:
@@ -46,6 +50,29 @@ def sinusoids(length: int, channels: int, max_timescale: float = 10_000.0) -> np
     inv = np.exp(-increment * np.arange(channels // 2, dtype=np.float32)).astype(np.float32)
     scaled = np.arange(length, dtype=np.float32)[:, None] * inv[None, :]
     return np.concatenate([np.sin(scaled), np.cos(scaled)], axis=1).astype(np.float32)
+
+
+def window_attention(xp: Any, q: Any, k: Any, v: Any, size: int, scale: float) -> Any:
+    """Attention inside consecutive windows of `size` positions, the last one possibly shorter, both
+    ways inside a window: `q, k, v [N, heads, d]` -> `[N, heads, d]`. Whole windows go as batched
+    products, `WINDOW_BATCH` at a time."""
+    n, heads, dim = q.shape
+    whole = n // size * size
+    parts = []
+    for lo in range(0, whole, size * WINDOW_BATCH):
+        hi = min(whole, lo + size * WINDOW_BATCH)
+        qs, ks, vs = (
+            t[lo:hi].astype(xp.float32).reshape(-1, size, heads, dim).transpose(0, 2, 1, 3) for t in (q, k, v)
+        )
+        scores = xp.matmul(qs, ks.transpose(0, 1, 3, 2))
+        scores *= xp.float32(scale)
+        scores -= scores.max(axis=-1, keepdims=True)
+        xp.exp(scores, out=scores)
+        scores /= scores.sum(axis=-1, keepdims=True)
+        parts.append(xp.matmul(scores, vs).transpose(0, 2, 1, 3).reshape(hi - lo, heads, dim).astype(q.dtype))
+    if whole < n:
+        parts.append(full_attention(xp, q[whole:], k[whole:], v[whole:], scale))
+    return xp.concatenate(parts, axis=0)
 
 
 def attention_windows(frames: int, cfg: Qwen3AsrAudioConfig) -> list[int]:
@@ -96,16 +123,11 @@ class _EncoderLayer:
         self.fc1 = named_linear(backend, tensors, f"{p}.fc1")
         self.fc2 = named_linear(backend, tensors, f"{p}.fc2")
 
-    def __call__(self, x: Any, windows: list[int]) -> Any:
+    def __call__(self, x: Any, window: int) -> Any:
         b, c = self.backend, self.cfg
         n = x.shape[0]
         qkv = b.linear(self.ln1(x), self.qkv).reshape(n, 3, c.num_heads, c.head_dim)
-        parts, start = [], 0
-        for size in windows:
-            q, k, v = (qkv[start : start + size, i] for i in range(3))
-            parts.append(full_attention(b.xp, q, k, v, c.head_dim**-0.5))
-            start += size
-        attn = b.xp.concatenate(parts, axis=0)
+        attn = window_attention(b.xp, qkv[:, 0], qkv[:, 1], qkv[:, 2], window, c.head_dim**-0.5)
         x = x + self.out(attn.reshape(n, c.hidden_size))
         return x + self.fc2(gelu(b.xp, self.fc1(self.ln2(x)), "erf"))
 
@@ -140,17 +162,26 @@ class Qwen3AsrAudioEncoder:
         chunks = -(-frames // c.chunk_frames)
         padded = np.zeros((bins, chunks * c.chunk_frames), np.float32)
         padded[:, :frames] = mel
-        x = b.from_host(padded.reshape(bins, chunks, c.chunk_frames).transpose(1, 0, 2)[:, None], xp.float32)
-        for conv in self.convs:
-            x = gelu(xp, conv(x), "erf")
-        n, ch, freq, steps = x.shape
-        x = self.conv_out(x.transpose(0, 3, 1, 2).reshape(n, steps, ch * freq)) + self.positions[:steps]
+        by_chunk = np.ascontiguousarray(padded.reshape(bins, chunks, c.chunk_frames).transpose(1, 0, 2))
         keep = [conv_length(min(c.chunk_frames, frames - i * c.chunk_frames)) for i in range(chunks)]
-        x = xp.concatenate([x[i, :k] for i, k in enumerate(keep) if k], axis=0)
-        windows = attention_windows(frames, c)
+        parts = []
+        for lo in range(0, chunks, CONV_CHUNKS):
+            embedded = self._embed_chunks(by_chunk[lo : lo + CONV_CHUNKS])
+            parts += [embedded[i, :n] for i, n in enumerate(keep[lo : lo + CONV_CHUNKS]) if n]
+        x = xp.concatenate(parts, axis=0)
+        window = attention_windows(frames, c)[0]  # every window but the last is this long
         for layer in self.layers:
-            x = layer(x, windows)
+            x = layer(x, window)
         return self.ln_post(x)
+
+    def _embed_chunks(self, chunks: np.ndarray) -> Any:
+        """`[n, mel_bins, chunk_frames]` -> `[n, positions, d_model]`: convolutions, projection, sinusoids."""
+        b = self.backend
+        x = b.from_host(chunks[:, None], b.xp.float32)
+        for conv in self.convs:
+            x = gelu(b.xp, conv(x), "erf")
+        n, ch, freq, steps = x.shape
+        return self.conv_out(x.transpose(0, 3, 1, 2).reshape(n, steps, ch * freq)) + self.positions[:steps]
 
     def encode(self, mel: np.ndarray) -> Any:
         return self.linear_2(gelu(self.backend.xp, self.linear_1(self.encoder_states(mel)), "erf"))
