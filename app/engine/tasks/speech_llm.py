@@ -5,11 +5,13 @@ The model is a task model (tasks/task_model.py: its own `LLMEngine`, one sequenc
 lock) whose runner gets the audio encoder as its soft-token embedder: the clip's log-mel goes in as
 the prompt's run of `<|audio_pad|>` tokens, spliced as image soft tokens are. The reply names the
 language (unless one was forced) before `<asr_text>`; the model gives no timestamps, so the transcript
-is one segment over the whole clip.
+is one segment over the whole clip. A cancel check (a client that hung up) is read between engine
+steps: the request is aborted there, as faster-whisper's stops between segments.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -49,6 +51,7 @@ class SpeechLLMTranscriber:
         self.model_name = task.name
         self.device = "cuda" if task.engine.backend.name == "cuda" else "cpu"  # what the Studio shows
         self.max_reply_tokens = max_reply_tokens
+        self._request_ids = itertools.count()
 
     @classmethod
     def load(cls, path: str | Path, device: str = "auto", context: int = ASR_CONTEXT) -> SpeechLLMTranscriber:
@@ -80,15 +83,17 @@ class SpeechLLMTranscriber:
                 f"ASR model {path}: the audio projector outputs width {encoder.config.output_dim}, "
                 f"the text model's is {hidden}"
             )
-        engine.runner.images = ImageEmbedder(encoder, engine.backend)
+        # one clip's embeddings kept (tens of MB for minutes of audio): a clip is encoded once per request
+        engine.runner.images = ImageEmbedder(encoder, engine.backend, max_cached=1)
         engine.vision = prompter = Qwen3AsrPrompter(
             encoder.config, engine.tokenizer
         )  # places the audio tokens
         return cls(task, prompter)
 
     def reply_ids(self, samples: Any, language: str | None = None, prompt: str | None = None,
-                  min_tokens: int = 0) -> tuple[list[int], list[int]]:  # fmt: skip
-        """`(prompt ids, greedy reply ids)` for mono 16 kHz samples (the tests read both)."""
+                  min_tokens: int = 0, cancel: CancelCheck | None = None) -> tuple[list[int], list[int]]:  # fmt: skip
+        """`(prompt ids, greedy reply ids)` for mono 16 kHz samples (the tests read both); `cancel()` is
+        checked between engine steps (TranscriptionCancelled, the request dropped from the engine)."""
         audio = self.prompter.audio_input(samples)
         ids = self.prompter.prompt_ids(audio, language, prompt or "")
         engine = self.task.engine
@@ -102,10 +107,24 @@ class SpeechLLMTranscriber:
         params = SamplingParams(
             temperature=0.0, max_tokens=min(room, self.max_reply_tokens), min_tokens=min_tokens
         )
-        result = self.task.run(lambda: engine.generate([ids], params, images=[[audio]])[0])
-        if "error" in result:
-            raise RuntimeError(f"{self.model_name}: {result['error']}")
-        return ids, result["token_ids"]
+        return ids, self.task.run(lambda: self._generate(ids, params, audio, cancel))
+
+    def _generate(
+        self, ids: list[int], params: SamplingParams, audio: Any, cancel: CancelCheck | None
+    ) -> list[int]:
+        engine = self.task.engine
+        request_id = f"asr-{next(self._request_ids)}"
+        engine.add_request(request_id, ids, params, images=[audio])
+        reply: list[int] = []
+        while engine.has_unfinished():
+            if cancel is not None and cancel():
+                engine.abort(request_id)
+                raise TranscriptionCancelled(f"transcription cancelled after {len(reply)} tokens")
+            for out in engine.step():
+                if out.error is not None:
+                    raise RuntimeError(f"{self.model_name}: {out.error}")
+                reply.extend(out.new_token_ids)
+        return reply
 
     def transcribe(
         self,
@@ -132,7 +151,7 @@ class SpeechLLMTranscriber:
         if progress:
             progress(0.0)
         try:
-            _, reply = self.reply_ids(samples, code, prompt)
+            _, reply = self.reply_ids(samples, code, prompt, cancel=cancel)
         except ValueError as exc:
             raise AudioError(source, str(exc)) from None
         found, text = self.prompter.parse(reply, forced_language=code)

@@ -229,3 +229,22 @@ def test_transcribe_command_runs_a_qwen3_asr_folder(tmp_path, capsys):
     bad.write_bytes(b"%PDF-1.7\n" * 40)
     assert main(["transcribe", str(bad), "--model", str(HF), "--device", "cpu"]) == 1
     assert "notes.wav: cannot decode" in capsys.readouterr().err
+
+
+def test_a_cancelled_transcription_stops_and_leaves_the_engine_clean(samples, transcriber, monkeypatch):
+    from app.engine.tasks.audio import TranscriptionCancelled
+
+    checks = []
+
+    def cancel() -> bool:  # the client hangs up at the 4th check while the request runs: 3 steps made
+        if transcriber.task.engine.has_unfinished():
+            checks.append(1)
+        return len(checks) > 3
+
+    with pytest.raises(TranscriptionCancelled, match=r"after 3 tokens"):
+        transcriber.transcribe(CLIP, language="en", cancel=cancel)
+    assert not transcriber.task.engine.has_unfinished()
+    expected = MANIFEST["cases"]["speech/English"]
+    monkeypatch.setattr(transcriber, "max_reply_tokens", len(expected["greedy"]))
+    _, reply = transcriber.reply_ids(samples["speech"], "English", min_tokens=len(expected["greedy"]))
+    assert reply == expected["greedy"]
