@@ -121,6 +121,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a Qwen3-Reranker folder or .gguf scoring /v1/rerank beside the chat model (default: cosine "
         "similarity of the embedding model's vectors)",
     )
+    parser.add_argument(
+        "--asr-model",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a Qwen3-ASR folder that /v1/audio/transcriptions also serves, by its folder name (repeatable; "
+        "faster-whisper stays the default model)",
+    )
     parser.add_argument("--no-embeddings", action="store_true", help="do not load an embedding model")
     parser.add_argument("--no-mcp", action="store_true", help="do not serve MCP at /mcp")
     parser.add_argument(
@@ -184,6 +192,13 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
     )
 
 
+def load_speech_models(args: argparse.Namespace) -> list[object]:
+    """The --asr-model folders, each loaded as its own engine (CheckpointError, a ValueError, naming it)."""
+    from app.engine.tasks.speech_llm import SpeechLLMTranscriber
+
+    return [SpeechLLMTranscriber.load(path, device=args.device) for path in args.asr_model]
+
+
 def run(args: argparse.Namespace) -> int:
     from app.commands.common import engine_config
     from app.engine import AsyncEngine
@@ -204,6 +219,7 @@ def run(args: argparse.Namespace) -> int:
     try:  # models named on the command line, loaded before the chat model takes its share of the GPU
         embedder = None if args.embedding_model == "self" else load_embedder(args)
         reranker = load_reranker(args)
+        speech_models = load_speech_models(args)
     except (OSError, ValueError) as exc:
         print(f"paddock serve: {exc}", file=sys.stderr)
         return 2
@@ -218,7 +234,11 @@ def run(args: argparse.Namespace) -> int:
 
             embedder = DecoderEmbedder(engine.engine, run_on_engine=lambda fn: engine.call(fn).result())
         serve_blocking(
-            engine, settings=settings, embedder=embedder, reranker=reranker  # type: ignore[arg-type]
+            engine,
+            settings=settings,
+            embedder=embedder,  # type: ignore[arg-type]
+            reranker=reranker,
+            speech_models=speech_models,
         )
     except OSError as exc:  # the port is taken, or the address is not this machine's
         print(f"paddock serve: {exc}", file=sys.stderr)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-HELP = "Transcribe an audio or video file with Whisper (the embedded tiny.en model by default)."
+HELP = "Transcribe an audio or video file with Whisper (the embedded tiny.en model by default) or Qwen3-ASR."
 FORMATS = ("text", "json", "verbose_json", "srt", "vtt")
 
 
@@ -18,7 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--temperature", type=float, default=0.0, help="sampling temperature, 0..1 (default: 0)"
     )
     parser.add_argument(
-        "--model", metavar="PATH", help="a CTranslate2 Whisper folder (default: embedded tiny.en)"
+        "--model",
+        metavar="PATH",
+        help="a CTranslate2 Whisper folder or a Qwen3-ASR folder (default: embedded tiny.en)",
     )
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="where to run")
     parser.add_argument("--output", "-o", metavar="FILE", help="write to FILE instead of standard output")
@@ -29,9 +31,13 @@ def run(args: argparse.Namespace) -> int:
 
     from app.engine.tasks import transcript_formats as formats
     from app.engine.tasks.audio import AudioError, Transcriber
+    from app.engine.tasks.speech_llm import SpeechLLMTranscriber, is_speech_llm_folder
 
     try:
-        transcriber = Transcriber(model_path=args.model, device=args.device)
+        if args.model and is_speech_llm_folder(args.model):
+            transcriber = SpeechLLMTranscriber.load(args.model, device=args.device)
+        else:
+            transcriber = Transcriber(model_path=args.model, device=args.device)
         transcript = transcriber.transcribe(
             args.file,
             language=args.language,

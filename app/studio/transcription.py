@@ -1,4 +1,7 @@
-"""The Transcribe pane's service: one shared Whisper model, jobs with progress and cancel, export.
+"""The Transcribe pane's service: one shared speech model, jobs with progress and cancel, export.
+
+The model is a Whisper folder (faster-whisper; the embedded tiny.en by default) or a Qwen3-ASR folder
+(a speech LLM on the engine, tasks/speech_llm.py), told apart by the folder's config.json.
 
 Jobs run synchronously in the calling thread; the Studio's task runner puts them on a worker
 and passes its cancel check and a progress callback through. The model loads on the first job
@@ -55,7 +58,7 @@ class TranscriptionService:
         transcriber_factory: Callable[[Path | None, str], Transcriber] | None = None,
     ) -> None:
         """`transcriber_factory(model_path, device)` builds the model wrapper (tests pass a fake)."""
-        self._factory = transcriber_factory or (lambda path, dev: Transcriber(model_path=path, device=dev))
+        self._factory = transcriber_factory or _speech_model
         self._model_path = Path(model_path) if model_path is not None else None
         self._device = device
         self._transcriber: Transcriber | None = None
@@ -67,7 +70,7 @@ class TranscriptionService:
         return self._model_path
 
     def set_model(self, model_path: str | Path | None, device: str | None = None) -> None:
-        """Switch to another CTranslate2 Whisper folder (e.g. a downloaded larger model)."""
+        """Switch to another CTranslate2 Whisper folder (e.g. a downloaded larger model) or a Qwen3-ASR folder."""
         with self._lock:
             self._model_path = Path(model_path) if model_path is not None else None
             self._device = device or self._device
@@ -102,6 +105,18 @@ class TranscriptionService:
             )
         except AudioError as exc:
             raise AudioError(exc.source, readable_audio_error(exc.problem, path)) from exc
+
+
+def _speech_model(path: Path | None, device: str) -> Transcriber:
+    """A Qwen3-ASR folder as a speech LLM (loaded now), any other as a Whisper model (loaded on first use)."""
+    from app.engine.tasks.speech_llm import (  # the engine: on demand
+        SpeechLLMTranscriber,
+        is_speech_llm_folder,
+    )
+
+    if path is not None and is_speech_llm_folder(path):
+        return SpeechLLMTranscriber.load(path, device=device)  # type: ignore[return-value]  # same calls
+    return Transcriber(model_path=path, device=device)
 
 
 _ERRNO = re.compile(r"\[Errno -?\d+\]\s*")

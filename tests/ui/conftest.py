@@ -41,6 +41,7 @@ class ScriptedDialogs(Dialogs):
         self.choice: str | None = None  # the button `choose` clicks; None: the box is closed
         self.text_answer: str | None = None  # what `ask_text` types; None: cancelled
         self.open_answer: list[str] = []  # the files `open_paths` picks; empty: cancelled
+        self.folder_answer: str | None = None  # the folder `open_folder` picks; None: cancelled
         self.asked: list[str] = []
 
     def confirm(self, parent: Any, title: str, text: str) -> bool:
@@ -58,6 +59,10 @@ class ScriptedDialogs(Dialogs):
     def save_path(self, parent: Any, title: str, suggested: str, filters: str) -> str | None:
         self.asked.append(title)
         return self.save_to
+
+    def open_folder(self, parent: Any, title: str) -> str | None:
+        self.asked.append(title)
+        return self.folder_answer
 
     def open_paths(self, parent: Any, title: str, filters: str) -> list[str]:
         self.asked.append(title)

@@ -28,6 +28,7 @@ HF_ARCHITECTURES: dict[str, str] = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3moe",
+    "Qwen3ASRForConditionalGeneration": "qwen3",  # its text part; models/audio/ loads the audio side
     "GraniteForCausalLM": "granite",
     "GptOssForCausalLM": "gpt-oss",
     "Qwen2_5_VLForConditionalGeneration": "qwen2vl",  # llama.cpp's name for the Qwen2-VL text side
@@ -50,6 +51,7 @@ _HF_MODEL_TYPES: dict[str, str] = {
     "qwen2": "qwen2",
     "qwen3": "qwen3",
     "qwen3_moe": "qwen3moe",
+    "qwen3_asr": "qwen3",
     "granite": "granite",
     "gpt_oss": "gpt-oss",
     "qwen2_5_vl": "qwen2vl",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
@@ -47,15 +47,19 @@ def create_app(
     settings: ServerSettings | None = None,
     transcriber: TranscriberChoice = "embedded",
     reranker: Reranker | None = None,
+    speech_models: Sequence[Any] = (),
 ) -> FastAPI:
     """Build the app. It does not own the engine: shutting the app down leaves the engine running.
 
     `transcriber` serves /v1/audio/transcriptions: "embedded" (Whisper tiny.en, loaded on the
     first request), a Transcriber to share (the Studio's, or a test's), or None for no audio.
     `reranker` scores /v1/rerank (a Qwen3-Reranker loaded beside the model); None: the embedder's cosines.
+    `speech_models`: speech LLMs (Qwen3-ASR) that /v1/audio/transcriptions also serves, by their names.
     """
     settings = settings or ServerSettings()
-    services = Services.build(engine, embedder, settings, resolve_transcriber(transcriber), reranker)
+    services = Services.build(
+        engine, embedder, settings, resolve_transcriber(transcriber), reranker, speech_models
+    )
     mcp_server = None
     if settings.enable_mcp:
         from app.engine.server.mcp import build_mcp_server

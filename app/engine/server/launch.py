@@ -7,7 +7,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import uvicorn
@@ -47,11 +47,17 @@ def _uvicorn_config(app: Any, settings: ServerSettings) -> uvicorn.Config:
 
 
 def _build_app(
-    engine: EngineClient, embedder: Embedder | None, settings: ServerSettings, reranker: Any = None
+    engine: EngineClient,
+    embedder: Embedder | None,
+    settings: ServerSettings,
+    reranker: Any = None,
+    speech_models: Sequence[Any] = (),
 ) -> Any:
     from app.engine.server.app import create_app
 
-    return create_app(engine, embedder=embedder, settings=settings, reranker=reranker)
+    return create_app(
+        engine, embedder=embedder, settings=settings, reranker=reranker, speech_models=speech_models
+    )
 
 
 class ServerHandle:
@@ -160,11 +166,16 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def serve_blocking(
-    engine: EngineClient, *, settings: ServerSettings, embedder: Embedder | None = None, reranker: Any = None
+    engine: EngineClient,
+    *,
+    settings: ServerSettings,
+    embedder: Embedder | None = None,
+    reranker: Any = None,
+    speech_models: Sequence[Any] = (),
 ) -> None:
     """Run until interrupted (Ctrl-C / SIGTERM): the `paddock serve` entry."""
     warn_if_exposed(settings)
-    app = _build_app(engine, embedder, settings, reranker)
+    app = _build_app(engine, embedder, settings, reranker, speech_models)
     model = engine.model
     log.info(
         "serving %s (context %d tokens) at http://%s:%d",

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from app.engine import EngineClient
 from app.engine.server.embedder import Embedder
@@ -41,6 +43,7 @@ class Services:
         settings: ServerSettings,
         transcriber: Transcriber | None = None,
         reranker: Reranker | None = None,
+        speech_models: Sequence[Any] = (),
     ) -> Services:
         """`reranker`: a model loaded for /v1/rerank (Qwen3-Reranker); None scores with the embedder."""
         ctx = ServingContext.build(engine, embedder, settings)
@@ -53,7 +56,10 @@ class Services:
             embeddings=OpenAIServingEmbeddings(ctx),
             tokenization=ServingTokenization(ctx),
             transcription=OpenAIServingTranscription(
-                transcriber, created=now(), max_seconds=settings.max_audio_seconds
+                transcriber,
+                created=now(),
+                max_seconds=settings.max_audio_seconds,
+                speech_models=speech_models,
             ),
             rerank=ServingRerank(ctx, reranker),
         )

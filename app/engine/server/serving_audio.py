@@ -1,4 +1,8 @@
-"""OpenAI audio transcriptions: an uploaded file -> the app's one Whisper `Transcriber` -> json, text, srt, vtt.
+"""OpenAI audio transcriptions: an uploaded file -> the transcriber `model` names -> json, text, srt, vtt.
+
+The app's Whisper `Transcriber` (faster-whisper) answers its own name and OpenAI's `whisper-1`, and
+stays the default; speech LLMs loaded beside it (`paddock serve --asr-model`: Qwen3-ASR,
+tasks/speech_llm.py) answer their own names, with the same calls and formats.
 
 The Transcriber is shared by every request of an app. Its model loads on the first
 transcription, inside the worker thread that runs it (the Transcriber's own lock makes that
@@ -10,9 +14,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import anyio
 from fastapi.responses import Response
@@ -23,6 +27,9 @@ from app.engine.server.protocol.openai import ModelCard
 from app.engine.server.settings import DEFAULT_MAX_AUDIO_BODY_BYTES
 from app.engine.tasks import transcript_formats as formats
 from app.engine.tasks.audio import AudioError, Transcriber, Transcript, TranscriptionCancelled
+
+if TYPE_CHECKING:
+    from app.engine.tasks.speech_llm import SpeechLLMTranscriber
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +56,21 @@ def resolve_transcriber(choice: TranscriberChoice) -> Transcriber | None:
 
 class OpenAIServingTranscription:
     def __init__(
-        self, transcriber: Transcriber | None, created: int, max_seconds: float | None = None
+        self,
+        transcriber: Transcriber | None,
+        created: int,
+        max_seconds: float | None = None,
+        speech_models: Sequence[SpeechLLMTranscriber] = (),
     ) -> None:
+        """`transcriber`: the Whisper model (None: none); `speech_models`: speech LLMs beside it."""
         self.transcriber = transcriber
         self.max_seconds = max_seconds
-        self.model_names = [transcriber.model_name, *WHISPER_ALIASES] if transcriber else []
+        self.by_name: dict[str, Transcriber | SpeechLLMTranscriber] = {}
+        if transcriber is not None:
+            self.by_name.update({name: transcriber for name in (transcriber.model_name, *WHISPER_ALIASES)})
+        for model in speech_models:
+            self.by_name.setdefault(model.model_name, model)
+        self.model_names = list(self.by_name)
         self._created = created
 
     def model_cards(self) -> list[ModelCard]:
@@ -70,13 +87,14 @@ class OpenAIServingTranscription:
             return error
         return Response(body, media_type=formats.MEDIA_TYPES[form.response_format])
 
-    def _check(self, form: TranscriptionForm) -> Transcriber:
+    def _check(self, form: TranscriptionForm) -> Transcriber | SpeechLLMTranscriber:
         """Everything that can be refused is refused before the model is touched."""
-        if self.transcriber is None:
+        if not self.by_name:
             raise ApiError(
                 404, "No transcription model is loaded on this server.", param="model", code="model_not_found"
             )
-        if form.model not in self.model_names:
+        transcriber = self.by_name.get(form.model)
+        if transcriber is None:
             raise model_not_found(form.model, self.model_names)
         try:
             formats.check_request(form.response_format, form.granularities)
@@ -86,7 +104,7 @@ class OpenAIServingTranscription:
             raise bad_request(_sentence(str(exc)), param=param) from exc
         if form.stream:
             raise bad_request(
-                f"Streaming is not supported for {self.transcriber.model_name}; leave 'stream' unset.",
+                f"Streaming is not supported for {transcriber.model_name}; leave 'stream' unset.",
                 param="stream",
             )
         if form.language:
@@ -99,11 +117,11 @@ class OpenAIServingTranscription:
             raise bad_request(
                 f"{name}: the audio file is empty (0 bytes).", param="file", code="invalid_audio"
             )
-        return self.transcriber
+        return transcriber
 
 
 async def _transcribe(
-    transcriber: Transcriber,
+    transcriber: Transcriber | SpeechLLMTranscriber,
     form: TranscriptionForm,
     wait_for_disconnect: WaitForDisconnect,
     max_seconds: float | None = None,

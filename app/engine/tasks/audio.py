@@ -40,6 +40,7 @@ __all__ = [
     "TranscriptionCancelled",
     "Word",
     "decode_audio",
+    "describe_audio",
 ]
 
 if TYPE_CHECKING:

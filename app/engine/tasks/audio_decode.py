@@ -96,7 +96,7 @@ def decode_pcm(
     Past `max_seconds` decoding stops at once (a 150 MB noise file is refused after its first
     `max_seconds`, never held whole in memory first); `cancel()` is checked as frames come.
     """
-    source = source or _describe(audio)
+    source = source or describe_audio(audio)
     if isinstance(audio, bytes | bytearray):
         if not audio:
             raise AudioError(source, "the audio is empty (0 bytes)")
@@ -208,7 +208,7 @@ def _valid_frames(frames: Iterator[Any]) -> Iterator[Any]:
             continue
 
 
-def _describe(audio: AudioInput) -> str:
+def describe_audio(audio: AudioInput) -> str:
     if isinstance(audio, str | os.PathLike):
         return Path(audio).name
     name = getattr(audio, "name", None)

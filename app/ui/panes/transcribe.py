@@ -151,6 +151,11 @@ class TranscribePane(QWidget):
                                   "computer.", FILE_FILTERS, multiple=False, chooser=chooser)
         self.model_label = QLabel("Model: …")
         self.model_label.setObjectName("mutedText")
+        self.model_button = QPushButton("Choose model…")
+        self.model_button.setToolTip("A CTranslate2 Whisper folder or a Qwen3-ASR folder")
+        model_row = QHBoxLayout()
+        model_row.addWidget(self.model_label, 1)
+        model_row.addWidget(self.model_button)
         progress_row, self.progress, self.progress_label, self.cancel_button = progress_row_widgets()
         self.error = error_label(selectable=True)
 
@@ -181,7 +186,7 @@ class TranscribePane(QWidget):
 
         layout = QVBoxLayout(self)
         layout.addWidget(self.drop_zone)
-        layout.addWidget(self.model_label)
+        layout.addLayout(model_row)
         layout.addLayout(progress_row)
         layout.addWidget(self.error)
         layout.addWidget(splitter, 1)
@@ -197,6 +202,7 @@ class TranscribePane(QWidget):
         self.drops.watch(self, self.segments, self.words)
         self.drops.files_dropped.connect(self.transcribe_files)
         self.cancel_button.clicked.connect(self.cancel)
+        self.model_button.clicked.connect(self.choose_model)
         self.segments.currentRowChanged.connect(self.select_segment)
         # a click on the segment the position already selected changes no row, and should still jump
         self.segments.itemClicked.connect(lambda item: self.select_segment(self.segments.row(item)))
@@ -333,6 +339,15 @@ class TranscribePane(QWidget):
         self._show_error(None)
         self.selection_label.setText(f"Saved {written}")
         return written
+
+    def choose_model(self) -> None:
+        """Another model folder for the next transcriptions: Whisper (faster-whisper) or Qwen3-ASR."""
+        chosen = self.dialogs.open_folder(self, "Choose a Whisper or Qwen3-ASR model folder")
+        if chosen is None or self.busy:
+            return
+        self.service.set_model(chosen)
+        self.model_label.setText("Model: loading…")
+        self._show_model()
 
     # -- state ----------------------------------------------------------------------------------
     def _show_model(self) -> None:

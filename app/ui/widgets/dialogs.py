@@ -32,6 +32,10 @@ class Dialogs:
         path, _ = QFileDialog.getSaveFileName(parent, title, suggested, filters)
         return path or None
 
+    def open_folder(self, parent: QWidget, title: str) -> str | None:
+        """A folder chosen (a model's), or None when cancelled."""
+        return QFileDialog.getExistingDirectory(parent, title) or None
+
     def open_paths(self, parent: QWidget, title: str, filters: str) -> list[str]:
         """Files chosen to open (none when cancelled)."""
         paths, _ = QFileDialog.getOpenFileNames(parent, title, "", filters)

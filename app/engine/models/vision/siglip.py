@@ -54,7 +54,9 @@ def full_attention(xp: Any, q: Any, k: Any, v: Any, scale: float) -> Any:
     return out.transpose(1, 0, 2).astype(q.dtype)
 
 
-class _Norm:
+class LayerNorm:
+    """LayerNorm with a bias over float32 weights (SigLIP's; Qwen3-ASR's audio encoder takes it too)."""
+
     def __init__(self, backend: Any, tensors: dict[str, QuantizedTensor], name: str, eps: float) -> None:
         f32 = backend.xp.float32
         self.xp = backend.xp
@@ -66,7 +68,7 @@ class _Norm:
         return layer_norm(self.xp, x, self.weight, self.bias, self.eps)
 
 
-def _linear(backend: Any, tensors: dict[str, QuantizedTensor], name: str) -> Linear:
+def named_linear(backend: Any, tensors: dict[str, QuantizedTensor], name: str) -> Linear:
     return Linear(backend, tensors[f"{name}.weight"], tensors.get(f"{name}.bias"))
 
 
@@ -76,13 +78,13 @@ class EncoderLayer:
     def __init__(self, backend: Any, cfg: VisionConfig, tensors: dict[str, QuantizedTensor], index: int):
         p = f"v.blk.{index}"
         self.backend, self.cfg = backend, cfg
-        self.ln1 = _Norm(backend, tensors, f"{p}.ln1", cfg.layer_norm_eps)
-        self.ln2 = _Norm(backend, tensors, f"{p}.ln2", cfg.layer_norm_eps)
-        parts = [_linear(backend, tensors, f"{p}.attn_{n}") for n in ("q", "k", "v")]
+        self.ln1 = LayerNorm(backend, tensors, f"{p}.ln1", cfg.layer_norm_eps)
+        self.ln2 = LayerNorm(backend, tensors, f"{p}.ln2", cfg.layer_norm_eps)
+        parts = [named_linear(backend, tensors, f"{p}.attn_{n}") for n in ("q", "k", "v")]
         self.qkv = backend.fuse_linear([x.weight for x in parts], [x.bias for x in parts])
-        self.out = _linear(backend, tensors, f"{p}.attn_out")
-        self.fc1 = _linear(backend, tensors, f"{p}.ffn_up")
-        self.fc2 = _linear(backend, tensors, f"{p}.ffn_down")
+        self.out = named_linear(backend, tensors, f"{p}.attn_out")
+        self.fc1 = named_linear(backend, tensors, f"{p}.ffn_up")
+        self.fc2 = named_linear(backend, tensors, f"{p}.ffn_down")
 
     def __call__(self, x: Any) -> Any:
         b, c = self.backend, self.cfg
@@ -104,7 +106,7 @@ class SiglipEncoder:
         self.patch_embed = Linear(backend, f32, tensors["v.patch_embd.bias"])
         self.positions = backend.from_host(tensors["v.position_embd.weight"].dequantize(), backend.act_dtype)
         self.layers = [EncoderLayer(backend, cfg, tensors, i) for i in range(cfg.num_layers)]
-        self.post_norm = _Norm(backend, tensors, "v.post_ln", cfg.layer_norm_eps)
+        self.post_norm = LayerNorm(backend, tensors, "v.post_ln", cfg.layer_norm_eps)
 
     def __call__(self, pixels: np.ndarray) -> Any:
         b, c = self.backend, self.cfg
