@@ -25,6 +25,7 @@ from app.engine.tasks.audio_decode import (
     CancelCheck,
     TranscriptionCancelled,
     decode_audio,
+    describe_audio,
     decode_pcm,
 )
 from app.engine.tasks.transcript_formats import language_code
