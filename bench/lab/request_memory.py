@@ -4,11 +4,15 @@ during each request above its RSS before it, beside the size of what the request
     python bench/lab/request_memory.py                  # starts `paddock serve --device cpu` on a free port
     python bench/lab/request_memory.py --only rerank,embeddings  # the probes whose names hold these
     python bench/lab/request_memory.py --audio-mb 150   # the noise WAV's size (default 150)
+    python bench/lab/request_memory.py --only transcription --hang-up 30  # leave after 30 s
 
 Each probe runs once on a warm server (a small request of its kind goes first, so the embedding and
 Whisper models are loaded before the baseline is read). The peak is the kernel's own high-water mark
 (VmHWM), reset before each request through /proc/PID/clear_refs, so short spikes between samples count.
-Linux only. Figures are for the note of the change that asked for them, not a pass/fail line.
+With --hang-up S the client gives up on each request after S seconds (closing its connection), and the
+row says how long the server's process kept using the CPU after that (`busy_after_hang_up_s`: until a
+half second passes with under 0.05 s of CPU time, read from /proc/PID/stat). Linux only. Figures are
+for the note of the change that asked for them, not a pass/fail line.
 """
 
 from __future__ import annotations
@@ -43,6 +47,22 @@ def _status(pid: int, key: str) -> int:
         if line.startswith(key + ":"):
             return int(line.split()[1]) * 1024
     raise KeyError(key)
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def _busy_after(pid: int, limit: float = 120.0) -> float:
+    """Seconds until the process spends under 0.05 s of CPU in half a second."""
+    started = time.monotonic()
+    while time.monotonic() - started < limit:
+        used = _cpu_seconds(pid)
+        time.sleep(0.5)
+        if _cpu_seconds(pid) - used < 0.05:
+            return round(time.monotonic() - started - 0.5, 1)
+    return limit
 
 
 def _reset_peak(pid: int) -> None:
@@ -100,6 +120,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default=None, help="run the probes whose name contains one of these (a,b)")
     parser.add_argument("--audio-mb", type=int, default=150)
+    parser.add_argument("--hang-up", type=float, default=None, metavar="S", help="leave each request after S s")
     args = parser.parse_args()
     port = _free_port()
     log = tempfile.NamedTemporaryFile(prefix="paddock-serve-", suffix=".log", delete=False)  # noqa: SIM115
@@ -109,7 +130,8 @@ def main() -> int:
     )  # fmt: skip
     rows = []
     try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=600) as client:
+        timeout = httpx.Timeout(600, read=args.hang_up or 600)
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=timeout) as client:
             deadline = time.monotonic() + 300
             while True:
                 try:
@@ -128,14 +150,20 @@ def main() -> int:
                 before = _status(server.pid, "VmRSS")
                 _reset_peak(server.pid)
                 started = time.monotonic()
-                reply = send(client)
+                try:
+                    reply: httpx.Response | None = send(client)
+                except httpx.ReadTimeout:  # --hang-up: the client left, its connection closed
+                    reply = None
                 seconds = time.monotonic() - started
+                busy = _busy_after(server.pid) if reply is None else None
                 peak = _status(server.pid, "VmHWM")
                 after = _status(server.pid, "VmRSS")
-                error = reply.json().get("error", {}).get("message", "") if reply.status_code >= 400 else ""
+                failed = reply is not None and reply.status_code >= 400
+                error = reply.json().get("error", {}).get("message", "") if failed else ""  # type: ignore[union-attr]
                 rows.append({
-                    "probe": name, "status": reply.status_code, "sent_mb": round(sent / MIB, 1),
-                    "reply_kb": round(len(reply.content) / 1024, 1), "seconds": round(seconds, 2),
+                    "probe": name, "status": reply.status_code if reply else "hung up",
+                    "sent_mb": round(sent / MIB, 1), "reply_kb": round(len(reply.content) / 1024, 1) if reply else 0,
+                    "seconds": round(seconds, 2), "busy_after_hang_up_s": busy,
                     "rss_before_mb": round(before / MIB), "peak_above_mb": round((peak - before) / MIB),
                     "left_above_mb": round((after - before) / MIB), "error": error[:160],
                 })  # fmt: skip

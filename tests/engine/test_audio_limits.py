@@ -168,3 +168,14 @@ def test_a_cancel_stops_whisper_at_the_next_segment(tmp_path, fake_whisper):
     with pytest.raises(TranscriptionCancelled, match=r"at 30\.0 s of 600\.0 s"):
         transcriber.transcribe(path, cancel=lambda: model.segments_made >= 1)
     assert model.segments_made == 1 and len(model.given) == 1
+
+
+def test_a_cancel_is_seen_inside_a_segment_before_each_model_step():
+    """Between segments is not enough: one segment of noise is up to six decodes (temperature
+    fallbacks); the real model's encoder and decoder steps each look at the cancel first."""
+    transcriber = Transcriber(device="cpu")
+    # false while decoding and before the model loads; true from the model's first step on
+    with pytest.raises(TranscriptionCancelled, match="before the model's encode step"):
+        transcriber.transcribe(SPEECH, cancel=lambda: transcriber.loaded)
+    transcript = transcriber.transcribe(SPEECH)  # the shared model is unharmed, and unchecked without a cancel
+    assert "fox" in transcript.text.lower()

@@ -132,6 +132,42 @@ def test_openai_named_tool_choice_calls_that_tool(oai: openai.OpenAI, live) -> N
         assert_valid_call(call.function.name, call.function.arguments, {"get_time"})
 
 
+# A recursive schema with $defs, as pydantic writes one: its references are rooted in the arguments
+LINKED = {
+    "$defs": {
+        "Step": {
+            "type": "object",
+            "properties": {"name": {"type": "string", "maxLength": 12}, "then": {"$ref": "#/$defs/Step"}},
+            "required": ["name"],
+            "additionalProperties": False,
+        }
+    },
+    "type": "object",
+    "properties": {"first": {"$ref": "#/$defs/Step"}},
+    "required": ["first"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.slow  # n=2 sampled calls
+def test_tool_choice_required_with_a_recursive_schema_gives_a_valid_call(oai: openai.OpenAI, live) -> None:
+    """Issue 40: a self-referencing schema under "required" gave a 200 with "<" and no call (its references
+    named the whole call); one with no finite value is a 400 (test_hostile_inputs)."""
+    tool = {"type": "function", "function": {"name": "plan", "description": "plan steps", "parameters": LINKED}}
+    reply = oai.chat.completions.create(
+        model=live[1], messages=[{"role": "user", "content": "Plan a picnic."}], tools=[tool],
+        tool_choice="required", parallel_tool_calls=False, temperature=1.0, seed=3, n=2, max_tokens=2 * MAX_TOKENS,
+    )  # fmt: skip
+    # the schema allows any depth, and the 270M model at times nests "then" until max_tokens: that reply
+    # is cut ("length", as any reply can be); every call that ends is valid, and this seed ends one
+    finished = [choice for choice in reply.choices if choice.finish_reason == "tool_calls"]
+    assert finished and all(choice.finish_reason in ("tool_calls", "length") for choice in reply.choices)
+    for choice in finished:
+        for call in choice.message.tool_calls:
+            assert call.function.name == "plan"
+            jsonschema.validate(json.loads(call.function.arguments), LINKED)
+
+
 @pytest.mark.slow  # 3 sampled tool-use replies: 100-435 s in make test-fast runs on this machine
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 def test_anthropic_tool_choice_any_and_tool_always_use_a_tool(live, stream: bool) -> None:

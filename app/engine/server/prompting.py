@@ -63,7 +63,7 @@ class PromptBuilder:
     ) -> None:
         self._engine = engine
         self._workers = anyio.CapacityLimiter(workers)
-        self._slow_workers = anyio.CapacityLimiter(max(1, workers // 2))
+        self._slow_workers = anyio.CapacityLimiter(max(1, workers // 4))
         self._remembered_turns = remembered_turns
         self._memory: TurnMemory | None = None
         self._strip_volatile = strip_volatile_metadata
@@ -74,9 +74,10 @@ class PromptBuilder:
 
         Two lanes: work starts on the quick workers, where a template render may take QUICK_RENDER_SECONDS;
         one that takes longer (a hostile template exploding on this input, or a huge conversation) is
-        stopped and run again from the start on the slow workers, under the template's full limits.
-        Renders that explode thus hold a quick worker for a tenth of a second each, not the 2 s limit:
-        16 of them made a normal request wait 7.9 s behind them, all four workers busy."""
+        stopped and run again from the start on the slow workers (a quarter as many: one by default, so
+        renders that spin hold the interpreter lock in one thread at most), under the template's full
+        limits. Renders that explode thus hold a quick worker for a tenth of a second each, not the 2 s
+        limit: 16 of them made a normal request wait 7.9 s behind them, all four workers busy."""
         try:
             return await anyio.to_thread.run_sync(_quick, work, *args, limiter=self._workers)
         except SlowRender:

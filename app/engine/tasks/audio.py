@@ -11,11 +11,12 @@ a cancel is seen between windows and between segments, a few seconds of audio ap
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from app.engine.loader.processor_config import PROCESSOR_FILE, read_processor_settings
 from app.engine.tasks.audio_decode import (
@@ -25,8 +26,8 @@ from app.engine.tasks.audio_decode import (
     CancelCheck,
     TranscriptionCancelled,
     decode_audio,
-    describe_audio,
     decode_pcm,
+    describe_audio,
 )
 from app.engine.tasks.transcript_formats import language_code
 
@@ -143,12 +144,14 @@ class Transcriber:
     def load(self) -> WhisperModel:
         with self._load_lock:
             if self._model is None:
-                self._model = _whisper_model_class()(
+                model = _whisper_model_class()(
                     str(self.model_path),
                     device=self.device,
                     compute_type=self.compute_type,
                     cpu_threads=self.cpu_threads,
                 )
+                model.model = _Interruptible(model.model)
+                self._model = model
             return self._model
 
     def transcribe(
@@ -181,22 +184,23 @@ class Transcriber:
         if progress:
             progress(0.0)
         segments: list[Segment] = []
-        for start, window in pcm.windows(WINDOW_SECONDS * SAMPLE_RATE):
-            offset = start / SAMPLE_RATE
-            raw_segments, info = model.transcribe(
-                window,
-                language=code,
-                initial_prompt=prompt or None,
-                temperature=list(FALLBACK_TEMPERATURES) if temperature == 0.0 else [temperature],
-                word_timestamps=word_timestamps,
-            )
-            code = code or info.language  # the first window's language holds for the rest
-            for raw in raw_segments:  # a generator: decoding happens as we iterate
-                segments.append(_convert_segment(raw, len(segments), offset))
-                if progress:
-                    progress(min(1.0, (offset + raw.end) / duration))
-                _check(cancel, f"at {offset + raw.end:.1f} s of {duration:.1f} s")
-            _check(cancel, f"at {offset + window.size / SAMPLE_RATE:.1f} s of {duration:.1f} s")
+        with _cancelled_by(cancel):  # also seen inside a segment, before each CTranslate2 step
+            for start, window in pcm.windows(WINDOW_SECONDS * SAMPLE_RATE):
+                offset = start / SAMPLE_RATE
+                raw_segments, info = model.transcribe(
+                    window,
+                    language=code,
+                    initial_prompt=prompt or None,
+                    temperature=list(FALLBACK_TEMPERATURES) if temperature == 0.0 else [temperature],
+                    word_timestamps=word_timestamps,
+                )
+                code = code or info.language  # the first window's language holds for the rest
+                for raw in raw_segments:  # a generator: decoding happens as we iterate
+                    segments.append(_convert_segment(raw, len(segments), offset))
+                    if progress:
+                        progress(min(1.0, (offset + raw.end) / duration))
+                    _check(cancel, f"at {offset + raw.end:.1f} s of {duration:.1f} s")
+                _check(cancel, f"at {offset + window.size / SAMPLE_RATE:.1f} s of {duration:.1f} s")
         if progress:
             progress(1.0)
         text = "".join(segment.text for segment in segments).strip()
@@ -221,6 +225,42 @@ def _whisper_model_class() -> type[WhisperModel]:
             return {key: value for key, value in settings.values.items() if key in known}
 
     return LayoutAwareWhisperModel
+
+
+class _Interruptible:
+    """faster-whisper's CTranslate2 model with the calling thread's cancel check before each step.
+
+    One segment can take several CTranslate2 calls (the encoder, then a decode per fallback temperature,
+    up to six on noise, each up to 448 tokens): checked only between segments, a transcription of noise
+    went on for 13.6 s after its client left. The model is shared by every request, so the check is
+    the one the calling thread set (`_cancelled_by`); a call in flight runs to its end."""
+
+    def __init__(self, model: Any) -> None:
+        self._model = model
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._model, name)
+        if name not in _STEPS:
+            return attribute
+
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            _check(getattr(_CURRENT, "cancel", None), f"before the model's {name} step")
+            return attribute(*args, **kwargs)
+
+        return checked
+
+
+_STEPS = frozenset({"encode", "generate", "align", "detect_language"})
+_CURRENT = threading.local()
+
+
+@contextlib.contextmanager
+def _cancelled_by(cancel: CancelCheck | None) -> Iterator[None]:
+    _CURRENT.cancel = cancel
+    try:
+        yield
+    finally:
+        _CURRENT.cancel = None
 
 
 def _check(cancel: CancelCheck | None, where: str) -> None:
