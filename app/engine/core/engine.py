@@ -512,4 +512,6 @@ class LLMEngine:
             kv_evicted_blocks_total=self.kv.evicted_blocks,
             preemptions_total=self.scheduler.num_preemptions,
             expert_bytes_copied_total=self.expert_streaming.bytes_copied if self.expert_streaming else 0,
+            spec_draft_tokens_total=self.speculator.drafted if self.speculator else 0,
+            spec_accepted_tokens_total=self.speculator.accepted if self.speculator else 0,
         )
