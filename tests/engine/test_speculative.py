@@ -256,3 +256,19 @@ def test_each_request_reports_drafted_and_accepted_tokens() -> None:
         "rejected_prediction_tokens": last.num_draft_tokens - last.num_accepted_tokens,
     }
     assert predictions([Completed()]) == {}  # nothing drafted: no fields
+
+
+def test_gpu_sampler_draws_a_verify_chunks_rows_at_successive_output_positions() -> None:
+    """The GPU sampler's noise is keyed by (seed, output position): a verify chunk's k+1 rows of one
+    request must be positions n..n+k (the noise decoding without drafts draws there), not n each time."""
+    from types import SimpleNamespace
+
+    from app.engine.request import Request
+    from app.engine.sample.gpu import GpuSampler
+
+    seeded = Request("a", [1, 2], SamplingParams(seed=5), output_token_ids=[7, 8, 9])
+    other = Request("b", [1, 2], SamplingParams(seed=6), output_token_ids=[7])
+    host = SimpleNamespace(_unseeded=0, default_seed=0)
+    seeds, steps = GpuSampler._seeds(host, [other, seeded, seeded, seeded])  # type: ignore[arg-type]
+    assert seeds.tolist() == [6, 5, 5, 5]
+    assert steps.tolist() == [1, 3, 4, 5]
