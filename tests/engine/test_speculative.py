@@ -272,3 +272,35 @@ def test_gpu_sampler_draws_a_verify_chunks_rows_at_successive_output_positions()
     seeds, steps = GpuSampler._seeds(host, [other, seeded, seeded, seeded])  # type: ignore[arg-type]
     assert seeds.tolist() == [6, 5, 5, 5]
     assert steps.tolist() == [1, 3, 4, 5]
+
+
+def test_numba_attention_of_a_few_queries_equals_each_as_a_decode() -> None:
+    """A chunk of a few queries (a verify chunk) attends on the decode kernel as that many one-token
+    steps: each query's output is bit-identical to its own decode step's (what keeps greedy drafts exact)."""
+    from app.engine.backend.base import AttentionMetadata
+    from app.engine.backend.cpu import CpuBackend
+    from app.engine.backend.cpu_fast import available
+    from app.engine.backend.cpu_fast.backend import FastCpuBackend
+
+    if not available()[0]:
+        pytest.skip("numba is not installed")
+    rng = np.random.default_rng(0)
+    backend = FastCpuBackend()
+    k_cache = rng.standard_normal((8, 4, 1, 16)).astype(np.float32)
+    v_cache = rng.standard_normal((8, 4, 1, 16)).astype(np.float32)
+    tables = np.array([[3, 1, 6, 2, 0], [5, 7, 4, 0, 0]], dtype=np.int32)
+
+    def attend(q: np.ndarray, counts: list[int], lens: list[int], on: Any = backend) -> np.ndarray:
+        loc = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+        meta = AttentionMetadata(query_start_loc=loc, seq_lens=np.array(lens, np.int32), block_tables=tables,
+                                 slot_mapping=None, positions=None, max_query_len=max(counts), max_seq_len=max(lens),
+                                 block_size=4, host_query_start_loc=loc, host_seq_lens=np.array(lens, np.int32))  # fmt: skip
+        return on.attention(q, k_cache, v_cache, meta, 0.25)
+
+    q = rng.standard_normal((7, 2, 16)).astype(np.float32)  # 5 queries of a 15-token sequence, 2 of a 10-token one
+    both = attend(q, [5, 2], [15, 10])
+    np.testing.assert_allclose(both, attend(q, [5, 2], [15, 10], CpuBackend()), rtol=1e-5, atol=1e-6)
+    for j in range(5):
+        alone = attend(q[j : j + 1].repeat(2, axis=0), [1, 1], [11 + j, 9])
+        assert np.array_equal(both[j], alone[0])
+    assert np.array_equal(both[6], attend(q[5:7], [1, 1], [14, 10])[1])
