@@ -1,8 +1,8 @@
 """Prompt-lookup speculative decoding on a code-editing workload: tokens/s with and without drafts.
 
-The embedded Gemma 3 270M on the CPU is asked to rewrite a ~120-line Python file with one small
-change (a function renamed), which it does by copying most of the file: where coding agents spend
-their decode time. The same greedy request runs alternately without and with `--speculative ngram`
+The embedded Gemma 3 270M on the CPU is shown a ~120-line Python file and then the start of "the same
+file with one function renamed", which it continues by copying the file: where coding agents spend
+their decode time (`copied_lines`: the share of output lines that are lines of the file). The same greedy request runs alternately without and with `--speculative ngram`
 (`ROUNDS` times each, prefix cache on so every timed run hits the prompt: decode is what is timed,
 from the first token to the last), checks both produce the same tokens, and prints decode tokens/s,
 the speed-up and the acceptance rate; `--out FILE` appends the figures as one JSON line.
@@ -52,10 +52,11 @@ def source_file() -> str:
 
 
 def prompt_ids(engine: LLMEngine) -> list[int]:
-    task = ("Rename the function price_of_plum to cost_of_plum in this file. Reply with the whole "
-            "updated file and nothing else.\n\n```python\n" + source_file() + "```")  # fmt: skip
-    text = engine.chat_template.render([{"role": "user", "content": task}], add_generation_prompt=True)
-    return engine.tokenizer.encode(text + "```python\n", add_special_tokens=False)
+    """A completion prompt (no chat turn: the small model copies a file it is shown more readily than it
+    follows an instruction to): the file, then the start of its edited copy."""
+    text = ("# file: shop.py\n```python\n" + source_file() + "```\n\n# The same file with price_of_plum renamed to "
+            "cost_of_plum:\n# file: shop.py\n```python\n")  # fmt: skip
+    return engine.tokenizer.encode(text)
 
 
 def timed(engine: LLMEngine, ids: list[int], params: SamplingParams) -> tuple[list[int], float]:
@@ -104,7 +105,8 @@ def main() -> None:
         "prompt_tokens": len(ids), "output_tokens": len(plain), "rounds": args.rounds,
         "tok_s_without": statistics.median(base), "tok_s_with_ngram": statistics.median(spec),
         "speedup": statistics.median(spec) / statistics.median(base), "drafted": drafted, "accepted": accepted,
-        "acceptance": accepted / drafted if drafted else None, "copies_file": source_file()[:200] in text,
+        "acceptance": accepted / drafted if drafted else None,
+        "copied_lines": sum(line in source_file().splitlines() for line in text.splitlines()) / max(1, len(text.splitlines())),
     }  # fmt: skip
     print(json.dumps(result, indent=1))
     print("output begins:", repr(text[:300]))
