@@ -145,7 +145,16 @@ def summarize(args: argparse.Namespace, results: list, wall: float) -> dict:
         "cached_tokens_mean": statistics.fmean(r.cached_tokens for r in results) if reported else None,
         "per_turn": per_turn,
         "wall_s": wall,
+        **speculation(results),
     }
+
+
+def speculation(results: list) -> dict:
+    """Speculative decoding's totals over the timed requests: drafted, accepted, acceptance rate."""
+    accepted = sum(r.accepted_prediction_tokens for r in results)
+    drafted = accepted + sum(r.rejected_prediction_tokens for r in results)
+    return {"draft_tokens": drafted, "accepted_draft_tokens": accepted,
+            "acceptance_rate": accepted / drafted if drafted else None}  # fmt: skip
 
 
 async def _run(args: argparse.Namespace) -> dict:
@@ -176,6 +185,9 @@ def run(args: argparse.Namespace) -> int:
         f"OSL {args.output_tokens}: {summary['output_throughput_tok_s']:.1f} output tok/s, "
         f"TTFT p50 {summary['ttft_p50_ms']:.1f} ms, ITL p50 {summary['itl_p50_ms']:.2f} ms"
     )
+    if summary["draft_tokens"]:
+        print(f"speculative: {summary['draft_tokens']} drafted, {summary['accepted_draft_tokens']} accepted "
+              f"({summary['acceptance_rate']:.0%})")  # fmt: skip
     if args.prefix_tokens or args.turns > 1:
         print(f"prefix {args.prefix_tokens} tokens, TTFT p99 {summary['ttft_p99_ms']:.1f} ms")
         for row in summary["per_turn"]:

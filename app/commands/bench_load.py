@@ -71,6 +71,9 @@ class TurnResult:
     prompt_tokens: int
     cached_tokens: int | None  # None: the server's usage has no prompt_tokens_details
     answer: str
+    # speculative decoding: drafted tokens accepted and rejected (usage's predicted-output fields)
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -152,6 +155,7 @@ async def run_session(
         tokens = usage.get("completion_tokens", 0)
         ttft = reply["ttft"]
         details = usage.get("prompt_tokens_details")
+        predicted = usage.get("completion_tokens_details") or {}
         results.append(
             TurnResult(
                 session=session,
@@ -163,6 +167,8 @@ async def run_session(
                 prompt_tokens=usage.get("prompt_tokens", 0),
                 cached_tokens=details.get("cached_tokens") if details else None,
                 answer=reply["answer"],
+                accepted_prediction_tokens=predicted.get("accepted_prediction_tokens") or 0,
+                rejected_prediction_tokens=predicted.get("rejected_prediction_tokens") or 0,
             )
         )
         history += [{"role": "user", "content": text}, {"role": "assistant", "content": reply["answer"]}]

@@ -84,6 +84,20 @@ def add_kv_arguments(parser: argparse.ArgumentParser) -> None:
                        "snapshot's memory holds in KV, at least a block, at most 4096; 0: only at its end)")
 
 
+def add_speculative_arguments(parser: argparse.ArgumentParser) -> None:
+    """Speculative decoding's flags (app/engine/spec/)."""
+    group = parser.add_argument_group("speculative decoding")
+    group.add_argument("--speculative", choices=["off", "ngram"], default="off",
+                       help="draft tokens and verify them in one step: ngram looks the last tokens up in the "
+                       "prompt and output (prompt lookup; pays where the answer repeats the prompt, as code "
+                       "edits do). Greedy output is unchanged; sampled output keeps its distribution (default off)")
+    group.add_argument("--num-draft-tokens", type=int, default=8, metavar="K",
+                       help="most drafted tokens per request and step; each request adapts its own between 2 "
+                       "and K from its acceptance (default 8)")
+    group.add_argument("--speculative-max-batch", type=int, default=4, metavar="N",
+                       help="no drafts while more than N requests run: the batch keeps the device busy (default 4)")
+
+
 def engine_config(args: argparse.Namespace, **overrides: object) -> EngineConfig:
     """The EngineConfig the model arguments ask for (`--max-batch`, `--async-decode` and the KV flags
     where the command has them)."""
@@ -99,6 +113,9 @@ def engine_config(args: argparse.Namespace, **overrides: object) -> EngineConfig
         fields["max_num_seqs"] = args.max_batch
     if getattr(args, "async_decode", None) is not None:
         fields["async_decode"] = args.async_decode
+    if getattr(args, "speculative", None) is not None:  # the commands with add_speculative_arguments
+        fields.update(speculative=args.speculative, num_draft_tokens=args.num_draft_tokens,
+                      speculative_max_batch=args.speculative_max_batch)
     if getattr(args, "prefix_cache", None) is not None:  # the commands with add_kv_arguments
         fields.update(enable_prefix_caching=args.prefix_cache == "on", kv_dtype=args.kv_dtype,
                       kv_host_gb=args.kv_host_gb, kv_disk_gb=args.kv_disk_gb, kv_disk_dir=args.kv_disk_dir,

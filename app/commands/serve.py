@@ -52,7 +52,12 @@ TIMEOUT_FLAGS = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from app.commands.common import add_async_decode_argument, add_kv_arguments, add_model_arguments
+    from app.commands.common import (
+        add_async_decode_argument,
+        add_kv_arguments,
+        add_model_arguments,
+        add_speculative_arguments,
+    )
     from app.engine.server.settings import DEFAULT_HOST, DEFAULT_PORT, ServerSettings
 
     parser.epilog = EPILOG
@@ -65,6 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}")
     add_kv_arguments(parser)
+    add_speculative_arguments(parser)
     parser.add_argument(
         "--api-key",
         default=os.environ.get("PADDOCK_API_KEY"),

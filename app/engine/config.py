@@ -89,6 +89,12 @@ class EngineConfig:
     # None: as many tokens as one snapshot's bytes hold KV, plan/memory.py snapshot_interval)
     state_snapshot_gb: float | None = None
     state_snapshot_interval: int | None = None
+    # speculative decoding (app/engine/spec/): "ngram" (prompt lookup) or "off"; at most
+    # `num_draft_tokens` drafts per request and step (adapted per request from its acceptance),
+    # none while more than `speculative_max_batch` requests run
+    speculative: str = "off"
+    num_draft_tokens: int = 8
+    speculative_max_batch: int = 4
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda"):
@@ -112,6 +118,10 @@ class EngineConfig:
             raise ValueError("kv_host_gb and kv_disk_gb must be 0 (off) or positive")
         if self.state_snapshot_gb is not None and self.state_snapshot_gb < 0:
             raise ValueError(f"state_snapshot_gb must be 0 (off) or positive, got {self.state_snapshot_gb}")
+        if self.speculative not in ("off", "ngram"):
+            raise ValueError(f"speculative must be off or ngram, not {self.speculative!r}")
+        if self.num_draft_tokens < 1 or self.speculative_max_batch < 1:
+            raise ValueError("num_draft_tokens and speculative_max_batch must be at least 1")
         if self.state_snapshot_interval is not None and self.state_snapshot_interval < 0:
             raise ValueError(f"state_snapshot_interval must be 0 or positive, got {self.state_snapshot_interval}")
 

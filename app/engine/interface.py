@@ -71,6 +71,9 @@ class EngineStats:
     preemptions_total: int = 0  # running requests sent back to wait (recomputed later)
     # bytes of MoE experts copied from host RAM to the device over PCIe (--experts-on-gpu)
     expert_bytes_copied_total: int = 0
+    # speculative decoding: tokens drafted and verified, and of those accepted (app/engine/spec/)
+    spec_draft_tokens_total: int = 0
+    spec_accepted_tokens_total: int = 0
 
 
 class ContextOverflowError(ValueError):

@@ -73,6 +73,11 @@ class Request:
     # what the penalties read of the token history, folded in step by step: the sampler's own
     # sample/history.py TokenHistory (not named here: the request is a leaf below the sampler)
     token_history: Any = field(default=None, repr=False, compare=False)
+    # speculative decoding (app/engine/spec/): tokens proposed for the next step, set just before
+    # `schedule()` (the scheduler moves them into the decode's chunk), and the totals so far
+    draft_token_ids: list[int] = field(default_factory=list)
+    num_draft_tokens: int = 0  # drafted and verified
+    num_accepted_tokens: int = 0  # of those, accepted
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -152,3 +157,5 @@ class RequestOutput:
     num_output_tokens: int
     num_cached_tokens: int = 0
     error: str | None = None  # why this request failed (finish_reason "error")
+    num_draft_tokens: int = 0  # speculative decoding: tokens drafted and verified so far
+    num_accepted_tokens: int = 0  # of those, accepted

@@ -36,8 +36,9 @@ from app.engine.plan.shape import shape_of
 from app.engine.plan.tiers import offload_tiers
 from app.engine.request import Request, RequestOutput, RequestStatus, TokenLogprob
 from app.engine.sample.grammar import GrammarMasks
-from app.engine.sample.sampler import Sampler, deferrable
+from app.engine.sample.sampler import Sampler, deferrable, may_verify
 from app.engine.sampling_params import SamplingParams
+from app.engine.spec.speculator import build_speculator
 from app.engine.text.chat_template import chat_template_for
 from app.engine.worker.prefill_graphs import capture_prefill_graphs
 from app.engine.worker.runner import ModelRunner, allocate_caches, attention_caches
@@ -184,6 +185,13 @@ class LLMEngine:
         else:
             self.sampler = Sampler(self.tokenizer.eos_token_ids, config.seed, grammars)
         self.outputs = OutputProcessor(self.tokenizer, plan.max_model_len)
+        self.speculator = None
+        if config.speculative != "off" and cfg.is_hybrid:
+            log.info("speculative decoding off for this hybrid model: its recurrent state cannot roll back "
+                     "rejected drafts")  # fmt: skip
+        else:
+            self.speculator = build_speculator(config.speculative, config.num_draft_tokens,
+                                               config.speculative_max_batch, may_verify)  # fmt: skip
         self.pipeline = DecodePipeline(self.scheduler, self.runner.decodes_from_device)
         self.async_decode = plan.async_decode
         self.counters = _Counters()
@@ -244,6 +252,8 @@ class LLMEngine:
         not safe, the step in flight is resolved first and this one runs from the host's ids."""
         ahead = self.pipeline.can_look_ahead()  # False with nothing in flight
         outputs = self._resolve() if self.pipeline.in_flight is not None and not ahead else []
+        if self.speculator is not None and self.pipeline.in_flight is None:
+            self.speculator.propose(self.scheduler.running, self.max_model_len)
         scheduled = self.scheduler.schedule()
         outputs += [self._end(request) for request in scheduled.finished]  # outgrew the whole KV cache
         if not scheduled.chunks:
@@ -254,7 +264,9 @@ class LLMEngine:
             self.scheduler.update(scheduled, {})
             return outputs
         logits = self._for_sampler(logits)
-        defer = ahead or (self.async_decode and all(deferrable(r) for r in sampling))
+        if any(c.draft_token_ids for c in scheduled.chunks):
+            return outputs + self._verify(scheduled, logits)
+        defer = ahead or (self.async_decode and all(deferrable(r) for r in sampling) and not self._drafting())
         pending = self._launch(logits, sampling) if defer else None
         if ahead:  # the step in flight's host work, while this one runs
             outputs += self._resolve()
@@ -303,6 +315,57 @@ class LLMEngine:
         self.scheduler.update(scheduled, {request.request_id: token for request, token, _ in rows})
         requests, token_ids = [row[0] for row in rows], [row[1] for row in rows]
         return failed + self._postprocess(requests, token_ids, [row[2] for row in rows])
+
+    def _drafting(self) -> bool:
+        """Whether the next step may draft: then this one is sampled now (drafts need its token)."""
+        return self.speculator is not None and self.speculator.active(self.scheduler.running)
+
+    def _verify(self, scheduled: SchedulerOutput, logits: Any) -> list[RequestOutput]:
+        """Sample a step with verify chunks: each of a verify chunk's k+1 rows with the ordinary
+        sampler, then keep the drafts its samples agree with (spec/verify.py). If the batch's sample
+        fails, the step's requests fail (verify rows are never deferred or retried alone)."""
+        assert self.speculator is not None
+        chunks = [c for c in scheduled.chunks if c.samples]
+        rows = [c.request for c in chunks for _ in range(c.num_sampled_rows)]
+        try:
+            result = self.sampler.sample(logits, rows)
+        except Exception as exc:
+            return [self._fail(c.request, exc, "sampling") for c in chunks if self._live(c.request)]
+        sampled: dict[str, int | list[int]] = {}
+        rows_out: list[tuple[Request, bool, list[int], list[TokenLogprob | None]]] = []
+        at = 0
+        for chunk in chunks:
+            n, request = chunk.num_sampled_rows, chunk.request
+            tokens, logprobs = result.token_ids[at : at + n], result.logprobs[at : at + n]
+            at += n
+            if not self._live(request):
+                continue
+            if chunk.draft_token_ids:
+                tokens = self.speculator.verify(request, chunk.draft_token_ids, tokens)
+                sampled[request.request_id] = tokens
+            else:
+                sampled[request.request_id] = tokens[0]
+            rows_out.append((request, bool(chunk.draft_token_ids), tokens, logprobs))
+        self.scheduler.update(scheduled, sampled)
+        plain = [(r, t[0], lp[0]) for r, verified, t, lp in rows_out if not verified]
+        outputs = self._postprocess([p[0] for p in plain], [p[1] for p in plain], [p[2] for p in plain])
+        return outputs + [self._emit(r, t, lp) for r, verified, t, lp in rows_out if verified]
+
+    def _emit(self, request: Request, tokens: list[int], logprobs: list[TokenLogprob | None]) -> RequestOutput:
+        """A verify step's tokens, appended and stop-checked one by one; at a stop the rest are dropped
+        and the request's computed tokens cut to what it kept (the prefix cache takes only those)."""
+        try:
+            for token, logprob in zip(tokens, logprobs, strict=False):
+                request.output_token_ids.append(token)
+                self.counters.generation_tokens += 1
+                status = self.outputs.process(request, token, logprob)
+                if status is not None:
+                    request.num_computed_tokens = min(request.num_computed_tokens, request.num_tokens - 1)
+                    self.scheduler.finish(request, status)
+                    return self._end(request)
+            return self.outputs.output(request)
+        except Exception as exc:
+            return self._fail(request, exc, "postprocessing")
 
     def _sample_row_by_row(
         self, logits: Any, sampling: list[Request]
@@ -386,6 +449,8 @@ class LLMEngine:
 
     def _forget(self, request: Request) -> None:
         self.sampler.forget(request.request_id)
+        if self.speculator is not None:
+            self.speculator.forget(request.request_id)
         self.outputs.forget(request.request_id)
 
     def persist_prefix_cache(self) -> int:
@@ -447,4 +512,6 @@ class LLMEngine:
             kv_evicted_blocks_total=self.kv.evicted_blocks,
             preemptions_total=self.scheduler.num_preemptions,
             expert_bytes_copied_total=self.expert_streaming.bytes_copied if self.expert_streaming else 0,
+            spec_draft_tokens_total=self.speculator.drafted if self.speculator else 0,
+            spec_accepted_tokens_total=self.speculator.accepted if self.speculator else 0,
         )

@@ -18,10 +18,13 @@ def finished_line(request: Request, now: float) -> str:
     ttft = f"TTFT {first - request.arrival_time:.3f} s" if first is not None else "no token"
     decode_s = now - first if first is not None else 0.0
     rate = f"{(request.num_output_tokens - 1) / decode_s:.1f} tok/s" if decode_s > 0 and request.num_output_tokens > 1 else "- tok/s"
+    drafted = request.num_draft_tokens
+    spec = (f", drafted {drafted}, accepted {request.num_accepted_tokens} ({request.num_accepted_tokens / drafted:.0%})"
+            if drafted else "")  # fmt: skip
     return (
         f"request {request.request_id} {request.status.finish_reason or request.status.value}: "
         f"prompt {request.num_prompt_tokens} tokens, {cached}, {ttft}, "
-        f"output {request.num_output_tokens} tokens, {rate}"
+        f"output {request.num_output_tokens} tokens, {rate}{spec}"
     )
 
 

@@ -36,6 +36,13 @@ Hybrid models (`kv.state`, cache/state_cache.py): admission also needs a free st
 are `max_num_seqs`), a preempted request gives its slot up and later resumes from a state
 snapshot or from zero, prefill chunks are cut to end at the state cache's snapshot points, and
 the step's state copies (restores before the forward, snapshot saves after) ride in the output.
+
+Speculative decoding (app/engine/spec/): a decoding request may carry drafted tokens
+(`request.draft_token_ids`, set by the engine before `schedule()`). Its decode chunk then covers
+the last sampled token and the drafts, k+1 tokens that all sample; fewer drafts when the budget or
+the free blocks are short. `update()` advances such a request past the tokens the verifier
+accepted only (rejected drafts' KV lies past `num_computed_tokens`: never cached, overwritten later)
+and leaves appending the emitted tokens to the engine, which stop-checks them one by one.
 """
 
 from __future__ import annotations
@@ -75,13 +82,21 @@ class ScheduledChunk:
     """Tokens `request.all_token_ids[start:start + num_tokens]` are processed this step.
 
     `start` equals `num_computed_tokens` at schedule time; `samples` is true when the
-    chunk reaches the end of the known tokens, so the step samples the next one.
+    chunk reaches the end of the known tokens, so the step samples the next one. A decode with
+    drafts: its last `len(draft_token_ids)` tokens are the drafts (not in `all_token_ids`), and
+    every one of its tokens samples (a verify chunk).
     """
 
     request: Request
     start: int
     num_tokens: int
     samples: bool
+    draft_token_ids: tuple[int, ...] = ()
+
+    @property
+    def num_sampled_rows(self) -> int:
+        """Logit rows this chunk returns: one per drafted token and one after them, or 0/1."""
+        return len(self.draft_token_ids) + 1 if self.draft_token_ids else int(self.samples)
 
 
 @dataclass(frozen=True)
@@ -216,15 +231,20 @@ class Scheduler:
             if request.status == RequestStatus.RUNNING and request.num_pending_tokens == 1:
                 self._schedule_running(request, step, takes_turn=False)
         self._schedule_prefills(step)
+        for request in self._running:
+            request.draft_token_ids = []  # used by this step's chunk or not at all
         copies = self.kv.state.take_copies() if self.kv.state is not None else StateCopies()
         return SchedulerOutput(
             step.chunks, sum(c.num_tokens for c in step.chunks), step.preempted, step.finished, copies
         )
 
-    def update(self, output: SchedulerOutput, sampled: dict[str, int]) -> None:
+    def update(self, output: SchedulerOutput, sampled: dict[str, int | list[int]]) -> None:
         """Record a finished step: advance `num_computed_tokens`, append sampled tokens.
 
-        Chunks of requests finished or aborted since `schedule()` are skipped.
+        A verify chunk's value is the list of tokens it emits (accepted drafts, then the target's
+        own token): only the last sampled token and the accepted drafts count as computed, and the
+        engine appends the emitted tokens itself. Chunks of requests finished or aborted since
+        `schedule()` are skipped.
         """
         now = time.monotonic()
         for chunk in output.chunks:
@@ -235,6 +255,11 @@ class Scheduler:
             ):
                 continue
             assert request.num_computed_tokens == chunk.start, "update() out of step with schedule()"
+            if chunk.draft_token_ids:
+                emitted = sampled[request.request_id]
+                assert isinstance(emitted, list) and 1 <= len(emitted) <= chunk.num_tokens
+                request.num_computed_tokens += len(emitted)  # the last token + the accepted drafts
+                continue
             request.num_computed_tokens += chunk.num_tokens
             if self.kv.state is not None:
                 self.kv.state.step_done(request)
@@ -242,7 +267,9 @@ class Scheduler:
                 continue
             if request.request_id not in sampled:
                 raise ValueError(f"no sampled token for request {request.request_id!r}, whose chunk samples")
-            request.output_token_ids.append(sampled[request.request_id])
+            token = sampled[request.request_id]
+            assert isinstance(token, int), "a list of tokens for a chunk without drafts"
+            request.output_token_ids.append(token)
             if request.first_token_time is None:
                 request.first_token_time = now
             assert request.num_tokens <= self.config.max_model_len, (
@@ -314,11 +341,13 @@ class Scheduler:
                 break
 
     def _schedule_running(self, request: Request, step: _Step, takes_turn: bool) -> None:
-        """Give a running request a chunk of its pending tokens, unless it had to go."""
-        wanted = self._chunk_tokens(request, min(request.num_pending_tokens, step.budget))
+        """Give a running request a chunk of its pending tokens (a decode: and its drafts), unless it
+        had to go."""
+        drafts = request.draft_token_ids if request.num_pending_tokens == 1 else []
+        wanted = self._chunk_tokens(request, min(request.num_pending_tokens + len(drafts), step.budget))
         granted = self._grow(request, wanted, step)
         if granted:
-            self._add(request, granted, step)
+            self._add(request, granted, step, tuple(drafts[: granted - request.num_pending_tokens]))
             if takes_turn:
                 self._turns.served(request.session_id)
 
@@ -350,9 +379,9 @@ class Scheduler:
             num_tokens = self.kv.state.chunk_tokens(request, start, num_tokens)
         return num_tokens
 
-    def _add(self, request: Request, num_tokens: int, step: _Step) -> None:
+    def _add(self, request: Request, num_tokens: int, step: _Step, drafts: tuple[int, ...] = ()) -> None:
         start = request.num_computed_tokens
-        chunk = step.add(request, num_tokens)
+        chunk = step.add(request, num_tokens, drafts)
         if self.kv.state is not None:
             self.kv.state.plan_save(request, start, num_tokens, chunk.samples)
 
@@ -401,6 +430,7 @@ class Scheduler:
         self._running.remove(request)
         self.kv.free(request)
         request.num_computed_tokens = 0
+        request.draft_token_ids = []
         request.status = RequestStatus.PREEMPTED
         self._waiting.setdefault(request.session_id, deque()).appendleft(request)
         step.preempted.append(request)
@@ -417,10 +447,10 @@ class _Step:
         self.out_of_blocks = False  # a preemption for KV blocks happened: no admissions in this step
         self.finished: list[Request] = []
 
-    def add(self, request: Request, num_tokens: int) -> ScheduledChunk:
+    def add(self, request: Request, num_tokens: int, drafts: tuple[int, ...] = ()) -> ScheduledChunk:
         start = request.num_computed_tokens
-        samples = start + num_tokens == request.num_tokens
-        chunk = ScheduledChunk(request, start, num_tokens, samples)
+        samples = start + num_tokens - len(drafts) == request.num_tokens
+        chunk = ScheduledChunk(request, start, num_tokens, samples, drafts)
         self.chunks.append(chunk)
         self.scheduled.add(request.request_id)
         self.budget -= num_tokens

@@ -221,7 +221,15 @@ class GpuSampler:
             else:  # unseeded: a fresh stream per draw, derived from the engine's seed
                 self._unseeded += 1
                 seeds[i] = (self.default_seed << 32) + self._unseeded
-        steps = np.array([r.num_output_tokens for r in requests], dtype=np.uint64)
+        # a verify chunk's k+1 rows (one request, consecutive: spec/verify.py) are output positions
+        # n, n+1, ..., so each draws its own noise, the very noise decoding without drafts would draw
+        # there: a seeded request's tokens are the same with and without drafts
+        steps = np.empty(len(requests), dtype=np.uint64)
+        previous, repeat = None, 0
+        for i, r in enumerate(requests):
+            repeat = repeat + 1 if r is previous else 0
+            previous = r
+            steps[i] = r.num_output_tokens + repeat
         return seeds, steps
 
     def _cutoffs(self, logits: Any, params: list, inv_t: np.ndarray) -> Any:

@@ -73,6 +73,19 @@ def deferrable(request: Request) -> bool:
     return not penalised(request) and request.sampling_params.logprobs is None and not constrained(request)
 
 
+def may_verify(request: Request) -> bool:
+    """Whether a row may carry drafted tokens (app/engine/spec/): its k+1 positions are then sampled in
+    one batch, so nothing may depend on the tokens before each one but the logits: no penalties (token
+    history), no grammar (a matcher that takes each token), no min_tokens ban still in force (it lifts
+    at a token count), and no images (a request's image spans are placed by position)."""
+    return (
+        not penalised(request)
+        and not constrained(request)
+        and request.num_output_tokens >= request.sampling_params.min_tokens
+        and not request.images
+    )
+
+
 class Sampler:
     def __init__(
         self, eos_token_ids: frozenset[int], default_seed: int = 0, grammars: GrammarMasks | None = None

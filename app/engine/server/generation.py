@@ -45,6 +45,8 @@ class Completed:
     prompt_tokens: int = 0
     output_tokens: int = 0
     cached_tokens: int = 0
+    draft_tokens: int = 0  # speculative decoding: drafted and verified
+    accepted_tokens: int = 0  # of those, accepted
 
     def add(self, out: RequestOutput) -> None:
         self.text += out.new_text
@@ -53,6 +55,7 @@ class Completed:
         self.finish_reason, self.stop_reason = out.finish_reason, out.stop_reason
         self.prompt_tokens, self.output_tokens = out.num_prompt_tokens, out.num_output_tokens
         self.cached_tokens = out.num_cached_tokens
+        self.draft_tokens, self.accepted_tokens = out.num_draft_tokens, out.num_accepted_tokens
 
 
 class Generation:
@@ -275,3 +278,13 @@ def disconnect_waiter(receive: Callable[[], Awaitable[dict[str, Any]]]) -> WaitF
             pass
 
     return wait
+
+
+def predictions(completed: list[Completed]) -> dict[str, int]:
+    """Speculative decoding's usage fields (OpenAI's predicted-output names): drafted tokens accepted
+    and rejected, summed over the choices; none when nothing was drafted."""
+    drafted = sum(result.draft_tokens for result in completed)
+    if not drafted:
+        return {}
+    accepted = sum(result.accepted_tokens for result in completed)
+    return {"accepted_prediction_tokens": accepted, "rejected_prediction_tokens": drafted - accepted}

@@ -106,6 +106,9 @@ class _EngineStatsCollector(Collector):
             ("paddock_engine_preemptions", "Running requests preempted (sent back to wait)", s.preemptions_total),
             ("paddock_engine_expert_copied_bytes", "MoE expert bytes copied from host RAM to the device",
              s.expert_bytes_copied_total),
+            ("paddock_engine_spec_draft_tokens", "Speculative tokens drafted and verified", s.spec_draft_tokens_total),
+            ("paddock_engine_spec_accepted_tokens", "Speculative drafted tokens accepted",
+             s.spec_accepted_tokens_total),
         ]  # fmt: skip
         for name, doc, value in counters:
             yield CounterMetricFamily(name, doc, value=value)

@@ -14,6 +14,7 @@ from app.engine.server.generation import (
     Generation,
     WaitForDisconnect,
     merged,
+    predictions,
     start_and_collect,
 )
 from app.engine.server.images import ImageCollector
@@ -179,7 +180,7 @@ class OpenAIServingChat:
             completion_tokens=output,
             total_tokens=prompt + output,
             prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
-            completion_tokens_details=CompletionTokensDetails(reasoning_tokens=reasoning),
+            completion_tokens_details=CompletionTokensDetails(reasoning_tokens=reasoning, **predictions(completed)),
         )
 
     # ---- stream ----------------------------------------------------------------------------

@@ -9,7 +9,14 @@ from typing import Any
 
 from app.engine import GrammarSpec
 from app.engine.server.errors import ApiError, Dialect, bad_request
-from app.engine.server.generation import Completed, Generation, WaitForDisconnect, merged, start_and_collect
+from app.engine.server.generation import (
+    Completed,
+    Generation,
+    WaitForDisconnect,
+    merged,
+    predictions,
+    start_and_collect,
+)
 from app.engine.server.images import ImageCollector, anthropic_image, join_text
 from app.engine.server.prompting import Prompt, function_tool, merge_system, tool_call_message
 from app.engine.server.protocol.anthropic import (
@@ -264,7 +271,7 @@ def _usage(result: Completed, thinking_tokens: int) -> Usage:
         input_tokens=result.prompt_tokens - result.cached_tokens,
         output_tokens=result.output_tokens,
         cache_read_input_tokens=result.cached_tokens,
-        output_tokens_details=OutputTokensDetails(thinking_tokens=thinking_tokens),
+        output_tokens_details=OutputTokensDetails(thinking_tokens=thinking_tokens, **predictions([result])),
     )
 
 

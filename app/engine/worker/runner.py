@@ -36,6 +36,12 @@ def token_slice(request: Request, start: int, count: int) -> list[int]:
     return tokens
 
 
+def chunk_token_ids(chunk: Any) -> list[int]:
+    """A chunk's input ids: its tokens of prompt + output, then its drafted tokens (a verify chunk)."""
+    drafts = chunk.draft_token_ids
+    return token_slice(chunk.request, chunk.start, chunk.num_tokens - len(drafts)) + list(drafts)
+
+
 def allocate_caches(
     backend: Any, cfg: Any, num_blocks: int, block_size: int, kv_dtype: str, state_rows: int
 ) -> list[Any]:
@@ -84,7 +90,7 @@ class ModelRunner:
         """Host arrays for one step: token ids, attention metadata, and the rows to sample."""
         token_ids: list[int] = []
         for chunk in chunks:
-            token_ids.extend(token_slice(chunk.request, chunk.start, chunk.num_tokens))
+            token_ids.extend(chunk_token_ids(chunk))
         meta, sample_rows = self.metadata(chunks)
         return np.asarray(token_ids, dtype=np.int32), meta, sample_rows
 
@@ -103,9 +109,12 @@ class ModelRunner:
         max_blocks = int(-(-seq_lens.max() // bs))
         block_tables = _block_tables(chunks, max_blocks)
         slot_mapping = (block_tables[seq_of_token, positions // bs] * bs + positions % bs).astype(np.int32)
+        # a chunk's last num_sampled_rows tokens sample (a verify chunk: every drafted position and the one after)
         sample_rows = np.array(
-            [query_start_loc[i + 1] - 1 for i, c in enumerate(chunks) if c.samples], dtype=np.int64
-        )
+            [row for i, c in enumerate(chunks) for row in range(query_start_loc[i + 1] - c.num_sampled_rows,
+                                                                  query_start_loc[i + 1])],
+            dtype=np.int64,
+        )  # fmt: skip
         b = self.backend
         meta = AttentionMetadata(
             query_start_loc=b.from_host(query_start_loc),
@@ -181,7 +190,10 @@ class ModelRunner:
         )
 
     def run(self, chunks: list[Any]) -> Any:
-        """Forward the batch; logits `[n_sampling_chunks, vocab]` for the chunks that sample."""
+        """Forward the batch; logits `[n_sampled_rows, vocab]`: a row per sampling chunk, k+1 rows per
+        verify chunk of k drafts (their steps run eagerly: no captured graph holds their shape)."""
+        if any(c.draft_token_ids for c in chunks):
+            return self._run_eager(chunks)
         if self.graphs is not None and self._is_graphable(chunks):
             return self._run_graph(chunks)
         if self.images is not None and any(self.images.touches_images(c) for c in chunks):

@@ -30,6 +30,10 @@ from app.engine.quant.dispatch import QuantizedTensor
 GEMV_MAX_ROWS = 8  # above this many activation rows, tiles + BLAS beat the per-row decode (bench/)
 TILE_VALUES = 1 << 21  # float32 values per decoded tile (8 MiB): L3-sized, enough rows for BLAS
 ATTENTION_CHUNK = 64  # prefill queries per causal chunk: small enough to skip most masked keys
+# chunks of at most this many queries (decodes, speculative verify chunks) attend as that many decodes
+# on the decode kernel: a query's result is then the same as a one-token step's (the same kernel, the same
+# order of sums), and a few queries over a long context skip the prefill path's gather and BLAS set-up
+QUERY_ROWS_AS_DECODES = 16
 
 
 class FastCpuBackend(CpuBackend):
@@ -99,9 +103,9 @@ class FastCpuBackend(CpuBackend):
         out = np.empty(q.shape, np.float32)
         with self._lock:
             self._set_threads(self.threads)
-            if meta.max_query_len == 1:
-                tables = np.asarray(meta.block_tables, dtype=np.int32)
-                starts, seq_lens = np.asarray(starts, dtype=np.int32), np.asarray(seq_lens, dtype=np.int32)
+            if meta.max_query_len <= QUERY_ROWS_AS_DECODES:
+                tables, starts, seq_lens = _as_decodes(np.asarray(meta.block_tables, dtype=np.int32),
+                                                       np.asarray(starts), np.asarray(seq_lens))  # fmt: skip
                 attention_decode(
                     q, k_cache, v_cache, tables, starts, seq_lens, float(scale), window, cap, out
                 )
@@ -198,6 +202,19 @@ def _attend(q, keys, values, ctx: int, scale: float, window: int, softcap: float
     causal_softmax(probs, n_q, ctx, float(scale), window, softcap)
     ctx_out = np.matmul(probs, values.transpose(1, 0, 2))  # [n_kv, group * n_q, d]
     return ctx_out.reshape(n_kv, group, n_q, d).transpose(2, 0, 1, 3).reshape(n_q, n_heads, d)
+
+
+def _as_decodes(tables: np.ndarray, starts: np.ndarray, seq_lens: np.ndarray) -> tuple[np.ndarray, ...]:
+    """A step's queries as one-token sequences for `attention_decode`: query j of a sequence whose chunk
+    has n queries over ctx positions sees its first ctx - n + 1 + j keys, through the same block table."""
+    counts = np.diff(starts).astype(np.int64)
+    if (counts == 1).all():
+        return tables, starts.astype(np.int32), seq_lens.astype(np.int32)
+    seq = np.repeat(np.arange(len(counts)), counts)
+    rows = np.arange(int(counts.sum()), dtype=np.int64)
+    within = rows - starts[:-1].astype(np.int64)[seq]
+    lens = seq_lens.astype(np.int64)[seq] - counts[seq] + 1 + within
+    return np.ascontiguousarray(tables[seq]), rows.astype(np.int32), lens.astype(np.int32)
 
 
 def _bias_columns(parts, biases):

@@ -142,6 +142,9 @@ StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
 
 class OutputTokensDetails(BaseModel):
     thinking_tokens: int  # counted in output_tokens too, thinking-block delimiters included
+    # speculative decoding (an extension, OpenAI's names): drafted tokens accepted and rejected
+    accepted_prediction_tokens: int | None = Field(default=None, exclude_if=lambda v: v is None)
+    rejected_prediction_tokens: int | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class Usage(BaseModel):

@@ -34,6 +34,10 @@ class PromptTokensDetails(BaseModel):
 
 class CompletionTokensDetails(BaseModel):
     reasoning_tokens: int = 0  # counted in completion_tokens too
+    # speculative decoding, under OpenAI's predicted-output names: drafted tokens the model accepted
+    # and rejected (absent when nothing was drafted)
+    accepted_prediction_tokens: int | None = Field(default=None, exclude_if=lambda v: v is None)
+    rejected_prediction_tokens: int | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class UsageInfo(BaseModel):

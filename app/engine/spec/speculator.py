@@ -1,0 +1,71 @@
+"""The engine's speculative decoding: which requests draft this step, how many tokens, and the outcome
+of each verify step (counted per request and fed back to the policy)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from app.engine.request import Request
+from app.engine.spec.ngram import NgramDrafter
+from app.engine.spec.policy import SpecPolicy
+from app.engine.spec.verify import accepted_tokens
+
+METHODS = ("off", "ngram")
+
+
+class Speculator:
+    def __init__(self, drafter: NgramDrafter, policy: SpecPolicy, may_draft: Callable[[Request], bool]) -> None:
+        self.drafter = drafter
+        self.policy = policy
+        self.may_draft = may_draft  # the sampler's say: rows whose tokens need no per-token host state
+        self.drafted = 0  # totals since start, for /metrics
+        self.accepted = 0
+
+    def active(self, running: Sequence[Request]) -> bool:
+        """Whether some running request may draft at this batch size (its steps then stay synchronous:
+        a draft needs the last token on the host)."""
+        return len(running) <= self.policy.max_batch and any(self.may_draft(r) for r in running)
+
+    def propose(self, running: Sequence[Request], max_model_len: int) -> None:
+        """Set `draft_token_ids` on each decoding request that drafts this step."""
+        for request in running:
+            if request.num_pending_tokens != 1 or not self.may_draft(request):
+                continue
+            k = min(self.policy.wanted(request, len(running)), room(request, max_model_len))
+            if k > 0:
+                request.draft_token_ids = self.drafter.propose(request.all_token_ids, k)
+
+    def verify(self, request: Request, drafts: Sequence[int], sampled: Sequence[int]) -> list[int]:
+        """The tokens a verify step emits for `request` (spec/verify.py), counted."""
+        emitted = accepted_tokens(drafts, sampled)
+        accepted = len(emitted) - 1
+        request.num_draft_tokens += len(drafts)
+        request.num_accepted_tokens += accepted
+        self.drafted += len(drafts)
+        self.accepted += accepted
+        self.policy.record(request, len(drafts), accepted)
+        return emitted
+
+    def forget(self, request_id: str) -> None:
+        self.policy.forget(request_id)
+
+
+def room(request: Request, max_model_len: int) -> int:
+    """Most drafts a request can take: a verify step emits up to k+1 tokens, within max_tokens and the
+    context."""
+    limit = max_model_len - request.num_tokens - 1
+    max_tokens = request.sampling_params.max_tokens
+    if max_tokens is not None:
+        limit = min(limit, max_tokens - request.num_output_tokens - 1)
+    return max(0, limit)
+
+
+def build_speculator(method: str, num_draft_tokens: int, max_batch: int,
+                     may_draft: Callable[[Request], bool]) -> Speculator | None:  # fmt: skip
+    """The speculator for `--speculative METHOD` (None: off)."""
+    if method not in METHODS:
+        raise ValueError(f"speculative must be one of {', '.join(METHODS)}, not {method!r}")
+    if method == "off":
+        return None
+    policy = SpecPolicy(max_k=num_draft_tokens, min_k=min(2, num_draft_tokens), max_batch=max_batch)
+    return Speculator(NgramDrafter(), policy, may_draft)

@@ -1,0 +1,306 @@
+"""Speculative decoding (app/engine/spec/): drafts verified in one step change nothing about what is
+generated. Greedy tokens equal decoding without drafts (embedded Gemma 3 270M, tiny random models of
+each family); sampled tokens keep the target's distribution (chi-square against the model's own
+probabilities); the prefix cache and preemption never see a rejected draft."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from app.engine.config import EngineConfig
+from app.engine.core.engine import LLMEngine
+from app.engine.sample.sampler import may_verify
+from app.engine.sampling_params import SamplingParams
+from app.engine.spec.ngram import NgramDrafter
+from app.engine.spec.policy import SpecPolicy
+from app.engine.spec.speculator import Speculator, build_speculator
+from app.engine.spec.verify import accepted_tokens
+
+FAMILIES = Path(__file__).resolve().parents[1] / "fixtures" / "families"
+FAMILY_MODELS = sorted(p for p in FAMILIES.glob("*/*.gguf"))
+GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+CODE = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n"
+
+
+def tiny_engine(path: Path, **fields: Any) -> LLMEngine:
+    settings: dict[str, Any] = dict(model=str(path), device="cpu", cpu_kernels="numpy", max_model_len=256,
+                                    max_num_seqs=8, max_num_batched_tokens=128, speculative="ngram",
+                                    speculative_max_batch=64)  # fmt: skip
+    return LLMEngine(EngineConfig(**{**settings, **fields}))
+
+
+def loop_prompt(seed: int, n: int = 40) -> list[int]:
+    """Random tokens repeated: the continuation of each n-gram is in the prompt."""
+    part = [int(t) for t in np.random.default_rng(seed).integers(3, 256, n // 2)]
+    return part + part
+
+
+def without_drafts(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
+    speculator, engine.speculator = engine.speculator, None
+    try:
+        return [r["token_ids"] for r in engine.generate(prompts, params)]
+    finally:
+        engine.speculator = speculator
+
+
+# -- the pieces ---------------------------------------------------------------------------------
+
+
+def test_ngram_takes_the_longest_suffix_and_its_latest_occurrence() -> None:
+    drafter = NgramDrafter(min_n=1, max_n=3)
+    # suffix [1, 2, 3] occurs at 0 (followed by 7, 8) and at 5 (followed by 9): the latest wins
+    assert drafter.propose([1, 2, 3, 7, 8, 1, 2, 3, 9, 4, 1, 2, 3], 2) == [9, 4]
+    # no 3-gram or 2-gram match: the 1-gram [5] at index 1 proposes what followed it
+    assert drafter.propose([4, 5, 6, 7, 5], 3) == [6, 7, 5]
+    assert drafter.propose([1, 2, 3], 4) == []  # no earlier occurrence of any suffix
+    assert drafter.propose([1, 2, 1], 0) == []
+    with pytest.raises(ValueError, match="n-gram sizes"):
+        NgramDrafter(min_n=3, max_n=2)
+
+
+def test_verification_keeps_the_agreeing_prefix_then_the_targets_token() -> None:
+    assert accepted_tokens([5, 6, 7], [5, 6, 7, 8]) == [5, 6, 7, 8]  # all accepted, then the bonus
+    assert accepted_tokens([5, 6, 7], [5, 9, 7, 8]) == [5, 9]  # rejected at 1: the target's 9 replaces 6
+    assert accepted_tokens([5], [4, 4]) == [4]
+    with pytest.raises(ValueError, match="3 drafts need 4 samples"):
+        accepted_tokens([1, 2, 3], [1, 2])
+
+
+def test_policy_adapts_k_pauses_on_low_acceptance_and_stops_for_large_batches() -> None:
+    from app.engine.request import Request
+
+    policy = SpecPolicy(max_k=6, min_k=2, max_batch=4, min_acceptance=0.3, pause_steps=2)
+    request = Request("r", [1, 2, 3], SamplingParams())
+    assert policy.wanted(request, batch=5) == 0  # batch over the limit
+    assert policy.wanted(request, batch=1) == 6
+    policy.record(request, drafted=6, accepted=1)
+    assert policy.wanted(request, batch=1) == 2  # one more than were accepted, at least min_k
+    policy.record(request, drafted=2, accepted=2)
+    assert policy.wanted(request, batch=1) == 3  # all accepted: one more
+    for _ in range(4):
+        policy.record(request, drafted=3, accepted=0)
+    assert [policy.wanted(request, batch=1) for _ in range(3)] == [0, 0, 2]  # paused two steps, then retries
+
+
+def test_config_and_builder_refuse_unknown_methods() -> None:
+    with pytest.raises(ValueError, match="speculative must be off or ngram"):
+        EngineConfig(speculative="eagle")
+    with pytest.raises(ValueError, match="num_draft_tokens"):
+        EngineConfig(num_draft_tokens=0)
+    with pytest.raises(ValueError, match="speculative must be one of"):
+        build_speculator("medusa", 4, 4, may_verify)
+    assert build_speculator("off", 4, 4, may_verify) is None
+
+
+# -- greedy: the same tokens --------------------------------------------------------------------
+
+
+def test_embedded_gemma_greedy_tokens_equal_without_drafts(embedded_engine: LLMEngine) -> None:
+    engine = embedded_engine
+    ids = engine.tokenizer.encode(CODE * 3 + "Repeat the code above exactly:\n")
+    params = SamplingParams(max_tokens=40, temperature=0.0)
+    expected = without_drafts(engine, [ids], params)
+    engine.speculator = build_speculator("ngram", 8, 4, may_verify)
+    try:
+        got = engine.generate([ids], params)[0]
+        speculator = engine.speculator
+    finally:
+        engine.speculator = None
+    assert got["token_ids"] == expected[0]
+    assert speculator.drafted > 0 and speculator.accepted > 0  # drafts were verified and some kept
+    engine.scheduler.check_integrity()
+
+
+@pytest.mark.parametrize("path", FAMILY_MODELS, ids=lambda p: p.parent.name)
+def test_tiny_family_greedy_tokens_equal_without_drafts(path: Path) -> None:
+    engine = tiny_engine(path)
+    prompts = [loop_prompt(seed) for seed in range(3)]
+    expected = without_drafts(engine, prompts, GREEDY)
+    results = engine.generate(prompts, GREEDY)
+    assert [r["token_ids"] for r in results] == expected
+    assert engine.speculator is not None and engine.speculator.drafted > 0
+    stats = engine.stats()
+    assert (stats.spec_draft_tokens_total, stats.spec_accepted_tokens_total) == (
+        engine.speculator.drafted, engine.speculator.accepted)  # fmt: skip
+    engine.scheduler.check_integrity()
+
+
+# -- sampled: the same distribution --------------------------------------------------------------
+
+
+class FixedDrafter:
+    """Always proposes the same drafts: a test's control over which tokens get verified."""
+
+    def __init__(self, drafts: list[int]) -> None:
+        self.drafts = drafts
+
+    def propose(self, tokens: list[int], k: int) -> list[int]:
+        return self.drafts[:k]
+
+
+def top_probs(engine: LLMEngine, prompt: list[int], top_k: int) -> dict[int, float]:
+    """The sampler's distribution after `prompt` at temperature 1 with top-k: the model's top-k
+    probabilities renormalised."""
+    params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=top_k)
+    speculator, engine.speculator = engine.speculator, None
+    try:
+        top = engine.generate([prompt], params)[0]["logprobs"][0].top
+    finally:
+        engine.speculator = speculator
+    probs = np.exp([lp for _, lp in top])
+    return {t: float(p) for (t, _), p in zip(top, probs / probs.sum(), strict=True)}
+
+
+def chi_square(counts: dict[int, int], probs: dict[int, float]) -> float:
+    n = sum(counts.values())
+    assert set(counts) <= set(probs), f"drew tokens outside the top-k: {set(counts) - set(probs)}"
+    return sum((counts.get(t, 0) - n * p) ** 2 / (n * p) for t, p in probs.items())
+
+
+def test_sampled_tokens_keep_the_targets_distribution() -> None:
+    """The first decode verifies two drafts: one the model likes (accepted, or rejected and resampled
+    without it) and, after it, one the model rarely takes. Given the prefill's token t0, the tokens at
+    both drafted positions must follow the model's own top-k distribution."""
+    engine = tiny_engine(FAMILIES / "llama" / "llama-bf16-q8_0.gguf", max_num_seqs=64, max_num_batched_tokens=512)
+    prompt = loop_prompt(7, 12)
+    top_k = 4
+    start = top_probs(engine, prompt, top_k)
+    t0 = max(start, key=start.__getitem__)  # the prefill's likeliest token (p ~ 0.5): half the draws start with it
+    first = top_probs(engine, [*prompt, t0], top_k)
+    draft0 = max(first, key=first.__getitem__)
+    second = top_probs(engine, [*prompt, t0, draft0], top_k)
+    draft1 = min(second, key=second.__getitem__)  # the rejection path, mostly
+    speculator = engine.speculator
+    assert isinstance(speculator, Speculator)
+    speculator.drafter = FixedDrafter([draft0, draft1])
+    speculator.policy = SpecPolicy(max_k=2, min_k=2, max_batch=64)
+    params = SamplingParams(max_tokens=4, temperature=1.0, top_k=top_k, ignore_eos=True)
+    tokens = []
+    for _ in range(20):  # 1,280 draws: rows share the engine's generator, so each is its own draw
+        tokens += [r["token_ids"] for r in engine.generate([prompt] * 64, params)]
+    assert speculator.drafted >= 2 * len(tokens)  # each request's first decode verified both drafts
+    firsts: dict[int, int] = {}
+    seconds: dict[int, int] = {}
+    for out in tokens:
+        if out[0] != t0:
+            continue
+        firsts[out[1]] = firsts.get(out[1], 0) + 1
+        if out[1] == draft0:
+            seconds[out[2]] = seconds.get(out[2], 0) + 1
+    assert sum(seconds.values()) >= 150, (firsts, seconds)
+    # df = 3; chi-square above 16.27 has probability 0.001 under the hypothesis
+    assert chi_square(firsts, first) < 16.27, (firsts, first)
+    assert chi_square(seconds, second) < 16.27, (seconds, second)
+
+
+# -- the prefix cache and preemption ------------------------------------------------------------
+
+
+def test_prefix_cache_never_holds_a_rejected_draft() -> None:
+    """A request whose drafts were partly rejected leaves only its real tokens' KV in the prefix cache:
+    its whole sequence sent again hits full blocks and continues exactly as decoding without drafts."""
+    engine = tiny_engine(FAMILIES / "qwen3" / "qwen3-kquants.gguf", block_size=4)
+    prompt = loop_prompt(3)
+    first = engine.generate([prompt], GREEDY)[0]
+    assert engine.speculator is not None
+    assert engine.speculator.accepted < engine.speculator.drafted, "no draft was rejected: the test shows nothing"
+    again = prompt + first["token_ids"]
+    result = engine.generate([again], GREEDY)[0]
+    assert result["num_cached_tokens"] == (len(again) - 1) // 4 * 4
+    assert result["token_ids"] == without_drafts(tiny_engine(FAMILIES / "qwen3" / "qwen3-kquants.gguf",
+                                                             enable_prefix_caching=False), [again], GREEDY)[0]
+    engine.scheduler.check_integrity()
+
+
+def test_preempted_speculative_requests_resume_with_the_same_tokens() -> None:
+    path = FAMILIES / "llama" / "llama-bf16-q8_0.gguf"
+    prompts = [loop_prompt(seed, 60) for seed in range(6)]
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    expected = without_drafts(tiny_engine(path), prompts, params)
+    tight = tiny_engine(path, num_kv_blocks=14, block_size=16)
+    results = tight.generate(prompts, params)
+    assert tight.scheduler.num_preemptions > 0
+    assert tight.speculator is not None and tight.speculator.drafted > 0
+    assert [r["token_ids"] for r in results] == expected
+    tight.scheduler.check_integrity()
+
+
+# -- reporting ----------------------------------------------------------------------------------
+
+
+def test_each_request_reports_drafted_and_accepted_tokens() -> None:
+    """The request's outputs, its log line and the API's usage fields carry what it drafted and accepted."""
+    from app.engine.core.request_log import finished_line
+    from app.engine.request import Request, RequestStatus
+    from app.engine.server.generation import Completed, predictions
+
+    engine = tiny_engine(FAMILIES / "qwen3" / "qwen3-kquants.gguf")
+    engine.add_request("r", loop_prompt(3), GREEDY)
+    outputs = []
+    while engine.has_unfinished():
+        outputs += engine.step()
+    last = outputs[-1]
+    assert last.finished and last.num_draft_tokens == engine.speculator.drafted > 0
+    assert last.num_accepted_tokens == engine.speculator.accepted
+    done = Request("x", [1, 2], GREEDY, num_draft_tokens=10, num_accepted_tokens=4)
+    done.status = RequestStatus.FINISHED_LENGTH
+    assert "drafted 10, accepted 4 (40%)" in finished_line(done, 0.0)
+    completed = Completed()
+    completed.add(last)
+    assert predictions([completed]) == {
+        "accepted_prediction_tokens": last.num_accepted_tokens,
+        "rejected_prediction_tokens": last.num_draft_tokens - last.num_accepted_tokens,
+    }
+    assert predictions([Completed()]) == {}  # nothing drafted: no fields
+
+
+def test_gpu_sampler_draws_a_verify_chunks_rows_at_successive_output_positions() -> None:
+    """The GPU sampler's noise is keyed by (seed, output position): a verify chunk's k+1 rows of one
+    request must be positions n..n+k (the noise decoding without drafts draws there), not n each time."""
+    from types import SimpleNamespace
+
+    from app.engine.request import Request
+    from app.engine.sample.gpu import GpuSampler
+
+    seeded = Request("a", [1, 2], SamplingParams(seed=5), output_token_ids=[7, 8, 9])
+    other = Request("b", [1, 2], SamplingParams(seed=6), output_token_ids=[7])
+    host = SimpleNamespace(_unseeded=0, default_seed=0)
+    seeds, steps = GpuSampler._seeds(host, [other, seeded, seeded, seeded])  # type: ignore[arg-type]
+    assert seeds.tolist() == [6, 5, 5, 5]
+    assert steps.tolist() == [1, 3, 4, 5]
+
+
+def test_numba_attention_of_a_few_queries_equals_each_as_a_decode() -> None:
+    """A chunk of a few queries (a verify chunk) attends on the decode kernel as that many one-token
+    steps: each query's output is bit-identical to its own decode step's (what keeps greedy drafts exact)."""
+    from app.engine.backend.base import AttentionMetadata
+    from app.engine.backend.cpu import CpuBackend
+    from app.engine.backend.cpu_fast import available
+    from app.engine.backend.cpu_fast.backend import FastCpuBackend
+
+    if not available()[0]:
+        pytest.skip("numba is not installed")
+    rng = np.random.default_rng(0)
+    backend = FastCpuBackend()
+    k_cache = rng.standard_normal((8, 4, 1, 16)).astype(np.float32)
+    v_cache = rng.standard_normal((8, 4, 1, 16)).astype(np.float32)
+    tables = np.array([[3, 1, 6, 2, 0], [5, 7, 4, 0, 0]], dtype=np.int32)
+
+    def attend(q: np.ndarray, counts: list[int], lens: list[int], on: Any = backend) -> np.ndarray:
+        loc = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+        meta = AttentionMetadata(query_start_loc=loc, seq_lens=np.array(lens, np.int32), block_tables=tables,
+                                 slot_mapping=None, positions=None, max_query_len=max(counts), max_seq_len=max(lens),
+                                 block_size=4, host_query_start_loc=loc, host_seq_lens=np.array(lens, np.int32))  # fmt: skip
+        return on.attention(q, k_cache, v_cache, meta, 0.25)
+
+    q = rng.standard_normal((7, 2, 16)).astype(np.float32)  # 5 queries of a 15-token sequence, 2 of a 10-token one
+    both = attend(q, [5, 2], [15, 10])
+    np.testing.assert_allclose(both, attend(q, [5, 2], [15, 10], CpuBackend()), rtol=1e-5, atol=1e-6)
+    for j in range(5):
+        alone = attend(q[j : j + 1].repeat(2, axis=0), [1, 1], [11 + j, 9])
+        assert np.array_equal(both[j], alone[0])
+    assert np.array_equal(both[6], attend(q[5:7], [1, 1], [14, 10])[1])
