@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from app.engine.loader.names import CheckpointError
 from app.engine.models.config import GGUF_KEYS, ModelConfig, common_from_gguf, common_from_hf
 from app.engine.plan.vision_fit import (
     VisionShape,
@@ -112,10 +113,14 @@ def gguf_config(meta: Mapping[str, Any], vocab_size: int) -> ModelConfig:
     arch = str(meta.get("general.architecture") or "")
     if not arch:
         raise ValueError("GGUF metadata has no general.architecture")
-    try:  # a family reads its own per-layer arrays (which layers have attention, their KV heads)
-        return family(arch).config_from_gguf(dict(meta), vocab_size)
+    try:
+        parse = family(arch).config_from_gguf
     except UnsupportedArchitecture:
         return _shared_gguf_config(_largest_per_layer(dict(meta), arch), arch, vocab_size)
+    try:  # the hybrid and Gemma 4 families read their per-layer arrays (which layers have attention...)
+        return parse(dict(meta), vocab_size)
+    except (CheckpointError, TypeError):  # a family that takes scalars only: each array's largest value
+        return parse(_largest_per_layer(dict(meta), arch), vocab_size)
 
 
 def hf_config(config: Mapping[str, Any]) -> ModelConfig:
