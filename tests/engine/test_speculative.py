@@ -5,6 +5,7 @@ probabilities); the prefix cache and preemption never see a rejected draft."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -87,8 +88,12 @@ def test_policy_adapts_k_pauses_on_low_acceptance_and_stops_for_large_batches() 
 
 
 def test_config_and_builder_refuse_unknown_methods() -> None:
-    with pytest.raises(ValueError, match="speculative must be off or ngram"):
+    with pytest.raises(ValueError, match="speculative must be off, ngram or draft"):
         EngineConfig(speculative="eagle")
+    with pytest.raises(ValueError, match="speculative draft needs a draft model"):
+        EngineConfig(speculative="draft")
+    with pytest.raises(ValueError, match="needs a draft model's drafter"):
+        build_speculator("draft", 4, 4, may_verify)
     with pytest.raises(ValueError, match="num_draft_tokens"):
         EngineConfig(num_draft_tokens=0)
     with pytest.raises(ValueError, match="speculative must be one of"):
@@ -127,6 +132,104 @@ def test_tiny_family_greedy_tokens_equal_without_drafts(path: Path) -> None:
     assert (stats.spec_draft_tokens_total, stats.spec_accepted_tokens_total) == (
         engine.speculator.drafted, engine.speculator.accepted)  # fmt: skip
     engine.scheduler.check_integrity()
+
+
+# -- the draft model (core/draft_model.py) ------------------------------------------------------
+
+LLAMA = FAMILIES / "llama" / "llama-bf16-q8_0.gguf"
+QWEN2 = FAMILIES / "qwen2" / "qwen2-q8_0.gguf"  # another random model of llama's 256-token vocabulary
+
+
+@pytest.mark.parametrize("draft", [LLAMA, QWEN2], ids=["itself", "another_model"])
+def test_draft_model_greedy_tokens_equal_without_drafts(draft: Path) -> None:
+    """Drafts from the model itself are all accepted; drafts from an unrelated random model mostly
+    rejected. Either way the tokens are those of decoding without drafts."""
+    engine = tiny_engine(LLAMA, speculative="draft", draft_model=str(draft))
+    prompts = [loop_prompt(seed) for seed in range(3)]
+    expected = without_drafts(engine, prompts, GREEDY)
+    assert [r["token_ids"] for r in engine.generate(prompts, GREEDY)] == expected
+    speculator = engine.speculator
+    assert speculator is not None and speculator.drafted > 0
+    if draft == LLAMA:
+        assert speculator.accepted == speculator.drafted  # greedy self-drafts: the target agrees everywhere
+    else:
+        assert speculator.accepted < speculator.drafted, "every draft accepted: the models are not different"
+    engine.scheduler.check_integrity()
+
+
+def test_draft_model_proposes_its_greedy_continuation_from_cached_kv() -> None:
+    """A proposal is the draft model's own greedy continuation; the next proposal, a few accepted tokens
+    later, reuses the draft KV of the blocks the previous one computed."""
+    engine = tiny_engine(LLAMA, speculative="draft", draft_model=str(QWEN2), block_size=4)
+    drafter = engine.speculator.drafter
+    draft_engine = drafter.engine
+    prompt = loop_prompt(5)
+    greedy = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    alone = tiny_engine(QWEN2, speculative="off", enable_prefix_caching=False)
+    assert drafter.propose(prompt, 5) == alone.generate([prompt], greedy)[0]["token_ids"]
+    cached = draft_engine.counters.cached_tokens
+    longer = [*prompt, 7, 8, 9]
+    assert drafter.propose(longer, 3) == alone.generate([longer], SamplingParams(
+        max_tokens=3, temperature=0.0, ignore_eos=True))[0]["token_ids"]  # fmt: skip
+    assert draft_engine.counters.cached_tokens - cached == len(prompt) // 4 * 4  # the prompt's full blocks
+    assert drafter.propose(prompt, 0) == []
+    assert drafter.propose(prompt, draft_engine.max_model_len) == []  # past its context: no drafts
+
+
+def test_draft_model_of_another_tokenizer_is_refused_naming_both_files() -> None:
+    gemma = FAMILIES / "gemma3" / "gemma3-f16.gguf"  # a SentencePiece vocabulary of 260 tokens
+    with pytest.raises(ValueError, match="vocabulary of 260 tokens") as error:
+        tiny_engine(LLAMA, speculative="draft", draft_model=str(gemma))
+    assert str(gemma) in str(error.value) and str(LLAMA) in str(error.value)
+
+
+def test_draft_model_flags_reach_the_engine_config() -> None:
+    from app.cli import build_parser
+    from app.commands.common import engine_config
+
+    for command in (["serve"], ["generate", "hello"]):
+        args = build_parser().parse_args([*command, "--speculative", "draft", "--draft-model", str(QWEN2)])
+        config = engine_config(args)
+        assert (config.speculative, config.draft_model) == ("draft", str(QWEN2))
+    with pytest.raises(ValueError, match="speculative draft needs a draft model"):
+        engine_config(build_parser().parse_args(["serve", "--speculative", "draft"]))
+
+
+def test_same_sized_vocabularies_with_other_tokens_are_refused() -> None:
+    from app.engine.core.draft_model import check_same_tokenizer
+
+    target, draft = tiny_engine(LLAMA, speculative="off").tokenizer, tiny_engine(QWEN2, speculative="off").tokenizer
+
+    class Renamed:
+        """llama's tokenizer with one token string changed."""
+
+        vocab_size = draft.vocab_size
+
+        def id_to_token(self, token_id: int) -> str:
+            return "<changed>" if token_id == 255 else draft.id_to_token(token_id)
+
+    check_same_tokenizer(target, draft, "a.gguf", "b.gguf")  # the same vocabulary: no error
+    with pytest.raises(ValueError, match=r"b\.gguf and model a\.gguf have different tokenizers: token 255"):
+        check_same_tokenizer(target, Renamed(), "a.gguf", "b.gguf")  # type: ignore[arg-type]
+
+
+def test_draft_model_requests_report_their_drafts_and_the_draft_engine_logs_none(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    engine = tiny_engine(LLAMA, speculative="draft", draft_model=str(LLAMA))
+    with caplog.at_level(logging.INFO, logger="paddock.requests"):
+        for i in range(2):
+            engine.add_request(f"r{i}", loop_prompt(i), GREEDY)
+        finals = []
+        while engine.has_unfinished():
+            finals += [out for out in engine.step() if out.finished]
+    assert sum(out.num_draft_tokens for out in finals) == engine.speculator.drafted > 0
+    assert sum(out.num_accepted_tokens for out in finals) == engine.speculator.accepted
+    stats = engine.stats()
+    assert (stats.spec_draft_tokens_total, stats.spec_accepted_tokens_total) == (
+        engine.speculator.drafted, engine.speculator.accepted)  # fmt: skip
+    lines = [r.getMessage() for r in caplog.records if r.name == "paddock.requests"]
+    assert len(lines) == 2 and all("accepted" in line and "(100%)" in line for line in lines)  # the target's only
 
 
 # -- sampled: the same distribution --------------------------------------------------------------
