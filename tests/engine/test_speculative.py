@@ -140,6 +140,28 @@ LLAMA = FAMILIES / "llama" / "llama-bf16-q8_0.gguf"
 QWEN2 = FAMILIES / "qwen2" / "qwen2-q8_0.gguf"  # another random model of llama's 256-token vocabulary
 
 
+def test_embedded_gemma_greedy_tokens_equal_with_itself_as_draft_model(embedded_engine: LLMEngine) -> None:
+    from app.engine.core.draft_model import DraftModelDrafter, check_same_tokenizer, draft_config
+
+    engine = embedded_engine
+    config = EngineConfig(model="default", device="cpu", speculative="draft", draft_model="default",
+                          kv_cache_bytes=64 << 20)  # fmt: skip
+    draft = LLMEngine(draft_config(config, engine.max_model_len))
+    check_same_tokenizer(engine.tokenizer, draft.tokenizer, "target", "draft")
+    ids = engine.tokenizer.encode(CODE + "Write a function that multiplies two numbers:\n")
+    params = SamplingParams(max_tokens=24, temperature=0.0)
+    expected = without_drafts(engine, [ids], params)
+    engine.speculator = build_speculator("draft", 6, 4, may_verify, DraftModelDrafter(draft, engine.model_config.vocab_size))
+    try:
+        got = engine.generate([ids], params)[0]
+        speculator = engine.speculator
+    finally:
+        engine.speculator = None
+    assert got["token_ids"] == expected[0]
+    assert speculator.drafted > 0 and speculator.accepted > 0.9 * speculator.drafted  # the same model agrees
+    engine.scheduler.check_integrity()
+
+
 @pytest.mark.parametrize("draft", [LLAMA, QWEN2], ids=["itself", "another_model"])
 def test_draft_model_greedy_tokens_equal_without_drafts(draft: Path) -> None:
     """Drafts from the model itself are all accepted; drafts from an unrelated random model mostly
@@ -155,6 +177,18 @@ def test_draft_model_greedy_tokens_equal_without_drafts(draft: Path) -> None:
     else:
         assert speculator.accepted < speculator.drafted, "every draft accepted: the models are not different"
     engine.scheduler.check_integrity()
+
+
+def test_preempted_requests_with_a_draft_model_resume_with_the_same_tokens() -> None:
+    prompts = [loop_prompt(seed, 60) for seed in range(6)]
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    expected = without_drafts(tiny_engine(LLAMA), prompts, params)
+    tight = tiny_engine(LLAMA, speculative="draft", draft_model=str(QWEN2), num_kv_blocks=14, block_size=16)
+    results = tight.generate(prompts, params)
+    assert tight.scheduler.num_preemptions > 0
+    assert tight.speculator is not None and tight.speculator.drafted > 0
+    assert [r["token_ids"] for r in results] == expected
+    tight.scheduler.check_integrity()
 
 
 def test_draft_model_proposes_its_greedy_continuation_from_cached_kv() -> None:

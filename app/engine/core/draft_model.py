@@ -50,12 +50,14 @@ class DraftModelDrafter:
 
 def draft_config(config: EngineConfig, max_model_len: int) -> EngineConfig:
     """The draft model's engine: the target's device, kernels and KV layout, within its context, one
-    request at a time and no drafts of its own."""
+    request at a time and no drafts of its own. On a GPU it is built after the target took its share
+    of the free memory, and takes half of that share of what is left: the target's step buffers need
+    the rest."""
     assert config.draft_model is not None
     return EngineConfig(
         model=config.draft_model, device=config.device, max_model_len=max_model_len, max_num_seqs=1,
         max_num_batched_tokens=config.max_num_batched_tokens, block_size=config.block_size,
-        kv_cache_bytes=config.kv_cache_bytes, gpu_memory_utilization=config.gpu_memory_utilization,
+        kv_cache_bytes=config.kv_cache_bytes, gpu_memory_utilization=max(0.05, config.gpu_memory_utilization / 2),
         kv_dtype=config.kv_dtype, cuda_graphs=config.cuda_graphs, cpu_kernels=config.cpu_kernels,
         threads=config.threads,
     )  # fmt: skip
