@@ -48,6 +48,16 @@ def without_drafts(engine: LLMEngine, prompts: list[list[int]], params: Sampling
         engine.speculator = speculator
 
 
+def with_drafts(engine: LLMEngine, speculator: Speculator, ids: list[int], params: SamplingParams) -> list[int]:
+    """`ids`' tokens from an engine built without drafts (the shared embedded model) drafting with
+    `speculator` for this request only."""
+    engine.speculator = speculator
+    try:
+        return engine.generate([ids], params)[0]["token_ids"]
+    finally:
+        engine.speculator = None
+
+
 # -- the pieces ---------------------------------------------------------------------------------
 
 
@@ -109,13 +119,8 @@ def test_embedded_gemma_greedy_tokens_equal_without_drafts(embedded_engine: LLME
     ids = engine.tokenizer.encode(CODE * 3 + "Repeat the code above exactly:\n")
     params = SamplingParams(max_tokens=40, temperature=0.0)
     expected = without_drafts(engine, [ids], params)
-    engine.speculator = build_speculator("ngram", 8, 4, may_verify)
-    try:
-        got = engine.generate([ids], params)[0]
-        speculator = engine.speculator
-    finally:
-        engine.speculator = None
-    assert got["token_ids"] == expected[0]
+    speculator = build_speculator("ngram", 8, 4, may_verify)
+    assert speculator is not None and with_drafts(engine, speculator, ids, params) == expected[0]
     assert speculator.drafted > 0 and speculator.accepted > 0  # drafts were verified and some kept
     engine.scheduler.check_integrity()
 
@@ -151,13 +156,8 @@ def test_embedded_gemma_greedy_tokens_equal_with_itself_as_draft_model(embedded_
     ids = engine.tokenizer.encode(CODE + "Write a function that multiplies two numbers:\n")
     params = SamplingParams(max_tokens=24, temperature=0.0)
     expected = without_drafts(engine, [ids], params)
-    engine.speculator = build_speculator("draft", 6, 4, may_verify, DraftModelDrafter(draft, engine.model_config.vocab_size))
-    try:
-        got = engine.generate([ids], params)[0]
-        speculator = engine.speculator
-    finally:
-        engine.speculator = None
-    assert got["token_ids"] == expected[0]
+    speculator = build_speculator("draft", 6, 4, may_verify, DraftModelDrafter(draft, engine.model_config.vocab_size))
+    assert speculator is not None and with_drafts(engine, speculator, ids, params) == expected[0]
     assert speculator.drafted > 0 and speculator.accepted > 0.9 * speculator.drafted  # the same model agrees
     engine.scheduler.check_integrity()
 
