@@ -210,6 +210,21 @@ def test_draft_model_proposes_its_greedy_continuation_from_cached_kv() -> None:
     assert drafter.propose(prompt, draft_engine.max_model_len) == []  # past its context: no drafts
 
 
+def test_draft_ids_past_the_targets_vocabulary_end_the_draft() -> None:
+    """A draft model whose embedding has more rows than the target's may propose an id the target has
+    no logit for: the draft stops before it."""
+    from app.engine.core.draft_model import DraftModelDrafter
+
+    class Engine:
+        max_model_len = 64
+
+        def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[dict[str, Any]]:
+            return [{"token_ids": [5, 9, 300, 7][: params.max_tokens]}]
+
+    assert DraftModelDrafter(Engine(), target_vocab=256).propose([1, 2], 4) == [5, 9]
+    assert DraftModelDrafter(Engine(), target_vocab=512).propose([1, 2], 3) == [5, 9, 300]
+
+
 def test_draft_model_of_another_tokenizer_is_refused_naming_both_files() -> None:
     gemma = FAMILIES / "gemma3" / "gemma3-f16.gguf"  # a SentencePiece vocabulary of 260 tokens
     with pytest.raises(ValueError, match="vocabulary of 260 tokens") as error:
