@@ -87,10 +87,14 @@ def add_kv_arguments(parser: argparse.ArgumentParser) -> None:
 def add_speculative_arguments(parser: argparse.ArgumentParser) -> None:
     """Speculative decoding's flags (app/engine/spec/)."""
     group = parser.add_argument_group("speculative decoding")
-    group.add_argument("--speculative", choices=["off", "ngram"], default="off",
+    group.add_argument("--speculative", choices=["off", "ngram", "draft"], default="off",
                        help="draft tokens and verify them in one step: ngram looks the last tokens up in the "
                        "prompt and output (prompt lookup; pays where the answer repeats the prompt, as code "
-                       "edits do). Greedy output is unchanged; sampled output keeps its distribution (default off)")
+                       "edits do); draft runs --draft-model greedily. Greedy output is unchanged; sampled "
+                       "output keeps its distribution (default off)")
+    group.add_argument("--draft-model", default=None, metavar="PATH",
+                       help="with --speculative draft: a small model of the same tokenizer as --model (a "
+                       ".gguf file, a Hugging Face folder or a name in the models folder)")
     group.add_argument("--num-draft-tokens", type=int, default=8, metavar="K",
                        help="most drafted tokens per request and step; each request adapts its own between 2 "
                        "and K from its acceptance (default 8)")
@@ -115,7 +119,8 @@ def engine_config(args: argparse.Namespace, **overrides: object) -> EngineConfig
         fields["async_decode"] = args.async_decode
     if getattr(args, "speculative", None) is not None:  # the commands with add_speculative_arguments
         fields.update(speculative=args.speculative, num_draft_tokens=args.num_draft_tokens,
-                      speculative_max_batch=args.speculative_max_batch)
+                      speculative_max_batch=args.speculative_max_batch,
+                      draft_model=resolve_model(args.draft_model) if args.draft_model else None)
     if getattr(args, "prefix_cache", None) is not None:  # the commands with add_kv_arguments
         fields.update(enable_prefix_caching=args.prefix_cache == "on", kv_dtype=args.kv_dtype,
                       kv_host_gb=args.kv_host_gb, kv_disk_gb=args.kv_disk_gb, kv_disk_dir=args.kv_disk_dir,

@@ -89,12 +89,14 @@ class EngineConfig:
     # None: as many tokens as one snapshot's bytes hold KV, plan/memory.py snapshot_interval)
     state_snapshot_gb: float | None = None
     state_snapshot_interval: int | None = None
-    # speculative decoding (app/engine/spec/): "ngram" (prompt lookup) or "off"; at most
+    # speculative decoding (app/engine/spec/): "ngram" (prompt lookup), "draft" (a small model of the
+    # same tokenizer, `draft_model`: core/draft_model.py) or "off"; at most
     # `num_draft_tokens` drafts per request and step (adapted per request from its acceptance),
     # none while more than `speculative_max_batch` requests run
     speculative: str = "off"
     num_draft_tokens: int = 8
     speculative_max_batch: int = 4
+    draft_model: str | None = None  # speculative "draft": the draft model (a path or name, as `model`)
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda"):
@@ -118,8 +120,10 @@ class EngineConfig:
             raise ValueError("kv_host_gb and kv_disk_gb must be 0 (off) or positive")
         if self.state_snapshot_gb is not None and self.state_snapshot_gb < 0:
             raise ValueError(f"state_snapshot_gb must be 0 (off) or positive, got {self.state_snapshot_gb}")
-        if self.speculative not in ("off", "ngram"):
-            raise ValueError(f"speculative must be off or ngram, not {self.speculative!r}")
+        if self.speculative not in ("off", "ngram", "draft"):
+            raise ValueError(f"speculative must be off, ngram or draft, not {self.speculative!r}")
+        if self.speculative == "draft" and not self.draft_model:
+            raise ValueError("speculative draft needs a draft model (draft_model, --draft-model PATH)")
         if self.num_draft_tokens < 1 or self.speculative_max_batch < 1:
             raise ValueError("num_draft_tokens and speculative_max_batch must be at least 1")
         if self.state_snapshot_interval is not None and self.state_snapshot_interval < 0:

@@ -5,6 +5,7 @@ probabilities); the prefix cache and preemption never see a rejected draft."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,16 @@ def without_drafts(engine: LLMEngine, prompts: list[list[int]], params: Sampling
         engine.speculator = speculator
 
 
+def with_drafts(engine: LLMEngine, speculator: Speculator, ids: list[int], params: SamplingParams) -> list[int]:
+    """`ids`' tokens from an engine built without drafts (the shared embedded model) drafting with
+    `speculator` for this request only."""
+    engine.speculator = speculator
+    try:
+        return engine.generate([ids], params)[0]["token_ids"]
+    finally:
+        engine.speculator = None
+
+
 # -- the pieces ---------------------------------------------------------------------------------
 
 
@@ -87,8 +98,12 @@ def test_policy_adapts_k_pauses_on_low_acceptance_and_stops_for_large_batches() 
 
 
 def test_config_and_builder_refuse_unknown_methods() -> None:
-    with pytest.raises(ValueError, match="speculative must be off or ngram"):
+    with pytest.raises(ValueError, match="speculative must be off, ngram or draft"):
         EngineConfig(speculative="eagle")
+    with pytest.raises(ValueError, match="speculative draft needs a draft model"):
+        EngineConfig(speculative="draft")
+    with pytest.raises(ValueError, match="needs a draft model's drafter"):
+        build_speculator("draft", 4, 4, may_verify)
     with pytest.raises(ValueError, match="num_draft_tokens"):
         EngineConfig(num_draft_tokens=0)
     with pytest.raises(ValueError, match="speculative must be one of"):
@@ -104,13 +119,8 @@ def test_embedded_gemma_greedy_tokens_equal_without_drafts(embedded_engine: LLME
     ids = engine.tokenizer.encode(CODE * 3 + "Repeat the code above exactly:\n")
     params = SamplingParams(max_tokens=40, temperature=0.0)
     expected = without_drafts(engine, [ids], params)
-    engine.speculator = build_speculator("ngram", 8, 4, may_verify)
-    try:
-        got = engine.generate([ids], params)[0]
-        speculator = engine.speculator
-    finally:
-        engine.speculator = None
-    assert got["token_ids"] == expected[0]
+    speculator = build_speculator("ngram", 8, 4, may_verify)
+    assert speculator is not None and with_drafts(engine, speculator, ids, params) == expected[0]
     assert speculator.drafted > 0 and speculator.accepted > 0  # drafts were verified and some kept
     engine.scheduler.check_integrity()
 
@@ -127,6 +137,148 @@ def test_tiny_family_greedy_tokens_equal_without_drafts(path: Path) -> None:
     assert (stats.spec_draft_tokens_total, stats.spec_accepted_tokens_total) == (
         engine.speculator.drafted, engine.speculator.accepted)  # fmt: skip
     engine.scheduler.check_integrity()
+
+
+# -- the draft model (core/draft_model.py) ------------------------------------------------------
+
+LLAMA = FAMILIES / "llama" / "llama-bf16-q8_0.gguf"
+QWEN2 = FAMILIES / "qwen2" / "qwen2-q8_0.gguf"  # another random model of llama's 256-token vocabulary
+
+
+def test_embedded_gemma_greedy_tokens_equal_with_itself_as_draft_model(embedded_engine: LLMEngine) -> None:
+    from app.engine.core.draft_model import DraftModelDrafter, check_same_tokenizer, draft_config
+
+    engine = embedded_engine
+    config = EngineConfig(model="default", device="cpu", speculative="draft", draft_model="default",
+                          kv_cache_bytes=64 << 20)  # fmt: skip
+    draft = LLMEngine(draft_config(config, engine.max_model_len))
+    check_same_tokenizer(engine.tokenizer, draft.tokenizer, "target", "draft")
+    ids = engine.tokenizer.encode(CODE + "Write a function that multiplies two numbers:\n")
+    params = SamplingParams(max_tokens=24, temperature=0.0)
+    expected = without_drafts(engine, [ids], params)
+    speculator = build_speculator("draft", 6, 4, may_verify, DraftModelDrafter(draft, engine.model_config.vocab_size))
+    assert speculator is not None and with_drafts(engine, speculator, ids, params) == expected[0]
+    assert speculator.drafted > 0 and speculator.accepted > 0.9 * speculator.drafted  # the same model agrees
+    engine.scheduler.check_integrity()
+
+
+@pytest.mark.parametrize("draft", [LLAMA, QWEN2], ids=["itself", "another_model"])
+def test_draft_model_greedy_tokens_equal_without_drafts(draft: Path) -> None:
+    """Drafts from the model itself are all accepted; drafts from an unrelated random model mostly
+    rejected. Either way the tokens are those of decoding without drafts."""
+    engine = tiny_engine(LLAMA, speculative="draft", draft_model=str(draft))
+    prompts = [loop_prompt(seed) for seed in range(3)]
+    expected = without_drafts(engine, prompts, GREEDY)
+    assert [r["token_ids"] for r in engine.generate(prompts, GREEDY)] == expected
+    speculator = engine.speculator
+    assert speculator is not None and speculator.drafted > 0
+    if draft == LLAMA:
+        assert speculator.accepted == speculator.drafted  # greedy self-drafts: the target agrees everywhere
+    else:
+        assert speculator.accepted < speculator.drafted, "every draft accepted: the models are not different"
+    engine.scheduler.check_integrity()
+
+
+def test_preempted_requests_with_a_draft_model_resume_with_the_same_tokens() -> None:
+    prompts = [loop_prompt(seed, 60) for seed in range(6)]
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    expected = without_drafts(tiny_engine(LLAMA), prompts, params)
+    tight = tiny_engine(LLAMA, speculative="draft", draft_model=str(QWEN2), num_kv_blocks=14, block_size=16)
+    results = tight.generate(prompts, params)
+    assert tight.scheduler.num_preemptions > 0
+    assert tight.speculator is not None and tight.speculator.drafted > 0
+    assert [r["token_ids"] for r in results] == expected
+    tight.scheduler.check_integrity()
+
+
+def test_draft_model_proposes_its_greedy_continuation_from_cached_kv() -> None:
+    """A proposal is the draft model's own greedy continuation; the next proposal, a few accepted tokens
+    later, reuses the draft KV of the blocks the previous one computed."""
+    engine = tiny_engine(LLAMA, speculative="draft", draft_model=str(QWEN2), block_size=4)
+    drafter = engine.speculator.drafter
+    draft_engine = drafter.engine
+    prompt = loop_prompt(5)
+    greedy = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    alone = tiny_engine(QWEN2, speculative="off", enable_prefix_caching=False)
+    assert drafter.propose(prompt, 5) == alone.generate([prompt], greedy)[0]["token_ids"]
+    cached = draft_engine.counters.cached_tokens
+    longer = [*prompt, 7, 8, 9]
+    assert drafter.propose(longer, 3) == alone.generate([longer], SamplingParams(
+        max_tokens=3, temperature=0.0, ignore_eos=True))[0]["token_ids"]  # fmt: skip
+    assert draft_engine.counters.cached_tokens - cached == len(prompt) // 4 * 4  # the prompt's full blocks
+    assert drafter.propose(prompt, 0) == []
+    assert drafter.propose(prompt, draft_engine.max_model_len) == []  # past its context: no drafts
+
+
+def test_draft_ids_past_the_targets_vocabulary_end_the_draft() -> None:
+    """A draft model whose embedding has more rows than the target's may propose an id the target has
+    no logit for: the draft stops before it."""
+    from app.engine.core.draft_model import DraftModelDrafter
+
+    class Engine:
+        max_model_len = 64
+
+        def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[dict[str, Any]]:
+            return [{"token_ids": [5, 9, 300, 7][: params.max_tokens]}]
+
+    assert DraftModelDrafter(Engine(), target_vocab=256).propose([1, 2], 4) == [5, 9]
+    assert DraftModelDrafter(Engine(), target_vocab=512).propose([1, 2], 3) == [5, 9, 300]
+
+
+def test_draft_model_of_another_tokenizer_is_refused_naming_both_files() -> None:
+    gemma = FAMILIES / "gemma3" / "gemma3-f16.gguf"  # a SentencePiece vocabulary of 260 tokens
+    with pytest.raises(ValueError, match="vocabulary of 260 tokens") as error:
+        tiny_engine(LLAMA, speculative="draft", draft_model=str(gemma))
+    assert str(gemma) in str(error.value) and str(LLAMA) in str(error.value)
+
+
+def test_draft_model_flags_reach_the_engine_config() -> None:
+    from app.cli import build_parser
+    from app.commands.common import engine_config
+
+    for command in (["serve"], ["generate", "hello"]):
+        args = build_parser().parse_args([*command, "--speculative", "draft", "--draft-model", str(QWEN2)])
+        config = engine_config(args)
+        assert (config.speculative, config.draft_model) == ("draft", str(QWEN2))
+    with pytest.raises(ValueError, match="speculative draft needs a draft model"):
+        engine_config(build_parser().parse_args(["serve", "--speculative", "draft"]))
+
+
+def test_same_sized_vocabularies_with_other_tokens_are_refused() -> None:
+    from app.engine.core.draft_model import check_same_tokenizer
+
+    target, draft = tiny_engine(LLAMA, speculative="off").tokenizer, tiny_engine(QWEN2, speculative="off").tokenizer
+
+    class Renamed:
+        """llama's tokenizer with one token string changed."""
+
+        vocab_size = draft.vocab_size
+
+        def id_to_token(self, token_id: int) -> str:
+            return "<changed>" if token_id == 255 else draft.id_to_token(token_id)
+
+    check_same_tokenizer(target, draft, "a.gguf", "b.gguf")  # the same vocabulary: no error
+    with pytest.raises(ValueError, match=r"b\.gguf and model a\.gguf have different tokenizers: token 255"):
+        check_same_tokenizer(target, Renamed(), "a.gguf", "b.gguf")  # type: ignore[arg-type]
+
+
+def test_draft_model_requests_report_their_drafts_and_the_draft_engine_logs_none(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    engine = tiny_engine(LLAMA, speculative="draft", draft_model=str(LLAMA))
+    with caplog.at_level(logging.INFO, logger="paddock.requests"):
+        for i in range(2):
+            engine.add_request(f"r{i}", loop_prompt(i), GREEDY)
+        finals = []
+        while engine.has_unfinished():
+            finals += [out for out in engine.step() if out.finished]
+    assert sum(out.num_draft_tokens for out in finals) == engine.speculator.drafted > 0
+    assert sum(out.num_accepted_tokens for out in finals) == engine.speculator.accepted
+    stats = engine.stats()
+    assert (stats.spec_draft_tokens_total, stats.spec_accepted_tokens_total) == (
+        engine.speculator.drafted, engine.speculator.accepted)  # fmt: skip
+    lines = [r.getMessage() for r in caplog.records if r.name == "paddock.requests"]
+    assert len(lines) == 2 and all("accepted" in line and "(100%)" in line for line in lines)  # the target's only
 
 
 # -- sampled: the same distribution --------------------------------------------------------------

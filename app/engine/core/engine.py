@@ -18,6 +18,7 @@ from app.engine.cache.manager import KVCacheManager
 from app.engine.cache.offload import DeviceBlocks, kv_bytes_moved
 from app.engine.cache.state_cache import StateCache
 from app.engine.config import DEFAULT_MODEL, EngineConfig
+from app.engine.core.draft_model import DraftModelDrafter, check_same_tokenizer, draft_config
 from app.engine.core.output_processor import OutputProcessor
 from app.engine.core.pipeline import DecodePipeline
 from app.engine.core.request_log import log_finished
@@ -84,6 +85,7 @@ class _Counters:
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
+        self.log_requests = True  # a draft model's engine (core/draft_model.py) logs none
         started = time.monotonic()
         self._open_checkpoint()
         self._load_model()
@@ -164,6 +166,15 @@ class LLMEngine:
         self.kv = KVCacheManager(plan.num_blocks, plan.block_size, enable_prefix_caching=self.config.enable_prefix_caching,
                                  tiers=tiers, state=state)  # fmt: skip
 
+    def _load_draft_model(self) -> DraftModelDrafter:
+        """`--draft-model` in an engine of its own (core/draft_model.py); refused unless its tokenizer is
+        this model's."""
+        draft = LLMEngine(draft_config(self.config, self.plan.max_model_len))
+        draft.log_requests = False  # one request per proposal: the target's request line reports the drafts
+        check_same_tokenizer(self.tokenizer, draft.tokenizer, str(self.path), str(draft.path))
+        log.info("draft model %s (%s) for speculative decoding", draft.info.name, draft.model_config.architecture)
+        return DraftModelDrafter(draft, self.model_config.vocab_size)
+
     def _build_request_path(self) -> None:
         """Scheduler, sampler, output processing and the look-ahead pipeline; what the API reports."""
         config, plan, cfg = self.config, self.plan, self.model_config
@@ -190,8 +201,9 @@ class LLMEngine:
             log.info("speculative decoding off for this hybrid model: its recurrent state cannot roll back "
                      "rejected drafts")  # fmt: skip
         else:
+            drafter = self._load_draft_model() if config.speculative == "draft" else None
             self.speculator = build_speculator(config.speculative, config.num_draft_tokens,
-                                               config.speculative_max_batch, may_verify)  # fmt: skip
+                                               config.speculative_max_batch, may_verify, drafter)  # fmt: skip
         self.pipeline = DecodePipeline(self.scheduler, self.runner.decodes_from_device)
         self.async_decode = plan.async_decode
         self.counters = _Counters()
@@ -418,7 +430,8 @@ class LLMEngine:
         self.counters.finished += 1
         self.counters.cached_tokens += request.num_cached_tokens
         self.counters.cached_by_tier.update(request.cached_tokens_by_tier)
-        log_finished(request)
+        if self.log_requests:
+            log_finished(request)
         out = self.outputs.output(request)
         self._forget(request)
         return out

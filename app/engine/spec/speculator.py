@@ -4,17 +4,27 @@ of each verify step (counted per request and fed back to the policy)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from app.engine.request import Request
 from app.engine.spec.ngram import NgramDrafter
 from app.engine.spec.policy import SpecPolicy
 from app.engine.spec.verify import accepted_tokens
 
-METHODS = ("off", "ngram")
+METHODS = ("off", "ngram", "draft")
+
+
+class Drafter(Protocol):
+    """What proposes drafts: prompt lookup (spec/ngram.py) or a draft model (core/draft_model.py, a
+    floor above: it runs a model of its own)."""
+
+    def propose(self, tokens: list[int], k: int) -> list[int]:
+        """Up to `k` tokens likely to follow `tokens` (a request's prompt and output so far)."""
+        ...
 
 
 class Speculator:
-    def __init__(self, drafter: NgramDrafter, policy: SpecPolicy, may_draft: Callable[[Request], bool]) -> None:
+    def __init__(self, drafter: Drafter, policy: SpecPolicy, may_draft: Callable[[Request], bool]) -> None:
         self.drafter = drafter
         self.policy = policy
         self.may_draft = may_draft  # the sampler's say: rows whose tokens need no per-token host state
@@ -60,12 +70,15 @@ def room(request: Request, max_model_len: int) -> int:
     return max(0, limit)
 
 
-def build_speculator(method: str, num_draft_tokens: int, max_batch: int,
-                     may_draft: Callable[[Request], bool]) -> Speculator | None:  # fmt: skip
-    """The speculator for `--speculative METHOD` (None: off)."""
+def build_speculator(method: str, num_draft_tokens: int, max_batch: int, may_draft: Callable[[Request], bool],
+                     drafter: Drafter | None = None) -> Speculator | None:  # fmt: skip
+    """The speculator for `--speculative METHOD` (None: off); "draft" takes its loaded draft model's
+    drafter."""
     if method not in METHODS:
         raise ValueError(f"speculative must be one of {', '.join(METHODS)}, not {method!r}")
     if method == "off":
         return None
+    if method == "draft" and drafter is None:
+        raise ValueError("speculative draft needs a draft model's drafter (core/draft_model.py)")
     policy = SpecPolicy(max_k=num_draft_tokens, min_k=min(2, num_draft_tokens), max_batch=max_batch)
-    return Speculator(NgramDrafter(), policy, may_draft)
+    return Speculator(drafter if method == "draft" else NgramDrafter(), policy, may_draft)
