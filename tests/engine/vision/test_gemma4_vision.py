@@ -17,6 +17,7 @@ import pytest
 from app.engine.backend.cpu import CpuBackend
 from app.engine.loader.names import CheckpointError
 from app.engine.models.vision.gemma4_config import load_gemma4_vision
+from app.engine.models.vision.gemma4_processing import grid_positions
 from app.engine.models.vision.gemma4_vision import Gemma4VisionTower
 
 FIXTURE = Path(__file__).parents[2] / "fixtures" / "gemma4_vision"
@@ -63,3 +64,90 @@ def test_non_axial_rope_is_named():
     config["vision_config"]["rope_parameters"] = {"rope_type": "default", "rope_theta": 100.0}
     with pytest.raises(CheckpointError, match="axial"):
         load_gemma4_vision(FIXTURE, config)
+
+
+ENGINE = json.loads((FIXTURE / "engine.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from app.engine.config import EngineConfig
+    from app.engine.core.engine import LLMEngine
+
+    return LLMEngine(EngineConfig(model=str(FIXTURE / "hf"), device="cpu", max_model_len=256, block_size=4))
+
+
+def test_patches_equal_the_hf_processor(engine):
+    prepared = engine.vision.prepare((FIXTURE / "image.png").read_bytes())
+    (view,) = prepared.views
+    with np.load(FIXTURE / "engine.npz") as data:
+        np.testing.assert_allclose(view.pixel_values, data["pixel_values"], atol=1e-6, rtol=0)
+        np.testing.assert_array_equal(grid_positions(view.grid_thw), data["positions"])
+    assert engine.vision.tokens_for(view) == ENGINE["soft_tokens"]
+
+
+def test_greedy_answer_to_an_image_equals_transformers(engine):
+    from app.engine.sampling_params import SamplingParams
+
+    view = engine.vision.prepare((FIXTURE / "image.png").read_bytes()).views[0]
+    params = SamplingParams(temperature=0.0, max_tokens=len(ENGINE["greedy"]), logprobs=5)
+    result = engine.generate([ENGINE["token_ids"]], params, images=[[view]])[0]
+    assert result["token_ids"] == ENGINE["greedy"]
+    with np.load(FIXTURE / "engine.npz") as data:
+        shifted = data["logits"] - data["logits"].max()
+    log_softmax = shifted - np.log(np.exp(shifted).sum())
+    top = result["logprobs"][0].top
+    assert [t for t, _ in top] == list(np.argsort(-log_softmax)[:5])
+    np.testing.assert_allclose([lp for _, lp in top], np.sort(log_softmax)[::-1][:5], atol=1e-3)
+
+
+def test_an_image_of_the_wrong_size_is_refused_by_its_runs(engine):
+    from app.engine.core.vision import place_images
+
+    view = engine.vision.prepare((FIXTURE / "image.png").read_bytes()).views[0]
+    short = [t for i, t in enumerate(ENGINE["token_ids"]) if not (t == 258 and i % 7 == 0)]
+    with pytest.raises(ValueError, match="not the 66 an image takes"):
+        place_images(engine.vision, short, [view])
+
+
+@pytest.mark.parametrize("data", [b"not an image", b"\x89PNG\r\n\x1a\n" + b"\0" * 40])
+def test_corrupt_images_get_an_error_naming_them(engine, data):
+    from app.engine.models.vision.image_processing import ImageError
+
+    with pytest.raises(ImageError, match="image could not be decoded"):
+        engine.vision.prepare(data)
+
+
+def test_too_large_images_are_refused_and_thin_ones_capped(engine):
+    from app.engine.models.vision.gemma4_processing import Gemma4ImagePrompter, target_size
+    from app.engine.models.vision.image_processing import ImageError
+
+    small = Gemma4ImagePrompter(engine.vision.config, engine.tokenizer, max_pixels=100)
+    with pytest.raises(ImageError, match="image is 33x19 pixels; at most 100"):
+        small.prepare((FIXTURE / "image.png").read_bytes())
+    # one row of 2x2 cells, as long as the 70-token budget allows (transformers' edge case)
+    assert target_size(1, 5000, engine.vision.config) == (8, 560)
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"use_bidirectional_attention": "vision"}, "use_bidirectional_attention"),
+        ({"hidden_size_per_layer_input": 16}, "per-layer inputs"),
+    ],
+)
+def test_image_paths_not_reproduced_load_as_text_only(tmp_path, caplog, change, named):
+    import shutil
+
+    from app.engine.backend.cpu import CpuBackend
+    from app.engine.loader.weights import open_checkpoint
+    from app.engine.models.vision import load_vision
+
+    folder = tmp_path / "hf"
+    shutil.copytree(FIXTURE / "hf", folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["text_config"].update(change)
+    (folder / "config.json").write_text(json.dumps(config))
+    checkpoint = open_checkpoint(str(folder))
+    assert load_vision(checkpoint, CpuBackend()) is None
+    assert named in caplog.text

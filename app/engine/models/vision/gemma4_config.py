@@ -1,4 +1,5 @@
-"""Gemma 4's vision tower: its config and tensors from a Hugging Face folder.
+"""Gemma 4's vision tower: its config (config.json + the image processor's settings, either layout)
+and tensors from a Hugging Face folder.
 
 Tensors keep their Hugging Face names with the `model.vision_tower.` / `model.embed_vision.`
 prefixes stripped to `tower.` / `embedder.` (the mmproj GGUF layout is not read yet).
@@ -11,11 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from app.engine.loader.names import CheckpointError
+from app.engine.loader.processor_config import read_processor_settings
 from app.engine.loader.safetensors import read_safetensors_file, weight_files
 from app.engine.quant.dispatch import QuantizedTensor
 
 Tensors = dict[str, QuantizedTensor]
 _PREFIXES = {"vision_tower.": "tower.", "embed_vision.": "embedder."}
+SUPPORTED_SOFT_TOKENS = (70, 140, 280, 560, 1120)  # Gemma4ImageProcessor's budgets
 
 
 @dataclass(frozen=True)
@@ -34,11 +37,23 @@ class Gemma4VisionConfig:
     standardize: bool
     clipped_linears: bool
     text_hidden_size: int
+    two_way_images: bool  # text_config.use_bidirectional_attention == "vision"
+    # the image processor's: at most max_soft_tokens * k^2 patches, PIL resample, rescale (no normalize)
+    max_soft_tokens: int = 280
+    resample: int = 3
+    rescale_factor: float = 1 / 255
+
+    @property
+    def max_patches(self) -> int:
+        return self.max_soft_tokens * self.pooling_kernel_size**2
 
 
-def gemma4_vision_config(hf_config: dict[str, Any]) -> Gemma4VisionConfig:
-    """From a Gemma4ForConditionalGeneration config.json; CheckpointError naming what is unsupported."""
-    vc, text = hf_config["vision_config"], hf_config.get("text_config") or {}
+def gemma4_vision_config(
+    hf_config: dict[str, Any], processor: dict[str, Any] | None = None
+) -> Gemma4VisionConfig:
+    """From a Gemma4ForConditionalGeneration config.json and its image processor's settings;
+    CheckpointError naming what is unsupported."""
+    vc, text, proc = hf_config["vision_config"], hf_config.get("text_config") or {}, processor or {}
     rope = vc.get("rope_parameters") or {"rope_type": "axial", "rope_theta": 100.0}
     if rope.get("rope_type", "axial") != "axial":
         raise CheckpointError(f"Gemma 4 vision takes axial RoPE only, not {rope.get('rope_type')!r}")
@@ -46,6 +61,16 @@ def gemma4_vision_config(hf_config: dict[str, Any]) -> Gemma4VisionConfig:
         raise CheckpointError(f"Gemma 4 vision activation {vc['hidden_activation']!r} is not supported")
     if "hidden_size" not in text:
         raise CheckpointError("config.json has no text_config.hidden_size for the vision embedder")
+    budget = proc.get("max_soft_tokens", 280)
+    if budget not in SUPPORTED_SOFT_TOKENS:
+        raise CheckpointError(f"max_soft_tokens {budget} is not one of {SUPPORTED_SOFT_TOKENS}")
+    for key, ours in (("patch_size", "patch_size"), ("pooling_kernel_size", "pooling_kernel_size")):
+        if key in proc and proc[key] != vc.get(ours, proc[key]):
+            raise CheckpointError(
+                f"the image processor's {key} {proc[key]} is not the vision tower's {vc[ours]}"
+            )
+    if proc.get("do_normalize", False):
+        raise CheckpointError("a Gemma 4 image processor with do_normalize on is not supported")
     heads = vc.get("num_attention_heads", 12)
     return Gemma4VisionConfig(
         hidden_size=vc.get("hidden_size", 768),
@@ -62,17 +87,34 @@ def gemma4_vision_config(hf_config: dict[str, Any]) -> Gemma4VisionConfig:
         standardize=bool(vc.get("standardize", False)),
         clipped_linears=bool(vc.get("use_clipped_linears", False)),
         text_hidden_size=text["hidden_size"],
+        two_way_images=text.get("use_bidirectional_attention") == "vision",
+        max_soft_tokens=budget,
+        resample=int(proc.get("resample", 3)),
+        rescale_factor=float(proc.get("rescale_factor", 1 / 255)),
     )
+
+
+def gemma4_vision_gap(cfg: Gemma4VisionConfig, text_config: dict[str, Any]) -> str | None:
+    """What of this model's image path the engine does not reproduce yet, or None. The text model
+    then treats image tokens differently from transformers: with `use_bidirectional_attention`
+    "vision" they attend both ways on sliding layers only, within the window (not Gemma 3's spans);
+    with per-layer inputs (PLE) their per-layer embeddings are the pad token's."""
+    if cfg.two_way_images:
+        return 'use_bidirectional_attention "vision"'
+    if text_config.get("hidden_size_per_layer_input"):
+        return "per-layer inputs (PLE) at image positions"
+    return None
 
 
 def load_gemma4_vision(folder: Path, hf_config: dict[str, Any]) -> tuple[Gemma4VisionConfig, Tensors] | None:
     """The vision side of a Gemma 4 folder; None for a text-only one."""
     if not hf_config.get("vision_config"):
         return None
+    settings = read_processor_settings(folder, "image_processor")
     try:
-        cfg = gemma4_vision_config(hf_config)
+        cfg = gemma4_vision_config(hf_config, settings.values)
     except CheckpointError as exc:
-        raise CheckpointError(f"{folder}: {exc}") from None
+        raise CheckpointError(f"{folder} ({settings.source}): {exc}") from None
     tensors: Tensors = {}
     for file in weight_files(folder):
         for hf_name, tensor in read_safetensors_file(file).items():

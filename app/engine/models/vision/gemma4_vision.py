@@ -18,8 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from app.engine.images import ImageInput
 from app.engine.layers.linear import Linear
 from app.engine.models.vision.gemma4_config import Gemma4VisionConfig, Tensors
+from app.engine.models.vision.gemma4_processing import grid_positions
 from app.engine.models.vision.siglip import full_attention, gelu_tanh
 
 
@@ -121,6 +123,9 @@ class Gemma4VisionTower:
 
     def __init__(self, backend: Any, cfg: Gemma4VisionConfig, tensors: Tensors) -> None:
         self.backend, self.config = backend, cfg
+        self.two_way_images = (
+            cfg.two_way_images
+        )  # the runner's: image tokens attend both ways in the text model
         f32 = backend.xp.float32
         self.patch_proj = Linear(backend, tensors["tower.patch_embedder.input_proj.weight"])
         table = tensors["tower.patch_embedder.position_embedding_table"].dequantize()
@@ -132,6 +137,11 @@ class Gemma4VisionTower:
             self.std = (backend.from_host(bias, f32), backend.from_host(scale, f32))
         self.embed_norm = _Norm(backend, tensors, None, cfg.hidden_size, cfg.rms_norm_eps)
         self.embed_proj = Linear(backend, tensors["embedder.embedding_projection.weight"])
+
+    def encode_image(self, image: ImageInput) -> Any:
+        if image.grid_thw is None:
+            raise ValueError("a Gemma 4 image needs its patch grid")
+        return self.encode(image.pixel_values, grid_positions(image.grid_thw))
 
     def encode(self, pixel_values: np.ndarray, positions: np.ndarray) -> Any:
         b, c = self.backend, self.config
