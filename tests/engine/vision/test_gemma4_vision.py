@@ -77,13 +77,16 @@ def engine():
     return LLMEngine(EngineConfig(model=str(FIXTURE / "hf"), device="cpu", max_model_len=256, block_size=4))
 
 
-def test_patches_equal_the_hf_processor(engine):
-    prepared = engine.vision.prepare((FIXTURE / "image.png").read_bytes())
+@pytest.mark.parametrize(("name", "key"), [("image", ""), ("wide", "wide_")])
+def test_patches_equal_the_hf_processor(engine, name, key):
+    prepared = engine.vision.prepare((FIXTURE / f"{name}.png").read_bytes())
     (view,) = prepared.views
     with np.load(FIXTURE / "engine.npz") as data:
-        np.testing.assert_allclose(view.pixel_values, data["pixel_values"], atol=1e-6, rtol=0)
-        np.testing.assert_array_equal(grid_positions(view.grid_thw), data["positions"])
-    assert engine.vision.tokens_for(view) == ENGINE["soft_tokens"]
+        np.testing.assert_allclose(view.pixel_values, data[f"{key}pixel_values"], atol=1e-6, rtol=0)
+        np.testing.assert_array_equal(grid_positions(view.grid_thw), data[f"{key}positions"])
+        assert engine.vision.tokens_for(view) == len(data[f"{key}positions"]) // 4
+    if name == "image":
+        assert engine.vision.tokens_for(view) == ENGINE["soft_tokens"]
 
 
 def test_greedy_answer_to_an_image_equals_transformers(engine):
