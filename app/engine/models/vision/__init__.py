@@ -3,11 +3,13 @@
 `VisionModel` = SigLIP encoder + Gemma 3 projector over backend ops, `QwenVisionModel` the
 Qwen2.5-VL vision transformer and merger (qwen_vl.py); `load_vision` builds the checkpoint's
 from a Hugging Face folder or a llama.cpp mmproj GGUF (see weights.py, qwen_vl_mmproj.py);
-image preprocessing is in image_processing.py and qwen_vl_processing.py.
+Gemma 4's tower and embedder are `Gemma4VisionTower` (gemma4_vision.py, from an HF folder only);
+image preprocessing is in image_processing.py, qwen_vl_processing.py and gemma4_processing.py.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +19,17 @@ from app.engine.images import ImageInput
 from app.engine.loader.names import CheckpointError
 from app.engine.models.vision.config import VisionConfig
 from app.engine.models.vision.gemma3_projector import Gemma3Projector
+from app.engine.models.vision.gemma4_config import gemma4_vision_gap, load_gemma4_vision
+from app.engine.models.vision.gemma4_vision import Gemma4VisionTower
 from app.engine.models.vision.qwen_vl import QwenVisionModel
 from app.engine.models.vision.qwen_vl_mmproj import load_qwen_mmproj
 from app.engine.models.vision.qwen_vl_weights import load_qwen_vision
 from app.engine.models.vision.siglip import SiglipEncoder
 from app.engine.models.vision.weights import Tensors, find_mmproj, load_hf_vision, load_mmproj
 
-__all__ = ["QwenVisionModel", "VisionConfig", "VisionModel", "load_vision"]
+log = logging.getLogger(__name__)
+
+__all__ = ["Gemma4VisionTower", "QwenVisionModel", "VisionConfig", "VisionModel", "load_vision"]
 
 
 class VisionModel:
@@ -40,11 +46,15 @@ class VisionModel:
         return self.encode(image.pixel_values)
 
 
-def load_vision(checkpoint: Any, backend: Any, mmproj: str | Path | None = None) -> VisionModel | None:
+def load_vision(
+    checkpoint: Any, backend: Any, mmproj: str | Path | None = None
+) -> VisionModel | QwenVisionModel | Gemma4VisionTower | None:
     """The checkpoint's vision tower: its own (HF folder), the given mmproj, or an mmproj beside a
     GGUF. None when the model has none."""
     if checkpoint.architecture == "qwen2vl":
         return _load_qwen(checkpoint, backend, mmproj)
+    if checkpoint.architecture == "gemma4":
+        return _load_gemma4(checkpoint, backend, mmproj)
     text_hidden = checkpoint.tensors["token_embd.weight"].shape[1]
     if mmproj is not None:
         cfg, tensors = load_mmproj(Path(mmproj), text_hidden)
@@ -79,3 +89,35 @@ def _load_qwen(checkpoint: Any, backend: Any, mmproj: str | Path | None) -> Qwen
             f"{checkpoint.path}: the vision merger outputs width {cfg.out_hidden_size}, the text model's is {text_hidden}"
         )
     return QwenVisionModel(backend, cfg, tensors)
+
+
+def _load_gemma4(checkpoint: Any, backend: Any, mmproj: str | Path | None) -> Gemma4VisionTower | None:
+    """From the folder's own `vision_tower.*`/`embed_vision.*` tensors; llama.cpp's gemma4v mmproj
+    layout is not read yet, so one given or found beside a GGUF is refused by name."""
+    path = Path(mmproj) if mmproj is not None else None
+    if path is None and checkpoint.format == "gguf":
+        path = find_mmproj(checkpoint.path)
+        if path is None:
+            return None
+    if path is not None:
+        raise CheckpointError(
+            f"{path}: Gemma 4 vision from an mmproj GGUF is not supported yet; use the HF folder"
+        )
+    loaded = load_gemma4_vision(checkpoint.path, checkpoint.hf_config or {})
+    if loaded is None:
+        return None
+    cfg, tensors = loaded
+    unsupported = gemma4_vision_gap(cfg, (checkpoint.hf_config or {}).get("text_config") or {})
+    if unsupported:
+        log.warning(
+            "%s: Gemma 4 images are not supported yet (%s); the model loads as text only",
+            checkpoint.path,
+            unsupported,
+        )
+        return None
+    text_hidden = checkpoint.tensors["token_embd.weight"].shape[1]
+    if cfg.text_hidden_size != text_hidden:
+        raise CheckpointError(
+            f"{checkpoint.path}: the vision embedder outputs width {cfg.text_hidden_size}, the text model's is {text_hidden}"
+        )
+    return Gemma4VisionTower(backend, cfg, tensors)
