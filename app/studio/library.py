@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import struct
 from collections import Counter
@@ -38,11 +37,11 @@ from app.engine.plan.fit import (
     vision_from_hf_config,
 )
 from app.studio.model_check import INCOMPLETE_HINT, check_model_files
+from app.studio.model_parts import GGUF_SHARD_PATTERN, gguf_shards, model_files
 from app.studio.paths import ModelSource
 from app.studio.tasks import CancelToken, Progress, ProgressCallback, TaskCancelled
 
 PARTIAL_SUFFIX = ".part"  # downloads and imports in progress; never listed
-GGUF_SHARD_PATTERN = re.compile(r"^(?P<stem>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
 _COPY_CHUNK = 8 * 1024 * 1024
 
 
@@ -247,13 +246,6 @@ def _current_snapshot(repo: Path) -> Path | None:
     return max(snapshots, key=lambda s: s.stat().st_mtime, default=None)
 
 
-def model_files(path: Path) -> tuple[Path, ...]:
-    """What one model is made of: a safetensors folder and its files, or a GGUF's shards."""
-    if path.is_dir():
-        return (path, *sorted(path.glob("*.safetensors")))
-    return _gguf_shards(path)
-
-
 def is_base_model(path: str | os.PathLike[str]) -> bool:
     """True when the checkpoint at `path` has no chat template of its own (False when it cannot be read)."""
     path = Path(path)
@@ -280,15 +272,7 @@ def _find_models(root: Path) -> Iterable[tuple[Path, ...]]:
             if is_mmproj_name(name):  # a vision projector: part of the model beside it, not a model
                 continue
             if name.endswith(".gguf") and (match is None or int(match["index"]) == 1):
-                yield _gguf_shards(here / name)
-
-
-def _gguf_shards(path: Path) -> tuple[Path, ...]:
-    match = GGUF_SHARD_PATTERN.match(path.name)
-    if match is None:
-        return (path,)
-    count = int(match["count"])
-    return tuple(path.with_name(f"{match['stem']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1))
+                yield gguf_shards(here / name)
 
 
 def describe_gguf(files: tuple[Path, ...], name: str) -> ModelEntry:

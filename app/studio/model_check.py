@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.engine.loader import gguf as gguf_loader
+from app.studio.model_parts import model_files
 
 INCOMPLETE_HINT = "incomplete download — resume or delete"
 _TRUNCATION_WORDS = ("truncated", "ends inside", "runs past the end")
@@ -51,8 +52,6 @@ def check_model_files(files: tuple[Path, ...]) -> FileProblem | None:
 
 def check_model_path(path: str | os.PathLike[str]) -> FileProblem | None:
     """The same for a path as EngineConfig names it; None for what is not a local file (left to the engine)."""
-    from app.studio.library import model_files
-
     path = Path(path).expanduser()
     return check_model_files(model_files(path)) if path.exists() else None
 
