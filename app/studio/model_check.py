@@ -10,13 +10,12 @@ fails is corrupt or unsupported.
 
 from __future__ import annotations
 
-import json
 import os
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 from app.engine.loader import gguf as gguf_loader
+from app.engine.loader import safetensors as safetensors_loader
 from app.studio.model_parts import model_files
 
 INCOMPLETE_HINT = "incomplete download — resume or delete"
@@ -61,12 +60,10 @@ def _check_safetensors(files: tuple[Path, ...]) -> FileProblem | None:
         return FileProblem(False, "the folder holds no .safetensors files")
     for file in files:
         try:
-            with open(file, "rb") as stream:
-                (length,) = struct.unpack("<Q", stream.read(8))
-                table = json.loads(stream.read(length))
+            table, data_start = safetensors_loader.read_header(file)  # the engine's reader: it loads the same
             table.pop("__metadata__", None)
-            end = 8 + length + max((t["data_offsets"][1] for t in table.values()), default=0)
-        except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
+            end = data_start + max((t["data_offsets"][1] for t in table.values()), default=0)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
             return FileProblem(False, f"{file.name}: unreadable safetensors header ({exc})")
         size = file.stat().st_size
         if size < end:
