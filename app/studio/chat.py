@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from app.studio.attachments import IMAGE_MARK, turn_text
-from app.studio.doc_qa import supports_vision
+from app.studio.doc_qa import DocumentSet, chat_message, supports_vision
 from app.studio.documents import PageScale
 from app.studio.history import Attachment, Conversation, History, Message
 from app.studio.page_qa import page_scale
@@ -187,6 +187,25 @@ class ChatService:
 
     def settings_of(self, conversation: Conversation, defaults: ChatSettings | None = None) -> ChatSettings:
         return ChatSettings.from_dict(conversation.settings, defaults)
+
+    def question(self, text: str, documents: DocumentSet | None = None) -> str:
+        """What is sent for the typed `text`: the question with the passages of `documents` close enough to
+        answer from, or the question alone when none is. Raises DocQAError when the set cannot be searched;
+        called before anything is saved, so a refused question leaves no conversation behind."""
+        if documents is None or not len(documents):
+            return text
+        excerpts = documents.retrieve(text)
+        return chat_message(text, excerpts) if excerpts else text
+
+    def ask(self, conversation_id: int, message: str, *, replacing: int | None = None,
+            attachments: Sequence[Attachment] = (), on_start: StartCallback | None = None,
+            on_delta: DeltaCallback | None = None) -> Coroutine[Any, Any, Answer]:
+        """The answer to `message` (from question()) as a coroutine to run on the engine's loop. `replacing`:
+        the question being edited; it and every later message go now, before the caller shows the
+        conversation again (edit and resend)."""
+        if replacing is not None:
+            self.history.delete_messages_from(replacing)
+        return self.send(conversation_id, message, on_start, on_delta, attachments)
 
     async def send(self, conversation_id: int, text: str, on_start: StartCallback | None = None,
                    on_delta: DeltaCallback | None = None, attachments: Sequence[Attachment] = ()) -> Answer:

@@ -166,3 +166,51 @@ def test_stats_line_reads_well():
                         finish_reason="length")
     assert stats.describe() == "12 tokens · 8.3 tok/s · first token 0.41 s · prompt 23 tokens · stopped at max tokens"
     assert ChatSettings.from_dict({"temperature": 0.1, "unknown": 1}).temperature == 0.1
+
+
+class _Documents:
+    """A document set's face to the chat: its size and the excerpts close enough to a question."""
+
+    def __init__(self, citations, error: Exception | None = None) -> None:
+        self.citations, self.error, self.asked = citations, error, []
+
+    def __len__(self) -> int:
+        return 1
+
+    def retrieve(self, question: str):
+        self.asked.append(question)
+        if self.error is not None:
+            raise self.error
+        return self.citations
+
+
+def test_a_question_carries_the_excerpts_close_to_it_or_goes_alone(history):
+    from app.studio.doc_qa import DocQAError
+    from app.studio.retrieval import Chunk, Citation, Hit
+
+    service = _service(history)
+    assert service.question("hi") == "hi"
+    excerpt = Citation(1, Hit(Chunk("Paris is the capital.", "/docs/france.txt", "line 1", 0), 0.9))
+    documents = _Documents([excerpt])
+    message = service.question("capital?", documents)
+    assert message.startswith("capital?\n\n") and "[1] france.txt, line 1\nParis is the capital." in message
+    assert documents.asked == ["capital?"]
+    assert service.question("weather?", _Documents([])) == "weather?"  # nothing close: the question alone
+    with pytest.raises(DocQAError, match="no index"):
+        service.question("x", _Documents([], DocQAError("no index")))
+    assert history.conversations() == []  # refused or not, asking saves nothing
+
+
+def test_asking_in_place_of_an_edited_question_drops_it_and_what_followed_at_once(history):
+    service = _service(history)
+    conversation = service.new_conversation()
+    asyncio.run(service.send(conversation.id, "first"))
+    asyncio.run(service.send(conversation.id, "second"))
+    second = next(m for m in history.conversation(conversation.id).messages if m.content == "second")
+    pending = service.ask(conversation.id, "second, edited", replacing=second.id)
+    kept = [(m.role, m.content) for m in history.conversation(conversation.id).messages]
+    assert kept == [("user", "first"), ("assistant", "Echo: first")]  # gone before the answer runs
+    answer = asyncio.run(pending)
+    assert answer.text == "Echo: second, edited"
+    assert [m.content for m in history.conversation(conversation.id).messages] == [
+        "first", "Echo: first", "second, edited", "Echo: second, edited"]

@@ -41,7 +41,6 @@ from app.studio.doc_qa import (
     DocQAError,
     DocumentSet,
     IngestReport,
-    chat_message,
     is_document_file,
     needs_vision_message,
 )
@@ -447,22 +446,19 @@ class ChatPane(QWidget):
         text = self.input.toPlainText().strip()
         if not text or self.busy or not self.runtime.status.ready:
             return
-        message = text
-        if len(self.documents):
-            try:
-                excerpts = self.documents.retrieve(text)  # none close enough: the question goes alone
-                message = chat_message(text, excerpts) if excerpts else text
-            except DocQAError as exc:
-                self._show_error(str(exc))
-                return
+        try:
+            message = self.chat.question(text, self.documents)  # with the documents' excerpts, if any is close
+        except DocQAError as exc:
+            self._show_error(str(exc))
+            return
         conversation_id = self._current_conversation()
-        if self._editing is not None:  # edit and resend: the old question and what followed it go
-            self.history.delete_messages_from(self._editing)
-            self._set_editing(None)
+        replacing = self._editing  # edit and resend: the old question and what followed it go
+        self._set_editing(None)
         self.input.clear()
         files = self.tray.take()
-        self._start(self.chat.send(conversation_id, message, on_start=self._on_start, on_delta=self._on_delta,
-                                   attachments=files), unsent=text, sent=message, files=files)
+        self._start(self.chat.ask(conversation_id, message, replacing=replacing, attachments=files,
+                                  on_start=self._on_start, on_delta=self._on_delta),
+                    unsent=text, sent=message, files=files)
 
     def regenerate(self) -> None:
         if self.conversation_id is None or self.busy:
