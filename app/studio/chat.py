@@ -24,10 +24,11 @@ import asyncio
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.studio.attachments import IMAGE_MARK, turn_text
-from app.studio.doc_qa import DocumentSet, chat_message, supports_vision
+from app.studio.doc_qa import DocumentSet, IngestReport, chat_message, needs_vision_message, supports_vision
 from app.studio.documents import PageScale
 from app.studio.history import Attachment, Conversation, History, Message
 from app.studio.page_qa import page_scale
@@ -113,6 +114,15 @@ class Answer:
     error: str | None = None
 
 
+@dataclass(frozen=True)
+class Dropped:
+    """Where the documents dropped on the chat went once read: scanned PDFs (no text to search) leave the set
+    and go as page images with the next message when the model has vision; the rest is what to tell the user."""
+
+    as_pages: list[Path]
+    problems: list[str]
+
+
 StartCallback = Callable[[Message], None]
 DeltaCallback = Callable[[int, str], None]  # message id, new text
 
@@ -159,6 +169,18 @@ class ChatService:
     def supports_vision(self) -> bool:
         """Whether the model loaded now takes images."""
         return supports_vision(self._client())
+
+    def route_dropped(self, documents: DocumentSet, report: IngestReport | None) -> Dropped:
+        """Take the scanned PDFs of `report` (None: the ingest failed) out of `documents`: with a vision model
+        they are to go as pages, else they are refused with the reason; files that failed are named too."""
+        scanned = [d for d in report.added if d.scanned] if report is not None else []
+        for document in scanned:
+            documents.remove(document.path)
+        vision = bool(scanned) and self.supports_vision
+        problems = [failure.message for failure in report.failed] if report is not None else []
+        if scanned and not vision:
+            problems.append(needs_vision_message(scanned))
+        return Dropped([d.path for d in scanned] if vision else [], problems)
 
     def page_scale(self) -> PageScale | None:
         """The resolution a scanned PDF's pages are rendered at for the loaded model (as the Documents pane

@@ -214,3 +214,35 @@ def test_asking_in_place_of_an_edited_question_drops_it_and_what_followed_at_onc
     assert answer.text == "Echo: second, edited"
     assert [m.content for m in history.conversation(conversation.id).messages] == [
         "first", "Echo: first", "second, edited", "Echo: second, edited"]
+
+
+class _Set:
+    def __init__(self) -> None:
+        self.removed: list[Path] = []
+
+    def remove(self, path: Path) -> None:
+        self.removed.append(path)
+
+
+def _dropped(service: ChatService, report):
+    documents = _Set()
+    return service.route_dropped(documents, report), documents.removed
+
+
+def test_dropped_scanned_pdfs_leave_the_set_and_go_as_pages_to_a_vision_model(history):
+    from types import SimpleNamespace
+
+    from app.studio.doc_qa import IngestedDocument, IngestFailure, IngestReport
+
+    scan = IngestedDocument(Path("/in/scan.pdf"), "pdf", ("page 1",), chunks=0, page_count=1)
+    text = IngestedDocument(Path("/in/notes.pdf"), "pdf", ("page 1",), chunks=3, page_count=1)
+    report = IngestReport([scan, text], [IngestFailure(Path("/in/bad.docx"), "bad.docx: not a Word file")])
+    vision = ChatService(history, lambda: SimpleNamespace(model=SimpleNamespace(supports_vision=True)))
+    dropped, removed = _dropped(vision, report)
+    assert dropped.as_pages == [scan.path] and removed == [scan.path]
+    assert dropped.problems == ["bad.docx: not a Word file"]
+    text_only = _service(history)  # the fake engine's model reads text only
+    dropped, removed = _dropped(text_only, report)
+    assert dropped.as_pages == [] and removed == [scan.path]
+    assert dropped.problems[0] == "bad.docx: not a Word file" and "scan.pdf" in dropped.problems[1]
+    assert _dropped(text_only, None)[0].problems == []  # a failed ingest: the pane says why, nothing moves

@@ -42,7 +42,6 @@ from app.studio.doc_qa import (
     DocumentSet,
     IngestReport,
     is_document_file,
-    needs_vision_message,
 )
 from app.studio.history import Attachment, History, Message
 from app.studio.runtime import RuntimeStatus
@@ -410,20 +409,13 @@ class ChatPane(QWidget):
 
     def _on_attached(self, result: TaskResult[IngestReport]) -> None:
         self._attaching = None
-        report = result.value
-        scanned = [d for d in report.added if d.scanned] if report is not None else []
-        for document in scanned:  # nothing in it to search: it leaves the set and goes as pages, or is refused
-            self.documents.remove(document.path)
-        vision = self.chat.supports_vision
-        if scanned and vision:  # first: reading them clears the error row, which may say more below
-            self.attach_to_message([document.path for document in scanned])
-        problems = [failure.message for failure in report.failed] if report is not None else []
-        if scanned and not vision:
-            problems.append(needs_vision_message(scanned))
+        dropped = self.chat.route_dropped(self.documents, result.value)
+        if dropped.as_pages:  # first: reading them clears the error row, which may say more below
+            self.attach_to_message(dropped.as_pages)
         if result.error is not None:
             self._show_error(f"The documents could not be read: {result.error_message}")
-        elif problems:
-            self._show_error("\n".join(problems))
+        elif dropped.problems:
+            self._show_error("\n".join(dropped.problems))
         self._show_attachments()
         self.attach_finished.emit(result)
 
