@@ -210,6 +210,14 @@ class ChatService:
     def settings_of(self, conversation: Conversation, defaults: ChatSettings | None = None) -> ChatSettings:
         return ChatSettings.from_dict(conversation.settings, defaults)
 
+    def conversation_for(self, conversation_id: int | None, system_prompt: str, settings: ChatSettings) -> int:
+        """The conversation a question goes to, with the system prompt and sampling settings it is asked
+        under saved in it: the open one (`conversation_id`), or a new one when none is open."""
+        if conversation_id is None:
+            return self.new_conversation(system_prompt, settings).id
+        self.configure(conversation_id, system_prompt, settings)
+        return conversation_id
+
     def question(self, text: str, documents: DocumentSet | None = None) -> str:
         """What is sent for the typed `text`: the question with the passages of `documents` close enough to
         answer from, or the question alone when none is. Raises DocQAError when the set cannot be searched;

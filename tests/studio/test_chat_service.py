@@ -246,3 +246,14 @@ def test_dropped_scanned_pdfs_leave_the_set_and_go_as_pages_to_a_vision_model(hi
     assert dropped.as_pages == [] and removed == [scan.path]
     assert dropped.problems[0] == "bad.docx: not a Word file" and "scan.pdf" in dropped.problems[1]
     assert _dropped(text_only, None)[0].problems == []  # a failed ingest: the pane says why, nothing moves
+
+
+def test_a_question_goes_to_the_open_conversation_with_its_edited_settings_or_to_a_new_one(history):
+    service = _service(history)
+    first = service.conversation_for(None, "Be brief.", ChatSettings(temperature=0.3))
+    stored = history.conversation(first)
+    assert stored.system_prompt == "Be brief." and service.settings_of(stored).temperature == 0.3
+    assert service.conversation_for(first, "Be kind.", ChatSettings(temperature=0.9)) == first
+    stored = history.conversation(first)
+    assert stored.system_prompt == "Be kind." and service.settings_of(stored).temperature == 0.9
+    assert len(history.conversations()) == 1

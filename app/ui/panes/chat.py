@@ -508,11 +508,9 @@ class ChatPane(QWidget):
 
     # -- state ----------------------------------------------------------------------------------
     def _current_conversation(self) -> int:
-        if self.conversation_id is None:
-            created = self.chat.new_conversation(self.system_prompt.toPlainText(), self.sampling.settings())
-            self.conversation_id = created.id
-        else:
-            self._keep_settings()
+        """Only asked while not busy (send), so the open conversation's settings are saved as _keep_settings does."""
+        self.conversation_id = self.chat.conversation_for(self.conversation_id, self.system_prompt.toPlainText(),
+                                                          self.sampling.settings())
         return self.conversation_id
 
     def _keep_settings(self) -> None:
