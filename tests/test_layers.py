@@ -50,13 +50,6 @@ def test_the_floors_contract_places_every_engine_package() -> None:
     assert placed == {m.name for m in pkgutil.iter_modules(app.engine.__path__)} - {"__init__"}
 
 
-# Import cycles of the Studio that its own rework (issue 33's Studio bullet) removes; no other may appear.
-KNOWN_CYCLES = [
-    {"app.studio.library", "app.studio.model_check"},
-    {"app.studio.doc_pages", "app.studio.doc_qa"},
-]
-
-
 def import_cycles(package: str) -> list[set[str]]:
     """The groups of modules that import each other round (strongly connected), counting imports made at
     run time, in functions too (imports under TYPE_CHECKING run never)."""
@@ -98,8 +91,8 @@ def import_cycles(package: str) -> list[set[str]]:
 
 
 def test_no_import_cycles_in_app() -> None:
-    new = [sorted(c) for c in import_cycles("app") if c not in KNOWN_CYCLES]
-    assert not new, f"modules that import each other round: {new}"
+    cycles = [sorted(c) for c in import_cycles("app")]
+    assert not cycles, f"modules that import each other round: {cycles}"
 
 
 def test_the_cycle_finder_finds_a_cycle(tmp_path, monkeypatch) -> None:

@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.studio.attachments import IMAGE_MARK, turn_text
-from app.studio.doc_qa import supports_vision
+from app.studio.doc_qa import DocumentSet, IngestReport, chat_message, needs_vision_message, supports_vision
 from app.studio.documents import PageScale
 from app.studio.history import Attachment, Conversation, History, Message
 from app.studio.page_qa import page_scale
@@ -113,6 +114,15 @@ class Answer:
     error: str | None = None
 
 
+@dataclass(frozen=True)
+class Dropped:
+    """Where the documents dropped on the chat went once read: scanned PDFs (no text to search) leave the set
+    and go as page images with the next message when the model has vision; the rest is what to tell the user."""
+
+    as_pages: list[Path]
+    problems: list[str]
+
+
 StartCallback = Callable[[Message], None]
 DeltaCallback = Callable[[int, str], None]  # message id, new text
 
@@ -160,6 +170,18 @@ class ChatService:
         """Whether the model loaded now takes images."""
         return supports_vision(self._client())
 
+    def route_dropped(self, documents: DocumentSet, report: IngestReport | None) -> Dropped:
+        """Take the scanned PDFs of `report` (None: the ingest failed) out of `documents`: with a vision model
+        they are to go as pages, else they are refused with the reason; files that failed are named too."""
+        scanned = [d for d in report.added if d.scanned] if report is not None else []
+        for document in scanned:
+            documents.remove(document.path)
+        vision = bool(scanned) and self.supports_vision
+        problems = [failure.message for failure in report.failed] if report is not None else []
+        if scanned and not vision:
+            problems.append(needs_vision_message(scanned))
+        return Dropped([d.path for d in scanned] if vision else [], problems)
+
     def page_scale(self) -> PageScale | None:
         """The resolution a scanned PDF's pages are rendered at for the loaded model (as the Documents pane
         renders them); None when the model has no vision."""
@@ -187,6 +209,33 @@ class ChatService:
 
     def settings_of(self, conversation: Conversation, defaults: ChatSettings | None = None) -> ChatSettings:
         return ChatSettings.from_dict(conversation.settings, defaults)
+
+    def conversation_for(self, conversation_id: int | None, system_prompt: str, settings: ChatSettings) -> int:
+        """The conversation a question goes to, with the system prompt and sampling settings it is asked
+        under saved in it: the open one (`conversation_id`), or a new one when none is open."""
+        if conversation_id is None:
+            return self.new_conversation(system_prompt, settings).id
+        self.configure(conversation_id, system_prompt, settings)
+        return conversation_id
+
+    def question(self, text: str, documents: DocumentSet | None = None) -> str:
+        """What is sent for the typed `text`: the question with the passages of `documents` close enough to
+        answer from, or the question alone when none is. Raises DocQAError when the set cannot be searched;
+        called before anything is saved, so a refused question leaves no conversation behind."""
+        if documents is None or not len(documents):
+            return text
+        excerpts = documents.retrieve(text)
+        return chat_message(text, excerpts) if excerpts else text
+
+    def ask(self, conversation_id: int, message: str, *, replacing: int | None = None,
+            attachments: Sequence[Attachment] = (), on_start: StartCallback | None = None,
+            on_delta: DeltaCallback | None = None) -> Coroutine[Any, Any, Answer]:
+        """The answer to `message` (from question()) as a coroutine to run on the engine's loop. `replacing`:
+        the question being edited; it and every later message go now, before the caller shows the
+        conversation again (edit and resend)."""
+        if replacing is not None:
+            self.history.delete_messages_from(replacing)
+        return self.send(conversation_id, message, on_start, on_delta, attachments)
 
     async def send(self, conversation_id: int, text: str, on_start: StartCallback | None = None,
                    on_delta: DeltaCallback | None = None, attachments: Sequence[Attachment] = ()) -> Answer:

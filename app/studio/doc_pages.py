@@ -13,12 +13,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from app.studio.doc_qa import Citation, DocumentSet
 from app.studio.page_qa import PageProgress, ask_pages
-from app.studio.retrieval import Chunk, Hit
+from app.studio.retrieval import Chunk, Citation, Hit
 
 if TYPE_CHECKING:
     from app.engine import EngineClient
+    from app.studio.doc_qa import DocumentSet  # doc_qa imports this module: a type only, no cycle
 
 MAX_PAGES = 12  # one request per page: a long PDF is read by its most relevant pages
 

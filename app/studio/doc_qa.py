@@ -39,9 +39,9 @@ from app.studio.embedders import EmbedderSource, default_embedder
 from app.studio.remote_engine import RemoteEngine
 from app.studio.retrieval import (
     Chunk,
+    Citation,
     DocumentIndex,
     Embedder,
-    Hit,
     IngestCancelled,
     build_question_prompt,
     embed_query,
@@ -153,23 +153,6 @@ class IngestFailure:
 class IngestReport:
     added: list[IngestedDocument]
     failed: list[IngestFailure]
-
-
-@dataclass(frozen=True)
-class Citation:
-    """One numbered excerpt given to the model with the question."""
-
-    number: int
-    hit: Hit
-    image: bool = False  # a PDF page the model was shown as an image (its text, if any, is for the reader)
-
-    @property
-    def label(self) -> str:
-        return f"[{self.number}] {self.hit.chunk.citation}"
-
-    @property
-    def text(self) -> str:
-        return self.hit.chunk.text
 
 
 class DocumentSet:

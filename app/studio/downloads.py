@@ -44,13 +44,13 @@ from app.engine.plan.fit import (
     vision_from_mmproj,
 )
 from app.studio.library import (
-    GGUF_SHARD_PATTERN,
     PARTIAL_SUFFIX,
     HeaderIncomplete,
     gguf_summary,
     read_gguf_header,
 )
 from app.studio.mmproj import is_mmproj, pick_mmproj
+from app.studio.model_parts import GGUF_SHARD_PATTERN
 from app.studio.tasks import CancelToken, Progress, ProgressCallback, TaskCancelled
 
 DEFAULT_ENDPOINT = "https://huggingface.co"

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
-import struct
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -26,6 +24,7 @@ from typing import Any, BinaryIO
 from app.engine.loader import gguf as gguf_loader
 from app.engine.loader.names import CheckpointError, architecture_of
 from app.engine.loader.processor_config import read_processor_settings
+from app.engine.loader.safetensors import read_header as read_safetensors_header
 from app.engine.loader.split_tensors import stored_format
 from app.engine.plan.fit import (
     ModelShape,
@@ -38,11 +37,11 @@ from app.engine.plan.fit import (
     vision_from_hf_config,
 )
 from app.studio.model_check import INCOMPLETE_HINT, check_model_files
+from app.studio.model_parts import GGUF_SHARD_PATTERN, gguf_shards, model_files
 from app.studio.paths import ModelSource
 from app.studio.tasks import CancelToken, Progress, ProgressCallback, TaskCancelled
 
 PARTIAL_SUFFIX = ".part"  # downloads and imports in progress; never listed
-GGUF_SHARD_PATTERN = re.compile(r"^(?P<stem>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
 _COPY_CHUNK = 8 * 1024 * 1024
 
 
@@ -247,13 +246,6 @@ def _current_snapshot(repo: Path) -> Path | None:
     return max(snapshots, key=lambda s: s.stat().st_mtime, default=None)
 
 
-def model_files(path: Path) -> tuple[Path, ...]:
-    """What one model is made of: a safetensors folder and its files, or a GGUF's shards."""
-    if path.is_dir():
-        return (path, *sorted(path.glob("*.safetensors")))
-    return _gguf_shards(path)
-
-
 def is_base_model(path: str | os.PathLike[str]) -> bool:
     """True when the checkpoint at `path` has no chat template of its own (False when it cannot be read)."""
     path = Path(path)
@@ -280,15 +272,7 @@ def _find_models(root: Path) -> Iterable[tuple[Path, ...]]:
             if is_mmproj_name(name):  # a vision projector: part of the model beside it, not a model
                 continue
             if name.endswith(".gguf") and (match is None or int(match["index"]) == 1):
-                yield _gguf_shards(here / name)
-
-
-def _gguf_shards(path: Path) -> tuple[Path, ...]:
-    match = GGUF_SHARD_PATTERN.match(path.name)
-    if match is None:
-        return (path,)
-    count = int(match["count"])
-    return tuple(path.with_name(f"{match['stem']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1))
+                yield gguf_shards(here / name)
 
 
 def describe_gguf(files: tuple[Path, ...], name: str) -> ModelEntry:
@@ -377,17 +361,18 @@ def describe_safetensors_folder(folder: Path, files: tuple[Path, ...], name: str
         mix = Counter[str]()
         weight_bytes = vision_bytes = 0
         for file in files:
-            with open(file, "rb") as stream:
-                for name, tensor in read_safetensors_header(stream).items():
-                    # Quantized weights count under their format (FP8_E4M3, NVFP4_SPLIT, ...), scales with them.
-                    stored = stored_format(name, tensor["dtype"])
-                    if stored is not None:
-                        mix[stored[0]] += _product(tensor["shape"]) * stored[1]
-                    size = tensor["data_offsets"][1] - tensor["data_offsets"][0]
-                    if is_vision_tensor(name):  # the image tower: its own line in will-it-fit
-                        vision_bytes += size
-                    else:
-                        weight_bytes += size
+            table, _ = read_safetensors_header(file)  # the loader's own reader, as model_check.py
+            table.pop("__metadata__", None)
+            for name, tensor in table.items():
+                # Quantized weights count under their format (FP8_E4M3, NVFP4_SPLIT, ...), scales with them.
+                stored = stored_format(name, tensor["dtype"])
+                if stored is not None:
+                    mix[stored[0]] += _product(tensor["shape"]) * stored[1]
+                size = tensor["data_offsets"][1] - tensor["data_offsets"][0]
+                if is_vision_tensor(name):  # the image tower: its own line in will-it-fit
+                    vision_bytes += size
+                else:
+                    weight_bytes += size
         shape = shape_from_hf_config(config, weight_bytes)
         processor = read_processor_settings(folder, "image_processor").values  # either layout
         vision = vision_from_hf_config(config, vision_bytes, f"{folder.name}/*.safetensors", processor)
@@ -535,19 +520,3 @@ def read_gguf_header(stream: BinaryIO) -> GGUFHeader:
     except EOFError as exc:
         raise HeaderIncomplete(str(exc)) from None
     return GGUFHeader(version, metadata, [GGUFTensorInfo(*tensor) for tensor in tensors])
-
-
-def read_safetensors_header(stream: BinaryIO) -> dict[str, dict]:
-    """The tensor table of a .safetensors file: name -> {dtype, shape, data_offsets}."""
-    head = stream.read(8)
-    if len(head) < 8:
-        raise ValueError("not a safetensors file (shorter than 8 bytes)")
-    (length,) = struct.unpack("<Q", head)
-    if length > 100 * 1024 * 1024:
-        raise ValueError(f"not a safetensors file (header length {length} is implausible)")
-    raw = stream.read(length)
-    if len(raw) < length:
-        raise HeaderIncomplete("the file ends inside its safetensors header")
-    table = json.loads(raw)
-    table.pop("__metadata__", None)
-    return table

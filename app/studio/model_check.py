@@ -10,13 +10,13 @@ fails is corrupt or unsupported.
 
 from __future__ import annotations
 
-import json
 import os
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 from app.engine.loader import gguf as gguf_loader
+from app.engine.loader import safetensors as safetensors_loader
+from app.studio.model_parts import model_files
 
 INCOMPLETE_HINT = "incomplete download — resume or delete"
 _TRUNCATION_WORDS = ("truncated", "ends inside", "runs past the end")
@@ -51,8 +51,6 @@ def check_model_files(files: tuple[Path, ...]) -> FileProblem | None:
 
 def check_model_path(path: str | os.PathLike[str]) -> FileProblem | None:
     """The same for a path as EngineConfig names it; None for what is not a local file (left to the engine)."""
-    from app.studio.library import model_files
-
     path = Path(path).expanduser()
     return check_model_files(model_files(path)) if path.exists() else None
 
@@ -62,12 +60,10 @@ def _check_safetensors(files: tuple[Path, ...]) -> FileProblem | None:
         return FileProblem(False, "the folder holds no .safetensors files")
     for file in files:
         try:
-            with open(file, "rb") as stream:
-                (length,) = struct.unpack("<Q", stream.read(8))
-                table = json.loads(stream.read(length))
+            table, data_start = safetensors_loader.read_header(file)  # the engine's reader: it loads the same
             table.pop("__metadata__", None)
-            end = 8 + length + max((t["data_offsets"][1] for t in table.values()), default=0)
-        except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
+            end = data_start + max((t["data_offsets"][1] for t in table.values()), default=0)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
             return FileProblem(False, f"{file.name}: unreadable safetensors header ({exc})")
         size = file.stat().st_size
         if size < end:

@@ -62,6 +62,24 @@ class Hit:
     score: float  # cosine similarity to the question, in [-1, 1]
 
 
+@dataclass(frozen=True)
+class Citation:
+    """One numbered excerpt given to the model with the question (here, below doc_qa and doc_pages,
+    which both number them)."""
+
+    number: int
+    hit: Hit
+    image: bool = False  # a PDF page the model was shown as an image (its text, if any, is for the reader)
+
+    @property
+    def label(self) -> str:
+        return f"[{self.number}] {self.hit.chunk.citation}"
+
+    @property
+    def text(self) -> str:
+        return self.hit.chunk.text
+
+
 def chunk_document(
     document: Document,
     count_tokens: Callable[[Sequence[str]], list[int]],

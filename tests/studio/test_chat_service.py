@@ -166,3 +166,94 @@ def test_stats_line_reads_well():
                         finish_reason="length")
     assert stats.describe() == "12 tokens · 8.3 tok/s · first token 0.41 s · prompt 23 tokens · stopped at max tokens"
     assert ChatSettings.from_dict({"temperature": 0.1, "unknown": 1}).temperature == 0.1
+
+
+class _Documents:
+    """A document set's face to the chat: its size and the excerpts close enough to a question."""
+
+    def __init__(self, citations, error: Exception | None = None) -> None:
+        self.citations, self.error, self.asked = citations, error, []
+
+    def __len__(self) -> int:
+        return 1
+
+    def retrieve(self, question: str):
+        self.asked.append(question)
+        if self.error is not None:
+            raise self.error
+        return self.citations
+
+
+def test_a_question_carries_the_excerpts_close_to_it_or_goes_alone(history):
+    from app.studio.doc_qa import DocQAError
+    from app.studio.retrieval import Chunk, Citation, Hit
+
+    service = _service(history)
+    assert service.question("hi") == "hi"
+    excerpt = Citation(1, Hit(Chunk("Paris is the capital.", "/docs/france.txt", "line 1", 0), 0.9))
+    documents = _Documents([excerpt])
+    message = service.question("capital?", documents)
+    assert message.startswith("capital?\n\n") and "[1] france.txt, line 1\nParis is the capital." in message
+    assert documents.asked == ["capital?"]
+    assert service.question("weather?", _Documents([])) == "weather?"  # nothing close: the question alone
+    with pytest.raises(DocQAError, match="no index"):
+        service.question("x", _Documents([], DocQAError("no index")))
+    assert history.conversations() == []  # refused or not, asking saves nothing
+
+
+def test_asking_in_place_of_an_edited_question_drops_it_and_what_followed_at_once(history):
+    service = _service(history)
+    conversation = service.new_conversation()
+    asyncio.run(service.send(conversation.id, "first"))
+    asyncio.run(service.send(conversation.id, "second"))
+    second = next(m for m in history.conversation(conversation.id).messages if m.content == "second")
+    pending = service.ask(conversation.id, "second, edited", replacing=second.id)
+    kept = [(m.role, m.content) for m in history.conversation(conversation.id).messages]
+    assert kept == [("user", "first"), ("assistant", "Echo: first")]  # gone before the answer runs
+    answer = asyncio.run(pending)
+    assert answer.text == "Echo: second, edited"
+    assert [m.content for m in history.conversation(conversation.id).messages] == [
+        "first", "Echo: first", "second, edited", "Echo: second, edited"]
+
+
+class _Set:
+    def __init__(self) -> None:
+        self.removed: list[Path] = []
+
+    def remove(self, path: Path) -> None:
+        self.removed.append(path)
+
+
+def _dropped(service: ChatService, report):
+    documents = _Set()
+    return service.route_dropped(documents, report), documents.removed
+
+
+def test_dropped_scanned_pdfs_leave_the_set_and_go_as_pages_to_a_vision_model(history):
+    from types import SimpleNamespace
+
+    from app.studio.doc_qa import IngestedDocument, IngestFailure, IngestReport
+
+    scan = IngestedDocument(Path("/in/scan.pdf"), "pdf", ("page 1",), chunks=0, page_count=1)
+    text = IngestedDocument(Path("/in/notes.pdf"), "pdf", ("page 1",), chunks=3, page_count=1)
+    report = IngestReport([scan, text], [IngestFailure(Path("/in/bad.docx"), "bad.docx: not a Word file")])
+    vision = ChatService(history, lambda: SimpleNamespace(model=SimpleNamespace(supports_vision=True)))
+    dropped, removed = _dropped(vision, report)
+    assert dropped.as_pages == [scan.path] and removed == [scan.path]
+    assert dropped.problems == ["bad.docx: not a Word file"]
+    text_only = _service(history)  # the fake engine's model reads text only
+    dropped, removed = _dropped(text_only, report)
+    assert dropped.as_pages == [] and removed == [scan.path]
+    assert dropped.problems[0] == "bad.docx: not a Word file" and "scan.pdf" in dropped.problems[1]
+    assert _dropped(text_only, None)[0].problems == []  # a failed ingest: the pane says why, nothing moves
+
+
+def test_a_question_goes_to_the_open_conversation_with_its_edited_settings_or_to_a_new_one(history):
+    service = _service(history)
+    first = service.conversation_for(None, "Be brief.", ChatSettings(temperature=0.3))
+    stored = history.conversation(first)
+    assert stored.system_prompt == "Be brief." and service.settings_of(stored).temperature == 0.3
+    assert service.conversation_for(first, "Be kind.", ChatSettings(temperature=0.9)) == first
+    stored = history.conversation(first)
+    assert stored.system_prompt == "Be kind." and service.settings_of(stored).temperature == 0.9
+    assert len(history.conversations()) == 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import mmap
+import os
 import struct
 from pathlib import Path
 from typing import Any
@@ -111,19 +112,39 @@ def read_raw_tensors(path: Path) -> dict[str, RawTensor]:
     return tensors
 
 
+def read_header(path: Path) -> tuple[dict[str, Any], int]:
+    """One .safetensors file's header (name -> {dtype, shape, data_offsets}, and `__metadata__` if any) and
+    the offset its data starts at, read without mapping the weights: for the Studio's listing and checks."""
+    with path.open("rb") as file:
+        size = os.fstat(file.fileno()).st_size
+        if size < 8:
+            raise CheckpointError(f"{path}: file is truncated ({size} bytes)")
+        (length,) = struct.unpack("<Q", file.read(8))
+        _check_header_length(path, length, size)
+        return _parse_header(path, file.read(length)), 8 + length
+
+
 def _read_header(path: Path, mapped: mmap.mmap) -> tuple[dict[str, Any], int]:
     (length,) = struct.unpack_from("<Q", mapped, 0)
-    if length > _MAX_HEADER_BYTES or 8 + length > len(mapped):
-        raise CheckpointError(f"{path}: header length {length} does not fit the {len(mapped)}-byte file")
+    _check_header_length(path, length, len(mapped))
+    return _parse_header(path, bytes(mapped[8 : 8 + length])), 8 + length
+
+
+def _check_header_length(path: Path, length: int, size: int) -> None:
+    if length > _MAX_HEADER_BYTES or 8 + length > size:
+        raise CheckpointError(f"{path}: header length {length} does not fit the {size}-byte file")
+
+
+def _parse_header(path: Path, raw: bytes) -> dict[str, Any]:
     try:
-        header = json.loads(bytes(mapped[8 : 8 + length]))
+        header = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{path}: header is not valid JSON: {exc}") from None
     except RecursionError:
         raise CheckpointError(f"{path}: header JSON is nested too deep to be a safetensors header") from None
     if not isinstance(header, dict):
         raise CheckpointError(f"{path}: header is not a JSON object")
-    return header, 8 + length
+    return header
 
 
 def _tensor(path: Path, name: str, entry: Any, buffer: np.ndarray, data_start: int) -> RawTensor:

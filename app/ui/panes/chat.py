@@ -41,9 +41,7 @@ from app.studio.doc_qa import (
     DocQAError,
     DocumentSet,
     IngestReport,
-    chat_message,
     is_document_file,
-    needs_vision_message,
 )
 from app.studio.history import Attachment, History, Message
 from app.studio.runtime import RuntimeStatus
@@ -411,20 +409,13 @@ class ChatPane(QWidget):
 
     def _on_attached(self, result: TaskResult[IngestReport]) -> None:
         self._attaching = None
-        report = result.value
-        scanned = [d for d in report.added if d.scanned] if report is not None else []
-        for document in scanned:  # nothing in it to search: it leaves the set and goes as pages, or is refused
-            self.documents.remove(document.path)
-        vision = self.chat.supports_vision
-        if scanned and vision:  # first: reading them clears the error row, which may say more below
-            self.attach_to_message([document.path for document in scanned])
-        problems = [failure.message for failure in report.failed] if report is not None else []
-        if scanned and not vision:
-            problems.append(needs_vision_message(scanned))
+        dropped = self.chat.route_dropped(self.documents, result.value)
+        if dropped.as_pages:  # first: reading them clears the error row, which may say more below
+            self.attach_to_message(dropped.as_pages)
         if result.error is not None:
             self._show_error(f"The documents could not be read: {result.error_message}")
-        elif problems:
-            self._show_error("\n".join(problems))
+        elif dropped.problems:
+            self._show_error("\n".join(dropped.problems))
         self._show_attachments()
         self.attach_finished.emit(result)
 
@@ -447,22 +438,19 @@ class ChatPane(QWidget):
         text = self.input.toPlainText().strip()
         if not text or self.busy or not self.runtime.status.ready:
             return
-        message = text
-        if len(self.documents):
-            try:
-                excerpts = self.documents.retrieve(text)  # none close enough: the question goes alone
-                message = chat_message(text, excerpts) if excerpts else text
-            except DocQAError as exc:
-                self._show_error(str(exc))
-                return
+        try:
+            message = self.chat.question(text, self.documents)  # with the documents' excerpts, if any is close
+        except DocQAError as exc:
+            self._show_error(str(exc))
+            return
         conversation_id = self._current_conversation()
-        if self._editing is not None:  # edit and resend: the old question and what followed it go
-            self.history.delete_messages_from(self._editing)
-            self._set_editing(None)
+        replacing = self._editing  # edit and resend: the old question and what followed it go
+        self._set_editing(None)
         self.input.clear()
         files = self.tray.take()
-        self._start(self.chat.send(conversation_id, message, on_start=self._on_start, on_delta=self._on_delta,
-                                   attachments=files), unsent=text, sent=message, files=files)
+        self._start(self.chat.ask(conversation_id, message, replacing=replacing, attachments=files,
+                                  on_start=self._on_start, on_delta=self._on_delta),
+                    unsent=text, sent=message, files=files)
 
     def regenerate(self) -> None:
         if self.conversation_id is None or self.busy:
@@ -520,11 +508,9 @@ class ChatPane(QWidget):
 
     # -- state ----------------------------------------------------------------------------------
     def _current_conversation(self) -> int:
-        if self.conversation_id is None:
-            created = self.chat.new_conversation(self.system_prompt.toPlainText(), self.sampling.settings())
-            self.conversation_id = created.id
-        else:
-            self._keep_settings()
+        """Only asked while not busy (send), so the open conversation's settings are saved as _keep_settings does."""
+        self.conversation_id = self.chat.conversation_for(self.conversation_id, self.system_prompt.toPlainText(),
+                                                          self.sampling.settings())
         return self.conversation_id
 
     def _keep_settings(self) -> None:

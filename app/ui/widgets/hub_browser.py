@@ -40,10 +40,10 @@ from app.studio.downloads import (
     RemoteFile,
     RepoListing,
     SearchHit,
-    bytes_present,
     model_folder,
 )
 from app.studio.fit_estimate import FitEstimate, estimate
+from app.studio.hub_session import HubSession
 from app.studio.recommendations import Recommendation, RecommendationFit, recommended_fits
 from app.studio.runtime import fit_options
 from app.studio.settings import Settings
@@ -70,9 +70,7 @@ class HubBrowser(QWidget):
                  worker: Worker, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._hub, self._models_dir, self.settings, self.worker = hub, models_dir, settings, worker
-        self.listing: RepoListing | None = None
-        self.chosen: list[RemoteFile] = []
-        self._gguf_file: str | None = None
+        self.session = HubSession(models_dir)  # the listing, the files chosen, what of them is on disk
         self._token: CancelToken | None = None
         self._asked = 0  # sequence number of the latest listing/fit question
         self._then_download: str | None = None  # a recommended file: download it once its repo is listed
@@ -107,7 +105,7 @@ class HubBrowser(QWidget):
         self.left.addWidget(self.results)
         self.repo = QLabel("Pick a repository to see its files.")
         self.repo.setWordWrap(True)
-        self.files_model = remote_files_model(self._on_disk)
+        self.files_model = remote_files_model(self.session.on_disk)
         self.files = make_table(self.files_model)
         self.selection = QLabel()
         self.selection.setWordWrap(True)
@@ -155,12 +153,20 @@ class HubBrowser(QWidget):
         self.results.selectionModel().currentRowChanged.connect(lambda index, _: self._on_repo(index.row()))
         self.files.selectionModel().currentRowChanged.connect(lambda index, _: self._on_file(index.row()))
         self.download_button.clicked.connect(self.download)
-        self.with_vision.toggled.connect(lambda _: self._gguf_file and self.choose(self._gguf_file))
+        self.with_vision.toggled.connect(lambda _: self.session.gguf_file and self.choose(self.session.gguf_file))
         self.cancel_button.clicked.connect(self.cancel)
         self.recommended_button.clicked.connect(self.show_recommended)
         self.retry_button.clicked.connect(lambda: self._retry())
         self.recommended.download_requested.connect(self.get_recommended)
         self.recommended.fit_selected.connect(self.show_recommended_fit)
+
+    @property
+    def listing(self) -> RepoListing | None:
+        return self.session.listing
+
+    @property
+    def chosen(self) -> list[RemoteFile]:
+        return self.session.chosen
 
     def show_recommended(self) -> None:
         self.left.setCurrentWidget(self.recommended)
@@ -246,7 +252,7 @@ class HubBrowser(QWidget):
         self._asked += 1
         asked = self._asked
         self._then_download = then_download
-        self.listing, self.chosen, self._gguf_file = None, [], None
+        self.session.open(None)
         self.with_vision.setChecked(True)  # each repo's model comes with its vision unless unticked
         self.with_vision.hide()
         self.files_model.replace([])
@@ -292,14 +298,13 @@ class HubBrowser(QWidget):
                 self.status.setText(f"Could not reach the hub: {result.error_message}")
             self.listed.emit(result)
             return
-        listing = self.listing = result.value
+        listing = result.value
+        self.session.open(listing)
         self.files_model.replace(listing.files)
         self.repo.setText(f"{listing.repo_id} · revision {listing.revision[:10]} · {len(listing.files)} files")
-        only = listing.only_gguf_model()
-        if only is not None:
-            self.choose(only.path)
-        elif not listing.gguf_files and listing.default_selection():
-            self.choose(None)
+        pick, path = self.session.first_choice()
+        if pick:
+            self.choose(path)
         else:
             self.selection.setText("Pick the GGUF file to download (each is one quantization of the model).")
         if wanted:
@@ -310,33 +315,22 @@ class HubBrowser(QWidget):
     # -- choosing what to download ---------------------------------------------------------------
     def choose(self, path: str | None) -> None:
         """Choose the GGUF file `path` (with its shards), or None for a safetensors repo's model files."""
-        listing = self.listing
-        if listing is None:
+        if self.listing is None:
             return
-        companion = listing.mmproj_for(path) if path is not None else None
+        companion = self.session.companion(path)
         self.with_vision.setVisible(companion is not None)
         if companion is not None:
             self.with_vision.setText(f"Also download its vision projector, {companion.path} "
                                      f"({format_bytes(companion.size)}): the model then reads images")
-        vision = companion is not None and self.with_vision.isChecked()
-        if path is None:
-            self.chosen, self._gguf_file = listing.default_selection(), None
-        elif path in {f.path for f in listing.gguf_models}:
-            self.chosen, self._gguf_file = listing.files_for(path, vision=vision), path
-        else:
-            self.chosen, self._gguf_file = [], None
+        choice = self.session.choose(path, self.with_vision.isChecked())
+        self.selection.setText(choice.note)
+        if not choice.check_fit:
             self.with_vision.hide()
-            self.selection.setText("That file is not a model: pick a .gguf file.")
             self.fit.clear("")
             self._update_download()
             return
-        total = sum(f.size for f in self.chosen)
-        names = self._gguf_file or f"{len(self.chosen)} files (weights, config, tokenizer)"
-        if vision:
-            names += f" + {companion.path} (vision)"  # type: ignore[union-attr]
-        self.selection.setText(f"Selected: {names} · {format_bytes(total)} to download")
         self._update_download()
-        self._check_fit(listing, self._gguf_file, vision)
+        self._check_fit(self.listing, choice.fit_file, choice.vision)
 
     def _on_file(self, row: int) -> None:
         file = self.files_model.row(row)
@@ -404,31 +398,16 @@ class HubBrowser(QWidget):
             folder = model_folder(self._models_dir(), self.listing.repo_id)
             self.status.setText(f"Downloaded and verified: {folder}")
         elif result.cancelled:
-            self.status.setText(f"Paused with {format_bytes(self._kept())} kept: Download resumes where it stopped.")
+            self.status.setText(f"Paused with {format_bytes(self.session.kept())} kept: Download resumes where it stopped.")
         else:
             self.status.setText(f"Download failed: {result.error_message}")
         self.files_model.replace(self.listing.files if self.listing else [])  # refresh "On disk"
         self._update_download()
         self.download_finished.emit(result)
 
-    def _on_disk(self, file: RemoteFile) -> int:
-        if self.listing is None:
-            return 0
-        return bytes_present(self._models_dir(), self.listing, file)
-
-    def _kept(self) -> int:
-        return sum(self._on_disk(f) for f in self.chosen)
-
     def _update_download(self) -> None:
-        total = sum(f.size for f in self.chosen)
-        kept = self._kept() if self.chosen else 0
-        if self.chosen and kept >= total:
-            label = "Downloaded"
-        elif kept:
-            label = f"Resume ({format_bytes(kept)} of {format_bytes(total)} here)"
-        else:
-            label = f"Download {format_bytes(total)}" if self.chosen else "Download"
-        self.download_button.setText(label)
-        self.download_button.setEnabled(bool(self.chosen) and not self.downloading and kept < total)
+        state = self.session.download_state()
+        self.download_button.setText(state.label)
+        self.download_button.setEnabled(state.ready and not self.downloading)
         self.cancel_button.setEnabled(self.downloading or self.searching)
 
