@@ -26,6 +26,9 @@ from family_parity import GREEDY, ParityFixtures, batch_of_eight_equals_alone, e
 from gemma4_gguf import write_gguf
 from model_harness import MODES
 
+from app.engine.plan.fit import shape_from_checkpoint
+from app.engine.plan.memory import kv_block_bytes
+
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gemma4"
 PARITY = ParityFixtures(FIXTURES, write_gguf)
 CASES = PARITY.cases
@@ -70,3 +73,21 @@ def test_shared_kv_layers_own_no_cache_and_the_pool_counts_only_owners() -> None
     assert len(owners) == 4
     # sliding layers: 2 KV heads of 16, global: 2 of 32 (the ple case keeps num_key_value_heads there)
     assert [c[0].shape[2:] for c in caches[:4]] == [(2, 16), (2, 32), (2, 16), (2, 32)]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_will_it_fit_counts_the_kv_of_the_owning_layers_as_the_engine_allocates(case: str, gguf_dir: str) -> None:
+    """The KV pool holds only the layers that own a cache, each at its own heads; `paddock fit`'s memory
+    model (plan/) counts the same bytes for the blocks the engine allocates, from a file's header alone."""
+    path = PARITY.path(case, "gguf", gguf_dir)
+    engine = engine_for(path)
+    allocated = sum(
+        array.nbytes for pair in {id(p): p for p in engine.runner.kv_caches if p is not None}.values() for array in pair
+    )
+    shape = shape_from_checkpoint(path)
+    predicted = engine.plan.num_blocks * kv_block_bytes(shape, engine.plan.block_size, engine.plan.kv_dtype)
+    assert abs(predicted - allocated) <= 0.05 * allocated, (predicted, allocated)
+    if case == "ple":  # two of six layers read another's cache: the pool is a third smaller than six layers'
+        cfg = engine.model_config
+        every_layer = sum(2 * cfg.kv_heads_of(i) * cfg.head_dim_of(i) for i in range(cfg.num_layers))
+        assert allocated < every_layer * 4 * engine.plan.block_size * engine.plan.num_blocks
