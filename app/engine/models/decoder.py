@@ -64,7 +64,7 @@ class DecoderLayer:
         if self.mixer_kind == MIXER_ATTENTION:
             self.attn = Attention(backend, tensors, prefix, spec)
         elif self.mixer_kind in RECURRENT_MIXERS:
-            self.recurrent = recurrent_mixer(backend, cfg, tensors, prefix)
+            self.recurrent = recurrent_mixer(backend, cfg, tensors, prefix, self.mixer_kind)
         self.ffn_norm = self.mlp = self.moe = None
         if self.ffn_kind != FFN_NONE:
             self.ffn_norm = RMSNorm(backend, tensors[f"{prefix}.ffn_norm.weight"], eps)
@@ -131,10 +131,10 @@ class DecoderLayer:
         return h if self.residual_scale is None else h * h.dtype.type(self.residual_scale)
 
 
-def recurrent_mixer(backend: Any, cfg: ModelConfig, tensors: dict[str, QuantizedTensor], prefix: str) -> Any:
-    """The recurrent token mixer of a hybrid model's layer (`cfg.mixer(i)` in RECURRENT_MIXERS)."""
-    index = int(prefix.rsplit(".", 1)[1])
-    kind = cfg.mixer(index)
+def recurrent_mixer(
+    backend: Any, cfg: ModelConfig, tensors: dict[str, QuantizedTensor], prefix: str, kind: str
+) -> Any:
+    """The recurrent token mixer `kind` (one of RECURRENT_MIXERS) of the layer whose tensors are under `prefix`."""
     if kind == MIXER_GATED_DELTANET:
         from app.engine.layers.gated_deltanet import GatedDeltaNet
 
@@ -145,7 +145,7 @@ def recurrent_mixer(backend: Any, cfg: ModelConfig, tensors: dict[str, Quantized
 
         assert cfg.mamba2 is not None
         return Mamba2(backend, tensors, prefix, cfg.mamba2, cfg.rms_norm_eps)
-    raise ValueError(f"layer {index}: unknown recurrent mixer {kind!r}")
+    raise ValueError(f"{prefix}: unknown recurrent mixer {kind!r}")
 
 
 class DecoderModel:
