@@ -181,9 +181,7 @@ class Attention:
         q = q.reshape(q.shape[0], s.num_heads, s.head_dim)
         if self.q_norm is not None:
             q = self.q_norm(q)
-        table, positions = r.table, meta.positions
-        if meta.rope is not None:
-            table, positions = meta.rope, b.xp.arange(q.shape[0], dtype=b.xp.int32)
+        table, positions = self._rope_rows(meta, q.shape[0])
         q = b.rope(q, positions, table, r.interleaved)
         if meta.image_spans is not None or meta.rope is not None:
             out = paged_attention(
@@ -192,12 +190,17 @@ class Attention:
             return out.astype(q.dtype, copy=False)
         return b.attention(q, k_cache, v_cache, meta, s.scale, s.sliding_window, s.softcap)
 
+    def _rope_rows(self, meta: AttentionMetadata, n_tokens: int) -> tuple[RopeTable, Any]:
+        """The table and row of each flat token: the layer's table at its positions, or (M-RoPE) row t of
+        the step's own table for flat token t."""
+        if meta.rope is not None:
+            return meta.rope, self.backend.xp.arange(n_tokens, dtype=self.backend.xp.int32)
+        return self.rope.table, meta.positions
+
     def _attend_reference(self, qkv: Any, meta: AttentionMetadata, kv_cache: tuple[Any, Any]) -> Any:
         s, r, b = self.spec, self.rope, self.backend
         k_cache, v_cache = kv_cache
-        table, positions = r.table, meta.positions
-        if meta.rope is not None:  # M-RoPE: row t of the step's own table rotates flat token t
-            table, positions = meta.rope, b.xp.arange(qkv.shape[0], dtype=b.xp.int32)
+        table, positions = self._rope_rows(meta, qkv.shape[0])
         q = b.rope_and_cache(
             qkv, r.n_heads, r.n_kv_heads, r.head_dim, r.q_norm, r.k_norm, r.eps,
             positions, table, r.interleaved, k_cache, v_cache, meta.slot_mapping,
