@@ -83,7 +83,7 @@ def toy_hybrid(monkeypatch: pytest.MonkeyPatch) -> None:
         spec = GatedDeltaNetSpec(num_k_heads=1, num_v_heads=1, head_k_dim=1, head_v_dim=cfg.hidden_size, conv_kernel=4)
         return cfg.with_overrides(layer_mixers=tuple(mixers), gated_deltanet=spec, context_length=CONTEXT)
 
-    def toy_mixer(backend: Any, cfg: Any, tensors: Any, prefix: str) -> ToyRecurrent:
+    def toy_mixer(backend: Any, cfg: Any, tensors: Any, prefix: str, kind: str) -> ToyRecurrent:
         return ToyRecurrent(backend, cfg.hidden_size, cfg.gated_deltanet.conv_kernel)
 
     monkeypatch.setattr(engine_module, "model_config", hybrid_config)
