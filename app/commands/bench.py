@@ -116,11 +116,16 @@ def summarize(args: argparse.Namespace, results: list, wall: float) -> dict:
     per_turn = []
     for turn in range(1, args.turns + 1):
         rows = [r for r in results if r.turn == turn]
+        resent = sum(resent_tokens(results, r) for r in rows)
+        cached = sum(r.cached_tokens for r in rows) if reported else None
         per_turn.append({
             "turn": turn,
             "requests": len(rows),
             "prompt_tokens_mean": statistics.fmean(r.prompt_tokens for r in rows),
-            "cached_tokens_mean": statistics.fmean(r.cached_tokens for r in rows) if reported else None,
+            "cached_tokens_mean": cached / len(rows) if cached is not None else None,
+            "cached_share": cached / sum(r.prompt_tokens for r in rows) if cached is not None else None,
+            "resent_tokens_mean": resent / len(rows),
+            "cached_share_of_resent": cached / resent if cached is not None and resent else None,
             "ttft_p50_ms": 1000 * statistics.median(r.ttft for r in rows),
         })  # fmt: skip
     return {
@@ -149,6 +154,15 @@ def summarize(args: argparse.Namespace, results: list, wall: float) -> dict:
     }
 
 
+def resent_tokens(results: list, result) -> int:
+    """Tokens of `result`'s prompt the server has seen before in its session: the previous turn's prompt
+    and its reply, which this turn re-sends (a few template tokens around the reply aside). The share of
+    them reported as cached says how well the prefix cache keeps a conversation; the share of the whole
+    prompt can't reach 100 % while every turn adds new text."""
+    previous = next((r for r in results if r.session == result.session and r.turn == result.turn - 1), None)
+    return previous.prompt_tokens + previous.output_tokens if previous else 0
+
+
 def speculation(results: list) -> dict:
     """Speculative decoding's totals over the timed requests: drafted, accepted, acceptance rate."""
     accepted = sum(r.accepted_prediction_tokens for r in results)
@@ -169,6 +183,15 @@ async def _run(args: argparse.Namespace) -> dict:
 
 def _cached(tokens: float | None) -> str:
     return "not reported" if tokens is None else f"{tokens:.0f}"
+
+
+def _share(row: dict) -> str:
+    if row["cached_share"] is None:
+        return ""
+    resent = row["cached_share_of_resent"]
+    return f" ({row['cached_share']:.0%} of the prompt" + (
+        f", {resent:.0%} of what it re-sends)" if resent else ")"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -193,6 +216,6 @@ def run(args: argparse.Namespace) -> int:
         for row in summary["per_turn"]:
             print(
                 f"  turn {row['turn']}: {row['requests']} requests, prompt {row['prompt_tokens_mean']:.0f} tokens, "
-                f"cached {_cached(row['cached_tokens_mean'])}, TTFT p50 {row['ttft_p50_ms']:.1f} ms"
+                f"cached {_cached(row['cached_tokens_mean'])}{_share(row)}, TTFT p50 {row['ttft_p50_ms']:.1f} ms"
             )
     return 0

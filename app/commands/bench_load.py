@@ -92,14 +92,16 @@ async def exact_text(client: httpx.AsyncClient, model: str, tokens: int, rng: ra
     if tokens == 0:
         return ""
     text = " ".join(rng.choice(WORDS) for _ in range(tokens * 2))
+    # vLLM's and our body names the text `prompt`, llama.cpp's server `content`: send both, read either.
     encoded = await client.post(
-        "/tokenize", json={"model": model, "prompt": text, "add_special_tokens": False}
+        "/tokenize", json={"model": model, "prompt": text, "content": text, "add_special_tokens": False}
     )
     encoded.raise_for_status()
     ids = encoded.json()["tokens"][:tokens]
     decoded = await client.post("/detokenize", json={"model": model, "tokens": ids})
     decoded.raise_for_status()
-    return decoded.json()["prompt"]
+    body = decoded.json()
+    return body["prompt"] if "prompt" in body else body["content"]
 
 
 def turn_messages(prefix: str, history: list[dict], new_text: str) -> list[dict]:

@@ -115,6 +115,26 @@ def test_cached_tokens_are_none_when_the_server_does_not_report_them() -> None:
     assert summary["output_throughput_tok_s"] == 8.0
 
 
+def test_each_turn_reports_its_cached_share_of_the_prompt_and_of_what_it_re_sends() -> None:
+    args = build_parser().parse_args(["bench", "--turns", "3"])
+    # Turn t of a session: 100 t prompt tokens, 10 out; the server reports all but the new 90 (+ template) cached.
+    results = [
+        TurnResult(session=s, turn=t, ttft=0.1, itl=0.01, latency=1.0, output_tokens=10, prompt_tokens=100 * t,
+                   cached_tokens=0 if t == 1 else 100 * (t - 1) + 5, answer="x")
+        for s in (0, 1) for t in (1, 2, 3)
+    ]  # fmt: skip
+    first, second, third = bench.summarize(args, results, wall=1.0)["per_turn"]
+    assert (first["cached_share"], first["resent_tokens_mean"], first["cached_share_of_resent"]) == (
+        0,
+        0,
+        None,
+    )
+    assert second["resent_tokens_mean"] == 110  # turn 1's prompt and its reply
+    assert second["cached_share"] == pytest.approx(105 / 200)
+    assert second["cached_share_of_resent"] == pytest.approx(105 / 110)
+    assert third["cached_share_of_resent"] == pytest.approx(205 / 210)
+
+
 def test_tail_latencies_are_nearest_rank_and_never_below_the_median() -> None:
     args = build_parser().parse_args(["bench"])
     results = [

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# llama.cpp beside us on the GPU machine, from the same source our comparisons name (the llama.cpp
+# vendored in the llama-cpp-python 0.3.36 sdist), built there: the machine has nvcc, CMake, ninja and
+# cuBLAS (CUDA's own, or the nvidia-cublas wheel torch brings) but no network.
+#
+#   bench/llama_cpp.sh pack                 # here, once: the sdist's sources -> .llama/src.tar.xz (~7 MB,
+#                                           # git-ignored; carry [".llama"] in the device call)
+#   bench/llama_cpp.sh build                # there: llama-server for sm_90 into /tmp/llama-build (~5 min on
+#                                           # 16 cores; kept while the machine stays warm)
+#   bench/llama_cpp.sh serve FILE NP CTX    # there: llama-server on port 11661, FILE fully on the GPU, NP
+#                                           # parallel slots sharing CTX tokens; returns once healthy
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${LLAMA_BUILD:-/tmp/llama-build}
+PORT=${LLAMA_PORT:-11661}
+
+pack() {
+  local work; work=$(mktemp -d)
+  python3 -m pip download -q --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d "$work"
+  tar xzf "$work"/llama_cpp_python-0.3.36.tar.gz -C "$work"
+  local src=$work/llama_cpp_python-0.3.36/vendor/llama.cpp
+  mkdir -p .llama
+  # Only what a CUDA build of the server reads: other backends, docs and the web UI's tests stay behind.
+  tar -C "$src" --exclude='*.md' --exclude='ggml/src/ggml-'{vulkan,sycl,metal,opencl,cann,musa,hip,webgpu} \
+    -cJf .llama/src.tar.xz CMakeLists.txt cmake ggml src include common tools vendor licenses LICENSE app
+  rm -rf "$work"
+  ls -la .llama/src.tar.xz
+}
+
+# cuBLAS where CMake's FindCUDAToolkit looks (the toolkit's own folders), linked from the pip wheel
+# when the toolkit on the machine came without it.
+link_cublas() {
+  local cuda=${CUDA_HOME:-/usr/local/cuda}
+  compgen -G "$cuda/lib64/libcublas.so*" > /dev/null && return 0
+  local wheel
+  wheel=$(python3 -c "import nvidia.cublas, os; print(os.path.dirname(nvidia.cublas.__file__))" 2>/dev/null) \
+    || wheel=$(dirname "$(find / -name 'libcublas.so.1*' -path '*nvidia*' 2>/dev/null | head -1)")/..
+  [[ -d $wheel ]] || { echo "no cuBLAS on this machine" >&2; return 1; }
+  local lib; lib=$(dirname "$(find "$wheel" -name 'libcublas.so.1*' | head -1)")
+  for f in "$lib"/libcublas*.so*; do
+    ln -sf "$f" "$cuda/lib64/"
+    local base=${f##*/}; ln -sf "$f" "$cuda/lib64/${base%%.so*}.so"
+  done
+  ln -sf "$(find "$wheel" -name cublas_v2.h -printf '%h' -quit)"/cublas*.h "$cuda/include/" 2>/dev/null || true
+  echo "cuBLAS linked from $lib"
+}
+
+build() {
+  [[ -x $BUILD/bin/llama-server ]] && { echo "llama-server already built"; return 0; }
+  local src=/tmp/llama-src
+  rm -rf "$src" && mkdir -p "$src" && tar xJf .llama/src.tar.xz -C "$src"
+  link_cublas
+  cmake -S "$src" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+    -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+    > "${OUT:-/tmp}/llama-cmake.log" 2>&1 || { tail -30 "${OUT:-/tmp}/llama-cmake.log"; return 1; }
+  local started=$SECONDS
+  ninja -C "$BUILD" -j "$(nproc)" llama-server > "${OUT:-/tmp}/llama-build.log" 2>&1 \
+    || { tail -30 "${OUT:-/tmp}/llama-build.log"; return 1; }
+  echo "llama-server built in $((SECONDS - started)) s"
+}
+
+serve() {
+  local file=$1 np=$2 ctx=$3
+  "$BUILD/bin/llama-server" -m "$file" -ngl 999 -np "$np" -c "$ctx" --port "$PORT" --no-webui \
+    > "${OUT:-/tmp}/llama-server-$(basename "$file").log" 2>&1 &
+  echo $! > /tmp/llama-server.pid
+  for _ in $(seq 1 120); do
+    curl -sf "localhost:$PORT/health" > /dev/null && return 0
+    kill -0 "$(cat /tmp/llama-server.pid)" 2> /dev/null || break
+    sleep 1
+  done
+  echo "llama-server did not come up" >&2
+  tail -20 "${OUT:-/tmp}/llama-server-$(basename "$file").log" >&2
+  return 1
+}
+
+case ${1:-} in
+  pack) pack ;;
+  build) build ;;
+  serve) shift; serve "$@" ;;
+  *) echo "usage: $0 pack | build | serve FILE NP CTX" >&2; exit 2 ;;
+esac
