@@ -17,7 +17,7 @@ compgen -G ".whl/*.whl" > /dev/null || { echo "no wheels in .whl/: run bench/fet
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$HOME/site" .whl/*.whl || exit 1
 # Compiled kernels cached outside $OUT (only 8 files come back from it), shared by every stage.
 export PYTHONPATH=$PWD:$HOME/site PYTHONUNBUFFERED=1 PADDOCK_KERNEL_CACHE=/tmp/paddock-kernels
-STAGES=${STAGES:-tests micro parity speed serve}  # also: agent, cascade, sweep (bench/micro/gemv_sweep.py --int), ab (see below), prefill
+STAGES=${STAGES:-tests micro parity speed serve}  # also: agent, cascade, sweep (bench/micro/gemv_sweep.py --int), ab (see below), prefill, llamabuild, side
 MODELS=${MODELS:-qwen3-0.6b:q4_k_m qwen3-8b:q4_k_m}  # SERVE_C1 / SERVE_C32: requests of the serve runs
 AGENT_MODELS=${AGENT_MODELS:-qwen3-8b:q4_k_m}
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm --format=csv
@@ -26,7 +26,7 @@ nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm --format=csv
 left() { (( BUDGET - SECONDS >= $1 )); }
 
 if [[ $STAGES == *tests* ]]; then
-  timeout 200 python3 -m pytest -q -m gpu tests/engine/cuda -x -rf -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -25
+  timeout ${TEST_S:-200} python3 -m pytest -q -m gpu ${TESTS:-tests/engine/cuda} ${PYTEST_ARGS--x} -rf -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -25
 fi
 if [[ $STAGES == *micro* ]] && left 180; then
   timeout 100 python3 bench/suite/gpu_check.py --out /tmp/check --no-tests --only "copy bandwidth,fused" 2>&1 \
@@ -43,13 +43,23 @@ fi
 # shape:mix -> its file; a mix "st-FORMAT" (st-fp8-block, st-nvfp4, st-mix) is a safetensors folder
 gguf_of() { [[ ${1##*:} == st-* ]] && echo "/tmp/${1%%:*}-${1##*:}" || echo "/tmp/${1%%:*}-${1##*:}.gguf"; }
 [[ $STAGES == *agent* || $STAGES == *cascade* ]] && MADE="$MODELS $AGENT_MODELS" || MADE=$MODELS
-for model in $MADE; do
-  [[ -e $(gguf_of "$model") ]] && continue
+# make_model SHAPE:MIX: its file, once (the hybrid Qwen 3.5 shapes have their own maker, Q4_K_M only)
+make_model() {
+  local model=$1 file; file=$(gguf_of "$1")
+  [[ -e $file ]] && return 0
   if [[ ${model##*:} == st-* ]]; then
-    python3 bench/make_random_safetensors.py --shape "${model%%:*}" --format "${model##*:st-}" --out "$(gguf_of "$model")"
+    python3 bench/make_random_safetensors.py --shape "${model%%:*}" --format "${model##*:st-}" --out "$file"
+  elif [[ ${model%%:*} == qwen35* ]]; then
+    python3 bench/make_random_hybrid_gguf.py --shape "${model%%:*}" --out "$file"
   else
-    python3 bench/make_random_gguf.py --shape "${model%%:*}" --mix "${model##*:}" --out "$(gguf_of "$model")"
+    python3 bench/make_random_gguf.py --shape "${model%%:*}" --mix "${model##*:}" --out "$file"
   fi
+}
+if [[ $STAGES == *llamabuild* ]]; then  # llama.cpp's server, built in the background (outlives this call; carry .llama)
+  setsid bash bench/llama_cpp.sh build > /tmp/llama-build.out 2>&1 < /dev/null &
+fi
+for model in $MADE; do
+  make_model "$model"
 done
 if [[ $STAGES == *speed* ]]; then
   for model in $MODELS; do  # one process per model, both batch sizes in it
@@ -104,6 +114,39 @@ if [[ $STAGES == *cascade* ]]; then  # decode attention at agent contexts (plain
     echo "== $setting" | tee -a "$OUT/cascade.log"
     env ${setting//+/ } timeout 240 python3 bench/suite/agent_engine.py "$(gguf_of "${AGENT_MODELS%% *}")" --cases c8,decode32k 2>&1 \
       | tee -a "$OUT/cascade.log" | grep '^{' | cut -c1-600
+  done
+fi
+# side: per SIDE_MODELS entry, ISL/OSL 128 at c=1 and c=32 and an 8,000-token TTFT on our server, then on
+# llama.cpp's (bench/llama_cpp.sh; the llamabuild stage of this call or an earlier one on the same warm
+# machine builds it) with the same file; JSON lines tagged with engine and model in $OUT/side.jsonl. Each
+# file is deleted after its rows (the machine's disk holds ~60 GB).
+SIDE_MODELS=${SIDE_MODELS:-qwen35-27b:q4_k_m qwen35-35b-a3b:q4_k_m}
+side_rows() {  # ENGINE MODEL PORT
+  local tag="{\"engine\": \"$1\", \"model\": \"$2\", "
+  URL=http://127.0.0.1:$3 SERVE_C1=${SIDE_C1:-8} SERVE_C32=${SIDE_C32:-64} timeout 240 \
+    bash bench/suite/serve_workloads.sh short | sed "s/^{/$tag/" | tee -a "$OUT/side.jsonl"
+  timeout 120 python3 -m app.cli bench --url "http://127.0.0.1:$3" --json --concurrency 1 --requests 3 \
+    --warmup 1 --input-tokens 8000 --output-tokens 16 | sed "s/^{/$tag\"workload\": \"ttft8k\", /" | tee -a "$OUT/side.jsonl"
+}
+if [[ $STAGES == *side* ]]; then
+  for model in $SIDE_MODELS; do
+    left 240 || break
+    make_model "$model"
+    file=$(gguf_of "$model")
+    python3 -m app.cli serve --model "$file" --device cuda --max-ctx 16384 --max-batch 32 --port 11660 --no-mcp \
+      --no-embeddings --log-level warning > "$OUT/serve-${model/:/-}.log" 2>&1 &
+    server=$!
+    for _ in $(seq 1 240); do curl -sf localhost:11660/health > /dev/null && break; kill -0 $server 2> /dev/null || break; sleep 1; done
+    side_rows paddock "$model" 11660
+    kill $server; wait $server 2> /dev/null
+    for _ in $(seq 1 ${LLAMA_WAIT:-300}); do [[ -x /tmp/llama-build/bin/llama-server ]] && break; sleep 1; done
+    if left 100 && bash bench/llama_cpp.sh serve "$file" 32 131072; then
+      side_rows llama.cpp "$model" 11661
+      kill "$(cat /tmp/llama-server.pid)"; sleep 2
+    else
+      echo "llama.cpp: no rows for $model" | tee -a "$OUT/side.log"; tail -5 /tmp/llama-build.out /tmp/llama-build.log 2> /dev/null
+    fi
+    [[ ${KEEP_FILES:-0} == 1 ]] || rm -f "$file"
   done
 fi
 if [[ $STAGES == *agent* ]]; then

@@ -8,7 +8,9 @@
 #   bench/llama_cpp.sh build                # there: llama-server for sm_90 into /tmp/llama-build (~5 min on
 #                                           # 16 cores; kept while the machine stays warm)
 #   bench/llama_cpp.sh serve FILE NP CTX    # there: llama-server on port 11661, FILE fully on the GPU, NP
-#                                           # parallel slots sharing CTX tokens; returns once healthy
+#                                           # parallel slots sharing CTX tokens (one unified KV cache, so a
+#                                           # single 8,000-token prompt fits too); returns once healthy
+# The build logs to /tmp/llama-{cmake,build}.log (a build started in the background outlives the call).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${LLAMA_BUILD:-/tmp/llama-build}
@@ -52,17 +54,17 @@ build() {
   link_cublas
   cmake -S "$src" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
     -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-    > "${OUT:-/tmp}/llama-cmake.log" 2>&1 || { tail -30 "${OUT:-/tmp}/llama-cmake.log"; return 1; }
+    > /tmp/llama-cmake.log 2>&1 || { tail -30 /tmp/llama-cmake.log; return 1; }
   local started=$SECONDS
-  ninja -C "$BUILD" -j "$(nproc)" llama-server > "${OUT:-/tmp}/llama-build.log" 2>&1 \
-    || { tail -30 "${OUT:-/tmp}/llama-build.log"; return 1; }
+  ninja -C "$BUILD" -j "$(nproc)" llama-server > /tmp/llama-build.log 2>&1 \
+    || { tail -30 /tmp/llama-build.log; return 1; }
   echo "llama-server built in $((SECONDS - started)) s"
 }
 
 serve() {
   local file=$1 np=$2 ctx=$3
-  "$BUILD/bin/llama-server" -m "$file" -ngl 999 -np "$np" -c "$ctx" --port "$PORT" --no-webui \
-    > "${OUT:-/tmp}/llama-server-$(basename "$file").log" 2>&1 &
+  "$BUILD/bin/llama-server" -m "$file" -ngl 999 -np "$np" -c "$ctx" --kv-unified --port "$PORT" --no-webui \
+    > "${OUT:-/tmp}/llama-server-$(basename "$file" .gguf).log" 2>&1 &
   echo $! > /tmp/llama-server.pid
   for _ in $(seq 1 120); do
     curl -sf "localhost:$PORT/health" > /dev/null && return 0
@@ -70,7 +72,7 @@ serve() {
     sleep 1
   done
   echo "llama-server did not come up" >&2
-  tail -20 "${OUT:-/tmp}/llama-server-$(basename "$file").log" >&2
+  tail -20 "${OUT:-/tmp}/llama-server-$(basename "$file" .gguf).log" >&2
   return 1
 }
 
