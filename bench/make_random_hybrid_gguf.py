@@ -28,10 +28,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from make_random_gguf import use_more_bits, write_tokenizer  # noqa: E402
+from make_random_gguf import use_more_bits, write_tokenizer
 
-from app.engine.quant.reference import random_blocks  # noqa: E402
-from app.engine.quant.types import QUANT_TYPES  # noqa: E402
+from app.engine.quant.reference import random_blocks
+from app.engine.quant.types import QUANT_TYPES
 
 
 @dataclass(frozen=True)
@@ -66,11 +66,42 @@ class HybridShape:
 # Qwen/Qwen3.5-27B and Qwen/Qwen3.5-35B-A3B (the Qwen 3.6 releases share these architectures).
 SHAPES = {
     "qwen35-27b": HybridShape("qwen35", 5120, 64, 24, 4, 256, 16, 48, 128, 128, 248320, ffn=17408),
-    "qwen35-35b-a3b": HybridShape("qwen35moe", 2048, 40, 16, 2, 256, 16, 32, 128, 128, 248320,
-                                  experts=256, experts_used=8, expert_ffn=512, shared_ffn=512),  # fmt: skip
+    "qwen35-35b-a3b": HybridShape(
+        "qwen35moe",
+        2048,
+        40,
+        16,
+        2,
+        256,
+        16,
+        32,
+        128,
+        128,
+        248320,
+        experts=256,
+        experts_used=8,
+        expert_ffn=512,
+        shared_ffn=512,
+    ),
     "qwen35-tiny": HybridShape("qwen35", 256, 4, 4, 2, 64, 2, 4, 64, 64, 1024, ffn=512, context=4096),
-    "qwen35moe-tiny": HybridShape("qwen35moe", 256, 4, 4, 2, 64, 2, 4, 64, 64, 1024, experts=8, experts_used=2,
-                                  expert_ffn=256, shared_ffn=256, context=4096),  # fmt: skip
+    "qwen35moe-tiny": HybridShape(
+        "qwen35moe",
+        256,
+        4,
+        4,
+        2,
+        64,
+        2,
+        4,
+        64,
+        64,
+        1024,
+        experts=8,
+        experts_used=2,
+        expert_ffn=256,
+        shared_ffn=256,
+        context=4096,
+    ),
 }
 
 
@@ -162,9 +193,15 @@ def small_tensors(s: HybridShape, rng: np.random.Generator) -> dict[str, np.ndar
     out = {"output_norm.weight": norm(s.hidden)}
     for i in range(s.layers):
         blk = f"blk.{i}"
-        out |= {f"{blk}.attn_norm.weight": norm(s.hidden), f"{blk}.post_attention_norm.weight": norm(s.hidden)}
+        out |= {
+            f"{blk}.attn_norm.weight": norm(s.hidden),
+            f"{blk}.post_attention_norm.weight": norm(s.hidden),
+        }
         if s.is_attention(i):
-            out |= {f"{blk}.attn_q_norm.weight": norm(s.head_dim), f"{blk}.attn_k_norm.weight": norm(s.head_dim)}
+            out |= {
+                f"{blk}.attn_q_norm.weight": norm(s.head_dim),
+                f"{blk}.attn_k_norm.weight": norm(s.head_dim),
+            }
         else:
             out |= {
                 f"{blk}.ssm_alpha.weight": normal(s.v_heads, s.hidden, scale=s.hidden**-0.5),
@@ -202,7 +239,9 @@ def write(shape_name: str, out: Path, seed: int = 0) -> int:
         qtype = QUANT_TYPES[kind]
         cols = shape[-1]
         blocks = random_blocks(qtype, int(np.prod(shape)) // qtype.block_size, rng, scale=cols**-0.5)
-        writer.add_tensor(name, blocks.reshape(*shape[:-1], -1), raw_dtype=gguf.GGMLQuantizationType[qtype.name])
+        writer.add_tensor(
+            name, blocks.reshape(*shape[:-1], -1), raw_dtype=gguf.GGMLQuantizationType[qtype.name]
+        )
         nbytes += blocks.nbytes
     for name, values in small_tensors(s, rng).items():
         writer.add_tensor(name, values)
