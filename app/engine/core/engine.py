@@ -116,6 +116,7 @@ class LLMEngine:
         """The backend and the weights on it; then the plan, which sizes the KV cache from what is left."""
         config = self.config
         device = cpu_memory() if config.device == "cpu" else device_memory()  # read once, before the weights
+        self.device_memory = device  # the reading the plan (and `paddock fit` given it) counts from
         self.backend = select_backend(config.device, weight_cache_mode(config, self.shape, device),
                                       config.cpu_kernels, config.threads)  # fmt: skip
         experts = experts_on_device(config, self.shape, self.backend.name, device)

@@ -36,7 +36,9 @@ class EnginePlan:
     device: str  # the backend's name: "cuda" or "cpu"
     kv_dtype: str  # "float32", "float16" or "fp8"
     weight_cache: str  # the backend's float16 copies: "auto", "on" or "off"
-    experts_on_gpu: int | None  # a MoE's hot set per layer, the rest streamed from host RAM; None: all resident
+    experts_on_gpu: (
+        int | None
+    )  # a MoE's hot set per layer, the rest streamed from host RAM; None: all resident
     graphs: bool  # decode steps replayed as CUDA graphs
     prefill_graphs: bool  # and one sequence's prefill chunks
     async_decode: bool  # one step of look-ahead (core/pipeline.py)
@@ -54,7 +56,11 @@ class EnginePlan:
 
     def describe(self) -> str:
         """The plan in one log line."""
-        experts = "all resident" if self.experts_on_gpu is None else f"{self.experts_on_gpu} per layer on the device"
+        experts = (
+            "all resident"
+            if self.experts_on_gpu is None
+            else f"{self.experts_on_gpu} per layer on the device"
+        )
         tiers = f"host {self.kv_host_gb:g} GB, disk {self.kv_disk_gb:g} GB"
         weight_cache = self.weight_cache if self.device == "cuda" else "n/a"
         return (f"plan: {self.device}; context {self.max_model_len}, {self.num_blocks} KV blocks of {self.block_size} "
@@ -83,7 +89,9 @@ def weight_cache_mode(config: EngineConfig, shape: ModelShape, device: DeviceMem
     return "auto" if use_weight_cache(shape.weight_bytes, weight_copy_bytes(shape), free) else "off"
 
 
-def experts_on_device(config: EngineConfig, shape: ModelShape, backend_name: str, device: DeviceMemory) -> int | None:
+def experts_on_device(
+    config: EngineConfig, shape: ModelShape, backend_name: str, device: DeviceMemory
+) -> int | None:
     """`--experts-on-gpu` as the backend takes it: None keeps every expert resident (a dense model,
     "all", a number that covers them all on CUDA, or "auto" where everything fits or on the CPU)."""
     requested = config.experts_on_gpu
@@ -104,7 +112,9 @@ def experts_on_device(config: EngineConfig, shape: ModelShape, backend_name: str
         requested = plan.on_gpu
     assert isinstance(requested, int)
     if requested > shape.num_experts:
-        raise ValueError(f"--experts-on-gpu {requested} is more than the model's {shape.num_experts} experts per layer")
+        raise ValueError(
+            f"--experts-on-gpu {requested} is more than the model's {shape.num_experts} experts per layer"
+        )
     if requested == shape.num_experts and backend_name != "cpu":
         return None  # all resident: the stacked experts, inside decode graphs
     return requested
@@ -132,6 +142,18 @@ def resolve(
     cuda = backend_name == "cuda"
     experts = experts_on_device(config, shape, backend_name, device)
     blocks = kv_blocks(shape, options, backend_name, free_after_load, weights_loaded=True)
+    # On the GPU the KV blocks are the ones `paddock fit` predicts from the free memory read before the
+    # weights (the same count), as long as the weights took no more than the plan counts for them: the
+    # count from the memory left after loading caps it. (Experts streamed from host RAM: the count from
+    # what is left, as their staging buffers are sized while loading.)
+    predicted = cuda and experts is None and device.free_bytes is not None and not options.num_kv_blocks
+    if predicted:
+        before_load = kv_blocks(shape, options, backend_name, device.free_bytes)
+        if before_load > blocks:
+            log.warning("the model took more GPU memory than the plan counts for it: %d KV blocks instead of "
+                        "the %d `paddock fit` predicts", blocks, before_load)  # fmt: skip
+        predicted = before_load <= blocks
+        blocks = min(blocks, before_load)
     served = max_model_len(shape, options, blocks)
     if config.max_model_len and config.max_model_len > served:
         limit = "the model's context" if positions < config.max_model_len else "what the KV cache holds"
@@ -144,7 +166,10 @@ def resolve(
         log.warning("CUDA graphs off: this model's MoE layers read the router's choices on the host "
                     "(per-expert products, or experts streamed from host RAM)")  # fmt: skip
     graphs = cuda and config.cuda_graphs and not syncs_host and not hybrid
-    state = memory(shape, options, backend_name, free_after_load, weights_loaded=True) if hybrid else None
+    state = None
+    if hybrid:  # the state rows from the same reading as the blocks
+        state = (memory(shape, options, backend_name, device.free_bytes) if predicted
+                 else memory(shape, options, backend_name, free_after_load, weights_loaded=True))  # fmt: skip
     tiers = config.enable_prefix_caching
     return EnginePlan(
         device=backend_name,
@@ -162,7 +187,9 @@ def resolve(
         state_slots=state.state_slots if state else 0,
         state_snapshots=state.state_snapshots if state else 0,
         state_bytes=state.state if state else 0,
-        state_host_rows=state_host_rows(shape.state_bytes_per_sequence, state.state_snapshots, config.kv_host_gb)
+        state_host_rows=state_host_rows(
+            shape.state_bytes_per_sequence, state.state_snapshots, config.kv_host_gb
+        )
         if state
         else 0,
         state_snapshot_interval=_snapshot_interval(config, shape, backend_name) if hybrid else 0,
