@@ -35,6 +35,7 @@ KV_NUMPY_DTYPES = {"auto": np.float32, "float32": np.float32, "float16": np.floa
 class CpuBackend:
     name = "cpu"
     supports_attention_sinks = True  # `attention(..., sinks=)` (GPT-OSS)
+    supports_partial_rope = True  # rope tables narrower than the head turn its first dims only
     xp = np
     act_dtype = np.float32
     kv_dtype = np.float32

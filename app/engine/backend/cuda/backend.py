@@ -109,6 +109,9 @@ class CudaBackend:
     # 64, 128 and 256 (the SIMT attention.cu has none)
     supports_attention_sinks = True
     sink_head_dims = _attention_prefill.HEAD_DIMS
+    # rope.cu and rope_cache.cu turn only the first 2 x (table width) dims of a head (Qwen3.5, Qwen3-Next);
+    # the fused rope decode attention takes whole heads, so partial ones decode through rope_cache
+    supports_partial_rope = True
 
     def __init__(
         self,
