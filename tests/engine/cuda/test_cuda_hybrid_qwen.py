@@ -17,6 +17,7 @@ two log-probs are not a near-tie (assert_greedy_agrees), the first step's top lo
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -26,7 +27,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from cuda_samples import assert_greedy_agrees
+from cuda_samples import assert_greedy_agrees, rel_err, varlen_meta
 
 pytestmark = pytest.mark.gpu
 
@@ -154,3 +155,80 @@ def test_cuda_batch_of_eight_matches_each_alone_and_numpy(cuda, fam: str, tmp_ro
     for i, (got, one, ref) in enumerate(zip(together, alone, reference, strict=True)):
         assert_greedy_agrees(got, one, f"{fam} prompt {i}: batch vs alone")
         _assert_matches(got, ref, f"{fam} prompt {i}: CUDA vs numpy")
+
+
+# -- the ops alone, at the released models' head sizes --------------------------------------------------
+
+
+def _on_device(cuda, meta):
+    """`meta` with its device arrays on the GPU (host copies kept), as the runner makes it."""
+    return dataclasses.replace(
+        meta, query_start_loc=cuda.from_host(meta.query_start_loc), state_slots=cuda.from_host(meta.state_slots),
+        has_initial_state=cuda.from_host(meta.has_initial_state),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("decode", [False, True])
+def test_cuda_gated_deltanet_ops_match_numpy(cuda, cpu, rng, decode: bool) -> None:
+    """causal_conv1d, gated_delta_net_rule and gated_rms_norm on CUDA against the numpy backend's, with
+    Qwen3-Next's 128 x 128 heads (tiled value heads, two per k head): a varlen prefill batch (sequences
+    continuing their rows, starting from zeros, one of 70 tokens: the reference's chunked form) or a
+    decode batch (the kernels' decode entries), states compared too."""
+    from app.engine.specs import GatedDeltaNetSpec
+
+    spec = GatedDeltaNetSpec(2, 4, 128, 128, 4, tiled_v_heads=True)
+    lengths = [1] * 5 if decode else [9, 1, 70, 3]
+    initial = [True, False, True, True, False][: len(lengths)]
+    meta = varlen_meta(lengths, list(rng.permutation(8)[: len(lengths)]), initial)
+    n, conv, value, hv = sum(lengths), spec.conv_dim, spec.num_v_heads * spec.head_v_dim, spec.num_v_heads
+    proj = rng.standard_normal((n, conv + value + 2 * hv)).astype(np.float32)
+    weight = (rng.standard_normal((conv, 4)) * 0.5).astype(np.float32)
+    neg_a = -np.exp(rng.uniform(-2, 1, hv)).astype(np.float32)
+    dt_bias, norm_w = (rng.standard_normal(s).astype(np.float32) for s in (hv, spec.head_v_dim))
+    conv_state = rng.standard_normal((8, *spec.state_shapes()[0])).astype(np.float32)
+    state = (rng.standard_normal((8, *spec.state_shapes()[1])) * 0.3).astype(np.float32)
+    d_proj, d_conv_state, d_state = (cuda.from_host(a) for a in (proj, conv_state, state))
+    dmeta = _on_device(cuda, meta)
+
+    mixed = cpu.causal_conv1d(proj[:, :conv], weight, None, conv_state, meta)
+    d_mixed = cuda.causal_conv1d(d_proj[:, :conv], cuda.from_host(weight), None, d_conv_state, dmeta)
+    assert rel_err(cuda.to_host(d_mixed), mixed) < 1e-5
+    np.testing.assert_allclose(cuda.to_host(d_conv_state), conv_state, rtol=0, atol=0)
+
+    core = cpu.gated_delta_net_rule(mixed, proj[:, conv + value :], neg_a, dt_bias, state, meta, spec)
+    d_core = cuda.gated_delta_net_rule(
+        d_mixed, d_proj[:, conv + value :], cuda.from_host(neg_a), cuda.from_host(dt_bias), d_state, dmeta, spec
+    )
+    assert rel_err(cuda.to_host(d_core), core) < 1e-4
+    assert rel_err(cuda.to_host(d_state), state) < 1e-4
+
+    out = cpu.gated_rms_norm(core, proj[:, conv : conv + value], norm_w, 1e-6)
+    d_out = cuda.gated_rms_norm(d_core, d_proj[:, conv : conv + value], cuda.from_host(norm_w), 1e-6)
+    assert rel_err(cuda.to_host(d_out), out) < 1e-4
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_cuda_partial_rope_matches_numpy(cuda, cpu, rng, interleaved: bool) -> None:
+    """Qwen3.5's partial RoPE (64 of 256 dims) through rope.cu and rope_cache.cu (with QK-norm), against numpy."""
+    n_tok, n_heads, n_kv, head_dim, rotary, max_pos, block = 6, 4, 2, 256, 64, 100, 16
+    angles = np.arange(max_pos)[:, None] * (1.0 / (1e7 ** (np.arange(0, rotary, 2) / rotary)))[None, :]
+    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    table, d_table = cpu.rope_table(cos, sin), cuda.rope_table(cos, sin)
+    pos = rng.integers(0, max_pos, n_tok).astype(np.int32)
+    x = rng.standard_normal((n_tok, n_heads, head_dim)).astype(np.float32)
+    got = cuda.to_host(cuda.rope(cuda.from_host(x), cuda.from_host(pos), d_table, interleaved))
+    assert rel_err(got, cpu.rope(x, pos, table, interleaved)) < 1e-5
+
+    qkv = rng.standard_normal((n_tok, (n_heads + 2 * n_kv) * head_dim)).astype(np.float32)
+    qn, kn = (rng.standard_normal(head_dim).astype(np.float32) for _ in range(2))
+    slots = rng.choice(4 * block, n_tok, replace=False).astype(np.int32)
+    k_ref, v_ref = cpu.alloc_kv_cache(4, block, n_kv, head_dim)
+    q_ref = cpu.rope_and_cache(qkv, n_heads, n_kv, head_dim, qn, kn, 1e-6, pos, table, interleaved, k_ref, v_ref, slots)
+    k_dev, v_dev = cuda.alloc_kv_cache(4, block, n_kv, head_dim)
+    q = cuda.rope_and_cache(
+        cuda.from_host(qkv), n_heads, n_kv, head_dim, cuda.from_host(qn), cuda.from_host(kn), 1e-6,
+        cuda.from_host(pos), d_table, interleaved, k_dev, v_dev, cuda.from_host(slots),
+    )  # fmt: skip
+    assert rel_err(cuda.to_host(q), q_ref) < 1e-5
+    k_got = cuda.to_host(k_dev).astype(np.float32).reshape(-1, n_kv, head_dim)[slots]
+    np.testing.assert_allclose(k_got, k_ref.reshape(-1, n_kv, head_dim)[slots], rtol=2e-3, atol=2e-3)

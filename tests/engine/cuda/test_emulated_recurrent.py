@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cuda_samples import fresh_rng, rel_err
+from cuda_samples import fresh_rng, rel_err, varlen_meta
 from emulator import build as _build
 from emulator import run as _run
 
@@ -23,7 +23,7 @@ from app.engine.specs import GatedDeltaNetSpec
 pytestmark = pytest.mark.slow  # kernels run thread by thread on the CPU
 
 NUM_SLOTS = 6
-HEAD_K_DIM = 32  # the delta harness's GDN_DK
+HEAD_K_DIM = 32  # the delta harness's GDN_DK (a second build has the released models' 128)
 # The delta rule: float32 products of up to head_k_dim terms per token, compounded through the state
 # over a sequence; the reference takes its chunked (UT-transform, linear-solve) form past 8 tokens,
 # which rounds differently from the token-by-token kernel. Measured differences stay below 1e-6; 2e-5
@@ -37,17 +37,9 @@ def recurrent_emu(tmp_path_factory) -> Path:
     return _build(tmp_path_factory, "recurrent_main.cpp", (f"-DGDN_DK={HEAD_K_DIM}",))
 
 
-def varlen_meta(lengths: list[int], slots: list[int], initial: list[bool]) -> AttentionMetadata:
-    """A batch's metadata as the runner makes it, with the host copies the reference walks."""
-    qsl = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-    n = int(qsl[-1])
-    return AttentionMetadata(
-        query_start_loc=qsl, seq_lens=np.array(lengths, np.int32), block_tables=np.zeros((len(lengths), 1), np.int32),
-        slot_mapping=np.zeros(n, np.int32), positions=np.zeros(n, np.int32), max_query_len=max(lengths),
-        max_seq_len=max(lengths), block_size=16, host_query_start_loc=qsl,
-        state_slots=np.array(slots, np.int32), has_initial_state=np.array(initial, bool),
-        host_state_slots=np.array(slots, np.int32), host_has_initial_state=np.array(initial, bool),
-    )  # fmt: skip
+@pytest.fixture(scope="module")
+def recurrent_emu_128(tmp_path_factory) -> Path:
+    return _build(tmp_path_factory, "recurrent_main.cpp", ("-DGDN_DK=128",))
 
 
 def write_meta(folder: Path, meta: AttentionMetadata) -> None:
@@ -132,6 +124,18 @@ def test_gated_delta_varlen_emulated(
     assert rel_err(got_state, ref_state) < DELTA_TOL, f"seed={seed}"
     untouched = sorted(set(range(NUM_SLOTS)) - set(meta.host_state_slots.tolist()))
     np.testing.assert_array_equal(got_state[untouched], ref_state[untouched])
+
+
+def test_gated_delta_released_head_size_emulated(
+    request: pytest.FixtureRequest, recurrent_emu_128: Path, tmp_path: Path
+) -> None:
+    """Qwen3-Next / Qwen3.5's 128 x 128 heads (32 state rows per thread, four column blocks), GQA 1:2."""
+    rng, seed = fresh_rng(request.node.nodeid)
+    spec = GatedDeltaNetSpec(1, 2, 128, 128, 4, False)
+    meta = varlen_meta([10, 1], [2, 4], [True, False])
+    got, got_state, ref, ref_state = _delta_case(rng, recurrent_emu_128, tmp_path, spec, meta, decode=False)
+    assert rel_err(got, ref) < DELTA_TOL, f"seed={seed}"
+    assert rel_err(got_state, ref_state) < DELTA_TOL, f"seed={seed}"
 
 
 def test_gated_delta_decode_emulated(request: pytest.FixtureRequest, recurrent_emu: Path, tmp_path: Path) -> None:
