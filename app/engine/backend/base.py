@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from app.engine.quant.dispatch import QuantizedTensor
+from app.engine.specs import GatedDeltaNetSpec
 
 Array = Any  # numpy.ndarray on the CPU backend, cupy.ndarray on CUDA
 
@@ -273,6 +274,27 @@ class Backend(Protocol):
 
     def softcap(self, x: Array, cap: float) -> Array:
         """`cap * tanh(x / cap)`."""
+        ...
+
+    # -- recurrent layers of hybrid models (backend/recurrent_reference.py has the math) ----------
+    def causal_conv1d(
+        self, x: Array, weight: Array, bias: Array | None, conv_state: Array, meta: AttentionMetadata,
+        silu: bool = True,
+    ) -> Array:
+        """recurrent_reference.causal_conv1d: the depthwise causal conv `[T, C]` of each sequence,
+        continuing and updating its row of `conv_state [slots, C, K-1]` (Gated DeltaNet, Mamba-2)."""
+        ...
+
+    def gated_delta_net_rule(
+        self, mixed: Array, ba: Array, neg_a: Array, dt_bias: Array, state: Array, meta: AttentionMetadata,
+        spec: GatedDeltaNetSpec,
+    ) -> Array:
+        """recurrent_reference.gated_delta_net_rule: Gated DeltaNet's gates and delta rule, `[T, Hv, Dv]`,
+        continuing and updating each sequence's row of `state [slots, Hv, Dk, Dv]`."""
+        ...
+
+    def gated_rms_norm(self, x: Array, z: Array, weight: Array, eps: float) -> Array:
+        """recurrent_reference.gated_rms_norm: RMSNorm of `x [T, H, D]` per head times silu(`z [T, H D]`)."""
         ...
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from app.engine.backend import kv_blocks
+from app.engine.backend import kv_blocks, recurrent_reference
 from app.engine.backend.base import AttentionMetadata, RopeTable, norm_then_product, rope_cache_then_attention
 from app.engine.backend.cpu_experts import CpuStreamedExperts
 from app.engine.backend.cpu_weights import CpuFusedWeight, CpuWeight
@@ -22,7 +22,7 @@ from app.engine.quant.dispatch import QuantizedTensor
 
 if TYPE_CHECKING:
     from app.engine.moe.residency import ExpertStreaming
-    from app.engine.specs import MoeSpec
+    from app.engine.specs import GatedDeltaNetSpec, MoeSpec
 
 _GELU_C = np.float32(np.sqrt(2.0 / np.pi))
 GEMV_ABOVE_BYTES = 64 << 20  # dense matrices above this go through gemv for few rows (see linear)
@@ -35,6 +35,7 @@ KV_NUMPY_DTYPES = {"auto": np.float32, "float32": np.float32, "float16": np.floa
 class CpuBackend:
     name = "cpu"
     supports_attention_sinks = True  # `attention(..., sinks=)` (GPT-OSS)
+    supports_partial_rope = True  # rope tables narrower than the head turn its first dims only
     xp = np
     act_dtype = np.float32
     kv_dtype = np.float32
@@ -263,3 +264,15 @@ class CpuBackend:
 
     def softcap(self, x: np.ndarray, cap: float) -> np.ndarray:
         return np.float32(cap) * np.tanh(x / np.float32(cap))
+
+    # -- recurrent layers: the references, as they are (recurrent_reference.py) --------------------
+    def causal_conv1d(self, x, weight, bias, conv_state, meta: AttentionMetadata, silu: bool = True) -> np.ndarray:
+        return recurrent_reference.causal_conv1d(np, x, weight, bias, conv_state, meta, silu)
+
+    def gated_delta_net_rule(
+        self, mixed, ba, neg_a, dt_bias, state, meta: AttentionMetadata, spec: GatedDeltaNetSpec
+    ) -> np.ndarray:
+        return recurrent_reference.gated_delta_net_rule(np, mixed, ba, neg_a, dt_bias, state, meta, spec)
+
+    def gated_rms_norm(self, x: np.ndarray, z: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+        return recurrent_reference.gated_rms_norm(np, x, z, weight, eps)
