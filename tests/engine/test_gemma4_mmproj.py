@@ -125,3 +125,18 @@ def test_the_image_tokens_are_in_the_text_gguf(pairs):
 
     tokens = read_gguf(pairs["ple"]).metadata["tokenizer.ggml.tokens"]
     assert {i: tokens[i] for i in IMAGE_TOKENS} == IMAGE_TOKENS
+
+
+def test_will_it_fit_sizes_the_tower_at_its_soft_token_budget(pairs):
+    """Both files are sized as the engine runs them: 70 soft tokens of 2x2 patches (the mmproj's
+    image_max_pixels, the folder's max_soft_tokens), not the converter's placeholder image size 224."""
+    from app.engine.plan.fit import shape_from_checkpoint
+
+    for vision in (
+        shape_from_checkpoint(pairs["ple"]).vision,
+        shape_from_checkpoint(FIXTURE / "ple" / "hf").vision,
+    ):
+        assert vision is not None and vision.patches == 70 * 2 * 2
+        assert (vision.hidden_size, vision.num_heads, vision.intermediate_size) == (32, 2, 64)
+        assert vision.activation_bytes() == (280**2 + 280 * (6 * 32 + 2 * 64)) * 4
+    assert shape_from_checkpoint(pairs["ple"]).vision.source == "mmproj-tiny-gemma4-f32.gguf"
