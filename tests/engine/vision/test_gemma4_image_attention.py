@@ -141,3 +141,29 @@ def test_global_layers_honouring_the_spans_would_be_caught():
         for attn, spec in zip(layers, specs, strict=True):
             attn.spec = spec
     assert np.abs(everywhere - want).max() > 1e-2
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_two_images_in_chunks_and_from_the_prefix_cache_equal_transformers(variant):
+    """Both fixture images in one prompt (141 tokens: one two-way span per image), prefilled in chunks of
+    at most 72 tokens (the scheduler cuts the first chunk before the first image, which then goes whole),
+    then asked again with the prompt's KV from the prefix cache."""
+    expected, arrays = reference(variant)
+    config = EngineConfig(
+        model=str(FIXTURE / variant / "hf"),
+        device="cpu",
+        max_model_len=256,
+        block_size=4,
+        max_num_batched_tokens=72,
+    )
+    engine = LLMEngine(config)
+    views = [engine.vision.prepare((FIXTURE / f"{n}.png").read_bytes()).views[0] for n in ("image", "wide")]
+    params = SamplingParams(temperature=0.0, max_tokens=len(expected["two_greedy"]), logprobs=5)
+    want = log_softmax(arrays["two_logits"].reshape(-1))
+    for attempt in ("fresh", "cached"):
+        result = engine.generate([expected["two_token_ids"]], params, images=[views])[0]
+        assert result["token_ids"] == expected["two_greedy"], attempt
+        assert (result["num_cached_tokens"] > 0) == (attempt == "cached")
+        top = result["logprobs"][0].top
+        assert [t for t, _ in top] == list(np.argsort(-want)[:5]), attempt
+        np.testing.assert_allclose([lp for _, lp in top], np.sort(want)[::-1][:5], atol=1e-3, err_msg=attempt)
