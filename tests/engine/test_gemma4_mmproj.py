@@ -140,3 +140,14 @@ def test_will_it_fit_sizes_the_tower_at_its_soft_token_budget(pairs):
         assert (vision.hidden_size, vision.num_heads, vision.intermediate_size) == (32, 2, 64)
         assert vision.activation_bytes() == (280**2 + 280 * (6 * 32 + 2 * 64)) * 4
     assert shape_from_checkpoint(pairs["ple"]).vision.source == "mmproj-tiny-gemma4-f32.gguf"
+
+
+def test_a_gemma4_gguf_alone_takes_no_images_and_one_given_by_path_does(pairs, tmp_path):
+    import shutil
+
+    alone = tmp_path / "tiny-gemma4-f32.gguf"
+    shutil.copy(pairs["bidirectional"], alone)
+    assert LLMEngine(EngineConfig(model=str(alone), device="cpu", max_model_len=256)).vision is None
+    mmproj = pairs["bidirectional"].parent / "mmproj-tiny-gemma4-f32.gguf"
+    given = LLMEngine(EngineConfig(model=str(alone), device="cpu", max_model_len=256, mmproj=str(mmproj)))
+    assert given.vision is not None and given.runner.images.two_way
