@@ -192,7 +192,11 @@ class DecoderModel:
         self.per_layer_inputs = None
         if cfg.per_layer_input_size:
             self.per_layer_inputs = PerLayerInputs(
-                backend, tensors, cfg.num_layers, cfg.per_layer_input_size, cfg.rms_norm_eps,
+                backend,
+                tensors,
+                cfg.num_layers,
+                cfg.per_layer_input_size,
+                cfg.rms_norm_eps,
                 cfg.per_layer_pad_id,
             )
         self.norm = RMSNorm(backend, tensors["output_norm.weight"], cfg.rms_norm_eps)
