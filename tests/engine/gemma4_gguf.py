@@ -45,21 +45,37 @@ def read_hf(folder: Path) -> tuple[dict, dict[str, np.ndarray]]:
     return cfg, tensors
 
 
-def write_tokenizer(writer: gguf.GGUFWriter, vocab_size: int) -> None:
-    """A minimal SentencePiece-style vocabulary (the tests run on token ids)."""
-    tokens = ["<pad>", "<eos>", "<bos>"] + [f"<tok{i}>" for i in range(3, vocab_size)]
+def write_tokenizer(writer: gguf.GGUFWriter, vocab_size: int, control: dict[int, str] | None = None) -> None:
+    """A minimal SentencePiece-style vocabulary (the tests run on token ids); `control`: more control
+    tokens by id (a vision model's image tokens)."""
+    control = {0: "<pad>", 1: "<eos>", 2: "<bos>", **(control or {})}
+    tokens = [control.get(i, f"<tok{i}>") for i in range(vocab_size)]
     writer.add_tokenizer_model("llama")
     writer.add_token_list(tokens)
     writer.add_token_scores([0.0] * vocab_size)
-    writer.add_token_types([gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.NORMAL] * (vocab_size - 3))
+    writer.add_token_types(
+        [gguf.TokenType.CONTROL if i in control else gguf.TokenType.NORMAL for i in range(vocab_size)]
+    )
     writer.add_bos_token_id(2)
     writer.add_eos_token_id(1)
     writer.add_pad_token_id(0)
     writer.add_add_bos_token(True)
 
 
-def write_gguf(folder: Path, out: Path) -> None:
+# the vision and audio towers of a Gemma4ForConditionalGeneration folder: the mmproj's, not the text GGUF's
+_TOWERS = ("model.vision_tower.", "model.embed_vision.", "model.audio_tower.", "model.embed_audio.")
+
+
+def write_gguf(folder: Path, out: Path, qtype: GQ = GQ.BF16, control: dict[int, str] | None = None) -> None:
+    """The text model of `folder` (a Gemma4ForCausalLM, or a Gemma4ForConditionalGeneration's decoder),
+    its matrices in `qtype` (BF16, or F32 for float32 weights), `control` tokens added to the vocabulary."""
     cfg, tensors = read_hf(folder)
+    cfg = cfg.get("text_config", cfg)
+    tensors = {
+        name.replace("model.language_model.", "model.", 1): data
+        for name, data in tensors.items()
+        if not name.startswith(_TOWERS)
+    }
     layers = cfg["num_hidden_layers"]
     sliding = [t == "sliding_attention" for t in cfg["layer_types"]]
     overrides = cfg.get("per_layer_config") or {}
@@ -103,9 +119,9 @@ def write_gguf(folder: Path, out: Path) -> None:
         writer.add_expert_used_count(cfg["top_k_experts"])
         writer.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     writer.add_vocab_size(cfg["vocab_size"])
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_BF16)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_BF16 if qtype == GQ.BF16 else gguf.LlamaFileType.ALL_F32)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    write_tokenizer(writer, cfg["vocab_size"])
+    write_tokenizer(writer, cfg["vocab_size"], control)
 
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GEMMA4, layers)
     out_tensors: list[tuple[str, np.ndarray]] = []
@@ -130,8 +146,10 @@ def write_gguf(folder: Path, out: Path) -> None:
                 raise KeyError(f"no GGUF name for {hf_name}")
             out_tensors.append((mapped, data))
     for name, data in out_tensors:
-        if data.ndim >= 2:
-            writer.add_tensor(name, gguf.quants.quantize(data, GQ.BF16), raw_dtype=GQ.BF16)
+        if data.ndim >= 2 and qtype == GQ.F32:
+            writer.add_tensor(name, data.astype(np.float32))
+        elif data.ndim >= 2:
+            writer.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
         else:
             writer.add_tensor(name, data.astype(np.float32))
     writer.write_header_to_file()

@@ -48,6 +48,8 @@ class AttentionSpec:
     # (fused after q, k, v): softplus per head ("softplus_head") or per element ("softplus") (Laguna),
     # sigmoid per element ("sigmoid") (Muse Glimmer).
     gate_proj: str | None = None
+    # Whether the step's image spans attend both ways here (Gemma 4's global layers stay causal).
+    image_spans: bool = True
 
 
 class Attention:
@@ -185,7 +187,7 @@ class Attention:
         q = b.rope(q, positions, table, r.interleaved)
         if meta.image_spans is not None or meta.rope is not None:
             out = paged_attention(
-                b.xp, q, k_cache, v_cache, meta, s.scale, s.sliding_window, s.softcap, meta.image_spans
+                b.xp, q, k_cache, v_cache, meta, s.scale, s.sliding_window, s.softcap, self._spans(meta)
             )
             return out.astype(q.dtype, copy=False)
         return b.attention(q, k_cache, v_cache, meta, s.scale, s.sliding_window, s.softcap)
@@ -206,9 +208,13 @@ class Attention:
             positions, table, r.interleaved, k_cache, v_cache, meta.slot_mapping,
         )  # fmt: skip
         out = paged_attention(
-            b.xp, q, k_cache, v_cache, meta, s.scale, s.sliding_window, s.softcap, meta.image_spans
+            b.xp, q, k_cache, v_cache, meta, s.scale, s.sliding_window, s.softcap, self._spans(meta)
         )
         return out.astype(q.dtype, copy=False)
+
+    def _spans(self, meta: AttentionMetadata) -> Any:
+        """The step's two-way image spans where this layer honours them, else none (causal)."""
+        return meta.image_spans if self.spec.image_spans else None
 
 
 def _gate_weight(tensors: dict[str, QuantizedTensor], prefix: str, spec: AttentionSpec) -> QuantizedTensor:

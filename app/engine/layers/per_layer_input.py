@@ -23,19 +23,30 @@ INPUT_MIX = np.float32(2.0**-0.5)  # the token and projection parts are averaged
 
 class PerLayerInputs:
     """`(token_ids [T], embeddings [T, hidden]) -> [T, num_layers, size]`: each token's per-layer inputs.
-    `embeddings` are the scaled main embeddings the decoder starts from."""
+    `embeddings` are what the decoder starts from: the scaled main embeddings, with an image's (or audio's)
+    soft tokens already in place at `soft_rows`, whose token part is the pad token's (`pad_id`), as
+    transformers' Gemma4Model looks them up."""
 
     def __init__(
-        self, backend: Any, tensors: dict[str, QuantizedTensor], num_layers: int, size: int, eps: float
+        self,
+        backend: Any,
+        tensors: dict[str, QuantizedTensor],
+        num_layers: int,
+        size: int,
+        eps: float,
+        pad_id: int = 0,
     ) -> None:
-        self.backend, self.num_layers, self.size = backend, num_layers, size
+        self.backend, self.num_layers, self.size, self.pad_id = backend, num_layers, size, pad_id
         self.embed = Embedding(backend, tensors["per_layer_token_embd.weight"], math.sqrt(size))
         self.projection = Linear(backend, tensors["per_layer_model_proj.weight"])
         self.norm = RMSNorm(backend, tensors["per_layer_proj_norm.weight"], eps)
         self.projection_scale = np.float32(tensors["per_layer_model_proj.weight"].shape[1] ** -0.5)
 
-    def __call__(self, token_ids: Any, embeddings: Any) -> Any:
+    def __call__(self, token_ids: Any, embeddings: Any, soft_rows: Any = None) -> Any:
         n = embeddings.shape[0]
+        if soft_rows is not None:
+            token_ids = token_ids.copy()
+            token_ids[soft_rows] = self.pad_id
         projected = self.projection(embeddings) * self.projection_scale
         projected = self.norm(projected.reshape(n, self.num_layers, self.size))
         tokens = self.embed(token_ids).reshape(n, self.num_layers, self.size)

@@ -93,6 +93,12 @@ class ModelConfig:
     # pairs that rotate; the rest keep frequency 0 (they pass unrotated).
     global_rope_fraction: float | None = None
     per_layer_input_size: int = 0  # per-layer input embeddings (Gemma 4's PLE), per layer and token
+    # The token whose per-layer inputs an image's (or audio's) soft tokens take: transformers looks the
+    # pad token up there, and projects the rest from the soft token itself (Gemma 4).
+    per_layer_pad_id: int = 0
+    # Image spans attend both ways on sliding layers only; global layers stay causal over them (Gemma 4's
+    # use_bidirectional_attention "vision"; Gemma 3's spans hold on every layer).
+    image_spans_sliding_only: bool = False
     layer_output_scale: bool = False  # each layer's output stream times a learned scalar (Gemma 4)
     moe_beside_mlp: bool = False  # experts added to the dense MLP's output in every layer (Gemma 4)
     layer_intermediate_sizes: tuple[

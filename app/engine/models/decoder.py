@@ -186,12 +186,18 @@ class DecoderModel:
                 value_norm_eps=cfg.rms_norm_eps if cfg.value_norm else None,
                 output_gate=cfg.attn_output_gate,
                 gate_proj=cfg.gate_proj,
+                image_spans=sliding or not cfg.image_spans_sliding_only,
             )
             self.layers.append(DecoderLayer(backend, cfg, tensors, i, spec))
         self.per_layer_inputs = None
         if cfg.per_layer_input_size:
             self.per_layer_inputs = PerLayerInputs(
-                backend, tensors, cfg.num_layers, cfg.per_layer_input_size, cfg.rms_norm_eps
+                backend,
+                tensors,
+                cfg.num_layers,
+                cfg.per_layer_input_size,
+                cfg.rms_norm_eps,
+                cfg.per_layer_pad_id,
             )
         self.norm = RMSNorm(backend, tensors["output_norm.weight"], cfg.rms_norm_eps)
         self.embed_norm = None  # Muse Glimmer: the embeddings RMS-normalised, no scale
@@ -260,14 +266,18 @@ class DecoderModel:
         state arrays for a recurrent mixer (`state_shapes`), None for a layer with neither.
 
         `embeds = (rows, values)` replaces the embeddings of flat rows `rows` by `values` (an image's
-        soft tokens, which are not scaled like token embeddings)."""
+        soft tokens, which are not scaled like token embeddings); per-layer inputs are computed after
+        that, as transformers does (the soft token projected, the pad token's own embedding)."""
         h, residual = self.embed(token_ids), None
         if self.embed_norm is not None:
             h = self.embed_norm(h)
-        layer_inputs = None if self.per_layer_inputs is None else self.per_layer_inputs(token_ids, h)
+        soft_rows = None
         if embeds is not None:
-            rows, values = embeds
-            h[rows] = values.astype(h.dtype, copy=False)
+            soft_rows, values = embeds
+            h[soft_rows] = values.astype(h.dtype, copy=False)
+        layer_inputs = None
+        if self.per_layer_inputs is not None:
+            layer_inputs = self.per_layer_inputs(token_ids, h, soft_rows)
         for i, (layer, cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
             h, residual = layer(
                 h, residual, meta, cache, None if layer_inputs is None else layer_inputs[:, i]

@@ -70,6 +70,7 @@ def _gemma4_flags(kwargs: dict[str, Any], sliding: tuple[bool, ...]) -> dict[str
         query_scale=1.0,
         layer_sliding=sliding,
         layer_output_scale=True,
+        image_spans_sliding_only=True,
     )
     return kwargs
 
@@ -104,6 +105,7 @@ def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
         kv_sources=kv_sources(sliding, int(text.get("num_kv_shared_layers") or 0)),
         global_rope_fraction=None if fraction is None else float(fraction),
         per_layer_input_size=int(text.get("hidden_size_per_layer_input") or 0),
+        per_layer_pad_id=int(text.get("pad_token_id") or 0),
     )
     if text.get("use_double_wide_mlp") and kwargs["kv_sources"]:  # the shared-KV layers' MLPs
         ff = kwargs["intermediate_size"]
@@ -215,6 +217,7 @@ def config_from_gguf(meta: dict[str, Any], vocab_size: int) -> ModelConfig:
         # a rope.dimension_count below the head's is plain partial rotation, which GGUF Gemma 4 never uses.
         global_rope_fraction=None if rope_dims == global_dim else rope_dims / global_dim,
         per_layer_input_size=int(meta.get(f"{arch}.embedding_length_per_layer_input", 0)),
+        per_layer_pad_id=int(meta.get("tokenizer.ggml.padding_token_id") or 0),
         layer_intermediate_sizes=widths if len(set(widths)) > 1 else (),
     )
     if f"{arch}.expert_count" in meta:

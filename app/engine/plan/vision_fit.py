@@ -9,7 +9,8 @@ place (models/vision/siglip.py `full_attention`): per image, patches^2 float32 s
 layer's activations, patches x (6 x hidden + 2 x ff) floats (residual, normed copy, q, k, v,
 attention output; MLP up and its activation). Images are encoded one view at a time. Qwen2.5-VL's
 tower takes images of any size up to its max_pixels, and its full-attention layers attend over all
-of an image's patches: it is sized at that largest image.
+of an image's patches: it is sized at that largest image; Gemma 4's likewise, at its soft-token budget
+(k x k patches per token).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from app.engine.images import VISION_ARCHITECTURES
@@ -25,6 +27,7 @@ FLOAT_BYTES = 4
 # config.json's names for the Qwen towers the engine runs (the rest of a vision_config is SigLIP's)
 QWEN_VL_MODEL_TYPES = ("qwen2_5_vl",)
 QWEN_VL_ARCHITECTURE = "Qwen2_5_VLForConditionalGeneration"
+GEMMA4_ARCHITECTURE, GEMMA4_PROJECTOR = "Gemma4ForConditionalGeneration", "gemma4v"
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,13 @@ class VisionShape:
         return (scores + layer) * FLOAT_BYTES
 
 
+def _clip_key(meta: Mapping[str, Any], source: str, name: str) -> int:
+    value = meta.get(f"clip.vision.{name}")
+    if value is None:
+        raise ValueError(f"{source} lacks clip.vision.{name}: cannot size its vision tower")
+    return int(value)
+
+
 def vision_from_mmproj(meta: Mapping[str, Any], weight_bytes: int, source: str) -> VisionShape:
     """From an mmproj GGUF's `clip.vision.*` keys (ValueError naming a missing key)."""
     from app.engine.models.vision.qwen_vl_mmproj import PROJECTOR, projector_type, qwen_config_from_gguf
@@ -59,27 +69,24 @@ def vision_from_mmproj(meta: Mapping[str, Any], weight_bytes: int, source: str) 
         # its image_size key is a converter placeholder: the tower is sized by its max_pixels; the
         # projection width is checked against the text model at load, not here (no model at hand)
         config = qwen_config_from_gguf(dict(meta), int(meta.get("clip.vision.projection_dim", 0)))
-        return _qwen_shape(config, weight_bytes, source)
-
-    def key(name: str) -> int:
-        value = meta.get(f"clip.vision.{name}")
-        if value is None:
-            raise ValueError(f"{source} lacks clip.vision.{name}: cannot size its vision tower")
-        return int(value)
+        return _any_size_shape(config, config.max_pixels // config.patch_size**2, weight_bytes, source)
+    if projector_type(meta) == GEMMA4_PROJECTOR:
+        return _gemma4_mmproj_shape(meta, weight_bytes, source)
 
     return VisionShape(
         weight_bytes=int(weight_bytes),
-        image_size=key("image_size"),
-        patch_size=key("patch_size"),
-        hidden_size=key("embedding_length"),
-        num_heads=key("attention.head_count"),
-        intermediate_size=key("feed_forward_length"),
+        image_size=_clip_key(meta, source, "image_size"),
+        patch_size=_clip_key(meta, source, "patch_size"),
+        hidden_size=_clip_key(meta, source, "embedding_length"),
+        num_heads=_clip_key(meta, source, "attention.head_count"),
+        intermediate_size=_clip_key(meta, source, "feed_forward_length"),
         source=source,
     )
 
 
-def _qwen_shape(config: Any, weight_bytes: int, source: str) -> VisionShape:
-    """A Qwen2.5-VL tower (models/vision/qwen_vl_config.QwenVisionConfig), sized at its largest image."""
+def _any_size_shape(config: Any, max_patches: int, weight_bytes: int, source: str) -> VisionShape:
+    """A tower that takes any image size (Qwen2.5-VL's QwenVisionConfig, Gemma 4's Gemma4VisionConfig, or
+    the same fields from an mmproj), sized at its largest image's patches."""
     return VisionShape(
         weight_bytes=int(weight_bytes),
         image_size=0,
@@ -88,8 +95,26 @@ def _qwen_shape(config: Any, weight_bytes: int, source: str) -> VisionShape:
         num_heads=config.num_heads,
         intermediate_size=config.intermediate_size,
         source=source,
-        max_patches=config.max_pixels // config.patch_size**2,
+        max_patches=max_patches,
     )
+
+
+def _gemma4_mmproj_shape(meta: Mapping[str, Any], weight_bytes: int, source: str) -> VisionShape:
+    """A gemma4v mmproj's tower at its soft-token budget (models/vision/gemma4_mmproj.py's defaults:
+    3x3 pooling, 280 tokens, unless the file says otherwise)."""
+    from app.engine.models.vision.gemma4_mmproj import DEFAULT_POOLING, DEFAULT_SOFT_TOKENS
+
+    patch = _clip_key(meta, source, "patch_size")
+    pooling = int(meta.get("clip.vision.projector.scale_factor", DEFAULT_POOLING))
+    max_pixels = meta.get("clip.vision.image_max_pixels")
+    tokens = int(max_pixels) // (patch * pooling) ** 2 if max_pixels else DEFAULT_SOFT_TOKENS
+    fields = SimpleNamespace(
+        patch_size=patch,
+        hidden_size=_clip_key(meta, source, "embedding_length"),
+        num_heads=_clip_key(meta, source, "attention.head_count"),
+        intermediate_size=_clip_key(meta, source, "feed_forward_length"),
+    )
+    return _any_size_shape(fields, tokens * pooling**2, weight_bytes, source)
 
 
 def vision_from_hf_config(
@@ -101,10 +126,18 @@ def vision_from_hf_config(
 
     if "vision_config" not in config:
         return None
-    if config.get("model_type") in QWEN_VL_MODEL_TYPES or QWEN_VL_ARCHITECTURE in (config.get("architectures") or ()):
+    if config.get("model_type") in QWEN_VL_MODEL_TYPES or QWEN_VL_ARCHITECTURE in (
+        config.get("architectures") or ()
+    ):
         from app.engine.models.vision.qwen_vl_config import qwen_vision_config
 
-        return _qwen_shape(qwen_vision_config(dict(config), processor), weight_bytes, source)
+        qwen = qwen_vision_config(dict(config), processor)
+        return _any_size_shape(qwen, qwen.max_pixels // qwen.patch_size**2, weight_bytes, source)
+    if GEMMA4_ARCHITECTURE in (config.get("architectures") or ()):
+        from app.engine.models.vision.gemma4_config import gemma4_vision_config
+
+        gemma4 = gemma4_vision_config(dict(config), dict(processor or {}))
+        return _any_size_shape(gemma4, gemma4.max_patches, weight_bytes, source)
     vision = {**SIGLIP_DEFAULTS, **(config.get("vision_config") or {})}
     return VisionShape(
         weight_bytes=int(weight_bytes),

@@ -64,6 +64,8 @@ def _widened(source: Path, out: Path, rng: np.random.Generator) -> Path:
         text["num_attention_heads"] = text["num_key_value_heads"] = 1
         sections = text["rope_parameters"]["mrope_section"]
         text["rope_parameters"]["mrope_section"] = [4 * n for n in sections]
+    elif text["model_type"] == "gemma4_text":  # its global layers' heads too
+        text["head_dim"] = text["global_head_dim"] = 64
     else:
         text["head_dim"] = text["query_pre_attn_scalar"] = 64
     (out / "config.json").write_text(json.dumps(config))
@@ -125,3 +127,25 @@ def test_engine_with_images_matches_numpy(cuda, tmp_path, family: str, graphs: b
             for got_step, ref_step in zip(got["logprobs"], ref["logprobs"], strict=True):
                 for token, value in ref_step.top:
                     assert abs(dict(got_step.top).get(token, -99.0) - value) < 5e-2, case
+
+
+GEMMA4 = Path(__file__).parents[2] / "fixtures" / "gemma4_vision"
+
+
+@pytest.mark.parametrize("variant", ["bidirectional", "ple"])
+def test_gemma4_engine_with_an_image_matches_numpy(cuda, tmp_path, variant: str) -> None:
+    """Gemma 4's image paths on CUDA (the step with the image on the reference attention over CuPy):
+    two-way on sliding layers only (`bidirectional`), the pad token's per-layer inputs at image positions
+    (`ple`); every generated token's top-5 logprobs against the numpy engine's, fresh and from the prefix
+    cache."""
+    model = _widened(GEMMA4 / variant / "hf", tmp_path / variant, np.random.default_rng(7))
+    spec = {
+        "images": ["image"],
+        "token_ids": json.loads((GEMMA4 / variant / "engine.json").read_text())["token_ids"],
+    }
+    reference = _first_tokens(model, GEMMA4, spec, "cpu", False)
+    for got, ref in zip(_first_tokens(model, GEMMA4, spec, "cuda", True), reference, strict=True):
+        assert got["token_ids"] == ref["token_ids"]
+        for got_step, ref_step in zip(got["logprobs"], ref["logprobs"], strict=True):
+            for token, value in ref_step.top:
+                assert abs(dict(got_step.top).get(token, -99.0) - value) < 5e-2

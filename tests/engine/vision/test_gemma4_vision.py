@@ -130,27 +130,3 @@ def test_too_large_images_are_refused_and_thin_ones_capped(engine):
         small.prepare((FIXTURE / "image.png").read_bytes())
     # one row of 2x2 cells, as long as the 70-token budget allows (transformers' edge case)
     assert target_size(1, 5000, engine.vision.config) == (8, 560)
-
-
-@pytest.mark.parametrize(
-    ("change", "named"),
-    [
-        ({"use_bidirectional_attention": "vision"}, "use_bidirectional_attention"),
-        ({"hidden_size_per_layer_input": 16}, "per-layer inputs"),
-    ],
-)
-def test_image_paths_not_reproduced_load_as_text_only(tmp_path, caplog, change, named):
-    import shutil
-
-    from app.engine.backend.cpu import CpuBackend
-    from app.engine.loader.weights import open_checkpoint
-    from app.engine.models.vision import load_vision
-
-    folder = tmp_path / "hf"
-    shutil.copytree(FIXTURE / "hf", folder)
-    config = json.loads((folder / "config.json").read_text())
-    config["text_config"].update(change)
-    (folder / "config.json").write_text(json.dumps(config))
-    checkpoint = open_checkpoint(str(folder))
-    assert load_vision(checkpoint, CpuBackend()) is None
-    assert named in caplog.text

@@ -3,13 +3,13 @@
 `VisionModel` = SigLIP encoder + Gemma 3 projector over backend ops, `QwenVisionModel` the
 Qwen2.5-VL vision transformer and merger (qwen_vl.py); `load_vision` builds the checkpoint's
 from a Hugging Face folder or a llama.cpp mmproj GGUF (see weights.py, qwen_vl_mmproj.py);
-Gemma 4's tower and embedder are `Gemma4VisionTower` (gemma4_vision.py, from an HF folder only);
+Gemma 4's tower and embedder are `Gemma4VisionTower` (gemma4_vision.py, from an HF folder or a gemma4v
+mmproj: gemma4_mmproj.py);
 image preprocessing is in image_processing.py, qwen_vl_processing.py and gemma4_processing.py.
 """
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +19,14 @@ from app.engine.images import ImageInput
 from app.engine.loader.names import CheckpointError
 from app.engine.models.vision.config import VisionConfig
 from app.engine.models.vision.gemma3_projector import Gemma3Projector
-from app.engine.models.vision.gemma4_config import gemma4_vision_gap, load_gemma4_vision
+from app.engine.models.vision.gemma4_config import load_gemma4_vision
+from app.engine.models.vision.gemma4_mmproj import load_gemma4_mmproj
 from app.engine.models.vision.gemma4_vision import Gemma4VisionTower
 from app.engine.models.vision.qwen_vl import QwenVisionModel
 from app.engine.models.vision.qwen_vl_mmproj import load_qwen_mmproj
 from app.engine.models.vision.qwen_vl_weights import load_qwen_vision
 from app.engine.models.vision.siglip import SiglipEncoder
 from app.engine.models.vision.weights import Tensors, find_mmproj, load_hf_vision, load_mmproj
-
-log = logging.getLogger(__name__)
 
 __all__ = ["Gemma4VisionTower", "QwenVisionModel", "VisionConfig", "VisionModel", "load_vision"]
 
@@ -92,30 +91,28 @@ def _load_qwen(checkpoint: Any, backend: Any, mmproj: str | Path | None) -> Qwen
 
 
 def _load_gemma4(checkpoint: Any, backend: Any, mmproj: str | Path | None) -> Gemma4VisionTower | None:
-    """From the folder's own `vision_tower.*`/`embed_vision.*` tensors; llama.cpp's gemma4v mmproj
-    layout is not read yet, so one given or found beside a GGUF is refused by name."""
+    """From the given mmproj, the mmproj beside a GGUF, or the folder's own `vision_tower.*`/`embed_vision.*`
+    tensors. Whether image tokens attend both ways in the text model: the folder's config says
+    (`use_bidirectional_attention`); a GGUF does not, and llama.cpp's rule stands in: all but the E-series
+    (the models with per-layer inputs) do."""
+    text_hidden = checkpoint.tensors["token_embd.weight"].shape[1]
     path = Path(mmproj) if mmproj is not None else None
     if path is None and checkpoint.format == "gguf":
         path = find_mmproj(checkpoint.path)
         if path is None:
             return None
     if path is not None:
-        raise CheckpointError(
-            f"{path}: Gemma 4 vision from an mmproj GGUF is not supported yet; use the HF folder"
-        )
+        text_config = (checkpoint.hf_config or {}).get("text_config")
+        if text_config is not None:
+            two_way = text_config.get("use_bidirectional_attention") == "vision"
+        else:
+            two_way = "per_layer_token_embd.weight" not in checkpoint.tensors
+        cfg, tensors = load_gemma4_mmproj(path, text_hidden, two_way)
+        return Gemma4VisionTower(backend, cfg, tensors)
     loaded = load_gemma4_vision(checkpoint.path, checkpoint.hf_config or {})
     if loaded is None:
         return None
     cfg, tensors = loaded
-    unsupported = gemma4_vision_gap(cfg, (checkpoint.hf_config or {}).get("text_config") or {})
-    if unsupported:
-        log.warning(
-            "%s: Gemma 4 images are not supported yet (%s); the model loads as text only",
-            checkpoint.path,
-            unsupported,
-        )
-        return None
-    text_hidden = checkpoint.tensors["token_embd.weight"].shape[1]
     if cfg.text_hidden_size != text_hidden:
         raise CheckpointError(
             f"{checkpoint.path}: the vision embedder outputs width {cfg.text_hidden_size}, the text model's is {text_hidden}"

@@ -2,7 +2,7 @@
 and tensors from a Hugging Face folder.
 
 Tensors keep their Hugging Face names with the `model.vision_tower.` / `model.embed_vision.`
-prefixes stripped to `tower.` / `embedder.` (the mmproj GGUF layout is not read yet).
+prefixes stripped to `tower.` / `embedder.` (gemma4_mmproj.py maps llama.cpp's mmproj names to these).
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ class Gemma4VisionConfig:
     standardize: bool
     clipped_linears: bool
     text_hidden_size: int
-    two_way_images: bool  # text_config.use_bidirectional_attention == "vision"
+    # text_config.use_bidirectional_attention == "vision": image tokens attend both ways in the text model's
+    # sliding layers (within the window), causally in its global ones
+    two_way_images: bool
     # the image processor's: at most max_soft_tokens * k^2 patches, PIL resample, rescale (no normalize)
     max_soft_tokens: int = 280
     resample: int = 3
@@ -92,18 +94,6 @@ def gemma4_vision_config(
         resample=int(proc.get("resample", 3)),
         rescale_factor=float(proc.get("rescale_factor", 1 / 255)),
     )
-
-
-def gemma4_vision_gap(cfg: Gemma4VisionConfig, text_config: dict[str, Any]) -> str | None:
-    """What of this model's image path the engine does not reproduce yet, or None. The text model
-    then treats image tokens differently from transformers: with `use_bidirectional_attention`
-    "vision" they attend both ways on sliding layers only, within the window (not Gemma 3's spans);
-    with per-layer inputs (PLE) their per-layer embeddings are the pad token's."""
-    if cfg.two_way_images:
-        return 'use_bidirectional_attention "vision"'
-    if text_config.get("hidden_size_per_layer_input"):
-        return "per-layer inputs (PLE) at image positions"
-    return None
 
 
 def load_gemma4_vision(folder: Path, hf_config: dict[str, Any]) -> tuple[Gemma4VisionConfig, Tensors] | None:

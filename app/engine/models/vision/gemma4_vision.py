@@ -123,9 +123,9 @@ class Gemma4VisionTower:
 
     def __init__(self, backend: Any, cfg: Gemma4VisionConfig, tensors: Tensors) -> None:
         self.backend, self.config = backend, cfg
-        self.two_way_images = (
-            cfg.two_way_images
-        )  # the runner's: image tokens attend both ways in the text model
+        # the runner's: image tokens attend both ways in the text model (its sliding layers, Gemma 4's
+        # decoder config says), else causally
+        self.two_way_images = cfg.two_way_images
         f32 = backend.xp.float32
         self.patch_proj = Linear(backend, tensors["tower.patch_embedder.input_proj.weight"])
         table = tensors["tower.patch_embedder.position_embedding_table"].dequantize()

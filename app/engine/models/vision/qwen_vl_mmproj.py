@@ -73,18 +73,24 @@ def projector_type(meta: Mapping[str, Any]) -> Any:
     return meta.get("clip.projector_type") or meta.get("clip.vision.projector_type")
 
 
+def check_projector(meta: Mapping[str, Any], expected: str, family: str, others: Mapping[str, str]) -> None:
+    """CheckpointError unless the mmproj's projector type is `expected` (`family`'s); a known other
+    tower (`others`: type -> whose) is said by name rather than as unknown."""
+    projector = projector_type(meta)
+    if projector in others:
+        raise CheckpointError(
+            f"mmproj projector type {projector!r} is {others[projector]} vision tower, which is not supported; "
+            f"{family}'s ({expected!r}) is"
+        )
+    if projector != expected:
+        raise CheckpointError(
+            f"mmproj projector type {projector!r} is not {family}'s ({expected!r}): it does not go with this model"
+        )
+
+
 def qwen_config_from_gguf(meta: dict[str, Any], text_hidden_size: int) -> QwenVisionConfig:
     """From an mmproj GGUF's `clip.*` keys; CheckpointError naming what is missing or unsupported."""
-    projector = projector_type(meta)
-    if projector in _OTHER_PROJECTORS:
-        raise CheckpointError(
-            f"mmproj projector type {projector!r} is {_OTHER_PROJECTORS[projector]} vision tower, which is "
-            f"not supported; Qwen2.5-VL's ({PROJECTOR!r}) is"
-        )
-    if projector != PROJECTOR:
-        raise CheckpointError(
-            f"mmproj projector type {projector!r} is not Qwen2.5-VL's ({PROJECTOR!r}): it does not go with this model"
-        )
+    check_projector(meta, PROJECTOR, "Qwen2.5-VL", _OTHER_PROJECTORS)
     if not meta.get("clip.use_silu"):
         raise CheckpointError("mmproj metadata lacks clip.use_silu = true (Qwen2.5-VL's SwiGLU blocks)")
 
