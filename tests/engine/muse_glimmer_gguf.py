@@ -132,8 +132,9 @@ _VISION_LAYER_NAME = re.compile(r"^model\.vision_tower\.layers\.(\d+)\.(.+)\.(we
 PATCH_EMBEDDING = "model.vision_tower.patch_embedder.patch_embedding.weight"
 
 
-def write_mmproj(folder: Path, out: Path) -> None:
-    """The folder's vision tower, adapter and projection as llama.cpp's `muse-glimmer` mmproj (all F32)."""
+def write_mmproj(folder: Path, out: Path, replace: dict[str, np.ndarray] | None = None) -> None:
+    """The folder's vision tower, adapter and projection as llama.cpp's `muse-glimmer` mmproj (all F32);
+    `replace` swaps the given file tensors for other values (a corrupt file)."""
     cfg, tensors = read_hf(folder)
     vision = cfg["vision_config"]
     processor = json.loads((folder / "preprocessor_config.json").read_text())
@@ -166,4 +167,4 @@ def write_mmproj(folder: Path, out: Path) -> None:
             if part in ("attn_q", "attn_k"):
                 data = permute(data, heads)
             out_tensors[f"v.blk.{m.group(1)}.{part}.{m.group(3)}"] = data
-    write_tensors(writer, out_tensors, gguf.GGMLQuantizationType.F32)
+    write_tensors(writer, {**out_tensors, **(replace or {})}, gguf.GGMLQuantizationType.F32)
