@@ -42,6 +42,16 @@ def oai(engine):
         )
 
 
+def _png(width: int, height: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (width, height), (200, 30, 90)).save(out, "PNG")
+    return out.getvalue()
+
+
 def _data_url(data: bytes) -> str:
     return f"data:image/png;base64,{base64.b64encode(data).decode()}"
 
@@ -83,6 +93,7 @@ def test_an_image_part_is_answered_as_the_engine_answers_it(oai, engine):
         (b"not an image at all", "could not be decoded"),
         (b"\x89PNG\r\n\x1a\n" + b"\0" * 64, "could not be decoded"),
         (b"0" * 70_000, "at most 65536 bytes"),
+        (_png(3000, 1), "aspect ratio is too extreme for 24 image tokens"),
     ],
 )
 def test_bad_images_get_a_400_naming_the_part(oai, engine, data, says):

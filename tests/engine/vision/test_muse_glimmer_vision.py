@@ -148,3 +148,28 @@ def test_corrupt_images_get_an_error_naming_them(engine, data):
 
     with pytest.raises(ImageError, match="image could not be decoded"):
         engine.vision.prepare(data)
+
+
+def _png(width: int, height: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (width, height), (200, 30, 90)).save(out, "PNG")
+    return out.getvalue()
+
+
+def test_images_too_large_or_too_thin_for_the_token_cap_are_refused(engine):
+    from app.engine.models.vision.image_processing import ImageError
+    from app.engine.models.vision.muse_glimmer_processing import MuseGlimmerImagePrompter, smart_resize
+
+    small = MuseGlimmerImagePrompter(engine.vision.config, engine.tokenizer, max_pixels=100)
+    with pytest.raises(ImageError, match="image is 37x23 pixels; at most 100"):
+        small.prepare((FIXTURE / "image.png").read_bytes())
+    # no grid of whole cells fits 24 tokens: transformers' fallback would make one row of 268 cells
+    assert smart_resize(1, 3000, 8, 24) == (8, 268 * 8)
+    with pytest.raises(ImageError, match="image is 3000x1 pixels: its aspect ratio is too extreme for 24 image tokens"):
+        engine.vision.prepare(_png(3000, 1))
+    (view,) = engine.vision.prepare(_png(190, 4)).views  # thin, but a 1 x 24 grid of cells fits
+    assert view.grid_thw == (1, 2, 48) and engine.vision.tokens_for(view) == 24

@@ -5,6 +5,7 @@ Steps, in its order: decode (as image_processing.decode_image), `smart_resize` t
 resize (PIL's; the HF processor asks torchvision for the same kernel, llama.cpp's mtmd uses it too), rescale
 and normalize (mean = std = 0.5), then patchify: patches row-major (not in merge blocks: the tower merges
 after its pixel shuffle), each flattened as (t, c, y, x) with the one frame repeated over the temporal patch.
+An image so thin that no grid fits the cap (transformers then rounds to a grid over it) is refused instead.
 
 Muse Glimmer's processor replaces each `<|patch|>` the chat template writes for an image by
 `<|image_start|>` + one `<|patch|>` per merged 2x2 cell + `<|image_end|>`, and the text is tokenized
@@ -21,7 +22,13 @@ import numpy as np
 from PIL import Image
 
 from app.engine.images import ImageInput
-from app.engine.models.vision.image_processing import MAX_IMAGE_PIXELS, decode_image, resize_normalize, to_rgb
+from app.engine.models.vision.image_processing import (
+    MAX_IMAGE_PIXELS,
+    ImageError,
+    decode_image,
+    resize_normalize,
+    to_rgb,
+)
 from app.engine.models.vision.muse_glimmer_config import MuseGlimmerVisionConfig
 from app.engine.models.vision.prompter import ImagePrompter, PreparedImage, image_token_ids
 
@@ -62,6 +69,12 @@ def preprocess_muse_glimmer(
     """Patches and grid of one image for the tower."""
     array = np.asarray(to_rgb(image)).transpose(2, 0, 1)  # [3, H, W] uint8
     height, width = smart_resize(array.shape[1], array.shape[2], cfg.factor, cfg.max_image_tokens)
+    cells = (height // cfg.factor) * (width // cfg.factor)
+    if cells > cfg.max_image_tokens:  # transformers would go over its cap (a thin image's fallback grid)
+        raise ImageError(
+            f"image is {array.shape[2]}x{array.shape[1]} pixels: its aspect ratio is too extreme for "
+            f"{cfg.max_image_tokens} image tokens (it would take {cells})"
+        )
     pixels = resize_normalize(array, height, width, cfg.resample, cfg.rescale_factor, cfg.image_mean, cfg.image_std)
     return patchify(pixels, cfg.patch_size, cfg.temporal_patch_size)
 
