@@ -132,16 +132,22 @@ _VISION_LAYER_NAME = re.compile(r"^model\.vision_tower\.layers\.(\d+)\.(.+)\.(we
 PATCH_EMBEDDING = "model.vision_tower.patch_embedder.patch_embedding.weight"
 
 
-def write_mmproj(folder: Path, out: Path, replace: dict[str, np.ndarray] | None = None) -> None:
-    """The folder's vision tower, adapter and projection as llama.cpp's `muse-glimmer` mmproj (all F32);
-    `replace` swaps the given file tensors for other values (a corrupt file)."""
+def write_mmproj(
+    folder: Path,
+    out: Path,
+    replace: dict[str, np.ndarray] | None = None,
+    qtype: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
+) -> None:
+    """The folder's vision tower, adapter and projection as llama.cpp's `muse-glimmer` mmproj, matrices as
+    `qtype` (the converter's default is F16), vectors F32; `replace` swaps the given file tensors for
+    other values (a corrupt file)."""
     cfg, tensors = read_hf(folder)
     vision = cfg["vision_config"]
     processor = json.loads((folder / "preprocessor_config.json").read_text())
     heads, patch = vision["num_attention_heads"], vision["patch_size"]
     writer = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.MMPROJ])
     writer.add_type(gguf.GGUFType.MMPROJ)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32 if qtype == gguf.GGMLQuantizationType.F32 else gguf.LlamaFileType.MOSTLY_F16)
     writer.add_clip_has_vision_encoder(True)
     writer.add_vision_projection_dim(cfg["text_config"]["hidden_size"])
     writer.add_vision_image_size(vision["pos_emb_height"] * patch * vision["merge_size"])  # nominal
@@ -167,4 +173,4 @@ def write_mmproj(folder: Path, out: Path, replace: dict[str, np.ndarray] | None 
             if part in ("attn_q", "attn_k"):
                 data = permute(data, heads)
             out_tensors[f"v.blk.{m.group(1)}.{part}.{m.group(3)}"] = data
-    write_tensors(writer, {**out_tensors, **(replace or {})}, gguf.GGMLQuantizationType.F32)
+    write_tensors(writer, {**out_tensors, **(replace or {})}, qtype)

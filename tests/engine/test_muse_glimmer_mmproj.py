@@ -59,6 +59,19 @@ def test_the_mmproj_tower_equals_transformers(pair, ref, name):
     np.testing.assert_allclose(out, expected, atol=1e-4 * float(np.abs(expected).max()), rtol=0)
 
 
+def test_an_f16_mmproj_keeps_its_format_and_nearly_the_same_features(tmp_path, ref):
+    """The converter's default file type: matrices F16 (q/k come back as F32, re-ordered), vectors F32."""
+    path = tmp_path / "mmproj-f16.gguf"
+    write_mmproj(VISION / "hf", path, qtype=gguf.GGMLQuantizationType.F16)
+    cfg, tensors = load_muse_glimmer_mmproj(path, 64, 1e-5)
+    assert tensors["tower.layers.0.mlp.fc1.weight"].qtype.name == "F16"
+    assert tensors["projection.weight"].qtype.name == "F16"
+    frame = ref["wide.pixel_values"][:, :48]
+    out = np.asarray(MuseGlimmerVisionTower(CpuBackend(), cfg, tensors).encode(frame, (1, 6, 16)))
+    expected = ref["wide.features"]
+    np.testing.assert_allclose(out, expected, atol=3e-3 * float(np.abs(expected).max()), rtol=0)  # measured 5e-4
+
+
 def test_the_gguf_pair_answers_an_image_as_the_hf_folder(pair, ref):
     engine = LLMEngine(EngineConfig(model=str(pair), device="cpu", max_model_len=256, block_size=4))
     (view,) = engine.vision.prepare((VISION / "image.png").read_bytes()).views

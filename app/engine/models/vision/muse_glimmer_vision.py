@@ -21,6 +21,7 @@ muse_glimmer_weights.py reads them from a folder, muse_glimmer_mmproj.py renames
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -52,18 +53,19 @@ def _axis_taps(index: np.ndarray, size: int, side: int) -> tuple[np.ndarray, np.
     return np.clip(taps, 0, side - 1), weights
 
 
-def position_weights(h: int, w: int, side: int) -> np.ndarray:
-    """`[h*w, side*side]`: each patch's bilinear mix of the position table, read as transformers reads it
-    (the grid's sides swapped: `grid_thw[:, [0, 2, 1]]`)."""
+def position_embeddings(table: np.ndarray, h: int, w: int) -> np.ndarray:
+    """`[h*w, hidden]`: each patch's bilinear mix of the `[side^2, hidden]` position table, read as transformers
+    reads it (the grid's sides swapped: `grid_thw[:, [0, 2, 1]]`), one tap at a time (no `[h*w, side^2]` matrix)."""
+    side = math.isqrt(table.shape[0])
     flat = np.arange(h * w)
-    rows, cols = flat // h, flat % h  # as (w rows of h), row-major over the patches' order
-    row_taps, row_weights = _axis_taps(rows, w, side)
-    col_taps, col_weights = _axis_taps(cols, h, side)
-    out = np.zeros((h * w, side * side), np.float64)
+    row_taps, row_weights = _axis_taps(flat // h, w, side)  # as (w rows of h), row-major over the patches
+    col_taps, col_weights = _axis_taps(flat % h, h, side)
+    out = np.zeros((h * w, table.shape[1]), np.float32)
     for a in range(2):
         for b in range(2):
-            np.add.at(out, (flat, row_taps[:, a] * side + col_taps[:, b]), row_weights[:, a] * col_weights[:, b])
-    return out.astype(np.float32)
+            weight = (row_weights[:, a] * col_weights[:, b]).astype(np.float32)[:, None]
+            out += table[row_taps[:, a] * side + col_taps[:, b]] * weight
+    return out
 
 
 def shuffle_order(h: int, w: int, merge: int) -> np.ndarray:
@@ -113,6 +115,8 @@ class MuseGlimmerVisionTower:
             raise ValueError(f"the patch embedding is {patch.shape}, not ({cfg.hidden_size}, {cfg.frame_dim})")
         self.patch_embed = Linear(backend, patch)
         table = tensors["tower.patch_embedder.position_embedding_table.weight"].dequantize()
+        if table.shape != (cfg.position_side**2, cfg.hidden_size):
+            raise ValueError(f"the position table is {table.shape}, not ({cfg.position_side**2}, {cfg.hidden_size})")
         self.position_table = np.ascontiguousarray(table, np.float32)  # [side^2, hidden], mixed on the host
         self.ln_pre = LayerNorm(backend, tensors, "tower.ln_pre", cfg.layer_norm_eps)
         self.layers = [MuseGlimmerEncoderLayer(backend, cfg, tensors, i) for i in range(cfg.num_layers)]
@@ -138,7 +142,7 @@ class MuseGlimmerVisionTower:
         if t != 1 or patches.ndim != 2 or patches.shape[0] != h * w or patches.shape[1] % c.frame_dim or h % m or w % m:
             raise ValueError(f"patches {patches.shape} do not fit the grid {grid_thw} of {c.frame_dim}-value frames")
         frame = np.ascontiguousarray(patches[:, : c.frame_dim], np.float32)  # every frame is the same image
-        positions = position_weights(h, w, c.position_side) @ self.position_table
+        positions = position_embeddings(self.position_table, h, w)
         x = self.patch_embed(b.from_host(frame, b.act_dtype)) + b.from_host(positions, b.act_dtype)
         x = self.ln_pre(x)
         order, windows = window_order(grid_thw, 1, c.position_side)
