@@ -132,6 +132,16 @@ def test_greedy_answer_to_an_image_equals_transformers(engine, ref):
     np.testing.assert_allclose([lp for _, lp in top], np.sort(log_softmax)[::-1][:5], atol=1e-3)
 
 
+def test_two_images_of_two_sizes_answer_as_transformers(engine):
+    from app.engine.sampling_params import SamplingParams
+
+    views = [engine.vision.prepare((FIXTURE / f"{n}.png").read_bytes()).views[0] for n in IMAGES]
+    spec = ENGINE["two_images"]
+    params = SamplingParams(temperature=0.0, max_tokens=len(spec["greedy"]))
+    result = engine.generate([spec["token_ids"]], params, images=[views])[0]
+    assert result["token_ids"] == spec["greedy"]
+
+
 def test_an_image_run_of_the_wrong_length_is_refused(engine):
     from app.engine.core.vision import place_images
 
