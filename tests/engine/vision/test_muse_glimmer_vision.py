@@ -183,3 +183,15 @@ def test_images_too_large_or_too_thin_for_the_token_cap_are_refused(engine):
         engine.vision.prepare(_png(3000, 1))
     (view,) = engine.vision.prepare(_png(190, 4)).views  # thin, but a 1 x 24 grid of cells fits
     assert view.grid_thw == (1, 2, 48) and engine.vision.tokens_for(view) == 24
+
+
+def test_document_pages_render_at_the_largest_square_the_token_cap_takes(engine):
+    from types import SimpleNamespace
+
+    from app.studio.documents import PageScale
+    from app.studio.page_qa import page_scale
+
+    # sqrt(24) -> 4 cells of 8 px a side: pages rendered with their long edge at 32 px
+    assert page_scale(SimpleNamespace(vision=engine.vision)) == PageScale(32, "long")
+    (view,) = engine.vision.prepare(_png(32, 32)).views  # 4 x 4 cells of 8 px: 16 of the 24 tokens
+    assert view.grid_thw == (1, 8, 8)

@@ -8,6 +8,7 @@ and preprocessor_config.json (or processor_config.json's `image_processor`)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,6 +84,11 @@ class MuseGlimmerVisionConfig:
     def factor(self) -> int:
         """What both sides of a resized image are multiples of: one merged patch."""
         return self.patch_size * self.merge_size
+
+    @property
+    def image_size(self) -> int:
+        """Side of the largest square image the token cap takes whole (what page images are rendered at)."""
+        return math.isqrt(self.max_image_tokens) * self.factor
 
     @property
     def frame_dim(self) -> int:
