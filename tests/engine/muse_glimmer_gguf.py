@@ -140,7 +140,7 @@ def write_mmproj(
 ) -> None:
     """The folder's vision tower, adapter and projection as llama.cpp's `muse-glimmer` mmproj, matrices as
     `qtype` (the converter's default is F16), vectors F32; `replace` swaps the given file tensors for
-    other values (a corrupt file)."""
+    other values, adds them, or drops those given as None (a corrupt file)."""
     cfg, tensors = read_hf(folder)
     vision = cfg["vision_config"]
     processor = json.loads((folder / "preprocessor_config.json").read_text())
@@ -173,4 +173,5 @@ def write_mmproj(
             if part in ("attn_q", "attn_k"):
                 data = permute(data, heads)
             out_tensors[f"v.blk.{m.group(1)}.{part}.{m.group(3)}"] = data
-    write_tensors(writer, {**out_tensors, **(replace or {})}, qtype)
+    edited = {name: data for name, data in {**out_tensors, **(replace or {})}.items() if data is not None}
+    write_tensors(writer, edited, qtype)

@@ -101,10 +101,20 @@ def test_a_truncated_mmproj_is_named_with_its_tensor(pair, tmp_path):
         load_muse_glimmer_mmproj(broken, 64, 1e-5)
 
 
-def test_a_tensor_of_the_wrong_shape_is_named_with_the_file(tmp_path):
+@pytest.mark.parametrize(
+    ("replace", "named"),
+    [
+        ({"v.blk.1.attn_k.weight": np.zeros((32, 16), np.float32)},
+         r"tensor v\.blk\.1\.attn_k\.weight has shape \(32, 16\), expected \(32, 32\)"),
+        ({"v.blk.3.ln2.bias": None}, r"the mmproj lacks v\.blk\.3\.ln2\.bias"),
+        ({"v.blk.0.attn_qkv.weight": np.zeros((96, 32), np.float32)},
+         r"the mmproj holds v\.blk\.0\.attn_qkv\.weight, which a Muse Glimmer tower has not"),
+    ],
+)  # fmt: skip
+def test_a_tensor_misshapen_missing_or_foreign_is_named_with_the_file(tmp_path, replace, named):
     broken = tmp_path / "mmproj-bad.gguf"
-    write_mmproj(VISION / "hf", broken, replace={"v.blk.1.attn_k.weight": np.zeros((32, 16), np.float32)})
-    with pytest.raises(CheckpointError, match=r"mmproj-bad\.gguf: tensor v\.blk\.1\.attn_k\.weight has shape \(32, 16\), expected \(32, 32\)"):
+    write_mmproj(VISION / "hf", broken, replace=replace)
+    with pytest.raises(CheckpointError, match=rf"mmproj-bad\.gguf: {named}"):
         load_muse_glimmer_mmproj(broken, 64, 1e-5)
 
 

@@ -79,15 +79,24 @@ def test_unsupported_vision_configs_are_named(change, named):
         load_muse_glimmer_vision(HF, config)
 
 
-def test_a_folder_without_its_tower_tensors_is_named(tmp_path):
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        (lambda t: t.pop("model.vision_tower.layers.2.attn.k_proj.weight"),
+         r"lacks model\.vision_tower\.layers\.2\.attn\.k_proj\.weight"),
+        (lambda t: t.update({"model.vision_adapter.fc2.weight": np.zeros((48, 40), np.float32)}),
+         r"tensor model\.vision_adapter\.fc2\.weight has shape \(48, 40\), expected \(48, 48\)"),
+    ],
+)  # fmt: skip
+def test_a_folder_with_a_tower_tensor_missing_or_misshapen_is_named(tmp_path, edit, named):
     from safetensors.numpy import load_file, save_file
 
     for file in HF.iterdir():
         shutil.copy(file, tmp_path / file.name)
     tensors = load_file(HF / "model.safetensors")
-    del tensors["model.vision_tower.layers.2.attn.k_proj.weight"]
+    edit(tensors)
     save_file(tensors, tmp_path / "model.safetensors")
-    with pytest.raises(CheckpointError, match=r"lacks tower\.layers\.2\.attn\.k_proj\.weight"):
+    with pytest.raises(CheckpointError, match=f"{tmp_path.name}: .*{named}"):
         load_muse_glimmer_vision(tmp_path, json.loads((HF / "config.json").read_text()))
 
 

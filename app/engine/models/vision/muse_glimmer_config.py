@@ -106,6 +106,28 @@ class MuseGlimmerVisionConfig:
         return self
 
 
+def tower_shapes(cfg: MuseGlimmerVisionConfig) -> dict[str, tuple[int, ...]]:
+    """Each tensor the tower reads (muse_glimmer_vision.py's names: `tower.*`, `adapter.*`, `projection.*`)
+    and its shape as the folder stores it; the patch embedding reads `temporal_patch_size` frames."""
+    h, ff, pj = cfg.hidden_size, cfg.intermediate_size, cfg.projector_hidden_size
+    shapes: dict[str, tuple[int, ...]] = {
+        "tower.patch_embedder.patch_embedding.weight": (h, cfg.temporal_patch_size * cfg.frame_dim),
+        "tower.patch_embedder.position_embedding_table.weight": (cfg.position_side**2, h),
+        "adapter.fc1.weight": (pj, h * cfg.merge_unit), "adapter.fc2.weight": (pj, pj),
+        "projection.weight": (cfg.text_hidden_size, pj),
+    }  # fmt: skip
+    vectors = ["tower.ln_pre", "tower.ln_post"]
+    for i in range(cfg.num_layers):
+        p = f"tower.layers.{i}"
+        vectors += [f"{p}.norm1", f"{p}.norm2"]
+        for part, (rows, cols) in {"attn.q_proj": (h, h), "attn.k_proj": (h, h), "attn.v_proj": (h, h),
+                                   "attn.proj": (h, h), "mlp.fc1": (ff, h), "mlp.fc2": (h, ff)}.items():  # fmt: skip
+            shapes |= {f"{p}.{part}.weight": (rows, cols), f"{p}.{part}.bias": (rows,)}
+    for name in vectors:
+        shapes |= {f"{name}.weight": (h,), f"{name}.bias": (h,)}
+    return shapes
+
+
 def _checked(values: dict[str, Any], key: str, expected: Any, where: str) -> None:
     if values.get(key, expected) != expected:
         raise CheckpointError(f"{where} {key} is {values[key]!r}: only {expected!r} is supported")

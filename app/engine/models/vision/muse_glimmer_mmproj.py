@@ -28,7 +28,7 @@ import numpy as np
 
 from app.engine.loader.gguf import read_gguf
 from app.engine.loader.names import CheckpointError
-from app.engine.models.vision.muse_glimmer_config import MuseGlimmerVisionConfig, full_layers
+from app.engine.models.vision.muse_glimmer_config import MuseGlimmerVisionConfig, full_layers, tower_shapes
 from app.engine.models.vision.qwen_vl_mmproj import projector_type
 from app.engine.quant.dispatch import QuantizedTensor
 from app.engine.quant.types import QUANT_TYPES
@@ -44,8 +44,9 @@ _BLOCK_PARTS = {
     "attn_q": "attn.q_proj", "attn_k": "attn.k_proj", "attn_v": "attn.v_proj", "attn_out": "attn.proj",
     "ln1": "norm1", "ln2": "norm2", "ffn_up": "mlp.fc1", "ffn_down": "mlp.fc2",
 }  # fmt: skip
+PATCH = "tower.patch_embedder.patch_embedding.weight"
 _TOP = {
-    "v.patch_embd.weight": "tower.patch_embedder.patch_embedding.weight",
+    "v.patch_embd.weight": PATCH,
     "v.position_embd.weight": "tower.patch_embedder.position_embedding_table.weight",
     "v.pre_ln.weight": "tower.ln_pre.weight", "v.pre_ln.bias": "tower.ln_pre.bias",
     "v.post_ln.weight": "tower.ln_post.weight", "v.post_ln.bias": "tower.ln_post.bias",
@@ -106,25 +107,26 @@ def muse_glimmer_config_from_gguf(
     ).check("mmproj metadata")
 
 
-def expected_shapes(cfg: MuseGlimmerVisionConfig) -> dict[str, tuple[int, ...]]:
-    """Each file tensor's shape (numpy order) for this config."""
-    h, ff, p = cfg.hidden_size, cfg.intermediate_size, cfg.patch_size
-    shapes: dict[str, tuple[int, ...]] = {
-        "v.patch_embd.weight": (h, 3, p, p), "v.position_embd.weight": (cfg.position_side**2, h),
-        "mm.0.weight": (cfg.projector_hidden_size, h * cfg.merge_unit),
-        "mm.1.weight": (cfg.projector_hidden_size, cfg.projector_hidden_size),
-        "mm.2.weight": (cfg.text_hidden_size, cfg.projector_hidden_size),
-    }  # fmt: skip
-    for norm in ("v.pre_ln", "v.post_ln"):
-        shapes |= {f"{norm}.weight": (h,), f"{norm}.bias": (h,)}
-    for i in range(cfg.num_layers):
-        b = f"v.blk.{i}"
-        for part, (rows, cols) in {"attn_q": (h, h), "attn_k": (h, h), "attn_v": (h, h), "attn_out": (h, h),
-                                   "ffn_up": (ff, h), "ffn_down": (h, ff)}.items():  # fmt: skip
-            shapes |= {f"{b}.{part}.weight": (rows, cols), f"{b}.{part}.bias": (rows,)}
-        for norm in ("ln1", "ln2"):
-            shapes |= {f"{b}.{norm}.weight": (h,), f"{b}.{norm}.bias": (h,)}
-    return shapes
+def _target(name: str) -> str | None:
+    """The tower's name for a file tensor, or None for one a Muse Glimmer tower has not."""
+    if name in _TOP:
+        return _TOP[name]
+    match = _BLOCK.match(name)
+    if match is None or match.group(2) not in _BLOCK_PARTS:
+        return None
+    layer, part, kind = match.groups()
+    return f"tower.layers.{layer}.{_BLOCK_PARTS[part]}.{kind}"
+
+
+def _file_name(target: str) -> str:
+    """The file's name for a tensor the tower reads (the inverse of `_target`)."""
+    for name, mapped in _TOP.items():
+        if mapped == target:
+            return name
+    layer, rest = target.removeprefix("tower.layers.").split(".", 1)
+    module, kind = rest.rsplit(".", 1)
+    part = next(p for p, m in _BLOCK_PARTS.items() if m == module)
+    return f"v.blk.{layer}.{part}.{kind}"
 
 
 def rotate_half_rows(values: np.ndarray, heads: int) -> np.ndarray:
@@ -138,29 +140,23 @@ def rotate_half_rows(values: np.ndarray, heads: int) -> np.ndarray:
 def tower_tensors(file_tensors: Tensors, cfg: MuseGlimmerVisionConfig) -> Tensors:
     """The mmproj's tensors under the names muse_glimmer_vision.py reads; CheckpointError naming a tensor
     missing, unknown or of the wrong shape."""
-    shapes = expected_shapes(cfg)
-    missing = [name for name in shapes if name not in file_tensors]
-    if missing:
-        raise CheckpointError(f"the mmproj lacks {', '.join(missing[:4])}")
+    shapes = tower_shapes(cfg)
+    shapes[PATCH] = (cfg.hidden_size, 3, cfg.patch_size, cfg.patch_size)  # the file's conv layout
     out: Tensors = {}
     for name, tensor in file_tensors.items():
-        if name not in shapes:
+        target = _target(name)
+        if target is None:
             raise CheckpointError(f"the mmproj holds {name}, which a Muse Glimmer tower has not")
-        if tuple(tensor.shape) != shapes[name]:
-            raise CheckpointError(f"tensor {name} has shape {tuple(tensor.shape)}, expected {shapes[name]}")
-        match = _BLOCK.match(name)
-        if match is None:
-            out[_TOP[name]] = tensor
-            continue
-        layer, part, kind = match.groups()
-        target = f"tower.layers.{layer}.{_BLOCK_PARTS[part]}.{kind}"
-        if part in ("attn_q", "attn_k"):
+        if tuple(tensor.shape) != shapes[target]:
+            raise CheckpointError(f"tensor {name} has shape {tuple(tensor.shape)}, expected {shapes[target]}")
+        if name.endswith(("attn_q.weight", "attn_q.bias", "attn_k.weight", "attn_k.bias")):
             tensor = QuantizedTensor.from_float(target, rotate_half_rows(tensor.dequantize(), cfg.num_heads), _F32)
         out[target] = tensor
-    patch = out["tower.patch_embedder.patch_embedding.weight"].dequantize().reshape(cfg.hidden_size, cfg.frame_dim)
-    out["tower.patch_embedder.patch_embedding.weight"] = QuantizedTensor.from_float(
-        "tower.patch_embedder.patch_embedding.weight", np.ascontiguousarray(patch, np.float32), _F32
-    )
+    missing = [_file_name(target) for target in shapes if target not in out]
+    if missing:
+        raise CheckpointError(f"the mmproj lacks {', '.join(missing[:4])}")
+    patch = out[PATCH].dequantize().reshape(cfg.hidden_size, cfg.frame_dim)
+    out[PATCH] = QuantizedTensor.from_float(PATCH, np.ascontiguousarray(patch, np.float32), _F32)
     return out
 
 

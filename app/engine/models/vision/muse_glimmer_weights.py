@@ -16,8 +16,9 @@ from app.engine.models.vision.muse_glimmer_config import (
     TEXT_RMS_EPS,
     MuseGlimmerVisionConfig,
     muse_glimmer_vision_config,
+    tower_shapes,
 )
-from app.engine.models.vision.muse_glimmer_mmproj import load_muse_glimmer_mmproj
+from app.engine.models.vision.muse_glimmer_mmproj import PATCH, load_muse_glimmer_mmproj
 from app.engine.models.vision.muse_glimmer_vision import MuseGlimmerVisionTower
 from app.engine.models.vision.weights import find_mmproj, parsed_in, read_prefixed
 from app.engine.quant.dispatch import QuantizedTensor
@@ -26,18 +27,6 @@ from app.engine.quant.types import QUANT_TYPES
 Tensors = dict[str, QuantizedTensor]
 _F32 = QUANT_TYPES["F32"]
 _PREFIXES = {"model.vision_tower.": "tower.", "model.vision_adapter.": "adapter.", "model.vision_projection.": "projection."}
-PATCH_EMBEDDING = "tower.patch_embedder.patch_embedding.weight"
-
-
-def expected_tensors(cfg: MuseGlimmerVisionConfig) -> list[str]:
-    """The names the tower reads (muse_glimmer_vision.py), in HF naming under its prefixes."""
-    names = [PATCH_EMBEDDING, "tower.patch_embedder.position_embedding_table.weight", "adapter.fc1.weight",
-             "adapter.fc2.weight", "projection.weight"]  # fmt: skip
-    names += [f"tower.{n}.{k}" for n in ("ln_pre", "ln_post") for k in ("weight", "bias")]
-    for i in range(cfg.num_layers):
-        parts = ("norm1", "norm2", "attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.proj", "mlp.fc1", "mlp.fc2")
-        names += [f"tower.layers.{i}.{p}.{k}" for p in parts for k in ("weight", "bias")]
-    return names
 
 
 def load_muse_glimmer_vision(folder: Path, hf_config: dict) -> tuple[MuseGlimmerVisionConfig, Tensors] | None:
@@ -47,12 +36,27 @@ def load_muse_glimmer_vision(folder: Path, hf_config: dict) -> tuple[MuseGlimmer
     settings = read_processor_settings(folder, "image_processor")
     cfg = parsed_in(folder, lambda: muse_glimmer_vision_config(hf_config, settings.values, settings.source))
     tensors = read_prefixed(folder, _PREFIXES)
-    missing = [n for n in expected_tensors(cfg) if n not in tensors]
+    checked(folder, tensors, tower_shapes(cfg))
+    patch = tensors[PATCH].dequantize().reshape(cfg.hidden_size, cfg.temporal_patch_size, cfg.frame_dim)
+    tensors[PATCH] = QuantizedTensor.from_float(PATCH, patch.sum(axis=1, dtype=np.float32), _F32)
+    return cfg, tensors
+
+
+def _hf_name(name: str) -> str:
+    prefix, rest = name.split(".", 1)
+    return next(hf for hf, ours in _PREFIXES.items() if ours == f"{prefix}.") + rest
+
+
+def checked(folder: Path, tensors: Tensors, shapes: dict[str, tuple[int, ...]]) -> None:
+    """CheckpointError naming the folder and the first tensor missing or of the wrong shape."""
+    missing = [_hf_name(n) for n in shapes if n not in tensors]
     if missing:
         raise CheckpointError(f"{folder}: the vision checkpoint lacks {', '.join(missing[:4])}")
-    patch = tensors[PATCH_EMBEDDING].dequantize().reshape(cfg.hidden_size, cfg.temporal_patch_size, cfg.frame_dim)
-    tensors[PATCH_EMBEDDING] = QuantizedTensor.from_float(PATCH_EMBEDDING, patch.sum(axis=1, dtype=np.float32), _F32)
-    return cfg, tensors
+    for name, shape in shapes.items():
+        if tuple(tensors[name].shape) != shape:
+            raise CheckpointError(
+                f"{folder}: tensor {_hf_name(name)} has shape {tuple(tensors[name].shape)}, expected {shape}"
+            )
 
 
 def text_rms_eps(checkpoint: Any) -> float:
