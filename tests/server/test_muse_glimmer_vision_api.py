@@ -83,6 +83,12 @@ def test_an_image_part_is_answered_as_the_engine_answers_it(oai, engine):
     assert response.usage.prompt_tokens == len(ids)
     assert response.choices[0].finish_reason == "length"  # all MAX_TOKENS tokens compared
     assert response.choices[0].message.content == expected
+    again = oai.chat.completions.create(
+        model=engine.model.name, messages=[{"role": "user", "content": parts}], max_tokens=MAX_TOKENS, temperature=0
+    )
+    assert again.choices[0].message.content == expected
+    # the repeat's prefix, image tokens included, came from the cache
+    assert again.usage.prompt_tokens_details.cached_tokens > ids.index(257)
     text_only = _chat(oai, engine, [{"type": "text", "text": QUESTION}])
     assert response.usage.prompt_tokens - text_only.usage.prompt_tokens == 1 + 15 + 1
 
