@@ -36,8 +36,9 @@ def base_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_fit_counts_the_text_model_and_predicts_the_engines_blocks(source: str, base_gguf: Path) -> None:
     path = FIXTURES / "base" if source == "hf" else base_gguf
     shape = shape_from_checkpoint(path)
-    assert shape.vision is None  # the engine loads no tower for Muse Glimmer (yet)
-    # the text model's tensors only: the tower, adapter and projection the folder holds are not counted
+    # the folder's tower, adapter and projection count as its vision line; a GGUF's would be its mmproj's
+    assert (shape.vision is not None) == (source == "hf")
+    # the text model's tensors only: the tower, adapter and projection are not counted among them
     assert shape.weight_bytes == sum(t.nbytes for t in open_checkpoint(path).tensors.values())
     assert not any(n.startswith(("v.", "mm.")) for n in open_checkpoint(path).tensors)
     assert (shape.num_layers, shape.num_kv_heads, shape.head_dim) == (6, 2, 16)

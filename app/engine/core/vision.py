@@ -9,8 +9,9 @@ from typing import Any
 
 from app.engine.images import VISION_ARCHITECTURES, ImageInput, PromptImage
 from app.engine.loader.names import CheckpointError
-from app.engine.models.vision import Gemma4VisionTower, QwenVisionModel, load_vision
+from app.engine.models.vision import Gemma4VisionTower, MuseGlimmerVisionTower, QwenVisionModel, load_vision
 from app.engine.models.vision.gemma4_processing import Gemma4ImagePrompter
+from app.engine.models.vision.muse_glimmer_processing import MuseGlimmerImagePrompter
 from app.engine.models.vision.prompter import ImagePrompter
 from app.engine.models.vision.qwen_vl_prompter import QwenImagePrompter
 from app.engine.models.vision.splice import image_spans
@@ -48,6 +49,10 @@ def attach_vision(runner: Any, checkpoint: Any, tokenizer: Any, mmproj: str | No
         g = vision.config
         log.info("vision tower: %d layers, up to %d tokens per image", g.num_layers, g.max_soft_tokens)
         return Gemma4ImagePrompter(g, tokenizer)
+    if isinstance(vision, MuseGlimmerVisionTower):
+        m = vision.config
+        log.info("vision tower: %d layers, up to %d tokens per image", m.num_layers, m.max_image_tokens)
+        return MuseGlimmerImagePrompter(m, tokenizer)
     log.info(
         "vision tower: %d layers, %d px, %d tokens per image",
         vision.config.num_layers, vision.config.image_size, vision.config.tokens_per_image,

@@ -1,6 +1,6 @@
 """Muse Glimmer (text side), read from config.json (`MuseGlimmerForConditionalGeneration`: its
-`text_config`; the vision tower, adapter and projection are skipped) or a GGUF in llama.cpp's
-`muse-glimmer` layout.
+`text_config`; the vision tower, adapter and projection are models/vision's, muse_glimmer_vision.py) or a GGUF
+in llama.cpp's `muse-glimmer` layout.
 
 Gemma-style sandwich norms, with what Muse Glimmer adds:
 

@@ -167,7 +167,7 @@ def shape_of(checkpoint: Any, cfg: ModelConfig) -> ModelShape:
         expert_bytes = sum(t.nbytes for name, t in checkpoint.tensors.items() if "_exps" in name)
     if checkpoint.format == "gguf":
         vision = vision_beside_gguf(checkpoint.path, checkpoint.architecture)
-    else:  # a folder's tower counts where the engine gives its family one (Muse Glimmer's is skipped)
+    else:  # a folder's tower counts where the engine gives its family one
         vision = None
         if takes_images(checkpoint.architecture):
             vision = _hf_folder_vision(Path(checkpoint.path), checkpoint.hf_config or {})

@@ -10,7 +10,9 @@ layer's activations, patches x (6 x hidden + 2 x ff) floats (residual, normed co
 attention output; MLP up and its activation). Images are encoded one view at a time. Qwen2.5-VL's
 tower takes images of any size up to its max_pixels, and its full-attention layers attend over all
 of an image's patches: it is sized at that largest image; Gemma 4's likewise, at its soft-token budget
-(k x k patches per token).
+(k x k patches per token). So is Muse Glimmer's (its processor caps an image at
+`max_image_tokens` merged cells, llama.cpp's mmproj at 4096; its full-attention layers attend over them all);
+its tower, adapter and projection are `vision_tower.*`, `vision_adapter.*` and `vision_projection.*`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ FLOAT_BYTES = 4
 QWEN_VL_MODEL_TYPES = ("qwen2_5_vl",)
 QWEN_VL_ARCHITECTURE = "Qwen2_5_VLForConditionalGeneration"
 GEMMA4_ARCHITECTURE, GEMMA4_PROJECTOR = "Gemma4ForConditionalGeneration", "gemma4v"
+MUSE_GLIMMER_MODEL_TYPE, MUSE_GLIMMER_ARCHITECTURE = "muse_glimmer", "MuseGlimmerForConditionalGeneration"
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,8 @@ def _clip_key(meta: Mapping[str, Any], source: str, name: str) -> int:
 
 def vision_from_mmproj(meta: Mapping[str, Any], weight_bytes: int, source: str) -> VisionShape:
     """From an mmproj GGUF's `clip.vision.*` keys (ValueError naming a missing key)."""
+    from app.engine.models.vision.muse_glimmer_mmproj import MAX_IMAGE_TOKENS as MUSE_GLIMMER_MAX_TOKENS
+    from app.engine.models.vision.muse_glimmer_mmproj import PROJECTOR as MUSE_GLIMMER_PROJECTOR
     from app.engine.models.vision.qwen_vl_mmproj import PROJECTOR, projector_type, qwen_config_from_gguf
 
     if projector_type(meta) == PROJECTOR:
@@ -73,6 +78,10 @@ def vision_from_mmproj(meta: Mapping[str, Any], weight_bytes: int, source: str) 
     if projector_type(meta) == GEMMA4_PROJECTOR:
         return _gemma4_mmproj_shape(meta, weight_bytes, source)
 
+    max_patches = None
+    if projector_type(meta) == MUSE_GLIMMER_PROJECTOR:  # image_size is nominal: sized at its largest image
+        merge = int(meta.get("clip.vision.spatial_merge_size", 2))
+        max_patches = MUSE_GLIMMER_MAX_TOKENS * merge * merge
     return VisionShape(
         weight_bytes=int(weight_bytes),
         image_size=_clip_key(meta, source, "image_size"),
@@ -81,6 +90,7 @@ def vision_from_mmproj(meta: Mapping[str, Any], weight_bytes: int, source: str) 
         num_heads=_clip_key(meta, source, "attention.head_count"),
         intermediate_size=_clip_key(meta, source, "feed_forward_length"),
         source=source,
+        max_patches=max_patches,
     )
 
 
@@ -138,6 +148,22 @@ def vision_from_hf_config(
 
         gemma4 = gemma4_vision_config(dict(config), dict(processor or {}))
         return _any_size_shape(gemma4, gemma4.max_patches, weight_bytes, source)
+    if config.get("model_type") == MUSE_GLIMMER_MODEL_TYPE or MUSE_GLIMMER_ARCHITECTURE in (
+        config.get("architectures") or ()
+    ):
+        from app.engine.models.vision.muse_glimmer_config import muse_glimmer_vision_config
+
+        muse = muse_glimmer_vision_config(dict(config), dict(processor or {}))
+        return VisionShape(
+            weight_bytes=int(weight_bytes),
+            image_size=0,
+            patch_size=muse.patch_size,
+            hidden_size=muse.hidden_size,
+            num_heads=muse.num_heads,
+            intermediate_size=muse.intermediate_size,
+            source=source,
+            max_patches=muse.max_image_tokens * muse.merge_unit,
+        )
     vision = {**SIGLIP_DEFAULTS, **(config.get("vision_config") or {})}
     return VisionShape(
         weight_bytes=int(weight_bytes),
@@ -157,7 +183,9 @@ def takes_images(architecture: str) -> bool:
 def is_vision_tensor(hf_name: str) -> bool:
     """A Hugging Face tensor of the vision side (tower or projector), by its name."""
     name = hf_name.removeprefix("model.")
-    return name.startswith(("vision_tower.", "multi_modal_projector.", "visual."))
+    return name.startswith(
+        ("vision_tower.", "multi_modal_projector.", "visual.", "vision_adapter.", "vision_projection.")
+    )
 
 
 def is_mmproj_name(name: str) -> bool:

@@ -5,6 +5,8 @@ Qwen2.5-VL vision transformer and merger (qwen_vl.py); `load_vision` builds the 
 from a Hugging Face folder or a llama.cpp mmproj GGUF (see weights.py, qwen_vl_mmproj.py);
 Gemma 4's tower and embedder are `Gemma4VisionTower` (gemma4_vision.py, from an HF folder or a gemma4v
 mmproj: gemma4_mmproj.py);
+Muse Glimmer's tower, adapter and projection `MuseGlimmerVisionTower` (muse_glimmer_vision.py, from an HF
+folder or an mmproj: muse_glimmer_weights.py, muse_glimmer_mmproj.py);
 image preprocessing is in image_processing.py, qwen_vl_processing.py and gemma4_processing.py.
 """
 
@@ -22,13 +24,22 @@ from app.engine.models.vision.gemma3_projector import Gemma3Projector
 from app.engine.models.vision.gemma4_config import load_gemma4_vision
 from app.engine.models.vision.gemma4_mmproj import load_gemma4_mmproj
 from app.engine.models.vision.gemma4_vision import Gemma4VisionTower
+from app.engine.models.vision.muse_glimmer_vision import MuseGlimmerVisionTower
+from app.engine.models.vision.muse_glimmer_weights import load_muse_glimmer_tower
 from app.engine.models.vision.qwen_vl import QwenVisionModel
 from app.engine.models.vision.qwen_vl_mmproj import load_qwen_mmproj
 from app.engine.models.vision.qwen_vl_weights import load_qwen_vision
 from app.engine.models.vision.siglip import SiglipEncoder
 from app.engine.models.vision.weights import Tensors, find_mmproj, load_hf_vision, load_mmproj
 
-__all__ = ["Gemma4VisionTower", "QwenVisionModel", "VisionConfig", "VisionModel", "load_vision"]
+__all__ = [
+    "Gemma4VisionTower",
+    "MuseGlimmerVisionTower",
+    "QwenVisionModel",
+    "VisionConfig",
+    "VisionModel",
+    "load_vision",
+]
 
 
 class VisionModel:
@@ -47,13 +58,15 @@ class VisionModel:
 
 def load_vision(
     checkpoint: Any, backend: Any, mmproj: str | Path | None = None
-) -> VisionModel | QwenVisionModel | Gemma4VisionTower | None:
+) -> VisionModel | QwenVisionModel | Gemma4VisionTower | MuseGlimmerVisionTower | None:
     """The checkpoint's vision tower: its own (HF folder), the given mmproj, or an mmproj beside a
     GGUF. None when the model has none."""
     if checkpoint.architecture == "qwen2vl":
         return _load_qwen(checkpoint, backend, mmproj)
     if checkpoint.architecture == "gemma4":
         return _load_gemma4(checkpoint, backend, mmproj)
+    if checkpoint.architecture == "muse-glimmer":
+        return load_muse_glimmer_tower(checkpoint, backend, mmproj)
     text_hidden = checkpoint.tensors["token_embd.weight"].shape[1]
     if mmproj is not None:
         cfg, tensors = load_mmproj(Path(mmproj), text_hidden)

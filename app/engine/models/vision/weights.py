@@ -9,7 +9,9 @@ converter adds the 1).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -23,6 +25,7 @@ from app.engine.quant.types import QUANT_TYPES
 
 Tensors = dict[str, QuantizedTensor]
 _F32 = QUANT_TYPES["F32"]
+Config = TypeVar("Config")
 
 _LAYER = re.compile(r"^encoder\.layers\.(\d+)\.(.+)$")
 _LAYER_PARTS = {
@@ -116,6 +119,28 @@ def load_mmproj(path: Path, text_hidden_size: int) -> tuple[VisionConfig, Tensor
             f"{path}: the projector outputs width {width}, the text model's hidden size is {text_hidden_size}"
         )
     return cfg, tensors
+
+
+def read_prefixed(folder: Path, prefixes: Mapping[str, str]) -> Tensors:
+    """The folder's tensors whose names start with one of `prefixes`, that prefix replaced by its value."""
+    tensors: Tensors = {}
+    for file in weight_files(folder):
+        for hf_name, tensor in read_safetensors_file(file).items():
+            prefix = next((p for p in prefixes if hf_name.startswith(p)), None)
+            if prefix is not None:
+                name = prefixes[prefix] + hf_name[len(prefix) :]
+                tensors[name] = QuantizedTensor(name, tensor.qtype, tensor.shape, tensor.data)
+    return tensors
+
+
+def parsed_in(folder: Path, parse: Callable[[], Config]) -> Config:
+    """`parse()`'s vision config, its errors (a malformed value's too) as CheckpointErrors naming the folder."""
+    try:
+        return parse()
+    except CheckpointError as exc:
+        raise CheckpointError(f"{folder}: {exc}") from None
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{folder}: config.json vision_config is malformed ({exc!r})") from None
 
 
 def find_mmproj(model_path: Path) -> Path | None:
