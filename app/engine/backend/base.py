@@ -275,6 +275,31 @@ class Backend(Protocol):
         """`cap * tanh(x / cap)`."""
         ...
 
+    # -- Mamba-2 (layers/mamba2.py) ---------------------------------------------------
+    def ssd_scan(
+        self,
+        x: Array,
+        dt: Array,
+        dt_bias: Array,
+        a: Array,
+        b: Array,
+        c: Array,
+        d: Array,
+        ssm_state: Array,
+        meta: AttentionMetadata,
+        chunk_size: int,
+    ) -> Array:
+        """`ssd_reference.ssd_scan(xp, x, softplus(dt + dt_bias), a, b, c, d, ssm_state, meta, chunk_size)`:
+        `x [T, H, P]`, raw `dt [T, H]`, `b, c [T, G, N]` (their rows may be strided: column ranges of a
+        wider activation), the float32 state rows `[slots, H, P, N]` continued per sequence of `meta`
+        (`state_slots`, `has_initial_state`) and updated in place. `y [T, H, P]` with the D skip."""
+        ...
+
+    def gated_group_rms_norm(self, y: Array, z: Array, weight: Array, eps: float, groups: int) -> Array:
+        """`y * silu(z)` RMS-normalised within each of `groups` equal channel groups, times `weight`:
+        `[T, C]` (ssd_reference.gated_group_rms_norm)."""
+        ...
+
 
 def add_and_norm(
     backend: Backend, x: Array, residual: Array | None, weight: Array, eps: float

@@ -18,6 +18,7 @@ from app.engine.backend.cpu_experts import CpuStreamedExperts
 from app.engine.backend.cpu_weights import CpuFusedWeight, CpuWeight
 from app.engine.backend.fp8_kv import Fp8KvCache
 from app.engine.backend.reference_attention import paged_attention
+from app.engine.backend.ssd_reference import gated_group_rms_norm, softplus, ssd_scan
 from app.engine.quant.dispatch import QuantizedTensor
 
 if TYPE_CHECKING:
@@ -263,3 +264,10 @@ class CpuBackend:
 
     def softcap(self, x: np.ndarray, cap: float) -> np.ndarray:
         return np.float32(cap) * np.tanh(x / np.float32(cap))
+
+    # -- Mamba-2 (layers/mamba2.py): the references of backend/ssd_reference.py ----------
+    def ssd_scan(self, x, dt, dt_bias, a, b, c, d, ssm_state, meta: AttentionMetadata, chunk_size: int):
+        return ssd_scan(np, x, softplus(np, dt + dt_bias), a, b, c, d, ssm_state, meta, chunk_size)
+
+    def gated_group_rms_norm(self, y: np.ndarray, z: np.ndarray, weight: np.ndarray, eps: float, groups: int):
+        return gated_group_rms_norm(np, y, z, weight, eps, groups)

@@ -45,6 +45,7 @@ from app.engine.kernels import moe as _moe
 from app.engine.kernels import norm as _norm
 from app.engine.kernels import rope as _rope
 from app.engine.kernels import rope_cache as _rope_cache
+from app.engine.kernels import ssd as _ssd
 from app.engine.kernels import tuning as _tuning
 from app.engine.kernels.gemv_plan import GemvPlan
 from app.engine.kernels.options import KernelOptions
@@ -482,3 +483,21 @@ class CudaBackend:
     def softcap(self, x: Any, cap: float) -> Any:
         x = self._f32(x)
         return _activation.softcap(x, cap, self.xp.empty_like(x))
+
+    # -- Mamba-2 (layers/mamba2.py) ---------------------------------------------------
+    def ssd_scan(self, x, dt, dt_bias, a, b, c, d, ssm_state, meta: AttentionMetadata, chunk_size: int) -> Any:
+        """As `Backend.ssd_scan`: one ssd.cu launch for the whole batch, every sequence's bounds, state row
+        and start read on the device (a decode step has no host loop and can be captured)."""
+        if meta.state_slots is None or meta.has_initial_state is None:
+            raise ValueError("ssd_scan needs the step's state_slots and has_initial_state")
+        f32 = self.xp.float32
+        x, dt, b, c = (v.astype(f32, copy=False) for v in (x, dt, b, c))
+        return _ssd.ssd_scan(
+            x, dt, self._f32(dt_bias), self._f32(a), b, c, self._f32(d), ssm_state, self._i32(meta.query_start_loc),
+            self._i32(meta.state_slots), self._i32(meta.has_initial_state), self.xp.empty(x.shape, f32),
+        )  # fmt: skip
+
+    def gated_group_rms_norm(self, y: Any, z: Any, weight: Any, eps: float, groups: int) -> Any:
+        f32 = self.xp.float32
+        y, z = (v.astype(f32, copy=False) for v in (y, z))
+        return _ssd.gated_group_rms_norm(y, z, self._f32(weight), eps, groups, self.xp.empty(y.shape, f32))
