@@ -275,7 +275,19 @@ class Backend(Protocol):
         """`cap * tanh(x / cap)`."""
         ...
 
-    # -- Mamba-2 (layers/mamba2.py) ---------------------------------------------------
+    # -- recurrent mixers (layers/mamba2.py) -------------------------------------------
+    # Whether these ops read the step's sequences on the host (the references), which no CUDA graph
+    # can hold; False where every sequence's bounds, state row and start are read on the device.
+    recurrent_syncs_host: bool
+
+    def causal_conv1d(
+        self, x: Array, weight: Array, bias: Array | None, conv_state: Array, meta: AttentionMetadata, silu: bool = True
+    ) -> Array:
+        """`recurrent_reference.causal_conv1d(xp, x, weight, bias, conv_state, meta, silu)`: the depthwise
+        causal conv of `x [T, C]` (rows may be strided) per sequence of `meta`, continuing and updating
+        the float32 state rows `conv_state [slots, C, K-1]`; float32 `[T, C]`."""
+        ...
+
     def ssd_scan(
         self,
         x: Array,

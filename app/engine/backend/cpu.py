@@ -17,6 +17,7 @@ from app.engine.backend.base import AttentionMetadata, RopeTable, norm_then_prod
 from app.engine.backend.cpu_experts import CpuStreamedExperts
 from app.engine.backend.cpu_weights import CpuFusedWeight, CpuWeight
 from app.engine.backend.fp8_kv import Fp8KvCache
+from app.engine.backend.recurrent_reference import causal_conv1d
 from app.engine.backend.reference_attention import paged_attention
 from app.engine.backend.ssd_reference import gated_group_rms_norm, softplus, ssd_scan
 from app.engine.quant.dispatch import QuantizedTensor
@@ -265,7 +266,12 @@ class CpuBackend:
     def softcap(self, x: np.ndarray, cap: float) -> np.ndarray:
         return np.float32(cap) * np.tanh(x / np.float32(cap))
 
-    # -- Mamba-2 (layers/mamba2.py): the references of backend/ssd_reference.py ----------
+    # -- recurrent mixers: the references of recurrent_reference.py and ssd_reference.py ----------
+    recurrent_syncs_host = True  # they walk the batch's sequences on the host
+
+    def causal_conv1d(self, x, weight, bias, conv_state, meta: AttentionMetadata, silu: bool = True):
+        return causal_conv1d(np, x, weight, bias, conv_state, meta, silu)
+
     def ssd_scan(self, x, dt, dt_bias, a, b, c, d, ssm_state, meta: AttentionMetadata, chunk_size: int):
         return ssd_scan(np, x, softplus(np, dt + dt_bias), a, b, c, d, ssm_state, meta, chunk_size)
 

@@ -45,8 +45,9 @@ def ssd_scan(
 ) -> Any:
     """`out [T, H, P]` = the scan of `x [T, H, P]` with raw `dt [T, H]` (softplus(dt + dt_bias) in the
     kernel), `a, d, dt_bias [H]`, `b, c [T, G, N]`, continuing `state [slots, H, P, N]` (float32, updated
-    in place) per sequence: rows `query_start_loc[i]:[i+1]`, state row `state_slots[i]`, from zeros where
-    `has_initial_state[i]` is 0 (int32 device arrays). Includes the D skip."""
+    in place) per sequence: rows `query_start_loc[i]:[i+1]`, state row `state_slots[i]` (a negative one skips
+    the sequence), from zeros where `has_initial_state[i]` is False (device arrays: int32, and bool as
+    causal_conv1d takes it). Includes the D skip."""
     n_tok, n_heads, head_dim = x.shape
     n_groups, d_state = b.shape[1], b.shape[2]
     if n_heads % n_groups or c.shape != b.shape or dt.shape != (n_tok, n_heads) or b.shape[0] != n_tok:
@@ -58,10 +59,11 @@ def ssd_scan(
         raise ValueError(f"ssd_scan: state {state.shape} must be contiguous [slots, {n_heads}, {head_dim}, {d_state}]")
     if d_state > MAX_STATE:
         raise ValueError(f"ssd_scan: d_state {d_state} is above the kernel's {MAX_STATE}")
-    for name, arr in (("query_start_loc", query_start_loc), ("state_slots", state_slots),
-                      ("has_initial_state", has_initial_state)):  # fmt: skip
+    for name, arr in (("query_start_loc", query_start_loc), ("state_slots", state_slots)):
         if arr.dtype != np.int32:
             raise ValueError(f"ssd_scan: {name} must be int32, got {arr.dtype}")
+    if has_initial_state.dtype.itemsize != 1:
+        raise ValueError(f"ssd_scan: has_initial_state must be bool (one byte a sequence), got {has_initial_state.dtype}")
     bc_stride = row_stride(b, "ssd_scan B")
     if row_stride(c, "ssd_scan C") != bc_stride:
         raise ValueError("ssd_scan: B and C must share their row stride")

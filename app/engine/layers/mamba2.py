@@ -29,7 +29,6 @@ from typing import Any
 import numpy as np
 
 from app.engine.backend.base import AttentionMetadata
-from app.engine.backend.recurrent_reference import causal_conv1d
 from app.engine.layers.linear import Linear
 from app.engine.loader.names import CheckpointError
 from app.engine.quant.dispatch import QuantizedTensor
@@ -77,6 +76,12 @@ class Mamba2:
         self.norm = small("ssm_norm.weight", (inner,))
         self.out_proj = Linear(backend, need("ssm_out.weight"), tensors.get(f"{prefix}.ssm_out.bias"))
 
+    @property
+    def syncs_host(self) -> bool:
+        """Whether a forward walks the batch's sequences on the host (the numpy references), which no
+        CUDA graph can hold; on CUDA every op reads them on the device."""
+        return getattr(self.backend, "recurrent_syncs_host", True)
+
     def __call__(self, x: Any, meta: AttentionMetadata, state: tuple[Any, Any]) -> Any:
         s, xp = self.spec, self.backend.xp
         conv_state, ssm_state = state
@@ -87,7 +92,7 @@ class Mamba2:
             projected[:, inner : inner + s.conv_dim],
             projected[:, inner + s.conv_dim :],
         )
-        xbc = causal_conv1d(xp, xbc, self.conv_weight, self.conv_bias, conv_state, meta, silu=True)
+        xbc = self.backend.causal_conv1d(xbc, self.conv_weight, self.conv_bias, conv_state, meta, silu=True)
         heads_x = xbc[:, :inner].reshape(n, s.num_heads, s.head_dim)
         b = xbc[:, inner : inner + groups].reshape(n, s.n_groups, s.state_size)
         c = xbc[:, inner + groups :].reshape(n, s.n_groups, s.state_size)

@@ -233,10 +233,14 @@ class DecoderModel:
 
     @property
     def syncs_host(self) -> bool:
-        """Whether a forward reads back to the host midway (a MoE layer on per-expert products),
-        which a CUDA graph capture cannot hold."""
+        """Whether a forward reads back to the host midway (a MoE layer on per-expert products, a
+        recurrent mixer that walks the batch's sequences on the host), which a CUDA graph capture
+        cannot hold. A recurrent mixer that does not say counts as one that does."""
         experts = [layer.moe for layer in self.layers] + [layer.experts_beside for layer in self.layers]
-        return any(e is not None and e.syncs_host for e in experts)
+        mixers = [layer.recurrent for layer in self.layers if layer.recurrent is not None]
+        return any(e is not None and e.syncs_host for e in experts) or any(
+            getattr(m, "syncs_host", True) for m in mixers
+        )
 
     def state_shapes(self) -> list[tuple[tuple[int, ...], ...] | None]:
         """Per layer, the per-sequence recurrent state shapes (float32) the runner allocates a slot

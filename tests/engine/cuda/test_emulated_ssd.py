@@ -72,9 +72,9 @@ def test_ssd_scan_emulated(
     for name, arr in (("xbc", xbc), ("dt", dt_raw), ("dt_bias", dt_bias), ("a", a), ("d", d), ("state", state)):
         arr.tofile(tmp_path / f"{name}.bin")
     meta = _meta(lengths, slots, initial)
-    for name, arr in (("qsl", meta.host_query_start_loc), ("slots", meta.host_state_slots),
-                      ("init", meta.host_has_initial_state.astype(np.int32))):  # fmt: skip
+    for name, arr in (("qsl", meta.host_query_start_loc), ("slots", meta.host_state_slots)):
         np.asarray(arr, np.int32).tofile(tmp_path / f"{name}.bin")
+    meta.host_has_initial_state.astype(np.uint8).tofile(tmp_path / "init.bin")
     _run(_emulator(tmp_path_factory, d_state), "scan", tmp_path, n_tok, heads, head_dim, groups, d_state, xbc_w,
          dt_w, len(lengths), n_slots)  # fmt: skip
 

@@ -40,6 +40,7 @@ from app.engine.kernels import attention as _attention
 from app.engine.kernels import attention_cascade as _attention_cascade
 from app.engine.kernels import attention_decode as _attention_decode
 from app.engine.kernels import attention_prefill as _attention_prefill
+from app.engine.kernels import causal_conv1d as _causal_conv1d
 from app.engine.kernels import kv_cache as _kv_cache
 from app.engine.kernels import moe as _moe
 from app.engine.kernels import norm as _norm
@@ -484,17 +485,35 @@ class CudaBackend:
         x = self._f32(x)
         return _activation.softcap(x, cap, self.xp.empty_like(x))
 
-    # -- Mamba-2 (layers/mamba2.py) ---------------------------------------------------
-    def ssd_scan(self, x, dt, dt_bias, a, b, c, d, ssm_state, meta: AttentionMetadata, chunk_size: int) -> Any:
-        """As `Backend.ssd_scan`: one ssd.cu launch for the whole batch, every sequence's bounds, state row
-        and start read on the device (a decode step has no host loop and can be captured)."""
+    # -- recurrent mixers (layers/mamba2.py) -------------------------------------------
+    # One launch per op for the whole batch, every sequence's bounds, state row and start read on the
+    # device: a decode step has no host loop and can be captured in a CUDA graph.
+    recurrent_syncs_host = False
+
+    def causal_conv1d(self, x, weight, bias, conv_state, meta: AttentionMetadata, silu: bool = True) -> Any:
+        """As `Backend.causal_conv1d`, on causal_conv1d.cu (its decode form for one token a sequence)."""
+        slots, initial = self._state_rows(meta)
+        x = x.astype(self.xp.float32, copy=False)
+        qsl = None if _decode_batch(meta, x.shape[0]) else self._i32(meta.query_start_loc)
+        return _causal_conv1d.causal_conv1d(
+            x, self._f32(weight), None if bias is None else self._f32(bias), conv_state, qsl, slots, initial,
+            "silu" if silu else None, self.xp.empty(x.shape, self.xp.float32),
+        )  # fmt: skip
+
+    def _state_rows(self, meta: AttentionMetadata) -> tuple[Any, Any]:
+        """The step's state rows (int32) and starts (bool) as the recurrent kernels read them."""
         if meta.state_slots is None or meta.has_initial_state is None:
-            raise ValueError("ssd_scan needs the step's state_slots and has_initial_state")
+            raise ValueError("a recurrent layer's step needs the batch's state_slots and has_initial_state")
+        return self._i32(meta.state_slots), self.xp.ascontiguousarray(meta.has_initial_state, dtype=self.xp.bool_)
+
+    def ssd_scan(self, x, dt, dt_bias, a, b, c, d, ssm_state, meta: AttentionMetadata, chunk_size: int) -> Any:
+        """As `Backend.ssd_scan`, on ssd.cu."""
+        slots, initial = self._state_rows(meta)
         f32 = self.xp.float32
         x, dt, b, c = (v.astype(f32, copy=False) for v in (x, dt, b, c))
         return _ssd.ssd_scan(
             x, dt, self._f32(dt_bias), self._f32(a), b, c, self._f32(d), ssm_state, self._i32(meta.query_start_loc),
-            self._i32(meta.state_slots), self._i32(meta.has_initial_state), self.xp.empty(x.shape, f32),
+            slots, initial, self.xp.empty(x.shape, f32),
         )  # fmt: skip
 
     def gated_group_rms_norm(self, y: Any, z: Any, weight: Any, eps: float, groups: int) -> Any:

@@ -7,8 +7,9 @@
 // sequence's tokens, which the block walks in order:
 //     dt = softplus(dt_raw + dt_bias)    S <- exp(dt A) S + (dt x) B^T    y = S C + D x
 // B and C are the head's group's (head h reads group h / (H / G)). Sequence i's rows are
-// qsl[i]..qsl[i+1], its state row slots[i], read when has_init[i] (else zeros) and written back
-// after its last token. Every index comes from device arrays: no host loop, so a decode step
+// qsl[i]..qsl[i+1], its state row slots[i], read when has_init[i] (bool; else zeros) and written
+// back after its last token; a negative slot skips the sequence (its y rows are left unwritten), as
+// causal_conv1d.cu does. Every index comes from device arrays: no host loop, so a decode step
 // is the same launch with one token per sequence and can be captured in a CUDA graph.
 //
 // x, B, C are column ranges of the conv's output and dt of the input projection's, so each is
@@ -32,16 +33,17 @@ extern "C" __global__ void __launch_bounds__(SSD_WARPS * 32)
     ssd_scan(const float* __restrict__ x, i64 x_stride, const float* __restrict__ dt, i64 dt_stride,
              const float* __restrict__ dt_bias, const float* __restrict__ a, const float* __restrict__ d,
              const float* __restrict__ b, const float* __restrict__ c, i64 bc_stride, float* __restrict__ state,
-             const int* __restrict__ qsl, const int* __restrict__ slots, const int* __restrict__ has_init,
+             const int* __restrict__ qsl, const int* __restrict__ slots, const u8* __restrict__ has_init,
              float* __restrict__ y, int n_heads, int head_dim, int n_groups, int d_state) {
     after_previous_grid();
     const int seq = blockIdx.x, h = blockIdx.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int p0 = (blockIdx.z * SSD_WARPS + warp) * SSD_ROWS;
-    if (p0 >= head_dim) return;  // the whole warp: no shuffle is left waiting
+    const int slot = slots[seq];
+    if (p0 >= head_dim || slot < 0) return;  // the whole warp: no shuffle is left waiting
     const int start = qsl[seq], end = qsl[seq + 1];
     const int g = h / (n_heads / n_groups);
-    const i64 row_base = (((i64)slots[seq] * n_heads + h) * head_dim) * d_state;
+    const i64 row_base = (((i64)slot * n_heads + h) * head_dim) * d_state;
     const bool init = has_init[seq] != 0;
     float s[SSD_ROWS][SSD_NJ];
 #pragma unroll

@@ -2,7 +2,7 @@
 //   scan DIR T H P G N XBC_W DT_W N_SEQS N_SLOTS
 //       reads xbc.bin [T, XBC_W] (x, B, C side by side from column 0), dt.bin [T, DT_W] (raw dt in
 //       columns 0..H), dt_bias.bin a.bin d.bin [H], state.bin [N_SLOTS, H, P, N], qsl.bin slots.bin
-//       init.bin (int32); writes y.bin [T, H, P] and state_out.bin
+//       (int32), init.bin (bytes); writes y.bin [T, H, P] and state_out.bin
 //   norm DIR T INNER G Y_W Z_W EPS THREADS
 //       reads y.bin [T, Y_W] (columns 0..INNER), z.bin [T, Z_W] (likewise), w.bin [INNER]; writes out.bin
 // Compiled with -DSSD_NJ / -DSSD_ROWS by the test for its d_state and head size.
@@ -30,7 +30,7 @@ int main(int argc, char** argv) {
         auto state = read_required<float>(dir + "/state.bin");
         auto qsl = read_required<int>(dir + "/qsl.bin");
         auto slots = read_required<int>(dir + "/slots.bin");
-        auto init = read_required<int>(dir + "/init.bin");
+        auto init = read_required<u8>(dir + "/init.bin");
         std::vector<float> y((size_t)t * h * p, NAN);
         const float* x = xbc.data();
         const float* b = x + (size_t)h * p;
