@@ -238,19 +238,21 @@ class CpuBackend:
         biases: Sequence[Sequence[QuantizedTensor | None]],
     ) -> CpuStreamedExperts | None:
         """None (the layer's own per-expert loop) unless experts are streamed; then the layer's slots."""
-        if self.expert_streaming is None:
+        if self.expert_streaming is None or len(weights) == 2:  # ungated experts: never streamed
             return None
         per_expert = sum(ws[0].data.nbytes for ws in weights)  # what a copy moves: the file's blocks
         residency = self.expert_streaming.layer(spec.num_experts, spec.num_used, per_expert)
         return CpuStreamedExperts(weights, biases, residency)
 
-    def moe(self, x: np.ndarray, router_logits: np.ndarray, spec: MoeSpec, experts: CpuStreamedExperts) -> np.ndarray:
+    def moe(
+        self, x: np.ndarray, router_logits: np.ndarray, spec: MoeSpec, experts: CpuStreamedExperts, score_bias=None
+    ) -> np.ndarray:
         """The layer's experts' weighted sum, each expert read from the slot the residency manager
         put it in, its copies made just before its round: the same ops in the same order as the
         all-resident loop (layers/moe.py), so the same values."""
         from app.engine.moe.ops import expert_forward, route, sum_over_experts
 
-        weights, chosen = route(np, router_logits, spec)
+        weights, chosen = route(np, router_logits, spec, score_bias)
         rounds = experts.residency.step(chosen)
         slot_of = {e: s for r in rounds for e, s in zip(r.experts, r.slots, strict=True)}
         starts = {r.experts[0]: r.copies for r in rounds if r.experts}

@@ -202,6 +202,9 @@ class CudaBackend:
         cannot read them (the layer then runs each expert through `linear`, syncing on the host).
         With `expert_streaming` set, a hot set in device slots and the rest in pinned host RAM."""
         reason = unsupported(spec, weights)
+        if self.expert_streaming is not None and len(weights) == 2:
+            log.info("MoE experts through per-expert products: ungated experts are not streamed from host RAM")
+            return None
         if self.expert_streaming is not None:
             if reason is not None:
                 raise ValueError(f"--experts-on-gpu {self.expert_streaming.on_gpu}: these experts cannot be "
@@ -214,13 +217,22 @@ class CudaBackend:
             return None
         return tuple(upload_experts(w, b) for w, b in zip(weights, biases, strict=True))
 
-    def moe(self, x: Any, router_logits: Any, spec: MoeSpec, experts: tuple[_moe.StackedExperts, ...]) -> Any:
+    def moe(
+        self,
+        x: Any,
+        router_logits: Any,
+        spec: MoeSpec,
+        experts: tuple[_moe.StackedExperts, ...],
+        score_bias: Any | None = None,
+    ) -> Any:
         """The experts' weighted sum `[T, hidden]` for normalised `x [T, hidden]`: routing, grouping
-        by expert and the grouped products on the GPU, with no host sync (kernels/moe.py)."""
+        by expert and the grouped products on the GPU, with no host sync (kernels/moe.py). `experts`:
+        (gate, up, down), or (up, down) for ungated ones; `score_bias`: sigmoid_grouped's choice bias."""
+        bias = None if score_bias is None else self._f32(score_bias)
         if isinstance(experts, StreamedExperts):
-            return streamed_moe(self._f32(x), self._f32(router_logits), spec, experts)
-        gate, up, down = experts
-        return _moe.moe_forward(self._f32(x), self._f32(router_logits), spec, gate, up, down)
+            return streamed_moe(self._f32(x), self._f32(router_logits), spec, experts, bias)
+        gate, up, down = experts if len(experts) == 3 else (None, *experts)
+        return _moe.moe_forward(self._f32(x), self._f32(router_logits), spec, gate, up, down, bias)
 
     def alloc_kv_cache(
         self, num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int, dtype: str = "auto"

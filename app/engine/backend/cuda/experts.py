@@ -21,7 +21,7 @@ from app.engine.moe.residency import Copy, LayerResidency
 from app.engine.quant.dispatch import QuantizedTensor
 from app.engine.specs import MoeSpec
 
-ACTIVATIONS = ("silu", "swiglu_oai")  # what moe_gated computes
+ACTIVATIONS = ("silu", "swiglu_oai", "relu2")  # what moe_gated computes (relu2: ungated, up and down only)
 
 
 def unsupported(spec: MoeSpec, projections: Sequence[Sequence[QuantizedTensor]]) -> str | None:
@@ -146,7 +146,7 @@ class StreamedExperts:
         return np.frombuffer(memory, np.uint8, nbytes)
 
 
-def streamed_moe(x: Any, logits: Any, spec: MoeSpec, experts: StreamedExperts) -> Any:
+def streamed_moe(x: Any, logits: Any, spec: MoeSpec, experts: StreamedExperts, score_bias: Any = None) -> Any:
     """The experts' weighted sum with cold experts copied in for this step.
 
     The router's choices come back to the host (the one sync of the layer); the residency manager
@@ -155,7 +155,7 @@ def streamed_moe(x: Any, logits: Any, spec: MoeSpec, experts: StreamedExperts) -
     added, so the result equals the all-resident one up to float32 rounding."""
     import cupy as cp
 
-    chosen, weights = moe_route(logits, spec)
+    chosen, weights = moe_route(logits, spec, score_bias)
     rounds = experts.residency.step(cp.asnumpy(chosen))
     stream = cp.cuda.get_current_stream()
     hot = experts.residency.hot_slots
