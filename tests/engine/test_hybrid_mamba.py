@@ -511,10 +511,7 @@ def test_decode_graphs_hold_mamba2_layers_only_where_their_ops_stay_on_the_devic
 
     checkpoint = open_checkpoint(gguf_path("nemotron_h", tmp_root))
     assert build_model(checkpoint, cpu_backend("numpy"), MAX_POSITIONS).syncs_host
-    dense = build_model(checkpoint, DeviceRecurrent(), MAX_POSITIONS)
-    mixers = [layer.recurrent for layer in dense.layers if layer.recurrent is not None]
-    assert len(mixers) == 2 and not any(m.syncs_host for m in mixers)
-    assert not dense.syncs_host
+    assert not build_model(checkpoint, DeviceRecurrent(), MAX_POSITIONS).syncs_host
     moe = build_model(open_checkpoint(gguf_path("nemotron_h_moe", tmp_root)), DeviceRecurrent(), MAX_POSITIONS)
     assert moe.syncs_host
 

@@ -144,13 +144,14 @@ def test_a_q8_0_gguf_equals_its_float_values(tmp_path: Path) -> None:
 
 
 def test_a_backend_without_partial_rope_refuses_laguna_at_load_naming_the_way_out() -> None:
-    """The CUDA backend rotates whole heads only: Laguna's full layers (8 of 16 dims here) are refused when
+    """A backend that rotates whole heads only: Laguna's full layers (8 of 16 dims here) are refused when
     the model is built, naming the layer and the CPU backend; the CPU backend takes them."""
     from app.engine.backend.cpu import CpuBackend
     from app.engine.models.registry import build_model
 
     class WholeHeadsOnly(CpuBackend):
         name = "cuda-like"
+        supports_partial_rope = False
 
     with pytest.raises(NotImplementedError, match=r"blk\.0 rotates 8 of 16 dims.*--device cpu"):
         build_model(open_checkpoint(FIXTURES / "xs"), WholeHeadsOnly(), 64)

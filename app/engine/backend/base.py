@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from app.engine.quant.dispatch import QuantizedTensor
+from app.engine.specs import GatedDeltaNetSpec
 
 Array = Any  # numpy.ndarray on the CPU backend, cupy.ndarray on CUDA
 
@@ -275,17 +276,30 @@ class Backend(Protocol):
         """`cap * tanh(x / cap)`."""
         ...
 
-    # -- recurrent mixers (layers/mamba2.py) -------------------------------------------
+    # -- recurrent layers of hybrid models (recurrent_reference.py and ssd_reference.py have the math) --
     # Whether these ops read the step's sequences on the host (the references), which no CUDA graph
     # can hold; False where every sequence's bounds, state row and start are read on the device.
     recurrent_syncs_host: bool
 
     def causal_conv1d(
-        self, x: Array, weight: Array, bias: Array | None, conv_state: Array, meta: AttentionMetadata, silu: bool = True
+        self, x: Array, weight: Array, bias: Array | None, conv_state: Array, meta: AttentionMetadata,
+        silu: bool = True,
     ) -> Array:
-        """`recurrent_reference.causal_conv1d(xp, x, weight, bias, conv_state, meta, silu)`: the depthwise
-        causal conv of `x [T, C]` (rows may be strided) per sequence of `meta`, continuing and updating
-        the float32 state rows `conv_state [slots, C, K-1]`; float32 `[T, C]`."""
+        """recurrent_reference.causal_conv1d: the depthwise causal conv `[T, C]` of each sequence (rows of
+        `x` may be strided), continuing and updating its row of `conv_state [slots, C, K-1]` (Gated
+        DeltaNet, Mamba-2)."""
+        ...
+
+    def gated_delta_net_rule(
+        self, mixed: Array, ba: Array, neg_a: Array, dt_bias: Array, state: Array, meta: AttentionMetadata,
+        spec: GatedDeltaNetSpec,
+    ) -> Array:
+        """recurrent_reference.gated_delta_net_rule: Gated DeltaNet's gates and delta rule, `[T, Hv, Dv]`,
+        continuing and updating each sequence's row of `state [slots, Hv, Dk, Dv]`."""
+        ...
+
+    def gated_rms_norm(self, x: Array, z: Array, weight: Array, eps: float) -> Array:
+        """recurrent_reference.gated_rms_norm: RMSNorm of `x [T, H, D]` per head times silu(`z [T, H D]`)."""
         ...
 
     def ssd_scan(
@@ -301,10 +315,10 @@ class Backend(Protocol):
         meta: AttentionMetadata,
         chunk_size: int,
     ) -> Array:
-        """`ssd_reference.ssd_scan(xp, x, softplus(dt + dt_bias), a, b, c, d, ssm_state, meta, chunk_size)`:
-        `x [T, H, P]`, raw `dt [T, H]`, `b, c [T, G, N]` (their rows may be strided: column ranges of a
-        wider activation), the float32 state rows `[slots, H, P, N]` continued per sequence of `meta`
-        (`state_slots`, `has_initial_state`) and updated in place. `y [T, H, P]` with the D skip."""
+        """`ssd_reference.ssd_scan(xp, x, softplus(dt + dt_bias), a, b, c, d, ssm_state, meta, chunk_size)`
+        (Mamba-2): `x [T, H, P]`, raw `dt [T, H]`, `b, c [T, G, N]` (their rows may be strided: column
+        ranges of a wider activation), the float32 state rows `[slots, H, P, N]` continued per sequence of
+        `meta` (`state_slots`, `has_initial_state`) and updated in place. `y [T, H, P]` with the D skip."""
         ...
 
     def gated_group_rms_norm(self, y: Array, z: Array, weight: Array, eps: float, groups: int) -> Array:

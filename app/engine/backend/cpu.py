@@ -12,19 +12,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from app.engine.backend import kv_blocks
+from app.engine.backend import kv_blocks, recurrent_reference
 from app.engine.backend.base import AttentionMetadata, RopeTable, norm_then_product, rope_cache_then_attention
 from app.engine.backend.cpu_experts import CpuStreamedExperts
 from app.engine.backend.cpu_weights import CpuFusedWeight, CpuWeight
 from app.engine.backend.fp8_kv import Fp8KvCache
-from app.engine.backend.recurrent_reference import causal_conv1d
 from app.engine.backend.reference_attention import paged_attention
 from app.engine.backend.ssd_reference import gated_group_rms_norm, softplus, ssd_scan
 from app.engine.quant.dispatch import QuantizedTensor
 
 if TYPE_CHECKING:
     from app.engine.moe.residency import ExpertStreaming
-    from app.engine.specs import MoeSpec
+    from app.engine.specs import GatedDeltaNetSpec, MoeSpec
 
 _GELU_C = np.float32(np.sqrt(2.0 / np.pi))
 GEMV_ABOVE_BYTES = 64 << 20  # dense matrices above this go through gemv for few rows (see linear)
@@ -37,6 +36,7 @@ KV_NUMPY_DTYPES = {"auto": np.float32, "float32": np.float32, "float16": np.floa
 class CpuBackend:
     name = "cpu"
     supports_attention_sinks = True  # `attention(..., sinks=)` (GPT-OSS)
+    supports_partial_rope = True  # rope tables narrower than the head turn its first dims only
     xp = np
     act_dtype = np.float32
     kv_dtype = np.float32
@@ -268,11 +268,19 @@ class CpuBackend:
     def softcap(self, x: np.ndarray, cap: float) -> np.ndarray:
         return np.float32(cap) * np.tanh(x / np.float32(cap))
 
-    # -- recurrent mixers: the references of recurrent_reference.py and ssd_reference.py ----------
+    # -- recurrent layers: the references, as they are (recurrent_reference.py, ssd_reference.py) -------
     recurrent_syncs_host = True  # they walk the batch's sequences on the host
 
-    def causal_conv1d(self, x, weight, bias, conv_state, meta: AttentionMetadata, silu: bool = True):
-        return causal_conv1d(np, x, weight, bias, conv_state, meta, silu)
+    def causal_conv1d(self, x, weight, bias, conv_state, meta: AttentionMetadata, silu: bool = True) -> np.ndarray:
+        return recurrent_reference.causal_conv1d(np, x, weight, bias, conv_state, meta, silu)
+
+    def gated_delta_net_rule(
+        self, mixed, ba, neg_a, dt_bias, state, meta: AttentionMetadata, spec: GatedDeltaNetSpec
+    ) -> np.ndarray:
+        return recurrent_reference.gated_delta_net_rule(np, mixed, ba, neg_a, dt_bias, state, meta, spec)
+
+    def gated_rms_norm(self, x: np.ndarray, z: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+        return recurrent_reference.gated_rms_norm(np, x, z, weight, eps)
 
     def ssd_scan(self, x, dt, dt_bias, a, b, c, d, ssm_state, meta: AttentionMetadata, chunk_size: int):
         return ssd_scan(np, x, softplus(np, dt + dt_bias), a, b, c, d, ssm_state, meta, chunk_size)

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from app.engine.backend.base import AttentionMetadata
+from app.engine.specs import GatedDeltaNetSpec
 
 
 def sequences(meta: AttentionMetadata) -> Iterator[tuple[int, int, int, bool]]:
@@ -133,6 +134,43 @@ def gated_delta_rule(
         s[~initial] = 0  # sequences that start here: their rows' old contents are not theirs
         out[rows], state[slots] = delta_step(xp, s, q[rows], k[rows], v[rows], g[rows], beta[rows])
     return out
+
+
+def gated_delta_net_rule(
+    xp: Any, mixed: Any, ba: Any, neg_a: Any, dt_bias: Any, state: Any, meta: AttentionMetadata, spec: GatedDeltaNetSpec
+) -> Any:
+    """Gated DeltaNet's rule from what its layer has at hand: the conv output `mixed [T, conv_dim]` (q
+    heads, k heads, v heads), the raw gates `ba [T, >= 2 Hv]` (b columns, then a columns), `neg_a =
+    -exp(A_log)` and `dt_bias [Hv]`: `beta = sigmoid(b)`, `g = neg_a * softplus(a + dt_bias)`, then
+    `gated_delta_rule`. What kernels/gated_delta.py fuses into one launch. Returns `[T, Hv, Dv]`."""
+    n, hv = mixed.shape[0], spec.num_v_heads
+    key_dim = spec.num_k_heads * spec.head_k_dim
+    q = mixed[:, :key_dim].reshape(n, spec.num_k_heads, spec.head_k_dim)
+    k = mixed[:, key_dim : 2 * key_dim].reshape(n, spec.num_k_heads, spec.head_k_dim)
+    v = mixed[:, 2 * key_dim :].reshape(n, hv, spec.head_v_dim)
+    ba = ba.astype(xp.float32, copy=False)
+    beta = sigmoid(xp, ba[:, :hv])
+    g = neg_a * softplus(xp, ba[:, hv : 2 * hv] + dt_bias)
+    return gated_delta_rule(xp, q, k, v, g, beta, state, meta, spec.tiled_v_heads)
+
+
+def sigmoid(xp: Any, x: Any) -> Any:
+    return x.dtype.type(1.0) / (x.dtype.type(1.0) + xp.exp(-x))
+
+
+def softplus(xp: Any, x: Any) -> Any:
+    """PyTorch's softplus (threshold 20: the identity above it)."""
+    return xp.where(x > 20, x, xp.log1p(xp.exp(xp.minimum(x, 20))))
+
+
+def gated_rms_norm(xp: Any, x: Any, z: Any, weight: Any, eps: float) -> Any:
+    """`[T, H, D]`: RMSNorm of `x [T, H, D]` per head times `weight [D]`, times silu of the gate `z [T, H D]`
+    (Gated DeltaNet's output norm), float32."""
+    f32 = xp.float32
+    x = x.astype(f32, copy=False)
+    z = z.reshape(x.shape).astype(f32, copy=False)
+    normed = x / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + f32(eps)) * weight
+    return normed * (z * sigmoid(xp, z))
 
 
 def _heads_for_values(xp: Any, x: Any, num_v_heads: int, tiled: bool) -> Any:

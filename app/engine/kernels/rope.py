@@ -1,4 +1,5 @@
-"""Wrapper of rope.cu: rotary embedding, interleaved (GGUF) or NeoX (HF) pairs."""
+"""Wrapper of rope.cu: rotary embedding, interleaved (GGUF) or NeoX (HF) pairs, of the whole head or
+(partial RoPE) of its first `2 * cos.shape[1]` dims."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ THREADS = 256
 
 def rope(x: Any, positions: Any, cos: Any, sin: Any, interleaved: bool, out: Any) -> Any:
     n_tok, n_heads, head_dim = x.shape
-    if cos.shape[1] * 2 != head_dim:
+    if cos.shape[1] * 2 > head_dim or head_dim % 2:
         raise ValueError(
-            f"rope table has {cos.shape[1]} frequencies; head_dim {head_dim} needs {head_dim // 2}"
+            f"rope table has {cos.shape[1]} frequencies; head_dim {head_dim} takes at most {head_dim // 2}"
         )
     work = n_tok * n_heads * (head_dim // 2)
     if work:
@@ -32,6 +33,7 @@ def rope(x: Any, positions: Any, cos: Any, sin: Any, interleaved: bool, out: Any
                 i32(n_heads),
                 i32(head_dim),
                 i32(cos.shape[0]),
+                i32(cos.shape[1]),  # fewer than head_dim / 2: partial RoPE
                 i32(interleaved),
             ),
         )

@@ -33,8 +33,11 @@ def rope_cache(
     n_tok = qkv.shape[0]
     if qkv.shape[1] != (n_heads + 2 * n_kv) * head_dim:
         raise ValueError(f"qkv of shape {qkv.shape} is not {n_heads} + 2 x {n_kv} heads of {head_dim}")
-    if cos.shape[1] * 2 != head_dim or head_dim % 64:
-        raise ValueError(f"rope_cache needs head_dim a multiple of 64 matching the table, got {head_dim}")
+    if cos.shape[1] * 2 > head_dim or head_dim % 64:
+        raise ValueError(
+            f"rope_cache needs head_dim a multiple of 64 and at most head_dim / 2 frequencies, got {head_dim} "
+            f"and {cos.shape[1]}"
+        )
     if k_cache.shape[2] * k_cache.shape[3] != n_kv * head_dim:
         raise ValueError(f"cache rows of {k_cache.shape[2:]} do not hold {n_kv} heads of {head_dim}")
     if (q_norm is None) != (k_norm is None):
@@ -52,7 +55,7 @@ def rope_cache(
         get_kernel("rope_cache.cu", "rope_cache", {"KV_FP8": 1} if fp8 else None), (n_tok, n_heads + 2 * n_kv),
         (head_dim // 2,),
         (qkv, i32(n_heads), i32(n_kv), i32(head_dim), ptr(q_norm), ptr(k_norm), f32(eps), positions, cos, sin,
-         i32(cos.shape[0]), i32(interleaved), k_out, v_out, slots, q_out),
+         i32(cos.shape[0]), i32(cos.shape[1]), i32(interleaved), k_out, v_out, slots, q_out),
     )  # fmt: skip
     if fp8:
         write_kv(k_cache, v_cache, k_out, v_out, slots)

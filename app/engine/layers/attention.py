@@ -102,7 +102,7 @@ class Attention:
                     "run this model on the CPU backend (--device cpu)"
                 )
             self.sinks = backend.load_weight(tensors[f"{prefix}.attn_sinks.weight"])
-        if 2 * spec.rope.cos.shape[-1] < spec.head_dim and backend.name != "cpu":
+        if 2 * spec.rope.cos.shape[-1] < spec.head_dim and not getattr(backend, "supports_partial_rope", False):
             raise NotImplementedError(
                 f"the {backend.name} backend has no partial RoPE yet (this model's {prefix} rotates "
                 f"{2 * spec.rope.cos.shape[-1]} of {spec.head_dim} dims, as Qwen3.5, Qwen3-Next and Laguna's "

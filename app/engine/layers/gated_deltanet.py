@@ -19,14 +19,14 @@ Contract with the decoder (models/decoder.py) and the runner:
   continues that state when `meta.has_initial_state[i]`, else starts from zeros. The layer updates the
   rows in place so the next chunk / decode step continues from them.
 
-Written over `backend.xp` and backend ops, so any backend runs it (unfused, as the oracle for kernels).
+The conv, the delta rule (with its gates) and the gated output norm are backend ops: the numpy and
+numba backends run recurrent_reference.py's math (the oracle for kernels), CUDA one launch per op.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from app.engine.backend.recurrent_reference import causal_conv1d, gated_delta_rule
 from app.engine.layers.linear import Linear
 from app.engine.loader.names import CheckpointError
 from app.engine.quant.dispatch import QuantizedTensor
@@ -45,7 +45,6 @@ class GatedDeltaNet:
         eps: float,
     ) -> None:
         self.backend, self.spec, self.eps = backend, spec, eps
-        key_dim = spec.num_k_heads * spec.head_k_dim
         value_dim = spec.num_v_heads * spec.head_v_dim
         if spec.num_v_heads % spec.num_k_heads:
             raise CheckpointError(
@@ -69,8 +68,7 @@ class GatedDeltaNet:
         rows = (spec.conv_dim, value_dim, spec.num_v_heads, spec.num_v_heads)
         parts = [tensor(f"{n}.weight", (r, hidden)) for n, r in zip(_IN_PROJECTIONS, rows, strict=True)]
         self.in_proj = backend.fuse_linear([backend.load_weight(p) for p in parts], [None] * len(parts))
-        self.splits = (spec.conv_dim, spec.conv_dim + value_dim, spec.conv_dim + value_dim + spec.num_v_heads)
-        self.key_dim = key_dim
+        self.splits = (spec.conv_dim, spec.conv_dim + value_dim)  # conv input | z | b, a
         self.conv_weight = _dense(backend, tensor("ssm_conv1d.weight", (spec.conv_dim, spec.conv_kernel)))
         self.dt_bias = _dense(backend, tensor("ssm_dt.bias", (spec.num_v_heads,)))
         self.neg_a = _dense(backend, tensor("ssm_a", (spec.num_v_heads,)))  # -exp(A_log)
@@ -78,34 +76,17 @@ class GatedDeltaNet:
         self.out = Linear(backend, tensor("ssm_out.weight", (hidden, value_dim)))
 
     def __call__(self, x: Any, meta: Any, state: tuple[Any, Any]) -> Any:
-        s, b, xp = self.spec, self.backend, self.backend.xp
-        f32 = xp.float32
+        s, b = self.spec, self.backend
         conv_state, recurrent_state = state
         n = x.shape[0]
-        proj = b.linear(x, self.in_proj).astype(f32, copy=False)
-        i_z, i_b, i_a = self.splits
-        mixed = causal_conv1d(xp, proj[:, :i_z], self.conv_weight, None, conv_state, meta, silu=True)
-        q = mixed[:, : self.key_dim].reshape(n, s.num_k_heads, s.head_k_dim)
-        k = mixed[:, self.key_dim : 2 * self.key_dim].reshape(n, s.num_k_heads, s.head_k_dim)
-        v = mixed[:, 2 * self.key_dim :].reshape(n, s.num_v_heads, s.head_v_dim)
-        beta = _sigmoid(xp, proj[:, i_b:i_a])
-        g = self.neg_a * _softplus(xp, proj[:, i_a:] + self.dt_bias)
-        core = gated_delta_rule(xp, q, k, v, g, beta, recurrent_state, meta, s.tiled_v_heads)
-        z = proj[:, i_z:i_b].reshape(n * s.num_v_heads, s.head_v_dim)
-        normed = b.rms_norm(core.reshape(n * s.num_v_heads, s.head_v_dim), self.norm_weight, self.eps)
-        gated = normed * (z * _sigmoid(xp, z))  # per value head: norm(core) * silu(z)
-        return self.out(xp.ascontiguousarray(gated.reshape(n, s.num_v_heads * s.head_v_dim)).astype(x.dtype))
+        proj = b.linear(x, self.in_proj).astype(b.xp.float32, copy=False)
+        i_z, i_b = self.splits
+        mixed = b.causal_conv1d(proj[:, :i_z], self.conv_weight, None, conv_state, meta, silu=True)
+        core = b.gated_delta_net_rule(mixed, proj[:, i_b:], self.neg_a, self.dt_bias, recurrent_state, meta, s)
+        gated = b.gated_rms_norm(core, proj[:, i_z:i_b], self.norm_weight, self.eps)  # norm(core) * silu(z)
+        return self.out(b.xp.ascontiguousarray(gated.reshape(n, s.num_v_heads * s.head_v_dim)).astype(x.dtype))
 
 
 def _dense(backend: Any, tensor: QuantizedTensor) -> Any:
     """A small parameter as a float32 device array."""
     return backend.from_host(tensor.dequantize().astype("float32"))
-
-
-def _sigmoid(xp: Any, x: Any) -> Any:
-    return x.dtype.type(1.0) / (x.dtype.type(1.0) + xp.exp(-x))
-
-
-def _softplus(xp: Any, x: Any) -> Any:
-    """PyTorch's softplus (threshold 20: the identity above it)."""
-    return xp.where(x > 20, x, xp.log1p(xp.exp(xp.minimum(x, 20))))

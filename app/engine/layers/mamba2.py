@@ -76,12 +76,6 @@ class Mamba2:
         self.norm = small("ssm_norm.weight", (inner,))
         self.out_proj = Linear(backend, need("ssm_out.weight"), tensors.get(f"{prefix}.ssm_out.bias"))
 
-    @property
-    def syncs_host(self) -> bool:
-        """Whether a forward walks the batch's sequences on the host (the numpy references), which no
-        CUDA graph can hold; on CUDA every op reads them on the device."""
-        return getattr(self.backend, "recurrent_syncs_host", True)
-
     def __call__(self, x: Any, meta: AttentionMetadata, state: tuple[Any, Any]) -> Any:
         s, xp = self.spec, self.backend.xp
         conv_state, ssm_state = state

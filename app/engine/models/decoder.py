@@ -233,13 +233,15 @@ class DecoderModel:
 
     @property
     def syncs_host(self) -> bool:
-        """Whether a forward reads back to the host midway (a MoE layer on per-expert products, a
-        recurrent mixer that walks the batch's sequences on the host), which a CUDA graph capture
-        cannot hold. A recurrent mixer that does not say counts as one that does."""
+        """Whether a forward reads back to the host midway (a MoE layer on per-expert products, recurrent
+        mixers on a backend whose recurrent ops walk the batch's sequences on the host), which a CUDA graph
+        capture cannot hold. Both recurrent mixers (Mamba-2, Gated DeltaNet) are written over the backend's
+        recurrent ops (`causal_conv1d`, `ssd_scan`, `gated_delta_net_rule`, ...): its
+        `recurrent_syncs_host` answers for them."""
         experts = [layer.moe for layer in self.layers] + [layer.experts_beside for layer in self.layers]
-        mixers = [layer.recurrent for layer in self.layers if layer.recurrent is not None]
-        return any(e is not None and e.syncs_host for e in experts) or any(
-            getattr(m, "syncs_host", True) for m in mixers
+        recurrent = any(layer.recurrent is not None for layer in self.layers)
+        return any(e is not None and e.syncs_host for e in experts) or (
+            recurrent and getattr(self.backend, "recurrent_syncs_host", True)
         )
 
     def state_shapes(self) -> list[tuple[tuple[int, ...], ...] | None]:

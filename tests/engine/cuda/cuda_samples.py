@@ -316,3 +316,16 @@ def assert_greedy_agrees(got: dict, ref: dict, label: str) -> None:
     if split is not None:
         top = ref["logprobs"][split].top
         assert abs(top[0][1] - top[1][1]) < 5e-2, f"{label}: split at {split} without a near-tie"
+
+
+def varlen_meta(lengths: list[int], slots: list[int], initial: list[bool]) -> AttentionMetadata:
+    """A batch's metadata as the runner makes it, with the host copies the reference walks."""
+    qsl = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    n = int(qsl[-1])
+    return AttentionMetadata(
+        query_start_loc=qsl, seq_lens=np.array(lengths, np.int32), block_tables=np.zeros((len(lengths), 1), np.int32),
+        slot_mapping=np.zeros(n, np.int32), positions=np.zeros(n, np.int32), max_query_len=max(lengths),
+        max_seq_len=max(lengths), block_size=16, host_query_start_loc=qsl,
+        state_slots=np.array(slots, np.int32), has_initial_state=np.array(initial, bool),
+        host_state_slots=np.array(slots, np.int32), host_has_initial_state=np.array(initial, bool),
+    )  # fmt: skip

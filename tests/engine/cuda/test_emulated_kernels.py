@@ -227,18 +227,42 @@ def test_gemv_gated_emulated(
     assert rel_err(got, ref) < 1e-5, f"seed={seed}"
 
 
-@pytest.mark.parametrize(
-    ("head_dim", "interleaved", "norm"), [(64, True, True), (128, False, True), (256, False, False)]
-)
+@pytest.mark.parametrize(("head_dim", "rotary", "interleaved"), [(64, 64, False), (128, 32, False), (64, 16, True)])
+def test_rope_emulated(
+    request: pytest.FixtureRequest, fused_emu: Path, tmp_path: Path, head_dim: int, rotary: int, interleaved: bool
+) -> None:
+    """rope.cu, whole-head and partial (the first `rotary` dims turn, the rest are copied), equals numpy's."""
+    rng, seed = fresh_rng(request.node.nodeid)
+    cpu = CpuBackend()
+    n_tok, n_heads, max_pos = 3, 5, 50
+    angles = np.arange(max_pos)[:, None] * (1.0 / (10000.0 ** (np.arange(0, rotary, 2) / rotary)))[None, :]
+    table = cpu.rope_table(np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32))
+    x = rng.standard_normal((n_tok, n_heads, head_dim)).astype(np.float32)
+    pos = rng.integers(0, max_pos, n_tok).astype(np.int32)
+    for name, a in (("x", x), ("pos", pos), ("cos", table.cos), ("sin", table.sin)):
+        a.tofile(tmp_path / f"{name}.bin")
+    _run(fused_emu, "rope", tmp_path, n_tok, n_heads, head_dim, max_pos, int(interleaved), 64)
+    got = np.fromfile(tmp_path / "y.bin", np.float32).reshape(x.shape)
+    ref = cpu.rope(x, pos, table, interleaved)
+    assert rel_err(got, ref) < 1e-6, f"seed={seed}"
+    np.testing.assert_array_equal(got[..., rotary:], x[..., rotary:])
+
+
+@pytest.mark.parametrize(("head_dim", "interleaved", "norm", "rotary"), [
+    (64, True, True, 64), (128, False, True, 128), (256, False, False, 256),
+    (256, False, True, 64), (64, False, False, 16), (128, True, True, 32),  # partial RoPE (Qwen3.5, Qwen3-Next)
+])  # fmt: skip
 def test_rope_cache_emulated(
     request: pytest.FixtureRequest,
-    fused_emu: Path, tmp_path: Path, head_dim: int, interleaved: bool, norm: bool
+    fused_emu: Path, tmp_path: Path, head_dim: int, interleaved: bool, norm: bool, rotary: int
 ) -> None:
-    """QK-norm + RoPE + KV write in one launch equals the numpy composition; padding slots untouched."""
+    """QK-norm + RoPE + KV write in one launch equals the numpy composition; padding slots untouched.
+    With a table of fewer than head_dim / 2 frequencies only the first `rotary` dims turn (the norm
+    still spans the head)."""
     rng, seed = fresh_rng(request.node.nodeid)
     cpu = CpuBackend()
     n_tok, n_heads, n_kv, block, n_blocks, max_pos = 5, 4, 2, 16, 3, 300
-    inv = 1.0 / (10000.0 ** (np.arange(0, head_dim, 2) / head_dim))
+    inv = 1.0 / (10000.0 ** (np.arange(0, rotary, 2) / rotary))
     angles = np.arange(max_pos)[:, None] * inv[None, :]
     table = cpu.rope_table(np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32))
     qkv = rng.standard_normal((n_tok, (n_heads + 2 * n_kv) * head_dim)).astype(np.float32)

@@ -12,34 +12,34 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cuda_samples import fresh_rng, rel_err
+from cuda_samples import fresh_rng, rel_err, varlen_meta
 from emulator import build as _build
 from emulator import run as _run
 
 from app.engine.backend.base import AttentionMetadata
-from app.engine.backend.recurrent_reference import causal_conv1d
+from app.engine.backend.recurrent_reference import causal_conv1d, gated_delta_net_rule, gated_rms_norm
+from app.engine.specs import GatedDeltaNetSpec
 
 pytestmark = pytest.mark.slow  # kernels run thread by thread on the CPU
 
 NUM_SLOTS = 6
+HEAD_K_DIM = 32  # the delta harness's GDN_DK (a second build has the released models' 128)
+# The delta rule: float32 products of up to head_k_dim terms per token, compounded through the state
+# over a sequence; the reference takes its chunked (UT-transform, linear-solve) form past 8 tokens,
+# which rounds differently from the token-by-token kernel. Measured differences stay below 1e-6; 2e-5
+# leaves an order of magnitude of margin and still catches any wrong index, gate or ordering (those
+# give errors of order 1).
+DELTA_TOL = 2e-5
 
 
 @pytest.fixture(scope="module")
 def recurrent_emu(tmp_path_factory) -> Path:
-    return _build(tmp_path_factory, "recurrent_main.cpp")
+    return _build(tmp_path_factory, "recurrent_main.cpp", (f"-DGDN_DK={HEAD_K_DIM}",))
 
 
-def varlen_meta(lengths: list[int], slots: list[int], initial: list[bool]) -> AttentionMetadata:
-    """A batch's metadata as the runner makes it, with the host copies the reference walks."""
-    qsl = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-    n = int(qsl[-1])
-    return AttentionMetadata(
-        query_start_loc=qsl, seq_lens=np.array(lengths, np.int32), block_tables=np.zeros((len(lengths), 1), np.int32),
-        slot_mapping=np.zeros(n, np.int32), positions=np.zeros(n, np.int32), max_query_len=max(lengths),
-        max_seq_len=max(lengths), block_size=16, host_query_start_loc=qsl,
-        state_slots=np.array(slots, np.int32), has_initial_state=np.array(initial, bool),
-        host_state_slots=np.array(slots, np.int32), host_has_initial_state=np.array(initial, bool),
-    )  # fmt: skip
+@pytest.fixture(scope="module")
+def recurrent_emu_128(tmp_path_factory) -> Path:
+    return _build(tmp_path_factory, "recurrent_main.cpp", ("-DGDN_DK=128",))
 
 
 def write_meta(folder: Path, meta: AttentionMetadata) -> None:
@@ -104,3 +104,83 @@ def test_causal_conv1d_decode_emulated(request: pytest.FixtureRequest, recurrent
     got_state = np.fromfile(tmp_path / "state.bin", np.float32).reshape(state.shape)
     np.testing.assert_array_equal(got_state[[4, 2, 5]], ref_state[[4, 2, 5]])
     np.testing.assert_array_equal(got_state[[0, 1, 3]], state[[0, 1, 3]])  # slot 0 was the padding row's
+
+
+@pytest.mark.parametrize(("lengths", "initial", "heads", "dv", "tiled"), [
+    ([5, 12, 1, 9], [True, False, True, False], (2, 2), 32, False),  # prefill: recurrent and chunked reference
+    ([3, 20], [True, True], (1, 4), 40, False),  # GQA: 4 value heads per k head; Dv past one block of 32
+    ([11, 2, 1], [False, True, True], (2, 6), 16, True),  # llama.cpp's tiled value-head order
+    ([1, 1, 1, 1, 1], [True, False, True, True, True], (2, 4), 32, False),  # decode through the varlen entry
+])  # fmt: skip
+def test_gated_delta_varlen_emulated(
+    request: pytest.FixtureRequest, recurrent_emu: Path, tmp_path: Path, lengths, initial, heads, dv, tiled
+) -> None:
+    rng, seed = fresh_rng(request.node.nodeid)
+    hk, hv = heads
+    spec = GatedDeltaNetSpec(hk, hv, HEAD_K_DIM, dv, 4, tiled)
+    meta = varlen_meta(lengths, list(rng.permutation(NUM_SLOTS)[: len(lengths)].astype(int)), initial)
+    got, got_state, ref, ref_state = _delta_case(rng, recurrent_emu, tmp_path, spec, meta, decode=False)
+    assert rel_err(got, ref) < DELTA_TOL, f"seed={seed}"
+    assert rel_err(got_state, ref_state) < DELTA_TOL, f"seed={seed}"
+    untouched = sorted(set(range(NUM_SLOTS)) - set(meta.host_state_slots.tolist()))
+    np.testing.assert_array_equal(got_state[untouched], ref_state[untouched])
+
+
+def test_gated_delta_released_head_size_emulated(
+    request: pytest.FixtureRequest, recurrent_emu_128: Path, tmp_path: Path
+) -> None:
+    """Qwen3-Next / Qwen3.5's 128 x 128 heads (32 state rows per thread, four column blocks), GQA 1:2."""
+    rng, seed = fresh_rng(request.node.nodeid)
+    spec = GatedDeltaNetSpec(1, 2, 128, 128, 4, False)
+    meta = varlen_meta([10, 1], [2, 4], [True, False])
+    got, got_state, ref, ref_state = _delta_case(rng, recurrent_emu_128, tmp_path, spec, meta, decode=False)
+    assert rel_err(got, ref) < DELTA_TOL, f"seed={seed}"
+    assert rel_err(got_state, ref_state) < DELTA_TOL, f"seed={seed}"
+
+
+def test_gated_delta_decode_emulated(request: pytest.FixtureRequest, recurrent_emu: Path, tmp_path: Path) -> None:
+    """The decode entry: row i is sequence i's token; sequences that start here ignore their row's old state."""
+    rng, seed = fresh_rng(request.node.nodeid)
+    spec = GatedDeltaNetSpec(2, 4, HEAD_K_DIM, 32, 4, False)
+    meta = varlen_meta([1] * 3, [5, 1, 3], [True, False, True])
+    got, got_state, ref, ref_state = _delta_case(rng, recurrent_emu, tmp_path, spec, meta, decode=True)
+    assert rel_err(got, ref) < DELTA_TOL, f"seed={seed}"
+    assert rel_err(got_state, ref_state) < DELTA_TOL, f"seed={seed}"
+
+
+def _delta_case(rng, exe: Path, folder: Path, spec: GatedDeltaNetSpec, meta: AttentionMetadata, decode: bool):
+    """Random inputs in the layer's ranges through the kernel and the reference: (out, state) of each."""
+    n = int(meta.host_query_start_loc[-1])
+    hv = spec.num_v_heads
+    mixed = rng.standard_normal((n, spec.conv_dim)).astype(np.float32)
+    ba = (rng.standard_normal((n, 2 * hv)) * 2).astype(np.float32)
+    neg_a = -np.exp(rng.uniform(-2, 1, hv)).astype(np.float32)
+    dt_bias = rng.standard_normal(hv).astype(np.float32)
+    state = (rng.standard_normal((NUM_SLOTS, *spec.state_shapes()[1])) * 0.3).astype(np.float32)
+    for name, a in (("mixed", mixed), ("ba", ba), ("nega", neg_a), ("dtb", dt_bias), ("state", state)):
+        a.tofile(folder / f"{name}.bin")
+    write_meta(folder, meta)
+    ref_state = state.copy()
+    ref = gated_delta_net_rule(np, mixed, ba, neg_a, dt_bias, ref_state, meta, spec)
+    _run(exe, "delta", folder, n, meta.num_seqs, spec.num_k_heads, hv, spec.head_v_dim, int(spec.tiled_v_heads),
+         int(decode))  # fmt: skip
+    got = np.fromfile(folder / "o.bin", np.float32).reshape(ref.shape)
+    return got, np.fromfile(folder / "state.bin", np.float32).reshape(state.shape), ref, ref_state
+
+
+@pytest.mark.parametrize(("dim", "threads"), [(128, 32), (40, 64)])
+def test_gated_rms_norm_emulated(
+    request: pytest.FixtureRequest, recurrent_emu: Path, tmp_path: Path, dim: int, threads: int
+) -> None:
+    """RMSNorm per value head times silu(z), z read from a wider row (the in-projection's z columns)."""
+    rng, seed = fresh_rng(request.node.nodeid)
+    n, heads, eps = 3, 4, 1e-6
+    x = rng.standard_normal((n, heads, dim)).astype(np.float32)
+    z_rows = rng.standard_normal((n, heads * dim + 7)).astype(np.float32)  # 7 more columns: a row stride
+    w = rng.standard_normal(dim).astype(np.float32)
+    for name, a in (("x", x), ("z", z_rows), ("w", w)):
+        a.tofile(tmp_path / f"{name}.bin")
+    _run(recurrent_emu, "gated_norm", tmp_path, n, heads, dim, z_rows.shape[1], eps, threads)
+    ref = gated_rms_norm(np, x, z_rows[:, : heads * dim], w, eps)
+    got = np.fromfile(tmp_path / "y.bin", np.float32).reshape(ref.shape)
+    assert rel_err(got, ref) < 1e-6, f"seed={seed}"

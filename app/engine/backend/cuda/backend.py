@@ -41,6 +41,7 @@ from app.engine.kernels import attention_cascade as _attention_cascade
 from app.engine.kernels import attention_decode as _attention_decode
 from app.engine.kernels import attention_prefill as _attention_prefill
 from app.engine.kernels import causal_conv1d as _causal_conv1d
+from app.engine.kernels import gated_delta as _gated_delta
 from app.engine.kernels import kv_cache as _kv_cache
 from app.engine.kernels import moe as _moe
 from app.engine.kernels import norm as _norm
@@ -52,7 +53,7 @@ from app.engine.kernels.gemv_plan import GemvPlan
 from app.engine.kernels.options import KernelOptions
 from app.engine.kernels.runtime.compile import device_arch
 from app.engine.quant.dispatch import QuantizedTensor
-from app.engine.specs import MoeSpec
+from app.engine.specs import GatedDeltaNetSpec, MoeSpec
 
 if TYPE_CHECKING:
     from app.engine.moe.residency import ExpertStreaming
@@ -109,6 +110,9 @@ class CudaBackend:
     # 64, 128 and 256 (the SIMT attention.cu has none)
     supports_attention_sinks = True
     sink_head_dims = _attention_prefill.HEAD_DIMS
+    # rope.cu and rope_cache.cu turn only the first 2 x (table width) dims of a head (Qwen3.5, Qwen3-Next);
+    # the fused rope decode attention takes whole heads, so partial ones decode through rope_cache
+    supports_partial_rope = True
 
     def __init__(
         self,
@@ -497,30 +501,53 @@ class CudaBackend:
         x = self._f32(x)
         return _activation.softcap(x, cap, self.xp.empty_like(x))
 
-    # -- recurrent mixers (layers/mamba2.py) -------------------------------------------
-    # One launch per op for the whole batch, every sequence's bounds, state row and start read on the
-    # device: a decode step has no host loop and can be captured in a CUDA graph.
+    # -- recurrent layers (hybrid models) ------------------------------------------------
+    # One launch per op for a whole varlen batch; at decode (one token per sequence) the entries that
+    # read no query_start_loc. The sequences' rows, state slots and flags are read on the device: no
+    # host loop and no sync, so a decode step of these layers can be captured in a graph.
     recurrent_syncs_host = False
-
-    def causal_conv1d(self, x, weight, bias, conv_state, meta: AttentionMetadata, silu: bool = True) -> Any:
-        """As `Backend.causal_conv1d`, on causal_conv1d.cu (its decode form for one token a sequence)."""
-        slots, initial = self._state_rows(meta)
-        x = x.astype(self.xp.float32, copy=False)
-        qsl = None if _decode_batch(meta, x.shape[0]) else self._i32(meta.query_start_loc)
+    def causal_conv1d(
+        self, x: Any, weight: Any, bias: Any | None, conv_state: Any, meta: AttentionMetadata, silu: bool = True
+    ) -> Any:
+        x = self._rows(x)
         return _causal_conv1d.causal_conv1d(
-            x, self._f32(weight), None if bias is None else self._f32(bias), conv_state, qsl, slots, initial,
-            "silu" if silu else None, self.xp.empty(x.shape, self.xp.float32),
+            x, self._f32(weight), None if bias is None else self._f32(bias), conv_state,
+            *self._recurrent_meta(meta, x.shape[0]), "silu" if silu else None, self.xp.empty(x.shape, self.xp.float32),
         )  # fmt: skip
 
-    def _state_rows(self, meta: AttentionMetadata) -> tuple[Any, Any]:
-        """The step's state rows (int32) and starts (bool) as the recurrent kernels read them."""
+    def gated_delta_net_rule(
+        self, mixed: Any, ba: Any, neg_a: Any, dt_bias: Any, state: Any, meta: AttentionMetadata,
+        spec: GatedDeltaNetSpec,
+    ) -> Any:
+        mixed = self._rows(mixed)
+        out = self.xp.empty((mixed.shape[0], spec.num_v_heads, spec.head_v_dim), self.xp.float32)
+        return _gated_delta.gated_delta_rule(
+            mixed, self._rows(ba), self._f32(neg_a), self._f32(dt_bias), state,
+            *self._recurrent_meta(meta, mixed.shape[0]), spec.num_k_heads, spec.tiled_v_heads, out,
+        )  # fmt: skip
+
+    def gated_rms_norm(self, x: Any, z: Any, weight: Any, eps: float) -> Any:
+        x = self._f32(x)
+        return _gated_delta.gated_rms_norm(x, self._rows(z), self._f32(weight), eps, self.xp.empty_like(x))
+
+    def _rows(self, x: Any) -> Any:
+        """float32 rows of unit column stride, any row stride (a column slice of a projection): no copy
+        for those, a contiguous copy for anything else."""
+        if x.dtype == self.xp.float32 and x.ndim == 2 and x.strides[1] == 4:
+            return x
+        return self._f32(x)
+
+    def _recurrent_meta(self, meta: AttentionMetadata, n_tok: int) -> tuple[Any, Any, Any]:
+        """(query_start_loc, or None for a decode batch; state slots; has-initial-state flags) on the device."""
         if meta.state_slots is None or meta.has_initial_state is None:
-            raise ValueError("a recurrent layer's step needs the batch's state_slots and has_initial_state")
-        return self._i32(meta.state_slots), self.xp.ascontiguousarray(meta.has_initial_state, dtype=self.xp.bool_)
+            raise ValueError("a recurrent layer's step needs meta.state_slots and meta.has_initial_state")
+        qsl = None if _decode_batch(meta, n_tok) else self._i32(meta.query_start_loc)
+        initial = self.xp.ascontiguousarray(self.xp.asarray(meta.has_initial_state), dtype=self.xp.bool_)
+        return qsl, self._i32(meta.state_slots), initial
 
     def ssd_scan(self, x, dt, dt_bias, a, b, c, d, ssm_state, meta: AttentionMetadata, chunk_size: int) -> Any:
-        """As `Backend.ssd_scan`, on ssd.cu."""
-        slots, initial = self._state_rows(meta)
+        """As `Backend.ssd_scan`, on ssd.cu (Mamba-2; the same launch for prefill chunks and decodes)."""
+        _, slots, initial = self._recurrent_meta(meta, x.shape[0])
         f32 = self.xp.float32
         x, dt, b, c = (v.astype(f32, copy=False) for v in (x, dt, b, c))
         return _ssd.ssd_scan(

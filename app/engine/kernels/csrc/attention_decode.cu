@@ -344,8 +344,8 @@ template <int D>
 __device__ __forceinline__ DecNewToken dec_rope_inputs(const DecRope& r, int seq) {
     const int i = threadIdx.x % (D / 2);
     DecNewToken n;
-    n.p = rope_pair(i, D, r.interleaved);
-    rope_angle(n.p, i, D, r.positions[seq], r.cos_t, r.sin_t, r.max_pos);
+    n.p = rope_pair(i, D, D / 2, r.interleaved);  // whole-head rotation only (attention_decode.rope_supported)
+    rope_angle(n.p, i, D / 2, r.positions[seq], r.cos_t, r.sin_t, r.max_pos);
     n.wqa = n.wqb = n.wka = n.wkb = 1.f;
     if (r.q_norm != nullptr) {
         n.wqa = r.q_norm[n.p.a];

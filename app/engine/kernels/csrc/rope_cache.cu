@@ -6,7 +6,8 @@
 // block per (token, head of the three kinds), one thread per rotated pair (D/2 threads),
 // so a head's sum of squares is one block reduction. The per-pair math is rope_pair.cuh's
 // (shared with attention_decode.cu's ATTN_ROPE build, which does this kernel's work at decode).
-// A negative slot marks a padding token: its k and v are not stored (q still is).
+// A negative slot marks a padding token: its k and v are not stored (q still is). Tables of rot_half
+// < head_dim/2 frequencies rotate only the first 2 rot_half dims (partial RoPE: rope_pair.cuh).
 //
 // KV_FP8=1 (an FP8 cache, fp8_kv.cuh): k_cache and v_cache are float32 rows [T, n_kv, D] indexed by
 // token, not slot, which kv_cache.cu's write_kv_fp8 then stores (a block's scale depends on every
@@ -27,7 +28,7 @@ typedef u16 rc_kv_t;
 extern "C" __global__ void __launch_bounds__(128) rope_cache(
     const float* __restrict__ qkv, int n_heads, int n_kv, int head_dim, const float* __restrict__ q_norm,
     const float* __restrict__ k_norm, float eps, const int* __restrict__ positions, const float* __restrict__ cos_t,
-    const float* __restrict__ sin_t, int max_pos, int interleaved, rc_kv_t* __restrict__ k_cache,
+    const float* __restrict__ sin_t, int max_pos, int rot_half, int interleaved, rc_kv_t* __restrict__ k_cache,
     rc_kv_t* __restrict__ v_cache, const int* __restrict__ slots, float* __restrict__ q_out) {
     __shared__ float scratch[32];
     const int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
@@ -38,14 +39,14 @@ extern "C" __global__ void __launch_bounds__(128) rope_cache(
     // positions, written by the host before the step) and constants (norm weights, rotation
     // tables), so after the wait only the projection's own output is a round trip away.
     const int slot = slots[t];
-    RopePair p = rope_pair(i, head_dim, interleaved);
+    RopePair p = rope_pair(i, head_dim, rot_half, interleaved);
     float wa = 1.f, wb = 1.f;
     if (!is_v) {
         if (w != nullptr) {
             wa = w[p.a];
             wb = w[p.b];
         }
-        rope_angle(p, i, head_dim, positions[t], cos_t, sin_t, max_pos);
+        rope_angle(p, i, rot_half, positions[t], cos_t, sin_t, max_pos);
     }
     after_previous_grid();
 

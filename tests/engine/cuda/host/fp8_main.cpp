@@ -62,8 +62,9 @@ int main(int argc, char** argv) {
             v.assign(k.size(), NAN);
             launch({(unsigned)n_tok, (unsigned)(n_heads + 2 * n_kv), 1}, {(unsigned)(head_dim / 2), 1, 1}, [&] {
                 rope_cache(qkv.data(), n_heads, n_kv, head_dim, norm ? qn.data() : nullptr, norm ? kn.data() : nullptr,
-                           (float)atof(argv[7]), pos.data(), cos_t.data(), sin_t.data(), atoi(argv[8]), atoi(argv[9]),
-                           k.data(), v.data(), slots.data(), q.data());
+                           (float)atof(argv[7]), pos.data(), cos_t.data(), sin_t.data(), atoi(argv[8]),
+                           (int)(cos_t.size() / atoi(argv[8])), atoi(argv[9]), k.data(), v.data(), slots.data(),
+                           q.data());  // the table's width: head_dim / 2, or fewer for partial RoPE
             });
             write_file(dir + "/q.bin", q);
         } else {

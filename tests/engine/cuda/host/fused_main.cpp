@@ -3,7 +3,9 @@
 //   multi CASE WARPS DIR N_COLS N_TOK ROWS0 ROWS1 ROWS2 RB0 RB1 RB2   reads w0..2.bin x.bin [bias.bin], writes y.bin
 //   gated CASE WARPS DIR N_ROWS N_COLS N_TOK RBA RBB                  reads wa.bin wb.bin x.bin, writes y.bin
 //   rope_cache DIR N_TOK N_HEADS N_KV D EPS MAX_POS INTERLEAVED NORM N_SLOTS
-//       reads qkv.bin pos.bin cos.bin sin.bin slots.bin [qn.bin kn.bin], writes q.bin k.bin v.bin (float16 caches)
+//       reads qkv.bin pos.bin cos.bin sin.bin slots.bin [qn.bin kn.bin], writes q.bin k.bin v.bin (float16 caches);
+//       the tables' width (cos.bin's size / MAX_POS) below D / 2 is partial RoPE
+//   rope DIR N_TOK N_HEADS D MAX_POS INTERLEAVED THREADS   rope.cu: reads x.bin pos.bin cos.bin sin.bin, writes y.bin
 // CASE picks one compiled combination of formats, token bucket and rows per block (below).
 #include <cstdio>
 #include <cstdlib>
@@ -11,6 +13,7 @@
 #include <vector>
 
 #include "gemv.cuh"
+#include "rope.cu"
 #include "rope_cache.cu"
 
 #include "host_io.h"
@@ -95,12 +98,29 @@ int main(int argc, char** argv) {
         std::vector<u16> k((size_t)n_slots * n_kv * d, 0x7e00u), v((size_t)n_slots * n_kv * d, 0x7e00u);  // NaN
         launch({(unsigned)n_tok, (unsigned)(n_heads + 2 * n_kv), 1}, {(unsigned)(d / 2), 1, 1}, [&] {
             rope_cache(qkv.data(), n_heads, n_kv, d, norm ? qn.data() : nullptr, norm ? kn.data() : nullptr, eps,
-                       pos.data(), cos_t.data(), sin_t.data(), max_pos, interleaved, k.data(), v.data(), slots.data(),
-                       q.data());
+                       pos.data(), cos_t.data(), sin_t.data(), max_pos, (int)(cos_t.size() / max_pos), interleaved,
+                       k.data(), v.data(), slots.data(), q.data());  // table width < d / 2: partial RoPE
         });
         write_file(dir + "/q.bin", q);
         write_file(dir + "/k.bin", k);
         write_file(dir + "/v.bin", v);
+        return 0;
+    }
+    if (cmd == "rope" && argc == 9) {
+        const std::string dir = argv[2];
+        const int n_tok = atoi(argv[3]), n_heads = atoi(argv[4]), d = atoi(argv[5]), max_pos = atoi(argv[6]);
+        const int interleaved = atoi(argv[7]), threads = atoi(argv[8]);
+        auto x = read_required<float>(dir + "/x.bin");
+        auto pos = read_required<int>(dir + "/pos.bin");
+        auto cos_t = read_required<float>(dir + "/cos.bin");
+        auto sin_t = read_required<float>(dir + "/sin.bin");
+        std::vector<float> y(x.size(), NAN);
+        const long work = (long)n_tok * n_heads * (d / 2);
+        launch({(unsigned)((work + threads - 1) / threads), 1, 1}, {(unsigned)threads, 1, 1}, [&] {
+            rope(x.data(), pos.data(), cos_t.data(), sin_t.data(), y.data(), n_tok, n_heads, d, max_pos,
+                 (int)(cos_t.size() / max_pos), interleaved);
+        });
+        write_file(dir + "/y.bin", y);
         return 0;
     }
     return 2;

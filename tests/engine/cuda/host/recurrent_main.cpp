@@ -2,12 +2,16 @@
 // Commands (files in DIR, raw little-endian arrays written by test_emulated_recurrent.py):
 //   conv DIR N_TOK N_SEQS C K ACT DECODE THREADS
 //       reads x.bin w.bin [bias.bin] state.bin qsl.bin slots.bin init.bin (u8); writes y.bin, state.bin
+//   delta DIR N_TOK N_SEQS HK HV DV TILED DECODE          (head_k_dim is the build's GDN_DK)
+//       reads mixed.bin ba.bin nega.bin dtb.bin state.bin qsl.bin slots.bin init.bin; writes o.bin, state.bin
+//   gated_norm DIR N_TOK HEADS DIM Z_STRIDE EPS THREADS  reads x.bin z.bin w.bin; writes y.bin
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "causal_conv1d.cu"
+#include "gated_delta.cu"
 
 #include "host_io.h"
 
@@ -36,6 +40,49 @@ int main(int argc, char** argv) {
         });
         write_file(dir + "/y.bin", y);
         write_file(dir + "/state.bin", state);
+        return 0;
+    }
+    if (cmd == "delta" && argc == 10) {
+        const std::string dir = argv[2];
+        const int n_tok = atoi(argv[3]), n_seqs = atoi(argv[4]), hk = atoi(argv[5]), hv = atoi(argv[6]);
+        const int dv = atoi(argv[7]), tiled = atoi(argv[8]), decode = atoi(argv[9]);
+        auto mixed = read_required<float>(dir + "/mixed.bin");
+        auto ba = read_required<float>(dir + "/ba.bin");
+        auto nega = read_required<float>(dir + "/nega.bin");
+        auto dtb = read_required<float>(dir + "/dtb.bin");
+        auto state = read_required<float>(dir + "/state.bin");
+        auto qsl = read_required<int>(dir + "/qsl.bin");
+        auto slots = read_required<int>(dir + "/slots.bin");
+        auto init = read_required<u8>(dir + "/init.bin");
+        std::vector<float> o((size_t)n_tok * hv * dv, NAN);
+        const i64 ms = 2 * hk * GDN_DK + hv * dv, bs = 2 * hv;
+        const float scale = 1.f / sqrtf((float)GDN_DK);
+        launch({(unsigned)((dv + GDN_COLS - 1) / GDN_COLS), (unsigned)hv, (unsigned)n_seqs},
+               {GDN_WARPS * 32, 1, 1}, [&] {
+                   if (decode)
+                       gated_delta_decode(mixed.data(), ms, ba.data(), bs, nega.data(), dtb.data(), state.data(),
+                                          slots.data(), init.data(), o.data(), hk, hv, dv, tiled, scale);
+                   else
+                       gated_delta_varlen(mixed.data(), ms, ba.data(), bs, nega.data(), dtb.data(), state.data(),
+                                          qsl.data(), slots.data(), init.data(), o.data(), hk, hv, dv, tiled, scale);
+               });
+        write_file(dir + "/o.bin", o);
+        write_file(dir + "/state.bin", state);
+        return 0;
+    }
+    if (cmd == "gated_norm" && argc == 9) {
+        const std::string dir = argv[2];
+        const int n_tok = atoi(argv[3]), heads = atoi(argv[4]), dim = atoi(argv[5]);
+        const i64 z_stride = atoll(argv[6]);
+        const float eps = (float)atof(argv[7]);
+        const int threads = atoi(argv[8]);
+        auto x = read_required<float>(dir + "/x.bin");
+        auto z = read_required<float>(dir + "/z.bin");
+        auto w = read_required<float>(dir + "/w.bin");
+        std::vector<float> y((size_t)n_tok * heads * dim, NAN);
+        launch({(unsigned)(n_tok * heads), 1, 1}, {(unsigned)threads, 1, 1},
+               [&] { gated_rms_norm(x.data(), z.data(), z_stride, heads, w.data(), eps, y.data(), dim); });
+        write_file(dir + "/y.bin", y);
         return 0;
     }
     return 2;

@@ -1,0 +1,147 @@
+// Gated DeltaNet (Qwen3.5, Qwen3-Next) on CUDA: the gated delta rule over a varlen batch or a decode
+// step, and the gated RMSNorm epilogue. The math is recurrent_reference.gated_delta_rule's, per value
+// head h of a sequence, with state S [DK, DV] float32 and per token t:
+//   q, k L2-normalised (eps L2_EPS), q scaled by q_scale = DK^-0.5;
+//   beta = sigmoid(b_t), g = neg_a[h] * softplus(a_t + dt_bias[h]) (threshold 20, as PyTorch);
+//   S <- exp(g) S;  delta = beta (v - k S);  S <- S + k delta^T;  o = q S.
+//
+// Inputs straight from the layer: `mixed` [T, conv_dim] (the conv's output: q heads, k heads, v heads)
+// and `ba` [T, >= 2 Hv] (the in-projection's b then a columns), each with its own row stride. Value
+// head h reads q/k head `tiled ? h % Hk : h / (Hv / Hk)` (llama.cpp's Qwen3.5 order, or Hugging Face's).
+//
+// One block per (32 value columns, value head, sequence): 4 warps, lane = column, warp w holding rows
+// [w DK/4, (w+1) DK/4) of the state's columns in registers, so S is read once from the state row and
+// written back once after the sequence's last token. Per token the block stages q and k in shared
+// memory, and the two products over DK (k S and q S) are per-thread partial sums reduced across the
+// warps through shared memory. Tokens run in order within the launch (the first correct form of
+// prefill; the chunked form is the faster one for long prompts). Sequence i owns rows
+// query_start_loc[i]:[i+1] (decode: row i), its state row is state_slots[i] (negative: a padding row,
+// skipped), and it starts from zeros where has_initial[i] is 0. All read on the device: a decode step
+// can be captured in a CUDA graph.
+#include "block_sum.cuh"
+
+#ifndef GDN_DK
+#define GDN_DK 128  // head_k_dim (the wrapper compiles one module per size)
+#endif
+#define GDN_WARPS 4
+#define GDN_COLS 32
+#define GDN_L2_EPS 1e-6f  // recurrent_reference.L2_EPS (fla's)
+
+template <bool DECODE>
+__device__ __forceinline__ void gated_delta_body(
+    const float* __restrict__ mixed, i64 mixed_stride, const float* __restrict__ ba, i64 ba_stride,
+    const float* __restrict__ neg_a, const float* __restrict__ dt_bias, float* __restrict__ state,
+    const int* __restrict__ query_start_loc, const int* __restrict__ state_slots, const u8* __restrict__ has_initial,
+    float* __restrict__ out, int n_k_heads, int n_v_heads, int dv, int tiled, float q_scale) {
+    constexpr int R = GDN_DK / GDN_WARPS;
+    __shared__ float sq[GDN_DK], sk[GDN_DK], red[GDN_WARPS][GDN_COLS], norms[2];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int h = blockIdx.y, seq = blockIdx.z, j = blockIdx.x * GDN_COLS + lane;
+    const bool col = j < dv;
+    const int hk = tiled ? h % n_k_heads : h / (n_v_heads / n_k_heads);
+    const float na = neg_a[h], bias = dt_bias[h];  // constants: read before the wait (PDL)
+    after_previous_grid();
+    const int slot = state_slots[seq];
+    if (slot < 0) return;  // uniform over the block
+    const int start = DECODE ? seq : query_start_loc[seq], end = DECODE ? seq + 1 : query_start_loc[seq + 1];
+    const i64 key_dim = (i64)n_k_heads * GDN_DK;
+    const i64 q_off = (i64)hk * GDN_DK, k_off = key_dim + q_off, v_off = 2 * key_dim + (i64)h * dv + j;
+    float* srow = state + (((i64)slot * n_v_heads + h) * GDN_DK + warp * R) * dv + j;
+    const bool initial = has_initial[seq] != 0;
+    float s[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) s[r] = (initial && col) ? srow[(i64)r * dv] : 0.f;
+
+    for (int t = start; t < end; ++t) {
+        const float* row = mixed + (i64)t * mixed_stride;
+        for (int i = tid; i < GDN_DK; i += blockDim.x) {
+            sq[i] = row[q_off + i];
+            sk[i] = row[k_off + i];
+        }
+        const float vj = col ? row[v_off] : 0.f;
+        const float b_raw = ba[(i64)t * ba_stride + h], a_raw = ba[(i64)t * ba_stride + n_v_heads + h] + bias;
+        __syncthreads();
+        if (warp < 2) {  // warp 0: |q|^2, warp 1: |k|^2
+            const float* src = warp ? sk : sq;
+            float ss = 0.f;
+            for (int i = lane; i < GDN_DK; i += 32) ss += src[i] * src[i];
+            ss = warp_sum(ss);
+            if (lane == 0) norms[warp] = ss;
+        }
+        __syncthreads();
+        const float inv_q = 1.f / sqrtf(norms[0] + GDN_L2_EPS), inv_k = 1.f / sqrtf(norms[1] + GDN_L2_EPS);
+        const float beta = 1.f / (1.f + expf(-b_raw));
+        const float softplus = a_raw > 20.f ? a_raw : log1pf(expf(fminf(a_raw, 20.f)));
+        const float decay = expf(na * softplus);
+        float p = 0.f;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            s[r] *= decay;
+            p += sk[warp * R + r] * inv_k * s[r];
+        }
+        red[warp][lane] = p;
+        __syncthreads();
+        float predicted = 0.f;
+#pragma unroll
+        for (int w = 0; w < GDN_WARPS; ++w) predicted += red[w][lane];
+        const float delta = (vj - predicted) * beta;
+        float o = 0.f;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            s[r] += sk[warp * R + r] * inv_k * delta;
+            o += sq[warp * R + r] * inv_q * q_scale * s[r];
+        }
+        __syncthreads();  // every warp has read `red` before it is written again
+        red[warp][lane] = o;
+        __syncthreads();
+        if (warp == 0 && col) {
+            float total = 0.f;
+#pragma unroll
+            for (int w = 0; w < GDN_WARPS; ++w) total += red[w][lane];
+            out[((i64)t * n_v_heads + h) * dv + j] = total;
+        }
+        __syncthreads();  // the next token's q, k and partial sums overwrite what was read here
+    }
+    if (col) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) srow[(i64)r * dv] = s[r];
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(GDN_WARPS * 32) gated_delta_varlen(
+    const float* __restrict__ mixed, i64 mixed_stride, const float* __restrict__ ba, i64 ba_stride,
+    const float* __restrict__ neg_a, const float* __restrict__ dt_bias, float* __restrict__ state,
+    const int* __restrict__ query_start_loc, const int* __restrict__ state_slots, const u8* __restrict__ has_initial,
+    float* __restrict__ out, int n_k_heads, int n_v_heads, int dv, int tiled, float q_scale) {
+    gated_delta_body<false>(mixed, mixed_stride, ba, ba_stride, neg_a, dt_bias, state, query_start_loc, state_slots,
+                            has_initial, out, n_k_heads, n_v_heads, dv, tiled, q_scale);
+}
+
+extern "C" __global__ void __launch_bounds__(GDN_WARPS * 32) gated_delta_decode(
+    const float* __restrict__ mixed, i64 mixed_stride, const float* __restrict__ ba, i64 ba_stride,
+    const float* __restrict__ neg_a, const float* __restrict__ dt_bias, float* __restrict__ state,
+    const int* __restrict__ state_slots, const u8* __restrict__ has_initial, float* __restrict__ out, int n_k_heads,
+    int n_v_heads, int dv, int tiled, float q_scale) {
+    gated_delta_body<true>(mixed, mixed_stride, ba, ba_stride, neg_a, dt_bias, state, nullptr, state_slots,
+                           has_initial, out, n_k_heads, n_v_heads, dv, tiled, q_scale);
+}
+
+// The epilogue: out[row] = RMSNorm(x[row]) * w * silu(z[row]) per value head, rows = T * Hv of `dim`
+// columns; z is [T, >= Hv * dim] with row stride z_stride (the in-projection's z columns). One block
+// per row; norm.cu's float32 order: x * (1 / sqrt(mean(x^2) + eps)) * w, silu(z) = z / (1 + exp(-z)).
+extern "C" __global__ void __launch_bounds__(1024) gated_rms_norm(const float* __restrict__ x,
+                                                                  const float* __restrict__ z, i64 z_stride,
+                                                                  int heads, const float* __restrict__ w, float eps,
+                                                                  float* __restrict__ out, int dim) {
+    after_previous_grid();
+    __shared__ float scratch[32];
+    const i64 row = blockIdx.x, base = row * dim;
+    const float* zr = z + (row / heads) * z_stride + (row % heads) * dim;
+    float ss = 0.f;
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) ss += x[base + c] * x[base + c];
+    const float inv = 1.f / sqrtf(block_sum(ss, scratch) / (float)dim + eps);
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) {
+        const float g = zr[c];
+        out[base + c] = x[base + c] * inv * w[c] * (g / (1.f + expf(-g)));
+    }
+}
