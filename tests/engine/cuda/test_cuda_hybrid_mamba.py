@@ -10,7 +10,7 @@ decode of the models whose every layer runs on the device (the MoE fixtures' exp
 moe.cu: the per-expert path reads their routers on the host, no graphs). Nemotron-H's experts (sigmoid
 group-limited routing with its choice bias, squared-ReLU experts without a gate, the latent space) on
 moe.cu through the MoE layer, against the numpy layer. A batch of eight prompts of different lengths gives each the
-tokens it gets alone. And the ops alone: backend.causal_conv1d, ssd_scan, gated_group_rms_norm on a
+tokens it gets alone. The Gated DeltaNet hybrids' decode graphs against their eager steps. And the ops alone: backend.causal_conv1d, ssd_scan, gated_group_rms_norm on a
 varlen batch (prefill chunks from zeros and from a state row, decodes) and on a decode batch, against
 the numpy backend's.
 """
@@ -112,6 +112,25 @@ def test_batch_of_eight_matches_each_alone(fam: str, gguf_dir: Path, cuda) -> No
     for i, (got, ref) in enumerate(zip(together, alone, strict=True)):
         assert len(got["token_ids"]) == 6
         assert_greedy_agrees(got, ref, f"{fam}: prompt {i} in the batch against alone")
+
+
+@pytest.mark.parametrize("fam", ["qwen35", "qwen35moe", "qwen3next"])
+def test_gated_deltanet_hybrids_decode_in_graphs_as_eagerly(fam: str, gguf_dir: Path, cuda) -> None:
+    """The Gated DeltaNet hybrids (test_cuda_hybrid_qwen.py's widened fixtures, whose tests run eagerly)
+    hold decode graphs too: eight prompts of different lengths get the same tokens with graphs on as off."""
+    from test_cuda_hybrid_qwen import PROMPT, wider_gguf
+
+    path = wider_gguf(fam, str(gguf_dir))
+    prompts = [PROMPT] + [PROMPT[i : i + n] for i, n in enumerate((7, 70, 20, 33, 12, 58, 41))]
+    runs = {}
+    for graphs in (True, False):
+        engine = _engine(path, "cuda", graphs)
+        assert engine.plan.graphs is graphs, f"{fam}: graphs={graphs}"
+        runs[graphs] = engine.generate(prompts, _params(10))
+        del engine
+    for i, (on, off) in enumerate(zip(runs[True], runs[False], strict=True)):
+        assert len(on["token_ids"]) == 10
+        assert_greedy_agrees(on, off, f"{fam} prompt {i}: graphs on against off")
 
 
 def _meta(backend: Any, lengths: list[int], slots: list[int], initial: list[bool]) -> Any:
