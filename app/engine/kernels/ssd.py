@@ -19,12 +19,14 @@ MAX_STATE = 256  # d_state: the lanes hold up to 8 state columns each
 
 def row_stride(array: Any, name: str) -> int:
     """The row stride (in float32 elements) of a float32 `[T, ...]` array whose rows are each
-    contiguous; ValueError naming the array otherwise."""
+    contiguous; ValueError naming the array otherwise. An axis of length 1 may have any stride (a
+    reshape leaves it whatever it likes: B and C of a model with one group are `[T, 1, N]`)."""
     if array.dtype != np.float32:
         raise ValueError(f"{name}: expected float32, got {array.dtype}")
-    inner = array.strides[1:]
-    contiguous = tuple(4 * math.prod(array.shape[i + 1 :]) for i in range(1, array.ndim))
-    if inner != contiguous or array.strides[0] % 4:
+    laid_out = all(
+        array.strides[i] == 4 * math.prod(array.shape[i + 1 :]) for i in range(1, array.ndim) if array.shape[i] > 1
+    )
+    if not laid_out or array.strides[0] % 4:
         raise ValueError(f"{name}: each row must be contiguous float32 (shape {array.shape}, strides {array.strides})")
     return array.strides[0] // 4
 
