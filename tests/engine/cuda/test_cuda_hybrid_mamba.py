@@ -232,3 +232,13 @@ def test_nemotron_experts_run_on_the_device(cuda, cpu, rng, n_tok: int, qtype: s
     x = rng.standard_normal((n_tok, hidden)).astype(np.float32)
     got = cuda.to_host(on_gpu(cuda.from_host(x)))
     assert rel_err(got, reference(x)) < 1e-4
+
+
+def test_a_nope_table_goes_to_the_device_as_one_row(cuda) -> None:
+    """Nemotron-H's attention has no positions and its GGUF a 2^20-token context: the identity table is
+    one broadcast row on the host, and one row on the device (the kernels clamp positions to it)."""
+    from app.engine.layers.rope import identity_table
+
+    table = cuda.rope_table(*identity_table(64, 1 << 20))
+    assert table.cos.shape == table.sin.shape == (1, 64)
+    assert float(table.cos.min()) == 1.0 and float(abs(table.sin).max()) == 0.0

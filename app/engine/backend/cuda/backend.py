@@ -284,6 +284,11 @@ class CudaBackend:
             self._staged.clear()
 
     def rope_table(self, cos: np.ndarray, sin: np.ndarray) -> RopeTable:
+        """The table on the device. One row broadcast to every position (NoPE's identity table,
+        layers/rope.py) goes up as that row alone: the kernels clamp a position to the table's last row,
+        so each reads it, and a NoPE model's 2^20-position context (Nemotron-H) costs no device memory."""
+        if cos.ndim == 2 and len(cos) > 1 and cos.strides[0] == 0 and sin.strides[0] == 0:
+            cos, sin = cos[:1], sin[:1]
         return RopeTable(self.from_host(cos, np.float32), self.from_host(sin, np.float32))
 
     def _f32(self, x: Any) -> Any:
