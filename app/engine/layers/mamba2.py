@@ -15,6 +15,9 @@ depthwise causal conv with bias and SiLU runs over xBC; dt = softplus(dt + dt_bi
 (backend/ssd_reference.py) with A (`ssm_a`, already -exp(A_log) as llama.cpp's converter stores it)
 and the D skip; then `y * silu(z)` normalised by RMS within each of the G groups of d_inner / G
 channels (MambaRMSNormGated, norm_before_gate=False) and scaled by `ssm_norm`; then `ssm_out`.
+Between the two projections everything is a backend op (`causal_conv1d`, `ssd_scan` with dt's softplus
+inside, `gated_group_rms_norm`): the references on numpy, one kernel launch each on CUDA (kernels/ssd.py),
+which reads every sequence's rows and state row on the device, so a decode step can be captured.
 
 Neither reference clamps dt on decode; transformers' Nemotron-H clamps it below at time_step_min in
 its chunked prefill only, llama.cpp never: we follow llama.cpp (dt below 1e-3 needs dt + dt_bias
