@@ -53,6 +53,8 @@ def _meta(lengths: list[int], slots: list[int], initial: list[bool]) -> Attentio
     ([1, 1, 1, 1, 1], [4, 0, 3, 1, 2], [True, False, True, True, False], 2, 20, 1, 16),
     # one long sequence from zeros, a group per head, d_state 128 (Nemotron-H's and Granite 4's)
     ([23, 2], [1, 2], [False, True], 4, 16, 4, 128),
+    # a negative state row skips its sequence (as causal_conv1d.cu does): its rows stay unwritten
+    ([5, 3, 1], [2, -1, 1], [True, True, False], 2, 8, 1, 16),
 ])  # fmt: skip
 def test_ssd_scan_emulated(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path,
@@ -78,15 +80,21 @@ def test_ssd_scan_emulated(
     _run(_emulator(tmp_path_factory, d_state), "scan", tmp_path, n_tok, heads, head_dim, groups, d_state, xbc_w,
          dt_w, len(lengths), n_slots)  # fmt: skip
 
-    x = xbc[:, :inner].reshape(n_tok, heads, head_dim)
-    b = xbc[:, inner : inner + gn].reshape(n_tok, groups, d_state)
-    c = xbc[:, inner + gn : inner + 2 * gn].reshape(n_tok, groups, d_state)
+    kept = [i for i, slot in enumerate(slots) if slot >= 0]  # the reference runs the others alone
+    qsl = meta.host_query_start_loc
+    rows = np.concatenate([np.arange(qsl[i], qsl[i + 1]) for i in kept])
+    n_kept = len(rows)
+    x = xbc[rows, :inner].reshape(n_kept, heads, head_dim)
+    b = xbc[rows, inner : inner + gn].reshape(n_kept, groups, d_state)
+    c = xbc[rows, inner + gn : inner + 2 * gn].reshape(n_kept, groups, d_state)
     ref_state = state.copy()
-    ref = CpuBackend().ssd_scan(x, dt_raw[:, :heads], dt_bias, a, b, c, d, ref_state, meta, 8)
+    ref_meta = _meta([lengths[i] for i in kept], [slots[i] for i in kept], [initial[i] for i in kept])
+    ref = CpuBackend().ssd_scan(x, dt_raw[rows, :heads], dt_bias, a, b, c, d, ref_state, ref_meta, 8)
     got = np.fromfile(tmp_path / "y.bin", np.float32).reshape(n_tok, heads, head_dim)
     got_state = np.fromfile(tmp_path / "state_out.bin", np.float32).reshape(state.shape)
-    assert not np.isnan(got).any(), f"seed={seed}"
-    assert rel_err(got, ref) < 2e-5, f"seed={seed}"
+    assert np.isnan(np.delete(got, rows, axis=0)).all(), f"a skipped sequence's rows were written, seed={seed}"
+    assert not np.isnan(got[rows]).any(), f"seed={seed}"
+    assert rel_err(got[rows], ref) < 2e-5, f"seed={seed}"
     for slot in range(n_slots):
         if slot in slots:
             assert rel_err(got_state[slot], ref_state[slot]) < 2e-5, f"slot {slot}, seed={seed}"
