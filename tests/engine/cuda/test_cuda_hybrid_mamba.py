@@ -6,10 +6,9 @@ layout (hybrid_gguf.py), their attention heads widened to 64 (the CUDA attention
 head size). Through the engine, prefill in 32-token steps (the 72-token prompt spans three): greedy
 tokens equal numpy's (but where numpy's top two log-probs are a near-tie), first-step top-5 log-probs
 within 5e-2 (test_cuda_engine's bound), with decode CUDA graphs on and off; graphs replace the eager
-decode of the models whose every layer runs on the device (the MoE fixtures' experts are too narrow for
-moe.cu: the per-expert path reads their routers on the host, no graphs). Nemotron-H's experts (sigmoid
-group-limited routing with its choice bias, squared-ReLU experts without a gate, the latent space) on
-moe.cu through the MoE layer, against the numpy layer. A batch of eight prompts of different lengths gives each the
+decode of every family (the MoE fixtures redrawn with experts wide enough for moe.cu, so no layer reads
+back to the host). Nemotron-H's experts (sigmoid group-limited routing with its choice bias, squared-ReLU
+experts without a gate, the latent space) on moe.cu through the MoE layer, against the numpy layer. A batch of eight prompts of different lengths gives each the
 tokens it gets alone. The Gated DeltaNet hybrids' decode graphs against their eager steps. And the ops alone: backend.causal_conv1d, ssd_scan, gated_group_rms_norm on a
 varlen batch (prefill chunks from zeros and from a state row, decodes) and on a decode batch, against
 the numpy backend's.
@@ -30,18 +29,25 @@ pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parents[3]
 FIXTURES = ROOT / "tests" / "fixtures" / "hybrid"
-# family -> (GGUF architecture, whether decode graphs hold its steps)
-FAMILIES = {
-    "nemotron_h": ("nemotron_h", True),
-    "granite_hybrid_dense": ("granitehybrid", True),
-    # the MoE fixtures' experts are 48 or 16 wide, not whole 32-weight units: moe.cu cannot read them, so
-    # they run on the per-expert path, which reads the router's choices on the host (no graphs);
-    # test_nemotron_experts_run_on_the_device covers Nemotron-H's experts on moe.cu
-    "nemotron_h_moe": ("nemotron_h_moe", False),
-    "nemotron_h_latent": ("nemotron_h_moe", False),
-    "granite_hybrid": ("granitehybrid", False),
+FAMILIES = {  # fixture -> GGUF architecture
+    "nemotron_h": "nemotron_h",
+    "granite_hybrid_dense": "granitehybrid",
+    "nemotron_h_moe": "nemotron_h_moe",
+    "nemotron_h_latent": "nemotron_h_moe",
+    "granite_hybrid": "granitehybrid",
 }
 HEAD_DIM = 64
+# The MoE fixtures' experts are 48 (hidden) or 16 and 24 wide, not the whole 32-weight units moe.cu reads:
+# those fixtures are redrawn wider (WIDER: the hidden size, and per family the experts' widths, in the
+# tensors named by the key) so that their experts run on the device too.
+HIDDEN = 64
+WIDER = {
+    "nemotron_h_moe": ({".experts.": {24: 32}}, {"moe_intermediate_size": 32}),
+    "nemotron_h_latent": ({".experts.": {16: 32}, "latent_proj": {16: 32}},
+                          {"moe_intermediate_size": 32, "moe_latent_size": 32}),
+    "granite_hybrid": ({"block_sparse_moe.input_linear": {32: 64}, "block_sparse_moe.output_linear": {16: 32}},
+                       {"intermediate_size": 32}),
+}  # fmt: skip
 LOGPROB_TOL = 5e-2  # test_cuda_engine.py's first-step bound
 
 
@@ -56,8 +62,33 @@ def _gguf(fam: str, folder: Path) -> str:
 
     path = folder / f"{fam}.gguf"
     if not path.exists():
-        write_mamba_gguf(FIXTURES / fam / "hf", FAMILIES[fam][0], path, attention_head_dim=HEAD_DIM)
+        source = _wider_folder(fam, folder) if fam in WIDER else FIXTURES / fam / "hf"
+        write_mamba_gguf(source, FAMILIES[fam], path, attention_head_dim=HEAD_DIM)
     return str(path)
+
+
+def _wider_folder(fam: str, folder: Path) -> Path:
+    """The fixture with hidden size HIDDEN and its experts as WIDER says: every tensor whose shape
+    changes redrawn with its old values' mean and spread, the rest kept."""
+    from hybrid_gguf import hf_weights
+    from safetensors.numpy import save_file
+
+    config, weights = hf_weights(FIXTURES / fam / "hf")
+    axes, fields = WIDER[fam]
+    rng = np.random.default_rng(len(fam))
+    tensors = {}
+    for name, values in sorted(weights.items()):
+        sizes = {config["hidden_size"]: HIDDEN}
+        for part, widths in axes.items():
+            sizes.update(widths if part in name else {})
+        shape = tuple(sizes.get(n, n) for n in values.shape)
+        keep = shape == values.shape
+        tensors[name] = values if keep else rng.normal(values.mean(), values.std() + 1e-3, shape).astype(np.float32)
+    hf = folder / f"{fam}-wider"
+    hf.mkdir(exist_ok=True)
+    (hf / "config.json").write_text(json.dumps({**config, "hidden_size": HIDDEN, **fields}), encoding="utf-8")
+    save_file(tensors, str(hf / "model.safetensors"))
+    return hf
 
 
 def _tokens(fam: str) -> list[int]:
@@ -90,7 +121,7 @@ def test_greedy_and_top5_match_numpy_with_graphs_on_and_off(fam: str, gguf_dir: 
     runs = {}
     for graphs in (True, False):
         engine = _engine(path, "cuda", graphs)
-        assert engine.plan.graphs is (graphs and FAMILIES[fam][1]), f"{fam}: graphs={graphs}"
+        assert engine.plan.graphs is graphs, f"{fam}: graphs={graphs}"
         (runs[graphs],) = engine.generate([prompt], _params(12))
         del engine
     for graphs, got in runs.items():
