@@ -79,6 +79,7 @@ def moe_forward(
 
 ACTIVATION_KINDS = {"silu": 0, "swiglu_oai": 1, "relu2": 2}  # moe_gated's `kind`
 MAX_GROUPS = 64  # moe_route_sigmoid's group mask
+MAX_SIGMOID_EXPERTS = 512  # MOE_SIG_MAX_EXPERTS: moe_route_sigmoid's per-thread choice values
 
 
 def moe_route(logits: Any, spec: MoeSpec, score_bias: Any = None) -> tuple[Any, Any]:
@@ -93,9 +94,9 @@ def moe_route(logits: Any, spec: MoeSpec, score_bias: Any = None) -> tuple[Any, 
     chosen = cp.empty((n_tok, k), cp.int32)
     weights = cp.empty((n_tok, k), cp.float32)
     if spec.routing == "sigmoid_grouped":
-        if not 1 <= spec.num_groups <= MAX_GROUPS or n_exp % spec.num_groups:
+        if not 1 <= spec.num_groups <= MAX_GROUPS or n_exp % spec.num_groups or n_exp > MAX_SIGMOID_EXPERTS:
             raise ValueError(f"{spec.num_groups} expert groups of {n_exp} experts: the kernel takes up to "
-                             f"{MAX_GROUPS} equal groups")  # fmt: skip
+                             f"{MAX_SIGMOID_EXPERTS} experts in up to {MAX_GROUPS} equal groups")  # fmt: skip
         launch(_kernel("moe_route_sigmoid"), _grid(n_tok), (THREADS,),
                (logits, ptr(score_bias), i32(n_tok), i32(n_exp), i32(k), i32(spec.num_groups),
                 i32(spec.topk_groups), i32(spec.normalize), f32(spec.routed_scale), chosen, weights))  # fmt: skip

@@ -16,7 +16,15 @@ from typing import Any
 import numpy as np
 
 from app.engine.backend.cuda.weights import _upload
-from app.engine.kernels.moe import MAX_USED, PAD_BYTES, StackedExperts, moe_experts, moe_route
+from app.engine.kernels.moe import (
+    MAX_GROUPS,
+    MAX_SIGMOID_EXPERTS,
+    MAX_USED,
+    PAD_BYTES,
+    StackedExperts,
+    moe_experts,
+    moe_route,
+)
 from app.engine.moe.residency import Copy, LayerResidency
 from app.engine.quant.dispatch import QuantizedTensor
 from app.engine.specs import MoeSpec
@@ -30,6 +38,11 @@ def unsupported(spec: MoeSpec, projections: Sequence[Sequence[QuantizedTensor]])
         return f"activation {spec.activation!r} (the kernels have {', '.join(ACTIVATIONS)})"
     if not 1 <= spec.num_used <= min(MAX_USED, spec.num_experts):
         return f"{spec.num_used} experts per token (the kernels take 1 to {MAX_USED})"
+    if spec.routing == "sigmoid_grouped" and (
+        spec.num_experts > MAX_SIGMOID_EXPERTS or spec.num_groups > MAX_GROUPS or spec.num_experts % spec.num_groups
+    ):
+        return (f"{spec.num_experts} experts in {spec.num_groups} groups (the router kernel takes up to "
+                f"{MAX_SIGMOID_EXPERTS} in up to {MAX_GROUPS} equal groups)")  # fmt: skip
     for experts in projections:
         first = experts[0]
         if first.qtype.split:

@@ -65,7 +65,9 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n_tok
 // Nemotron-H's (DeepSeek-V3-style) router, a thread per token: s = sigmoid(logit), the choice c = s + bias
 // (bias may be NULL); with n_groups > 1 only the experts of the topk_groups groups whose two best c sum
 // highest compete (ties: the lower group); the k best c (ties: the lower id); weights s, divided by their
-// sum + 1e-20 when `normalize`, times `scale`. Up to 64 groups.
+// sum + 1e-20 when `normalize`, times `scale`. Up to 64 groups and MOE_SIG_MAX_EXPERTS experts, whose
+// choice values the thread computes once (local memory) for its k selection passes.
+#define MOE_SIG_MAX_EXPERTS 512
 __device__ __forceinline__ float moe_sigmoid(float v) { return 1.f / (1.f + expf(-v)); }
 
 extern "C" __global__ void moe_route_sigmoid(const float* __restrict__ logits, const float* __restrict__ bias,
@@ -74,6 +76,8 @@ extern "C" __global__ void moe_route_sigmoid(const float* __restrict__ logits, c
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n_tok) return;
     const float* l = logits + (i64)t * n_exp;
+    float choice[MOE_SIG_MAX_EXPERTS];
+    for (int e = 0; e < n_exp; ++e) choice[e] = moe_sigmoid(l[e]) + (bias != nullptr ? bias[e] : 0.f);
     unsigned long long allowed = ~0ull;  // bit g: group g competes
     const int per_group = n_exp / n_groups;
     if (n_groups > 1) {
@@ -81,7 +85,7 @@ extern "C" __global__ void moe_route_sigmoid(const float* __restrict__ logits, c
         for (int g = 0; g < n_groups; ++g) {
             float b1 = -PADDOCK_INF, b2 = -PADDOCK_INF;
             for (int e = g * per_group; e < (g + 1) * per_group; ++e) {
-                const float c = moe_sigmoid(l[e]) + (bias != nullptr ? bias[e] : 0.f);
+                const float c = choice[e];
                 if (c > b1) {
                     b2 = b1;
                     b1 = c;
@@ -108,7 +112,7 @@ extern "C" __global__ void moe_route_sigmoid(const float* __restrict__ logits, c
             if (n_groups > 1 && !((allowed >> (e / per_group)) & 1ull)) continue;
             bool taken = false;
             for (int i = 0; i < j; ++i) taken |= idx[i] == e;
-            const float c = moe_sigmoid(l[e]) + (bias != nullptr ? bias[e] : 0.f);
+            const float c = choice[e];
             if (!taken && (best < 0 || c > best_v)) {
                 best = e;
                 best_v = c;
