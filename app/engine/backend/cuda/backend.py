@@ -518,6 +518,7 @@ class CudaBackend:
         return _causal_conv1d.causal_conv1d(
             x, self._f32(weight), None if bias is None else self._f32(bias), conv_state,
             *self._recurrent_meta(meta, x.shape[0]), "silu" if silu else None, self.xp.empty(x.shape, self.xp.float32),
+            max_query_len=meta.max_query_len,
         )  # fmt: skip
 
     def gated_delta_net_rule(
