@@ -29,6 +29,28 @@ __device__ __forceinline__ float ssd_softplus(float v) {
     return v > SSD_SOFTPLUS_THRESHOLD ? v : log1pf(expf(v));
 }
 
+// One token's inputs as a warp reads them: dt (raw), the lane's B and C columns, the warp's rows of x.
+struct SsdToken {
+    float dt, b[SSD_NJ], c[SSD_NJ], x[SSD_ROWS];
+};
+
+__device__ __forceinline__ void ssd_load(SsdToken& in, const float* __restrict__ x, i64 x_stride,
+                                         const float* __restrict__ dt, i64 dt_stride, const float* __restrict__ b,
+                                         const float* __restrict__ c, i64 bc_stride, int t, int h, int g, int p0,
+                                         int lane, int head_dim, int d_state) {
+    in.dt = dt[(i64)t * dt_stride + h];
+#pragma unroll
+    for (int j = 0; j < SSD_NJ; ++j) {
+        const int n = lane + 32 * j;
+        const i64 at = (i64)t * bc_stride + (i64)g * d_state + n;
+        in.b[j] = n < d_state ? b[at] : 0.f;
+        in.c[j] = n < d_state ? c[at] : 0.f;
+    }
+#pragma unroll
+    for (int r = 0; r < SSD_ROWS; ++r)
+        in.x[r] = p0 + r < head_dim ? x[(i64)t * x_stride + (i64)h * head_dim + p0 + r] : 0.f;
+}
+
 extern "C" __global__ void __launch_bounds__(SSD_WARPS * 32)
     ssd_scan(const float* __restrict__ x, i64 x_stride, const float* __restrict__ dt, i64 dt_stride,
              const float* __restrict__ dt_bias, const float* __restrict__ a, const float* __restrict__ d,
@@ -54,27 +76,27 @@ extern "C" __global__ void __launch_bounds__(SSD_WARPS * 32)
             s[r][j] = init && n < d_state && p < head_dim ? state[row_base + (i64)p * d_state + n] : 0.f;
         }
     const float a_h = a[h], d_h = d[h], bias = dt_bias[h];
+    // The next token's inputs are loaded while the current one computes: a token's loads do not wait
+    // on the state, so a prefill chunk's walk is not one memory round trip per token.
+    SsdToken cur, next;
+    if (start < end)
+        ssd_load(next, x, x_stride, dt, dt_stride, b, c, bc_stride, start, h, g, p0, lane, head_dim, d_state);
     for (int t = start; t < end; ++t) {
-        const float step = ssd_softplus(dt[(i64)t * dt_stride + h] + bias);
+        cur = next;
+        if (t + 1 < end)
+            ssd_load(next, x, x_stride, dt, dt_stride, b, c, bc_stride, t + 1, h, g, p0, lane, head_dim, d_state);
+        const float step = ssd_softplus(cur.dt + bias);
         const float decay = expf(step * a_h);
-        float bn[SSD_NJ], cn[SSD_NJ];
-#pragma unroll
-        for (int j = 0; j < SSD_NJ; ++j) {
-            const int n = lane + 32 * j;
-            const i64 at = (i64)t * bc_stride + (i64)g * d_state + n;
-            bn[j] = n < d_state ? b[at] : 0.f;
-            cn[j] = n < d_state ? c[at] : 0.f;
-        }
 #pragma unroll
         for (int r = 0; r < SSD_ROWS; ++r) {
             const int p = p0 + r;
-            const float xv = p < head_dim ? x[(i64)t * x_stride + (i64)h * head_dim + p] : 0.f;
+            const float xv = cur.x[r];
             const float coef = step * xv;
             float acc = 0.f;
 #pragma unroll
             for (int j = 0; j < SSD_NJ; ++j) {
-                s[r][j] = s[r][j] * decay + coef * bn[j];
-                acc += s[r][j] * cn[j];
+                s[r][j] = s[r][j] * decay + coef * cur.b[j];
+                acc += s[r][j] * cur.c[j];
             }
             acc = warp_sum(acc);
             if (lane == 0 && p < head_dim) y[((i64)t * n_heads + h) * head_dim + p] = acc + d_h * xv;
