@@ -130,5 +130,6 @@ extern "C" __global__ void __launch_bounds__(1024)
         ss += v * v;
     }
     const float inv = 1.f / sqrtf(block_sum(ss, scratch) / (float)group_size + eps);
-    for (int c = c0 + threadIdx.x; c < c0 + group_size; c += blockDim.x) out[t * inner + c] = out[t * inner + c] * inv * w[c];
+    for (int c = c0 + threadIdx.x; c < c0 + group_size; c += blockDim.x)
+        out[t * inner + c] = out[t * inner + c] * inv * w[c];
 }
