@@ -433,14 +433,23 @@ def converter_float_type(kind: GQ) -> Callable[[str, np.ndarray], GQ]:
 
 
 def write_mamba_gguf(
-    folder: Path, arch: str, path: Path, kind: GQ = GQ.BF16, mtp_block: bool = False
+    folder: Path,
+    arch: str,
+    path: Path,
+    kind: GQ = GQ.BF16,
+    mtp_block: bool = False,
+    attention_head_dim: int | None = None,
 ) -> Path:
     """The HF fixture in `folder` (Nemotron-H or Granite 4 hybrid) as llama.cpp's converter writes it
     for `arch` with `--outtype` `kind` (`mtp_block`: a Nemotron-H MoE's multi-token-prediction head
-    appended as one more block, as NemotronHModel does unless --no-mtp)."""
+    appended as one more block, as NemotronHModel does unless --no-mtp). `attention_head_dim`: the
+    attention layers' heads made that wide, with random q/k/v/output weights of the fixture's spread
+    (the CUDA attention kernels take head sizes from 64; the fixtures' are 12 to 16)."""
     cfg, weights = hf_weights(folder)
     tensors = mamba_gguf_tensors(arch, cfg, weights)
     metadata = mamba_metadata(arch, cfg)
+    if attention_head_dim is not None:
+        tensors = _widened_attention(tensors, metadata, attention_head_dim)
     if mtp_block:
         block = metadata["block_count"]
         tensors += _nemotron_mtp_block(block, tensors)
@@ -449,6 +458,29 @@ def write_mamba_gguf(
         for key in ("attention.head_count_kv", "feed_forward_length"):  # both parts: attention and experts
             metadata[key] = [*metadata[key], max(metadata[key])]
     return write_gguf(path, arch, metadata, tensors, cfg["vocab_size"], converter_float_type(kind))
+
+
+def _widened_attention(
+    tensors: list[tuple[str, np.ndarray]], metadata: dict[str, Any], head_dim: int
+) -> list[tuple[str, np.ndarray]]:
+    """The attention projections redrawn for heads of `head_dim` (metadata updated to match: key and
+    value length, and RoPE's width where the file has one)."""
+    rng = np.random.default_rng(head_dim)
+    heads, kv_per_layer = metadata["attention.head_count"], metadata["attention.head_count_kv"]
+    metadata["attention.key_length"] = metadata["attention.value_length"] = head_dim
+    if "rope.dimension_count" in metadata:
+        metadata["rope.dimension_count"] = head_dim
+    out = []
+    for name, data in tensors:
+        parts = name.split(".")
+        if name.startswith("blk.") and parts[2] in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            assert parts[3] == "weight", f"{name}: only bias-free attention is widened"
+            kv = kv_per_layer[int(parts[1])] if isinstance(kv_per_layer, list) else kv_per_layer
+            rows = (heads if parts[2] in ("attn_q", "attn_output") else kv) * head_dim
+            shape = (data.shape[0], rows) if parts[2] == "attn_output" else (rows, data.shape[1])
+            data = rng.normal(0.0, float(data.std()), shape).astype(np.float32)
+        out.append((name, data))
+    return out
 
 
 def _nemotron_mtp_block(block: int, tensors: list[tuple[str, np.ndarray]]) -> list[tuple[str, np.ndarray]]:

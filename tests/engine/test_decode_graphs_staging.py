@@ -8,6 +8,7 @@ import types
 from typing import Any
 
 import numpy as np
+import pytest
 
 from app.engine.kernels.attention_cascade import MIN_SHARED_TOKENS
 from app.engine.kernels.options import KernelOptions
@@ -47,9 +48,9 @@ def _fake_cupy() -> Any:
     )
 
 
-def _graphs(cascade: bool) -> tuple[DecodeGraphs, dict[int, _Graph], dict[int, _Graph]]:
+def _graphs(cascade: bool, model: Any = None) -> tuple[DecodeGraphs, dict[int, _Graph], dict[int, _Graph]]:
     backend = types.SimpleNamespace(xp=_fake_cupy(), kernel_options=KernelOptions(cascade_attention=cascade))
-    graphs = DecodeGraphs(model=None, backend=backend, kv_caches=[], block_size=BLOCK, max_model_len=4096,
+    graphs = DecodeGraphs(model=model, backend=backend, kv_caches=[], block_size=BLOCK, max_model_len=4096,
                           max_batch=8)  # fmt: skip
     plain = {n: _Graph() for n in graphs.buckets}
     several = {n: _Graph() for n in graphs.buckets if n >= 2} if cascade else {}
@@ -84,7 +85,7 @@ def test_a_batch_over_one_long_prefix_replays_the_cascade_graph_with_its_shared_
     assert graphs._device[end] == shared  # SharedPrefix.length
     assert graphs._device[end + 1] == shared - 1 + bucket  # the pseudo sequence's length
     # the step's own fields are staged as for a plain step
-    _, _, _, lens, table = graphs._fields(graphs._device, bucket)
+    _, _, _, lens, _, _, table = graphs._fields(graphs._device, bucket)
     assert lens[:n].tolist() == seq_lens.tolist() and lens[n:].tolist() == [1] * (bucket - n)
     assert (table[:n, : tables.shape[1]] == tables).all()
 
@@ -101,3 +102,51 @@ def test_short_shares_single_rows_and_the_switch_off_replay_the_plain_graph() ->
     assert several == {} and not graphs.cascade
     _step(graphs, _shared_tables(4, 60, 2), np.full(4, 60 * BLOCK + 3, np.int32))
     assert graphs.cascade_steps == 0 and plain[graphs.bucket_for(4)].launches == 1
+
+
+class _HybridModel:
+    """A stand-in for a hybrid model: what a captured forward would hand its layers."""
+
+    config = types.SimpleNamespace(is_hybrid=True)
+
+    def __init__(self) -> None:
+        self.metas: list[Any] = []
+
+    def forward(self, token_ids: Any, meta: Any, kv_caches: list) -> np.ndarray:
+        self.metas.append(meta)
+        return np.zeros((len(token_ids), 4))
+
+    def logits(self, hidden: np.ndarray) -> np.ndarray:
+        return hidden
+
+
+def test_a_hybrid_step_stages_its_state_rows_and_starts_where_the_captured_forward_reads_them() -> None:
+    """Each row's state row and whether it continues it go into the bucket's two state fields, which the
+    captured forward hands the recurrent layers (the starts as bools); padding rows start from zeros in
+    the null state row 0. A hybrid step without them is refused."""
+    model = _HybridModel()
+    graphs, plain, _ = _graphs(cascade=False, model=model)
+    seq_lens = np.array([7, 1, 30], np.int32)  # the second row decodes its prompt's only token
+    tables = np.array([[3, 0], [5, 0], [8, 9]], np.int32)
+    graphs.run(np.arange(3), seq_lens - 1, seq_lens, tables, state_slots=np.array([4, 2, 7]),
+               has_initial_state=seq_lens > 1)  # fmt: skip
+    bucket = graphs.bucket_for(3)
+    assert bucket == 4 and plain[bucket].launches == 1
+    _, _, _, _, rows, starts, _ = graphs._fields(graphs._device, bucket)
+    assert rows.tolist() == [4, 2, 7, 0] and starts.tolist() == [1, 0, 1, 0]
+    graphs._forward(bucket)  # what the capture records reads those fields in place
+    meta = model.metas[-1]
+    assert meta.state_slots.tolist() == [4, 2, 7, 0]
+    assert meta.has_initial_state.dtype == np.bool_ and meta.has_initial_state.tolist() == [True, False, True, False]
+    with pytest.raises(ValueError, match="state_slots"):
+        _step(graphs, tables, seq_lens)
+
+
+def test_a_model_without_recurrent_layers_leaves_the_state_fields_out_of_its_steps() -> None:
+    model = _HybridModel()
+    model.config = types.SimpleNamespace(is_hybrid=False)
+    graphs, plain, _ = _graphs(cascade=False, model=model)
+    _step(graphs, np.array([[3]], np.int32), np.array([5], np.int32))
+    graphs._forward(1)
+    assert plain[1].launches == 1
+    assert model.metas[-1].state_slots is None and model.metas[-1].has_initial_state is None

@@ -64,6 +64,20 @@ def test_a_model_that_reads_the_router_on_the_host_gets_no_graphs(caplog) -> Non
     assert resolve(EngineConfig(async_decode=True), QWEN3, GPU, "cuda", GiB, syncs_host=True).async_decode
 
 
+def test_a_hybrid_model_gets_decode_graphs_where_its_recurrent_layers_run_on_the_device(caplog) -> None:
+    """Decode graphs hold a hybrid model's step when no layer walks the batch on the host (the Mamba-2
+    kernels); its prefill stays eager (the prefill graphs hold no state rows). A layer that walks the
+    sequences on the host (syncs_host) keeps every graph off."""
+    hybrid = replace(QWEN3, architecture="nemotron_h", state_bytes_per_sequence=4 << 20)
+    plan = resolve(EngineConfig(), hybrid, GPU, "cuda", GiB)
+    assert (plan.graphs, plan.prefill_graphs, plan.async_decode) == (True, False, True)
+    assert plan.state_slots > 0
+    with caplog.at_level(logging.WARNING):
+        plan = resolve(EngineConfig(), hybrid, GPU, "cuda", GiB, syncs_host=True)
+    assert not plan.graphs and not plan.prefill_graphs
+    assert "CUDA graphs off" in caplog.text
+
+
 def test_the_cpu_plan_and_the_prediction_are_one_count() -> None:
     config = EngineConfig(device="cpu", max_model_len=2048, kv_cache_bytes=64 << 20, kv_dtype="fp8")
     plan = resolve(config, QWEN3, DeviceMemory("cpu", "ram", 8 * GiB, 16 * GiB), "cpu")

@@ -35,6 +35,7 @@ from test_hybrid_qwen import Runner, chunked_then_greedy, engine_folder, greedy_
 from app.engine import EngineConfig
 from app.engine.backend import cpu_backend
 from app.engine.backend.base import AttentionMetadata
+from app.engine.backend.cpu import CpuBackend
 from app.engine.backend.ssd_reference import ssd_chunked, ssd_recurrent, ssd_scan
 from app.engine.core.engine import LLMEngine
 from app.engine.layers.moe import route
@@ -497,6 +498,22 @@ def test_a_mamba2_layer_names_the_tensor_it_cannot_use(
         return
     with pytest.raises(CheckpointError, match=message):
         build_model(broken, cpu_backend("numpy"), MAX_POSITIONS, cfg)
+
+
+def test_decode_graphs_hold_mamba2_layers_only_where_their_ops_stay_on_the_device(tmp_root: str) -> None:
+    """Decoder.syncs_host, what keeps CUDA graphs off: on the numpy backend the Mamba-2 ops walk the
+    batch's sequences on the host; on a backend whose recurrent ops read them on the device (CUDA's
+    `recurrent_syncs_host = False`) a dense Nemotron-H reads nothing back, and in its MoE variant the
+    experts decide (here the numpy layer's per-expert loop, which reads the router's choices)."""
+
+    class DeviceRecurrent(CpuBackend):
+        recurrent_syncs_host = False
+
+    checkpoint = open_checkpoint(gguf_path("nemotron_h", tmp_root))
+    assert build_model(checkpoint, cpu_backend("numpy"), MAX_POSITIONS).syncs_host
+    assert not build_model(checkpoint, DeviceRecurrent(), MAX_POSITIONS).syncs_host
+    moe = build_model(open_checkpoint(gguf_path("nemotron_h_moe", tmp_root)), DeviceRecurrent(), MAX_POSITIONS)
+    assert moe.syncs_host
 
 
 def test_fixtures_are_small() -> None:

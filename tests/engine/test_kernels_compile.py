@@ -77,6 +77,7 @@ SELECTED = {
     "moe.cu": ("-DPADDOCK_FORMAT=q4_k", "-DPADDOCK_FORMAT_STRUCT=FmtQ4_K"),  # the name kernels/moe.py looks up
     "gemv_split.cu": ("-DSPLIT_CODES=e2m1", "-DSPLIT_CODES_STRUCT=CodesE2M1", "-DSPLIT_SCALE=2"),  # NVFP4
     "attention.cu": ("-DATTN_D=64", "-DATTN_G=2"),
+    "gated_delta.cu": ("-DGDN_DK=256",),  # two q/k elements a thread, 64 state rows in registers
     # sm_90: a cluster of two, so each thread merges two output elements
     "attention_decode.cu": ("-DATTN_D=256", "-DATTN_G=2", "-DATTN_CL=2"),
     # the rope_cache-fused build (attention_decode_qkv) as Qwen3-8B asks for it
@@ -118,6 +119,7 @@ SELECTED_ENTRIES = {
     "moe.cu": "moe_grouped_q4_k",
     "gemv_split.cu": "gemv_split_e2m1_s2_t1_r4",
     "attention.cu": "attn_d64_g2",
+    "gated_delta.cu": "gated_delta_varlen",
     "attention_decode.cu": "attn_dec_d256_g2",
     "attention_decode.cu#rope": "attn_dec_rope_d128_g4",
     "gemv_fused.cu": "gemv_multi",

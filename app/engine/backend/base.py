@@ -276,13 +276,18 @@ class Backend(Protocol):
         """`cap * tanh(x / cap)`."""
         ...
 
-    # -- recurrent layers of hybrid models (backend/recurrent_reference.py has the math) ----------
+    # -- recurrent layers of hybrid models (recurrent_reference.py and ssd_reference.py have the math) --
+    # Whether these ops read the step's sequences on the host (the references), which no CUDA graph
+    # can hold; False where every sequence's bounds, state row and start are read on the device.
+    recurrent_syncs_host: bool
+
     def causal_conv1d(
         self, x: Array, weight: Array, bias: Array | None, conv_state: Array, meta: AttentionMetadata,
         silu: bool = True,
     ) -> Array:
-        """recurrent_reference.causal_conv1d: the depthwise causal conv `[T, C]` of each sequence,
-        continuing and updating its row of `conv_state [slots, C, K-1]` (Gated DeltaNet, Mamba-2)."""
+        """recurrent_reference.causal_conv1d: the depthwise causal conv `[T, C]` of each sequence (rows of
+        `x` may be strided), continuing and updating its row of `conv_state [slots, C, K-1]` (Gated
+        DeltaNet, Mamba-2)."""
         ...
 
     def gated_delta_net_rule(
@@ -295,6 +300,30 @@ class Backend(Protocol):
 
     def gated_rms_norm(self, x: Array, z: Array, weight: Array, eps: float) -> Array:
         """recurrent_reference.gated_rms_norm: RMSNorm of `x [T, H, D]` per head times silu(`z [T, H D]`)."""
+        ...
+
+    def ssd_scan(
+        self,
+        x: Array,
+        dt: Array,
+        dt_bias: Array,
+        a: Array,
+        b: Array,
+        c: Array,
+        d: Array,
+        ssm_state: Array,
+        meta: AttentionMetadata,
+        chunk_size: int,
+    ) -> Array:
+        """`ssd_reference.ssd_scan(xp, x, softplus(dt + dt_bias), a, b, c, d, ssm_state, meta, chunk_size)`
+        (Mamba-2): `x [T, H, P]`, raw `dt [T, H]`, `b, c [T, G, N]` (their rows may be strided: column
+        ranges of a wider activation), the float32 state rows `[slots, H, P, N]` continued per sequence of
+        `meta` (`state_slots`, `has_initial_state`) and updated in place. `y [T, H, P]` with the D skip."""
+        ...
+
+    def gated_group_rms_norm(self, y: Array, z: Array, weight: Array, eps: float, groups: int) -> Array:
+        """`y * silu(z)` RMS-normalised within each of `groups` equal channel groups, times `weight`:
+        `[T, C]` (ssd_reference.gated_group_rms_norm)."""
         ...
 
 

@@ -18,6 +18,7 @@ from app.engine.backend.cpu_experts import CpuStreamedExperts
 from app.engine.backend.cpu_weights import CpuFusedWeight, CpuWeight
 from app.engine.backend.fp8_kv import Fp8KvCache
 from app.engine.backend.reference_attention import paged_attention
+from app.engine.backend.ssd_reference import gated_group_rms_norm, softplus, ssd_scan
 from app.engine.quant.dispatch import QuantizedTensor
 
 if TYPE_CHECKING:
@@ -237,19 +238,21 @@ class CpuBackend:
         biases: Sequence[Sequence[QuantizedTensor | None]],
     ) -> CpuStreamedExperts | None:
         """None (the layer's own per-expert loop) unless experts are streamed; then the layer's slots."""
-        if self.expert_streaming is None:
+        if self.expert_streaming is None or len(weights) == 2:  # ungated experts: never streamed
             return None
         per_expert = sum(ws[0].data.nbytes for ws in weights)  # what a copy moves: the file's blocks
         residency = self.expert_streaming.layer(spec.num_experts, spec.num_used, per_expert)
         return CpuStreamedExperts(weights, biases, residency)
 
-    def moe(self, x: np.ndarray, router_logits: np.ndarray, spec: MoeSpec, experts: CpuStreamedExperts) -> np.ndarray:
+    def moe(
+        self, x: np.ndarray, router_logits: np.ndarray, spec: MoeSpec, experts: CpuStreamedExperts, score_bias=None
+    ) -> np.ndarray:
         """The layer's experts' weighted sum, each expert read from the slot the residency manager
         put it in, its copies made just before its round: the same ops in the same order as the
         all-resident loop (layers/moe.py), so the same values."""
         from app.engine.moe.ops import expert_forward, route, sum_over_experts
 
-        weights, chosen = route(np, router_logits, spec)
+        weights, chosen = route(np, router_logits, spec, score_bias)
         rounds = experts.residency.step(chosen)
         slot_of = {e: s for r in rounds for e, s in zip(r.experts, r.slots, strict=True)}
         starts = {r.experts[0]: r.copies for r in rounds if r.experts}
@@ -265,7 +268,9 @@ class CpuBackend:
     def softcap(self, x: np.ndarray, cap: float) -> np.ndarray:
         return np.float32(cap) * np.tanh(x / np.float32(cap))
 
-    # -- recurrent layers: the references, as they are (recurrent_reference.py) --------------------
+    # -- recurrent layers: the references, as they are (recurrent_reference.py, ssd_reference.py) -------
+    recurrent_syncs_host = True  # they walk the batch's sequences on the host
+
     def causal_conv1d(self, x, weight, bias, conv_state, meta: AttentionMetadata, silu: bool = True) -> np.ndarray:
         return recurrent_reference.causal_conv1d(np, x, weight, bias, conv_state, meta, silu)
 
@@ -276,3 +281,9 @@ class CpuBackend:
 
     def gated_rms_norm(self, x: np.ndarray, z: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
         return recurrent_reference.gated_rms_norm(np, x, z, weight, eps)
+
+    def ssd_scan(self, x, dt, dt_bias, a, b, c, d, ssm_state, meta: AttentionMetadata, chunk_size: int):
+        return ssd_scan(np, x, softplus(np, dt + dt_bias), a, b, c, d, ssm_state, meta, chunk_size)
+
+    def gated_group_rms_norm(self, y: np.ndarray, z: np.ndarray, weight: np.ndarray, eps: float, groups: int):
+        return gated_group_rms_norm(np, y, z, weight, eps, groups)

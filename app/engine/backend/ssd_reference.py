@@ -23,6 +23,7 @@ from app.engine.backend.base import AttentionMetadata
 from app.engine.backend.recurrent_reference import sequences
 
 SSD_RECURRENT_MAX_TOKENS = 8  # a sequence's chunk up to this long runs token by token
+SOFTPLUS_THRESHOLD = 20.0  # torch's softplus is the identity above it
 
 
 def ssd_scan(
@@ -117,3 +118,18 @@ def _segment_sums(xp: Any, adt: Any) -> Any:
     spread = xp.where(strict, adt.T[:, :, None], adt.dtype.type(0.0))  # [H, i, j] = adt[i] for i > j
     sums = xp.cumsum(spread, axis=1)
     return xp.where(xp.tril(xp.ones((n, n), dtype=bool)), sums, -xp.inf).astype(adt.dtype, copy=False)
+
+
+def softplus(xp: Any, x: Any) -> Any:
+    """`log(1 + exp(x))`, the identity above SOFTPLUS_THRESHOLD (torch's F.softplus)."""
+    return xp.where(x > SOFTPLUS_THRESHOLD, x, xp.log1p(xp.exp(xp.minimum(x, SOFTPLUS_THRESHOLD))))
+
+
+def gated_group_rms_norm(xp: Any, y: Any, z: Any, weight: Any, eps: float, groups: int) -> Any:
+    """`y * silu(z)`, RMS-normalised within each of `groups` equal channel groups, times `weight`
+    (Mamba-2's gated norm with norm_before_gate=False): `[T, C]` float32."""
+    one = xp.float32(1.0)
+    gated = y * (z / (one + xp.exp(-z)))
+    grouped = gated.reshape(gated.shape[0], groups, -1)
+    scale = one / xp.sqrt((grouped * grouped).mean(axis=-1, keepdims=True) + xp.float32(eps))
+    return (grouped * scale).reshape(gated.shape) * weight

@@ -12,6 +12,7 @@ from app.engine.kernels.runtime.compile import get_kernel
 from app.engine.kernels.runtime.launch import cdiv, i32, i64, launch, ptr
 
 THREADS = 128
+CHUNK = 64  # tokens a block walks in a varlen launch: a long prompt's chunks run in parallel
 MAX_KERNEL = 8  # CONV_MAX_K in causal_conv1d.cu: taps held in registers
 ACTIVATIONS = {None: 0, "silu": 1}
 
@@ -26,13 +27,16 @@ def causal_conv1d(
     has_initial_state: Any,
     activation: str | None,
     out: Any,
+    max_query_len: int | None = None,
 ) -> Any:
     """`out [T, C]` float32 = the conv of float32 `x [T, C]` (rows may be a column slice: any row
     stride, unit column stride) with `weight [C, K]` (+ `bias [C]`), then `activation` (None or
     "silu"). Sequence i owns rows `query_start_loc[i]:[i+1]`, or row i alone when `query_start_loc` is
     None (a decode step); it continues `conv_state[state_slots[i]]` (`[slots, C, K-1]` float32, updated
     in place) where `has_initial_state[i]` (bool), else starts from zeros; a negative slot skips it.
-    Device int32 `query_start_loc`/`state_slots`, bool `has_initial_state`: nothing is read on the host."""
+    Device int32 `query_start_loc`/`state_slots`, bool `has_initial_state`: nothing is read on the host.
+    `max_query_len` (the longest sequence's rows, e.g. meta.max_query_len; None: all T rows) sizes the grid
+    of CHUNK-token blocks."""
     n_tok, channels = x.shape
     k = weight.shape[1]
     if activation not in ACTIVATIONS:
@@ -53,14 +57,15 @@ def causal_conv1d(
         return out
     head = (x, i64(x.strides[0] // 4), weight, ptr(bias), conv_state)
     tail = (has_initial_state, out, i32(channels), i32(k), i32(ACTIVATIONS[activation]))
-    grid = (cdiv(channels, THREADS), n_seqs)
     if query_start_loc is None:
         if n_seqs != n_tok:
             raise ValueError(f"a decode conv takes one row per sequence: {n_tok} rows, {n_seqs} sequences")
-        launch(get_kernel("causal_conv1d.cu", "causal_conv1d_update"), grid, (THREADS,), (*head, state_slots, *tail))
+        launch(get_kernel("causal_conv1d.cu", "causal_conv1d_update"), (cdiv(channels, THREADS), n_seqs),
+               (THREADS,), (*head, state_slots, *tail))  # fmt: skip
     else:
+        chunks = cdiv(min(n_tok, max_query_len or n_tok), CHUNK)
         launch(
-            get_kernel("causal_conv1d.cu", "causal_conv1d_varlen"), grid, (THREADS,),
-            (*head, query_start_loc, state_slots, *tail),
+            get_kernel("causal_conv1d.cu", "causal_conv1d_varlen"), (cdiv(channels, THREADS), n_seqs, chunks),
+            (THREADS,), (*head, query_start_loc, state_slots, *tail, i32(CHUNK)),
         )  # fmt: skip
     return out

@@ -63,24 +63,44 @@ def _grid(n: int) -> tuple[int]:
 
 
 def moe_forward(
-    x: Any, logits: Any, spec: MoeSpec, gate: StackedExperts, up: StackedExperts, down: StackedExperts
+    x: Any,
+    logits: Any,
+    spec: MoeSpec,
+    gate: StackedExperts | None,
+    up: StackedExperts,
+    down: StackedExperts,
+    score_bias: Any = None,
 ) -> Any:
-    """`[T, hidden]` normalised hidden states and their router logits `[T, E]` -> the experts' sum."""
-    chosen, weights = moe_route(logits, spec)
+    """`[T, hidden]` normalised hidden states and their router logits `[T, E]` -> the experts' sum
+    (`gate` None: ungated experts, `down(act(up x))`; `score_bias`: sigmoid_grouped's choice bias)."""
+    chosen, weights = moe_route(logits, spec, score_bias)
     return moe_experts(x, chosen, weights, spec, gate, up, down)
 
 
-def moe_route(logits: Any, spec: MoeSpec) -> tuple[Any, Any]:
+ACTIVATION_KINDS = {"silu": 0, "swiglu_oai": 1, "relu2": 2}  # moe_gated's `kind`
+MAX_GROUPS = 64  # moe_route_sigmoid's group mask
+MAX_SIGMOID_EXPERTS = 512  # MOE_SIG_MAX_EXPERTS: moe_route_sigmoid's per-thread choice values
+
+
+def moe_route(logits: Any, spec: MoeSpec, score_bias: Any = None) -> tuple[Any, Any]:
     """Each token's k expert ids `[T, k]` (int32) and their weights (float32), on the device."""
     import cupy as cp
 
     n_tok, k, n_exp = logits.shape[0], spec.num_used, spec.num_experts
     if not 1 <= k <= min(MAX_USED, n_exp):
         raise ValueError(f"{k} experts per token: the kernels take 1 to {min(MAX_USED, n_exp)}")
-    if spec.activation not in ("silu", "swiglu_oai"):
+    if spec.activation not in ACTIVATION_KINDS:
         raise ValueError(f"no MoE kernel for activation {spec.activation!r}")
     chosen = cp.empty((n_tok, k), cp.int32)
     weights = cp.empty((n_tok, k), cp.float32)
+    if spec.routing == "sigmoid_grouped":
+        if not 1 <= spec.num_groups <= MAX_GROUPS or n_exp % spec.num_groups or n_exp > MAX_SIGMOID_EXPERTS:
+            raise ValueError(f"{spec.num_groups} expert groups of {n_exp} experts: the kernel takes up to "
+                             f"{MAX_SIGMOID_EXPERTS} experts in up to {MAX_GROUPS} equal groups")  # fmt: skip
+        launch(_kernel("moe_route_sigmoid"), _grid(n_tok), (THREADS,),
+               (logits, ptr(score_bias), i32(n_tok), i32(n_exp), i32(k), i32(spec.num_groups),
+                i32(spec.topk_groups), i32(spec.normalize), f32(spec.routed_scale), chosen, weights))  # fmt: skip
+        return chosen, weights
     topk_first = spec.routing == "topk_softmax"
     launch(_kernel("moe_route"), _grid(n_tok), (THREADS,),
            (logits, i32(n_tok), i32(n_exp), i32(k), i32(topk_first), i32(spec.normalize), chosen, weights))  # fmt: skip
@@ -92,12 +112,13 @@ def moe_experts(
     chosen: Any,
     weights: Any,
     spec: MoeSpec,
-    gate: StackedExperts,
+    gate: StackedExperts | None,
     up: StackedExperts,
     down: StackedExperts,
     groups: Any = None,
 ) -> Any:
-    """The routed pairs through the grouped products, gated unit and combine.
+    """The routed pairs through the grouped products, gated unit (or, with `gate` None, the ungated
+    activation of the up product) and combine.
 
     `groups` `[T, k]` (int32): the stacked slot each pair's product reads, by default its expert.
     A pair whose group is `gate.num_experts` (one past the last slot) is skipped: its output is 0,
@@ -105,8 +126,11 @@ def moe_experts(
     rest). The combine adds a token's pairs in expert-id order (`chosen`) either way."""
     import cupy as cp
 
+    kind = ACTIVATION_KINDS.get(spec.activation)
+    if kind is None or (gate is None) != (kind == 2):
+        raise ValueError(f"activation {spec.activation!r} with{'out' if gate is None else ''} a gate product")
     n_tok, k = x.shape[0], spec.num_used
-    n_slots = gate.num_experts
+    n_slots = up.num_experts
     skipping = groups is not None
     groups = chosen if groups is None else groups
     n_groups = n_slots + 1 if skipping else n_slots  # the extra group holds the skipped pairs
@@ -128,11 +152,11 @@ def moe_experts(
         launch(kernel, (-(-w.n_rows // WARPS), n_slots), (32 * WARPS,), args)
         return y
 
-    g, u = grouped(gate, x, False), grouped(up, x, False)
-    act = cp.empty_like(g)
-    kind = 1 if spec.activation == "swiglu_oai" else 0
-    launch(_kernel("moe_gated"), _grid(g.size), (THREADS,),
-           (g, u, i64(g.size), i32(kind), f32(spec.swiglu_limit), f32(spec.swiglu_alpha), act))  # fmt: skip
+    u = grouped(up, x, False)
+    g = u if gate is None else grouped(gate, x, False)  # ungated: kind 2 reads `up` alone
+    act = cp.empty_like(u)
+    launch(_kernel("moe_gated"), _grid(u.size), (THREADS,),
+           (g, u, i64(u.size), i32(kind), f32(spec.swiglu_limit), f32(spec.swiglu_alpha), act))  # fmt: skip
     h = grouped(down, act, True)
     out = cp.empty((n_tok, down.n_rows), cp.float32)
     launch(_kernel("moe_combine"), (n_tok,), (THREADS,), (h, chosen, weights, where, i32(k), i32(down.n_rows), out))

@@ -15,6 +15,9 @@ depthwise causal conv with bias and SiLU runs over xBC; dt = softplus(dt + dt_bi
 (backend/ssd_reference.py) with A (`ssm_a`, already -exp(A_log) as llama.cpp's converter stores it)
 and the D skip; then `y * silu(z)` normalised by RMS within each of the G groups of d_inner / G
 channels (MambaRMSNormGated, norm_before_gate=False) and scaled by `ssm_norm`; then `ssm_out`.
+Between the two projections everything is a backend op (`causal_conv1d`, `ssd_scan` with dt's softplus
+inside, `gated_group_rms_norm`): the references on numpy, one kernel launch each on CUDA (kernels/ssd.py),
+which reads every sequence's rows and state row on the device, so a decode step can be captured.
 
 Neither reference clamps dt on decode; transformers' Nemotron-H clamps it below at time_step_min in
 its chunked prefill only, llama.cpp never: we follow llama.cpp (dt below 1e-3 needs dt + dt_bias
@@ -29,14 +32,10 @@ from typing import Any
 import numpy as np
 
 from app.engine.backend.base import AttentionMetadata
-from app.engine.backend.recurrent_reference import causal_conv1d
-from app.engine.backend.ssd_reference import ssd_scan
 from app.engine.layers.linear import Linear
 from app.engine.loader.names import CheckpointError
 from app.engine.quant.dispatch import QuantizedTensor
 from app.engine.specs import Mamba2Spec
-
-SOFTPLUS_THRESHOLD = 20.0  # torch's softplus is the identity above it
 
 
 class Mamba2:
@@ -90,27 +89,11 @@ class Mamba2:
             projected[:, inner : inner + s.conv_dim],
             projected[:, inner + s.conv_dim :],
         )
-        xbc = causal_conv1d(xp, xbc, self.conv_weight, self.conv_bias, conv_state, meta, silu=True)
+        xbc = self.backend.causal_conv1d(xbc, self.conv_weight, self.conv_bias, conv_state, meta, silu=True)
         heads_x = xbc[:, :inner].reshape(n, s.num_heads, s.head_dim)
         b = xbc[:, inner : inner + groups].reshape(n, s.n_groups, s.state_size)
         c = xbc[:, inner + groups :].reshape(n, s.n_groups, s.state_size)
-        y = ssd_scan(
-            xp, heads_x, softplus(xp, dt + self.dt_bias), self.a, b, c, self.d, ssm_state, meta, s.chunk_size
-        )
-        y = gated_group_rms_norm(xp, y.reshape(n, inner), z, self.norm, self.eps, s.n_groups)
+        y = self.backend.ssd_scan(heads_x, dt, self.dt_bias, self.a, b, c, self.d, ssm_state, meta, s.chunk_size)
+        y = self.backend.gated_group_rms_norm(y.reshape(n, inner), z, self.norm, self.eps, s.n_groups)
         return self.out_proj(y.astype(self.backend.act_dtype, copy=False))
 
-
-def softplus(xp: Any, x: Any) -> Any:
-    """`log(1 + exp(x))`, the identity above SOFTPLUS_THRESHOLD (torch's F.softplus)."""
-    return xp.where(x > SOFTPLUS_THRESHOLD, x, xp.log1p(xp.exp(xp.minimum(x, SOFTPLUS_THRESHOLD))))
-
-
-def gated_group_rms_norm(xp: Any, y: Any, z: Any, weight: Any, eps: float, groups: int) -> Any:
-    """`y * silu(z)`, RMS-normalised within each of `groups` equal channel groups, times `weight`
-    (Mamba-2's gated norm with norm_before_gate=False): `[T, C]` float32."""
-    one = xp.float32(1.0)
-    gated = y * (z / (one + xp.exp(-z)))
-    grouped = gated.reshape(gated.shape[0], groups, -1)
-    scale = one / xp.sqrt((grouped * grouped).mean(axis=-1, keepdims=True) + xp.float32(eps))
-    return (grouped * scale).reshape(gated.shape) * weight

@@ -52,7 +52,7 @@ def expert_tensors(
 
 
 # The routings a backend's fused expert kernels (`load_experts` / `moe`) compute on the device.
-DEVICE_ROUTINGS = ("softmax_topk", "topk_softmax")
+DEVICE_ROUTINGS = ("softmax_topk", "topk_softmax", "sigmoid_grouped")
 
 
 class MoE:
@@ -88,25 +88,24 @@ class MoE:
         # A learned scale per expert's output (Gemma 4; llama.cpp's `ffn_down_exps.scale`).
         scale = tensors.get(f"{prefix}.ffn_down_exps.scale")
         self.expert_scale = None if scale is None else backend.from_host(scale.dequantize().reshape(-1))
-        if spec.activation in UNGATED_ACTIVATIONS:  # down(act(up x)): the loop below, with up alone
-            self.grouped = None
-            if any(b is not None for b in up_b):
-                raise CheckpointError(
-                    f"tensor {prefix}.ffn_up_exps.bias: ungated experts with biases are not supported"
-                )
-            self.down = [Linear(backend, w, b) for w, b in zip(down_w, down_b, strict=True)]
-            self.gate_up = [backend.load_weight(w) for w in up_w]
-            return
-        gate_w, gate_b = experts("gate")
-        # the grouped kernels take no per-expert scale, no latent space, no router softcap and only the
-        # routings they compute on the device
-        device_routing = (spec.routing in DEVICE_ROUTINGS and scale is None and spec.latent_size is None
-                          and not spec.router_softcap)  # fmt: skip
+        ungated = spec.activation in UNGATED_ACTIVATIONS  # down(act(up x)): up alone, no gate
+        if ungated and any(b is not None for b in up_b):
+            raise CheckpointError(f"tensor {prefix}.ffn_up_exps.bias: ungated experts with biases are not supported")
+        gate_w, gate_b = ([], []) if ungated else experts("gate")
+        # the grouped kernels take no per-expert scale, no router softcap and only the routings they
+        # compute on the device (a latent space is a product on each side of them)
+        device_routing = spec.routing in DEVICE_ROUTINGS and scale is None and not spec.router_softcap
         load = getattr(backend, "load_experts", None) if device_routing else None
-        self.grouped = None if load is None else load(spec, [gate_w, up_w, down_w], [gate_b, up_b, down_b])
+        weights, biases = [up_w, down_w], [up_b, down_b]
+        if not ungated:
+            weights, biases = [gate_w, *weights], [gate_b, *biases]
+        self.grouped = None if load is None else load(spec, weights, biases)
         if self.grouped is not None:
             return
         self.down = [Linear(backend, w, b) for w, b in zip(down_w, down_b, strict=True)]
+        if ungated:
+            self.gate_up = [backend.load_weight(w) for w in up_w]
+            return
         self.gate_up = [
             backend.fuse_linear(
                 [backend.load_weight(g), backend.load_weight(u)],
@@ -130,7 +129,9 @@ class MoE:
     def _routed(self, x: Any, router_input: Any) -> Any:
         logits = self.router(router_input)
         if self.grouped is not None:
-            return self.backend.moe(x, logits, self.spec, self.grouped)
+            inputs = x if self.latent_down is None else self.latent_down(x)
+            routed = self.backend.moe(inputs, logits, self.spec, self.grouped, self.score_bias)
+            return routed if self.latent_up is None else self.latent_up(routed)
         weights, chosen = route(self.backend.xp, logits, self.spec, self.score_bias)
         if self.expert_scale is not None:
             weights = weights * self.expert_scale[chosen]

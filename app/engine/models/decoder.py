@@ -239,10 +239,16 @@ class DecoderModel:
 
     @property
     def syncs_host(self) -> bool:
-        """Whether a forward reads back to the host midway (a MoE layer on per-expert products),
-        which a CUDA graph capture cannot hold."""
+        """Whether a forward reads back to the host midway (a MoE layer on per-expert products, recurrent
+        mixers on a backend whose recurrent ops walk the batch's sequences on the host), which a CUDA graph
+        capture cannot hold. Both recurrent mixers (Mamba-2, Gated DeltaNet) are written over the backend's
+        recurrent ops (`causal_conv1d`, `ssd_scan`, `gated_delta_net_rule`, ...): its
+        `recurrent_syncs_host` answers for them."""
         experts = [layer.moe for layer in self.layers] + [layer.experts_beside for layer in self.layers]
-        return any(e is not None and e.syncs_host for e in experts)
+        recurrent = any(layer.recurrent is not None for layer in self.layers)
+        return any(e is not None and e.syncs_host for e in experts) or (
+            recurrent and getattr(self.backend, "recurrent_syncs_host", True)
+        )
 
     def state_shapes(self) -> list[tuple[tuple[int, ...], ...] | None]:
         """Per layer, the per-sequence recurrent state shapes (float32) the runner allocates a slot

@@ -135,8 +135,9 @@ def resolve(
     syncs_host: bool = False,
 ) -> EnginePlan:
     """The plan for `config` on a backend that has loaded the model: `device` is the memory read at start,
-    `free_after_load` the CUDA device's free memory now, `syncs_host` whether the model's MoE layers read
-    the router's choices on the host (no CUDA graphs then)."""
+    `free_after_load` the CUDA device's free memory now, `syncs_host` whether a forward reads back to the
+    host midway (Decoder.syncs_host: MoE layers reading the router's choices, recurrent layers walking the
+    batch's sequences; no CUDA graphs then)."""
     positions = model_positions(config, shape)
     options = FitOptions.from_engine(config, positions)
     cuda = backend_name == "cuda"
@@ -159,13 +160,11 @@ def resolve(
         limit = "the model's context" if positions < config.max_model_len else "what the KV cache holds"
         log.warning("--max-ctx %d exceeds %s: the context is %d tokens", config.max_model_len, limit, served)
     hybrid = shape.state_bytes_per_sequence > 0
-    if cuda and config.cuda_graphs and hybrid:
-        log.warning("CUDA graphs off: this hybrid model's recurrent layers walk the batch's sequences "
-                    "on the host (no captured kernels for them yet)")  # fmt: skip
-    elif cuda and config.cuda_graphs and syncs_host:
-        log.warning("CUDA graphs off: this model's MoE layers read the router's choices on the host "
-                    "(per-expert products, or experts streamed from host RAM)")  # fmt: skip
-    graphs = cuda and config.cuda_graphs and not syncs_host and not hybrid
+    if cuda and config.cuda_graphs and syncs_host:
+        log.warning("CUDA graphs off: this model reads back to the host within a step (MoE layers on "
+                    "per-expert products or experts streamed from host RAM, or recurrent layers without "
+                    "their CUDA kernels)")  # fmt: skip
+    graphs = cuda and config.cuda_graphs and not syncs_host
     state = None
     if hybrid:  # the state rows from the same reading as the blocks
         state = (memory(shape, options, backend_name, device.free_bytes) if predicted
@@ -177,7 +176,8 @@ def resolve(
         weight_cache=weight_cache_mode(config, shape, device),
         experts_on_gpu=experts,
         graphs=graphs,
-        prefill_graphs=graphs and config.prefill_graphs,
+        # a hybrid model's prefill runs eagerly: the prefill graphs hold no state rows
+        prefill_graphs=graphs and config.prefill_graphs and not hybrid,
         async_decode=async_decode_enabled(config.async_decode, graphs),
         max_model_len=served,
         num_blocks=blocks,

@@ -9,9 +9,11 @@ padding rows of a bucket point at the reserved null KV block 0, whose contents n
 reads. Attention is planned for the longest context the engine allows, so one graph
 serves every context length (splits past a sequence's end exit at once).
 
-Each bucket's inputs are laid out field by field ([ids | positions | slots | seq_lens |
-block tables]), so every field is a contiguous slice that the kernels read in place: no
-copy kernels inside the graph. Matrix products above the GEMV's token count go through
+Each bucket's inputs are laid out field by field ([ids | positions | slots | seq_lens | state rows |
+state starts | block tables]), so every field is a contiguous slice that the kernels read in place: no
+copy kernels inside the graph. A hybrid model's recurrent layers read each row's state row and whether
+it continues it (`AttentionMetadata.state_slots`, `has_initial_state`) from the two state fields;
+padding rows start from zeros in the reserved null state row 0, as their KV goes to the null block. Matrix products above the GEMV's token count go through
 cuBLAS by ctypes (backend/cuda/blas.py), which capture allows.
 
 Kernels are captured with programmatic dependent launch where the GPU has it (sm_90+,
@@ -60,14 +62,17 @@ class DecodeGraphs:
         biggest = self.buckets[-1]
         self.max_blocks = -(-max_model_len // block_size)
         # Pinned host staging areas and one device area; bucket n uses their first
-        # n * width ints as [ids (n) | positions (n) | slots (n) | seq_lens (n) | tables (n x max_blocks)].
+        # n * width ints as [ids (n) | positions (n) | slots (n) | seq_lens (n) | state rows (n) |
+        # state starts (n: 1 where the row continues its state) | tables (n x max_blocks)].
         # Two host areas taken in turn: with one step in flight, a step's host-to-device copy may
         # not have run yet when the next step stages its inputs. An area is staged again two steps
         # later, after the step that used it was resolved (its sampler event, recorded behind this
         # copy on the same stream, was waited for), so two suffice.
         # After bucket n's fields, two more ints: a cascade step's shared length and its pseudo
         # sequence's length (SharedPrefix).
-        self._width = 4 + self.max_blocks
+        self._width = 6 + self.max_blocks
+        config = getattr(model, "config", None)
+        self.hybrid = bool(config is not None and config.is_hybrid)
         self._hosts = [_pinned_int32(xp, biggest * self._width + 2) for _ in range(2)]
         self._turn = 0
         self._device = xp.zeros(biggest * self._width + 2, dtype=xp.int32)
@@ -113,12 +118,17 @@ class DecodeGraphs:
         tables: np.ndarray,
         device_ids: Any = None,
         rows: np.ndarray | None = None,
+        state_slots: np.ndarray | None = None,
+        has_initial_state: np.ndarray | None = None,
     ) -> Any:
         """Logits `[n, vocab]` of one decode step of `n` sequences (host arrays in, device array out).
 
         The token ids come from the host (`token_ids`) or, with `token_ids` None, from the device:
-        row i takes `device_ids[rows[i]]` (`device_ids[i]` when `rows` is None), int32.
+        row i takes `device_ids[rows[i]]` (`device_ids[i]` when `rows` is None), int32. A hybrid
+        model's step also takes each row's state row and whether it continues it.
         """
+        if self.hybrid and (state_slots is None or has_initial_state is None):
+            raise ValueError("a hybrid model's decode step needs its rows' state_slots and has_initial_state")
         n = len(positions)
         bucket = self.bucket_for(n)
         shared = shared_length(seq_lens, tables, self.block_size) if bucket in self._cascade_graphs else 0
@@ -127,11 +137,15 @@ class DecodeGraphs:
         graph, logits = (self._cascade_graphs if cascade else self._graphs)[bucket]
         host = self._hosts[self._turn]
         self._turn ^= 1
-        ids, pos, slots, lens, table = self._fields(host, bucket)
-        # Padding rows: token 0 at position 0, one key, written to and read from the null block 0.
-        # Table entries past a row's context are never read, so stale ones need no clearing.
-        ids[n:] = pos[n:] = slots[n:] = table[n:, 0] = 0
+        ids, pos, slots, lens, state_rows, starts, table = self._fields(host, bucket)
+        # Padding rows: token 0 at position 0, one key, written to and read from the null block 0; a
+        # recurrent state from zeros in the null state row 0. Table entries past a row's context are
+        # never read, so stale ones need no clearing.
+        ids[n:] = pos[n:] = slots[n:] = table[n:, 0] = state_rows[n:] = starts[n:] = 0
         lens[n:] = 1
+        if self.hybrid:
+            state_rows[:n] = state_slots
+            starts[:n] = has_initial_state
         ids[:n] = 0 if token_ids is None else token_ids
         pos[:n] = positions
         lens[:n] = seq_lens
@@ -163,16 +177,17 @@ class DecodeGraphs:
         graph.launch(stream=null)
         return logits[:n]
 
-    def _fields(self, area: Any, n: int) -> tuple[Any, Any, Any, Any, Any]:
-        """Views of bucket n's fields in a staging area (host or device)."""
-        return (area[:n], area[n : 2 * n], area[2 * n : 3 * n], area[3 * n : 4 * n],
-                area[4 * n : n * self._width].reshape(n, self.max_blocks))  # fmt: skip
+    def _fields(self, area: Any, n: int) -> tuple[Any, ...]:
+        """Views of bucket n's fields in a staging area (host or device): ids, positions, slots,
+        seq_lens, state rows, state starts, block tables."""
+        return (*(area[i * n : (i + 1) * n] for i in range(6)),
+                area[6 * n : n * self._width].reshape(n, self.max_blocks))  # fmt: skip
 
     def _forward_cascade(self, n: int) -> Any:
         return self._forward(n, cascade=True)
 
     def _forward(self, n: int, cascade: bool = False) -> Any:
-        token_ids, positions, slots, seq_lens, tables = self._fields(self._device, n)
+        token_ids, positions, slots, seq_lens, state_rows, starts, tables = self._fields(self._device, n)
         shared = None
         if cascade:  # the two ints after the bucket's fields; zero at capture: no shared keys
             end = n * self._width
@@ -190,6 +205,8 @@ class DecodeGraphs:
             block_size=self.block_size,
             shared_prefix=shared,
         )
+        if self.hybrid:  # the starts as the recurrent kernels read them: a bool per row, made in the graph
+            meta.state_slots, meta.has_initial_state = state_rows, starts != 0
         hidden = self.model.forward(token_ids, meta, self.kv_caches)
         return self.model.logits(hidden)
 

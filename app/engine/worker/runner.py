@@ -270,7 +270,11 @@ class ModelRunner:
             token_ids = np.array([token_slice(c.request, c.start, 1)[0] for c in chunks], dtype=np.int32)
         width = int(positions.max()) // self.block_size + 1
         tables = _block_tables(chunks, width)
-        return self.graphs.run(token_ids, positions, positions + 1, tables, device_ids, rows)
+        states = {}
+        if self.state_arrays:  # a hybrid model's rows: their state rows, continued unless at token 0
+            states = {"state_slots": np.array([c.request.state_slot for c in chunks], dtype=np.int32),
+                      "has_initial_state": positions > 0}  # fmt: skip
+        return self.graphs.run(token_ids, positions, positions + 1, tables, device_ids, rows, **states)
 
 
 def _block_tables(chunks: list[Any], width: int) -> np.ndarray:

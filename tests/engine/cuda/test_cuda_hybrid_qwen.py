@@ -112,18 +112,23 @@ def tmp_root(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(tmp_path_factory.mktemp("hybrid-cuda"))
 
 
-def _generate(path: str, device: str, prompts: list[list[int]]) -> list[dict]:
+def _engine(path: str, device: str) -> Any:
+    """An engine of 16-token prefill steps (prompts in chunks), no prefix cache, no graphs."""
     from app.engine.config import EngineConfig
     from app.engine.core.engine import LLMEngine
-    from app.engine.sampling_params import SamplingParams
 
     engine = LLMEngine(EngineConfig(
         model=path, device=device, cpu_kernels="numpy", max_model_len=256, max_num_seqs=8,
         max_num_batched_tokens=16, kv_cache_bytes=8 << 20, enable_prefix_caching=False, cuda_graphs=False,
     ))  # fmt: skip
     assert engine.model_config.is_hybrid
-    params = SamplingParams(temperature=0.0, max_tokens=STEPS, ignore_eos=True, logprobs=5)
-    return engine.generate(prompts, params)
+    return engine
+
+
+def _generate(engine: Any, prompts: list[list[int]]) -> list[dict]:
+    from app.engine.sampling_params import SamplingParams
+
+    return engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=STEPS, ignore_eos=True, logprobs=5))
 
 
 def _assert_matches(got: dict, ref: dict, label: str) -> None:
@@ -136,8 +141,8 @@ def _assert_matches(got: dict, ref: dict, label: str) -> None:
 def test_cuda_greedy_and_top5_match_numpy(cuda, fam: str, tmp_root: str) -> None:
     """The 72-token prompt in 16-token prefill chunks, then decode: numpy's greedy tokens and top-5."""
     path = wider_gguf(fam, tmp_root)
-    (ref,) = _generate(path, "cpu", [PROMPT])
-    (got,) = _generate(path, "cuda", [PROMPT])
+    (ref,) = _generate(_engine(path, "cpu"), [PROMPT])
+    (got,) = _generate(_engine(path, "cuda"), [PROMPT])
     assert len(got["token_ids"]) == STEPS
     _assert_matches(got, ref, fam)
 
@@ -149,9 +154,10 @@ def test_cuda_batch_of_eight_matches_each_alone_and_numpy(cuda, fam: str, tmp_ro
     CUDA, and numpy's."""
     path = wider_gguf(fam, tmp_root)
     prompts = [PROMPT[i : i + n] for i, n in enumerate((7, 70, 20, 33, 12, 58, 41, 26))]
-    together = _generate(path, "cuda", prompts)
-    alone = [_generate(path, "cuda", [p])[0] for p in prompts]
-    reference = _generate(path, "cpu", prompts)
+    engine = _engine(path, "cuda")
+    together = _generate(engine, prompts)
+    alone = [_generate(engine, [p])[0] for p in prompts]
+    reference = _generate(_engine(path, "cpu"), prompts)
     for i, (got, one, ref) in enumerate(zip(together, alone, reference, strict=True)):
         assert_greedy_agrees(got, one, f"{fam} prompt {i}: batch vs alone")
         _assert_matches(got, ref, f"{fam} prompt {i}: CUDA vs numpy")

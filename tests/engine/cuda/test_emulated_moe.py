@@ -74,8 +74,51 @@ def test_moe_pipeline_emulated(moe_emu, tmp_path, request, qtype, gpt_oss):
     _run(moe_emu, "moe", qtype.lower(), tmp_path, TOKENS, HIDDEN, FF, EXPERTS, USED, int(gpt_oss), int(not gpt_oss),
          int(gpt_oss), row_gu, row_d)  # fmt: skip
 
+    _check_outputs(tmp_path, layer, logits, spec, expected, seed)
+
+
+@pytest.mark.parametrize(("qtype", "groups", "topk_groups", "bias", "normalize", "scale"), [
+    ("Q8_0", 1, 1, True, True, 2.5),  # Nemotron-H: one group, the choice bias, renormalised and scaled
+    ("BF16", 3, 2, True, False, 1.0),  # group-limited: only the two best of three groups compete
+    ("F16", 2, 1, False, True, 1.5),
+])  # fmt: skip
+def test_sigmoid_routed_ungated_experts_emulated(moe_emu, tmp_path, request, qtype, groups, topk_groups, bias,
+                                                 normalize, scale):  # fmt: skip
+    """Nemotron-H's experts: moe_route_sigmoid (sigmoid scores, the choice on scores + bias within the best
+    groups) and squared-ReLU experts with no gate product, against the numpy layer."""
+    rng, seed = fresh_rng(request.node.nodeid)
+    spec = MoeSpec(EXPERTS, USED, FF, routing="sigmoid_grouped", normalize=normalize, num_groups=groups,
+                   topk_groups=topk_groups, routed_scale=scale, activation="relu2")  # fmt: skip
+    p = "blk.0"
+    tensors = {
+        f"{p}.ffn_gate_inp.weight": _f32("router", rng.standard_normal((EXPERTS, HIDDEN)) / 4),
+        f"{p}.ffn_up_exps.weight": _stacked(qtype, FF, HIDDEN, rng, "up"),
+        f"{p}.ffn_down_exps.weight": _stacked(qtype, HIDDEN, FF, rng, "down"),
+    }
+    if bias:
+        tensors[f"{p}.exp_probs_b.bias"] = _f32("bias", rng.standard_normal(EXPERTS) * 0.3)
+    layer = MoE(CpuBackend(), tensors, p, spec)
+    x = rng.standard_normal((TOKENS, HIDDEN)).astype(np.float32)
+    logits = layer.router(x)
+    expected = layer(x)
+    (tmp_path / "x.bin").write_bytes(x.tobytes())
+    (tmp_path / "logits.bin").write_bytes(logits.astype(np.float32).tobytes())
+    for part in ("up", "down"):
+        (tmp_path / f"{part}.bin").write_bytes(tensors[f"{p}.ffn_{part}_exps.weight"].data.tobytes())
+    if bias:
+        (tmp_path / "score_bias.bin").write_bytes(layer.score_bias.astype(np.float32).tobytes())
+    row_gu = tensors[f"{p}.ffn_up_exps.weight"].data.shape[1]
+    row_d = tensors[f"{p}.ffn_down_exps.weight"].data.shape[1]
+    _run(moe_emu, "moe", qtype.lower(), tmp_path, TOKENS, HIDDEN, FF, EXPERTS, USED, 0, int(normalize), 2, row_gu,
+         row_d, groups, topk_groups, scale)  # fmt: skip
+
+    _check_outputs(tmp_path, layer, logits, spec, expected, seed)
+
+
+def _check_outputs(tmp_path: Path, layer: MoE, logits: np.ndarray, spec: MoeSpec, expected: np.ndarray, seed: int):
+    """The emulated route's experts and weights equal the numpy router's, and the output the layer's."""
     chosen = np.fromfile(tmp_path / "chosen.bin", np.int32).reshape(TOKENS, USED)
-    weights, want = route(np, logits, spec)
+    weights, want = route(np, logits, spec, layer.score_bias)
     assert (chosen == want).all(), f"seed {seed}: experts {chosen.tolist()} != {want.tolist()}"
     got_w = np.fromfile(tmp_path / "weights.bin", np.float32).reshape(TOKENS, USED)
     assert np.allclose(got_w, weights, rtol=1e-5, atol=1e-6), f"seed {seed}"

@@ -48,17 +48,19 @@ def write_meta(folder: Path, meta: AttentionMetadata) -> None:
     meta.host_has_initial_state.astype(np.uint8).tofile(folder / "init.bin")
 
 
-@pytest.mark.parametrize(("lengths", "initial", "k", "bias", "silu"), [
-    ([7, 1, 19, 3], [True, False, False, True], 4, False, True),  # Gated DeltaNet's conv
-    ([2, 33], [False, True], 4, True, True),  # Mamba-2's (a bias)
-    ([5, 1, 1], [True, True, False], 3, True, False),  # shorter than K-1 continues the older inputs
-    ([1, 1, 1, 1], [True, False, True, True], 4, False, True),  # a decode-shaped batch through varlen
+@pytest.mark.parametrize(("lengths", "initial", "k", "bias", "silu", "chunk"), [
+    ([7, 1, 19, 3], [True, False, False, True], 4, False, True, 64),  # Gated DeltaNet's conv, one chunk
+    ([7, 1, 19, 3], [True, False, False, True], 4, False, True, 5),  # ... in chunks of 5 tokens a block
+    ([2, 33], [False, True], 4, True, True, 8),  # Mamba-2's (a bias)
+    ([5, 1, 1, 2], [True, True, False, True], 3, True, False, 3),  # shorter than K-1: the older inputs stay
+    ([1, 1, 1, 1], [True, False, True, True], 4, False, True, 4),  # a decode-shaped batch through varlen
 ])  # fmt: skip
 def test_causal_conv1d_varlen_emulated(
-    request: pytest.FixtureRequest, recurrent_emu: Path, tmp_path: Path, lengths, initial, k, bias, silu
+    request: pytest.FixtureRequest, recurrent_emu: Path, tmp_path: Path, lengths, initial, k, bias, silu, chunk
 ) -> None:
     """Each sequence's rows continue its own state row (or zeros) and leave its last K-1 inputs there;
-    rows of other slots are untouched."""
+    rows of other slots are untouched. Blocks of `chunk` tokens after a sequence's first read their
+    window from x, and only the first writes the state."""
     rng, seed = fresh_rng(request.node.nodeid)
     channels = 200  # not a multiple of the block: the last block's threads past C do nothing
     slots = list(rng.permutation(NUM_SLOTS)[: len(lengths)].astype(int))
@@ -72,7 +74,7 @@ def test_causal_conv1d_varlen_emulated(
     write_meta(tmp_path, meta)
     ref_state = state.copy()
     ref = causal_conv1d(np, x, w, b, ref_state, meta, silu=silu)
-    _run(recurrent_emu, "conv", tmp_path, len(x), len(lengths), channels, k, int(silu), 0, 64)
+    _run(recurrent_emu, "conv", tmp_path, len(x), len(lengths), channels, k, int(silu), 0, 64, chunk)
     got = np.fromfile(tmp_path / "y.bin", np.float32).reshape(ref.shape)
     assert rel_err(got, ref) < 1e-6, f"seed={seed}"
     np.testing.assert_array_equal(np.fromfile(tmp_path / "state.bin", np.float32).reshape(state.shape), ref_state)
@@ -96,7 +98,7 @@ def test_causal_conv1d_decode_emulated(request: pytest.FixtureRequest, recurrent
     for name, a in (("x", x), ("w", w), ("state", state)):
         a.tofile(tmp_path / f"{name}.bin")
     write_meta(tmp_path, meta)
-    _run(recurrent_emu, "conv", tmp_path, 4, 4, channels, k, 1, 1, 32)
+    _run(recurrent_emu, "conv", tmp_path, 4, 4, channels, k, 1, 1, 32, 1)
     got = np.fromfile(tmp_path / "y.bin", np.float32).reshape(ref.shape)
     real = [0, 2, 3]
     assert rel_err(got[real], ref[real]) < 1e-6, f"seed={seed}"

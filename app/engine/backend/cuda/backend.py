@@ -47,6 +47,7 @@ from app.engine.kernels import moe as _moe
 from app.engine.kernels import norm as _norm
 from app.engine.kernels import rope as _rope
 from app.engine.kernels import rope_cache as _rope_cache
+from app.engine.kernels import ssd as _ssd
 from app.engine.kernels import tuning as _tuning
 from app.engine.kernels.gemv_plan import GemvPlan
 from app.engine.kernels.options import KernelOptions
@@ -205,6 +206,9 @@ class CudaBackend:
         cannot read them (the layer then runs each expert through `linear`, syncing on the host).
         With `expert_streaming` set, a hot set in device slots and the rest in pinned host RAM."""
         reason = unsupported(spec, weights)
+        if self.expert_streaming is not None and len(weights) == 2:
+            log.info("MoE experts through per-expert products: ungated experts are not streamed from host RAM")
+            return None
         if self.expert_streaming is not None:
             if reason is not None:
                 raise ValueError(f"--experts-on-gpu {self.expert_streaming.on_gpu}: these experts cannot be "
@@ -217,13 +221,22 @@ class CudaBackend:
             return None
         return tuple(upload_experts(w, b) for w, b in zip(weights, biases, strict=True))
 
-    def moe(self, x: Any, router_logits: Any, spec: MoeSpec, experts: tuple[_moe.StackedExperts, ...]) -> Any:
+    def moe(
+        self,
+        x: Any,
+        router_logits: Any,
+        spec: MoeSpec,
+        experts: tuple[_moe.StackedExperts, ...],
+        score_bias: Any | None = None,
+    ) -> Any:
         """The experts' weighted sum `[T, hidden]` for normalised `x [T, hidden]`: routing, grouping
-        by expert and the grouped products on the GPU, with no host sync (kernels/moe.py)."""
+        by expert and the grouped products on the GPU, with no host sync (kernels/moe.py). `experts`:
+        (gate, up, down), or (up, down) for ungated ones; `score_bias`: sigmoid_grouped's choice bias."""
+        bias = None if score_bias is None else self._f32(score_bias)
         if isinstance(experts, StreamedExperts):
-            return streamed_moe(self._f32(x), self._f32(router_logits), spec, experts)
-        gate, up, down = experts
-        return _moe.moe_forward(self._f32(x), self._f32(router_logits), spec, gate, up, down)
+            return streamed_moe(self._f32(x), self._f32(router_logits), spec, experts, bias)
+        gate, up, down = experts if len(experts) == 3 else (None, *experts)
+        return _moe.moe_forward(self._f32(x), self._f32(router_logits), spec, gate, up, down, bias)
 
     def alloc_kv_cache(
         self, num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int, dtype: str = "auto"
@@ -271,6 +284,11 @@ class CudaBackend:
             self._staged.clear()
 
     def rope_table(self, cos: np.ndarray, sin: np.ndarray) -> RopeTable:
+        """The table on the device. One row broadcast to every position (NoPE's identity table,
+        layers/rope.py) goes up as that row alone: the kernels clamp a position to the table's last row,
+        so each reads it, and a NoPE model's 2^20-position context (Nemotron-H) costs no device memory."""
+        if cos.ndim == 2 and len(cos) > 1 and cos.strides[0] == 0 and sin.strides[0] == 0:
+            cos, sin = cos[:1], sin[:1]
         return RopeTable(self.from_host(cos, np.float32), self.from_host(sin, np.float32))
 
     def _f32(self, x: Any) -> Any:
@@ -492,6 +510,7 @@ class CudaBackend:
     # One launch per op for a whole varlen batch; at decode (one token per sequence) the entries that
     # read no query_start_loc. The sequences' rows, state slots and flags are read on the device: no
     # host loop and no sync, so a decode step of these layers can be captured in a graph.
+    recurrent_syncs_host = False
     def causal_conv1d(
         self, x: Any, weight: Any, bias: Any | None, conv_state: Any, meta: AttentionMetadata, silu: bool = True
     ) -> Any:
@@ -499,6 +518,7 @@ class CudaBackend:
         return _causal_conv1d.causal_conv1d(
             x, self._f32(weight), None if bias is None else self._f32(bias), conv_state,
             *self._recurrent_meta(meta, x.shape[0]), "silu" if silu else None, self.xp.empty(x.shape, self.xp.float32),
+            max_query_len=meta.max_query_len,
         )  # fmt: skip
 
     def gated_delta_net_rule(
@@ -530,3 +550,18 @@ class CudaBackend:
         qsl = None if _decode_batch(meta, n_tok) else self._i32(meta.query_start_loc)
         initial = self.xp.ascontiguousarray(self.xp.asarray(meta.has_initial_state), dtype=self.xp.bool_)
         return qsl, self._i32(meta.state_slots), initial
+
+    def ssd_scan(self, x, dt, dt_bias, a, b, c, d, ssm_state, meta: AttentionMetadata, chunk_size: int) -> Any:
+        """As `Backend.ssd_scan`, on ssd.cu (Mamba-2; the same launch for prefill chunks and decodes)."""
+        _, slots, initial = self._recurrent_meta(meta, x.shape[0])
+        f32 = self.xp.float32
+        x, dt, b, c = (v.astype(f32, copy=False) for v in (x, dt, b, c))
+        return _ssd.ssd_scan(
+            x, dt, self._f32(dt_bias), self._f32(a), b, c, self._f32(d), ssm_state, self._i32(meta.query_start_loc),
+            slots, initial, self.xp.empty(x.shape, f32),
+        )  # fmt: skip
+
+    def gated_group_rms_norm(self, y: Any, z: Any, weight: Any, eps: float, groups: int) -> Any:
+        f32 = self.xp.float32
+        y, z = (v.astype(f32, copy=False) for v in (y, z))
+        return _ssd.gated_group_rms_norm(y, z, self._f32(weight), eps, groups, self.xp.empty(y.shape, f32))

@@ -9,10 +9,12 @@
 // The math and its order are recurrent_reference.causal_conv1d's: y = sum over taps of
 // window[tap] * w[tap] in tap order, + bias, then y / (1 + exp(-y)).
 //
-// One thread per (channel, sequence): grid (ceil(C / threads), B). The thread keeps the last K-1
-// inputs in registers and walks its sequence's tokens in order, so the state row it reads first is
-// the one it writes last and no other thread touches either. Loads of a token row are coalesced
-// over channels. Everything is read on the device (no host loop, no sync): a decode step of this
+// One thread per (channel, sequence, chunk of `chunk` tokens): grid (ceil(C / threads), B, chunks of the
+// longest sequence). The thread keeps the last K-1 inputs in registers and walks its chunk's tokens in
+// order; a chunk after the first reads its window's K-1 older inputs from x. Only the first chunk's
+// thread reads the channel's state row, and it alone writes the new one (the sequence's last K-1 inputs,
+// from x or, for a sequence shorter than K-1, partly from the old row it holds), so no block reads a
+// row another writes. Loads of a token row are coalesced over channels. Everything is read on the device (no host loop, no sync): a decode step of this
 // kernel can be captured in a CUDA graph.
 #include "common.cuh"
 
@@ -21,6 +23,7 @@
 #endif
 
 // The causal conv body: DECODE takes row i as sequence i's one token (no query_start_loc read).
+// Block z walks tokens [start + z chunk, + chunk) of its sequence (a decode launch: z = 0 alone).
 template <bool DECODE>
 __device__ __forceinline__ void causal_conv1d_body(const float* __restrict__ x, i64 x_stride,
                                                    const float* __restrict__ weight, const float* __restrict__ bias,
@@ -28,7 +31,7 @@ __device__ __forceinline__ void causal_conv1d_body(const float* __restrict__ x, 
                                                    const int* __restrict__ query_start_loc,
                                                    const int* __restrict__ state_slots,
                                                    const u8* __restrict__ has_initial, float* __restrict__ out,
-                                                   int channels, int k, int activation) {
+                                                   int channels, int k, int activation, int chunk) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x, seq = blockIdx.y;
     float w[CONV_MAX_K];
     if (c < channels) {
@@ -41,12 +44,22 @@ __device__ __forceinline__ void causal_conv1d_body(const float* __restrict__ x, 
     const int slot = state_slots[seq];
     if (slot < 0) return;
     const int start = DECODE ? seq : query_start_loc[seq], end = DECODE ? seq + 1 : query_start_loc[seq + 1];
+    const int t0 = start + (int)blockIdx.z * chunk;
+    if (t0 >= end) return;
+    const int t1 = min(end, t0 + chunk);
     float* state = conv_state + ((i64)slot * channels + c) * (k - 1);
+    const bool first = blockIdx.z == 0;  // reads the old state and writes the new one (no other block touches it)
     const bool initial = has_initial[seq] != 0;
-    float past[CONV_MAX_K];  // past[j]: the input j + 1 steps before the current one's window start
+    // old[j]: the sequence's input j - (K-1) (before its first row), zeros where it starts here; past[j]:
+    // the input K-1-j steps before the block's current token. A later chunk's window lies inside x
+    // (chunk >= K-1, the wrapper's).
+    float old[CONV_MAX_K], past[CONV_MAX_K];
 #pragma unroll
-    for (int j = 0; j < CONV_MAX_K; ++j) past[j] = (j < k - 1 && initial) ? state[j] : 0.f;
-    for (int t = start; t < end; ++t) {
+    for (int j = 0; j < CONV_MAX_K; ++j) {
+        old[j] = (first && initial && j < k - 1) ? state[j] : 0.f;
+        past[j] = first ? old[j] : (j < k - 1 ? x[(i64)(t0 - (k - 1) + j) * x_stride + c] : 0.f);
+    }
+    for (int t = t0; t < t1; ++t) {
         const float xt = x[(i64)t * x_stride + c];
         float y = 0.f;
 #pragma unroll
@@ -64,18 +77,31 @@ __device__ __forceinline__ void causal_conv1d_body(const float* __restrict__ x, 
             else if (j + 1 == k - 1) past[j] = xt;
         }
     }
+    if (!first) return;
+    // The sequence's last K-1 inputs: rows end-(K-1)+j where they are its own, else the old state's tail.
+    const int n = end - start;
 #pragma unroll
     for (int j = 0; j < CONV_MAX_K; ++j) {
-        if (j < k - 1) state[j] = past[j];
+        if (j >= k - 1) continue;
+        const int idx = j + n;  // position of input end-(K-1)+j in [old state | the sequence's rows]
+        float v = 0.f;
+        if (idx >= k - 1) {
+            v = x[(i64)(end - (k - 1) + j) * x_stride + c];
+        } else {
+#pragma unroll
+            for (int i = 0; i < CONV_MAX_K; ++i)
+                if (i == idx) v = old[i];  // constant indices only: old stays in registers
+        }
+        state[j] = v;
     }
 }
 
 extern "C" __global__ void __launch_bounds__(128) causal_conv1d_varlen(
     const float* __restrict__ x, i64 x_stride, const float* __restrict__ weight, const float* __restrict__ bias,
     float* __restrict__ conv_state, const int* __restrict__ query_start_loc, const int* __restrict__ state_slots,
-    const u8* __restrict__ has_initial, float* __restrict__ out, int channels, int k, int activation) {
+    const u8* __restrict__ has_initial, float* __restrict__ out, int channels, int k, int activation, int chunk) {
     causal_conv1d_body<false>(x, x_stride, weight, bias, conv_state, query_start_loc, state_slots, has_initial, out,
-                              channels, k, activation);
+                              channels, k, activation, chunk);
 }
 
 extern "C" __global__ void __launch_bounds__(128) causal_conv1d_update(
@@ -83,5 +109,5 @@ extern "C" __global__ void __launch_bounds__(128) causal_conv1d_update(
     float* __restrict__ conv_state, const int* __restrict__ state_slots, const u8* __restrict__ has_initial,
     float* __restrict__ out, int channels, int k, int activation) {
     causal_conv1d_body<true>(x, x_stride, weight, bias, conv_state, nullptr, state_slots, has_initial, out, channels,
-                             k, activation);
+                             k, activation, 1);
 }

@@ -13,8 +13,9 @@
 // [w DK/4, (w+1) DK/4) of the state's columns in registers, so S is read once from the state row and
 // written back once after the sequence's last token. Per token the block stages q and k in shared
 // memory, and the two products over DK (k S and q S) are per-thread partial sums reduced across the
-// warps through shared memory. Tokens run in order within the launch (the first correct form of
-// prefill; the chunked form is the faster one for long prompts). Sequence i owns rows
+// warps through shared memory: three barriers a token, its inputs loaded while the token before it
+// computes. Tokens run in order within the launch (the first correct form of prefill; the chunked
+// form is the faster one for long prompts). Sequence i owns rows
 // query_start_loc[i]:[i+1] (decode: row i), its state row is state_slots[i] (negative: a padding row,
 // skipped), and it starts from zeros where has_initial[i] is 0. All read on the device: a decode step
 // can be captured in a CUDA graph.
@@ -26,6 +27,27 @@
 #define GDN_WARPS 4
 #define GDN_COLS 32
 #define GDN_L2_EPS 1e-6f  // recurrent_reference.L2_EPS (fla's)
+#define GDN_PER_THREAD ((GDN_DK + GDN_WARPS * 32 - 1) / (GDN_WARPS * 32))  // q and k elements a thread stages
+
+// One token's inputs as one thread loads them: its share of q and k (elements tid, tid + 128, ...),
+// its column of v, and the head's raw gates. Loaded a token ahead, so the loads of token t + 1 are in
+// flight while token t's products run.
+struct GdnToken {
+    float q[GDN_PER_THREAD], k[GDN_PER_THREAD], v, b, a;
+};
+
+__device__ __forceinline__ void gdn_load(GdnToken& in, const float* __restrict__ row, const float* __restrict__ gates,
+                                         i64 q_off, i64 k_off, i64 v_off, bool col, int tid, int h, int n_v_heads) {
+#pragma unroll
+    for (int e = 0; e < GDN_PER_THREAD; ++e) {
+        const int i = tid + e * GDN_WARPS * 32;
+        in.q[e] = i < GDN_DK ? row[q_off + i] : 0.f;
+        in.k[e] = i < GDN_DK ? row[k_off + i] : 0.f;
+    }
+    in.v = col ? row[v_off] : 0.f;
+    in.b = gates[h];
+    in.a = gates[n_v_heads + h];
+}
 
 template <bool DECODE>
 __device__ __forceinline__ void gated_delta_body(
@@ -34,7 +56,9 @@ __device__ __forceinline__ void gated_delta_body(
     const int* __restrict__ query_start_loc, const int* __restrict__ state_slots, const u8* __restrict__ has_initial,
     float* __restrict__ out, int n_k_heads, int n_v_heads, int dv, int tiled, float q_scale) {
     constexpr int R = GDN_DK / GDN_WARPS;
-    __shared__ float sq[GDN_DK], sk[GDN_DK], red[GDN_WARPS][GDN_COLS], norms[2];
+    // Two partial-sum buffers (k S, then q S), so one barrier orders each product's writes and reads;
+    // q and k are rewritten only after the last barrier of the token that read them.
+    __shared__ float sq[GDN_DK], sk[GDN_DK], red_kS[GDN_WARPS][GDN_COLS], red_qS[GDN_WARPS][GDN_COLS];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int h = blockIdx.y, seq = blockIdx.z, j = blockIdx.x * GDN_COLS + lane;
     const bool col = j < dv;
@@ -44,6 +68,7 @@ __device__ __forceinline__ void gated_delta_body(
     const int slot = state_slots[seq];
     if (slot < 0) return;  // uniform over the block
     const int start = DECODE ? seq : query_start_loc[seq], end = DECODE ? seq + 1 : query_start_loc[seq + 1];
+    if (start >= end) return;
     const i64 key_dim = (i64)n_k_heads * GDN_DK;
     const i64 q_off = (i64)hk * GDN_DK, k_off = key_dim + q_off, v_off = 2 * key_dim + (i64)h * dv + j;
     float* srow = state + (((i64)slot * n_v_heads + h) * GDN_DK + warp * R) * dv + j;
@@ -52,26 +77,34 @@ __device__ __forceinline__ void gated_delta_body(
 #pragma unroll
     for (int r = 0; r < R; ++r) s[r] = (initial && col) ? srow[(i64)r * dv] : 0.f;
 
+    GdnToken next;
+    gdn_load(next, mixed + (i64)start * mixed_stride, ba + (i64)start * ba_stride, q_off, k_off, v_off, col, tid, h,
+             n_v_heads);
     for (int t = start; t < end; ++t) {
-        const float* row = mixed + (i64)t * mixed_stride;
-        for (int i = tid; i < GDN_DK; i += blockDim.x) {
-            sq[i] = row[q_off + i];
-            sk[i] = row[k_off + i];
-        }
-        const float vj = col ? row[v_off] : 0.f;
-        const float b_raw = ba[(i64)t * ba_stride + h], a_raw = ba[(i64)t * ba_stride + n_v_heads + h] + bias;
-        __syncthreads();
-        if (warp < 2) {  // warp 0: |q|^2, warp 1: |k|^2
-            const float* src = warp ? sk : sq;
-            float ss = 0.f;
-            for (int i = lane; i < GDN_DK; i += 32) ss += src[i] * src[i];
-            ss = warp_sum(ss);
-            if (lane == 0) norms[warp] = ss;
+        const GdnToken cur = next;
+        if (t + 1 < end)
+            gdn_load(next, mixed + (i64)(t + 1) * mixed_stride, ba + (i64)(t + 1) * ba_stride, q_off, k_off, v_off,
+                     col, tid, h, n_v_heads);
+#pragma unroll
+        for (int e = 0; e < GDN_PER_THREAD; ++e) {
+            const int i = tid + e * GDN_WARPS * 32;
+            if (i < GDN_DK) {
+                sq[i] = cur.q[e];
+                sk[i] = cur.k[e];
+            }
         }
         __syncthreads();
-        const float inv_q = 1.f / sqrtf(norms[0] + GDN_L2_EPS), inv_k = 1.f / sqrtf(norms[1] + GDN_L2_EPS);
-        const float beta = 1.f / (1.f + expf(-b_raw));
-        const float softplus = a_raw > 20.f ? a_raw : log1pf(expf(fminf(a_raw, 20.f)));
+        float ssq = 0.f, ssk = 0.f;  // |q|^2 and |k|^2, each warp for itself (no barrier to share them)
+        for (int i = lane; i < GDN_DK; i += 32) {
+            ssq += sq[i] * sq[i];
+            ssk += sk[i] * sk[i];
+        }
+        ssq = warp_sum(ssq);
+        ssk = warp_sum(ssk);
+        const float inv_q = 1.f / sqrtf(ssq + GDN_L2_EPS), inv_k = 1.f / sqrtf(ssk + GDN_L2_EPS);
+        const float beta = 1.f / (1.f + expf(-cur.b));
+        const float x = cur.a + bias;
+        const float softplus = x > 20.f ? x : log1pf(expf(fminf(x, 20.f)));
         const float decay = expf(na * softplus);
         float p = 0.f;
 #pragma unroll
@@ -79,28 +112,26 @@ __device__ __forceinline__ void gated_delta_body(
             s[r] *= decay;
             p += sk[warp * R + r] * inv_k * s[r];
         }
-        red[warp][lane] = p;
+        red_kS[warp][lane] = p;
         __syncthreads();
         float predicted = 0.f;
 #pragma unroll
-        for (int w = 0; w < GDN_WARPS; ++w) predicted += red[w][lane];
-        const float delta = (vj - predicted) * beta;
+        for (int w = 0; w < GDN_WARPS; ++w) predicted += red_kS[w][lane];
+        const float delta = (cur.v - predicted) * beta;
         float o = 0.f;
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             s[r] += sk[warp * R + r] * inv_k * delta;
             o += sq[warp * R + r] * inv_q * q_scale * s[r];
         }
-        __syncthreads();  // every warp has read `red` before it is written again
-        red[warp][lane] = o;
+        red_qS[warp][lane] = o;
         __syncthreads();
         if (warp == 0 && col) {
             float total = 0.f;
 #pragma unroll
-            for (int w = 0; w < GDN_WARPS; ++w) total += red[w][lane];
+            for (int w = 0; w < GDN_WARPS; ++w) total += red_qS[w][lane];
             out[((i64)t * n_v_heads + h) * dv + j] = total;
         }
-        __syncthreads();  // the next token's q, k and partial sums overwrite what was read here
     }
     if (col) {
 #pragma unroll

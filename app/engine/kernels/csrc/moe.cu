@@ -3,6 +3,9 @@
 //   moe_route    per token: the k best experts and their weights (softmax-then-top-k, renormalised or
 //                not, as Qwen3-MoE; or top-k-then-softmax, as GPT-OSS); ties go to the lower id, as
 //                a stable sort of the negated logits does (layers/moe.py, the numpy oracle).
+//   moe_route_sigmoid
+//                the same for Nemotron-H's router (moe/ops.py: _sigmoid_grouped): sigmoid scores, the
+//                choice on scores + a per-expert bias within the best groups, weights the scores.
 //   moe_count, moe_offsets, moe_scatter
 //                the (token, slot) pairs grouped by expert: counts, exclusive offsets, then each
 //                pair's place in the grouped order (`order`) and its inverse (`where`).
@@ -12,7 +15,8 @@
 //                MOE_T pairs at a time: each weight row is read once per MOE_T tokens of that
 //                expert, the grouped product of prefill, and at decode (one token, k pairs) only the
 //                k picked experts' rows are read, the per-expert GEMV.
-//   moe_gated    act(gate) * up per pair (silu, or GPT-OSS's clamped swiglu).
+//   moe_gated    act(gate) * up per pair (silu, or GPT-OSS's clamped swiglu), or relu(up)^2 for
+//                ungated experts (Nemotron-H's squared ReLU: no gate product at all).
 //   moe_combine  per token, sum of its k pairs' outputs times their weights, in expert-id order
 //                (the oracle's order, so a token's sum does not depend on the rest of the batch).
 #include "quant.cuh"
@@ -55,6 +59,73 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n_tok
     for (int j = 0; j < k; ++j) {
         chosen[(i64)t * k + j] = idx[j];
         weights[(i64)t * k + j] = w[j];
+    }
+}
+
+// Nemotron-H's (DeepSeek-V3-style) router, a thread per token: s = sigmoid(logit), the choice c = s + bias
+// (bias may be NULL); with n_groups > 1 only the experts of the topk_groups groups whose two best c sum
+// highest compete (ties: the lower group); the k best c (ties: the lower id); weights s, divided by their
+// sum + 1e-20 when `normalize`, times `scale`. Up to 64 groups and MOE_SIG_MAX_EXPERTS experts, whose
+// choice values the thread computes once (local memory) for its k selection passes.
+#define MOE_SIG_MAX_EXPERTS 512
+__device__ __forceinline__ float moe_sigmoid(float v) { return 1.f / (1.f + expf(-v)); }
+
+extern "C" __global__ void moe_route_sigmoid(const float* __restrict__ logits, const float* __restrict__ bias,
+                                             int n_tok, int n_exp, int k, int n_groups, int topk_groups, int normalize,
+                                             float scale, int* __restrict__ chosen, float* __restrict__ weights) {
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n_tok) return;
+    const float* l = logits + (i64)t * n_exp;
+    float choice[MOE_SIG_MAX_EXPERTS];
+    for (int e = 0; e < n_exp; ++e) choice[e] = moe_sigmoid(l[e]) + (bias != nullptr ? bias[e] : 0.f);
+    unsigned long long allowed = ~0ull;  // bit g: group g competes
+    const int per_group = n_exp / n_groups;
+    if (n_groups > 1) {
+        float sums[64];
+        for (int g = 0; g < n_groups; ++g) {
+            float b1 = -PADDOCK_INF, b2 = -PADDOCK_INF;
+            for (int e = g * per_group; e < (g + 1) * per_group; ++e) {
+                const float c = choice[e];
+                if (c > b1) {
+                    b2 = b1;
+                    b1 = c;
+                } else if (c > b2) {
+                    b2 = c;
+                }
+            }
+            sums[g] = per_group > 1 ? b1 + b2 : b1;
+        }
+        allowed = 0ull;
+        for (int j = 0; j < topk_groups; ++j) {
+            int best = -1;
+            for (int g = 0; g < n_groups; ++g)
+                if (!((allowed >> g) & 1ull) && (best < 0 || sums[g] > sums[best])) best = g;
+            allowed |= 1ull << best;
+        }
+    }
+    int idx[MOE_MAX_K];
+    float sum = 0.f;
+    for (int j = 0; j < k; ++j) {
+        int best = -1;
+        float best_v = 0.f;
+        for (int e = 0; e < n_exp; ++e) {
+            if (n_groups > 1 && !((allowed >> (e / per_group)) & 1ull)) continue;
+            bool taken = false;
+            for (int i = 0; i < j; ++i) taken |= idx[i] == e;
+            const float c = choice[e];
+            if (!taken && (best < 0 || c > best_v)) {
+                best = e;
+                best_v = c;
+            }
+        }
+        idx[j] = best;
+        sum += moe_sigmoid(l[best]);
+    }
+    for (int j = 0; j < k; ++j) {
+        float w = moe_sigmoid(l[idx[j]]);
+        if (normalize) w = w / (sum + 1e-20f);
+        chosen[(i64)t * k + j] = idx[j];
+        weights[(i64)t * k + j] = w * scale;
     }
 }
 
@@ -150,12 +221,19 @@ PADDOCK_FORMATS(MOE_GROUPED_KERNEL)
 MOE_GROUPED_FORMAT(PADDOCK_FORMAT, PADDOCK_FORMAT_STRUCT)
 #endif
 
-// kind 0: silu(g) * u; kind 1: (clamp(u, +-limit) + 1) * g' * sigmoid(alpha g') with g' = min(g, limit).
+// kind 0: silu(g) * u; kind 1: (clamp(u, +-limit) + 1) * g' * sigmoid(alpha g') with g' = min(g, limit);
+// kind 2: relu(u)^2 (ungated: `gate` is not read).
 extern "C" __global__ void moe_gated(const float* __restrict__ gate, const float* __restrict__ up, i64 n, int kind,
                                      float limit, float alpha, float* __restrict__ out) {
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    const float g = gate[i], u = up[i];
+    const float u = up[i];
+    if (kind == 2) {
+        const float r = fmaxf(u, 0.f);
+        out[i] = r * r;
+        return;
+    }
+    const float g = gate[i];
     if (kind == 0) {
         out[i] = g / (1.f + expf(-g)) * u;
     } else {

@@ -1,7 +1,10 @@
 // Run moe.cu's whole pipeline on the SIMT emulator, in the order kernels/moe.py launches it:
 //   moe FMT DIR N_TOK HIDDEN FF N_EXP K TOPK_FIRST NORMALIZE ACT ROW_BYTES_GU ROW_BYTES_DOWN
+//       [N_GROUPS TOPK_GROUPS SCALE]
 // reads x.bin [T, H], logits.bin [T, E], gate.bin / up.bin ([E, FF] rows), down.bin ([E, H] rows),
 // optional gate_bias.bin / up_bias.bin / down_bias.bin; writes out.bin, chosen.bin, weights.bin.
+// With the three group arguments the router is moe_route_sigmoid (optional score_bias.bin [E]);
+// ACT 2 (relu2) runs no gate product.
 #include <cmath>
 #include <string>
 #include <vector>
@@ -24,7 +27,8 @@ static GroupedFn pick(const std::string& fmt) {
 static const float* opt(const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); }
 
 int main(int argc, char** argv) {
-    if (argc != 14 || std::string(argv[1]) != "moe") return 2;
+    if ((argc != 14 && argc != 17) || std::string(argv[1]) != "moe") return 2;
+    const bool sigmoid = argc == 17;
     const std::string fmt = argv[2], dir = argv[3];
     const int T = atoi(argv[4]), H = atoi(argv[5]), FF = atoi(argv[6]), E = atoi(argv[7]), K = atoi(argv[8]);
     const int topk_first = atoi(argv[9]), normalize = atoi(argv[10]), act = atoi(argv[11]);
@@ -41,8 +45,13 @@ int main(int argc, char** argv) {
         out((size_t)T * H, NAN);
     const unsigned threads = 64;
     auto blocks = [&](long n) { return dim3{(unsigned)((n + threads - 1) / threads), 1, 1}; };
+    auto score_bias = read_file<float>(dir + "/score_bias.bin");
     launch(blocks(T), {threads, 1, 1}, [&] {
-        moe_route(logits.data(), T, E, K, topk_first, normalize, chosen.data(), weights.data());
+        if (sigmoid)
+            moe_route_sigmoid(logits.data(), opt(score_bias), T, E, K, atoi(argv[14]), atoi(argv[15]), normalize,
+                              (float)atof(argv[16]), chosen.data(), weights.data());
+        else
+            moe_route(logits.data(), T, E, K, topk_first, normalize, chosen.data(), weights.data());
     });
     launch(blocks(P), {threads, 1, 1}, [&] { moe_count(chosen.data(), P, counts.data()); });
     launch({1, 1, 1}, {1, 1, 1}, [&] { moe_offsets(counts.data(), E, offsets.data(), cursor.data()); });
@@ -56,7 +65,7 @@ int main(int argc, char** argv) {
                offsets.data(), K, opt(bias), y);
         });
     };
-    grouped(gate, rb_gu, FF, H, x.data(), 0, gate_bias, g.data());
+    if (act != 2) grouped(gate, rb_gu, FF, H, x.data(), 0, gate_bias, g.data());
     grouped(up, rb_gu, FF, H, x.data(), 0, up_bias, u.data());
     launch(blocks((long)P * FF), {threads, 1, 1}, [&] {
         moe_gated(g.data(), u.data(), (i64)P * FF, act, 7.0f, 1.702f, a.data());

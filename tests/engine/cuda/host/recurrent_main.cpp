@@ -1,6 +1,6 @@
 // Run the hybrid models' recurrent kernels (causal_conv1d.cu, gated_delta.cu) on the SIMT emulator.
 // Commands (files in DIR, raw little-endian arrays written by test_emulated_recurrent.py):
-//   conv DIR N_TOK N_SEQS C K ACT DECODE THREADS
+//   conv DIR N_TOK N_SEQS C K ACT DECODE THREADS CHUNK   (CHUNK tokens a block; grid z covers N_TOK)
 //       reads x.bin w.bin [bias.bin] state.bin qsl.bin slots.bin init.bin (u8); writes y.bin, state.bin
 //   delta DIR N_TOK N_SEQS HK HV DV TILED DECODE          (head_k_dim is the build's GDN_DK)
 //       reads mixed.bin ba.bin nega.bin dtb.bin state.bin qsl.bin slots.bin init.bin; writes o.bin, state.bin
@@ -17,10 +17,10 @@
 
 int main(int argc, char** argv) {
     const std::string cmd = argc > 1 ? argv[1] : "";
-    if (cmd == "conv" && argc == 10) {
+    if (cmd == "conv" && argc == 11) {
         const std::string dir = argv[2];
         const int n_tok = atoi(argv[3]), n_seqs = atoi(argv[4]), c = atoi(argv[5]), k = atoi(argv[6]);
-        const int act = atoi(argv[7]), decode = atoi(argv[8]), threads = atoi(argv[9]);
+        const int act = atoi(argv[7]), decode = atoi(argv[8]), threads = atoi(argv[9]), chunk = atoi(argv[10]);
         auto x = read_required<float>(dir + "/x.bin");
         auto w = read_required<float>(dir + "/w.bin");
         auto bias = read_file<float>(dir + "/bias.bin");
@@ -30,13 +30,14 @@ int main(int argc, char** argv) {
         auto init = read_required<u8>(dir + "/init.bin");
         std::vector<float> y((size_t)n_tok * c, NAN);
         const float* b = bias.empty() ? nullptr : bias.data();
-        launch({(unsigned)((c + threads - 1) / threads), (unsigned)n_seqs, 1}, {(unsigned)threads, 1, 1}, [&] {
+        const unsigned chunks = decode ? 1u : (unsigned)((n_tok + chunk - 1) / chunk);
+        launch({(unsigned)((c + threads - 1) / threads), (unsigned)n_seqs, chunks}, {(unsigned)threads, 1, 1}, [&] {
             if (decode)
                 causal_conv1d_update(x.data(), c, w.data(), b, state.data(), slots.data(), init.data(), y.data(), c, k,
                                      act);
             else
                 causal_conv1d_varlen(x.data(), c, w.data(), b, state.data(), qsl.data(), slots.data(), init.data(),
-                                     y.data(), c, k, act);
+                                     y.data(), c, k, act, chunk);
         });
         write_file(dir + "/y.bin", y);
         write_file(dir + "/state.bin", state);
