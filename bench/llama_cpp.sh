@@ -56,7 +56,7 @@ build() {
     -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     > /tmp/llama-cmake.log 2>&1 || { tail -30 /tmp/llama-cmake.log; return 1; }
   local started=$SECONDS
-  ninja -C "$BUILD" -j "$(nproc)" llama-server > /tmp/llama-build.log 2>&1 \
+  nice -n 10 ninja -C "$BUILD" -j "$(nproc)" llama-server > /tmp/llama-build.log 2>&1 \
     || { tail -30 /tmp/llama-build.log; return 1; }
   echo "llama-server built in $((SECONDS - started)) s"
 }
