@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PACKAGES=("$@")
-[[ ${#PACKAGES[@]} -gt 0 ]] || PACKAGES=(gguf fastapi uvicorn pydantic python-multipart mcp llguidance)  # mcp: the server's middleware imports it
+[[ ${#PACKAGES[@]} -gt 0 ]] || PACKAGES=(gguf fastapi uvicorn httptools uvloop pydantic python-multipart mcp llguidance)  # mcp: the server's middleware imports it
 read -ra PIP <<< "${PIP:-python3 -m pip}"
 mkdir -p .whl
 "${PIP[@]}" download -q --only-binary=:all: --python-version 3.12 --implementation cp \

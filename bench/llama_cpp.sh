@@ -24,7 +24,7 @@ pack() {
   mkdir -p .llama
   # Only what a CUDA build of the server reads: other backends, docs and the web UI's tests stay behind.
   tar -C "$src" --exclude='*.md' --exclude='ggml/src/ggml-'{vulkan,sycl,metal,opencl,cann,musa,hip,webgpu} \
-    -cJf .llama/src.tar.xz CMakeLists.txt cmake ggml src include common tools vendor licenses LICENSE app
+    -cJf .llama/src.tar.xz CMakeLists.txt cmake ggml src include common tools vendor licenses LICENSE app scripts
   rm -rf "$work"
   ls -la .llama/src.tar.xz
 }

@@ -1,19 +1,21 @@
 """One memory model on the GPU: the KV blocks `paddock fit` predicts from the free memory the engine read
-before loading are the blocks the engine allocates with the same settings, for the fixture families at
-several contexts, and the weights took no more than the plan counts for them (the count from the memory
-left after loading never had to cap the prediction)."""
+before loading are the blocks the engine allocates with the same settings, at several contexts, and the
+weights took no more than the plan counts for them (the count from the memory left after loading never had
+to cap the prediction). The models are bench/'s random-weight files (heads the CUDA kernels take), written
+at test time: a Qwen3-shaped and a Llama-shaped Q4_K_M, and a hybrid Qwen3.5 with its recurrent state."""
 
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.gpu
 
-FAMILIES = Path(__file__).resolve().parents[2] / "fixtures" / "families"
-MODELS = sorted(FAMILIES.glob("*/*.gguf"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
+MODELS = ["tiny", "tiny-llama", "qwen35-tiny"]
 TIGHT_BLOCKS = 1000  # the room a tight setting leaves: fewer blocks than the sequences want
 
 
@@ -38,9 +40,25 @@ def _tight_utilization(path: Path, settings: dict) -> float:
     return (besides + TIGHT_BLOCKS * kv_block_bytes(shape, options.block_size, "float16")) / free
 
 
-@pytest.mark.parametrize("path", MODELS, ids=lambda p: p.parent.name)
-def test_fit_predicts_the_blocks_the_engine_allocates_on_the_gpu(cuda, path: Path, caplog) -> None:
+def _model(name: str, folder: Path) -> Path:
+    import make_random_gguf
+    import make_random_hybrid_gguf
+
+    path = folder / f"{name}.gguf"
+    if name in make_random_hybrid_gguf.SHAPES:
+        make_random_hybrid_gguf.write(name, path)
+    else:
+        make_random_gguf.write(name, "q4_k_m", path)
+    return path
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_fit_predicts_the_blocks_the_engine_allocates_on_the_gpu(
+    cuda, name: str, tmp_path: Path, caplog
+) -> None:
     from app.engine.plan.fit import FitOptions, check_fit, shape_from_checkpoint
+
+    path = _model(name, tmp_path)
 
     shape = shape_from_checkpoint(path)
     tight = dict(max_model_len=512, max_num_seqs=64)
