@@ -20,17 +20,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from speech_fixtures import CLIP, FIXTURES, clip_samples, references
 
 from app.engine.loader.names import CheckpointError
 from app.engine.models.audio import granite_speech, load_audio_encoder
 from app.engine.models.audio.granite_speech_config import GraniteSpeechMelSettings
 from app.engine.models.audio.granite_speech_features import input_features
-from app.engine.tasks.audio import AudioError, decode_audio
+from app.engine.tasks.audio import AudioError
 from app.engine.tasks.speech_llm import SpeechLLMTranscriber
 
-FIXTURES = Path(__file__).parents[2] / "fixtures"
 HF = FIXTURES / "granite_speech" / "hf"
-CLIP = FIXTURES / "audio" / "speech.wav"
 MANIFEST = json.loads((FIXTURES / "granite_speech" / "manifest.json").read_text())
 CLIPS = sorted(MANIFEST["samples"])
 CARD_DATE = datetime.date(2025, 4, 9)  # the fixture's prompt carries the model card's date
@@ -38,14 +37,12 @@ CARD_DATE = datetime.date(2025, 4, 9)  # the fixture's prompt carries the model 
 
 @pytest.fixture(scope="module")
 def refs() -> dict[str, np.ndarray]:
-    with np.load(FIXTURES / "granite_speech" / "references.npz") as data:
-        return dict(data)
+    return references("granite_speech")
 
 
 @pytest.fixture(scope="module")
 def samples() -> dict[str, np.ndarray]:
-    clip = decode_audio(CLIP)
-    return {name: clip[:count] for name, count in MANIFEST["samples"].items()}
+    return clip_samples(MANIFEST)
 
 
 @pytest.fixture(scope="module")
