@@ -99,12 +99,16 @@ def merge_lora(checkpoint: Any, adapter: LoraAdapter) -> Any:
     """The checkpoint with every updated weight replaced by `W + scale * B @ A`, computed in float32 and
     stored in the weight's own float format (a quantized weight is refused: it has no exact merge)."""
     if checkpoint.format != "safetensors":
-        raise CheckpointError(f"{adapter.folder}: a LoRA adapter merges into a Hugging Face folder's weights only")
+        raise CheckpointError(
+            f"{adapter.folder}: a LoRA adapter merges into a Hugging Face folder's weights only"
+        )
     tensors = dict(checkpoint.tensors)
     for name, delta in adapter.deltas.items():
         weight = tensors.get(name)
         if weight is None:
-            raise CheckpointError(f"{adapter.folder / ADAPTER_WEIGHTS}: updates {name}, which the model lacks")
+            raise CheckpointError(
+                f"{adapter.folder / ADAPTER_WEIGHTS}: updates {name}, which the model lacks"
+            )
         if weight.qtype.name not in _FLOAT_TYPES:
             raise CheckpointError(
                 f"{adapter.folder / ADAPTER_WEIGHTS}: {name} is stored as {weight.qtype.name}; LoRA merges into "
@@ -129,7 +133,9 @@ def _read_settings(path: Path) -> dict[str, Any]:
     if not isinstance(settings, dict):
         raise CheckpointError(f"{path}: holds a JSON {type(settings).__name__}, not the adapter's settings")
     if settings.get("peft_type", "LORA") != "LORA":
-        raise CheckpointError(f"{path}: peft_type {settings.get('peft_type')!r}; only LORA adapters are merged")
+        raise CheckpointError(
+            f"{path}: peft_type {settings.get('peft_type')!r}; only LORA adapters are merged"
+        )
     for key, default in _REFUSED.items():
         value = settings.get(key, default)
         if value not in (default, [], {}) and not (key == "bias" and value is None):
@@ -149,5 +155,7 @@ def _scale(settings: dict[str, Any], module: str, rank: int, source: Path) -> fl
             alpha = value
             break
     if not isinstance(alpha, (int, float)) or alpha <= 0:
-        raise CheckpointError(f"{source}: alpha_pattern gives {module} alpha {alpha!r}, not a positive number")
+        raise CheckpointError(
+            f"{source}: alpha_pattern gives {module} alpha {alpha!r}, not a positive number"
+        )
     return float(alpha) / (math.sqrt(rank) if settings.get("use_rslora") else rank)

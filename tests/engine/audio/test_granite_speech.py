@@ -79,7 +79,9 @@ def test_attention_blocks_one_at_a_time_give_the_same_states(refs, transcriber, 
     # a long clip's attention blocks go BLOCK_BATCH at a time: one at a time (13 groups, the last short)
     monkeypatch.setattr(granite_speech, "BLOCK_BATCH", 1)
     encoder = transcriber.task.engine.runner.images.vision
-    np.testing.assert_allclose(encoder.encoder_states(refs["features/speech"]), refs["encoder/speech"], atol=1e-4)
+    np.testing.assert_allclose(
+        encoder.encoder_states(refs["features/speech"]), refs["encoder/speech"], atol=1e-4
+    )
 
 
 @pytest.mark.parametrize("clip", CLIPS)
@@ -125,7 +127,9 @@ def test_transcript_is_the_reply_as_one_segment_over_the_clip(transcriber):
     transcript = transcriber.transcribe(CLIP, language="en")
     assert (transcript.text, transcript.language) == (text, "en")  # the model names none: the request's
     duration = MANIFEST["samples"]["speech"] / 16_000
-    assert [(s.start, s.end, s.text) for s in transcript.segments] == [(0.0, pytest.approx(duration, abs=1e-3), text)]
+    assert [(s.start, s.end, s.text) for s in transcript.segments] == [
+        (0.0, pytest.approx(duration, abs=1e-3), text)
+    ]
     assert transcriber.transcribe(CLIP).language == ""
 
 
@@ -142,7 +146,9 @@ def test_bad_audio_is_refused_naming_the_file(payload, problem, transcriber, tmp
 
 def test_audio_too_long_for_the_context_is_refused_naming_the_file():
     small = SpeechLLMTranscriber.load(HF, device="cpu", context=128)
-    with pytest.raises(AudioError, match=r"speech\.wav: 5 s of audio make a \d+-token prompt; hf takes \d+ tokens"):
+    with pytest.raises(
+        AudioError, match=r"speech\.wav: 5 s of audio make a \d+-token prompt; hf takes \d+ tokens"
+    ):
         small.transcribe(CLIP)
 
 
@@ -173,7 +179,9 @@ def test_truncated_weights_are_refused_naming_the_file(name, tmp_path):
 def test_a_missing_adapter_is_refused_naming_it(tmp_path):
     folder = _copy_fixture(tmp_path)
     (folder / "adapter_config.json").unlink()
-    with pytest.raises(CheckpointError, match=r"ASR model .*adapter_config\.json: missing; .*has_lora_adapter"):
+    with pytest.raises(
+        CheckpointError, match=r"ASR model .*adapter_config\.json: missing; .*has_lora_adapter"
+    ):
         SpeechLLMTranscriber.load(folder, device="cpu")
     shutil.copy(HF / "adapter_config.json", folder)
     (folder / "adapter_model.safetensors").unlink()
@@ -208,7 +216,10 @@ def test_an_adapter_of_another_model_is_refused_naming_the_tensor(tmp_path):
     name = "base_model.model.model.language_model.layers.0.self_attn.q_proj.lora_B.weight"
     tensors[name] = StoredTensor("F32", (48, 4), np.zeros((48, 4), np.float32))  # another width
     write_safetensors(weights, tensors)
-    with pytest.raises(CheckpointError, match=r"adapter_model\.safetensors: the update of blk\.0\.attn_q\.weight is \[48, 64\]"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"adapter_model\.safetensors: the update of blk\.0\.attn_q\.weight is \[48, 64\]",
+    ):
         SpeechLLMTranscriber.load(folder, device="cpu")
     del tensors[name]
     write_safetensors(weights, tensors)
@@ -220,7 +231,9 @@ def test_a_config_without_the_projector_is_refused_naming_the_file(tmp_path):
     folder = _copy_fixture(tmp_path)
     config = json.loads((folder / "config.json").read_text())
     del config["projector_config"]
-    with pytest.raises(CheckpointError, match=r"config\.json: a Granite Speech config needs a projector_config"):
+    with pytest.raises(
+        CheckpointError, match=r"config\.json: a Granite Speech config needs a projector_config"
+    ):
         load_audio_encoder(folder, config, None)
 
 
@@ -228,7 +241,9 @@ def test_a_feature_extractor_of_other_mel_bins_is_refused_naming_the_file(tmp_pa
     folder = _copy_fixture(tmp_path)
     _edit_json(folder / "preprocessor_config.json", lambda s: s.update(n_mels=128))
     config = json.loads((folder / "config.json").read_text())
-    with pytest.raises(CheckpointError, match=r"config\.json: encoder_config\.input_dim 160 is not two frames .* 128"):
+    with pytest.raises(
+        CheckpointError, match=r"config\.json: encoder_config\.input_dim 160 is not two frames .* 128"
+    ):
         load_audio_encoder(folder, config, None)
 
 
@@ -247,7 +262,9 @@ def test_a_missing_or_misshapen_encoder_tensor_is_named(tmp_path):
         load_audio_encoder(folder, config, None)
     tensors["projector.query"] = StoredTensor("F32", (1, 5, 24), np.zeros((1, 5, 24), np.float32))
     write_safetensors(weights, tensors)
-    with pytest.raises(CheckpointError, match=r"projector\.query has shape \[1, 5, 24\], the config needs \[1, 3, 24\]"):
+    with pytest.raises(
+        CheckpointError, match=r"projector\.query has shape \[1, 5, 24\], the config needs \[1, 3, 24\]"
+    ):
         load_audio_encoder(folder, config, None)
 
 

@@ -88,7 +88,9 @@ class _BlockAttention:
         c = cfg.context_size
         distance = np.arange(c)[:, None] - np.arange(c)[None, :]  # |i - j| < c <= max_pos_emb: no clamp
         table = tensors[f"{prefix}.rel_pos_emb.weight"].dequantize()
-        self.rel = backend.from_host(table[distance + cfg.max_pos_emb].transpose(0, 2, 1).copy(), backend.xp.float32)
+        self.rel = backend.from_host(
+            table[distance + cfg.max_pos_emb].transpose(0, 2, 1).copy(), backend.xp.float32
+        )
 
     def __call__(self, x: Any) -> Any:
         b, c = self.backend, self.cfg
@@ -133,10 +135,15 @@ class _ConvModule:
         self.down = pointwise(backend, tensors, f"{prefix}.down_conv")
         taps = tensors[f"{prefix}.depth_conv.conv.weight"].dequantize()  # [width, 1, k]
         self.taps = backend.from_host(taps[:, 0, :].T.copy(), f32)  # [k, width]
-        norm = {k: tensors[f"{prefix}.batch_norm.{k}"].dequantize() for k in ("weight", "bias", "running_mean", "running_var")}
+        norm = {
+            k: tensors[f"{prefix}.batch_norm.{k}"].dequantize()
+            for k in ("weight", "bias", "running_mean", "running_var")
+        }
         scale = norm["weight"] / np.sqrt(norm["running_var"] + np.float32(cfg.batch_norm_eps))
         self.bn_scale = backend.from_host(scale.astype(np.float32), f32)
-        self.bn_shift = backend.from_host((norm["bias"] - norm["running_mean"] * scale).astype(np.float32), f32)
+        self.bn_shift = backend.from_host(
+            (norm["bias"] - norm["running_mean"] * scale).astype(np.float32), f32
+        )
         k = cfg.conv_kernel_size
         self.pad = (k // 2, k // 2 - (k + 1) % 2)
 
@@ -200,7 +207,9 @@ class _QFormerLayer:
         self.xp = backend.xp
         self.attention = _QFormerAttention(backend, cfg, tensors, f"{p}.attention")
         self.cross = (
-            _QFormerAttention(backend, cfg, tensors, f"{p}.crossattention") if index % cfg.q_cross_every == 0 else None
+            _QFormerAttention(backend, cfg, tensors, f"{p}.crossattention")
+            if index % cfg.q_cross_every == 0
+            else None
         )
         self.up = named_linear(backend, tensors, f"{p}.intermediate_query.dense")
         self.down = named_linear(backend, tensors, f"{p}.output_query.dense")
@@ -239,7 +248,9 @@ class GraniteSpeechAudioEncoder:
         """The conformer's last hidden state `[frames, hidden]` (before the projector)."""
         b, c = self.backend, self.config
         if features.ndim != 2 or features.shape[1] != c.input_dim or features.shape[0] == 0:
-            raise ValueError(f"features of shape {list(features.shape)}: the encoder takes [frames > 0, {c.input_dim}]")
+            raise ValueError(
+                f"features of shape {list(features.shape)}: the encoder takes [frames > 0, {c.input_dim}]"
+            )
         x = self.input_linear(b.from_host(np.ascontiguousarray(features, np.float32), b.xp.float32))
         for index, layer in enumerate(self.layers, start=1):
             x = layer(x)

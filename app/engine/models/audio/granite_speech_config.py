@@ -83,7 +83,10 @@ def granite_speech_audio_config(folder: Path, hf_config: dict[str, Any]) -> Gran
         return value
 
     enc, proj, text = section("encoder_config"), section("projector_config"), section("text_config")
-    hidden, heads = size(enc, "encoder_config.", "hidden_dim", 1024), size(enc, "encoder_config.", "num_heads", 8)
+    hidden, heads = (
+        size(enc, "encoder_config.", "hidden_dim", 1024),
+        size(enc, "encoder_config.", "num_heads", 8),
+    )
     head_dim = enc.get("dim_head") or hidden // heads
     top = hf_config
     cfg = GraniteSpeechAudioConfig(
@@ -164,7 +167,9 @@ def _mel_settings(folder: Path) -> GraniteSpeechMelSettings:
         win_length=setting("win_length", 400), hop_length=setting("hop_length", 160), n_mels=setting("n_mels", 80),
     )  # fmt: skip
     if mel.win_length > mel.n_fft:
-        raise CheckpointError(f"{folder}: {settings.source} win_length {mel.win_length} exceeds n_fft {mel.n_fft}")
+        raise CheckpointError(
+            f"{folder}: {settings.source} win_length {mel.win_length} exceeds n_fft {mel.n_fft}"
+        )
     return mel
 
 

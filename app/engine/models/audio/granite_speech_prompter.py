@@ -32,7 +32,10 @@ class GraniteSpeechPrompter:
     """What `place_images` asks of a prompter (`image_token_id`, `tokens_for`), for audio."""
 
     def __init__(
-        self, cfg: GraniteSpeechAudioConfig, tokenizer: Any, today: Callable[[], datetime.date] = datetime.date.today
+        self,
+        cfg: GraniteSpeechAudioConfig,
+        tokenizer: Any,
+        today: Callable[[], datetime.date] = datetime.date.today,
     ) -> None:
         self.cfg, self.tokenizer, self.today = cfg, tokenizer, today
         self.image_token_id = cfg.audio_token_id
@@ -53,7 +56,9 @@ class GraniteSpeechPrompter:
         """`language` does not change the prompt: the model transcribes what it hears (the card's one
         instruction for every language it takes)."""
         day = self.today()
-        system = _SYSTEM.format(today=f"{day:%B} {day.day}, {day.year}")  # as the card writes it: "April 9, 2025"
+        system = _SYSTEM.format(
+            today=f"{day:%B} {day.day}, {day.year}"
+        )  # as the card writes it: "April 9, 2025"
         if context:
             system += f"\n{context}"
         text = (

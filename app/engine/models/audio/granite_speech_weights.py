@@ -27,7 +27,9 @@ def load_granite_speech_audio(folder: Path, cfg: GraniteSpeechAudioConfig) -> Te
         if found is None:
             raise CheckpointError(f"{folder}: the Granite Speech checkpoint lacks {name}")
         if tuple(found.shape) != shape:
-            raise CheckpointError(f"{folder}: {name} has shape {list(found.shape)}, the config needs {list(shape)}")
+            raise CheckpointError(
+                f"{folder}: {name} has shape {list(found.shape)}, the config needs {list(shape)}"
+            )
     return tensors
 
 
