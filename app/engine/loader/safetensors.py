@@ -110,9 +110,14 @@ def read_raw_tensors(path: Path) -> dict[str, RawTensor]:
     header, data_start = _read_header(path, mapped)
     tensors = {}
     for name, entry in header.items():
-        if name != "__metadata__" and not name.endswith(_UNUSED_SUFFIX):
+        if name != "__metadata__" and not is_unused_tensor(name):
             tensors[name] = _tensor(path, name, entry, buffer, data_start)
     return tensors
+
+
+def is_unused_tensor(name: str) -> bool:
+    """A tensor no forward pass reads, left out of what the loader returns (and of the Studio's counts)."""
+    return name.endswith(_UNUSED_SUFFIX)
 
 
 def read_header(path: Path) -> tuple[dict[str, Any], int]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -281,3 +282,20 @@ def test_transcribe_command_runs_a_granite_speech_folder(tmp_path, capsys):
     args = ["transcribe", str(CLIP), "--model", str(HF), "--device", "cpu", "--language", "en"]
     assert main([*args, "--format", "vtt", "--output", str(out)]) == 0
     assert out.read_text().startswith("WEBVTT\n\n00:00:00.000 --> 00:00:05.131\n")
+
+
+def test_will_it_fit_counts_the_encoder_projector_and_adapter(transcriber):
+    from app.engine.loader.lora import read_lora_adapter
+    from app.engine.models.audio.granite_speech_weights import load_granite_speech_audio
+    from app.engine.plan.fit import FitOptions, check_fit, shape_from_checkpoint
+
+    shape = shape_from_checkpoint(HF)
+    loaded = load_granite_speech_audio(HF, transcriber.prompter.cfg)  # what the encoder is built from
+    assert shape.audio.weight_bytes == sum(t.nbytes for t in loaded.values())
+    assert shape.audio.adapter_bytes == 4 * read_lora_adapter(HF, "granite").parameter_count  # float32
+    assert shape.weight_bytes == sum(t.nbytes for t in transcriber.task.engine.checkpoint.tensors.values())
+    report = check_fit(shape, FitOptions())
+    b = report.breakdown
+    assert b.audio == shape.audio.total and b.total == b.besides_kv + b.kv_cache
+    assert b.total - b.audio == check_fit(replace(shape, audio=None), FitOptions()).breakdown.total
+    assert "audio" in report.summary() and "Granite Speech in hf/*.safetensors" in report.summary()
