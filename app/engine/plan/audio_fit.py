@@ -10,7 +10,7 @@ Granite Speech's conformer (models/audio/granite_speech.py) runs over every fram
 (50 frames a second): per frame the residual, a normed copy, the feed-forward's up projection, q, k, v
 and the attention output, and the convolution module's doubled projection, its GLU, padded copy and
 output, all float32; attention scores for `BLOCK_BATCH` blocks of `context_size` frames at a time, with
-their relative-position terms. Qwen3-ASR's working set is not estimated (its weights are counted).
+their relative-position terms and the query's product with every distance's vector (2 x context_size wide). Qwen3-ASR's working set is not estimated (its weights are counted).
 """
 
 from __future__ import annotations
@@ -91,5 +91,5 @@ def _granite_activation_bytes(config: Mapping[str, Any]) -> int:
     frames = SECONDS * 50
     per_frame = 2 * hidden + ff + 4 * inner + 5 * conv
     blocks = min(BLOCK_BATCH, -(-frames // context))
-    scores = 2 * blocks * heads * context * context
+    scores = 4 * blocks * heads * context * context  # scores, position terms, query . every distance (2 c)
     return (frames * per_frame + scores) * FLOAT_BYTES

@@ -299,3 +299,15 @@ def test_will_it_fit_counts_the_encoder_projector_and_adapter(transcriber):
     assert b.audio == shape.audio.total and b.total == b.besides_kv + b.kv_cache
     assert b.total - b.audio == check_fit(replace(shape, audio=None), FitOptions()).breakdown.total
     assert "audio" in report.summary() and "Granite Speech in hf/*.safetensors" in report.summary()
+
+
+def test_serve_refuses_a_broken_granite_speech_folder_naming_the_file(tmp_path, capsys):
+    from app.cli import main
+
+    folder = _copy_fixture(tmp_path)
+    adapter = folder / "adapter_model.safetensors"
+    adapter.write_bytes(adapter.read_bytes()[:100])
+    chat = str(FIXTURES / "families" / "qwen3" / "qwen3-kquants.gguf")
+    args = ["serve", "--model", chat, "--device", "cpu", "--port", "0", "--no-mcp", "--no-embeddings"]
+    assert main([*args, "--asr-model", str(folder)]) == 2
+    assert f"{adapter}: " in capsys.readouterr().err

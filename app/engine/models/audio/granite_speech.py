@@ -86,11 +86,13 @@ class _BlockAttention:
         self.to_kv = named_linear(backend, tensors, f"{prefix}.to_kv")
         self.to_out = named_linear(backend, tensors, f"{prefix}.to_out")
         c = cfg.context_size
-        distance = np.arange(c)[:, None] - np.arange(c)[None, :]  # |i - j| < c <= max_pos_emb: no clamp
+        # the distances inside a block, -(c - 1)..c - 1 (|i - j| < c <= max_pos_emb: transformers' clamp never
+        # bites), as rows of a table; `column[i, j]` is the row of distance i - j
         table = tensors[f"{prefix}.rel_pos_emb.weight"].dequantize()
-        self.rel = backend.from_host(
-            table[distance + cfg.max_pos_emb].transpose(0, 2, 1).copy(), backend.xp.float32
-        )
+        self.rel = backend.from_host(table[cfg.max_pos_emb - (c - 1) : cfg.max_pos_emb + c], backend.xp.float32)
+        distance = np.arange(c)[:, None] - np.arange(c)[None, :] + (c - 1)
+        self.row = backend.from_host(np.arange(c)[:, None].astype(np.int64), backend.xp.int64)
+        self.column = backend.from_host(distance.astype(np.int64), backend.xp.int64)
 
     def __call__(self, x: Any) -> Any:
         b, c = self.backend, self.cfg
@@ -115,13 +117,11 @@ class _BlockAttention:
         qb = q.reshape(-1, size, heads, dim).transpose(0, 2, 1, 3)  # [blocks, heads, size, d]
         kb = kv[:, 0].reshape(-1, size, heads, dim).transpose(0, 2, 1, 3)
         vb = kv[:, 1].reshape(-1, size, heads, dim).transpose(0, 2, 1, 3)
-        blocks = qb.shape[0]
-        # rel[i, :, j] is the vector of distance i - j: per query row i, q_i . rel[i, :, j] for every key j
-        by_row = qb.transpose(2, 0, 1, 3).reshape(size, blocks * heads, dim)
-        positions = xp.matmul(by_row, self.rel[:size, :, :size]) * xp.float32(c.head_dim**-0.5)
-        positions = positions.reshape(size, blocks, heads, size).transpose(1, 2, 0, 3)
+        # q_i . rel[d] for every distance d, then per key j the one of distance i - j
+        by_distance = xp.matmul(qb, self.rel.T)  # [blocks, heads, size, 2c - 1]
+        positions = by_distance[:, :, self.row[:size], self.column[:size, :size]] * xp.float32(c.head_dim**-0.5)
         out = attend(xp, qb, kb, vb, c.head_dim**-0.5, positions)
-        return out.transpose(0, 2, 1, 3).reshape(blocks * size, heads, dim)
+        return out.transpose(0, 2, 1, 3).reshape(qb.shape[0] * size, heads, dim)
 
 
 class _ConvModule:
