@@ -34,8 +34,10 @@ _PEFT_PREFIX = "base_model.model."
 _LORA_NAME = re.compile(r"^(?P<module>.+)\.lora_(?P<part>[AB])(?:\.default)?\.weight$")
 _FLOAT_TYPES = ("F32", "F16", "BF16")
 # settings whose non-default value means the adapter is not a plain low-rank delta on weights
+# (an activated LoRA applies only after its invocation tokens: no single merged weight reproduces it)
 _REFUSED = {"use_dora": False, "fan_in_fan_out": False, "lora_bias": False, "bias": "none",
-            "modules_to_save": None, "target_parameters": None}  # fmt: skip
+            "modules_to_save": None, "target_parameters": None, "alora_invocation_tokens": None,
+            "use_qalora": False}  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -197,6 +197,7 @@ def test_a_missing_adapter_is_refused_naming_it(tmp_path):
         (lambda c: c.update(peft_type="IA3"), r"peft_type 'IA3'"),
         (lambda c: c.update(lora_alpha=0), r"lora_alpha is 0"),
         (lambda c: c.update(modules_to_save=["lm_head"]), r"modules_to_save is \['lm_head'\]"),
+        (lambda c: c.update(alora_invocation_tokens=[5, 6]), r"alora_invocation_tokens is \[5, 6\]"),
     ],
 )
 def test_an_adapter_this_merge_cannot_reproduce_is_refused(change, problem, tmp_path):
@@ -311,3 +312,12 @@ def test_serve_refuses_a_broken_granite_speech_folder_naming_the_file(tmp_path, 
     args = ["serve", "--model", chat, "--device", "cpu", "--port", "0", "--no-mcp", "--no-embeddings"]
     assert main([*args, "--asr-model", str(folder)]) == 2
     assert f"{adapter}: " in capsys.readouterr().err
+
+
+def test_an_audio_token_the_tokenizer_gives_another_id_is_refused(tmp_path):
+    folder = _copy_fixture(tmp_path)
+    _edit_json(folder / "config.json", lambda c: c.update(audio_token_index=302))
+    with pytest.raises(
+        CheckpointError, match=r"ASR model .*: tokenizer\.json gives <\|audio\|> id 303, config\.json audio_token_index 302"
+    ):
+        SpeechLLMTranscriber.load(folder, device="cpu")

@@ -42,7 +42,7 @@ class GraniteSpeechPrompter:
         found = tokenizer.token_to_id(AUDIO_TOKEN)
         if found is not None and found != cfg.audio_token_id:
             raise ValueError(
-                f"the tokenizer gives {AUDIO_TOKEN} id {found}, config.json audio_token_index {cfg.audio_token_id}"
+                f"tokenizer.json gives {AUDIO_TOKEN} id {found}, config.json audio_token_index {cfg.audio_token_id}"
             )
 
     def audio_input(self, samples: np.ndarray) -> ImageInput:
