@@ -6,8 +6,9 @@ lock) whose runner gets the audio encoder as its soft-token embedder: the clip's
 the prompt's run of audio tokens, spliced as image soft tokens are. models/audio/ picks the family by
 config.json: its encoder, its prompter (Qwen3-ASR's reply names the language unless one was forced;
 Granite Speech's is the transcript alone) and the LoRA adapter merged into the text model (Granite
-Speech's, which transformers turns on whenever audio is present). Neither gives timestamps, so the
-transcript is one segment over the whole clip. A cancel check (a client that hung up) is read between engine
+Speech's, which transformers turns on whenever audio is present). A text GGUF with llama.cpp's audio
+mmproj beside it (Granite Speech's) loads the same way, its adapter already merged into the GGUF. Neither
+model gives timestamps, so the transcript is one segment over the whole clip. A cancel check (a client that hung up) is read between engine
 steps: the request is aborted there, as faster-whisper's stops between segments.
 """
 
@@ -23,6 +24,7 @@ from app.engine.models.audio import (
     SPEECH_ARCHITECTURES,
     is_speech_model,
     load_audio_encoder,
+    load_mmproj_audio_encoder,
     speech_adapter,
     speech_prompter,
 )
@@ -61,23 +63,24 @@ class SpeechLLMTranscriber:
 
     @classmethod
     def load(cls, path: str | Path, device: str = "auto", context: int = ASR_CONTEXT) -> SpeechLLMTranscriber:
-        """The speech LLM at `path` (a Hugging Face folder); errors name the path and the problem."""
+        """The speech LLM at `path`: a Hugging Face folder, or a text GGUF with its audio mmproj beside it
+        (llama.cpp's layout: Granite Speech's); errors name the path and the problem."""
         path = Path(path)
         config_file = path / "config.json"
-        if path.suffix.lower() == ".gguf":
-            raise CheckpointError(
-                f"ASR model {path}: speech GGUFs (with an audio mmproj) are not read yet; give the Hugging Face folder"
-            )
-        if not path.is_dir() or not config_file.is_file():
+        is_gguf = path.suffix.lower() == ".gguf"
+        if not is_gguf and (not path.is_dir() or not config_file.is_file()):
             raise CheckpointError(f"ASR model {path}: not a model folder (no config.json)")
         try:
-            adapter = speech_adapter(path, _read_config(config_file) or {})
+            adapter = None if is_gguf else speech_adapter(path, _read_config(config_file) or {})
         except ValueError as exc:
             raise CheckpointError(f"ASR model {exc}") from None
         task = TaskModel.load(path, "ASR", device, context, lora_adapter=adapter)
         engine = task.engine
         try:
-            encoder = load_audio_encoder(path, engine.checkpoint.hf_config or {}, engine.backend)
+            if is_gguf:
+                encoder = load_mmproj_audio_encoder(path, engine.model_config, engine.tokenizer, engine.backend)
+            else:
+                encoder = load_audio_encoder(path, engine.checkpoint.hf_config or {}, engine.backend)
             prompter = speech_prompter(encoder, engine.tokenizer) if encoder is not None else None
         except ValueError as exc:
             raise CheckpointError(

@@ -321,3 +321,45 @@ def test_an_audio_token_the_tokenizer_gives_another_id_is_refused(tmp_path):
         CheckpointError, match=r"ASR model .*: tokenizer\.json gives <\|audio\|> id 303, config\.json audio_token_index 302"
     ):
         SpeechLLMTranscriber.load(folder, device="cpu")
+
+
+# -- llama.cpp's layout: the text GGUF (adapter merged) with its mmproj beside it --------------------------
+
+GGUF = FIXTURES / "granite_speech" / "gguf"
+TEXT_GGUF = GGUF / "granite-speech-tiny-f32.gguf"
+
+
+@pytest.fixture(scope="module")
+def from_gguf() -> SpeechLLMTranscriber:
+    model = SpeechLLMTranscriber.load(TEXT_GGUF, device="cpu")
+    model.prompter.today = lambda: CARD_DATE
+    return model
+
+
+@pytest.mark.parametrize("clip", CLIPS)
+def test_the_gguf_pair_gives_transformers_tokens(clip, refs, samples, from_gguf):
+    encoder = from_gguf.task.engine.runner.images.vision
+    np.testing.assert_allclose(encoder.encoder_states(refs[f"features/{clip}"]), refs[f"encoder/{clip}"], atol=1e-4)
+    np.testing.assert_allclose(encoder.encode(refs[f"features/{clip}"]), refs[f"audio/{clip}"], atol=1e-4)
+    expected = MANIFEST["cases"][clip]
+    ids, reply = greedy(from_gguf, samples[clip], len(expected["greedy"]))
+    assert ids == expected["token_ids"]
+    assert reply == expected["greedy"]
+
+
+def test_a_gguf_without_its_mmproj_or_with_another_kind_is_refused(tmp_path):
+    shutil.copy(TEXT_GGUF, tmp_path)
+    text = tmp_path / TEXT_GGUF.name
+    with pytest.raises(CheckpointError, match=r"ASR model .*granite-speech-tiny-f32\.gguf: no mmproj\*\.gguf beside it"):
+        SpeechLLMTranscriber.load(text, device="cpu")
+    shutil.copy(FIXTURES / "vision" / "gemma3" / "mmproj-gemma3.gguf", tmp_path)
+    with pytest.raises(CheckpointError, match=r"mmproj-gemma3\.gguf: clip\.projector_type is 'gemma3', not 'granite_speech'"):
+        SpeechLLMTranscriber.load(text, device="cpu")
+
+
+def test_a_truncated_mmproj_is_refused_naming_it(tmp_path):
+    shutil.copy(TEXT_GGUF, tmp_path)
+    mmproj = tmp_path / "mmproj-granite-speech-tiny-f32.gguf"
+    mmproj.write_bytes((GGUF / mmproj.name).read_bytes()[:60_000])
+    with pytest.raises(CheckpointError, match=r"mmproj-granite-speech-tiny-f32\.gguf"):
+        SpeechLLMTranscriber.load(tmp_path / TEXT_GGUF.name, device="cpu")

@@ -25,7 +25,7 @@ from app.engine.models.audio.qwen3_asr_config import is_qwen3_asr, qwen3_asr_aud
 from app.engine.models.audio.qwen3_asr_weights import load_qwen3_asr_audio
 
 __all__ = ["SPEECH_ARCHITECTURES", "GraniteSpeechAudioEncoder", "Qwen3AsrAudioEncoder", "is_speech_model",
-           "load_audio_encoder", "speech_prompter"]  # fmt: skip
+           "load_audio_encoder", "load_mmproj_audio_encoder", "speech_prompter"]  # fmt: skip
 
 # the speech LLMs whose audio side this package runs (config.json architectures)
 SPEECH_ARCHITECTURES = ("Qwen3ASRForConditionalGeneration", "GraniteSpeechForConditionalGeneration")
@@ -46,6 +46,27 @@ def load_audio_encoder(
         return None
     cfg = qwen3_asr_audio_config(folder, hf_config)
     return Qwen3AsrAudioEncoder(backend, cfg, load_qwen3_asr_audio(folder, cfg))
+
+
+def load_mmproj_audio_encoder(model_path: Path, text_config: Any, tokenizer: Any, backend: Any) -> GraniteSpeechAudioEncoder:
+    """The audio encoder of a text GGUF from the llama.cpp mmproj beside it (Granite Speech's: its
+    `<|audio|>` token from the text model's vocabulary, its soft tokens scaled as the text model's
+    embeddings are)."""
+    from app.engine.loader.names import CheckpointError
+    from app.engine.models.audio.granite_speech_mmproj import granite_speech_from_mmproj
+    from app.engine.models.audio.granite_speech_prompter import AUDIO_TOKEN
+    from app.engine.models.vision.weights import find_mmproj
+
+    mmproj = find_mmproj(model_path)
+    if mmproj is None:
+        raise CheckpointError(
+            f"{model_path}: no mmproj*.gguf beside it (a speech GGUF's audio encoder is the mmproj file llama.cpp pairs with it)"
+        )
+    audio_id = tokenizer.token_to_id(AUDIO_TOKEN)
+    if audio_id is None:
+        raise CheckpointError(f"{model_path}: its vocabulary has no {AUDIO_TOKEN} token for the audio")
+    cfg, tensors = granite_speech_from_mmproj(mmproj, text_config.hidden_size, audio_id, text_config.embedding_scale)
+    return GraniteSpeechAudioEncoder(backend, cfg, tensors)
 
 
 def speech_prompter(encoder: Any, tokenizer: Any) -> Any:

@@ -62,6 +62,16 @@ def pointwise(backend: Any, tensors: Tensors, name: str) -> Linear:
     return Linear(backend, flat, tensors.get(f"{name}.bias"))
 
 
+def batch_norm_affine(tensors: Tensors, prefix: str, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """Inference BatchNorm as `x * scale + shift`: from its running statistics, or as an mmproj stores it
+    already folded (`scale`, `shift`)."""
+    if f"{prefix}.scale" in tensors:
+        return tensors[f"{prefix}.scale"].dequantize(), tensors[f"{prefix}.shift"].dequantize()
+    norm = {k: tensors[f"{prefix}.{k}"].dequantize() for k in ("weight", "bias", "running_mean", "running_var")}
+    scale = norm["weight"] / np.sqrt(norm["running_var"] + np.float32(eps))
+    return scale.astype(np.float32), (norm["bias"] - norm["running_mean"] * scale).astype(np.float32)
+
+
 class _FeedForward:
     """`down(silu(up(norm(x))))`."""
 
@@ -135,15 +145,8 @@ class _ConvModule:
         self.down = pointwise(backend, tensors, f"{prefix}.down_conv")
         taps = tensors[f"{prefix}.depth_conv.conv.weight"].dequantize()  # [width, 1, k]
         self.taps = backend.from_host(taps[:, 0, :].T.copy(), f32)  # [k, width]
-        norm = {
-            k: tensors[f"{prefix}.batch_norm.{k}"].dequantize()
-            for k in ("weight", "bias", "running_mean", "running_var")
-        }
-        scale = norm["weight"] / np.sqrt(norm["running_var"] + np.float32(cfg.batch_norm_eps))
-        self.bn_scale = backend.from_host(scale.astype(np.float32), f32)
-        self.bn_shift = backend.from_host(
-            (norm["bias"] - norm["running_mean"] * scale).astype(np.float32), f32
-        )
+        scale, shift = batch_norm_affine(tensors, f"{prefix}.batch_norm", cfg.batch_norm_eps)
+        self.bn_scale, self.bn_shift = backend.from_host(scale, f32), backend.from_host(shift, f32)
         k = cfg.conv_kernel_size
         self.pad = (k // 2, k // 2 - (k + 1) % 2)
 

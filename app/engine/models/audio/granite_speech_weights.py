@@ -13,6 +13,7 @@ from app.engine.quant.dispatch import QuantizedTensor
 
 Tensors = dict[str, QuantizedTensor]
 _PARTS = ("encoder.", "projector.")
+_BATCH_NORM = ("weight", "bias", "running_mean", "running_var")
 
 
 def load_granite_speech_audio(folder: Path, cfg: GraniteSpeechAudioConfig) -> Tensors:
@@ -22,19 +23,23 @@ def load_granite_speech_audio(folder: Path, cfg: GraniteSpeechAudioConfig) -> Te
             name = hf_name.removeprefix("model.")
             if name.startswith(_PARTS):
                 tensors[name] = QuantizedTensor(name, tensor.qtype, tensor.shape, tensor.data)
-    for name, shape in expected_shapes(cfg).items():
-        found = tensors.get(name)
-        if found is None:
-            raise CheckpointError(f"{folder}: the Granite Speech checkpoint lacks {name}")
-        if tuple(found.shape) != shape:
-            raise CheckpointError(
-                f"{folder}: {name} has shape {list(found.shape)}, the config needs {list(shape)}"
-            )
+    check_shapes(folder, tensors, cfg)
     return tensors
 
 
-def expected_shapes(c: GraniteSpeechAudioConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor the encoder and projector read, with its shape (biases and norms included)."""
+def check_shapes(source: Path, tensors: Tensors, cfg: GraniteSpeechAudioConfig, folded: bool = False) -> None:
+    """Every tensor the encoder reads is there at its shape; CheckpointError naming `source` and it."""
+    for name, shape in expected_shapes(cfg, folded).items():
+        found = tensors.get(name)
+        if found is None:
+            raise CheckpointError(f"{source}: the Granite Speech checkpoint lacks {name}")
+        if tuple(found.shape) != shape:
+            raise CheckpointError(f"{source}: {name} has shape {list(found.shape)}, the config needs {list(shape)}")
+
+
+def expected_shapes(c: GraniteSpeechAudioConfig, folded: bool = False) -> dict[str, tuple[int, ...]]:
+    """Every tensor the encoder and projector read, with its shape (biases and norms included); `folded`:
+    BatchNorm as an mmproj keeps it, a scale and a shift."""
     d, inner, ff, conv = c.hidden_size, c.num_heads * c.head_dim, c.ff_size, c.conv_size
     shapes: dict[str, tuple[int, ...]] = {
         **_linear("encoder.input_linear", d, c.input_dim),
@@ -55,7 +60,7 @@ def expected_shapes(c: GraniteSpeechAudioConfig) -> dict[str, tuple[int, ...]]:
             f"{p}.attn.rel_pos_emb.weight": (2 * c.max_pos_emb + 1, c.head_dim),
             **_norm(f"{p}.conv.norm", d), f"{p}.conv.up_conv.weight": (2 * conv, d, 1), f"{p}.conv.up_conv.bias": (2 * conv,),
             f"{p}.conv.depth_conv.conv.weight": (conv, 1, c.conv_kernel_size),
-            **{f"{p}.conv.batch_norm.{k}": (conv,) for k in ("weight", "bias", "running_mean", "running_var")},
+            **{f"{p}.conv.batch_norm.{k}": (conv,) for k in (("scale", "shift") if folded else _BATCH_NORM)},
             f"{p}.conv.down_conv.weight": (d, conv, 1), f"{p}.conv.down_conv.bias": (d,),
             **_norm(f"{p}.post_norm", d),
         })  # fmt: skip
