@@ -29,6 +29,7 @@ from app.engine.loader.safetensors import read_header as read_safetensors_header
 from app.engine.loader.split_tensors import stored_format
 from app.engine.plan.fit import (
     ModelShape,
+    audio_beside_gguf,
     audio_from_hf_config,
     is_audio_tensor,
     is_mmproj_name,
@@ -307,9 +308,18 @@ def _mmproj_stamps(path: Path) -> tuple[tuple[str, int, int], ...]:
 
 
 def _with_mmproj(entry: ModelEntry) -> ModelEntry:
-    """The entry with the vision tower the engine would load beside it (its mmproj file), if any."""
-    if entry.shape is None or not takes_images(entry.shape.architecture):
+    """The entry with the vision tower the engine would load beside it (its mmproj file), if any; or the
+    audio encoder a speech model's mmproj holds (Granite Speech's: then its job is transcription)."""
+    if entry.shape is None:
         return entry
+    if not takes_images(entry.shape.architecture):
+        try:
+            audio = audio_beside_gguf(entry.path)
+        except (OSError, ValueError) as exc:
+            return _with(entry, error=entry.error or f"{entry.name}: {exc}")
+        if audio is None:
+            return entry
+        return _with(entry, job="transcription", shape=replace(entry.shape, audio=audio))
     try:
         vision = vision_beside_gguf(entry.path, entry.shape.architecture)
     except (OSError, ValueError) as exc:  # two mmproj files, or a broken one: loading would fail the same way

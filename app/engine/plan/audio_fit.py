@@ -3,7 +3,7 @@ its text model takes with audio (Granite Speech's), and the working set to encod
 
 The audio tensors are found by their names in the safetensors headers, as models/audio loads them:
 Granite Speech's `encoder.*` / `projector.*`, Qwen3-ASR's `audio_tower.*` / `multi_modal_projector.*`
-(with or without transformers 5's `model.` prefix). The adapter's A and B matrices are held while they
+(with or without transformers 5's `model.` prefix); beside a text GGUF, Granite Speech's mmproj file. The adapter's A and B matrices are held while they
 are merged into the text weights, whose size the merge leaves as it was.
 
 Granite Speech's conformer (models/audio/granite_speech.py) runs over every frame of a clip at once
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 FLOAT_BYTES = 4
@@ -74,6 +75,29 @@ def audio_from_hf_config(config: Mapping[str, Any], tensors: Iterable[tuple[str,
     granite = family is _GRANITE
     activations = _granite_activation_bytes(config) if granite else 0
     return AudioShape(weights, adapter, activations, source, "Granite Speech" if granite else "Qwen3-ASR")
+
+
+def audio_beside_gguf(model_path: str | Path) -> AudioShape | None:
+    """The audio side llama.cpp pairs with a text GGUF: a Granite Speech mmproj beside it (header and tensor
+    table only), or None."""
+    from app.engine.loader.gguf import read_gguf
+    from app.engine.plan.vision_fit import mmproj_beside
+
+    found = mmproj_beside(model_path)
+    if found is None:
+        return None
+    file = read_gguf(found)
+    meta = file.metadata
+    if meta.get("clip.projector_type") != "granite_speech":
+        return None
+    encoder = {"hidden_dim": meta.get("clip.audio.embedding_length", 1024),
+               "num_heads": meta.get("clip.audio.attention.head_count", 8),
+               "feedforward_mult": int(meta.get("clip.audio.feed_forward_length", 4096))
+               // int(meta.get("clip.audio.embedding_length", 1024)),
+               "context_size": meta.get("clip.audio.chunk_size", 200)}  # fmt: skip
+    weights = sum(t.nbytes for t in file.tensors.values())
+    activations = _granite_activation_bytes({"encoder_config": encoder})
+    return AudioShape(weights, 0, activations, found.name, "Granite Speech")
 
 
 def _granite_activation_bytes(config: Mapping[str, Any]) -> int:

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from app.engine.plan.audio_fit import AudioShape as AudioShape
+from app.engine.plan.audio_fit import audio_beside_gguf as audio_beside_gguf
 from app.engine.plan.audio_fit import audio_from_hf_config as audio_from_hf_config
 from app.engine.plan.audio_fit import is_audio_tensor as is_audio_tensor
 from app.engine.plan.audio_fit import is_speech_config as is_speech_config

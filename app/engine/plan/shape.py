@@ -19,7 +19,7 @@ from typing import Any
 from app.engine.loader.lora import ADAPTER_WEIGHTS
 from app.engine.loader.names import CheckpointError
 from app.engine.models.config import GGUF_KEYS, ModelConfig, common_from_gguf, common_from_hf
-from app.engine.plan.audio_fit import AudioShape, audio_from_hf_config, is_speech_config
+from app.engine.plan.audio_fit import AudioShape, audio_beside_gguf, audio_from_hf_config, is_speech_config
 from app.engine.plan.vision_fit import (
     VisionShape,
     is_vision_tensor,
@@ -170,6 +170,8 @@ def shape_of(checkpoint: Any, cfg: ModelConfig) -> ModelShape:
         expert_bytes = sum(t.nbytes for name, t in checkpoint.tensors.items() if "_exps" in name)
     if checkpoint.format == "gguf":
         vision = vision_beside_gguf(checkpoint.path, checkpoint.architecture)
+        audio = audio_beside_gguf(checkpoint.path) if vision is None else None
+        return replace(shape_from_config(cfg, weight_bytes, expert_bytes, vision), audio=audio)
     else:  # a folder's tower counts where the engine gives its family one (Muse Glimmer's is skipped)
         vision = None
         if takes_images(checkpoint.architecture):

@@ -363,3 +363,15 @@ def test_a_truncated_mmproj_is_refused_naming_it(tmp_path):
     mmproj.write_bytes((GGUF / mmproj.name).read_bytes()[:60_000])
     with pytest.raises(CheckpointError, match=r"mmproj-granite-speech-tiny-f32\.gguf"):
         SpeechLLMTranscriber.load(tmp_path / TEXT_GGUF.name, device="cpu")
+
+
+def test_will_it_fit_counts_the_mmproj_beside_a_gguf(from_gguf):
+    from app.engine.loader.gguf import read_gguf
+    from app.engine.plan.fit import shape_from_checkpoint
+
+    shape = shape_from_checkpoint(TEXT_GGUF)
+    mmproj = read_gguf(GGUF / "mmproj-granite-speech-tiny-f32.gguf")
+    assert shape.audio.source == "mmproj-granite-speech-tiny-f32.gguf" and shape.audio.adapter_bytes == 0
+    assert shape.audio.weight_bytes == sum(t.nbytes for t in mmproj.tensors.values())
+    assert shape.audio.activation_bytes == shape_from_checkpoint(HF).audio.activation_bytes  # the same conformer
+    assert shape.weight_bytes == sum(t.nbytes for t in from_gguf.task.engine.checkpoint.tensors.values())
