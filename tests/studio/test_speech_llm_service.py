@@ -18,15 +18,17 @@ FIXTURES = Path(__file__).parents[1] / "fixtures"
 ASR = FIXTURES / "qwen3_asr" / "hf"
 GRANITE = FIXTURES / "granite_speech" / "hf"
 SPEECH = FIXTURES / "audio" / "speech.wav"
-# family -> the case whose greedy tokens transformers gave for the clip with English asked for
-CASES = {"qwen3_asr": "speech/English", "granite_speech": "speech"}
+# folder -> (family, the case whose greedy tokens transformers gave for the clip with English asked for);
+# granite_speech/gguf holds llama.cpp's pair (text GGUF + mmproj) of the same model
+CASES = {"qwen3_asr/hf": ("qwen3_asr", "speech/English"), "granite_speech/hf": ("granite_speech", "speech"),
+         "granite_speech/gguf": ("granite_speech", "speech")}  # fmt: skip
 
 
-@pytest.mark.parametrize("family", sorted(CASES))
-def test_a_speech_llm_folder_transcribes_with_the_speech_llm(family: str, tmp_path: Path) -> None:
-    manifest = json.loads((FIXTURES / family / "manifest.json").read_text())
-    greedy = manifest["cases"][CASES[family]]["greedy"]
-    service = TranscriptionService(model_path=FIXTURES / family / "hf", device="cpu")
+@pytest.mark.parametrize("folder", sorted(CASES))
+def test_a_speech_llm_folder_transcribes_with_the_speech_llm(folder: str, tmp_path: Path) -> None:
+    family, case = CASES[folder]
+    greedy = json.loads((FIXTURES / family / "manifest.json").read_text())["cases"][case]["greedy"]
+    service = TranscriptionService(model_path=FIXTURES / folder, device="cpu")
     transcriber = service.transcriber()
     assert isinstance(transcriber, SpeechLLMTranscriber) and transcriber.device == "cpu"
     transcriber.max_reply_tokens = len(greedy)
@@ -46,5 +48,8 @@ def test_other_folders_stay_whisper(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text('{"architectures": ["WhisperForConditionalGeneration"]}')
     assert not is_speech_llm_folder(tmp_path)
     assert is_speech_llm_folder(ASR) and is_speech_llm_folder(GRANITE)
+    pair = FIXTURES / "granite_speech" / "gguf"
+    assert is_speech_llm_folder(pair) and is_speech_llm_folder(pair / "granite-speech-tiny-f32.gguf")
+    assert not is_speech_llm_folder(FIXTURES / "families" / "qwen3" / "qwen3-kquants.gguf")  # no mmproj
     service = TranscriptionService(device="cpu")  # the embedded tiny.en, not loaded by this
     assert isinstance(service.transcriber(), Transcriber)

@@ -26,6 +26,7 @@ from app.engine.models.audio import (
     load_audio_encoder,
     load_mmproj_audio_encoder,
     speech_adapter,
+    speech_gguf,
     speech_prompter,
 )
 from app.engine.sampling_params import SamplingParams
@@ -67,6 +68,8 @@ class SpeechLLMTranscriber:
         (llama.cpp's layout: Granite Speech's); errors name the path and the problem."""
         path = Path(path)
         config_file = path / "config.json"
+        if path.is_dir() and not config_file.is_file():
+            path = speech_gguf(path) or path  # a folder holding llama.cpp's pair
         is_gguf = path.suffix.lower() == ".gguf"
         if not is_gguf and (not path.is_dir() or not config_file.is_file()):
             raise CheckpointError(f"ASR model {path}: not a model folder (no config.json)")
@@ -174,10 +177,13 @@ class SpeechLLMTranscriber:
 
 
 def is_speech_llm_folder(path: str | Path) -> bool:
-    """A folder whose config.json names a speech LLM this module serves (Qwen3-ASR, Granite Speech);
-    anything else, unreadable files included, is left to faster-whisper, whose errors name what it lacks."""
+    """A folder whose config.json names a speech LLM this module serves (Qwen3-ASR, Granite Speech), or a
+    text GGUF (or a folder holding one) with Granite Speech's mmproj beside it; anything else, unreadable
+    files included, is left to faster-whisper, whose errors name what it lacks."""
     config = _read_config(Path(path) / "config.json")
-    return config is not None and is_speech_model(config)
+    if config is not None:
+        return is_speech_model(config)
+    return speech_gguf(Path(path)) is not None
 
 
 def _read_config(config_file: Path) -> dict[str, Any] | None:

@@ -276,11 +276,13 @@ def test_a_text_model_is_not_taken_as_a_speech_model():
         SpeechLLMTranscriber.load(folder, device="cpu")
 
 
-def test_transcribe_command_runs_a_granite_speech_folder(tmp_path, capsys):
+@pytest.mark.parametrize("model", ["hf", "gguf"])  # the Hugging Face folder; llama.cpp's pair in a folder
+def test_transcribe_command_runs_a_granite_speech_folder(model, tmp_path, capsys):
     from app.cli import main
 
     out = tmp_path / "speech.vtt"
-    args = ["transcribe", str(CLIP), "--model", str(HF), "--device", "cpu", "--language", "en"]
+    folder = FIXTURES / "granite_speech" / model
+    args = ["transcribe", str(CLIP), "--model", str(folder), "--device", "cpu", "--language", "en"]
     assert main([*args, "--format", "vtt", "--output", str(out)]) == 0
     assert out.read_text().startswith("WEBVTT\n\n00:00:00.000 --> 00:00:05.131\n")
 

@@ -25,7 +25,7 @@ from app.engine.models.audio.qwen3_asr_config import is_qwen3_asr, qwen3_asr_aud
 from app.engine.models.audio.qwen3_asr_weights import load_qwen3_asr_audio
 
 __all__ = ["SPEECH_ARCHITECTURES", "GraniteSpeechAudioEncoder", "Qwen3AsrAudioEncoder", "is_speech_model",
-           "load_audio_encoder", "load_mmproj_audio_encoder", "speech_prompter"]  # fmt: skip
+           "load_audio_encoder", "load_mmproj_audio_encoder", "speech_gguf", "speech_prompter"]  # fmt: skip
 
 # the speech LLMs whose audio side this package runs (config.json architectures)
 SPEECH_ARCHITECTURES = ("Qwen3ASRForConditionalGeneration", "GraniteSpeechForConditionalGeneration")
@@ -67,6 +67,26 @@ def load_mmproj_audio_encoder(model_path: Path, text_config: Any, tokenizer: Any
         raise CheckpointError(f"{model_path}: its vocabulary has no {AUDIO_TOKEN} token for the audio")
     cfg, tensors = granite_speech_from_mmproj(mmproj, text_config.hidden_size, audio_id, text_config.embedding_scale)
     return GraniteSpeechAudioEncoder(backend, cfg, tensors)
+
+
+def speech_gguf(path: Path) -> Path | None:
+    """The text GGUF at `path` (the file, or a folder's one model GGUF) when a Granite Speech mmproj is beside
+    it; None otherwise, unreadable files included (the loader then says what is wrong)."""
+    from app.engine.loader.gguf import read_gguf
+    from app.engine.models.audio.granite_speech_mmproj import is_granite_speech_mmproj
+    from app.engine.models.vision.weights import find_mmproj
+
+    if path.is_file():
+        models = [path] if path.suffix.lower() == ".gguf" else []
+    else:
+        models = sorted(p for p in path.glob("*.gguf") if "mmproj" not in p.name.lower()) if path.is_dir() else []
+    if len(models) != 1:
+        return None
+    try:
+        mmproj = find_mmproj(models[0])
+        return models[0] if mmproj is not None and is_granite_speech_mmproj(read_gguf(mmproj).metadata) else None
+    except (OSError, ValueError):
+        return None
 
 
 def speech_prompter(encoder: Any, tokenizer: Any) -> Any:
