@@ -377,3 +377,16 @@ def test_will_it_fit_counts_the_mmproj_beside_a_gguf(from_gguf):
     assert shape.audio.weight_bytes == sum(t.nbytes for t in mmproj.tensors.values())
     assert shape.audio.activation_bytes == shape_from_checkpoint(HF).audio.activation_bytes  # the same conformer
     assert shape.weight_bytes == sum(t.nbytes for t in from_gguf.task.engine.checkpoint.tensors.values())
+
+
+def test_a_clip_too_short_for_one_frame_is_refused_naming_the_file(transcriber, tmp_path):
+    import wave
+
+    path = tmp_path / "click.wav"
+    with wave.open(str(path), "wb") as out:  # 200 samples: shorter than half the 512-point FFT
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(16_000)
+        out.writeframes(np.zeros(200, "<i2").tobytes())
+    with pytest.raises(AudioError, match=r"click\.wav: 200 samples: the clip must be longer than 256 samples"):
+        transcriber.transcribe(path)
