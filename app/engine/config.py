@@ -73,6 +73,9 @@ class EngineConfig:
     # GPU with room to spare (plan/memory.py: use_weight_cache), "on", or "off"
     weight_cache: str = "auto"
     mmproj: str | None = None  # a llama.cpp mmproj GGUF (vision tower); None: one beside a GGUF model, if any
+    # a PEFT LoRA adapter folder merged into the weights at load (loader/lora.py): Granite Speech's, which
+    # transformers turns on whenever audio is present, for its transcription engine; None: none
+    lora_adapter: str | None = None
     # the CPU backend's products: "numba" (kernels over the GGUF blocks, backend/cpu_fast/), "numpy"
     # (the float32 reference), or "auto" (numba where it imports)
     cpu_kernels: str = "auto"

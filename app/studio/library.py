@@ -24,11 +24,16 @@ from typing import Any, BinaryIO
 from app.engine.loader import gguf as gguf_loader
 from app.engine.loader.names import CheckpointError, architecture_of
 from app.engine.loader.processor_config import read_processor_settings
+from app.engine.loader.safetensors import is_unused_tensor
 from app.engine.loader.safetensors import read_header as read_safetensors_header
 from app.engine.loader.split_tensors import stored_format
 from app.engine.plan.fit import (
     ModelShape,
+    audio_beside_gguf,
+    audio_from_hf_config,
+    is_audio_tensor,
     is_mmproj_name,
+    is_speech_config,
     is_vision_tensor,
     shape_from_gguf,
     shape_from_hf_config,
@@ -63,6 +68,7 @@ class ModelEntry:
     incomplete: bool = False  # the files stop short of the tensors they declare (model_check.py)
     chat_template: bool | None = None  # whether the checkpoint carries one; None: unknown
     vision: str | None = None  # where its vision tower is (the mmproj file beside it, the folder): it takes images
+    job: str = "chat"  # what it is for: "chat", or "transcription" for a speech model (Qwen3-ASR, Granite Speech)
 
     @property
     def takes_images(self) -> bool:
@@ -302,9 +308,18 @@ def _mmproj_stamps(path: Path) -> tuple[tuple[str, int, int], ...]:
 
 
 def _with_mmproj(entry: ModelEntry) -> ModelEntry:
-    """The entry with the vision tower the engine would load beside it (its mmproj file), if any."""
-    if entry.shape is None or not takes_images(entry.shape.architecture):
+    """The entry with the vision tower the engine would load beside it (its mmproj file), if any; or the
+    audio encoder a speech model's mmproj holds (Granite Speech's: then its job is transcription)."""
+    if entry.shape is None:
         return entry
+    if not takes_images(entry.shape.architecture):
+        try:
+            audio = audio_beside_gguf(entry.path)
+        except (OSError, ValueError) as exc:
+            return _with(entry, error=entry.error or f"{entry.name}: {exc}")
+        if audio is None:
+            return entry
+        return _with(entry, job="transcription", shape=replace(entry.shape, audio=audio))
     try:
         vision = vision_beside_gguf(entry.path, entry.shape.architecture)
     except (OSError, ValueError) as exc:  # two mmproj files, or a broken one: loading would fail the same way
@@ -360,24 +375,31 @@ def describe_safetensors_folder(folder: Path, files: tuple[Path, ...], name: str
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
         mix = Counter[str]()
         weight_bytes = vision_bytes = 0
+        audio_sizes = []
         for file in files:
             table, _ = read_safetensors_header(file)  # the loader's own reader, as model_check.py
             table.pop("__metadata__", None)
             for name, tensor in table.items():
+                if is_unused_tensor(name):  # BatchNorm's step counter: the loader leaves it out
+                    continue
                 # Quantized weights count under their format (FP8_E4M3, NVFP4_SPLIT, ...), scales with them.
                 stored = stored_format(name, tensor["dtype"])
                 if stored is not None:
                     mix[stored[0]] += _product(tensor["shape"]) * stored[1]
                 size = tensor["data_offsets"][1] - tensor["data_offsets"][0]
-                if is_vision_tensor(name):  # the image tower: its own line in will-it-fit
+                if is_audio_tensor(name, config):  # a speech model's encoder, projector, adapter: their own line
+                    audio_sizes.append((name, size))
+                elif is_vision_tensor(name):  # the image tower: its own line in will-it-fit
                     vision_bytes += size
                 else:
                     weight_bytes += size
         shape = shape_from_hf_config(config, weight_bytes)
+        audio = audio_from_hf_config(config, audio_sizes, f"{folder.name}/*.safetensors")
         processor = read_processor_settings(folder, "image_processor").values  # either layout
         vision = vision_from_hf_config(config, vision_bytes, f"{folder.name}/*.safetensors", processor)
         if vision is not None and takes_images(_engine_architecture(config)):  # as the loader decides
             shape = replace(shape, vision=vision)
+        shape = replace(shape, audio=audio)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return _with(base, error=f"{name}: {exc}")
     quant = (config.get("quantization_config") or {}).get("quant_method")
@@ -392,6 +414,7 @@ def describe_safetensors_folder(folder: Path, files: tuple[Path, ...], name: str
         context_length=shape.context_length,
         shape=shape,
         vision=shape.vision.source if shape.vision else None,
+        job="transcription" if is_speech_config(config) else "chat",
     ))
 
 

@@ -1,14 +1,17 @@
-"""/v1/audio/transcriptions served by a speech LLM (the tiny random-weight Qwen3-ASR of
-tests/fixtures/qwen3_asr) beside Whisper: `model` picks it by its folder name, every response format
-comes back, and bad files are refused naming them. Whisper stays loaded lazily and is never run here.
+"""/v1/audio/transcriptions served by speech LLMs (the tiny random-weight Qwen3-ASR of
+tests/fixtures/qwen3_asr and Granite Speech of tests/fixtures/granite_speech, loaded side by side) beside
+Whisper: `model` picks one by its folder name, every response format comes back, and bad files are refused
+naming them. Whisper stays loaded lazily and is never run here.
 
-Random weights transcribe nothing real: the expected text is the decoded greedy tokens transformers
-gave for the clip with English forced (tests/engine/audio/test_qwen3_asr.py checks those tokens);
-the timestamps are one segment over the clip, the model giving none.
+Random weights transcribe nothing real: the expected text is the decoded greedy tokens transformers gave
+for the clip (Qwen3-ASR's with English forced, Granite's with the model card's date in its prompt;
+tests/engine/audio/ checks those tokens); the timestamps are one segment over the clip, the models giving
+none.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import shutil
 from collections.abc import Iterator
@@ -29,33 +32,46 @@ from .helpers import CLIENT_TIMEOUT
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 SPEECH = FIXTURES / "audio" / "speech.wav"
-MANIFEST = json.loads((FIXTURES / "qwen3_asr" / "manifest.json").read_text())
-GREEDY = MANIFEST["cases"]["speech/English"]["greedy"]
-DURATION = MANIFEST["samples"]["speech"] / 16_000
+
+
+def _greedy(family: str, case: str) -> list[int]:
+    return json.loads((FIXTURES / family / "manifest.json").read_text())["cases"][case]["greedy"]
+
+
+# served name -> (fixture family, transformers' greedy tokens for the clip as these tests ask for it)
+MODELS = {
+    "qwen3-asr-tiny": ("qwen3_asr", _greedy("qwen3_asr", "speech/English")),
+    "granite-speech-tiny": ("granite_speech", _greedy("granite_speech", "speech")),
+}
 NAME = "qwen3-asr-tiny"
+DURATION = 82096 / 16_000
 
 
 @pytest.fixture(scope="module")
-def asr(tmp_path_factory: pytest.TempPathFactory) -> SpeechLLMTranscriber:
-    folder = tmp_path_factory.mktemp("models") / NAME  # served by its folder name
-    shutil.copytree(FIXTURES / "qwen3_asr" / "hf", folder)
-    model = SpeechLLMTranscriber.load(folder, device="cpu")
-    model.max_reply_tokens = len(GREEDY)  # transformers' reference ran this many tokens
-    return model
+def speech_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, SpeechLLMTranscriber]:
+    loaded = {}
+    for name, (family, greedy) in MODELS.items():
+        folder = tmp_path_factory.mktemp("models") / name  # served by its folder name
+        shutil.copytree(FIXTURES / family / "hf", folder)
+        model = SpeechLLMTranscriber.load(folder, device="cpu")
+        model.max_reply_tokens = len(greedy)  # transformers' reference ran this many tokens
+        if hasattr(model.prompter, "today"):  # Granite's prompt carries a date: the fixture's
+            model.prompter.today = lambda: datetime.date(2025, 4, 9)
+        loaded[name] = model
+    return loaded
 
 
 @pytest.fixture(scope="module")
-def base_url(asr: SpeechLLMTranscriber) -> Iterator[str]:
+def base_url(speech_models: dict[str, SpeechLLMTranscriber]) -> Iterator[str]:
     whisper = Transcriber(device="cpu")  # not loaded unless a request names it
 
     def factory(engine: Any, embedder: Any, settings: ServerSettings) -> Any:
-        return create_app(
-            engine, embedder=embedder, settings=settings, transcriber=whisper, speech_models=[asr]
-        )
+        return create_app(engine, embedder=embedder, settings=settings, transcriber=whisper,
+                          speech_models=list(speech_models.values()))  # fmt: skip
 
     with ServerHandle(FakeEngine(), settings=ServerSettings(port=0), app_factory=factory) as handle:
         yield handle.base_url
-    assert not whisper.loaded  # every request here went to the speech LLM
+    assert not whisper.loaded  # every request here went to a speech LLM
 
 
 def post(
@@ -70,50 +86,54 @@ def post(
     )
 
 
-def expected_text(asr: SpeechLLMTranscriber) -> str:
-    return asr.task.engine.tokenizer.decode(GREEDY, skip_special_tokens=True).strip()
+def expected_text(speech_models: dict[str, SpeechLLMTranscriber], model: str = NAME) -> str:
+    tokenizer = speech_models[model].task.engine.tokenizer
+    return tokenizer.decode(MODELS[model][1], skip_special_tokens=True).strip()
 
 
-def test_models_lists_whisper_and_the_speech_model(base_url: str) -> None:
+def test_models_lists_whisper_and_the_speech_models(base_url: str) -> None:
     ids = [card["id"] for card in httpx.get(f"{base_url}/v1/models", timeout=CLIENT_TIMEOUT).json()["data"]]
-    assert NAME in ids and "whisper-1" in ids
+    assert set(MODELS) <= set(ids) and "whisper-1" in ids
 
 
-def test_json_and_text_hold_the_greedy_transcript(base_url: str, asr: SpeechLLMTranscriber) -> None:
-    body = post(base_url, {}).json()
-    assert body["text"] == expected_text(asr)
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_json_and_text_hold_the_greedy_transcript(model: str, base_url: str, speech_models) -> None:
+    body = post(base_url, {"model": model}).json()
+    assert body["text"] == expected_text(speech_models, model)
     assert body["usage"] == {"type": "duration", "seconds": 6}
-    text = post(base_url, {"response_format": "text"})
-    assert text.status_code == 200 and text.text == expected_text(asr) + "\n"
+    text = post(base_url, {"model": model, "response_format": "text"})
+    assert text.status_code == 200 and text.text == expected_text(speech_models, model) + "\n"
 
 
-def test_verbose_json_has_the_language_and_one_segment_over_the_clip(
-    base_url: str, asr: SpeechLLMTranscriber
-):
-    body = post(base_url, {"response_format": "verbose_json"}).json()
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_verbose_json_has_the_language_and_one_segment_over_the_clip(model: str, base_url: str, speech_models):
+    body = post(base_url, {"model": model, "response_format": "verbose_json"}).json()
     assert body["language"] == "english"
     assert body["duration"] == pytest.approx(DURATION, abs=1e-3)
     [segment] = body["segments"]
-    assert (segment["start"], segment["text"], segment["tokens"]) == (0.0, expected_text(asr), GREEDY)
+    expected = (0.0, expected_text(speech_models, model), MODELS[model][1])
+    assert (segment["start"], segment["text"], segment["tokens"]) == expected
     assert segment["end"] == pytest.approx(DURATION, abs=1e-3)
 
 
+@pytest.mark.parametrize("model", sorted(MODELS))
 @pytest.mark.parametrize(
     ("fmt", "cue"),
     [("srt", "1\n00:00:00,000 --> 00:00:05,131\n"), ("vtt", "WEBVTT\n\n00:00:00.000 --> 00:00:05.131\n")],
 )
-def test_srt_and_vtt_have_one_cue_over_the_clip(fmt: str, cue: str, base_url: str, asr: SpeechLLMTranscriber):
-    response = post(base_url, {"response_format": fmt})
+def test_srt_and_vtt_have_one_cue_over_the_clip(model: str, fmt: str, cue: str, base_url: str, speech_models):
+    response = post(base_url, {"model": model, "response_format": fmt})
     assert response.status_code == 200
-    assert response.text == f"{cue}{expected_text(asr)}\n\n"
+    assert response.text == f"{cue}{expected_text(speech_models, model)}\n\n"
 
 
+@pytest.mark.parametrize("model", sorted(MODELS))
 @pytest.mark.parametrize(
     ("payload", "problem"),
     [(b"RIFF\x24\x00\x00\x00WAVEfmt ", "cannot decode"), (b"%PDF-1.7\n" * 40, "cannot decode")],
 )
-def test_a_bad_file_is_refused_naming_it(payload: bytes, problem: str, base_url: str) -> None:
-    response = post(base_url, {}, payload, name="minutes.wav")
+def test_a_bad_file_is_refused_naming_it(model: str, payload: bytes, problem: str, base_url: str) -> None:
+    response = post(base_url, {"model": model}, payload, name="minutes.wav")
     assert response.status_code == 400
     error = response.json()["error"]
     assert (

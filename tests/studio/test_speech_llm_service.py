@@ -1,11 +1,14 @@
-"""The Transcribe pane's service with a Qwen3-ASR folder chosen: the speech LLM runs (not Whisper),
-and its transcript exports like Whisper's. The tiny random-weight fixture transcribes nothing real:
-its text is the decoded greedy tokens tests/engine/audio/test_qwen3_asr.py checks against transformers."""
+"""The Transcribe pane's service with a speech LLM folder chosen (Qwen3-ASR, Granite Speech): the speech LLM
+runs (not Whisper), and its transcript exports like Whisper's. The tiny random-weight fixtures transcribe
+nothing real: their text is the decoded greedy tokens tests/engine/audio/ checks against transformers."""
 
 from __future__ import annotations
 
+import datetime
 import json
 from pathlib import Path
+
+import pytest
 
 from app.engine.tasks.audio import Transcriber
 from app.engine.tasks.speech_llm import SpeechLLMTranscriber, is_speech_llm_folder
@@ -13,17 +16,26 @@ from app.studio.transcription import TranscriptionService, export_transcript
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 ASR = FIXTURES / "qwen3_asr" / "hf"
+GRANITE = FIXTURES / "granite_speech" / "hf"
 SPEECH = FIXTURES / "audio" / "speech.wav"
-GREEDY = json.loads((FIXTURES / "qwen3_asr" / "manifest.json").read_text())["cases"]["speech/English"]["greedy"]
+# folder -> (family, the case whose greedy tokens transformers gave for the clip with English asked for);
+# granite_speech/gguf holds llama.cpp's pair (text GGUF + mmproj) of the same model
+CASES = {"qwen3_asr/hf": ("qwen3_asr", "speech/English"), "granite_speech/hf": ("granite_speech", "speech"),
+         "granite_speech/gguf": ("granite_speech", "speech")}  # fmt: skip
 
 
-def test_a_qwen3_asr_folder_transcribes_with_the_speech_llm(tmp_path: Path) -> None:
-    service = TranscriptionService(model_path=ASR, device="cpu")
+@pytest.mark.parametrize("folder", sorted(CASES))
+def test_a_speech_llm_folder_transcribes_with_the_speech_llm(folder: str, tmp_path: Path) -> None:
+    family, case = CASES[folder]
+    greedy = json.loads((FIXTURES / family / "manifest.json").read_text())["cases"][case]["greedy"]
+    service = TranscriptionService(model_path=FIXTURES / folder, device="cpu")
     transcriber = service.transcriber()
     assert isinstance(transcriber, SpeechLLMTranscriber) and transcriber.device == "cpu"
-    transcriber.max_reply_tokens = len(GREEDY)
+    transcriber.max_reply_tokens = len(greedy)
+    if hasattr(transcriber.prompter, "today"):  # Granite's prompt carries a date: the fixture's
+        transcriber.prompter.today = lambda: datetime.date(2025, 4, 9)
     transcript = service.transcribe_file(SPEECH, language="en")
-    text = transcriber.task.engine.tokenizer.decode(GREEDY, skip_special_tokens=True).strip()
+    text = transcriber.task.engine.tokenizer.decode(greedy, skip_special_tokens=True).strip()
     assert transcript.text == text and transcript.language == "en"
     vtt = export_transcript(transcript, tmp_path / "speech.vtt").read_text()
     assert vtt == f"WEBVTT\n\n00:00:00.000 --> 00:00:05.131\n{text}\n\n"
@@ -35,6 +47,9 @@ def test_other_folders_stay_whisper(tmp_path: Path) -> None:
     assert not is_speech_llm_folder(tmp_path)
     (tmp_path / "config.json").write_text('{"architectures": ["WhisperForConditionalGeneration"]}')
     assert not is_speech_llm_folder(tmp_path)
-    assert is_speech_llm_folder(ASR)
+    assert is_speech_llm_folder(ASR) and is_speech_llm_folder(GRANITE)
+    pair = FIXTURES / "granite_speech" / "gguf"
+    assert is_speech_llm_folder(pair) and is_speech_llm_folder(pair / "granite-speech-tiny-f32.gguf")
+    assert not is_speech_llm_folder(FIXTURES / "families" / "qwen3" / "qwen3-kquants.gguf")  # no mmproj
     service = TranscriptionService(device="cpu")  # the embedded tiny.en, not loaded by this
     assert isinstance(service.transcriber(), Transcriber)

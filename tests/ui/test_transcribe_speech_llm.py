@@ -1,31 +1,34 @@
-"""The Transcribe pane with a Qwen3-ASR folder chosen through its "Choose model…" button: the speech LLM
-(the tiny random-weight fixture of tests/fixtures/qwen3_asr) replaces Whisper for the next drops, and its
-transcript shows as one segment over the clip (the model gives no timestamps)."""
+"""The Transcribe pane with a speech LLM folder chosen through its "Choose model…" button: the speech LLM
+(the tiny random-weight Qwen3-ASR of tests/fixtures/qwen3_asr, or Granite Speech of
+tests/fixtures/granite_speech) replaces Whisper for the next drops, and its transcript shows as one segment
+over the clip (the models give no timestamps)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from PySide6.QtCore import Qt
 
 from .drag import drop
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
-ASR = FIXTURES / "qwen3_asr" / "hf"
 SPEECH = FIXTURES / "audio" / "speech.wav"
 WAIT_MS = 60_000
 
 
-def test_a_chosen_qwen3_asr_folder_transcribes_the_next_drop(qtbot, make_window, tmp_path):
+@pytest.mark.parametrize("family", ["qwen3_asr", "granite_speech"])
+def test_a_chosen_speech_llm_folder_transcribes_the_next_drop(family, qtbot, make_window, tmp_path):
+    folder = FIXTURES / family / "hf"
     window = make_window(panes=("transcribe",))
     pane = window.pane("transcribe")
     pane.dialogs.folder_answer = None  # cancelled: nothing changes
     qtbot.mouseClick(pane.model_button, Qt.MouseButton.LeftButton)
     assert pane.service.model_path is None
-    pane.dialogs.folder_answer = str(ASR)
+    pane.dialogs.folder_answer = str(folder)
     qtbot.mouseClick(pane.model_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: pane.model_label.text().startswith("Model: hf · Device: CPU"), timeout=WAIT_MS)
-    assert pane.model_label.text().endswith("· loaded") and pane.service.model_path == ASR
+    assert pane.model_label.text().endswith("· loaded") and pane.service.model_path == folder
     with qtbot.waitSignal(pane.transcription_finished, timeout=WAIT_MS) as outcome:
         drop(pane.drop_zone, [SPEECH])
     result = outcome.args[0]

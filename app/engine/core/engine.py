@@ -27,6 +27,7 @@ from app.engine.core.vision import attach_vision, place_images
 from app.engine.images import ImageInput
 from app.engine.interface import ContextOverflowError, EngineStats, ModelInfo
 from app.engine.loader.finite import check_finite
+from app.engine.loader.lora import merge_lora, read_lora_adapter
 from app.engine.loader.tokenizer import Tokenizer
 from app.engine.loader.weights import open_checkpoint
 from app.engine.models.registry import build_model, model_config
@@ -102,6 +103,9 @@ class LLMEngine:
         self.path = resolve_model_path(self.config.model)
         self.checkpoint = open_checkpoint(self.path)
         check_finite(self.checkpoint.tensors, self.path)  # a NaN scale would make every logit NaN
+        if self.config.lora_adapter:
+            adapter = read_lora_adapter(Path(self.config.lora_adapter), self.checkpoint.architecture)
+            self.checkpoint = merge_lora(self.checkpoint, adapter)
         self.model_config = model_config(self.checkpoint)
         self.shape = shape_of(self.checkpoint, self.model_config)
         if self.checkpoint.format == "gguf":

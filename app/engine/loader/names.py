@@ -30,6 +30,7 @@ HF_ARCHITECTURES: dict[str, str] = {
     "Qwen3MoeForCausalLM": "qwen3moe",
     "Qwen3ASRForConditionalGeneration": "qwen3",  # its text part; models/audio/ loads the audio side
     "GraniteForCausalLM": "granite",
+    "GraniteSpeechForConditionalGeneration": "granite",  # its text part; models/audio/ loads the audio side
     "GptOssForCausalLM": "gpt-oss",
     "Qwen2_5_VLForConditionalGeneration": "qwen2vl",  # llama.cpp's name for the Qwen2-VL text side
     "Qwen3_5ForCausalLM": "qwen35",
@@ -53,6 +54,7 @@ _HF_MODEL_TYPES: dict[str, str] = {
     "qwen3_moe": "qwen3moe",
     "qwen3_asr": "qwen3",
     "granite": "granite",
+    "granite_speech": "granite",
     "gpt_oss": "gpt-oss",
     "qwen2_5_vl": "qwen2vl",
     "qwen3_5": "qwen35",
@@ -271,6 +273,7 @@ _SKIPPED = re.compile(
     r"|^(model\.)?(vision_tower|multi_modal_projector)\."  # Gemma 3's image side
     r"|^(model\.)?(audio_tower|embed_vision|embed_audio)\."  # Gemma 4's image and audio sides
     r"|^(model\.)?visual\."  # Qwen2.5-VL's, Qwen3.5's
+    r"|^(model\.)?(encoder|projector)\."  # Granite Speech's conformer and Q-Former (models/audio/ loads them)
     r"|^model\.(vision_adapter|vision_projection)\."  # Muse Glimmer's projector (its tower: vision_tower)
     r"|^mtp\."  # Qwen3.5 / Qwen3-Next multi-token prediction heads (speculative decoding: unused)
 )

@@ -28,6 +28,9 @@ INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 _MAX_HEADER_BYTES = 100_000_000  # the format's own limit; a larger length means a corrupt file
 _MAX_DIMS = 8  # no real weight has more; a longer shape is a corrupt header
+# BatchNorm's training-step counter (an int64 scalar, Granite Speech's conformer saves one per layer): read by
+# no forward pass, so it is left out rather than refused for its dtype.
+_UNUSED_SUFFIX = ".num_batches_tracked"
 
 
 def weight_files(folder: Path) -> list[Path]:
@@ -107,9 +110,14 @@ def read_raw_tensors(path: Path) -> dict[str, RawTensor]:
     header, data_start = _read_header(path, mapped)
     tensors = {}
     for name, entry in header.items():
-        if name != "__metadata__":
+        if name != "__metadata__" and not is_unused_tensor(name):
             tensors[name] = _tensor(path, name, entry, buffer, data_start)
     return tensors
+
+
+def is_unused_tensor(name: str) -> bool:
+    """A tensor no forward pass reads, left out of what the loader returns (and of the Studio's counts)."""
+    return name.endswith(_UNUSED_SUFFIX)
 
 
 def read_header(path: Path) -> tuple[dict[str, Any], int]:

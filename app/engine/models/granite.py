@@ -55,8 +55,9 @@ def config_from_gguf(meta: dict[str, Any], vocab_size: int) -> ModelConfig:
 
 def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
     kwargs = common_from_hf(cfg, "granite")
-    kwargs.update(scalars_from_hf(cfg))
-    kwargs["qkv_bias"] = bool(cfg.get("attention_bias", False))
+    text = cfg.get("text_config", cfg)  # Granite Speech keeps the decoder's config there
+    kwargs.update(scalars_from_hf(text))
+    kwargs["qkv_bias"] = bool(text.get("attention_bias", False))
     return ModelConfig(**kwargs)
 
 

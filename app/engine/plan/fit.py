@@ -9,7 +9,8 @@ the largest context that fits.
 A mixture of experts may keep only a hot set of its experts on the GPU (`experts_on_gpu`, planned
 by `expert_plan.py`): the rest is in pinned host RAM (reported, not counted against the device),
 and the device holds staging slots for the cold experts a step copies in. A model that takes images
-adds its vision tower (vision_fit.py).
+adds its vision tower (vision_fit.py), a speech model its audio encoder, projector and LoRA adapter
+(audio_fit.py).
 
 The shape comes from GGUF metadata or a config.json through the families' own parsers (shape.py),
 so a prediction needs no weights: before a download it can be made from a repo's config and file
@@ -21,6 +22,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from app.engine.plan.audio_fit import AudioShape as AudioShape
+from app.engine.plan.audio_fit import audio_beside_gguf as audio_beside_gguf
+from app.engine.plan.audio_fit import audio_from_hf_config as audio_from_hf_config
+from app.engine.plan.audio_fit import is_audio_tensor as is_audio_tensor
+from app.engine.plan.audio_fit import is_speech_config as is_speech_config
 from app.engine.plan.device import DeviceMemory as DeviceMemory
 from app.engine.plan.device import cpu_memory as cpu_memory
 from app.engine.plan.device import device_memory as device_memory
@@ -58,6 +64,7 @@ class FitReport:
     max_context: int  # the largest context (whole blocks, <= the model's) that "fits"; 0: none
     model_context_length: int
     vision_source: str | None = None  # the file the vision tower comes from; None: a text-only model
+    audio_source: str | None = None  # a speech model's audio side ("Granite Speech in <folder>/*.safetensors")
     kv_blocks: int = 0  # the KV blocks an engine with these options allocates (its null block included)
     block_size: int = 16
     engine_context: int = 0  # the context that engine serves: the one asked for, at most what its blocks hold
@@ -70,6 +77,9 @@ class FitReport:
             *([f"  vision       {format_bytes(b.vision):>10}  ({format_bytes(b.vision_weights)} of weights in "
                f"{self.vision_source}, {format_bytes(b.vision_activations)} to encode an image)"]
               if self.vision_source else []),
+            *([f"  audio        {format_bytes(b.audio):>10}  ({format_bytes(b.audio_weights)} of encoder, projector "
+               f"and adapter in {self.audio_source}, {format_bytes(b.audio_activations)} to encode a minute)"]
+              if self.audio_source else []),
             f"  f16 copies   {format_bytes(b.weight_cache):>10}  (CUDA: faster batched products)",
             f"  KV cache     {format_bytes(b.kv_cache):>10}  ({self.context_length} tokens x {self.batch}, "
             f"{self.kv_dtype})",
@@ -94,6 +104,7 @@ class FitReport:
         data = asdict(self)
         data["breakdown"]["total"] = self.breakdown.total
         data["breakdown"]["vision"] = self.breakdown.vision
+        data["breakdown"]["audio"] = self.breakdown.audio
         return data
 
 
@@ -127,6 +138,7 @@ def check_fit(shape: ModelShape, options: FitOptions | None = None, device: Devi
         else largest_context(shape, options, device.kind, budget, device.free_bytes, experts),
         model_context_length=shape.context_length,
         vision_source=shape.vision.source if shape.vision else None,
+        audio_source=f"{shape.audio.family} in {shape.audio.source}" if shape.audio else None,
         kv_blocks=blocks,
         block_size=options.block_size,
         engine_context=max_model_len(shape, options, blocks),

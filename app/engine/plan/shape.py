@@ -16,8 +16,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from app.engine.loader.lora import ADAPTER_WEIGHTS
 from app.engine.loader.names import CheckpointError
 from app.engine.models.config import GGUF_KEYS, ModelConfig, common_from_gguf, common_from_hf
+from app.engine.plan.audio_fit import AudioShape, audio_beside_gguf, audio_from_hf_config, is_speech_config
 from app.engine.plan.vision_fit import (
     VisionShape,
     is_vision_tensor,
@@ -50,6 +52,7 @@ class ModelShape:
     experts_used: int = 0  # per token
     expert_bytes: int = 0  # all layers' expert tensors, part of weight_bytes
     vision: VisionShape | None = None  # the image tower the engine loads beside it (not in weight_bytes)
+    audio: AudioShape | None = None  # a speech model's encoder, projector and adapter (not in weight_bytes)
     # A hybrid model's recurrent state per sequence (all its recurrent layers), held beside the paged
     # KV cache in rows (a slot per sequence, snapshots for the prefix cache); 0 for a pure attention model.
     state_bytes_per_sequence: int = 0
@@ -167,11 +170,15 @@ def shape_of(checkpoint: Any, cfg: ModelConfig) -> ModelShape:
         expert_bytes = sum(t.nbytes for name, t in checkpoint.tensors.items() if "_exps" in name)
     if checkpoint.format == "gguf":
         vision = vision_beside_gguf(checkpoint.path, checkpoint.architecture)
+        audio = audio_beside_gguf(checkpoint.path) if vision is None else None
+        return replace(shape_from_config(cfg, weight_bytes, expert_bytes, vision), audio=audio)
     else:  # a folder's tower counts where the engine gives its family one
         vision = None
         if takes_images(checkpoint.architecture):
             vision = _hf_folder_vision(Path(checkpoint.path), checkpoint.hf_config or {})
         cfg = replace(cfg, architecture=hf_architecture(checkpoint.hf_config or {}))  # the name, as above
+        audio = _hf_folder_audio(Path(checkpoint.path), checkpoint.hf_config or {})
+        return replace(shape_from_config(cfg, weight_bytes, expert_bytes, vision), audio=audio)
     return shape_from_config(cfg, weight_bytes, expert_bytes, vision)
 
 
@@ -248,3 +255,19 @@ def _hf_folder_vision(folder: Path, config: Mapping[str, Any]) -> VisionShape | 
 
     processor = read_processor_settings(folder, "image_processor").values  # either layout
     return vision_from_hf_config(config, weight_bytes, f"{folder.name}/*.safetensors", processor)
+
+
+def _hf_folder_audio(folder: Path, config: Mapping[str, Any]) -> AudioShape | None:
+    """A speech model's audio side and LoRA adapter, by the tensor names in the folder's safetensors headers."""
+    from app.engine.loader.safetensors import is_unused_tensor, read_header, weight_files
+
+    if not is_speech_config(config):
+        return None
+    files = [*weight_files(folder), *([folder / ADAPTER_WEIGHTS] if (folder / ADAPTER_WEIGHTS).is_file() else [])]
+    sizes = []
+    for file in files:
+        table, _ = read_header(file)
+        table.pop("__metadata__", None)
+        sizes += [(name, entry["data_offsets"][1] - entry["data_offsets"][0])
+                  for name, entry in table.items() if not is_unused_tensor(name)]  # fmt: skip
+    return audio_from_hf_config(config, sizes, f"{folder.name}/*.safetensors")

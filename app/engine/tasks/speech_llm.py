@@ -1,11 +1,14 @@
-"""Transcription by a speech LLM (Qwen3-ASR): an audio encoder in front of a decoder the engine
-runs, beside faster-whisper's `Transcriber` and answering the same calls (`paddock serve --asr-model`).
+"""Transcription by a speech LLM (Qwen3-ASR, Granite Speech): an audio encoder in front of a decoder the
+engine runs, beside faster-whisper's `Transcriber` and answering the same calls (`paddock serve --asr-model`).
 
 The model is a task model (tasks/task_model.py: its own `LLMEngine`, one sequence at a time, behind a
 lock) whose runner gets the audio encoder as its soft-token embedder: the clip's log-mel goes in as
-the prompt's run of `<|audio_pad|>` tokens, spliced as image soft tokens are. The reply names the
-language (unless one was forced) before `<asr_text>`; the model gives no timestamps, so the transcript
-is one segment over the whole clip. A cancel check (a client that hung up) is read between engine
+the prompt's run of audio tokens, spliced as image soft tokens are. models/audio/ picks the family by
+config.json: its encoder, its prompter (Qwen3-ASR's reply names the language unless one was forced;
+Granite Speech's is the transcript alone) and the LoRA adapter merged into the text model (Granite
+Speech's, which transformers turns on whenever audio is present). A text GGUF with llama.cpp's audio
+mmproj beside it (Granite Speech's) loads the same way, its adapter already merged into the GGUF. Neither
+model gives timestamps, so the transcript is one segment over the whole clip. A cancel check (a client that hung up) is read between engine
 steps: the request is aborted there, as faster-whisper's stops between segments.
 """
 
@@ -17,9 +20,15 @@ from pathlib import Path
 from typing import Any
 
 from app.engine.loader.names import CheckpointError
-from app.engine.models.audio import load_audio_encoder
-from app.engine.models.audio.qwen3_asr_config import is_qwen3_asr
-from app.engine.models.audio.qwen3_asr_prompter import Qwen3AsrPrompter
+from app.engine.models.audio import (
+    SPEECH_ARCHITECTURES,
+    is_speech_model,
+    load_audio_encoder,
+    load_mmproj_audio_encoder,
+    speech_adapter,
+    speech_gguf,
+    speech_prompter,
+)
 from app.engine.sampling_params import SamplingParams
 from app.engine.tasks.audio import (
     SAMPLE_RATE,
@@ -42,11 +51,11 @@ MAX_REPLY_TOKENS = 1024
 
 
 class SpeechLLMTranscriber:
-    """A Qwen3-ASR folder as a transcriber; `transcribe` as `Transcriber.transcribe`."""
+    """A speech LLM folder as a transcriber; `transcribe` as `Transcriber.transcribe`."""
 
     loaded = True  # loaded when made: the engine is built at start, like the chat model
 
-    def __init__(self, task: TaskModel, prompter: Qwen3AsrPrompter, max_reply_tokens: int = MAX_REPLY_TOKENS):
+    def __init__(self, task: TaskModel, prompter: Any, max_reply_tokens: int = MAX_REPLY_TOKENS):
         self.task, self.prompter = task, prompter
         self.model_name = task.name
         self.device = "cuda" if task.engine.backend.name == "cuda" else "cpu"  # what the Studio shows
@@ -55,19 +64,27 @@ class SpeechLLMTranscriber:
 
     @classmethod
     def load(cls, path: str | Path, device: str = "auto", context: int = ASR_CONTEXT) -> SpeechLLMTranscriber:
-        """The speech LLM at `path` (a Hugging Face folder); errors name the path and the problem."""
+        """The speech LLM at `path`: a Hugging Face folder, or a text GGUF with its audio mmproj beside it
+        (llama.cpp's layout: Granite Speech's); errors name the path and the problem."""
         path = Path(path)
         config_file = path / "config.json"
-        if path.suffix.lower() == ".gguf":
-            raise CheckpointError(
-                f"ASR model {path}: speech GGUFs (with an audio mmproj) are not read yet; give the Hugging Face folder"
-            )
-        if not path.is_dir() or not config_file.is_file():
+        if path.is_dir() and not config_file.is_file():
+            path = speech_gguf(path) or path  # a folder holding llama.cpp's pair
+        is_gguf = path.suffix.lower() == ".gguf"
+        if not is_gguf and (not path.is_dir() or not config_file.is_file()):
             raise CheckpointError(f"ASR model {path}: not a model folder (no config.json)")
-        task = TaskModel.load(path, "ASR", device, context)
+        try:
+            adapter = None if is_gguf else speech_adapter(path, _read_config(config_file) or {})
+        except ValueError as exc:
+            raise CheckpointError(f"ASR model {exc}") from None
+        task = TaskModel.load(path, "ASR", device, context, lora_adapter=adapter)
         engine = task.engine
         try:
-            encoder = load_audio_encoder(path, engine.checkpoint.hf_config or {}, engine.backend)
+            if is_gguf:
+                encoder = load_mmproj_audio_encoder(path, engine.model_config, engine.tokenizer, engine.backend)
+            else:
+                encoder = load_audio_encoder(path, engine.checkpoint.hf_config or {}, engine.backend)
+            prompter = speech_prompter(encoder, engine.tokenizer) if encoder is not None else None
         except ValueError as exc:
             raise CheckpointError(
                 f"ASR model {exc}" if str(path) in str(exc) else f"ASR model {path}: {exc}"
@@ -75,7 +92,7 @@ class SpeechLLMTranscriber:
         if encoder is None:
             raise CheckpointError(
                 f"ASR model {path}: {config_file.name} names {engine.checkpoint.architecture}, not a speech model "
-                "(Qwen3ASRForConditionalGeneration)"
+                f"({', '.join(SPEECH_ARCHITECTURES)})"
             )
         hidden = engine.model_config.hidden_size
         if encoder.config.output_dim != hidden:
@@ -85,9 +102,7 @@ class SpeechLLMTranscriber:
             )
         # one clip's embeddings kept (tens of MB for minutes of audio): a clip is encoded once per request
         engine.runner.images = ImageEmbedder(encoder, engine.backend, max_cached=1)
-        engine.vision = prompter = Qwen3AsrPrompter(
-            encoder.config, engine.tokenizer
-        )  # places the audio tokens
+        engine.vision = prompter  # places the audio tokens
         return cls(task, prompter)
 
     def reply_ids(self, samples: Any, language: str | None = None, prompt: str | None = None,
@@ -162,11 +177,19 @@ class SpeechLLMTranscriber:
 
 
 def is_speech_llm_folder(path: str | Path) -> bool:
-    """A folder whose config.json names a speech LLM this module serves (Qwen3-ASR); anything else,
-    unreadable files included, is left to faster-whisper, whose errors name what it lacks."""
-    config_file = Path(path) / "config.json"
+    """A folder whose config.json names a speech LLM this module serves (Qwen3-ASR, Granite Speech), or a
+    text GGUF (or a folder holding one) with Granite Speech's mmproj beside it; anything else, unreadable
+    files included, is left to faster-whisper, whose errors name what it lacks."""
+    config = _read_config(Path(path) / "config.json")
+    if config is not None:
+        return is_speech_model(config)
+    return speech_gguf(Path(path)) is not None
+
+
+def _read_config(config_file: Path) -> dict[str, Any] | None:
+    """config.json as an object, or None where it cannot be read (the loader then says why)."""
     try:
         config = json.loads(config_file.read_text("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    return isinstance(config, dict) and is_qwen3_asr(config)
+        return None
+    return config if isinstance(config, dict) else None

@@ -46,8 +46,12 @@ class TaskModel:
             return fn()
 
     @classmethod
-    def load(cls, path: str | Path, job: str, device: str = "auto", context: int = TASK_CONTEXT) -> TaskModel:
-        """The decoder at `path` (a .gguf file or a Hugging Face folder) for `job` ("embedding", "rerank").
+    def load(
+        cls, path: str | Path, job: str, device: str = "auto", context: int = TASK_CONTEXT,
+        lora_adapter: str | Path | None = None,
+    ) -> TaskModel:  # fmt: skip
+        """The decoder at `path` (a .gguf file or a Hugging Face folder) for `job` ("embedding", "rerank",
+        "ASR"), with a LoRA adapter folder merged into its weights if given (Granite Speech's).
 
         Errors name the path and what is wrong with it (FileNotFoundError, CheckpointError)."""
         from app.engine.config import EngineConfig
@@ -64,6 +68,7 @@ class TaskModel:
             max_num_batched_tokens=min(context, 2048), block_size=TASK_BLOCK_SIZE,
             num_kv_blocks=-(-context // TASK_BLOCK_SIZE) + 1, enable_prefix_caching=False,
             cuda_graphs=False, prefill_graphs=False, async_decode=False, weight_cache="off",
+            lora_adapter=str(lora_adapter) if lora_adapter is not None else None,
         )  # fmt: skip
         try:
             return cls(LLMEngine(config))

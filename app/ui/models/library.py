@@ -53,6 +53,8 @@ def notes(entry: ModelEntry, loaded: bool) -> str:
         marks.append("base")
     if entry.takes_images:
         marks.append("takes images")
+    if entry.job == "transcription":
+        marks.append("transcription")
     return " · ".join(marks)
 
 

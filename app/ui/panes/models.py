@@ -237,6 +237,11 @@ def describe(entry: ModelEntry) -> str:
              f"Files: {html.escape(files)}"]
     if entry.vision:
         lines.append(f"Takes images: its vision tower is {html.escape(entry.vision)}")
+    if entry.job == "transcription":
+        audio = entry.shape.audio if entry.shape else None
+        family = f"a {audio.family} " if audio else "a "
+        lines.append(f"Job: transcription. It is {family}speech model: choose its folder in the Transcribe pane, or "
+                     "serve it with <code>paddock serve --asr-model</code> at /v1/audio/transcriptions")
     if entry.location:
         lines.append(f"Found in {html.escape(entry.location)}'s folder, used in place (not copied): "
                      f"{html.escape(str(entry.path.parent))}")

@@ -18,31 +18,28 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from speech_fixtures import CLIP, FIXTURES, clip_samples, references
 
 from app.engine.loader.names import CheckpointError
 from app.engine.models.audio import load_audio_encoder
 from app.engine.models.audio.mel import log_mel
 from app.engine.models.audio.qwen3_asr import attention_windows
-from app.engine.tasks.audio import AudioError, decode_audio
+from app.engine.tasks.audio import AudioError
 from app.engine.tasks.speech_llm import SpeechLLMTranscriber
 
-FIXTURES = Path(__file__).parents[2] / "fixtures"
 HF = FIXTURES / "qwen3_asr" / "hf"
-CLIP = FIXTURES / "audio" / "speech.wav"
 MANIFEST = json.loads((FIXTURES / "qwen3_asr" / "manifest.json").read_text())
 CLIPS = sorted(MANIFEST["samples"])
 
 
 @pytest.fixture(scope="module")
 def refs() -> dict[str, np.ndarray]:
-    with np.load(FIXTURES / "qwen3_asr" / "references.npz") as data:
-        return dict(data)
+    return references("qwen3_asr")
 
 
 @pytest.fixture(scope="module")
 def samples() -> dict[str, np.ndarray]:
-    clip = decode_audio(CLIP)
-    return {name: clip[:count] for name, count in MANIFEST["samples"].items()}
+    return clip_samples(MANIFEST)
 
 
 @pytest.fixture(scope="module")
