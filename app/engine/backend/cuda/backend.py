@@ -109,8 +109,8 @@ class CudaBackend:
     # 64, 128 and 256 (the SIMT attention.cu has none)
     supports_attention_sinks = True
     sink_head_dims = _attention_prefill.HEAD_DIMS
-    # rope.cu and rope_cache.cu turn only the first 2 x (table width) dims of a head (Qwen3.5, Qwen3-Next);
-    # the fused rope decode attention takes whole heads, so partial ones decode through rope_cache
+    # rope.cu, rope_cache.cu and the fused rope decode attention turn only the first 2 x (table width) dims
+    # of a head when the table is narrower than half of it (Qwen3.5, Qwen3-Next)
     supports_partial_rope = True
 
     def __init__(
