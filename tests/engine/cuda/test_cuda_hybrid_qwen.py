@@ -174,16 +174,16 @@ def _on_device(cuda, meta):
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("decode", [False, True])
-def test_cuda_gated_deltanet_ops_match_numpy(cuda, cpu, rng, decode: bool) -> None:
+@pytest.mark.parametrize("lengths", [[9, 1, 70, 3], [2, 1, 2], [1] * 5], ids=["prefill", "short", "decode"])
+def test_cuda_gated_deltanet_ops_match_numpy(cuda, cpu, rng, lengths: list[int]) -> None:
     """causal_conv1d, gated_delta_net_rule and gated_rms_norm on CUDA against the numpy backend's, with
     Qwen3-Next's 128 x 128 heads (tiled value heads, two per k head): a varlen prefill batch (sequences
-    continuing their rows, starting from zeros, one of 70 tokens: the reference's chunked form) or a
+    continuing their rows, starting from zeros, one of 70 tokens: the conv's two 64-token blocks, the
+    delta rule's chunked kernel over five rounds), a batch of short chunks (the token-by-token kernel) or a
     decode batch (the kernels' decode entries), states compared too."""
     from app.engine.specs import GatedDeltaNetSpec
 
     spec = GatedDeltaNetSpec(2, 4, 128, 128, 4, tiled_v_heads=True)
-    lengths = [1] * 5 if decode else [9, 1, 70, 3]
     initial = [True, False, True, True, False][: len(lengths)]
     meta = varlen_meta(lengths, list(rng.permutation(8)[: len(lengths)]), initial)
     n, conv, value, hv = sum(lengths), spec.conv_dim, spec.num_v_heads * spec.head_v_dim, spec.num_v_heads

@@ -108,20 +108,23 @@ def test_causal_conv1d_decode_emulated(request: pytest.FixtureRequest, recurrent
     np.testing.assert_array_equal(got_state[[0, 1, 3]], state[[0, 1, 3]])  # slot 0 was the padding row's
 
 
+@pytest.mark.parametrize("chunked", [False, True], ids=["tokens", "chunks"])
 @pytest.mark.parametrize(("lengths", "initial", "heads", "dv", "tiled"), [
     ([5, 12, 1, 9], [True, False, True, False], (2, 2), 32, False),  # prefill: recurrent and chunked reference
-    ([3, 20], [True, True], (1, 4), 40, False),  # GQA: 4 value heads per k head; Dv past one block of 32
+    ([3, 37], [True, True], (1, 4), 40, False),  # GQA: 4 value heads per k head; Dv past one block of 32
     ([11, 2, 1], [False, True, True], (2, 6), 16, True),  # llama.cpp's tiled value-head order
     ([1, 1, 1, 1, 1], [True, False, True, True, True], (2, 4), 32, False),  # decode through the varlen entry
 ])  # fmt: skip
 def test_gated_delta_varlen_emulated(
-    request: pytest.FixtureRequest, recurrent_emu: Path, tmp_path: Path, lengths, initial, heads, dv, tiled
+    request: pytest.FixtureRequest, recurrent_emu: Path, tmp_path: Path, lengths, initial, heads, dv, tiled, chunked
 ) -> None:
+    """Token by token (gated_delta_varlen) and in chunks of 16 (gated_delta_chunked: sequences of one, of
+    part of a chunk and of several chunks)."""
     rng, seed = fresh_rng(request.node.nodeid)
     hk, hv = heads
     spec = GatedDeltaNetSpec(hk, hv, HEAD_K_DIM, dv, 4, tiled)
     meta = varlen_meta(lengths, list(rng.permutation(NUM_SLOTS)[: len(lengths)].astype(int)), initial)
-    got, got_state, ref, ref_state = _delta_case(rng, recurrent_emu, tmp_path, spec, meta, decode=False)
+    got, got_state, ref, ref_state = _delta_case(rng, recurrent_emu, tmp_path, spec, meta, mode=2 if chunked else 0)
     assert rel_err(got, ref) < DELTA_TOL, f"seed={seed}"
     assert rel_err(got_state, ref_state) < DELTA_TOL, f"seed={seed}"
     untouched = sorted(set(range(NUM_SLOTS)) - set(meta.host_state_slots.tolist()))
@@ -135,7 +138,10 @@ def test_gated_delta_released_head_size_emulated(
     rng, seed = fresh_rng(request.node.nodeid)
     spec = GatedDeltaNetSpec(1, 2, 128, 128, 4, False)
     meta = varlen_meta([10, 1], [2, 4], [True, False])
-    got, got_state, ref, ref_state = _delta_case(rng, recurrent_emu_128, tmp_path, spec, meta, decode=False)
+    got, got_state, ref, ref_state = _delta_case(rng, recurrent_emu_128, tmp_path, spec, meta, mode=0)
+    assert rel_err(got, ref) < DELTA_TOL, f"seed={seed}"
+    assert rel_err(got_state, ref_state) < DELTA_TOL, f"seed={seed}"
+    got, got_state, ref, ref_state = _delta_case(rng, recurrent_emu_128, tmp_path, spec, meta, mode=2)
     assert rel_err(got, ref) < DELTA_TOL, f"seed={seed}"
     assert rel_err(got_state, ref_state) < DELTA_TOL, f"seed={seed}"
 
@@ -145,13 +151,14 @@ def test_gated_delta_decode_emulated(request: pytest.FixtureRequest, recurrent_e
     rng, seed = fresh_rng(request.node.nodeid)
     spec = GatedDeltaNetSpec(2, 4, HEAD_K_DIM, 32, 4, False)
     meta = varlen_meta([1] * 3, [5, 1, 3], [True, False, True])
-    got, got_state, ref, ref_state = _delta_case(rng, recurrent_emu, tmp_path, spec, meta, decode=True)
+    got, got_state, ref, ref_state = _delta_case(rng, recurrent_emu, tmp_path, spec, meta, mode=1)
     assert rel_err(got, ref) < DELTA_TOL, f"seed={seed}"
     assert rel_err(got_state, ref_state) < DELTA_TOL, f"seed={seed}"
 
 
-def _delta_case(rng, exe: Path, folder: Path, spec: GatedDeltaNetSpec, meta: AttentionMetadata, decode: bool):
-    """Random inputs in the layer's ranges through the kernel and the reference: (out, state) of each."""
+def _delta_case(rng, exe: Path, folder: Path, spec: GatedDeltaNetSpec, meta: AttentionMetadata, mode: int):
+    """Random inputs in the layer's ranges through the kernel (`mode`: 0 token by token, 1 decode, 2 chunked)
+    and the reference: (out, state) of each."""
     n = int(meta.host_query_start_loc[-1])
     hv = spec.num_v_heads
     mixed = rng.standard_normal((n, spec.conv_dim)).astype(np.float32)
@@ -165,7 +172,7 @@ def _delta_case(rng, exe: Path, folder: Path, spec: GatedDeltaNetSpec, meta: Att
     ref_state = state.copy()
     ref = gated_delta_net_rule(np, mixed, ba, neg_a, dt_bias, ref_state, meta, spec)
     _run(exe, "delta", folder, n, meta.num_seqs, spec.num_k_heads, hv, spec.head_v_dim, int(spec.tiled_v_heads),
-         int(decode))  # fmt: skip
+         mode)  # fmt: skip
     got = np.fromfile(folder / "o.bin", np.float32).reshape(ref.shape)
     return got, np.fromfile(folder / "state.bin", np.float32).reshape(state.shape), ref, ref_state
 

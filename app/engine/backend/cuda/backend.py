@@ -511,6 +511,7 @@ class CudaBackend:
         return _gated_delta.gated_delta_rule(
             mixed, self._rows(ba), self._f32(neg_a), self._f32(dt_bias), state,
             *self._recurrent_meta(meta, mixed.shape[0]), spec.num_k_heads, spec.tiled_v_heads, out,
+            max_query_len=meta.max_query_len,
         )  # fmt: skip
 
     def gated_rms_norm(self, x: Any, z: Any, weight: Any, eps: float) -> Any:
