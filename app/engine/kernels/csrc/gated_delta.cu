@@ -171,6 +171,16 @@ extern "C" __global__ void __launch_bounds__(GDN_WARPS * 32) gated_delta_decode(
 #define GDN_CHUNK (GDN_DK > 128 ? 8 : 16)  // tokens a round: q and k of the chunk fit static shared memory
 #endif
 
+// (a.b, c.d) over GDN_DK elements, summed by the warp (every lane gets both).
+__device__ __forceinline__ float2 gdn_warp_dots(const float* a, const float* b, const float* c, const float* d) {
+    float ab = 0.f, cd = 0.f;
+    for (int e = threadIdx.x & 31; e < GDN_DK; e += 32) {
+        ab += a[e] * b[e];
+        cd += c[e] * d[e];
+    }
+    return make_float2(warp_sum(ab), warp_sum(cd));
+}
+
 extern "C" __global__ void __launch_bounds__(GDN_WARPS * 32) gated_delta_chunked(
     const float* __restrict__ mixed, i64 mixed_stride, const float* __restrict__ ba, i64 ba_stride,
     const float* __restrict__ neg_a, const float* __restrict__ dt_bias, float* __restrict__ state,
@@ -217,16 +227,10 @@ extern "C" __global__ void __launch_bounds__(GDN_WARPS * 32) gated_delta_chunked
         if (tid == 0)
             for (int i = 1; i < n; ++i) cum[i] += cum[i - 1];
         for (int i = warp; i < n; i += GDN_WARPS) {  // |q_i|^2, |k_i|^2: a warp per token
-            float ssq = 0.f, ssk = 0.f;
-            for (int d = lane; d < GDN_DK; d += 32) {
-                ssq += sq[i][d] * sq[i][d];
-                ssk += sk[i][d] * sk[i][d];
-            }
-            ssq = warp_sum(ssq);
-            ssk = warp_sum(ssk);
+            const float2 ss = gdn_warp_dots(sq[i], sq[i], sk[i], sk[i]);
             if (lane == 0) {
-                inv_q[i] = 1.f / sqrtf(ssq + GDN_L2_EPS);
-                inv_k[i] = 1.f / sqrtf(ssk + GDN_L2_EPS);
+                inv_q[i] = 1.f / sqrtf(ss.x + GDN_L2_EPS);
+                inv_k[i] = 1.f / sqrtf(ss.y + GDN_L2_EPS);
             }
         }
         __syncthreads();
@@ -243,17 +247,11 @@ extern "C" __global__ void __launch_bounds__(GDN_WARPS * 32) gated_delta_chunked
                 if (lane == 0) ekk[i][jj] = eqk[i][jj] = 0.f;
                 continue;  // uniform over the warp
             }
-            float a = 0.f, b = 0.f;
-            for (int d = lane; d < GDN_DK; d += 32) {
-                a += sk[i][d] * sk[jj][d];
-                b += sq[i][d] * sk[jj][d];
-            }
-            a = warp_sum(a);
-            b = warp_sum(b);
+            const float2 dots = gdn_warp_dots(sk[i], sk[jj], sq[i], sk[jj]);  // (k_i.k_j, q_i.k_j)
             if (lane == 0) {
                 const float decay = expf(cum[i] - cum[jj]);
-                ekk[i][jj] = jj < i ? decay * a : 0.f;
-                eqk[i][jj] = decay * b;
+                ekk[i][jj] = jj < i ? decay * dots.x : 0.f;
+                eqk[i][jj] = decay * dots.y;
             }
         }
 #pragma unroll
