@@ -82,7 +82,7 @@ def test_causal_conv1d_varlen_emulated(
 
 def test_causal_conv1d_decode_emulated(request: pytest.FixtureRequest, recurrent_emu: Path, tmp_path: Path) -> None:
     """The decode entry (row i is sequence i's token, no query_start_loc read) matches the reference's
-    batched step; a negative slot (a padding row of a captured batch) is skipped and writes nothing."""
+    batched step; a negative slot (a padding row of a captured batch) gets zeros and touches no state."""
     rng, seed = fresh_rng(request.node.nodeid)
     channels, k = 96, 4
     initial = [True, False, True, True]
@@ -102,7 +102,7 @@ def test_causal_conv1d_decode_emulated(request: pytest.FixtureRequest, recurrent
     got = np.fromfile(tmp_path / "y.bin", np.float32).reshape(ref.shape)
     real = [0, 2, 3]
     assert rel_err(got[real], ref[real]) < 1e-6, f"seed={seed}"
-    assert np.isnan(got[1]).all()  # the padding row is not written
+    np.testing.assert_array_equal(got[1], 0.0)  # the padding row: finite zeros for the layers after it
     got_state = np.fromfile(tmp_path / "state.bin", np.float32).reshape(state.shape)
     np.testing.assert_array_equal(got_state[[4, 2, 5]], ref_state[[4, 2, 5]])
     np.testing.assert_array_equal(got_state[[0, 1, 3]], state[[0, 1, 3]])  # slot 0 was the padding row's
@@ -146,19 +146,32 @@ def test_gated_delta_released_head_size_emulated(
     assert rel_err(got_state, ref_state) < DELTA_TOL, f"seed={seed}"
 
 
-def test_gated_delta_decode_emulated(request: pytest.FixtureRequest, recurrent_emu: Path, tmp_path: Path) -> None:
-    """The decode entry: row i is sequence i's token; sequences that start here ignore their row's old state."""
+@pytest.mark.parametrize("mode", [1, 0, 2], ids=["decode", "tokens", "chunks"])
+def test_gated_delta_decode_emulated(
+    request: pytest.FixtureRequest, recurrent_emu: Path, tmp_path: Path, mode: int
+) -> None:
+    """The decode entry (row i is sequence i's token; sequences that start here ignore their row's old
+    state), and a padding row (slot -1, as a captured batch pads its bucket) in every kernel: zeros out,
+    its state row untouched."""
     rng, seed = fresh_rng(request.node.nodeid)
     spec = GatedDeltaNetSpec(2, 4, HEAD_K_DIM, 32, 4, False)
-    meta = varlen_meta([1] * 3, [5, 1, 3], [True, False, True])
-    got, got_state, ref, ref_state = _delta_case(rng, recurrent_emu, tmp_path, spec, meta, mode=1)
-    assert rel_err(got, ref) < DELTA_TOL, f"seed={seed}"
-    assert rel_err(got_state, ref_state) < DELTA_TOL, f"seed={seed}"
+    meta = varlen_meta([1] * 4, [5, 1, 3, 0], [True, False, True, True])
+    got, got_state, ref, ref_state = _delta_case(rng, recurrent_emu, tmp_path, spec, meta, mode, padding=3)
+    real = [0, 1, 2]
+    assert rel_err(got[real], ref[real]) < DELTA_TOL, f"seed={seed}"
+    assert rel_err(got_state[[5, 1, 3]], ref_state[[5, 1, 3]]) < DELTA_TOL, f"seed={seed}"
+    np.testing.assert_array_equal(got[3], 0.0)
+    untouched = np.fromfile(tmp_path / "state_in.bin", np.float32).reshape(got_state.shape)
+    np.testing.assert_array_equal(got_state[[0, 2, 4]], untouched[[0, 2, 4]])
 
 
-def _delta_case(rng, exe: Path, folder: Path, spec: GatedDeltaNetSpec, meta: AttentionMetadata, mode: int):
+def _delta_case(
+    rng, exe: Path, folder: Path, spec: GatedDeltaNetSpec, meta: AttentionMetadata, mode: int,
+    padding: int | None = None,
+):
     """Random inputs in the layer's ranges through the kernel (`mode`: 0 token by token, 1 decode, 2 chunked)
-    and the reference: (out, state) of each."""
+    and the reference: (out, state) of each. Sequence `padding` has slot -1 for the kernel (the reference
+    runs it in its slot)."""
     n = int(meta.host_query_start_loc[-1])
     hv = spec.num_v_heads
     mixed = rng.standard_normal((n, spec.conv_dim)).astype(np.float32)
@@ -168,7 +181,12 @@ def _delta_case(rng, exe: Path, folder: Path, spec: GatedDeltaNetSpec, meta: Att
     state = (rng.standard_normal((NUM_SLOTS, *spec.state_shapes()[1])) * 0.3).astype(np.float32)
     for name, a in (("mixed", mixed), ("ba", ba), ("nega", neg_a), ("dtb", dt_bias), ("state", state)):
         a.tofile(folder / f"{name}.bin")
+    state.tofile(folder / "state_in.bin")
     write_meta(folder, meta)
+    if padding is not None:
+        slots = meta.host_state_slots.copy()
+        slots[padding] = -1
+        slots.tofile(folder / "slots.bin")
     ref_state = state.copy()
     ref = gated_delta_net_rule(np, mixed, ba, neg_a, dt_bias, ref_state, meta, spec)
     _run(exe, "delta", folder, n, meta.num_seqs, spec.num_k_heads, hv, spec.head_v_dim, int(spec.tiled_v_heads),

@@ -17,7 +17,7 @@
 // computes. Tokens run in order within the launch: decode, and prefill batches of short chunks
 // (gated_delta_chunked below takes longer ones). Sequence i owns rows
 // query_start_loc[i]:[i+1] (decode: row i), its state row is state_slots[i] (negative: a padding row,
-// skipped), and it starts from zeros where has_initial[i] is 0. All read on the device: a decode step
+// zeros out and no state touched), and it starts from zeros where has_initial[i] is 0. All read on the device: a decode step
 // can be captured in a CUDA graph.
 #include "block_sum.cuh"
 
@@ -49,6 +49,14 @@ __device__ __forceinline__ void gdn_load(GdnToken& in, const float* __restrict__
     in.a = gates[n_v_heads + h];
 }
 
+// Zeros for rows [start, end) of column j of value head h: a padding sequence's output (state_slots < 0),
+// finite for the layers after it.
+__device__ __forceinline__ void gdn_zero_rows(float* __restrict__ out, int start, int end, int h, int n_v_heads,
+                                              int dv, int j, bool writes) {
+    if (!writes) return;
+    for (int t = start; t < end; ++t) out[((i64)t * n_v_heads + h) * dv + j] = 0.f;
+}
+
 template <bool DECODE>
 __device__ __forceinline__ void gated_delta_body(
     const float* __restrict__ mixed, i64 mixed_stride, const float* __restrict__ ba, i64 ba_stride,
@@ -66,9 +74,11 @@ __device__ __forceinline__ void gated_delta_body(
     const float na = neg_a[h], bias = dt_bias[h];  // constants: read before the wait (PDL)
     after_previous_grid();
     const int slot = state_slots[seq];
-    if (slot < 0) return;  // uniform over the block
     const int start = DECODE ? seq : query_start_loc[seq], end = DECODE ? seq + 1 : query_start_loc[seq + 1];
-    if (start >= end) return;
+    if (slot < 0 || start >= end) {  // uniform over the block; a padding row's output is zeros
+        gdn_zero_rows(out, start, end, h, n_v_heads, dv, j, col && warp == 0);
+        return;
+    }
     const i64 key_dim = (i64)n_k_heads * GDN_DK;
     const i64 q_off = (i64)hk * GDN_DK, k_off = key_dim + q_off, v_off = 2 * key_dim + (i64)h * dv + j;
     float* srow = state + (((i64)slot * n_v_heads + h) * GDN_DK + warp * R) * dv + j;
@@ -199,8 +209,11 @@ extern "C" __global__ void __launch_bounds__(GDN_WARPS * 32) gated_delta_chunked
     const float na = neg_a[h], bias = dt_bias[h];
     after_previous_grid();
     const int slot = state_slots[seq];
-    if (slot < 0) return;  // uniform over the block
     const int start = query_start_loc[seq], end = query_start_loc[seq + 1];
+    if (slot < 0) {  // uniform over the block; a padding row's output is zeros
+        gdn_zero_rows(out, start, end, h, n_v_heads, dv, j, col && warp == 0);
+        return;
+    }
     const i64 key_dim = (i64)n_k_heads * GDN_DK;
     const i64 q_off = (i64)hk * GDN_DK, k_off = key_dim + q_off, v_off = 2 * key_dim + (i64)h * dv + j;
     float* srow = state + (((i64)slot * n_v_heads + h) * GDN_DK + warp * R) * dv + j;
