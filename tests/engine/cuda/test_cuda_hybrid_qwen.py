@@ -238,3 +238,25 @@ def test_cuda_partial_rope_matches_numpy(cuda, cpu, rng, interleaved: bool) -> N
     assert rel_err(cuda.to_host(q), q_ref) < 1e-5
     k_got = cuda.to_host(k_dev).astype(np.float32).reshape(-1, n_kv, head_dim)[slots]
     np.testing.assert_allclose(k_got, k_ref.reshape(-1, n_kv, head_dim)[slots], rtol=2e-3, atol=2e-3)
+
+
+def test_cuda_causal_conv1d_with_bias_matches_numpy(cuda, cpu, rng) -> None:
+    """The conv as Mamba-2 calls it (a bias, SiLU) over a prompt of 150 rows (three 64-token blocks, the
+    later ones reading their window from x) beside a sequence shorter than K-1 and a padding row
+    (slot -1: zeros out, no state row touched)."""
+    channels, k = 300, 4
+    meta = varlen_meta([150, 2, 1], [3, 0, 5], [True, True, False])
+    x = rng.standard_normal((153, channels)).astype(np.float32)
+    weight, bias = (rng.standard_normal(s).astype(np.float32) for s in ((channels, k), channels))
+    state = rng.standard_normal((6, channels, k - 1)).astype(np.float32)
+    d_state = cuda.from_host(state)
+    dmeta = _on_device(cuda, dataclasses.replace(meta, state_slots=np.array([3, 0, -1], np.int32)))
+    got = cuda.to_host(cuda.causal_conv1d(cuda.from_host(x), cuda.from_host(weight), cuda.from_host(bias), d_state,
+                                          dmeta))  # fmt: skip
+    ref_state = state.copy()
+    ref = cpu.causal_conv1d(x, weight, bias, ref_state, meta)
+    assert rel_err(got[:152], ref[:152]) < 1e-5
+    np.testing.assert_array_equal(got[152], 0.0)
+    got_state = cuda.to_host(d_state)
+    np.testing.assert_array_equal(got_state[[3, 0]], ref_state[[3, 0]])
+    np.testing.assert_array_equal(got_state[[1, 2, 4, 5]], state[[1, 2, 4, 5]])  # slot 5: the padding row's
