@@ -260,3 +260,50 @@ def test_cuda_causal_conv1d_with_bias_matches_numpy(cuda, cpu, rng) -> None:
     got_state = cuda.to_host(d_state)
     np.testing.assert_array_equal(got_state[[3, 0]], ref_state[[3, 0]])
     np.testing.assert_array_equal(got_state[[1, 2, 4, 5]], state[[1, 2, 4, 5]])  # slot 5: the padding row's
+
+
+def test_cuda_gated_deltanet_decode_step_replays_as_a_graph(cuda, rng) -> None:
+    """The layer's decode ops (conv, delta rule, gated norm) captured in a CUDA graph with programmatic
+    launches, as the decode graphs capture a step: no host sync breaks the capture, and a replay after new
+    inputs, state slots and flags are written into the captured buffers (one row now padding, slot -1)
+    gives what an eager run gives on copies of the same states."""
+    import cupy
+
+    from app.engine.kernels.runtime.pdl import programmatic_launches
+    from app.engine.specs import GatedDeltaNetSpec
+
+    spec = GatedDeltaNetSpec(2, 4, 128, 128, 4, tiled_v_heads=False)
+    n, conv, value, hv = 4, spec.conv_dim, spec.num_v_heads * spec.head_v_dim, spec.num_v_heads
+    meta = _on_device(cuda, varlen_meta([1] * n, [0, 1, 2, 3], [True] * n))
+    proj = cuda.from_host(rng.standard_normal((n, conv + value + 2 * hv)).astype(np.float32))
+    weight = cuda.from_host((rng.standard_normal((conv, 4)) * 0.5).astype(np.float32))
+    neg_a = cuda.from_host(-np.exp(rng.uniform(-2, 1, hv)).astype(np.float32))
+    dt_bias, norm_w = (cuda.from_host(rng.standard_normal(s).astype(np.float32)) for s in (hv, spec.head_v_dim))
+    conv_state = cuda.from_host(rng.standard_normal((6, *spec.state_shapes()[0])).astype(np.float32))
+    state = cuda.from_host((rng.standard_normal((6, *spec.state_shapes()[1])) * 0.3).astype(np.float32))
+
+    def step(states: tuple[Any, Any]) -> Any:
+        mixed = cuda.causal_conv1d(proj[:, :conv], weight, None, states[0], meta)
+        core = cuda.gated_delta_net_rule(mixed, proj[:, conv + value :], neg_a, dt_bias, states[1], meta, spec)
+        return cuda.gated_rms_norm(core, proj[:, conv : conv + value], norm_w, 1e-6)
+
+    cupy.cuda.Device().synchronize()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream, programmatic_launches(True):
+        step((conv_state.copy(), state.copy()))  # warm-up: compiles the kernels, sizes the pool's blocks
+        stream.synchronize()
+        stream.begin_capture()
+        out = step((conv_state, state))
+        graph = stream.end_capture()
+    proj[...] = cuda.from_host(rng.standard_normal(proj.shape).astype(np.float32))
+    meta.state_slots[...] = cuda.from_host(np.array([5, -1, 1, 4], np.int32))
+    meta.has_initial_state[...] = cuda.from_host(np.array([True, True, False, True]))
+    eager_states = (conv_state.copy(), state.copy())
+    cupy.cuda.Device().synchronize()
+    graph.launch(stream=cupy.cuda.Stream.null)
+    cupy.cuda.Stream.null.synchronize()
+    eager = step(eager_states)
+    np.testing.assert_allclose(cuda.to_host(out), cuda.to_host(eager), rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(cuda.to_host(out)[1], 0.0)  # the padding row
+    for got, want in zip((conv_state, state), eager_states, strict=True):
+        np.testing.assert_allclose(cuda.to_host(got), cuda.to_host(want), rtol=1e-6, atol=1e-6)
