@@ -132,8 +132,15 @@ def _generate(engine: Any, prompts: list[list[int]]) -> list[dict]:
 
 
 def _assert_matches(got: dict, ref: dict, label: str) -> None:
-    for token, value in ref["logprobs"][0].top:  # the first step: comparable even past a near-tie split
-        assert abs(dict(got["logprobs"][0].top).get(token, -99.0) - value) < LOGPROB_TOL, label
+    """The first step's top-5 log-probs (comparable even past a near-tie split) and the greedy tokens. A
+    reference token missing from the GPU's top 5 must sit within the tolerance of its 5th (a near-tie at
+    the edge of the list: these random tiny models' log-probs are close together)."""
+    top = dict(got["logprobs"][0].top)
+    for token, value in ref["logprobs"][0].top:
+        if token in top:
+            assert abs(top[token] - value) < LOGPROB_TOL, f"{label}: token {token}"
+        else:
+            assert value < min(top.values()) + LOGPROB_TOL, f"{label}: token {token} left the top 5"
     assert_greedy_agrees(got, ref, label)
 
 
