@@ -37,9 +37,10 @@ def recurrent_emu(tmp_path_factory) -> Path:
     return _build(tmp_path_factory, "recurrent_main.cpp", (f"-DGDN_DK={HEAD_K_DIM}",))
 
 
-@pytest.fixture(scope="module")
-def recurrent_emu_128(tmp_path_factory) -> Path:
-    return _build(tmp_path_factory, "recurrent_main.cpp", ("-DGDN_DK=128",))
+@pytest.fixture(scope="module", params=[128, 256])
+def recurrent_emu_wide(request, tmp_path_factory) -> tuple[Path, int]:
+    """A build for the released models' head_k_dim (128), and for 256 (two q/k elements a thread, chunks of 8)."""
+    return _build(tmp_path_factory, "recurrent_main.cpp", (f"-DGDN_DK={request.param}",)), request.param
 
 
 def write_meta(folder: Path, meta: AttentionMetadata) -> None:
@@ -132,16 +133,18 @@ def test_gated_delta_varlen_emulated(
 
 
 def test_gated_delta_released_head_size_emulated(
-    request: pytest.FixtureRequest, recurrent_emu_128: Path, tmp_path: Path
+    request: pytest.FixtureRequest, recurrent_emu_wide: tuple[Path, int], tmp_path: Path
 ) -> None:
-    """Qwen3-Next / Qwen3.5's 128 x 128 heads (32 state rows per thread, four column blocks), GQA 1:2."""
+    """Qwen3-Next / Qwen3.5's 128 x 128 heads (32 state rows per thread, four column blocks), and 256-dim
+    keys, GQA 1:2, token by token and chunked (a sequence of more than one chunk)."""
     rng, seed = fresh_rng(request.node.nodeid)
-    spec = GatedDeltaNetSpec(1, 2, 128, 128, 4, False)
-    meta = varlen_meta([10, 1], [2, 4], [True, False])
-    got, got_state, ref, ref_state = _delta_case(rng, recurrent_emu_128, tmp_path, spec, meta, mode=0)
+    exe, dk = recurrent_emu_wide
+    spec = GatedDeltaNetSpec(1, 2, dk, 128, 4, False)
+    meta = varlen_meta([19, 1], [2, 4], [True, False])
+    got, got_state, ref, ref_state = _delta_case(rng, exe, tmp_path, spec, meta, mode=0)
     assert rel_err(got, ref) < DELTA_TOL, f"seed={seed}"
     assert rel_err(got_state, ref_state) < DELTA_TOL, f"seed={seed}"
-    got, got_state, ref, ref_state = _delta_case(rng, recurrent_emu_128, tmp_path, spec, meta, mode=2)
+    got, got_state, ref, ref_state = _delta_case(rng, exe, tmp_path, spec, meta, mode=2)
     assert rel_err(got, ref) < DELTA_TOL, f"seed={seed}"
     assert rel_err(got_state, ref_state) < DELTA_TOL, f"seed={seed}"
 
