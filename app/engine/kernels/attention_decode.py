@@ -78,11 +78,11 @@ def block_layout(n_blocks: int, clusters: bool) -> tuple[int, int]:
 
 
 def rope_supported(head_dim: int, n_heads: int, n_kv: int, rotary_dim: int) -> bool:
-    """Whether attention_decode_qkv applies: a decode variant exists (supports), the rotation covers the
-    whole head (`rotary_dim`, twice the cos/sin tables' width, is head_dim, as rope_cache requires),
-    and head_dim is 64, 128 or 256: a head's D/2 pairs are whole warps of the 128-thread block, so its
-    norm is a sum over whole warps."""
-    if rotary_dim != head_dim:
+    """Whether attention_decode_qkv applies: a decode variant exists (supports), the rotation fits the
+    head (`rotary_dim`, twice the cos/sin tables' width, at most head_dim: below it, partial RoPE as in
+    rope_cache), and head_dim is 64, 128 or 256: a head's D/2 pairs are whole warps of the 128-thread
+    block, so its norm is a sum over whole warps."""
+    if not 0 < rotary_dim <= head_dim:
         return False
     return head_dim in (64, 128, 256) and supports(head_dim, n_heads, n_kv)
 
@@ -134,7 +134,7 @@ def attention_decode_qkv(
     if not rope_supported(head_dim, n_heads, n_kv, cos.shape[1] * 2):
         raise ValueError(f"no fused rope decode attention for head_dim {head_dim}, rotary {cos.shape[1] * 2}, "
                          f"{n_heads // n_kv} heads per KV head")  # fmt: skip
-    table = (cos, sin, i32(cos.shape[0]), i32(interleaved))
+    table = (cos, sin, i32(cos.shape[0]), i32(cos.shape[1]), i32(interleaved))
     rope_args = (ptr(q_norm), ptr(k_norm), f32(eps), positions, *table, slots)
     return _launch("attn_dec_rope", {"ATTN_ROPE": 1}, qkv.shape[0], n_heads, head_dim, qkv, k_cache, v_cache,
                    seq_lens, block_tables, scale, sliding_window, softcap, n_blocks, out, rope_args,

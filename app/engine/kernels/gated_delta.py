@@ -11,6 +11,9 @@ from app.engine.kernels.runtime.compile import get_kernel
 from app.engine.kernels.runtime.launch import cdiv, f32, i32, i64, launch
 
 WARPS, COLS = 4, 32  # GDN_WARPS, GDN_COLS in gated_delta.cu
+# A varlen batch whose longest sequence has this many rows takes gated_delta_chunked (16 tokens a round,
+# 8 for head_k_dim 256; six barriers a round), shorter ones gated_delta_varlen (three barriers a token).
+CHUNKED_FROM_TOKENS = 3
 MAX_HEAD_K_DIM = 256  # state rows held in registers: head_k_dim / 4 per thread
 
 
@@ -32,11 +35,13 @@ def gated_delta_rule(
     num_k_heads: int,
     tiled_v_heads: bool,
     out: Any,
+    max_query_len: int | None = None,
 ) -> Any:
     """`out [T, Hv, Dv]` float32 from the conv output `mixed [T, 2 Hk Dk + Hv Dv]` and the raw gates
     `ba [T, >= 2 Hv]` (b columns, then a columns), with `neg_a = -exp(A_log)` and `dt_bias [Hv]`;
     `state [slots, Hv, Dk, Dv]` float32 continued and updated in place per sequence (as
-    causal_conv1d.causal_conv1d: `query_start_loc` None is a decode step, row i = sequence i)."""
+    causal_conv1d.causal_conv1d: `query_start_loc` None is a decode step, row i = sequence i). `max_query_len`
+    (the longest sequence's rows; None: all T) picks the token-by-token or the chunked prefill kernel."""
     _, n_v, dk, dv = state.shape
     n_tok = mixed.shape[0]
     if dk % WARPS or not 4 <= dk <= MAX_HEAD_K_DIM:
@@ -60,7 +65,9 @@ def gated_delta_rule(
         launch(get_kernel("gated_delta.cu", "gated_delta_decode", defines), grid, (WARPS * 32,),
                (*head, state_slots, *tail))  # fmt: skip
     else:
-        launch(get_kernel("gated_delta.cu", "gated_delta_varlen", defines), grid, (WARPS * 32,),
+        chunked = min(n_tok, max_query_len or n_tok) >= CHUNKED_FROM_TOKENS
+        name = "gated_delta_chunked" if chunked else "gated_delta_varlen"
+        launch(get_kernel("gated_delta.cu", name, defines), grid, (WARPS * 32,),
                (*head, query_start_loc, state_slots, *tail))  # fmt: skip
     return out
 

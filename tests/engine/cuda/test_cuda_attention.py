@@ -241,12 +241,15 @@ def test_attention_decode_programmatic_launch(cuda, cpu, rng, n_blocks: int) -> 
         check_decode(cuda, cpu, rng, (32, 8, 128), n_blocks, windows=(None, 300))
 
 
-def check_decode_qkv(cuda, cpu, rng, heads, n_blocks: int, windows=(None, 300), clusters: bool = True) -> None:
+def check_decode_qkv(
+    cuda, cpu, rng, heads, n_blocks: int, windows=(None, 300), clusters: bool = True, rotary: int | None = None
+) -> None:
     """attention_decode_qkv (rope_cache fused in) against rope_cache then attention_decode at `n_blocks`,
     each on its own copy of caches whose new tokens' entries start as NaN (the fused kernel must never
     read them): the same output, the same new k and v, nothing else written. Row 0 is a graph bucket's
     padding (context 0, slot -1: output 0), row 2 a padding token mid-context (slot -1: any finite
-    output, nothing stored). Both rope layouts, with and without QK-norm, under every window."""
+    output, nothing stored). Both rope layouts, with and without QK-norm, under every window; `rotary`
+    below head_dim: partial RoPE."""
     import cupy
 
     from app.engine.kernels import attention_decode
@@ -264,7 +267,7 @@ def check_decode_qkv(cuda, cpu, rng, heads, n_blocks: int, windows=(None, 300), 
     compared = np.arange(len(seqs)) != 2
     kg.reshape(-1, n_kv, head_dim)[cuda.from_host(new)] = cupy.nan
     vg.reshape(-1, n_kv, head_dim)[cuda.from_host(new)] = cupy.nan
-    cos, sin = (cuda.from_host(t) for t in rope_tables(head_dim, 4096))
+    cos, sin = (cuda.from_host(t) for t in rope_tables(rotary or head_dim, 4096))
     qkv = cuda.from_host(rng.standard_normal((len(seqs), (n_heads + 2 * n_kv) * head_dim)).astype(np.float32))
     norms = [cuda.from_host(rng.standard_normal(head_dim).astype(np.float32)) for _ in range(2)]
     pos_g, slots_g, scale = cuda.from_host(pos), cuda.from_host(slots), head_dim**-0.5
@@ -292,6 +295,13 @@ def check_decode_qkv(cuda, cpu, rng, heads, n_blocks: int, windows=(None, 300), 
             np.testing.assert_allclose(cuda.to_host(k_one).astype(np.float32), cuda.to_host(k_two).astype(np.float32),
                                        rtol=1e-3, atol=1e-3, err_msg=case)  # fmt: skip
             np.testing.assert_array_equal(cuda.to_host(v_one), cuda.to_host(v_two), err_msg=case)
+
+
+@pytest.mark.parametrize(("heads", "rotary"), [((8, 2, 256), 64), ((32, 8, 128), 32)])
+def test_attention_decode_qkv_partial_rope(cuda, cpu, rng, heads, rotary: int) -> None:
+    """Qwen3.5 / Qwen3-Next's partial RoPE (a quarter of the head turns) fused into the decode attention
+    gives rope_cache's q, k and v."""
+    check_decode_qkv(cuda, cpu, rng, heads, 3, windows=(None,), rotary=rotary)
 
 
 @pytest.mark.parametrize("n_blocks", [1, 3, 8, 13, 128])

@@ -113,26 +113,29 @@ def test_attention_decode_sinks_emulated(
     assert rel_err(got, ref) < 1e-5, f"seed={seed}"
 
 
-# (ctxs, (n_heads, n_kv, head_dim), window, softcap, blocks, interleaved, QK-norm, padding rows). A
-# padding row has slot -1 (nothing stored, any finite output); one of context 0 is a graph bucket's.
+# (ctxs, (n_heads, n_kv, head_dim), window, softcap, blocks, interleaved, QK-norm, padding rows, rotary
+# dims: None for the whole head, fewer for partial RoPE). A padding row has slot -1 (nothing stored, any
+# finite output); one of context 0 is a graph bucket's.
 ROPE_CASES = [
-    ([1, 17, 300], (32, 8, 128), None, None, 8, False, True, ()),  # Qwen3-8B: group 4, 1 and 5 chunks
-    ([700, 5, 0], (32, 4, 128), None, None, 3, True, True, (2,)),  # group 8: the new key in a looped chunk
-    ([64, 65, 130], (8, 8, 128), None, None, 16, False, False, ()),  # group 1, chunk edges, no QK-norm
-    ([200, 90], (16, 4, 64), 100, None, 4, True, False, ()),  # head_dim 64, sliding window
-    ([150, 33, 77], (16, 2, 64), None, 5.0, 2, False, True, (2,)),  # group 8, softcap, padding mid-context
-    ([260, 1], (8, 1, 64), 40, None, 1, True, True, ()),  # one block walks every chunk of a window
-    ([129], (7, 1, 128), None, None, 4, False, True, ()),  # a group of 7 in the 8-head variant
-    ([200, 33], (4, 1, 256), 100, None, 4, False, True, ()),  # Gemma-like head_dim 256
+    ([1, 17, 300], (32, 8, 128), None, None, 8, False, True, (), None),  # Qwen3-8B: group 4, 1 and 5 chunks
+    ([700, 5, 0], (32, 4, 128), None, None, 3, True, True, (2,), None),  # group 8: the new key in a looped chunk
+    ([64, 65, 130], (8, 8, 128), None, None, 16, False, False, (), None),  # group 1, chunk edges, no QK-norm
+    ([200, 90], (16, 4, 64), 100, None, 4, True, False, (), None),  # head_dim 64, sliding window
+    ([150, 33, 77], (16, 2, 64), None, 5.0, 2, False, True, (2,), None),  # group 8, softcap, padding mid-context
+    ([260, 1], (8, 1, 64), 40, None, 1, True, True, (), None),  # one block walks every chunk of a window
+    ([129], (7, 1, 128), None, None, 4, False, True, (), None),  # a group of 7 in the 8-head variant
+    ([200, 33], (4, 1, 256), 100, None, 4, False, True, (), None),  # Gemma-like head_dim 256
+    ([200, 33], (4, 1, 256), None, None, 4, False, True, (), 64),  # Qwen3.5: 64 of 256 dims turn (NeoX)
+    ([90, 1], (8, 2, 128), None, None, 2, True, True, (1,), 32),  # partial, interleaved pairs, padding
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    ("ctxs", "heads", "window", "cap", "blocks", "interleaved", "norm", "padding"), ROPE_CASES
+    ("ctxs", "heads", "window", "cap", "blocks", "interleaved", "norm", "padding", "rotary"), ROPE_CASES
 )
 def test_attention_decode_rope_emulated(
     request: pytest.FixtureRequest,
-    decode_emu: Path, tmp_path: Path, ctxs, heads, window, cap, blocks, interleaved, norm, padding
+    decode_emu: Path, tmp_path: Path, ctxs, heads, window, cap, blocks, interleaved, norm, padding, rotary
 ) -> None:
     """attn_dec_rope_* (rope_cache's work fused in) equals the numpy rope_and_cache then attention:
     the output of every real token, the new k and v in the caches at their slots and nothing else
@@ -150,7 +153,7 @@ def test_attention_decode_rope_emulated(
     k_cache.reshape(-1, n_kv, head_dim)[new] = np.nan  # the new token's entry is not written yet
     v_cache.reshape(-1, n_kv, head_dim)[new] = np.nan
     max_pos = 1024
-    table = cpu.rope_table(*rope_tables(head_dim, max_pos))
+    table = cpu.rope_table(*rope_tables(rotary or head_dim, max_pos))  # rotary < head_dim: partial RoPE
     qkv = rng.standard_normal((len(ctxs), (n_heads + 2 * n_kv) * head_dim)).astype(np.float32)
     qn, kn = (rng.standard_normal(head_dim).astype(np.float32) for _ in range(2))
     for name, a in (("qkv", qkv), ("seq_lens", seq_lens), ("tables", tables), ("pos", pos), ("slots", slots),

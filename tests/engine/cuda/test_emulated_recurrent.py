@@ -37,9 +37,10 @@ def recurrent_emu(tmp_path_factory) -> Path:
     return _build(tmp_path_factory, "recurrent_main.cpp", (f"-DGDN_DK={HEAD_K_DIM}",))
 
 
-@pytest.fixture(scope="module")
-def recurrent_emu_128(tmp_path_factory) -> Path:
-    return _build(tmp_path_factory, "recurrent_main.cpp", ("-DGDN_DK=128",))
+@pytest.fixture(scope="module", params=[128, 256])
+def recurrent_emu_wide(request, tmp_path_factory) -> tuple[Path, int]:
+    """A build for the released models' head_k_dim (128), and for 256 (two q/k elements a thread, chunks of 8)."""
+    return _build(tmp_path_factory, "recurrent_main.cpp", (f"-DGDN_DK={request.param}",)), request.param
 
 
 def write_meta(folder: Path, meta: AttentionMetadata) -> None:
@@ -82,7 +83,7 @@ def test_causal_conv1d_varlen_emulated(
 
 def test_causal_conv1d_decode_emulated(request: pytest.FixtureRequest, recurrent_emu: Path, tmp_path: Path) -> None:
     """The decode entry (row i is sequence i's token, no query_start_loc read) matches the reference's
-    batched step; a negative slot (a padding row of a captured batch) is skipped and writes nothing."""
+    batched step; a negative slot (a padding row of a captured batch) gets zeros and touches no state."""
     rng, seed = fresh_rng(request.node.nodeid)
     channels, k = 96, 4
     initial = [True, False, True, True]
@@ -102,26 +103,29 @@ def test_causal_conv1d_decode_emulated(request: pytest.FixtureRequest, recurrent
     got = np.fromfile(tmp_path / "y.bin", np.float32).reshape(ref.shape)
     real = [0, 2, 3]
     assert rel_err(got[real], ref[real]) < 1e-6, f"seed={seed}"
-    assert np.isnan(got[1]).all()  # the padding row is not written
+    np.testing.assert_array_equal(got[1], 0.0)  # the padding row: finite zeros for the layers after it
     got_state = np.fromfile(tmp_path / "state.bin", np.float32).reshape(state.shape)
     np.testing.assert_array_equal(got_state[[4, 2, 5]], ref_state[[4, 2, 5]])
     np.testing.assert_array_equal(got_state[[0, 1, 3]], state[[0, 1, 3]])  # slot 0 was the padding row's
 
 
+@pytest.mark.parametrize("chunked", [False, True], ids=["tokens", "chunks"])
 @pytest.mark.parametrize(("lengths", "initial", "heads", "dv", "tiled"), [
     ([5, 12, 1, 9], [True, False, True, False], (2, 2), 32, False),  # prefill: recurrent and chunked reference
-    ([3, 20], [True, True], (1, 4), 40, False),  # GQA: 4 value heads per k head; Dv past one block of 32
+    ([3, 37], [True, True], (1, 4), 40, False),  # GQA: 4 value heads per k head; Dv past one block of 32
     ([11, 2, 1], [False, True, True], (2, 6), 16, True),  # llama.cpp's tiled value-head order
     ([1, 1, 1, 1, 1], [True, False, True, True, True], (2, 4), 32, False),  # decode through the varlen entry
 ])  # fmt: skip
 def test_gated_delta_varlen_emulated(
-    request: pytest.FixtureRequest, recurrent_emu: Path, tmp_path: Path, lengths, initial, heads, dv, tiled
+    request: pytest.FixtureRequest, recurrent_emu: Path, tmp_path: Path, lengths, initial, heads, dv, tiled, chunked
 ) -> None:
+    """Token by token (gated_delta_varlen) and in chunks of 16 (gated_delta_chunked: sequences of one, of
+    part of a chunk and of several chunks)."""
     rng, seed = fresh_rng(request.node.nodeid)
     hk, hv = heads
     spec = GatedDeltaNetSpec(hk, hv, HEAD_K_DIM, dv, 4, tiled)
     meta = varlen_meta(lengths, list(rng.permutation(NUM_SLOTS)[: len(lengths)].astype(int)), initial)
-    got, got_state, ref, ref_state = _delta_case(rng, recurrent_emu, tmp_path, spec, meta, decode=False)
+    got, got_state, ref, ref_state = _delta_case(rng, recurrent_emu, tmp_path, spec, meta, mode=2 if chunked else 0)
     assert rel_err(got, ref) < DELTA_TOL, f"seed={seed}"
     assert rel_err(got_state, ref_state) < DELTA_TOL, f"seed={seed}"
     untouched = sorted(set(range(NUM_SLOTS)) - set(meta.host_state_slots.tolist()))
@@ -129,29 +133,48 @@ def test_gated_delta_varlen_emulated(
 
 
 def test_gated_delta_released_head_size_emulated(
-    request: pytest.FixtureRequest, recurrent_emu_128: Path, tmp_path: Path
+    request: pytest.FixtureRequest, recurrent_emu_wide: tuple[Path, int], tmp_path: Path
 ) -> None:
-    """Qwen3-Next / Qwen3.5's 128 x 128 heads (32 state rows per thread, four column blocks), GQA 1:2."""
+    """Qwen3-Next / Qwen3.5's 128 x 128 heads (32 state rows per thread, four column blocks), and 256-dim
+    keys, GQA 1:2, token by token and chunked (a sequence of more than one chunk)."""
     rng, seed = fresh_rng(request.node.nodeid)
-    spec = GatedDeltaNetSpec(1, 2, 128, 128, 4, False)
-    meta = varlen_meta([10, 1], [2, 4], [True, False])
-    got, got_state, ref, ref_state = _delta_case(rng, recurrent_emu_128, tmp_path, spec, meta, decode=False)
+    exe, dk = recurrent_emu_wide
+    spec = GatedDeltaNetSpec(1, 2, dk, 128, 4, False)
+    meta = varlen_meta([19, 1], [2, 4], [True, False])
+    got, got_state, ref, ref_state = _delta_case(rng, exe, tmp_path, spec, meta, mode=0)
+    assert rel_err(got, ref) < DELTA_TOL, f"seed={seed}"
+    assert rel_err(got_state, ref_state) < DELTA_TOL, f"seed={seed}"
+    got, got_state, ref, ref_state = _delta_case(rng, exe, tmp_path, spec, meta, mode=2)
     assert rel_err(got, ref) < DELTA_TOL, f"seed={seed}"
     assert rel_err(got_state, ref_state) < DELTA_TOL, f"seed={seed}"
 
 
-def test_gated_delta_decode_emulated(request: pytest.FixtureRequest, recurrent_emu: Path, tmp_path: Path) -> None:
-    """The decode entry: row i is sequence i's token; sequences that start here ignore their row's old state."""
+@pytest.mark.parametrize("mode", [1, 0, 2], ids=["decode", "tokens", "chunks"])
+def test_gated_delta_decode_emulated(
+    request: pytest.FixtureRequest, recurrent_emu: Path, tmp_path: Path, mode: int
+) -> None:
+    """The decode entry (row i is sequence i's token; sequences that start here ignore their row's old
+    state), and a padding row (slot -1, as a captured batch pads its bucket) in every kernel: zeros out,
+    its state row untouched."""
     rng, seed = fresh_rng(request.node.nodeid)
     spec = GatedDeltaNetSpec(2, 4, HEAD_K_DIM, 32, 4, False)
-    meta = varlen_meta([1] * 3, [5, 1, 3], [True, False, True])
-    got, got_state, ref, ref_state = _delta_case(rng, recurrent_emu, tmp_path, spec, meta, decode=True)
-    assert rel_err(got, ref) < DELTA_TOL, f"seed={seed}"
-    assert rel_err(got_state, ref_state) < DELTA_TOL, f"seed={seed}"
+    meta = varlen_meta([1] * 4, [5, 1, 3, 0], [True, False, True, True])
+    got, got_state, ref, ref_state = _delta_case(rng, recurrent_emu, tmp_path, spec, meta, mode, padding=3)
+    real = [0, 1, 2]
+    assert rel_err(got[real], ref[real]) < DELTA_TOL, f"seed={seed}"
+    assert rel_err(got_state[[5, 1, 3]], ref_state[[5, 1, 3]]) < DELTA_TOL, f"seed={seed}"
+    np.testing.assert_array_equal(got[3], 0.0)
+    untouched = np.fromfile(tmp_path / "state_in.bin", np.float32).reshape(got_state.shape)
+    np.testing.assert_array_equal(got_state[[0, 2, 4]], untouched[[0, 2, 4]])
 
 
-def _delta_case(rng, exe: Path, folder: Path, spec: GatedDeltaNetSpec, meta: AttentionMetadata, decode: bool):
-    """Random inputs in the layer's ranges through the kernel and the reference: (out, state) of each."""
+def _delta_case(
+    rng, exe: Path, folder: Path, spec: GatedDeltaNetSpec, meta: AttentionMetadata, mode: int,
+    padding: int | None = None,
+):
+    """Random inputs in the layer's ranges through the kernel (`mode`: 0 token by token, 1 decode, 2 chunked)
+    and the reference: (out, state) of each. Sequence `padding` has slot -1 for the kernel (the reference
+    runs it in its slot)."""
     n = int(meta.host_query_start_loc[-1])
     hv = spec.num_v_heads
     mixed = rng.standard_normal((n, spec.conv_dim)).astype(np.float32)
@@ -161,11 +184,16 @@ def _delta_case(rng, exe: Path, folder: Path, spec: GatedDeltaNetSpec, meta: Att
     state = (rng.standard_normal((NUM_SLOTS, *spec.state_shapes()[1])) * 0.3).astype(np.float32)
     for name, a in (("mixed", mixed), ("ba", ba), ("nega", neg_a), ("dtb", dt_bias), ("state", state)):
         a.tofile(folder / f"{name}.bin")
+    state.tofile(folder / "state_in.bin")
     write_meta(folder, meta)
+    if padding is not None:
+        slots = meta.host_state_slots.copy()
+        slots[padding] = -1
+        slots.tofile(folder / "slots.bin")
     ref_state = state.copy()
     ref = gated_delta_net_rule(np, mixed, ba, neg_a, dt_bias, ref_state, meta, spec)
     _run(exe, "delta", folder, n, meta.num_seqs, spec.num_k_heads, hv, spec.head_v_dim, int(spec.tiled_v_heads),
-         int(decode))  # fmt: skip
+         mode)  # fmt: skip
     got = np.fromfile(folder / "o.bin", np.float32).reshape(ref.shape)
     return got, np.fromfile(folder / "state.bin", np.float32).reshape(state.shape), ref, ref_state
 

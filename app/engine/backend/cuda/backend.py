@@ -110,8 +110,8 @@ class CudaBackend:
     # 64, 128 and 256 (the SIMT attention.cu has none)
     supports_attention_sinks = True
     sink_head_dims = _attention_prefill.HEAD_DIMS
-    # rope.cu and rope_cache.cu turn only the first 2 x (table width) dims of a head (Qwen3.5, Qwen3-Next);
-    # the fused rope decode attention takes whole heads, so partial ones decode through rope_cache
+    # rope.cu, rope_cache.cu and the fused rope decode attention turn only the first 2 x (table width) dims
+    # of a head when the table is narrower than half of it (Qwen3.5, Qwen3-Next)
     supports_partial_rope = True
 
     def __init__(
@@ -530,6 +530,7 @@ class CudaBackend:
         return _gated_delta.gated_delta_rule(
             mixed, self._rows(ba), self._f32(neg_a), self._f32(dt_bias), state,
             *self._recurrent_meta(meta, mixed.shape[0]), spec.num_k_heads, spec.tiled_v_heads, out,
+            max_query_len=meta.max_query_len,
         )  # fmt: skip
 
     def gated_rms_norm(self, x: Any, z: Any, weight: Any, eps: float) -> Any:

@@ -320,9 +320,9 @@ struct DecRope {
     const float* k_norm;
     float eps;
     const int* positions;  // [n_seqs]: the rotation's position of each token
-    const float* cos_t;    // [max_pos, D / 2]
+    const float* cos_t;    // [max_pos, rot_half]: rot_half < D / 2 turns the first 2 rot_half dims only
     const float* sin_t;
-    int max_pos, interleaved;
+    int max_pos, rot_half, interleaved;
     const int* slots;  // [n_seqs]: the new token's cache slot; < 0 (padding): nothing stored
     u16* k_store;      // the caches, to write the new token's k and v (the body only reads k_cache, v_cache)
     u16* v_store;
@@ -344,8 +344,8 @@ template <int D>
 __device__ __forceinline__ DecNewToken dec_rope_inputs(const DecRope& r, int seq) {
     const int i = threadIdx.x % (D / 2);
     DecNewToken n;
-    n.p = rope_pair(i, D, D / 2, r.interleaved);  // whole-head rotation only (attention_decode.rope_supported)
-    rope_angle(n.p, i, D / 2, r.positions[seq], r.cos_t, r.sin_t, r.max_pos);
+    n.p = rope_pair(i, D, r.rot_half, r.interleaved);
+    rope_angle(n.p, i, r.rot_half, r.positions[seq], r.cos_t, r.sin_t, r.max_pos);
     n.wqa = n.wqb = n.wka = n.wkb = 1.f;
     if (r.q_norm != nullptr) {
         n.wqa = r.q_norm[n.p.a];
@@ -772,9 +772,10 @@ __device__ __forceinline__ void attn_decode_body(const float* __restrict__ q, co
         int* __restrict__ counters, const int* __restrict__ key_floor, float* __restrict__ lse_out,            \
         const float* __restrict__ sinks, const float* __restrict__ q_norm, const float* __restrict__ k_norm,   \
         float eps, const int* __restrict__ positions, const float* __restrict__ cos_t,                         \
-        const float* __restrict__ sin_t, int max_pos, int interleaved, const int* __restrict__ slots) {        \
-        const DecRope rope = {q_norm, k_norm, eps, positions, cos_t, sin_t, max_pos, interleaved, slots,        \
-                              k_cache, v_cache};                                                                \
+        const float* __restrict__ sin_t, int max_pos, int rot_half, int interleaved,                           \
+        const int* __restrict__ slots) {                                                                        \
+        const DecRope rope = {q_norm, k_norm,   eps,         positions, cos_t,  sin_t,                          \
+                              max_pos, rot_half, interleaved, slots,     k_cache, v_cache};                     \
         attn_decode_body<D, GMAX, true>(qkv, k_cache, v_cache, seq_lens, block_tables, table_stride, n_heads,   \
                                         n_kv, block_size, scale, softcap, window, out, part_acc, part_m,        \
                                         part_l, counters, key_floor, lse_out, sinks, rope, nullptr, nullptr);   \

@@ -5,7 +5,8 @@
 // [C, K] (tap K-1 multiplies the current input), bias [C] or NULL, conv_state [slots, C, K-1]
 // float32: the K-1 inputs before the sequence's chunk, oldest first. Sequence i owns rows
 // query_start_loc[i]:[i+1] (decode: row i alone), its state row is state_slots[i] (negative: a
-// padding row of a captured batch, left alone), and it starts from zeros where has_initial[i] is 0.
+// padding row of a captured batch: its output is zeros and no state row is touched), and it starts
+// from zeros where has_initial[i] is 0.
 // The math and its order are recurrent_reference.causal_conv1d's: y = sum over taps of
 // window[tap] * w[tap] in tap order, + bias, then y / (1 + exp(-y)).
 //
@@ -42,11 +43,14 @@ __device__ __forceinline__ void causal_conv1d_body(const float* __restrict__ x, 
     after_previous_grid();
     if (c >= channels) return;
     const int slot = state_slots[seq];
-    if (slot < 0) return;
     const int start = DECODE ? seq : query_start_loc[seq], end = DECODE ? seq + 1 : query_start_loc[seq + 1];
     const int t0 = start + (int)blockIdx.z * chunk;
     if (t0 >= end) return;
     const int t1 = min(end, t0 + chunk);
+    if (slot < 0) {  // a padding row: zeros out (finite for the layers after it), no state touched
+        for (int t = t0; t < t1; ++t) out[(i64)t * channels + c] = 0.f;
+        return;
+    }
     float* state = conv_state + ((i64)slot * channels + c) * (k - 1);
     const bool first = blockIdx.z == 0;  // reads the old state and writes the new one (no other block touches it)
     const bool initial = has_initial[seq] != 0;

@@ -14,10 +14,10 @@
 // written back once after the sequence's last token. Per token the block stages q and k in shared
 // memory, and the two products over DK (k S and q S) are per-thread partial sums reduced across the
 // warps through shared memory: three barriers a token, its inputs loaded while the token before it
-// computes. Tokens run in order within the launch (the first correct form of prefill; the chunked
-// form is the faster one for long prompts). Sequence i owns rows
+// computes. Tokens run in order within the launch: decode, and prefill batches of short chunks
+// (gated_delta_chunked below takes longer ones). Sequence i owns rows
 // query_start_loc[i]:[i+1] (decode: row i), its state row is state_slots[i] (negative: a padding row,
-// skipped), and it starts from zeros where has_initial[i] is 0. All read on the device: a decode step
+// zeros out and no state touched), and it starts from zeros where has_initial[i] is 0. All read on the device: a decode step
 // can be captured in a CUDA graph.
 #include "block_sum.cuh"
 
@@ -49,6 +49,14 @@ __device__ __forceinline__ void gdn_load(GdnToken& in, const float* __restrict__
     in.a = gates[n_v_heads + h];
 }
 
+// Zeros for rows [start, end) of column j of value head h: a padding sequence's output (state_slots < 0),
+// finite for the layers after it.
+__device__ __forceinline__ void gdn_zero_rows(float* __restrict__ out, int start, int end, int h, int n_v_heads,
+                                              int dv, int j, bool writes) {
+    if (!writes) return;
+    for (int t = start; t < end; ++t) out[((i64)t * n_v_heads + h) * dv + j] = 0.f;
+}
+
 template <bool DECODE>
 __device__ __forceinline__ void gated_delta_body(
     const float* __restrict__ mixed, i64 mixed_stride, const float* __restrict__ ba, i64 ba_stride,
@@ -66,9 +74,11 @@ __device__ __forceinline__ void gated_delta_body(
     const float na = neg_a[h], bias = dt_bias[h];  // constants: read before the wait (PDL)
     after_previous_grid();
     const int slot = state_slots[seq];
-    if (slot < 0) return;  // uniform over the block
     const int start = DECODE ? seq : query_start_loc[seq], end = DECODE ? seq + 1 : query_start_loc[seq + 1];
-    if (start >= end) return;
+    if (slot < 0 || start >= end) {  // uniform over the block; a padding row's output is zeros
+        gdn_zero_rows(out, start, end, h, n_v_heads, dv, j, col && warp == 0);
+        return;
+    }
     const i64 key_dim = (i64)n_k_heads * GDN_DK;
     const i64 q_off = (i64)hk * GDN_DK, k_off = key_dim + q_off, v_off = 2 * key_dim + (i64)h * dv + j;
     float* srow = state + (((i64)slot * n_v_heads + h) * GDN_DK + warp * R) * dv + j;
@@ -155,6 +165,163 @@ extern "C" __global__ void __launch_bounds__(GDN_WARPS * 32) gated_delta_decode(
     int n_v_heads, int dv, int tiled, float q_scale) {
     gated_delta_body<true>(mixed, mixed_stride, ba, ba_stride, neg_a, dt_bias, state, nullptr, state_slots,
                            has_initial, out, n_k_heads, n_v_heads, dv, tiled, q_scale);
+}
+
+// The chunked form for prefill: the same blocks (sequence, value head, 32 columns) and state slice in
+// registers, but GDN_CHUNK tokens per round with six barriers instead of three per token. Within a
+// chunk of n tokens, with G_i = exp(cum_i) the decay from the chunk's start through token i and S0 the
+// state at its start, the recurrence unrolls to
+//   delta_i = beta_i (v_i - G_i k_i.S0 - sum_{j<i} exp(cum_i - cum_j) (k_i.k_j) delta_j)
+//   o_i     = G_i q_i.S0 + sum_{j<=i} exp(cum_i - cum_j) (q_i.k_j) delta_j
+//   S       = G_{n-1} S0 + sum_i exp(cum_{n-1} - cum_i) k_i delta_i^T
+// (the UT / WY form of recurrent_reference.delta_rule_chunked, solved here by forward substitution per
+// column). Every warp takes its share of the pair products k_i.k_j, q_i.k_j and of k_i.S0, q_i.S0 over
+// its state rows; warp 0 (lane = column) runs the substitution, the short sequential part.
+#ifndef GDN_CHUNK
+#define GDN_CHUNK (GDN_DK > 128 ? 8 : 16)  // tokens a round: q and k of the chunk fit static shared memory
+#endif
+
+// (a.b, c.d) over GDN_DK elements, summed by the warp (every lane gets both).
+__device__ __forceinline__ float2 gdn_warp_dots(const float* a, const float* b, const float* c, const float* d) {
+    float ab = 0.f, cd = 0.f;
+    for (int e = threadIdx.x & 31; e < GDN_DK; e += 32) {
+        ab += a[e] * b[e];
+        cd += c[e] * d[e];
+    }
+    return make_float2(warp_sum(ab), warp_sum(cd));
+}
+
+extern "C" __global__ void __launch_bounds__(GDN_WARPS * 32) gated_delta_chunked(
+    const float* __restrict__ mixed, i64 mixed_stride, const float* __restrict__ ba, i64 ba_stride,
+    const float* __restrict__ neg_a, const float* __restrict__ dt_bias, float* __restrict__ state,
+    const int* __restrict__ query_start_loc, const int* __restrict__ state_slots, const u8* __restrict__ has_initial,
+    float* __restrict__ out, int n_k_heads, int n_v_heads, int dv, int tiled, float q_scale) {
+    constexpr int R = GDN_DK / GDN_WARPS, C = GDN_CHUNK, NT = GDN_WARPS * 32;
+    __shared__ float sq[C][GDN_DK], sk[C][GDN_DK];  // the chunk's q and k, normalised in place
+    __shared__ float red_k[GDN_WARPS][C][GDN_COLS], red_q[GDN_WARPS][C][GDN_COLS];  // k_i.S0, q_i.S0 per warp
+    __shared__ float ekk[C][C], eqk[C][C];  // exp(cum_i - cum_j) k_i.k_j (j < i), ... q_i.k_j (j <= i)
+    __shared__ float dl[C][GDN_COLS];       // delta_i of each column
+    __shared__ float cum[C], beta_s[C], inv_q[C], inv_k[C], tail[C];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int h = blockIdx.y, seq = blockIdx.z, j = blockIdx.x * GDN_COLS + lane;
+    const bool col = j < dv;
+    const int hk = tiled ? h % n_k_heads : h / (n_v_heads / n_k_heads);
+    const float na = neg_a[h], bias = dt_bias[h];
+    after_previous_grid();
+    const int slot = state_slots[seq];
+    const int start = query_start_loc[seq], end = query_start_loc[seq + 1];
+    if (slot < 0) {  // uniform over the block; a padding row's output is zeros
+        gdn_zero_rows(out, start, end, h, n_v_heads, dv, j, col && warp == 0);
+        return;
+    }
+    const i64 key_dim = (i64)n_k_heads * GDN_DK;
+    const i64 q_off = (i64)hk * GDN_DK, k_off = key_dim + q_off, v_off = 2 * key_dim + (i64)h * dv + j;
+    float* srow = state + (((i64)slot * n_v_heads + h) * GDN_DK + warp * R) * dv + j;
+    const bool initial = has_initial[seq] != 0;
+    float s[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) s[r] = (initial && col) ? srow[(i64)r * dv] : 0.f;
+
+    for (int t0 = start; t0 < end; t0 += C) {
+        const int n = min(C, end - t0);
+        for (int e = tid; e < n * GDN_DK; e += NT) {
+            const int i = e / GDN_DK, d = e % GDN_DK;
+            const float* row = mixed + (i64)(t0 + i) * mixed_stride;
+            sq[i][d] = row[q_off + d];
+            sk[i][d] = row[k_off + d];
+        }
+        if (tid < n) {
+            const float* gates = ba + (i64)(t0 + tid) * ba_stride;
+            beta_s[tid] = 1.f / (1.f + expf(-gates[h]));
+            const float x = gates[n_v_heads + h] + bias;
+            cum[tid] = na * (x > 20.f ? x : log1pf(expf(fminf(x, 20.f))));  // g, summed below
+        }
+        __syncthreads();
+        if (tid == 0)
+            for (int i = 1; i < n; ++i) cum[i] += cum[i - 1];
+        for (int i = warp; i < n; i += GDN_WARPS) {  // |q_i|^2, |k_i|^2: a warp per token
+            const float2 ss = gdn_warp_dots(sq[i], sq[i], sk[i], sk[i]);
+            if (lane == 0) {
+                inv_q[i] = 1.f / sqrtf(ss.x + GDN_L2_EPS);
+                inv_k[i] = 1.f / sqrtf(ss.y + GDN_L2_EPS);
+            }
+        }
+        __syncthreads();
+        for (int e = tid; e < n * GDN_DK; e += NT) {
+            const int i = e / GDN_DK, d = e % GDN_DK;
+            sq[i][d] = sq[i][d] * inv_q[i] * q_scale;
+            sk[i][d] = sk[i][d] * inv_k[i];
+        }
+        if (tid < n) tail[tid] = expf(cum[n - 1] - cum[tid]);
+        __syncthreads();
+        for (int p = warp; p < C * C; p += GDN_WARPS) {  // the pair products, a warp per (i, j)
+            const int i = p / C, jj = p % C;
+            if (i >= n || jj > i) {
+                if (lane == 0) ekk[i][jj] = eqk[i][jj] = 0.f;
+                continue;  // uniform over the warp
+            }
+            const float2 dots = gdn_warp_dots(sk[i], sk[jj], sq[i], sk[jj]);  // (k_i.k_j, q_i.k_j)
+            if (lane == 0) {
+                const float decay = expf(cum[i] - cum[jj]);
+                ekk[i][jj] = jj < i ? decay * dots.x : 0.f;
+                eqk[i][jj] = decay * dots.y;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < C; ++i) {  // k_i.S0 and q_i.S0 over this warp's rows
+            if (i >= n) break;
+            float pk = 0.f, pq = 0.f;
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                pk += sk[i][warp * R + r] * s[r];
+                pq += sq[i][warp * R + r] * s[r];
+            }
+            red_k[warp][i][lane] = pk;
+            red_q[warp][i][lane] = pq;
+        }
+        __syncthreads();
+        if (warp == 0) {  // forward substitution for this lane's column, then its outputs
+            float delta[C];
+#pragma unroll
+            for (int i = 0; i < C; ++i) {
+                delta[i] = 0.f;
+                if (i >= n) continue;
+                float ks = 0.f, qs = 0.f;
+#pragma unroll
+                for (int w = 0; w < GDN_WARPS; ++w) {
+                    ks += red_k[w][i][lane];
+                    qs += red_q[w][i][lane];
+                }
+                const float gam = expf(cum[i]);
+                float u = (col ? mixed[(i64)(t0 + i) * mixed_stride + v_off] : 0.f) - gam * ks;
+#pragma unroll
+                for (int jj = 0; jj < i; ++jj) u -= ekk[i][jj] * delta[jj];
+                delta[i] = beta_s[i] * u;
+                float o = gam * qs;
+#pragma unroll
+                for (int jj = 0; jj <= i; ++jj) o += eqk[i][jj] * delta[jj];
+                if (col) out[((i64)(t0 + i) * n_v_heads + h) * dv + j] = o;
+                dl[i][lane] = delta[i];
+            }
+        }
+        __syncthreads();
+        const float total = expf(cum[n - 1]);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            float acc = s[r] * total;
+#pragma unroll
+            for (int i = 0; i < C; ++i) {
+                if (i >= n) break;
+                acc += tail[i] * sk[i][warp * R + r] * dl[i][lane];
+            }
+            s[r] = acc;
+        }
+        __syncthreads();  // the next chunk overwrites q, k, the pair products and the deltas
+    }
+    if (col) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) srow[(i64)r * dv] = s[r];
+    }
 }
 
 // The epilogue: out[row] = RMSNorm(x[row]) * w * silu(z[row]) per value head, rows = T * Hv of `dim`

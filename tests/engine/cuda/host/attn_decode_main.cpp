@@ -27,7 +27,7 @@ typedef void (*DecFn)(const float*, const u16*, const u16*, const int*, const in
 #endif
 typedef void (*RopeFn)(const float*, u16*, u16*, const int*, const int*, int, int, int, int, float, float, int, float*,
                        float*, float*, float*, int*, const int*, float*, const float*, const float*, const float*, float,
-                       const int*, const float*, const float*, int, int, const int*);
+                       const int*, const float*, const float*, int, int, int, const int*);
 
 #define PICK_ALL(PICK)                                                   \
     PICK(64, 1) PICK(64, 2) PICK(64, 4) PICK(64, 8) PICK(64, 16)         \
@@ -108,7 +108,8 @@ int main(int argc, char** argv) {
             pick_rope(d, g)(q.data(), k.data(), v.data(), seq_lens.data(), tables.data(), stride, n_heads, n_kv,
                             block_size, scale, softcap, window, out.data(), acc.data(), m.data(), l.data(),
                             counters.data(), nullptr, nullptr, nullptr, norm ? qn.data() : nullptr, norm ? kn.data() : nullptr, eps, pos.data(),
-                            cos_t.data(), sin_t.data(), max_pos, interleaved, slots.data());
+                            cos_t.data(), sin_t.data(), max_pos, (int)(cos_t.size() / max_pos), interleaved,
+                            slots.data());  // the tables' width: D / 2, or fewer for partial RoPE
 #endif
         });
     }

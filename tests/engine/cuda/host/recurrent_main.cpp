@@ -2,7 +2,7 @@
 // Commands (files in DIR, raw little-endian arrays written by test_emulated_recurrent.py):
 //   conv DIR N_TOK N_SEQS C K ACT DECODE THREADS CHUNK   (CHUNK tokens a block; grid z covers N_TOK)
 //       reads x.bin w.bin [bias.bin] state.bin qsl.bin slots.bin init.bin (u8); writes y.bin, state.bin
-//   delta DIR N_TOK N_SEQS HK HV DV TILED DECODE          (head_k_dim is the build's GDN_DK)
+//   delta DIR N_TOK N_SEQS HK HV DV TILED MODE   (0 varlen, 1 decode, 2 chunked; head_k_dim is the build's GDN_DK)
 //       reads mixed.bin ba.bin nega.bin dtb.bin state.bin qsl.bin slots.bin init.bin; writes o.bin, state.bin
 //   gated_norm DIR N_TOK HEADS DIM Z_STRIDE EPS THREADS  reads x.bin z.bin w.bin; writes y.bin
 #include <cstdio>
@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
     if (cmd == "delta" && argc == 10) {
         const std::string dir = argv[2];
         const int n_tok = atoi(argv[3]), n_seqs = atoi(argv[4]), hk = atoi(argv[5]), hv = atoi(argv[6]);
-        const int dv = atoi(argv[7]), tiled = atoi(argv[8]), decode = atoi(argv[9]);
+        const int dv = atoi(argv[7]), tiled = atoi(argv[8]), mode = atoi(argv[9]);
         auto mixed = read_required<float>(dir + "/mixed.bin");
         auto ba = read_required<float>(dir + "/ba.bin");
         auto nega = read_required<float>(dir + "/nega.bin");
@@ -60,7 +60,10 @@ int main(int argc, char** argv) {
         const float scale = 1.f / sqrtf((float)GDN_DK);
         launch({(unsigned)((dv + GDN_COLS - 1) / GDN_COLS), (unsigned)hv, (unsigned)n_seqs},
                {GDN_WARPS * 32, 1, 1}, [&] {
-                   if (decode)
+                   if (mode == 2)
+                       gated_delta_chunked(mixed.data(), ms, ba.data(), bs, nega.data(), dtb.data(), state.data(),
+                                           qsl.data(), slots.data(), init.data(), o.data(), hk, hv, dv, tiled, scale);
+                   else if (mode == 1)
                        gated_delta_decode(mixed.data(), ms, ba.data(), bs, nega.data(), dtb.data(), state.data(),
                                           slots.data(), init.data(), o.data(), hk, hv, dv, tiled, scale);
                    else
