@@ -78,6 +78,7 @@ SELECTED = {
     "gemv_split.cu": ("-DSPLIT_CODES=e2m1", "-DSPLIT_CODES_STRUCT=CodesE2M1", "-DSPLIT_SCALE=2"),  # NVFP4
     "attention.cu": ("-DATTN_D=64", "-DATTN_G=2"),
     "gated_delta.cu": ("-DGDN_DK=256",),  # two q/k elements a thread, 64 state rows in registers
+    "ssd.cu": ("-DSSD_NJ=8",),  # d_state 256: eight state columns a lane, the most kernels/ssd.py asks for
     # sm_90: a cluster of two, so each thread merges two output elements
     "attention_decode.cu": ("-DATTN_D=256", "-DATTN_G=2", "-DATTN_CL=2"),
     # the rope_cache-fused build (attention_decode_qkv) as Qwen3-8B asks for it
@@ -120,6 +121,7 @@ SELECTED_ENTRIES = {
     "gemv_split.cu": "gemv_split_e2m1_s2_t1_r4",
     "attention.cu": "attn_d64_g2",
     "gated_delta.cu": "gated_delta_varlen",
+    "ssd.cu": "ssd_scan",
     "attention_decode.cu": "attn_dec_d256_g2",
     "attention_decode.cu#rope": "attn_dec_rope_d128_g4",
     "gemv_fused.cu": "gemv_multi",

@@ -3,15 +3,19 @@ experts) on CUDA against the numpy backend.
 
 The models are the tiny random-weight fixtures of tests/fixtures/hybrid written as GGUFs in llama.cpp's
 layout (hybrid_gguf.py), their attention heads widened to 64 (the CUDA attention kernels' smallest
-head size). Through the engine, prefill in 32-token steps (the 72-token prompt spans three): greedy
-tokens equal numpy's (but where numpy's top two log-probs are a near-tie), first-step top-5 log-probs
-within 5e-2 (test_cuda_engine's bound), with decode CUDA graphs on and off; graphs replace the eager
-decode of every family (the MoE fixtures redrawn with experts wide enough for moe.cu, so no layer reads
-back to the host). Nemotron-H's experts (sigmoid group-limited routing with its choice bias, squared-ReLU
-experts without a gate, the latent space) on moe.cu through the MoE layer, against the numpy layer. A batch of eight prompts of different lengths gives each the
-tokens it gets alone. The Gated DeltaNet hybrids' decode graphs against their eager steps. And the ops alone: backend.causal_conv1d, ssd_scan, gated_group_rms_norm on a
-varlen batch (prefill chunks from zeros and from a state row, decodes) and on a decode batch, against
-the numpy backend's.
+head size) and the MoE ones redrawn with experts wide enough for moe.cu (WIDER), so that no layer of
+any family reads back to the host and decode runs in CUDA graphs.
+
+- Through the engine, prefill in 32-token steps (the 72-token prompt spans three): greedy tokens equal
+  numpy's (but where numpy's top two log-probs are a near-tie), first-step top-5 log-probs within 5e-2
+  (test_cuda_engine's bound), with decode graphs on and off, and graphs on against off.
+- A batch of eight prompts of different lengths gives each the tokens it gets alone.
+- The Gated DeltaNet hybrids (test_cuda_hybrid_qwen.py's fixtures): graphs on against off.
+- The ops alone: backend.causal_conv1d, ssd_scan, gated_group_rms_norm on a varlen batch (prefill chunks
+  from zeros and from a state row, decodes) and on a decode batch, against the numpy backend's.
+- Nemotron-H's experts (sigmoid group-limited routing with its choice bias, squared-ReLU experts without
+  a gate, the latent space) on moe.cu through the MoE layer, against the numpy layer.
+- NoPE's identity RoPE table goes to the device as one row.
 """
 
 from __future__ import annotations
