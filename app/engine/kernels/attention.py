@@ -14,7 +14,7 @@ MIN_SPLIT = 64  # shortest split: below this, the partial sums cost more than th
 MAX_SPLITS = 128  # at most ATTN_CHUNK: the merge keeps one weight per split in the shared scores
 THREADS = 128  # ATTN_WARPS * 32
 GROUP_BUCKETS = (1, 2, 4, 8, 16)
-HEAD_DIMS = (64, 128, 256)
+HEAD_DIMS = (16, 32, 64, 128, 256, 512)  # attention_decode.cu and attention_prefill.cu have fewer
 NO_SPLIT = 1 << 30
 
 

@@ -23,6 +23,7 @@ from app.engine.backend.base import (
     AttentionMetadata,
     QkvRope,
     RopeTable,
+    norm_rope_then_cache,
     norm_then_product,
     rope_cache_then_attention,
 )
@@ -107,6 +108,9 @@ class CudaBackend:
     # 64, 128 and 256 (the SIMT attention.cu has none)
     supports_attention_sinks = True
     sink_head_dims = _attention_prefill.HEAD_DIMS
+    # Every attention layer's head size must be one of these (attention.cu's; the decode and tensor-core
+    # prefill kernels take fewer, and hand the rest to it): layers/attention.py refuses the others at load.
+    attention_head_dims = _attention.HEAD_DIMS
 
     def __init__(
         self,
@@ -266,6 +270,11 @@ class CudaBackend:
             self._staged.clear()
 
     def rope_table(self, cos: np.ndarray, sin: np.ndarray) -> RopeTable:
+        """A table whose rows are one row broadcast (a NoPE layer's identity: layers/rope.py identity_table)
+        goes up as that one row: the kernels clamp every position to the table's last row, so it serves
+        every position without the [max_positions, D/2] copy (gigabytes at a NoPE GGUF's 2^20 positions)."""
+        if cos.strides[0] == 0 and sin.strides[0] == 0:
+            cos, sin = cos[:1], sin[:1]
         return RopeTable(self.from_host(cos, np.float32), self.from_host(sin, np.float32))
 
     def _f32(self, x: Any) -> Any:
@@ -326,7 +335,14 @@ class CudaBackend:
         v_cache: Any,
         slot_mapping: Any,
     ) -> Any:
+        """One rope_cache.cu launch where its heads are whole warps of pairs (64 to 512 wide); otherwise
+        the op-by-op composition (the tiny test models' 16- and 32-wide heads)."""
         qkv = self._f32(qkv)
+        if not _rope_cache.supports(head_dim):
+            return norm_rope_then_cache(
+                self, qkv, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, positions, table, interleaved,
+                k_cache, v_cache, slot_mapping,
+            )  # fmt: skip
         q = self.xp.empty((qkv.shape[0], n_heads, head_dim), self.xp.float32)
         return _rope_cache.rope_cache(
             qkv, n_heads, n_kv_heads, head_dim,
