@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cuda_samples import SMALL_HEADS, random_tensor, rel_err
+from cuda_samples import random_tensor, rel_err
 
 from app.engine.backend.cpu import CpuBackend
 from app.engine.backend.cuda.experts import stacked_biases, stacked_bytes, unsupported
@@ -149,7 +149,6 @@ def _recording_routers(model) -> list:
     return seen
 
 
-@SMALL_HEADS
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("source", sorted(QWEN3MOE))
@@ -193,7 +192,6 @@ def test_layer_with_per_expert_kquants_matches_numpy(cuda, cpu, rng, qtype: str,
     assert rel_err(got, reference(x)) < 2e-5
 
 
-@SMALL_HEADS
 @pytest.mark.gpu
 def test_engine_with_decode_graphs_matches_numpy_on_qwen3moe(cuda) -> None:
     """The MoE layers now run inside the captured decode graphs (no host sync in a step)."""
