@@ -24,6 +24,7 @@ MAX_USED = 16  # MOE_MAX_K in moe.cu
 WARPS = 4  # rows per block of the grouped products
 THREADS = 256
 PAD_BYTES = 16  # the format decoders read whole 16-byte words
+ACTIVATION_KINDS = {"silu": 0, "swiglu_oai": 1, "gelu_tanh": 2}  # moe_gated's `kind` per MoeSpec.activation
 
 
 @dataclass(frozen=True)
@@ -63,11 +64,22 @@ def _grid(n: int) -> tuple[int]:
 
 
 def moe_forward(
-    x: Any, logits: Any, spec: MoeSpec, gate: StackedExperts, up: StackedExperts, down: StackedExperts
-) -> Any:
-    """`[T, hidden]` normalised hidden states and their router logits `[T, E]` -> the experts' sum."""
-    chosen, weights = moe_route(logits, spec)
+    x: Any, logits: Any, spec: MoeSpec, gate: StackedExperts, up: StackedExperts, down: StackedExperts,
+    expert_scale: Any = None,
+) -> Any:  # fmt: skip
+    """`[T, hidden]` normalised hidden states and their router logits `[T, E]` -> the experts' sum.
+    `expert_scale` (float32 `[E]` on the device, Gemma 4): each expert's output times its own factor."""
+    chosen, weights = route_scaled(logits, spec, expert_scale)
     return moe_experts(x, chosen, weights, spec, gate, up, down)
+
+
+def route_scaled(logits: Any, spec: MoeSpec, expert_scale: Any = None) -> tuple[Any, Any]:
+    """moe_route, the weights times each chosen expert's `expert_scale` where given (a gather on the
+    device, as layers/moe.py scales them: after the normalisation)."""
+    chosen, weights = moe_route(logits, spec)
+    if expert_scale is not None:
+        weights = weights * expert_scale[chosen]
+    return chosen, weights
 
 
 def moe_route(logits: Any, spec: MoeSpec) -> tuple[Any, Any]:
@@ -77,7 +89,7 @@ def moe_route(logits: Any, spec: MoeSpec) -> tuple[Any, Any]:
     n_tok, k, n_exp = logits.shape[0], spec.num_used, spec.num_experts
     if not 1 <= k <= min(MAX_USED, n_exp):
         raise ValueError(f"{k} experts per token: the kernels take 1 to {min(MAX_USED, n_exp)}")
-    if spec.activation not in ("silu", "swiglu_oai"):
+    if spec.activation not in ACTIVATION_KINDS:
         raise ValueError(f"no MoE kernel for activation {spec.activation!r}")
     chosen = cp.empty((n_tok, k), cp.int32)
     weights = cp.empty((n_tok, k), cp.float32)
@@ -130,7 +142,7 @@ def moe_experts(
 
     g, u = grouped(gate, x, False), grouped(up, x, False)
     act = cp.empty_like(g)
-    kind = 1 if spec.activation == "swiglu_oai" else 0
+    kind = ACTIVATION_KINDS[spec.activation]
     launch(_kernel("moe_gated"), _grid(g.size), (THREADS,),
            (g, u, i64(g.size), i32(kind), f32(spec.swiglu_limit), f32(spec.swiglu_alpha), act))  # fmt: skip
     h = grouped(down, act, True)

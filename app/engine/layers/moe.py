@@ -98,9 +98,10 @@ class MoE:
             self.gate_up = [backend.load_weight(w) for w in up_w]
             return
         gate_w, gate_b = experts("gate")
-        # the grouped kernels take no per-expert scale, no latent space, no router softcap and only the
-        # routings they compute on the device
-        device_routing = (spec.routing in DEVICE_ROUTINGS and scale is None and spec.latent_size is None
+        # the grouped kernels take no latent space, no router softcap, a per-expert scale only where the
+        # backend's `moe` says so (`moe_expert_scale`), and only the routings they compute on the device
+        scaled_ok = scale is None or getattr(backend, "moe_expert_scale", False)
+        device_routing = (spec.routing in DEVICE_ROUTINGS and scaled_ok and spec.latent_size is None
                           and not spec.router_softcap)  # fmt: skip
         load = getattr(backend, "load_experts", None) if device_routing else None
         self.grouped = None if load is None else load(spec, [gate_w, up_w, down_w], [gate_b, up_b, down_b])
@@ -130,7 +131,9 @@ class MoE:
     def _routed(self, x: Any, router_input: Any) -> Any:
         logits = self.router(router_input)
         if self.grouped is not None:
-            return self.backend.moe(x, logits, self.spec, self.grouped)
+            if self.expert_scale is None:
+                return self.backend.moe(x, logits, self.spec, self.grouped)
+            return self.backend.moe(x, logits, self.spec, self.grouped, expert_scale=self.expert_scale)
         weights, chosen = route(self.backend.xp, logits, self.spec, self.score_bias)
         if self.expert_scale is not None:
             weights = weights * self.expert_scale[chosen]

@@ -6,7 +6,7 @@ laguna/, muse_glimmer/), written as GGUFs in llama.cpp's layout at test time by 
 - Gemma 4 `dense`: sliding (window 8) layers with 16-wide heads and global layers with 32-wide heads and one
   KV head of their own, values from the keys there, proportional RoPE, final soft-capping;
 - Gemma 4 `ple`: per-layer input embeddings, the last two layers reading earlier layers' caches (no write);
-- Gemma 4 `moe`: experts beside the dense MLP (GELU experts with per-expert scales: per-expert products);
+- Gemma 4 `moe`: experts beside the dense MLP (GELU experts with per-expert output scales, on moe.cu);
 - Laguna `xs`: 4 and 8 query heads per layer, a softplus output gate per head, dense and sparse MLPs; its full
   layer rotates half of each head (partial RoPE, which the CUDA backend takes once branch gdn's lands), and
   the same model with that layer rotating whole heads (everything else of Laguna, independent of it);
@@ -134,6 +134,17 @@ def test_nope_layers_keep_one_row_of_rope_table_on_the_gpu(cuda, gguf_of) -> Non
     cfg = model.config
     rows = {cfg.is_nope(i): layer.attn.spec.rope.cos.shape[0] for i, layer in enumerate(model.layers)}
     assert rows == {True: 1, False: 128}
+
+
+def test_gemma4_experts_beside_the_mlp_run_on_the_grouped_kernels(cuda, gguf_of) -> None:
+    """Gemma 4's GELU experts with their per-expert output scales run as one `backend.moe` call per layer
+    (moe.cu: no host sync, so the decode steps can be CUDA graphs); the logits check is above."""
+    from app.engine.loader.weights import open_checkpoint
+    from app.engine.models.registry import build_model
+
+    model = build_model(open_checkpoint(gguf_of("gemma4-moe")), cuda, 128)
+    assert all(layer.experts_beside.experts.grouped is not None for layer in model.layers)
+    assert not model.syncs_host
 
 
 @pytest.mark.parametrize("head_dim", [16, 512])

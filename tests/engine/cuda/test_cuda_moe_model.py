@@ -97,8 +97,8 @@ class _GroupedCpu(CpuBackend):
         self.reference = (spec, weights, biases)
         return ("stacked", len(weights))
 
-    def moe(self, x, router_logits, spec, experts):
-        self.calls.append((x, router_logits, spec, experts))
+    def moe(self, x, router_logits, spec, experts, **scale):
+        self.calls.append((x, router_logits, spec, experts, scale))
         return np.full_like(x, 3.0)
 
 
@@ -113,10 +113,30 @@ def test_layer_routes_through_backend_moe_without_per_expert_weights(rng) -> Non
     assert not layer.syncs_host
     x = rng.standard_normal((5, HIDDEN)).astype(np.float32)
     assert (layer(x) == 3.0).all()
-    ((x_in, logits, spec_in, experts),) = backend.calls
-    assert x_in is x and experts == ("stacked", 3) and spec_in is SPEC
+    ((x_in, logits, spec_in, experts, scale),) = backend.calls
+    assert x_in is x and experts == ("stacked", 3) and spec_in is SPEC and scale == {}
     assert np.allclose(logits, x @ tensors["blk.0.ffn_gate_inp.weight"].dequantize().T, rtol=1e-5, atol=1e-6)
     assert MoE(CpuBackend(), tensors, "blk.0", SPEC).syncs_host  # numpy: the per-expert loop
+
+
+class _ScalingGroupedCpu(_GroupedCpu):
+    moe_expert_scale = True  # as CudaBackend: moe(..., expert_scale=)
+
+
+def test_per_expert_scales_go_to_backend_moe_only_where_it_takes_them(rng) -> None:
+    """Gemma 4's learned factor per expert's output: handed to `backend.moe` on a backend that says it
+    applies them (CUDA), else the layer keeps its per-expert loop (never a grouped call that drops them)."""
+    tensors = _per_expert_layer("Q8_0", rng)
+    factors = rng.uniform(0.5, 2.0, SPEC.num_experts).astype(np.float32)
+    tensors["blk.0.ffn_down_exps.scale"] = _f32("blk.0.ffn_down_exps.scale", factors)
+    backend = _ScalingGroupedCpu()
+    layer = MoE(backend, tensors, "blk.0", SPEC)
+    assert not layer.syncs_host
+    layer(rng.standard_normal((3, HIDDEN)).astype(np.float32))
+    ((*_, scale),) = backend.calls
+    assert np.array_equal(scale["expert_scale"], factors)
+    without = _GroupedCpu()
+    assert MoE(without, tensors, "blk.0", SPEC).syncs_host and not hasattr(without, "reference")
 
 
 # -- on the GPU ------------------------------------------------------------------------------

@@ -2,8 +2,8 @@
 emulator, against the numpy MoE layer (layers/moe.py) on the same checkpoint tensors.
 
 Not marked `gpu`: the emulator runs the kernels as host threads. Stacked expert weights come in
-the formats the kernels decode straight from their blocks (quant.cuh); both routings and both
-activations are covered, with GPT-OSS's biases.
+the formats the kernels decode straight from their blocks (quant.cuh); both routings and the three
+activations (SiLU, GPT-OSS's clamped SwiGLU with its biases, Gemma 4's GELU-tanh) are covered.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from emulator import build as _build
 from emulator import run as _run
 
 from app.engine.backend.cpu import CpuBackend
+from app.engine.kernels.moe import ACTIVATION_KINDS
 from app.engine.layers.moe import MoE
 from app.engine.models.config import MoeSpec
 from app.engine.moe.ops import route
@@ -41,11 +42,13 @@ def _f32(name: str, values: np.ndarray) -> QuantizedTensor:
     return QuantizedTensor.from_float(name, values.astype(np.float32), QUANT_TYPES["F32"])
 
 
-@pytest.mark.parametrize(("qtype", "gpt_oss"), [("Q8_0", False), ("F16", True), ("BF16", False), ("Q4_0", True)])
-def test_moe_pipeline_emulated(moe_emu, tmp_path, request, qtype, gpt_oss):
+@pytest.mark.parametrize(("qtype", "activation"), [("Q8_0", "silu"), ("F16", "swiglu_oai"), ("BF16", "silu"),
+                                                   ("Q4_0", "swiglu_oai"), ("Q8_0", "gelu_tanh")])  # fmt: skip
+def test_moe_pipeline_emulated(moe_emu, tmp_path, request, qtype, activation):
     rng, seed = fresh_rng(request.node.nodeid)
+    gpt_oss = activation == "swiglu_oai"
     spec = MoeSpec(EXPERTS, USED, FF, routing="topk_softmax" if gpt_oss else "softmax_topk", normalize=not gpt_oss,
-                   activation="swiglu_oai" if gpt_oss else "silu")  # fmt: skip
+                   activation=activation)  # fmt: skip
     p = "blk.0"
     tensors = {
         f"{p}.ffn_gate_inp.weight": _f32("router", rng.standard_normal((EXPERTS, HIDDEN)) / 8),
@@ -72,7 +75,7 @@ def test_moe_pipeline_emulated(moe_emu, tmp_path, request, qtype, gpt_oss):
     row_gu = tensors[f"{p}.ffn_gate_exps.weight"].data.shape[1]
     row_d = tensors[f"{p}.ffn_down_exps.weight"].data.shape[1]
     _run(moe_emu, "moe", qtype.lower(), tmp_path, TOKENS, HIDDEN, FF, EXPERTS, USED, int(gpt_oss), int(not gpt_oss),
-         int(gpt_oss), row_gu, row_d)  # fmt: skip
+         ACTIVATION_KINDS[activation], row_gu, row_d)  # fmt: skip
 
     chosen = np.fromfile(tmp_path / "chosen.bin", np.int32).reshape(TOKENS, USED)
     weights, want = route(np, logits, spec)

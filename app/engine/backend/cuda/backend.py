@@ -111,6 +111,7 @@ class CudaBackend:
     # Every attention layer's head size must be one of these (attention.cu's; the decode and tensor-core
     # prefill kernels take fewer, and hand the rest to it): layers/attention.py refuses the others at load.
     attention_head_dims = _attention.HEAD_DIMS
+    moe_expert_scale = True  # `moe(..., expert_scale=)`: a learned factor per expert's output (Gemma 4)
 
     def __init__(
         self,
@@ -216,13 +217,18 @@ class CudaBackend:
             return None
         return tuple(upload_experts(w, b) for w, b in zip(weights, biases, strict=True))
 
-    def moe(self, x: Any, router_logits: Any, spec: MoeSpec, experts: tuple[_moe.StackedExperts, ...]) -> Any:
+    def moe(
+        self, x: Any, router_logits: Any, spec: MoeSpec, experts: tuple[_moe.StackedExperts, ...],
+        expert_scale: Any = None,
+    ) -> Any:  # fmt: skip
         """The experts' weighted sum `[T, hidden]` for normalised `x [T, hidden]`: routing, grouping
-        by expert and the grouped products on the GPU, with no host sync (kernels/moe.py)."""
+        by expert and the grouped products on the GPU, with no host sync (kernels/moe.py).
+        `expert_scale` (`[E]`, Gemma 4; see `moe_expert_scale`): each expert's output times its factor."""
+        scale = None if expert_scale is None else self._f32(expert_scale)
         if isinstance(experts, StreamedExperts):
-            return streamed_moe(self._f32(x), self._f32(router_logits), spec, experts)
+            return streamed_moe(self._f32(x), self._f32(router_logits), spec, experts, scale)
         gate, up, down = experts
-        return _moe.moe_forward(self._f32(x), self._f32(router_logits), spec, gate, up, down)
+        return _moe.moe_forward(self._f32(x), self._f32(router_logits), spec, gate, up, down, scale)
 
     def alloc_kv_cache(
         self, num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int, dtype: str = "auto"

@@ -16,12 +16,19 @@ from typing import Any
 import numpy as np
 
 from app.engine.backend.cuda.weights import _upload
-from app.engine.kernels.moe import MAX_USED, PAD_BYTES, StackedExperts, moe_experts, moe_route
+from app.engine.kernels.moe import (
+    ACTIVATION_KINDS,
+    MAX_USED,
+    PAD_BYTES,
+    StackedExperts,
+    moe_experts,
+    route_scaled,
+)
 from app.engine.moe.residency import Copy, LayerResidency
 from app.engine.quant.dispatch import QuantizedTensor
 from app.engine.specs import MoeSpec
 
-ACTIVATIONS = ("silu", "swiglu_oai")  # what moe_gated computes
+ACTIVATIONS = tuple(ACTIVATION_KINDS)  # what moe_gated computes
 
 
 def unsupported(spec: MoeSpec, projections: Sequence[Sequence[QuantizedTensor]]) -> str | None:
@@ -146,7 +153,7 @@ class StreamedExperts:
         return np.frombuffer(memory, np.uint8, nbytes)
 
 
-def streamed_moe(x: Any, logits: Any, spec: MoeSpec, experts: StreamedExperts) -> Any:
+def streamed_moe(x: Any, logits: Any, spec: MoeSpec, experts: StreamedExperts, expert_scale: Any = None) -> Any:
     """The experts' weighted sum with cold experts copied in for this step.
 
     The router's choices come back to the host (the one sync of the layer); the residency manager
@@ -155,7 +162,7 @@ def streamed_moe(x: Any, logits: Any, spec: MoeSpec, experts: StreamedExperts) -
     added, so the result equals the all-resident one up to float32 rounding."""
     import cupy as cp
 
-    chosen, weights = moe_route(logits, spec)
+    chosen, weights = route_scaled(logits, spec, expert_scale)
     rounds = experts.residency.step(cp.asnumpy(chosen))
     stream = cp.cuda.get_current_stream()
     hot = experts.residency.hot_slots

@@ -12,7 +12,7 @@
 //                MOE_T pairs at a time: each weight row is read once per MOE_T tokens of that
 //                expert, the grouped product of prefill, and at decode (one token, k pairs) only the
 //                k picked experts' rows are read, the per-expert GEMV.
-//   moe_gated    act(gate) * up per pair (silu, or GPT-OSS's clamped swiglu).
+//   moe_gated    act(gate) * up per pair (silu, GELU-tanh, or GPT-OSS's clamped swiglu).
 //   moe_combine  per token, sum of its k pairs' outputs times their weights, in expert-id order
 //                (the oracle's order, so a token's sum does not depend on the rest of the batch).
 #include "quant.cuh"
@@ -150,7 +150,8 @@ PADDOCK_FORMATS(MOE_GROUPED_KERNEL)
 MOE_GROUPED_FORMAT(PADDOCK_FORMAT, PADDOCK_FORMAT_STRUCT)
 #endif
 
-// kind 0: silu(g) * u; kind 1: (clamp(u, +-limit) + 1) * g' * sigmoid(alpha g') with g' = min(g, limit).
+// kind 0: silu(g) * u; kind 1: (clamp(u, +-limit) + 1) * g' * sigmoid(alpha g') with g' = min(g, limit);
+// kind 2: gelu_tanh(g) * u (Gemma 4's experts), common.cuh's formula.
 extern "C" __global__ void moe_gated(const float* __restrict__ gate, const float* __restrict__ up, i64 n, int kind,
                                      float limit, float alpha, float* __restrict__ out) {
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
@@ -158,6 +159,8 @@ extern "C" __global__ void moe_gated(const float* __restrict__ gate, const float
     const float g = gate[i], u = up[i];
     if (kind == 0) {
         out[i] = g / (1.f + expf(-g)) * u;
+    } else if (kind == 2) {
+        out[i] = gated_act<1>(g, u);
     } else {
         const float gc = fminf(g, limit), uc = fminf(fmaxf(u, -limit), limit);
         out[i] = (uc + 1.f) * (gc / (1.f + expf(-gc * alpha)));
