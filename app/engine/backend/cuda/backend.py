@@ -105,9 +105,9 @@ class CudaBackend:
     act_dtype = np.float32
     kv_dtype = np.float16
     # `attention(..., sinks=)` (GPT-OSS) on attention_decode.cu and attention_prefill.cu: head dims
-    # 64, 128 and 256 (the SIMT attention.cu has none)
+    # 64, 128 and 256 (the SIMT attention.cu has none; attention_prefill.cu's 512 fits only some devices)
     supports_attention_sinks = True
-    sink_head_dims = _attention_prefill.HEAD_DIMS
+    sink_head_dims = (64, 128, 256)
     # Every attention layer's head size must be one of these (attention.cu's; the decode and tensor-core
     # prefill kernels take fewer, and hand the rest to it): layers/attention.py refuses the others at load.
     attention_head_dims = _attention.HEAD_DIMS
