@@ -25,6 +25,7 @@ WARPS = 4  # rows per block of the grouped products
 THREADS = 256
 PAD_BYTES = 16  # the format decoders read whole 16-byte words
 ACTIVATION_KINDS = {"silu": 0, "swiglu_oai": 1, "gelu_tanh": 2}  # moe_gated's `kind` per MoeSpec.activation
+ROUTING_MODES = {"softmax_topk": 0, "topk_softmax": 1, "sigmoid_grouped": 2}  # moe_route's `mode` (one group)
 
 
 @dataclass(frozen=True)
@@ -65,25 +66,32 @@ def _grid(n: int) -> tuple[int]:
 
 def moe_forward(
     x: Any, logits: Any, spec: MoeSpec, gate: StackedExperts, up: StackedExperts, down: StackedExperts,
-    expert_scale: Any = None,
+    expert_scale: Any = None, score_bias: Any = None,
 ) -> Any:  # fmt: skip
     """`[T, hidden]` normalised hidden states and their router logits `[T, E]` -> the experts' sum.
-    `expert_scale` (float32 `[E]` on the device, Gemma 4): each expert's output times its own factor."""
-    chosen, weights = route_scaled(logits, spec, expert_scale)
+    `expert_scale` (float32 `[E]` on the device, Gemma 4): each expert's output times its own factor;
+    `score_bias` (float32 `[E]`, sigmoid routing: Laguna's `exp_probs_b`): added to the scores it chooses on."""
+    chosen, weights = route_scaled(logits, spec, expert_scale, score_bias)
     return moe_experts(x, chosen, weights, spec, gate, up, down)
 
 
-def route_scaled(logits: Any, spec: MoeSpec, expert_scale: Any = None) -> tuple[Any, Any]:
+def route_scaled(logits: Any, spec: MoeSpec, expert_scale: Any = None, score_bias: Any = None) -> tuple[Any, Any]:
     """moe_route, the weights times each chosen expert's `expert_scale` where given (a gather on the
     device, as layers/moe.py scales them: after the normalisation)."""
-    chosen, weights = moe_route(logits, spec)
+    chosen, weights = moe_route(logits, spec, score_bias)
     if expert_scale is not None:
         weights = weights * expert_scale[chosen]
     return chosen, weights
 
 
-def moe_route(logits: Any, spec: MoeSpec) -> tuple[Any, Any]:
-    """Each token's k expert ids `[T, k]` (int32) and their weights (float32), on the device."""
+def routing_supported(spec: MoeSpec) -> bool:
+    """Whether moe_route computes this spec's routing: its three modes, the sigmoid one with one group."""
+    return spec.routing in ROUTING_MODES and (spec.routing != "sigmoid_grouped" or spec.num_groups == 1)
+
+
+def moe_route(logits: Any, spec: MoeSpec, score_bias: Any = None) -> tuple[Any, Any]:
+    """Each token's k expert ids `[T, k]` (int32) and their weights (float32), on the device, as
+    moe/ops.py's `route` (the router softcap included)."""
     import cupy as cp
 
     n_tok, k, n_exp = logits.shape[0], spec.num_used, spec.num_experts
@@ -91,11 +99,13 @@ def moe_route(logits: Any, spec: MoeSpec) -> tuple[Any, Any]:
         raise ValueError(f"{k} experts per token: the kernels take 1 to {min(MAX_USED, n_exp)}")
     if spec.activation not in ACTIVATION_KINDS:
         raise ValueError(f"no MoE kernel for activation {spec.activation!r}")
+    if not routing_supported(spec):
+        raise ValueError(f"no MoE routing kernel for {spec.routing!r} over {spec.num_groups} groups")
     chosen = cp.empty((n_tok, k), cp.int32)
     weights = cp.empty((n_tok, k), cp.float32)
-    topk_first = spec.routing == "topk_softmax"
     launch(_kernel("moe_route"), _grid(n_tok), (THREADS,),
-           (logits, i32(n_tok), i32(n_exp), i32(k), i32(topk_first), i32(spec.normalize), chosen, weights))  # fmt: skip
+           (logits, i32(n_tok), i32(n_exp), i32(k), i32(ROUTING_MODES[spec.routing]), i32(spec.normalize),
+            ptr(score_bias), f32(spec.router_softcap), f32(spec.routed_scale), chosen, weights))  # fmt: skip
     return chosen, weights
 
 

@@ -98,11 +98,15 @@ class MoE:
             self.gate_up = [backend.load_weight(w) for w in up_w]
             return
         gate_w, gate_b = experts("gate")
-        # the grouped kernels take no latent space, no router softcap, a per-expert scale only where the
-        # backend's `moe` says so (`moe_expert_scale`), and only the routings they compute on the device
-        scaled_ok = scale is None or getattr(backend, "moe_expert_scale", False)
-        device_routing = (spec.routing in DEVICE_ROUTINGS and scaled_ok and spec.latent_size is None
-                          and not spec.router_softcap)  # fmt: skip
+        # the grouped kernels take no latent space and only the routings they compute on the device: a backend's
+        # `moe_routing(spec)` says which (its `moe` then takes the per-expert scale, the score bias and the
+        # router softcap too), else DEVICE_ROUTINGS without any of those
+        says = getattr(backend, "moe_routing", None)
+        if says is not None:
+            device_routing = spec.latent_size is None and says(spec)
+        else:
+            device_routing = (spec.routing in DEVICE_ROUTINGS and scale is None and spec.latent_size is None
+                              and not spec.router_softcap and self.score_bias is None)  # fmt: skip
         load = getattr(backend, "load_experts", None) if device_routing else None
         self.grouped = None if load is None else load(spec, [gate_w, up_w, down_w], [gate_b, up_b, down_b])
         if self.grouped is not None:
@@ -131,9 +135,9 @@ class MoE:
     def _routed(self, x: Any, router_input: Any) -> Any:
         logits = self.router(router_input)
         if self.grouped is not None:
-            if self.expert_scale is None:
-                return self.backend.moe(x, logits, self.spec, self.grouped)
-            return self.backend.moe(x, logits, self.spec, self.grouped, expert_scale=self.expert_scale)
+            extras = {"expert_scale": self.expert_scale, "score_bias": self.score_bias}
+            given = {name: value for name, value in extras.items() if value is not None}
+            return self.backend.moe(x, logits, self.spec, self.grouped, **given)
         weights, chosen = route(self.backend.xp, logits, self.spec, self.score_bias)
         if self.expert_scale is not None:
             weights = weights * self.expert_scale[chosen]

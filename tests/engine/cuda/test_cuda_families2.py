@@ -7,9 +7,10 @@ laguna/, muse_glimmer/), written as GGUFs in llama.cpp's layout at test time by 
   KV head of their own, values from the keys there, proportional RoPE, final soft-capping;
 - Gemma 4 `ple`: per-layer input embeddings, the last two layers reading earlier layers' caches (no write);
 - Gemma 4 `moe`: experts beside the dense MLP (GELU experts with per-expert output scales, on moe.cu);
-- Laguna `xs`: 4 and 8 query heads per layer, a softplus output gate per head, dense and sparse MLPs; its full
-  layer rotates half of each head (partial RoPE, which the CUDA backend takes once branch gdn's lands), and
-  the same model with that layer rotating whole heads (everything else of Laguna, independent of it);
+- Laguna `xs`: 4 and 8 query heads per layer, a softplus output gate per head, dense and sparse MLPs (the
+  sparse ones on moe.cu: sigmoid routing with its bias); its full layer rotates half of each head (partial
+  RoPE, which the CUDA backend takes once branch gdn's lands), and the same model with that layer rotating
+  whole heads (everything else of Laguna, independent of it);
 - Muse Glimmer `base`: sliding layers and NoPE full layers, a sigmoid output gate per element.
 
 Every prompt is longer than the window. What is asserted, as in test_cuda_engine.py: the first generated
@@ -148,14 +149,18 @@ def test_nope_layers_keep_one_row_of_rope_table_on_the_gpu(cuda, gguf_of) -> Non
     assert rows == {True: 1, False: 128}
 
 
-def test_gemma4_experts_beside_the_mlp_run_on_the_grouped_kernels(cuda, gguf_of) -> None:
-    """Gemma 4's GELU experts with their per-expert output scales run as one `backend.moe` call per layer
+@pytest.mark.parametrize(("case", "n_moe"), [("gemma4-moe", 6), ("laguna-xs-whole-rope", 3)])
+def test_experts_run_on_the_grouped_kernels(cuda, gguf_of, case: str, n_moe: int) -> None:
+    """Gemma 4's GELU experts beside the MLP with their per-expert output scales, and Laguna's sparse layers
+    (sigmoid scores chosen with a bias, weighed times a scale), run as one `backend.moe` call per layer
     (moe.cu: no host sync, so the decode steps can be CUDA graphs); the logits check is above."""
     from app.engine.loader.weights import open_checkpoint
     from app.engine.models.registry import build_model
 
-    model = build_model(open_checkpoint(gguf_of("gemma4-moe")), cuda, 128)
-    assert all(layer.experts_beside.experts.grouped is not None for layer in model.layers)
+    model = build_model(open_checkpoint(gguf_of(case)), cuda, 128)
+    experts = [layer.moe or getattr(layer.experts_beside, "experts", None) for layer in model.layers]
+    assert sum(e is not None for e in experts) == n_moe
+    assert all(e.grouped is not None for e in experts if e is not None)
     assert not model.syncs_host
 
 

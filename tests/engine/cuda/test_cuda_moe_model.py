@@ -21,6 +21,7 @@ from cuda_samples import random_tensor, rel_err
 
 from app.engine.backend.cpu import CpuBackend
 from app.engine.backend.cuda.experts import stacked_biases, stacked_bytes, unsupported
+from app.engine.kernels.moe import routing_supported
 from app.engine.layers.moe import MoE, expert_tensors
 from app.engine.models.config import MoeSpec
 from app.engine.quant.dispatch import QuantizedTensor, ScaleGrid
@@ -120,7 +121,7 @@ def test_layer_routes_through_backend_moe_without_per_expert_weights(rng) -> Non
 
 
 class _ScalingGroupedCpu(_GroupedCpu):
-    moe_expert_scale = True  # as CudaBackend: moe(..., expert_scale=)
+    moe_routing = staticmethod(routing_supported)  # as CudaBackend: moe(..., expert_scale=, score_bias=)
 
 
 def test_per_expert_scales_go_to_backend_moe_only_where_it_takes_them(rng) -> None:
@@ -137,6 +138,24 @@ def test_per_expert_scales_go_to_backend_moe_only_where_it_takes_them(rng) -> No
     assert np.array_equal(scale["expert_scale"], factors)
     without = _GroupedCpu()
     assert MoE(without, tensors, "blk.0", SPEC).syncs_host and not hasattr(without, "reference")
+
+
+def test_sigmoid_routing_with_its_bias_goes_to_backend_moe_where_it_is_computed(rng) -> None:
+    """Laguna's router (sigmoid scores chosen with `exp_probs_b`, capped logits): its bias handed to a
+    backend whose `moe_routing` takes the spec; two groups (Nemotron-H's) stay on the per-expert loop."""
+    tensors = _per_expert_layer("Q8_0", rng)
+    bias = rng.standard_normal(SPEC.num_experts).astype(np.float32)
+    tensors["blk.0.exp_probs_b.bias"] = _f32("blk.0.exp_probs_b.bias", bias)
+    laguna = MoeSpec(6, 2, 256, routing="sigmoid_grouped", routed_scale=2.0, router_softcap=0.5)
+    backend = _ScalingGroupedCpu()
+    layer = MoE(backend, tensors, "blk.0", laguna)
+    assert not layer.syncs_host
+    layer(rng.standard_normal((2, HIDDEN)).astype(np.float32))
+    ((*_, extras),) = backend.calls
+    assert set(extras) == {"score_bias"} and np.array_equal(extras["score_bias"], bias)
+    grouped = MoeSpec(6, 2, 256, routing="sigmoid_grouped", num_groups=2, topk_groups=1)
+    assert MoE(_ScalingGroupedCpu(), tensors, "blk.0", grouped).syncs_host
+    assert MoE(_GroupedCpu(), tensors, "blk.0", laguna).syncs_host  # a backend that does not say
 
 
 # -- on the GPU ------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 emulator, against the numpy MoE layer (layers/moe.py) on the same checkpoint tensors.
 
 Not marked `gpu`: the emulator runs the kernels as host threads. Stacked expert weights come in
-the formats the kernels decode straight from their blocks (quant.cuh); both routings and the three
+the formats the kernels decode straight from their blocks (quant.cuh); the three routings (softmax then
+top k, GPT-OSS's top k then softmax, Laguna's biased sigmoid scores on capped logits) and the three
 activations (SiLU, GPT-OSS's clamped SwiGLU with its biases, Gemma 4's GELU-tanh) are covered.
 """
 
@@ -17,7 +18,7 @@ from emulator import build as _build
 from emulator import run as _run
 
 from app.engine.backend.cpu import CpuBackend
-from app.engine.kernels.moe import ACTIVATION_KINDS
+from app.engine.kernels.moe import ACTIVATION_KINDS, ROUTING_MODES
 from app.engine.layers.moe import MoE
 from app.engine.models.config import MoeSpec
 from app.engine.moe.ops import route
@@ -42,12 +43,19 @@ def _f32(name: str, values: np.ndarray) -> QuantizedTensor:
     return QuantizedTensor.from_float(name, values.astype(np.float32), QUANT_TYPES["F32"])
 
 
-@pytest.mark.parametrize(("qtype", "activation"), [("Q8_0", "silu"), ("F16", "swiglu_oai"), ("BF16", "silu"),
-                                                   ("Q4_0", "swiglu_oai"), ("Q8_0", "gelu_tanh")])  # fmt: skip
-def test_moe_pipeline_emulated(moe_emu, tmp_path, request, qtype, activation):
+# Laguna's router: sigmoid scores chosen with a per-expert bias, weighed sum-normalised times a scale, on
+# tanh-capped logits.
+LAGUNA = dict(routing="sigmoid_grouped", routed_scale=1.5, router_softcap=0.5)
+
+
+@pytest.mark.parametrize(("qtype", "activation", "routing"), [
+    ("Q8_0", "silu", {}), ("F16", "swiglu_oai", {}), ("BF16", "silu", {}), ("Q4_0", "swiglu_oai", {}),
+    ("Q8_0", "gelu_tanh", {}), ("Q8_0", "silu", LAGUNA), ("BF16", "silu", dict(LAGUNA, router_softcap=0.0)),
+])  # fmt: skip
+def test_moe_pipeline_emulated(moe_emu, tmp_path, request, qtype, activation, routing):
     rng, seed = fresh_rng(request.node.nodeid)
     gpt_oss = activation == "swiglu_oai"
-    spec = MoeSpec(EXPERTS, USED, FF, routing="topk_softmax" if gpt_oss else "softmax_topk", normalize=not gpt_oss,
+    spec = MoeSpec(EXPERTS, USED, FF, **({"routing": "topk_softmax", "normalize": False} if gpt_oss else routing),
                    activation=activation)  # fmt: skip
     p = "blk.0"
     tensors = {
@@ -59,6 +67,8 @@ def test_moe_pipeline_emulated(moe_emu, tmp_path, request, qtype, activation):
     if gpt_oss:
         for part, rows in (("gate", FF), ("up", FF), ("down", HIDDEN)):
             tensors[f"{p}.ffn_{part}_exps.bias"] = _f32(part, rng.standard_normal((EXPERTS, rows)) * 0.1)
+    if spec.routing == "sigmoid_grouped":
+        tensors[f"{p}.exp_probs_b.bias"] = _f32("score_bias", rng.standard_normal(EXPERTS) * 0.1)
     backend = CpuBackend()
     layer = MoE(backend, tensors, p, spec)
     x = rng.standard_normal((TOKENS, HIDDEN)).astype(np.float32)
@@ -67,6 +77,8 @@ def test_moe_pipeline_emulated(moe_emu, tmp_path, request, qtype, activation):
 
     (tmp_path / "x.bin").write_bytes(x.tobytes())
     (tmp_path / "logits.bin").write_bytes(logits.astype(np.float32).tobytes())
+    if layer.score_bias is not None:
+        (tmp_path / "score_bias.bin").write_bytes(layer.score_bias.astype(np.float32).tobytes())
     for part in ("gate", "up", "down"):
         (tmp_path / f"{part}.bin").write_bytes(tensors[f"{p}.ffn_{part}_exps.weight"].data.tobytes())
         bias = tensors.get(f"{p}.ffn_{part}_exps.bias")
@@ -74,11 +86,12 @@ def test_moe_pipeline_emulated(moe_emu, tmp_path, request, qtype, activation):
             (tmp_path / f"{part}_bias.bin").write_bytes(bias.dequantize().tobytes())
     row_gu = tensors[f"{p}.ffn_gate_exps.weight"].data.shape[1]
     row_d = tensors[f"{p}.ffn_down_exps.weight"].data.shape[1]
-    _run(moe_emu, "moe", qtype.lower(), tmp_path, TOKENS, HIDDEN, FF, EXPERTS, USED, int(gpt_oss), int(not gpt_oss),
-         ACTIVATION_KINDS[activation], row_gu, row_d)  # fmt: skip
+    _run(moe_emu, "moe", qtype.lower(), tmp_path, TOKENS, HIDDEN, FF, EXPERTS, USED, ROUTING_MODES[spec.routing],
+         int(spec.normalize), ACTIVATION_KINDS[activation], row_gu, row_d, spec.router_softcap,
+         spec.routed_scale)  # fmt: skip
 
     chosen = np.fromfile(tmp_path / "chosen.bin", np.int32).reshape(TOKENS, USED)
-    weights, want = route(np, logits, spec)
+    weights, want = route(np, logits, spec, layer.score_bias)
     assert (chosen == want).all(), f"seed {seed}: experts {chosen.tolist()} != {want.tolist()}"
     got_w = np.fromfile(tmp_path / "weights.bin", np.float32).reshape(TOKENS, USED)
     assert np.allclose(got_w, weights, rtol=1e-5, atol=1e-6), f"seed {seed}"

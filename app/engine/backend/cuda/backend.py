@@ -111,7 +111,9 @@ class CudaBackend:
     # Every attention layer's head size must be one of these (attention.cu's; the decode and tensor-core
     # prefill kernels take fewer, and hand the rest to it): layers/attention.py refuses the others at load.
     attention_head_dims = _attention.HEAD_DIMS
-    moe_expert_scale = True  # `moe(..., expert_scale=)`: a learned factor per expert's output (Gemma 4)
+    # Which MoE routings `moe` computes on the device (kernels/moe.py routing_supported), with a router softcap,
+    # `expert_scale=` (a learned factor per expert's output, Gemma 4) and `score_bias=` (sigmoid routing)
+    moe_routing = staticmethod(_moe.routing_supported)
 
     def __init__(
         self,
@@ -219,16 +221,17 @@ class CudaBackend:
 
     def moe(
         self, x: Any, router_logits: Any, spec: MoeSpec, experts: tuple[_moe.StackedExperts, ...],
-        expert_scale: Any = None,
+        expert_scale: Any = None, score_bias: Any = None,
     ) -> Any:  # fmt: skip
         """The experts' weighted sum `[T, hidden]` for normalised `x [T, hidden]`: routing, grouping
         by expert and the grouped products on the GPU, with no host sync (kernels/moe.py).
-        `expert_scale` (`[E]`, Gemma 4; see `moe_expert_scale`): each expert's output times its factor."""
-        scale = None if expert_scale is None else self._f32(expert_scale)
+        `expert_scale` (`[E]`, Gemma 4): each expert's output times its factor; `score_bias` (`[E]`,
+        sigmoid routing: Laguna) added to the scores the experts are chosen on (see `moe_routing`)."""
+        scale, bias = (None if a is None else self._f32(a) for a in (expert_scale, score_bias))
         if isinstance(experts, StreamedExperts):
-            return streamed_moe(self._f32(x), self._f32(router_logits), spec, experts, scale)
+            return streamed_moe(self._f32(x), self._f32(router_logits), spec, experts, scale, bias)
         gate, up, down = experts
-        return _moe.moe_forward(self._f32(x), self._f32(router_logits), spec, gate, up, down, scale)
+        return _moe.moe_forward(self._f32(x), self._f32(router_logits), spec, gate, up, down, scale, bias)
 
     def alloc_kv_cache(
         self, num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int, dtype: str = "auto"

@@ -153,7 +153,9 @@ class StreamedExperts:
         return np.frombuffer(memory, np.uint8, nbytes)
 
 
-def streamed_moe(x: Any, logits: Any, spec: MoeSpec, experts: StreamedExperts, expert_scale: Any = None) -> Any:
+def streamed_moe(
+    x: Any, logits: Any, spec: MoeSpec, experts: StreamedExperts, expert_scale: Any = None, score_bias: Any = None
+) -> Any:
     """The experts' weighted sum with cold experts copied in for this step.
 
     The router's choices come back to the host (the one sync of the layer); the residency manager
@@ -162,7 +164,7 @@ def streamed_moe(x: Any, logits: Any, spec: MoeSpec, experts: StreamedExperts, e
     added, so the result equals the all-resident one up to float32 rounding."""
     import cupy as cp
 
-    chosen, weights = route_scaled(logits, spec, expert_scale)
+    chosen, weights = route_scaled(logits, spec, expert_scale, score_bias)
     rounds = experts.residency.step(cp.asnumpy(chosen))
     stream = cp.cuda.get_current_stream()
     hot = experts.residency.hot_slots

@@ -1,8 +1,9 @@
 // Mixture-of-experts feed-forward on the GPU, with no host sync (so decode steps stay capturable):
 //
 //   moe_route    per token: the k best experts and their weights (softmax-then-top-k, renormalised or
-//                not, as Qwen3-MoE; or top-k-then-softmax, as GPT-OSS); ties go to the lower id, as
-//                a stable sort of the negated logits does (layers/moe.py, the numpy oracle).
+//                not, as Qwen3-MoE; top-k-then-softmax, as GPT-OSS; or sigmoid scores chosen on score +
+//                bias, weighed by their scores, as Laguna), optionally on tanh-capped logits; ties go to
+//                the lower id, as a stable sort of the negated values does (moe/ops.py, the numpy oracle).
 //   moe_count, moe_offsets, moe_scatter
 //                the (token, slot) pairs grouped by expert: counts, exclusive offsets, then each
 //                pair's place in the grouped order (`order`) and its inverse (`where`).
@@ -20,8 +21,29 @@
 #define MOE_MAX_K 16
 #define MOE_T 4
 
-extern "C" __global__ void moe_route(const float* __restrict__ logits, int n_tok, int n_exp, int k, int topk_first,
-                                     int normalize, int* __restrict__ chosen, float* __restrict__ weights) {
+#define MOE_SOFTMAX_TOPK 0
+#define MOE_TOPK_SOFTMAX 1
+#define MOE_SIGMOID 2
+
+// Expert e's router logit, tanh-capped where softcap > 0 (as moe/ops.py: tanh(l / cap) * cap).
+__device__ __forceinline__ float moe_logit(const float* l, int e, float softcap) {
+    return softcap > 0.f ? tanhf(l[e] / softcap) * softcap : l[e];
+}
+
+// What the top k are chosen on: the (capped) logit, or with MOE_SIGMOID the sigmoid score plus the
+// expert's bias (nullable).
+__device__ __forceinline__ float moe_choice(const float* l, int e, int mode, float softcap, const float* bias) {
+    const float x = moe_logit(l, e, softcap);
+    if (mode != MOE_SIGMOID) return x;
+    const float score = 1.f / (1.f + expf(-x));
+    return bias == nullptr ? score : score + bias[e];
+}
+
+// `mode` MOE_SOFTMAX_TOPK, MOE_TOPK_SOFTMAX or MOE_SIGMOID; `bias` [n_exp] (nullable) and `routed_scale` only
+// for MOE_SIGMOID; `softcap` 0: none.
+extern "C" __global__ void moe_route(const float* __restrict__ logits, int n_tok, int n_exp, int k, int mode,
+                                     int normalize, const float* __restrict__ bias, float softcap, float routed_scale,
+                                     int* __restrict__ chosen, float* __restrict__ weights) {
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n_tok) return;
     const float* l = logits + (i64)t * n_exp;
@@ -33,21 +55,25 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n_tok
         for (int e = 0; e < n_exp; ++e) {
             bool taken = false;
             for (int i = 0; i < j; ++i) taken |= idx[i] == e;
-            if (!taken && (best < 0 || l[e] > best_v)) {
+            const float v = moe_choice(l, e, mode, softcap, bias);
+            if (!taken && (best < 0 || v > best_v)) {
                 best = e;
-                best_v = l[e];
+                best_v = v;
             }
         }
         idx[j] = best;
         val[j] = best_v;
     }
     float w[MOE_MAX_K], sum = 0.f;
-    if (topk_first) {  // softmax over the k chosen logits
+    if (mode == MOE_SIGMOID) {  // the chosen experts' scores (without the bias), summing to routed_scale
+        for (int j = 0; j < k; ++j) sum += (w[j] = 1.f / (1.f + expf(-moe_logit(l, idx[j], softcap))));
+        for (int j = 0; j < k; ++j) w[j] = (normalize ? w[j] / (sum + 1e-20f) : w[j]) * routed_scale;
+    } else if (mode == MOE_TOPK_SOFTMAX) {  // softmax over the k chosen logits
         for (int j = 0; j < k; ++j) sum += (w[j] = expf(val[j] - val[0]));
         for (int j = 0; j < k; ++j) w[j] /= sum;
     } else {  // softmax over every expert, then the chosen probabilities
         float all = 0.f;
-        for (int e = 0; e < n_exp; ++e) all += expf(l[e] - val[0]);
+        for (int e = 0; e < n_exp; ++e) all += expf(moe_logit(l, e, softcap) - val[0]);
         for (int j = 0; j < k; ++j) sum += (w[j] = expf(val[j] - val[0]) / all);
         if (normalize)
             for (int j = 0; j < k; ++j) w[j] /= sum;

@@ -1,7 +1,8 @@
 // Run moe.cu's whole pipeline on the SIMT emulator, in the order kernels/moe.py launches it:
-//   moe FMT DIR N_TOK HIDDEN FF N_EXP K TOPK_FIRST NORMALIZE ACT ROW_BYTES_GU ROW_BYTES_DOWN
+//   moe FMT DIR N_TOK HIDDEN FF N_EXP K MODE NORMALIZE ACT ROW_BYTES_GU ROW_BYTES_DOWN SOFTCAP ROUTED_SCALE
 // reads x.bin [T, H], logits.bin [T, E], gate.bin / up.bin ([E, FF] rows), down.bin ([E, H] rows),
-// optional gate_bias.bin / up_bias.bin / down_bias.bin; writes out.bin, chosen.bin, weights.bin.
+// optional gate_bias.bin / up_bias.bin / down_bias.bin and score_bias.bin [E] (sigmoid routing);
+// writes out.bin, chosen.bin, weights.bin.
 #include <cmath>
 #include <string>
 #include <vector>
@@ -24,11 +25,13 @@ static GroupedFn pick(const std::string& fmt) {
 static const float* opt(const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); }
 
 int main(int argc, char** argv) {
-    if (argc != 14 || std::string(argv[1]) != "moe") return 2;
+    if (argc != 16 || std::string(argv[1]) != "moe") return 2;
     const std::string fmt = argv[2], dir = argv[3];
     const int T = atoi(argv[4]), H = atoi(argv[5]), FF = atoi(argv[6]), E = atoi(argv[7]), K = atoi(argv[8]);
-    const int topk_first = atoi(argv[9]), normalize = atoi(argv[10]), act = atoi(argv[11]);
+    const int mode = atoi(argv[9]), normalize = atoi(argv[10]), act = atoi(argv[11]);
     const i64 rb_gu = atoll(argv[12]), rb_d = atoll(argv[13]);
+    const float softcap = (float)atof(argv[14]), routed_scale = (float)atof(argv[15]);
+    auto score_bias = read_file<float>(dir + "/score_bias.bin");
     auto x = read_required<float>(dir + "/x.bin");
     auto logits = read_required<float>(dir + "/logits.bin");
     auto gate = read_file<uint4>(dir + "/gate.bin", 2), up = read_file<uint4>(dir + "/up.bin", 2);
@@ -42,7 +45,8 @@ int main(int argc, char** argv) {
     const unsigned threads = 64;
     auto blocks = [&](long n) { return dim3{(unsigned)((n + threads - 1) / threads), 1, 1}; };
     launch(blocks(T), {threads, 1, 1}, [&] {
-        moe_route(logits.data(), T, E, K, topk_first, normalize, chosen.data(), weights.data());
+        moe_route(logits.data(), T, E, K, mode, normalize, opt(score_bias), softcap, routed_scale, chosen.data(),
+                  weights.data());
     });
     launch(blocks(P), {threads, 1, 1}, [&] { moe_count(chosen.data(), P, counts.data()); });
     launch({1, 1, 1}, {1, 1, 1}, [&] { moe_offsets(counts.data(), E, offsets.data(), cursor.data()); });
