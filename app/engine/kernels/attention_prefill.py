@@ -42,12 +42,15 @@ def shared_bytes(head_dim: int) -> int:
     return ((rows_per_block(head_dim) + 2 * keys) * (head_dim + PAD) + keys * (value_columns(head_dim) + PAD)) * 2
 
 
+_MAX_SHARED_OPTIN = 97  # cudaDevAttrMaxSharedMemoryPerBlockOptin
+
+
 @functools.cache
 def max_shared_bytes() -> int:
     """The opt-in shared memory per block of this device (227 KB on sm_90, 163 KB on sm_80, 99 KB on sm_86/89)."""
     import cupy
 
-    return int(cupy.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"])
+    return int(cupy.cuda.runtime.deviceGetAttribute(_MAX_SHARED_OPTIN, cupy.cuda.Device().id))
 
 
 def supports(head_dim: int, n_heads: int, n_kv: int) -> bool:
