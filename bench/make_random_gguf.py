@@ -97,12 +97,13 @@ class Gemma4Shape:
 
 
 # The published config.json files (google/gemma-4-31B, google/gemma-4-26B-A4B: text_config); the tiny ones
-# for the CPU test of this script.
+# for the tests (this script's, and the GPU suite's Gemma 4 on the kernels real heads take).
 GEMMA4_SHAPES = {
     "gemma4-31b": Gemma4Shape(5376, 60, 32, 16, 256, 4, 512, 21504, 262144, 262144, 1024),
     "gemma4-26b-a4b": Gemma4Shape(2816, 30, 16, 8, 256, 2, 512, 2112, 262144, 262144, 1024, 128, 8, 704),
     "gemma4-tiny": Gemma4Shape(256, 6, 4, 2, 64, 1, 128, 512, 1024, 4096, 16),
     "gemma4-tiny-moe": Gemma4Shape(256, 6, 4, 2, 64, 1, 128, 512, 1024, 4096, 16, 4, 2, 96),
+    "gemma4-tiny-wide": Gemma4Shape(256, 6, 8, 4, 64, 1, 512, 512, 1024, 4096, 16),  # 31B's 512-wide global heads
 }
 GEMMA4_ROPE_FRACTION = 0.25  # the global layers' proportional RoPE: a quarter of the pairs rotate
 GEMMA4_SOFTCAP = 30.0
