@@ -123,10 +123,19 @@ def test_greedy_tokens_and_first_logprobs_match_numpy(cuda, gguf_of, case: str) 
     serial = case in SERIAL
     ours = _generate(path, "cuda", prompts, one_at_a_time=serial, step_tokens=2 if serial else 16)
     for got, ref in zip(ours, reference, strict=True):
-        mine = dict(got["logprobs"][0].top)
-        for token, value in ref["logprobs"][0].top:
-            assert abs(mine.get(token, -99.0) - value) < LOGPROB_TOL, f"{case}: token {token}"
+        _assert_top_agrees(got["logprobs"][0].top, ref["logprobs"][0].top, LOGPROB_TOL, case)
         assert_greedy_agrees(got, ref, case)
+
+
+def _assert_top_agrees(mine: list, theirs: list, tol: float, where: str) -> None:
+    """numpy's top log-probs `theirs` within `tol` of CUDA's `mine`; a token numpy ranks last that CUDA ranks
+    just past its list (a near-tie at the list's edge) must lie below CUDA's last by no more than `tol`."""
+    top = dict(mine)
+    for token, value in theirs:
+        if token in top:
+            assert abs(top[token] - value) < tol, f"{where}: token {token}: {top[token]} vs numpy's {value}"
+        else:
+            assert value < min(top.values()) + tol, f"{where}: numpy's token {token} ({value}) not in {mine}"
 
 
 def test_a_sequence_decodes_the_same_alone_and_in_a_batch_of_eight_on_cuda(cuda, gguf_of) -> None:
@@ -177,8 +186,7 @@ def test_gemma4_on_the_kernels_of_real_head_sizes_matches_numpy(cuda, random_gem
     Gemma 4s have 64-wide sliding heads and 128- or 512-wide global ones (one KV head, proportional RoPE),
     so the fused rope + cache, the decode, tensor-core prefill (512 included) and fused decode-rope kernels
     run, and the Q4_K / Q6_K products. Their greedy text is one token over and over (by a margin above 1),
-    so every step's top-5 log-probs are compared, not only the first's: within RANDOM_Q4_TOL, or (a token
-    numpy ranks 5th that CUDA ranks 6th) below CUDA's 5th by no more than that."""
+    so every step's top-5 log-probs are compared, not only the first's."""
     path = random_gemma4(shape)
     prompts = _prompts()
     reference = _generate(path, "cpu", prompts)
@@ -187,13 +195,7 @@ def test_gemma4_on_the_kernels_of_real_head_sizes_matches_numpy(cuda, random_gem
     for got, ref in zip(ours, reference, strict=True):
         assert got["token_ids"] == ref["token_ids"], shape
         for step, (mine, theirs) in enumerate(zip(got["logprobs"], ref["logprobs"], strict=True)):
-            top = dict(mine.top)
-            for token, value in theirs.top:
-                where = f"{shape}: step {step}, token {token}"
-                if token in top:
-                    assert abs(top[token] - value) < RANDOM_Q4_TOL, where
-                else:
-                    assert value < min(top.values()) + RANDOM_Q4_TOL, where
+            _assert_top_agrees(mine.top, theirs.top, RANDOM_Q4_TOL, f"{shape}: step {step}")
 
 
 @pytest.mark.parametrize(("case", "n_moe"), [("gemma4-moe", 6), ("laguna-xs-whole-rope", 3)])
