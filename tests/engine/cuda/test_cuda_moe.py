@@ -60,14 +60,18 @@ FAMILY_ROUTERS = {
     # Laguna: sigmoid scores chosen with a bias, weighed sum-normalised times a scale, on capped logits
     "laguna": (MoeSpec(EXPERTS, USED, FF, routing="sigmoid_grouped", routed_scale=2.5, router_softcap=0.5),
                "exp_probs_b.bias"),
+    # the one router kernel with every sigmoid option at once: Nemotron-H's groups (the best 2 of 4 compete),
+    # the score bias, a router softcap and a routed scale
+    "grouped": (MoeSpec(EXPERTS, USED, FF, routing="sigmoid_grouped", num_groups=4, topk_groups=2, routed_scale=2.5,
+                        router_softcap=0.5), "exp_probs_b.bias"),
 }  # fmt: skip
 
 
 @pytest.mark.parametrize("n_tok", [1, 77])
 @pytest.mark.parametrize("family", sorted(FAMILY_ROUTERS))
 def test_moe_forward_with_family_routing_matches_numpy(cuda, cpu, rng, family: str, n_tok: int) -> None:
-    """moe_forward's expert_scale (Gemma 4) and score_bias with sigmoid routing and a router softcap (Laguna),
-    against the numpy layer, handed the same router logits."""
+    """moe_forward's expert_scale (Gemma 4) and score_bias with sigmoid routing and a router softcap (Laguna;
+    with expert groups too), against the numpy layer, handed the same router logits."""
     import cupy as cp
 
     from app.engine.kernels.moe import moe_forward, upload_stacked
