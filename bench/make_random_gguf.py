@@ -14,6 +14,13 @@ visible text.
     python3 bench/make_random_gguf.py --shape qwen3-8b --mix q4_k_m --out /tmp/qwen3-8b-q4km.gguf
     python3 bench/make_random_gguf.py --shape llama3-8b --mix q8_0 --out /tmp/llama3-8b-q8_0.gguf
     python3 bench/make_random_gguf.py --shape qwen3-8b --mix mxfp4 --out /tmp/qwen3-8b-mxfp4.gguf
+
+The `gemma4-*` shapes are written in llama.cpp's `gemma4` layout (Q4_K_M only, as llama-quantize makes
+it: see `gemma4_tensor_types`): sliding layers and global layers with 512-wide heads, keys as values on the
+global layers (no attn_v), proportional RoPE as `rope_freqs`, the experts beside the MLP stacked as
+`ffn_gate_up_exps` / `ffn_down_exps` with their router scales, so llama.cpp's llama-server loads them too.
+
+    python3 bench/make_random_gguf.py --shape gemma4-31b --out /tmp/gemma4-31b-q4km.gguf
 """
 
 from __future__ import annotations
@@ -55,6 +62,51 @@ SHAPES = {
     "tiny": Shape(256, 2, 4, 2, 64, 512, 1024, 4096, tied=False),
     "tiny-llama": Shape(256, 2, 4, 2, 64, 512, 1024, 4096, tied=False, arch="llama"),
 }
+
+
+@dataclass(frozen=True)
+class Gemma4Shape:
+    """Gemma 4's text decoder: five sliding layers (`head_dim`, `kv_heads`) to one global layer
+    (`global_head_dim`, `global_kv_heads`, values from the keys), tied embeddings, optional experts."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    global_kv_heads: int
+    global_head_dim: int
+    ffn: int
+    vocab: int
+    context: int
+    window: int
+    experts: int = 0
+    experts_used: int = 0
+    expert_ffn: int = 0
+    tied: bool = True
+    arch: str = "gemma4"
+
+    def is_sliding(self, layer: int) -> bool:
+        return (layer + 1) % 6 != 0
+
+    def geometry(self, layer: int) -> tuple[int, int]:
+        """(KV heads, head dim) of the layer."""
+        if self.is_sliding(layer):
+            return self.kv_heads, self.head_dim
+        return self.global_kv_heads, self.global_head_dim
+
+
+# The published config.json files (google/gemma-4-31B, google/gemma-4-26B-A4B: text_config); the tiny ones
+# for the tests (this script's, and the GPU suite's Gemma 4 on the kernels real heads take).
+GEMMA4_SHAPES = {
+    "gemma4-31b": Gemma4Shape(5376, 60, 32, 16, 256, 4, 512, 21504, 262144, 262144, 1024),
+    "gemma4-26b-a4b": Gemma4Shape(2816, 30, 16, 8, 256, 2, 512, 2112, 262144, 262144, 1024, 128, 8, 704),
+    "gemma4-tiny": Gemma4Shape(256, 6, 4, 2, 64, 1, 128, 512, 1024, 4096, 16),
+    "gemma4-tiny-moe": Gemma4Shape(256, 6, 4, 2, 64, 1, 128, 512, 1024, 4096, 16, 4, 2, 96),
+    "gemma4-tiny-wide": Gemma4Shape(256, 6, 8, 4, 64, 1, 512, 512, 1024, 4096, 16),  # 31B's 512-wide global heads
+}
+GEMMA4_ROPE_FRACTION = 0.25  # the global layers' proportional RoPE: a quarter of the pairs rotate
+GEMMA4_SOFTCAP = 30.0
 
 
 def use_more_bits(layer: int, n_layers: int) -> bool:
@@ -141,7 +193,141 @@ def write_tokenizer(writer: gguf.GGUFWriter, vocab: int) -> None:
     writer.add_add_bos_token(False)
 
 
+def k_quant_or_fallback(kind: str, cols: int) -> str:
+    """llama.cpp's `tensor_type_fallback`: a K-quant whose 256-weight blocks do not tile a row takes
+    the 32-weight format it names (Q4_K -> Q5_0, Q6_K -> Q8_0)."""
+    if cols % 256 == 0:
+        return kind
+    return {"Q4_K": "Q5_0", "Q6_K": "Q8_0"}[kind]
+
+
+def gemma4_matrices(shape: Gemma4Shape) -> dict[str, tuple[int, ...]]:
+    """Every quantized matrix of the Gemma 4 layout: `(rows, cols)`, or `(experts, rows, cols)` stacked."""
+    s = shape
+    out: dict[str, tuple[int, ...]] = {"token_embd.weight": (s.vocab, s.hidden)}
+    for i in range(s.layers):
+        kv, dim = s.geometry(i)
+        p = f"blk.{i}"
+        out[f"{p}.attn_q.weight"] = (s.heads * dim, s.hidden)
+        out[f"{p}.attn_k.weight"] = (kv * dim, s.hidden)
+        if s.is_sliding(i):  # the global layers' values are their keys (attention_k_eq_v)
+            out[f"{p}.attn_v.weight"] = (kv * dim, s.hidden)
+        out[f"{p}.attn_output.weight"] = (s.hidden, s.heads * dim)
+        out |= {f"{p}.ffn_gate.weight": (s.ffn, s.hidden), f"{p}.ffn_up.weight": (s.ffn, s.hidden),
+                f"{p}.ffn_down.weight": (s.hidden, s.ffn)}  # fmt: skip
+        if s.experts:
+            out[f"{p}.ffn_gate_up_exps.weight"] = (s.experts, 2 * s.expert_ffn, s.hidden)
+            out[f"{p}.ffn_down_exps.weight"] = (s.experts, s.hidden, s.expert_ffn)
+    return out
+
+
+def gemma4_tensor_types(shape: Gemma4Shape) -> dict[str, str]:
+    """llama-quantize's Q4_K_M choices for Gemma 4 (src/llama-quant.cpp): the tied embedding as the output
+    (Q6_K); attn_v Q6_K on the `use_more_bits` picks among the attn_v tensors (the sliding layers'), ffn_down
+    and ffn_down_exps on those layers; Q4_K elsewhere; rows that 256-weight blocks do not tile fall back."""
+    types, n_values = {}, sum(shape.is_sliding(i) for i in range(shape.layers))
+    values_seen = 0
+    for name, dims in gemma4_matrices(shape).items():
+        kind = "Q4_K"
+        layer = int(name.split(".")[1]) if name.startswith("blk.") else -1
+        if name == "token_embd.weight":
+            kind = "Q6_K"
+        elif ".attn_v." in name:
+            kind = "Q6_K" if use_more_bits(values_seen, n_values) else "Q4_K"
+            values_seen += 1
+        elif ".ffn_down" in name and use_more_bits(layer, shape.layers):
+            kind = "Q6_K"
+        types[name] = k_quant_or_fallback(kind, dims[-1])
+    return types
+
+
+def gemma4_vectors(shape: Gemma4Shape, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """The float32 tensors: norms (plain `w`, near 1), layer output scales, proportional RoPE's factors
+    (1 for the rotated pairs, 1e30 for the rest, as llama.cpp's converter writes them), router scales."""
+    s = shape
+
+    def norm(size: int) -> np.ndarray:
+        return (1.0 + 0.1 * rng.standard_normal(size)).astype(np.float32)
+
+    rotated = int(s.global_head_dim * GEMMA4_ROPE_FRACTION) // 2
+    out = {
+        "rope_freqs.weight": np.array([1.0] * rotated + [1e30] * (s.global_head_dim // 2 - rotated), np.float32),
+        "output_norm.weight": norm(s.hidden),
+    }
+    for i in range(s.layers):
+        p, dim = f"blk.{i}", s.geometry(i)[1]
+        for part in ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm"):
+            out[f"{p}.{part}.weight"] = norm(s.hidden)
+        out |= {f"{p}.attn_q_norm.weight": norm(dim), f"{p}.attn_k_norm.weight": norm(dim),
+                f"{p}.layer_output_scale.weight": np.ones(1, np.float32)}  # fmt: skip
+        if s.experts:
+            for part in ("pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2"):
+                out[f"{p}.{part}.weight"] = norm(s.hidden)
+            out[f"{p}.ffn_gate_inp.weight"] = (rng.standard_normal((s.experts, s.hidden)) * s.hidden**-0.5).astype(
+                np.float32
+            )  # the router stays float (llama-quantize skips ffn_gate_inp)
+            out[f"{p}.ffn_gate_inp.scale"] = norm(s.hidden)
+            out[f"{p}.ffn_down_exps.scale"] = norm(s.experts)
+    return out
+
+
+def write_gemma4_metadata(writer: gguf.GGUFWriter, shape: Gemma4Shape) -> None:
+    s = shape
+    writer.add_context_length(s.context)
+    writer.add_embedding_length(s.hidden)
+    writer.add_block_count(s.layers)
+    writer.add_feed_forward_length(s.ffn)
+    writer.add_head_count(s.heads)
+    writer.add_head_count_kv([s.geometry(i)[0] for i in range(s.layers)])
+    writer.add_key_length(s.global_head_dim)
+    writer.add_value_length(s.global_head_dim)
+    writer.add_key_length_swa(s.head_dim)
+    writer.add_value_length_swa(s.head_dim)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_rope_freq_base(1_000_000.0)
+    writer.add_rope_freq_base_swa(10_000.0)
+    writer.add_rope_dimension_count(s.global_head_dim)
+    writer.add_rope_dimension_count_swa(s.head_dim)
+    writer.add_sliding_window(s.window)
+    writer.add_sliding_window_pattern([s.is_sliding(i) for i in range(s.layers)])
+    writer.add_shared_kv_layers(0)
+    writer.add_embedding_length_per_layer_input(0)
+    writer.add_final_logit_softcapping(GEMMA4_SOFTCAP)
+    if s.experts:
+        writer.add_expert_count(s.experts)
+        writer.add_expert_used_count(s.experts_used)
+        writer.add_expert_feed_forward_length(s.expert_ffn)
+    writer.add_vocab_size(s.vocab)
+
+
+def write_gemma4(shape: Gemma4Shape, writer: gguf.GGUFWriter, rng: np.random.Generator) -> int:
+    """The metadata and tensors of a Gemma 4 checkpoint into `writer`; the weight bytes."""
+    write_gemma4_metadata(writer, shape)
+    types, weight_bytes = gemma4_tensor_types(shape), 0
+    for name, dims in gemma4_matrices(shape).items():
+        qtype = QUANT_TYPES[types[name]]
+        cols = dims[-1]
+        blocks = random_blocks(qtype, int(np.prod(dims)) // qtype.block_size, rng, scale=cols**-0.5)
+        writer.add_tensor(name, blocks.reshape(*dims[:-1], -1), raw_dtype=gguf.GGMLQuantizationType[qtype.name])
+        weight_bytes += blocks.nbytes
+    for name, values in gemma4_vectors(shape, rng).items():
+        writer.add_tensor(name, values)
+        weight_bytes += values.nbytes
+    return weight_bytes
+
+
 def write(shape_name: str, mix: str, out: Path, seed: int = 0) -> int:
+    if shape_name in GEMMA4_SHAPES:
+        if mix != "q4_k_m":
+            raise ValueError(f"--shape {shape_name} is written as Q4_K_M only, not --mix {mix}")
+        shape4, rng = GEMMA4_SHAPES[shape_name], np.random.default_rng(seed)
+        writer = gguf.GGUFWriter(str(out), "gemma4")
+        writer.add_name(f"random-{shape_name}-{mix}")
+        writer.add_file_type(MIXES[mix][4])
+        write_tokenizer(writer, shape4.vocab)
+        weight_bytes = write_gemma4(shape4, writer, rng)
+        _finish(writer)
+        return weight_bytes
     shape = SHAPES[shape_name]
     rng = np.random.default_rng(seed)
     writer = gguf.GGUFWriter(str(out), shape.arch)
@@ -179,16 +365,20 @@ def write(shape_name: str, mix: str, out: Path, seed: int = 0) -> int:
         values = (1.0 + 0.1 * rng.standard_normal(size)).astype(np.float32)
         writer.add_tensor(name, values)
         weight_bytes += values.nbytes
+    _finish(writer)
+    return weight_bytes
+
+
+def _finish(writer: gguf.GGUFWriter) -> None:
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return weight_bytes
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", choices=sorted(SHAPES), required=True)
+    parser.add_argument("--shape", choices=sorted(SHAPES) + sorted(GEMMA4_SHAPES), required=True)
     parser.add_argument("--mix", choices=sorted(MIXES), default="q4_k_m")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()

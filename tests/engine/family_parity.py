@@ -172,6 +172,19 @@ def _quantized_equals_its_floats(path: Path, tokens: list[int]) -> np.ndarray:
     return ours
 
 
+def numba_engine_equals_numpy(path: Path, prompt: list[int]) -> None:
+    """The whole engine on the numba kernels generates numpy's greedy tokens, and its first generated
+    token's top-5 log-probs are within 1e-3 of numpy's (the bound check_logits holds both to against
+    transformers)."""
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=5)
+    [fast] = engine_for(path, kernels="numba").generate([prompt], params)
+    [reference] = engine_for(path).generate([prompt], params)
+    assert fast["token_ids"] == reference["token_ids"]
+    ours = dict(fast["logprobs"][0].top)
+    for token, value in reference["logprobs"][0].top:
+        assert abs(ours.get(token, -99.0) - value) <= 1e-3, f"token {token}: {ours.get(token)} vs {value}"
+
+
 def batch_of_eight_equals_alone(engine: LLMEngine) -> None:
     """Eight prompts of different lengths generated together decode as each does alone."""
     rng = np.random.default_rng(7)

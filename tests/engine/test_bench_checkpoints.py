@@ -53,3 +53,28 @@ def test_random_gguf_new_mixes(tmp_path: Path, mix: str, formats: set[str]) -> N
     make_random_gguf.write("tiny", mix, path)
     assert {name for name, _ in open_checkpoint(path).quant_mix} == formats
     _runs(path)
+
+
+@pytest.mark.parametrize("shape", ["gemma4-tiny", "gemma4-tiny-moe"])
+def test_random_gemma4_in_llama_cpp_q4_k_m_layout(tmp_path: Path, shape: str) -> None:
+    """The Gemma 4 shapes: llama-quantize's Q4_K_M picks (the tied embedding Q6_K, attn_v only on the sliding
+    layers, Q6_K on the `use_more_bits` layers' attn_v and ffn_down, rows of 96 weights on the 32-weight
+    fallbacks), read by the engine as sliding and global layers of their own heads, and run."""
+    path = tmp_path / f"{shape}.gguf"
+    make_random_gguf.write(shape, "q4_k_m", path)
+    checkpoint = open_checkpoint(path)
+    types = {name: t.qtype.name for name, t in checkpoint.tensors.items()}
+    assert types["token_embd.weight"] == "Q6_K" and "output.weight" not in types
+    assert "blk.5.attn_v.weight" not in types and types["blk.5.attn_k.weight"] == "Q4_K"
+    more = [make_random_gguf.use_more_bits(i, 6) for i in range(6)]
+    assert [types[f"blk.{i}.ffn_down.weight"] for i in range(6)] == ["Q6_K" if m else "Q4_K" for m in more]
+    built = build_model(checkpoint, CpuBackend(), 64)
+    cfg = built.config
+    assert [cfg.head_dim_of(i) for i in range(6)] == [64] * 5 + [128]
+    assert [cfg.kv_heads_of(i) for i in range(6)] == [2] * 5 + [1]
+    if shape.endswith("moe"):
+        assert cfg.moe is not None and (cfg.moe.num_experts, cfg.moe.num_used) == (4, 2)
+        assert types["blk.0.ffn_gate_up_exps.weight"] == "Q4_K"
+        # 96-wide rows: the fallbacks of Q4_K (layer 0) and Q6_K (layer 5, a use_more_bits layer)
+        assert (types["blk.0.ffn_down_exps.weight"], types["blk.5.ffn_down_exps.weight"]) == ("Q5_0", "Q8_0")
+    _runs(path)

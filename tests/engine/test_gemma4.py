@@ -22,10 +22,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from family_parity import GREEDY, ParityFixtures, batch_of_eight_equals_alone, engine_for
+from family_parity import (
+    GREEDY,
+    ParityFixtures,
+    batch_of_eight_equals_alone,
+    engine_for,
+    numba_engine_equals_numpy,
+)
 from gemma4_gguf import write_gguf
 from model_harness import MODES
 
+from app.engine.backend.cpu import CpuBackend
+from app.engine.loader.weights import open_checkpoint
+from app.engine.models.registry import build_model, model_config
 from app.engine.plan.fit import shape_from_checkpoint
 from app.engine.plan.memory import kv_block_bytes
 
@@ -56,6 +65,11 @@ def test_engine_greedy_tokens_equal_transformers(case: str, fmt: str, gguf_dir: 
     engine = engine_for(PARITY.path(case, fmt, gguf_dir))
     [result] = engine.generate([PARITY.tokens[: PARITY.prompt_len]], GREEDY)
     assert result["token_ids"] == PARITY.reference(case, "greedy").tolist()
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_numba_engine_generates_what_numpy_does(case: str) -> None:
+    numba_engine_equals_numpy(FIXTURES / case, PARITY.tokens[: PARITY.prompt_len])
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -91,3 +105,20 @@ def test_will_it_fit_counts_the_kv_of_the_owning_layers_as_the_engine_allocates(
         cfg = engine.model_config
         every_layer = sum(2 * cfg.kv_heads_of(i) * cfg.head_dim_of(i) for i in range(cfg.num_layers))
         assert allocated < every_layer * 4 * engine.plan.block_size * engine.plan.num_blocks
+
+
+class _WideHeadsOnly(CpuBackend):
+    """The numpy backend posing as one whose attention kernels take only 64- to 512-wide heads."""
+
+    name = "narrow"
+    attention_head_dims = (64, 128, 256, 512)
+
+
+def test_a_backend_without_the_head_size_refuses_at_load_naming_the_layer() -> None:
+    """A backend whose attention kernels lack a layer's head size refuses to build the model (never a wrong
+    answer at run time), naming the layer, its width and the way out."""
+    checkpoint = open_checkpoint(FIXTURES / "dense")
+    with pytest.raises(NotImplementedError) as refused:
+        build_model(checkpoint, _WideHeadsOnly(), 64, model_config(checkpoint))
+    message = str(refused.value)
+    assert "blk.0" in message and "16 wide" in message and "--device cpu" in message

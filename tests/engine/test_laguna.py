@@ -26,7 +26,13 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from family_parity import GREEDY, ParityFixtures, batch_of_eight_equals_alone, engine_for
+from family_parity import (
+    GREEDY,
+    ParityFixtures,
+    batch_of_eight_equals_alone,
+    engine_for,
+    numba_engine_equals_numpy,
+)
 from laguna_gguf import write_gguf
 from model_harness import MODES
 
@@ -78,6 +84,11 @@ def test_engine_greedy_tokens_equal_transformers(case: str, fmt: str, gguf_dir: 
     engine = engine_for(PARITY.path(case, fmt, gguf_dir))
     [result] = engine.generate([PARITY.tokens[: PARITY.prompt_len]], GREEDY)
     assert result["token_ids"] == PARITY.reference(case, "greedy").tolist()
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_numba_engine_generates_what_numpy_does(case: str) -> None:
+    numba_engine_equals_numpy(FIXTURES / case, PARITY.tokens[: PARITY.prompt_len])
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -353,6 +353,25 @@ def norm_then_product(
     return out, new_residual
 
 
+def norm_rope_then_cache(
+    backend: Backend, qkv: Array, n_heads: int, n_kv_heads: int, head_dim: int, q_norm: Array | None,
+    k_norm: Array | None, eps: float, positions: Array, table: RopeTable, interleaved: bool, k_cache: Array,
+    v_cache: Array, slot_mapping: Array,
+) -> Array:  # fmt: skip
+    """The composition that `rope_and_cache` is defined as (its docstring), op by op."""
+    n_tok = qkv.shape[0]
+    q_cols, kv_cols = n_heads * head_dim, n_kv_heads * head_dim
+    q = qkv[:, :q_cols].reshape(n_tok, n_heads, head_dim)
+    k = qkv[:, q_cols : q_cols + kv_cols].reshape(n_tok, n_kv_heads, head_dim)
+    v = qkv[:, q_cols + kv_cols : q_cols + 2 * kv_cols].reshape(n_tok, n_kv_heads, head_dim)
+    if q_norm is not None:
+        q, k = backend.rms_norm(q, q_norm, eps), backend.rms_norm(k, k_norm, eps)
+    q = backend.rope(q, positions, table, interleaved)
+    k = backend.rope(k, positions, table, interleaved)
+    backend.write_kv(k_cache, v_cache, k, v, slot_mapping)
+    return q
+
+
 def rope_cache_then_attention(
     backend: Backend,
     qkv: Array,

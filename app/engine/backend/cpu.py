@@ -13,7 +13,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from app.engine.backend import kv_blocks, recurrent_reference
-from app.engine.backend.base import AttentionMetadata, RopeTable, norm_then_product, rope_cache_then_attention
+from app.engine.backend.base import (
+    AttentionMetadata,
+    RopeTable,
+    norm_rope_then_cache,
+    norm_then_product,
+    rope_cache_then_attention,
+)
 from app.engine.backend.cpu_experts import CpuStreamedExperts
 from app.engine.backend.cpu_weights import CpuFusedWeight, CpuWeight
 from app.engine.backend.fp8_kv import Fp8KvCache
@@ -159,17 +165,10 @@ class CpuBackend:
         v_cache: np.ndarray,
         slot_mapping: np.ndarray,
     ) -> np.ndarray:
-        n_tok = qkv.shape[0]
-        q_cols, kv_cols = n_heads * head_dim, n_kv_heads * head_dim
-        q = qkv[:, :q_cols].reshape(n_tok, n_heads, head_dim)
-        k = qkv[:, q_cols : q_cols + kv_cols].reshape(n_tok, n_kv_heads, head_dim)
-        v = qkv[:, q_cols + kv_cols : q_cols + 2 * kv_cols].reshape(n_tok, n_kv_heads, head_dim)
-        if q_norm is not None:
-            q, k = self.rms_norm(q, q_norm, eps), self.rms_norm(k, k_norm, eps)
-        q = self.rope(q, positions, table, interleaved)
-        k = self.rope(k, positions, table, interleaved)
-        self.write_kv(k_cache, v_cache, k, v, slot_mapping)
-        return q
+        return norm_rope_then_cache(
+            self, qkv, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, positions, table, interleaved,
+            k_cache, v_cache, slot_mapping,
+        )  # fmt: skip
 
     def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
         variance = np.mean(np.square(x), axis=-1, keepdims=True)

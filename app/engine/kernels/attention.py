@@ -14,7 +14,7 @@ MIN_SPLIT = 64  # shortest split: below this, the partial sums cost more than th
 MAX_SPLITS = 128  # at most ATTN_CHUNK: the merge keeps one weight per split in the shared scores
 THREADS = 128  # ATTN_WARPS * 32
 GROUP_BUCKETS = (1, 2, 4, 8, 16)
-HEAD_DIMS = (64, 128, 256)
+HEAD_DIMS = (16, 32, 64, 128, 256, 512)  # attention_decode.cu and attention_prefill.cu have fewer
 NO_SPLIT = 1 << 30
 
 
@@ -54,8 +54,8 @@ def plan_splits(
     Aims at about four blocks per multiprocessor, splits of at least MIN_SPLIT keys, at
     most MAX_SPLITS, and at most 64 MiB of partial sums. When the grid stays within four
     blocks per multiprocessor, the 128-register build (more blocks resident) is chosen for
-    up to 4 heads per KV head: on the H200 the faster of the measured settings at most points,
-    the misses within 15% (docs/tuning-log.md).
+    up to 4 heads per KV head and heads up to 256 wide: on the H200 the faster of the measured settings at
+    most points, the misses within 15% (docs/tuning-log.md).
     """
     blocks = n_tokens * n_kv
     splits = 1
@@ -64,7 +64,8 @@ def plan_splits(
         max_by_memory = max(1, (64 << 20) // max(1, n_tokens * n_heads * head_dim * 4))
         splits = max(1, min(splits, max_by_memory))
     gmax = group_bucket(n_heads, n_kv) or GROUP_BUCKETS[-1]
-    min_blocks = 4 if gmax <= 4 and blocks * splits <= 4 * sm_count else 1
+    # not at head dim 512: its 16-wide lane slices spill at 128 registers from 4 heads per KV head (sm_90 ptxas)
+    min_blocks = 4 if gmax <= 4 and head_dim <= 256 and blocks * splits <= 4 * sm_count else 1
     if splits == 1:
         return SplitPlan(1, NO_SPLIT, min_blocks)
     split_len = cdiv(cdiv(max_seq_len, splits), 32) * 32

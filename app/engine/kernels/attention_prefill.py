@@ -12,7 +12,7 @@ from app.engine.kernels.runtime.launch import cdiv, f32, i32, launch, ptr
 
 THREADS = 128  # PF_WARPS * 32
 PAD = 8  # PF_PAD
-HEAD_DIMS = (64, 128, 256)
+HEAD_DIMS = (64, 128, 256, 512)  # 512 where the device's shared memory takes it (fits_device)
 RESIDENT = 2  # blocks per multiprocessor the register budget allows (128 threads at ~240 registers)
 MIN_KEYS_PER_SPLIT = 256  # below this a split's partial sums cost more than its keys
 MAX_SPLITS = 32
@@ -31,13 +31,34 @@ def keys_per_tile(head_dim: int) -> int:
     return 64 if head_dim <= 64 else 32
 
 
+def value_columns(head_dim: int) -> int:
+    """PfShape::DV: the value columns one block accumulates (a 512-wide head takes two blocks)."""
+    return min(head_dim, 256)
+
+
 def shared_bytes(head_dim: int) -> int:
-    """PF_SMEM_BYTES: Q, two K buffers and one V buffer, rows padded."""
-    return (rows_per_block(head_dim) + 3 * keys_per_tile(head_dim)) * (head_dim + PAD) * 2
+    """PF_SMEM_BYTES: Q, two K buffers and one V buffer of the block's value columns, rows padded."""
+    keys = keys_per_tile(head_dim)
+    return ((rows_per_block(head_dim) + 2 * keys) * (head_dim + PAD) + keys * (value_columns(head_dim) + PAD)) * 2
+
+
+_MAX_SHARED_OPTIN = 97  # cudaDevAttrMaxSharedMemoryPerBlockOptin
+
+
+@functools.cache
+def max_shared_bytes() -> int:
+    """The opt-in shared memory per block of this device (227 KB on sm_90, 163 KB on sm_80, 99 KB on sm_86/89)."""
+    import cupy
+
+    return int(cupy.cuda.runtime.deviceGetAttribute(_MAX_SHARED_OPTIN, cupy.cuda.Device().id))
 
 
 def supports(head_dim: int, n_heads: int, n_kv: int) -> bool:
-    return head_dim in HEAD_DIMS and n_kv > 0 and n_heads % n_kv == 0
+    """Whether a build exists for these heads and fits this device: every head dim but 512 fits all of
+    sm_80 to sm_120; 512's 146 KB needs sm_80 or sm_90 (elsewhere attention.cu runs those layers)."""
+    if head_dim not in HEAD_DIMS or n_kv <= 0 or n_heads % n_kv:
+        return False
+    return head_dim <= 256 or shared_bytes(head_dim) <= max_shared_bytes()
 
 
 def grid_tiles(n_tok: int, n_seqs: int, group: int, head_dim: int) -> int:
@@ -143,7 +164,8 @@ def _launch(
         i32(n_heads), i32(n_kv), i32(block_size), f32(scale), f32(softcap or 0.0), i32(sliding_window or 0),
         out, part_o, part_ml, ptr(key_limit), ptr(sinks), *kv.scales,
     )  # fmt: skip
-    grid = (grid_tiles(n_tok, n_seqs, n_heads // n_kv, head_dim), n_kv, num_splits)
+    parts = head_dim // value_columns(head_dim)  # blocks per (row tile, KV head), each its value columns
+    grid = (grid_tiles(n_tok, n_seqs, n_heads // n_kv, head_dim), n_kv * parts, num_splits)
     launch(kernel, grid, (THREADS,), args, shared_mem=smem)
 
 

@@ -24,6 +24,11 @@ MAX_USED = 16  # MOE_MAX_K in moe.cu
 WARPS = 4  # rows per block of the grouped products
 THREADS = 256
 PAD_BYTES = 16  # the format decoders read whole 16-byte words
+# moe_gated's `kind` per MoeSpec.activation (relu2: ungated, up and down only)
+ACTIVATION_KINDS = {"silu": 0, "swiglu_oai": 1, "relu2": 2, "gelu_tanh": 3}
+ROUTING_MODES = {"softmax_topk": 0, "topk_softmax": 1, "sigmoid_grouped": 2}  # moe_route's `mode`
+MAX_GROUPS = 64  # MOE_MAX_GROUPS: moe_route's group mask
+MAX_SIGMOID_EXPERTS = 512  # MOE_SIG_MAX_EXPERTS: moe_route's per-thread choice values (sigmoid routing)
 
 
 @dataclass(frozen=True)
@@ -63,27 +68,49 @@ def _grid(n: int) -> tuple[int]:
 
 
 def moe_forward(
-    x: Any,
-    logits: Any,
-    spec: MoeSpec,
-    gate: StackedExperts | None,
-    up: StackedExperts,
-    down: StackedExperts,
-    score_bias: Any = None,
-) -> Any:
+    x: Any, logits: Any, spec: MoeSpec, gate: StackedExperts | None, up: StackedExperts, down: StackedExperts,
+    expert_scale: Any = None, score_bias: Any = None,
+) -> Any:  # fmt: skip
     """`[T, hidden]` normalised hidden states and their router logits `[T, E]` -> the experts' sum
-    (`gate` None: ungated experts, `down(act(up x))`; `score_bias`: sigmoid_grouped's choice bias)."""
-    chosen, weights = moe_route(logits, spec, score_bias)
+    (`gate` None: ungated experts, `down(act(up x))`).
+    `expert_scale` (float32 `[E]` on the device, Gemma 4): each expert's output times its own factor;
+    `score_bias` (float32 `[E]`, sigmoid routing's `exp_probs_b`: Nemotron-H, Laguna): added to the scores
+    it chooses on."""
+    chosen, weights = route_scaled(logits, spec, expert_scale, score_bias)
     return moe_experts(x, chosen, weights, spec, gate, up, down)
 
 
-ACTIVATION_KINDS = {"silu": 0, "swiglu_oai": 1, "relu2": 2}  # moe_gated's `kind`
-MAX_GROUPS = 64  # moe_route_sigmoid's group mask
-MAX_SIGMOID_EXPERTS = 512  # MOE_SIG_MAX_EXPERTS: moe_route_sigmoid's per-thread choice values
+def route_scaled(logits: Any, spec: MoeSpec, expert_scale: Any = None, score_bias: Any = None) -> tuple[Any, Any]:
+    """moe_route, the weights times each chosen expert's `expert_scale` where given (a gather on the
+    device, as layers/moe.py scales them: after the normalisation)."""
+    chosen, weights = moe_route(logits, spec, score_bias)
+    if expert_scale is not None:
+        weights = weights * expert_scale[chosen]
+    return chosen, weights
+
+
+def routing_unsupported(spec: MoeSpec) -> str | None:
+    """Why moe_route cannot compute this spec's routing (None: it can): its three modes, the sigmoid one
+    with up to MAX_SIGMOID_EXPERTS experts in up to MAX_GROUPS equal groups."""
+    if spec.routing not in ROUTING_MODES:
+        return f"routing {spec.routing!r}"
+    groups, n_exp = spec.num_groups, spec.num_experts
+    if spec.routing == "sigmoid_grouped" and (
+        not 1 <= groups <= MAX_GROUPS or n_exp % groups or n_exp > MAX_SIGMOID_EXPERTS
+    ):
+        return (f"{n_exp} experts in {groups} groups (the sigmoid router takes up to "
+                f"{MAX_SIGMOID_EXPERTS} in up to {MAX_GROUPS} equal groups)")  # fmt: skip
+    return None
+
+
+def routing_supported(spec: MoeSpec) -> bool:
+    """Whether moe_route computes this spec's routing (routing_unsupported says why not)."""
+    return routing_unsupported(spec) is None
 
 
 def moe_route(logits: Any, spec: MoeSpec, score_bias: Any = None) -> tuple[Any, Any]:
-    """Each token's k expert ids `[T, k]` (int32) and their weights (float32), on the device."""
+    """Each token's k expert ids `[T, k]` (int32) and their weights (float32), on the device, as
+    moe/ops.py's `route` (the router softcap, score bias, expert groups and routed scale included)."""
     import cupy as cp
 
     n_tok, k, n_exp = logits.shape[0], spec.num_used, spec.num_experts
@@ -91,19 +118,15 @@ def moe_route(logits: Any, spec: MoeSpec, score_bias: Any = None) -> tuple[Any, 
         raise ValueError(f"{k} experts per token: the kernels take 1 to {min(MAX_USED, n_exp)}")
     if spec.activation not in ACTIVATION_KINDS:
         raise ValueError(f"no MoE kernel for activation {spec.activation!r}")
+    reason = routing_unsupported(spec)
+    if reason is not None:
+        raise ValueError(f"no MoE routing kernel for {reason}")
     chosen = cp.empty((n_tok, k), cp.int32)
     weights = cp.empty((n_tok, k), cp.float32)
-    if spec.routing == "sigmoid_grouped":
-        if not 1 <= spec.num_groups <= MAX_GROUPS or n_exp % spec.num_groups or n_exp > MAX_SIGMOID_EXPERTS:
-            raise ValueError(f"{spec.num_groups} expert groups of {n_exp} experts: the kernel takes up to "
-                             f"{MAX_SIGMOID_EXPERTS} experts in up to {MAX_GROUPS} equal groups")  # fmt: skip
-        launch(_kernel("moe_route_sigmoid"), _grid(n_tok), (THREADS,),
-               (logits, ptr(score_bias), i32(n_tok), i32(n_exp), i32(k), i32(spec.num_groups),
-                i32(spec.topk_groups), i32(spec.normalize), f32(spec.routed_scale), chosen, weights))  # fmt: skip
-        return chosen, weights
-    topk_first = spec.routing == "topk_softmax"
     launch(_kernel("moe_route"), _grid(n_tok), (THREADS,),
-           (logits, i32(n_tok), i32(n_exp), i32(k), i32(topk_first), i32(spec.normalize), chosen, weights))  # fmt: skip
+           (logits, i32(n_tok), i32(n_exp), i32(k), i32(ROUTING_MODES[spec.routing]), i32(spec.normalize),
+            ptr(score_bias), f32(spec.router_softcap), f32(spec.routed_scale), i32(spec.num_groups),
+            i32(spec.topk_groups), chosen, weights))  # fmt: skip
     return chosen, weights
 
 
@@ -127,7 +150,7 @@ def moe_experts(
     import cupy as cp
 
     kind = ACTIVATION_KINDS.get(spec.activation)
-    if kind is None or (gate is None) != (kind == 2):
+    if kind is None or (gate is None) != (spec.activation == "relu2"):
         raise ValueError(f"activation {spec.activation!r} with{'out' if gate is None else ''} a gate product")
     n_tok, k = x.shape[0], spec.num_used
     n_slots = up.num_experts
@@ -153,7 +176,7 @@ def moe_experts(
         return y
 
     u = grouped(up, x, False)
-    g = u if gate is None else grouped(gate, x, False)  # ungated: kind 2 reads `up` alone
+    g = u if gate is None else grouped(gate, x, False)  # ungated: relu2's kind reads `up` alone
     act = cp.empty_like(u)
     launch(_kernel("moe_gated"), _grid(u.size), (THREADS,),
            (g, u, i64(u.size), i32(kind), f32(spec.swiglu_limit), f32(spec.swiglu_alpha), act))  # fmt: skip

@@ -9,6 +9,13 @@ from app.engine.kernels.kv_format import is_fp8
 from app.engine.kernels.runtime.compile import get_kernel
 from app.engine.kernels.runtime.launch import f32, i32, launch, ptr
 
+MAX_HEAD_DIM = 512  # one thread per rotated pair: 256 threads, the kernel's launch bound
+
+
+def supports(head_dim: int) -> bool:
+    """Whether one block's threads, one per rotated pair, are whole warps (its norm is a block sum)."""
+    return head_dim % 64 == 0 and head_dim <= MAX_HEAD_DIM
+
 
 def rope_cache(
     qkv: Any,
@@ -33,10 +40,10 @@ def rope_cache(
     n_tok = qkv.shape[0]
     if qkv.shape[1] != (n_heads + 2 * n_kv) * head_dim:
         raise ValueError(f"qkv of shape {qkv.shape} is not {n_heads} + 2 x {n_kv} heads of {head_dim}")
-    if cos.shape[1] * 2 > head_dim or head_dim % 64:
+    if cos.shape[1] * 2 > head_dim or not supports(head_dim):
         raise ValueError(
-            f"rope_cache needs head_dim a multiple of 64 and at most head_dim / 2 frequencies, got {head_dim} "
-            f"and {cos.shape[1]}"
+            f"rope_cache needs head_dim a multiple of 64 up to {MAX_HEAD_DIM} and at most head_dim / 2 "
+            f"frequencies, got {head_dim} and {cos.shape[1]}"
         )
     if k_cache.shape[2] * k_cache.shape[3] != n_kv * head_dim:
         raise ValueError(f"cache rows of {k_cache.shape[2:]} do not hold {n_kv} heads of {head_dim}")

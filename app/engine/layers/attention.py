@@ -90,6 +90,12 @@ class Attention:
         if spec.value_norm_eps is not None:
             ones = QuantizedTensor.from_float(f"{prefix}.value_norm", np.ones(spec.head_dim, np.float32), F32)
             self.value_scale = backend.load_weight(ones)
+        head_dims = getattr(backend, "attention_head_dims", None)  # where a backend's kernels have a limit
+        if head_dims is not None and spec.head_dim not in head_dims:
+            raise NotImplementedError(
+                f"the {backend.name} backend's attention kernels take head dims {head_dims}; {prefix}'s heads "
+                f"are {spec.head_dim} wide: run this model on the CPU backend (--device cpu)"
+            )
         self.sinks = None
         if spec.sinks:
             heads = getattr(backend, "sink_head_dims", None)  # where a backend's sinks have a head-dim limit

@@ -92,9 +92,15 @@ class MoE:
         if ungated and any(b is not None for b in up_b):
             raise CheckpointError(f"tensor {prefix}.ffn_up_exps.bias: ungated experts with biases are not supported")
         gate_w, gate_b = ([], []) if ungated else experts("gate")
-        # the grouped kernels take no per-expert scale, no router softcap and only the routings they
-        # compute on the device (a latent space is a product on each side of them)
-        device_routing = spec.routing in DEVICE_ROUTINGS and scale is None and not spec.router_softcap
+        # the grouped kernels take only the routings they compute on the device (a latent space is a product on
+        # each side of them): a backend's `moe_routing(spec)` says which (its `moe` then takes the per-expert
+        # scale, the score bias and the router softcap too), else DEVICE_ROUTINGS without a per-expert scale
+        # or a router softcap
+        says = getattr(backend, "moe_routing", None)
+        if says is not None:
+            device_routing = says(spec)
+        else:
+            device_routing = spec.routing in DEVICE_ROUTINGS and scale is None and not spec.router_softcap
         load = getattr(backend, "load_experts", None) if device_routing else None
         weights, biases = [up_w, down_w], [up_b, down_b]
         if not ungated:
@@ -130,7 +136,9 @@ class MoE:
         logits = self.router(router_input)
         if self.grouped is not None:
             inputs = x if self.latent_down is None else self.latent_down(x)
-            routed = self.backend.moe(inputs, logits, self.spec, self.grouped, self.score_bias)
+            extras = {"expert_scale": self.expert_scale, "score_bias": self.score_bias}
+            given = {name: value for name, value in extras.items() if value is not None}
+            routed = self.backend.moe(inputs, logits, self.spec, self.grouped, **given)
             return routed if self.latent_up is None else self.latent_up(routed)
         weights, chosen = route(self.backend.xp, logits, self.spec, self.score_bias)
         if self.expert_scale is not None:

@@ -12,17 +12,12 @@ import zlib
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from app.engine.backend.base import AttentionMetadata
 from app.engine.backend.cpu import CpuBackend
 from app.engine.backend.fp8_kv import Fp8KvCache
 from app.engine.quant.dispatch import QuantizedTensor
 from app.engine.quant.types import QUANT_TYPES, QuantType
-
-# The model-level CUDA tests on the tiny Qwen3-MoE fixture (test_cuda_moe_model, test_cuda_expert_streaming).
-SMALL_HEADS = pytest.mark.skip(reason="the tiny Qwen3-MoE fixture has head_dim 32, below the CUDA rope and attention kernels' 64 "
-                              "(seen on the H200 2026-12-02): needs a fixture with head_dim >= 64")
 
 ALL_QTYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "MXFP4", "NVFP4",
               "IQ4_NL", "IQ4_XS")

@@ -19,7 +19,9 @@ TOL = 1e-4
 # their way into the tensor cores: float16 rounding, not float32 reordering.
 TC_TOL = 1e-3
 BLOCK_SIZE = 16
-HEADS = [(4, 1, 256), (32, 8, 128), (8, 8, 64), (12, 4, 64), (16, 2, 128), (32, 2, 128)]
+HEADS = [(4, 1, 256), (32, 8, 128), (8, 8, 64), (12, 4, 64), (16, 2, 128), (32, 2, 128),
+         # attention.cu's alone (every batch kind): the tiny test models' heads, Gemma 4 31B's global layers
+         (4, 2, 16), (16, 1, 32), (32, 4, 512)]  # fmt: skip
 BATCHES = {
     "decode": [(1, 1), (1, 17), (1, 300), (1, 1000)],
     "prefill": [(37, 37), (5, 5)],
@@ -125,6 +127,13 @@ def test_attention_forced_splits(cuda, cpu, rng, prefill_kernel, batch: str, num
 def test_attention_sliding_window(cuda, cpu, rng, prefill_kernel, heads, num_splits) -> None:
     check(cuda, cpu, rng, BATCHES["mixed"], heads, window=32, num_splits=num_splits)
     check(cuda, cpu, rng, [(1, 700), (30, 600)], heads, window=512, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("num_splits", [None, 3])
+def test_attention_of_512_wide_heads_with_window_and_softcap(cuda, cpu, rng, num_splits) -> None:
+    """Gemma 4's global layers (512-wide heads, soft-capped as its sliding ones are not) and a window."""
+    check(cuda, cpu, rng, BATCHES["mixed"], (16, 2, 512), cap=30.0, q_scale=4.0, num_splits=num_splits)
+    check(cuda, cpu, rng, BATCHES["decode"], (8, 1, 512), window=64, num_splits=num_splits)
 
 
 @pytest.mark.parametrize("batch", ["decode", "mixed"])

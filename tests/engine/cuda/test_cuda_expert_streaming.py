@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from cuda_samples import SMALL_HEADS, random_tensor, rel_err
+from cuda_samples import random_tensor, rel_err
 
 from app.engine.backend.cuda.backend import CudaBackend
 from app.engine.layers.moe import MoE
@@ -82,7 +82,6 @@ def test_streamed_layer_matches_the_resident_one(cuda, rng, on_gpu: int, n_tok: 
     assert layer.bytes_copied == layer.copies * sizes
 
 
-@SMALL_HEADS
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", MODES)
 def test_qwen3moe_logits_with_streamed_experts_match_resident(cuda, mode: str) -> None:
@@ -100,7 +99,6 @@ def test_qwen3moe_logits_with_streamed_experts_match_resident(cuda, mode: str) -
         assert np.abs(ours - reference).max() < 1e-4 * scale, f"{mode} with {on_gpu} experts on the GPU"
 
 
-@SMALL_HEADS
 @pytest.mark.gpu
 def test_engine_streams_experts_without_decode_graphs(cuda) -> None:
     from app.engine.config import EngineConfig

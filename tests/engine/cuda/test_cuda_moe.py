@@ -1,5 +1,6 @@
 """moe.cu through its wrapper on the GPU against the numpy MoE layer (layers/moe.py): decode
-(one token, k experts) and a prefill-sized batch, both routings, both activations, with biases."""
+(one token, k experts) and a prefill-sized batch, every routing and activation, with biases, Gemma 4's
+per-expert scales and Laguna's score bias and router softcap."""
 
 from __future__ import annotations
 
@@ -50,4 +51,43 @@ def test_moe_forward_matches_numpy(cuda, cpu, rng, qtype, gpt_oss, n_tok):
     got = cp.asnumpy(moe_forward(cp.asarray(x), cp.asarray(logits), spec, *stacked))
     _, chosen = route(np, logits, spec)
     assert chosen.shape == (n_tok, USED)
+    assert rel_err(got, expected) < 2e-5
+
+
+FAMILY_ROUTERS = {
+    # Gemma 4: GELU experts, softmax then top k renormalised, a learned factor per expert's output
+    "gemma4": (MoeSpec(EXPERTS, USED, FF, activation="gelu_tanh"), "ffn_down_exps.scale"),
+    # Laguna: sigmoid scores chosen with a bias, weighed sum-normalised times a scale, on capped logits
+    "laguna": (MoeSpec(EXPERTS, USED, FF, routing="sigmoid_grouped", routed_scale=2.5, router_softcap=0.5),
+               "exp_probs_b.bias"),
+    # the one router kernel with every sigmoid option at once: Nemotron-H's groups (the best 2 of 4 compete),
+    # the score bias, a router softcap and a routed scale
+    "grouped": (MoeSpec(EXPERTS, USED, FF, routing="sigmoid_grouped", num_groups=4, topk_groups=2, routed_scale=2.5,
+                        router_softcap=0.5), "exp_probs_b.bias"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("n_tok", [1, 77])
+@pytest.mark.parametrize("family", sorted(FAMILY_ROUTERS))
+def test_moe_forward_with_family_routing_matches_numpy(cuda, cpu, rng, family: str, n_tok: int) -> None:
+    """moe_forward's expert_scale (Gemma 4) and score_bias with sigmoid routing and a router softcap (Laguna;
+    with expert groups too), against the numpy layer, handed the same router logits."""
+    import cupy as cp
+
+    from app.engine.kernels.moe import moe_forward, upload_stacked
+
+    spec, extra = FAMILY_ROUTERS[family]
+    p = "blk.0"
+    tensors = {f"{p}.ffn_gate_inp.weight": _f32("router", rng.standard_normal((EXPERTS, HIDDEN)) / 16),
+               f"{p}.{extra}": _f32(extra, rng.uniform(0.5, 1.5, EXPERTS))}  # fmt: skip
+    for part, rows, cols in (("gate", FF, HIDDEN), ("up", FF, HIDDEN), ("down", HIDDEN, FF)):
+        tensors[f"{p}.ffn_{part}_exps.weight"] = _stacked("Q8_0", rows, cols, rng, part)
+    layer = MoE(cpu, tensors, p, spec)
+    x = rng.standard_normal((n_tok, HIDDEN)).astype(np.float32)
+    logits = layer.router(x)
+    expected = layer(x)
+    stacked = [upload_stacked(tensors[f"{p}.ffn_{n}_exps.weight"]) for n in ("gate", "up", "down")]
+    values = cp.asarray(tensors[f"{p}.{extra}"].dequantize().reshape(-1))
+    extras = {"expert_scale": values} if family == "gemma4" else {"score_bias": values}
+    got = cp.asnumpy(moe_forward(cp.asarray(x), cp.asarray(logits), spec, *stacked, **extras))
     assert rel_err(got, expected) < 2e-5

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cuda_samples import SMALL_HEADS, random_tensor, rel_err
+from cuda_samples import random_tensor, rel_err
 
 from app.engine.backend.cpu import CpuBackend
 from app.engine.backend.cuda.experts import stacked_biases, stacked_bytes, unsupported
+from app.engine.kernels.moe import routing_supported
 from app.engine.layers.moe import MoE, expert_tensors
 from app.engine.models.config import MoeSpec
 from app.engine.quant.dispatch import QuantizedTensor, ScaleGrid
@@ -97,8 +98,8 @@ class _GroupedCpu(CpuBackend):
         self.reference = (spec, weights, biases)
         return ("stacked", len(weights))
 
-    def moe(self, x, router_logits, spec, experts):
-        self.calls.append((x, router_logits, spec, experts))
+    def moe(self, x, router_logits, spec, experts, **scale):
+        self.calls.append((x, router_logits, spec, experts, scale))
         return np.full_like(x, 3.0)
 
 
@@ -113,10 +114,51 @@ def test_layer_routes_through_backend_moe_without_per_expert_weights(rng) -> Non
     assert not layer.syncs_host
     x = rng.standard_normal((5, HIDDEN)).astype(np.float32)
     assert (layer(x) == 3.0).all()
-    ((x_in, logits, spec_in, experts),) = backend.calls
-    assert x_in is x and experts == ("stacked", 3) and spec_in is SPEC
+    ((x_in, logits, spec_in, experts, scale),) = backend.calls
+    assert x_in is x and experts == ("stacked", 3) and spec_in is SPEC and scale == {}
     assert np.allclose(logits, x @ tensors["blk.0.ffn_gate_inp.weight"].dequantize().T, rtol=1e-5, atol=1e-6)
     assert MoE(CpuBackend(), tensors, "blk.0", SPEC).syncs_host  # numpy: the per-expert loop
+
+
+class _ScalingGroupedCpu(_GroupedCpu):
+    moe_routing = staticmethod(routing_supported)  # as CudaBackend: moe(..., expert_scale=, score_bias=)
+
+
+def test_per_expert_scales_go_to_backend_moe_only_where_it_takes_them(rng) -> None:
+    """Gemma 4's learned factor per expert's output: handed to `backend.moe` on a backend that says it
+    applies them (CUDA), else the layer keeps its per-expert loop (never a grouped call that drops them)."""
+    tensors = _per_expert_layer("Q8_0", rng)
+    factors = rng.uniform(0.5, 2.0, SPEC.num_experts).astype(np.float32)
+    tensors["blk.0.ffn_down_exps.scale"] = _f32("blk.0.ffn_down_exps.scale", factors)
+    backend = _ScalingGroupedCpu()
+    layer = MoE(backend, tensors, "blk.0", SPEC)
+    assert not layer.syncs_host
+    layer(rng.standard_normal((3, HIDDEN)).astype(np.float32))
+    ((*_, scale),) = backend.calls
+    assert np.array_equal(scale["expert_scale"], factors)
+    without = _GroupedCpu()
+    assert MoE(without, tensors, "blk.0", SPEC).syncs_host and not hasattr(without, "reference")
+
+
+def test_sigmoid_routing_with_its_bias_goes_to_backend_moe_where_it_is_computed(rng) -> None:
+    """Laguna's router (sigmoid scores chosen with `exp_probs_b`, capped logits): its bias handed to a
+    backend whose `moe_routing` takes the spec; groups the router kernel cannot split (6 experts in 4)
+    stay on the per-expert loop."""
+    tensors = _per_expert_layer("Q8_0", rng)
+    bias = rng.standard_normal(SPEC.num_experts).astype(np.float32)
+    tensors["blk.0.exp_probs_b.bias"] = _f32("blk.0.exp_probs_b.bias", bias)
+    laguna = MoeSpec(6, 2, 256, routing="sigmoid_grouped", routed_scale=2.0, router_softcap=0.5)
+    backend = _ScalingGroupedCpu()
+    layer = MoE(backend, tensors, "blk.0", laguna)
+    assert not layer.syncs_host
+    layer(rng.standard_normal((2, HIDDEN)).astype(np.float32))
+    ((*_, extras),) = backend.calls
+    assert set(extras) == {"score_bias"} and np.array_equal(extras["score_bias"], bias)
+    grouped = MoeSpec(6, 2, 256, routing="sigmoid_grouped", num_groups=2, topk_groups=1)  # Nemotron-H's groups
+    assert not MoE(_ScalingGroupedCpu(), tensors, "blk.0", grouped).syncs_host
+    uneven = MoeSpec(6, 2, 256, routing="sigmoid_grouped", num_groups=4, topk_groups=1)
+    assert MoE(_ScalingGroupedCpu(), tensors, "blk.0", uneven).syncs_host
+    assert MoE(_GroupedCpu(), tensors, "blk.0", laguna).syncs_host  # a backend that does not say
 
 
 # -- on the GPU ------------------------------------------------------------------------------
@@ -149,7 +191,6 @@ def _recording_routers(model) -> list:
     return seen
 
 
-@SMALL_HEADS
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("source", sorted(QWEN3MOE))
@@ -193,7 +234,6 @@ def test_layer_with_per_expert_kquants_matches_numpy(cuda, cpu, rng, qtype: str,
     assert rel_err(got, reference(x)) < 2e-5
 
 
-@SMALL_HEADS
 @pytest.mark.gpu
 def test_engine_with_decode_graphs_matches_numpy_on_qwen3moe(cuda) -> None:
     """The MoE layers now run inside the captured decode graphs (no host sync in a step)."""

@@ -33,6 +33,7 @@ def test_register_capped_build_only_for_small_grids_and_groups() -> None:
     assert plan_splits(1, 8, 32768, SMS, 32, 128).min_blocks == 4  # one decode: few blocks
     assert plan_splits(16, 8, 32768, SMS, 32, 128).min_blocks == 1  # a batch of long decodes
     assert plan_splits(1, 2, 32768, SMS, 32, 128).min_blocks == 1  # 16 heads per KV head: would spill
+    assert plan_splits(1, 8, 32768, SMS, 32, 512).min_blocks == 1  # 512-wide heads (Gemma 4's): would spill
 
 
 def test_group_buckets() -> None:

@@ -84,6 +84,7 @@ def prefill_fp8_emu(tmp_path_factory) -> Path:
     ([(20, 20), (1, 40)], (4, 1, 256), None, None, 1, False),  # head_dim 256, a decode row beside a chunk
     ([(70, 513), (7, 300)], (12, 4, 64), 32, 5.0, 3, False),  # window, softcap, splits
     ([(70, 200), (1, 90)], (64, 8, 64), 128, None, 3, True),  # GPT-OSS's sliding layers: sinks in the merge
+    ([(12, 40), (1, 20)], (8, 1, 512), None, 30.0, 2, False),  # Gemma 4's global heads: two value-column blocks
 ])  # fmt: skip
 def test_attention_prefill_fp8_emulated(
     request: pytest.FixtureRequest, prefill_fp8_emu: Path, tmp_path: Path, seqs, heads, window, cap, splits, sinks
@@ -112,6 +113,7 @@ def attention_fp8_emu(tmp_path_factory) -> Path:
     ([(1, 513), (7, 300), (1, 2)], (12, 4, 64), None, None, 3),  # splits and their merge
     ([(1, 70), (6, 60)], (8, 4, 128), 32, 5.0, None),  # window, softcap after the key's scale
     ([(1, 9), (1, 190)], (32, 2, 64), 40, None, 12),  # group of 16, mostly empty splits
+    ([(1, 60), (4, 30)], (16, 2, 512), None, None, 2),  # Gemma 4's global heads (16-code value loads)
 ])  # fmt: skip
 def test_attention_fp8_emulated(
     request: pytest.FixtureRequest, attention_fp8_emu: Path, tmp_path: Path, seqs, heads, window, cap, splits

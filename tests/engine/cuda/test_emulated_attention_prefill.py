@@ -35,6 +35,9 @@ def prefill_emu(tmp_path_factory) -> Path:
     ([(30, 300), (3, 280)], (16, 2, 128), 100, None, 4, 1.0),  # group of 8, window with splits
     ([(64, 100)], (4, 1, 256), 40, None, 2, 1.0),  # head dim 256, window, splits
     ([(5, 5), (9, 200)], (8, 8, 64), None, None, 8, 1.0),  # many splits, some with no visible key
+    # Gemma 4's global layers: 512-wide heads in two blocks of value columns, soft-capped, split
+    ([(20, 20), (1, 40)], (8, 1, 512), None, 30.0, 1, 4.0),
+    ([(24, 90), (3, 70)], (16, 2, 512), None, None, 3, 1.0),
 ])  # fmt: skip
 def test_prefill_attention_emulated(
     request: pytest.FixtureRequest,

@@ -128,6 +128,11 @@ def test_add_rms_norm_emulated(
     ([(1, 300), (3, 280)], (16, 2, 128), 100, None, 4, 1.0),
     ([(1, 5), (1, 70), (1, 200), (1, 1)], (16, 8, 128), None, None, 16, 1.0),  # mostly empty splits, as in a decode graph
     ([(1, 9), (1, 190)], (8, 2, 64), 40, None, 12, 1.0),
+    # the head sizes only this kernel runs: the tiny test models' 16 and 32, Gemma 4's 512-wide global heads
+    ([(3, 20), (1, 70)], (4, 2, 16), 8, None, 3, 1.0),
+    ([(6, 40), (1, 9)], (16, 1, 32), None, 30.0, None, 1.0),
+    ([(1, 300), (1, 3)], (8, 1, 512), None, 30.0, 4, 1.0),
+    ([(4, 40), (1, 12)], (4, 2, 512), 16, None, None, 1.0),
 ])  # fmt: skip
 def test_attention_emulated(
     request: pytest.FixtureRequest,
@@ -249,8 +254,9 @@ def test_rope_emulated(
 
 
 @pytest.mark.parametrize(("head_dim", "interleaved", "norm", "rotary"), [
-    (64, True, True, 64), (128, False, True, 128), (256, False, False, 256),
+    (64, True, True, 64), (128, False, True, 128), (256, False, False, 256), (512, False, True, 512),
     (256, False, True, 64), (64, False, False, 16), (128, True, True, 32),  # partial RoPE (Qwen3.5, Qwen3-Next)
+    (512, True, True, 128),  # partial at the widest head (256 threads)
 ])  # fmt: skip
 def test_rope_cache_emulated(
     request: pytest.FixtureRequest,

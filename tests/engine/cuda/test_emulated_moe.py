@@ -2,8 +2,9 @@
 emulator, against the numpy MoE layer (layers/moe.py) on the same checkpoint tensors.
 
 Not marked `gpu`: the emulator runs the kernels as host threads. Stacked expert weights come in
-the formats the kernels decode straight from their blocks (quant.cuh); both routings and both
-activations are covered, with GPT-OSS's biases.
+the formats the kernels decode straight from their blocks (quant.cuh); the three routings (softmax then
+top k, GPT-OSS's top k then softmax, Laguna's biased sigmoid scores on capped logits) and the three
+activations (SiLU, GPT-OSS's clamped SwiGLU with its biases, Gemma 4's GELU-tanh) are covered.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from emulator import build as _build
 from emulator import run as _run
 
 from app.engine.backend.cpu import CpuBackend
+from app.engine.kernels.moe import ACTIVATION_KINDS, ROUTING_MODES
 from app.engine.layers.moe import MoE
 from app.engine.models.config import MoeSpec
 from app.engine.moe.ops import route
@@ -41,11 +43,20 @@ def _f32(name: str, values: np.ndarray) -> QuantizedTensor:
     return QuantizedTensor.from_float(name, values.astype(np.float32), QUANT_TYPES["F32"])
 
 
-@pytest.mark.parametrize(("qtype", "gpt_oss"), [("Q8_0", False), ("F16", True), ("BF16", False), ("Q4_0", True)])
-def test_moe_pipeline_emulated(moe_emu, tmp_path, request, qtype, gpt_oss):
+# Laguna's router: sigmoid scores chosen with a per-expert bias, weighed sum-normalised times a scale, on
+# tanh-capped logits.
+LAGUNA = dict(routing="sigmoid_grouped", routed_scale=1.5, router_softcap=0.5)
+
+
+@pytest.mark.parametrize(("qtype", "activation", "routing"), [
+    ("Q8_0", "silu", {}), ("F16", "swiglu_oai", {}), ("BF16", "silu", {}), ("Q4_0", "swiglu_oai", {}),
+    ("Q8_0", "gelu_tanh", {}), ("Q8_0", "silu", LAGUNA), ("BF16", "silu", dict(LAGUNA, router_softcap=0.0)),
+])  # fmt: skip
+def test_moe_pipeline_emulated(moe_emu, tmp_path, request, qtype, activation, routing):
     rng, seed = fresh_rng(request.node.nodeid)
-    spec = MoeSpec(EXPERTS, USED, FF, routing="topk_softmax" if gpt_oss else "softmax_topk", normalize=not gpt_oss,
-                   activation="swiglu_oai" if gpt_oss else "silu")  # fmt: skip
+    gpt_oss = activation == "swiglu_oai"
+    spec = MoeSpec(EXPERTS, USED, FF, **({"routing": "topk_softmax", "normalize": False} if gpt_oss else routing),
+                   activation=activation)  # fmt: skip
     p = "blk.0"
     tensors = {
         f"{p}.ffn_gate_inp.weight": _f32("router", rng.standard_normal((EXPERTS, HIDDEN)) / 8),
@@ -56,6 +67,8 @@ def test_moe_pipeline_emulated(moe_emu, tmp_path, request, qtype, gpt_oss):
     if gpt_oss:
         for part, rows in (("gate", FF), ("up", FF), ("down", HIDDEN)):
             tensors[f"{p}.ffn_{part}_exps.bias"] = _f32(part, rng.standard_normal((EXPERTS, rows)) * 0.1)
+    if spec.routing == "sigmoid_grouped":
+        tensors[f"{p}.exp_probs_b.bias"] = _f32("score_bias", rng.standard_normal(EXPERTS) * 0.1)
     backend = CpuBackend()
     layer = MoE(backend, tensors, p, spec)
     x = rng.standard_normal((TOKENS, HIDDEN)).astype(np.float32)
@@ -64,6 +77,8 @@ def test_moe_pipeline_emulated(moe_emu, tmp_path, request, qtype, gpt_oss):
 
     (tmp_path / "x.bin").write_bytes(x.tobytes())
     (tmp_path / "logits.bin").write_bytes(logits.astype(np.float32).tobytes())
+    if layer.score_bias is not None:
+        (tmp_path / "score_bias.bin").write_bytes(layer.score_bias.astype(np.float32).tobytes())
     for part in ("gate", "up", "down"):
         (tmp_path / f"{part}.bin").write_bytes(tensors[f"{p}.ffn_{part}_exps.weight"].data.tobytes())
         bias = tensors.get(f"{p}.ffn_{part}_exps.bias")
@@ -71,24 +86,28 @@ def test_moe_pipeline_emulated(moe_emu, tmp_path, request, qtype, gpt_oss):
             (tmp_path / f"{part}_bias.bin").write_bytes(bias.dequantize().tobytes())
     row_gu = tensors[f"{p}.ffn_gate_exps.weight"].data.shape[1]
     row_d = tensors[f"{p}.ffn_down_exps.weight"].data.shape[1]
-    _run(moe_emu, "moe", qtype.lower(), tmp_path, TOKENS, HIDDEN, FF, EXPERTS, USED, int(gpt_oss), int(not gpt_oss),
-         int(gpt_oss), row_gu, row_d)  # fmt: skip
+    _run(moe_emu, "moe", qtype.lower(), tmp_path, TOKENS, HIDDEN, FF, EXPERTS, USED, ROUTING_MODES[spec.routing],
+         int(spec.normalize), ACTIVATION_KINDS[activation], row_gu, row_d, spec.router_softcap,
+         spec.routed_scale, spec.num_groups, spec.topk_groups)  # fmt: skip
 
     _check_outputs(tmp_path, layer, logits, spec, expected, seed)
 
 
-@pytest.mark.parametrize(("qtype", "groups", "topk_groups", "bias", "normalize", "scale"), [
-    ("Q8_0", 1, 1, True, True, 2.5),  # Nemotron-H: one group, the choice bias, renormalised and scaled
-    ("BF16", 3, 2, True, False, 1.0),  # group-limited: only the two best of three groups compete
-    ("F16", 2, 1, False, True, 1.5),
+@pytest.mark.parametrize(("qtype", "groups", "topk_groups", "bias", "normalize", "scale", "softcap"), [
+    ("Q8_0", 1, 1, True, True, 2.5, 0.0),  # Nemotron-H: one group, the choice bias, renormalised and scaled
+    ("BF16", 3, 2, True, False, 1.0, 0.0),  # group-limited: only the two best of three groups compete
+    ("F16", 2, 1, False, True, 1.5, 0.0),
+    ("Q8_0", 3, 2, True, True, 2.0, 0.5),  # every sigmoid option at once: groups, bias, softcap, scale
 ])  # fmt: skip
 def test_sigmoid_routed_ungated_experts_emulated(moe_emu, tmp_path, request, qtype, groups, topk_groups, bias,
-                                                 normalize, scale):  # fmt: skip
-    """Nemotron-H's experts: moe_route_sigmoid (sigmoid scores, the choice on scores + bias within the best
-    groups) and squared-ReLU experts with no gate product, against the numpy layer."""
+                                                 normalize, scale, softcap):  # fmt: skip
+    """Nemotron-H's experts: moe_route's sigmoid mode (sigmoid scores, the choice on scores + bias within the
+    best groups; the one router kernel Laguna's one-group routing takes too) and squared-ReLU experts with no
+    gate product, against the numpy layer."""
     rng, seed = fresh_rng(request.node.nodeid)
     spec = MoeSpec(EXPERTS, USED, FF, routing="sigmoid_grouped", normalize=normalize, num_groups=groups,
-                   topk_groups=topk_groups, routed_scale=scale, activation="relu2")  # fmt: skip
+                   topk_groups=topk_groups, routed_scale=scale, router_softcap=softcap,
+                   activation="relu2")  # fmt: skip
     p = "blk.0"
     tensors = {
         f"{p}.ffn_gate_inp.weight": _f32("router", rng.standard_normal((EXPERTS, HIDDEN)) / 4),
@@ -109,8 +128,8 @@ def test_sigmoid_routed_ungated_experts_emulated(moe_emu, tmp_path, request, qty
         (tmp_path / "score_bias.bin").write_bytes(layer.score_bias.astype(np.float32).tobytes())
     row_gu = tensors[f"{p}.ffn_up_exps.weight"].data.shape[1]
     row_d = tensors[f"{p}.ffn_down_exps.weight"].data.shape[1]
-    _run(moe_emu, "moe", qtype.lower(), tmp_path, TOKENS, HIDDEN, FF, EXPERTS, USED, 0, int(normalize), 2, row_gu,
-         row_d, groups, topk_groups, scale)  # fmt: skip
+    _run(moe_emu, "moe", qtype.lower(), tmp_path, TOKENS, HIDDEN, FF, EXPERTS, USED, ROUTING_MODES[spec.routing],
+         int(normalize), ACTIVATION_KINDS["relu2"], row_gu, row_d, softcap, scale, groups, topk_groups)  # fmt: skip
 
     _check_outputs(tmp_path, layer, logits, spec, expected, seed)
 

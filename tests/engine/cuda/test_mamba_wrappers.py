@@ -34,7 +34,7 @@ def test_layouts_the_kernel_cannot_read_are_refused_by_name(array: np.ndarray, w
 
 
 def test_nemotron_routings_beyond_the_router_kernel_keep_the_per_expert_path() -> None:
-    """moe_route_sigmoid holds up to 512 experts' choice values in up to 64 equal groups: past that,
+    """moe_route's sigmoid mode holds up to 512 experts' choice values in up to 64 equal groups: past that,
     `unsupported` names why and the layer keeps its per-expert loop (no GPU needed to ask)."""
     from app.engine.backend.cuda.experts import unsupported
     from app.engine.specs import MoeSpec

@@ -23,6 +23,7 @@ from app.engine.backend.base import (
     AttentionMetadata,
     QkvRope,
     RopeTable,
+    norm_rope_then_cache,
     norm_then_product,
     rope_cache_then_attention,
 )
@@ -107,12 +108,18 @@ class CudaBackend:
     act_dtype = np.float32
     kv_dtype = np.float16
     # `attention(..., sinks=)` (GPT-OSS) on attention_decode.cu and attention_prefill.cu: head dims
-    # 64, 128 and 256 (the SIMT attention.cu has none)
+    # 64, 128 and 256 (the SIMT attention.cu has none; attention_prefill.cu's 512 fits only some devices)
     supports_attention_sinks = True
-    sink_head_dims = _attention_prefill.HEAD_DIMS
+    sink_head_dims = (64, 128, 256)
     # rope.cu, rope_cache.cu and the fused rope decode attention turn only the first 2 x (table width) dims
     # of a head when the table is narrower than half of it (Qwen3.5, Qwen3-Next)
     supports_partial_rope = True
+    # Every attention layer's head size must be one of these (attention.cu's; the decode and tensor-core
+    # prefill kernels take fewer, and hand the rest to it): layers/attention.py refuses the others at load.
+    attention_head_dims = _attention.HEAD_DIMS
+    # Which MoE routings `moe` computes on the device (kernels/moe.py routing_supported), with a router softcap,
+    # `expert_scale=` (a learned factor per expert's output, Gemma 4) and `score_bias=` (sigmoid routing)
+    moe_routing = staticmethod(_moe.routing_supported)
 
     def __init__(
         self,
@@ -222,21 +229,19 @@ class CudaBackend:
         return tuple(upload_experts(w, b) for w, b in zip(weights, biases, strict=True))
 
     def moe(
-        self,
-        x: Any,
-        router_logits: Any,
-        spec: MoeSpec,
-        experts: tuple[_moe.StackedExperts, ...],
-        score_bias: Any | None = None,
-    ) -> Any:
+        self, x: Any, router_logits: Any, spec: MoeSpec, experts: tuple[_moe.StackedExperts, ...],
+        expert_scale: Any = None, score_bias: Any = None,
+    ) -> Any:  # fmt: skip
         """The experts' weighted sum `[T, hidden]` for normalised `x [T, hidden]`: routing, grouping
         by expert and the grouped products on the GPU, with no host sync (kernels/moe.py). `experts`:
-        (gate, up, down), or (up, down) for ungated ones; `score_bias`: sigmoid_grouped's choice bias."""
-        bias = None if score_bias is None else self._f32(score_bias)
+        (gate, up, down), or (up, down) for ungated ones. `expert_scale` (`[E]`, Gemma 4): each expert's
+        output times its factor; `score_bias` (`[E]`, sigmoid routing: Nemotron-H, Laguna) added to the
+        scores the experts are chosen on (see `moe_routing`)."""
+        scale, bias = (None if a is None else self._f32(a) for a in (expert_scale, score_bias))
         if isinstance(experts, StreamedExperts):
-            return streamed_moe(self._f32(x), self._f32(router_logits), spec, experts, bias)
+            return streamed_moe(self._f32(x), self._f32(router_logits), spec, experts, scale, bias)
         gate, up, down = experts if len(experts) == 3 else (None, *experts)
-        return _moe.moe_forward(self._f32(x), self._f32(router_logits), spec, gate, up, down, bias)
+        return _moe.moe_forward(self._f32(x), self._f32(router_logits), spec, gate, up, down, scale, bias)
 
     def alloc_kv_cache(
         self, num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int, dtype: str = "auto"
@@ -284,9 +289,9 @@ class CudaBackend:
             self._staged.clear()
 
     def rope_table(self, cos: np.ndarray, sin: np.ndarray) -> RopeTable:
-        """The table on the device. One row broadcast to every position (NoPE's identity table,
-        layers/rope.py) goes up as that row alone: the kernels clamp a position to the table's last row,
-        so each reads it, and a NoPE model's 2^20-position context (Nemotron-H) costs no device memory."""
+        """A table whose rows are one row broadcast (a NoPE layer's identity: layers/rope.py identity_table)
+        goes up as that one row: the kernels clamp every position to the table's last row, so it serves
+        every position without the [max_positions, D/2] copy (gigabytes at a NoPE GGUF's 2^20 positions)."""
         if cos.ndim == 2 and len(cos) > 1 and cos.strides[0] == 0 and sin.strides[0] == 0:
             cos, sin = cos[:1], sin[:1]
         return RopeTable(self.from_host(cos, np.float32), self.from_host(sin, np.float32))
@@ -349,7 +354,14 @@ class CudaBackend:
         v_cache: Any,
         slot_mapping: Any,
     ) -> Any:
+        """One rope_cache.cu launch where its heads are whole warps of pairs (64 to 512 wide); otherwise
+        the op-by-op composition (the tiny test models' 16- and 32-wide heads)."""
         qkv = self._f32(qkv)
+        if not _rope_cache.supports(head_dim):
+            return norm_rope_then_cache(
+                self, qkv, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, positions, table, interleaved,
+                k_cache, v_cache, slot_mapping,
+            )  # fmt: skip
         q = self.xp.empty((qkv.shape[0], n_heads, head_dim), self.xp.float32)
         return _rope_cache.rope_cache(
             qkv, n_heads, n_kv_heads, head_dim,

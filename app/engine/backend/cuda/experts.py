@@ -17,19 +17,19 @@ import numpy as np
 
 from app.engine.backend.cuda.weights import _upload
 from app.engine.kernels.moe import (
-    MAX_GROUPS,
-    MAX_SIGMOID_EXPERTS,
+    ACTIVATION_KINDS,
     MAX_USED,
     PAD_BYTES,
     StackedExperts,
     moe_experts,
-    moe_route,
+    route_scaled,
+    routing_unsupported,
 )
 from app.engine.moe.residency import Copy, LayerResidency
 from app.engine.quant.dispatch import QuantizedTensor
 from app.engine.specs import MoeSpec
 
-ACTIVATIONS = ("silu", "swiglu_oai", "relu2")  # what moe_gated computes (relu2: ungated, up and down only)
+ACTIVATIONS = tuple(ACTIVATION_KINDS)  # what moe_gated computes (relu2: ungated, up and down only)
 
 
 def unsupported(spec: MoeSpec, projections: Sequence[Sequence[QuantizedTensor]]) -> str | None:
@@ -38,11 +38,9 @@ def unsupported(spec: MoeSpec, projections: Sequence[Sequence[QuantizedTensor]])
         return f"activation {spec.activation!r} (the kernels have {', '.join(ACTIVATIONS)})"
     if not 1 <= spec.num_used <= min(MAX_USED, spec.num_experts):
         return f"{spec.num_used} experts per token (the kernels take 1 to {MAX_USED})"
-    if spec.routing == "sigmoid_grouped" and (
-        spec.num_experts > MAX_SIGMOID_EXPERTS or spec.num_groups > MAX_GROUPS or spec.num_experts % spec.num_groups
-    ):
-        return (f"{spec.num_experts} experts in {spec.num_groups} groups (the router kernel takes up to "
-                f"{MAX_SIGMOID_EXPERTS} in up to {MAX_GROUPS} equal groups)")  # fmt: skip
+    routing = routing_unsupported(spec)
+    if routing is not None:
+        return routing
     for experts in projections:
         first = experts[0]
         if first.qtype.split:
@@ -159,7 +157,9 @@ class StreamedExperts:
         return np.frombuffer(memory, np.uint8, nbytes)
 
 
-def streamed_moe(x: Any, logits: Any, spec: MoeSpec, experts: StreamedExperts, score_bias: Any = None) -> Any:
+def streamed_moe(
+    x: Any, logits: Any, spec: MoeSpec, experts: StreamedExperts, expert_scale: Any = None, score_bias: Any = None
+) -> Any:
     """The experts' weighted sum with cold experts copied in for this step.
 
     The router's choices come back to the host (the one sync of the layer); the residency manager
@@ -168,7 +168,7 @@ def streamed_moe(x: Any, logits: Any, spec: MoeSpec, experts: StreamedExperts, s
     added, so the result equals the all-resident one up to float32 rounding."""
     import cupy as cp
 
-    chosen, weights = moe_route(logits, spec, score_bias)
+    chosen, weights = route_scaled(logits, spec, expert_scale, score_bias)
     rounds = experts.residency.step(cp.asnumpy(chosen))
     stream = cp.cuda.get_current_stream()
     hot = experts.residency.hot_slots

@@ -15,7 +15,9 @@
 // warp reads 32/LV rows per step; those lanes' sums meet through shuffles after the last
 // chunk, then the four warps' sums in shared memory, in a fixed order.
 //
-// K/V are float16 [num_blocks, block_size, n_kv, head_dim]; q and out float32.
+// K/V are float16 [num_blocks, block_size, n_kv, head_dim]; q and out float32. Head dims 16 to 512 (powers
+// of two): this kernel is the one every head size runs on where the decode and tensor-core prefill kernels
+// have no variant (Gemma 4's 512-wide global heads; the tiny test models' 16 and 32).
 //
 // KV_FP8=1 builds read FP8 caches (fp8_kv.cuh: e4m3 codes of the same shape, a float32 scale per
 // (block, KV head), passed after the float16 build's arguments): codes widen to their values times
@@ -36,9 +38,13 @@ struct AttnShape {
     static constexpr int G = D / E;                        // lanes per key
     static constexpr int KPW = 32 / G;                     // keys per warp per step
     static constexpr int VW0 = (64 / GMAX) > (D / 32) ? (64 / GMAX) : (D / 32);
-    static constexpr int VW = VW0 < 8 ? VW0 : 8;  // value elements per lane (8 = one 16-byte load)
-    static constexpr int LV = D / VW;               // lanes per value row
-    static constexpr int KV = 32 / LV;              // value rows per warp per step
+    static constexpr int VW1 = VW0 < 8 ? VW0 : 8;  // value elements per lane (8 = one 16-byte load) ...
+    static constexpr int VW = VW1 > D / 32 ? VW1 : D / 32;  // ... but 16 at D 512: one warp holds a row
+    static constexpr int LV = D / VW;                       // lanes per value row
+    static constexpr int KV = 32 / LV;                      // value rows per warp per step
+    // A row of the shared scores: a chunk's keys, and at the end the head's output sum (D > CHUNK at 512).
+    static constexpr int ROW = D > ATTN_CHUNK ? D : ATTN_CHUNK;
+    static_assert(LV <= 32 && D % 16 == 0, "a value row is read by at most one warp; E and VW are float4s");
 };
 
 template <int N>
@@ -115,7 +121,7 @@ __device__ __forceinline__ void attn_body(const float* __restrict__ q, const att
                                           int* __restrict__ counters, const float* __restrict__ k_scale,
                                           const float* __restrict__ v_scale) {
     typedef AttnShape<D, GMAX> S;
-    __shared__ float sc[GMAX][ATTN_CHUNK];  // scores, then probabilities; finally the output sum
+    __shared__ float sc[GMAX][S::ROW];  // scores, then probabilities; finally the output sum
     __shared__ float m_s[GMAX], l_s[GMAX], alpha_s[GMAX];
     __shared__ int slot_s[ATTN_CHUNK];  // the chunk's cache slots, looked up once for both phases
 #if ATTN_FP8
@@ -308,7 +314,7 @@ __device__ __forceinline__ void attn_body(const float* __restrict__ q, const att
     // is non-empty for lo / L <= s <= pos / L.
     const int first = lo / split_len, last = valid ? min(pos / split_len, n_splits - 1) : -1;
     attn_merge_splits<D>(part_acc, part_m, part_l, (i64)t * n_heads + head0, group, n_splits, first, last - first + 1,
-                         &sc[0][0], ATTN_CHUNK, l_s, out);
+                         &sc[0][0], S::ROW, l_s, out);
 }
 
 // KV_FP8: the caches' block scales [num_blocks, n_kv] follow the float16 build's arguments.
@@ -337,9 +343,12 @@ __device__ __forceinline__ void attn_body(const float* __restrict__ q, const att
 
 // The wrapper compiles one variant per module (-DATTN_D=128 -DATTN_G=4).
 #if defined(PADDOCK_ALL_VARIANTS)
+ATTN_HEAD_DIM(16)
+ATTN_HEAD_DIM(32)
 ATTN_HEAD_DIM(64)
 ATTN_HEAD_DIM(128)
 ATTN_HEAD_DIM(256)
+ATTN_HEAD_DIM(512)
 #else
 #define ATTN_SELECTED(D, GMAX) ATTN_KERNEL(D, GMAX)  // one more expansion, so ATTN_D becomes its value
 ATTN_SELECTED(ATTN_D, ATTN_G)

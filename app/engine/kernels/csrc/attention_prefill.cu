@@ -11,6 +11,11 @@
 // products. Two row tiles per warp halve the shared-memory reads per product, which bound the
 // one-tile build (head dim 64 and 128; 256 keeps one, for registers).
 //
+// Head dim 512 (Gemma 4's global layers): a warp's O for 16 rows would be 256 floats a thread, so the value
+// columns are cut into PARTS of DV = 256, one block per part (grid y = KV head x part): each block computes
+// the same scores over the whole head and accumulates O for its columns only, reading only those of V.
+// Its shared memory (146 KB) needs sm_80 or sm_90's opt-in sizes: attention_prefill.py says where it fits.
+//
 // A row of token position p sees keys [p - window + 1, p] (window 0: [0, p]); a block walks
 // the union of its rows' ranges and masks per element. With gridDim.z > 1 the block's range
 // is cut into that many runs of whole tiles (split-KV: a short chunk over a long cached
@@ -49,11 +54,15 @@ struct PfShape {
     static constexpr int LD = D + PF_PAD;                    // shared row stride in halves
     static constexpr int KSTEPS = D / 16;                    // k-steps of S = Q K^T
     static constexpr int NT = BN / 8;                        // 8-key n-tiles of S per row tile
-    static constexpr int DT = D / 8;                         // 8-column n-tiles of O per row tile
+    static constexpr int DV = D > 256 ? 256 : D;             // value columns a block accumulates
+    static constexpr int PARTS = D / DV;                     // blocks per (row tile, KV head)
+    static constexpr int LDV = DV + PF_PAD;                  // shared V row stride in halves
+    static constexpr int DT = DV / 8;                        // 8-column n-tiles of O per row tile
 };
 
-// Dynamic shared memory bytes of a build: Q, two K buffers, one V buffer.
-#define PF_SMEM_BYTES(D) ((PfShape<D>::BM + 3 * PfShape<D>::BN) * PfShape<D>::LD * 2)
+// Dynamic shared memory bytes of a build: Q, two K buffers, one V buffer (its block's columns).
+#define PF_SMEM_BYTES(D) \
+    (((PfShape<D>::BM + 2 * PfShape<D>::BN) * PfShape<D>::LD + PfShape<D>::BN * PfShape<D>::LDV) * 2)
 
 struct PfTile {
     int seq, tile, q_start, q_len, seq_len;
@@ -95,14 +104,16 @@ __device__ __forceinline__ bool pf_find_tile(const int* __restrict__ qsl, const 
     return false;
 }
 
+// Both loaders fill a tile of BN keys x W columns from column col0 of each cached row (W = D for K; for V the
+// block's DV columns), rows W + PF_PAD halves apart in `dst`.
 #if PF_FP8
 // KV_FP8: the tile's rows as float16 values (see the top), zeros past key_hi. `scales` [num_blocks, n_kv].
-template <int D>
+template <int D, int W>
 __device__ __forceinline__ void pf_load_kv(u16* dst, const u8* __restrict__ cache, const float* __restrict__ scales,
                                            const int* __restrict__ table, int key0, int key_hi, int block_size,
-                                           int n_kv, int kvh, int tid) {
+                                           int n_kv, int kvh, int tid, int col0) {
     typedef PfShape<D> S;
-    constexpr int CH = D / 8;  // 8-code units per row
+    constexpr int CH = W / 8;  // 8-code units per row
 #pragma unroll
     for (int i = tid; i < S::BN * CH; i += PF_WARPS * 32) {
         const int r = i / CH, c = (i % CH) * 8;
@@ -112,7 +123,7 @@ __device__ __forceinline__ void pf_load_kv(u16* dst, const u8* __restrict__ cach
             const int blk = __ldg(table + key / block_size);
             const float sc = __ldg(scales + (size_t)blk * n_kv + kvh) * E4M3_HALF_UNSCALE;
             const uint2 codes = __ldg(reinterpret_cast<const uint2*>(
-                cache + (((size_t)blk * block_size + key % block_size) * n_kv + kvh) * D + c));
+                cache + (((size_t)blk * block_size + key % block_size) * n_kv + kvh) * D + col0 + c));
             const uint4 raw = e4m3x8_to_half2m8(codes);
             const u32 w[4] = {raw.x, raw.y, raw.z, raw.w};
             u32 o[4];
@@ -120,19 +131,19 @@ __device__ __forceinline__ void pf_load_kv(u16* dst, const u8* __restrict__ cach
             for (int j = 0; j < 4; ++j) o[j] = pack_h2(h2f_lo(w[j]) * sc, h2f_hi(w[j]) * sc);
             h = make_uint4(o[0], o[1], o[2], o[3]);
         }
-        *reinterpret_cast<uint4*>(dst + r * S::LD + c) = h;
+        *reinterpret_cast<uint4*>(dst + r * (W + PF_PAD) + c) = h;
     }
 }
-#define PF_LOAD_KV(D, dst, cache, scales, ...) pf_load_kv<D>(dst, cache, scales, __VA_ARGS__)
+#define PF_LOAD_KV(D, W, dst, cache, scales, ...) pf_load_kv<D, W>(dst, cache, scales, __VA_ARGS__)
 #else
-#define PF_LOAD_KV(D, dst, cache, scales, ...) pf_load_kv<D>(dst, cache, __VA_ARGS__)
+#define PF_LOAD_KV(D, W, dst, cache, scales, ...) pf_load_kv<D, W>(dst, cache, __VA_ARGS__)
 #endif
 
-template <int D>
+template <int D, int W>
 __device__ __forceinline__ void pf_load_kv(u16* dst, const u16* __restrict__ cache, const int* __restrict__ table,
-                                           int key0, int key_hi, int block_size, int n_kv, int kvh, int tid) {
+                                           int key0, int key_hi, int block_size, int n_kv, int kvh, int tid, int col0) {
     typedef PfShape<D> S;
-    constexpr int CH = D / 8;  // 16-byte chunks per row
+    constexpr int CH = W / 8;  // 16-byte chunks per row
 #pragma unroll
     for (int i = tid; i < S::BN * CH; i += PF_WARPS * 32) {
         const int r = i / CH, c = (i % CH) * 8;
@@ -141,9 +152,9 @@ __device__ __forceinline__ void pf_load_kv(u16* dst, const u16* __restrict__ cac
         const u16* src = cache;
         if (ok) {
             const int blk = __ldg(table + key / block_size);
-            src = cache + (((size_t)blk * block_size + key % block_size) * n_kv + kvh) * D + c;
+            src = cache + (((size_t)blk * block_size + key % block_size) * n_kv + kvh) * D + col0 + c;
         }
-        cp_async16(dst + r * S::LD + c, src, ok);  // keys past the range: zeros, never stale NaNs
+        cp_async16(dst + r * (W + PF_PAD) + c, src, ok);  // keys past the range: zeros, never stale NaNs
     }
 }
 
@@ -155,13 +166,14 @@ __device__ __forceinline__ void attn_prefill_body(
     float* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_ml, const int* __restrict__ key_limit,
     const float* __restrict__ sinks, u16* smem, const float* __restrict__ k_scale, const float* __restrict__ v_scale) {
     typedef PfShape<D> S;
-    constexpr int BM = S::BM, BN = S::BN, LD = S::LD, MT = S::MT;
+    constexpr int BM = S::BM, BN = S::BN, LD = S::LD, MT = S::MT, DV = S::DV;
     u16* sQ = smem;             // [BM][LD]
     u16* sK = sQ + BM * LD;     // [2][BN][LD]
-    u16* sV = sK + 2 * BN * LD; // [BN][LD]
+    u16* sV = sK + 2 * BN * LD; // [BN][LDV]: the block's DV columns
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-    const int kvh = blockIdx.y, split = blockIdx.z, n_splits = gridDim.z;
+    const int kvh = blockIdx.y / S::PARTS, part = blockIdx.y % S::PARTS, col0 = part * DV;
+    const int split = blockIdx.z, n_splits = gridDim.z;
     const int group = n_heads / n_kv;
     PfTile tile;
     if (!pf_find_tile(qsl, seq_lens, n_seqs, group, BM, blockIdx.x, lane, tile)) return;  // spare blocks
@@ -199,9 +211,9 @@ __device__ __forceinline__ void attn_prefill_body(
     const float inv_softcap = softcap > 0.f ? 1.f / softcap : 0.f, softcap_log2 = softcap * PF_LOG2E;
 
     if (kt0 < kt1) {
-        PF_LOAD_KV(D, sK, k_cache, k_scale, table, key_lo + kt0 * BN, key_hi, block_size, n_kv, kvh, tid);
+        PF_LOAD_KV(D, D, sK, k_cache, k_scale, table, key_lo + kt0 * BN, key_hi, block_size, n_kv, kvh, tid, 0);
         cp_async_commit();
-        PF_LOAD_KV(D, sV, v_cache, v_scale, table, key_lo + kt0 * BN, key_hi, block_size, n_kv, kvh, tid);
+        PF_LOAD_KV(D, DV, sV, v_cache, v_scale, table, key_lo + kt0 * BN, key_hi, block_size, n_kv, kvh, tid, col0);
         cp_async_commit();
         for (int i = tid; i < BM * D / 4; i += PF_WARPS * 32) {  // Q, scaled, as f16
             const int r = i / (D / 4), c = (i % (D / 4)) * 4;
@@ -248,8 +260,8 @@ __device__ __forceinline__ void attn_prefill_body(
         }
         const bool more = kt + 1 < kt1;
         if (more) {  // the next K into the other buffer, behind this tile's softmax and P @ V
-            PF_LOAD_KV(D, sK + ((kt + 1 - kt0) & 1) * BN * LD, k_cache, k_scale, table, key_lo + (kt + 1) * BN,
-                       key_hi, block_size, n_kv, kvh, tid);
+            PF_LOAD_KV(D, D, sK + ((kt + 1 - kt0) & 1) * BN * LD, k_cache, k_scale, table, key_lo + (kt + 1) * BN,
+                       key_hi, block_size, n_kv, kvh, tid, 0);
             cp_async_commit();
         }
 
@@ -317,9 +329,9 @@ __device__ __forceinline__ void attn_prefill_body(
                 a[mt][2] = pack_h2_rn(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
                 a[mt][3] = pack_h2_rn(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
             }
-            const u16* vrow = sV + (16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
+            const u16* vrow = sV + (16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8) * S::LDV + (lane >> 4) * 8;
 #pragma unroll
-            for (int np = 0; np < D / 16; ++np) {
+            for (int np = 0; np < DV / 16; ++np) {
                 u32 b[4];
                 ldsm_x4_trans(b, vrow + 16 * np);
 #pragma unroll
@@ -331,7 +343,8 @@ __device__ __forceinline__ void attn_prefill_body(
         }
         __syncthreads();  // every warp is done with V before the next one lands there
         if (more) {
-            PF_LOAD_KV(D, sV, v_cache, v_scale, table, key_lo + (kt + 1) * BN, key_hi, block_size, n_kv, kvh, tid);
+            PF_LOAD_KV(D, DV, sV, v_cache, v_scale, table, key_lo + (kt + 1) * BN, key_hi, block_size, n_kv, kvh, tid,
+                       col0);
             cp_async_commit();
         }
     }
@@ -347,17 +360,17 @@ __device__ __forceinline__ void attn_prefill_body(
             // A sink logit (nullable; GPT-OSS) joins the denominator, in the scores' log2 domain.
             const float den = sinks == nullptr ? l[i] : l[i] + fast_exp2(sinks[kvh * group + f % group] * PF_LOG2E - m[i]);
             const float inv = den > 0.f ? 1.f / den : 0.f;
-            float* dst = out + row * D + 2 * t4;
+            float* dst = out + row * D + col0 + 2 * t4;
 #pragma unroll
             for (int d = 0; d < S::DT; ++d)
                 *reinterpret_cast<float2*>(dst + 8 * d) = make_float2(o[mt][d][e0] * inv, o[mt][d][e0 + 1] * inv);
         } else {
             const size_t at = row * n_splits + split;
-            float* dst = part_o + at * D + 2 * t4;
+            float* dst = part_o + at * D + col0 + 2 * t4;
 #pragma unroll
             for (int d = 0; d < S::DT; ++d)
                 *reinterpret_cast<float2*>(dst + 8 * d) = make_float2(o[mt][d][e0], o[mt][d][e0 + 1]);
-            if (t4 == 0) {
+            if (t4 == 0 && part == 0) {  // every part has the same (max, sum)
                 part_ml[2 * at] = m[i];
                 part_ml[2 * at + 1] = l[i];
             }
@@ -392,6 +405,7 @@ __device__ __forceinline__ void attn_prefill_body(
 ATTN_PREFILL_KERNEL(64)
 ATTN_PREFILL_KERNEL(128)
 ATTN_PREFILL_KERNEL(256)
+ATTN_PREFILL_KERNEL(512)
 #else
 #define ATTN_PREFILL_SELECTED(D) ATTN_PREFILL_KERNEL(D)  // one more expansion, so PF_D becomes its value
 ATTN_PREFILL_SELECTED(PF_D)

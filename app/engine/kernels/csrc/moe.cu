@@ -1,11 +1,10 @@
 // Mixture-of-experts feed-forward on the GPU, with no host sync (so decode steps stay capturable):
 //
 //   moe_route    per token: the k best experts and their weights (softmax-then-top-k, renormalised or
-//                not, as Qwen3-MoE; or top-k-then-softmax, as GPT-OSS); ties go to the lower id, as
-//                a stable sort of the negated logits does (layers/moe.py, the numpy oracle).
-//   moe_route_sigmoid
-//                the same for Nemotron-H's router (moe/ops.py: _sigmoid_grouped): sigmoid scores, the
-//                choice on scores + a per-expert bias within the best groups, weights the scores.
+//                not, as Qwen3-MoE; top-k-then-softmax, as GPT-OSS; or sigmoid scores chosen on score +
+//                bias within the best expert groups, weighed by their scores times a routed scale, as
+//                Nemotron-H (many groups) and Laguna (one)), optionally on tanh-capped logits; ties go
+//                to the lower id, as a stable sort of the negated values does (moe/ops.py, the oracle).
 //   moe_count, moe_offsets, moe_scatter
 //                the (token, slot) pairs grouped by expert: counts, exclusive offsets, then each
 //                pair's place in the grouped order (`order`) and its inverse (`where`).
@@ -15,8 +14,8 @@
 //                MOE_T pairs at a time: each weight row is read once per MOE_T tokens of that
 //                expert, the grouped product of prefill, and at decode (one token, k pairs) only the
 //                k picked experts' rows are read, the per-expert GEMV.
-//   moe_gated    act(gate) * up per pair (silu, or GPT-OSS's clamped swiglu), or relu(up)^2 for
-//                ungated experts (Nemotron-H's squared ReLU: no gate product at all).
+//   moe_gated    act(gate) * up per pair (silu, GELU-tanh, or GPT-OSS's clamped swiglu), or relu(up)^2
+//                for ungated experts (Nemotron-H's squared ReLU: no gate product at all).
 //   moe_combine  per token, sum of its k pairs' outputs times their weights, in expert-id order
 //                (the oracle's order, so a token's sum does not depend on the rest of the batch).
 #include "quant.cuh"
@@ -24,64 +23,50 @@
 #define MOE_MAX_K 16
 #define MOE_T 4
 
-extern "C" __global__ void moe_route(const float* __restrict__ logits, int n_tok, int n_exp, int k, int topk_first,
-                                     int normalize, int* __restrict__ chosen, float* __restrict__ weights) {
-    const int t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= n_tok) return;
-    const float* l = logits + (i64)t * n_exp;
-    int idx[MOE_MAX_K];
-    float val[MOE_MAX_K];
-    for (int j = 0; j < k; ++j) {
-        int best = -1;
-        float best_v = 0.f;
-        for (int e = 0; e < n_exp; ++e) {
-            bool taken = false;
-            for (int i = 0; i < j; ++i) taken |= idx[i] == e;
-            if (!taken && (best < 0 || l[e] > best_v)) {
-                best = e;
-                best_v = l[e];
-            }
-        }
-        idx[j] = best;
-        val[j] = best_v;
-    }
-    float w[MOE_MAX_K], sum = 0.f;
-    if (topk_first) {  // softmax over the k chosen logits
-        for (int j = 0; j < k; ++j) sum += (w[j] = expf(val[j] - val[0]));
-        for (int j = 0; j < k; ++j) w[j] /= sum;
-    } else {  // softmax over every expert, then the chosen probabilities
-        float all = 0.f;
-        for (int e = 0; e < n_exp; ++e) all += expf(l[e] - val[0]);
-        for (int j = 0; j < k; ++j) sum += (w[j] = expf(val[j] - val[0]) / all);
-        if (normalize)
-            for (int j = 0; j < k; ++j) w[j] /= sum;
-    }
-    for (int j = 0; j < k; ++j) {
-        chosen[(i64)t * k + j] = idx[j];
-        weights[(i64)t * k + j] = w[j];
-    }
+#define MOE_SOFTMAX_TOPK 0
+#define MOE_TOPK_SOFTMAX 1
+#define MOE_SIGMOID 2
+
+// Expert e's router logit, tanh-capped where softcap > 0 (as moe/ops.py: tanh(l / cap) * cap).
+__device__ __forceinline__ float moe_logit(const float* l, int e, float softcap) {
+    return softcap > 0.f ? tanhf(l[e] / softcap) * softcap : l[e];
 }
 
-// Nemotron-H's (DeepSeek-V3-style) router, a thread per token: s = sigmoid(logit), the choice c = s + bias
-// (bias may be NULL); with n_groups > 1 only the experts of the topk_groups groups whose two best c sum
-// highest compete (ties: the lower group); the k best c (ties: the lower id); weights s, divided by their
-// sum + 1e-20 when `normalize`, times `scale`. Up to 64 groups and MOE_SIG_MAX_EXPERTS experts, whose
-// choice values the thread computes once (local memory) for its k selection passes.
-#define MOE_SIG_MAX_EXPERTS 512
-__device__ __forceinline__ float moe_sigmoid(float v) { return 1.f / (1.f + expf(-v)); }
+// What the top k are chosen on: the (capped) logit, or with MOE_SIGMOID the sigmoid score plus the
+// expert's bias (nullable).
+__device__ __forceinline__ float moe_choice(const float* l, int e, int mode, float softcap, const float* bias) {
+    const float x = moe_logit(l, e, softcap);
+    if (mode != MOE_SIGMOID) return x;
+    const float score = 1.f / (1.f + expf(-x));
+    return bias == nullptr ? score : score + bias[e];
+}
 
-extern "C" __global__ void moe_route_sigmoid(const float* __restrict__ logits, const float* __restrict__ bias,
-                                             int n_tok, int n_exp, int k, int n_groups, int topk_groups, int normalize,
-                                             float scale, int* __restrict__ chosen, float* __restrict__ weights) {
+// The router, a thread per token. `mode` MOE_SOFTMAX_TOPK, MOE_TOPK_SOFTMAX or MOE_SIGMOID; `softcap` 0: none.
+// MOE_SIGMOID (Nemotron-H's DeepSeek-V3-style router, Laguna's with one group): the choice c = sigmoid(logit) +
+// bias[e] (bias nullable); with n_groups > 1 only the experts of the topk_groups groups whose two best c sum
+// highest compete (ties: the lower group); the k best c (ties: the lower id); weights the chosen scores,
+// divided by their sum + 1e-20 when `normalize`, times `routed_scale`. Up to 64 groups and
+// MOE_SIG_MAX_EXPERTS experts, whose choice values the thread computes once (local memory) for its k
+// selection passes; the softmax modes (no bias, groups or scale) recompute theirs and take any expert count.
+#define MOE_SIG_MAX_EXPERTS 512
+#define MOE_MAX_GROUPS 64
+
+extern "C" __global__ void moe_route(const float* __restrict__ logits, int n_tok, int n_exp, int k, int mode,
+                                     int normalize, const float* __restrict__ bias, float softcap, float routed_scale,
+                                     int n_groups, int topk_groups, int* __restrict__ chosen,
+                                     float* __restrict__ weights) {
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n_tok) return;
     const float* l = logits + (i64)t * n_exp;
+    const bool cached = mode == MOE_SIGMOID;
     float choice[MOE_SIG_MAX_EXPERTS];
-    for (int e = 0; e < n_exp; ++e) choice[e] = moe_sigmoid(l[e]) + (bias != nullptr ? bias[e] : 0.f);
+    if (cached)
+        for (int e = 0; e < n_exp; ++e) choice[e] = moe_choice(l, e, mode, softcap, bias);
     unsigned long long allowed = ~0ull;  // bit g: group g competes
-    const int per_group = n_exp / n_groups;
-    if (n_groups > 1) {
-        float sums[64];
+    const bool grouped = cached && n_groups > 1;
+    const int per_group = grouped ? n_exp / n_groups : n_exp;
+    if (grouped) {
+        float sums[MOE_MAX_GROUPS];
         for (int g = 0; g < n_groups; ++g) {
             float b1 = -PADDOCK_INF, b2 = -PADDOCK_INF;
             for (int e = g * per_group; e < (g + 1) * per_group; ++e) {
@@ -104,28 +89,40 @@ extern "C" __global__ void moe_route_sigmoid(const float* __restrict__ logits, c
         }
     }
     int idx[MOE_MAX_K];
-    float sum = 0.f;
+    float val[MOE_MAX_K];
     for (int j = 0; j < k; ++j) {
         int best = -1;
         float best_v = 0.f;
         for (int e = 0; e < n_exp; ++e) {
-            if (n_groups > 1 && !((allowed >> (e / per_group)) & 1ull)) continue;
+            if (grouped && !((allowed >> (e / per_group)) & 1ull)) continue;
             bool taken = false;
             for (int i = 0; i < j; ++i) taken |= idx[i] == e;
-            const float c = choice[e];
-            if (!taken && (best < 0 || c > best_v)) {
+            const float v = cached ? choice[e] : moe_choice(l, e, mode, softcap, bias);
+            if (!taken && (best < 0 || v > best_v)) {
                 best = e;
-                best_v = c;
+                best_v = v;
             }
         }
         idx[j] = best;
-        sum += moe_sigmoid(l[best]);
+        val[j] = best_v;
+    }
+    float w[MOE_MAX_K], sum = 0.f;
+    if (mode == MOE_SIGMOID) {  // the chosen experts' scores (without the bias), summing to routed_scale
+        for (int j = 0; j < k; ++j) sum += (w[j] = 1.f / (1.f + expf(-moe_logit(l, idx[j], softcap))));
+        for (int j = 0; j < k; ++j) w[j] = (normalize ? w[j] / (sum + 1e-20f) : w[j]) * routed_scale;
+    } else if (mode == MOE_TOPK_SOFTMAX) {  // softmax over the k chosen logits
+        for (int j = 0; j < k; ++j) sum += (w[j] = expf(val[j] - val[0]));
+        for (int j = 0; j < k; ++j) w[j] /= sum;
+    } else {  // softmax over every expert, then the chosen probabilities
+        float all = 0.f;
+        for (int e = 0; e < n_exp; ++e) all += expf(moe_logit(l, e, softcap) - val[0]);
+        for (int j = 0; j < k; ++j) sum += (w[j] = expf(val[j] - val[0]) / all);
+        if (normalize)
+            for (int j = 0; j < k; ++j) w[j] /= sum;
     }
     for (int j = 0; j < k; ++j) {
-        float w = moe_sigmoid(l[idx[j]]);
-        if (normalize) w = w / (sum + 1e-20f);
         chosen[(i64)t * k + j] = idx[j];
-        weights[(i64)t * k + j] = w * scale;
+        weights[(i64)t * k + j] = w[j];
     }
 }
 
@@ -222,7 +219,8 @@ MOE_GROUPED_FORMAT(PADDOCK_FORMAT, PADDOCK_FORMAT_STRUCT)
 #endif
 
 // kind 0: silu(g) * u; kind 1: (clamp(u, +-limit) + 1) * g' * sigmoid(alpha g') with g' = min(g, limit);
-// kind 2: relu(u)^2 (ungated: `gate` is not read).
+// kind 2: relu(u)^2 (ungated: `gate` is not read); kind 3: gelu_tanh(g) * u (Gemma 4's experts), common.cuh's
+// formula. The numbers are kernels/moe.py's ACTIVATION_KINDS.
 extern "C" __global__ void moe_gated(const float* __restrict__ gate, const float* __restrict__ up, i64 n, int kind,
                                      float limit, float alpha, float* __restrict__ out) {
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
@@ -236,6 +234,8 @@ extern "C" __global__ void moe_gated(const float* __restrict__ gate, const float
     const float g = gate[i];
     if (kind == 0) {
         out[i] = g / (1.f + expf(-g)) * u;
+    } else if (kind == 3) {
+        out[i] = gated_act<1>(g, u);
     } else {
         const float gc = fminf(g, limit), uc = fminf(fmaxf(u, -limit), limit);
         out[i] = (uc + 1.f) * (gc / (1.f + expf(-gc * alpha)));

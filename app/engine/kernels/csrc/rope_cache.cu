@@ -4,7 +4,8 @@
 //
 // qkv is [T, (n_heads + 2 n_kv) * D] float32: q heads, then k heads, then v heads. One
 // block per (token, head of the three kinds), one thread per rotated pair (D/2 threads),
-// so a head's sum of squares is one block reduction. The per-pair math is rope_pair.cuh's
+// so a head's sum of squares is one block reduction: head dims 64 to 512, whole warps of threads (up to
+// 256 of them: Gemma 4's 512-wide global heads). The per-pair math is rope_pair.cuh's
 // (shared with attention_decode.cu's ATTN_ROPE build, which does this kernel's work at decode).
 // A negative slot marks a padding token: its k and v are not stored (q still is). Tables of rot_half
 // < head_dim/2 frequencies rotate only the first 2 rot_half dims (partial RoPE: rope_pair.cuh).
@@ -25,7 +26,7 @@ typedef u16 rc_kv_t;
 #define RC_VALUE(x) f2h(x)
 #endif
 
-extern "C" __global__ void __launch_bounds__(128) rope_cache(
+extern "C" __global__ void __launch_bounds__(256) rope_cache(
     const float* __restrict__ qkv, int n_heads, int n_kv, int head_dim, const float* __restrict__ q_norm,
     const float* __restrict__ k_norm, float eps, const int* __restrict__ positions, const float* __restrict__ cos_t,
     const float* __restrict__ sin_t, int max_pos, int rot_half, int interleaved, rc_kv_t* __restrict__ k_cache,

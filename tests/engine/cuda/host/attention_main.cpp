@@ -25,7 +25,7 @@ static AttnFn pick(int d, int g) {
 #define PICK(D, G) \
     if (d == D && g == G) return attn_d##D##_g##G;
 #define PICK_D(D) PICK(D, 1) PICK(D, 2) PICK(D, 4) PICK(D, 8) PICK(D, 16)
-    PICK_D(64) PICK_D(128) PICK_D(256)
+    PICK_D(16) PICK_D(32) PICK_D(64) PICK_D(128) PICK_D(256) PICK_D(512)
     exit(4);
 }
 

@@ -1,10 +1,9 @@
 // Run moe.cu's whole pipeline on the SIMT emulator, in the order kernels/moe.py launches it:
-//   moe FMT DIR N_TOK HIDDEN FF N_EXP K TOPK_FIRST NORMALIZE ACT ROW_BYTES_GU ROW_BYTES_DOWN
-//       [N_GROUPS TOPK_GROUPS SCALE]
+//   moe FMT DIR N_TOK HIDDEN FF N_EXP K MODE NORMALIZE ACT ROW_BYTES_GU ROW_BYTES_DOWN SOFTCAP ROUTED_SCALE
+//       N_GROUPS TOPK_GROUPS
 // reads x.bin [T, H], logits.bin [T, E], gate.bin / up.bin ([E, FF] rows), down.bin ([E, H] rows),
-// optional gate_bias.bin / up_bias.bin / down_bias.bin; writes out.bin, chosen.bin, weights.bin.
-// With the three group arguments the router is moe_route_sigmoid (optional score_bias.bin [E]);
-// ACT 2 (relu2) runs no gate product.
+// optional gate_bias.bin / up_bias.bin / down_bias.bin and score_bias.bin [E] (sigmoid routing);
+// writes out.bin, chosen.bin, weights.bin. ACT 2 (relu2) runs no gate product.
 #include <cmath>
 #include <string>
 #include <vector>
@@ -27,12 +26,14 @@ static GroupedFn pick(const std::string& fmt) {
 static const float* opt(const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); }
 
 int main(int argc, char** argv) {
-    if ((argc != 14 && argc != 17) || std::string(argv[1]) != "moe") return 2;
-    const bool sigmoid = argc == 17;
+    if (argc != 18 || std::string(argv[1]) != "moe") return 2;
     const std::string fmt = argv[2], dir = argv[3];
     const int T = atoi(argv[4]), H = atoi(argv[5]), FF = atoi(argv[6]), E = atoi(argv[7]), K = atoi(argv[8]);
-    const int topk_first = atoi(argv[9]), normalize = atoi(argv[10]), act = atoi(argv[11]);
+    const int mode = atoi(argv[9]), normalize = atoi(argv[10]), act = atoi(argv[11]);
     const i64 rb_gu = atoll(argv[12]), rb_d = atoll(argv[13]);
+    const float softcap = (float)atof(argv[14]), routed_scale = (float)atof(argv[15]);
+    const int n_groups = atoi(argv[16]), topk_groups = atoi(argv[17]);
+    auto score_bias = read_file<float>(dir + "/score_bias.bin");
     auto x = read_required<float>(dir + "/x.bin");
     auto logits = read_required<float>(dir + "/logits.bin");
     auto gate = read_file<uint4>(dir + "/gate.bin", 2), up = read_file<uint4>(dir + "/up.bin", 2);
@@ -45,13 +46,9 @@ int main(int argc, char** argv) {
         out((size_t)T * H, NAN);
     const unsigned threads = 64;
     auto blocks = [&](long n) { return dim3{(unsigned)((n + threads - 1) / threads), 1, 1}; };
-    auto score_bias = read_file<float>(dir + "/score_bias.bin");
     launch(blocks(T), {threads, 1, 1}, [&] {
-        if (sigmoid)
-            moe_route_sigmoid(logits.data(), opt(score_bias), T, E, K, atoi(argv[14]), atoi(argv[15]), normalize,
-                              (float)atof(argv[16]), chosen.data(), weights.data());
-        else
-            moe_route(logits.data(), T, E, K, topk_first, normalize, chosen.data(), weights.data());
+        moe_route(logits.data(), T, E, K, mode, normalize, opt(score_bias), softcap, routed_scale, n_groups,
+                  topk_groups, chosen.data(), weights.data());
     });
     launch(blocks(P), {threads, 1, 1}, [&] { moe_count(chosen.data(), P, counts.data()); });
     launch({1, 1, 1}, {1, 1, 1}, [&] { moe_offsets(counts.data(), E, offsets.data(), cursor.data()); });

@@ -28,7 +28,7 @@ static PrefillFn pick(int d, size_t* smem) {
         *smem = PF_SMEM_BYTES(D);        \
         return attn_prefill_d##D;        \
     }
-    PICK(64) PICK(128) PICK(256)
+    PICK(64) PICK(128) PICK(256) PICK(512)
     exit(4);
 }
 
@@ -54,9 +54,10 @@ int main(int argc, char** argv) {
     size_t smem = 0;
     PrefillFn fn = pick(d, &smem);
     g_dynamic_shared.assign(smem, 0xff);  // garbage, as on the device
-    const int bm = d == 64 ? PfShape<64>::BM : d == 128 ? PfShape<128>::BM : PfShape<256>::BM;
+    const int bm = d == 64 ? PfShape<64>::BM : d == 128 ? PfShape<128>::BM : d == 256 ? PfShape<256>::BM : PfShape<512>::BM;
+    const int parts = d == 512 ? PfShape<512>::PARTS : 1;  // blocks per (row tile, KV head): value columns
     const unsigned tiles = (unsigned)((n_tok * (n_heads / n_kv) + bm - 1) / bm + n_seqs);
-    launch({tiles, (unsigned)n_kv, (unsigned)splits}, {PF_WARPS * 32, 1, 1}, [&] {
+    launch({tiles, (unsigned)(n_kv * parts), (unsigned)splits}, {PF_WARPS * 32, 1, 1}, [&] {
         fn(q.data(), k.data(), v.data(), qsl.data(), seq_lens.data(), tables.data(), stride, n_seqs, n_heads, n_kv,
            block_size, scale, softcap, window, out.data(), part_o.data(), part_ml.data(), nullptr, sink
 #if PF_FP8
