@@ -19,6 +19,10 @@
 //                ungated experts (Nemotron-H's squared ReLU: no gate product at all).
 //   moe_combine  per token, sum of its k pairs' outputs times their weights, in expert-id order
 //                (the oracle's order, so a token's sum does not depend on the rest of the batch).
+//
+// Every kernel starts with after_previous_grid() (common.cuh): a decode graph launches them programmatically
+// (pdl.py), and without the wait moe_route could read the router's logits while the product that writes
+// them still runs (the previous replay's values: wrong experts, only in graphs).
 #include "quant.cuh"
 
 #define MOE_MAX_K 16
@@ -26,6 +30,7 @@
 
 extern "C" __global__ void moe_route(const float* __restrict__ logits, int n_tok, int n_exp, int k, int topk_first,
                                      int normalize, int* __restrict__ chosen, float* __restrict__ weights) {
+    after_previous_grid();
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n_tok) return;
     const float* l = logits + (i64)t * n_exp;
@@ -73,6 +78,7 @@ __device__ __forceinline__ float moe_sigmoid(float v) { return 1.f / (1.f + expf
 extern "C" __global__ void moe_route_sigmoid(const float* __restrict__ logits, const float* __restrict__ bias,
                                              int n_tok, int n_exp, int k, int n_groups, int topk_groups, int normalize,
                                              float scale, int* __restrict__ chosen, float* __restrict__ weights) {
+    after_previous_grid();
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n_tok) return;
     const float* l = logits + (i64)t * n_exp;
@@ -130,6 +136,7 @@ extern "C" __global__ void moe_route_sigmoid(const float* __restrict__ logits, c
 }
 
 extern "C" __global__ void moe_count(const int* __restrict__ chosen, int n_pairs, int* __restrict__ counts) {
+    after_previous_grid();
     const int p = blockIdx.x * blockDim.x + threadIdx.x;
     if (p < n_pairs) atomicAdd(counts + chosen[p], 1);
 }
@@ -137,6 +144,7 @@ extern "C" __global__ void moe_count(const int* __restrict__ chosen, int n_pairs
 // One thread: offsets[e] = sum of counts before e (offsets[n_exp] = all pairs); cursor = offsets.
 extern "C" __global__ void moe_offsets(const int* __restrict__ counts, int n_exp, int* __restrict__ offsets,
                                        int* __restrict__ cursor) {
+    after_previous_grid();
     if (blockIdx.x != 0 || threadIdx.x != 0) return;
     int total = 0;
     for (int e = 0; e < n_exp; ++e) {
@@ -148,6 +156,7 @@ extern "C" __global__ void moe_offsets(const int* __restrict__ counts, int n_exp
 
 extern "C" __global__ void moe_scatter(const int* __restrict__ chosen, int n_pairs, int* __restrict__ cursor,
                                        int* __restrict__ order, int* __restrict__ where) {
+    after_previous_grid();
     const int p = blockIdx.x * blockDim.x + threadIdx.x;
     if (p >= n_pairs) return;
     const int at = atomicAdd(cursor + chosen[p], 1);  // the order within an expert does not matter
@@ -162,6 +171,7 @@ __device__ __forceinline__ void moe_grouped(const u8* __restrict__ w, i64 expert
                                             int n_cols, const float* __restrict__ x, int x_per_pair,
                                             const int* __restrict__ order, const int* __restrict__ offsets, int k,
                                             const float* __restrict__ bias, float* __restrict__ y) {
+    after_previous_grid();
     const int e = blockIdx.y, lane = threadIdx.x & 31;
     const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int begin = offsets[e], end = offsets[e + 1];
@@ -225,6 +235,7 @@ MOE_GROUPED_FORMAT(PADDOCK_FORMAT, PADDOCK_FORMAT_STRUCT)
 // kind 2: relu(u)^2 (ungated: `gate` is not read).
 extern "C" __global__ void moe_gated(const float* __restrict__ gate, const float* __restrict__ up, i64 n, int kind,
                                      float limit, float alpha, float* __restrict__ out) {
+    after_previous_grid();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const float u = up[i];
@@ -246,6 +257,7 @@ extern "C" __global__ void moe_gated(const float* __restrict__ gate, const float
 extern "C" __global__ void moe_combine(const float* __restrict__ h, const int* __restrict__ chosen,
                                        const float* __restrict__ weights, const int* __restrict__ where, int k,
                                        int n_cols, float* __restrict__ out) {
+    after_previous_grid();
     const int t = blockIdx.x;
     int slot[MOE_MAX_K];
     for (int j = 0; j < k; ++j) slot[j] = j;
