@@ -254,14 +254,16 @@ def _centred_q4_k(tensor: Any, rms: float, rng: Any) -> Any:
     return QuantizedTensor(tensor.name, tensor.qtype, tensor.shape, blocks.reshape(tensor.data.shape))
 
 
-def _nemotron_moe(rng: Any, qtype: str, groups: int, latent: int | None) -> tuple[dict[str, Any], Any]:
+def _nemotron_moe(
+    rng: Any, qtype: str, groups: int, latent: int | None, routing: str = "sigmoid_grouped"
+) -> tuple[dict[str, Any], Any]:
     """Nemotron-H's MoE layer (3 Nano: one group; DeepSeek-style 4 groups, 2 compete; 3 Super: latent experts)
-    at hidden 512: its tensors and spec."""
+    at hidden 512: its tensors and spec (`routing` softmax_topk: the router of Qwen's and Granite's experts)."""
     from app.engine.models.config import MoeSpec
 
     hidden, ff, experts, used = 512, 256, 16, 4
     width = latent or hidden
-    spec = MoeSpec(experts, used, ff, routing="sigmoid_grouped", normalize=True, num_groups=groups,
+    spec = MoeSpec(experts, used, ff, routing=routing, normalize=True, num_groups=groups,
                    topk_groups=min(2, groups), routed_scale=2.5, activation="relu2", latent_size=latent)  # fmt: skip
     up, down = _stacked(qtype, experts, ff, width, rng, "up"), _stacked(qtype, experts, width, ff, rng, "down")
     if qtype == "Q4_K":
@@ -283,10 +285,13 @@ ROUTE_MARGIN = 1e-3  # the inputs' choice values clear the k-th best by this: ~8
 
 
 def _route_margin(x: np.ndarray, tensors: dict[str, Any], spec: Any) -> np.ndarray:
-    """Per token, how far sigmoid_grouped's choices (the best groups, then the k best experts) are from a tie:
-    the smallest gap between a chosen and the best unchosen group sum, and expert choice value."""
+    """Per token, how far the router's choices (sigmoid_grouped: the best groups, then the k best experts) are
+    from a tie: the smallest gap between a chosen and the best unchosen group sum, and expert choice value
+    (softmax_topk: logit)."""
     logits = x.astype(np.float64) @ tensors["blk.1.ffn_gate_inp.weight"].dequantize().astype(np.float64).T
-    choice = 1.0 / (1.0 + np.exp(-logits)) + tensors["blk.1.exp_probs_b.bias"].dequantize().reshape(-1)
+    choice = logits
+    if spec.routing == "sigmoid_grouped":
+        choice = 1.0 / (1.0 + np.exp(-logits)) + tensors["blk.1.exp_probs_b.bias"].dequantize().reshape(-1)
     margins = []
     if spec.num_groups > 1:
         grouped = choice.reshape(len(x), spec.num_groups, -1)
@@ -333,7 +338,8 @@ def test_nemotron_experts_run_on_the_device(cuda, cpu, rng, n_tok: int, qtype: s
     assert rel_err(got, want) < (F16_TOL if latent and n_tok >= DENSE_FROM_TOKENS else 1e-4)
 
 
-def test_moe_in_a_decode_graph_reads_this_replays_router_logits(cuda, rng) -> None:
+@pytest.mark.parametrize("routing", ["sigmoid_grouped", "softmax_topk"])
+def test_moe_in_a_decode_graph_reads_this_replays_router_logits(cuda, rng, routing: str) -> None:
     """A router product then moe.cu, captured as decode graphs capture (programmatic launches, sm_90+), replayed
     on new inputs: each replay gives the eager layer's output. Before moe.cu's kernels waited for their
     predecessor (issue 34), moe_route started while the router's GEMV still ran and routed on the previous
@@ -341,7 +347,7 @@ def test_moe_in_a_decode_graph_reads_this_replays_router_logits(cuda, rng) -> No
     from app.engine.layers.moe import MoE
     from app.engine.worker.decode_graphs import capture_buckets
 
-    tensors, spec = _nemotron_moe(rng, "Q8_0", 1, None)
+    tensors, spec = _nemotron_moe(rng, "Q8_0", 1, None, routing)
     layer = MoE(cuda, tensors, "blk.1", spec)
     static = cuda.from_host(np.zeros((1, 512), np.float32))
     cuda.xp.cuda.Device().synchronize()  # the side stream does not wait for the weights' uploads (decode_graphs.py)
