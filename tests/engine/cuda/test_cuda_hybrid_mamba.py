@@ -14,7 +14,8 @@ any family reads back to the host and decode runs in CUDA graphs.
 - The ops alone: backend.causal_conv1d, ssd_scan, gated_group_rms_norm on a varlen batch (prefill chunks
   from zeros and from a state row, decodes) and on a decode batch, against the numpy backend's.
 - Nemotron-H's experts (sigmoid group-limited routing with its choice bias, squared-ReLU experts without
-  a gate, the latent space) on moe.cu through the MoE layer, against the numpy layer.
+  a gate, the latent space) on moe.cu through the MoE layer, against the numpy layer, on inputs
+  routed clear of ties; and in a captured decode graph, replayed on new inputs.
 - NoPE's identity RoPE table goes to the device as one row.
 """
 
@@ -240,33 +241,128 @@ def _stacked(qtype: str, experts: int, rows: int, cols: int, rng: Any, name: str
     return QuantizedTensor(name, flat.qtype, (experts, rows, cols), flat.data)
 
 
-@pytest.mark.parametrize("n_tok", [1, 5, 70])
-@pytest.mark.parametrize(("qtype", "groups", "latent"), [("Q8_0", 1, None), ("BF16", 4, None), ("Q4_K", 1, 256)])
-def test_nemotron_experts_run_on_the_device(cuda, cpu, rng, n_tok: int, qtype: str, groups: int, latent) -> None:
-    """The MoE layer of Nemotron-H (3 Nano: one group; DeepSeek-style 4 groups, 2 compete; 3 Super: latent
-    experts) takes moe.cu on CUDA, with no host sync, and equals the numpy layer."""
-    from app.engine.layers.moe import MoE
+def _centred_q4_k(tensor: Any, rms: float, rng: Any) -> Any:
+    """`tensor` (random Q4_K blocks) made like a trained one: each sub-block's min equal to its scale and
+    the super-block's dmin 7.5 times its d, so weights are d * scale * (q - 7.5), centred on zero, with
+    about `rms` spread. Random blocks (cuda_samples.random_tensor) have weights of mean ~2.6 and spread ~4:
+    through a squared ReLU and two such products the latent sum reaches ~1e7, past float16's 65504,
+    which the latent up-projection's tensor-core product of 3+ tokens rounds its input to (inf, then NaN)."""
+    from app.engine.quant.dispatch import QuantizedTensor
+
+    blocks = tensor.data.reshape(-1, 144).copy()
+    blocks[:, 8:12] = blocks[:, 4:8]  # mins 0-3 and the high bits of mins 4-7: the scales'
+    blocks[:, 12:16] = (blocks[:, 12:16] & 0x0F) * 0x11  # mins 4-7's low nibbles: the scales'
+    d = (rms / 168.0 * rng.uniform(0.8, 1.2, len(blocks))).astype(np.float16)  # 168: rms of scale * (q - 7.5)
+    blocks[:, 0:2] = d.view(np.uint8).reshape(-1, 2)
+    blocks[:, 2:4] = (d.astype(np.float32) * 7.5).astype(np.float16).view(np.uint8).reshape(-1, 2)
+    return QuantizedTensor(tensor.name, tensor.qtype, tensor.shape, blocks.reshape(tensor.data.shape))
+
+
+def _nemotron_moe(
+    rng: Any, qtype: str, groups: int, latent: int | None, routing: str = "sigmoid_grouped"
+) -> tuple[dict[str, Any], Any]:
+    """Nemotron-H's MoE layer (3 Nano: one group; DeepSeek-style 4 groups, 2 compete; 3 Super: latent experts)
+    at hidden 512: its tensors and spec (`routing` softmax_topk: the router of Qwen's and Granite's experts)."""
     from app.engine.models.config import MoeSpec
 
     hidden, ff, experts, used = 512, 256, 16, 4
     width = latent or hidden
-    spec = MoeSpec(experts, used, ff, routing="sigmoid_grouped", normalize=True, num_groups=groups,
+    spec = MoeSpec(experts, used, ff, routing=routing, normalize=True, num_groups=groups,
                    topk_groups=min(2, groups), routed_scale=2.5, activation="relu2", latent_size=latent)  # fmt: skip
+    up, down = _stacked(qtype, experts, ff, width, rng, "up"), _stacked(qtype, experts, width, ff, rng, "down")
+    if qtype == "Q4_K":
+        up, down = _centred_q4_k(up, 0.05, rng), _centred_q4_k(down, 0.05, rng)
     p = "blk.1"
     tensors = {
         f"{p}.ffn_gate_inp.weight": _f32_tensor("router", rng.standard_normal((experts, hidden)) / 16),
         f"{p}.exp_probs_b.bias": _f32_tensor("bias", rng.standard_normal(experts) * 0.1),
-        f"{p}.ffn_up_exps.weight": _stacked(qtype, experts, ff, width, rng, "up"),
-        f"{p}.ffn_down_exps.weight": _stacked(qtype, experts, width, ff, rng, "down"),
+        f"{p}.ffn_up_exps.weight": up,
+        f"{p}.ffn_down_exps.weight": down,
     }
     if latent:
         tensors[f"{p}.ffn_latent_down.weight"] = _f32_tensor("ld", rng.standard_normal((latent, hidden)) / 16)
         tensors[f"{p}.ffn_latent_up.weight"] = _f32_tensor("lu", rng.standard_normal((hidden, latent)) / 16)
-    on_gpu, reference = MoE(cuda, tensors, p, spec), MoE(cpu, tensors, p, spec)
+    return tensors, spec
+
+
+ROUTE_MARGIN = 1e-3  # the inputs' choice values clear the k-th best by this: ~8x the router's float16 error
+
+
+def _route_margin(x: np.ndarray, tensors: dict[str, Any], spec: Any) -> np.ndarray:
+    """Per token, how far the router's choices (sigmoid_grouped: the best groups, then the k best experts) are
+    from a tie: the smallest gap between a chosen and the best unchosen group sum, and expert choice value
+    (softmax_topk: logit)."""
+    logits = x.astype(np.float64) @ tensors["blk.1.ffn_gate_inp.weight"].dequantize().astype(np.float64).T
+    choice = logits
+    if spec.routing == "sigmoid_grouped":
+        choice = 1.0 / (1.0 + np.exp(-logits)) + tensors["blk.1.exp_probs_b.bias"].dequantize().reshape(-1)
+    margins = []
+    if spec.num_groups > 1:
+        grouped = choice.reshape(len(x), spec.num_groups, -1)
+        best_two = np.sort(grouped, axis=-1)[..., -2:].sum(axis=-1)
+        sums = np.sort(best_two, axis=-1)[:, ::-1]
+        margins.append(sums[:, spec.topk_groups - 1] - sums[:, spec.topk_groups])
+        kept = np.argsort(-best_two, axis=-1, kind="stable")[:, : spec.topk_groups]
+        allowed = np.zeros(grouped.shape[:2], bool)
+        np.put_along_axis(allowed, kept, True, axis=-1)
+        choice = np.where(np.repeat(allowed, grouped.shape[2], axis=1), choice, -np.inf)
+    ranked = -np.sort(-choice, axis=-1)
+    margins.append(ranked[:, spec.num_used - 1] - ranked[:, spec.num_used])
+    return np.minimum.reduce(margins)
+
+
+def _clear_inputs(rng: Any, n_tok: int, tensors: dict[str, Any], spec: Any) -> np.ndarray:
+    """`n_tok` random hidden states whose routing is ROUTE_MARGIN from any tie, so that the device's router
+    (a float16 product from 3 tokens, linear.py) picks the numpy layer's experts."""
+    x = rng.standard_normal((4 * n_tok + 8, 512)).astype(np.float32)
+    x = x[_route_margin(x, tensors, spec) > ROUTE_MARGIN][:n_tok]
+    assert len(x) == n_tok and _route_margin(x, tensors, spec).min() > ROUTE_MARGIN
+    return x
+
+
+@pytest.mark.parametrize("n_tok", [1, 5, 70])
+@pytest.mark.parametrize(("qtype", "groups", "latent"), [("Q8_0", 1, None), ("BF16", 4, None), ("Q4_K", 1, 256)])
+def test_nemotron_experts_run_on_the_device(cuda, cpu, rng, n_tok: int, qtype: str, groups: int, latent) -> None:
+    """The MoE layer of Nemotron-H takes moe.cu on CUDA, with no host sync, and equals the numpy layer. Float32
+    throughout but for the latent projections of 3+ tokens (float32 weights with a float16 copy: cuBLAS on
+    float16 x, hence F16_TOL); the Q4_K latent experts are centred as trained ones are, their outputs O(1)."""
+    from cuda_samples import F16_TOL
+
+    from app.engine.backend.cuda.linear import DENSE_FROM_TOKENS
+    from app.engine.layers.moe import MoE
+
+    tensors, spec = _nemotron_moe(rng, qtype, groups, latent)
+    on_gpu, reference = MoE(cuda, tensors, "blk.1", spec), MoE(cpu, tensors, "blk.1", spec)
     assert not on_gpu.syncs_host and reference.syncs_host
-    x = rng.standard_normal((n_tok, hidden)).astype(np.float32)
-    got = cuda.to_host(on_gpu(cuda.from_host(x)))
-    assert rel_err(got, reference(x)) < 1e-4
+    x = _clear_inputs(rng, n_tok, tensors, spec)
+    got, want = cuda.to_host(on_gpu(cuda.from_host(x))), reference(x)
+    assert np.isfinite(got).all()
+    if latent:  # the centred experts' outputs are O(1), as a trained model's: far from float16's range
+        assert 0.1 < np.sqrt(np.mean(want**2)) < 100
+    assert rel_err(got, want) < (F16_TOL if latent and n_tok >= DENSE_FROM_TOKENS else 1e-4)
+
+
+@pytest.mark.parametrize("routing", ["sigmoid_grouped", "softmax_topk"])
+def test_moe_in_a_decode_graph_reads_this_replays_router_logits(cuda, rng, routing: str) -> None:
+    """A router product then moe.cu, captured as decode graphs capture (programmatic launches, sm_90+), replayed
+    on new inputs: each replay gives the eager layer's output. Before moe.cu's kernels waited for their
+    predecessor (issue 34), moe_route started while the router's GEMV still ran and routed on the previous
+    replay's logits: other experts than eagerly, the split at the first graph decode step of nemotron_h_moe."""
+    from app.engine.layers.moe import MoE
+    from app.engine.worker.decode_graphs import capture_buckets
+
+    tensors, spec = _nemotron_moe(rng, "Q8_0", 1, None, routing)
+    layer = MoE(cuda, tensors, "blk.1", spec)
+    static = cuda.from_host(np.zeros((1, 512), np.float32))
+    cuda.xp.cuda.Device().synchronize()  # the side stream does not wait for the weights' uploads (decode_graphs.py)
+    stream = cuda.xp.cuda.Stream(non_blocking=True)
+    graphs = capture_buckets([1], lambda n: layer(static), stream, stage=lambda n: static.fill(0.5))
+    graph, output = graphs[1]
+    for step, x in enumerate(_clear_inputs(rng, 12, tensors, spec)):
+        eager = cuda.to_host(layer(cuda.from_host(x[None])))
+        static.set(x[None])
+        graph.launch()
+        assert rel_err(cuda.to_host(output), eager) < 1e-5, f"replay {step}"
 
 
 def test_a_nope_table_goes_to_the_device_as_one_row(cuda) -> None:

@@ -18,6 +18,10 @@
 //                for ungated experts (Nemotron-H's squared ReLU: no gate product at all).
 //   moe_combine  per token, sum of its k pairs' outputs times their weights, in expert-id order
 //                (the oracle's order, so a token's sum does not depend on the rest of the batch).
+//
+// Every kernel starts with after_previous_grid() (common.cuh): a decode graph launches them programmatically
+// (pdl.py), and without the wait moe_route could read the router's logits while the product that writes
+// them still runs (the previous replay's values: wrong experts, only in graphs).
 #include "quant.cuh"
 
 #define MOE_MAX_K 16
@@ -55,6 +59,7 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n_tok
                                      int normalize, const float* __restrict__ bias, float softcap, float routed_scale,
                                      int n_groups, int topk_groups, int* __restrict__ chosen,
                                      float* __restrict__ weights) {
+    after_previous_grid();
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n_tok) return;
     const float* l = logits + (i64)t * n_exp;
@@ -127,6 +132,7 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n_tok
 }
 
 extern "C" __global__ void moe_count(const int* __restrict__ chosen, int n_pairs, int* __restrict__ counts) {
+    after_previous_grid();
     const int p = blockIdx.x * blockDim.x + threadIdx.x;
     if (p < n_pairs) atomicAdd(counts + chosen[p], 1);
 }
@@ -134,6 +140,7 @@ extern "C" __global__ void moe_count(const int* __restrict__ chosen, int n_pairs
 // One thread: offsets[e] = sum of counts before e (offsets[n_exp] = all pairs); cursor = offsets.
 extern "C" __global__ void moe_offsets(const int* __restrict__ counts, int n_exp, int* __restrict__ offsets,
                                        int* __restrict__ cursor) {
+    after_previous_grid();
     if (blockIdx.x != 0 || threadIdx.x != 0) return;
     int total = 0;
     for (int e = 0; e < n_exp; ++e) {
@@ -145,6 +152,7 @@ extern "C" __global__ void moe_offsets(const int* __restrict__ counts, int n_exp
 
 extern "C" __global__ void moe_scatter(const int* __restrict__ chosen, int n_pairs, int* __restrict__ cursor,
                                        int* __restrict__ order, int* __restrict__ where) {
+    after_previous_grid();
     const int p = blockIdx.x * blockDim.x + threadIdx.x;
     if (p >= n_pairs) return;
     const int at = atomicAdd(cursor + chosen[p], 1);  // the order within an expert does not matter
@@ -159,6 +167,7 @@ __device__ __forceinline__ void moe_grouped(const u8* __restrict__ w, i64 expert
                                             int n_cols, const float* __restrict__ x, int x_per_pair,
                                             const int* __restrict__ order, const int* __restrict__ offsets, int k,
                                             const float* __restrict__ bias, float* __restrict__ y) {
+    after_previous_grid();
     const int e = blockIdx.y, lane = threadIdx.x & 31;
     const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int begin = offsets[e], end = offsets[e + 1];
@@ -223,6 +232,7 @@ MOE_GROUPED_FORMAT(PADDOCK_FORMAT, PADDOCK_FORMAT_STRUCT)
 // formula. The numbers are kernels/moe.py's ACTIVATION_KINDS.
 extern "C" __global__ void moe_gated(const float* __restrict__ gate, const float* __restrict__ up, i64 n, int kind,
                                      float limit, float alpha, float* __restrict__ out) {
+    after_previous_grid();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const float u = up[i];
@@ -246,6 +256,7 @@ extern "C" __global__ void moe_gated(const float* __restrict__ gate, const float
 extern "C" __global__ void moe_combine(const float* __restrict__ h, const int* __restrict__ chosen,
                                        const float* __restrict__ weights, const int* __restrict__ where, int k,
                                        int n_cols, float* __restrict__ out) {
+    after_previous_grid();
     const int t = blockIdx.x;
     int slot[MOE_MAX_K];
     for (int j = 0; j < k; ++j) slot[j] = j;
