@@ -83,7 +83,7 @@ SHAPES = {
         expert_ffn=512,
         shared_ffn=512,
     ),
-    "qwen35-tiny": HybridShape("qwen35", 256, 4, 4, 2, 64, 2, 4, 64, 64, 1024, ffn=512, context=4096),
+    "qwen35-tiny": HybridShape("qwen35", 256, 4, 4, 2, 64, 2, 4, 64, 64, 1024, ffn=512, context=32768),
     "qwen35moe-tiny": HybridShape(
         "qwen35moe",
         256,
