@@ -78,7 +78,6 @@ def test_the_scan_finds_the_kernels_and_a_missing_wait() -> None:
     names = {(f, k) for f, k, _ in _kernels()}
     moe = {
         "moe_route",
-        "moe_route_sigmoid",
         "moe_count",
         "moe_offsets",
         "moe_scatter",
