@@ -3,8 +3,10 @@
 `VisionModel` = SigLIP encoder + Gemma 3 projector over backend ops, `QwenVisionModel` the
 Qwen2.5-VL vision transformer and merger (qwen_vl.py); `load_vision` builds the checkpoint's
 from a Hugging Face folder or a llama.cpp mmproj GGUF (see weights.py, qwen_vl_mmproj.py);
-Gemma 4's tower and embedder are `Gemma4VisionTower` (gemma4_vision.py, from an HF folder only);
-image preprocessing is in image_processing.py, qwen_vl_processing.py and gemma4_processing.py.
+Gemma 4's tower and embedder are `Gemma4VisionTower` (gemma4_vision.py, from an HF folder only),
+PaddleOCR-VL's tower and projector `PaddleVisionTower` (paddleocr_vision.py);
+image preprocessing is in image_processing.py, qwen_vl_processing.py, gemma4_processing.py and
+paddleocr_processing.py.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from app.engine.models.vision.config import VisionConfig
 from app.engine.models.vision.gemma3_projector import Gemma3Projector
 from app.engine.models.vision.gemma4_config import gemma4_vision_gap, load_gemma4_vision
 from app.engine.models.vision.gemma4_vision import Gemma4VisionTower
+from app.engine.models.vision.paddleocr_config import load_paddle_vision
+from app.engine.models.vision.paddleocr_mmproj import load_paddle_mmproj
+from app.engine.models.vision.paddleocr_vision import PaddleVisionTower
 from app.engine.models.vision.qwen_vl import QwenVisionModel
 from app.engine.models.vision.qwen_vl_mmproj import load_qwen_mmproj
 from app.engine.models.vision.qwen_vl_weights import load_qwen_vision
@@ -29,7 +34,14 @@ from app.engine.models.vision.weights import Tensors, find_mmproj, load_hf_visio
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Gemma4VisionTower", "QwenVisionModel", "VisionConfig", "VisionModel", "load_vision"]
+__all__ = [
+    "Gemma4VisionTower",
+    "PaddleVisionTower",
+    "QwenVisionModel",
+    "VisionConfig",
+    "VisionModel",
+    "load_vision",
+]
 
 
 class VisionModel:
@@ -48,13 +60,15 @@ class VisionModel:
 
 def load_vision(
     checkpoint: Any, backend: Any, mmproj: str | Path | None = None
-) -> VisionModel | QwenVisionModel | Gemma4VisionTower | None:
+) -> VisionModel | QwenVisionModel | Gemma4VisionTower | PaddleVisionTower | None:
     """The checkpoint's vision tower: its own (HF folder), the given mmproj, or an mmproj beside a
     GGUF. None when the model has none."""
     if checkpoint.architecture == "qwen2vl":
         return _load_qwen(checkpoint, backend, mmproj)
     if checkpoint.architecture == "gemma4":
         return _load_gemma4(checkpoint, backend, mmproj)
+    if checkpoint.architecture == "paddleocr":
+        return _load_paddle(checkpoint, backend, mmproj)
     text_hidden = checkpoint.tensors["token_embd.weight"].shape[1]
     if mmproj is not None:
         cfg, tensors = load_mmproj(Path(mmproj), text_hidden)
@@ -73,22 +87,31 @@ def load_vision(
 
 def _load_qwen(checkpoint: Any, backend: Any, mmproj: str | Path | None) -> QwenVisionModel | None:
     """From the given mmproj, the mmproj beside a GGUF, or the folder's own `visual.*` tensors."""
-    text_hidden = checkpoint.tensors["token_embd.weight"].shape[1]
+    loaded = _mmproj_or_folder(checkpoint, mmproj, load_qwen_mmproj, load_qwen_vision)
+    if loaded is None:
+        return None
+    cfg, tensors = loaded
+    _check_width(checkpoint, cfg.out_hidden_size, "merger")
+    return QwenVisionModel(backend, cfg, tensors)
+
+
+def _mmproj_or_folder(checkpoint: Any, mmproj: str | Path | None, from_mmproj: Any, from_folder: Any) -> Any:
+    """`(config, tensors)` of a tower given as an mmproj, found beside a GGUF, or in the HF folder
+    (None where there is none): the M-RoPE families' towers load alike."""
     if mmproj is not None or checkpoint.format == "gguf":
         path = Path(mmproj) if mmproj is not None else find_mmproj(checkpoint.path)
         if path is None:
             return None
-        cfg, tensors = load_qwen_mmproj(path, text_hidden)
-    else:
-        loaded = load_qwen_vision(checkpoint.path, checkpoint.hf_config or {})
-        if loaded is None:
-            return None
-        cfg, tensors = loaded
-    if cfg.out_hidden_size != text_hidden:
+        return from_mmproj(path, checkpoint.tensors["token_embd.weight"].shape[1])
+    return from_folder(checkpoint.path, checkpoint.hf_config or {})
+
+
+def _check_width(checkpoint: Any, width: int, part: str) -> None:
+    text_hidden = checkpoint.tensors["token_embd.weight"].shape[1]
+    if width != text_hidden:
         raise CheckpointError(
-            f"{checkpoint.path}: the vision merger outputs width {cfg.out_hidden_size}, the text model's is {text_hidden}"
+            f"{checkpoint.path}: the vision {part} outputs width {width}, the text model's is {text_hidden}"
         )
-    return QwenVisionModel(backend, cfg, tensors)
 
 
 def _load_gemma4(checkpoint: Any, backend: Any, mmproj: str | Path | None) -> Gemma4VisionTower | None:
@@ -121,3 +144,13 @@ def _load_gemma4(checkpoint: Any, backend: Any, mmproj: str | Path | None) -> Ge
             f"{checkpoint.path}: the vision embedder outputs width {cfg.text_hidden_size}, the text model's is {text_hidden}"
         )
     return Gemma4VisionTower(backend, cfg, tensors)
+
+
+def _load_paddle(checkpoint: Any, backend: Any, mmproj: str | Path | None) -> PaddleVisionTower | None:
+    """From the given mmproj, the mmproj beside a GGUF, or the folder's own `visual.*`/`mlp_AR.*`."""
+    loaded = _mmproj_or_folder(checkpoint, mmproj, load_paddle_mmproj, load_paddle_vision)
+    if loaded is None:
+        return None
+    cfg, tensors = loaded
+    _check_width(checkpoint, cfg.text_hidden_size, "projector")
+    return PaddleVisionTower(backend, cfg, tensors)
