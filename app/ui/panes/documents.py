@@ -319,6 +319,8 @@ class DocumentsPane(QWidget):
         else:
             self.mode.setText(f"{status.model} reads text only, so the documents' extracted text is used "
                               "(pages are not sent as images).")
+        if self.session.documents.ocr.notice:
+            self.mode.setText(f"{self.mode.text()} {self.session.documents.ocr.notice}")
         self._show_vision_notice()
         self._update_buttons()
 

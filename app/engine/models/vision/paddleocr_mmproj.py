@@ -1,6 +1,6 @@
 """PaddleOCR-VL's vision tower from a llama.cpp mmproj GGUF (projector type `paddleocr`).
 
-llama.cpp's converter (conversion/ernie.py, PaddleOCRVisionModel) keeps the tensors as they are and
+llama.cpp's converter (its PaddleOCRVisionModel class) keeps the tensors as they are and
 names them as paddleocr_config.py does (`v.*`, `mm.input_norm`, `mm.1`, `mm.2`), so only the config
 is read differently: `clip.vision.image_size` holds sqrt(max_pixels), not the learned position
 grid's side, which therefore comes from `v.position_embd.weight`'s rows (a square grid), and the
