@@ -9,7 +9,8 @@ place (models/vision/siglip.py `full_attention`): per image, patches^2 float32 s
 layer's activations, patches x (6 x hidden + 2 x ff) floats (residual, normed copy, q, k, v,
 attention output; MLP up and its activation). Images are encoded one view at a time. Qwen2.5-VL's
 tower takes images of any size up to its max_pixels, and its full-attention layers attend over all
-of an image's patches: it is sized at that largest image.
+of an image's patches: it is sized at that largest image, and so is PaddleOCR-VL's, whose every layer
+attends over the whole page.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ FLOAT_BYTES = 4
 # config.json's names for the Qwen towers the engine runs (the rest of a vision_config is SigLIP's)
 QWEN_VL_MODEL_TYPES = ("qwen2_5_vl",)
 QWEN_VL_ARCHITECTURE = "Qwen2_5_VLForConditionalGeneration"
+PADDLE_MODEL_TYPES = ("paddleocr_vl",)
+PADDLE_ARCHITECTURE = "PaddleOCRVLForConditionalGeneration"
 
 
 @dataclass(frozen=True)
@@ -53,8 +56,11 @@ class VisionShape:
 
 def vision_from_mmproj(meta: Mapping[str, Any], weight_bytes: int, source: str) -> VisionShape:
     """From an mmproj GGUF's `clip.vision.*` keys (ValueError naming a missing key)."""
+    from app.engine.models.vision.paddleocr_mmproj import PROJECTOR as PADDLE_PROJECTOR
     from app.engine.models.vision.qwen_vl_mmproj import PROJECTOR, projector_type, qwen_config_from_gguf
 
+    if projector_type(meta) == PADDLE_PROJECTOR:
+        return _paddle_from_mmproj(meta, weight_bytes, source)
     if projector_type(meta) == PROJECTOR:
         # its image_size key is a converter placeholder: the tower is sized by its max_pixels; the
         # projection width is checked against the text model at load, not here (no model at hand)
@@ -78,8 +84,31 @@ def vision_from_mmproj(meta: Mapping[str, Any], weight_bytes: int, source: str) 
     )
 
 
+def _paddle_from_mmproj(meta: Mapping[str, Any], weight_bytes: int, source: str) -> VisionShape:
+    """A PaddleOCR-VL mmproj: its image_size key holds sqrt(max_pixels); the bound itself sizes it."""
+
+    def key(name: str) -> int:
+        value = meta.get(f"clip.vision.{name}")
+        if value is None:
+            raise ValueError(f"{source} lacks clip.vision.{name}: cannot size its vision tower")
+        return int(value)
+
+    patch = key("patch_size")
+    return VisionShape(
+        weight_bytes=int(weight_bytes),
+        image_size=0,
+        patch_size=patch,
+        hidden_size=key("embedding_length"),
+        num_heads=key("attention.head_count"),
+        intermediate_size=key("feed_forward_length"),
+        source=source,
+        max_patches=key("image_max_pixels") // patch**2,
+    )
+
+
 def _qwen_shape(config: Any, weight_bytes: int, source: str) -> VisionShape:
-    """A Qwen2.5-VL tower (models/vision/qwen_vl_config.QwenVisionConfig), sized at its largest image."""
+    """A Qwen2.5-VL tower (models/vision/qwen_vl_config.QwenVisionConfig) or PaddleOCR-VL's
+    (paddleocr_config.PaddleVisionConfig), sized at its largest image."""
     return VisionShape(
         weight_bytes=int(weight_bytes),
         image_size=0,
@@ -101,10 +130,18 @@ def vision_from_hf_config(
 
     if "vision_config" not in config:
         return None
-    if config.get("model_type") in QWEN_VL_MODEL_TYPES or QWEN_VL_ARCHITECTURE in (config.get("architectures") or ()):
+    if config.get("model_type") in QWEN_VL_MODEL_TYPES or QWEN_VL_ARCHITECTURE in (
+        config.get("architectures") or ()
+    ):
         from app.engine.models.vision.qwen_vl_config import qwen_vision_config
 
         return _qwen_shape(qwen_vision_config(dict(config), processor), weight_bytes, source)
+    if config.get("model_type") in PADDLE_MODEL_TYPES or PADDLE_ARCHITECTURE in (
+        config.get("architectures") or ()
+    ):
+        from app.engine.models.vision.paddleocr_config import paddle_vision_config
+
+        return _qwen_shape(paddle_vision_config(dict(config), processor), weight_bytes, source)
     vision = {**SIGLIP_DEFAULTS, **(config.get("vision_config") or {})}
     return VisionShape(
         weight_bytes=int(weight_bytes),
@@ -124,7 +161,8 @@ def takes_images(architecture: str) -> bool:
 def is_vision_tensor(hf_name: str) -> bool:
     """A Hugging Face tensor of the vision side (tower or projector), by its name."""
     name = hf_name.removeprefix("model.")
-    return name.startswith(("vision_tower.", "multi_modal_projector.", "visual."))
+    paddle_projector = hf_name.startswith(("mlp_AR.", "model.projector."))  # PaddleOCR-VL's, both layouts
+    return paddle_projector or name.startswith(("vision_tower.", "multi_modal_projector.", "visual."))
 
 
 def is_mmproj_name(name: str) -> bool:

@@ -51,7 +51,9 @@ def notes(entry: ModelEntry, loaded: bool) -> str:
         marks.append("loaded")
     if entry.is_base:
         marks.append("base")
-    if entry.takes_images:
+    if entry.job:
+        marks.append(entry.job[0])
+    elif entry.takes_images:
         marks.append("takes images")
     return " · ".join(marks)
 

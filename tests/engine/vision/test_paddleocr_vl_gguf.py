@@ -192,3 +192,36 @@ def test_a_preprocessed_page_of_the_gguf_pair_is_the_folders(engine):
     a, grid = preprocess_paddle(page, engine.vision.config)
     (view,) = engine.vision.prepare((PADDLE / "images" / "portrait.png").read_bytes()).views
     assert view.grid_thw == grid and np.array_equal(view.pixel_values, a)
+
+
+# -- will-it-fit -----------------------------------------------------------------------------
+
+
+def test_will_it_fit_counts_the_tower_apart_and_sizes_it_at_the_largest_page(pair):
+    import gguf
+
+    from app.engine.plan.fit import shape_from_checkpoint
+
+    processor = json.loads((HF / "preprocessor_config.json").read_text())
+    largest = (
+        processor["max_pixels"] // processor["patch_size"] ** 2
+    )  # every layer attends over the whole page
+    mmproj_bytes = sum(int(t.n_bytes) for t in gguf.GGUFReader(pair[1]).tensors)
+    text_bytes = sum(int(t.n_bytes) for t in gguf.GGUFReader(pair[0]).tensors)
+    from_gguf, from_hf = shape_from_checkpoint(pair[0]), shape_from_checkpoint(HF)
+    assert (from_gguf.weight_bytes, from_gguf.vision.weight_bytes) == (text_bytes, mmproj_bytes)
+    assert from_gguf.vision.source == pair[1].name
+    # the folder's text tensors and its tower + projector (visual.*, mlp_AR.*) as the GGUF pair splits them
+    assert (from_hf.weight_bytes, from_hf.vision.weight_bytes) == (text_bytes, mmproj_bytes)
+    for vision in (from_gguf.vision, from_hf.vision):
+        assert vision.patches == largest == 80
+        assert (vision.hidden_size, vision.num_heads, vision.intermediate_size) == (32, 2, 48)
+
+
+def test_the_gguf_pair_reads_a_page_as_the_ocr_model(pair):
+    # the chat template travels in the GGUF (tokenizer.chat_template), the tower in the mmproj beside it
+    reader = PageReader.load(pair[0], device="cpu", context=256, max_reply_tokens=4)
+    assert (
+        reader.read_ids((PADDLE / "images" / "portrait.png").read_bytes())
+        == MANIFEST["greedy"]["portrait"][:4]
+    )
