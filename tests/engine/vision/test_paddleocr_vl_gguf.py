@@ -225,3 +225,25 @@ def test_the_gguf_pair_reads_a_page_as_the_ocr_model(pair):
         reader.read_ids((PADDLE / "images" / "portrait.png").read_bytes())
         == MANIFEST["greedy"]["portrait"][:4]
     )
+
+
+# The published chat_template.jinja's user turn: it reads content only as a list of typed parts.
+PUBLISHED_TEMPLATE = """{%- if not cls_token is defined -%}{%- set cls_token = "<|begin_of_sentence|>" -%}{%- endif -%}
+{%- if not image_token is defined -%}
+{%- set image_token = "<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>" -%}{%- endif -%}
+{{- cls_token -}}
+{%- for message in messages -%}{%- if message["role"] == "user" -%}{{- "User: " -}}
+{%- for content in message["content"] -%}{%- if content["type"] == "image" -%}{{ image_token }}{%- endif -%}{%- endfor -%}
+{%- for content in message["content"] -%}{%- if content["type"] == "text" -%}{{ content["text"] }}{%- endif -%}
+{%- endfor -%}{{ "\\n" -}}{%- endif -%}{%- endfor -%}
+{%- if add_generation_prompt -%}{{- "Assistant: " -}}{%- endif -%}"""
+
+
+def test_a_template_that_reads_only_content_parts_still_gets_the_card_prompt(tmp_path):
+    folder = _copy_hf(tmp_path)
+    (folder / "chat_template.jinja").write_text(PUBLISHED_TEMPLATE)
+    reader = PageReader.load(folder, device="cpu", context=256, max_reply_tokens=3)
+    assert reader.read_ids((PADDLE / "images" / "wide.png").read_bytes()) == MANIFEST["greedy"]["wide"][:3]
+    engine = reader.task.engine
+    image = engine.vision.prepare((PADDLE / "images" / "wide.png").read_bytes())
+    assert reader.prompt_ids(image) == MANIFEST["prompts"]["wide"]
