@@ -113,3 +113,17 @@ def test_an_ocr_model_that_fails_to_load_is_named_with_the_file(qtbot, make_wind
     (failure,) = result.value.failed
     assert failure.message.startswith("scan.pdf: its pages have no text and the OCR model failed to load: ")
     assert str(broken) in failure.message and "config.json" in failure.message
+
+
+def test_a_scanned_pdf_dropped_on_the_chat_is_read_by_ocr_and_searched(qtbot, make_window, tmp_path, reader):
+    from .drag import drop
+
+    window = make_window(panes=("chat",), ocr=OcrHost(lambda: reader, "PaddleOCR-VL"))  # a text-only chat model
+    pane = window.pane("chat")
+    scan = write_scanned_pdf(tmp_path / "scan.pdf")
+    with qtbot.waitSignal(pane.attach_finished, timeout=OCR_WAIT_MS):
+        drop(pane.transcript, [scan])
+    (document,) = pane.documents.documents  # kept in the set as text, not routed to a vision model
+    assert document.name == "scan.pdf" and document.ocr_pages == (1, 2) and not document.scanned
+    assert pane.error.isHidden() and not pane.tray.pending
+    assert pane.documents.passage(scan, "page 1") == expected_text(reader, scan, 1)
