@@ -14,7 +14,9 @@ A model with vision (`supports_vision`: Gemma 3 with its tower) reads the set's 
 images instead, page by page (doc_pages.py over `page_qa.ask_pages`), each page a citation; the
 other documents' excerpts follow as text, numbered after the pages. A set that keeps scanned PDFs
 (`keep_scanned`: no text layer, nothing to search) holds them for such a model; a text-only model
-is told plainly that it cannot read them (`needs_vision_message`).
+is told plainly that it cannot read them (`needs_vision_message`). With an OCR model (`ocr`, ocr.py:
+PaddleOCR-VL) the pages without a text layer are read by it as they are ingested, and are then
+searched and cited by page like any text page.
 """
 
 from __future__ import annotations
