@@ -285,6 +285,8 @@ class DocumentSet:
             reader = self.ocr.get()
         except (ValueError, OSError) as exc:  # the model's own errors name its path and the problem
             raise DocumentError(document.path, f"its pages have no text and the OCR model failed to load: {exc}") from None
+        if reader is None:  # none installed
+            return document, []
         return read_scanned_pages(document, reader, progress, cancel)
 
     def remove(self, path: str | Path) -> None:

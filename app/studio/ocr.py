@@ -1,8 +1,10 @@
 """Scanned pages read by an OCR model (PaddleOCR-VL) when documents are ingested.
 
 `OcrHost` holds the one OCR model the `documents.ocr_model` setting names, loaded where it is first
-needed (a PDF with pages that have no text layer) and then shared; with the setting empty there is
-none and scanned PDFs go on as before (kept for a vision model, or refused with the reason).
+needed (a PDF with pages that have no text layer) and then shared. With the setting empty, the first
+usable PaddleOCR-VL of the models folder is that model (looked for at that first need, and again at
+the next one while there is none: it may be downloaded meanwhile); without one, scanned PDFs go on as
+before (kept for a vision model, or refused with the reason).
 
 `read_scanned_pages` is the ingest step: a PDF's pages without text are rendered (pypdfium2, in the
 child process documents/pdf.py reads with) near the model's pixel budget and sent to it one by one;
@@ -16,7 +18,7 @@ import io
 import logging
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -41,11 +43,25 @@ def ocr_source(path: str, device: str = "auto") -> OcrSource | None:
     return load
 
 
-class OcrHost:
-    """One OCR model, loaded once on first `get()` (None when none is configured)."""
+def installed_ocr_source(entries: Callable[[], Iterable[Any]], device: str = "auto") -> OcrSource:
+    """The first usable model of `entries()` (the models folder's ModelEntry list) whose job is OCR, as
+    a source; it gives None while there is none."""
 
-    def __init__(self, source: OcrSource | None = None, name: str = "the OCR model") -> None:
-        self._source, self.name = source, name
+    def load() -> Any:
+        from app.engine.tasks.ocr import PageReader
+
+        found = next((e for e in entries() if e.usable and e.job and e.job[0] == "OCR"), None)
+        return None if found is None else PageReader.load(found.path, device=device)
+
+    return load
+
+
+class OcrHost:
+    """One OCR model, loaded once on first `get()` (None when there is none)."""
+
+    def __init__(self, source: OcrSource | None = None, name: str | None = None) -> None:
+        """`name`: what the Documents pane calls the model before it is loaded (None: only once it is)."""
+        self._source, self._name = source, name
         self._reader: Any = None
         self._lock = threading.Lock()  # two first uses on two threads load the model once
 
@@ -56,9 +72,10 @@ class OcrHost:
     @property
     def notice(self) -> str:
         """What the Documents pane says of scanned PDFs while an OCR model is set ("" without one)."""
-        if not self.configured:
+        name = self._reader.model_name if self._reader is not None else self._name
+        if not self.configured or name is None:
             return ""
-        return f"Scanned PDF pages (no text layer) are read by {self.name} (OCR) as they are added, and cited by page."
+        return f"Scanned PDF pages (no text layer) are read by {name} (OCR) as they are added, and cited by page."
 
     def get(self) -> Any:
         """The reader, loaded now if nothing has loaded it yet; None without an OCR model."""
@@ -67,7 +84,8 @@ class OcrHost:
         with self._lock:
             if self._reader is None:
                 self._reader = self._source()
-                log.info("OCR model loaded: %s", self._reader.model_name)
+                if self._reader is not None:
+                    log.info("OCR model loaded: %s", self._reader.model_name)
             return self._reader
 
 

@@ -18,7 +18,8 @@ from app.studio.chat import ChatService
 from app.studio.doc_qa import embedder_source as doc_qa_embedder
 from app.studio.embedders import EmbedderHost, EmbedderSource
 from app.studio.history import History
-from app.studio.ocr import OcrHost, ocr_source
+from app.studio.library import ModelLibrary
+from app.studio.ocr import OcrHost, installed_ocr_source, ocr_source
 from app.studio.paths import StudioPaths, studio_paths
 from app.studio.remote_engine import RemoteEngine, RemoteEngineError
 from app.studio.runtime import EngineFactory, EngineHost, default_factory
@@ -63,9 +64,15 @@ def build_context(paths: StudioPaths, *, engine_factory: EngineFactory = default
     # the Studio's embedder setting: "" the shipped MiniLM, else a Qwen3-Embedding or BERT folder / GGUF
     embedders = EmbedderHost(embedder_source or doc_qa_embedder(settings.get("documents.embedding_model"),
                                                                 settings.get("engine.device")))
-    if ocr is None:
-        ocr_path = settings.get("documents.ocr_model")
-        ocr = OcrHost(ocr_source(ocr_path, settings.get("engine.device")), Path(ocr_path).name)
+    if ocr is None:  # the setting's OCR model, else a PaddleOCR-VL of the models folder once one is there
+        ocr_path, device = settings.get("documents.ocr_model"), settings.get("engine.device")
+        if ocr_path:
+            ocr = OcrHost(ocr_source(ocr_path, device), Path(ocr_path).name)
+        else:
+            def installed() -> list:
+                return ModelLibrary(settings.get("models.folder") or paths.models_dir, paths.other_models).list()
+
+            ocr = OcrHost(installed_ocr_source(installed, device))
     server = ServerControl(lambda: host.client, embedder=lambda: embedders.loaded)
     server.follow(host)
     server.follow_embedder(embedders)  # /v1/embeddings once the Documents pane has loaded the model

@@ -127,3 +127,19 @@ def test_a_scanned_pdf_dropped_on_the_chat_is_read_by_ocr_and_searched(qtbot, ma
     assert document.name == "scan.pdf" and document.ocr_pages == (1, 2) and not document.scanned
     assert pane.error.isHidden() and not pane.tray.pending
     assert pane.documents.passage(scan, "page 1") == expected_text(reader, scan, 1)
+
+
+def test_with_the_setting_empty_a_paddleocr_in_the_models_folder_reads_scanned_pages(qtbot, make_window, home,
+                                                                                      tmp_path):
+    import shutil
+
+    window = make_window(panes=("documents",))  # the Studio's own OcrHost, from its settings
+    pane = window.pane("documents")
+    scan = write_scanned_pdf(tmp_path / "scan.pdf", PAGES[:1])
+    ingest(qtbot, pane, [scan])
+    assert rows(pane)[0][2] == "1 page, scanned (no text layer)"  # nothing installed yet
+    shutil.copytree(MODEL, home / "models" / "acme" / "paddleocr-vl")  # downloaded meanwhile
+    result = ingest(qtbot, pane, [scan], wait_ms=OCR_WAIT_MS)
+    assert result.ok and not result.value.failed
+    assert rows(pane)[0][2] == "1 page, 1 read by OCR"
+    assert "read by" in pane.session.documents.ocr.notice  # named now that it is loaded
