@@ -247,3 +247,12 @@ def test_a_template_that_reads_only_content_parts_still_gets_the_card_prompt(tmp
     engine = reader.task.engine
     image = engine.vision.prepare((PADDLE / "images" / "wide.png").read_bytes())
     assert reader.prompt_ids(image) == MANIFEST["prompts"]["wide"]
+
+
+def test_an_f16_mmproj_tower_stays_close_to_transformers(tmp_path, refs):
+    text, _ = make_paddleocr_vl_gguf.write_pair(tmp_path, mmproj_type="F16")
+    tower = load_vision(open_checkpoint(text), CpuBackend())
+    for name in PAGES:  # weights rounded to F16: within 1 % of the float32 reference's scale
+        pixels, grid = refs[f"pixels/{name}"], tuple(MANIFEST["grids"][name])
+        hidden = tower.tower(pixels.reshape(len(pixels), -1), grid)
+        _close(tower.project(hidden, grid), refs[f"features/{name}"], rel=1e-2)
