@@ -3,9 +3,9 @@
 The model is a task model (tasks/task_model.py: its own `LLMEngine`, one page at a time, behind a
 lock) whose engine has its vision tower attached as any vision model's (core/vision.py). A page is
 prompted as the model card does (`OCR:` after the image, through the folder's chat template, the
-image placeholder expanded per merged patch; the published template only reads content given as a
-list of parts, which the engine's templates never get, so its rendering is written out when it
-leaves the message out) and the reply is decoded greedily: OCR copies text, it does not improvise. A cancel check is read between engine steps (the request is aborted there).
+image placeholder expanded per merged patch; the published template, which renders no text content,
+is replaced by the built-in one of text/chat_template.py) and the reply is decoded greedily: OCR
+copies text, it does not improvise. A cancel check is read between engine steps (the request is aborted there).
 
 `is_ocr_model` tells a PaddleOCR-VL folder or GGUF from other models without loading it (the
 Studio's setting and the Models pane's job label read it).
@@ -27,7 +27,6 @@ from app.engine.tasks.task_model import TaskModel
 OCR_ARCHITECTURE = "paddleocr"  # the engine's (llama.cpp's) name of PaddleOCR-VL's text side
 OCR_CONTEXT = 8192  # a page's image tokens (up to ~3,600 at the model's 1680 x 1680 pixels) and its text
 MAX_REPLY_TOKENS = 2048
-BEGIN = "<|begin_of_sentence|>"  # the published template's cls_token, which starts every prompt
 TASK_PROMPTS = {
     "ocr": "OCR:",
     "table": "Table Recognition:",
@@ -78,12 +77,9 @@ class PageReader:
             raise ValueError(f"unknown OCR task {task!r}; choose one of {', '.join(TASK_PROMPTS)}")
         words = TASK_PROMPTS[task]
         messages = [{"role": "user", "content": f"{engine.vision.placeholder}{words}"}]
-        text = engine.chat_template.render(messages, add_generation_prompt=True)
-        if engine.vision.placeholder not in text or words not in text:
-            # the published template reads a message's content only as a list of parts, and templates here
-            # get text: it renders nothing of it. What it renders for one image and the words is this.
-            text = f"{BEGIN}User: {engine.vision.placeholder}{words}\nAssistant: "
-        text = engine.vision.expand(text, [image])
+        text = engine.vision.expand(
+            engine.chat_template.render(messages, add_generation_prompt=True), [image]
+        )
         return engine.tokenizer.encode(text, add_special_tokens=False, parse_special=True)
 
     def read_ids(self, data: bytes, task: str = "ocr", cancel: Callable[[], bool] | None = None) -> list[int]:

@@ -239,10 +239,18 @@ PUBLISHED_TEMPLATE = """{%- if not cls_token is defined -%}{%- set cls_token = "
 {%- if add_generation_prompt -%}{{- "Assistant: " -}}{%- endif -%}"""
 
 
-def test_a_template_that_reads_only_content_parts_still_gets_the_card_prompt(tmp_path):
+def test_a_template_that_reads_only_content_parts_is_replaced_by_the_built_in(tmp_path):
     folder = _copy_hf(tmp_path)
     (folder / "chat_template.jinja").write_text(PUBLISHED_TEMPLATE)
     reader = PageReader.load(folder, device="cpu", context=256, max_reply_tokens=3)
+    template = reader.task.engine.chat_template
+    assert template.source == "builtin:paddleocr" and "renders no message text" in template.refused
+    # the built-in writes what the published template writes for parts: a whole conversation too
+    turns = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
+             {"role": "user", "content": "OCR:"}]  # fmt: skip
+    assert (
+        template.render(turns) == "<|begin_of_sentence|>User: Hi\nAssistant: Hello</s>User: OCR:\nAssistant: "
+    )
     assert reader.read_ids((PADDLE / "images" / "wide.png").read_bytes()) == MANIFEST["greedy"]["wide"][:3]
     engine = reader.task.engine
     image = engine.vision.prepare((PADDLE / "images" / "wide.png").read_bytes())
