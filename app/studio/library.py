@@ -75,6 +75,12 @@ class ModelEntry:
         return self.vision is not None
 
     @property
+    def job_note(self) -> tuple[str, str] | None:
+        """(label, what it does and where to use it) for a model made for one job other than chat or
+        transcription, by its architecture (JOBS); None for the rest."""
+        return JOBS.get(self.architecture or "")
+
+    @property
     def is_base(self) -> bool:
         """A base (not instruction-tuned) model: no chat template of its own."""
         return self.chat_template is False
@@ -82,6 +88,14 @@ class ModelEntry:
     @property
     def usable(self) -> bool:
         return self.architecture is not None and not self.incomplete and self.error is None
+
+
+# What a model of an architecture is for, where that is not chat: (the Models pane's short label, what it does
+# and where to use it), by a GGUF's architecture and a folder's (its config.json class). PaddleOCR-VL's ERNIE
+# decoder only reads pages: chatting with it gets OCR output.
+_OCR_JOB = ("OCR", "reads the text of page images. Set it as the OCR model (Settings → Documents) and the "
+                   "Documents pane reads scanned PDF pages with it.")
+JOBS: dict[str, tuple[str, str]] = {"paddleocr": _OCR_JOB, "PaddleOCRVLForConditionalGeneration": _OCR_JOB}
 
 
 # Entries by name, file, size, time and the mmproj files beside it, for the whole process: reading a

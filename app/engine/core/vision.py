@@ -9,9 +9,16 @@ from typing import Any
 
 from app.engine.images import VISION_ARCHITECTURES, ImageInput, PromptImage
 from app.engine.loader.names import CheckpointError
-from app.engine.models.vision import Gemma4VisionTower, MuseGlimmerVisionTower, QwenVisionModel, load_vision
+from app.engine.models.vision import (
+    Gemma4VisionTower,
+    MuseGlimmerVisionTower,
+    PaddleVisionTower,
+    QwenVisionModel,
+    load_vision,
+)
 from app.engine.models.vision.gemma4_processing import Gemma4ImagePrompter
 from app.engine.models.vision.muse_glimmer_processing import MuseGlimmerImagePrompter
+from app.engine.models.vision.paddleocr_processing import PaddleImagePrompter
 from app.engine.models.vision.prompter import ImagePrompter
 from app.engine.models.vision.qwen_vl_prompter import QwenImagePrompter
 from app.engine.models.vision.splice import image_spans
@@ -45,6 +52,11 @@ def attach_vision(runner: Any, checkpoint: Any, tokenizer: Any, mmproj: str | No
             "vision tower: %d layers, %d..%d pixels per image", cfg.depth, cfg.min_pixels, cfg.max_pixels
         )
         return QwenImagePrompter(cfg, tokenizer)
+    if isinstance(vision, PaddleVisionTower):
+        p = vision.config
+        runner.mrope_merge = p.merge_size  # its ERNIE text model places image tokens by M-RoPE
+        log.info("vision tower: %d layers, %d..%d pixels per page", p.num_layers, p.min_pixels, p.max_pixels)
+        return PaddleImagePrompter(p, tokenizer)
     if isinstance(vision, Gemma4VisionTower):
         g = vision.config
         log.info("vision tower: %d layers, up to %d tokens per image", g.num_layers, g.max_soft_tokens)

@@ -122,24 +122,14 @@ class SpeechLLMTranscriber:
         params = SamplingParams(
             temperature=0.0, max_tokens=min(room, self.max_reply_tokens), min_tokens=min_tokens
         )
-        return ids, self.task.run(lambda: self._generate(ids, params, audio, cancel))
-
-    def _generate(
-        self, ids: list[int], params: SamplingParams, audio: Any, cancel: CancelCheck | None
-    ) -> list[int]:
-        engine = self.task.engine
         request_id = f"asr-{next(self._request_ids)}"
-        engine.add_request(request_id, ids, params, images=[audio])
-        reply: list[int] = []
-        while engine.has_unfinished():
-            if cancel is not None and cancel():
-                engine.abort(request_id)
-                raise TranscriptionCancelled(f"transcription cancelled after {len(reply)} tokens")
-            for out in engine.step():
-                if out.error is not None:
-                    raise RuntimeError(f"{self.model_name}: {out.error}")
-                reply.extend(out.new_token_ids)
-        return reply
+
+        def cancelled(tokens: int) -> Exception:
+            return TranscriptionCancelled(f"transcription cancelled after {tokens} tokens")
+
+        return ids, self.task.run(
+            lambda: self.task.generate(request_id, ids, params, [audio], cancel, cancelled)
+        )
 
     def transcribe(
         self,

@@ -45,6 +45,22 @@ class TaskModel:
         with self._lock:
             return fn()
 
+    def generate(self, request_id: str, ids: list[int], params: Any, images: list[Any],
+                 cancel: Callable[[], bool] | None, cancelled: Callable[[int], Exception]) -> list[int]:  # fmt: skip
+        """One request's sampled ids, the engine stepped here (call inside `run`); `cancel()` is read
+        between steps: the request is aborted and `cancelled(tokens so far)` raised."""
+        self.engine.add_request(request_id, ids, params, images=images)
+        reply: list[int] = []
+        while self.engine.has_unfinished():
+            if cancel is not None and cancel():
+                self.engine.abort(request_id)
+                raise cancelled(len(reply))
+            for out in self.engine.step():
+                if out.error is not None:
+                    raise RuntimeError(f"{self.name}: {out.error}")
+                reply.extend(out.new_token_ids)
+        return reply
+
     @classmethod
     def load(
         cls, path: str | Path, job: str, device: str = "auto", context: int = TASK_CONTEXT,

@@ -51,7 +51,9 @@ def notes(entry: ModelEntry, loaded: bool) -> str:
         marks.append("loaded")
     if entry.is_base:
         marks.append("base")
-    if entry.takes_images:
+    if entry.job_note:
+        marks.append(entry.job_note[0])
+    elif entry.takes_images:
         marks.append("takes images")
     if entry.job == "transcription":
         marks.append("transcription")

@@ -235,6 +235,8 @@ def describe(entry: ModelEntry) -> str:
     files = ", ".join(f.name for f in entry.files[:4]) + (" …" if len(entry.files) > 4 else "")
     lines = [f"<b>{name}</b>", what, f"Quantization: {entry.quantization or '?'}" + (f" ({mix})" if mix else ""),
              f"Files: {html.escape(files)}"]
+    if entry.job_note:
+        lines.append(f"Job: {entry.job_note[0]}: {html.escape(entry.job_note[1])}")
     if entry.vision:
         lines.append(f"Takes images: its vision tower is {html.escape(entry.vision)}")
     if entry.job == "transcription":
