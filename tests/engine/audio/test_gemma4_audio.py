@@ -1,0 +1,123 @@
+"""Gemma 4's audio front end and tower on the numpy backend against Hugging Face transformers.
+
+tests/fixtures/make_gemma4_audio_reference.py (run in .venv-ref; this test never imports torch) built
+a tiny random-weight Gemma4ForConditionalGeneration with an audio tower (clipped linears whose bounds
+clip, 12-position attention chunks, a causal light convolution) and stored, for the spoken clip
+tests/fixtures/audio/speech.wav and its first 0.3 s, Gemma4AudioFeatureExtractor's log-mel and frame
+mask, the tower's output (after output_proj, padding tokens dropped) and the audio embedder's output.
+
+Tolerances: float32 on both sides in another summation order: within 1e-4 (the outputs are of order 1).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.engine.backend.cpu import CpuBackend
+from app.engine.loader.names import CheckpointError
+from app.engine.models.audio.gemma4_audio import Gemma4AudioTower, block_mask
+from app.engine.models.audio.gemma4_audio_config import gemma4_audio_config, load_gemma4_audio
+from app.engine.models.audio.gemma4_audio_features import gemma4_log_mel, soft_tokens, valid_frames
+from app.engine.tasks.audio import decode_audio
+
+FIXTURES = Path(__file__).parents[2] / "fixtures"
+HF = FIXTURES / "gemma4_audio" / "hf"
+MANIFEST = json.loads((FIXTURES / "gemma4_audio" / "manifest.json").read_text())
+CLIPS = sorted(MANIFEST["samples"])
+
+
+@pytest.fixture(scope="module")
+def refs() -> dict[str, np.ndarray]:
+    with np.load(FIXTURES / "gemma4_audio" / "references.npz") as data:
+        return dict(data)
+
+
+@pytest.fixture(scope="module")
+def samples() -> dict[str, np.ndarray]:
+    clip = decode_audio(FIXTURES / "audio" / "speech.wav")
+    return {name: clip[:count] for name, count in MANIFEST["samples"].items()}
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return gemma4_audio_config(HF, json.loads((HF / "config.json").read_text()))
+
+
+@pytest.fixture(scope="module")
+def tower(cfg) -> Gemma4AudioTower:
+    return Gemma4AudioTower(CpuBackend(), cfg, load_gemma4_audio(HF, cfg))
+
+
+@pytest.mark.parametrize("clip", CLIPS)
+def test_log_mel_matches_the_feature_extractor(clip, refs, samples, cfg):
+    mel = gemma4_log_mel(samples[clip], cfg.mel)
+    mask = refs[f"mask/{clip}"].astype(bool)
+    assert mel.shape == (int(mask.sum()), 128) == (valid_frames(samples[clip].size, cfg.mel), 128)
+    np.testing.assert_allclose(mel, refs[f"mel/{clip}"][mask], atol=1e-4, rtol=0)
+    assert not refs[f"mel/{clip}"][~mask].any()  # the padding frames are zeros the model masks out
+
+
+@pytest.mark.parametrize("clip", CLIPS)
+def test_tower_and_embedder_match_transformers(clip, refs, tower):
+    mel = refs[f"mel/{clip}"][refs[f"mask/{clip}"].astype(bool)]
+    out = np.asarray(tower.tower(mel))
+    assert out.shape == refs[f"tower/{clip}"].shape == (soft_tokens(mel.shape[0]), 24)
+    np.testing.assert_allclose(out, refs[f"tower/{clip}"], atol=1e-4, rtol=0)
+    embedded = np.asarray(tower.encode(mel))
+    assert embedded.shape == (out.shape[0], 48)  # the text width
+    np.testing.assert_allclose(embedded, refs[f"embedded/{clip}"], atol=1e-4, rtol=0)
+
+
+def test_soft_token_counts_follow_the_processor():
+    # Gemma4Processor: the frame mask halved twice, rounding up (a stride-2 conv keeps mask[::2])
+    assert [soft_tokens(n) for n in (1, 4, 5, 29, 513)] == [1, 1, 2, 8, 129]
+    assert soft_tokens(0) == 0
+
+
+def test_attention_window_is_causal_and_local(cfg):
+    mask = block_mask(cfg, 30)  # 3 blocks of 12 queries; block b's keys start 12 positions before it
+    assert mask.shape == (3, 12, 24)
+    keys = np.flatnonzero(mask[1, 1]) + 1 * 12 - 12  # query 13 (block 1, row 1)
+    assert list(keys) == list(range(2, 14))  # itself and 11 back (attention_context_left 13), none ahead
+    assert list(np.flatnonzero(mask[0, 0]) - 12) == [0]  # the first query: nothing before the clip
+    assert list(np.flatnonzero(mask[2, 5]) + 2 * 12 - 12) == list(range(18, 30))
+    assert (
+        np.flatnonzero(mask[2, 11]) + 2 * 12 - 12 < 30
+    ).all()  # a query past the clip reads inside it only
+
+
+def test_a_missing_or_misshapen_tensor_is_named(tmp_path, cfg):
+    from app.engine.loader.safetensors import read_safetensors_file
+    from app.engine.loader.safetensors_write import StoredTensor, write_safetensors
+
+    folder = tmp_path / "hf"
+    shutil.copytree(HF, folder)
+    weights = folder / "model.safetensors"
+    tensors = {
+        name: StoredTensor("F32", tuple(t.shape), np.array(t.dequantize(), np.float32))
+        for name, t in read_safetensors_file(weights).items()
+    }
+    name = "model.audio_tower.layers.1.self_attn.relative_k_proj.weight"
+    write_safetensors(weights, {k: t for k, t in tensors.items() if k != name})
+    with pytest.raises(CheckpointError, match=f"lacks {name}"):
+        load_gemma4_audio(folder, cfg)
+    tensors["model.embed_audio.embedding_projection.weight"] = StoredTensor(
+        "F32", (48, 23), np.zeros((48, 23), np.float32)
+    )
+    write_safetensors(weights, tensors)
+    with pytest.raises(
+        CheckpointError, match=r"embed_audio\.embedding_projection\.weight has shape \[48, 23\]"
+    ):
+        load_gemma4_audio(folder, cfg)
+
+
+def test_bad_audio_config_is_named(tmp_path):
+    config = json.loads((HF / "config.json").read_text())
+    config["audio_config"]["num_attention_heads"] = 0
+    with pytest.raises(CheckpointError, match=r"audio_config\.num_attention_heads is 0"):
+        gemma4_audio_config(HF, config)
