@@ -93,6 +93,8 @@ class ModelConfig:
     # pairs that rotate; the rest keep frequency 0 (they pass unrotated).
     global_rope_fraction: float | None = None
     per_layer_input_size: int = 0  # per-layer input embeddings (Gemma 4's PLE), per layer and token
+    # the token whose per-layer inputs soft tokens (image, audio) take, as transformers gives them (the pad)
+    soft_token_ple_id: int = 0
     layer_output_scale: bool = False  # each layer's output stream times a learned scalar (Gemma 4)
     moe_beside_mlp: bool = False  # experts added to the dense MLP's output in every layer (Gemma 4)
     layer_intermediate_sizes: tuple[

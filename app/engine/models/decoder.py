@@ -260,14 +260,21 @@ class DecoderModel:
         state arrays for a recurrent mixer (`state_shapes`), None for a layer with neither.
 
         `embeds = (rows, values)` replaces the embeddings of flat rows `rows` by `values` (an image's
-        soft tokens, which are not scaled like token embeddings)."""
+        soft tokens, which are not scaled like token embeddings). Per-layer inputs read the embeddings
+        with the soft tokens in, and, as transformers has it for image and audio tokens, those rows' token
+        part is the pad token's (soft_token_ple_id)."""
         h, residual = self.embed(token_ids), None
         if self.embed_norm is not None:
             h = self.embed_norm(h)
-        layer_inputs = None if self.per_layer_inputs is None else self.per_layer_inputs(token_ids, h)
         if embeds is not None:
             rows, values = embeds
             h[rows] = values.astype(h.dtype, copy=False)
+        layer_inputs = None
+        if self.per_layer_inputs is not None:
+            if embeds is not None:
+                token_ids = token_ids.copy()
+                token_ids[embeds[0]] = self.config.soft_token_ple_id
+            layer_inputs = self.per_layer_inputs(token_ids, h)
         for i, (layer, cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
             h, residual = layer(
                 h, residual, meta, cache, None if layer_inputs is None else layer_inputs[:, i]

@@ -104,6 +104,7 @@ def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
         kv_sources=kv_sources(sliding, int(text.get("num_kv_shared_layers") or 0)),
         global_rope_fraction=None if fraction is None else float(fraction),
         per_layer_input_size=int(text.get("hidden_size_per_layer_input") or 0),
+        soft_token_ple_id=int(text.get("pad_token_id") or 0),
     )
     if text.get("use_double_wide_mlp") and kwargs["kv_sources"]:  # the shared-KV layers' MLPs
         ff = kwargs["intermediate_size"]

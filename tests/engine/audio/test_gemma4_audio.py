@@ -121,3 +121,74 @@ def test_bad_audio_config_is_named(tmp_path):
     config["audio_config"]["num_attention_heads"] = 0
     with pytest.raises(CheckpointError, match=r"audio_config\.num_attention_heads is 0"):
         gemma4_audio_config(HF, config)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from app.engine.config import EngineConfig
+    from app.engine.core.engine import LLMEngine
+
+    return LLMEngine(EngineConfig(model=str(HF), device="cpu", max_model_len=512, block_size=4))
+
+
+def _run(engine, ids, items, tokens):
+    from app.engine.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=tokens, min_tokens=tokens, logprobs=5)
+    engine.add_request(f"r{id(items)}", ids, params, images=items)
+    out, first = [], None
+    while engine.has_unfinished():
+        for step in engine.step():
+            out += step.new_token_ids
+            first = first or step.logprobs
+    return out, first[0]
+
+
+def test_chat_turn_with_the_clip_equals_transformers(engine, samples, refs):
+    """The processor's placeholder expansion, the tower spliced into a PLE text model (audio positions'
+    per-layer token part is the pad token's, their projection part the audio embeddings): the same prompt
+    ids, first-step log-probs within 1e-4 and greedy tokens as transformers."""
+    chat = MANIFEST["chat"]
+    assert engine.info.supports_audio and not engine.info.supports_vision
+    clip = engine.audio.audio_input(samples["speech"])
+    assert clip.modality == "audio" and engine.audio.tokens_for(clip) == 129
+    text = f"<bos><|turn>user\n{engine.audio.expansion(clip)}{chat['question']}<turn|>\n<|turn>model\n"
+    ids = engine.tokenizer.encode(text, add_special_tokens=False, parse_special=True)
+    assert ids == chat["token_ids"]
+    greedy, first = _run(engine, ids, [clip], len(chat["greedy"]))
+    assert greedy == chat["greedy"]
+    logits = refs["chat/logits"].astype(np.float64)
+    expected = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
+    top = [token for token, _ in first.top]
+    assert top == list(np.argsort(-expected)[:5])
+    np.testing.assert_allclose([lp for _, lp in first.top], expected[top], atol=1e-4)
+
+
+def test_audio_moves_the_answer_and_placement_is_checked(engine, samples):
+    from app.engine.core.audio import NoAudioError
+    from app.engine.core.vision import place_images
+
+    clip = engine.audio.audio_input(samples["short"])
+    ids = engine.tokenizer.encode(f"<bos>{engine.audio.expansion(clip)}Hi", add_special_tokens=False)
+    assert ids[1:3] == [264, 266] and ids.count(266) == 8
+    placed = place_images(engine.vision, ids, [clip], engine.audio)
+    assert [(p.start, p.end) for p in placed] == [(2, 10)]
+    with pytest.raises(ValueError, match=r"the audio tokens at 2\.\.9 are 8, not the 9 the clip takes"):
+        place_images(None, ids, [engine.audio.audio_input(samples["speech"][:5600])], engine.audio)
+    with pytest.raises(ValueError, match="1 runs of audio tokens for 2 audios"):
+        place_images(None, ids, [clip, clip], engine.audio)
+    with pytest.raises(NoAudioError, match="has no audio: it cannot take audios"):
+        place_images(None, ids, [clip], None)
+    silence = engine.audio.audio_input(np.zeros(4800, np.float32))
+    _, with_clip = _run(engine, ids, [clip], 1)
+    _, with_silence = _run(engine, ids, [silence], 1)
+    assert abs(with_clip.logprob - with_silence.logprob) > 1e-3  # the soft tokens carry the clip
+
+
+def test_clips_the_model_cannot_take_are_refused(engine):
+    from app.engine.models.audio.gemma4_audio_prompter import AudioClipError
+
+    with pytest.raises(AudioClipError, match=r"31\.0 s long; the model takes at most 30 s"):
+        engine.audio.audio_input(np.zeros(31 * 16_000, np.float32))
+    with pytest.raises(AudioClipError, match="10 ms long, too short"):
+        engine.audio.audio_input(np.zeros(160, np.float32))
