@@ -132,7 +132,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="DIR",
-        help="a Qwen3-ASR folder that /v1/audio/transcriptions also serves, by its folder name (repeatable; "
+        help="a Qwen3-ASR folder, or a Gemma 4 folder with audio, that /v1/audio/transcriptions also serves, by its "
+        "folder name (repeatable; "
         "faster-whisper stays the default model)",
     )
     parser.add_argument("--no-embeddings", action="store_true", help="do not load an embedding model")

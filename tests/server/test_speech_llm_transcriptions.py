@@ -10,22 +10,16 @@ the timestamps are one segment over the clip, the model giving none.
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
-from app.engine.server.app import create_app
-from app.engine.server.launch import ServerHandle
-from app.engine.server.settings import ServerSettings
-from app.engine.tasks.audio import Transcriber
 from app.engine.tasks.speech_llm import SpeechLLMTranscriber
 
-from .fakes import FakeEngine
 from .helpers import CLIENT_TIMEOUT
+from .speech_llm_server import load_named, speech_llm_server
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 SPEECH = FIXTURES / "audio" / "speech.wav"
@@ -37,25 +31,13 @@ NAME = "qwen3-asr-tiny"
 
 @pytest.fixture(scope="module")
 def asr(tmp_path_factory: pytest.TempPathFactory) -> SpeechLLMTranscriber:
-    folder = tmp_path_factory.mktemp("models") / NAME  # served by its folder name
-    shutil.copytree(FIXTURES / "qwen3_asr" / "hf", folder)
-    model = SpeechLLMTranscriber.load(folder, device="cpu")
-    model.max_reply_tokens = len(GREEDY)  # transformers' reference ran this many tokens
-    return model
+    return load_named(FIXTURES / "qwen3_asr" / "hf", tmp_path_factory.mktemp("models") / NAME, len(GREEDY))
 
 
 @pytest.fixture(scope="module")
 def base_url(asr: SpeechLLMTranscriber) -> Iterator[str]:
-    whisper = Transcriber(device="cpu")  # not loaded unless a request names it
-
-    def factory(engine: Any, embedder: Any, settings: ServerSettings) -> Any:
-        return create_app(
-            engine, embedder=embedder, settings=settings, transcriber=whisper, speech_models=[asr]
-        )
-
-    with ServerHandle(FakeEngine(), settings=ServerSettings(port=0), app_factory=factory) as handle:
-        yield handle.base_url
-    assert not whisper.loaded  # every request here went to the speech LLM
+    with speech_llm_server([asr]) as url:
+        yield url
 
 
 def post(

@@ -1,12 +1,15 @@
-"""Transcription by a speech LLM (Qwen3-ASR): an audio encoder in front of a decoder the engine
-runs, beside faster-whisper's `Transcriber` and answering the same calls (`paddock serve --asr-model`).
+"""Transcription by a speech LLM (Qwen3-ASR, or Gemma 4 with an audio tower): an audio encoder in front
+of a decoder the engine runs, beside faster-whisper's `Transcriber` and answering the same calls
+(`paddock serve --asr-model`).
 
 The model is a task model (tasks/task_model.py: its own `LLMEngine`, one sequence at a time, behind a
-lock) whose runner gets the audio encoder as its soft-token embedder: the clip's log-mel goes in as
-the prompt's run of `<|audio_pad|>` tokens, spliced as image soft tokens are. The reply names the
-language (unless one was forced) before `<asr_text>`; the model gives no timestamps, so the transcript
-is one segment over the whole clip. A cancel check (a client that hung up) is read between engine
-steps: the request is aborted there, as faster-whisper's stops between segments.
+lock) whose runner has the audio encoder as its soft-token embedder: the clip's log-mel goes in as
+the prompt's run of audio tokens, spliced as image soft tokens are. Qwen3-ASR's encoder is attached
+here and its reply names the language (unless one was forced) before `<asr_text>`; Gemma 4's engine
+loads its own audio tower and its prompt is the model card's (gemma4_asr.py). Neither gives timestamps,
+so the transcript is one segment over the clip, or per window where the model takes a bounded clip
+(Gemma 4: 30 s). A cancel check (a client that hung up) is read between engine steps: the request is
+aborted there, as faster-whisper's stops between segments.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 
 from app.engine.loader.names import CheckpointError
 from app.engine.models.audio import load_audio_encoder
+from app.engine.models.audio.gemma4_audio_config import has_gemma4_audio
 from app.engine.models.audio.qwen3_asr_config import is_qwen3_asr
 from app.engine.models.audio.qwen3_asr_prompter import Qwen3AsrPrompter
 from app.engine.sampling_params import SamplingParams
@@ -33,20 +37,27 @@ from app.engine.tasks.audio import (
     decode_audio,
     describe_audio,
 )
+from app.engine.tasks.gemma4_asr import Gemma4AsrPrompter
 from app.engine.tasks.task_model import TaskModel
 from app.engine.tasks.transcript_formats import language_code
 from app.engine.worker.images import ImageEmbedder
 
 ASR_CONTEXT = 8192  # prompt + reply tokens: 13 audio tokens a second, so about eight minutes of audio
 MAX_REPLY_TOKENS = 1024
+MIN_WINDOW_SAMPLES = 1600  # a last window under 0.1 s holds no word: not transcribed
 
 
 class SpeechLLMTranscriber:
-    """A Qwen3-ASR folder as a transcriber; `transcribe` as `Transcriber.transcribe`."""
+    """A Qwen3-ASR or Gemma 4 (with audio) folder as a transcriber; `transcribe` as `Transcriber.transcribe`."""
 
     loaded = True  # loaded when made: the engine is built at start, like the chat model
 
-    def __init__(self, task: TaskModel, prompter: Qwen3AsrPrompter, max_reply_tokens: int = MAX_REPLY_TOKENS):
+    def __init__(
+        self,
+        task: TaskModel,
+        prompter: Qwen3AsrPrompter | Gemma4AsrPrompter,
+        max_reply_tokens: int = MAX_REPLY_TOKENS,
+    ):
         self.task, self.prompter = task, prompter
         self.model_name = task.name
         self.device = "cuda" if task.engine.backend.name == "cuda" else "cpu"  # what the Studio shows
@@ -66,6 +77,8 @@ class SpeechLLMTranscriber:
             raise CheckpointError(f"ASR model {path}: not a model folder (no config.json)")
         task = TaskModel.load(path, "ASR", device, context)
         engine = task.engine
+        if has_gemma4_audio(engine.checkpoint.hf_config or {}) and engine.audio is not None:
+            return cls(task, Gemma4AsrPrompter(engine.audio, engine.chat_template, engine.tokenizer))
         try:
             encoder = load_audio_encoder(path, engine.checkpoint.hf_config or {}, engine.backend)
         except ValueError as exc:
@@ -75,7 +88,7 @@ class SpeechLLMTranscriber:
         if encoder is None:
             raise CheckpointError(
                 f"ASR model {path}: {config_file.name} names {engine.checkpoint.architecture}, not a speech model "
-                "(Qwen3ASRForConditionalGeneration)"
+                "(Qwen3ASRForConditionalGeneration, or Gemma 4 with an audio_config)"
             )
         hidden = engine.model_config.hidden_size
         if encoder.config.output_dim != hidden:
@@ -148,25 +161,36 @@ class SpeechLLMTranscriber:
         duration = round(samples.size / SAMPLE_RATE, 3)
         if cancel is not None and cancel():
             raise TranscriptionCancelled("transcription cancelled before it started")
-        if progress:
-            progress(0.0)
-        try:
-            _, reply = self.reply_ids(samples, code, prompt, cancel=cancel)
-        except ValueError as exc:
-            raise AudioError(source, str(exc)) from None
-        found, text = self.prompter.parse(reply, forced_language=code)
+        window = getattr(self.prompter, "window_samples", None) or samples.size
+        starts = [
+            s for s in range(0, samples.size, window) if s == 0 or samples.size - s >= MIN_WINDOW_SAMPLES
+        ]
+        segments, found = [], code
+        for i, start in enumerate(starts):
+            if progress:
+                progress(i / len(starts))
+            try:
+                _, reply = self.reply_ids(samples[start : start + window], code, prompt, cancel=cancel)
+            except ValueError as exc:  # AudioClipError too: a clip the model cannot take
+                raise AudioError(source, str(exc)) from None
+            found, text = self.prompter.parse(reply, forced_language=code)
+            if text:
+                end = min(samples.size, start + window) / SAMPLE_RATE
+                segments.append(Segment(id=len(segments), start=round(start / SAMPLE_RATE, 3), end=round(end, 3),
+                                        text=text, tokens=list(reply)))  # fmt: skip
         if progress:
             progress(1.0)
-        segments = [Segment(id=0, start=0.0, end=duration, text=text, tokens=list(reply))] if text else []
-        return Transcript(text=text, language=found or "", duration=duration, segments=segments)
+        return Transcript(text=" ".join(s.text for s in segments), language=found or "", duration=duration,
+                          segments=segments)  # fmt: skip
 
 
 def is_speech_llm_folder(path: str | Path) -> bool:
-    """A folder whose config.json names a speech LLM this module serves (Qwen3-ASR); anything else,
-    unreadable files included, is left to faster-whisper, whose errors name what it lacks."""
+    """A folder whose config.json names a speech LLM this module serves (Qwen3-ASR, Gemma 4 with an
+    audio tower); anything else, unreadable files included, is left to faster-whisper, whose errors
+    name what it lacks."""
     config_file = Path(path) / "config.json"
     try:
         config = json.loads(config_file.read_text("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False
-    return isinstance(config, dict) and is_qwen3_asr(config)
+    return isinstance(config, dict) and (is_qwen3_asr(config) or has_gemma4_audio(config))

@@ -152,7 +152,7 @@ class TranscribePane(QWidget):
         self.model_label = QLabel("Model: …")
         self.model_label.setObjectName("mutedText")
         self.model_button = QPushButton("Choose model…")
-        self.model_button.setToolTip("A CTranslate2 Whisper folder or a Qwen3-ASR folder")
+        self.model_button.setToolTip("A CTranslate2 Whisper folder, a Qwen3-ASR folder or a Gemma 4 folder with audio")
         model_row = QHBoxLayout()
         model_row.addWidget(self.model_label, 1)
         model_row.addWidget(self.model_button)
@@ -341,8 +341,9 @@ class TranscribePane(QWidget):
         return written
 
     def choose_model(self) -> None:
-        """Another model folder for the next transcriptions: Whisper (faster-whisper) or Qwen3-ASR."""
-        chosen = self.dialogs.open_folder(self, "Choose a Whisper or Qwen3-ASR model folder")
+        """Another model folder for the next transcriptions: Whisper (faster-whisper), Qwen3-ASR or Gemma 4
+        with an audio tower."""
+        chosen = self.dialogs.open_folder(self, "Choose a Whisper, Qwen3-ASR or Gemma 4 (with audio) model folder")
         if chosen is None or self.busy:
             return
         self.service.set_model(chosen)
