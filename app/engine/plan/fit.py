@@ -58,6 +58,7 @@ class FitReport:
     max_context: int  # the largest context (whole blocks, <= the model's) that "fits"; 0: none
     model_context_length: int
     vision_source: str | None = None  # the file the vision tower comes from; None: a text-only model
+    audio_source: str | None = None  # the files the audio tower comes from; None: a model without audio
     kv_blocks: int = 0  # the KV blocks an engine with these options allocates (its null block included)
     block_size: int = 16
     engine_context: int = 0  # the context that engine serves: the one asked for, at most what its blocks hold
@@ -70,6 +71,9 @@ class FitReport:
             *([f"  vision       {format_bytes(b.vision):>10}  ({format_bytes(b.vision_weights)} of weights in "
                f"{self.vision_source}, {format_bytes(b.vision_activations)} to encode an image)"]
               if self.vision_source else []),
+            *([f"  audio        {format_bytes(b.audio):>10}  ({format_bytes(b.audio_weights)} of weights in "
+               f"{self.audio_source}, {format_bytes(b.audio_activations)} to encode a 30 s clip)"]
+              if self.audio_source else []),
             f"  f16 copies   {format_bytes(b.weight_cache):>10}  (CUDA: faster batched products)",
             f"  KV cache     {format_bytes(b.kv_cache):>10}  ({self.context_length} tokens x {self.batch}, "
             f"{self.kv_dtype})",
@@ -94,6 +98,7 @@ class FitReport:
         data = asdict(self)
         data["breakdown"]["total"] = self.breakdown.total
         data["breakdown"]["vision"] = self.breakdown.vision
+        data["breakdown"]["audio"] = self.breakdown.audio
         return data
 
 
@@ -127,6 +132,7 @@ def check_fit(shape: ModelShape, options: FitOptions | None = None, device: Devi
         else largest_context(shape, options, device.kind, budget, device.free_bytes, experts),
         model_context_length=shape.context_length,
         vision_source=shape.vision.source if shape.vision else None,
+        audio_source=shape.audio.source if shape.audio else None,
         kv_blocks=blocks,
         block_size=options.block_size,
         engine_context=max_model_len(shape, options, blocks),

@@ -1,7 +1,7 @@
 """The one memory model: what a model takes on its device under given options, and how many KV blocks
 the engine allocates. `paddock fit`, the Studio's will-it-fit and the engine all count with it.
 
-    total = weights + vision tower + weight cache + expert staging + KV cache + recurrent state
+    total = weights + vision and audio towers + weight cache + expert staging + KV cache + recurrent state
             + activations + runtime overhead
 
 - weights: the tensors' bytes as stored (they stay in their file's quantized layout).
@@ -114,6 +114,8 @@ class MemoryBreakdown:
     pcie_bytes_per_token: float = 0.0  # cold experts copied in per decoded token (uniform routing)
     vision_weights: int = 0  # the image tower's weights
     vision_activations: int = 0  # its working set while it encodes one image
+    audio_weights: int = 0  # the audio tower's weights
+    audio_activations: int = 0  # its working set while it encodes the longest clip
     state: int = 0  # hybrid models: the recurrent state rows (the null row, slots and snapshots)
     state_slots: int = 0
     state_snapshots: int = 0
@@ -123,10 +125,14 @@ class MemoryBreakdown:
         return self.vision_weights + self.vision_activations
 
     @property
+    def audio(self) -> int:
+        return self.audio_weights + self.audio_activations
+
+    @property
     def total(self) -> int:
         return (
             self.weights + self.weight_cache + self.expert_staging + self.kv_cache + self.activations + self.overhead
-            + self.vision + self.state
+            + self.vision + self.audio + self.state
         )
 
     @property
@@ -276,6 +282,8 @@ def memory(
         weight_cache=weight_cache_bytes(shape, free_bytes) if device_kind == "cuda" else 0,
         vision_weights=shape.vision.weight_bytes if shape.vision else 0,
         vision_activations=shape.vision.activation_bytes() if shape.vision else 0,
+        audio_weights=shape.audio.weight_bytes if shape.audio else 0,
+        audio_activations=shape.audio.activation_bytes() if shape.audio else 0,
     )
     if not shape.state_bytes_per_sequence:
         return base

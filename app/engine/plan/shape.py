@@ -18,6 +18,7 @@ from typing import Any
 
 from app.engine.loader.names import CheckpointError
 from app.engine.models.config import GGUF_KEYS, ModelConfig, common_from_gguf, common_from_hf
+from app.engine.plan.audio_fit import AudioShape, audio_from_hf_config, is_audio_tensor
 from app.engine.plan.vision_fit import (
     VisionShape,
     is_vision_tensor,
@@ -50,6 +51,7 @@ class ModelShape:
     experts_used: int = 0  # per token
     expert_bytes: int = 0  # all layers' expert tensors, part of weight_bytes
     vision: VisionShape | None = None  # the image tower the engine loads beside it (not in weight_bytes)
+    audio: AudioShape | None = None  # the audio tower the engine loads beside it (not in weight_bytes)
     # A hybrid model's recurrent state per sequence (all its recurrent layers), held beside the paged
     # KV cache in rows (a slot per sequence, snapshots for the prefix cache); 0 for a pure attention model.
     state_bytes_per_sequence: int = 0
@@ -171,7 +173,9 @@ def shape_of(checkpoint: Any, cfg: ModelConfig) -> ModelShape:
         vision = None
         if takes_images(checkpoint.architecture):
             vision = _hf_folder_vision(Path(checkpoint.path), checkpoint.hf_config or {})
+        audio = _hf_folder_audio(Path(checkpoint.path), checkpoint.hf_config or {})
         cfg = replace(cfg, architecture=hf_architecture(checkpoint.hf_config or {}))  # the name, as above
+        return replace(shape_from_config(cfg, weight_bytes, expert_bytes, vision), audio=audio)
     return shape_from_config(cfg, weight_bytes, expert_bytes, vision)
 
 
@@ -234,17 +238,29 @@ def _shared_hf_config(config: dict[str, Any], name: str) -> ModelConfig:
 
 def _hf_folder_vision(folder: Path, config: Mapping[str, Any]) -> VisionShape | None:
     """The vision tensors of a Hugging Face folder, by their names in the safetensors headers."""
-    from app.engine.loader.safetensors import read_safetensors_file, weight_files
-
-    if "vision_config" not in config:
+    if not config.get("vision_config"):  # absent, or null (a Gemma 4 without vision)
         return None
-    weight_bytes = sum(
-        tensor.data.nbytes
-        for file in weight_files(folder)
-        for name, tensor in read_safetensors_file(file).items()
-        if is_vision_tensor(name)
-    )
+    weight_bytes = _tensor_bytes(folder, is_vision_tensor)
     from app.engine.loader.processor_config import read_processor_settings
 
     processor = read_processor_settings(folder, "image_processor").values  # either layout
     return vision_from_hf_config(config, weight_bytes, f"{folder.name}/*.safetensors", processor)
+
+
+def _hf_folder_audio(folder: Path, config: Mapping[str, Any]) -> AudioShape | None:
+    """The audio tensors of a Hugging Face folder whose audio the engine loads (Gemma 4's)."""
+    if audio_from_hf_config(config, 0, "") is None:
+        return None
+    return audio_from_hf_config(config, _tensor_bytes(folder, is_audio_tensor), f"{folder.name}/*.safetensors")
+
+
+def _tensor_bytes(folder: Path, wanted: Any) -> int:
+    """The bytes of the folder's tensors whose Hugging Face names `wanted` picks (headers only)."""
+    from app.engine.loader.safetensors import read_safetensors_file, weight_files
+
+    return sum(
+        tensor.data.nbytes
+        for file in weight_files(folder)
+        for name, tensor in read_safetensors_file(file).items()
+        if wanted(name)
+    )

@@ -9,9 +9,10 @@ from app.engine.plan.fit import FitReport, format_bytes
 from app.studio.fit_estimate import DecodeSpeed, FitEstimate
 from app.studio.tasks import TaskResult
 
-PARTS = (("weights", "Weights"), ("vision", "Vision"), ("kv_cache", "KV cache"), ("activations", "Activations"),
-         ("overhead", "Overhead"))
+PARTS = (("weights", "Weights"), ("vision", "Vision"), ("audio", "Audio"), ("kv_cache", "KV cache"),
+         ("activations", "Activations"), ("overhead", "Overhead"))
 VISION_ROW = 1  # shown only for a model that takes images
+AUDIO_ROW = 2  # shown only for a model that takes audio
 
 
 class FitView(QWidget):
@@ -51,6 +52,7 @@ class FitView(QWidget):
             label.setText("")
         self._set_slow(False)
         self.form.setRowVisible(VISION_ROW, False)
+        self.form.setRowVisible(AUDIO_ROW, False)
 
     def show_pending(self, text: str) -> None:
         self.clear(text)
@@ -84,6 +86,11 @@ class FitView(QWidget):
             self.parts["vision"].setText(f"{format_bytes(b.vision)} ({format_bytes(b.vision_weights)} in "
                                          f"{report.vision_source}, {format_bytes(b.vision_activations)} per image)")
         self.form.setRowVisible(VISION_ROW, bool(report.vision_source))
+        if report.audio_source:
+            b = report.breakdown
+            self.parts["audio"].setText(f"{format_bytes(b.audio)} ({format_bytes(b.audio_weights)} in "
+                                        f"{report.audio_source}, {format_bytes(b.audio_activations)} per 30 s clip)")
+        self.form.setRowVisible(AUDIO_ROW, bool(report.audio_source))
         self.total.setText(format_bytes(report.breakdown.total))
         if report.budget_bytes is None:
             self.max_context.setText("")

@@ -102,12 +102,11 @@ class Conv3x3:
         n, c, h, w = x.shape
         ho, wo = (h - 1) // 2 + 1, (w - 1) // 2 + 1
         padded = xp.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
-        taps = [
-            padded[:, :, dy : dy + 2 * ho : 2, dx : dx + 2 * wo : 2] for dy in range(3) for dx in range(3)
-        ]
-        patches = xp.stack(taps, axis=-1)  # [N, C, Ho, Wo, 9]: weight order (c, dy, dx)
-        patches = patches.transpose(0, 2, 3, 1, 4).reshape(n * ho * wo, c * 9)
-        out = patches @ self.weight
+        patches = xp.empty((n, ho, wo, c, 9), x.dtype)  # weight order (c, dy, dx); filled once, in place
+        for tap in range(9):
+            dy, dx = divmod(tap, 3)
+            patches[..., tap] = padded[:, :, dy : dy + 2 * ho : 2, dx : dx + 2 * wo : 2].transpose(0, 2, 3, 1)
+        out = patches.reshape(n * ho * wo, c * 9) @ self.weight
         if self.bias is not None:
             out += self.bias
         return out.reshape(n, ho, wo, -1).transpose(0, 3, 1, 2)
