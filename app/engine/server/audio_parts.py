@@ -64,7 +64,8 @@ def load_audio(sources: list[AudioSource], prompter: Any, settings: Any) -> list
     for source in sources:
         data = decode_base64(source.data, source.param, settings.max_audio_body_bytes, what="audio")
         try:
-            samples = decode_audio(data, source.param, max_seconds=prompter.max_seconds)
+            limit = prompter.max_seconds or settings.max_audio_seconds  # the model's own, else the server's
+            samples = decode_audio(data, source.param, max_seconds=limit)
             clips.append(prompter.audio_input(samples))
         except (AudioError, AudioClipError) as exc:
             problem = exc.problem if isinstance(exc, AudioError) else str(exc)

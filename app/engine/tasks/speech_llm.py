@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from app.engine.loader.names import CheckpointError
-from app.engine.models.audio import load_audio_encoder
 from app.engine.models.audio.gemma4_audio_config import has_gemma4_audio
 from app.engine.models.audio.qwen3_asr_config import is_qwen3_asr
 from app.engine.models.audio.qwen3_asr_prompter import Qwen3AsrPrompter
@@ -40,7 +39,6 @@ from app.engine.tasks.audio import (
 from app.engine.tasks.gemma4_asr import Gemma4AsrPrompter
 from app.engine.tasks.task_model import TaskModel
 from app.engine.tasks.transcript_formats import language_code
-from app.engine.worker.images import ImageEmbedder
 
 ASR_CONTEXT = 8192  # prompt + reply tokens: 13 audio tokens a second, so about eight minutes of audio
 MAX_REPLY_TOKENS = 1024
@@ -75,33 +73,18 @@ class SpeechLLMTranscriber:
             )
         if not path.is_dir() or not config_file.is_file():
             raise CheckpointError(f"ASR model {path}: not a model folder (no config.json)")
-        task = TaskModel.load(path, "ASR", device, context)
+        task = TaskModel.load(path, "ASR", device, context)  # the engine loads the audio tower (core/audio.py)
         engine = task.engine
-        if has_gemma4_audio(engine.checkpoint.hf_config or {}) and engine.audio is not None:
-            return cls(task, Gemma4AsrPrompter(engine.audio, engine.chat_template, engine.tokenizer))
-        try:
-            encoder = load_audio_encoder(path, engine.checkpoint.hf_config or {}, engine.backend)
-        except ValueError as exc:
-            raise CheckpointError(
-                f"ASR model {exc}" if str(path) in str(exc) else f"ASR model {path}: {exc}"
-            ) from None
-        if encoder is None:
+        if engine.audio is None:
             raise CheckpointError(
                 f"ASR model {path}: {config_file.name} names {engine.checkpoint.architecture}, not a speech model "
                 "(Qwen3ASRForConditionalGeneration, or Gemma 4 with an audio_config)"
             )
-        hidden = engine.model_config.hidden_size
-        if encoder.config.output_dim != hidden:
-            raise CheckpointError(
-                f"ASR model {path}: the audio projector outputs width {encoder.config.output_dim}, "
-                f"the text model's is {hidden}"
-            )
         # one clip's embeddings kept (tens of MB for minutes of audio): a clip is encoded once per request
-        engine.runner.images = ImageEmbedder(encoder, engine.backend, max_cached=1)
-        engine.vision = prompter = Qwen3AsrPrompter(
-            encoder.config, engine.tokenizer
-        )  # places the audio tokens
-        return cls(task, prompter)
+        engine.runner.images.max_cached = 1
+        if isinstance(engine.audio, Qwen3AsrPrompter):
+            return cls(task, engine.audio)
+        return cls(task, Gemma4AsrPrompter(engine.audio, engine.chat_template, engine.tokenizer))
 
     def reply_ids(self, samples: Any, language: str | None = None, prompt: str | None = None,
                   min_tokens: int = 0, cancel: CancelCheck | None = None) -> tuple[list[int], list[int]]:  # fmt: skip

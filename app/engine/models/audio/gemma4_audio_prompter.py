@@ -14,6 +14,7 @@ from app.engine.images import ImageInput
 from app.engine.loader.names import CheckpointError
 from app.engine.models.audio.gemma4_audio_config import Gemma4AudioConfig
 from app.engine.models.audio.gemma4_audio_features import gemma4_log_mel, soft_tokens
+from app.engine.models.audio.placeholders import expand_placeholders
 
 BOA, EOA, AUDIO = "<|audio>", "<audio|>", "<|audio|>"
 
@@ -71,10 +72,4 @@ class Gemma4AudioPrompter:
     def expand(self, text: str, clips: list[ImageInput], marker: str) -> str:
         """The rendered prompt with each `marker` replaced by its clip's tokens, in order; ValueError
         when marks and clips do not pair up."""
-        parts = text.split(marker)
-        if len(parts) - 1 != len(clips):
-            raise ValueError(f"the prompt has {len(parts) - 1} audio placeholders for {len(clips)} clips")
-        out = [parts[0]]
-        for clip, after in zip(clips, parts[1:], strict=True):
-            out += [self.expansion(clip), after]
-        return "".join(out)
+        return expand_placeholders(text, clips, marker, self.expansion)
