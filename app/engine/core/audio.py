@@ -2,20 +2,24 @@
 so a chat prompt may hold audio clips as it holds images: a Gemma 4 folder with an audio_config, or a
 Qwen3-ASR folder (Qwen3 with its audio encoder and projector).
 
-The runner has one soft-token embedder; where the model has both an image and an audio tower it routes
-each input to its modality's (`SoftTokenTowers`). A GGUF (whose audio tower would be an mmproj) takes no
-audio yet.
+A Gemma 4 GGUF's audio tower comes from llama.cpp's mmproj (models/audio/gemma4_audio_mmproj.py). The
+runner has one soft-token embedder; where the model has both an image and an audio tower it routes each
+input to its modality's (`SoftTokenTowers`).
 """
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 from app.engine.loader.names import CheckpointError
 from app.engine.models.audio import load_audio_encoder, load_gemma4_audio_tower
-from app.engine.models.audio.gemma4_audio_prompter import Gemma4AudioPrompter
+from app.engine.models.audio.gemma4_audio import Gemma4AudioTower
+from app.engine.models.audio.gemma4_audio_mmproj import load_gemma4_audio_mmproj
+from app.engine.models.audio.gemma4_audio_prompter import AUDIO, BOA, EOA, Gemma4AudioPrompter
 from app.engine.models.audio.qwen3_asr_prompter import Qwen3AsrPrompter
+from app.engine.models.vision.weights import find_mmproj
 from app.engine.worker.images import ImageEmbedder, SoftTokenTowers
 
 log = logging.getLogger(__name__)
@@ -25,14 +29,18 @@ class NoAudioError(ValueError):
     """An audio clip was sent to a model without an audio tower."""
 
 
-def attach_audio(runner: Any, checkpoint: Any, tokenizer: Any) -> Gemma4AudioPrompter | Qwen3AsrPrompter | None:
-    """Load the checkpoint's audio tower beside whatever soft-token tower the runner has; the prompter
-    for the server, or None for a model without audio."""
-    if checkpoint.format == "gguf":
-        return None
+def attach_audio(
+    runner: Any, checkpoint: Any, tokenizer: Any, mmproj: str | None = None
+) -> Gemma4AudioPrompter | Qwen3AsrPrompter | None:
+    """Load the checkpoint's audio tower (its own, or a Gemma 4 GGUF's audio mmproj: `mmproj`, or the one
+    beside it) beside whatever soft-token tower the runner has; the prompter for the server, or None for
+    a model without audio."""
     folder, hf_config = checkpoint.path, checkpoint.hf_config or {}
     try:
-        if checkpoint.architecture == "gemma4":
+        if checkpoint.format == "gguf":
+            tower = _gemma4_mmproj_tower(runner.backend, checkpoint, tokenizer, mmproj)
+            width = None if tower is None else tower.config.text_hidden_size
+        elif checkpoint.architecture == "gemma4":
             tower = load_gemma4_audio_tower(folder, hf_config, runner.backend)
             width = None if tower is None else tower.config.text_hidden_size
         else:
@@ -54,3 +62,15 @@ def attach_audio(runner: Any, checkpoint: Any, tokenizer: Any) -> Gemma4AudioPro
     runner.images = ImageEmbedder(embedded, runner.backend)
     log.info("audio tower: %d layers", tower.config.num_layers)
     return prompter
+
+
+def _gemma4_mmproj_tower(backend: Any, checkpoint: Any, tokenizer: Any, mmproj: str | None) -> Any:
+    """A Gemma 4 GGUF's audio tower from its mmproj (llama.cpp's audio half), or None without one."""
+    if checkpoint.architecture != "gemma4":
+        return None
+    path = Path(mmproj) if mmproj is not None else find_mmproj(Path(checkpoint.path))
+    if path is None:
+        return None
+    ids = {name: tokenizer.token_to_id(name) for name in (AUDIO, BOA, EOA)}
+    loaded = load_gemma4_audio_mmproj(path, ids)
+    return None if loaded is None else Gemma4AudioTower(backend, *loaded)

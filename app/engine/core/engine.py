@@ -139,7 +139,7 @@ class LLMEngine:
         kv_caches = allocate_caches(self.backend, cfg, plan.num_blocks, plan.block_size, plan.kv_dtype, state_rows)
         self.runner = ModelRunner(self.model, self.backend, kv_caches, plan.block_size)
         self.vision = attach_vision(self.runner, self.checkpoint, self.tokenizer, self.config.mmproj)
-        self.audio = attach_audio(self.runner, self.checkpoint, self.tokenizer)
+        self.audio = attach_audio(self.runner, self.checkpoint, self.tokenizer, self.config.mmproj)
         if plan.graphs:
             from app.engine.worker.decode_graphs import DecodeGraphs
 

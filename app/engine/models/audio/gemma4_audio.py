@@ -144,10 +144,13 @@ class _Attention:
             ClippedLinear(backend, cfg, tensors, f"{prefix}.{n}")
             for n in ("q_proj", "k_proj", "v_proj", "post")
         )
-        per_dim = tensors[f"{prefix}.per_dim_scale"].dequantize().astype(np.float32)
-        q_scale = np.float32(cfg.head_dim**-0.5 / math.log(2)) * np.logaddexp(
-            np.float32(0), per_dim
-        )  # softplus
+        stored = tensors.get(f"{prefix}.softplus_per_dim_scale")  # an mmproj's: softplus already applied
+        if stored is None:
+            stored_raw = tensors[f"{prefix}.per_dim_scale"].dequantize().astype(np.float32)
+            per_dim = np.logaddexp(np.float32(0), stored_raw)  # softplus
+        else:
+            per_dim = stored.dequantize().astype(np.float32)
+        q_scale = np.float32(cfg.head_dim**-0.5 / math.log(2)) * per_dim
         self.q_scale = backend.from_host(q_scale.astype(np.float32), backend.xp.float32)
         self.k_scale = np.float32(math.log(1 + math.e) / math.log(2))
         relative = Linear(backend, tensors[f"{prefix}.relative_k_proj.weight"])
