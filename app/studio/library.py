@@ -28,6 +28,8 @@ from app.engine.loader.safetensors import read_header as read_safetensors_header
 from app.engine.loader.split_tensors import stored_format
 from app.engine.plan.fit import (
     ModelShape,
+    audio_from_hf_config,
+    is_audio_tensor,
     is_mmproj_name,
     is_vision_tensor,
     shape_from_gguf,
@@ -359,7 +361,7 @@ def describe_safetensors_folder(folder: Path, files: tuple[Path, ...], name: str
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
         mix = Counter[str]()
-        weight_bytes = vision_bytes = 0
+        weight_bytes = vision_bytes = audio_bytes = 0
         for file in files:
             table, _ = read_safetensors_header(file)  # the loader's own reader, as model_check.py
             table.pop("__metadata__", None)
@@ -371,6 +373,8 @@ def describe_safetensors_folder(folder: Path, files: tuple[Path, ...], name: str
                 size = tensor["data_offsets"][1] - tensor["data_offsets"][0]
                 if is_vision_tensor(name):  # the image tower: its own line in will-it-fit
                     vision_bytes += size
+                elif is_audio_tensor(name):  # the audio tower (Gemma 4): its own line too
+                    audio_bytes += size
                 else:
                     weight_bytes += size
         shape = shape_from_hf_config(config, weight_bytes)
@@ -378,6 +382,9 @@ def describe_safetensors_folder(folder: Path, files: tuple[Path, ...], name: str
         vision = vision_from_hf_config(config, vision_bytes, f"{folder.name}/*.safetensors", processor)
         if vision is not None and takes_images(_engine_architecture(config)):  # as the loader decides
             shape = replace(shape, vision=vision)
+        audio = audio_from_hf_config(config, audio_bytes, f"{folder.name}/*.safetensors")
+        if audio is not None:
+            shape = replace(shape, audio=audio)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return _with(base, error=f"{name}: {exc}")
     quant = (config.get("quantization_config") or {}).get("quant_method")

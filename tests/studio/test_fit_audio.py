@@ -74,3 +74,16 @@ def test_the_tower_is_in_the_total_and_the_summary(capsys):
     assert report["breakdown"]["audio_weights"] == shape.audio.weight_bytes
     assert report["breakdown"]["audio"] == b.audio and report["audio_source"] == "hf/*.safetensors"
 
+
+
+def test_the_library_splits_the_audio_tensors_as_the_engine_does(tmp_path):
+    import shutil
+
+    from app.studio.library import ModelLibrary
+
+    shutil.copytree(HF, tmp_path / "acme" / "gemma4-audio")
+    [entry] = ModelLibrary(tmp_path).list()
+    local = shape_from_checkpoint(entry.path)
+    # the header-only reading: the audio tensors apart, no vision tower for a null vision_config
+    assert entry.shape.audio == local.audio and entry.shape.weight_bytes == local.weight_bytes
+    assert entry.shape.vision is None and not entry.takes_images

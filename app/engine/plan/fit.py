@@ -9,7 +9,7 @@ the largest context that fits.
 A mixture of experts may keep only a hot set of its experts on the GPU (`experts_on_gpu`, planned
 by `expert_plan.py`): the rest is in pinned host RAM (reported, not counted against the device),
 and the device holds staging slots for the cold experts a step copies in. A model that takes images
-adds its vision tower (vision_fit.py).
+adds its vision tower (vision_fit.py), one that takes audio its audio tower (audio_fit.py).
 
 The shape comes from GGUF metadata or a config.json through the families' own parsers (shape.py),
 so a prediction needs no weights: before a download it can be made from a repo's config and file
@@ -21,6 +21,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from app.engine.plan.audio_fit import AudioShape as AudioShape
+from app.engine.plan.audio_fit import audio_from_hf_config as audio_from_hf_config
+from app.engine.plan.audio_fit import is_audio_tensor as is_audio_tensor
 from app.engine.plan.device import DeviceMemory as DeviceMemory
 from app.engine.plan.device import cpu_memory as cpu_memory
 from app.engine.plan.device import device_memory as device_memory

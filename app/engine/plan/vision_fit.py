@@ -99,7 +99,7 @@ def vision_from_hf_config(
     config, with preprocessor_config.json's pixel bounds when given); None without one."""
     from app.engine.models.vision.config import SIGLIP_DEFAULTS
 
-    if "vision_config" not in config:
+    if not config.get("vision_config"):  # absent, or null (a Gemma 4 without vision)
         return None
     if config.get("model_type") in QWEN_VL_MODEL_TYPES or QWEN_VL_ARCHITECTURE in (config.get("architectures") or ()):
         from app.engine.models.vision.qwen_vl_config import qwen_vision_config
