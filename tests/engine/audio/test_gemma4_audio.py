@@ -192,3 +192,29 @@ def test_clips_the_model_cannot_take_are_refused(engine):
         engine.audio.audio_input(np.zeros(31 * 16_000, np.float32))
     with pytest.raises(AudioClipError, match="10 ms long, too short"):
         engine.audio.audio_input(np.zeros(160, np.float32))
+
+
+def test_image_and_audio_inputs_go_to_their_own_towers():
+    """A model with both towers (Gemma 4 E-series): each input is encoded by its modality's tower, and
+    only images get two-way spans in the text model (audio tokens stay causal, as in transformers)."""
+    from types import SimpleNamespace
+
+    from app.engine.images import ImageInput, PromptImage
+    from app.engine.worker.images import ImageEmbedder, SoftTokenTowers
+
+    class Tower:
+        def __init__(self, value: float, two_way: bool) -> None:
+            self.value, self.two_way_images = value, two_way
+
+        def encode_image(self, item):
+            return np.full((item.pixel_values.shape[0], 2), self.value, np.float32)
+
+    embedder = ImageEmbedder(SoftTokenTowers(image=Tower(1.0, True), audio=Tower(2.0, False)), CpuBackend())
+    image = ImageInput(np.zeros((3, 4), np.float32))
+    clip = ImageInput(np.zeros((2, 4), np.float32), modality="audio")
+    request = SimpleNamespace(images=[PromptImage(1, 4, image), PromptImage(6, 8, clip)])
+    (rows, values), spans = embedder.step_inputs([SimpleNamespace(request=request, start=0, num_tokens=10)])
+    assert list(rows) == [1, 2, 3, 6, 7] and list(values[:, 0]) == [1, 1, 1, 2, 2]
+    assert spans == [[(1, 4)]]  # the image's span only
+    with pytest.raises(ValueError, match="no audio tower"):
+        SoftTokenTowers(image=Tower(1.0, True)).encode_image(clip)
