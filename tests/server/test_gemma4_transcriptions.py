@@ -82,3 +82,10 @@ def test_verbose_json_has_one_segment_over_the_clip(base_url: str, text: str) ->
 def test_srt_and_vtt_have_one_cue(fmt: str, cue: str, base_url: str, text: str) -> None:
     response = post(base_url, {"response_format": fmt})
     assert response.status_code == 200 and response.text == f"{cue}{text}\n\n"
+
+
+def test_without_a_language_the_model_names_none(base_url: str) -> None:
+    body = post(base_url, {"language": "", "response_format": "verbose_json"}).json()
+    assert body["language"] == ""  # Gemma 4 transcribes "in its original language" without naming it
+    [segment] = body["segments"]
+    assert (segment["start"], segment["end"]) == (0.0, 5.131) and len(segment["tokens"]) == len(GREEDY)
