@@ -218,3 +218,16 @@ def test_image_and_audio_inputs_go_to_their_own_towers():
     assert spans == [[(1, 4)]]  # the image's span only
     with pytest.raises(ValueError, match="no audio tower"):
         SoftTokenTowers(image=Tower(1.0, True)).encode_image(clip)
+
+
+@pytest.mark.parametrize("variant", sorted(MANIFEST["variants"]))
+def test_other_extractor_settings_read_from_the_folder_match(variant, refs, samples, tmp_path):
+    """Pre-emphasis (HTK's and the plain kind), input scaling, per-bin normalisation, the FFT overdrive and
+    a narrower band, as a folder's preprocessor_config.json gives them, against the extractor's log-mel."""
+    folder = tmp_path / "hf"
+    shutil.copytree(HF, folder)
+    settings = json.loads((folder / "preprocessor_config.json").read_text())
+    (folder / "preprocessor_config.json").write_text(json.dumps({**settings, **MANIFEST["variants"][variant]}))
+    cfg = gemma4_audio_config(folder, json.loads((folder / "config.json").read_text()))
+    mel = gemma4_log_mel(samples["short"], cfg.mel)
+    np.testing.assert_allclose(mel, refs[f"mel/{variant}"], atol=1e-4, rtol=0)
