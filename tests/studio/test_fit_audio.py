@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
 import tracemalloc
 from dataclasses import replace
 from pathlib import Path
@@ -19,6 +20,11 @@ from app.engine.plan.fit import DeviceMemory, FitOptions, check_fit, shape_from_
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 HF = FIXTURES / "gemma4_audio" / "hf"
+ENGINE_TESTS = Path(__file__).parents[1] / "engine"
+sys.path.insert(0, str(ENGINE_TESTS))  # gemma4_gguf: a Gemma 4 GGUF written as llama.cpp's converter does
+sys.path.insert(0, str(ENGINE_TESTS / "audio"))  # gemma4_audio_mmproj: its audio mmproj likewise
+from gemma4_audio_mmproj import write_audio_mmproj  # noqa: E402
+from gemma4_gguf import write_gguf  # noqa: E402
 
 
 def stored_bytes(prefixes: tuple[str, ...]) -> int:
@@ -87,3 +93,16 @@ def test_the_library_splits_the_audio_tensors_as_the_engine_does(tmp_path):
     # the header-only reading: the audio tensors apart, no vision tower for a null vision_config
     assert entry.shape.audio == local.audio and entry.shape.weight_bytes == local.weight_bytes
     assert entry.shape.vision is None and not entry.takes_images
+
+
+def test_an_audio_mmproj_beside_a_gemma4_gguf_is_counted_as_audio(tmp_path):
+    model = tmp_path / "gemma4-dense.gguf"
+    write_gguf(FIXTURES / "gemma4" / "dense", model)
+    alone = shape_from_checkpoint(model)
+    write_audio_mmproj(HF, tmp_path / "mmproj-gemma4-audio.gguf")
+    shape = shape_from_checkpoint(model)
+    assert alone.audio is None and shape.vision is None  # an audio-only mmproj is no vision tower
+    assert shape.audio.source == "mmproj-gemma4-audio.gguf" and shape.weight_bytes == alone.weight_bytes
+    # the mmproj's tensors are the HF folder's audio tensors, F32 either way: the same bytes
+    assert shape.audio.weight_bytes == shape_from_checkpoint(HF).audio.weight_bytes
+    assert shape.audio.activation_bytes() == shape_from_checkpoint(HF).audio.activation_bytes()

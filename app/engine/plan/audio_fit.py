@@ -3,7 +3,8 @@ longest clip it takes.
 
 Counted where the engine loads one beside the chat model: a Gemma 4 Hugging Face folder whose
 config.json has an audio_config (models/audio/gemma4_audio*.py), its `audio_tower.*` / `embed_audio.*`
-tensors by their names in the safetensors headers.
+tensors by their names in the safetensors headers; or a Gemma 4 GGUF's mmproj with an audio half
+(projector "gemma4a"), its `a.*` / `mm.a.*` tensors.
 
 The working set peaks in the subsampling convolutions, each a product over gathered 3x3 patches
 (models/audio/qwen3_asr.Conv3x3): the first convolution's output (channels[0] x frames/2 x bins/2) and
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 FLOAT_BYTES = 4
@@ -62,3 +64,40 @@ def audio_from_hf_config(config: Mapping[str, Any], weight_bytes: int, source: s
 def is_audio_tensor(hf_name: str) -> bool:
     """A Hugging Face tensor of the audio side (tower or embedder), by its name."""
     return hf_name.removeprefix("model.").startswith(("audio_tower.", "embed_audio."))
+
+
+def is_audio_gguf_tensor(name: str) -> bool:
+    """An mmproj GGUF's tensor of the audio half (llama.cpp's `a.*` tower, `mm.a.*` projector)."""
+    return name.startswith(("a.", "mm.a."))
+
+
+def audio_of_mmproj_file(path: Path) -> AudioShape | None:
+    """An mmproj's Gemma 4 audio tower, from its header and tensor table (no weights read); None for an
+    mmproj without one."""
+    from app.engine.loader.gguf import read_gguf
+    from app.engine.models.audio.gemma4_audio_mmproj import is_gemma4_audio_mmproj
+
+    file = read_gguf(path)
+    if not is_gemma4_audio_mmproj(file.metadata):
+        return None
+    convs = [file.tensors.get(f"a.conv1d.{i}.weight") for i in (0, 1)]
+    if convs[0] is None or convs[1] is None or "clip.audio.embedding_length" not in file.metadata:
+        raise ValueError(f"{path.name} lacks its audio tower's convolutions or size: cannot size it")
+    c0, c1 = convs[0].shape[0], convs[1].shape[0]
+    return AudioShape(
+        weight_bytes=sum(t.nbytes for name, t in file.tensors.items() if is_audio_gguf_tensor(name)),
+        hidden_size=int(file.metadata["clip.audio.embedding_length"]),
+        mel_bins=c0,
+        conv_channels=(c0, c1),
+        source=path.name,
+    )
+
+
+def audio_beside_gguf(model_path: str | Path, architecture: str) -> AudioShape | None:
+    """The audio tower the engine would load beside this text GGUF (Gemma 4's mmproj), or None."""
+    if architecture != "gemma4":
+        return None
+    from app.engine.models.vision.weights import find_mmproj
+
+    found = find_mmproj(Path(model_path))
+    return audio_of_mmproj_file(found) if found is not None else None

@@ -18,7 +18,7 @@ from typing import Any
 
 from app.engine.loader.names import CheckpointError
 from app.engine.models.config import GGUF_KEYS, ModelConfig, common_from_gguf, common_from_hf
-from app.engine.plan.audio_fit import AudioShape, audio_from_hf_config, is_audio_tensor
+from app.engine.plan.audio_fit import AudioShape, audio_beside_gguf, audio_from_hf_config, is_audio_tensor
 from app.engine.plan.vision_fit import (
     VisionShape,
     is_vision_tensor,
@@ -162,21 +162,21 @@ def hf_architecture(config: Mapping[str, Any]) -> str:
 
 def shape_of(checkpoint: Any, cfg: ModelConfig) -> ModelShape:
     """The shape of an opened checkpoint whose config is parsed: exact weight and expert bytes, and the
-    vision tower the engine would load beside it."""
+    vision and audio towers the engine would load beside it."""
     weight_bytes = sum(t.nbytes for t in checkpoint.tensors.values())  # the text model's (the loader's names)
     expert_bytes = None
     if cfg.moe is not None:  # the tensors are here: their exact bytes, not an estimate
         expert_bytes = sum(t.nbytes for name, t in checkpoint.tensors.items() if "_exps" in name)
     if checkpoint.format == "gguf":
         vision = vision_beside_gguf(checkpoint.path, checkpoint.architecture)
+        audio = audio_beside_gguf(checkpoint.path, checkpoint.architecture)
     else:  # a folder's tower counts where the engine gives its family one (Muse Glimmer's is skipped)
         vision = None
         if takes_images(checkpoint.architecture):
             vision = _hf_folder_vision(Path(checkpoint.path), checkpoint.hf_config or {})
         audio = _hf_folder_audio(Path(checkpoint.path), checkpoint.hf_config or {})
         cfg = replace(cfg, architecture=hf_architecture(checkpoint.hf_config or {}))  # the name, as above
-        return replace(shape_from_config(cfg, weight_bytes, expert_bytes, vision), audio=audio)
-    return shape_from_config(cfg, weight_bytes, expert_bytes, vision)
+    return replace(shape_from_config(cfg, weight_bytes, expert_bytes, vision), audio=audio)
 
 
 def shape_from_checkpoint(path: str | os.PathLike[str]) -> ModelShape:

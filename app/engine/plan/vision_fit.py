@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from app.engine.images import VISION_ARCHITECTURES
+from app.engine.plan.audio_fit import is_audio_gguf_tensor
 
 FLOAT_BYTES = 4
 # config.json's names for the Qwen towers the engine runs (the rest of a vision_config is SigLIP's)
@@ -139,13 +140,18 @@ def mmproj_beside(model_path: str | Path) -> Path | None:
     return find_mmproj(Path(model_path))
 
 
-def vision_of_mmproj_file(path: str | Path) -> VisionShape:
-    """An mmproj file's tower, from its header and tensor table (memory-mapped: no weights are read)."""
+def vision_of_mmproj_file(path: str | Path) -> VisionShape | None:
+    """An mmproj file's tower, from its header and tensor table (memory-mapped: no weights are read);
+    its audio half, if any, is not the vision tower's; None for an mmproj without vision."""
     from app.engine.loader.gguf import read_gguf
 
     path = Path(path)
     file = read_gguf(path)
-    return vision_from_mmproj(file.metadata, sum(t.nbytes for t in file.tensors.values()), path.name)
+    meta = file.metadata
+    if meta.get("clip.has_audio_encoder") and not meta.get("clip.has_vision_encoder"):
+        return None  # an audio-only mmproj (audio_fit.py counts it)
+    weight_bytes = sum(t.nbytes for name, t in file.tensors.items() if not is_audio_gguf_tensor(name))
+    return vision_from_mmproj(file.metadata, weight_bytes, path.name)
 
 
 def vision_beside_gguf(model_path: str | Path, architecture: str) -> VisionShape | None:
