@@ -401,7 +401,7 @@ def describe_safetensors_folder(folder: Path, files: tuple[Path, ...], name: str
                 if stored is not None:
                     mix[stored[0]] += _product(tensor["shape"]) * stored[1]
                 size = tensor["data_offsets"][1] - tensor["data_offsets"][0]
-                if is_audio_tensor(name, config):  # a speech model's encoder, projector, adapter: their own line
+                if is_audio_tensor(name, config):  # the audio side (Gemma 4's tower; a speech model's adapter too): apart
                     audio_sizes.append((name, size))
                 elif is_vision_tensor(name):  # the image tower: its own line in will-it-fit
                     vision_bytes += size

@@ -18,6 +18,7 @@ from app.engine.cache.manager import KVCacheManager
 from app.engine.cache.offload import DeviceBlocks, kv_bytes_moved
 from app.engine.cache.state_cache import StateCache
 from app.engine.config import DEFAULT_MODEL, EngineConfig
+from app.engine.core.audio import attach_audio
 from app.engine.core.draft_model import DraftModelDrafter, check_same_tokenizer, draft_config
 from app.engine.core.output_processor import OutputProcessor
 from app.engine.core.pipeline import DecodePipeline
@@ -143,6 +144,7 @@ class LLMEngine:
         kv_caches = allocate_caches(self.backend, cfg, plan.num_blocks, plan.block_size, plan.kv_dtype, state_rows)
         self.runner = ModelRunner(self.model, self.backend, kv_caches, plan.block_size)
         self.vision = attach_vision(self.runner, self.checkpoint, self.tokenizer, self.config.mmproj)
+        self.audio = attach_audio(self.runner, self.checkpoint, self.tokenizer, self.config.mmproj)
         if plan.graphs:
             from app.engine.worker.decode_graphs import DecodeGraphs
 
@@ -221,6 +223,7 @@ class LLMEngine:
             context_length=plan.max_model_len,
             device=self.backend.name,
             supports_vision=self.vision is not None,
+            supports_audio=self.audio is not None,
             quant_mix=self.checkpoint.quant_mix,
         )
 
@@ -247,7 +250,7 @@ class LLMEngine:
             raise ValueError(f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})")
         check_sampling_ids(params, vocab)
         self.check_fits(len(prompt_token_ids), params)
-        placed = place_images(self.vision, prompt_token_ids, images)
+        placed = place_images(self.vision, prompt_token_ids, images, self.audio)
         request = Request(request_id, list(prompt_token_ids), params, session_id=session_id, images=placed)
         self.sampler.start(request)  # a grammar's matcher; ValueError if it cannot be served
         self.outputs.add(request)

@@ -9,8 +9,8 @@ the largest context that fits.
 A mixture of experts may keep only a hot set of its experts on the GPU (`experts_on_gpu`, planned
 by `expert_plan.py`): the rest is in pinned host RAM (reported, not counted against the device),
 and the device holds staging slots for the cold experts a step copies in. A model that takes images
-adds its vision tower (vision_fit.py), a speech model its audio encoder, projector and LoRA adapter
-(audio_fit.py).
+adds its vision tower (vision_fit.py), a speech model its audio encoder, projector and LoRA adapter,
+one that takes audio its audio tower (audio_fit.py).
 
 The shape comes from GGUF metadata or a config.json through the families' own parsers (shape.py),
 so a prediction needs no weights: before a download it can be made from a repo's config and file
@@ -64,7 +64,8 @@ class FitReport:
     max_context: int  # the largest context (whole blocks, <= the model's) that "fits"; 0: none
     model_context_length: int
     vision_source: str | None = None  # the file the vision tower comes from; None: a text-only model
-    audio_source: str | None = None  # a speech model's audio side ("Granite Speech in <folder>/*.safetensors")
+    audio_source: str | None = None  # its audio side ("Granite Speech in <folder>/*.safetensors"); None: no audio
+    audio_clip: str = ""  # what its audio working set encodes ("minute of audio", "30 s clip")
     kv_blocks: int = 0  # the KV blocks an engine with these options allocates (its null block included)
     block_size: int = 16
     engine_context: int = 0  # the context that engine serves: the one asked for, at most what its blocks hold
@@ -78,7 +79,7 @@ class FitReport:
                f"{self.vision_source}, {format_bytes(b.vision_activations)} to encode an image)"]
               if self.vision_source else []),
             *([f"  audio        {format_bytes(b.audio):>10}  ({format_bytes(b.audio_weights)} of encoder, projector "
-               f"and adapter in {self.audio_source}, {format_bytes(b.audio_activations)} to encode a minute)"]
+               f"and adapter in {self.audio_source}, {format_bytes(b.audio_activations)} to encode a {self.audio_clip})"]
               if self.audio_source else []),
             f"  f16 copies   {format_bytes(b.weight_cache):>10}  (CUDA: faster batched products)",
             f"  KV cache     {format_bytes(b.kv_cache):>10}  ({self.context_length} tokens x {self.batch}, "
@@ -139,6 +140,7 @@ def check_fit(shape: ModelShape, options: FitOptions | None = None, device: Devi
         model_context_length=shape.context_length,
         vision_source=shape.vision.source if shape.vision else None,
         audio_source=f"{shape.audio.family} in {shape.audio.source}" if shape.audio else None,
+        audio_clip=shape.audio.clip if shape.audio else "",
         kv_blocks=blocks,
         block_size=options.block_size,
         engine_context=max_model_len(shape, options, blocks),

@@ -114,8 +114,8 @@ class MemoryBreakdown:
     pcie_bytes_per_token: float = 0.0  # cold experts copied in per decoded token (uniform routing)
     vision_weights: int = 0  # the image tower's weights
     vision_activations: int = 0  # its working set while it encodes one image
-    audio_weights: int = 0  # a speech model's encoder, projector and LoRA adapter
-    audio_activations: int = 0  # the encoder's working set for a minute of audio
+    audio_weights: int = 0  # the audio side's encoder (tower), projector and LoRA adapter
+    audio_activations: int = 0  # the encoder's working set for a clip (AudioShape.clip)
     state: int = 0  # hybrid models: the recurrent state rows (the null row, slots and snapshots)
     state_slots: int = 0
     state_snapshots: int = 0

@@ -25,6 +25,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from app.engine.images import VISION_ARCHITECTURES
+from app.engine.plan.audio_fit import is_audio_gguf_tensor
 
 FLOAT_BYTES = 4
 # config.json's names for the Qwen towers the engine runs (the rest of a vision_config is SigLIP's)
@@ -153,7 +154,7 @@ def vision_from_hf_config(
     config, with preprocessor_config.json's pixel bounds when given); None without one."""
     from app.engine.models.vision.config import SIGLIP_DEFAULTS
 
-    if "vision_config" not in config:
+    if not config.get("vision_config"):  # absent, or null (a Gemma 4 without vision)
         return None
     if config.get("model_type") in QWEN_VL_MODEL_TYPES or QWEN_VL_ARCHITECTURE in (
         config.get("architectures") or ()
@@ -227,13 +228,18 @@ def mmproj_beside(model_path: str | Path) -> Path | None:
     return find_mmproj(Path(model_path))
 
 
-def vision_of_mmproj_file(path: str | Path) -> VisionShape:
-    """An mmproj file's tower, from its header and tensor table (memory-mapped: no weights are read)."""
+def vision_of_mmproj_file(path: str | Path) -> VisionShape | None:
+    """An mmproj file's tower, from its header and tensor table (memory-mapped: no weights are read);
+    its audio half, if any, is not the vision tower's; None for an mmproj without vision."""
     from app.engine.loader.gguf import read_gguf
 
     path = Path(path)
     file = read_gguf(path)
-    return vision_from_mmproj(file.metadata, sum(t.nbytes for t in file.tensors.values()), path.name)
+    meta = file.metadata
+    if meta.get("clip.has_audio_encoder") and not meta.get("clip.has_vision_encoder"):
+        return None  # an audio-only mmproj (audio_fit.py counts it)
+    weight_bytes = sum(t.nbytes for name, t in file.tensors.items() if not is_audio_gguf_tensor(name))
+    return vision_from_mmproj(file.metadata, weight_bytes, path.name)
 
 
 def vision_beside_gguf(model_path: str | Path, architecture: str) -> VisionShape | None:

@@ -12,7 +12,7 @@ from app.studio.tasks import TaskResult
 PARTS = (("weights", "Weights"), ("vision", "Vision"), ("audio", "Audio"), ("kv_cache", "KV cache"),
          ("activations", "Activations"), ("overhead", "Overhead"))
 VISION_ROW = 1  # shown only for a model that takes images
-AUDIO_ROW = 2  # shown only for a speech model
+AUDIO_ROW = 2  # shown only for a model with an audio side (a speech model, Gemma 4 with audio)
 
 
 class FitView(QWidget):
@@ -90,7 +90,7 @@ class FitView(QWidget):
             b = report.breakdown
             self.parts["audio"].setText(f"{format_bytes(b.audio)} ({format_bytes(b.audio_weights)} of encoder, "
                                         f"projector and adapter: {report.audio_source}; "
-                                        f"{format_bytes(b.audio_activations)} per minute of audio)")
+                                        f"{format_bytes(b.audio_activations)} per {report.audio_clip})")
         self.form.setRowVisible(AUDIO_ROW, bool(report.audio_source))
         self.total.setText(format_bytes(report.breakdown.total))
         if report.budget_bytes is None:

@@ -137,8 +137,8 @@ def _load_gemma4(checkpoint: Any, backend: Any, mmproj: str | Path | None) -> Ge
             two_way = text_config.get("use_bidirectional_attention") == "vision"
         else:
             two_way = "per_layer_token_embd.weight" not in checkpoint.tensors
-        cfg, tensors = load_gemma4_mmproj(path, text_hidden, two_way)
-        return Gemma4VisionTower(backend, cfg, tensors)
+        loaded = load_gemma4_mmproj(path, text_hidden, two_way)
+        return None if loaded is None else Gemma4VisionTower(backend, *loaded)
     loaded = load_gemma4_vision(checkpoint.path, checkpoint.hf_config or {})
     if loaded is None:
         return None
