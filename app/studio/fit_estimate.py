@@ -19,7 +19,16 @@ import functools
 import time
 from dataclasses import dataclass
 
-from app.engine.plan.fit import DeviceMemory, FitOptions, FitReport, ModelShape, check_fit, format_bytes
+from app.engine.plan.fit import (
+    DeviceMemory,
+    FitOptions,
+    FitReport,
+    ModelShape,
+    check_fit,
+    format_bytes,
+    is_task_job,
+    task_fit_options,
+)
 
 SLOW_TOKENS_PER_S = 5.0  # below this a chat answer of a few hundred tokens takes over a minute
 COPY_BYTES = 128 * 2**20  # per copy in the bandwidth probe: past every CPU cache, small beside any RAM
@@ -31,9 +40,14 @@ def context_for(shape: ModelShape, options: FitOptions) -> int:
     return min(options.context_length or shape.context_length, shape.context_length)
 
 
-def fit_at_context(shape: ModelShape, options: FitOptions, device: DeviceMemory | None = None) -> FitReport:
+def fit_at_context(
+    shape: ModelShape, options: FitOptions, device: DeviceMemory | None = None, job: str | None = None
+) -> FitReport:
     """`check_fit` at the context the engine will actually use (the report's `model_context_length` keeps
-    the model's maximum, to show beside it)."""
+    the model's maximum, to show beside it). A task model (`job`: embeddings, reranking, transcription) is
+    judged as the engine runs one beside the chat model (plan/task_fit.py), not with the chat's settings."""
+    if is_task_job(job):
+        return check_fit(shape, task_fit_options(shape, job), device)
     return check_fit(shape, dataclasses.replace(options, context_length=context_for(shape, options)), device)
 
 

@@ -28,6 +28,10 @@ from app.engine.loader.safetensors import read_header as read_safetensors_header
 from app.engine.loader.split_tensors import stored_format
 from app.engine.plan.fit import (
     ModelShape,
+    audio_from_folder,
+    folder_job,
+    gguf_job,
+    is_audio_tensor,
     is_mmproj_name,
     is_vision_tensor,
     shape_from_gguf,
@@ -35,6 +39,7 @@ from app.engine.plan.fit import (
     takes_images,
     vision_beside_gguf,
     vision_from_hf_config,
+    with_images,
 )
 from app.studio.model_check import INCOMPLETE_HINT, check_model_files
 from app.studio.model_parts import GGUF_SHARD_PATTERN, gguf_shards, model_files
@@ -63,6 +68,7 @@ class ModelEntry:
     incomplete: bool = False  # the files stop short of the tensors they declare (model_check.py)
     chat_template: bool | None = None  # whether the checkpoint carries one; None: unknown
     vision: str | None = None  # where its vision tower is (the mmproj file beside it, the folder): it takes images
+    job: str | None = None  # what it does: "chat", "chat + images", "embeddings", "transcription"... (plan/job.py)
 
     @property
     def takes_images(self) -> bool:
@@ -311,7 +317,7 @@ def _with_mmproj(entry: ModelEntry) -> ModelEntry:
         return _with(entry, error=entry.error or f"{entry.name}: {exc}")
     if vision is None:
         return entry
-    return _with(entry, vision=vision.source, shape=replace(entry.shape, vision=vision))
+    return _with(entry, vision=vision.source, shape=replace(entry.shape, vision=vision), job=with_images(entry.job))
 
 
 def _with_file_check(entry: ModelEntry) -> ModelEntry:
@@ -332,6 +338,7 @@ def gguf_summary(meta: dict, tensors: list[GGUFTensorInfo]) -> dict:
         parameters=sum(mix.values()),
         quantization=_gguf_file_type(meta.get("general.file_type"), mix),
         quant_mix=tuple(mix.most_common()),
+        job=gguf_job(meta, (t.name for t in tensors)),
     )
     try:
         fields["shape"] = shape_from_gguf(meta, weight_bytes)
@@ -359,7 +366,7 @@ def describe_safetensors_folder(folder: Path, files: tuple[Path, ...], name: str
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
         mix = Counter[str]()
-        weight_bytes = vision_bytes = 0
+        weight_bytes = vision_bytes = audio_bytes = 0
         for file in files:
             table, _ = read_safetensors_header(file)  # the loader's own reader, as model_check.py
             table.pop("__metadata__", None)
@@ -369,7 +376,9 @@ def describe_safetensors_folder(folder: Path, files: tuple[Path, ...], name: str
                 if stored is not None:
                     mix[stored[0]] += _product(tensor["shape"]) * stored[1]
                 size = tensor["data_offsets"][1] - tensor["data_offsets"][0]
-                if is_vision_tensor(name):  # the image tower: its own line in will-it-fit
+                if is_audio_tensor(name, config):  # a speech model's audio tower: its own line too
+                    audio_bytes += size
+                elif is_vision_tensor(name):  # the image tower: its own line in will-it-fit
                     vision_bytes += size
                 else:
                     weight_bytes += size
@@ -378,6 +387,8 @@ def describe_safetensors_folder(folder: Path, files: tuple[Path, ...], name: str
         vision = vision_from_hf_config(config, vision_bytes, f"{folder.name}/*.safetensors", processor)
         if vision is not None and takes_images(_engine_architecture(config)):  # as the loader decides
             shape = replace(shape, vision=vision)
+        shape = replace(shape, audio=audio_from_folder(folder, config, audio_bytes))
+        job = folder_job(folder, config, images=shape.vision is not None)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return _with(base, error=f"{name}: {exc}")
     quant = (config.get("quantization_config") or {}).get("quant_method")
@@ -392,6 +403,7 @@ def describe_safetensors_folder(folder: Path, files: tuple[Path, ...], name: str
         context_length=shape.context_length,
         shape=shape,
         vision=shape.vision.source if shape.vision else None,
+        job=job,
     ))
 
 

@@ -48,7 +48,7 @@ def fit_of(entry: ModelEntry, settings: Settings) -> FitReport | None:
     None when its shape is unknown."""
     from app.studio.fit_estimate import fit_at_context
 
-    return None if entry.shape is None else fit_at_context(entry.shape, fit_options(settings))
+    return None if entry.shape is None else fit_at_context(entry.shape, fit_options(settings), job=entry.job)
 
 
 def wont_fit_question(entry: ModelEntry, report: FitReport | None) -> str | None:

@@ -1,7 +1,7 @@
 """The one memory model: what a model takes on its device under given options, and how many KV blocks
 the engine allocates. `paddock fit`, the Studio's will-it-fit and the engine all count with it.
 
-    total = weights + vision tower + weight cache + expert staging + KV cache + recurrent state
+    total = weights + vision or audio tower + weight cache + expert staging + KV cache + recurrent state
             + activations + runtime overhead
 
 - weights: the tensors' bytes as stored (they stay in their file's quantized layout).
@@ -9,7 +9,7 @@ the engine allocates. `paddock fit`, the Studio's will-it-fit and the engine all
   value_dim) x block_size elements (float16 2 bytes, fp8 1, float32 4; "auto" is float16 on CUDA and
   float32 on the CPU), and fp8 adds one float32 scale per layer, K or V, KV head and block (so it holds
   just under twice float16's context in the same memory). The verdict counts `batch` sequences of the
-  full context.
+  full context, or the fixed pool of `num_kv_blocks` where one is given (a task model's engine).
 - recurrent state (hybrid models: Gated DeltaNet, Mamba-2 layers): a fixed float32 state per
   sequence (state_bytes_per_sequence), in rows of one array per recurrent layer: a null row, a slot per
   sequence (max_num_seqs) and, with prefix caching, the prefix cache's snapshots (`state_rows`):
@@ -82,6 +82,7 @@ class FitOptions:
     num_kv_blocks: int | None = None  # a fixed block count (None: sized from the room)
     enable_prefix_caching: bool = True  # hybrid models: the prefix cache keeps recurrent-state snapshots
     state_snapshot_gb: float | None = None  # their memory (None: the share rule, `state_rows`)
+    weight_cache: str = EngineConfig.weight_cache  # "off": no float16 copies (a task model's engine)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "experts_on_gpu", parse_experts_on_gpu(self.experts_on_gpu))
@@ -114,6 +115,8 @@ class MemoryBreakdown:
     pcie_bytes_per_token: float = 0.0  # cold experts copied in per decoded token (uniform routing)
     vision_weights: int = 0  # the image tower's weights
     vision_activations: int = 0  # its working set while it encodes one image
+    audio_weights: int = 0  # a speech model's audio tower (audio_fit.py)
+    audio_activations: int = 0  # its working set while it encodes the longest clip
     state: int = 0  # hybrid models: the recurrent state rows (the null row, slots and snapshots)
     state_slots: int = 0
     state_snapshots: int = 0
@@ -123,10 +126,14 @@ class MemoryBreakdown:
         return self.vision_weights + self.vision_activations
 
     @property
+    def audio(self) -> int:
+        return self.audio_weights + self.audio_activations
+
+    @property
     def total(self) -> int:
         return (
             self.weights + self.weight_cache + self.expert_staging + self.kv_cache + self.activations + self.overhead
-            + self.vision + self.state
+            + self.vision + self.audio + self.state
         )
 
     @property
@@ -258,7 +265,8 @@ def memory(
     weights were loaded (the engine's case), which moves the state's share of the room."""
     context = options.context_length or shape.context_length
     kv_dtype = resolve_kv_dtype(options.kv_dtype, device_kind)
-    overhead = CUDA_RUNTIME_OVERHEAD_BYTES if device_kind == "cuda" else CPU_RUNTIME_OVERHEAD_BYTES
+    cuda = device_kind == "cuda"
+    overhead = CUDA_RUNTIME_OVERHEAD_BYTES if cuda else CPU_RUNTIME_OVERHEAD_BYTES
     offload: dict[str, Any] = {}
     if experts is not None and not experts.all_on_gpu:
         offload = dict(
@@ -270,12 +278,16 @@ def memory(
     base = MemoryBreakdown(
         weights=shape.weight_bytes - offload.get("host_experts", 0),
         **offload,
-        kv_cache=kv_cache_bytes(shape, context, options.batch, kv_dtype, options.block_size),
+        kv_cache=kv_cache_bytes(shape, context, options.batch, kv_dtype, options.block_size)
+        if not options.num_kv_blocks  # a fixed pool (a task model's engine) is what is allocated
+        else options.num_kv_blocks * kv_block_bytes(shape, options.block_size, kv_dtype),
         activations=activation_bytes(shape, min(options.max_num_batched_tokens, context), options.max_num_seqs),
         overhead=overhead,
-        weight_cache=weight_cache_bytes(shape, free_bytes) if device_kind == "cuda" else 0,
+        weight_cache=weight_cache_bytes(shape, free_bytes) if cuda and options.weight_cache != "off" else 0,
         vision_weights=shape.vision.weight_bytes if shape.vision else 0,
         vision_activations=shape.vision.activation_bytes() if shape.vision else 0,
+        audio_weights=shape.audio.weight_bytes if shape.audio else 0,
+        audio_activations=shape.audio.activation_bytes() if shape.audio else 0,
     )
     if not shape.state_bytes_per_sequence:
         return base

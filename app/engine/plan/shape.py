@@ -18,6 +18,7 @@ from typing import Any
 
 from app.engine.loader.names import CheckpointError
 from app.engine.models.config import GGUF_KEYS, ModelConfig, common_from_gguf, common_from_hf
+from app.engine.plan.audio_fit import AudioShape, audio_from_folder, is_audio_tensor
 from app.engine.plan.vision_fit import (
     VisionShape,
     is_vision_tensor,
@@ -50,6 +51,7 @@ class ModelShape:
     experts_used: int = 0  # per token
     expert_bytes: int = 0  # all layers' expert tensors, part of weight_bytes
     vision: VisionShape | None = None  # the image tower the engine loads beside it (not in weight_bytes)
+    audio: AudioShape | None = None  # a speech model's audio tower (not in weight_bytes)
     # A hybrid model's recurrent state per sequence (all its recurrent layers), held beside the paged
     # KV cache in rows (a slot per sequence, snapshots for the prefix cache); 0 for a pure attention model.
     state_bytes_per_sequence: int = 0
@@ -71,7 +73,11 @@ class ModelShape:
 
 
 def shape_from_config(
-    cfg: ModelConfig, weight_bytes: int, expert_bytes: int | None = None, vision: VisionShape | None = None
+    cfg: ModelConfig,
+    weight_bytes: int,
+    expert_bytes: int | None = None,
+    vision: VisionShape | None = None,
+    audio: AudioShape | None = None,
 ) -> ModelShape:
     """The shape of a parsed model. `expert_bytes` None: estimated from the parameter counts."""
     moe = cfg.moe
@@ -91,6 +97,7 @@ def shape_from_config(
         num_experts=moe.num_experts if moe else 0,
         experts_used=moe.num_used if moe else 0,
         vision=vision,
+        audio=audio,
         state_bytes_per_sequence=cfg.state_bytes_per_sequence,
         kv_layers=_kv_layers(cfg),
     )
@@ -165,14 +172,16 @@ def shape_of(checkpoint: Any, cfg: ModelConfig) -> ModelShape:
     expert_bytes = None
     if cfg.moe is not None:  # the tensors are here: their exact bytes, not an estimate
         expert_bytes = sum(t.nbytes for name, t in checkpoint.tensors.items() if "_exps" in name)
+    audio = None
     if checkpoint.format == "gguf":
         vision = vision_beside_gguf(checkpoint.path, checkpoint.architecture)
     else:  # a folder's tower counts where the engine gives its family one (Muse Glimmer's is skipped)
         vision = None
         if takes_images(checkpoint.architecture):
             vision = _hf_folder_vision(Path(checkpoint.path), checkpoint.hf_config or {})
+        audio = _hf_folder_audio(Path(checkpoint.path), checkpoint.hf_config or {})
         cfg = replace(cfg, architecture=hf_architecture(checkpoint.hf_config or {}))  # the name, as above
-    return shape_from_config(cfg, weight_bytes, expert_bytes, vision)
+    return shape_from_config(cfg, weight_bytes, expert_bytes, vision, audio)
 
 
 def shape_from_checkpoint(path: str | os.PathLike[str]) -> ModelShape:
@@ -248,3 +257,18 @@ def _hf_folder_vision(folder: Path, config: Mapping[str, Any]) -> VisionShape | 
 
     processor = read_processor_settings(folder, "image_processor").values  # either layout
     return vision_from_hf_config(config, weight_bytes, f"{folder.name}/*.safetensors", processor)
+
+
+def _hf_folder_audio(folder: Path, config: Mapping[str, Any]) -> AudioShape | None:
+    """A speech model's audio tower (its tensors by name in the safetensors headers); None for others."""
+    from app.engine.loader.safetensors import read_safetensors_file, weight_files
+
+    if audio_from_folder(folder, config, 0) is None:
+        return None
+    weight_bytes = sum(
+        tensor.data.nbytes
+        for file in weight_files(folder)
+        for name, tensor in read_safetensors_file(file).items()
+        if is_audio_tensor(name, config)
+    )
+    return audio_from_folder(folder, config, weight_bytes)

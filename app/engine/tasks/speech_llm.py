@@ -20,6 +20,7 @@ from app.engine.loader.names import CheckpointError
 from app.engine.models.audio import load_audio_encoder
 from app.engine.models.audio.qwen3_asr_config import is_qwen3_asr
 from app.engine.models.audio.qwen3_asr_prompter import Qwen3AsrPrompter
+from app.engine.plan.audio_fit import ASR_CONTEXT
 from app.engine.sampling_params import SamplingParams
 from app.engine.tasks.audio import (
     SAMPLE_RATE,
@@ -37,7 +38,6 @@ from app.engine.tasks.task_model import TaskModel
 from app.engine.tasks.transcript_formats import language_code
 from app.engine.worker.images import ImageEmbedder
 
-ASR_CONTEXT = 8192  # prompt + reply tokens: 13 audio tokens a second, so about eight minutes of audio
 MAX_REPLY_TOKENS = 1024
 
 

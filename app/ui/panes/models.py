@@ -233,8 +233,8 @@ def describe(entry: ModelEntry) -> str:
     if entry.context_length:
         what += f" · context {entry.context_length:,} tokens"
     files = ", ".join(f.name for f in entry.files[:4]) + (" …" if len(entry.files) > 4 else "")
-    lines = [f"<b>{name}</b>", what, f"Quantization: {entry.quantization or '?'}" + (f" ({mix})" if mix else ""),
-             f"Files: {html.escape(files)}"]
+    lines = [f"<b>{name}</b>", what, f"Does: {html.escape(entry.job or '?')}",
+             f"Quantization: {entry.quantization or '?'}" + (f" ({mix})" if mix else ""), f"Files: {html.escape(files)}"]
     if entry.vision:
         lines.append(f"Takes images: its vision tower is {html.escape(entry.vision)}")
     if entry.location:
