@@ -125,9 +125,12 @@ class FitEstimate:
 
 
 def estimate(shape: ModelShape, options: FitOptions, device: DeviceMemory | None = None,
-             bandwidth: float | None = None) -> FitEstimate:
-    """The fit at the engine's context and the decode speed (bandwidth measured here unless given)."""
-    report = fit_at_context(shape, options, device)
+             bandwidth: float | None = None, job: str | None = None) -> FitEstimate:
+    """The fit at the engine's context and the decode speed (bandwidth measured here unless given); a task
+    model (`job`) as its engine runs it, without a chat model's decode speed."""
+    report = fit_at_context(shape, options, device, job)
+    if is_task_job(job):
+        return FitEstimate(report, None)
     if bandwidth is None:
         bandwidth = memory_bandwidth(report.device.kind)
     return FitEstimate(report, decode_speed(shape, bandwidth))

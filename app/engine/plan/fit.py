@@ -121,6 +121,8 @@ class FitReport:
         data["breakdown"]["total"] = self.breakdown.total
         data["breakdown"]["vision"] = self.breakdown.vision
         data["breakdown"]["audio"] = self.breakdown.audio
+        for entry, task in zip(data["beside"], self.beside, strict=True):
+            entry["breakdown"]["total"] = task.total
         data["total"] = self.total
         return data
 

@@ -155,9 +155,9 @@ class ModelsPane(QWidget):
             self.fit.show_error(entry.error or "This model's shape is unknown, so its memory cannot be predicted.")
             return
         self._fit_asked += 1
-        asked, shape, options = self._fit_asked, entry.shape, fit_options(self.settings)
+        asked, shape, options, job = self._fit_asked, entry.shape, fit_options(self.settings), entry.job
         self.fit.show_pending("Checking free memory…")
-        self.worker.submit(lambda ctx: estimate(shape, options),
+        self.worker.submit(lambda ctx: estimate(shape, options, job=job),
                            on_done=lambda result: self._on_fit(result, asked), owner=self)
 
     def _on_fit(self, result: TaskResult[FitEstimate], asked: int) -> None:
