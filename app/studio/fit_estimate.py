@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 
 from app.engine.plan.fit import (
+    BesideModel,
     DeviceMemory,
     FitOptions,
     FitReport,
@@ -41,14 +42,19 @@ def context_for(shape: ModelShape, options: FitOptions) -> int:
 
 
 def fit_at_context(
-    shape: ModelShape, options: FitOptions, device: DeviceMemory | None = None, job: str | None = None
+    shape: ModelShape,
+    options: FitOptions,
+    device: DeviceMemory | None = None,
+    job: str | None = None,
+    beside: tuple[BesideModel, ...] = (),
 ) -> FitReport:
     """`check_fit` at the context the engine will actually use (the report's `model_context_length` keeps
-    the model's maximum, to show beside it). A task model (`job`: embeddings, reranking, transcription) is
-    judged as the engine runs one beside the chat model (plan/task_fit.py), not with the chat's settings."""
+    the model's maximum, to show beside it), with the task models loaded `beside` a chat model. A task model
+    (`job`: embeddings, reranking, transcription) is judged as the engine runs one beside the chat model
+    (plan/task_fit.py), not with the chat's settings."""
     if is_task_job(job):
         return check_fit(shape, task_fit_options(shape, job), device)
-    return check_fit(shape, dataclasses.replace(options, context_length=context_for(shape, options)), device)
+    return check_fit(shape, dataclasses.replace(options, context_length=context_for(shape, options)), device, beside)
 
 
 @dataclass(frozen=True)
@@ -125,10 +131,11 @@ class FitEstimate:
 
 
 def estimate(shape: ModelShape, options: FitOptions, device: DeviceMemory | None = None,
-             bandwidth: float | None = None, job: str | None = None) -> FitEstimate:
+             bandwidth: float | None = None, job: str | None = None,
+             beside: tuple[BesideModel, ...] = ()) -> FitEstimate:
     """The fit at the engine's context and the decode speed (bandwidth measured here unless given); a task
     model (`job`) as its engine runs it, without a chat model's decode speed."""
-    report = fit_at_context(shape, options, device, job)
+    report = fit_at_context(shape, options, device, job, beside)
     if is_task_job(job):
         return FitEstimate(report, None)
     if bandwidth is None:

@@ -79,3 +79,28 @@ def test_the_bandwidth_is_measured_here_once():
     assert memory_bandwidth("cpu") == measured  # cached: measured once per process
     result = estimate(RECOMMENDED[0].shape, FitOptions(context_length=8192), CPU_24GB)
     assert result.speed is not None and result.speed.bandwidth == measured
+
+
+def test_the_chat_pickers_verdict_counts_the_documents_embedding_model(tmp_path):
+    """`fit_of` (the chat's model picker, the Models pane's question before loading): a Qwen3-Embedding set
+    for the Documents pane runs as a second engine beside the chat model, so it is counted; the built-in
+    MiniLM (no setting) is not the engine's; a task model itself is judged as its engine runs it."""
+    from pathlib import Path
+
+    from app.studio.library import ModelLibrary
+    from app.studio.model_choice import fit_of
+
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures"
+    settings = Settings.load(tmp_path / "settings.json")
+    library = ModelLibrary(tmp_path / "models")
+    chat = library.describe(fixtures / "families" / "qwen3" / "qwen3-kquants.gguf")
+    embedder = library.describe(fixtures / "qwen3_tasks" / "embedding-f16.gguf")
+    assert (chat.job, embedder.job) == ("chat", "embeddings")
+    alone = fit_of(chat, settings)
+    assert alone.beside == ()
+    settings.set("documents.embedding_model", str(embedder.path))
+    both = fit_of(chat, settings)
+    assert [(t.name, t.job) for t in both.beside] == [("embedding-f16.gguf", "embeddings")]
+    assert both.total == alone.total + both.beside[0].total and both.breakdown == alone.breakdown
+    own = fit_of(embedder, settings)  # the embedder itself: one text of 8,192 tokens, nothing beside it
+    assert own.beside == () and own.kv_blocks == 8192 // 16 + 1 and own.context_length == 512

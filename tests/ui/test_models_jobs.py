@@ -10,6 +10,7 @@ from PySide6.QtCore import Qt
 
 from app.engine.plan.fit import check_fit, shape_from_checkpoint, task_fit_options
 from app.ui.models.library import HEADERS
+from app.ui.widgets.fit_view import AUDIO_ROW
 
 from .test_models_pane import WAIT_MS, _models_window, _row_of
 
@@ -67,3 +68,39 @@ def test_a_task_model_is_judged_as_its_engine_runs_it(qtbot, make_window, make_c
     expected = check_fit(shape, task_fit_options(shape, "transcription"), shown.device)
     assert shown.breakdown == expected.breakdown and shown.kv_blocks == expected.kv_blocks == 8192 // 16 + 1
     assert shown.breakdown.audio_weights == shape.audio.weight_bytes
+
+
+def test_a_speech_models_audio_tower_has_its_own_row(qtbot, make_window, make_context, home):
+    _install(home / "models")
+    _window, pane = _models_window(qtbot, make_window, make_context)
+    qtbot.waitUntil(lambda: pane.entries.rowCount() > 7, timeout=WAIT_MS)
+    with qtbot.waitSignal(pane.fit_checked, timeout=WAIT_MS) as checked:
+        pane.table.selectRow(_row_of(pane, "asr"))
+    assert pane.fit.form.isRowVisible(AUDIO_ROW) and pane.fit.parts["audio"].text() != "0 B"
+    assert checked.args[0].value.speed is None  # a task model: no chat decode speed shown
+    with qtbot.waitSignal(pane.fit_checked, timeout=WAIT_MS):
+        pane.table.selectRow(_row_of(pane, "embedder.gguf"))
+    assert not pane.fit.form.isRowVisible(AUDIO_ROW)
+
+
+def test_the_documents_embedding_model_counts_beside_the_chat_model(qtbot, make_window, make_context, home):
+    """A Qwen3-Embedding set for the Documents pane is a second engine: a chat model's verdict includes it."""
+    _install(home / "models")
+    window, pane = _models_window(qtbot, make_window, make_context)
+    qtbot.waitUntil(lambda: pane.entries.rowCount() > 7, timeout=WAIT_MS)
+    chat = _row_of(pane, "embedder.gguf")  # a chat Qwen3, whatever its name
+    with qtbot.waitSignal(pane.fit_checked, timeout=WAIT_MS) as alone:
+        pane.table.selectRow(chat)
+    embedder = home / "models" / "qwen3-chat-model.gguf"  # an embedder, whatever its name
+    window.context.settings.set("documents.embedding_model", str(embedder))
+    with qtbot.waitSignal(pane.fit_checked, timeout=WAIT_MS):  # another row, then the chat model again
+        pane.table.selectRow(_row_of(pane, "reranker.gguf"))
+    with qtbot.waitSignal(pane.fit_checked, timeout=WAIT_MS) as both:
+        pane.table.selectRow(chat)
+    before, after = alone.args[0].value.report, both.args[0].value.report
+    beside = check_fit(shape_from_checkpoint(embedder), task_fit_options(shape_from_checkpoint(embedder), "embeddings"),
+                       after.device)  # fmt: skip
+    assert [(t.name, t.job) for t in after.beside] == [("qwen3-chat-model.gguf", "embeddings")]
+    assert after.total == before.total + after.beside[0].total
+    assert after.beside[0].total == beside.breakdown.total - beside.breakdown.overhead
+    assert "for the embeddings model qwen3-chat-model.gguf beside it" in pane.fit.total.text()

@@ -28,7 +28,7 @@ from app.studio.downloads import HubClient
 from app.studio.fit_estimate import FitEstimate, estimate
 from app.studio.library import ModelEntry, ModelLibrary
 from app.studio.model_choice import EMBEDDED_NAME, LOAD_ANYWAY, list_models, load_entry, wont_fit_question
-from app.studio.runtime import EngineHost, RuntimeStatus, fit_options
+from app.studio.runtime import EngineHost, RuntimeStatus, fit_options, task_models_beside
 from app.studio.settings import Settings
 from app.studio.tasks import TaskResult
 from app.ui.context import RuntimeWatcher
@@ -156,8 +156,9 @@ class ModelsPane(QWidget):
             return
         self._fit_asked += 1
         asked, shape, options, job = self._fit_asked, entry.shape, fit_options(self.settings), entry.job
+        settings = self.settings
         self.fit.show_pending("Checking free memory…")
-        self.worker.submit(lambda ctx: estimate(shape, options, job=job),
+        self.worker.submit(lambda ctx: estimate(shape, options, job=job, beside=task_models_beside(settings)),
                            on_done=lambda result: self._on_fit(result, asked), owner=self)
 
     def _on_fit(self, result: TaskResult[FitEstimate], asked: int) -> None:

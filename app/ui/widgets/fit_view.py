@@ -1,5 +1,6 @@
 """Will-it-fit, shown: the verdict as a coloured badge at the context the chat will use (the model's maximum
-beside it), the memory breakdown, the largest context that fits, and the speed to expect on this machine."""
+beside it), the memory breakdown (a speech model's audio tower, the task models loaded beside a chat model),
+the largest context that fits, and the speed to expect on this machine."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from app.engine.plan.fit import FitReport, format_bytes
 from app.studio.fit_estimate import DecodeSpeed, FitEstimate
 from app.studio.tasks import TaskResult
 
-PARTS = (("weights", "Weights"), ("vision", "Vision"), ("kv_cache", "KV cache"), ("activations", "Activations"),
-         ("overhead", "Overhead"))
-VISION_ROW = 1  # shown only for a model that takes images
+PARTS = (("weights", "Weights"), ("vision", "Vision"), ("audio", "Audio"), ("kv_cache", "KV cache"),
+         ("activations", "Activations"), ("overhead", "Overhead"))
+VISION_ROW, AUDIO_ROW = 1, 2  # shown only for a model that takes images, a speech model
 
 
 class FitView(QWidget):
@@ -51,6 +52,7 @@ class FitView(QWidget):
             label.setText("")
         self._set_slow(False)
         self.form.setRowVisible(VISION_ROW, False)
+        self.form.setRowVisible(AUDIO_ROW, False)
 
     def show_pending(self, text: str) -> None:
         self.clear(text)
@@ -74,7 +76,7 @@ class FitView(QWidget):
         self._set_verdict(report.verdict)
         budget = f"{format_bytes(report.budget_bytes)} usable" if report.budget_bytes is not None else "unknown"
         self.headline.setText(
-            f"{format_bytes(report.breakdown.total)} needed at {report.context_length:,} tokens of context "
+            f"{format_bytes(report.total)} needed at {report.context_length:,} tokens of context "
             f"(the model's maximum: {report.model_context_length:,}; {report.kv_dtype} KV); {budget} on "
             f"{report.device.describe()}.")
         for key, _ in PARTS:
@@ -84,7 +86,9 @@ class FitView(QWidget):
             self.parts["vision"].setText(f"{format_bytes(b.vision)} ({format_bytes(b.vision_weights)} in "
                                          f"{report.vision_source}, {format_bytes(b.vision_activations)} per image)")
         self.form.setRowVisible(VISION_ROW, bool(report.vision_source))
-        self.total.setText(format_bytes(report.breakdown.total))
+        self.form.setRowVisible(AUDIO_ROW, bool(report.breakdown.audio))
+        beside = "; ".join(f"{format_bytes(t.total)} for the {t.job} model {t.name} beside it" for t in report.beside)
+        self.total.setText(format_bytes(report.total) + (f" ({beside})" if beside else ""))
         if report.budget_bytes is None:
             self.max_context.setText("")
         elif report.max_context:
