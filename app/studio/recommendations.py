@@ -21,6 +21,10 @@ which overstates them by the header's few MB):
   in full; 35B-A3B: transformers 5.24's Qwen3_5MoeTextConfig defaults, documented as that checkpoint's;
   9B: its Qwen3_5TextConfig defaults, "Qwen3.5-9B style"), with the layer counts the cards give
   (4B/9B: 24 Gated DeltaNet + 8 attention layers; 27B: 48 + 16; 35B-A3B: 30 + 10).
+- Nemotron 3 Nano 30B-A3B (unsloth's Q4_K_M): 24,574,373,664 bytes as a public app's model list pins it
+  (another's "~24.6 GB file"; bartowski's Q4_K_M of the same model is 24,655,899,872). Shape: NVIDIA's
+  config.json, quoted verbatim in several public projects (hybrid_override_pattern, 2688 wide, Mamba-2
+  64 x 64 heads, 8 groups, state 128; 128 experts of 1856, 6 used, shared 3712) and Megatron's example.
 - Gemma 4 E4B (unsloth's Q4_K_M): 4,977,169,568 bytes as a public project records its local copy of
   that file (not the hub's own listing: the least certain figure here). Shape: the E4B config.json as
   quoted in several public projects (42 layers, 18 of them sharing KV, 24 owning a cache).
@@ -28,8 +32,8 @@ which overstates them by the header's few MB):
   same file's LFS pointer in another upload. Qwen3-Reranker 0.6B Q8_0: 639,153,088 bytes, from its repo's
   model card, converted with llama.cpp's rerank head (`cls.output.weight`, pooling type RANK). Shapes: the
   Qwen3-Embedding-0.6B config.json (both cards: 28 layers, 32K context).
-Left out, with no file and size found: Nemotron 3 Nano 30B-A3B, Gemma 4 26B-A4B and 31B; Qwen3-ASR (the
-engine reads its Hugging Face folder, not a single GGUF) and PaddleOCR-VL.
+Left out, with no file and size found: Gemma 4 26B-A4B and 31B; Qwen3-ASR (the engine reads its Hugging Face
+folder, not a single GGUF) and PaddleOCR-VL.
 """
 
 from __future__ import annotations
@@ -123,6 +127,21 @@ def _gemma4_e4b() -> dict[str, object]:
                   embedding_length_per_layer_input=256)  # fmt: skip
 
 
+def _nemotron3_nano() -> dict[str, object]:
+    """Nemotron 3 Nano 30B-A3B as llama.cpp's nemotron_h_moe header says it, per layer of its
+    `hybrid_override_pattern` (M: Mamba-2, E: experts, *: attention): KV heads on the 6 attention layers,
+    the expert width on the 23 expert layers, zero elsewhere; Mamba-2 of 64 heads x 64 with 8 groups of
+    state 128; 128 experts (6 used, sigmoid-routed, scaled 2.5) and a shared one."""
+    pattern = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"
+    return _keys("nemotron_h_moe", block_count=len(pattern), embedding_length=2688, attention__head_count=32,
+                 attention__head_count_kv=[2 if c == "*" else 0 for c in pattern], attention__key_length=128,
+                 attention__value_length=128, feed_forward_length=[1856 if c == "E" else 0 for c in pattern],
+                 vocab_size=131_072, context_length=262_144, ssm__time_step_rank=64, ssm__inner_size=64 * 64,
+                 ssm__state_size=128, ssm__group_count=8, ssm__conv_kernel=4, expert_count=128, expert_used_count=6,
+                 expert_feed_forward_length=1856, expert_shared_feed_forward_length=3712,
+                 expert_weights_scale=2.5)  # fmt: skip
+
+
 def _qwen3_task(pooling: int, **extra: object) -> dict[str, object]:
     """Qwen3-Embedding / Qwen3-Reranker 0.6B: Qwen3 0.6B with the pooling type llama.cpp writes."""
     return _dense("qwen3", 28, 1024, 16, 8, 128, 3072, 151_669, 32_768, pooling_type=pooling, **extra)
@@ -164,6 +183,9 @@ RECOMMENDED: tuple[Recommendation, ...] = (
                    attention_layers=16),
     Recommendation("Qwen3 32B", "Qwen/Qwen3-32B-GGUF", "Qwen3-32B-Q4_K_M.gguf", "48 GB", 19762 * MB,
                    _dense("qwen3", 64, 5120, 64, 8, 128, 25600, 151936, 40960)),
+    Recommendation("Nemotron 3 Nano 30B-A3B", "unsloth/Nemotron-3-Nano-30B-A3B-GGUF",
+                   "Nemotron-3-Nano-30B-A3B-Q4_K_M.gguf", "32 GB", 24_574_373_664, _nemotron3_nano(),
+                   "Mamba-2 hybrid mixture of experts, 3B active; KV in 6 of 52 layers", attention_layers=6),
     Recommendation("Qwen3.5 35B-A3B", "unsloth/Qwen3.5-35B-A3B-GGUF", "Qwen3.5-35B-A3B-Q4_K_M.gguf", "32 GB",
                    22_016_023_168, _qwen35("qwen35moe", 40, 2048, 16, 2, 512, (16, 32, 128, 128), (256, 8, 512, 512)),
                    "mixture of experts, 3B active: quick for its size; experts can stay in host RAM",

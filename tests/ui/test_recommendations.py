@@ -104,7 +104,7 @@ def test_every_recommendation_is_a_gguf_the_engine_runs():
 
 
 def test_the_hybrids_state_and_gemma4s_shared_kv_are_the_model_cards():
-    """Counted by hand from the cards: Qwen3.5 27B's 48 Gated DeltaNet layers each hold a float32 state of
+    """Counted by hand from the cards and configs: Qwen3.5 27B's 48 Gated DeltaNet layers each hold a float32 state of
     48 value heads x 128 x 128 and a 3-step convolution window over q, k (16 heads x 128 each) and v;
     Gemma 4 E4B's 24 cache-owning layers are 20 sliding ones (2 KV heads x 256) and 4 global (2 x 512)."""
     by_title = {rec.title: rec for rec in RECOMMENDED}
@@ -117,6 +117,11 @@ def test_the_hybrids_state_and_gemma4s_shared_kv_are_the_model_cards():
     assert gemma.kv_bytes_per_token(2) == (20 * 2 * 256 + 4 * 2 * 512) * 2 * 2
     moe = by_title["Qwen3.5 35B-A3B"].shape
     assert (moe.num_experts, moe.experts_used) == (256, 8) and 0 < moe.expert_bytes < moe.weight_bytes
+    # Nemotron 3 Nano: 23 Mamba-2 layers of 64 heads x 64 x state 128, a 3-step window over x (64 x 64) and
+    # B, C (8 groups x 128 each); 6 attention layers of 2 KV heads x 128
+    nemotron = by_title["Nemotron 3 Nano 30B-A3B"].shape
+    assert nemotron.state_bytes_per_sequence == 23 * (64 * 64 * 128 + 3 * (64 * 64 + 2 * 8 * 128)) * 4
+    assert nemotron.kv_layers == ((2, 128),) * 6 and (nemotron.num_experts, nemotron.experts_used) == (128, 6)
 
 
 @pytest.fixture
