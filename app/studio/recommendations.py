@@ -25,9 +25,9 @@ which overstates them by the header's few MB):
   (another's "~24.6 GB file"; bartowski's Q4_K_M of the same model is 24,655,899,872). Shape: NVIDIA's
   config.json, quoted verbatim in several public projects (hybrid_override_pattern, 2688 wide, Mamba-2
   64 x 64 heads, 8 groups, state 128; 128 experts of 1856, 6 used, shared 3712) and Megatron's example.
-- Gemma 4 E4B (unsloth's Q4_K_M): 4,977,169,568 bytes as a public project records its local copy of
-  that file (not the hub's own listing: the least certain figure here). Shape: the E4B config.json as
-  quoted in several public projects (42 layers, 18 of them sharing KV, 24 owning a cache).
+- Gemma 4 E4B (unsloth's Q4_K_M): 4,977,171,584 bytes, pinned with its SHA-256 at the repo's revision
+  bfc15c38 by two public projects (apps list an earlier upload at 4,977,169,568). Shape: the E4B
+  config.json as quoted in several public projects (42 layers, 18 of them sharing KV, 24 owning a cache).
 - Qwen3-Embedding 0.6B Q8_0 (Qwen's own GGUF repo): 639,150,592 bytes, pinned by a public catalog and the
   same file's LFS pointer in another upload. Qwen3-Reranker 0.6B Q8_0: 639,153,088 bytes, from its repo's
   model card, converted with llama.cpp's rerank head (`cls.output.weight`, pooling type RANK). Shapes: the
@@ -165,7 +165,7 @@ RECOMMENDED: tuple[Recommendation, ...] = (
                    "hybrid: a small fixed state per conversation, KV in 8 of 32 layers; long contexts are cheap",
                    attention_layers=8),
     Recommendation("Gemma 4 E4B IT", "unsloth/gemma-4-E4B-it-GGUF", "gemma-4-E4B-it-Q4_K_M.gguf", "8 GB",
-                   4_977_169_568, _gemma4_e4b(), "per-layer embeddings; 18 of 42 layers reuse another's KV",
+                   4_977_171_584, _gemma4_e4b(), "per-layer embeddings; 18 of 42 layers reuse another's KV",
                    attention_layers=24),
     Recommendation("Llama 3.1 8B Instruct", "bartowski/Meta-Llama-3.1-8B-Instruct-GGUF",
                    "Meta-Llama-3.1-8B-Instruct-Q4_K_M.gguf", "12 GB", 4921 * MB,
