@@ -55,8 +55,7 @@ def run(args: argparse.Namespace) -> int:
             gpu_memory_utilization=args.gpu_memory_utilization, experts_on_gpu=args.experts_on_gpu,
             enable_prefix_caching=args.prefix_cache == "on", state_snapshot_gb=args.state_snapshot_gb,
         )
-        label, shape = resolve_shape(args.model, args.file)
-        job = local_job(args.model)
+        label, shape, job = resolve_shape(args.model, args.file)
         if is_task_job(job):  # planned as the engine runs a task model, not with the chat settings
             options = task_fit_options(shape, job)
         beside = beside_models(args)
@@ -85,16 +84,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def local_job(model: str) -> str | None:
-    """What MODEL does, when it is a local file or folder (None for a hub repo or a library name)."""
-    from pathlib import Path
-
-    from app.engine.plan.job import model_job
-
-    path = Path(model).expanduser()
-    return model_job(path) if path.exists() else None
-
-
 def beside_models(args: argparse.Namespace) -> tuple:  # -> tuple[BesideModel, ...]
     """The task models the flags name, each read as `paddock fit` reads MODEL (its audio tower included)."""
     from pathlib import Path
@@ -120,20 +109,22 @@ def target_device(name: str):  # -> DeviceMemory
     return device
 
 
-def resolve_shape(model: str, gguf_file: str | None = None):  # -> tuple[str, ModelShape]
-    """Find MODEL locally (path, 'default', library name) or on the hub, and read its shape."""
+def resolve_shape(model: str, gguf_file: str | None = None):  # -> tuple[str, ModelShape, str | None]
+    """Find MODEL locally (path, 'default', library name) or on the hub, and read its shape and what it does
+    (plan/job.py; None for a hub folder, whose files are not read)."""
     from pathlib import Path
 
     from app.engine.plan.fit import shape_from_checkpoint
+    from app.engine.plan.job import model_job
 
     if model == "default":
         from app.engine.loader.embedded import embedded_gguf_path
 
         path = embedded_gguf_path()
-        return path.name, shape_from_checkpoint(path)
+        return path.name, shape_from_checkpoint(path), model_job(path)
     path = Path(model).expanduser()
     if path.exists():
-        return str(path), shape_from_checkpoint(path)
+        return str(path), shape_from_checkpoint(path), model_job(path)
 
     from app.commands.models import hub_client, models_dir
     from app.studio.library import ModelLibrary
@@ -141,7 +132,7 @@ def resolve_shape(model: str, gguf_file: str | None = None):  # -> tuple[str, Mo
     folder = models_dir()
     try:
         entry = ModelLibrary(folder).find(model)
-        return entry.name, shape_from_checkpoint(entry.path)
+        return entry.name, shape_from_checkpoint(entry.path), entry.job
     except KeyError:
         pass
     if model.count("/") != 1:
@@ -155,4 +146,4 @@ def resolve_shape(model: str, gguf_file: str | None = None):  # -> tuple[str, Mo
             raise ValueError(f"{model} holds several GGUF models; pick one with --file:\n  {names}")
         gguf_file = only.path
     remote = client.probe_model(listing, gguf_file)
-    return f"{model}" + (f" {gguf_file}" if gguf_file else "") + " (not downloaded)", remote.shape
+    return f"{model}" + (f" {gguf_file}" if gguf_file else "") + " (not downloaded)", remote.shape, remote.job

@@ -4,11 +4,13 @@ reads the projector's header over HTTP, and the library then lists one model tha
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from fake_hub import FakeHub
 
+from app.cli import main as paddock
 from app.engine.models.vision.weights import find_mmproj
 from app.engine.plan.fit import check_fit, shape_from_checkpoint
 from app.studio.downloads import HubClient, model_folder
@@ -94,8 +96,9 @@ def test_the_pick_stays_in_the_models_folder():
     assert pick_mmproj(files[:1] + files[2:3], "q4/model-Q4_K_M.gguf").path == "q4/mmproj-model-q8_0.gguf"
 
 
-def test_a_task_model_on_the_hub_is_read_as_one_before_download(monkeypatch):
-    """The hub probe reads a reranker GGUF's pooling type and head from its header over HTTP ranges."""
+def test_a_task_model_on_the_hub_is_read_as_one_before_download(monkeypatch, capsys):
+    """The hub probe reads a reranker GGUF's pooling type and head from its header over HTTP ranges, and
+    `paddock fit owner/repo` plans it as the engine runs a reranker (one text of 8,192 tokens)."""
     fake = FakeHub()
     fake.add_repo("acme/reranker-GGUF", {"model.gguf": (FIXTURES / "qwen3_tasks" / "reranker-f16.gguf").read_bytes()},
                   tags=("gguf",))  # fmt: skip
@@ -105,5 +108,8 @@ def test_a_task_model_on_the_hub_is_read_as_one_before_download(monkeypatch):
     try:
         client = HubClient(token=None)
         assert client.probe_model(client.list_files("acme/reranker-GGUF")).job == "reranking"
+        assert paddock(["fit", "acme/reranker-GGUF", "--device", "cpu", "--json"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert report["job"] == "reranking" and report["kv_blocks"] == 8192 // 16 + 1
     finally:
         fake.stop()
