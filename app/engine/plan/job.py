@@ -36,13 +36,11 @@ CLASSIFIER_HEAD = "cls.output.weight"  # llama.cpp's Qwen3-Reranker head: the "y
 # gguf-py's PoolingType: what `{arch}.pooling_type` holds
 POOLING_EMBEDS = (1, 2, 3)  # MEAN, CLS, LAST
 POOLING_RANK = 4
-# config.json model types whose whole job is fixed by the checkpoint (the families' own names in loader/names.py)
-_FOLDER_JOBS = {"qwen3_asr": TRANSCRIPTION, "granite_speech": TRANSCRIPTION, "paddleocr_vl": OCR}
-_ARCHITECTURE_JOBS = {
-    "Qwen3ASRForConditionalGeneration": TRANSCRIPTION,
-    "GraniteSpeechForConditionalGeneration": TRANSCRIPTION,
-    "PaddleOCRVLForConditionalGeneration": OCR,
-}
+# config.json model types and architectures whose whole job is fixed by the checkpoint, for the families whose
+# readers are not on this floor's path yet (Granite Speech, PaddleOCR-VL: their names in loader/names.py);
+# Qwen3-ASR is told by its own reader (models/audio/qwen3_asr_config.is_qwen3_asr)
+_FOLDER_JOBS = {"granite_speech": TRANSCRIPTION, "paddleocr_vl": OCR}
+_ARCHITECTURE_JOBS = {"GraniteSpeechForConditionalGeneration": TRANSCRIPTION, "PaddleOCRVLForConditionalGeneration": OCR}
 # families whose audio tower the engine loads beside the text model from a folder's `audio_config`
 # (Gemma 4's conformer, core/audio.py); a GGUF's audio mmproj is not read
 AUDIO_TOWER_MODEL_TYPES = ("gemma4",)
@@ -62,6 +60,10 @@ def gguf_job(meta: Mapping[str, Any], tensor_names: Iterable[str], images: bool 
 def folder_job(folder: str | Path, config: Mapping[str, Any], images: bool = False) -> str:
     """The job of a Hugging Face folder from its config.json (and modules.json); `images`: its vision tower
     counts (the loader gives its family one)."""
+    from app.engine.models.audio.qwen3_asr_config import is_qwen3_asr
+
+    if is_qwen3_asr(dict(config)):
+        return TRANSCRIPTION
     fixed = _FOLDER_JOBS.get(str(config.get("model_type") or ""))
     for name in config.get("architectures") or ():
         fixed = fixed or _ARCHITECTURE_JOBS.get(str(name))
