@@ -28,18 +28,21 @@ from app.engine.loader.safetensors import is_unused_tensor
 from app.engine.loader.safetensors import read_header as read_safetensors_header
 from app.engine.loader.split_tensors import stored_format
 from app.engine.plan.fit import (
+    OCR,
     ModelShape,
     audio_beside_gguf,
     audio_from_hf_config,
+    folder_job,
+    gguf_job,
     is_audio_tensor,
     is_mmproj_name,
-    is_speech_config,
     is_vision_tensor,
     shape_from_gguf,
     shape_from_hf_config,
     takes_images,
     vision_beside_gguf,
     vision_from_hf_config,
+    with_images,
 )
 from app.studio.model_check import INCOMPLETE_HINT, check_model_files
 from app.studio.model_parts import GGUF_SHARD_PATTERN, gguf_shards, model_files
@@ -68,7 +71,7 @@ class ModelEntry:
     incomplete: bool = False  # the files stop short of the tensors they declare (model_check.py)
     chat_template: bool | None = None  # whether the checkpoint carries one; None: unknown
     vision: str | None = None  # where its vision tower is (the mmproj file beside it, the folder): it takes images
-    job: str = "chat"  # what it is for: "chat", or "transcription" for a speech model (Qwen3-ASR, Granite Speech)
+    job: str | None = None  # what it does: "chat", "chat + images", "embeddings", "transcription"... (plan/job.py)
 
     @property
     def takes_images(self) -> bool:
@@ -76,9 +79,9 @@ class ModelEntry:
 
     @property
     def job_note(self) -> tuple[str, str] | None:
-        """(label, what it does and where to use it) for a model made for one job other than chat or
-        transcription, by its architecture (JOBS); None for the rest."""
-        return JOBS.get(self.architecture or "")
+        """(label, what it does and where to use it) for a model whose job needs saying where to use it
+        (JOB_NOTES); None for the rest."""
+        return JOB_NOTES.get(self.job or "")
 
     @property
     def is_base(self) -> bool:
@@ -90,12 +93,11 @@ class ModelEntry:
         return self.architecture is not None and not self.incomplete and self.error is None
 
 
-# What a model of an architecture is for, where that is not chat: (the Models pane's short label, what it does
-# and where to use it), by a GGUF's architecture and a folder's (its config.json class). PaddleOCR-VL's ERNIE
-# decoder only reads pages: chatting with it gets OCR output.
+# Where to use a model of a job other than chat (plan/job.py): (the Models pane's short label, what it does and
+# where to use it). PaddleOCR-VL's ERNIE decoder only reads pages: chatting with it gets OCR output.
 _OCR_JOB = ("OCR", "reads the text of page images. Set it as the OCR model (Settings → Documents) and the "
                    "Documents pane reads scanned PDF pages with it.")
-JOBS: dict[str, tuple[str, str]] = {"paddleocr": _OCR_JOB, "PaddleOCRVLForConditionalGeneration": _OCR_JOB}
+JOB_NOTES: dict[str, tuple[str, str]] = {OCR: _OCR_JOB}
 
 
 # Entries by name, file, size, time and the mmproj files beside it, for the whole process: reading a
@@ -340,7 +342,7 @@ def _with_mmproj(entry: ModelEntry) -> ModelEntry:
         return _with(entry, error=entry.error or f"{entry.name}: {exc}")
     if vision is None:
         return entry
-    return _with(entry, vision=vision.source, shape=replace(entry.shape, vision=vision))
+    return _with(entry, vision=vision.source, shape=replace(entry.shape, vision=vision), job=with_images(entry.job))
 
 
 def _with_file_check(entry: ModelEntry) -> ModelEntry:
@@ -361,6 +363,7 @@ def gguf_summary(meta: dict, tensors: list[GGUFTensorInfo]) -> dict:
         parameters=sum(mix.values()),
         quantization=_gguf_file_type(meta.get("general.file_type"), mix),
         quant_mix=tuple(mix.most_common()),
+        job=gguf_job(meta, (t.name for t in tensors)),
     )
     try:
         fields["shape"] = shape_from_gguf(meta, weight_bytes)
@@ -408,12 +411,13 @@ def describe_safetensors_folder(folder: Path, files: tuple[Path, ...], name: str
                 else:
                     weight_bytes += size
         shape = shape_from_hf_config(config, weight_bytes)
-        audio = audio_from_hf_config(config, audio_sizes, f"{folder.name}/*.safetensors")
+        audio = audio_from_hf_config(config, audio_sizes, f"{folder.name}/*.safetensors", folder)
         processor = read_processor_settings(folder, "image_processor").values  # either layout
         vision = vision_from_hf_config(config, vision_bytes, f"{folder.name}/*.safetensors", processor)
         if vision is not None and takes_images(_engine_architecture(config)):  # as the loader decides
             shape = replace(shape, vision=vision)
         shape = replace(shape, audio=audio)
+        job = folder_job(folder, config, images=shape.vision is not None)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return _with(base, error=f"{name}: {exc}")
     quant = (config.get("quantization_config") or {}).get("quant_method")
@@ -428,7 +432,7 @@ def describe_safetensors_folder(folder: Path, files: tuple[Path, ...], name: str
         context_length=shape.context_length,
         shape=shape,
         vision=shape.vision.source if shape.vision else None,
-        job="transcription" if is_speech_config(config) else "chat",
+        job=job,
     ))
 
 

@@ -15,7 +15,15 @@ Granite Speech's conformer (models/audio/granite_speech.py) runs over every fram
 up projection, q, k, v and the attention output, and the convolution module's doubled projection, its GLU,
 padded copy and output, all float32; attention scores for `BLOCK_BATCH` blocks of `context_size` frames at a
 time, with their relative-position terms and the query's product with every distance's vector (2 x
-context_size wide). Qwen3-ASR's working set is not estimated (its weights are counted).
+context_size wide).
+
+Qwen3-ASR's encoder (models/audio/qwen3_asr.py) runs in three stages, one after the other, so its working set
+is the largest of them, sized for the longest clip its task model's context holds (`ASR_CONTEXT` tokens, one
+soft token per encoder position): the convolutions, CONV_CHUNKS chunks at a time (the second one gathers
+channels x 9 taps for each of its output positions, a quarter of the mel bins by a quarter of the chunk's
+frames, and the product takes a transposed copy: 2 x chunks x channels x 9 x positions floats); each encoder
+layer over all of the clip's positions (6 x d_model and 2 x ffn floats per position) beside one batch of
+WINDOW_BATCH windows' scores (heads x window^2 each); the projector's two layers (well under the above).
 
 Gemma 4's working set, sized at its feature extractor's 30 s (3,000 frames), peaks in the subsampling
 convolutions, each a product over gathered 3x3 patches (models/audio/qwen3_asr.Conv3x3): the first
@@ -34,6 +42,7 @@ from typing import Any
 
 FLOAT_BYTES = 4
 SECONDS = 60  # Granite Speech's activation estimate is for a minute of audio
+ASR_CONTEXT = 8192  # a speech model's context, prompt + reply: 13 audio tokens a second, about eight minutes
 GEMMA4_MAX_SECONDS = 30  # Gemma4AudioFeatureExtractor's max_length: 480,000 samples at 16 kHz
 GEMMA4_FRAMES_PER_SECOND = 100  # 10 ms hops
 _GRANITE = ("GraniteSpeechForConditionalGeneration", "granite_speech", ("encoder.", "projector."))
@@ -49,7 +58,8 @@ class AudioShape:
     activation_bytes: int  # to encode a `clip` of audio (0: not estimated)
     source: str  # where the audio side's weights are: "<folder>/*.safetensors", the mmproj's name
     family: str  # "Granite Speech", "Qwen3-ASR", "Gemma 4"
-    clip: str = "minute of audio"  # what the activation estimate encodes: "minute of audio", "30 s clip"
+    # what the activation estimate encodes: "minute of audio", "30 s clip", "clip of 8,192 tokens"
+    clip: str = "minute of audio"
 
     @property
     def total(self) -> int:
@@ -87,8 +97,16 @@ def is_audio_gguf_tensor(name: str) -> bool:
     return name.startswith(("a.", "mm.a."))
 
 
-def audio_from_hf_config(config: Mapping[str, Any], tensors: Iterable[tuple[str, int]], source: str) -> AudioShape | None:
-    """From config.json and the folder's `(tensor name, bytes)`; None for a model without an audio side."""
+def audio_from_hf_config(
+    config: Mapping[str, Any],
+    tensors: Iterable[tuple[str, int]],
+    source: str,
+    folder: Path | None = None,
+    context: int = ASR_CONTEXT,
+) -> AudioShape | None:
+    """From config.json and the folder's `(tensor name, bytes)`; None for a model without an audio side.
+    Qwen3-ASR's working set needs its `folder` (the feature extractor's settings) and is sized for clips of
+    up to `context` tokens; without the folder it is not estimated."""
     family = _family(config)
     if family is None and not _gemma4_with_audio(config):
         return None
@@ -105,9 +123,10 @@ def audio_from_hf_config(config: Mapping[str, Any], tensors: Iterable[tuple[str,
         activations = _gemma4_activation_bytes(int(audio.get("hidden_size", 1024)), int(channels[0]),
                                                (int(channels[0]), int(channels[1])))  # fmt: skip
         return AudioShape(weights, 0, activations, source, "Gemma 4", "30 s clip")
-    granite = family is _GRANITE
-    activations = _granite_activation_bytes(config) if granite else 0
-    return AudioShape(weights, adapter, activations, source, "Granite Speech" if granite else "Qwen3-ASR")
+    if family is _GRANITE:
+        return AudioShape(weights, adapter, _granite_activation_bytes(config), source, "Granite Speech")
+    activations = 0 if folder is None else _qwen3_asr_activation_bytes(folder, config, context)
+    return AudioShape(weights, adapter, activations, source, "Qwen3-ASR", f"clip of {context:,} tokens")
 
 
 def audio_beside_gguf(model_path: str | Path, architecture: str | None = None) -> AudioShape | None:
@@ -159,6 +178,20 @@ def _granite_activation_bytes(config: Mapping[str, Any]) -> int:
     blocks = min(BLOCK_BATCH, -(-frames // context))
     scores = 4 * blocks * heads * context * context  # scores, position terms, query . every distance (2 c)
     return (frames * per_frame + scores) * FLOAT_BYTES
+
+
+def _qwen3_asr_activation_bytes(folder: Path, config: Mapping[str, Any], context: int) -> int:
+    """Qwen3-ASR's encoder on a clip of `context` positions (the module docstring's count)."""
+    from app.engine.models.audio.qwen3_asr import CONV_CHUNKS, WINDOW_BATCH, audio_tokens
+    from app.engine.models.audio.qwen3_asr_config import qwen3_asr_audio_config
+
+    cfg = qwen3_asr_audio_config(folder, dict(config))
+    window = audio_tokens(cfg.chunk_frames, cfg) * (cfg.n_window_infer // cfg.chunk_frames)
+    positions = -(-cfg.num_mel_bins // 4) * -(-cfg.chunk_frames // 4)  # the second convolution's outputs
+    convolutions = 2 * CONV_CHUNKS * cfg.conv_channels * 9 * positions
+    layer = context * (6 * cfg.hidden_size + 2 * cfg.ffn_size)
+    scores = min(WINDOW_BATCH, -(-context // window)) * cfg.num_heads * window**2
+    return max(convolutions, layer + scores) * FLOAT_BYTES
 
 
 def _gemma4_activation_bytes(hidden: int, mel_bins: int, channels: tuple[int, int]) -> int:

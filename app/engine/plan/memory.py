@@ -9,7 +9,7 @@ the engine allocates. `paddock fit`, the Studio's will-it-fit and the engine all
   value_dim) x block_size elements (float16 2 bytes, fp8 1, float32 4; "auto" is float16 on CUDA and
   float32 on the CPU), and fp8 adds one float32 scale per layer, K or V, KV head and block (so it holds
   just under twice float16's context in the same memory). The verdict counts `batch` sequences of the
-  full context.
+  full context, or the fixed pool of `num_kv_blocks` where one is given (a task model's engine).
 - recurrent state (hybrid models: Gated DeltaNet, Mamba-2 layers): a fixed float32 state per
   sequence (state_bytes_per_sequence), in rows of one array per recurrent layer: a null row, a slot per
   sequence (max_num_seqs) and, with prefix caching, the prefix cache's snapshots (`state_rows`):
@@ -82,6 +82,7 @@ class FitOptions:
     num_kv_blocks: int | None = None  # a fixed block count (None: sized from the room)
     enable_prefix_caching: bool = True  # hybrid models: the prefix cache keeps recurrent-state snapshots
     state_snapshot_gb: float | None = None  # their memory (None: the share rule, `state_rows`)
+    weight_cache: str = EngineConfig.weight_cache  # "off": no float16 copies (a task model's engine)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "experts_on_gpu", parse_experts_on_gpu(self.experts_on_gpu))
@@ -264,7 +265,8 @@ def memory(
     weights were loaded (the engine's case), which moves the state's share of the room."""
     context = options.context_length or shape.context_length
     kv_dtype = resolve_kv_dtype(options.kv_dtype, device_kind)
-    overhead = CUDA_RUNTIME_OVERHEAD_BYTES if device_kind == "cuda" else CPU_RUNTIME_OVERHEAD_BYTES
+    cuda = device_kind == "cuda"
+    overhead = CUDA_RUNTIME_OVERHEAD_BYTES if cuda else CPU_RUNTIME_OVERHEAD_BYTES
     offload: dict[str, Any] = {}
     if experts is not None and not experts.all_on_gpu:
         offload = dict(
@@ -276,10 +278,12 @@ def memory(
     base = MemoryBreakdown(
         weights=shape.weight_bytes - offload.get("host_experts", 0),
         **offload,
-        kv_cache=kv_cache_bytes(shape, context, options.batch, kv_dtype, options.block_size),
+        kv_cache=kv_cache_bytes(shape, context, options.batch, kv_dtype, options.block_size)
+        if not options.num_kv_blocks  # a fixed pool (a task model's engine) is what is allocated
+        else options.num_kv_blocks * kv_block_bytes(shape, options.block_size, kv_dtype),
         activations=activation_bytes(shape, min(options.max_num_batched_tokens, context), options.max_num_seqs),
         overhead=overhead,
-        weight_cache=weight_cache_bytes(shape, free_bytes) if device_kind == "cuda" else 0,
+        weight_cache=weight_cache_bytes(shape, free_bytes) if cuda and options.weight_cache != "off" else 0,
         vision_weights=shape.vision.weight_bytes if shape.vision else 0,
         vision_activations=shape.vision.activation_bytes() if shape.vision else 0,
         audio_weights=shape.audio.weight_bytes + shape.audio.adapter_bytes if shape.audio else 0,

@@ -74,7 +74,11 @@ class ModelShape:
 
 
 def shape_from_config(
-    cfg: ModelConfig, weight_bytes: int, expert_bytes: int | None = None, vision: VisionShape | None = None
+    cfg: ModelConfig,
+    weight_bytes: int,
+    expert_bytes: int | None = None,
+    vision: VisionShape | None = None,
+    audio: AudioShape | None = None,
 ) -> ModelShape:
     """The shape of a parsed model. `expert_bytes` None: estimated from the parameter counts."""
     moe = cfg.moe
@@ -94,6 +98,7 @@ def shape_from_config(
         num_experts=moe.num_experts if moe else 0,
         experts_used=moe.num_used if moe else 0,
         vision=vision,
+        audio=audio,
         state_bytes_per_sequence=cfg.state_bytes_per_sequence,
         kv_layers=_kv_layers(cfg),
     )
@@ -168,6 +173,7 @@ def shape_of(checkpoint: Any, cfg: ModelConfig) -> ModelShape:
     expert_bytes = None
     if cfg.moe is not None:  # the tensors are here: their exact bytes, not an estimate
         expert_bytes = sum(t.nbytes for name, t in checkpoint.tensors.items() if "_exps" in name)
+    audio = None
     if checkpoint.format == "gguf":
         vision = vision_beside_gguf(checkpoint.path, checkpoint.architecture)
         audio = audio_beside_gguf(checkpoint.path, checkpoint.architecture)
@@ -177,7 +183,7 @@ def shape_of(checkpoint: Any, cfg: ModelConfig) -> ModelShape:
             vision = _hf_folder_vision(Path(checkpoint.path), checkpoint.hf_config or {})
         audio = _hf_folder_audio(Path(checkpoint.path), checkpoint.hf_config or {})
         cfg = replace(cfg, architecture=hf_architecture(checkpoint.hf_config or {}))  # the name, as above
-    return replace(shape_from_config(cfg, weight_bytes, expert_bytes, vision), audio=audio)
+    return shape_from_config(cfg, weight_bytes, expert_bytes, vision, audio)
 
 
 def shape_from_checkpoint(path: str | os.PathLike[str]) -> ModelShape:
@@ -262,7 +268,7 @@ def _hf_folder_audio(folder: Path, config: Mapping[str, Any]) -> AudioShape | No
         table.pop("__metadata__", None)
         sizes += [(name, entry["data_offsets"][1] - entry["data_offsets"][0])
                   for name, entry in table.items() if not is_unused_tensor(name)]  # fmt: skip
-    return audio_from_hf_config(config, sizes, f"{folder.name}/*.safetensors")
+    return audio_from_hf_config(config, sizes, f"{folder.name}/*.safetensors", folder)
 
 
 def _tensor_bytes(folder: Path, wanted: Any) -> int:

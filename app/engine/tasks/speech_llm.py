@@ -34,6 +34,7 @@ from app.engine.models.audio import (
 )
 from app.engine.models.audio.gemma4_audio_config import has_gemma4_audio
 from app.engine.models.audio.gemma4_audio_prompter import Gemma4AudioPrompter
+from app.engine.plan.audio_fit import ASR_CONTEXT
 from app.engine.sampling_params import SamplingParams
 from app.engine.tasks.audio import (
     SAMPLE_RATE,
@@ -52,7 +53,6 @@ from app.engine.tasks.task_model import TaskModel
 from app.engine.tasks.transcript_formats import language_code
 from app.engine.worker.images import ImageEmbedder
 
-ASR_CONTEXT = 8192  # prompt + reply tokens: 13 audio tokens a second, so about eight minutes of audio
 MAX_REPLY_TOKENS = 1024
 MIN_WINDOW_SAMPLES = 1600  # a last window under 0.1 s holds no word: not transcribed
 

@@ -29,6 +29,7 @@ COLUMNS: tuple[tuple[str, Callable[[ModelEntry], str]], ...] = (
     ("Name", lambda e: e.name),
     ("Format", lambda e: e.format.upper()),
     ("Architecture", lambda e: e.architecture or "?"),
+    ("Does", lambda e: e.job or "?"),  # what it is for, read from its files (plan/job.py)
     ("Parameters", lambda e: count(e.parameters)),
     ("Quantization", lambda e: e.quantization or "?"),
     ("Context", lambda e: f"{e.context_length:,}" if e.context_length else "?"),
