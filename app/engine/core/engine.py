@@ -134,7 +134,11 @@ class LLMEngine:
         """The KV cache (and a hybrid model's recurrent-state rows), the runner over it (with its CUDA
         graphs), the vision tower and the cache manager."""
         plan, cfg = self.plan, self.model_config
-        state_rows = 1 + plan.state_slots + plan.state_snapshots if plan.state_slots else 0
+        state, spec = None, self.config.speculative != "off"
+        if plan.state_slots:  # speculative decoding: a checkpoint row per slot to roll verify steps back to
+            state = StateCache(plan.state_slots, plan.state_snapshots, plan.block_size, plan.state_snapshot_interval,
+                               host_rows=plan.state_host_rows, checkpoints=spec)  # fmt: skip
+        state_rows = state.num_rows if state is not None else 0
         kv_caches = allocate_caches(self.backend, cfg, plan.num_blocks, plan.block_size, plan.kv_dtype, state_rows)
         self.runner = ModelRunner(self.model, self.backend, kv_caches, plan.block_size)
         self.vision = attach_vision(self.runner, self.checkpoint, self.tokenizer, self.config.mmproj)
@@ -155,14 +159,11 @@ class LLMEngine:
         elif cfg.attention_layers:
             copier = DeviceBlocks(self.backend, attention_caches(cfg, kv_caches))
             tiers = offload_tiers(plan, copier, self.path, self.shape, self.config.kv_disk_dir)
-        state = None
-        if plan.state_slots:
-            state = StateCache(plan.state_slots, plan.state_snapshots, plan.block_size,
-                               plan.state_snapshot_interval, host_rows=plan.state_host_rows)  # fmt: skip
+        if state is not None:
             self.runner.allocate_host_states(plan.state_host_rows)
-            log.info("recurrent state: %d slots and %d prefix-cache snapshots of %.1f MiB each (%.1f MiB)",
+            log.info("recurrent state: %d slots and %d prefix-cache snapshots of %.1f MiB each (%.1f MiB)%s",
                      plan.state_slots, plan.state_snapshots, cfg.state_bytes_per_sequence / 2**20,
-                     plan.state_bytes / 2**20)  # fmt: skip
+                     plan.state_bytes / 2**20, ", and a speculative checkpoint per slot" if spec else "")  # fmt: skip
         self.kv = KVCacheManager(plan.num_blocks, plan.block_size, enable_prefix_caching=self.config.enable_prefix_caching,
                                  tiers=tiers, state=state)  # fmt: skip
 
@@ -196,14 +197,9 @@ class LLMEngine:
         else:
             self.sampler = Sampler(self.tokenizer.eos_token_ids, config.seed, grammars)
         self.outputs = OutputProcessor(self.tokenizer, plan.max_model_len)
-        self.speculator = None
-        if config.speculative != "off" and cfg.is_hybrid:
-            log.info("speculative decoding off for this hybrid model: its recurrent state cannot roll back "
-                     "rejected drafts")  # fmt: skip
-        else:
-            drafter = self._load_draft_model() if config.speculative == "draft" else None
-            self.speculator = build_speculator(config.speculative, config.num_draft_tokens,
-                                               config.speculative_max_batch, may_verify, drafter)  # fmt: skip
+        drafter = self._load_draft_model() if config.speculative == "draft" else None
+        self.speculator = build_speculator(config.speculative, config.num_draft_tokens,
+                                           config.speculative_max_batch, may_verify, drafter)  # fmt: skip
         self.pipeline = DecodePipeline(self.scheduler, self.runner.decodes_from_device)
         self.async_decode = plan.async_decode
         self.counters = _Counters()

@@ -42,7 +42,11 @@ Speculative decoding (app/engine/spec/): a decoding request may carry drafted to
 the last sampled token and the drafts, k+1 tokens that all sample; fewer drafts when the budget or
 the free blocks are short. `update()` advances such a request past the tokens the verifier
 accepted only (rejected drafts' KV lies past `num_computed_tokens`: never cached, overwritten later)
-and leaves appending the emitted tokens to the engine, which stop-checks them one by one.
+and leaves appending the emitted tokens to the engine, which stop-checks them one by one. On a
+hybrid model the recurrent layers cannot drop rejected drafts: a verify chunk checkpoints its
+state slot first, and one that kept fewer tokens than it ran is rolled back to that checkpoint
+and not advanced at all, so its kept tokens are recomputed as a chunk of the next step
+(cache/state_cache.py: `rollback`).
 """
 
 from __future__ import annotations
@@ -258,7 +262,10 @@ class Scheduler:
             if chunk.draft_token_ids:
                 emitted = sampled[request.request_id]
                 assert isinstance(emitted, list) and 1 <= len(emitted) <= chunk.num_tokens
-                request.num_computed_tokens += len(emitted)  # the last token + the accepted drafts
+                if self.kv.state is not None and len(emitted) < chunk.num_tokens:
+                    self.kv.state.rollback(request)  # recomputed from the checkpoint: not advanced
+                else:
+                    request.num_computed_tokens += len(emitted)  # the last token + the accepted drafts
                 continue
             request.num_computed_tokens += chunk.num_tokens
             if self.kv.state is not None:
@@ -384,6 +391,8 @@ class Scheduler:
         chunk = step.add(request, num_tokens, drafts)
         if self.kv.state is not None:
             self.kv.state.plan_save(request, start, num_tokens, chunk.samples)
+            if drafts:
+                self.kv.state.plan_verify(request)
 
     def _grow(self, request: Request, wanted: int, step: _Step) -> int:
         """Allocate blocks for up to `wanted` more tokens, preempting later requests if needed.

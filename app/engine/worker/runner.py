@@ -139,8 +139,9 @@ class ModelRunner:
 
     def states_before(self, copies: Any) -> None:
         """A step's recurrent-state copies before its forward (cache/state_cache.py: StateCopies):
-        host-tier snapshots into their slots, then device snapshots into theirs, then evicted
-        snapshots out to the host tier."""
+        host-tier snapshots into their slots, then device snapshots (and rolled-back checkpoints) into
+        theirs, then verify chunks' slots into their checkpoint rows, then evicted snapshots out to the
+        host tier."""
         if not copies or not self.state_arrays:
             return
         b = self.backend
@@ -150,6 +151,7 @@ class ModelRunner:
             for array, host in zip(self.state_arrays, self.host_states, strict=True):
                 array[slots] = b.from_host(host[rows])
         self.copy_states(copies.restores)
+        self.copy_states(copies.checkpoints)
         if copies.spills:
             rows = b.from_host(np.array([p[0] for p in copies.spills], dtype=np.int64))
             host_rows = np.array([p[1] for p in copies.spills], dtype=np.int64)
