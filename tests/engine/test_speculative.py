@@ -98,11 +98,11 @@ def test_policy_adapts_k_pauses_on_low_acceptance_and_stops_for_large_batches() 
 
 
 def test_config_and_builder_refuse_unknown_methods() -> None:
-    with pytest.raises(ValueError, match="speculative must be off, ngram or draft"):
+    with pytest.raises(ValueError, match="speculative must be off, ngram, draft or mtp"):
         EngineConfig(speculative="eagle")
     with pytest.raises(ValueError, match="speculative draft needs a draft model"):
         EngineConfig(speculative="draft")
-    with pytest.raises(ValueError, match="needs a draft model's drafter"):
+    with pytest.raises(ValueError, match="speculative draft needs its drafter"):
         build_speculator("draft", 4, 4, may_verify)
     with pytest.raises(ValueError, match="num_draft_tokens"):
         EngineConfig(num_draft_tokens=0)

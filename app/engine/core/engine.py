@@ -19,6 +19,7 @@ from app.engine.cache.offload import DeviceBlocks, kv_bytes_moved
 from app.engine.cache.state_cache import StateCache
 from app.engine.config import DEFAULT_MODEL, EngineConfig
 from app.engine.core.draft_model import DraftModelDrafter, check_same_tokenizer, draft_config
+from app.engine.core.mtp_drafter import MtpDrafter
 from app.engine.core.output_processor import OutputProcessor
 from app.engine.core.pipeline import DecodePipeline
 from app.engine.core.request_log import log_finished
@@ -29,7 +30,8 @@ from app.engine.interface import ContextOverflowError, EngineStats, ModelInfo
 from app.engine.loader.finite import check_finite
 from app.engine.loader.tokenizer import Tokenizer
 from app.engine.loader.weights import open_checkpoint
-from app.engine.models.registry import build_model, model_config
+from app.engine.models.mtp import MTP_ARCHITECTURES, MtpHead, mtp_tensors
+from app.engine.models.registry import build_model, family, model_config
 from app.engine.moe.residency import ExpertStreaming
 from app.engine.plan.device import cpu_memory, device_memory
 from app.engine.plan.engine_plan import experts_on_device, model_positions, resolve, weight_cache_mode
@@ -176,6 +178,24 @@ class LLMEngine:
         log.info("draft model %s (%s) for speculative decoding", draft.info.name, draft.model_config.architecture)
         return DraftModelDrafter(draft, self.model_config.vocab_size)
 
+    def _load_mtp_head(self) -> MtpDrafter:
+        """The model's multi-token-prediction head (models/mtp.py) over one more paged KV array; refused
+        for a model without one."""
+        cfg = self.model_config
+        tensors = None
+        if self.checkpoint.architecture in MTP_ARCHITECTURES:
+            tensors = mtp_tensors(self.checkpoint, cfg, family(self.checkpoint.architecture))
+        if tensors is None:
+            raise ValueError(f"speculative mtp needs a model with a multi-token-prediction head (Qwen3.5, Qwen3-Next: "
+                             f"mtp.* tensors, or a GGUF's nextn block); {self.path} ({cfg.architecture}) has none")  # fmt: skip
+        head = MtpHead(self.backend, self.model, tensors)
+        layer = cfg.attention_layers[0]
+        cache = self.backend.alloc_kv_cache(self.plan.num_blocks, self.plan.block_size, *cfg.kv_shape(layer),
+                                            self.plan.kv_dtype)  # fmt: skip
+        self.runner.keep_hidden = True
+        log.info("MTP head of %s for speculative decoding", self.path.name)
+        return MtpDrafter(head, self.runner, cache, cfg.vocab_size)
+
     def _build_request_path(self) -> None:
         """Scheduler, sampler, output processing and the look-ahead pipeline; what the API reports."""
         config, plan, cfg = self.config, self.plan, self.model_config
@@ -197,11 +217,16 @@ class LLMEngine:
         else:
             self.sampler = Sampler(self.tokenizer.eos_token_ids, config.seed, grammars)
         self.outputs = OutputProcessor(self.tokenizer, plan.max_model_len)
-        drafter = self._load_draft_model() if config.speculative == "draft" else None
+        drafter: Any = None
+        if config.speculative == "draft":
+            drafter = self._load_draft_model()
+        elif config.speculative == "mtp":
+            drafter = self._load_mtp_head()
+        self.mtp = drafter if config.speculative == "mtp" else None
         self.speculator = build_speculator(config.speculative, config.num_draft_tokens,
                                            config.speculative_max_batch, may_verify, drafter)  # fmt: skip
         self.pipeline = DecodePipeline(self.scheduler, self.runner.decodes_from_device)
-        self.async_decode = plan.async_decode
+        self.async_decode = plan.async_decode and self.mtp is None  # the MTP head reads every step's hidden states
         self.counters = _Counters()
         self.info = ModelInfo(
             name=config.served_model_name or self.path.stem,
@@ -292,6 +317,8 @@ class LLMEngine:
         else:
             logits = self.runner.run(scheduled.chunks)
         self.runner.states_after(scheduled.state)
+        if self.mtp is not None and self.speculator is not None:
+            self.mtp.observe(scheduled.chunks, self.runner.step_hidden, self.speculator.may_draft)
         self._count(scheduled)
         return logits
 

@@ -85,6 +85,9 @@ class ModelRunner:
         self.prefill_graphs: Any = None  # PrefillGraphs, likewise
         self.images: Any = None  # ImageEmbedder, set by the engine when the model has vision
         self.mrope_merge: int | None = None  # the tower's spatial merge, set for M-RoPE models (Qwen2.5-VL)
+        # speculative mtp: every step runs eagerly and keeps all its rows' final hidden states for the head
+        self.keep_hidden = False
+        self.step_hidden: Any = None
 
     def prepare(self, chunks: list[Any]) -> tuple[np.ndarray, AttentionMetadata, np.ndarray]:
         """Host arrays for one step: token ids, attention metadata, and the rows to sample."""
@@ -194,7 +197,7 @@ class ModelRunner:
     def run(self, chunks: list[Any]) -> Any:
         """Forward the batch; logits `[n_sampled_rows, vocab]`: a row per sampling chunk, k+1 rows per
         verify chunk of k drafts (their steps run eagerly: no captured graph holds their shape)."""
-        if any(c.draft_token_ids for c in chunks):
+        if self.keep_hidden or any(c.draft_token_ids for c in chunks):
             return self._run_eager(chunks)
         if self.graphs is not None and self._is_graphable(chunks):
             return self._run_graph(chunks)
@@ -237,6 +240,7 @@ class ModelRunner:
             if inputs is not None:
                 embeds, meta.image_spans = inputs
         hidden = self.model.forward(self.backend.from_host(token_ids), meta, self.kv_caches, embeds=embeds)
+        self.step_hidden = hidden if self.keep_hidden else None
         return hidden, sample_rows
 
     def _run_eager(self, chunks: list[Any]) -> Any:
