@@ -279,3 +279,33 @@ def test_a_model_without_an_mtp_head_is_refused_naming_it(mtp_dir: Path) -> None
     llama = Path(__file__).resolve().parents[1] / "fixtures" / "families" / "llama" / "llama-bf16-q8_0.gguf"
     with pytest.raises(ValueError, match="has none"):
         engine(llama)
+
+
+def test_mtp_flag_reaches_the_engine_config_and_requests_report_their_drafts(mtp_dir: Path) -> None:
+    """`--speculative mtp` from serve and generate; each request's output carries what the head drafted
+    and what was accepted, and the engine's totals (/metrics) add them up."""
+    from app.cli import build_parser
+    from app.commands.common import engine_config
+
+    for command in (["serve"], ["generate", "hello"]):
+        assert engine_config(build_parser().parse_args([*command, "--speculative", "mtp"])).speculative == "mtp"
+    _, path = mtp_model("qwen35", mtp_dir, repeat=True)
+    eng = engine(path)
+    for i, prompt in enumerate(prompts()):
+        eng.add_request(f"r{i}", prompt, GREEDY)
+    finals = []
+    while eng.has_unfinished():
+        finals += [out for out in eng.step() if out.finished]
+    stats = eng.stats()
+    assert sum(out.num_draft_tokens for out in finals) == stats.spec_draft_tokens_total > 0
+    assert sum(out.num_accepted_tokens for out in finals) == stats.spec_accepted_tokens_total > 0
+
+
+def test_the_memory_plan_counts_the_heads_kv_in_every_block(mtp_dir: Path) -> None:
+    _, path = mtp_model("qwen35", mtp_dir)
+    on, off = engine(path), engine(path, speculative="ngram")
+    layers = len(off.model_config.attention_layers)
+    assert on.shape.kv_bytes_per_token(2) * layers == off.shape.kv_bytes_per_token(2) * (layers + 1)
+    first = on.runner.kv_caches[on.model_config.attention_layers[0]]
+    assert on.mtp is not None
+    assert [a.shape for a in on.mtp.cache] == [a.shape for a in first]  # the same blocks, one more layer's K/V

@@ -35,7 +35,7 @@ from app.engine.models.registry import build_model, family, model_config
 from app.engine.moe.residency import ExpertStreaming
 from app.engine.plan.device import cpu_memory, device_memory
 from app.engine.plan.engine_plan import experts_on_device, model_positions, resolve, weight_cache_mode
-from app.engine.plan.shape import shape_of
+from app.engine.plan.shape import shape_of, with_mtp_kv
 from app.engine.plan.tiers import offload_tiers
 from app.engine.request import Request, RequestOutput, RequestStatus, TokenLogprob
 from app.engine.sample.grammar import GrammarMasks
@@ -106,6 +106,8 @@ class LLMEngine:
         check_finite(self.checkpoint.tensors, self.path)  # a NaN scale would make every logit NaN
         self.model_config = model_config(self.checkpoint)
         self.shape = shape_of(self.checkpoint, self.model_config)
+        if self.config.speculative == "mtp":  # the head's K/V: one more attention layer's in every block
+            self.shape = with_mtp_kv(self.shape)
         if self.checkpoint.format == "gguf":
             self.tokenizer = Tokenizer.from_gguf_metadata(self.checkpoint.metadata)
             template_source: Any = self.checkpoint.metadata
