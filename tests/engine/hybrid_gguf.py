@@ -520,8 +520,15 @@ def write_hf_with_mtp(folder: Path, out: Path, seed: int = 0, scale: float = 0.1
     else:
         shapes.update({f"{mlp}gate_proj.weight": (ff, hidden), f"{mlp}up_proj.weight": (ff, hidden),
                        f"{mlp}down_proj.weight": (hidden, ff)})  # fmt: skip
+    if any(name.endswith(".mlp.experts.gate_up_proj") for name in weights):  # Qwen3.5-MoE stacks its experts
+        for part in ("gate", "up", "down"):
+            per_expert = [shapes.pop(f"{mlp}experts.{e}.{part}_proj.weight") for e in range(cfg["num_experts"])]
+            shapes[f"{mlp}experts.{part}"] = (len(per_expert), *per_expert[0])
     for name, shape in shapes.items():
         weights[name] = (rng.normal(0, scale, shape)).astype(np.float32)
+    for prefix in {name.removesuffix("gate") for name in weights if name.endswith(".experts.gate")}:
+        weights[f"{prefix}gate_up_proj"] = np.concatenate([weights.pop(f"{prefix}gate"), weights.pop(f"{prefix}up")], 1)
+        weights[f"{prefix}down_proj"] = weights.pop(f"{prefix}down")
     out.mkdir(parents=True, exist_ok=True)
     for extra in folder.iterdir():
         if extra.name not in ("model.safetensors", "config.json") and extra.is_file():

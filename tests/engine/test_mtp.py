@@ -134,6 +134,16 @@ def mlp(w: dict[str, np.ndarray], p: str, h: np.ndarray) -> np.ndarray:
     return ((gate / (1 + np.exp(-gate))) * (h @ w[p + "up_proj.weight"].T)) @ w[p + "down_proj.weight"].T
 
 
+def expert_weights(w: dict[str, np.ndarray], p: str, e: int) -> dict[str, np.ndarray]:
+    """Expert e's projections, from per-expert tensors (Qwen3-Next) or stacked ones (Qwen3.5-MoE:
+    `gate_up_proj` [E, 2 ff, hidden], gate rows first, and `down_proj` [E, hidden, ff])."""
+    if f"{p}experts.gate_up_proj" not in w:
+        return {part: w[f"{p}experts.{e}.{part}"] for part in ("gate_proj.weight", "up_proj.weight", "down_proj.weight")}
+    gate_up = w[f"{p}experts.gate_up_proj"][e]
+    ff = gate_up.shape[0] // 2
+    return {"gate_proj.weight": gate_up[:ff], "up_proj.weight": gate_up[ff:], "down_proj.weight": w[f"{p}experts.down_proj"][e]}
+
+
 def reference_moe(cfg: dict[str, Any], w: dict[str, np.ndarray], p: str, h: np.ndarray) -> np.ndarray:
     """Qwen3-Next's sparse block: softmax router, top-k renormalised, plus the shared expert gated by a sigmoid."""
     scores = h @ w[p + "gate.weight"].T
@@ -144,7 +154,7 @@ def reference_moe(cfg: dict[str, Any], w: dict[str, np.ndarray], p: str, h: np.n
         top = np.argsort(-probs[t])[: cfg["num_experts_per_tok"]]
         weights = probs[t, top] / probs[t, top].sum()
         for e, weight in zip(top, weights, strict=True):
-            out[t] += weight * mlp(w, f"{p}experts.{e}.", h[t : t + 1])[0]
+            out[t] += weight * mlp(expert_weights(w, p, int(e)), "", h[t : t + 1])[0]
     shared_gate = 1 / (1 + np.exp(-(h @ w[p + "shared_expert_gate.weight"].T)))
     return out + mlp(w, p + "shared_expert.", h) * shared_gate
 
@@ -161,7 +171,7 @@ def fake_request(eng: LLMEngine, tokens: list[int]) -> Request:
     return request
 
 
-@pytest.mark.parametrize("fam", ["qwen35", "qwen3next"])
+@pytest.mark.parametrize("fam", ["qwen35", "qwen3next", "qwen35moe"])
 def test_mtp_head_matches_a_numpy_implementation_over_a_chunk_and_chained(fam: str, mtp_dir: Path) -> None:
     hf, path = mtp_model(fam, mtp_dir)
     config, w = hf_weights(hf)
@@ -209,8 +219,9 @@ def test_mtp_drafts_chain_the_heads_own_output_greedily(mtp_dir: Path) -> None:
     assert drafter._seen[request.request_id][0] == 6  # caught up to the computed positions
 
 
-def test_folder_and_gguf_give_the_head_the_same_tensors(mtp_dir: Path) -> None:
-    hf, path = mtp_model("qwen35", mtp_dir)
+@pytest.mark.parametrize("fam", ["qwen35", "qwen35moe"])
+def test_folder_and_gguf_give_the_head_the_same_tensors(fam: str, mtp_dir: Path) -> None:
+    hf, path = mtp_model(fam, mtp_dir)
     heads = []
     for source in (hf, path):
         checkpoint = open_checkpoint(source)
