@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 from hybrid_gguf import write_mamba_gguf, write_qwen_gguf  # sibling module: tests/engine is on sys.path
+from spec_checks import assert_sampled_tokens_keep_the_distribution  # sibling: tests/engine is on sys.path
 
 from app.engine import EngineConfig, SamplingParams
 from app.engine.cache.state_cache import StateCache
@@ -212,3 +213,11 @@ def test_the_memory_plan_counts_the_checkpoint_rows_the_engine_allocates(gguf_di
     allocated = sum(a.nbytes for a in on.runner.state_arrays)
     assert allocated == on.plan.state_bytes == on.kv.state.num_rows * per_sequence
     assert off.kv.state is not None and off.kv.state.num_rows == on.kv.state.num_rows - slots
+
+
+def test_sampled_tokens_keep_the_targets_distribution(gguf_dir: Path) -> None:
+    """The llama test's chi-square (spec_checks.py) on Qwen3.5: both drafts verified at the first decode
+    keep the model's distribution, and the later decodes' rejections roll the state back under sampling."""
+    engine = spec_engine(family_gguf("qwen35", gguf_dir), max_num_seqs=64, max_num_batched_tokens=512)
+    assert_sampled_tokens_keep_the_distribution(engine, loop_prompts(8, 12)[7])
+    assert_clean(engine)
