@@ -91,7 +91,7 @@ def add_speculative_arguments(parser: argparse.ArgumentParser) -> None:
                        help="draft tokens and verify them in one step: ngram looks the last tokens up in the "
                        "prompt and output (prompt lookup; pays where the answer repeats the prompt, as code "
                        "edits do); draft runs --draft-model greedily; mtp runs the model's own "
-                       "multi-token-prediction head (Qwen3.5, Qwen3-Next). Greedy output is unchanged; sampled "
+                       "multi-token-prediction head (Qwen3.5, Qwen3-Next, Nemotron-H MoE). Greedy output is unchanged; sampled "
                        "output keeps its distribution (default off)")
     group.add_argument("--draft-model", default=None, metavar="PATH",
                        help="with --speculative draft: a small model of the same tokenizer as --model (a "

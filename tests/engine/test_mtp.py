@@ -20,11 +20,13 @@ from gguf import GGMLQuantizationType as GQ
 from hybrid_gguf import (  # sibling module: tests/engine is on sys.path
     hf_weights,
     write_hf_with_mtp,
+    write_mamba_gguf,
     write_qwen_gguf,
 )
 
 from app.engine import EngineConfig, SamplingParams
 from app.engine.core.engine import LLMEngine
+from app.engine.core.scheduler import ScheduledChunk
 from app.engine.loader.weights import open_checkpoint
 from app.engine.models.mtp import mtp_tensors
 from app.engine.models.registry import family, model_config
@@ -320,3 +322,53 @@ def test_the_memory_plan_counts_the_heads_kv_in_every_block(mtp_dir: Path) -> No
     first = on.runner.kv_caches[on.model_config.attention_layers[0]]
     assert on.mtp is not None
     assert [a.shape for a in on.mtp.cache] == [a.shape for a in first]  # the same blocks, one more layer's K/V
+
+
+# -- Nemotron-H (MoE): the head as llama.cpp's nemotron_h_moe graph_mtp runs it -------------------
+
+
+def nemotron_mtp(folder: Path) -> Path:
+    path = folder / "nemotron-mtp.gguf"
+    if not path.exists():
+        write_mamba_gguf(HYBRID / "nemotron_h_moe" / "hf", "nemotron_h_moe", path, kind=GQ.F32, mtp_block=True)
+    return path
+
+
+def test_nemotron_h_head_fuses_its_inputs_and_ends_in_a_layer_norm(mtp_dir: Path) -> None:
+    """The fusion (plain RMS norms of embedding and hidden state, concatenated in that order, eh_proj)
+    and the closing LayerNorm in numpy from the GGUF's tensors, around the block run by the engine's
+    own decoder layer (the model's NoPE attention and experts, checked by the family's tests)."""
+    path = nemotron_mtp(mtp_dir)
+    eng = engine(path)
+    assert eng.mtp is not None
+    head, backend, block = eng.mtp.head, eng.backend, eng.model_config.num_layers
+    tensors = {n: t.dequantize().astype(np.float64) for n, t in open_checkpoint(path).tensors.items()
+               if n.startswith(f"blk.{block}.nextn.") or n == "token_embd.weight"}  # fmt: skip
+    eps = eng.model_config.rms_norm_eps
+
+    def plain_rms(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+    rng = np.random.default_rng(6)
+    tokens = [int(t) for t in rng.integers(0, eng.model_config.vocab_size, 7)]
+    hidden = rng.normal(0, 1, (7, eng.model_config.hidden_size))
+    nextn = f"blk.{block}.nextn."
+    fused = np.concatenate([plain_rms(tensors["token_embd.weight"][tokens], tensors[nextn + "enorm.weight"]),
+                            plain_rms(hidden, tensors[nextn + "hnorm.weight"])], -1) @ tensors[nextn + "eh_proj.weight"].T  # fmt: skip
+    request = fake_request(eng, tokens)
+    meta, _ = eng.runner.metadata([ScheduledChunk(request, 0, len(tokens), True)])
+    h, residual = head.layer(backend.from_host(fused.astype(np.float32)), None, meta, eng.mtp.cache)
+    stream = backend.to_host(h + residual).astype(np.float64)
+    centred = stream - stream.mean(-1, keepdims=True)
+    expected = centred / np.sqrt((centred * centred).mean(-1, keepdims=True) + eps) * tensors[nextn + "shared_head_norm.weight"]
+    got = backend.to_host(eng.mtp._run(request, 0, tokens, backend.from_host(hidden.astype(np.float32))))
+    assert np.abs(got - expected).max() < 1e-3
+
+
+def test_nemotron_h_greedy_tokens_with_mtp_drafts_equal_without(mtp_dir: Path) -> None:
+    eng = engine(nemotron_mtp(mtp_dir))
+    batch = prompts()
+    expected = without_drafts(eng, batch)
+    assert [r["token_ids"] for r in eng.generate(batch, GREEDY)] == expected
+    assert eng.speculator is not None and eng.speculator.drafted > 0
+    eng.scheduler.check_integrity()

@@ -1,5 +1,5 @@
-"""The multi-token-prediction (MTP) head of Qwen3.5 / Qwen3-Next: a one-layer draft model that rides on
-the target's hidden states (`--speculative mtp`, core/mtp_drafter.py).
+"""The multi-token-prediction (MTP) head of Qwen3.5 / Qwen3-Next and Nemotron-H: a one-layer draft model
+that rides on the target's hidden states (`--speculative mtp`, core/mtp_drafter.py).
 
 As vLLM's qwen3_next_mtp.py and llama.cpp's qwen3next `graph_mtp` define it, the head's row at
 position i reads the target's final hidden state h at i (after its output norm) and the token t at
@@ -16,6 +16,11 @@ model's last layer, `blk.{N}`: `nextn.eh_proj` `[hidden, 2 hidden]`, `nextn.enor
 usual names. Hugging Face folders hold them as `mtp.fc`, `mtp.pre_fc_norm_embedding`,
 `mtp.pre_fc_norm_hidden`, `mtp.norm` and `mtp.layers.0.*` (renamed here the converter's way; the
 folder loader skips `mtp.*` for the model itself: names.py).
+
+Nemotron-H (the MoE models, as llama.cpp's `nemotron_h_moe` `graph_mtp` runs it): the same fusion, then
+a NoPE attention sub-layer and the model's experts behind `post_attention_norm` in one block, and a
+LayerNorm (not RMS, no bias) as `shared_head_norm`; its norms are plain (`w`). Read from GGUFs only: its
+folders split the block into `mtp.layers.0` / `mtp.layers.1`, which llama.cpp's converter folds.
 """
 
 from __future__ import annotations
@@ -38,7 +43,8 @@ from app.engine.models.family import Family
 from app.engine.quant.dispatch import QuantizedTensor
 from app.engine.quant.types import QUANT_TYPES
 
-MTP_ARCHITECTURES = ("qwen35", "qwen35moe", "qwen3next")
+MTP_ARCHITECTURES = ("qwen35", "qwen35moe", "qwen3next", "nemotron_h", "nemotron_h_moe")
+_LAYER_NORM_HEAD = ("nemotron_h", "nemotron_h_moe")  # shared_head_norm is a LayerNorm there
 _HF_NEXTN = {"fc": "eh_proj", "pre_fc_norm_embedding": "enorm", "pre_fc_norm_hidden": "hnorm", "norm": "shared_head_norm"}
 _HF_LAYER = re.compile(r"^(?:model\.)?mtp\.layers\.0\.(.+)$")
 _HF_NEXTN_NAME = re.compile(r"^(?:model\.)?mtp\.(\w+)\.weight$")
@@ -54,7 +60,17 @@ def mtp_tensors(checkpoint: Any, cfg: ModelConfig, family: Family) -> dict[str, 
         tensors = {name: t for name, t in checkpoint.tensors.items() if name.startswith(prefix)}
         if not cfg.trailing_blocks or f"{prefix}nextn.eh_proj.weight" not in tensors:
             return None
-        return family.adapt_gguf_tensors(tensors, cfg)
+        adapted = family.adapt_gguf_tensors(tensors, cfg)
+        post = adapted.pop(f"{prefix}post_attention_norm.weight", None)  # Nemotron-H's FFN norm (no rename there)
+        if post is not None:
+            adapted.setdefault(f"{prefix}ffn_norm.weight", post)
+        return adapted
+    if checkpoint.architecture in _LAYER_NORM_HEAD:
+        if any(name.startswith(("mtp.", "model.mtp.")) for f in weight_files(checkpoint.path)
+               for name in read_safetensors_file(f)):  # fmt: skip
+            raise CheckpointError(f"{checkpoint.path}: Nemotron-H's MTP head is read from a llama.cpp GGUF only "
+                                  "(convert_hf_to_gguf.py folds its two mtp.layers into one block)")  # fmt: skip
+        return None
     tensors = {}
     for file in weight_files(checkpoint.path):
         for hf_name, tensor in read_safetensors_file(file).items():
@@ -118,7 +134,10 @@ class MtpHead:
         if attention is None:
             raise CheckpointError("the model has no attention layer whose shape the MTP block could take")
         self.layer = DecoderLayer(backend, block_cfg, tensors, block, attention.spec)
-        self.kv_spec = attention.spec
+        self.layer_norm_head = cfg.architecture in _LAYER_NORM_HEAD
+        if self.layer_norm_head and head_norm is None:
+            raise CheckpointError(f"tensor {prefix}.nextn.shared_head_norm.weight (the MTP head's LayerNorm) is missing")
+        self.eps = eps
 
     def __call__(self, token_ids: Any, hidden: Any, meta: AttentionMetadata, cache: tuple[Any, Any]) -> Any:
         """The head's normed output `[T, hidden]` for tokens `token_ids` `[T]` at `meta`'s positions, each
@@ -128,8 +147,18 @@ class MtpHead:
         embedded = self.enorm(self.embed(token_ids))
         x = self.eh_proj(xp.concatenate([embedded, self.hnorm(hidden).astype(embedded.dtype)], axis=-1))
         h, residual = self.layer(x, None, meta, cache)
+        if self.layer_norm_head:
+            return layer_norm(xp, h + residual, self.head_norm.weight, self.eps)
         normed, _ = self.head_norm.add_and_norm(h, residual)
         return normed
 
     def logits(self, hidden: Any) -> Any:
         return self.model.logits(hidden) if self.lm_head is None else self.lm_head(hidden)
+
+
+def layer_norm(xp: Any, x: Any, weight: Any, eps: float) -> Any:
+    """LayerNorm without a bias over the last axis (computed in float32), in `x`'s dtype."""
+    values = x.astype(xp.float32)
+    centred = values - values.mean(axis=-1, keepdims=True)
+    scale = xp.float32(1.0) / xp.sqrt((centred * centred).mean(axis=-1, keepdims=True) + xp.float32(eps))
+    return (centred * scale * weight.astype(xp.float32)).astype(x.dtype)
