@@ -196,15 +196,19 @@ def test_mtp_head_matches_a_numpy_implementation_over_a_chunk_and_chained(fam: s
     assert np.abs(last[0] - expected[8]).max() < 1e-3 * max(1.0, np.abs(expected).max())
 
 
-def test_mtp_drafts_chain_the_heads_own_output_greedily(mtp_dir: Path) -> None:
-    """propose_for: the head over the positions seen (target hidden states), its argmax; then each next
-    draft from the head's own output at the next position, with the draft before as its token."""
+@pytest.mark.parametrize("max_rows", [64, 4], ids=["one_piece", "in_pieces"])
+def test_mtp_drafts_chain_the_heads_own_output_greedily(max_rows: int, mtp_dir: Path) -> None:
+    """propose_for: the head over the positions seen (target hidden states; in pieces of `max_rows`), its
+    argmax; then each next draft from the head's own output at the next position, with the draft before
+    as its token."""
     hf, path = mtp_model("qwen35", mtp_dir)
     config, w = hf_weights(hf)
     cfg = config.get("text_config", config)
     w = {k: v.astype(np.float64) for k, v in w.items()}
     eng = engine(path)
     drafter = eng.mtp
+    assert drafter is not None
+    drafter.max_rows = max_rows
     rng = np.random.default_rng(4)
     tokens = [int(t) for t in rng.integers(0, cfg["vocab_size"], 7)]
     hidden = rng.normal(0, 1, (6, cfg["hidden_size"])).astype(np.float32)

@@ -196,7 +196,7 @@ class LLMEngine:
                                             self.plan.kv_dtype)  # fmt: skip
         self.runner.keep_hidden = True
         log.info("MTP head of %s for speculative decoding", self.path.name)
-        return MtpDrafter(head, self.runner, cache, cfg.vocab_size)
+        return MtpDrafter(head, self.runner, cache, cfg.vocab_size, self.config.max_num_batched_tokens)
 
     def _build_request_path(self) -> None:
         """Scheduler, sampler, output processing and the look-ahead pipeline; what the API reports."""

@@ -31,10 +31,13 @@ from app.engine.request import Request
 
 
 class MtpDrafter:
-    def __init__(self, head: MtpHead, runner: Any, cache: tuple[Any, ...], vocab_size: int) -> None:
+    def __init__(
+        self, head: MtpHead, runner: Any, cache: tuple[Any, ...], vocab_size: int, max_rows: int = 2048
+    ) -> None:
         self.head, self.runner, self.cache = head, runner, cache
         self.backend = runner.backend
         self.vocab_size = vocab_size
+        self.max_rows = max_rows  # a catch-up runs in pieces of at most this many positions (a long prompt's)
         self._seen: dict[str, tuple[int, Any]] = {}  # request id -> (first position, target hidden rows)
 
     def observe(self, chunks: list[Any], hidden: Any, may_draft: Callable[[Request], bool]) -> None:
@@ -71,7 +74,9 @@ class MtpDrafter:
         rows = rows[: computed - first]
         self._seen[request.request_id] = (computed, rows[:0])
         tokens = request.all_token_ids[first + 1 : computed + 1]
-        hidden = self._run(request, first, tokens, rows)[-1:]
+        for at in range(0, len(tokens), self.max_rows):  # in pieces: each reads the K/V the ones before wrote
+            hidden = self._run(request, first + at, tokens[at : at + self.max_rows], rows[at : at + self.max_rows])
+        hidden = hidden[-1:]
         drafts: list[int] = []
         for j in range(k):
             token = int(np.argmax(self.backend.to_host(self.head.logits(hidden))[0]))
