@@ -198,8 +198,9 @@ def test_rollback_restores_the_slot_from_its_checkpoint_and_drops_a_save_past_th
     assert copies.checkpoints == [(slot, state.checkpoint_row(slot))] and len(copies.saves) == 1
     state.rollback(request)  # two drafts kept: the state past 11 is recomputed
     assert state.take_copies().restores == [(state.checkpoint_row(slot), slot)]
+    request.num_computed_tokens = 18  # later steps passed 16 without a save there (a verify chunk spanning it)
     state.release(request)
-    assert state.snapshots.num_published == 0  # the save at 16 held rejected drafts' state
+    assert state.snapshots.num_published == 0  # the save at 16 held rejected drafts' state: never published
     state.check_integrity()
     with pytest.raises(ValueError, match="keeps no checkpoints"):
         StateCache(num_slots=1, num_snapshots=0, block_size=4).checkpoint_row(1)
@@ -220,4 +221,29 @@ def test_sampled_tokens_keep_the_targets_distribution(gguf_dir: Path) -> None:
     keep the model's distribution, and the later decodes' rejections roll the state back under sampling."""
     engine = spec_engine(family_gguf("qwen35", gguf_dir), max_num_seqs=64, max_num_batched_tokens=512)
     assert_sampled_tokens_keep_the_distribution(engine, loop_prompts(8, 12)[7])
+    assert_clean(engine)
+
+
+@pytest.mark.parametrize("fam", ["qwen35", "nemotron_h"])
+def test_prefix_cache_snapshots_never_hold_a_rejected_draft(fam: str, gguf_dir: Path) -> None:
+    """A request whose drafts were rejected mid-draft leaves state snapshots of its real tokens only: its
+    whole sequence sent again resumes from one (most tokens cached) and scores as an engine without
+    prefix caching or drafts."""
+    path = family_gguf(fam, gguf_dir)
+    engine = spec_engine(path)
+    prompt = loop_prompts(1, 40)[0]
+    first = without_drafts(engine, [prompt])[0][0]  # the greedy continuation, for the oracle
+    engine = spec_engine(path)  # a fresh cache: only the drafting run below fills it
+    assert engine.speculator is not None
+    engine.speculator.drafter = OracleDrafter([prompt], [first], wrong_at=1)
+    steps = record_verifies(engine.speculator)
+    assert scored(engine, [prompt])[0][0] == first
+    assert any(0 < accepted < drafted for drafted, accepted in steps), steps
+    again = prompt + first
+    plain = spec_engine(path, speculative="off", enable_prefix_caching=False)
+    engine.speculator = None
+    result = engine.generate([again], SCORED)[0]
+    assert result["num_cached_tokens"] > len(prompt)  # resumed from the decode snapshot it left
+    got = (result["token_ids"], np.array([[v for _, v in step.top] for step in result["logprobs"]]))
+    assert_same([got], scored(plain, [again]))
     assert_clean(engine)
