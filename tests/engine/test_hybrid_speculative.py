@@ -74,12 +74,15 @@ def without_drafts(engine: LLMEngine, prompts: list[list[int]]) -> list[tuple[li
         engine.speculator = speculator
 
 
-def record_verifies(speculator: Speculator) -> list[tuple[int, int]]:
-    """(drafted, accepted) of every verify step from now on."""
+def record_verifies(speculator: Speculator, pending: list[int] | None = None) -> list[tuple[int, int]]:
+    """(drafted, accepted) of every verify step from now on; `pending` gets each one's tokens before its
+    drafts (1, or more after a rollback)."""
     steps: list[tuple[int, int]] = []
     verify = speculator.verify
 
     def recording(request: Request, drafts: Any, sampled: Any) -> list[int]:
+        if pending is not None:
+            pending.append(request.num_pending_tokens)
         emitted = verify(request, drafts, sampled)
         steps.append((len(drafts), len(emitted) - 1))
         return emitted
@@ -136,16 +139,21 @@ class OracleDrafter:
 def test_drafts_rejected_mid_draft_leave_greedy_tokens_and_logprobs_as_without(
     fam: str, wrong_at: int, gguf_dir: Path
 ) -> None:
-    """A batch of three whose every verify step keeps `wrong_at` drafts and rejects the next."""
+    """A batch of three whose every verify step keeps `wrong_at` drafts and rejects the next; the step
+    after one recomputes the kept tokens and verifies new drafts after them."""
     engine = spec_engine(family_gguf(fam, gguf_dir))
     prompts = [p[:20] for p in loop_prompts()]
     expected = without_drafts(engine, prompts)
     assert engine.speculator is not None
     engine.speculator.drafter = OracleDrafter(prompts, [tokens for tokens, _ in expected], wrong_at)
-    steps = record_verifies(engine.speculator)
+    pending: list[int] = []
+    steps = record_verifies(engine.speculator, pending)
     assert_same(scored(engine, prompts), expected)
     mid = [s for s in steps if s[0] > wrong_at]
     assert len(mid) >= 3 and all(accepted == wrong_at for _, accepted in mid), steps
+    # after a rollback the kept tokens (the last one, wrong_at drafts, the correction; more after rollbacks
+    # in a row) are recomputed and new drafts verified after them
+    assert wrong_at + 2 in pending and max(pending) >= wrong_at + 2, pending
     assert_clean(engine)
 
 

@@ -22,8 +22,9 @@ state at that exact token count was kept: a snapshot. The policy:
   recurrent layers, which leaves the state after all k+1 of them. Each slot has a checkpoint row;
   the slot is copied there before a verify chunk's forward (`plan_verify`), and where drafts were
   rejected the slot is restored from it before the next forward (`rollback`) and the request
-  recomputes the tokens it kept from there (the scheduler does not advance it): the state is then
-  the one the kept tokens alone leave, at the cost of one recompute of them per rejection. A save
+  recomputes the tokens it kept from there (the scheduler does not advance it), with new drafts after
+  them: the state is then the one the kept tokens alone leave, at the cost of one recompute of them
+  per rejection. A save
   the verify chunk planned (it ended on a block boundary) holds rejected tokens' state: it is
   dropped. Checkpoint rows are `num_slots` more rows after the snapshots; a slot's row is only
   written and read by the request holding the slot, between a verify step and the next.

@@ -38,9 +38,10 @@ class Speculator:
         return len(running) <= self.policy.max_batch and any(self.may_draft(r) for r in running)
 
     def propose(self, running: Sequence[Request], max_model_len: int) -> None:
-        """Set `draft_token_ids` on each decoding request that drafts this step."""
+        """Set `draft_token_ids` on each decoding request that drafts this step (one with several pending
+        tokens past its prompt, a hybrid model's rolled-back verify step, drafts after them)."""
         for request in running:
-            if request.num_pending_tokens != 1 or not self.may_draft(request):
+            if request.num_computed_tokens < request.num_prompt_tokens or not self.may_draft(request):
                 continue
             k = min(self.policy.wanted(request, len(running)), room(request, max_model_len))
             if k > 0:
