@@ -188,8 +188,9 @@ class LLMEngine:
         if self.checkpoint.architecture in MTP_ARCHITECTURES:
             tensors = mtp_tensors(self.checkpoint, cfg, family(self.checkpoint.architecture))
         if tensors is None:
-            raise ValueError(f"speculative mtp needs a model with a multi-token-prediction head (Qwen3.5, Qwen3-Next, "
-                             f"Nemotron-H MoE: mtp.* tensors, or a GGUF's nextn block); {self.path} ({cfg.architecture}) has none")  # fmt: skip
+            raise ValueError(f"speculative mtp needs a model with a multi-token-prediction head (Qwen3.5, "
+                             f"Qwen3-Next, Nemotron-H MoE: mtp.* tensors, or a GGUF's nextn block); {self.path} "
+                             f"({cfg.architecture}) has none")  # fmt: skip
         head = MtpHead(self.backend, self.model, tensors)
         layer = cfg.attention_layers[0]
         cache = self.backend.alloc_kv_cache(self.plan.num_blocks, self.plan.block_size, *cfg.kv_shape(layer),

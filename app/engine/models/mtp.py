@@ -45,7 +45,9 @@ from app.engine.quant.types import QUANT_TYPES
 
 MTP_ARCHITECTURES = ("qwen35", "qwen35moe", "qwen3next", "nemotron_h", "nemotron_h_moe")
 _LAYER_NORM_HEAD = ("nemotron_h", "nemotron_h_moe")  # shared_head_norm is a LayerNorm there
-_HF_NEXTN = {"fc": "eh_proj", "pre_fc_norm_embedding": "enorm", "pre_fc_norm_hidden": "hnorm", "norm": "shared_head_norm"}
+_HF_NEXTN = {
+    "fc": "eh_proj", "pre_fc_norm_embedding": "enorm", "pre_fc_norm_hidden": "hnorm", "norm": "shared_head_norm",
+}  # fmt: skip
 _HF_LAYER = re.compile(r"^(?:model\.)?mtp\.layers\.0\.(.+)$")
 _HF_NEXTN_NAME = re.compile(r"^(?:model\.)?mtp\.(\w+)\.weight$")
 _NEXTN_NORMS = ("nextn.enorm.weight", "nextn.hnorm.weight", "nextn.shared_head_norm.weight")
@@ -136,7 +138,9 @@ class MtpHead:
         self.layer = DecoderLayer(backend, block_cfg, tensors, block, attention.spec)
         self.layer_norm_head = cfg.architecture in _LAYER_NORM_HEAD
         if self.layer_norm_head and head_norm is None:
-            raise CheckpointError(f"tensor {prefix}.nextn.shared_head_norm.weight (the MTP head's LayerNorm) is missing")
+            raise CheckpointError(
+                f"tensor {prefix}.nextn.shared_head_norm.weight (the MTP head's LayerNorm) is missing"
+            )
         self.eps = eps
 
     def __call__(self, token_ids: Any, hidden: Any, meta: AttentionMetadata, cache: tuple[Any, Any]) -> Any:
