@@ -255,3 +255,30 @@ def test_prefix_cache_snapshots_never_hold_a_rejected_draft(fam: str, gguf_dir: 
     got = (result["token_ids"], np.array([[v for _, v in step.top] for step in result["logprobs"]]))
     assert_same([got], scored(plain, [again]))
     assert_clean(engine)
+
+
+@pytest.mark.parametrize("fam", ["qwen35", "nemotron_h"])
+def test_async_decode_beside_drafting_keeps_the_tokens(fam: str, gguf_dir: Path) -> None:
+    """With async decode on and drafts for one request at most: while two run, steps look ahead without
+    drafts; once the shorter one ends, the other drafts (its steps synchronous). Tokens as without drafts."""
+    engine = spec_engine(family_gguf(fam, gguf_dir), async_decode=True, speculative_max_batch=1)
+    prompts = loop_prompts(2)
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (6, 24)]
+
+    def run() -> dict[str, list[int]]:
+        tokens: dict[str, list[int]] = {"short": [], "long": []}
+        for rid, prompt, p in zip(tokens, prompts, params, strict=True):
+            engine.add_request(rid, prompt, p)
+        while engine.has_unfinished():
+            for out in engine.step():
+                tokens[out.request_id] += out.new_token_ids
+        return tokens
+
+    speculator, engine.speculator = engine.speculator, None
+    expected = run()
+    engine.speculator = speculator
+    assert speculator is not None
+    steps = record_verifies(speculator)
+    assert run() == expected
+    assert steps and any(accepted < drafted for drafted, accepted in steps), steps
+    assert_clean(engine)
