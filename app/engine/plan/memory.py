@@ -14,7 +14,8 @@ the engine allocates. `paddock fit`, the Studio's will-it-fit and the engine all
   sequence (state_bytes_per_sequence), in rows of one array per recurrent layer: a null row, a slot per
   sequence (max_num_seqs) and, with prefix caching, the prefix cache's snapshots (`state_rows`):
   --state-snapshot-gb of them, else STATE_SNAPSHOT_SHARE of the cache room (what the KV cache and the
-  state share), at most SNAPSHOTS_PER_SEQ per slot.
+  state share), at most SNAPSHOTS_PER_SEQ per slot; with speculative decoding one more row per slot
+  (the checkpoint a verify step rolls back to: cache/state_cache.py).
 - activations: the engine's reserve for one step of T = min(max_num_batched_tokens, context) tokens,
   in float32. Only one layer's intermediates are alive at a time:
       T x (4 x hidden                            residual stream, its normed copy, sublayer outputs
@@ -83,6 +84,7 @@ class FitOptions:
     enable_prefix_caching: bool = True  # hybrid models: the prefix cache keeps recurrent-state snapshots
     state_snapshot_gb: float | None = None  # their memory (None: the share rule, `state_rows`)
     weight_cache: str = EngineConfig.weight_cache  # "off": no float16 copies (a task model's engine)
+    speculative: str = "off"  # hybrid models: anything else keeps a checkpoint row per state slot
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "experts_on_gpu", parse_experts_on_gpu(self.experts_on_gpu))
@@ -213,9 +215,10 @@ def state_rows(
     return max_num_seqs, snapshots
 
 
-def state_bytes(per_sequence: int, slots: int, snapshots: int) -> int:
-    """The recurrent state arrays' bytes: the null row, the slots and the snapshots."""
-    return (1 + slots + snapshots) * per_sequence if slots else 0
+def state_bytes(per_sequence: int, slots: int, snapshots: int, checkpoints: bool = False) -> int:
+    """The recurrent state arrays' bytes: the null row, the slots, the snapshots and (speculative
+    decoding) a checkpoint per slot."""
+    return (1 + slots * (2 if checkpoints else 1) + snapshots) * per_sequence if slots else 0
 
 
 MAX_SNAPSHOT_INTERVAL = 4096  # tokens: beyond it a shared prompt would resume too far from where it differs
@@ -294,7 +297,8 @@ def memory(
     room = cache_room(base, options, device_kind, free_bytes, weights_loaded)
     slots, snapshots = state_rows(shape.state_bytes_per_sequence, options.max_num_seqs,
                                   options.enable_prefix_caching, options.state_snapshot_gb, room)  # fmt: skip
-    return replace(base, state=state_bytes(shape.state_bytes_per_sequence, slots, snapshots),
+    checkpoints = options.speculative != "off"
+    return replace(base, state=state_bytes(shape.state_bytes_per_sequence, slots, snapshots, checkpoints),
                    state_slots=slots, state_snapshots=snapshots)  # fmt: skip
 
 

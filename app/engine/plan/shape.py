@@ -73,6 +73,15 @@ class ModelShape:
         return self.num_layers * self.num_kv_heads * (self.head_dim + value_dim) * bytes_per_element
 
 
+def with_mtp_kv(shape: ModelShape) -> ModelShape:
+    """`shape` with one more KV cache like its first owned one: `--speculative mtp`'s head keeps its K/V
+    in such an array beside the model's (core/mtp_drafter.py), so each block costs that much more."""
+    owned = shape.owned_kv_layers
+    if not owned:
+        return shape
+    return replace(shape, kv_layers=(*owned, owned[0]))
+
+
 def shape_from_config(
     cfg: ModelConfig,
     weight_bytes: int,
