@@ -29,6 +29,7 @@ from app.engine.loader.safetensors import read_header as read_safetensors_header
 from app.engine.loader.split_tensors import stored_format
 from app.engine.plan.fit import (
     OCR,
+    TRANSCRIPTION,
     ModelShape,
     audio_beside_gguf,
     audio_from_hf_config,
@@ -42,6 +43,7 @@ from app.engine.plan.fit import (
     takes_images,
     vision_beside_gguf,
     vision_from_hf_config,
+    with_audio,
     with_images,
 )
 from app.studio.model_check import INCOMPLETE_HINT, check_model_files
@@ -324,25 +326,23 @@ def _mmproj_stamps(path: Path) -> tuple[tuple[str, int, int], ...]:
 
 
 def _with_mmproj(entry: ModelEntry) -> ModelEntry:
-    """The entry with the vision tower the engine would load beside it (its mmproj file), if any; or the
-    audio encoder a speech model's mmproj holds (Granite Speech's: then its job is transcription)."""
+    """The entry with what the engine would load from the mmproj beside it, if any: the vision tower (a chat
+    model then takes images), a Gemma 4 mmproj's audio half (it takes audio too), or the audio encoder a
+    speech model's mmproj holds (Granite Speech's: then its job is transcription)."""
     if entry.shape is None:
         return entry
-    if not takes_images(entry.shape.architecture):
-        try:
-            audio = audio_beside_gguf(entry.path)
-        except (OSError, ValueError) as exc:
-            return _with(entry, error=entry.error or f"{entry.name}: {exc}")
-        if audio is None:
-            return entry
-        return _with(entry, job="transcription", shape=replace(entry.shape, audio=audio))
     try:
         vision = vision_beside_gguf(entry.path, entry.shape.architecture)
+        audio = audio_beside_gguf(entry.path, entry.shape.architecture)
     except (OSError, ValueError) as exc:  # two mmproj files, or a broken one: loading would fail the same way
         return _with(entry, error=entry.error or f"{entry.name}: {exc}")
-    if vision is None:
+    if vision is None and audio is None:
         return entry
-    return _with(entry, vision=vision.source, shape=replace(entry.shape, vision=vision), job=with_images(entry.job))
+    job = with_images(entry.job) if vision is not None else entry.job
+    if audio is not None:
+        job = with_audio(job) if takes_images(entry.shape.architecture) else TRANSCRIPTION
+    return _with(entry, vision=vision.source if vision is not None else None, job=job,
+                 shape=replace(entry.shape, vision=vision, audio=audio))  # fmt: skip
 
 
 def _with_file_check(entry: ModelEntry) -> ModelEntry:

@@ -106,3 +106,18 @@ def test_an_audio_mmproj_beside_a_gemma4_gguf_is_counted_as_audio(tmp_path):
     # the mmproj's tensors are the HF folder's audio tensors, F32 either way: the same bytes
     assert shape.audio.weight_bytes == shape_from_checkpoint(HF).audio.weight_bytes
     assert shape.audio.activation_bytes == shape_from_checkpoint(HF).audio.activation_bytes
+
+
+def test_the_library_counts_the_audio_mmproj_beside_a_gemma4_gguf(tmp_path):
+    """The Models pane's entry holds what shape_from_checkpoint counts: the audio half beside the GGUF, no
+    vision tower from an audio-only mmproj, and a job that says it takes audio."""
+    from app.studio.library import ModelLibrary
+
+    model = tmp_path / "gemma4-dense.gguf"
+    write_gguf(FIXTURES / "gemma4" / "dense", model)
+    [alone] = ModelLibrary(tmp_path).list()
+    assert alone.shape.audio is None and alone.job == "chat"
+    write_audio_mmproj(HF, tmp_path / "mmproj-gemma4-audio.gguf")
+    [entry] = ModelLibrary(tmp_path).list()
+    assert entry.error is None and not entry.takes_images and entry.job == "chat + audio"
+    assert entry.shape.audio == shape_from_checkpoint(model).audio

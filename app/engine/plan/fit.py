@@ -36,9 +36,11 @@ from app.engine.plan.device import format_bytes as format_bytes
 from app.engine.plan.expert_plan import ExpertPlan, auto_plan, fixed_plan
 from app.engine.plan.job import OCR as OCR
 from app.engine.plan.job import TASK_JOBS as TASK_JOBS
+from app.engine.plan.job import TRANSCRIPTION as TRANSCRIPTION
 from app.engine.plan.job import folder_job as folder_job
 from app.engine.plan.job import gguf_job as gguf_job
 from app.engine.plan.job import is_task_job as is_task_job
+from app.engine.plan.job import with_audio as with_audio
 from app.engine.plan.job import with_images as with_images
 from app.engine.plan.memory import FitOptions as FitOptions
 from app.engine.plan.memory import MemoryBreakdown as MemoryBreakdown

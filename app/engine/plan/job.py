@@ -110,6 +110,11 @@ def with_images(job: str | None) -> str | None:
     return CHAT_IMAGES if job == CHAT else job
 
 
+def with_audio(job: str | None) -> str | None:
+    """The job of a chat model whose audio tower was found beside it (a Gemma 4 mmproj's audio half)."""
+    return {CHAT: CHAT_AUDIO, CHAT_IMAGES: CHAT_IMAGES_AUDIO}.get(job or "", job)
+
+
 def is_task_job(job: str | None) -> bool:
     """A model that runs beside the chat model (tasks/task_model.py), not as it."""
     return job in TASK_JOBS
