@@ -279,7 +279,7 @@ _SKIPPED = re.compile(
     r"|^(model\.)?(encoder|projector)\."  # Granite Speech's conformer and Q-Former (models/audio/ loads them)
     r"|^mlp_AR\."  # PaddleOCR-VL's projector (published layout; transformers' own: model.projector, above)
     r"|^model\.(vision_adapter|vision_projection)\."  # Muse Glimmer's projector (its tower: vision_tower)
-    r"|^mtp\."  # Qwen3.5 / Qwen3-Next multi-token prediction heads (speculative decoding: unused)
+    r"|^mtp\."  # Qwen3.5 / Qwen3-Next MTP heads: not the model itself (models/mtp.py reads them for --speculative mtp)
 )
 _LAYER_NAME = re.compile(r"^layers\.(\d+)\.(.+)\.(weight|bias)$")
 _BARE_LAYER_NAME = re.compile(r"^layers\.(\d+)\.(.+)$")
