@@ -22,6 +22,8 @@ CHECKED_SUFFIXES = (".py", ".md", ".cu", ".cuh", ".h", ".sh", ".toml")
 # Files of other projects that docstrings cite (their repository is named beside them).
 EXTERNAL = {
     "convert_hf_to_gguf.py",  # llama.cpp's converter
+    "conversion/qwen.py",  # llama.cpp's converter package (its Qwen models)
+    "qwen3_next_mtp.py",  # vLLM
     "modeling_qwen3_5.py",  # transformers
     "PLATFORM.md",  # the shared notes beside the repository (/work/shared), not in it
     "cuda.h",  # the CUDA toolkit's driver API header

@@ -87,10 +87,11 @@ def add_kv_arguments(parser: argparse.ArgumentParser) -> None:
 def add_speculative_arguments(parser: argparse.ArgumentParser) -> None:
     """Speculative decoding's flags (app/engine/spec/)."""
     group = parser.add_argument_group("speculative decoding")
-    group.add_argument("--speculative", choices=["off", "ngram", "draft"], default="off",
+    group.add_argument("--speculative", choices=["off", "ngram", "draft", "mtp"], default="off",
                        help="draft tokens and verify them in one step: ngram looks the last tokens up in the "
                        "prompt and output (prompt lookup; pays where the answer repeats the prompt, as code "
-                       "edits do); draft runs --draft-model greedily. Greedy output is unchanged; sampled "
+                       "edits do); draft runs --draft-model greedily; mtp runs the model's own "
+                       "multi-token-prediction head (Qwen3.5, Qwen3-Next, Nemotron-H MoE). Greedy output is unchanged; sampled "
                        "output keeps its distribution (default off)")
     group.add_argument("--draft-model", default=None, metavar="PATH",
                        help="with --speculative draft: a small model of the same tokenizer as --model (a "

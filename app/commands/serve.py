@@ -132,9 +132,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="DIR",
-        help="a Qwen3-ASR or Granite Speech folder (or Granite Speech's text GGUF with its mmproj beside it) that "
-        "/v1/audio/transcriptions also serves, by its folder or file name (repeatable; faster-whisper stays the "
-        "default model)",
+        help="a Qwen3-ASR or Granite Speech folder (or Granite Speech's text GGUF with its mmproj beside it), or a "
+        "Gemma 4 folder with audio, that /v1/audio/transcriptions also serves, by its folder or file name "
+        "(repeatable; faster-whisper stays the default model)",
     )
     parser.add_argument("--no-embeddings", action="store_true", help="do not load an embedding model")
     parser.add_argument("--no-mcp", action="store_true", help="do not serve MCP at /mcp")

@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-HELP = "Transcribe an audio or video file with Whisper (the embedded tiny.en model by default), Qwen3-ASR or Granite Speech."
+HELP = (
+    "Transcribe an audio or video file with Whisper (the embedded tiny.en model by default), Qwen3-ASR, "
+    "Granite Speech or Gemma 4."
+)
 FORMATS = ("text", "json", "verbose_json", "srt", "vtt")
 
 
@@ -20,7 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         metavar="PATH",
-        help="a CTranslate2 Whisper folder, or a Qwen3-ASR or Granite Speech folder (default: embedded tiny.en)",
+        help="a CTranslate2 Whisper folder, a Qwen3-ASR or Granite Speech folder, or a Gemma 4 folder with audio "
+        "(default: embedded tiny.en)",
     )
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="where to run")
     parser.add_argument("--output", "-o", metavar="FILE", help="write to FILE instead of standard output")

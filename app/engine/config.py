@@ -93,7 +93,8 @@ class EngineConfig:
     state_snapshot_gb: float | None = None
     state_snapshot_interval: int | None = None
     # speculative decoding (app/engine/spec/): "ngram" (prompt lookup), "draft" (a small model of the
-    # same tokenizer, `draft_model`: core/draft_model.py) or "off"; at most
+    # same tokenizer, `draft_model`: core/draft_model.py), "mtp" (the model's own multi-token-prediction
+    # head: core/mtp_drafter.py) or "off"; at most
     # `num_draft_tokens` drafts per request and step (adapted per request from its acceptance),
     # none while more than `speculative_max_batch` requests run
     speculative: str = "off"
@@ -123,8 +124,8 @@ class EngineConfig:
             raise ValueError("kv_host_gb and kv_disk_gb must be 0 (off) or positive")
         if self.state_snapshot_gb is not None and self.state_snapshot_gb < 0:
             raise ValueError(f"state_snapshot_gb must be 0 (off) or positive, got {self.state_snapshot_gb}")
-        if self.speculative not in ("off", "ngram", "draft"):
-            raise ValueError(f"speculative must be off, ngram or draft, not {self.speculative!r}")
+        if self.speculative not in ("off", "ngram", "draft", "mtp"):
+            raise ValueError(f"speculative must be off, ngram, draft or mtp, not {self.speculative!r}")
         if self.speculative == "draft" and not self.draft_model:
             raise ValueError("speculative draft needs a draft model (draft_model, --draft-model PATH)")
         if self.num_draft_tokens < 1 or self.speculative_max_batch < 1:

@@ -45,6 +45,7 @@ class ModelInfo:
     context_length: int  # the engine's max_model_len (may be below the model's own)
     device: str  # "cpu" or "cuda:0 (NVIDIA H200)"
     supports_vision: bool = False  # a vision tower is loaded: the prompt may hold images
+    supports_audio: bool = False  # an audio tower is loaded: the prompt may hold audio clips
     quant_mix: tuple[tuple[str, int], ...] = ()  # (format, tensor count), most tensors first
 
 

@@ -14,7 +14,9 @@ A model with vision (`supports_vision`: Gemma 3 with its tower) reads the set's 
 images instead, page by page (doc_pages.py over `page_qa.ask_pages`), each page a citation; the
 other documents' excerpts follow as text, numbered after the pages. A set that keeps scanned PDFs
 (`keep_scanned`: no text layer, nothing to search) holds them for such a model; a text-only model
-is told plainly that it cannot read them (`needs_vision_message`).
+is told plainly that it cannot read them (`needs_vision_message`). With an OCR model (`ocr`, ocr.py:
+PaddleOCR-VL) the pages without a text layer are read by it as they are ingested, and are then
+searched and cited by page like any text page.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from app.studio.documents import (
     supported_extensions,
 )
 from app.studio.embedders import EmbedderSource, default_embedder
+from app.studio.ocr import OcrHost, read_scanned_pages, textless_pages
 from app.studio.remote_engine import RemoteEngine
 from app.studio.retrieval import (
     Chunk,
@@ -121,6 +124,7 @@ class IngestedDocument:
     locations: tuple[str, ...]  # every section's location, in order
     chunks: int
     page_count: int | None = None
+    ocr_pages: tuple[int, ...] = ()  # a PDF's pages without a text layer that the OCR model read
 
     @property
     def name(self) -> str:
@@ -134,7 +138,8 @@ class IngestedDocument:
     def describe(self) -> str:
         """What the document holds, for the list: '3 pages', '2 sheets: Budget, Notes', '4 sections'."""
         if self.kind == "pdf" and self.page_count is not None:
-            return _plural(self.page_count, "page") + (", scanned (no text layer)" if self.scanned else "")
+            ocr = f", {len(self.ocr_pages)} read by OCR" if self.ocr_pages else ""
+            return _plural(self.page_count, "page") + (", scanned (no text layer)" if self.scanned else ocr)
         if self.kind == "xlsx":
             names = [location.removeprefix("sheet ") for location in self.locations]
             return f"{_plural(len(names), 'sheet')}: {', '.join(names)}"
@@ -159,10 +164,13 @@ class DocumentSet:
     """The ingested files and their index; safe to ingest on one thread while another retrieves."""
 
     def __init__(self, embedder: EmbedderSource = default_embedder, top_k: int = DEFAULT_TOP_K,
-                 store: Path | None = None, min_relevance: float = MIN_RELEVANCE, keep_scanned: bool = False) -> None:
+                 store: Path | None = None, min_relevance: float = MIN_RELEVANCE, keep_scanned: bool = False,
+                 ocr: OcrHost | None = None) -> None:
         """`store`: a folder the set is kept in across restarts (document_store.py), loaded here.
-        `keep_scanned`: a PDF without text is kept (for a vision model) rather than refused."""
+        `keep_scanned`: a PDF without text is kept (for a vision model) rather than refused.
+        `ocr`: the OCR model that reads PDF pages without a text layer as they are ingested (ocr.py)."""
         self.keep_scanned = keep_scanned
+        self.ocr = ocr or OcrHost()
         self._embedder_source = embedder
         self._store, self.min_relevance = store, min_relevance
         self._saved: tuple[list[Chunk], Any] | None = None  # loaded excerpts, indexed once the embedder is up
@@ -216,11 +224,18 @@ class DocumentSet:
         paths = [Path(path) for path in paths]
         documents: list[Document] = []
         failed: list[IngestFailure] = []
+        ocr_pages: dict[str, list[int]] = {}
         for number, path in enumerate(paths):
             _check(cancel)
             report(READ_SHARE * number / len(paths), 100.0, f"Reading {path.name}…")
+
+            def page_read(done: int, total: int, message: str, number: int = number) -> None:
+                report(READ_SHARE * (number + done / total) / len(paths), 100.0, message)
+
             try:
-                documents.append(extract_document(path, cancel=cancel))
+                document = extract_document(path, cancel=cancel)
+                document, ocr_pages[str(path)] = self._read_scanned(document, page_read, cancel)
+                documents.append(document)
             except ExtractionCancelled:
                 raise IngestCancelled("ingestion cancelled") from None
             except DocumentError as exc:
@@ -247,7 +262,8 @@ class DocumentSet:
                 continue
             added.append(IngestedDocument(document.path, document.kind,
                                           tuple(section.location for section in document.sections),
-                                          counts.get(str(document.path), 0), document.page_count))
+                                          counts.get(str(document.path), 0), document.page_count,
+                                          tuple(ocr_pages.get(str(document.path), ()))))
         with self._lock:
             self._ensure_index(embedder)
             for document in added:
@@ -259,6 +275,19 @@ class DocumentSet:
         self._keep()
         report(100.0, 100.0, "Done")
         return IngestReport(added, failed)
+
+    def _read_scanned(self, document: Document, progress: Callable[[int, int, str], None],
+                      cancel: CancelCheck | None) -> tuple[Document, list[int]]:  # fmt: skip
+        """A PDF's pages without text read by the OCR model, when one is configured (ocr.py)."""
+        if not self.ocr.configured or not textless_pages(document):
+            return document, []
+        try:
+            reader = self.ocr.get()
+        except (ValueError, OSError) as exc:  # the model's own errors name its path and the problem
+            raise DocumentError(document.path, f"its pages have no text and the OCR model failed to load: {exc}") from None
+        if reader is None:  # none installed
+            return document, []
+        return read_scanned_pages(document, reader, progress, cancel)
 
     def remove(self, path: str | Path) -> None:
         with self._lock:
@@ -313,7 +342,8 @@ class DocumentSet:
         documents, chunks, vectors = loaded
         for data in documents:
             document = IngestedDocument(Path(data["path"]), data["kind"], tuple(data["locations"]),
-                                        int(data["chunks"]), data.get("page_count"))
+                                        int(data["chunks"]), data.get("page_count"),
+                                        tuple(int(n) for n in data.get("ocr_pages") or ()))
             self._documents[str(document.path)] = document
         self._saved = (chunks, vectors)
 
@@ -326,7 +356,8 @@ class DocumentSet:
 
         with self._lock:
             documents = [{"path": str(d.path), "kind": d.kind, "locations": list(d.locations), "chunks": d.chunks,
-                          "page_count": d.page_count} for d in self._documents.values()]
+                          "page_count": d.page_count, "ocr_pages": list(d.ocr_pages)}
+                         for d in self._documents.values()]
             if self._index is not None:
                 chunks, vectors = list(self._index.chunks), self._index.vectors
             elif self._saved is not None:

@@ -42,6 +42,7 @@ from app.engine.plan.fit import (
     shape_from_hf_config,
     takes_images,
     vision_from_mmproj,
+    with_images,
 )
 from app.studio.library import (
     PARTIAL_SUFFIX,
@@ -157,6 +158,7 @@ class RemoteModel:
     architecture: str | None
     quantization: str | None
     parameters: int | None
+    job: str | None = None  # what a GGUF does, read from its header (plan/job.py); None: not read (a folder)
 
     @property
     def size_bytes(self) -> int:
@@ -347,7 +349,7 @@ class HubClient:
             if companion is None or not takes_images(model.shape.architecture):
                 return model
             shape = replace(model.shape, vision=self._probe_mmproj(listing, companion))
-            return replace(model, files=(*model.files, companion), shape=shape)
+            return replace(model, files=(*model.files, companion), shape=shape, job=with_images(model.job))
         weights = tuple(f for f in listing.files if f.path.endswith(".safetensors"))
         try:
             config = json.loads(self.read_text(listing, "config.json"))
@@ -373,7 +375,7 @@ class HubClient:
             rest = sum(f.size for f in shards if f is not file)
             shape = replace(shape, weight_bytes=shape.weight_bytes + rest)
         return RemoteModel(listing.repo_id, tuple(shards), shape, fields.get("architecture"),
-                           fields.get("quantization"), fields.get("parameters"))
+                           fields.get("quantization"), fields.get("parameters"), fields.get("job"))
 
 
     def _probe_mmproj(self, listing: RepoListing, file: RemoteFile) -> VisionShape:

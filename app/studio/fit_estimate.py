@@ -19,7 +19,17 @@ import functools
 import time
 from dataclasses import dataclass
 
-from app.engine.plan.fit import DeviceMemory, FitOptions, FitReport, ModelShape, check_fit, format_bytes
+from app.engine.plan.fit import (
+    BesideModel,
+    DeviceMemory,
+    FitOptions,
+    FitReport,
+    ModelShape,
+    check_fit,
+    format_bytes,
+    is_task_job,
+    task_fit_options,
+)
 
 SLOW_TOKENS_PER_S = 5.0  # below this a chat answer of a few hundred tokens takes over a minute
 COPY_BYTES = 128 * 2**20  # per copy in the bandwidth probe: past every CPU cache, small beside any RAM
@@ -31,10 +41,20 @@ def context_for(shape: ModelShape, options: FitOptions) -> int:
     return min(options.context_length or shape.context_length, shape.context_length)
 
 
-def fit_at_context(shape: ModelShape, options: FitOptions, device: DeviceMemory | None = None) -> FitReport:
+def fit_at_context(
+    shape: ModelShape,
+    options: FitOptions,
+    device: DeviceMemory | None = None,
+    job: str | None = None,
+    beside: tuple[BesideModel, ...] = (),
+) -> FitReport:
     """`check_fit` at the context the engine will actually use (the report's `model_context_length` keeps
-    the model's maximum, to show beside it)."""
-    return check_fit(shape, dataclasses.replace(options, context_length=context_for(shape, options)), device)
+    the model's maximum, to show beside it), with the task models loaded `beside` a chat model. A task model
+    (`job`: embeddings, reranking, transcription) is judged as the engine runs one beside the chat model
+    (plan/task_fit.py), not with the chat's settings."""
+    if is_task_job(job):
+        return check_fit(shape, task_fit_options(shape, job), device)
+    return check_fit(shape, dataclasses.replace(options, context_length=context_for(shape, options)), device, beside)
 
 
 @dataclass(frozen=True)
@@ -111,9 +131,13 @@ class FitEstimate:
 
 
 def estimate(shape: ModelShape, options: FitOptions, device: DeviceMemory | None = None,
-             bandwidth: float | None = None) -> FitEstimate:
-    """The fit at the engine's context and the decode speed (bandwidth measured here unless given)."""
-    report = fit_at_context(shape, options, device)
+             bandwidth: float | None = None, job: str | None = None,
+             beside: tuple[BesideModel, ...] = ()) -> FitEstimate:
+    """The fit at the engine's context and the decode speed (bandwidth measured here unless given); a task
+    model (`job`) as its engine runs it, without a chat model's decode speed."""
+    report = fit_at_context(shape, options, device, job, beside)
+    if is_task_job(job):
+        return FitEstimate(report, None)
     if bandwidth is None:
         bandwidth = memory_bandwidth(report.device.kind)
     return FitEstimate(report, decode_speed(shape, bandwidth))

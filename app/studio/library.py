@@ -28,18 +28,23 @@ from app.engine.loader.safetensors import is_unused_tensor
 from app.engine.loader.safetensors import read_header as read_safetensors_header
 from app.engine.loader.split_tensors import stored_format
 from app.engine.plan.fit import (
+    OCR,
+    TRANSCRIPTION,
     ModelShape,
     audio_beside_gguf,
     audio_from_hf_config,
+    folder_job,
+    gguf_job,
     is_audio_tensor,
     is_mmproj_name,
-    is_speech_config,
     is_vision_tensor,
     shape_from_gguf,
     shape_from_hf_config,
     takes_images,
     vision_beside_gguf,
     vision_from_hf_config,
+    with_audio,
+    with_images,
 )
 from app.studio.model_check import INCOMPLETE_HINT, check_model_files
 from app.studio.model_parts import GGUF_SHARD_PATTERN, gguf_shards, model_files
@@ -68,11 +73,17 @@ class ModelEntry:
     incomplete: bool = False  # the files stop short of the tensors they declare (model_check.py)
     chat_template: bool | None = None  # whether the checkpoint carries one; None: unknown
     vision: str | None = None  # where its vision tower is (the mmproj file beside it, the folder): it takes images
-    job: str = "chat"  # what it is for: "chat", or "transcription" for a speech model (Qwen3-ASR, Granite Speech)
+    job: str | None = None  # what it does: "chat", "chat + images", "embeddings", "transcription"... (plan/job.py)
 
     @property
     def takes_images(self) -> bool:
         return self.vision is not None
+
+    @property
+    def job_note(self) -> tuple[str, str] | None:
+        """(label, what it does and where to use it) for a model whose job needs saying where to use it
+        (JOB_NOTES); None for the rest."""
+        return JOB_NOTES.get(self.job or "")
 
     @property
     def is_base(self) -> bool:
@@ -82,6 +93,13 @@ class ModelEntry:
     @property
     def usable(self) -> bool:
         return self.architecture is not None and not self.incomplete and self.error is None
+
+
+# Where to use a model of a job other than chat (plan/job.py): (the Models pane's short label, what it does and
+# where to use it). PaddleOCR-VL's ERNIE decoder only reads pages: chatting with it gets OCR output.
+_OCR_JOB = ("OCR", "reads the text of page images. Set it as the OCR model (Settings → Documents) and the "
+                   "Documents pane reads scanned PDF pages with it.")
+JOB_NOTES: dict[str, tuple[str, str]] = {OCR: _OCR_JOB}
 
 
 # Entries by name, file, size, time and the mmproj files beside it, for the whole process: reading a
@@ -308,25 +326,23 @@ def _mmproj_stamps(path: Path) -> tuple[tuple[str, int, int], ...]:
 
 
 def _with_mmproj(entry: ModelEntry) -> ModelEntry:
-    """The entry with the vision tower the engine would load beside it (its mmproj file), if any; or the
-    audio encoder a speech model's mmproj holds (Granite Speech's: then its job is transcription)."""
+    """The entry with what the engine would load from the mmproj beside it, if any: the vision tower (a chat
+    model then takes images), a Gemma 4 mmproj's audio half (it takes audio too), or the audio encoder a
+    speech model's mmproj holds (Granite Speech's: then its job is transcription)."""
     if entry.shape is None:
         return entry
-    if not takes_images(entry.shape.architecture):
-        try:
-            audio = audio_beside_gguf(entry.path)
-        except (OSError, ValueError) as exc:
-            return _with(entry, error=entry.error or f"{entry.name}: {exc}")
-        if audio is None:
-            return entry
-        return _with(entry, job="transcription", shape=replace(entry.shape, audio=audio))
     try:
         vision = vision_beside_gguf(entry.path, entry.shape.architecture)
+        audio = audio_beside_gguf(entry.path, entry.shape.architecture)
     except (OSError, ValueError) as exc:  # two mmproj files, or a broken one: loading would fail the same way
         return _with(entry, error=entry.error or f"{entry.name}: {exc}")
-    if vision is None:
+    if vision is None and audio is None:
         return entry
-    return _with(entry, vision=vision.source, shape=replace(entry.shape, vision=vision))
+    job = with_images(entry.job) if vision is not None else entry.job
+    if audio is not None:
+        job = with_audio(job) if takes_images(entry.shape.architecture) else TRANSCRIPTION
+    return _with(entry, vision=vision.source if vision is not None else None, job=job,
+                 shape=replace(entry.shape, vision=vision, audio=audio))  # fmt: skip
 
 
 def _with_file_check(entry: ModelEntry) -> ModelEntry:
@@ -347,6 +363,7 @@ def gguf_summary(meta: dict, tensors: list[GGUFTensorInfo]) -> dict:
         parameters=sum(mix.values()),
         quantization=_gguf_file_type(meta.get("general.file_type"), mix),
         quant_mix=tuple(mix.most_common()),
+        job=gguf_job(meta, (t.name for t in tensors)),
     )
     try:
         fields["shape"] = shape_from_gguf(meta, weight_bytes)
@@ -387,19 +404,20 @@ def describe_safetensors_folder(folder: Path, files: tuple[Path, ...], name: str
                 if stored is not None:
                     mix[stored[0]] += _product(tensor["shape"]) * stored[1]
                 size = tensor["data_offsets"][1] - tensor["data_offsets"][0]
-                if is_audio_tensor(name, config):  # a speech model's encoder, projector, adapter: their own line
+                if is_audio_tensor(name, config):  # the audio side (Gemma 4's tower; a speech model's adapter too): apart
                     audio_sizes.append((name, size))
                 elif is_vision_tensor(name):  # the image tower: its own line in will-it-fit
                     vision_bytes += size
                 else:
                     weight_bytes += size
         shape = shape_from_hf_config(config, weight_bytes)
-        audio = audio_from_hf_config(config, audio_sizes, f"{folder.name}/*.safetensors")
+        audio = audio_from_hf_config(config, audio_sizes, f"{folder.name}/*.safetensors", folder)
         processor = read_processor_settings(folder, "image_processor").values  # either layout
         vision = vision_from_hf_config(config, vision_bytes, f"{folder.name}/*.safetensors", processor)
         if vision is not None and takes_images(_engine_architecture(config)):  # as the loader decides
             shape = replace(shape, vision=vision)
         shape = replace(shape, audio=audio)
+        job = folder_job(folder, config, images=shape.vision is not None)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return _with(base, error=f"{name}: {exc}")
     quant = (config.get("quantization_config") or {}).get("quant_method")
@@ -414,7 +432,7 @@ def describe_safetensors_folder(folder: Path, files: tuple[Path, ...], name: str
         context_length=shape.context_length,
         shape=shape,
         vision=shape.vision.source if shape.vision else None,
-        job="transcription" if is_speech_config(config) else "chat",
+        job=job,
     ))
 
 

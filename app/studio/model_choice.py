@@ -15,7 +15,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from app.engine.loader.embedded import embedded_gguf_path
-from app.studio.runtime import engine_config, fit_options
+from app.studio.runtime import engine_config, fit_options, task_models_beside
 
 if TYPE_CHECKING:
     from app.engine.plan.fit import FitReport
@@ -44,11 +44,13 @@ def load_entry(host: EngineHost, settings: Settings, entry: ModelEntry) -> None:
 
 
 def fit_of(entry: ModelEntry, settings: Settings) -> FitReport | None:
-    """Will-it-fit for `entry` under the engine settings it would load with (at the context it will get);
-    None when its shape is unknown."""
+    """Will-it-fit for `entry` under the engine settings it would load with (at the context it will get), with
+    the task models the Studio loads beside it; None when its shape is unknown."""
     from app.studio.fit_estimate import fit_at_context
 
-    return None if entry.shape is None else fit_at_context(entry.shape, fit_options(settings))
+    if entry.shape is None:
+        return None
+    return fit_at_context(entry.shape, fit_options(settings), job=entry.job, beside=task_models_beside(settings))
 
 
 def wont_fit_question(entry: ModelEntry, report: FitReport | None) -> str | None:
@@ -57,5 +59,5 @@ def wont_fit_question(entry: ModelEntry, report: FitReport | None) -> str | None
 
     if report is None or report.verdict != WONT_FIT:
         return None
-    return (f"{entry.name} is predicted not to fit ({report.breakdown.total / 2**30:.1f} GiB needed). "
+    return (f"{entry.name} is predicted not to fit ({report.total / 2**30:.1f} GiB needed). "
             "Load it anyway?")

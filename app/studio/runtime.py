@@ -288,6 +288,19 @@ def fit_options(settings: Settings) -> FitOptions:
     )
 
 
+def task_models_beside(settings: Settings) -> tuple:  # -> tuple[BesideModel, ...]
+    """The task models the Studio loads beside the chat model, for its will-it-fit: the Documents pane's
+    embedding model when it is a decoder (Qwen3-Embedding, a second engine); the built-in MiniLM and a
+    sentence-transformers BERT folder run on the CPU outside the engine's plan. Read on a worker (headers)."""
+    from app.engine.plan.fit import BesideModel, shape_from_checkpoint
+    from app.engine.tasks.task_model import is_decoder_model
+
+    path = settings.get("documents.embedding_model")
+    if not path or not Path(path).exists() or not is_decoder_model(path):
+        return ()
+    return (BesideModel(Path(path).name, "embeddings", shape_from_checkpoint(path)),)
+
+
 def _on_gpu(client: EngineClient) -> bool:
     return str(client.model.device).startswith("cuda")
 

@@ -145,6 +145,10 @@ SETTINGS: tuple[Setting, ...] = (
             "Embeds the Documents pane's files and questions: a Qwen3-Embedding folder or .gguf, or a "
             "sentence-transformers folder. Empty: the built-in all-MiniLM-L6-v2. Applies at the next start; "
             "documents embedded by another model are read again.", "Documents"),
+    Setting("documents.ocr_model", "", "path", "OCR model",
+            "Reads the pages of scanned PDFs (no text layer) as they are added: a PaddleOCR-VL folder, or its "
+            ".gguf with the mmproj beside it. Empty: a PaddleOCR-VL in the models folder, if there is one; else "
+            "scanned pages are left to a vision model. Applies at the next start.", "Documents"),
     Setting("appearance.theme", "system", "choice", "Theme", "Colours of the window.", "Appearance",
             ("system", "light", "dark")),
 )

@@ -1,7 +1,8 @@
 """The Transcribe pane's service: one shared speech model, jobs with progress and cancel, export.
 
-The model is a Whisper folder (faster-whisper; the embedded tiny.en by default) or a Qwen3-ASR or Granite
-Speech folder (a speech LLM on the engine, tasks/speech_llm.py), told apart by the folder's config.json.
+The model is a Whisper folder (faster-whisper; the embedded tiny.en by default) or a speech LLM's folder
+(Qwen3-ASR, Granite Speech, or Gemma 4 with an audio tower: run on the engine, tasks/speech_llm.py), told
+apart by the folder's config.json.
 
 Jobs run synchronously in the calling thread; the Studio's task runner puts them on a worker
 and passes its cancel check and a progress callback through. The model loads on the first job
@@ -70,7 +71,7 @@ class TranscriptionService:
         return self._model_path
 
     def set_model(self, model_path: str | Path | None, device: str | None = None) -> None:
-        """Switch to another CTranslate2 Whisper folder (e.g. a downloaded larger model) or a speech LLM folder."""
+        """Switch to another CTranslate2 Whisper folder (e.g. a downloaded larger model) or a speech LLM's folder."""
         with self._lock:
             self._model_path = Path(model_path) if model_path is not None else None
             self._device = device or self._device
@@ -108,7 +109,8 @@ class TranscriptionService:
 
 
 def _speech_model(path: Path | None, device: str) -> Transcriber:
-    """A speech LLM folder (Qwen3-ASR, Granite Speech) loaded now, any other as a Whisper model (loaded on first use)."""
+    """A speech LLM folder (Qwen3-ASR, Granite Speech, Gemma 4 with audio) loaded now, any other as a Whisper
+    model (loaded on first use)."""
     from app.engine.tasks.speech_llm import (  # the engine: on demand
         SpeechLLMTranscriber,
         is_speech_llm_folder,

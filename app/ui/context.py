@@ -7,7 +7,7 @@ the pane registry picks what each pane needs from this record and hands it over.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
@@ -17,6 +17,7 @@ from app.studio.downloads import HubClient
 from app.studio.embedders import EmbedderHost
 from app.studio.history import History
 from app.studio.library import ModelLibrary
+from app.studio.ocr import OcrHost
 from app.studio.paths import StudioPaths
 from app.studio.remote_engine import RemoteEngine
 from app.studio.runtime import EngineHost, RuntimeStatus
@@ -62,6 +63,7 @@ class StudioContext:
     embedders: EmbedderHost  # the embedding model the Documents pane loads, served by the local API too
     remote: RemoteEngine | None = None  # an OpenAI-compatible server answering in place of the local engine
     remote_problem: str | None = None  # why the remote engine asked for cannot be used (a bad URL)
+    ocr: OcrHost = field(default_factory=OcrHost)  # the OCR model reading scanned PDF pages (Documents)
 
     @property
     def models_dir(self) -> Path:

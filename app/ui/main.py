@@ -11,12 +11,15 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from app.studio.chat import ChatService
 from app.studio.doc_qa import embedder_source as doc_qa_embedder
 from app.studio.embedders import EmbedderHost, EmbedderSource
 from app.studio.history import History
+from app.studio.library import ModelLibrary
+from app.studio.ocr import OcrHost, installed_ocr_source, ocr_source
 from app.studio.paths import StudioPaths, studio_paths
 from app.studio.remote_engine import RemoteEngine, RemoteEngineError
 from app.studio.runtime import EngineFactory, EngineHost, default_factory
@@ -37,11 +40,12 @@ def build_context(paths: StudioPaths, *, engine_factory: EngineFactory = default
                   host_executor: ThreadExecutor | SyncExecutor | None = None, dialogs: Dialogs | None = None,
                   copy_text: Callable[[str], None] | None = None, use_keyring: bool = True,
                   embedder_source: EmbedderSource | None = None,
-                  remote_url: str | None = None) -> StudioContext:
+                  remote_url: str | None = None, ocr: OcrHost | None = None) -> StudioContext:
     """The Studio's services over the folders in `paths` (call on the Qt thread, after QApplication exists).
 
     `remote_url` (default: the engine.remote_url setting) puts an OpenAI-compatible server in place of
-    the local engine; it is connected to by `MainWindow.load_model`, off the UI thread."""
+    the local engine; it is connected to by `MainWindow.load_model`, off the UI thread. `ocr` (default:
+    the documents.ocr_model setting's) reads scanned PDF pages as documents are added."""
     paths.ensure()
     settings = Settings.load(paths.settings_file)
     secrets = SecretStore(settings, use_keyring=use_keyring)
@@ -60,6 +64,15 @@ def build_context(paths: StudioPaths, *, engine_factory: EngineFactory = default
     # the Studio's embedder setting: "" the shipped MiniLM, else a Qwen3-Embedding or BERT folder / GGUF
     embedders = EmbedderHost(embedder_source or doc_qa_embedder(settings.get("documents.embedding_model"),
                                                                 settings.get("engine.device")))
+    if ocr is None:  # the setting's OCR model, else a PaddleOCR-VL of the models folder once one is there
+        ocr_path, device = settings.get("documents.ocr_model"), settings.get("engine.device")
+        if ocr_path:
+            ocr = OcrHost(ocr_source(ocr_path, device), Path(ocr_path).name)
+        else:
+            def installed() -> list:
+                return ModelLibrary(settings.get("models.folder") or paths.models_dir, paths.other_models).list()
+
+            ocr = OcrHost(installed_ocr_source(installed, device))
     server = ServerControl(lambda: host.client, embedder=lambda: embedders.loaded)
     server.follow(host)
     server.follow_embedder(embedders)  # /v1/embeddings once the Documents pane has loaded the model
@@ -68,7 +81,7 @@ def build_context(paths: StudioPaths, *, engine_factory: EngineFactory = default
         host=host, chat=ChatService(history, lambda: host.client), server=server, worker=worker,
         runtime=RuntimeWatcher(host, worker), dialogs=dialogs or Dialogs(),
         copy_text=copy_text or (lambda text: None), embedders=embedders, remote=remote,
-        remote_problem=remote_problem,
+        remote_problem=remote_problem, ocr=ocr,
     )
 
 

@@ -131,8 +131,10 @@ def qwen_gguf_tensors(
 ) -> list[tuple[str, np.ndarray]]:
     """(GGUF name, values) as convert_hf_to_gguf.py writes them: `1 + w` for every norm but the gated
     one, -exp(A_log), the conv squeezed, Qwen3-Next's in_proj_qkvz as attn_qkv + attn_gate, experts
-    stacked, and for qwen35 / qwen35moe the value heads reordered from grouped to tiled."""
-    names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, _GGUF_ARCH[arch]), cfg["num_hidden_layers"])
+    stacked, and for qwen35 / qwen35moe the value heads reordered from grouped to tiled; an MTP head
+    (`mtp.*`) as the block after the last layer (conversion/qwen.py's `_QwenMtpMixin` renames)."""
+    layers = cfg["num_hidden_layers"]
+    names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, _GGUF_ARCH[arch]), layers + 1)
     hk, hv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
     dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
     tiled = arch in ("qwen35", "qwen35moe") and hk != hv
@@ -141,6 +143,15 @@ def qwen_gguf_tensors(
     for hf_name, data in weights.items():
         name = hf_name.removeprefix("model.language_model.").removeprefix("model.")
         name = name if name.startswith("lm_head") else f"model.{name}"
+        if name.startswith("model.mtp."):
+            rest = name.removeprefix("model.mtp.")
+            if rest.startswith("layers.0."):
+                name = f"model.layers.{layers}.{rest.removeprefix('layers.0.')}"
+            else:  # the nextn tensors: named directly (gguf-py's map may not list them for this arch)
+                module, kind = rest.rsplit(".", 1)
+                zero_centred = module != "fc"  # the norms: `1 + w`, as the model's own
+                out.append((f"blk.{layers}.nextn.{_MTP_RENAMES[module]}.{kind}", data + 1 if zero_centred else data))
+                continue
         if name.endswith(".A_log"):
             data = -np.exp(data)
         elif name.endswith(".dt_bias"):
@@ -179,6 +190,10 @@ def qwen_gguf_tensors(
         assert gguf_name is not None, f"no GGUF name for {hf_name}"
         out.append((gguf_name, data))
     return out + stacked_experts(experts)
+
+
+_MTP_RENAMES = {"fc": "eh_proj", "pre_fc_norm_embedding": "enorm", "pre_fc_norm_hidden": "hnorm",
+                "norm": "shared_head_norm"}
 
 
 def stacked_experts(experts: dict[tuple[int, str], dict[int, np.ndarray]]) -> list[tuple[str, np.ndarray]]:
@@ -239,8 +254,9 @@ def write_qwen_gguf(
     tensors = qwen_gguf_tensors(arch, cfg, weights, legacy_ssm_in)
     assert all(math.isfinite(float(np.abs(t).max())) for _, t in tensors)
     metadata = qwen_metadata(arch, cfg)
-    if mtp_block:  # _Qwen35MtpMixin: one more block, counted in block_count, named by nextn_predict_layers
-        tensors += _mtp_block(cfg)
+    has_mtp = any(name.startswith("mtp.") for name in weights)  # converted with the model (write_hf_with_mtp)
+    if mtp_block or has_mtp:  # _QwenMtpMixin: one more block, counted in block_count, named by nextn_predict_layers
+        tensors += [] if has_mtp else _mtp_block(cfg)
         metadata["block_count"] += 1
         metadata["nextn_predict_layers"] = 1
     return write_gguf(path, arch, metadata, tensors, cfg["vocab_size"], **kwargs)
@@ -499,3 +515,58 @@ def _nemotron_mtp_block(block: int, tensors: list[tuple[str, np.ndarray]]) -> li
         "nextn.shared_head_norm.weight": (hidden,),
     }
     return [(f"blk.{block}.{p}", rng.normal(0, 1, shape).astype(np.float32)) for p, shape in shapes.items()]
+
+
+# -- multi-token prediction heads (Hugging Face layout) ------------------------------------------
+
+
+def write_hf_with_mtp(folder: Path, out: Path, seed: int = 0, scale: float = 0.1) -> Path:
+    """The HF fixture in `folder` copied to `out` with a random MTP head added under `mtp.*`, as
+    Qwen3.5 / Qwen3-Next folders hold it (`mtp.fc`, the three norms, one gated-attention decoder layer
+    with the model's kind of FFN: a dense MLP, or experts and a gated shared expert); norms are stored
+    zero-centred (values near 0, the model adds 1), config.json gets `mtp_num_hidden_layers`."""
+    from app.engine.loader.safetensors_write import StoredTensor, write_safetensors
+
+    config, weights = hf_weights(folder)
+    cfg = config.get("text_config", config)
+    rng = np.random.default_rng(seed)
+    hidden, heads, kv, d = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    ff = cfg.get("intermediate_size") or cfg["moe_intermediate_size"]
+    shapes = {
+        "mtp.fc.weight": (hidden, 2 * hidden), "mtp.pre_fc_norm_embedding.weight": (hidden,),
+        "mtp.pre_fc_norm_hidden.weight": (hidden,), "mtp.norm.weight": (hidden,),
+        "mtp.layers.0.input_layernorm.weight": (hidden,), "mtp.layers.0.post_attention_layernorm.weight": (hidden,),
+        "mtp.layers.0.self_attn.q_proj.weight": (2 * heads * d, hidden),
+        "mtp.layers.0.self_attn.k_proj.weight": (kv * d, hidden), "mtp.layers.0.self_attn.v_proj.weight": (kv * d, hidden),
+        "mtp.layers.0.self_attn.o_proj.weight": (hidden, heads * d),
+        "mtp.layers.0.self_attn.q_norm.weight": (d,), "mtp.layers.0.self_attn.k_norm.weight": (d,),
+    }  # fmt: skip
+    mlp = "mtp.layers.0.mlp."
+    if cfg.get("num_experts"):
+        ff, shared = cfg["moe_intermediate_size"], cfg["shared_expert_intermediate_size"]
+        shapes[mlp + "gate.weight"] = (cfg["num_experts"], hidden)
+        shapes[mlp + "shared_expert_gate.weight"] = (1, hidden)
+        for part, size in [*((f"experts.{e}.", ff) for e in range(cfg["num_experts"])), ("shared_expert.", shared)]:
+            shapes.update({f"{mlp}{part}gate_proj.weight": (size, hidden), f"{mlp}{part}up_proj.weight": (size, hidden),
+                           f"{mlp}{part}down_proj.weight": (hidden, size)})  # fmt: skip
+    else:
+        shapes.update({f"{mlp}gate_proj.weight": (ff, hidden), f"{mlp}up_proj.weight": (ff, hidden),
+                       f"{mlp}down_proj.weight": (hidden, ff)})  # fmt: skip
+    if any(name.endswith(".mlp.experts.gate_up_proj") for name in weights):  # Qwen3.5-MoE stacks its experts
+        for part in ("gate", "up", "down"):
+            per_expert = [shapes.pop(f"{mlp}experts.{e}.{part}_proj.weight") for e in range(cfg["num_experts"])]
+            shapes[f"{mlp}experts.{part}"] = (len(per_expert), *per_expert[0])
+    for name, shape in shapes.items():
+        weights[name] = (rng.normal(0, scale, shape)).astype(np.float32)
+    for prefix in {name.removesuffix("gate") for name in weights if name.endswith(".experts.gate")}:
+        weights[f"{prefix}gate_up_proj"] = np.concatenate([weights.pop(f"{prefix}gate"), weights.pop(f"{prefix}up")], 1)
+        weights[f"{prefix}down_proj"] = weights.pop(f"{prefix}down")
+    out.mkdir(parents=True, exist_ok=True)
+    for extra in folder.iterdir():
+        if extra.name not in ("model.safetensors", "config.json") and extra.is_file():
+            (out / extra.name).write_bytes(extra.read_bytes())
+    cfg["mtp_num_hidden_layers"] = 1
+    (out / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    stored = {name: StoredTensor("F32", tuple(values.shape), values) for name, values in weights.items()}
+    write_safetensors(out / "model.safetensors", stored)
+    return out

@@ -210,6 +210,9 @@ COVERED_ELSEWHERE = {
     ("laguna", "gguf"): "written at test time by tests/engine/laguna_gguf.py (test_laguna.py)",
     ("muse-glimmer", "safetensors"): "tests/fixtures/muse_glimmer (test_muse_glimmer.py)",
     ("muse-glimmer", "gguf"): "written at test time by tests/engine/muse_glimmer_gguf.py (test_muse_glimmer.py)",
+    ("paddleocr", "safetensors"): "tests/fixtures/vision/paddleocr_vl (vision/test_paddleocr_vl.py)",
+    ("paddleocr", "gguf"): "converted at test time by tests/fixtures/make_paddleocr_vl_gguf.py "
+    "(vision/test_paddleocr_vl_gguf.py)",
     **{
         (arch, fmt): "tests/fixtures/hybrid/ HF folders, GGUFs written at test time (test_hybrid_qwen.py)"
         for arch in ("qwen35", "qwen35moe", "qwen3next")

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from spec_checks import assert_sampled_tokens_keep_the_distribution  # sibling: tests/engine is on sys.path
 
 from app.engine.config import EngineConfig
 from app.engine.core.engine import LLMEngine
@@ -98,11 +99,11 @@ def test_policy_adapts_k_pauses_on_low_acceptance_and_stops_for_large_batches() 
 
 
 def test_config_and_builder_refuse_unknown_methods() -> None:
-    with pytest.raises(ValueError, match="speculative must be off, ngram or draft"):
+    with pytest.raises(ValueError, match="speculative must be off, ngram, draft or mtp"):
         EngineConfig(speculative="eagle")
     with pytest.raises(ValueError, match="speculative draft needs a draft model"):
         EngineConfig(speculative="draft")
-    with pytest.raises(ValueError, match="needs a draft model's drafter"):
+    with pytest.raises(ValueError, match="speculative draft needs its drafter"):
         build_speculator("draft", 4, 4, may_verify)
     with pytest.raises(ValueError, match="num_draft_tokens"):
         EngineConfig(num_draft_tokens=0)
@@ -284,69 +285,11 @@ def test_draft_model_requests_report_their_drafts_and_the_draft_engine_logs_none
 # -- sampled: the same distribution --------------------------------------------------------------
 
 
-class FixedDrafter:
-    """Always proposes the same drafts: a test's control over which tokens get verified."""
-
-    def __init__(self, drafts: list[int]) -> None:
-        self.drafts = drafts
-
-    def propose(self, tokens: list[int], k: int) -> list[int]:
-        return self.drafts[:k]
-
-
-def top_probs(engine: LLMEngine, prompt: list[int], top_k: int) -> dict[int, float]:
-    """The sampler's distribution after `prompt` at temperature 1 with top-k: the model's top-k
-    probabilities renormalised."""
-    params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=top_k)
-    speculator, engine.speculator = engine.speculator, None
-    try:
-        top = engine.generate([prompt], params)[0]["logprobs"][0].top
-    finally:
-        engine.speculator = speculator
-    probs = np.exp([lp for _, lp in top])
-    return {t: float(p) for (t, _), p in zip(top, probs / probs.sum(), strict=True)}
-
-
-def chi_square(counts: dict[int, int], probs: dict[int, float]) -> float:
-    n = sum(counts.values())
-    assert set(counts) <= set(probs), f"drew tokens outside the top-k: {set(counts) - set(probs)}"
-    return sum((counts.get(t, 0) - n * p) ** 2 / (n * p) for t, p in probs.items())
-
-
 def test_sampled_tokens_keep_the_targets_distribution() -> None:
     """The first decode verifies two drafts: one the model likes (accepted, or rejected and resampled
-    without it) and, after it, one the model rarely takes. Given the prefill's token t0, the tokens at
-    both drafted positions must follow the model's own top-k distribution."""
+    without it) and, after it, one the model rarely takes (spec_checks.py)."""
     engine = tiny_engine(FAMILIES / "llama" / "llama-bf16-q8_0.gguf", max_num_seqs=64, max_num_batched_tokens=512)
-    prompt = loop_prompt(7, 12)
-    top_k = 4
-    start = top_probs(engine, prompt, top_k)
-    t0 = max(start, key=start.__getitem__)  # the prefill's likeliest token (p ~ 0.5): half the draws start with it
-    first = top_probs(engine, [*prompt, t0], top_k)
-    draft0 = max(first, key=first.__getitem__)
-    second = top_probs(engine, [*prompt, t0, draft0], top_k)
-    draft1 = min(second, key=second.__getitem__)  # the rejection path, mostly
-    speculator = engine.speculator
-    assert isinstance(speculator, Speculator)
-    speculator.drafter = FixedDrafter([draft0, draft1])
-    speculator.policy = SpecPolicy(max_k=2, min_k=2, max_batch=64)
-    params = SamplingParams(max_tokens=4, temperature=1.0, top_k=top_k, ignore_eos=True)
-    tokens = []
-    for _ in range(20):  # 1,280 draws: rows share the engine's generator, so each is its own draw
-        tokens += [r["token_ids"] for r in engine.generate([prompt] * 64, params)]
-    assert speculator.drafted >= 2 * len(tokens)  # each request's first decode verified both drafts
-    firsts: dict[int, int] = {}
-    seconds: dict[int, int] = {}
-    for out in tokens:
-        if out[0] != t0:
-            continue
-        firsts[out[1]] = firsts.get(out[1], 0) + 1
-        if out[1] == draft0:
-            seconds[out[2]] = seconds.get(out[2], 0) + 1
-    assert sum(seconds.values()) >= 150, (firsts, seconds)
-    # df = 3; chi-square above 16.27 has probability 0.001 under the hypothesis
-    assert chi_square(firsts, first) < 16.27, (firsts, first)
-    assert chi_square(seconds, second) < 16.27, (seconds, second)
+    assert_sampled_tokens_keep_the_distribution(engine, loop_prompt(7, 12))
 
 
 # -- the prefix cache and preemption ------------------------------------------------------------

@@ -13,22 +13,16 @@ from __future__ import annotations
 
 import datetime
 import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
-from app.engine.server.app import create_app
-from app.engine.server.launch import ServerHandle
-from app.engine.server.settings import ServerSettings
-from app.engine.tasks.audio import Transcriber
 from app.engine.tasks.speech_llm import SpeechLLMTranscriber
 
-from .fakes import FakeEngine
 from .helpers import CLIENT_TIMEOUT
+from .speech_llm_server import load_named, speech_llm_server
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 SPEECH = FIXTURES / "audio" / "speech.wav"
@@ -51,10 +45,8 @@ DURATION = 82096 / 16_000
 def speech_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, SpeechLLMTranscriber]:
     loaded = {}
     for name, (family, greedy) in MODELS.items():
-        folder = tmp_path_factory.mktemp("models") / name  # served by its folder name
-        shutil.copytree(FIXTURES / family / "hf", folder)
-        model = SpeechLLMTranscriber.load(folder, device="cpu")
-        model.max_reply_tokens = len(greedy)  # transformers' reference ran this many tokens
+        # served by its folder name; replies cut where transformers' reference stopped
+        model = load_named(FIXTURES / family / "hf", tmp_path_factory.mktemp("models") / name, len(greedy))
         if hasattr(model.prompter, "today"):  # Granite's prompt carries a date: the fixture's
             model.prompter.today = lambda: datetime.date(2025, 4, 9)
         loaded[name] = model
@@ -63,15 +55,8 @@ def speech_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, SpeechL
 
 @pytest.fixture(scope="module")
 def base_url(speech_models: dict[str, SpeechLLMTranscriber]) -> Iterator[str]:
-    whisper = Transcriber(device="cpu")  # not loaded unless a request names it
-
-    def factory(engine: Any, embedder: Any, settings: ServerSettings) -> Any:
-        return create_app(engine, embedder=embedder, settings=settings, transcriber=whisper,
-                          speech_models=list(speech_models.values()))  # fmt: skip
-
-    with ServerHandle(FakeEngine(), settings=ServerSettings(port=0), app_factory=factory) as handle:
-        yield handle.base_url
-    assert not whisper.loaded  # every request here went to a speech LLM
+    with speech_llm_server(list(speech_models.values())) as url:
+        yield url
 
 
 def post(

@@ -4,11 +4,13 @@ reads the projector's header over HTTP, and the library then lists one model tha
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from fake_hub import FakeHub
 
+from app.cli import main as paddock
 from app.engine.models.vision.weights import find_mmproj
 from app.engine.plan.fit import check_fit, shape_from_checkpoint
 from app.studio.downloads import HubClient, model_folder
@@ -51,6 +53,7 @@ def test_the_models_download_takes_its_mmproj_and_the_library_lists_it_as_taking
     remote = client.probe_model(listing, "gemma-3-tiny-Q8_0.gguf")  # before the download: over HTTP ranges
     assert [f.path for f in remote.files] == ["gemma-3-tiny-Q8_0.gguf", "mmproj-gemma-3-tiny-F16.gguf"]
     assert remote.shape.vision is not None and remote.shape.vision.source == "mmproj-gemma-3-tiny-F16.gguf"
+    assert remote.job == "chat + images" and client.probe_model(listing, "gemma-3-tiny-Q8_0.gguf", vision=False).job == "chat"
     assert not any(path.startswith("mmproj-gemma-3-tiny-F16") and rng is None for path, rng in hub.served)
 
     client.download(listing, listing.files_for("gemma-3-tiny-Q8_0.gguf"), tmp_path, token=CancelToken())
@@ -60,6 +63,7 @@ def test_the_models_download_takes_its_mmproj_and_the_library_lists_it_as_taking
     [entry] = ModelLibrary(tmp_path).list()  # the projector is part of the model, not a model of its own
     assert entry.name == f"{REPO}/gemma-3-tiny-Q8_0.gguf"
     assert entry.takes_images and entry.vision == "mmproj-gemma-3-tiny-F16.gguf" and entry.error is None
+    assert entry.job == remote.job  # what it does: the same from the hub probe and on disk
     local = shape_from_checkpoint(entry.path)
     assert entry.shape.vision == local.vision == remote.shape.vision  # library, loader and hub probe agree
     assert check_fit(entry.shape).breakdown.vision_weights == local.vision.weight_bytes > 0
@@ -90,3 +94,22 @@ def test_the_pick_stays_in_the_models_folder():
     assert pick_mmproj(files, "mmproj-F16.gguf") is None  # a projector has no projector
     assert pick_mmproj(files[:1] + files[2:4], "q4/model-Q4_K_M.gguf").path == "q4/mmproj-model-f32.gguf"
     assert pick_mmproj(files[:1] + files[2:3], "q4/model-Q4_K_M.gguf").path == "q4/mmproj-model-q8_0.gguf"
+
+
+def test_a_task_model_on_the_hub_is_read_as_one_before_download(monkeypatch, capsys):
+    """The hub probe reads a reranker GGUF's pooling type and head from its header over HTTP ranges, and
+    `paddock fit owner/repo` plans it as the engine runs a reranker (one text of 8,192 tokens)."""
+    fake = FakeHub()
+    fake.add_repo("acme/reranker-GGUF", {"model.gguf": (FIXTURES / "qwen3_tasks" / "reranker-f16.gguf").read_bytes()},
+                  tags=("gguf",))  # fmt: skip
+    monkeypatch.setenv("HF_ENDPOINT", fake.start())
+    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    try:
+        client = HubClient(token=None)
+        assert client.probe_model(client.list_files("acme/reranker-GGUF")).job == "reranking"
+        assert paddock(["fit", "acme/reranker-GGUF", "--device", "cpu", "--json"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert report["job"] == "reranking" and report["kv_blocks"] == 8192 // 16 + 1
+    finally:
+        fake.stop()

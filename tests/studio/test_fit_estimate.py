@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from app.engine.plan.fit import FITS, WONT_FIT, DeviceMemory, FitOptions, check_fit
+from app.engine.plan.fit import FITS, WONT_FIT, DeviceMemory, FitOptions, check_fit, is_task_job
 from app.studio.fit_estimate import (
     SLOW_TOKENS_PER_S,
     active_weight_bytes,
@@ -36,7 +36,11 @@ def test_on_a_24_gb_cpu_every_verdict_is_at_8k_and_llama_3_2_3b_fits(tmp_path):
         assert row.report.context_length == min(8192, row.recommendation.context), title
         assert row.report.model_context_length == row.recommendation.context  # the maximum, shown beside it
         assert row.report.breakdown.weights == row.recommendation.size_bytes and row.report.breakdown.kv_cache > 0
-        assert row.speed is not None and row.speed.bytes_per_token == row.recommendation.size_bytes
+        if is_task_job(row.recommendation.job):
+            assert row.speed is None  # an embedder or a reranker generates nothing: no decode speed
+        else:  # every weight read per token, or a mixture of experts' routed share of them
+            assert row.speed is not None
+            assert row.speed.bytes_per_token == active_weight_bytes(row.recommendation.shape) > 0
     llama = rows["Llama 3.2 3B Instruct"]
     assert llama.report.verdict == FITS and llama.report.model_context_length == 131072
     # the issue's case: at its full 131k context (28 GiB of float32 KV) the same model did not fit
@@ -75,3 +79,28 @@ def test_the_bandwidth_is_measured_here_once():
     assert memory_bandwidth("cpu") == measured  # cached: measured once per process
     result = estimate(RECOMMENDED[0].shape, FitOptions(context_length=8192), CPU_24GB)
     assert result.speed is not None and result.speed.bandwidth == measured
+
+
+def test_the_chat_pickers_verdict_counts_the_documents_embedding_model(tmp_path):
+    """`fit_of` (the chat's model picker, the Models pane's question before loading): a Qwen3-Embedding set
+    for the Documents pane runs as a second engine beside the chat model, so it is counted; the built-in
+    MiniLM (no setting) is not the engine's; a task model itself is judged as its engine runs it."""
+    from pathlib import Path
+
+    from app.studio.library import ModelLibrary
+    from app.studio.model_choice import fit_of
+
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures"
+    settings = Settings.load(tmp_path / "settings.json")
+    library = ModelLibrary(tmp_path / "models")
+    chat = library.describe(fixtures / "families" / "qwen3" / "qwen3-kquants.gguf")
+    embedder = library.describe(fixtures / "qwen3_tasks" / "embedding-f16.gguf")
+    assert (chat.job, embedder.job) == ("chat", "embeddings")
+    alone = fit_of(chat, settings)
+    assert alone.beside == ()
+    settings.set("documents.embedding_model", str(embedder.path))
+    both = fit_of(chat, settings)
+    assert [(t.name, t.job) for t in both.beside] == [("embedding-f16.gguf", "embeddings")]
+    assert both.total == alone.total + both.beside[0].total and both.breakdown == alone.breakdown
+    own = fit_of(embedder, settings)  # the embedder itself: one text of 8,192 tokens, nothing beside it
+    assert own.beside == () and own.kv_blocks == 8192 // 16 + 1 and own.context_length == 512

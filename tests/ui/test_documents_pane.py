@@ -55,8 +55,8 @@ def rows(pane: DocumentsPane) -> list[list[str]]:
     return [[model.item(r, c).text() for c in range(model.columnCount())] for r in range(model.rowCount())]
 
 
-def ingest(qtbot, pane: DocumentsPane, paths: list[Path]):
-    with qtbot.waitSignal(pane.ingest_finished, timeout=WAIT_MS) as outcome:
+def ingest(qtbot, pane: DocumentsPane, paths: list[Path], wait_ms: int = WAIT_MS):
+    with qtbot.waitSignal(pane.ingest_finished, timeout=wait_ms) as outcome:
         drop(pane.drop_zone, paths)
     return outcome.args[0]
 

@@ -62,7 +62,7 @@ def test_the_folder_lists_models_with_metadata_and_fit_verdicts(qtbot, make_wind
     assert pane.entries.entry(0).name == EMBEDDED_NAME
     row = _row_of(pane, f"acme/{FILE}")
     cells = [pane.entries.index(row, c).data() for c in range(pane.entries.columnCount())]
-    assert cells[:6] == [f"acme/{FILE}", "GGUF", "llama", "27.5K", "Q8_0", "2,048"]
+    assert cells[:7] == [f"acme/{FILE}", "GGUF", "llama", "chat", "27.5K", "Q8_0", "2,048"]
 
     with qtbot.waitSignal(pane.fit_checked, timeout=WAIT_MS) as checked:
         pane.table.selectRow(row)

@@ -18,6 +18,16 @@ state at that exact token count was kept: a snapshot. The policy:
 - Snapshot rows are bounded (`SnapshotRows`, sized by bytes in the memory plan) and evicted least
   recently used first; a restore and a save of the same step never race (restores run before the
   forward, saves after it).
+- Speculative decoding (`checkpoints`): a verify chunk runs the last token and k drafts through the
+  recurrent layers, which leaves the state after all k+1 of them. Each slot has a checkpoint row;
+  the slot is copied there before a verify chunk's forward (`plan_verify`), and where drafts were
+  rejected the slot is restored from it before the next forward (`rollback`) and the request
+  recomputes the tokens it kept from there (the scheduler does not advance it), with new drafts after
+  them: the state is then the one the kept tokens alone leave, at the cost of one recompute of them
+  per rejection. A save
+  the verify chunk planned (it ended on a block boundary) holds rejected tokens' state: it is
+  dropped. Checkpoint rows are `num_slots` more rows after the snapshots; a slot's row is only
+  written and read by the request holding the slot, between a verify step and the next.
 - With a host-RAM tier (`host_rows`), a snapshot evicted from the device is spilled there (a
   device row -> host row copy before the forward of the step whose save reuses the row), and a
   prefix hit may load its snapshot from there straight into the request's slot. Before the
@@ -40,16 +50,18 @@ from app.engine.request import Request
 @dataclass
 class StateCopies:
     """One step's recurrent-state row copies, (source, destination) each. Before the forward, in
-    this order: loads (host row -> slot), restores (snapshot row -> slot), spills (snapshot row ->
-    host row); after it: saves (slot -> snapshot row)."""
+    this order: loads (host row -> slot), restores (snapshot or checkpoint row -> slot), checkpoints
+    (slot -> its checkpoint row, before a verify chunk), spills (snapshot row -> host row); after it:
+    saves (slot -> snapshot row)."""
 
     restores: list[tuple[int, int]] = field(default_factory=list)
     saves: list[tuple[int, int]] = field(default_factory=list)
     loads: list[tuple[int, int]] = field(default_factory=list)
     spills: list[tuple[int, int]] = field(default_factory=list)
+    checkpoints: list[tuple[int, int]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.restores or self.saves or self.loads or self.spills)
+        return bool(self.restores or self.saves or self.loads or self.spills or self.checkpoints)
 
 
 class StateCache:
@@ -61,12 +73,15 @@ class StateCache:
         interval: int = 0,
         extra_key: Hashable = None,
         host_rows: int = 0,
+        checkpoints: bool = False,
     ) -> None:
         self.block_size = block_size
         self.slots = StateSlots(num_slots)
         self.host = SnapshotRows(0, host_rows) if host_rows else None  # rows of the host-RAM tier
         self.snapshots = SnapshotRows(num_slots + 1, num_snapshots, self._spill if self.host else None)
         self.num_rows = 1 + num_slots + num_snapshots  # with the null row 0
+        self._first_checkpoint = self.num_rows if checkpoints else 0  # slot s -> row first + s - 1
+        self.num_rows += num_slots if checkpoints else 0
         self.interval = -(-interval // block_size) * block_size if interval > 0 else 0  # whole blocks
         self.extra_key = extra_key
         self._slot_of: dict[str, int] = {}  # request id -> its live slot
@@ -77,6 +92,7 @@ class StateCache:
         self._keys: dict[str, list[int]] = {}  # request id -> chain key per block, computed so far
         self._loads: dict[int, int] = {}  # slot -> host row, copied before the next forward
         self._spills: dict[int, int] = {}  # host row -> device row, copied before the next forward
+        self._checkpoints: dict[int, int] = {}  # slot -> its checkpoint row, copied before the next forward
         self.restored_tokens = 0  # tokens resumed from snapshots, since start
         self.host_hits = 0  # prefix hits resumed from the host tier, since start
 
@@ -103,6 +119,7 @@ class StateCache:
             self._restores.pop(slot, None)
             self._saves.pop(slot, None)
             self._loads.pop(slot, None)
+            self._checkpoints.pop(slot, None)
             self.slots.free(slot)
         request.state_slot = None
         planned = self._planned.pop(rid, None)
@@ -196,6 +213,29 @@ class StateCache:
         else:
             self.snapshots.release(row)
 
+    # --- speculative decoding ---
+
+    def checkpoint_row(self, slot: int) -> int:
+        if not self._first_checkpoint:
+            raise ValueError("this state cache keeps no checkpoints: speculative decoding was off when it was built")
+        return self._first_checkpoint + slot - 1
+
+    def plan_verify(self, request: Request) -> None:
+        """A verify chunk was scheduled: its slot is copied to its checkpoint row before the forward."""
+        slot = self.slot(request)
+        self._checkpoints[slot] = self.checkpoint_row(slot)
+
+    def rollback(self, request: Request) -> None:
+        """The request's verify chunk kept fewer tokens than it ran: its slot goes back to the checkpoint
+        before the next forward (the request recomputes the kept tokens from there), and a decode save
+        the chunk planned past what it keeps is dropped."""
+        slot = self.slot(request)
+        self._restores[slot] = self.checkpoint_row(slot)
+        held = self._held.get(request.request_id)
+        if held is not None and held[1] > request.num_computed_tokens:
+            del self._held[request.request_id]
+            self.snapshots.release(held[0])
+
     # --- the step's copies ---
 
     def take_copies(self) -> StateCopies:
@@ -205,7 +245,9 @@ class StateCache:
             saves=[(slot, row) for slot, row in self._saves.items()],
             loads=[(host_row, slot) for slot, host_row in self._loads.items()],
             spills=[(row, host_row) for host_row, row in self._spills.items()],
+            checkpoints=list(self._checkpoints.items()),
         )
+        self._checkpoints.clear()
         self._restores.clear()
         self._saves.clear()
         self._loads.clear()

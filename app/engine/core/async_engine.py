@@ -44,6 +44,7 @@ class AsyncEngine:
         self.tokenizer = self.engine.tokenizer
         self.chat_template = self.engine.chat_template
         self.vision = self.engine.vision  # ImagePrompter, or None for a text-only model
+        self.audio = getattr(self.engine, "audio", None)  # Gemma4AudioPrompter, or None without audio
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wakeup = threading.Event()
         self._streams: dict[str, _Stream] = {}

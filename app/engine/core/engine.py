@@ -18,7 +18,9 @@ from app.engine.cache.manager import KVCacheManager
 from app.engine.cache.offload import DeviceBlocks, kv_bytes_moved
 from app.engine.cache.state_cache import StateCache
 from app.engine.config import DEFAULT_MODEL, EngineConfig
+from app.engine.core.audio import attach_audio
 from app.engine.core.draft_model import DraftModelDrafter, check_same_tokenizer, draft_config
+from app.engine.core.mtp_drafter import MtpDrafter
 from app.engine.core.output_processor import OutputProcessor
 from app.engine.core.pipeline import DecodePipeline
 from app.engine.core.request_log import log_finished
@@ -30,11 +32,12 @@ from app.engine.loader.finite import check_finite
 from app.engine.loader.lora import merge_lora, read_lora_adapter
 from app.engine.loader.tokenizer import Tokenizer
 from app.engine.loader.weights import open_checkpoint
-from app.engine.models.registry import build_model, model_config
+from app.engine.models.mtp import MTP_ARCHITECTURES, MtpHead, mtp_tensors
+from app.engine.models.registry import build_model, family, model_config
 from app.engine.moe.residency import ExpertStreaming
 from app.engine.plan.device import cpu_memory, device_memory
 from app.engine.plan.engine_plan import experts_on_device, model_positions, resolve, weight_cache_mode
-from app.engine.plan.shape import shape_of
+from app.engine.plan.shape import shape_of, with_mtp_kv
 from app.engine.plan.tiers import offload_tiers
 from app.engine.request import Request, RequestOutput, RequestStatus, TokenLogprob
 from app.engine.sample.grammar import GrammarMasks
@@ -108,6 +111,8 @@ class LLMEngine:
             self.checkpoint = merge_lora(self.checkpoint, adapter)
         self.model_config = model_config(self.checkpoint)
         self.shape = shape_of(self.checkpoint, self.model_config)
+        if self.config.speculative == "mtp":  # the head's K/V: one more attention layer's in every block
+            self.shape = with_mtp_kv(self.shape)
         if self.checkpoint.format == "gguf":
             self.tokenizer = Tokenizer.from_gguf_metadata(self.checkpoint.metadata)
             template_source: Any = self.checkpoint.metadata
@@ -139,10 +144,15 @@ class LLMEngine:
         """The KV cache (and a hybrid model's recurrent-state rows), the runner over it (with its CUDA
         graphs), the vision tower and the cache manager."""
         plan, cfg = self.plan, self.model_config
-        state_rows = 1 + plan.state_slots + plan.state_snapshots if plan.state_slots else 0
+        state, spec = None, self.config.speculative != "off"
+        if plan.state_slots:  # speculative decoding: a checkpoint row per slot to roll verify steps back to
+            state = StateCache(plan.state_slots, plan.state_snapshots, plan.block_size, plan.state_snapshot_interval,
+                               host_rows=plan.state_host_rows, checkpoints=spec)  # fmt: skip
+        state_rows = state.num_rows if state is not None else 0
         kv_caches = allocate_caches(self.backend, cfg, plan.num_blocks, plan.block_size, plan.kv_dtype, state_rows)
         self.runner = ModelRunner(self.model, self.backend, kv_caches, plan.block_size)
         self.vision = attach_vision(self.runner, self.checkpoint, self.tokenizer, self.config.mmproj)
+        self.audio = attach_audio(self.runner, self.checkpoint, self.tokenizer, self.config.mmproj)
         if plan.graphs:
             from app.engine.worker.decode_graphs import DecodeGraphs
 
@@ -160,14 +170,11 @@ class LLMEngine:
         elif cfg.attention_layers:
             copier = DeviceBlocks(self.backend, attention_caches(cfg, kv_caches))
             tiers = offload_tiers(plan, copier, self.path, self.shape, self.config.kv_disk_dir)
-        state = None
-        if plan.state_slots:
-            state = StateCache(plan.state_slots, plan.state_snapshots, plan.block_size,
-                               plan.state_snapshot_interval, host_rows=plan.state_host_rows)  # fmt: skip
+        if state is not None:
             self.runner.allocate_host_states(plan.state_host_rows)
-            log.info("recurrent state: %d slots and %d prefix-cache snapshots of %.1f MiB each (%.1f MiB)",
+            log.info("recurrent state: %d slots and %d prefix-cache snapshots of %.1f MiB each (%.1f MiB)%s",
                      plan.state_slots, plan.state_snapshots, cfg.state_bytes_per_sequence / 2**20,
-                     plan.state_bytes / 2**20)  # fmt: skip
+                     plan.state_bytes / 2**20, ", and a speculative checkpoint per slot" if spec else "")  # fmt: skip
         self.kv = KVCacheManager(plan.num_blocks, plan.block_size, enable_prefix_caching=self.config.enable_prefix_caching,
                                  tiers=tiers, state=state)  # fmt: skip
 
@@ -179,6 +186,25 @@ class LLMEngine:
         check_same_tokenizer(self.tokenizer, draft.tokenizer, str(self.path), str(draft.path))
         log.info("draft model %s (%s) for speculative decoding", draft.info.name, draft.model_config.architecture)
         return DraftModelDrafter(draft, self.model_config.vocab_size)
+
+    def _load_mtp_head(self) -> MtpDrafter:
+        """The model's multi-token-prediction head (models/mtp.py) over one more paged KV array; refused
+        for a model without one."""
+        cfg = self.model_config
+        tensors = None
+        if self.checkpoint.architecture in MTP_ARCHITECTURES:
+            tensors = mtp_tensors(self.checkpoint, cfg, family(self.checkpoint.architecture))
+        if tensors is None:
+            raise ValueError(f"speculative mtp needs a model with a multi-token-prediction head (Qwen3.5, "
+                             f"Qwen3-Next, Nemotron-H MoE: mtp.* tensors, or a GGUF's nextn block); {self.path} "
+                             f"({cfg.architecture}) has none")  # fmt: skip
+        head = MtpHead(self.backend, self.model, tensors)
+        layer = cfg.attention_layers[0]
+        cache = self.backend.alloc_kv_cache(self.plan.num_blocks, self.plan.block_size, *cfg.kv_shape(layer),
+                                            self.plan.kv_dtype)  # fmt: skip
+        self.runner.keep_hidden = True
+        log.info("MTP head of %s for speculative decoding", self.path.name)
+        return MtpDrafter(head, self.runner, cache, cfg.vocab_size, self.config.max_num_batched_tokens)
 
     def _build_request_path(self) -> None:
         """Scheduler, sampler, output processing and the look-ahead pipeline; what the API reports."""
@@ -201,16 +227,16 @@ class LLMEngine:
         else:
             self.sampler = Sampler(self.tokenizer.eos_token_ids, config.seed, grammars)
         self.outputs = OutputProcessor(self.tokenizer, plan.max_model_len)
-        self.speculator = None
-        if config.speculative != "off" and cfg.is_hybrid:
-            log.info("speculative decoding off for this hybrid model: its recurrent state cannot roll back "
-                     "rejected drafts")  # fmt: skip
-        else:
-            drafter = self._load_draft_model() if config.speculative == "draft" else None
-            self.speculator = build_speculator(config.speculative, config.num_draft_tokens,
-                                               config.speculative_max_batch, may_verify, drafter)  # fmt: skip
+        drafter: Any = None
+        if config.speculative == "draft":
+            drafter = self._load_draft_model()
+        elif config.speculative == "mtp":
+            drafter = self._load_mtp_head()
+        self.mtp = drafter if config.speculative == "mtp" else None
+        self.speculator = build_speculator(config.speculative, config.num_draft_tokens,
+                                           config.speculative_max_batch, may_verify, drafter)  # fmt: skip
         self.pipeline = DecodePipeline(self.scheduler, self.runner.decodes_from_device)
-        self.async_decode = plan.async_decode
+        self.async_decode = plan.async_decode and self.mtp is None  # the MTP head reads every step's hidden states
         self.counters = _Counters()
         self.info = ModelInfo(
             name=config.served_model_name or self.path.stem,
@@ -221,6 +247,7 @@ class LLMEngine:
             context_length=plan.max_model_len,
             device=self.backend.name,
             supports_vision=self.vision is not None,
+            supports_audio=self.audio is not None,
             quant_mix=self.checkpoint.quant_mix,
         )
 
@@ -247,7 +274,7 @@ class LLMEngine:
             raise ValueError(f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})")
         check_sampling_ids(params, vocab)
         self.check_fits(len(prompt_token_ids), params)
-        placed = place_images(self.vision, prompt_token_ids, images)
+        placed = place_images(self.vision, prompt_token_ids, images, self.audio)
         request = Request(request_id, list(prompt_token_ids), params, session_id=session_id, images=placed)
         self.sampler.start(request)  # a grammar's matcher; ValueError if it cannot be served
         self.outputs.add(request)
@@ -301,6 +328,8 @@ class LLMEngine:
         else:
             logits = self.runner.run(scheduled.chunks)
         self.runner.states_after(scheduled.state)
+        if self.mtp is not None and self.speculator is not None:
+            self.mtp.observe(scheduled.chunks, self.runner.step_hidden, self.speculator.may_draft)
         self._count(scheduled)
         return logits
 

@@ -39,10 +39,15 @@ the step's state copies (restores before the forward, snapshot saves after) ride
 
 Speculative decoding (app/engine/spec/): a decoding request may carry drafted tokens
 (`request.draft_token_ids`, set by the engine before `schedule()`). Its decode chunk then covers
-the last sampled token and the drafts, k+1 tokens that all sample; fewer drafts when the budget or
-the free blocks are short. `update()` advances such a request past the tokens the verifier
+the last sampled token and the drafts, k+1 tokens that all sample (after a hybrid rollback: all its
+pending tokens, then the drafts, whose k+1 rows sample); fewer drafts when the budget or the free
+blocks are short. `update()` advances such a request past the tokens the verifier
 accepted only (rejected drafts' KV lies past `num_computed_tokens`: never cached, overwritten later)
-and leaves appending the emitted tokens to the engine, which stop-checks them one by one.
+and leaves appending the emitted tokens to the engine, which stop-checks them one by one. On a
+hybrid model the recurrent layers cannot drop rejected drafts: a verify chunk checkpoints its
+state slot first, and one that kept fewer tokens than it ran is rolled back to that checkpoint
+and not advanced at all, so its kept tokens are recomputed as a chunk of the next step
+(cache/state_cache.py: `rollback`).
 """
 
 from __future__ import annotations
@@ -257,8 +262,12 @@ class Scheduler:
             assert request.num_computed_tokens == chunk.start, "update() out of step with schedule()"
             if chunk.draft_token_ids:
                 emitted = sampled[request.request_id]
-                assert isinstance(emitted, list) and 1 <= len(emitted) <= chunk.num_tokens
-                request.num_computed_tokens += len(emitted)  # the last token + the accepted drafts
+                drafted = len(chunk.draft_token_ids)
+                assert isinstance(emitted, list) and 1 <= len(emitted) <= drafted + 1
+                if self.kv.state is not None and len(emitted) <= drafted:
+                    self.kv.state.rollback(request)  # recomputed from the checkpoint: not advanced
+                else:  # the chunk's own tokens (the last sampled one, or all a rollback left) + the accepted drafts
+                    request.num_computed_tokens += chunk.num_tokens - drafted - 1 + len(emitted)
                 continue
             request.num_computed_tokens += chunk.num_tokens
             if self.kv.state is not None:
@@ -343,11 +352,11 @@ class Scheduler:
     def _schedule_running(self, request: Request, step: _Step, takes_turn: bool) -> None:
         """Give a running request a chunk of its pending tokens (a decode: and its drafts), unless it
         had to go."""
-        drafts = request.draft_token_ids if request.num_pending_tokens == 1 else []
+        drafts = request.draft_token_ids
         wanted = self._chunk_tokens(request, min(request.num_pending_tokens + len(drafts), step.budget))
         granted = self._grow(request, wanted, step)
         if granted:
-            self._add(request, granted, step, tuple(drafts[: granted - request.num_pending_tokens]))
+            self._add(request, granted, step, tuple(drafts[: max(0, granted - request.num_pending_tokens)]))
             if takes_turn:
                 self._turns.served(request.session_id)
 
@@ -384,6 +393,8 @@ class Scheduler:
         chunk = step.add(request, num_tokens, drafts)
         if self.kv.state is not None:
             self.kv.state.plan_save(request, start, num_tokens, chunk.samples)
+            if drafts:
+                self.kv.state.plan_verify(request)
 
     def _grow(self, request: Request, wanted: int, step: _Step) -> int:
         """Allocate blocks for up to `wanted` more tokens, preempting later requests if needed.

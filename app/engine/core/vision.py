@@ -7,11 +7,19 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from app.engine.core.audio import NoAudioError
 from app.engine.images import VISION_ARCHITECTURES, ImageInput, PromptImage
 from app.engine.loader.names import CheckpointError
-from app.engine.models.vision import Gemma4VisionTower, MuseGlimmerVisionTower, QwenVisionModel, load_vision
+from app.engine.models.vision import (
+    Gemma4VisionTower,
+    MuseGlimmerVisionTower,
+    PaddleVisionTower,
+    QwenVisionModel,
+    load_vision,
+)
 from app.engine.models.vision.gemma4_processing import Gemma4ImagePrompter
 from app.engine.models.vision.muse_glimmer_processing import MuseGlimmerImagePrompter
+from app.engine.models.vision.paddleocr_processing import PaddleImagePrompter
 from app.engine.models.vision.prompter import ImagePrompter
 from app.engine.models.vision.qwen_vl_prompter import QwenImagePrompter
 from app.engine.models.vision.splice import image_spans
@@ -45,6 +53,11 @@ def attach_vision(runner: Any, checkpoint: Any, tokenizer: Any, mmproj: str | No
             "vision tower: %d layers, %d..%d pixels per image", cfg.depth, cfg.min_pixels, cfg.max_pixels
         )
         return QwenImagePrompter(cfg, tokenizer)
+    if isinstance(vision, PaddleVisionTower):
+        p = vision.config
+        runner.mrope_merge = p.merge_size  # its ERNIE text model places image tokens by M-RoPE
+        log.info("vision tower: %d layers, %d..%d pixels per page", p.num_layers, p.min_pixels, p.max_pixels)
+        return PaddleImagePrompter(p, tokenizer)
     if isinstance(vision, Gemma4VisionTower):
         g = vision.config
         log.info("vision tower: %d layers, up to %d tokens per image", g.num_layers, g.max_soft_tokens)
@@ -61,24 +74,37 @@ def attach_vision(runner: Any, checkpoint: Any, tokenizer: Any, mmproj: str | No
 
 
 def place_images(
-    prompter: ImagePrompter | None, token_ids: Sequence[int], images: Sequence[ImageInput]
+    prompter: ImagePrompter | None,
+    token_ids: Sequence[int],
+    images: Sequence[ImageInput],
+    audio: Any = None,
 ) -> list[PromptImage]:
-    """Each image over its run of image tokens; ValueError when runs and images do not pair up.
-    Without images the prompt is text, whatever ids it holds (a raw completion may spell the
-    image token): those tokens keep their own embeddings, as on a text-only model."""
+    """Each image (and audio clip, by `audio`'s token) over its run of soft tokens, in prompt order;
+    ValueError when a modality's runs and inputs do not pair up. Without inputs the prompt is text,
+    whatever ids it holds (a raw completion may spell the image token): those tokens keep their own
+    embeddings, as on a text-only model; so do one modality's tokens when only the other is sent."""
     if not images:
         return []
-    if prompter is None:
-        raise NoVisionError("the loaded model has no vision: it cannot take images")
-    spans = image_spans(token_ids, prompter.image_token_id)
-    if len(spans) != len(images):
-        raise ValueError(f"the prompt has {len(spans)} runs of image tokens for {len(images)} images")
     placed = []
-    for (start, end), image in zip(spans, images, strict=True):
-        expected = prompter.tokens_for(image)
-        if end - start != expected:
+    for modality, placer in (("image", prompter), ("audio", audio)):
+        items = [item for item in images if item.modality == modality]
+        if not items:
+            continue
+        if placer is None:
+            missing = NoVisionError if modality == "image" else NoAudioError
+            raise missing(f"the loaded model has no {'vision' if modality == 'image' else 'audio'}: "
+                          f"it cannot take {modality}s")  # fmt: skip
+        spans = image_spans(token_ids, placer.image_token_id)
+        if len(spans) != len(items):
             raise ValueError(
-                f"the image tokens at {start}..{end - 1} are {end - start}, not the {expected} an image takes"
+                f"the prompt has {len(spans)} runs of {modality} tokens for {len(items)} {modality}s"
             )
-        placed.append(PromptImage(start, end, image))
-    return placed
+        for (start, end), item in zip(spans, items, strict=True):
+            expected = placer.tokens_for(item)
+            if end - start != expected:
+                raise ValueError(
+                    f"the {modality} tokens at {start}..{end - 1} are {end - start}, not the {expected} "
+                    f"{'an image' if modality == 'image' else 'the clip'} takes"
+                )
+            placed.append(PromptImage(start, end, item))
+    return sorted(placed, key=lambda p: p.start)

@@ -42,6 +42,7 @@ HF_ARCHITECTURES: dict[str, str] = {
     "GraniteMoeHybridForCausalLM": "granitehybrid",
     "LagunaForCausalLM": "laguna",
     "MuseGlimmerForConditionalGeneration": "muse-glimmer",  # its text part; the vision side is skipped
+    "PaddleOCRVLForConditionalGeneration": "paddleocr",  # its ERNIE text part; models/vision/ loads the tower
 }
 _HF_MODEL_TYPES: dict[str, str] = {
     "gemma3": "gemma3",
@@ -66,6 +67,7 @@ _HF_MODEL_TYPES: dict[str, str] = {
     "granitemoehybrid": "granitehybrid",
     "laguna": "laguna",
     "muse_glimmer": "muse-glimmer",
+    "paddleocr_vl": "paddleocr",
 }
 
 # Where the text model sits inside the checkpoint: plain CausalLM, the language model of a
@@ -202,6 +204,7 @@ LAYER_MODULES: dict[str, dict[str, str]] = {
     "llama": {**_ATTENTION_AND_MLP, **_PRE_MLP_NORM},
     "qwen2": {**_ATTENTION_AND_MLP, **_PRE_MLP_NORM},  # q/k/v biases ride on the same names
     "qwen2vl": {**_ATTENTION_AND_MLP, **_PRE_MLP_NORM},
+    "paddleocr": {**_ATTENTION_AND_MLP, **_PRE_MLP_NORM},
     "qwen3": {**_ATTENTION_AND_MLP, **_PRE_MLP_NORM, **_QK_NORMS},
     "gemma3": {**_ATTENTION_AND_MLP, **_QK_NORMS, **_GEMMA_SANDWICH_NORMS},
     "gemma4": _GEMMA4,
@@ -272,10 +275,11 @@ _SKIPPED = re.compile(
     r"(^|\.)rotary_emb\.inv_freq$"  # old llama checkpoints saved the RoPE table
     r"|^(model\.)?(vision_tower|multi_modal_projector)\."  # Gemma 3's image side
     r"|^(model\.)?(audio_tower|embed_vision|embed_audio)\."  # Gemma 4's image and audio sides
-    r"|^(model\.)?visual\."  # Qwen2.5-VL's, Qwen3.5's
+    r"|^(model\.)?visual\."  # Qwen2.5-VL's, Qwen3.5's, PaddleOCR-VL's tower
     r"|^(model\.)?(encoder|projector)\."  # Granite Speech's conformer and Q-Former (models/audio/ loads them)
+    r"|^mlp_AR\."  # PaddleOCR-VL's projector (published layout; transformers' own: model.projector, above)
     r"|^model\.(vision_adapter|vision_projection)\."  # Muse Glimmer's projector (its tower: vision_tower)
-    r"|^mtp\."  # Qwen3.5 / Qwen3-Next multi-token prediction heads (speculative decoding: unused)
+    r"|^mtp\."  # Qwen3.5 / Qwen3-Next MTP heads: not the model itself (models/mtp.py reads them for --speculative mtp)
 )
 _LAYER_NAME = re.compile(r"^layers\.(\d+)\.(.+)\.(weight|bias)$")
 _BARE_LAYER_NAME = re.compile(r"^layers\.(\d+)\.(.+)$")

@@ -13,7 +13,8 @@ expert groups, and weighs them by their scores (renormalised) times `routed_scal
 Checkpoint quirks: the one norm is `attn_norm` in both layouts and moves to `ffn_norm` on
 feed-forward layers here; folders hold A_log (-exp here, as GGUF stores it). Hub files keep
 everything under `backbone.`, their experts one projection per expert. The multi-token-prediction
-head (folders: `mtp.*`; GGUFs: the last `nextn_predict_layers` blocks) is not run. Nemotron 3 Super's
+head (folders: `mtp.*`; GGUFs: the last `nextn_predict_layers` blocks) is no part of the model: a GGUF's
+runs as `--speculative mtp`'s drafter (models/mtp.py). Nemotron 3 Super's
 experts work in a smaller space (`moe_latent_size`: `fc1_latent_proj` down before them, `fc2_latent_proj`
 up after; GGUF `ffn_latent_down` / `ffn_latent_up`).
 """

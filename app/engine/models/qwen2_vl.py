@@ -40,13 +40,19 @@ def mrope_section(text: dict[str, Any]) -> tuple[int, ...]:
 
 
 def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
+    return mrope_config_from_hf(cfg, "qwen2vl", qkv_bias=True)
+
+
+def mrope_config_from_hf(cfg: dict[str, Any], architecture: str, **fields: Any) -> ModelConfig:
+    """The shared keys plus the M-RoPE sections, from either config layout (PaddleOCR-VL's text
+    side reads its config.json the same way); `fields`: the family's own ModelConfig fields."""
     text = dict(cfg.get("text_config") or cfg)
     section = mrope_section(text)
     for key in ("rope_scaling", "rope_parameters"):
         params = text.get(key) or {}
         if (params.get("type") or params.get("rope_type")) in ("mrope", "default"):
             text[key] = {k: v for k, v in params.items() if k not in ("type", "rope_type", "mrope_section")}
-    config = ModelConfig(**common_from_hf(text, "qwen2vl"), qkv_bias=True, mrope_section=section)
+    config = ModelConfig(**common_from_hf(text, architecture), mrope_section=section, **fields)
     return _check_sections(config, section, "config.json mrope_section")
 
 
@@ -79,8 +85,12 @@ def gguf_mrope_section(meta: dict[str, Any]) -> tuple[int, ...]:
 
 
 def config_from_gguf(meta: dict[str, Any], vocab_size: int) -> ModelConfig:
+    return mrope_config_from_gguf(meta, vocab_size, qkv_bias=True)
+
+
+def mrope_config_from_gguf(meta: dict[str, Any], vocab_size: int, **fields: Any) -> ModelConfig:
     section = gguf_mrope_section(meta)
-    config = ModelConfig(**common_from_gguf(meta, vocab_size), qkv_bias=True, mrope_section=section)
+    config = ModelConfig(**common_from_gguf(meta, vocab_size), mrope_section=section, **fields)
     return _check_sections(config, section, f"{meta['general.architecture']}.rope.dimension_sections")
 
 

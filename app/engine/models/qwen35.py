@@ -16,8 +16,9 @@ File layouts:
 - GGUF (qwen35, qwen35moe): llama.cpp's converter reorders the value heads "tiled" (head h uses q/k
   head h % Hk) in every tensor that has them; the layer follows that order (`tiled_v_heads`).
   qwen3next GGUFs keep the grouped order; old ones hold the fused `ssm_in` (split here).
-- MTP (multi-token prediction) weights are skipped: in folders by name (names.py); in GGUFs, where the
-  converter appends them as the last `nextn_predict_layers` blocks, by leaving those blocks unread.
+- MTP (multi-token prediction) weights are no part of the model: in folders skipped by name (names.py); in
+  GGUFs, where the converter appends them as the last `nextn_predict_layers` blocks, those blocks are left
+  unread. `--speculative mtp` reads them for its drafter (models/mtp.py).
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ _FAMILY_MODULES = {
     "granitehybrid": "app.engine.models.granite_hybrid",
     "laguna": "app.engine.models.laguna",
     "muse-glimmer": "app.engine.models.muse_glimmer",
+    "paddleocr": "app.engine.models.paddleocr",
 }
 
 

@@ -9,8 +9,10 @@ the largest context that fits.
 A mixture of experts may keep only a hot set of its experts on the GPU (`experts_on_gpu`, planned
 by `expert_plan.py`): the rest is in pinned host RAM (reported, not counted against the device),
 and the device holds staging slots for the cold experts a step copies in. A model that takes images
-adds its vision tower (vision_fit.py), a speech model its audio encoder, projector and LoRA adapter
-(audio_fit.py).
+adds its vision tower (vision_fit.py), a speech model its audio encoder, projector and LoRA adapter,
+one that takes audio its audio tower (audio_fit.py). Task models loaded
+beside the chat model (`beside`: an embedder, a reranker, a speech model, each run as task_fit.py plans
+it) add theirs to the total the verdict and the largest context are judged by.
 
 The shape comes from GGUF metadata or a config.json through the families' own parsers (shape.py),
 so a prediction needs no weights: before a download it can be made from a repo's config and file
@@ -32,6 +34,14 @@ from app.engine.plan.device import cpu_memory as cpu_memory
 from app.engine.plan.device import device_memory as device_memory
 from app.engine.plan.device import format_bytes as format_bytes
 from app.engine.plan.expert_plan import ExpertPlan, auto_plan, fixed_plan
+from app.engine.plan.job import OCR as OCR
+from app.engine.plan.job import TASK_JOBS as TASK_JOBS
+from app.engine.plan.job import TRANSCRIPTION as TRANSCRIPTION
+from app.engine.plan.job import folder_job as folder_job
+from app.engine.plan.job import gguf_job as gguf_job
+from app.engine.plan.job import is_task_job as is_task_job
+from app.engine.plan.job import with_audio as with_audio
+from app.engine.plan.job import with_images as with_images
 from app.engine.plan.memory import FitOptions as FitOptions
 from app.engine.plan.memory import MemoryBreakdown as MemoryBreakdown
 from app.engine.plan.memory import kv_block_bytes, kv_blocks, max_model_len, memory, resolve_kv_dtype
@@ -39,6 +49,10 @@ from app.engine.plan.shape import ModelShape as ModelShape
 from app.engine.plan.shape import shape_from_checkpoint as shape_from_checkpoint
 from app.engine.plan.shape import shape_from_gguf as shape_from_gguf
 from app.engine.plan.shape import shape_from_hf_config as shape_from_hf_config
+from app.engine.plan.task_fit import BesideFit as BesideFit
+from app.engine.plan.task_fit import BesideModel as BesideModel
+from app.engine.plan.task_fit import beside_fit
+from app.engine.plan.task_fit import task_fit_options as task_fit_options
 from app.engine.plan.vision_fit import VisionShape as VisionShape
 from app.engine.plan.vision_fit import is_mmproj_name as is_mmproj_name
 from app.engine.plan.vision_fit import is_vision_tensor as is_vision_tensor
@@ -64,21 +78,28 @@ class FitReport:
     max_context: int  # the largest context (whole blocks, <= the model's) that "fits"; 0: none
     model_context_length: int
     vision_source: str | None = None  # the file the vision tower comes from; None: a text-only model
-    audio_source: str | None = None  # a speech model's audio side ("Granite Speech in <folder>/*.safetensors")
+    audio_source: str | None = None  # its audio side ("Granite Speech in <folder>/*.safetensors"); None: no audio
+    audio_clip: str = ""  # what its audio working set encodes ("minute of audio", "30 s clip")
     kv_blocks: int = 0  # the KV blocks an engine with these options allocates (its null block included)
     block_size: int = 16
     engine_context: int = 0  # the context that engine serves: the one asked for, at most what its blocks hold
+    beside: tuple[BesideFit, ...] = ()  # task models loaded beside it, counted in `total`
+
+    @property
+    def total(self) -> int:
+        """Everything the verdict counts: the model's own breakdown and the task models beside it."""
+        return self.breakdown.total + sum(b.total for b in self.beside)
 
     def summary(self) -> str:
         b = self.breakdown
         lines = [
-            f"Verdict: {self.verdict} ({format_bytes(b.total)} needed; {self.device.describe()})",
+            f"Verdict: {self.verdict} ({format_bytes(self.total)} needed; {self.device.describe()})",
             f"  weights      {format_bytes(b.weights):>10}",
             *([f"  vision       {format_bytes(b.vision):>10}  ({format_bytes(b.vision_weights)} of weights in "
                f"{self.vision_source}, {format_bytes(b.vision_activations)} to encode an image)"]
               if self.vision_source else []),
             *([f"  audio        {format_bytes(b.audio):>10}  ({format_bytes(b.audio_weights)} of encoder, projector "
-               f"and adapter in {self.audio_source}, {format_bytes(b.audio_activations)} to encode a minute)"]
+               f"and adapter in {self.audio_source}, {format_bytes(b.audio_activations)} to encode a {self.audio_clip})"]
               if self.audio_source else []),
             f"  f16 copies   {format_bytes(b.weight_cache):>10}  (CUDA: faster batched products)",
             f"  KV cache     {format_bytes(b.kv_cache):>10}  ({self.context_length} tokens x {self.batch}, "
@@ -87,6 +108,10 @@ class FitReport:
             *([f"  state        {format_bytes(b.state):>10}  (recurrent layers: {b.state_slots} sequence slots + "
                f"{b.state_snapshots} prefix-cache snapshots)"] if b.state else []),
             f"  overhead     {format_bytes(b.overhead):>10}",
+            *(f"  beside       {format_bytes(t.total):>10}  ({t.job} model {t.name}: weights "
+              f"{format_bytes(t.breakdown.weights)}, KV {format_bytes(t.breakdown.kv_cache)}"
+              + (f", audio tower {format_bytes(t.breakdown.audio)}" if t.breakdown.audio else "") + ")"
+              for t in self.beside),
         ]
         if b.experts_on_gpu is not None:
             lines.insert(2, f"  experts      {b.experts_on_gpu} per layer on the GPU; "
@@ -105,23 +130,36 @@ class FitReport:
         data["breakdown"]["total"] = self.breakdown.total
         data["breakdown"]["vision"] = self.breakdown.vision
         data["breakdown"]["audio"] = self.breakdown.audio
+        for entry, task in zip(data["beside"], self.beside, strict=True):
+            entry["breakdown"]["total"] = task.total
+        data["total"] = self.total
         return data
 
 
-def check_fit(shape: ModelShape, options: FitOptions | None = None, device: DeviceMemory | None = None) -> FitReport:
-    """The verdict for `shape` under `options` on `device` (default: the GPU if usable, else CPU RAM)."""
+def check_fit(
+    shape: ModelShape,
+    options: FitOptions | None = None,
+    device: DeviceMemory | None = None,
+    beside: tuple[BesideModel, ...] = (),
+) -> FitReport:
+    """The verdict for `shape` under `options` on `device` (default: the GPU if usable, else CPU RAM), with
+    the task models `beside` it loaded too."""
     options = options or FitOptions()
     device = device or device_memory()
     context = options.context_length or shape.context_length
+    tasks = tuple(beside_fit(model, device.kind, device.free_bytes) for model in beside)
+    taken = sum(t.total for t in tasks)
     budget = None if device.free_bytes is None else int(device.free_bytes * options.gpu_memory_utilization)
-    experts = plan_experts(shape, options, device, budget)
+    own_budget = None if budget is None else budget - taken  # what the chat model's engine may take
+    experts = plan_experts(shape, options, device, own_budget)
     breakdown = memory(shape, options, device.kind, device.free_bytes, experts)
     blocks = kv_blocks(shape, options, device.kind, device.free_bytes, experts)
+    total = breakdown.total + taken
     if budget is None or device.free_bytes is None:
         verdict = UNKNOWN
-    elif breakdown.total <= (1 - PREDICTION_MARGIN) * budget:
+    elif total <= (1 - PREDICTION_MARGIN) * budget:
         verdict = FITS
-    elif breakdown.total <= device.free_bytes:
+    elif total <= device.free_bytes:
         verdict = TIGHT
     else:
         verdict = WONT_FIT
@@ -135,13 +173,15 @@ def check_fit(shape: ModelShape, options: FitOptions | None = None, device: Devi
         kv_dtype=resolve_kv_dtype(options.kv_dtype, device.kind),
         max_context=0
         if budget is None
-        else largest_context(shape, options, device.kind, budget, device.free_bytes, experts),
+        else largest_context(shape, options, device.kind, budget, device.free_bytes, experts, taken),
         model_context_length=shape.context_length,
         vision_source=shape.vision.source if shape.vision else None,
         audio_source=f"{shape.audio.family} in {shape.audio.source}" if shape.audio else None,
+        audio_clip=shape.audio.clip if shape.audio else "",
         kv_blocks=blocks,
         block_size=options.block_size,
         engine_context=max_model_len(shape, options, blocks),
+        beside=tasks,
     )
 
 
@@ -173,9 +213,11 @@ def largest_context(
     budget: int,
     free_bytes: int | None = None,
     experts: ExpertPlan | None = None,
+    beside_bytes: int = 0,
 ) -> int:
-    """The longest context (whole KV blocks, at most the model's) whose total still 'fits'."""
-    allowed = int((1 - PREDICTION_MARGIN) * budget)
+    """The longest context (whole KV blocks, at most the model's) whose total, with `beside_bytes` of task
+    models, still 'fits'."""
+    allowed = int((1 - PREDICTION_MARGIN) * budget) - beside_bytes
     fixed = memory(shape, replace(options, context_length=shape.context_length), device_kind, free_bytes, experts)
     kv_dtype = resolve_kv_dtype(options.kv_dtype, device_kind)
     per_block = kv_block_bytes(shape, options.block_size, kv_dtype) * options.batch

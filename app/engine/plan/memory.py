@@ -9,12 +9,13 @@ the engine allocates. `paddock fit`, the Studio's will-it-fit and the engine all
   value_dim) x block_size elements (float16 2 bytes, fp8 1, float32 4; "auto" is float16 on CUDA and
   float32 on the CPU), and fp8 adds one float32 scale per layer, K or V, KV head and block (so it holds
   just under twice float16's context in the same memory). The verdict counts `batch` sequences of the
-  full context.
+  full context, or the fixed pool of `num_kv_blocks` where one is given (a task model's engine).
 - recurrent state (hybrid models: Gated DeltaNet, Mamba-2 layers): a fixed float32 state per
   sequence (state_bytes_per_sequence), in rows of one array per recurrent layer: a null row, a slot per
   sequence (max_num_seqs) and, with prefix caching, the prefix cache's snapshots (`state_rows`):
   --state-snapshot-gb of them, else STATE_SNAPSHOT_SHARE of the cache room (what the KV cache and the
-  state share), at most SNAPSHOTS_PER_SEQ per slot.
+  state share), at most SNAPSHOTS_PER_SEQ per slot; with speculative decoding one more row per slot
+  (the checkpoint a verify step rolls back to: cache/state_cache.py).
 - activations: the engine's reserve for one step of T = min(max_num_batched_tokens, context) tokens,
   in float32. Only one layer's intermediates are alive at a time:
       T x (4 x hidden                            residual stream, its normed copy, sublayer outputs
@@ -82,6 +83,8 @@ class FitOptions:
     num_kv_blocks: int | None = None  # a fixed block count (None: sized from the room)
     enable_prefix_caching: bool = True  # hybrid models: the prefix cache keeps recurrent-state snapshots
     state_snapshot_gb: float | None = None  # their memory (None: the share rule, `state_rows`)
+    weight_cache: str = EngineConfig.weight_cache  # "off": no float16 copies (a task model's engine)
+    speculative: str = "off"  # hybrid models: anything else keeps a checkpoint row per state slot
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "experts_on_gpu", parse_experts_on_gpu(self.experts_on_gpu))
@@ -114,8 +117,8 @@ class MemoryBreakdown:
     pcie_bytes_per_token: float = 0.0  # cold experts copied in per decoded token (uniform routing)
     vision_weights: int = 0  # the image tower's weights
     vision_activations: int = 0  # its working set while it encodes one image
-    audio_weights: int = 0  # a speech model's encoder, projector and LoRA adapter
-    audio_activations: int = 0  # the encoder's working set for a minute of audio
+    audio_weights: int = 0  # the audio side's encoder (tower), projector and LoRA adapter
+    audio_activations: int = 0  # the encoder's working set for a clip (AudioShape.clip)
     state: int = 0  # hybrid models: the recurrent state rows (the null row, slots and snapshots)
     state_slots: int = 0
     state_snapshots: int = 0
@@ -212,9 +215,10 @@ def state_rows(
     return max_num_seqs, snapshots
 
 
-def state_bytes(per_sequence: int, slots: int, snapshots: int) -> int:
-    """The recurrent state arrays' bytes: the null row, the slots and the snapshots."""
-    return (1 + slots + snapshots) * per_sequence if slots else 0
+def state_bytes(per_sequence: int, slots: int, snapshots: int, checkpoints: bool = False) -> int:
+    """The recurrent state arrays' bytes: the null row, the slots, the snapshots and (speculative
+    decoding) a checkpoint per slot."""
+    return (1 + slots * (2 if checkpoints else 1) + snapshots) * per_sequence if slots else 0
 
 
 MAX_SNAPSHOT_INTERVAL = 4096  # tokens: beyond it a shared prompt would resume too far from where it differs
@@ -264,7 +268,8 @@ def memory(
     weights were loaded (the engine's case), which moves the state's share of the room."""
     context = options.context_length or shape.context_length
     kv_dtype = resolve_kv_dtype(options.kv_dtype, device_kind)
-    overhead = CUDA_RUNTIME_OVERHEAD_BYTES if device_kind == "cuda" else CPU_RUNTIME_OVERHEAD_BYTES
+    cuda = device_kind == "cuda"
+    overhead = CUDA_RUNTIME_OVERHEAD_BYTES if cuda else CPU_RUNTIME_OVERHEAD_BYTES
     offload: dict[str, Any] = {}
     if experts is not None and not experts.all_on_gpu:
         offload = dict(
@@ -276,10 +281,12 @@ def memory(
     base = MemoryBreakdown(
         weights=shape.weight_bytes - offload.get("host_experts", 0),
         **offload,
-        kv_cache=kv_cache_bytes(shape, context, options.batch, kv_dtype, options.block_size),
+        kv_cache=kv_cache_bytes(shape, context, options.batch, kv_dtype, options.block_size)
+        if not options.num_kv_blocks  # a fixed pool (a task model's engine) is what is allocated
+        else options.num_kv_blocks * kv_block_bytes(shape, options.block_size, kv_dtype),
         activations=activation_bytes(shape, min(options.max_num_batched_tokens, context), options.max_num_seqs),
         overhead=overhead,
-        weight_cache=weight_cache_bytes(shape, free_bytes) if device_kind == "cuda" else 0,
+        weight_cache=weight_cache_bytes(shape, free_bytes) if cuda and options.weight_cache != "off" else 0,
         vision_weights=shape.vision.weight_bytes if shape.vision else 0,
         vision_activations=shape.vision.activation_bytes() if shape.vision else 0,
         audio_weights=shape.audio.weight_bytes + shape.audio.adapter_bytes if shape.audio else 0,
@@ -290,7 +297,8 @@ def memory(
     room = cache_room(base, options, device_kind, free_bytes, weights_loaded)
     slots, snapshots = state_rows(shape.state_bytes_per_sequence, options.max_num_seqs,
                                   options.enable_prefix_caching, options.state_snapshot_gb, room)  # fmt: skip
-    return replace(base, state=state_bytes(shape.state_bytes_per_sequence, slots, snapshots),
+    checkpoints = options.speculative != "off"
+    return replace(base, state=state_bytes(shape.state_bytes_per_sequence, slots, snapshots, checkpoints),
                    state_slots=slots, state_snapshots=snapshots)  # fmt: skip
 
 

@@ -19,7 +19,7 @@ from typing import Any
 from app.engine.loader.lora import ADAPTER_WEIGHTS
 from app.engine.loader.names import CheckpointError
 from app.engine.models.config import GGUF_KEYS, ModelConfig, common_from_gguf, common_from_hf
-from app.engine.plan.audio_fit import AudioShape, audio_beside_gguf, audio_from_hf_config, is_speech_config
+from app.engine.plan.audio_fit import AudioShape, audio_beside_gguf, audio_from_hf_config
 from app.engine.plan.vision_fit import (
     VisionShape,
     is_vision_tensor,
@@ -52,7 +52,7 @@ class ModelShape:
     experts_used: int = 0  # per token
     expert_bytes: int = 0  # all layers' expert tensors, part of weight_bytes
     vision: VisionShape | None = None  # the image tower the engine loads beside it (not in weight_bytes)
-    audio: AudioShape | None = None  # a speech model's encoder, projector and adapter (not in weight_bytes)
+    audio: AudioShape | None = None  # its audio side: encoder, projector, adapter (not in weight_bytes)
     # A hybrid model's recurrent state per sequence (all its recurrent layers), held beside the paged
     # KV cache in rows (a slot per sequence, snapshots for the prefix cache); 0 for a pure attention model.
     state_bytes_per_sequence: int = 0
@@ -73,8 +73,21 @@ class ModelShape:
         return self.num_layers * self.num_kv_heads * (self.head_dim + value_dim) * bytes_per_element
 
 
+def with_mtp_kv(shape: ModelShape) -> ModelShape:
+    """`shape` with one more KV cache like its first owned one: `--speculative mtp`'s head keeps its K/V
+    in such an array beside the model's (core/mtp_drafter.py), so each block costs that much more."""
+    owned = shape.owned_kv_layers
+    if not owned:
+        return shape
+    return replace(shape, kv_layers=(*owned, owned[0]))
+
+
 def shape_from_config(
-    cfg: ModelConfig, weight_bytes: int, expert_bytes: int | None = None, vision: VisionShape | None = None
+    cfg: ModelConfig,
+    weight_bytes: int,
+    expert_bytes: int | None = None,
+    vision: VisionShape | None = None,
+    audio: AudioShape | None = None,
 ) -> ModelShape:
     """The shape of a parsed model. `expert_bytes` None: estimated from the parameter counts."""
     moe = cfg.moe
@@ -94,6 +107,7 @@ def shape_from_config(
         num_experts=moe.num_experts if moe else 0,
         experts_used=moe.num_used if moe else 0,
         vision=vision,
+        audio=audio,
         state_bytes_per_sequence=cfg.state_bytes_per_sequence,
         kv_layers=_kv_layers(cfg),
     )
@@ -163,23 +177,22 @@ def hf_architecture(config: Mapping[str, Any]) -> str:
 
 def shape_of(checkpoint: Any, cfg: ModelConfig) -> ModelShape:
     """The shape of an opened checkpoint whose config is parsed: exact weight and expert bytes, and the
-    vision tower the engine would load beside it."""
+    vision and audio towers the engine would load beside it."""
     weight_bytes = sum(t.nbytes for t in checkpoint.tensors.values())  # the text model's (the loader's names)
     expert_bytes = None
     if cfg.moe is not None:  # the tensors are here: their exact bytes, not an estimate
         expert_bytes = sum(t.nbytes for name, t in checkpoint.tensors.items() if "_exps" in name)
+    audio = None
     if checkpoint.format == "gguf":
         vision = vision_beside_gguf(checkpoint.path, checkpoint.architecture)
-        audio = audio_beside_gguf(checkpoint.path) if vision is None else None
-        return replace(shape_from_config(cfg, weight_bytes, expert_bytes, vision), audio=audio)
-    else:  # a folder's tower counts where the engine gives its family one
+        audio = audio_beside_gguf(checkpoint.path, checkpoint.architecture)
+    else:  # a folder's tower counts where the engine gives its family one (Muse Glimmer's is skipped)
         vision = None
         if takes_images(checkpoint.architecture):
             vision = _hf_folder_vision(Path(checkpoint.path), checkpoint.hf_config or {})
-        cfg = replace(cfg, architecture=hf_architecture(checkpoint.hf_config or {}))  # the name, as above
         audio = _hf_folder_audio(Path(checkpoint.path), checkpoint.hf_config or {})
-        return replace(shape_from_config(cfg, weight_bytes, expert_bytes, vision), audio=audio)
-    return shape_from_config(cfg, weight_bytes, expert_bytes, vision)
+        cfg = replace(cfg, architecture=hf_architecture(checkpoint.hf_config or {}))  # the name, as above
+    return shape_from_config(cfg, weight_bytes, expert_bytes, vision, audio)
 
 
 def shape_from_checkpoint(path: str | os.PathLike[str]) -> ModelShape:
@@ -241,16 +254,9 @@ def _shared_hf_config(config: dict[str, Any], name: str) -> ModelConfig:
 
 def _hf_folder_vision(folder: Path, config: Mapping[str, Any]) -> VisionShape | None:
     """The vision tensors of a Hugging Face folder, by their names in the safetensors headers."""
-    from app.engine.loader.safetensors import read_safetensors_file, weight_files
-
-    if "vision_config" not in config:
+    if not config.get("vision_config"):  # absent, or null (a Gemma 4 without vision)
         return None
-    weight_bytes = sum(
-        tensor.data.nbytes
-        for file in weight_files(folder)
-        for name, tensor in read_safetensors_file(file).items()
-        if is_vision_tensor(name)
-    )
+    weight_bytes = _tensor_bytes(folder, is_vision_tensor)
     from app.engine.loader.processor_config import read_processor_settings
 
     processor = read_processor_settings(folder, "image_processor").values  # either layout
@@ -258,10 +264,11 @@ def _hf_folder_vision(folder: Path, config: Mapping[str, Any]) -> VisionShape | 
 
 
 def _hf_folder_audio(folder: Path, config: Mapping[str, Any]) -> AudioShape | None:
-    """A speech model's audio side and LoRA adapter, by the tensor names in the folder's safetensors headers."""
+    """The audio side (a speech model's, with its LoRA adapter; Gemma 4's tower), by the tensor names in the
+    folder's safetensors headers."""
     from app.engine.loader.safetensors import is_unused_tensor, read_header, weight_files
 
-    if not is_speech_config(config):
+    if audio_from_hf_config(config, (), "") is None:
         return None
     files = [*weight_files(folder), *([folder / ADAPTER_WEIGHTS] if (folder / ADAPTER_WEIGHTS).is_file() else [])]
     sizes = []
@@ -270,4 +277,16 @@ def _hf_folder_audio(folder: Path, config: Mapping[str, Any]) -> AudioShape | No
         table.pop("__metadata__", None)
         sizes += [(name, entry["data_offsets"][1] - entry["data_offsets"][0])
                   for name, entry in table.items() if not is_unused_tensor(name)]  # fmt: skip
-    return audio_from_hf_config(config, sizes, f"{folder.name}/*.safetensors")
+    return audio_from_hf_config(config, sizes, f"{folder.name}/*.safetensors", folder)
+
+
+def _tensor_bytes(folder: Path, wanted: Any) -> int:
+    """The bytes of the folder's tensors whose Hugging Face names `wanted` picks (headers only)."""
+    from app.engine.loader.safetensors import read_safetensors_file, weight_files
+
+    return sum(
+        tensor.data.nbytes
+        for file in weight_files(folder)
+        for name, tensor in read_safetensors_file(file).items()
+        if wanted(name)
+    )

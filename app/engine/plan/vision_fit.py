@@ -13,6 +13,7 @@ of an image's patches: it is sized at that largest image; Gemma 4's likewise, at
 (k x k patches per token). So is Muse Glimmer's (its processor caps an image at
 `max_image_tokens` merged cells, llama.cpp's mmproj at 4096; its full-attention layers attend over them all);
 its tower, adapter and projection are `vision_tower.*`, `vision_adapter.*` and `vision_projection.*`.
+So is PaddleOCR-VL's, whose every layer attends over the whole page.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from app.engine.images import VISION_ARCHITECTURES
+from app.engine.plan.audio_fit import is_audio_gguf_tensor
 
 FLOAT_BYTES = 4
 # config.json's names for the Qwen towers the engine runs (the rest of a vision_config is SigLIP's)
@@ -31,6 +33,8 @@ QWEN_VL_MODEL_TYPES = ("qwen2_5_vl",)
 QWEN_VL_ARCHITECTURE = "Qwen2_5_VLForConditionalGeneration"
 GEMMA4_ARCHITECTURE, GEMMA4_PROJECTOR = "Gemma4ForConditionalGeneration", "gemma4v"
 MUSE_GLIMMER_MODEL_TYPE, MUSE_GLIMMER_ARCHITECTURE = "muse_glimmer", "MuseGlimmerForConditionalGeneration"
+PADDLE_MODEL_TYPES = ("paddleocr_vl",)
+PADDLE_ARCHITECTURE = "PaddleOCRVLForConditionalGeneration"
 
 
 @dataclass(frozen=True)
@@ -68,8 +72,11 @@ def vision_from_mmproj(meta: Mapping[str, Any], weight_bytes: int, source: str) 
     """From an mmproj GGUF's `clip.vision.*` keys (ValueError naming a missing key)."""
     from app.engine.models.vision.muse_glimmer_mmproj import MAX_IMAGE_TOKENS as MUSE_GLIMMER_MAX_TOKENS
     from app.engine.models.vision.muse_glimmer_mmproj import PROJECTOR as MUSE_GLIMMER_PROJECTOR
+    from app.engine.models.vision.paddleocr_mmproj import PROJECTOR as PADDLE_PROJECTOR
     from app.engine.models.vision.qwen_vl_mmproj import PROJECTOR, projector_type, qwen_config_from_gguf
 
+    if projector_type(meta) == PADDLE_PROJECTOR:
+        return _paddle_from_mmproj(meta, weight_bytes, source)
     if projector_type(meta) == PROJECTOR:
         # its image_size key is a converter placeholder: the tower is sized by its max_pixels; the
         # projection width is checked against the text model at load, not here (no model at hand)
@@ -94,9 +101,22 @@ def vision_from_mmproj(meta: Mapping[str, Any], weight_bytes: int, source: str) 
     )
 
 
+def _paddle_from_mmproj(meta: Mapping[str, Any], weight_bytes: int, source: str) -> VisionShape:
+    """A PaddleOCR-VL mmproj: its image_size key holds sqrt(max_pixels); the bound itself sizes it."""
+    patch = _clip_key(meta, source, "patch_size")
+    fields = SimpleNamespace(
+        patch_size=patch,
+        hidden_size=_clip_key(meta, source, "embedding_length"),
+        num_heads=_clip_key(meta, source, "attention.head_count"),
+        intermediate_size=_clip_key(meta, source, "feed_forward_length"),
+    )
+    return _any_size_shape(fields, _clip_key(meta, source, "image_max_pixels") // patch**2, weight_bytes, source)
+
+
 def _any_size_shape(config: Any, max_patches: int, weight_bytes: int, source: str) -> VisionShape:
-    """A tower that takes any image size (Qwen2.5-VL's QwenVisionConfig, Gemma 4's Gemma4VisionConfig, or
-    the same fields from an mmproj), sized at its largest image's patches."""
+    """A tower that takes any image size (Qwen2.5-VL's QwenVisionConfig, Gemma 4's Gemma4VisionConfig,
+    PaddleOCR-VL's PaddleVisionConfig, or the same fields from an mmproj), sized at its largest image's
+    patches."""
     return VisionShape(
         weight_bytes=int(weight_bytes),
         image_size=0,
@@ -134,7 +154,7 @@ def vision_from_hf_config(
     config, with preprocessor_config.json's pixel bounds when given); None without one."""
     from app.engine.models.vision.config import SIGLIP_DEFAULTS
 
-    if "vision_config" not in config:
+    if not config.get("vision_config"):  # absent, or null (a Gemma 4 without vision)
         return None
     if config.get("model_type") in QWEN_VL_MODEL_TYPES or QWEN_VL_ARCHITECTURE in (
         config.get("architectures") or ()
@@ -143,6 +163,13 @@ def vision_from_hf_config(
 
         qwen = qwen_vision_config(dict(config), processor)
         return _any_size_shape(qwen, qwen.max_pixels // qwen.patch_size**2, weight_bytes, source)
+    if config.get("model_type") in PADDLE_MODEL_TYPES or PADDLE_ARCHITECTURE in (
+        config.get("architectures") or ()
+    ):
+        from app.engine.models.vision.paddleocr_config import paddle_vision_config
+
+        paddle = paddle_vision_config(dict(config), processor)
+        return _any_size_shape(paddle, paddle.max_pixels // paddle.patch_size**2, weight_bytes, source)
     if GEMMA4_ARCHITECTURE in (config.get("architectures") or ()):
         from app.engine.models.vision.gemma4_config import gemma4_vision_config
 
@@ -183,7 +210,8 @@ def takes_images(architecture: str) -> bool:
 def is_vision_tensor(hf_name: str) -> bool:
     """A Hugging Face tensor of the vision side (tower or projector), by its name."""
     name = hf_name.removeprefix("model.")
-    return name.startswith(
+    paddle_projector = hf_name.startswith(("mlp_AR.", "model.projector."))  # PaddleOCR-VL's, both layouts
+    return paddle_projector or name.startswith(
         ("vision_tower.", "multi_modal_projector.", "visual.", "vision_adapter.", "vision_projection.")
     )
 
@@ -200,13 +228,18 @@ def mmproj_beside(model_path: str | Path) -> Path | None:
     return find_mmproj(Path(model_path))
 
 
-def vision_of_mmproj_file(path: str | Path) -> VisionShape:
-    """An mmproj file's tower, from its header and tensor table (memory-mapped: no weights are read)."""
+def vision_of_mmproj_file(path: str | Path) -> VisionShape | None:
+    """An mmproj file's tower, from its header and tensor table (memory-mapped: no weights are read);
+    its audio half, if any, is not the vision tower's; None for an mmproj without vision."""
     from app.engine.loader.gguf import read_gguf
 
     path = Path(path)
     file = read_gguf(path)
-    return vision_from_mmproj(file.metadata, sum(t.nbytes for t in file.tensors.values()), path.name)
+    meta = file.metadata
+    if meta.get("clip.has_audio_encoder") and not meta.get("clip.has_vision_encoder"):
+        return None  # an audio-only mmproj (audio_fit.py counts it)
+    weight_bytes = sum(t.nbytes for name, t in file.tensors.items() if not is_audio_gguf_tensor(name))
+    return vision_from_mmproj(file.metadata, weight_bytes, path.name)
 
 
 def vision_beside_gguf(model_path: str | Path, architecture: str) -> VisionShape | None:

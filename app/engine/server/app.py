@@ -54,7 +54,8 @@ def create_app(
     `transcriber` serves /v1/audio/transcriptions: "embedded" (Whisper tiny.en, loaded on the
     first request), a Transcriber to share (the Studio's, or a test's), or None for no audio.
     `reranker` scores /v1/rerank (a Qwen3-Reranker loaded beside the model); None: the embedder's cosines.
-    `speech_models`: speech LLMs (Qwen3-ASR, Granite Speech) that /v1/audio/transcriptions also serves, by their names.
+    `speech_models`: speech LLMs (Qwen3-ASR, Granite Speech, Gemma 4 with audio) that /v1/audio/transcriptions
+    also serves, by their names.
     """
     settings = settings or ServerSettings()
     services = Services.build(

@@ -17,6 +17,8 @@ from typing import Any
 from app.engine.server.errors import bad_request
 
 IMAGE_MARK = "\ue000"  # a private-use character: where an image sits in a message's text, until expanded
+AUDIO_MARK = "\ue001"  # the same for an audio clip (audio_parts.py)
+MARKS = (IMAGE_MARK, AUDIO_MARK)
 _FETCH_TIMEOUT_SECONDS = 10.0
 
 
@@ -30,18 +32,23 @@ class ImageSource:
 @dataclass
 class ImageCollector:
     sources: list[ImageSource] = field(default_factory=list)
+    audio: list[Any] = field(default_factory=list)  # AudioSources of input_audio parts (audio_parts.py)
 
     def add(self, source: ImageSource) -> str:
         self.sources.append(source)
         return IMAGE_MARK
 
+    def add_audio(self, source: Any) -> str:
+        self.audio.append(source)
+        return AUDIO_MARK
+
 
 def join_text(pieces: list[str]) -> str:
-    """Text pieces joined by newlines, image marks written against their neighbours (as Gemma's
-    template writes its image token between a message's parts)."""
+    """Text pieces joined by newlines, image and audio marks written against their neighbours (as
+    Gemma's template writes its image and audio tokens between a message's parts)."""
     out: list[str] = []
     for piece in pieces:
-        if out and piece != IMAGE_MARK and out[-1] != IMAGE_MARK:
+        if out and piece not in MARKS and out[-1] not in MARKS:
             out.append("\n")
         out.append(piece)
     return "".join(out)
@@ -104,7 +111,7 @@ def load_images(sources: list[ImageSource], prompter: Any, settings: Any) -> lis
 
 def _image_bytes(source: ImageSource, settings: Any) -> bytes:
     if source.data is not None:
-        return _decode_base64(source.data, source.param, settings.max_image_bytes)
+        return decode_base64(source.data, source.param, settings.max_image_bytes)
     url = source.url or ""
     if url.startswith("data:"):
         header, comma, payload = url.partition(",")
@@ -112,7 +119,7 @@ def _image_bytes(source: ImageSource, settings: Any) -> bytes:
             raise bad_request(
                 "An image data: URL must be base64 (data:image/png;base64,...).", param=source.param
             )
-        return _decode_base64(payload, source.param, settings.max_image_bytes)
+        return decode_base64(payload, source.param, settings.max_image_bytes)
     if url.startswith(("http://", "https://")):
         if not settings.allow_image_urls:
             raise bad_request(
@@ -124,16 +131,17 @@ def _image_bytes(source: ImageSource, settings: Any) -> bytes:
     raise bad_request("An image URL must be a data: URL (or http/https where allowed).", param=source.param)
 
 
-def _decode_base64(payload: str, param: str, limit: int) -> bytes:
+def decode_base64(payload: str, param: str, limit: int, what: str = "image") -> bytes:
+    """An inline part's bytes (audio_parts.py's too); 400 naming `param` when over `limit` or not base64."""
     if len(payload) * 3 // 4 > limit + 2:
         raise bad_request(
-            f"The image is about {len(payload) * 3 // 4} bytes; at most {limit} bytes are accepted.",
+            f"The {what} is about {len(payload) * 3 // 4} bytes; at most {limit} bytes are accepted.",
             param=param,
         )
     try:
         return base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
-        raise bad_request("The image data is not valid base64.", param=param) from None
+        raise bad_request(f"The {what} data is not valid base64.", param=param) from None
 
 
 def _fetch(url: str, param: str, limit: int) -> bytes:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from app.engine.server.audio_parts import openai_audio
 from app.engine.server.errors import bad_request
 from app.engine.server.images import ImageCollector, join_text, openai_image
 from app.engine.server.prompting import parse_arguments
@@ -50,7 +51,8 @@ IMAGE_PARTS = ("image_url", "input_image")
 
 def text_content(content: str | list[Any] | None, param: str, images: ImageCollector | None = None) -> str:
     """The parts' text, joined by newlines; each image part (with a collector) becomes IMAGE_MARK
-    in place, written next to its neighbours as Gemma's template writes its image token."""
+    in place, each input_audio part AUDIO_MARK, written next to their neighbours as Gemma's template
+    writes its image and audio tokens."""
     if content is None or isinstance(content, str):
         return content or ""
     pieces: list[str] = []
@@ -58,6 +60,8 @@ def text_content(content: str | list[Any] | None, param: str, images: ImageColle
         where = f"{param}[{j}]"
         if part.type in IMAGE_PARTS and images is not None:
             pieces.append(images.add(openai_image(part, where)))
+        elif part.type == "input_audio" and images is not None:
+            pieces.append(images.add_audio(openai_audio(part, where)))
         elif part.type not in ("text", "input_text", "output_text") or part.text is None:
             raise bad_request(f"Content of type {part.type!r} is not supported here.", param=where)
         else:

@@ -23,7 +23,7 @@ from app.engine import ContextOverflowError
 from app.engine.models.vision.splice import image_spans
 from app.engine.server import limits
 from app.engine.server.errors import ApiError, bad_request, context_overflow
-from app.engine.server.images import IMAGE_MARK
+from app.engine.server.images import AUDIO_MARK, IMAGE_MARK
 from app.engine.server.turn_memory import DEFAULT_TURNS, NO_REUSE, TurnMemory
 from app.engine.server.volatile_parts import strip_volatile
 from app.engine.text.template_sandbox import SlowRender, quick_lane
@@ -121,6 +121,11 @@ class PromptBuilder:
         return getattr(self._engine, "vision", None)
 
     @property
+    def audio(self) -> Any:
+        """The engine's audio prompter (Gemma 4 with audio), or None for a model without audio."""
+        return getattr(self._engine, "audio", None)
+
+    @property
     def template_stop_strings(self) -> list[str]:
         return list(getattr(self._engine.chat_template, "stop_strings", ()) or ())
 
@@ -133,9 +138,11 @@ class PromptBuilder:
         template_kwargs: dict[str, Any] | None = None,
         param: str = "messages",
         images: list[Any] | None = None,
+        audio: list[Any] | None = None,
     ) -> Prompt:
         """The prompt of these messages; `images` (PreparedImages, from `load_images`) replace the
-        IMAGE_MARKs the conversion left in the messages' text, in order."""
+        IMAGE_MARKs the conversion left in the messages' text, in order, and `audio` (clips, from
+        `load_audio`) its AUDIO_MARKs."""
         for index, message in enumerate(messages):
             ensure_encodable(message.get("content") or "", f"{param}[{index}].content")
         if self._strip_volatile:  # after the check: its errors name the messages as the client sent them
@@ -159,14 +166,22 @@ class PromptBuilder:
         views: tuple[Any, ...] = ()
         if images or IMAGE_MARK in text:
             text, views = self._with_images(text, images or [], param)
-        if views:
+        clips = tuple(audio or ())
+        if clips or AUDIO_MARK in text:
+            text = self._with_audio(text, list(clips), param)
+        if views or clips:
             ids = self._encode(text)
-            if len(image_spans(ids, self.vision.image_token_id)) != len(views):
-                raise bad_request(
-                    f"The messages' text holds the image token itself; it stands only for the {len(views)} images sent.",
-                    param=param,
-                )
-            return Prompt(ids, text, views)
+            for prompter, count, kind in (
+                (self.vision, len(views), "image"),
+                (self.audio, len(clips), "audio"),
+            ):
+                if count and len(image_spans(ids, prompter.image_token_id)) != count:
+                    raise bad_request(
+                        f"The messages' text holds the {kind} token itself; it stands only for the {count} "
+                        f"{kind}{'s' * (kind == 'image')} sent.",
+                        param=param,
+                    )
+            return Prompt(ids, text, views + clips)
         memory = self._turn_memory()
         reuse = memory.reuse(text) if memory is not None else NO_REUSE
         if not reuse.num_chars:
@@ -233,6 +248,15 @@ class PromptBuilder:
         except ValueError as exc:
             raise bad_request(f"The images could not be placed in the prompt: {exc}.", param=param) from exc
         return expanded, tuple(prompter.views(images))
+
+    def _with_audio(self, text: str, clips: list[Any], param: str) -> str:
+        prompter = self.audio
+        try:
+            if prompter is None:
+                raise ValueError("the loaded model has no audio input")
+            return prompter.expand(text, clips, marker=AUDIO_MARK)
+        except ValueError as exc:
+            raise bad_request(f"The audio could not be placed in the prompt: {exc}.", param=param) from exc
 
     def text(self, text: str, *, add_special_tokens: bool = True, param: str = "prompt") -> Prompt:
         ensure_encodable(text, param)

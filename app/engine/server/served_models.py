@@ -40,10 +40,11 @@ class ServedModels:
         return model_not_found(name, self.embedding_names)
 
     def listing(self) -> ModelList:
-        vision = self.model.supports_vision
+        vision, audio = self.model.supports_vision, getattr(self.model, "supports_audio", False)
         mix = dict(self.model.quant_mix) or None
+        m = self.model
         cards = [
-            ModelCard.chat(name, self._created, self.model.context_length, vision, self.model.quantization, mix)
+            ModelCard.chat(name, self._created, m.context_length, vision, m.quantization, mix, audio)
             for name in self.chat_names
         ]
         cards += [ModelCard(id=name, created=self._created) for name in self.embedding_names]

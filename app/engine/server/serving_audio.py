@@ -1,8 +1,8 @@
 """OpenAI audio transcriptions: an uploaded file -> the transcriber `model` names -> json, text, srt, vtt.
 
 The app's Whisper `Transcriber` (faster-whisper) answers its own name and OpenAI's `whisper-1`, and
-stays the default; speech LLMs loaded beside it (`paddock serve --asr-model`: Qwen3-ASR, Granite Speech,
-tasks/speech_llm.py) answer their own names, with the same calls and formats.
+stays the default; speech LLMs loaded beside it (`paddock serve --asr-model`: Qwen3-ASR, Granite Speech or
+Gemma 4, tasks/speech_llm.py) answer their own names, with the same calls and formats.
 
 The Transcriber is shared by every request of an app. Its model loads on the first
 transcription, inside the worker thread that runs it (the Transcriber's own lock makes that

@@ -9,6 +9,7 @@ from typing import Any
 
 from app.engine import EngineClient, GenerationRequest, SamplingParams
 from app.engine.server import sessions
+from app.engine.server.audio_parts import load_audio
 from app.engine.server.embedder import Embedder
 from app.engine.server.errors import bad_request
 from app.engine.server.generation import Completed, Generation
@@ -74,6 +75,10 @@ class ServingContext:
     def load_images(self, images: ImageCollector) -> list[Any]:
         """The collected image parts, decoded and preprocessed for the loaded model (400s on bad ones)."""
         return load_images(images.sources, self.prompts.vision, self.settings)
+
+    def load_audio(self, parts: ImageCollector) -> list[Any]:
+        """The collected input_audio parts, decoded to the loaded model's audio inputs (400s on bad ones)."""
+        return load_audio(parts.audio, self.prompts.audio, self.settings)
 
 
 def new_id(prefix: str) -> str:

@@ -86,6 +86,7 @@ class OpenAIServingChat:
         collected = ImageCollector()
         messages = chat_messages(req.messages, collected)
         images = self.ctx.load_images(collected)
+        audio = self.ctx.load_audio(collected)
         tools = [
             function_tool(t.function.name, t.function.description, t.function.parameters)
             for t in req.tools or []
@@ -111,6 +112,7 @@ class OpenAIServingChat:
             add_generation_prompt=req.add_generation_prompt,
             template_kwargs=req.chat_template_kwargs,
             images=images,
+            audio=audio,
         )
         grammar = reply_grammar(tool_plan, schema, wants_json, "response_format")
         return ChatPlan(prompt, tool_plan.parse_calls, schema, wants_json, grammar)

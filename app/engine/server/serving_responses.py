@@ -84,6 +84,7 @@ class OpenAIServingResponses:
         collected = ImageCollector()
         messages = responses_messages(req, collected)
         images = self.ctx.load_images(collected)
+        audio = self.ctx.load_audio(collected)
         tools = [function_tool(t.name, t.description, t.parameters) for t in req.tools or []]
         choice = req.tool_choice or "auto"
         marker = self.ctx.engine.chat_template.tool_call_start
@@ -101,7 +102,7 @@ class OpenAIServingResponses:
             messages = merge_system(messages, "\n\n".join(instructions))
         schema = fmt.json_schema if wants_json and fmt is not None else None
         grammar = reply_grammar(plan, schema, wants_json, "text.format")
-        prompt = self.ctx.prompts.chat(messages, plan.tools, param="input", images=images)
+        prompt = self.ctx.prompts.chat(messages, plan.tools, param="input", images=images, audio=audio)
         return prompt, plan.parse_calls, grammar
 
     @staticmethod

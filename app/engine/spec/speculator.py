@@ -11,12 +11,13 @@ from app.engine.spec.ngram import NgramDrafter
 from app.engine.spec.policy import SpecPolicy
 from app.engine.spec.verify import accepted_tokens
 
-METHODS = ("off", "ngram", "draft")
+METHODS = ("off", "ngram", "draft", "mtp")
 
 
 class Drafter(Protocol):
-    """What proposes drafts: prompt lookup (spec/ngram.py) or a draft model (core/draft_model.py, a
-    floor above: it runs a model of its own)."""
+    """What proposes drafts: prompt lookup (spec/ngram.py), a draft model (core/draft_model.py, a
+    floor above: it runs a model of its own) or the model's MTP head (core/mtp_drafter.py: it also has
+    `propose_for(request, k)`, taken instead, since it drafts from the request's hidden states)."""
 
     def propose(self, tokens: list[int], k: int) -> list[int]:
         """Up to `k` tokens likely to follow `tokens` (a request's prompt and output so far)."""
@@ -37,13 +38,16 @@ class Speculator:
         return len(running) <= self.policy.max_batch and any(self.may_draft(r) for r in running)
 
     def propose(self, running: Sequence[Request], max_model_len: int) -> None:
-        """Set `draft_token_ids` on each decoding request that drafts this step."""
+        """Set `draft_token_ids` on each decoding request that drafts this step (one with several pending
+        tokens past its prompt, a hybrid model's rolled-back verify step, drafts after them)."""
         for request in running:
-            if request.num_pending_tokens != 1 or not self.may_draft(request):
+            if request.num_computed_tokens < request.num_prompt_tokens or not self.may_draft(request):
                 continue
             k = min(self.policy.wanted(request, len(running)), room(request, max_model_len))
             if k > 0:
-                request.draft_token_ids = self.drafter.propose(request.all_token_ids, k)
+                propose_for = getattr(self.drafter, "propose_for", None)
+                request.draft_token_ids = (propose_for(request, k) if propose_for is not None
+                                           else self.drafter.propose(request.all_token_ids, k))  # fmt: skip
 
     def verify(self, request: Request, drafts: Sequence[int], sampled: Sequence[int]) -> list[int]:
         """The tokens a verify step emits for `request` (spec/verify.py), counted."""
@@ -58,6 +62,9 @@ class Speculator:
 
     def forget(self, request_id: str) -> None:
         self.policy.forget(request_id)
+        forget = getattr(self.drafter, "forget", None)  # a drafter with per-request state (MTP)
+        if forget is not None:
+            forget(request_id)
 
 
 def room(request: Request, max_model_len: int) -> int:
@@ -72,13 +79,13 @@ def room(request: Request, max_model_len: int) -> int:
 
 def build_speculator(method: str, num_draft_tokens: int, max_batch: int, may_draft: Callable[[Request], bool],
                      drafter: Drafter | None = None) -> Speculator | None:  # fmt: skip
-    """The speculator for `--speculative METHOD` (None: off); "draft" takes its loaded draft model's
-    drafter."""
+    """The speculator for `--speculative METHOD` (None: off); "draft" and "mtp" take their loaded
+    drafter (core/draft_model.py, core/mtp_drafter.py)."""
     if method not in METHODS:
         raise ValueError(f"speculative must be one of {', '.join(METHODS)}, not {method!r}")
     if method == "off":
         return None
-    if method == "draft" and drafter is None:
-        raise ValueError("speculative draft needs a draft model's drafter (core/draft_model.py)")
+    if method in ("draft", "mtp") and drafter is None:
+        raise ValueError(f"speculative {method} needs its drafter (core/draft_model.py, core/mtp_drafter.py)")
     policy = SpecPolicy(max_k=num_draft_tokens, min_k=min(2, num_draft_tokens), max_batch=max_batch)
-    return Speculator(drafter if method == "draft" else NgramDrafter(), policy, may_draft)
+    return Speculator(NgramDrafter() if method == "ngram" else drafter, policy, may_draft)

@@ -1,15 +1,18 @@
-"""Transcription by a speech LLM (Qwen3-ASR, Granite Speech): an audio encoder in front of a decoder the
-engine runs, beside faster-whisper's `Transcriber` and answering the same calls (`paddock serve --asr-model`).
+"""Transcription by a speech LLM (Qwen3-ASR, Granite Speech, or Gemma 4 with an audio tower): an audio
+encoder in front of a decoder the engine runs, beside faster-whisper's `Transcriber` and answering the same
+calls (`paddock serve --asr-model`).
 
 The model is a task model (tasks/task_model.py: its own `LLMEngine`, one sequence at a time, behind a
-lock) whose runner gets the audio encoder as its soft-token embedder: the clip's log-mel goes in as
-the prompt's run of audio tokens, spliced as image soft tokens are. models/audio/ picks the family by
-config.json: its encoder, its prompter (Qwen3-ASR's reply names the language unless one was forced;
-Granite Speech's is the transcript alone) and the LoRA adapter merged into the text model (Granite
-Speech's, which transformers turns on whenever audio is present). A text GGUF with llama.cpp's audio
-mmproj beside it (Granite Speech's) loads the same way, its adapter already merged into the GGUF. Neither
-model gives timestamps, so the transcript is one segment over the whole clip. A cancel check (a client that hung up) is read between engine
-steps: the request is aborted there, as faster-whisper's stops between segments.
+lock) whose runner has the audio encoder as its soft-token embedder: the clip's log-mel goes in as
+the prompt's run of audio tokens, spliced as image soft tokens are. Qwen3-ASR's and Gemma 4's engines load
+their own audio tower (core/audio.py); Qwen3-ASR's reply names the language (unless one was forced) before
+`<asr_text>`, and Gemma 4's prompt is the model card's (gemma4_asr.py). Granite Speech's encoder is attached
+here, with its prompter and the LoRA adapter merged into the text model (transformers turns it on whenever
+audio is present); a text GGUF with llama.cpp's audio mmproj beside it (Granite Speech's) loads the same
+way, its adapter already merged into the GGUF. None gives timestamps, so the transcript is one segment
+over the clip, or per window where the model takes a bounded clip (Gemma 4: 30 s). A cancel check (a
+client that hung up) is read between engine steps: the request is aborted there, as faster-whisper's
+stops between segments.
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ from app.engine.models.audio import (
     speech_gguf,
     speech_prompter,
 )
+from app.engine.models.audio.gemma4_audio_config import has_gemma4_audio
+from app.engine.models.audio.gemma4_audio_prompter import Gemma4AudioPrompter
+from app.engine.plan.audio_fit import ASR_CONTEXT
 from app.engine.sampling_params import SamplingParams
 from app.engine.tasks.audio import (
     SAMPLE_RATE,
@@ -42,16 +48,18 @@ from app.engine.tasks.audio import (
     decode_audio,
     describe_audio,
 )
+from app.engine.tasks.gemma4_asr import Gemma4AsrPrompter
 from app.engine.tasks.task_model import TaskModel
 from app.engine.tasks.transcript_formats import language_code
 from app.engine.worker.images import ImageEmbedder
 
-ASR_CONTEXT = 8192  # prompt + reply tokens: 13 audio tokens a second, so about eight minutes of audio
 MAX_REPLY_TOKENS = 1024
+MIN_WINDOW_SAMPLES = 1600  # a last window under 0.1 s holds no word: not transcribed
 
 
 class SpeechLLMTranscriber:
-    """A speech LLM folder as a transcriber; `transcribe` as `Transcriber.transcribe`."""
+    """A speech LLM folder (or Granite Speech's GGUF pair) as a transcriber; `transcribe` as
+    `Transcriber.transcribe`."""
 
     loaded = True  # loaded when made: the engine is built at start, like the chat model
 
@@ -79,7 +87,13 @@ class SpeechLLMTranscriber:
             raise CheckpointError(f"ASR model {exc}") from None
         task = TaskModel.load(path, "ASR", device, context, lora_adapter=adapter)
         engine = task.engine
-        try:
+        if engine.audio is not None:  # the engine loaded its audio tower (Qwen3-ASR, Gemma 4: core/audio.py)
+            # one clip's embeddings kept (tens of MB for minutes of audio): a clip is encoded once per request
+            engine.runner.images.max_cached = 1
+            if isinstance(engine.audio, Gemma4AudioPrompter):
+                return cls(task, Gemma4AsrPrompter(engine.audio, engine.chat_template, engine.tokenizer))
+            return cls(task, engine.audio)
+        try:  # Granite Speech: its folder's encoder, or the mmproj beside its text GGUF
             if is_gguf:
                 encoder = load_mmproj_audio_encoder(path, engine.model_config, engine.tokenizer, engine.backend)
             else:
@@ -92,7 +106,7 @@ class SpeechLLMTranscriber:
         if encoder is None:
             raise CheckpointError(
                 f"ASR model {path}: {config_file.name} names {engine.checkpoint.architecture}, not a speech model "
-                f"({', '.join(SPEECH_ARCHITECTURES)})"
+                f"({', '.join(SPEECH_ARCHITECTURES)}, or Gemma 4 with an audio_config)"
             )
         hidden = engine.model_config.hidden_size
         if encoder.config.output_dim != hidden:
@@ -122,24 +136,14 @@ class SpeechLLMTranscriber:
         params = SamplingParams(
             temperature=0.0, max_tokens=min(room, self.max_reply_tokens), min_tokens=min_tokens
         )
-        return ids, self.task.run(lambda: self._generate(ids, params, audio, cancel))
-
-    def _generate(
-        self, ids: list[int], params: SamplingParams, audio: Any, cancel: CancelCheck | None
-    ) -> list[int]:
-        engine = self.task.engine
         request_id = f"asr-{next(self._request_ids)}"
-        engine.add_request(request_id, ids, params, images=[audio])
-        reply: list[int] = []
-        while engine.has_unfinished():
-            if cancel is not None and cancel():
-                engine.abort(request_id)
-                raise TranscriptionCancelled(f"transcription cancelled after {len(reply)} tokens")
-            for out in engine.step():
-                if out.error is not None:
-                    raise RuntimeError(f"{self.model_name}: {out.error}")
-                reply.extend(out.new_token_ids)
-        return reply
+
+        def cancelled(tokens: int) -> Exception:
+            return TranscriptionCancelled(f"transcription cancelled after {tokens} tokens")
+
+        return ids, self.task.run(
+            lambda: self.task.generate(request_id, ids, params, [audio], cancel, cancelled)
+        )
 
     def transcribe(
         self,
@@ -163,26 +167,36 @@ class SpeechLLMTranscriber:
         duration = round(samples.size / SAMPLE_RATE, 3)
         if cancel is not None and cancel():
             raise TranscriptionCancelled("transcription cancelled before it started")
-        if progress:
-            progress(0.0)
-        try:
-            _, reply = self.reply_ids(samples, code, prompt, cancel=cancel)
-        except ValueError as exc:
-            raise AudioError(source, str(exc)) from None
-        found, text = self.prompter.parse(reply, forced_language=code)
+        window = getattr(self.prompter, "window_samples", None) or samples.size
+        starts = [
+            s for s in range(0, samples.size, window) if s == 0 or samples.size - s >= MIN_WINDOW_SAMPLES
+        ]
+        segments, found = [], code
+        for i, start in enumerate(starts):
+            if progress:
+                progress(i / len(starts))
+            try:
+                _, reply = self.reply_ids(samples[start : start + window], code, prompt, cancel=cancel)
+            except ValueError as exc:  # AudioClipError too: a clip the model cannot take
+                raise AudioError(source, str(exc)) from None
+            found, text = self.prompter.parse(reply, forced_language=code)
+            if text:
+                end = min(samples.size, start + window) / SAMPLE_RATE
+                segments.append(Segment(id=len(segments), start=round(start / SAMPLE_RATE, 3), end=round(end, 3),
+                                        text=text, tokens=list(reply)))  # fmt: skip
         if progress:
             progress(1.0)
-        segments = [Segment(id=0, start=0.0, end=duration, text=text, tokens=list(reply))] if text else []
-        return Transcript(text=text, language=found or "", duration=duration, segments=segments)
+        return Transcript(text=" ".join(s.text for s in segments), language=found or "", duration=duration,
+                          segments=segments)  # fmt: skip
 
 
 def is_speech_llm_folder(path: str | Path) -> bool:
-    """A folder whose config.json names a speech LLM this module serves (Qwen3-ASR, Granite Speech), or a
-    text GGUF (or a folder holding one) with Granite Speech's mmproj beside it; anything else, unreadable
-    files included, is left to faster-whisper, whose errors name what it lacks."""
+    """A folder whose config.json names a speech LLM this module serves (Qwen3-ASR, Granite Speech, Gemma 4
+    with an audio tower), or a text GGUF (or a folder holding one) with Granite Speech's mmproj beside it;
+    anything else, unreadable files included, is left to faster-whisper, whose errors name what it lacks."""
     config = _read_config(Path(path) / "config.json")
     if config is not None:
-        return is_speech_model(config)
+        return is_speech_model(config) or has_gemma4_audio(config)
     return speech_gguf(Path(path)) is not None
 
 

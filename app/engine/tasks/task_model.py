@@ -13,7 +13,6 @@ a GGUF file or a folder whose config.json names a decoder architecture is loaded
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -22,10 +21,9 @@ from typing import Any, TypeVar
 import numpy as np
 
 from app.engine.loader.names import CheckpointError, architecture_of
+from app.engine.plan.job import CLASSIFIER_HEAD, pooling_module, read_json
+from app.engine.plan.task_fit import TASK_CONTEXT, task_engine_config
 
-TASK_CONTEXT = 8192  # tokens per text; Qwen3's model cards embed and rerank with max_length 8192
-TASK_BLOCK_SIZE = 16
-CLASSIFIER_HEAD = "cls.output.weight"  # llama.cpp's Qwen3-Reranker head: the "yes" and "no" rows
 _LAST_TOKEN = "pooling_mode_lasttoken"
 T = TypeVar("T")
 
@@ -45,6 +43,22 @@ class TaskModel:
         with self._lock:
             return fn()
 
+    def generate(self, request_id: str, ids: list[int], params: Any, images: list[Any],
+                 cancel: Callable[[], bool] | None, cancelled: Callable[[int], Exception]) -> list[int]:  # fmt: skip
+        """One request's sampled ids, the engine stepped here (call inside `run`); `cancel()` is read
+        between steps: the request is aborted and `cancelled(tokens so far)` raised."""
+        self.engine.add_request(request_id, ids, params, images=images)
+        reply: list[int] = []
+        while self.engine.has_unfinished():
+            if cancel is not None and cancel():
+                self.engine.abort(request_id)
+                raise cancelled(len(reply))
+            for out in self.engine.step():
+                if out.error is not None:
+                    raise RuntimeError(f"{self.name}: {out.error}")
+                reply.extend(out.new_token_ids)
+        return reply
+
     @classmethod
     def load(
         cls, path: str | Path, job: str, device: str = "auto", context: int = TASK_CONTEXT,
@@ -54,7 +68,6 @@ class TaskModel:
         "ASR"), with a LoRA adapter folder merged into its weights if given (Granite Speech's).
 
         Errors name the path and what is wrong with it (FileNotFoundError, CheckpointError)."""
-        from app.engine.config import EngineConfig
         from app.engine.core.engine import LLMEngine
 
         path = Path(path)
@@ -62,14 +75,8 @@ class TaskModel:
             raise FileNotFoundError(f"{job} model {path} does not exist")
         if path.is_file() and path.suffix.lower() != ".gguf":
             raise CheckpointError(f"{job} model {path}: not a .gguf file or a model folder")
-        # No max_model_len: the KV blocks bound the context (the model's own if shorter), without a warning.
-        config = EngineConfig(
-            model=str(path), device=device, max_num_seqs=1,
-            max_num_batched_tokens=min(context, 2048), block_size=TASK_BLOCK_SIZE,
-            num_kv_blocks=-(-context // TASK_BLOCK_SIZE) + 1, enable_prefix_caching=False,
-            cuda_graphs=False, prefill_graphs=False, async_decode=False, weight_cache="off",
-            lora_adapter=str(lora_adapter) if lora_adapter is not None else None,
-        )  # fmt: skip
+        # the engine will-it-fit plans (plan/task_fit.py); an adapter is merged into the weights at load
+        config = task_engine_config(str(path), device, context, lora_adapter)
         try:
             return cls(LLMEngine(config))
         except (ValueError, KeyError) as exc:  # CheckpointError included: say which job's model it was
@@ -87,7 +94,7 @@ def is_decoder_model(path: str | Path) -> bool:
     if not config_file.is_file():
         return False
     try:
-        architecture_of(_read_json(config_file))
+        architecture_of(read_json(config_file))
     except CheckpointError:
         return False
     return True
@@ -110,7 +117,7 @@ def load_decoder_reranker(path: str | Path, device: str = "auto", context: int =
     from app.engine.tasks.pooling import decoder_reranker
 
     path = Path(path)
-    if path.is_dir() and _pooling_module(path) is not None:
+    if path.is_dir() and pooling_module(path) is not None:
         raise CheckpointError(
             f"rerank model {path}: this is an embedding model (modules.json has a Pooling module); "
             "pass it as --embedding-model, and a Qwen3-Reranker as --rerank-model"
@@ -151,7 +158,7 @@ def _classifier_reranker(task: TaskModel, path: Path) -> Any:
 
 def _folder_query_prompt(folder: Path) -> str | None:
     """Its sentence-transformers query prompt; refuses a pooling other than the last token's."""
-    modes = _pooling_module(folder)
+    modes = pooling_module(folder)
     if modes is not None and not modes.get(_LAST_TOKEN):
         chosen = ", ".join(k for k, on in modes.items() if on and k.startswith("pooling_mode")) or "none"
         raise CheckpointError(
@@ -161,35 +168,9 @@ def _folder_query_prompt(folder: Path) -> str | None:
     st_config = folder / "config_sentence_transformers.json"
     if not st_config.is_file():
         return None
-    settings = _read_json(st_config)
+    settings = read_json(st_config)
     prompts = settings.get("prompts", {}) if isinstance(settings, dict) else None
     if not isinstance(prompts, dict) or not isinstance(prompts.get("query", ""), str):
         wanted = '{"prompts": {"query": "..."}}'
         raise CheckpointError(f"{st_config}: expected {wanted}, found {settings!r:.80}")
     return prompts.get("query")
-
-
-def _pooling_module(folder: Path) -> dict[str, Any] | None:
-    """The settings of modules.json's Pooling module ({} where it has no config.json); None without one."""
-    modules_file = folder / "modules.json"
-    if not modules_file.is_file():
-        return None
-    modules = _read_json(modules_file)
-    if not isinstance(modules, list):
-        raise CheckpointError(f"{modules_file}: holds a JSON {type(modules).__name__}, not a list of modules")
-    for module in modules:
-        if isinstance(module, dict) and str(module.get("type", "")).endswith(".Pooling"):
-            config = folder / str(module.get("path", "")) / "config.json"
-            settings = _read_json(config) if config.is_file() else {}
-            if not isinstance(settings, dict):
-                kind = type(settings).__name__
-                raise CheckpointError(f"{config}: holds a JSON {kind}, not pooling settings")
-            return settings
-    return None
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path}: not valid JSON ({exc})") from None

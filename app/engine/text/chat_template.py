@@ -4,8 +4,10 @@ A checkpoint's own Jinja template (GGUF `tokenizer.chat_template`, or the Huggin
 runs in jinja2's immutable sandbox with the names Hugging Face templates expect (`messages`,
 `tools`, `add_generation_prompt`, `bos_token`, `raise_exception`, `strftime_now`, a `tojson`
 that keeps non-ASCII text). Families whose file has no template (the embedded Gemma) get a
-built-in one: Gemma's turns, ChatML (Qwen) or Llama 3. Built-ins list tools as JSON schemas in
-the system turn and ask for `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`.
+built-in one: Gemma's turns, ChatML (Qwen), Llama 3 or PaddleOCR-VL's; so do checkpoints whose
+template breaks the probe's limits, and PaddleOCR-VL's whose template renders no text of a message (the
+published one reads content only as typed parts). Built-ins list tools as JSON schemas in the system turn and ask for
+`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (PaddleOCR-VL's takes no tools).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ _PROBE_MESSAGES = [
     {"role": "assistant", "content": "Hi! How can I help?"},
     {"role": "user", "content": "What is the weather in Paris?"},
 ]
+_PROBE_TEXT = "Paddock probe: is this text rendered?"
 _PROBE_TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
@@ -136,19 +139,36 @@ _LLAMA3 = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}<|start_header_id|>assistant<|end_header_id|>{{ NL ~ NL }}{%- endif -%}"
 )
+_PADDLEOCR = (  # PaddleOCR-VL's turns, as its published template writes them for text content; no tools
+    "{{- '<|begin_of_sentence|>' -}}"
+    "{%- for message in messages -%}"
+    "{%- if message.role == 'system' -%}{{ (message.content or '') ~ NL }}"
+    "{%- elif message.role == 'user' -%}{{ 'User: ' ~ (message.content or '') ~ NL }}"
+    "{%- elif message.role == 'assistant' -%}{{ 'Assistant: ' ~ (message.content or '') ~ eos_token }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ 'Assistant: ' }}{%- endif -%}"
+)
 BUILTIN_TEMPLATES: dict[str, tuple[str, tuple[str, ...]]] = {
     "gemma": (_GEMMA, ("<end_of_turn>",)),
     "chatml": (_CHATML, ("<|im_end|>",)),
     "llama3": (_LLAMA3, ("<|eot_id|>",)),
+    "paddleocr": (_PADDLEOCR, ()),
 }
 # Which built-in a vocabulary wants, by a marker token it has; else by architecture.
 _BUILTIN_BY_TOKEN = (
+    ("<|IMAGE_PLACEHOLDER|>", "paddleocr"),  # ERNIE's vocabulary as PaddleOCR-VL extends it
     ("<|channel|>", "harmony"),  # o200k_harmony (GPT-OSS)
     ("<start_of_turn>", "gemma"),
     ("<|start_header_id|>", "llama3"),
     ("<|im_start|>", "chatml"),
 )
-_BUILTIN_BY_ARCHITECTURE = (("gemma", "gemma"), ("llama", "llama3"), ("qwen", "chatml"), ("gpt-oss", "harmony"))
+# Families whose published template reads content only as a list of typed parts, so renders none of the
+# text content messages have here: their checkpoint template is checked for that and replaced by the built-in.
+_PARTS_ONLY_FAMILIES = ("paddleocr",)
+_BUILTIN_BY_ARCHITECTURE = (
+    ("gemma", "gemma"), ("llama", "llama3"), ("qwen", "chatml"), ("gpt-oss", "harmony"), ("paddleocr", "paddleocr")
+)  # fmt: skip
 
 
 class ChatTemplate:
@@ -238,6 +258,16 @@ class ChatTemplate:
             except ValueError:  # the template refuses this conversation (raise_exception): not a limit
                 continue
 
+    def drops_text(self) -> bool:
+        """Whether the template leaves a message's text out: one that reads content only as a list of
+        typed parts (PaddleOCR-VL's published one) renders none of the text every message has here.
+        A template that refuses the probe is not judged by it."""
+        try:
+            rendered = self.render_within(PROBE_LIMITS, [{"role": "user", "content": _PROBE_TEXT}])
+        except ValueError:
+            return False
+        return _PROBE_TEXT not in rendered
+
     def parse_tool_calls(self, text: str) -> tuple[str, list[ToolCall]]:
         """Split a reply into (remaining content, tool calls); text that is not a valid call stays content."""
         if self.reply_format is not None:
@@ -282,10 +312,12 @@ def chat_template_for(metadata_or_config: Any, tokenizer: Any, architecture: str
         )
         try:
             template.probe()
-            return template
+            if name not in _PARTS_ONLY_FAMILIES or not template.drops_text():
+                return template
+            refused = "chat template (checkpoint) renders no message text: it reads content only as typed parts"
         except TemplateLimitError as exc:
             refused = str(exc)
-            log.warning("%s; using the built-in %s template instead", refused, name)
+        log.warning("%s; using the built-in %s template instead", refused, name)
     if name == "harmony":
         harmony_template = HarmonyTemplate()
         harmony_template.refused = refused

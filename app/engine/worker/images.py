@@ -20,6 +20,22 @@ from app.engine.images import ImageInput
 DEFAULT_CACHED_IMAGES = 32
 
 
+class SoftTokenTowers:
+    """A model's image and audio towers behind the one `encode_image` the embedder calls: each input
+    goes to its modality's tower (Gemma 4 with vision and audio)."""
+
+    def __init__(self, image: Any = None, audio: Any = None) -> None:
+        self.towers = {"image": image, "audio": audio}
+        # the text model's two-way image spans are the image tower's; audio tokens stay causal
+        self.two_way_images = bool(getattr(image, "two_way_images", False))
+
+    def encode_image(self, item: ImageInput) -> Any:
+        tower = self.towers.get(item.modality)
+        if tower is None:
+            raise ValueError(f"the model has no {item.modality} tower")
+        return tower.encode_image(item)
+
+
 class ImageEmbedder:
     def __init__(self, vision: Any, backend: Backend, max_cached: int = DEFAULT_CACHED_IMAGES) -> None:
         self.vision = vision
@@ -63,7 +79,7 @@ class ImageEmbedder:
                     continue
                 rows.append(np.arange(lo, hi) - start + offset)
                 values.append(self.features(img.image)[lo - img.start : hi - img.start])
-                if self.two_way:
+                if self.two_way and img.image.modality == "image":  # audio tokens attend causally
                     own.append((img.start, img.end))
             spans.append(own)
             offset += chunk.num_tokens

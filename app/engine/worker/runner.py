@@ -85,6 +85,9 @@ class ModelRunner:
         self.prefill_graphs: Any = None  # PrefillGraphs, likewise
         self.images: Any = None  # ImageEmbedder, set by the engine when the model has vision
         self.mrope_merge: int | None = None  # the tower's spatial merge, set for M-RoPE models (Qwen2.5-VL)
+        # speculative mtp: every step runs eagerly and keeps all its rows' final hidden states for the head
+        self.keep_hidden = False
+        self.step_hidden: Any = None
 
     def prepare(self, chunks: list[Any]) -> tuple[np.ndarray, AttentionMetadata, np.ndarray]:
         """Host arrays for one step: token ids, attention metadata, and the rows to sample."""
@@ -139,8 +142,9 @@ class ModelRunner:
 
     def states_before(self, copies: Any) -> None:
         """A step's recurrent-state copies before its forward (cache/state_cache.py: StateCopies):
-        host-tier snapshots into their slots, then device snapshots into theirs, then evicted
-        snapshots out to the host tier."""
+        host-tier snapshots into their slots, then device snapshots (and rolled-back checkpoints) into
+        theirs, then verify chunks' slots into their checkpoint rows, then evicted snapshots out to the
+        host tier."""
         if not copies or not self.state_arrays:
             return
         b = self.backend
@@ -150,6 +154,7 @@ class ModelRunner:
             for array, host in zip(self.state_arrays, self.host_states, strict=True):
                 array[slots] = b.from_host(host[rows])
         self.copy_states(copies.restores)
+        self.copy_states(copies.checkpoints)
         if copies.spills:
             rows = b.from_host(np.array([p[0] for p in copies.spills], dtype=np.int64))
             host_rows = np.array([p[1] for p in copies.spills], dtype=np.int64)
@@ -192,7 +197,7 @@ class ModelRunner:
     def run(self, chunks: list[Any]) -> Any:
         """Forward the batch; logits `[n_sampled_rows, vocab]`: a row per sampling chunk, k+1 rows per
         verify chunk of k drafts (their steps run eagerly: no captured graph holds their shape)."""
-        if any(c.draft_token_ids for c in chunks):
+        if self.keep_hidden or any(c.draft_token_ids for c in chunks):
             return self._run_eager(chunks)
         if self.graphs is not None and self._is_graphable(chunks):
             return self._run_graph(chunks)
@@ -235,6 +240,7 @@ class ModelRunner:
             if inputs is not None:
                 embeds, meta.image_spans = inputs
         hidden = self.model.forward(self.backend.from_host(token_ids), meta, self.kv_caches, embeds=embeds)
+        self.step_hidden = hidden if self.keep_hidden else None
         return hidden, sample_rows
 
     def _run_eager(self, chunks: list[Any]) -> Any:

@@ -29,6 +29,7 @@ COLUMNS: tuple[tuple[str, Callable[[ModelEntry], str]], ...] = (
     ("Name", lambda e: e.name),
     ("Format", lambda e: e.format.upper()),
     ("Architecture", lambda e: e.architecture or "?"),
+    ("Does", lambda e: e.job or "?"),  # what it is for, read from its files (plan/job.py)
     ("Parameters", lambda e: count(e.parameters)),
     ("Quantization", lambda e: e.quantization or "?"),
     ("Context", lambda e: f"{e.context_length:,}" if e.context_length else "?"),
@@ -51,7 +52,9 @@ def notes(entry: ModelEntry, loaded: bool) -> str:
         marks.append("loaded")
     if entry.is_base:
         marks.append("base")
-    if entry.takes_images:
+    if entry.job_note:
+        marks.append(entry.job_note[0])
+    elif entry.takes_images:
         marks.append("takes images")
     if entry.job == "transcription":
         marks.append("transcription")

@@ -33,7 +33,7 @@ def _chat(ctx: StudioContext) -> QWidget:
     picker = None if ctx.remote else ModelPicker(ctx.library, ctx.host, ctx.settings, ctx.runtime, ctx.worker,
                                                  ctx.dialogs)
     # documents dropped on the chat: the embedding model loads at the first drop, shared with the API
-    documents = DocumentSet(ctx.embedders.get, keep_scanned=True)
+    documents = DocumentSet(ctx.embedders.get, keep_scanned=True, ocr=ctx.ocr)
     return ChatPane(ctx.chat, ctx.history, ctx.runtime, ctx.worker, ctx.dialogs, ctx.chat_defaults,
                     lambda: ctx.settings.get("chat.system_prompt"), documents, copy_text=ctx.copy_text,
                     enter_sends=lambda: ctx.settings.get("chat.enter_sends"), model_picker=picker)
@@ -64,8 +64,10 @@ def _documents(ctx: StudioContext) -> QWidget:
     from app.studio.doc_qa import DocQASession, DocumentSet
     from app.ui.panes.documents import DocumentsPane
 
-    # kept, with embeddings, across restarts; scanned PDFs stay in the set for a vision model to read
-    documents = DocumentSet(ctx.embedders.get, store=ctx.paths.data_dir / "documents", keep_scanned=True)
+    # kept, with embeddings, across restarts; scanned PDFs' pages are read by the OCR model if one is set,
+    # else they stay in the set for a vision model to read
+    documents = DocumentSet(ctx.embedders.get, store=ctx.paths.data_dir / "documents", keep_scanned=True,
+                            ocr=ctx.ocr)
     return DocumentsPane(DocQASession(documents, lambda: ctx.host.client), ctx.runtime, ctx.worker)
 
 

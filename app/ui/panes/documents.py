@@ -4,7 +4,8 @@ Reading and embedding run on a worker (`Worker.submit`) with a progress bar and 
 answers stream on the qasync loop (`Worker.spawn`). Everything about documents, retrieval
 and prompts is `DocQASession`'s (app/studio/doc_qa.py); the pane arranges and forwards.
 With a vision model loaded, a question reads the PDFs' pages as images, page by page under the
-same progress bar (Cancel or Stop ends it), and the answer cites the pages.
+same progress bar (Cancel or Stop ends it), and the answer cites the pages. With an OCR model set,
+scanned pages are read by it while files are added (the mode line says so).
 """
 
 from __future__ import annotations
@@ -319,6 +320,8 @@ class DocumentsPane(QWidget):
         else:
             self.mode.setText(f"{status.model} reads text only, so the documents' extracted text is used "
                               "(pages are not sent as images).")
+        if self.session.documents.ocr.notice:
+            self.mode.setText(f"{self.mode.text()} {self.session.documents.ocr.notice}")
         self._show_vision_notice()
         self._update_buttons()
 

@@ -28,7 +28,7 @@ from app.studio.downloads import HubClient
 from app.studio.fit_estimate import FitEstimate, estimate
 from app.studio.library import ModelEntry, ModelLibrary
 from app.studio.model_choice import EMBEDDED_NAME, LOAD_ANYWAY, list_models, load_entry, wont_fit_question
-from app.studio.runtime import EngineHost, RuntimeStatus, fit_options
+from app.studio.runtime import EngineHost, RuntimeStatus, fit_options, task_models_beside
 from app.studio.settings import Settings
 from app.studio.tasks import TaskResult
 from app.ui.context import RuntimeWatcher
@@ -155,9 +155,10 @@ class ModelsPane(QWidget):
             self.fit.show_error(entry.error or "This model's shape is unknown, so its memory cannot be predicted.")
             return
         self._fit_asked += 1
-        asked, shape, options = self._fit_asked, entry.shape, fit_options(self.settings)
+        asked, shape, options, job = self._fit_asked, entry.shape, fit_options(self.settings), entry.job
+        settings = self.settings
         self.fit.show_pending("Checking free memory…")
-        self.worker.submit(lambda ctx: estimate(shape, options),
+        self.worker.submit(lambda ctx: estimate(shape, options, job=job, beside=task_models_beside(settings)),
                            on_done=lambda result: self._on_fit(result, asked), owner=self)
 
     def _on_fit(self, result: TaskResult[FitEstimate], asked: int) -> None:
@@ -233,8 +234,10 @@ def describe(entry: ModelEntry) -> str:
     if entry.context_length:
         what += f" · context {entry.context_length:,} tokens"
     files = ", ".join(f.name for f in entry.files[:4]) + (" …" if len(entry.files) > 4 else "")
-    lines = [f"<b>{name}</b>", what, f"Quantization: {entry.quantization or '?'}" + (f" ({mix})" if mix else ""),
-             f"Files: {html.escape(files)}"]
+    lines = [f"<b>{name}</b>", what, f"Does: {html.escape(entry.job or '?')}",
+             f"Quantization: {entry.quantization or '?'}" + (f" ({mix})" if mix else ""), f"Files: {html.escape(files)}"]
+    if entry.job_note:
+        lines.append(f"Job: {entry.job_note[0]}: {html.escape(entry.job_note[1])}")
     if entry.vision:
         lines.append(f"Takes images: its vision tower is {html.escape(entry.vision)}")
     if entry.job == "transcription":

@@ -152,7 +152,9 @@ class TranscribePane(QWidget):
         self.model_label = QLabel("Model: …")
         self.model_label.setObjectName("mutedText")
         self.model_button = QPushButton("Choose model…")
-        self.model_button.setToolTip("A CTranslate2 Whisper folder, or a speech LLM folder: Qwen3-ASR or Granite Speech")
+        self.model_button.setToolTip(
+            "A CTranslate2 Whisper folder, or a speech LLM folder: Qwen3-ASR, Granite Speech or Gemma 4 with audio"
+        )
         model_row = QHBoxLayout()
         model_row.addWidget(self.model_label, 1)
         model_row.addWidget(self.model_button)
@@ -341,8 +343,11 @@ class TranscribePane(QWidget):
         return written
 
     def choose_model(self) -> None:
-        """Another model folder for the next transcriptions: Whisper (faster-whisper), Qwen3-ASR or Granite Speech."""
-        chosen = self.dialogs.open_folder(self, "Choose a Whisper, Qwen3-ASR or Granite Speech model folder")
+        """Another model folder for the next transcriptions: Whisper (faster-whisper), Qwen3-ASR, Granite Speech
+        or Gemma 4 with an audio tower."""
+        chosen = self.dialogs.open_folder(
+            self, "Choose a Whisper, Qwen3-ASR, Granite Speech or Gemma 4 (with audio) model folder"
+        )
         if chosen is None or self.busy:
             return
         self.service.set_model(chosen)

@@ -1,5 +1,6 @@
 """Will-it-fit, shown: the verdict as a coloured badge at the context the chat will use (the model's maximum
-beside it), the memory breakdown, the largest context that fits, and the speed to expect on this machine."""
+beside it), the memory breakdown (a speech model's audio tower, the task models loaded beside a chat model),
+the largest context that fits, and the speed to expect on this machine."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from app.studio.tasks import TaskResult
 PARTS = (("weights", "Weights"), ("vision", "Vision"), ("audio", "Audio"), ("kv_cache", "KV cache"),
          ("activations", "Activations"), ("overhead", "Overhead"))
 VISION_ROW = 1  # shown only for a model that takes images
-AUDIO_ROW = 2  # shown only for a speech model
+AUDIO_ROW = 2  # shown only for a model with an audio side (a speech model, Gemma 4 with audio)
 
 
 class FitView(QWidget):
@@ -76,7 +77,7 @@ class FitView(QWidget):
         self._set_verdict(report.verdict)
         budget = f"{format_bytes(report.budget_bytes)} usable" if report.budget_bytes is not None else "unknown"
         self.headline.setText(
-            f"{format_bytes(report.breakdown.total)} needed at {report.context_length:,} tokens of context "
+            f"{format_bytes(report.total)} needed at {report.context_length:,} tokens of context "
             f"(the model's maximum: {report.model_context_length:,}; {report.kv_dtype} KV); {budget} on "
             f"{report.device.describe()}.")
         for key, _ in PARTS:
@@ -90,9 +91,10 @@ class FitView(QWidget):
             b = report.breakdown
             self.parts["audio"].setText(f"{format_bytes(b.audio)} ({format_bytes(b.audio_weights)} of encoder, "
                                         f"projector and adapter: {report.audio_source}; "
-                                        f"{format_bytes(b.audio_activations)} per minute of audio)")
+                                        f"{format_bytes(b.audio_activations)} per {report.audio_clip})")
         self.form.setRowVisible(AUDIO_ROW, bool(report.audio_source))
-        self.total.setText(format_bytes(report.breakdown.total))
+        beside = "; ".join(f"{format_bytes(t.total)} for the {t.job} model {t.name} beside it" for t in report.beside)
+        self.total.setText(format_bytes(report.total) + (f" ({beside})" if beside else ""))
         if report.budget_bytes is None:
             self.max_context.setText("")
         elif report.max_context:

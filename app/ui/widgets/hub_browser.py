@@ -45,7 +45,7 @@ from app.studio.downloads import (
 from app.studio.fit_estimate import FitEstimate, estimate
 from app.studio.hub_session import HubSession
 from app.studio.recommendations import Recommendation, RecommendationFit, recommended_fits
-from app.studio.runtime import fit_options
+from app.studio.runtime import fit_options, task_models_beside
 from app.studio.settings import Settings
 from app.studio.tasks import CancelToken, Progress, TaskResult
 from app.ui.models.hub import remote_files_model, search_results_model
@@ -343,8 +343,11 @@ class HubBrowser(QWidget):
         options = fit_options(self.settings)
         self.fit.show_pending("Reading the model's shape from the hub (a few hundred KB)…")
 
+        settings = self.settings
+
         def probe(ctx: object) -> FitEstimate:
-            return estimate(self._hub().probe_model(listing, gguf_file, vision=vision).shape, options)
+            model = self._hub().probe_model(listing, gguf_file, vision=vision)
+            return estimate(model.shape, options, job=model.job, beside=task_models_beside(settings))
 
         self.worker.submit(probe, on_done=lambda result: self._on_fit(result, asked), owner=self)
 

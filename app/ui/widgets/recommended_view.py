@@ -1,10 +1,12 @@
-"""Recommended chat models: the curated list with sizes and this machine's fit verdicts, one click to download.
+"""Recommended models: the curated list with sizes, what each does and this machine's fit verdicts, one click
+to download.
 
 The hub tab opens on it, and the Chat pane's base-model note leads here. The verdicts are
 computed on the worker (reading free memory and measuring memory bandwidth take a moment), with
 the same settings as the Models pane's fit view: each at the context the chat will use, with the
-model's maximum and the speed to expect beside it. Picking a row shows its memory breakdown in the
-hub tab's fit panel.
+model's maximum and the speed to expect beside it (a task model, an embedder or a reranker, is judged as the
+engine runs one beside the chat model, and has no decode speed). Picking a row shows its memory breakdown
+in the hub tab's fit panel.
 """
 
 from __future__ import annotations
@@ -21,12 +23,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.engine.plan.fit import format_bytes
+from app.engine.plan.fit import format_bytes, is_task_job
 from app.studio.recommendations import RECOMMENDED, Recommendation, RecommendationFit
 from app.studio.tasks import TaskResult
 
-HEADERS = ("Model", "For", "Download", "Fit at the chat's context", "Speed here", "")
-FIT_COLUMN, SPEED_COLUMN = 3, 4
+HEADERS = ("Model", "For", "Download", "Fit at the chat's context", "Speed here", "Does", "")
+FIT_COLUMN, SPEED_COLUMN, JOB_COLUMN = 3, 4, 5
+NO_SPEED = "—"  # a task model: it embeds or scores whole texts, it does not generate
 
 
 class RecommendedView(QWidget):
@@ -35,8 +38,9 @@ class RecommendedView(QWidget):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.intro = QLabel("Instruction-tuned chat models that run in this engine, by the GPU memory they suit. "
-                            "Fit verdicts are for this machine, before anything is downloaded.")
+        self.intro = QLabel("Models that run in this engine: instruction-tuned chat models by the GPU memory they "
+                            "suit, then embedding and reranking models to run beside them. Fit verdicts are for "
+                            "this machine, before anything is downloaded.")
         self.intro.setWordWrap(True)
         self.table = QTableWidget(len(RECOMMENDED), len(HEADERS))
         self.table.setHorizontalHeaderLabels(list(HEADERS))
@@ -50,7 +54,7 @@ class RecommendedView(QWidget):
         self.get_buttons: list[QPushButton] = []
         self.fits: list[RecommendationFit] = []
         for row, rec in enumerate(RECOMMENDED):
-            cells = (rec.title, rec.memory_class, format_bytes(rec.size_bytes), "", "")
+            cells = (rec.title, rec.memory_class, format_bytes(rec.size_bytes), "", "", rec.job)
             for column, text in enumerate(cells):
                 item = QTableWidgetItem(text)
                 item.setToolTip(f"{rec.repo_id} · {rec.file}" + (f"\n{rec.note}" if rec.note else ""))
@@ -81,7 +85,8 @@ class RecommendedView(QWidget):
             self.table.item(row, FIT_COLUMN).setText(verdict_text(fit))
             self.table.item(row, FIT_COLUMN).setToolTip(fit.report.summary())
             speed = self.table.item(row, SPEED_COLUMN)
-            speed.setText(fit.speed.short() if fit.speed is not None else "unknown")
+            task = is_task_job(fit.recommendation.job)
+            speed.setText(NO_SPEED if task else fit.speed.short() if fit.speed is not None else "unknown")
             speed.setToolTip(fit.speed.describe() if fit.speed is not None else "")
         self._on_row(self.table.currentRow())
 

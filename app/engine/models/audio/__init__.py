@@ -5,7 +5,9 @@ projector feeding Qwen3), its config and tensors (`qwen3_asr_config.py`, `qwen3_
 and the log-mel features its feature extractor computes, in numpy (`mel.py`). Granite Speech
 (`granite_speech.py`: a conformer and a windowed Q-Former feeding Granite, whose LoRA adapter the loader
 merges), its config, tensors and features (`granite_speech_config.py`, `granite_speech_weights.py`,
-`granite_speech_features.py`). Each family's prompter builds its prompt and reads its reply.
+`granite_speech_features.py`). Gemma 4's audio tower and embedder (`gemma4_audio.py`, a conformer), its
+config and tensors (`gemma4_audio_config.py`), its log-mel front end (`gemma4_audio_features.py`) and
+prompt expansion (`gemma4_audio_prompter.py`). Each family's prompter builds its prompt and reads its reply.
 """
 
 from __future__ import annotations
@@ -13,6 +15,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from app.engine.models.audio.gemma4_audio import Gemma4AudioTower
+from app.engine.models.audio.gemma4_audio_config import (
+    gemma4_audio_config,
+    has_gemma4_audio,
+    load_gemma4_audio,
+)
 from app.engine.models.audio.granite_speech import GraniteSpeechAudioEncoder
 from app.engine.models.audio.granite_speech_config import (
     GraniteSpeechAudioConfig,
@@ -24,10 +32,12 @@ from app.engine.models.audio.qwen3_asr import Qwen3AsrAudioEncoder
 from app.engine.models.audio.qwen3_asr_config import is_qwen3_asr, qwen3_asr_audio_config
 from app.engine.models.audio.qwen3_asr_weights import load_qwen3_asr_audio
 
-__all__ = ["SPEECH_ARCHITECTURES", "GraniteSpeechAudioEncoder", "Qwen3AsrAudioEncoder", "is_speech_model",
-           "load_audio_encoder", "load_mmproj_audio_encoder", "speech_gguf", "speech_prompter"]  # fmt: skip
+__all__ = ["SPEECH_ARCHITECTURES", "Gemma4AudioTower", "GraniteSpeechAudioEncoder", "Qwen3AsrAudioEncoder",
+           "is_speech_model", "load_audio_encoder", "load_gemma4_audio_tower", "load_mmproj_audio_encoder",
+           "speech_gguf", "speech_prompter"]  # fmt: skip
 
-# the speech LLMs whose audio side this package runs (config.json architectures)
+# the speech LLMs whose audio side this package runs (config.json architectures); Gemma 4's audio tower
+# is an optional part of a chat model (has_gemma4_audio)
 SPEECH_ARCHITECTURES = ("Qwen3ASRForConditionalGeneration", "GraniteSpeechForConditionalGeneration")
 
 
@@ -115,3 +125,11 @@ def speech_adapter(folder: Path, hf_config: dict[str, Any]) -> Path | None:
             "transcribes with its LoRA adapter on"
         )
     return folder
+
+
+def load_gemma4_audio_tower(folder: Path, hf_config: dict[str, Any], backend: Any) -> Gemma4AudioTower | None:
+    """A Gemma 4 folder's audio tower and embedder, or None for one without `audio_config`."""
+    if not has_gemma4_audio(hf_config):
+        return None
+    cfg = gemma4_audio_config(folder, hf_config)
+    return Gemma4AudioTower(backend, cfg, load_gemma4_audio(folder, cfg))

@@ -24,9 +24,11 @@ class MelSettings:
     min_length: int = 8000  # samples: shorter clips are zero-padded to this
 
 
-def _hz_to_mel(freq: np.ndarray) -> np.ndarray:
-    """The Slaney mel scale: linear below 1 kHz, logarithmic above."""
+def _hz_to_mel(freq: np.ndarray, scale: str = "slaney") -> np.ndarray:
+    """The Slaney mel scale (linear below 1 kHz, logarithmic above) or HTK's (`2595 log10(1 + f/700)`)."""
     freq = np.asarray(freq, np.float64)
+    if scale == "htk":
+        return 2595.0 * np.log10(1.0 + freq / 700.0)
     mels = freq / (200.0 / 3)
     log_region = freq >= 1000.0
     logstep = np.log(6.4) / 27.0
@@ -34,8 +36,10 @@ def _hz_to_mel(freq: np.ndarray) -> np.ndarray:
     return mels
 
 
-def _mel_to_hz(mels: np.ndarray) -> np.ndarray:
+def _mel_to_hz(mels: np.ndarray, scale: str = "slaney") -> np.ndarray:
     mels = np.asarray(mels, np.float64)
+    if scale == "htk":
+        return 700.0 * (np.power(10.0, mels / 2595.0) - 1.0)
     freq = mels * (200.0 / 3)
     log_region = mels >= 15.0
     logstep = np.log(6.4) / 27.0
@@ -44,18 +48,23 @@ def _mel_to_hz(mels: np.ndarray) -> np.ndarray:
 
 
 @functools.cache
-def mel_filters(num_frequency_bins: int, num_mel: int, sampling_rate: int) -> np.ndarray:
-    """`[num_frequency_bins, num_mel]` triangular filters from 0 to 8 kHz, Slaney-normalised (each
-    filter's area is the same), as transformers' `mel_filter_bank(..., norm="slaney", mel_scale="slaney")`."""
-    mel_edges = np.linspace(_hz_to_mel(np.array([0.0]))[0], _hz_to_mel(np.array([8000.0]))[0], num_mel + 2)
-    edges = _mel_to_hz(mel_edges)
+def mel_filters(
+    num_frequency_bins: int, num_mel: int, sampling_rate: int, scale: str = "slaney",
+    f_min: float = 0.0, f_max: float = 8000.0,
+) -> np.ndarray:  # fmt: skip
+    """`[num_frequency_bins, num_mel]` float64 triangular filters from `f_min` to `f_max`, as
+    transformers' `mel_filter_bank`: Slaney-normalised (each filter's area the same) on the Slaney
+    scale (Whisper, Qwen3-ASR), unnormalised on the HTK scale (Gemma 4)."""
+    ends = _hz_to_mel(np.array([f_min, f_max]), scale)
+    edges = _mel_to_hz(np.linspace(ends[0], ends[1], num_mel + 2), scale)
     fft_freqs = np.linspace(0, sampling_rate // 2, num_frequency_bins)
     widths = np.diff(edges)
     slopes = edges[None, :] - fft_freqs[:, None]
     down = -slopes[:, :-2] / widths[:-1]
     up = slopes[:, 2:] / widths[1:]
     filters = np.maximum(np.zeros(1), np.minimum(down, up))
-    filters *= 2.0 / (edges[2 : num_mel + 2] - edges[:num_mel])
+    if scale == "slaney":
+        filters *= 2.0 / (edges[2 : num_mel + 2] - edges[:num_mel])
     return filters
 
 

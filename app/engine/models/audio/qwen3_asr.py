@@ -85,14 +85,16 @@ def attention_windows(frames: int, cfg: Qwen3AsrAudioConfig) -> list[int]:
     return [window] * full + ([rest] if rest else [])
 
 
-class _Conv3x3:
-    """A 3x3 convolution with stride 2 and padding 1 as one product over gathered patches."""
+class Conv3x3:
+    """A 3x3 convolution with stride 2 and padding 1 as one product over gathered patches (Gemma 4's
+    audio tower takes it too, without a bias)."""
 
     def __init__(self, backend: Any, tensors: Tensors, name: str) -> None:
         weight = tensors[f"{name}.weight"].dequantize()
         self.xp = backend.xp
         self.weight = backend.from_host(weight.reshape(weight.shape[0], -1).T.copy(), backend.xp.float32)
-        self.bias = backend.from_host(tensors[f"{name}.bias"].dequantize(), backend.xp.float32)
+        bias = tensors.get(f"{name}.bias")
+        self.bias = None if bias is None else backend.from_host(bias.dequantize(), backend.xp.float32)
 
     def __call__(self, x: Any) -> Any:
         """`[N, C, H, W]` -> `[N, out, ceil(H/2), ceil(W/2)]`."""
@@ -100,12 +102,13 @@ class _Conv3x3:
         n, c, h, w = x.shape
         ho, wo = (h - 1) // 2 + 1, (w - 1) // 2 + 1
         padded = xp.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
-        taps = [
-            padded[:, :, dy : dy + 2 * ho : 2, dx : dx + 2 * wo : 2] for dy in range(3) for dx in range(3)
-        ]
-        patches = xp.stack(taps, axis=-1)  # [N, C, Ho, Wo, 9]: weight order (c, dy, dx)
-        patches = patches.transpose(0, 2, 3, 1, 4).reshape(n * ho * wo, c * 9)
-        out = patches @ self.weight + self.bias
+        patches = xp.empty((n, ho, wo, c, 9), x.dtype)  # weight order (c, dy, dx); filled once, in place
+        for tap in range(9):
+            dy, dx = divmod(tap, 3)
+            patches[..., tap] = padded[:, :, dy : dy + 2 * ho : 2, dx : dx + 2 * wo : 2].transpose(0, 2, 3, 1)
+        out = patches.reshape(n * ho * wo, c * 9) @ self.weight
+        if self.bias is not None:
+            out += self.bias
         return out.reshape(n, ho, wo, -1).transpose(0, 3, 1, 2)
 
 
@@ -142,7 +145,7 @@ class Qwen3AsrAudioEncoder:
 
     def __init__(self, backend: Any, cfg: Qwen3AsrAudioConfig, tensors: Tensors) -> None:
         self.backend, self.config = backend, cfg
-        self.convs = [_Conv3x3(backend, tensors, f"tower.conv2d{i}") for i in (1, 2, 3)]
+        self.convs = [Conv3x3(backend, tensors, f"tower.conv2d{i}") for i in (1, 2, 3)]
         self.conv_out = named_linear(backend, tensors, "tower.conv_out")
         self.positions = backend.from_host(sinusoids(POSITIONS, cfg.hidden_size), backend.xp.float32)
         self.layers = [_EncoderLayer(backend, cfg, tensors, i) for i in range(cfg.num_layers)]

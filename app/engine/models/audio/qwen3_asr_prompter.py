@@ -11,6 +11,7 @@ import numpy as np
 
 from app.engine.images import ImageInput
 from app.engine.models.audio.mel import log_mel
+from app.engine.models.audio.placeholders import expand_placeholders
 from app.engine.models.audio.qwen3_asr import audio_tokens
 from app.engine.models.audio.qwen3_asr_config import Qwen3AsrAudioConfig
 
@@ -27,7 +28,10 @@ _CODES = {name.lower(): code for code, name in LANGUAGE_NAMES.items()}
 
 
 class Qwen3AsrPrompter:
-    """What `place_images` asks of a prompter (`image_token_id`, `tokens_for`), for audio."""
+    """What `place_images` asks of a prompter (`image_token_id`, `tokens_for`), for audio; and, for a chat
+    prompt, the audio part's expansion (`<|audio_start|>`, the clip's `<|audio_pad|>`s, `<|audio_end|>`)."""
+
+    max_seconds = None  # no limit of its own: the context bounds a clip (13 tokens a second)
 
     def __init__(self, cfg: Qwen3AsrAudioConfig, tokenizer: Any) -> None:
         self.cfg, self.tokenizer = cfg, tokenizer
@@ -36,10 +40,16 @@ class Qwen3AsrPrompter:
 
     def audio_input(self, samples: np.ndarray) -> ImageInput:
         """Mono samples at the model's rate -> the clip's log-mel frames as a soft-token input."""
-        return ImageInput(log_mel(samples, self.cfg.mel))
+        return ImageInput(log_mel(samples, self.cfg.mel), modality="audio")
 
     def tokens_for(self, audio: ImageInput) -> int:
         return audio_tokens(audio.pixel_values.shape[1], self.cfg)
+
+    def expand(self, text: str, clips: list[ImageInput], marker: str) -> str:
+        """Each `marker` in a rendered chat prompt replaced by its clip's tokens, in order."""
+        return expand_placeholders(
+            text, clips, marker, lambda c: f"<|audio_start|>{'<|audio_pad|>' * self.tokens_for(c)}<|audio_end|>"
+        )
 
     def prompt_ids(self, audio: ImageInput, language: str | None = None, context: str = "") -> list[int]:
         """`language`: an ISO code or a name (the model's own name for it is prefilled)."""

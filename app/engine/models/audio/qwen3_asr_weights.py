@@ -6,38 +6,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.engine.loader.names import CheckpointError
-from app.engine.loader.safetensors import read_safetensors_file, weight_files
+from app.engine.models.audio.folder_tensors import Tensors, check_shapes, tensors_by_prefix
 from app.engine.models.audio.qwen3_asr_config import Qwen3AsrAudioConfig
-from app.engine.quant.dispatch import QuantizedTensor
 
-Tensors = dict[str, QuantizedTensor]
 _PARTS = {"audio_tower.": "tower.", "multi_modal_projector.": "projector."}
 
 
 def load_qwen3_asr_audio(folder: Path, cfg: Qwen3AsrAudioConfig) -> Tensors:
-    tensors: Tensors = {}
-    for file in weight_files(folder):
-        for hf_name, tensor in read_safetensors_file(file).items():
-            bare = hf_name.removeprefix("model.")
-            part = next((p for p in _PARTS if bare.startswith(p)), None)
-            if part is not None:
-                name = _PARTS[part] + bare[len(part) :]
-                tensors[name] = QuantizedTensor(name, tensor.qtype, tensor.shape, tensor.data)
-    for name, shape in _expected_shapes(cfg).items():
-        found = tensors.get(name)
-        if found is None:
-            raise CheckpointError(f"{folder}: the Qwen3-ASR checkpoint lacks {_hf_name(name)}")
-        if tuple(found.shape) != shape:
-            raise CheckpointError(
-                f"{folder}: {_hf_name(name)} has shape {list(found.shape)}, the config needs {list(shape)}"
-            )
+    tensors = tensors_by_prefix(folder, _PARTS)
+    check_shapes(folder, tensors, _expected_shapes(cfg), _PARTS, "Qwen3-ASR checkpoint")
     return tensors
-
-
-def _hf_name(name: str) -> str:
-    part, rest = name.split(".", 1)
-    return "model." + next(hf for hf, ours in _PARTS.items() if ours == f"{part}.") + rest
 
 
 def _expected_shapes(c: Qwen3AsrAudioConfig) -> dict[str, tuple[int, ...]]:

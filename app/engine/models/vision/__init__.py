@@ -7,7 +7,9 @@ Gemma 4's tower and embedder are `Gemma4VisionTower` (gemma4_vision.py, from an 
 mmproj: gemma4_mmproj.py);
 Muse Glimmer's tower, adapter and projection `MuseGlimmerVisionTower` (muse_glimmer_vision.py, from an HF
 folder or an mmproj: muse_glimmer_weights.py, muse_glimmer_mmproj.py);
-image preprocessing is in image_processing.py, qwen_vl_processing.py and gemma4_processing.py.
+PaddleOCR-VL's tower and projector `PaddleVisionTower` (paddleocr_vision.py);
+image preprocessing is in image_processing.py, qwen_vl_processing.py, gemma4_processing.py and
+paddleocr_processing.py.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ from app.engine.models.vision.gemma4_mmproj import load_gemma4_mmproj
 from app.engine.models.vision.gemma4_vision import Gemma4VisionTower
 from app.engine.models.vision.muse_glimmer_vision import MuseGlimmerVisionTower
 from app.engine.models.vision.muse_glimmer_weights import load_muse_glimmer_tower
+from app.engine.models.vision.paddleocr_config import load_paddle_vision
+from app.engine.models.vision.paddleocr_mmproj import load_paddle_mmproj
+from app.engine.models.vision.paddleocr_vision import PaddleVisionTower
 from app.engine.models.vision.qwen_vl import QwenVisionModel
 from app.engine.models.vision.qwen_vl_mmproj import load_qwen_mmproj
 from app.engine.models.vision.qwen_vl_weights import load_qwen_vision
@@ -35,6 +40,7 @@ from app.engine.models.vision.weights import Tensors, find_mmproj, load_hf_visio
 __all__ = [
     "Gemma4VisionTower",
     "MuseGlimmerVisionTower",
+    "PaddleVisionTower",
     "QwenVisionModel",
     "VisionConfig",
     "VisionModel",
@@ -58,7 +64,7 @@ class VisionModel:
 
 def load_vision(
     checkpoint: Any, backend: Any, mmproj: str | Path | None = None
-) -> VisionModel | QwenVisionModel | Gemma4VisionTower | MuseGlimmerVisionTower | None:
+) -> VisionModel | QwenVisionModel | Gemma4VisionTower | MuseGlimmerVisionTower | PaddleVisionTower | None:
     """The checkpoint's vision tower: its own (HF folder), the given mmproj, or an mmproj beside a
     GGUF. None when the model has none."""
     if checkpoint.architecture == "qwen2vl":
@@ -67,6 +73,8 @@ def load_vision(
         return _load_gemma4(checkpoint, backend, mmproj)
     if checkpoint.architecture == "muse-glimmer":
         return load_muse_glimmer_tower(checkpoint, backend, mmproj)
+    if checkpoint.architecture == "paddleocr":
+        return _load_paddle(checkpoint, backend, mmproj)
     text_hidden = checkpoint.tensors["token_embd.weight"].shape[1]
     if mmproj is not None:
         cfg, tensors = load_mmproj(Path(mmproj), text_hidden)
@@ -85,22 +93,31 @@ def load_vision(
 
 def _load_qwen(checkpoint: Any, backend: Any, mmproj: str | Path | None) -> QwenVisionModel | None:
     """From the given mmproj, the mmproj beside a GGUF, or the folder's own `visual.*` tensors."""
-    text_hidden = checkpoint.tensors["token_embd.weight"].shape[1]
+    loaded = _mmproj_or_folder(checkpoint, mmproj, load_qwen_mmproj, load_qwen_vision)
+    if loaded is None:
+        return None
+    cfg, tensors = loaded
+    _check_width(checkpoint, cfg.out_hidden_size, "merger")
+    return QwenVisionModel(backend, cfg, tensors)
+
+
+def _mmproj_or_folder(checkpoint: Any, mmproj: str | Path | None, from_mmproj: Any, from_folder: Any) -> Any:
+    """`(config, tensors)` of a tower given as an mmproj, found beside a GGUF, or in the HF folder
+    (None where there is none): the M-RoPE families' towers load alike."""
     if mmproj is not None or checkpoint.format == "gguf":
         path = Path(mmproj) if mmproj is not None else find_mmproj(checkpoint.path)
         if path is None:
             return None
-        cfg, tensors = load_qwen_mmproj(path, text_hidden)
-    else:
-        loaded = load_qwen_vision(checkpoint.path, checkpoint.hf_config or {})
-        if loaded is None:
-            return None
-        cfg, tensors = loaded
-    if cfg.out_hidden_size != text_hidden:
+        return from_mmproj(path, checkpoint.tensors["token_embd.weight"].shape[1])
+    return from_folder(checkpoint.path, checkpoint.hf_config or {})
+
+
+def _check_width(checkpoint: Any, width: int, part: str) -> None:
+    text_hidden = checkpoint.tensors["token_embd.weight"].shape[1]
+    if width != text_hidden:
         raise CheckpointError(
-            f"{checkpoint.path}: the vision merger outputs width {cfg.out_hidden_size}, the text model's is {text_hidden}"
+            f"{checkpoint.path}: the vision {part} outputs width {width}, the text model's is {text_hidden}"
         )
-    return QwenVisionModel(backend, cfg, tensors)
 
 
 def _load_gemma4(checkpoint: Any, backend: Any, mmproj: str | Path | None) -> Gemma4VisionTower | None:
@@ -120,8 +137,8 @@ def _load_gemma4(checkpoint: Any, backend: Any, mmproj: str | Path | None) -> Ge
             two_way = text_config.get("use_bidirectional_attention") == "vision"
         else:
             two_way = "per_layer_token_embd.weight" not in checkpoint.tensors
-        cfg, tensors = load_gemma4_mmproj(path, text_hidden, two_way)
-        return Gemma4VisionTower(backend, cfg, tensors)
+        loaded = load_gemma4_mmproj(path, text_hidden, two_way)
+        return None if loaded is None else Gemma4VisionTower(backend, *loaded)
     loaded = load_gemma4_vision(checkpoint.path, checkpoint.hf_config or {})
     if loaded is None:
         return None
@@ -131,3 +148,13 @@ def _load_gemma4(checkpoint: Any, backend: Any, mmproj: str | Path | None) -> Ge
             f"{checkpoint.path}: the vision embedder outputs width {cfg.text_hidden_size}, the text model's is {text_hidden}"
         )
     return Gemma4VisionTower(backend, cfg, tensors)
+
+
+def _load_paddle(checkpoint: Any, backend: Any, mmproj: str | Path | None) -> PaddleVisionTower | None:
+    """From the given mmproj, the mmproj beside a GGUF, or the folder's own `visual.*`/`mlp_AR.*`."""
+    loaded = _mmproj_or_folder(checkpoint, mmproj, load_paddle_mmproj, load_paddle_vision)
+    if loaded is None:
+        return None
+    cfg, tensors = loaded
+    _check_width(checkpoint, cfg.text_hidden_size, "projector")
+    return PaddleVisionTower(backend, cfg, tensors)

@@ -222,9 +222,12 @@ def _patch_embedding(kernel: QuantizedTensor | None, cfg: Gemma4VisionConfig) ->
 
 def load_gemma4_mmproj(
     path: Path, text_hidden_size: int, two_way_images: bool
-) -> tuple[Gemma4VisionConfig, Tensors]:
-    """A Gemma 4 mmproj GGUF: the tower's config and its tensors under the HF names; errors name the file."""
+) -> tuple[Gemma4VisionConfig, Tensors] | None:
+    """A Gemma 4 mmproj GGUF: the tower's config and its tensors under the HF names; errors name the file.
+    None for an audio-only mmproj (llama.cpp's audio half alone): core/audio.py loads that one."""
     file = read_gguf(path)
+    if file.metadata.get("clip.has_audio_encoder") and not file.metadata.get("clip.has_vision_encoder"):
+        return None
     try:
         tensors = dict(file.tensors)
         cfg = gemma4_config_from_gguf(file.metadata, tensors, text_hidden_size, two_way_images)

@@ -43,7 +43,7 @@ class ClippedLinear:
         return self.xp.clip(self.linear(self.xp.clip(x, lo, hi)), out_lo, out_hi)
 
 
-class _Norm:
+class Gemma4Norm:
     """Gemma 4's RMS norm: a plain `w` scale (not `1 + w`), or none."""
 
     def __init__(self, backend: Any, tensors: Tensors, name: str | None, width: int, eps: float) -> None:
@@ -88,11 +88,11 @@ class Gemma4EncoderLayer:
             for n in ("q_proj", "k_proj", "v_proj", "o_proj")
         }
         self.q, self.k, self.v, self.o = lin["q_proj"], lin["k_proj"], lin["v_proj"], lin["o_proj"]
-        self.q_norm = _Norm(backend, tensors, f"{p}.self_attn.q_norm.weight", cfg.head_dim, eps)
-        self.k_norm = _Norm(backend, tensors, f"{p}.self_attn.k_norm.weight", cfg.head_dim, eps)
-        self.v_norm = _Norm(backend, tensors, None, cfg.head_dim, eps)
+        self.q_norm = Gemma4Norm(backend, tensors, f"{p}.self_attn.q_norm.weight", cfg.head_dim, eps)
+        self.k_norm = Gemma4Norm(backend, tensors, f"{p}.self_attn.k_norm.weight", cfg.head_dim, eps)
+        self.v_norm = Gemma4Norm(backend, tensors, None, cfg.head_dim, eps)
         self.norms = {
-            n: _Norm(backend, tensors, f"{p}.{n}.weight", h, eps)
+            n: Gemma4Norm(backend, tensors, f"{p}.{n}.weight", h, eps)
             for n in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                       "post_feedforward_layernorm")
         }  # fmt: skip
@@ -135,7 +135,7 @@ class Gemma4VisionTower:
         if cfg.standardize:
             bias, scale = (tensors[f"tower.std_{n}"].dequantize() for n in ("bias", "scale"))
             self.std = (backend.from_host(bias, f32), backend.from_host(scale, f32))
-        self.embed_norm = _Norm(backend, tensors, None, cfg.hidden_size, cfg.rms_norm_eps)
+        self.embed_norm = Gemma4Norm(backend, tensors, None, cfg.hidden_size, cfg.rms_norm_eps)
         self.embed_proj = Linear(backend, tensors["embedder.embedding_projection.weight"])
 
     def encode_image(self, image: ImageInput) -> Any:

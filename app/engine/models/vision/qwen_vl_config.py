@@ -14,7 +14,7 @@ from app.engine.loader.names import CheckpointError
 
 # Qwen2VLImageProcessor's and Qwen2_5_VLVisionConfig's defaults: real files list only what differs.
 PROCESSOR_DEFAULTS: dict[str, Any] = {
-    "min_pixels": 56 * 56,  # read by _pixels_bounds only, never merged over a file's size
+    "min_pixels": 56 * 56,  # read by pixels_bounds only, never merged over a file's size
     "max_pixels": 28 * 28 * 1280,
     "image_mean": [0.48145466, 0.4578275, 0.40821073],
     "image_std": [0.26862954, 0.26130258, 0.27577711],
@@ -106,12 +106,13 @@ class QwenVisionConfig:
         return self
 
 
-def _pixels_bounds(proc: dict[str, Any]) -> tuple[int, int]:
+def pixels_bounds(proc: dict[str, Any], defaults: dict[str, Any] = PROCESSOR_DEFAULTS) -> tuple[int, int]:
     """transformers 5 writes the bounds as size.shortest_edge / longest_edge, older files as
-    min/max_pixels (which win where both are given, as in the HF processor's constructor)."""
+    min/max_pixels (which win where both are given, as in the HF processor's constructor);
+    `defaults`' min/max_pixels where the file has neither (PaddleOCR-VL's processor reads them alike)."""
     size = proc.get("size") or {}
-    low = proc.get("min_pixels") or size.get("shortest_edge") or PROCESSOR_DEFAULTS["min_pixels"]
-    high = proc.get("max_pixels") or size.get("longest_edge") or PROCESSOR_DEFAULTS["max_pixels"]
+    low = proc.get("min_pixels") or size.get("shortest_edge") or defaults["min_pixels"]
+    high = proc.get("max_pixels") or size.get("longest_edge") or defaults["max_pixels"]
     return int(low), int(high)
 
 
@@ -138,7 +139,7 @@ def qwen_vision_config(
         raise CheckpointError(
             f"config.json vision_config out_hidden_size {vision['out_hidden_size']} differs from the text hidden size {text_hidden}"
         )
-    low, high = _pixels_bounds(processor or {})
+    low, high = pixels_bounds(processor or {})
     rope = vision.get("rope_parameters") or {}
     return QwenVisionConfig(
         depth=int(vision["depth"]),

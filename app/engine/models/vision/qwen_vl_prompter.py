@@ -9,6 +9,8 @@ image's size), and the text is then tokenized whole, specials parsed. `expand` d
 
 from __future__ import annotations
 
+from typing import Any
+
 from app.engine.images import ImageInput
 from app.engine.models.vision.image_processing import MAX_IMAGE_PIXELS, decode_image
 from app.engine.models.vision.prompter import ImagePrompter, PreparedImage, image_token_ids
@@ -19,11 +21,13 @@ START, END, PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"
 
 
 class QwenImagePrompter(ImagePrompter):
-    placeholder = f"{START}{PAD}{END}"  # what the chat template writes for an image part
+    # the start, end and per-token image tokens; the chat template writes them as one placeholder
+    tokens = (START, END, PAD)
+    placeholder = f"{START}{PAD}{END}"
 
     def __init__(self, cfg: QwenVisionConfig, tokenizer, max_pixels: int = MAX_IMAGE_PIXELS) -> None:
         self.config = cfg
-        self.image_token_id: int = image_token_ids(tokenizer, (START, END, PAD))[PAD]
+        self.image_token_id: int = image_token_ids(tokenizer, self.tokens)[self.tokens[2]]
         self.max_pixels = max_pixels
 
     def tokens_for(self, image: ImageInput) -> int:
@@ -35,8 +39,13 @@ class QwenImagePrompter(ImagePrompter):
 
     def prepare(self, data: bytes) -> PreparedImage:
         """Decode and preprocess one image (ImageError naming what is wrong)."""
-        patches, grid = preprocess_qwen(decode_image(data, self.max_pixels), self.config)
+        patches, grid = self.preprocess(decode_image(data, self.max_pixels), self.config)
         return PreparedImage((ImageInput(patches, grid_thw=grid),))
 
+    @staticmethod
+    def preprocess(image: Any, cfg: Any) -> tuple[Any, tuple[int, int, int]]:
+        return preprocess_qwen(image, cfg)
+
     def expansion(self, image: PreparedImage) -> str:
-        return f"{START}{PAD * self.tokens_for(image.views[0])}{END}"
+        start, end, pad = self.tokens
+        return f"{start}{pad * self.tokens_for(image.views[0])}{end}"

@@ -57,7 +57,12 @@ def mmproj_name(hf_name: str) -> str | None:
     if not name.startswith("vision_tower."):
         return None
     # published checkpoints say vision_tower.vision_model.*; transformers 5 saves vision_tower.*
-    body = name.removeprefix("vision_tower.").removeprefix("vision_model.")
+    return siglip_tensor_name(name.removeprefix("vision_tower.").removeprefix("vision_model."), hf_name)
+
+
+def siglip_tensor_name(body: str, hf_name: str) -> str | None:
+    """The mmproj name of a SigLIP tower tensor named `body` below its `vision_model.` (Gemma 3's
+    tower, and PaddleOCR-VL's: the same modules); None for the pooling head neither uses."""
     module, _, kind = body.rpartition(".")
     if module in _TOP:
         return f"{_TOP[module]}.{kind}"
@@ -65,7 +70,7 @@ def mmproj_name(hf_name: str) -> str | None:
     if match and match.group(2) in _LAYER_PARTS:
         return f"v.blk.{match.group(1)}.{_LAYER_PARTS[match.group(2)]}.{kind}"
     if module == "head" or module.startswith("head."):
-        return None  # SigLIP's pooling head: Gemma 3 does not use it
+        return None
     raise CheckpointError(f"unknown vision tensor {hf_name!r}")
 
 

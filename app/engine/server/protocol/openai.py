@@ -111,13 +111,13 @@ class ModelCard(BaseModel):
     @classmethod
     def chat(
         cls, name: str, created: int, context_length: int, vision: bool = False, quantization: str | None = None,
-        quant_mix: dict[str, int] | None = None,
+        quant_mix: dict[str, int] | None = None, audio: bool = False,
     ) -> ModelCard:  # fmt: skip
         n = context_length
         return cls(
             id=name,
             created=created,
-            input_modalities=["text", "image"] if vision else ["text"],
+            input_modalities=["text"] + ["image"] * vision + ["audio"] * audio,
             quantization=quantization,
             quant_mix=quant_mix,
             max_model_len=n,
