@@ -7,11 +7,12 @@ oracle only in summation order. fp16 fields are read through `f16`, a 65,536-ent
 half value (ggml's `ggml_table_f32_f16`): exact, one load per block. Each kernel is made per format
 (`make_gemv`, `make_dequantize`) and compiled for that format alone.
 
-`gemv` serves decode (one to a few activation rows): each weight row is decoded once into a
-per-thread buffer of the row's width (L1-resident) and dotted with every activation row, so the
-weights are read once per step whatever the batch, and an activation row's result is computed the
-same way alone or batched (batch invariance, bit for bit). `dequantize` decodes the rows of a tile
-for prefill's BLAS products (backend.py) or the rows an embedding lookup needs.
+`gemv` serves a decode step (one activation row): quantized rows are read in place, two at a time,
+each block's codes multiplied into the sums as they are unpacked. `gemm_rows` serves 2..16 rows (a
+speculative verify chunk, a small batch): each pair of weight rows is decoded once into L1-resident
+buffers and dotted with every activation row, so the decode is paid once per step whatever the rows,
+and a row's result is the same bits in any such chunk. `dequantize` decodes the rows of a tile for
+prefill's BLAS products (backend.py) or the rows an embedding lookup needs.
 
 The kernels release the GIL (`nogil`) and split weight rows over numba's threads (`prange`);
 `fastmath` is limited to reassociation, which lets LLVM vectorise the dot products' sums and
