@@ -7,7 +7,8 @@ their decode time (`copied_lines`: the share of output lines that are lines of t
 from the first token to the last), checks both produce the same tokens, and prints decode tokens/s,
 the speed-up and the acceptance rate; `--out FILE` appends the figures as one JSON line.
 
-    .venv/bin/python bench/lab/spec_ngram.py [--tokens 256] [--rounds 2] [--out FILE.jsonl]
+    .venv/bin/python bench/lab/spec_ngram.py [--workload completion|resume|chat] [--tokens 256] [--rounds 2]
+        [--num-draft-tokens 8] [--out FILE.jsonl]
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from app.engine.core.engine import LLMEngine
 from app.engine.sample.sampler import may_verify
 from app.engine.sampling_params import SamplingParams
 from app.engine.spec.speculator import build_speculator
+
+RESUME_LINES = 8  # the header, the import and the first function's first lines
 
 
 def source_file() -> str:
@@ -51,11 +54,22 @@ def source_file() -> str:
     return "\n".join(parts) + "\n"
 
 
-def prompt_ids(engine: LLMEngine) -> list[int]:
-    """A completion prompt (no chat turn: the small model copies a file it is shown more readily than it
-    follows an instruction to): the file, then the start of its edited copy."""
+def prompt_ids(engine: LLMEngine, workload: str) -> list[int]:
+    """`completion` (no chat turn: the small model copies a file it is shown more readily than it
+    follows an instruction to): the file, then the start of its edited copy. `resume`: the same with the copy's
+    first lines already written (the 270M base model otherwise comments out what it copies). `chat`: one user turn
+    asking for the file with the function renamed, the reply opened with a code fence."""
+    if workload == "chat":
+        task = ("Rename the function price_of_plum to cost_of_plum in this file. Reply with the whole "
+                "updated file and nothing else.\n\n```python\n" + source_file() + "```")  # fmt: skip
+        text = engine.chat_template.render([{"role": "user", "content": task}], add_generation_prompt=True)
+        return engine.tokenizer.encode(text + "```python\n", add_special_tokens=False)
     text = ("# file: shop.py\n```python\n" + source_file() + "```\n\n# The same file with price_of_plum renamed to "
             "cost_of_plum:\n# file: shop.py\n```python\n")  # fmt: skip
+    if workload == "resume":
+        # the edited copy already begun with the file's first RESUME_LINES lines, as an editor resuming
+        # an interrupted rewrite sends it: the model is in the copy when it starts
+        text += "\n".join(source_file().splitlines()[:RESUME_LINES]) + "\n"
     return engine.tokenizer.encode(text)
 
 
@@ -78,10 +92,12 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--num-draft-tokens", type=int, default=8)
+    parser.add_argument("--workload", choices=("completion", "resume", "chat"), default="completion")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    load_start = os.getloadavg()[0]  # other jobs share this machine: the 1-minute load at start and end
     engine = LLMEngine(EngineConfig(model="default", device="cpu", max_model_len=4096, max_num_seqs=1))
-    ids = prompt_ids(engine)
+    ids = prompt_ids(engine, args.workload)
     params = SamplingParams(max_tokens=args.tokens, temperature=0.0)
     speculator = build_speculator("ngram", args.num_draft_tokens, 4, may_verify)
     engine.speculator = speculator
@@ -102,6 +118,7 @@ def main() -> None:
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{platform.node()} {platform.processor() or ''} "
         f"{os.cpu_count()} cores (shared)", "model": "embedded Gemma 3 270M", "backend": engine.backend.name,
+        "workload": args.workload, "num_draft_tokens": args.num_draft_tokens, "load_1min": [load_start, os.getloadavg()[0]],
         "prompt_tokens": len(ids), "output_tokens": len(plain), "rounds": args.rounds,
         "tok_s_without": statistics.median(base), "tok_s_with_ngram": statistics.median(spec),
         "speedup": statistics.median(spec) / statistics.median(base), "drafted": drafted, "accepted": accepted,

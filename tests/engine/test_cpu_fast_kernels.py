@@ -57,10 +57,11 @@ def _bound(x: np.ndarray, dense: np.ndarray) -> np.ndarray:
     return 1e-5 * (np.abs(x) @ np.abs(dense).T) + 1e-30
 
 
-@pytest.mark.parametrize("n_x", [1, 3, GEMV_MAX_ROWS, GEMV_MAX_ROWS + 1, 40])
+@pytest.mark.parametrize("n_x", [1, 2, 3, 5, 8, GEMV_MAX_ROWS, GEMV_MAX_ROWS + 1, 40])
 @pytest.mark.parametrize("name", FORMATS)
 def test_products_match_the_oracle(name: str, n_x: int) -> None:
-    """Decode rows (gemv) and prefill rows (tiles + BLAS) against numpy on the dequantized matrix."""
+    """A decode row (gemv), verify-sized chunks (gemm_rows) and prefill rows (tiles + BLAS) against
+    numpy on the dequantized matrix."""
     rng = np.random.default_rng(QUANT_TYPES[name].ggml_id * 10 + n_x)
     t = tensor(name, rng)
     dense = dequantize(t.data, t.qtype)
@@ -71,9 +72,36 @@ def test_products_match_the_oracle(name: str, n_x: int) -> None:
     assert (np.abs(ours - expected) <= _bound(x, dense)).all(), np.abs(ours - expected).max()
 
 
+@pytest.mark.parametrize("name", FORMATS)
+def test_few_row_products_equal_each_row_alone(name: str) -> None:
+    """For 1..16 activation rows (a verify chunk of k + 1 tokens), the product that decodes each weight
+    row once for all of them gives every row within the kernels' bound of that row's one-row product
+    (gemv, which decodes in place) and of the oracle, and the same bits in a chunk of any size (a
+    row's sums do not depend on the rows beside it)."""
+    rng = np.random.default_rng(QUANT_TYPES[name].ggml_id + 1000)
+    t = tensor(name, rng)
+    dense = dequantize(t.data, t.qtype)
+    fast = FastCpuBackend()
+    weight = fast.load_weight(t)
+    x = rng.standard_normal((GEMV_MAX_ROWS, COLS)).astype(np.float32)
+    alone = np.concatenate([fast.linear(x[i : i + 1], weight) for i in range(len(x))])
+    expected = x.astype(np.float64) @ dense.T.astype(np.float64)
+    full = fast.linear(x, weight)
+    for n in range(1, GEMV_MAX_ROWS + 1):
+        ours = fast.linear(x[:n], weight)
+        assert (np.abs(ours - alone[:n]) <= 2 * _bound(x[:n], dense)).all(), (n, np.abs(ours - alone[:n]).max())
+        assert (np.abs(ours - expected[:n]) <= _bound(x[:n], dense)).all(), (n, np.abs(ours - expected[:n]).max())
+        if n > 1:
+            np.testing.assert_array_equal(ours, full[:n])
+        shifted = fast.linear(x[GEMV_MAX_ROWS - n :], weight)  # the same rows at other places in a chunk
+        if n > 1:
+            np.testing.assert_array_equal(shifted, full[GEMV_MAX_ROWS - n :])
+
+
 def test_fused_weights_with_biases_mixed_formats_and_batch_invariance() -> None:
-    """q/k/v-style parts of different formats side by side, biases added per part; a decode row's
-    result is the same bits alone or in a batch (each row is its own dot product)."""
+    """q/k/v-style parts of different formats side by side, biases added per part; a row's result is
+    the same bits in any chunk of 2..GEMV_MAX_ROWS rows (each row is its own dot product), and within
+    the bound of its one-row (decode) result."""
     rng = np.random.default_rng(7)
     fast, ref = FastCpuBackend(), CpuBackend()
     parts = [tensor(name, rng) for name in ("Q5_0", "Q8_0", "Q6_K")]
@@ -84,8 +112,9 @@ def test_fused_weights_with_biases_mixed_formats_and_batch_invariance() -> None:
     ours, expected = fast.linear(x, fused), ref.linear(x, fused_ref)
     dense = np.concatenate([dequantize(p.data, p.qtype) for p in parts])
     assert (np.abs(ours - expected) <= _bound(x, dense) + 1e-6).all()
-    for i in range(len(x)):
-        np.testing.assert_array_equal(fast.linear(x[i : i + 1], fused)[0], ours[i])
+    for i in range(len(x) - 1):
+        np.testing.assert_array_equal(fast.linear(x[i : i + 2], fused)[0], ours[i])
+        assert (np.abs(fast.linear(x[i : i + 1], fused)[0] - ours[i]) <= 2 * _bound(x[i], dense) + 1e-6).all()
 
 
 def test_embedding_rows_and_float_matrices_fall_back() -> None:

@@ -126,6 +126,24 @@ def test_embedded_gemma_greedy_tokens_equal_without_drafts(embedded_engine: LLME
     engine.scheduler.check_integrity()
 
 
+def test_embedded_gemma_on_the_numba_kernels_greedy_tokens_equal_without_drafts() -> None:
+    """On the numba backend a verify chunk's rows go through the few-row product (each weight row decoded
+    once for all rows), a decode step's one row through gemv: other summation orders, the same tokens."""
+    from app.engine.backend.cpu_fast import available
+
+    if not available()[0]:
+        pytest.skip(available()[1])
+    engine = LLMEngine(EngineConfig(model="default", device="cpu", cpu_kernels="numba", max_model_len=1024,
+                                    max_num_seqs=1, kv_cache_bytes=32 << 20))  # fmt: skip
+    ids = engine.tokenizer.encode(CODE * 3 + "Repeat the code above exactly:\n")
+    params = SamplingParams(max_tokens=40, temperature=0.0)
+    expected = without_drafts(engine, [ids], params)
+    speculator = build_speculator("ngram", 8, 4, may_verify)
+    assert speculator is not None and with_drafts(engine, speculator, ids, params) == expected[0]
+    assert speculator.accepted > 8  # some verify chunks of several rows kept their drafts
+    engine.scheduler.check_integrity()
+
+
 @pytest.mark.parametrize("path", FAMILY_MODELS, ids=lambda p: p.parent.name)
 def test_tiny_family_greedy_tokens_equal_without_drafts(path: Path) -> None:
     engine = tiny_engine(path)

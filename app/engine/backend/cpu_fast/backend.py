@@ -6,8 +6,9 @@ kernels.py, and a decode step's `attention` runs attention.py's kernel over the 
 Everything else (norms, RoPE, attention, the fused ops' compositions) is the
 numpy backend's, inherited, so the two backends differ only in the products' summation order.
 
-Routing in `linear`: up to GEMV_MAX_ROWS activation rows (decode) go through `gemv`, each
-weight row decoded once per step for the whole batch; more rows (prefill) decode the weight in
+Routing in `linear`: one activation row (decode) goes through `gemv`, which reads the weight rows in
+place; 2 to GEMV_MAX_ROWS rows (verify chunks, small batches) through `gemm_rows`, each weight row
+decoded once into an L1 buffer for all of them; more rows (prefill) decode the weight in
 tiles of rows and multiply each tile by BLAS (`x @ tile.T`), so the float32 weights exist only
 a tile at a time.
 """
@@ -27,7 +28,10 @@ from app.engine.backend.cpu_fast.weights import FAST_FORMATS, FastWeight, half_t
 from app.engine.backend.cpu_weights import CpuFusedWeight
 from app.engine.quant.dispatch import QuantizedTensor
 
-GEMV_MAX_ROWS = 8  # above this many activation rows, tiles + BLAS beat the per-row decode (bench/)
+# one activation row (a decode step) goes through `gemv`, which reads the weights in place; 2 to this
+# many (a speculative verify chunk, a small batch) through `gemm_rows`, which decodes each weight row once
+# for all of them; above it, tiles + BLAS
+GEMV_MAX_ROWS = 16
 TILE_VALUES = 1 << 21  # float32 values per decoded tile (8 MiB): L3-sized, enough rows for BLAS
 ATTENTION_CHUNK = 64  # prefill queries per causal chunk: small enough to skip most masked keys
 # chunks of at most this many queries (decodes, speculative verify chunks) attend as that many decodes
@@ -147,9 +151,12 @@ class FastCpuBackend(CpuBackend):
 
     def _product(self, x: np.ndarray, weight: FastWeight, out: np.ndarray, col0: int) -> None:
         n_out, n_in = weight.shape
-        if x.shape[0] <= GEMV_MAX_ROWS:
-            sums = x.reshape(x.shape[0], n_in // kernels.GROUP, kernels.GROUP).sum(axis=-1)
+        if x.shape[0] == 1:
+            sums = x.reshape(1, n_in // kernels.GROUP, kernels.GROUP).sum(axis=-1)
             weight.kernels.gemv(weight.data, half_table(), x, sums, out, col0, kernels.GROUP)
+            return
+        if x.shape[0] <= GEMV_MAX_ROWS:
+            weight.kernels.gemm_rows(weight.data, half_table(), x, out, col0, kernels.GROUP)
             return
         rows = max(16, min(-(-n_out // self.threads), TILE_VALUES // n_in))  # a tile per worker at least
         tiles = [(start, min(n_out, start + rows)) for start in range(0, n_out, rows)]

@@ -7,11 +7,12 @@ oracle only in summation order. fp16 fields are read through `f16`, a 65,536-ent
 half value (ggml's `ggml_table_f32_f16`): exact, one load per block. Each kernel is made per format
 (`make_gemv`, `make_dequantize`) and compiled for that format alone.
 
-`gemv` serves decode (one to a few activation rows): each weight row is decoded once into a
-per-thread buffer of the row's width (L1-resident) and dotted with every activation row, so the
-weights are read once per step whatever the batch, and an activation row's result is computed the
-same way alone or batched (batch invariance, bit for bit). `dequantize` decodes the rows of a tile
-for prefill's BLAS products (backend.py) or the rows an embedding lookup needs.
+`gemv` serves a decode step (one activation row): quantized rows are read in place, two at a time,
+each block's codes multiplied into the sums as they are unpacked. `gemm_rows` serves 2..16 rows (a
+speculative verify chunk, a small batch): each pair of weight rows is decoded once into L1-resident
+buffers and dotted with every activation row, so the decode is paid once per step whatever the rows,
+and a row's result is the same bits in any such chunk. `dequantize` decodes the rows of a tile for
+prefill's BLAS products (backend.py) or the rows an embedding lookup needs.
 
 The kernels release the GIL (`nogil`) and split weight rows over numba's threads (`prange`);
 `fastmath` is limited to reassociation, which lets LLVM vectorise the dot products' sums and
@@ -489,3 +490,142 @@ def make_dequantize(name: str):
                 decode_bf16(row, dst, f16)
 
     return dequantize
+
+
+# Decoders for the few-row product: the `decode_*` values (the same float operations, so equal to the
+# oracle's) written in the products' vectorising style (runtime group trip counts, 32-bit integers, the
+# xor int8 form), which the oracle-order decoders above are not: they ran 5x slower than one fused
+# row product on the Q8_0 vocabulary matrix.
+
+
+@njit(inline="always")
+def _unpack_q8_0(row, dst, f16, g):
+    for b in range(dst.shape[0] // 32):
+        blk, out = row[34 * b : 34 * b + 34], dst[32 * b : 32 * b + 32]
+        d = _half(blk, 0, f16)
+        for j in range(g):
+            out[j] = d * _q8(blk[2 + j])
+
+
+@njit(inline="always")
+def _unpack_legacy(row, dst, f16, g, size, qs, has_min, has_high):
+    half = g >> 1
+    offset = np.float32(16.0 if has_high else 8.0)
+    hb = 4 if has_min else 2
+    for b in range(dst.shape[0] // 32):
+        blk, out = row[size * b : size * b + size], dst[32 * b : 32 * b + 32]
+        nib = blk[qs : qs + 16]
+        d = _half(blk, 0, f16)
+        m = _half(blk, 2, f16) if has_min else np.float32(0.0)
+        high = _high_bits(blk, hb, has_high)
+        for j in range(half):
+            lo, hi = _legacy_pair(nib, high, j, has_high)
+            if has_min:
+                out[j] = d * lo + m
+                out[j + 16] = d * hi + m
+            else:
+                out[j] = d * (lo - offset)
+                out[j + 16] = d * (hi - offset)
+
+
+@njit(inline="always")
+def _unpack_k_4_5(row, dst, f16, g, size, has_high):
+    qs = 48 if has_high else 16
+    hmask = 1 if has_high else 0
+    for b in range(dst.shape[0] // QK_K):
+        blk = row[size * b : size * b + size]
+        d, dmin = _half(blk, 0, f16), _half(blk, 2, f16)
+        high = blk[16:48]
+        for s in range(8):
+            sc, mn = _k_scale_min(blk[4:16], s)
+            ds, dm = d * sc, dmin * mn
+            first = qs + 32 * (s // 2)
+            nib = blk[first : first + 32]
+            out = dst[QK_K * b + 32 * s : QK_K * b + 32 * s + 32]
+            shift, hs = np.uint8(4 * (s % 2)), np.uint8(s)
+            for j in range(g):
+                out[j] = ds * np.float32(_quant(nib[j], high[j], shift, hs, hmask, 0)) - dm
+
+
+@njit(inline="always")
+def _unpack_q6_k(row, dst, f16, g):
+    half = g >> 1
+    for b in range(dst.shape[0] // QK_K):
+        blk = row[210 * b : 210 * b + 210]
+        d = _half(blk, 208, f16)
+        for h in range(2):
+            low, high = blk[64 * h : 64 * h + 64], blk[128 + 32 * h : 160 + 32 * h]
+            out = dst[QK_K * b + 128 * h : QK_K * b + 128 * h + 128]
+            for part in range(2):
+                sc = 192 + 8 * h + part  # scale of quarter k: sc + 2k
+                d0, d1 = d * _q8(blk[sc]), d * _q8(blk[sc + 2])
+                d2, d3 = d * _q8(blk[sc + 4]), d * _q8(blk[sc + 6])
+                for j in range(16 * part, 16 * part + half):
+                    v0, v1, v2, v3 = _q6_four(low, high, j)
+                    out[j], out[j + 32], out[j + 64], out[j + 96] = d0 * v0, d1 * v1, d2 * v2, d3 * v3
+
+
+def make_gemm_rows(name: str):
+    """The product for a few activation rows (a speculative verify chunk, a small batch): each pair of
+    weight rows is decoded ONCE into two L1-resident float32 buffers, then dotted with every
+    activation row. `gemv` reads its rows in place and decodes them again for each activation row,
+    which at 8 rows cost 7x one row; here the decode is paid once and each further row adds only
+    its dot products (a multiply-add per value against the buffers)."""
+    code = FORMAT_CODES[name]
+
+    @njit(parallel=True, **_PRODUCT_FLAGS)
+    def gemm_rows(data, f16, x, out, col0, g):  # pragma: no cover - compiled by numba
+        """`out[i, col0 + r] = dot(decode(data[r]), x[i])` for every weight row r and activation row i;
+        row `i`'s result is the same bits whatever the other rows (its own dot product)."""
+        n_rows, n_x, width = data.shape[0], x.shape[0], x.shape[1]
+        for task in prange((n_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+            buf = np.empty((2, width), np.float32)
+            stop = min(n_rows, (task + 1) * ROWS_PER_TASK)
+            for r in range(task * ROWS_PER_TASK, stop, 2):
+                r1 = min(r + 1, stop - 1)  # an odd last row pairs with itself
+                for which in range(2):
+                    row, dst = data[r + which * (r1 - r)], buf[which]
+                    _prefetch_ahead(data, r + which * (r1 - r))
+                    if code == 7:
+                        _unpack_q8_0(row, dst, f16, g)
+                    elif code == 8:
+                        _unpack_k_4_5(row, dst, f16, g, 144, False)
+                    elif code == 9:
+                        _unpack_k_4_5(row, dst, f16, g, 176, True)
+                    elif code == 10:
+                        _unpack_q6_k(row, dst, f16, g)
+                    elif code == 3:
+                        _unpack_legacy(row, dst, f16, g, 18, 2, False, False)
+                    elif code == 4:
+                        _unpack_legacy(row, dst, f16, g, 20, 4, True, False)
+                    elif code == 5:
+                        _unpack_legacy(row, dst, f16, g, 22, 6, False, True)
+                    elif code == 6:
+                        _unpack_legacy(row, dst, f16, g, 24, 8, True, True)
+                    elif code == 1:
+                        decode_f16(row, dst, f16)
+                    else:
+                        decode_bf16(row, dst, f16)
+                w0, w1 = buf[0], buf[1]
+                # activation rows four at a time, the last ones repeated to fill a four (as the last
+                # weight row pairs with itself): each row's sums are the same loop whatever its partners
+                for i in range(0, n_x, 4):
+                    i1, i2, i3 = min(i + 1, n_x - 1), min(i + 2, n_x - 1), min(i + 3, n_x - 1)
+                    x0, x1, x2, x3 = x[i], x[i1], x[i2], x[i3]
+                    a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = np.float32(0.0)
+                    for k in range(width):
+                        u, v = w0[k], w1[k]
+                        a0 += u * x0[k]
+                        a1 += u * x1[k]
+                        a2 += u * x2[k]
+                        a3 += u * x3[k]
+                        b0 += v * x0[k]
+                        b1 += v * x1[k]
+                        b2 += v * x2[k]
+                        b3 += v * x3[k]
+                    out[i, col0 + r], out[i, col0 + r1] = a0, b0
+                    out[i1, col0 + r], out[i1, col0 + r1] = a1, b1
+                    out[i2, col0 + r], out[i2, col0 + r1] = a2, b2
+                    out[i3, col0 + r], out[i3, col0 + r1] = a3, b3
+
+    return gemm_rows

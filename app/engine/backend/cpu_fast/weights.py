@@ -17,13 +17,14 @@ FAST_FORMATS = frozenset(kernels.FORMAT_CODES)  # F32 matrices stay with the num
 @dataclass(frozen=True)
 class FormatKernels:
     gemv: Any
+    gemm_rows: Any
     dequantize: Any
 
 
 @functools.cache
 def format_kernels(name: str) -> FormatKernels:
     """One format's kernels; each compiles (or loads from numba's disk cache) on its first call."""
-    return FormatKernels(kernels.make_gemv(name), kernels.make_dequantize(name))
+    return FormatKernels(kernels.make_gemv(name), kernels.make_gemm_rows(name), kernels.make_dequantize(name))
 
 
 @functools.cache
