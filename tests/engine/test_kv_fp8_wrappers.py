@@ -97,7 +97,7 @@ def test_rope_cache_over_fp8_stages_float32_rows_for_the_fp8_writer(calls) -> No
                           slots, np.zeros((n_tok, N_HEADS, D), np.float32))  # fmt: skip
     (rope, rope_defines, rope_args), (write, write_defines, write_args) = calls
     assert (rope, rope_defines, write, write_defines) == ("rope_cache", {"KV_FP8": 1}, "write_kv_fp8", {"KV_FP8": 1})
-    k_rows, v_rows = rope_args[12], rope_args[13]
+    k_rows, v_rows = rope_args[-4], rope_args[-3]  # (..., k rows, v rows, slots, q_out)
     assert k_rows.shape == v_rows.shape == (n_tok, N_KV, D) and k_rows.dtype == np.float32
     assert write_args[:6] == (k_rows, v_rows, fp8[0].data, fp8[0].scale, fp8[1].data, fp8[1].scale)
     assert write_args[6] is slots

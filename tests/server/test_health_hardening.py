@@ -30,10 +30,11 @@ from .fakes import FakeEngine
 
 CHAT = "/v1/chat/completions"
 HEALTH_BOUND_S = 0.1  # issue 24's acceptance line
-# The loop's longest stretch of work may take a quarter of the bound: the rest is left to the machine.
+# The loop's longest stretch of work may take 40 % of the bound: the rest is left to the machine.
 # (Parsing the 30 MB body on the loop, as FastAPI does, took 50-80 ms of it on a quiet machine and
-# 120-290 ms on a busy one; off the loop the longest stretch is about 1.5 ms.)
-LOOP_SHARE_S = HEALTH_BOUND_S / 4
+# 120-290 ms on a busy one; off the loop the longest stretch is about 1.5 ms, and up to 26 ms on a
+# 2-core machine running other test workers and jobs.)
+LOOP_SHARE_S = 0.4 * HEALTH_BOUND_S
 POLLS = 20
 HANG = 60  # seconds: bounds a broken run only
 
