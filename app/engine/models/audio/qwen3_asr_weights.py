@@ -4,6 +4,7 @@ without `model.`), kept under their names without the prefix, checked against th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from app.engine.loader.names import CheckpointError
@@ -24,15 +25,28 @@ def load_qwen3_asr_audio(folder: Path, cfg: Qwen3AsrAudioConfig) -> Tensors:
             if part is not None:
                 name = _PARTS[part] + bare[len(part) :]
                 tensors[name] = QuantizedTensor(name, tensor.qtype, tensor.shape, tensor.data)
-    for name, shape in _expected_shapes(cfg).items():
+    check_shapes(folder, tensors, cfg, _hf_name, "the Qwen3-ASR checkpoint lacks", "the config needs")
+    return tensors
+
+
+def check_shapes(
+    source: Path,
+    tensors: Tensors,
+    cfg: Qwen3AsrAudioConfig,
+    stored_name: Callable[[str], str],
+    lacks: str,
+    needs: str,
+) -> None:
+    """Every tensor the encoder reads is there with the shape `cfg` gives it; CheckpointError naming `source`
+    and the tensor under the name it has there (`stored_name`) otherwise."""
+    for name, shape in expected_shapes(cfg).items():
         found = tensors.get(name)
         if found is None:
-            raise CheckpointError(f"{folder}: the Qwen3-ASR checkpoint lacks {_hf_name(name)}")
+            raise CheckpointError(f"{source}: {lacks} {stored_name(name)}")
         if tuple(found.shape) != shape:
             raise CheckpointError(
-                f"{folder}: {_hf_name(name)} has shape {list(found.shape)}, the config needs {list(shape)}"
+                f"{source}: {stored_name(name)} has shape {list(found.shape)}, {needs} {list(shape)}"
             )
-    return tensors
 
 
 def _hf_name(name: str) -> str:
@@ -40,7 +54,8 @@ def _hf_name(name: str) -> str:
     return "model." + next(hf for hf, ours in _PARTS.items() if ours == f"{part}.") + rest
 
 
-def _expected_shapes(c: Qwen3AsrAudioConfig) -> dict[str, tuple[int, ...]]:
+def expected_shapes(c: Qwen3AsrAudioConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor qwen3_asr.py reads and its shape under `c` (the folder's loader and the mmproj's check both)."""
     d, ch = c.hidden_size, c.conv_channels
     shapes: dict[str, tuple[int, ...]] = {
         "tower.conv2d1.weight": (ch, 1, 3, 3),
