@@ -1,5 +1,6 @@
 """/v1/audio/transcriptions served by speech LLMs (the tiny random-weight Qwen3-ASR of
-tests/fixtures/qwen3_asr and Granite Speech of tests/fixtures/granite_speech, loaded side by side) beside
+tests/fixtures/qwen3_asr, also as llama.cpp's GGUF pair written from it by tests/qwen3_asr_pair.py, and
+Granite Speech of tests/fixtures/granite_speech, loaded side by side) beside
 Whisper: `model` picks one by its folder name, every response format comes back, and bad files are refused
 naming them. Whisper stays loaded lazily and is never run here.
 
@@ -20,6 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
+from qwen3_asr_pair import write_pair
 
 from app.engine.server.app import create_app
 from app.engine.server.launch import ServerHandle
@@ -42,7 +44,9 @@ def _greedy(family: str, case: str) -> list[int]:
 MODELS = {
     "qwen3-asr-tiny": ("qwen3_asr", _greedy("qwen3_asr", "speech/English")),
     "granite-speech-tiny": ("granite_speech", _greedy("granite_speech", "speech")),
+    "qwen3-asr-tiny-f32": ("qwen3_asr", _greedy("qwen3_asr", "speech/English")),  # llama.cpp's pair
 }
+PAIRS = {"qwen3-asr-tiny-f32"}  # served from a folder holding the text GGUF and its mmproj, named by the GGUF
 NAME = "qwen3-asr-tiny"
 DURATION = 82096 / 16_000
 
@@ -52,7 +56,11 @@ def speech_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, SpeechL
     loaded = {}
     for name, (family, greedy) in MODELS.items():
         folder = tmp_path_factory.mktemp("models") / name  # served by its folder name
-        shutil.copytree(FIXTURES / family / "hf", folder)
+        if name in PAIRS:
+            folder.mkdir()
+            write_pair(folder)
+        else:
+            shutil.copytree(FIXTURES / family / "hf", folder)
         model = SpeechLLMTranscriber.load(folder, device="cpu")
         model.max_reply_tokens = len(greedy)  # transformers' reference ran this many tokens
         if hasattr(model.prompter, "today"):  # Granite's prompt carries a date: the fixture's
