@@ -3,7 +3,8 @@ its text model takes with audio (Granite Speech's), and the working set to encod
 
 The audio tensors are found by their names in the safetensors headers, as models/audio loads them:
 Granite Speech's `encoder.*` / `projector.*`, Qwen3-ASR's `audio_tower.*` / `multi_modal_projector.*`
-(with or without transformers 5's `model.` prefix); beside a text GGUF, Granite Speech's mmproj file. The adapter's A and B matrices are held while they
+(with or without transformers 5's `model.` prefix); beside a text GGUF, Granite Speech's or Qwen3-ASR's
+(`qwen3a`) mmproj file. The adapter's A and B matrices are held while they
 are merged into the text weights, whose size the merge leaves as it was.
 
 Granite Speech's conformer (models/audio/granite_speech.py) runs over every frame of a clip at once
@@ -15,6 +16,7 @@ their relative-position terms and the query's product with every distance's vect
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +26,7 @@ FLOAT_BYTES = 4
 SECONDS = 60  # the activation estimate is for a minute of audio
 _GRANITE = ("GraniteSpeechForConditionalGeneration", "granite_speech", ("encoder.", "projector."))
 _QWEN3_ASR = ("Qwen3ASRForConditionalGeneration", "qwen3_asr", ("audio_tower.", "multi_modal_projector."))
+QWEN3_ASR_PROJECTOR = "qwen3a"  # clip.audio.projector_type of llama.cpp's Qwen3-ASR mmproj
 _ADAPTER_PREFIX = "base_model.model."  # PEFT's names in adapter_model.safetensors
 
 
@@ -78,8 +81,8 @@ def audio_from_hf_config(config: Mapping[str, Any], tensors: Iterable[tuple[str,
 
 
 def audio_beside_gguf(model_path: str | Path) -> AudioShape | None:
-    """The audio side llama.cpp pairs with a text GGUF: a Granite Speech mmproj beside it (header and tensor
-    table only), or None."""
+    """The audio side llama.cpp pairs with a text GGUF: a Granite Speech or Qwen3-ASR mmproj beside it (header
+    and tensor table only), or None."""
     from app.engine.loader.gguf import read_gguf
     from app.engine.plan.vision_fit import mmproj_beside
 
@@ -88,6 +91,8 @@ def audio_beside_gguf(model_path: str | Path) -> AudioShape | None:
         return None
     file = read_gguf(found)
     meta = file.metadata
+    if meta.get("clip.audio.projector_type") == QWEN3_ASR_PROJECTOR:
+        return AudioShape(_qwen3_asr_mmproj_bytes(file.tensors), 0, 0, found.name, "Qwen3-ASR")
     if meta.get("clip.projector_type") != "granite_speech":
         return None
     encoder = {"hidden_dim": meta.get("clip.audio.embedding_length", 1024),
@@ -98,6 +103,18 @@ def audio_beside_gguf(model_path: str | Path) -> AudioShape | None:
     weights = sum(t.nbytes for t in file.tensors.values())
     activations = _granite_activation_bytes({"encoder_config": encoder})
     return AudioShape(weights, 0, activations, found.name, "Granite Speech")
+
+
+def _qwen3_asr_mmproj_bytes(tensors: Mapping[str, Any]) -> int:
+    """A `qwen3a` mmproj's tensors as models/audio/qwen3_asr_mmproj.py holds them: the converter's F16
+    convolution weights widened to float32, its position sinusoids not read."""
+    total = 0
+    for name, tensor in tensors.items():
+        if name == "a.position_embd.weight":
+            continue
+        is_conv = name.startswith(("a.conv2d.", "a.conv_out."))
+        total += FLOAT_BYTES * math.prod(tensor.shape) if is_conv else tensor.nbytes
+    return total
 
 
 def _granite_activation_bytes(config: Mapping[str, Any]) -> int:

@@ -105,3 +105,19 @@ def test_an_mmproj_of_another_kind_is_refused_naming_it(pair, tmp_path, from_ggu
         match=r"mmproj-qwen3-asr-tiny-f32\.gguf: clip\.projector_type is 'qwen2a', not .*'qwen3a'",
     ):
         load_mmproj_audio_encoder(tmp_path / pair.name, engine.model_config, engine.tokenizer, engine.backend)
+
+
+def test_will_it_fit_counts_the_mmproj_as_audio(pair, from_gguf):
+    from app.engine.models.audio.qwen3_asr_mmproj import qwen3_asr_from_mmproj
+    from app.engine.plan.fit import FitOptions, check_fit, shape_from_checkpoint
+
+    shape = shape_from_checkpoint(pair)
+    assert shape.vision is None and shape.audio is not None
+    assert shape.audio.source == MMPROJ_NAME and shape.audio.family == "Qwen3-ASR"
+    _, held = qwen3_asr_from_mmproj(
+        pair.parent / MMPROJ_NAME, MANIFEST["audio_token_id"]
+    )  # what the encoder holds
+    assert shape.audio.weight_bytes == sum(t.nbytes for t in held.values())
+    assert shape.weight_bytes == sum(t.nbytes for t in from_gguf.task.engine.checkpoint.tensors.values())
+    report = check_fit(shape, FitOptions())
+    assert report.breakdown.audio == shape.audio.total and "audio" in report.summary()
