@@ -52,7 +52,14 @@ def _mmproj_name(hf: str) -> str | None:
     return None
 
 
-def write_mmproj(path: Path, drop: str | None = None, projector: str = "qwen3a") -> None:
+def write_mmproj(
+    path: Path,
+    drop: str | None = None,
+    projector: str = "qwen3a",
+    replace: dict[str, np.ndarray] | None = None,
+) -> None:
+    """The mmproj; for the tests of broken files, without the tensor `drop`, under another projector type,
+    or with tensors `replace`d (given as written; a name the converter does not write is added)."""
     audio = CONFIG["audio_config"]
     writer = gguf.GGUFWriter(str(path), "clip")
     writer.add_type(gguf.GGUFType.MMPROJ)
@@ -74,7 +81,11 @@ def write_mmproj(path: Path, drop: str | None = None, projector: str = "qwen3a")
             values = values[:, None, None]
         if ".conv" in hf and hf.endswith(".weight"):  # Qwen25AudioModel.tensor_force_quant
             values = values.astype(np.float16)
-        writer.add_tensor(name, values)
+        writer.add_tensor(name, (replace or {}).get(name, values))
+    written = {_mmproj_name(hf) for hf in _hf_tensors()}
+    for name, values in (replace or {}).items():
+        if name not in written:
+            writer.add_tensor(name, values)
     d = audio["d_model"]  # generate_extra_tensors: Whisper's sinusoids for 1500 positions
     inv = np.exp(-np.log(10_000) / (d // 2 - 1) * np.arange(d // 2, dtype=np.float32))
     scaled = np.arange(1500, dtype=np.float32)[:, None] * inv[None, :]

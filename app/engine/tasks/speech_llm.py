@@ -65,7 +65,7 @@ class SpeechLLMTranscriber:
     @classmethod
     def load(cls, path: str | Path, device: str = "auto", context: int = ASR_CONTEXT) -> SpeechLLMTranscriber:
         """The speech LLM at `path`: a Hugging Face folder, or a text GGUF with its audio mmproj beside it
-        (llama.cpp's layout: Granite Speech's); errors name the path and the problem."""
+        (llama.cpp's layout: Granite Speech's or Qwen3-ASR's); errors name the path and the problem."""
         path = Path(path)
         config_file = path / "config.json"
         if path.is_dir() and not config_file.is_file():
@@ -178,7 +178,7 @@ class SpeechLLMTranscriber:
 
 def is_speech_llm_folder(path: str | Path) -> bool:
     """A folder whose config.json names a speech LLM this module serves (Qwen3-ASR, Granite Speech), or a
-    text GGUF (or a folder holding one) with Granite Speech's mmproj beside it; anything else, unreadable
+    text GGUF (or a folder holding one) with Granite Speech's or Qwen3-ASR's mmproj beside it; anything else, unreadable
     files included, is left to faster-whisper, whose errors name what it lacks."""
     config = _read_config(Path(path) / "config.json")
     if config is not None:

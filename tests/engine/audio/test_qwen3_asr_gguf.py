@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from qwen3_asr_pair import CONFIG, HF, MMPROJ_NAME, write_mmproj, write_pair
-from speech_fixtures import FIXTURES, clip_samples, references
+from speech_fixtures import CLIP, FIXTURES, clip_samples, references
 
 from app.engine.loader.names import CheckpointError
 from app.engine.models.audio import Qwen3AsrAudioEncoder, load_mmproj_audio_encoder
@@ -80,12 +80,33 @@ def test_the_pair_gives_transformers_tokens(case, from_gguf):
     assert reply[: len(expected["greedy"])] == expected["greedy"]
 
 
-def test_a_truncated_mmproj_is_refused_naming_it(pair, tmp_path):
+@pytest.mark.parametrize("cut", [5_000, -100])  # inside the tensor table; inside the last tensor's data
+def test_a_truncated_mmproj_is_refused_naming_it_and_the_tensor(cut, pair, tmp_path):
     shutil.copy(pair, tmp_path)
     mmproj = tmp_path / MMPROJ_NAME
-    mmproj.write_bytes((pair.parent / mmproj.name).read_bytes()[:5_000])
-    with pytest.raises(CheckpointError, match=r"mmproj-qwen3-asr-tiny-f32\.gguf"):
+    mmproj.write_bytes((pair.parent / MMPROJ_NAME).read_bytes()[:cut])
+    with pytest.raises(CheckpointError, match=rf"ASR model .*{MMPROJ_NAME}: .*tensor 'a\.[\w.]+'"):
         SpeechLLMTranscriber.load(tmp_path / pair.name, device="cpu")
+
+
+def test_an_mmproj_tensor_of_the_wrong_shape_is_refused_naming_it(pair, tmp_path, from_gguf):
+    write_mmproj(tmp_path / MMPROJ_NAME, replace={"a.blk.0.attn_q.weight": np.zeros((32, 16), np.float32)})
+    engine = from_gguf.task.engine
+    with pytest.raises(
+        CheckpointError,
+        match=rf"{MMPROJ_NAME}: a\.blk\.0\.attn_q\.weight has shape \[32, 16\], the clip\.audio\.\* keys need \[32, 32\]",
+    ):
+        load_mmproj_audio_encoder(tmp_path / pair.name, engine.model_config, engine.tokenizer, engine.backend)
+
+
+def test_an_mmproj_with_a_tensor_qwen3_asr_lacks_is_refused_naming_it(pair, tmp_path, from_gguf):
+    write_mmproj(tmp_path / MMPROJ_NAME, replace={"a.blk.0.attn_qkv.weight": np.zeros((96, 32), np.float32)})
+    engine = from_gguf.task.engine
+    with pytest.raises(
+        CheckpointError,
+        match=rf"{MMPROJ_NAME}: tensor 'a\.blk\.0\.attn_qkv\.weight' is not one of Qwen3-ASR's",
+    ):
+        load_mmproj_audio_encoder(tmp_path / pair.name, engine.model_config, engine.tokenizer, engine.backend)
 
 
 def test_an_mmproj_missing_a_tensor_is_refused_naming_it(pair, tmp_path, from_gguf):
@@ -121,3 +142,29 @@ def test_will_it_fit_counts_the_mmproj_as_audio(pair, from_gguf):
     assert shape.weight_bytes == sum(t.nbytes for t in from_gguf.task.engine.checkpoint.tensors.values())
     report = check_fit(shape, FitOptions())
     assert report.breakdown.audio == shape.audio.total and "audio" in report.summary()
+
+
+@pytest.mark.parametrize("given", ["file", "folder"])  # the text GGUF, or the folder holding the pair
+def test_transcribe_command_runs_the_pair(given, pair, tmp_path, from_gguf):
+    from app.cli import main
+
+    out = tmp_path / "speech.json"
+    model = pair if given == "file" else pair.parent
+    args = ["transcribe", str(CLIP), "--model", str(model), "--device", "cpu", "--language", "en"]
+    assert main([*args, "--format", "json", "--output", str(out)]) == 0
+    text = json.loads(out.read_text())["text"]
+    greedy = MANIFEST["cases"]["speech/English"][
+        "greedy"
+    ]  # the reply runs on past it: the file sets no limit
+    assert text.startswith(from_gguf.task.engine.tokenizer.decode(greedy, skip_special_tokens=True).strip())
+
+
+def test_serve_refuses_a_pair_with_a_broken_mmproj_naming_the_file(pair, tmp_path, capsys):
+    from app.cli import main
+
+    shutil.copy(pair, tmp_path)
+    write_mmproj(tmp_path / MMPROJ_NAME, drop="mm.a.mlp.2.weight")
+    chat = str(FIXTURES / "families" / "qwen3" / "qwen3-kquants.gguf")
+    args = ["serve", "--model", chat, "--device", "cpu", "--port", "0", "--no-mcp", "--no-embeddings"]
+    assert main([*args, "--asr-model", str(tmp_path / pair.name)]) == 2
+    assert f"{tmp_path / MMPROJ_NAME}: lacks mm.a.mlp.2.weight" in capsys.readouterr().err
