@@ -8,6 +8,7 @@ frames: the folder's encoder is compared under that window and with the same F16
 from __future__ import annotations
 
 import dataclasses
+import re
 import json
 import shutil
 from pathlib import Path
@@ -89,42 +90,29 @@ def test_a_truncated_mmproj_is_refused_naming_it_and_the_tensor(cut, pair, tmp_p
         SpeechLLMTranscriber.load(tmp_path / pair.name, device="cpu")
 
 
-def test_an_mmproj_tensor_of_the_wrong_shape_is_refused_naming_it(pair, tmp_path, from_gguf):
-    write_mmproj(tmp_path / MMPROJ_NAME, replace={"a.blk.0.attn_q.weight": np.zeros((32, 16), np.float32)})
+BROKEN = {  # how write_mmproj breaks the file -> what the error says after the file's name
+    "missing": ({"drop": "a.blk.1.ffn_down.weight"}, r"lacks a\.blk\.1\.ffn_down\.weight"),
+    "wrong-shape": (
+        {"replace": {"a.blk.0.attn_q.weight": np.zeros((32, 16), np.float32)}},
+        r"a\.blk\.0\.attn_q\.weight has shape \[32, 16\], the clip\.audio\.\* keys need \[32, 32\]",
+    ),
+    "unknown": (
+        {"replace": {"a.blk.0.attn_qkv.weight": np.zeros((96, 32), np.float32)}},
+        r"tensor 'a\.blk\.0\.attn_qkv\.weight' is not one of Qwen3-ASR's",
+    ),
+    "wrong-kind": (
+        {"projector": "qwen2a"},
+        r"clip\.projector_type is 'qwen2a', not 'granite_speech' .*'qwen3a'",
+    ),
+}
+
+
+@pytest.mark.parametrize("broken", sorted(BROKEN))
+def test_a_broken_mmproj_is_refused_naming_it_and_the_tensor_or_key(broken, pair, tmp_path, from_gguf):
+    how, problem = BROKEN[broken]
+    write_mmproj(tmp_path / MMPROJ_NAME, **how)
     engine = from_gguf.task.engine
-    with pytest.raises(
-        CheckpointError,
-        match=rf"{MMPROJ_NAME}: a\.blk\.0\.attn_q\.weight has shape \[32, 16\], the clip\.audio\.\* keys need \[32, 32\]",
-    ):
-        load_mmproj_audio_encoder(tmp_path / pair.name, engine.model_config, engine.tokenizer, engine.backend)
-
-
-def test_an_mmproj_with_a_tensor_qwen3_asr_lacks_is_refused_naming_it(pair, tmp_path, from_gguf):
-    write_mmproj(tmp_path / MMPROJ_NAME, replace={"a.blk.0.attn_qkv.weight": np.zeros((96, 32), np.float32)})
-    engine = from_gguf.task.engine
-    with pytest.raises(
-        CheckpointError,
-        match=rf"{MMPROJ_NAME}: tensor 'a\.blk\.0\.attn_qkv\.weight' is not one of Qwen3-ASR's",
-    ):
-        load_mmproj_audio_encoder(tmp_path / pair.name, engine.model_config, engine.tokenizer, engine.backend)
-
-
-def test_an_mmproj_missing_a_tensor_is_refused_naming_it(pair, tmp_path, from_gguf):
-    write_mmproj(tmp_path / MMPROJ_NAME, drop="a.blk.1.ffn_down.weight")
-    engine = from_gguf.task.engine
-    with pytest.raises(
-        CheckpointError, match=r"mmproj-qwen3-asr-tiny-f32\.gguf: lacks a\.blk\.1\.ffn_down\.weight"
-    ):
-        load_mmproj_audio_encoder(tmp_path / pair.name, engine.model_config, engine.tokenizer, engine.backend)
-
-
-def test_an_mmproj_of_another_kind_is_refused_naming_it(pair, tmp_path, from_gguf):
-    write_mmproj(tmp_path / MMPROJ_NAME, projector="qwen2a")
-    engine = from_gguf.task.engine
-    with pytest.raises(
-        CheckpointError,
-        match=r"mmproj-qwen3-asr-tiny-f32\.gguf: clip\.projector_type is 'qwen2a', not .*'qwen3a'",
-    ):
+    with pytest.raises(CheckpointError, match=re.escape(f"{tmp_path / MMPROJ_NAME}: ") + problem):
         load_mmproj_audio_encoder(tmp_path / pair.name, engine.model_config, engine.tokenizer, engine.backend)
 
 
