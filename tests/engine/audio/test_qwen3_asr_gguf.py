@@ -8,8 +8,8 @@ frames: the folder's encoder is compared under that window and with the same F16
 from __future__ import annotations
 
 import dataclasses
-import re
 import json
+import re
 import shutil
 from pathlib import Path
 
