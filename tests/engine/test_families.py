@@ -210,6 +210,9 @@ COVERED_ELSEWHERE = {
     ("laguna", "gguf"): "written at test time by tests/engine/laguna_gguf.py (test_laguna.py)",
     ("muse-glimmer", "safetensors"): "tests/fixtures/muse_glimmer (test_muse_glimmer.py)",
     ("muse-glimmer", "gguf"): "written at test time by tests/engine/muse_glimmer_gguf.py (test_muse_glimmer.py)",
+    # llama.cpp's text arch for Qwen3-ASR's GGUF; its folder's text side is read as qwen3, the same family
+    ("qwen3vl", "safetensors"): "tests/fixtures/qwen3_asr (audio/test_qwen3_asr.py), its text side read as qwen3",
+    ("qwen3vl", "gguf"): "written at test time by tests/qwen3_asr_pair.py (audio/test_qwen3_asr_gguf.py)",
     **{
         (arch, fmt): "tests/fixtures/hybrid/ HF folders, GGUFs written at test time (test_hybrid_qwen.py)"
         for arch in ("qwen35", "qwen35moe", "qwen3next")
