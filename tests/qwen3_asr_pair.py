@@ -3,7 +3,12 @@ convert_hf_to_gguf.py writes it (Qwen3ASRTextModel, Qwen3ASRMmprojModel): the au
 `mm.a.mlp.*`, the convolutions' weights forced to F16 (Qwen25AudioModel.tensor_force_quant) and their biases
 reshaped to `[C, 1, 1]`, the generated position sinusoids, the `clip.audio.*` keys and
 `clip.audio.projector_type` qwen3a; the text model as a `qwen3vl` GGUF under llama.cpp's names, with its
-vocabulary and `<|im_end|>` as BOS and EOS. The tests that load it share it from here."""
+vocabulary and `<|im_end|>` as BOS and EOS. The tests that load it share it from here.
+
+The mmproj is checked against the converter's own (tests/fixtures/qwen3_asr/gguf/, made by
+tests/fixtures/make_qwen3_asr_mmproj.py): the same tensors, types, shapes and bytes, and the same `clip.*`
+keys. The converter cannot write the text side of this fixture (its tokenizer is no pre-tokenizer it knows),
+so that side is written here as Qwen3ASRTextModel writes one: `qwen3vl` keys, Qwen3's tensor names."""
 
 from __future__ import annotations
 
@@ -87,7 +92,7 @@ def write_mmproj(
         if name not in written:
             writer.add_tensor(name, values)
     d = audio["d_model"]  # generate_extra_tensors: Whisper's sinusoids for 1500 positions
-    inv = np.exp(-np.log(10_000) / (d // 2 - 1) * np.arange(d // 2, dtype=np.float32))
+    inv = np.exp(-float(np.log(10_000)) / (d // 2 - 1) * np.arange(d // 2, dtype=np.float32))
     scaled = np.arange(1500, dtype=np.float32)[:, None] * inv[None, :]
     writer.add_tensor(
         "a.position_embd.weight", np.concatenate([np.sin(scaled), np.cos(scaled)], axis=1).astype(np.float32)

@@ -156,3 +156,34 @@ def test_serve_refuses_a_pair_with_a_broken_mmproj_naming_the_file(pair, tmp_pat
     args = ["serve", "--model", chat, "--device", "cpu", "--port", "0", "--no-mcp", "--no-embeddings"]
     assert main([*args, "--asr-model", str(tmp_path / pair.name)]) == 2
     assert f"{tmp_path / MMPROJ_NAME}: lacks mm.a.mlp.2.weight" in capsys.readouterr().err
+
+
+# -- the converter's own mmproj (tests/fixtures/make_qwen3_asr_mmproj.py ran llama.cpp's convert_hf_to_gguf.py) --
+
+CONVERTED = FIXTURES / "qwen3_asr" / "gguf" / MMPROJ_NAME
+
+
+def test_the_writer_writes_what_the_converter_writes(pair):
+    from app.engine.loader.gguf import read_gguf
+
+    ours, theirs = read_gguf(pair.parent / MMPROJ_NAME), read_gguf(CONVERTED)
+    assert sorted(ours.tensors) == sorted(theirs.tensors)
+    for name, tensor in theirs.tensors.items():
+        mine = ours.tensors[name]
+        assert (mine.qtype.name, mine.shape) == (tensor.qtype.name, tensor.shape), name
+        if name == "a.position_embd.weight":  # sinusoids: torch's float32 sin and numpy's differ in ulps
+            np.testing.assert_allclose(mine.dequantize(), tensor.dequantize(), atol=1e-4, rtol=0)
+        else:
+            assert np.array_equal(mine.data, tensor.data), name
+    clip = {k: v for k, v in theirs.metadata.items() if k.startswith("clip.")}
+    assert clip == {k: v for k, v in ours.metadata.items() if k.startswith("clip.")}
+
+
+def test_the_converters_mmproj_encodes_as_the_folder(refs, from_gguf):
+    from app.engine.models.audio.qwen3_asr_mmproj import qwen3_asr_from_mmproj
+
+    cfg, tensors = qwen3_asr_from_mmproj(CONVERTED, MANIFEST["audio_token_id"])
+    encoder = Qwen3AsrAudioEncoder(from_gguf.task.engine.backend, cfg, tensors)
+    folder = _folder_encoder_as_the_file_says(from_gguf.task.engine.backend)
+    mel = refs["mel/speech"][:, : int(refs["mask/speech"].sum())]
+    np.testing.assert_allclose(encoder.encode(mel), folder.encode(mel), atol=1e-5, rtol=0)
