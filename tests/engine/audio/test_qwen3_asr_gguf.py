@@ -1,8 +1,9 @@
 """Qwen3-ASR from llama.cpp's pair: a `qwen3vl` text GGUF and a `qwen3a` audio mmproj.
 
 The pair is written at test time, with gguf-py, from the tiny Qwen3-ASR fixture the way llama.cpp's
-convert_hf_to_gguf.py writes it (tests/qwen3_asr_pair.py says how). The mmproj holds no attention window, so the loader takes the released checkpoints' 800
-frames: the folder's encoder is compared under that window and with the same F16 convolution weights.
+convert_hf_to_gguf.py writes it (tests/qwen3_asr_pair.py says how). The mmproj holds no attention window,
+so the loader takes transformers' default 800 frames: the folder's encoder is compared under that window
+and with the same F16-rounded convolution weights. Transformers' greedy tokens come out the same.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ The F16 it forces on every convolution weight (`conv2d*`, `conv_out`) is widened
 values stay F16-rounded): the encoder's products over the convolutions' outputs are float32 ones, as the folder's.
 The generated `a.position_embd` sinusoids are not read: qwen3_asr.py computes the same table. What the file
 does not say is what llama.cpp's qwen3a graph assumes too: 100-frame chunks (`n_window` 50), and the
-feature extractor's defaults; the attention window (`n_window_infer`) is the released checkpoints' 800.
+feature extractor's defaults; the attention window (`n_window_infer`) is transformers' default, 800 frames
+(llama.cpp's qwen3a graph has no window: it attends over all the positions of what it is given at once).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from app.engine.quant.types import quant_type
 
 PROJECTOR_TYPE = "qwen3a"
 N_WINDOW = 50  # llama.cpp's qwen3a graph cuts 100-frame chunks; the file has no key for it
-N_WINDOW_INFER = 800  # Qwen3-ASR-0.6B's and -1.7B's audio_config: not in the file either
+N_WINDOW_INFER = 800  # transformers' encoder default (qwen3_asr_config.py's too): not in the file either
 _GLOBAL = {"a.conv_out": "tower.conv_out", "a.post_ln": "tower.ln_post", "mm.a.mlp.1": "projector.linear_1",
            "mm.a.mlp.2": "projector.linear_2"}  # fmt: skip
 _BLOCK = {
