@@ -4,8 +4,8 @@ its text model takes with audio (Granite Speech's), and the working set to encod
 Two kinds of model have one. A speech model (its job: transcription): Granite Speech's `encoder.*` /
 `projector.*`, Qwen3-ASR's `audio_tower.*` / `multi_modal_projector.*` (with or without transformers 5's
 `model.` prefix), or beside a text GGUF Granite Speech's or Qwen3-ASR's (`qwen3a`: its F16 convolutions
-counted widened to float32, as models/audio/qwen3_asr_mmproj.py holds them; its working set not estimated)
-mmproj file. And a chat model that also takes audio: a Gemma 4 folder whose config.json has an audio_config (models/audio/gemma4_audio*.py), its `audio_tower.*` /
+counted widened to float32, as models/audio/qwen3_asr_mmproj.py holds them; its working set from the header's
+sizes) mmproj file. And a chat model that also takes audio: a Gemma 4 folder whose config.json has an audio_config (models/audio/gemma4_audio*.py), its `audio_tower.*` /
 `embed_audio.*` tensors, or a Gemma 4 GGUF's mmproj with an audio half (projector "gemma4a"), its `a.*` /
 `mm.a.*` tensors. The tensors are found by their names in the safetensors headers, as models/audio loads
 them. The adapter's A and B matrices are held while they are merged into the text weights, whose size the
@@ -145,7 +145,11 @@ def audio_beside_gguf(model_path: str | Path, architecture: str | None = None) -
     file = read_gguf(found)
     meta = file.metadata
     if meta.get("clip.audio.projector_type") == QWEN3_ASR_PROJECTOR:
-        return AudioShape(_qwen3_asr_mmproj_bytes(file.tensors), 0, 0, found.name, "Qwen3-ASR")
+        from app.engine.models.audio.qwen3_asr_mmproj import qwen3_asr_mmproj_config
+
+        activations = qwen3_asr_activation_bytes(qwen3_asr_mmproj_config(found, meta, file.tensors), ASR_CONTEXT)
+        return AudioShape(_qwen3_asr_mmproj_bytes(file.tensors), 0, activations, found.name, "Qwen3-ASR",
+                          f"clip of {ASR_CONTEXT:,} tokens")  # fmt: skip
     if meta.get("clip.projector_type") == "granite_speech":
         encoder = {"hidden_dim": meta.get("clip.audio.embedding_length", 1024),
                    "num_heads": meta.get("clip.audio.attention.head_count", 8),
@@ -198,11 +202,16 @@ def _granite_activation_bytes(config: Mapping[str, Any]) -> int:
 
 
 def _qwen3_asr_activation_bytes(folder: Path, config: Mapping[str, Any], context: int) -> int:
-    """Qwen3-ASR's encoder on a clip of `context` positions (the module docstring's count)."""
-    from app.engine.models.audio.qwen3_asr import CONV_CHUNKS, WINDOW_BATCH, audio_tokens
     from app.engine.models.audio.qwen3_asr_config import qwen3_asr_audio_config
 
-    cfg = qwen3_asr_audio_config(folder, dict(config))
+    return qwen3_asr_activation_bytes(qwen3_asr_audio_config(folder, dict(config)), context)
+
+
+def qwen3_asr_activation_bytes(cfg: Any, context: int) -> int:
+    """Qwen3-ASR's encoder (its Qwen3AsrAudioConfig `cfg`, from a folder or an mmproj's header) on a clip of
+    `context` positions (the module docstring's count)."""
+    from app.engine.models.audio.qwen3_asr import CONV_CHUNKS, WINDOW_BATCH, audio_tokens
+
     window = audio_tokens(cfg.chunk_frames, cfg) * (cfg.n_window_infer // cfg.chunk_frames)
     positions = -(-cfg.num_mel_bins // 4) * -(-cfg.chunk_frames // 4)  # the second convolution's outputs
     convolutions = 2 * CONV_CHUNKS * cfg.conv_channels * 9 * positions

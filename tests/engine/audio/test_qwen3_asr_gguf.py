@@ -129,6 +129,12 @@ def test_will_it_fit_counts_the_mmproj_as_audio(pair, from_gguf):
     )  # what the encoder holds
     assert shape.audio.weight_bytes == sum(t.nbytes for t in held.values())
     assert shape.weight_bytes == sum(t.nbytes for t in from_gguf.task.engine.checkpoint.tensors.values())
+    # the working set from the header's sizes: the folder's encoder under the mmproj's assumed window
+    from app.engine.plan.audio_fit import ASR_CONTEXT, qwen3_asr_activation_bytes
+
+    folder_cfg = dataclasses.replace(qwen3_asr_audio_config(HF, CONFIG), n_window_infer=N_WINDOW_INFER)
+    assert shape.audio.activation_bytes == qwen3_asr_activation_bytes(folder_cfg, ASR_CONTEXT) > 0
+    assert shape.audio.clip == f"clip of {ASR_CONTEXT:,} tokens"
     report = check_fit(shape, FitOptions())
     assert report.breakdown.audio == shape.audio.total and "audio" in report.summary()
 

@@ -70,6 +70,13 @@ def qwen3_asr_from_mmproj(
     return cfg, tensors
 
 
+def qwen3_asr_mmproj_config(path: Path, meta: dict[str, Any], stored: dict[str, QuantizedTensor]) -> Qwen3AsrAudioConfig:
+    """The encoder's config from the mmproj's header and tensor table alone (will-it-fit reads no tensor data);
+    no audio token id (-1): the text GGUF's vocabulary holds it."""
+    conv = stored.get("a.conv2d.1.weight")
+    return _config(path, meta, {} if conv is None else {"tower.conv2d1.weight": conv}, -1)
+
+
 def _target(name: str) -> str | None:
     match = _NAME.match(name)
     if match is None:
