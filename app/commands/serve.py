@@ -132,7 +132,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="DIR",
-        help="a Qwen3-ASR or Granite Speech folder (or Granite Speech's text GGUF with its mmproj beside it), or a "
+        help="a Qwen3-ASR or Granite Speech folder (or either's text GGUF with llama.cpp's mmproj beside it), or a "
         "Gemma 4 folder with audio, that /v1/audio/transcriptions also serves, by its folder or file name "
         "(repeatable; faster-whisper stays the default model)",
     )

@@ -23,8 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         metavar="PATH",
-        help="a CTranslate2 Whisper folder, a Qwen3-ASR or Granite Speech folder, or a Gemma 4 folder with audio "
-        "(default: embedded tiny.en)",
+        help="a CTranslate2 Whisper folder, a Qwen3-ASR or Granite Speech folder or text GGUF with llama.cpp's "
+        "mmproj beside it, or a Gemma 4 folder with audio (default: embedded tiny.en)",
     )
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="where to run")
     parser.add_argument("--output", "-o", metavar="FILE", help="write to FILE instead of standard output")

@@ -328,7 +328,7 @@ def _mmproj_stamps(path: Path) -> tuple[tuple[str, int, int], ...]:
 def _with_mmproj(entry: ModelEntry) -> ModelEntry:
     """The entry with what the engine would load from the mmproj beside it, if any: the vision tower (a chat
     model then takes images), a Gemma 4 mmproj's audio half (it takes audio too), or the audio encoder a
-    speech model's mmproj holds (Granite Speech's: then its job is transcription)."""
+    speech model's mmproj holds (Granite Speech's, Qwen3-ASR's: then its job is transcription)."""
     if entry.shape is None:
         return entry
     try:

@@ -213,6 +213,9 @@ COVERED_ELSEWHERE = {
     ("paddleocr", "safetensors"): "tests/fixtures/vision/paddleocr_vl (vision/test_paddleocr_vl.py)",
     ("paddleocr", "gguf"): "converted at test time by tests/fixtures/make_paddleocr_vl_gguf.py "
     "(vision/test_paddleocr_vl_gguf.py)",
+    # llama.cpp's text arch for Qwen3-ASR's GGUF; its folder's text side is read as qwen3, the same family
+    ("qwen3vl", "safetensors"): "tests/fixtures/qwen3_asr (audio/test_qwen3_asr.py), its text side read as qwen3",
+    ("qwen3vl", "gguf"): "written at test time by tests/qwen3_asr_pair.py (audio/test_qwen3_asr_gguf.py)",
     **{
         (arch, fmt): "tests/fixtures/hybrid/ HF folders, GGUFs written at test time (test_hybrid_qwen.py)"
         for arch in ("qwen35", "qwen35moe", "qwen3next")

@@ -1,5 +1,6 @@
 """/v1/audio/transcriptions served by speech LLMs (the tiny random-weight Qwen3-ASR of
-tests/fixtures/qwen3_asr and Granite Speech of tests/fixtures/granite_speech, loaded side by side) beside
+tests/fixtures/qwen3_asr, also as llama.cpp's GGUF pair written from it by tests/qwen3_asr_pair.py, and
+Granite Speech of tests/fixtures/granite_speech, loaded side by side) beside
 Whisper: `model` picks one by its folder name, every response format comes back, and bad files are refused
 naming them. Whisper stays loaded lazily and is never run here.
 
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from qwen3_asr_pair import write_pair
 
 from app.engine.tasks.speech_llm import SpeechLLMTranscriber
 
@@ -36,7 +38,9 @@ def _greedy(family: str, case: str) -> list[int]:
 MODELS = {
     "qwen3-asr-tiny": ("qwen3_asr", _greedy("qwen3_asr", "speech/English")),
     "granite-speech-tiny": ("granite_speech", _greedy("granite_speech", "speech")),
+    "qwen3-asr-tiny-f32": ("qwen3_asr", _greedy("qwen3_asr", "speech/English")),  # llama.cpp's pair
 }
+PAIRS = {"qwen3-asr-tiny-f32"}  # served from a folder holding the text GGUF and its mmproj, named by the GGUF
 NAME = "qwen3-asr-tiny"
 DURATION = 82096 / 16_000
 
@@ -45,8 +49,12 @@ DURATION = 82096 / 16_000
 def speech_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, SpeechLLMTranscriber]:
     loaded = {}
     for name, (family, greedy) in MODELS.items():
-        # served by its folder name; replies cut where transformers' reference stopped
-        model = load_named(FIXTURES / family / "hf", tmp_path_factory.mktemp("models") / name, len(greedy))
+        source = FIXTURES / family / "hf"
+        if name in PAIRS:
+            source = tmp_path_factory.mktemp("pair")
+            write_pair(source)
+        # served by its folder name (a pair's by its GGUF's); replies cut where transformers' reference stopped
+        model = load_named(source, tmp_path_factory.mktemp("models") / name, len(greedy))
         if hasattr(model.prompter, "today"):  # Granite's prompt carries a date: the fixture's
             model.prompter.today = lambda: datetime.date(2025, 4, 9)
         loaded[name] = model

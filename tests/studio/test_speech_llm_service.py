@@ -53,3 +53,29 @@ def test_other_folders_stay_whisper(tmp_path: Path) -> None:
     assert not is_speech_llm_folder(FIXTURES / "families" / "qwen3" / "qwen3-kquants.gguf")  # no mmproj
     service = TranscriptionService(device="cpu")  # the embedded tiny.en, not loaded by this
     assert isinstance(service.transcriber(), Transcriber)
+
+
+def test_a_qwen3_asr_gguf_pair_transcribes_and_is_listed_for_transcription(tmp_path: Path) -> None:
+    """llama.cpp's pair for the Qwen3-ASR fixture (tests/qwen3_asr_pair.py writes it): the Transcribe pane
+    runs it as the folder, and the Library lists its text GGUF with the job and audio side its mmproj gives."""
+    from qwen3_asr_pair import write_pair
+
+    from app.studio.library import describe_gguf
+
+    path = write_pair(tmp_path)
+    assert is_speech_llm_folder(tmp_path) and is_speech_llm_folder(path)
+    cases = json.loads((FIXTURES / "qwen3_asr" / "manifest.json").read_text())["cases"]
+    greedy = cases["speech/English"]["greedy"]
+    service = TranscriptionService(model_path=tmp_path, device="cpu")
+    transcriber = service.transcriber()
+    assert isinstance(transcriber, SpeechLLMTranscriber)
+    transcriber.max_reply_tokens = len(greedy)
+    transcript = service.transcribe_file(SPEECH, language="en")
+    text = transcriber.task.engine.tokenizer.decode(greedy, skip_special_tokens=True).strip()
+    assert transcript.text == text
+    entry = describe_gguf((path,), path.stem)
+    assert entry.error is None and entry.job == "transcription" and entry.vision is None
+    assert (entry.shape.audio.family, entry.shape.audio.source) == (
+        "Qwen3-ASR",
+        "mmproj-qwen3-asr-tiny-f32.gguf",
+    )

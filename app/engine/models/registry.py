@@ -21,6 +21,9 @@ _FAMILY_MODULES = {
     "qwen2": "app.engine.models.qwen2",
     "qwen2vl": "app.engine.models.qwen2_vl",
     "qwen3": "app.engine.models.qwen3",
+    # llama.cpp's Qwen3-VL text arch, which its converter also gives Qwen3-ASR's text side: the Qwen3 block,
+    # its multi-axis RoPE the plain one for text positions (all axes equal); no deepstack layers are read
+    "qwen3vl": "app.engine.models.qwen3",
     "qwen3moe": "app.engine.models.qwen3moe",
     "qwen35": "app.engine.models.qwen35",
     "qwen35moe": "app.engine.models.qwen35moe",

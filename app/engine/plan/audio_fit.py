@@ -3,8 +3,9 @@ its text model takes with audio (Granite Speech's), and the working set to encod
 
 Two kinds of model have one. A speech model (its job: transcription): Granite Speech's `encoder.*` /
 `projector.*`, Qwen3-ASR's `audio_tower.*` / `multi_modal_projector.*` (with or without transformers 5's
-`model.` prefix), or beside a text GGUF Granite Speech's mmproj file. And a chat model that also takes audio:
-a Gemma 4 folder whose config.json has an audio_config (models/audio/gemma4_audio*.py), its `audio_tower.*` /
+`model.` prefix), or beside a text GGUF Granite Speech's or Qwen3-ASR's (`qwen3a`: its F16 convolutions
+counted widened to float32, as models/audio/qwen3_asr_mmproj.py holds them; its working set from the header's
+sizes) mmproj file. And a chat model that also takes audio: a Gemma 4 folder whose config.json has an audio_config (models/audio/gemma4_audio*.py), its `audio_tower.*` /
 `embed_audio.*` tensors, or a Gemma 4 GGUF's mmproj with an audio half (projector "gemma4a"), its `a.*` /
 `mm.a.*` tensors. The tensors are found by their names in the safetensors headers, as models/audio loads
 them. The adapter's A and B matrices are held while they are merged into the text weights, whose size the
@@ -35,6 +36,7 @@ attention logits, far less.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +50,7 @@ GEMMA4_FRAMES_PER_SECOND = 100  # 10 ms hops
 _GRANITE = ("GraniteSpeechForConditionalGeneration", "granite_speech", ("encoder.", "projector."))
 _QWEN3_ASR = ("Qwen3ASRForConditionalGeneration", "qwen3_asr", ("audio_tower.", "multi_modal_projector."))
 _GEMMA4_PREFIXES = ("audio_tower.", "embed_audio.")
+QWEN3_ASR_PROJECTOR = "qwen3a"  # clip.audio.projector_type of llama.cpp's Qwen3-ASR mmproj
 _ADAPTER_PREFIX = "base_model.model."  # PEFT's names in adapter_model.safetensors
 
 
@@ -131,7 +134,7 @@ def audio_from_hf_config(
 
 def audio_beside_gguf(model_path: str | Path, architecture: str | None = None) -> AudioShape | None:
     """The audio side the engine would load beside a text GGUF (header and tensor table only): a Granite
-    Speech mmproj beside it, or a Gemma 4 GGUF's mmproj with an audio half; None otherwise."""
+    Speech or Qwen3-ASR mmproj beside it, or a Gemma 4 GGUF's mmproj with an audio half; None otherwise."""
     from app.engine.loader.gguf import read_gguf
     from app.engine.models.audio.gemma4_audio_mmproj import is_gemma4_audio_mmproj
     from app.engine.models.vision.weights import find_mmproj  # the loader's rule (vision_fit.py imports this)
@@ -141,6 +144,12 @@ def audio_beside_gguf(model_path: str | Path, architecture: str | None = None) -
         return None
     file = read_gguf(found)
     meta = file.metadata
+    if meta.get("clip.audio.projector_type") == QWEN3_ASR_PROJECTOR:
+        from app.engine.models.audio.qwen3_asr_mmproj import qwen3_asr_mmproj_config
+
+        activations = qwen3_asr_activation_bytes(qwen3_asr_mmproj_config(found, meta, file.tensors), ASR_CONTEXT)
+        return AudioShape(_qwen3_asr_mmproj_bytes(file.tensors), 0, activations, found.name, "Qwen3-ASR",
+                          f"clip of {ASR_CONTEXT:,} tokens")  # fmt: skip
     if meta.get("clip.projector_type") == "granite_speech":
         encoder = {"hidden_dim": meta.get("clip.audio.embedding_length", 1024),
                    "num_heads": meta.get("clip.audio.attention.head_count", 8),
@@ -159,6 +168,18 @@ def audio_beside_gguf(model_path: str | Path, architecture: str | None = None) -
     weights = sum(t.nbytes for name, t in file.tensors.items() if is_audio_gguf_tensor(name))
     activations = _gemma4_activation_bytes(int(meta["clip.audio.embedding_length"]), c0, (c0, c1))
     return AudioShape(weights, 0, activations, found.name, "Gemma 4", "30 s clip")
+
+
+def _qwen3_asr_mmproj_bytes(tensors: Mapping[str, Any]) -> int:
+    """A `qwen3a` mmproj's tensors as models/audio/qwen3_asr_mmproj.py holds them: the converter's F16
+    convolution weights widened to float32, its position sinusoids not read."""
+    total = 0
+    for name, tensor in tensors.items():
+        if name == "a.position_embd.weight":
+            continue
+        is_conv = name.startswith(("a.conv2d.", "a.conv_out."))
+        total += FLOAT_BYTES * math.prod(tensor.shape) if is_conv else tensor.nbytes
+    return total
 
 
 def _granite_activation_bytes(config: Mapping[str, Any]) -> int:
@@ -181,11 +202,16 @@ def _granite_activation_bytes(config: Mapping[str, Any]) -> int:
 
 
 def _qwen3_asr_activation_bytes(folder: Path, config: Mapping[str, Any], context: int) -> int:
-    """Qwen3-ASR's encoder on a clip of `context` positions (the module docstring's count)."""
-    from app.engine.models.audio.qwen3_asr import CONV_CHUNKS, WINDOW_BATCH, audio_tokens
     from app.engine.models.audio.qwen3_asr_config import qwen3_asr_audio_config
 
-    cfg = qwen3_asr_audio_config(folder, dict(config))
+    return qwen3_asr_activation_bytes(qwen3_asr_audio_config(folder, dict(config)), context)
+
+
+def qwen3_asr_activation_bytes(cfg: Any, context: int) -> int:
+    """Qwen3-ASR's encoder (its Qwen3AsrAudioConfig `cfg`, from a folder or an mmproj's header) on a clip of
+    `context` positions (the module docstring's count)."""
+    from app.engine.models.audio.qwen3_asr import CONV_CHUNKS, WINDOW_BATCH, audio_tokens
+
     window = audio_tokens(cfg.chunk_frames, cfg) * (cfg.n_window_infer // cfg.chunk_frames)
     positions = -(-cfg.num_mel_bins // 4) * -(-cfg.chunk_frames // 4)  # the second convolution's outputs
     convolutions = 2 * CONV_CHUNKS * cfg.conv_channels * 9 * positions

@@ -8,8 +8,9 @@ the prompt's run of audio tokens, spliced as image soft tokens are. Qwen3-ASR's 
 their own audio tower (core/audio.py); Qwen3-ASR's reply names the language (unless one was forced) before
 `<asr_text>`, and Gemma 4's prompt is the model card's (gemma4_asr.py). Granite Speech's encoder is attached
 here, with its prompter and the LoRA adapter merged into the text model (transformers turns it on whenever
-audio is present); a text GGUF with llama.cpp's audio mmproj beside it (Granite Speech's) loads the same
-way, its adapter already merged into the GGUF. None gives timestamps, so the transcript is one segment
+audio is present); a text GGUF with llama.cpp's audio mmproj beside it loads the same way: Granite Speech's,
+its adapter already merged into the GGUF, or Qwen3-ASR's (`qwen3vl` text, `qwen3a` mmproj), which the engine
+does not attach (core/audio.py reads a GGUF's mmproj for Gemma 4 only). None gives timestamps, so the transcript is one segment
 over the clip, or per window where the model takes a bounded clip (Gemma 4: 30 s). A cancel check (a
 client that hung up) is read between engine steps: the request is aborted there, as faster-whisper's
 stops between segments.
@@ -25,6 +26,7 @@ from typing import Any
 from app.engine.loader.names import CheckpointError
 from app.engine.models.audio import (
     SPEECH_ARCHITECTURES,
+    Qwen3AsrAudioEncoder,
     is_speech_model,
     load_audio_encoder,
     load_mmproj_audio_encoder,
@@ -58,7 +60,7 @@ MIN_WINDOW_SAMPLES = 1600  # a last window under 0.1 s holds no word: not transc
 
 
 class SpeechLLMTranscriber:
-    """A speech LLM folder (or Granite Speech's GGUF pair) as a transcriber; `transcribe` as
+    """A speech LLM folder (or Granite Speech's or Qwen3-ASR's GGUF pair) as a transcriber; `transcribe` as
     `Transcriber.transcribe`."""
 
     loaded = True  # loaded when made: the engine is built at start, like the chat model
@@ -73,7 +75,7 @@ class SpeechLLMTranscriber:
     @classmethod
     def load(cls, path: str | Path, device: str = "auto", context: int = ASR_CONTEXT) -> SpeechLLMTranscriber:
         """The speech LLM at `path`: a Hugging Face folder, or a text GGUF with its audio mmproj beside it
-        (llama.cpp's layout: Granite Speech's); errors name the path and the problem."""
+        (llama.cpp's layout: Granite Speech's or Qwen3-ASR's); errors name the path and the problem."""
         path = Path(path)
         config_file = path / "config.json"
         if path.is_dir() and not config_file.is_file():
@@ -93,7 +95,7 @@ class SpeechLLMTranscriber:
             if isinstance(engine.audio, Gemma4AudioPrompter):
                 return cls(task, Gemma4AsrPrompter(engine.audio, engine.chat_template, engine.tokenizer))
             return cls(task, engine.audio)
-        try:  # Granite Speech: its folder's encoder, or the mmproj beside its text GGUF
+        try:  # Granite Speech's folder's encoder, or the mmproj beside a text GGUF (Granite Speech's, Qwen3-ASR's)
             if is_gguf:
                 encoder = load_mmproj_audio_encoder(path, engine.model_config, engine.tokenizer, engine.backend)
             else:
@@ -116,7 +118,12 @@ class SpeechLLMTranscriber:
             )
         # one clip's embeddings kept (tens of MB for minutes of audio): a clip is encoded once per request
         engine.runner.images = ImageEmbedder(encoder, engine.backend, max_cached=1)
-        engine.vision = prompter  # places the audio tokens
+        # places the audio tokens: Qwen3-ASR's clips are audio inputs, as the engine's own tower takes them;
+        # Granite Speech's ride the image path
+        if isinstance(encoder, Qwen3AsrAudioEncoder):
+            engine.audio = prompter
+        else:
+            engine.vision = prompter
         return cls(task, prompter)
 
     def reply_ids(self, samples: Any, language: str | None = None, prompt: str | None = None,
@@ -192,8 +199,9 @@ class SpeechLLMTranscriber:
 
 def is_speech_llm_folder(path: str | Path) -> bool:
     """A folder whose config.json names a speech LLM this module serves (Qwen3-ASR, Granite Speech, Gemma 4
-    with an audio tower), or a text GGUF (or a folder holding one) with Granite Speech's mmproj beside it;
-    anything else, unreadable files included, is left to faster-whisper, whose errors name what it lacks."""
+    with an audio tower), or a text GGUF (or a folder holding one) with Granite Speech's or Qwen3-ASR's mmproj
+    beside it; anything else, unreadable files included, is left to faster-whisper, whose errors name what it
+    lacks."""
     config = _read_config(Path(path) / "config.json")
     if config is not None:
         return is_speech_model(config) or has_gemma4_audio(config)

@@ -36,6 +36,7 @@ __all__ = ["SPEECH_ARCHITECTURES", "Gemma4AudioTower", "GraniteSpeechAudioEncode
            "is_speech_model", "load_audio_encoder", "load_gemma4_audio_tower", "load_mmproj_audio_encoder",
            "speech_gguf", "speech_prompter"]  # fmt: skip
 
+QWEN3_ASR_AUDIO_TOKEN = "<|audio_pad|>"  # what a Qwen3-ASR GGUF's vocabulary calls the audio's soft token
 # the speech LLMs whose audio side this package runs (config.json architectures); Gemma 4's audio tower
 # is an optional part of a chat model (has_gemma4_audio)
 SPEECH_ARCHITECTURES = ("Qwen3ASRForConditionalGeneration", "GraniteSpeechForConditionalGeneration")
@@ -58,13 +59,24 @@ def load_audio_encoder(
     return Qwen3AsrAudioEncoder(backend, cfg, load_qwen3_asr_audio(folder, cfg))
 
 
-def load_mmproj_audio_encoder(model_path: Path, text_config: Any, tokenizer: Any, backend: Any) -> GraniteSpeechAudioEncoder:
+def load_mmproj_audio_encoder(
+    model_path: Path, text_config: Any, tokenizer: Any, backend: Any
+) -> GraniteSpeechAudioEncoder | Qwen3AsrAudioEncoder:
     """The audio encoder of a text GGUF from the llama.cpp mmproj beside it (Granite Speech's: its
     `<|audio|>` token from the text model's vocabulary, its soft tokens scaled as the text model's
-    embeddings are)."""
+    embeddings are; Qwen3-ASR's `qwen3a`: its `<|audio_pad|>` token from the vocabulary)."""
+    from app.engine.loader.gguf import read_gguf
     from app.engine.loader.names import CheckpointError
-    from app.engine.models.audio.granite_speech_mmproj import granite_speech_from_mmproj
+    from app.engine.models.audio.granite_speech_mmproj import (
+        granite_speech_from_mmproj,
+        is_granite_speech_mmproj,
+    )
     from app.engine.models.audio.granite_speech_prompter import AUDIO_TOKEN
+    from app.engine.models.audio.qwen3_asr_mmproj import (
+        is_qwen3_asr_mmproj,
+        mmproj_projector_type,
+        qwen3_asr_from_mmproj,
+    )
     from app.engine.models.vision.weights import find_mmproj
 
     mmproj = find_mmproj(model_path)
@@ -72,6 +84,18 @@ def load_mmproj_audio_encoder(model_path: Path, text_config: Any, tokenizer: Any
         raise CheckpointError(
             f"{model_path}: no mmproj*.gguf beside it (a speech GGUF's audio encoder is the mmproj file llama.cpp pairs with it)"
         )
+    meta = read_gguf(mmproj).metadata
+    if not is_qwen3_asr_mmproj(meta) and not is_granite_speech_mmproj(meta):
+        raise CheckpointError(
+            f"{mmproj}: clip.projector_type is {mmproj_projector_type(meta)!r}, not 'granite_speech' "
+            "(Granite Speech) or 'qwen3a' (Qwen3-ASR)"
+        )
+    if is_qwen3_asr_mmproj(meta):
+        pad_id = tokenizer.token_to_id(QWEN3_ASR_AUDIO_TOKEN)
+        if pad_id is None:
+            raise CheckpointError(f"{model_path}: its vocabulary has no {QWEN3_ASR_AUDIO_TOKEN} token for the audio")
+        qwen_cfg, qwen_tensors = qwen3_asr_from_mmproj(mmproj, pad_id)
+        return Qwen3AsrAudioEncoder(backend, qwen_cfg, qwen_tensors)
     audio_id = tokenizer.token_to_id(AUDIO_TOKEN)
     if audio_id is None:
         raise CheckpointError(f"{model_path}: its vocabulary has no {AUDIO_TOKEN} token for the audio")
@@ -80,10 +104,11 @@ def load_mmproj_audio_encoder(model_path: Path, text_config: Any, tokenizer: Any
 
 
 def speech_gguf(path: Path) -> Path | None:
-    """The text GGUF at `path` (the file, or a folder's one model GGUF) when a Granite Speech mmproj is beside
+    """The text GGUF at `path` (the file, or a folder's one model GGUF) when a Granite Speech or Qwen3-ASR mmproj is beside
     it; None otherwise, unreadable files included (the loader then says what is wrong)."""
     from app.engine.loader.gguf import read_gguf
     from app.engine.models.audio.granite_speech_mmproj import is_granite_speech_mmproj
+    from app.engine.models.audio.qwen3_asr_mmproj import is_qwen3_asr_mmproj
     from app.engine.models.vision.weights import find_mmproj
 
     if path.is_file():
@@ -94,7 +119,10 @@ def speech_gguf(path: Path) -> Path | None:
         return None
     try:
         mmproj = find_mmproj(models[0])
-        return models[0] if mmproj is not None and is_granite_speech_mmproj(read_gguf(mmproj).metadata) else None
+        if mmproj is None:
+            return None
+        meta = read_gguf(mmproj).metadata
+        return models[0] if is_granite_speech_mmproj(meta) or is_qwen3_asr_mmproj(meta) else None
     except (OSError, ValueError):
         return None
 

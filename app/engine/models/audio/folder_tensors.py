@@ -1,9 +1,10 @@
 """An audio tower's tensors out of a Hugging Face folder: those under given name prefixes (with or
 without transformers 5's `model.`), renamed to ours, then checked against the shapes the config needs,
-errors naming the folder and the tensor by its Hugging Face name."""
+errors naming the folder and the tensor by its Hugging Face name (or, for an mmproj GGUF, by its name there)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from app.engine.loader.names import CheckpointError
@@ -30,12 +31,26 @@ def check_shapes(
     folder: Path, tensors: Tensors, shapes: dict[str, tuple[int, ...]], prefixes: dict[str, str], what: str
 ) -> None:
     """CheckpointError naming the first tensor of `shapes` that `tensors` lacks or holds in another shape."""
+
+    def hf_name(name: str) -> str:
+        return "model." + next(h + name[len(ours) :] for h, ours in prefixes.items() if name.startswith(ours))
+
+    check_named_shapes(folder, tensors, shapes, hf_name, f"the {what} lacks", "the config needs")
+
+
+def check_named_shapes(
+    source: Path,
+    tensors: Tensors,
+    shapes: dict[str, tuple[int, ...]],
+    stored_name: Callable[[str], str],
+    lacks: str,
+    needs: str,
+) -> None:
+    """`check_shapes` for tensors from any file (an mmproj GGUF too): errors name `source` and the tensor as
+    it is stored there (`stored_name` of ours), e.g. `{source}: {lacks} a.blk.1.ffn_down.weight`."""
     for name, shape in shapes.items():
         found = tensors.get(name)
-        hf = "model." + next(h + name[len(ours) :] for h, ours in prefixes.items() if name.startswith(ours))
         if found is None:
-            raise CheckpointError(f"{folder}: the {what} lacks {hf}")
+            raise CheckpointError(f"{source}: {lacks} {stored_name(name)}")
         if tuple(found.shape) != shape:
-            raise CheckpointError(
-                f"{folder}: {hf} has shape {list(found.shape)}, the config needs {list(shape)}"
-            )
+            raise CheckpointError(f"{source}: {stored_name(name)} has shape {list(found.shape)}, {needs} {list(shape)}")

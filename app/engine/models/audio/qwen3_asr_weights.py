@@ -14,11 +14,12 @@ _PARTS = {"audio_tower.": "tower.", "multi_modal_projector.": "projector."}
 
 def load_qwen3_asr_audio(folder: Path, cfg: Qwen3AsrAudioConfig) -> Tensors:
     tensors = tensors_by_prefix(folder, _PARTS)
-    check_shapes(folder, tensors, _expected_shapes(cfg), _PARTS, "Qwen3-ASR checkpoint")
+    check_shapes(folder, tensors, expected_shapes(cfg), _PARTS, "Qwen3-ASR checkpoint")
     return tensors
 
 
-def _expected_shapes(c: Qwen3AsrAudioConfig) -> dict[str, tuple[int, ...]]:
+def expected_shapes(c: Qwen3AsrAudioConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor qwen3_asr.py reads and its shape under `c` (the folder's loader and the mmproj's check both)."""
     d, ch = c.hidden_size, c.conv_channels
     shapes: dict[str, tuple[int, ...]] = {
         "tower.conv2d1.weight": (ch, 1, 3, 3),
