@@ -72,6 +72,21 @@ def test_products_match_the_oracle(name: str, n_x: int) -> None:
     assert (np.abs(ours - expected) <= _bound(x, dense)).all(), np.abs(ours - expected).max()
 
 
+@pytest.mark.parametrize("name", ["F16", "Q8_0"])
+def test_rows_of_any_leading_shape_are_taken_as_the_reference_takes_them(name: str) -> None:
+    """A [C, T, in] input (an audio encoder's conv output) gives [C, T, out], the 2-D product's rows."""
+    rng = np.random.default_rng(QUANT_TYPES[name].ggml_id)
+    backend = FastCpuBackend()
+    weight = backend.load_weight(tensor(name, rng))
+    x = rng.standard_normal((3, 5, COLS)).astype(np.float32)
+    ours = backend.linear(x, weight)
+    assert ours.shape == (3, 5, ROWS)
+    np.testing.assert_array_equal(ours, backend.linear(x.reshape(15, COLS), weight).reshape(3, 5, ROWS))
+    dense = dequantize(tensor(name, np.random.default_rng(QUANT_TYPES[name].ggml_id)).data, QUANT_TYPES[name])
+    flat = x.reshape(15, COLS)
+    assert (np.abs(ours.reshape(15, ROWS) - flat.astype(np.float64) @ dense.T) <= _bound(flat, dense)).all()
+
+
 @pytest.mark.parametrize("name", FORMATS)
 def test_few_row_products_equal_each_row_alone(name: str) -> None:
     """For 1..16 activation rows (a verify chunk of k + 1 tokens), the product that decodes each weight

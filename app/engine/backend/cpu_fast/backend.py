@@ -81,6 +81,9 @@ class FastCpuBackend(CpuBackend):
             raise ValueError("a fused weight carries its own biases")
         if not all(isinstance(p, FastWeight) for p in parts):
             return super().linear(x, weight, bias)
+        if x.ndim != 2:  # rows of any leading shape, as the reference's `x @ w.T` takes them
+            flat = self.linear(x.reshape(-1, x.shape[-1]), weight, bias)
+            return flat.reshape(*x.shape[:-1], flat.shape[-1])
         x = np.ascontiguousarray(x, dtype=np.float32)
         out = np.empty((x.shape[0], sum(p.shape[0] for p in parts)), np.float32)
         with self._lock:
