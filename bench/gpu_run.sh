@@ -17,7 +17,7 @@ compgen -G ".whl/*.whl" > /dev/null || { echo "no wheels in .whl/: run bench/fet
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$HOME/site" .whl/*.whl || exit 1
 # Compiled kernels cached outside $OUT (only 8 files come back from it), shared by every stage.
 export PYTHONPATH=$PWD:$HOME/site PYTHONUNBUFFERED=1 PADDOCK_KERNEL_CACHE=/tmp/paddock-kernels
-STAGES=${STAGES:-tests micro parity speed serve}  # also: agent, cascade, sweep (bench/micro/gemv_sweep.py --int), ab (see below), prefill, llamabuild, side
+STAGES=${STAGES:-tests micro parity speed serve}  # also: agent, cascade, sweep (bench/micro/gemv_sweep.py --int), ab (see below), prefill, llamabuild, side, profile
 MODELS=${MODELS:-qwen3-0.6b:q4_k_m qwen3-8b:q4_k_m}  # SERVE_C1 / SERVE_C32: requests of the serve runs
 AGENT_MODELS=${AGENT_MODELS:-qwen3-8b:q4_k_m}
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm --format=csv
@@ -82,6 +82,23 @@ if [[ $STAGES == *prefill* ]]; then  # prefill graph replay per prompt bucket, o
   for model in $MODELS; do
     left 60 || break
     timeout 120 python3 bench/suite/gpu_engine.py prefill "$(gguf_of "$model")" 2>&1 | tee -a "$OUT/prefill.log" | grep '^{'
+  done
+fi
+# profile: per PROFILE_MODELS entry (hybrid SHAPE:LAYERS, a file cut to that many layers: the per-layer cost is
+# the real model's), Nsight Compute's per-kernel times of one decode step at each PROFILE_BATCHES size, then the
+# engine's decode step rate and its prefill ops; JSON lines in $OUT/profile.jsonl
+if [[ $STAGES == *profile* ]]; then
+  for entry in ${PROFILE_MODELS:-qwen35-27b:8 qwen35-35b-a3b:8}; do
+    file=/tmp/prof-${entry/:/-}.gguf
+    left 120 || break
+    [[ -e $file ]] || python3 bench/make_random_hybrid_gguf.py --shape "${entry%%:*}" --layers "${entry##*:}" --out "$file"
+    for batch in ${PROFILE_BATCHES:-1 32}; do
+      left 60 || break
+      timeout 180 python3 bench/micro/decode_kernel_times.py "$file" --batch "$batch" 2>&1 | tail -1 | tee -a "$OUT/profile.jsonl" | cut -c1-400
+    done
+    left 60 && SPEED_QUICK=1 timeout 150 python3 bench/suite/gpu_engine.py speed "$file" --batch ${PROFILE_BATCHES:-1 32} 2>&1 | grep '^{' | tee -a "$OUT/profile.jsonl"
+    left 60 && timeout 90 python3 bench/suite/gpu_engine.py hostprof "$file" 1 2>&1 | tee -a "$OUT/hostprof.log" | sed -n '/tottime/,+12p'
+    left 60 && timeout 120 python3 bench/suite/gpu_engine.py prefill "$file" 2>&1 | grep '^{' | tee -a "$OUT/profile.jsonl" | cut -c1-400
   done
 fi
 # serve_workloads WORKLOAD MAX_CTX LOG MODEL...: per model, `paddock serve` on port 11660 (its log under $OUT),

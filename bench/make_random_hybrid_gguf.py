@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import gguf
@@ -257,7 +257,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), required=True)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--layers", type=int, help="fewer layers than the real model (kernel profiles: same per-layer cost)"
+    )
     args = parser.parse_args()
+    if args.layers:
+        SHAPES[args.shape] = replace(SHAPES[args.shape], layers=args.layers)
     started = time.perf_counter()
     nbytes = write(args.shape, args.out)
     print(f"{args.out}: {nbytes / 1e9:.2f} GB of weights in {time.perf_counter() - started:.1f} s")

@@ -1,6 +1,6 @@
 """Per-kernel GPU time of one batch-1 decode step, read by Nsight Compute from the decode graph.
 
-    python3 bench/micro/decode_kernel_times.py MODEL.gguf [--context 330] [--out DIR]
+    python3 bench/micro/decode_kernel_times.py MODEL.gguf [--context 330] [--batch 1] [--out DIR]
 
 Runs itself under `ncu --graph-profiling node` (each kernel node of one graph replay measured
 alone: duration and DRAM bytes read, caches left as the step leaves them, clocks untouched),
@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -27,8 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "suite"))
 METRICS = "gpu__time_duration.sum,dram__bytes_read.sum"
 
 
-def target(model: str, context: int) -> None:
-    """The profiled process: an engine decoding one request at ~`context` tokens, then one replay."""
+def target(model: str, context: int, batch: int = 1) -> None:
+    """The profiled process: an engine decoding `batch` requests at ~`context` tokens, then one replay
+    of their decode graph (or, where the engine runs that batch without graphs, one eager step)."""
     import cupy
     import numpy as np
     from gpu_engine import graph_replay_ms
@@ -37,14 +39,26 @@ def target(model: str, context: int) -> None:
     from app.engine.core.engine import LLMEngine
     from app.engine.sampling_params import SamplingParams
 
-    engine = LLMEngine(EngineConfig(model=model, device="cuda", max_model_len=4096, max_num_seqs=1))
-    prompt = np.random.default_rng(1).integers(0, 256, size=max(1, context - 32)).tolist()
-    engine.add_request("r0", prompt, SamplingParams(temperature=1.0, max_tokens=64, ignore_eos=True))
+    engine = LLMEngine(EngineConfig(model=model, device="cuda", max_model_len=4096, max_num_seqs=batch))
+    rng = np.random.default_rng(1)
+    for i in range(batch):
+        prompt = rng.integers(0, 256, size=max(1, context - 32)).tolist()
+        engine.add_request(f"r{i}", prompt, SamplingParams(temperature=1.0, max_tokens=96, ignore_eos=True))
     for _ in range(40):
         engine.step()
     cupy.cuda.Device().synchronize()
     graphs = engine.runner.graphs
-    graph = graphs._graphs[graphs.bucket_for(1)][0]
+    bucket = graphs.bucket_for(batch) if graphs is not None else None
+    if bucket is None or bucket not in graphs._graphs:
+        started = time.perf_counter()
+        engine.step()
+        print(json.dumps({"eager_step_ms": (time.perf_counter() - started) * 1e3}), flush=True)
+        cupy.cuda.runtime.profilerStart()
+        engine.step()
+        cupy.cuda.Device().synchronize()
+        cupy.cuda.runtime.profilerStop()
+        return
+    graph = graphs._graphs[bucket][0]
     print(json.dumps({"replay_ms": graph_replay_ms(graph)}), flush=True)
     cupy.cuda.runtime.profilerStart()
     graph.launch()
@@ -99,24 +113,28 @@ def parse_csv(text: str) -> list[dict[str, str]]:
 def main() -> None:
     args = sys.argv[1:]
     if args and args[0] == "--target":
-        target(args[1], int(args[2]))
+        target(args[1], int(args[2]), int(args[3]))
         return
     model = args[0]
     context = int(args[args.index("--context") + 1]) if "--context" in args else 330
+    batch = int(args[args.index("--batch") + 1]) if "--batch" in args else 1
     out = Path(args[args.index("--out") + 1]) if "--out" in args else Path("/tmp")
     ncu = os.environ.get("NCU", "ncu")
     command = [ncu, "--graph-profiling", "node", "--profile-from-start", "off", "--cache-control", "none",
                "--clock-control", "none", "--metrics", METRICS, "--csv", "--page", "raw",
-               sys.executable, __file__, "--target", model, str(context)]  # fmt: skip
+               sys.executable, __file__, "--target", model, str(context), str(batch)]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     (out / "decode-kernel-times.csv").write_text(done.stdout)
     (out / "decode-kernel-times.err").write_text(done.stderr)
     replay = None
+    eager = None
     for line in done.stdout.splitlines():
         if line.startswith('{"replay_ms"'):
             replay = json.loads(line)["replay_ms"]
+        elif line.startswith('{"eager_step_ms"'):
+            eager = json.loads(line)["eager_step_ms"]
     result = report(parse_csv(done.stdout), replay)
-    result["model"] = Path(model).name
+    result.update(model=Path(model).name, batch=batch, eager_step_ms=eager)
     print(json.dumps(result))
     if not result["kernels"]:
         print(done.stderr[-3000:], file=sys.stderr)
