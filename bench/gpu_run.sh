@@ -142,7 +142,7 @@ side_rows() {  # ENGINE MODEL PORT
   local tag="{\"engine\": \"$1\", \"model\": \"$2\", "
   URL=http://127.0.0.1:$3 SERVE_C1=${SIDE_C1:-8} SERVE_C32=${SIDE_C32:-64} timeout 240 \
     bash bench/suite/serve_workloads.sh short | sed "s/^{/$tag/" | tee -a "$OUT/side.jsonl"
-  timeout 120 python3 -m app.cli bench --url "http://127.0.0.1:$3" --json --concurrency 1 --requests 3 \
+  timeout 120 python3 -m app.cli bench --url "http://127.0.0.1:$3" --json --concurrency 1 --requests ${SIDE_TTFT:-3} \
     --warmup 1 --input-tokens 8000 --output-tokens 16 | sed "s/^{/$tag\"workload\": \"ttft8k\", /" | tee -a "$OUT/side.jsonl"
 }
 if [[ $STAGES == *side* ]]; then

@@ -5,8 +5,12 @@
 #
 #   bench/llama_cpp.sh pack                 # here, once: the sdist's sources -> .llama/src.tar.xz (~7 MB,
 #                                           # git-ignored; carry [".llama"] in the device call)
-#   bench/llama_cpp.sh build                # there: llama-server for sm_90 into /tmp/llama-build (~5 min on
-#                                           # 16 cores; kept while the machine stays warm)
+#   bench/llama_cpp.sh build                # there: llama-server for sm_90 into /tmp/llama-build (~10 min on
+#                                           # 16 cores; kept while the machine stays warm), or at once from
+#                                           # .llama/llama-server.xz where `prebuilt` made one
+#   bench/llama_cpp.sh prebuilt             # here, where nvcc 13 and cuBLAS's headers and libraries are: the same
+#                                           # build, statically linked but for CUDA's runtime libraries, into
+#                                           # .llama/llama-server.xz (a device call then needs no build time)
 #   bench/llama_cpp.sh serve FILE NP CTX    # there: llama-server on port 11661, FILE fully on the GPU, NP
 #                                           # parallel slots sharing CTX tokens (one unified KV cache, so a
 #                                           # single 8,000-token prompt fits too); returns once healthy
@@ -47,22 +51,54 @@ link_cublas() {
   echo "cuBLAS linked from $lib"
 }
 
-build() {
-  [[ -x $BUILD/bin/llama-server ]] && { echo "llama-server already built"; return 0; }
-  local src=/tmp/llama-src
+# cmake + ninja of llama-server from the packed sources into $1, with extra CMake flags after it
+compile() {
+  local build=$1 src=/tmp/llama-src
+  shift
   rm -rf "$src" && mkdir -p "$src" && tar xJf .llama/src.tar.xz -C "$src"
-  link_cublas
-  cmake -S "$src" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-    -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+  cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+    -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF "$@" \
     > /tmp/llama-cmake.log 2>&1 || { tail -30 /tmp/llama-cmake.log; return 1; }
   local started=$SECONDS
-  nice -n 10 ninja -C "$BUILD" -j "$(nproc)" llama-server > /tmp/llama-build.log 2>&1 \
+  nice -n 10 ninja -C "$build" -j "$(nproc)" llama-server > /tmp/llama-build.log 2>&1 \
     || { tail -30 /tmp/llama-build.log; return 1; }
   echo "llama-server built in $((SECONDS - started)) s"
 }
 
+prebuilt() {
+  local build=${LLAMA_PREBUILD:-/tmp/llama-prebuild}
+  compile "$build" -DBUILD_SHARED_LIBS=OFF
+  strip "$build/bin/llama-server"
+  xz -T0 -6 -c "$build/bin/llama-server" > .llama/llama-server.xz
+  ls -la .llama/llama-server.xz
+}
+
+# The CUDA runtime libraries a prebuilt server links (cuBLAS from torch's nvidia wheel where the toolkit has none)
+runtime_libs() {
+  local found
+  found=$(compgen -G "/usr/local/cuda/lib64/libcublas.so.13" \
+    || python3 -c "import nvidia, glob; print(*glob.glob(nvidia.__path__[0] + '/**/libcublas.so.13', recursive=True))" \
+    2> /dev/null | head -1)
+  [[ -n $found ]] || found=$(find / -xdev -name 'libcublas.so.13' 2> /dev/null | head -1)
+  export LD_LIBRARY_PATH=$(dirname "${found:-/usr/local/cuda/lib64/x}"):/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+}
+
+build() {
+  [[ -x $BUILD/bin/llama-server ]] && { echo "llama-server already built"; return 0; }
+  if [[ -e .llama/llama-server.xz ]]; then
+    mkdir -p "$BUILD/bin" && xz -dc .llama/llama-server.xz > "$BUILD/bin/llama-server" && chmod +x "$BUILD/bin/llama-server"
+    runtime_libs
+    "$BUILD/bin/llama-server" --version 2>&1 | tail -2
+    echo "llama-server unpacked from .llama/llama-server.xz"
+    return 0
+  fi
+  link_cublas
+  compile "$BUILD"
+}
+
 serve() {
   local file=$1 np=$2 ctx=$3
+  runtime_libs
   "$BUILD/bin/llama-server" -m "$file" -ngl 999 -np "$np" -c "$ctx" --kv-unified --port "$PORT" --no-webui \
     > "${OUT:-/tmp}/llama-server-$(basename "$file" .gguf).log" 2>&1 &
   echo $! > /tmp/llama-server.pid
@@ -79,6 +115,7 @@ serve() {
 case ${1:-} in
   pack) pack ;;
   build) build ;;
+  prebuilt) prebuilt ;;
   serve) shift; serve "$@" ;;
-  *) echo "usage: $0 pack | build | serve FILE NP CTX" >&2; exit 2 ;;
+  *) echo "usage: $0 pack | prebuilt | build | serve FILE NP CTX" >&2; exit 2 ;;
 esac
