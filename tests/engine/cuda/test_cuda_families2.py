@@ -179,8 +179,8 @@ def random_gemma4(tmp_path_factory):
 # gemma4-tiny-moe's router picks 2 of 4 experts on logits a mere ~0.06 apart (random weights), so of the ~600
 # choices three prompts make, some lie within 1e-4 of a tie (those of _prompts(): down to 1.5e-5), while the
 # float16 of the CUDA path (the KV cache; q and the probabilities in the tensor-core prefill) moves this model's
-# router logits by up to ~3e-3 (numpy with those roundings, measured). A flipped choice moves the log-probs by
-# up to ~0.4: on the H100, _prompts()[2]'s positions 8 and 32 (layers 1 and 2, margins 7e-5 and 1.7e-5) took
+# router logits by up to ~3e-3 (numpy with those roundings, measured). One flipped choice moves the log-probs by
+# 0.03 to 0.4: on the H100, _prompts()[2]'s positions 8 and 32 (layers 1 and 2, margins 7e-5 and 1.7e-5) took
 # their other expert, and numpy with those two choices flipped gives its first step's token 542 -3.2918, the
 # GPU's -3.2919 (numpy's own: -3.0058). So this shape runs prompts whose numpy run (the same float16 KV cache as
 # CUDA's) routes every token of every layer at least MOE_MARGIN from a tie, checked on the reference run below,

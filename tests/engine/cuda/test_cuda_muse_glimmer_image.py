@@ -6,9 +6,9 @@ features replace the prompt's patch tokens, and the text model's sliding and NoP
 attention.cu and the op-by-op rope) read them. Asserted: greedy tokens equal numpy's (which are transformers', as
 the CPU test checks) but after a near-tie of numpy's top two (this fixture's steps 1 and 5 are within 5e-3:
 float16 KV may pick the other, cuda_samples.assert_greedy_agrees), and the top-5 log-probs of every step up to
-there (the split's included) within 5e-2 of numpy's (test_cuda_engine.py's tolerance; the first step's top two are 0.35 apart), on a fresh
-prefill and on a second request that takes the prompt's first blocks from the prefix cache; with
-CUDA graphs (the runner keeps a step with image features off the captured graphs) and without.
+there, the split's included, within 5e-2 of numpy's (test_cuda_engine.py's tolerance; the first step's top two
+are 0.35 apart); on a fresh prefill and on a second request that takes the prompt's first blocks from the prefix
+cache, with CUDA graphs (the runner keeps a step with image features off the captured graphs) and without.
 """
 
 from __future__ import annotations
