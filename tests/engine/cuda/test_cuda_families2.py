@@ -192,13 +192,14 @@ MOE_PROMPTS = ((17014, 17), (20005, 20), (24112, 24))  # (seed, length), all pas
 MOE_MARGIN = 1e-3  # 3x that router-logit noise; these prompts' least margin is 1.1e-3
 
 
-def _moe_prompts() -> list[list[int]]:
+def moe_prompts() -> list[list[int]]:
     return [np.random.default_rng(seed).integers(3, 256, n).tolist() for seed, n in MOE_PROMPTS]
 
 
-def _record_router_margins(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """Every routed token's margin from a tie from now on (its k-th best router logit minus the next best), as
-    layers/moe.py routes on the numpy backend."""
+def moe_reference(path: str, monkeypatch: pytest.MonkeyPatch) -> tuple[list[dict], list[float]]:
+    """The numpy run of MOE_PROMPTS the CUDA one is compared with (the float16 KV cache CUDA keeps), and the margin
+    from a tie of every choice its router made (a token's k-th best router logit minus the next best); asserts
+    that each routed token was recorded, so the margins speak for the whole run."""
     import app.engine.layers.moe as moe_layer
 
     margins: list[float] = []
@@ -209,8 +210,13 @@ def _record_router_margins(monkeypatch: pytest.MonkeyPatch) -> list[float]:
         margins.extend((ranked[:, spec.num_used - 1] - ranked[:, spec.num_used]).tolist())
         return route(xp, logits, spec, score_bias)
 
-    monkeypatch.setattr(moe_layer, "route", recording)
-    return margins
+    prompts = moe_prompts()
+    with monkeypatch.context() as patch:
+        patch.setattr(moe_layer, "route", recording)
+        reference = _generate(path, "cpu", prompts, kv_dtype="f16")
+    fed = sum(len(p) + MAX_TOKENS - 1 for p in prompts)  # every prompt token and every generated one but the last
+    assert len(margins) == fed * 6, "the numpy run did not route through layers/moe.py's route"
+    return reference, margins
 
 
 @pytest.mark.parametrize("shape", ["gemma4-tiny", "gemma4-tiny-wide", "gemma4-tiny-moe"])
@@ -229,12 +235,8 @@ def test_gemma4_on_the_kernels_of_real_head_sizes_matches_numpy(
         reference = _generate(path, "cpu", prompts)
         ours = _generate(path, "cuda", prompts)
     else:  # see MOE_PROMPTS; one sequence at a time in steps of 2 tokens, as SERIAL above
-        prompts = _moe_prompts()
-        with monkeypatch.context() as patch:
-            margins = _record_router_margins(patch)
-            reference = _generate(path, "cpu", prompts, kv_dtype="f16")
-        fed = sum(len(p) + MAX_TOKENS - 1 for p in prompts)  # every prompt token and every generated one but the last
-        assert len(margins) == fed * 6, "the numpy run did not route on layers/moe.py's route"
+        prompts = moe_prompts()
+        reference, margins = moe_reference(path, monkeypatch)
         assert min(margins) >= MOE_MARGIN, f"a prompt routes a token {min(margins):.2e} from a tie: choose others"
         ours = _generate(path, "cuda", prompts, one_at_a_time=True, step_tokens=2, kv_dtype="f16", simt_prefill=True)
     for got, ref in zip(ours, reference, strict=True):

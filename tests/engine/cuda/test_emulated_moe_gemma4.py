@@ -1,4 +1,7 @@
-"""moe.cu on Gemma 4's experts, on the SIMT emulator, against the numpy layer: the tensors of bench/make_random_gguf.py's
+"""Gemma 4's experts off the GPU: moe.cu on the SIMT emulator against the numpy layer, and the premise of the GPU
+suite's comparison of gemma4-tiny-moe with numpy.
+
+moe.cu: the tensors of bench/make_random_gguf.py's
 gemma4-tiny-moe as the model loads them (gemma4.adapt_tensors: the fused `ffn_gate_up_exps` split into per-expert
 gate and up views of Q4_K rows, the router's input scale folded into its projection), GELU-tanh experts
 (ACTIVATION_KINDS 3) and a down projection of 96 columns that 256-weight blocks do not tile, so llama.cpp's
@@ -35,14 +38,20 @@ def moe_emu(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def tiny_moe(tmp_path_factory):
-    """gemma4-tiny-moe's config and its tensors as the model adapts them."""
+def tiny_moe_path(tmp_path_factory) -> Path:
+    """bench/make_random_gguf.py's gemma4-tiny-moe (random Q4_K_M), as the GPU suite writes it."""
     sys.path.insert(0, str(BENCH))
     import make_random_gguf
 
     path = tmp_path_factory.mktemp("gemma4-moe") / "gemma4-tiny-moe.gguf"
     make_random_gguf.write("gemma4-tiny-moe", "q4_k_m", path)
-    checkpoint = open_checkpoint(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_moe(tiny_moe_path):
+    """gemma4-tiny-moe's config and its tensors as the model adapts them."""
+    checkpoint = open_checkpoint(tiny_moe_path)
     cfg = gemma4.config_from_gguf(checkpoint.metadata, 1024)
     return cfg, gemma4.adapt_tensors(checkpoint.tensors, cfg)
 
@@ -79,3 +88,13 @@ def test_gemma4_experts_emulated(moe_emu, tiny_moe, tmp_path, layer: int, down_f
     np.testing.assert_allclose(np.fromfile(tmp_path / "weights.bin", np.float32).reshape(TOKENS, -1), weights, rtol=1e-5)
     out = np.fromfile(tmp_path / "out.bin", np.float32).reshape(TOKENS, cfg.hidden_size)
     assert rel_err(out, expected) < 1e-5
+
+
+def test_the_gpu_suites_moe_prompts_route_no_token_near_a_tie(tiny_moe_path, monkeypatch) -> None:
+    """test_cuda_families2.py compares gemma4-tiny-moe on CUDA with numpy only on prompts whose numpy run makes every
+    routing choice at least MOE_MARGIN from a tie (MOE_PROMPTS says why): checked here too, where no GPU is."""
+    from test_cuda_families2 import MOE_MARGIN, moe_reference
+
+    reference, margins = moe_reference(str(tiny_moe_path), monkeypatch)
+    assert min(margins) >= MOE_MARGIN
+    assert all(len(r["token_ids"]) == 8 for r in reference)
