@@ -101,8 +101,8 @@ def _keys(arch: str, **values: object) -> dict[str, object]:
     return {"general.architecture": arch, **{f"{arch}.{k.replace('__', '.')}": v for k, v in values.items()}}
 
 
-def _dense(arch: str, layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int, ffn: int, vocab: int,
-           context: int, **extra: object) -> dict[str, object]:
+def _dense(arch: str, layers: int, hidden: int, heads: int, kv_heads: int | list[int], head_dim: int, ffn: int,
+           vocab: int, context: int, **extra: object) -> dict[str, object]:
     return _keys(arch, block_count=layers, embedding_length=hidden, attention__head_count=heads,
                  attention__head_count_kv=kv_heads, attention__key_length=head_dim, attention__value_length=head_dim,
                  feed_forward_length=ffn, vocab_size=vocab, context_length=context, **extra)  # fmt: skip
@@ -129,7 +129,7 @@ def _gemma4(layers: int, hidden: int, heads: int, kv_heads: int | tuple[int, int
     `kv_heads` as (sliding, global) where the two differ, written per layer as llama.cpp does."""
     pattern = ([True] * 5 + [False]) * (layers // 6)
     kv = kv_heads if isinstance(kv_heads, int) else [kv_heads[0] if s else kv_heads[1] for s in pattern]
-    return _dense("gemma4", layers, hidden, heads, kv, 512, ffn, 262_144, context,  # type: ignore[arg-type]
+    return _dense("gemma4", layers, hidden, heads, kv, 512, ffn, 262_144, context,
                   attention__key_length_swa=256, attention__value_length_swa=256, attention__sliding_window=window,
                   attention__sliding_window_pattern=pattern, **extra)  # fmt: skip
 
