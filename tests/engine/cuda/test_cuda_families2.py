@@ -176,7 +176,7 @@ def random_gemma4(tmp_path_factory):
     return get
 
 
-# gemma4-tiny-moe's router picks 2 of 4 experts on logits a mere ~0.06 apart (random weights), so of the ~600
+# gemma4-tiny-moe's router picks 2 of 4 experts on logits that spread over ~0.12 (random weights), so of the ~600
 # choices three prompts make, some lie within 1e-4 of a tie (those of _prompts(): down to 1.5e-5), while the
 # float16 of the CUDA path (the KV cache; q and the probabilities in the tensor-core prefill) moves this model's
 # router logits by up to ~3e-3 (numpy with those roundings, measured). One flipped choice moves the log-probs by
@@ -187,7 +187,8 @@ def random_gemma4(tmp_path_factory):
 # and its CUDA prefill runs on attention.cu (float32 q); gemma4-tiny covers the tensor-core kernels at these
 # head sizes. What is left of CUDA's rounding, numpy with the decode products' x in int16 per 16 columns (as
 # gemv_int.cu) and float32 reordering on every product, moves the router logits of these prompts by 2.9e-4 at
-# most, flips no choice and moves the log-probs by 0.007 (measured). The prompts: a search over rng seeds.
+# most, flips no choice and moves the log-probs by 0.007 (measured). Each prompt is the first of seeds
+# 1000 * length, 1000 * length + 1, ... whose numpy run alone keeps every choice MOE_MARGIN from a tie.
 MOE_PROMPTS = ((17014, 17), (20005, 20), (24112, 24))  # (seed, length), all past the window of 16
 MOE_MARGIN = 1e-3  # 3x that router-logit noise; these prompts' least margin is 1.1e-3
 
