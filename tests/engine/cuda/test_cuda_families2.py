@@ -227,7 +227,8 @@ def test_gemma4_on_the_kernels_of_real_head_sizes_matches_numpy(
     """The fixtures' 16- and 32-wide heads run attention.cu and the op-by-op rope alone; these random Q4_K_M
     Gemma 4s have 64-wide sliding heads and 128- or 512-wide global ones (one KV head, proportional RoPE),
     so the fused rope + cache, the decode, tensor-core prefill (512 included) and fused decode-rope kernels
-    run, and the Q4_K / Q6_K products; the MoE one's experts are Q4_K gate/up and Q5_0 / Q8_0 down on moe.cu.
+    run, and the Q4_K / Q6_K products; the MoE one's experts are Q4_K gate/up and Q5_0 / Q8_0 down on moe.cu
+    (its prefill on attention.cu: see MOE_PROMPTS).
     Their greedy text is one token over and over (by a margin above 1), so every step's top-5 log-probs are
     compared, not only the first's."""
     path = random_gemma4(shape)
