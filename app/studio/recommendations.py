@@ -32,8 +32,13 @@ which overstates them by the header's few MB):
   same file's LFS pointer in another upload. Qwen3-Reranker 0.6B Q8_0: 639,153,088 bytes, from its repo's
   model card, converted with llama.cpp's rerank head (`cls.output.weight`, pooling type RANK). Shapes: the
   Qwen3-Embedding-0.6B config.json (both cards: 28 layers, 32K context).
-Left out, with no file and size found: Gemma 4 26B-A4B and 31B; Qwen3-ASR (the engine reads its Hugging Face
-folder, not a single GGUF) and PaddleOCR-VL.
+- Gemma 4 31B and 26B-A4B (ggml-org's Q4_K_M, made by plain llama-quantize): no byte count found, so the tensor
+  bytes computed from the published configs (bench/make_random_gguf.py's GEMMA4_SHAPES, in llama.cpp's layout)
+  with llama-quantize's Q4_K_M choices (its `llama_tensor_get_type`: the tied embedding Q6_K, attn_v and ffn_down
+  Q6_K on its `use_more_bits` layers, the experts' 704-wide down rows falling back to Q5_0 / Q8_0, the router and
+  norms F32), without the header (a few MB); tests/ui/test_recommendations.py recomputes them. 31B: 18,671,229,168
+  bytes, where a public comparison lists the Q4_K_M at 18.7e9.
+Left out: Qwen3-ASR (the engine reads its Hugging Face folder, not a single GGUF) and PaddleOCR-VL.
 """
 
 from __future__ import annotations
@@ -96,8 +101,8 @@ def _keys(arch: str, **values: object) -> dict[str, object]:
     return {"general.architecture": arch, **{f"{arch}.{k.replace('__', '.')}": v for k, v in values.items()}}
 
 
-def _dense(arch: str, layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int, ffn: int, vocab: int,
-           context: int, **extra: object) -> dict[str, object]:
+def _dense(arch: str, layers: int, hidden: int, heads: int, kv_heads: int | list[int], head_dim: int, ffn: int,
+           vocab: int, context: int, **extra: object) -> dict[str, object]:
     return _keys(arch, block_count=layers, embedding_length=hidden, attention__head_count=heads,
                  attention__head_count_kv=kv_heads, attention__key_length=head_dim, attention__value_length=head_dim,
                  feed_forward_length=ffn, vocab_size=vocab, context_length=context, **extra)  # fmt: skip
@@ -118,13 +123,32 @@ def _qwen35(arch: str, layers: int, hidden: int, heads: int, kv_heads: int, ffn:
                   **experts)  # fmt: skip
 
 
+def _gemma4(layers: int, hidden: int, heads: int, kv_heads: int | tuple[int, int], ffn: int, context: int,
+            window: int, **extra: object) -> dict[str, object]:
+    """Gemma 4's header: 256-wide sliding heads and 512-wide global ones, five sliding layers to one global;
+    `kv_heads` as (sliding, global) where the two differ, written per layer as llama.cpp does."""
+    pattern = ([True] * 5 + [False]) * (layers // 6)
+    kv = kv_heads if isinstance(kv_heads, int) else [kv_heads[0] if s else kv_heads[1] for s in pattern]
+    return _dense("gemma4", layers, hidden, heads, kv, 512, ffn, 262_144, context,
+                  attention__key_length_swa=256, attention__value_length_swa=256, attention__sliding_window=window,
+                  attention__sliding_window_pattern=pattern, **extra)  # fmt: skip
+
+
 def _gemma4_e4b() -> dict[str, object]:
-    """Gemma 4 E4B: 256-wide sliding layers (window 512) and 512-wide global ones, five to one; the last 18
-    layers read the KV of an earlier one; per-layer inputs of 256."""
-    return _dense("gemma4", 42, 2560, 8, 2, 512, 10_240, 262_144, 131_072, attention__key_length_swa=256,
-                  attention__value_length_swa=256, attention__sliding_window=512,
-                  attention__sliding_window_pattern=([True] * 5 + [False]) * 7, attention__shared_kv_layers=18,
-                  embedding_length_per_layer_input=256)  # fmt: skip
+    """Gemma 4 E4B: sliding window 512; the last 18 layers read the KV of an earlier one; per-layer inputs of 256."""
+    return _gemma4(42, 2560, 8, 2, 10_240, 131_072, 512, attention__shared_kv_layers=18,
+                   embedding_length_per_layer_input=256)  # fmt: skip
+
+
+def _gemma4_31b() -> dict[str, object]:
+    """Gemma 4 31B: 60 layers, 16 KV heads on the sliding ones (window 1024), 4 on the global ones."""
+    return _gemma4(60, 5376, 32, (16, 4), 21_504, 262_144, 1024)
+
+
+def _gemma4_26b_a4b() -> dict[str, object]:
+    """Gemma 4 26B-A4B: 30 layers, 8 and 2 KV heads; 128 experts of 704 (8 used) beside each layer's MLP."""
+    return _gemma4(30, 2816, 16, (8, 2), 2112, 262_144, 1024, expert_count=128, expert_used_count=8,
+                   expert_feed_forward_length=704)  # fmt: skip
 
 
 def _nemotron3_nano() -> dict[str, object]:
@@ -183,6 +207,13 @@ RECOMMENDED: tuple[Recommendation, ...] = (
                    attention_layers=16),
     Recommendation("Qwen3 32B", "Qwen/Qwen3-32B-GGUF", "Qwen3-32B-Q4_K_M.gguf", "48 GB", 19762 * MB,
                    _dense("qwen3", 64, 5120, 64, 8, 128, 25600, 151936, 40960)),
+    Recommendation("Gemma 4 26B-A4B IT", "ggml-org/gemma-4-26B-A4B-it-GGUF", "gemma-4-26B-A4B-it-Q4_K_M.gguf",
+                   "24 GB", 16_780_192_888, _gemma4_26b_a4b(),
+                   "mixture of experts beside each layer's MLP, 4B active; experts can stay in host RAM",
+                   attention_layers=30),
+    Recommendation("Gemma 4 31B IT", "ggml-org/gemma-4-31B-it-GGUF", "gemma-4-31B-it-Q4_K_M.gguf", "48 GB",
+                   18_671_229_168, _gemma4_31b(), "dense; its sliding layers keep 16 KV heads: 0.9 MB of KV a token",
+                   attention_layers=60),
     Recommendation("Nemotron 3 Nano 30B-A3B", "unsloth/Nemotron-3-Nano-30B-A3B-GGUF",
                    "Nemotron-3-Nano-30B-A3B-Q4_K_M.gguf", "32 GB", 24_574_373_664, _nemotron3_nano(),
                    "Mamba-2 hybrid mixture of experts, 3B active; KV in 6 of 52 layers", attention_layers=6),

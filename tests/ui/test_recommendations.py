@@ -124,6 +124,40 @@ def test_the_hybrids_state_and_gemma4s_shared_kv_are_the_model_cards():
     assert nemotron.kv_layers == ((2, 128),) * 6 and (nemotron.num_experts, nemotron.experts_used) == (128, 6)
 
 
+def test_gemma4_31b_and_26b_a4b_are_llama_quantizes_q4_k_m_of_the_published_configs():
+    """No byte count of these two files was found: their sizes are the tensor bytes of llama-quantize's Q4_K_M
+    choices on the published configs as bench/make_random_gguf.py lays them out (GEMMA4_SHAPES), and their headers
+    give the same shapes."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    from app.engine.quant.types import QUANT_TYPES
+
+    spec = importlib.util.spec_from_file_location(
+        "make_random_gguf", Path(__file__).resolve().parents[2] / "bench" / "make_random_gguf.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, bench)  # its dataclasses look their module up by name
+    spec.loader.exec_module(bench)
+    by_title = {rec.title: rec for rec in RECOMMENDED}
+    for title, name in (("Gemma 4 31B IT", "gemma4-31b"), ("Gemma 4 26B-A4B IT", "gemma4-26b-a4b")):
+        config, rec = bench.GEMMA4_SHAPES[name], by_title[title]
+        types = bench.gemma4_tensor_types(config)
+        matrices = sum(
+            QUANT_TYPES[types[tensor]].row_bytes(dims[-1]) * int(np.prod(dims[:-1]))
+            for tensor, dims in bench.gemma4_matrices(config).items()
+        )
+        vectors = sum(v.nbytes for v in bench.gemma4_vectors(config, np.random.default_rng(0)).values())
+        assert rec.size_bytes == matrices + vectors, title
+        shape = rec.shape
+        assert (shape.num_layers, shape.hidden_size, shape.num_heads, shape.vocab_size) == (
+            config.layers, config.hidden, config.heads, config.vocab
+        ), title
+        assert shape.kv_layers == tuple(config.geometry(i) for i in range(config.layers)), title
+        assert (shape.num_experts, shape.experts_used) == (config.experts, config.experts_used), title
+
+
 @pytest.fixture
 def tiny_hub(tmp_path_factory, monkeypatch):
     """A fake hub that serves a tiny GGUF under the first recommendation's repo and file name."""

@@ -313,6 +313,17 @@ def assert_greedy_agrees(got: dict, ref: dict, label: str) -> None:
         assert abs(top[0][1] - top[1][1]) < 5e-2, f"{label}: split at {split} without a near-tie"
 
 
+def assert_top_agrees(mine: list, theirs: list, tol: float, where: str) -> None:
+    """numpy's top log-probs `theirs` within `tol` of a GPU run's `mine`; a token numpy ranks last that the GPU
+    ranks just past its list (a near-tie at the list's edge) must lie below the GPU's last by no more than `tol`."""
+    top = dict(mine)
+    for token, value in theirs:
+        if token in top:
+            assert abs(top[token] - value) < tol, f"{where}: token {token}: {top[token]} vs numpy's {value}"
+        else:
+            assert value < min(top.values()) + tol, f"{where}: numpy's token {token} ({value}) not in {mine}"
+
+
 def varlen_meta(lengths: list[int], slots: list[int], initial: list[bool]) -> AttentionMetadata:
     """A batch's metadata as the runner makes it, with the host copies the reference walks."""
     qsl = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)

@@ -6,7 +6,8 @@ laguna/, muse_glimmer/), written as GGUFs in llama.cpp's layout at test time by 
 - Gemma 4 `dense`: sliding (window 8) layers with 16-wide heads and global layers with 32-wide heads and one
   KV head of their own, values from the keys there, proportional RoPE, final soft-capping;
 - Gemma 4 `ple`: per-layer input embeddings, the last two layers reading earlier layers' caches (no write);
-- Gemma 4 `moe`: experts beside the dense MLP (GELU experts with per-expert output scales, on moe.cu);
+- Gemma 4 `moe`: experts beside the dense MLP (GELU experts with per-expert output scales, on moe.cu); and a
+  random Q4_K_M one of real head sizes, on prompts checked to route no token near a tie (MOE_PROMPTS says why);
 - Laguna `xs`: 4 and 8 query heads per layer, a softplus output gate per head, dense and sparse MLPs (the
   sparse ones on moe.cu: sigmoid routing with its bias); its full layer rotates half of each head (partial
   RoPE, which the CUDA backend takes once branch gdn's lands), and the same model with that layer rotating
@@ -28,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cuda_samples import assert_greedy_agrees, rel_err, rope_tables
+from cuda_samples import assert_greedy_agrees, assert_top_agrees, rel_err, rope_tables
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/engine: the GGUF writers
 from gemma4_gguf import write_gguf as gemma4_gguf
@@ -90,16 +91,22 @@ def _prompts(n: int = len(PROMPT_LENGTHS)) -> list[list[int]]:
 
 
 def _generate(
-    model: str, device: str, prompts: list[list[int]], one_at_a_time: bool = False, step_tokens: int = 16
-) -> list[dict]:
+    model: str, device: str, prompts: list[list[int]], one_at_a_time: bool = False, step_tokens: int = 16,
+    kv_dtype: str = "auto", simt_prefill: bool = False,
+) -> list[dict]:  # fmt: skip
+    """Greedy tokens and top-5 log-probs; `simt_prefill`: prefill attention on attention.cu (float32 q) rather than
+    the tensor-core kernel (q and the probabilities rounded to float16), no prefill graphs holding the latter."""
     from app.engine.config import EngineConfig
     from app.engine.core.engine import LLMEngine
     from app.engine.sampling_params import SamplingParams
 
     engine = LLMEngine(
-        EngineConfig(model=model, device=device, cpu_kernels="numpy", max_model_len=128,
-                     max_num_seqs=min(8, step_tokens), max_num_batched_tokens=step_tokens)
+        EngineConfig(model=model, device=device, cpu_kernels="numpy", max_model_len=128, kv_dtype=kv_dtype,
+                     max_num_seqs=min(8, step_tokens), max_num_batched_tokens=step_tokens,
+                     prefill_graphs=not simt_prefill)
     )  # fmt: skip
+    if simt_prefill:
+        engine.backend.tensor_core_prefill = False
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=5)
     if one_at_a_time:
         return [engine.generate([p], params)[0] for p in prompts]
@@ -123,19 +130,8 @@ def test_greedy_tokens_and_first_logprobs_match_numpy(cuda, gguf_of, case: str) 
     serial = case in SERIAL
     ours = _generate(path, "cuda", prompts, one_at_a_time=serial, step_tokens=2 if serial else 16)
     for got, ref in zip(ours, reference, strict=True):
-        _assert_top_agrees(got["logprobs"][0].top, ref["logprobs"][0].top, LOGPROB_TOL, case)
+        assert_top_agrees(got["logprobs"][0].top, ref["logprobs"][0].top, LOGPROB_TOL, case)
         assert_greedy_agrees(got, ref, case)
-
-
-def _assert_top_agrees(mine: list, theirs: list, tol: float, where: str) -> None:
-    """numpy's top log-probs `theirs` within `tol` of CUDA's `mine`; a token numpy ranks last that CUDA ranks
-    just past its list (a near-tie at the list's edge) must lie below CUDA's last by no more than `tol`."""
-    top = dict(mine)
-    for token, value in theirs:
-        if token in top:
-            assert abs(top[token] - value) < tol, f"{where}: token {token}: {top[token]} vs numpy's {value}"
-        else:
-            assert value < min(top.values()) + tol, f"{where}: numpy's token {token} ({value}) not in {mine}"
 
 
 def test_a_sequence_decodes_the_same_alone_and_in_a_batch_of_eight_on_cuda(cuda, gguf_of) -> None:
@@ -180,22 +176,75 @@ def random_gemma4(tmp_path_factory):
     return get
 
 
+# gemma4-tiny-moe's router picks 2 of 4 experts on logits that spread over ~0.12 (random weights), so of the ~600
+# choices three prompts make, some lie within 1e-4 of a tie (those of _prompts(): down to 1.5e-5), while the
+# float16 of the CUDA path (the KV cache; q and the probabilities in the tensor-core prefill) moves this model's
+# router logits by up to ~3e-3 (numpy with those roundings, measured). One flipped choice moves the log-probs by
+# 0.03 to 0.4: on the H100, _prompts()[2]'s positions 8 and 32 (layers 1 and 2, margins 7e-5 and 1.7e-5) took
+# their other expert, and numpy with those two choices flipped gives its first step's token 542 -3.2918, the
+# GPU's -3.2919 (numpy's own: -3.0058). So this shape runs prompts whose numpy run (the same float16 KV cache as
+# CUDA's) routes every token of every layer at least MOE_MARGIN from a tie, checked on the reference run below,
+# and its CUDA prefill runs on attention.cu (float32 q); gemma4-tiny covers the tensor-core kernels at these
+# head sizes. What is left of CUDA's rounding, numpy with the decode products' x in int16 per 16 columns (as
+# gemv_int.cu) and float32 reordering on every product, moves the router logits of these prompts by 2.9e-4 at
+# most, flips no choice and moves the log-probs by 0.007 (measured). Each prompt is the first of seeds
+# 1000 * length, 1000 * length + 1, ... whose numpy run alone keeps every choice MOE_MARGIN from a tie.
+MOE_PROMPTS = ((17014, 17), (20005, 20), (24112, 24))  # (seed, length), all past the window of 16
+MOE_MARGIN = 1e-3  # 3x that router-logit noise; these prompts' least margin is 1.1e-3
+
+
+def moe_prompts() -> list[list[int]]:
+    return [np.random.default_rng(seed).integers(3, 256, n).tolist() for seed, n in MOE_PROMPTS]
+
+
+def moe_reference(path: str, monkeypatch: pytest.MonkeyPatch) -> tuple[list[dict], list[float]]:
+    """The numpy run of MOE_PROMPTS the CUDA one is compared with (the float16 KV cache CUDA keeps), and the margin
+    from a tie of every choice its router made (a token's k-th best router logit minus the next best); asserts
+    that each routed token was recorded, so the margins speak for the whole run."""
+    import app.engine.layers.moe as moe_layer
+
+    margins: list[float] = []
+    route = moe_layer.route
+
+    def recording(xp, logits, spec, score_bias=None):
+        ranked = -np.sort(-np.asarray(logits, np.float64), axis=-1)
+        margins.extend((ranked[:, spec.num_used - 1] - ranked[:, spec.num_used]).tolist())
+        return route(xp, logits, spec, score_bias)
+
+    prompts = moe_prompts()
+    with monkeypatch.context() as patch:
+        patch.setattr(moe_layer, "route", recording)
+        reference = _generate(path, "cpu", prompts, kv_dtype="f16")
+    fed = sum(len(p) + MAX_TOKENS - 1 for p in prompts)  # every prompt token and every generated one but the last
+    assert len(margins) == fed * 6, "the numpy run did not route through layers/moe.py's route"
+    return reference, margins
+
+
 @pytest.mark.parametrize("shape", ["gemma4-tiny", "gemma4-tiny-wide", "gemma4-tiny-moe"])
-def test_gemma4_on_the_kernels_of_real_head_sizes_matches_numpy(cuda, random_gemma4, shape: str) -> None:
+def test_gemma4_on_the_kernels_of_real_head_sizes_matches_numpy(
+    cuda, random_gemma4, monkeypatch, shape: str
+) -> None:
     """The fixtures' 16- and 32-wide heads run attention.cu and the op-by-op rope alone; these random Q4_K_M
     Gemma 4s have 64-wide sliding heads and 128- or 512-wide global ones (one KV head, proportional RoPE),
     so the fused rope + cache, the decode, tensor-core prefill (512 included) and fused decode-rope kernels
-    run, and the Q4_K / Q6_K products. Their greedy text is one token over and over (by a margin above 1),
-    so every step's top-5 log-probs are compared, not only the first's."""
+    run, and the Q4_K / Q6_K products; the MoE one's experts are Q4_K gate/up and Q5_0 / Q8_0 down on moe.cu
+    (its prefill on attention.cu: see MOE_PROMPTS).
+    Their greedy text is one token over and over (by a margin above 1), so every step's top-5 log-probs are
+    compared, not only the first's."""
     path = random_gemma4(shape)
-    prompts = _prompts()
-    reference = _generate(path, "cpu", prompts)
-    serial = shape.endswith("moe")  # as SERIAL above: routing near-ties under batched float16 products
-    ours = _generate(path, "cuda", prompts, one_at_a_time=serial, step_tokens=2 if serial else 16)
+    if not shape.endswith("moe"):
+        prompts = _prompts()
+        reference = _generate(path, "cpu", prompts)
+        ours = _generate(path, "cuda", prompts)
+    else:  # see MOE_PROMPTS; one sequence at a time in steps of 2 tokens, as SERIAL above
+        prompts = moe_prompts()
+        reference, margins = moe_reference(path, monkeypatch)
+        assert min(margins) >= MOE_MARGIN, f"a prompt routes a token {min(margins):.2e} from a tie: choose others"
+        ours = _generate(path, "cuda", prompts, one_at_a_time=True, step_tokens=2, kv_dtype="f16", simt_prefill=True)
     for got, ref in zip(ours, reference, strict=True):
         assert got["token_ids"] == ref["token_ids"], shape
         for step, (mine, theirs) in enumerate(zip(got["logprobs"], ref["logprobs"], strict=True)):
-            _assert_top_agrees(mine.top, theirs.top, RANDOM_Q4_TOL, f"{shape}: step {step}")
+            assert_top_agrees(mine.top, theirs.top, RANDOM_Q4_TOL, f"{shape}: step {step}")
 
 
 @pytest.mark.parametrize(("case", "n_moe"), [("gemma4-moe", 6), ("laguna-xs-whole-rope", 3)])
