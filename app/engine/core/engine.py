@@ -47,6 +47,7 @@ from app.engine.spec.speculator import build_speculator
 from app.engine.text.chat_template import chat_template_for
 from app.engine.worker.prefill_graphs import capture_prefill_graphs
 from app.engine.worker.runner import ModelRunner, allocate_caches, attention_caches
+from app.engine.worker.verify_graphs import capture_verify_graphs
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +164,12 @@ class LLMEngine:
                 plan.prefill_graphs, self.model, self.backend, kv_caches, plan.block_size,
                 plan.max_model_len, self.runner.graphs.capture_stream,
             )  # fmt: skip
+            if spec:  # verify steps of up to speculative_max_batch sequences (worker/verify_graphs.py)
+                self.runner.verify_graphs = capture_verify_graphs(
+                    self.model, self.backend, kv_caches, plan.block_size, plan.max_model_len,
+                    min(self.config.speculative_max_batch, self.config.max_num_seqs), self.config.num_draft_tokens,
+                    self.runner.graphs.capture_stream,
+                )  # fmt: skip
         tiers = None
         if cfg.is_hybrid and (plan.kv_host_gb or plan.kv_disk_gb):
             log.info("KV host/disk tiers off for this hybrid model (a prefix hit needs its recurrent state too); "
