@@ -23,6 +23,10 @@ from test_hybrid_speculative import (  # sibling module
     scored,
     without_drafts,
 )
+from test_mtp import GREEDY, mtp_model  # sibling module
+from test_mtp import engine as mtp_engine
+from test_mtp import prompts as mtp_prompts
+from test_mtp import without_drafts as without_mtp
 
 from app.engine.config import EngineConfig
 from app.engine.core.engine import LLMEngine
@@ -43,20 +47,23 @@ def _stand_in_cupy() -> Any:
 class _EagerGraph:
     """A captured graph's stand-in: each launch runs the forward again into the captured output."""
 
-    def __init__(self, graphs: VerifyGraphs, shape: tuple[int, int], output: np.ndarray) -> None:
+    def __init__(self, graphs: VerifyGraphs, shape: tuple[int, int], output: Any) -> None:
         self.graphs, self.shape, self.output = graphs, shape, output
 
     def launch(self, stream: Any = None) -> None:
-        self.output[...] = self.graphs._forward(self.shape)
+        fresh = self.graphs._forward(self.shape)
+        for kept, new in zip(*((self.output, fresh) if self.graphs.keep_hidden else ((self.output,), (fresh,))),
+                             strict=True):  # fmt: skip
+            kept[...] = new
 
 
 def eager_verify_graphs(model: Any, kv_caches: list, max_model_len: int, max_batch: int, max_drafts: int,
-                        block_size: int = BLOCK) -> VerifyGraphs:  # fmt: skip
+                        block_size: int = BLOCK, keep_hidden: bool = False) -> VerifyGraphs:  # fmt: skip
     """Verify graphs over the numpy backend, "captured" by running each shape's forward on padding
     inputs, replayed by running it again. The forward's metadata also carries its fields as the host
     copies the numpy reference walks (on the CPU they are the same arrays)."""
     backend = types.SimpleNamespace(xp=_stand_in_cupy(), kernel_options=KernelOptions())
-    graphs = VerifyGraphs(model, backend, kv_caches, block_size, max_model_len, max_batch, max_drafts)
+    graphs = VerifyGraphs(model, backend, kv_caches, block_size, max_model_len, max_batch, max_drafts, keep_hidden)
     metadata = graphs._metadata
 
     def with_host_copies(shape: tuple[int, int]) -> Any:
@@ -68,7 +75,8 @@ def eager_verify_graphs(model: Any, kv_caches: list, max_model_len: int, max_bat
     graphs._metadata = with_host_copies  # type: ignore[method-assign]
     for shape in graphs.shapes:
         graphs._stage(shape, [], [], np.zeros(0, np.int32), np.zeros((0, 1), np.int32), None)
-        output = np.array(graphs._forward(shape))
+        output = graphs._forward(shape)
+        output = tuple(np.array(o) for o in output) if keep_hidden else np.array(output)
         graphs._graphs[shape] = (_EagerGraph(graphs, shape, output), output)
     return graphs
 
@@ -151,13 +159,13 @@ def graphed_engine(path: Path) -> LLMEngine:
     return engine
 
 
-def record_eager_verify_steps(engine: LLMEngine) -> list[list[int]]:
-    """The chunk sizes of every verify step the runner runs eagerly from now on."""
+def record_eager_steps(engine: LLMEngine, verify_only: bool = False) -> list[list[int]]:
+    """The chunk sizes of every step (`verify_only`: with drafts) the runner runs eagerly from now on."""
     runner, eager = engine.runner, []
     run_eager = runner._run_eager
 
     def recording(chunks: list[Any]) -> Any:
-        if any(c.draft_token_ids for c in chunks):
+        if not verify_only or any(c.draft_token_ids for c in chunks):
             eager.append([c.num_tokens for c in chunks])
         return run_eager(chunks)
 
@@ -177,7 +185,7 @@ def test_verify_steps_replayed_from_graphs_keep_greedy_tokens_and_logprobs(fam: 
     expected = without_drafts(engine, prompts)
     assert graphs.replays == 0
     steps = record_verifies(engine.speculator)
-    eager = record_eager_verify_steps(engine)
+    eager = record_eager_steps(engine, verify_only=True)
     assert_same(scored(engine, prompts), expected)
     assert any(accepted < drafted for drafted, accepted in steps), f"no draft rejected: {steps}"
     assert engine.speculator.accepted > 0
@@ -186,3 +194,26 @@ def test_verify_steps_replayed_from_graphs_keep_greedy_tokens_and_logprobs(fam: 
     engine.scheduler.check_integrity()
     if engine.model_config.is_hybrid:
         assert_clean(engine)
+
+
+def test_mtp_steps_replayed_from_graphs_keep_greedy_tokens_and_the_heads_drafts(tmp_path: Path) -> None:
+    """With the MTP head every step that fits a verify graph replays one, plain decodes too, and hands the
+    head every row's hidden state: the drafts (so the counts of drafted and accepted tokens) are those
+    of the same engine stepping eagerly, and the greedy tokens those without drafts."""
+    _, path = mtp_model("qwen35", tmp_path, repeat=True)
+    batch = mtp_prompts()
+    eager = mtp_engine(path)
+    expected = [r["token_ids"] for r in eager.generate(batch, GREEDY)]
+    assert eager.speculator is not None and eager.speculator.accepted > 0
+    graphed = mtp_engine(path)
+    graphs = graphed.runner.verify_graphs = eager_verify_graphs(
+        graphed.model, graphed.runner.kv_caches, graphed.max_model_len, 8, 3, keep_hidden=True
+    )
+    eager_steps = record_eager_steps(graphed)
+    assert [r["token_ids"] for r in graphed.generate(batch, GREEDY)] == expected
+    assert graphed.speculator is not None
+    assert (graphed.speculator.drafted, graphed.speculator.accepted) == (eager.speculator.drafted,
+                                                                       eager.speculator.accepted)  # fmt: skip
+    assert graphs.replays >= 10 and all(graphs.shape_for(counts) is None for counts in eager_steps), eager_steps
+    assert without_mtp(graphed, batch) == expected
+    graphed.scheduler.check_integrity()

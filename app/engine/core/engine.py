@@ -168,7 +168,7 @@ class LLMEngine:
                 self.runner.verify_graphs = capture_verify_graphs(
                     self.model, self.backend, kv_caches, plan.block_size, plan.max_model_len,
                     min(self.config.speculative_max_batch, self.config.max_num_seqs), self.config.num_draft_tokens,
-                    self.runner.graphs.capture_stream,
+                    self.runner.graphs.capture_stream, keep_hidden=self.config.speculative == "mtp",
                 )  # fmt: skip
         tiers = None
         if cfg.is_hybrid and (plan.kv_host_gb or plan.kv_disk_gb):

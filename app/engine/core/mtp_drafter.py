@@ -16,6 +16,14 @@ blocks or in the null block, and the next catch-up overwrites them with the real
 the target did not compute (a prefix-cache hit) keep the K/V their block had: the drafts may be worse
 there, never the output. What is kept per request is the hidden states since its last proposal
 (positions past what verification kept are cut off before a catch-up); forgotten when it ends.
+
+On CUDA the target's steps replay the verify graphs, which put out the hidden states too
+(worker/verify_graphs.py); the head's own steps run eagerly. They are one layer and the logits (about
+twenty launches against the target's hundreds), but a catch-up covers however many positions verification
+kept, and each chained draft's input is the draft before it, read back to the host (its argmax): a graph
+of the chain would need that argmax on the device feeding the next replay, and one graph per catch-up
+length. Not done yet: measure the head's share of a step first (bench/lab/spec_verify_gpu.py's rows
+give the target's side).
 """
 
 from __future__ import annotations

@@ -86,7 +86,8 @@ class ModelRunner:
         self.verify_graphs: Any = None  # VerifyGraphs, likewise with speculative decoding
         self.images: Any = None  # ImageEmbedder, set by the engine when the model has vision
         self.mrope_merge: int | None = None  # the tower's spatial merge, set for M-RoPE models (Qwen2.5-VL)
-        # speculative mtp: every step runs eagerly and keeps all its rows' final hidden states for the head
+        # speculative mtp: every step keeps all its rows' final hidden states for the head (eagerly, or
+        # replayed on the verify graphs, which keep them too)
         self.keep_hidden = False
         self.step_hidden: Any = None
 
@@ -193,9 +194,7 @@ class ModelRunner:
     def run(self, chunks: list[Any]) -> Any:
         """Forward the batch; logits `[n_sampled_rows, vocab]`: a row per sampling chunk, k+1 rows per
         verify chunk of k drafts (a verify graph's replay where one holds the step, else eagerly)."""
-        if self.keep_hidden:
-            return self._run_eager(chunks)
-        if any(c.draft_token_ids for c in chunks):
+        if self.keep_hidden or any(c.draft_token_ids for c in chunks):  # mtp: the verify graphs keep hidden states
             return self._run_verify_graph(chunks) if self._is_verify_graphable(chunks) else self._run_eager(chunks)
         if self.graphs is not None and self._is_graphable(chunks):
             return self._run_graph(chunks)
@@ -277,8 +276,10 @@ class ModelRunner:
             states = {"state_slots": np.array([c.request.state_slot for c in chunks], dtype=np.int32),
                       "has_initial_state": starts > 0}  # fmt: skip
         logits = self.verify_graphs.run(token_ids, counts, starts, tables, **states)
-        query_start_loc = np.concatenate([[0], np.cumsum(counts)])
-        return logits[self.backend.from_host(_sample_rows(chunks, query_start_loc))]
+        # a copy: the next replay overwrites the graph's rows, the MTP head may read them later
+        self.step_hidden = self.verify_graphs.last_hidden[: len(token_ids)].copy() if self.keep_hidden else None
+        sample_rows = _sample_rows(chunks, np.concatenate([[0], np.cumsum(counts)]))
+        return logits[self.backend.from_host(sample_rows)] if len(sample_rows) else None
 
     def _is_graphable(self, chunks: list[Any]) -> bool:
         return (

@@ -23,7 +23,9 @@ query_start_loc n+2 | seq_lens n+1 | state rows n+1 | state starts n+1 | tables 
 filled by one host-to-device copy per step. Attention runs as a varlen batch planned for the longest
 context (as the prefill graphs': splits past a sequence's end exit at once); the recurrent layers read
 the sequences' rows, state rows and starts on the device. Every row's logits come out of the graph;
-the runner gathers the sampled rows. Capture shares the decode graphs' side stream and its pool blocks
+the runner gathers the sampled rows. With `--speculative mtp` (`keep_hidden`) the graphs also put out
+every row's final hidden state, which the MTP head reads (core/mtp_drafter.py), and the runner replays
+them for every step they hold, plain decodes too: the decode graphs keep no hidden states. Capture shares the decode graphs' side stream and its pool blocks
 (no two graphs run at once); each graph keeps its `[T, vocab]` logits (Qwen3-8B's vocabulary, batch
 buckets to 8 and k up to 8: 267 rows, 162 MB).
 """
@@ -42,7 +44,6 @@ from app.engine.worker.decode_graphs import bucket_sizes, capture_buckets, captu
 log = logging.getLogger(__name__)
 
 VERIFY_DRAFTS = (2, 4, 8)  # draft counts whose widths get graphs (below the configured count, and it)
-FIELDS = 8
 
 
 def verify_widths(max_drafts: int) -> list[int]:
@@ -61,7 +62,7 @@ def verify_shapes(max_batch: int, max_drafts: int) -> list[tuple[int, int]]:
 class VerifyGraphs:
     def __init__(
         self, model: Any, backend: Backend, kv_caches: list, block_size: int, max_model_len: int, max_batch: int,
-        max_drafts: int,
+        max_drafts: int, keep_hidden: bool = False,
     ) -> None:  # fmt: skip
         xp = backend.xp
         self.model, self.backend, self.kv_caches = model, backend, kv_caches
@@ -76,6 +77,9 @@ class VerifyGraphs:
         config = getattr(model, "config", None)
         self.hybrid = bool(config is not None and config.is_hybrid)
         self.replays = 0  # steps replayed (tests and benchmarks read it)
+        # speculative mtp: the graphs also put out every row's final hidden state, for the head
+        self.keep_hidden = keep_hidden
+        self.last_hidden: Any = None  # the last replay's `[T, hidden]`, overwritten by the next
 
     def capture(self, stream: Any) -> None:
         """Capture every shape, largest first, on `stream` (the decode graphs' capture stream)."""
@@ -107,12 +111,15 @@ class VerifyGraphs:
         shape = self.shape_for(counts)
         if shape is None:
             raise ValueError(f"no verify graph holds {len(counts)} chunks of {sum(counts)} tokens")
-        graph, logits = self._graphs[shape]
+        graph, output = self._graphs[shape]
         stream = self.backend.xp.cuda.Stream.null  # in order with the eager steps and the sampler
         states = (state_slots, has_initial_state) if self.hybrid else None
         self._stage(shape, token_ids, counts, starts, tables, stream, states)
         graph.launch(stream=stream)
         self.replays += 1
+        if not self.keep_hidden:
+            return output
+        self.last_hidden, logits = output
         return logits
 
     def _stage(
@@ -156,7 +163,7 @@ class VerifyGraphs:
         query_start_loc, seq_lens, state rows, state starts, block tables."""
         t, n = shape
         sizes = (t, t, t, n + 2, n + 1, n + 1, n + 1)
-        ends = np.cumsum(sizes)
+        ends = [int(end) for end in np.cumsum(sizes)]
         views = [area[end - size : end] for size, end in zip(sizes, ends, strict=True)]
         tables = area[ends[-1] : ends[-1] + (n + 1) * self.max_blocks].reshape(n + 1, self.max_blocks)
         return (*views, tables)
@@ -174,13 +181,14 @@ class VerifyGraphs:
 
     def _forward(self, shape: tuple[int, int]) -> Any:
         hidden = self.model.forward(self._fields(self._device, shape)[0], self._metadata(shape), self.kv_caches)
-        return self.model.logits(hidden)
+        logits = self.model.logits(hidden)
+        return (hidden, logits) if self.keep_hidden else logits
 
 
 def capture_verify_graphs(
     model: Any, backend: Backend, kv_caches: list, block_size: int, max_model_len: int, max_batch: int,
-    max_drafts: int, stream: Any,
+    max_drafts: int, stream: Any, keep_hidden: bool = False,
 ) -> VerifyGraphs | None:  # fmt: skip
     """Captured verify graphs, or None where the GPU has no room for them after the KV cache."""
-    graphs = VerifyGraphs(model, backend, kv_caches, block_size, max_model_len, max_batch, max_drafts)
+    graphs = VerifyGraphs(model, backend, kv_caches, block_size, max_model_len, max_batch, max_drafts, keep_hidden)
     return capture_if_room(graphs, stream, "verify steps")

@@ -1,7 +1,9 @@
 """Speculative verify steps replayed from CUDA graphs (worker/verify_graphs.py): n-gram drafts on a tiny
 dense Qwen3-shaped Q4_K_M file and on the tiny Qwen3.5 hybrid fixture give the greedy tokens of the same
 engine decoding without drafts (but at near-ties), with the verify steps replayed from graphs (a counter)
-at batches of one to six sequences; eager verify steps agree with the replayed ones."""
+at batches of one to six sequences; eager verify steps agree with the replayed ones. With the MTP head
+(the Qwen3.5 fixture with a random head) every step a graph holds replays one, handing the head its
+hidden states: tokens as without drafts, and as when the same engine steps eagerly."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import pytest
 from cuda_samples import assert_greedy_agrees
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/engine: hybrid_gguf
-from hybrid_gguf import write_qwen_gguf
+from hybrid_gguf import write_hf_with_mtp, write_qwen_gguf
 
 pytestmark = pytest.mark.gpu
 HYBRID = Path(__file__).resolve().parents[2] / "fixtures" / "hybrid"
@@ -69,3 +71,27 @@ def test_verify_graph_replays_keep_the_greedy_tokens(model: str, sizes: tuple[in
     engine.scheduler.check_integrity()
     if engine.kv.state is not None:
         assert engine.kv.state.slots.num_free == engine.kv.state.slots.num_slots
+
+
+def test_mtp_steps_replay_verify_graphs_that_keep_the_hidden_states(tmp_path: Path, cuda) -> None:
+    from app.engine.config import EngineConfig
+    from app.engine.core.engine import LLMEngine
+
+    hf = write_hf_with_mtp(HYBRID / "qwen35" / "hf", tmp_path / "hf")
+    path = str(write_qwen_gguf(hf, "qwen35", tmp_path / "qwen35-mtp.gguf"))
+    engine = LLMEngine(EngineConfig(model=path, device="cuda", max_model_len=512, max_num_seqs=8, speculative="mtp",
+                                    num_draft_tokens=4, speculative_max_batch=8))  # fmt: skip
+    graphs, speculator = engine.runner.verify_graphs, engine.speculator
+    assert graphs is not None and graphs.keep_hidden and speculator is not None
+    prompts = loop_prompts((6, 11, 20))
+    reference = generate(engine, prompts, None)
+    ours = generate(engine, prompts, speculator)
+    assert speculator.drafted > 0 and graphs.replays > 0
+    for got, ref in zip(ours, reference, strict=True):
+        assert_greedy_agrees(got, ref, "mtp on verify graphs")
+    drafted, engine.runner.verify_graphs = speculator.drafted, None
+    eager = generate(engine, prompts, speculator)
+    for got, ref in zip(eager, ours, strict=True):
+        assert_greedy_agrees(got, ref, "mtp stepping eagerly")
+    assert speculator.drafted > drafted
+    engine.scheduler.check_integrity()
