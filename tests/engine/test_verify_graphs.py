@@ -73,7 +73,7 @@ def eager_verify_graphs(model: Any, kv_caches: list, max_model_len: int, max_bat
         return meta
 
     graphs._metadata = with_host_copies  # type: ignore[method-assign]
-    for shape in graphs.shapes:
+    for shape in reversed(graphs.shapes):  # largest first, as capture_buckets captures them
         graphs._stage(shape, [], [], np.zeros(0, np.int32), np.zeros((0, 1), np.int32), None)
         output = graphs._forward(shape)
         output = tuple(np.array(o) for o in output) if keep_hidden else np.array(output)

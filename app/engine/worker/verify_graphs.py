@@ -26,8 +26,10 @@ the sequences' rows, state rows and starts on the device. Every row's logits com
 the runner gathers the sampled rows. With `--speculative mtp` (`keep_hidden`) the graphs also put out
 every row's final hidden state, which the MTP head reads (core/mtp_drafter.py), and the runner replays
 them for every step they hold, plain decodes too: the decode graphs keep no hidden states. Capture shares the decode graphs' side stream and its pool blocks
-(no two graphs run at once); each graph keeps its `[T, vocab]` logits (Qwen3-8B's vocabulary, batch
-buckets to 8 and k up to 8: 267 rows, 162 MB).
+(no two graphs run at once). Each graph copies its logits (and hidden states) into the first rows of
+one output buffer of the largest shape's rows, so its own are pool blocks the next capture reuses: the
+graphs keep `max T x vocab` floats in all (Qwen3-8B's vocabulary, batch buckets to 8 and k up to 8: 73
+rows, 44 MB, where a buffer per graph would keep 267 rows, 162 MB), for a copy of T rows per replay.
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ class VerifyGraphs:
         # speculative mtp: the graphs also put out every row's final hidden state, for the head
         self.keep_hidden = keep_hidden
         self.last_hidden: Any = None  # the last replay's `[T, hidden]`, overwritten by the next
+        self._out: Any = None  # (hidden, logits) rows of the largest shape: every graph's outputs, as views
 
     def capture(self, stream: Any) -> None:
         """Capture every shape, largest first, on `stream` (the decode graphs' capture stream)."""
@@ -180,9 +183,19 @@ class VerifyGraphs:
         return meta
 
     def _forward(self, shape: tuple[int, int]) -> Any:
+        """The step's logits (and hidden states) in the shared output rows (module docstring)."""
         hidden = self.model.forward(self._fields(self._device, shape)[0], self._metadata(shape), self.kv_caches)
         logits = self.model.logits(hidden)
-        return (hidden, logits) if self.keep_hidden else logits
+        if self._out is None:  # the first forward: the largest shape's warm-up, before any capture
+            self._out = (hidden.copy(), logits.copy())
+        rows = shape[0]
+        assert self._out[1].shape[0] >= rows, "verify graphs are captured largest first"
+        out_hidden, out_logits = self._out[0][:rows], self._out[1][:rows]
+        out_logits[...] = logits
+        if not self.keep_hidden:
+            return out_logits
+        out_hidden[...] = hidden
+        return out_hidden, out_logits
 
 
 def capture_verify_graphs(
