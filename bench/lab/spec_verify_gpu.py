@@ -6,7 +6,9 @@ run one step of k = 2..8 drafted tokens each (k + 1 rows a sequence), and one pl
 each `--repeats` times back to back, then synchronised: the wall per step is the GPU's time where graph
 replays keep it busy (`"path": "graph"`: the decode graphs for k = 0, the verify graphs for k > 0), the
 eager step's wall with the synchronisation otherwise (`"eager"`, and always on the CPU). `decode_steps`:
-the step in plain decode steps at the same c, `c_verify(k)`.
+the step in plain decode steps at the same c, `c_verify(k)`. Graph steps also give `replay_ms`, the graph
+alone replayed back to back between two CUDA events (no input staging, no gather of the sampled rows),
+and `replay_decode_steps`, its ratio to the decode graph's.
 
 Speed-up (`"row": "measured"`): the code-editing workload of bench/lab/spec_ngram.py (`completion`:
 a ~120-line file, then the start of its copy with one function renamed), greedy, `--tokens` tokens,
@@ -54,6 +56,7 @@ from app.engine.request import Request
 from app.engine.sample.sampler import may_verify
 from app.engine.sampling_params import SamplingParams
 from app.engine.spec.speculator import Speculator, build_speculator
+from bench.suite.gpu_engine import graph_replay_ms
 
 DRAFTS = range(2, 9)  # k of the verify-cost rows and the projection
 BATCHES = (1, 8)
@@ -102,8 +105,9 @@ def step_ms(engine: LLMEngine, chunks: list[ScheduledChunk], repeats: int) -> fl
 
 
 def step_costs(engine: LLMEngine, c: int, context: int, repeats: int, drafts: range = DRAFTS) -> dict[int, tuple]:
-    """(ms, path) of a plain decode step (k = 0) and of a verify step of k drafts per sequence, at `c`
-    sequences. The steps run on the runner alone: the requests' computed tokens never move, the drafts'
+    """(ms, path, replay ms) of a plain decode step (k = 0) and of a verify step of k drafts per sequence,
+    at `c` sequences: the step's wall (module docstring) and, where it replays a graph, the graph's own
+    GPU time replayed back to back (bench/suite/gpu_engine.py: no staging, no gather of the sampled rows). The steps run on the runner alone: the requests' computed tokens never move, the drafts'
     KV is written past them (blocks allocated for k + 1 tokens), and the requests are aborted after."""
     runner = engine.runner
     requests = decoding(engine, c, context, seed=c)
@@ -116,11 +120,13 @@ def step_costs(engine: LLMEngine, c: int, context: int, repeats: int, drafts: ra
                   for r in requests]  # fmt: skip
         replays = runner.verify_graphs.replays if runner.verify_graphs is not None else 0
         ms = step_ms(engine, chunks, repeats)
-        if k == 0:
-            graphed = runner.graphs is not None and runner.graphs.bucket_for(c) is not None
-        else:
-            graphed = runner.verify_graphs is not None and runner.verify_graphs.replays > replays
-        costs[k] = (ms, "graph" if graphed else "eager")
+        graph = None  # the step's captured graph, its inputs still staged by the last run
+        if k == 0 and runner.graphs is not None and runner.graphs.bucket_for(c) is not None:
+            graph = runner.graphs._graphs[runner.graphs.bucket_for(c)][0]
+        elif k and runner.verify_graphs is not None and runner.verify_graphs.replays > replays:
+            graph = runner.verify_graphs._graphs[runner.verify_graphs.shape_for([k + 1] * c)][0]
+        replay_ms = None if graph is None else graph_replay_ms(graph, repeats)
+        costs[k] = (ms, "graph" if graph is not None else "eager", replay_ms)
     for request in requests:
         engine.abort(request.request_id)
     engine.kv.reset_prefix_cache()  # the aborted requests' blocks: written past their tokens, never to be hit
@@ -224,19 +230,21 @@ def main(argv: list[str] | None = None) -> None:
     decode_ms_c1 = 0.0
     for c in BATCHES:
         costs = step_costs(engine, c, args.context, args.repeats)
-        decode_ms = costs[0][0]
-        for k, (ms, path) in costs.items():
+        decode_ms, decode_replay = costs[0][0], costs[0][2]
+        for k, (ms, path, replay) in costs.items():
             emit({"row": "verify_cost", "c": c, "k": k, "rows": c * (k + 1), "ms": ms, "decode_steps": ms / decode_ms,
-                  "path": path}, args.out)  # fmt: skip
+                  "path": path, "replay_ms": replay,
+                  "replay_decode_steps": replay / decode_replay if replay and decode_replay else None}, args.out)  # fmt: skip
             if c == 1:
                 c_verify[k], decode_ms_c1 = ms / decode_ms, decode_ms
     c_draft = 0.0
     if drafter is not None:  # the draft model's decode step at c = 1, in the target's
         drafter.engine.async_decode = False
-        draft_ms, path = step_costs(drafter.engine, 1, args.context, args.repeats, drafts=range(0))[0]
+        draft_ms, path, replay = step_costs(drafter.engine, 1, args.context, args.repeats, drafts=range(0))[0]
         c_draft = draft_ms / decode_ms_c1
         drafter.engine.async_decode = drafter.engine.plan.async_decode
-        emit({"row": "draft_cost", "ms": draft_ms, "decode_steps": c_draft, "path": path}, args.out)
+        emit({"row": "draft_cost", "ms": draft_ms, "decode_steps": c_draft, "path": path, "replay_ms": replay},
+             args.out)  # fmt: skip
     engine.async_decode = engine.plan.async_decode
     ids = prompt_ids(engine, "completion")
     methods: dict[str, Any] = {"off": lambda: None,
