@@ -2,8 +2,9 @@
 inputs it stages (the chunks packed first, then one padding row per unused sequence and one padding
 sequence with every row left, all in the null block and the null state row), and, replayed eagerly on
 the numpy backend by a stand-in for CuPy's graphs, a speculative engine's greedy tokens and log-probs
-equal those of decoding without drafts, on a dense family model and on a hybrid one whose rejected
-drafts roll its recurrent state back."""
+equal those of decoding without drafts, on a dense family model and on hybrid ones (Gated DeltaNet,
+Mamba-2) whose rejected drafts roll their recurrent state back; with the MTP head, its drafts are those
+of the eager steps."""
 
 from __future__ import annotations
 
@@ -173,14 +174,14 @@ def record_eager_steps(engine: LLMEngine, verify_only: bool = False) -> list[lis
     return eager
 
 
-@pytest.mark.parametrize("fam", ["qwen3", "qwen35"])
+@pytest.mark.parametrize("fam", ["qwen3", "qwen35", "qwen3next", "nemotron_h"])
 def test_verify_steps_replayed_from_graphs_keep_greedy_tokens_and_logprobs(fam: str, tmp_path: Path) -> None:
     """Three requests whose drafts are mostly rejected after a token or two: verify steps of one to three
     sequences with 2-4 drafts, beside decodes, and on the hybrid model rolled-back chunks."""
     path = FAMILIES / "qwen3" / "qwen3-kquants.gguf" if fam == "qwen3" else family_gguf(fam, tmp_path)
     engine = graphed_engine(path)
     graphs = engine.runner.verify_graphs
-    assert engine.speculator is not None and engine.model_config.is_hybrid == (fam == "qwen35")
+    assert engine.speculator is not None and engine.model_config.is_hybrid == (fam != "qwen3")
     prompts = loop_prompts()
     expected = without_drafts(engine, prompts)
     assert graphs.replays == 0
