@@ -89,6 +89,7 @@ def test_widths_and_shapes_follow_the_draft_count_and_the_batch() -> None:
     assert verify_widths(8) == [3, 5, 9] and verify_widths(4) == [3, 5] and verify_widths(5) == [3, 5, 6]
     assert verify_widths(1) == [2]
     assert verify_shapes(2, 4) == [(4, 1), (6, 1), (7, 2), (11, 2)]
+    assert verify_shapes(64, 2) == verify_shapes(8, 2) == [(4, 1), (7, 2), (13, 4), (25, 8)]  # at most 8 sequences
     with pytest.raises(ValueError, match="at least one draft"):
         verify_widths(0)
 

@@ -6,7 +6,7 @@ rolled-back request's kept tokens before its drafts (core/scheduler.py). Run eag
 small model is bound by Python's launches, as a decode step would be without its graphs.
 
 A graph holds up to `n` sequences in `T = n * w + 1` token rows, for the decode graphs' batch buckets
-up to the speculative batch and row widths `w = k + 1` for k in VERIFY_DRAFTS below the configured
+up to the speculative batch (at most 8) and row widths `w = k + 1` for k in VERIFY_DRAFTS below the configured
 draft count and that count itself (a small set: k adapts per request, and a step takes the smallest
 graph its rows fit). The step's chunks are packed first, in order, exactly as an eager step packs
 them (the same rows sample), then every unused sequence takes one padding row, and one more padding
@@ -46,6 +46,9 @@ from app.engine.worker.decode_graphs import bucket_sizes, capture_buckets, captu
 log = logging.getLogger(__name__)
 
 VERIFY_DRAFTS = (2, 4, 8)  # draft counts whose widths get graphs (below the configured count, and it)
+# Sequences a verify graph holds at most: past them a step's rows keep the GPU busy without a graph's
+# help, and the graphs' rows (output buffer, capture time) grow with the batch; larger steps run eagerly.
+MAX_BATCH = 8
 
 
 def verify_widths(max_drafts: int) -> list[int]:
@@ -57,8 +60,9 @@ def verify_widths(max_drafts: int) -> list[int]:
 
 def verify_shapes(max_batch: int, max_drafts: int) -> list[tuple[int, int]]:
     """(rows T, sequences n) of every verify graph, smallest first: n from the decode graphs' buckets up
-    to `max_batch`, T = n * w + 1 for each width w."""
-    return sorted({(n * w + 1, n) for n in bucket_sizes(max_batch) for w in verify_widths(max_drafts)})
+    to `max_batch` (at most MAX_BATCH), T = n * w + 1 for each width w."""
+    buckets = bucket_sizes(min(max_batch, MAX_BATCH))
+    return sorted({(n * w + 1, n) for n in buckets for w in verify_widths(max_drafts)})
 
 
 class VerifyGraphs:
