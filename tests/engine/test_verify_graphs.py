@@ -32,6 +32,7 @@ from test_mtp import without_drafts as without_mtp
 from app.engine.config import EngineConfig
 from app.engine.core.engine import LLMEngine
 from app.engine.kernels.options import KernelOptions
+from app.engine.worker.mtp_graph import MtpStepGraph
 from app.engine.worker.verify_graphs import VerifyGraphs, verify_shapes, verify_widths
 
 BLOCK = 8
@@ -40,6 +41,7 @@ FAMILIES = Path(__file__).resolve().parents[1] / "fixtures" / "families"
 
 def _stand_in_cupy() -> Any:
     xp = _fake_cupy()
+    xp.float32 = np.float32
     xp.cuda.Event = lambda disable_timing=False: types.SimpleNamespace(record=lambda stream: None,
                                                                        synchronize=lambda: None)  # fmt: skip
     return xp
@@ -80,6 +82,29 @@ def eager_verify_graphs(model: Any, kv_caches: list, max_model_len: int, max_bat
         output = tuple(np.array(o) for o in output) if keep_hidden else np.array(output)
         graphs._graphs[shape] = (_EagerGraph(graphs, shape, output), output)
     return graphs
+
+
+class _EagerStepGraph:
+    """The MTP step graph's stand-in: each launch runs the head again into the captured rows."""
+
+    def __init__(self, step: MtpStepGraph) -> None:
+        self.step = step
+
+    def launch(self, stream: Any = None) -> None:
+        for kept, new in zip(self.step._out, self.step._forward(), strict=True):
+            kept[...] = new
+
+
+def eager_step_graph(engine: LLMEngine) -> MtpStepGraph:
+    """The MTP head's draft-step graph over the numpy backend, "captured" and replayed eagerly."""
+    drafter = engine.mtp
+    backend = types.SimpleNamespace(xp=_stand_in_cupy(), kernel_options=KernelOptions())
+    step = MtpStepGraph(drafter.head, backend, drafter.cache, engine.block_size, engine.max_model_len,
+                        engine.model_config.hidden_size)  # fmt: skip
+    step._stage(0, 0, [], None)
+    step._out = tuple(np.array(o) for o in step._forward())
+    step._graph = _EagerStepGraph(step)
+    return step
 
 
 # -- which graph ------------------------------------------------------------------------------
@@ -175,6 +200,20 @@ def record_eager_steps(engine: LLMEngine, verify_only: bool = False) -> list[lis
     return eager
 
 
+def record_drafts(engine: LLMEngine) -> list[tuple[int, ...]]:
+    """The drafts of every verify step from now on, in order."""
+    speculator, drafts = engine.speculator, []
+    assert speculator is not None
+    verify = speculator.verify
+
+    def recording(request: Any, proposed: Any, sampled: Any) -> list[int]:
+        drafts.append(tuple(proposed))
+        return verify(request, proposed, sampled)
+
+    speculator.verify = recording  # type: ignore[method-assign]
+    return drafts
+
+
 @pytest.mark.parametrize("fam", ["qwen3", "qwen35", "qwen3next", "nemotron_h"])
 def test_verify_steps_replayed_from_graphs_keep_greedy_tokens_and_logprobs(fam: str, tmp_path: Path) -> None:
     """Three requests whose drafts are mostly rejected after a token or two: verify steps of one to three
@@ -200,22 +239,27 @@ def test_verify_steps_replayed_from_graphs_keep_greedy_tokens_and_logprobs(fam: 
 
 def test_mtp_steps_replayed_from_graphs_keep_greedy_tokens_and_the_heads_drafts(tmp_path: Path) -> None:
     """With the MTP head every step that fits a verify graph replays one, plain decodes too, and hands the
-    head every row's hidden state: the drafts (so the counts of drafted and accepted tokens) are those
+    head every row's hidden state, and the head's chained draft steps replay their own graph: the drafts (so the counts of drafted and accepted tokens) are those
     of the same engine stepping eagerly, and the greedy tokens those without drafts."""
     _, path = mtp_model("qwen35", tmp_path, repeat=True)
     batch = mtp_prompts()
     eager = mtp_engine(path)
+    eager_drafts = record_drafts(eager)
     expected = [r["token_ids"] for r in eager.generate(batch, GREEDY)]
     assert eager.speculator is not None and eager.speculator.accepted > 0
     graphed = mtp_engine(path)
     graphs = graphed.runner.verify_graphs = eager_verify_graphs(
         graphed.model, graphed.runner.kv_caches, graphed.max_model_len, 8, 3, keep_hidden=True
     )
+    graphed.mtp.step_graph = step = eager_step_graph(graphed)
     eager_steps = record_eager_steps(graphed)
+    drafts = record_drafts(graphed)
     assert [r["token_ids"] for r in graphed.generate(batch, GREEDY)] == expected
+    assert drafts == eager_drafts
     assert graphed.speculator is not None
     assert (graphed.speculator.drafted, graphed.speculator.accepted) == (eager.speculator.drafted,
                                                                        eager.speculator.accepted)  # fmt: skip
+    assert step.replays >= 10  # chained drafts: num_draft_tokens 3, so up to 2 a proposal
     assert graphs.replays >= 10 and all(graphs.shape_for(counts) is None for counts in eager_steps), eager_steps
     assert without_mtp(graphed, batch) == expected
     graphed.scheduler.check_integrity()

@@ -3,7 +3,8 @@ dense Qwen3-shaped Q4_K_M file and on the tiny Qwen3.5 hybrid fixture give the g
 engine decoding without drafts (but at near-ties), with the verify steps replayed from graphs (a counter)
 at batches of one to six sequences; eager verify steps agree with the replayed ones. With the MTP head
 (the Qwen3.5 fixture with a random head) every step a graph holds replays one, handing the head its
-hidden states: tokens as without drafts, and as when the same engine steps eagerly."""
+hidden states, and the head's chained draft steps replay a graph of their own: tokens as without drafts,
+and as when the same engine steps eagerly."""
 
 from __future__ import annotations
 
@@ -86,10 +87,11 @@ def test_mtp_steps_replay_verify_graphs_that_keep_the_hidden_states(tmp_path: Pa
     prompts = loop_prompts((6, 11, 20))
     reference = generate(engine, prompts, None)
     ours = generate(engine, prompts, speculator)
-    assert speculator.drafted > 0 and graphs.replays > 0
+    step = engine.mtp.step_graph
+    assert speculator.drafted > 0 and graphs.replays > 0 and step is not None and step.replays > 0
     for got, ref in zip(ours, reference, strict=True):
         assert_greedy_agrees(got, ref, "mtp on verify graphs")
-    drafted, engine.runner.verify_graphs = speculator.drafted, None
+    drafted, engine.runner.verify_graphs, engine.mtp.step_graph = speculator.drafted, None, None
     eager = generate(engine, prompts, speculator)
     for got, ref in zip(eager, ours, strict=True):
         assert_greedy_agrees(got, ref, "mtp stepping eagerly")
