@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from test_decode_graphs_staging import _fake_cupy  # sibling module: tests/engine is on sys.path
 from test_hybrid_speculative import (  # sibling module
+    SCORED,
     assert_clean,
     assert_same,
     family_gguf,
@@ -263,3 +264,37 @@ def test_mtp_steps_replayed_from_graphs_keep_greedy_tokens_and_the_heads_drafts(
     assert graphs.replays >= 10 and all(graphs.shape_for(counts) is None for counts in eager_steps), eager_steps
     assert without_mtp(graphed, batch) == expected
     graphed.scheduler.check_integrity()
+
+
+def test_a_prompt_admitted_beside_verify_steps_is_prefilled_in_the_same_replay(tmp_path: Path) -> None:
+    """A short prompt arriving while another request verifies drafts: its prefill chunk and the verify
+    chunk share a replay (the hybrid model's new state row starting from zeros beside a continued one),
+    and both requests get the tokens and log-probs each gets alone without drafts."""
+    engine = graphed_engine(family_gguf("qwen35", tmp_path))
+    first, second = loop_prompts(2)
+    second = second[:6]
+    expected = [without_drafts(engine, [prompt])[0] for prompt in (first, second)]
+    replayed: list[list[tuple[int, int, int]]] = []  # (start, tokens, drafts) of each replayed step's chunks
+    run_graph = engine.runner._run_verify_graph
+
+    def recording(chunks: list[Any]) -> Any:
+        replayed.append([(c.start, c.num_tokens, len(c.draft_token_ids)) for c in chunks])
+        return run_graph(chunks)
+
+    engine.runner._run_verify_graph = recording  # type: ignore[method-assign]
+    results: dict[str, list[Any]] = {"a": [], "b": []}
+    engine.add_request("a", first, SCORED)
+    while engine.speculator is not None and not engine.speculator.drafted:
+        for out in engine.step():
+            results[out.request_id] += list(zip(out.new_token_ids, out.logprobs or [], strict=True))
+    engine.add_request("b", second, SCORED)
+    while engine.has_unfinished():
+        for out in engine.step():
+            results[out.request_id] += list(zip(out.new_token_ids, out.logprobs or [], strict=True))
+    mixed = [step for step in replayed if any(s == 0 for s, _, _ in step) and any(d for _, _, d in step)]
+    assert mixed, replayed  # b's whole prompt in a replay beside a's verify chunk
+    for (tokens, top), rid in zip(expected, ("a", "b"), strict=True):
+        assert [t for t, _ in results[rid]] == tokens
+        got = np.array([[v for _, v in lp.top] for _, lp in results[rid]])
+        assert np.abs(got - top).max() <= 1e-3
+    assert_clean(engine)
