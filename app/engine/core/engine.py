@@ -45,8 +45,11 @@ from app.engine.sample.sampler import Sampler, deferrable, may_verify
 from app.engine.sampling_params import SamplingParams
 from app.engine.spec.speculator import build_speculator
 from app.engine.text.chat_template import chat_template_for
+from app.engine.worker.decode_graphs import capture_if_room
+from app.engine.worker.mtp_graph import MtpStepGraph
 from app.engine.worker.prefill_graphs import capture_prefill_graphs
 from app.engine.worker.runner import ModelRunner, allocate_caches, attention_caches
+from app.engine.worker.verify_graphs import capture_verify_graphs
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +166,12 @@ class LLMEngine:
                 plan.prefill_graphs, self.model, self.backend, kv_caches, plan.block_size,
                 plan.max_model_len, self.runner.graphs.capture_stream,
             )  # fmt: skip
+            if spec:  # verify steps of up to speculative_max_batch sequences (worker/verify_graphs.py)
+                self.runner.verify_graphs = capture_verify_graphs(
+                    self.model, self.backend, kv_caches, plan.block_size, plan.max_model_len,
+                    min(self.config.speculative_max_batch, self.config.max_num_seqs), self.config.num_draft_tokens,
+                    self.runner.graphs.capture_stream, keep_hidden=self.config.speculative == "mtp",
+                )  # fmt: skip
         tiers = None
         if cfg.is_hybrid and (plan.kv_host_gb or plan.kv_disk_gb):
             log.info("KV host/disk tiers off for this hybrid model (a prefix hit needs its recurrent state too); "
@@ -204,7 +213,11 @@ class LLMEngine:
                                             self.plan.kv_dtype)  # fmt: skip
         self.runner.keep_hidden = True
         log.info("MTP head of %s for speculative decoding", self.path.name)
-        return MtpDrafter(head, self.runner, cache, cfg.vocab_size, self.config.max_num_batched_tokens)
+        drafter = MtpDrafter(head, self.runner, cache, cfg.vocab_size, self.config.max_num_batched_tokens)
+        if self.runner.graphs is not None:  # its chained draft steps as a graph (worker/mtp_graph.py)
+            step = MtpStepGraph(head, self.backend, cache, self.plan.block_size, self.plan.max_model_len, cfg.hidden_size)
+            drafter.step_graph = capture_if_room(step, self.runner.graphs.capture_stream, "MTP draft steps")
+        return drafter
 
     def _build_request_path(self) -> None:
         """Scheduler, sampler, output processing and the look-ahead pipeline; what the API reports."""

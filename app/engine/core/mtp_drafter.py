@@ -16,6 +16,11 @@ blocks or in the null block, and the next catch-up overwrites them with the real
 the target did not compute (a prefix-cache hit) keep the K/V their block had: the drafts may be worse
 there, never the output. What is kept per request is the hidden states since its last proposal
 (positions past what verification kept are cut off before a catch-up); forgotten when it ends.
+
+On CUDA the target's steps replay the verify graphs, which put out the hidden states too
+(worker/verify_graphs.py), and each chained draft step replays a graph of the head (worker/mtp_graph.py);
+its argmax is still read back per draft (the next step's input: keeping it on the device would chain
+the k steps in one graph). The catch-up runs eagerly: it covers however many positions verification kept.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ class MtpDrafter:
         self.vocab_size = vocab_size
         self.max_rows = max_rows  # a catch-up runs in pieces of at most this many positions (a long prompt's)
         self._seen: dict[str, tuple[int, Any]] = {}  # request id -> (first position, target hidden rows)
+        self.step_graph: Any = None  # MtpStepGraph (worker/mtp_graph.py), set by the engine on CUDA
 
     def observe(self, chunks: list[Any], hidden: Any, may_draft: Callable[[Request], bool]) -> None:
         """A step's final hidden states `[T, hidden]`, all rows of `chunks` in order, kept for the
@@ -77,18 +83,27 @@ class MtpDrafter:
         for at in range(0, len(tokens), self.max_rows):  # in pieces: each reads the K/V the ones before wrote
             hidden = self._run(request, first + at, tokens[at : at + self.max_rows], rows[at : at + self.max_rows])
         hidden = hidden[-1:]
+        logits = self.head.logits(hidden)
         drafts: list[int] = []
         for j in range(k):
-            token = int(np.argmax(self.backend.to_host(self.head.logits(hidden))[0]))
+            token = int(np.argmax(self.backend.to_host(logits)[0]))
             if token >= self.vocab_size:
                 break
             drafts.append(token)
             if j + 1 < k:
-                hidden = self._run(request, computed + j, [token], hidden)
+                hidden, logits = self._step(request, computed + j, token, hidden)
         return drafts
 
     def forget(self, request_id: str) -> None:
         self._seen.pop(request_id, None)
+
+    def _step(self, request: Request, position: int, token: int, hidden: Any) -> tuple[Any, Any]:
+        """A chained draft step: the head's row and logits for `token` at `position` (a graph replay
+        where one was captured)."""
+        if self.step_graph is not None:
+            return self.step_graph.run(token, position, request.block_ids, hidden)
+        hidden = self._run(request, position, [token], hidden)
+        return hidden, self.head.logits(hidden)
 
     def _run(self, request: Request, start: int, tokens: list[int], hidden: Any) -> Any:
         """The head over `tokens` at positions `start..`, each with the hidden state before it."""

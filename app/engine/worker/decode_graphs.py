@@ -212,16 +212,16 @@ class DecodeGraphs:
 
 
 def capture_buckets(
-    buckets: Sequence[int],
-    forward: Callable[[int], Any],
+    buckets: Sequence[Any],
+    forward: Callable[[Any], Any],
     stream: Any,
-    stage: Callable[[int], None] | None = None,
+    stage: Callable[[Any], None] | None = None,
     programmatic: bool = True,
-) -> dict[int, tuple[Any, Any]]:
+) -> dict[Any, tuple[Any, Any]]:
     """`(graph, output)` of `forward(n)` for every bucket n, captured on `stream` with programmatic
     launches (unless `programmatic` is off), largest first (so the pool's blocks fit the smaller
-    ones). `stage(n)` puts valid inputs in place before each warm-up run, which compiles kernels and
-    sizes the pool's blocks."""
+    ones; a bucket may be a tuple that sorts by its size first). `stage(n)` puts valid inputs in place
+    before each warm-up run, which compiles kernels and sizes the pool's blocks."""
     graphs = {}
     with stream, programmatic_launches(programmatic):
         for n in sorted(buckets, reverse=True):
@@ -241,6 +241,20 @@ def capture_buckets(
             graph.upload()
             graphs[n] = (graph, output)
     stream.synchronize()
+    return graphs
+
+
+def capture_if_room(graphs: Any, stream: Any, steps: str) -> Any:
+    """`graphs` captured on `stream`, or None where the GPU has no room for their buffers after the KV
+    cache (those `steps` then run eagerly, as they do without graphs)."""
+    import cupy
+
+    try:
+        graphs.capture(stream)
+    except cupy.cuda.memory.OutOfMemoryError:
+        log.warning("no GPU memory left for %s CUDA graphs after the KV cache: %s run eagerly", steps.split()[0], steps)
+        cupy.cuda.Device().synchronize()
+        return None
     return graphs
 
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from app.engine.backend.base import AttentionMetadata, Backend
 from app.engine.cache.block_table import block_table_array
-from app.engine.worker.decode_graphs import capture_buckets
+from app.engine.worker.decode_graphs import capture_buckets, capture_if_room
 
 log = logging.getLogger(__name__)
 
@@ -140,17 +140,7 @@ def capture_prefill_graphs(
 ) -> PrefillGraphs | None:
     """Captured prefill graphs, or None: not wanted (EngineConfig.prefill_graphs), or no room for
     their buffers on the GPU after the KV cache (eager prefill works the same)."""
-    import cupy
-
     if not wanted:
         return None
     graphs = PrefillGraphs(model, backend, kv_caches, block_size, max_model_len)
-    if not graphs.buckets:
-        return None
-    try:
-        graphs.capture(stream)
-    except cupy.cuda.memory.OutOfMemoryError:
-        log.warning("no GPU memory left for prefill CUDA graphs after the KV cache: prefill runs eagerly")
-        cupy.cuda.Device().synchronize()
-        return None
-    return graphs
+    return capture_if_room(graphs, stream, "prefill steps") if graphs.buckets else None

@@ -83,9 +83,11 @@ class ModelRunner:
         self.host_states: list[np.ndarray] = []  # the host-RAM snapshot tier (allocate_host_states)
         self.graphs: Any = None  # DecodeGraphs, set by the engine on CUDA
         self.prefill_graphs: Any = None  # PrefillGraphs, likewise
+        self.verify_graphs: Any = None  # VerifyGraphs, likewise with speculative decoding
         self.images: Any = None  # ImageEmbedder, set by the engine when the model has vision
         self.mrope_merge: int | None = None  # the tower's spatial merge, set for M-RoPE models (Qwen2.5-VL)
-        # speculative mtp: every step runs eagerly and keeps all its rows' final hidden states for the head
+        # speculative mtp: every step keeps all its rows' final hidden states for the head (eagerly, or
+        # replayed on the verify graphs, which keep them too)
         self.keep_hidden = False
         self.step_hidden: Any = None
 
@@ -112,12 +114,7 @@ class ModelRunner:
         max_blocks = int(-(-seq_lens.max() // bs))
         block_tables = _block_tables(chunks, max_blocks)
         slot_mapping = (block_tables[seq_of_token, positions // bs] * bs + positions % bs).astype(np.int32)
-        # a chunk's last num_sampled_rows tokens sample (a verify chunk: every drafted position and the one after)
-        sample_rows = np.array(
-            [row for i, c in enumerate(chunks) for row in range(query_start_loc[i + 1] - c.num_sampled_rows,
-                                                                  query_start_loc[i + 1])],
-            dtype=np.int64,
-        )  # fmt: skip
+        sample_rows = _sample_rows(chunks, query_start_loc)
         b = self.backend
         meta = AttentionMetadata(
             query_start_loc=b.from_host(query_start_loc),
@@ -196,9 +193,9 @@ class ModelRunner:
 
     def run(self, chunks: list[Any]) -> Any:
         """Forward the batch; logits `[n_sampled_rows, vocab]`: a row per sampling chunk, k+1 rows per
-        verify chunk of k drafts (their steps run eagerly: no captured graph holds their shape)."""
-        if self.keep_hidden or any(c.draft_token_ids for c in chunks):
-            return self._run_eager(chunks)
+        verify chunk of k drafts (a verify graph's replay where one holds the step, else eagerly)."""
+        if self.keep_hidden or any(c.draft_token_ids for c in chunks):  # mtp: the verify graphs keep hidden states
+            return self._run_verify_graph(chunks) if self._is_verify_graphable(chunks) else self._run_eager(chunks)
         if self.graphs is not None and self._is_graphable(chunks):
             return self._run_graph(chunks)
         if self.images is not None and any(self.images.touches_images(c) for c in chunks):
@@ -260,6 +257,30 @@ class ModelRunner:
             return False
         return self.prefill_graphs.bucket_for(chunks[0].num_tokens, chunks[0].start) is not None
 
+    def _is_verify_graphable(self, chunks: list[Any]) -> bool:
+        """A step whose chunks a verify graph holds, none with image tokens or M-RoPE positions."""
+        if self.verify_graphs is None or self._needs_step_rope(chunks):
+            return False
+        if self.images is not None and any(self.images.touches_images(c) for c in chunks):
+            return False
+        return self.verify_graphs.shape_for([c.num_tokens for c in chunks]) is not None
+
+    def _run_verify_graph(self, chunks: list[Any]) -> Any:
+        """A step with verify chunks by CUDA-graph replay (worker/verify_graphs.py); the sampled rows."""
+        counts = [c.num_tokens for c in chunks]
+        starts = np.array([c.start for c in chunks], dtype=np.int32)
+        token_ids = np.array([t for c in chunks for t in chunk_token_ids(c)], dtype=np.int32)
+        tables = _block_tables(chunks, int(-(-(starts + counts).max() // self.block_size)))
+        states = {}
+        if self.state_arrays:
+            states = {"state_slots": np.array([c.request.state_slot for c in chunks], dtype=np.int32),
+                      "has_initial_state": starts > 0}  # fmt: skip
+        logits = self.verify_graphs.run(token_ids, counts, starts, tables, **states)
+        # a copy: the next replay overwrites the graph's rows, the MTP head may read them later
+        self.step_hidden = self.verify_graphs.last_hidden[: len(token_ids)].copy() if self.keep_hidden else None
+        sample_rows = _sample_rows(chunks, np.concatenate([[0], np.cumsum(counts)]))
+        return logits[self.backend.from_host(sample_rows)] if len(sample_rows) else None
+
     def _is_graphable(self, chunks: list[Any]) -> bool:
         return (
             all(c.num_tokens == 1 for c in chunks)
@@ -281,6 +302,16 @@ class ModelRunner:
             states = {"state_slots": np.array([c.request.state_slot for c in chunks], dtype=np.int32),
                       "has_initial_state": positions > 0}  # fmt: skip
         return self.graphs.run(token_ids, positions, positions + 1, tables, device_ids, rows, **states)
+
+
+def _sample_rows(chunks: list[Any], query_start_loc: np.ndarray) -> np.ndarray:
+    """The flat rows that sample: a chunk's last num_sampled_rows tokens (a verify chunk: every drafted
+    position and the one after)."""
+    return np.array(
+        [row for i, c in enumerate(chunks) for row in range(query_start_loc[i + 1] - c.num_sampled_rows,
+                                                              query_start_loc[i + 1])],
+        dtype=np.int64,
+    )  # fmt: skip
 
 
 def _block_tables(chunks: list[Any], width: int) -> np.ndarray:
