@@ -1,0 +1,192 @@
+// The routed experts' grouped products of a prefill chunk on tensor cores (kernels/moe_mma.py).
+//
+// Why: moe.cu's moe_grouped_<fmt> gives each (expert, weight row) one warp that walks the expert's
+// pairs MOE_T at a time on CUDA cores, so an expert with 250 pairs (8,000 tokens, top 8 of 256) reads
+// and decodes its weights ~60 times. Here a block owns a tile of MMA_BM of one expert's pairs times
+// MMA_BN of its weight rows: each 128-column step decodes the tile's weights once into shared memory
+// as float16, converts the pairs' inputs (gathered through `order`, as moe_grouped does) beside them,
+// and 8 warps multiply the two with mma.sync.m16n8k16, float32 accumulation. The output rows are in
+// the grouped order (`y[g, r]`), as moe_grouped writes them, so moe_gated and moe_combine are the same.
+//
+//   moe_mma_tiles  the tile list, on the device (the pair counts never reach the host): tile j is
+//                  (expert, first grouped pair); tiles[0] is how many there are. The product's grid
+//                  covers an upper bound (pairs / MMA_BM + experts) and the blocks past the end leave.
+//   moe_mma_<fmt>  the product of one tile of pairs x MMA_BN rows (grid: row tiles, pair tiles).
+//
+// 128 columns a step because four consecutive 32-weight units of quant.cuh cover exactly 128 columns
+// in every format (Q6_K's unit spans 80 of them: 16 weights, then 16 more 64 columns on), so a step's
+// units decode into its own columns of the tile and nowhere else. Numerics as gemv_mma.cu: a weight is
+// decoded in float32 and rounded once to float16, an input rounded to float16, sums in float32.
+#include "mma.cuh"
+#include "quant.cuh"
+
+#define MMA_BM 64                // pairs a tile
+#define MMA_BN 64                // weight rows a tile
+#define MMA_BK 128               // columns a step
+#define MMA_STRIDE (MMA_BK + 8)  // halves a shared row: 16 bytes of padding keep ldmatrix's 8 rows on distinct banks
+#define MMA_THREADS 256          // 8 warps: 2 along the pairs (32 each) x 4 along the rows (16 each)
+
+// tiles[0] = the number of tiles; tiles[1 + 2j], tiles[2 + 2j] = tile j's expert and first grouped pair.
+// Thread e finds its first tile by summing the tile counts of the experts before it (n_exp reads, all
+// threads at once), then writes its own: no scan, one small block.
+extern "C" __global__ void moe_mma_tiles(const int* __restrict__ offsets, int n_exp, int* __restrict__ tiles) {
+    after_previous_grid();
+    for (int e = threadIdx.x; e < n_exp; e += blockDim.x) {
+        int start = 0;
+        for (int f = 0; f < e; ++f) start += (offsets[f + 1] - offsets[f] + MMA_BM - 1) / MMA_BM;
+        const int begin = offsets[e], n = (offsets[e + 1] - begin + MMA_BM - 1) / MMA_BM;
+        for (int j = 0; j < n; ++j) {
+            tiles[1 + 2 * (start + j)] = e;
+            tiles[2 + 2 * (start + j)] = begin + j * MMA_BM;
+        }
+        if (e == n_exp - 1) tiles[0] = start + n;
+    }
+}
+
+// What one thread brings from global memory for one 128-column step: one 32-weight unit of the tile's
+// weights (thread i: row i / 4, the step's unit i % 4) and eight float4 of the inputs (thread i: tile
+// rows i / 32 + 8 j, columns 4 (i % 32)..+3, so a warp reads 512 contiguous bytes of one row). Fetched a
+// step ahead of its use: the loads are in flight while the warps multiply the step before.
+template <class F>
+struct MmaStage {
+    F f;
+    float4 x[8];
+};
+
+template <class F>
+__device__ __forceinline__ void mma_fetch(MmaStage<F>& s, const u8* __restrict__ wrow, int step, int n_units,
+                                          const float* const* xs, int n_cols) {
+    const int u = min(4 * step + (int)(threadIdx.x & 3), n_units - 1);  // a unit past the end: decoded as zeros
+    s.f.load(wrow, u);
+    const int col = MMA_BK * step + 4 * (threadIdx.x & 31);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+        s.x[j] = xs[j] != nullptr && col < n_cols ? __ldg(reinterpret_cast<const float4*>(xs[j] + col))
+                                                  : make_float4(0.f, 0.f, 0.f, 0.f);
+}
+
+template <class F>
+__device__ __forceinline__ void mma_store(const MmaStage<F>& s, int step, int n_units, u16 (*ws)[MMA_STRIDE],
+                                          u16 (*xsh)[MMA_STRIDE]) {
+    const int u = 4 * step + (int)(threadIdx.x & 3), row = threadIdx.x >> 2;
+    const bool ok = u < n_units;  // past the row's end (32-weight formats only): zeros in the unit's 32 columns
+    const int at = F::x_base(u) - MMA_BK * step;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        float w0[4], w1[4];
+        s.f.get(k, w0, w1);
+        *reinterpret_cast<uint2*>(&ws[row][at + 4 * k]) =
+            ok ? make_uint2(pack_h2_rn(w0[0], w0[1]), pack_h2_rn(w0[2], w0[3])) : make_uint2(0u, 0u);
+        *reinterpret_cast<uint2*>(&ws[row][at + F::RUN1 + 4 * k]) =
+            ok ? make_uint2(pack_h2_rn(w1[0], w1[1]), pack_h2_rn(w1[2], w1[3])) : make_uint2(0u, 0u);
+    }
+    const int c = 4 * (threadIdx.x & 31);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const float4 v = s.x[j];
+        *reinterpret_cast<uint2*>(&xsh[(threadIdx.x >> 5) + 8 * j][c]) =
+            make_uint2(pack_h2_rn(v.x, v.y), pack_h2_rn(v.z, v.w));
+    }
+}
+
+// y[g, r] = W_e[r, :] . x[src(g), :] (+ bias_e[r]) for the pairs g of tile blockIdx.y and the rows r of
+// row tile blockIdx.x; src(g) = order[g] / k, or g when the inputs are per pair (`x_per_pair`).
+template <class F>
+__device__ __forceinline__ void moe_mma(const u8* __restrict__ w, i64 expert_stride, i64 row_bytes, int n_rows,
+                                        int n_cols, const float* __restrict__ x, int x_per_pair,
+                                        const int* __restrict__ order, const int* __restrict__ offsets,
+                                        const int* __restrict__ tiles, int k, const float* __restrict__ bias,
+                                        float* __restrict__ y) {
+    __shared__ __align__(16) u16 ws[MMA_BN][MMA_STRIDE];
+    __shared__ __align__(16) u16 xsh[MMA_BM][MMA_STRIDE];
+    after_previous_grid();
+    const int tile = blockIdx.y;
+    if (tile >= tiles[0]) return;  // past the device-side tile count: the grid is an upper bound
+    const int e = tiles[1 + 2 * tile], g0 = tiles[2 + 2 * tile];
+    const int count = min(MMA_BM, offsets[e + 1] - g0), row0 = blockIdx.x * MMA_BN;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int n_units = n_cols >> 5, n_steps = (n_units + 3) >> 2;
+
+    const u8* wrow = w + e * expert_stride + (i64)min(row0 + (int)(threadIdx.x >> 2), n_rows - 1) * row_bytes;
+    const float* xs[8];  // this thread's eight input rows (nullptr: past the tile's pairs, read as zeros)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const int m = (threadIdx.x >> 5) + 8 * j;
+        xs[j] = m < count ? x + (i64)(x_per_pair ? g0 + m : order[g0 + m] / k) * n_cols : nullptr;
+    }
+
+    float c[2][2][4];  // [m16 tile][n8 tile][fragment]
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) c[mt][nt][i] = 0.f;
+
+    const int wm = 32 * (warp >> 2), wn = 16 * (warp & 3);
+    MmaStage<F> stage;
+    mma_fetch(stage, wrow, 0, n_units, xs, n_cols);
+    for (int step = 0; step < n_steps; ++step) {
+        mma_store(stage, step, n_units, ws, xsh);
+        __syncthreads();
+        if (step + 1 < n_steps) mma_fetch(stage, wrow, step + 1, n_units, xs, n_cols);  // in flight meanwhile
+#pragma unroll
+        for (int kk = 0; kk < MMA_BK / 16; ++kk) {
+            u32 a[2][4], b[4];
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) ldsm_x4(a[mt], &xsh[wm + 16 * mt + (lane & 15)][16 * kk + 8 * (lane >> 4)]);
+            // matrices: rows wn..+7 at k 0..7, at k 8..15, then rows wn+8..+15 the same: b[0..1], b[2..3]
+            ldsm_x4(b, &ws[wn + (lane & 7) + 8 * (lane >> 4)][16 * kk + 8 * ((lane >> 3) & 1)]);
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+                mma_16816(c[mt][0], a[mt], b);
+                mma_16816(c[mt][1], a[mt], b + 2);
+            }
+        }
+        __syncthreads();
+    }
+
+    // C fragment: c[0..1] are pair g, rows 2t and 2t + 1 of the n8 tile; c[2..3] the same for pair g + 8.
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int m = wm + 16 * mt + 8 * h + g;
+            if (m >= count) continue;
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    const int r = row0 + wn + 8 * nt + 2 * t + i;
+                    if (r < n_rows)
+                        y[(i64)(g0 + m) * n_rows + r] = c[mt][nt][2 * h + i] + (bias ? bias[(i64)e * n_rows + r] : 0.f);
+                }
+        }
+}
+
+#define MOE_MMA_KERNEL(SUFFIX, FMT)                                                                            \
+    extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) moe_mma_##SUFFIX(                             \
+        const u8* __restrict__ w, i64 expert_stride, i64 row_bytes, int n_rows, int n_cols,                    \
+        const float* __restrict__ x, int x_per_pair, const int* __restrict__ order,                            \
+        const int* __restrict__ offsets, const int* __restrict__ tiles, int k, const float* __restrict__ bias, \
+        float* __restrict__ y) {                                                                               \
+        moe_mma<FMT>(w, expert_stride, row_bytes, n_rows, n_cols, x, x_per_pair, order, offsets, tiles, k,     \
+                     bias, y);                                                                                 \
+    }
+
+// One level more, so that PADDOCK_FORMAT is expanded (to q4_k, ...) before `##` pastes it into the name.
+#define MOE_MMA_FORMAT(SUFFIX, FMT) MOE_MMA_KERNEL(SUFFIX, FMT)
+
+// The formats with get() decoders that kernels/moe_mma.py's FORMATS lists (the low-bit table formats
+// keep moe_grouped).
+#define MOE_MMA_FORMATS(FORMAT) \
+    FORMAT(f32, FmtF32)         \
+    FORMAT(f16, FmtF16)         \
+    FORMAT(bf16, FmtBF16)       \
+    PADDOCK_INT_FORMATS(FORMAT)
+
+#if defined(PADDOCK_ALL_VARIANTS)
+MOE_MMA_FORMATS(MOE_MMA_KERNEL)
+#elif defined(PADDOCK_FORMAT)
+MOE_MMA_FORMAT(PADDOCK_FORMAT, PADDOCK_FORMAT_STRUCT)
+#endif

@@ -1,0 +1,68 @@
+"""Wrapper of moe_mma.cu: the routed experts' grouped products of a prefill chunk on tensor cores.
+
+kernels/moe.py's `moe_experts` sends a grouped product here instead of to moe_grouped_<fmt> when its
+experts have many pairs each (`serves`): moe_grouped re-reads an expert's weights every MOE_T of its
+pairs, this kernel once per PAIR_TILE, and multiplies on tensor cores (moe_mma.cu says how). Same
+inputs and output layout (`y[g, r]` in the grouped order), so the gated unit and the combine are
+unchanged; two launches, sized by the pair count alone, so no host sync and graph capture still works.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from app.engine.kernels.gemv import format_defines
+from app.engine.kernels.runtime.compile import get_kernel
+from app.engine.kernels.runtime.launch import cdiv, i32, i64, launch, ptr
+
+if TYPE_CHECKING:
+    from app.engine.kernels.moe import StackedExperts
+
+# The formats whose quant.cuh decoders have get() (MOE_MMA_FORMATS in moe_mma.cu); the table formats
+# (MXFP4, NVFP4, IQ4_*) keep moe_grouped.
+FORMATS = frozenset({"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"})
+PAIR_TILE = 64  # MMA_BM: pairs a tile
+ROW_TILE = 64  # MMA_BN: weight rows a tile
+THREADS = 256  # MMA_THREADS
+TILE_THREADS = 256  # moe_mma_tiles' one block
+MAX_GRID_Y = 65535  # the pair tiles are the grid's y
+# Average pairs per expert from which the tensor cores take over: moe_grouped reads each expert's
+# weights once per MOE_T = 4 of its pairs, so below 4 pairs an expert it reads them once, as this
+# kernel does, without multiplying a 64-pair tile of mostly zeros. At Qwen3.5-35B-A3B's 256 experts,
+# top 8, that is from 128 tokens; a decode step of up to 128 sequences stays on moe_grouped.
+MIN_PAIRS_PER_EXPERT = 4
+
+
+def serves(qtype_name: str, n_tok: int, k: int, n_experts: int, n_cols: int) -> bool:
+    """Whether moe_experts' grouped product of `n_tok` tokens (k pairs each) over `n_experts` stacked
+    experts in `qtype_name` goes to the tensor cores."""
+    pairs = n_tok * k
+    return (
+        qtype_name in FORMATS
+        and n_cols % 32 == 0
+        and pairs >= MIN_PAIRS_PER_EXPERT * n_experts
+        and cdiv(pairs, PAIR_TILE) + n_experts <= MAX_GRID_Y
+    )
+
+
+def grouped_mma(
+    w: StackedExperts, inputs: Any, per_pair: bool, order: Any, offsets: Any, k: int, n_experts: int, y: Any
+) -> Any:
+    """`y[g, :] = W_e @ inputs[src(g)] (+ bias_e)` for the grouped pairs g of the first `n_experts` groups
+    (`order`, `offsets` as moe_scatter and moe_offsets leave them; src(g) = order[g] // k, or g with
+    `per_pair`); rows of later groups are left as they are. float32 in and out."""
+    import cupy as cp
+
+    if w.qtype_name not in FORMATS:
+        raise ValueError(f"moe_mma has no decoder for {w.qtype_name} (it takes {sorted(FORMATS)})")
+    pairs = order.shape[0]
+    max_tiles = cdiv(pairs, PAIR_TILE) + n_experts
+    if max_tiles > MAX_GRID_Y:
+        raise ValueError(f"moe_mma takes up to {MAX_GRID_Y} pair tiles, {pairs} pairs need up to {max_tiles}")
+    tiles = cp.empty(1 + 2 * max_tiles, cp.int32)
+    launch(get_kernel("moe_mma.cu", "moe_mma_tiles"), (1,), (TILE_THREADS,), (offsets, i32(n_experts), tiles))
+    kernel = get_kernel("moe_mma.cu", f"moe_mma_{w.qtype_name.lower()}", format_defines(w.qtype_name))
+    args = (w.data, i64(w.expert_stride), i64(w.row_bytes), i32(w.n_rows), i32(w.n_cols), inputs, i32(per_pair),
+            order, offsets, tiles, i32(k), ptr(w.bias), y)  # fmt: skip
+    launch(kernel, (cdiv(w.n_rows, ROW_TILE), max_tiles), (THREADS,), args)
+    return y

@@ -1,0 +1,95 @@
+"""moe_mma.cu (the routed experts' grouped products on tensor cores) on the SIMT emulator.
+
+Not marked `gpu`: these run in CI. The emulator runs mma.sync and ldmatrix by their PTX fragment
+layouts, so the device-side tile list, the gather of each pair's input through `order`, the
+decode of each format's 128-column steps into shared memory, partial pair tiles, partial row tiles,
+partial column steps and experts with no pairs are all checked against the float64 product of the
+numpy dequantizers' weights, expert by expert. Weights and inputs pass through float16 on their way
+into the tensor cores, hence F16_TOL.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cuda_samples import F16_TOL, dequantize_oracle, fresh_rng, random_tensor, rel_err
+from emulator import build, run
+
+from app.engine.kernels.moe_mma import FORMATS, PAIR_TILE
+
+pytestmark = pytest.mark.slow  # the build compiles every format's kernel as host C++
+
+
+@pytest.fixture(scope="module")
+def moe_mma_emu(tmp_path_factory) -> Path:
+    return build(tmp_path_factory, "moe_mma_main.cpp")
+
+
+def _grouping(counts: list[int], k: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Random pairs with `counts[e]` pairs of expert e (a last count: the skipped group): each pair's
+    group, `order` (the pairs grouped by expert, in a random order within each, as moe_scatter's atomics
+    leave them) and `offsets`."""
+    pairs = sum(counts)
+    assert pairs % k == 0
+    group = rng.permutation(np.repeat(np.arange(len(counts)), counts)).astype(np.int32)
+    order = np.concatenate([rng.permutation(np.flatnonzero(group == e)) for e in range(len(counts))])
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    return group, order.astype(np.int32), offsets
+
+
+def _run_case(emu: Path, tmp_path: Path, request, qtype: str, counts: list[int], n_rows: int, n_cols: int,
+              per_pair: bool, with_bias: bool, k: int = 2, skipped: int = 0) -> None:  # fmt: skip
+    """The product of every expert's pairs, against numpy; `skipped` pairs in one more group than
+    there are experts (the streamed experts' call) stay unwritten."""
+    rng, seed = fresh_rng(request.node.nodeid)
+    n_exp = len(counts)
+    stacked = random_tensor(qtype, n_exp * n_rows, n_cols, rng)
+    weights = dequantize_oracle(stacked).astype(np.float64).reshape(n_exp, n_rows, n_cols)
+    group, order, offsets = _grouping([*counts, skipped], k, rng)
+    pairs = group.size
+    x = rng.standard_normal((pairs if per_pair else pairs // k, n_cols)).astype(np.float32)
+    bias = rng.standard_normal((n_exp, n_rows)).astype(np.float32) if with_bias else None
+    stacked.data.tofile(tmp_path / "w.bin")
+    x.tofile(tmp_path / "x.bin")
+    order.tofile(tmp_path / "order.bin")
+    offsets.tofile(tmp_path / "offsets.bin")
+    if bias is not None:
+        bias.tofile(tmp_path / "bias.bin")
+    run(emu, "moe_mma", qtype.lower(), tmp_path, n_exp, n_rows, n_cols, stacked.data.shape[1], k, int(per_pair),
+        pairs)  # fmt: skip
+    y = np.fromfile(tmp_path / "y.bin", np.float32).reshape(pairs, n_rows)
+    tiles = np.fromfile(tmp_path / "tiles.bin", np.int32)
+    assert tiles[0] == sum(-(-c // PAIR_TILE) for c in counts), f"seed={seed}: tile count {tiles[0]}"
+    for e in range(n_exp):
+        rows = slice(offsets[e], offsets[e + 1])
+        src = np.arange(pairs)[rows] if per_pair else order[rows] // k
+        ref = x[src].astype(np.float64) @ weights[e].T + (0.0 if bias is None else bias[e])
+        got = y[rows]
+        assert not np.isnan(got).any(), f"seed={seed}: expert {e}: an output was never written"
+        if counts[e]:
+            assert rel_err(got, ref) < F16_TOL, f"seed={seed}: expert {e} ({counts[e]} pairs)"
+    assert np.isnan(y[offsets[n_exp] :]).all(), f"seed={seed}: a skipped pair was written"
+
+
+@pytest.mark.parametrize(("qtype", "counts", "n_rows", "n_cols", "per_pair", "with_bias"), [
+    ("Q4_K", [0, 1, 17, 300], 80, 512, False, True),  # the brief's counts; a partial second row tile
+    ("Q6_K", [300, 0, 17, 1], 64, 256, True, False),  # per-pair inputs (the down product)
+    ("Q8_0", [3, 70, 0, 1], 40, 608, False, False),  # 19 units: the last 128-column step is partial
+    ("F16", [65, 0, 9], 24, 256, True, True),
+])  # fmt: skip
+def test_moe_mma_emulated(moe_mma_emu, tmp_path, request, qtype, counts, n_rows, n_cols, per_pair, with_bias):
+    _run_case(moe_mma_emu, tmp_path, request, qtype, counts, n_rows, n_cols, per_pair, with_bias)
+
+
+@pytest.mark.parametrize("qtype", sorted(FORMATS - {"Q4_K", "Q6_K", "Q8_0", "F16"}))
+def test_moe_mma_formats_emulated(moe_mma_emu, tmp_path, request, qtype):
+    """Every other format the kernel decodes, on a small case: two experts, one tile and a partial one."""
+    _run_case(moe_mma_emu, tmp_path, request, qtype, [5, 67], 16, 256, False, False)
+
+
+def test_moe_mma_skipped_group_emulated(moe_mma_emu, tmp_path, request):
+    """Pairs in the group past the last expert (experts not in slots, kernels/moe.py's `groups`) are
+    never written: moe_experts leaves their rows at zero."""
+    _run_case(moe_mma_emu, tmp_path, request, "Q4_K", [8, 0, 21], 32, 256, False, False, k=4, skipped=11)
