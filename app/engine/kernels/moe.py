@@ -170,7 +170,8 @@ def moe_experts(
 
     def grouped(w: StackedExperts, inputs: Any, per_pair: bool) -> Any:
         y = (cp.zeros if skipping else cp.empty)((pairs, w.n_rows), cp.float32)  # skipped rows stay 0
-        if moe_mma.serves(w.qtype_name, n_tok, k, n_slots, w.n_cols):  # many pairs an expert: tensor cores
+        # many pairs an expert (by the model's experts, so streamed slots choose as the resident layer): tensor cores
+        if moe_mma.serves(w.qtype_name, n_tok, k, spec.num_experts, w.n_cols):
             return moe_mma.grouped_mma(w, inputs, per_pair, order, offsets, k, n_slots, y)
         kernel = _kernel(f"moe_grouped_{w.qtype_name.lower()}", w.qtype_name)
         args = (w.data, i64(w.expert_stride), i64(w.row_bytes), i32(w.n_rows), i32(w.n_cols), inputs,

@@ -34,14 +34,14 @@ MIN_PAIRS_PER_EXPERT = 4
 
 
 def serves(qtype_name: str, n_tok: int, k: int, n_experts: int, n_cols: int) -> bool:
-    """Whether moe_experts' grouped product of `n_tok` tokens (k pairs each) over `n_experts` stacked
-    experts in `qtype_name` goes to the tensor cores."""
+    """Whether moe_experts' grouped product of `n_tok` tokens (k pairs each) of a model with `n_experts`
+    experts, in `qtype_name`, goes to the tensor cores."""
     pairs = n_tok * k
     return (
         qtype_name in FORMATS
         and n_cols % 32 == 0
         and pairs >= MIN_PAIRS_PER_EXPERT * n_experts
-        and cdiv(pairs, PAIR_TILE) + n_experts <= MAX_GRID_Y
+        and cdiv(pairs, PAIR_TILE) + n_experts <= MAX_GRID_Y  # stacked slots are at most the model's experts
     )
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cuda_samples import F16_TOL, dequantize_oracle, fresh_rng, random_tensor, rel_err
+from cuda_samples import F16_TOL, dequantize_oracle, expert_grouping, fresh_rng, random_tensor, rel_err
 from emulator import build, run
 
 from app.engine.kernels.moe_mma import FORMATS, PAIR_TILE
@@ -27,18 +27,6 @@ def moe_mma_emu(tmp_path_factory) -> Path:
     return build(tmp_path_factory, "moe_mma_main.cpp")
 
 
-def _grouping(counts: list[int], k: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Random pairs with `counts[e]` pairs of expert e (a last count: the skipped group): each pair's
-    group, `order` (the pairs grouped by expert, in a random order within each, as moe_scatter's atomics
-    leave them) and `offsets`."""
-    pairs = sum(counts)
-    assert pairs % k == 0
-    group = rng.permutation(np.repeat(np.arange(len(counts)), counts)).astype(np.int32)
-    order = np.concatenate([rng.permutation(np.flatnonzero(group == e)) for e in range(len(counts))])
-    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
-    return group, order.astype(np.int32), offsets
-
-
 def _run_case(emu: Path, tmp_path: Path, request, qtype: str, counts: list[int], n_rows: int, n_cols: int,
               per_pair: bool, with_bias: bool, k: int = 2, skipped: int = 0) -> None:  # fmt: skip
     """The product of every expert's pairs, against numpy; `skipped` pairs in one more group than
@@ -47,8 +35,8 @@ def _run_case(emu: Path, tmp_path: Path, request, qtype: str, counts: list[int],
     n_exp = len(counts)
     stacked = random_tensor(qtype, n_exp * n_rows, n_cols, rng)
     weights = dequantize_oracle(stacked).astype(np.float64).reshape(n_exp, n_rows, n_cols)
-    group, order, offsets = _grouping([*counts, skipped], k, rng)
-    pairs = group.size
+    order, offsets = expert_grouping([*counts, skipped], k, rng)
+    pairs = order.size
     x = rng.standard_normal((pairs if per_pair else pairs // k, n_cols)).astype(np.float32)
     bias = rng.standard_normal((n_exp, n_rows)).astype(np.float32) if with_bias else None
     stacked.data.tofile(tmp_path / "w.bin")
@@ -78,6 +66,7 @@ def _run_case(emu: Path, tmp_path: Path, request, qtype: str, counts: list[int],
     ("Q6_K", [300, 0, 17, 1], 64, 256, True, False),  # per-pair inputs (the down product)
     ("Q8_0", [3, 70, 0, 1], 40, 608, False, False),  # 19 units: the last 128-column step is partial
     ("F16", [65, 0, 9], 24, 256, True, True),
+    ("Q4_0", [30, 2, 0, 40], 64, 32, True, False),  # one unit a row (the tiny qwen3moe's down product)
 ])  # fmt: skip
 def test_moe_mma_emulated(moe_mma_emu, tmp_path, request, qtype, counts, n_rows, n_cols, per_pair, with_bias):
     _run_case(moe_mma_emu, tmp_path, request, qtype, counts, n_rows, n_cols, per_pair, with_bias)
