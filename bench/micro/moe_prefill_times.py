@@ -10,8 +10,9 @@ groups them on the device.
     python3 bench/micro/moe_prefill_times.py                 # 512, 2,048 and 8,192 tokens
     python3 bench/micro/moe_prefill_times.py --tokens 8192
 
-Prints one JSON line per (tokens, product): microseconds per call of each kernel, TFLOP/s (2 x pairs x
-rows x columns per call), the speed-up and the new kernel's largest relative difference from the old;
+Prints one JSON line per (tokens, product): microseconds per call of each kernel (the new one with the
+tile shape it picks, and with each shape), TFLOP/s (2 x pairs x rows x columns per call), the speed-up
+and the new kernel's relative difference from the old (norm of the difference over the old's norm);
 then one line per token count for the whole experts (moe_experts: gate, up, gated unit, down, combine)
 on each path.
 """
@@ -76,12 +77,18 @@ def measure_products(n_tok: int, weights: dict, rng: np.random.Generator) -> Non
         x = cp.asarray(rng.standard_normal((pairs if per_pair else n_tok, cols)).astype(np.float32))
         y_old, y_new = cp.empty((pairs, rows), cp.float32), cp.empty((pairs, rows), cp.float32)
         old_s = time_events(partial(grouped_old, w, x, per_pair, d_order, d_offsets, y_old), iters=5)
-        new_s = time_events(partial(moe_mma.grouped_mma, w, x, per_pair, d_order, d_offsets, USED, EXPERTS, y_new))
+        shapes = {}  # each tile shape's time: pick_shape's choice is checked against the other
+        for shape in (moe_mma.SQUARE, moe_mma.FEW_PAIRS):
+            run = partial(moe_mma.grouped_mma, w, x, per_pair, d_order, d_offsets, USED, EXPERTS, y_new, shape)
+            shapes[f"{shape.pairs}x{shape.rows}"] = time_events(run)
+        picked = moe_mma.pick_shape(pairs, EXPERTS)
+        new_s = shapes[f"{picked.pairs}x{picked.rows}"]
         flop = 2.0 * pairs * rows * cols
         diff = float(cp.linalg.norm(y_new - y_old) / cp.linalg.norm(y_old))
         print(json.dumps({
             "tokens": n_tok, "product": name, "format": qtype, "rows": rows, "cols": cols, "pairs": pairs,
-            "old_us": round(old_s * 1e6, 1), "new_us": round(new_s * 1e6, 1),
+            "tile": f"{picked.pairs}x{picked.rows}", "old_us": round(old_s * 1e6, 1), "new_us": round(new_s * 1e6, 1),
+            **{f"tile_{key}_us": round(t * 1e6, 1) for key, t in shapes.items()},
             "old_tflops": round(flop / old_s / 1e12, 2), "new_tflops": round(flop / new_s / 1e12, 2),
             "speedup": round(old_s / new_s, 2), "rel_diff": float(f"{diff:.3g}"),
         }), flush=True)  # fmt: skip

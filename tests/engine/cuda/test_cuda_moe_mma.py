@@ -46,7 +46,9 @@ def _grouped_reference(qtype: str, w, x, per_pair: bool, order, offsets):
     ("Q4_K", False, False), ("Q6_K", True, False), ("Q8_0", False, True), ("F16", True, False),
     ("BF16", False, True), ("Q5_K", True, False),
 ])  # fmt: skip
-def test_moe_mma_matches_the_grouped_kernel_and_numpy(cuda, rng, qtype: str, per_pair: bool, with_bias: bool):
+@pytest.mark.parametrize("shape", [moe_mma.SQUARE, moe_mma.FEW_PAIRS], ids=["64x64", "32x128"])
+def test_moe_mma_matches_the_grouped_kernel_and_numpy(cuda, rng, qtype: str, per_pair: bool, with_bias: bool,
+                                                      shape) -> None:  # fmt: skip
     import cupy as cp
 
     from app.engine.kernels.moe import upload_stacked
@@ -62,7 +64,7 @@ def test_moe_mma_matches_the_grouped_kernel_and_numpy(cuda, rng, qtype: str, per
     x = rng.standard_normal((pairs if per_pair else pairs // K, N_COLS)).astype(np.float32)
     d_x, d_order, d_offsets = cp.asarray(x), cp.asarray(order), cp.asarray(offsets)
     y = cp.full((pairs, N_ROWS), cp.nan, cp.float32)
-    got = cp.asnumpy(moe_mma.grouped_mma(w, d_x, per_pair, d_order, d_offsets, K, n_exp, y))
+    got = cp.asnumpy(moe_mma.grouped_mma(w, d_x, per_pair, d_order, d_offsets, K, n_exp, y, shape))
     old = cp.asnumpy(_grouped_reference(qtype, w, d_x, per_pair, d_order, d_offsets))
     assert not np.isnan(got).any()
     assert rel_err(got, old) < F16_TOL

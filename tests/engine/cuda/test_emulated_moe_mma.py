@@ -17,17 +17,25 @@ import pytest
 from cuda_samples import F16_TOL, dequantize_oracle, expert_grouping, fresh_rng, random_tensor, rel_err
 from emulator import build, run
 
-from app.engine.kernels.moe_mma import FORMATS, PAIR_TILE
+from app.engine.kernels.moe_mma import FEW_PAIRS, FORMATS, SQUARE, TileShape
 
 pytestmark = pytest.mark.slow  # the build compiles every format's kernel as host C++
 
 
 @pytest.fixture(scope="module")
-def moe_mma_emu(tmp_path_factory) -> Path:
-    return build(tmp_path_factory, "moe_mma_main.cpp")
+def emulators(tmp_path_factory):
+    """The harness built for a tile shape (each compiles every format's kernel)."""
+    made: dict[TileShape, Path] = {}
+
+    def get(shape: TileShape) -> Path:
+        if shape not in made:
+            made[shape] = build(tmp_path_factory, "moe_mma_main.cpp", (f"-DMMA_BM={shape.pairs}", f"-DMMA_BN={shape.rows}"))
+        return made[shape]
+
+    return get
 
 
-def _run_case(emu: Path, tmp_path: Path, request, qtype: str, counts: list[int], n_rows: int, n_cols: int,
+def _run_case(emu: Path, shape: TileShape, tmp_path: Path, request, qtype: str, counts: list[int], n_rows: int, n_cols: int,
               per_pair: bool, with_bias: bool, k: int = 2, skipped: int = 0) -> None:  # fmt: skip
     """The product of every expert's pairs, against numpy; `skipped` pairs in one more group than
     there are experts (the streamed experts' call) stay unwritten."""
@@ -49,7 +57,7 @@ def _run_case(emu: Path, tmp_path: Path, request, qtype: str, counts: list[int],
         pairs)  # fmt: skip
     y = np.fromfile(tmp_path / "y.bin", np.float32).reshape(pairs, n_rows)
     tiles = np.fromfile(tmp_path / "tiles.bin", np.int32)
-    assert tiles[0] == sum(-(-c // PAIR_TILE) for c in counts), f"seed={seed}: tile count {tiles[0]}"
+    assert tiles[0] == sum(-(-c // shape.pairs) for c in counts), f"seed={seed}: tile count {tiles[0]}"
     for e in range(n_exp):
         rows = slice(offsets[e], offsets[e + 1])
         src = np.arange(pairs)[rows] if per_pair else order[rows] // k
@@ -68,17 +76,19 @@ def _run_case(emu: Path, tmp_path: Path, request, qtype: str, counts: list[int],
     ("F16", [65, 0, 9], 24, 256, True, True),
     ("Q4_0", [30, 2, 0, 40], 64, 32, True, False),  # one unit a row (the tiny qwen3moe's down product)
 ])  # fmt: skip
-def test_moe_mma_emulated(moe_mma_emu, tmp_path, request, qtype, counts, n_rows, n_cols, per_pair, with_bias):
-    _run_case(moe_mma_emu, tmp_path, request, qtype, counts, n_rows, n_cols, per_pair, with_bias)
+@pytest.mark.parametrize("shape", [SQUARE, FEW_PAIRS], ids=["64x64", "32x128"])
+def test_moe_mma_emulated(emulators, shape, tmp_path, request, qtype, counts, n_rows, n_cols, per_pair, with_bias):
+    _run_case(emulators(shape), shape, tmp_path, request, qtype, counts, n_rows, n_cols, per_pair, with_bias)
 
 
 @pytest.mark.parametrize("qtype", sorted(FORMATS - {"Q4_K", "Q6_K", "Q8_0", "F16"}))
-def test_moe_mma_formats_emulated(moe_mma_emu, tmp_path, request, qtype):
-    """Every other format the kernel decodes, on a small case: two experts, one tile and a partial one."""
-    _run_case(moe_mma_emu, tmp_path, request, qtype, [5, 67], 16, 256, False, False)
+def test_moe_mma_formats_emulated(emulators, tmp_path, request, qtype):
+    """Every other format the kernel decodes, on a small case: two experts, a partial tile and two tiles
+    and a partial one, rows 16 of a 128-row tile."""
+    _run_case(emulators(FEW_PAIRS), FEW_PAIRS, tmp_path, request, qtype, [5, 67], 16, 256, False, False)
 
 
-def test_moe_mma_skipped_group_emulated(moe_mma_emu, tmp_path, request):
+def test_moe_mma_skipped_group_emulated(emulators, tmp_path, request):
     """Pairs in the group past the last expert (experts not in slots, kernels/moe.py's `groups`) are
     never written: moe_experts leaves their rows at zero."""
-    _run_case(moe_mma_emu, tmp_path, request, "Q4_K", [8, 0, 21], 32, 256, False, False, k=4, skipped=11)
+    _run_case(emulators(SQUARE), SQUARE, tmp_path, request, "Q4_K", [8, 0, 21], 32, 256, False, False, k=4, skipped=11)

@@ -20,11 +20,24 @@
 #include "mma.cuh"
 #include "quant.cuh"
 
-#define MMA_BM 64                // pairs a tile
-#define MMA_BN 64                // weight rows a tile
+// The tile shape, chosen by kernels/moe_mma.py: 64 pairs x 64 rows, or 32 x 128 where experts have fewer
+// pairs (less of each expert's last tile multiplies padding). 8 warps, 2 along the pairs x 4 along the rows; a warp's
+// MMA_MT m16 tiles by MMA_NT n8 tiles (NT even: one ldmatrix.x4 gives two n8 tiles of B).
+#ifndef MMA_BM
+#define MMA_BM 64  // pairs a tile: 32 or 64
+#endif
+#ifndef MMA_BN
+#define MMA_BN 64  // weight rows a tile: 64 or 128
+#endif
 #define MMA_BK 128               // columns a step
 #define MMA_STRIDE (MMA_BK + 8)  // halves a shared row: 16 bytes of padding keep ldmatrix's 8 rows on distinct banks
-#define MMA_THREADS 256          // 8 warps: 2 along the pairs (32 each) x 4 along the rows (16 each)
+#define MMA_THREADS 256
+#define MMA_MT (MMA_BM / 32)
+#define MMA_NT (MMA_BN / 32)
+#define MMA_WU (MMA_BN / 64)  // weight units a thread decodes a step (4 a row)
+#define MMA_XJ (MMA_BM / 8)   // input float4s a thread converts a step (32 a row)
+static_assert((MMA_BM == 32 || MMA_BM == 64) && (MMA_BN == 64 || MMA_BN == 128) && MMA_BM * MMA_BN <= 4096,
+              "moe_mma's tile shapes: 32 or 64 pairs by 64 or 128 rows, within 48 KB of static shared memory");
 
 // tiles[0] = the number of tiles; tiles[1 + 2j], tiles[2 + 2j] = tile j's expert and first grouped pair.
 // Thread e finds its first tile by summing the tile counts of the experts before it (n_exp reads, all
@@ -43,46 +56,51 @@ extern "C" __global__ void moe_mma_tiles(const int* __restrict__ offsets, int n_
     }
 }
 
-// What one thread brings from global memory for one 128-column step: one 32-weight unit of the tile's
-// weights (thread i: row i / 4, the step's unit i % 4) and eight float4 of the inputs (thread i: tile
-// rows i / 32 + 8 j, columns 4 (i % 32)..+3, so a warp reads 512 contiguous bytes of one row). Fetched a
-// step ahead of its use: the loads are in flight while the warps multiply the step before.
+// What one thread brings from global memory for one 128-column step: MMA_WU 32-weight units of the
+// tile's weights (thread i: rows i / 4 + 64 j, the step's unit i % 4) and MMA_XJ float4 of the inputs
+// (thread i: tile rows i / 32 + 8 j, columns 4 (i % 32)..+3, so a warp reads 512 contiguous bytes of one
+// row). Fetched a step ahead of its use: the loads are in flight while the warps multiply the step before.
 template <class F>
 struct MmaStage {
-    F f;
-    float4 x[8];
+    F f[MMA_WU];
+    float4 x[MMA_XJ];
 };
 
 template <class F>
-__device__ __forceinline__ void mma_fetch(MmaStage<F>& s, const u8* __restrict__ wrow, int step, int n_units,
-                                          const float* const* xs, int n_cols) {
+__device__ __forceinline__ void mma_fetch(MmaStage<F>& s, const u8* const* wrow, int step, int n_units,
+                                          const float* __restrict__ x, const int* xrow, int n_cols) {
     const int u = min(4 * step + (int)(threadIdx.x & 3), n_units - 1);  // a unit past the end: decoded as zeros
-    s.f.load(wrow, u);
+#pragma unroll
+    for (int j = 0; j < MMA_WU; ++j) s.f[j].load(wrow[j], u);
     const int col = MMA_BK * step + 4 * (threadIdx.x & 31);
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
-        s.x[j] = xs[j] != nullptr && col < n_cols ? __ldg(reinterpret_cast<const float4*>(xs[j] + col))
-                                                  : make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int j = 0; j < MMA_XJ; ++j)
+        s.x[j] = xrow[j] >= 0 && col < n_cols ? __ldg(reinterpret_cast<const float4*>(x + (i64)xrow[j] * n_cols + col))
+                                              : make_float4(0.f, 0.f, 0.f, 0.f);
 }
 
 template <class F>
 __device__ __forceinline__ void mma_store(const MmaStage<F>& s, int step, int n_units, u16 (*ws)[MMA_STRIDE],
                                           u16 (*xsh)[MMA_STRIDE]) {
-    const int u = 4 * step + (int)(threadIdx.x & 3), row = threadIdx.x >> 2;
+    const int u = 4 * step + (int)(threadIdx.x & 3);
     const bool ok = u < n_units;  // past the row's end (32-weight formats only): zeros in the unit's 32 columns
     const int at = F::x_base(u) - MMA_BK * step;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        float w0[4], w1[4];
-        s.f.get(k, w0, w1);
-        *reinterpret_cast<uint2*>(&ws[row][at + 4 * k]) =
-            ok ? make_uint2(pack_h2_rn(w0[0], w0[1]), pack_h2_rn(w0[2], w0[3])) : make_uint2(0u, 0u);
-        *reinterpret_cast<uint2*>(&ws[row][at + F::RUN1 + 4 * k]) =
-            ok ? make_uint2(pack_h2_rn(w1[0], w1[1]), pack_h2_rn(w1[2], w1[3])) : make_uint2(0u, 0u);
+    for (int j = 0; j < MMA_WU; ++j) {
+        u16* row = ws[(threadIdx.x >> 2) + 64 * j];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            float w0[4], w1[4];
+            s.f[j].get(k, w0, w1);
+            *reinterpret_cast<uint2*>(row + at + 4 * k) =
+                ok ? make_uint2(pack_h2_rn(w0[0], w0[1]), pack_h2_rn(w0[2], w0[3])) : make_uint2(0u, 0u);
+            *reinterpret_cast<uint2*>(row + at + F::RUN1 + 4 * k) =
+                ok ? make_uint2(pack_h2_rn(w1[0], w1[1]), pack_h2_rn(w1[2], w1[3])) : make_uint2(0u, 0u);
+        }
     }
     const int c = 4 * (threadIdx.x & 31);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < MMA_XJ; ++j) {
         const float4 v = s.x[j];
         *reinterpret_cast<uint2*>(&xsh[(threadIdx.x >> 5) + 8 * j][c]) =
             make_uint2(pack_h2_rn(v.x, v.y), pack_h2_rn(v.z, v.w));
@@ -107,54 +125,59 @@ __device__ __forceinline__ void moe_mma(const u8* __restrict__ w, i64 expert_str
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int n_units = n_cols >> 5, n_steps = (n_units + 3) >> 2;
 
-    const u8* wrow = w + e * expert_stride + (i64)min(row0 + (int)(threadIdx.x >> 2), n_rows - 1) * row_bytes;
-    const float* xs[8];  // this thread's eight input rows (nullptr: past the tile's pairs, read as zeros)
+    const u8* wrow[MMA_WU];  // this thread's weight rows (past the last row: the last, its products unused)
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < MMA_WU; ++j)
+        wrow[j] = w + e * expert_stride + (i64)min(row0 + (int)(threadIdx.x >> 2) + 64 * j, n_rows - 1) * row_bytes;
+    int xrow[MMA_XJ];  // this thread's input rows (-1: past the tile's pairs, read as zeros)
+#pragma unroll
+    for (int j = 0; j < MMA_XJ; ++j) {
         const int m = (threadIdx.x >> 5) + 8 * j;
-        xs[j] = m < count ? x + (i64)(x_per_pair ? g0 + m : order[g0 + m] / k) * n_cols : nullptr;
+        xrow[j] = m < count ? (x_per_pair ? g0 + m : order[g0 + m] / k) : -1;
     }
 
-    float c[2][2][4];  // [m16 tile][n8 tile][fragment]
+    float c[MMA_MT][MMA_NT][4];  // [m16 tile][n8 tile][fragment]
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < MMA_MT; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
+        for (int nt = 0; nt < MMA_NT; ++nt)
 #pragma unroll
             for (int i = 0; i < 4; ++i) c[mt][nt][i] = 0.f;
 
-    const int wm = 32 * (warp >> 2), wn = 16 * (warp & 3);
+    const int wm = 16 * MMA_MT * (warp >> 2), wn = 8 * MMA_NT * (warp & 3);
     MmaStage<F> stage;
-    mma_fetch(stage, wrow, 0, n_units, xs, n_cols);
+    mma_fetch(stage, wrow, 0, n_units, x, xrow, n_cols);
     for (int step = 0; step < n_steps; ++step) {
         mma_store(stage, step, n_units, ws, xsh);
         __syncthreads();
-        if (step + 1 < n_steps) mma_fetch(stage, wrow, step + 1, n_units, xs, n_cols);  // in flight meanwhile
+        if (step + 1 < n_steps) mma_fetch(stage, wrow, step + 1, n_units, x, xrow, n_cols);  // in flight meanwhile
 #pragma unroll
         for (int kk = 0; kk < MMA_BK / 16; ++kk) {
-            u32 a[2][4], b[4];
+            u32 a[MMA_MT][4], b[MMA_NT / 2][4];
 #pragma unroll
-            for (int mt = 0; mt < 2; ++mt) ldsm_x4(a[mt], &xsh[wm + 16 * mt + (lane & 15)][16 * kk + 8 * (lane >> 4)]);
-            // matrices: rows wn..+7 at k 0..7, at k 8..15, then rows wn+8..+15 the same: b[0..1], b[2..3]
-            ldsm_x4(b, &ws[wn + (lane & 7) + 8 * (lane >> 4)][16 * kk + 8 * ((lane >> 3) & 1)]);
+            for (int mt = 0; mt < MMA_MT; ++mt)
+                ldsm_x4(a[mt], &xsh[wm + 16 * mt + (lane & 15)][16 * kk + 8 * (lane >> 4)]);
+            // matrices: rows n..n+7 at k 0..7, at k 8..15, then rows n+8..n+15 the same: b[0..1], b[2..3]
 #pragma unroll
-            for (int mt = 0; mt < 2; ++mt) {
-                mma_16816(c[mt][0], a[mt], b);
-                mma_16816(c[mt][1], a[mt], b + 2);
-            }
+            for (int np = 0; np < MMA_NT / 2; ++np)
+                ldsm_x4(b[np], &ws[wn + 16 * np + (lane & 7) + 8 * (lane >> 4)][16 * kk + 8 * ((lane >> 3) & 1)]);
+#pragma unroll
+            for (int mt = 0; mt < MMA_MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < MMA_NT; ++nt) mma_16816(c[mt][nt], a[mt], b[nt >> 1] + 2 * (nt & 1));
         }
         __syncthreads();
     }
 
     // C fragment: c[0..1] are pair g, rows 2t and 2t + 1 of the n8 tile; c[2..3] the same for pair g + 8.
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < MMA_MT; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int m = wm + 16 * mt + 8 * h + g;
             if (m >= count) continue;
 #pragma unroll
-            for (int nt = 0; nt < 2; ++nt)
+            for (int nt = 0; nt < MMA_NT; ++nt)
 #pragma unroll
                 for (int i = 0; i < 2; ++i) {
                     const int r = row0 + wn + 8 * nt + 2 * t + i;
