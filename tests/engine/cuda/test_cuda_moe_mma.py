@@ -104,3 +104,40 @@ def test_tiny_moe_prefill_runs_on_tensor_cores_and_matches_numpy(cuda, cpu, monk
     top2 = np.sort(reference, axis=-1)[:, -2:]
     clear = top2[:, 1] - top2[:, 0] > 2 * _tolerance(reference)
     assert (ours.argmax(-1) == reference.argmax(-1))[clear].all()
+
+
+def test_moe_mma_in_a_graph_replays_each_routing(cuda, rng) -> None:
+    """A prefill-sized MoE (moe_forward, its products on moe_mma) captured with programmatic launches, as
+    the decode and prefill graphs capture, then replayed on new inputs and router logits: each replay gives
+    the eager output, so the tile list is rebuilt on the device from each replay's routing (no pair count
+    is baked into the graph) and each kernel waits for the one before it."""
+    import cupy as cp
+
+    from app.engine.kernels.moe import moe_forward, upload_stacked
+    from app.engine.models.config import MoeSpec
+    from app.engine.worker.decode_graphs import capture_buckets
+
+    n_tok, hidden, ff, n_exp, used = 96, 256, 512, 16, 4
+    assert moe_mma.serves("Q4_K", n_tok, used, n_exp, hidden)
+    spec = MoeSpec(n_exp, used, ff)
+    experts = []
+    for rows, cols in ((ff, hidden), (ff, hidden), (hidden, ff)):
+        flat = random_tensor("Q4_K", n_exp * rows, cols, rng)
+        experts.append(upload_stacked(QuantizedTensor("w", flat.qtype, (n_exp, rows, cols), flat.data)))
+    x, logits = cp.zeros((n_tok, hidden), cp.float32), cp.zeros((n_tok, n_exp), cp.float32)
+
+    def stage(_: int) -> None:
+        x.fill(0.5)
+        logits.fill(0.0)
+
+    cp.cuda.Device().synchronize()  # the side stream does not wait for the weights' uploads
+    stream = cp.cuda.Stream(non_blocking=True)
+    graph, output = capture_buckets([n_tok], lambda _: moe_forward(x, logits, spec, *experts), stream, stage)[n_tok]
+    for replay in range(3):
+        x.set(rng.standard_normal((n_tok, hidden)).astype(np.float32))
+        logits.set((rng.standard_normal((n_tok, n_exp)) * (1 + replay)).astype(np.float32))
+        cp.cuda.Device().synchronize()
+        graph.launch(stream=stream)
+        stream.synchronize()
+        eager = cp.asnumpy(moe_forward(x, logits, spec, *experts))
+        assert rel_err(cp.asnumpy(output), eager) < 1e-5, f"replay {replay}"
