@@ -92,3 +92,12 @@ def test_moe_mma_skipped_group_emulated(emulators, tmp_path, request):
     """Pairs in the group past the last expert (experts not in slots, kernels/moe.py's `groups`) are
     never written: moe_experts leaves their rows at zero."""
     _run_case(emulators(SQUARE), SQUARE, tmp_path, request, "Q4_K", [8, 0, 21], 32, 256, False, False, k=4, skipped=11)
+
+
+def test_moe_mma_many_experts_emulated(emulators, tmp_path, request):
+    """More experts than the tile-list kernel has threads (the harness launches 64): each thread places
+    several experts' tiles, after every earlier expert's."""
+    rng, _ = fresh_rng(request.node.nodeid + "counts")
+    counts = [int(c) for c in rng.choice([0, 1, 2, 33, 40], 150)]
+    counts[-1] += sum(counts) % 2  # whole tokens of k = 2
+    _run_case(emulators(FEW_PAIRS), FEW_PAIRS, tmp_path, request, "Q8_0", counts, 8, 32, True, False)
