@@ -4,10 +4,12 @@
 // pairs MOE_T at a time on CUDA cores, so an expert with 250 pairs (8,000 tokens, top 8 of 256) reads
 // and decodes its weights ~60 times. Here a block owns a tile of MMA_BM of one expert's pairs times
 // MMA_BN of its weight rows: each 128-column step decodes the tile's weights once into shared memory
-// as float16, converts the pairs' inputs (gathered through `order`, as moe_grouped does) beside them,
-// and 8 warps multiply the two with mma.sync.m16n8k16, float32 accumulation. The output rows are in
+// as float16, copies the pairs' inputs (gathered through `order`, as moe_grouped does; converted to
+// float16 once before, moe_mma_half) beside them, and 8 warps multiply the two with mma.sync.m16n8k16,
+// float32 accumulation. The output rows are in
 // the grouped order (`y[g, r]`), as moe_grouped writes them, so moe_gated and moe_combine are the same.
 //
+//   moe_mma_half   the inputs as float16.
 //   moe_mma_tiles  the tile list, on the device (the pair counts never reach the host): tile j is
 //                  (expert, first grouped pair); tiles[0] is how many there are. The product's grid
 //                  covers an upper bound (pairs / MMA_BM + experts) and the blocks past the end leave.
@@ -35,7 +37,7 @@
 #define MMA_MT (MMA_BM / 32)
 #define MMA_NT (MMA_BN / 32)
 #define MMA_WU (MMA_BN / 64)  // weight units a thread decodes a step (4 a row)
-#define MMA_XJ (MMA_BM / 8)   // input float4s a thread converts a step (32 a row)
+#define MMA_XJ (MMA_BM / 16)  // 16-byte pieces of the float16 inputs a thread copies a step (16 a row)
 static_assert((MMA_BM == 32 || MMA_BM == 64) && (MMA_BN == 64 || MMA_BN == 128) && MMA_BM * MMA_BN <= 4096,
               "moe_mma's tile shapes: 32 or 64 pairs by 64 or 128 rows, within 48 KB of static shared memory");
 
@@ -56,27 +58,38 @@ extern "C" __global__ void moe_mma_tiles(const int* __restrict__ offsets, int n_
     }
 }
 
+// out = x as float16 (round to nearest), four values a thread: the products read their inputs as float16
+// once converted here, not converted again by each of the row tiles that read them (8 to 32 of them).
+extern "C" __global__ void moe_mma_half(const float* __restrict__ x, i64 n, u16* __restrict__ out) {
+    after_previous_grid();
+    const i64 i = 4 * ((i64)blockIdx.x * blockDim.x + threadIdx.x);
+    if (i >= n) return;
+    const float4 v = __ldg(reinterpret_cast<const float4*>(x + i));
+    *reinterpret_cast<uint2*>(out + i) = make_uint2(pack_h2_rn(v.x, v.y), pack_h2_rn(v.z, v.w));
+}
+
 // What one thread brings from global memory for one 128-column step: MMA_WU 32-weight units of the
-// tile's weights (thread i: rows i / 4 + 64 j, the step's unit i % 4) and MMA_XJ float4 of the inputs
-// (thread i: tile rows i / 32 + 8 j, columns 4 (i % 32)..+3, so a warp reads 512 contiguous bytes of one
-// row). Fetched a step ahead of its use: the loads are in flight while the warps multiply the step before.
+// tile's weights (thread i: rows i / 4 + 64 j, the step's unit i % 4) and MMA_XJ 16-byte pieces of the
+// float16 inputs (thread i: tile rows i / 16 + 16 j, columns 8 (i % 16)..+7, so 16 threads read a row's
+// 256 contiguous bytes). Fetched a step ahead of its use: the loads are in flight while the warps
+// multiply the step before.
 template <class F>
 struct MmaStage {
     F f[MMA_WU];
-    float4 x[MMA_XJ];
+    uint4 x[MMA_XJ];
 };
 
 template <class F>
 __device__ __forceinline__ void mma_fetch(MmaStage<F>& s, const u8* const* wrow, int step, int n_units,
-                                          const float* __restrict__ x, const int* xrow, int n_cols) {
+                                          const u16* __restrict__ x, const int* xrow, int n_cols) {
     const int u = min(4 * step + (int)(threadIdx.x & 3), n_units - 1);  // a unit past the end: decoded as zeros
 #pragma unroll
     for (int j = 0; j < MMA_WU; ++j) s.f[j].load(wrow[j], u);
-    const int col = MMA_BK * step + 4 * (threadIdx.x & 31);
+    const int col = MMA_BK * step + 8 * (threadIdx.x & 15);
 #pragma unroll
     for (int j = 0; j < MMA_XJ; ++j)
-        s.x[j] = xrow[j] >= 0 && col < n_cols ? __ldg(reinterpret_cast<const float4*>(x + (i64)xrow[j] * n_cols + col))
-                                              : make_float4(0.f, 0.f, 0.f, 0.f);
+        s.x[j] = xrow[j] >= 0 && col < n_cols ? __ldg(reinterpret_cast<const uint4*>(x + (i64)xrow[j] * n_cols + col))
+                                              : make_uint4(0u, 0u, 0u, 0u);
 }
 
 template <class F>
@@ -98,20 +111,17 @@ __device__ __forceinline__ void mma_store(const MmaStage<F>& s, int step, int n_
                 ok ? make_uint2(pack_h2_rn(w1[0], w1[1]), pack_h2_rn(w1[2], w1[3])) : make_uint2(0u, 0u);
         }
     }
-    const int c = 4 * (threadIdx.x & 31);
 #pragma unroll
-    for (int j = 0; j < MMA_XJ; ++j) {
-        const float4 v = s.x[j];
-        *reinterpret_cast<uint2*>(&xsh[(threadIdx.x >> 5) + 8 * j][c]) =
-            make_uint2(pack_h2_rn(v.x, v.y), pack_h2_rn(v.z, v.w));
-    }
+    for (int j = 0; j < MMA_XJ; ++j)
+        *reinterpret_cast<uint4*>(&xsh[(threadIdx.x >> 4) + 16 * j][8 * (threadIdx.x & 15)]) = s.x[j];
 }
 
 // y[g, r] = W_e[r, :] . x[src(g), :] (+ bias_e[r]) for the pairs g of tile blockIdx.y and the rows r of
-// row tile blockIdx.x; src(g) = order[g] / k, or g when the inputs are per pair (`x_per_pair`).
+// row tile blockIdx.x; src(g) = order[g] / k, or g when the inputs are per pair (`x_per_pair`); x is
+// float16 (moe_mma_half's).
 template <class F>
 __device__ __forceinline__ void moe_mma(const u8* __restrict__ w, i64 expert_stride, i64 row_bytes, int n_rows,
-                                        int n_cols, const float* __restrict__ x, int x_per_pair,
+                                        int n_cols, const u16* __restrict__ x, int x_per_pair,
                                         const int* __restrict__ order, const int* __restrict__ offsets,
                                         const int* __restrict__ tiles, int k, const float* __restrict__ bias,
                                         float* __restrict__ y) {
@@ -132,7 +142,7 @@ __device__ __forceinline__ void moe_mma(const u8* __restrict__ w, i64 expert_str
     int xrow[MMA_XJ];  // this thread's input rows (-1: past the tile's pairs, read as zeros)
 #pragma unroll
     for (int j = 0; j < MMA_XJ; ++j) {
-        const int m = (threadIdx.x >> 5) + 8 * j;
+        const int m = (threadIdx.x >> 4) + 16 * j;
         xrow[j] = m < count ? (x_per_pair ? g0 + m : order[g0 + m] / k) : -1;
     }
 
@@ -190,7 +200,7 @@ __device__ __forceinline__ void moe_mma(const u8* __restrict__ w, i64 expert_str
 #define MOE_MMA_KERNEL(SUFFIX, FMT)                                                                            \
     extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) moe_mma_##SUFFIX(                             \
         const u8* __restrict__ w, i64 expert_stride, i64 row_bytes, int n_rows, int n_cols,                    \
-        const float* __restrict__ x, int x_per_pair, const int* __restrict__ order,                            \
+        const u16* __restrict__ x, int x_per_pair, const int* __restrict__ order,                            \
         const int* __restrict__ offsets, const int* __restrict__ tiles, int k, const float* __restrict__ bias, \
         float* __restrict__ y) {                                                                               \
         moe_mma<FMT>(w, expert_stride, row_bytes, n_rows, n_cols, x, x_per_pair, order, offsets, tiles, k,     \
