@@ -6,8 +6,8 @@
 // MMA_BN of its weight rows: each 128-column step decodes the tile's weights once into shared memory
 // as float16, copies the pairs' inputs (gathered through `order`, as moe_grouped does; converted to
 // float16 once before, moe_mma_half) beside them, and 8 warps multiply the two with mma.sync.m16n8k16,
-// float32 accumulation. The output rows are in
-// the grouped order (`y[g, r]`), as moe_grouped writes them, so moe_gated and moe_combine are the same.
+// float32 accumulation. The output rows are in the grouped order (`y[g, r]`), as moe_grouped writes
+// them, so moe_gated and moe_combine are the same.
 //
 //   moe_mma_half   the inputs as float16.
 //   moe_mma_tiles  the tile list, on the device (the pair counts never reach the host): tile j is
@@ -23,8 +23,8 @@
 #include "quant.cuh"
 
 // The tile shape, chosen by kernels/moe_mma.py: 64 pairs x 64 rows, or 32 x 128 where experts have fewer
-// pairs (less of each expert's last tile multiplies padding). 8 warps, 2 along the pairs x 4 along the rows; a warp's
-// MMA_MT m16 tiles by MMA_NT n8 tiles (NT even: one ldmatrix.x4 gives two n8 tiles of B).
+// pairs (less of each expert's last tile multiplies padding). 8 warps, 2 along the pairs x 4 along the
+// rows; a warp's MMA_MT m16 tiles by MMA_NT n8 tiles (NT even: one ldmatrix.x4 gives two n8 tiles of B).
 #ifndef MMA_BM
 #define MMA_BM 64  // pairs a tile: 32 or 64
 #endif
@@ -32,7 +32,7 @@
 #define MMA_BN 64  // weight rows a tile: 64 or 128
 #endif
 #define MMA_BK 128               // columns a step
-#define MMA_STRIDE (MMA_BK + 8)  // halves a shared row: 16 bytes of padding keep ldmatrix's 8 rows on distinct banks
+#define MMA_STRIDE (MMA_BK + 8)  // halves a shared row: 16 bytes of padding put ldmatrix's 8 rows on 8 banks
 #define MMA_THREADS 256
 #define MMA_MT (MMA_BM / 32)
 #define MMA_NT (MMA_BN / 32)
@@ -46,6 +46,7 @@ static_assert((MMA_BM == 32 || MMA_BM == 64) && (MMA_BN == 64 || MMA_BN == 128) 
 // threads at once), then writes its own: no scan, one small block.
 extern "C" __global__ void moe_mma_tiles(const int* __restrict__ offsets, int n_exp, int* __restrict__ tiles) {
     after_previous_grid();
+    if (n_exp == 0 && threadIdx.x == 0) tiles[0] = 0;
     for (int e = threadIdx.x; e < n_exp; e += blockDim.x) {
         int start = 0;
         for (int f = 0; f < e; ++f) start += (offsets[f + 1] - offsets[f] + MMA_BM - 1) / MMA_BM;
@@ -87,9 +88,10 @@ __device__ __forceinline__ void mma_fetch(MmaStage<F>& s, const u8* const* wrow,
     for (int j = 0; j < MMA_WU; ++j) s.f[j].load(wrow[j], u);
     const int col = MMA_BK * step + 8 * (threadIdx.x & 15);
 #pragma unroll
-    for (int j = 0; j < MMA_XJ; ++j)
-        s.x[j] = xrow[j] >= 0 && col < n_cols ? __ldg(reinterpret_cast<const uint4*>(x + (i64)xrow[j] * n_cols + col))
-                                              : make_uint4(0u, 0u, 0u, 0u);
+    for (int j = 0; j < MMA_XJ; ++j) {
+        const u16* p = x + (i64)xrow[j] * n_cols + col;
+        s.x[j] = xrow[j] >= 0 && col < n_cols ? __ldg(reinterpret_cast<const uint4*>(p)) : make_uint4(0u, 0u, 0u, 0u);
+    }
 }
 
 template <class F>
@@ -137,8 +139,10 @@ __device__ __forceinline__ void moe_mma(const u8* __restrict__ w, i64 expert_str
 
     const u8* wrow[MMA_WU];  // this thread's weight rows (past the last row: the last, its products unused)
 #pragma unroll
-    for (int j = 0; j < MMA_WU; ++j)
-        wrow[j] = w + e * expert_stride + (i64)min(row0 + (int)(threadIdx.x >> 2) + 64 * j, n_rows - 1) * row_bytes;
+    for (int j = 0; j < MMA_WU; ++j) {
+        const int r = min(row0 + (int)(threadIdx.x >> 2) + 64 * j, n_rows - 1);
+        wrow[j] = w + e * expert_stride + (i64)r * row_bytes;
+    }
     int xrow[MMA_XJ];  // this thread's input rows (-1: past the tile's pairs, read as zeros)
 #pragma unroll
     for (int j = 0; j < MMA_XJ; ++j) {
@@ -191,8 +195,9 @@ __device__ __forceinline__ void moe_mma(const u8* __restrict__ w, i64 expert_str
 #pragma unroll
                 for (int i = 0; i < 2; ++i) {
                     const int r = row0 + wn + 8 * nt + 2 * t + i;
-                    if (r < n_rows)
-                        y[(i64)(g0 + m) * n_rows + r] = c[mt][nt][2 * h + i] + (bias ? bias[(i64)e * n_rows + r] : 0.f);
+                    if (r >= n_rows) continue;
+                    const float add = bias != nullptr ? bias[(i64)e * n_rows + r] : 0.f;
+                    y[(i64)(g0 + m) * n_rows + r] = c[mt][nt][2 * h + i] + add;
                 }
         }
 }
