@@ -80,6 +80,9 @@ def grouped_mma(
     if w.qtype_name not in FORMATS:
         raise ValueError(f"moe_mma has no decoder for {w.qtype_name} (it takes {sorted(FORMATS)})")
     pairs = order.shape[0]
+    if inputs.shape[-1] != w.n_cols or y.shape != (pairs, w.n_rows):
+        raise ValueError(f"moe_mma: inputs {inputs.shape} and output {y.shape} for {pairs} pairs of a "
+                         f"[{w.n_rows}, {w.n_cols}] weight")  # fmt: skip
     shape = shape or pick_shape(pairs, n_experts)
     if shape not in (SQUARE, FEW_PAIRS):
         raise ValueError(f"moe_mma has no {shape.pairs} x {shape.rows} tiles (it takes {SQUARE} and {FEW_PAIRS})")
@@ -87,6 +90,7 @@ def grouped_mma(
     if bound > MAX_GRID_Y:
         raise ValueError(f"moe_mma takes up to {MAX_GRID_Y} pair tiles, {pairs} pairs need up to {bound}")
     defines = {"MMA_BM": shape.pairs, "MMA_BN": shape.rows}
+    inputs = cp.ascontiguousarray(inputs, cp.float32)  # as moe_grouped reads them: rows of n_cols
     half = cp.empty(inputs.shape, cp.float16)  # read by every row tile: converted once here
     launch(get_kernel("moe_mma.cu", "moe_mma_half", defines), (max(1, cdiv(inputs.size // 4, HALF_THREADS)),),
            (HALF_THREADS,), (inputs, i64(inputs.size), half))  # fmt: skip
