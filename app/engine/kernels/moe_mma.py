@@ -4,8 +4,8 @@ kernels/moe.py's `moe_experts` sends a grouped product here instead of to moe_gr
 experts have many pairs each (`serves`): moe_grouped re-reads an expert's weights every MOE_T of its
 pairs, this kernel once per tile of 32 or 64 pairs, and multiplies on tensor cores (moe_mma.cu says
 how). Same inputs and output layout (`y[g, r]` in the grouped order), so the gated unit and the combine are
-unchanged; three launches (the inputs to float16, the tile list, the product), sized by the pair count
-alone, so no host sync and graph capture still works.
+unchanged; three launches (the inputs to float16, each row scaled by a power of two into its range; the
+tile list; the product), sized by the pair count alone, so no host sync and graph capture still works.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 FORMATS = frozenset({"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"})
 THREADS = 256  # MMA_THREADS
 TILE_THREADS = 256  # moe_mma_tiles' one block
-HALF_THREADS = 256  # moe_mma_half: four values a thread
+HALF_THREADS = 256  # moe_mma_half: a warp an input row
 MAX_GRID_Y = 65535  # the pair tiles are the grid's y
 
 
@@ -91,13 +91,15 @@ def grouped_mma(
         raise ValueError(f"moe_mma takes up to {MAX_GRID_Y} pair tiles, {pairs} pairs need up to {bound}")
     defines = {"MMA_BM": shape.pairs, "MMA_BN": shape.rows}
     inputs = cp.ascontiguousarray(inputs, cp.float32)  # as moe_grouped reads them: rows of n_cols
+    n_inputs = inputs.size // w.n_cols
     half = cp.empty(inputs.shape, cp.float16)  # read by every row tile: converted once here
-    launch(get_kernel("moe_mma.cu", "moe_mma_half", defines), (max(1, cdiv(inputs.size // 4, HALF_THREADS)),),
-           (HALF_THREADS,), (inputs, i64(inputs.size), half))  # fmt: skip
+    inv_scale = cp.empty(n_inputs, cp.float32)
+    launch(get_kernel("moe_mma.cu", "moe_mma_half", defines), (max(1, cdiv(n_inputs, HALF_THREADS // 32)),),
+           (HALF_THREADS,), (inputs, i32(n_inputs), i32(w.n_cols), half, inv_scale))  # fmt: skip
     tiles = cp.empty(1 + 2 * bound, cp.int32)
     launch(get_kernel("moe_mma.cu", "moe_mma_tiles", defines), (1,), (TILE_THREADS,), (offsets, i32(n_experts), tiles))
     kernel = get_kernel("moe_mma.cu", f"moe_mma_{w.qtype_name.lower()}", {**format_defines(w.qtype_name), **defines})
-    args = (w.data, i64(w.expert_stride), i64(w.row_bytes), i32(w.n_rows), i32(w.n_cols), half, i32(per_pair),
-            order, offsets, tiles, i32(k), ptr(w.bias), y)  # fmt: skip
+    args = (w.data, i64(w.expert_stride), i64(w.row_bytes), i32(w.n_rows), i32(w.n_cols), half, inv_scale,
+            i32(per_pair), order, offsets, tiles, i32(k), ptr(w.bias), y)  # fmt: skip
     launch(kernel, (cdiv(w.n_rows, shape.rows), bound), (THREADS,), args)
     return y

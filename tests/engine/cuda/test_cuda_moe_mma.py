@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cuda_samples import F16_TOL, dequantize_oracle, expert_grouping, random_tensor, rel_err
+from cuda_samples import F16_TOL, GATED_FACTOR, dequantize_oracle, expert_grouping, random_tensor, rel_err
 
 from app.engine.kernels import moe_mma
 from app.engine.quant.dispatch import QuantizedTensor
@@ -141,3 +141,40 @@ def test_moe_mma_in_a_graph_replays_each_routing(cuda, rng) -> None:
         stream.synchronize()
         eager = cp.asnumpy(moe_forward(x, logits, spec, *experts))
         assert rel_err(cp.asnumpy(output), eager) < 1e-5, f"replay {replay}"
+
+
+@pytest.fixture(scope="module")
+def a3b_experts(cuda):
+    """One Qwen3.5-35B-A3B layer's routed experts as its Q4_K_M file has them: 256 experts, hidden 2048,
+    expert_ffn 512; gate and up Q4_K, down Q6_K."""
+    from app.engine.kernels.moe import upload_stacked
+
+    rng = np.random.default_rng(35)
+    made = []
+    for qtype, rows, cols in (("Q4_K", 512, 2048), ("Q4_K", 512, 2048), ("Q6_K", 2048, 512)):
+        flat = random_tensor(qtype, 256 * rows, cols, rng)
+        made.append(upload_stacked(QuantizedTensor("w", flat.qtype, (256, rows, cols), flat.data)))
+    return made
+
+
+@pytest.mark.parametrize("n_tok", [512, 2048])  # 16 and 64 pairs an expert: the two tile shapes
+def test_moe_experts_at_the_35b_a3b_shape_match_the_grouped_path(cuda, rng, a3b_experts, monkeypatch, n_tok):
+    """moe_experts on a prefill chunk of the 35B-A3B layer (every expert hit, uneven counts) on the tensor
+    cores, against the same call on moe_grouped (the threshold out of reach)."""
+    import cupy as cp
+
+    from app.engine.kernels.moe import moe_experts
+    from app.engine.models.config import MoeSpec
+
+    spec = MoeSpec(256, 8, 512)
+    assert moe_mma.serves("Q6_K", n_tok, 8, 256, 512)
+    skew = rng.gamma(0.5, size=256)  # a trained router's uneven load: some experts many pairs, some none
+    chosen = np.stack([rng.choice(256, 8, replace=False, p=skew / skew.sum()) for _ in range(n_tok)])
+    weights = rng.dirichlet(np.ones(8), n_tok).astype(np.float32)
+    args = (cp.asarray(rng.standard_normal((n_tok, 2048)).astype(np.float32)), cp.asarray(chosen.astype(np.int32)),
+            cp.asarray(weights), spec, *a3b_experts)  # fmt: skip
+    new = cp.asnumpy(moe_experts(*args))
+    monkeypatch.setattr(moe_mma, "MIN_PAIRS_PER_EXPERT", 1 << 30)
+    old = cp.asnumpy(moe_experts(*args))
+    assert np.isfinite(new).all()
+    assert rel_err(new, old) < GATED_FACTOR * F16_TOL

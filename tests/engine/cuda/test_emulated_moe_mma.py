@@ -35,17 +35,22 @@ def emulators(tmp_path_factory):
     return get
 
 
-def _run_case(emu: Path, shape: TileShape, tmp_path: Path, request, qtype: str, counts: list[int], n_rows: int, n_cols: int,
-              per_pair: bool, with_bias: bool, k: int = 2, skipped: int = 0) -> None:  # fmt: skip
+def _run_case(emu: Path, shape: TileShape, tmp_path: Path, request, qtype: str, counts: list[int], n_rows: int,
+              n_cols: int, per_pair: bool, with_bias: bool, k: int = 2, skipped: int = 0,
+              magnitudes: tuple[float, ...] = ()) -> None:  # fmt: skip
     """The product of every expert's pairs, against numpy; `skipped` pairs in one more group than
-    there are experts (the streamed experts' call) stay unwritten."""
+    there are experts (the streamed experts' call) stay unwritten. `magnitudes`: each input row scaled
+    by one of them, and every output row checked on its own."""
     rng, seed = fresh_rng(request.node.nodeid)
     n_exp = len(counts)
     stacked = random_tensor(qtype, n_exp * n_rows, n_cols, rng)
     weights = dequantize_oracle(stacked).astype(np.float64).reshape(n_exp, n_rows, n_cols)
     order, offsets = expert_grouping([*counts, skipped], k, rng)
     pairs = order.size
-    x = rng.standard_normal((pairs if per_pair else pairs // k, n_cols)).astype(np.float32)
+    x = rng.standard_normal((pairs if per_pair else pairs // k, n_cols))
+    if magnitudes:
+        x *= rng.choice(magnitudes, (len(x), 1))
+    x = x.astype(np.float32)
     bias = rng.standard_normal((n_exp, n_rows)).astype(np.float32) if with_bias else None
     stacked.data.tofile(tmp_path / "w.bin")
     x.tofile(tmp_path / "x.bin")
@@ -66,6 +71,11 @@ def _run_case(emu: Path, shape: TileShape, tmp_path: Path, request, qtype: str, 
         assert not np.isnan(got).any(), f"seed={seed}: expert {e}: an output was never written"
         if counts[e]:
             assert rel_err(got, ref) < F16_TOL, f"seed={seed}: expert {e} ({counts[e]} pairs)"
+        for row, (got_row, ref_row) in enumerate(zip(got, ref, strict=True) if magnitudes else ()):
+            if not ref_row.any():
+                assert not got_row.any(), f"seed={seed}: expert {e}, pair {row}: a zero input's product"
+            else:
+                assert rel_err(got_row, ref_row) < F16_TOL, f"seed={seed}: expert {e}, pair {row}, {ref_row[:2]}"
     assert np.isnan(y[offsets[n_exp] :]).all(), f"seed={seed}: a skipped pair was written"
 
 
@@ -101,3 +111,12 @@ def test_moe_mma_many_experts_emulated(emulators, tmp_path, request):
     counts = [int(c) for c in rng.choice([0, 1, 2, 33, 40], 150)]
     counts[-1] += sum(counts) % 2  # whole tokens of k = 2
     _run_case(emulators(FEW_PAIRS), FEW_PAIRS, tmp_path, request, "Q8_0", counts, 8, 32, True, False)
+
+
+@pytest.mark.parametrize("shape", [SQUARE, FEW_PAIRS], ids=["64x64", "32x128"])
+def test_moe_mma_inputs_of_any_magnitude_emulated(emulators, shape, tmp_path, request):
+    """Input rows far outside float16's range (1e7: it ends at 65504) or deep in its subnormals (1e-9), rows
+    of zeros and ordinary ones side by side: each row is scaled by its own power of two on the way into
+    float16, so every pair's product keeps float16's relative precision."""
+    _run_case(emulators(shape), shape, tmp_path, request, "Q4_K", [40, 3, 29], 48, 256, True, False,
+              magnitudes=(1e7, 3e4, 1.0, 1e-9, 0.0))  # fmt: skip

@@ -9,7 +9,7 @@
 // float32 accumulation. The output rows are in the grouped order (`y[g, r]`), as moe_grouped writes
 // them, so moe_gated and moe_combine are the same.
 //
-//   moe_mma_half   the inputs as float16.
+//   moe_mma_half   the inputs as float16, each row scaled by a power of two into float16's range.
 //   moe_mma_tiles  the tile list, on the device (the pair counts never reach the host): tile j is
 //                  (expert, first grouped pair); tiles[0] is how many there are. The product's grid
 //                  covers an upper bound (pairs / MMA_BM + experts) and the blocks past the end leave.
@@ -59,14 +59,32 @@ extern "C" __global__ void moe_mma_tiles(const int* __restrict__ offsets, int n_
     }
 }
 
-// out = x as float16 (round to nearest), four values a thread: the products read their inputs as float16
-// once converted here, not converted again by each of the row tiles that read them (8 to 32 of them).
-extern "C" __global__ void moe_mma_half(const float* __restrict__ x, i64 n, u16* __restrict__ out) {
+// out[row] = x[row] * 2^s as float16 (round to nearest), a warp a row, and inv_scale[row] = 2^-s, where s puts
+// the row's largest magnitude in [2^14, 2^15): no row overflows float16 (65504) or sinks into its
+// subnormals, whatever its size (squared ReLUs, large activations, random test weights). A power of two,
+// so the scaling itself is exact and the product's epilogue gives back W . x as inv_scale * (W . out).
+// Converted once here, not by each of the 8-32 row tiles that read a row.
+extern "C" __global__ void moe_mma_half(const float* __restrict__ x, int n_rows, int n_cols, u16* __restrict__ out,
+                                        float* __restrict__ inv_scale) {
     after_previous_grid();
-    const i64 i = 4 * ((i64)blockIdx.x * blockDim.x + threadIdx.x);
-    if (i >= n) return;
-    const float4 v = __ldg(reinterpret_cast<const float4*>(x + i));
-    *reinterpret_cast<uint2*>(out + i) = make_uint2(pack_h2_rn(v.x, v.y), pack_h2_rn(v.z, v.w));
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= n_rows) return;  // the whole warp
+    const float4* src = reinterpret_cast<const float4*>(x + (i64)row * n_cols);
+    float m = 0.f;  // NaN is skipped by fmaxf (and stays NaN below); inf gives the smallest scale
+    for (int c = lane; c < n_cols / 4; c += 32) {
+        const float4 v = __ldg(src + c);
+        m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+    }
+    m = warp_max(m);
+    const int e = m > 0.f ? (int)((__float_as_uint(m) >> 23) & 0xffu) - 127 : 14;  // a row of zeros: scale 1
+    const int s = min(max(14 - e, -126), 126);  // both 2^s and 2^-s normal floats
+    const float scale = __uint_as_float((u32)(127 + s) << 23);
+    uint2* dst = reinterpret_cast<uint2*>(out + (i64)row * n_cols);
+    for (int c = lane; c < n_cols / 4; c += 32) {
+        const float4 v = __ldg(src + c);
+        dst[c] = make_uint2(pack_h2_rn(v.x * scale, v.y * scale), pack_h2_rn(v.z * scale, v.w * scale));
+    }
+    if (lane == 0) inv_scale[row] = __uint_as_float((u32)(127 - s) << 23);
 }
 
 // What one thread brings from global memory for one 128-column step: MMA_WU 32-weight units of the
@@ -119,16 +137,17 @@ __device__ __forceinline__ void mma_store(const MmaStage<F>& s, int step, int n_
 }
 
 // y[g, r] = W_e[r, :] . x[src(g), :] (+ bias_e[r]) for the pairs g of tile blockIdx.y and the rows r of
-// row tile blockIdx.x; src(g) = order[g] / k, or g when the inputs are per pair (`x_per_pair`); x is
-// float16 (moe_mma_half's).
+// row tile blockIdx.x; src(g) = order[g] / k, or g when the inputs are per pair (`x_per_pair`); x and
+// inv_scale are moe_mma_half's (float16 rows scaled by powers of two, and the inverse scales).
 template <class F>
 __device__ __forceinline__ void moe_mma(const u8* __restrict__ w, i64 expert_stride, i64 row_bytes, int n_rows,
-                                        int n_cols, const u16* __restrict__ x, int x_per_pair,
-                                        const int* __restrict__ order, const int* __restrict__ offsets,
-                                        const int* __restrict__ tiles, int k, const float* __restrict__ bias,
-                                        float* __restrict__ y) {
+                                        int n_cols, const u16* __restrict__ x, const float* __restrict__ inv_scale,
+                                        int x_per_pair, const int* __restrict__ order,
+                                        const int* __restrict__ offsets, const int* __restrict__ tiles, int k,
+                                        const float* __restrict__ bias, float* __restrict__ y) {
     __shared__ __align__(16) u16 ws[MMA_BN][MMA_STRIDE];
     __shared__ __align__(16) u16 xsh[MMA_BM][MMA_STRIDE];
+    __shared__ float pair_scale[MMA_BM];  // each pair's input row's inv_scale (read after the loop's barriers)
     after_previous_grid();
     const int tile = blockIdx.y;
     if (tile >= tiles[0]) return;  // past the device-side tile count: the grid is an upper bound
@@ -148,6 +167,10 @@ __device__ __forceinline__ void moe_mma(const u8* __restrict__ w, i64 expert_str
     for (int j = 0; j < MMA_XJ; ++j) {
         const int m = (threadIdx.x >> 4) + 16 * j;
         xrow[j] = m < count ? (x_per_pair ? g0 + m : order[g0 + m] / k) : -1;
+    }
+    if (threadIdx.x < MMA_BM) {
+        const int m = threadIdx.x;
+        pair_scale[m] = m < count ? inv_scale[x_per_pair ? g0 + m : order[g0 + m] / k] : 0.f;
     }
 
     float c[MMA_MT][MMA_NT][4];  // [m16 tile][n8 tile][fragment]
@@ -190,6 +213,7 @@ __device__ __forceinline__ void moe_mma(const u8* __restrict__ w, i64 expert_str
         for (int h = 0; h < 2; ++h) {
             const int m = wm + 16 * mt + 8 * h + g;
             if (m >= count) continue;
+            const float scale = pair_scale[m];
 #pragma unroll
             for (int nt = 0; nt < MMA_NT; ++nt)
 #pragma unroll
@@ -197,19 +221,19 @@ __device__ __forceinline__ void moe_mma(const u8* __restrict__ w, i64 expert_str
                     const int r = row0 + wn + 8 * nt + 2 * t + i;
                     if (r >= n_rows) continue;
                     const float add = bias != nullptr ? bias[(i64)e * n_rows + r] : 0.f;
-                    y[(i64)(g0 + m) * n_rows + r] = c[mt][nt][2 * h + i] + add;
+                    y[(i64)(g0 + m) * n_rows + r] = c[mt][nt][2 * h + i] * scale + add;
                 }
         }
 }
 
-#define MOE_MMA_KERNEL(SUFFIX, FMT)                                                                            \
-    extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) moe_mma_##SUFFIX(                             \
-        const u8* __restrict__ w, i64 expert_stride, i64 row_bytes, int n_rows, int n_cols,                    \
-        const u16* __restrict__ x, int x_per_pair, const int* __restrict__ order,                            \
-        const int* __restrict__ offsets, const int* __restrict__ tiles, int k, const float* __restrict__ bias, \
-        float* __restrict__ y) {                                                                               \
-        moe_mma<FMT>(w, expert_stride, row_bytes, n_rows, n_cols, x, x_per_pair, order, offsets, tiles, k,     \
-                     bias, y);                                                                                 \
+#define MOE_MMA_KERNEL(SUFFIX, FMT)                                                                          \
+    extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) moe_mma_##SUFFIX(                           \
+        const u8* __restrict__ w, i64 expert_stride, i64 row_bytes, int n_rows, int n_cols,                  \
+        const u16* __restrict__ x, const float* __restrict__ inv_scale, int x_per_pair,                      \
+        const int* __restrict__ order, const int* __restrict__ offsets, const int* __restrict__ tiles, int k, \
+        const float* __restrict__ bias, float* __restrict__ y) {                                             \
+        moe_mma<FMT>(w, expert_stride, row_bytes, n_rows, n_cols, x, inv_scale, x_per_pair, order, offsets,  \
+                     tiles, k, bias, y);                                                                     \
     }
 
 // One level more, so that PADDOCK_FORMAT is expanded (to q4_k, ...) before `##` pastes it into the name.

@@ -1,6 +1,6 @@
 // Run moe_mma.cu (the routed experts' grouped products on tensor cores) on the SIMT emulator, as
-// kernels/moe_mma.py launches it: the inputs as float16, the tile list, then the product over the grid's
-// upper bound.
+// kernels/moe_mma.py launches it: the inputs as scaled float16 rows, the tile list, then the product over
+// the grid's upper bound.
 //   moe_mma FMT DIR N_EXP N_ROWS N_COLS ROW_BYTES K PER_PAIR N_PAIRS
 // reads w.bin (stacked [N_EXP, N_ROWS] rows), x.bin (float32 inputs: [tokens, N_COLS], or [N_PAIRS,
 // N_COLS] per pair), order.bin and offsets.bin (int32, moe_scatter's and moe_offsets'), optional
@@ -15,8 +15,8 @@
 
 #include "host_io.h"
 
-typedef void (*MmaFn)(const u8*, i64, i64, int, int, const u16*, int, const int*, const int*, const int*, int,
-                      const float*, float*);
+typedef void (*MmaFn)(const u8*, i64, i64, int, int, const u16*, const float*, int, const int*, const int*,
+                      const int*, int, const float*, float*);
 
 static MmaFn pick(const std::string& fmt) {
 #define PICK_MMA(SUFFIX, FMT) \
@@ -40,13 +40,17 @@ int main(int argc, char** argv) {
     std::vector<int> tiles(1 + 2 * max_tiles, -1);
     std::vector<float> y((size_t)n_pairs * n_rows, NAN);
     MmaFn fn = pick(fmt);
+    const int x_rows = (int)(x.size() / n_cols);
     std::vector<u16> x16(x.size());
-    const unsigned quads = (unsigned)(x.size() / 4);
-    launch({(quads + 63) / 64, 1, 1}, {64, 1, 1}, [&] { moe_mma_half(x.data(), (i64)x.size(), x16.data()); });
+    std::vector<float> inv_scale(x_rows, NAN);
+    launch({(unsigned)((x_rows + 1) / 2), 1, 1}, {64, 1, 1}, [&] {  // two warps, a row each
+        moe_mma_half(x.data(), x_rows, n_cols, x16.data(), inv_scale.data());
+    });
     launch({1, 1, 1}, {64, 1, 1}, [&] { moe_mma_tiles(offsets.data(), n_exp, tiles.data()); });
     launch({(unsigned)((n_rows + MMA_BN - 1) / MMA_BN), (unsigned)max_tiles, 1}, {MMA_THREADS, 1, 1}, [&] {
-        fn(reinterpret_cast<const u8*>(w.data()), row_bytes * n_rows, row_bytes, n_rows, n_cols, x16.data(), per_pair,
-           order.data(), offsets.data(), tiles.data(), k, bias.empty() ? nullptr : bias.data(), y.data());
+        fn(reinterpret_cast<const u8*>(w.data()), row_bytes * n_rows, row_bytes, n_rows, n_cols, x16.data(),
+           inv_scale.data(), per_pair, order.data(), offsets.data(), tiles.data(), k,
+           bias.empty() ? nullptr : bias.data(), y.data());
     });
     write_file(dir + "/y.bin", y);
     write_file(dir + "/tiles.bin", tiles);
