@@ -75,8 +75,6 @@ def grouped_mma(
     (`order`, `offsets` as moe_scatter and moe_offsets leave them; src(g) = order[g] // k, or g with
     `per_pair`); rows of later groups are left as they are. float32 in and out. `shape`: the tile shape
     (by default pick_shape's, by the pairs per group)."""
-    import cupy as cp
-
     if w.qtype_name not in FORMATS:
         raise ValueError(f"moe_mma has no decoder for {w.qtype_name} (it takes {sorted(FORMATS)})")
     pairs = order.shape[0]
@@ -89,6 +87,8 @@ def grouped_mma(
     bound = max_tiles(pairs, n_experts, shape)
     if bound > MAX_GRID_Y:
         raise ValueError(f"moe_mma takes up to {MAX_GRID_Y} pair tiles, {pairs} pairs need up to {bound}")
+    import cupy as cp
+
     defines = {"MMA_BM": shape.pairs, "MMA_BN": shape.rows}
     inputs = cp.ascontiguousarray(inputs, cp.float32)  # as moe_grouped reads them: rows of n_cols
     n_inputs = inputs.size // w.n_cols
