@@ -28,7 +28,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.engine.kernels import gemv_int, tuning
+from app.engine.kernels import gemv_int, moe_mma, tuning
+from app.engine.kernels.gemv import format_defines
 from app.engine.kernels.gemv_plan import GemvPlan
 from app.engine.kernels.runtime.compile import BASE_OPTIONS, KERNEL_DIR
 
@@ -75,6 +76,8 @@ SELECTED = {
     "gemv.cu#lowbit": ("-DPADDOCK_FORMAT=iq4_xs", "-DPADDOCK_FORMAT_STRUCT=FmtIQ4_XS"),  # quant_lowbit.cuh
     "dequant.cu#lowbit": ("-DPADDOCK_FORMAT=mxfp4", "-DPADDOCK_FORMAT_STRUCT=FmtMXFP4"),
     "moe.cu": ("-DPADDOCK_FORMAT=q4_k", "-DPADDOCK_FORMAT_STRUCT=FmtQ4_K"),  # the name kernels/moe.py looks up
+    # kernels/moe_mma.py's build for experts with few pairs: 32 pairs x 128 rows
+    "moe_mma.cu": ("-DPADDOCK_FORMAT=q6_k", "-DPADDOCK_FORMAT_STRUCT=FmtQ6_K", "-DMMA_BM=32", "-DMMA_BN=128"),
     "gemv_split.cu": ("-DSPLIT_CODES=e2m1", "-DSPLIT_CODES_STRUCT=CodesE2M1", "-DSPLIT_SCALE=2"),  # NVFP4
     "attention.cu": ("-DATTN_D=64", "-DATTN_G=2"),
     "gated_delta.cu": ("-DGDN_DK=256",),  # two q/k elements a thread, 64 state rows in registers
@@ -118,6 +121,7 @@ SELECTED_ENTRIES = {
     "gemv.cu#lowbit": "gemv_iq4_xs_t1_r8",
     "dequant.cu#lowbit": "dequant_mxfp4_f16",
     "moe.cu": "moe_grouped_q4_k",
+    "moe_mma.cu": "moe_mma_q6_k",
     "gemv_split.cu": "gemv_split_e2m1_s2_t1_r4",
     "attention.cu": "attn_d64_g2",
     "gated_delta.cu": "gated_delta_varlen",
@@ -244,11 +248,11 @@ XQ_ENTRIES = {"SINGLE": "gemv_int", "GATED": "gemv_int_gated", "MULTI": "gemv_in
 SM90 = GemvPlan(tuning=tuning.for_arch("90"))  # the builds ptxas is asked about below
 
 
-def _spill_stores(defines: list[str], entry: str) -> int:
-    """Bytes of register spill stores ptxas reports for `entry` of gemv_int.cu built for sm_90."""
+def _spill_stores(defines: list[str], entry: str, source: str = "gemv_int.cu") -> int:
+    """Bytes of register spill stores ptxas reports for `entry` of `source` built for sm_90."""
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [_nvcc(), "-cubin", "-arch=sm_90", "-Xptxas", "-v", *BASE_OPTIONS, *defines, f"-I{KERNEL_DIR}",
-               str(KERNEL_DIR / "gemv_int.cu"), "-o", f"{tmp}/out.cubin"]  # fmt: skip
+               str(KERNEL_DIR / source), "-o", f"{tmp}/out.cubin"]  # fmt: skip
         done = subprocess.run(cmd, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     report = done.stdout + done.stderr
@@ -271,6 +275,18 @@ def test_wide_gemv_shapes_do_not_spill(key: str, n_cols: int) -> None:
         defines = gemv_int._defines(formats, shape, n_cols, plan=SM90)
         flags = [f"-D{k}={v}" for k, v in defines.items()]
         assert _spill_stores(flags, XQ_ENTRIES[name]) == 0, f"{key} {formats} at {shape}, {n_cols} columns"
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0", "BF16"])
+@pytest.mark.parametrize("shape", [moe_mma.SQUARE, moe_mma.FEW_PAIRS], ids=["64x64", "32x128"])
+def test_moe_mma_builds_do_not_spill(qtype: str, shape: moe_mma.TileShape) -> None:
+    """moe_mma.cu's products within their two-blocks-a-multiprocessor register cap (128) without spilling,
+    in both tile shapes, for the formats of the Q4_K_M and bf16 files."""
+    if _nvcc() is None:
+        pytest.skip("needs nvcc")
+    flags = [f"-D{k}={v}" for k, v in format_defines(qtype).items()]
+    flags += [f"-DMMA_BM={shape.pairs}", f"-DMMA_BN={shape.rows}"]
+    assert _spill_stores(flags, f"moe_mma_{qtype.lower()}", "moe_mma.cu") == 0
 
 
 HOST_DIR = Path(__file__).parent / "cuda" / "host"

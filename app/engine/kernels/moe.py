@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from app.engine.kernels import moe_mma
 from app.engine.kernels.gemv import format_defines
 from app.engine.kernels.runtime.compile import get_kernel
 from app.engine.kernels.runtime.launch import f32, i32, i64, launch, ptr
@@ -169,6 +170,9 @@ def moe_experts(
 
     def grouped(w: StackedExperts, inputs: Any, per_pair: bool) -> Any:
         y = (cp.zeros if skipping else cp.empty)((pairs, w.n_rows), cp.float32)  # skipped rows stay 0
+        # many pairs an expert (by the model's experts, so streamed slots choose as the resident layer): tensor cores
+        if moe_mma.serves(w.qtype_name, n_tok, k, spec.num_experts, w.n_cols):
+            return moe_mma.grouped_mma(w, inputs, per_pair, order, offsets, k, n_slots, y)
         kernel = _kernel(f"moe_grouped_{w.qtype_name.lower()}", w.qtype_name)
         args = (w.data, i64(w.expert_stride), i64(w.row_bytes), i32(w.n_rows), i32(w.n_cols), inputs,
                 i32(per_pair), order, offsets, i32(k), ptr(w.bias), y)  # fmt: skip

@@ -117,6 +117,17 @@ def dequantize_oracle(tensor: QuantizedTensor) -> np.ndarray:
     return np.asarray(values, dtype=np.float32).reshape(rows, -1)
 
 
+def expert_grouping(counts: list[int], k: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """`order` and `offsets` (int32) as moe_scatter and moe_offsets leave them for random pairs of which
+    `counts[e]` go to group e: the pairs grouped by expert, in a random order within each group (the
+    scatter's atomics give any order), pair p being token p // k's slot p % k."""
+    if sum(counts) % k:
+        raise ValueError(f"{sum(counts)} pairs are not whole tokens of {k}")
+    group = rng.permutation(np.repeat(np.arange(len(counts)), counts))
+    order = np.concatenate([rng.permutation(np.flatnonzero(group == e)) for e in range(len(counts))])
+    return order.astype(np.int32), np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+
+
 def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
     """‖got − ref‖ / ‖ref‖ in float64."""
     got64, ref64 = np.asarray(got, np.float64), np.asarray(ref, np.float64)
@@ -148,6 +159,15 @@ def linear_tol(
     if n_tok > 8 or gemv_mma.serves(n_tok, qtypes, n_cols) or (dense and n_tok >= 3):
         return F16_TOL
     return gemv_tol(n_tok, n_cols, qtypes, nbytes)
+
+
+def experts_tol(n_tok: int, k: int, n_experts: int, qtype: str, n_cols: int) -> float:
+    """The relative-error bound of a MoE layer's experts (kernels/moe.py) on `n_tok` tokens: float32
+    inputs on moe_grouped (GEMV_TOL), or on the tensor cores with many pairs an expert (moe_mma.py), where
+    the gate/up and down products each round x and W to float16 and the gated unit carries both."""
+    from app.engine.kernels import moe_mma
+
+    return GATED_FACTOR * F16_TOL if moe_mma.serves(qtype, n_tok, k, n_experts, n_cols) else GEMV_TOL
 
 
 def gemv_tol(n_tok: int, n_cols: int, qtypes: list[str] | tuple[str, ...], nbytes: int) -> float:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cuda_samples import random_tensor, rel_err
+from cuda_samples import experts_tol, random_tensor, rel_err
 
 from app.engine.layers.moe import MoE
 from app.engine.models.config import MoeSpec
@@ -51,7 +51,7 @@ def test_moe_forward_matches_numpy(cuda, cpu, rng, qtype, gpt_oss, n_tok):
     got = cp.asnumpy(moe_forward(cp.asarray(x), cp.asarray(logits), spec, *stacked))
     _, chosen = route(np, logits, spec)
     assert chosen.shape == (n_tok, USED)
-    assert rel_err(got, expected) < 2e-5
+    assert rel_err(got, expected) < experts_tol(n_tok, USED, EXPERTS, qtype, HIDDEN)  # 77 tokens: on moe_mma
 
 
 FAMILY_ROUTERS = {
@@ -90,4 +90,4 @@ def test_moe_forward_with_family_routing_matches_numpy(cuda, cpu, rng, family: s
     values = cp.asarray(tensors[f"{p}.{extra}"].dequantize().reshape(-1))
     extras = {"expert_scale": values} if family == "gemma4" else {"score_bias": values}
     got = cp.asnumpy(moe_forward(cp.asarray(x), cp.asarray(logits), spec, *stacked, **extras))
-    assert rel_err(got, expected) < 2e-5
+    assert rel_err(got, expected) < experts_tol(n_tok, USED, EXPERTS, "Q8_0", HIDDEN)
