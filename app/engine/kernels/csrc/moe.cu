@@ -136,6 +136,7 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n_tok
     for (int i = 0; i < MOE_ROUTE_PER_LANE; ++i) {
         const int e = lane + 32 * i;
         v[i] = 0.f;
+        if (32 * i >= n_exp) break;  // warp-uniform: the passes below walk only the slots in use
         if (e < n_exp && (allowed >> (e / per_group)) & 1ull) {
             v[i] = moe_choice(l, e, mode, softcap, bias);
             live |= 1u << i;
@@ -147,11 +148,13 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n_tok
         float bv = 0.f;
         int be = -1;
 #pragma unroll
-        for (int i = 0; i < MOE_ROUTE_PER_LANE; ++i)  // ascending ids: a tie keeps the lower
+        for (int i = 0; i < MOE_ROUTE_PER_LANE; ++i) {  // ascending ids: a tie keeps the lower
+            if (32 * i >= n_exp) break;
             if (((live >> i) & 1u) && (be < 0 || v[i] > bv)) {
                 bv = v[i];
                 be = lane + 32 * i;
             }
+        }
         moe_warp_best(bv, be);
         if (be >= 0 && (be & 31) == lane) live &= ~(1u << (be >> 5));
         if (lane == j) {
@@ -171,8 +174,10 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n_tok
     } else {  // softmax over every expert (v holds every logit), then the chosen probabilities
         float all = 0.f;
 #pragma unroll
-        for (int i = 0; i < MOE_ROUTE_PER_LANE; ++i)
+        for (int i = 0; i < MOE_ROUTE_PER_LANE; ++i) {
+            if (32 * i >= n_exp) break;
             if (lane + 32 * i < n_exp) all += expf(v[i] - top);
+        }
         all = warp_sum(all);
         w = lane < k ? expf(mine_v - top) / all : 0.f;
         const float sum = warp_sum(w);
