@@ -24,7 +24,7 @@ from app.engine.specs import MoeSpec
 
 MAX_USED = 16  # MOE_MAX_K in moe.cu
 WARPS = 4  # MOE_WARPS: warps per block of the grouped products
-ROWS = 2  # MOE_R: rows of each weight per lane group of the grouped products
+ROWS = 2  # MOE_R: rows of each weight a lane group of the grouped products reads at once
 ROUTE_WARPS = 4  # tokens per block of moe_route (a warp each)
 THREADS = 256
 PLAN_THREADS = 1024
@@ -193,9 +193,10 @@ def group_pairs(groups: Any, n_slots: int, k: int, skipping: bool) -> PairGroups
 
 
 def _product_grid(w: StackedExperts, plan: PairGroups) -> tuple[int, int]:
-    """(row blocks, experts): a block's warps hold 32 / width lane groups of ROWS rows, width the largest
-    power of two up to the row's 32-weight units (moe.cu's moe_grouped); min(slots, pairs) experts."""
-    width = min(32, 1 << ((w.n_cols // 32).bit_length() - 1))
+    """(row blocks, experts): a block's warps hold 32 / width lane groups of ROWS rows (of each weight),
+    width the largest power of two up to half the row's 32-weight units, at most 32 (moe.cu's
+    moe_grouped); min(slots, pairs) experts."""
+    width = min(32, 1 << (max(1, w.n_cols // 64).bit_length() - 1))
     return cdiv(w.n_rows, WARPS * (32 // width) * ROWS), min(plan.n_slots, plan.n_pairs)
 
 

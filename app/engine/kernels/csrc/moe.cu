@@ -283,7 +283,7 @@ __device__ __forceinline__ float moe_act(int kind, float g, float u, float limit
     return (uc + 1.f) * (gc / (1.f + expf(-gc * alpha)));
 }
 
-#define MOE_R 2      // rows of each weight per lane group
+#define MOE_R 2      // rows of each weight a lane group reads at once
 #define MOE_WARPS 4  // warps per block (kernels/moe.py's WARPS)
 // The most pairs of one expert a pass over its rows takes (4, 2 or 1; one build each, -D from kernels/moe.py).
 // The registers of the widest pass are the kernel's: at 4 the gated Q4_K build takes 255 a thread, at 1 128,
@@ -382,24 +382,25 @@ struct MoeWeights {
     float limit, alpha;
 };
 
-// Pairs g0 .. g0 + T - 1 of expert e, rows row0 .. row0 + MOE_R - 1 of each weight, by one lane group.
+// Pairs g0 .. g0 + T - 1 of expert e, rows row0 .. row0 + R - 1 of each weight, by one lane group.
 template <class Fmt, int G, int T>
 __device__ __forceinline__ void moe_pairs(const MoeWeights& mw, int e, int row0, bool writes, const float* x,
                                           int x_per_pair, const int* order, int k, int g0, int sl, int width,
                                           float* __restrict__ y) {
-    const u8* rows[G * MOE_R];
+    constexpr int R = MOE_R;
+    const u8* rows[G * R];
 #pragma unroll
     for (int m = 0; m < G; ++m)
 #pragma unroll
-        for (int r = 0; r < MOE_R; ++r)
-            rows[m * MOE_R + r] = mw.w[m] + e * mw.expert_stride + (i64)min(row0 + r, mw.n_rows - 1) * mw.row_bytes;
+        for (int r = 0; r < R; ++r)
+            rows[m * R + r] = mw.w[m] + e * mw.expert_stride + (i64)min(row0 + r, mw.n_rows - 1) * mw.row_bytes;
     const float* xs[T];
 #pragma unroll
     for (int t = 0; t < T; ++t) xs[t] = x + (i64)(x_per_pair ? g0 + t : order[g0 + t] / k) * mw.n_cols;
-    float acc[T][G * MOE_R];
-    moe_dot<Fmt, G * MOE_R, T>(rows, mw.n_cols, xs, sl, width, acc);
+    float acc[T][G * R];
+    moe_dot<Fmt, G * R, T>(rows, mw.n_cols, xs, sl, width, acc);
 #pragma unroll
-    for (int r = 0; r < MOE_R; ++r) {
+    for (int r = 0; r < R; ++r) {
         const int row = row0 + r;
         if (!writes || sl != r % width || row >= mw.n_rows) continue;  // every lane of the group holds the sums
         float b[G];
@@ -407,7 +408,7 @@ __device__ __forceinline__ void moe_pairs(const MoeWeights& mw, int e, int row0,
         for (int m = 0; m < G; ++m) b[m] = mw.bias[m] != nullptr ? mw.bias[m][(i64)e * mw.n_rows + row] : 0.f;
 #pragma unroll
         for (int t = 0; t < T; ++t) {
-            const float first = acc[t][r] + b[0], last = acc[t][(G - 1) * MOE_R + r] + b[G - 1];
+            const float first = acc[t][r] + b[0], last = acc[t][(G - 1) * R + r] + b[G - 1];
             y[(i64)(g0 + t) * mw.n_rows + row] = mw.act >= 0 ? moe_act(mw.act, first, last, mw.limit, mw.alpha) : first;
         }
     }
@@ -416,7 +417,8 @@ __device__ __forceinline__ void moe_pairs(const MoeWeights& mw, int e, int row0,
 // y[g, row] for each grouped pair g of the active group blockIdx.y (active[1 + blockIdx.y]; blocks past
 // active[0] exit); the pair's input row src(g) = order[g] / k (its token) or g itself when the inputs are
 // per pair (`x_per_pair`). A warp is 32 / width lane groups of `width` lanes (the largest power of two up
-// to the row's units, at most 32), each group MOE_R rows; the row groups of the block's warps are walked
+// to half the row's units, at most 32: a lane's two units loaded at once), each group MOE_R rows of each
+// weight; the row groups of the block's warps are walked
 // grid-stride, so any grid.x is correct. The loops are warp-uniform (shuffles): a lane group past the last
 // row computes clamped rows and writes nothing.
 template <class Fmt, int G>
@@ -428,12 +430,13 @@ __device__ __forceinline__ void moe_grouped(const MoeWeights& mw, const float* _
     const int e = active[1 + blockIdx.y], begin = offsets[e], end = offsets[e + 1];
     const int units = mw.n_cols >> 5, lane = threadIdx.x & 31;
     int width = 32;
-    while (width > units) width >>= 1;
+    while (width > 1 && 2 * width > units) width >>= 1;
     const int per_warp = 32 / width, sub = lane / width, sl = lane % width;
-    const int row_groups = (mw.n_rows + MOE_R - 1) / MOE_R, warps = blockDim.x >> 5;
+    constexpr int R = MOE_R;
+    const int row_groups = (mw.n_rows + R - 1) / R, warps = blockDim.x >> 5;
     for (int w0 = (blockIdx.x * warps + (threadIdx.x >> 5)) * per_warp; w0 < row_groups;
          w0 += gridDim.x * warps * per_warp) {
-        const int rg = w0 + sub, row0 = min(rg, row_groups - 1) * MOE_R;
+        const int rg = w0 + sub, row0 = min(rg, row_groups - 1) * R;
         const bool writes = rg < row_groups;
         int g = begin;
         if constexpr (MOE_TMAX >= 4)

@@ -55,7 +55,7 @@ static void route(const std::string& dir, int T, int E, int K, int mode, int nor
 // kernels/moe.py's _product_grid: row blocks of WARPS warps, each 32 / width lane groups of ROWS rows.
 static dim3 product_grid(int rows, int cols, int slots, int pairs) {
     int width = 32;
-    while (width > cols / 32) width >>= 1;
+    while (width > 1 && 2 * width > cols / 32) width >>= 1;
     const unsigned per_block = WARPS * (32 / width) * ROWS;
     return {(rows + per_block - 1) / per_block, (unsigned)std::min(slots, pairs), 1};
 }
