@@ -130,7 +130,7 @@ def moe_route(logits: Any, spec: MoeSpec, score_bias: Any = None) -> tuple[Any, 
         raise ValueError(f"no MoE routing kernel for {reason}")
     chosen = cp.empty((n_tok, k), cp.int32)
     weights = cp.empty((n_tok, k), cp.float32)
-    launch(_kernel("moe_route"), (cdiv(n_tok, ROUTE_WARPS),), (32 * ROUTE_WARPS,),
+    launch(_kernel("moe_route"), (max(1, cdiv(n_tok, ROUTE_WARPS)),), (32 * ROUTE_WARPS,),
            (logits, i32(n_tok), i32(n_exp), i32(k), i32(ROUTING_MODES[spec.routing]), i32(spec.normalize),
             ptr(score_bias), f32(spec.router_softcap), f32(spec.routed_scale), i32(spec.num_groups),
             i32(spec.topk_groups), chosen, weights))  # fmt: skip
@@ -159,7 +159,7 @@ class PairGroups:
     def max_tokens(self) -> int:
         """MOE_TMAX for the products: 1 while an expert has about one pair (decode; the lean build keeps
         more warps resident), more as experts get several (each weight row read once per that many)."""
-        per_slot = self.n_pairs / self.n_slots
+        per_slot = self.n_pairs / max(1, self.n_slots)
         return 1 if per_slot <= 1 else 2 if per_slot <= 4 else 4
 
 
@@ -197,7 +197,7 @@ def _product_grid(w: StackedExperts, plan: PairGroups) -> tuple[int, int]:
     width the largest power of two up to half the row's 32-weight units, at most 32 (moe.cu's
     moe_grouped); min(slots, pairs) experts."""
     width = min(32, 1 << (max(1, w.n_cols // 64).bit_length() - 1))
-    return cdiv(w.n_rows, WARPS * (32 // width) * ROWS), min(plan.n_slots, plan.n_pairs)
+    return cdiv(w.n_rows, WARPS * (32 // width) * ROWS), max(1, min(plan.n_slots, plan.n_pairs))
 
 
 def grouped_product(w: StackedExperts, inputs: Any, plan: PairGroups, per_pair: bool, act: int = -1) -> Any:
