@@ -1,10 +1,11 @@
 """Wrapper of moe.cu: a mixture-of-experts feed-forward on the GPU with no host sync.
 
 `moe_forward` runs route -> group (moe_offsets: counts, offsets, the pairs' order and the list of
-experts with pairs) -> the gated gate/up product -> the down product -> combine, five launches whose
+experts with pairs) -> the gated gate/up product -> the down product -> combine, launches whose
 sizes depend only on the token count (never on how the tokens were routed), so a decode step that
-holds it can be captured as a CUDA graph; the products' grids cover min(slots, pairs) experts and
-their blocks find their expert in the active list. The experts of one projection are one stacked
+holds it can be captured as a CUDA graph: four at decode and small batches (moe_route_grouped routes
+and groups in one block), five beyond. The products' grids cover min(slots, pairs) experts and their
+blocks find their expert in the active list. The experts of one projection are one stacked
 buffer in their checkpoint's block format (`StackedExperts`, GGUF's `ffn_*_exps [E, rows, cols]`);
 layers/moe.py is the oracle.
 """
@@ -30,6 +31,7 @@ THREADS = 256
 PLAN_THREADS = 1024
 PLAN_MAX_GROUPS = 2048  # MOE_PLAN_MAX_GROUPS: moe_offsets' shared counts
 ONE_BLOCK_PLAN_PAIRS = 16384  # up to here moe_offsets counts and scatters the pairs itself (one launch)
+FUSED_ROUTE_TOKENS = 64  # up to here moe_route_grouped routes (two tokens a warp at most) and groups in one launch
 PAD_BYTES = 16  # the format decoders read whole 16-byte words
 # moe_gated's `kind` per MoeSpec.activation (relu2: ungated, up and down only)
 ACTIVATION_KINDS = {"silu": 0, "swiglu_oai": 1, "relu2": 2, "gelu_tanh": 3}
@@ -84,6 +86,10 @@ def moe_forward(
     `expert_scale` (float32 `[E]` on the device, Gemma 4): each expert's output times its own factor;
     `score_bias` (float32 `[E]`, sigmoid routing's `exp_probs_b`: Nemotron-H, Laguna): added to the scores
     it chooses on."""
+    fused = expert_scale is None and x.shape[0] <= FUSED_ROUTE_TOKENS and up.num_experts == spec.num_experts
+    if fused:  # decode and small batches: route and group in one launch
+        chosen, weights, plan = route_grouped(logits, spec, score_bias)
+        return moe_experts(x, chosen, weights, spec, gate, up, down, plan=plan)
     chosen, weights = route_scaled(logits, spec, expert_scale, score_bias)
     return moe_experts(x, chosen, weights, spec, gate, up, down)
 
@@ -115,12 +121,9 @@ def routing_supported(spec: MoeSpec) -> bool:
     return routing_unsupported(spec) is None
 
 
-def moe_route(logits: Any, spec: MoeSpec, score_bias: Any = None) -> tuple[Any, Any]:
-    """Each token's k expert ids `[T, k]` (int32) and their weights (float32), on the device, as
-    moe/ops.py's `route` (the router softcap, score bias, expert groups and routed scale included)."""
-    import cupy as cp
-
-    n_tok, k, n_exp = logits.shape[0], spec.num_used, spec.num_experts
+def _check_routing(spec: MoeSpec) -> None:
+    """A ValueError naming what of `spec` the router kernels do not take."""
+    k, n_exp = spec.num_used, spec.num_experts
     if not 1 <= k <= min(MAX_USED, n_exp):
         raise ValueError(f"{k} experts per token: the kernels take 1 to {min(MAX_USED, n_exp)}")
     if spec.activation not in ACTIVATION_KINDS:
@@ -128,12 +131,26 @@ def moe_route(logits: Any, spec: MoeSpec, score_bias: Any = None) -> tuple[Any, 
     reason = routing_unsupported(spec)
     if reason is not None:
         raise ValueError(f"no MoE routing kernel for {reason}")
+
+
+def _routing_args(spec: MoeSpec, score_bias: Any) -> tuple:
+    """moe_route's arguments after the token count (MoeRouting in moe.cu)."""
+    return (i32(spec.num_experts), i32(spec.num_used), i32(ROUTING_MODES[spec.routing]), i32(spec.normalize),
+            ptr(score_bias), f32(spec.router_softcap), f32(spec.routed_scale), i32(spec.num_groups),
+            i32(spec.topk_groups))  # fmt: skip
+
+
+def moe_route(logits: Any, spec: MoeSpec, score_bias: Any = None) -> tuple[Any, Any]:
+    """Each token's k expert ids `[T, k]` (int32) and their weights (float32), on the device, as
+    moe/ops.py's `route` (the router softcap, score bias, expert groups and routed scale included)."""
+    import cupy as cp
+
+    _check_routing(spec)
+    n_tok, k = logits.shape[0], spec.num_used
     chosen = cp.empty((n_tok, k), cp.int32)
     weights = cp.empty((n_tok, k), cp.float32)
     launch(_kernel("moe_route"), (max(1, cdiv(n_tok, ROUTE_WARPS)),), (32 * ROUTE_WARPS,),
-           (logits, i32(n_tok), i32(n_exp), i32(k), i32(ROUTING_MODES[spec.routing]), i32(spec.normalize),
-            ptr(score_bias), f32(spec.router_softcap), f32(spec.routed_scale), i32(spec.num_groups),
-            i32(spec.topk_groups), chosen, weights))  # fmt: skip
+           (logits, i32(n_tok), *_routing_args(spec, score_bias), chosen, weights))  # fmt: skip
     return chosen, weights
 
 
@@ -192,6 +209,25 @@ def group_pairs(groups: Any, n_slots: int, k: int, skipping: bool) -> PairGroups
     return PairGroups(offsets, order, where, active, n_slots, pairs, k, skipping)
 
 
+def route_grouped(logits: Any, spec: MoeSpec, score_bias: Any = None) -> tuple[Any, Any, PairGroups]:
+    """moe_route and group_pairs (by expert) in one launch, for up to FUSED_ROUTE_TOKENS tokens."""
+    import cupy as cp
+
+    _check_routing(spec)
+    n_tok, k, n_exp = logits.shape[0], spec.num_used, spec.num_experts
+    if n_tok > FUSED_ROUTE_TOKENS or n_exp > PLAN_MAX_GROUPS:
+        raise ValueError(f"route_grouped takes up to {FUSED_ROUTE_TOKENS} tokens, got {n_tok}")
+    pairs = n_tok * k
+    chosen = cp.empty((n_tok, k), cp.int32)
+    weights = cp.empty((n_tok, k), cp.float32)
+    offsets, active = cp.empty(n_exp + 1, cp.int32), cp.empty(1 + n_exp, cp.int32)
+    order, where = cp.empty(pairs, cp.int32), cp.empty(pairs, cp.int32)
+    launch(_kernel("moe_route_grouped"), (1,), (PLAN_THREADS,),
+           (logits, i32(n_tok), *_routing_args(spec, score_bias), chosen, weights, offsets, active, order,
+            where))  # fmt: skip
+    return chosen, weights, PairGroups(offsets, order, where, active, n_exp, pairs, k, False)
+
+
 def _product_grid(w: StackedExperts, plan: PairGroups) -> tuple[int, int]:
     """(row blocks, experts): a block's warps hold 32 / width lane groups of ROWS rows (of each weight),
     width the largest power of two up to half the row's 32-weight units, at most 32 (moe.cu's
@@ -247,6 +283,7 @@ def moe_experts(
     up: StackedExperts,
     down: StackedExperts,
     groups: Any = None,
+    plan: PairGroups | None = None,
 ) -> Any:
     """The routed pairs through the grouped gate/up product with its activation (or, with `gate` None,
     the ungated activation of the up product), the grouped down product and the combine.
@@ -254,13 +291,15 @@ def moe_experts(
     `groups` `[T, k]` (int32): the stacked slot each pair's product reads, by default its expert.
     A pair whose group is `up.num_experts` (one past the last slot) is skipped: its output is 0,
     so one call can run only the experts that are in slots (backend/cuda/experts.py streams the
-    rest). The combine adds a token's pairs in expert-id order (`chosen`) either way."""
+    rest). The combine adds a token's pairs in expert-id order (`chosen`) either way. `plan`: the
+    pairs already grouped (route_grouped), no `groups` then."""
     import cupy as cp
 
     if spec.activation not in ACTIVATION_KINDS or (gate is None) != (spec.activation == "relu2"):
         raise ValueError(f"activation {spec.activation!r} with{'out' if gate is None else ''} a gate product")
     n_tok, k = x.shape[0], spec.num_used
-    plan = group_pairs(chosen if groups is None else groups, up.num_experts, k, groups is not None)
+    if plan is None:
+        plan = group_pairs(chosen if groups is None else groups, up.num_experts, k, groups is not None)
     act = gated_product(x, plan, spec, gate, up)
     h = grouped_product(down, act, plan, True)
     out = cp.empty((n_tok, down.n_rows), cp.float32)

@@ -85,7 +85,7 @@ def _tensors(qtype: str, shape: Shape, spec: MoeSpec, rng, router_scale: float =
 
 def _run_pipeline(exe: Path, tmp_path: Path, qtype: str, shape: Shape, spec: MoeSpec, tensors: dict, x: np.ndarray,
                   logits: np.ndarray, score_bias: np.ndarray | None, *variant: int) -> None:  # fmt: skip
-    """Write the inputs, run the harness's `moe` (variant: MANY_PAIRS, SEPARATE)."""
+    """Write the inputs, run the harness's `moe` (variant: MANY_PAIRS, SEPARATE, FUSED_ROUTE)."""
     (tmp_path / "x.bin").write_bytes(x.tobytes())
     (tmp_path / "logits.bin").write_bytes(logits.astype(np.float32).tobytes())
     if score_bias is not None:
@@ -157,16 +157,17 @@ def test_sigmoid_routed_ungated_experts_emulated(moe_emu, tmp_path, request, qty
 
 
 @pytest.mark.parametrize(("shape", "qtype", "activation", "tmax", "variant"), [
-    (DECODE_K, "Q4_K", "silu", 1, ()),  # a decode step: the build kernels/moe.py picks for one pair an expert
-    (DECODE_K, "Q6_K", "silu", 1, ()),
+    (DECODE_K, "Q4_K", "silu", 1, (0, 0, 1)),  # a decode step as moe_forward runs it: route and group at once,
+    (DECODE_K, "Q6_K", "silu", 1, ()),  # the build kernels/moe.py picks for one pair an expert
     (DECODE, "Q8_0", "swiglu_oai", 4, ()),
-    (BATCH32, "Q8_0", "silu", 1, ()),  # several pairs of an expert, one pass each
+    (BATCH32, "Q8_0", "silu", 1, (0, 0, 1)),  # several pairs of an expert, one pass each
+    (BATCH32, "Q4_0", "silu", 2, ()),
     (BATCH32, "Q4_0", "gelu_tanh", 2, ()),
-    (BATCH32, "Q5_1", "silu", 4, (1, 0)),  # the grouping of many pairs: moe_count, moe_offsets, moe_scatter
-    (BATCH32, "F16", "swiglu_oai", 4, (0, 1)),  # gate and up as two products, then moe_gated
+    (BATCH32, "Q5_1", "silu", 4, (1, 0, 0)),  # the grouping of many pairs: moe_count, moe_offsets, moe_scatter
+    (BATCH32, "F16", "swiglu_oai", 4, (0, 1, 0)),  # gate and up as two products, then moe_gated
     (BATCH32, "Q8_0", "relu2", 2, ()),
-    (WIDE, "Q8_0", "silu", 4, ()),
-    (WIDE, "BF16", "swiglu_oai", 1, (1, 1)),
+    (WIDE, "Q8_0", "silu", 4, (0, 0, 1)),  # 5 tokens: 5 of the block's 32 warps route one each
+    (WIDE, "BF16", "swiglu_oai", 1, (1, 1, 0)),
     (WIDE_K, "Q4_K", "silu", 2, ()),
     (WIDE_K, "Q5_K", "silu", 4, ()),
     (WIDE_K, "Q6_K", "gelu_tanh", 1, ()),
@@ -183,7 +184,7 @@ def test_moe_pair_sets_emulated(moe_emu, moe_emu_builds, tmp_path, request, shap
     _check_outputs(tmp_path, shape, layer, logits, spec, expected, seed)
 
 
-@pytest.mark.parametrize(("shape", "variant"), [(BATCH32, ()), (BATCH32, (1, 0)), (SMALL, (0, 1))])
+@pytest.mark.parametrize(("shape", "variant"), [(BATCH32, ()), (BATCH32, (1, 0, 0)), (SMALL, (0, 1, 0))])
 def test_skipped_pairs_emulated(moe_emu, tmp_path, request, shape, variant):
     """Expert streaming's pass (backend/cuda/experts.py): pairs whose group is one past the last slot are
     skipped (their outputs 0), the rest read their slot; the output is the layer's sum over the pairs kept."""

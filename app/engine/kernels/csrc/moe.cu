@@ -5,10 +5,11 @@
 //                bias within the best expert groups, weighed by their scores times a routed scale, as
 //                Nemotron-H (many groups) and Laguna (one)), optionally on tanh-capped logits; ties go
 //                to the lower id, as a stable sort of the negated values does (moe/ops.py, the oracle).
-//   moe_offsets  one block: the (token, slot) pairs grouped by expert (counts, exclusive offsets, each
+//   moe_offsets  one block (moe_plan): the (token, slot) pairs grouped by expert (counts, exclusive offsets, each
 //                pair's place in the grouped order `order` and its inverse `where`) and the compact list
 //                of the groups that have pairs (`active`: its length, then the ids in ascending order).
-//                Many pairs: moe_count and moe_scatter spread the counting and the scatter over blocks.
+//                Many pairs: moe_count and moe_scatter spread the counting and the scatter over blocks. A few
+//                tokens: moe_route_grouped routes and groups in one launch.
 //   moe_grouped_<fmt>, moe_grouped_gated_<fmt>
 //                per active group (blockIdx.y < active[0]: the grid is sized by min(slots, pairs), never by
 //                the routing, and the blocks past the count exit at once) and output row, W_e[row] . x of
@@ -117,18 +118,24 @@ __device__ __forceinline__ unsigned long long moe_route_groups(const float* l, i
     return allowed;
 }
 
-extern "C" __global__ void moe_route(const float* __restrict__ logits, int n_tok, int n_exp, int k, int mode,
-                                     int normalize, const float* __restrict__ bias, float softcap, float routed_scale,
-                                     int n_groups, int topk_groups, int* __restrict__ chosen,
-                                     float* __restrict__ weights) {
-    after_previous_grid();
-    const int lane = threadIdx.x & 31;
-    const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (t >= n_tok) return;  // the whole warp
+// The router's arguments after the logits (moe_route's, kernels/moe.py's order).
+struct MoeRouting {
+    int n_exp, k, mode, normalize;
+    const float* bias;
+    float softcap, routed_scale;
+    int n_groups, topk_groups;
+};
+
+// Token t's picks into chosen[t k ..] and weights[t k ..], by one warp (all its lanes).
+__device__ __forceinline__ void moe_route_token(const float* __restrict__ logits, int t, const MoeRouting& rt,
+                                                int* chosen, float* __restrict__ weights) {
+    const int lane = threadIdx.x & 31, n_exp = rt.n_exp, k = rt.k, mode = rt.mode;
+    const float softcap = rt.softcap, * bias = rt.bias;
     const float* l = logits + (i64)t * n_exp;
+    const int n_groups = rt.n_groups;
     const bool grouped = mode == MOE_SIGMOID && n_groups > 1;
     const unsigned long long allowed =
-        grouped ? moe_route_groups(l, n_exp, n_groups, topk_groups, softcap, bias) : ~0ull;
+        grouped ? moe_route_groups(l, n_exp, n_groups, rt.topk_groups, softcap, bias) : ~0ull;
     const int per_group = grouped ? n_exp / n_groups : n_exp;
     float v[MOE_ROUTE_PER_LANE];
     u32 live = 0u;  // bit i: expert lane + 32 i competes and is not chosen yet
@@ -167,7 +174,7 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n_tok
     if (mode == MOE_SIGMOID) {  // the chosen experts' scores (without the bias), summing to routed_scale
         w = lane < k ? 1.f / (1.f + expf(-moe_logit(l, mine, softcap))) : 0.f;
         const float sum = warp_sum(w);
-        w = (normalize ? w / (sum + 1e-20f) : w) * routed_scale;
+        w = (rt.normalize ? w / (sum + 1e-20f) : w) * rt.routed_scale;
     } else if (mode == MOE_TOPK_SOFTMAX) {  // softmax over the k chosen logits
         w = lane < k ? expf(mine_v - top) : 0.f;
         w /= warp_sum(w);
@@ -181,12 +188,22 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n_tok
         all = warp_sum(all);
         w = lane < k ? expf(mine_v - top) / all : 0.f;
         const float sum = warp_sum(w);
-        if (normalize) w /= sum;
+        if (rt.normalize) w /= sum;
     }
     if (lane < k) {
         chosen[(i64)t * k + lane] = mine;
         weights[(i64)t * k + lane] = w;
     }
+}
+
+extern "C" __global__ void moe_route(const float* __restrict__ logits, int n_tok, int n_exp, int k, int mode,
+                                     int normalize, const float* __restrict__ bias, float softcap, float routed_scale,
+                                     int n_groups, int topk_groups, int* __restrict__ chosen,
+                                     float* __restrict__ weights) {
+    after_previous_grid();
+    const MoeRouting rt{n_exp, k, mode, normalize, bias, softcap, routed_scale, n_groups, topk_groups};
+    const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (t < n_tok) moe_route_token(logits, t, rt, chosen, weights);  // the whole warp
 }
 
 // -- grouping ----------------------------------------------------------------------------------------------
@@ -206,12 +223,11 @@ extern "C" __global__ void moe_count(const int* __restrict__ groups, int n_pairs
 // where present, holds the skipped pairs: never run). Then either the scatter itself (`order` not null:
 // order[at] = p and where[p] = at, p's place `at` in its group taken by a shared-memory atomic; the order
 // within a group does not matter) or the cursor moe_scatter starts from. Up to MOE_PLAN_MAX_GROUPS groups.
-extern "C" __global__ void moe_offsets(const int* __restrict__ groups, int n_pairs, const int* __restrict__ counts,
-                                       int n_groups, int n_slots, int* __restrict__ offsets, int* __restrict__ cursor,
-                                       int* __restrict__ active, int* __restrict__ order, int* __restrict__ where) {
+__device__ __forceinline__ void moe_plan(const int* groups, int n_pairs, const int* __restrict__ counts, int n_groups,
+                                         int n_slots, int* __restrict__ offsets, int* __restrict__ cursor,
+                                         int* __restrict__ active, int* __restrict__ order, int* __restrict__ where) {
     __shared__ int count[MOE_PLAN_MAX_GROUPS];
     __shared__ int start[MOE_PLAN_MAX_GROUPS];
-    after_previous_grid();
     for (int g = threadIdx.x; g < n_groups; g += blockDim.x) count[g] = counts != nullptr ? counts[g] : 0;
     __syncthreads();
     if (counts == nullptr) {
@@ -255,6 +271,29 @@ extern "C" __global__ void moe_offsets(const int* __restrict__ groups, int n_pai
             order[at] = p;
             where[p] = at;
         }
+}
+
+extern "C" __global__ void moe_offsets(const int* __restrict__ groups, int n_pairs, const int* __restrict__ counts,
+                                       int n_groups, int n_slots, int* __restrict__ offsets, int* __restrict__ cursor,
+                                       int* __restrict__ active, int* __restrict__ order, int* __restrict__ where) {
+    after_previous_grid();
+    moe_plan(groups, n_pairs, counts, n_groups, n_slots, offsets, cursor, active, order, where);
+}
+
+// A decode step's router and grouping in one launch (one block): its warps route the tokens (moe_route_token),
+// then the block groups the pairs by expert (moe_plan with groups = chosen). The grouping reads `chosen` after
+// the barrier, which makes the block's global writes visible to all its threads.
+extern "C" __global__ void moe_route_grouped(const float* __restrict__ logits, int n_tok, int n_exp, int k, int mode,
+                                             int normalize, const float* __restrict__ bias, float softcap,
+                                             float routed_scale, int n_groups, int topk_groups, int* chosen,
+                                             float* __restrict__ weights, int* __restrict__ offsets,
+                                             int* __restrict__ active, int* __restrict__ order,
+                                             int* __restrict__ where) {
+    after_previous_grid();
+    const MoeRouting rt{n_exp, k, mode, normalize, bias, softcap, routed_scale, n_groups, topk_groups};
+    for (int t = threadIdx.x >> 5; t < n_tok; t += blockDim.x >> 5) moe_route_token(logits, t, rt, chosen, weights);
+    __syncthreads();
+    moe_plan(chosen, n_tok * k, nullptr, n_exp, n_exp, offsets, nullptr, active, order, where);
 }
 
 extern "C" __global__ void moe_scatter(const int* __restrict__ groups, int n_pairs, int* __restrict__ cursor,

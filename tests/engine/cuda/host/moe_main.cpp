@@ -1,13 +1,14 @@
 // Run moe.cu's kernels on the SIMT emulator, in the order and with the grids kernels/moe.py uses:
 //   moe FMT DIR N_TOK HIDDEN FF N_EXP K MODE NORMALIZE ACT ROW_BYTES_GU ROW_BYTES_DOWN SOFTCAP ROUTED_SCALE
-//       N_GROUPS TOPK_GROUPS [MANY_PAIRS SEPARATE]
+//       N_GROUPS TOPK_GROUPS [MANY_PAIRS SEPARATE FUSED_ROUTE]
 //     the whole pipeline: reads x.bin [T, H], logits.bin [T, E], gate.bin / up.bin ([E, FF] rows), down.bin
 //     ([E, H] rows), optional gate_bias.bin / up_bias.bin / down_bias.bin and score_bias.bin [E] (sigmoid
 //     routing), and optional groups.bin [T, K] (int32: the slot each pair reads; N_EXP: skipped, as
 //     backend/cuda/experts.py streams experts; without it a pair reads its expert); writes out.bin,
 //     chosen.bin, weights.bin. ACT 2 (relu2) runs no gate product. MANY_PAIRS 1: the grouping of many
 //     pairs (moe_count, moe_offsets, moe_scatter) instead of moe_offsets alone; SEPARATE 1: gate and up
-//     as two grouped products and moe_gated (their formats differ) instead of the fused one.
+//     as two grouped products and moe_gated (their formats differ) instead of the fused one; FUSED_ROUTE 1:
+//     moe_route_grouped (route and group in one block) instead of moe_route then the grouping.
 //   route DIR N_TOK N_EXP K MODE NORMALIZE SOFTCAP ROUTED_SCALE N_GROUPS TOPK_GROUPS
 //     moe_route alone: logits.bin (and score_bias.bin) -> chosen.bin, weights.bin.
 #include <cmath>
@@ -71,14 +72,15 @@ int main(int argc, char** argv) {
         write_file(dir + "/weights.bin", weights);
         return 0;
     }
-    if ((argc != 18 && argc != 20) || std::string(argv[1]) != "moe") return 2;
+    if ((argc != 18 && argc != 21) || std::string(argv[1]) != "moe") return 2;
     const std::string fmt = argv[2], dir = argv[3];
     const int T = atoi(argv[4]), H = atoi(argv[5]), FF = atoi(argv[6]), E = atoi(argv[7]), K = atoi(argv[8]);
     const int mode = atoi(argv[9]), normalize = atoi(argv[10]), act = atoi(argv[11]);
     const i64 rb_gu = atoll(argv[12]), rb_d = atoll(argv[13]);
     const float softcap = (float)atof(argv[14]), routed_scale = (float)atof(argv[15]);
     const int n_groups = atoi(argv[16]), topk_groups = atoi(argv[17]);
-    const bool many = argc == 20 && atoi(argv[18]), separate = argc == 20 && atoi(argv[19]);
+    const bool many = argc == 21 && atoi(argv[18]), separate = argc == 21 && atoi(argv[19]);
+    const bool fused_route = argc == 21 && atoi(argv[20]);
     auto x = read_required<float>(dir + "/x.bin");
     auto gate = read_file<uint4>(dir + "/gate.bin", 2), up = read_file<uint4>(dir + "/up.bin", 2);
     auto down = read_file<uint4>(dir + "/down.bin", 2);
@@ -86,15 +88,26 @@ int main(int argc, char** argv) {
     auto down_bias = read_file<float>(dir + "/down_bias.bin");
     auto slot_of = read_file<int>(dir + "/groups.bin");
     const int P = T * K;
-    std::vector<int> chosen;
-    std::vector<float> weights;
-    route(dir, T, E, K, mode, normalize, softcap, routed_scale, n_groups, topk_groups, chosen, weights);
-
+    std::vector<int> chosen((size_t)P, -1);
+    std::vector<float> weights((size_t)P, NAN);
     const bool skipping = !slot_of.empty();
-    const int* groups = skipping ? slot_of.data() : chosen.data();
     const int G = skipping ? E + 1 : E;  // the extra group: the skipped pairs
     std::vector<int> counts(G, 0), offsets(G + 1, -1), cursor(G, -1), active(1 + E, -1), order(P, -1), where(P, -1);
-    if (many) {
+    if (fused_route) {
+        auto score_bias = read_file<float>(dir + "/score_bias.bin");
+        auto logits = read_required<float>(dir + "/logits.bin");
+        launch({1, 1, 1}, {PLAN_THREADS, 1, 1}, [&] {
+            moe_route_grouped(logits.data(), T, E, K, mode, normalize, opt(score_bias), softcap, routed_scale,
+                              n_groups, topk_groups, chosen.data(), weights.data(), offsets.data(), active.data(),
+                              order.data(), where.data());
+        });
+    } else {
+        route(dir, T, E, K, mode, normalize, softcap, routed_scale, n_groups, topk_groups, chosen, weights);
+    }
+    const int* groups = skipping ? slot_of.data() : chosen.data();
+    if (fused_route) {
+        if (skipping || many) return 3;  // moe_route_grouped groups by expert, in one block
+    } else if (many) {
         launch({(unsigned)((P + THREADS - 1) / THREADS), 1, 1}, {THREADS, 1, 1},
                [&] { moe_count(groups, P, counts.data()); });
         launch({1, 1, 1}, {PLAN_THREADS, 1, 1}, [&] {
