@@ -1,10 +1,13 @@
 """Wrapper of moe.cu: a mixture-of-experts feed-forward on the GPU with no host sync.
 
-`moe_forward` runs route -> count -> offsets -> scatter -> grouped gate and up products -> gated
-unit -> grouped down product -> combine, eight launches whose sizes depend only on the token
-count (never on how the tokens were routed), so a decode step that holds it can be captured as a
-CUDA graph. The experts of one projection are one stacked buffer in their checkpoint's block
-format (`StackedExperts`, GGUF's `ffn_*_exps [E, rows, cols]`); layers/moe.py is the oracle.
+`moe_forward` runs route -> group (moe_offsets: counts, offsets, the pairs' order and the list of
+experts with pairs) -> the gated gate/up product -> the down product -> combine, launches whose
+sizes depend only on the token count (never on how the tokens were routed), so a decode step that
+holds it can be captured as a CUDA graph: four at decode and small batches (moe_route_grouped routes
+and groups in one block), five beyond. The products' grids cover min(slots, pairs) experts and their
+blocks find their expert in the active list. The experts of one projection are one stacked
+buffer in their checkpoint's block format (`StackedExperts`, GGUF's `ffn_*_exps [E, rows, cols]`);
+layers/moe.py is the oracle.
 """
 
 from __future__ import annotations
@@ -17,19 +20,25 @@ import numpy as np
 from app.engine.kernels import moe_mma
 from app.engine.kernels.gemv import format_defines
 from app.engine.kernels.runtime.compile import get_kernel
-from app.engine.kernels.runtime.launch import f32, i32, i64, launch, ptr
+from app.engine.kernels.runtime.launch import cdiv, f32, i32, i64, launch, ptr
 from app.engine.quant.dispatch import QuantizedTensor
 from app.engine.specs import MoeSpec
 
 MAX_USED = 16  # MOE_MAX_K in moe.cu
-WARPS = 4  # rows per block of the grouped products
+WARPS = 4  # MOE_WARPS: warps per block of the grouped products
+ROWS = 2  # MOE_R: rows of each weight a lane group of the grouped products reads at once
+ROUTE_WARPS = 4  # tokens per block of moe_route (a warp each)
 THREADS = 256
+PLAN_THREADS = 1024
+PLAN_MAX_GROUPS = 2048  # MOE_PLAN_MAX_GROUPS: moe_offsets' shared counts
+ONE_BLOCK_PLAN_PAIRS = 16384  # up to here moe_offsets counts and scatters the pairs itself (one launch)
+FUSED_ROUTE_TOKENS = 64  # up to here moe_route_grouped routes (two tokens a warp at most) and groups in one launch
 PAD_BYTES = 16  # the format decoders read whole 16-byte words
 # moe_gated's `kind` per MoeSpec.activation (relu2: ungated, up and down only)
 ACTIVATION_KINDS = {"silu": 0, "swiglu_oai": 1, "relu2": 2, "gelu_tanh": 3}
 ROUTING_MODES = {"softmax_topk": 0, "topk_softmax": 1, "sigmoid_grouped": 2}  # moe_route's `mode`
 MAX_GROUPS = 64  # MOE_MAX_GROUPS: moe_route's group mask
-MAX_SIGMOID_EXPERTS = 512  # MOE_SIG_MAX_EXPERTS: moe_route's per-thread choice values (sigmoid routing)
+MAX_EXPERTS = 1024  # 32 x MOE_ROUTE_PER_LANE: moe_route's choice values, in the registers of a warp
 
 
 @dataclass(frozen=True)
@@ -60,8 +69,9 @@ def upload_stacked(weight: QuantizedTensor, bias: QuantizedTensor | None = None)
     return StackedExperts(cp.asarray(flat), weight.qtype.name, experts, rows, cols, weight.data.shape[1], device_bias)
 
 
-def _kernel(name: str, qtype_name: str = "F32") -> Any:
-    return get_kernel("moe.cu", name, format_defines(qtype_name))
+def _kernel(name: str, qtype_name: str = "F32", max_tokens: int = 4) -> Any:
+    """`max_tokens` (MOE_TMAX): the most pairs of one expert a grouped product takes per pass over its rows."""
+    return get_kernel("moe.cu", name, {**format_defines(qtype_name), "MOE_TMAX": max_tokens})
 
 
 def _grid(n: int) -> tuple[int]:
@@ -77,6 +87,10 @@ def moe_forward(
     `expert_scale` (float32 `[E]` on the device, Gemma 4): each expert's output times its own factor;
     `score_bias` (float32 `[E]`, sigmoid routing's `exp_probs_b`: Nemotron-H, Laguna): added to the scores
     it chooses on."""
+    fused = expert_scale is None and x.shape[0] <= FUSED_ROUTE_TOKENS and up.num_experts == spec.num_experts
+    if fused:  # decode and small batches: route and group in one launch
+        chosen, weights, plan = route_grouped(logits, spec, score_bias)
+        return moe_experts(x, chosen, weights, spec, gate, up, down, plan=plan)
     chosen, weights = route_scaled(logits, spec, expert_scale, score_bias)
     return moe_experts(x, chosen, weights, spec, gate, up, down)
 
@@ -91,16 +105,15 @@ def route_scaled(logits: Any, spec: MoeSpec, expert_scale: Any = None, score_bia
 
 
 def routing_unsupported(spec: MoeSpec) -> str | None:
-    """Why moe_route cannot compute this spec's routing (None: it can): its three modes, the sigmoid one
-    with up to MAX_SIGMOID_EXPERTS experts in up to MAX_GROUPS equal groups."""
+    """Why moe_route cannot compute this spec's routing (None: it can): its three modes over up to
+    MAX_EXPERTS experts, the sigmoid one in up to MAX_GROUPS equal groups."""
     if spec.routing not in ROUTING_MODES:
         return f"routing {spec.routing!r}"
     groups, n_exp = spec.num_groups, spec.num_experts
-    if spec.routing == "sigmoid_grouped" and (
-        not 1 <= groups <= MAX_GROUPS or n_exp % groups or n_exp > MAX_SIGMOID_EXPERTS
-    ):
-        return (f"{n_exp} experts in {groups} groups (the sigmoid router takes up to "
-                f"{MAX_SIGMOID_EXPERTS} in up to {MAX_GROUPS} equal groups)")  # fmt: skip
+    if n_exp > MAX_EXPERTS:
+        return f"{n_exp} experts (the router takes up to {MAX_EXPERTS})"
+    if spec.routing == "sigmoid_grouped" and (not 1 <= groups <= MAX_GROUPS or n_exp % groups):
+        return f"{n_exp} experts in {groups} groups (the sigmoid router takes up to {MAX_GROUPS} equal ones)"
     return None
 
 
@@ -109,12 +122,9 @@ def routing_supported(spec: MoeSpec) -> bool:
     return routing_unsupported(spec) is None
 
 
-def moe_route(logits: Any, spec: MoeSpec, score_bias: Any = None) -> tuple[Any, Any]:
-    """Each token's k expert ids `[T, k]` (int32) and their weights (float32), on the device, as
-    moe/ops.py's `route` (the router softcap, score bias, expert groups and routed scale included)."""
-    import cupy as cp
-
-    n_tok, k, n_exp = logits.shape[0], spec.num_used, spec.num_experts
+def _check_routing(spec: MoeSpec) -> None:
+    """A ValueError naming what of `spec` the router kernels do not take."""
+    k, n_exp = spec.num_used, spec.num_experts
     if not 1 <= k <= min(MAX_USED, n_exp):
         raise ValueError(f"{k} experts per token: the kernels take 1 to {min(MAX_USED, n_exp)}")
     if spec.activation not in ACTIVATION_KINDS:
@@ -122,13 +132,170 @@ def moe_route(logits: Any, spec: MoeSpec, score_bias: Any = None) -> tuple[Any, 
     reason = routing_unsupported(spec)
     if reason is not None:
         raise ValueError(f"no MoE routing kernel for {reason}")
+
+
+def _routing_args(spec: MoeSpec, score_bias: Any) -> tuple:
+    """moe_route's arguments after the token count (MoeRouting in moe.cu)."""
+    return (i32(spec.num_experts), i32(spec.num_used), i32(ROUTING_MODES[spec.routing]), i32(spec.normalize),
+            ptr(score_bias), f32(spec.router_softcap), f32(spec.routed_scale), i32(spec.num_groups),
+            i32(spec.topk_groups))  # fmt: skip
+
+
+def moe_route(logits: Any, spec: MoeSpec, score_bias: Any = None) -> tuple[Any, Any]:
+    """Each token's k expert ids `[T, k]` (int32) and their weights (float32), on the device, as
+    moe/ops.py's `route` (the router softcap, score bias, expert groups and routed scale included)."""
+    import cupy as cp
+
+    _check_routing(spec)
+    n_tok, k = logits.shape[0], spec.num_used
     chosen = cp.empty((n_tok, k), cp.int32)
     weights = cp.empty((n_tok, k), cp.float32)
-    launch(_kernel("moe_route"), _grid(n_tok), (THREADS,),
-           (logits, i32(n_tok), i32(n_exp), i32(k), i32(ROUTING_MODES[spec.routing]), i32(spec.normalize),
-            ptr(score_bias), f32(spec.router_softcap), f32(spec.routed_scale), i32(spec.num_groups),
-            i32(spec.topk_groups), chosen, weights))  # fmt: skip
+    launch(_kernel("moe_route"), (max(1, cdiv(n_tok, ROUTE_WARPS)),), (32 * ROUTE_WARPS,),
+           (logits, i32(n_tok), *_routing_args(spec, score_bias), chosen, weights))  # fmt: skip
     return chosen, weights
+
+
+@dataclass(frozen=True)
+class PairGroups:
+    """The (token, slot) pairs grouped by the slot their product reads (moe_offsets), on the device.
+
+    `offsets` [groups + 1]: group g's pairs are order[offsets[g]:offsets[g + 1]] (pair p = token * k + j);
+    `where` [pairs]: pair p's place in that order; `active` [1 + slots]: how many slots have pairs, then
+    those slots ascending (what the grouped products' blocks run). `skipping`: the last group holds the
+    pairs no slot runs (their outputs stay 0)."""
+
+    offsets: Any
+    order: Any
+    where: Any
+    active: Any
+    n_slots: int
+    n_pairs: int
+    k: int
+    skipping: bool
+
+    @property
+    def max_tokens(self) -> int:
+        """MOE_TMAX for the products: 1 while an expert has about one pair (decode; the lean build keeps
+        more warps resident), more as experts get several (each weight row read once per that many)."""
+        per_slot = self.n_pairs / max(1, self.n_slots)
+        return 1 if per_slot <= 1 else 2 if per_slot <= 4 else 4
+
+
+def group_pairs(groups: Any, n_slots: int, k: int, skipping: bool) -> PairGroups:
+    """`groups` `[T, k]` (int32): the slot of each pair, `n_slots` (one past the last: skipped, when `skipping`).
+    One launch up to ONE_BLOCK_PLAN_PAIRS pairs; beyond, the counting and the scatter run over many blocks."""
+    import cupy as cp
+
+    pairs = groups.size
+    n_groups = n_slots + 1 if skipping else n_slots  # the extra group holds the skipped pairs
+    if n_groups > PLAN_MAX_GROUPS:
+        raise ValueError(f"{n_slots} expert slots: moe_offsets groups up to {PLAN_MAX_GROUPS - 1}")
+    offsets = cp.empty(n_groups + 1, cp.int32)
+    active = cp.empty(1 + n_slots, cp.int32)
+    order = cp.empty(pairs, cp.int32)
+    where = cp.empty(pairs, cp.int32)
+    plan = _kernel("moe_offsets")
+    if pairs <= ONE_BLOCK_PLAN_PAIRS:
+        launch(plan, (1,), (PLAN_THREADS,),
+               (groups, i32(pairs), ptr(None), i32(n_groups), i32(n_slots), offsets, ptr(None), active, order,
+                where))  # fmt: skip
+    else:
+        counts = cp.zeros(n_groups, cp.int32)
+        cursor = cp.empty(n_groups, cp.int32)
+        launch(_kernel("moe_count"), _grid(pairs), (THREADS,), (groups, i32(pairs), counts))
+        launch(plan, (1,), (PLAN_THREADS,),
+               (groups, i32(pairs), counts, i32(n_groups), i32(n_slots), offsets, cursor, active, ptr(None),
+                ptr(None)))  # fmt: skip
+        launch(_kernel("moe_scatter"), _grid(pairs), (THREADS,), (groups, i32(pairs), cursor, order, where))
+    return PairGroups(offsets, order, where, active, n_slots, pairs, k, skipping)
+
+
+def route_grouped(logits: Any, spec: MoeSpec, score_bias: Any = None) -> tuple[Any, Any, PairGroups]:
+    """moe_route and group_pairs (by expert) in one launch, for up to FUSED_ROUTE_TOKENS tokens."""
+    import cupy as cp
+
+    _check_routing(spec)
+    n_tok, k, n_exp = logits.shape[0], spec.num_used, spec.num_experts
+    if n_tok > FUSED_ROUTE_TOKENS or n_exp > PLAN_MAX_GROUPS:
+        raise ValueError(f"route_grouped takes up to {FUSED_ROUTE_TOKENS} tokens, got {n_tok}")
+    pairs = n_tok * k
+    chosen = cp.empty((n_tok, k), cp.int32)
+    weights = cp.empty((n_tok, k), cp.float32)
+    offsets, active = cp.empty(n_exp + 1, cp.int32), cp.empty(1 + n_exp, cp.int32)
+    order, where = cp.empty(pairs, cp.int32), cp.empty(pairs, cp.int32)
+    launch(_kernel("moe_route_grouped"), (1,), (PLAN_THREADS,),
+           (logits, i32(n_tok), *_routing_args(spec, score_bias), chosen, weights, offsets, active, order,
+            where))  # fmt: skip
+    return chosen, weights, PairGroups(offsets, order, where, active, n_exp, pairs, k, False)
+
+
+def _product_grid(w: StackedExperts, plan: PairGroups) -> tuple[int, int]:
+    """(row blocks, experts): a block's warps hold 32 / width lane groups of ROWS rows (of each weight),
+    width the largest power of two up to half the row's 32-weight units, at most 32 (moe.cu's
+    moe_grouped); min(slots, pairs) experts."""
+    width = min(32, 1 << (max(1, w.n_cols // 64).bit_length() - 1))
+    return cdiv(w.n_rows, WARPS * (32 // width) * ROWS), max(1, min(plan.n_slots, plan.n_pairs))
+
+
+def grouped_product(w: StackedExperts, inputs: Any, plan: PairGroups, per_pair: bool, act: int = -1) -> Any:
+    """`[pairs, w.n_rows]` in grouped order: each pair's row of `inputs` (its token's, or with `per_pair`
+    its own in grouped order) times its expert's `w` (+ bias); `act` 2: relu of it squared."""
+    import cupy as cp
+
+    y = (cp.zeros if plan.skipping else cp.empty)((plan.n_pairs, w.n_rows), cp.float32)  # skipped rows stay 0
+    kernel = _kernel(f"moe_grouped_{w.qtype_name.lower()}", w.qtype_name, plan.max_tokens)
+    launch(kernel, _product_grid(w, plan), (32 * WARPS,),
+           (w.data, i64(w.expert_stride), i64(w.row_bytes), i32(w.n_rows), i32(w.n_cols), inputs, i32(per_pair),
+            plan.order, plan.offsets, plan.active, i32(plan.k), ptr(w.bias), i32(act), y))  # fmt: skip
+    return y
+
+
+def gated_product(
+    x: Any, plan: PairGroups, spec: MoeSpec, gate: StackedExperts | None, up: StackedExperts
+) -> Any:
+    """`[pairs, ffn]` in grouped order: act(gate x) * up x per pair (ungated: relu(up x)^2), one launch
+    where gate and up share a format (each x load serves both rows), else two products and moe_gated."""
+    import cupy as cp
+
+    kind = ACTIVATION_KINDS[spec.activation]
+    if gate is None:
+        return grouped_product(up, x, plan, False, act=kind)
+    if gate.qtype_name != up.qtype_name or gate.row_bytes != up.row_bytes or gate.n_rows != up.n_rows:
+        g, u = grouped_product(gate, x, plan, False), grouped_product(up, x, plan, False)
+        act = cp.empty_like(u)
+        launch(_kernel("moe_gated"), _grid(u.size), (THREADS,),
+               (g, u, i64(u.size), i32(kind), f32(spec.swiglu_limit), f32(spec.swiglu_alpha), act))  # fmt: skip
+        return act
+    y = (cp.zeros if plan.skipping else cp.empty)((plan.n_pairs, up.n_rows), cp.float32)
+    kernel = _kernel(f"moe_grouped_gated_{up.qtype_name.lower()}", up.qtype_name, plan.max_tokens)
+    launch(kernel, _product_grid(up, plan), (32 * WARPS,),
+           (gate.data, up.data, i64(up.expert_stride), i64(up.row_bytes), i32(up.n_rows), i32(up.n_cols), x,
+            plan.order, plan.offsets, plan.active, i32(plan.k), ptr(gate.bias), ptr(up.bias), i32(kind),
+            f32(spec.swiglu_limit), f32(spec.swiglu_alpha), y))  # fmt: skip
+    return y
+
+
+def _tensor_core_product(w: StackedExperts, inputs: Any, plan: PairGroups, per_pair: bool) -> Any:
+    """grouped_product's output, from moe_mma.cu's grouped GEMM (prefill: many pairs an expert)."""
+    import cupy as cp
+
+    y = (cp.zeros if plan.skipping else cp.empty)((plan.n_pairs, w.n_rows), cp.float32)  # skipped rows stay 0
+    return moe_mma.grouped_mma(w, inputs, per_pair, plan.order, plan.offsets, plan.k, plan.n_slots, y)
+
+
+def _gated_on_tensor_cores(
+    x: Any, plan: PairGroups, spec: MoeSpec, gate: StackedExperts | None, up: StackedExperts
+) -> Any:
+    """gated_product's output with the gate and up products on the tensor cores, then moe_gated."""
+    import cupy as cp
+
+    u = _tensor_core_product(up, x, plan, False)
+    g = u if gate is None else _tensor_core_product(gate, x, plan, False)  # ungated: relu2's kind reads `up` alone
+    act = cp.empty_like(u)
+    launch(_kernel("moe_gated"), _grid(u.size), (THREADS,),
+           (g, u, i64(u.size), i32(ACTIVATION_KINDS[spec.activation]), f32(spec.swiglu_limit),
+            f32(spec.swiglu_alpha), act))  # fmt: skip
+    return act
 
 
 def moe_experts(
@@ -140,51 +307,33 @@ def moe_experts(
     up: StackedExperts,
     down: StackedExperts,
     groups: Any = None,
+    plan: PairGroups | None = None,
 ) -> Any:
-    """The routed pairs through the grouped products, gated unit (or, with `gate` None, the ungated
-    activation of the up product) and combine.
+    """The routed pairs through the grouped gate/up product with its activation (or, with `gate` None,
+    the ungated activation of the up product), the grouped down product and the combine.
 
     `groups` `[T, k]` (int32): the stacked slot each pair's product reads, by default its expert.
-    A pair whose group is `gate.num_experts` (one past the last slot) is skipped: its output is 0,
+    A pair whose group is `up.num_experts` (one past the last slot) is skipped: its output is 0,
     so one call can run only the experts that are in slots (backend/cuda/experts.py streams the
-    rest). The combine adds a token's pairs in expert-id order (`chosen`) either way."""
+    rest). The combine adds a token's pairs in expert-id order (`chosen`) either way. `plan`: the
+    pairs already grouped (route_grouped), no `groups` then."""
     import cupy as cp
 
-    kind = ACTIVATION_KINDS.get(spec.activation)
-    if kind is None or (gate is None) != (spec.activation == "relu2"):
+    if spec.activation not in ACTIVATION_KINDS or (gate is None) != (spec.activation == "relu2"):
         raise ValueError(f"activation {spec.activation!r} with{'out' if gate is None else ''} a gate product")
     n_tok, k = x.shape[0], spec.num_used
-    n_slots = up.num_experts
-    skipping = groups is not None
-    groups = chosen if groups is None else groups
-    n_groups = n_slots + 1 if skipping else n_slots  # the extra group holds the skipped pairs
-    pairs = n_tok * k
-    counts = cp.zeros(n_groups, cp.int32)
-    offsets = cp.empty(n_groups + 1, cp.int32)
-    cursor = cp.empty(n_groups, cp.int32)
-    order = cp.empty(pairs, cp.int32)
-    where = cp.empty(pairs, cp.int32)
-    launch(_kernel("moe_count"), _grid(pairs), (THREADS,), (groups, i32(pairs), counts))
-    launch(_kernel("moe_offsets"), (1,), (1,), (counts, i32(n_groups), offsets, cursor))
-    launch(_kernel("moe_scatter"), _grid(pairs), (THREADS,), (groups, i32(pairs), cursor, order, where))  # fmt: skip
-
-    def grouped(w: StackedExperts, inputs: Any, per_pair: bool) -> Any:
-        y = (cp.zeros if skipping else cp.empty)((pairs, w.n_rows), cp.float32)  # skipped rows stay 0
-        # many pairs an expert (by the model's experts, so streamed slots choose as the resident layer): tensor cores
-        if moe_mma.serves(w.qtype_name, n_tok, k, spec.num_experts, w.n_cols):
-            return moe_mma.grouped_mma(w, inputs, per_pair, order, offsets, k, n_slots, y)
-        kernel = _kernel(f"moe_grouped_{w.qtype_name.lower()}", w.qtype_name)
-        args = (w.data, i64(w.expert_stride), i64(w.row_bytes), i32(w.n_rows), i32(w.n_cols), inputs,
-                i32(per_pair), order, offsets, i32(k), ptr(w.bias), y)  # fmt: skip
-        launch(kernel, (-(-w.n_rows // WARPS), n_slots), (32 * WARPS,), args)
-        return y
-
-    u = grouped(up, x, False)
-    g = u if gate is None else grouped(gate, x, False)  # ungated: relu2's kind reads `up` alone
-    act = cp.empty_like(u)
-    launch(_kernel("moe_gated"), _grid(u.size), (THREADS,),
-           (g, u, i64(u.size), i32(kind), f32(spec.swiglu_limit), f32(spec.swiglu_alpha), act))  # fmt: skip
-    h = grouped(down, act, True)
+    if plan is None:
+        plan = group_pairs(chosen if groups is None else groups, up.num_experts, k, groups is not None)
+    # many pairs an expert (by the model's experts, so streamed slots choose as the resident layer): tensor cores
+    if moe_mma.serves(up.qtype_name, n_tok, k, spec.num_experts, up.n_cols):
+        act = _gated_on_tensor_cores(x, plan, spec, gate, up)
+    else:
+        act = gated_product(x, plan, spec, gate, up)
+    if moe_mma.serves(down.qtype_name, n_tok, k, spec.num_experts, down.n_cols):
+        h = _tensor_core_product(down, act, plan, True)
+    else:
+        h = grouped_product(down, act, plan, True)
     out = cp.empty((n_tok, down.n_rows), cp.float32)
-    launch(_kernel("moe_combine"), (n_tok,), (THREADS,), (h, chosen, weights, where, i32(k), i32(down.n_rows), out))
+    launch(_kernel("moe_combine"), (n_tok,), (THREADS,),
+           (h, chosen, weights, plan.where, i32(k), i32(down.n_rows), out))  # fmt: skip
     return out

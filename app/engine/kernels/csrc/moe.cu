@@ -1,21 +1,24 @@
 // Mixture-of-experts feed-forward on the GPU, with no host sync (so decode steps stay capturable):
 //
-//   moe_route    per token: the k best experts and their weights (softmax-then-top-k, renormalised or
+//   moe_route    a warp per token: the k best experts and their weights (softmax-then-top-k, renormalised or
 //                not, as Qwen3-MoE; top-k-then-softmax, as GPT-OSS; or sigmoid scores chosen on score +
 //                bias within the best expert groups, weighed by their scores times a routed scale, as
 //                Nemotron-H (many groups) and Laguna (one)), optionally on tanh-capped logits; ties go
 //                to the lower id, as a stable sort of the negated values does (moe/ops.py, the oracle).
-//   moe_count, moe_offsets, moe_scatter
-//                the (token, slot) pairs grouped by expert: counts, exclusive offsets, then each
-//                pair's place in the grouped order (`order`) and its inverse (`where`).
-//   moe_grouped_<fmt>
-//                for expert e and output row r, one warp multiplies row r of expert e's stacked
-//                weight [E, rows, cols] (GGUF block layout, quant.cuh) with the inputs of e's pairs,
-//                MOE_T pairs at a time: each weight row is read once per MOE_T tokens of that
-//                expert, the grouped product of prefill, and at decode (one token, k pairs) only the
-//                k picked experts' rows are read, the per-expert GEMV.
-//   moe_gated    act(gate) * up per pair (silu, GELU-tanh, or GPT-OSS's clamped swiglu), or relu(up)^2
-//                for ungated experts (Nemotron-H's squared ReLU: no gate product at all).
+//   moe_offsets  one block (moe_plan): the (token, slot) pairs grouped by expert (counts, exclusive offsets, each
+//                pair's place in the grouped order `order` and its inverse `where`) and the compact list
+//                of the groups that have pairs (`active`: its length, then the ids in ascending order).
+//                Many pairs: moe_count and moe_scatter spread the counting and the scatter over blocks. A few
+//                tokens: moe_route_grouped routes and groups in one launch.
+//   moe_grouped_<fmt>, moe_grouped_gated_<fmt>
+//                per active group (blockIdx.y < active[0]: the grid is sized by min(slots, pairs), never by
+//                the routing, and the blocks past the count exit at once) and output row, W_e[row] . x of
+//                each of e's pairs, T in {4, 2, 1} pairs at a time: each weight row is read once per T
+//                tokens of that expert, and at decode (one token, k pairs) only the k picked experts'
+//                rows are read. The gated kernel reads gate and up rows against the same x loads and
+//                writes act(gate) * up (the dense MLP's gemv_gated, per expert).
+//   moe_gated    act(gate) * up per pair, for gate and up weights of different formats (the fused kernel
+//                takes one); the ungated relu(up)^2 runs inside the up product (act 2).
 //   moe_combine  per token, sum of its k pairs' outputs times their weights, in expert-id order
 //                (the oracle's order, so a token's sum does not depend on the rest of the batch).
 //
@@ -25,11 +28,13 @@
 #include "quant.cuh"
 
 #define MOE_MAX_K 16
-#define MOE_T 4
+#define MOE_FULL 0xffffffffu
 
 #define MOE_SOFTMAX_TOPK 0
 #define MOE_TOPK_SOFTMAX 1
 #define MOE_SIGMOID 2
+
+// -- routing ---------------------------------------------------------------------------------------------
 
 // Expert e's router logit, tanh-capped where softcap > 0 (as moe/ops.py: tanh(l / cap) * cap).
 __device__ __forceinline__ float moe_logit(const float* l, int e, float softcap) {
@@ -45,177 +50,460 @@ __device__ __forceinline__ float moe_choice(const float* l, int e, int mode, flo
     return bias == nullptr ? score : score + bias[e];
 }
 
-// The router, a thread per token. `mode` MOE_SOFTMAX_TOPK, MOE_TOPK_SOFTMAX or MOE_SIGMOID; `softcap` 0: none.
-// MOE_SIGMOID (Nemotron-H's DeepSeek-V3-style router, Laguna's with one group): the choice c = sigmoid(logit) +
-// bias[e] (bias nullable); with n_groups > 1 only the experts of the topk_groups groups whose two best c sum
-// highest compete (ties: the lower group); the k best c (ties: the lower id); weights the chosen scores,
-// divided by their sum + 1e-20 when `normalize`, times `routed_scale`. Up to 64 groups and
-// MOE_SIG_MAX_EXPERTS experts, whose choice values the thread computes once (local memory) for its k
-// selection passes; the softmax modes (no bias, groups or scale) recompute theirs and take any expert count.
-#define MOE_SIG_MAX_EXPERTS 512
+// The warp's best (value, id) candidate, in every lane: the higher value, on a tie the lower id; id -1 (no
+// candidate) loses to any. The xor tree gives each lane a result; lane 0's is broadcast so that the lanes
+// agree even where values do not order (NaN).
+__device__ __forceinline__ void moe_warp_best(float& v, int& id) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        const float ov = __shfl_xor_sync(MOE_FULL, v, off);
+        const int oi = __shfl_xor_sync(MOE_FULL, id, off);
+        if (oi >= 0 && (id < 0 || ov > v || (ov == v && oi < id))) {
+            v = ov;
+            id = oi;
+        }
+    }
+    v = __shfl_sync(MOE_FULL, v, 0);
+    id = __shfl_sync(MOE_FULL, id, 0);
+}
+
+// The router, a warp per token: lane l holds the choice values of experts l, l + 32, ... (registers), and
+// each of the k picks is one pass over them plus a warp-wide argmax; pick j lands in lane j, which then
+// computes its weight (sums over the picks and over all experts are warp sums). `mode` MOE_SOFTMAX_TOPK,
+// MOE_TOPK_SOFTMAX or MOE_SIGMOID; `softcap` 0: none. MOE_SIGMOID (Nemotron-H's DeepSeek-V3-style router,
+// Laguna's with one group): the choice c = sigmoid(logit) + bias[e] (bias nullable); with n_groups > 1 only
+// the experts of the topk_groups groups whose two best c sum highest compete (ties: the lower group); the k
+// best c (ties: the lower id); weights the chosen scores, divided by their sum + 1e-20 when `normalize`,
+// times `routed_scale`. Up to MOE_ROUTE_PER_LANE * 32 experts in up to 64 groups.
+#define MOE_ROUTE_PER_LANE 32
 #define MOE_MAX_GROUPS 64
+
+// The topk_groups best groups as a bit mask (bit g: group g competes), the same in every lane. Lane l
+// scores groups l and l + 32 (the sum of their two best choices, or the best one of a one-expert group).
+__device__ __forceinline__ unsigned long long moe_route_groups(const float* l, int n_exp, int n_groups,
+                                                               int topk_groups, float softcap,
+                                                               const float* bias) {
+    const int lane = threadIdx.x & 31, per_group = n_exp / n_groups;
+    float sums[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int g = lane + 32 * h;
+        float b1 = -PADDOCK_INF, b2 = -PADDOCK_INF;
+        for (int e = g * per_group; g < n_groups && e < (g + 1) * per_group; ++e) {
+            const float c = moe_choice(l, e, MOE_SIGMOID, softcap, bias);
+            if (c > b1) {
+                b2 = b1;
+                b1 = c;
+            } else if (c > b2) {
+                b2 = c;
+            }
+        }
+        sums[h] = per_group > 1 ? b1 + b2 : b1;
+    }
+    unsigned long long allowed = 0ull;
+    for (int j = 0; j < topk_groups; ++j) {
+        float v = 0.f;
+        int id = -1;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int g = lane + 32 * h;
+            if (g < n_groups && !((allowed >> g) & 1ull) && (id < 0 || sums[h] > v)) {
+                v = sums[h];
+                id = g;
+            }
+        }
+        moe_warp_best(v, id);
+        allowed |= 1ull << id;
+    }
+    return allowed;
+}
+
+// The router's arguments after the logits (moe_route's, kernels/moe.py's order).
+struct MoeRouting {
+    int n_exp, k, mode, normalize;
+    const float* bias;
+    float softcap, routed_scale;
+    int n_groups, topk_groups;
+};
+
+// Token t's picks into chosen[t k ..] and weights[t k ..], by one warp (all its lanes).
+__device__ __forceinline__ void moe_route_token(const float* __restrict__ logits, int t, const MoeRouting& rt,
+                                                int* chosen, float* __restrict__ weights) {
+    const int lane = threadIdx.x & 31, n_exp = rt.n_exp, k = rt.k, mode = rt.mode;
+    const float softcap = rt.softcap, * bias = rt.bias;
+    const float* l = logits + (i64)t * n_exp;
+    const int n_groups = rt.n_groups;
+    const bool grouped = mode == MOE_SIGMOID && n_groups > 1;
+    const unsigned long long allowed =
+        grouped ? moe_route_groups(l, n_exp, n_groups, rt.topk_groups, softcap, bias) : ~0ull;
+    const int per_group = grouped ? n_exp / n_groups : n_exp;
+    float v[MOE_ROUTE_PER_LANE];
+    u32 live = 0u;  // bit i: expert lane + 32 i competes and is not chosen yet
+#pragma unroll
+    for (int i = 0; i < MOE_ROUTE_PER_LANE; ++i) {
+        const int e = lane + 32 * i;
+        v[i] = 0.f;
+        if (32 * i >= n_exp) break;  // warp-uniform: the passes below walk only the slots in use
+        if (e < n_exp && (allowed >> (e / per_group)) & 1ull) {
+            v[i] = moe_choice(l, e, mode, softcap, bias);
+            live |= 1u << i;
+        }
+    }
+    int mine = -1;  // lane j: the j-th pick and its choice value
+    float mine_v = 0.f;
+    for (int j = 0; j < k; ++j) {
+        float bv = 0.f;
+        int be = -1;
+#pragma unroll
+        for (int i = 0; i < MOE_ROUTE_PER_LANE; ++i) {  // ascending ids: a tie keeps the lower
+            if (32 * i >= n_exp) break;
+            if (((live >> i) & 1u) && (be < 0 || v[i] > bv)) {
+                bv = v[i];
+                be = lane + 32 * i;
+            }
+        }
+        moe_warp_best(bv, be);
+        if (be >= 0 && (be & 31) == lane) live &= ~(1u << (be >> 5));
+        if (lane == j) {
+            mine = be;
+            mine_v = bv;
+        }
+    }
+    const float top = __shfl_sync(MOE_FULL, mine_v, 0);
+    float w = 0.f;
+    if (mode == MOE_SIGMOID) {  // the chosen experts' scores (without the bias), summing to routed_scale
+        w = lane < k ? 1.f / (1.f + expf(-moe_logit(l, mine, softcap))) : 0.f;
+        const float sum = warp_sum(w);
+        w = (rt.normalize ? w / (sum + 1e-20f) : w) * rt.routed_scale;
+    } else if (mode == MOE_TOPK_SOFTMAX) {  // softmax over the k chosen logits
+        w = lane < k ? expf(mine_v - top) : 0.f;
+        w /= warp_sum(w);
+    } else {  // softmax over every expert (v holds every logit), then the chosen probabilities
+        float all = 0.f;
+#pragma unroll
+        for (int i = 0; i < MOE_ROUTE_PER_LANE; ++i) {
+            if (32 * i >= n_exp) break;
+            if (lane + 32 * i < n_exp) all += expf(v[i] - top);
+        }
+        all = warp_sum(all);
+        w = lane < k ? expf(mine_v - top) / all : 0.f;
+        const float sum = warp_sum(w);
+        if (rt.normalize) w /= sum;
+    }
+    if (lane < k) {
+        chosen[(i64)t * k + lane] = mine;
+        weights[(i64)t * k + lane] = w;
+    }
+}
 
 extern "C" __global__ void moe_route(const float* __restrict__ logits, int n_tok, int n_exp, int k, int mode,
                                      int normalize, const float* __restrict__ bias, float softcap, float routed_scale,
                                      int n_groups, int topk_groups, int* __restrict__ chosen,
                                      float* __restrict__ weights) {
     after_previous_grid();
-    const int t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= n_tok) return;
-    const float* l = logits + (i64)t * n_exp;
-    const bool cached = mode == MOE_SIGMOID;
-    float choice[MOE_SIG_MAX_EXPERTS];
-    if (cached)
-        for (int e = 0; e < n_exp; ++e) choice[e] = moe_choice(l, e, mode, softcap, bias);
-    unsigned long long allowed = ~0ull;  // bit g: group g competes
-    const bool grouped = cached && n_groups > 1;
-    const int per_group = grouped ? n_exp / n_groups : n_exp;
-    if (grouped) {
-        float sums[MOE_MAX_GROUPS];
-        for (int g = 0; g < n_groups; ++g) {
-            float b1 = -PADDOCK_INF, b2 = -PADDOCK_INF;
-            for (int e = g * per_group; e < (g + 1) * per_group; ++e) {
-                const float c = choice[e];
-                if (c > b1) {
-                    b2 = b1;
-                    b1 = c;
-                } else if (c > b2) {
-                    b2 = c;
-                }
-            }
-            sums[g] = per_group > 1 ? b1 + b2 : b1;
-        }
-        allowed = 0ull;
-        for (int j = 0; j < topk_groups; ++j) {
-            int best = -1;
-            for (int g = 0; g < n_groups; ++g)
-                if (!((allowed >> g) & 1ull) && (best < 0 || sums[g] > sums[best])) best = g;
-            allowed |= 1ull << best;
-        }
-    }
-    int idx[MOE_MAX_K];
-    float val[MOE_MAX_K];
-    for (int j = 0; j < k; ++j) {
-        int best = -1;
-        float best_v = 0.f;
-        for (int e = 0; e < n_exp; ++e) {
-            if (grouped && !((allowed >> (e / per_group)) & 1ull)) continue;
-            bool taken = false;
-            for (int i = 0; i < j; ++i) taken |= idx[i] == e;
-            const float v = cached ? choice[e] : moe_choice(l, e, mode, softcap, bias);
-            if (!taken && (best < 0 || v > best_v)) {
-                best = e;
-                best_v = v;
-            }
-        }
-        idx[j] = best;
-        val[j] = best_v;
-    }
-    float w[MOE_MAX_K], sum = 0.f;
-    if (mode == MOE_SIGMOID) {  // the chosen experts' scores (without the bias), summing to routed_scale
-        for (int j = 0; j < k; ++j) sum += (w[j] = 1.f / (1.f + expf(-moe_logit(l, idx[j], softcap))));
-        for (int j = 0; j < k; ++j) w[j] = (normalize ? w[j] / (sum + 1e-20f) : w[j]) * routed_scale;
-    } else if (mode == MOE_TOPK_SOFTMAX) {  // softmax over the k chosen logits
-        for (int j = 0; j < k; ++j) sum += (w[j] = expf(val[j] - val[0]));
-        for (int j = 0; j < k; ++j) w[j] /= sum;
-    } else {  // softmax over every expert, then the chosen probabilities
-        float all = 0.f;
-        for (int e = 0; e < n_exp; ++e) all += expf(moe_logit(l, e, softcap) - val[0]);
-        for (int j = 0; j < k; ++j) sum += (w[j] = expf(val[j] - val[0]) / all);
-        if (normalize)
-            for (int j = 0; j < k; ++j) w[j] /= sum;
-    }
-    for (int j = 0; j < k; ++j) {
-        chosen[(i64)t * k + j] = idx[j];
-        weights[(i64)t * k + j] = w[j];
-    }
+    const MoeRouting rt{n_exp, k, mode, normalize, bias, softcap, routed_scale, n_groups, topk_groups};
+    const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (t < n_tok) moe_route_token(logits, t, rt, chosen, weights);  // the whole warp
 }
 
-extern "C" __global__ void moe_count(const int* __restrict__ chosen, int n_pairs, int* __restrict__ counts) {
+// -- grouping ----------------------------------------------------------------------------------------------
+
+// Many pairs only (moe_offsets counts a few itself): counts[g] += pairs of group g (counts zeroed first).
+extern "C" __global__ void moe_count(const int* __restrict__ groups, int n_pairs, int* __restrict__ counts) {
     after_previous_grid();
     const int p = blockIdx.x * blockDim.x + threadIdx.x;
-    if (p < n_pairs) atomicAdd(counts + chosen[p], 1);
+    if (p < n_pairs) atomicAdd(counts + groups[p], 1);
 }
 
-// One thread: offsets[e] = sum of counts before e (offsets[n_exp] = all pairs); cursor = offsets.
-extern "C" __global__ void moe_offsets(const int* __restrict__ counts, int n_exp, int* __restrict__ offsets,
-                                       int* __restrict__ cursor) {
-    after_previous_grid();
-    if (blockIdx.x != 0 || threadIdx.x != 0) return;
-    int total = 0;
-    for (int e = 0; e < n_exp; ++e) {
-        offsets[e] = cursor[e] = total;
-        total += counts[e];
+#define MOE_PLAN_MAX_GROUPS 2048
+
+// One block. Counts the pairs per group (in shared memory; or reads `counts` from moe_count where not
+// null), offsets[g] = pairs before group g (offsets[n_groups] = all pairs), and the active list of groups
+// below n_slots with pairs: active[0] = how many, active[1 + i] = the i-th in ascending order (group n_slots,
+// where present, holds the skipped pairs: never run). Then either the scatter itself (`order` not null:
+// order[at] = p and where[p] = at, p's place `at` in its group taken by a shared-memory atomic; the order
+// within a group does not matter) or the cursor moe_scatter starts from. Up to MOE_PLAN_MAX_GROUPS groups.
+__device__ __forceinline__ void moe_plan(const int* groups, int n_pairs, const int* __restrict__ counts, int n_groups,
+                                         int n_slots, int* __restrict__ offsets, int* __restrict__ cursor,
+                                         int* __restrict__ active, int* __restrict__ order, int* __restrict__ where) {
+    __shared__ int count[MOE_PLAN_MAX_GROUPS];
+    __shared__ int start[MOE_PLAN_MAX_GROUPS];
+    for (int g = threadIdx.x; g < n_groups; g += blockDim.x) count[g] = counts != nullptr ? counts[g] : 0;
+    __syncthreads();
+    if (counts == nullptr) {
+        for (int p = threadIdx.x; p < n_pairs; p += blockDim.x) atomicAdd(count + groups[p], 1);
+        __syncthreads();
     }
-    offsets[n_exp] = total;
+    if (threadIdx.x < 32) {  // warp 0 scans: lane l takes a run of consecutive groups
+        const int lane = threadIdx.x, per = (n_groups + 31) / 32, g0 = min(lane * per, n_groups);
+        const int g1 = min(g0 + per, n_groups);
+        int pairs = 0, busy = 0;
+        for (int g = g0; g < g1; ++g) {
+            pairs += count[g];
+            busy += g < n_slots && count[g] > 0;
+        }
+        int pairs_before = pairs, busy_before = busy;  // inclusive scans, then made exclusive
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+            const int a = __shfl_up_sync(MOE_FULL, pairs_before, off), b = __shfl_up_sync(MOE_FULL, busy_before, off);
+            if (lane >= off) {
+                pairs_before += a;
+                busy_before += b;
+            }
+        }
+        pairs_before -= pairs;
+        busy_before -= busy;
+        for (int g = g0; g < g1; ++g) {
+            start[g] = offsets[g] = pairs_before;
+            if (order == nullptr) cursor[g] = pairs_before;
+            pairs_before += count[g];
+            if (g < n_slots && count[g] > 0) active[1 + busy_before++] = g;
+        }
+        if (lane == 31) {
+            offsets[n_groups] = pairs_before;
+            active[0] = busy_before;
+        }
+    }
+    __syncthreads();
+    if (order != nullptr)
+        for (int p = threadIdx.x; p < n_pairs; p += blockDim.x) {
+            const int at = atomicAdd(start + groups[p], 1);
+            order[at] = p;
+            where[p] = at;
+        }
 }
 
-extern "C" __global__ void moe_scatter(const int* __restrict__ chosen, int n_pairs, int* __restrict__ cursor,
+extern "C" __global__ void moe_offsets(const int* __restrict__ groups, int n_pairs, const int* __restrict__ counts,
+                                       int n_groups, int n_slots, int* __restrict__ offsets, int* __restrict__ cursor,
+                                       int* __restrict__ active, int* __restrict__ order, int* __restrict__ where) {
+    after_previous_grid();
+    moe_plan(groups, n_pairs, counts, n_groups, n_slots, offsets, cursor, active, order, where);
+}
+
+// A decode step's router and grouping in one launch (one block): its warps route the tokens (moe_route_token),
+// then the block groups the pairs by expert (moe_plan with groups = chosen). The grouping reads `chosen` after
+// the barrier, which makes the block's global writes visible to all its threads.
+extern "C" __global__ void moe_route_grouped(const float* __restrict__ logits, int n_tok, int n_exp, int k, int mode,
+                                             int normalize, const float* __restrict__ bias, float softcap,
+                                             float routed_scale, int n_groups, int topk_groups, int* chosen,
+                                             float* __restrict__ weights, int* __restrict__ offsets,
+                                             int* __restrict__ active, int* __restrict__ order,
+                                             int* __restrict__ where) {
+    after_previous_grid();
+    const MoeRouting rt{n_exp, k, mode, normalize, bias, softcap, routed_scale, n_groups, topk_groups};
+    for (int t = threadIdx.x >> 5; t < n_tok; t += blockDim.x >> 5) moe_route_token(logits, t, rt, chosen, weights);
+    __syncthreads();
+    moe_plan(chosen, n_tok * k, nullptr, n_exp, n_exp, offsets, nullptr, active, order, where);
+}
+
+extern "C" __global__ void moe_scatter(const int* __restrict__ groups, int n_pairs, int* __restrict__ cursor,
                                        int* __restrict__ order, int* __restrict__ where) {
     after_previous_grid();
     const int p = blockIdx.x * blockDim.x + threadIdx.x;
     if (p >= n_pairs) return;
-    const int at = atomicAdd(cursor + chosen[p], 1);  // the order within an expert does not matter
+    const int at = atomicAdd(cursor + groups[p], 1);  // the order within an expert does not matter
     order[at] = p;
     where[p] = at;
 }
 
-// y[g, r] = W_e[r, :] . x[src(g), :] (+ bias_e[r]) for each grouped pair g of expert e = blockIdx.y;
-// src(g) = order[g] / k (the pair's token) or g itself when the inputs are per pair (`x_per_pair`).
-template <class Fmt>
-__device__ __forceinline__ void moe_grouped(const u8* __restrict__ w, i64 expert_stride, i64 row_bytes, int n_rows,
-                                            int n_cols, const float* __restrict__ x, int x_per_pair,
-                                            const int* __restrict__ order, const int* __restrict__ offsets, int k,
-                                            const float* __restrict__ bias, float* __restrict__ y) {
-    after_previous_grid();
-    const int e = blockIdx.y, lane = threadIdx.x & 31;
-    const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    const int begin = offsets[e], end = offsets[e + 1];
-    if (r >= n_rows || begin == end) return;
-    const u8* row = w + e * expert_stride + (i64)r * row_bytes;
-    const int units = n_cols >> 5;
-    for (int g0 = begin; g0 < end; g0 += MOE_T) {
-        const int n = min(MOE_T, end - g0);
-        const float* xs[MOE_T];
+// -- grouped products --------------------------------------------------------------------------------------
+
+// The activations: kind 0: silu(g) * u; kind 1: (clamp(u, +-limit) + 1) * g' * sigmoid(alpha g') with
+// g' = min(g, limit) (GPT-OSS); kind 2: relu(u)^2 (ungated: g unused); kind 3: gelu_tanh(g) * u (Gemma 4's
+// experts), common.cuh's formula. The numbers are kernels/moe.py's ACTIVATION_KINDS.
+__device__ __forceinline__ float moe_act(int kind, float g, float u, float limit, float alpha) {
+    if (kind == 2) {
+        const float r = fmaxf(u, 0.f);
+        return r * r;
+    }
+    if (kind == 0) return g / (1.f + expf(-g)) * u;
+    if (kind == 3) return gated_act<1>(g, u);
+    const float gc = fminf(g, limit), uc = fminf(fmaxf(u, -limit), limit);
+    return (uc + 1.f) * (gc / (1.f + expf(-gc * alpha)));
+}
+
+#define MOE_R 2      // rows of each weight a lane group reads at once
+#define MOE_WARPS 4  // warps per block (kernels/moe.py's WARPS)
+// The most pairs of one expert a pass over its rows takes (4, 2 or 1; one build each, -D from kernels/moe.py).
+// The registers of the widest pass are the kernel's: at 4 the gated Q4_K build takes 255 a thread, at 1 128,
+// so a decode step (an expert has one pair) runs the 1 build with twice the warps resident.
+#ifndef MOE_TMAX
+#define MOE_TMAX 4
+#endif
+
+// One 32-weight unit u of NR rows against T tokens' x (float32, from L1): acc[t][r] += W[r, unit] . x_t.
+// Per run, the codes of raw() times x, then the format's (a, b) once (quant.cuh), as gemv.cuh does.
+template <class Fmt, int NR, int T>
+__device__ __forceinline__ void moe_unit(const Fmt (&f)[NR], int u, const float* const (&xs)[T],
+                                         float (&acc)[T][NR]) {
+    const int xb = Fmt::x_base(u);
+    float p0[T][NR], p1[T][NR], X0[T], X1[T];
 #pragma unroll
-        for (int t = 0; t < MOE_T; ++t) {
-            const int g = g0 + min(t, n - 1);
-            xs[t] = x + (i64)(x_per_pair ? g : order[g] / k) * n_cols;
-        }
-        float acc[MOE_T];
+    for (int t = 0; t < T; ++t) {
+        X0[t] = X1[t] = 0.f;
 #pragma unroll
-        for (int t = 0; t < MOE_T; ++t) acc[t] = 0.f;
-        for (int u = lane; u < units; u += 32) {
-            Fmt f;
-            f.load(row, u);
-            const int xb = Fmt::x_base(u);
+        for (int r = 0; r < NR; ++r) p0[t][r] = p1[t][r] = 0.f;
+    }
 #pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                float w0[4], w1[4];
-                f.get(q, w0, w1);
+    for (int k = 0; k < 4; ++k) {
+        float4 xa[T], xc[T];
 #pragma unroll
-                for (int t = 0; t < MOE_T; ++t)
-#pragma unroll
-                    for (int i = 0; i < 4; ++i)
-                        acc[t] += w0[i] * xs[t][xb + 4 * q + i] + w1[i] * xs[t][xb + Fmt::RUN1 + 4 * q + i];
+        for (int t = 0; t < T; ++t) {
+            xa[t] = __ldg(reinterpret_cast<const float4*>(xs[t] + xb + 4 * k));
+            xc[t] = __ldg(reinterpret_cast<const float4*>(xs[t] + xb + Fmt::RUN1 + 4 * k));
+            if (Fmt::AFFINE) {
+                X0[t] += (xa[t].x + xa[t].y) + (xa[t].z + xa[t].w);
+                X1[t] += (xc[t].x + xc[t].y) + (xc[t].z + xc[t].w);
             }
         }
 #pragma unroll
-        for (int t = 0; t < MOE_T; ++t) {
-            float v = acc[t];
+        for (int r = 0; r < NR; ++r) {
+            float c0[4], c1[4];
+            f[r].raw(k, c0, c1);
 #pragma unroll
-            for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-            if (lane == 0 && t < n) y[(i64)(g0 + t) * n_rows + r] = v + (bias ? bias[(i64)e * n_rows + r] : 0.f);
+            for (int t = 0; t < T; ++t) {
+                float a = p0[t][r], b = p1[t][r];
+                a = fmaf(c0[0], xa[t].x, fmaf(c0[1], xa[t].y, fmaf(c0[2], xa[t].z, fmaf(c0[3], xa[t].w, a))));
+                b = fmaf(c1[0], xc[t].x, fmaf(c1[1], xc[t].y, fmaf(c1[2], xc[t].z, fmaf(c1[3], xc[t].w, b))));
+                p0[t][r] = a;
+                p1[t][r] = b;
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+        float a0, b0, a1, b1;
+        f[r].coef(a0, b0, a1, b1);
+#pragma unroll
+        for (int t = 0; t < T; ++t)
+            acc[t][r] += Fmt::AFFINE ? fmaf(a0, p0[t][r], b0 * X0[t]) + fmaf(a1, p1[t][r], b1 * X1[t])
+                                     : p0[t][r] + p1[t][r];
+    }
+}
+
+// acc[t][r] = W[rows[r]] . x_t, summed over the `width` lanes of this lane's group (sl: its place in the
+// group). A lane takes units sl, sl + width, ...; two at a time, loaded before either is multiplied, so
+// that a lane has every row's next two units in flight.
+template <class Fmt, int NR, int T>
+__device__ __forceinline__ void moe_dot(const u8* const (&rows)[NR], int n_cols, const float* const (&xs)[T], int sl,
+                                        int width, float (&acc)[T][NR]) {
+    const int units = n_cols >> 5;
+#pragma unroll
+    for (int t = 0; t < T; ++t)
+#pragma unroll
+        for (int r = 0; r < NR; ++r) acc[t][r] = 0.f;
+    for (int u = sl; u < units; u += 2 * width) {
+        const bool second = u + width < units;
+        Fmt f0[NR], f1[NR];
+#pragma unroll
+        for (int r = 0; r < NR; ++r) f0[r].load(rows[r], u);
+        if (second)
+#pragma unroll
+            for (int r = 0; r < NR; ++r) f1[r].load(rows[r], u + width);
+        moe_unit<Fmt, NR, T>(f0, u, xs, acc);
+        if (second) moe_unit<Fmt, NR, T>(f1, u + width, xs, acc);
+    }
+#pragma unroll
+    for (int t = 0; t < T; ++t)
+#pragma unroll
+        for (int r = 0; r < NR; ++r)
+            for (int off = width >> 1; off > 0; off >>= 1) acc[t][r] += __shfl_xor_sync(MOE_FULL, acc[t][r], off);
+}
+
+// The weights a grouped product reads: G of them (1: one weight; 2: gate then up) of one format, stacked
+// [E, rows, cols] with the same strides, their [E, rows] biases (nullable), and what is written:
+// act >= 0: moe_act(act, first, second) (a single weight: moe_act(act, -, it)), else the product itself.
+struct MoeWeights {
+    const u8* w[2];
+    const float* bias[2];
+    i64 expert_stride, row_bytes;
+    int n_rows, n_cols, act;
+    float limit, alpha;
+};
+
+// Pairs g0 .. g0 + T - 1 of expert e, rows row0 .. row0 + R - 1 of each weight, by one lane group.
+template <class Fmt, int G, int T>
+__device__ __forceinline__ void moe_pairs(const MoeWeights& mw, int e, int row0, bool writes, const float* x,
+                                          int x_per_pair, const int* order, int k, int g0, int sl, int width,
+                                          float* __restrict__ y) {
+    constexpr int R = MOE_R;
+    const u8* rows[G * R];
+#pragma unroll
+    for (int m = 0; m < G; ++m)
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+            rows[m * R + r] = mw.w[m] + e * mw.expert_stride + (i64)min(row0 + r, mw.n_rows - 1) * mw.row_bytes;
+    const float* xs[T];
+#pragma unroll
+    for (int t = 0; t < T; ++t) xs[t] = x + (i64)(x_per_pair ? g0 + t : order[g0 + t] / k) * mw.n_cols;
+    float acc[T][G * R];
+    moe_dot<Fmt, G * R, T>(rows, mw.n_cols, xs, sl, width, acc);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int row = row0 + r;
+        if (!writes || sl != r % width || row >= mw.n_rows) continue;  // every lane of the group holds the sums
+        float b[G];
+#pragma unroll
+        for (int m = 0; m < G; ++m) b[m] = mw.bias[m] != nullptr ? mw.bias[m][(i64)e * mw.n_rows + row] : 0.f;
+#pragma unroll
+        for (int t = 0; t < T; ++t) {
+            const float first = acc[t][r] + b[0], last = acc[t][(G - 1) * R + r] + b[G - 1];
+            y[(i64)(g0 + t) * mw.n_rows + row] = mw.act >= 0 ? moe_act(mw.act, first, last, mw.limit, mw.alpha) : first;
         }
     }
 }
 
-#define MOE_GROUPED_KERNEL(SUFFIX, FMT)                                                                        \
-    extern "C" __global__ void moe_grouped_##SUFFIX(                                                           \
-        const u8* __restrict__ w, i64 expert_stride, i64 row_bytes, int n_rows, int n_cols,                    \
-        const float* __restrict__ x, int x_per_pair, const int* __restrict__ order,                            \
-        const int* __restrict__ offsets, int k, const float* __restrict__ bias, float* __restrict__ y) {       \
-        moe_grouped<FMT>(w, expert_stride, row_bytes, n_rows, n_cols, x, x_per_pair, order, offsets, k, bias, y); \
+// y[g, row] for each grouped pair g of the active group blockIdx.y (active[1 + blockIdx.y]; blocks past
+// active[0] exit); the pair's input row src(g) = order[g] / k (its token) or g itself when the inputs are
+// per pair (`x_per_pair`). A warp is 32 / width lane groups of `width` lanes (the largest power of two up
+// to half the row's units, at most 32: a lane's two units loaded at once), each group MOE_R rows of each
+// weight; the row groups of the block's warps are walked
+// grid-stride, so any grid.x is correct. The loops are warp-uniform (shuffles): a lane group past the last
+// row computes clamped rows and writes nothing.
+template <class Fmt, int G>
+__device__ __forceinline__ void moe_grouped(const MoeWeights& mw, const float* __restrict__ x, int x_per_pair,
+                                            const int* __restrict__ order, const int* __restrict__ offsets,
+                                            const int* __restrict__ active, int k, float* __restrict__ y) {
+    after_previous_grid();
+    if ((int)blockIdx.y >= active[0]) return;
+    const int e = active[1 + blockIdx.y], begin = offsets[e], end = offsets[e + 1];
+    const int units = mw.n_cols >> 5, lane = threadIdx.x & 31;
+    int width = 32;
+    while (width > 1 && 2 * width > units) width >>= 1;
+    const int per_warp = 32 / width, sub = lane / width, sl = lane % width;
+    constexpr int R = MOE_R;
+    const int row_groups = (mw.n_rows + R - 1) / R, warps = blockDim.x >> 5;
+    for (int w0 = (blockIdx.x * warps + (threadIdx.x >> 5)) * per_warp; w0 < row_groups;
+         w0 += gridDim.x * warps * per_warp) {
+        const int rg = w0 + sub, row0 = min(rg, row_groups - 1) * R;
+        const bool writes = rg < row_groups;
+        int g = begin;
+        if constexpr (MOE_TMAX >= 4)
+            for (; g + 4 <= end; g += 4) moe_pairs<Fmt, G, 4>(mw, e, row0, writes, x, x_per_pair, order, k, g, sl, width, y);
+        if constexpr (MOE_TMAX >= 2)
+            for (; g + 2 <= end; g += 2) moe_pairs<Fmt, G, 2>(mw, e, row0, writes, x, x_per_pair, order, k, g, sl, width, y);
+        for (; g < end; ++g) moe_pairs<Fmt, G, 1>(mw, e, row0, writes, x, x_per_pair, order, k, g, sl, width, y);
+    }
+}
+
+// One weight: y[g, r] = W_e[r, :] . x[src(g), :] (+ bias_e[r]), or with act 2 relu of it squared.
+#define MOE_GROUPED_KERNEL(SUFFIX, FMT)                                                                         \
+    extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS) moe_grouped_##SUFFIX(                          \
+        const u8* __restrict__ w, i64 expert_stride, i64 row_bytes, int n_rows, int n_cols,                     \
+        const float* __restrict__ x, int x_per_pair, const int* __restrict__ order,                             \
+        const int* __restrict__ offsets, const int* __restrict__ active, int k, const float* __restrict__ bias, \
+        int act, float* __restrict__ y) {                                                                       \
+        const MoeWeights mw{{w, w}, {bias, bias}, expert_stride, row_bytes, n_rows, n_cols, act, 0.f, 0.f};    \
+        moe_grouped<FMT, 1>(mw, x, x_per_pair, order, offsets, active, k, y);                                   \
+    }                                                                                                           \
+    extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS) moe_grouped_gated_##SUFFIX(                    \
+        const u8* __restrict__ gate, const u8* __restrict__ up, i64 expert_stride, i64 row_bytes, int n_rows,   \
+        int n_cols, const float* __restrict__ x, const int* __restrict__ order, const int* __restrict__ offsets, \
+        const int* __restrict__ active, int k, const float* __restrict__ gate_bias,                             \
+        const float* __restrict__ up_bias, int act, float limit, float alpha, float* __restrict__ y) {          \
+        const MoeWeights mw{{gate, up}, {gate_bias, up_bias}, expert_stride, row_bytes, n_rows, n_cols,         \
+                            act,        limit,      alpha};                                                     \
+        moe_grouped<FMT, 2>(mw, x, 0, order, offsets, active, k, y);                                            \
     }
 
 // One level more, so that PADDOCK_FORMAT is expanded (to q4_k, ...) before `##` pastes it into the name.
@@ -227,29 +515,12 @@ PADDOCK_FORMATS(MOE_GROUPED_KERNEL)
 MOE_GROUPED_FORMAT(PADDOCK_FORMAT, PADDOCK_FORMAT_STRUCT)
 #endif
 
-// kind 0: silu(g) * u; kind 1: (clamp(u, +-limit) + 1) * g' * sigmoid(alpha g') with g' = min(g, limit);
-// kind 2: relu(u)^2 (ungated: `gate` is not read); kind 3: gelu_tanh(g) * u (Gemma 4's experts), common.cuh's
-// formula. The numbers are kernels/moe.py's ACTIVATION_KINDS.
+// act(gate) * up per element (moe_act's kinds), for gate and up products run apart (formats that differ).
 extern "C" __global__ void moe_gated(const float* __restrict__ gate, const float* __restrict__ up, i64 n, int kind,
                                      float limit, float alpha, float* __restrict__ out) {
     after_previous_grid();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    const float u = up[i];
-    if (kind == 2) {
-        const float r = fmaxf(u, 0.f);
-        out[i] = r * r;
-        return;
-    }
-    const float g = gate[i];
-    if (kind == 0) {
-        out[i] = g / (1.f + expf(-g)) * u;
-    } else if (kind == 3) {
-        out[i] = gated_act<1>(g, u);
-    } else {
-        const float gc = fminf(g, limit), uc = fminf(fmaxf(u, -limit), limit);
-        out[i] = (uc + 1.f) * (gc / (1.f + expf(-gc * alpha)));
-    }
+    if (i < n) out[i] = moe_act(kind, kind == 2 ? 0.f : gate[i], up[i], limit, alpha);
 }
 
 // out[t, c] = sum over t's k pairs, in expert-id order, of weights[t, j] * h[where[t k + j], c].

@@ -1,11 +1,18 @@
-// Run moe.cu's whole pipeline on the SIMT emulator, in the order kernels/moe.py launches it:
+// Run moe.cu's kernels on the SIMT emulator, in the order and with the grids kernels/moe.py uses:
 //   moe FMT DIR N_TOK HIDDEN FF N_EXP K MODE NORMALIZE ACT ROW_BYTES_GU ROW_BYTES_DOWN SOFTCAP ROUTED_SCALE
-//       N_GROUPS TOPK_GROUPS
-// reads x.bin [T, H], logits.bin [T, E], gate.bin / up.bin ([E, FF] rows), down.bin ([E, H] rows),
-// optional gate_bias.bin / up_bias.bin / down_bias.bin, score_bias.bin [E] (sigmoid routing) and
-// expert_scale.bin [E] (Gemma 4: the chosen experts' weights times their scale, as kernels/moe.py's route_scaled);
-// writes out.bin, chosen.bin, weights.bin (before the scale). ACT 2 (relu2) runs no gate product.
-// FMT is one format for every projection, or "GATE_UP_FMT,DOWN_FMT" (Gemma 4's Q4_K gate/up beside a Q5_0 down).
+//       N_GROUPS TOPK_GROUPS [MANY_PAIRS SEPARATE FUSED_ROUTE]
+//     the whole pipeline: reads x.bin [T, H], logits.bin [T, E], gate.bin / up.bin ([E, FF] rows), down.bin
+//     ([E, H] rows), optional gate_bias.bin / up_bias.bin / down_bias.bin and score_bias.bin [E] (sigmoid
+//     routing), and optional groups.bin [T, K] (int32: the slot each pair reads; N_EXP: skipped, as
+//     backend/cuda/experts.py streams experts; without it a pair reads its expert); writes out.bin,
+//     chosen.bin, weights.bin (before the scale); optional expert_scale.bin [E] (Gemma 4: the chosen experts'
+//     weights times their scale, as kernels/moe.py's route_scaled). FMT is one format for every projection, or
+//     "GATE_UP_FMT,DOWN_FMT" (Gemma 4's Q4_K gate/up beside a Q5_0 down). ACT 2 (relu2) runs no gate product. MANY_PAIRS 1: the grouping of many
+//     pairs (moe_count, moe_offsets, moe_scatter) instead of moe_offsets alone; SEPARATE 1: gate and up
+//     as two grouped products and moe_gated (their formats differ) instead of the fused one; FUSED_ROUTE 1:
+//     moe_route_grouped (route and group in one block) instead of moe_route then the grouping.
+//   route DIR N_TOK N_EXP K MODE NORMALIZE SOFTCAP ROUTED_SCALE N_GROUPS TOPK_GROUPS
+//     moe_route alone: logits.bin (and score_bias.bin) -> chosen.bin, weights.bin.
 #include <cmath>
 #include <string>
 #include <vector>
@@ -15,20 +22,59 @@
 
 #include "host_io.h"
 
-typedef void (*GroupedFn)(const u8*, i64, i64, int, int, const float*, int, const int*, const int*, int,
-                          const float*, float*);
+typedef void (*GroupedFn)(const u8*, i64, i64, int, int, const float*, int, const int*, const int*, const int*, int,
+                          const float*, int, float*);
+typedef void (*GatedFn)(const u8*, const u8*, i64, i64, int, int, const float*, const int*, const int*, const int*,
+                        int, const float*, const float*, int, float, float, float*);
 
-static GroupedFn pick(const std::string& fmt) {
-#define PICK_MOE(SUFFIX, FMT) \
-    if (fmt == #SUFFIX) return moe_grouped_##SUFFIX;
+static void pick(const std::string& fmt, GroupedFn& grouped, GatedFn& gated) {
+#define PICK_MOE(SUFFIX, FMT)               \
+    if (fmt == #SUFFIX) {                   \
+        grouped = moe_grouped_##SUFFIX;     \
+        gated = moe_grouped_gated_##SUFFIX; \
+        return;                             \
+    }
     PADDOCK_FORMATS(PICK_MOE)
     exit(4);
 }
 
 static const float* opt(const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); }
 
+static const unsigned ROUTE_WARPS = 4, WARPS = 4, ROWS = 2, PLAN_THREADS = 1024, THREADS = 64;
+
+static void route(const std::string& dir, int T, int E, int K, int mode, int normalize, float softcap,
+                  float routed_scale, int n_groups, int topk_groups, std::vector<int>& chosen,
+                  std::vector<float>& weights) {
+    auto score_bias = read_file<float>(dir + "/score_bias.bin");
+    auto logits = read_required<float>(dir + "/logits.bin");
+    chosen.assign((size_t)T * K, -1);
+    weights.assign((size_t)T * K, NAN);
+    launch({(T + ROUTE_WARPS - 1) / ROUTE_WARPS, 1, 1}, {32 * ROUTE_WARPS, 1, 1}, [&] {
+        moe_route(logits.data(), T, E, K, mode, normalize, opt(score_bias), softcap, routed_scale, n_groups,
+                  topk_groups, chosen.data(), weights.data());
+    });
+}
+
+// kernels/moe.py's _product_grid: row blocks of WARPS warps, each 32 / width lane groups of ROWS rows.
+static dim3 product_grid(int rows, int cols, int slots, int pairs) {
+    int width = 32;
+    while (width > 1 && 2 * width > cols / 32) width >>= 1;
+    const unsigned per_block = WARPS * (32 / width) * ROWS;
+    return {(rows + per_block - 1) / per_block, (unsigned)std::min(slots, pairs), 1};
+}
+
 int main(int argc, char** argv) {
-    if (argc != 18 || std::string(argv[1]) != "moe") return 2;
+    if (argc == 12 && std::string(argv[1]) == "route") {
+        const std::string dir = argv[2];
+        std::vector<int> chosen;
+        std::vector<float> weights;
+        route(dir, atoi(argv[3]), atoi(argv[4]), atoi(argv[5]), atoi(argv[6]), atoi(argv[7]), (float)atof(argv[8]),
+              (float)atof(argv[9]), atoi(argv[10]), atoi(argv[11]), chosen, weights);
+        write_file(dir + "/chosen.bin", chosen);
+        write_file(dir + "/weights.bin", weights);
+        return 0;
+    }
+    if ((argc != 18 && argc != 21) || std::string(argv[1]) != "moe") return 2;
     const std::string fmt_arg = argv[2], dir = argv[3];
     const size_t comma = fmt_arg.find(',');
     const std::string fmt = fmt_arg.substr(0, comma);
@@ -38,44 +84,82 @@ int main(int argc, char** argv) {
     const i64 rb_gu = atoll(argv[12]), rb_d = atoll(argv[13]);
     const float softcap = (float)atof(argv[14]), routed_scale = (float)atof(argv[15]);
     const int n_groups = atoi(argv[16]), topk_groups = atoi(argv[17]);
-    auto score_bias = read_file<float>(dir + "/score_bias.bin");
-    auto expert_scale = read_file<float>(dir + "/expert_scale.bin");
+    const bool many = argc == 21 && atoi(argv[18]), separate = argc == 21 && atoi(argv[19]);
+    const bool fused_route = argc == 21 && atoi(argv[20]);
     auto x = read_required<float>(dir + "/x.bin");
-    auto logits = read_required<float>(dir + "/logits.bin");
     auto gate = read_file<uint4>(dir + "/gate.bin", 2), up = read_file<uint4>(dir + "/up.bin", 2);
     auto down = read_file<uint4>(dir + "/down.bin", 2);
     auto gate_bias = read_file<float>(dir + "/gate_bias.bin"), up_bias = read_file<float>(dir + "/up_bias.bin");
     auto down_bias = read_file<float>(dir + "/down_bias.bin");
+    auto slot_of = read_file<int>(dir + "/groups.bin");
     const int P = T * K;
-    std::vector<int> chosen(P), counts(E, 0), offsets(E + 1), cursor(E), order(P), where(P);
-    std::vector<float> weights(P), g((size_t)P * FF), u((size_t)P * FF), a((size_t)P * FF), h((size_t)P * H),
-        out((size_t)T * H, NAN);
-    const unsigned threads = 64;
-    auto blocks = [&](long n) { return dim3{(unsigned)((n + threads - 1) / threads), 1, 1}; };
-    launch(blocks(T), {threads, 1, 1}, [&] {
-        moe_route(logits.data(), T, E, K, mode, normalize, opt(score_bias), softcap, routed_scale, n_groups,
-                  topk_groups, chosen.data(), weights.data());
-    });
-    launch(blocks(P), {threads, 1, 1}, [&] { moe_count(chosen.data(), P, counts.data()); });
-    launch({1, 1, 1}, {1, 1, 1}, [&] { moe_offsets(counts.data(), E, offsets.data(), cursor.data()); });
-    launch(blocks(P), {threads, 1, 1}, [&] { moe_scatter(chosen.data(), P, cursor.data(), order.data(), where.data()); });
+    std::vector<int> chosen((size_t)P, -1);
+    std::vector<float> weights((size_t)P, NAN);
+    const bool skipping = !slot_of.empty();
+    const int G = skipping ? E + 1 : E;  // the extra group: the skipped pairs
+    std::vector<int> counts(G, 0), offsets(G + 1, -1), cursor(G, -1), active(1 + E, -1), order(P, -1), where(P, -1);
+    if (fused_route) {
+        auto score_bias = read_file<float>(dir + "/score_bias.bin");
+        auto logits = read_required<float>(dir + "/logits.bin");
+        launch({1, 1, 1}, {PLAN_THREADS, 1, 1}, [&] {
+            moe_route_grouped(logits.data(), T, E, K, mode, normalize, opt(score_bias), softcap, routed_scale,
+                              n_groups, topk_groups, chosen.data(), weights.data(), offsets.data(), active.data(),
+                              order.data(), where.data());
+        });
+    } else {
+        route(dir, T, E, K, mode, normalize, softcap, routed_scale, n_groups, topk_groups, chosen, weights);
+    }
+    const int* groups = skipping ? slot_of.data() : chosen.data();
+    if (fused_route) {
+        if (skipping || many) return 3;  // moe_route_grouped groups by expert, in one block
+    } else if (many) {
+        launch({(unsigned)((P + THREADS - 1) / THREADS), 1, 1}, {THREADS, 1, 1},
+               [&] { moe_count(groups, P, counts.data()); });
+        launch({1, 1, 1}, {PLAN_THREADS, 1, 1}, [&] {
+            moe_offsets(groups, P, counts.data(), G, E, offsets.data(), cursor.data(), active.data(), nullptr, nullptr);
+        });
+        launch({(unsigned)((P + THREADS - 1) / THREADS), 1, 1}, {THREADS, 1, 1},
+               [&] { moe_scatter(groups, P, cursor.data(), order.data(), where.data()); });
+    } else {
+        launch({1, 1, 1}, {PLAN_THREADS, 1, 1}, [&] {
+            moe_offsets(groups, P, nullptr, G, E, offsets.data(), nullptr, active.data(), order.data(), where.data());
+        });
+    }
+
+    GroupedFn grouped_fn, down_fn;
+    GatedFn gated_fn, down_gated_fn;
+    pick(fmt, grouped_fn, gated_fn);
+    pick(fmt_down, down_fn, down_gated_fn);
+    const float unwritten = skipping ? 0.f : NAN;  // moe.py zeroes the products' outputs only when skipping
+    std::vector<float> a((size_t)P * FF, unwritten), h((size_t)P * H, unwritten), out((size_t)T * H, NAN);
+    const dim3 block{32 * WARPS, 1, 1};
+    auto grouped = [&](const std::vector<uint4>& w, i64 rb, int rows, int cols, const float* in, int per_pair,
+                       const std::vector<float>& bias, int kind, float* y, GroupedFn fn) {
+        launch(product_grid(rows, cols, E, P), block, [&] {
+            fn(reinterpret_cast<const u8*>(w.data()), rb * rows, rb, rows, cols, in, per_pair, order.data(),
+                       offsets.data(), active.data(), K, opt(bias), kind, y);
+        });
+    };
+    if (act == 2) {
+        grouped(up, rb_gu, FF, H, x.data(), 0, up_bias, 2, a.data(), grouped_fn);
+    } else if (separate) {
+        std::vector<float> g((size_t)P * FF, unwritten), u((size_t)P * FF, unwritten);
+        grouped(gate, rb_gu, FF, H, x.data(), 0, gate_bias, -1, g.data(), grouped_fn);
+        grouped(up, rb_gu, FF, H, x.data(), 0, up_bias, -1, u.data(), grouped_fn);
+        launch({(unsigned)(((long)P * FF + THREADS - 1) / THREADS), 1, 1}, {THREADS, 1, 1},
+               [&] { moe_gated(g.data(), u.data(), (i64)P * FF, act, 7.0f, 1.702f, a.data()); });
+    } else {
+        launch(product_grid(FF, H, E, P), block, [&] {
+            gated_fn(reinterpret_cast<const u8*>(gate.data()), reinterpret_cast<const u8*>(up.data()), rb_gu * FF,
+                     rb_gu, FF, H, x.data(), order.data(), offsets.data(), active.data(), K, opt(gate_bias),
+                     opt(up_bias), act, 7.0f, 1.702f, a.data());
+        });
+    }
+    grouped(down, rb_d, H, FF, a.data(), 1, down_bias, -1, h.data(), down_fn);
+    auto expert_scale = read_file<float>(dir + "/expert_scale.bin");
     std::vector<float> scaled = weights;
     if (!expert_scale.empty())
         for (int q = 0; q < P; ++q) scaled[q] *= expert_scale[chosen[q]];
-    const unsigned warps = 2;
-    auto grouped = [&](const std::vector<uint4>& w, i64 rb, int rows, int cols, const float* in, int per_pair,
-                       const std::vector<float>& bias, float* y, GroupedFn fn) {
-        launch({(unsigned)((rows + warps - 1) / warps), (unsigned)E, 1}, {32 * warps, 1, 1}, [&] {
-            fn(reinterpret_cast<const u8*>(w.data()), rb * rows, rb, rows, cols, in, per_pair, order.data(),
-               offsets.data(), K, opt(bias), y);
-        });
-    };
-    if (act != 2) grouped(gate, rb_gu, FF, H, x.data(), 0, gate_bias, g.data(), pick(fmt));
-    grouped(up, rb_gu, FF, H, x.data(), 0, up_bias, u.data(), pick(fmt));
-    launch(blocks((long)P * FF), {threads, 1, 1}, [&] {
-        moe_gated(g.data(), u.data(), (i64)P * FF, act, 7.0f, 1.702f, a.data());
-    });
-    grouped(down, rb_d, H, FF, a.data(), 1, down_bias, h.data(), pick(fmt_down));
     launch({(unsigned)T, 1, 1}, {32, 1, 1}, [&] {
         moe_combine(h.data(), chosen.data(), scaled.data(), where.data(), K, H, out.data());
     });

@@ -1,0 +1,163 @@
+"""moe.cu at decode and small batches, at Qwen3.5-35B-A3B's layer shape (hidden 2048, 256 experts, top 8, expert
+FFN 512, Q4_K gate/up, Q6_K down, random valid blocks): what the MoE block of one layer costs per token count,
+and which kernel takes it. CuPy events only (no Nsight Compute needed).
+
+    python3 bench/micro/moe_times.py [--tokens 1 8 32 128] [--reps 20]
+
+One JSON line per token count:
+- `layer_us`: route + grouped products + combine as a decode graph replays them (captured with programmatic
+  launches, as the engine's decode graphs; median per call of back-to-back calls);
+- `kernels`: microseconds per kernel launch of kernels/moe.py, eager, each between two events with a spin
+  kernel queued first so that the host runs ahead and the events time the GPU alone (a memset of cp.zeros
+  is not a moe.py launch: it shows in `eager_us`, the whole eager call, and not in `kernels`);
+- `experts_hit`, `hit_mb`: the distinct experts the routing chose and their gate + up + down bytes, the bytes the
+  products must read; `hit_tb_s`: those bytes over `layer_us`, and per grouped kernel over its own time
+  (the bound on an H100 is ~3.3 TB/s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "suite"))
+
+from gpu_check import time_graph
+
+from app.engine.kernels import moe as kmoe
+from app.engine.kernels.runtime import pdl
+from app.engine.quant.dispatch import QuantizedTensor
+from app.engine.quant.reference import random_blocks
+from app.engine.quant.types import QUANT_TYPES
+from app.engine.specs import MoeSpec
+
+HIDDEN, EXPERTS, USED, FFN = 2048, 256, 8, 512  # Qwen3.5-35B-A3B
+GATE_UP_TYPE, DOWN_TYPE = "Q4_K", "Q6_K"
+SPIN_CYCLES = 4_000_000  # ~2 ms at an H100's clock
+SPIN = r"""extern "C" __global__ void spin(long long cycles) {
+    const long long t0 = clock64();
+    while (clock64() - t0 < cycles) {}
+}"""
+
+
+def stacked(qtype_name: str, rows: int, cols: int, rng: np.random.Generator, name: str) -> QuantizedTensor:
+    """`[EXPERTS, rows, cols]` of random valid blocks, GGUF's `ffn_*_exps` layout."""
+    qtype = QUANT_TYPES[qtype_name]
+    per_row = cols // qtype.block_size
+    blocks = random_blocks(qtype, EXPERTS * rows * per_row, rng)
+    return QuantizedTensor(name, qtype, (EXPERTS, rows, cols), blocks.reshape(EXPERTS * rows, -1))
+
+
+class KernelTimer:
+    """Events around every launch of kernels/moe.py (names from its `_kernel`), summed per kernel name."""
+
+    def __init__(self) -> None:
+        self.names: dict[int, str] = {}
+        self.events: list[tuple[str, Any, Any]] = []
+        self._kernel, self._launch = kmoe._kernel, kmoe.launch
+
+    def __enter__(self) -> KernelTimer:
+        def kernel(name: str, *args: Any) -> Any:
+            k = self._kernel(name, *args)
+            self.names[id(k)] = name
+            return k
+
+        def launch(k: Any, *args: Any, **kwargs: Any) -> None:
+            import cupy as cp
+
+            start, stop = cp.cuda.Event(), cp.cuda.Event()
+            start.record()
+            self._launch(k, *args, **kwargs)
+            stop.record()
+            self.events.append((self.names.get(id(k), "?"), start, stop))
+
+        kmoe._kernel, kmoe.launch = kernel, launch
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        kmoe._kernel, kmoe.launch = self._kernel, self._launch
+
+    def take(self) -> dict[str, float]:
+        """Microseconds per kernel name of the launches since the last take (the caller synchronised)."""
+        import cupy as cp
+
+        times: dict[str, float] = collections.defaultdict(float)
+        for name, start, stop in self.events:
+            times[name] += cp.cuda.get_elapsed_time(start, stop) * 1e3
+        self.events.clear()
+        return dict(times)
+
+
+def main() -> None:
+    import cupy as cp
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 32, 128])
+    parser.add_argument("--reps", type=int, default=20)
+    args = parser.parse_args()
+
+    rng = np.random.default_rng(0)
+    weights = {
+        "gate": stacked(GATE_UP_TYPE, FFN, HIDDEN, rng, "gate"),
+        "up": stacked(GATE_UP_TYPE, FFN, HIDDEN, rng, "up"),
+        "down": stacked(DOWN_TYPE, HIDDEN, FFN, rng, "down"),
+    }
+    gate, up, down = (kmoe.upload_stacked(w) for w in weights.values())
+    expert_bytes = {part: w.data.nbytes // EXPERTS for part, w in weights.items()}
+    spec = MoeSpec(EXPERTS, USED, FFN, routing="softmax_topk", normalize=True, activation="silu")
+    spin = cp.RawKernel(SPIN, "spin")
+    print(json.dumps({"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "hidden": HIDDEN,
+                      "experts": EXPERTS, "used": USED, "expert_ffn": FFN, "gate_up": GATE_UP_TYPE,
+                      "down": DOWN_TYPE, "expert_mb": round(sum(expert_bytes.values()) / 1e6, 3)}), flush=True)  # fmt: skip
+    for n_tok in args.tokens:
+        x = cp.asarray(rng.standard_normal((n_tok, HIDDEN)).astype(np.float32))
+        logits = cp.asarray(rng.standard_normal((n_tok, EXPERTS)).astype(np.float32))
+
+        def call(x: Any = x, logits: Any = logits) -> Any:
+            return kmoe.moe_forward(x, logits, spec, gate, up, down)
+
+        hit = int(cp.unique(kmoe.moe_route(logits, spec)[0]).size)
+        with pdl.programmatic_launches():
+            layer_s, how = time_graph([call] * 10, reps=args.reps)
+        per_kernel: dict[str, list[float]] = collections.defaultdict(list)
+        eager: list[float] = []
+        with KernelTimer() as timer:
+            call()
+            cp.cuda.Device().synchronize()
+            timer.take()
+            for _ in range(args.reps):
+                spin((1,), (1,), (np.int64(SPIN_CYCLES),))  # the host queues the whole call meanwhile
+                start, stop = cp.cuda.Event(), cp.cuda.Event()
+                start.record()
+                call()
+                stop.record()
+                stop.synchronize()
+                eager.append(cp.cuda.get_elapsed_time(start, stop) * 1e3)
+                for name, us in timer.take().items():
+                    per_kernel[name].append(us)
+        kernels = {name: round(statistics.median(v), 2) for name, v in per_kernel.items()}
+        hit_bytes = hit * sum(expert_bytes.values())
+        reads = {part: hit * size for part, size in expert_bytes.items()}
+        grouped_tb_s = {}
+        for name, us in kernels.items():
+            if name.startswith("moe_grouped"):  # moe_grouped[_gated]_<fmt>: the down product is the Q6_K one
+                down_type = name.endswith(DOWN_TYPE.lower())
+                part_bytes = reads["down"] if down_type else reads["gate"] + reads["up"]
+                grouped_tb_s[name] = round(part_bytes / (us * 1e-6) / 1e12, 3)  # all of its calls' reads
+        print(json.dumps({
+            "tokens": n_tok, "pairs": n_tok * USED, "experts_hit": hit, "hit_mb": round(hit_bytes / 1e6, 2),
+            "layer_us": round(layer_s * 1e6, 2), "timing": how, "hit_tb_s": round(hit_bytes / layer_s / 1e12, 3),
+            "eager_us": round(statistics.median(eager), 2), "kernels": kernels, "grouped_tb_s": grouped_tb_s,
+        }), flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
