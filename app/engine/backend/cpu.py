@@ -267,6 +267,20 @@ class CpuBackend:
     def softcap(self, x: np.ndarray, cap: float) -> np.ndarray:
         return np.float32(cap) * np.tanh(x / np.float32(cap))
 
+    def output_gate(self, out: np.ndarray, gate: np.ndarray, kind: str) -> np.ndarray:
+        if kind == "sigmoid":
+            one = gate.dtype.type(1.0)
+            factor = one / (one + np.exp(-gate))
+        elif kind == "softplus":
+            factor = np.logaddexp(gate.dtype.type(0.0), gate)
+        else:
+            raise ValueError(f"unknown output gate {kind!r}; expected sigmoid or softplus")
+        factor = factor.astype(out.dtype, copy=False)
+        if gate.shape[1] == out.shape[1]:
+            return out * factor
+        heads = out.reshape(out.shape[0], gate.shape[1], -1) * factor[:, :, None]
+        return heads.reshape(out.shape)
+
     # -- recurrent layers: the references, as they are (recurrent_reference.py, ssd_reference.py) -------
     recurrent_syncs_host = True  # they walk the batch's sequences on the host
 

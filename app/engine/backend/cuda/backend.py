@@ -518,6 +518,11 @@ class CudaBackend:
         x = self._f32(x)
         return _activation.softcap(x, cap, self.xp.empty_like(x))
 
+    def output_gate(self, out: Any, gate: Any, kind: str) -> Any:
+        """One launch at every batch size, reading the gate's columns of the fused product in place."""
+        out = self._f32(out)
+        return _activation.output_gate(out, self._rows(gate), kind, self.xp.empty_like(out))
+
     # -- recurrent layers (hybrid models) ------------------------------------------------
     # One launch per op for a whole varlen batch; at decode (one token per sequence) the entries that
     # read no query_start_loc. The sequences' rows, state slots and flags are read on the device: no
