@@ -308,6 +308,14 @@ class Backend(Protocol):
         """recurrent_reference.gated_rms_norm: RMSNorm of `x [T, H, D]` per head times silu(`z [T, H D]`)."""
         ...
 
+    def gated_delta_net_rule_norm(
+        self, mixed: Array, ba: Array, neg_a: Array, dt_bias: Array, state: Array, meta: AttentionMetadata,
+        spec: GatedDeltaNetSpec, z: Array, norm_weight: Array, eps: float,
+    ) -> Array:
+        """`gated_rms_norm(gated_delta_net_rule(...), z, norm_weight, eps)`: one launch where the backend
+        fuses them (CUDA at decode)."""
+        ...
+
     def ssd_scan(
         self,
         x: Array,

@@ -295,6 +295,13 @@ class CpuBackend:
     def gated_rms_norm(self, x: np.ndarray, z: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
         return recurrent_reference.gated_rms_norm(np, x, z, weight, eps)
 
+    def gated_delta_net_rule_norm(
+        self, mixed, ba, neg_a, dt_bias, state, meta: AttentionMetadata, spec: GatedDeltaNetSpec, z, norm_weight,
+        eps: float,
+    ) -> np.ndarray:
+        core = self.gated_delta_net_rule(mixed, ba, neg_a, dt_bias, state, meta, spec)
+        return self.gated_rms_norm(core, z, norm_weight, eps)
+
     def ssd_scan(self, x, dt, dt_bias, a, b, c, d, ssm_state, meta: AttentionMetadata, chunk_size: int):
         return ssd_scan(np, x, softplus(np, dt + dt_bias), a, b, c, d, ssm_state, meta, chunk_size)
 
