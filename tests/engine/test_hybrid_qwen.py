@@ -633,3 +633,23 @@ def test_causal_conv_of_a_mixed_batch() -> None:
         expected = np.stack([(xs[t : t + kernel] * w.T).sum(0) + bias for t in range(n)])
         np.testing.assert_allclose(out[starts[i] : starts[i] + n], expected, rtol=1e-5, atol=1e-5)
         np.testing.assert_array_equal(state[slot], xs[-(kernel - 1) :].T)
+
+
+def test_beta_alpha_stack_keeps_the_files_rows() -> None:
+    """The layer multiplies x by beta and alpha as one matrix: the file's bytes where both share a format
+    (F32 in Qwen3.5 GGUFs), their float32 values where they do not."""
+    from app.engine.layers.gated_deltanet import stack_rows
+    from app.engine.quant.dispatch import QuantizedTensor
+    from app.engine.quant.reference import quantize_q8_0
+    from app.engine.quant.types import QUANT_TYPES
+
+    rng = np.random.default_rng(3)
+    beta, alpha = (rng.normal(size=(4, 64)).astype(np.float32) for _ in range(2))
+    f32 = QUANT_TYPES["F32"]
+    both = stack_rows(QuantizedTensor.from_float("b", beta, f32), QuantizedTensor.from_float("a", alpha, f32), "ba")
+    assert both.qtype.name == "F32" and both.shape == (8, 64) and both.name == "ba"
+    np.testing.assert_array_equal(both.dequantize(), np.concatenate([beta, alpha]))
+    q8 = QuantizedTensor("b", QUANT_TYPES["Q8_0"], (4, 64), quantize_q8_0(beta))
+    mixed = stack_rows(q8, QuantizedTensor.from_float("a", alpha, f32), "ba")
+    assert mixed.qtype.name == "F32"
+    np.testing.assert_array_equal(mixed.dequantize(), np.concatenate([q8.dequantize(), alpha]))

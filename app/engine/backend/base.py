@@ -276,6 +276,12 @@ class Backend(Protocol):
         """`cap * tanh(x / cap)`."""
         ...
 
+    def output_gate(self, out: Array, gate: Array, kind: str) -> Array:
+        """The attention output `out [T, W]` times f(`gate`), f "sigmoid" or "softplus"; `gate` is
+        `[T, W]` or `[T, heads]` (one column per head, broadcast over its W / heads dims), and its
+        rows may be strided (a column slice of the fused projection)."""
+        ...
+
     # -- recurrent layers of hybrid models (recurrent_reference.py and ssd_reference.py have the math) --
     # Whether these ops read the step's sequences on the host (the references), which no CUDA graph
     # can hold; False where every sequence's bounds, state row and start are read on the device.
@@ -300,6 +306,14 @@ class Backend(Protocol):
 
     def gated_rms_norm(self, x: Array, z: Array, weight: Array, eps: float) -> Array:
         """recurrent_reference.gated_rms_norm: RMSNorm of `x [T, H, D]` per head times silu(`z [T, H D]`)."""
+        ...
+
+    def gated_delta_net_rule_norm(
+        self, mixed: Array, ba: Array, neg_a: Array, dt_bias: Array, state: Array, meta: AttentionMetadata,
+        spec: GatedDeltaNetSpec, z: Array, norm_weight: Array, eps: float,
+    ) -> Array:
+        """`gated_rms_norm(gated_delta_net_rule(...), z, norm_weight, eps)`: one launch where the backend
+        fuses them (CUDA at decode)."""
         ...
 
     def ssd_scan(

@@ -267,6 +267,20 @@ class CpuBackend:
     def softcap(self, x: np.ndarray, cap: float) -> np.ndarray:
         return np.float32(cap) * np.tanh(x / np.float32(cap))
 
+    def output_gate(self, out: np.ndarray, gate: np.ndarray, kind: str) -> np.ndarray:
+        if kind == "sigmoid":
+            one = gate.dtype.type(1.0)
+            factor = one / (one + np.exp(-gate))
+        elif kind == "softplus":
+            factor = np.logaddexp(gate.dtype.type(0.0), gate)
+        else:
+            raise ValueError(f"unknown output gate {kind!r}; expected sigmoid or softplus")
+        factor = factor.astype(out.dtype, copy=False)
+        if gate.shape[1] == out.shape[1]:
+            return out * factor
+        heads = out.reshape(out.shape[0], gate.shape[1], -1) * factor[:, :, None]
+        return heads.reshape(out.shape)
+
     # -- recurrent layers: the references, as they are (recurrent_reference.py, ssd_reference.py) -------
     recurrent_syncs_host = True  # they walk the batch's sequences on the host
 
@@ -280,6 +294,13 @@ class CpuBackend:
 
     def gated_rms_norm(self, x: np.ndarray, z: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
         return recurrent_reference.gated_rms_norm(np, x, z, weight, eps)
+
+    def gated_delta_net_rule_norm(
+        self, mixed, ba, neg_a, dt_bias, state, meta: AttentionMetadata, spec: GatedDeltaNetSpec, z, norm_weight,
+        eps: float,
+    ) -> np.ndarray:
+        core = self.gated_delta_net_rule(mixed, ba, neg_a, dt_bias, state, meta, spec)
+        return self.gated_rms_norm(core, z, norm_weight, eps)
 
     def ssd_scan(self, x, dt, dt_bias, a, b, c, d, ssm_state, meta: AttentionMetadata, chunk_size: int):
         return ssd_scan(np, x, softplus(np, dt + dt_bias), a, b, c, d, ssm_state, meta, chunk_size)

@@ -1,4 +1,4 @@
-"""Wrapper of activation.cu: gated activations and the soft cap."""
+"""Wrapper of activation.cu: gated activations, the attention output gate and the soft cap."""
 
 from __future__ import annotations
 
@@ -45,3 +45,23 @@ def softcap(x: Any, cap: float, out: Any) -> Any:
             (x, out, i64(n), f32(cap)),
         )
     return out
+
+
+OUTPUT_GATES = ("sigmoid", "softplus")
+
+
+def output_gate(out: Any, gate: Any, kind: str, y: Any) -> Any:
+    """`y = out * f(gate)` for the attention output `out [T, W]` (contiguous) and its gate `gate [T, W]`
+    or `[T, heads]` (one column per head, over W / heads dims), whose rows may be strided (a column
+    slice of the fused projection: read in place); f is sigmoid or softplus (`kind`)."""
+    if kind not in OUTPUT_GATES:
+        raise ValueError(f"unknown output gate {kind!r}; expected one of {OUTPUT_GATES}")
+    n_tok, width = out.shape
+    cols = gate.shape[1]
+    if gate.shape[0] != n_tok or not cols or width % cols or gate.strides[1] != 4:
+        raise ValueError(f"gate {gate.shape} (strides {gate.strides}) does not gate an output of {out.shape}")
+    n = out.size
+    if n:
+        launch(get_kernel("activation.cu", f"output_gate_{kind}"), (cdiv(n, THREADS),), (THREADS,),
+               (out, gate, y, i64(n), i32(width), i64(gate.strides[0] // 4), i32(width // cols)))  # fmt: skip
+    return y

@@ -1,5 +1,5 @@
 """Wrapper of gated_delta.cu: Gated DeltaNet's gated delta rule (varlen prefill or a decode step, the
-gates fused in) and its gated RMSNorm epilogue."""
+gates fused in) and its gated RMSNorm epilogue (alone, or fused into a decode step's launch)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,26 @@ def _row_stride(a: Any, name: str) -> np.int64:
     return i64(a.strides[0] // 4)
 
 
+def _launch_parts(
+    mixed: Any, ba: Any, neg_a: Any, dt_bias: Any, state: Any, has_initial_state: Any, num_k_heads: int,
+    tiled_v_heads: bool, out: Any,
+) -> tuple[tuple, tuple, tuple[int, int, int], dict[str, int]]:  # fmt: skip
+    """The checked arguments every gated delta kernel takes before and after its sequence metadata, the
+    grid of a decode step (one block per 32 value columns, value head and row) and the build's defines."""
+    _, n_v, dk, dv = state.shape
+    if dk % WARPS or not 4 <= dk <= MAX_HEAD_K_DIM:
+        raise ValueError(f"gated_delta_rule takes head_k_dim a multiple of {WARPS} up to {MAX_HEAD_K_DIM}, got {dk}")
+    if n_v % num_k_heads:
+        raise ValueError(f"{n_v} value heads do not divide into {num_k_heads} key heads")
+    if mixed.shape[1] != 2 * num_k_heads * dk + n_v * dv or ba.shape[1] < 2 * n_v:
+        raise ValueError(f"mixed {mixed.shape} / ba {ba.shape} do not match a state of {state.shape[1:]}")
+    if has_initial_state.dtype.itemsize != 1:
+        raise ValueError(f"has_initial_state must be bool, got {has_initial_state.dtype}")
+    head = (mixed, _row_stride(mixed, "mixed"), ba, _row_stride(ba, "ba"), neg_a, dt_bias, state)
+    tail = (has_initial_state, out, i32(num_k_heads), i32(n_v), i32(dv), i32(tiled_v_heads), f32(dk**-0.5))
+    return head, tail, (cdiv(dv, COLS), n_v, mixed.shape[0]), {"GDN_DK": dk}
+
+
 def gated_delta_rule(
     mixed: Any,
     ba: Any,
@@ -42,23 +62,13 @@ def gated_delta_rule(
     `state [slots, Hv, Dk, Dv]` float32 continued and updated in place per sequence (as
     causal_conv1d.causal_conv1d: `query_start_loc` None is a decode step, row i = sequence i). `max_query_len`
     (the longest sequence's rows; None: all T) picks the token-by-token or the chunked prefill kernel."""
-    _, n_v, dk, dv = state.shape
     n_tok = mixed.shape[0]
-    if dk % WARPS or not 4 <= dk <= MAX_HEAD_K_DIM:
-        raise ValueError(f"gated_delta_rule takes head_k_dim a multiple of {WARPS} up to {MAX_HEAD_K_DIM}, got {dk}")
-    if n_v % num_k_heads:
-        raise ValueError(f"{n_v} value heads do not divide into {num_k_heads} key heads")
-    if mixed.shape[1] != 2 * num_k_heads * dk + n_v * dv or ba.shape[1] < 2 * n_v:
-        raise ValueError(f"mixed {mixed.shape} / ba {ba.shape} do not match a state of {state.shape[1:]}")
-    if has_initial_state.dtype.itemsize != 1:
-        raise ValueError(f"has_initial_state must be bool, got {has_initial_state.dtype}")
+    head, tail, grid, defines = _launch_parts(mixed, ba, neg_a, dt_bias, state, has_initial_state, num_k_heads,
+                                              tiled_v_heads, out)  # fmt: skip
     n_seqs = int(state_slots.shape[0])
     if not n_tok or not n_seqs:
         return out
-    head = (mixed, _row_stride(mixed, "mixed"), ba, _row_stride(ba, "ba"), neg_a, dt_bias, state)
-    tail = (has_initial_state, out, i32(num_k_heads), i32(n_v), i32(dv), i32(tiled_v_heads), f32(dk**-0.5))
-    grid = (cdiv(dv, COLS), n_v, n_seqs)
-    defines = {"GDN_DK": dk}
+    grid = (*grid[:2], n_seqs)
     if query_start_loc is None:
         if n_seqs != n_tok:
             raise ValueError(f"a decode step takes one row per sequence: {n_tok} rows, {n_seqs} sequences")
@@ -69,6 +79,31 @@ def gated_delta_rule(
         name = "gated_delta_chunked" if chunked else "gated_delta_varlen"
         launch(get_kernel("gated_delta.cu", name, defines), grid, (WARPS * 32,),
                (*head, query_start_loc, state_slots, *tail))  # fmt: skip
+    return out
+
+
+def gated_delta_decode_norm(
+    mixed: Any, ba: Any, neg_a: Any, dt_bias: Any, state: Any, state_slots: Any, has_initial_state: Any,
+    num_k_heads: int, tiled_v_heads: bool, z: Any, norm_weight: Any, eps: float, raw: Any, out: Any,
+) -> Any:  # fmt: skip
+    """A decode step (one row per sequence) of gated_delta_rule with gated_rms_norm after it in one launch:
+    `out [T, Hv, Dv]` = RMSNorm(o) * `norm_weight` * silu(`z`), z `[T, >= Hv Dv]` (any row stride); `raw`
+    (`[T, Hv, Dv]`) receives o itself (scratch)."""
+    from app.engine.kernels.attention import split_counters
+
+    _, n_v, _, dv = state.shape
+    n_tok = mixed.shape[0]
+    if z.shape[0] != n_tok or z.shape[1] < n_v * dv:
+        raise ValueError(f"gate z {z.shape} does not cover {n_v} heads of {dv} per token")
+    head, tail, grid, defines = _launch_parts(mixed, ba, neg_a, dt_bias, state, has_initial_state, num_k_heads,
+                                              tiled_v_heads, raw)  # fmt: skip
+    n_seqs = int(state_slots.shape[0])
+    if n_seqs != n_tok:
+        raise ValueError(f"a decode step takes one row per sequence: {n_tok} rows, {n_seqs} sequences")
+    if n_tok:
+        norm = (z, _row_stride(z, "z"), norm_weight, f32(eps), split_counters(n_seqs * n_v), out)
+        launch(get_kernel("gated_delta.cu", "gated_delta_decode_norm", defines), grid, (WARPS * 32,),
+               (*head, state_slots, *tail, *norm))  # fmt: skip
     return out
 
 

@@ -15,7 +15,8 @@ from app.engine.kernels.runtime.compile import get_kernel
 from app.engine.kernels.runtime.launch import cdiv, i32, i64, launch, ptr
 
 TOKEN_BUCKETS = (1, 2, 4, 8)  # kernel variants; n tokens run in the smallest bucket >= n
-VARIANTS = {1: (8, 4), 2: (4,), 4: (2,), 8: (2,)}  # rows per block compiled for each bucket (gemv.cu)
+VARIANTS = {1: (8, 4, 1), 2: (4,), 4: (2,), 8: (2,)}  # rows per block compiled for each bucket (gemv.cu)
+MAX_WARPS = 8  # GEMV_MAX_WARPS in gemv.cuh
 
 
 def default_rows(bucket: int, qtype_name: str, plan: GemvPlan = DEFAULT_PLAN) -> int:
@@ -36,6 +37,16 @@ def default_warps(n_cols: int) -> int:
 
     8 warps lost to 4 at every Qwen3-8B shape on the H200 (docs/tuning-log.md)."""
     return max(1, min(4, cdiv(n_cols // 32, 32)))
+
+
+def few_rows_shape(n_tok: int, n_rows: int, n_cols: int, sm_count: int) -> tuple[int, int] | None:
+    """(rows per block, warps) for a one-token product of so few rows that the tuned row groups
+    would leave most multiprocessors idle, else None: one row per block and a lane per 32-weight
+    unit (up to MAX_WARPS warps), so every block's loads are in flight at once. Gated DeltaNet's F32
+    beta/alpha ([2 x 48, 5120]) took 12.8 us at 8 rows a block (6 blocks, 0.08 TB/s of 1 MB)."""
+    if n_tok != 1 or n_rows >= 2 * sm_count:
+        return None
+    return 1, max(1, min(MAX_WARPS, cdiv(n_cols // 32, 32)))
 
 
 def gemv(
@@ -70,6 +81,9 @@ def gemv(
         return gemv_int.gemv_int(data, qtype_name, row_bytes, n_rows, n_cols, x, out, bias, plan=plan)
     bucket = next(b for b in TOKEN_BUCKETS if b >= n_tok)
     rows = rows_per_block or default_rows(bucket, qtype_name, plan)
+    few = None if rows_per_block or warps else few_rows_shape(n_tok, n_rows, n_cols, gemv_int.sm_count())
+    if few is not None:
+        rows, warps = few
     if rows not in VARIANTS[bucket]:
         raise ValueError(
             f"no gemv variant with {rows} rows per block for {bucket} tokens: {VARIANTS[bucket]}"

@@ -70,7 +70,7 @@ def serves(
 
 
 @functools.cache
-def _sm_count() -> int:
+def sm_count() -> int:
     import cupy
 
     return int(cupy.cuda.Device().attributes["MultiProcessorCount"])
@@ -106,7 +106,7 @@ def _launch(
     default shapes fit, so it costs nothing there)."""
     if resident_cap:
         blocks_per_sm = min(blocks_per_sm, resident_blocks(kernel, 32 * warps, smem))
-    blocks = min(cdiv(groups, warps), _sm_count() * blocks_per_sm)
+    blocks = min(cdiv(groups, warps), sm_count() * blocks_per_sm)
     launch(kernel, (blocks,), (32 * warps,), args, shared_mem=smem)
 
 

@@ -130,10 +130,9 @@ class Attention:
                 self._attend_shared(qkv, meta, kv_cache).reshape(qkv.shape[0], s.num_heads * s.head_dim)
             )
         gate = None
-        if self.gate_cols:
-            xp = self.backend.xp
+        if self.gate_cols:  # read in place by the gate; q/k/v contiguous for the kernels (a copy above one token)
             gate = qkv[:, -self.gate_cols :]
-            qkv = xp.ascontiguousarray(qkv[:, : -self.gate_cols])
+            qkv = self.backend.xp.ascontiguousarray(qkv[:, : -self.gate_cols])
         if self.value_scale is not None:
             qkv = self._normed_values(qkv)
         if meta.image_spans is not None or meta.rope is not None:
@@ -160,15 +159,8 @@ class Attention:
     def _gated(self, out: Any, gate: Any) -> Any:
         """The attention output `[T, heads * dim]` times its gate: sigmoid (Qwen, Muse Glimmer) or softplus
         (Laguna), per element or, for a gate of one column per head, broadcast over each head's dims."""
-        xp, s = self.backend.xp, self.spec
-        if s.gate_proj in (None, "sigmoid"):
-            one = gate.dtype.type(1.0)
-            return out * (one / (one + xp.exp(-gate))).astype(out.dtype, copy=False)
-        factor = xp.logaddexp(gate.dtype.type(0.0), gate).astype(out.dtype, copy=False)
-        if s.gate_proj != "softplus_head":
-            return out * factor
-        heads = out.reshape(out.shape[0], s.num_heads, s.head_dim) * factor[:, :, None]
-        return heads.reshape(out.shape)
+        kind = "sigmoid" if self.spec.gate_proj in (None, "sigmoid") else "softplus"
+        return self.backend.output_gate(out, gate, kind)
 
     def _normed_values(self, qkv: Any) -> Any:
         """`qkv` with its value columns RMS-normalised per head (no learned scale): Gemma 4's v_norm."""

@@ -20,16 +20,20 @@ Contract with the decoder (models/decoder.py) and the runner:
   rows in place so the next chunk / decode step continues from them.
 
 The conv, the delta rule (with its gates) and the gated output norm are backend ops: the numpy and
-numba backends run recurrent_reference.py's math (the oracle for kernels), CUDA one launch per op.
+numba backends run recurrent_reference.py's math (the oracle for kernels), CUDA one launch per op (the
+rule and the norm in one at decode: `gated_delta_net_rule_norm`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from app.engine.layers.linear import Linear
 from app.engine.loader.names import CheckpointError
 from app.engine.quant.dispatch import QuantizedTensor
+from app.engine.quant.types import QUANT_TYPES
 from app.engine.specs import GatedDeltaNetSpec
 
 _IN_PROJECTIONS = ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha")
@@ -66,7 +70,9 @@ class GatedDeltaNet:
             raise CheckpointError(f"tensor '{prefix}.ssm_out.weight' is missing (a Gated DeltaNet layer)")
         hidden = out.shape[0]
         rows = (spec.conv_dim, value_dim, spec.num_v_heads, spec.num_v_heads)
-        parts = [tensor(f"{n}.weight", (r, hidden)) for n, r in zip(_IN_PROJECTIONS, rows, strict=True)]
+        qkv, z, beta, alpha = (tensor(f"{n}.weight", (r, hidden)) for n, r in zip(_IN_PROJECTIONS, rows, strict=True))
+        # b and a as one matrix: one small product (often F32) rather than two, beside the big ones
+        parts = (qkv, z, stack_rows(beta, alpha, f"{prefix}.ssm_beta_alpha.weight"))
         self.in_proj = backend.fuse_linear([backend.load_weight(p) for p in parts], [None] * len(parts))
         self.splits = (spec.conv_dim, spec.conv_dim + value_dim)  # conv input | z | b, a
         self.conv_weight = _dense(backend, tensor("ssm_conv1d.weight", (spec.conv_dim, spec.conv_kernel)))
@@ -82,11 +88,23 @@ class GatedDeltaNet:
         proj = b.linear(x, self.in_proj).astype(b.xp.float32, copy=False)
         i_z, i_b = self.splits
         mixed = b.causal_conv1d(proj[:, :i_z], self.conv_weight, None, conv_state, meta, silu=True)
-        core = b.gated_delta_net_rule(mixed, proj[:, i_b:], self.neg_a, self.dt_bias, recurrent_state, meta, s)
-        gated = b.gated_rms_norm(core, proj[:, i_z:i_b], self.norm_weight, self.eps)  # norm(core) * silu(z)
-        return self.out(b.xp.ascontiguousarray(gated.reshape(n, s.num_v_heads * s.head_v_dim)).astype(x.dtype))
+        gated = b.gated_delta_net_rule_norm(  # norm(the rule's output) * silu(z)
+            mixed, proj[:, i_b:], self.neg_a, self.dt_bias, recurrent_state, meta, s, proj[:, i_z:i_b],
+            self.norm_weight, self.eps,
+        )  # fmt: skip
+        flat = b.xp.ascontiguousarray(gated.reshape(n, s.num_v_heads * s.head_v_dim))
+        return self.out(flat.astype(x.dtype, copy=False))
 
 
 def _dense(backend: Any, tensor: QuantizedTensor) -> Any:
     """A small parameter as a float32 device array."""
     return backend.from_host(tensor.dequantize().astype("float32"))
+
+
+def stack_rows(top: QuantizedTensor, bottom: QuantizedTensor, name: str) -> QuantizedTensor:
+    """`[top; bottom]` as one tensor: the file's bytes where both share a whole-row format, else float32."""
+    if top.qtype == bottom.qtype and top.scales is None and bottom.scales is None:
+        data = np.concatenate([np.asarray(top.data), np.asarray(bottom.data)])
+        return QuantizedTensor(name, top.qtype, (top.shape[0] + bottom.shape[0], top.shape[1]), data)
+    values = np.concatenate([top.dequantize(), bottom.dequantize()]).astype(np.float32)
+    return QuantizedTensor.from_float(name, values, QUANT_TYPES["F32"])

@@ -234,6 +234,13 @@ def test_attention_decode_block_counts(cuda, cpu, rng, heads, n_blocks: int) -> 
     check_decode(cuda, cpu, rng, heads, n_blocks)
 
 
+@pytest.mark.parametrize("n_blocks", [1, 5, 16])
+@pytest.mark.parametrize("heads", [(24, 4, 256), (16, 2, 256)], ids=["qwen35-27b", "qwen35-35b-a3b"])
+def test_attention_decode_group8_of_256(cuda, cpu, rng, heads, n_blocks: int) -> None:
+    """The (256, 8) build: Qwen3.5's groups of 6 and 8 query heads of 256 per KV head, against numpy."""
+    check_decode(cuda, cpu, rng, heads, n_blocks)
+
+
 @pytest.mark.parametrize("n_blocks", [5, 16])
 def test_attention_decode_without_clusters(cuda, cpu, rng, n_blocks: int) -> None:
     """The global-memory merge alone (what sm_86/89 run, and sm_90+ with KernelOptions.decode_clusters off)."""
@@ -306,10 +313,11 @@ def check_decode_qkv(
             np.testing.assert_array_equal(cuda.to_host(v_one), cuda.to_host(v_two), err_msg=case)
 
 
-@pytest.mark.parametrize(("heads", "rotary"), [((8, 2, 256), 64), ((32, 8, 128), 32)])
+@pytest.mark.parametrize(("heads", "rotary"), [((8, 2, 256), 64), ((32, 8, 128), 32), ((24, 4, 256), 64),
+                                              ((16, 2, 256), 64)])  # fmt: skip
 def test_attention_decode_qkv_partial_rope(cuda, cpu, rng, heads, rotary: int) -> None:
     """Qwen3.5 / Qwen3-Next's partial RoPE (a quarter of the head turns) fused into the decode attention
-    gives rope_cache's q, k and v."""
+    gives rope_cache's q, k and v; Qwen3.5-27B's and 35B-A3B's groups (6 and 8 of 256) on the (256, 8) build."""
     check_decode_qkv(cuda, cpu, rng, heads, 3, windows=(None,), rotary=rotary)
 
 

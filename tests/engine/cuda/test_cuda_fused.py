@@ -205,15 +205,54 @@ def test_gemv_int_multi_matches_stacked_product(cuda, rng, formats) -> None:
     assert rel_err(got, x.astype(np.float64) @ w.T) < linear_tol(1, cols, formats, gemv_int.MIN_BYTES)
 
 
+@pytest.mark.parametrize("n_tok", [1, 3, 9])
+@pytest.mark.parametrize(("formats", "rows"), [
+    (("Q4_K", "Q4_K", "Q6_K", "F32"), (2048, 256, 256, 96)),  # Gated DeltaNet's qkv, z, beta|alpha
+    (("Q4_K", "Q4_K", "Q6_K", "Q4_K"), (2048, 256, 256, 2048)),  # q/k/v and an output gate
+    (("F32", "Q8_0", "Q8_0", "Q8_0", "Q8_0", "BF16"), (40, 512, 512, 512, 512, 64)),
+])  # fmt: skip
+def test_fused_linear_mixed_parts(cuda, cpu, rng, formats, rows, n_tok: int) -> None:
+    """A fused weight of more than three parts or of integer and float parts side by side: at one token
+    one launch per run of integer parts and one per other part, each writing its own columns."""
+    from app.engine.backend.cuda.linear import one_token_runs
+
+    cols = 4096
+    tensors = [
+        random_tensor(q, r, cols, rng, name=f"blk.0.w{i}") for i, (q, r) in enumerate(zip(formats, rows, strict=True))
+    ]
+    biases = [rng.standard_normal(r).astype(np.float32) if i == 1 else None for i, r in enumerate(rows)]
+    (gpu_w, cpu_w) = _load((cuda, cpu), tensors)
+    gpu_fused = cuda.fuse_linear(gpu_w, [None if b is None else cuda.from_host(b) for b in biases])
+    x = rng.standard_normal((n_tok, cols)).astype(np.float32)
+    got = cuda.to_host(cuda.linear(cuda.from_host(x), gpu_fused))
+    ref = cpu.linear(x, cpu.fuse_linear(cpu_w, biases))
+    assert got.shape == ref.shape and not np.isnan(got).any()
+    if n_tok == 1:  # each run by its own kernel's bound
+        start = 0
+        kinds = [q not in ("F32", "BF16") for q in formats]
+        for run in one_token_runs(kinds):
+            part = slice(start, start + sum(rows[run.start : run.stop]))
+            nbytes = sum(t.data.nbytes for t in tensors[run.start : run.stop])
+            tol = linear_tol(1, cols, formats[run.start : run.stop], nbytes)
+            assert rel_err(got[:, part], ref[:, part]) < tol, (run, formats)
+            start = part.stop
+    else:  # parts on the float32-x GEMVs, gemv_mma or cuBLAS on float16: the loosest bound
+        assert rel_err(got, ref) < F16_TOL
+
+
 @pytest.mark.parametrize("n_tok", [1, 3])  # 1: the fused launch (gemv_int.cu's norm prologue); 3: the composition
 @pytest.mark.parametrize("with_residual", [True, False])
-@pytest.mark.parametrize("target", ["qkv", "gate_up"])
+@pytest.mark.parametrize("target", ["qkv", "gate_up", "qkv_gate"])
 def test_add_rms_norm_then_product(cuda, cpu, rng, target: str, with_residual: bool, n_tok: int) -> None:
     """add_rms_norm_linear / add_rms_norm_gated_linear equal their compositions on the numpy
-    backend; the new residual is x + residual exactly."""
+    backend; the new residual is x + residual exactly. "qkv_gate": four parts (q/k/v and an output
+    gate), at one token two fused launches that each normalise x."""
     cols, eps = 2048, 1e-6
-    formats = ("Q4_K", "Q4_K", "Q6_K") if target == "qkv" else ("Q4_K", "Q4_K")
-    rows = (2048, 512, 512) if target == "qkv" else (3072, 3072)
+    formats, rows = {
+        "qkv": (("Q4_K", "Q4_K", "Q6_K"), (2048, 512, 512)),
+        "gate_up": (("Q4_K", "Q4_K"), (3072, 3072)),
+        "qkv_gate": (("Q4_K", "Q4_K", "Q6_K", "Q4_K"), (2048, 512, 512, 2048)),
+    }[target]
     tensors = [
         random_tensor(q, r, cols, rng, name=f"blk.0.w{i}") for i, (q, r) in enumerate(zip(formats, rows, strict=True))
     ]
@@ -224,7 +263,7 @@ def test_add_rms_norm_then_product(cuda, cpu, rng, target: str, with_residual: b
     res = (rng.standard_normal((n_tok, cols)) * 4).astype(np.float32) if with_residual else None
     nw = rng.uniform(0.02, 0.05, cols).astype(np.float32)  # gate values ~ O(1)
     gpu_res = None if res is None else cuda.from_host(res)
-    if target == "qkv":
+    if target != "gate_up":
         got, new_res = cuda.add_rms_norm_linear(cuda.from_host(x), gpu_res, cuda.from_host(nw), eps, gpu_fused)
         ref, ref_res = cpu.add_rms_norm_linear(x, res, nw, eps, cpu_fused)
     else:

@@ -1,4 +1,4 @@
-"""Norms, RoPE, activations, soft cap and the KV write against the numpy backend."""
+"""Norms, RoPE, activations, the attention output gate, soft cap and the KV write against the numpy backend."""
 
 from __future__ import annotations
 
@@ -63,6 +63,27 @@ def test_softcap(cuda, cpu, rng, cap: float) -> None:
     x = rng.standard_normal((5, 3001)).astype(np.float32) * 60
     got = cuda.to_host(cuda.softcap(cuda.from_host(x), cap))
     assert rel_err(got, cpu.softcap(x, cap)) < TOL
+
+
+@pytest.mark.parametrize("kind", ["sigmoid", "softplus"])
+@pytest.mark.parametrize(("n_tok", "per_head"), [(1, False), (32, False), (5, True)])
+def test_output_gate(cuda, cpu, rng, kind: str, n_tok: int, per_head: bool) -> None:
+    """The attention output gate in one launch, its gate read in place from the fused product's last columns."""
+    heads, head_dim = 8, 256
+    width = heads * head_dim
+    fused = (rng.standard_normal((n_tok, 2 * width + (heads if per_head else width))) * 4).astype(np.float32)
+    out = rng.standard_normal((n_tok, width)).astype(np.float32)
+    gpu_fused = cuda.from_host(fused)
+    got = cuda.to_host(cuda.output_gate(cuda.from_host(out), gpu_fused[:, 2 * width :], kind))
+    assert rel_err(got, cpu.output_gate(out, fused[:, 2 * width :], kind)) < TOL
+
+
+def test_output_gate_rejects_a_mismatched_gate(cuda) -> None:
+    z = cuda.from_host(np.zeros((2, 12), np.float32))
+    with pytest.raises(ValueError, match="does not gate"):
+        cuda.output_gate(z, cuda.from_host(np.zeros((2, 5), np.float32)), "sigmoid")
+    with pytest.raises(ValueError, match="relu"):
+        cuda.output_gate(z, z, "relu")
 
 
 @pytest.mark.parametrize(("n_kv", "head_dim"), [(8, 128), (1, 256), (2, 64)])

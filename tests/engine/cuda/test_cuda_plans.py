@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from app.engine.backend.cuda.linear import one_token_runs
 from app.engine.kernels.attention import MAX_SPLITS, MIN_SPLIT, NO_SPLIT, group_bucket, plan_splits
 from app.engine.kernels.attention_decode import MAX_BLOCKS, MAX_CLUSTER, block_layout
-from app.engine.kernels.gemv import VARIANTS, default_rows, default_warps
+from app.engine.kernels.gemv import MAX_WARPS, VARIANTS, default_rows, default_warps, few_rows_shape
 
 SMS = 132
 
@@ -47,6 +48,29 @@ def test_gemv_defaults_are_compiled_variants() -> None:
             assert default_rows(bucket, qtype) in rows
     assert default_rows(1, "Q4_K") == 4 and default_rows(1, "Q8_0") == 8
     assert [default_warps(c) for c in (640, 4096, 12288)] == [1, 4, 4]
+
+
+def test_few_rows_take_a_block_each() -> None:
+    """A one-token product of fewer rows than twice the multiprocessors gets a block per row (a compiled
+    variant) and a lane per 32-weight unit; anything larger, or more tokens, keeps the tuned shape."""
+    rows, warps = few_rows_shape(1, 96, 5120, SMS)  # Qwen3.5-27B's beta|alpha
+    assert rows in VARIANTS[1] and rows == 1 and warps == 5
+    assert few_rows_shape(1, 64, 2048, SMS) == (1, 2)
+    assert few_rows_shape(1, 256, 2048, SMS) == (1, 2)  # a 256-expert router
+    assert few_rows_shape(1, 200, 65536, SMS) == (1, MAX_WARPS)
+    assert few_rows_shape(1, 2 * SMS, 5120, SMS) is None
+    assert few_rows_shape(2, 96, 5120, SMS) is None
+
+
+@pytest.mark.parametrize(("kinds", "runs"), [
+    ([True, True, False], [range(0, 2), range(2, 3)]),  # Gated DeltaNet: qkv + z in one launch, beta|alpha
+    ([True] * 4, [range(0, 3), range(3, 4)]),  # q/k/v, then the output gate
+    ([False, True, True, True, True, False], [range(0, 1), range(1, 4), range(4, 5), range(5, 6)]),
+    ([False, False], [range(0, 1), range(1, 2)]),
+    ([True, False, True], [range(0, 1), range(1, 2), range(2, 3)]),
+])  # fmt: skip
+def test_one_token_runs(kinds: list[bool], runs: list[range]) -> None:
+    assert one_token_runs(kinds) == runs
 
 
 def test_decode_blocks_without_clusters_are_the_request() -> None:

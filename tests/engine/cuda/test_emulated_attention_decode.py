@@ -62,6 +62,7 @@ def _decode_meta(seq_lens: np.ndarray, tables: np.ndarray) -> AttentionMetadata:
     ([150, 33], (12, 4, 64), None, 5.0, 2),  # softcap, head_dim 64 (two threads per output dim)
     ([260, 1], (8, 1, 64), 40, None, 1),  # one block walks every chunk of a window
     ([129], (7, 1, 128), None, None, 4),  # a group of 7 in the 8-head variant
+    ([300, 40], (16, 2, 256), None, None, 4),  # Qwen3.5-MoE's heads: group 8 of head_dim 256
 ])  # fmt: skip
 def test_attention_decode_emulated(
     request: pytest.FixtureRequest, decode_emu: Path, tmp_path: Path, ctxs, heads, window, cap, blocks
@@ -126,6 +127,7 @@ ROPE_CASES = [
     ([129], (7, 1, 128), None, None, 4, False, True, (), None),  # a group of 7 in the 8-head variant
     ([200, 33], (4, 1, 256), 100, None, 4, False, True, (), None),  # Gemma-like head_dim 256
     ([200, 33], (4, 1, 256), None, None, 4, False, True, (), 64),  # Qwen3.5: 64 of 256 dims turn (NeoX)
+    ([130, 1, 0], (24, 4, 256), None, None, 4, False, True, (2,), 64),  # Qwen3.5-27B: group 6 of the 8-head variant
     ([90, 1], (8, 2, 128), None, None, 2, True, True, (1,), 32),  # partial, interleaved pairs, padding
 ]  # fmt: skip
 

@@ -46,6 +46,7 @@ def attention_emu(tmp_path_factory) -> Path:
     ("Q4_1", 5, 2, 2), ("Q5_1", 1, 1, 4), ("Q4_0", 1, 1, 8), ("BF16", 1, 1, 8), ("F16", 2, 1, 4), ("F32", 4, 2, 2),
     ("MXFP4", 1, 2, 8), ("MXFP4", 3, 1, 2), ("IQ4_NL", 1, 1, 4), ("IQ4_NL", 8, 2, 2), ("IQ4_XS", 1, 2, 8),
     ("IQ4_XS", 2, 1, 4), ("NVFP4", 1, 2, 8), ("NVFP4", 5, 1, 2),
+    ("F32", 1, 5, 1), ("Q4_K", 1, 2, 1), ("Q6_K", 1, 1, 1),  # a block per row: few-row products (few_rows_shape)
 ])  # fmt: skip
 def test_gemv_emulated(
     request: pytest.FixtureRequest,
@@ -99,6 +100,30 @@ def test_dequant_emulated(
     assert not np.isnan(got).any(), f"seed={seed}"
     rtol = 1e-6 if out == "f32" else 1e-3
     np.testing.assert_allclose(got, ref, rtol=rtol, atol=1e-6, err_msg=f"seed={seed}")
+
+
+@pytest.mark.parametrize(("kind", "n_tok", "heads", "head_dim", "per_head"), [
+    ("sigmoid", 1, 4, 64, False), ("sigmoid", 3, 2, 96, False), ("softplus", 2, 3, 32, False),
+    ("softplus", 5, 4, 16, True),
+])  # fmt: skip
+def test_output_gate_emulated(
+    request: pytest.FixtureRequest, kernels_emu: Path, tmp_path: Path, kind: str, n_tok: int, heads: int,
+    head_dim: int, per_head: bool,
+) -> None:
+    """The attention output gate reading its columns in place from a wider fused product's rows."""
+    rng, seed = fresh_rng(request.node.nodeid)
+    width = heads * head_dim
+    cols = heads if per_head else width
+    fused = (rng.standard_normal((n_tok, 3 * width + cols)) * 4).astype(np.float32)  # q/k/v, then the gate
+    out = rng.standard_normal((n_tok, width)).astype(np.float32)
+    out.tofile(tmp_path / "out.bin")
+    np.concatenate([fused[:, 3 * width :], np.zeros((n_tok, 3 * width), np.float32)], axis=1).tofile(
+        tmp_path / "gate.bin"
+    )  # the gate's rows as wide as the fused product's
+    _run(kernels_emu, "output_gate", kind, tmp_path, n_tok, width, 3 * width + cols, head_dim if per_head else 1)
+    got = np.fromfile(tmp_path / "y.bin", np.float32).reshape(n_tok, width)
+    ref = CpuBackend().output_gate(out, fused[:, 3 * width :], kind)
+    assert rel_err(got, ref) < 1e-6, f"seed={seed}"
 
 
 @pytest.mark.parametrize(("cols", "vec"), [(1000, False), (1000, True), (4096, True), (640, True), (16384, True)])

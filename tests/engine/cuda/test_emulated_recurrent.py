@@ -214,3 +214,43 @@ def test_gated_rms_norm_emulated(
     ref = gated_rms_norm(np, x, z_rows[:, : heads * dim], w, eps)
     got = np.fromfile(tmp_path / "y.bin", np.float32).reshape(ref.shape)
     assert rel_err(got, ref) < 1e-6, f"seed={seed}"
+
+
+@pytest.mark.parametrize(("dv", "tiled"), [(128, False), (40, True), (32, False)])
+def test_gated_delta_decode_norm_emulated(
+    request: pytest.FixtureRequest, recurrent_emu: Path, tmp_path: Path, dv: int, tiled: bool
+) -> None:
+    """A decode step with the gated RMSNorm fused in (the last of a head's dv / 32 blocks normalizes it):
+    the raw output and the state as the unfused kernel's, the normalized output as the reference norm
+    of the reference rule, a padding row's zeros, and the counters back at zero after two launches."""
+    rng, seed = fresh_rng(request.node.nodeid)
+    spec = GatedDeltaNetSpec(2, 4, HEAD_K_DIM, dv, 4, tiled)
+    meta = varlen_meta([1] * 4, [5, 1, 3, 0], [True, False, True, True])
+    hv, eps = spec.num_v_heads, 1e-6
+    mixed = rng.standard_normal((4, spec.conv_dim)).astype(np.float32)
+    ba = (rng.standard_normal((4, 2 * hv)) * 2).astype(np.float32)
+    neg_a = -np.exp(rng.uniform(-2, 1, hv)).astype(np.float32)
+    dt_bias = rng.standard_normal(hv).astype(np.float32)
+    state = (rng.standard_normal((NUM_SLOTS, *spec.state_shapes()[1])) * 0.3).astype(np.float32)
+    z_rows = rng.standard_normal((4, hv * dv + 5)).astype(np.float32)  # a wider row: the projection's stride
+    norm_w = rng.standard_normal(dv).astype(np.float32)
+    for name, a in (("mixed", mixed), ("ba", ba), ("nega", neg_a), ("dtb", dt_bias), ("state", state),
+                    ("z", z_rows), ("normw", norm_w)):  # fmt: skip
+        a.tofile(tmp_path / f"{name}.bin")
+    write_meta(tmp_path, meta)
+    slots = meta.host_state_slots.copy()
+    slots[3] = -1  # a graph bucket's padding row
+    slots.tofile(tmp_path / "slots.bin")
+    ref_state = state.copy()
+    core = gated_delta_net_rule(np, mixed, ba, neg_a, dt_bias, ref_state, meta, spec)
+    ref = gated_rms_norm(np, core, z_rows[:, : hv * dv], norm_w, eps)
+    _run(recurrent_emu, "delta_norm", tmp_path, 4, spec.num_k_heads, hv, dv, int(tiled), z_rows.shape[1], eps, 2)
+    got = np.fromfile(tmp_path / "y.bin", np.float32).reshape(ref.shape)
+    raw = np.fromfile(tmp_path / "o.bin", np.float32).reshape(ref.shape)
+    got_state = np.fromfile(tmp_path / "state.bin", np.float32).reshape(state.shape)
+    real = [0, 1, 2]
+    assert rel_err(raw[real], core[real]) < DELTA_TOL, f"seed={seed}"
+    assert rel_err(got[real], ref[real]) < DELTA_TOL, f"seed={seed}"
+    assert rel_err(got_state[[5, 1, 3]], ref_state[[5, 1, 3]]) < DELTA_TOL, f"seed={seed}"
+    np.testing.assert_array_equal(got[3], 0.0)
+    np.testing.assert_array_equal(np.fromfile(tmp_path / "counters.bin", np.int32), 0)

@@ -518,6 +518,11 @@ class CudaBackend:
         x = self._f32(x)
         return _activation.softcap(x, cap, self.xp.empty_like(x))
 
+    def output_gate(self, out: Any, gate: Any, kind: str) -> Any:
+        """One launch at every batch size, reading the gate's columns of the fused product in place."""
+        out = self._f32(out)
+        return _activation.output_gate(out, self._rows(gate), kind, self.xp.empty_like(out))
+
     # -- recurrent layers (hybrid models) ------------------------------------------------
     # One launch per op for a whole varlen batch; at decode (one token per sequence) the entries that
     # read no query_start_loc. The sequences' rows, state slots and flags are read on the device: no
@@ -548,6 +553,23 @@ class CudaBackend:
     def gated_rms_norm(self, x: Any, z: Any, weight: Any, eps: float) -> Any:
         x = self._f32(x)
         return _gated_delta.gated_rms_norm(x, self._rows(z), self._f32(weight), eps, self.xp.empty_like(x))
+
+    def gated_delta_net_rule_norm(
+        self, mixed: Any, ba: Any, neg_a: Any, dt_bias: Any, state: Any, meta: AttentionMetadata,
+        spec: GatedDeltaNetSpec, z: Any, norm_weight: Any, eps: float,
+    ) -> Any:
+        """At decode one launch (gated_delta_decode_norm); elsewhere the rule, then the norm."""
+        mixed = self._rows(mixed)
+        if not _decode_batch(meta, mixed.shape[0]):
+            core = self.gated_delta_net_rule(mixed, ba, neg_a, dt_bias, state, meta, spec)
+            return self.gated_rms_norm(core, z, norm_weight, eps)
+        _, slots, initial = self._recurrent_meta(meta, mixed.shape[0])
+        shape = (mixed.shape[0], spec.num_v_heads, spec.head_v_dim)
+        return _gated_delta.gated_delta_decode_norm(
+            mixed, self._rows(ba), self._f32(neg_a), self._f32(dt_bias), state, slots, initial, spec.num_k_heads,
+            spec.tiled_v_heads, self._rows(z), self._f32(norm_weight), eps, self.xp.empty(shape, self.xp.float32),
+            self.xp.empty(shape, self.xp.float32),
+        )  # fmt: skip
 
     def _rows(self, x: Any) -> Any:
         """float32 rows of unit column stride, any row stride (a column slice of a projection): no copy

@@ -64,8 +64,10 @@ def linear(
     bias: Any | None = None,
     cache: DenseCache | None = None,
     plan: GemvPlan = DEFAULT_PLAN,
+    out: Any | None = None,
 ) -> Any:
-    """`x @ W.T (+ bias)` for float32 `x [T, in]`: float32 `[T, out]`; GEMVs launched by `plan`."""
+    """`x @ W.T (+ bias)` for float32 `x [T, in]`: float32 `[T, out]`; GEMVs launched by `plan`.
+    `out`: a C-contiguous float32 `[T, out]` to write into (a fused product's columns at one token)."""
     import cupy
 
     x = _as_input(x, weight)
@@ -74,7 +76,10 @@ def linear(
             raise ValueError("a fused weight carries its own bias")
         return _linear_fused(x, weight, cache, plan)
     n_tok = x.shape[0]
-    out = cupy.empty((n_tok, weight.n_rows), cupy.float32)
+    if out is None:
+        out = cupy.empty((n_tok, weight.n_rows), cupy.float32)
+    elif out.shape != (n_tok, weight.n_rows) or out.dtype != cupy.float32 or not out.flags.c_contiguous:
+        raise ValueError(f"linear {weight.name!r}: out must be C-contiguous float32 {(n_tok, weight.n_rows)}")
     if n_tok == 0:
         return out
     mma = _mma_parts(n_tok, weight, plan)
@@ -107,6 +112,44 @@ def _gemv_parts(fused: CudaFusedWeight) -> list[tuple[Any, str, int, int]] | Non
     return [(p.data, p.qtype.name, p.row_bytes, p.n_rows) for p in fused.parts]
 
 
+def _int_part(part: CudaWeight) -> bool:
+    """Whether a part is a whole-block integer format (gemv_int.cu's, when the product is big enough)."""
+    return part.data is not None and not part.split and part.qtype.name in gemv_int.INT_X_FORMATS
+
+
+def one_token_runs(kinds: list[bool]) -> list[range]:
+    """The launches of a one-token fused product whose parts are integer formats (True) or not:
+    each run of consecutive integer parts, up to three (gemv_int_multi's), in one launch, every
+    other part in its own."""
+    runs: list[range] = []
+    for i, integer in enumerate(kinds):
+        last = runs[-1] if runs else None
+        if integer and last is not None and kinds[last.start] and len(last) < 3:
+            runs[-1] = range(last.start, i + 1)
+        else:
+            runs.append(range(i, i + 1))
+    return runs
+
+
+def _linear_runs(x: Any, fused: CudaFusedWeight, out: Any, cache: DenseCache | None, plan: GemvPlan) -> Any:
+    """One token over a fused weight of more than three parts or of mixed kinds (q/k/v + an output
+    gate; Gated DeltaNet's quantized qkv/z beside its F32 beta/alpha): the launches of
+    one_token_runs, each writing its columns of `out` in place (at one token a range of columns
+    is one contiguous vector), so no part's output is copied into place afterwards."""
+    offsets = fused.offsets
+    for run in one_token_runs([_int_part(p) for p in fused.parts]):
+        group = fused.parts[run.start : run.stop]
+        start = offsets[run.start]
+        cols = slice(start, start + sum(p.n_rows for p in group))
+        bias = None if fused.bias is None else fused.bias[cols]
+        if len(group) > 1:
+            parts = [(p.data, p.qtype.name, p.row_bytes, p.n_rows) for p in group]
+            gemv_kernels.gemv_multi(parts, fused.n_cols, x, out[:, cols], bias, plan=plan)
+        else:
+            linear(x, group[0], bias, cache, plan, out=out[:, cols])
+    return out
+
+
 def _linear_fused(x: Any, fused: CudaFusedWeight, cache: DenseCache | None, plan: GemvPlan) -> Any:
     import cupy
 
@@ -118,6 +161,9 @@ def _linear_fused(x: Any, fused: CudaFusedWeight, cache: DenseCache | None, plan
     if mma is not None:
         return gemv_mma.gemv_mma(mma, fused.n_cols, x, out, fused.bias)
     parts = _gemv_parts(fused)
+    mixed = len({_int_part(p) for p in fused.parts}) > 1
+    if n_tok == 1 and (parts is None or mixed):
+        return _linear_runs(x, fused, out, cache, plan)
     dense = _dense_pays(n_tok, fused)
     if n_tok <= GEMV_MAX_TOKENS and parts is not None and not dense:
         return gemv_kernels.gemv_multi(parts, fused.n_cols, x, out, fused.bias, plan=plan)
@@ -171,17 +217,30 @@ def norm_linear(
     import cupy
 
     parts = _gemv_parts(fused)
+    if kind is None and len(fused.parts) > 3 and all(_int_part(p) for p in fused.parts):
+        parts = [(p.data, p.qtype.name, p.row_bytes, p.n_rows) for p in fused.parts]  # q/k/v + an output gate
     if x.shape[0] != 1 or parts is None or (kind is not None and (len(parts) != 2 or fused.bias is not None)):
         return None
     if not plan.int_x or fused.n_cols > plan.norm_max_cols:
         return None
-    if not gemv_int.serves(1, fused.n_cols, [p[1] for p in parts]):
+    runs = one_token_runs([True] * len(parts))
+    if not all(gemv_int.serves(1, fused.n_cols, [p[1] for p in parts[r.start : r.stop]]) for r in runs):
         return None
     new_residual = cupy.empty_like(x)
     norm = gemv_int.NormIn(residual, norm_weight, new_residual, eps)
     if kind is None:
+        # Each launch normalizes x itself (a block's share of the norm is one read of x from L2);
+        # every one writes the same new residual.
         out = cupy.empty((1, fused.n_rows), cupy.float32)
-        gemv_int.gemv_int_multi(parts, fused.n_cols, x, out, fused.bias, norm=norm, plan=plan)
+        for run in runs:
+            start = fused.offsets[run.start]
+            cols = slice(start, start + sum(p[3] for p in parts[run.start : run.stop]))
+            bias = None if fused.bias is None else fused.bias[cols]
+            group = parts[run.start : run.stop]
+            if len(group) == 1:
+                gemv_int.gemv_int(*group[0][:3], group[0][3], fused.n_cols, x, out[:, cols], bias, norm=norm, plan=plan)
+            else:
+                gemv_int.gemv_int_multi(group, fused.n_cols, x, out[:, cols], bias, norm=norm, plan=plan)
     else:
         rows = parts[0][3]
         out = cupy.empty((1, rows), cupy.float32)

@@ -1,4 +1,4 @@
-// Elementwise activations: gated (act(gate) * up) and the logit soft cap.
+// Elementwise activations: gated (act(gate) * up), the attention output gate and the logit soft cap.
 //
 // Accurate expf/tanhf rather than the fast intrinsics: these feed a float32 parity
 // test against numpy, and the kernels are bound by memory, not arithmetic.
@@ -52,4 +52,37 @@ extern "C" __global__ void __launch_bounds__(256) softcap(const float* __restric
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     y[i] = cap * tanhf(x[i] / cap);
+}
+
+// The attention output times its gate (layers/attention.py): y [T, W] = out [T, W] * f(gate), gate
+// rows `gate_stride` apart (a column slice of the fused q/k/v/gate product, read in place) holding W
+// columns (per element) or W / per columns (one per head of `per` dims). f: sigmoid (KIND 0) or
+// softplus (KIND 1), as the numpy reference computes them: 1 / (1 + exp(-g)) and log(1 + exp(g)).
+template <int KIND>
+__device__ __forceinline__ void output_gate_body(const float* __restrict__ out, const float* __restrict__ gate,
+                                                 float* __restrict__ y, i64 n, int width, i64 gate_stride,
+                                                 int per) {
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const i64 t = i / width;
+    const int j = (int)(i % width);
+    const float g = gate[t * gate_stride + j / per];
+    const float f = KIND == 0 ? 1.f / (1.f + expf(-g)) : fmaxf(g, 0.f) + log1pf(expf(-fabsf(g)));
+    y[i] = out[i] * f;
+}
+
+extern "C" __global__ void __launch_bounds__(256) output_gate_sigmoid(const float* __restrict__ out,
+                                                                      const float* __restrict__ gate,
+                                                                      float* __restrict__ y, i64 n, int width,
+                                                                      i64 gate_stride, int per) {
+    after_previous_grid();
+    output_gate_body<0>(out, gate, y, n, width, gate_stride, per);
+}
+
+extern "C" __global__ void __launch_bounds__(256) output_gate_softplus(const float* __restrict__ out,
+                                                                       const float* __restrict__ gate,
+                                                                       float* __restrict__ y, i64 n, int width,
+                                                                       i64 gate_stride, int per) {
+    after_previous_grid();
+    output_gate_body<1>(out, gate, y, n, width, gate_stride, per);
 }

@@ -19,6 +19,7 @@
 // query_start_loc[i]:[i+1] (decode: row i), its state row is state_slots[i] (negative: a padding row,
 // zeros out and no state touched), and it starts from zeros where has_initial[i] is 0. All read on the device: a decode step
 // can be captured in a CUDA graph.
+#include "attn_merge.cuh"
 #include "block_sum.cuh"
 
 #ifndef GDN_DK
@@ -165,6 +166,36 @@ extern "C" __global__ void __launch_bounds__(GDN_WARPS * 32) gated_delta_decode(
     int n_v_heads, int dv, int tiled, float q_scale) {
     gated_delta_body<true>(mixed, mixed_stride, ba, ba_stride, neg_a, dt_bias, state, nullptr, state_slots,
                            has_initial, out, n_k_heads, n_v_heads, dv, tiled, q_scale);
+}
+
+// A decode step with the gated RMSNorm after it (gated_rms_norm below) fused in, one launch less per
+// layer: every block writes its raw columns of o to `out` (scratch), and the last of a (sequence, head)'s
+// dv / 32 blocks to finish (a counter per pair, zero between launches: that block resets it; attn_merge.cuh)
+// normalizes the whole head into `y`: o * rstd * w * silu(z), z rows z_stride apart.
+extern "C" __global__ void __launch_bounds__(GDN_WARPS * 32) gated_delta_decode_norm(
+    const float* __restrict__ mixed, i64 mixed_stride, const float* __restrict__ ba, i64 ba_stride,
+    const float* __restrict__ neg_a, const float* __restrict__ dt_bias, float* __restrict__ state,
+    const int* __restrict__ state_slots, const u8* __restrict__ has_initial, float* __restrict__ out, int n_k_heads,
+    int n_v_heads, int dv, int tiled, float q_scale, const float* __restrict__ z, i64 z_stride,
+    const float* __restrict__ norm_w, float eps, int* __restrict__ counters, float* __restrict__ y) {
+    gated_delta_body<true>(mixed, mixed_stride, ba, ba_stride, neg_a, dt_bias, state, nullptr, state_slots,
+                           has_initial, out, n_k_heads, n_v_heads, dv, tiled, q_scale);
+    __shared__ int last;
+    __shared__ float scratch[32];
+    const int h = blockIdx.y, seq = blockIdx.z;
+    if (!attn_last_to_finish(counters + (i64)seq * n_v_heads + h, gridDim.x, &last)) return;
+    const i64 row = ((i64)seq * n_v_heads + h) * dv;  // decode: row `seq` is sequence seq's token
+    const float* zr = z + (i64)seq * z_stride + (i64)h * dv;
+    float ss = 0.f;
+    for (int c = threadIdx.x; c < dv; c += blockDim.x) {
+        const float v = __ldcg(out + row + c);  // other blocks' columns: from L2, past this SM's L1
+        ss += v * v;
+    }
+    const float inv = 1.f / sqrtf(block_sum(ss, scratch) / (float)dv + eps);
+    for (int c = threadIdx.x; c < dv; c += blockDim.x) {
+        const float g = zr[c];
+        y[row + c] = __ldcg(out + row + c) * inv * norm_w[c] * (g / (1.f + expf(-g)));
+    }
 }
 
 // The chunked form for prefill: the same blocks (sequence, value head, 32 columns) and state slice in

@@ -2,7 +2,9 @@
 //
 // One weight per launch; the bodies live in gemv.cuh (shared with gemv_fused.cu). Rows
 // per block R by token bucket T: more rows reuse x more, more tokens need more
-// registers; T=1 comes in two R so the benchmark can pick.
+// registers; T=1 comes in two R so the benchmark can pick, and in R=1 for weights of so few
+// rows that R=4 or 8 would leave most multiprocessors idle (Gated DeltaNet's [2 x 48, 5120]
+// F32 beta/alpha took 12.8 us a launch at 6 blocks: 0.08 TB/s).
 #include "gemv.cuh"
 
 #define GEMV_KERNEL(SUFFIX, FMT, T, R)                                                                    \
@@ -15,6 +17,7 @@
 #define GEMV_FORMAT(SUFFIX, FMT)     \
     GEMV_KERNEL(SUFFIX, FMT, 1, 8)   \
     GEMV_KERNEL(SUFFIX, FMT, 1, 4)   \
+    GEMV_KERNEL(SUFFIX, FMT, 1, 1)   \
     GEMV_KERNEL(SUFFIX, FMT, 2, 4)   \
     GEMV_KERNEL(SUFFIX, FMT, 4, 2)   \
     GEMV_KERNEL(SUFFIX, FMT, 8, 2)

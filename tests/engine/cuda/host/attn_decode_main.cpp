@@ -32,7 +32,7 @@ typedef void (*RopeFn)(const float*, u16*, u16*, const int*, const int*, int, in
 #define PICK_ALL(PICK)                                                   \
     PICK(64, 1) PICK(64, 2) PICK(64, 4) PICK(64, 8) PICK(64, 16)         \
     PICK(128, 1) PICK(128, 2) PICK(128, 4) PICK(128, 8)                  \
-    PICK(256, 1) PICK(256, 2) PICK(256, 4)
+    PICK(256, 1) PICK(256, 2) PICK(256, 4) PICK(256, 8)
 
 static DecFn pick(int d, int g) {
 #define PICK(D, G) \

@@ -2,12 +2,14 @@
 //   gemv FMT BUCKET ROWS WARPS DIR N_ROWS N_COLS N_TOK ROW_BYTES   reads w.bin x.bin [bias.bin], writes y.bin
 //   add_rms_norm DIR ROWS COLS EPS THREADS [vec]              reads x.bin res.bin w.bin, writes y.bin newres.bin
 //   dequant FMT OUT(f32|f16) DIR N_SRC N_COLS ROW_BYTES N_OUT ROW_OFFSET   reads w.bin [ids.bin], writes y.bin
+//   output_gate KIND(sigmoid|softplus) DIR N_TOK WIDTH GATE_STRIDE PER   reads out.bin gate.bin, writes y.bin
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
 #define PADDOCK_ALL_VARIANTS
+#include "activation.cu"
 #include "dequant.cu"
 #include "gemv.cu"
 #include "norm.cu"
@@ -19,7 +21,7 @@ typedef void (*GemvFn)(const u8*, i64, int, int, const float*, int, float*, cons
 static GemvFn pick_gemv(const std::string& fmt, int bucket, int rows) {
 #define PICK_T(SUFFIX, T, R) \
     if (fmt == #SUFFIX && bucket == T && rows == R) return gemv_##SUFFIX##_t##T##_r##R;
-#define PICK(SUFFIX, FMT) PICK_T(SUFFIX, 1, 8) PICK_T(SUFFIX, 1, 4) PICK_T(SUFFIX, 2, 4) PICK_T(SUFFIX, 4, 2) PICK_T(SUFFIX, 8, 2)
+#define PICK(SUFFIX, FMT) PICK_T(SUFFIX, 1, 8) PICK_T(SUFFIX, 1, 4) PICK_T(SUFFIX, 1, 1) PICK_T(SUFFIX, 2, 4) PICK_T(SUFFIX, 4, 2) PICK_T(SUFFIX, 8, 2)
     PADDOCK_FORMATS(PICK)
     exit(4);
 }
@@ -97,6 +99,21 @@ int main(int argc, char** argv) {
             launch({grid, 1, 1}, {256, 1, 1}, [&] { f16(wp, row_bytes, n_cols, ip, n_out, row_offset, n_src, y.data()); });
             write_file(dir + "/y.bin", y);
         }
+        return 0;
+    }
+    if (cmd == "output_gate" && argc == 8) {
+        const std::string kind = argv[2], dir = argv[3];
+        const int n_tok = atoi(argv[4]), width = atoi(argv[5]), per = atoi(argv[7]);
+        const i64 gate_stride = atoll(argv[6]);
+        auto out = read_file<float>(dir + "/out.bin");
+        auto gate = read_file<float>(dir + "/gate.bin");
+        const i64 n = (i64)n_tok * width;
+        std::vector<float> y((size_t)n, NAN);
+        launch({(unsigned)((n + 255) / 256), 1, 1}, {256, 1, 1}, [&] {
+            if (kind == "sigmoid") output_gate_sigmoid(out.data(), gate.data(), y.data(), n, width, gate_stride, per);
+            else output_gate_softplus(out.data(), gate.data(), y.data(), n, width, gate_stride, per);
+        });
+        write_file(dir + "/y.bin", y);
         return 0;
     }
     return 2;
