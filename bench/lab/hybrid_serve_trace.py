@@ -1,6 +1,7 @@
 """Where a served step of a hybrid model goes: the engine under `paddock bench`'s closed loop, step by step.
 
     python3 bench/lab/hybrid_serve_trace.py /tmp/qwen35-27b-8l.gguf --concurrency 32 --requests 64
+    python3 bench/lab/hybrid_serve_trace.py /tmp/qwen35-27b-8l.gguf --snapshot-rows 66  # the whole 27B's rows
     python3 bench/lab/hybrid_serve_trace.py /tmp/tiny.gguf --device cpu --concurrency 4 --requests 8 --output-tokens 16
 
 Drives `LLMEngine` directly (as bench/suite/gpu_engine.py does, no HTTP) with the arrival pattern of
@@ -9,7 +10,9 @@ Drives `LLMEngine` directly (as bench/suite/gpu_engine.py does, no HTTP) with th
 step, as a bench worker sends its next request when the last one ends), every request `--prompt-tokens`
 random ids between a shared chat head and tail (`--head-tokens`, `--tail-tokens`: the template's turn
 markers), `--output-tokens` out (ignore_eos), prompts drawn from a pool of at most 64 as bench draws them
-(so timed requests past the pool reuse warm-up prompts: prefix-cache hits, as in the served runs).
+(so timed requests past the pool reuse warm-up prompts: prefix-cache hits, as in the served runs), with
+`paddock serve`'s defaults where they differ from EngineConfig's (`--kv-host-gb 4`: evicted snapshots spill
+to host RAM; `--max-model-len 16384` as the served runs' --max-ctx).
 
 Each step of the timed phase is recorded: its kind (decode: every chunk one token of output; prefill: no
 such chunk; mixed: both), wall ms of `engine.step()`, the part spent waiting on the device (the sampler's
@@ -41,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from app.engine.config import EngineConfig
 from app.engine.core.engine import LLMEngine
+from app.engine.plan.shape import shape_from_checkpoint
 from app.engine.sampling_params import SamplingParams
 
 PROMPT_POOL = 64  # app/commands/bench.py: distinct prompts per run at most
@@ -54,6 +58,7 @@ class StepRecord:
     wait_ms: float  # blocked on the device (sampler read-back, look-ahead resolve)
     schedule_ms: float
     run_host_ms: float  # host time inside the runner's forward call (launches, metadata, eager ops)
+    states_host_ms: float  # host time of the state copies around it (a spill to host RAM waits for the GPU)
     path: str  # decode-graph | prefill-graph | eager | none
     chunks: int
     decodes: int
@@ -75,6 +80,7 @@ class _Live:
     wait: float = 0.0
     schedule: float = 0.0
     run_host: float = 0.0
+    states_host: float = 0.0
     path: str = "none"
     scheduled: Any = None
     events: list[tuple[str, Any, Any]] = field(default_factory=list)
@@ -157,7 +163,9 @@ class Tracer:
     def _states(self, fn: Callable) -> Callable:
         def run(*args: Any, **kwargs: Any) -> Any:
             start = self._event()
+            t0 = time.perf_counter()
             out = fn(*args, **kwargs)
+            self.live.states_host += time.perf_counter() - t0
             self._mark("states", start)
             return out
 
@@ -203,6 +211,7 @@ class Tracer:
             wait_ms=1000 * live.wait,
             schedule_ms=1000 * live.schedule,
             run_host_ms=1000 * live.run_host,
+            states_host_ms=1000 * live.states_host,
             path=live.path,
             chunks=len(scheduled.chunks),
             decodes=len(decodes),
@@ -328,6 +337,8 @@ def summarize(records: list[StepRecord], times: dict[str, RequestTimes], wall: f
             "wait_ms_p50": _pct([r.wait_ms for r in rows], 50),
             "schedule_ms_p50": _pct([r.schedule_ms for r in rows], 50),
             "run_host_ms_p50": _pct([r.run_host_ms for r in rows], 50),
+            "states_host_ms_p50": _pct([r.states_host_ms for r in rows], 50),
+            "states_host_ms_total": sum(r.states_host_ms for r in rows),
             "gpu_forward_ms_p50": _pct(gpu, 50) if gpu else None,
             "gpu_states_ms_p50": _pct(states, 50) if states else None,
             "gpu_states_ms_total": sum(states) if states else None,
@@ -366,19 +377,21 @@ def print_summary(summary: dict, plan: str) -> None:
           f"TTFT p50 {summary['ttft_ms_p50']:.1f} ms p90 {summary['ttft_ms_p90']:.1f} ms; "
           f"ITL p50 {summary['itl_ms_p50']:.2f} ms p90 {summary['itl_ms_p90']:.2f} ms")  # fmt: skip
     head = (f"{'kind':8}{'steps':>6}{'wall p50':>10}{'p90':>9}{'total s':>9}{'host p50':>10}{'wait p50':>10}"
-            f"{'sched':>7}{'run':>8}{'gpu fwd':>9}{'gpu st':>8}{'dec rows':>9}{'pf tok':>8}{'st MB':>9}  paths")
+            f"{'sched':>7}{'run':>8}{'states':>8}{'gpu fwd':>9}{'gpu st':>8}{'dec rows':>9}{'pf tok':>8}{'st MB':>9}  paths")
     print(head)
     for kind, k in summary["by_kind"].items():
         gpu = "-" if k["gpu_forward_ms_p50"] is None else f"{k['gpu_forward_ms_p50']:.2f}"
         st = "-" if k["gpu_states_ms_p50"] is None else f"{k['gpu_states_ms_p50']:.2f}"
         print(f"{kind:8}{k['steps']:>6}{k['wall_ms_p50']:>10.2f}{k['wall_ms_p90']:>9.2f}{k['wall_ms_total'] / 1000:>9.2f}"
               f"{k['host_ms_p50']:>10.2f}{k['wait_ms_p50']:>10.2f}{k['schedule_ms_p50']:>7.2f}{k['run_host_ms_p50']:>8.2f}"
+              f"{k['states_host_ms_p50']:>8.2f}"
               f"{gpu:>9}{st:>8}{k['decode_rows_mean']:>9.1f}{k['prefill_tokens_mean']:>8.0f}{k['state_mb_copied']:>9.1f}"
               f"  {k['paths']}")  # fmt: skip
     rows = summary["state_rows_copied"]
     print(f"state copies ({summary['state_row_mb']:.2f} MB a row): "
           + ", ".join(f"{k} {v}" for k, v in rows.items())
-          + f"; {summary['state_gb_copied']:.2f} GB in all")  # fmt: skip
+          + f"; {summary['state_gb_copied']:.2f} GB in all; host ms in the copies "
+          + ", ".join(f"{kind} {k['states_host_ms_total']:.0f}" for kind, k in summary["by_kind"].items()))  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -393,18 +406,27 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--head-tokens", type=int, default=3, help="shared ids before each prompt (<|im_start|>user\\n)")
     parser.add_argument("--tail-tokens", type=int, default=5, help="shared ids after it (<|im_end|>\\n<|im_start|>assistant\\n)")
     parser.add_argument("--output-tokens", type=int, default=128)
-    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--max-model-len", type=int, default=16384, help="as the served runs' --max-ctx")
+    parser.add_argument("--kv-host-gb", type=float, default=4.0,
+                        help="paddock serve's default: a hybrid model's evicted snapshots spill to host RAM")  # fmt: skip
     parser.add_argument("--max-num-batched-tokens", type=int, help="EngineConfig's default unless given")
     parser.add_argument("--no-prefix-cache", action="store_true")
+    parser.add_argument("--snapshot-rows", type=int,
+                        help="device snapshot rows (--state-snapshot-gb in rows): a file cut to 8 layers gets ~4x the "
+                             "rows the whole model gets (Qwen3.5-27B on an H100: ~66), so evictions come later")  # fmt: skip
     parser.add_argument("--json", type=Path, help="every step's record and the summary")
     args = parser.parse_args(argv)
     if min(args.concurrency, args.requests, args.prompt_tokens, args.output_tokens) < 1:
         parser.error("--concurrency, --requests, --prompt-tokens and --output-tokens must be positive")
     warmup = args.concurrency if args.warmup is None else args.warmup
     fields: dict[str, Any] = dict(model=args.model, device=args.device, max_model_len=args.max_model_len,
-                                  max_num_seqs=args.concurrency, enable_prefix_caching=not args.no_prefix_cache)  # fmt: skip
+                                  max_num_seqs=args.concurrency, enable_prefix_caching=not args.no_prefix_cache,
+                                  kv_host_gb=args.kv_host_gb)  # fmt: skip
     if args.device == "cpu":
         fields["cpu_kernels"] = args.cpu_kernels
+    if args.snapshot_rows is not None:
+        per_sequence = shape_from_checkpoint(args.model).state_bytes_per_sequence
+        fields["state_snapshot_gb"] = args.snapshot_rows * per_sequence / (1 << 30) + 1e-9
     if args.max_num_batched_tokens:
         fields["max_num_batched_tokens"] = args.max_num_batched_tokens
     engine = LLMEngine(EngineConfig(**fields))

@@ -31,7 +31,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 ARGS = ["--device", "cpu", "--cpu-kernels", "numpy", "--max-model-len", "512", "--head-tokens", "3",
-        "--tail-tokens", "5", "--prompt-tokens", "41"]  # fmt: skip
+        "--tail-tokens", "5", "--prompt-tokens", "41", "--kv-host-gb", "0.002"]  # fmt: skip
 
 
 def test_closed_loop_steps_and_request_times(tiny: Path, tmp_path: Path) -> None:
