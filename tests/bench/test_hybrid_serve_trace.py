@@ -61,3 +61,14 @@ def test_timed_requests_past_the_pool_resume_warmup_snapshots(tiny: Path, monkey
     copies = summary["state_rows_copied"]
     assert copies["restores"] == 2  # each resumes the warm-up's snapshot at 48 tokens, computes its last token
     assert sum(k["prefill_tokens_total"] for k in summary["by_kind"].values()) == 2 * 1
+
+
+def test_gpu_engine_prefill_times_a_hybrid_models_eager_steps(tiny: Path) -> None:
+    """bench/suite/gpu_engine.py prefill on a hybrid file (no prefill graphs): its steps run, each batch of
+    prompts in one step (the function asserts it), on the CPU's numpy kernels."""
+    spec = importlib.util.spec_from_file_location("gpu_engine", ROOT / "bench" / "suite" / "gpu_engine.py")
+    gpu_engine = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_engine)
+    got = gpu_engine.hybrid_prefill(str(tiny), (16, 40), batches=(1, 3), reps=1, device="cpu")
+    assert set(got["prefill_eager_step_ms"]) == {16, 40} and set(got["prefill_128_batch_step_ms"]) == {1, 3}
+    assert all(ms > 0 for ms in [*got["prefill_eager_step_ms"].values(), *got["prefill_128_batch_step_ms"].values()])
