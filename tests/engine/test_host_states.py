@@ -32,12 +32,23 @@ def test_spilled_rows_load_back_into_other_rows() -> None:
     row_bytes = sum(a[0].nbytes for a in arrays)
     assert host.bytes_spilled == 2 * row_bytes and host.bytes_loaded == 2 * row_bytes
     # host row 1 was never written: still the zeros it was allocated as
-    assert not host.payload[1].any()
+    assert not host.row(1).any()
 
 
-def test_a_view_is_one_row_of_its_array() -> None:
+def test_rows_come_in_chunks_allocated_on_first_use(monkeypatch: pytest.MonkeyPatch) -> None:
     arrays = state_arrays(np.random.default_rng(1), 2)
-    host = HostStates(CpuBackend(), arrays, rows=1)
-    assert [host.view(0, i).shape for i in range(4)] == [a.shape[1:] for a in arrays]
-    with pytest.raises(AssertionError, match="no host state rows"):
-        HostStates(CpuBackend(), arrays, rows=0).view(0, 0)
+    row_bytes = sum(a[0].nbytes for a in arrays)
+    monkeypatch.setattr("app.engine.worker.host_states.HOST_CHUNK_BYTES", 2 * row_bytes)  # two rows a chunk
+    allocated: list[int] = []
+    backend = CpuBackend()
+    alloc = backend.alloc_host_blocks
+    monkeypatch.setattr(backend, "alloc_host_blocks", lambda n, nbytes: allocated.append(n) or alloc(n, nbytes))
+    host = HostStates(backend, arrays, rows=5)
+    assert not allocated  # nothing until a row is used
+    assert [host.view(4, i).shape for i in range(4)] == [a.shape[1:] for a in arrays]
+    assert allocated == [1]  # the last chunk holds the fifth row alone
+    host.spill([(0, 0), (1, 1)])
+    assert allocated == [1, 2]
+    np.testing.assert_array_equal(host.view(1, 1), arrays[1][1])
+    with pytest.raises(IndexError, match="host state row 5 outside the tier's 5 rows"):
+        host.row(5)

@@ -1,7 +1,8 @@
 """The host-RAM tier of a hybrid model's state snapshots: rows of every recurrent layer's state in host memory.
 
 A row's payload is every state array's row laid end to end (`runner.state_arrays` order), in memory from
-`backend.alloc_host_blocks` (pinned on CUDA). The state cache (cache/state_cache.py) names the rows; this
+`backend.alloc_host_blocks` (pinned on CUDA), allocated in chunks of about HOST_CHUNK_BYTES on first use
+(pinning gigabytes takes seconds; a server whose snapshots are never evicted pins nothing). The state cache (cache/state_cache.py) names the rows; this
 module moves the bytes: a spill copies evicted device snapshot rows out, a load copies a host row into a
 request's slot.
 
@@ -20,26 +21,39 @@ from typing import Any
 
 import numpy as np
 
+from app.engine.cache.offload import HOST_CHUNK_BYTES
+
 
 class HostStates:
     def __init__(self, backend: Any, arrays: list[Any], rows: int) -> None:
         self.backend, self.arrays = backend, arrays
         self.widths = [int(a[0].nbytes) for a in arrays]
         self.offsets = np.concatenate([[0], np.cumsum(self.widths)]).astype(int).tolist()
-        self.num_rows = rows
-        self.payload = backend.alloc_host_blocks(rows, self.offsets[-1]) if rows and arrays else None
+        self.num_rows = rows if arrays else 0
+        self.row_bytes = self.offsets[-1]
+        self.chunk_rows = max(1, HOST_CHUNK_BYTES // max(1, self.row_bytes))
+        self._chunks: dict[int, np.ndarray] = {}  # chunk index -> [chunk_rows, row_bytes] uint8
         self.cuda = backend.name == "cuda"
         self._stream: Any = None  # the side stream spills copy on (CUDA, made on first use)
         self._spilled: Any = None  # an event after the latest spill's copies (CUDA)
         self.bytes_spilled = 0
         self.bytes_loaded = 0
 
+    def row(self, host_row: int) -> np.ndarray:
+        """`host_row`'s payload, uint8 `[row_bytes]` (its chunk allocated on first use)."""
+        if not 0 <= host_row < self.num_rows:
+            raise IndexError(f"host state row {host_row} outside the tier's {self.num_rows} rows")
+        index, offset = divmod(host_row, self.chunk_rows)
+        chunk = self._chunks.get(index)
+        if chunk is None:
+            rows = min(self.chunk_rows, self.num_rows - index * self.chunk_rows)
+            chunk = self._chunks[index] = self.backend.alloc_host_blocks(rows, self.row_bytes)
+        return chunk[offset]
+
     def view(self, host_row: int, i: int) -> np.ndarray:
         """Array i's part of `host_row`, shaped as one row of it."""
-        assert self.payload is not None, "no host state rows"
-        array = self.arrays[i]
-        part = self.payload[host_row, self.offsets[i] : self.offsets[i + 1]]
-        return part.view(np.float32).reshape(array.shape[1:])
+        part = self.row(host_row)[self.offsets[i] : self.offsets[i + 1]]
+        return part.view(self.arrays[i].dtype).reshape(self.arrays[i].shape[1:])
 
     def spill(self, pairs: list[tuple[int, int]]) -> None:
         """Copy device rows into host rows, (device row, host row) each; on CUDA without waiting."""
@@ -60,7 +74,7 @@ class HostStates:
                 for i, array in enumerate(self.arrays):
                     array[row].get(stream=self._stream, out=self.view(host_row, i), blocking=False)
             self._spilled = self._stream.record()
-        self.bytes_spilled += len(pairs) * self.offsets[-1]
+        self.bytes_spilled += len(pairs) * self.row_bytes
 
     def wait_spills(self) -> None:
         """Order the compute stream after the spills so far (CUDA; a no-op elsewhere, and when none is in flight)."""
@@ -86,4 +100,4 @@ class HostStates:
                     array[row].set(self.view(host_row, i), stream=stream)  # from pinned memory: asynchronous
                 else:
                     array[row] = self.view(host_row, i)
-        self.bytes_loaded += len(pairs) * self.offsets[-1]
+        self.bytes_loaded += len(pairs) * self.row_bytes

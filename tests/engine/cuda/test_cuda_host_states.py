@@ -56,7 +56,7 @@ def test_cuda_prefix_hit_resumes_from_a_snapshot_spilled_to_host_ram(cuda, tmp_p
     other = [int(t) for t in rng.integers(0, 159, 150)]
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=2)
     fields = dict(model=path, device="cuda", max_model_len=512, max_num_seqs=4, max_num_batched_tokens=64,
-                  block_size=16, kv_cache_bytes=16 << 20)  # fmt: skip
+                  block_size=16)  # fmt: skip
     expected = LLMEngine(EngineConfig(**fields, enable_prefix_caching=False)).generate([second], params)[0]
     per_sequence = LLMEngine(EngineConfig(**fields)).model_config.state_bytes_per_sequence
     engine = LLMEngine(EngineConfig(**fields, state_snapshot_interval=32, state_snapshot_gb=2.5 * per_sequence / 2**30,
