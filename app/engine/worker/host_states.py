@@ -34,6 +34,8 @@ class HostStates:
         self.chunk_rows = max(1, HOST_CHUNK_BYTES // max(1, self.row_bytes))
         self._chunks: dict[int, np.ndarray] = {}  # chunk index -> [chunk_rows, row_bytes] uint8
         self.cuda = backend.name == "cuda"
+        if self.cuda:  # rows are copied by address: each array's row i starts i * width bytes in
+            assert all(a.flags.c_contiguous for a in arrays), "state arrays must be C-contiguous"
         self._stream: Any = None  # the side stream spills copy on (CUDA, made on first use)
         self._spilled: Any = None  # an event after the latest spill's copies (CUDA)
         self.bytes_spilled = 0
@@ -70,9 +72,7 @@ class HostStates:
                 self._stream = cupy.cuda.Stream(non_blocking=True)
             ready = cupy.cuda.get_current_stream().record()
             self._stream.wait_event(ready)
-            for row, host_row in pairs:
-                for i, array in enumerate(self.arrays):
-                    array[row].get(stream=self._stream, out=self.view(host_row, i), blocking=False)
+            self._copy([(host_row, row) for row, host_row in pairs], to_host=True, stream=self._stream)
             self._spilled = self._stream.record()
         self.bytes_spilled += len(pairs) * self.row_bytes
 
@@ -89,15 +89,25 @@ class HostStates:
         if not pairs:
             return
         self.wait_spills()  # a spill of an earlier step may have written the row
-        stream = None
         if self.cuda:
             import cupy
 
-            stream = cupy.cuda.get_current_stream()
-        for host_row, row in pairs:
-            for i, array in enumerate(self.arrays):
-                if stream is not None:
-                    array[row].set(self.view(host_row, i), stream=stream)  # from pinned memory: asynchronous
-                else:
+            self._copy(pairs, to_host=False, stream=cupy.cuda.get_current_stream())  # from pinned: asynchronous
+        else:
+            for host_row, row in pairs:
+                for i, array in enumerate(self.arrays):
                     array[row] = self.view(host_row, i)
         self.bytes_loaded += len(pairs) * self.row_bytes
+
+    def _copy(self, pairs: list[tuple[int, int]], to_host: bool, stream: Any) -> None:
+        """CUDA: one asynchronous copy per (host row, device row) pair and array, by address (a raw
+        cudaMemcpyAsync: ~3,000 of them for 32 Qwen3.5-27B rows, where CuPy's get/set cost ~15 us each)."""
+        from cupy.cuda import runtime
+
+        kind = runtime.memcpyDeviceToHost if to_host else runtime.memcpyHostToDevice
+        for host_row, row in pairs:
+            host = self.row(host_row).ctypes.data
+            for array, offset, width in zip(self.arrays, self.offsets, self.widths, strict=False):
+                device = array.data.ptr + row * width
+                dst, src = (host + offset, device) if to_host else (device, host + offset)
+                runtime.memcpyAsync(dst, src, width, kind, stream.ptr)
