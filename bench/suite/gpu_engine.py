@@ -4,6 +4,7 @@ python3 bench/suite/gpu_engine.py parity MODEL.gguf     # CUDA (graphs and eager
 python3 bench/suite/gpu_engine.py speed MODEL.gguf ...  # decode steps/s at batch 1 and 32, host time per step
 python3 bench/suite/gpu_engine.py speed MODEL.gguf --batch 32  # one batch size only
 python3 bench/suite/gpu_engine.py prefill MODEL.gguf    # prefill graph replay per bucket, ops of 160 tokens
+                                                        # (hybrid models: eager prefill steps, 1 and 8/32 prompts)
 python3 bench/suite/gpu_engine.py experts MODEL.gguf N [--batch 1 32]  # MoE experts streamed: tok/s, PCIe bytes/token
 
 Speed: 200 decode steps after every sequence's prefill, wall time per `engine.step()`
@@ -40,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from app.engine.config import EngineConfig
 from app.engine.core.engine import LLMEngine
 from app.engine.kernels.runtime.pdl import programmatic_launches
+from app.engine.plan.shape import shape_from_checkpoint
 from app.engine.sampling_params import SamplingParams
 
 
@@ -164,7 +166,7 @@ def joining_steps(engine: LLMEngine, batch: int, rng: np.random.Generator, param
     return {"with_decodes_p50": statistics.median(mixed), "with_decodes_all": [round(m, 2) for m in mixed]}
 
 
-PROFILED_OPS = (
+PROFILED_OPS = (  # those the backend has (a hybrid model's recurrent ops among them)
     "embedding",
     "rms_norm",
     "add_rms_norm",
@@ -173,8 +175,14 @@ PROFILED_OPS = (
     "rope_and_cache",
     "attention",
     "rope_cache_attention",  # where it is one kernel; else its rope_and_cache and attention count
+    "causal_conv1d",  # Gated DeltaNet and Mamba-2 layers
+    "gated_delta_net_rule",
+    "gated_rms_norm",
+    "ssd_scan",
+    "gated_group_rms_norm",
 )
-_LINEAR_KINDS = (("attn_q", "qkv"), ("attn_output", "o"), ("ffn_down", "down"), ("ffn_gate", "gate_up"))
+_LINEAR_KINDS = (("attn_q", "qkv"), ("attn_output", "o"), ("ffn_down", "down"), ("ffn_gate", "gate_up"),
+                 ("ssm_in", "ssm_in"), ("ssm_out", "ssm_out"))  # fmt: skip
 
 
 def _op_kind(op: str, args: tuple) -> str:
@@ -205,12 +213,13 @@ def _wrapped_ops(backend, wrap: Callable[[str, Callable], Callable]) -> Iterator
 
         return run
 
-    for op in PROFILED_OPS:
+    ops = [op for op in PROFILED_OPS if hasattr(backend, op)]
+    for op in ops:
         setattr(backend, op, outermost(op, getattr(backend, op)))
     try:
         yield
     finally:
-        for op in PROFILED_OPS:
+        for op in ops:
             delattr(backend, op)
 
 
@@ -270,13 +279,66 @@ def profile(engine: LLMEngine, batch: int, reps: int = 5) -> dict[str, float]:
 def prefill(model: str, buckets: tuple[int, ...] = (64, 128, 160, 192, 256)) -> dict:
     """One sequence's prefill: the prefill graph's replay ms per token bucket
     (what a prompt of that many tokens costs before its first token), and GPU ms per op kind of
-    the 160-token bucket run eagerly (the workload's 147-token chat prompt lands there)."""
+    the 160-token bucket run eagerly (the workload's 147-token chat prompt lands there). A hybrid
+    model has no prefill graphs (their captures hold no state rows): `hybrid_prefill` instead."""
+    if shape_from_checkpoint(model).state_bytes_per_sequence:
+        return hybrid_prefill(model, buckets)
     engine = LLMEngine(EngineConfig(model=model, device="cuda", max_model_len=4096, max_num_seqs=1))
     graphs = engine.runner.prefill_graphs
     replay = {t: round(graph_replay_ms(graphs._graphs[t][0]), 4) for t in buckets if t in graphs._graphs}
     ops = op_times(engine.backend, lambda: graphs._forward(160))
     return {"model": Path(model).name, "prefill_replay_ms": replay, "prefill_160_ops_ms": ops,
             "prefill_160_ops_sum_ms": round(sum(ops.values()), 4)}  # fmt: skip
+
+
+def hybrid_prefill(model: str, buckets: tuple[int, ...], batches: tuple[int, ...] = (1, 8, 32), reps: int = 3,
+                   device: str = "cuda") -> dict:  # fmt: skip
+    """A hybrid model's prefill, eager as the engine runs it: wall ms of the step that prefills one prompt of
+    each bucket's tokens and samples its first token (synchronised; median of `reps`), of the step that
+    prefills `batches` prompts of 128 tokens together (a served wave arriving at once: one varlen step), and
+    (CUDA) GPU ms per op kind of the 160-token prompt (the recurrent layers' conv, delta rule / scan and
+    gated norm among them). Prefix caching off: every prompt is computed from zero. `device` "cpu" runs the
+    same steps on the numpy kernels, without the op times (a check of this function off the GPU)."""
+    fields = dict(cpu_kernels="numpy") if device == "cpu" else {}
+    engine = LLMEngine(EngineConfig(model=model, device=device, max_model_len=4096, max_num_seqs=max(batches),
+                                    max_num_batched_tokens=max(4096, 128 * max(batches)),
+                                    enable_prefix_caching=False, **fields))  # fmt: skip
+    rng = np.random.default_rng(2)
+    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    ids = iter(range(1 << 30))
+
+    def sync() -> None:
+        if device == "cuda":
+            import cupy
+
+            cupy.cuda.Device().synchronize()
+
+    def prompts(n: int, tokens: int) -> None:
+        """`n` prompts of `tokens` prefilled in one step (asserted), and their first tokens."""
+        before = engine.counters.prompt_tokens
+        for _ in range(n):
+            engine.add_request(f"p{next(ids)}", rng.integers(0, 256, size=tokens).tolist(), params)
+        engine.step()
+        assert engine.counters.prompt_tokens - before == n * tokens, f"{n} prompts of {tokens} took two steps"
+        while engine.has_unfinished():  # with async decode the first tokens are read back in the next call
+            engine.step()
+
+    def step_ms(n: int, tokens: int) -> float:
+        prompts(n, tokens)  # warm-up: kernels compiled, pools grown
+        walls = []
+        for _ in range(reps):
+            sync()
+            t0 = time.perf_counter()
+            prompts(n, tokens)
+            sync()
+            walls.append(1000 * (time.perf_counter() - t0))
+        return round(statistics.median(walls), 3)
+
+    single = {t: step_ms(1, t) for t in buckets}
+    batched = {n: step_ms(n, 128) for n in batches}
+    ops = op_times(engine.backend, lambda: prompts(1, 160)) if device == "cuda" else {}
+    return {"model": Path(model).name, "prefill_eager_step_ms": single, "prefill_128_batch_step_ms": batched,
+            "prefill_160_ops_ms": ops, "prefill_160_ops_sum_ms": round(sum(ops.values()), 4)}  # fmt: skip
 
 
 ABLATED_KINDS = (

@@ -182,6 +182,44 @@ def test_a_finished_conversation_leaves_a_snapshot_for_its_next_turn() -> None:
     drain(sched)
 
 
+def test_a_decode_saves_only_the_block_boundary_it_cannot_pass_another_after() -> None:
+    """min_tokens = max_tokens: the request's end is known, so of the decode's block boundaries only the
+    last one it computes is copied out (the others would be overwritten in the held row); the next turn
+    resumes there as without min_tokens."""
+    sched = make(budget=32, interval=0)
+    a = Request("a", list(range(10)), SamplingParams(max_tokens=10, min_tokens=10))
+    sched.add(a)
+    outs = drain(sched)
+    decode_saves = [out.state.saves for out in outs if out.chunks[0].start >= 10 and out.state.saves]
+    assert len(decode_saves) == 1  # at 16 (prompt 10 + 9 computed outputs: 19), none at 12
+    assert [c.start + c.num_tokens for out in outs for c in out.chunks if out.state.saves] == [8, 16]
+    b = req("b", a.all_token_ids + [500 + i for i in range(7)], max_tokens=1)
+    sched.add(b)
+    step(sched)
+    assert b.num_cached_tokens == 16
+    drain(sched)
+    sched.check_integrity()
+
+
+def test_an_abort_before_the_kept_save_publishes_nothing_half_saved() -> None:
+    """A request aborted after the decode saves min_tokens skipped (before its last one) holds no decode row
+    and publishes nothing: a prefix hit resumes from its prompt's snapshot."""
+    sched = make(budget=32, interval=0, snapshots=4)
+    a = Request("a", list(range(10)), SamplingParams(max_tokens=20, min_tokens=20))
+    sched.add(a)
+    while a.num_computed_tokens < 14:  # past the boundary at 12, whose save was skipped
+        step(sched)
+    published = state(sched).snapshots.num_published
+    sched.abort("a")
+    assert state(sched).snapshots.num_published == published
+    b = req("b", [*a.all_token_ids[:13], 7], max_tokens=1)
+    sched.add(b)
+    step(sched)
+    assert b.num_cached_tokens == 8  # the prompt's snapshot: nothing was saved at 12
+    drain(sched)
+    sched.check_integrity()
+
+
 def test_snapshot_memory_stays_bounded() -> None:
     sched = make(snapshots=4, interval=8, budget=64)
     for i in range(6):
@@ -276,7 +314,9 @@ def test_random_workloads_resume_only_from_the_right_state(seed: int) -> None:
             else:
                 prompt = shared[: rng.randint(0, 24)] + [rng.randint(0, 99) for _ in range(rng.randint(1, 20))]
             if len(prompt) + 12 <= 512 and sched.kv.blocks_needed(len(prompt) + 12) <= sched.kv.capacity:
-                requests.append(req(f"r{i}", prompt[:44], max_tokens=rng.randint(1, 10)))
+                max_tokens = rng.randint(1, 10)  # and min_tokens up to it: decode saves skipped where it is sure to go on
+                params = SamplingParams(max_tokens=max_tokens, min_tokens=rng.choice([0, rng.randint(0, max_tokens)]))
+                requests.append(Request(f"r{i}", prompt[:44], params))
                 sched.add(requests[-1])
         if requests and rng.random() < 0.05:
             victim = rng.choice(requests)

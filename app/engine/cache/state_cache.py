@@ -15,6 +15,10 @@ state at that exact token count was kept: a snapshot. The policy:
   conversation resumes at the end of the previous one; those snapshots are published after the
   step. A decoding request keeps overwriting one held row at each block boundary it passes; when
   it ends that row is published (the last block boundary of prompt + output: an agent's next turn).
+  A boundary the request is sure to pass another after (`min_tokens` keeps it going) copies nothing
+  and holds no row: only the last save would survive (with `paddock bench`'s min_tokens = max_tokens
+  = 128 and 16-token blocks, one ~150 MB Qwen3.5-27B copy per request instead of eight, and the row
+  held for one step instead of a hundred, so published snapshots are evicted later).
 - Snapshot rows are bounded (`SnapshotRows`, sized by bytes in the memory plan) and evicted least
   recently used first; a restore and a save of the same step never race (restores run before the
   forward, saves after it).
@@ -182,6 +186,8 @@ class StateCache:
             return
         slot, rid = self.slot(request), request.request_id
         if samples and start >= request.num_prompt_tokens:  # a decode: one held row, overwritten
+            if end + self.block_size <= _surely_computed(request):
+                return  # a later boundary's save would overwrite this one: no copy, no row held meanwhile
             held = self._held.get(rid)
             if held is None:
                 if len(self._held) >= self.snapshots.num_rows // 2:
@@ -297,3 +303,13 @@ class StateCache:
             key = hash((key, tuple(tokens[k * bs : (k + 1) * bs])))
             keys.append(key)
         return keys[:num_blocks]
+
+
+def _surely_computed(request: Request) -> int:
+    """Tokens the request's state will certainly reach before it ends (0: unknown): with `min_tokens` it can
+    stop no sooner than min(min_tokens, max_tokens) outputs, and its last sampled token is never computed.
+    Only an abort or a preemption ends it sooner, and then it resumes from an earlier snapshot."""
+    params = request.sampling_params
+    if not params.min_tokens or params.max_tokens is None:
+        return 0
+    return request.num_prompt_tokens + min(params.min_tokens, params.max_tokens) - 1

@@ -21,6 +21,7 @@ from app.engine.backend.base import AttentionMetadata
 from app.engine.cache.block_table import block_table_array
 from app.engine.models.mrope import mrope_positions
 from app.engine.request import PLACEHOLDER, Request
+from app.engine.worker.host_states import HostStates
 
 
 def token_slice(request: Request, start: int, count: int) -> list[int]:
@@ -80,7 +81,7 @@ class ModelRunner:
         cfg = getattr(model, "config", None)
         recurrent = [i for i in range(len(kv_caches)) if cfg is not None and cfg.state_shapes(i) is not None]
         self.state_arrays = [array for i in recurrent for array in kv_caches[i]]
-        self.host_states: list[np.ndarray] = []  # the host-RAM snapshot tier (allocate_host_states)
+        self.host_states: HostStates | None = None  # the host-RAM snapshot tier (allocate_host_states)
         self.graphs: Any = None  # DecodeGraphs, set by the engine on CUDA
         self.prefill_graphs: Any = None  # PrefillGraphs, likewise
         self.verify_graphs: Any = None  # VerifyGraphs, likewise with speculative decoding
@@ -141,25 +142,22 @@ class ModelRunner:
         """A step's recurrent-state copies before its forward (cache/state_cache.py: StateCopies):
         host-tier snapshots into their slots, then device snapshots (and rolled-back checkpoints) into
         theirs, then verify chunks' slots into their checkpoint rows, then evicted snapshots out to the
-        host tier."""
+        host tier (worker/host_states.py: on CUDA beside the forward, without waiting for it)."""
         if not copies or not self.state_arrays:
             return
-        b = self.backend
-        if copies.loads:
-            rows = np.array([p[0] for p in copies.loads], dtype=np.int64)
-            slots = b.from_host(np.array([p[1] for p in copies.loads], dtype=np.int64))
-            for array, host in zip(self.state_arrays, self.host_states, strict=True):
-                array[slots] = b.from_host(host[rows])
+        if copies.loads or copies.spills:
+            assert self.host_states is not None, "host-tier copies without host state rows"
+            self.host_states.load(copies.loads)
         self.copy_states(copies.restores)
         self.copy_states(copies.checkpoints)
         if copies.spills:
-            rows = b.from_host(np.array([p[0] for p in copies.spills], dtype=np.int64))
-            host_rows = np.array([p[1] for p in copies.spills], dtype=np.int64)
-            for array, host in zip(self.state_arrays, self.host_states, strict=True):
-                host[host_rows] = b.to_host(array[rows])  # a device -> host copy: waits for the GPU
+            self.host_states.spill(copies.spills)
 
     def states_after(self, copies: Any) -> None:
-        """A step's recurrent-state copies after its forward: slots into new snapshot rows."""
+        """A step's recurrent-state copies after its forward: slots into new snapshot rows (after the
+        spills of the rows they reuse)."""
+        if copies.saves and self.host_states is not None:
+            self.host_states.wait_spills()
         self.copy_states(copies.saves)
 
     def copy_states(self, pairs: list[tuple[int, int]]) -> None:
@@ -175,8 +173,8 @@ class ModelRunner:
             array[dst] = array[src]  # the gather on the right is a copy: overlapping pairs are safe
 
     def allocate_host_states(self, rows: int) -> None:
-        """The host-RAM snapshot tier: `rows` rows beside every recurrent layer's state arrays."""
-        self.host_states = [np.zeros((rows, *array.shape[1:]), np.float32) for array in self.state_arrays]
+        """The host-RAM snapshot tier: `rows` rows of every recurrent layer's state (pinned on CUDA)."""
+        self.host_states = HostStates(self.backend, self.state_arrays, rows) if rows else None
 
     def _needs_step_rope(self, chunks: list[Any]) -> bool:
         """Whether the step rotates by M-RoPE positions (a request with images on an M-RoPE model):
