@@ -201,23 +201,51 @@ def test_a_decode_saves_only_the_block_boundary_it_cannot_pass_another_after() -
     sched.check_integrity()
 
 
-def test_an_abort_before_the_kept_save_publishes_nothing_half_saved() -> None:
-    """A request aborted after the decode saves min_tokens skipped (before its last one) holds no decode row
-    and publishes nothing: a prefix hit resumes from its prompt's snapshot."""
+@pytest.mark.parametrize("stop_at", [14, 22])
+def test_an_abort_before_the_kept_save_publishes_nothing_half_saved(stop_at: int) -> None:
+    """A request aborted before its last decode save (the ones before it skipped under min_tokens: 29
+    computed tokens, saves at 12..24 skipped, the row taken at 24 for the save at 28) publishes nothing,
+    whether it held no row yet (14) or the one taken for the last save (22): a prefix hit resumes from its
+    prompt's snapshot, never from a row nothing was copied into."""
     sched = make(budget=32, interval=0, snapshots=4)
     a = Request("a", list(range(10)), SamplingParams(max_tokens=20, min_tokens=20))
     sched.add(a)
-    while a.num_computed_tokens < 14:  # past the boundary at 12, whose save was skipped
-        step(sched)
+    while a.num_computed_tokens < stop_at:
+        out = step(sched)
+        assert not out.state.saves or out.chunks[0].start < 10  # no decode save before 28
     published = state(sched).snapshots.num_published
     sched.abort("a")
     assert state(sched).snapshots.num_published == published
-    b = req("b", [*a.all_token_ids[:13], 7], max_tokens=1)
+    b = req("b", [*a.all_token_ids[: stop_at - 1], 7], max_tokens=1)
     sched.add(b)
     step(sched)
-    assert b.num_cached_tokens == 8  # the prompt's snapshot: nothing was saved at 12
+    assert b.num_cached_tokens == 8  # the prompt's snapshot
     drain(sched)
     sched.check_integrity()
+
+
+def test_the_last_decode_saves_row_is_taken_a_block_early() -> None:
+    """min_tokens = max_tokens: the row for the last decode save (at 28 of 29 computed tokens) is reserved
+    at the boundary before it (24), evicting the least recently used published snapshot then, and the save
+    at 28 copies into it."""
+    sched = make(budget=32, interval=0, snapshots=2)  # room for one held decode row
+    drain_one(sched, req("x", list(range(100, 110)), max_tokens=1))  # one row published (at 8) ...
+    rows = state(sched).snapshots
+    a = Request("a", list(range(10)), SamplingParams(max_tokens=20, min_tokens=20))  # ... a's prompt the other
+    sched.add(a)
+    evicted_at = None
+    while sched.has_unfinished():
+        out = step(sched)
+        if evicted_at is None and rows.evictions:
+            evicted_at = a.num_computed_tokens
+            assert not out.state.saves  # taken, nothing copied
+    assert evicted_at == 24 and rows.evictions == 1
+    assert rows.num_published == 2  # a's prompt at 8 and its decode's snapshot at 28, published at the end
+    b = req("b", [*a.all_token_ids[:28], 7], max_tokens=1)
+    sched.add(b)
+    step(sched)
+    assert b.num_cached_tokens == 28
+    drain(sched)
 
 
 def test_snapshot_memory_stays_bounded() -> None:

@@ -15,10 +15,13 @@ state at that exact token count was kept: a snapshot. The policy:
   conversation resumes at the end of the previous one; those snapshots are published after the
   step. A decoding request keeps overwriting one held row at each block boundary it passes; when
   it ends that row is published (the last block boundary of prompt + output: an agent's next turn).
-  A boundary the request is sure to pass another after (`min_tokens` keeps it going) copies nothing
-  and holds no row: only the last save would survive (with `paddock bench`'s min_tokens = max_tokens
-  = 128 and 16-token blocks, one ~150 MB Qwen3.5-27B copy per request instead of eight, and the row
-  held for one step instead of a hundred, so published snapshots are evicted later).
+  A boundary the request is sure to pass another after (`min_tokens` keeps it going) copies nothing:
+  only the last save would survive (with `paddock bench`'s min_tokens = max_tokens = 128 and 16-token
+  blocks, one ~150 MB Qwen3.5-27B copy per request instead of eight). The row is taken at the boundary
+  before the last one (held, nothing saved: `end` 0), not at the first: published snapshots are
+  evicted later, and the spill of the one it evicts has a block of decode steps to finish before the
+  save overwrites the row (a whole batch reaching its last boundary together would otherwise wait
+  for ~5 GB over PCIe in that step).
 - Snapshot rows are bounded (`SnapshotRows`, sized by bytes in the memory plan) and evicted least
   recently used first; a restore and a save of the same step never race (restores run before the
   forward, saves after it).
@@ -132,7 +135,7 @@ class StateCache:
         held = self._held.pop(rid, None)
         if held is not None:
             row, end = held
-            if end <= request.num_computed_tokens and not unsaved:
+            if 0 < end <= request.num_computed_tokens and not unsaved:  # end 0: taken, never saved into
                 self.snapshots.publish(row, self._key(request, end))
             else:  # the save past num_computed_tokens ran ahead of the stop (async decode), or never ran
                 self.snapshots.release(row)
@@ -186,8 +189,10 @@ class StateCache:
             return
         slot, rid = self.slot(request), request.request_id
         if samples and start >= request.num_prompt_tokens:  # a decode: one held row, overwritten
-            if end + self.block_size <= _surely_computed(request):
-                return  # a later boundary's save would overwrite this one: no copy, no row held meanwhile
+            surely = _surely_computed(request)
+            skip = end + self.block_size <= surely  # a later boundary's save would overwrite this one
+            if skip and end + 2 * self.block_size <= surely:
+                return  # no copy, no row held meanwhile
             held = self._held.get(rid)
             if held is None:
                 if len(self._held) >= self.snapshots.num_rows // 2:
@@ -197,6 +202,9 @@ class StateCache:
                     return
             else:
                 row = held[0]
+            if skip:  # the boundary before the last: the row is taken now, nothing copied into it yet, so
+                self._held[rid] = (row, 0)  # the spill of a snapshot it evicts runs beside the steps between
+                return
             self._held[rid] = (row, end)
         else:
             if rid in self._planned:

@@ -216,6 +216,7 @@ extern "C" __global__ void moe_count(const int* __restrict__ groups, int n_pairs
 }
 
 #define MOE_PLAN_MAX_GROUPS 2048
+#define MOE_PLAN_THREADS 1024  // kernels/moe.py's PLAN_THREADS: at most 64 registers a thread (the bound says so)
 
 // One block. Counts the pairs per group (in shared memory; or reads `counts` from moe_count where not
 // null), offsets[g] = pairs before group g (offsets[n_groups] = all pairs), and the active list of groups
@@ -273,9 +274,10 @@ __device__ __forceinline__ void moe_plan(const int* groups, int n_pairs, const i
         }
 }
 
-extern "C" __global__ void moe_offsets(const int* __restrict__ groups, int n_pairs, const int* __restrict__ counts,
-                                       int n_groups, int n_slots, int* __restrict__ offsets, int* __restrict__ cursor,
-                                       int* __restrict__ active, int* __restrict__ order, int* __restrict__ where) {
+extern "C" __global__ void __launch_bounds__(MOE_PLAN_THREADS)
+    moe_offsets(const int* __restrict__ groups, int n_pairs, const int* __restrict__ counts, int n_groups, int n_slots,
+                int* __restrict__ offsets, int* __restrict__ cursor, int* __restrict__ active, int* __restrict__ order,
+                int* __restrict__ where) {
     after_previous_grid();
     moe_plan(groups, n_pairs, counts, n_groups, n_slots, offsets, cursor, active, order, where);
 }
@@ -283,12 +285,11 @@ extern "C" __global__ void moe_offsets(const int* __restrict__ groups, int n_pai
 // A decode step's router and grouping in one launch (one block): its warps route the tokens (moe_route_token),
 // then the block groups the pairs by expert (moe_plan with groups = chosen). The grouping reads `chosen` after
 // the barrier, which makes the block's global writes visible to all its threads.
-extern "C" __global__ void moe_route_grouped(const float* __restrict__ logits, int n_tok, int n_exp, int k, int mode,
-                                             int normalize, const float* __restrict__ bias, float softcap,
-                                             float routed_scale, int n_groups, int topk_groups, int* chosen,
-                                             float* __restrict__ weights, int* __restrict__ offsets,
-                                             int* __restrict__ active, int* __restrict__ order,
-                                             int* __restrict__ where) {
+extern "C" __global__ void __launch_bounds__(MOE_PLAN_THREADS)
+    moe_route_grouped(const float* __restrict__ logits, int n_tok, int n_exp, int k, int mode, int normalize,
+                      const float* __restrict__ bias, float softcap, float routed_scale, int n_groups, int topk_groups,
+                      int* chosen, float* __restrict__ weights, int* __restrict__ offsets, int* __restrict__ active,
+                      int* __restrict__ order, int* __restrict__ where) {
     after_previous_grid();
     const MoeRouting rt{n_exp, k, mode, normalize, bias, softcap, routed_scale, n_groups, topk_groups};
     for (int t = threadIdx.x >> 5; t < n_tok; t += blockDim.x >> 5) moe_route_token(logits, t, rt, chosen, weights);
