@@ -31,12 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "suite"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "engine" / "cuda"))
 
-from cuda_samples import random_tensor
+from cuda_samples import pair_groups, random_tensor
 from gpu_check import time_events
 
 from app.engine.kernels import moe_mma
-from app.engine.kernels.moe import WARPS, StackedExperts, _kernel, moe_experts, upload_stacked
-from app.engine.kernels.runtime.launch import cdiv, i32, i64, launch, ptr
+from app.engine.kernels.moe import PairGroups, StackedExperts, grouped_product, moe_experts, upload_stacked
 from app.engine.models.config import MoeSpec
 from app.engine.quant.dispatch import QuantizedTensor
 
@@ -59,11 +58,8 @@ def routing(n_tok: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarra
     return chosen, weights, order, offsets
 
 
-def grouped_old(w: StackedExperts, x, per_pair: bool, order, offsets, y) -> None:
-    args = (w.data, i64(w.expert_stride), i64(w.row_bytes), i32(w.n_rows), i32(w.n_cols), x, i32(per_pair), order,
-            offsets, i32(USED), ptr(w.bias), y)  # fmt: skip
-    launch(_kernel(f"moe_grouped_{w.qtype_name.lower()}", w.qtype_name), (cdiv(w.n_rows, WARPS), EXPERTS),
-           (32 * WARPS,), args)  # fmt: skip
+def grouped_old(w: StackedExperts, x, per_pair: bool, plan: PairGroups, y) -> None:
+    y[...] = grouped_product(w, x, plan, per_pair)
 
 
 def measure_products(n_tok: int, weights: dict, rng: np.random.Generator) -> None:
@@ -76,7 +72,8 @@ def measure_products(n_tok: int, weights: dict, rng: np.random.Generator) -> Non
         w = weights[name, qtype]
         x = cp.asarray(rng.standard_normal((pairs if per_pair else n_tok, cols)).astype(np.float32))
         y_old, y_new = cp.empty((pairs, rows), cp.float32), cp.empty((pairs, rows), cp.float32)
-        old_s = time_events(partial(grouped_old, w, x, per_pair, d_order, d_offsets, y_old), iters=5)
+        plan = pair_groups(cp.asnumpy(d_order), cp.asnumpy(d_offsets), USED)
+        old_s = time_events(partial(grouped_old, w, x, per_pair, plan, y_old), iters=5)
         shapes = {}  # each tile shape's time: pick_shape's choice is checked against the other
         for shape in (moe_mma.SQUARE, moe_mma.FEW_PAIRS):
             run = partial(moe_mma.grouped_mma, w, x, per_pair, d_order, d_offsets, USED, EXPERTS, y_new, shape)

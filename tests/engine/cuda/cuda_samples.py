@@ -128,6 +128,24 @@ def expert_grouping(counts: list[int], k: int, rng: np.random.Generator) -> tupl
     return order.astype(np.int32), np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
 
 
+def pair_groups(order, offsets, k: int):
+    """kernels/moe.py's PairGroups on the device for a host `order` / `offsets` (expert_grouping's): the
+    slots with pairs listed ascending in `active`, each pair's place in `where`."""
+    import cupy as cp
+
+    from app.engine.kernels.moe import PairGroups
+
+    order, offsets = np.asarray(order, np.int32), np.asarray(offsets, np.int32)
+    n_slots = offsets.size - 1
+    busy = np.flatnonzero(np.diff(offsets) > 0)
+    active = np.full(1 + n_slots, -1, np.int32)
+    active[0], active[1 : 1 + busy.size] = busy.size, busy
+    where = np.empty_like(order)
+    where[order] = np.arange(order.size, dtype=np.int32)
+    return PairGroups(cp.asarray(offsets), cp.asarray(order), cp.asarray(where), cp.asarray(active), n_slots,
+                      int(order.size), k, False)  # fmt: skip
+
+
 def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
     """‖got − ref‖ / ‖ref‖ in float64."""
     got64, ref64 = np.asarray(got, np.float64), np.asarray(ref, np.float64)

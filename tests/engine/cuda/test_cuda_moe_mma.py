@@ -13,7 +13,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cuda_samples import F16_TOL, GATED_FACTOR, dequantize_oracle, expert_grouping, random_tensor, rel_err
+from cuda_samples import (
+    F16_TOL,
+    GATED_FACTOR,
+    dequantize_oracle,
+    expert_grouping,
+    pair_groups,
+    random_tensor,
+    rel_err,
+)
 
 from app.engine.kernels import moe_mma
 from app.engine.quant.dispatch import QuantizedTensor
@@ -29,17 +37,10 @@ N_ROWS, N_COLS, K = 192, 512, 2
 
 
 def _grouped_reference(qtype: str, w, x, per_pair: bool, order, offsets):
-    """moe.cu's moe_grouped_<fmt> over the same pairs (the kernel moe_mma replaces)."""
-    import cupy as cp
+    """moe.cu's grouped product over the same pairs (the kernel moe_mma replaces at prefill sizes)."""
+    from app.engine.kernels.moe import grouped_product
 
-    from app.engine.kernels.moe import WARPS, _kernel
-    from app.engine.kernels.runtime.launch import i32, i64, launch, ptr
-
-    y = cp.full((order.size, w.n_rows), cp.nan, cp.float32)
-    args = (w.data, i64(w.expert_stride), i64(w.row_bytes), i32(w.n_rows), i32(w.n_cols), x, i32(per_pair), order,
-            offsets, i32(K), ptr(w.bias), y)  # fmt: skip
-    launch(_kernel(f"moe_grouped_{qtype.lower()}", qtype), (-(-w.n_rows // WARPS), w.num_experts), (32 * WARPS,), args)
-    return y
+    return grouped_product(w, x, pair_groups(order, offsets, K), per_pair)
 
 
 @pytest.mark.parametrize(("qtype", "per_pair", "with_bias"), [
