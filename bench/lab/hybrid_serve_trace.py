@@ -1,7 +1,10 @@
 """Where a served step of a hybrid model goes: the engine under `paddock bench`'s closed loop, step by step.
 
     python3 bench/lab/hybrid_serve_trace.py /tmp/qwen35-27b-8l.gguf --concurrency 32 --requests 64
-    python3 bench/lab/hybrid_serve_trace.py /tmp/qwen35-27b-8l.gguf --snapshot-rows 66  # the whole 27B's rows
+    # a file cut to 8 layers with the whole model's snapshot rows on an H100 and its --kv-host-gb 4 in rows
+    # (27B: ~157 MB a row, 66 device rows, 27 host rows; 35B-A3B: ~66 MB, ~136 and ~62)
+    python3 bench/lab/hybrid_serve_trace.py /tmp/qwen35-27b-8l.gguf --snapshot-rows 66 --kv-host-gb 0.52
+    python3 bench/lab/hybrid_serve_trace.py /tmp/qwen35-35b-a3b-8l.gguf --snapshot-rows 136 --kv-host-gb 0.8
     python3 bench/lab/hybrid_serve_trace.py /tmp/tiny.gguf --device cpu --concurrency 4 --requests 8 --output-tokens 16
 
 Drives `LLMEngine` directly (as bench/suite/gpu_engine.py does, no HTTP) with the arrival pattern of

@@ -72,3 +72,14 @@ def test_gpu_engine_prefill_times_a_hybrid_models_eager_steps(tiny: Path) -> Non
     got = gpu_engine.hybrid_prefill(str(tiny), (16, 40), batches=(1, 3), reps=1, device="cpu")
     assert set(got["prefill_eager_step_ms"]) == {16, 40} and set(got["prefill_128_batch_step_ms"]) == {1, 3}
     assert all(ms > 0 for ms in [*got["prefill_eager_step_ms"].values(), *got["prefill_128_batch_step_ms"].values()])
+
+
+def test_a_prompt_chunked_beside_running_decodes_makes_mixed_steps(tiny: Path) -> None:
+    """A 32-token step budget and three prompts: the last one's tail is still being prefilled while the first
+    two decode, so a step carries both; every prompt token is still prefilled once."""
+    summary = _trace().main([str(tiny), *ARGS, "--concurrency", "3", "--requests", "3", "--warmup", "0",
+                             "--output-tokens", "6", "--max-num-batched-tokens", "32"])  # fmt: skip
+    kinds = summary["by_kind"]
+    assert "mixed" in kinds and kinds["mixed"]["decode_rows_mean"] >= 1 and kinds["mixed"]["prefill_tokens_mean"] > 0
+    assert sum(k["prefill_tokens_total"] for k in kinds.values()) == 3 * 49
+    assert sum(k["decode_rows_mean"] * k["steps"] for k in kinds.values()) == pytest.approx(3 * 5)
