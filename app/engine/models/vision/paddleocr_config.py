@@ -21,6 +21,7 @@ from typing import Any
 from app.engine.loader.names import CheckpointError
 from app.engine.loader.processor_config import read_processor_settings
 from app.engine.loader.safetensors import read_safetensors_file, weight_files
+from app.engine.models.vision.merged_patches import MergedPatchTower, check_pixels_bounds
 from app.engine.models.vision.qwen_vl_config import pixels_bounds
 from app.engine.models.vision.weights import siglip_tensor_name
 from app.engine.quant.dispatch import QuantizedTensor
@@ -57,7 +58,7 @@ _PROJECTOR = {"pre_norm": "mm.input_norm", "linear_1": "mm.1", "linear_2": "mm.2
 
 
 @dataclass(frozen=True)
-class PaddleVisionConfig:
+class PaddleVisionConfig(MergedPatchTower):
     num_layers: int
     hidden_size: int
     intermediate_size: int
@@ -78,33 +79,15 @@ class PaddleVisionConfig:
     resample: int = 3
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
-    def merge_unit(self) -> int:
-        return self.merge_size * self.merge_size
-
-    @property
-    def factor(self) -> int:
-        """What both sides of a resized image are multiples of: one merged patch."""
-        return self.patch_size * self.merge_size
-
-    @property
     def patch_dim(self) -> int:
         return self.num_channels * self.patch_size * self.patch_size
 
     def check(self, where: str, processor: str) -> PaddleVisionConfig:
         """`where` / `processor`: what to name in errors about the tower's / the processor's settings."""
-        if self.hidden_size % self.num_heads or self.head_dim % 4:
-            raise CheckpointError(
-                f"{where}: hidden_size {self.hidden_size} over {self.num_heads} heads is no head size "
-                "divisible by 4 (the 2D rotary embedding splits each half between rows and columns)"
-            )
+        self.check_rotary_heads(where)
         if self.position_grid < 1:
             raise CheckpointError(f"{where}: image_size is under one patch of {self.patch_size}")
-        if not 0 < self.min_pixels <= self.max_pixels:
-            raise CheckpointError(f"{processor}: min_pixels {self.min_pixels} / max_pixels {self.max_pixels}")
+        check_pixels_bounds(self.min_pixels, self.max_pixels, processor)
         return self
 
 

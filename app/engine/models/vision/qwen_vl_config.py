@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.engine.loader.names import CheckpointError
+from app.engine.models.vision.merged_patches import MergedPatchTower, check_pixels_bounds
 
 # Qwen2VLImageProcessor's and Qwen2_5_VLVisionConfig's defaults: real files list only what differs.
 PROCESSOR_DEFAULTS: dict[str, Any] = {
@@ -43,7 +44,7 @@ ROPE_THETA = 10_000.0
 
 
 @dataclass(frozen=True)
-class QwenVisionConfig:
+class QwenVisionConfig(MergedPatchTower):
     depth: int
     hidden_size: int
     intermediate_size: int
@@ -66,22 +67,9 @@ class QwenVisionConfig:
     rms_eps: float = RMS_EPS  # the tower's and merger's RMSNorms
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
-    def merge_unit(self) -> int:
-        return self.merge_size * self.merge_size
-
-    @property
     def window_merged(self) -> int:
         """Side of one attention window, in merged patches."""
         return self.window_size // self.merge_size // self.patch_size
-
-    @property
-    def factor(self) -> int:
-        """What both sides of a resized image are multiples of: one merged patch."""
-        return self.patch_size * self.merge_size
 
     @property
     def patch_dim(self) -> int:
@@ -91,18 +79,13 @@ class QwenVisionConfig:
         self, where: str = "config.json vision_config", processor: str = "preprocessor_config.json"
     ) -> QwenVisionConfig:
         """`where` / `processor`: what to name in errors about the tower's / the processor's settings."""
-        if self.hidden_size % self.num_heads or self.head_dim % 4:
-            raise CheckpointError(
-                f"{where}: hidden_size {self.hidden_size} over {self.num_heads} heads is no head size "
-                "divisible by 4 (the 2D rotary embedding splits each half between rows and columns)"
-            )
+        self.check_rotary_heads(where)
         if self.window_merged < 1:
             raise CheckpointError(f"{where}: window_size {self.window_size} is under one merged patch")
         bad = [i for i in self.fullatt_block_indexes if not 0 <= i < self.depth]
         if bad:
             raise CheckpointError(f"{where}: fullatt_block_indexes {bad} are outside the {self.depth} layers")
-        if not 0 < self.min_pixels <= self.max_pixels:
-            raise CheckpointError(f"{processor}: min_pixels {self.min_pixels} / max_pixels {self.max_pixels}")
+        check_pixels_bounds(self.min_pixels, self.max_pixels, processor)
         return self
 
 
