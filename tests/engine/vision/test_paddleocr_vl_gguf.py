@@ -261,3 +261,20 @@ def test_an_f16_mmproj_tower_stays_close_to_transformers(tmp_path, refs):
         pixels, grid = refs[f"pixels/{name}"], tuple(MANIFEST["grids"][name])
         hidden = tower.tower(pixels.reshape(len(pixels), -1), grid)
         close_to_scale(tower.project(hidden, grid), refs[f"features/{name}"], rel=1e-2)
+
+
+def test_an_mmproj_without_its_3_channel_mean_and_std_is_refused(pair):
+    """qwen_vl_mmproj.image_mean_std, which the Qwen2.5-VL, PaddleOCR-VL and Muse Glimmer readers share."""
+    from app.engine.loader.gguf import read_gguf
+    from app.engine.models.vision.paddleocr_mmproj import paddle_config_from_gguf
+    from app.engine.models.vision.weights import find_mmproj
+
+    file = read_gguf(find_mmproj(pair[0]))
+    meta, tensors = dict(file.metadata), dict(file.tensors)
+    hidden = load_vision(open_checkpoint(HF), CpuBackend()).config.text_hidden_size
+    read = paddle_config_from_gguf(meta, tensors, hidden)
+    assert read.image_std == tuple(meta["clip.vision.image_std"]) and len(read.image_mean) == 3
+    for broken in ({**meta, "clip.vision.image_std": [0.5, 0.5]}, {**meta, "clip.vision.image_mean": 0.5},
+                   {k: v for k, v in meta.items() if k != "clip.vision.image_mean"}):  # fmt: skip
+        with pytest.raises(CheckpointError, match=r"lacks the 3-channel clip\.vision\.image_mean / image_std"):
+            paddle_config_from_gguf(broken, tensors, hidden)
