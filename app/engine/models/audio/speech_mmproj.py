@@ -12,7 +12,9 @@ from app.engine.loader.gguf import GGUFFile, read_gguf
 from app.engine.loader.names import CheckpointError
 from app.engine.models.config import positive_integer
 
-AUDIO_TYPE_KEY = "clip.audio.projector_type"  # written where a file mixes modalities (Qwen3-ASR's converter too)
+AUDIO_TYPE_KEY = (
+    "clip.audio.projector_type"  # written where a file mixes modalities (Qwen3-ASR's converter too)
+)
 TYPE_KEY = "clip.projector_type"  # an audio-only file's (Granite Speech's converter writes only this one)
 
 
