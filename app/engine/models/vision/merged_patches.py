@@ -1,9 +1,13 @@
 """What Qwen2.5-VL's, PaddleOCR-VL's and Muse Glimmer's vision configs mean alike: a tower of `num_heads`
 heads with 2D rotary positions over `patch_size` patches that the projector merges `merge_size` a side.
 One base for the sizes those four fields decide and the head check the 2D rotary embedding needs, so
-the three frozen configs derive them the same way."""
+the three frozen configs derive them the same way; and the dynamic-resolution processor's settings that
+Qwen2.5-VL's and PaddleOCR-VL's share."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 from app.engine.loader.names import CheckpointError
 
@@ -40,8 +44,45 @@ class MergedPatchTower:
             )
 
 
-def check_pixels_bounds(min_pixels: int, max_pixels: int, processor: str) -> None:
-    """A dynamic-resolution processor's bounds (Qwen2VLImageProcessor's and PaddleOCR-VL's) are ordered
-    and positive; CheckpointError naming the processor's file otherwise."""
-    if not 0 < min_pixels <= max_pixels:
-        raise CheckpointError(f"{processor}: min_pixels {min_pixels} / max_pixels {max_pixels}")
+@dataclass(frozen=True, kw_only=True)
+class DynamicResolution:
+    """A dynamic-resolution image processor's settings (Qwen2VLImageProcessor's, PaddleOCR-VL's): each image
+    resized to whole merged patches within `min_pixels`..`max_pixels`, rescaled, normalized per channel.
+    Keyword-only fields, so a config's own fields come first in its constructor."""
+
+    min_pixels: int
+    max_pixels: int
+    image_mean: tuple[float, float, float]
+    image_std: tuple[float, float, float]
+    rescale_factor: float = 1 / 255
+    resample: int = 3  # PIL bicubic
+
+    def check_pixels_bounds(self, processor: str) -> None:
+        """The bounds are ordered and positive; CheckpointError naming the processor's file otherwise."""
+        if not 0 < self.min_pixels <= self.max_pixels:
+            raise CheckpointError(f"{processor}: min_pixels {self.min_pixels} / max_pixels {self.max_pixels}")
+
+
+def pixels_bounds(proc: dict[str, Any], defaults: dict[str, Any]) -> tuple[int, int]:
+    """transformers 5 writes the bounds as size.shortest_edge / longest_edge, older files as
+    min/max_pixels (which win where both are given, as in the HF processor's constructor);
+    `defaults`' min/max_pixels where the file has neither (PaddleOCR-VL's processor reads them alike)."""
+    size = proc.get("size") or {}
+    low = proc.get("min_pixels") or size.get("shortest_edge") or defaults["min_pixels"]
+    high = proc.get("max_pixels") or size.get("longest_edge") or defaults["max_pixels"]
+    return int(low), int(high)
+
+
+def dynamic_resolution(processor: dict[str, Any] | None, defaults: dict[str, Any]) -> dict[str, Any]:
+    """`DynamicResolution`'s fields from an image processor's settings as its file gives them (`defaults` for
+    what it leaves out; the bounds by `pixels_bounds`, never a default min/max_pixels over the file's size)."""
+    proc = {**defaults, **(processor or {})}
+    low, high = pixels_bounds(processor or {}, defaults)
+    return {
+        "min_pixels": low,
+        "max_pixels": high,
+        "image_mean": tuple(float(v) for v in proc["image_mean"]),
+        "image_std": tuple(float(v) for v in proc["image_std"]),
+        "rescale_factor": float(proc["rescale_factor"]),
+        "resample": int(proc["resample"]),
+    }
