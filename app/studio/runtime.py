@@ -289,16 +289,19 @@ def fit_options(settings: Settings) -> FitOptions:
 
 
 def task_models_beside(settings: Settings) -> tuple:  # -> tuple[BesideModel, ...]
-    """The task models the Studio loads beside the chat model, for its will-it-fit: the Documents pane's
-    embedding model when it is a decoder (Qwen3-Embedding, a second engine); the built-in MiniLM and a
-    sentence-transformers BERT folder run on the CPU outside the engine's plan. Read on a worker (headers)."""
-    from app.engine.plan.fit import BesideModel, shape_from_checkpoint
+    """The task models the Studio loads beside the chat model, for its will-it-fit, each a second engine: the
+    Documents pane's embedding model when it is a decoder (Qwen3-Embedding), and the Transcribe pane's model
+    when it is a speech LLM (Qwen3-ASR, Granite Speech, Gemma 4 with audio). The built-in MiniLM, a
+    sentence-transformers BERT folder and Whisper (faster-whisper) run outside the engine's plan. Read on a
+    worker (headers)."""
+    from app.engine.plan.fit import TRANSCRIPTION, BesideModel, shape_from_checkpoint
+    from app.engine.tasks.speech_llm import is_speech_llm_folder
     from app.engine.tasks.task_model import is_decoder_model
 
-    path = settings.get("documents.embedding_model")
-    if not path or not Path(path).exists() or not is_decoder_model(path):
-        return ()
-    return (BesideModel(Path(path).name, "embeddings", shape_from_checkpoint(path)),)
+    wanted = ((settings.get("documents.embedding_model"), "embeddings", is_decoder_model),
+              (settings.get("transcribe.model"), TRANSCRIPTION, is_speech_llm_folder))  # fmt: skip
+    return tuple(BesideModel(Path(path).name, job, shape_from_checkpoint(path))
+                 for path, job, on_engine in wanted if path and Path(path).exists() and on_engine(path))  # fmt: skip
 
 
 def _on_gpu(client: EngineClient) -> bool:

@@ -149,6 +149,11 @@ SETTINGS: tuple[Setting, ...] = (
             "Reads the pages of scanned PDFs (no text layer) as they are added: a PaddleOCR-VL folder, or its "
             ".gguf with the mmproj beside it. Empty: a PaddleOCR-VL in the models folder, if there is one; else "
             "scanned pages are left to a vision model. Applies at the next start.", "Documents"),
+    Setting("transcribe.model", "", "path", "Transcription model",
+            "The Transcribe pane's model: a CTranslate2 Whisper folder, or a speech LLM (Qwen3-ASR, Granite Speech, "
+            "Gemma 4 with audio: its folder, or its GGUF with the mmproj beside it), which runs as a second engine "
+            "beside the chat model and is counted in will-it-fit. Empty: the built-in Whisper tiny.en. Choosing a "
+            "model in the pane sets it; changed here, it applies at the next start.", "Transcribe"),
     Setting("appearance.theme", "system", "choice", "Theme", "Colours of the window.", "Appearance",
             ("system", "light", "dark")),
 )

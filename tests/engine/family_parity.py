@@ -1,7 +1,8 @@
 """What the per-family parity tests (test_gemma4.py, test_laguna.py) share: a fixture folder made by a
 tests/fixtures/make_*_reference.py script (Hugging Face folders per case, transformers' float32 logits and
 greedy tokens in references.npz, manifest.json), GGUFs written from those folders at test time, the models
-built on a CPU kernel set, the logit check against transformers, and the whole engine on a fixture."""
+built on a CPU kernel set, the logit check against transformers, and the whole engine on a fixture; and the
+comparisons the vision and speech tests make with transformers' outputs (`close_to_scale`, `check_top_logprobs`)."""
 
 from __future__ import annotations
 
@@ -83,6 +84,19 @@ def model(path: Path, kernels: str):
 def log_softmax(x: np.ndarray) -> np.ndarray:
     x = x - x.max(axis=-1, keepdims=True)
     return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def close_to_scale(actual: Any, expected: np.ndarray, rel: float = 1e-4) -> None:
+    """`actual` within `rel` of the largest |expected| everywhere (activations' scale, not each value's)."""
+    np.testing.assert_allclose(actual, expected, rtol=0, atol=rel * float(np.abs(expected).max()))
+
+
+def check_top_logprobs(top: list[tuple[int, float]], logits: np.ndarray, k: int, atol: float) -> None:
+    """The engine's top-`k` log-probs of a step (`result["logprobs"][i].top`) are those of transformers' logits
+    row for it: the same tokens in the same order, each log-prob within `atol`."""
+    expected = log_softmax(np.asarray(logits))
+    assert [t for t, _ in top] == list(np.argsort(-expected)[:k])
+    np.testing.assert_allclose([lp for _, lp in top], np.sort(expected)[::-1][:k], atol=atol)
 
 
 def engine_for(path: Path, kernels: str = "numpy") -> LLMEngine:

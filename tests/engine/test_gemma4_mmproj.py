@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from family_parity import check_top_logprobs, close_to_scale
 from gemma4_mmproj_gguf import IMAGE_TOKENS, write_mmproj, write_pair
 
 from app.engine.backend.cpu import CpuBackend
@@ -51,15 +52,11 @@ def test_gguf_pair_answers_an_image_as_transformers(pairs, variant):
     assert engine.vision.tokens_for(view) == expected["soft_tokens"]
     soft = np.asarray(engine.runner.images.vision.encode_image(view))
     want = arrays["image_features"]
-    np.testing.assert_allclose(soft, want, atol=1e-4 * float(np.abs(want).max()), rtol=0)
+    close_to_scale(soft, want)
     params = SamplingParams(temperature=0.0, max_tokens=len(expected["greedy"]), logprobs=5)
     result = engine.generate([expected["token_ids"]], params, images=[[view]])[0]
     assert result["token_ids"] == expected["greedy"]
-    shifted = arrays["logits"] - arrays["logits"].max()
-    log_softmax = shifted - np.log(np.exp(shifted).sum())
-    top = result["logprobs"][0].top
-    assert [t for t, _ in top] == list(np.argsort(-log_softmax)[:5])
-    np.testing.assert_allclose([lp for _, lp in top], np.sort(log_softmax)[::-1][:5], atol=1e-3)
+    check_top_logprobs(result["logprobs"][0].top, arrays["logits"], 5, atol=1e-3)
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +75,7 @@ def test_clipped_tower_from_an_mmproj_equals_transformers(tower_mmproj):
             Gemma4VisionTower(CpuBackend(), cfg, tensors).encode(ref["pixel_values"], ref["positions"])
         )
         expected = ref["embedded"]
-    np.testing.assert_allclose(out, expected, atol=1e-4 * float(np.abs(expected).max()), rtol=0)
+    close_to_scale(out, expected)
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+from family_parity import check_top_logprobs, close_to_scale
 from PIL import Image
 
 from app.cli import main as paddock
@@ -73,17 +74,8 @@ def engine(pair) -> LLMEngine:
     return LLMEngine(EngineConfig(model=str(pair[0]), device="cpu", max_model_len=256, block_size=4))
 
 
-def _close(actual, expected, rel=1e-4) -> None:
-    np.testing.assert_allclose(actual, expected, rtol=0, atol=rel * float(np.abs(expected).max()))
-
-
 def _views(engine: LLMEngine, names: list[str]):
     return [engine.vision.prepare((QWEN / "images" / f"{n}.png").read_bytes()).views[0] for n in names]
-
-
-def _log_softmax(row: np.ndarray) -> np.ndarray:
-    shifted = row - row.max()
-    return shifted - np.log(np.exp(shifted).sum())
 
 
 def _generate(engine: LLMEngine, case: str, max_tokens: int | None = None) -> dict:
@@ -94,10 +86,7 @@ def _generate(engine: LLMEngine, case: str, max_tokens: int | None = None) -> di
 
 
 def _check(result: dict, refs: dict, case: str) -> None:
-    expected = _log_softmax(refs[f"logits/{case}"][-1])
-    top = result["logprobs"][0].top
-    assert [t for t, _ in top] == list(np.argsort(-expected)[:TOP])
-    np.testing.assert_allclose([lp for _, lp in top], np.sort(expected)[::-1][:TOP], atol=1e-4)
+    check_top_logprobs(result["logprobs"][0].top, refs[f"logits/{case}"][-1], TOP, atol=1e-4)
     assert result["token_ids"] == MANIFEST["greedy"][case][: len(result["token_ids"])]
 
 
@@ -119,7 +108,7 @@ def test_the_mmproj_tower_and_preprocessing_match_transformers(engine, refs, nam
     patches, grid = preprocess_qwen(Image.open(QWEN / "images" / f"{name}.png"), vision.config)
     assert list(grid) == MANIFEST["grids"][name]
     np.testing.assert_allclose(patches, refs[f"pixels/{name}"], rtol=0, atol=1e-6)
-    _close(vision.encode(refs[f"pixels/{name}"], grid), refs[f"features/{name}"])
+    close_to_scale(vision.encode(refs[f"pixels/{name}"], grid), refs[f"features/{name}"])
 
 
 def test_the_mmproj_says_what_the_hf_config_says(pair):
@@ -232,7 +221,7 @@ def test_a_quantized_mmproj_keeps_its_format_and_nearly_the_same_features(tmp_pa
              for p in "qkv"]  # fmt: skip
     np.testing.assert_array_equal(qkv.dequantize(), np.concatenate(parts))
     grid = tuple(MANIFEST["grids"]["wide"])
-    _close(vision.encode(refs["pixels/wide"], grid), refs["features/wide"], rel)
+    close_to_scale(vision.encode(refs["pixels/wide"], grid), refs["features/wide"], rel)
 
 
 def test_up_and_down_stored_under_each_others_names_are_swapped_back(pair, refs):
@@ -246,7 +235,7 @@ def test_up_and_down_stored_under_each_others_names_are_swapped_back(pair, refs)
         )
     cfg = qwen_config_from_gguf(file.metadata, 64)
     model = QwenVisionModel(CpuBackend(), cfg, tower_tensors(swapped, cfg))
-    _close(model.encode(refs["pixels/tall"], tuple(MANIFEST["grids"]["tall"])), refs["features/tall"])
+    close_to_scale(model.encode(refs["pixels/tall"], tuple(MANIFEST["grids"]["tall"])), refs["features/tall"])
 
 
 def test_other_projectors_and_m_rope_layouts_are_refused_in_words(pair, text_alone):

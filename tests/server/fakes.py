@@ -137,6 +137,19 @@ def scripted_answer(prompt: str) -> str:
     return f"Echo: {text[:200]}"
 
 
+class MarkupTokenizer(FakeTokenizer):
+    """One token per character plus a reply format's markers as special tokens (`specials`, ids from 0), no
+    BOS; `ends` are the end-of-generation markers, the first of them the EOS id."""
+
+    bos_token_id = None
+
+    def __init__(self, specials: list[str], ends: tuple[str, ...]) -> None:
+        self.specials = specials
+        self.special_re = re.compile("(" + "|".join(re.escape(s) for s in specials) + ")")
+        self.eos_token_id = specials.index(ends[0])
+        self.eos_token_ids = frozenset(specials.index(end) for end in ends)
+
+
 BARRIER_SECONDS = 120  # how long "batch-together" requests wait for the rest of their batch
 
 
@@ -281,3 +294,23 @@ class FakeEmbedder:
             row = np.random.default_rng(seed).standard_normal(self.dimensions).astype(np.float32)
             rows.append(row / np.linalg.norm(row))
         return np.stack(rows)
+
+
+@dataclass
+class ToolTurnEngine(FakeEngine):
+    """Replies in a model's own markup: `call_reply` when tools are offered (`tools_mark` in the prompt) and the
+    user spoke last, else `answer_reply`; the prompt's last user turn starts at `user_mark`, a tool's result at
+    `result_mark`. A reply's last token is its stop token: counted, not printed."""
+
+    call_reply: str = ""
+    answer_reply: str = ""
+    tools_mark: str = ""
+    user_mark: str = ""
+    result_mark: str = ""
+
+    def _plan(self, prompt: str, params) -> list[tuple[int, str, str | None, str | int | None]]:
+        after_tool = prompt.rfind(self.result_mark) > prompt.rfind(self.user_mark)
+        reply = self.call_reply if self.tools_mark in prompt and not after_tool else self.answer_reply
+        ids = self.tokenizer.encode(reply)
+        plan = [(i, self.tokenizer.decode([i], params.skip_special_tokens), None, None) for i in ids[:-1]]
+        return [*plan, (ids[-1], "", "stop", None)]

@@ -11,7 +11,6 @@ writes: `<|channel>thought\\n...<channel|>`, then a call or the answer, ending o
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 
 import httpx
@@ -20,7 +19,8 @@ import pytest
 from app.engine.text.chat_template import ChatTemplate
 
 from .conftest import running_server
-from .fakes import FakeEngine, FakeTokenizer
+from .fakes import MarkupTokenizer, ToolTurnEngine
+from .helpers import WEATHER_TOOL as TOOL
 from .helpers import sse_events
 
 SPECIALS = ["<eos>", "<|turn>", "<turn|>", "<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", '<|"|>',
@@ -42,45 +42,20 @@ TEMPLATE = (
     "{{ m.content or '' }}<turn|>\n{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|turn>model\n{% endif %}"
 )
-TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
-
-
-class Gemma4Tokenizer(FakeTokenizer):
-    """One token per character, plus Gemma 4's markers as special tokens (ids 0..9)."""
-
-    bos_token_id = None
-    eos_token_id = SPECIALS.index("<turn|>")
-    eos_token_ids = frozenset({SPECIALS.index("<turn|>"), SPECIALS.index("<eos>")})
-    specials = SPECIALS
-    special_re = re.compile("(" + "|".join(re.escape(s) for s in SPECIALS) + ")")
-
-
-class Gemma4Engine(FakeEngine):
-    """Answers with CALL_REPLY when tools are offered and the user spoke last, else ANSWER_REPLY."""
-
-    def _plan(self, prompt: str, params) -> list[tuple[int, str, str | None, str | int | None]]:
-        after_tool = prompt.rfind("<tool_response|>") > prompt.rfind("<|turn>user")
-        reply = CALL_REPLY if "get_weather\n" in prompt and not after_tool else ANSWER_REPLY
-        ids = self.tokenizer.encode(reply)
-        plan = [(i, self.tokenizer.decode([i], params.skip_special_tokens), None, None) for i in ids[:-1]]
-        return [*plan, (ids[-1], "", "stop", None)]  # the stop token: counted, not printed
 
 
 @pytest.fixture(scope="module")
-def engine() -> Gemma4Engine:
+def engine() -> ToolTurnEngine:
     template = ChatTemplate(TEMPLATE, source="checkpoint", stop_strings=("<turn|>",))
-    return Gemma4Engine(tokenizer=Gemma4Tokenizer(), chat_template=template)  # type: ignore[arg-type]
+    return ToolTurnEngine(
+        tokenizer=MarkupTokenizer(SPECIALS, ("<turn|>", "<eos>")), chat_template=template,  # type: ignore[arg-type]
+        call_reply=CALL_REPLY, answer_reply=ANSWER_REPLY, tools_mark="get_weather\n", user_mark="<|turn>user",
+        result_mark="<tool_response|>",
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def server(engine: Gemma4Engine) -> Iterator:
+def server(engine: ToolTurnEngine) -> Iterator:
     with running_server(engine) as handle:
         yield handle
 

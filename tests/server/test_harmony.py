@@ -13,7 +13,6 @@ the Anthropic client a thinking block, then the text or tool_use block.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 
 import httpx
@@ -22,8 +21,9 @@ import pytest
 from app.engine.text.harmony_render import HarmonyTemplate
 
 from .conftest import running_server
-from .fakes import FakeEngine, FakeTokenizer
+from .fakes import MarkupTokenizer, ToolTurnEngine
 from .helpers import CLIENT_TIMEOUT, sse_events
+from .helpers import WEATHER_TOOL as TOOL
 
 SPECIALS = ["<|endoftext|>", "<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>",
             "<|return|>", "<|call|>"]  # fmt: skip
@@ -35,44 +35,19 @@ CALL_REPLY = (
     '<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|>'
 )
 ANSWER_REPLY = f"<|channel|>analysis<|message|>{THINK_ANSWER}<|end|><|start|>assistant<|channel|>final<|message|>{ANSWER}<|return|>"
-TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
-
-
-class HarmonyTokenizer(FakeTokenizer):
-    """One token per character, plus harmony's special tokens (ids 0..7); no BOS."""
-
-    bos_token_id = None
-    eos_token_id = SPECIALS.index("<|return|>")
-    eos_token_ids = frozenset({SPECIALS.index("<|return|>"), SPECIALS.index("<|call|>")})
-    specials = SPECIALS
-    special_re = re.compile("(" + "|".join(re.escape(s) for s in SPECIALS) + ")")
-
-
-class HarmonyEngine(FakeEngine):
-    """Answers with CALL_REPLY when tools are offered and the user spoke last, else ANSWER_REPLY."""
-
-    def _plan(self, prompt: str, params) -> list[tuple[int, str, str | None, str | int | None]]:
-        after_tool = prompt.rfind("to=assistant<|channel|>") > prompt.rfind("<|start|>user")
-        reply = CALL_REPLY if "namespace functions" in prompt and not after_tool else ANSWER_REPLY
-        ids = self.tokenizer.encode(reply)
-        plan = [(i, self.tokenizer.decode([i], params.skip_special_tokens), None, None) for i in ids[:-1]]
-        return [*plan, (ids[-1], "", "stop", None)]  # the stop token: counted, not printed
 
 
 @pytest.fixture(scope="module")
-def engine() -> HarmonyEngine:
-    return HarmonyEngine(tokenizer=HarmonyTokenizer(), chat_template=HarmonyTemplate())  # type: ignore[arg-type]
+def engine() -> ToolTurnEngine:
+    return ToolTurnEngine(
+        tokenizer=MarkupTokenizer(SPECIALS, ("<|return|>", "<|call|>")), chat_template=HarmonyTemplate(),  # type: ignore[arg-type]
+        call_reply=CALL_REPLY, answer_reply=ANSWER_REPLY, tools_mark="namespace functions",
+        user_mark="<|start|>user", result_mark="to=assistant<|channel|>",
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def server(engine: HarmonyEngine) -> Iterator:
+def server(engine: ToolTurnEngine) -> Iterator:
     with running_server(engine) as handle:
         yield handle
 

@@ -12,7 +12,7 @@ describes; `gated` repos answer 403 like the real hub. Every request is logged i
 `requests` as (method, path, Range header); every body sent, in `served`.
 
 Point huggingface-hub at it with HF_ENDPOINT=hub.url (and HF_HUB_DISABLE_XET=1,
-HF_HUB_OFFLINE=0).
+HF_HUB_OFFLINE=0): `serve(monkeypatch)` does, for a test.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import json
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
 LFS_SUFFIXES = (".gguf", ".safetensors", ".bin")
@@ -74,6 +75,15 @@ class FakeHub:
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
         self._thread.start()
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        return self.url
+
+    def serve(self, monkeypatch: Any) -> str:
+        """`start`, with huggingface-hub pointed at this hub for the test: HF_ENDPOINT set, Xet off, online,
+        no token of the user's."""
+        monkeypatch.setenv("HF_ENDPOINT", self.start())
+        monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
+        monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+        monkeypatch.delenv("HF_TOKEN", raising=False)
         return self.url
 
     def stop(self) -> None:

@@ -34,11 +34,7 @@ def hub(tmp_path_factory, monkeypatch):
     fake.add_repo(SPLIT_REPO, {"m-00001-of-00002.gguf": gguf_bytes, "m-00002-of-00002.gguf": gguf_bytes,
                                "mmproj-m-f16.gguf": gguf_bytes}, tags=("gguf",))
     fake.gguf_path = gguf_path  # the same file, locally, to compare the remote probe with
-    url = fake.start()
-    monkeypatch.setenv("HF_ENDPOINT", url)
-    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    monkeypatch.delenv("HF_TOKEN", raising=False)
+    fake.serve(monkeypatch)
     yield fake
     fake.stop()
 

@@ -32,10 +32,7 @@ def hub(monkeypatch):
         "mmproj-gemma-3-tiny-BF16.gguf": MMPROJ, "mmproj-gemma-3-tiny-F16.gguf": MMPROJ,
         "mmproj-gemma-3-tiny-F32.gguf": MMPROJ + b"\0" * 64, "README.md": b"# tiny vision\n",
     }, tags=("gguf",))
-    monkeypatch.setenv("HF_ENDPOINT", fake.start())
-    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    monkeypatch.delenv("HF_TOKEN", raising=False)
+    fake.serve(monkeypatch)
     yield fake
     fake.stop()
 
@@ -102,9 +99,7 @@ def test_a_task_model_on_the_hub_is_read_as_one_before_download(monkeypatch, cap
     fake = FakeHub()
     fake.add_repo("acme/reranker-GGUF", {"model.gguf": (FIXTURES / "qwen3_tasks" / "reranker-f16.gguf").read_bytes()},
                   tags=("gguf",))  # fmt: skip
-    monkeypatch.setenv("HF_ENDPOINT", fake.start())
-    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    fake.serve(monkeypatch)
     try:
         client = HubClient(token=None)
         assert client.probe_model(client.list_files("acme/reranker-GGUF")).job == "reranking"

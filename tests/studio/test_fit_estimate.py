@@ -104,3 +104,54 @@ def test_the_chat_pickers_verdict_counts_the_documents_embedding_model(tmp_path)
     assert both.total == alone.total + both.beside[0].total and both.breakdown == alone.breakdown
     own = fit_of(embedder, settings)  # the embedder itself: one text of 8,192 tokens, nothing beside it
     assert own.beside == () and own.kv_blocks == 8192 // 16 + 1 and own.context_length == 512
+
+
+def test_the_chat_pickers_verdict_counts_the_transcribe_panes_speech_llm(tmp_path):
+    """The Transcribe pane's model (`transcribe.model`) is a second engine beside the chat model when it is a
+    speech LLM (the tiny Qwen3-ASR folder here): counted as a transcription model at its own context, audio
+    tower included; a Whisper folder (faster-whisper, outside the engine) is not."""
+    from pathlib import Path
+
+    from app.studio.library import ModelLibrary
+    from app.studio.model_choice import fit_of
+
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures"
+    settings = Settings.load(tmp_path / "settings.json")
+    chat = ModelLibrary(tmp_path / "models").describe(fixtures / "families" / "qwen3" / "qwen3-kquants.gguf")
+    alone = fit_of(chat, settings)
+    whisper = tmp_path / "whisper-small"  # no config.json of a speech LLM: faster-whisper's
+    whisper.mkdir()
+    settings.set("transcribe.model", str(whisper))
+    assert fit_of(chat, settings).beside == ()
+    settings.set("transcribe.model", str(fixtures / "qwen3_asr" / "hf"))
+    both = fit_of(chat, settings)
+    assert [(t.name, t.job) for t in both.beside] == [("hf", "transcription")]
+    speech = both.beside[0]
+    assert speech.breakdown.audio > 0 and speech.breakdown.overhead == 0  # the chat model's runtime, counted once
+    assert speech.breakdown.kv_cache > 0
+    assert both.total == alone.total + speech.total and both.breakdown == alone.breakdown
+    settings.set("documents.embedding_model", str(fixtures / "qwen3_tasks" / "embedding-f16.gguf"))
+    assert [t.job for t in fit_of(chat, settings).beside] == ["embeddings", "transcription"]
+
+
+def test_a_speech_gguf_pair_for_the_transcribe_pane_is_counted_with_its_mmproj(tmp_path):
+    """Qwen3-ASR as llama.cpp publishes it (a text GGUF with the `qwen3a` mmproj beside it) chosen for the
+    Transcribe pane: the speech engine beside the chat model, the mmproj's audio tower in it."""
+    from pathlib import Path
+
+    from qwen3_asr_pair import MMPROJ_NAME, write_pair
+
+    from app.studio.library import ModelLibrary
+    from app.studio.model_choice import fit_of
+
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures"
+    settings = Settings.load(tmp_path / "settings.json")
+    chat = ModelLibrary(tmp_path / "models").describe(fixtures / "families" / "qwen3" / "qwen3-kquants.gguf")
+    (tmp_path / "asr").mkdir()
+    pair = write_pair(tmp_path / "asr")
+    settings.set("transcribe.model", str(pair))
+    [speech] = fit_of(chat, settings).beside
+    assert (speech.name, speech.job) == (pair.name, "transcription")
+    assert speech.breakdown.audio > 0 and (tmp_path / "asr" / MMPROJ_NAME).exists()
+    settings.set("transcribe.model", str(tmp_path / "asr"))  # the folder holding the pair: the same engine
+    assert [t.breakdown for t in fit_of(chat, settings).beside] == [speech.breakdown]

@@ -32,10 +32,7 @@ def hub(tiny_gguf, monkeypatch):
     fake = FakeHub()
     fake.add_repo(REPO, {FILE: tiny_gguf[1], "README.md": b"# tiny\n"}, tags=("gguf",), downloads=100)
     fake.add_repo("acme/other-GGUF", {"a.gguf": tiny_gguf[1]}, tags=("gguf",), downloads=5)
-    monkeypatch.setenv("HF_ENDPOINT", fake.start())
-    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    monkeypatch.delenv("HF_TOKEN", raising=False)
+    fake.serve(monkeypatch)
     yield fake
     fake.stop()
 

@@ -27,10 +27,7 @@ def hub(monkeypatch):
     fake = FakeHub()
     fake.add_repo(REPO, {MODEL: GEMMA, PROJECTOR: MMPROJ, "mmproj-gemma-3-tiny-F32.gguf": MMPROJ + b"\0" * 64},
                   tags=("gguf",), downloads=100)
-    monkeypatch.setenv("HF_ENDPOINT", fake.start())
-    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    monkeypatch.delenv("HF_TOKEN", raising=False)
+    fake.serve(monkeypatch)
     yield fake
     fake.stop()
 

@@ -165,9 +165,7 @@ def tiny_hub(tmp_path_factory, monkeypatch):
     rec = RECOMMENDED[0]
     fake = FakeHub()
     fake.add_repo(rec.repo_id, {rec.file: data, "README.md": b"# tiny\n"}, tags=("gguf",), downloads=1)
-    monkeypatch.setenv("HF_ENDPOINT", fake.start())
-    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    fake.serve(monkeypatch)
     yield rec, data
     fake.stop()
 

@@ -55,6 +55,20 @@ def test_a_folder_that_is_no_model_says_why(qtbot, make_window, tmp_path):
     assert f"{tmp_path} is not a CTranslate2 Whisper model folder" in pane.model_label.text()
 
 
+def test_the_chosen_model_is_kept_for_the_next_start(qtbot, make_window, make_context, tmp_path):
+    """The choice goes into `transcribe.model` (saved: will-it-fit counts a speech LLM beside the chat model
+    from there), and the pane of the next start begins with it."""
+    window = make_window(panes=("transcribe",))
+    pane = window.pane("transcribe")
+    pane.dialogs.folder_answer = str(tmp_path)
+    qtbot.mouseClick(pane.model_button, Qt.MouseButton.LeftButton)
+    assert window.context.settings.get("transcribe.model") == str(tmp_path)
+    qtbot.waitUntil(lambda: "not available" in pane.model_label.text(), timeout=WAIT_MS)
+    restarted = make_window(context=make_context(), panes=("transcribe",)).pane("transcribe")
+    assert restarted.service.model_path == tmp_path
+    qtbot.waitUntil(lambda: "not available" in restarted.model_label.text(), timeout=WAIT_MS)
+
+
 def test_a_chosen_gemma4_folder_with_audio_transcribes_the_next_drop(qtbot, make_window):
     """A Gemma 4 folder with an audio tower (tests/fixtures/gemma4_audio) is taken as a speech LLM too;
     the model label names it once loaded, and a clip under its 30 s comes back as one segment."""

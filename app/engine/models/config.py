@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
+
 from app.engine.loader.names import CheckpointError
 from app.engine.specs import UNGATED_ACTIVATIONS as UNGATED_ACTIVATIONS
 
@@ -265,6 +267,14 @@ def positive_number(value: Any, key: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
         raise CheckpointError(f"{key} is {value!r}: it must be a finite number above 0")
     return float(value)
+
+
+def positive_integer(value: Any, where: str) -> int:
+    """A whole number above zero (an encoder's size, a feature extractor's setting), numpy's integers as a GGUF
+    reader gives them included; CheckpointError naming `where` (file and key) otherwise."""
+    if not isinstance(value, int | np.integer) or isinstance(value, bool) or value <= 0:
+        raise CheckpointError(f"{where} is {value!r}, not a positive integer")
+    return int(value)
 
 
 def kv_heads(heads: int, kv: int, heads_key: str, kv_key: str) -> int:

@@ -50,7 +50,6 @@ GEMMA4_FRAMES_PER_SECOND = 100  # 10 ms hops
 _GRANITE = ("GraniteSpeechForConditionalGeneration", "granite_speech", ("encoder.", "projector."))
 _QWEN3_ASR = ("Qwen3ASRForConditionalGeneration", "qwen3_asr", ("audio_tower.", "multi_modal_projector."))
 _GEMMA4_PREFIXES = ("audio_tower.", "embed_audio.")
-QWEN3_ASR_PROJECTOR = "qwen3a"  # clip.audio.projector_type of llama.cpp's Qwen3-ASR mmproj
 _ADAPTER_PREFIX = "base_model.model."  # PEFT's names in adapter_model.safetensors
 
 
@@ -137,6 +136,8 @@ def audio_beside_gguf(model_path: str | Path, architecture: str | None = None) -
     Speech or Qwen3-ASR mmproj beside it, or a Gemma 4 GGUF's mmproj with an audio half; None otherwise."""
     from app.engine.loader.gguf import read_gguf
     from app.engine.models.audio.gemma4_audio_mmproj import is_gemma4_audio_mmproj
+    from app.engine.models.audio.granite_speech_mmproj import is_granite_speech_mmproj
+    from app.engine.models.audio.qwen3_asr_mmproj import is_qwen3_asr_mmproj, qwen3_asr_mmproj_config
     from app.engine.models.vision.weights import find_mmproj  # the loader's rule (vision_fit.py imports this)
 
     found = find_mmproj(Path(model_path))
@@ -144,13 +145,11 @@ def audio_beside_gguf(model_path: str | Path, architecture: str | None = None) -
         return None
     file = read_gguf(found)
     meta = file.metadata
-    if meta.get("clip.audio.projector_type") == QWEN3_ASR_PROJECTOR:
-        from app.engine.models.audio.qwen3_asr_mmproj import qwen3_asr_mmproj_config
-
+    if is_qwen3_asr_mmproj(meta):  # the loader's rules (models/audio/speech_mmproj.py)
         activations = qwen3_asr_activation_bytes(qwen3_asr_mmproj_config(found, meta, file.tensors), ASR_CONTEXT)
         return AudioShape(_qwen3_asr_mmproj_bytes(file.tensors), 0, activations, found.name, "Qwen3-ASR",
                           f"clip of {ASR_CONTEXT:,} tokens")  # fmt: skip
-    if meta.get("clip.projector_type") == "granite_speech":
+    if is_granite_speech_mmproj(meta):
         encoder = {"hidden_dim": meta.get("clip.audio.embedding_length", 1024),
                    "num_heads": meta.get("clip.audio.attention.head_count", 8),
                    "feedforward_mult": int(meta.get("clip.audio.feed_forward_length", 4096))

@@ -119,8 +119,11 @@ def tokenizer_view(tokenizer: Any, vocab_size: int) -> Future[llguidance.LLToken
         if vocab_size not in views:
             future: Future[llguidance.LLTokenizer] = Future()
             views[vocab_size] = future
+            # not a daemon: the interpreter's exit waits for the build (seconds at most). A daemon thread still
+            # inside llguidance at exit is torn down as it retakes the interpreter lock, and that forced unwind
+            # through llguidance's Rust frames crashed the process (a script that made an engine and returned)
             threading.Thread(
-                target=_build_view, args=(future, tokenizer, vocab_size), name="grammar-vocab", daemon=True
+                target=_build_view, args=(future, tokenizer, vocab_size), name="grammar-vocab", daemon=False
             ).start()
         return views[vocab_size]
 

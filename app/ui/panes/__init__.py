@@ -76,9 +76,11 @@ def _transcribe(ctx: StudioContext) -> QWidget:
     from app.ui.panes.transcribe import TranscribePane
 
     remote = ctx.remote
-    service = TranscriptionService(transcriber_factory=lambda path, device: remote.transcriber()) if remote else \
-        TranscriptionService()
-    return TranscribePane(service, ctx.worker, ctx.dialogs)
+    if remote:
+        service = TranscriptionService(transcriber_factory=lambda path, device: remote.transcriber())
+        return TranscribePane(service, ctx.worker, ctx.dialogs)
+    service = TranscriptionService(ctx.settings.get("transcribe.model") or None)
+    return TranscribePane(service, ctx.worker, ctx.dialogs, settings=ctx.settings)
 
 
 PANES: list[PaneSpec] = [

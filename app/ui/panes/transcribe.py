@@ -32,6 +32,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.studio.settings import SettingsError
 from app.studio.tasks import Progress, TaskContext, TaskHandle, TaskResult
 from app.studio.transcription import (
     AUDIO_EXTENSIONS,
@@ -47,6 +48,7 @@ from app.ui.widgets.feedback import progress_row as progress_row_widgets
 from app.ui.workers import Worker
 
 if TYPE_CHECKING:
+    from app.studio.settings import Settings
     from app.studio.transcription import Transcript
 
 HAS_PLAYBACK = importlib.util.find_spec("PySide6.QtMultimedia") is not None  # not in PySide6-Essentials
@@ -137,9 +139,12 @@ class TranscribePane(QWidget):
     transcription_finished = Signal(object)  # TaskResult[TranscribedFile]
 
     def __init__(self, service: TranscriptionService, worker: Worker, dialogs: Dialogs,
-                 chooser: FileChooser = choose_files, parent: QWidget | None = None) -> None:
+                 chooser: FileChooser = choose_files, parent: QWidget | None = None,
+                 settings: Settings | None = None) -> None:
+        """`settings`: where the chosen model is kept (`transcribe.model`: the next start loads it, and
+        will-it-fit counts a speech LLM beside the chat model); None keeps the choice for this pane only."""
         super().__init__(parent)
-        self.service, self.worker, self.dialogs = service, worker, dialogs
+        self.service, self.worker, self.dialogs, self.settings = service, worker, dialogs, settings
         self.result: TranscribedFile | None = None
         self._job: TaskHandle[TranscribedFile] | None = None
         self._build(chooser)
@@ -352,7 +357,17 @@ class TranscribePane(QWidget):
             return
         self.service.set_model(chosen)
         self.model_label.setText("Model: loading…")
+        self._remember_model(chosen)
         self._show_model()
+
+    def _remember_model(self, chosen: str) -> None:
+        if self.settings is None:
+            return
+        try:
+            self.settings.set("transcribe.model", chosen)
+            self.settings.save()
+        except (SettingsError, OSError) as exc:
+            self._show_error(f"The model is in use but was not saved in the settings: {exc}")
 
     # -- state ----------------------------------------------------------------------------------
     def _show_model(self) -> None:

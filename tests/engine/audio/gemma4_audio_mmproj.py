@@ -27,8 +27,11 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
     }
 
 
-def write_audio_mmproj(folder: Path, out: Path, drop: str | None = None) -> None:
-    """`drop`: a GGUF tensor name left out (to test the loader's error)."""
+def write_audio_mmproj(
+    folder: Path, out: Path, drop: str | None = None, replace: dict[str, np.ndarray] | None = None
+) -> None:
+    """`drop`: a GGUF tensor name left out; `replace`: GGUF tensor names written with other values (to test
+    the loader's errors)."""
     config = json.loads((folder / "config.json").read_text())
     audio = config["audio_config"]
     writer = gguf.GGUFWriter(str(out), "clip")
@@ -53,7 +56,7 @@ def write_audio_mmproj(folder: Path, out: Path, drop: str | None = None) -> None
         mapped = names.get_name(name, try_suffixes=(".weight", ".bias", *BOUNDS))
         assert mapped is not None, f"no GGUF name for {hf_name}"
         if mapped != drop:
-            writer.add_tensor(mapped, np.ascontiguousarray(data, np.float32))
+            writer.add_tensor(mapped, np.ascontiguousarray((replace or {}).get(mapped, data), np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -66,6 +66,15 @@ def test_a_missing_tensor_is_named_with_its_file(tmp_path):
         load_gemma4_audio_mmproj(path, IDS)
 
 
+def test_a_tensor_of_another_shape_is_named_with_its_file(tmp_path):
+    path = tmp_path / "mmproj.gguf"
+    write_audio_mmproj(HF, path, replace={"a.blk.0.attn_q.weight": np.zeros((32, 16), np.float32)})
+    with pytest.raises(
+        CheckpointError, match=rf"{path}: a\.blk\.0\.attn_q\.weight has shape \[32, 16\], the config needs \[32, 32\]"
+    ):
+        load_gemma4_audio_mmproj(path, IDS)
+
+
 def test_a_gemma4_gguf_gets_the_audio_mmproj_beside_it(mmproj, tmp_path):
     shutil.copy(mmproj, tmp_path / mmproj.name)
     tokenizer = Tokenizer.from_pretrained_dir(HF)  # the text GGUF's would hold the same audio tokens

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from family_parity import check_top_logprobs, close_to_scale, log_softmax
 
 from app.engine.config import EngineConfig
 from app.engine.core.engine import LLMEngine
@@ -36,11 +37,6 @@ VARIANTS = ("bidirectional", "ple")
 def reference(variant: str) -> tuple[dict, dict[str, np.ndarray]]:
     with np.load(FIXTURE / variant / "engine.npz") as data:
         return json.loads((FIXTURE / variant / "engine.json").read_text()), dict(data)
-
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = logits - logits.max()
-    return shifted - np.log(np.exp(shifted).sum())
 
 
 _ENGINES: dict[tuple[str, str], LLMEngine] = {}
@@ -72,10 +68,7 @@ def test_greedy_answer_to_an_image_equals_transformers(variant, kernels):
     expected, arrays = reference(variant)
     result = first_step(engine_for(variant, kernels), expected)
     assert result["token_ids"] == expected["greedy"]
-    want = log_softmax(arrays["logits"])
-    top = result["logprobs"][0].top
-    assert [t for t, _ in top] == list(np.argsort(-want)[:5])
-    np.testing.assert_allclose([lp for _, lp in top], np.sort(want)[::-1][:5], atol=1e-3)
+    check_top_logprobs(result["logprobs"][0].top, arrays["logits"], 5, atol=1e-3)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -86,7 +79,7 @@ def test_soft_tokens_equal_transformers_image_features(variant):
     ours = np.asarray(engine.runner.images.vision.encode_image(view))
     want = arrays["image_features"]
     assert ours.shape == want.shape == (66, 48)
-    np.testing.assert_allclose(ours, want, atol=1e-4 * float(np.abs(want).max()), rtol=0)
+    close_to_scale(ours, want)
 
 
 def test_the_image_path_is_what_the_config_says():

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from family_parity import check_top_logprobs, close_to_scale
 from PIL import Image
 
 from app.engine.backend.cpu import CpuBackend
@@ -59,10 +60,6 @@ def engine() -> LLMEngine:
     return LLMEngine(EngineConfig(model=str(HF), device="cpu", max_model_len=256, block_size=4))
 
 
-def _close(actual, expected, rel=1e-4) -> None:
-    np.testing.assert_allclose(actual, expected, rtol=0, atol=rel * float(np.abs(expected).max()))
-
-
 def _patches(refs, name: str) -> np.ndarray:
     pixels = refs[f"pixels/{name}"]
     return pixels.reshape(len(pixels), -1)
@@ -94,8 +91,8 @@ def test_resize_grids_match_the_hf_processor(vision, size):
 def test_tower_and_projector_match_transformers(vision, refs, name):
     grid = tuple(MANIFEST["grids"][name])
     hidden = vision.tower(_patches(refs, name), grid)
-    _close(hidden, refs[f"tower/{name}"])
-    _close(vision.project(hidden, grid), refs[f"features/{name}"])
+    close_to_scale(hidden, refs[f"tower/{name}"])
+    close_to_scale(vision.project(hidden, grid), refs[f"features/{name}"])
 
 
 def test_the_position_grid_resized_to_its_own_size_is_itself(vision):
@@ -151,21 +148,13 @@ def _view(engine: LLMEngine, name: str) -> ImageInput:
     return view
 
 
-def _log_softmax(row: np.ndarray) -> np.ndarray:
-    shifted = row - row.max()
-    return shifted - np.log(np.exp(shifted).sum())
-
-
 @pytest.mark.parametrize("name", PAGES)
 def test_greedy_tokens_match_transformers(engine, refs, name):
     ids = MANIFEST["prompts"][name]
     params = SamplingParams(temperature=0.0, max_tokens=len(MANIFEST["greedy"][name]), logprobs=5)
     result = engine.generate([ids], params, images=[[_view(engine, name)]])[0]
     assert result["token_ids"] == MANIFEST["greedy"][name]
-    expected = _log_softmax(refs[f"logits/{name}"])
-    top = result["logprobs"][0].top
-    assert [t for t, _ in top] == list(np.argsort(-expected)[:5])
-    np.testing.assert_allclose([lp for _, lp in top], np.sort(expected)[::-1][:5], atol=1e-4)
+    check_top_logprobs(result["logprobs"][0].top, refs[f"logits/{name}"], 5, atol=1e-4)
 
 
 def test_the_chat_template_and_prompter_make_the_reference_prompt(engine):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from family_parity import close_to_scale
 
 from app.engine.backend.cpu import CpuBackend
 from app.engine.config import EngineConfig
@@ -54,10 +55,6 @@ def engine(pair) -> LLMEngine:
     return LLMEngine(EngineConfig(model=str(pair[0]), device="cpu", max_model_len=256, block_size=4))
 
 
-def _close(actual, expected, rel=1e-4) -> None:
-    np.testing.assert_allclose(actual, expected, rtol=0, atol=rel * float(np.abs(expected).max()))
-
-
 @pytest.mark.parametrize("name", PAGES)
 def test_the_gguf_pair_gives_transformers_greedy_tokens(engine, name):
     (view,) = engine.vision.prepare((PADDLE / "images" / f"{name}.png").read_bytes()).views
@@ -73,8 +70,8 @@ def test_the_mmproj_tower_matches_transformers(engine, refs, name):
     pixels = refs[f"pixels/{name}"]
     grid = tuple(MANIFEST["grids"][name])
     hidden = tower.tower(pixels.reshape(len(pixels), -1), grid)
-    _close(hidden, refs[f"tower/{name}"])
-    _close(tower.project(hidden, grid), refs[f"features/{name}"])
+    close_to_scale(hidden, refs[f"tower/{name}"])
+    close_to_scale(tower.project(hidden, grid), refs[f"features/{name}"])
 
 
 def test_the_mmproj_says_what_the_hf_folder_says(pair):
@@ -263,4 +260,21 @@ def test_an_f16_mmproj_tower_stays_close_to_transformers(tmp_path, refs):
     for name in PAGES:  # weights rounded to F16: within 1 % of the float32 reference's scale
         pixels, grid = refs[f"pixels/{name}"], tuple(MANIFEST["grids"][name])
         hidden = tower.tower(pixels.reshape(len(pixels), -1), grid)
-        _close(tower.project(hidden, grid), refs[f"features/{name}"], rel=1e-2)
+        close_to_scale(tower.project(hidden, grid), refs[f"features/{name}"], rel=1e-2)
+
+
+def test_an_mmproj_without_its_3_channel_mean_and_std_is_refused(pair):
+    """qwen_vl_mmproj.image_mean_std, which the Qwen2.5-VL, PaddleOCR-VL and Muse Glimmer readers share."""
+    from app.engine.loader.gguf import read_gguf
+    from app.engine.models.vision.paddleocr_mmproj import paddle_config_from_gguf
+    from app.engine.models.vision.weights import find_mmproj
+
+    file = read_gguf(find_mmproj(pair[0]))
+    meta, tensors = dict(file.metadata), dict(file.tensors)
+    hidden = load_vision(open_checkpoint(HF), CpuBackend()).config.text_hidden_size
+    read = paddle_config_from_gguf(meta, tensors, hidden)
+    assert read.image_std == tuple(meta["clip.vision.image_std"]) and len(read.image_mean) == 3
+    for broken in ({**meta, "clip.vision.image_std": [0.5, 0.5]}, {**meta, "clip.vision.image_mean": 0.5},
+                   {k: v for k, v in meta.items() if k != "clip.vision.image_mean"}):  # fmt: skip
+        with pytest.raises(CheckpointError, match=r"lacks the 3-channel clip\.vision\.image_mean / image_std"):
+            paddle_config_from_gguf(broken, tensors, hidden)

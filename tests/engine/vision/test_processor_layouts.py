@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from family_parity import check_top_logprobs
 from PIL import Image
 
 from app.cli import main
@@ -95,11 +96,7 @@ def test_the_engine_answers_as_transformers_on_the_new_layout(gemma_v5, case):
     result = engine.generate([spec["token_ids"]], params, images=[views])[0]
     with np.load(FIXTURES / "references.npz") as refs:
         row = refs[f"logits/{case}"][-1]
-    shifted = row - row.max()
-    log_softmax = shifted - np.log(np.exp(shifted).sum())
-    top = result["logprobs"][0].top
-    assert [t for t, _ in top] == list(np.argsort(-log_softmax)[:TOP])
-    np.testing.assert_allclose([lp for _, lp in top], np.sort(log_softmax)[::-1][:TOP], atol=1e-4)
+    check_top_logprobs(result["logprobs"][0].top, row, TOP, atol=1e-4)
 
 
 def test_generate_with_an_image_runs_on_the_new_layout(gemma_v5, capsys):

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from family_parity import check_top_logprobs, close_to_scale
 from PIL import Image, ImageOps
 
 from app.engine.backend.cpu import CpuBackend
@@ -65,10 +66,6 @@ def engine() -> LLMEngine:
     return LLMEngine(EngineConfig(model=str(HF), device="cpu", max_model_len=256, block_size=4))
 
 
-def _close(actual, expected, rel=1e-4) -> None:
-    np.testing.assert_allclose(actual, expected, rtol=0, atol=rel * float(np.abs(expected).max()))
-
-
 # -- preprocessing ---------------------------------------------------------------------------
 
 
@@ -100,11 +97,11 @@ def test_an_image_too_elongated_is_refused(vision):
 def test_vision_tower_matches_transformers(vision, refs, name):
     grid = tuple(MANIFEST["grids"][name])
     hidden, merged = vision.tower(refs[f"pixels/{name}"], grid)
-    _close(merged, refs[f"features/{name}"])
+    close_to_scale(merged, refs[f"features/{name}"])
     # transformers returns the blocks' output in its window order; ours is in the patches' order
     windows, _ = window_order(grid, vision.config.merge_size, vision.config.window_merged)
     unit = vision.config.merge_unit
-    _close(hidden[(windows[:, None] * unit + np.arange(unit)).reshape(-1)], refs[f"tower/{name}"])
+    close_to_scale(hidden[(windows[:, None] * unit + np.arange(unit)).reshape(-1)], refs[f"tower/{name}"])
 
 
 def test_window_order_covers_every_merged_patch_once(vision):
@@ -169,16 +166,8 @@ def _views(engine: LLMEngine, names: list[str]) -> list[ImageInput]:
     return [engine.vision.prepare((FIXTURES / "images" / f"{n}.png").read_bytes()).views[0] for n in names]
 
 
-def _log_softmax(row: np.ndarray) -> np.ndarray:
-    shifted = row - row.max()
-    return shifted - np.log(np.exp(shifted).sum())
-
-
 def _check_top(result: dict, reference_row: np.ndarray) -> None:
-    expected = _log_softmax(reference_row)
-    top = result["logprobs"][0].top
-    assert [t for t, _ in top] == list(np.argsort(-expected)[:TOP])
-    np.testing.assert_allclose([lp for _, lp in top], np.sort(expected)[::-1][:TOP], atol=1e-4)
+    check_top_logprobs(result["logprobs"][0].top, reference_row, TOP, atol=1e-4)
 
 
 @pytest.mark.parametrize("case", sorted(MANIFEST["cases"]))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from family_parity import check_top_logprobs
 
 from app.engine.config import EngineConfig
 from app.engine.core.engine import LLMEngine
@@ -50,11 +51,7 @@ def _first_token(engine: LLMEngine, ids: list[int], images: list[ImageInput]) ->
 
 
 def _check_against_reference(result: dict, reference_row: np.ndarray) -> None:
-    shifted = reference_row - reference_row.max()
-    log_softmax = shifted - np.log(np.exp(shifted).sum())
-    top = result["logprobs"][0].top
-    assert [t for t, _ in top] == list(np.argsort(-log_softmax)[:TOP])
-    np.testing.assert_allclose([lp for _, lp in top], np.sort(log_softmax)[::-1][:TOP], atol=1e-4)
+    check_top_logprobs(result["logprobs"][0].top, reference_row, TOP, atol=1e-4)
 
 
 def test_engine_reports_vision(engine):

@@ -72,11 +72,8 @@ def load_mmproj_audio_encoder(
         is_granite_speech_mmproj,
     )
     from app.engine.models.audio.granite_speech_prompter import AUDIO_TOKEN
-    from app.engine.models.audio.qwen3_asr_mmproj import (
-        is_qwen3_asr_mmproj,
-        mmproj_projector_type,
-        qwen3_asr_from_mmproj,
-    )
+    from app.engine.models.audio.qwen3_asr_mmproj import is_qwen3_asr_mmproj, qwen3_asr_from_mmproj
+    from app.engine.models.audio.speech_mmproj import audio_projector_type
     from app.engine.models.vision.weights import find_mmproj
 
     mmproj = find_mmproj(model_path)
@@ -87,7 +84,7 @@ def load_mmproj_audio_encoder(
     meta = read_gguf(mmproj).metadata
     if not is_qwen3_asr_mmproj(meta) and not is_granite_speech_mmproj(meta):
         raise CheckpointError(
-            f"{mmproj}: clip.projector_type is {mmproj_projector_type(meta)!r}, not 'granite_speech' "
+            f"{mmproj}: clip.projector_type is {audio_projector_type(meta)!r}, not 'granite_speech' "
             "(Granite Speech) or 'qwen3a' (Qwen3-ASR)"
         )
     if is_qwen3_asr_mmproj(meta):

@@ -16,7 +16,7 @@ from typing import Any
 
 from app.engine.loader.gguf import read_gguf
 from app.engine.loader.names import CheckpointError
-from app.engine.models.audio.folder_tensors import Tensors
+from app.engine.models.audio.folder_tensors import Tensors, check_named_shapes
 from app.engine.models.audio.gemma4_audio_config import Gemma4AudioConfig, Gemma4MelSettings, expected_shapes
 from app.engine.quant.dispatch import QuantizedTensor
 
@@ -96,17 +96,18 @@ def load_gemma4_audio_mmproj(
         audio_token_id=audio_token_ids.get("<|audio|>") or -1, boa_token_id=audio_token_ids.get("<|audio>"),
         eoa_token_id=audio_token_ids.get("<audio|>"), mel=Gemma4MelSettings(feature_size=key("num_mel_bins")),
     )  # fmt: skip
+    shapes = expected_shapes(cfg)
+    found: Tensors = {}
+    for ours in shapes:
+        tensor = stored.get(gguf_name(ours))
+        if tensor is not None and ours.endswith("depthwise_conv1d.weight") and len(tensor.shape) == 2:
+            tensor = QuantizedTensor(tensor.name, tensor.qtype, (tensor.shape[0], 1, tensor.shape[1]), tensor.data)
+        if tensor is not None:
+            found[ours] = tensor
+    check_named_shapes(path, found, shapes, gguf_name, "the Gemma 4 audio tower lacks", "the config needs")
     tensors: Tensors = {}
-    for ours, want in expected_shapes(cfg).items():
-        name = gguf_name(ours)
-        found = stored.get(name)
-        if found is None:
-            raise CheckpointError(f"{path}: the Gemma 4 audio tower lacks {name}")
+    for ours, tensor in found.items():
         if ours.endswith("per_dim_scale"):  # softplus already applied: the tower takes it as it is
             ours = ours.replace("per_dim_scale", "softplus_per_dim_scale")
-        elif ours.endswith("depthwise_conv1d.weight") and len(found.shape) == 2:
-            found = QuantizedTensor(name, found.qtype, (found.shape[0], 1, found.shape[1]), found.data)
-        if tuple(found.shape) != want:
-            raise CheckpointError(f"{path}: {name} has shape {list(found.shape)}, the config needs {list(want)}")
-        tensors[ours] = QuantizedTensor(ours, found.qtype, found.shape, found.data)
+        tensors[ours] = QuantizedTensor(ours, tensor.qtype, tensor.shape, tensor.data)
     return cfg, tensors

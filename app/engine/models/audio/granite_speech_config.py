@@ -10,6 +10,7 @@ from typing import Any
 
 from app.engine.loader.names import CheckpointError
 from app.engine.loader.processor_config import read_processor_settings
+from app.engine.models.config import positive_integer
 
 ARCHITECTURE = "GraniteSpeechForConditionalGeneration"
 MODEL_TYPE = "granite_speech"
@@ -77,10 +78,7 @@ def granite_speech_audio_config(folder: Path, hf_config: dict[str, Any]) -> Gran
         return value
 
     def size(values: dict[str, Any], where: str, key: str, default: int | None = None) -> int:
-        value = values.get(key, default)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise CheckpointError(f"{source}: {where}{key} is {value!r}, not a positive integer")
-        return value
+        return positive_integer(values.get(key, default), f"{source}: {where}{key}")
 
     enc, proj, text = section("encoder_config"), section("projector_config"), section("text_config")
     hidden, heads = (
@@ -157,10 +155,7 @@ def _mel_settings(folder: Path) -> GraniteSpeechMelSettings:
         values["sampling_rate"] = nested["sample_rate"]
 
     def setting(key: str, default: int) -> int:
-        value = values.get(key, default)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise CheckpointError(f"{folder}: {settings.source} {key} is {value!r}, not a positive integer")
-        return value
+        return positive_integer(values.get(key, default), f"{folder}: {settings.source} {key}")
 
     mel = GraniteSpeechMelSettings(
         sampling_rate=setting("sampling_rate", 16_000), n_fft=setting("n_fft", 512),

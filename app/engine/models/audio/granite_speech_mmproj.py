@@ -17,10 +17,15 @@ from typing import Any
 
 import numpy as np
 
-from app.engine.loader.gguf import read_gguf
 from app.engine.loader.names import CheckpointError
 from app.engine.models.audio.granite_speech_config import GraniteSpeechAudioConfig, GraniteSpeechMelSettings
 from app.engine.models.audio.granite_speech_weights import check_shapes
+from app.engine.models.audio.speech_mmproj import (
+    audio_layer_norm_eps,
+    audio_projector_type,
+    audio_size,
+    open_speech_mmproj,
+)
 from app.engine.quant.dispatch import QuantizedTensor
 
 PROJECTOR_TYPE = "granite_speech"
@@ -53,7 +58,7 @@ _NAME = re.compile(r"^a\.(?:(?P<kind>blk|proj_blk)\.(?P<index>\d+)\.)?(?P<part>\
 
 
 def is_granite_speech_mmproj(meta: dict[str, Any]) -> bool:
-    return meta.get("clip.projector_type") == PROJECTOR_TYPE
+    return audio_projector_type(meta) == PROJECTOR_TYPE
 
 
 def granite_speech_from_mmproj(
@@ -61,14 +66,9 @@ def granite_speech_from_mmproj(
 ) -> tuple[GraniteSpeechAudioConfig, dict[str, QuantizedTensor]]:
     """The encoder's config and tensors (under granite_speech.py's names) from the mmproj at `path`;
     CheckpointError naming the file and the key or tensor that is missing or wrong."""
-    file = read_gguf(path)
-    meta = file.metadata
-    if not is_granite_speech_mmproj(meta):
-        raise CheckpointError(
-            f"{path}: clip.projector_type is {meta.get('clip.projector_type')!r}, not {PROJECTOR_TYPE!r} (Granite Speech)"
-        )
+    file = open_speech_mmproj(path, PROJECTOR_TYPE, "Granite Speech")
     tensors = _renamed(path, file.tensors)
-    cfg = _config(path, meta, tensors, output_dim, audio_token_id, text_embedding_scale)
+    cfg = _config(path, file.metadata, tensors, output_dim, audio_token_id, text_embedding_scale)
     check_shapes(path, tensors, cfg, folded=True)
     return cfg, tensors
 
@@ -115,10 +115,7 @@ def _config(
     embedding_scale: float,
 ) -> GraniteSpeechAudioConfig:  # fmt: skip
     def key(name: str) -> int:
-        value = meta.get(f"clip.audio.{name}")
-        if not isinstance(value, (int, np.integer)) or value <= 0:
-            raise CheckpointError(f"{path}: clip.audio.{name} is {value!r}, not a positive integer")
-        return int(value)
+        return audio_size(path, meta, name)
 
     def shape(name: str) -> tuple[int, ...]:
         found = tensors.get(name)
@@ -141,5 +138,5 @@ def _config(
         q_layer_norm_eps=QFORMER_EPS, window_size=key("projector.window_size"),
         downsample_rate=key("projector.downsample_rate"), output_dim=output_dim, audio_token_id=audio_token_id,
         mel=GraniteSpeechMelSettings(n_mels=mels // 2), text_embedding_scale=embedding_scale,
-        layer_norm_eps=float(meta.get("clip.audio.attention.layer_norm_epsilon", 1e-5)),
+        layer_norm_eps=audio_layer_norm_eps(meta, 1e-5),
     )  # fmt: skip

@@ -10,6 +10,7 @@ from typing import Any
 from app.engine.loader.names import CheckpointError
 from app.engine.loader.processor_config import read_processor_settings
 from app.engine.models.audio.mel import MelSettings
+from app.engine.models.config import positive_integer
 
 ARCHITECTURE = "Qwen3ASRForConditionalGeneration"
 CONV_LAYERS = 3  # stride-2 convolutions: 8x fewer frames, 8x fewer mel bins
@@ -59,12 +60,7 @@ def qwen3_asr_audio_config(folder: Path, hf_config: dict[str, Any]) -> Qwen3AsrA
         raise CheckpointError(f"{folder / 'config.json'}: a Qwen3-ASR config needs an audio_config object")
 
     def size(key: str, default: int | None = None) -> int:
-        value = audio.get(key, default)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise CheckpointError(
-                f"{folder / 'config.json'}: audio_config.{key} is {value!r}, not a positive integer"
-            )
-        return value
+        return positive_integer(audio.get(key, default), f"{folder / 'config.json'}: audio_config.{key}")
 
     settings = read_processor_settings(folder, "feature_extractor")
     values = settings.values

@@ -19,12 +19,17 @@ from typing import Any
 
 import numpy as np
 
-from app.engine.loader.gguf import read_gguf
 from app.engine.loader.names import CheckpointError
 from app.engine.models.audio.folder_tensors import check_named_shapes
 from app.engine.models.audio.mel import MelSettings
 from app.engine.models.audio.qwen3_asr_config import Qwen3AsrAudioConfig
 from app.engine.models.audio.qwen3_asr_weights import expected_shapes
+from app.engine.models.audio.speech_mmproj import (
+    audio_layer_norm_eps,
+    audio_projector_type,
+    audio_size,
+    open_speech_mmproj,
+)
 from app.engine.quant.dispatch import QuantizedTensor
 from app.engine.quant.types import quant_type
 
@@ -43,14 +48,8 @@ _NAME = re.compile(
 )
 
 
-def mmproj_projector_type(meta: dict[str, Any]) -> Any:
-    """The audio projector's type: `clip.audio.projector_type` where a file mixes modalities (the
-    converter writes only that one for Qwen3-ASR), else `clip.projector_type`."""
-    return meta.get("clip.audio.projector_type", meta.get("clip.projector_type"))
-
-
 def is_qwen3_asr_mmproj(meta: dict[str, Any]) -> bool:
-    return mmproj_projector_type(meta) == PROJECTOR_TYPE
+    return audio_projector_type(meta) == PROJECTOR_TYPE
 
 
 def qwen3_asr_from_mmproj(
@@ -58,14 +57,9 @@ def qwen3_asr_from_mmproj(
 ) -> tuple[Qwen3AsrAudioConfig, dict[str, QuantizedTensor]]:
     """The encoder's config and tensors (under qwen3_asr.py's names) from the mmproj at `path`;
     CheckpointError naming the file and the key or tensor that is missing or wrong."""
-    file = read_gguf(path)
-    meta = file.metadata
-    if not is_qwen3_asr_mmproj(meta):
-        raise CheckpointError(
-            f"{path}: clip.audio.projector_type is {mmproj_projector_type(meta)!r}, not {PROJECTOR_TYPE!r} (Qwen3-ASR)"
-        )
+    file = open_speech_mmproj(path, PROJECTOR_TYPE, "Qwen3-ASR")
     tensors = _renamed(path, file.tensors)
-    cfg = _config(path, meta, tensors, audio_token_id)
+    cfg = _config(path, file.metadata, tensors, audio_token_id)
     check_named_shapes(path, tensors, expected_shapes(cfg), _gguf_name, "lacks", "the clip.audio.* keys need")
     return cfg, tensors
 
@@ -123,10 +117,7 @@ def _config(
     path: Path, meta: dict[str, Any], tensors: dict[str, QuantizedTensor], audio_token_id: int
 ) -> Qwen3AsrAudioConfig:
     def key(name: str) -> int:
-        value = meta.get(f"clip.audio.{name}")
-        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
-            raise CheckpointError(f"{path}: clip.audio.{name} is {value!r}, not a positive integer")
-        return int(value)
+        return audio_size(path, meta, name)
 
     conv = tensors.get("tower.conv2d1.weight")
     if conv is None:
@@ -137,7 +128,7 @@ def _config(
         hidden_size=key("embedding_length"), ffn_size=key("feed_forward_length"), conv_channels=int(conv.shape[0]),
         output_dim=key("projection_dim"), n_window=N_WINDOW, n_window_infer=N_WINDOW_INFER,
         audio_token_id=audio_token_id, mel=MelSettings(feature_size=mels),
-        layer_norm_eps=float(meta.get("clip.audio.attention.layer_norm_epsilon", 1e-5)),
+        layer_norm_eps=audio_layer_norm_eps(meta, 1e-5),
     )  # fmt: skip
     if cfg.hidden_size % cfg.num_heads:
         raise CheckpointError(

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.engine.loader.names import CheckpointError
+from app.engine.models.vision.merged_patches import MergedPatchTower
 
 # MuseGlimmerImageProcessor's and MuseGlimmerVisionConfig's defaults: real files list only what differs.
 PROCESSOR_DEFAULTS: dict[str, Any] = {
@@ -50,7 +51,7 @@ def full_layers(num_layers: int, period: int = FULL_PERIOD) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
-class MuseGlimmerVisionConfig:
+class MuseGlimmerVisionConfig(MergedPatchTower):
     num_layers: int
     hidden_size: int
     intermediate_size: int
@@ -73,19 +74,6 @@ class MuseGlimmerVisionConfig:
     resample: int = 1
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
-    def merge_unit(self) -> int:
-        return self.merge_size * self.merge_size
-
-    @property
-    def factor(self) -> int:
-        """What both sides of a resized image are multiples of: one merged patch."""
-        return self.patch_size * self.merge_size
-
-    @property
     def image_size(self) -> int:
         """Side of the largest square image the token cap takes whole (what page images are rendered at)."""
         return math.isqrt(self.max_image_tokens) * self.factor
@@ -96,11 +84,7 @@ class MuseGlimmerVisionConfig:
         return 3 * self.patch_size * self.patch_size
 
     def check(self, where: str = "config.json vision_config") -> MuseGlimmerVisionConfig:
-        if self.hidden_size % self.num_heads or self.head_dim % 4:
-            raise CheckpointError(
-                f"{where}: hidden_size {self.hidden_size} over {self.num_heads} heads is no head size divisible "
-                "by 4 (the 2D rotary embedding splits each half between x and y)"
-            )
+        self.check_rotary_heads(where)
         if min(self.patch_size, self.position_side, self.merge_size, self.max_image_tokens) < 1:
             raise CheckpointError(f"{where}: patch, position table, merge and token cap must be positive")
         return self

@@ -29,7 +29,7 @@ import numpy as np
 from app.engine.loader.gguf import read_gguf
 from app.engine.loader.names import CheckpointError
 from app.engine.models.vision.muse_glimmer_config import MuseGlimmerVisionConfig, full_layers, tower_shapes
-from app.engine.models.vision.qwen_vl_mmproj import projector_type
+from app.engine.models.vision.qwen_vl_mmproj import image_mean_std, projector_type
 from app.engine.quant.dispatch import QuantizedTensor
 from app.engine.quant.types import QUANT_TYPES
 
@@ -82,9 +82,7 @@ def muse_glimmer_config_from_gguf(
     side = math.isqrt(tensors["v.position_embd.weight"].shape[0])
     if side * side != tensors["v.position_embd.weight"].shape[0]:
         raise CheckpointError(f"v.position_embd.weight has {tensors['v.position_embd.weight'].shape[0]} rows: no square table")
-    mean, std = meta.get("clip.vision.image_mean"), meta.get("clip.vision.image_std")
-    if not (isinstance(mean, list) and isinstance(std, list) and len(mean) == len(std) == 3):
-        raise CheckpointError("mmproj metadata lacks the 3-channel clip.vision.image_mean / image_std")
+    mean, std = image_mean_std(meta)
     layers = _key(meta, "block_count")
     merge = int(meta.get("clip.vision.spatial_merge_size", DEFAULT_MERGE))
     return MuseGlimmerVisionConfig(
@@ -102,8 +100,8 @@ def muse_glimmer_config_from_gguf(
         layer_norm_eps=float(meta.get("clip.vision.attention.layer_norm_epsilon", 1e-5)),
         text_rms_eps=text_rms_eps,
         max_image_tokens=MAX_IMAGE_TOKENS,
-        image_mean=tuple(float(v) for v in mean),
-        image_std=tuple(float(v) for v in std),
+        image_mean=mean,
+        image_std=std,
     ).check("mmproj metadata")
 
 

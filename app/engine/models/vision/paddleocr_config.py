@@ -21,7 +21,7 @@ from typing import Any
 from app.engine.loader.names import CheckpointError
 from app.engine.loader.processor_config import read_processor_settings
 from app.engine.loader.safetensors import read_safetensors_file, weight_files
-from app.engine.models.vision.qwen_vl_config import pixels_bounds
+from app.engine.models.vision.merged_patches import DynamicResolution, MergedPatchTower, dynamic_resolution
 from app.engine.models.vision.weights import siglip_tensor_name
 from app.engine.quant.dispatch import QuantizedTensor
 
@@ -57,7 +57,7 @@ _PROJECTOR = {"pre_norm": "mm.input_norm", "linear_1": "mm.1", "linear_2": "mm.2
 
 
 @dataclass(frozen=True)
-class PaddleVisionConfig:
+class PaddleVisionConfig(MergedPatchTower, DynamicResolution):  # DynamicResolution: the image processor
     num_layers: int
     hidden_size: int
     intermediate_size: int
@@ -69,26 +69,6 @@ class PaddleVisionConfig:
     layer_norm_eps: float
     text_hidden_size: int  # the projector's output: the text model's width
     rope_theta: float
-    # the image processor
-    min_pixels: int
-    max_pixels: int
-    image_mean: tuple[float, float, float]
-    image_std: tuple[float, float, float]
-    rescale_factor: float = 1 / 255
-    resample: int = 3
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
-    def merge_unit(self) -> int:
-        return self.merge_size * self.merge_size
-
-    @property
-    def factor(self) -> int:
-        """What both sides of a resized image are multiples of: one merged patch."""
-        return self.patch_size * self.merge_size
 
     @property
     def patch_dim(self) -> int:
@@ -96,15 +76,10 @@ class PaddleVisionConfig:
 
     def check(self, where: str, processor: str) -> PaddleVisionConfig:
         """`where` / `processor`: what to name in errors about the tower's / the processor's settings."""
-        if self.hidden_size % self.num_heads or self.head_dim % 4:
-            raise CheckpointError(
-                f"{where}: hidden_size {self.hidden_size} over {self.num_heads} heads is no head size "
-                "divisible by 4 (the 2D rotary embedding splits each half between rows and columns)"
-            )
+        self.check_rotary_heads(where)
         if self.position_grid < 1:
             raise CheckpointError(f"{where}: image_size is under one patch of {self.patch_size}")
-        if not 0 < self.min_pixels <= self.max_pixels:
-            raise CheckpointError(f"{processor}: min_pixels {self.min_pixels} / max_pixels {self.max_pixels}")
+        self.check_pixels_bounds(processor)
         return self
 
 
@@ -129,7 +104,6 @@ def paddle_vision_config(
         )
     text = cfg.get("text_config") or cfg
     rope = vision.get("rope_parameters") or {}
-    low, high = pixels_bounds(processor or {}, PROCESSOR_DEFAULTS)
     return PaddleVisionConfig(
         num_layers=int(vision["num_hidden_layers"]),
         hidden_size=int(vision["hidden_size"]),
@@ -142,12 +116,7 @@ def paddle_vision_config(
         layer_norm_eps=float(vision["layer_norm_eps"]),
         text_hidden_size=int(text["hidden_size"]),
         rope_theta=float(rope.get("rope_theta", ROPE_THETA)),
-        min_pixels=low,
-        max_pixels=high,
-        image_mean=tuple(float(v) for v in proc["image_mean"]),
-        image_std=tuple(float(v) for v in proc["image_std"]),
-        rescale_factor=float(proc["rescale_factor"]),
-        resample=int(proc["resample"]),
+        **dynamic_resolution(processor, PROCESSOR_DEFAULTS),
     ).check("config.json vision_config", processor_source)
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from app.engine.loader.gguf import read_gguf
 from app.engine.loader.names import CheckpointError
 from app.engine.models.vision.paddleocr_config import ROPE_THETA, PaddleVisionConfig, Tensors, check_tensors
-from app.engine.models.vision.qwen_vl_mmproj import projector_type
+from app.engine.models.vision.qwen_vl_mmproj import image_mean_std, projector_type
 
 PROJECTOR = "paddleocr"
 MERGE = 2  # clip.cpp's n_merge for this projector
@@ -45,9 +45,7 @@ def paddle_config_from_gguf(
     grid = math.isqrt(positions.shape[0])
     if grid * grid != positions.shape[0]:
         raise CheckpointError(f"v.position_embd.weight has {positions.shape[0]} rows: not a square grid")
-    mean, std = meta.get("clip.vision.image_mean"), meta.get("clip.vision.image_std")
-    if not (isinstance(mean, list) and isinstance(std, list) and len(mean) == len(std) == 3):
-        raise CheckpointError("mmproj metadata lacks the 3-channel clip.vision.image_mean / image_std")
+    mean, std = image_mean_std(meta)
     patch = key("patch_size")
     return PaddleVisionConfig(
         num_layers=key("block_count"),
@@ -63,8 +61,8 @@ def paddle_config_from_gguf(
         rope_theta=ROPE_THETA,
         min_pixels=key("image_min_pixels"),
         max_pixels=key("image_max_pixels"),
-        image_mean=tuple(float(v) for v in mean),
-        image_std=tuple(float(v) for v in std),
+        image_mean=mean,
+        image_std=std,
     ).check("mmproj metadata", "mmproj metadata")
 
 

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.engine.loader.names import CheckpointError
+from app.engine.models.vision.merged_patches import DynamicResolution, MergedPatchTower, dynamic_resolution
 
 # Qwen2VLImageProcessor's and Qwen2_5_VLVisionConfig's defaults: real files list only what differs.
 PROCESSOR_DEFAULTS: dict[str, Any] = {
-    "min_pixels": 56 * 56,  # read by pixels_bounds only, never merged over a file's size
+    "min_pixels": 56 * 56,  # read by merged_patches.pixels_bounds only, never merged over a file's size
     "max_pixels": 28 * 28 * 1280,
     "image_mean": [0.48145466, 0.4578275, 0.40821073],
     "image_std": [0.26862954, 0.26130258, 0.27577711],
@@ -43,7 +44,7 @@ ROPE_THETA = 10_000.0
 
 
 @dataclass(frozen=True)
-class QwenVisionConfig:
+class QwenVisionConfig(MergedPatchTower, DynamicResolution):  # DynamicResolution: the image processor
     depth: int
     hidden_size: int
     intermediate_size: int
@@ -56,32 +57,12 @@ class QwenVisionConfig:
     out_hidden_size: int  # the text model's width
     fullatt_block_indexes: tuple[int, ...]
     rope_theta: float
-    # the image processor
-    min_pixels: int
-    max_pixels: int
-    image_mean: tuple[float, float, float]
-    image_std: tuple[float, float, float]
-    rescale_factor: float = 1 / 255
-    resample: int = 3
     rms_eps: float = RMS_EPS  # the tower's and merger's RMSNorms
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
-    def merge_unit(self) -> int:
-        return self.merge_size * self.merge_size
 
     @property
     def window_merged(self) -> int:
         """Side of one attention window, in merged patches."""
         return self.window_size // self.merge_size // self.patch_size
-
-    @property
-    def factor(self) -> int:
-        """What both sides of a resized image are multiples of: one merged patch."""
-        return self.patch_size * self.merge_size
 
     @property
     def patch_dim(self) -> int:
@@ -91,29 +72,14 @@ class QwenVisionConfig:
         self, where: str = "config.json vision_config", processor: str = "preprocessor_config.json"
     ) -> QwenVisionConfig:
         """`where` / `processor`: what to name in errors about the tower's / the processor's settings."""
-        if self.hidden_size % self.num_heads or self.head_dim % 4:
-            raise CheckpointError(
-                f"{where}: hidden_size {self.hidden_size} over {self.num_heads} heads is no head size "
-                "divisible by 4 (the 2D rotary embedding splits each half between rows and columns)"
-            )
+        self.check_rotary_heads(where)
         if self.window_merged < 1:
             raise CheckpointError(f"{where}: window_size {self.window_size} is under one merged patch")
         bad = [i for i in self.fullatt_block_indexes if not 0 <= i < self.depth]
         if bad:
             raise CheckpointError(f"{where}: fullatt_block_indexes {bad} are outside the {self.depth} layers")
-        if not 0 < self.min_pixels <= self.max_pixels:
-            raise CheckpointError(f"{processor}: min_pixels {self.min_pixels} / max_pixels {self.max_pixels}")
+        self.check_pixels_bounds(processor)
         return self
-
-
-def pixels_bounds(proc: dict[str, Any], defaults: dict[str, Any] = PROCESSOR_DEFAULTS) -> tuple[int, int]:
-    """transformers 5 writes the bounds as size.shortest_edge / longest_edge, older files as
-    min/max_pixels (which win where both are given, as in the HF processor's constructor);
-    `defaults`' min/max_pixels where the file has neither (PaddleOCR-VL's processor reads them alike)."""
-    size = proc.get("size") or {}
-    low = proc.get("min_pixels") or size.get("shortest_edge") or defaults["min_pixels"]
-    high = proc.get("max_pixels") or size.get("longest_edge") or defaults["max_pixels"]
-    return int(low), int(high)
 
 
 def qwen_vision_config(
@@ -139,7 +105,6 @@ def qwen_vision_config(
         raise CheckpointError(
             f"config.json vision_config out_hidden_size {vision['out_hidden_size']} differs from the text hidden size {text_hidden}"
         )
-    low, high = pixels_bounds(processor or {})
     rope = vision.get("rope_parameters") or {}
     return QwenVisionConfig(
         depth=int(vision["depth"]),
@@ -154,10 +119,5 @@ def qwen_vision_config(
         out_hidden_size=int(vision["out_hidden_size"]),
         fullatt_block_indexes=tuple(int(i) for i in vision["fullatt_block_indexes"]),
         rope_theta=float(rope.get("rope_theta", ROPE_THETA)),
-        min_pixels=low,
-        max_pixels=high,
-        image_mean=tuple(float(v) for v in proc["image_mean"]),
-        image_std=tuple(float(v) for v in proc["image_std"]),
-        rescale_factor=float(proc["rescale_factor"]),
-        resample=int(proc["resample"]),
+        **dynamic_resolution(processor, PROCESSOR_DEFAULTS),
     ).check(processor=processor_source)

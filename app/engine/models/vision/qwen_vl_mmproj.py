@@ -73,6 +73,15 @@ def projector_type(meta: Mapping[str, Any]) -> Any:
     return meta.get("clip.projector_type") or meta.get("clip.vision.projector_type")
 
 
+def image_mean_std(meta: Mapping[str, Any]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The processor's per-channel mean and std from `clip.vision.image_mean` / `image_std` (the mmproj
+    readers of Qwen2.5-VL, PaddleOCR-VL and Muse Glimmer); CheckpointError unless both have 3 channels."""
+    mean, std = meta.get("clip.vision.image_mean"), meta.get("clip.vision.image_std")
+    if not (isinstance(mean, list) and isinstance(std, list) and len(mean) == len(std) == 3):
+        raise CheckpointError("mmproj metadata lacks the 3-channel clip.vision.image_mean / image_std")
+    return tuple(float(v) for v in mean), tuple(float(v) for v in std)
+
+
 def check_projector(meta: Mapping[str, Any], expected: str, family: str, others: Mapping[str, str]) -> None:
     """CheckpointError unless the mmproj's projector type is `expected` (`family`'s); a known other
     tower (`others`: type -> whose) is said by name rather than as unknown."""
@@ -114,9 +123,7 @@ def qwen_config_from_gguf(meta: dict[str, Any], text_hidden_size: int) -> QwenVi
         raise CheckpointError(
             f"clip.vision.projection_dim is {out_hidden}, the text model's hidden size {text_hidden_size}"
         )
-    mean, std = meta.get("clip.vision.image_mean"), meta.get("clip.vision.image_std")
-    if not (isinstance(mean, list) and isinstance(std, list) and len(mean) == len(std) == 3):
-        raise CheckpointError("mmproj metadata lacks the 3-channel clip.vision.image_mean / image_std")
+    mean, std = image_mean_std(meta)
     return QwenVisionConfig(
         depth=depth,
         hidden_size=key("embedding_length"),
@@ -132,8 +139,8 @@ def qwen_config_from_gguf(meta: dict[str, Any], text_hidden_size: int) -> QwenVi
         rope_theta=10_000.0,  # clip.cpp's, as transformers'
         min_pixels=low,
         max_pixels=high,
-        image_mean=tuple(float(v) for v in mean),
-        image_std=tuple(float(v) for v in std),
+        image_mean=mean,
+        image_std=std,
         rms_eps=float(meta.get("clip.vision.attention.layer_norm_epsilon", RMS_EPS)),
     ).check("mmproj metadata", "mmproj metadata")
 
