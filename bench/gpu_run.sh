@@ -17,7 +17,7 @@ compgen -G ".whl/*.whl" > /dev/null || { echo "no wheels in .whl/: run bench/fet
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$HOME/site" .whl/*.whl || exit 1
 # Compiled kernels cached outside $OUT (only 8 files come back from it), shared by every stage.
 export PYTHONPATH=$PWD:$HOME/site PYTHONUNBUFFERED=1 PADDOCK_KERNEL_CACHE=/tmp/paddock-kernels
-STAGES=${STAGES:-tests micro parity speed serve}  # also: agent, cascade, sweep (bench/micro/gemv_sweep.py --int), ab (see below), prefill, llamabuild, side, profile
+STAGES=${STAGES:-tests micro parity speed serve}  # also: agent, cascade, sweep (bench/micro/gemv_sweep.py --int), ab (see below), prefill, llamabuild, side, profile, spec, moe
 MODELS=${MODELS:-qwen3-0.6b:q4_k_m qwen3-8b:q4_k_m}  # SERVE_C1 / SERVE_C32: requests of the serve runs
 AGENT_MODELS=${AGENT_MODELS:-qwen3-8b:q4_k_m}
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm --format=csv
@@ -25,6 +25,9 @@ nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm --format=csv
 # left SECONDS: true while at least $1 seconds of the budget remain
 left() { (( BUDGET - SECONDS >= $1 )); }
 
+if [[ $STAGES == *llamabuild* ]]; then  # llama.cpp's server, built in the background (outlives this call; carry .llama)
+  setsid bash bench/llama_cpp.sh build > /tmp/llama-build.out 2>&1 < /dev/null &
+fi
 if [[ $STAGES == *tests* ]]; then
   timeout ${TEST_S:-200} python3 -m pytest -q -m gpu ${TESTS:-tests/engine/cuda} ${PYTEST_ARGS--x} -rf -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -25
 fi
@@ -55,9 +58,6 @@ make_model() {
     python3 bench/make_random_gguf.py --shape "${model%%:*}" --mix "${model##*:}" --out "$file"
   fi
 }
-if [[ $STAGES == *llamabuild* ]]; then  # llama.cpp's server, built in the background (outlives this call; carry .llama)
-  setsid bash bench/llama_cpp.sh build > /tmp/llama-build.out 2>&1 < /dev/null &
-fi
 for model in $MADE; do
   make_model "$model"
 done
@@ -100,6 +100,24 @@ if [[ $STAGES == *profile* ]]; then
     left 60 && timeout 90 python3 bench/suite/gpu_engine.py hostprof "$file" 1 2>&1 | tee -a "$OUT/hostprof.log" | sed -n '/tottime/,+12p'
     left 60 && timeout 120 python3 bench/suite/gpu_engine.py prefill "$file" 2>&1 | grep '^{' | tee -a "$OUT/profile.jsonl" | cut -c1-400
   done
+fi
+# spec: speculative decoding's verify cost (k = 2..8 drafted tokens against one decode step, c=1 and c=8) and the
+# draft-model speed-up, projected from the measured costs and acceptance and measured (bench/lab/spec_verify_gpu.py),
+# on SPEC_TARGET with SPEC_DRAFT, then with the target as its own draft (every greedy draft accepted: the upper
+# bound); JSON lines in $OUT/spec.jsonl
+if [[ $STAGES == *spec* ]]; then
+  target=${SPEC_TARGET:-qwen3-8b:q4_k_m} draft=${SPEC_DRAFT:-qwen3-0.6b:q4_k_m}
+  make_model "$target" && make_model "$draft"
+  for d in "$draft" "$target"; do
+    left 90 || break
+    timeout 200 python3 bench/lab/spec_verify_gpu.py "$(gguf_of "$target")" --draft "$(gguf_of "$d")" --device cuda \
+      --out "$OUT/spec.jsonl" 2>&1 | tail -4 | cut -c1-300
+  done
+fi
+# moe: the MoE kernels at Qwen3.5-35B-A3B's layer shape, decode sizes and prefill sizes (bench/micro/moe_*times.py)
+if [[ $STAGES == *moe* ]]; then
+  timeout 90 python3 bench/micro/moe_times.py 2>&1 | tee "$OUT/moe.jsonl" | cut -c1-300
+  timeout 120 python3 bench/micro/moe_prefill_times.py 2>&1 | tee -a "$OUT/moe.jsonl" | cut -c1-300
 fi
 # serve_workloads WORKLOAD MAX_CTX LOG MODEL...: per model, `paddock serve` on port 11660 (its log under $OUT),
 # then suite/serve_workloads.sh WORKLOAD, its JSON lines appended to $OUT/LOG
