@@ -17,8 +17,8 @@ from app.engine.server.reasoning_tokens import count_reasoning_tokens
 from app.engine.text.harmony_render import HarmonyTemplate
 
 from .conftest import running_server
-from .fakes import FakeChatTemplate, FakeEngine
-from .test_harmony import HarmonyTokenizer
+from .fakes import FakeChatTemplate, FakeEngine, MarkupTokenizer
+from .test_harmony import SPECIALS
 
 # (is reasoning, text): two analysis messages around a preamble to the user, then the answer
 PARTS = [
@@ -28,7 +28,7 @@ PARTS = [
     (False, "<|start|>assistant<|channel|>final<|message|>Paris.<|return|>"),
 ]
 REPLY = "".join(text for _, text in PARTS)
-TOKENIZER = HarmonyTokenizer()
+TOKENIZER = MarkupTokenizer(SPECIALS, ("<|return|>", "<|call|>"))
 REASONING = sum(len(TOKENIZER.encode(text)) for thinking, text in PARTS if thinking)
 ALL = len(TOKENIZER.encode(REPLY))
 USER = [{"role": "user", "content": "Capital of France?"}]
