@@ -524,26 +524,35 @@ extern "C" __global__ void moe_gated(const float* __restrict__ gate, const float
     if (i < n) out[i] = moe_act(kind, kind == 2 ? 0.f : gate[i], up[i], limit, alpha);
 }
 
-// out[t, c] = sum over t's k pairs, in expert-id order, of weights[t, j] * h[where[t k + j], c].
+// out[t, c] = sum over t's k pairs, in expert-id order, of weights[t, j] * h[where[t k + j], c]. Thread j < k
+// places slot j by its rank among the token's experts (ids are distinct: a token picks an expert once); then
+// four columns a thread (n_cols % 4 == 0), the pairs' rows read as float4.
 extern "C" __global__ void moe_combine(const float* __restrict__ h, const int* __restrict__ chosen,
                                        const float* __restrict__ weights, const int* __restrict__ where, int k,
                                        int n_cols, float* __restrict__ out) {
+    __shared__ const float4* rows[MOE_MAX_K];
+    __shared__ float scale[MOE_MAX_K];
     after_previous_grid();
     const int t = blockIdx.x;
-    int slot[MOE_MAX_K];
-    for (int j = 0; j < k; ++j) slot[j] = j;
-    for (int j = 1; j < k; ++j)  // insertion sort of the token's slots by expert id
-        for (int i = j; i > 0 && chosen[(i64)t * k + slot[i - 1]] > chosen[(i64)t * k + slot[i]]; --i) {
-            const int s = slot[i];
-            slot[i] = slot[i - 1];
-            slot[i - 1] = s;
+    if ((int)threadIdx.x < k) {
+        const i64 q = (i64)t * k + threadIdx.x;
+        const int e = chosen[q];
+        int rank = 0;
+        for (int i = 0; i < k; ++i) {
+            const int other = chosen[(i64)t * k + i];
+            rank += other < e || (other == e && i < (int)threadIdx.x);
         }
-    for (int c = threadIdx.x; c < n_cols; c += blockDim.x) {
-        float acc = 0.f;
+        rows[rank] = reinterpret_cast<const float4*>(h + (i64)where[q] * n_cols);
+        scale[rank] = weights[q];
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < n_cols / 4; c += blockDim.x) {
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
         for (int j = 0; j < k; ++j) {
-            const i64 q = (i64)t * k + slot[j];
-            acc += h[(i64)where[q] * n_cols + c] * weights[q];
+            const float4 v = rows[j][c];
+            const float w = scale[j];
+            acc = make_float4(acc.x + v.x * w, acc.y + v.y * w, acc.z + v.z * w, acc.w + v.w * w);
         }
-        out[(i64)t * n_cols + c] = acc;
+        reinterpret_cast<float4*>(out + (i64)t * n_cols)[c] = acc;
     }
 }
