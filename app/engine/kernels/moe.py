@@ -297,6 +297,8 @@ def moe_experts(
 
     if spec.activation not in ACTIVATION_KINDS or (gate is None) != (spec.activation == "relu2"):
         raise ValueError(f"activation {spec.activation!r} with{'out' if gate is None else ''} a gate product")
+    if down.n_rows % 4:
+        raise ValueError(f"{down.n_rows} output columns: moe_combine takes a multiple of 4 (float4 rows)")
     n_tok, k = x.shape[0], spec.num_used
     if plan is None:
         plan = group_pairs(chosen if groups is None else groups, up.num_experts, k, groups is not None)
