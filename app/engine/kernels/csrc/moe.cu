@@ -383,8 +383,10 @@ __device__ __forceinline__ void moe_unit(const Fmt (&f)[NR], int u, const float*
 }
 
 // acc[t][r] = W[rows[r]] . x_t, summed over the `width` lanes of this lane's group (sl: its place in the
-// group). A lane takes units sl, sl + width, ...; two at a time, loaded before either is multiplied, so
-// that a lane has every row's next two units in flight.
+// group). A lane takes two neighbouring units at a time (2 sl, 2 sl + 1, then 2 width further on), both
+// loaded before either is multiplied: every row's next two units in flight, and for the k-quants one
+// block header (read and decoded once: the compiler merges the two units' identical loads) and 32
+// contiguous quant bytes, as gemv_int.cuh's U = 2.
 template <class Fmt, int NR, int T>
 __device__ __forceinline__ void moe_dot(const u8* const (&rows)[NR], int n_cols, const float* const (&xs)[T], int sl,
                                         int width, float (&acc)[T][NR]) {
@@ -393,16 +395,16 @@ __device__ __forceinline__ void moe_dot(const u8* const (&rows)[NR], int n_cols,
     for (int t = 0; t < T; ++t)
 #pragma unroll
         for (int r = 0; r < NR; ++r) acc[t][r] = 0.f;
-    for (int u = sl; u < units; u += 2 * width) {
-        const bool second = u + width < units;
+    for (int u = 2 * sl; u < units; u += 2 * width) {
+        const bool second = u + 1 < units;
         Fmt f0[NR], f1[NR];
 #pragma unroll
         for (int r = 0; r < NR; ++r) f0[r].load(rows[r], u);
         if (second)
 #pragma unroll
-            for (int r = 0; r < NR; ++r) f1[r].load(rows[r], u + width);
+            for (int r = 0; r < NR; ++r) f1[r].load(rows[r], u + 1);
         moe_unit<Fmt, NR, T>(f0, u, xs, acc);
-        if (second) moe_unit<Fmt, NR, T>(f1, u + width, xs, acc);
+        if (second) moe_unit<Fmt, NR, T>(f1, u + 1, xs, acc);
     }
 #pragma unroll
     for (int t = 0; t < T; ++t)
