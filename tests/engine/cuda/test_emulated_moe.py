@@ -49,6 +49,13 @@ WIDE = Shape(5, 16, 4, hidden=1024, ff=96)  # 32 units a row (whole warps) and 3
 WIDE_K = Shape(5, 16, 4, hidden=1024, ff=256)  # 32 units and 8 (lane groups of 8)
 
 
+def _id(value: object) -> str | None:
+    """Test ids: a shape as tokens x experts top k (h hidden, f ff); other values pytest's own."""
+    if isinstance(value, Shape):
+        return f"{value.tokens}t-{value.experts}e-top{value.used}-h{value.hidden}-f{value.ff}"
+    return None
+
+
 @pytest.fixture(scope="module")
 def moe_emu(tmp_path_factory) -> Path:
     return _build(tmp_path_factory, "moe_main.cpp")
@@ -171,7 +178,7 @@ def test_sigmoid_routed_ungated_experts_emulated(moe_emu, tmp_path, request, qty
     (WIDE_K, "Q4_K", "silu", 2, ()),
     (WIDE_K, "Q5_K", "silu", 4, ()),
     (WIDE_K, "Q6_K", "gelu_tanh", 1, ()),
-])  # fmt: skip
+], ids=_id)  # fmt: skip
 def test_moe_pair_sets_emulated(moe_emu, moe_emu_builds, tmp_path, request, shape, qtype, activation, tmax, variant):
     """The pair sets of decode and of small batches (top 8 of 256 experts), every build of the products'
     pairs per pass, both groupings and the unfused gate/up, against the numpy layer."""
@@ -184,7 +191,7 @@ def test_moe_pair_sets_emulated(moe_emu, moe_emu_builds, tmp_path, request, shap
     _check_outputs(tmp_path, shape, layer, logits, spec, expected, seed)
 
 
-@pytest.mark.parametrize(("shape", "variant"), [(BATCH32, ()), (BATCH32, (1, 0, 0)), (SMALL, (0, 1, 0))])
+@pytest.mark.parametrize(("shape", "variant"), [(BATCH32, ()), (BATCH32, (1, 0, 0)), (SMALL, (0, 1, 0))], ids=_id)
 def test_skipped_pairs_emulated(moe_emu, tmp_path, request, shape, variant):
     """Expert streaming's pass (backend/cuda/experts.py): pairs whose group is one past the last slot are
     skipped (their outputs 0), the rest read their slot; the output is the layer's sum over the pairs kept."""
