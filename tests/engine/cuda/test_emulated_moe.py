@@ -104,6 +104,9 @@ def _run_pipeline(exe: Path, tmp_path: Path, qtype: str, shape: Shape, spec: Moe
         bias = tensors.get(f"{P}.ffn_{part}_exps.bias")
         if bias is not None:
             (tmp_path / f"{part}_bias.bin").write_bytes(bias.dequantize().tobytes())
+    scale = tensors.get(f"{P}.ffn_down_exps.scale")
+    if scale is not None:
+        (tmp_path / "expert_scale.bin").write_bytes(scale.dequantize().astype(np.float32).tobytes())
     row_gu = tensors[f"{P}.ffn_up_exps.weight"].data.shape[1]
     row_d = tensors[f"{P}.ffn_down_exps.weight"].data.shape[1]
     _run(exe, "moe", qtype.lower(), tmp_path, shape.tokens, shape.hidden, shape.ff, shape.experts, shape.used,
@@ -189,6 +192,23 @@ def test_moe_pair_sets_emulated(moe_emu, moe_emu_builds, tmp_path, request, shap
     exe = moe_emu if tmax == 4 else moe_emu_builds[tmax]
     layer, logits, expected = _case(exe, tmp_path, rng, qtype, shape, spec, *variant)
     _check_outputs(tmp_path, shape, layer, logits, spec, expected, seed)
+
+
+@pytest.mark.parametrize(("shape", "variant"), [(DECODE, (0, 0, 1)), (SMALL, ())], ids=_id)
+def test_expert_scale_in_the_combine_emulated(moe_emu, tmp_path, request, shape, variant):
+    """Gemma 4's factor per expert's output (`ffn_down_exps.scale`), applied to the weights in moe_combine."""
+    rng, seed = fresh_rng(request.node.nodeid)
+    spec = MoeSpec(shape.experts, shape.used, shape.ff, activation="gelu_tanh")
+    tensors = _tensors("Q8_0", shape, spec, rng)
+    tensors[f"{P}.ffn_down_exps.scale"] = _f32("scale", rng.uniform(0.5, 1.5, shape.experts))
+    layer = MoE(CpuBackend(), tensors, P, spec)
+    assert layer.expert_scale is not None
+    x = rng.standard_normal((shape.tokens, shape.hidden)).astype(np.float32)
+    logits = layer.router(x)
+    _run_pipeline(moe_emu, tmp_path, "Q8_0", shape, spec, tensors, x, logits, None, *variant)
+    out = np.fromfile(tmp_path / "out.bin", np.float32).reshape(shape.tokens, shape.hidden)
+    expected = layer(x)
+    assert rel_err(out, expected) < 1e-5, f"seed {seed}: rel err {rel_err(out, expected):.3g}"
 
 
 @pytest.mark.parametrize(("shape", "variant"), [(BATCH32, ()), (BATCH32, (1, 0, 0)), (SMALL, (0, 1, 0))], ids=_id)

@@ -526,12 +526,13 @@ extern "C" __global__ void moe_gated(const float* __restrict__ gate, const float
     if (i < n) out[i] = moe_act(kind, kind == 2 ? 0.f : gate[i], up[i], limit, alpha);
 }
 
-// out[t, c] = sum over t's k pairs, in expert-id order, of weights[t, j] * h[where[t k + j], c]. Thread j < k
-// places slot j by its rank among the token's experts (ids are distinct: a token picks an expert once); then
-// four columns a thread (n_cols % 4 == 0), the pairs' rows read as float4.
+// out[t, c] = sum over t's k pairs, in expert-id order, of weights[t, j] * h[where[t k + j], c], each weight
+// times its expert's factor first where expert_scale is given (Gemma 4: as moe/ops.py scales the routed
+// weights). Thread j < k places slot j by its rank among the token's experts (ids are distinct: a token picks
+// an expert once); then four columns a thread (n_cols % 4 == 0), the pairs' rows read as float4.
 extern "C" __global__ void moe_combine(const float* __restrict__ h, const int* __restrict__ chosen,
-                                       const float* __restrict__ weights, const int* __restrict__ where, int k,
-                                       int n_cols, float* __restrict__ out) {
+                                       const float* __restrict__ weights, const float* __restrict__ expert_scale,
+                                       const int* __restrict__ where, int k, int n_cols, float* __restrict__ out) {
     __shared__ const float4* rows[MOE_MAX_K];
     __shared__ float scale[MOE_MAX_K];
     after_previous_grid();
@@ -545,7 +546,7 @@ extern "C" __global__ void moe_combine(const float* __restrict__ h, const int* _
             rank += other < e || (other == e && i < (int)threadIdx.x);
         }
         rows[rank] = reinterpret_cast<const float4*>(h + (i64)where[q] * n_cols);
-        scale[rank] = weights[q];
+        scale[rank] = expert_scale != nullptr ? weights[q] * expert_scale[e] : weights[q];
     }
     __syncthreads();
     for (int c = threadIdx.x; c < n_cols / 4; c += blockDim.x) {

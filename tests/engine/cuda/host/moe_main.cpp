@@ -3,7 +3,8 @@
 //       N_GROUPS TOPK_GROUPS [MANY_PAIRS SEPARATE FUSED_ROUTE]
 //     the whole pipeline: reads x.bin [T, H], logits.bin [T, E], gate.bin / up.bin ([E, FF] rows), down.bin
 //     ([E, H] rows), optional gate_bias.bin / up_bias.bin / down_bias.bin and score_bias.bin [E] (sigmoid
-//     routing), and optional groups.bin [T, K] (int32: the slot each pair reads; N_EXP: skipped, as
+//     routing), optional expert_scale.bin [E] (Gemma 4: each expert's output factor, applied in the combine),
+//     and optional groups.bin [T, K] (int32: the slot each pair reads; N_EXP: skipped, as
 //     backend/cuda/experts.py streams experts; without it a pair reads its expert); writes out.bin,
 //     chosen.bin, weights.bin. ACT 2 (relu2) runs no gate product. MANY_PAIRS 1: the grouping of many
 //     pairs (moe_count, moe_offsets, moe_scatter) instead of moe_offsets alone; SEPARATE 1: gate and up
@@ -87,6 +88,7 @@ int main(int argc, char** argv) {
     auto gate_bias = read_file<float>(dir + "/gate_bias.bin"), up_bias = read_file<float>(dir + "/up_bias.bin");
     auto down_bias = read_file<float>(dir + "/down_bias.bin");
     auto slot_of = read_file<int>(dir + "/groups.bin");
+    auto expert_scale = read_file<float>(dir + "/expert_scale.bin");
     const int P = T * K;
     std::vector<int> chosen((size_t)P, -1);
     std::vector<float> weights((size_t)P, NAN);
@@ -151,7 +153,7 @@ int main(int argc, char** argv) {
     }
     grouped(down, rb_d, H, FF, a.data(), 1, down_bias, -1, h.data());
     launch({(unsigned)T, 1, 1}, {32, 1, 1}, [&] {
-        moe_combine(h.data(), chosen.data(), weights.data(), where.data(), K, H, out.data());
+        moe_combine(h.data(), chosen.data(), weights.data(), opt(expert_scale), where.data(), K, H, out.data());
     });
     write_file(dir + "/out.bin", out);
     write_file(dir + "/chosen.bin", chosen);
