@@ -147,14 +147,15 @@ def test_moe_pipeline_emulated(moe_emu, tmp_path, request, qtype, activation, ro
     _check_outputs(tmp_path, SMALL, layer, logits, spec, expected, seed)
 
 
-@pytest.mark.parametrize(("qtype", "groups", "topk_groups", "bias", "normalize", "scale", "softcap"), [
-    ("Q8_0", 1, 1, True, True, 2.5, 0.0),  # Nemotron-H: one group, the choice bias, renormalised and scaled
-    ("BF16", 3, 2, True, False, 1.0, 0.0),  # group-limited: only the two best of three groups compete
-    ("F16", 2, 1, False, True, 1.5, 0.0),
-    ("Q8_0", 3, 2, True, True, 2.0, 0.5),  # every sigmoid option at once: groups, bias, softcap, scale
+@pytest.mark.parametrize(("qtype", "groups", "topk_groups", "bias", "normalize", "scale", "softcap", "fused"), [
+    ("Q8_0", 1, 1, True, True, 2.5, 0.0, 0),  # Nemotron-H: one group, the choice bias, renormalised and scaled
+    ("BF16", 3, 2, True, False, 1.0, 0.0, 0),  # group-limited: only the two best of three groups compete
+    ("F16", 2, 1, False, True, 1.5, 0.0, 1),
+    ("Q8_0", 3, 2, True, True, 2.0, 0.5, 0),  # every sigmoid option at once: groups, bias, softcap, scale
+    ("Q8_0", 3, 2, True, True, 2.0, 0.5, 1),  # the same, routed and grouped in one launch (moe_route_grouped)
 ])  # fmt: skip
 def test_sigmoid_routed_ungated_experts_emulated(moe_emu, tmp_path, request, qtype, groups, topk_groups, bias,
-                                                 normalize, scale, softcap):  # fmt: skip
+                                                 normalize, scale, softcap, fused):  # fmt: skip
     """Nemotron-H's experts: moe_route's sigmoid mode (sigmoid scores, the choice on scores + bias within the
     best groups; the one router kernel Laguna's one-group routing takes too) and squared-ReLU experts with no
     gate product (the activation inside the up product), against the numpy layer."""
@@ -162,7 +163,8 @@ def test_sigmoid_routed_ungated_experts_emulated(moe_emu, tmp_path, request, qty
     spec = MoeSpec(SMALL.experts, SMALL.used, SMALL.ff, routing="sigmoid_grouped", normalize=normalize,
                    num_groups=groups, topk_groups=topk_groups, routed_scale=scale, router_softcap=softcap,
                    activation="relu2")  # fmt: skip
-    layer, logits, expected = _case(moe_emu, tmp_path, rng, qtype, SMALL, spec, score_bias=bias, router_scale=1 / 4)
+    layer, logits, expected = _case(moe_emu, tmp_path, rng, qtype, SMALL, spec, *((0, 0, 1) if fused else ()),
+                                    score_bias=bias, router_scale=1 / 4)  # fmt: skip
     _check_outputs(tmp_path, SMALL, layer, logits, spec, expected, seed)
 
 
