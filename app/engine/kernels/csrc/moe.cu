@@ -468,16 +468,22 @@ __device__ __forceinline__ void moe_grouped(const MoeWeights& mw, const float* _
                                             const int* __restrict__ order, const int* __restrict__ offsets,
                                             const int* __restrict__ active, int k, float* __restrict__ y) {
     after_previous_grid();
-    if ((int)blockIdx.y >= active[0]) return;
-    const int e = active[1 + blockIdx.y], begin = offsets[e], end = offsets[e + 1];
+    const int n_active = active[0], e = active[1 + blockIdx.y];  // one round trip (past n_active: unused)
+    if ((int)blockIdx.y >= n_active) return;
     const int units = mw.n_cols >> 5, lane = threadIdx.x & 31;
     int width = 32;
     while (width > 1 && 2 * width > units) width >>= 1;
     const int per_warp = 32 / width, sub = lane / width, sl = lane % width;
     constexpr int R = MOE_R;
     const int row_groups = (mw.n_rows + R - 1) / R, warps = blockDim.x >> 5;
-    for (int w0 = (blockIdx.x * warps + (threadIdx.x >> 5)) * per_warp; w0 < row_groups;
-         w0 += gridDim.x * warps * per_warp) {
+    const int first = (blockIdx.x * warps + (threadIdx.x >> 5)) * per_warp;
+    if (first < row_groups)  // the warp's first rows on their way to L2 while the expert's offsets are read
+#pragma unroll
+        for (int m = 0; m < G; ++m)
+            prefetch_l2_warp(mw.w[m] + e * mw.expert_stride + (i64)first * R * mw.row_bytes,
+                             (i64)(min(min(first + per_warp, row_groups) * R, mw.n_rows) - first * R) * mw.row_bytes);
+    const int begin = offsets[e], end = offsets[e + 1];
+    for (int w0 = first; w0 < row_groups; w0 += gridDim.x * warps * per_warp) {
         const int rg = w0 + sub, row0 = min(rg, row_groups - 1) * R;
         const bool writes = rg < row_groups;
         int g = begin;
