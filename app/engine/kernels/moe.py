@@ -87,10 +87,9 @@ def moe_forward(
     `expert_scale` (float32 `[E]` on the device, Gemma 4): each expert's output times its own factor;
     `score_bias` (float32 `[E]`, sigmoid routing's `exp_probs_b`: Nemotron-H, Laguna): added to the scores
     it chooses on."""
-    fused = expert_scale is None and x.shape[0] <= FUSED_ROUTE_TOKENS and up.num_experts == spec.num_experts
-    if fused:  # decode and small batches: route and group in one launch
-        chosen, weights, plan = route_grouped(logits, spec, score_bias)
-        return moe_experts(x, chosen, weights, spec, gate, up, down, plan=plan)
+    if x.shape[0] <= FUSED_ROUTE_TOKENS and up.num_experts == spec.num_experts:
+        chosen, weights, plan = route_grouped(logits, spec, score_bias)  # decode: route and group in one launch
+        return moe_experts(x, chosen, weights, spec, gate, up, down, plan=plan, expert_scale=expert_scale)
     chosen, weights = route_scaled(logits, spec, expert_scale, score_bias)
     return moe_experts(x, chosen, weights, spec, gate, up, down)
 
@@ -308,6 +307,7 @@ def moe_experts(
     down: StackedExperts,
     groups: Any = None,
     plan: PairGroups | None = None,
+    expert_scale: Any = None,
 ) -> Any:
     """The routed pairs through the grouped gate/up product with its activation (or, with `gate` None,
     the ungated activation of the up product), the grouped down product and the combine.
@@ -316,11 +316,14 @@ def moe_experts(
     A pair whose group is `up.num_experts` (one past the last slot) is skipped: its output is 0,
     so one call can run only the experts that are in slots (backend/cuda/experts.py streams the
     rest). The combine adds a token's pairs in expert-id order (`chosen`) either way. `plan`: the
-    pairs already grouped (route_grouped), no `groups` then."""
+    pairs already grouped (route_grouped), no `groups` then. `expert_scale` (float32 `[E]`): the
+    weights times their expert's factor in the combine (as route_scaled scales them)."""
     import cupy as cp
 
     if spec.activation not in ACTIVATION_KINDS or (gate is None) != (spec.activation == "relu2"):
         raise ValueError(f"activation {spec.activation!r} with{'out' if gate is None else ''} a gate product")
+    if down.n_rows % 4:
+        raise ValueError(f"{down.n_rows} output columns: moe_combine takes a multiple of 4 (float4 rows)")
     n_tok, k = x.shape[0], spec.num_used
     if plan is None:
         plan = group_pairs(chosen if groups is None else groups, up.num_experts, k, groups is not None)
@@ -335,5 +338,5 @@ def moe_experts(
         h = grouped_product(down, act, plan, True)
     out = cp.empty((n_tok, down.n_rows), cp.float32)
     launch(_kernel("moe_combine"), (n_tok,), (THREADS,),
-           (h, chosen, weights, plan.where, i32(k), i32(down.n_rows), out))  # fmt: skip
+           (h, chosen, weights, ptr(expert_scale), plan.where, i32(k), i32(down.n_rows), out))  # fmt: skip
     return out

@@ -128,3 +128,30 @@ def test_gate_and_up_of_different_formats(cuda, cpu, rng):
     logits = numpy_layer.router(x)
     got = cp.asnumpy(moe_forward(cp.asarray(x), cp.asarray(logits), SPEC, *_stacked(tensors)))
     assert rel_err(got, numpy_layer(x)) < 2e-5
+
+
+@pytest.mark.parametrize(("n_tok", "skipping"), [(1, False), (32, True), (2100, False), (2100, True)])
+def test_group_pairs_lists_the_experts_with_pairs(cuda, rng, n_tok, skipping):
+    """The grouping's invariants, one block (up to ONE_BLOCK_PLAN_PAIRS pairs) and many: offsets are the
+    exclusive sums of the counts, `active` the slots with pairs in ascending order (never the skipped group),
+    `order` groups the pairs and `where` is its inverse."""
+    import cupy as cp
+
+    from app.engine.kernels.moe import group_pairs
+
+    slots = EXPERTS - 56 if skipping else EXPERTS  # skipping: some experts have no slot (group `slots`)
+    groups = np.stack([rng.choice(EXPERTS, USED, replace=False) for _ in range(n_tok)]).astype(np.int32)
+    groups = np.minimum(groups, slots)
+    plan = group_pairs(cp.asarray(groups), slots, USED, skipping)
+    flat = groups.reshape(-1)
+    counts = np.bincount(flat, minlength=slots + 1)[: slots + skipping]
+    offsets, active = cp.asnumpy(plan.offsets), cp.asnumpy(plan.active)
+    order, where = cp.asnumpy(plan.order), cp.asnumpy(plan.where)
+    np.testing.assert_array_equal(offsets, np.concatenate([[0], np.cumsum(counts)]))
+    busy = np.nonzero(counts[:slots])[0]
+    assert active[0] == len(busy)
+    np.testing.assert_array_equal(active[1 : 1 + len(busy)], busy)
+    np.testing.assert_array_equal(np.sort(order), np.arange(flat.size))
+    np.testing.assert_array_equal(order[where], np.arange(flat.size))
+    for g in range(len(counts)):
+        assert (flat[order[offsets[g] : offsets[g + 1]]] == g).all()

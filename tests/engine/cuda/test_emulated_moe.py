@@ -49,6 +49,13 @@ WIDE = Shape(5, 16, 4, hidden=1024, ff=96)  # 32 units a row (whole warps) and 3
 WIDE_K = Shape(5, 16, 4, hidden=1024, ff=256)  # 32 units and 8 (lane groups of 8)
 
 
+def _id(value: object) -> str | None:
+    """Test ids: a shape as tokens x experts top k (h hidden, f ff); other values pytest's own."""
+    if isinstance(value, Shape):
+        return f"{value.tokens}t-{value.experts}e-top{value.used}-h{value.hidden}-f{value.ff}"
+    return None
+
+
 @pytest.fixture(scope="module")
 def moe_emu(tmp_path_factory) -> Path:
     return _build(tmp_path_factory, "moe_main.cpp")
@@ -97,6 +104,9 @@ def _run_pipeline(exe: Path, tmp_path: Path, qtype: str, shape: Shape, spec: Moe
         bias = tensors.get(f"{P}.ffn_{part}_exps.bias")
         if bias is not None:
             (tmp_path / f"{part}_bias.bin").write_bytes(bias.dequantize().tobytes())
+    scale = tensors.get(f"{P}.ffn_down_exps.scale")
+    if scale is not None:
+        (tmp_path / "expert_scale.bin").write_bytes(scale.dequantize().astype(np.float32).tobytes())
     row_gu = tensors[f"{P}.ffn_up_exps.weight"].data.shape[1]
     row_d = tensors[f"{P}.ffn_down_exps.weight"].data.shape[1]
     _run(exe, "moe", qtype.lower(), tmp_path, shape.tokens, shape.hidden, shape.ff, shape.experts, shape.used,
@@ -137,14 +147,15 @@ def test_moe_pipeline_emulated(moe_emu, tmp_path, request, qtype, activation, ro
     _check_outputs(tmp_path, SMALL, layer, logits, spec, expected, seed)
 
 
-@pytest.mark.parametrize(("qtype", "groups", "topk_groups", "bias", "normalize", "scale", "softcap"), [
-    ("Q8_0", 1, 1, True, True, 2.5, 0.0),  # Nemotron-H: one group, the choice bias, renormalised and scaled
-    ("BF16", 3, 2, True, False, 1.0, 0.0),  # group-limited: only the two best of three groups compete
-    ("F16", 2, 1, False, True, 1.5, 0.0),
-    ("Q8_0", 3, 2, True, True, 2.0, 0.5),  # every sigmoid option at once: groups, bias, softcap, scale
+@pytest.mark.parametrize(("qtype", "groups", "topk_groups", "bias", "normalize", "scale", "softcap", "fused"), [
+    ("Q8_0", 1, 1, True, True, 2.5, 0.0, 0),  # Nemotron-H: one group, the choice bias, renormalised and scaled
+    ("BF16", 3, 2, True, False, 1.0, 0.0, 0),  # group-limited: only the two best of three groups compete
+    ("F16", 2, 1, False, True, 1.5, 0.0, 1),
+    ("Q8_0", 3, 2, True, True, 2.0, 0.5, 0),  # every sigmoid option at once: groups, bias, softcap, scale
+    ("Q8_0", 3, 2, True, True, 2.0, 0.5, 1),  # the same, routed and grouped in one launch (moe_route_grouped)
 ])  # fmt: skip
 def test_sigmoid_routed_ungated_experts_emulated(moe_emu, tmp_path, request, qtype, groups, topk_groups, bias,
-                                                 normalize, scale, softcap):  # fmt: skip
+                                                 normalize, scale, softcap, fused):  # fmt: skip
     """Nemotron-H's experts: moe_route's sigmoid mode (sigmoid scores, the choice on scores + bias within the
     best groups; the one router kernel Laguna's one-group routing takes too) and squared-ReLU experts with no
     gate product (the activation inside the up product), against the numpy layer."""
@@ -152,7 +163,8 @@ def test_sigmoid_routed_ungated_experts_emulated(moe_emu, tmp_path, request, qty
     spec = MoeSpec(SMALL.experts, SMALL.used, SMALL.ff, routing="sigmoid_grouped", normalize=normalize,
                    num_groups=groups, topk_groups=topk_groups, routed_scale=scale, router_softcap=softcap,
                    activation="relu2")  # fmt: skip
-    layer, logits, expected = _case(moe_emu, tmp_path, rng, qtype, SMALL, spec, score_bias=bias, router_scale=1 / 4)
+    layer, logits, expected = _case(moe_emu, tmp_path, rng, qtype, SMALL, spec, *((0, 0, 1) if fused else ()),
+                                    score_bias=bias, router_scale=1 / 4)  # fmt: skip
     _check_outputs(tmp_path, SMALL, layer, logits, spec, expected, seed)
 
 
@@ -171,7 +183,7 @@ def test_sigmoid_routed_ungated_experts_emulated(moe_emu, tmp_path, request, qty
     (WIDE_K, "Q4_K", "silu", 2, ()),
     (WIDE_K, "Q5_K", "silu", 4, ()),
     (WIDE_K, "Q6_K", "gelu_tanh", 1, ()),
-])  # fmt: skip
+], ids=_id)  # fmt: skip
 def test_moe_pair_sets_emulated(moe_emu, moe_emu_builds, tmp_path, request, shape, qtype, activation, tmax, variant):
     """The pair sets of decode and of small batches (top 8 of 256 experts), every build of the products'
     pairs per pass, both groupings and the unfused gate/up, against the numpy layer."""
@@ -184,7 +196,24 @@ def test_moe_pair_sets_emulated(moe_emu, moe_emu_builds, tmp_path, request, shap
     _check_outputs(tmp_path, shape, layer, logits, spec, expected, seed)
 
 
-@pytest.mark.parametrize(("shape", "variant"), [(BATCH32, ()), (BATCH32, (1, 0, 0)), (SMALL, (0, 1, 0))])
+@pytest.mark.parametrize(("shape", "variant"), [(DECODE, (0, 0, 1)), (SMALL, ())], ids=_id)
+def test_expert_scale_in_the_combine_emulated(moe_emu, tmp_path, request, shape, variant):
+    """Gemma 4's factor per expert's output (`ffn_down_exps.scale`), applied to the weights in moe_combine."""
+    rng, seed = fresh_rng(request.node.nodeid)
+    spec = MoeSpec(shape.experts, shape.used, shape.ff, activation="gelu_tanh")
+    tensors = _tensors("Q8_0", shape, spec, rng)
+    tensors[f"{P}.ffn_down_exps.scale"] = _f32("scale", rng.uniform(0.5, 1.5, shape.experts))
+    layer = MoE(CpuBackend(), tensors, P, spec)
+    assert layer.expert_scale is not None
+    x = rng.standard_normal((shape.tokens, shape.hidden)).astype(np.float32)
+    logits = layer.router(x)
+    _run_pipeline(moe_emu, tmp_path, "Q8_0", shape, spec, tensors, x, logits, None, *variant)
+    out = np.fromfile(tmp_path / "out.bin", np.float32).reshape(shape.tokens, shape.hidden)
+    expected = layer(x)
+    assert rel_err(out, expected) < 1e-5, f"seed {seed}: rel err {rel_err(out, expected):.3g}"
+
+
+@pytest.mark.parametrize(("shape", "variant"), [(BATCH32, ()), (BATCH32, (1, 0, 0)), (SMALL, (0, 1, 0))], ids=_id)
 def test_skipped_pairs_emulated(moe_emu, tmp_path, request, shape, variant):
     """Expert streaming's pass (backend/cuda/experts.py): pairs whose group is one past the last slot are
     skipped (their outputs 0), the rest read their slot; the output is the layer's sum over the pairs kept."""

@@ -383,8 +383,10 @@ __device__ __forceinline__ void moe_unit(const Fmt (&f)[NR], int u, const float*
 }
 
 // acc[t][r] = W[rows[r]] . x_t, summed over the `width` lanes of this lane's group (sl: its place in the
-// group). A lane takes units sl, sl + width, ...; two at a time, loaded before either is multiplied, so
-// that a lane has every row's next two units in flight.
+// group). A lane takes two neighbouring units at a time (2 sl, 2 sl + 1, then 2 width further on), both
+// loaded before either is multiplied: every row's next two units in flight, and for the k-quants one
+// block header (read and decoded once: the compiler merges the two units' identical loads) and 32
+// contiguous quant bytes, as gemv_int.cuh's U = 2.
 template <class Fmt, int NR, int T>
 __device__ __forceinline__ void moe_dot(const u8* const (&rows)[NR], int n_cols, const float* const (&xs)[T], int sl,
                                         int width, float (&acc)[T][NR]) {
@@ -393,16 +395,16 @@ __device__ __forceinline__ void moe_dot(const u8* const (&rows)[NR], int n_cols,
     for (int t = 0; t < T; ++t)
 #pragma unroll
         for (int r = 0; r < NR; ++r) acc[t][r] = 0.f;
-    for (int u = sl; u < units; u += 2 * width) {
-        const bool second = u + width < units;
+    for (int u = 2 * sl; u < units; u += 2 * width) {
+        const bool second = u + 1 < units;
         Fmt f0[NR], f1[NR];
 #pragma unroll
         for (int r = 0; r < NR; ++r) f0[r].load(rows[r], u);
         if (second)
 #pragma unroll
-            for (int r = 0; r < NR; ++r) f1[r].load(rows[r], u + width);
+            for (int r = 0; r < NR; ++r) f1[r].load(rows[r], u + 1);
         moe_unit<Fmt, NR, T>(f0, u, xs, acc);
-        if (second) moe_unit<Fmt, NR, T>(f1, u + width, xs, acc);
+        if (second) moe_unit<Fmt, NR, T>(f1, u + 1, xs, acc);
     }
 #pragma unroll
     for (int t = 0; t < T; ++t)
@@ -466,16 +468,22 @@ __device__ __forceinline__ void moe_grouped(const MoeWeights& mw, const float* _
                                             const int* __restrict__ order, const int* __restrict__ offsets,
                                             const int* __restrict__ active, int k, float* __restrict__ y) {
     after_previous_grid();
-    if ((int)blockIdx.y >= active[0]) return;
-    const int e = active[1 + blockIdx.y], begin = offsets[e], end = offsets[e + 1];
+    const int n_active = active[0], e = active[1 + blockIdx.y];  // one round trip (past n_active: unused)
+    if ((int)blockIdx.y >= n_active) return;
     const int units = mw.n_cols >> 5, lane = threadIdx.x & 31;
     int width = 32;
     while (width > 1 && 2 * width > units) width >>= 1;
     const int per_warp = 32 / width, sub = lane / width, sl = lane % width;
     constexpr int R = MOE_R;
     const int row_groups = (mw.n_rows + R - 1) / R, warps = blockDim.x >> 5;
-    for (int w0 = (blockIdx.x * warps + (threadIdx.x >> 5)) * per_warp; w0 < row_groups;
-         w0 += gridDim.x * warps * per_warp) {
+    const int first = (blockIdx.x * warps + (threadIdx.x >> 5)) * per_warp;
+    if (first < row_groups)  // the warp's first rows on their way to L2 while the expert's offsets are read
+#pragma unroll
+        for (int m = 0; m < G; ++m)
+            prefetch_l2_warp(mw.w[m] + e * mw.expert_stride + (i64)first * R * mw.row_bytes,
+                             (i64)(min(min(first + per_warp, row_groups) * R, mw.n_rows) - first * R) * mw.row_bytes);
+    const int begin = offsets[e], end = offsets[e + 1];
+    for (int w0 = first; w0 < row_groups; w0 += gridDim.x * warps * per_warp) {
         const int rg = w0 + sub, row0 = min(rg, row_groups - 1) * R;
         const bool writes = rg < row_groups;
         int g = begin;
@@ -524,26 +532,36 @@ extern "C" __global__ void moe_gated(const float* __restrict__ gate, const float
     if (i < n) out[i] = moe_act(kind, kind == 2 ? 0.f : gate[i], up[i], limit, alpha);
 }
 
-// out[t, c] = sum over t's k pairs, in expert-id order, of weights[t, j] * h[where[t k + j], c].
+// out[t, c] = sum over t's k pairs, in expert-id order, of weights[t, j] * h[where[t k + j], c], each weight
+// times its expert's factor first where expert_scale is given (Gemma 4: as moe/ops.py scales the routed
+// weights). Thread j < k places slot j by its rank among the token's experts (ids are distinct: a token picks
+// an expert once); then four columns a thread (n_cols % 4 == 0), the pairs' rows read as float4.
 extern "C" __global__ void moe_combine(const float* __restrict__ h, const int* __restrict__ chosen,
-                                       const float* __restrict__ weights, const int* __restrict__ where, int k,
-                                       int n_cols, float* __restrict__ out) {
+                                       const float* __restrict__ weights, const float* __restrict__ expert_scale,
+                                       const int* __restrict__ where, int k, int n_cols, float* __restrict__ out) {
+    __shared__ const float4* rows[MOE_MAX_K];
+    __shared__ float scale[MOE_MAX_K];
     after_previous_grid();
     const int t = blockIdx.x;
-    int slot[MOE_MAX_K];
-    for (int j = 0; j < k; ++j) slot[j] = j;
-    for (int j = 1; j < k; ++j)  // insertion sort of the token's slots by expert id
-        for (int i = j; i > 0 && chosen[(i64)t * k + slot[i - 1]] > chosen[(i64)t * k + slot[i]]; --i) {
-            const int s = slot[i];
-            slot[i] = slot[i - 1];
-            slot[i - 1] = s;
+    if ((int)threadIdx.x < k) {
+        const i64 q = (i64)t * k + threadIdx.x;
+        const int e = chosen[q];
+        int rank = 0;
+        for (int i = 0; i < k; ++i) {
+            const int other = chosen[(i64)t * k + i];
+            rank += other < e || (other == e && i < (int)threadIdx.x);
         }
-    for (int c = threadIdx.x; c < n_cols; c += blockDim.x) {
-        float acc = 0.f;
+        rows[rank] = reinterpret_cast<const float4*>(h + (i64)where[q] * n_cols);
+        scale[rank] = expert_scale != nullptr ? weights[q] * expert_scale[e] : weights[q];
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < n_cols / 4; c += blockDim.x) {
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
         for (int j = 0; j < k; ++j) {
-            const i64 q = (i64)t * k + slot[j];
-            acc += h[(i64)where[q] * n_cols + c] * weights[q];
+            const float4 v = rows[j][c];
+            const float w = scale[j];
+            acc = make_float4(acc.x + v.x * w, acc.y + v.y * w, acc.z + v.z * w, acc.w + v.w * w);
         }
-        out[(i64)t * n_cols + c] = acc;
+        reinterpret_cast<float4*>(out + (i64)t * n_cols)[c] = acc;
     }
 }

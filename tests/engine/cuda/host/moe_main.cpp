@@ -3,11 +3,11 @@
 //       N_GROUPS TOPK_GROUPS [MANY_PAIRS SEPARATE FUSED_ROUTE]
 //     the whole pipeline: reads x.bin [T, H], logits.bin [T, E], gate.bin / up.bin ([E, FF] rows), down.bin
 //     ([E, H] rows), optional gate_bias.bin / up_bias.bin / down_bias.bin and score_bias.bin [E] (sigmoid
-//     routing), and optional groups.bin [T, K] (int32: the slot each pair reads; N_EXP: skipped, as
+//     routing), optional expert_scale.bin [E] (Gemma 4: each expert's output factor, applied in the combine),
+//     and optional groups.bin [T, K] (int32: the slot each pair reads; N_EXP: skipped, as
 //     backend/cuda/experts.py streams experts; without it a pair reads its expert); writes out.bin,
-//     chosen.bin, weights.bin (before the scale); optional expert_scale.bin [E] (Gemma 4: the chosen experts'
-//     weights times their scale, as kernels/moe.py's route_scaled). FMT is one format for every projection, or
-//     "GATE_UP_FMT,DOWN_FMT" (Gemma 4's Q4_K gate/up beside a Q5_0 down). ACT 2 (relu2) runs no gate product. MANY_PAIRS 1: the grouping of many
+//     chosen.bin, weights.bin (before the scale). FMT is one format for every projection, or "GATE_UP_FMT,DOWN_FMT"
+//     (Gemma 4's Q4_K gate/up beside a Q5_0 down). ACT 2 (relu2) runs no gate product. MANY_PAIRS 1: the grouping of many
 //     pairs (moe_count, moe_offsets, moe_scatter) instead of moe_offsets alone; SEPARATE 1: gate and up
 //     as two grouped products and moe_gated (their formats differ) instead of the fused one; FUSED_ROUTE 1:
 //     moe_route_grouped (route and group in one block) instead of moe_route then the grouping.
@@ -92,6 +92,7 @@ int main(int argc, char** argv) {
     auto gate_bias = read_file<float>(dir + "/gate_bias.bin"), up_bias = read_file<float>(dir + "/up_bias.bin");
     auto down_bias = read_file<float>(dir + "/down_bias.bin");
     auto slot_of = read_file<int>(dir + "/groups.bin");
+    auto expert_scale = read_file<float>(dir + "/expert_scale.bin");
     const int P = T * K;
     std::vector<int> chosen((size_t)P, -1);
     std::vector<float> weights((size_t)P, NAN);
@@ -156,12 +157,8 @@ int main(int argc, char** argv) {
         });
     }
     grouped(down, rb_d, H, FF, a.data(), 1, down_bias, -1, h.data(), down_fn);
-    auto expert_scale = read_file<float>(dir + "/expert_scale.bin");
-    std::vector<float> scaled = weights;
-    if (!expert_scale.empty())
-        for (int q = 0; q < P; ++q) scaled[q] *= expert_scale[chosen[q]];
     launch({(unsigned)T, 1, 1}, {32, 1, 1}, [&] {
-        moe_combine(h.data(), chosen.data(), scaled.data(), where.data(), K, H, out.data());
+        moe_combine(h.data(), chosen.data(), weights.data(), opt(expert_scale), where.data(), K, H, out.data());
     });
     write_file(dir + "/out.bin", out);
     write_file(dir + "/chosen.bin", chosen);
