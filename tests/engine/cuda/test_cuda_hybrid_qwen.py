@@ -183,11 +183,12 @@ def _on_device(cuda, meta):
 
 @pytest.mark.parametrize("lengths", [[9, 1, 70, 3], [2, 1, 2], [1] * 5], ids=["prefill", "short", "decode"])
 def test_cuda_gated_deltanet_ops_match_numpy(cuda, cpu, rng, lengths: list[int]) -> None:
-    """causal_conv1d, gated_delta_net_rule and gated_rms_norm (apart, and as gated_delta_net_rule_norm) on
-    CUDA against the numpy backend's, with Qwen3-Next's 128 x 128 heads (tiled value heads, two per k head): a varlen prefill batch (sequences
-    continuing their rows, starting from zeros, one of 70 tokens: the conv's two 64-token blocks, the
-    delta rule's chunked kernel over five rounds), a batch of short chunks (the token-by-token kernel) or a
-    decode batch (the kernels' decode entries), states compared too."""
+    """causal_conv1d, gated_delta_net_rule and gated_rms_norm (apart, and as gated_delta_net_mixer) on CUDA
+    against the numpy backend's, with Qwen3-Next's 128 x 128 heads (tiled value heads, two per k head): a
+    varlen prefill batch (sequences continuing their rows, starting from zeros, one of 70 tokens: the conv's
+    two 64-token blocks, the delta rule's chunked kernel over five rounds), a batch of short chunks (the
+    token-by-token kernel) or a decode batch (the kernels' decode entries; the mixer's one launch), states
+    compared too."""
     from app.engine.specs import GatedDeltaNetSpec
 
     spec = GatedDeltaNetSpec(2, 4, 128, 128, 4, tiled_v_heads=True)
@@ -201,6 +202,7 @@ def test_cuda_gated_deltanet_ops_match_numpy(cuda, cpu, rng, lengths: list[int])
     conv_state = rng.standard_normal((8, *spec.state_shapes()[0])).astype(np.float32)
     state = (rng.standard_normal((8, *spec.state_shapes()[1])) * 0.3).astype(np.float32)
     d_proj, d_conv_state, d_state = (cuda.from_host(a) for a in (proj, conv_state, state))
+    conv_state_before = conv_state.copy()
     dmeta = _on_device(cuda, meta)
 
     mixed = cpu.causal_conv1d(proj[:, :conv], weight, None, conv_state, meta)
@@ -220,14 +222,15 @@ def test_cuda_gated_deltanet_ops_match_numpy(cuda, cpu, rng, lengths: list[int])
     d_out = cuda.gated_rms_norm(d_core, d_proj[:, conv : conv + value], cuda.from_host(norm_w), 1e-6)
     assert rel_err(cuda.to_host(d_out), out) < 1e-4
 
-    # The rule and the norm as one op (one launch at decode) from the same inputs and states as above.
-    d_state2 = cuda.from_host(state_before)
-    d_fused = cuda.gated_delta_net_rule_norm(
-        d_mixed, d_proj[:, conv + value :], cuda.from_host(neg_a), cuda.from_host(dt_bias), d_state2, dmeta, spec,
-        d_proj[:, conv : conv + value], cuda.from_host(norm_w), 1e-6,
+    # The three as one op (one launch at decode) from the same inputs and states as above.
+    d_conv_state2, d_state2 = cuda.from_host(conv_state_before), cuda.from_host(state_before)
+    d_fused = cuda.gated_delta_net_mixer(
+        d_proj[:, :conv], cuda.from_host(weight), d_conv_state2, d_proj[:, conv + value :], cuda.from_host(neg_a),
+        cuda.from_host(dt_bias), d_state2, dmeta, spec, d_proj[:, conv : conv + value], cuda.from_host(norm_w), 1e-6,
     )  # fmt: skip
     assert rel_err(cuda.to_host(d_fused), out) < 1e-4
     assert rel_err(cuda.to_host(d_state2), state) < 1e-4
+    np.testing.assert_allclose(cuda.to_host(d_conv_state2), conv_state, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("interleaved", [False, True])
