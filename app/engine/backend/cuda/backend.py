@@ -33,6 +33,7 @@ from app.engine.backend.cuda.expand import expand_rows
 from app.engine.backend.cuda.experts import StreamedExperts, streamed_moe, unsupported, upload_experts
 from app.engine.backend.cuda.linear import gated_linear as _gated_linear
 from app.engine.backend.cuda.linear import linear as _linear
+from app.engine.backend.cuda.linear import norm_dense_linear as _norm_dense_linear
 from app.engine.backend.cuda.linear import norm_linear as _norm_linear
 from app.engine.backend.cuda.weights import CudaFusedWeight, CudaWeight, upload_matrix, upload_vector
 from app.engine.backend.fp8_kv import Fp8KvCache
@@ -329,11 +330,15 @@ class CudaBackend:
         return self._norm_then(x, residual, norm_weight, eps, gate_up, kind)
 
     def _norm_then(self, x, residual, norm_weight, eps, weight, kind: str | None) -> tuple[Any, Any]:
-        """One fused launch at one token where gemv_int.cu can take it, else the composition."""
+        """One fused launch at one token where gemv_int.cu can take it; above, the norm written in float16
+        for a product on the weight's float16 copy (no cast kernel); else the composition."""
         x = self._f32(x)
         if isinstance(weight, CudaFusedWeight):
             residual = None if residual is None else self._f32(residual)
-            done = _norm_linear(x, residual, self._f32(norm_weight), eps, weight, kind, self.gemv_plan)
+            norm_weight = self._f32(norm_weight)
+            done = _norm_linear(x, residual, norm_weight, eps, weight, kind, self.gemv_plan)
+            if done is None:
+                done = _norm_dense_linear(x, residual, norm_weight, eps, weight, kind, self.gemv_plan)
             if done is not None:
                 return done
         return norm_then_product(self, x, residual, norm_weight, eps, weight, kind)

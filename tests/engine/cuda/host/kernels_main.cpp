@@ -1,6 +1,7 @@
 // Run gemv.cu and norm.cu kernels on the SIMT emulator. Commands (files in DIR):
 //   gemv FMT BUCKET ROWS WARPS DIR N_ROWS N_COLS N_TOK ROW_BYTES   reads w.bin x.bin [bias.bin], writes y.bin
-//   add_rms_norm DIR ROWS COLS EPS THREADS [vec]              reads x.bin res.bin w.bin, writes y.bin newres.bin
+//   add_rms_norm DIR ROWS COLS EPS THREADS [vec|half|half_noadd]   reads x.bin res.bin w.bin, writes y.bin newres.bin
+//       (half: float16 y from the *_vec_h kernels; half_noadd: rms_norm_vec_h of x alone)
 //   dequant FMT OUT(f32|f16) DIR N_SRC N_COLS ROW_BYTES N_OUT ROW_OFFSET   reads w.bin [ids.bin], writes y.bin
 //   output_gate KIND(sigmoid|softplus) DIR N_TOK WIDTH GATE_STRIDE PER   reads out.bin gate.bin, writes y.bin
 #include <cstdio>
@@ -57,6 +58,25 @@ int main(int argc, char** argv) {
                bias.empty() ? nullptr : bias.data());
         });
         write_file(dir + "/y.bin", y);
+        return 0;
+    }
+    if (cmd == "add_rms_norm" && argc == 8 && std::string(argv[7]).rfind("half", 0) == 0) {
+        // float16 out (the *_vec_h kernels): "half" adds the residual, "half_noadd" normalizes x alone
+        const bool add = std::string(argv[7]) == "half";
+        const std::string dir = argv[2];
+        const int rows = atoi(argv[3]), cols = atoi(argv[4]), threads = atoi(argv[6]);
+        const float eps = (float)atof(argv[5]);
+        auto x = read_file<float>(dir + "/x.bin");
+        auto res = read_file<float>(dir + "/res.bin");
+        auto w = read_file<float>(dir + "/w.bin");
+        std::vector<u16> y((size_t)rows * cols, 0xffffu);
+        std::vector<float> newres((size_t)rows * cols, NAN);
+        launch({(unsigned)rows, 1, 1}, {(unsigned)threads, 1, 1}, [&] {
+            if (add) add_rms_norm_vec_h(x.data(), res.data(), w.data(), y.data(), newres.data(), cols, eps);
+            else rms_norm_vec_h(x.data(), w.data(), y.data(), cols, eps);
+        });
+        write_file(dir + "/y.bin", y);
+        write_file(dir + "/newres.bin", newres);
         return 0;
     }
     if (cmd == "add_rms_norm" && (argc == 7 || argc == 8)) {
