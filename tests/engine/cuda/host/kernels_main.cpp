@@ -60,27 +60,9 @@ int main(int argc, char** argv) {
         write_file(dir + "/y.bin", y);
         return 0;
     }
-    if (cmd == "add_rms_norm" && argc == 8 && std::string(argv[7]).rfind("half", 0) == 0) {
-        // float16 out (the *_vec_h kernels): "half" adds the residual, "half_noadd" normalizes x alone
-        const bool add = std::string(argv[7]) == "half";
-        const std::string dir = argv[2];
-        const int rows = atoi(argv[3]), cols = atoi(argv[4]), threads = atoi(argv[6]);
-        const float eps = (float)atof(argv[5]);
-        auto x = read_file<float>(dir + "/x.bin");
-        auto res = read_file<float>(dir + "/res.bin");
-        auto w = read_file<float>(dir + "/w.bin");
-        std::vector<u16> y((size_t)rows * cols, 0xffffu);
-        std::vector<float> newres((size_t)rows * cols, NAN);
-        launch({(unsigned)rows, 1, 1}, {(unsigned)threads, 1, 1}, [&] {
-            if (add) add_rms_norm_vec_h(x.data(), res.data(), w.data(), y.data(), newres.data(), cols, eps);
-            else rms_norm_vec_h(x.data(), w.data(), y.data(), cols, eps);
-        });
-        write_file(dir + "/y.bin", y);
-        write_file(dir + "/newres.bin", newres);
-        return 0;
-    }
     if (cmd == "add_rms_norm" && (argc == 7 || argc == 8)) {
-        const bool vec = argc == 8 && std::string(argv[7]) == "vec";
+        const std::string mode = argc == 8 ? argv[7] : "";  // "", vec, half (float16 out), half_noadd (x alone)
+        const bool vec = mode == "vec", half = mode.rfind("half", 0) == 0;
         const std::string dir = argv[2];
         const int rows = atoi(argv[3]), cols = atoi(argv[4]), threads = atoi(argv[6]);
         const float eps = (float)atof(argv[5]);
@@ -88,12 +70,15 @@ int main(int argc, char** argv) {
         auto res = read_file<float>(dir + "/res.bin");
         auto w = read_file<float>(dir + "/w.bin");
         std::vector<float> y((size_t)rows * cols, NAN), newres((size_t)rows * cols, NAN);
-        launch({(unsigned)rows, 1, 1}, {(unsigned)threads, 1, 1},
-               [&] {
-                   if (vec) add_rms_norm_vec(x.data(), res.data(), w.data(), y.data(), newres.data(), cols, eps);
-                   else add_rms_norm(x.data(), res.data(), w.data(), y.data(), newres.data(), cols, eps);
-               });
-        write_file(dir + "/y.bin", y);
+        std::vector<u16> y16((size_t)rows * cols, 0xffffu);
+        launch({(unsigned)rows, 1, 1}, {(unsigned)threads, 1, 1}, [&] {
+            if (mode == "half") add_rms_norm_vec_h(x.data(), res.data(), w.data(), y16.data(), newres.data(), cols, eps);
+            else if (half) rms_norm_vec_h(x.data(), w.data(), y16.data(), cols, eps);
+            else if (vec) add_rms_norm_vec(x.data(), res.data(), w.data(), y.data(), newres.data(), cols, eps);
+            else add_rms_norm(x.data(), res.data(), w.data(), y.data(), newres.data(), cols, eps);
+        });
+        if (half) write_file(dir + "/y.bin", y16);
+        else write_file(dir + "/y.bin", y);
         write_file(dir + "/newres.bin", newres);
         return 0;
     }
