@@ -282,11 +282,13 @@ def test_cuda_causal_conv1d_with_bias_matches_numpy(cuda, cpu, rng) -> None:
     np.testing.assert_array_equal(got_state[[1, 2, 4, 5]], state[[1, 2, 4, 5]])  # slot 5: the padding row's
 
 
-def test_cuda_gated_deltanet_decode_step_replays_as_a_graph(cuda, rng) -> None:
-    """The layer's decode ops (conv, delta rule, gated norm) captured in a CUDA graph with programmatic
-    launches, as the decode graphs capture a step: no host sync breaks the capture, and a replay after new
-    inputs, state slots and flags are written into the captured buffers (one row now padding, slot -1)
-    gives what an eager run gives on copies of the same states."""
+@pytest.mark.parametrize("mixer", [False, True], ids=["three-ops", "mixer"])
+def test_cuda_gated_deltanet_decode_step_replays_as_a_graph(cuda, rng, mixer: bool) -> None:
+    """The layer's decode ops (conv, delta rule, gated norm; or gated_delta_net_mixer's one launch, whose
+    counters must be back at zero for the next replay) captured in a CUDA graph with programmatic launches,
+    as the decode graphs capture a step: no host sync breaks the capture, and replays after new inputs,
+    state slots and flags are written into the captured buffers (one row now padding, slot -1) give what an
+    eager run of the three ops gives on copies of the same states."""
     import cupy
 
     from app.engine.kernels.runtime.pdl import programmatic_launches
@@ -302,11 +304,19 @@ def test_cuda_gated_deltanet_decode_step_replays_as_a_graph(cuda, rng) -> None:
     conv_state = cuda.from_host(rng.standard_normal((6, *spec.state_shapes()[0])).astype(np.float32))
     state = cuda.from_host((rng.standard_normal((6, *spec.state_shapes()[1])) * 0.3).astype(np.float32))
 
-    def step(states: tuple[Any, Any]) -> Any:
+    def three_ops(states: tuple[Any, Any]) -> Any:
         mixed = cuda.causal_conv1d(proj[:, :conv], weight, None, states[0], meta)
         core = cuda.gated_delta_net_rule(mixed, proj[:, conv + value :], neg_a, dt_bias, states[1], meta, spec)
         return cuda.gated_rms_norm(core, proj[:, conv : conv + value], norm_w, 1e-6)
 
+    def one_op(states: tuple[Any, Any]) -> Any:
+        return cuda.gated_delta_net_mixer(
+            proj[:, :conv], weight, states[0], proj[:, conv + value :], neg_a, dt_bias, states[1], meta, spec,
+            proj[:, conv : conv + value], norm_w, 1e-6,
+        )  # fmt: skip
+
+    step = one_op if mixer else three_ops
+    tol = 1e-5 if mixer else 1e-6  # the fused kernel against the three: the same math, other code
     cupy.cuda.Device().synchronize()
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream, programmatic_launches(True):
@@ -315,15 +325,16 @@ def test_cuda_gated_deltanet_decode_step_replays_as_a_graph(cuda, rng) -> None:
         stream.begin_capture()
         out = step((conv_state, state))
         graph = stream.end_capture()
-    proj[...] = cuda.from_host(rng.standard_normal(proj.shape).astype(np.float32))
-    meta.state_slots[...] = cuda.from_host(np.array([5, -1, 1, 4], np.int32))
-    meta.has_initial_state[...] = cuda.from_host(np.array([True, True, False, True]))
-    eager_states = (conv_state.copy(), state.copy())
-    cupy.cuda.Device().synchronize()
-    graph.launch(stream=cupy.cuda.Stream.null)
-    cupy.cuda.Stream.null.synchronize()
-    eager = step(eager_states)
-    np.testing.assert_allclose(cuda.to_host(out), cuda.to_host(eager), rtol=1e-6, atol=1e-6)
-    np.testing.assert_array_equal(cuda.to_host(out)[1], 0.0)  # the padding row
-    for got, want in zip((conv_state, state), eager_states, strict=True):
-        np.testing.assert_allclose(cuda.to_host(got), cuda.to_host(want), rtol=1e-6, atol=1e-6)
+    for replay in range(2):  # the second replay starts from the first one's states and counters
+        proj[...] = cuda.from_host(rng.standard_normal(proj.shape).astype(np.float32))
+        meta.state_slots[...] = cuda.from_host(np.array([5, -1, 1, 4], np.int32))
+        meta.has_initial_state[...] = cuda.from_host(np.array([True, True, replay == 1, True]))
+        eager_states = (conv_state.copy(), state.copy())
+        cupy.cuda.Device().synchronize()
+        graph.launch(stream=cupy.cuda.Stream.null)
+        cupy.cuda.Stream.null.synchronize()
+        eager = three_ops(eager_states)
+        np.testing.assert_allclose(cuda.to_host(out), cuda.to_host(eager), rtol=tol, atol=tol)
+        np.testing.assert_array_equal(cuda.to_host(out)[1], 0.0)  # the padding row
+        for got, want in zip((conv_state, state), eager_states, strict=True):
+            np.testing.assert_allclose(cuda.to_host(got), cuda.to_host(want), rtol=tol, atol=tol)
