@@ -308,12 +308,13 @@ class Backend(Protocol):
         """recurrent_reference.gated_rms_norm: RMSNorm of `x [T, H, D]` per head times silu(`z [T, H D]`)."""
         ...
 
-    def gated_delta_net_rule_norm(
-        self, mixed: Array, ba: Array, neg_a: Array, dt_bias: Array, state: Array, meta: AttentionMetadata,
-        spec: GatedDeltaNetSpec, z: Array, norm_weight: Array, eps: float,
+    def gated_delta_net_mixer(
+        self, qkv: Array, conv_weight: Array, conv_state: Array, ba: Array, neg_a: Array, dt_bias: Array,
+        state: Array, meta: AttentionMetadata, spec: GatedDeltaNetSpec, z: Array, norm_weight: Array, eps: float,
     ) -> Array:
-        """`gated_rms_norm(gated_delta_net_rule(...), z, norm_weight, eps)`: one launch where the backend
-        fuses them (CUDA at decode)."""
+        """`causal_conv1d` (SiLU, no bias) of `qkv`, `gated_delta_net_rule` of its output, `gated_rms_norm`
+        of the rule's: Gated DeltaNet between its projections, one launch where the backend fuses them
+        (CUDA at decode)."""
         ...
 
     def ssd_scan(

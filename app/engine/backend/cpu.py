@@ -295,10 +295,11 @@ class CpuBackend:
     def gated_rms_norm(self, x: np.ndarray, z: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
         return recurrent_reference.gated_rms_norm(np, x, z, weight, eps)
 
-    def gated_delta_net_rule_norm(
-        self, mixed, ba, neg_a, dt_bias, state, meta: AttentionMetadata, spec: GatedDeltaNetSpec, z, norm_weight,
-        eps: float,
+    def gated_delta_net_mixer(
+        self, qkv, conv_weight, conv_state, ba, neg_a, dt_bias, state, meta: AttentionMetadata,
+        spec: GatedDeltaNetSpec, z, norm_weight, eps: float,
     ) -> np.ndarray:
+        mixed = self.causal_conv1d(qkv, conv_weight, None, conv_state, meta, silu=True)
         core = self.gated_delta_net_rule(mixed, ba, neg_a, dt_bias, state, meta, spec)
         return self.gated_rms_norm(core, z, norm_weight, eps)
 

@@ -1,5 +1,6 @@
 """Wrapper of gated_delta.cu: Gated DeltaNet's gated delta rule (varlen prefill or a decode step, the
-gates fused in) and its gated RMSNorm epilogue (alone, or fused into a decode step's launch)."""
+gates fused in) and its gated RMSNorm epilogue; at decode, the short conv before the rule and the norm after
+it in the same launch."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ WARPS, COLS = 4, 32  # GDN_WARPS, GDN_COLS in gated_delta.cu
 # 8 for head_k_dim 256; six barriers a round), shorter ones gated_delta_varlen (three barriers a token).
 CHUNKED_FROM_TOKENS = 3
 MAX_HEAD_K_DIM = 256  # state rows held in registers: head_k_dim / 4 per thread
+MAX_CONV_K = 8  # GDN_CONV_MAX_K: the fused decode's conv taps
 
 
 def _row_stride(a: Any, name: str) -> np.int64:
@@ -82,28 +84,37 @@ def gated_delta_rule(
     return out
 
 
-def gated_delta_decode_norm(
-    mixed: Any, ba: Any, neg_a: Any, dt_bias: Any, state: Any, state_slots: Any, has_initial_state: Any,
-    num_k_heads: int, tiled_v_heads: bool, z: Any, norm_weight: Any, eps: float, raw: Any, out: Any,
+def gated_delta_decode_fused(
+    qkv: Any, conv_weight: Any, conv_state: Any, ba: Any, neg_a: Any, dt_bias: Any, state: Any, state_slots: Any,
+    has_initial_state: Any, num_k_heads: int, tiled_v_heads: bool, z: Any, norm_weight: Any, eps: float, raw: Any,
+    out: Any,
 ) -> Any:  # fmt: skip
-    """A decode step (one row per sequence) of gated_delta_rule with gated_rms_norm after it in one launch:
-    `out [T, Hv, Dv]` = RMSNorm(o) * `norm_weight` * silu(`z`), z `[T, >= Hv Dv]` (any row stride); `raw`
-    (`[T, Hv, Dv]`) receives o itself (scratch)."""
+    """A decode step (one row per sequence) of the short conv (SiLU, no bias: causal_conv1d), gated_delta_rule
+    and gated_rms_norm in one launch, from the in-projection's q/k/v columns `qkv [T, C]` (any row stride) and
+    the conv's `conv_weight [C, K]` and states `conv_state [slots, C, K-1]` (continued in place as the conv
+    kernel does): `out [T, Hv, Dv]` = RMSNorm(o) * `norm_weight` * silu(`z`), z `[T, >= Hv Dv]` (any row
+    stride); `raw` (`[T, Hv, Dv]`) receives o itself (scratch)."""
     from app.engine.kernels.attention import split_counters
 
     _, n_v, _, dv = state.shape
-    n_tok = mixed.shape[0]
+    n_tok, channels = qkv.shape
+    n_seqs = int(state_slots.shape[0])
     if z.shape[0] != n_tok or z.shape[1] < n_v * dv:
         raise ValueError(f"gate z {z.shape} does not cover {n_v} heads of {dv} per token")
-    head, tail, grid, defines = _launch_parts(mixed, ba, neg_a, dt_bias, state, has_initial_state, num_k_heads,
-                                              tiled_v_heads, raw)  # fmt: skip
-    n_seqs = int(state_slots.shape[0])
+    if conv_weight.shape[0] != channels or not 2 <= conv_weight.shape[1] <= MAX_CONV_K:
+        raise ValueError(f"conv weight {conv_weight.shape} is not [{channels}, 2..{MAX_CONV_K}]")
+    if conv_state.shape[1:] != (channels, conv_weight.shape[1] - 1):
+        raise ValueError(f"conv state {conv_state.shape} does not hold {conv_weight.shape[1] - 1} inputs of {channels}")
     if n_seqs != n_tok:
         raise ValueError(f"a decode step takes one row per sequence: {n_tok} rows, {n_seqs} sequences")
+    head, tail, grid, defines = _launch_parts(qkv, ba, neg_a, dt_bias, state, has_initial_state, num_k_heads,
+                                              tiled_v_heads, raw)  # fmt: skip
     if n_tok:
-        norm = (z, _row_stride(z, "z"), norm_weight, f32(eps), split_counters(n_seqs * n_v), out)
-        launch(get_kernel("gated_delta.cu", "gated_delta_decode_norm", defines), grid, (WARPS * 32,),
-               (*head, state_slots, *tail, *norm))  # fmt: skip
+        counters = split_counters(n_seqs * (n_v + num_k_heads))
+        norm = (z, _row_stride(z, "z"), norm_weight, f32(eps), counters, out)
+        conv = (conv_weight, conv_state, i32(channels), i32(conv_weight.shape[1]), counters[n_seqs * n_v :])
+        launch(get_kernel("gated_delta.cu", "gated_delta_decode_fused", defines), grid, (WARPS * 32,),
+               (*head, state_slots, *tail, *norm, *conv))  # fmt: skip
     return out
 
 

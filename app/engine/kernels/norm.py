@@ -1,4 +1,5 @@
-"""Wrapper of norm.cu: RMSNorm, alone or fused with the residual add."""
+"""Wrapper of norm.cu: RMSNorm, alone or fused with the residual add; float32 out, or float16 for a product on
+the weights' float16 copy (no cast kernel between them)."""
 
 from __future__ import annotations
 
@@ -52,3 +53,27 @@ def add_rms_norm(
     else:
         launch(get_kernel("norm.cu", "add_rms_norm"), (n_rows,), (_threads(n_cols),), args)
     return out, new_residual
+
+
+def half_serves(n_cols: int, *arrays: Any) -> bool:
+    """Whether rms_norm_half takes these rows (the float4 kernels only)."""
+    return _vectorizable(n_cols, *arrays)
+
+
+def rms_norm_half(
+    x: Any, residual: Any | None, weight: Any, eps: float, out: Any, new_residual: Any | None
+) -> Any:
+    """`out` float16 = RMSNorm(x (+ residual)) * weight, as rms_norm / add_rms_norm then a cast to float16;
+    with a residual, x + residual into `new_residual` (float32). Rows as half_serves takes them."""
+    n_cols = x.shape[-1]
+    n_rows = x.size // n_cols
+    arrays = (x, weight, out) if residual is None else (x, residual, weight, out, new_residual)
+    if not half_serves(n_cols, *arrays):
+        raise ValueError(f"rms_norm_half takes aligned rows of a multiple of 4 up to {MAX_VEC_COLS}, got {n_cols}")
+    if n_rows:
+        if residual is None:
+            name, args = "rms_norm_vec_h", (x, weight, out, i32(n_cols), f32(eps))
+        else:
+            name, args = "add_rms_norm_vec_h", (x, residual, weight, out, new_residual, i32(n_cols), f32(eps))
+        launch(get_kernel("norm.cu", name), (n_rows,), (vec_threads(n_cols),), args)
+    return out

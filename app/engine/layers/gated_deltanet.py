@@ -20,8 +20,8 @@ Contract with the decoder (models/decoder.py) and the runner:
   rows in place so the next chunk / decode step continues from them.
 
 The conv, the delta rule (with its gates) and the gated output norm are backend ops: the numpy and
-numba backends run recurrent_reference.py's math (the oracle for kernels), CUDA one launch per op (the
-rule and the norm in one at decode: `gated_delta_net_rule_norm`).
+numba backends run recurrent_reference.py's math (the oracle for kernels), CUDA one launch per op, and at
+decode one for all three (`gated_delta_net_mixer`).
 """
 
 from __future__ import annotations
@@ -87,10 +87,9 @@ class GatedDeltaNet:
         n = x.shape[0]
         proj = b.linear(x, self.in_proj).astype(b.xp.float32, copy=False)
         i_z, i_b = self.splits
-        mixed = b.causal_conv1d(proj[:, :i_z], self.conv_weight, None, conv_state, meta, silu=True)
-        gated = b.gated_delta_net_rule_norm(  # norm(the rule's output) * silu(z)
-            mixed, proj[:, i_b:], self.neg_a, self.dt_bias, recurrent_state, meta, s, proj[:, i_z:i_b],
-            self.norm_weight, self.eps,
+        gated = b.gated_delta_net_mixer(  # conv, delta rule, then norm(the rule's output) * silu(z)
+            proj[:, :i_z], self.conv_weight, conv_state, proj[:, i_b:], self.neg_a, self.dt_bias, recurrent_state,
+            meta, s, proj[:, i_z:i_b], self.norm_weight, self.eps,
         )  # fmt: skip
         flat = b.xp.ascontiguousarray(gated.reshape(n, s.num_v_heads * s.head_v_dim))
         return self.out(flat.astype(x.dtype, copy=False))

@@ -72,7 +72,7 @@ def test_gemv_any_block_width(cuda, rng, qtype: str, warps: int) -> None:
     assert rel_err(cupy.asnumpy(out), ref) < GEMV_TOL
 
 
-@pytest.mark.parametrize("rows_per_block", [4, 8])
+@pytest.mark.parametrize("rows_per_block", [4, 8, 1])
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0", "F16"])
 def test_gemv_single_token_variants(cuda, rng, qtype: str, rows_per_block: int) -> None:
     import cupy

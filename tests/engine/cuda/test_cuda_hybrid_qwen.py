@@ -183,11 +183,12 @@ def _on_device(cuda, meta):
 
 @pytest.mark.parametrize("lengths", [[9, 1, 70, 3], [2, 1, 2], [1] * 5], ids=["prefill", "short", "decode"])
 def test_cuda_gated_deltanet_ops_match_numpy(cuda, cpu, rng, lengths: list[int]) -> None:
-    """causal_conv1d, gated_delta_net_rule and gated_rms_norm (apart, and as gated_delta_net_rule_norm) on
-    CUDA against the numpy backend's, with Qwen3-Next's 128 x 128 heads (tiled value heads, two per k head): a varlen prefill batch (sequences
-    continuing their rows, starting from zeros, one of 70 tokens: the conv's two 64-token blocks, the
-    delta rule's chunked kernel over five rounds), a batch of short chunks (the token-by-token kernel) or a
-    decode batch (the kernels' decode entries), states compared too."""
+    """causal_conv1d, gated_delta_net_rule and gated_rms_norm (apart, and as gated_delta_net_mixer) on CUDA
+    against the numpy backend's, with Qwen3-Next's 128 x 128 heads (tiled value heads, two per k head): a
+    varlen prefill batch (sequences continuing their rows, starting from zeros, one of 70 tokens: the conv's
+    two 64-token blocks, the delta rule's chunked kernel over five rounds), a batch of short chunks (the
+    token-by-token kernel) or a decode batch (the kernels' decode entries; the mixer's one launch), states
+    compared too."""
     from app.engine.specs import GatedDeltaNetSpec
 
     spec = GatedDeltaNetSpec(2, 4, 128, 128, 4, tiled_v_heads=True)
@@ -201,6 +202,7 @@ def test_cuda_gated_deltanet_ops_match_numpy(cuda, cpu, rng, lengths: list[int])
     conv_state = rng.standard_normal((8, *spec.state_shapes()[0])).astype(np.float32)
     state = (rng.standard_normal((8, *spec.state_shapes()[1])) * 0.3).astype(np.float32)
     d_proj, d_conv_state, d_state = (cuda.from_host(a) for a in (proj, conv_state, state))
+    conv_state_before = conv_state.copy()
     dmeta = _on_device(cuda, meta)
 
     mixed = cpu.causal_conv1d(proj[:, :conv], weight, None, conv_state, meta)
@@ -220,14 +222,15 @@ def test_cuda_gated_deltanet_ops_match_numpy(cuda, cpu, rng, lengths: list[int])
     d_out = cuda.gated_rms_norm(d_core, d_proj[:, conv : conv + value], cuda.from_host(norm_w), 1e-6)
     assert rel_err(cuda.to_host(d_out), out) < 1e-4
 
-    # The rule and the norm as one op (one launch at decode) from the same inputs and states as above.
-    d_state2 = cuda.from_host(state_before)
-    d_fused = cuda.gated_delta_net_rule_norm(
-        d_mixed, d_proj[:, conv + value :], cuda.from_host(neg_a), cuda.from_host(dt_bias), d_state2, dmeta, spec,
-        d_proj[:, conv : conv + value], cuda.from_host(norm_w), 1e-6,
+    # The three as one op (one launch at decode) from the same inputs and states as above.
+    d_conv_state2, d_state2 = cuda.from_host(conv_state_before), cuda.from_host(state_before)
+    d_fused = cuda.gated_delta_net_mixer(
+        d_proj[:, :conv], cuda.from_host(weight), d_conv_state2, d_proj[:, conv + value :], cuda.from_host(neg_a),
+        cuda.from_host(dt_bias), d_state2, dmeta, spec, d_proj[:, conv : conv + value], cuda.from_host(norm_w), 1e-6,
     )  # fmt: skip
     assert rel_err(cuda.to_host(d_fused), out) < 1e-4
     assert rel_err(cuda.to_host(d_state2), state) < 1e-4
+    np.testing.assert_allclose(cuda.to_host(d_conv_state2), conv_state, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("interleaved", [False, True])
@@ -279,11 +282,13 @@ def test_cuda_causal_conv1d_with_bias_matches_numpy(cuda, cpu, rng) -> None:
     np.testing.assert_array_equal(got_state[[1, 2, 4, 5]], state[[1, 2, 4, 5]])  # slot 5: the padding row's
 
 
-def test_cuda_gated_deltanet_decode_step_replays_as_a_graph(cuda, rng) -> None:
-    """The layer's decode ops (conv, delta rule, gated norm) captured in a CUDA graph with programmatic
-    launches, as the decode graphs capture a step: no host sync breaks the capture, and a replay after new
-    inputs, state slots and flags are written into the captured buffers (one row now padding, slot -1)
-    gives what an eager run gives on copies of the same states."""
+@pytest.mark.parametrize("mixer", [False, True], ids=["three-ops", "mixer"])
+def test_cuda_gated_deltanet_decode_step_replays_as_a_graph(cuda, rng, mixer: bool) -> None:
+    """The layer's decode ops (conv, delta rule, gated norm; or gated_delta_net_mixer's one launch, whose
+    counters must be back at zero for the next replay) captured in a CUDA graph with programmatic launches,
+    as the decode graphs capture a step: no host sync breaks the capture, and replays after new inputs,
+    state slots and flags are written into the captured buffers (one row now padding, slot -1) give what an
+    eager run of the three ops gives on copies of the same states."""
     import cupy
 
     from app.engine.kernels.runtime.pdl import programmatic_launches
@@ -299,11 +304,19 @@ def test_cuda_gated_deltanet_decode_step_replays_as_a_graph(cuda, rng) -> None:
     conv_state = cuda.from_host(rng.standard_normal((6, *spec.state_shapes()[0])).astype(np.float32))
     state = cuda.from_host((rng.standard_normal((6, *spec.state_shapes()[1])) * 0.3).astype(np.float32))
 
-    def step(states: tuple[Any, Any]) -> Any:
+    def three_ops(states: tuple[Any, Any]) -> Any:
         mixed = cuda.causal_conv1d(proj[:, :conv], weight, None, states[0], meta)
         core = cuda.gated_delta_net_rule(mixed, proj[:, conv + value :], neg_a, dt_bias, states[1], meta, spec)
         return cuda.gated_rms_norm(core, proj[:, conv : conv + value], norm_w, 1e-6)
 
+    def one_op(states: tuple[Any, Any]) -> Any:
+        return cuda.gated_delta_net_mixer(
+            proj[:, :conv], weight, states[0], proj[:, conv + value :], neg_a, dt_bias, states[1], meta, spec,
+            proj[:, conv : conv + value], norm_w, 1e-6,
+        )  # fmt: skip
+
+    step = one_op if mixer else three_ops
+    tol = 1e-5 if mixer else 1e-6  # the fused kernel against the three: the same math, other code
     cupy.cuda.Device().synchronize()
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream, programmatic_launches(True):
@@ -312,15 +325,16 @@ def test_cuda_gated_deltanet_decode_step_replays_as_a_graph(cuda, rng) -> None:
         stream.begin_capture()
         out = step((conv_state, state))
         graph = stream.end_capture()
-    proj[...] = cuda.from_host(rng.standard_normal(proj.shape).astype(np.float32))
-    meta.state_slots[...] = cuda.from_host(np.array([5, -1, 1, 4], np.int32))
-    meta.has_initial_state[...] = cuda.from_host(np.array([True, True, False, True]))
-    eager_states = (conv_state.copy(), state.copy())
-    cupy.cuda.Device().synchronize()
-    graph.launch(stream=cupy.cuda.Stream.null)
-    cupy.cuda.Stream.null.synchronize()
-    eager = step(eager_states)
-    np.testing.assert_allclose(cuda.to_host(out), cuda.to_host(eager), rtol=1e-6, atol=1e-6)
-    np.testing.assert_array_equal(cuda.to_host(out)[1], 0.0)  # the padding row
-    for got, want in zip((conv_state, state), eager_states, strict=True):
-        np.testing.assert_allclose(cuda.to_host(got), cuda.to_host(want), rtol=1e-6, atol=1e-6)
+    for replay in range(2):  # the second replay starts from the first one's states and counters
+        proj[...] = cuda.from_host(rng.standard_normal(proj.shape).astype(np.float32))
+        meta.state_slots[...] = cuda.from_host(np.array([5, -1, 1, 4], np.int32))
+        meta.has_initial_state[...] = cuda.from_host(np.array([True, True, replay == 1, True]))
+        eager_states = (conv_state.copy(), state.copy())
+        cupy.cuda.Device().synchronize()
+        graph.launch(stream=cupy.cuda.Stream.null)
+        cupy.cuda.Stream.null.synchronize()
+        eager = three_ops(eager_states)
+        np.testing.assert_allclose(cuda.to_host(out), cuda.to_host(eager), rtol=tol, atol=tol)
+        np.testing.assert_array_equal(cuda.to_host(out)[1], 0.0)  # the padding row
+        for got, want in zip((conv_state, state), eager_states, strict=True):
+            np.testing.assert_allclose(cuda.to_host(got), cuda.to_host(want), rtol=tol, atol=tol)

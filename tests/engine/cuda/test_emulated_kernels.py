@@ -102,6 +102,31 @@ def test_dequant_emulated(
     np.testing.assert_allclose(got, ref, rtol=rtol, atol=1e-6, err_msg=f"seed={seed}")
 
 
+@pytest.mark.parametrize(("cols", "add"), [(1000, True), (4096, True), (640, False), (5120, True)])
+def test_rms_norm_half_emulated(
+    request: pytest.FixtureRequest, kernels_emu: Path, tmp_path: Path, cols: int, add: bool
+) -> None:
+    """The float16-out norm (what a product on the weights' float16 copy reads): the float32 norm's values
+    cast to float16 exactly as a cast would round them, and the new residual as the float32 kernel's."""
+    from app.engine.kernels.norm import vec_threads
+
+    rng, seed = fresh_rng(request.node.nodeid)
+    x, res = (rng.standard_normal((3, cols)).astype(np.float32) for _ in range(2))
+    w = rng.standard_normal(cols).astype(np.float32)
+    for name, a in (("x", x), ("res", res), ("w", w)):
+        a.tofile(tmp_path / f"{name}.bin")
+    _run(kernels_emu, "add_rms_norm", tmp_path, 3, cols, 1e-6, vec_threads(cols), "half" if add else "half_noadd")
+    cpu = CpuBackend()
+    ref_y, ref_res = cpu.add_rms_norm(x, res, w, 1e-6) if add else (cpu.rms_norm(x, w, 1e-6), None)
+    got = np.fromfile(tmp_path / "y.bin", np.float16).reshape(3, cols)
+    # float32 values a few ulps apart (another summation order) may round to neighbouring halves
+    np.testing.assert_allclose(got.astype(np.float32), ref_y.astype(np.float16).astype(np.float32), rtol=1e-3,
+                               atol=1e-6, err_msg=f"seed={seed}")  # fmt: skip
+    assert np.mean(got == ref_y.astype(np.float16)) > 0.99, f"seed={seed}"
+    if add:
+        np.testing.assert_array_equal(np.fromfile(tmp_path / "newres.bin", np.float32).reshape(3, cols), ref_res)
+
+
 @pytest.mark.parametrize(("kind", "n_tok", "heads", "head_dim", "per_head"), [
     ("sigmoid", 1, 4, 64, False), ("sigmoid", 3, 2, 96, False), ("softplus", 2, 3, 32, False),
     ("softplus", 5, 4, 16, True),

@@ -216,41 +216,63 @@ def test_gated_rms_norm_emulated(
     assert rel_err(got, ref) < 1e-6, f"seed={seed}"
 
 
-@pytest.mark.parametrize(("dv", "tiled"), [(128, False), (40, True), (32, False)])
-def test_gated_delta_decode_norm_emulated(
-    request: pytest.FixtureRequest, recurrent_emu: Path, tmp_path: Path, dv: int, tiled: bool
+@pytest.mark.parametrize(("dv", "tiled", "n_v"), [(128, False, 4), (40, True, 4), (32, False, 6), (64, True, 2)])
+def test_gated_delta_decode_fused_emulated(
+    request: pytest.FixtureRequest, recurrent_emu: Path, tmp_path: Path, dv: int, tiled: bool, n_v: int
 ) -> None:
-    """A decode step with the gated RMSNorm fused in (the last of a head's dv / 32 blocks normalizes it):
-    the raw output and the state as the unfused kernel's, the normalized output as the reference norm
-    of the reference rule, a padding row's zeros, and the counters back at zero after two launches."""
+    """A decode step with the short conv before it and the gated RMSNorm after it fused in: the raw output,
+    the normalized one (the last of a head's dv / 32 blocks normalizes it), the recurrent state and the conv
+    state (v columns shifted by their block, q/k by the last block of their key head) as the references'
+    conv, rule and norm in turn; a padding row's zeros and untouched states; a sequence starting here; the
+    counters back at zero after two launches."""
+    _fused_case(request, recurrent_emu, tmp_path, GatedDeltaNetSpec(2, n_v, HEAD_K_DIM, dv, 4, tiled))
+
+
+def test_gated_delta_decode_fused_released_head_size_emulated(
+    request: pytest.FixtureRequest, recurrent_emu_wide: tuple[Path, int], tmp_path: Path
+) -> None:
+    """The fused decode step at head_k_dim 128 (Qwen3.5, Qwen3-Next) and 256 (two q/k inputs a thread)."""
+    exe, dk = recurrent_emu_wide
+    _fused_case(request, exe, tmp_path, GatedDeltaNetSpec(2, 4, dk, 128, 4, False))
+
+
+def _fused_case(request: pytest.FixtureRequest, exe: Path, tmp_path: Path, spec: GatedDeltaNetSpec) -> None:
     rng, seed = fresh_rng(request.node.nodeid)
-    spec = GatedDeltaNetSpec(2, 4, HEAD_K_DIM, dv, 4, tiled)
+    dv, tiled = spec.head_v_dim, spec.tiled_v_heads
     meta = varlen_meta([1] * 4, [5, 1, 3, 0], [True, False, True, True])
-    hv, eps = spec.num_v_heads, 1e-6
-    mixed = rng.standard_normal((4, spec.conv_dim)).astype(np.float32)
+    hv, eps, channels = spec.num_v_heads, 1e-6, spec.conv_dim
+    qkv = rng.standard_normal((4, channels)).astype(np.float32)
+    conv_w = (rng.standard_normal((channels, 4)) * 0.5).astype(np.float32)
+    conv_state = rng.standard_normal((NUM_SLOTS, *spec.state_shapes()[0])).astype(np.float32)
     ba = (rng.standard_normal((4, 2 * hv)) * 2).astype(np.float32)
     neg_a = -np.exp(rng.uniform(-2, 1, hv)).astype(np.float32)
     dt_bias = rng.standard_normal(hv).astype(np.float32)
     state = (rng.standard_normal((NUM_SLOTS, *spec.state_shapes()[1])) * 0.3).astype(np.float32)
     z_rows = rng.standard_normal((4, hv * dv + 5)).astype(np.float32)  # a wider row: the projection's stride
     norm_w = rng.standard_normal(dv).astype(np.float32)
-    for name, a in (("mixed", mixed), ("ba", ba), ("nega", neg_a), ("dtb", dt_bias), ("state", state),
-                    ("z", z_rows), ("normw", norm_w)):  # fmt: skip
+    for name, a in (("mixed", qkv), ("convw", conv_w), ("convstate", conv_state), ("ba", ba), ("nega", neg_a),
+                    ("dtb", dt_bias), ("state", state), ("z", z_rows), ("normw", norm_w)):  # fmt: skip
         a.tofile(tmp_path / f"{name}.bin")
     write_meta(tmp_path, meta)
     slots = meta.host_state_slots.copy()
     slots[3] = -1  # a graph bucket's padding row
     slots.tofile(tmp_path / "slots.bin")
-    ref_state = state.copy()
+    ref_conv, ref_state = conv_state.copy(), state.copy()
+    mixed = causal_conv1d(np, qkv, conv_w, None, ref_conv, meta, True)
     core = gated_delta_net_rule(np, mixed, ba, neg_a, dt_bias, ref_state, meta, spec)
     ref = gated_rms_norm(np, core, z_rows[:, : hv * dv], norm_w, eps)
-    _run(recurrent_emu, "delta_norm", tmp_path, 4, spec.num_k_heads, hv, dv, int(tiled), z_rows.shape[1], eps, 2)
+    _run(exe, "delta_fused", tmp_path, 4, spec.num_k_heads, hv, dv, int(tiled), z_rows.shape[1], eps, 4, 2)
     got = np.fromfile(tmp_path / "y.bin", np.float32).reshape(ref.shape)
     raw = np.fromfile(tmp_path / "o.bin", np.float32).reshape(ref.shape)
     got_state = np.fromfile(tmp_path / "state.bin", np.float32).reshape(state.shape)
-    real = [0, 1, 2]
+    got_conv = np.fromfile(tmp_path / "convstate.bin", np.float32).reshape(conv_state.shape)
+    real, used = [0, 1, 2], [5, 1, 3]
     assert rel_err(raw[real], core[real]) < DELTA_TOL, f"seed={seed}"
     assert rel_err(got[real], ref[real]) < DELTA_TOL, f"seed={seed}"
-    assert rel_err(got_state[[5, 1, 3]], ref_state[[5, 1, 3]]) < DELTA_TOL, f"seed={seed}"
+    assert rel_err(got_state[used], ref_state[used]) < DELTA_TOL, f"seed={seed}"
+    np.testing.assert_array_equal(got_conv[used], ref_conv[used])
     np.testing.assert_array_equal(got[3], 0.0)
+    untouched = [0, 2, 4]  # slot 0 is the padding row's in the reference only
+    np.testing.assert_array_equal(got_conv[untouched], conv_state[untouched])
+    np.testing.assert_array_equal(got_state[untouched], state[untouched])
     np.testing.assert_array_equal(np.fromfile(tmp_path / "counters.bin", np.int32), 0)

@@ -33,6 +33,7 @@ from app.engine.backend.cuda.expand import expand_rows
 from app.engine.backend.cuda.experts import StreamedExperts, streamed_moe, unsupported, upload_experts
 from app.engine.backend.cuda.linear import gated_linear as _gated_linear
 from app.engine.backend.cuda.linear import linear as _linear
+from app.engine.backend.cuda.linear import norm_dense_linear as _norm_dense_linear
 from app.engine.backend.cuda.linear import norm_linear as _norm_linear
 from app.engine.backend.cuda.weights import CudaFusedWeight, CudaWeight, upload_matrix, upload_vector
 from app.engine.backend.fp8_kv import Fp8KvCache
@@ -329,11 +330,15 @@ class CudaBackend:
         return self._norm_then(x, residual, norm_weight, eps, gate_up, kind)
 
     def _norm_then(self, x, residual, norm_weight, eps, weight, kind: str | None) -> tuple[Any, Any]:
-        """One fused launch at one token where gemv_int.cu can take it, else the composition."""
+        """One fused launch at one token where gemv_int.cu can take it; above, the norm written in float16
+        for a product on the weight's float16 copy (no cast kernel); else the composition."""
         x = self._f32(x)
         if isinstance(weight, CudaFusedWeight):
             residual = None if residual is None else self._f32(residual)
-            done = _norm_linear(x, residual, self._f32(norm_weight), eps, weight, kind, self.gemv_plan)
+            norm_weight = self._f32(norm_weight)
+            done = _norm_linear(x, residual, norm_weight, eps, weight, kind, self.gemv_plan)
+            if done is None:
+                done = _norm_dense_linear(x, residual, norm_weight, eps, weight, kind, self.gemv_plan)
             if done is not None:
                 return done
         return norm_then_product(self, x, residual, norm_weight, eps, weight, kind)
@@ -554,21 +559,22 @@ class CudaBackend:
         x = self._f32(x)
         return _gated_delta.gated_rms_norm(x, self._rows(z), self._f32(weight), eps, self.xp.empty_like(x))
 
-    def gated_delta_net_rule_norm(
-        self, mixed: Any, ba: Any, neg_a: Any, dt_bias: Any, state: Any, meta: AttentionMetadata,
-        spec: GatedDeltaNetSpec, z: Any, norm_weight: Any, eps: float,
+    def gated_delta_net_mixer(
+        self, qkv: Any, conv_weight: Any, conv_state: Any, ba: Any, neg_a: Any, dt_bias: Any, state: Any,
+        meta: AttentionMetadata, spec: GatedDeltaNetSpec, z: Any, norm_weight: Any, eps: float,
     ) -> Any:
-        """At decode one launch (gated_delta_decode_norm); elsewhere the rule, then the norm."""
-        mixed = self._rows(mixed)
-        if not _decode_batch(meta, mixed.shape[0]):
+        """At decode one launch (gated_delta_decode_fused); elsewhere the conv, the rule, then the norm."""
+        qkv = self._rows(qkv)
+        if not _decode_batch(meta, qkv.shape[0]):
+            mixed = self.causal_conv1d(qkv, conv_weight, None, conv_state, meta, silu=True)
             core = self.gated_delta_net_rule(mixed, ba, neg_a, dt_bias, state, meta, spec)
             return self.gated_rms_norm(core, z, norm_weight, eps)
-        _, slots, initial = self._recurrent_meta(meta, mixed.shape[0])
-        shape = (mixed.shape[0], spec.num_v_heads, spec.head_v_dim)
-        return _gated_delta.gated_delta_decode_norm(
-            mixed, self._rows(ba), self._f32(neg_a), self._f32(dt_bias), state, slots, initial, spec.num_k_heads,
-            spec.tiled_v_heads, self._rows(z), self._f32(norm_weight), eps, self.xp.empty(shape, self.xp.float32),
-            self.xp.empty(shape, self.xp.float32),
+        _, slots, initial = self._recurrent_meta(meta, qkv.shape[0])
+        shape = (qkv.shape[0], spec.num_v_heads, spec.head_v_dim)
+        return _gated_delta.gated_delta_decode_fused(
+            qkv, self._f32(conv_weight), conv_state, self._rows(ba), self._f32(neg_a), self._f32(dt_bias), state, slots,
+            initial, spec.num_k_heads, spec.tiled_v_heads, self._rows(z), self._f32(norm_weight), eps,
+            self.xp.empty(shape, self.xp.float32), self.xp.empty(shape, self.xp.float32),
         )  # fmt: skip
 
     def _rows(self, x: Any) -> Any:

@@ -21,6 +21,7 @@ from app.engine.backend.cuda.weights import CudaFusedWeight, CudaWeight
 from app.engine.kernels import activation as activation_kernels
 from app.engine.kernels import gemv as gemv_kernels
 from app.engine.kernels import gemv_int, gemv_mma
+from app.engine.kernels import norm as norm_kernels
 from app.engine.kernels.gemv_plan import DEFAULT_PLAN, GemvPlan
 from app.engine.kernels.gemv_split import gemv_split
 
@@ -247,6 +248,38 @@ def norm_linear(
         gemv_int.gemv_int_gated(parts[0][:3], parts[1][:3], rows, fused.n_cols, x, gemv_kernels.ACTIVATIONS[kind],
                                 out, norm=norm, plan=plan)  # fmt: skip
     return out, new_residual
+
+
+def norm_dense_linear(
+    x: Any, residual: Any | None, norm_weight: Any, eps: float, fused: CudaFusedWeight, kind: str | None,
+    plan: GemvPlan = DEFAULT_PLAN,
+) -> tuple[Any, Any] | None:  # fmt: skip
+    """Several tokens' add + RMSNorm written in float16 by the norm kernel itself for the product on the
+    fused weight's float16 copy, where `linear` would cast the normalized x in a kernel of its own (the
+    same rounding: the result is the composition's): `(linear or gated_linear of the normalized x, new
+    residual)`, or None where the product takes another path or the norm kernel cannot write the rows."""
+    import cupy
+
+    n_tok, n_cols = x.shape
+    if not _dense_pays(n_tok, fused) or _mma_parts(n_tok, fused, plan) is not None:
+        return None
+    if any(p.data is None for p in fused.parts):
+        return None  # _linear_fused goes part by part there
+    if kind is not None and (len(fused.parts) != 2 or fused.parts[0].shape != fused.parts[1].shape):
+        return None  # not a (gate, up) pair: the composition says so
+    normed = cupy.empty((n_tok, n_cols), cupy.float16)
+    new_residual = None if residual is None else cupy.empty_like(x)
+    arrays = (x, norm_weight, normed) if residual is None else (x, residual, norm_weight, normed, new_residual)
+    if not norm_kernels.half_serves(n_cols, *arrays):
+        return None
+    norm_kernels.rms_norm_half(x, residual, norm_weight, eps, normed, new_residual)
+    out = cupy.empty((n_tok, fused.n_rows), cupy.float32)
+    matmul_t(normed, fused.dense16, out)
+    if fused.bias is not None:
+        out += fused.bias
+    if kind is not None:
+        out = activation_kernels.gated_pairs(out, kind, cupy.empty((n_tok, fused.parts[0].n_rows), cupy.float32))
+    return out, (x if residual is None else new_residual)
 
 
 def matmul_quantized(x16: Any, weight: CudaWeight, out_ptr: int, ldc: int) -> None:

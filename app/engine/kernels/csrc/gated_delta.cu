@@ -50,6 +50,54 @@ __device__ __forceinline__ void gdn_load(GdnToken& in, const float* __restrict__
     in.a = gates[n_v_heads + h];
 }
 
+// A decode step with the short conv fused in (gated_delta_decode_fused): `mixed` is the in-projection's
+// row, the conv's input, and each q/k/v input goes through its channel's taps and conv state here, as
+// causal_conv1d.cu computes them (the taps in order, SiLU). weight [C, k], state [slots, C, k - 1].
+struct GdnConv {
+    const float* w;
+    float* state;
+    int channels, k;
+};
+#define GDN_CONV_MAX_K 8  // taps in the unrolled loop; the wrapper refuses wider convs
+
+// The conv's SiLU output for channel c: state row `old` (nullptr: a sequence starting here, zeros) and input x.
+__device__ __forceinline__ float gdn_conv(const GdnConv& cv, i64 c, const float* old, float x) {
+    float y = 0.f;
+#pragma unroll
+    for (int tap = 0; tap < GDN_CONV_MAX_K; ++tap) {
+        if (tap >= cv.k) break;
+        const float in = tap == cv.k - 1 ? x : (old != nullptr ? old[tap] : 0.f);
+        const float w = cv.w[c * cv.k + tap];
+        y = tap == 0 ? in * w : y + in * w;
+    }
+    return y / (1.f + expf(-y));
+}
+
+// Channel c's state row after the step: its last k - 1 inputs (the old row shifted by one, x last).
+__device__ __forceinline__ void gdn_conv_shift(const GdnConv& cv, float* row, bool initial, float x) {
+    for (int i = 0; i + 1 < cv.k; ++i) row[i] = i + 2 < cv.k ? (initial ? row[i + 1] : 0.f) : x;
+}
+
+// gdn_load through the conv. The token's v column belongs to this block alone: the body shifts its state row
+// once every warp has read it; q and k are read by all the blocks of their key head, whose last block
+// shifts theirs (gated_delta_decode_fused).
+__device__ __forceinline__ void gdn_load_conv(GdnToken& in, const GdnConv& cv, int slot, bool initial,
+                                              const float* __restrict__ row, const float* __restrict__ gates,
+                                              i64 q_off, i64 k_off, i64 v_off, bool col, int tid, int h,
+                                              int n_v_heads) {
+    const float* states = cv.state + (i64)slot * cv.channels * (cv.k - 1);
+#pragma unroll
+    for (int e = 0; e < GDN_PER_THREAD; ++e) {
+        const int i = tid + e * GDN_WARPS * 32;
+        const i64 cq = q_off + i, ck = k_off + i;
+        in.q[e] = i < GDN_DK ? gdn_conv(cv, cq, initial ? states + cq * (cv.k - 1) : nullptr, row[cq]) : 0.f;
+        in.k[e] = i < GDN_DK ? gdn_conv(cv, ck, initial ? states + ck * (cv.k - 1) : nullptr, row[ck]) : 0.f;
+    }
+    in.v = col ? gdn_conv(cv, v_off, initial ? states + v_off * (cv.k - 1) : nullptr, row[v_off]) : 0.f;
+    in.b = gates[h];
+    in.a = gates[n_v_heads + h];
+}
+
 // Zeros for rows [start, end) of column j of value head h: a padding sequence's output (state_slots < 0),
 // finite for the layers after it.
 __device__ __forceinline__ void gdn_zero_rows(float* __restrict__ out, int start, int end, int h, int n_v_heads,
@@ -58,12 +106,15 @@ __device__ __forceinline__ void gdn_zero_rows(float* __restrict__ out, int start
     for (int t = start; t < end; ++t) out[((i64)t * n_v_heads + h) * dv + j] = 0.f;
 }
 
-template <bool DECODE>
+// CONV (decode only): `mixed` is the conv's input, `conv` its weights and states (gdn_load_conv).
+template <bool DECODE, bool CONV = false>
 __device__ __forceinline__ void gated_delta_body(
     const float* __restrict__ mixed, i64 mixed_stride, const float* __restrict__ ba, i64 ba_stride,
     const float* __restrict__ neg_a, const float* __restrict__ dt_bias, float* __restrict__ state,
     const int* __restrict__ query_start_loc, const int* __restrict__ state_slots, const u8* __restrict__ has_initial,
-    float* __restrict__ out, int n_k_heads, int n_v_heads, int dv, int tiled, float q_scale) {
+    float* __restrict__ out, int n_k_heads, int n_v_heads, int dv, int tiled, float q_scale,
+    const GdnConv conv = GdnConv()) {
+    static_assert(DECODE || !CONV, "the conv is fused into decode steps only");
     constexpr int R = GDN_DK / GDN_WARPS;
     // Two partial-sum buffers (k S, then q S), so one barrier orders each product's writes and reads;
     // q and k are rewritten only after the last barrier of the token that read them.
@@ -89,8 +140,17 @@ __device__ __forceinline__ void gated_delta_body(
     for (int r = 0; r < R; ++r) s[r] = (initial && col) ? srow[(i64)r * dv] : 0.f;
 
     GdnToken next;
-    gdn_load(next, mixed + (i64)start * mixed_stride, ba + (i64)start * ba_stride, q_off, k_off, v_off, col, tid, h,
-             n_v_heads);
+    if constexpr (CONV) {
+        const float* row = mixed + (i64)start * mixed_stride;
+        gdn_load_conv(next, conv, slot, initial, row, ba + (i64)start * ba_stride, q_off, k_off, v_off, col, tid, h,
+                      n_v_heads);
+        __syncthreads();  // every warp has read the v column's conv state: warp 0 shifts it
+        if (warp == 0 && col)
+            gdn_conv_shift(conv, conv.state + ((i64)slot * conv.channels + v_off) * (conv.k - 1), initial, row[v_off]);
+    } else {
+        gdn_load(next, mixed + (i64)start * mixed_stride, ba + (i64)start * ba_stride, q_off, k_off, v_off, col, tid,
+                 h, n_v_heads);
+    }
     for (int t = start; t < end; ++t) {
         const GdnToken cur = next;
         if (t + 1 < end)
@@ -168,22 +228,13 @@ extern "C" __global__ void __launch_bounds__(GDN_WARPS * 32) gated_delta_decode(
                            has_initial, out, n_k_heads, n_v_heads, dv, tiled, q_scale);
 }
 
-// A decode step with the gated RMSNorm after it (gated_rms_norm below) fused in, one launch less per
-// layer: every block writes its raw columns of o to `out` (scratch), and the last of a (sequence, head)'s
-// dv / 32 blocks to finish (a counter per pair, zero between launches: that block resets it; attn_merge.cuh)
-// normalizes the whole head into `y`: o * rstd * w * silu(z), z rows z_stride apart.
-extern "C" __global__ void __launch_bounds__(GDN_WARPS * 32) gated_delta_decode_norm(
-    const float* __restrict__ mixed, i64 mixed_stride, const float* __restrict__ ba, i64 ba_stride,
-    const float* __restrict__ neg_a, const float* __restrict__ dt_bias, float* __restrict__ state,
-    const int* __restrict__ state_slots, const u8* __restrict__ has_initial, float* __restrict__ out, int n_k_heads,
-    int n_v_heads, int dv, int tiled, float q_scale, const float* __restrict__ z, i64 z_stride,
-    const float* __restrict__ norm_w, float eps, int* __restrict__ counters, float* __restrict__ y) {
-    gated_delta_body<true>(mixed, mixed_stride, ba, ba_stride, neg_a, dt_bias, state, nullptr, state_slots,
-                           has_initial, out, n_k_heads, n_v_heads, dv, tiled, q_scale);
-    __shared__ int last;
+// The head's normalized output (gated_rms_norm's math) in gated_delta_decode_fused's last block of a (sequence,
+// head): y = o * rstd * w * silu(z) over the head's dv raw outputs in `out`, z rows z_stride apart.
+__device__ __forceinline__ void gdn_norm_head(const float* __restrict__ out, const float* __restrict__ z, i64 z_stride,
+                                              const float* __restrict__ norm_w, float eps, float* __restrict__ y,
+                                              int n_v_heads, int dv) {
     __shared__ float scratch[32];
     const int h = blockIdx.y, seq = blockIdx.z;
-    if (!attn_last_to_finish(counters + (i64)seq * n_v_heads + h, gridDim.x, &last)) return;
     const i64 row = ((i64)seq * n_v_heads + h) * dv;  // decode: row `seq` is sequence seq's token
     const float* zr = z + (i64)seq * z_stride + (i64)h * dv;
     float ss = 0.f;
@@ -196,6 +247,40 @@ extern "C" __global__ void __launch_bounds__(GDN_WARPS * 32) gated_delta_decode_
         const float g = zr[c];
         y[row + c] = __ldcg(out + row + c) * inv * norm_w[c] * (g / (1.f + expf(-g)));
     }
+}
+
+// A decode step with the short conv before it and the gated RMSNorm after it fused in (one launch where
+// there were three): `mixed` is the in-projection's q/k/v columns, the conv's input (gdn_load_conv); the v
+// columns' conv states are shifted by their blocks, the q/k ones by the last block of their key head to
+// finish (`conv_counters`, one per (sequence, key head), as `counters` one per (sequence, value head)).
+extern "C" __global__ void __launch_bounds__(GDN_WARPS * 32) gated_delta_decode_fused(
+    const float* __restrict__ mixed, i64 mixed_stride, const float* __restrict__ ba, i64 ba_stride,
+    const float* __restrict__ neg_a, const float* __restrict__ dt_bias, float* __restrict__ state,
+    const int* __restrict__ state_slots, const u8* __restrict__ has_initial, float* __restrict__ out, int n_k_heads,
+    int n_v_heads, int dv, int tiled, float q_scale, const float* __restrict__ z, i64 z_stride,
+    const float* __restrict__ norm_w, float eps, int* __restrict__ counters, float* __restrict__ y,
+    const float* __restrict__ conv_w, float* __restrict__ conv_state, int channels, int conv_k,
+    int* __restrict__ conv_counters) {
+    const GdnConv conv{conv_w, conv_state, channels, conv_k};
+    gated_delta_body<true, true>(mixed, mixed_stride, ba, ba_stride, neg_a, dt_bias, state, nullptr, state_slots,
+                                 has_initial, out, n_k_heads, n_v_heads, dv, tiled, q_scale, conv);
+    __shared__ int last;
+    const int h = blockIdx.y, seq = blockIdx.z, group = n_v_heads / n_k_heads;
+    const int hk = tiled ? h % n_k_heads : h / group;
+    if (attn_last_to_finish(conv_counters + (i64)seq * n_k_heads + hk, gridDim.x * group, &last)) {
+        const int slot = state_slots[seq];  // every block of the key head has read its q/k conv states
+        if (slot >= 0) {
+            const bool initial = has_initial[seq] != 0;
+            const i64 key_dim = (i64)n_k_heads * GDN_DK;
+            for (int i = threadIdx.x; i < 2 * GDN_DK; i += blockDim.x) {
+                const i64 c = (i < GDN_DK ? 0 : key_dim - GDN_DK) + (i64)hk * GDN_DK + i;  // q, then k channels
+                gdn_conv_shift(conv, conv_state + ((i64)slot * channels + c) * (conv_k - 1), initial,
+                               mixed[(i64)seq * mixed_stride + c]);
+            }
+        }
+    }
+    if (attn_last_to_finish(counters + (i64)seq * n_v_heads + h, gridDim.x, &last))
+        gdn_norm_head(out, z, z_stride, norm_w, eps, y, n_v_heads, dv);
 }
 
 // The chunked form for prefill: the same blocks (sequence, value head, 32 columns) and state slice in

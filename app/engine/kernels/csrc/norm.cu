@@ -45,10 +45,11 @@ extern "C" __global__ void __launch_bounds__(1024) add_rms_norm(const float* __r
 
 // ADD: v = residual + x, also written to new_residual; else v = x. The norm's weight is loaded
 // before the wait for the previous kernel (PDL, common.cuh: no kernel writes it), so after the
-// wait only x (and the residual) are a round trip away.
-template <bool ADD>
+// wait only x (and the residual) are a round trip away. HALF: y is float16 (rounded to nearest even,
+// as a cast would), the input of a product on the weights' float16 copy (the *_vec_h kernels).
+template <bool ADD, bool HALF = false>
 __device__ __forceinline__ void rms_norm_vec_body(const float* __restrict__ x, const float* __restrict__ residual,
-                                                  const float* __restrict__ w, float* __restrict__ y,
+                                                  const float* __restrict__ w, void* __restrict__ y,
                                                   float* __restrict__ new_residual, int n_cols, float eps) {
     __shared__ float scratch[32];
     const i64 base = (i64)blockIdx.x * n_cols;
@@ -82,7 +83,12 @@ __device__ __forceinline__ void rms_norm_vec_body(const float* __restrict__ x, c
         const int c = threadIdx.x + k * blockDim.x;
         if (c >= n4) continue;
         if (ADD) reinterpret_cast<float4*>(new_residual + base)[c] = v[k];
-        reinterpret_cast<float4*>(y + base)[c] = norm_scale(v[k], inv, wv[k]);
+        const float4 o = norm_scale(v[k], inv, wv[k]);
+        if (HALF)
+            reinterpret_cast<uint2*>(reinterpret_cast<u16*>(y) + base)[c] =
+                make_uint2((u32)f2h(o.x) | ((u32)f2h(o.y) << 16), (u32)f2h(o.z) | ((u32)f2h(o.w) << 16));
+        else
+            reinterpret_cast<float4*>(reinterpret_cast<float*>(y) + base)[c] = o;
     }
 }
 
@@ -97,4 +103,17 @@ extern "C" __global__ void __launch_bounds__(1024) add_rms_norm_vec(const float*
                                                                     float* __restrict__ new_residual, int n_cols,
                                                                     float eps) {
     rms_norm_vec_body<true>(x, residual, w, y, new_residual, n_cols, eps);
+}
+
+extern "C" __global__ void __launch_bounds__(1024) rms_norm_vec_h(const float* __restrict__ x, const float* __restrict__ w,
+                                                                  u16* __restrict__ y, int n_cols, float eps) {
+    rms_norm_vec_body<false, true>(x, nullptr, w, y, nullptr, n_cols, eps);
+}
+
+extern "C" __global__ void __launch_bounds__(1024) add_rms_norm_vec_h(const float* __restrict__ x,
+                                                                      const float* __restrict__ residual,
+                                                                      const float* __restrict__ w, u16* __restrict__ y,
+                                                                      float* __restrict__ new_residual, int n_cols,
+                                                                      float eps) {
+    rms_norm_vec_body<true, true>(x, residual, w, y, new_residual, n_cols, eps);
 }

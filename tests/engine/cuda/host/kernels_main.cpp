@@ -1,6 +1,7 @@
 // Run gemv.cu and norm.cu kernels on the SIMT emulator. Commands (files in DIR):
 //   gemv FMT BUCKET ROWS WARPS DIR N_ROWS N_COLS N_TOK ROW_BYTES   reads w.bin x.bin [bias.bin], writes y.bin
-//   add_rms_norm DIR ROWS COLS EPS THREADS [vec]              reads x.bin res.bin w.bin, writes y.bin newres.bin
+//   add_rms_norm DIR ROWS COLS EPS THREADS [vec|half|half_noadd]   reads x.bin res.bin w.bin, writes y.bin newres.bin
+//       (half: float16 y from the *_vec_h kernels; half_noadd: rms_norm_vec_h of x alone)
 //   dequant FMT OUT(f32|f16) DIR N_SRC N_COLS ROW_BYTES N_OUT ROW_OFFSET   reads w.bin [ids.bin], writes y.bin
 //   output_gate KIND(sigmoid|softplus) DIR N_TOK WIDTH GATE_STRIDE PER   reads out.bin gate.bin, writes y.bin
 #include <cstdio>
@@ -60,7 +61,8 @@ int main(int argc, char** argv) {
         return 0;
     }
     if (cmd == "add_rms_norm" && (argc == 7 || argc == 8)) {
-        const bool vec = argc == 8 && std::string(argv[7]) == "vec";
+        const std::string mode = argc == 8 ? argv[7] : "";  // "", vec, half (float16 out), half_noadd (x alone)
+        const bool vec = mode == "vec", half = mode.rfind("half", 0) == 0;
         const std::string dir = argv[2];
         const int rows = atoi(argv[3]), cols = atoi(argv[4]), threads = atoi(argv[6]);
         const float eps = (float)atof(argv[5]);
@@ -68,12 +70,15 @@ int main(int argc, char** argv) {
         auto res = read_file<float>(dir + "/res.bin");
         auto w = read_file<float>(dir + "/w.bin");
         std::vector<float> y((size_t)rows * cols, NAN), newres((size_t)rows * cols, NAN);
-        launch({(unsigned)rows, 1, 1}, {(unsigned)threads, 1, 1},
-               [&] {
-                   if (vec) add_rms_norm_vec(x.data(), res.data(), w.data(), y.data(), newres.data(), cols, eps);
-                   else add_rms_norm(x.data(), res.data(), w.data(), y.data(), newres.data(), cols, eps);
-               });
-        write_file(dir + "/y.bin", y);
+        std::vector<u16> y16((size_t)rows * cols, 0xffffu);
+        launch({(unsigned)rows, 1, 1}, {(unsigned)threads, 1, 1}, [&] {
+            if (mode == "half") add_rms_norm_vec_h(x.data(), res.data(), w.data(), y16.data(), newres.data(), cols, eps);
+            else if (half) rms_norm_vec_h(x.data(), w.data(), y16.data(), cols, eps);
+            else if (vec) add_rms_norm_vec(x.data(), res.data(), w.data(), y.data(), newres.data(), cols, eps);
+            else add_rms_norm(x.data(), res.data(), w.data(), y.data(), newres.data(), cols, eps);
+        });
+        if (half) write_file(dir + "/y.bin", y16);
+        else write_file(dir + "/y.bin", y);
         write_file(dir + "/newres.bin", newres);
         return 0;
     }

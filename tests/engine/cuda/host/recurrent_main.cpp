@@ -5,8 +5,10 @@
 //   delta DIR N_TOK N_SEQS HK HV DV TILED MODE   (0 varlen, 1 decode, 2 chunked; head_k_dim is the build's GDN_DK)
 //       reads mixed.bin ba.bin nega.bin dtb.bin state.bin qsl.bin slots.bin init.bin; writes o.bin, state.bin
 //   gated_norm DIR N_TOK HEADS DIM Z_STRIDE EPS THREADS  reads x.bin z.bin w.bin; writes y.bin
-//   delta_norm DIR N_SEQS HK HV DV TILED Z_STRIDE EPS   a decode step with the gated norm fused in: reads delta's
-//       decode inputs and z.bin normw.bin; writes o.bin (the raw output), y.bin, state.bin, counters.bin
+//   delta_fused DIR N_SEQS HK HV DV TILED Z_STRIDE EPS K LAUNCHES   a decode step with the conv before it and the
+//       gated norm after it fused in, LAUNCHES times from the same inputs: reads delta's decode inputs (mixed.bin:
+//       the conv's input, rows X_STRIDE = its width) and z.bin normw.bin convw.bin convstate.bin; writes o.bin
+//       (the raw output), y.bin, state.bin, convstate.bin, counters.bin
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -76,38 +78,43 @@ int main(int argc, char** argv) {
         write_file(dir + "/state.bin", state);
         return 0;
     }
-    if (cmd == "delta_norm" && argc == 11) {
+    if (cmd == "delta_fused" && argc == 12) {
         const std::string dir = argv[2];
         const int n_seqs = atoi(argv[3]), hk = atoi(argv[4]), hv = atoi(argv[5]), dv = atoi(argv[6]);
-        const int tiled = atoi(argv[7]);
+        const int tiled = atoi(argv[7]), conv_k = atoi(argv[10]), launches = atoi(argv[11]);
         const i64 z_stride = atoll(argv[8]);
         const float eps = (float)atof(argv[9]);
-        const int launches = atoi(argv[10]);  // the same step again: the counters must be back at zero
         auto mixed = read_required<float>(dir + "/mixed.bin");
         auto ba = read_required<float>(dir + "/ba.bin");
         auto nega = read_required<float>(dir + "/nega.bin");
         auto dtb = read_required<float>(dir + "/dtb.bin");
-        auto state = read_required<float>(dir + "/state.bin");
         auto slots = read_required<int>(dir + "/slots.bin");
         auto init = read_required<u8>(dir + "/init.bin");
         auto z = read_required<float>(dir + "/z.bin");
         auto normw = read_required<float>(dir + "/normw.bin");
-        std::vector<float> o((size_t)n_seqs * hv * dv, NAN), y((size_t)n_seqs * hv * dv, NAN);
-        std::vector<int> counters((size_t)n_seqs * hv, 0);
-        const i64 ms = 2 * hk * GDN_DK + hv * dv, bs = 2 * hv;
+        auto convw = read_required<float>(dir + "/convw.bin");
+        std::vector<float> o((size_t)n_seqs * hv * dv, NAN), y((size_t)n_seqs * hv * dv, NAN), state, conv_state;
+        std::vector<int> counters((size_t)n_seqs * hv, 0), conv_counters((size_t)n_seqs * hk, 0);
+        const int channels = 2 * hk * GDN_DK + hv * dv;
+        const i64 bs = 2 * hv;
         const float scale = 1.f / sqrtf((float)GDN_DK);
-        for (int l = 0; l < launches; ++l) {
-            if (l > 0) state = read_required<float>(dir + "/state.bin");  // each launch from the same state
+        for (int l = 0; l < launches; ++l) {  // each launch from the same states: the counters must be back at zero
+            state = read_required<float>(dir + "/state.bin");
+            conv_state = read_required<float>(dir + "/convstate.bin");
             launch({(unsigned)((dv + GDN_COLS - 1) / GDN_COLS), (unsigned)hv, (unsigned)n_seqs},
                    {GDN_WARPS * 32, 1, 1}, [&] {
-                       gated_delta_decode_norm(mixed.data(), ms, ba.data(), bs, nega.data(), dtb.data(), state.data(),
-                                               slots.data(), init.data(), o.data(), hk, hv, dv, tiled, scale, z.data(),
-                                               z_stride, normw.data(), eps, counters.data(), y.data());
+                       gated_delta_decode_fused(mixed.data(), channels, ba.data(), bs, nega.data(), dtb.data(),
+                                                state.data(), slots.data(), init.data(), o.data(), hk, hv, dv, tiled,
+                                                scale, z.data(), z_stride, normw.data(), eps, counters.data(), y.data(),
+                                                convw.data(), conv_state.data(), channels, conv_k,
+                                                conv_counters.data());
                    });
         }
+        counters.insert(counters.end(), conv_counters.begin(), conv_counters.end());
         write_file(dir + "/o.bin", o);
         write_file(dir + "/y.bin", y);
         write_file(dir + "/state.bin", state);
+        write_file(dir + "/convstate.bin", conv_state);
         write_file(dir + "/counters.bin", counters);
         return 0;
     }
