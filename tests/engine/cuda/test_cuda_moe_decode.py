@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cuda_samples import random_tensor, rel_err
+from cuda_samples import experts_tol, random_tensor, rel_err
 
 from app.engine.layers.moe import MoE
 from app.engine.models.config import MoeSpec
@@ -57,7 +57,8 @@ def test_moe_forward_at_256_experts_matches_numpy(cuda, rng, layer, n_tok):
     x = rng.standard_normal((n_tok, HIDDEN)).astype(np.float32)
     logits = numpy_layer.router(x)
     got = cp.asnumpy(moe_forward(cp.asarray(x), cp.asarray(logits), SPEC, *stacked))
-    assert rel_err(got, numpy_layer(x)) < 2e-5
+    # from ~4 pairs an expert (128 tokens here) the products run on the tensor cores (float16 x and W)
+    assert rel_err(got, numpy_layer(x)) < experts_tol(n_tok, USED, EXPERTS, "Q4_K", HIDDEN)
 
 
 @pytest.mark.parametrize("n_tok", [1, 32])
