@@ -180,14 +180,16 @@ def write_tokenizer(writer: gguf.GGUFWriter, vocab: int) -> None:
             chars.append(chr(256 + extra))
             extra += 1
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    words = [f"Ġw{i}" for i in range(vocab - 256 - len(specials))]
+    # "Ġw" and the merge that makes it: llama.cpp refuses a gpt2 vocabulary without merges (and the tokenizers
+    # library a merge whose parts or result are not tokens)
+    words = ["Ġw"] + [f"Ġw{i}" for i in range(vocab - 257 - len(specials))]
     tokens = chars + words + specials
     types = [gguf.TokenType.NORMAL] * (256 + len(words)) + [gguf.TokenType.CONTROL] * len(specials)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("qwen2")
     writer.add_token_list(tokens)
     writer.add_token_types(types)
-    writer.add_token_merges([])
+    writer.add_token_merges(["Ġ w"])
     writer.add_eos_token_id(vocab - 1)  # <|im_end|>
     writer.add_bos_token_id(vocab - 3)
     writer.add_add_bos_token(False)
