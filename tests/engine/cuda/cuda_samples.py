@@ -129,13 +129,14 @@ def expert_grouping(counts: list[int], k: int, rng: np.random.Generator) -> tupl
 
 
 def pair_groups(order, offsets, k: int):
-    """kernels/moe.py's PairGroups on the device for a host `order` / `offsets` (expert_grouping's): the
+    """kernels/moe.py's PairGroups on the device for an `order` / `offsets` (expert_grouping's): the
     slots with pairs listed ascending in `active`, each pair's place in `where`."""
     import cupy as cp
 
     from app.engine.kernels.moe import PairGroups
 
-    order, offsets = np.asarray(order, np.int32), np.asarray(offsets, np.int32)
+    # host or device arrays (cupy's refuse an implicit np.asarray)
+    order, offsets = (np.asarray(a.get() if hasattr(a, "get") else a, np.int32) for a in (order, offsets))
     n_slots = offsets.size - 1
     busy = np.flatnonzero(np.diff(offsets) > 0)
     active = np.full(1 + n_slots, -1, np.int32)
