@@ -34,8 +34,8 @@ def test_layouts_the_kernel_cannot_read_are_refused_by_name(array: np.ndarray, w
 
 
 def test_nemotron_routings_beyond_the_router_kernel_keep_the_per_expert_path() -> None:
-    """moe_route's sigmoid mode holds up to 512 experts' choice values in up to 64 equal groups: past that,
-    `unsupported` names why and the layer keeps its per-expert loop (no GPU needed to ask)."""
+    """moe_route (a warp a token) holds up to 1,024 experts' choice values, the sigmoid mode in up to 64 equal
+    groups: past that, `unsupported` names why and the layer keeps its per-expert loop (no GPU needed to ask)."""
     from app.engine.backend.cuda.experts import unsupported
     from app.engine.specs import MoeSpec
 
@@ -43,5 +43,6 @@ def test_nemotron_routings_beyond_the_router_kernel_keep_the_per_expert_path() -
         return MoeSpec(experts, 4, 64, routing="sigmoid_grouped", num_groups=groups, activation="relu2")
 
     assert unsupported(spec(512, 8), []) is None
-    assert "1024 experts in 1 groups" in unsupported(spec(1024, 1), [])
+    assert unsupported(spec(1024, 1), []) is None
+    assert "2048 experts (the router takes up to 1024)" in unsupported(spec(2048, 1), [])
     assert "8 experts in 3 groups" in unsupported(spec(8, 3), [])
