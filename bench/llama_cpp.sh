@@ -65,8 +65,32 @@ compile() {
   echo "llama-server built in $((SECONDS - started)) s"
 }
 
+# A machine with nvcc but no GPU driver: a stub libcuda.so exporting the driver calls ggml-cuda makes (its VMM
+# pool), for the link only (the real libcuda.so.1 is the GPU machine's), and cuBLAS from its pip wheel
+# (`pip download nvidia-cublas==13.0.*`, unzipped into CUBLAS_WHEEL) where the toolkit has none.
+host_cuda_libs() {
+  local cuda=${CUDA_HOME:-/usr/local/cuda} stub=/tmp/libcuda-stub.c
+  if ! compgen -G "$cuda/lib64/stubs/libcuda.so" > /dev/null; then
+    for f in cuDeviceGet cuDeviceGetAttribute cuGetErrorString cuMemAddressFree cuMemAddressReserve cuMemCreate \
+      cuMemGetAllocationGranularity cuMemMap cuMemRelease cuMemSetAccess cuMemUnmap; do
+      echo "int $f(void) { return 0; }"
+    done > "$stub"
+    mkdir -p "$cuda/lib64/stubs" && gcc -shared -fPIC -o "$cuda/lib64/stubs/libcuda.so" "$stub" -Wl,-soname,libcuda.so.1
+  fi
+  if ! compgen -G "$cuda/lib64/libcublas.so" > /dev/null && [[ -n ${CUBLAS_WHEEL:-} ]]; then
+    local lib=$CUBLAS_WHEEL/nvidia/cu13
+    for f in "$lib"/lib/libcublas*.so.13; do
+      ln -sf "$f" "$cuda/lib64/"
+      local base=${f##*/}; ln -sf "$f" "$cuda/lib64/${base%%.so*}.so"
+    done
+    ln -sf "$lib"/include/cublas*.h "$cuda/include/"
+  fi
+}
+
 prebuilt() {
   local build=${LLAMA_PREBUILD:-/tmp/llama-prebuild}
+  host_cuda_libs
+  [[ -e .llama/src.tar.xz ]] || pack
   compile "$build" -DBUILD_SHARED_LIBS=OFF
   strip "$build/bin/llama-server"
   xz -T0 -6 -c "$build/bin/llama-server" > .llama/llama-server.xz
