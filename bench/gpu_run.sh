@@ -22,30 +22,32 @@ MODELS=${MODELS:-qwen3-0.6b:q4_k_m qwen3-8b:q4_k_m}  # SERVE_C1 / SERVE_C32: req
 AGENT_MODELS=${AGENT_MODELS:-qwen3-8b:q4_k_m}
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm --format=csv
 
+# stage NAME: whether STAGES names it (whole words: "llamabuild" does not ask for "ab")
+stage() { [[ " $STAGES " == *" $1 "* ]]; }
 # left SECONDS: true while at least $1 seconds of the budget remain
 left() { (( BUDGET - SECONDS >= $1 )); }
 
-if [[ $STAGES == *llamabuild* ]]; then  # llama.cpp's server, built in the background (outlives this call; carry .llama)
+if stage llamabuild; then  # llama.cpp's server, built in the background (outlives this call; carry .llama)
   setsid bash bench/llama_cpp.sh build > /tmp/llama-build.out 2>&1 < /dev/null &
 fi
-if [[ $STAGES == *tests* ]]; then
+if stage tests; then
   timeout ${TEST_S:-200} python3 -m pytest -q -m gpu ${TESTS:-tests/engine/cuda} ${PYTEST_ARGS--x} -rf -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -25
 fi
-if [[ $STAGES == *micro* ]] && left 180; then
+if stage micro && left 180; then
   timeout 100 python3 bench/suite/gpu_check.py --out /tmp/check --no-tests --only "copy bandwidth,fused" 2>&1 \
     | tee "$OUT/micro.log" | sed -n '/=== summary ===/,$p'
   cp /tmp/check/results.json "$OUT/micro.json" 2>/dev/null
 fi
-if [[ $STAGES == *sweep* ]] && left 150; then
+if stage sweep && left 150; then
   timeout 200 python3 bench/micro/gemv_sweep.py --int 2>&1 | tee "$OUT/sweep.log" | grep -o '"op": "[^"]*"\|"best": "[^"]*"\|"(.float.,)": [0-9.]*'
 fi
 python3 bench/make_random_gguf.py --shape tiny --out /tmp/tiny.gguf
-if [[ $STAGES == *parity* ]] && left 150; then
+if stage parity && left 150; then
   timeout 120 python3 bench/suite/gpu_engine.py parity /tmp/tiny.gguf 2>&1 | tee "$OUT/parity.log" | tail -3
 fi
 # shape:mix -> its file; a mix "st-FORMAT" (st-fp8-block, st-nvfp4, st-mix) is a safetensors folder
 gguf_of() { [[ ${1##*:} == st-* ]] && echo "/tmp/${1%%:*}-${1##*:}" || echo "/tmp/${1%%:*}-${1##*:}.gguf"; }
-[[ $STAGES == *agent* || $STAGES == *cascade* ]] && MADE="$MODELS $AGENT_MODELS" || MADE=$MODELS
+{ stage agent || stage cascade; } && MADE="$MODELS $AGENT_MODELS" || MADE=$MODELS
 # make_model SHAPE:MIX: its file, once (the hybrid Qwen 3.5 shapes have their own maker, Q4_K_M only)
 make_model() {
   local model=$1 file; file=$(gguf_of "$1")
@@ -61,13 +63,13 @@ make_model() {
 for model in $MADE; do
   make_model "$model"
 done
-if [[ $STAGES == *speed* ]]; then
+if stage speed; then
   for model in $MODELS; do  # one process per model, both batch sizes in it
     left 90 || break
     timeout 120 python3 bench/suite/gpu_engine.py speed "$(gguf_of "$model")" --batch 1 32 2>&1 | tee -a "$OUT/speed.log" | grep '^{'
   done
 fi
-if [[ $STAGES == *ab* ]]; then  # AB="PADDOCK_PDL=0 PADDOCK_PDL=1": quick engine speed under each setting (A=1+B=2: both)
+if stage ab; then  # AB="PADDOCK_PDL=0 PADDOCK_PDL=1": quick engine speed under each setting (A=1+B=2: both)
   for model in $MODELS; do
     for setting in ${AB:-PADDOCK_PDL=0 PADDOCK_PDL=1}; do
       left 60 || break
@@ -78,7 +80,7 @@ if [[ $STAGES == *ab* ]]; then  # AB="PADDOCK_PDL=0 PADDOCK_PDL=1": quick engine
   done
   python3 bench/ab_table.py "$OUT/ab.log"
 fi
-if [[ $STAGES == *prefill* ]]; then  # prefill graph replay per prompt bucket, ops of a 160-token prefill
+if stage prefill; then  # prefill graph replay per prompt bucket, ops of a 160-token prefill
   for model in $MODELS; do
     left 60 || break
     timeout 120 python3 bench/suite/gpu_engine.py prefill "$(gguf_of "$model")" 2>&1 | tee -a "$OUT/prefill.log" | grep '^{'
@@ -87,7 +89,7 @@ fi
 # profile: per PROFILE_MODELS entry (hybrid SHAPE:LAYERS, a file cut to that many layers: the per-layer cost is
 # the real model's), Nsight Compute's per-kernel times of one decode step at each PROFILE_BATCHES size, then the
 # engine's decode step rate and its prefill ops; JSON lines in $OUT/profile.jsonl
-if [[ $STAGES == *profile* ]]; then
+if stage profile; then
   for entry in ${PROFILE_MODELS:-qwen35-27b:8 qwen35-35b-a3b:8}; do
     file=/tmp/prof-${entry/:/-}.gguf
     left 120 || break
@@ -105,7 +107,7 @@ fi
 # draft-model speed-up, projected from the measured costs and acceptance and measured (bench/lab/spec_verify_gpu.py),
 # on SPEC_TARGET with SPEC_DRAFT, then with the target as its own draft (every greedy draft accepted: the upper
 # bound); JSON lines in $OUT/spec.jsonl
-if [[ $STAGES == *spec* ]]; then
+if stage spec; then
   target=${SPEC_TARGET:-qwen3-8b:q4_k_m} draft=${SPEC_DRAFT:-qwen3-0.6b:q4_k_m}
   make_model "$target" && make_model "$draft"
   for d in "$draft" "$target"; do
@@ -115,7 +117,7 @@ if [[ $STAGES == *spec* ]]; then
   done
 fi
 # moe: the MoE kernels at Qwen3.5-35B-A3B's layer shape, decode sizes and prefill sizes (bench/micro/moe_*times.py)
-if [[ $STAGES == *moe* ]]; then
+if stage moe; then
   timeout 90 python3 bench/micro/moe_times.py 2>&1 | tee "$OUT/moe.jsonl" | cut -c1-300
   timeout 120 python3 bench/micro/moe_prefill_times.py 2>&1 | tee -a "$OUT/moe.jsonl" | cut -c1-300
 fi
@@ -135,10 +137,10 @@ serve_workloads() {
     kill $server; wait $server 2>/dev/null
   done
 }
-if [[ $STAGES == *serve* ]]; then
+if stage serve; then
   serve_workloads short 4096 bench.jsonl $MODELS
 fi
-if [[ $STAGES == *cascade* ]]; then  # decode attention at agent contexts (plain loop, prefetch), then c=8 without/with cascade
+if stage cascade; then  # decode attention at agent contexts (plain loop, prefetch), then c=8 without/with cascade
   for defines in "" DEC_PREFETCH=1; do
     echo "== PADDOCK_KERNEL_DEFINES=$defines" | tee -a "$OUT/cascade.log"
     PADDOCK_KERNEL_DEFINES=$defines timeout 90 python3 bench/micro/attention_decode_times.py --long 2>&1 \
@@ -163,13 +165,13 @@ side_rows() {  # ENGINE MODEL PORT
   timeout 120 python3 -m app.cli bench --url "http://127.0.0.1:$3" --json --concurrency 1 --requests ${SIDE_TTFT:-3} \
     --warmup 1 --input-tokens 8000 --output-tokens 16 | sed "s/^{/$tag\"workload\": \"ttft8k\", /" | tee -a "$OUT/side.jsonl"
 }
-if [[ $STAGES == *side* ]]; then
+if stage side; then
   for model in $SIDE_MODELS; do
     left 240 || break
     make_model "$model"
     file=$(gguf_of "$model")
     python3 -m app.cli serve --model "$file" --device cuda --max-ctx 16384 --max-batch 32 --port 11660 --no-mcp \
-      --no-embeddings --log-level warning > "$OUT/serve-${model/:/-}.log" 2>&1 &
+      --no-embeddings --log-level warning > "/tmp/serve-${model/:/-}.log" 2>&1 &
     server=$!
     for _ in $(seq 1 240); do curl -sf localhost:11660/health > /dev/null && break; kill -0 $server 2> /dev/null || break; sleep 1; done
     side_rows paddock "$model" 11660
@@ -181,10 +183,12 @@ if [[ $STAGES == *side* ]]; then
     else
       echo "llama.cpp: no rows for $model" | tee -a "$OUT/side.log"; tail -5 /tmp/llama-build.out /tmp/llama-build.log 2> /dev/null
     fi
+    # the servers' logs stay in /tmp (only 8 files come back from $OUT): their ends go into side.log
+    tail -n 12 "/tmp/serve-${model/:/-}.log" "/tmp/llama-server-$(basename "$file" .gguf).log" >> "$OUT/side.log" 2> /dev/null
     [[ ${KEEP_FILES:-0} == 1 ]] || rm -f "$file"
   done
 fi
-if [[ $STAGES == *agent* ]]; then
+if stage agent; then
   serve_workloads agent 16384 agent.jsonl $AGENT_MODELS
   python3 bench/suite/bench_table.py "$OUT/agent.jsonl"
 fi

@@ -124,7 +124,7 @@ serve() {
   local file=$1 np=$2 ctx=$3
   runtime_libs
   "$BUILD/bin/llama-server" -m "$file" -ngl 999 -np "$np" -c "$ctx" --kv-unified --port "$PORT" --no-webui \
-    > "${OUT:-/tmp}/llama-server-$(basename "$file" .gguf).log" 2>&1 &
+    > "${LLAMA_LOGS:-/tmp}/llama-server-$(basename "$file" .gguf).log" 2>&1 &
   echo $! > /tmp/llama-server.pid
   for _ in $(seq 1 120); do
     curl -sf "localhost:$PORT/health" > /dev/null && return 0
@@ -132,7 +132,7 @@ serve() {
     sleep 1
   done
   echo "llama-server did not come up" >&2
-  tail -20 "${OUT:-/tmp}/llama-server-$(basename "$file" .gguf).log" >&2
+  tail -20 "${LLAMA_LOGS:-/tmp}/llama-server-$(basename "$file" .gguf).log" >&2
   return 1
 }
 
