@@ -36,6 +36,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from app.engine.loader.tokenizer import bytes_to_unicode
 from app.engine.quant.reference import random_blocks
 from app.engine.quant.types import QUANT_TYPES
 
@@ -167,18 +168,8 @@ def matrix_shapes(shape: Shape) -> dict[str, tuple[int, int]]:
 
 
 def write_tokenizer(writer: gguf.GGUFWriter, vocab: int) -> None:
-    printable = [
-        *range(ord("!"), ord("~") + 1),
-        *range(ord("¡"), ord("¬") + 1),
-        *range(ord("®"), ord("ÿ") + 1),
-    ]
-    chars, extra = [], 0
-    for b in range(256):
-        if b in printable:
-            chars.append(chr(b))
-        else:
-            chars.append(chr(256 + extra))
-            extra += 1
+    byte_char = bytes_to_unicode()
+    chars = [byte_char[b] for b in range(256)]
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     # "Ġw" and the merge that makes it: llama.cpp refuses a gpt2 vocabulary without merges (and the tokenizers
     # library a merge whose parts or result are not tokens)

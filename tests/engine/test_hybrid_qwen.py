@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from app.engine.backend import cpu_backend
 from app.engine.backend.base import AttentionMetadata
 from app.engine.backend.recurrent_reference import delta_rule_chunked, delta_rule_recurrent, gated_delta_rule
 from app.engine.loader.names import CheckpointError
+from app.engine.loader.tokenizer import bytes_to_unicode
 from app.engine.loader.weights import open_checkpoint
 from app.engine.models.config import MIXER_ATTENTION, MIXER_GATED_DELTANET
 from app.engine.models.decoder import DecoderModel
@@ -386,9 +386,8 @@ def engine_folder(fam: str, tmp_root: str) -> Path:
     folder.mkdir()
     for name in ("config.json", "model.safetensors"):
         (folder / name).symlink_to((FIXTURES / fam / "hf" / name).resolve())
-    printable = {*range(33, 127), *range(161, 173), *range(174, 256)}  # GPT-2's byte-to-character map
-    shifted = (chr(256 + i) for i in itertools.count())
-    byte_chars = [chr(b) if b in printable else next(shifted) for b in range(256)]
+    byte_char = bytes_to_unicode()
+    byte_chars = [byte_char[b] for b in range(256)]
     vocab = {byte_chars[i]: i for i in range(json.loads((folder / "config.json").read_text())["vocab_size"])}
     level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
     model = {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,

@@ -339,9 +339,9 @@ def _split(pre: str, text: str) -> list[str]:
 
 
 def _gpt2_byte_map() -> dict[int, str]:
-    from app.engine.loader.tokenizer import _bytes_to_unicode
+    from app.engine.loader.tokenizer import bytes_to_unicode
 
-    return _bytes_to_unicode()
+    return bytes_to_unicode()
 
 
 @pytest.mark.parametrize("pre", sorted(SPLITS["splits"]))

@@ -487,8 +487,8 @@ def _add_marked_tokens(backend: Backend, tokens: list[str], types: np.ndarray, r
 # -- shared helpers -----------------------------------------------------------------------
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable character map."""
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map (how byte-level BPE vocabularies spell bytes)."""
     printable = [
         *range(ord("!"), ord("~") + 1),
         *range(ord("¡"), ord("¬") + 1),
@@ -503,7 +503,7 @@ def _bytes_to_unicode() -> dict[int, str]:
     return mapping
 
 
-_BYTE_OF_CHAR = {char: byte for byte, char in _bytes_to_unicode().items()}
+_BYTE_OF_CHAR = {char: byte for byte, char in bytes_to_unicode().items()}
 
 
 def _byte_level_bytes(token: str) -> bytes:
