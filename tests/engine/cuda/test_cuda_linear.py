@@ -1,5 +1,5 @@
-"""`CudaBackend.linear`: the GEMV path for decode; above 8 tokens cuBLAS on the float16 weight
-cache ("auto") or on slices dequantized per call ("off")."""
+"""`CudaBackend.linear`: the GEMV path for decode; from 3 tokens cuBLAS on the float16 weight
+cache ("auto"), or without a copy ("off") gemv_mma up to 64 tokens and slices dequantized per call above."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def backend(request, cuda):
     return CudaBackend(dense_cache=request.param)
 
 
-@pytest.mark.parametrize("n_tok", [1, 4, 8, 9, 64, 300])
+@pytest.mark.parametrize("n_tok", [1, 4, 8, 9, 32, 64, 300])
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0", "Q5_0", "Q4_1", "F16", "BF16", "F32"])
 def test_linear_matches_oracle(backend, rng, qtype: str, n_tok: int) -> None:
     cuda = backend
@@ -49,6 +49,22 @@ def test_linear_prefill_slices_large_matrices(cuda, rng, monkeypatch) -> None:
     got = cuda.to_host(cuda.linear(cuda.from_host(x), cuda.load_weight(tensor)))
     ref = x.astype(np.float64) @ dequantize_oracle(tensor).astype(np.float64).T
     assert rel_err(got, ref) < F16_TOL
+
+
+@pytest.mark.parametrize("n_tok", [65, 150])
+def test_linear_without_a_copy_slices_tokens_over_gemv_mma(rng, n_tok: int) -> None:
+    """With the plan's no-copy bound raised past gemv_mma's 64 tokens, a product is cut into launches of 64
+    rows (fused q/k/v-like parts and a bias included) and equals the float64 product within float16's error."""
+    from app.engine.backend.cuda.backend import CudaBackend
+    from app.engine.kernels.options import KernelOptions
+
+    cuda = CudaBackend(dense_cache="off", kernel_options=KernelOptions(gemv_mma_no_copy=256))
+    tensors = [random_tensor(q, rows, 512, rng) for q, rows in (("Q4_K", 200), ("Q6_K", 64), ("Q8_0", 64))]
+    fused = cuda.fuse_linear([cuda.load_weight(t) for t in tensors], [None] * 3)
+    x = rng.standard_normal((n_tok, 512)).astype(np.float32)
+    got = cuda.to_host(cuda.linear(cuda.from_host(x), fused))
+    ref = x.astype(np.float64) @ np.concatenate([dequantize_oracle(t) for t in tensors]).astype(np.float64).T
+    assert got.shape == ref.shape and rel_err(got, ref) < F16_TOL
 
 
 @pytest.mark.parametrize("n_tok", [1, 20])

@@ -4,7 +4,12 @@ One row of x goes to the GEMV kernels, which read the weight's blocks directly (
 one pass over the weight); 2 to the plan's `mma_max_tokens` rows go to gemv_mma.cu, which decodes
 each weight once into tensor-core fragments for all of them (also one pass). A fused weight
 (q/k/v, gate/up) is served by one launch over all its parts. Beyond that, cuBLAS multiplies float16 x by the weight's
-float16 copy when it has one (dense.py), else by slices of its rows expanded into a
+float16 copy when it has one (dense.py). A weight without a copy (a 27B-31B model keeps copies of only
+about half its weights) takes products of DENSE_FROM_TOKENS to the plan's `mma_no_copy` tokens on
+gemv_mma.cu too, in launches of up to 64 tokens: the alternative expands the weight to float16 on every
+call, a write and a read of 2 bytes a weight on top of the product (a decode step of 32 sequences on a
+Qwen3.5-27B-shaped Q4_K_M file: 52 ms on an H100, against a memory bound of ~6 ms). Larger products
+(prefill chunks) multiply slices of the weight's rows expanded into a
 scratch buffer, written straight into the output's columns so the scratch stays small even
 for a 150k-row vocabulary projection. cuBLAS is called through blas.py, which works
 inside CUDA-graph capture (CuPy's wrapper refuses to).
@@ -45,9 +50,25 @@ def _mma_parts(
     parts = weight.parts if isinstance(weight, CudaFusedWeight) else (weight,)
     if len(parts) > 3 or any(p.data is None for p in parts):
         return None
-    if not gemv_mma.serves(n_tok, [p.qtype.name for p in parts], weight.n_cols, plan.mma_max_tokens):
+    if n_tok > plan.mma_max_tokens and not _mma_without_copy(n_tok, weight, plan):
+        return None
+    if not gemv_mma.serves(min(n_tok, gemv_mma.MAX_TOKENS), [p.qtype.name for p in parts], weight.n_cols):
         return None
     return [(p.data, p.qtype.name, p.row_bytes, p.n_rows) for p in parts]
+
+
+def _mma_without_copy(n_tok: int, weight: CudaWeight | CudaFusedWeight, plan: GemvPlan) -> bool:
+    """Whether a product on a weight with no float16 copy goes to gemv_mma (see the module's docstring)."""
+    return weight.dense16 is None and DENSE_FROM_TOKENS <= n_tok <= plan.mma_no_copy
+
+
+def _gemv_mma(parts: list[tuple[Any, str, int, int]], n_cols: int, x: Any, out: Any, bias: Any | None) -> Any:
+    """gemv_mma over any number of tokens: launches of up to its MAX_TOKENS rows of x (a row slice of
+    the C-contiguous `out` is C-contiguous too)."""
+    step = gemv_mma.MAX_TOKENS
+    for r0 in range(0, x.shape[0], step):
+        gemv_mma.gemv_mma(parts, n_cols, x[r0 : r0 + step], out[r0 : r0 + step], bias)
+    return out
 
 
 def _as_input(x: Any, weight: CudaWeight | CudaFusedWeight) -> Any:
@@ -87,7 +108,7 @@ def linear(
     if weight.dense is not None:
         matmul_t(x, weight.dense, out)
     elif mma is not None:
-        return gemv_mma.gemv_mma(mma, weight.n_cols, x, out, bias)
+        return _gemv_mma(mma, weight.n_cols, x, out, bias)
     elif n_tok <= GEMV_MAX_TOKENS and not _dense_pays(n_tok, weight) and weight.layout is not None:
         return gemv_split(
             weight.data, weight.scales, weight.layout, weight.n_rows, weight.n_cols, x, out, bias
@@ -160,7 +181,7 @@ def _linear_fused(x: Any, fused: CudaFusedWeight, cache: DenseCache | None, plan
         return out
     mma = _mma_parts(n_tok, fused, plan)
     if mma is not None:
-        return gemv_mma.gemv_mma(mma, fused.n_cols, x, out, fused.bias)
+        return _gemv_mma(mma, fused.n_cols, x, out, fused.bias)
     parts = _gemv_parts(fused)
     mixed = len({_int_part(p) for p in fused.parts}) > 1
     if n_tok == 1 and (parts is None or mixed):

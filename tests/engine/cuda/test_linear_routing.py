@@ -1,0 +1,77 @@
+"""Which path `linear` on CUDA gives a product (backend/cuda/linear.py), decided on the host: no GPU needed.
+
+A weight without a float16 copy must not be expanded to float16 on every decode step of 3..64 sequences:
+those products go to gemv_mma.cu, in launches of at most its MAX_TOKENS rows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from app.engine.backend.cuda import linear as cuda_linear
+from app.engine.backend.cuda.weights import CudaFusedWeight, CudaWeight
+from app.engine.kernels import gemv_mma
+from app.engine.kernels.gemv_plan import GemvPlan
+from app.engine.quant.types import QUANT_TYPES
+
+TOKENS = (1, 2, 3, 8, 9, 32, 64, 65, 200)
+
+
+def _weight(qtype: str = "Q4_K", rows: int = 512, cols: int = 1024, copy: bool = False) -> CudaWeight:
+    q = QUANT_TYPES[qtype]
+    row_bytes = cols // q.block_size * q.type_size
+    return CudaWeight(
+        f"w.{qtype}", q, (rows, cols), row_bytes, data=object(), dense16=object() if copy else None
+    )
+
+
+def _served(weight: CudaWeight | CudaFusedWeight, plan: GemvPlan) -> list[int]:
+    return [n for n in TOKENS if cuda_linear._mma_parts(n, weight, plan) is not None]
+
+
+def test_products_on_weights_without_a_copy_take_the_tensor_cores_from_three_tokens() -> None:
+    plan = GemvPlan()
+    assert _served(_weight(), plan) == [3, 8, 9, 32, 64]
+    assert _served(_weight("Q6_K"), plan) == [3, 8, 9, 32, 64]
+    # With a float16 copy cuBLAS reads it (the default plan sends nothing else to gemv_mma).
+    assert _served(_weight(copy=True), plan) == []
+    # Formats gemv_mma cannot decode keep their paths.
+    assert _served(_weight("IQ4_XS"), plan) == []
+
+
+def test_the_plan_bounds_the_products_without_a_copy() -> None:
+    assert _served(_weight(), GemvPlan(mma_no_copy=0)) == []
+    assert _served(_weight(), GemvPlan(mma_no_copy=8)) == [3, 8]
+    assert _served(_weight(), GemvPlan(mma_no_copy=200)) == [3, 8, 9, 32, 64, 65, 200]
+    # The older switch still sends products of 2.. tokens to gemv_mma, copy or not.
+    assert _served(_weight(copy=True), GemvPlan(mma_max_tokens=64)) == [2, 3, 8, 9, 32, 64]
+
+
+def test_fused_weights_follow_their_own_copy() -> None:
+    parts = (_weight(rows=256), _weight(rows=64), _weight("Q6_K", rows=64))
+    assert _served(CudaFusedWeight(parts), GemvPlan()) == [3, 8, 9, 32, 64]
+    assert _served(CudaFusedWeight(parts, dense16=object()), GemvPlan()) == []
+    # gemv_mma takes at most three weights in a launch: four parts go their own ways.
+    assert _served(CudaFusedWeight((*parts, _weight(rows=32))), GemvPlan()) == []
+
+
+@pytest.mark.parametrize("n_tok", [3, 64, 65, 150])
+def test_products_over_more_rows_than_a_launch_takes_are_sliced(monkeypatch, n_tok: int) -> None:
+    """_gemv_mma cuts x and out into launches of MAX_TOKENS rows that cover every row once."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((48, 64)).astype(np.float32)
+    calls: list[int] = []
+
+    def fake(parts, n_cols, x, out, bias=None, shape=None):  # the kernel's contract, on numpy
+        assert 1 <= x.shape[0] <= gemv_mma.MAX_TOKENS and out.flags.c_contiguous
+        calls.append(x.shape[0])
+        out[...] = x @ w.T + (0 if bias is None else bias)
+        return out
+
+    monkeypatch.setattr(gemv_mma, "gemv_mma", fake)
+    x = rng.standard_normal((n_tok, 64)).astype(np.float32)
+    bias = rng.standard_normal(48).astype(np.float32)
+    out = np.full((n_tok, 48), np.nan, np.float32)
+    cuda_linear._gemv_mma([(None, "Q4_K", 0, 48)], 64, x, out, bias)
+    assert sum(calls) == n_tok and len(calls) == -(-n_tok // gemv_mma.MAX_TOKENS)
+    np.testing.assert_allclose(out, x @ w.T + bias, rtol=1e-5, atol=1e-5)
