@@ -123,8 +123,10 @@ def test_dense_cache_policy(cuda, rng) -> None:
     assert on.load_weight(embed).dense16 is not None
     assert auto.load_weight(proj).dense16 is not None
     cold = auto.load_weight(embed)
-    assert cold.dense16 is None  # embedding tables wait for a product above 8 tokens (tied output head)
-    x = rng.standard_normal((12, 256)).astype(np.float32)
+    assert cold.dense16 is None  # embedding tables wait for a product that would expand them (tied output head)
+    auto.linear(auto.from_host(rng.standard_normal((12, 256)).astype(np.float32)), cold)
+    assert cold.dense16 is None  # 3..64 rows: gemv_mma reads the quantized blocks, nothing to expand
+    x = rng.standard_normal((70, 256)).astype(np.float32)
     auto.linear(auto.from_host(x), cold)
     assert cold.dense16 is not None and "2 matrices" in auto.dense_cache.summary()
     with pytest.raises(ValueError, match="dense_cache"):
@@ -143,14 +145,14 @@ def test_fused_float16_copies_are_stacked(cuda, rng) -> None:
 
 @pytest.mark.parametrize("mode", ["on", "off"])
 def test_cublas_inside_graph_capture(cuda, rng, mode: str) -> None:
-    """Products above the GEMV's 8 tokens (cuBLAS) can be captured and replayed."""
+    """Products on cuBLAS (above gemv_mma's 64 rows without a copy) can be captured and replayed."""
     import cupy
 
     from app.engine.backend.cuda.backend import CudaBackend
 
     backend = CudaBackend(dense_cache=mode)
     weight = backend.load_weight(random_tensor("Q6_K", 300, 512, rng, name="blk.0.ffn_down.weight"))
-    x = cupy.asarray(rng.standard_normal((24, 512)).astype(np.float32))
+    x = cupy.asarray(rng.standard_normal((80, 512)).astype(np.float32))
     eager = backend.to_host(backend.linear(x, weight))
     cupy.cuda.Device().synchronize()  # the side stream does not wait for the default one
     stream = cupy.cuda.Stream(non_blocking=True)
@@ -160,7 +162,7 @@ def test_cublas_inside_graph_capture(cuda, rng, mode: str) -> None:
         stream.begin_capture()
         out = backend.linear(x, weight)
         graph = stream.end_capture()
-    x[...] = cupy.asarray(rng.standard_normal((24, 512)).astype(np.float32))
+    x[...] = cupy.asarray(rng.standard_normal((80, 512)).astype(np.float32))
     graph.launch(stream=cupy.cuda.Stream.null)
     cupy.cuda.Stream.null.synchronize()
     np.testing.assert_allclose(

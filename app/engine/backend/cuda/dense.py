@@ -1,10 +1,11 @@
 """float16 copies of quantized matrices: memory traded for speed above GEMV_MAX_TOKENS.
 
 Decode of up to GEMV_MAX_TOKENS tokens reads the quantized blocks (bandwidth-bound, one
-pass). Above that (concurrency 9..32 decode, prefill) the weight must be in float16 for
-the tensor cores; without a copy each call expands it again (a write and a read of 2 bytes
-per weight on top of the product, 3.9x the time of cuBLAS alone at 32 tokens on the
-H200: docs/tuning-log.md). With a copy the product reads it once.
+pass). Above that cuBLAS takes float16 weights; without a copy, 3..64 rows (a decode step of
+that many sequences) go to gemv_mma.cu on the quantized blocks (linear.py), and larger products
+(prefill) expand the weight again each call (a write and a read of 2 bytes per weight on top of
+the product, 3.9x the time of cuBLAS alone at 32 tokens on the H200: docs/tuning-log.md). With a
+copy the product reads it once.
 
 Policy, decided per matrix as the backend takes it (the engine loads every weight
 before it sizes the KV cache, so the cache is paid for out of the same free memory):
@@ -17,7 +18,7 @@ before it sizes the KV cache, so the cache is paid for out of the same free memo
   hot (each decode step reads all of them), so no reordering would pay for holding every
   weight until the end. Embedding tables are cold (one row read per token) unless the
   output head shares them (tied embeddings): they get their copy on their first product
-  above GEMV_MAX_TOKENS instead, outside graph capture, when the budget and RESERVE_BYTES
+  that would expand them (above the rows linear.py sends to gemv_mma), outside graph capture, when the budget and RESERVE_BYTES
   of free memory still allow it.
 """
 
@@ -61,7 +62,7 @@ class DenseCache:
         return weight
 
     def promote(self, weight: CudaWeight) -> None:
-        """A matrix multiplied above GEMV_MAX_TOKENS without a copy (a tied output head):
+        """A matrix about to be expanded for a product because it has no copy (a tied output head):
         try once to cache it now, if "auto" allows, memory remains and no graph is being
         captured (an allocation there would break the capture)."""
         import cupy
