@@ -17,7 +17,7 @@ compgen -G ".whl/*.whl" > /dev/null || { echo "no wheels in .whl/: run bench/fet
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$HOME/site" .whl/*.whl || exit 1
 # Compiled kernels cached outside $OUT (only 8 files come back from it), shared by every stage.
 export PYTHONPATH=$PWD:$HOME/site PYTHONUNBUFFERED=1 PADDOCK_KERNEL_CACHE=/tmp/paddock-kernels
-STAGES=${STAGES:-tests micro parity speed serve}  # also: agent, cascade, sweep (bench/micro/gemv_sweep.py --int), ab (see below), prefill, llamabuild, side, profile, spec, moe
+STAGES=${STAGES:-tests micro parity speed serve}  # also: agent, cascade, sweep (bench/micro/gemv_sweep.py --int), ab (see below), prefill, llamabuild, side, profile, spec, mma, moe
 MODELS=${MODELS:-qwen3-0.6b:q4_k_m qwen3-8b:q4_k_m}  # SERVE_C1 / SERVE_C32: requests of the serve runs
 AGENT_MODELS=${AGENT_MODELS:-qwen3-8b:q4_k_m}
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm --format=csv
@@ -86,14 +86,18 @@ if stage prefill; then  # prefill graph replay per prompt bucket, ops of a 160-t
     timeout 120 python3 bench/suite/gpu_engine.py prefill "$(gguf_of "$model")" 2>&1 | tee -a "$OUT/prefill.log" | grep '^{'
   done
 fi
-# profile: per PROFILE_MODELS entry (hybrid SHAPE:LAYERS, a file cut to that many layers: the per-layer cost is
+# profile: per PROFILE_MODELS entry (SHAPE:LAYERS, a file cut to that many layers: the per-layer cost is
 # the real model's), Nsight Compute's per-kernel times of one decode step at each PROFILE_BATCHES size, then the
 # engine's decode step rate and its prefill ops; JSON lines in $OUT/profile.jsonl
 if stage profile; then
   for entry in ${PROFILE_MODELS:-qwen35-27b:8 qwen35-35b-a3b:8}; do
     file=/tmp/prof-${entry/:/-}.gguf
     left 120 || break
-    [[ -e $file ]] || python3 bench/make_random_hybrid_gguf.py --shape "${entry%%:*}" --layers "${entry##*:}" --out "$file"
+    if [[ ! -e $file && ${entry%%:*} == qwen35* ]]; then
+      python3 bench/make_random_hybrid_gguf.py --shape "${entry%%:*}" --layers "${entry##*:}" --out "$file"
+    elif [[ ! -e $file ]]; then  # the other shapes of make_random_gguf.py (gemma4-31b:6: five sliding layers, a global one)
+      python3 bench/make_random_gguf.py --shape "${entry%%:*}" --layers "${entry##*:}" --out "$file"
+    fi
     for batch in ${PROFILE_BATCHES:-1 32}; do
       left 60 || break
       timeout 180 python3 bench/micro/decode_kernel_times.py "$file" --batch "$batch" 2>&1 | tail -1 | tee -a "$OUT/profile.jsonl" | cut -c1-400
@@ -115,6 +119,11 @@ if stage spec; then
     timeout 200 python3 bench/lab/spec_verify_gpu.py "$(gguf_of "$target")" --draft "$(gguf_of "$d")" --device cuda \
       --out "$OUT/spec.jsonl" 2>&1 | tail -4 | cut -c1-300
   done
+fi
+# mma: products of 2..64 tokens on quantized weights (bench/micro/gemv_mma_times.py: gemv_mma's kernels against
+# cuBLAS on a float16 copy and against expanding the weight first, 8B and 27B/31B shapes); JSON lines in $OUT/mma.jsonl
+if stage mma; then
+  timeout 100 python3 bench/micro/gemv_mma_times.py 2>&1 | tee "$OUT/mma.jsonl" | cut -c1-300
 fi
 # moe: the MoE kernels at Qwen3.5-35B-A3B's layer shape, decode sizes and prefill sizes (bench/micro/moe_*times.py)
 if stage moe; then

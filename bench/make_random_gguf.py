@@ -28,7 +28,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import gguf
@@ -374,7 +374,13 @@ def main() -> None:
     parser.add_argument("--shape", choices=sorted(SHAPES) + sorted(GEMMA4_SHAPES), required=True)
     parser.add_argument("--mix", choices=sorted(MIXES), default="q4_k_m")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--layers", type=int, help="fewer layers than the real model (kernel profiles: same per-layer cost)"
+    )
     args = parser.parse_args()
+    if args.layers:
+        table = GEMMA4_SHAPES if args.shape in GEMMA4_SHAPES else SHAPES
+        table[args.shape] = replace(table[args.shape], layers=args.layers)
     started = time.perf_counter()
     nbytes = write(args.shape, args.mix, args.out)
     print(f"{args.out}: {nbytes / 1e9:.2f} GB of weights in {time.perf_counter() - started:.1f} s")
