@@ -166,7 +166,7 @@ fi
 # llama.cpp's (bench/llama_cpp.sh; the llamabuild stage of this call or an earlier one on the same warm
 # machine builds it) with the same file; JSON lines tagged with engine and model in $OUT/side.jsonl. Each
 # file is deleted after its rows (the machine's disk holds ~60 GB).
-SIDE_MODELS=${SIDE_MODELS:-qwen35-27b:q4_k_m qwen35-35b-a3b:q4_k_m}
+SIDE_MODELS=${SIDE_MODELS:-qwen35-27b:q4_k_m qwen35-35b-a3b:q4_k_m}  # SIDE_LLAMA: those of them llama.cpp runs too (default all)
 side_rows() {  # ENGINE MODEL PORT
   local tag="{\"engine\": \"$1\", \"model\": \"$2\", "
   URL=http://127.0.0.1:$3 SERVE_C1=${SIDE_C1:-8} SERVE_C32=${SIDE_C32:-64} timeout 240 \
@@ -186,7 +186,9 @@ if stage side; then
     side_rows paddock "$model" 11660
     kill $server; wait $server 2> /dev/null
     for _ in $(seq 1 ${LLAMA_WAIT:-300}); do [[ -x /tmp/llama-build/bin/llama-server ]] && break; sleep 1; done
-    if left 100 && bash bench/llama_cpp.sh serve "$file" 32 131072; then
+    if [[ ${SIDE_LLAMA:-all} != all && " $SIDE_LLAMA " != *" $model "* ]]; then
+      echo "llama.cpp: not asked for $model (SIDE_LLAMA)" | tee -a "$OUT/side.log"
+    elif left 100 && bash bench/llama_cpp.sh serve "$file" 32 131072; then
       side_rows llama.cpp "$model" 11661
       kill "$(cat /tmp/llama-server.pid)"; sleep 2
     else
