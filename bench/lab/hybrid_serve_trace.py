@@ -407,14 +407,14 @@ def print_summary(summary: dict, plan: str) -> None:
 def print_steps(records: list[StepRecord]) -> None:
     """The timed phase step by step until its last prefill token: how a wave's prompts were cut into steps."""
     last = max((i for i, r in enumerate(records) if r.prefill_tokens), default=-1)
-    print(f"{'step':>4} {'kind':8}{'wall ms':>9}{'gpu fwd':>9}{'decodes':>8}{'pf tok':>7}{'firsts':>7}{'saves':>6}"
-          "  prefill chunks (tokens x count)")  # fmt: skip
+    print(f"{'step':>4} {'kind':8}{'wall ms':>9}{'gpu fwd':>9}{'st host':>8}{'decodes':>8}{'pf tok':>7}{'firsts':>7}"
+          f"{'saves':>6}{'spills':>7}  prefill chunks (tokens x count)")  # fmt: skip
     for i, r in enumerate(records[: last + 1]):
         gpu = "-" if r.gpu_forward_ms is None else f"{r.gpu_forward_ms:.1f}"
         saves = r.copy_rows.get("saves_prefill", 0) + r.copy_rows.get("saves_decode", 0)
         chunks = " ".join(f"{size}x{n}" for size, n in r.chunk_sizes.items())
-        print(f"{i + 1:>4} {r.kind:8}{r.wall_ms:>9.1f}{gpu:>9}{r.decodes:>8}{r.prefill_tokens:>7}{r.first_tokens:>7}"
-              f"{saves:>6}  {chunks}")  # fmt: skip
+        print(f"{i + 1:>4} {r.kind:8}{r.wall_ms:>9.1f}{gpu:>9}{r.states_host_ms:>8.1f}{r.decodes:>8}{r.prefill_tokens:>7}"
+              f"{r.first_tokens:>7}{saves:>6}{r.copy_rows.get('spills', 0):>7}  {chunks}")  # fmt: skip
 
 
 def use_legacy_cuts(engine: LLMEngine) -> None:
