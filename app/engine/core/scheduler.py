@@ -361,7 +361,10 @@ class Scheduler:
         have finished in the step before: otherwise a wave of short prompts admits every newcomer (never
         served, so first in the turns) before any tail, and all first tokens wait for the last admission
         (32 prompts of 147 tokens, budget 2,048: 0, 0, 28 and 4 first tokens in steps 1-4; with tails
-        first 0, 14, 13 and 5, against 13, 13 and 6 on a dense model)."""
+        first 0, 14, 13 and 5, against 13, 13 and 6 on a dense model). Four steps against three stay: a
+        request's 144-token head and 3-token tail need two steps, and 32 heads (4,608 tokens) do not fit
+        two budgets; only a snapshot saved from inside the chunk (the recurrent layers' state at a token of
+        it, which their kernels do not return) would take the cut away."""
         if self.kv.state is None or not request.num_computed_tokens:
             return False
         size = self.config.block_size
