@@ -6,6 +6,9 @@
     python3 bench/lab/hybrid_serve_trace.py /tmp/qwen35-27b-8l.gguf --snapshot-rows 66 --kv-host-gb 0.52
     python3 bench/lab/hybrid_serve_trace.py /tmp/qwen35-35b-a3b-8l.gguf --snapshot-rows 136 --kv-host-gb 0.8
     python3 bench/lab/hybrid_serve_trace.py /tmp/tiny.gguf --device cpu --concurrency 4 --requests 8 --output-tokens 16
+    # the served c=32 wave (147-token prompts, no warm-up), step by step; --legacy-cuts: as before session 17
+    python3 bench/lab/hybrid_serve_trace.py /tmp/qwen35-27b-8l.gguf --concurrency 32 --requests 32 --warmup 0 \
+        --prompt-tokens 139 --output-tokens 4 --steps [--legacy-cuts]
 
 Drives `LLMEngine` directly (as bench/suite/gpu_engine.py does, no HTTP) with the arrival pattern of
 `paddock bench --concurrency C` (app/commands/bench.py): `--warmup` requests (default C) first, then
@@ -68,6 +71,8 @@ class StepRecord:
     prefill_tokens: int
     preempted: int
     copy_rows: dict[str, int] = field(default_factory=dict)
+    chunk_sizes: dict[int, int] = field(default_factory=dict)  # prefill chunk tokens -> how many chunks
+    first_tokens: int = 0  # chunks that sampled a request's first token
     gpu_forward_ms: float | None = None  # CUDA: event span of the forward on the stream
     gpu_states_ms: float | None = None  # CUDA: event span of the state copies before + after
 
@@ -221,6 +226,8 @@ class Tracer:
             prefill_tokens=sum(c.num_tokens for c in prefill),
             preempted=len(scheduled.preempted),
             copy_rows=copy_rows(scheduled),
+            chunk_sizes=dict(sorted(Counter(c.num_tokens for c in prefill).items(), reverse=True)),
+            first_tokens=sum(1 for c in scheduled.chunks if c.samples and c.start < c.request.num_prompt_tokens),
         )
 
     def finish(self) -> None:
@@ -397,6 +404,44 @@ def print_summary(summary: dict, plan: str) -> None:
           + ", ".join(f"{kind} {k['states_host_ms_total']:.0f}" for kind, k in summary["by_kind"].items()))  # fmt: skip
 
 
+def print_steps(records: list[StepRecord]) -> None:
+    """The timed phase step by step until its last prefill token: how a wave's prompts were cut into steps."""
+    last = max((i for i, r in enumerate(records) if r.prefill_tokens), default=-1)
+    print(f"{'step':>4} {'kind':8}{'wall ms':>9}{'gpu fwd':>9}{'st host':>8}{'decodes':>8}{'pf tok':>7}{'firsts':>7}"
+          f"{'saves':>6}{'spills':>7}  prefill chunks (tokens x count)")  # fmt: skip
+    for i, r in enumerate(records[: last + 1]):
+        gpu = "-" if r.gpu_forward_ms is None else f"{r.gpu_forward_ms:.1f}"
+        saves = r.copy_rows.get("saves_prefill", 0) + r.copy_rows.get("saves_decode", 0)
+        chunks = " ".join(f"{size}x{n}" for size, n in r.chunk_sizes.items())
+        print(f"{i + 1:>4} {r.kind:8}{r.wall_ms:>9.1f}{gpu:>9}{r.states_host_ms:>8.1f}{r.decodes:>8}{r.prefill_tokens:>7}"
+              f"{r.first_tokens:>7}{saves:>6}{r.copy_rows.get('spills', 0):>7}  {chunks}")  # fmt: skip
+
+
+def use_legacy_cuts(engine: LLMEngine) -> None:
+    """The prefill cuts and order before session 17, for a before/after in one run: snapshot points at the
+    multiples of the interval (not spaced from the chunk's start), and a prompt's tail after a cut at its
+    last block boundary waits for its session's turn (behind every newcomer) instead of going with the
+    decodes."""
+    state = engine.scheduler.kv.state
+    if state is None:
+        return
+
+    def chunk_tokens(request: Any, start: int, num_tokens: int) -> int:
+        if not state.snapshots.num_rows or num_tokens < 2:
+            return num_tokens
+        bs, end, total = state.block_size, start + num_tokens, request.num_tokens
+        points = [total // bs * bs]
+        if state.interval:
+            points.append((start // state.interval + 1) * state.interval)
+        if end < total:
+            points.append(end // bs * bs)
+        inside = [p for p in points if start < p < end]
+        return min(inside) - start if inside else num_tokens
+
+    state.chunk_tokens = chunk_tokens  # type: ignore[method-assign]
+    engine.scheduler._is_prompt_tail = lambda request: False  # type: ignore[method-assign]
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", help="a GGUF (bench/make_random_hybrid_gguf.py --layers 8 makes the cut files)")
@@ -418,6 +463,10 @@ def main(argv: list[str] | None = None) -> dict:
                         help="device snapshot rows (--state-snapshot-gb in rows): a file cut to 8 layers gets ~4x the "
                              "rows the whole model gets (Qwen3.5-27B on an H100: ~66), so evictions come later")  # fmt: skip
     parser.add_argument("--json", type=Path, help="every step's record and the summary")
+    parser.add_argument("--legacy-cuts", action="store_true",
+                        help="the prefill cuts and tail order before session 17 (use_legacy_cuts), to compare")  # fmt: skip
+    parser.add_argument("--steps", action="store_true",
+                        help="print the timed phase step by step until its last prefill chunk (chunk sizes, first tokens)")  # fmt: skip
     args = parser.parse_args(argv)
     if min(args.concurrency, args.requests, args.prompt_tokens, args.output_tokens) < 1:
         parser.error("--concurrency, --requests, --prompt-tokens and --output-tokens must be positive")
@@ -433,6 +482,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.max_num_batched_tokens:
         fields["max_num_batched_tokens"] = args.max_num_batched_tokens
     engine = LLMEngine(EngineConfig(**fields))
+    if args.legacy_cuts:
+        use_legacy_cuts(engine)
     if not engine.runner.state_arrays:
         print(f"note: {args.model} has no recurrent layers (state copies will be 0)")
     pool = make_prompts(engine.model_config.vocab_size, min(warmup + args.requests, PROMPT_POOL), args)
@@ -446,6 +497,8 @@ def main(argv: list[str] | None = None) -> dict:
     summary["model"] = Path(args.model).name
     summary["concurrency"], summary["requests"] = args.concurrency, args.requests
     print_summary(summary, engine.plan.describe())
+    if args.steps:
+        print_steps(tracer.records)
     if args.json:
         args.json.write_text(json.dumps({"summary": summary, "steps": [asdict(r) for r in tracer.records]}, indent=1))
     return summary

@@ -9,8 +9,8 @@ state at that exact token count was kept: a snapshot. The policy:
   snapshot exists (`resume`); the snapshot is copied into the request's slot before the step runs
   (a restore), and the chunk continues from it.
 - Snapshots are taken at the end of a step (a save: slot -> snapshot row, after the forward) where
-  a chunk ends on a block boundary. Prefill chunks are cut (`chunk_tokens`) to end at every
-  `interval` tokens and at the prompt's last block boundary, so a second request sharing a long
+  a chunk ends on a block boundary. Prefill chunks are cut (`chunk_tokens`) to span at most
+  `interval` tokens and to end at the prompt's last block boundary, so a second request sharing a long
   system prompt resumes within `interval` tokens of where they differ, and the next turn of a
   conversation resumes at the end of the previous one; those snapshots are published after the
   step. A decoding request keeps overwriting one held row at each block boundary it passes; when
@@ -168,14 +168,26 @@ class StateCache:
 
     def chunk_tokens(self, request: Request, start: int, num_tokens: int) -> int:
         """`num_tokens`, cut so that a prefill chunk from `start` ends at its first snapshot point:
-        a multiple of `interval`, the last block boundary of the known tokens, or (for a chunk the
-        budget cut short) the block boundary before its end. Decodes are never cut."""
+        `interval` tokens past its start's block boundary, the last block boundary of the known
+        tokens, or (for a chunk the budget cut short) the block boundary before its end. Decodes are
+        never cut.
+
+        A cut costs a step: a request runs one chunk a step (the state is only copied out after the
+        forward), so a point inside a chunk the budget allows ends the request's work for the step.
+        Snapshot points are therefore spaced, not placed: every chunk that ends on a block boundary is
+        saved (`plan_save`), so chunks of at most `interval` tokens keep a prefix hit within `interval`
+        of where two prompts differ, whatever the positions. Multiples of `interval` (as before) cut a
+        lone 8,000-token prompt on Qwen3.5-27B (interval ~2,400, budget 2,048) into seven steps
+        (2,048, 352, 2,048, 352, 2,048, 352, 800) where a dense model takes four; spaced, it takes four
+        too. The cut at the prompt's last block boundary stays (an agent's next turn, a regenerated
+        reply or a preempted request resumes there): a prompt of n blocks plus a few tokens takes two
+        steps, and the scheduler runs those tails first in the next step (`Scheduler.schedule`)."""
         if not self.snapshots.num_rows or num_tokens < 2:
             return num_tokens
         bs, end, total = self.block_size, start + num_tokens, request.num_tokens
         points = [total // bs * bs]
-        if self.interval:
-            points.append((start // self.interval + 1) * self.interval)
+        if self.interval:  # `interval` past the last block boundary at or before `start` (a snapshot point
+            points.append(start // bs * bs + self.interval)  # when a chunk ended there), not its multiples
         if end < total:
             points.append(end // bs * bs)
         inside = [p for p in points if start < p < end]

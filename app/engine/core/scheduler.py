@@ -7,7 +7,8 @@ after a preemption). A chunk covering all of them also samples the next token.
 Policy of one `schedule()` call, under a budget of `max_num_batched_tokens` tokens:
 
 1. Decodes first: every running request with exactly one pending token gets it, oldest
-   admission first.
+   admission first; then a hybrid model's prompt tails (less than a block left after a snapshot
+   cut at the prompt's last block boundary: the chunk that samples the first token), oldest first.
 2. Prefill, round-robin over sessions (`request.session_id`): sessions take turns, and
    the session served longest ago goes first (a session that was never served goes
    before all others). On its turn a session continues its oldest running, partly
@@ -230,11 +231,15 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         step = _Step(self.config.max_num_batched_tokens)
         self._free_seats_for_waiting_sessions(step)
-        for request in list(self._running):
-            if step.budget == 0:
-                break
-            if request.status == RequestStatus.RUNNING and request.num_pending_tokens == 1:
-                self._schedule_running(request, step, takes_turn=False)
+        # decodes, then prompt tails (so a full batch's decodes always fit the budget)
+        for tails in (False, True):
+            for request in list(self._running):
+                if step.budget == 0:
+                    break
+                if request.status != RequestStatus.RUNNING or request.request_id in step.scheduled:
+                    continue
+                if self._is_prompt_tail(request) if tails else request.num_pending_tokens == 1:
+                    self._schedule_running(request, step, takes_turn=False)
         self._schedule_prefills(step)
         for request in self._running:
             request.draft_token_ids = []  # used by this step's chunk or not at all
@@ -348,6 +353,23 @@ class Scheduler:
                     progressed = progressed or admitting
             if not progressed:
                 break
+
+    def _is_prompt_tail(self, request: Request) -> bool:
+        """A hybrid model's request whose prefill stopped at the last block boundary of its tokens (a
+        snapshot point, cache/state_cache.py `chunk_tokens`) with less than a block left: the chunk that
+        samples its first token. It goes with the decodes, before the turns, as on a dense model it would
+        have finished in the step before: otherwise a wave of short prompts admits every newcomer (never
+        served, so first in the turns) before any tail, and all first tokens wait for the last admission
+        (32 prompts of 147 tokens, budget 2,048: 0, 0, 28 and 4 first tokens in steps 1-4; with tails
+        first 0, 14, 13 and 5, against 13, 13 and 6 on a dense model). Four steps against three stay: a
+        request's 144-token head and 3-token tail need two steps, and 32 heads (4,608 tokens) do not fit
+        two budgets; only a snapshot saved from inside the chunk (the recurrent layers' state at a token of
+        it, which their kernels do not return) would take the cut away."""
+        if self.kv.state is None or not request.num_computed_tokens:
+            return False
+        size = self.config.block_size
+        computed = request.num_computed_tokens
+        return computed == request.num_tokens // size * size and request.num_pending_tokens < size
 
     def _schedule_running(self, request: Request, step: _Step, takes_turn: bool) -> None:
         """Give a running request a chunk of its pending tokens (a decode: and its drafts), unless it
