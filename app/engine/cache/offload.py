@@ -26,6 +26,7 @@ import numpy as np
 
 from app.engine.backend.base import Backend
 from app.engine.cache.disk_tier import DiskTier
+from app.engine.cache.host_chunks import HostChunks
 from app.engine.cache.radix import EvictedBlocks
 
 HASH_BYTES = 16
@@ -79,14 +80,15 @@ class DeviceBlocks:
 class HostTier:
     """Prefix hash -> a host row holding that block's payload; least recently used goes first.
 
-    Rows come in chunks allocated on first need, up to `capacity` rows. A pinned entry (fetched,
-    not yet loaded back) is never evicted."""
+    Rows come in chunks, none before the first need, the rest made ahead of need from then on
+    (host_chunks.py), up to `capacity` rows. A pinned entry (fetched, not yet loaded back) is never evicted."""
 
     def __init__(self, capacity: int, copier: BlockCopier) -> None:
         self.capacity = capacity
         self._copier = copier
         self._chunk_rows = max(1, min(capacity, HOST_CHUNK_BYTES // max(1, copier.block_nbytes)))
-        self._chunks: list[np.ndarray] = []
+        self._chunks = HostChunks(copier.alloc_host, capacity, self._chunk_rows)
+        self._taken_rows = 0  # rows of the chunks handed to _free so far (the first chunks, in order)
         self._free: list[int] = []
         self._rows: OrderedDict[bytes, int] = OrderedDict()  # LRU order: oldest first
         self._pins: dict[bytes, int] = {}
@@ -120,10 +122,10 @@ class HostTier:
     def claim(self, name: bytes, spill_down: Callable[[bytes, np.ndarray], None]) -> np.ndarray | None:
         """A row for a new entry `name`: a free one, a new chunk's, or the least recently used
         unpinned entry's after `spill_down(its name, its row)`. None when every row is pinned."""
-        if not self._free and len(self._chunks) * self._chunk_rows < self.capacity:
-            first = len(self._chunks) * self._chunk_rows
-            rows = min(self._chunk_rows, self.capacity - first)
-            self._chunks.append(self._copier.alloc_host(rows))
+        if not self._free and self._taken_rows < self.capacity:
+            first = self._taken_rows
+            rows = len(self._chunks.chunk(first // self._chunk_rows))
+            self._taken_rows += rows
             self._free.extend(range(first + rows - 1, first - 1, -1))
         if not self._free:
             victim = next((n for n in self._rows if n not in self._pins), None)
@@ -143,12 +145,15 @@ class HostTier:
         used = list(self._rows.values())
         assert len(set(used)) == len(used), "a host row holds two entries"
         assert set(used).isdisjoint(self._free), "a host row is both used and free"
-        assert len(used) + len(self._free) == sum(len(c) for c in self._chunks) <= self.capacity
+        assert len(used) + len(self._free) == self._taken_rows <= self.capacity
         assert all(name in self._rows and count > 0 for name, count in self._pins.items())
 
     def _row_view(self, index: int) -> np.ndarray:
-        chunk, offset = divmod(index, self._chunk_rows)
-        return self._chunks[chunk][offset]
+        return self._chunks.row(index)
+
+    def close(self) -> None:
+        """Stop making host chunks ahead of need (engine shutdown)."""
+        self._chunks.close()
 
 
 class Hit(NamedTuple):

@@ -1,8 +1,9 @@
 """The host-RAM tier of a hybrid model's state snapshots: rows of every recurrent layer's state in host memory.
 
 A row's payload is every state array's row laid end to end (`runner.state_arrays` order), in memory from
-`backend.alloc_host_blocks` (pinned on CUDA), allocated in chunks of about HOST_CHUNK_BYTES on first use
-(pinning gigabytes takes seconds; a server whose snapshots are never evicted pins nothing). The state cache (cache/state_cache.py) names the rows; this
+`backend.alloc_host_blocks` (pinned on CUDA), in chunks of about HOST_CHUNK_BYTES: none before the first
+spill (pinning gigabytes takes seconds; a server whose snapshots are never evicted pins nothing), the rest
+made ahead of need from then on (cache/host_chunks.py). The state cache (cache/state_cache.py) names the rows; this
 module moves the bytes: a spill copies evicted device snapshot rows out, a load copies a host row into a
 request's slot.
 
@@ -21,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from app.engine.cache.host_chunks import HostChunks
 from app.engine.cache.offload import HOST_CHUNK_BYTES
 
 
@@ -32,7 +34,8 @@ class HostStates:
         self.num_rows = rows if arrays else 0
         self.row_bytes = self.offsets[-1]
         self.chunk_rows = max(1, HOST_CHUNK_BYTES // max(1, self.row_bytes))
-        self._chunks: dict[int, np.ndarray] = {}  # chunk index -> [chunk_rows, row_bytes] uint8
+        self.chunks = HostChunks(lambda rows: backend.alloc_host_blocks(rows, self.row_bytes), self.num_rows,
+                                 self.chunk_rows)  # fmt: skip
         self.cuda = backend.name == "cuda"
         if self.cuda:  # rows are copied by address: each array's row i starts i * width bytes in
             assert all(a.flags.c_contiguous for a in arrays), "state arrays must be C-contiguous"
@@ -42,15 +45,8 @@ class HostStates:
         self.bytes_loaded = 0
 
     def row(self, host_row: int) -> np.ndarray:
-        """`host_row`'s payload, uint8 `[row_bytes]` (its chunk allocated on first use)."""
-        if not 0 <= host_row < self.num_rows:
-            raise IndexError(f"host state row {host_row} outside the tier's {self.num_rows} rows")
-        index, offset = divmod(host_row, self.chunk_rows)
-        chunk = self._chunks.get(index)
-        if chunk is None:
-            rows = min(self.chunk_rows, self.num_rows - index * self.chunk_rows)
-            chunk = self._chunks[index] = self.backend.alloc_host_blocks(rows, self.row_bytes)
-        return chunk[offset]
+        """`host_row`'s payload, uint8 `[row_bytes]`."""
+        return self.chunks.row(host_row)
 
     def view(self, host_row: int, i: int) -> np.ndarray:
         """Array i's part of `host_row`, shaped as one row of it."""
