@@ -113,6 +113,8 @@ DECLARED: tuple[EnvVar, ...] = (
     EnvVar("PADDOCK_GEMV_RESIDENT", _bool, True, "cap int16-x grids at the blocks the GPU holds at once"),
     EnvVar("PADDOCK_GEMV_MMA_MAX_TOKENS", _int, 0,
            "most tokens a product takes on quantized weights through tensor cores (gemv_mma.cu); 0: never"),
+    EnvVar("PADDOCK_GEMV_MMA_KERNEL", _choice("v1", "v2"), "v1",
+           "those products' kernel: v1 gemv_mma.cu, v2 gemv_mma2.cu (staged float16 x; gemv_mma.py)"),
     EnvVar("PADDOCK_GEMV_QB", _int, None, "groups of 16 x columns a thread quantizes at once (default: tuning table)"),
     EnvVar("PADDOCK_FUSED_NORM_MAX_COLS", _int, None,
            "widest x whose add + RMSNorm is fused into the next GEMV (default: tuning table)"),
