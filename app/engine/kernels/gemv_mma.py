@@ -16,7 +16,7 @@ One launch serves up to three weights stacked along the output.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from app.engine.kernels.runtime.compile import get_kernel
@@ -30,6 +30,7 @@ WARPS_TARGET = 2048  # v1: ~16 warps on each of the H200's 132 multiprocessors
 MULTIPROCESSORS = 132  # v2's grid target: H100 SXM and H200 both have 132
 MAX_SPLITS = 8
 X16_THREADS = 256
+MAX_SHARED_BYTES = 48 * 1024  # static shared memory of one block
 
 
 @dataclass(frozen=True)
@@ -49,9 +50,9 @@ class MmaShape:
         return 16 * self.m_tiles * self.row_warps
 
     def shared_bytes_v2(self) -> int:
-        """gemv_mma2.cu's static shared memory (gm2::SMEM_WORDS): the staged x of a super-step, or
-        the column-warps' sums, whichever is larger; it asserts <= 48 KiB at compile time."""
-        staged = self.warps * 4 * 8 * self.n_tiles * 4 * 16
+        """gemv_mma2.cu's static shared memory (gm2::SMEM_WORDS): two buffers of a super-step's staged
+        x, or the column-warps' sums, whichever is larger; it asserts <= 48 KiB at compile time."""
+        staged = 2 * self.warps * 4 * 8 * self.n_tiles * 4 * 16
         sums = (self.warps - 1) * self.row_warps * self.m_tiles * self.n_tiles * 4 * 32 * 4
         return max(staged, sums)
 
@@ -88,27 +89,27 @@ def _pick_shape_v2(n_tok: int, n_rows: int, n_cols: int) -> MmaShape:
     """Why these numbers (per weight byte of Q4_K, 0.5625 bytes a weight):
     - m-tiles a warp: each 16-row tile reads all the staged x from shared memory, 1.8 NT / MT bytes
       per weight byte; at 4-8 n-tiles one m-tile would make shared memory, not the tensor cores,
-      the limit (128 bytes a clock a multiprocessor), so two (174-240 registers, no spills at
-      sm_90); at 1-2 n-tiles one keeps registers ~100 and two blocks on a multiprocessor.
+      the limit (128 bytes a clock a multiprocessor), so two (186-249 registers, no spills at
+      sm_90); at 1-2 n-tiles one keeps registers at 80-102.
     - 4 row-warps: the block stages float16 x from L2 once for 64 MT rows, 3.6 T / (64 MT) bytes per
       weight byte: <= 0.9 up to 32 tokens, 1.8 at 64 (where the tensor cores bound it anyway).
-    - 2 column-warps: blocks of 8 warps, which the 240-register build still fits once per
-      multiprocessor; two super-steps of weights in flight a warp then keep ~37 KB of loads in
-      flight a multiprocessor.
+    - column-warps: 2 at 1-2 n-tiles (8-warp blocks, two or three a multiprocessor, with fewer column
+      splits to pay for), 1 at 4-8: the 249-register build then fits two 4-warp blocks a
+      multiprocessor, and two 64-token x buffers stay within 48 KiB of shared memory.
     - column splits: where the row tiles fill less than one wave (a 4096-row q or down projection
       has 32-64), more blocks share the columns, up to MAX_SPLITS and while each split keeps >= 2
       super-steps (atomics add the splits: their cost grows with the splits, so no more than that).
     """
     n_tiles = _n_tiles(n_tok)
-    m_tiles = 2 if n_tiles >= 4 else 1
-    row_warps, col_warps = 4, 2
-    shape = MmaShape(m_tiles, n_tiles, col_warps, row_warps)
+    m_tiles = 1 if n_tiles <= 2 else 2
+    col_warps = 2 if n_tiles <= 2 else 1
+    shape = MmaShape(m_tiles, n_tiles, col_warps, row_warps=4)
     blocks = cdiv(n_rows, shape.rows())
     super_steps = cdiv(cdiv(n_cols // 32, 4), col_warps)
     splits = 1
     while splits < MAX_SPLITS and blocks * splits < MULTIPROCESSORS and super_steps >= 4 * splits:
         splits *= 2
-    return MmaShape(m_tiles, n_tiles, col_warps, row_warps, splits)
+    return replace(shape, k_splits=splits)
 
 
 def gemv_mma(
@@ -143,6 +144,8 @@ def gemv_mma(
         module = get_kernel("gemv_mma.cu", "gemv_mma", {**defines, "GM_WARPS": shape.warps})
         launch(module, (blocks,), (32 * shape.warps,), (*weights, x, i32(n_tok), out, ptr(bias)))
         return out
+    if shape.shared_bytes_v2() > MAX_SHARED_BYTES:
+        raise ValueError(f"gemv_mma v2 shape {shape} needs {shape.shared_bytes_v2()} bytes of shared memory")
     _gemv_mma2(shape, defines, blocks, weights, x, n_tok, out, bias)
     return out
 

@@ -56,8 +56,9 @@ def test_gemv_mma_q4_k_m_qkv_with_splits(cuda, rng, n_tok: int, kernel: str) -> 
     (1, 1, 4, 2, 3, 8),  # three splits of uneven length
     (2, 2, 1, 4, 2, 12),
     (1, 4, 2, 4, 1, 30),
-    (2, 8, 2, 4, 4, 64),  # the 240-register build, one block a multiprocessor
+    (2, 8, 1, 4, 4, 64),  # the 249-register build, two blocks a multiprocessor
     (2, 8, 1, 2, 1, 41),
+    (2, 4, 2, 2, 2, 25),
 ])  # fmt: skip
 @pytest.mark.parametrize("formats", [("Q4_K", "Q6_K"), ("Q8_0", "Q5_K")])
 def test_gemv_mma2_launch_shapes(

@@ -91,7 +91,7 @@ BUILDS2 = {
     "wide": (("Q6_K", "Q8_0", "Q5_K"), 2, 8, 2, 1),
     "mixed": (("Q5_K", "Q4_0", "F16"), 2, 4, 1, 2),
     "picked8": (("Q4_K", "Q4_K", "Q6_K"), 1, 1, 4, 2),  # pick_shape's builds for <= 8 and 33..64 tokens
-    "picked64": (("Q4_K", "Q4_K", "Q6_K"), 2, 8, 4, 2),
+    "picked64": (("Q4_K", "Q4_K", "Q6_K"), 2, 8, 4, 1),
 }
 
 

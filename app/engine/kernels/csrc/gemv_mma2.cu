@@ -17,9 +17,10 @@
 //   k of run 0 and of run 1 of unit 4 (step) + t. A lane's B fragments of a k-step are then one
 //   conflict-free 16-byte shared load per n-tile, reused by its MT m-tiles, and the staged x by
 //   the RW row-warps: x read from L2 per weight byte falls by 2 RW MT against gemv_mma.cu;
-// - the weights of the next super-step are loaded (registers) before the current one is staged
-//   and multiplied, so a lane has two steps of weight loads in flight across the barriers, and
-//   the first ones are issued before the wait on the previous kernel (PDL);
+// - the staging is cp.async into two buffers: the next super-step's x is copied while this one
+//   is multiplied (one barrier a super-step), and the next super-step's weights are loaded into
+//   registers at the same time, so a lane has two steps of weight loads in flight; the first ones
+//   are issued before the wait on the previous kernel (PDL: weights are no kernel's output);
 // - weights are decoded with the formats' raw()/coef() pair (one byte permute and one FMA per
 //   weight, quant.cuh) instead of get()'s integer-to-float conversions (quarter-rate on sm_90),
 //   which made the decode, not memory, the limit;
@@ -57,28 +58,44 @@ constexpr int WARPS = GM_RW * GM_KW;
 constexpr int THREADS = 32 * WARPS;
 constexpr int ROWS = 16 * GM_MT * GM_RW;          // rows a block
 constexpr int TOK = 8 * GM_NT;                    // tokens staged (padded with zeros)
-constexpr int XS_WORDS = GM_KW * 4 * TOK * 4;     // 16-byte words of x per super-step
+constexpr int XS_WORDS = GM_KW * 4 * TOK * 4;     // 16-byte words of x a super-step (one of two buffers)
 constexpr int PART_WORDS = (GM_KW - 1) * GM_RW * GM_MT * GM_NT * 4 * 32 / 4;  // column-warps' sums
-constexpr int SMEM_WORDS = XS_WORDS > PART_WORDS ? XS_WORDS : PART_WORDS;
+constexpr int SMEM_WORDS = 2 * XS_WORDS > PART_WORDS ? 2 * XS_WORDS : PART_WORDS;
 static_assert(SMEM_WORDS * 16 <= 48 * 1024, "gemv_mma2: shared memory over 48 KiB (pick_shape keeps it under)");
 
-// x of the KW steps from `step0` into `xs` in fragment order (see the header), from the float16
-// copy `xh` that gemv_mma2_x16 made; tokens past n_tok and units past the row's end are zeros, so
-// the weights they meet add nothing.
+// 8 bytes global -> shared without passing through registers (cp.async.ca: the 16-byte .cg of
+// mma.cuh cannot take them); `valid` false fills zeros. The emulator copies at once.
+#ifndef PADDOCK_HOST_SHIM
+__device__ __forceinline__ void cp_async8(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(shared_address(dst)), "l"(src),
+                 "r"(valid ? 8 : 0));
+}
+#else
+inline void cp_async8(void* dst, const void* src, bool valid) {
+    if (valid) std::memcpy(dst, src, 8);
+    else std::memset(dst, 0, 8);
+}
+#endif
+
+// Start copying x of the KW steps from `step0` into `xs` (cp.async, one commit group), from the
+// float16 copy `xh` that gemv_mma2_x16 made, in fragment order: word [kw][k][n][t] holds x of token
+// n at columns 4k..4k+3 of run 0 (its first 8 bytes) and of run 1 (the last 8) of unit
+// 4 (step0 + kw) + t. Tokens past n_tok and units past the row's end are zeros, so the weights they
+// meet add nothing.
 template <class F>
 __device__ __forceinline__ void stage_x(uint4* xs, const u16* __restrict__ xh, int n_tok, int n_cols, int n_units,
                                         int step0) {
     for (int i = threadIdx.x; i < XS_WORDS; i += THREADS) {
         const int t = i & 3, n = (i >> 2) % TOK, kk = (i >> 2) / TOK, k = kk & 3, kw = kk >> 2;
         const int u = 4 * (step0 + kw) + t;
-        uint4 v = make_uint4(0u, 0u, 0u, 0u);
-        if (n < n_tok && u < n_units) {
-            const u16* p = xh + (i64)n * n_cols + F::x_base(u) + 4 * k;  // 8-byte aligned: columns 4k.. of a unit
-            const uint2 a = *reinterpret_cast<const uint2*>(p), b = *reinterpret_cast<const uint2*>(p + F::RUN1);
-            v = make_uint4(a.x, a.y, b.x, b.y);
-        }
-        xs[i] = v;
+        const bool ok = n < n_tok && u < n_units;
+        // 8-byte aligned: x_base and RUN1 are multiples of 16 columns
+        const u16* p = xh + (i64)min(n, n_tok - 1) * n_cols + F::x_base(min(u, n_units - 1)) + 4 * k;
+        u32* word = reinterpret_cast<u32*>(xs + i);
+        cp_async8(word, p, ok);
+        cp_async8(word + 2, p + F::RUN1, ok);
     }
+    cp_async_commit();
 }
 
 // One block's rows [row0, row0 + ROWS) of weight `w` times every token of x, over the
@@ -120,22 +137,25 @@ __device__ __forceinline__ void tile(const u8* __restrict__ w, i64 row_bytes, in
             for (int h = 0; h < 2; ++h) next[mt][h].load(row_p[mt][h], min(4 * GM_KW * s_begin + unit0, last_unit));
     }
     after_previous_grid();  // the weights are no earlier kernel's output: their first loads fly during the wait
-    const uint4* xw = smem + kw * 4 * TOK * 4;
+    if (s_begin < s_end) stage_x<F>(smem, x, n_tok, n_cols, n_units, s_begin * GM_KW);
     for (int ss = s_begin; ss < s_end; ++ss) {
+        const int cur = (ss - s_begin) & 1;
+        cp_async_wait<0>();
+        __syncthreads();  // this super-step's x has landed, and every warp is done with the other buffer
+        if (ss + 1 < s_end)  // the next super-step's x and weights fly while this one is multiplied
+            stage_x<F>(smem + (cur ^ 1) * XS_WORDS, x, n_tok, n_cols, n_units, (ss + 1) * GM_KW);
         F f[MT][2];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int h = 0; h < 2; ++h) f[mt][h] = next[mt][h];
-        if (ss + 1 < s_end) {  // the next super-step's weights fly while this one is staged and multiplied
+        if (ss + 1 < s_end) {
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) next[mt][h].load(row_p[mt][h], min(4 * GM_KW * (ss + 1) + unit0, last_unit));
         }
-        __syncthreads();  // every warp is done reading the previous super-step's x
-        stage_x<F>(smem, x, n_tok, n_cols, n_units, ss * GM_KW);
-        __syncthreads();
+        const uint4* xw = smem + cur * XS_WORDS + kw * 4 * TOK * 4;
 
         float ca[MT][2][2], cb[MT][2][2];  // [m-tile][half][run]: w = a f + b
 #pragma unroll
@@ -166,7 +186,7 @@ __device__ __forceinline__ void tile(const u8* __restrict__ w, i64 row_bytes, in
             }
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
-                const uint4 bv = xw[(k * TOK + 8 * nt + g) * 4 + t];
+                const uint4 bv = xw[(k * TOK + 8 * nt + g) * 4 + t];  // one conflict-free 512-byte row a warp
                 const u32 b0[2] = {bv.x, bv.y}, b1[2] = {bv.z, bv.w};
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {

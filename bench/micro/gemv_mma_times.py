@@ -1,0 +1,187 @@
+"""Products of 2..64 tokens on quantized weights, on the GPU machine: gemv_mma.cu ("v1") and
+gemv_mma2.cu ("v2") against cuBLAS on a float16 copy of the weight (blas.matmul_t, what the "auto"
+float16 cache does) and against expand-then-cuBLAS (linear.matmul_quantized with no copy).
+
+Products (rows x columns, Q4_K_M's formats: gate+up in Q4_K as two stacked weights, down in Q6_K):
+Qwen3-8B q 4096 x 4096, gate+up 2 x 12288 x 4096, down 4096 x 12288; the Qwen3.5-27B and Gemma-4-31B
+shapes (hidden 5120, intermediate 17408 / 21504) with a 5120 x 5120 q-sized product. Weight bytes are
+random (valid scales), in enough copies that cycling through them misses L2, as a decode step does.
+
+    python3 bench/micro/gemv_mma_times.py                    # everything (< 90 s on an H100)
+    python3 bench/micro/gemv_mma_times.py --models 8b --tokens 8 32
+    python3 bench/micro/gemv_mma_times.py --list             # the cases only (no GPU)
+
+Prints one JSON line per (product, tokens): microseconds per call of each path, each as CUDA events
+around one replay of a graph of ~50 calls (median of 5 replays, after two warm-up calls and one
+warm-up replay), TB/s of the quantized weight bytes, v2's launch shape and the relative difference
+of v1's and v2's outputs from cuBLAS on the float16 copy (the same rounded numbers, so ~1e-6).
+Then one line with the whole run's wall time (kernel compiles included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "suite"))
+
+from app.engine.kernels.gemv_mma import pick_shape
+from app.engine.quant.types import QUANT_TYPES
+
+TOKENS = (2, 4, 8, 16, 32, 64)
+METHODS = ("v1", "v2", "cublas16", "expand")
+CALLS = 50  # calls a timed graph holds
+ROTATE_BYTES = 192 << 20  # copies of a weight set up to here: > 3x the H100's 50 MiB L2
+MAX_COPIES = 24
+# Where each format keeps its float16 scales in a block (byte offsets): random bytes there could be NaN.
+SCALE_OFFSETS = {"Q4_K": (0, 2), "Q6_K": (208,)}
+
+
+@dataclass(frozen=True)
+class Product:
+    model: str
+    name: str
+    qtype: str
+    parts: tuple[int, ...]  # rows of each stacked weight
+    n_cols: int
+
+    @property
+    def n_rows(self) -> int:
+        return sum(self.parts)
+
+    @property
+    def nbytes(self) -> int:
+        return self.n_rows * QUANT_TYPES[self.qtype].row_bytes(self.n_cols)
+
+
+def products(models: list[str]) -> list[Product]:
+    shapes = {"8b": (4096, 4096, 12288), "27b": (5120, 5120, 17408), "31b": (5120, 5120, 21504)}
+    out = []
+    for model in models:
+        hidden, q_rows, inter = shapes[model]
+        out += [Product(model, "q", "Q4_K", (q_rows,), hidden), Product(model, "gate+up", "Q4_K", (inter, inter), hidden),
+                Product(model, "down", "Q6_K", (hidden,), inter)]  # fmt: skip
+    return out
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="*", choices=("8b", "27b", "31b"), default=["8b", "27b", "31b"])
+    parser.add_argument("--tokens", nargs="*", type=int, default=list(TOKENS))
+    parser.add_argument("--methods", nargs="*", choices=METHODS, default=list(METHODS))
+    parser.add_argument("--list", action="store_true", help="print the cases and v2's shapes, touch no GPU")
+    args = parser.parse_args(argv)
+    bad = [t for t in args.tokens if not 2 <= t <= 64]
+    if bad:
+        parser.error(f"--tokens must be 2..64 (gemv_mma's range), got {bad}")
+    return args
+
+
+def case_line(product: Product, n_tok: int) -> dict:
+    shape = pick_shape(n_tok, product.n_rows, product.n_cols, "v2")
+    return {"model": product.model, "product": product.name, "format": product.qtype,
+            "rows": product.n_rows, "cols": product.n_cols, "tokens": n_tok, "mb": round(product.nbytes / 1e6, 1),
+            "v2_shape": f"mt{shape.m_tiles} nt{shape.n_tiles} rw{shape.row_warps} kw{shape.warps} "
+                        f"splits{shape.k_splits}"}  # fmt: skip
+
+
+def random_weight(qtype: str, rows: int, cols: int, rng: np.random.Generator) -> Any:
+    """A CudaWeight of random bytes whose float16 scales are small and finite."""
+    from app.engine.backend.cuda.weights import upload_matrix
+    from app.engine.quant.dispatch import QuantizedTensor
+
+    kind = QUANT_TYPES[qtype]
+    data = rng.integers(0, 256, (rows, kind.row_bytes(cols)), dtype=np.uint8)
+    blocks = data.reshape(rows, cols // kind.block_size, kind.type_size)
+    for offset in SCALE_OFFSETS[qtype]:
+        blocks[:, :, offset : offset + 2] = np.frombuffer(np.float16(0.002).tobytes(), np.uint8)
+    return upload_matrix(QuantizedTensor("w", kind, (rows, cols), data))
+
+
+def copies_of(nbytes: int) -> int:
+    return max(1, min(MAX_COPIES, -(-ROTATE_BYTES // nbytes)))
+
+
+def measure(product: Product, tokens: list[int], methods: list[str], rng: np.random.Generator) -> None:
+    import cupy
+    from gpu_check import time_graph
+
+    from app.engine.backend.cuda.blas import matmul_t
+    from app.engine.backend.cuda.expand import expand_rows
+    from app.engine.kernels.gemv_mma import gemv_mma
+
+    weights = [random_weight(product.qtype, r, product.n_cols, rng) for r in product.parts]
+    sets = [[(w.data if i == 0 else cupy.array(w.data), product.qtype, w.row_bytes, w.n_rows) for w in weights]
+            for i in range(copies_of(product.nbytes))]  # fmt: skip
+    dense = cupy.empty((product.n_rows, product.n_cols), cupy.float16)  # [W0; W1] as float16
+    row = 0
+    for w in weights:
+        expand_rows(w, dense[row : row + w.n_rows])
+        row += w.n_rows
+    dense_sets = [dense] + [dense.copy() for _ in range(copies_of(dense.nbytes) - 1)]
+    for n_tok in tokens:
+        x = cupy.asarray(rng.standard_normal((n_tok, product.n_cols)).astype(np.float32))
+        x16 = x.astype(cupy.float16)
+        outs = {m: cupy.empty((n_tok, product.n_rows), cupy.float32) for m in methods}
+        calls = {
+            "v1": [partial(gemv_mma, s, product.n_cols, x, outs["v1"], kernel="v1") for s in sets] if "v1" in outs else [],
+            "v2": [partial(gemv_mma, s, product.n_cols, x, outs["v2"], kernel="v2") for s in sets] if "v2" in outs else [],
+            "cublas16": [partial(matmul_t, x16, d, outs["cublas16"]) for d in dense_sets] if "cublas16" in outs else [],
+            "expand": [partial(_expand_then_cublas, x16, weights, outs["expand"])] if "expand" in outs else [],
+        }  # fmt: skip
+        line = case_line(product, n_tok)
+        for method in methods:
+            fns = [calls[method][i % len(calls[method])] for i in range(CALLS)]
+            seconds, how = time_graph(fns, reps=5)
+            line[f"{method}_us"] = round(seconds * 1e6, 2)
+            line[f"{method}_tb_s"] = round(product.nbytes / seconds / 1e12, 3)
+            if how != "graph":
+                line[f"{method}_timing"] = how
+        if "cublas16" in outs:
+            ref = outs["cublas16"]
+            for method in ("v1", "v2", "expand"):
+                if method in outs:
+                    diff = cupy.linalg.norm(outs[method] - ref) / cupy.linalg.norm(ref)
+                    line[f"{method}_rel_diff"] = float(f"{float(diff):.3g}")
+        print(json.dumps(line), flush=True)
+
+
+def _expand_then_cublas(x16: Any, weights: list, out: Any) -> None:
+    """linear's no-copy path: each stacked weight expanded to float16 scratch, then cuBLAS into its columns."""
+    from app.engine.backend.cuda.linear import matmul_quantized
+
+    row = 0
+    for w in weights:
+        matmul_quantized(x16, w, out.data.ptr + 4 * row, out.shape[1])
+        row += w.n_rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    started = time.perf_counter()
+    cases = products(args.models)
+    if args.list:
+        for product in cases:
+            for n_tok in args.tokens:
+                print(json.dumps(case_line(product, n_tok)))
+        return
+    from app.engine.backend.cuda.backend import CudaBackend
+
+    CudaBackend()  # the device, its memory pool and cuBLAS as the engine sets them up
+    rng = np.random.default_rng(0)
+    for product in cases:  # kernels compile in each timing's warm-up calls, outside the timed replays
+        measure(product, args.tokens, args.methods, rng)
+    print(json.dumps({"wall_s": round(time.perf_counter() - started, 1)}))
+
+
+if __name__ == "__main__":
+    main()
