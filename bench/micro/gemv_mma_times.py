@@ -14,8 +14,11 @@ random (valid scales), in enough copies that cycling through them misses L2, as 
 Prints one JSON line per (product, tokens): microseconds per call of each path, each as CUDA events
 around one replay of a graph of ~50 calls (median of 5 replays, after two warm-up calls and one
 warm-up replay), TB/s of the quantized weight bytes, v2's launch shape and the relative difference
-of v1's and v2's outputs from cuBLAS on the float16 copy (the same rounded numbers, so ~1e-6).
-Then one line with the whole run's wall time (kernel compiles included).
+of the other paths' outputs from cuBLAS on the float16 copy (the same float16 weights and x up to
+rounding ties: small). cuBLAS gets x already in float16; v1 and v2 convert it inside their time.
+Beside v2's picked column splits, v2 at the other splits (fields v2_splits<S>_us) for tuning pick_shape.
+The v1 and v2 builds compile first in parallel processes; a last line gives that time and the whole
+run's wall time.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -34,10 +37,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "suite"))
 
-from app.engine.kernels.gemv_mma import pick_shape
+from app.engine.kernels.gemv_mma import MAX_SPLITS, MmaShape, cdiv, module_of, pick_shape
 from app.engine.quant.types import QUANT_TYPES
 
 TOKENS = (2, 4, 8, 16, 32, 64)
+SPLITS = tuple(2**i for i in range(MAX_SPLITS.bit_length()))  # v2's column splits, timed beside its pick
 METHODS = ("v1", "v2", "cublas16", "expand")
 CALLS = 50  # calls a timed graph holds
 ROTATE_BYTES = 192 << 20  # copies of a weight set up to here: > 3x the H100's 50 MiB L2
@@ -94,6 +98,59 @@ def case_line(product: Product, n_tok: int) -> dict:
                         f"splits{shape.k_splits}"}  # fmt: skip
 
 
+def split_choices(picked: MmaShape, n_cols: int) -> list[int]:
+    """The column splits to time beside the picked one: each keeps >= 2 super-steps a split."""
+    super_steps = cdiv(cdiv(n_cols // 32, 4), picked.warps)
+    return [s for s in SPLITS if s != picked.k_splits and 2 * s <= super_steps]
+
+
+def module_jobs(cases: list[Product], tokens: list[int], methods: list[str]) -> list[tuple[str, dict]]:
+    """The (kernel file, defines) of every v1 and v2 build the run launches, each once."""
+    jobs = {}
+    for product in cases:
+        for n_tok in tokens:
+            for kernel in (k for k in ("v1", "v2") if k in methods):
+                shape = pick_shape(n_tok, product.n_rows, product.n_cols, kernel)
+                source, defines = module_of(kernel, [product.qtype] * len(product.parts), shape)
+                jobs[source, tuple(sorted(defines.items()))] = (source, defines)
+    return list(jobs.values())
+
+
+def precompile(jobs: list[tuple[str, dict]]) -> float:
+    """Compile the builds into the kernel cache in parallel processes (NVRTC under get_module's lock
+    would take them one at a time: most of the run); seconds taken."""
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    from app.engine import envs
+    from app.engine.kernels.runtime import compile as rc
+
+    started = time.perf_counter()
+    arch, nvrtc = rc.device_arch(), rc._nvrtc_version()
+    work = []
+    for source, defines in jobs:  # get_module's cache path for these options
+        options = rc.define_options({**defines, **envs.PADDOCK_KERNEL_DEFINES})
+        stem = rc.cache_dir() / f"sm{arch}" / f"{Path(source).stem}-{rc.module_digest(source, options, arch, nvrtc)}"
+        if not any(stem.with_suffix(suffix).exists() for suffix in (".cubin", ".ptx")):
+            work.append((source, options, arch, str(stem)))
+    if work:
+        workers = max(1, min(len(work), os.cpu_count() or 1))
+        try:
+            with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+                list(pool.map(_compile_one, work))
+        except Exception as exc:  # the timings still run: their warm-up calls compile what is missing
+            print(f"precompile failed ({exc!r}); compiling one at a time", file=sys.stderr, flush=True)
+    return time.perf_counter() - started
+
+
+def _compile_one(job: tuple[str, tuple[str, ...], str, str]) -> None:
+    from app.engine.kernels.runtime.compile import _compile_to_file
+
+    source, options, arch, stem = job
+    _compile_to_file(source, options, arch, Path(stem))
+
+
 def random_weight(qtype: str, rows: int, cols: int, rng: np.random.Generator) -> Any:
     """A CudaWeight of random bytes whose float16 scales are small and finite."""
     from app.engine.backend.cuda.weights import upload_matrix
@@ -120,8 +177,9 @@ def measure(product: Product, tokens: list[int], methods: list[str], rng: np.ran
     from app.engine.kernels.gemv_mma import gemv_mma
 
     weights = [random_weight(product.qtype, r, product.n_cols, rng) for r in product.parts]
-    sets = [[(w.data if i == 0 else cupy.array(w.data), product.qtype, w.row_bytes, w.n_rows) for w in weights]
-            for i in range(copies_of(product.nbytes))]  # fmt: skip
+    weight_sets = [weights] + [[replace(w, data=cupy.array(w.data)) for w in weights]
+                               for _ in range(copies_of(product.nbytes) - 1)]  # fmt: skip
+    sets = [[(w.data, product.qtype, w.row_bytes, w.n_rows) for w in ws] for ws in weight_sets]
     dense = cupy.empty((product.n_rows, product.n_cols), cupy.float16)  # [W0; W1] as float16
     row = 0
     for w in weights:
@@ -136,9 +194,17 @@ def measure(product: Product, tokens: list[int], methods: list[str], rng: np.ran
             "v1": [partial(gemv_mma, s, product.n_cols, x, outs["v1"], kernel="v1") for s in sets] if "v1" in outs else [],
             "v2": [partial(gemv_mma, s, product.n_cols, x, outs["v2"], kernel="v2") for s in sets] if "v2" in outs else [],
             "cublas16": [partial(matmul_t, x16, d, outs["cublas16"]) for d in dense_sets] if "cublas16" in outs else [],
-            "expand": [partial(_expand_then_cublas, x16, weights, outs["expand"])] if "expand" in outs else [],
+            "expand": [partial(_expand_then_cublas, x16, ws, outs["expand"]) for ws in weight_sets]
+            if "expand" in outs else [],
         }  # fmt: skip
         line = case_line(product, n_tok)
+        if "v2" in outs:  # v2 at the other column splits (one build: the splits are the grid's y)
+            picked = pick_shape(n_tok, product.n_rows, product.n_cols, "v2")
+            for splits in split_choices(picked, product.n_cols):
+                shape = replace(picked, k_splits=splits)
+                fns = [partial(gemv_mma, s, product.n_cols, x, outs["v2"], shape=shape, kernel="v2") for s in sets]
+                seconds, _ = time_graph([fns[i % len(fns)] for i in range(CALLS)], reps=5)
+                line[f"v2_splits{splits}_us"] = round(seconds * 1e6, 2)
         for method in methods:
             fns = [calls[method][i % len(calls[method])] for i in range(CALLS)]
             seconds, how = time_graph(fns, reps=5)
@@ -177,10 +243,11 @@ def main(argv: list[str] | None = None) -> None:
     from app.engine.backend.cuda.backend import CudaBackend
 
     CudaBackend()  # the device, its memory pool and cuBLAS as the engine sets them up
+    compile_s = precompile(module_jobs(cases, args.tokens, args.methods))
     rng = np.random.default_rng(0)
-    for product in cases:  # kernels compile in each timing's warm-up calls, outside the timed replays
+    for product in cases:  # anything not compiled ahead compiles in a timing's warm-up calls, not its replays
         measure(product, args.tokens, args.methods, rng)
-    print(json.dumps({"wall_s": round(time.perf_counter() - started, 1)}))
+    print(json.dumps({"compile_s": round(compile_s, 1), "wall_s": round(time.perf_counter() - started, 1)}))
 
 
 if __name__ == "__main__":

@@ -133,38 +133,46 @@ def gemv_mma(
     total_rows = sum(p[3] for p in parts)
     shape = shape or pick_shape(n_tok, total_rows, n_cols, kernel)
     padded = list(parts) + [(parts[-1][0], parts[-1][1], parts[-1][2], 0)] * (3 - len(parts))
-    defines = {"GM_F0": f"Fmt{padded[0][1]}", "GM_F1": f"Fmt{padded[1][1]}", "GM_F2": f"Fmt{padded[2][1]}",
-               "GM_MT": shape.m_tiles, "GM_NT": shape.n_tiles}  # fmt: skip
+    source, defines = module_of(kernel, [p[1] for p in parts], shape)
     blocks = sum(cdiv(p[3], shape.rows()) for p in padded)
     weights = (padded[0][0], padded[1][0], padded[2][0], i64(padded[0][2]), i64(padded[1][2]), i64(padded[2][2]),
                i32(padded[0][3]), i32(padded[1][3]), i32(padded[2][3]), i32(n_cols))  # fmt: skip
     if kernel == "v1":
         if shape.row_warps != 1 or shape.k_splits != 1:
             raise ValueError(f"gemv_mma v1 has no row-warps or column splits: {shape}")
-        module = get_kernel("gemv_mma.cu", "gemv_mma", {**defines, "GM_WARPS": shape.warps})
-        launch(module, (blocks,), (32 * shape.warps,), (*weights, x, i32(n_tok), out, ptr(bias)))
+        kernel_v1 = get_kernel(source, "gemv_mma", defines)
+        launch(kernel_v1, (blocks,), (32 * shape.warps,), (*weights, x, i32(n_tok), out, ptr(bias)))
         return out
     if shape.shared_bytes_v2() > MAX_SHARED_BYTES:
         raise ValueError(f"gemv_mma v2 shape {shape} needs {shape.shared_bytes_v2()} bytes of shared memory")
-    _gemv_mma2(shape, defines, blocks, weights, x, n_tok, out, bias)
+    _gemv_mma2(shape, source, defines, blocks, weights, x, n_tok, out, bias)
     return out
 
 
+def module_of(kernel: str, qtype_names: list[str], shape: MmaShape) -> tuple[str, dict[str, str | int]]:
+    """The kernel file and defines of a product of 1-3 weights of `qtype_names` (benchmarks compile them ahead)."""
+    formats = [*qtype_names, *[qtype_names[-1]] * (3 - len(qtype_names))]  # absent weights take the last's
+    defines: dict[str, str | int] = {f"GM_F{i}": f"Fmt{q}" for i, q in enumerate(formats)}
+    defines |= {"GM_MT": shape.m_tiles, "GM_NT": shape.n_tiles}
+    if kernel == "v1":
+        return "gemv_mma.cu", {**defines, "GM_WARPS": shape.warps}
+    return "gemv_mma2.cu", {**defines, "GM_RW": shape.row_warps, "GM_KW": shape.warps}
+
+
 def _gemv_mma2(
-    shape: MmaShape, defines: dict[str, str | int], blocks: int, weights: tuple[Any, ...], x: Any, n_tok: int,
-    out: Any, bias: Any | None,
+    shape: MmaShape, source: str, defines: dict[str, str | int], blocks: int, weights: tuple[Any, ...], x: Any,
+    n_tok: int, out: Any, bias: Any | None,
 ) -> None:  # fmt: skip
     """The pre-pass (float16 x; zeros in `out` for the column splits to add into), then the product."""
     import cupy
 
-    defines = {**defines, "GM_RW": shape.row_warps, "GM_KW": shape.warps}
     x16 = cupy.empty(x.shape, cupy.float16)
     zero = shape.k_splits > 1
-    pre = get_kernel("gemv_mma2.cu", "gemv_mma2_x16", defines)
+    pre = get_kernel(source, "gemv_mma2_x16", defines)
     work = max(x.size // 4, out.size if zero else 0)
     pre_blocks = max(1, min(cdiv(work, X16_THREADS), 4 * MULTIPROCESSORS))  # stride loops cover the rest
     launch(pre, (pre_blocks,), (X16_THREADS,),
            (x, x16, i32(x.size), out if zero else ptr(None), i32(out.size if zero else 0)))  # fmt: skip
-    main = get_kernel("gemv_mma2.cu", "gemv_mma2", defines)
+    main = get_kernel(source, "gemv_mma2", defines)
     launch(main, (blocks, shape.k_splits), (32 * shape.row_warps * shape.warps,),
            (*weights, x16, i32(n_tok), out, ptr(bias)))  # fmt: skip

@@ -92,6 +92,7 @@ BUILDS2 = {
     "mixed": (("Q5_K", "Q4_0", "F16"), 2, 4, 1, 2),
     "picked8": (("Q4_K", "Q4_K", "Q6_K"), 1, 1, 4, 2),  # pick_shape's builds for <= 8 and 33..64 tokens
     "picked64": (("Q4_K", "Q4_K", "Q6_K"), 2, 8, 4, 1),
+    "uniform": (("Q4_K", "Q4_K", "Q4_K"), 1, 2, 4, 2),  # one format: the kernel's single inlined tile
 }
 
 
@@ -120,6 +121,8 @@ def emulators2(tmp_path_factory) -> dict[str, Path]:
     ("mixed", (23, 40, 9), 1024, 29, 1, True),
     ("picked8", (130, 64, 70), 2048, 5, 4, True),
     ("picked64", (130, 64, 70), 1536, 64, 2, True),
+    ("uniform", (70, 130, 33), 1024, 16, 2, True),  # three weights, each ragged, tiles found by index
+    ("uniform", (200, 0, 0), 768, 11, 1, False),
 ])  # fmt: skip
 def test_gemv_mma2_emulated(
     request: pytest.FixtureRequest, emulators2, tmp_path: Path, build_name: str, rows, cols: int, n_tok: int,

@@ -63,6 +63,15 @@ constexpr int PART_WORDS = (GM_KW - 1) * GM_RW * GM_MT * GM_NT * 4 * 32 / 4;  //
 constexpr int SMEM_WORDS = 2 * XS_WORDS > PART_WORDS ? 2 * XS_WORDS : PART_WORDS;
 static_assert(SMEM_WORDS * 16 <= 48 * 1024, "gemv_mma2: shared memory over 48 KiB (pick_shape keeps it under)");
 
+template <class A, class B>
+struct same {  // std::is_same (NVRTC has no <type_traits> here)
+    static constexpr bool value = false;
+};
+template <class A>
+struct same<A, A> {
+    static constexpr bool value = true;
+};
+
 // 8 bytes global -> shared without passing through registers (cp.async.ca: the 16-byte .cg of
 // mma.cuh cannot take them); `valid` false fills zeros. The emulator copies at once.
 #ifndef PADDOCK_HOST_SHIM
@@ -272,6 +281,17 @@ extern "C" __global__ void __launch_bounds__(gm2::THREADS)
     const int tiles0 = (rows0 + ROWS - 1) / ROWS, tiles1 = (rows1 + ROWS - 1) / ROWS;
     const int ld_y = rows0 + rows1 + rows2;
     int tile = blockIdx.x;
+    if constexpr (gm2::same<GM_F0, GM_F1>::value && gm2::same<GM_F1, GM_F2>::value) {
+        // One format (gate/up, a single weight): one inlined copy of the tile, a third of the code.
+        const int which = tile < tiles0 ? 0 : tile < tiles0 + tiles1 ? 1 : 2;
+        const u8* w = which == 0 ? w0 : which == 1 ? w1 : w2;
+        const i64 row_bytes = which == 0 ? row_bytes0 : which == 1 ? row_bytes1 : row_bytes2;
+        const int rows = which == 0 ? rows0 : which == 1 ? rows1 : rows2;
+        const int first = which == 0 ? 0 : which == 1 ? tiles0 : tiles0 + tiles1;
+        const int col0 = which == 0 ? 0 : which == 1 ? rows0 : rows0 + rows1;
+        gm2::tile<GM_F0>(w, row_bytes, rows, (tile - first) * ROWS, n_cols, x, n_tok, y, ld_y, col0, bias, smem);
+        return;
+    }
     if (tile < tiles0) {
         gm2::tile<GM_F0>(w0, row_bytes0, rows0, tile * ROWS, n_cols, x, n_tok, y, ld_y, 0, bias, smem);
         return;
