@@ -115,6 +115,8 @@ DECLARED: tuple[EnvVar, ...] = (
            "most tokens a product takes on quantized weights through tensor cores (gemv_mma.cu); 0: never"),
     EnvVar("PADDOCK_GEMV_MMA_NO_COPY", _int, 64,
            "most tokens a product on a weight without a float16 copy takes on gemv_mma.cu (from 3); 0: never"),
+    EnvVar("PADDOCK_GEMV_MMA_KERNEL", _choice("v1", "v2"), "v1",
+           "those products' kernel: v1 gemv_mma.cu, v2 gemv_mma2.cu (staged float16 x; gemv_mma.py)"),
     EnvVar("PADDOCK_GEMV_QB", _int, None, "groups of 16 x columns a thread quantizes at once (default: tuning table)"),
     EnvVar("PADDOCK_FUSED_NORM_MAX_COLS", _int, None,
            "widest x whose add + RMSNorm is fused into the next GEMV (default: tuning table)"),

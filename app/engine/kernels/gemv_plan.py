@@ -24,6 +24,7 @@ class GemvPlan:
     mma_max_tokens: int = 0  # products of 2..this many tokens on gemv_mma.cu; 0: none
     # products of DENSE_FROM_TOKENS..this many tokens on a weight without a float16 copy (linear.py); 0: none
     mma_no_copy: int = 64
+    mma_kernel: str = "v1"  # gemv_mma's kernel: "v1" gemv_mma.cu, "v2" gemv_mma2.cu
     groups_per_thread: int | None = None  # XQ_QB's cap; None: the tuning's
     fused_norm_max_cols: int | None = None  # None: the tuning's
 
@@ -31,7 +32,7 @@ class GemvPlan:
     def for_backend(cls, options: KernelOptions, tuning: Tuning) -> GemvPlan:
         return cls(tuning, options.gemv_overrides, options.gemv_int_x, options.gemv_int_multi,
                    options.gemv_resident_cap, options.gemv_mma_max_tokens, options.gemv_mma_no_copy,
-                   options.gemv_groups_per_thread, options.fused_norm_max_cols)  # fmt: skip
+                   options.gemv_mma_kernel, options.gemv_groups_per_thread, options.fused_norm_max_cols)  # fmt: skip
 
     def float_rows(self, bucket: int, qtype_name: str) -> int:
         """Rows per block of gemv.cu (float32 x) for a token bucket and format."""

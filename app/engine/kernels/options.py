@@ -60,6 +60,7 @@ class KernelOptions:
     gemv_resident_cap: bool = _from_env("PADDOCK_GEMV_RESIDENT")  # int16-x grids capped at resident blocks
     gemv_mma_max_tokens: int = _from_env("PADDOCK_GEMV_MMA_MAX_TOKENS")  # 2..N tokens on gemv_mma.cu; 0: off
     gemv_mma_no_copy: int = _from_env("PADDOCK_GEMV_MMA_NO_COPY")  # the same for weights without a float16 copy
+    gemv_mma_kernel: str = _from_env("PADDOCK_GEMV_MMA_KERNEL")  # "v1" gemv_mma.cu, "v2" gemv_mma2.cu
     gemv_groups_per_thread: int | None = _from_env("PADDOCK_GEMV_QB")  # XQ_QB's cap; None: the tuning's
     fused_norm_max_cols: int | None = _from_env("PADDOCK_FUSED_NORM_MAX_COLS")  # None: the tuning's
     gemv_overrides: ShapeOverrides = field(default_factory=ShapeOverrides.from_env)
@@ -67,3 +68,5 @@ class KernelOptions:
     def __post_init__(self) -> None:
         if self.decode_rope not in ("auto", "all", "off"):
             raise ValueError(f"decode_rope must be auto, all or off, not {self.decode_rope!r}")
+        if self.gemv_mma_kernel not in ("v1", "v2"):
+            raise ValueError(f"gemv_mma_kernel must be v1 or v2, not {self.gemv_mma_kernel!r}")

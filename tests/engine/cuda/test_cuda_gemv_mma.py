@@ -1,5 +1,7 @@
-"""gemv_mma.cu on the GPU (off by default in `linear`, see gemv_mma.py): every format, stacked
-weights, partial tiles, against the float64 product of the numpy dequantizers' weights."""
+"""gemv_mma.cu ("v1") and gemv_mma2.cu ("v2") on the GPU (off by default in `linear`, see
+gemv_mma.py): every format, stacked weights, partial tiles, v2's column splits and launch shapes,
+against the float64 product of the numpy dequantizers' weights. Outputs start as NaN: every one
+must be written (v2 with splits zeroes them in its pre-pass and adds into them)."""
 
 from __future__ import annotations
 
@@ -8,27 +10,59 @@ import pytest
 from cuda_samples import F16_TOL, dequantize_oracle, random_tensor, rel_err
 
 from app.engine.kernels.gemv_mma import FORMATS as MMA_FORMATS
+from app.engine.kernels.gemv_mma import KERNELS, MmaShape, pick_shape
 
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("n_tok", [2, 7, 8, 16, 33, 64])
-@pytest.mark.parametrize("qtype", sorted(MMA_FORMATS))
-def test_gemv_mma_matches_oracle(cuda, rng, qtype: str, n_tok: int) -> None:
+def _check(cuda, rng, formats, rows, cols: int, n_tok: int, kernel: str, shape: MmaShape | None = None) -> None:
     import cupy
 
     from app.engine.kernels.gemv_mma import gemv_mma
 
-    cols = 768 if qtype.endswith("_K") else 608  # 608: the last 128-column step is partial
-    rows = (45, 19)
-    tensors = [random_tensor(qtype, r, cols, rng) for r in rows]
+    tensors = [random_tensor(q, r, cols, rng) for q, r in zip(formats, rows, strict=True)]
     weights = [cuda.load_weight(t) for t in tensors]
     x = rng.standard_normal((n_tok, cols)).astype(np.float32)
     bias = rng.standard_normal(sum(rows)).astype(np.float32)
     out = cupy.full((n_tok, sum(rows)), cupy.nan, cupy.float32)
-    parts = [(w.data, qtype, w.row_bytes, w.n_rows) for w in weights]
-    got = cupy.asnumpy(gemv_mma(parts, cols, cupy.asarray(x), out, cupy.asarray(bias)))
+    parts = [(w.data, q, w.row_bytes, w.n_rows) for w, q in zip(weights, formats, strict=True)]
+    got = cupy.asnumpy(gemv_mma(parts, cols, cupy.asarray(x), out, cupy.asarray(bias), shape=shape, kernel=kernel))
     ref_w = np.concatenate([dequantize_oracle(t) for t in tensors]).astype(np.float64)
     ref = x.astype(np.float64) @ ref_w.T + bias
     assert not np.isnan(got).any(), "unwritten outputs"
     assert rel_err(got, ref) < F16_TOL
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("n_tok", [2, 7, 8, 16, 33, 64])
+@pytest.mark.parametrize("qtype", sorted(MMA_FORMATS))
+def test_gemv_mma_matches_oracle(cuda, rng, qtype: str, n_tok: int, kernel: str) -> None:
+    cols = 768 if qtype.endswith("_K") else 608  # 608: the last 128-column step is partial
+    _check(cuda, rng, (qtype, qtype), (45, 19), cols, n_tok, kernel)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("n_tok", [3, 9, 33, 64])
+def test_gemv_mma_q4_k_m_qkv_with_splits(cuda, rng, n_tok: int, kernel: str) -> None:
+    """q/k/v as Q4_K_M stores them (v in Q6_K), few rows and 4096 columns: v2 splits the columns."""
+    rows, cols = (160, 32, 40), 4096
+    if kernel == "v2":
+        assert pick_shape(n_tok, sum(rows), cols, "v2").k_splits > 1
+    _check(cuda, rng, ("Q4_K", "Q4_K", "Q6_K"), rows, cols, n_tok, kernel)
+
+
+@pytest.mark.parametrize(("m_tiles", "n_tiles", "col_warps", "row_warps", "splits", "n_tok"), [
+    (1, 1, 2, 4, 1, 5),
+    (1, 1, 4, 2, 3, 8),  # three splits of uneven length
+    (2, 2, 1, 4, 2, 12),
+    (1, 4, 2, 4, 1, 30),
+    (2, 8, 1, 4, 4, 64),  # the 249-register build, two blocks a multiprocessor
+    (2, 8, 1, 2, 1, 41),
+    (2, 4, 2, 2, 2, 25),
+])  # fmt: skip
+@pytest.mark.parametrize("formats", [("Q4_K", "Q6_K"), ("Q8_0", "Q5_K")])
+def test_gemv_mma2_launch_shapes(
+    cuda, rng, formats, m_tiles: int, n_tiles: int, col_warps: int, row_warps: int, splits: int, n_tok: int
+) -> None:  # fmt: skip
+    shape = MmaShape(m_tiles, n_tiles, col_warps, row_warps, splits)
+    _check(cuda, rng, formats, (200, 77), 2560, n_tok, "v2", shape)

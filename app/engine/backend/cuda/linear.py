@@ -62,12 +62,14 @@ def _mma_without_copy(n_tok: int, weight: CudaWeight | CudaFusedWeight, plan: Ge
     return weight.dense16 is None and DENSE_FROM_TOKENS <= n_tok <= plan.mma_no_copy
 
 
-def _gemv_mma(parts: list[tuple[Any, str, int, int]], n_cols: int, x: Any, out: Any, bias: Any | None) -> Any:
-    """gemv_mma over any number of tokens: launches of up to its MAX_TOKENS rows of x (a row slice of
-    the C-contiguous `out` is C-contiguous too)."""
+def _gemv_mma(
+    parts: list[tuple[Any, str, int, int]], n_cols: int, x: Any, out: Any, bias: Any | None, plan: GemvPlan
+) -> Any:
+    """gemv_mma (the plan's kernel) over any number of tokens: launches of up to its MAX_TOKENS rows of x
+    (a row slice of the C-contiguous `out` is C-contiguous too)."""
     step = gemv_mma.MAX_TOKENS
     for r0 in range(0, x.shape[0], step):
-        gemv_mma.gemv_mma(parts, n_cols, x[r0 : r0 + step], out[r0 : r0 + step], bias)
+        gemv_mma.gemv_mma(parts, n_cols, x[r0 : r0 + step], out[r0 : r0 + step], bias, kernel=plan.mma_kernel)
     return out
 
 
@@ -108,7 +110,7 @@ def linear(
     if weight.dense is not None:
         matmul_t(x, weight.dense, out)
     elif mma is not None:
-        return _gemv_mma(mma, weight.n_cols, x, out, bias)
+        return _gemv_mma(mma, weight.n_cols, x, out, bias, plan)
     elif n_tok <= GEMV_MAX_TOKENS and not _dense_pays(n_tok, weight) and weight.layout is not None:
         return gemv_split(
             weight.data, weight.scales, weight.layout, weight.n_rows, weight.n_cols, x, out, bias
@@ -181,7 +183,7 @@ def _linear_fused(x: Any, fused: CudaFusedWeight, cache: DenseCache | None, plan
         return out
     mma = _mma_parts(n_tok, fused, plan)
     if mma is not None:
-        return _gemv_mma(mma, fused.n_cols, x, out, fused.bias)
+        return _gemv_mma(mma, fused.n_cols, x, out, fused.bias, plan)
     parts = _gemv_parts(fused)
     mixed = len({_int_part(p) for p in fused.parts}) > 1
     if n_tok == 1 and (parts is None or mixed):
