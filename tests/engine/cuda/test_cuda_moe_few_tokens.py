@@ -1,8 +1,9 @@
 """kernels/moe.py's path for 1 to FUSED_DECODE_MAX_TOKENS tokens on the GPU (moe_few_tokens: moe_route, the
 gate/up product per pair, moe_down_combine_<fmt>): against the grouped path (fused_decode=False) and the numpy
 layer, at a Qwen3.5-35B-A3B-like routing (top 8 of 64 experts) with its Q4_K gate/up and Q6_K, Q4_K or Q8_0
-down, with and without Gemma 4's expert scale; its three launches; and a decode graph's replay with
-programmatic launches. The host-side choice of the path runs everywhere (test_moe_few_tokens_choice.py)."""
+down, with and without Gemma 4's expert scale; its three launches. A decode graph's replay of it with
+programmatic launches: test_cuda_moe_decode.py; the host-side choice of the path (everywhere):
+test_moe_few_tokens_choice.py."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from cuda_samples import GEMV_TOL, random_tensor, rel_err
 
 from app.engine.layers.moe import MoE
 from app.engine.models.config import MoeSpec
-from app.engine.moe.ops import route
 from app.engine.quant.dispatch import QuantizedTensor
 from app.engine.quant.types import QUANT_TYPES
 
@@ -77,34 +77,3 @@ def test_few_tokens_run_three_launches(cuda, cpu, rng, monkeypatch):
     names.clear()
     kmoe.moe_forward(cp.asarray(x), cp.asarray(layer.router(x)), SPEC, *stacked, fused_decode=False)
     assert names == ["moe_route_grouped", "moe_grouped_gated_q4_k", "moe_grouped_q6_k", "moe_combine"]
-
-
-@pytest.mark.parametrize("n_tok", [1, 4])
-def test_few_tokens_replay_in_a_graph_with_programmatic_launches(cuda, cpu, rng, n_tok):
-    """A decode graph's capture of the path: the replay on new inputs equals the eager call, bit for bit, and
-    routes them to other experts (the router waited for the new logits)."""
-    import cupy as cp
-
-    from app.engine.kernels.moe import moe_forward
-    from app.engine.kernels.runtime import pdl
-
-    _, stacked, _ = _layer(cpu, rng, "Q6_K", False)
-    x = cp.asarray(rng.standard_normal((n_tok, HIDDEN)).astype(np.float32))
-    logits = cp.asarray(rng.standard_normal((n_tok, EXPERTS)).astype(np.float32))
-    cp.cuda.Device().synchronize()
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream, pdl.programmatic_launches():
-        moe_forward(x, logits, SPEC, *stacked)  # warm-up: compiles, sizes the memory pool's blocks
-        stream.synchronize()
-        stream.begin_capture()
-        out = moe_forward(x, logits, SPEC, *stacked)
-        graph = stream.end_capture()
-    first = cp.asnumpy(logits)
-    x[...] = cp.asarray(rng.standard_normal((n_tok, HIDDEN)).astype(np.float32))
-    logits[...] = cp.asarray(rng.standard_normal((n_tok, EXPERTS)).astype(np.float32))
-    cp.cuda.Device().synchronize()
-    graph.launch(stream=stream)
-    stream.synchronize()
-    eager = cp.asnumpy(moe_forward(x, logits, SPEC, *stacked))
-    np.testing.assert_array_equal(cp.asnumpy(out), eager)
-    assert not (route(np, first, SPEC)[1] == route(np, cp.asnumpy(logits), SPEC)[1]).all()  # other experts
