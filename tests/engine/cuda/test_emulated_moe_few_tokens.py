@@ -5,7 +5,7 @@ the same inputs.
 
 The two paths run the same dot products over the same lanes and add a token's pairs in the same (expert-id)
 order, so their outputs are equal to the bit, not just close. Cases: 1, 2 and 4 tokens, top 8 of 32 experts,
-Q4_K gate/up beside Q4_K, Q6_K and Q8_0 down, with and without Gemma 4's expert_scale; GPT-OSS's biases and
+Q4_K gate/up beside Q4_K, Q6_K, Q8_0 and Q5_0 down, with and without Gemma 4's expert_scale; GPT-OSS's biases and
 routing, Nemotron-H's ungated relu2 experts with grouped sigmoid routing, k = 16 (blocks of 16 warps) and a
 hidden size whose last row tile is partial. Not marked `gpu`: the kernels run as host threads.
 """
@@ -59,6 +59,8 @@ CASES = [
     Case(2, "Q8_0", "Q8_0", "relu2", routing="sigmoid_grouped"),  # Nemotron-H: ungated, grouped sigmoid routing
     Case(4, "Q8_0", "Q8_0", used=16),  # MOE_MAX_K: a block of 16 warps
     Case(2, "Q8_0", "Q8_0", hidden=96, ff=1024),  # 3 units a row (64-row tiles, the second partial); down 32 wide
+    # Gemma 4's layer 1 of Q4_K_M: a Q5_0 down of 96 columns (66-byte rows, not 16-byte aligned), its scale
+    Case(4, "Q4_K", "Q5_0", "gelu_tanh", scale=True, ff=96),
 ]
 
 
