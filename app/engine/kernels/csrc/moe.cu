@@ -21,6 +21,10 @@
 //                takes one); the ungated relu(up)^2 runs inside the up product (act 2).
 //   moe_combine  per token, sum of its k pairs' outputs times their weights, in expert-id order
 //                (the oracle's order, so a token's sum does not depend on the rest of the batch).
+//   moe_pair_<fmt>, moe_pair_gated_<fmt>, moe_down_combine_<fmt>
+//                a few tokens (kernels/moe.py's moe_few_tokens, after moe_route; no grouping): the products
+//                per (token, slot) pair, and the down product fused with the combine (a block of k warps per
+//                row tile and token, its sums in moe_combine's order: no [pairs, hidden] round trip).
 //
 // Every kernel starts with after_previous_grid() (common.cuh): a decode graph launches them programmatically
 // (pdl.py), and without the wait moe_route could read the router's logits while the product that writes
