@@ -102,3 +102,14 @@ def test_the_cuda_backend_hands_its_option_to_moe_forward(monkeypatch, fused_dec
     x, logits = np.zeros((1, 256), np.float32), np.zeros((1, 32), np.float32)
     assert cuda_backend.CudaBackend.moe(backend, x, logits, SPEC, (_experts(), _experts(), _experts())) == "out"
     assert seen["fused_decode"] is fused_decode
+
+
+def test_moe_few_tokens_names_what_it_cannot_take() -> None:
+    x, weights = np.zeros((2, 256), np.float32), np.zeros((2, 8), np.float32)
+    experts = (_experts(), _experts(), _experts())
+    with pytest.raises(ValueError, match=r"chosen \(2, 4\) for 2 tokens of 8 experts"):
+        kmoe.moe_few_tokens(x, np.zeros((2, 4), np.int32), weights, SPEC, *experts)
+    with pytest.raises(ValueError, match="relu2"):  # squared ReLU experts have no gate product
+        kmoe.moe_few_tokens(x, np.zeros((2, 8), np.int32), weights, MoeSpec(32, 8, 256, activation="relu2"), *experts)
+    with pytest.raises(ValueError, match="gelu"):
+        kmoe.moe_few_tokens(x, np.zeros((2, 8), np.int32), weights, MoeSpec(32, 8, 256, activation="gelu"), *experts)
