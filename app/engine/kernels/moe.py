@@ -101,7 +101,7 @@ def moe_forward(
         chosen, weights = moe_route(logits, spec, score_bias)  # a warp per token: no grouping
         return moe_few_tokens(x, chosen, weights, spec, gate, up, down, expert_scale)
     if x.shape[0] <= FUSED_ROUTE_TOKENS and up.num_experts == spec.num_experts:
-        chosen, weights, plan = route_grouped(logits, spec, score_bias)  # decode: route and group in one launch
+        chosen, weights, plan = route_grouped(logits, spec, score_bias)  # small batches: route and group at once
         return moe_experts(x, chosen, weights, spec, gate, up, down, plan=plan, expert_scale=expert_scale)
     chosen, weights = route_scaled(logits, spec, expert_scale, score_bias)
     return moe_experts(x, chosen, weights, spec, gate, up, down)
