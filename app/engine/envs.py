@@ -120,6 +120,9 @@ DECLARED: tuple[EnvVar, ...] = (
     EnvVar("PADDOCK_GEMV_QB", _int, None, "groups of 16 x columns a thread quantizes at once (default: tuning table)"),
     EnvVar("PADDOCK_FUSED_NORM_MAX_COLS", _int, None,
            "widest x whose add + RMSNorm is fused into the next GEMV (default: tuning table)"),
+    EnvVar("PADDOCK_MOE_FUSED_DECODE", _bool, True,
+           "MoE at 1 to 4 tokens: products per (token, expert) pair, the down product and the combine in one "
+           "launch (kernels/moe.py's moe_few_tokens; 0: the grouped path)"),
     EnvVar("PADDOCK_GEMV_MIN_BLOCKS", _int, None, "XQ_MIN_BLOCKS (register cap) of every int16-x build"),
     EnvVar("PADDOCK_GEMV_MIN_BLOCKS_", _int, MappingProxyType({}),
            "XQ_MIN_BLOCKS of one kernel: `<KEY>` is `<KERNEL>[_<FORMAT>]` (GATED, MULTI_Q4_K, ...)", prefix=True),

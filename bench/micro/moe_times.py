@@ -3,8 +3,10 @@ FFN 512, Q4_K gate/up, Q6_K down, random valid blocks): what the MoE block of on
 and which kernel takes it. CuPy events only (no Nsight Compute needed).
 
     python3 bench/micro/moe_times.py [--tokens 1 8 32 128] [--reps 20]
+    python3 bench/micro/moe_times.py --compare [--tokens 1 2 4 8]
 
-One JSON line per token count:
+One JSON line per token count (`path`: "few_tokens" where moe_forward takes kernels/moe.py's moe_few_tokens, up to
+FUSED_DECODE_MAX_TOKENS tokens, else "grouped"):
 - `layer_us`: route + grouped products + combine as a decode graph replays them (captured with programmatic
   launches, as the engine's decode graphs; median per call of back-to-back calls);
 - `kernels`: microseconds per kernel launch of kernels/moe.py, eager, each between two events with a spin
@@ -13,6 +15,12 @@ One JSON line per token count:
 - `experts_hit`, `hit_mb`: the distinct experts the routing chose and their gate + up + down bytes, the bytes the
   products must read; `hit_tb_s`: those bytes over `layer_us`, and per grouped kernel over its own time
   (the bound on an H100 is ~3.3 TB/s).
+
+`--compare`: each token count with the few-tokens path on and off (moe_forward's `fused_decode`, the engine's
+PADDOCK_MOE_FUSED_DECODE) in the same process, one line each, then a line per token count with both layer times
+and their ratio (`grouped_over_fused`). The run lifts FUSED_DECODE_MAX_TOKENS to its largest token count, so that
+every count is timed on both paths (8 tokens included: the data for moving the engine's bound, which the header
+line gives as `few_tokens_max`). Default token counts 1 2 4 8: well under a minute on an H100.
 """
 
 from __future__ import annotations
@@ -96,67 +104,108 @@ class KernelTimer:
         return dict(times)
 
 
-def main() -> None:
+PRODUCTS = ("moe_grouped", "moe_pair", "moe_down_combine")  # kernels that read expert weights
+
+
+class Layer:
+    """One 35B-A3B-shaped MoE layer on the device, and what its experts weigh."""
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        weights = {
+            "gate": stacked(GATE_UP_TYPE, FFN, HIDDEN, rng, "gate"),
+            "up": stacked(GATE_UP_TYPE, FFN, HIDDEN, rng, "up"),
+            "down": stacked(DOWN_TYPE, HIDDEN, FFN, rng, "down"),
+        }
+        self.gate, self.up, self.down = (kmoe.upload_stacked(w) for w in weights.values())
+        self.expert_bytes = {part: w.data.nbytes // EXPERTS for part, w in weights.items()}
+        self.spec = MoeSpec(EXPERTS, USED, FFN, routing="softmax_topk", normalize=True, activation="silu")
+
+
+def measure(layer: Layer, n_tok: int, fused_decode: bool, reps: int, rng: np.random.Generator) -> dict[str, Any]:
+    """One JSON row: the layer at `n_tok` tokens in a graph, eager, and per kernel (module docstring)."""
     import cupy as cp
 
+    spec = layer.spec
+    x = cp.asarray(rng.standard_normal((n_tok, HIDDEN)).astype(np.float32))
+    logits = cp.asarray(rng.standard_normal((n_tok, EXPERTS)).astype(np.float32))
+
+    def call() -> Any:
+        return kmoe.moe_forward(x, logits, spec, layer.gate, layer.up, layer.down, fused_decode=fused_decode)
+
+    hit = int(cp.unique(kmoe.moe_route(logits, spec)[0]).size)
+    with pdl.programmatic_launches():
+        layer_s, how = time_graph([call] * 10, reps=reps)
+    spin = cp.RawKernel(SPIN, "spin")
+    per_kernel: dict[str, list[float]] = collections.defaultdict(list)
+    eager: list[float] = []
+    with KernelTimer() as timer:
+        call()
+        cp.cuda.Device().synchronize()
+        timer.take()
+        for _ in range(reps):
+            spin((1,), (1,), (np.int64(SPIN_CYCLES),))  # the host queues the whole call meanwhile
+            start, stop = cp.cuda.Event(), cp.cuda.Event()
+            start.record()
+            call()
+            stop.record()
+            stop.synchronize()
+            eager.append(cp.cuda.get_elapsed_time(start, stop) * 1e3)
+            for name, us in timer.take().items():
+                per_kernel[name].append(us)
+    kernels = {name: round(statistics.median(v), 2) for name, v in per_kernel.items()}
+    hit_bytes = hit * sum(layer.expert_bytes.values())
+    reads = {part: hit * size for part, size in layer.expert_bytes.items()}
+    product_tb_s = {}
+    for name, us in kernels.items():
+        if name.startswith(PRODUCTS):  # <kernel>_<fmt>: the down product is the Q6_K one
+            down_type = name.endswith(DOWN_TYPE.lower())
+            part_bytes = reads["down"] if down_type else reads["gate"] + reads["up"]
+            product_tb_s[name] = round(part_bytes / (us * 1e-6) / 1e12, 3)  # all of its calls' reads
+    few = fused_decode and kmoe.few_tokens_serve(n_tok, spec, layer.gate, layer.up)
+    return {
+        "tokens": n_tok, "fused_decode": fused_decode, "path": "few_tokens" if few else "grouped", "pairs": n_tok * USED, "experts_hit": hit,
+        "hit_mb": round(hit_bytes / 1e6, 2), "layer_us": round(layer_s * 1e6, 2), "timing": how,
+        "hit_tb_s": round(hit_bytes / layer_s / 1e12, 3), "eager_us": round(statistics.median(eager), 2),
+        "kernels": kernels, "grouped_tb_s": product_tb_s,
+    }  # fmt: skip
+
+
+def compare_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per token count, the layer's time on each path and grouped / few-tokens (rows from `measure`)."""
+    by_tokens: dict[int, dict[bool, float]] = collections.defaultdict(dict)
+    for row in rows:
+        by_tokens[row["tokens"]][row["fused_decode"]] = row["layer_us"]
+    return [
+        {"tokens": n, "fused_us": t[True], "grouped_us": t[False], "grouped_over_fused": round(t[False] / t[True], 3)}
+        for n, t in by_tokens.items()
+    ]
+
+
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 32, 128])
+    parser.add_argument("--tokens", type=int, nargs="+", default=None, help="default 1 8 32 128 (--compare: 1 2 4 8)")
     parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--compare", action="store_true", help="each token count with the few-tokens path on and off")
     args = parser.parse_args()
+    tokens = args.tokens or ([1, 2, 4, 8] if args.compare else [1, 8, 32, 128])
+    import cupy as cp
 
     rng = np.random.default_rng(0)
-    weights = {
-        "gate": stacked(GATE_UP_TYPE, FFN, HIDDEN, rng, "gate"),
-        "up": stacked(GATE_UP_TYPE, FFN, HIDDEN, rng, "up"),
-        "down": stacked(DOWN_TYPE, HIDDEN, FFN, rng, "down"),
-    }
-    gate, up, down = (kmoe.upload_stacked(w) for w in weights.values())
-    expert_bytes = {part: w.data.nbytes // EXPERTS for part, w in weights.items()}
-    spec = MoeSpec(EXPERTS, USED, FFN, routing="softmax_topk", normalize=True, activation="silu")
-    spin = cp.RawKernel(SPIN, "spin")
+    layer = Layer(rng)
     print(json.dumps({"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "hidden": HIDDEN,
                       "experts": EXPERTS, "used": USED, "expert_ffn": FFN, "gate_up": GATE_UP_TYPE,
-                      "down": DOWN_TYPE, "expert_mb": round(sum(expert_bytes.values()) / 1e6, 3)}), flush=True)  # fmt: skip
-    for n_tok in args.tokens:
-        x = cp.asarray(rng.standard_normal((n_tok, HIDDEN)).astype(np.float32))
-        logits = cp.asarray(rng.standard_normal((n_tok, EXPERTS)).astype(np.float32))
-
-        def call(x: Any = x, logits: Any = logits) -> Any:
-            return kmoe.moe_forward(x, logits, spec, gate, up, down)
-
-        hit = int(cp.unique(kmoe.moe_route(logits, spec)[0]).size)
-        with pdl.programmatic_launches():
-            layer_s, how = time_graph([call] * 10, reps=args.reps)
-        per_kernel: dict[str, list[float]] = collections.defaultdict(list)
-        eager: list[float] = []
-        with KernelTimer() as timer:
-            call()
-            cp.cuda.Device().synchronize()
-            timer.take()
-            for _ in range(args.reps):
-                spin((1,), (1,), (np.int64(SPIN_CYCLES),))  # the host queues the whole call meanwhile
-                start, stop = cp.cuda.Event(), cp.cuda.Event()
-                start.record()
-                call()
-                stop.record()
-                stop.synchronize()
-                eager.append(cp.cuda.get_elapsed_time(start, stop) * 1e3)
-                for name, us in timer.take().items():
-                    per_kernel[name].append(us)
-        kernels = {name: round(statistics.median(v), 2) for name, v in per_kernel.items()}
-        hit_bytes = hit * sum(expert_bytes.values())
-        reads = {part: hit * size for part, size in expert_bytes.items()}
-        grouped_tb_s = {}
-        for name, us in kernels.items():
-            if name.startswith("moe_grouped"):  # moe_grouped[_gated]_<fmt>: the down product is the Q6_K one
-                down_type = name.endswith(DOWN_TYPE.lower())
-                part_bytes = reads["down"] if down_type else reads["gate"] + reads["up"]
-                grouped_tb_s[name] = round(part_bytes / (us * 1e-6) / 1e12, 3)  # all of its calls' reads
-        print(json.dumps({
-            "tokens": n_tok, "pairs": n_tok * USED, "experts_hit": hit, "hit_mb": round(hit_bytes / 1e6, 2),
-            "layer_us": round(layer_s * 1e6, 2), "timing": how, "hit_tb_s": round(hit_bytes / layer_s / 1e12, 3),
-            "eager_us": round(statistics.median(eager), 2), "kernels": kernels, "grouped_tb_s": grouped_tb_s,
-        }), flush=True)  # fmt: skip
+                      "down": DOWN_TYPE, "expert_mb": round(sum(layer.expert_bytes.values()) / 1e6, 3),
+                      "few_tokens_max": kmoe.FUSED_DECODE_MAX_TOKENS}), flush=True)  # fmt: skip
+    if args.compare:
+        kmoe.FUSED_DECODE_MAX_TOKENS = max(kmoe.FUSED_DECODE_MAX_TOKENS, *tokens)  # each count on both paths
+    rows = []
+    for n_tok in tokens:
+        for fused in (True, False) if args.compare else (True,):
+            rows.append(measure(layer, n_tok, fused, args.reps, rng))
+            print(json.dumps(rows[-1]), flush=True)
+    if args.compare:
+        for line in compare_rows(rows):
+            print(json.dumps(line), flush=True)
 
 
 if __name__ == "__main__":

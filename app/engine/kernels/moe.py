@@ -3,8 +3,10 @@
 `moe_forward` runs route -> group (moe_offsets: counts, offsets, the pairs' order and the list of
 experts with pairs) -> the gated gate/up product -> the down product -> combine, launches whose
 sizes depend only on the token count (never on how the tokens were routed), so a decode step that
-holds it can be captured as a CUDA graph: four at decode and small batches (moe_route_grouped routes
-and groups in one block), five beyond. The products' grids cover min(slots, pairs) experts and their
+holds it can be captured as a CUDA graph: four at small batches (moe_route_grouped routes and groups in
+one block), five beyond. At decode (up to FUSED_DECODE_MAX_TOKENS tokens) three, with no grouping:
+moe_route, the gate/up product per (token, slot) pair and the down product fused with the combine
+(`moe_few_tokens`). The products' grids cover min(slots, pairs) experts and their
 blocks find their expert in the active list. The experts of one projection are one stacked
 buffer in their checkpoint's block format (`StackedExperts`, GGUF's `ffn_*_exps [E, rows, cols]`);
 layers/moe.py is the oracle.
@@ -33,6 +35,13 @@ PLAN_THREADS = 1024  # MOE_PLAN_THREADS: moe_offsets and moe_route_grouped are o
 PLAN_MAX_GROUPS = 2048  # MOE_PLAN_MAX_GROUPS: moe_offsets' shared counts
 ONE_BLOCK_PLAN_PAIRS = 16384  # up to here moe_offsets counts and scatters the pairs itself (one launch)
 FUSED_ROUTE_TOKENS = 64  # up to here moe_route_grouped routes (two tokens a warp at most) and groups in one launch
+# Up to here (with the fused decode path on) the products index the pairs directly and the down product sums
+# them (moe_few_tokens). At 4 tokens x top 8 of Qwen3.5's 256 experts the 32 pairs hit ~30 distinct experts,
+# so reading an expert once per pair instead of once per expert costs next to nothing, against the grouping's
+# block-wide passes and the combine's launch and [pairs, hidden] round trip saved; from 8 tokens a popular
+# expert is read twice as often, and moe_down_combine's grid (row tiles x tokens) grows with the batch while
+# each block still reads k experts' rows serially per warp. Decode at c=1..4 is the case it is for.
+FUSED_DECODE_MAX_TOKENS = 4
 PAD_BYTES = 16  # the format decoders read whole 16-byte words
 # moe_gated's `kind` per MoeSpec.activation (relu2: ungated, up and down only)
 ACTIVATION_KINDS = {"silu": 0, "swiglu_oai": 1, "relu2": 2, "gelu_tanh": 3}
@@ -80,15 +89,19 @@ def _grid(n: int) -> tuple[int]:
 
 def moe_forward(
     x: Any, logits: Any, spec: MoeSpec, gate: StackedExperts | None, up: StackedExperts, down: StackedExperts,
-    expert_scale: Any = None, score_bias: Any = None,
+    expert_scale: Any = None, score_bias: Any = None, fused_decode: bool = True,
 ) -> Any:  # fmt: skip
     """`[T, hidden]` normalised hidden states and their router logits `[T, E]` -> the experts' sum
     (`gate` None: ungated experts, `down(act(up x))`).
     `expert_scale` (float32 `[E]` on the device, Gemma 4): each expert's output times its own factor;
     `score_bias` (float32 `[E]`, sigmoid routing's `exp_probs_b`: Nemotron-H, Laguna): added to the scores
-    it chooses on."""
+    it chooses on. `fused_decode` (KernelOptions.moe_fused_decode): up to FUSED_DECODE_MAX_TOKENS tokens
+    through moe_few_tokens."""
+    if fused_decode and few_tokens_serve(x.shape[0], spec, gate, up):
+        chosen, weights = moe_route(logits, spec, score_bias)  # a warp per token: no grouping
+        return moe_few_tokens(x, chosen, weights, spec, gate, up, down, expert_scale)
     if x.shape[0] <= FUSED_ROUTE_TOKENS and up.num_experts == spec.num_experts:
-        chosen, weights, plan = route_grouped(logits, spec, score_bias)  # decode: route and group in one launch
+        chosen, weights, plan = route_grouped(logits, spec, score_bias)  # small batches: route and group at once
         return moe_experts(x, chosen, weights, spec, gate, up, down, plan=plan, expert_scale=expert_scale)
     chosen, weights = route_scaled(logits, spec, expert_scale, score_bias)
     return moe_experts(x, chosen, weights, spec, gate, up, down)
@@ -228,12 +241,22 @@ def route_grouped(logits: Any, spec: MoeSpec, score_bias: Any = None) -> tuple[A
     return chosen, weights, PairGroups(offsets, order, where, active, n_exp, pairs, k, False)
 
 
-def _product_grid(w: StackedExperts, plan: PairGroups) -> tuple[int, int]:
-    """(row blocks, experts): a block's warps hold 32 / width lane groups of ROWS rows (of each weight),
-    width the largest power of two up to half the row's 32-weight units, at most 32 (moe.cu's
-    moe_grouped); min(slots, pairs) experts."""
-    width = min(32, 1 << (max(1, w.n_cols // 64).bit_length() - 1))
-    return cdiv(w.n_rows, WARPS * (32 // width) * ROWS), max(1, min(plan.n_slots, plan.n_pairs))
+def _lane_groups(w: StackedExperts) -> int:
+    """Lane groups a warp of the products holds (32 / width: width the largest power of two up to half the
+    row's 32-weight units, at most 32; moe.cu's moe_lanes)."""
+    return 32 // min(32, 1 << (max(1, w.n_cols // 64).bit_length() - 1))
+
+
+def _row_tiles(w: StackedExperts) -> int:
+    """moe_down_combine's row tiles: a warp's lane groups x ROWS rows each."""
+    return cdiv(w.n_rows, _lane_groups(w) * ROWS)
+
+
+def _product_grid(w: StackedExperts, plan: PairGroups | None) -> tuple[int, int]:
+    """(row blocks, experts): a block's warps hold _lane_groups of ROWS rows (of each weight); min(slots, pairs)
+    experts (`plan` None: 1)."""
+    experts = 1 if plan is None else max(1, min(plan.n_slots, plan.n_pairs))
+    return cdiv(w.n_rows, WARPS * _lane_groups(w) * ROWS), experts
 
 
 def grouped_product(w: StackedExperts, inputs: Any, plan: PairGroups, per_pair: bool, act: int = -1) -> Any:
@@ -297,6 +320,12 @@ def _gated_on_tensor_cores(
     return act
 
 
+def _check_activation(spec: MoeSpec, gate: StackedExperts | None) -> None:
+    """A ValueError unless the experts' activation has a kernel and a gate product exactly when it needs one."""
+    if spec.activation not in ACTIVATION_KINDS or (gate is None) != (spec.activation == "relu2"):
+        raise ValueError(f"activation {spec.activation!r} with{'out' if gate is None else ''} a gate product")
+
+
 def moe_experts(
     x: Any,
     chosen: Any,
@@ -320,8 +349,7 @@ def moe_experts(
     weights times their expert's factor in the combine (as route_scaled scales them)."""
     import cupy as cp
 
-    if spec.activation not in ACTIVATION_KINDS or (gate is None) != (spec.activation == "relu2"):
-        raise ValueError(f"activation {spec.activation!r} with{'out' if gate is None else ''} a gate product")
+    _check_activation(spec, gate)
     if down.n_rows % 4:
         raise ValueError(f"{down.n_rows} output columns: moe_combine takes a multiple of 4 (float4 rows)")
     n_tok, k = x.shape[0], spec.num_used
@@ -340,3 +368,60 @@ def moe_experts(
     launch(_kernel("moe_combine"), (n_tok,), (THREADS,),
            (h, chosen, weights, ptr(expert_scale), plan.where, i32(k), i32(down.n_rows), out))  # fmt: skip
     return out
+
+
+def few_tokens_serve(n_tok: int, spec: MoeSpec, gate: StackedExperts | None, up: StackedExperts) -> bool:
+    """Whether moe_forward takes `n_tok` tokens through moe_few_tokens: up to FUSED_DECODE_MAX_TOKENS, every
+    expert in its slot (no streaming) and, gated, gate and up in one format (the fused per-pair product)."""
+    same_format = gate is None or (
+        gate.qtype_name == up.qtype_name and gate.row_bytes == up.row_bytes and gate.n_rows == up.n_rows
+    )
+    return 1 <= n_tok <= FUSED_DECODE_MAX_TOKENS and up.num_experts == spec.num_experts and same_format
+
+
+def pair_product(x: Any, chosen: Any, spec: MoeSpec, gate: StackedExperts | None, up: StackedExperts) -> Any:
+    """`[T k, ffn]` in pair order (pair p = token * k + slot): act(gate x) * up x of each token's row
+    against its chosen expert (ungated: relu(up x)^2), one block row a pair (moe_pair[_gated]_<fmt>)."""
+    import cupy as cp
+
+    n_pairs, k, kind = chosen.size, spec.num_used, ACTIVATION_KINDS[spec.activation]
+    y = cp.empty((n_pairs, up.n_rows), cp.float32)
+    grid = (_product_grid(up, None)[0], n_pairs)
+    common = (i64(up.expert_stride), i64(up.row_bytes), i32(up.n_rows), i32(up.n_cols), x, chosen, i32(k))
+    if gate is None:
+        launch(_kernel(f"moe_pair_{up.qtype_name.lower()}", up.qtype_name, 1), grid, (32 * WARPS,),
+               (up.data, *common, ptr(up.bias), i32(kind), y))  # fmt: skip
+    else:
+        launch(_kernel(f"moe_pair_gated_{up.qtype_name.lower()}", up.qtype_name, 1), grid, (32 * WARPS,),
+               (gate.data, up.data, *common, ptr(gate.bias), ptr(up.bias), i32(kind), f32(spec.swiglu_limit),
+                f32(spec.swiglu_alpha), y))  # fmt: skip
+    return y
+
+
+def down_combine(act: Any, chosen: Any, weights: Any, down: StackedExperts, expert_scale: Any = None) -> Any:
+    """`[T, hidden]`: per token, the sum over its k pairs (in expert-id order, as moe_combine) of the weight
+    (times expert_scale[e] where given) times the pair's `act` row (pair order) through its expert's `down`
+    (+ bias). One launch (moe_down_combine_<fmt>): blocks of k warps over (row tiles, tokens)."""
+    import cupy as cp
+
+    n_tok, k = chosen.shape
+    out = cp.empty((n_tok, down.n_rows), cp.float32)
+    launch(_kernel(f"moe_down_combine_{down.qtype_name.lower()}", down.qtype_name, 1),
+           (_row_tiles(down), n_tok), (32 * k,),
+           (down.data, i64(down.expert_stride), i64(down.row_bytes), i32(down.n_rows), i32(down.n_cols), act, chosen,
+            weights, ptr(expert_scale), i32(k), ptr(down.bias), out))  # fmt: skip
+    return out
+
+
+def moe_few_tokens(
+    x: Any, chosen: Any, weights: Any, spec: MoeSpec, gate: StackedExperts | None, up: StackedExperts,
+    down: StackedExperts, expert_scale: Any = None,
+) -> Any:  # fmt: skip
+    """moe_experts' output for a few tokens (few_tokens_serve) with no grouping: the products per pair, the
+    down product and the combine in one launch. Two launches after the router."""
+    _check_activation(spec, gate)
+    if not 1 <= spec.num_used <= MAX_USED or chosen.shape != (x.shape[0], spec.num_used):
+        raise ValueError(f"chosen {chosen.shape} for {x.shape[0]} tokens of {spec.num_used} experts each "
+                         f"(the kernels take 1 to {MAX_USED})")  # fmt: skip
+    act = pair_product(x, chosen, spec, gate, up)
+    return down_combine(act, chosen, weights, down, expert_scale)

@@ -63,6 +63,7 @@ class KernelOptions:
     gemv_mma_kernel: str = _from_env("PADDOCK_GEMV_MMA_KERNEL")  # "v1" gemv_mma.cu, "v2" gemv_mma2.cu
     gemv_groups_per_thread: int | None = _from_env("PADDOCK_GEMV_QB")  # XQ_QB's cap; None: the tuning's
     fused_norm_max_cols: int | None = _from_env("PADDOCK_FUSED_NORM_MAX_COLS")  # None: the tuning's
+    moe_fused_decode: bool = _from_env("PADDOCK_MOE_FUSED_DECODE")  # MoE at 1-4 tokens: no grouping, down+combine
     gemv_overrides: ShapeOverrides = field(default_factory=ShapeOverrides.from_env)
 
     def __post_init__(self) -> None:

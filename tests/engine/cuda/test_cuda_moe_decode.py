@@ -61,9 +61,10 @@ def test_moe_forward_at_256_experts_matches_numpy(cuda, rng, layer, n_tok):
     assert rel_err(got, numpy_layer(x)) < experts_tol(n_tok, USED, EXPERTS, "Q4_K", HIDDEN)
 
 
-@pytest.mark.parametrize("n_tok", [1, 32])
-def test_moe_forward_replays_in_a_graph_with_programmatic_launches(cuda, rng, layer, n_tok):
-    """A decode graph's capture: the replay on new inputs equals the eager call on them, bit for bit."""
+@pytest.mark.parametrize(("n_tok", "fused_decode"), [(1, True), (4, True), (1, False), (32, True)])
+def test_moe_forward_replays_in_a_graph_with_programmatic_launches(cuda, rng, layer, n_tok, fused_decode):
+    """A decode graph's capture: the replay on new inputs equals the eager call on them, bit for bit (up to
+    4 tokens on moe_few_tokens, or with `fused_decode` off on the grouped path)."""
     import cupy as cp
 
     from app.engine.kernels.moe import moe_forward
@@ -75,10 +76,10 @@ def test_moe_forward_replays_in_a_graph_with_programmatic_launches(cuda, rng, la
     cp.cuda.Device().synchronize()
     stream = cp.cuda.Stream(non_blocking=True)
     with stream, pdl.programmatic_launches():
-        moe_forward(x, logits, SPEC, *stacked)  # warm-up: compiles, sizes the memory pool's blocks
+        moe_forward(x, logits, SPEC, *stacked, fused_decode=fused_decode)  # warm-up: compiles, sizes the pool
         stream.synchronize()
         stream.begin_capture()
-        out = moe_forward(x, logits, SPEC, *stacked)
+        out = moe_forward(x, logits, SPEC, *stacked, fused_decode=fused_decode)
         graph = stream.end_capture()
     first = cp.asnumpy(logits)
     x[...] = cp.asarray(rng.standard_normal((n_tok, HIDDEN)).astype(np.float32))
@@ -86,7 +87,7 @@ def test_moe_forward_replays_in_a_graph_with_programmatic_launches(cuda, rng, la
     cp.cuda.Device().synchronize()
     graph.launch(stream=stream)
     stream.synchronize()
-    eager = cp.asnumpy(moe_forward(x, logits, SPEC, *stacked))
+    eager = cp.asnumpy(moe_forward(x, logits, SPEC, *stacked, fused_decode=fused_decode))
     np.testing.assert_array_equal(cp.asnumpy(out), eager)
     assert not (route(np, first, SPEC)[1] == route(np, cp.asnumpy(logits), SPEC)[1]).all()  # other experts
 

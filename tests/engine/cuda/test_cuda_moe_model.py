@@ -4,7 +4,7 @@ the GPU and run by one `backend.moe` call, against the numpy backend's per-exper
 GPU tests (marked `gpu`, skipped without one): the tiny random Qwen3-MoE fixtures (GGUF Q8_0/Q4_0
 experts stacked in the file; the Hugging Face folder's bf16 experts listed one by one) in every
 run mode of the paged-KV harness; a layer with K-quant experts given per expert; the whole engine
-with decode CUDA graphs; the tiny GPT-OSS (head dim 16) refused on CUDA, whose attention with sinks
+with decode CUDA graphs (and with the few-tokens MoE path off, PADDOCK_MOE_FUSED_DECODE=0); the tiny GPT-OSS (head dim 16) refused on CUDA, whose attention with sinks
 takes head dims 64, 128 and 256 (test_cuda_attention.py checks the sinks themselves). The host-side parts
 (which experts the kernels take, the stacking, the layer's routing through `backend.moe`) run
 everywhere.
@@ -267,3 +267,39 @@ def test_gpt_oss_of_head_dim_16_is_refused_on_cuda_for_its_sinks(cuda) -> None:
 
     with pytest.raises(NotImplementedError, match=r"sinks takes head dims \(64, 128, 256\).* 16;.*--device cpu"):
         build_model(open_checkpoint(FAMILIES / "gpt-oss" / "gpt-oss-bf16-q8_0.gguf"), cuda, 64)
+
+
+@pytest.mark.gpu
+def test_decode_graphs_give_the_same_tokens_with_the_few_tokens_moe_path_off(cuda, monkeypatch) -> None:
+    """Decode steps of 1 to 4 sequences run moe_few_tokens inside the captured graphs (kernels/moe.py);
+    PADDOCK_MOE_FUSED_DECODE=0 puts them back on the grouped path: the same tokens, the same logprobs but
+    for the last bits."""
+    from app.engine import envs
+    from app.engine.config import EngineConfig
+    from app.engine.core.engine import LLMEngine
+    from app.engine.sampling_params import SamplingParams
+
+    prompts = [np.random.default_rng(n).integers(0, 256, n).tolist() for n in (5, 23, 11)]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=2)
+    results = {}
+    for switch in ("1", "0"):
+        monkeypatch.setenv("PADDOCK_MOE_FUSED_DECODE", switch)
+        envs.reload()
+        try:
+            config = EngineConfig(model=str(QWEN3MOE["gguf"]), device="cuda", max_model_len=256, max_num_seqs=4)
+            engine = LLMEngine(config)
+            assert engine.runner.graphs is not None
+            assert engine.runner.backend.kernel_options.moe_fused_decode is (switch == "1")
+            results[switch] = engine.generate(prompts, params)
+        finally:
+            monkeypatch.delenv("PADDOCK_MOE_FUSED_DECODE")
+            envs.reload()
+    for on, off in zip(results["1"], results["0"], strict=True):
+        pairs = enumerate(zip(on["token_ids"], off["token_ids"], strict=True))
+        split = next((i for i, (a, b) in pairs if a != b), len(off["token_ids"]))
+        for step in range(split):  # the same context up to here: the same distribution
+            for token, value in off["logprobs"][step].top:
+                assert abs(dict(on["logprobs"][step].top).get(token, -99.0) - value) < 1e-3
+        if split < len(off["token_ids"]):
+            top = off["logprobs"][split].top
+            assert abs(top[0][1] - top[1][1]) < 1e-3, f"split at {split} without a near-tie"

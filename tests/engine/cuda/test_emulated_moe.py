@@ -20,6 +20,7 @@ import pytest
 from cuda_samples import fresh_rng, random_tensor, rel_err
 from emulator import build as _build
 from emulator import run as _run
+from moe_files import write_moe_inputs
 
 from app.engine.backend.cpu import CpuBackend
 from app.engine.kernels.moe import ACTIVATION_KINDS, ROUTING_MODES
@@ -93,20 +94,7 @@ def _tensors(qtype: str, shape: Shape, spec: MoeSpec, rng, router_scale: float =
 def _run_pipeline(exe: Path, tmp_path: Path, qtype: str, shape: Shape, spec: MoeSpec, tensors: dict, x: np.ndarray,
                   logits: np.ndarray, score_bias: np.ndarray | None, *variant: int) -> None:  # fmt: skip
     """Write the inputs, run the harness's `moe` (variant: MANY_PAIRS, SEPARATE, FUSED_ROUTE)."""
-    (tmp_path / "x.bin").write_bytes(x.tobytes())
-    (tmp_path / "logits.bin").write_bytes(logits.astype(np.float32).tobytes())
-    if score_bias is not None:
-        (tmp_path / "score_bias.bin").write_bytes(score_bias.astype(np.float32).tobytes())
-    for part in ("gate", "up", "down"):
-        weight = tensors.get(f"{P}.ffn_{part}_exps.weight")
-        if weight is not None:
-            (tmp_path / f"{part}.bin").write_bytes(weight.data.tobytes())
-        bias = tensors.get(f"{P}.ffn_{part}_exps.bias")
-        if bias is not None:
-            (tmp_path / f"{part}_bias.bin").write_bytes(bias.dequantize().tobytes())
-    scale = tensors.get(f"{P}.ffn_down_exps.scale")
-    if scale is not None:
-        (tmp_path / "expert_scale.bin").write_bytes(scale.dequantize().astype(np.float32).tobytes())
+    write_moe_inputs(tmp_path, tensors, P, x, logits, score_bias)
     row_gu = tensors[f"{P}.ffn_up_exps.weight"].data.shape[1]
     row_d = tensors[f"{P}.ffn_down_exps.weight"].data.shape[1]
     _run(exe, "moe", qtype.lower(), tmp_path, shape.tokens, shape.hidden, shape.ff, shape.experts, shape.used,

@@ -242,7 +242,8 @@ class CudaBackend:
         if isinstance(experts, StreamedExperts):
             return streamed_moe(self._f32(x), self._f32(router_logits), spec, experts, scale, bias)
         gate, up, down = experts if len(experts) == 3 else (None, *experts)
-        return _moe.moe_forward(self._f32(x), self._f32(router_logits), spec, gate, up, down, scale, bias)
+        return _moe.moe_forward(self._f32(x), self._f32(router_logits), spec, gate, up, down, scale, bias,
+                                fused_decode=self.kernel_options.moe_fused_decode)  # fmt: skip
 
     def alloc_kv_cache(
         self, num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int, dtype: str = "auto"

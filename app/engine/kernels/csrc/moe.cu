@@ -21,6 +21,10 @@
 //                takes one); the ungated relu(up)^2 runs inside the up product (act 2).
 //   moe_combine  per token, sum of its k pairs' outputs times their weights, in expert-id order
 //                (the oracle's order, so a token's sum does not depend on the rest of the batch).
+//   moe_pair_<fmt>, moe_pair_gated_<fmt>, moe_down_combine_<fmt>
+//                a few tokens (kernels/moe.py's moe_few_tokens, after moe_route; no grouping): the products
+//                per (token, slot) pair, and the down product fused with the combine (a block of k warps per
+//                row tile and token, its sums in moe_combine's order: no [pairs, hidden] round trip).
 //
 // Every kernel starts with after_previous_grid() (common.cuh): a decode graph launches them programmatically
 // (pdl.py), and without the wait moe_route could read the router's logits while the product that writes
@@ -424,10 +428,11 @@ struct MoeWeights {
     float limit, alpha;
 };
 
-// Pairs g0 .. g0 + T - 1 of expert e, rows row0 .. row0 + R - 1 of each weight, by one lane group.
+// Pairs g0 .. g0 + T - 1 of expert e (their input rows xs), rows row0 .. row0 + R - 1 of each weight, by one
+// lane group; output rows g0 .. g0 + T - 1 of y.
 template <class Fmt, int G, int T>
-__device__ __forceinline__ void moe_pairs(const MoeWeights& mw, int e, int row0, bool writes, const float* x,
-                                          int x_per_pair, const int* order, int k, int g0, int sl, int width,
+__device__ __forceinline__ void moe_pairs(const MoeWeights& mw, int e, int row0, bool writes,
+                                          const float* const (&xs)[T], int g0, int sl, int width,
                                           float* __restrict__ y) {
     constexpr int R = MOE_R;
     const u8* rows[G * R];
@@ -436,9 +441,6 @@ __device__ __forceinline__ void moe_pairs(const MoeWeights& mw, int e, int row0,
 #pragma unroll
         for (int r = 0; r < R; ++r)
             rows[m * R + r] = mw.w[m] + e * mw.expert_stride + (i64)min(row0 + r, mw.n_rows - 1) * mw.row_bytes;
-    const float* xs[T];
-#pragma unroll
-    for (int t = 0; t < T; ++t) xs[t] = x + (i64)(x_per_pair ? g0 + t : order[g0 + t] / k) * mw.n_cols;
     float acc[T][G * R];
     moe_dot<Fmt, G * R, T>(rows, mw.n_cols, xs, sl, width, acc);
 #pragma unroll
@@ -456,11 +458,43 @@ __device__ __forceinline__ void moe_pairs(const MoeWeights& mw, int e, int row0,
     }
 }
 
+// How a product's lanes share out the rows of one expert: a warp is 32 / width lane groups of `width` lanes
+// (the largest power of two up to half the row's units, at most 32: a lane's two units loaded at once), each
+// group MOE_R rows of each weight; `sub` is this lane's group in its warp and `sl` its place in the group.
+struct MoeLanes {
+    int width, per_warp, sub, sl, row_groups;
+};
+
+__device__ __forceinline__ MoeLanes moe_lanes(int n_rows, int n_cols) {
+    const int units = n_cols >> 5, lane = threadIdx.x & 31;
+    int width = 32;
+    while (width > 1 && 2 * width > units) width >>= 1;
+    return {width, 32 / width, lane / width, lane % width, (n_rows + MOE_R - 1) / MOE_R};
+}
+
+// The rows of expert e's G weights from row group `first` (a warp's) on their way to L2, while the caller
+// reads what it needs before the products.
+template <int G>
+__device__ __forceinline__ void moe_prefetch(const MoeWeights& mw, int e, const MoeLanes& ln, int first) {
+    if (first < ln.row_groups)
+#pragma unroll
+        for (int m = 0; m < G; ++m)
+            prefetch_l2_warp(mw.w[m] + e * mw.expert_stride + (i64)first * MOE_R * mw.row_bytes,
+                             (i64)(min(min(first + ln.per_warp, ln.row_groups) * MOE_R, mw.n_rows) - first * MOE_R) *
+                                 mw.row_bytes);
+}
+
+// Grouped pairs g .. g + T - 1's input rows: order[g] / k (their tokens), or g itself when the inputs are per pair.
+template <int T>
+__device__ __forceinline__ void moe_sources(const float* x, int n_cols, int x_per_pair, const int* order, int k, int g,
+                                            const float* (&xs)[T]) {
+#pragma unroll
+    for (int t = 0; t < T; ++t) xs[t] = x + (i64)(x_per_pair ? g + t : order[g + t] / k) * n_cols;
+}
+
 // y[g, row] for each grouped pair g of the active group blockIdx.y (active[1 + blockIdx.y]; blocks past
 // active[0] exit); the pair's input row src(g) = order[g] / k (its token) or g itself when the inputs are
-// per pair (`x_per_pair`). A warp is 32 / width lane groups of `width` lanes (the largest power of two up
-// to half the row's units, at most 32: a lane's two units loaded at once), each group MOE_R rows of each
-// weight; the row groups of the block's warps are walked
+// per pair (`x_per_pair`). The lanes as moe_lanes; the row groups of the block's warps are walked
 // grid-stride, so any grid.x is correct. The loops are warp-uniform (shuffles): a lane group past the last
 // row computes clamped rows and writes nothing.
 template <class Fmt, int G>
@@ -470,28 +504,127 @@ __device__ __forceinline__ void moe_grouped(const MoeWeights& mw, const float* _
     after_previous_grid();
     const int n_active = active[0], e = active[1 + blockIdx.y];  // one round trip (past n_active: unused)
     if ((int)blockIdx.y >= n_active) return;
-    const int units = mw.n_cols >> 5, lane = threadIdx.x & 31;
-    int width = 32;
-    while (width > 1 && 2 * width > units) width >>= 1;
-    const int per_warp = 32 / width, sub = lane / width, sl = lane % width;
-    constexpr int R = MOE_R;
-    const int row_groups = (mw.n_rows + R - 1) / R, warps = blockDim.x >> 5;
-    const int first = (blockIdx.x * warps + (threadIdx.x >> 5)) * per_warp;
-    if (first < row_groups)  // the warp's first rows on their way to L2 while the expert's offsets are read
-#pragma unroll
-        for (int m = 0; m < G; ++m)
-            prefetch_l2_warp(mw.w[m] + e * mw.expert_stride + (i64)first * R * mw.row_bytes,
-                             (i64)(min(min(first + per_warp, row_groups) * R, mw.n_rows) - first * R) * mw.row_bytes);
+    const MoeLanes ln = moe_lanes(mw.n_rows, mw.n_cols);
+    const int warps = blockDim.x >> 5, first = (blockIdx.x * warps + (threadIdx.x >> 5)) * ln.per_warp;
+    moe_prefetch<G>(mw, e, ln, first);  // the warp's first rows, while the expert's offsets are read
     const int begin = offsets[e], end = offsets[e + 1];
-    for (int w0 = first; w0 < row_groups; w0 += gridDim.x * warps * per_warp) {
-        const int rg = w0 + sub, row0 = min(rg, row_groups - 1) * R;
-        const bool writes = rg < row_groups;
+    for (int w0 = first; w0 < ln.row_groups; w0 += gridDim.x * warps * ln.per_warp) {
+        const int rg = w0 + ln.sub, row0 = min(rg, ln.row_groups - 1) * MOE_R;
+        const bool writes = rg < ln.row_groups;
         int g = begin;
         if constexpr (MOE_TMAX >= 4)
-            for (; g + 4 <= end; g += 4) moe_pairs<Fmt, G, 4>(mw, e, row0, writes, x, x_per_pair, order, k, g, sl, width, y);
+            for (; g + 4 <= end; g += 4) {
+                const float* xs[4];
+                moe_sources<4>(x, mw.n_cols, x_per_pair, order, k, g, xs);
+                moe_pairs<Fmt, G, 4>(mw, e, row0, writes, xs, g, ln.sl, ln.width, y);
+            }
         if constexpr (MOE_TMAX >= 2)
-            for (; g + 2 <= end; g += 2) moe_pairs<Fmt, G, 2>(mw, e, row0, writes, x, x_per_pair, order, k, g, sl, width, y);
-        for (; g < end; ++g) moe_pairs<Fmt, G, 1>(mw, e, row0, writes, x, x_per_pair, order, k, g, sl, width, y);
+            for (; g + 2 <= end; g += 2) {
+                const float* xs[2];
+                moe_sources<2>(x, mw.n_cols, x_per_pair, order, k, g, xs);
+                moe_pairs<Fmt, G, 2>(mw, e, row0, writes, xs, g, ln.sl, ln.width, y);
+            }
+        for (; g < end; ++g) {
+            const float* xs[1];
+            moe_sources<1>(x, mw.n_cols, x_per_pair, order, k, g, xs);
+            moe_pairs<Fmt, G, 1>(mw, e, row0, writes, xs, g, ln.sl, ln.width, y);
+        }
+    }
+}
+
+// -- a few tokens: products per (token, slot), the down product and the combine in one ---------------------
+//
+// At up to kernels/moe.py's FUSED_DECODE_MAX_TOKENS tokens the pairs are few and their experts nearly all
+// distinct, so nothing is gained by grouping them by expert: moe_route's choices index the products directly.
+
+// y[p, row] for pair p = blockIdx.y (token p / k, expert chosen[p]), in pair order: the grouped kernels'
+// rows and lanes (moe_grouped), one pair a block row.
+template <class Fmt, int G>
+__device__ __forceinline__ void moe_per_pair(const MoeWeights& mw, const float* __restrict__ x,
+                                             const int* __restrict__ chosen, int k, float* __restrict__ y) {
+    after_previous_grid();
+    const int p = blockIdx.y, e = chosen[p];
+    const MoeLanes ln = moe_lanes(mw.n_rows, mw.n_cols);
+    const int warps = blockDim.x >> 5, first = (blockIdx.x * warps + (threadIdx.x >> 5)) * ln.per_warp;
+    moe_prefetch<G>(mw, e, ln, first);
+    const float* const xs[1] = {x + (i64)(p / k) * mw.n_cols};
+    for (int w0 = first; w0 < ln.row_groups; w0 += gridDim.x * warps * ln.per_warp) {
+        const int rg = w0 + ln.sub;
+        moe_pairs<Fmt, G, 1>(mw, e, min(rg, ln.row_groups - 1) * MOE_R, rg < ln.row_groups, xs, p, ln.sl, ln.width,
+                             y);
+    }
+}
+
+// Slot j's place among a token's k picks (`picks`: its chosen ids) in expert-id order, the order the combines add
+// them in (the oracle's, so that a token's sum does not depend on the rest of the batch; a token picks an
+// expert once, the index breaks ties all the same).
+__device__ __forceinline__ int moe_rank(const int* picks, int k, int j) {
+    const int e = picks[j];
+    int rank = 0;
+    for (int i = 0; i < k; ++i) rank += picks[i] < e || (picks[i] == e && i < j);
+    return rank;
+}
+
+// Pair q's routing weight, times its expert's factor where expert_scale is given (Gemma 4: as moe/ops.py
+// scales the routed weights).
+__device__ __forceinline__ float moe_pair_weight(const float* weights, const float* expert_scale, const int* chosen,
+                                                 i64 q) {
+    return expert_scale != nullptr ? weights[q] * expert_scale[chosen[q]] : weights[q];
+}
+
+#define MOE_DC_ROWS (32 * MOE_R)  // the most rows a warp of moe_down_combine covers (lane groups of one lane)
+
+// out[t, rows] = sum over token t = blockIdx.y's k pairs, in expert-id order, of weights[q] (times
+// expert_scale[e] where given) * (W_e[rows] . act[q] + bias_e[rows]): moe_grouped's down product and
+// moe_combine in one launch, with no [pairs, hidden] round trip. A block is k warps: warp j takes the pair
+// whose expert is the j-th smallest of the token's (moe_combine's rank) for a tile of 32 / width lane groups
+// x MOE_R rows (moe_lanes), puts its dots in shared memory, and the block sums them in rank order, as
+// moe_combine does (the same sums as the two kernels, no atomics). Tiles grid-stride over blockIdx.x.
+template <class Fmt>
+__device__ __forceinline__ void moe_down_combine(const MoeWeights& mw, const float* __restrict__ act,
+                                                 const int* __restrict__ chosen, const float* __restrict__ weights,
+                                                 const float* __restrict__ expert_scale, int k,
+                                                 float* __restrict__ out) {
+    __shared__ int pair_of[MOE_MAX_K];
+    __shared__ float scale[MOE_MAX_K];
+    __shared__ float part[MOE_MAX_K][MOE_DC_ROWS];
+    after_previous_grid();
+    const int t = blockIdx.y, j = threadIdx.x >> 5;
+    if ((int)threadIdx.x < k) {
+        const i64 q = (i64)t * k + threadIdx.x;
+        const int rank = moe_rank(chosen + (i64)t * k, k, threadIdx.x);
+        pair_of[rank] = (int)q;
+        scale[rank] = moe_pair_weight(weights, expert_scale, chosen, q);
+    }
+    __syncthreads();
+    const int q = pair_of[j], e = chosen[q];
+    const MoeLanes ln = moe_lanes(mw.n_rows, mw.n_cols);
+    moe_prefetch<1>(mw, e, ln, blockIdx.x * ln.per_warp);
+    const float* const xs[1] = {act + (i64)q * mw.n_cols};
+    const int tile_rows = ln.per_warp * MOE_R;
+    for (int tile = blockIdx.x * ln.per_warp; tile < ln.row_groups; tile += gridDim.x * ln.per_warp) {
+        const int rg = tile + ln.sub, row0 = min(rg, ln.row_groups - 1) * MOE_R;  // block-uniform loop
+        const u8* rows[MOE_R];
+#pragma unroll
+        for (int r = 0; r < MOE_R; ++r)
+            rows[r] = mw.w[0] + e * mw.expert_stride + (i64)min(row0 + r, mw.n_rows - 1) * mw.row_bytes;
+        float acc[1][MOE_R];
+        moe_dot<Fmt, MOE_R, 1>(rows, mw.n_cols, xs, ln.sl, ln.width, acc);
+#pragma unroll
+        for (int r = 0; r < MOE_R; ++r)
+            if (ln.sl == r % ln.width) {  // every lane of the group holds the sums
+                const float b = mw.bias[0] != nullptr ? mw.bias[0][(i64)e * mw.n_rows + min(row0 + r, mw.n_rows - 1)] : 0.f;
+                part[j][ln.sub * MOE_R + r] = acc[0][r] + b;
+            }
+        __syncthreads();
+        for (int i = threadIdx.x; i < tile_rows; i += blockDim.x) {
+            const int row = tile * MOE_R + i;
+            if (row >= mw.n_rows) continue;
+            float sum = 0.f;
+            for (int s = 0; s < k; ++s) sum += part[s][i] * scale[s];
+            out[(i64)t * mw.n_rows + row] = sum;
+        }
+        __syncthreads();  // the next tile's dots overwrite part
     }
 }
 
@@ -513,6 +646,29 @@ __device__ __forceinline__ void moe_grouped(const MoeWeights& mw, const float* _
         const MoeWeights mw{{gate, up}, {gate_bias, up_bias}, expert_stride, row_bytes, n_rows, n_cols,         \
                             act,        limit,      alpha};                                                     \
         moe_grouped<FMT, 2>(mw, x, 0, order, offsets, active, k, y);                                            \
+    }                                                                                                           \
+    extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS) moe_pair_##SUFFIX(                             \
+        const u8* __restrict__ w, i64 expert_stride, i64 row_bytes, int n_rows, int n_cols,                     \
+        const float* __restrict__ x, const int* __restrict__ chosen, int k, const float* __restrict__ bias,     \
+        int act, float* __restrict__ y) {                                                                       \
+        const MoeWeights mw{{w, w}, {bias, bias}, expert_stride, row_bytes, n_rows, n_cols, act, 0.f, 0.f};    \
+        moe_per_pair<FMT, 1>(mw, x, chosen, k, y);                                                              \
+    }                                                                                                           \
+    extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS) moe_pair_gated_##SUFFIX(                       \
+        const u8* __restrict__ gate, const u8* __restrict__ up, i64 expert_stride, i64 row_bytes, int n_rows,   \
+        int n_cols, const float* __restrict__ x, const int* __restrict__ chosen, int k,                         \
+        const float* __restrict__ gate_bias, const float* __restrict__ up_bias, int act, float limit,           \
+        float alpha, float* __restrict__ y) {                                                                   \
+        const MoeWeights mw{{gate, up}, {gate_bias, up_bias}, expert_stride, row_bytes, n_rows, n_cols,         \
+                            act,        limit,      alpha};                                                     \
+        moe_per_pair<FMT, 2>(mw, x, chosen, k, y);                                                              \
+    }                                                                                                           \
+    extern "C" __global__ void __launch_bounds__(32 * MOE_MAX_K) moe_down_combine_##SUFFIX(                     \
+        const u8* __restrict__ w, i64 expert_stride, i64 row_bytes, int n_rows, int n_cols,                     \
+        const float* __restrict__ act, const int* __restrict__ chosen, const float* __restrict__ weights,       \
+        const float* __restrict__ expert_scale, int k, const float* __restrict__ bias, float* __restrict__ out) { \
+        const MoeWeights mw{{w, w}, {bias, bias}, expert_stride, row_bytes, n_rows, n_cols, -1, 0.f, 0.f};     \
+        moe_down_combine<FMT>(mw, act, chosen, weights, expert_scale, k, out);                                  \
     }
 
 // One level more, so that PADDOCK_FORMAT is expanded (to q4_k, ...) before `##` pastes it into the name.
@@ -545,14 +701,9 @@ extern "C" __global__ void moe_combine(const float* __restrict__ h, const int* _
     const int t = blockIdx.x;
     if ((int)threadIdx.x < k) {
         const i64 q = (i64)t * k + threadIdx.x;
-        const int e = chosen[q];
-        int rank = 0;
-        for (int i = 0; i < k; ++i) {
-            const int other = chosen[(i64)t * k + i];
-            rank += other < e || (other == e && i < (int)threadIdx.x);
-        }
+        const int rank = moe_rank(chosen + (i64)t * k, k, threadIdx.x);
         rows[rank] = reinterpret_cast<const float4*>(h + (i64)where[q] * n_cols);
-        scale[rank] = expert_scale != nullptr ? weights[q] * expert_scale[e] : weights[q];
+        scale[rank] = moe_pair_weight(weights, expert_scale, chosen, q);
     }
     __syncthreads();
     for (int c = threadIdx.x; c < n_cols / 4; c += blockDim.x) {

@@ -1,6 +1,6 @@
 // Run moe.cu's kernels on the SIMT emulator, in the order and with the grids kernels/moe.py uses:
 //   moe FMT DIR N_TOK HIDDEN FF N_EXP K MODE NORMALIZE ACT ROW_BYTES_GU ROW_BYTES_DOWN SOFTCAP ROUTED_SCALE
-//       N_GROUPS TOPK_GROUPS [MANY_PAIRS SEPARATE FUSED_ROUTE]
+//       N_GROUPS TOPK_GROUPS [MANY_PAIRS SEPARATE FUSED_ROUTE [FUSED_DECODE]]
 //     the whole pipeline: reads x.bin [T, H], logits.bin [T, E], gate.bin / up.bin ([E, FF] rows), down.bin
 //     ([E, H] rows), optional gate_bias.bin / up_bias.bin / down_bias.bin and score_bias.bin [E] (sigmoid
 //     routing), optional expert_scale.bin [E] (Gemma 4: each expert's output factor, applied in the combine),
@@ -10,7 +10,9 @@
 //     (Gemma 4's Q4_K gate/up beside a Q5_0 down). ACT 2 (relu2) runs no gate product. MANY_PAIRS 1: the grouping of many
 //     pairs (moe_count, moe_offsets, moe_scatter) instead of moe_offsets alone; SEPARATE 1: gate and up
 //     as two grouped products and moe_gated (their formats differ) instead of the fused one; FUSED_ROUTE 1:
-//     moe_route_grouped (route and group in one block) instead of moe_route then the grouping.
+//     moe_route_grouped (route and group in one block) instead of moe_route then the grouping; FUSED_DECODE 1:
+//     kernels/moe.py's path for a few tokens: moe_route, the gate/up product per pair (moe_pair_gated_<fmt>,
+//     or moe_pair_<fmt> for relu2) and moe_down_combine_<fmt> (down product and combine in one launch).
 //   route DIR N_TOK N_EXP K MODE NORMALIZE SOFTCAP ROUTED_SCALE N_GROUPS TOPK_GROUPS
 //     moe_route alone: logits.bin (and score_bias.bin) -> chosen.bin, weights.bin.
 #include <cmath>
@@ -26,14 +28,26 @@ typedef void (*GroupedFn)(const u8*, i64, i64, int, int, const float*, int, cons
                           const float*, int, float*);
 typedef void (*GatedFn)(const u8*, const u8*, i64, i64, int, int, const float*, const int*, const int*, const int*,
                         int, const float*, const float*, int, float, float, float*);
+typedef void (*PairFn)(const u8*, i64, i64, int, int, const float*, const int*, int, const float*, int, float*);
+typedef void (*PairGatedFn)(const u8*, const u8*, i64, i64, int, int, const float*, const int*, int, const float*,
+                            const float*, int, float, float, float*);
+typedef void (*DownCombineFn)(const u8*, i64, i64, int, int, const float*, const int*, const float*, const float*, int,
+                              const float*, float*);
 
-static void pick(const std::string& fmt, GroupedFn& grouped, GatedFn& gated) {
-#define PICK_MOE(SUFFIX, FMT)               \
-    if (fmt == #SUFFIX) {                   \
-        grouped = moe_grouped_##SUFFIX;     \
-        gated = moe_grouped_gated_##SUFFIX; \
-        return;                             \
-    }
+// One format's kernels.
+struct MoeFns {
+    GroupedFn grouped;
+    GatedFn gated;
+    PairFn pair;
+    PairGatedFn pair_gated;
+    DownCombineFn down_combine;
+};
+
+static MoeFns pick(const std::string& fmt) {
+#define PICK_MOE(SUFFIX, FMT)                                                                                 \
+    if (fmt == #SUFFIX)                                                                                       \
+        return {moe_grouped_##SUFFIX, moe_grouped_gated_##SUFFIX, moe_pair_##SUFFIX, moe_pair_gated_##SUFFIX, \
+                moe_down_combine_##SUFFIX};
     PADDOCK_FORMATS(PICK_MOE)
     exit(4);
 }
@@ -74,7 +88,7 @@ int main(int argc, char** argv) {
         write_file(dir + "/weights.bin", weights);
         return 0;
     }
-    if ((argc != 18 && argc != 21) || std::string(argv[1]) != "moe") return 2;
+    if ((argc != 18 && argc != 21 && argc != 22) || std::string(argv[1]) != "moe") return 2;
     const std::string fmt_arg = argv[2], dir = argv[3];
     const size_t comma = fmt_arg.find(',');
     const std::string fmt = fmt_arg.substr(0, comma);
@@ -84,8 +98,8 @@ int main(int argc, char** argv) {
     const i64 rb_gu = atoll(argv[12]), rb_d = atoll(argv[13]);
     const float softcap = (float)atof(argv[14]), routed_scale = (float)atof(argv[15]);
     const int n_groups = atoi(argv[16]), topk_groups = atoi(argv[17]);
-    const bool many = argc == 21 && atoi(argv[18]), separate = argc == 21 && atoi(argv[19]);
-    const bool fused_route = argc == 21 && atoi(argv[20]);
+    const bool many = argc >= 21 && atoi(argv[18]), separate = argc >= 21 && atoi(argv[19]);
+    const bool fused_route = argc >= 21 && atoi(argv[20]), fused_decode = argc == 22 && atoi(argv[21]);
     auto x = read_required<float>(dir + "/x.bin");
     auto gate = read_file<uint4>(dir + "/gate.bin", 2), up = read_file<uint4>(dir + "/up.bin", 2);
     auto down = read_file<uint4>(dir + "/down.bin", 2);
@@ -111,6 +125,36 @@ int main(int argc, char** argv) {
         route(dir, T, E, K, mode, normalize, softcap, routed_scale, n_groups, topk_groups, chosen, weights);
     }
     const int* groups = skipping ? slot_of.data() : chosen.data();
+    const MoeFns fns = pick(fmt), down_fns = pick(fmt_down);
+    if (fused_decode) {  // kernels/moe.py's moe_few_tokens, after moe_route
+        if (skipping || many || separate || fused_route) return 3;
+        std::vector<float> a((size_t)P * FF, NAN), out((size_t)T * H, NAN);
+        const dim3 block{32 * WARPS, 1, 1};
+        dim3 grid = product_grid(FF, H, P, P);  // y: one pair a block row
+        if (act == 2) {
+            launch(grid, block, [&] {
+                fns.pair(reinterpret_cast<const u8*>(up.data()), rb_gu * FF, rb_gu, FF, H, x.data(), chosen.data(), K,
+                         opt(up_bias), 2, a.data());
+            });
+        } else {
+            launch(grid, block, [&] {
+                fns.pair_gated(reinterpret_cast<const u8*>(gate.data()), reinterpret_cast<const u8*>(up.data()),
+                               rb_gu * FF, rb_gu, FF, H, x.data(), chosen.data(), K, opt(gate_bias), opt(up_bias), act,
+                               7.0f, 1.702f, a.data());
+            });
+        }
+        int width = 32;
+        while (width > 1 && 2 * width > FF / 32) width >>= 1;
+        const unsigned per_warp = 32 / width, row_groups = (H + ROWS - 1) / ROWS;
+        launch({(row_groups + per_warp - 1) / per_warp, (unsigned)T, 1}, {32 * (unsigned)K, 1, 1}, [&] {
+            down_fns.down_combine(reinterpret_cast<const u8*>(down.data()), rb_d * H, rb_d, H, FF, a.data(),
+                                  chosen.data(), weights.data(), opt(expert_scale), K, opt(down_bias), out.data());
+        });
+        write_file(dir + "/out.bin", out);
+        write_file(dir + "/chosen.bin", chosen);
+        write_file(dir + "/weights.bin", weights);
+        return 0;
+    }
     if (fused_route) {
         if (skipping || many) return 3;  // moe_route_grouped groups by expert, in one block
     } else if (many) {
@@ -127,10 +171,8 @@ int main(int argc, char** argv) {
         });
     }
 
-    GroupedFn grouped_fn, down_fn;
-    GatedFn gated_fn, down_gated_fn;
-    pick(fmt, grouped_fn, gated_fn);
-    pick(fmt_down, down_fn, down_gated_fn);
+    const GroupedFn grouped_fn = fns.grouped, down_fn = down_fns.grouped;
+    const GatedFn gated_fn = fns.gated;
     const float unwritten = skipping ? 0.f : NAN;  // moe.py zeroes the products' outputs only when skipping
     std::vector<float> a((size_t)P * FF, unwritten), h((size_t)P * H, unwritten), out((size_t)T * H, NAN);
     const dim3 block{32 * WARPS, 1, 1};
