@@ -127,8 +127,8 @@ if stage mma; then
 fi
 # moe: the MoE kernels at Qwen3.5-35B-A3B's layer shape, decode sizes and prefill sizes (bench/micro/moe_*times.py)
 if stage moe; then
-  timeout 90 python3 bench/micro/moe_times.py 2>&1 | tee "$OUT/moe.jsonl" | cut -c1-300
-  timeout 120 python3 bench/micro/moe_prefill_times.py 2>&1 | tee -a "$OUT/moe.jsonl" | cut -c1-300
+  timeout 90 python3 bench/micro/moe_times.py ${MOE_ARGS---compare} 2>&1 | tee "$OUT/moe.jsonl" | cut -c1-300
+  [[ ${MOE_PREFILL:-1} == 1 ]] && timeout 120 python3 bench/micro/moe_prefill_times.py 2>&1 | tee -a "$OUT/moe.jsonl" | cut -c1-300
 fi
 # serve_workloads WORKLOAD MAX_CTX LOG MODEL...: per model, `paddock serve` on port 11660 (its log under $OUT),
 # then suite/serve_workloads.sh WORKLOAD, its JSON lines appended to $OUT/LOG
