@@ -17,7 +17,7 @@ compgen -G ".whl/*.whl" > /dev/null || { echo "no wheels in .whl/: run bench/fet
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$HOME/site" .whl/*.whl || exit 1
 # Compiled kernels cached outside $OUT (only 8 files come back from it), shared by every stage.
 export PYTHONPATH=$PWD:$HOME/site PYTHONUNBUFFERED=1 PADDOCK_KERNEL_CACHE=/tmp/paddock-kernels
-STAGES=${STAGES:-tests micro parity speed serve}  # also: agent, cascade, sweep (bench/micro/gemv_sweep.py --int), ab (see below), prefill, llamabuild, side, profile, spec, mma, moe
+STAGES=${STAGES:-tests micro parity speed serve}  # also: agent, cascade, sweep (bench/micro/gemv_sweep.py --int), ab (see below), prefill, llamabuild, side, profile, spec, mma, wave, moe
 MODELS=${MODELS:-qwen3-0.6b:q4_k_m qwen3-8b:q4_k_m}  # SERVE_C1 / SERVE_C32: requests of the serve runs
 AGENT_MODELS=${AGENT_MODELS:-qwen3-8b:q4_k_m}
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm --format=csv
@@ -124,6 +124,18 @@ fi
 # cuBLAS on a float16 copy and against expanding the weight first, 8B and 27B/31B shapes); JSON lines in $OUT/mma.jsonl
 if stage mma; then
   timeout 100 python3 bench/micro/gemv_mma_times.py 2>&1 | tee "$OUT/mma.jsonl" | cut -c1-300
+fi
+# wave: a 32-request wave of short prompts on a Qwen3.5-27B-shaped file cut to 8 layers, step by step
+# (bench/lab/hybrid_serve_trace.py --steps: prefill tokens, first tokens, state copies, GPU and host ms per step),
+# with the scheduler's cuts of today and (WAVE_LEGACY=1) the old ones; JSON lines in $OUT/wave.log
+if stage wave; then
+  [[ -e /tmp/qwen35-27b-8.gguf ]] || python3 bench/make_random_hybrid_gguf.py --shape qwen35-27b --layers 8 --out /tmp/qwen35-27b-8.gguf > /dev/null
+  for cuts in "" ${WAVE_LEGACY:+--legacy-cuts}; do
+    left 70 || break
+    echo "== cuts ${cuts:-today}" | tee -a "$OUT/wave.log"
+    timeout 60 python3 bench/lab/hybrid_serve_trace.py /tmp/qwen35-27b-8.gguf --concurrency 32 --requests 32 --warmup 32 \
+      --prompt-tokens 139 --output-tokens 8 --snapshot-rows 66 --kv-host-gb 0.52 --steps $cuts 2>&1 | tee -a "$OUT/wave.log" | tail -12
+  done
 fi
 # moe: the MoE kernels at Qwen3.5-35B-A3B's layer shape, decode sizes and prefill sizes (bench/micro/moe_*times.py)
 if stage moe; then
