@@ -29,6 +29,11 @@ MAX_TOKENS = 8 * N_TILES[-1]
 WARPS_TARGET = 2048  # v1: ~16 warps on each of the H200's 132 multiprocessors
 MULTIPROCESSORS = 132  # v2's grid target: H100 SXM and H200 both have 132
 MAX_SPLITS = 8
+# v2's column splits fill this many waves of blocks: more, shorter blocks kept more loads in flight. On the
+# H100 (bench/results/gpu-s17-2026-12-06.md, 27B/31B Q4_K_M q, gate+up and down at 2-64 tokens) filling 8
+# waves beat filling one by 10-45 % wherever the splits changed (a 27B down at 32 tokens: 111 against
+# 125 us; its gate+up: 95 against 119), and was within 4 % of the best split in every case measured.
+WAVES = 8
 X16_THREADS = 256
 MAX_SHARED_BYTES = 48 * 1024  # static shared memory of one block
 
@@ -96,8 +101,8 @@ def _pick_shape_v2(n_tok: int, n_rows: int, n_cols: int) -> MmaShape:
     - column-warps: 2 at 1-2 n-tiles (8-warp blocks, two or three a multiprocessor, with fewer column
       splits to pay for), 1 at 4-8: the 249-register build then fits two 4-warp blocks a
       multiprocessor, and two 64-token x buffers stay within 48 KiB of shared memory.
-    - column splits: where the row tiles fill less than one wave (a 4096-row q or down projection
-      has 32-64), more blocks share the columns, up to MAX_SPLITS and while each split keeps >= 2
+    - column splits: where the row tiles fill less than WAVES waves (a 4096-row q or down projection
+      has 32-64 tiles), more blocks share the columns, up to MAX_SPLITS and while each split keeps >= 4
       super-steps (atomics add the splits: their cost grows with the splits, so no more than that).
     """
     n_tiles = _n_tiles(n_tok)
@@ -107,7 +112,7 @@ def _pick_shape_v2(n_tok: int, n_rows: int, n_cols: int) -> MmaShape:
     blocks = cdiv(n_rows, shape.rows())
     super_steps = cdiv(cdiv(n_cols // 32, 4), col_warps)
     splits = 1
-    while splits < MAX_SPLITS and blocks * splits < MULTIPROCESSORS and super_steps >= 4 * splits:
+    while splits < MAX_SPLITS and blocks * splits < WAVES * MULTIPROCESSORS and super_steps >= 4 * splits:
         splits *= 2
     return replace(shape, k_splits=splits)
 

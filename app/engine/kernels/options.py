@@ -58,7 +58,7 @@ class KernelOptions:
     gemv_int_x: bool = _from_env("PADDOCK_GEMV_INT_X")  # single-token GEMVs over int16 x (gemv_int.cu)
     gemv_int_multi: bool = _from_env("PADDOCK_GEMV_INT_MULTI")  # q/k/v on that path too
     gemv_resident_cap: bool = _from_env("PADDOCK_GEMV_RESIDENT")  # int16-x grids capped at resident blocks
-    gemv_mma_max_tokens: int = _from_env("PADDOCK_GEMV_MMA_MAX_TOKENS")  # 2..N tokens on gemv_mma.cu; 0: off
+    gemv_mma_max_tokens: int = _from_env("PADDOCK_GEMV_MMA_MAX_TOKENS")  # 3..N tokens on gemv_mma; 0: off
     gemv_mma_no_copy: int = _from_env("PADDOCK_GEMV_MMA_NO_COPY")  # the same for weights without a float16 copy
     gemv_mma_kernel: str = _from_env("PADDOCK_GEMV_MMA_KERNEL")  # "v1" gemv_mma.cu, "v2" gemv_mma2.cu
     gemv_groups_per_thread: int | None = _from_env("PADDOCK_GEMV_QB")  # XQ_QB's cap; None: the tuning's

@@ -1,15 +1,17 @@
 """`linear` on the GPU: quantized GEMV for decode, float16 tensor-core products above it.
 
 One row of x goes to the GEMV kernels, which read the weight's blocks directly (bandwidth-bound,
-one pass over the weight); 2 to the plan's `mma_max_tokens` rows go to gemv_mma.cu, which decodes
-each weight once into tensor-core fragments for all of them (also one pass). A fused weight
+one pass over the weight); DENSE_FROM_TOKENS to the plan's `mma_max_tokens` rows go to gemv_mma
+(gemv_mma2.cu by default), which decodes each weight once into tensor-core fragments for all of them
+(also one pass: on the H100 a Qwen3-8B or 27B layer's products at 8-16 tokens took 17-25 % less time
+than cuBLAS on the float16 copies, bench/results/gpu-s17-2026-12-06.md). A fused weight
 (q/k/v, gate/up) is served by one launch over all its parts. Beyond that, cuBLAS multiplies float16 x by the weight's
 float16 copy when it has one (dense.py). A weight without a copy (a 27B-31B model keeps copies of only
-about half its weights) takes products of DENSE_FROM_TOKENS to the plan's `mma_no_copy` tokens on
-gemv_mma.cu too, in launches of up to 64 tokens: the alternative expands the weight to float16 on every
-call, a write and a read of 2 bytes a weight on top of the product (a decode step of 32 sequences on a
-Qwen3.5-27B-shaped Q4_K_M file: 52 ms on an H100, against a memory bound of ~6 ms). Larger products
-(prefill chunks) multiply slices of the weight's rows expanded into a
+about half its weights) takes products up to the plan's `mma_no_copy` tokens on gemv_mma too, in
+launches of up to 64 tokens: the alternative expands the weight to float16 on every call, a write and a
+read of 2 bytes a weight on top of the product (2-3x gemv_mma2's time at 32 tokens; a decode step of 32
+sequences on a Qwen3.5-27B-shaped Q4_K_M file took 52 ms on an H100 that way, against a memory bound of
+~6 ms). Larger products (prefill chunks) multiply slices of the weight's rows expanded into a
 scratch buffer, written straight into the output's columns so the scratch stays small even
 for a 150k-row vocabulary projection. cuBLAS is called through blas.py, which works
 inside CUDA-graph capture (CuPy's wrapper refuses to).
@@ -50,16 +52,16 @@ def _mma_parts(
     parts = weight.parts if isinstance(weight, CudaFusedWeight) else (weight,)
     if len(parts) > 3 or any(p.data is None for p in parts):
         return None
-    if n_tok > plan.mma_max_tokens and not _mma_without_copy(n_tok, weight, plan):
+    if not DENSE_FROM_TOKENS <= n_tok <= max(plan.mma_max_tokens, _no_copy_bound(weight, plan)):
         return None
     if not gemv_mma.serves(min(n_tok, gemv_mma.MAX_TOKENS), [p.qtype.name for p in parts], weight.n_cols):
         return None
     return [(p.data, p.qtype.name, p.row_bytes, p.n_rows) for p in parts]
 
 
-def _mma_without_copy(n_tok: int, weight: CudaWeight | CudaFusedWeight, plan: GemvPlan) -> bool:
-    """Whether a product on a weight with no float16 copy goes to gemv_mma (see the module's docstring)."""
-    return weight.dense16 is None and DENSE_FROM_TOKENS <= n_tok <= plan.mma_no_copy
+def _no_copy_bound(weight: CudaWeight | CudaFusedWeight, plan: GemvPlan) -> int:
+    """The most tokens gemv_mma takes on a weight with no float16 copy (see the module's docstring); 0 with one."""
+    return plan.mma_no_copy if weight.dense16 is None else 0
 
 
 def _gemv_mma(
