@@ -1,4 +1,4 @@
-"""cache/host_chunks.py: host rows in chunks, none before the first need, the rest made ahead on a thread."""
+"""cache/host_chunks.py: host rows in chunks, made in order on a thread from the start."""
 
 from __future__ import annotations
 
@@ -34,16 +34,31 @@ def _wait_all(chunks: HostChunks, limit_s: float = 30.0) -> None:
         time.sleep(0.01)
 
 
-def test_nothing_is_made_before_the_first_need_then_the_rest_ahead() -> None:
+def test_every_chunk_is_made_ahead_of_need_once() -> None:
     alloc = CountingAlloc()
     chunks = HostChunks(alloc, num_rows=10, chunk_rows=3)  # chunks of 3, 3, 3, 1 rows
-    assert chunks.num_chunks == 4 and len(chunks) == 0 and alloc.calls == []
+    assert chunks.num_chunks == 4
     chunks.row(4)[...] = 7
     _wait_all(chunks)
     chunks.close()
     assert len(chunks) == 4 and chunks.made_rows == 10
     assert sorted(alloc.calls) == [1, 3, 3, 3]  # each chunk made once, the last one short
     assert (chunks.row(4) == 7).all() and not chunks.row(3).any() and not chunks.row(5).any()
+
+
+def test_a_chunk_the_thread_cannot_make_is_made_or_refused_where_it_is_asked_for() -> None:
+    calls: list[int] = []
+
+    def refusing(rows: int) -> np.ndarray:
+        calls.append(rows)
+        if len(calls) == 1:
+            raise MemoryError("no pinned memory left")
+        return np.zeros((rows, ROW_BYTES), np.uint8)
+
+    chunks = HostChunks(refusing, num_rows=4, chunk_rows=2)
+    chunks.close()  # the thread stopped at its first failure
+    assert len(chunks) == 0
+    assert chunks.row(3).shape == (ROW_BYTES,) and len(chunks) == 1
 
 
 def test_without_ahead_only_the_chunks_asked_for_are_made() -> None:
@@ -71,7 +86,6 @@ def test_rows_asked_for_while_the_thread_makes_chunks_are_made_once_and_kept() -
 def test_close_stops_making_chunks_ahead() -> None:
     alloc = CountingAlloc(delay=0.01)
     chunks = HostChunks(alloc, num_rows=1000, chunk_rows=1)
-    chunks.row(0)
     chunks.close()
     made = len(chunks)
     assert made < 1000

@@ -1,23 +1,27 @@
-"""Rows of host memory in chunks: the first chunk made on first need, the rest ahead of need on a thread.
+"""Rows of host memory in chunks, made in order on a thread from the start.
 
 The host tiers (offload.HostTier's KV blocks, worker/host_states.py's recurrent-state snapshots) keep their
 rows in pinned memory on CUDA, since asynchronous copies need pinned pages. Pinning has a price: the driver
-maps and locks every page, tens of milliseconds per hundred megabytes. Made on the step loop at the moment a
-row was first needed, a wave of evictions paid it inside the steps, chunk after chunk: a Qwen3.5-27B state
-row is ~157 MB (one row a chunk), and a wave of 32 requests spilled ~27 of them while its first tokens waited.
+maps and locks every page, ~1.5 GB/s on the H100 machine (a 256 MB chunk took 170 ms inside a step,
+bench/results/gpu-s17-2026-12-06.md). Made on the step loop when a row was first needed, a wave of
+evictions paid it inside its steps: a Qwen3.5-27B state row is ~157 MB, and a wave of 32 requests spilled ~27
+of them (~2.8 s of pinning) while its first tokens waited.
 
-So a tier that is never used pins nothing (no chunk exists before the first need), and from the first need on
-a thread makes the remaining chunks in order, so that later rows are normally ready before they are asked
-for. A row asked for before the thread reached its chunk is made on the spot, as before; it waits at most for
-the one chunk the thread is making (one lock guards the making of chunks).
+So a tier's chunks are made on a thread from the moment the tier exists (the tier's size is the user's
+--kv-host-gb: that memory is theirs to give), in order, while the engine loads and warms up. A row asked for
+before the thread reached its chunk is made on the spot; it waits at most for the one chunk the thread is
+making (one lock guards the making of chunks).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 
 class HostChunks:
@@ -34,9 +38,13 @@ class HostChunks:
         self.num_chunks = -(-num_rows // chunk_rows)
         self._chunks: dict[int, np.ndarray] = {}
         self._lock = threading.Lock()  # held while a chunk is made, by either thread
-        self._ahead = ahead
         self._thread: threading.Thread | None = None
         self._stop = False
+        if ahead and self.num_chunks:
+            # Not a daemon: a thread inside the CUDA driver at interpreter exit can crash it. It stops once
+            # the main thread has ended, so an exiting process waits for at most the chunk being made.
+            self._thread = threading.Thread(target=self._make_all, name="paddock-host-chunks")
+            self._thread.start()
 
     def __len__(self) -> int:
         """Chunks made so far."""
@@ -51,10 +59,7 @@ class HostChunks:
         if not 0 <= index < self.num_chunks:
             raise IndexError(f"host chunk {index} outside the tier's {self.num_chunks} chunks")
         chunk = self._chunks.get(index)
-        if chunk is None:
-            chunk = self._make(index)
-            self._start_ahead()
-        return chunk
+        return chunk if chunk is not None else self._make(index)
 
     def row(self, row: int) -> np.ndarray:
         """Row `row`, a view into its chunk."""
@@ -64,7 +69,7 @@ class HostChunks:
         return self.chunk(index)[offset]
 
     def close(self) -> None:
-        """Stop making chunks ahead and wait for the one being made (engine shutdown, tests)."""
+        """Stop making chunks ahead of need and wait for the one being made (engine shutdown, tests)."""
         self._stop = True
         if self._thread is not None:
             self._thread.join()
@@ -77,16 +82,13 @@ class HostChunks:
                 chunk = self._chunks[index] = self._alloc(rows)
         return chunk
 
-    def _start_ahead(self) -> None:
-        if self._ahead and self._thread is None and len(self._chunks) < self.num_chunks:
-            # Not a daemon: a thread inside the CUDA driver at interpreter exit can crash it. It stops once
-            # the main thread has ended, so an exiting process waits for at most the chunk being made.
-            self._thread = threading.Thread(target=self._make_rest, name="paddock-host-chunks")
-            self._thread.start()
-
-    def _make_rest(self) -> None:
+    def _make_all(self) -> None:
         for index in range(self.num_chunks):
             if self._stop or not threading.main_thread().is_alive():
                 return
             if index not in self._chunks:
-                self._make(index)
+                try:
+                    self._make(index)
+                except Exception as exc:  # e.g. pinned memory refused: a row asked for later raises it there
+                    log.warning("host tier: chunk %d of %d not made ahead of need: %s", index, self.num_chunks, exc)
+                    return

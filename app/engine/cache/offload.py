@@ -80,8 +80,8 @@ class DeviceBlocks:
 class HostTier:
     """Prefix hash -> a host row holding that block's payload; least recently used goes first.
 
-    Rows come in chunks, none before the first need, the rest made ahead of need from then on
-    (host_chunks.py), up to `capacity` rows. A pinned entry (fetched, not yet loaded back) is never evicted."""
+    Rows come in chunks made on a thread from the start (host_chunks.py: pinning takes seconds, which a
+    step must not wait for), up to `capacity` rows. A pinned entry (fetched, not yet loaded back) is never evicted."""
 
     def __init__(self, capacity: int, copier: BlockCopier) -> None:
         self.capacity = capacity

@@ -1,9 +1,8 @@
 """The host-RAM tier of a hybrid model's state snapshots: rows of every recurrent layer's state in host memory.
 
 A row's payload is every state array's row laid end to end (`runner.state_arrays` order), in memory from
-`backend.alloc_host_blocks` (pinned on CUDA), in chunks of about HOST_CHUNK_BYTES: none before the first
-spill (pinning gigabytes takes seconds; a server whose snapshots are never evicted pins nothing), the rest
-made ahead of need from then on (cache/host_chunks.py). The state cache (cache/state_cache.py) names the rows; this
+`backend.alloc_host_blocks` (pinned on CUDA), in chunks of about HOST_CHUNK_BYTES made on a thread from
+the start (cache/host_chunks.py: pinning gigabytes takes seconds, which a step must not wait for). The state cache (cache/state_cache.py) names the rows; this
 module moves the bytes: a spill copies evicted device snapshot rows out, a load copies a host row into a
 request's slot.
 
