@@ -30,7 +30,7 @@ from app.engine.cache.host_chunks import HostChunks
 from app.engine.cache.radix import EvictedBlocks
 
 HASH_BYTES = 16
-HOST_CHUNK_BYTES = 256 << 20  # host rows are allocated in chunks of about this size, on first need
+HOST_CHUNK_BYTES = 256 << 20  # host rows are allocated in chunks of about this size (host_chunks.py)
 
 
 def prefix_hashes(extra_key: Hashable, token_ids: Sequence[int], block_size: int) -> list[bytes]:
