@@ -47,7 +47,10 @@ import httpx  # noqa: E402
 from app.commands.bench_load import Plan, exact_text, stream_turn, turn_messages  # noqa: E402
 
 BLOCK = 16  # EngineConfig.block_size: the serve command has no flag for it
-TEMPLATE_SLACK = 24  # chat-template tokens per turn around the two messages, and re-tokenized replies
+TEMPLATE_SLACK = 24  # chat-template tokens per turn around the two messages
+# A random-weight model's reply re-tokenizes into more tokens than it generated (measured: 16 -> ~40 on the tiny
+# shape): the pool counts each re-sent reply this many times its length.
+REPLY_GROWTH = 2
 WARMUP_TOKENS = 256
 
 
@@ -68,7 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--disk-prompt-tokens", type=int, default=8000)
     parser.add_argument("--kv-disk-gb", type=float, default=4.0)
     parser.add_argument("--kv-disk-dir", type=Path, default=None, help="default: a temporary folder, removed after")
-    parser.add_argument("--phases", default="recompute,session,disk", help="which of recompute, session, disk")
+    parser.add_argument("--phases", default="recompute,session,disk",
+                        help="which of recompute, session, session_nohost (the session without the host tier), disk")
     parser.add_argument("--logs", type=Path, default=None, help="keep the servers' logs here (default: removed)")
     parser.add_argument("--start-timeout", type=float, default=300.0, help="seconds a server may take to load")
     parser.add_argument("--seed", type=int, default=0)
@@ -79,7 +83,8 @@ def pool_blocks(args: argparse.Namespace) -> int:
     """--kv-blocks, or the session's longest turn (prompt and output) with 5 % to spare, plus the null block."""
     if args.kv_blocks:
         return args.kv_blocks
-    longest = args.prefix_tokens + args.turns * (args.input_tokens + args.output_tokens + TEMPLATE_SLACK)
+    turn = args.input_tokens + REPLY_GROWTH * args.output_tokens + TEMPLATE_SLACK
+    longest = args.prefix_tokens + args.turns * turn
     return math.ceil(max(longest, args.disk_prompt_tokens + WARMUP_TOKENS) * 1.05 / BLOCK) + 1
 
 
@@ -194,6 +199,7 @@ async def session(
             reply = await stream_turn(client, plan, turn_messages(prefix, history, text))
         except RuntimeError as exc:  # a turn past the pool (400): recorded, and the session ends there
             rows.append({"turn": turn, "error": str(exc)[:300]})
+            print(f"  turn {turn:2}: {rows[-1]['error']}", flush=True)
             break
         usage = reply["usage"]
         row = {"turn": turn, "prompt_tokens": usage.get("prompt_tokens", 0),
@@ -241,47 +247,38 @@ def record(out, phase: str, common: dict, **fields) -> dict:
     return line
 
 
+PHASES = ("recompute", "session", "session_nohost", "disk")
+
+
 def run(args: argparse.Namespace) -> list[dict]:
     phases = {p.strip() for p in args.phases.split(",") if p.strip()}
-    unknown = phases - {"recompute", "session", "disk"}
+    unknown = phases - set(PHASES)
     if unknown:
-        raise SystemExit(f"--phases: unknown {', '.join(sorted(unknown))} (recompute, session, disk)")
+        raise SystemExit(f"--phases: unknown {', '.join(sorted(unknown))} ({', '.join(PHASES)})")
     blocks = pool_blocks(args)
-    other = other_tokens(args, blocks)
     logs = args.logs or Path(tempfile.mkdtemp(prefix="tiers-logs-"))
     logs.mkdir(parents=True, exist_ok=True)
     common = {"model": Path(args.model).name, "device": args.device, "kv_blocks": blocks,
               "pool_tokens": (blocks - 1) * BLOCK, "date": time.strftime("%Y-%m-%d %H:%M")}  # fmt: skip
     host = ["--kv-host-gb", f"{args.kv_host_gb:g}"]
-    lines = []
+    lines: list[dict] = []
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("a") as out:
         if phases & {"recompute", "session"}:
             server = Server(args, blocks, host, logs / "session.log")
             try:
-                plan = server.plan_line()
                 if "recompute" in phases:
                     _, result = asyncio.run(warm_then(server, args, args.seed + 10, disk_prompt(args)))
                     lines.append(record(out, "recompute", common, disk_tier=False, load_s=server.load_s,
-                                        plan=plan, **result))  # fmt: skip
+                                        plan=server.plan_line(), **result))  # fmt: skip
                 if "session" in phases:
-                    print(f"session: {args.turns} turns, prefix {args.prefix_tokens}, +{args.input_tokens} in / "
-                          f"{args.output_tokens} out a turn, another client's {other}-token prompt between turns; "
-                          f"pool {blocks} blocks ({(blocks - 1) * BLOCK} tokens), host tier {args.kv_host_gb:g} GB")  # fmt: skip
-
-                    rows: list[dict] = []
-
-                    async def replay(client: httpx.AsyncClient, model: str) -> list[dict]:
-                        return await session(client, model, args, other, rows)
-
-                    started = time.perf_counter()
-                    try:
-                        asyncio.run(warm_then(server, args, args.seed + 11, replay))
-                    finally:  # cut short (SIGTERM from a timeout, an error): the turns done are still a line
-                        lines.append(record(out, "session", common, kv_host_gb=args.kv_host_gb, other_tokens=other,
-                                            turns=rows, wall_s=time.perf_counter() - started, plan=plan,
-                                            complete=len(rows) == args.turns and not any("error" in r for r in rows),
-                                            **session_totals(rows)))  # fmt: skip
+                    lines.append(session_phase(args, server, "session", blocks, common, out))
+            finally:
+                server.stop()
+        if "session_nohost" in phases:  # the control: the same session, the spilled history recomputed
+            server = Server(args, blocks, ["--kv-host-gb", "0"], logs / "session-nohost.log")
+            try:
+                lines.append(session_phase(args, server, "session_nohost", blocks, common, out))
             finally:
                 server.stop()
         if "disk" in phases:
@@ -289,6 +286,29 @@ def run(args: argparse.Namespace) -> list[dict]:
     if args.logs is None:
         shutil.rmtree(logs, ignore_errors=True)
     return lines
+
+
+def session_phase(args: argparse.Namespace, server: Server, phase: str, blocks: int, common: dict, out) -> dict:
+    """The session replay on `server`, recorded as one line even when cut short."""
+    other = other_tokens(args, blocks)
+    host_gb = 0.0 if phase == "session_nohost" else args.kv_host_gb
+    print(f"{phase}: {args.turns} turns, prefix {args.prefix_tokens}, +{args.input_tokens} in / {args.output_tokens} "
+          f"out a turn, another client's {other}-token prompt between turns; pool {blocks} blocks "
+          f"({(blocks - 1) * BLOCK} tokens), host tier {host_gb:g} GB")  # fmt: skip
+    rows: list[dict] = []
+
+    async def replay(client: httpx.AsyncClient, model: str) -> list[dict]:
+        return await session(client, model, args, other, rows)
+
+    started = time.perf_counter()
+    try:
+        asyncio.run(warm_then(server, args, args.seed + 11, replay))
+    finally:  # cut short (SIGTERM from a timeout, an error): the turns done are still a line
+        line = record(out, phase, common, kv_host_gb=host_gb, other_tokens=other, turns=rows,
+                      wall_s=time.perf_counter() - started, plan=server.plan_line(),
+                      complete=len(rows) == args.turns and not any("error" in r for r in rows),
+                      **session_totals(rows))  # fmt: skip
+    return line
 
 
 def disk_phases(args: argparse.Namespace, blocks: int, common: dict, host: list[str], logs: Path, out) -> list[dict]:
@@ -323,6 +343,8 @@ def session_totals(rows: list[dict]) -> dict:
     return {"turns_done": len(done), "turns_hitting_host": sum(1 for r in done if r["cached_host"] > 0),
             "cached_host_total": sum(r["cached_host"] for r in done),
             "cached_device_total": sum(r["cached_device"] for r in done),
+            "ttft_ms_total": sum(r["ttft_ms"] for r in done),
+            "recomputed_tokens_total": sum(r["prompt_tokens"] - (r["cached_tokens"] or 0) for r in done),
             "bytes_host_to_device_total": sum(r["bytes_host_to_device"] for r in done),
             "bytes_device_to_host_total": sum(r["bytes_device_to_host"] + r.get("other", {}).get(
                 "bytes_device_to_host", 0) for r in done)}  # fmt: skip
@@ -332,12 +354,18 @@ def summary(lines: list[dict]) -> str:
     """The phases in a few readable lines."""
     by = {line["phase"]: line for line in lines}
     text = []
-    if "session" in by:
-        s = by["session"]
-        text.append(f"session: {s['turns_done']} turns, {s['turns_hitting_host']} hit the host tier; cached from "
+    for name in ("session", "session_nohost"):
+        if name not in by:
+            continue
+        s = by[name]
+        text.append(f"{name}: {s['turns_done']} turns, {s['turns_hitting_host']} hit the host tier; cached from "
                     f"host {s['cached_host_total']} tokens, from the device {s['cached_device_total']}; "
                     f"{s['bytes_host_to_device_total'] / 2**20:.1f} MiB host->device, "
-                    f"{s['bytes_device_to_host_total'] / 2**20:.1f} MiB device->host")  # fmt: skip
+                    f"{s['bytes_device_to_host_total'] / 2**20:.1f} MiB device->host; {s['recomputed_tokens_total']} "
+                    f"prompt tokens computed, TTFT {s['ttft_ms_total'] / 1000:.2f} s over the turns")  # fmt: skip
+    if "session" in by and "session_nohost" in by and by["session_nohost"]["ttft_ms_total"]:
+        text.append(f"session TTFT with the host tier / without: "
+                    f"{by['session']['ttft_ms_total'] / by['session_nohost']['ttft_ms_total']:.2f}")  # fmt: skip
     for phase in ("recompute", "disk_write", "disk_restart"):
         if phase in by:
             p = by[phase]

@@ -1,7 +1,7 @@
 """bench/suite/tiers_session.py: its sizing (the pool holds the longest turn, the other client's prompt spills
 the session from the first turn on), and a whole small run on the CPU through `paddock serve` processes:
-host-tier hits every turn after the first with the bytes /metrics counts for them, and a disk-tier restart
-that serves the stored prompt from disk."""
+host-tier hits every turn after the first with the bytes /metrics counts for them (recomputed without the
+host tier), and a disk-tier restart that serves the stored prompt from disk."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def test_moved_is_the_difference_of_two_metrics_readings() -> None:
     }  # fmt: skip
 
 
-@pytest.mark.slow  # three `paddock serve` starts and a small session on the CPU: ~20-40 s on 2 busy cores
+@pytest.mark.slow  # four `paddock serve` starts and a small session on the CPU: ~20-40 s on 2 busy cores
 def test_a_small_cpu_run_hits_the_host_tier_every_turn_and_restarts_from_disk(tmp_path, capsys) -> None:
     model = tmp_path / "tiny.gguf"
     subprocess.run([sys.executable, str(ROOT / "bench" / "make_random_gguf.py"), "--shape", "tiny", "--out",
@@ -56,15 +56,18 @@ def test_a_small_cpu_run_hits_the_host_tier_every_turn_and_restarts_from_disk(tm
     out = tmp_path / "tiers.jsonl"
     tiers.main([str(model), "--device", "cpu", "--turns", "4", "--prefix-tokens", "300", "--input-tokens", "60",
                 "--output-tokens", "8", "--disk-prompt-tokens", "400", "--kv-host-gb", "0.05", "--kv-disk-gb", "0.05",
-                "--port", str(_free_port()), "--out", str(out)])  # fmt: skip
+                "--port", str(_free_port()), "--out", str(out), "--phases", "recompute,session,session_nohost,disk"])  # fmt: skip
     lines = {line["phase"]: line for line in map(json.loads, out.read_text().splitlines())}
-    assert set(lines) == {"recompute", "session", "disk_write", "disk_restart"}
+    assert set(lines) == {"recompute", "session", "session_nohost", "disk_write", "disk_restart"}
     session = lines["session"]
     assert session["complete"] and session["turns_hitting_host"] == 3  # every turn after the first
     block_bytes = 2 * 2 * 2 * 64 * 4 * 16  # the tiny shape: 2 layers, K and V, 2 KV heads of 64, float32
     for turn in session["turns"][1:]:
         assert turn["cached_host"] > 0 and turn["cached_tokens"] == turn["cached_device"] + turn["cached_host"]
         assert turn["bytes_host_to_device"] == turn["cached_host"] // 16 * block_bytes
+    control = lines["session_nohost"]  # the same turns without the host tier: the spilled history is recomputed
+    assert control["complete"] and control["cached_host_total"] == control["bytes_host_to_device_total"] == 0
+    assert control["recomputed_tokens_total"] > session["recomputed_tokens_total"] + session["cached_host_total"] // 2
     recompute, written, restart = lines["recompute"], lines["disk_write"], lines["disk_restart"]
     assert recompute["cached_tokens"] == 0 and written["cached_tokens"] == 0
     assert written["disk_files"] >= 400 // 16
