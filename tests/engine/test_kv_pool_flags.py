@@ -86,12 +86,16 @@ def test_gpu_memory_utilization_sizes_the_cuda_pool() -> None:
 def test_a_fixed_cuda_pool_the_gpu_cannot_hold_is_refused_naming_the_flag(caplog) -> None:
     block = kv_block_bytes(QWEN3, 16, "float16")
     free = 2 * GiB
-    fits = (free - activation_bytes(QWEN3, 2048, 32)) // block
-    with pytest.raises(ValueError, match=f"--kv-blocks {fits + 1}: .*room for {fits} "):
+    fits = free // block
+    with pytest.raises(ValueError, match=f"--kv-blocks {fits + 1}: .*room for at most {fits} "):
         resolve(EngineConfig(num_kv_blocks=fits + 1), QWEN3, GPU, "cuda", free)
-    with caplog.at_level(logging.WARNING):  # past the 0.9 share but within the memory: allowed, with a warning
-        plan = resolve(EngineConfig(num_kv_blocks=fits), QWEN3, GPU, "cuda", free)
-    assert plan.num_blocks == fits and "more than the" in caplog.text
+    share = (int(free * 0.9) - activation_bytes(QWEN3, 2048, 32)) // block
+    with caplog.at_level(logging.WARNING):  # within the memory: allowed
+        assert resolve(EngineConfig(num_kv_blocks=share), QWEN3, GPU, "cuda", free).num_blocks == share
+    assert "--gpu-memory-utilization" not in caplog.text
+    with caplog.at_level(logging.WARNING):  # past the 0.9 share less the step buffers: with a warning
+        plan = resolve(EngineConfig(num_kv_blocks=share + 1), QWEN3, GPU, "cuda", free)
+    assert plan.num_blocks == share + 1 and f"more than the {share} blocks --gpu-memory-utilization 0.9" in caplog.text
 
 
 def test_the_cpu_engine_allocates_the_fixed_pool_and_refuses_prompts_past_it() -> None:

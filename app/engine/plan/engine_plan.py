@@ -10,7 +10,7 @@ On CUDA the KV blocks are sized from the free memory measured after the weights 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from app.engine.config import EngineConfig
 from app.engine.plan.device import DeviceMemory, GiB
@@ -123,24 +123,24 @@ def experts_on_device(
 
 
 def check_fixed_pool(shape: ModelShape, options: FitOptions, free_after_load: int) -> None:
-    """A fixed pool (--kv-blocks) the GPU cannot hold is refused here, naming the flag, rather than by the
-    allocator; one past the --gpu-memory-utilization share only gets a warning (the user asked for it)."""
+    """A fixed pool (--kv-blocks) larger than the GPU's free memory is refused here, naming the flag, rather
+    than by the allocator. One past the --gpu-memory-utilization share less the step buffers only gets a
+    warning: the user asked for it, and the task models' engines (a pool for one text) are sized by their own
+    plan (plan/task_fit.py), not by this share."""
     n = options.num_kv_blocks
     assert n
     block = kv_block_bytes(shape, options.block_size, resolve_kv_dtype(options.kv_dtype, "cuda"))
     if not block:
         return
-    whole = replace(options, gpu_memory_utilization=1.0)
-    m = memory(shape, whole, "cuda", free_after_load, weights_loaded=True)
-    fits = (cache_room(m, whole, "cuda", free_after_load, True) - m.state) // block
-    share = (cache_room(m, options, "cuda", free_after_load, True) - m.state) // block
-    if n > fits:
+    if n * block > free_after_load:
         raise ValueError(f"--kv-blocks {n}: {n} blocks of {options.block_size} tokens take {n * block / GiB:.1f} GiB; "
-                         f"the GPU has room for {max(fits, 0)} after the weights ({free_after_load / GiB:.1f} GiB free, "
-                         f"less the step buffers)")  # fmt: skip
+                         f"the GPU has {free_after_load / GiB:.1f} GiB free after the weights, room for at most "
+                         f"{free_after_load // block} (less its step buffers)")  # fmt: skip
+    m = memory(shape, options, "cuda", free_after_load, weights_loaded=True)
+    share = (cache_room(m, options, "cuda", free_after_load, True) - m.state) // block
     if n > share:
-        log.warning("--kv-blocks %d is more than the %d blocks --gpu-memory-utilization %g leaves room for",
-                    n, share, options.gpu_memory_utilization)  # fmt: skip
+        log.warning("--kv-blocks %d is more than the %d blocks --gpu-memory-utilization %g leaves room for beside "
+                    "the step buffers", n, max(share, 0), options.gpu_memory_utilization)  # fmt: skip
 
 
 def async_decode_enabled(setting: bool | None, cuda_graphs: bool) -> bool:
