@@ -95,7 +95,7 @@ def test_a_fixed_cuda_pool_the_gpu_cannot_hold_is_refused_naming_the_flag(caplog
     assert "--gpu-memory-utilization" not in caplog.text
     with caplog.at_level(logging.WARNING):  # past the 0.9 share less the step buffers: with a warning
         plan = resolve(EngineConfig(num_kv_blocks=share + 1), QWEN3, GPU, "cuda", free)
-    assert plan.num_blocks == share + 1 and f"more than the {share} blocks --gpu-memory-utilization 0.9" in caplog.text
+    assert plan.num_blocks == share + 1 and f"{share + 1} blocks (--kv-blocks) is more than the {share} blocks --gpu-memory-utilization 0.9" in caplog.text
 
 
 def test_the_cpu_engine_allocates_the_fixed_pool_and_refuses_prompts_past_it() -> None:

@@ -139,8 +139,8 @@ def check_fixed_pool(shape: ModelShape, options: FitOptions, free_after_load: in
     m = memory(shape, options, "cuda", free_after_load, weights_loaded=True)
     share = (cache_room(m, options, "cuda", free_after_load, True) - m.state) // block
     if n > share:
-        log.warning("--kv-blocks %d is more than the %d blocks --gpu-memory-utilization %g leaves room for beside "
-                    "the step buffers", n, max(share, 0), options.gpu_memory_utilization)  # fmt: skip
+        log.warning("a KV pool of %d blocks (--kv-blocks) is more than the %d blocks --gpu-memory-utilization %g "
+                    "leaves room for beside the step buffers", n, max(share, 0), options.gpu_memory_utilization)  # fmt: skip
 
 
 def async_decode_enabled(setting: bool | None, cuda_graphs: bool) -> bool:
