@@ -64,7 +64,7 @@ def test_engine_config_refuses_a_pool_without_a_usable_block() -> None:
 
 @pytest.mark.parametrize("backend", ["cpu", "cuda"])
 def test_a_fixed_pool_is_the_block_count_and_caps_the_context(backend: str, caplog) -> None:
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.INFO):
         plan = resolve(EngineConfig(num_kv_blocks=1001), QWEN3, GPU, backend, 8 * GiB)
     assert plan.num_blocks == 1001
     assert plan.max_model_len == 1000 * 16  # the null block holds nothing; the model's own is 40,960

@@ -184,9 +184,9 @@ def resolve(
     if config.max_model_len and config.max_model_len > served:
         limit = "the model's context" if positions < config.max_model_len else "what the KV cache holds"
         log.warning("--max-ctx %d exceeds %s: the context is %d tokens", config.max_model_len, limit, served)
-    elif config.num_kv_blocks and served < positions:
-        log.warning("--kv-blocks %d holds %d tokens: the context is %d tokens, not the model's %d",
-                    config.num_kv_blocks, served, served, positions)  # fmt: skip
+    elif config.num_kv_blocks and served < positions:  # info: a task model's pool bounds its context by design
+        log.info("--kv-blocks %d holds %d tokens: the context is %d tokens, not the model's %d",
+                 config.num_kv_blocks, served, served, positions)  # fmt: skip
     hybrid = shape.state_bytes_per_sequence > 0
     if cuda and config.cuda_graphs and syncs_host:
         log.warning("CUDA graphs off: this model reads back to the host within a step (MoE layers on "
