@@ -211,6 +211,16 @@ if stage side; then
     [[ ${KEEP_FILES:-0} == 1 ]] || rm -f "$file"
   done
 fi
+# tiers: issue 38's KV tiers through `paddock serve` (suite/tiers_session.py) on TIERS_MODEL: a 16-turn agent
+# session (8,000-token prefix, 1,000 new and 64 out a turn) on a GPU pool of its longest turn, another client's
+# prompt between turns spilling its history to host RAM (cached tokens per tier, bytes moved, TTFT per turn);
+# then an 8,000-token prompt kept by the disk tier over a SIGTERM and a restart, against its recompute. Three
+# server starts; TIERS_ARGS passes more flags (e.g. "--kv-blocks 1200 --other-tokens 12000"). $OUT/tiers.jsonl
+if stage tiers && left 180; then
+  make_model "${TIERS_MODEL:-qwen3-8b:q4_k_m}"
+  timeout -k 60 ${TIERS_S:-240} python3 bench/suite/tiers_session.py "$(gguf_of "${TIERS_MODEL:-qwen3-8b:q4_k_m}")" \
+    --device cuda --out "$OUT/tiers.jsonl" ${TIERS_ARGS:-} 2>&1 | tail -30
+fi
 if stage agent; then
   serve_workloads agent 16384 agent.jsonl $AGENT_MODELS
   python3 bench/suite/bench_table.py "$OUT/agent.jsonl"

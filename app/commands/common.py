@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from app.engine.config import MIN_KV_BLOCKS
+
 if TYPE_CHECKING:
     from app.engine import EngineConfig
 
@@ -36,6 +38,40 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         help="mixture of experts: experts per layer kept on the GPU; the rest stay in pinned host RAM and "
         "stream in per step over PCIe (auto: the largest hot set that fits; default: all)",
     )  # fmt: skip
+    parser.add_argument(
+        "--gpu-memory-utilization", type=fraction, default=None, metavar="FRACTION",
+        help="CUDA: the share of the free GPU memory the engine may take, 0.05 to 1.0; the KV cache gets "
+        "what the weights and working buffers leave of it (default 0.9)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--kv-blocks", type=kv_block_count, default=None, metavar="N",
+        help="the KV cache's size on the device in blocks of 16 tokens, instead of what the memory holds; the "
+        "context is at most what N - 1 blocks hold (one is the pool's null block) (default: sized from the memory)",
+    )  # fmt: skip
+
+
+def fraction(text: str) -> float:
+    """`--gpu-memory-utilization`: a share of the GPU memory, 0.05 .. 1.0 (the range EngineConfig takes)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes a fraction such as 0.8, not {text!r}") from None
+    if not 0.05 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be between 0.05 and 1.0 (a fraction, not a percentage), not {text}")
+    return value
+
+
+def kv_block_count(text: str) -> int:
+    """`--kv-blocks`: at least 2 (the pool's null block and one block a request can use)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes a whole number of blocks, not {text!r}") from None
+    if value < MIN_KV_BLOCKS:
+        raise argparse.ArgumentTypeError(
+            f"must be at least {MIN_KV_BLOCKS} (the pool's null block and one block of 16 tokens), not {value}"
+        )
+    return value
 
 
 def resolve_model(name: str) -> str:
@@ -111,9 +147,12 @@ def engine_config(args: argparse.Namespace, **overrides: object) -> EngineConfig
     fields: dict[str, object] = dict(
         model=resolve_model(args.model), device=args.device, max_model_len=args.max_ctx
     )
-    for name in ("mmproj", "cpu_kernels", "threads", "experts_on_gpu"):  # commands built before these arguments existed lack them
+    # (argument, EngineConfig field); commands built before these arguments existed lack them
+    for name, field in (("mmproj", "mmproj"), ("cpu_kernels", "cpu_kernels"), ("threads", "threads"),
+                        ("experts_on_gpu", "experts_on_gpu"), ("gpu_memory_utilization", "gpu_memory_utilization"),
+                        ("kv_blocks", "num_kv_blocks")):  # fmt: skip
         if getattr(args, name, None) is not None:
-            fields[name] = getattr(args, name)
+            fields[field] = getattr(args, name)
     if getattr(args, "max_batch", None) is not None:
         fields["max_num_seqs"] = args.max_batch
     if getattr(args, "async_decode", None) is not None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
+import threading
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -206,6 +208,21 @@ def load_speech_models(args: argparse.Namespace) -> list[object]:
     return [SpeechLLMTranscriber.load(path, device=args.device) for path in args.asr_model]
 
 
+def exit_on_sigterm() -> None:
+    """SIGTERM (kill, systemd, docker stop) ends `paddock serve` through its `finally` as Ctrl-C does.
+
+    uvicorn catches SIGTERM to shut the HTTP side down, then raises it again under the handler it found;
+    Python's default one kills the process there, before `engine.close()`, so the engine thread never
+    moved the prefix cache down to the KV disk tier. A SystemExit raised in its place unwinds normally
+    (exit status 143, the shell's for SIGTERM)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_exit)
+
+
+def _raise_exit(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def run(args: argparse.Namespace) -> int:
     from app.commands.common import engine_config
     from app.engine import AsyncEngine
@@ -235,6 +252,7 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"paddock serve: {exc}", file=sys.stderr)
         return 2
+    exit_on_sigterm()
     try:
         if args.embedding_model == "self":
             from app.engine.tasks.pooling import DecoderEmbedder

@@ -16,6 +16,9 @@ AUTO_KV_DTYPE = {"cuda": "float16", "cpu": "float32"}
 # The CUDA backend's "auto" weight cache: float16 copies within this share of the free memory
 # (backend/cuda/dense.py), predicted by the memory plan (plan/memory.py).
 DENSE_CACHE_FRACTION = 0.35
+# The smallest fixed KV pool (num_kv_blocks, --kv-blocks): block 0 is the pool's null block, so a request
+# needs one more; the context served is what the rest hold (plan/memory.py max_model_len).
+MIN_KV_BLOCKS = 2
 
 
 def kv_dtype_name(name: str, device: str | None = None) -> str:
@@ -53,7 +56,9 @@ class EngineConfig:
     max_num_seqs: int = 32  # requests decoded together
     max_num_batched_tokens: int = 2048  # tokens per step: decodes first, then prefill chunks
     block_size: int = 16  # tokens per KV block
-    num_kv_blocks: int | None = None  # None: sized from kv_cache_bytes (CPU) or free device memory (CUDA)
+    # the KV pool in blocks, the null block included (--kv-blocks); the context served is at most what the
+    # other blocks hold. None: sized from kv_cache_bytes (CPU) or free device memory (CUDA)
+    num_kv_blocks: int | None = None
     kv_cache_bytes: int | None = None  # CPU: KV budget in bytes (None: 2 GiB)
     gpu_memory_utilization: float = 0.90  # CUDA: fraction of free memory the engine may take
     kv_dtype: str = "auto"  # "auto" | "f16" | "fp8" (and "float32"; aliases in KV_DTYPES)
@@ -116,7 +121,10 @@ class EngineConfig:
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be at least 1, got {self.threads}")
         if not 0.05 <= self.gpu_memory_utilization <= 1.0:
-            raise ValueError("gpu_memory_utilization must be between 0.05 and 1.0")
+            raise ValueError(f"gpu_memory_utilization must be between 0.05 and 1.0, not {self.gpu_memory_utilization}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < MIN_KV_BLOCKS:
+            raise ValueError(f"num_kv_blocks must be at least {MIN_KV_BLOCKS} (the pool's null block and one "
+                             f"block of {self.block_size} tokens), not {self.num_kv_blocks}")  # fmt: skip
         if self.kv_dtype.strip().lower() not in KV_DTYPES:
             raise ValueError(f"kv_dtype must be auto, f16 or fp8 (or float32), not {self.kv_dtype!r}")
         object.__setattr__(self, "experts_on_gpu", parse_experts_on_gpu(self.experts_on_gpu))

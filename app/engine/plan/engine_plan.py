@@ -13,10 +13,12 @@ import logging
 from dataclasses import dataclass
 
 from app.engine.config import EngineConfig
-from app.engine.plan.device import DeviceMemory
+from app.engine.plan.device import DeviceMemory, GiB
 from app.engine.plan.fit import plan_experts
 from app.engine.plan.memory import (
     FitOptions,
+    cache_room,
+    kv_block_bytes,
     kv_blocks,
     max_model_len,
     memory,
@@ -120,6 +122,27 @@ def experts_on_device(
     return requested
 
 
+def check_fixed_pool(shape: ModelShape, options: FitOptions, free_after_load: int) -> None:
+    """A fixed pool (--kv-blocks) larger than the GPU's free memory is refused here, naming the flag, rather
+    than by the allocator. One past the --gpu-memory-utilization share less the step buffers only gets a
+    warning: the user asked for it, and the task models' engines (a pool for one text) are sized by their own
+    plan (plan/task_fit.py), not by this share."""
+    n = options.num_kv_blocks
+    assert n
+    block = kv_block_bytes(shape, options.block_size, resolve_kv_dtype(options.kv_dtype, "cuda"))
+    if not block:
+        return
+    if n * block > free_after_load:
+        raise ValueError(f"--kv-blocks {n}: {n} blocks of {options.block_size} tokens take {n * block / GiB:.1f} GiB; "
+                         f"the GPU has {free_after_load / GiB:.1f} GiB free after the weights, room for at most "
+                         f"{free_after_load // block} (less its step buffers)")  # fmt: skip
+    m = memory(shape, options, "cuda", free_after_load, weights_loaded=True)
+    share = (cache_room(m, options, "cuda", free_after_load, True) - m.state) // block
+    if n > share:
+        log.warning("a KV pool of %d blocks (--kv-blocks) is more than the %d blocks --gpu-memory-utilization %g "
+                    "leaves room for beside the step buffers", n, max(share, 0), options.gpu_memory_utilization)  # fmt: skip
+
+
 def async_decode_enabled(setting: bool | None, cuda_graphs: bool) -> bool:
     """The config's setting (EngineConfig.async_decode); None means on exactly where decode steps
     are CUDA-graph replays (elsewhere a launch costs about what it hides)."""
@@ -143,6 +166,8 @@ def resolve(
     cuda = backend_name == "cuda"
     experts = experts_on_device(config, shape, backend_name, device)
     blocks = kv_blocks(shape, options, backend_name, free_after_load, weights_loaded=True)
+    if options.num_kv_blocks and cuda and free_after_load is not None:
+        check_fixed_pool(shape, options, free_after_load)
     # On the GPU the KV blocks are the ones `paddock fit` predicts from the free memory read before the
     # weights (the same count), as long as the weights took no more than the plan counts for them: the
     # count from the memory left after loading caps it. (Experts streamed from host RAM: the count from
@@ -159,6 +184,9 @@ def resolve(
     if config.max_model_len and config.max_model_len > served:
         limit = "the model's context" if positions < config.max_model_len else "what the KV cache holds"
         log.warning("--max-ctx %d exceeds %s: the context is %d tokens", config.max_model_len, limit, served)
+    elif config.num_kv_blocks and served < positions:  # info: a task model's pool bounds its context by design
+        log.info("--kv-blocks %d holds %d tokens: the context is %d tokens, not the model's %d",
+                 config.num_kv_blocks, served, served, positions)  # fmt: skip
     hybrid = shape.state_bytes_per_sequence > 0
     if cuda and config.cuda_graphs and syncs_host:
         log.warning("CUDA graphs off: this model reads back to the host within a step (MoE layers on "
