@@ -105,8 +105,9 @@ def add_kv_arguments(parser: argparse.ArgumentParser) -> None:
                        help="KV cache element type (auto: float16 on the GPU, float32 on the CPU; fp8: e4m3 with "
                        "per-block scales, about half of f16's memory, on both backends)")
     group.add_argument("--kv-host-gb", type=float, default=4.0, metavar="GB",
-                       help="host RAM (pinned on CUDA) for prefix blocks evicted from the KV cache (hybrid "
-                       "models: for evicted recurrent-state snapshots) (default 4; 0: off)")
+                       help="host RAM (pinned on CUDA, in the background from the start) for prefix blocks "
+                       "evicted from the KV cache (hybrid models: for evicted recurrent-state snapshots) "
+                       "(default 4; 0: off)")
     group.add_argument("--kv-disk-gb", type=float, default=0.0, metavar="GB",
                        help="disk space for prefix blocks evicted from host RAM; kept across restarts (default 0: off)")
     group.add_argument("--kv-disk-dir", default=None, metavar="DIR",
