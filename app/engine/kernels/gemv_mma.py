@@ -103,9 +103,14 @@ def _pick_shape_v2(n_tok: int, n_rows: int, n_cols: int) -> MmaShape:
     n_tiles = _n_tiles(n_tok)
     m_tiles = 1 if n_tiles <= 2 else 2
     col_warps = 2 if n_tiles <= 2 else 1
-    shape = MmaShape(m_tiles, n_tiles, col_warps, row_warps=4)
+    return with_splits(MmaShape(m_tiles, n_tiles, col_warps, row_warps=4), n_rows, n_cols)
+
+
+def with_splits(shape: MmaShape, n_rows: int, n_cols: int) -> MmaShape:
+    """`shape` (v2) with its column splits for `n_rows` x `n_cols`: doubled while the blocks fill less
+    than one wave, up to MAX_SPLITS, each split keeping >= 2 super-steps (_pick_shape_v2 says why)."""
     blocks = cdiv(n_rows, shape.rows())
-    super_steps = cdiv(cdiv(n_cols // 32, 4), col_warps)
+    super_steps = cdiv(cdiv(n_cols // 32, 4), shape.warps)
     splits = 1
     while splits < MAX_SPLITS and blocks * splits < MULTIPROCESSORS and super_steps >= 4 * splits:
         splits *= 2

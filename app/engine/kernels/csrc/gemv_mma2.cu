@@ -19,8 +19,8 @@
 //   the RW row-warps: x read from L2 per weight byte falls by 2 RW MT against gemv_mma.cu;
 // - the staging is cp.async into two buffers: the next super-step's x is copied while this one
 //   is multiplied (one barrier a super-step), and the next super-step's weights are loaded into
-//   registers at the same time, so a lane has two steps of weight loads in flight; the first ones
-//   are issued before the wait on the previous kernel (PDL: weights are no kernel's output);
+//   registers at the same time, so a lane has two steps of weight loads in flight; before the wait
+//   on the previous kernel (PDL) the first super-step's weight lines are prefetched into L2;
 // - weights are decoded with the formats' raw()/coef() pair (one byte permute and one FMA per
 //   weight, quant.cuh) instead of get()'s integer-to-float conversions (quarter-rate on sm_90),
 //   which made the decode, not memory, the limit;
@@ -138,6 +138,18 @@ __device__ __forceinline__ void tile(const u8* __restrict__ w, i64 row_bytes, in
 
     // The lane's unit of super-step ss is 4 (ss KW + kw) + t, clamped into the row (x reads as zero past its end).
     const int unit0 = 4 * kw + t, last_unit = n_units - 1;
+    // Before the wait only L2 prefetches (common.cuh): the lane's rows over the first super-step (their
+    // share of the row's bytes, whole lines), for weights small enough that this pays (PDL_PREFETCH_MAX_WEIGHT).
+    if (s_begin < s_end && (i64)n_rows * row_bytes <= PDL_PREFETCH_MAX_WEIGHT) {
+        const i64 lo = (i64)s_begin * GM_KW * 128 * row_bytes / n_cols & ~127ll;
+        const i64 len = min((i64)GM_KW * 128 * row_bytes / n_cols + 128, row_bytes - lo);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) prefetch_l2(row_p[mt][h] + lo, len, t, 4);
+    }
+    after_previous_grid();
+    if (s_begin < s_end) stage_x<F>(smem, x, n_tok, n_cols, n_units, s_begin * GM_KW);
     F next[MT][2];
     if (s_begin < s_end) {
 #pragma unroll
@@ -145,8 +157,6 @@ __device__ __forceinline__ void tile(const u8* __restrict__ w, i64 row_bytes, in
 #pragma unroll
             for (int h = 0; h < 2; ++h) next[mt][h].load(row_p[mt][h], min(4 * GM_KW * s_begin + unit0, last_unit));
     }
-    after_previous_grid();  // the weights are no earlier kernel's output: their first loads fly during the wait
-    if (s_begin < s_end) stage_x<F>(smem, x, n_tok, n_cols, n_units, s_begin * GM_KW);
     for (int ss = s_begin; ss < s_end; ++ss) {
         const int cur = (ss - s_begin) & 1;
         cp_async_wait<0>();
