@@ -94,7 +94,10 @@ inline void cp_async8(void* dst, const void* src, bool valid) {
 template <class F>
 __device__ __forceinline__ void stage_x(uint4* xs, const u16* __restrict__ xh, int n_tok, int n_cols, int n_units,
                                         int step0) {
-    for (int i = threadIdx.x; i < XS_WORDS; i += THREADS) {
+#pragma unroll 1
+    for (int it = 0; it < (XS_WORDS + THREADS - 1) / THREADS; ++it) {  // a compile-time count: a plain loop
+        const int i = threadIdx.x + it * THREADS;
+        if (XS_WORDS % THREADS != 0 && i >= XS_WORDS) break;
         const int t = i & 3, n = (i >> 2) % TOK, kk = (i >> 2) / TOK, k = kk & 3, kw = kk >> 2;
         const int u = 4 * (step0 + kw) + t;
         const bool ok = n < n_tok && u < n_units;
