@@ -29,6 +29,9 @@ MAX_TOKENS = 8 * N_TILES[-1]
 WARPS_TARGET = 2048  # v1: ~16 warps on each of the H200's 132 multiprocessors
 MULTIPROCESSORS = 132  # v2's grid target: H100 SXM and H200 both have 132
 MAX_SPLITS = 8
+# Atomic adds an output takes, times the tokens: 4 * MAX_SPLIT_ADDS / (0.56 n_cols) bytes of atomics per
+# weight byte of Q4_K, <= 0.22 at 4096 columns (64 tokens: 2 splits at most; <= 16 tokens: 8).
+MAX_SPLIT_ADDS = 128
 X16_THREADS = 256
 MAX_SHARED_BYTES = 48 * 1024  # static shared memory of one block
 
@@ -89,8 +92,8 @@ def _pick_shape_v2(n_tok: int, n_rows: int, n_cols: int) -> MmaShape:
     """Why these numbers (per weight byte of Q4_K, 0.5625 bytes a weight):
     - m-tiles a warp: each 16-row tile reads all the staged x from shared memory, 1.8 NT / MT bytes
       per weight byte; at 4-8 n-tiles one m-tile would make shared memory, not the tensor cores,
-      the limit (128 bytes a clock a multiprocessor), so two (186-249 registers, no spills at
-      sm_90); at 1-2 n-tiles one keeps registers at 80-102.
+      the limit (128 bytes a clock a multiprocessor), so two (164-250 registers, no spills at
+      sm_90 for the K-quants); at 1-2 n-tiles one keeps registers at 71-96.
     - 4 row-warps: the block stages float16 x from L2 once for 64 MT rows, 3.6 T / (64 MT) bytes per
       weight byte: <= 0.9 up to 32 tokens, 1.8 at 64 (where the tensor cores bound it anyway).
     - column-warps: 2 at 1-2 n-tiles (8-warp blocks, two or three a multiprocessor, with fewer column
@@ -98,7 +101,8 @@ def _pick_shape_v2(n_tok: int, n_rows: int, n_cols: int) -> MmaShape:
       multiprocessor, and two 64-token x buffers stay within 48 KiB of shared memory.
     - column splits: where the row tiles fill less than one wave (a 4096-row q or down projection
       has 32-64), more blocks share the columns, up to MAX_SPLITS and while each split keeps >= 2
-      super-steps (atomics add the splits: their cost grows with the splits, so no more than that).
+      super-steps; atomics add the splits, one per output and split, so their count (tokens x splits)
+      is capped too (MAX_SPLIT_ADDS).
     """
     n_tiles = _n_tiles(n_tok)
     m_tiles = 1 if n_tiles <= 2 else 2
@@ -108,11 +112,17 @@ def _pick_shape_v2(n_tok: int, n_rows: int, n_cols: int) -> MmaShape:
 
 def with_splits(shape: MmaShape, n_rows: int, n_cols: int) -> MmaShape:
     """`shape` (v2) with its column splits for `n_rows` x `n_cols`: doubled while the blocks fill less
-    than one wave, up to MAX_SPLITS, each split keeping >= 2 super-steps (_pick_shape_v2 says why)."""
+    than one wave, up to MAX_SPLITS and MAX_SPLIT_ADDS, each split keeping >= 2 super-steps
+    (_pick_shape_v2 says why)."""
     blocks = cdiv(n_rows, shape.rows())
     super_steps = cdiv(cdiv(n_cols // 32, 4), shape.warps)
     splits = 1
-    while splits < MAX_SPLITS and blocks * splits < MULTIPROCESSORS and super_steps >= 4 * splits:
+    while (
+        splits < MAX_SPLITS
+        and blocks * splits < MULTIPROCESSORS
+        and super_steps >= 4 * splits
+        and 8 * shape.n_tiles * 2 * splits <= MAX_SPLIT_ADDS
+    ):
         splits *= 2
     return replace(shape, k_splits=splits)
 

@@ -28,8 +28,9 @@ def test_v2_shapes_fit_and_fill_the_gpu(n_tok: int, n_rows: int, n_cols: int) ->
     if shape.k_splits > 1:  # split only where the row tiles alone fill less than a wave, >= 2 super-steps a split
         assert blocks * shape.k_splits // 2 < gm.MULTIPROCESSORS
         assert super_steps >= 2 * shape.k_splits
-    elif super_steps >= 4:
-        assert blocks >= gm.MULTIPROCESSORS or shape.k_splits == gm.MAX_SPLITS
+        assert 8 * shape.n_tiles * shape.k_splits <= gm.MAX_SPLIT_ADDS  # atomics: tokens x splits capped
+    elif super_steps >= 4 and 16 * shape.n_tiles <= gm.MAX_SPLIT_ADDS:
+        assert blocks >= gm.MULTIPROCESSORS
 
 
 def test_v1_shape_has_no_v2_parts() -> None:
