@@ -25,6 +25,10 @@
 // Numerics: a weight is decoded in float32 (as the dequantizers do) and rounded once to
 // float16, x is rounded to float16, products accumulate in float32: the same numbers as cuBLAS
 // on the float16 copy of the weight, which this path replaces.
+//
+// gemv_mma2.cu is the second kernel of these products (x rounded to float16 once and staged in
+// shared memory, weights in flight across steps, a cheaper decode, column splits); this one stays
+// for A/B runs (PADDOCK_GEMV_MMA_KERNEL=v1|v2, gemv_mma.py).
 #include "mma.cuh"
 #include "quant.cuh"
 

@@ -145,7 +145,7 @@ __device__ __forceinline__ void tile(const u8* __restrict__ w, i64 row_bytes, in
     // share of the row's bytes, whole lines), for weights small enough that this pays (PDL_PREFETCH_MAX_WEIGHT).
     if (s_begin < s_end && (i64)n_rows * row_bytes <= PDL_PREFETCH_MAX_WEIGHT) {
         const i64 lo = (i64)s_begin * GM_KW * 128 * row_bytes / n_cols & ~127ll;
-        const i64 len = min((i64)GM_KW * 128 * row_bytes / n_cols + 128, row_bytes - lo);
+        const i64 want = (i64)GM_KW * 128 * row_bytes / n_cols + 128, len = want < row_bytes - lo ? want : row_bytes - lo;
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
