@@ -97,7 +97,7 @@ def _pick_shape_v2(n_tok: int, n_rows: int, n_cols: int) -> MmaShape:
     - 4 row-warps: the block stages float16 x from L2 once for 64 MT rows, 3.6 T / (64 MT) bytes per
       weight byte: <= 0.9 up to 32 tokens, 1.8 at 64 (where the tensor cores bound it anyway).
     - column-warps: 2 at 1-2 n-tiles (8-warp blocks, two or three a multiprocessor, with fewer column
-      splits to pay for), 1 at 4-8: the 249-register build then fits two 4-warp blocks a
+      splits to pay for), 1 at 4-8: the <= 250-register builds then fit two 4-warp blocks a
       multiprocessor, and two 64-token x buffers stay within 48 KiB of shared memory.
     - column splits: where the row tiles fill less than one wave (a 4096-row q or down projection
       has 32-64), more blocks share the columns, up to MAX_SPLITS and while each split keeps >= 2

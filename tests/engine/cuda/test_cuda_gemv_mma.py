@@ -56,7 +56,7 @@ def test_gemv_mma_q4_k_m_qkv_with_splits(cuda, rng, n_tok: int, kernel: str) -> 
     (1, 1, 4, 2, 3, 8),  # three splits of uneven length
     (2, 2, 1, 4, 2, 12),
     (1, 4, 2, 4, 1, 30),
-    (2, 8, 1, 4, 4, 64),  # the 249-register build, two blocks a multiprocessor
+    (2, 8, 1, 4, 4, 64),  # the largest build (~250 registers), two blocks a multiprocessor
     (2, 8, 1, 2, 1, 41),
     (2, 4, 2, 2, 2, 25),
 ])  # fmt: skip
