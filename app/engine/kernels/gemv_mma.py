@@ -133,8 +133,9 @@ def gemv_mma(
 ) -> Any:  # fmt: skip
     """`out = x @ [W0; W1; W2].T (+ bias)` for float32 `x [T, n_cols]`, 2 <= T <= MAX_TOKENS, and
     1 to 3 weights `(data, qtype_name, row_bytes, n_rows)`; `out` is float32 `[T, sum n_rows]`,
-    contiguous. `kernel` picks gemv_mma.cu ("v1") or gemv_mma2.cu ("v2"); `shape` overrides the
-    launch shape (benchmarks)."""
+    contiguous. `kernel` picks gemv_mma.cu ("v1") or gemv_mma2.cu ("v2"; it also takes x already
+    rounded to float16, as the cuBLAS paths make it, and then skips its conversion); `shape` overrides
+    the launch shape (benchmarks)."""
     if not 1 <= len(parts) <= 3:
         raise ValueError(f"gemv_mma takes 1 to 3 weights, got {len(parts)}")
     n_tok = x.shape[0]
@@ -145,6 +146,8 @@ def gemv_mma(
         raise ValueError(f"gemv_mma has no decoder for {sorted(unknown)}")
     if kernel not in KERNELS:
         raise ValueError(f"gemv_mma kernel must be one of {KERNELS}, not {kernel!r}")
+    if str(x.dtype) not in ("float32", "float16") or (kernel == "v1" and str(x.dtype) != "float32"):
+        raise ValueError(f"gemv_mma {kernel} takes float32 x{' or float16' if kernel == 'v2' else ''}, got {x.dtype}")
     total_rows = sum(p[3] for p in parts)
     shape = shape or pick_shape(n_tok, total_rows, n_cols, kernel)
     padded = list(parts) + [(parts[-1][0], parts[-1][1], parts[-1][2], 0)] * (3 - len(parts))
@@ -178,16 +181,18 @@ def _gemv_mma2(
     shape: MmaShape, source: str, defines: dict[str, str | int], blocks: int, weights: tuple[Any, ...], x: Any,
     n_tok: int, out: Any, bias: Any | None,
 ) -> None:  # fmt: skip
-    """The pre-pass (float16 x; zeros in `out` for the column splits to add into), then the product."""
+    """The pre-pass (float16 x, unless x is float16 already; zeros in `out` for the column splits to add
+    into), where it has work, then the product."""
     import cupy
 
-    x16 = cupy.empty(x.shape, cupy.float16)
-    zero = shape.k_splits > 1
-    pre = get_kernel(source, "gemv_mma2_x16", defines)
-    work = max(x.size // 4, out.size if zero else 0)
-    pre_blocks = max(1, min(cdiv(work, X16_THREADS), 4 * MULTIPROCESSORS))  # stride loops cover the rest
-    launch(pre, (pre_blocks,), (X16_THREADS,),
-           (x, x16, i32(x.size), out if zero else ptr(None), i32(out.size if zero else 0)))  # fmt: skip
+    given16 = x.dtype == cupy.float16
+    x16 = x if given16 else cupy.empty(x.shape, cupy.float16)
+    n_convert, n_zero = 0 if given16 else x.size, out.size if shape.k_splits > 1 else 0
+    if n_convert or n_zero:
+        pre = get_kernel(source, "gemv_mma2_x16", defines)
+        blocks_pre = max(1, min(cdiv(max(n_convert // 4, n_zero), X16_THREADS), 4 * MULTIPROCESSORS))  # strided
+        launch(pre, (blocks_pre,), (X16_THREADS,),
+               (x, x16, i32(n_convert), out if n_zero else ptr(None), i32(n_zero)))  # fmt: skip
     main = get_kernel(source, "gemv_mma2", defines)
     launch(main, (blocks, shape.k_splits), (32 * shape.row_warps * shape.warps,),
            (*weights, x16, i32(n_tok), out, ptr(bias)))  # fmt: skip

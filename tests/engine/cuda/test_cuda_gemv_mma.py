@@ -15,7 +15,9 @@ from app.engine.kernels.gemv_mma import KERNELS, MmaShape, pick_shape
 pytestmark = pytest.mark.gpu
 
 
-def _check(cuda, rng, formats, rows, cols: int, n_tok: int, kernel: str, shape: MmaShape | None = None) -> None:
+def _check(
+    cuda, rng, formats, rows, cols: int, n_tok: int, kernel: str, shape: MmaShape | None = None, x_dtype=np.float32
+) -> None:  # fmt: skip
     import cupy
 
     from app.engine.kernels.gemv_mma import gemv_mma
@@ -26,7 +28,8 @@ def _check(cuda, rng, formats, rows, cols: int, n_tok: int, kernel: str, shape: 
     bias = rng.standard_normal(sum(rows)).astype(np.float32)
     out = cupy.full((n_tok, sum(rows)), cupy.nan, cupy.float32)
     parts = [(w.data, q, w.row_bytes, w.n_rows) for w, q in zip(weights, formats, strict=True)]
-    got = cupy.asnumpy(gemv_mma(parts, cols, cupy.asarray(x), out, cupy.asarray(bias), shape=shape, kernel=kernel))
+    x_in = cupy.asarray(x.astype(x_dtype))
+    got = cupy.asnumpy(gemv_mma(parts, cols, x_in, out, cupy.asarray(bias), shape=shape, kernel=kernel))
     ref_w = np.concatenate([dequantize_oracle(t) for t in tensors]).astype(np.float64)
     ref = x.astype(np.float64) @ ref_w.T + bias
     assert not np.isnan(got).any(), "unwritten outputs"
@@ -66,3 +69,14 @@ def test_gemv_mma2_launch_shapes(
 ) -> None:  # fmt: skip
     shape = MmaShape(m_tiles, n_tiles, col_warps, row_warps, splits)
     _check(cuda, rng, formats, (200, 77), 2560, n_tok, "v2", shape)
+
+
+@pytest.mark.parametrize(("rows", "cols", "n_tok"), [
+    ((160, 32, 40), 4096, 5),  # column splits: the pre-pass only zeroes the output
+    ((300,), 256, 40),  # no splits (one super-step): no pre-pass at all
+])  # fmt: skip
+def test_gemv_mma2_takes_float16_x(cuda, rng, rows, cols: int, n_tok: int) -> None:
+    splits = pick_shape(n_tok, sum(rows), cols, "v2").k_splits
+    assert (splits > 1) == (len(rows) == 3)
+    formats = ("Q4_K", "Q4_K", "Q6_K")[: len(rows)]
+    _check(cuda, rng, formats, rows, cols, n_tok, "v2", x_dtype=np.float16)
