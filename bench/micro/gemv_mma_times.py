@@ -18,7 +18,8 @@ of the other paths' outputs from cuBLAS on the float16 copy (the same float16 we
 rounding ties: small). cuBLAS gets x already in float16; v1 and v2 convert it inside their time.
 For tuning pick_shape, v2 also at its other column splits (v2_splits<S>_us) and with the other block
 shapes of `alternatives` (v2_rw2_us: two row-warps; v2_kw<K>_us: K column-warps; with their splits),
-for as many cases as the first TUNING_UNTIL_S seconds allow (--no-tuning: none).
+and given x in float16 (v2_x16_us: no conversion pre-pass), for as many cases as the first
+TUNING_UNTIL_S seconds allow (--no-tuning: none).
 The v1 and v2 builds compile first in parallel processes; a last line gives that time and the whole
 run's wall time.
 """
@@ -236,6 +237,9 @@ def measure(
                 line[f"v2_{name}_us"] = round(seconds * 1e6, 2)
                 if not name.startswith("splits"):
                     line[f"v2_{name}_splits"] = shape.k_splits
+            fns = [partial(gemv_mma, s, product.n_cols, x16, outs["v2"], kernel="v2") for s in sets]
+            seconds, _ = time_graph([fns[i % len(fns)] for i in range(CALLS)], reps=5)
+            line["v2_x16_us"] = round(seconds * 1e6, 2)  # given float16 x, as cuBLAS is: no conversion
         for method in methods:
             fns = [calls[method][i % len(calls[method])] for i in range(CALLS)]
             seconds, how = time_graph(fns, reps=5)
