@@ -9,7 +9,8 @@
 //   traffic was many times the weight bytes, and every word was converted again;
 // - each lane had one 128-column step of weight loads in flight, then decoded and multiplied.
 // Here
-// - a pre-pass (gemv_mma2_x16) rounds x to float16 once, into a copy in global memory;
+// - a pre-pass (gemv_mma2_x16) rounds x to float16 once, into a copy in global memory (none when
+//   the caller gives float16 x);
 // - a block's warps form a grid of RW row-warps (each owns MT m-tiles, its own rows) by KW
 //   column-warps (interleaved 128-column steps, summed in shared memory at the end). For each
 //   "super-step" of KW * 128 columns the block stages that float16 x once into shared memory in
@@ -22,8 +23,11 @@
 //   registers at the same time, so a lane has two steps of weight loads in flight; before the wait
 //   on the previous kernel (PDL) the first super-step's weight lines are prefetched into L2;
 // - weights are decoded with the formats' raw()/coef() pair (one byte permute and one FMA per
-//   weight, quant.cuh) instead of get()'s integer-to-float conversions (quarter-rate on sm_90),
-//   which made the decode, not memory, the limit;
+//   weight, quant.cuh) instead of get()'s integer-to-float conversions (quarter-rate on sm_90:
+//   16 a clock a multiprocessor, ~3.7 T weights/s on an H100, below the ~6 T/s of Q4_K at
+//   memory speed). The decode is still most of the instructions at 2-8 tokens (~350 a warp's
+//   128-column step of 16 rows at sm_90, 8 of them mma), so those sizes are bound by issue
+//   rather than by memory if anything;
 // - where rows are few (a 4096-row q or down projection has 32-64 row tiles for 132
 //   multiprocessors), gridDim.y splits the columns among blocks too; those blocks add their
 //   sums into `y` with atomics, on the zeros the pre-pass wrote.
