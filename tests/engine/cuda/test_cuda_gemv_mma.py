@@ -80,3 +80,41 @@ def test_gemv_mma2_takes_float16_x(cuda, rng, rows, cols: int, n_tok: int) -> No
     assert (splits > 1) == (len(rows) == 3)
     formats = ("Q4_K", "Q4_K", "Q6_K")[: len(rows)]
     _check(cuda, rng, formats, rows, cols, n_tok, "v2", x_dtype=np.float16)
+
+
+@pytest.mark.parametrize(("rows", "cols", "n_tok"), [
+    ((160, 32, 40), 4096, 9),  # column splits: the pre-pass converts x and zeroes the output
+    ((300,), 256, 33),  # no splits: the pre-pass only converts
+])  # fmt: skip
+def test_gemv_mma2_replays_in_a_graph_with_programmatic_launches(cuda, rng, rows, cols: int, n_tok: int) -> None:
+    """A decode graph's capture, where the pre-pass and the product may each start before the kernel
+    before them ends (only L2 prefetches before their waits): the replay on new x equals the eager
+    call on it (up to the order of the splits' atomic adds)."""
+    import cupy as cp
+
+    from app.engine.kernels.gemv_mma import gemv_mma
+    from app.engine.kernels.runtime import pdl
+
+    formats = ("Q4_K", "Q4_K", "Q6_K")[: len(rows)]
+    weights = [cuda.load_weight(random_tensor(q, r, cols, rng)) for q, r in zip(formats, rows, strict=True)]
+    parts = [(w.data, q, w.row_bytes, w.n_rows) for w, q in zip(weights, formats, strict=True)]
+    x = cp.asarray(rng.standard_normal((n_tok, cols)).astype(np.float32))
+
+    def step():  # a kernel writes the product's input right before it, another reads its output right after
+        product = gemv_mma(parts, cols, x * 2.0, cp.empty((n_tok, sum(rows)), cp.float32), kernel="v2")
+        return product + 1.0
+
+    cp.cuda.Device().synchronize()
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream, pdl.programmatic_launches():
+        step()  # warm-up: compiles, sizes the memory pool's blocks
+        stream.synchronize()
+        stream.begin_capture()
+        out = step()
+        graph = stream.end_capture()
+    x[...] = cp.asarray(rng.standard_normal((n_tok, cols)).astype(np.float32))
+    cp.cuda.Device().synchronize()
+    graph.launch(stream=stream)
+    stream.synchronize()
+    eager = cp.asnumpy(step())
+    assert rel_err(cp.asnumpy(out), eager) < 1e-5
