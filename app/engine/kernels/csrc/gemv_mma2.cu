@@ -36,6 +36,7 @@
 // Numerics: weights decoded in float32 (w = a f + b, the same value as the dequantizers up to
 // float32 rounding) and rounded once to float16, x rounded to float16, float32 accumulation. With
 // gridDim.y > 1 the order of the split sums varies from run to run (float atomics).
+#include "gemv_mma.cuh"
 #include "mma.cuh"
 #include "quant.cuh"
 
@@ -223,52 +224,10 @@ __device__ __forceinline__ void tile(const u8* __restrict__ w, i64 row_bytes, in
         }
     }
 
-    if (GM_KW > 1) {
-        float* part = reinterpret_cast<float*>(smem);
-        constexpr int PER_WARP = MT * NT * 4 * 32;
-        __syncthreads();  // x is no longer read: its buffer takes the column-warps' sums
-        if (kw > 0) {
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e)
-                        part[((kw - 1) * GM_RW + rw) * PER_WARP + ((mt * NT + nt) * 4 + e) * 32 + lane] = c[mt][nt][e];
-        }
-        __syncthreads();
-        if (kw > 0) return;
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    for (int v = 1; v < GM_KW; ++v)
-                        c[mt][nt][e] += part[((v - 1) * GM_RW + rw) * PER_WARP + ((mt * NT + nt) * 4 + e) * 32 + lane];
-    }
-    // C fragment: c[0..1] are row g, tokens 2t and 2t + 1 of the tile; c[2..3] the same for row g + 8.
-    const bool split = gridDim.y > 1;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int row = row0 + 16 * (rw * MT + mt) + 8 * h + g;
-            if (row >= n_rows) continue;
-            const float add = bias != nullptr && blockIdx.y == 0 ? bias[col0 + row] : 0.f;
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int n = 8 * nt + 2 * t + e;
-                    if (n >= n_tok) continue;
-                    float* out = y + (i64)n * ld_y + col0 + row;
-                    if (split)
-                        atomicAdd(out, c[mt][nt][2 * h + e] + add);
-                    else
-                        *out = c[mt][nt][2 * h + e] + add;
-                }
-        }
+    if (!gm_sum_column_warps<MT, NT, GM_KW>(c, reinterpret_cast<float*>(smem), kw, rw, GM_RW, lane)) return;
+    // Split 0 adds the bias; with splits the atomics add into the zeros the pre-pass wrote.
+    gm_write<MT, NT>(c, row0 + 16 * rw * MT, n_rows, n_tok, y, ld_y, col0, blockIdx.y == 0 ? bias : nullptr,
+                     gridDim.y > 1, lane);
 }
 }  // namespace gm2
 
