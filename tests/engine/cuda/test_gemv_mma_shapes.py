@@ -25,11 +25,13 @@ def test_v2_shapes_fit_and_fill_the_gpu(n_tok: int, n_rows: int, n_cols: int) ->
     blocks = cdiv(n_rows, shape.rows())
     super_steps = cdiv(cdiv(n_cols // 32, 4), shape.warps)
     assert 1 <= shape.k_splits <= gm.MAX_SPLITS
-    if shape.k_splits > 1:  # split only where the row tiles alone fill less than a wave, >= 2 super-steps a split
-        assert blocks * shape.k_splits // 2 < gm.MULTIPROCESSORS
+    waves = gm.WAVES * gm.MULTIPROCESSORS
+    if shape.k_splits > 1:  # split only where the row tiles fill less than WAVES waves, >= 2 super-steps a split
+        assert blocks * shape.k_splits // 2 < waves
         assert super_steps >= 2 * shape.k_splits
-    elif super_steps >= 4:
-        assert blocks >= gm.MULTIPROCESSORS or shape.k_splits == gm.MAX_SPLITS
+    # no further split where one more would keep >= 2 super-steps: the blocks fill the waves, or the cap is hit
+    if shape.k_splits < gm.MAX_SPLITS and super_steps >= 4 * shape.k_splits:
+        assert blocks * shape.k_splits >= waves
 
 
 def test_v1_shape_has_no_v2_parts() -> None:
@@ -50,3 +52,11 @@ def test_v2_refuses_a_shape_over_the_shared_memory() -> None:
     x = np.zeros((64, 1024), np.float32)
     with pytest.raises(ValueError, match="shared memory"):
         gemv_mma([(None, "Q4_K", 576, 64)], 1024, x, None, shape=MmaShape(2, 8, 2, 4), kernel="v2")
+
+
+def test_x_must_be_float32_or_float16_for_v2() -> None:
+    parts = [(None, "Q4_K", 144, 16)]
+    with pytest.raises(ValueError, match="v1 takes float32 x, got float16"):
+        gemv_mma(parts, 256, np.zeros((4, 256), np.float16), None, kernel="v1")
+    with pytest.raises(ValueError, match="v2 takes float32 x or float16, got float64"):
+        gemv_mma(parts, 256, np.zeros((4, 256)), None, kernel="v2")

@@ -25,6 +25,11 @@
 // Numerics: a weight is decoded in float32 (as the dequantizers do) and rounded once to
 // float16, x is rounded to float16, products accumulate in float32: the same numbers as cuBLAS
 // on the float16 copy of the weight, which this path replaces.
+//
+// gemv_mma2.cu is the second kernel of these products (x rounded to float16 once and staged in
+// shared memory, weights in flight across steps, a cheaper decode, column splits); this one stays
+// for A/B runs (PADDOCK_GEMV_MMA_KERNEL=v1|v2, gemv_mma.py).
+#include "gemv_mma.cuh"
 #include "mma.cuh"
 #include "quant.cuh"
 
@@ -118,41 +123,8 @@ __device__ __forceinline__ void gm_tile(const u8* __restrict__ w, i64 row_bytes,
         }
     }
 
-    if (WARPS > 1) {
-        if (warp > 0) {
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) partial[((warp - 1) * MT * NT * 4 + (mt * NT + nt) * 4 + e) * 32 + lane] = c[mt][nt][e];
-        }
-        __syncthreads();
-        if (warp > 0) return;
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    for (int v = 0; v < WARPS - 1; ++v) c[mt][nt][e] += partial[(v * MT * NT * 4 + (mt * NT + nt) * 4 + e) * 32 + lane];
-    }
-    // C fragment: c[0..1] are row g, tokens 2t and 2t + 1 of the tile; c[2..3] the same for row g + 8.
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int row = row0 + 16 * mt + 8 * h + g;
-            if (row >= n_rows) continue;
-            const float add = bias != nullptr ? bias[col0 + row] : 0.f;
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int n = 8 * nt + 2 * t + e;
-                    if (n < n_tok) y[(i64)n * ld_y + col0 + row] = c[mt][nt][2 * h + e] + add;
-                }
-        }
+    if (!gm_sum_column_warps<MT, NT, WARPS>(c, partial, warp, 0, 1, lane)) return;
+    gm_write<MT, NT>(c, row0, n_rows, n_tok, y, ld_y, col0, bias, false, lane);
 }
 
 // `y[n, :] = x[n] @ [W0; W1; W2].T (+ bias)` for n < n_tok <= 8 NT; a weight with 0 rows is absent.
