@@ -52,7 +52,7 @@ def test_linear_prefill_slices_large_matrices(cuda, rng, monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("n_tok", [65, 150])
-def test_linear_without_a_copy_slices_tokens_over_gemv_mma(rng, n_tok: int) -> None:
+def test_linear_without_a_copy_slices_tokens_over_gemv_mma(cuda, rng, n_tok: int) -> None:
     """With the plan's no-copy bound raised past gemv_mma's 64 tokens, a product is cut into launches of 64
     rows (fused q/k/v-like parts and a bias included) and equals the float64 product within float16's error."""
     from app.engine.backend.cuda.backend import CudaBackend
