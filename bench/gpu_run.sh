@@ -123,7 +123,7 @@ fi
 # mma: products of 2..64 tokens on quantized weights (bench/micro/gemv_mma_times.py: gemv_mma's kernels against
 # cuBLAS on a float16 copy and against expanding the weight first, 8B and 27B/31B shapes); JSON lines in $OUT/mma.jsonl
 if stage mma; then
-  timeout 100 python3 bench/micro/gemv_mma_times.py 2>&1 | tee "$OUT/mma.jsonl" | cut -c1-300
+  timeout 100 python3 bench/micro/gemv_mma_times.py ${MMA_ARGS:-} 2>&1 | tee "$OUT/mma.jsonl" | cut -c1-300
 fi
 # wave: a 32-request wave of short prompts on a Qwen3.5-27B-shaped file cut to 8 layers, step by step
 # (bench/lab/hybrid_serve_trace.py --steps: prefill tokens, first tokens, state copies, GPU and host ms per step),
