@@ -16,10 +16,7 @@ around one replay of a graph of ~50 calls (median of 5 replays, after two warm-u
 warm-up replay), TB/s of the quantized weight bytes, v2's launch shape and the relative difference
 of the other paths' outputs from cuBLAS on the float16 copy (the same float16 weights and x up to
 rounding ties: small). cuBLAS gets x already in float16; v1 and v2 convert it inside their time.
-For tuning pick_shape, v2 also at its other column splits (v2_splits<S>_us) and with the other block
-shapes of `alternatives` (v2_rw2_us: two row-warps; v2_kw<K>_us: K column-warps; with their splits),
-and given x in float16 (v2_x16_us: no conversion pre-pass), for as many cases as the first
-TUNING_UNTIL_S seconds allow (--no-tuning: none).
+Beside v2's picked column splits, v2 at the other splits (fields v2_splits<S>_us) for tuning pick_shape.
 The v1 and v2 builds compile first in parallel processes; a last line gives that time and the whole
 run's wall time.
 """
@@ -40,22 +37,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "suite"))
 
-from app.engine.kernels.gemv_mma import (
-    MAX_SHARED_BYTES,
-    MAX_SPLITS,
-    MmaShape,
-    cdiv,
-    module_of,
-    pick_shape,
-    with_splits,
-)
+from app.engine.kernels.gemv_mma import MAX_SPLITS, MmaShape, cdiv, module_of, pick_shape
 from app.engine.quant.types import QUANT_TYPES
 
 TOKENS = (2, 4, 8, 16, 32, 64)
 SPLITS = tuple(2**i for i in range(MAX_SPLITS.bit_length()))  # v2's column splits, timed beside its pick
 METHODS = ("v1", "v2", "cublas16", "expand")
 CALLS = 50  # calls a timed graph holds
-TUNING_UNTIL_S = 55.0  # the tuning timings (other splits and shapes) stop this far into the run: < 90 s in all
 ROTATE_BYTES = 192 << 20  # copies of a weight set up to here: > 3x the H100's 50 MiB L2
 MAX_COPIES = 24
 # Where each format keeps its float16 scales in a block (byte offsets): random bytes there could be NaN.
@@ -90,12 +78,11 @@ def products(models: list[str]) -> list[Product]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="gemv_mma v1 and v2 against cuBLAS at 2..64 tokens (see the module doc)")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="*", choices=("8b", "27b", "31b"), default=["8b", "27b", "31b"])
     parser.add_argument("--tokens", nargs="*", type=int, default=list(TOKENS))
     parser.add_argument("--methods", nargs="*", choices=METHODS, default=list(METHODS))
     parser.add_argument("--list", action="store_true", help="print the cases and v2's shapes, touch no GPU")
-    parser.add_argument("--no-tuning", action="store_true", help="time v2 at its picked shape only")
     args = parser.parse_args(argv)
     bad = [t for t in args.tokens if not 2 <= t <= 64]
     if bad:
@@ -117,27 +104,13 @@ def split_choices(picked: MmaShape, n_cols: int) -> list[int]:
     return [s for s in SPLITS if s != picked.k_splits and 2 * s <= super_steps]
 
 
-def alternatives(product: Product, n_tok: int) -> dict[str, MmaShape]:
-    """Other v2 block shapes to time beside the picked one (their own builds): two row-warps instead of
-    four (twice the blocks, twice x's L2 reads), and the other number of column-warps; each with the
-    column splits pick_shape's rule gives it, where its shared memory fits."""
-    picked = pick_shape(n_tok, product.n_rows, product.n_cols, "v2")
-    shapes = {"rw2": replace(picked, row_warps=2), f"kw{3 - picked.warps}": replace(picked, warps=3 - picked.warps)}
-    return {name: with_splits(shape, product.n_rows, product.n_cols) for name, shape in shapes.items()
-            if shape.shared_bytes_v2() <= MAX_SHARED_BYTES}  # fmt: skip
-
-
-def module_jobs(
-    cases: list[Product], tokens: list[int], methods: list[str], tuning: bool = True
-) -> list[tuple[str, dict]]:  # fmt: skip
+def module_jobs(cases: list[Product], tokens: list[int], methods: list[str]) -> list[tuple[str, dict]]:
     """The (kernel file, defines) of every v1 and v2 build the run launches, each once."""
     jobs = {}
     for product in cases:
         for n_tok in tokens:
-            shapes = [(k, pick_shape(n_tok, product.n_rows, product.n_cols, k)) for k in ("v1", "v2") if k in methods]
-            if "v2" in methods and tuning:
-                shapes += [("v2", shape) for shape in alternatives(product, n_tok).values()]
-            for kernel, shape in shapes:
+            for kernel in (k for k in ("v1", "v2") if k in methods):
+                shape = pick_shape(n_tok, product.n_rows, product.n_cols, kernel)
                 source, defines = module_of(kernel, [product.qtype] * len(product.parts), shape)
                 jobs[source, tuple(sorted(defines.items()))] = (source, defines)
     return list(jobs.values())
@@ -195,10 +168,7 @@ def copies_of(nbytes: int) -> int:
     return max(1, min(MAX_COPIES, -(-ROTATE_BYTES // nbytes)))
 
 
-def measure(
-    product: Product, tokens: list[int], methods: list[str], rng: np.random.Generator, tune_until: float
-) -> None:  # fmt: skip
-    """Print the line of each token count; v2's tuning timings only until perf_counter() `tune_until`."""
+def measure(product: Product, tokens: list[int], methods: list[str], rng: np.random.Generator) -> None:
     import cupy
     from gpu_check import time_graph
 
@@ -228,18 +198,13 @@ def measure(
             if "expand" in outs else [],
         }  # fmt: skip
         line = case_line(product, n_tok)
-        if "v2" in outs and time.perf_counter() < tune_until:  # v2 at other splits and block shapes
+        if "v2" in outs:  # v2 at the other column splits (one build: the splits are the grid's y)
             picked = pick_shape(n_tok, product.n_rows, product.n_cols, "v2")
-            others = {f"splits{k}": replace(picked, k_splits=k) for k in split_choices(picked, product.n_cols)}
-            for name, shape in (others | alternatives(product, n_tok)).items():
+            for splits in split_choices(picked, product.n_cols):
+                shape = replace(picked, k_splits=splits)
                 fns = [partial(gemv_mma, s, product.n_cols, x, outs["v2"], shape=shape, kernel="v2") for s in sets]
                 seconds, _ = time_graph([fns[i % len(fns)] for i in range(CALLS)], reps=5)
-                line[f"v2_{name}_us"] = round(seconds * 1e6, 2)
-                if not name.startswith("splits"):
-                    line[f"v2_{name}_splits"] = shape.k_splits
-            fns = [partial(gemv_mma, s, product.n_cols, x16, outs["v2"], kernel="v2") for s in sets]
-            seconds, _ = time_graph([fns[i % len(fns)] for i in range(CALLS)], reps=5)
-            line["v2_x16_us"] = round(seconds * 1e6, 2)  # given float16 x, as cuBLAS is: no conversion
+                line[f"v2_splits{splits}_us"] = round(seconds * 1e6, 2)
         for method in methods:
             fns = [calls[method][i % len(calls[method])] for i in range(CALLS)]
             seconds, how = time_graph(fns, reps=5)
@@ -278,11 +243,10 @@ def main(argv: list[str] | None = None) -> None:
     from app.engine.backend.cuda.backend import CudaBackend
 
     CudaBackend()  # the device, its memory pool and cuBLAS as the engine sets them up
-    compile_s = precompile(module_jobs(cases, args.tokens, args.methods, not args.no_tuning))
+    compile_s = precompile(module_jobs(cases, args.tokens, args.methods))
     rng = np.random.default_rng(0)
-    tune_until = -1.0 if args.no_tuning else started + TUNING_UNTIL_S
     for product in cases:  # anything not compiled ahead compiles in a timing's warm-up calls, not its replays
-        measure(product, args.tokens, args.methods, rng, tune_until)
+        measure(product, args.tokens, args.methods, rng)
     print(json.dumps({"compile_s": round(compile_s, 1), "wall_s": round(time.perf_counter() - started, 1)}))
 
 

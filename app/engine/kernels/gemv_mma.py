@@ -30,9 +30,9 @@ WARPS_TARGET = 2048  # v1: ~16 warps on each of the H200's 132 multiprocessors
 MULTIPROCESSORS = 132  # v2's grid target: H100 SXM and H200 both have 132
 MAX_SPLITS = 8
 # v2's column splits fill this many waves of blocks: more, shorter blocks kept more loads in flight. On the
-# H100 (bench/results/gpu-s17-2026-12-06.md, 27B/31B Q4_K_M q, gate+up and down at 2-64 tokens) filling 8
-# waves beat filling one by 10-45 % wherever the splits changed (a 27B down at 32 tokens: 111 against
-# 125 us; its gate+up: 95 against 119), and was within 4 % of the best split in every case measured.
+# H100 (bench/results/gpu-s17-2026-12-06.md: Qwen3-8B, 27B and 31B Q4_K_M q, gate+up and down at 2-64 tokens)
+# filling 8 waves summed to 15 % less time than filling one, within 1.4 % of the best split of every case
+# measured (a 27B down at 32 tokens: 111 against 125 us; its gate+up: 95 against 119).
 WAVES = 8
 X16_THREADS = 256
 MAX_SHARED_BYTES = 48 * 1024  # static shared memory of one block
@@ -94,12 +94,12 @@ def _pick_shape_v2(n_tok: int, n_rows: int, n_cols: int) -> MmaShape:
     """Why these numbers (per weight byte of Q4_K, 0.5625 bytes a weight):
     - m-tiles a warp: each 16-row tile reads all the staged x from shared memory, 1.8 NT / MT bytes
       per weight byte; at 4-8 n-tiles one m-tile would make shared memory, not the tensor cores,
-      the limit (128 bytes a clock a multiprocessor), so two (164-250 registers, no spills at
-      sm_90 for the K-quants); at 1-2 n-tiles one keeps registers at 71-96.
+      the limit (128 bytes a clock a multiprocessor), so two (186-249 registers, no spills at
+      sm_90); at 1-2 n-tiles one keeps registers at 80-102.
     - 4 row-warps: the block stages float16 x from L2 once for 64 MT rows, 3.6 T / (64 MT) bytes per
       weight byte: <= 0.9 up to 32 tokens, 1.8 at 64 (where the tensor cores bound it anyway).
     - column-warps: 2 at 1-2 n-tiles (8-warp blocks, two or three a multiprocessor, with fewer column
-      splits to pay for), 1 at 4-8: the <= 250-register builds then fit two 4-warp blocks a
+      splits to pay for), 1 at 4-8: the 249-register build then fits two 4-warp blocks a
       multiprocessor, and two 64-token x buffers stay within 48 KiB of shared memory.
     - column splits: where the row tiles fill less than WAVES waves (a 4096-row q or down projection
       has 32-64 tiles), more blocks share the columns, up to MAX_SPLITS and while each split keeps >= 2
@@ -108,14 +108,9 @@ def _pick_shape_v2(n_tok: int, n_rows: int, n_cols: int) -> MmaShape:
     n_tiles = _n_tiles(n_tok)
     m_tiles = 1 if n_tiles <= 2 else 2
     col_warps = 2 if n_tiles <= 2 else 1
-    return with_splits(MmaShape(m_tiles, n_tiles, col_warps, row_warps=4), n_rows, n_cols)
-
-
-def with_splits(shape: MmaShape, n_rows: int, n_cols: int) -> MmaShape:
-    """`shape` (v2) with its column splits for `n_rows` x `n_cols`: doubled while the blocks fill less
-    than WAVES waves, up to MAX_SPLITS, each split keeping >= 2 super-steps (_pick_shape_v2 says why)."""
+    shape = MmaShape(m_tiles, n_tiles, col_warps, row_warps=4)
     blocks = cdiv(n_rows, shape.rows())
-    super_steps = cdiv(cdiv(n_cols // 32, 4), shape.warps)
+    super_steps = cdiv(cdiv(n_cols // 32, 4), col_warps)
     splits = 1
     while splits < MAX_SPLITS and blocks * splits < WAVES * MULTIPROCESSORS and super_steps >= 4 * splits:
         splits *= 2
@@ -128,9 +123,8 @@ def gemv_mma(
 ) -> Any:  # fmt: skip
     """`out = x @ [W0; W1; W2].T (+ bias)` for float32 `x [T, n_cols]`, 2 <= T <= MAX_TOKENS, and
     1 to 3 weights `(data, qtype_name, row_bytes, n_rows)`; `out` is float32 `[T, sum n_rows]`,
-    contiguous. `kernel` picks gemv_mma.cu ("v1") or gemv_mma2.cu ("v2"; it also takes x already
-    rounded to float16, as the cuBLAS paths make it, and then skips its conversion); `shape` overrides
-    the launch shape (benchmarks)."""
+    contiguous. `kernel` picks gemv_mma.cu ("v1") or gemv_mma2.cu ("v2"); `shape` overrides the
+    launch shape (benchmarks)."""
     if not 1 <= len(parts) <= 3:
         raise ValueError(f"gemv_mma takes 1 to 3 weights, got {len(parts)}")
     n_tok = x.shape[0]
@@ -141,8 +135,6 @@ def gemv_mma(
         raise ValueError(f"gemv_mma has no decoder for {sorted(unknown)}")
     if kernel not in KERNELS:
         raise ValueError(f"gemv_mma kernel must be one of {KERNELS}, not {kernel!r}")
-    if str(x.dtype) not in ("float32", "float16") or (kernel == "v1" and str(x.dtype) != "float32"):
-        raise ValueError(f"gemv_mma {kernel} takes float32 x{' or float16' if kernel == 'v2' else ''}, got {x.dtype}")
     total_rows = sum(p[3] for p in parts)
     shape = shape or pick_shape(n_tok, total_rows, n_cols, kernel)
     padded = list(parts) + [(parts[-1][0], parts[-1][1], parts[-1][2], 0)] * (3 - len(parts))
@@ -176,18 +168,16 @@ def _gemv_mma2(
     shape: MmaShape, source: str, defines: dict[str, str | int], blocks: int, weights: tuple[Any, ...], x: Any,
     n_tok: int, out: Any, bias: Any | None,
 ) -> None:  # fmt: skip
-    """The pre-pass (float16 x, unless x is float16 already; zeros in `out` for the column splits to add
-    into), where it has work, then the product."""
+    """The pre-pass (float16 x; zeros in `out` for the column splits to add into), then the product."""
     import cupy
 
-    given16 = x.dtype == cupy.float16
-    x16 = x if given16 else cupy.empty(x.shape, cupy.float16)
-    n_convert, n_zero = 0 if given16 else x.size, out.size if shape.k_splits > 1 else 0
-    if n_convert or n_zero:
-        pre = get_kernel(source, "gemv_mma2_x16", defines)
-        blocks_pre = max(1, min(cdiv(max(n_convert // 4, n_zero), X16_THREADS), 4 * MULTIPROCESSORS))  # strided
-        launch(pre, (blocks_pre,), (X16_THREADS,),
-               (x, x16, i32(n_convert), out if n_zero else ptr(None), i32(n_zero)))  # fmt: skip
+    x16 = cupy.empty(x.shape, cupy.float16)
+    zero = shape.k_splits > 1
+    pre = get_kernel(source, "gemv_mma2_x16", defines)
+    work = max(x.size // 4, out.size if zero else 0)
+    pre_blocks = max(1, min(cdiv(work, X16_THREADS), 4 * MULTIPROCESSORS))  # stride loops cover the rest
+    launch(pre, (pre_blocks,), (X16_THREADS,),
+           (x, x16, i32(x.size), out if zero else ptr(None), i32(out.size if zero else 0)))  # fmt: skip
     main = get_kernel(source, "gemv_mma2", defines)
     launch(main, (blocks, shape.k_splits), (32 * shape.row_warps * shape.warps,),
            (*weights, x16, i32(n_tok), out, ptr(bias)))  # fmt: skip

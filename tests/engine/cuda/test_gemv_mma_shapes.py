@@ -52,11 +52,3 @@ def test_v2_refuses_a_shape_over_the_shared_memory() -> None:
     x = np.zeros((64, 1024), np.float32)
     with pytest.raises(ValueError, match="shared memory"):
         gemv_mma([(None, "Q4_K", 576, 64)], 1024, x, None, shape=MmaShape(2, 8, 2, 4), kernel="v2")
-
-
-def test_x_must_be_float32_or_float16_for_v2() -> None:
-    parts = [(None, "Q4_K", 144, 16)]
-    with pytest.raises(ValueError, match="v1 takes float32 x, got float16"):
-        gemv_mma(parts, 256, np.zeros((4, 256), np.float16), None, kernel="v1")
-    with pytest.raises(ValueError, match="v2 takes float32 x or float16, got float64"):
-        gemv_mma(parts, 256, np.zeros((4, 256)), None, kernel="v2")

@@ -9,8 +9,7 @@
 //   traffic was many times the weight bytes, and every word was converted again;
 // - each lane had one 128-column step of weight loads in flight, then decoded and multiplied.
 // Here
-// - a pre-pass (gemv_mma2_x16) rounds x to float16 once, into a copy in global memory (none when
-//   the caller gives float16 x);
+// - a pre-pass (gemv_mma2_x16) rounds x to float16 once, into a copy in global memory;
 // - a block's warps form a grid of RW row-warps (each owns MT m-tiles, its own rows) by KW
 //   column-warps (interleaved 128-column steps, summed in shared memory at the end). For each
 //   "super-step" of KW * 128 columns the block stages that float16 x once into shared memory in
@@ -20,14 +19,11 @@
 //   the RW row-warps: x read from L2 per weight byte falls by 2 RW MT against gemv_mma.cu;
 // - the staging is cp.async into two buffers: the next super-step's x is copied while this one
 //   is multiplied (one barrier a super-step), and the next super-step's weights are loaded into
-//   registers at the same time, so a lane has two steps of weight loads in flight; before the wait
-//   on the previous kernel (PDL) the first super-step's weight lines are prefetched into L2;
+//   registers at the same time, so a lane has two steps of weight loads in flight; the first ones
+//   are issued before the wait on the previous kernel (PDL: weights are no kernel's output);
 // - weights are decoded with the formats' raw()/coef() pair (one byte permute and one FMA per
-//   weight, quant.cuh) instead of get()'s integer-to-float conversions (quarter-rate on sm_90:
-//   16 a clock a multiprocessor, ~3.7 T weights/s on an H100, below the ~6 T/s of Q4_K at
-//   memory speed). The decode is still most of the instructions at 2-8 tokens (~350 a warp's
-//   128-column step of 16 rows at sm_90, 8 of them mma), so those sizes are bound by issue
-//   rather than by memory if anything;
+//   weight, quant.cuh) instead of get()'s integer-to-float conversions (quarter-rate on sm_90),
+//   which made the decode, not memory, the limit;
 // - where rows are few (a 4096-row q or down projection has 32-64 row tiles for 132
 //   multiprocessors), gridDim.y splits the columns among blocks too; those blocks add their
 //   sums into `y` with atomics, on the zeros the pre-pass wrote.
@@ -99,10 +95,7 @@ inline void cp_async8(void* dst, const void* src, bool valid) {
 template <class F>
 __device__ __forceinline__ void stage_x(uint4* xs, const u16* __restrict__ xh, int n_tok, int n_cols, int n_units,
                                         int step0) {
-#pragma unroll 1
-    for (int it = 0; it < (XS_WORDS + THREADS - 1) / THREADS; ++it) {  // a compile-time count: a plain loop
-        const int i = threadIdx.x + it * THREADS;
-        if (XS_WORDS % THREADS != 0 && i >= XS_WORDS) break;
+    for (int i = threadIdx.x; i < XS_WORDS; i += THREADS) {
         const int t = i & 3, n = (i >> 2) % TOK, kk = (i >> 2) / TOK, k = kk & 3, kw = kk >> 2;
         const int u = 4 * (step0 + kw) + t;
         const bool ok = n < n_tok && u < n_units;
@@ -146,18 +139,6 @@ __device__ __forceinline__ void tile(const u8* __restrict__ w, i64 row_bytes, in
 
     // The lane's unit of super-step ss is 4 (ss KW + kw) + t, clamped into the row (x reads as zero past its end).
     const int unit0 = 4 * kw + t, last_unit = n_units - 1;
-    // Before the wait only L2 prefetches (common.cuh): the lane's rows over the first super-step (their
-    // share of the row's bytes, whole lines), for weights small enough that this pays (PDL_PREFETCH_MAX_WEIGHT).
-    if (s_begin < s_end && (i64)n_rows * row_bytes <= PDL_PREFETCH_MAX_WEIGHT) {
-        const i64 lo = (i64)s_begin * GM_KW * 128 * row_bytes / n_cols & ~127ll;
-        const i64 want = (i64)GM_KW * 128 * row_bytes / n_cols + 128, len = want < row_bytes - lo ? want : row_bytes - lo;
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) prefetch_l2(row_p[mt][h] + lo, len, t, 4);
-    }
-    after_previous_grid();
-    if (s_begin < s_end) stage_x<F>(smem, x, n_tok, n_cols, n_units, s_begin * GM_KW);
     F next[MT][2];
     if (s_begin < s_end) {
 #pragma unroll
@@ -165,6 +146,8 @@ __device__ __forceinline__ void tile(const u8* __restrict__ w, i64 row_bytes, in
 #pragma unroll
             for (int h = 0; h < 2; ++h) next[mt][h].load(row_p[mt][h], min(4 * GM_KW * s_begin + unit0, last_unit));
     }
+    after_previous_grid();  // the weights are no earlier kernel's output: their first loads fly during the wait
+    if (s_begin < s_end) stage_x<F>(smem, x, n_tok, n_cols, n_units, s_begin * GM_KW);
     for (int ss = s_begin; ss < s_end; ++ss) {
         const int cur = (ss - s_begin) & 1;
         cp_async_wait<0>();
