@@ -30,8 +30,14 @@ left() { (( BUDGET - SECONDS >= $1 )); }
 if stage llamabuild; then  # llama.cpp's server, built in the background (outlives this call; carry .llama)
   setsid bash bench/llama_cpp.sh build > /tmp/llama-build.out 2>&1 < /dev/null &
 fi
+# tests: TESTS (default tests/engine/cuda); TEST_SHARD=K/N runs the K-th of N shares of its test files (sorted, every
+# N-th from the K-th), so a suite longer than one call's 10 minutes (515 s on the H100 for 1,324 tests) spans calls
 if stage tests; then
-  timeout ${TEST_S:-200} python3 -m pytest -q -m gpu ${TESTS:-tests/engine/cuda} ${PYTEST_ARGS--x} -rf -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -25
+  tests=${TESTS:-tests/engine/cuda}
+  if [[ -n ${TEST_SHARD:-} ]]; then
+    tests=$(find $tests -name 'test_*.py' | sort | awk -v k="${TEST_SHARD%/*}" -v n="${TEST_SHARD#*/}" '(NR - k) % n == 0')
+  fi
+  timeout ${TEST_S:-200} python3 -m pytest -q -m gpu $tests ${PYTEST_ARGS--x} -rf -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -25
 fi
 if stage micro && left 180; then
   timeout 100 python3 bench/suite/gpu_check.py --out /tmp/check --no-tests --only "copy bandwidth,fused" 2>&1 \
