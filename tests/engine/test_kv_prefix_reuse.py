@@ -120,3 +120,20 @@ def test_after_a_restart_from_disk(engine, shared, reference, disk_dir) -> None:
     assert cached >= 1400
     assert hits(restarted, "disk") * restarted.block_size >= 1400 and hits(restarted, "host") == 0
     assert tokens == reference
+
+
+
+def test_stopping_background_work_stops_the_host_tier_pinning_thread(monkeypatch) -> None:
+    """AsyncEngine's stop ends with stop_background_work: the host tier stops making its chunks ahead of
+    need (cache/host_chunks.py), and the engine keeps serving."""
+    from app.engine.cache.host_chunks import HostChunks
+
+    closed: list[HostChunks] = []
+    close = HostChunks.close
+    monkeypatch.setattr(HostChunks, "close", lambda self: closed.append(self) or close(self))
+    engine = LLMEngine(config(kv_host_gb=4.0))
+    host = engine.kv.tiers.host
+    engine.stop_background_work()
+    assert len(closed) == 1 and not host.making_ahead  # the KV host tier's (a dense model: no state rows)
+    tokens, _ = run(engine, list(range(1, 40)))
+    assert len(tokens) == GREEDY.max_tokens

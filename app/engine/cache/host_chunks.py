@@ -51,6 +51,11 @@ class HostChunks:
         return len(self._chunks)
 
     @property
+    def making_ahead(self) -> bool:
+        """Whether the thread is still making chunks."""
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
     def made_rows(self) -> int:
         return sum(len(chunk) for chunk in list(self._chunks.values()))
 

@@ -155,6 +155,10 @@ class HostTier:
         """Stop making host chunks ahead of need (engine shutdown)."""
         self._chunks.close()
 
+    @property
+    def making_ahead(self) -> bool:
+        return self._chunks.making_ahead
+
 
 class Hit(NamedTuple):
     name: bytes

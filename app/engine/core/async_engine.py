@@ -119,6 +119,10 @@ class AsyncEngine:
             self.engine.persist_prefix_cache()
         except Exception:
             log.exception("could not save the prefix cache to the KV disk tier")
+        try:
+            self.engine.stop_background_work()
+        except Exception:
+            log.exception("could not stop the engine's background work")
 
     def _drain_commands(self) -> None:
         while True:

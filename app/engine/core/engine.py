@@ -524,6 +524,15 @@ class LLMEngine:
         tiers.flush_host_to_disk()
         return tiers.stats.spilled_blocks["disk"] - before
 
+    def stop_background_work(self) -> None:
+        """Stop what runs beside the steps: the host tiers' pinning threads (cache/host_chunks.py), which
+        would otherwise finish pinning a tier whose engine is gone. At shutdown, after persist_prefix_cache."""
+        tiers = self.kv.tiers
+        if tiers is not None and tiers.host is not None:
+            tiers.host.close()
+        if self.runner.host_states is not None:
+            self.runner.host_states.chunks.close()
+
     # -- conveniences -----------------------------------------------------------------
     def generate(
         self,
