@@ -34,10 +34,10 @@ from app.engine.kernels.gemv_split import gemv_split
 
 GEMV_MAX_TOKENS = gemv_kernels.MAX_TOKENS
 SCRATCH_ELEMENTS = 32 << 20  # float16 weight elements per cuBLAS slice (64 MiB)
-# From this many tokens a matrix with a float16 copy goes to cuBLAS on the copy even below
-# GEMV_MAX_TOKENS: the float32-x GEMVs for 2-8 tokens (gemv.cu, gemv_fused.cu) are compute-bound.
-# Qwen3-8B decode step on the H200 (2026-12-01, docs/tuning-log.md): batch 2 3.85 ms on the GEMVs
-# against 5.08 on the copies, batch 4 9.91 against 5.16, batch 8 22.0 against 5.38.
+# From this many tokens products leave the float32-x GEMVs (gemv.cu, gemv_fused.cu: compute-bound from
+# 2 tokens) for gemv_mma within the plan's bounds, else for cuBLAS on a float16 copy. Qwen3-8B decode step
+# on the H200 (2026-12-01, docs/tuning-log.md): batch 2 3.85 ms on the GEMVs against 5.08 on the copies,
+# batch 4 9.91 against 5.16, batch 8 22.0 against 5.38.
 DENSE_FROM_TOKENS = 3
 
 
