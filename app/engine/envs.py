@@ -111,7 +111,7 @@ DECLARED: tuple[EnvVar, ...] = (
     EnvVar("PADDOCK_GEMV_INT_X", _bool, True, "single-token GEMVs over int16-quantized x (gemv_int.cu)"),
     EnvVar("PADDOCK_GEMV_INT_MULTI", _bool, True, "q/k/v in one int16-x launch too (gemv_int_multi)"),
     EnvVar("PADDOCK_GEMV_RESIDENT", _bool, True, "cap int16-x grids at the blocks the GPU holds at once"),
-    EnvVar("PADDOCK_GEMV_MMA_MAX_TOKENS", _int, 16,
+    EnvVar("PADDOCK_GEMV_MMA_MAX_TOKENS", _int, 0,
            "most tokens a product takes on quantized weights through tensor cores (gemv_mma), from 3; 0: never"),
     EnvVar("PADDOCK_GEMV_MMA_NO_COPY", _int, 64,
            "the same for a weight without a float16 copy (else it is expanded for every product); 0: never"),

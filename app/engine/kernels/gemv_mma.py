@@ -28,11 +28,15 @@ N_TILES = (1, 2, 4, 8)  # builds by tokens: 8 per n-tile
 MAX_TOKENS = 8 * N_TILES[-1]
 WARPS_TARGET = 2048  # v1: ~16 warps on each of the H200's 132 multiprocessors
 MULTIPROCESSORS = 132  # v2's grid target: H100 SXM and H200 both have 132
-MAX_SPLITS = 8
+# Column splits add their partial sums into zeros with float atomics. Two splits give the same bits
+# whichever lands first ((0 + a) + b == (0 + b) + a); more would make a product's last bits, and a
+# near-tie's greedy token, vary from run to run. Decoding stays deterministic: at most two. (On the H100
+# 4-8 splits were faster still where the rows are few, e.g. a 27B down projection at 32 tokens 111
+# against 193 us with two: a deterministic reduction of more splits is the way to that.)
+MAX_SPLITS = 2
 # v2's column splits fill this many waves of blocks: more, shorter blocks kept more loads in flight. On the
-# H100 (bench/results/gpu-s17-2026-12-06.md: Qwen3-8B, 27B and 31B Q4_K_M q, gate+up and down at 2-64 tokens)
-# filling 8 waves summed to 15 % less time than filling one, within 1.4 % of the best split of every case
-# measured (a 27B down at 32 tokens: 111 against 125 us; its gate+up: 95 against 119).
+# H100 (bench/results/gpu-s17-2026-12-06.md: Qwen3-8B, 27B and 31B Q4_K_M q, gate+up and down at 2-64
+# tokens) filling 8 waves beat filling one wherever the splits changed.
 WAVES = 8
 X16_THREADS = 256
 MAX_SHARED_BYTES = 48 * 1024  # static shared memory of one block

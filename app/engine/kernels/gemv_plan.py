@@ -22,7 +22,7 @@ class GemvPlan:
     int_multi: bool = True  # q/k/v in one such launch
     resident_cap: bool = True  # grids capped at the blocks the GPU holds at once
     # products of linear.DENSE_FROM_TOKENS (3) to this many tokens on gemv_mma, copy or not; 0: none
-    mma_max_tokens: int = 16
+    mma_max_tokens: int = 0
     mma_no_copy: int = 64  # the same bound for a weight without a float16 copy
     mma_kernel: str = "v2"  # gemv_mma's kernel: "v1" gemv_mma.cu, "v2" gemv_mma2.cu
     groups_per_thread: int | None = None  # XQ_QB's cap; None: the tuning's

@@ -1,12 +1,12 @@
 """`linear` on the GPU: quantized GEMV for decode, float16 tensor-core products above it.
 
 One row of x goes to the GEMV kernels, which read the weight's blocks directly (bandwidth-bound,
-one pass over the weight); DENSE_FROM_TOKENS to the plan's `mma_max_tokens` rows go to gemv_mma
-(gemv_mma2.cu by default), which decodes each weight once into tensor-core fragments for all of them
-(also one pass: on the H100 a Qwen3-8B or 27B layer's products at 8-16 tokens took 17-25 % less time
-than cuBLAS on the float16 copies, bench/results/gpu-s17-2026-12-06.md). A fused weight
-(q/k/v, gate/up) is served by one launch over all its parts. Beyond that, cuBLAS multiplies float16 x by the weight's
-float16 copy when it has one (dense.py). A weight without a copy (a 27B-31B model keeps copies of only
+one pass over the weight); DENSE_FROM_TOKENS to the plan's `mma_max_tokens` rows (none by default) go
+to gemv_mma (gemv_mma2.cu by default), which decodes each weight once into tensor-core fragments for all
+of them (also one pass). A fused weight (q/k/v, gate/up) is served by one launch over all its parts.
+Beyond that, cuBLAS multiplies float16 x by the weight's float16 copy when it has one (dense.py): with
+the column splits kept deterministic (gemv_mma.MAX_SPLITS), gemv_mma2 was within a few % of the copies
+at 3-16 tokens on the H100 (bench/results/gpu-s17-2026-12-06.md). A weight without a copy (a 27B-31B model keeps copies of only
 about half its weights) takes products up to the plan's `mma_no_copy` tokens on gemv_mma too, in
 launches of up to 64 tokens: the alternative expands the weight to float16 on every call, a write and a
 read of 2 bytes a weight on top of the product (2-3x gemv_mma2's time at 32 tokens; a decode step of 32
