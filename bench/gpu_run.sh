@@ -17,7 +17,7 @@ compgen -G ".whl/*.whl" > /dev/null || { echo "no wheels in .whl/: run bench/fet
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$HOME/site" .whl/*.whl || exit 1
 # Compiled kernels cached outside $OUT (only 8 files come back from it), shared by every stage.
 export PYTHONPATH=$PWD:$HOME/site PYTHONUNBUFFERED=1 PADDOCK_KERNEL_CACHE=/tmp/paddock-kernels
-STAGES=${STAGES:-tests micro parity speed serve}  # also: agent, cascade, sweep (bench/micro/gemv_sweep.py --int), ab (see below), prefill, llamabuild, side, profile, spec, mma, wave, moe
+STAGES=${STAGES:-tests micro parity speed serve}  # also: agent, cascade, sweep (bench/micro/gemv_sweep.py --int), ab (see below), prefill, llamabuild, side, profile, spec, mma, wave, moe, curve, tiers
 MODELS=${MODELS:-qwen3-0.6b:q4_k_m qwen3-8b:q4_k_m}  # SERVE_C1 / SERVE_C32: requests of the serve runs
 AGENT_MODELS=${AGENT_MODELS:-qwen3-8b:q4_k_m}
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm --format=csv
@@ -222,6 +222,27 @@ fi
 # prompt between turns spilling its history to host RAM (cached tokens per tier, bytes moved, TTFT per turn);
 # then an 8,000-token prompt kept by the disk tier over a SIGTERM and a restart, against its recompute. Three
 # server starts; TIERS_ARGS passes more flags (e.g. "--kv-blocks 1200 --other-tokens 12000"). $OUT/tiers.jsonl
+# curve: output rate against concurrency on one server (`paddock serve --max-batch CURVE_MAX_BATCH`, default 256)
+# per MODELS entry: ISL/OSL 128 at each of CURVE_CS (default 1 32 64 128 256), CURVE_WAVES x C requests each (at
+# least 4; default 3 waves, so the rate is the steady state's, not one wave's prefill), after `paddock bench`'s
+# warm-up of C requests; JSON lines in $OUT/curve.jsonl
+if stage curve; then
+  for model in $MODELS; do
+    left 120 || break
+    python3 -m app.cli serve --model "$(gguf_of "$model")" --device cuda --max-ctx 4096 --max-batch ${CURVE_MAX_BATCH:-256} \
+      --port 11660 --no-mcp --no-embeddings --log-level warning > "/tmp/curve-${model/:/-}.log" 2>&1 &
+    server=$!
+    for _ in $(seq 1 120); do curl -sf localhost:11660/health > /dev/null && break; sleep 1; done
+    for c in ${CURVE_CS:-1 32 64 128 256}; do
+      left 30 || break
+      requests=$(( c * ${CURVE_WAVES:-3} > 4 ? c * ${CURVE_WAVES:-3} : 4 ))
+      timeout 120 python3 -m app.cli bench --url http://127.0.0.1:11660 --json --concurrency "$c" --requests $requests \
+        --input-tokens 128 --output-tokens 128 | sed "s/^{/{\"engine\": \"paddock\", \"model\": \"$model\", /" | tee -a "$OUT/curve.jsonl" | cut -c1-200
+    done
+    kill $server; wait $server 2> /dev/null
+    tail -n 12 "/tmp/curve-${model/:/-}.log" >> "$OUT/curve.log"
+  done
+fi
 if stage tiers && left 180; then
   make_model "${TIERS_MODEL:-qwen3-8b:q4_k_m}"
   timeout -k 60 ${TIERS_S:-240} python3 bench/suite/tiers_session.py "$(gguf_of "${TIERS_MODEL:-qwen3-8b:q4_k_m}")" \
