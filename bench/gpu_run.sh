@@ -167,16 +167,18 @@ serve_workloads() {
 if stage serve; then
   serve_workloads short 4096 bench.jsonl $MODELS
 fi
-if stage cascade; then  # decode attention at agent contexts (plain loop, prefetch), then c=8 without/with cascade
-  for defines in "" DEC_PREFETCH=1; do
+# cascade: decode attention at agent contexts under each of CASCADE_DEFINES (default: plain loop, prefetch; "" skips),
+# then bench/suite/agent_engine.py's CASCADE_CASES (c8,decode32k) under each of CASCADE_SETTINGS (cascade off / on)
+if stage cascade; then
+  for defines in ${CASCADE_DEFINES-"" DEC_PREFETCH=1}; do
     echo "== PADDOCK_KERNEL_DEFINES=$defines" | tee -a "$OUT/cascade.log"
     PADDOCK_KERNEL_DEFINES=$defines timeout 90 python3 bench/micro/attention_decode_times.py --long 2>&1 \
       | tee -a "$OUT/cascade.log" | grep '^{'
   done
-  for setting in PADDOCK_CASCADE=0 PADDOCK_CASCADE=1 PADDOCK_CASCADE=1+PADDOCK_KERNEL_DEFINES=DEC_PREFETCH=1; do
+  for setting in ${CASCADE_SETTINGS:-PADDOCK_CASCADE=0 PADDOCK_CASCADE=1 PADDOCK_CASCADE=1+PADDOCK_KERNEL_DEFINES=DEC_PREFETCH=1}; do
     left 120 || break
     echo "== $setting" | tee -a "$OUT/cascade.log"
-    env ${setting//+/ } timeout 240 python3 bench/suite/agent_engine.py "$(gguf_of "${AGENT_MODELS%% *}")" --cases c8,decode32k 2>&1 \
+    env ${setting//+/ } timeout 240 python3 bench/suite/agent_engine.py "$(gguf_of "${AGENT_MODELS%% *}")" --cases ${CASCADE_CASES:-c8,decode32k} 2>&1 \
       | tee -a "$OUT/cascade.log" | grep '^{' | cut -c1-600
   done
 fi

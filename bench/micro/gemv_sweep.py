@@ -26,7 +26,10 @@ from gpu_check import _rotating, random_tensor, time_graph
 from app.engine.backend.cuda.backend import CudaBackend
 from app.engine.kernels import gemv, gemv_int
 
+# (name, hidden, q rows, k/v rows, ffn): the Qwen3 shapes the tables were tuned on, then the wider layers of the
+# 27B-31B models (their full-attention layers; only with SWEEP_SHAPES)
 SHAPES = [("qwen3-0.6b", 1024, 2048, 1024, 3072), ("qwen3-8b", 4096, 4096, 1024, 12288)]
+WIDE_SHAPES = [("qwen35-27b", 5120, 12288, 1024, 17408), ("gemma4-31b", 5376, 8192, 4096, 21504)]
 WARPS = (1, 2, 4, 8)
 COPY_GBS = 4280.0
 
@@ -59,7 +62,7 @@ INT_SETTINGS = [(r, w, b, u) for r in (1, 2, 4) for w in (4, 8) for b in (4,) fo
 if os.environ.get("SWEEP_INT"):
     INT_SETTINGS = [tuple(int(v) for v in item.split(",")) for item in os.environ["SWEEP_INT"].split()]
 if os.environ.get("SWEEP_SHAPES"):
-    SHAPES = [s for s in SHAPES if s[0] in os.environ["SWEEP_SHAPES"].split()]
+    SHAPES = [s for s in SHAPES + WIDE_SHAPES if s[0] in os.environ["SWEEP_SHAPES"].split()]
 
 
 def int_sweep() -> None:
