@@ -103,9 +103,9 @@ DECLARED: tuple[EnvVar, ...] = (
     EnvVar("PADDOCK_PDL", _bool, True, "programmatic dependent launches inside decode graphs (sm_90+)"),
     EnvVar("PADDOCK_DECODE_ATTENTION", _bool, True, "decode batches on attention_decode.cu (else attention.cu)"),
     EnvVar("PADDOCK_DECODE_CLUSTERS", _bool, True, "decode attention merges in thread-block clusters (sm_90+)"),
-    EnvVar("PADDOCK_CASCADE", _bool, False,
-           "decode graphs read the blocks every sequence of the batch shares once (cascade attention; "
-           "off until measured on a GPU)"),
+    EnvVar("PADDOCK_CASCADE", _bool, True,
+           "decode graphs read the blocks every sequence of the batch shares once (cascade attention: "
+           "8 sessions over an 8,000-token prefix step in 8.6 instead of 10.9 ms on an H100)"),
     EnvVar("PADDOCK_DECODE_ROPE", _choice("1", "0", "all"), "1",
            "rope + cache write fused into decode attention: 1 where it pays, all wherever supported, 0 never"),
     EnvVar("PADDOCK_GEMV_INT_X", _bool, True, "single-token GEMVs over int16-quantized x (gemv_int.cu)"),
