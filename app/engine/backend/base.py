@@ -222,6 +222,11 @@ class Backend(Protocol):
         """`residual + x` and its RMS norm: returns `(normed, new_residual)`."""
         ...
 
+    def rms_norm_join(self, x: Array, weight: Array, eps: float, join: Array, scale: Array | None = None) -> Array:
+        """`(rms_norm(x, weight) + join) * scale`: a normalised sublayer output joining the residual stream
+        (Gemma's post-norms; `scale` a one-element array, None for 1), in one launch where the backend can."""
+        ...
+
     def rope(self, x: Array, positions: Array, table: RopeTable, interleaved: bool) -> Array:
         """Rotate `x [T, heads, head_dim]` by each token's position.
 

@@ -178,6 +178,12 @@ class CpuBackend:
         new_residual = residual + x
         return self.rms_norm(new_residual, weight, eps), new_residual
 
+    def rms_norm_join(
+        self, x: np.ndarray, weight: np.ndarray, eps: float, join: np.ndarray, scale: np.ndarray | None = None
+    ) -> np.ndarray:
+        joined = self.rms_norm(x, weight, eps) + join
+        return joined if scale is None else joined * scale
+
     def rope(self, x: np.ndarray, positions: np.ndarray, table: RopeTable, interleaved: bool) -> np.ndarray:
         rotary = 2 * table.cos.shape[-1]
         if rotary < x.shape[-1]:  # partial RoPE (Qwen3.5, Qwen3-Next): the first `rotary` dims turn

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.engine.kernels.runtime.compile import get_kernel
-from app.engine.kernels.runtime.launch import f32, i32, launch
+from app.engine.kernels.runtime.launch import NULL, f32, i32, launch
 
 NORM_VEC = 4  # float4 loads per thread in the *_vec kernels (norm.cu)
 MAX_VEC_COLS = 4 * NORM_VEC * 1024
@@ -53,6 +53,20 @@ def add_rms_norm(
     else:
         launch(get_kernel("norm.cu", "add_rms_norm"), (n_rows,), (_threads(n_cols),), args)
     return out, new_residual
+
+
+def rms_norm_join(x: Any, weight: Any, eps: float, join: Any, scale: Any | None, out: Any) -> Any | None:
+    """`out = (rms_norm(x) + join) * scale[0]` (no scale: 1) in one launch, or None where the rows do
+    not fit the float4 kernel (the caller then runs the three ops)."""
+    n_cols = x.shape[-1]
+    n_rows = x.size // n_cols
+    arrays = (x, weight, join, out) if scale is None else (x, weight, join, out, scale)
+    if not _vectorizable(n_cols, *arrays) or (scale is not None and scale.size != 1):
+        return None
+    if n_rows:
+        launch(get_kernel("norm.cu", "rms_norm_join_vec"), (n_rows,), (vec_threads(n_cols),),
+               (x, weight, join, NULL if scale is None else scale, out, i32(n_cols), f32(eps)))  # fmt: skip
+    return out
 
 
 def half_serves(n_cols: int, *arrays: Any) -> bool:

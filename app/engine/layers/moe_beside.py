@@ -38,4 +38,4 @@ class ExpertsBesideMlp:
         """The MLP's output `[T, hidden]` plus the experts' over the residual `stream`, each normalised."""
         router_input = self.backend.rms_norm(stream, self.unscaled, self.eps)
         experts = self.experts(self.experts_in_norm(stream), router_input=router_input)
-        return self.mlp_norm(mlp_out) + self.experts_out_norm(experts)
+        return self.experts_out_norm.join(experts, self.mlp_norm(mlp_out))  # the second norm and the sum: one launch

@@ -17,6 +17,11 @@ class RMSNorm:
     def __call__(self, x: Any) -> Any:
         return self.backend.rms_norm(x, self.weight, self.eps)
 
+    def join(self, x: Any, stream: Any, scale: Any | None = None) -> Any:
+        """`(norm(x) + stream) * scale`: the normalised output joined to the residual `stream`, one launch
+        where the backend fuses it (scale: a one-element weight, None for 1)."""
+        return self.backend.rms_norm_join(x, self.weight, self.eps, stream, scale)
+
     def add_and_norm(self, x: Any, residual: Any | None) -> tuple[Any, Any]:
         """Fold `x` into the residual stream and normalise it: `(normed, new_residual)`."""
         return add_and_norm(self.backend, x, residual, self.weight, self.eps)

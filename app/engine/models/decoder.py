@@ -85,6 +85,11 @@ class DecoderLayer:
         self.output_scale = None
         if cfg.layer_output_scale:
             self.output_scale = backend.load_weight(tensors[f"{prefix}.layer_output_scale.weight"])
+        # A post-norm whose output joins the stream and is scaled with it, nothing in between: one op
+        self._joins_in_one_launch = (
+            self.post_ffn_norm is not None and self.output_scale is not None
+            and self.input_gate is None and self.residual_scale is None
+        )  # fmt: skip
 
     def __call__(
         self, h: Any, residual: Any | None, meta: AttentionMetadata, cache: Any, layer_input: Any = None
@@ -114,6 +119,8 @@ class DecoderLayer:
             h = self.mlp.down(act)
             if self.experts_beside is not None:
                 h = self.experts_beside(h, residual)
+        if self._joins_in_one_launch:  # Gemma 4's post-norm, residual add and layer scale
+            return self.post_ffn_norm.join(h, residual, self.output_scale), None
         if self.post_ffn_norm is not None:
             h = self.post_ffn_norm(h)
         h = self._scaled(h)

@@ -29,6 +29,17 @@ def test_add_rms_norm(cuda, cpu, rng, shape: tuple[int, int]) -> None:
     np.testing.assert_array_equal(cuda.to_host(new_res), ref_res)
 
 
+@pytest.mark.parametrize(("shape", "scaled"), [((1, 5376), True), ((7, 2816), False), ((3, 1002), True)])
+def test_rms_norm_join(cuda, cpu, rng, shape: tuple[int, int], scaled: bool) -> None:
+    """(norm(x) + stream) * scale in one launch, and the three ops where the rows are no float4s (1002)."""
+    x, stream = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
+    w = rng.standard_normal(shape[-1]).astype(np.float32)
+    scale = np.array([0.37], np.float32) if scaled else None
+    got = cuda.rms_norm_join(cuda.from_host(x), cuda.from_host(w), 1e-6, cuda.from_host(stream),
+                             None if scale is None else cuda.from_host(scale))  # fmt: skip
+    assert rel_err(cuda.to_host(got), cpu.rms_norm_join(x, w, 1e-6, stream, scale)) < TOL
+
+
 @pytest.mark.parametrize("interleaved", [True, False])
 @pytest.mark.parametrize(("n_tok", "n_heads", "head_dim"), [(1, 32, 128), (13, 4, 256), (6, 3, 64)])
 def test_rope(cuda, cpu, rng, interleaved: bool, n_tok: int, n_heads: int, head_dim: int) -> None:

@@ -170,6 +170,25 @@ def test_add_rms_norm_emulated(
     np.testing.assert_array_equal(np.fromfile(tmp_path / "newres.bin", np.float32).reshape(3, cols), ref_res)
 
 
+@pytest.mark.parametrize(("cols", "scaled"), [(2816, True), (5376, True), (640, False), (16384, True)])
+def test_rms_norm_join_emulated(
+    request: pytest.FixtureRequest, kernels_emu: Path, tmp_path: Path, cols: int, scaled: bool
+) -> None:
+    """Norm, the residual add and the layer scale in one launch (Gemma 4's post-norm): the numpy backend's
+    three ops, bit for bit but for the norm's own reduction order."""
+    from app.engine.kernels.norm import vec_threads
+
+    rng, seed = fresh_rng(request.node.nodeid)
+    x, join = (rng.standard_normal((3, cols)).astype(np.float32) for _ in range(2))
+    w = rng.standard_normal(cols).astype(np.float32)
+    scale = np.array([0.37], np.float32)
+    for name, a in (("x", x), ("join", join), ("w", w), ("scale", scale)):
+        a.tofile(tmp_path / f"{name}.bin")
+    _run(kernels_emu, "rms_norm_join", tmp_path, 3, cols, 1e-6, vec_threads(cols), *(("scale",) if scaled else ()))
+    ref = CpuBackend().rms_norm_join(x, w, 1e-6, join, scale if scaled else None)
+    assert rel_err(np.fromfile(tmp_path / "y.bin", np.float32).reshape(3, cols), ref) < 1e-6, f"seed={seed}"
+
+
 @pytest.mark.parametrize(("seqs", "heads", "window", "cap", "splits", "q_scale"), [
     ([(1, 1), (1, 17), (1, 300)], (32, 8, 128), None, None, None, 1.0),
     ([(5, 5), (1, 40)], (4, 1, 256), None, None, None, 1.0),

@@ -449,6 +449,15 @@ class CudaBackend:
             x, residual, self._f32(weight), eps, self.xp.empty_like(x), self.xp.empty_like(x)
         )
 
+    def rms_norm_join(self, x: Any, weight: Any, eps: float, join: Any, scale: Any | None = None) -> Any:
+        x, join = self._f32(x), self._f32(join)
+        weight, scale = self._f32(weight), None if scale is None else self._f32(scale)
+        out = _norm.rms_norm_join(x, weight, eps, join, scale, self.xp.empty_like(x))
+        if out is None:  # rows the float4 kernel does not take: the three ops
+            out = self.rms_norm(x, weight, eps) + join
+            out = out if scale is None else out * scale
+        return out
+
     def rope(self, x: Any, positions: Any, table: RopeTable, interleaved: bool) -> Any:
         x = self._f32(x)
         return _rope.rope(x, self._i32(positions), table.cos, table.sin, interleaved, self.xp.empty_like(x))

@@ -47,10 +47,15 @@ extern "C" __global__ void __launch_bounds__(1024) add_rms_norm(const float* __r
 // before the wait for the previous kernel (PDL, common.cuh: no kernel writes it), so after the
 // wait only x (and the residual) are a round trip away. HALF: y is float16 (rounded to nearest even,
 // as a cast would), the input of a product on the weights' float16 copy (the *_vec_h kernels).
-template <bool ADD, bool HALF = false>
+// JOIN: y = (norm + join) * join_scale[0] (no scale: nullptr), a normalised sublayer output joining the
+// residual stream (Gemma's post-norms, rms_norm_join_vec), in the order and roundings of the separate add
+// and multiply it replaces.
+template <bool ADD, bool HALF = false, bool JOIN = false>
 __device__ __forceinline__ void rms_norm_vec_body(const float* __restrict__ x, const float* __restrict__ residual,
                                                   const float* __restrict__ w, void* __restrict__ y,
-                                                  float* __restrict__ new_residual, int n_cols, float eps) {
+                                                  float* __restrict__ new_residual, int n_cols, float eps,
+                                                  const float* __restrict__ join = nullptr,
+                                                  const float* __restrict__ join_scale = nullptr) {
     __shared__ float scratch[32];
     const i64 base = (i64)blockIdx.x * n_cols;
     const int n4 = n_cols >> 2;
@@ -61,6 +66,7 @@ __device__ __forceinline__ void rms_norm_vec_body(const float* __restrict__ x, c
         const int c = threadIdx.x + k * blockDim.x;
         wv[k] = c < n4 ? __ldg(reinterpret_cast<const float4*>(w) + c) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
+    const float scale = JOIN && join_scale != nullptr ? __ldg(join_scale) : 1.f;  // a weight, as w
     after_previous_grid();
     float4 v[NORM_VEC];
     float ss = 0.f;
@@ -83,7 +89,12 @@ __device__ __forceinline__ void rms_norm_vec_body(const float* __restrict__ x, c
         const int c = threadIdx.x + k * blockDim.x;
         if (c >= n4) continue;
         if (ADD) reinterpret_cast<float4*>(new_residual + base)[c] = v[k];
-        const float4 o = norm_scale(v[k], inv, wv[k]);
+        float4 o = norm_scale(v[k], inv, wv[k]);
+        if (JOIN) {
+            const float4 a = __ldg(reinterpret_cast<const float4*>(join + base) + c);
+            // add, then multiply: no pair of them can contract into an FMA (that is a multiply, then an add)
+            o = make_float4((o.x + a.x) * scale, (o.y + a.y) * scale, (o.z + a.z) * scale, (o.w + a.w) * scale);
+        }
         if (HALF)
             reinterpret_cast<uint2*>(reinterpret_cast<u16*>(y) + base)[c] =
                 make_uint2((u32)f2h(o.x) | ((u32)f2h(o.y) << 16), (u32)f2h(o.z) | ((u32)f2h(o.w) << 16));
@@ -116,4 +127,12 @@ extern "C" __global__ void __launch_bounds__(1024) add_rms_norm_vec_h(const floa
                                                                       float* __restrict__ new_residual, int n_cols,
                                                                       float eps) {
     rms_norm_vec_body<true, true>(x, residual, w, y, new_residual, n_cols, eps);
+}
+
+extern "C" __global__ void __launch_bounds__(1024) rms_norm_join_vec(const float* __restrict__ x,
+                                                                     const float* __restrict__ w,
+                                                                     const float* __restrict__ join,
+                                                                     const float* __restrict__ join_scale,
+                                                                     float* __restrict__ y, int n_cols, float eps) {
+    rms_norm_vec_body<false, false, true>(x, nullptr, w, y, nullptr, n_cols, eps, join, join_scale);
 }

@@ -2,6 +2,7 @@
 //   gemv FMT BUCKET ROWS WARPS DIR N_ROWS N_COLS N_TOK ROW_BYTES   reads w.bin x.bin [bias.bin], writes y.bin
 //   add_rms_norm DIR ROWS COLS EPS THREADS [vec|half|half_noadd]   reads x.bin res.bin w.bin, writes y.bin newres.bin
 //       (half: float16 y from the *_vec_h kernels; half_noadd: rms_norm_vec_h of x alone)
+//   rms_norm_join DIR ROWS COLS EPS THREADS [scale]   reads x.bin join.bin w.bin [scale.bin], writes y.bin
 //   dequant FMT OUT(f32|f16) DIR N_SRC N_COLS ROW_BYTES N_OUT ROW_OFFSET   reads w.bin [ids.bin], writes y.bin
 //   output_gate KIND(sigmoid|softplus) DIR N_TOK WIDTH GATE_STRIDE PER   reads out.bin gate.bin, writes y.bin
 #include <cstdio>
@@ -80,6 +81,21 @@ int main(int argc, char** argv) {
         if (half) write_file(dir + "/y.bin", y16);
         else write_file(dir + "/y.bin", y);
         write_file(dir + "/newres.bin", newres);
+        return 0;
+    }
+    if (cmd == "rms_norm_join" && (argc == 7 || argc == 8)) {
+        const std::string dir = argv[2];
+        const int rows = atoi(argv[3]), cols = atoi(argv[4]), threads = atoi(argv[6]);
+        const float eps = (float)atof(argv[5]);
+        auto x = read_file<float>(dir + "/x.bin");
+        auto join = read_file<float>(dir + "/join.bin");
+        auto w = read_file<float>(dir + "/w.bin");
+        auto scale = read_file<float>(dir + "/scale.bin");
+        const float* scale_ptr = argc == 8 ? scale.data() : nullptr;
+        std::vector<float> y((size_t)rows * cols, NAN);
+        launch({(unsigned)rows, 1, 1}, {(unsigned)threads, 1, 1},
+               [&] { rms_norm_join_vec(x.data(), w.data(), join.data(), scale_ptr, y.data(), cols, eps); });
+        write_file(dir + "/y.bin", y);
         return 0;
     }
     if (cmd == "dequant" && argc == 10) {
