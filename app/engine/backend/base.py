@@ -227,6 +227,11 @@ class Backend(Protocol):
         (Gemma's post-norms; `scale` a one-element array, None for 1), in one launch where the backend can."""
         ...
 
+    def rms_norm_heads(self, x: Array, start: int, heads: int, weight: Array, eps: float) -> Array:
+        """`x [T, W]` with its `heads` runs of `weight.size` columns from `start` each RMS-normalised (Gemma 4's
+        value heads inside the fused q/k/v product); in place where the backend can: use the result."""
+        ...
+
     def rope(self, x: Array, positions: Array, table: RopeTable, interleaved: bool) -> Array:
         """Rotate `x [T, heads, head_dim]` by each token's position.
 

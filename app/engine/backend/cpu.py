@@ -184,6 +184,13 @@ class CpuBackend:
         joined = self.rms_norm(x, weight, eps) + join
         return joined if scale is None else joined * scale
 
+    def rms_norm_heads(self, x: np.ndarray, start: int, heads: int, weight: np.ndarray, eps: float) -> np.ndarray:
+        stop = start + heads * weight.size
+        out = x.copy()
+        runs = x[:, start:stop].reshape(x.shape[0], heads, weight.size)
+        out[:, start:stop] = self.rms_norm(runs, weight, eps).reshape(x.shape[0], -1)
+        return out
+
     def rope(self, x: np.ndarray, positions: np.ndarray, table: RopeTable, interleaved: bool) -> np.ndarray:
         rotary = 2 * table.cos.shape[-1]
         if rotary < x.shape[-1]:  # partial RoPE (Qwen3.5, Qwen3-Next): the first `rotary` dims turn

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.engine.kernels.runtime.compile import get_kernel
-from app.engine.kernels.runtime.launch import NULL, f32, i32, launch
+from app.engine.kernels.runtime.launch import NULL, f32, i32, i64, launch
 
 NORM_VEC = 4  # float4 loads per thread in the *_vec kernels (norm.cu)
 MAX_VEC_COLS = 4 * NORM_VEC * 1024
@@ -67,6 +67,22 @@ def rms_norm_join(x: Any, weight: Any, eps: float, join: Any, scale: Any | None,
         launch(get_kernel("norm.cu", "rms_norm_join_vec"), (n_rows,), (vec_threads(n_cols),),
                (x, weight, join, NULL if scale is None else scale, out, i32(n_cols), f32(eps)))  # fmt: skip
     return out
+
+
+def rms_norm_heads(x: Any, start: int, heads: int, weight: Any, eps: float) -> bool:
+    """Normalise in place the `heads` rows of `weight.size` floats from column `start` of every row of `x`
+    (2-D, contiguous); False, with nothing done, where the float4 kernel does not take them."""
+    n_cols = weight.size
+    n_tok, width = x.shape
+    if (
+        not x.flags.c_contiguous or width % 4 or start % 4 or start + heads * n_cols > width
+        or not _vectorizable(n_cols, x, weight)
+    ):  # fmt: skip
+        return False
+    if n_tok:
+        launch(get_kernel("norm.cu", "rms_norm_heads_vec"), (n_tok * heads,), (vec_threads(n_cols),),
+               (x, weight, i32(n_cols), f32(eps), i32(heads), i64(width), i64(start)))  # fmt: skip
+    return True
 
 
 def half_serves(n_cols: int, *arrays: Any) -> bool:

@@ -166,12 +166,7 @@ class Attention:
         """`qkv` with its value columns RMS-normalised per head (no learned scale): Gemma 4's v_norm."""
         s = self.spec
         start = (s.num_heads + s.num_kv_heads) * s.head_dim
-        values = qkv[:, start:].reshape(qkv.shape[0], s.num_kv_heads, s.head_dim)
-        qkv = qkv.copy()
-        qkv[:, start:] = self.backend.rms_norm(values, self.value_scale, s.value_norm_eps).reshape(
-            qkv.shape[0], -1
-        )
-        return qkv
+        return self.backend.rms_norm_heads(qkv, start, s.num_kv_heads, self.value_scale, s.value_norm_eps)
 
     def _attend_shared(self, q: Any, meta: AttentionMetadata, kv_cache: tuple[Any, Any]) -> Any:
         """Attention of this layer's queries over the cache an earlier layer of the step wrote (its keys

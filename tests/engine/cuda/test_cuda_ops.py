@@ -40,6 +40,16 @@ def test_rms_norm_join(cuda, cpu, rng, shape: tuple[int, int], scaled: bool) -> 
     assert rel_err(cuda.to_host(got), cpu.rms_norm_join(x, w, 1e-6, stream, scale)) < TOL
 
 
+@pytest.mark.parametrize(("tokens", "start", "heads", "cols"), [(1, 12288, 16, 256), (5, 4096, 2, 512), (2, 6, 3, 10)])
+def test_rms_norm_heads(cuda, cpu, rng, tokens: int, start: int, heads: int, cols: int) -> None:
+    """Value heads normalised in the q/k/v rows: in place on the float4 kernel, copied where it does not serve
+    (10 columns, start 6)."""
+    x = rng.standard_normal((tokens, start + heads * cols + 4)).astype(np.float32)
+    w = np.ones(cols, np.float32)
+    got = cuda.to_host(cuda.rms_norm_heads(cuda.from_host(x), start, heads, cuda.from_host(w), 1e-6))
+    assert rel_err(got, cpu.rms_norm_heads(x, start, heads, w, 1e-6)) < TOL
+
+
 @pytest.mark.parametrize("interleaved", [True, False])
 @pytest.mark.parametrize(("n_tok", "n_heads", "head_dim"), [(1, 32, 128), (13, 4, 256), (6, 3, 64)])
 def test_rope(cuda, cpu, rng, interleaved: bool, n_tok: int, n_heads: int, head_dim: int) -> None:

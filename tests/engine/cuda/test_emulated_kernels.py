@@ -189,6 +189,28 @@ def test_rms_norm_join_emulated(
     assert rel_err(np.fromfile(tmp_path / "y.bin", np.float32).reshape(3, cols), ref) < 1e-6, f"seed={seed}"
 
 
+@pytest.mark.parametrize(("tokens", "heads", "cols", "before"), [(1, 16, 256, 32 * 256), (3, 4, 512, 48 * 512), (2, 2, 64, 96)])
+def test_rms_norm_heads_emulated(
+    request: pytest.FixtureRequest, kernels_emu: Path, tmp_path: Path, tokens: int, heads: int, cols: int, before: int
+) -> None:
+    """Gemma 4's value heads normalised where they lie in the q/k/v rows: the numpy backend's copy-out-and-back,
+    every column outside them untouched."""
+    from app.engine.kernels.norm import vec_threads
+
+    rng, seed = fresh_rng(request.node.nodeid)
+    width = before + heads * cols + 8  # columns after the heads too: the kernel must leave them
+    x = rng.standard_normal((tokens, width)).astype(np.float32)
+    w = np.ones(cols, np.float32)
+    x.tofile(tmp_path / "x.bin")
+    w.tofile(tmp_path / "w.bin")
+    _run(kernels_emu, "rms_norm_heads", tmp_path, tokens, width, before, heads, cols, 1e-6, vec_threads(cols))
+    got = np.fromfile(tmp_path / "y.bin", np.float32).reshape(tokens, width)
+    ref = CpuBackend().rms_norm_heads(x, before, heads, w, 1e-6)
+    stop = before + heads * cols
+    np.testing.assert_array_equal(np.delete(got, np.s_[before:stop], axis=1), np.delete(x, np.s_[before:stop], axis=1))
+    assert rel_err(got, ref) < 1e-6, f"seed={seed}"
+
+
 @pytest.mark.parametrize(("seqs", "heads", "window", "cap", "splits", "q_scale"), [
     ([(1, 1), (1, 17), (1, 300)], (32, 8, 128), None, None, None, 1.0),
     ([(5, 5), (1, 40)], (4, 1, 256), None, None, None, 1.0),

@@ -458,6 +458,16 @@ class CudaBackend:
             out = out if scale is None else out * scale
         return out
 
+    def rms_norm_heads(self, x: Any, start: int, heads: int, weight: Any, eps: float) -> Any:
+        x, weight = self._f32(x), self._f32(weight)
+        if _norm.rms_norm_heads(x, start, heads, weight, eps):
+            return x
+        stop = start + heads * weight.size
+        out = x.copy()
+        runs = self.xp.ascontiguousarray(x[:, start:stop]).reshape(x.shape[0], heads, weight.size)
+        out[:, start:stop] = self.rms_norm(runs, weight, eps).reshape(x.shape[0], -1)
+        return out
+
     def rope(self, x: Any, positions: Any, table: RopeTable, interleaved: bool) -> Any:
         x = self._f32(x)
         return _rope.rope(x, self._i32(positions), table.cos, table.sin, interleaved, self.xp.empty_like(x))

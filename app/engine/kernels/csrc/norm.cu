@@ -136,3 +136,36 @@ extern "C" __global__ void __launch_bounds__(1024) rms_norm_join_vec(const float
                                                                      float* __restrict__ y, int n_cols, float eps) {
     rms_norm_vec_body<false, false, true>(x, nullptr, w, y, nullptr, n_cols, eps, join, join_scale);
 }
+
+// RMSNorm in place over the heads of each token row: head r of token t is n_cols floats at offset +
+// t * token_stride + r * n_cols (Gemma 4's value heads inside the fused q/k/v product, normalised where they
+// lie instead of copied out and back: three launches fewer a layer). Each thread holds its float4s in
+// registers from the load to the store, so reading and writing one buffer is safe. Grid: tokens x heads.
+extern "C" __global__ void __launch_bounds__(1024) rms_norm_heads_vec(float* x, const float* __restrict__ w, int n_cols,
+                                                                      float eps, int heads, i64 token_stride,
+                                                                      i64 offset) {
+    __shared__ float scratch[32];
+    const i64 base = offset + (i64)(blockIdx.x / heads) * token_stride + (i64)(blockIdx.x % heads) * n_cols;
+    const int n4 = n_cols >> 2;
+    float4* x4 = reinterpret_cast<float4*>(x + base);
+    float4 wv[NORM_VEC], v[NORM_VEC];
+#pragma unroll
+    for (int k = 0; k < NORM_VEC; ++k) {
+        const int c = threadIdx.x + k * blockDim.x;
+        wv[k] = c < n4 ? __ldg(reinterpret_cast<const float4*>(w) + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    after_previous_grid();
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < NORM_VEC; ++k) {
+        const int c = threadIdx.x + k * blockDim.x;
+        v[k] = c < n4 ? x4[c] : make_float4(0.f, 0.f, 0.f, 0.f);
+        ss = sum_squares(v[k], ss);
+    }
+    const float inv = 1.f / sqrtf(block_sum(ss, scratch) / (float)n_cols + eps);
+#pragma unroll
+    for (int k = 0; k < NORM_VEC; ++k) {
+        const int c = threadIdx.x + k * blockDim.x;
+        if (c < n4) x4[c] = norm_scale(v[k], inv, wv[k]);
+    }
+}

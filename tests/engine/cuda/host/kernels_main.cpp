@@ -3,6 +3,7 @@
 //   add_rms_norm DIR ROWS COLS EPS THREADS [vec|half|half_noadd]   reads x.bin res.bin w.bin, writes y.bin newres.bin
 //       (half: float16 y from the *_vec_h kernels; half_noadd: rms_norm_vec_h of x alone)
 //   rms_norm_join DIR ROWS COLS EPS THREADS [scale]   reads x.bin join.bin w.bin [scale.bin], writes y.bin
+//   rms_norm_heads DIR TOKENS WIDTH START HEADS N_COLS EPS THREADS   reads x.bin w.bin, writes y.bin (x, normed in place)
 //   dequant FMT OUT(f32|f16) DIR N_SRC N_COLS ROW_BYTES N_OUT ROW_OFFSET   reads w.bin [ids.bin], writes y.bin
 //   output_gate KIND(sigmoid|softplus) DIR N_TOK WIDTH GATE_STRIDE PER   reads out.bin gate.bin, writes y.bin
 #include <cstdio>
@@ -96,6 +97,18 @@ int main(int argc, char** argv) {
         launch({(unsigned)rows, 1, 1}, {(unsigned)threads, 1, 1},
                [&] { rms_norm_join_vec(x.data(), w.data(), join.data(), scale_ptr, y.data(), cols, eps); });
         write_file(dir + "/y.bin", y);
+        return 0;
+    }
+    if (cmd == "rms_norm_heads" && argc == 10) {
+        const std::string dir = argv[2];
+        const int tokens = atoi(argv[3]), width = atoi(argv[4]), start = atoi(argv[5]), heads = atoi(argv[6]);
+        const int cols = atoi(argv[7]), threads = atoi(argv[9]);
+        const float eps = (float)atof(argv[8]);
+        auto x = read_file<float>(dir + "/x.bin");
+        auto w = read_file<float>(dir + "/w.bin");
+        launch({(unsigned)(tokens * heads), 1, 1}, {(unsigned)threads, 1, 1},
+               [&] { rms_norm_heads_vec(x.data(), w.data(), cols, eps, heads, width, start); });
+        write_file(dir + "/y.bin", x);
         return 0;
     }
     if (cmd == "dequant" && argc == 10) {
