@@ -227,6 +227,11 @@ class Backend(Protocol):
         (Gemma's post-norms; `scale` a one-element array, None for 1), in one launch where the backend can."""
         ...
 
+    def rms_norm_pair(self, x: Array, weight: Array, weight2: Array, eps: float) -> tuple[Array, Array]:
+        """`(rms_norm(x, weight), rms_norm(x, weight2))`: one row norm under two weights, one launch where the
+        backend can (Gemma 4's router and experts read the same stream)."""
+        ...
+
     def rms_norm_heads(self, x: Array, start: int, heads: int, weight: Array, eps: float) -> Array:
         """`x [T, W]` with its `heads` runs of `weight.size` columns from `start` each RMS-normalised (Gemma 4's
         value heads inside the fused q/k/v product); in place where the backend can: use the result."""

@@ -184,6 +184,11 @@ class CpuBackend:
         joined = self.rms_norm(x, weight, eps) + join
         return joined if scale is None else joined * scale
 
+    def rms_norm_pair(
+        self, x: np.ndarray, weight: np.ndarray, weight2: np.ndarray, eps: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        return self.rms_norm(x, weight, eps), self.rms_norm(x, weight2, eps)
+
     def rms_norm_heads(self, x: np.ndarray, start: int, heads: int, weight: np.ndarray, eps: float) -> np.ndarray:
         stop = start + heads * weight.size
         out = x.copy()

@@ -69,6 +69,19 @@ def rms_norm_join(x: Any, weight: Any, eps: float, join: Any, scale: Any | None,
     return out
 
 
+def rms_norm_pair(x: Any, weight: Any, weight2: Any, eps: float, out: Any, out2: Any) -> bool:
+    """`out = rms_norm(x) * weight` and `out2 = rms_norm(x) * weight2` in one launch; False, with nothing
+    done, where the rows do not fit the float4 kernel."""
+    n_cols = x.shape[-1]
+    n_rows = x.size // n_cols
+    if not _vectorizable(n_cols, x, weight, weight2, out, out2):
+        return False
+    if n_rows:
+        launch(get_kernel("norm.cu", "rms_norm_pair_vec"), (n_rows,), (vec_threads(n_cols),),
+               (x, weight, weight2, out, out2, i32(n_cols), f32(eps)))  # fmt: skip
+    return True
+
+
 def rms_norm_heads(x: Any, start: int, heads: int, weight: Any, eps: float) -> bool:
     """Normalise in place the `heads` rows of `weight.size` floats from column `start` of every row of `x`
     (2-D, contiguous); False, with nothing done, where the float4 kernel does not take them."""

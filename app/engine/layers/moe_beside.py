@@ -36,6 +36,9 @@ class ExpertsBesideMlp:
 
     def __call__(self, mlp_out: Any, stream: Any) -> Any:
         """The MLP's output `[T, hidden]` plus the experts' over the residual `stream`, each normalised."""
-        router_input = self.backend.rms_norm(stream, self.unscaled, self.eps)
-        experts = self.experts(self.experts_in_norm(stream), router_input=router_input)
+        # the router's input and the experts': one norm of the stream under two weights
+        router_input, experts_in = self.backend.rms_norm_pair(
+            stream, self.unscaled, self.experts_in_norm.weight, self.eps
+        )
+        experts = self.experts(experts_in, router_input=router_input)
         return self.experts_out_norm.join(experts, self.mlp_norm(mlp_out))  # the second norm and the sum: one launch

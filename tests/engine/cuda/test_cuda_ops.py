@@ -40,6 +40,16 @@ def test_rms_norm_join(cuda, cpu, rng, shape: tuple[int, int], scaled: bool) -> 
     assert rel_err(cuda.to_host(got), cpu.rms_norm_join(x, w, 1e-6, stream, scale)) < TOL
 
 
+@pytest.mark.parametrize("shape", [(1, 2816), (6, 5376), (2, 1002)])
+def test_rms_norm_pair(cuda, cpu, rng, shape: tuple[int, int]) -> None:
+    """One norm under two weights in one launch, and the two norms where the rows are no float4s (1002)."""
+    x = rng.standard_normal(shape).astype(np.float32)
+    w, w2 = np.ones(shape[-1], np.float32), rng.standard_normal(shape[-1]).astype(np.float32)
+    got = cuda.rms_norm_pair(cuda.from_host(x), cuda.from_host(w), cuda.from_host(w2), 1e-6)
+    for g, r in zip(got, cpu.rms_norm_pair(x, w, w2, 1e-6), strict=True):
+        assert rel_err(cuda.to_host(g), r) < TOL
+
+
 @pytest.mark.parametrize(("tokens", "start", "heads", "cols"), [(1, 12288, 16, 256), (5, 4096, 2, 512), (2, 6, 3, 10)])
 def test_rms_norm_heads(cuda, cpu, rng, tokens: int, start: int, heads: int, cols: int) -> None:
     """Value heads normalised in the q/k/v rows: in place on the float4 kernel, copied where it does not serve

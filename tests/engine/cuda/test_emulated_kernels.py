@@ -189,6 +189,23 @@ def test_rms_norm_join_emulated(
     assert rel_err(np.fromfile(tmp_path / "y.bin", np.float32).reshape(3, cols), ref) < 1e-6, f"seed={seed}"
 
 
+@pytest.mark.parametrize("cols", [2816, 640, 16384])
+def test_rms_norm_pair_emulated(request: pytest.FixtureRequest, kernels_emu: Path, tmp_path: Path, cols: int) -> None:
+    """One row norm under two weights (Gemma 4's router input and experts' input): both numpy norms."""
+    from app.engine.kernels.norm import vec_threads
+
+    rng, seed = fresh_rng(request.node.nodeid)
+    x = rng.standard_normal((3, cols)).astype(np.float32)
+    w, w2 = np.ones(cols, np.float32), rng.standard_normal(cols).astype(np.float32)
+    for name, a in (("x", x), ("w", w), ("w2", w2)):
+        a.tofile(tmp_path / f"{name}.bin")
+    _run(kernels_emu, "rms_norm_pair", tmp_path, 3, cols, 1e-6, vec_threads(cols))
+    ref, ref2 = CpuBackend().rms_norm_pair(x, w, w2, 1e-6)
+    for name, r in (("y", ref), ("y2", ref2)):
+        got = np.fromfile(tmp_path / f"{name}.bin", np.float32).reshape(3, cols)
+        assert rel_err(got, r) < 1e-6, f"{name} seed={seed}"
+
+
 @pytest.mark.parametrize(("tokens", "heads", "cols", "before"), [(1, 16, 256, 32 * 256), (3, 4, 512, 48 * 512), (2, 2, 64, 96)])
 def test_rms_norm_heads_emulated(
     request: pytest.FixtureRequest, kernels_emu: Path, tmp_path: Path, tokens: int, heads: int, cols: int, before: int

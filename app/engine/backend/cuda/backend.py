@@ -458,6 +458,13 @@ class CudaBackend:
             out = out if scale is None else out * scale
         return out
 
+    def rms_norm_pair(self, x: Any, weight: Any, weight2: Any, eps: float) -> tuple[Any, Any]:
+        x, weight, weight2 = self._f32(x), self._f32(weight), self._f32(weight2)
+        out, out2 = self.xp.empty_like(x), self.xp.empty_like(x)
+        if _norm.rms_norm_pair(x, weight, weight2, eps, out, out2):
+            return out, out2
+        return self.rms_norm(x, weight, eps), self.rms_norm(x, weight2, eps)
+
     def rms_norm_heads(self, x: Any, start: int, heads: int, weight: Any, eps: float) -> Any:
         x, weight = self._f32(x), self._f32(weight)
         if _norm.rms_norm_heads(x, start, heads, weight, eps):

@@ -50,12 +50,15 @@ extern "C" __global__ void __launch_bounds__(1024) add_rms_norm(const float* __r
 // JOIN: y = (norm + join) * join_scale[0] (no scale: nullptr), a normalised sublayer output joining the
 // residual stream (Gemma's post-norms, rms_norm_join_vec), in the order and roundings of the separate add
 // and multiply it replaces.
+// w2 / y2 (not nullptr): a second output of the same row under another weight, y2 = x * rstd * w2 (Gemma 4's
+// router reads the stream normalised without a scale, its experts with one: rms_norm_pair_vec).
 template <bool ADD, bool HALF = false, bool JOIN = false>
 __device__ __forceinline__ void rms_norm_vec_body(const float* __restrict__ x, const float* __restrict__ residual,
                                                   const float* __restrict__ w, void* __restrict__ y,
                                                   float* __restrict__ new_residual, int n_cols, float eps,
                                                   const float* __restrict__ join = nullptr,
-                                                  const float* __restrict__ join_scale = nullptr) {
+                                                  const float* __restrict__ join_scale = nullptr,
+                                                  const float* __restrict__ w2 = nullptr, float* __restrict__ y2 = nullptr) {
     __shared__ float scratch[32];
     const i64 base = (i64)blockIdx.x * n_cols;
     const int n4 = n_cols >> 2;
@@ -89,6 +92,8 @@ __device__ __forceinline__ void rms_norm_vec_body(const float* __restrict__ x, c
         const int c = threadIdx.x + k * blockDim.x;
         if (c >= n4) continue;
         if (ADD) reinterpret_cast<float4*>(new_residual + base)[c] = v[k];
+        if (y2 != nullptr)
+            reinterpret_cast<float4*>(y2 + base)[c] = norm_scale(v[k], inv, __ldg(reinterpret_cast<const float4*>(w2) + c));
         float4 o = norm_scale(v[k], inv, wv[k]);
         if (JOIN) {
             const float4 a = __ldg(reinterpret_cast<const float4*>(join + base) + c);
@@ -135,6 +140,14 @@ extern "C" __global__ void __launch_bounds__(1024) rms_norm_join_vec(const float
                                                                      const float* __restrict__ join_scale,
                                                                      float* __restrict__ y, int n_cols, float eps) {
     rms_norm_vec_body<false, false, true>(x, nullptr, w, y, nullptr, n_cols, eps, join, join_scale);
+}
+
+extern "C" __global__ void __launch_bounds__(1024) rms_norm_pair_vec(const float* __restrict__ x,
+                                                                     const float* __restrict__ w,
+                                                                     const float* __restrict__ w2,
+                                                                     float* __restrict__ y, float* __restrict__ y2,
+                                                                     int n_cols, float eps) {
+    rms_norm_vec_body<false>(x, nullptr, w, y, nullptr, n_cols, eps, nullptr, nullptr, w2, y2);
 }
 
 // RMSNorm in place over the heads of each token row: head r of token t is n_cols floats at offset +

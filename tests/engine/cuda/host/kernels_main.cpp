@@ -4,6 +4,7 @@
 //       (half: float16 y from the *_vec_h kernels; half_noadd: rms_norm_vec_h of x alone)
 //   rms_norm_join DIR ROWS COLS EPS THREADS [scale]   reads x.bin join.bin w.bin [scale.bin], writes y.bin
 //   rms_norm_heads DIR TOKENS WIDTH START HEADS N_COLS EPS THREADS   reads x.bin w.bin, writes y.bin (x, normed in place)
+//   rms_norm_pair DIR ROWS COLS EPS THREADS   reads x.bin w.bin w2.bin, writes y.bin y2.bin
 //   dequant FMT OUT(f32|f16) DIR N_SRC N_COLS ROW_BYTES N_OUT ROW_OFFSET   reads w.bin [ids.bin], writes y.bin
 //   output_gate KIND(sigmoid|softplus) DIR N_TOK WIDTH GATE_STRIDE PER   reads out.bin gate.bin, writes y.bin
 #include <cstdio>
@@ -97,6 +98,20 @@ int main(int argc, char** argv) {
         launch({(unsigned)rows, 1, 1}, {(unsigned)threads, 1, 1},
                [&] { rms_norm_join_vec(x.data(), w.data(), join.data(), scale_ptr, y.data(), cols, eps); });
         write_file(dir + "/y.bin", y);
+        return 0;
+    }
+    if (cmd == "rms_norm_pair" && argc == 7) {
+        const std::string dir = argv[2];
+        const int rows = atoi(argv[3]), cols = atoi(argv[4]), threads = atoi(argv[6]);
+        const float eps = (float)atof(argv[5]);
+        auto x = read_file<float>(dir + "/x.bin");
+        auto w = read_file<float>(dir + "/w.bin");
+        auto w2 = read_file<float>(dir + "/w2.bin");
+        std::vector<float> y((size_t)rows * cols, NAN), y2((size_t)rows * cols, NAN);
+        launch({(unsigned)rows, 1, 1}, {(unsigned)threads, 1, 1},
+               [&] { rms_norm_pair_vec(x.data(), w.data(), w2.data(), y.data(), y2.data(), cols, eps); });
+        write_file(dir + "/y.bin", y);
+        write_file(dir + "/y2.bin", y2);
         return 0;
     }
     if (cmd == "rms_norm_heads" && argc == 10) {
