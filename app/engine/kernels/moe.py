@@ -22,7 +22,7 @@ import numpy as np
 from app.engine.kernels import moe_mma
 from app.engine.kernels.gemv import format_defines
 from app.engine.kernels.runtime.compile import get_kernel
-from app.engine.kernels.runtime.launch import cdiv, f32, i32, i64, launch, ptr
+from app.engine.kernels.runtime.launch import NULL, cdiv, f32, i32, i64, launch, ptr
 from app.engine.quant.dispatch import QuantizedTensor
 from app.engine.specs import MoeSpec
 
@@ -87,24 +87,49 @@ def _grid(n: int) -> tuple[int]:
     return (max(1, -(-n // THREADS)),)
 
 
+@dataclass(frozen=True)
+class SharedJoin:
+    """A shared expert's output `rows [T, hidden]` (float32, contiguous) joining the routed sum times
+    `sigmoid(logit[:, 0])` (`logit [T, >= 1]`, float32, rows of any stride: a column of a fused product)."""
+
+    rows: Any
+    logit: Any
+
+    def args(self, n_tok: int, hidden: int) -> tuple[Any, Any, int]:
+        if self.rows.shape != (n_tok, hidden) or not self.rows.flags.c_contiguous or self.logit.shape[0] != n_tok:
+            raise ValueError(f"shared rows {self.rows.shape} / logits {self.logit.shape} for {n_tok} x {hidden}")
+        return self.rows, self.logit, self.logit.strides[0] // 4
+
+    def gated(self) -> Any:
+        """rows * sigmoid(logit): output_gate_sigmoid's one launch (the paths that do not join it)."""
+        import cupy as cp
+
+        from app.engine.kernels.activation import output_gate
+
+        return output_gate(self.rows, self.logit[:, :1], "sigmoid", cp.empty_like(self.rows))
+
+
 def moe_forward(
     x: Any, logits: Any, spec: MoeSpec, gate: StackedExperts | None, up: StackedExperts, down: StackedExperts,
-    expert_scale: Any = None, score_bias: Any = None, fused_decode: bool = True,
+    expert_scale: Any = None, score_bias: Any = None, fused_decode: bool = True, shared: SharedJoin | None = None,
 ) -> Any:  # fmt: skip
     """`[T, hidden]` normalised hidden states and their router logits `[T, E]` -> the experts' sum
     (`gate` None: ungated experts, `down(act(up x))`).
     `expert_scale` (float32 `[E]` on the device, Gemma 4): each expert's output times its own factor;
     `score_bias` (float32 `[E]`, sigmoid routing's `exp_probs_b`: Nemotron-H, Laguna): added to the scores
     it chooses on. `fused_decode` (KernelOptions.moe_fused_decode): up to FUSED_DECODE_MAX_TOKENS tokens
-    through moe_few_tokens."""
+    through moe_few_tokens. `shared`: a shared expert's output, gated, added last (in the few-tokens
+    path's combine; after the sum elsewhere)."""
     if fused_decode and few_tokens_serve(x.shape[0], spec, gate, up):
         chosen, weights = moe_route(logits, spec, score_bias)  # a warp per token: no grouping
-        return moe_few_tokens(x, chosen, weights, spec, gate, up, down, expert_scale)
+        return moe_few_tokens(x, chosen, weights, spec, gate, up, down, expert_scale, shared)
     if x.shape[0] <= FUSED_ROUTE_TOKENS and up.num_experts == spec.num_experts:
         chosen, weights, plan = route_grouped(logits, spec, score_bias)  # small batches: route and group at once
-        return moe_experts(x, chosen, weights, spec, gate, up, down, plan=plan, expert_scale=expert_scale)
-    chosen, weights = route_scaled(logits, spec, expert_scale, score_bias)
-    return moe_experts(x, chosen, weights, spec, gate, up, down)
+        routed = moe_experts(x, chosen, weights, spec, gate, up, down, plan=plan, expert_scale=expert_scale)
+    else:
+        chosen, weights = route_scaled(logits, spec, expert_scale, score_bias)
+        routed = moe_experts(x, chosen, weights, spec, gate, up, down)
+    return routed if shared is None else routed + shared.gated()
 
 
 def route_scaled(logits: Any, spec: MoeSpec, expert_scale: Any = None, score_bias: Any = None) -> tuple[Any, Any]:
@@ -398,30 +423,34 @@ def pair_product(x: Any, chosen: Any, spec: MoeSpec, gate: StackedExperts | None
     return y
 
 
-def down_combine(act: Any, chosen: Any, weights: Any, down: StackedExperts, expert_scale: Any = None) -> Any:
+def down_combine(
+    act: Any, chosen: Any, weights: Any, down: StackedExperts, expert_scale: Any = None, shared: SharedJoin | None = None
+) -> Any:  # fmt: skip
     """`[T, hidden]`: per token, the sum over its k pairs (in expert-id order, as moe_combine) of the weight
     (times expert_scale[e] where given) times the pair's `act` row (pair order) through its expert's `down`
-    (+ bias). One launch (moe_down_combine_<fmt>): blocks of k warps over (row tiles, tokens)."""
+    (+ bias), then `shared`'s row gated where given. One launch (moe_down_combine_<fmt>): blocks of k warps
+    over (row tiles, tokens)."""
     import cupy as cp
 
     n_tok, k = chosen.shape
     out = cp.empty((n_tok, down.n_rows), cp.float32)
+    rows, logit, stride = (NULL, NULL, 0) if shared is None else shared.args(n_tok, down.n_rows)
     launch(_kernel(f"moe_down_combine_{down.qtype_name.lower()}", down.qtype_name, 1),
            (_row_tiles(down), n_tok), (32 * k,),
            (down.data, i64(down.expert_stride), i64(down.row_bytes), i32(down.n_rows), i32(down.n_cols), act, chosen,
-            weights, ptr(expert_scale), i32(k), ptr(down.bias), out))  # fmt: skip
+            weights, ptr(expert_scale), i32(k), ptr(down.bias), rows, logit, i64(stride), out))  # fmt: skip
     return out
 
 
 def moe_few_tokens(
     x: Any, chosen: Any, weights: Any, spec: MoeSpec, gate: StackedExperts | None, up: StackedExperts,
-    down: StackedExperts, expert_scale: Any = None,
+    down: StackedExperts, expert_scale: Any = None, shared: SharedJoin | None = None,
 ) -> Any:  # fmt: skip
     """moe_experts' output for a few tokens (few_tokens_serve) with no grouping: the products per pair, the
-    down product and the combine in one launch. Two launches after the router."""
+    down product and the combine (and `shared`, gated) in one launch. Two launches after the router."""
     _check_activation(spec, gate)
     if not 1 <= spec.num_used <= MAX_USED or chosen.shape != (x.shape[0], spec.num_used):
         raise ValueError(f"chosen {chosen.shape} for {x.shape[0]} tokens of {spec.num_used} experts each "
                          f"(the kernels take 1 to {MAX_USED})")  # fmt: skip
     act = pair_product(x, chosen, spec, gate, up)
-    return down_combine(act, chosen, weights, down, expert_scale)
+    return down_combine(act, chosen, weights, down, expert_scale, shared)

@@ -129,14 +129,24 @@ class MoE:
     def __call__(self, x: Any, router_input: Any = None) -> Any:
         """`[T, hidden]` normalised hidden states -> the experts' weighted sum, `[T, hidden]`; the router
         reads `router_input` where the family routes on something else than the experts' input (Gemma 4)."""
-        routed = self._routed(x, x if router_input is None else router_input)
+        router_input = x if router_input is None else router_input
+        if self._joins_shared:  # the backend adds the gated shared expert in its combine
+            return self._routed(x, router_input, shared=self.shared.output_and_logit(x))
+        routed = self._routed(x, router_input)
         return routed if self.shared is None else routed + self.shared(x)
 
-    def _routed(self, x: Any, router_input: Any) -> Any:
+    @property
+    def _joins_shared(self) -> bool:
+        return (
+            self.shared is not None and self.shared.gate is not None and self.grouped is not None
+            and self.latent_up is None and getattr(self.backend, "moe_joins_shared", False)
+        )  # fmt: skip
+
+    def _routed(self, x: Any, router_input: Any, shared: tuple[Any, Any] | None = None) -> Any:
         logits = self.router(router_input)
         if self.grouped is not None:
             inputs = x if self.latent_down is None else self.latent_down(x)
-            extras = {"expert_scale": self.expert_scale, "score_bias": self.score_bias}
+            extras = {"expert_scale": self.expert_scale, "score_bias": self.score_bias, "shared": shared}
             given = {name: value for name, value in extras.items() if value is not None}
             routed = self.backend.moe(inputs, logits, self.spec, self.grouped, **given)
             return routed if self.latent_up is None else self.latent_up(routed)
@@ -183,11 +193,17 @@ class SharedExpert:
                 backend, QuantizedTensor(gate.name, gate.qtype, (1, gate.shape[-1]), gate.data)
             )
 
-    def __call__(self, x: Any) -> Any:
+    def output_and_logit(self, x: Any) -> tuple[Any, Any]:
+        """The expert's output before its gate, and the gate's logits `[T, 1]` (a backend joins them)."""
+        return self._ungated(x), self.gate(x)
+
+    def _ungated(self, x: Any) -> Any:
         if self.plain is not None:
-            out = self.plain(x)
-        else:
-            out = self.down(self.backend.gated_linear(x, self.gate_up, self.activation))
+            return self.plain(x)
+        return self.down(self.backend.gated_linear(x, self.gate_up, self.activation))
+
+    def __call__(self, x: Any) -> Any:
+        out = self._ungated(x)
         if self.gate is None:
             return out
         # The gate's one column scales the whole row: the attention output gate's op with one "head",

@@ -78,3 +78,25 @@ def test_few_tokens_run_three_launches(cuda, cpu, rng, monkeypatch):
     names.clear()
     kmoe.moe_forward(cp.asarray(x), cp.asarray(layer.router(x)), SPEC, *stacked, fused_decode=False)
     assert names == ["moe_route_grouped", "moe_grouped_gated_q4_k", "moe_grouped_q6_k", "moe_combine"]
+
+
+def test_shared_expert_joins_the_combine(cuda, cpu, rng):
+    """A shared expert's output and gate logit (a column of a wider product, strided) join the few-tokens combine:
+    the grouped path's `routed + output * sigmoid(logit)` (two more launches there), 1 to 4 tokens."""
+    import cupy as cp
+
+    from app.engine.kernels.moe import FUSED_DECODE_MAX_TOKENS, SharedJoin, moe_forward
+
+    layer, stacked, _ = _layer(cpu, rng, "Q6_K", False)
+    for n_tok in range(1, FUSED_DECODE_MAX_TOKENS + 1):
+        x = rng.standard_normal((n_tok, HIDDEN)).astype(np.float32)
+        args = (cp.asarray(x), cp.asarray(layer.router(x)), SPEC, *stacked)
+        routed = cp.asnumpy(moe_forward(*args, fused_decode=False))
+        shared = (rng.standard_normal((n_tok, HIDDEN)) * np.abs(routed).max()).astype(np.float32)
+        logits = (rng.standard_normal((n_tok, 3)) * 3).astype(np.float32)  # the gate is column 0
+        join = SharedJoin(cp.asarray(shared), cp.asarray(logits)[:, :1])
+        fused = cp.asnumpy(moe_forward(*args, fused_decode=True, shared=join))
+        grouped = cp.asnumpy(moe_forward(*args, fused_decode=False, shared=join))
+        want = routed + cpu.output_gate(shared, logits[:, :1], "sigmoid")
+        assert rel_err(fused, grouped) < SAME_SUMS_TOL, f"{n_tok} tokens: {rel_err(fused, grouped):.3g}"
+        assert rel_err(fused, want) < SAME_SUMS_TOL, f"{n_tok} tokens: {rel_err(fused, want):.3g}"

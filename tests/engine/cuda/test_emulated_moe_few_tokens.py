@@ -162,3 +162,25 @@ def test_expert_scale_changes_the_few_tokens_output_emulated(moe_emu, tmp_path, 
     expected = MoE(CpuBackend(), tensors, P, spec)(x)
     assert rel_err(unscaled, expected) < 1e-5, f"seed {seed}"
     assert rel_err(scaled, unscaled) > 1e-2, f"seed {seed}: the scale made no difference"
+
+
+@pytest.mark.parametrize("tokens", [1, 4])
+def test_shared_expert_joins_the_few_tokens_combine_emulated(moe_emu, tmp_path, request, tokens: int):
+    """A shared expert's output joins moe_down_combine's sum times sigmoid(its gate logit), Qwen3.5-MoE's
+    `routed + shared * sigmoid(logit)` as the numpy backend computes it; without the files, the routed sum alone."""
+    rng, seed = fresh_rng(request.node.nodeid)
+    case = Case(tokens, "Q4_K", "Q6_K")
+    spec = _spec(case)
+    tensors = _tensors(case, spec, rng)
+    layer = MoE(CpuBackend(), tensors, P, spec)
+    x = rng.standard_normal((case.tokens, case.hidden)).astype(np.float32)
+    write_moe_inputs(tmp_path, tensors, P, x, layer.router(x), None)
+    routed, _, _ = _run_path(moe_emu, tmp_path, case, spec, tensors, FEW_TOKENS)
+    shared = (rng.standard_normal((case.tokens, case.hidden)) * np.abs(routed).max()).astype(np.float32)
+    logit = rng.standard_normal((case.tokens, 1)).astype(np.float32) * 3
+    shared.tofile(tmp_path / "shared.bin")
+    logit.tofile(tmp_path / "shared_logit.bin")
+    joined, _, _ = _run_path(moe_emu, tmp_path, case, spec, tensors, FEW_TOKENS)
+    expected = routed + CpuBackend().output_gate(shared, logit, "sigmoid")
+    assert rel_err(joined, expected) < 1e-6, f"seed {seed}: rel err {rel_err(joined, expected):.3g}"
+    assert rel_err(joined, routed) > 1e-2, f"seed {seed}: the shared expert made no difference"

@@ -229,21 +229,28 @@ class CudaBackend:
             return None
         return tuple(upload_experts(w, b) for w, b in zip(weights, biases, strict=True))
 
+    # MoE layers hand `moe` their shared expert's output and gate logit (`shared`): the few-tokens path adds
+    # them in its combine, two launches fewer a decode layer (Qwen3.5-MoE, Qwen3-Next)
+    moe_joins_shared = True
+
     def moe(
         self, x: Any, router_logits: Any, spec: MoeSpec, experts: tuple[_moe.StackedExperts, ...],
-        expert_scale: Any = None, score_bias: Any = None,
+        expert_scale: Any = None, score_bias: Any = None, shared: tuple[Any, Any] | None = None,
     ) -> Any:  # fmt: skip
         """The experts' weighted sum `[T, hidden]` for normalised `x [T, hidden]`: routing, grouping
         by expert and the grouped products on the GPU, with no host sync (kernels/moe.py). `experts`:
         (gate, up, down), or (up, down) for ungated ones. `expert_scale` (`[E]`, Gemma 4): each expert's
         output times its factor; `score_bias` (`[E]`, sigmoid routing: Nemotron-H, Laguna) added to the
-        scores the experts are chosen on (see `moe_routing`)."""
+        scores the experts are chosen on (see `moe_routing`). `shared`: a shared expert's output `[T, hidden]`
+        and its gate logits `[T, 1]`, added as `output * sigmoid(logit)`."""
         scale, bias = (None if a is None else self._f32(a) for a in (expert_scale, score_bias))
+        join = None if shared is None else _moe.SharedJoin(self._f32(shared[0]), self._rows(shared[1]))
         if isinstance(experts, StreamedExperts):
-            return streamed_moe(self._f32(x), self._f32(router_logits), spec, experts, scale, bias)
+            routed = streamed_moe(self._f32(x), self._f32(router_logits), spec, experts, scale, bias)
+            return routed if join is None else routed + join.gated()
         gate, up, down = experts if len(experts) == 3 else (None, *experts)
         return _moe.moe_forward(self._f32(x), self._f32(router_logits), spec, gate, up, down, scale, bias,
-                                fused_decode=self.kernel_options.moe_fused_decode)  # fmt: skip
+                                fused_decode=self.kernel_options.moe_fused_decode, shared=join)  # fmt: skip
 
     def alloc_kv_cache(
         self, num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int, dtype: str = "auto"

@@ -580,10 +580,15 @@ __device__ __forceinline__ float moe_pair_weight(const float* weights, const flo
 // whose expert is the j-th smallest of the token's (moe_combine's rank) for a tile of 32 / width lane groups
 // x MOE_R rows (moe_lanes), puts its dots in shared memory, and the block sums them in rank order, as
 // moe_combine does (the same sums as the two kernels, no atomics). Tiles grid-stride over blockIdx.x.
+// With `shared` (not nullptr), a shared expert's output row joins the sum after the pairs, times the sigmoid of
+// its token's gate logit (shared_logit[t * logit_stride]: Qwen3.5-MoE, Qwen3-Next), as output_gate_sigmoid and
+// the add after it would: the product rounded before the add (__fmul_rn: never contracted into an FMA).
 template <class Fmt>
 __device__ __forceinline__ void moe_down_combine(const MoeWeights& mw, const float* __restrict__ act,
                                                  const int* __restrict__ chosen, const float* __restrict__ weights,
                                                  const float* __restrict__ expert_scale, int k,
+                                                 const float* __restrict__ shared,
+                                                 const float* __restrict__ shared_logit, i64 logit_stride,
                                                  float* __restrict__ out) {
     __shared__ int pair_of[MOE_MAX_K];
     __shared__ float scale[MOE_MAX_K];
@@ -622,6 +627,10 @@ __device__ __forceinline__ void moe_down_combine(const MoeWeights& mw, const flo
             if (row >= mw.n_rows) continue;
             float sum = 0.f;
             for (int s = 0; s < k; ++s) sum += part[s][i] * scale[s];
+            if (shared != nullptr) {
+                const float g = shared_logit[(i64)t * logit_stride];
+                sum += __fmul_rn(shared[(i64)t * mw.n_rows + row], 1.f / (1.f + expf(-g)));
+            }
             out[(i64)t * mw.n_rows + row] = sum;
         }
         __syncthreads();  // the next tile's dots overwrite part
@@ -666,9 +675,11 @@ __device__ __forceinline__ void moe_down_combine(const MoeWeights& mw, const flo
     extern "C" __global__ void __launch_bounds__(32 * MOE_MAX_K) moe_down_combine_##SUFFIX(                     \
         const u8* __restrict__ w, i64 expert_stride, i64 row_bytes, int n_rows, int n_cols,                     \
         const float* __restrict__ act, const int* __restrict__ chosen, const float* __restrict__ weights,       \
-        const float* __restrict__ expert_scale, int k, const float* __restrict__ bias, float* __restrict__ out) { \
+        const float* __restrict__ expert_scale, int k, const float* __restrict__ bias,                          \
+        const float* __restrict__ shared, const float* __restrict__ shared_logit, i64 logit_stride,             \
+        float* __restrict__ out) {                                                                              \
         const MoeWeights mw{{w, w}, {bias, bias}, expert_stride, row_bytes, n_rows, n_cols, -1, 0.f, 0.f};     \
-        moe_down_combine<FMT>(mw, act, chosen, weights, expert_scale, k, out);                                  \
+        moe_down_combine<FMT>(mw, act, chosen, weights, expert_scale, k, shared, shared_logit, logit_stride, out); \
     }
 
 // One level more, so that PADDOCK_FORMAT is expanded (to q4_k, ...) before `##` pastes it into the name.

@@ -47,6 +47,7 @@ inline unsigned __float_as_uint(float f) {
     return u;
 }
 inline float __fadd_rn(float a, float b) { return a + b; }  // the host builds never contract (-ffp-contract=off)
+inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __shfl_xor_sync(unsigned, float v, int) { return v; }
 
 inline float h2f(unsigned short h) {

@@ -12,7 +12,8 @@
 //     as two grouped products and moe_gated (their formats differ) instead of the fused one; FUSED_ROUTE 1:
 //     moe_route_grouped (route and group in one block) instead of moe_route then the grouping; FUSED_DECODE 1:
 //     kernels/moe.py's path for a few tokens: moe_route, the gate/up product per pair (moe_pair_gated_<fmt>,
-//     or moe_pair_<fmt> for relu2) and moe_down_combine_<fmt> (down product and combine in one launch).
+//     or moe_pair_<fmt> for relu2) and moe_down_combine_<fmt> (down product and combine in one launch; with
+//     shared.bin [T, H] and shared_logit.bin [T], a shared expert's rows joined times sigmoid of the logit).
 //   route DIR N_TOK N_EXP K MODE NORMALIZE SOFTCAP ROUTED_SCALE N_GROUPS TOPK_GROUPS
 //     moe_route alone: logits.bin (and score_bias.bin) -> chosen.bin, weights.bin.
 #include <cmath>
@@ -32,7 +33,7 @@ typedef void (*PairFn)(const u8*, i64, i64, int, int, const float*, const int*, 
 typedef void (*PairGatedFn)(const u8*, const u8*, i64, i64, int, int, const float*, const int*, int, const float*,
                             const float*, int, float, float, float*);
 typedef void (*DownCombineFn)(const u8*, i64, i64, int, int, const float*, const int*, const float*, const float*, int,
-                              const float*, float*);
+                              const float*, const float*, const float*, i64, float*);
 
 // One format's kernels.
 struct MoeFns {
@@ -146,9 +147,12 @@ int main(int argc, char** argv) {
         int width = 32;
         while (width > 1 && 2 * width > FF / 32) width >>= 1;
         const unsigned per_warp = 32 / width, row_groups = (H + ROWS - 1) / ROWS;
+        auto shared = read_file<float>(dir + "/shared.bin");  // optional: a shared expert's rows, joined gated
+        auto shared_logit = read_file<float>(dir + "/shared_logit.bin");
         launch({(row_groups + per_warp - 1) / per_warp, (unsigned)T, 1}, {32 * (unsigned)K, 1, 1}, [&] {
             down_fns.down_combine(reinterpret_cast<const u8*>(down.data()), rb_d * H, rb_d, H, FF, a.data(),
-                                  chosen.data(), weights.data(), opt(expert_scale), K, opt(down_bias), out.data());
+                                  chosen.data(), weights.data(), opt(expert_scale), K, opt(down_bias), opt(shared),
+                                  opt(shared_logit), 1, out.data());
         });
         write_file(dir + "/out.bin", out);
         write_file(dir + "/chosen.bin", chosen);
