@@ -187,8 +187,14 @@ fi
 # machine builds it) with the same file; JSON lines tagged with engine and model in $OUT/side.jsonl. Each
 # file is deleted after its rows (the machine's disk holds ~60 GB).
 SIDE_MODELS=${SIDE_MODELS:-qwen35-27b:q4_k_m qwen35-35b-a3b:q4_k_m}  # SIDE_LLAMA: those of them llama.cpp runs too (default all)
+# SIDE_ONLY_C1=1: the c=1 row alone (no c=32, no 8,000-token TTFT)
 side_rows() {  # ENGINE MODEL PORT
   local tag="{\"engine\": \"$1\", \"model\": \"$2\", "
+  if [[ ${SIDE_ONLY_C1:-0} == 1 ]]; then
+    timeout 120 python3 -m app.cli bench --url "http://127.0.0.1:$3" --json --output-tokens 128 --concurrency 1 \
+      --requests ${SIDE_C1:-8} --input-tokens 128 | sed "s/^{/$tag/" | tee -a "$OUT/side.jsonl"
+    return
+  fi
   URL=http://127.0.0.1:$3 SERVE_C1=${SIDE_C1:-8} SERVE_C32=${SIDE_C32:-64} timeout 240 \
     bash bench/suite/serve_workloads.sh short | sed "s/^{/$tag/" | tee -a "$OUT/side.jsonl"
   timeout 120 python3 -m app.cli bench --url "http://127.0.0.1:$3" --json --concurrency 1 --requests ${SIDE_TTFT:-3} \
