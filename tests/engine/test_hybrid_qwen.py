@@ -637,7 +637,7 @@ def test_causal_conv_of_a_mixed_batch() -> None:
 def test_beta_alpha_stack_keeps_the_files_rows() -> None:
     """The layer multiplies x by beta and alpha as one matrix: the file's bytes where both share a format
     (F32 in Qwen3.5 GGUFs), their float32 values where they do not."""
-    from app.engine.layers.gated_deltanet import stack_rows
+    from app.engine.layers.linear import stack_rows
     from app.engine.quant.dispatch import QuantizedTensor
     from app.engine.quant.reference import quantize_q8_0
     from app.engine.quant.types import QUANT_TYPES

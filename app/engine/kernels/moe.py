@@ -171,11 +171,14 @@ def _check_routing(spec: MoeSpec) -> None:
         raise ValueError(f"no MoE routing kernel for {reason}")
 
 
-def _routing_args(spec: MoeSpec, score_bias: Any) -> tuple:
-    """moe_route's arguments after the token count (MoeRouting in moe.cu)."""
+def _routing_args(spec: MoeSpec, score_bias: Any, logits: Any) -> tuple:
+    """moe_route's arguments after the token count (MoeRouting in moe.cu). `logits` `[T, >= E]`, float32 rows of
+    unit column stride: a token's experts are its first E columns (a wider product may carry more)."""
+    if logits.ndim != 2 or logits.shape[1] < spec.num_experts or logits.strides[1] != 4 or logits.dtype != np.float32:
+        raise ValueError(f"router logits {logits.shape} (strides {logits.strides}) for {spec.num_experts} experts")
     return (i32(spec.num_experts), i32(spec.num_used), i32(ROUTING_MODES[spec.routing]), i32(spec.normalize),
             ptr(score_bias), f32(spec.router_softcap), f32(spec.routed_scale), i32(spec.num_groups),
-            i32(spec.topk_groups))  # fmt: skip
+            i32(spec.topk_groups), i32(logits.strides[0] // 4))  # fmt: skip
 
 
 def moe_route(logits: Any, spec: MoeSpec, score_bias: Any = None) -> tuple[Any, Any]:
@@ -188,7 +191,7 @@ def moe_route(logits: Any, spec: MoeSpec, score_bias: Any = None) -> tuple[Any, 
     chosen = cp.empty((n_tok, k), cp.int32)
     weights = cp.empty((n_tok, k), cp.float32)
     launch(_kernel("moe_route"), (max(1, cdiv(n_tok, ROUTE_WARPS)),), (32 * ROUTE_WARPS,),
-           (logits, i32(n_tok), *_routing_args(spec, score_bias), chosen, weights))  # fmt: skip
+           (logits, i32(n_tok), *_routing_args(spec, score_bias, logits), chosen, weights))  # fmt: skip
     return chosen, weights
 
 
@@ -261,7 +264,7 @@ def route_grouped(logits: Any, spec: MoeSpec, score_bias: Any = None) -> tuple[A
     offsets, active = cp.empty(n_exp + 1, cp.int32), cp.empty(1 + n_exp, cp.int32)
     order, where = cp.empty(pairs, cp.int32), cp.empty(pairs, cp.int32)
     launch(_kernel("moe_route_grouped"), (1,), (PLAN_THREADS,),
-           (logits, i32(n_tok), *_routing_args(spec, score_bias), chosen, weights, offsets, active, order,
+           (logits, i32(n_tok), *_routing_args(spec, score_bias, logits), chosen, weights, offsets, active, order,
             where))  # fmt: skip
     return chosen, weights, PairGroups(offsets, order, where, active, n_exp, pairs, k, False)
 

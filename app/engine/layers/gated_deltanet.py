@@ -28,12 +28,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-from app.engine.layers.linear import Linear
+from app.engine.layers.linear import Linear, stack_rows
 from app.engine.loader.names import CheckpointError
 from app.engine.quant.dispatch import QuantizedTensor
-from app.engine.quant.types import QUANT_TYPES
 from app.engine.specs import GatedDeltaNetSpec
 
 _IN_PROJECTIONS = ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha")
@@ -98,12 +95,3 @@ class GatedDeltaNet:
 def _dense(backend: Any, tensor: QuantizedTensor) -> Any:
     """A small parameter as a float32 device array."""
     return backend.from_host(tensor.dequantize().astype("float32"))
-
-
-def stack_rows(top: QuantizedTensor, bottom: QuantizedTensor, name: str) -> QuantizedTensor:
-    """`[top; bottom]` as one tensor: the file's bytes where both share a whole-row format, else float32."""
-    if top.qtype == bottom.qtype and top.scales is None and bottom.scales is None:
-        data = np.concatenate([np.asarray(top.data), np.asarray(bottom.data)])
-        return QuantizedTensor(name, top.qtype, (top.shape[0] + bottom.shape[0], top.shape[1]), data)
-    values = np.concatenate([top.dequantize(), bottom.dequantize()]).astype(np.float32)
-    return QuantizedTensor.from_float(name, values, QUANT_TYPES["F32"])

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from app.engine.backend.base import Backend
 from app.engine.quant.dispatch import QuantizedTensor
+from app.engine.quant.types import QUANT_TYPES
 
 
 class Linear:
@@ -26,3 +29,12 @@ class Linear:
 
     def __call__(self, x: Any) -> Any:
         return self.backend.linear(x, self.weight, self.bias)
+
+
+def stack_rows(top: QuantizedTensor, bottom: QuantizedTensor, name: str) -> QuantizedTensor:
+    """`[top; bottom]` as one tensor: the file's bytes where both share a whole-row format, else float32."""
+    if top.qtype == bottom.qtype and top.scales is None and bottom.scales is None:
+        data = np.concatenate([np.asarray(top.data), np.asarray(bottom.data)])
+        return QuantizedTensor(name, top.qtype, (top.shape[0] + bottom.shape[0], top.shape[1]), data)
+    values = np.concatenate([top.dequantize(), bottom.dequantize()]).astype(np.float32)
+    return QuantizedTensor.from_float(name, values, QUANT_TYPES["F32"])

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from app.engine.backend.base import Backend
-from app.engine.layers.linear import Linear
+from app.engine.layers.linear import Linear, stack_rows
 from app.engine.layers.mlp import UpDownMLP
 from app.engine.loader.names import CheckpointError
 from app.engine.moe.ops import expert_forward, route, sum_over_experts
@@ -63,10 +63,12 @@ class MoE:
 
     def __init__(self, backend: Backend, tensors: dict[str, QuantizedTensor], prefix: str, spec: MoeSpec) -> None:
         self.backend, self.spec = backend, spec
-        self.router = Linear(
-            backend, tensors[f"{prefix}.ffn_gate_inp.weight"], tensors.get(f"{prefix}.ffn_gate_inp.bias")
-        )
         self.shared = SharedExpert(backend, tensors, prefix, spec) if spec.shared_intermediate_size else None
+        router, router_bias = tensors[f"{prefix}.ffn_gate_inp.weight"], tensors.get(f"{prefix}.ffn_gate_inp.bias")
+        self.router: Linear | RouterAndGate = Linear(backend, router, router_bias)
+        if self.shared is not None and self.shared.gate_tensor is not None and router_bias is None \
+                and getattr(backend, "moe_joins_shared", False):  # fmt: skip
+            self.router = RouterAndGate(backend, router, self.shared.gate_tensor)
         self.latent_down = self.latent_up = None
         if spec.latent_size is not None:  # the routed experts' own smaller space (Nemotron 3 Super)
             self.latent_down = Linear(backend, _need(tensors, f"{prefix}.ffn_latent_down.weight"))
@@ -129,21 +131,15 @@ class MoE:
     def __call__(self, x: Any, router_input: Any = None) -> Any:
         """`[T, hidden]` normalised hidden states -> the experts' weighted sum, `[T, hidden]`; the router
         reads `router_input` where the family routes on something else than the experts' input (Gemma 4)."""
-        router_input = x if router_input is None else router_input
-        if self._joins_shared:  # the backend adds the gated shared expert in its combine
-            return self._routed(x, router_input, shared=self.shared.output_and_logit(x))
-        routed = self._routed(x, router_input)
+        if router_input is None and isinstance(self.router, RouterAndGate) and self.shared is not None \
+                and self.grouped is not None and self.latent_up is None:  # fmt: skip
+            # one product for the router and the shared gate; the backend adds the gated shared expert in its combine
+            logits, gate_logit = self.router.with_gate(x)
+            return self._routed(x, logits, shared=(self.shared.ungated(x), gate_logit))
+        routed = self._routed(x, self.router(x if router_input is None else router_input))
         return routed if self.shared is None else routed + self.shared(x)
 
-    @property
-    def _joins_shared(self) -> bool:
-        return (
-            self.shared is not None and self.shared.gate is not None and self.grouped is not None
-            and self.latent_up is None and getattr(self.backend, "moe_joins_shared", False)
-        )  # fmt: skip
-
-    def _routed(self, x: Any, router_input: Any, shared: tuple[Any, Any] | None = None) -> Any:
-        logits = self.router(router_input)
+    def _routed(self, x: Any, logits: Any, shared: tuple[Any, Any] | None = None) -> Any:
         if self.grouped is not None:
             inputs = x if self.latent_down is None else self.latent_down(x)
             extras = {"expert_scale": self.expert_scale, "score_bias": self.score_bias, "shared": shared}
@@ -162,6 +158,24 @@ class MoE:
             return sum_over_experts(self.backend, x, weights, chosen, self.spec, run)
         summed = sum_over_experts(self.backend, self.latent_down(x), weights, chosen, self.spec, run)
         return self.latent_up(summed)
+
+
+class RouterAndGate:
+    """The router's rows and the shared expert's gate row in one product (Qwen3.5-MoE, Qwen3-Next on a backend
+    that joins the shared expert to the routed sum): one launch for both a decode layer. Called like the router,
+    it gives the router's logits, a view of the first E columns (rows of E + 1: the MoE kernels read the stride)."""
+
+    def __init__(self, backend: Backend, router: QuantizedTensor, gate: QuantizedTensor) -> None:
+        self.num_experts = router.shape[0]
+        self.both = Linear(backend, stack_rows(router, gate, f"{router.name}+{gate.name}"))
+
+    def with_gate(self, x: Any) -> tuple[Any, Any]:
+        """(router logits `[T, E]`, shared gate logits `[T, 1]`), views of one product."""
+        out = self.both(x)
+        return out[:, : self.num_experts], out[:, self.num_experts :]
+
+    def __call__(self, x: Any) -> Any:
+        return self.with_gate(x)[0]
 
 
 class SharedExpert:
@@ -186,24 +200,20 @@ class SharedExpert:
                 [None, None],
             )
             self.down = Linear(backend, need("ffn_down_shexp"))
-        self.gate = None
+        self.gate = self.gate_tensor = None
         if spec.shared_gate:
             gate = need("ffn_gate_inp_shexp")  # [hidden] in GGUF, [1, hidden] in Hugging Face files
-            self.gate = Linear(
-                backend, QuantizedTensor(gate.name, gate.qtype, (1, gate.shape[-1]), gate.data)
-            )
+            self.gate_tensor = QuantizedTensor(gate.name, gate.qtype, (1, gate.shape[-1]), gate.data)
+            self.gate = Linear(backend, self.gate_tensor)
 
-    def output_and_logit(self, x: Any) -> tuple[Any, Any]:
-        """The expert's output before its gate, and the gate's logits `[T, 1]` (a backend joins them)."""
-        return self._ungated(x), self.gate(x)
-
-    def _ungated(self, x: Any) -> Any:
+    def ungated(self, x: Any) -> Any:
+        """The expert's output before its gate (a backend that joins it to the routed sum gates it there)."""
         if self.plain is not None:
             return self.plain(x)
         return self.down(self.backend.gated_linear(x, self.gate_up, self.activation))
 
     def __call__(self, x: Any) -> Any:
-        out = self._ungated(x)
+        out = self.ungated(x)
         if self.gate is None:
             return out
         # The gate's one column scales the whole row: the attention output gate's op with one "head",

@@ -93,3 +93,20 @@ def test_route_refuses_more_experts_than_a_warp_holds():
     spec = MoeSpec(MAX_EXPERTS + 32, 8, 64)
     assert "experts" in routing_unsupported(spec)
     assert routing_unsupported(MoeSpec(MAX_EXPERTS, 8, 64)) is None
+
+
+def test_logits_inside_a_wider_product_emulated(moe_emu, tmp_path, request):
+    """Router logits as the first 256 columns of 259-wide rows (Qwen3.5-MoE's router and shared-expert gate in one
+    product): the same picks and weights as the contiguous logits; the extra columns are never read."""
+    rng, seed = fresh_rng(request.node.nodeid)
+    spec = MoeSpec(256, 8, 64)
+    logits = _logits(rng, 13, 256, ties=True)
+    wide = np.concatenate([logits, np.full((13, 3), 1e4, np.float32)], axis=1)  # they would win every pick
+    (tmp_path / "logits.bin").write_bytes(wide.tobytes())
+    _run(moe_emu, "route", tmp_path, 13, 256, 8, ROUTING_MODES[spec.routing], int(spec.normalize),
+         spec.router_softcap, spec.routed_scale, spec.num_groups, spec.topk_groups, 259)  # fmt: skip
+    chosen = np.fromfile(tmp_path / "chosen.bin", np.int32).reshape(13, 8)
+    weights = np.fromfile(tmp_path / "weights.bin", np.float32).reshape(13, 8)
+    want_w, want = route(np, logits, spec, None)
+    assert (chosen == want).all(), f"seed {seed}"
+    assert np.allclose(weights, want_w, rtol=1e-5, atol=1e-7), f"seed {seed}"

@@ -249,7 +249,7 @@ class CudaBackend:
             routed = streamed_moe(self._f32(x), self._f32(router_logits), spec, experts, scale, bias)
             return routed if join is None else routed + join.gated()
         gate, up, down = experts if len(experts) == 3 else (None, *experts)
-        return _moe.moe_forward(self._f32(x), self._f32(router_logits), spec, gate, up, down, scale, bias,
+        return _moe.moe_forward(self._f32(x), self._rows(router_logits), spec, gate, up, down, scale, bias,
                                 fused_decode=self.kernel_options.moe_fused_decode, shared=join)  # fmt: skip
 
     def alloc_kv_cache(

@@ -128,6 +128,8 @@ struct MoeRouting {
     const float* bias;
     float softcap, routed_scale;
     int n_groups, topk_groups;
+    int logit_stride;  // floats from one token's logits to the next: n_exp, or more where the router's product
+                       // carries other columns (Qwen3.5-MoE's shared-expert gate beside them)
 };
 
 // Token t's picks into chosen[t k ..] and weights[t k ..], by one warp (all its lanes).
@@ -135,7 +137,7 @@ __device__ __forceinline__ void moe_route_token(const float* __restrict__ logits
                                                 int* chosen, float* __restrict__ weights) {
     const int lane = threadIdx.x & 31, n_exp = rt.n_exp, k = rt.k, mode = rt.mode;
     const float softcap = rt.softcap, * bias = rt.bias;
-    const float* l = logits + (i64)t * n_exp;
+    const float* l = logits + (i64)t * rt.logit_stride;
     const int n_groups = rt.n_groups;
     const bool grouped = mode == MOE_SIGMOID && n_groups > 1;
     const unsigned long long allowed =
@@ -202,10 +204,10 @@ __device__ __forceinline__ void moe_route_token(const float* __restrict__ logits
 
 extern "C" __global__ void moe_route(const float* __restrict__ logits, int n_tok, int n_exp, int k, int mode,
                                      int normalize, const float* __restrict__ bias, float softcap, float routed_scale,
-                                     int n_groups, int topk_groups, int* __restrict__ chosen,
+                                     int n_groups, int topk_groups, int logit_stride, int* __restrict__ chosen,
                                      float* __restrict__ weights) {
     after_previous_grid();
-    const MoeRouting rt{n_exp, k, mode, normalize, bias, softcap, routed_scale, n_groups, topk_groups};
+    const MoeRouting rt{n_exp, k, mode, normalize, bias, softcap, routed_scale, n_groups, topk_groups, logit_stride};
     const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (t < n_tok) moe_route_token(logits, t, rt, chosen, weights);  // the whole warp
 }
@@ -292,10 +294,10 @@ extern "C" __global__ void __launch_bounds__(MOE_PLAN_THREADS)
 extern "C" __global__ void __launch_bounds__(MOE_PLAN_THREADS)
     moe_route_grouped(const float* __restrict__ logits, int n_tok, int n_exp, int k, int mode, int normalize,
                       const float* __restrict__ bias, float softcap, float routed_scale, int n_groups, int topk_groups,
-                      int* chosen, float* __restrict__ weights, int* __restrict__ offsets, int* __restrict__ active,
+                      int logit_stride, int* chosen, float* __restrict__ weights, int* __restrict__ offsets, int* __restrict__ active,
                       int* __restrict__ order, int* __restrict__ where) {
     after_previous_grid();
-    const MoeRouting rt{n_exp, k, mode, normalize, bias, softcap, routed_scale, n_groups, topk_groups};
+    const MoeRouting rt{n_exp, k, mode, normalize, bias, softcap, routed_scale, n_groups, topk_groups, logit_stride};
     for (int t = threadIdx.x >> 5; t < n_tok; t += blockDim.x >> 5) moe_route_token(logits, t, rt, chosen, weights);
     __syncthreads();
     moe_plan(chosen, n_tok * k, nullptr, n_exp, n_exp, offsets, nullptr, active, order, where);

@@ -14,8 +14,9 @@
 //     kernels/moe.py's path for a few tokens: moe_route, the gate/up product per pair (moe_pair_gated_<fmt>,
 //     or moe_pair_<fmt> for relu2) and moe_down_combine_<fmt> (down product and combine in one launch; with
 //     shared.bin [T, H] and shared_logit.bin [T], a shared expert's rows joined times sigmoid of the logit).
-//   route DIR N_TOK N_EXP K MODE NORMALIZE SOFTCAP ROUTED_SCALE N_GROUPS TOPK_GROUPS
-//     moe_route alone: logits.bin (and score_bias.bin) -> chosen.bin, weights.bin.
+//   route DIR N_TOK N_EXP K MODE NORMALIZE SOFTCAP ROUTED_SCALE N_GROUPS TOPK_GROUPS [LOGIT_STRIDE]
+//     moe_route alone: logits.bin ([N_TOK, LOGIT_STRIDE], default N_EXP; and score_bias.bin) -> chosen.bin,
+//     weights.bin.
 #include <cmath>
 #include <string>
 #include <vector>
@@ -59,14 +60,14 @@ static const unsigned ROUTE_WARPS = 4, WARPS = 4, ROWS = 2, PLAN_THREADS = 1024,
 
 static void route(const std::string& dir, int T, int E, int K, int mode, int normalize, float softcap,
                   float routed_scale, int n_groups, int topk_groups, std::vector<int>& chosen,
-                  std::vector<float>& weights) {
+                  std::vector<float>& weights, int logit_stride) {
     auto score_bias = read_file<float>(dir + "/score_bias.bin");
     auto logits = read_required<float>(dir + "/logits.bin");
     chosen.assign((size_t)T * K, -1);
     weights.assign((size_t)T * K, NAN);
     launch({(T + ROUTE_WARPS - 1) / ROUTE_WARPS, 1, 1}, {32 * ROUTE_WARPS, 1, 1}, [&] {
         moe_route(logits.data(), T, E, K, mode, normalize, opt(score_bias), softcap, routed_scale, n_groups,
-                  topk_groups, chosen.data(), weights.data());
+                  topk_groups, logit_stride, chosen.data(), weights.data());
     });
 }
 
@@ -79,12 +80,13 @@ static dim3 product_grid(int rows, int cols, int slots, int pairs) {
 }
 
 int main(int argc, char** argv) {
-    if (argc == 12 && std::string(argv[1]) == "route") {
+    if ((argc == 12 || argc == 13) && std::string(argv[1]) == "route") {
         const std::string dir = argv[2];
         std::vector<int> chosen;
         std::vector<float> weights;
+        const int stride = argc == 13 ? atoi(argv[12]) : atoi(argv[4]);  // LOGIT_STRIDE: rows wider than N_EXP
         route(dir, atoi(argv[3]), atoi(argv[4]), atoi(argv[5]), atoi(argv[6]), atoi(argv[7]), (float)atof(argv[8]),
-              (float)atof(argv[9]), atoi(argv[10]), atoi(argv[11]), chosen, weights);
+              (float)atof(argv[9]), atoi(argv[10]), atoi(argv[11]), chosen, weights, stride);
         write_file(dir + "/chosen.bin", chosen);
         write_file(dir + "/weights.bin", weights);
         return 0;
@@ -119,11 +121,11 @@ int main(int argc, char** argv) {
         auto logits = read_required<float>(dir + "/logits.bin");
         launch({1, 1, 1}, {PLAN_THREADS, 1, 1}, [&] {
             moe_route_grouped(logits.data(), T, E, K, mode, normalize, opt(score_bias), softcap, routed_scale,
-                              n_groups, topk_groups, chosen.data(), weights.data(), offsets.data(), active.data(),
+                              n_groups, topk_groups, E, chosen.data(), weights.data(), offsets.data(), active.data(),
                               order.data(), where.data());
         });
     } else {
-        route(dir, T, E, K, mode, normalize, softcap, routed_scale, n_groups, topk_groups, chosen, weights);
+        route(dir, T, E, K, mode, normalize, softcap, routed_scale, n_groups, topk_groups, chosen, weights, E);
     }
     const int* groups = skipping ? slot_of.data() : chosen.data();
     const MoeFns fns = pick(fmt), down_fns = pick(fmt_down);
