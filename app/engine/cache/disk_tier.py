@@ -5,13 +5,21 @@ bytes, `model_fingerprint`) and the KV layout (layers, KV heads, head dim, block
 payload bytes). File: `<prefix hash>.kvb` = a fixed header then the block's payload:
 
     magic "PDKV" | version u32 | identity 32 bytes | prefix hash 16 bytes | payload bytes u64 |
-    blake2b-16 checksum of the payload
+    CRC-32 of the payload u32
 
-Every read checks all of it against what the caller expects; a file that fails (truncated,
-flipped bits, another model's or layout's, a wrong name) is deleted and never loaded. On start
-the index is rebuilt from the folder (headers checked, oldest modification first for the LRU);
+Every read checks all of it against what the caller expects; a file that fails (truncated, too
+long, flipped bits, another model's or layout's, a wrong name) is deleted and never loaded. On
+start the index is rebuilt from the folder (headers only, oldest modification first for the LRU);
 files over `capacity_bytes` go least recently used first. Writes go to a temporary file renamed
 into place, so a crash leaves no half-written block under a valid name.
+
+The checksum guards against accidental damage only: anyone who can write into the folder can write a
+valid file whatever the checksum (version 1's unkeyed blake2b-128 included), and CRC-32 detects every
+burst of up to 32 flipped bits and all but 2**-32 of other damage, at ~4x blake2b's speed (2.5 against
+0.65 GB/s on one core: a restart's 518 blocks of 2.36 MB spent 1.9 s in blake2b alone). Version 1's
+files are rejected (and deleted) like any other foreign file. `read_many` reads and checks the files of
+one fetch on a small thread pool (file reads and zlib.crc32 release the GIL), straight into the rows
+it is given (the host tier's pinned rows, from which the copy to the device is asynchronous).
 """
 
 from __future__ import annotations
@@ -21,7 +29,10 @@ import hashlib
 import logging
 import os
 import struct
+import zlib
 from collections import OrderedDict
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -29,12 +40,13 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 MAGIC = b"PDKV"
-VERSION = 1
-_HEADER = struct.Struct("<4sI32s16sQ16s")
+VERSION = 2  # 2: CRC-32 in place of version 1's blake2b-128
+_HEADER = struct.Struct("<4sI32s16sQI")
 HEADER_BYTES = _HEADER.size
 SUFFIX = ".kvb"
 _SAMPLES = 16  # fingerprint chunks spread over the model file
 _SAMPLE_BYTES = 1 << 16
+READ_THREADS = min(8, os.cpu_count() or 1)  # one fetch's files are read and checked on this many threads
 
 
 def model_fingerprint(path: str | os.PathLike[str]) -> str:
@@ -76,6 +88,7 @@ class DiskTier:
         self._index: OrderedDict[bytes, None] = OrderedDict()  # LRU order: oldest first
         self.bytes_used = 0
         self.rejected = 0  # files found bad and deleted
+        self._pool: ThreadPoolExecutor | None = None  # the reading threads, started by the first read_many
         self._rebuild()
 
     @property
@@ -109,7 +122,7 @@ class DiskTier:
         try:
             with temporary.open("wb") as stream:
                 stream.write(header)
-                stream.write(data.tobytes())
+                stream.write(memoryview(data))
             os.replace(temporary, target)
         except OSError as exc:  # a full or read-only disk: the block is simply not kept
             log.warning("KV disk tier: could not write %s: %s", target, exc)
@@ -120,40 +133,79 @@ class DiskTier:
         self.bytes_used += self.file_bytes
         return True
 
-    def read(self, name: bytes) -> np.ndarray | None:
-        """The block's payload if its file is there and passes every check; else None (a bad file
-        is deleted)."""
-        if name not in self._index:
-            return None
-        try:
-            raw = self.path(name).read_bytes()
-        except OSError:
-            self._forget(name)
-            return None
-        payload = self._check(raw, name, full=True)
-        if payload is None:
-            self._reject(name)
-            return None
-        self._index.move_to_end(name)
-        return payload
+    def read(self, name: bytes, out: np.ndarray | None = None) -> np.ndarray | None:
+        """The block's payload (in `out` if given) if its file is there and passes every check; else
+        None (a bad file is deleted)."""
+        return self.read_many([name], [out])[0]
+
+    def read_many(self, names: Sequence[bytes], rows: Sequence[np.ndarray | None] | None = None) -> list[np.ndarray | None]:
+        """`read` of each name, the files read and checked on a thread pool: into `rows[i]` where given
+        (a `block_nbytes` uint8 row), else into a new array. None where a file is missing or bad."""
+        rows = list(rows) if rows is not None else [None] * len(names)
+        if len(rows) != len(names):
+            raise ValueError(f"{len(rows)} rows for {len(names)} disk blocks")
+        jobs = [(name, row) for name, row in zip(names, rows, strict=True) if name in self._index]
+        if len(jobs) > 1:
+            results = list(self._readers().map(lambda job: self._load(*job), jobs))
+        else:
+            results = [self._load(*job) for job in jobs]
+        found = dict(zip((name for name, _ in jobs), results, strict=True))
+        payloads: list[np.ndarray | None] = []
+        for name in names:
+            status, payload = found.get(name, ("gone", None))
+            if status == "ok":
+                self._index.move_to_end(name)
+            elif status == "bad" and name in self._index:
+                self._reject(name)
+            else:
+                self._forget(name)
+            payloads.append(payload if status == "ok" else None)
+        return payloads
+
+    def close(self) -> None:
+        """Let the reading threads go (engine shutdown, tests); a later read starts them again."""
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
 
     def check_integrity(self) -> None:
         assert self.bytes_used == len(self._index) * self.file_bytes
         assert self.bytes_used <= max(self.capacity_bytes, 0)
 
     # -- internals ------------------------------------------------------------------------
-    def _check(self, raw: bytes, name: bytes, full: bool) -> np.ndarray | None:
-        if len(raw) < HEADER_BYTES:
+    def _checksum_in(self, header: bytes, name: bytes) -> int | None:
+        """The payload's checksum from a header that is this tier's and names `name`; else None."""
+        if len(header) < HEADER_BYTES:
             return None
-        magic, version, identity, stored_name, size, checksum = _HEADER.unpack_from(raw)
+        magic, version, identity, stored_name, size, checksum = _HEADER.unpack_from(header)
         if (magic, version, identity, stored_name, size) != (MAGIC, VERSION, self.identity, name, self.block_nbytes):
             return None
-        if not full:
-            return np.empty(0, np.uint8)
-        payload = np.frombuffer(raw, np.uint8, offset=HEADER_BYTES)
-        if payload.nbytes != size or _checksum(payload) != checksum:
-            return None
-        return payload.copy()  # writable, and free of the file's bytes object
+        return checksum
+
+    def _load(self, name: bytes, out: np.ndarray | None) -> tuple[str, np.ndarray | None]:
+        """Read and check one file ("ok", payload), ("bad", None) or ("gone", None). Runs on the reading
+        threads: it touches no index."""
+        payload = out if out is not None else np.empty(self.block_nbytes, np.uint8)
+        if payload.dtype != np.uint8 or payload.nbytes != self.block_nbytes or not payload.flags.c_contiguous:
+            raise ValueError(f"a disk KV block is read into {self.block_nbytes} contiguous uint8 bytes")
+        try:
+            with self.path(name).open("rb", buffering=0) as stream:
+                checksum = self._checksum_in(stream.read(HEADER_BYTES), name)
+                if checksum is None:
+                    return "bad", None
+                view, got = memoryview(payload), 0
+                while got < self.block_nbytes and (n := stream.readinto(view[got:])):
+                    got += n
+                if got != self.block_nbytes or stream.read(1):  # truncated, or longer than a block
+                    return "bad", None
+        except OSError:
+            return "gone", None
+        return ("ok", payload) if _checksum(payload) == checksum else ("bad", None)
+
+    def _readers(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="paddock-kv-disk")
+        return self._pool
 
     def _rebuild(self) -> None:
         """The index from the folder: well-formed files, oldest first; anything else is deleted."""
@@ -163,8 +215,8 @@ class DiskTier:
             try:
                 if name is None or path.stat().st_size != self.file_bytes:
                     raise ValueError
-                with path.open("rb") as stream:
-                    if self._check(stream.read(HEADER_BYTES), name, full=False) is None:
+                with path.open("rb") as stream:  # the header only: the payload is checked when read
+                    if self._checksum_in(stream.read(HEADER_BYTES), name) is None:
                         raise ValueError
                 entries.append((path.stat().st_mtime_ns, name))
             except (OSError, ValueError):
@@ -203,5 +255,5 @@ def _name_of(path: Path) -> bytes | None:
     return name if len(name) == 16 else None
 
 
-def _checksum(data: np.ndarray) -> bytes:
-    return hashlib.blake2b(np.ascontiguousarray(data), digest_size=16).digest()
+def _checksum(data: np.ndarray) -> int:
+    return zlib.crc32(np.ascontiguousarray(data))
