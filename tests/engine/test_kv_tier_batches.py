@@ -12,7 +12,14 @@ import numpy as np
 import pytest
 
 from app.engine.backend.cpu import CpuBackend
-from app.engine.backend.kv_blocks import cache_leaves, row_runs
+from app.engine.backend.kv_blocks import (
+    cache_leaves,
+    gather_blocks,
+    gather_into_rows,
+    row_runs,
+    scatter_blocks,
+    scatter_from_rows,
+)
 from app.engine.cache.disk_tier import HEADER_BYTES, MAGIC, DiskTier, layout_identity
 from app.engine.cache.offload import DeviceBlocks, HostTier, KVTiers, prefix_hashes
 from app.engine.cache.radix import EvictedBlocks
@@ -195,6 +202,24 @@ def test_block_copies_take_separate_rows_and_refuse_wrong_ones() -> None:
         backend.write_kv_blocks(kv, [1, 2, 3], rows[:2])
     with pytest.raises(ValueError, match=f"host row is {nbytes} contiguous uint8 bytes"):
         backend.write_kv_blocks(kv, [1], [np.zeros(nbytes - 1, np.uint8)])
+
+
+@pytest.mark.parametrize("dtype", ["float16", "fp8"])
+def test_the_row_copies_lay_payloads_out_as_the_staged_ones_do(dtype) -> None:
+    """numpy's row-at-a-time copies against gather_blocks / scatter_blocks, which CUDA stages through."""
+    kv = caches(8, dtype)
+    ids = np.array([6, 1, 3])
+    staged = gather_blocks(np, kv, ids)
+    rows = [np.zeros(staged.shape[1], np.uint8) for _ in ids]
+    gather_into_rows(kv, ids, rows)
+    np.testing.assert_array_equal(np.stack(rows), staged)
+    copy = caches(8, dtype)
+    other = caches(8, dtype)
+    scatter_blocks(np, copy, np.array([0, 2, 4]), staged)
+    scatter_from_rows(other, np.array([0, 2, 4]), rows)
+    for a, b in zip(cache_leaves(copy), cache_leaves(other), strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(gather_blocks(np, other, np.array([0, 2, 4])), staged)
 
 
 def test_row_runs_join_rows_that_sit_end_to_end() -> None:

@@ -79,16 +79,12 @@ class CpuBackend:
     def read_kv_blocks(self, kv_caches: list, block_ids: Sequence[int], out: Sequence[np.ndarray]) -> None:
         """Copy the blocks' payloads into host rows `out` (`[len(block_ids), block_nbytes]`, or that many rows)."""
         ids = np.asarray(block_ids, dtype=np.int64)
-        rows = kv_blocks.host_rows(out, len(ids), kv_blocks.block_nbytes(kv_caches))
-        for row, payload in zip(rows, kv_blocks.gather_blocks(np, kv_caches, ids), strict=True):
-            row[...] = payload
+        kv_blocks.gather_into_rows(kv_caches, ids, kv_blocks.host_rows(out, len(ids), kv_blocks.block_nbytes(kv_caches)))
 
     def write_kv_blocks(self, kv_caches: list, block_ids: Sequence[int], src: Sequence[np.ndarray]) -> None:
         """Copy host payload rows `src` (as `out` above) into the blocks."""
         ids = np.asarray(block_ids, dtype=np.int64)
-        rows = kv_blocks.host_rows(src, len(ids), kv_blocks.block_nbytes(kv_caches))
-        payload = np.stack(rows) if rows else np.empty((0, kv_blocks.block_nbytes(kv_caches)), np.uint8)
-        kv_blocks.scatter_blocks(np, kv_caches, ids, payload)
+        kv_blocks.scatter_from_rows(kv_caches, ids, kv_blocks.host_rows(src, len(ids), kv_blocks.block_nbytes(kv_caches)))
 
     def sync_kv_copies(self) -> None:
         """Wait for block copies in flight (numpy copies synchronously)."""

@@ -4,7 +4,8 @@ A block's payload is the bytes every layer keeps for it, laid end to end in a fi
 for each layer, K then V, and for each of those its "leaves" (the plain cache array, or an
 FP8 cache's data then its scales). Every leaf has the block id as its leading axis, so one
 block of a leaf is `leaf[block_id]`. The same functions serve numpy and CuPy (`xp`): the
-backends' `read_kv_blocks` / `write_kv_blocks` are thin wrappers over them. Each moves any number of
+backends' `read_kv_blocks` / `write_kv_blocks` are thin wrappers over them (numpy's over the `_rows`
+variants, which copy a leaf at a time into or out of separate rows). Each moves any number of
 blocks with one indexing per leaf (gather or scatter): a host tier hit of 1,000 blocks is one call, not
 1,000 (bench/results/gpu-tiers-s18-2026-12-06.jsonl: per-block calls, 72 launches each, brought back
 0.6 GB/s).
@@ -13,6 +14,8 @@ blocks with one indexing per leaf (gather or scatter): a host tier hit of 1,000 
 from __future__ import annotations
 
 from typing import Any
+
+import numpy as np
 
 Array = Any
 
@@ -54,6 +57,27 @@ def scatter_blocks(xp: Any, kv_caches: list[tuple[Any, Any]], block_ids: Array, 
         offset += width
     if offset != payload.shape[1]:
         raise ValueError(f"a KV block payload of {payload.shape[1]} bytes for caches of {offset} bytes per block")
+
+
+def gather_into_rows(kv_caches: list[tuple[Any, Any]], block_ids: np.ndarray, rows: list[np.ndarray]) -> None:
+    """numpy: the blocks' payloads into separate host rows, one gather per leaf copied into the rows'
+    columns (a leaf at a time stays in cache, where gathering every leaf first would not)."""
+    offset = 0
+    for leaf in cache_leaves(kv_caches):
+        taken = leaf[block_ids].view(np.uint8).reshape(len(block_ids), -1)
+        for row, part in zip(rows, taken, strict=True):
+            row[offset : offset + part.nbytes] = part
+        offset += taken.shape[1]
+
+
+def scatter_from_rows(kv_caches: list[tuple[Any, Any]], block_ids: np.ndarray, rows: list[np.ndarray]) -> None:
+    """numpy: separate host rows into the blocks, one scatter per leaf."""
+    offset = 0
+    for leaf in cache_leaves(kv_caches):
+        width = leaf[0].nbytes
+        part = np.stack([row[offset : offset + width] for row in rows]) if rows else np.empty((0, width), np.uint8)
+        leaf[block_ids] = part.view(leaf.dtype).reshape((len(block_ids), *leaf.shape[1:]))
+        offset += width
 
 
 def host_rows(rows: Any, count: int, nbytes: int) -> list[Any]:
