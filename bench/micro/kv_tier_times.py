@@ -101,7 +101,7 @@ def disk_fetch(n: int, repeats: int) -> None:
         serial = lambda: [disk.read(m, r) for m, r in zip(names, rows, strict=True)]  # noqa: E731
         emit("disk_fetch", "serial_crc32", best(serial, repeats), total, files=n)
         emit("disk_fetch", "pooled_crc32", best(lambda: disk.read_many(names, list(rows)), repeats), total,
-             files=n, threads=disk_tier.READ_THREADS)  # fmt: skip
+             files=n, threads=disk_tier.IO_THREADS)  # fmt: skip
         assert all(np.array_equal(row, payload) for row in rows)
         disk.close()
 

@@ -273,3 +273,24 @@ def test_a_version_1_file_is_rejected_and_deleted_on_start(tmp_path) -> None:
     assert names[0] not in again and names[1] in again and again.rejected == 1
     assert not again.path(names[0]).exists()
     again.check_integrity()
+
+
+def test_write_many_keeps_the_latest_blocks_when_the_batch_overflows_the_tier(tmp_path) -> None:
+    disk, names, payloads = disk_with(tmp_path, 2)
+    disk.capacity_bytes = 3 * disk.file_bytes
+    batch = [(bytes([100 + i]) * 16, payloads[i % 2]) for i in range(5)]
+    assert disk.write_many([(names[1], payloads[1]), *batch]) == [True, False, False, True, True, True]
+    assert [name in disk for name, _ in batch] == [False, False, True, True, True]
+    assert names[0] not in disk and names[1] not in disk and len(disk) == 3  # the two older files made room
+    np.testing.assert_array_equal(disk.read(batch[4][0]), payloads[0])
+    disk.check_integrity()
+
+
+def test_a_file_that_cannot_be_written_is_not_counted(tmp_path) -> None:
+    disk, _, payloads = disk_with(tmp_path, 1)
+    blocked = b"\x42" * 16
+    disk.path(blocked).with_suffix(".tmp").mkdir()  # the temporary file cannot be opened
+    assert disk.write_many([(blocked, payloads[0]), (b"\x43" * 16, payloads[0])]) == [False, True]
+    assert blocked not in disk and len(disk) == 2
+    disk.check_integrity()
+    disk.close()

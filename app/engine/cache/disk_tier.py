@@ -18,8 +18,9 @@ valid file whatever the checksum (version 1's unkeyed blake2b-128 included), and
 burst of up to 32 flipped bits and all but 2**-32 of other damage, at ~4x blake2b's speed (2.5 against
 0.65 GB/s on one core: a restart's 518 blocks of 2.36 MB spent 1.9 s in blake2b alone). Version 1's
 files are rejected (and deleted) like any other foreign file. `read_many` reads and checks the files of
-one fetch on a small thread pool (file reads and zlib.crc32 release the GIL), straight into the rows
-it is given (the host tier's pinned rows, from which the copy to the device is asynchronous).
+one fetch on a small thread pool (file I/O and zlib.crc32 release the GIL), straight into the rows it
+is given (the host tier's pinned rows, from which the copy to the device is asynchronous);
+`write_many` writes a spill's or a shutdown's files on the same threads.
 """
 
 from __future__ import annotations
@@ -31,13 +32,15 @@ import os
 import struct
 import zlib
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MAGIC = b"PDKV"
 VERSION = 2  # 2: CRC-32 in place of version 1's blake2b-128
@@ -46,7 +49,7 @@ HEADER_BYTES = _HEADER.size
 SUFFIX = ".kvb"
 _SAMPLES = 16  # fingerprint chunks spread over the model file
 _SAMPLE_BYTES = 1 << 16
-READ_THREADS = min(8, os.cpu_count() or 1)  # one fetch's files are read and checked on this many threads
+IO_THREADS = min(8, os.cpu_count() or 1)  # the files of one fetch or spill are read or written on these
 
 
 def model_fingerprint(path: str | os.PathLike[str]) -> str:
@@ -88,7 +91,7 @@ class DiskTier:
         self._index: OrderedDict[bytes, None] = OrderedDict()  # LRU order: oldest first
         self.bytes_used = 0
         self.rejected = 0  # files found bad and deleted
-        self._pool: ThreadPoolExecutor | None = None  # the reading threads, started by the first read_many
+        self._pool: ThreadPoolExecutor | None = None  # the I/O threads, started by the first batch of files
         self._rebuild()
 
     @property
@@ -106,32 +109,42 @@ class DiskTier:
 
     def write(self, name: bytes, payload: np.ndarray) -> bool:
         """Store one block's payload; False when it cannot fit at all or the write failed."""
-        data = np.ascontiguousarray(payload, dtype=np.uint8).reshape(-1)
-        if data.nbytes != self.block_nbytes:
-            raise ValueError(f"a disk KV block is {self.block_nbytes} bytes, got {data.nbytes}")
-        if self.file_bytes > self.capacity_bytes:
-            return False
-        if name in self._index:
-            self._index.move_to_end(name)
-            return True
-        while self.bytes_used + self.file_bytes > self.capacity_bytes:
-            self._remove(next(iter(self._index)))
-        header = _HEADER.pack(MAGIC, VERSION, self.identity, name, data.nbytes, _checksum(data))
-        target = self.path(name)
-        temporary = target.with_suffix(".tmp")
-        try:
-            with temporary.open("wb") as stream:
-                stream.write(header)
-                stream.write(memoryview(data))
-            os.replace(temporary, target)
-        except OSError as exc:  # a full or read-only disk: the block is simply not kept
-            log.warning("KV disk tier: could not write %s: %s", target, exc)
-            with contextlib.suppress(OSError):
-                temporary.unlink()
-            return False
-        self._index[name] = None
-        self.bytes_used += self.file_bytes
-        return True
+        return self.write_many([(name, payload)])[0]
+
+    def write_many(self, blocks: Sequence[tuple[bytes, np.ndarray]]) -> list[bool]:
+        """`write` of each (name, payload), the files checksummed and written on the thread pool (room is
+        made here first, least recently used files out)."""
+        new = list(dict.fromkeys(name for name, _ in blocks if name not in self._index))
+        # more new blocks than the whole tier holds: the latest win, as they would one write at a time
+        skipped = set(new[: max(0, len(new) - self.capacity_bytes // self.file_bytes)])
+        stored: list[bool] = []
+        jobs: dict[bytes, np.ndarray] = {}  # new files, their room taken in bytes_used already
+        for name, payload in blocks:
+            data = np.ascontiguousarray(payload, dtype=np.uint8).reshape(-1)
+            if data.nbytes != self.block_nbytes:
+                raise ValueError(f"a disk KV block is {self.block_nbytes} bytes, got {data.nbytes}")
+            if name in skipped:
+                stored.append(False)
+                continue
+            if name in self._index or name in jobs:
+                if name in self._index:
+                    self._index.move_to_end(name)
+                stored.append(True)
+                continue
+            while self.bytes_used + self.file_bytes > self.capacity_bytes and self._index:
+                self._remove(next(iter(self._index)))
+            fits = self.bytes_used + self.file_bytes <= self.capacity_bytes
+            if fits:
+                jobs[name] = data
+                self.bytes_used += self.file_bytes
+            stored.append(fits)
+        done = dict(zip(jobs, self._run(self._store, list(jobs.items())), strict=True))
+        for name, ok in done.items():
+            if ok:
+                self._index[name] = None
+            else:
+                self.bytes_used -= self.file_bytes
+        return [ok and done.get(name, True) for ok, (name, _) in zip(stored, blocks, strict=True)]
 
     def read(self, name: bytes, out: np.ndarray | None = None) -> np.ndarray | None:
         """The block's payload (in `out` if given) if its file is there and passes every check; else
@@ -145,11 +158,7 @@ class DiskTier:
         if len(rows) != len(names):
             raise ValueError(f"{len(rows)} rows for {len(names)} disk blocks")
         jobs = [(name, row) for name, row in zip(names, rows, strict=True) if name in self._index]
-        if len(jobs) > 1:
-            results = list(self._readers().map(lambda job: self._load(*job), jobs))
-        else:
-            results = [self._load(*job) for job in jobs]
-        found = dict(zip((name for name, _ in jobs), results, strict=True))
+        found = dict(zip((name for name, _ in jobs), self._run(self._load, jobs), strict=True))
         payloads: list[np.ndarray | None] = []
         for name in names:
             status, payload = found.get(name, ("gone", None))
@@ -163,7 +172,7 @@ class DiskTier:
         return payloads
 
     def close(self) -> None:
-        """Let the reading threads go (engine shutdown, tests); a later read starts them again."""
+        """Let the I/O threads go (engine shutdown, tests); a later batch starts them again."""
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
@@ -202,10 +211,31 @@ class DiskTier:
             return "gone", None
         return ("ok", payload) if _checksum(payload) == checksum else ("bad", None)
 
-    def _readers(self) -> ThreadPoolExecutor:
+    def _store(self, name: bytes, data: np.ndarray) -> bool:
+        """Write one file (temporary, then renamed into place); False on a full or read-only disk.
+        Runs on the pool's threads: it touches no index."""
+        header = _HEADER.pack(MAGIC, VERSION, self.identity, name, data.nbytes, _checksum(data))
+        target = self.path(name)
+        temporary = target.with_suffix(".tmp")
+        try:
+            with temporary.open("wb") as stream:
+                stream.write(header)
+                stream.write(memoryview(data))
+            os.replace(temporary, target)
+        except OSError as exc:  # the block is simply not kept
+            log.warning("KV disk tier: could not write %s: %s", target, exc)
+            with contextlib.suppress(OSError):
+                temporary.unlink()
+            return False
+        return True
+
+    def _run(self, job: Callable[..., T], args: list[tuple]) -> list[T]:
+        """`job(*a)` for each of `args`, in order: on the thread pool when there are several."""
+        if len(args) < 2:
+            return [job(*a) for a in args]
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="paddock-kv-disk")
-        return self._pool
+            self._pool = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="paddock-kv-disk")
+        return list(self._pool.map(lambda a: job(*a), args))
 
     def _rebuild(self) -> None:
         """The index from the folder: well-formed files, oldest first; anything else is deleted."""

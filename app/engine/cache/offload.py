@@ -233,8 +233,7 @@ class KVTiers:
             staging = np.empty((len(to_disk), self.copier.block_nbytes), np.uint8)  # pageable: read once, soon
             self.copier.read([b for _, b in to_disk], staging)
             self.copier.sync()
-            for (name, _), row in zip(to_disk, staging, strict=True):
-                self._write_disk(name, row)
+            self._write_disk([name for name, _ in to_disk], list(staging))
 
     def _read_into_host(self, to_host: dict[bytes, tuple[int, np.ndarray]]) -> None:
         """Start the copies of claimed host rows, all in one read; empty `to_host`."""
@@ -248,23 +247,25 @@ class KVTiers:
         """Move every unpinned host entry down to the disk tier (shutdown, tests); return how many."""
         if self.host is None or self.disk is None:
             return 0
-        moved = 0
-        for name in self.host.names():
-            self._spill_down(name, self.host.row(name))
+        names = self.host.names()
+        self.copier.sync()  # rows may still be on their way from the device
+        down = [name for name in names if name not in self.disk]
+        self._write_disk(down, [self.host.row(name) for name in down])
+        for name in names:
             self.host.drop(name)
-            moved += 1
-        return moved
+        return len(names)
 
     def _spill_down(self, name: bytes, row: np.ndarray) -> None:
         if self.disk is not None and name not in self.disk:
             self.copier.sync()  # the row may still be on its way from the device
-            self._write_disk(name, row)
+            self._write_disk([name], [row])
 
-    def _write_disk(self, name: bytes, row: np.ndarray) -> None:
+    def _write_disk(self, names: list[bytes], rows: list[np.ndarray]) -> None:
+        """Write blocks to the disk tier, all at once (its threads write the files)."""
         assert self.disk is not None
-        if self.disk.write(name, row):
-            self.stats.spilled_blocks["disk"] += 1
-            self.stats.bytes_to_disk += row.nbytes
+        stored = self.disk.write_many(list(zip(names, rows, strict=True)))
+        self.stats.spilled_blocks["disk"] += sum(stored)
+        self.stats.bytes_to_disk += sum(stored) * self.copier.block_nbytes
 
     # -- up: host or disk -> device --------------------------------------------------------
     def fetch(self, extra_key: Hashable, token_ids: Sequence[int], start_block: int, limit: int) -> list[Hit]:
