@@ -138,8 +138,8 @@ class Backend(Protocol):
 
     def write_kv_blocks(self, kv_caches: list, block_ids: Sequence[int], src: Sequence[np.ndarray]) -> None:
         """Copy host payload rows `src` (as `out` above) into `block_ids`, one scatter per cache leaf,
-        ordered before the next step's work; may be asynchronous: `src` may be rewritten after
-        `sync_kv_copies()`."""
+        ordered after every `read_kv_blocks` before it and before the next step's work; may be
+        asynchronous: `src` may be rewritten by the host after `sync_kv_copies()`."""
         ...
 
     def sync_kv_copies(self) -> None:

@@ -42,8 +42,14 @@ def block_nbytes(kv_caches: list[tuple[Any, Any]]) -> int:
 def gather_blocks(xp: Any, kv_caches: list[tuple[Any, Any]], block_ids: Array) -> Array:
     """`[len(block_ids), block_nbytes]` uint8 on the caches' device: the blocks' payloads."""
     n = int(block_ids.shape[0])
-    parts = [xp.ascontiguousarray(leaf[block_ids]).view(xp.uint8).reshape(n, -1) for leaf in cache_leaves(kv_caches)]
-    return xp.concatenate(parts, axis=1)
+    leaves = cache_leaves(kv_caches)
+    out = xp.empty((n, sum(leaf[0].nbytes for leaf in leaves)), xp.uint8)
+    offset = 0
+    for leaf in leaves:  # a leaf's blocks at a time: no more than one leaf's beside `out`
+        part = xp.ascontiguousarray(leaf[block_ids]).view(xp.uint8).reshape(n, -1)
+        out[:, offset : offset + part.shape[1]] = part
+        offset += part.shape[1]
+    return out
 
 
 def scatter_blocks(xp: Any, kv_caches: list[tuple[Any, Any]], block_ids: Array, payload: Array) -> None:

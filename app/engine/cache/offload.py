@@ -58,7 +58,8 @@ class BlockCopier(Protocol):
     def read(self, block_ids: Sequence[int], out: Sequence[np.ndarray]) -> None:
         """Blocks -> host rows (one call for them all); `out` valid after `sync`."""
     def write(self, block_ids: Sequence[int], src: Sequence[np.ndarray]) -> None:
-        """Host rows -> blocks (one call for them all); `src` may be rewritten after `sync`."""
+        """Host rows -> blocks (one call for them all), ordered after every read before it (a row read
+        out and written back needs no sync between); `src` may be rewritten by the host after `sync`."""
     def sync(self) -> None: ...
 
 
@@ -328,7 +329,8 @@ class KVTiers:
             raise ValueError(f"load of {len(hits)} fetched blocks into {len(block_ids)} device blocks")
         if not hits:
             return
-        self.copier.sync()  # a row fetched this step may still be arriving from the device
+        # No sync: a host row still arriving from the device (spilled this step) is copied up after it,
+        # the copier's copies being ordered among themselves (one stream on CUDA).
         self.copier.write(block_ids, [hit.payload for hit in hits])
         for hit in hits:
             self.stats.hit_blocks[hit.tier] += 1

@@ -53,12 +53,16 @@ def test_a_spilled_block_survives_its_reuse_and_comes_back(cuda, rng) -> None:
     np.testing.assert_array_equal(cuda.to_host(gpu[0][0])[7], before)
 
 
-def test_many_blocks_round_trip_through_scattered_rows_in_one_call_each(cuda, cpu, rng) -> None:
+@pytest.mark.parametrize("piece_blocks", [None, 7])
+def test_many_blocks_round_trip_through_scattered_rows_in_one_call_each(cuda, cpu, rng, monkeypatch, piece_blocks):
     """40 blocks out to rows in two pinned chunks and pageable memory, in an order that makes runs of
-    adjacent rows and single ones, then back into other blocks: one read and one write."""
+    adjacent rows and single ones, then back into other blocks: one read and one write (staged whole,
+    or in pieces of 7 blocks)."""
     gpu = _caches(cuda, rng, num_blocks=96)
     host = [tuple(cuda.to_host(a) for a in layer) for layer in gpu]
     nbytes = block_nbytes(gpu)
+    if piece_blocks:
+        monkeypatch.setattr("app.engine.backend.cuda.backend.KV_STAGING_BYTES", piece_blocks * nbytes)
     first, second = cuda.alloc_host_blocks(24, nbytes), cuda.alloc_host_blocks(24, nbytes)
     pageable = np.zeros((4, nbytes), np.uint8)
     rows = [*first[:12], *second[[5, 3, 9, 0, 1, 2]], *pageable, *first[12:20], *second[10:20]]

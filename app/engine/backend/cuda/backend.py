@@ -64,6 +64,7 @@ MIN_COMPUTE_CAPABILITY = 80  # Ampere: the oldest architecture the kernels are b
 MIN_FREE_BYTES = 512 << 20
 
 log = logging.getLogger(__name__)
+KV_STAGING_BYTES = 256 << 20  # device staging of one piece of a tier copy (~108 blocks of Qwen3-8B)
 
 
 class CudaUnavailableError(RuntimeError):
@@ -263,8 +264,10 @@ class CudaBackend:
     # read out before its reuse is copied before the next step overwrites it, and a block written
     # back is in place before the step that reads it. Host reads of the payload, and host writes into
     # rows a write_kv_blocks reads, wait for sync_kv_copies(). Any number of blocks moves through one
-    # device staging buffer: one gather or scatter per cache leaf, and one copy per run of host rows that
-    # sit end to end (kv_blocks.row_runs; a raw cudaMemcpyAsync each, asynchronous from pinned rows).
+    # device staging buffer of up to KV_STAGING_BYTES: one gather or scatter per cache leaf, and one copy
+    # per run of host rows that sit end to end (kv_blocks.row_runs; a raw cudaMemcpyAsync each,
+    # asynchronous from pinned rows). Larger batches go in pieces of that size: the KV pool takes the
+    # device memory the plan leaves, so a 3 GB spill must not stage all at once.
     def alloc_host_blocks(self, num_blocks: int, block_nbytes: int) -> np.ndarray:
         """Pinned host memory for `num_blocks` payloads (asynchronous copies need pinned pages)."""
         nbytes = max(1, num_blocks * block_nbytes)
@@ -275,23 +278,22 @@ class CudaBackend:
 
     def read_kv_blocks(self, kv_caches: list, block_ids: Sequence[int], out: Sequence[np.ndarray]) -> None:
         """Start copying the blocks' payloads into host rows `out` (asynchronous into pinned rows)."""
-        rows = kv_blocks.host_rows(out, len(block_ids), kv_blocks.block_nbytes(kv_caches))
-        if not rows:
-            return
-        ids = self.xp.asarray(np.asarray(block_ids, dtype=np.int64))
-        staged = kv_blocks.gather_blocks(self.xp, kv_caches, ids)
-        self._copy_rows(staged, rows, to_host=True)
+        nbytes = kv_blocks.block_nbytes(kv_caches)
+        rows = kv_blocks.host_rows(out, len(block_ids), nbytes)
+        for start, stop in _pieces(len(rows), nbytes):
+            ids = self.xp.asarray(np.asarray(block_ids[start:stop], dtype=np.int64))
+            staged = kv_blocks.gather_blocks(self.xp, kv_caches, ids)
+            self._copy_rows(staged, rows[start:stop], to_host=True)
 
     def write_kv_blocks(self, kv_caches: list, block_ids: Sequence[int], src: Sequence[np.ndarray]) -> None:
         """Copy host payload rows `src` (pinned for an asynchronous copy) into the blocks."""
         nbytes = kv_blocks.block_nbytes(kv_caches)
         rows = kv_blocks.host_rows(src, len(block_ids), nbytes)
-        if not rows:
-            return
-        ids = self.xp.asarray(np.asarray(block_ids, dtype=np.int64))
-        staged = self.xp.empty((len(rows), nbytes), self.xp.uint8)
-        self._copy_rows(staged, rows, to_host=False)
-        kv_blocks.scatter_blocks(self.xp, kv_caches, ids, staged)
+        for start, stop in _pieces(len(rows), nbytes):
+            ids = self.xp.asarray(np.asarray(block_ids[start:stop], dtype=np.int64))
+            staged = self.xp.empty((stop - start, nbytes), self.xp.uint8)
+            self._copy_rows(staged, rows[start:stop], to_host=False)
+            kv_blocks.scatter_blocks(self.xp, kv_caches, ids, staged)
 
     def _copy_rows(self, staged: Any, rows: list[np.ndarray], to_host: bool) -> None:
         """Device staging `[n, nbytes]` <-> host rows, one cudaMemcpyAsync per run of adjacent rows on the
@@ -635,3 +637,9 @@ class CudaBackend:
         f32 = self.xp.float32
         y, z = (v.astype(f32, copy=False) for v in (y, z))
         return _ssd.gated_group_rms_norm(y, z, self._f32(weight), eps, groups, self.xp.empty(y.shape, f32))
+
+
+def _pieces(num_rows: int, row_bytes: int) -> list[tuple[int, int]]:
+    """[start, stop) ranges of rows whose staging fits KV_STAGING_BYTES (one row at least)."""
+    step = max(1, KV_STAGING_BYTES // max(1, row_bytes))
+    return [(start, min(start + step, num_rows)) for start in range(0, num_rows, step)]
