@@ -65,7 +65,7 @@ def test_many_blocks_round_trip_through_scattered_rows_in_one_call_each(cuda, cp
         monkeypatch.setattr("app.engine.backend.cuda.backend.KV_STAGING_BYTES", piece_blocks * nbytes)
     first, second = cuda.alloc_host_blocks(24, nbytes), cuda.alloc_host_blocks(24, nbytes)
     pageable = np.zeros((4, nbytes), np.uint8)
-    rows = [*first[:12], *second[[5, 3, 9, 0, 1, 2]], *pageable, *first[12:20], *second[10:20]]
+    rows = [*first[:12], *(second[i] for i in (5, 3, 9, 0, 1, 2)), *pageable, *first[12:20], *second[10:20]]
     assert len(rows) == 40
     ids = rng.permutation(96)[:40].tolist()
     cuda.read_kv_blocks(gpu, ids, rows)
