@@ -294,3 +294,19 @@ def test_a_file_that_cannot_be_written_is_not_counted(tmp_path) -> None:
     assert blocked not in disk and len(disk) == 2
     disk.check_integrity()
     disk.close()
+
+
+def test_the_start_reads_headers_only_and_a_damaged_payload_is_found_when_read(tmp_path) -> None:
+    """A restart does not read whole files: a payload flipped on disk passes the index rebuild (its header is
+    sound) and is rejected, and deleted, by the read that would have loaded it."""
+    disk, names, payloads = disk_with(tmp_path, 3)
+    path = disk.path(names[1])
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 0x80
+    path.write_bytes(bytes(raw))
+    again = DiskTier(tmp_path, 1 << 30, IDENTITY, NBYTES)
+    assert len(again) == 3 and again.rejected == 0
+    got = again.read_many(names)
+    assert got[1] is None and not path.exists() and again.rejected == 1
+    np.testing.assert_array_equal(got[2], payloads[2])
+    again.check_integrity()
