@@ -4,6 +4,7 @@
 - load / spill: N blocks between host rows and the numpy backend's KV pool, one copier call per block (how
   `KVTiers` moved them before) against one call for all (now); the cache-leaf indexings each made (on CUDA,
   each is a launch: 72 per block before, 72 per batch now).
+- disk_write: N block files written one at a time, and on the disk tier's threads (`write_many`: a shutdown).
 - disk_fetch: N block files in a temporary folder read and checked, one after the other as before
   (read_bytes, blake2b-128, a copy), one after the other now (CRC-32, read into the row), and on the disk
   tier's thread pool into host rows (`DiskTier.read_many`). The files were just written: the page cache
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import sys
 import tempfile
@@ -104,6 +106,20 @@ def disk_fetch(n: int, repeats: int) -> None:
              files=n, threads=disk_tier.IO_THREADS)  # fmt: skip
         assert all(np.array_equal(row, payload) for row in rows)
         disk.close()
+        folders = itertools.count()
+
+        def write(way: str) -> None:
+            """A shutdown's writes: N new files into an empty folder."""
+            fresh = DiskTier(Path(root) / f"write-{next(folders)}", 1 << 40, disk.identity, nbytes)
+            if way == "serial":
+                for name in names:
+                    fresh.write(name, payload)
+            else:
+                fresh.write_many([(name, payload) for name in names])
+            fresh.close()
+
+        for way in ("serial", "pooled"):
+            emit("disk_write", way, best(lambda way=way: write(way), repeats), total, files=n)
 
 
 def main() -> None:
