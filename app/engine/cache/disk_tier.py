@@ -151,17 +151,19 @@ class DiskTier:
         None (a bad file is deleted)."""
         return self.read_many([name], [out])[0]
 
-    def read_many(self, names: Sequence[bytes], rows: Sequence[np.ndarray | None] | None = None) -> list[np.ndarray | None]:
+    def read_many(
+        self, names: Sequence[bytes], rows: Sequence[np.ndarray | None] | None = None
+    ) -> list[np.ndarray | None]:
         """`read` of each name, the files read and checked on a thread pool: into `rows[i]` where given
         (a `block_nbytes` uint8 row), else into a new array. None where a file is missing or bad."""
         rows = list(rows) if rows is not None else [None] * len(names)
         if len(rows) != len(names):
             raise ValueError(f"{len(rows)} rows for {len(names)} disk blocks")
-        jobs = [(name, row) for name, row in zip(names, rows, strict=True) if name in self._index]
-        found = dict(zip((name for name, _ in jobs), self._run(self._load, jobs), strict=True))
+        known = [i for i, name in enumerate(names) if name in self._index]
+        found = dict(zip(known, self._run(self._load, [(names[i], rows[i]) for i in known]), strict=True))
         payloads: list[np.ndarray | None] = []
-        for name in names:
-            status, payload = found.get(name, ("gone", None))
+        for i, name in enumerate(names):
+            status, payload = found.get(i, ("gone", None))
             if status == "ok":
                 self._index.move_to_end(name)
             elif status == "bad" and name in self._index:
