@@ -130,17 +130,21 @@ class Backend(Protocol):
         """Host rows for `num_blocks` block payloads, uint8 (pinned on CUDA)."""
         ...
 
-    def read_kv_blocks(self, kv_caches: list, block_ids: Sequence[int], out: np.ndarray) -> None:
-        """Copy the payloads of `block_ids` (every layer) into host rows `out`; may be asynchronous:
-        `out` is valid after `sync_kv_copies()`."""
+    def read_kv_blocks(self, kv_caches: list, block_ids: Sequence[int], out: Sequence[np.ndarray]) -> None:
+        """Copy the payloads of `block_ids` (every layer) into host rows `out` (a `[n, block_nbytes]` array
+        or n separate rows), all in one gather per cache leaf; may be asynchronous: `out` is valid after
+        `sync_kv_copies()`."""
         ...
 
-    def write_kv_blocks(self, kv_caches: list, block_ids: Sequence[int], src: np.ndarray) -> None:
-        """Copy host payload rows `src` into `block_ids`, ordered before the next step's work."""
+    def write_kv_blocks(self, kv_caches: list, block_ids: Sequence[int], src: Sequence[np.ndarray]) -> None:
+        """Copy host payload rows `src` (as `out` above) into `block_ids`, one scatter per cache leaf,
+        ordered after every `read_kv_blocks` before it and before the next step's work; may be
+        asynchronous: `src` may be rewritten by the host after `sync_kv_copies()`."""
         ...
 
     def sync_kv_copies(self) -> None:
-        """Wait until every `read_kv_blocks` so far has landed in its host rows."""
+        """Wait until every block copy so far is done: `read_kv_blocks`' rows landed, `write_kv_blocks`'
+        rows read."""
         ...
 
     def rope_table(self, cos: np.ndarray, sin: np.ndarray) -> RopeTable: ...

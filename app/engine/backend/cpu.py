@@ -76,13 +76,15 @@ class CpuBackend:
         """Host memory for `num_blocks` block payloads (CUDA: pinned)."""
         return np.zeros((num_blocks, block_nbytes), np.uint8)
 
-    def read_kv_blocks(self, kv_caches: list, block_ids: Sequence[int], out: np.ndarray) -> None:
-        """Copy the blocks' payloads into host rows `out [len(block_ids), block_nbytes]`."""
-        out[...] = kv_blocks.gather_blocks(np, kv_caches, np.asarray(block_ids, dtype=np.int64))
+    def read_kv_blocks(self, kv_caches: list, block_ids: Sequence[int], out: Sequence[np.ndarray]) -> None:
+        """Copy the blocks' payloads into host rows `out` (`[len(block_ids), block_nbytes]`, or that many rows)."""
+        ids = np.asarray(block_ids, dtype=np.int64)
+        kv_blocks.gather_into_rows(kv_caches, ids, kv_blocks.host_rows(out, len(ids), kv_blocks.block_nbytes(kv_caches)))
 
-    def write_kv_blocks(self, kv_caches: list, block_ids: Sequence[int], src: np.ndarray) -> None:
-        """Copy host payload rows `src [len(block_ids), block_nbytes]` into the blocks."""
-        kv_blocks.scatter_blocks(np, kv_caches, np.asarray(block_ids, dtype=np.int64), np.asarray(src, np.uint8))
+    def write_kv_blocks(self, kv_caches: list, block_ids: Sequence[int], src: Sequence[np.ndarray]) -> None:
+        """Copy host payload rows `src` (as `out` above) into the blocks."""
+        ids = np.asarray(block_ids, dtype=np.int64)
+        kv_blocks.scatter_from_rows(kv_caches, ids, kv_blocks.host_rows(src, len(ids), kv_blocks.block_nbytes(kv_caches)))
 
     def sync_kv_copies(self) -> None:
         """Wait for block copies in flight (numpy copies synchronously)."""

@@ -7,6 +7,11 @@ recently used rows go down to the disk tier when it needs room. A request whose 
 past what the tree holds asks `fetch` for the next blocks in the lower tiers and `load`s them
 into fresh device blocks, instead of recomputing them.
 
+Every direction moves a whole batch in one copier call (one gather or scatter per cache leaf,
+backend/kv_blocks.py): a spill's blocks, a load's hits, host and disk alike. A fetch reads its disk
+files on the disk tier's threads, into free host rows where there are some (pinned on CUDA: the copy
+up is then asynchronous; the block stays in the host tier, as a loaded host hit does).
+
 Blocks are named by a chained hash of the token prefix that ends with them (`prefix_hashes`):
 block i's name covers the namespace and every token up to the end of block i, so equal names
 mean equal KV for one model and layout. Host entries live only as long as the engine. Disk
@@ -50,8 +55,11 @@ class BlockCopier(Protocol):
     block_nbytes: int
 
     def alloc_host(self, num_rows: int) -> np.ndarray: ...
-    def read(self, block_ids: Sequence[int], out: np.ndarray) -> None: ...
-    def write(self, block_ids: Sequence[int], src: np.ndarray) -> None: ...
+    def read(self, block_ids: Sequence[int], out: Sequence[np.ndarray]) -> None:
+        """Blocks -> host rows (one call for them all); `out` valid after `sync`."""
+    def write(self, block_ids: Sequence[int], src: Sequence[np.ndarray]) -> None:
+        """Host rows -> blocks (one call for them all), ordered after every read before it (a row read
+        out and written back needs no sync between); `src` may be rewritten by the host after `sync`."""
     def sync(self) -> None: ...
 
 
@@ -67,10 +75,10 @@ class DeviceBlocks:
     def alloc_host(self, num_rows: int) -> np.ndarray:
         return self.backend.alloc_host_blocks(num_rows, self.block_nbytes)
 
-    def read(self, block_ids: Sequence[int], out: np.ndarray) -> None:
+    def read(self, block_ids: Sequence[int], out: Sequence[np.ndarray]) -> None:
         self.backend.read_kv_blocks(self.kv_caches, block_ids, out)
 
-    def write(self, block_ids: Sequence[int], src: np.ndarray) -> None:
+    def write(self, block_ids: Sequence[int], src: Sequence[np.ndarray]) -> None:
         self.backend.write_kv_blocks(self.kv_caches, block_ids, src)
 
     def sync(self) -> None:
@@ -137,6 +145,12 @@ class HostTier:
         self._rows[name] = index
         return self._row_view(index)
 
+    def claim_free(self, name: bytes) -> np.ndarray | None:
+        """`claim` without evicting anything (None when every row is taken): a row for a disk read."""
+        if not self._free and self._taken_rows >= self.capacity:
+            return None
+        return self.claim(name, _never_spills)
+
     def drop(self, name: bytes) -> None:
         if name not in self._pins:
             self._free.append(self._rows.pop(name))
@@ -160,10 +174,15 @@ class HostTier:
         return self._chunks.making_ahead
 
 
+def _never_spills(name: bytes, row: np.ndarray) -> None:
+    raise AssertionError("claim_free evicted a host entry")
+
+
 class Hit(NamedTuple):
     name: bytes
-    tier: str  # "host" or "disk"
-    payload: np.ndarray  # a host row (pinned in the host tier until loaded or released) or a disk read
+    tier: str  # "host" or "disk": where the block was found
+    payload: np.ndarray  # a host row or a disk read (into a host row where one was free)
+    in_host: bool = False  # the payload is a host row, pinned in the host tier until loaded or released
 
 
 @dataclass
@@ -188,90 +207,142 @@ class KVTiers:
 
     # -- down: device -> host -> disk ------------------------------------------------------
     def spill(self, evicted: EvictedBlocks) -> None:
-        """Copy an evicted run of blocks out of the device pool (the radix tree's on_evict hook)."""
+        """Copy an evicted run of blocks out of the device pool (the radix tree's on_evict hook): those
+        that get host rows in one copier read, the rest (no room left) in another, then to disk."""
         names = prefix_hashes(evicted.extra_key, evicted.token_ids, self.block_size)[-len(evicted.block_ids) :]
+        to_host: dict[bytes, tuple[int, np.ndarray]] = {}  # claimed rows whose copy is not started yet
         to_disk: list[tuple[bytes, int]] = []
+
+        def spill_down(victim: bytes, row: np.ndarray) -> None:
+            if victim in to_host:  # a row claimed by this same spill: its block goes out before it is reused
+                self._read_into_host(to_host)
+            self._spill_down(victim, row)
+
         for name, block_id in zip(names, evicted.block_ids, strict=True):
             if self.host is not None and name in self.host:
                 self.host.touch(name)  # already there: a block that was loaded back and evicted again
                 continue
-            row = self.host.claim(name, self._spill_down) if self.host is not None else None
+            row = self.host.claim(name, spill_down) if self.host is not None else None
             if row is not None:
-                # copied now, before a later claim of this same spill could take the row again
-                self.copier.read([block_id], row[None])
-                self.stats.spilled_blocks["host"] += 1
-                self.stats.bytes_to_host += self.copier.block_nbytes
+                to_host[name] = (block_id, row)
             elif self.disk is not None and name not in self.disk:
                 to_disk.append((name, block_id))
             elif self.disk is None:
                 self.stats.dropped_blocks += 1
+        self._read_into_host(to_host)
         if to_disk:
-            staging = self.copier.alloc_host(len(to_disk))
+            staging = np.empty((len(to_disk), self.copier.block_nbytes), np.uint8)  # pageable: read once, soon
             self.copier.read([b for _, b in to_disk], staging)
             self.copier.sync()
-            for (name, _), row in zip(to_disk, staging, strict=True):
-                self._write_disk(name, row)
+            self._write_disk([name for name, _ in to_disk], list(staging))
+
+    def _read_into_host(self, to_host: dict[bytes, tuple[int, np.ndarray]]) -> None:
+        """Start the copies of claimed host rows, all in one read; empty `to_host`."""
+        if to_host:
+            self.copier.read([b for b, _ in to_host.values()], [row for _, row in to_host.values()])
+            self.stats.spilled_blocks["host"] += len(to_host)
+            self.stats.bytes_to_host += len(to_host) * self.copier.block_nbytes
+            to_host.clear()
 
     def flush_host_to_disk(self) -> int:
         """Move every unpinned host entry down to the disk tier (shutdown, tests); return how many."""
         if self.host is None or self.disk is None:
             return 0
-        moved = 0
-        for name in self.host.names():
-            self._spill_down(name, self.host.row(name))
+        names = self.host.names()
+        self.copier.sync()  # rows may still be on their way from the device
+        down = [name for name in names if name not in self.disk]
+        self._write_disk(down, [self.host.row(name) for name in down])
+        for name in names:
             self.host.drop(name)
-            moved += 1
-        return moved
+        return len(names)
 
     def _spill_down(self, name: bytes, row: np.ndarray) -> None:
         if self.disk is not None and name not in self.disk:
             self.copier.sync()  # the row may still be on its way from the device
-            self._write_disk(name, row)
+            self._write_disk([name], [row])
 
-    def _write_disk(self, name: bytes, row: np.ndarray) -> None:
+    def _write_disk(self, names: list[bytes], rows: list[np.ndarray]) -> None:
+        """Write blocks to the disk tier, all at once (its threads write the files)."""
         assert self.disk is not None
-        if self.disk.write(name, row):
-            self.stats.spilled_blocks["disk"] += 1
-            self.stats.bytes_to_disk += row.nbytes
+        stored = self.disk.write_many(list(zip(names, rows, strict=True)))
+        self.stats.spilled_blocks["disk"] += sum(stored)
+        self.stats.bytes_to_disk += sum(stored) * self.copier.block_nbytes
 
     # -- up: host or disk -> device --------------------------------------------------------
     def fetch(self, extra_key: Hashable, token_ids: Sequence[int], start_block: int, limit: int) -> list[Hit]:
         """The blocks `start_block, start_block + 1, ...` of `token_ids` that a lower tier holds, up
         to `limit` and the first miss. Host rows are pinned until `load` or `release`; disk files are
-        read and checked here (a bad one ends the run and is deleted)."""
+        read and checked here, all at once (a bad one ends the run and is deleted)."""
         if limit <= 0:
             return []
         names = prefix_hashes(extra_key, token_ids, self.block_size)[start_block : start_block + limit]
-        hits: list[Hit] = []
+        run: list[tuple[bytes, str]] = []  # up to the first name neither tier knows
         for name in names:
             if self.host is not None and name in self.host:
-                self.host.pin(name)
+                self.host.pin(name)  # before the disk rows are claimed, which must not take this one
                 self.host.touch(name)
-                hits.append(Hit(name, "host", self.host.row(name)))
-                continue
-            payload = self.disk.read(name) if self.disk is not None else None
-            if payload is None:
+                run.append((name, "host"))
+            elif self.disk is not None and name in self.disk:
+                run.append((name, "disk"))
+            else:
                 break
-            hits.append(Hit(name, "disk", payload))
+        read = self._read_disk([name for name, tier in run if tier == "disk"])
+        hits: list[Hit] = []
+        for name, tier in run:
+            if tier == "host":
+                hit: Hit | None = Hit(name, "host", self.host.row(name), in_host=True)  # type: ignore[union-attr]
+            else:
+                hit = read[name]
+            if hit is None:
+                break
+            hits.append(hit)
+        for name, tier in run[len(hits) :]:  # past a bad file: unpin what was pinned for the run
+            if tier == "host" or ((hit := read[name]) is not None and hit.in_host):
+                self.host.unpin(name)  # type: ignore[union-attr]
         return hits
 
+    def _read_disk(self, names: list[bytes]) -> dict[bytes, Hit | None]:
+        """The disk blocks `names`, read at once: into free host rows (pinned until loaded, as host hits
+        are) where there are some; a file that fails leaves no entry behind."""
+        if not names:
+            return {}
+        assert self.disk is not None
+        rows = [self.host.claim_free(name) if self.host is not None else None for name in names]
+        held = [name for name, row in zip(names, rows, strict=True) if row is not None]
+        for name in held:
+            self.host.pin(name)  # type: ignore[union-attr]
+        if held:
+            self.copier.sync()  # a free row may be the source of a copy up still in flight
+        payloads = self.disk.read_many(names, rows)
+        read: dict[bytes, Hit | None] = {}
+        for name, row, payload in zip(names, rows, payloads, strict=True):
+            read[name] = None if payload is None else Hit(name, "disk", payload, in_host=row is not None)
+            if row is not None and payload is None:
+                self.host.unpin(name)  # type: ignore[union-attr]
+                self.host.drop(name)  # type: ignore[union-attr]
+        return read
+
     def load(self, hits: list[Hit], block_ids: Sequence[int]) -> None:
-        """Copy fetched payloads into device blocks (one each, in order) and release the hits."""
+        """Copy fetched payloads into device blocks (one each, in order; one copier write for them all)
+        and release the hits."""
         if len(hits) != len(block_ids):
             raise ValueError(f"load of {len(hits)} fetched blocks into {len(block_ids)} device blocks")
-        if hits:
-            self.copier.sync()  # a row fetched this step may still be arriving from the device
-        for hit, block_id in zip(hits, block_ids, strict=True):
-            self.copier.write([block_id], hit.payload[None])
+        if not hits:
+            return
+        # No sync: a host row still arriving from the device (spilled this step) is copied up after it,
+        # the copier's copies being ordered among themselves (one stream on CUDA).
+        self.copier.write(block_ids, [hit.payload for hit in hits])
+        for hit in hits:
             self.stats.hit_blocks[hit.tier] += 1
-            self.stats.bytes_from_host += self.copier.block_nbytes
             if hit.tier == "disk":
                 self.stats.bytes_from_disk += self.copier.block_nbytes
+        self.stats.bytes_from_host += len(hits) * self.copier.block_nbytes
         self.release(hits)
 
     def release(self, hits: list[Hit]) -> None:
+        """Unpin the hits' host rows (after `load`, or for hits not loaded after all)."""
         for hit in hits:
-            if hit.tier == "host" and self.host is not None:
+            if hit.in_host and self.host is not None:
                 self.host.unpin(hit.name)
 
     def check_integrity(self) -> None:

@@ -526,10 +526,13 @@ class LLMEngine:
 
     def stop_background_work(self) -> None:
         """Stop what runs beside the steps: the host tiers' pinning threads (cache/host_chunks.py), which
-        would otherwise finish pinning a tier whose engine is gone. At shutdown, after persist_prefix_cache."""
+        would otherwise finish pinning a tier whose engine is gone, and the disk tier's I/O threads. At
+        shutdown, after persist_prefix_cache."""
         tiers = self.kv.tiers
         if tiers is not None and tiers.host is not None:
             tiers.host.close()
+        if tiers is not None and tiers.disk is not None:
+            tiers.disk.close()
         if self.runner.host_states is not None:
             self.runner.host_states.chunks.close()
 

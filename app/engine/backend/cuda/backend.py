@@ -64,6 +64,7 @@ MIN_COMPUTE_CAPABILITY = 80  # Ampere: the oldest architecture the kernels are b
 MIN_FREE_BYTES = 512 << 20
 
 log = logging.getLogger(__name__)
+KV_STAGING_BYTES = 256 << 20  # device staging of one piece of a tier copy (~108 blocks of Qwen3-8B)
 
 
 class CudaUnavailableError(RuntimeError):
@@ -159,7 +160,8 @@ class CudaBackend:
         # the SIMT kernel (attention.cu) for comparison.
         self.tensor_core_prefill = True
         self._pinned: list[Any] = []  # pinned host allocations behind alloc_host_blocks' arrays
-        self._staged: list[Any] = []  # device staging of block reads still copying to the host
+        self._staged: list[Any] = []  # device staging of block copies that may still be in flight
+        self._copied: Any = None  # an event after the latest block copies (None: none since the last sync)
         # set by the engine for `--experts-on-gpu N`: MoE layers keep N experts per layer on the GPU
         # and stream the rest from pinned host RAM (experts.py: StreamedExperts)
         self.expert_streaming: ExpertStreaming | None = None
@@ -267,8 +269,12 @@ class CudaBackend:
     # -- whole KV blocks, for the offload tiers (backend/kv_blocks.py) ------------------
     # Copies run on the current stream, so they are ordered with the steps around them: a block
     # read out before its reuse is copied before the next step overwrites it, and a block written
-    # back is in place before the step that reads it. Host reads of the payload wait for
-    # sync_kv_copies().
+    # back is in place before the step that reads it. Host reads of the payload, and host writes into
+    # rows a write_kv_blocks reads, wait for sync_kv_copies(). Any number of blocks moves through one
+    # device staging buffer of up to KV_STAGING_BYTES: one gather or scatter per cache leaf, and one copy
+    # per run of host rows that sit end to end (kv_blocks.row_runs; a raw cudaMemcpyAsync each,
+    # asynchronous from pinned rows). Larger batches go in pieces of that size: the KV pool takes the
+    # device memory the plan leaves, so a 3 GB spill must not stage all at once.
     def alloc_host_blocks(self, num_blocks: int, block_nbytes: int) -> np.ndarray:
         """Pinned host memory for `num_blocks` payloads (asynchronous copies need pinned pages)."""
         nbytes = max(1, num_blocks * block_nbytes)
@@ -277,24 +283,48 @@ class CudaBackend:
         self._pinned.append(memory)  # np.frombuffer holds a view, not the allocation: keep it alive
         return host
 
-    def read_kv_blocks(self, kv_caches: list, block_ids: Sequence[int], out: np.ndarray) -> None:
-        """Start copying the blocks' payloads into pinned host rows `out` (asynchronous)."""
-        ids = self.xp.asarray(np.asarray(block_ids, dtype=np.int64))
-        staged = kv_blocks.gather_blocks(self.xp, kv_caches, ids)
-        staged.get(stream=self.xp.cuda.get_current_stream(), out=out, blocking=False)
-        self._staged.append(staged)  # the device buffer must outlive the copy
+    def read_kv_blocks(self, kv_caches: list, block_ids: Sequence[int], out: Sequence[np.ndarray]) -> None:
+        """Start copying the blocks' payloads into host rows `out` (asynchronous into pinned rows)."""
+        nbytes = kv_blocks.block_nbytes(kv_caches)
+        rows = kv_blocks.host_rows(out, len(block_ids), nbytes)
+        for start, stop in _pieces(len(rows), nbytes):
+            ids = self.xp.asarray(np.asarray(block_ids[start:stop], dtype=np.int64))
+            staged = kv_blocks.gather_blocks(self.xp, kv_caches, ids)
+            self._copy_rows(staged, rows[start:stop], to_host=True)
 
-    def write_kv_blocks(self, kv_caches: list, block_ids: Sequence[int], src: np.ndarray) -> None:
+    def write_kv_blocks(self, kv_caches: list, block_ids: Sequence[int], src: Sequence[np.ndarray]) -> None:
         """Copy host payload rows `src` (pinned for an asynchronous copy) into the blocks."""
-        ids = self.xp.asarray(np.asarray(block_ids, dtype=np.int64))
-        staged = self.xp.empty(src.shape, self.xp.uint8)
-        staged.set(src, stream=self.xp.cuda.get_current_stream())
-        kv_blocks.scatter_blocks(self.xp, kv_caches, ids, staged)
+        nbytes = kv_blocks.block_nbytes(kv_caches)
+        rows = kv_blocks.host_rows(src, len(block_ids), nbytes)
+        for start, stop in _pieces(len(rows), nbytes):
+            ids = self.xp.asarray(np.asarray(block_ids[start:stop], dtype=np.int64))
+            staged = self.xp.empty((stop - start, nbytes), self.xp.uint8)
+            self._copy_rows(staged, rows[start:stop], to_host=False)
+            kv_blocks.scatter_blocks(self.xp, kv_caches, ids, staged)
+
+    def _copy_rows(self, staged: Any, rows: list[np.ndarray], to_host: bool) -> None:
+        """Device staging `[n, nbytes]` <-> host rows, one cudaMemcpyAsync per run of adjacent rows on the
+        current stream (CuPy's get/set take one contiguous array and cost ~15 us a call)."""
+        from cupy.cuda import runtime
+
+        nbytes = staged.shape[1]
+        stream = self.xp.cuda.get_current_stream()
+        kind = runtime.memcpyDeviceToHost if to_host else runtime.memcpyHostToDevice
+        for first, count, host in kv_blocks.row_runs(rows, nbytes):
+            device = staged.data.ptr + first * nbytes
+            dst, src = (host, device) if to_host else (device, host)
+            runtime.memcpyAsync(dst, src, count * nbytes, kind, stream.ptr)
+        if self._copied is not None and self._copied.done:  # earlier copies landed: their buffers may go
+            self._staged.clear()
+        self._staged.append(staged)  # the device buffer must outlive the copies
+        self._copied = stream.record()
 
     def sync_kv_copies(self) -> None:
-        """Wait for the block copies started so far; their host rows may then be read."""
-        if self._staged:
-            self.xp.cuda.get_current_stream().synchronize()
+        """Wait for the block copies started so far (not for work queued after them); their host rows
+        may then be read or rewritten."""
+        if self._copied is not None:
+            self._copied.synchronize()
+            self._copied = None
             self._staged.clear()
 
     def rope_table(self, cos: np.ndarray, sin: np.ndarray) -> RopeTable:
@@ -640,3 +670,9 @@ class CudaBackend:
         f32 = self.xp.float32
         y, z = (v.astype(f32, copy=False) for v in (y, z))
         return _ssd.gated_group_rms_norm(y, z, self._f32(weight), eps, groups, self.xp.empty(y.shape, f32))
+
+
+def _pieces(num_rows: int, row_bytes: int) -> list[tuple[int, int]]:
+    """[start, stop) ranges of rows whose staging fits KV_STAGING_BYTES (one row at least)."""
+    step = max(1, KV_STAGING_BYTES // max(1, row_bytes))
+    return [(start, min(start + step, num_rows)) for start in range(0, num_rows, step)]
