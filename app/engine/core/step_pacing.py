@@ -1,0 +1,240 @@
+"""Step pacing: how many prefill tokens a step may carry while requests decode (issue 38).
+
+A step that carries decodes and a prefill chunk makes every decoder wait for the chunk. At the default
+budget of 2,048 tokens, 8 sessions decoding at 2k context stepped every 8.0 ms alone and every 186 ms
+(p99) while a 16,000-token prompt prefilled (H100, Qwen3-8B Q4_K_M, bench/suite/agent_engine.py's
+interfere case). With `decode_latency_factor` f, a step that carries decodes takes only as many prefill
+tokens as keep its predicted time within f times a decode-only step's (aiming at HEADROOM of the extra
+time, as measured steps jitter); the long prompt's time to first token pays for it. A step without decodes takes the whole budget: a lone prompt is not slowed.
+
+The prediction is fitted online from the engine's own steps. A step's time is what its decoders see
+between two tokens: from the moment the previous step's ids were read back to the moment its own were
+(with async decode that is the GPU's time of the step, without it the host's work too). It is modelled as
+
+    time = decode + c0 + a * P + b * S
+
+where `decode` is the recent decode-only steps' average, P the step's prefill tokens, S the sum over them
+of their positions in their prompts (attention reads everything before a token, so a chunk deep into a
+32k prompt costs more than the same chunk at its start: ~20k tokens/s at 8k context against ~10k averaged
+over a 32k prompt on the H100), and c0 what a step with a prefill chunk costs beyond a decode-only step
+whatever its size (it runs eagerly where decode-only steps replay a CUDA graph). c0, a and b come from an
+exponentially weighted least-squares fit over recent mixed steps (`StepCostModel`); the ridge that keeps
+it solvable leans on c0, so that while every chunk has had the same size the cost is put on the tokens
+(it then predicts bigger chunks dearer than they are). A step with decodes never takes more than twice
+the largest prefill measured in such a step: a fit is not trusted far beyond what it saw, and before the
+model is ready (a few steps of each kind measured) the prefill of those steps grows from the scheduler's
+floor to 2x, 4x ... up to DEFAULT_TOKENS, so that its first steps already differ in size (which tells c0
+from a) and stay small. Until a decode-only step has been measured there is no bound to keep, and a step
+with decodes takes DEFAULT_TOKENS. The scheduler applies the limit (`Scheduler.schedule(limit)`) and keeps
+its own rules: a step's first prefill chunk still takes at least `min_paced_chunk` tokens (64), so a long
+prompt always finishes.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from app.engine.core.scheduler import SchedulerOutput
+
+DEFAULT_TOKENS = 256  # the most prefill tokens of a step with decodes while the model cannot predict yet
+MIN_DECODE_STEPS = 3  # decode-only steps measured before the model predicts
+MIN_MIXED_STEPS = 3  # steps with decodes and prefill measured before the model predicts
+TRUST = 2  # the model predicts at most this many times the largest prefill it has seen in one step
+# the share of the bound's extra time a step aims at: measured steps jitter by a few percent, and the goal
+# is on the decoders' p99
+HEADROOM = 0.9
+UNLIMITED = 1 << 30  # tokens: no prefill cost measured at all
+# Features in units that keep the fit well scaled: milliseconds, thousands of tokens, millions of positions.
+TOKEN_UNIT, DEPTH_UNIT = 1e3, 1e6
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What a step computed, as the cost model reads it: its decode rows and its prefill chunks."""
+
+    decodes: int
+    prefill: tuple[tuple[int, int], ...] = ()  # (start, tokens) of each prefill chunk
+
+    @classmethod
+    def of(cls, output: SchedulerOutput) -> StepShape:
+        """A scheduled step's shape (read before `update()` moves its requests on)."""
+        chunks = output.chunks[output.num_decodes :]
+        return cls(output.num_decodes, tuple((c.start, c.num_tokens) for c in chunks))
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(n for _, n in self.prefill)
+
+    @property
+    def depth(self) -> int:
+        """The sum over prefill tokens of their positions: what the chunks' attention reads."""
+        return sum(chunk_depth(start, n) for start, n in self.prefill)
+
+
+def chunk_depth(start: int, tokens: int) -> int:
+    """Positions start, start + 1, ..., start + tokens - 1, summed."""
+    return tokens * start + tokens * (tokens - 1) // 2
+
+
+class _WeightedLeastSquares:
+    """y ~ theta . x over the observations so far, each older one weighing `decay` times less, plus a
+    ridge `ridge[i] * theta[i]**2` that keeps the normal equations solvable before the data spread."""
+
+    def __init__(self, ridge: tuple[float, ...], decay: float) -> None:
+        n = len(ridge)
+        self.ridge, self.decay = ridge, decay
+        self.xx = [[0.0] * n for _ in range(n)]
+        self.xy = [0.0] * n
+        self.count = 0
+        self.theta = [0.0] * n
+
+    def add(self, x: tuple[float, ...], y: float) -> None:
+        n = len(x)
+        for i in range(n):
+            self.xy[i] = self.decay * self.xy[i] + x[i] * y
+            for j in range(n):
+                self.xx[i][j] = self.decay * self.xx[i][j] + x[i] * x[j]
+        self.count += 1
+        matrix = [[self.xx[i][j] + (self.ridge[i] if i == j else 0.0) for j in range(n)] for i in range(n)]
+        self.theta = _solve(matrix, list(self.xy))
+
+
+def _solve(matrix: list[list[float]], rhs: list[float]) -> list[float]:
+    """Gaussian elimination with partial pivoting (the matrix is symmetric positive definite: the ridge)."""
+    n = len(rhs)
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(matrix[r][col]))
+        matrix[col], matrix[pivot] = matrix[pivot], matrix[col]
+        rhs[col], rhs[pivot] = rhs[pivot], rhs[col]
+        for row in range(col + 1, n):
+            factor = matrix[row][col] / matrix[col][col]
+            rhs[row] -= factor * rhs[col]
+            for k in range(col, n):
+                matrix[row][k] -= factor * matrix[col][k]
+    out = [0.0] * n
+    for row in reversed(range(n)):
+        out[row] = (rhs[row] - sum(matrix[row][k] * out[k] for k in range(row + 1, n))) / matrix[row][row]
+    return out
+
+
+class StepCostModel:
+    """A step's time from its shape (module docstring), fitted from measured steps."""
+
+    def __init__(self, memory: int = 50, decode_smoothing: float = 0.1) -> None:
+        # the ridge: small beside any data, and 1,000 times heavier on c0 than on the token terms, so that
+        # chunks of one size put their cost on the tokens (see the docstring)
+        self._fit = _WeightedLeastSquares((1e-3, 1e-6, 1e-6), decay=1.0 - 1.0 / memory)
+        self._smoothing = decode_smoothing
+        self.decode_ms: float | None = None  # the decode-only steps' recent average
+        self.decode_steps = 0
+        self.largest_prefill = 0  # tokens: the most prefill of one measured mixed step
+
+    @property
+    def ready(self) -> bool:
+        return self.decode_steps >= MIN_DECODE_STEPS and self._fit.count >= MIN_MIXED_STEPS
+
+    @property
+    def coefficients(self) -> tuple[float, float, float]:
+        """c0 (ms), a (ms per token), b (ms per token-position), each at least 0: a negative one is noise."""
+        c0, a, b = self._fit.theta
+        return max(c0, 0.0), max(a, 0.0) / TOKEN_UNIT, max(b, 0.0) / DEPTH_UNIT
+
+    def observe(self, shape: StepShape, seconds: float) -> None:
+        """A measured step. Only steps with decodes tell what decoders wait for; a non-positive time is a
+        clock that did not move (nothing to learn)."""
+        if shape.decodes == 0 or seconds <= 0:
+            return
+        ms = 1000.0 * seconds
+        if not shape.prefill:
+            self.decode_steps += 1
+            old = self.decode_ms
+            self.decode_ms = ms if old is None else old + self._smoothing * (ms - old)
+            return
+        if self.decode_ms is None:
+            return  # nothing to measure the prefill's share against yet
+        features = (1.0, shape.prefill_tokens / TOKEN_UNIT, shape.depth / DEPTH_UNIT)
+        self._fit.add(features, ms - self.decode_ms)
+        self.largest_prefill = max(self.largest_prefill, shape.prefill_tokens)
+
+    def chunk_ms(self, start: int, tokens: int) -> float:
+        """The predicted milliseconds a prefill chunk adds to a step (c0 aside)."""
+        _, a, b = self.coefficients
+        return a * tokens + b * chunk_depth(start, tokens)
+
+    def chunk_tokens(self, start: int, ms: float) -> int:
+        """The most tokens a prefill chunk from `start` may take within `ms` (the inverse of `chunk_ms`)."""
+        if ms <= 0:
+            return 0
+        _, a, b = self.coefficients
+        if b == 0.0:
+            return UNLIMITED if a == 0.0 else min(UNLIMITED, int(ms / a))
+        # b/2 n^2 + (a + b (start - 1/2)) n - ms <= 0
+        linear = a + b * (start - 0.5)
+        tokens = (-linear + math.sqrt(linear * linear + 2.0 * b * ms)) / b
+        tokens = min(UNLIMITED, int(tokens))
+        while tokens > 0 and self.chunk_ms(start, tokens) > ms:  # rounding: the bound holds exactly
+            tokens -= 1
+        return tokens
+
+
+class PrefillBudget:
+    """One step's prefill allowance, as the scheduler reads it (`scheduler.PrefillLimit`): integers in and
+    out. Either a token count (the model is not ready) or milliseconds left under the bound."""
+
+    def __init__(self, model: StepCostModel, factor: float) -> None:
+        self.model = model
+        self.ready = model.ready
+        self.ms_left = 0.0
+        if model.decode_ms is None:  # no decode-only step measured: no bound to keep yet
+            self.tokens_left = DEFAULT_TOKENS
+        elif not self.ready:  # the floor (0 here), then 2x, 4x ... what was measured
+            self.tokens_left = min(DEFAULT_TOKENS, TRUST * model.largest_prefill)
+        else:
+            self.tokens_left = TRUST * model.largest_prefill
+            self.ms_left = HEADROOM * (factor - 1.0) * model.decode_ms - model.coefficients[0]
+
+    def tokens(self, start: int) -> int:
+        """The most tokens a prefill chunk from position `start` may take now."""
+        if not self.ready:
+            return self.tokens_left
+        return min(self.tokens_left, self.model.chunk_tokens(start, self.ms_left))
+
+    def take(self, start: int, num_tokens: int) -> None:
+        """A prefill chunk from `start` was scheduled (the scheduler may grant more than `tokens`: its floor)."""
+        self.tokens_left = max(0, self.tokens_left - num_tokens)
+        if self.ready:
+            self.ms_left -= self.model.chunk_ms(start, num_tokens)
+
+
+class StepPacer:
+    """The engine's side: each step's limit for the scheduler, and the steps' times measured for the model.
+
+    The engine calls `limit()` before each `schedule()`, `step_done(shape)` when a step's sampled ids have
+    been read back, and `step_unsampled()` after a step that samples nothing (its time then falls into the
+    next measured interval, which is therefore thrown away)."""
+
+    def __init__(
+        self, factor: float, model: StepCostModel | None = None, clock: Callable[[], float] = time.perf_counter
+    ) -> None:
+        if factor < 1.0:
+            raise ValueError(f"decode_latency_factor must be at least 1.0 (or 0: off), got {factor}")
+        self.factor = factor
+        self.model = model if model is not None else StepCostModel()
+        self._clock = clock
+        self._last: float | None = None  # when the previous step's ids were read back
+        self._spoiled = False
+
+    def limit(self) -> PrefillBudget:
+        return PrefillBudget(self.model, self.factor)
+
+    def step_done(self, shape: StepShape) -> None:
+        now = self._clock()
+        if self._last is not None and not self._spoiled:
+            self.model.observe(shape, now - self._last)
+        self._last, self._spoiled = now, False
+
+    def step_unsampled(self) -> None:
+        self._spoiled = True

@@ -1,0 +1,334 @@
+"""Step pacing (core/step_pacing.py): the cost model fitted from step records, and the scheduler driven by a
+pacer whose clock runs on a synthetic linear cost, so that every step's time is known exactly.
+
+The synthetic device: a decode-only step of 8 decoders takes 8 ms; a step with prefill adds 1.5 ms, 20 us a
+prefill token and 2 ns per token per position before it (a 2,048-token chunk at 14k context: ~100 ms, the
+order the H100 showed). With factor 2 a step with decodes may take 16 ms."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_scheduler import expected_output, next_token  # sibling module: tests/engine is on sys.path
+
+from app.engine.cache.manager import KVCacheManager
+from app.engine.config import EngineConfig
+from app.engine.core.engine import LLMEngine
+from app.engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from app.engine.core.step_pacing import (
+    DEFAULT_TOKENS,
+    MIN_DECODE_STEPS,
+    MIN_MIXED_STEPS,
+    PrefillBudget,
+    StepCostModel,
+    StepPacer,
+    StepShape,
+    chunk_depth,
+)
+from app.engine.images import ImageInput, PromptImage
+from app.engine.request import Request, RequestStatus
+from app.engine.sampling_params import SamplingParams
+
+DECODE_MS, C0_MS, A_MS, B_MS = 8.0, 1.5, 0.02, 2e-6
+FACTOR = 2.0
+
+
+def true_ms(shape: StepShape) -> float:
+    ms = DECODE_MS if shape.decodes else 0.0
+    if shape.prefill:
+        ms += C0_MS + A_MS * shape.prefill_tokens + B_MS * shape.depth
+    return ms
+
+
+def fitted(mixed: list[StepShape], decode_steps: int = 5) -> StepCostModel:
+    model = StepCostModel()
+    for _ in range(decode_steps):
+        model.observe(StepShape(8), DECODE_MS / 1000)
+    for shape in mixed:
+        model.observe(shape, true_ms(shape) / 1000)
+    return model
+
+
+def test_the_fit_recovers_a_linear_cost_and_its_inverse_keeps_the_bound() -> None:
+    mixed = [StepShape(8, ((start, n),)) for start, n in [(0, 64), (64, 128), (192, 256), (448, 512), (960, 100),
+                                                          (4000, 300), (9000, 64), (12000, 700)]]  # fmt: skip
+    model = fitted(mixed)
+    assert model.ready and model.decode_ms == pytest.approx(DECODE_MS)
+    c0, a, b = model.coefficients
+    assert c0 == pytest.approx(C0_MS, rel=0.02) and a == pytest.approx(A_MS, rel=0.02)
+    assert b == pytest.approx(B_MS, rel=0.02)
+    room = (FACTOR - 1) * DECODE_MS - c0
+    for start in (0, 1000, 8000, 15000):
+        n = model.chunk_tokens(start, room)
+        assert model.chunk_ms(start, n) <= room < model.chunk_ms(start, n + 1)
+        # against the true cost too: within a token of the exact largest chunk
+        exact = max(k for k in range(1, 2000) if A_MS * k + B_MS * chunk_depth(start, k) <= room)
+        assert abs(n - exact) <= 1
+    assert model.chunk_tokens(0, 0.0) == 0 and model.chunk_tokens(0, -1.0) == 0
+
+
+def test_one_chunk_size_puts_the_cost_on_the_tokens_not_the_overhead() -> None:
+    """Chunks all of 256 tokens cannot tell c0 from a; the ridge puts the cost on the tokens, so a bigger
+    chunk is predicted dearer than it is (the bound holds), and 256 tokens costs what was measured."""
+    model = fitted([StepShape(8, ((start, 256),)) for start in range(0, 2560, 256)])
+    c0 = model.coefficients[0]
+    assert c0 < 0.1 * C0_MS
+    for start in (0, 2048):
+        measured = true_ms(StepShape(8, ((start, 256),))) - DECODE_MS
+        assert model.chunk_ms(start, 256) + c0 == pytest.approx(measured, rel=0.05)
+        big = StepShape(8, ((start, 1024),))
+        assert model.chunk_ms(start, 1024) + c0 >= true_ms(big) - DECODE_MS
+
+
+def test_steps_without_decodes_or_time_teach_nothing() -> None:
+    model = StepCostModel()
+    model.observe(StepShape(0, ((0, 2048),)), 0.2)  # no decoder waited for it
+    model.observe(StepShape(8), 0.0)  # a clock that did not move
+    model.observe(StepShape(8, ((0, 256),)), 0.02)  # no decode-only time to measure it against yet
+    assert model.decode_ms is None and model.decode_steps == 0 and model.largest_prefill == 0
+    assert PrefillBudget(model, FACTOR).tokens(0) == DEFAULT_TOKENS  # no bound to keep yet
+
+
+def test_before_the_model_is_ready_the_prefill_grows_from_the_floor() -> None:
+    model = fitted([])
+    sizes = []
+    for start in (0, 64, 192):
+        budget = PrefillBudget(model, FACTOR)
+        sizes.append(budget.tokens(start))
+        n = max(sizes[-1], 64)  # the scheduler's floor
+        model.observe(StepShape(8, ((start, n),)), true_ms(StepShape(8, ((start, n),))) / 1000)
+    assert sizes == [0, 128, 256] and model.ready
+
+
+def test_the_factor_must_be_at_least_one() -> None:
+    with pytest.raises(ValueError, match=r"at least 1\.0"):
+        StepPacer(0.5)
+    for bad in (-1.0, 0.5, float("nan")):
+        with pytest.raises(ValueError, match=r"decode_latency_factor must be 0 \(off\) or at least 1.0"):
+            EngineConfig(decode_latency_factor=bad)
+    assert EngineConfig(decode_latency_factor=0).decode_latency_factor == 0
+    assert EngineConfig().decode_latency_factor == FACTOR
+
+
+# --- the scheduler under a limit ---
+
+BS = 16
+
+
+class FixedLimit:
+    """A fake limit: `per_step` prefill tokens a step, whatever the position; records what was taken."""
+
+    def __init__(self, per_step: int) -> None:
+        self.left = per_step
+        self.taken: list[tuple[int, int]] = []
+
+    def tokens(self, start: int) -> int:
+        return self.left
+
+    def take(self, start: int, num_tokens: int) -> None:
+        self.left = max(0, self.left - num_tokens)
+        self.taken.append((start, num_tokens))
+
+
+def make(budget: int = 2048, max_seqs: int = 16, max_len: int = 20000) -> Scheduler:
+    kv = KVCacheManager(4096, BS)
+    return Scheduler(SchedulerConfig(max_seqs, budget, max_len, BS), kv)
+
+
+def req(rid: str, n: int, max_tokens: int, session: str, first: int = 0) -> Request:
+    prompt = [(first + i) % 1000 for i in range(n)]
+    return Request(rid, prompt, SamplingParams(max_tokens=max_tokens), session_id=session)
+
+
+def run(sched: Scheduler, out: SchedulerOutput) -> None:
+    sampled = {c.request.request_id: next_token(c.request.all_token_ids) for c in out.chunks if c.samples}
+    sched.update(out, sampled)
+    for chunk in out.chunks:
+        r = chunk.request
+        if chunk.samples and r.num_output_tokens >= r.sampling_params.max_tokens:
+            sched.finish(r, RequestStatus.FINISHED_LENGTH)
+    sched.check_integrity()
+
+
+def start_decoders(sched: Scheduler, count: int = 8, max_tokens: int = 400) -> list[Request]:
+    decoders = [req(f"d{i}", 100, max_tokens, f"s{i}", first=i) for i in range(count)]
+    for r in decoders:
+        sched.add(r)
+    run(sched, sched.schedule())  # one step: all prompts whole, all first tokens
+    assert all(r.num_output_tokens == 1 for r in decoders)
+    return decoders
+
+
+def prefill_plan(out: SchedulerOutput) -> list[tuple[str, int, int]]:
+    return [(c.request.request_id, c.start, c.num_tokens) for c in out.chunks[out.num_decodes :]]
+
+
+def test_with_decoders_prefill_chunks_are_cut_to_the_limit_on_block_boundaries() -> None:
+    sched = make()
+    start_decoders(sched)
+    sched.add(req("long", 5000, 2, "long"))
+    limit = FixedLimit(200)
+    out = sched.schedule(limit)
+    assert out.num_decodes == 8 and all(c.num_tokens == 1 for c in out.chunks[:8])
+    assert prefill_plan(out) == [("long", 0, 192)]  # 200 rounded down to a block boundary
+    assert limit.taken == [(0, 192)]
+    run(sched, out)
+    out = sched.schedule(FixedLimit(100))
+    assert prefill_plan(out) == [("long", 192, 96)]  # ends at 288, a block boundary
+    run(sched, out)
+
+
+def test_the_first_prefill_chunk_gets_the_floor_and_then_the_step_is_closed() -> None:
+    sched = make()
+    start_decoders(sched)
+    sched.add(req("long", 5000, 2, "long"))
+    sched.add(req("other", 300, 2, "other"))
+    out = sched.schedule(FixedLimit(0))
+    assert prefill_plan(out) == [("long", 0, 64)]  # min_paced_chunk; "other" waits for the next step
+    run(sched, out)
+    out = sched.schedule(FixedLimit(0))
+    assert prefill_plan(out) == [("other", 0, 64)]  # its session's turn came (served longest ago)
+    run(sched, out)
+    out = sched.schedule(FixedLimit(400))  # room for two sessions' chunks: the turns go on
+    assert prefill_plan(out) == [("long", 64, 400 // BS * BS)]
+    run(sched, out)
+
+
+def test_without_decoders_or_without_a_limit_the_chunks_are_todays() -> None:
+    paced, plain = make(), make()
+    for sched in (paced, plain):
+        sched.add(req("long", 5000, 2, "long"))
+    for _ in range(2):  # nothing decodes: the whole budget
+        a, b = paced.schedule(FixedLimit(0)), plain.schedule()
+        assert prefill_plan(a) == prefill_plan(b) == [("long", a.chunks[0].start, 2048)]
+        run(paced, a)
+        run(plain, b)
+    limited, unlimited = make(), make()
+    for sched in (limited, unlimited):
+        start_decoders(sched)
+        sched.add(req("long", 5000, 2, "long"))
+    assert prefill_plan(unlimited.schedule()) == [("long", 0, 2048 - 8)]  # off: today's chunk
+    assert prefill_plan(limited.schedule(None)) == [("long", 0, 2048 - 8)]
+
+
+def test_a_chunk_that_starts_at_an_image_takes_the_whole_image() -> None:
+    sched = make()
+    start_decoders(sched)
+    r = req("img", 1000, 2, "img")
+    r.images = [PromptImage(0, 300, ImageInput(np.zeros((3, 4, 4), np.float32)))]
+    sched.add(r)
+    out = sched.schedule(FixedLimit(0))
+    assert prefill_plan(out) == [("img", 0, 300)]
+
+
+def simulate(factor: float | None, decoders: int = 8, prompt: int = 16000) -> dict:
+    """The interfere workload on the scheduler, timed by the synthetic cost: 8 decoders alone for 20 steps,
+    then a long prompt until its first token. Returns each step's true ms while it prefilled, its steps and
+    the outputs."""
+    sched = make()
+    clock = [0.0]
+    pacer = StepPacer(factor, clock=lambda: clock[0]) if factor else None
+    sessions = start_decoders(sched, decoders)
+
+    def step() -> StepShape:
+        out = sched.schedule(pacer.limit() if pacer else None)
+        shape = StepShape.of(out)
+        clock[0] += true_ms(shape) / 1000
+        if pacer:
+            pacer.step_done(shape)
+        run(sched, out)
+        return shape
+
+    for _ in range(20):
+        assert not step().prefill
+    long = req("long", prompt, 4, "long", first=7)
+    sched.add(long)
+    during = []
+    while long.num_output_tokens == 0:
+        during.append(step())
+    while sched.has_unfinished():
+        step()
+    outputs = {r.request_id: r.output_token_ids for r in [*sessions, long]}
+    return {"during": during, "outputs": outputs, "long": long, "model": pacer.model if pacer else None}
+
+
+def test_paced_decode_steps_stay_within_the_factor_and_the_long_prompt_completes() -> None:
+    paced, plain = simulate(FACTOR), simulate(None)
+    bound = FACTOR * DECODE_MS
+    # off: today's chunks, each step far past the bound
+    assert max(true_ms(s) for s in plain["during"]) > 5 * bound and len(plain["during"]) == 8
+    steps = paced["during"]
+    assert all(s.decodes == 8 for s in steps)
+    warmup = steps[:MIN_MIXED_STEPS]
+    assert [s.prefill_tokens for s in warmup] == [64, 128, 256]  # the floor, then 2x, 4x
+    for s in steps:  # every step within the bound, or at the floor (the least a step takes)
+        assert true_ms(s) <= bound + 1e-9 or s.prefill_tokens == 64, (s, true_ms(s))
+    assert sum(true_ms(s) > bound for s in steps) <= 2  # the floor overshoots only at the prompt's deep end
+    assert paced["long"].num_output_tokens == 4 and sum(s.prefill_tokens for s in steps) == 16000
+    assert len(steps) > 10 * len(plain["during"])  # the price: more steps to the first token
+    assert paced["outputs"] == plain["outputs"]
+    assert paced["outputs"]["long"] == expected_output(paced["long"].prompt_token_ids, 4)
+
+
+# --- the engine: pacing changes the chunks, never the tokens ---
+
+MODEL = Path(__file__).resolve().parents[1] / "fixtures" / "families" / "qwen3" / "qwen3-kquants.gguf"
+
+
+def engine_run(factor: float, async_decode: bool, pacer: StepPacer | None = None) -> tuple[dict, list, LLMEngine]:
+    """Three sessions decoding, then a 400-token prompt: every request's tokens, and each step's prefill
+    tokens while something decoded."""
+    engine = LLMEngine(EngineConfig(model=str(MODEL), device="cpu", max_model_len=512, max_num_seqs=8,
+                                    max_num_batched_tokens=256, async_decode=async_decode,
+                                    decode_latency_factor=factor))  # fmt: skip
+    if pacer is not None:
+        engine.pacer = pacer
+    paced_steps: list[int] = []
+    schedule = engine.scheduler.schedule
+
+    def recording(limit=None):  # type: ignore[no-untyped-def]
+        out = schedule(limit)
+        if out.num_decodes:
+            paced_steps.append(StepShape.of(out).prefill_tokens)
+        return out
+
+    engine.scheduler.schedule = recording  # type: ignore[method-assign]
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    tokens: dict[str, list[int]] = {}
+    for i in range(3):
+        engine.add_request(f"d{i}", [5 + i, 17, 29, 41] * 5, params, session_id=f"s{i}")
+    for _ in range(6):  # they decode alone a while
+        for out in engine.step():
+            tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+    engine.add_request("long", [(7 * i) % 250 + 3 for i in range(400)], SamplingParams(temperature=0.0, max_tokens=8,
+                       ignore_eos=True), session_id="long")  # fmt: skip
+    while engine.has_unfinished():
+        for out in engine.step():
+            tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+    return tokens, paced_steps, engine
+
+
+@pytest.mark.parametrize("async_decode", [False, True])
+def test_greedy_tokens_are_the_same_with_pacing_on_and_off(async_decode: bool) -> None:
+    # a frozen model (its clock never moves, so it learns nothing more): 1 ms decode steps, 20 us a prefill
+    # token, so factor 2 lets a step take ~45 tokens: the scheduler's floor, 64
+    model = StepCostModel()
+    for _ in range(MIN_DECODE_STEPS):
+        model.observe(StepShape(3), 0.001)
+    for start, n in ((0, 64), (64, 128), (192, 256)):
+        model.observe(StepShape(3, ((start, n),)), 0.001 + 0.00002 * n)
+    paced, paced_steps, _ = engine_run(FACTOR, async_decode, StepPacer(FACTOR, model, clock=lambda: 0.0))
+    plain, plain_steps, _ = engine_run(0, async_decode)
+    assert paced == plain and len(paced["long"]) == 8 and all(len(paced[f"d{i}"]) == 40 for i in range(3))
+    assert max(plain_steps) > 200  # off: the prompt goes in a chunk of the budget's size
+    assert max(paced_steps) == 64 and sum(paced_steps) >= 400  # on: in chunks of 64 beside the decodes
+
+
+def test_the_engine_measures_its_own_steps() -> None:
+    tokens, _, engine = engine_run(FACTOR, async_decode=False)
+    assert len(tokens["long"]) == 8
+    model = engine.pacer.model
+    assert model.decode_steps >= MIN_DECODE_STEPS and model.decode_ms is not None and model.decode_ms > 0
+    assert model.largest_prefill >= 64  # steps with decodes and prefill were measured too
