@@ -5,7 +5,8 @@ budget of 2,048 tokens, 8 sessions decoding at 2k context stepped every 8.0 ms a
 (p99) while a 16,000-token prompt prefilled (H100, Qwen3-8B Q4_K_M, bench/suite/agent_engine.py's
 interfere case). With `decode_latency_factor` f, a step that carries decodes takes only as many prefill
 tokens as keep its predicted time within f times a decode-only step's (aiming at HEADROOM of the extra
-time, as measured steps jitter); the long prompt's time to first token pays for it. A step without decodes takes the whole budget: a lone prompt is not slowed.
+time, as measured steps jitter); the long prompt's time to first token pays for it. A step without
+decodes takes the whole budget: a lone prompt is not slowed.
 
 The prediction is fitted online from the engine's own steps. A step's time is what its decoders see
 between two tokens: from the moment the previous step's ids were read back to the moment its own were
@@ -13,35 +14,44 @@ between two tokens: from the moment the previous step's ids were read back to th
 
     time = decode + c0 + a * P + b * S
 
-where `decode` is the recent decode-only steps' average, P the step's prefill tokens, S the sum over them
-of their positions in their prompts (attention reads everything before a token, so a chunk deep into a
-32k prompt costs more than the same chunk at its start: ~20k tokens/s at 8k context against ~10k averaged
-over a 32k prompt on the H100), and c0 what a step with a prefill chunk costs beyond a decode-only step
-whatever its size (it runs eagerly where decode-only steps replay a CUDA graph). c0, a and b come from an
-exponentially weighted least-squares fit over recent mixed steps (`StepCostModel`); the ridge that keeps
-it solvable leans on c0, so that while every chunk has had the same size the cost is put on the tokens
-(it then predicts bigger chunks dearer than they are). A step with decodes never takes more than twice
-the largest prefill measured in such a step: a fit is not trusted far beyond what it saw, and before the
-model is ready (a few steps of each kind measured) the prefill of those steps grows from the scheduler's
-floor to 2x, 4x ... up to DEFAULT_TOKENS, so that its first steps already differ in size (which tells c0
-from a) and stay small. Until a decode-only step has been measured there is no bound to keep, and a step
-with decodes takes DEFAULT_TOKENS. The scheduler applies the limit (`Scheduler.schedule(limit)`) and keeps
-its own rules: a step's first prefill chunk still takes at least `min_paced_chunk` tokens (64), so a long
-prompt always finishes.
+where `decode` is the median of the recent decode-only steps, P the step's prefill tokens, S the sum over
+them of their positions in their prompts (attention reads everything before a token, so a chunk deep into
+a 32k prompt costs more than the same chunk at its start: ~20k tokens/s at 8k context against ~10k
+averaged over a 32k prompt on the H100), and c0 what a step with a prefill chunk costs beyond a decode-only
+step whatever its size (it runs eagerly where decode-only steps replay a CUDA graph). c0, a and b come from
+a least-squares fit over the last WINDOW mixed steps, leaving out those far above what the others predict
+(a step that met a stall: a kernel compiled or tuned for a new shape on first use, a collection pause; on
+the CPU backend the first step of each new shape took ~100 ms where the next took 13).
+The ridge that keeps the fit solvable leans on c0, so that while every chunk has had the same size the
+cost is put on the tokens (bigger chunks are then predicted dearer than they are).
+
+A step with decodes never takes more than twice the largest prefill measured in such a step: a fit is not
+trusted far beyond what it saw. Before the model is ready (MIN_DECODE_STEPS and MIN_MIXED_STEPS measured)
+those steps take the scheduler's floor and twice that in turn: small, and of two sizes, which tells c0 from
+a. Until a decode-only step has been measured there is no bound to keep, and a step with decodes takes
+DEFAULT_TOKENS. The scheduler applies the limit (`Scheduler.schedule(limit)`) and keeps its own rules: a
+step's first prefill chunk still takes at least `min_paced_chunk` tokens (64), so a long prompt always
+finishes.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from app.engine.core.scheduler import SchedulerOutput
 
-DEFAULT_TOKENS = 256  # the most prefill tokens of a step with decodes while the model cannot predict yet
+DEFAULT_TOKENS = 256  # prefill tokens of a step with decodes while no decode-only step has been measured
+WARMUP_TOKENS = 128  # ... and before the model is ready: the scheduler's floor (64) and this, in turn
 MIN_DECODE_STEPS = 3  # decode-only steps measured before the model predicts
-MIN_MIXED_STEPS = 3  # steps with decodes and prefill measured before the model predicts
+MIN_MIXED_STEPS = 6  # steps with decodes and prefill measured before the model predicts: twice its unknowns
+WINDOW, DECODE_WINDOW = 32, 16  # the steps the model remembers: mixed, decode-only
+OUTLIER = 4.0  # a mixed step is left out of the fit when it is this many robust deviations above the rest's
+MAX_STALLS = 4  # ... and at most this many of the WINDOW
 TRUST = 2  # the model predicts at most this many times the largest prefill it has seen in one step
 # the share of the bound's extra time a step aims at: measured steps jitter by a few percent, and the goal
 # is on the decoders' p99
@@ -49,6 +59,11 @@ HEADROOM = 0.9
 UNLIMITED = 1 << 30  # tokens: no prefill cost measured at all
 # Features in units that keep the fit well scaled: milliseconds, thousands of tokens, millions of positions.
 TOKEN_UNIT, DEPTH_UNIT = 1e3, 1e6
+# the ridge: small beside any data, and 1,000 times heavier on c0 than on the token terms, so that chunks of
+# one size put their cost on the tokens (module docstring)
+RIDGE = (1e-3, 1e-6, 1e-6)
+
+Point = tuple[tuple[float, float, float], float]  # features (1, P, S) in their units, the step's extra ms
 
 
 @dataclass(frozen=True)
@@ -79,27 +94,37 @@ def chunk_depth(start: int, tokens: int) -> int:
     return tokens * start + tokens * (tokens - 1) // 2
 
 
-class _WeightedLeastSquares:
-    """y ~ theta . x over the observations so far, each older one weighing `decay` times less, plus a
-    ridge `ridge[i] * theta[i]**2` that keeps the normal equations solvable before the data spread."""
+def _fit(points: list[Point]) -> list[float]:
+    """Ridge least squares of the extra ms on the features: the normal equations, solved."""
+    n = len(RIDGE)
+    matrix = [[sum(x[i] * x[j] for x, _ in points) + (RIDGE[i] if i == j else 0.0) for j in range(n)]
+              for i in range(n)]  # fmt: skip
+    return _solve(matrix, [sum(x[i] * y for x, y in points) for i in range(n)])
 
-    def __init__(self, ridge: tuple[float, ...], decay: float) -> None:
-        n = len(ridge)
-        self.ridge, self.decay = ridge, decay
-        self.xx = [[0.0] * n for _ in range(n)]
-        self.xy = [0.0] * n
-        self.count = 0
-        self.theta = [0.0] * n
 
-    def add(self, x: tuple[float, ...], y: float) -> None:
-        n = len(x)
-        for i in range(n):
-            self.xy[i] = self.decay * self.xy[i] + x[i] * y
-            for j in range(n):
-                self.xx[i][j] = self.decay * self.xx[i][j] + x[i] * x[j]
-        self.count += 1
-        matrix = [[self.xx[i][j] + (self.ridge[i] if i == j else 0.0) for j in range(n)] for i in range(n)]
-        self.theta = _solve(matrix, list(self.xy))
+def _predict(theta: list[float], x: tuple[float, float, float]) -> float:
+    return sum(t * f for t, f in zip(theta, x, strict=True))
+
+
+def _robust_fit(points: list[Point]) -> list[float]:
+    """`_fit` without the stalled steps: while the step furthest above the fit is, by the fit of the others,
+    more than OUTLIER robust deviations (their median absolute residual, scaled as a standard deviation)
+    above it, it is left out (at most MAX_STALLS of them). Only steps above: a stall makes a step slower,
+    never faster. Leave-one-out, since a large stall drags a fit that includes it towards itself."""
+    kept, theta = points, _fit(points)
+    for _ in range(MAX_STALLS):
+        if len(kept) <= len(RIDGE) + 1:
+            break
+        worst = max(range(len(kept)), key=lambda i: kept[i][1] - _predict(theta, kept[i][0]))
+        rest = kept[:worst] + kept[worst + 1 :]
+        rest_theta = _fit(rest)
+        deviation = 1.4826 * statistics.median(abs(y - _predict(rest_theta, x)) for x, y in rest)
+        deviation += 0.01 * statistics.median(abs(y) for _, y in rest)  # exact data: a 1% margin
+        x, y = kept[worst]
+        if y - _predict(rest_theta, x) <= OUTLIER * deviation:
+            break
+        kept, theta = rest, rest_theta
+    return theta
 
 
 def _solve(matrix: list[list[float]], rhs: list[float]) -> list[float]:
@@ -123,23 +148,27 @@ def _solve(matrix: list[list[float]], rhs: list[float]) -> list[float]:
 class StepCostModel:
     """A step's time from its shape (module docstring), fitted from measured steps."""
 
-    def __init__(self, memory: int = 50, decode_smoothing: float = 0.1) -> None:
-        # the ridge: small beside any data, and 1,000 times heavier on c0 than on the token terms, so that
-        # chunks of one size put their cost on the tokens (see the docstring)
-        self._fit = _WeightedLeastSquares((1e-3, 1e-6, 1e-6), decay=1.0 - 1.0 / memory)
-        self._smoothing = decode_smoothing
-        self.decode_ms: float | None = None  # the decode-only steps' recent average
-        self.decode_steps = 0
+    def __init__(self) -> None:
+        self._decode: deque[float] = deque(maxlen=DECODE_WINDOW)  # decode-only steps' ms
+        self._mixed: deque[Point] = deque(maxlen=WINDOW)
+        self._theta = [0.0, 0.0, 0.0]
+        self.decode_steps = 0  # measured since the start
+        self.mixed_steps = 0
         self.largest_prefill = 0  # tokens: the most prefill of one measured mixed step
 
     @property
+    def decode_ms(self) -> float | None:
+        """A decode-only step's time: the median of the recent ones."""
+        return statistics.median(self._decode) if self._decode else None
+
+    @property
     def ready(self) -> bool:
-        return self.decode_steps >= MIN_DECODE_STEPS and self._fit.count >= MIN_MIXED_STEPS
+        return self.decode_steps >= MIN_DECODE_STEPS and self.mixed_steps >= MIN_MIXED_STEPS
 
     @property
     def coefficients(self) -> tuple[float, float, float]:
         """c0 (ms), a (ms per token), b (ms per token-position), each at least 0: a negative one is noise."""
-        c0, a, b = self._fit.theta
+        c0, a, b = self._theta
         return max(c0, 0.0), max(a, 0.0) / TOKEN_UNIT, max(b, 0.0) / DEPTH_UNIT
 
     def observe(self, shape: StepShape, seconds: float) -> None:
@@ -149,14 +178,15 @@ class StepCostModel:
             return
         ms = 1000.0 * seconds
         if not shape.prefill:
+            self._decode.append(ms)
             self.decode_steps += 1
-            old = self.decode_ms
-            self.decode_ms = ms if old is None else old + self._smoothing * (ms - old)
             return
-        if self.decode_ms is None:
+        decode_ms = self.decode_ms
+        if decode_ms is None:
             return  # nothing to measure the prefill's share against yet
-        features = (1.0, shape.prefill_tokens / TOKEN_UNIT, shape.depth / DEPTH_UNIT)
-        self._fit.add(features, ms - self.decode_ms)
+        self._mixed.append(((1.0, shape.prefill_tokens / TOKEN_UNIT, shape.depth / DEPTH_UNIT), ms - decode_ms))
+        self._theta = _robust_fit(list(self._mixed))
+        self.mixed_steps += 1
         self.largest_prefill = max(self.largest_prefill, shape.prefill_tokens)
 
     def chunk_ms(self, start: int, tokens: int) -> float:
@@ -190,8 +220,8 @@ class PrefillBudget:
         self.ms_left = 0.0
         if model.decode_ms is None:  # no decode-only step measured: no bound to keep yet
             self.tokens_left = DEFAULT_TOKENS
-        elif not self.ready:  # the floor (0 here), then 2x, 4x ... what was measured
-            self.tokens_left = min(DEFAULT_TOKENS, TRUST * model.largest_prefill)
+        elif not self.ready:  # the scheduler's floor (0 here) and WARMUP_TOKENS in turn
+            self.tokens_left = WARMUP_TOKENS if model.mixed_steps % 2 else 0
         else:
             self.tokens_left = TRUST * model.largest_prefill
             self.ms_left = HEADROOM * (factor - 1.0) * model.decode_ms - model.coefficients[0]
