@@ -16,6 +16,7 @@ from test_scheduler import expected_output, step  # sibling module: tests/engine
 from app.cli import build_parser
 from app.commands.common import engine_config
 from app.engine.cache.manager import KVCacheManager
+from app.engine.cache.state_cache import StateCache
 from app.engine.config import EngineConfig
 from app.engine.core.engine import LLMEngine
 from app.engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
@@ -31,7 +32,7 @@ from app.engine.core.step_pacing import (
     chunk_depth,
 )
 from app.engine.images import ImageInput, PromptImage
-from app.engine.request import Request
+from app.engine.request import Request, RequestStatus
 from app.engine.sampling_params import SamplingParams
 
 DECODE_MS, C0_MS, A_MS, B_MS = 8.0, 1.5, 0.02, 2e-6
@@ -235,6 +236,37 @@ def test_a_chunk_that_starts_at_an_image_takes_the_whole_image() -> None:
     r.images = [PromptImage(0, 300, ImageInput(np.zeros((3, 4, 4), np.float32)))]
     sched.add(r)
     assert prefill_plan(sched.schedule(FixedLimit(0))) == [("img", 0, 300)]
+
+
+def test_a_hybrid_models_paced_chunks_keep_their_snapshot_cuts() -> None:
+    """Recurrent-state snapshot points (cache/state_cache.py `chunk_tokens`) still cut a paced prompt: every
+    chunk ends on a block boundary (each saved as a snapshot), none past the interval, the prompt's last
+    block boundary is one, and its tail runs with the decodes; a second request sharing the prompt resumes
+    from the last snapshot."""
+    interval = 160
+    state = StateCache(16, 64, BS, interval)
+    sched = Scheduler(SchedulerConfig(16, 2048, 20000, BS), KVCacheManager(4096, BS, state=state))
+    decoders = [req(f"d{i}", 100, 400, f"s{i}", first=i) for i in range(4)]
+    for r in decoders:
+        sched.add(r)
+    while any(r.num_output_tokens == 0 for r in decoders):  # 96 tokens, then a 4-token tail each
+        step(sched)
+    long = req("long", 1000, 2, "long", first=50)
+    sched.add(long)
+    ends = []
+    while not long.num_output_tokens:
+        out = step(sched, FixedLimit(300))
+        assert out.num_decodes == 4
+        ends += [c.start + c.num_tokens for c in out.chunks if c.request is long]
+    assert ends[-1] == 1000 and ends[-2] == 992  # the last block boundary, then the tail
+    assert all(end % BS == 0 for end in ends[:-1])
+    assert all(0 < b - a <= min(interval, 300) for a, b in zip([0, *ends], ends, strict=False)), ends
+    step(sched)  # its second token: it ends, its blocks go to the prefix cache
+    assert long.status == RequestStatus.FINISHED_LENGTH
+    again = req("again", 1000, 1, "again", first=50)
+    sched.add(again)
+    step(sched, FixedLimit(0))
+    assert again.num_cached_tokens == 992
 
 
 def simulate(factor: float | None, decoders: int = 8, prompt: int = 16000) -> dict:
