@@ -22,6 +22,7 @@ from app.engine.core.engine import LLMEngine
 from app.engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from app.engine.core.step_pacing import (
     DEFAULT_TOKENS,
+    HEADROOM,
     MIN_DECODE_STEPS,
     MIN_MIXED_STEPS,
     WARMUP_TOKENS,
@@ -39,10 +40,10 @@ DECODE_MS, C0_MS, A_MS, B_MS = 8.0, 1.5, 0.02, 2e-6
 FACTOR = 2.0
 
 
-def true_ms(shape: StepShape) -> float:
+def true_ms(shape: StepShape, c0: float = C0_MS) -> float:
     ms = DECODE_MS if shape.decodes else 0.0
     if shape.prefill:
-        ms += C0_MS + A_MS * shape.prefill_tokens + B_MS * shape.depth
+        ms += c0 + A_MS * shape.prefill_tokens + B_MS * shape.depth
     return ms
 
 
@@ -92,14 +93,14 @@ def test_steps_without_decodes_or_time_teach_nothing() -> None:
     model.observe(StepShape(8), 0.0)  # a clock that did not move
     model.observe(StepShape(8, ((0, 256),)), 0.02)  # no decode-only time to measure it against yet
     assert model.decode_ms is None and model.decode_steps == 0 and model.largest_prefill == 0
-    assert PrefillBudget(model, FACTOR).tokens(0) == DEFAULT_TOKENS  # no bound to keep yet
+    assert PrefillBudget(model, FACTOR, 64).tokens(0) == DEFAULT_TOKENS  # no bound to keep yet
 
 
 def test_before_the_model_is_ready_steps_take_the_floor_and_twice_that_in_turn() -> None:
     model = fitted([])
     sizes, start = [], 0
     while not model.ready:
-        sizes.append(PrefillBudget(model, FACTOR).tokens(start))
+        sizes.append(PrefillBudget(model, FACTOR, 64).tokens(start))
         n = max(sizes[-1], 64)  # the scheduler's floor
         model.observe(StepShape(8, ((start, n),)), true_ms(StepShape(8, ((start, n),))) / 1000)
         start += n
@@ -269,7 +270,7 @@ def test_a_hybrid_models_paced_chunks_keep_their_snapshot_cuts() -> None:
     assert again.num_cached_tokens == 992
 
 
-def simulate(factor: float | None, decoders: int = 8, prompt: int = 16000) -> dict:
+def simulate(factor: float | None, decoders: int = 8, prompt: int = 16000, c0: float = C0_MS) -> dict:
     """The interfere workload on the scheduler, timed by the synthetic cost: 8 decoders alone for 20 steps,
     then a long prompt until its first token. Returns each step's true ms while it prefilled, its steps and
     the outputs."""
@@ -280,7 +281,7 @@ def simulate(factor: float | None, decoders: int = 8, prompt: int = 16000) -> di
 
     def timed_step() -> StepShape:
         shape = StepShape.of(step(sched, pacer.limit() if pacer else None))
-        clock[0] += true_ms(shape) / 1000
+        clock[0] += true_ms(shape, c0) / 1000
         if pacer:
             pacer.step_done(shape)
         return shape
@@ -356,19 +357,19 @@ def engine_run(factor: float, async_decode: bool, pacer: StepPacer | None = None
 
 @pytest.mark.parametrize("async_decode", [False, True])
 def test_greedy_tokens_are_the_same_with_pacing_on_and_off(async_decode: bool) -> None:
-    # a frozen model (its clock never moves, so it learns nothing more): 1 ms decode steps, 20 us a prefill
-    # token, so factor 2 lets a step take ~45 tokens: the scheduler's floor, 64
+    # a frozen model (its clock never moves, so it learns nothing more): 2 ms decode steps, 20 us a prefill
+    # token, so factor 2 lets a step take 90 tokens (0.9 of 2 ms): 80 to a block boundary
     model = StepCostModel()
     for _ in range(MIN_DECODE_STEPS):
-        model.observe(StepShape(3), 0.001)
+        model.observe(StepShape(3), 0.002)
     for i in range(MIN_MIXED_STEPS):
         n = 64 * (1 + i % 2)
-        model.observe(StepShape(3, ((64 * i, n),)), 0.001 + 0.00002 * n)
+        model.observe(StepShape(3, ((64 * i, n),)), 0.002 + 0.00002 * n)
     paced, paced_steps, _ = engine_run(FACTOR, async_decode, StepPacer(FACTOR, model, clock=lambda: 0.0))
     plain, plain_steps, _ = engine_run(0, async_decode)
     assert paced == plain and len(paced["long"]) == 8 and all(len(paced[f"d{i}"]) == 40 for i in range(3))
     assert max(plain_steps) > 200  # off: the prompt goes in a chunk of the budget's size
-    assert max(paced_steps) == 64 and sum(paced_steps) >= 400  # on: in chunks of 64 beside the decodes
+    assert max(paced_steps) == 80 and sum(paced_steps) >= 400  # on: in chunks of 80 beside the decodes
 
 
 def test_the_engine_measures_its_own_steps() -> None:
@@ -377,3 +378,22 @@ def test_the_engine_measures_its_own_steps() -> None:
     model = engine.pacer.model
     assert model.decode_steps >= MIN_DECODE_STEPS and model.decode_ms is not None and model.decode_ms > 0
     assert model.largest_prefill >= 64  # steps with decodes and prefill were measured too
+
+
+def test_where_even_the_floor_breaks_the_bound_steps_go_factor_times_as_far_past_it() -> None:
+    """A step with prefill that costs 20 ms more than a decode-only step whatever its chunk (an eager step
+    beside a graph's 8 ms) cannot keep 2 x 8 ms: the floor alone would take 250 steps of ~30 ms to the first
+    token. The step may then go past the bound twice as far as the cheapest step must."""
+    c0 = 20.0
+    paced, floor_only = simulate(FACTOR, c0=c0), simulate(1.0, c0=c0)
+    extra = HEADROOM * (FACTOR - 1) * DECODE_MS  # what the bound lets a step add: 7.2 ms
+    for s in paced["during"][MIN_MIXED_STEPS:]:
+        start = s.prefill[0][0]
+        cheapest = c0 + A_MS * 64 + B_MS * chunk_depth(start, 64)
+        allowed = DECODE_MS + extra + FACTOR * (cheapest - extra)
+        assert true_ms(s, c0) <= allowed + 1e-6 and s.prefill_tokens > 64, s
+    assert paced["outputs"] == floor_only["outputs"]
+    assert all(s.prefill_tokens == 64 for s in floor_only["during"][MIN_MIXED_STEPS:-1])  # factor 1: the floor
+    ttft = sum(true_ms(s, c0) for s in paced["during"])
+    assert 3 * ttft < sum(true_ms(s, c0) for s in floor_only["during"])
+    assert max(true_ms(s, c0) for s in paced["during"]) < 60  # against ~100 ms for today's chunks

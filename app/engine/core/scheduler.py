@@ -69,6 +69,8 @@ from app.engine.cache.manager import KVCacheManager
 from app.engine.cache.state_cache import StateCopies
 from app.engine.request import Request, RequestStatus
 
+MIN_PACED_CHUNK = 64  # a paced step's first prefill chunk takes at least this many tokens (module docstring, 3)
+
 
 @dataclass(frozen=True)
 class SchedulerConfig:
@@ -78,7 +80,7 @@ class SchedulerConfig:
     block_size: int
     enable_prefix_caching: bool = True
     # pacing: the fewest prefill tokens a step with decodes takes, whatever its limit (module docstring, 3)
-    min_paced_chunk: int = 64
+    min_paced_chunk: int = MIN_PACED_CHUNK
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size", "min_paced_chunk"):
