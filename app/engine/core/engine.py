@@ -25,7 +25,8 @@ from app.engine.core.output_processor import OutputProcessor
 from app.engine.core.pipeline import DecodePipeline
 from app.engine.core.request_log import log_finished
 from app.engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from app.engine.core.step_pacing import StepPacer, StepShape
+from app.engine.core.step_cost import StepShape
+from app.engine.core.step_pacing import StepPacer
 from app.engine.core.vision import attach_vision, place_images
 from app.engine.images import ImageInput
 from app.engine.interface import ContextOverflowError, EngineStats, ModelInfo

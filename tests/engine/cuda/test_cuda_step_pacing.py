@@ -13,7 +13,8 @@ pytestmark = pytest.mark.gpu
 def test_a_long_prompt_is_paced_beside_decoders_and_everything_finishes(tiny_gguf: str) -> None:
     from app.engine.config import EngineConfig
     from app.engine.core.engine import LLMEngine
-    from app.engine.core.step_pacing import MIN_MIXED_STEPS, TRUST, WARMUP_TOKENS, StepShape
+    from app.engine.core.step_cost import MIN_MIXED_STEPS, StepShape
+    from app.engine.core.step_pacing import TRUST, WARMUP_TOKENS
     from app.engine.sampling_params import SamplingParams
 
     engine = LLMEngine(EngineConfig(model=tiny_gguf, device="cuda", max_model_len=4096, max_num_seqs=8))
