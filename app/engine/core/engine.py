@@ -368,10 +368,14 @@ class LLMEngine:
     def _resolve(self) -> list[RequestOutput]:
         """Wait for the step in flight's ids and postprocess them."""
         requests, token_ids = self.pipeline.resolve()
-        if self.pacer is not None and self._flight_shape is not None:
-            self.pacer.step_done(self._flight_shape)
+        self._timed(self._flight_shape)
         self._flight_shape = None
         return self._postprocess(requests, token_ids)
+
+    def _timed(self, shape: StepShape | None) -> None:
+        """A step's sampled ids were just read back: the pacer takes its time (core/step_pacing.py)."""
+        if self.pacer is not None and shape is not None:
+            self.pacer.step_done(shape)
 
     def _sample_now(
         self, scheduled: SchedulerOutput, sampling: list[Request], logits: Any
@@ -384,8 +388,7 @@ class LLMEngine:
             failed: list[RequestOutput] = []
         except Exception:
             rows, failed = self._sample_row_by_row(logits, sampling)
-        if self.pacer is not None:
-            self.pacer.step_done(StepShape.of(scheduled))
+        self._timed(StepShape.of(scheduled))
         rows = [row for row in rows if self._live(row[0])]  # a look-ahead's rows may have ended meanwhile
         self.scheduler.update(scheduled, {request.request_id: token for request, token, _ in rows})
         requests, token_ids = [row[0] for row in rows], [row[1] for row in rows]
@@ -406,8 +409,7 @@ class LLMEngine:
             result = self.sampler.sample(logits, rows)
         except Exception as exc:
             return [self._fail(c.request, exc, "sampling") for c in chunks if self._live(c.request)]
-        if self.pacer is not None:
-            self.pacer.step_done(StepShape.of(scheduled))
+        self._timed(StepShape.of(scheduled))
         sampled: dict[str, int | list[int]] = {}
         rows_out: list[tuple[Request, bool, list[int], list[TokenLogprob | None]]] = []
         at = 0
