@@ -31,6 +31,25 @@ def test_without_a_decode_only_step_there_is_no_bound_to_keep() -> None:
     assert PrefillBudget(model, FACTOR, 64).tokens(0) == DEFAULT_TOKENS
 
 
+def test_the_pacer_times_each_step_from_the_previous_ones_ids() -> None:
+    """A step's time runs from the previous step's ids to its own; a step that samples nothing puts its
+    time into the next interval, which is then not used."""
+    now = [0.0]
+    pacer = StepPacer(FACTOR, clock=lambda: now[0])
+    decode = StepShape(8)
+    for t in (0.100, 0.108, 0.116, 0.124):  # the first has nothing before it
+        now[0] = t
+        pacer.step_done(decode)
+    assert pacer.model.decode_steps == 3 and pacer.model.decode_ms == pytest.approx(8.0)
+    pacer.step_unsampled()  # e.g. a prefill chunk alone, its ids never read
+    now[0] = 0.200
+    pacer.step_done(decode)  # 76 ms: two steps' time and more
+    assert pacer.model.decode_steps == 3
+    now[0] = 0.208
+    pacer.step_done(decode)
+    assert pacer.model.decode_steps == 4 and pacer.model.decode_ms == pytest.approx(8.0)
+
+
 def test_before_the_model_is_ready_steps_take_the_floor_and_twice_that_in_turn() -> None:
     model = fitted([])
     sizes, start = [], 0
