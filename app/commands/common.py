@@ -96,6 +96,28 @@ def add_async_decode_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_pacing_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--decode-latency-factor", type=latency_factor, default=None, metavar="X",
+        help="while requests decode, cut each step's prefill so that the step's predicted time stays within X "
+        "times a decode-only step's: a bound on their inter-token latency while a long prompt prefills, paid in "
+        "that prompt's time to first token (default 2; 0: off, every step takes the whole token budget)",
+    )  # fmt: skip
+
+
+def latency_factor(text: str) -> float:
+    """`--decode-latency-factor`: 0 (off) or a multiple of a decode-only step's time, at least 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes a number such as 2 (or 0: off), not {text!r}") from None
+    if value != 0 and not value >= 1.0:
+        raise argparse.ArgumentTypeError(
+            f"must be 0 (off) or at least 1 (a multiple of a decode-only step's time), not {text}"
+        )
+    return value
+
+
 def add_kv_arguments(parser: argparse.ArgumentParser) -> None:
     """The KV cache's flags: prefix reuse, element type and the offload tiers (host RAM, disk)."""
     group = parser.add_argument_group("KV cache")
@@ -141,8 +163,8 @@ def add_speculative_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def engine_config(args: argparse.Namespace, **overrides: object) -> EngineConfig:
-    """The EngineConfig the model arguments ask for (`--max-batch`, `--async-decode` and the KV flags
-    where the command has them)."""
+    """The EngineConfig the model arguments ask for (`--max-batch`, `--async-decode`, `--decode-latency-factor`
+    and the KV flags where the command has them)."""
     from app.engine import EngineConfig
 
     fields: dict[str, object] = dict(
@@ -158,6 +180,8 @@ def engine_config(args: argparse.Namespace, **overrides: object) -> EngineConfig
         fields["max_num_seqs"] = args.max_batch
     if getattr(args, "async_decode", None) is not None:
         fields["async_decode"] = args.async_decode
+    if getattr(args, "decode_latency_factor", None) is not None:
+        fields["decode_latency_factor"] = args.decode_latency_factor
     if getattr(args, "speculative", None) is not None:  # the commands with add_speculative_arguments
         fields.update(speculative=args.speculative, num_draft_tokens=args.num_draft_tokens,
                       speculative_max_batch=args.speculative_max_batch,

@@ -10,10 +10,16 @@ HELP = "generate text from a prompt with a local model"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from app.commands.common import add_async_decode_argument, add_model_arguments, add_speculative_arguments
+    from app.commands.common import (
+        add_async_decode_argument,
+        add_model_arguments,
+        add_pacing_argument,
+        add_speculative_arguments,
+    )
 
     add_model_arguments(parser)
     add_async_decode_argument(parser)
+    add_pacing_argument(parser)
     add_speculative_arguments(parser)
     parser.add_argument("--temperature", type=float, default=0.8, help="0 for greedy (default 0.8)")
     parser.add_argument("--top-p", type=float, default=0.95)

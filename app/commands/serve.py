@@ -58,6 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         add_async_decode_argument,
         add_kv_arguments,
         add_model_arguments,
+        add_pacing_argument,
         add_speculative_arguments,
     )
     from app.engine.server.settings import DEFAULT_HOST, DEFAULT_PORT, ServerSettings
@@ -65,6 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EPILOG
     add_model_arguments(parser)
     add_async_decode_argument(parser)
+    add_pacing_argument(parser)
     parser.add_argument(
         "--host",
         default=DEFAULT_HOST,

@@ -55,6 +55,11 @@ class EngineConfig:
     max_model_len: int | None = None  # None: the model's own context, capped by what the KV budget holds
     max_num_seqs: int = 32  # requests decoded together
     max_num_batched_tokens: int = 2048  # tokens per step: decodes first, then prefill chunks
+    # while requests decode, a step's prefill tokens are cut so that its predicted time stays within this
+    # many times a decode-only step's (core/step_pacing.py): a bound on the decoders' inter-token latency
+    # while a long prompt prefills, paid in that prompt's time to first token. 0 or None: off (every step
+    # takes the whole budget); otherwise at least 1.0
+    decode_latency_factor: float | None = 2.0
     block_size: int = 16  # tokens per KV block
     # the KV pool in blocks, the null block included (--kv-blocks); the context served is at most what the
     # other blocks hold. None: sized from kv_cache_bytes (CPU) or free device memory (CUDA)
@@ -112,6 +117,10 @@ class EngineConfig:
             raise ValueError(f"device must be auto, cpu or cuda, not {self.device!r}")
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1 or self.block_size < 1:
             raise ValueError("max_num_seqs, max_num_batched_tokens and block_size must be positive")
+        factor = self.decode_latency_factor
+        if factor is not None and factor != 0 and not factor >= 1.0:  # negative, below 1 or NaN
+            raise ValueError(f"decode_latency_factor must be 0 (off) or at least 1.0 (a multiple of a decode-only "
+                             f"step's time), not {self.decode_latency_factor}")  # fmt: skip
         if self.max_model_len is not None and self.max_model_len < 16:
             raise ValueError("max_model_len must be at least 16 tokens")
         if self.weight_cache not in ("auto", "on", "off"):

@@ -1,6 +1,7 @@
 """The coding-agent workload at engine level, on the GPU machine (issue 16's rows, no HTTP in between).
 
 python3 bench/suite/agent_engine.py MODEL.gguf [--cases prefill8k,hit,c8,prefill32k,decode32k] [--simt]
+python3 bench/suite/agent_engine.py MODEL.gguf --cases interfere --decode-latency-factors 0,2 [--device cpu]
 
 Cases (random token ids, so no unplanned prefix hits; TTFT = wall time from add_request to the
 step that returns the first token, the engine stepped back to back):
@@ -11,7 +12,9 @@ step that returns the first token, the engine stepped back to back):
 - prefill32k: a 32,000-token prompt.
 - decode32k:  one session at 32k context: step time p50 over 64 decode steps.
 - interfere:  8 sessions decoding at 2k context while a 16k-token prompt prefills: their step-time
-              p99 against p50 without it.
+              p99 against p50 without it, and the long prompt's TTFT (what pacing costs it), once per
+              `--decode-latency-factors` value (0: pacing off, core/step_pacing.py), each with a fresh pacer;
+              `--interfere D,C,P` sets the decoders, their context and the prompt (a CPU run: 4,64,1500).
 c8 reports the decode steps that replayed a cascade graph (PADDOCK_CASCADE=1: the shared prefix read
 once per step, kernels/attention_cascade.py) and that graph's replay time beside the plain one's.
 `--decode-blocks-per-sm N` overrides the tuning table's decode attention parallelism (A/B runs).
@@ -36,13 +39,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from app.engine.config import EngineConfig
 from app.engine.core.engine import LLMEngine
+from app.engine.core.step_pacing import StepPacer
 from app.engine.sampling_params import SamplingParams
 from bench.suite.gpu_engine import graph_replay_ms, op_times, profile
 
 VOCAB_SAFE = 30000  # ids below every shipped shape's vocabulary size
 
 
-def _sync() -> None:
+def _sync(engine: LLMEngine) -> None:
+    if engine.backend.name != "cuda":  # a CPU run: nothing is queued
+        return
     import cupy
 
     cupy.cuda.Device().synchronize()
@@ -55,7 +61,8 @@ class Driver:
         self.n = 0
 
     def tokens(self, n: int) -> list[int]:
-        return self.rng.integers(100, VOCAB_SAFE, size=n).tolist()
+        high = min(VOCAB_SAFE, self.engine.model_config.vocab_size)  # the tiny shapes' 1,024 (a CPU run)
+        return self.rng.integers(100, high, size=n).tolist()
 
     def add(self, ids: list[int], max_tokens: int, session: str = "default") -> str:
         self.n += 1
@@ -66,7 +73,7 @@ class Driver:
 
     def ttft(self, ids: list[int]) -> tuple[float, int]:
         """Milliseconds to the first token of a lone request (then drained), and its cached tokens."""
-        _sync()
+        _sync(self.engine)
         t0 = time.perf_counter()
         rid = self.add(ids, 2)
         first, cached = None, 0
@@ -139,7 +146,7 @@ def gpu_split(d: Driver, batch: int) -> dict:
 def case_c8(d: Driver, sessions: int = 8, out_tokens: int = 128) -> dict:
     prefix = d.tokens(8000)
     d.ttft(prefix)
-    _sync()
+    _sync(d.engine)
     t0 = time.perf_counter()
     for i in range(sessions):
         d.add(prefix + d.tokens(140), out_tokens, session=f"s{i}")
@@ -185,24 +192,34 @@ def case_small_batches(d: Driver, batches: tuple[int, ...] = (2, 4, 8)) -> dict:
     return result
 
 
-def case_interfere(d: Driver, sessions: int = 8, prompt: int = 16000) -> dict:
+def case_interfere(d: Driver, factor: float, sessions: int = 8, context: int = 2000, prompt: int = 16000) -> dict:
+    """`factor` 0: pacing off; else a fresh pacer (its model learns from this case's own steps)."""
+    d.engine.pacer = StepPacer(factor) if factor else None
     for i in range(sessions):
-        d.add(d.tokens(2000), 400, session=f"s{i}")
+        d.add(d.tokens(context), 400, session=f"s{i}")
     while any(r.num_output_tokens == 0 for r in d.engine.scheduler.running) or d.engine.scheduler.num_waiting:
         d.engine.step()
     alone = d.steps(40)
+    _sync(d.engine)
+    t0 = time.perf_counter()
     long_id = d.add(d.tokens(prompt), 2, session="long")
     during = []
-    while True:  # until the long prompt's first token: every step meanwhile carries the 8 decodes too
+    while True:  # until the long prompt's first token: every step meanwhile carries the decodes too
         s0 = time.perf_counter()
         outs = d.engine.step()
         during.append(1000 * (time.perf_counter() - s0))
         if any(o.request_id == long_id and o.new_token_ids for o in outs):
             break
+    ttft = 1000 * (time.perf_counter() - t0)
     d.drain()
-    return {"decoders": sessions, "prompt": prompt, "itl_p50_alone_ms": statistics.median(alone),
-            "itl_p99_during_ms": float(np.percentile(during, 99)), "itl_max_during_ms": max(during),
-            "steps_during": len(during)}  # fmt: skip
+    p50, p99 = statistics.median(alone), float(np.percentile(during, 99))
+    pacer = d.engine.pacer
+    fit = {} if pacer is None else {"fit_decode_ms": pacer.model.decode_ms,
+                                    "fit_c0_a_b": [round(x, 9) for x in pacer.model.coefficients]}  # fmt: skip
+    return {"decode_latency_factor": factor, "decoders": sessions, "context": context, "prompt": prompt,
+            "itl_p50_alone_ms": p50, "itl_p50_during_ms": statistics.median(during), "itl_p99_during_ms": p99,
+            "itl_max_during_ms": max(during), "p99_over_p50": p99 / p50, "steps_during": len(during),
+            "long_ttft_ms": ttft, **fit}  # fmt: skip
 
 
 def main() -> None:
@@ -216,6 +233,14 @@ def main() -> None:
         help="2-8 token products on the quantized GEMVs even where a float16 copy exists",
     )
     ap.add_argument("--max-batched-tokens", type=int, default=None)
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--max-ctx", type=int, default=40000)
+    ap.add_argument(
+        "--decode-latency-factors", default="0,2", metavar="X,Y",
+        help="interfere: run once per value (0: pacing off; the engine's default is 2)",
+    )  # fmt: skip
+    ap.add_argument("--interfere", default="8,2000,16000", metavar="D,C,P",
+                    help="interfere: decoders, their prompt tokens, the long prompt's tokens")  # fmt: skip
     ap.add_argument(
         "--decode-blocks-per-sm",
         type=int,
@@ -233,10 +258,11 @@ def main() -> None:
 
         linear.DENSE_FROM_TOKENS = linear.GEMV_MAX_TOKENS + 1
     engine = LLMEngine(
-        EngineConfig(model=args.model, device="cuda", max_model_len=40000, max_num_seqs=16, **extra)
+        EngineConfig(model=args.model, device=args.device, max_model_len=args.max_ctx, max_num_seqs=16, **extra)
     )
     engine.backend.tensor_core_prefill = not args.simt
     d = Driver(engine)
+    shape = [int(x) for x in args.interfere.split(",")]
     runs = {
         "prefill8k": lambda: case_prefill(d, 8000, 3),
         "prefill_ops": lambda: case_prefill_ops(d),
@@ -244,14 +270,15 @@ def main() -> None:
         "c8": lambda: case_c8(d),
         "prefill32k": lambda: case_prefill(d, 32000, 1),
         "decode32k": lambda: case_decode_long(d, 32000),
-        "interfere": lambda: case_interfere(d),
+        "interfere": lambda: [case_interfere(d, float(f), *shape) for f in args.decode_latency_factors.split(",")],
         "small": lambda: case_small_batches(d),
     }
     kernel = "simt" if args.simt else "tensor_cores"
     for name in args.cases.split(","):
-        result = runs[name]()
-        print(json.dumps({"case": name, "attention": kernel, "batched_tokens": engine.config.max_num_batched_tokens,
-                          **result}), flush=True)  # fmt: skip
+        results = runs[name]()
+        for result in results if isinstance(results, list) else [results]:
+            print(json.dumps({"case": name, "attention": kernel, "device": args.device,
+                              "batched_tokens": engine.config.max_num_batched_tokens, **result}), flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from engine_thread import settle  # sibling module: pytest puts tests/engine on 
 from app.engine.config import EngineConfig
 from app.engine.core.async_engine import AsyncEngine
 from app.engine.core.engine import LLMEngine
-from app.engine.core.scheduler import Scheduler, SchedulerOutput
+from app.engine.core.scheduler import PrefillLimit, Scheduler, SchedulerOutput
 from app.engine.interface import GenerationRequest
 from app.engine.plan.engine_plan import async_decode_enabled
 from app.engine.request import PLACEHOLDER, Request
@@ -201,8 +201,8 @@ def test_kv_pressure_preempts_the_same_way(monkeypatch: pytest.MonkeyPatch) -> N
     preempted: list[int] = []
     original = Scheduler.schedule
 
-    def counting(self: Scheduler) -> SchedulerOutput:
-        out = original(self)
+    def counting(self: Scheduler, limit: PrefillLimit | None = None) -> SchedulerOutput:
+        out = original(self, limit)
         preempted.append(len(out.preempted))
         return out
 

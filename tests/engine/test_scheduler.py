@@ -6,7 +6,7 @@ import zlib
 import pytest
 
 from app.engine.cache.manager import KVCacheManager
-from app.engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from app.engine.core.scheduler import PrefillLimit, Scheduler, SchedulerConfig, SchedulerOutput
 from app.engine.request import Request, RequestStatus
 from app.engine.sampling_params import SamplingParams
 
@@ -30,9 +30,9 @@ def next_token(tokens: list[int]) -> int:
     return zlib.crc32(repr(tokens).encode()) % 1000
 
 
-def step(sched: Scheduler) -> SchedulerOutput:
+def step(sched: Scheduler, limit: PrefillLimit | None = None) -> SchedulerOutput:
     """One engine step: schedule, 'run', sample, update, stop at max_tokens."""
-    out = sched.schedule()
+    out = sched.schedule(limit)
     sampled = {c.request.request_id: next_token(c.request.all_token_ids) for c in out.chunks if c.samples}
     sched.update(out, sampled)
     for chunk in out.chunks:

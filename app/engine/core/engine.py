@@ -25,6 +25,8 @@ from app.engine.core.output_processor import OutputProcessor
 from app.engine.core.pipeline import DecodePipeline
 from app.engine.core.request_log import log_finished
 from app.engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from app.engine.core.step_cost import StepShape
+from app.engine.core.step_pacing import StepPacer
 from app.engine.core.vision import attach_vision, place_images
 from app.engine.images import ImageInput
 from app.engine.interface import ContextOverflowError, EngineStats, ModelInfo
@@ -249,6 +251,11 @@ class LLMEngine:
         self.speculator = build_speculator(config.speculative, config.num_draft_tokens,
                                            config.speculative_max_batch, may_verify, drafter)  # fmt: skip
         self.pipeline = DecodePipeline(self.scheduler, self.runner.decodes_from_device)
+        # prefill paced while requests decode (core/step_pacing.py); the shape of the step in flight, timed
+        # when its ids are read back
+        factor, floor = config.decode_latency_factor, self.scheduler.config.min_paced_chunk
+        self.pacer = StepPacer(factor, floor=floor) if factor else None
+        self._flight_shape: StepShape | None = None
         self.async_decode = plan.async_decode and self.mtp is None  # the MTP head reads every step's hidden states
         self.counters = _Counters()
         self.info = ModelInfo(
@@ -311,7 +318,7 @@ class LLMEngine:
         outputs = self._resolve() if self.pipeline.in_flight is not None and not ahead else []
         if self.speculator is not None and self.pipeline.in_flight is None:
             self.speculator.propose(self.scheduler.running, self.max_model_len)
-        scheduled = self.scheduler.schedule()
+        scheduled = self.scheduler.schedule(self.pacer.limit() if self.pacer is not None else None)
         outputs += [self._end(request) for request in scheduled.finished]  # outgrew the whole KV cache
         if not scheduled.chunks:
             return outputs
@@ -319,6 +326,8 @@ class LLMEngine:
         logits = self._run(scheduled, sampling, ahead)
         if not sampling:
             self.scheduler.update(scheduled, {})
+            if self.pacer is not None:
+                self.pacer.step_unsampled()
             return outputs
         logits = self._for_sampler(logits)
         if any(c.draft_token_ids for c in scheduled.chunks):
@@ -330,6 +339,7 @@ class LLMEngine:
         if pending is None:
             return outputs + self._sample_now(scheduled, sampling, logits)
         self.pipeline.launched(scheduled, sampling, pending)  # after resolve: drops rows that ended there
+        self._flight_shape = StepShape.of(scheduled)
         return outputs
 
     def _run(self, scheduled: SchedulerOutput, sampling: list[Request], ahead: bool) -> Any:
@@ -357,7 +367,15 @@ class LLMEngine:
 
     def _resolve(self) -> list[RequestOutput]:
         """Wait for the step in flight's ids and postprocess them."""
-        return self._postprocess(*self.pipeline.resolve())
+        requests, token_ids = self.pipeline.resolve()
+        self._timed(self._flight_shape)
+        self._flight_shape = None
+        return self._postprocess(requests, token_ids)
+
+    def _timed(self, shape: StepShape | None) -> None:
+        """A step's sampled ids were just read back: the pacer takes its time (core/step_pacing.py)."""
+        if self.pacer is not None and shape is not None:
+            self.pacer.step_done(shape)
 
     def _sample_now(
         self, scheduled: SchedulerOutput, sampling: list[Request], logits: Any
@@ -370,6 +388,7 @@ class LLMEngine:
             failed: list[RequestOutput] = []
         except Exception:
             rows, failed = self._sample_row_by_row(logits, sampling)
+        self._timed(StepShape.of(scheduled))
         rows = [row for row in rows if self._live(row[0])]  # a look-ahead's rows may have ended meanwhile
         self.scheduler.update(scheduled, {request.request_id: token for request, token, _ in rows})
         requests, token_ids = [row[0] for row in rows], [row[1] for row in rows]
@@ -390,6 +409,7 @@ class LLMEngine:
             result = self.sampler.sample(logits, rows)
         except Exception as exc:
             return [self._fail(c.request, exc, "sampling") for c in chunks if self._live(c.request)]
+        self._timed(StepShape.of(scheduled))
         sampled: dict[str, int | list[int]] = {}
         rows_out: list[tuple[Request, bool, list[int], list[TokenLogprob | None]]] = []
         at = 0

@@ -20,7 +20,13 @@ Policy of one `schedule()` call, under a budget of `max_num_batched_tokens` toke
    When every seat (`max_num_seqs`) is taken, a session waiting with nothing running gets one
    at the start of the step: the session holding the most seats gives up its newest request
    (preempted for recompute, see below), so a flood cannot hold every seat until it ends.
-3. Admission reuses cached prefix blocks (`KVCacheManager.match_prefix`) and must get
+3. Pacing (`limit`, core/step_pacing.py, `decode_latency_factor`): in a step that carries decodes, each
+   prefill chunk (running or admitted) is also cut to what `limit.tokens(start)` allows, rounded down to
+   end on a block boundary, so the decoders' step stays within a bound on their inter-token latency; the
+   step's first prefill chunk takes at least `min_paced_chunk` tokens whatever the limit says (a long
+   prompt always progresses), one that starts at an image takes the whole image, and once the limit
+   allows nothing the step takes no more prefill. A step without decodes takes the whole budget.
+4. Admission reuses cached prefix blocks (`KVCacheManager.match_prefix`) and must get
    blocks for its whole first chunk; if it cannot, admission stops for this step (no
    queue-jumping by smaller requests, so large ones are not starved). Admission never
    preempts for blocks, and no admission happens in a step that preempted for blocks.
@@ -57,10 +63,13 @@ import time
 from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from app.engine.cache.manager import KVCacheManager
 from app.engine.cache.state_cache import StateCopies
 from app.engine.request import Request, RequestStatus
+
+MIN_PACED_CHUNK = 64  # a paced step's first prefill chunk takes at least this many tokens (module docstring, 3)
 
 
 @dataclass(frozen=True)
@@ -70,9 +79,11 @@ class SchedulerConfig:
     max_model_len: int
     block_size: int
     enable_prefix_caching: bool = True
+    # pacing: the fewest prefill tokens a step with decodes takes, whatever its limit (module docstring, 3)
+    min_paced_chunk: int = MIN_PACED_CHUNK
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size", "min_paced_chunk"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.max_num_batched_tokens < self.max_num_seqs:
@@ -81,6 +92,19 @@ class SchedulerConfig:
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
                 f"max_num_seqs ({self.max_num_seqs})"
             )
+
+
+class PrefillLimit(Protocol):
+    """A step's prefill allowance while requests decode (core/step_pacing.py's `PrefillBudget`): integers
+    in and out, so the scheduler stays free of clocks and costs."""
+
+    def tokens(self, start: int) -> int:
+        """The most tokens a prefill chunk from position `start` may take now."""
+        ...
+
+    def take(self, start: int, num_tokens: int) -> None:
+        """A prefill chunk of `num_tokens` from `start` was scheduled."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -114,6 +138,7 @@ class SchedulerOutput:
     # hybrid models: the recurrent-state row copies the runner does around the forward (prefix
     # hits' snapshots into their slots, new snapshots out of them; cache/state_cache.py)
     state: StateCopies = field(default_factory=StateCopies)
+    num_decodes: int = 0  # the first chunks: one per decoding request (its drafts with it)
 
     @property
     def is_empty(self) -> bool:
@@ -228,7 +253,8 @@ class Scheduler:
 
     # --- the step ---
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, limit: PrefillLimit | None = None) -> SchedulerOutput:
+        """The next step's chunks; `limit` paces its prefill while requests decode (module docstring, 3)."""
         step = _Step(self.config.max_num_batched_tokens)
         self._free_seats_for_waiting_sessions(step)
         # decodes, then prompt tails (so a full batch's decodes always fit the budget)
@@ -240,13 +266,18 @@ class Scheduler:
                     continue
                 if self._is_prompt_tail(request) if tails else request.num_pending_tokens == 1:
                     self._schedule_running(request, step, takes_turn=False)
+            if not tails:
+                step.num_decodes = len(step.chunks)
+        if limit is not None and step.num_decodes:
+            step.limit = limit
+            for chunk in step.chunks[step.num_decodes :]:  # the prompt tails count against it too
+                limit.take(chunk.start, chunk.num_tokens)
         self._schedule_prefills(step)
         for request in self._running:
             request.draft_token_ids = []  # used by this step's chunk or not at all
         copies = self.kv.state.take_copies() if self.kv.state is not None else StateCopies()
-        return SchedulerOutput(
-            step.chunks, sum(c.num_tokens for c in step.chunks), step.preempted, step.finished, copies
-        )
+        return SchedulerOutput(step.chunks, sum(c.num_tokens for c in step.chunks), step.preempted, step.finished,
+                               copies, step.num_decodes)  # fmt: skip
 
     def update(self, output: SchedulerOutput, sampled: dict[str, int | list[int]]) -> None:
         """Record a finished step: advance `num_computed_tokens`, append sampled tokens.
@@ -375,7 +406,10 @@ class Scheduler:
         """Give a running request a chunk of its pending tokens (a decode: and its drafts), unless it
         had to go."""
         drafts = request.draft_token_ids
-        wanted = self._chunk_tokens(request, min(request.num_pending_tokens + len(drafts), step.budget))
+        room = self._prefill_room(request, step) if takes_turn else step.budget
+        if not room:
+            return
+        wanted = self._chunk_tokens(request, min(request.num_pending_tokens + len(drafts), room))
         granted = self._grow(request, wanted, step)
         if granted:
             self._add(request, granted, step, tuple(drafts[: max(0, granted - request.num_pending_tokens)]))
@@ -386,8 +420,9 @@ class Scheduler:
         if len(self._running) >= self.config.max_num_seqs or not self.kv.can_admit():
             return False
         self.kv.match_prefix(request)
-        num_tokens = self._chunk_tokens(request, min(request.num_pending_tokens, step.budget))
-        if not self.kv.allocate(request, num_tokens):
+        room = self._prefill_room(request, step)
+        num_tokens = self._chunk_tokens(request, min(request.num_pending_tokens, room))
+        if not room or not self.kv.allocate(request, num_tokens):
             self.kv.free(request)
             request.num_computed_tokens = 0
             return False
@@ -400,6 +435,25 @@ class Scheduler:
         self._add(request, num_tokens, step)
         self._turns.served(request.session_id)
         return True
+
+    def _prefill_room(self, request: Request, step: _Step) -> int:
+        """The tokens a prefill chunk of `request` may take in this step: the budget, and in a paced step
+        (module docstring, 3) what the limit allows from `num_computed_tokens`, rounded down to a block
+        boundary; at least `min_paced_chunk` for the step's first prefill chunk, an image it starts at whole.
+        0 closes the step's prefill."""
+        if step.limit is None:
+            return step.budget
+        start, size = request.num_computed_tokens, self.config.block_size
+        room = (start + step.limit.tokens(start)) // size * size - start
+        if not step.num_prefills:
+            room = max(room, self.config.min_paced_chunk)
+        image = next((i for i in request.images if i.start == start), None)
+        if image is not None:  # an image's tokens attend to each other both ways: one step
+            room = max(room, image.end - start)
+        room = max(0, min(room, step.budget))
+        if not room:
+            step.budget = 0  # its time is spent: no other session's chunk either
+        return room
 
     def _chunk_tokens(self, request: Request, num_tokens: int) -> int:
         """A chunk of up to `num_tokens` from `num_computed_tokens`: not ending inside an image, and
@@ -479,6 +533,9 @@ class _Step:
         self.preempted: list[Request] = []
         self.out_of_blocks = False  # a preemption for KV blocks happened: no admissions in this step
         self.finished: list[Request] = []
+        self.num_decodes = 0  # the first chunks, once the decode pass is over
+        self.limit: PrefillLimit | None = None  # set when the step is paced: it carries decodes
+        self.num_prefills = 0  # chunks scheduled after the decode pass (session turns)
 
     def add(self, request: Request, num_tokens: int, drafts: tuple[int, ...] = ()) -> ScheduledChunk:
         start = request.num_computed_tokens
@@ -487,4 +544,7 @@ class _Step:
         self.chunks.append(chunk)
         self.scheduled.add(request.request_id)
         self.budget -= num_tokens
+        if self.limit is not None:  # the decode pass is over: a prefill chunk of a paced step
+            self.limit.take(start, num_tokens)
+            self.num_prefills += 1
         return chunk
