@@ -101,7 +101,7 @@ def add_pacing_argument(parser: argparse.ArgumentParser) -> None:
         "--decode-latency-factor", type=latency_factor, default=None, metavar="X",
         help="while requests decode, cut each step's prefill so that the step's predicted time stays within X "
         "times a decode-only step's: a bound on their inter-token latency while a long prompt prefills, paid in "
-        "that prompt's time to first token (default 2; 0: off, every step takes the whole token budget)",
+        "that prompt's time to first token (e.g. 2; default 0: off, every step takes the whole token budget)",
     )  # fmt: skip
 
 

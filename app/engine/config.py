@@ -58,8 +58,9 @@ class EngineConfig:
     # while requests decode, a step's prefill tokens are cut so that its predicted time stays within this
     # many times a decode-only step's (core/step_pacing.py): a bound on the decoders' inter-token latency
     # while a long prompt prefills, paid in that prompt's time to first token. 0 or None: off (every step
-    # takes the whole budget); otherwise at least 1.0
-    decode_latency_factor: float | None = 2.0
+    # takes the whole budget, the default until a GPU has measured what the bound costs a long prompt);
+    # otherwise at least 1.0
+    decode_latency_factor: float | None = 0.0
     block_size: int = 16  # tokens per KV block
     # the KV pool in blocks, the null block included (--kv-blocks); the context served is at most what the
     # other blocks hold. None: sized from kv_cache_bytes (CPU) or free device memory (CUDA)
