@@ -98,10 +98,16 @@ def test_the_cuda_backend_hands_its_option_to_moe_forward(monkeypatch, fused_dec
 
     seen: dict[str, Any] = {}
     monkeypatch.setattr(cuda_backend._moe, "moe_forward", lambda *a, **kw: seen.update(kw) or "out")
-    backend = SimpleNamespace(_f32=lambda a: a, kernel_options=KernelOptions(moe_fused_decode=fused_decode))
-    x, logits = np.zeros((1, 256), np.float32), np.zeros((1, 32), np.float32)
+    backend = SimpleNamespace(
+        _f32=lambda a: a, _rows=lambda a: a, kernel_options=KernelOptions(moe_fused_decode=fused_decode)
+    )
+    x, logits = np.zeros((1, 256), np.float32), np.zeros((1, 33), np.float32)[:, :32]  # router rows + a gate row
     assert cuda_backend.CudaBackend.moe(backend, x, logits, SPEC, (_experts(), _experts(), _experts())) == "out"
-    assert seen["fused_decode"] is fused_decode
+    assert seen["fused_decode"] is fused_decode and seen["shared"] is None
+    shared, gate = np.zeros((1, 256), np.float32), np.zeros((1, 33), np.float32)[:, 32:]
+    cuda_backend.CudaBackend.moe(backend, x, logits, SPEC, (_experts(),) * 3, shared=(shared, gate))
+    join = seen["shared"]  # the shared expert goes on to the combine, its gate column read in place
+    assert isinstance(join, kmoe.SharedJoin) and join.rows is shared and join.logit is gate
 
 
 def test_moe_few_tokens_names_what_it_cannot_take() -> None:
