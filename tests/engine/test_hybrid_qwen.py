@@ -652,3 +652,29 @@ def test_beta_alpha_stack_keeps_the_files_rows() -> None:
     mixed = stack_rows(q8, QuantizedTensor.from_float("a", alpha, f32), "ba")
     assert mixed.qtype.name == "F32"
     np.testing.assert_array_equal(mixed.dequantize(), np.concatenate([q8.dequantize(), alpha]))
+
+
+@pytest.mark.parametrize("fam", ["qwen3next", "qwen35moe"])
+@pytest.mark.parametrize("source", ["hf", "gguf"])
+def test_router_and_shared_gate_as_one_product(fam: str, source: str, tmp_root: str) -> None:
+    """On a backend that joins the shared expert to the routed sum (CUDA), the router's rows and the shared gate's
+    row load as one matrix (layers/moe.py RouterAndGate): GGUF's 1-D gate and Hugging Face's [1, hidden] one alike.
+    Its two views give the separate router's logits and gate logits."""
+    from app.engine.backend.cpu import CpuBackend
+    from app.engine.layers.moe import RouterAndGate
+
+    class JoiningBackend(CpuBackend):
+        moe_joins_shared = True
+
+    path = FIXTURES / fam / "hf" if source == "hf" else gguf_path(fam, tmp_root)
+    plain = build_model(open_checkpoint(path), CpuBackend(), MAX_POSITIONS)
+    joined = build_model(open_checkpoint(path), JoiningBackend(), MAX_POSITIONS)
+    x = np.random.default_rng(3).standard_normal((3, plain.config.hidden_size)).astype(np.float32)
+    pairs = [(a.moe, b.moe) for a, b in zip(plain.layers, joined.layers, strict=True) if a.moe is not None]
+    assert pairs
+    for separate, one in pairs:
+        assert isinstance(one.router, RouterAndGate) and one.shared is not None and separate.shared is not None
+        logits, gate = one.router.with_gate(x)
+        np.testing.assert_allclose(logits, separate.router(x), rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(gate, separate.shared.gate(x), rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(one(x), separate(x), rtol=1e-5, atol=1e-6)  # the layer: the same sum
