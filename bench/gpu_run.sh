@@ -148,6 +148,14 @@ if stage moe; then
   timeout 90 python3 bench/micro/moe_times.py ${MOE_ARGS---compare} 2>&1 | tee "$OUT/moe.jsonl" | cut -c1-300
   [[ ${MOE_PREFILL:-1} == 1 ]] && timeout 120 python3 bench/micro/moe_prefill_times.py 2>&1 | tee -a "$OUT/moe.jsonl" | cut -c1-300
 fi
+# serve_paddock FILE MAX_CTX MAX_BATCH LOG WAIT: `paddock serve` on port 11660 in the background ($server: its pid),
+# then up to WAIT seconds for its /health (no longer once it has exited)
+serve_paddock() {
+  python3 -m app.cli serve --model "$1" --device cuda --max-ctx "$2" --max-batch "$3" --port 11660 --no-mcp \
+    --no-embeddings --log-level warning > "$4" 2>&1 &
+  server=$!
+  for _ in $(seq 1 "$5"); do curl -sf localhost:11660/health > /dev/null && break; kill -0 $server 2> /dev/null || break; sleep 1; done
+}
 # serve_workloads WORKLOAD MAX_CTX LOG MODEL...: per model, `paddock serve` on port 11660 (its log under $OUT),
 # then suite/serve_workloads.sh WORKLOAD, its JSON lines appended to $OUT/LOG
 serve_workloads() {
@@ -156,10 +164,7 @@ serve_workloads() {
   shift 3
   for model in "$@"; do
     left $need || break
-    python3 -m app.cli serve --model "$(gguf_of "$model")" --device cuda --max-ctx "$max_ctx" --max-batch 32 \
-      --port 11660 --no-mcp --no-embeddings --log-level warning > "$OUT/serve-${model/:/-}.log" 2>&1 &
-    server=$!
-    for _ in $(seq 1 90); do curl -sf localhost:11660/health > /dev/null && break; sleep 1; done
+    serve_paddock "$(gguf_of "$model")" "$max_ctx" 32 "$OUT/serve-${model/:/-}.log" 90
     timeout $limit bash bench/suite/serve_workloads.sh "$workload" | tee -a "$OUT/$log"
     kill $server; wait $server 2>/dev/null
   done
@@ -205,10 +210,7 @@ if stage side; then
     left 240 || break
     make_model "$model"
     file=$(gguf_of "$model")
-    python3 -m app.cli serve --model "$file" --device cuda --max-ctx 16384 --max-batch 32 --port 11660 --no-mcp \
-      --no-embeddings --log-level warning > "/tmp/serve-${model/:/-}.log" 2>&1 &
-    server=$!
-    for _ in $(seq 1 240); do curl -sf localhost:11660/health > /dev/null && break; kill -0 $server 2> /dev/null || break; sleep 1; done
+    serve_paddock "$file" 16384 32 "/tmp/serve-${model/:/-}.log" 240
     side_rows paddock "$model" 11660
     kill $server; wait $server 2> /dev/null
     for _ in $(seq 1 ${LLAMA_WAIT:-300}); do [[ -x /tmp/llama-build/bin/llama-server ]] && break; sleep 1; done
@@ -237,10 +239,7 @@ fi
 if stage curve; then
   for model in $MODELS; do
     left 120 || break
-    python3 -m app.cli serve --model "$(gguf_of "$model")" --device cuda --max-ctx 4096 --max-batch ${CURVE_MAX_BATCH:-256} \
-      --port 11660 --no-mcp --no-embeddings --log-level warning > "/tmp/curve-${model/:/-}.log" 2>&1 &
-    server=$!
-    for _ in $(seq 1 120); do curl -sf localhost:11660/health > /dev/null && break; sleep 1; done
+    serve_paddock "$(gguf_of "$model")" 4096 "${CURVE_MAX_BATCH:-256}" "/tmp/curve-${model/:/-}.log" 120
     for c in ${CURVE_CS:-1 32 64 128 256}; do
       left 30 || break
       requests=$(( c * ${CURVE_WAVES:-3} > 4 ? c * ${CURVE_WAVES:-3} : 4 ))
