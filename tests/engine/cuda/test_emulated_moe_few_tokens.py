@@ -146,15 +146,21 @@ def test_few_tokens_path_matches_numpy_and_the_grouped_path_emulated(moe_emu, tm
     assert np.array_equal(out, grouped), f"seed {seed}: max diff {np.abs(out - grouped).max():.3g}"
 
 
-def test_expert_scale_changes_the_few_tokens_output_emulated(moe_emu, tmp_path, request):
-    """The scale reaches moe_down_combine: the same layer without its scale file gives the unscaled sum."""
-    rng, seed = fresh_rng(request.node.nodeid)
-    case = Case(2, "Q8_0", "Q8_0", scale=True)
+def _written_layer(case: Case, rng, folder: Path) -> tuple[MoeSpec, dict, np.ndarray]:
+    """A random layer of `case` and tokens for it, its inputs written to `folder` for the harness: (spec, tensors, x)."""
     spec = _spec(case)
     tensors = _tensors(case, spec, rng)
     layer = MoE(CpuBackend(), tensors, P, spec)
     x = rng.standard_normal((case.tokens, case.hidden)).astype(np.float32)
-    write_moe_inputs(tmp_path, tensors, P, x, layer.router(x), None)
+    write_moe_inputs(folder, tensors, P, x, layer.router(x), layer.score_bias)
+    return spec, tensors, x
+
+
+def test_expert_scale_changes_the_few_tokens_output_emulated(moe_emu, tmp_path, request):
+    """The scale reaches moe_down_combine: the same layer without its scale file gives the unscaled sum."""
+    rng, seed = fresh_rng(request.node.nodeid)
+    case = Case(2, "Q8_0", "Q8_0", scale=True)
+    spec, tensors, x = _written_layer(case, rng, tmp_path)
     scaled, _, _ = _run_path(moe_emu, tmp_path, case, spec, tensors, FEW_TOKENS)
     (tmp_path / "expert_scale.bin").unlink()
     unscaled, _, _ = _run_path(moe_emu, tmp_path, case, spec, tensors, FEW_TOKENS)
@@ -170,11 +176,7 @@ def test_shared_expert_joins_the_few_tokens_combine_emulated(moe_emu, tmp_path, 
     `routed + shared * sigmoid(logit)` as the numpy backend computes it; without the files, the routed sum alone."""
     rng, seed = fresh_rng(request.node.nodeid)
     case = Case(tokens, "Q4_K", "Q6_K")
-    spec = _spec(case)
-    tensors = _tensors(case, spec, rng)
-    layer = MoE(CpuBackend(), tensors, P, spec)
-    x = rng.standard_normal((case.tokens, case.hidden)).astype(np.float32)
-    write_moe_inputs(tmp_path, tensors, P, x, layer.router(x), None)
+    spec, tensors, _ = _written_layer(case, rng, tmp_path)
     routed, _, _ = _run_path(moe_emu, tmp_path, case, spec, tensors, FEW_TOKENS)
     shared = (rng.standard_normal((case.tokens, case.hidden)) * np.abs(routed).max()).astype(np.float32)
     logit = rng.standard_normal((case.tokens, 1)).astype(np.float32) * 3
