@@ -387,6 +387,23 @@ def norm_then_product(
     return out, new_residual
 
 
+def norm_then_join(
+    backend: Backend, x: Array, weight: Array, eps: float, join: Array, scale: Array | None
+) -> Array:
+    """The composition that `rms_norm_join` is defined as."""
+    joined = backend.rms_norm(x, weight, eps) + join
+    return joined if scale is None else joined * scale
+
+
+def norm_each_head(backend: Backend, x: Array, start: int, heads: int, weight: Array, eps: float) -> Array:
+    """The composition that `rms_norm_heads` is defined as: the runs normalised apart, then put back in a copy."""
+    stop = start + heads * weight.size
+    out = x.copy()
+    runs = x[:, start:stop].reshape(x.shape[0], heads, weight.size)
+    out[:, start:stop] = backend.rms_norm(runs, weight, eps).reshape(x.shape[0], -1)
+    return out
+
+
 def norm_rope_then_cache(
     backend: Backend, qkv: Array, n_heads: int, n_kv_heads: int, head_dim: int, q_norm: Array | None,
     k_norm: Array | None, eps: float, positions: Array, table: RopeTable, interleaved: bool, k_cache: Array,

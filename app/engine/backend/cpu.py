@@ -16,7 +16,9 @@ from app.engine.backend import kv_blocks, recurrent_reference
 from app.engine.backend.base import (
     AttentionMetadata,
     RopeTable,
+    norm_each_head,
     norm_rope_then_cache,
+    norm_then_join,
     norm_then_product,
     rope_cache_then_attention,
 )
@@ -183,8 +185,7 @@ class CpuBackend:
     def rms_norm_join(
         self, x: np.ndarray, weight: np.ndarray, eps: float, join: np.ndarray, scale: np.ndarray | None = None
     ) -> np.ndarray:
-        joined = self.rms_norm(x, weight, eps) + join
-        return joined if scale is None else joined * scale
+        return norm_then_join(self, x, weight, eps, join, scale)
 
     def rms_norm_pair(
         self, x: np.ndarray, weight: np.ndarray, weight2: np.ndarray, eps: float
@@ -192,11 +193,7 @@ class CpuBackend:
         return self.rms_norm(x, weight, eps), self.rms_norm(x, weight2, eps)
 
     def rms_norm_heads(self, x: np.ndarray, start: int, heads: int, weight: np.ndarray, eps: float) -> np.ndarray:
-        stop = start + heads * weight.size
-        out = x.copy()
-        runs = x[:, start:stop].reshape(x.shape[0], heads, weight.size)
-        out[:, start:stop] = self.rms_norm(runs, weight, eps).reshape(x.shape[0], -1)
-        return out
+        return norm_each_head(self, x, start, heads, weight, eps)
 
     def rope(self, x: np.ndarray, positions: np.ndarray, table: RopeTable, interleaved: bool) -> np.ndarray:
         rotary = 2 * table.cos.shape[-1]

@@ -23,7 +23,9 @@ from app.engine.backend.base import (
     AttentionMetadata,
     QkvRope,
     RopeTable,
+    norm_each_head,
     norm_rope_then_cache,
+    norm_then_join,
     norm_then_product,
     rope_cache_then_attention,
 )
@@ -490,10 +492,7 @@ class CudaBackend:
         x, join = self._f32(x), self._f32(join)
         weight, scale = self._f32(weight), None if scale is None else self._f32(scale)
         out = _norm.rms_norm_join(x, weight, eps, join, scale, self.xp.empty_like(x))
-        if out is None:  # rows the float4 kernel does not take: the three ops
-            out = self.rms_norm(x, weight, eps) + join
-            out = out if scale is None else out * scale
-        return out
+        return norm_then_join(self, x, weight, eps, join, scale) if out is None else out  # None: no float4 rows
 
     def rms_norm_pair(self, x: Any, weight: Any, weight2: Any, eps: float) -> tuple[Any, Any]:
         x, weight, weight2 = self._f32(x), self._f32(weight), self._f32(weight2)
@@ -506,11 +505,7 @@ class CudaBackend:
         x, weight = self._f32(x), self._f32(weight)
         if _norm.rms_norm_heads(x, start, heads, weight, eps):
             return x
-        stop = start + heads * weight.size
-        out = x.copy()
-        runs = self.xp.ascontiguousarray(x[:, start:stop]).reshape(x.shape[0], heads, weight.size)
-        out[:, start:stop] = self.rms_norm(runs, weight, eps).reshape(x.shape[0], -1)
-        return out
+        return norm_each_head(self, x, start, heads, weight, eps)  # runs the float4 kernel does not take
 
     def rope(self, x: Any, positions: Any, table: RopeTable, interleaved: bool) -> Any:
         x = self._f32(x)
