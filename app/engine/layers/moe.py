@@ -131,11 +131,13 @@ class MoE:
     def __call__(self, x: Any, router_input: Any = None) -> Any:
         """`[T, hidden]` normalised hidden states -> the experts' weighted sum, `[T, hidden]`; the router
         reads `router_input` where the family routes on something else than the experts' input (Gemma 4)."""
-        if router_input is None and isinstance(self.router, RouterAndGate) and self.shared is not None \
-                and self.grouped is not None and self.latent_up is None:  # fmt: skip
-            # one product for the router and the shared gate; the backend adds the gated shared expert in its combine
+        if router_input is None and isinstance(self.router, RouterAndGate):  # one product: router and shared gate
+            assert self.shared is not None  # RouterAndGate carries the shared expert's gate
             logits, gate_logit = self.router.with_gate(x)
-            return self._routed(x, logits, shared=(self.shared.ungated(x), gate_logit))
+            shared = (self.shared.ungated(x), gate_logit)
+            if self.grouped is not None and self.latent_up is None:  # the backend adds it in its combine
+                return self._routed(x, logits, shared=shared)
+            return self._routed(x, logits) + self.backend.output_gate(*shared, "sigmoid")
         routed = self._routed(x, self.router(x if router_input is None else router_input))
         return routed if self.shared is None else routed + self.shared(x)
 
