@@ -17,7 +17,8 @@ def test_a_long_prompt_is_paced_beside_decoders_and_everything_finishes(tiny_ggu
     from app.engine.core.step_pacing import TRUST, WARMUP_TOKENS
     from app.engine.sampling_params import SamplingParams
 
-    engine = LLMEngine(EngineConfig(model=tiny_gguf, device="cuda", max_model_len=4096, max_num_seqs=8))
+    engine = LLMEngine(EngineConfig(model=tiny_gguf, device="cuda", max_model_len=4096, max_num_seqs=8,
+                                    decode_latency_factor=2.0))  # pacing is off by default  # fmt: skip
     assert engine.pacer is not None and engine.async_decode
     paced: list[int] = []  # prefill tokens of each step that carried decodes
     schedule = engine.scheduler.schedule
