@@ -144,3 +144,40 @@ def test_a_sweeps_overlay_holds_only_what_differs(tmp_path: Path) -> None:
     assert tuned.gemv_int_shape("MULTI", 4096, "Q8_0") == for_arch(None, tmp_path).gemv_int_shape(
         "MULTI", 4096, "Q8_0"
     )
+
+
+def test_a_float_x_cut_sends_wide_single_products_to_the_float_kernel(tmp_path: Path, monkeypatch) -> None:
+    """`single_float_x_from_cols` (a sweep found float32 x faster from some width on: 27B/31B o and down, H100):
+    from that width on gemv.gemv launches gemv.cu instead of gemv_int.cu; below it, and for other formats, the
+    int16-x kernel as before; an option's cut wins over the table's, 0 turning it off."""
+    from app.engine.kernels import gemv
+
+    shipped = Path(gemv_int.__file__).parent / "tuning" / "default.json"
+    (tmp_path / "default.json").write_text(shipped.read_text())
+    (tmp_path / "sm90.json").write_text(json.dumps({"gemv_int": {"single_float_x_from_cols": {"Q4_K": 6144}}}))
+    tuned = for_arch("90", tmp_path)
+    assert tuned.float_x_from_cols("Q4_K") == 6144 and tuned.float_x_from_cols("Q6_K") is None
+    assert for_arch(None, tmp_path).float_x_from_cols("Q4_K") is None
+
+    launched: list[str] = []
+    monkeypatch.setattr(gemv_int, "gemv_int", lambda *a, **k: launched.append("int"))
+    monkeypatch.setattr(gemv_int, "sm_count", lambda: 132)
+    monkeypatch.setattr(gemv, "get_kernel", lambda file, name, defines: file)
+    monkeypatch.setattr(gemv, "launch", lambda kernel, *a, **k: launched.append(kernel))
+
+    class Rows:  # x of one token: only its shape is read before the launch
+        shape = (1, 0)
+
+    def kernel_of(plan: GemvPlan, qtype_name: str, n_cols: int) -> str:
+        launched.clear()
+        gemv.gemv(None, qtype_name, 144 * n_cols // 256, 5120, n_cols, Rows(), None, plan=plan)
+        return launched[-1]
+
+    plan = GemvPlan(tuned)
+    assert kernel_of(plan, "Q4_K", 6144) == "gemv.cu"
+    assert kernel_of(plan, "Q4_K", 17408) == "gemv.cu"
+    assert kernel_of(plan, "Q4_K", 5120) == "int"
+    assert kernel_of(plan, "Q6_K", 17408) == "int"
+    assert kernel_of(GemvPlan(tuned, float_x_from={"Q4_K": 0}), "Q4_K", 17408) == "int"
+    assert kernel_of(GemvPlan(tuned, float_x_from={"Q6_K": 8192}), "Q6_K", 17408) == "gemv.cu"
+    assert kernel_of(GemvPlan(tuned, int_x=False), "Q4_K", 5120) == "gemv.cu"

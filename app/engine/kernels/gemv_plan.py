@@ -7,6 +7,7 @@ overrides) is what a wrapper called without one uses: benchmarks and tests.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from app.engine.kernels import tuning as tuning_tables
@@ -27,12 +28,14 @@ class GemvPlan:
     mma_kernel: str = "v2"  # gemv_mma's kernel: "v1" gemv_mma.cu, "v2" gemv_mma2.cu
     groups_per_thread: int | None = None  # XQ_QB's cap; None: the tuning's
     fused_norm_max_cols: int | None = None  # None: the tuning's
+    float_x_from: Mapping[str, int] = field(default_factory=dict)  # over the tuning's; 0: never
 
     @classmethod
     def for_backend(cls, options: KernelOptions, tuning: Tuning) -> GemvPlan:
         return cls(tuning, options.gemv_overrides, options.gemv_int_x, options.gemv_int_multi,
                    options.gemv_resident_cap, options.gemv_mma_max_tokens, options.gemv_mma_no_copy,
-                   options.gemv_mma_kernel, options.gemv_groups_per_thread, options.fused_norm_max_cols)  # fmt: skip
+                   options.gemv_mma_kernel, options.gemv_groups_per_thread, options.fused_norm_max_cols,
+                   options.gemv_float_x_from)  # fmt: skip
 
     def float_rows(self, bucket: int, qtype_name: str) -> int:
         """Rows per block of gemv.cu (float32 x) for a token bucket and format."""
@@ -46,6 +49,12 @@ class GemvPlan:
         return self.overrides.apply(
             self.tuning.gemv_int_shape(kernel, n_cols, first_format), kernel, first_format
         )
+
+    def single_takes_float_x(self, qtype_name: str, n_cols: int) -> bool:
+        """Whether a one-weight single-token product of `qtype_name` over `n_cols` columns goes to the
+        float32-x kernel though the int16-x one serves it: from the width where it measured faster."""
+        cut = self.float_x_from.get(qtype_name, self.tuning.float_x_from_cols(qtype_name))
+        return bool(cut) and n_cols >= cut
 
     @property
     def max_groups_per_thread(self) -> int:

@@ -65,6 +65,8 @@ class KernelOptions:
     fused_norm_max_cols: int | None = _from_env("PADDOCK_FUSED_NORM_MAX_COLS")  # None: the tuning's
     moe_fused_decode: bool = _from_env("PADDOCK_MOE_FUSED_DECODE")  # MoE at 1-4 tokens: no grouping, down+combine
     gemv_overrides: ShapeOverrides = field(default_factory=ShapeOverrides.from_env)
+    # {format: columns from which its one-weight single-token products take float32 x; 0: never}, over the tuning's
+    gemv_float_x_from: Mapping[str, int] = _from_env("PADDOCK_GEMV_FLOAT_X_")
 
     def __post_init__(self) -> None:
         if self.decode_rope not in ("auto", "all", "off"):

@@ -79,6 +79,11 @@ class Tuning:
             return LaunchShape.from_data(by_format)
         return LaunchShape.from_data(table["shapes"][kernel]["wide" if wide else "narrow"])
 
+    def float_x_from_cols(self, qtype_name: str) -> int | None:
+        """The width from which a one-weight product of `qtype_name` measured faster on the float32-x
+        kernel than on any int16-x shape (None: at no width)."""
+        return self.data["gemv_int"].get("single_float_x_from_cols", {}).get(qtype_name)
+
     @property
     def gemv_int_wide_cols(self) -> int:
         return self.data["gemv_int"]["wide_cols"]
