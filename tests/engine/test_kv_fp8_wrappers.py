@@ -28,8 +28,7 @@ def calls(monkeypatch) -> list[tuple[str, dict, tuple]]:
         monkeypatch.setattr(module, "get_kernel", lambda name, kernel, defines=None: (kernel, dict(defines or {})))
         monkeypatch.setattr(module, "launch", lambda k, grid, block, args, **kw: log.append((k[0], k[1], tuple(args))))
     monkeypatch.setattr(attention_decode, "clusters_supported", lambda: False)
-    monkeypatch.setattr(attention_prefill, "_allow_shared", lambda *a: None)
-    monkeypatch.setattr(attention_prefill.pdl, "function_ptr", lambda kernel: 0)
+    monkeypatch.setattr(attention_prefill, "allow_shared", lambda *a: None)
     return log
 
 

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from app.engine.kernels.kv_format import kv_operands
-from app.engine.kernels.runtime import pdl
 from app.engine.kernels.runtime.compile import get_kernel
-from app.engine.kernels.runtime.launch import cdiv, f32, i32, launch, ptr
+from app.engine.kernels.runtime.launch import allow_shared, cdiv, f32, i32, launch, max_shared_bytes, ptr
 
 THREADS = 128  # PF_WARPS * 32
 PAD = 8  # PF_PAD
@@ -17,8 +15,6 @@ RESIDENT = 2  # blocks per multiprocessor the register budget allows (128 thread
 MIN_KEYS_PER_SPLIT = 256  # below this a split's partial sums cost more than its keys
 MAX_SPLITS = 32
 MAX_PARTIAL_BYTES = 64 << 20
-# CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: a block may take more than the default 48 KB.
-_MAX_DYNAMIC_SHARED = 8
 
 
 def rows_per_block(head_dim: int) -> int:
@@ -40,17 +36,6 @@ def shared_bytes(head_dim: int) -> int:
     """PF_SMEM_BYTES: Q, two K buffers and one V buffer of the block's value columns, rows padded."""
     keys = keys_per_tile(head_dim)
     return ((rows_per_block(head_dim) + 2 * keys) * (head_dim + PAD) + keys * (value_columns(head_dim) + PAD)) * 2
-
-
-_MAX_SHARED_OPTIN = 97  # cudaDevAttrMaxSharedMemoryPerBlockOptin
-
-
-@functools.cache
-def max_shared_bytes() -> int:
-    """The opt-in shared memory per block of this device (227 KB on sm_90, 163 KB on sm_80, 99 KB on sm_86/89)."""
-    import cupy
-
-    return int(cupy.cuda.runtime.deviceGetAttribute(_MAX_SHARED_OPTIN, cupy.cuda.Device().id))
 
 
 def supports(head_dim: int, n_heads: int, n_kv: int) -> bool:
@@ -77,20 +62,6 @@ def plan_splits(
     by_keys = cdiv(max_seq_len, MIN_KEYS_PER_SPLIT)
     by_memory = MAX_PARTIAL_BYTES // max(1, n_tok * n_heads * (head_dim + 2) * 4)
     return max(1, min(want, by_keys, by_memory, MAX_SPLITS))
-
-
-@functools.cache
-def _allow_shared(function_ptr: int, nbytes: int) -> None:
-    """Let the kernel take `nbytes` of dynamic shared memory (cuFuncSetAttribute), once per function."""
-    import ctypes
-
-    status = pdl.driver_library().cuFuncSetAttribute(
-        ctypes.c_void_p(function_ptr), ctypes.c_int(_MAX_DYNAMIC_SHARED), ctypes.c_int(nbytes)
-    )
-    if status != 0:
-        raise RuntimeError(
-            f"cuFuncSetAttribute(max dynamic shared memory = {nbytes}) failed with CUDA error {status}"
-        )
 
 
 def attention_prefill(
@@ -158,7 +129,7 @@ def _launch(
     smem = shared_bytes(head_dim)
     kv = kv_operands(k_cache, v_cache)
     kernel = get_kernel("attention_prefill.cu", f"attn_prefill_d{head_dim}", {"PF_D": head_dim, **kv.defines})
-    _allow_shared(pdl.function_ptr(kernel), smem)
+    allow_shared(kernel, smem)
     args = (
         q, kv.k, kv.v, query_start_loc, seq_lens, block_tables, i32(block_tables.shape[1]), i32(n_seqs),
         i32(n_heads), i32(n_kv), i32(block_size), f32(scale), f32(softcap or 0.0), i32(sliding_window or 0),

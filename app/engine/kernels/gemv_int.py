@@ -2,8 +2,11 @@
 
 gemv.py sends one token here when every weight is an integer format (the k-quants and the
 32-weight formats), the weights hold at least MIN_BYTES and the quantized x fits the shared
-memory a block can have without an opt-in; everything else keeps the float32-x kernels (below
-~4 MB, quantizing x costs each block a round trip that the product does not win back). The
+memory a block can opt into on every GPU the tables ship for (99 KB: x up to ~40k columns);
+everything else keeps the float32-x kernels (below ~4 MB, quantizing x costs each block a round
+trip that the product does not win back). Past 48 KB the launch opts in: the 31B-class down
+products (21,504 columns, 54 KB) took the float32-x kernel before, whose Q6_K reads at about
+half the int16-x kernel's bandwidth (27B down: 67.5 against 39.9 us, H100). The
 backend's GemvPlan (gemv_plan.py) turns the path on or off and gives the launch shapes: by width,
 and for some wide kernels by format, from the tuning tables (kernels/tuning/); their history is
 in docs/tuning-log.md.
@@ -17,12 +20,23 @@ from typing import Any
 
 from app.engine.kernels.gemv_plan import DEFAULT_PLAN, GemvPlan
 from app.engine.kernels.runtime.compile import get_kernel
-from app.engine.kernels.runtime.launch import NULL, cdiv, f32, i32, i64, launch, ptr, resident_blocks
+from app.engine.kernels.runtime.launch import (
+    LEAST_OPT_IN_SHARED_BYTES,
+    NULL,
+    allow_shared,
+    cdiv,
+    f32,
+    i32,
+    i64,
+    launch,
+    ptr,
+    resident_blocks,
+)
 from app.engine.kernels.tuning import LaunchShape
 
 INT_X_FORMATS = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"})
 GROUP = 16  # columns per x scale (XQ_GROUP in gemv_int.cuh)
-SHARED_LIMIT = 48 * 1024  # dynamic shared memory without the opt-in attribute
+SHARED_LIMIT = LEAST_OPT_IN_SHARED_BYTES  # allow_shared raises a launch's past the default 48 KB
 MIN_BYTES = 4 << 20  # smaller weights stay on the float32-x kernels (see above)
 ONE_GROUP_MIN_BLOCKS = 3  # register caps of 3+ blocks per multiprocessor: x loaded one group at a time
 
@@ -104,6 +118,7 @@ def _launch(
     once; a grid past that would run its last blocks as a second wave, one per multiprocessor,
     after the rest are done. With `resident_cap`, a guard for variants with many registers (the
     default shapes fit, so it costs nothing there)."""
+    allow_shared(kernel, smem)
     if resident_cap:
         blocks_per_sm = min(blocks_per_sm, resident_blocks(kernel, 32 * warps, smem))
     blocks = min(cdiv(groups, warps), sm_count() * blocks_per_sm)

@@ -79,12 +79,15 @@ def test_linear_dense_fallback_for_odd_widths(cuda, rng, n_tok: int) -> None:
     assert rel_err(got, x.astype(np.float64) @ values.T.astype(np.float64)) < 1e-5
 
 
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0"])
-def test_linear_large_single_token_takes_int_x(cuda, rng, qtype: str) -> None:
-    """One token over a weight of the 8B shapes runs gemv_int.cu (int16 x), within its bound."""
+@pytest.mark.parametrize(("qtype", "rows", "cols"), [
+    ("Q4_K", 4096, 4096), ("Q6_K", 4096, 4096), ("Q8_0", 4096, 4096), ("Q6_K", 1024, 21504), ("Q4_K", 1024, 21504),
+])  # fmt: skip
+def test_linear_large_single_token_takes_int_x(cuda, rng, qtype: str, rows: int, cols: int) -> None:
+    """One token over a weight of the 8B shapes runs gemv_int.cu (int16 x), within its bound; so does a
+    31B-class down product, whose 21,504 columns of quantized x need more than the default 48 KB of
+    shared memory (the launch opts in)."""
     from app.engine.kernels import gemv_int
 
-    rows, cols = 4096, 4096
     tensor = random_tensor(qtype, rows, cols, rng)
     assert cuda.gemv_plan.int_x and gemv_int.serves(1, cols, [qtype], tensor.data.nbytes)
     x = rng.standard_normal((1, cols)).astype(np.float32)

@@ -216,3 +216,27 @@ def test_gemv_int_two_groups_per_thread_emulated(
         got = np.fromfile(tmp_path / "y.bin", np.float32)
         err = gated_term_err(got, dequantize_oracle(gate), dequantize_oracle(up), x, act)
     assert err < INT_X_TOL, f"seed={seed}"
+
+
+def test_gemv_int_past_the_default_shared_memory_emulated(
+    request: pytest.FixtureRequest, int_emu_qb2: Path, tmp_path: Path
+) -> None:
+    """A 31B-class down product (21,504 columns: 54 KB of quantized x, past the 48 KB a block has without
+    opting in) now takes this kernel (gemv_int.serves; the launch raises the function's shared memory):
+    the kernel's x staging and its dot products hold at that width, two groups a thread as gemv_int.py
+    builds it."""
+    from app.engine.kernels import gemv_int
+    from app.engine.kernels.runtime.launch import DEFAULT_SHARED_BYTES
+
+    rng, seed = fresh_rng(request.node.nodeid)
+    rows, cols = 5, 21504
+    assert gemv_int.shared_bytes(cols, ("Q6_K",)) > DEFAULT_SHARED_BYTES
+    tensor = random_tensor("Q6_K", rows, cols, rng)
+    assert gemv_int.serves(1, cols, ("Q6_K",), gemv_int.MIN_BYTES)
+    x = _x(rng, cols)
+    tensor.data.tofile(tmp_path / "w.bin")
+    x.tofile(tmp_path / "x.bin")
+    run(int_emu_qb2, "single", "q6_k", 1, 2, 8, 2, tmp_path, rows, cols, tensor.data.shape[1])
+    w = dequantize_oracle(tensor)
+    got = np.fromfile(tmp_path / "y.bin", np.float32)
+    assert term_err(got, w.astype(np.float64) @ x.astype(np.float64), w, x) < INT_X_TOL, f"seed={seed}"

@@ -52,6 +52,41 @@ def _resident_blocks(function_ptr: int, threads: int, shared_mem: int) -> int:
     return max(1, int(driver.occupancyMaxActiveBlocksPerMultiprocessor(function_ptr, threads, shared_mem)))
 
 
+# Dynamic shared memory a block may take without opting in; past it the function needs
+# CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (8) raised, up to the device's opt-in limit
+# (cudaDevAttrMaxSharedMemoryPerBlockOptin, 97): 227 KB on sm_90, 163 KB on sm_80, 99 KB on sm_86/89/120.
+DEFAULT_SHARED_BYTES = 48 * 1024
+LEAST_OPT_IN_SHARED_BYTES = 99 * 1024  # of the GPUs the tuning tables ship for (sm_86 up)
+_MAX_DYNAMIC_SHARED = 8
+_MAX_SHARED_OPTIN = 97
+
+
+@functools.cache
+def max_shared_bytes() -> int:
+    """The opt-in shared memory per block of this device."""
+    import cupy
+
+    return int(cupy.cuda.runtime.deviceGetAttribute(_MAX_SHARED_OPTIN, cupy.cuda.Device().id))
+
+
+def allow_shared(kernel: Any, nbytes: int) -> None:
+    """Let `kernel` take `nbytes` of dynamic shared memory; nothing to do within the default 48 KB."""
+    if nbytes > DEFAULT_SHARED_BYTES:
+        _allow_shared(pdl.function_ptr(kernel), nbytes)
+
+
+@functools.cache
+def _allow_shared(function_ptr: int, nbytes: int) -> None:
+    """cuFuncSetAttribute, once per (function, size): the attribute stays set on the function."""
+    import ctypes
+
+    status = pdl.driver_library().cuFuncSetAttribute(
+        ctypes.c_void_p(function_ptr), ctypes.c_int(_MAX_DYNAMIC_SHARED), ctypes.c_int(nbytes)
+    )
+    if status != 0:
+        raise RuntimeError(f"cuFuncSetAttribute(max dynamic shared memory = {nbytes}) failed with CUDA error {status}")
+
+
 def require(array: Any, dtype: Any, name: str) -> Any:
     """`array` as a C-contiguous device array of `dtype` (a copy only when needed)."""
     import cupy
