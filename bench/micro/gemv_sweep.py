@@ -42,7 +42,7 @@ def sweep(label: str, nbytes: int, sets: list, build, settings) -> None:
         seconds, _ = time_graph([build(ws, *setting) for ws in sets])
         us = round(seconds * 1e6, 2)
         row[str(setting)] = us
-        best = min(best or (us, setting), (us, setting))
+        best = min(best or (us, setting), (us, setting), key=lambda pair: pair[0])  # ties: the first
     row["best"] = f"{best[1]} {best[0]} us, {nbytes / best[0] / 1e3 / COPY_GBS:.0%} of copy"
     print(json.dumps(row), flush=True)
 
