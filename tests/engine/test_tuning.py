@@ -29,7 +29,7 @@ OLD_WIDE_BY_FORMAT = {  # (rows, warps, units, min_blocks)
     "GATED_Q4_K": (2, 8, 1, 3),
     "MULTI_Q4_K": (1, 8, 2, 3),
     "SINGLE_Q4_K": (2, 16, 2, 1),
-    "SINGLE_Q6_K": (2, 16, 2, 1),
+    "SINGLE_Q6_K": (1, 8, 2, 1),  # (2, 16, 2, 1) until 2026-12-06's H100 sweep (docs/tuning-log.md)
 }
 OLD_DEFAULT_MIN_BLOCKS = 2
 OLD_MAX_QB = 2
