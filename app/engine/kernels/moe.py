@@ -28,7 +28,7 @@ from app.engine.specs import MoeSpec
 
 MAX_USED = 16  # MOE_MAX_K in moe.cu
 WARPS = 4  # MOE_WARPS: warps per block of the grouped products
-ROWS = 2  # MOE_R: rows of each weight a lane group of the grouped products reads at once
+ROWS = 2  # MOE_R: rows of each weight a lane group of the grouped products reads at once (moe.cu says how to A/B it)
 ROUTE_WARPS = 4  # tokens per block of moe_route (a warp each)
 THREADS = 256
 PLAN_THREADS = 1024  # MOE_PLAN_THREADS: moe_offsets and moe_route_grouped are one block of it

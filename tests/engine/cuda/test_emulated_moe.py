@@ -63,9 +63,11 @@ def moe_emu(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def moe_emu_builds(tmp_path_factory) -> dict[int, Path]:
-    """The harness per MOE_TMAX (the products' pairs per pass; 4 is moe.cu's default)."""
-    return {t: _build(tmp_path_factory, "moe_main.cpp", (f"-DMOE_TMAX={t}",)) for t in (1, 2)}
+def moe_emu_builds(tmp_path_factory) -> dict[tuple[int, int], Path]:
+    """The harness per (MOE_TMAX, MOE_R): the products' pairs per pass (4 is moe.cu's default) and the rows of
+    each weight a lane group reads (2 is the default; 4 the A/B build, on grids sized for 2)."""
+    builds = ((1, 2), (2, 2), (1, 4), (2, 4))
+    return {(t, r): _build(tmp_path_factory, "moe_main.cpp", (f"-DMOE_TMAX={t}", f"-DMOE_R={r}")) for t, r in builds}
 
 
 def _stacked(qtype: str, shape: Shape, rows: int, cols: int, rng, name: str) -> QuantizedTensor:
@@ -171,15 +173,21 @@ def test_sigmoid_routed_ungated_experts_emulated(moe_emu, tmp_path, request, qty
     (WIDE_K, "Q4_K", "silu", 2, ()),
     (WIDE_K, "Q5_K", "silu", 4, ()),
     (WIDE_K, "Q6_K", "gelu_tanh", 1, ()),
+    (DECODE_K, "Q4_K", "silu", (1, 4), (0, 0, 1)),  # four rows a lane group (MOE_R=4)
+    (BATCH32, "Q8_0", "silu", (2, 4), ()),
+    (WIDE_K, "Q4_K", "gelu_tanh", (2, 4), (0, 1, 0)),
+    (WIDE, "Q8_0", "swiglu_oai", (1, 4), (1, 1, 0)),
 ], ids=_id)  # fmt: skip
 def test_moe_pair_sets_emulated(moe_emu, moe_emu_builds, tmp_path, request, shape, qtype, activation, tmax, variant):
     """The pair sets of decode and of small batches (top 8 of 256 experts), every build of the products'
-    pairs per pass, both groupings and the unfused gate/up, against the numpy layer."""
+    pairs per pass (`tmax`; a pair (tmax, rows) also sets the rows a lane group reads), both groupings and the
+    unfused gate/up, against the numpy layer."""
     rng, seed = fresh_rng(request.node.nodeid)
     gpt_oss = activation == "swiglu_oai"
     spec = MoeSpec(shape.experts, shape.used, shape.ff, routing="topk_softmax" if gpt_oss else "softmax_topk",
                    normalize=not gpt_oss, activation=activation)  # fmt: skip
-    exe = moe_emu if tmax == 4 else moe_emu_builds[tmax]
+    build = tmax if isinstance(tmax, tuple) else (tmax, 2)
+    exe = moe_emu if build == (4, 2) else moe_emu_builds[build]
     layer, logits, expected = _case(exe, tmp_path, rng, qtype, shape, spec, *variant)
     _check_outputs(tmp_path, shape, layer, logits, spec, expected, seed)
 

@@ -186,3 +186,21 @@ def test_shared_expert_joins_the_few_tokens_combine_emulated(moe_emu, tmp_path, 
     expected = routed + CpuBackend().output_gate(shared, logit, "sigmoid")
     assert rel_err(joined, expected) < 1e-6, f"seed {seed}: rel err {rel_err(joined, expected):.3g}"
     assert rel_err(joined, routed) > 1e-2, f"seed {seed}: the shared expert made no difference"
+
+
+@pytest.fixture(scope="module")
+def moe_emu_rows4(tmp_path_factory) -> Path:
+    """The A/B build whose lane groups read four rows of each weight at once (MOE_R=4; the grids stay sized for 2)."""
+    return _build(tmp_path_factory, "moe_main.cpp", ("-DMOE_R=4",))
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[-1], CASES[-2]], ids=_id)
+def test_four_rows_a_lane_group_give_the_same_bits_emulated(moe_emu, moe_emu_rows4, tmp_path, request, case: Case):
+    """MOE_R=4 changes which lane group reads a row, not how a row's dot is summed: both paths' outputs are
+    the default build's to the bit (and so the numpy layer's within the test above's bound)."""
+    rng, seed = fresh_rng(request.node.nodeid)
+    spec, tensors, _ = _written_layer(case, rng, tmp_path)
+    for variant in (FEW_TOKENS, GROUPED):
+        want, _, _ = _run_path(moe_emu, tmp_path, case, spec, tensors, variant)
+        got, _, _ = _run_path(moe_emu_rows4, tmp_path, case, spec, tensors, variant)
+        assert np.array_equal(got, want), f"seed {seed}: max diff {np.abs(got - want).max():.3g}"

@@ -329,7 +329,16 @@ __device__ __forceinline__ float moe_act(int kind, float g, float u, float limit
     return (uc + 1.f) * (gc / (1.f + expf(-gc * alpha)));
 }
 
-#define MOE_R 2      // rows of each weight a lane group reads at once
+// Rows of each weight a lane group reads at once (kernels/moe.py's ROWS). A build define for A/B runs
+// (PADDOCK_KERNEL_DEFINES=MOE_R=4): every product walks its rows grid-stride, so the grids kernels/moe.py
+// sizes for ROWS stay correct, with blocks to spare. More rows a lane group puts more weight bytes in flight
+// per warp: at decode a warp's whole pass is one round of loads (a 2,048-column row is one unit pair a lane).
+// Its cost (nvcc 13, sm_90): the gated Q4_K build takes 252 registers a thread at 4 against 127 at 2, so half
+// the warps are resident and the bytes in flight per multiprocessor stay about the same; the down products'
+// builds go from 85 to 128. Measure before making it a default.
+#ifndef MOE_R
+#define MOE_R 2
+#endif
 #define MOE_WARPS 4  // warps per block (kernels/moe.py's WARPS)
 // The most pairs of one expert a pass over its rows takes (4, 2 or 1; one build each, -D from kernels/moe.py).
 // The registers of the widest pass are the kernel's: at 4 the gated Q4_K build takes 255 a thread, at 1 128,
