@@ -149,12 +149,13 @@ if stage moe; then
   [[ ${MOE_PREFILL:-1} == 1 ]] && timeout 120 python3 bench/micro/moe_prefill_times.py 2>&1 | tee -a "$OUT/moe.jsonl" | cut -c1-300
 fi
 # serve_paddock FILE MAX_CTX MAX_BATCH LOG WAIT: `paddock serve` on port 11660 in the background ($server: its pid),
-# then up to WAIT seconds for its /health (no longer once it has exited). Its in-flight limit is raised past the
+# then up to WAIT seconds for its /health (no longer once it has exited); SERVE_ARGS: more flags (e.g.
+# "--experts-on-gpu 64": issue 38's Qwen3-30B-A3B-shaped row with half its experts on the GPU). Its in-flight limit is raised past the
 # default 256: a closed-loop client at c=256 sends its next request when the last one's stream ends, which can be
 # before the server has let that one's slot go (a 429 ended 2026-12-06's c=256 curve row).
 serve_paddock() {
   python3 -m app.cli serve --model "$1" --device cuda --max-ctx "$2" --max-batch "$3" --port 11660 --no-mcp \
-    --no-embeddings --max-concurrent-requests 1024 --log-level warning > "$4" 2>&1 &
+    --no-embeddings --max-concurrent-requests 1024 --log-level warning ${SERVE_ARGS:-} > "$4" 2>&1 &
   server=$!
   for _ in $(seq 1 "$5"); do curl -sf localhost:11660/health > /dev/null && break; kill -0 $server 2> /dev/null || break; sleep 1; done
 }

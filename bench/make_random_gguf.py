@@ -21,6 +21,10 @@ global layers (no attn_v), proportional RoPE as `rope_freqs`, the experts beside
 `ffn_gate_up_exps` / `ffn_down_exps` with their router scales, so llama.cpp's llama-server loads them too.
 
     python3 bench/make_random_gguf.py --shape gemma4-31b --out /tmp/gemma4-31b-q4km.gguf
+
+`qwen3-30b-a3b` is `qwen3moe` (Q4_K_M only): the experts stacked as `ffn_{gate,up,down}_exps`
+`[experts, rows, cols]` with llama-quantize's picks (Q4_K; Q6_K on the `use_more_bits` layers'
+`ffn_down_exps`), the router `ffn_gate_inp` kept F32.
 """
 
 from __future__ import annotations
@@ -52,7 +56,10 @@ class Shape:
     vocab: int
     context: int
     tied: bool
-    arch: str = "qwen3"  # "llama": no q/k norms, rope base 500,000
+    arch: str = "qwen3"  # "llama": no q/k norms, rope base 500,000; "qwen3moe": experts instead of the MLP
+    experts: int = 0
+    experts_used: int = 0
+    expert_ffn: int = 0
 
 
 SHAPES = {
@@ -62,6 +69,11 @@ SHAPES = {
     "llama3-8b": Shape(4096, 32, 32, 8, 128, 14336, 128256, 8192, tied=False, arch="llama"),
     "tiny": Shape(256, 2, 4, 2, 64, 512, 1024, 4096, tied=False),
     "tiny-llama": Shape(256, 2, 4, 2, 64, 512, 1024, 4096, tied=False, arch="llama"),
+    # Qwen/Qwen3-30B-A3B's config.json: 128 experts, 8 a token, 768 wide (issue 38's formats row)
+    "qwen3-30b-a3b": Shape(2048, 48, 32, 4, 128, 6144, 151936, 40960, tied=False, arch="qwen3moe", experts=128,
+                           experts_used=8, expert_ffn=768),
+    "tiny-qwen3moe": Shape(256, 2, 4, 2, 64, 512, 1024, 4096, tied=False, arch="qwen3moe", experts=8,
+                           experts_used=2, expert_ffn=256),
 }
 
 
@@ -127,6 +139,8 @@ MIXES = {
 
 def tensor_types(shape: Shape, mix: str) -> dict[str, str]:
     if mix != "q4_k_m":
+        if shape.experts:
+            raise ValueError(f"the MoE shapes are written as Q4_K_M only, not --mix {mix}")
         plain, more, embd, output, _ = MIXES[mix]
         out = {}
         for i in range(shape.layers):
@@ -138,10 +152,11 @@ def tensor_types(shape: Shape, mix: str) -> dict[str, str]:
             out["output.weight"] = output
         return out
     out: dict[str, str] = {}
+    ffn = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps") if shape.experts else ("ffn_gate", "ffn_up", "ffn_down")
     for i in range(shape.layers):
         heavy = "Q6_K" if use_more_bits(i, shape.layers) else "Q4_K"
         for part, kind in [("attn_q", "Q4_K"), ("attn_k", "Q4_K"), ("attn_v", heavy), ("attn_output", "Q4_K"),
-                           ("ffn_gate", "Q4_K"), ("ffn_up", "Q4_K"), ("ffn_down", heavy)]:  # fmt: skip
+                           (ffn[0], "Q4_K"), (ffn[1], "Q4_K"), (ffn[2], heavy)]:  # fmt: skip
             out[f"blk.{i}.{part}.weight"] = kind if mix == "q4_k_m" else "Q8_0"
     out["token_embd.weight"] = "Q4_K" if mix == "q4_k_m" else "Q8_0"
     if not shape.tied:
@@ -149,9 +164,10 @@ def tensor_types(shape: Shape, mix: str) -> dict[str, str]:
     return out
 
 
-def matrix_shapes(shape: Shape) -> dict[str, tuple[int, int]]:
+def matrix_shapes(shape: Shape) -> dict[str, tuple[int, ...]]:
+    """Every quantized matrix: `(rows, cols)`, or `(experts, rows, cols)` stacked as llama.cpp's `*_exps`."""
     s = shape
-    out = {"token_embd.weight": (s.vocab, s.hidden)}
+    out: dict[str, tuple[int, ...]] = {"token_embd.weight": (s.vocab, s.hidden)}
     if not s.tied:
         out["output.weight"] = (s.vocab, s.hidden)
     for i in range(s.layers):
@@ -160,10 +176,19 @@ def matrix_shapes(shape: Shape) -> dict[str, tuple[int, int]]:
             f"blk.{i}.attn_k.weight": (s.kv_heads * s.head_dim, s.hidden),
             f"blk.{i}.attn_v.weight": (s.kv_heads * s.head_dim, s.hidden),
             f"blk.{i}.attn_output.weight": (s.hidden, s.heads * s.head_dim),
-            f"blk.{i}.ffn_gate.weight": (s.ffn, s.hidden),
-            f"blk.{i}.ffn_up.weight": (s.ffn, s.hidden),
-            f"blk.{i}.ffn_down.weight": (s.hidden, s.ffn),
         }
+        if s.experts:
+            out |= {
+                f"blk.{i}.ffn_gate_exps.weight": (s.experts, s.expert_ffn, s.hidden),
+                f"blk.{i}.ffn_up_exps.weight": (s.experts, s.expert_ffn, s.hidden),
+                f"blk.{i}.ffn_down_exps.weight": (s.experts, s.hidden, s.expert_ffn),
+            }
+        else:
+            out |= {
+                f"blk.{i}.ffn_gate.weight": (s.ffn, s.hidden),
+                f"blk.{i}.ffn_up.weight": (s.ffn, s.hidden),
+                f"blk.{i}.ffn_down.weight": (s.hidden, s.ffn),
+            }
     return out
 
 
@@ -337,19 +362,27 @@ def write(shape_name: str, mix: str, out: Path, seed: int = 0) -> int:
     writer.add_rope_freq_base(500_000.0 if shape.arch == "llama" else 1_000_000.0)
     writer.add_rope_dimension_count(shape.head_dim)
     writer.add_file_type(MIXES[mix][4])
+    if shape.experts:
+        writer.add_expert_count(shape.experts)
+        writer.add_expert_used_count(shape.experts_used)
+        writer.add_expert_feed_forward_length(shape.expert_ffn)
     write_tokenizer(writer, shape.vocab)
     types = tensor_types(shape, mix)
     weight_bytes = 0
-    for name, (rows, cols) in matrix_shapes(shape).items():
+    for name, dims in matrix_shapes(shape).items():
         qtype = QUANT_TYPES[types[name]]
         # Scale ~ 1/sqrt(fan-in) keeps activations O(1) through the layers.
-        blocks = random_blocks(qtype, rows * cols // qtype.block_size, rng, scale=cols**-0.5)
-        writer.add_tensor(name, blocks.reshape(rows, -1), raw_dtype=gguf.GGMLQuantizationType[qtype.name])
+        blocks = random_blocks(qtype, int(np.prod(dims)) // qtype.block_size, rng, scale=dims[-1] ** -0.5)
+        writer.add_tensor(name, blocks.reshape(*dims[:-1], -1), raw_dtype=gguf.GGMLQuantizationType[qtype.name])
         weight_bytes += blocks.nbytes
+    for i in range(shape.layers if shape.experts else 0):  # the router stays F32, as llama-quantize keeps it
+        router = (rng.standard_normal((shape.experts, shape.hidden)) * shape.hidden**-0.5).astype(np.float32)
+        writer.add_tensor(f"blk.{i}.ffn_gate_inp.weight", router)
+        weight_bytes += router.nbytes
     norms = {"output_norm.weight": shape.hidden}
     for i in range(shape.layers):
         norms |= {f"blk.{i}.attn_norm.weight": shape.hidden, f"blk.{i}.ffn_norm.weight": shape.hidden}
-        if shape.arch == "qwen3":
+        if shape.arch in ("qwen3", "qwen3moe"):
             norms |= {
                 f"blk.{i}.attn_q_norm.weight": shape.head_dim,
                 f"blk.{i}.attn_k_norm.weight": shape.head_dim,

@@ -78,3 +78,24 @@ def test_random_gemma4_in_llama_cpp_q4_k_m_layout(tmp_path: Path, shape: str) ->
         # 96-wide rows: the fallbacks of Q4_K (layer 0) and Q6_K (layer 5, a use_more_bits layer)
         assert (types["blk.0.ffn_down_exps.weight"], types["blk.5.ffn_down_exps.weight"]) == ("Q5_0", "Q8_0")
     _runs(path)
+
+
+def test_random_qwen3moe_in_llama_cpp_q4_k_m_layout(tmp_path: Path) -> None:
+    """The Qwen3-30B-A3B-shaped maker's layout at a tiny shape: stacked experts in llama-quantize's Q4_K_M picks,
+    the F32 router, the expert counts in the metadata; the engine builds it as a MoE model and runs it."""
+    path = tmp_path / "qwen3moe.gguf"
+    make_random_gguf.write("tiny-qwen3moe", "q4_k_m", path)
+    checkpoint = open_checkpoint(path)
+    tensors = checkpoint.tensors
+    assert tensors["blk.0.ffn_gate_exps.weight"].shape == (8, 256, 256)
+    assert tensors["blk.0.ffn_down_exps.weight"].shape == (8, 256, 256)
+    assert tensors["blk.1.ffn_gate_inp.weight"].qtype.name == "F32" and "blk.0.ffn_gate.weight" not in tensors
+    more = [make_random_gguf.use_more_bits(i, 2) for i in range(2)]
+    assert [tensors[f"blk.{i}.ffn_down_exps.weight"].qtype.name for i in range(2)] == [
+        "Q6_K" if m else "Q4_K" for m in more
+    ]
+    built = build_model(checkpoint, CpuBackend(), 64)
+    assert built.config.moe is not None and (built.config.moe.num_experts, built.config.moe.num_used) == (8, 2)
+    _runs(path)
+    with pytest.raises(ValueError, match="Q4_K_M only"):
+        make_random_gguf.write("tiny-qwen3moe", "q8_0", tmp_path / "q8.gguf")
