@@ -54,7 +54,7 @@ fi
 # shape:mix -> its file; a mix "st-FORMAT" (st-fp8-block, st-nvfp4, st-mix) is a safetensors folder
 gguf_of() { [[ ${1##*:} == st-* ]] && echo "/tmp/${1%%:*}-${1##*:}" || echo "/tmp/${1%%:*}-${1##*:}.gguf"; }
 { stage agent || stage cascade; } && MADE="$MODELS $AGENT_MODELS" || MADE=$MODELS
-# make_model SHAPE:MIX: its file, once (the hybrid Qwen 3.5 shapes have their own maker, Q4_K_M only)
+# make_model SHAPE:MIX: its file, once (the hybrid Qwen 3.5 shapes and GPT-OSS have their own makers, one mix each)
 make_model() {
   local model=$1 file; file=$(gguf_of "$1")
   [[ -e $file ]] && return 0
@@ -62,6 +62,8 @@ make_model() {
     python3 bench/make_random_safetensors.py --shape "${model%%:*}" --format "${model##*:st-}" --out "$file"
   elif [[ ${model%%:*} == qwen35* ]]; then
     python3 bench/make_random_hybrid_gguf.py --shape "${model%%:*}" --out "$file"
+  elif [[ ${model%%:*} == gpt-oss* ]]; then  # MXFP4 experts, Q8_0 elsewhere (llama-quantize's MXFP4_MOE): gpt-oss-20b:mxfp4
+    python3 bench/make_random_gpt_oss_gguf.py --shape "${model%%:*}" --out "$file"
   else
     python3 bench/make_random_gguf.py --shape "${model%%:*}" --mix "${model##*:}" --out "$file"
   fi

@@ -99,3 +99,22 @@ def test_random_qwen3moe_in_llama_cpp_q4_k_m_layout(tmp_path: Path) -> None:
     _runs(path)
     with pytest.raises(ValueError, match="Q4_K_M only"):
         make_random_gguf.write("tiny-qwen3moe", "q8_0", tmp_path / "q8.gguf")
+
+
+def test_random_gpt_oss_in_llama_cpp_mxfp4_moe_layout(tmp_path: Path) -> None:
+    """The GPT-OSS-20B-shaped maker's layout at a tiny shape: MXFP4 experts with F32 biases, Q8_0 elsewhere, the
+    sinks and the router's bias; the engine builds it as GPT-OSS (sliding every other layer, YaRN) and runs it."""
+    import make_random_gpt_oss_gguf
+
+    path = tmp_path / "gpt-oss.gguf"
+    make_random_gpt_oss_gguf.write("gpt-oss-tiny", path)
+    checkpoint = open_checkpoint(path)
+    types = {name: t.qtype.name for name, t in checkpoint.tensors.items()}
+    assert types["blk.0.ffn_gate_exps.weight"] == types["blk.1.ffn_down_exps.weight"] == "MXFP4"
+    assert types["blk.0.attn_q.weight"] == types["output.weight"] == "Q8_0"
+    assert types["blk.1.attn_sinks.weight"] == types["blk.1.ffn_down_exps.bias"] == "F32"
+    built = build_model(checkpoint, CpuBackend(), 64)
+    cfg = built.config
+    assert cfg.moe is not None and (cfg.moe.num_experts, cfg.moe.num_used) == (4, 2)
+    assert cfg.sliding_window == 16
+    _runs(path)
