@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import random
 import statistics
 import sys
@@ -73,6 +74,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="one-turn requests before timing (default: concurrency)",
     )
+    parser.add_argument(
+        "--processes",
+        type=_count(1),
+        default=None,
+        help="client processes carrying the streams (default: one per 32 streams from c=64, up to the CPUs; "
+        "one Python process reads ~10k streamed chunks a second)",
+    )
     parser.add_argument("--api-key", default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -86,7 +94,13 @@ def _percentile(values: list[float], q: float) -> float:
 
 async def measure(args: argparse.Namespace, client) -> tuple[dict, list]:
     """Warm up, run the timed sessions; the summary and every timed request's `TurnResult`."""
-    from app.commands.bench_load import Plan, exact_text, run_sessions
+    from app.commands.bench_load import (
+        Plan,
+        exact_text,
+        load_processes,
+        run_sessions,
+        run_sessions_in_processes,
+    )
 
     if args.model is None:
         args.model = (await client.get("/v1/models")).json()["data"][0]["id"]
@@ -104,8 +118,16 @@ async def measure(args: argparse.Namespace, client) -> tuple[dict, list]:
     if warmup:
         await run_sessions(client, plan, [[next(texts)] for _ in range(warmup)], args.concurrency)
     timed = [[next(texts) for _ in range(args.turns)] for _ in range(sessions)]
-    results, wall = await run_sessions(client, plan, timed, args.concurrency)
-    return summarize(args, results, wall), results
+    processes = load_processes(args.processes, args.concurrency, os.cpu_count())
+    if processes > 1:
+        results, wall = await run_sessions_in_processes(
+            str(client.base_url), dict(client.headers), plan, timed, args.concurrency, processes
+        )
+    else:
+        results, wall = await run_sessions(client, plan, timed, args.concurrency)
+    summary = summarize(args, results, wall)
+    summary["load_processes"] = processes
+    return summary, results
 
 
 def summarize(args: argparse.Namespace, results: list, wall: float) -> dict:

@@ -178,11 +178,13 @@ async def run_session(
 
 
 async def run_sessions(
-    client: httpx.AsyncClient, plan: Plan, sessions: list[list[str]], concurrency: int
-) -> tuple[list[TurnResult], float]:
-    """All sessions through `concurrency` workers (each runs one session at a time); results, wall seconds."""
+    client: httpx.AsyncClient, plan: Plan, sessions: list[list[str]], concurrency: int,
+    ids: list[int] | None = None,
+) -> tuple[list[TurnResult], float]:  # fmt: skip
+    """All sessions through `concurrency` workers (each runs one session at a time); results, wall seconds.
+    `ids`: the sessions' numbers in the results (default 0, 1, ...)."""
     queue: asyncio.Queue[tuple[int, list[str]]] = asyncio.Queue()
-    for item in enumerate(sessions):
+    for item in zip(ids or range(len(sessions)), sessions, strict=True):
         queue.put_nowait(item)
     results: list[TurnResult] = []
 
@@ -194,3 +196,59 @@ async def run_sessions(
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return results, time.perf_counter() - started
+
+
+# A load process's Python reads about 10,000 streamed chunks a second (httpx lines + json): one process at
+# c=128 against a fast server is the bottleneck (a simulated 7 ms step gave 3.9k tok/s where 14.7k was there to
+# take, bench/lab/host_path.py), so larger loads are spread over processes of about this many streams each.
+STREAMS_PER_PROCESS = 32
+START_MARGIN_S = 2.0  # the processes start together this long after they are asked to (spawn and imports)
+
+
+def load_processes(asked: int | None, concurrency: int, cpus: int | None) -> int:
+    """How many client processes carry `concurrency` streams: `asked`, or by default one per
+    STREAMS_PER_PROCESS streams up to the machine's CPUs (one below c=64)."""
+    if asked is not None:
+        return max(1, min(asked, concurrency))
+    if concurrency < 2 * STREAMS_PER_PROCESS:
+        return 1
+    return max(1, min(cpus or 1, -(-concurrency // STREAMS_PER_PROCESS)))
+
+
+def _share_sessions(
+    url: str, headers: dict[str, str], plan: Plan, ids: list[int], sessions: list[list[str]], concurrency: int,
+    start_at: float,
+) -> tuple[list[TurnResult], float, float]:  # fmt: skip
+    """One load process's share, from wall-clock `start_at` on: (results, started, ended) in time.time()."""
+
+    async def go() -> tuple[list[TurnResult], float, float]:
+        limits = httpx.Limits(max_connections=concurrency + 4)
+        async with httpx.AsyncClient(base_url=url, headers=headers, timeout=600, limits=limits) as client:
+            await asyncio.sleep(max(0.0, start_at - time.time()))
+            started = time.time()
+            results, _ = await run_sessions(client, plan, sessions, concurrency, ids)
+            return results, started, time.time()
+
+    return asyncio.run(go())
+
+
+async def run_sessions_in_processes(
+    url: str, headers: dict[str, str], plan: Plan, sessions: list[list[str]], concurrency: int, processes: int
+) -> tuple[list[TurnResult], float]:
+    """run_sessions over `processes` client processes, each every processes-th session with its share of the
+    concurrency; results, wall seconds from the first process's start to the last one's end."""
+    import concurrent.futures
+    import multiprocessing
+
+    start_at = time.time() + START_MARGIN_S
+    shares = []
+    for i in range(processes):
+        ids = list(range(i, len(sessions), processes))
+        share = concurrency // processes + (i < concurrency % processes)
+        shares.append((url, headers, plan, ids, [sessions[j] for j in ids], share, start_at))
+    loop = asyncio.get_running_loop()
+    context = multiprocessing.get_context("spawn")  # no fork of a process with a running event loop
+    with concurrent.futures.ProcessPoolExecutor(max_workers=processes, mp_context=context) as pool:
+        done = await asyncio.gather(*(loop.run_in_executor(pool, _share_sessions, *share) for share in shares))
+    results = [r for share_results, _, _ in done for r in share_results]
+    return results, max(end for _, _, end in done) - min(start for _, start, _ in done)
