@@ -128,11 +128,13 @@ def main() -> int:
         help="host time of launching a step with prompt tokens (eager, not a graph replay)",
     )
     parser.add_argument("--port", type=int, default=11761)
+    parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--profile", type=Path, default=None, help="write a yappi profile here")
+    parser.add_argument("--bench-args", default="", help="more `paddock bench` flags, e.g. \"--prefix-tokens 8000\"")
     args = parser.parse_args()
 
     config = EngineConfig(model=args.model, device="cpu", max_num_seqs=max(32, args.concurrency),
-                          max_model_len=4096)  # fmt: skip
+                          max_model_len=args.max_model_len)  # fmt: skip
     engine = LLMEngine(config)
     device = SimulatedDevice(engine, args.decode_ms, args.prefill_us, args.eager_launch_ms)
     client = AsyncEngine(engine=engine)
@@ -145,7 +147,7 @@ def main() -> int:
         yappi.start()
     bench = subprocess.run(
         [sys.executable, "-m", "app.cli", "bench", "--url", server.base_url, "--concurrency",
-         str(args.concurrency), "--requests", str(args.requests), "--json"],
+         str(args.concurrency), "--requests", str(args.requests), "--json", *args.bench_args.split()],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     if args.profile:
