@@ -129,8 +129,9 @@ DECLARED: tuple[EnvVar, ...] = (
     EnvVar("PADDOCK_GEMV_SHAPE_", _shape, MappingProxyType({}),
            "int16-x launch shape of one kernel: `<KEY>` as above, the format-specific key winning", prefix=True),
     EnvVar("PADDOCK_GEMV_FLOAT_X_", _int, MappingProxyType({}),
-           "the width from which a one-weight product of format `<KEY>` (Q4_K, ...) goes to the float32-x kernel "
-           "instead of int16-x (0: never; default: tuning table)", prefix=True),
+           "the width from which a one-weight single-token product of format `<KEY>` (Q4_K, ...) goes to the "
+           "float32-x kernel instead of int16-x, at any row count (0: never; default: the tuning table's size)",
+           prefix=True),
     # kernel compilation
     EnvVar("PADDOCK_KERNEL_DEFINES", _defines, MappingProxyType({}),
            "`-D` defines added to every kernel build, for A/B runs of a kernel constant"),

@@ -146,18 +146,21 @@ def test_a_sweeps_overlay_holds_only_what_differs(tmp_path: Path) -> None:
     )
 
 
-def test_a_float_x_cut_sends_wide_single_products_to_the_float_kernel(tmp_path: Path, monkeypatch) -> None:
-    """`single_float_x_from_cols` (a sweep found float32 x faster from some width on: 27B/31B o and down, H100):
-    from that width on gemv.gemv launches gemv.cu instead of gemv_int.cu; below it, and for other formats, the
-    int16-x kernel as before; an option's cut wins over the table's, 0 turning it off."""
+def test_a_float_x_cut_sends_big_single_products_to_the_float_kernel(tmp_path: Path, monkeypatch) -> None:
+    """`single_float_x` (H100 sweep: Q4_K o and down of 5,120-5,376 rows from 6,144 columns faster on float32 x,
+    the 8B's 4,096-row down slower): from that size on gemv.gemv launches gemv.cu instead of gemv_int.cu; below
+    it in either dimension, and for other formats, the int16-x kernel as before. An option's cut (A/B) is a width
+    at any row count and wins over the table's, 0 turning it off."""
     from app.engine.kernels import gemv
 
     shipped = Path(gemv_int.__file__).parent / "tuning" / "default.json"
+    assert for_arch("90").float_x_from("Q4_K") == (6144, 5120)  # what ships
     (tmp_path / "default.json").write_text(shipped.read_text())
-    (tmp_path / "sm90.json").write_text(json.dumps({"gemv_int": {"single_float_x_from_cols": {"Q4_K": 6144}}}))
+    (tmp_path / "sm90.json").write_text(
+        json.dumps({"gemv_int": {"single_float_x": {"Q6_K": {"from_cols": 8192, "from_rows": 1024}}}})
+    )
     tuned = for_arch("90", tmp_path)
-    assert tuned.float_x_from_cols("Q4_K") == 6144 and tuned.float_x_from_cols("Q6_K") is None
-    assert for_arch(None, tmp_path).float_x_from_cols("Q4_K") is None
+    assert tuned.float_x_from("Q6_K") == (8192, 1024) and tuned.float_x_from("Q8_0") is None
 
     launched: list[str] = []
     monkeypatch.setattr(gemv_int, "gemv_int", lambda *a, **k: launched.append("int"))
@@ -168,16 +171,18 @@ def test_a_float_x_cut_sends_wide_single_products_to_the_float_kernel(tmp_path: 
     class Rows:  # x of one token: only its shape is read before the launch
         shape = (1, 0)
 
-    def kernel_of(plan: GemvPlan, qtype_name: str, n_cols: int) -> str:
+    def kernel_of(plan: GemvPlan, qtype_name: str, n_rows: int, n_cols: int) -> str:
         launched.clear()
-        gemv.gemv(None, qtype_name, 144 * n_cols // 256, 5120, n_cols, Rows(), None, plan=plan)
+        gemv.gemv(None, qtype_name, 210 * n_cols // 256, n_rows, n_cols, Rows(), None, plan=plan)
         return launched[-1]
 
     plan = GemvPlan(tuned)
-    assert kernel_of(plan, "Q4_K", 6144) == "gemv.cu"
-    assert kernel_of(plan, "Q4_K", 17408) == "gemv.cu"
-    assert kernel_of(plan, "Q4_K", 5120) == "int"
-    assert kernel_of(plan, "Q6_K", 17408) == "int"
-    assert kernel_of(GemvPlan(tuned, float_x_from={"Q4_K": 0}), "Q4_K", 17408) == "int"
-    assert kernel_of(GemvPlan(tuned, float_x_from={"Q6_K": 8192}), "Q6_K", 17408) == "gemv.cu"
-    assert kernel_of(GemvPlan(tuned, int_x=False), "Q4_K", 5120) == "gemv.cu"
+    assert kernel_of(plan, "Q4_K", 5120, 6144) == "gemv.cu"  # the 27B's o
+    assert kernel_of(plan, "Q4_K", 5376, 21504) == "gemv.cu"  # the 31B's down
+    assert kernel_of(plan, "Q4_K", 4096, 12288) == "int"  # the 8B's down: fewer rows
+    assert kernel_of(plan, "Q4_K", 5120, 5120) == "int"  # too narrow
+    assert kernel_of(plan, "Q6_K", 2048, 8192) == "gemv.cu" and kernel_of(plan, "Q6_K", 2048, 4096) == "int"
+    assert kernel_of(plan, "Q8_0", 5120, 17408) == "int"
+    assert kernel_of(GemvPlan(tuned, float_x_from={"Q4_K": 0}), "Q4_K", 5120, 17408) == "int"
+    assert kernel_of(GemvPlan(tuned, float_x_from={"Q4_K": 6144}), "Q4_K", 4096, 12288) == "gemv.cu"
+    assert kernel_of(GemvPlan(tuned, int_x=False), "Q4_K", 4096, 4096) == "gemv.cu"

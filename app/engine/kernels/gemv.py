@@ -77,7 +77,7 @@ def gemv(
         and rows_per_block is None
         and plan.int_x
         and gemv_int.serves(n_tok, n_cols, (qtype_name,), row_bytes * n_rows)
-        and not plan.single_takes_float_x(qtype_name, n_cols)
+        and not plan.single_takes_float_x(qtype_name, n_cols, n_rows)
     ):
         return gemv_int.gemv_int(data, qtype_name, row_bytes, n_rows, n_cols, x, out, bias, plan=plan)
     bucket = next(b for b in TOKEN_BUCKETS if b >= n_tok)

@@ -50,11 +50,15 @@ class GemvPlan:
             self.tuning.gemv_int_shape(kernel, n_cols, first_format), kernel, first_format
         )
 
-    def single_takes_float_x(self, qtype_name: str, n_cols: int) -> bool:
-        """Whether a one-weight single-token product of `qtype_name` over `n_cols` columns goes to the
-        float32-x kernel though the int16-x one serves it: from the width where it measured faster."""
-        cut = self.float_x_from.get(qtype_name, self.tuning.float_x_from_cols(qtype_name))
-        return bool(cut) and n_cols >= cut
+    def single_takes_float_x(self, qtype_name: str, n_cols: int, n_rows: int) -> bool:
+        """Whether a one-weight single-token product of `qtype_name` ([n_rows, n_cols]) goes to the float32-x
+        kernel though the int16-x one serves it: from the size where it measured faster. An option's
+        cut (A/B runs) is a width alone, 0 never."""
+        if qtype_name in self.float_x_from:
+            cut = self.float_x_from[qtype_name]
+            return bool(cut) and n_cols >= cut
+        table = self.tuning.float_x_from(qtype_name)
+        return table is not None and n_cols >= table[0] and n_rows >= table[1]
 
     @property
     def max_groups_per_thread(self) -> int:

@@ -79,10 +79,11 @@ class Tuning:
             return LaunchShape.from_data(by_format)
         return LaunchShape.from_data(table["shapes"][kernel]["wide" if wide else "narrow"])
 
-    def float_x_from_cols(self, qtype_name: str) -> int | None:
-        """The width from which a one-weight product of `qtype_name` measured faster on the float32-x
-        kernel than on any int16-x shape (None: at no width)."""
-        return self.data["gemv_int"].get("single_float_x_from_cols", {}).get(qtype_name)
+    def float_x_from(self, qtype_name: str) -> tuple[int, int] | None:
+        """(columns, rows) from which a one-weight product of `qtype_name` measured faster on the float32-x
+        kernel than on any int16-x shape (None: at no size)."""
+        cut = self.data["gemv_int"].get("single_float_x", {}).get(qtype_name)
+        return None if cut is None else (cut["from_cols"], cut["from_rows"])
 
     @property
     def gemv_int_wide_cols(self) -> int:
