@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -321,17 +322,8 @@ def write_gemma4_metadata(writer: gguf.GGUFWriter, shape: Gemma4Shape) -> None:
 def write_gemma4(shape: Gemma4Shape, writer: gguf.GGUFWriter, rng: np.random.Generator) -> int:
     """The metadata and tensors of a Gemma 4 checkpoint into `writer`; the weight bytes."""
     write_gemma4_metadata(writer, shape)
-    types, weight_bytes = gemma4_tensor_types(shape), 0
-    for name, dims in gemma4_matrices(shape).items():
-        qtype = QUANT_TYPES[types[name]]
-        cols = dims[-1]
-        blocks = random_blocks(qtype, int(np.prod(dims)) // qtype.block_size, rng, scale=cols**-0.5)
-        writer.add_tensor(name, blocks.reshape(*dims[:-1], -1), raw_dtype=gguf.GGMLQuantizationType[qtype.name])
-        weight_bytes += blocks.nbytes
-    for name, values in gemma4_vectors(shape, rng).items():
-        writer.add_tensor(name, values)
-        weight_bytes += values.nbytes
-    return weight_bytes
+    nbytes = add_random_matrices(writer, gemma4_matrices(shape), gemma4_tensor_types(shape), rng)
+    return nbytes + add_floats(writer, gemma4_vectors(shape, rng))
 
 
 def write(shape_name: str, mix: str, out: Path, seed: int = 0) -> int:
@@ -344,7 +336,7 @@ def write(shape_name: str, mix: str, out: Path, seed: int = 0) -> int:
         writer.add_file_type(MIXES[mix][4])
         write_tokenizer(writer, shape4.vocab)
         weight_bytes = write_gemma4(shape4, writer, rng)
-        _finish(writer)
+        finish(writer)
         return weight_bytes
     shape = SHAPES[shape_name]
     rng = np.random.default_rng(seed)
@@ -367,18 +359,12 @@ def write(shape_name: str, mix: str, out: Path, seed: int = 0) -> int:
         writer.add_expert_used_count(shape.experts_used)
         writer.add_expert_feed_forward_length(shape.expert_ffn)
     write_tokenizer(writer, shape.vocab)
-    types = tensor_types(shape, mix)
-    weight_bytes = 0
-    for name, dims in matrix_shapes(shape).items():
-        qtype = QUANT_TYPES[types[name]]
-        # Scale ~ 1/sqrt(fan-in) keeps activations O(1) through the layers.
-        blocks = random_blocks(qtype, int(np.prod(dims)) // qtype.block_size, rng, scale=dims[-1] ** -0.5)
-        writer.add_tensor(name, blocks.reshape(*dims[:-1], -1), raw_dtype=gguf.GGMLQuantizationType[qtype.name])
-        weight_bytes += blocks.nbytes
-    for i in range(shape.layers if shape.experts else 0):  # the router stays F32, as llama-quantize keeps it
-        router = (rng.standard_normal((shape.experts, shape.hidden)) * shape.hidden**-0.5).astype(np.float32)
-        writer.add_tensor(f"blk.{i}.ffn_gate_inp.weight", router)
-        weight_bytes += router.nbytes
+    weight_bytes = add_random_matrices(writer, matrix_shapes(shape), tensor_types(shape, mix), rng)
+    # the MoE router stays F32, as llama-quantize keeps it
+    floats = {
+        f"blk.{i}.ffn_gate_inp.weight": (rng.standard_normal((shape.experts, shape.hidden)) * shape.hidden**-0.5).astype(np.float32)
+        for i in range(shape.layers if shape.experts else 0)
+    }  # fmt: skip
     norms = {"output_norm.weight": shape.hidden}
     for i in range(shape.layers):
         norms |= {f"blk.{i}.attn_norm.weight": shape.hidden, f"blk.{i}.ffn_norm.weight": shape.hidden}
@@ -387,19 +373,55 @@ def write(shape_name: str, mix: str, out: Path, seed: int = 0) -> int:
                 f"blk.{i}.attn_q_norm.weight": shape.head_dim,
                 f"blk.{i}.attn_k_norm.weight": shape.head_dim,
             }
-    for name, size in norms.items():
-        values = (1.0 + 0.1 * rng.standard_normal(size)).astype(np.float32)
-        writer.add_tensor(name, values)
-        weight_bytes += values.nbytes
-    _finish(writer)
+    floats |= {name: (1.0 + 0.1 * rng.standard_normal(size)).astype(np.float32) for name, size in norms.items()}
+    weight_bytes += add_floats(writer, floats)
+    finish(writer)
     return weight_bytes
 
 
-def _finish(writer: gguf.GGUFWriter) -> None:
+def add_random_matrices(
+    writer: gguf.GGUFWriter, matrices: dict[str, tuple[int, ...]], types: dict[str, str], rng: np.random.Generator
+) -> int:
+    """Each of `matrices` (`(rows, cols)`, or `(experts, rows, cols)` stacked) as random blocks of its format in
+    `types` into `writer`; their bytes."""
+    nbytes = 0
+    for name, dims in matrices.items():
+        qtype = QUANT_TYPES[types[name]]
+        # Scale ~ 1/sqrt(fan-in) keeps activations O(1) through the layers.
+        blocks = random_blocks(qtype, int(np.prod(dims)) // qtype.block_size, rng, scale=dims[-1] ** -0.5)
+        writer.add_tensor(name, blocks.reshape(*dims[:-1], -1), raw_dtype=gguf.GGMLQuantizationType[qtype.name])
+        nbytes += blocks.nbytes
+    return nbytes
+
+
+def add_floats(writer: gguf.GGUFWriter, tensors: dict[str, np.ndarray]) -> int:
+    """The float32 tensors as they are; their bytes."""
+    for name, values in tensors.items():
+        writer.add_tensor(name, values)
+    return sum(values.nbytes for values in tensors.values())
+
+
+def finish(writer: gguf.GGUFWriter) -> None:
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def maker_main(doc: str, shapes: dict, write: Callable[[str, Path], int]) -> None:
+    """The command line of a maker with one mix: --shape (of `shapes`), --out, --layers."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--shape", choices=sorted(shapes), required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--layers", type=int, help="fewer layers than the real model (kernel profiles: same per-layer cost)"
+    )
+    args = parser.parse_args()
+    if args.layers:
+        shapes[args.shape] = replace(shapes[args.shape], layers=args.layers)
+    started = time.perf_counter()
+    nbytes = write(args.shape, args.out)
+    print(f"{args.out}: {nbytes / 1e9:.2f} GB of weights in {time.perf_counter() - started:.1f} s")
 
 
 def main() -> None:

@@ -12,10 +12,8 @@ the tokenizer is make_random_gguf.py's byte-level one.
 
 from __future__ import annotations
 
-import argparse
 import sys
-import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
@@ -24,10 +22,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from make_random_gguf import _finish, write_tokenizer
-
-from app.engine.quant.reference import random_blocks
-from app.engine.quant.types import QUANT_TYPES
+from make_random_gguf import add_floats, add_random_matrices, finish, maker_main, write_tokenizer
 
 
 @dataclass(frozen=True)
@@ -121,32 +116,12 @@ def write(shape_name: str, out: Path, seed: int = 0) -> int:
     writer.add_expert_used_count(s.experts_used)
     writer.add_expert_feed_forward_length(s.expert_ffn)
     write_tokenizer(writer, s.vocab)
-    weight_bytes = 0
-    for name, dims in matrices(s).items():
-        qtype = QUANT_TYPES[EXPERT_FORMAT if "_exps" in name else OTHER_FORMAT]
-        # Scale ~ 1/sqrt(fan-in) keeps activations O(1) through the layers.
-        blocks = random_blocks(qtype, int(np.prod(dims)) // qtype.block_size, rng, scale=dims[-1] ** -0.5)
-        writer.add_tensor(name, blocks.reshape(*dims[:-1], -1), raw_dtype=gguf.GGMLQuantizationType[qtype.name])
-        weight_bytes += blocks.nbytes
-    for name, values in vectors(s, rng).items():
-        writer.add_tensor(name, values)
-        weight_bytes += values.nbytes
-    _finish(writer)
-    return weight_bytes
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", choices=sorted(SHAPES), required=True)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--layers", type=int, help="fewer layers than the real model (same per-layer cost)")
-    args = parser.parse_args()
-    if args.layers:
-        SHAPES[args.shape] = replace(SHAPES[args.shape], layers=args.layers)
-    started = time.perf_counter()
-    nbytes = write(args.shape, args.out)
-    print(f"{args.out}: {nbytes / 1e9:.2f} GB of weights in {time.perf_counter() - started:.1f} s")
+    types = {name: EXPERT_FORMAT if "_exps" in name else OTHER_FORMAT for name in matrices(s)}
+    nbytes = add_random_matrices(writer, matrices(s), types, rng)
+    nbytes += add_floats(writer, vectors(s, rng))
+    finish(writer)
+    return nbytes
 
 
 if __name__ == "__main__":
-    main()
+    maker_main(__doc__, SHAPES, write)

@@ -16,10 +16,8 @@ llama.cpp keeps them.
 
 from __future__ import annotations
 
-import argparse
 import sys
-import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
@@ -28,10 +26,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from make_random_gguf import use_more_bits, write_tokenizer
-
-from app.engine.quant.reference import random_blocks
-from app.engine.quant.types import QUANT_TYPES
+from make_random_gguf import (
+    add_floats,
+    add_random_matrices,
+    finish,
+    maker_main,
+    use_more_bits,
+    write_tokenizer,
+)
 
 
 @dataclass(frozen=True)
@@ -234,39 +236,13 @@ def write(shape_name: str, out: Path, seed: int = 0) -> int:
             writer.add_uint32(full, value)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
     write_tokenizer(writer, s.vocab)
-    nbytes = 0
-    for name, (shape, kind) in matrices(s).items():
-        qtype = QUANT_TYPES[kind]
-        cols = shape[-1]
-        blocks = random_blocks(qtype, int(np.prod(shape)) // qtype.block_size, rng, scale=cols**-0.5)
-        writer.add_tensor(
-            name, blocks.reshape(*shape[:-1], -1), raw_dtype=gguf.GGMLQuantizationType[qtype.name]
-        )
-        nbytes += blocks.nbytes
-    for name, values in small_tensors(s, rng).items():
-        writer.add_tensor(name, values)
-        nbytes += values.nbytes
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    table = matrices(s)
+    nbytes = add_random_matrices(writer, {n: dims for n, (dims, _) in table.items()},
+                                 {n: kind for n, (_, kind) in table.items()}, rng)  # fmt: skip
+    nbytes += add_floats(writer, small_tensors(s, rng))
+    finish(writer)
     return nbytes
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", choices=sorted(SHAPES), required=True)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument(
-        "--layers", type=int, help="fewer layers than the real model (kernel profiles: same per-layer cost)"
-    )
-    args = parser.parse_args()
-    if args.layers:
-        SHAPES[args.shape] = replace(SHAPES[args.shape], layers=args.layers)
-    started = time.perf_counter()
-    nbytes = write(args.shape, args.out)
-    print(f"{args.out}: {nbytes / 1e9:.2f} GB of weights in {time.perf_counter() - started:.1f} s")
-
-
 if __name__ == "__main__":
-    main()
+    maker_main(__doc__, SHAPES, write)

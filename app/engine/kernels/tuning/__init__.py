@@ -82,7 +82,7 @@ class Tuning:
     def float_x_from(self, qtype_name: str) -> tuple[int, int] | None:
         """(columns, rows) from which a one-weight product of `qtype_name` measured faster on the float32-x
         kernel than on any int16-x shape (None: at no size)."""
-        cut = self.data["gemv_int"].get("single_float_x", {}).get(qtype_name)
+        cut = self.data["gemv_int"]["single_float_x"].get(qtype_name)
         return None if cut is None else (cut["from_cols"], cut["from_rows"])
 
     @property
