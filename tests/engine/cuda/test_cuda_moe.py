@@ -28,7 +28,9 @@ def _f32(name: str, values: np.ndarray) -> QuantizedTensor:
 
 
 @pytest.mark.parametrize("n_tok", [1, 3, 77])
-@pytest.mark.parametrize(("qtype", "gpt_oss"), [("Q4_K", False), ("Q8_0", True), ("BF16", True), ("Q6_K", False)])
+@pytest.mark.parametrize(("qtype", "gpt_oss"), [
+    ("Q4_K", False), ("Q8_0", True), ("BF16", True), ("Q6_K", False), ("MXFP4", True),  # MXFP4: GPT-OSS's experts
+])  # fmt: skip
 def test_moe_forward_matches_numpy(cuda, cpu, rng, qtype, gpt_oss, n_tok):
     import cupy as cp
 

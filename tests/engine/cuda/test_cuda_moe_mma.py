@@ -45,7 +45,8 @@ def _grouped_reference(qtype: str, w, x, per_pair: bool, order, offsets):
 
 @pytest.mark.parametrize(("qtype", "per_pair", "with_bias"), [
     ("Q4_K", False, False), ("Q6_K", True, False), ("Q8_0", False, True), ("F16", True, False),
-    ("BF16", False, True), ("Q5_K", True, False),
+    ("BF16", False, True), ("Q5_K", True, False), ("MXFP4", False, True), ("NVFP4", True, False),
+    ("IQ4_XS", False, False),
 ])  # fmt: skip
 @pytest.mark.parametrize("shape", [moe_mma.SQUARE, moe_mma.FEW_PAIRS], ids=["64x64", "32x128"])
 def test_moe_mma_matches_the_grouped_kernel_and_numpy(cuda, rng, qtype: str, per_pair: bool, with_bias: bool,

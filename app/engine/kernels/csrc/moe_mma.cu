@@ -239,13 +239,9 @@ __device__ __forceinline__ void moe_mma(const u8* __restrict__ w, i64 expert_str
 // One level more, so that PADDOCK_FORMAT is expanded (to q4_k, ...) before `##` pastes it into the name.
 #define MOE_MMA_FORMAT(SUFFIX, FMT) MOE_MMA_KERNEL(SUFFIX, FMT)
 
-// The formats with get() decoders that kernels/moe_mma.py's FORMATS lists (the low-bit table formats
-// keep moe_grouped).
-#define MOE_MMA_FORMATS(FORMAT) \
-    FORMAT(f32, FmtF32)         \
-    FORMAT(f16, FmtF16)         \
-    FORMAT(bf16, FmtBF16)       \
-    PADDOCK_INT_FORMATS(FORMAT)
+// Every format of quant.cuh (kernels/moe_mma.py's FORMATS): each has get(), and its 32-weight units tile
+// a 128-column step the same way.
+#define MOE_MMA_FORMATS(FORMAT) PADDOCK_FORMATS(FORMAT)
 
 #if defined(PADDOCK_ALL_VARIANTS)
 MOE_MMA_FORMATS(MOE_MMA_KERNEL)
