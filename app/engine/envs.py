@@ -123,6 +123,9 @@ DECLARED: tuple[EnvVar, ...] = (
     EnvVar("PADDOCK_MOE_FUSED_DECODE", _bool, True,
            "MoE at 1 to 4 tokens: products per (token, expert) pair, the down product and the combine in one "
            "launch (kernels/moe.py's moe_few_tokens; 0: the grouped path)"),
+    EnvVar("PADDOCK_MOE_INT_X", _bool, False,
+           "the grouped MoE products off the tensor cores (decode batches) over int16 x, for formats with integer "
+           "codes (moe.cu's moe_grouped_int_<fmt>; 0: float32 x)"),
     EnvVar("PADDOCK_GEMV_MIN_BLOCKS", _int, None, "XQ_MIN_BLOCKS (register cap) of every int16-x build"),
     EnvVar("PADDOCK_GEMV_MIN_BLOCKS_", _int, MappingProxyType({}),
            "XQ_MIN_BLOCKS of one kernel: `<KEY>` is `<KERNEL>[_<FORMAT>]` (GATED, MULTI_Q4_K, ...)", prefix=True),

@@ -42,6 +42,9 @@ FUSED_ROUTE_TOKENS = 64  # up to here moe_route_grouped routes (two tokens a war
 # expert is read twice as often, and moe_down_combine's grid (row tiles x tokens) grows with the batch while
 # each block still reads k experts' rows serially per warp. Decode at c=1..4 is the case it is for.
 FUSED_DECODE_MAX_TOKENS = 4
+# The formats with integer codes (quant.cuh's codes()): their grouped products can read int16 x (moe_grouped_int_*).
+INT_X_FORMATS = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K",
+                           "MXFP4", "NVFP4", "IQ4_NL", "IQ4_XS"})  # fmt: skip
 PAD_BYTES = 16  # the format decoders read whole 16-byte words
 # moe_gated's `kind` per MoeSpec.activation (relu2: ungated, up and down only)
 ACTIVATION_KINDS = {"silu": 0, "swiglu_oai": 1, "relu2": 2, "gelu_tanh": 3}
@@ -112,6 +115,7 @@ class SharedJoin:
 def moe_forward(
     x: Any, logits: Any, spec: MoeSpec, gate: StackedExperts | None, up: StackedExperts, down: StackedExperts,
     expert_scale: Any = None, score_bias: Any = None, fused_decode: bool = True, shared: SharedJoin | None = None,
+    int_x: bool = False,
 ) -> Any:  # fmt: skip
     """`[T, hidden]` normalised hidden states and their router logits `[T, E]` -> the experts' sum
     (`gate` None: ungated experts, `down(act(up x))`).
@@ -119,16 +123,18 @@ def moe_forward(
     `score_bias` (float32 `[E]`, sigmoid routing's `exp_probs_b`: Nemotron-H, Laguna): added to the scores
     it chooses on. `fused_decode` (KernelOptions.moe_fused_decode): up to FUSED_DECODE_MAX_TOKENS tokens
     through moe_few_tokens. `shared`: a shared expert's output, gated, added last (in the few-tokens
-    path's combine; after the sum elsewhere)."""
+    path's combine; after the sum elsewhere). `int_x` (KernelOptions.moe_int_x): the grouped products over
+    int16 x (grouped_product)."""
     if fused_decode and few_tokens_serve(x.shape[0], spec, gate, up):
         chosen, weights = moe_route(logits, spec, score_bias)  # a warp per token: no grouping
         return moe_few_tokens(x, chosen, weights, spec, gate, up, down, expert_scale, shared)
     if x.shape[0] <= FUSED_ROUTE_TOKENS and up.num_experts == spec.num_experts:
         chosen, weights, plan = route_grouped(logits, spec, score_bias)  # small batches: route and group at once
-        routed = moe_experts(x, chosen, weights, spec, gate, up, down, plan=plan, expert_scale=expert_scale)
+        routed = moe_experts(x, chosen, weights, spec, gate, up, down, plan=plan, expert_scale=expert_scale,
+                             int_x=int_x)  # fmt: skip
     else:
         chosen, weights = route_scaled(logits, spec, expert_scale, score_bias)
-        routed = moe_experts(x, chosen, weights, spec, gate, up, down)
+        routed = moe_experts(x, chosen, weights, spec, gate, up, down, int_x=int_x)
     return routed if shared is None else routed + shared.gated()
 
 
@@ -287,39 +293,70 @@ def _product_grid(w: StackedExperts, plan: PairGroups | None) -> tuple[int, int]
     return cdiv(w.n_rows, WARPS * _lane_groups(w) * ROWS), experts
 
 
-def grouped_product(w: StackedExperts, inputs: Any, plan: PairGroups, per_pair: bool, act: int = -1) -> Any:
+def takes_int_x(qtype_name: str) -> bool:
+    """Whether the grouped products of this format have an int16-x build (moe.cu's moe_grouped_int_<fmt>)."""
+    return qtype_name in INT_X_FORMATS
+
+
+def quantize_rows(x: Any) -> tuple[Any, Any]:
+    """`x [rows, cols]` (float32) as the int16-x products read it (moe_xq): codes `[rows, cols]` (uint16) and
+    each 16-column group's (scale, sum) `[rows, cols / 16, 2]` (float32)."""
+    import cupy as cp
+
+    rows, cols = x.shape
+    codes = cp.empty((rows, cols), cp.uint16)
+    ds = cp.empty((rows, cols // 16, 2), cp.float32)
+    launch(_kernel("moe_xq"), _grid(rows * cols // 16), (THREADS,), (x, i32(rows), i32(cols), codes, ds))
+    return codes, ds
+
+
+def _inputs(w: StackedExperts, x: Any, int_x: bool) -> tuple[str, tuple]:
+    """The products' kernel name infix and input arguments: float32 rows, or (int_x and a format with integer codes)
+    the rows quantized by moe_xq."""
+    if int_x and takes_int_x(w.qtype_name):
+        return "_int", quantize_rows(x)
+    return "", (x,)
+
+
+def grouped_product(
+    w: StackedExperts, inputs: Any, plan: PairGroups, per_pair: bool, act: int = -1, int_x: bool = False
+) -> Any:
     """`[pairs, w.n_rows]` in grouped order: each pair's row of `inputs` (its token's, or with `per_pair`
-    its own in grouped order) times its expert's `w` (+ bias); `act` 2: relu of it squared."""
+    its own in grouped order) times its expert's `w` (+ bias); `act` 2: relu of it squared. `int_x`
+    (KernelOptions.moe_int_x): over the inputs quantized to int16 where the format has integer codes."""
     import cupy as cp
 
     y = (cp.zeros if plan.skipping else cp.empty)((plan.n_pairs, w.n_rows), cp.float32)  # skipped rows stay 0
-    kernel = _kernel(f"moe_grouped_{w.qtype_name.lower()}", w.qtype_name, plan.max_tokens)
+    infix, x_args = _inputs(w, inputs, int_x)
+    kernel = _kernel(f"moe_grouped{infix}_{w.qtype_name.lower()}", w.qtype_name, plan.max_tokens)
     launch(kernel, _product_grid(w, plan), (32 * WARPS,),
-           (w.data, i64(w.expert_stride), i64(w.row_bytes), i32(w.n_rows), i32(w.n_cols), inputs, i32(per_pair),
+           (w.data, i64(w.expert_stride), i64(w.row_bytes), i32(w.n_rows), i32(w.n_cols), *x_args, i32(per_pair),
             plan.order, plan.offsets, plan.active, i32(plan.k), ptr(w.bias), i32(act), y))  # fmt: skip
     return y
 
 
 def gated_product(
-    x: Any, plan: PairGroups, spec: MoeSpec, gate: StackedExperts | None, up: StackedExperts
+    x: Any, plan: PairGroups, spec: MoeSpec, gate: StackedExperts | None, up: StackedExperts, int_x: bool = False
 ) -> Any:
     """`[pairs, ffn]` in grouped order: act(gate x) * up x per pair (ungated: relu(up x)^2), one launch
-    where gate and up share a format (each x load serves both rows), else two products and moe_gated."""
+    where gate and up share a format (each x load serves both rows), else two products and moe_gated.
+    `int_x`: as grouped_product's."""
     import cupy as cp
 
     kind = ACTIVATION_KINDS[spec.activation]
     if gate is None:
-        return grouped_product(up, x, plan, False, act=kind)
+        return grouped_product(up, x, plan, False, act=kind, int_x=int_x)
     if gate.qtype_name != up.qtype_name or gate.row_bytes != up.row_bytes or gate.n_rows != up.n_rows:
-        g, u = grouped_product(gate, x, plan, False), grouped_product(up, x, plan, False)
+        g, u = grouped_product(gate, x, plan, False, int_x=int_x), grouped_product(up, x, plan, False, int_x=int_x)
         act = cp.empty_like(u)
         launch(_kernel("moe_gated"), _grid(u.size), (THREADS,),
                (g, u, i64(u.size), i32(kind), f32(spec.swiglu_limit), f32(spec.swiglu_alpha), act))  # fmt: skip
         return act
     y = (cp.zeros if plan.skipping else cp.empty)((plan.n_pairs, up.n_rows), cp.float32)
-    kernel = _kernel(f"moe_grouped_gated_{up.qtype_name.lower()}", up.qtype_name, plan.max_tokens)
+    infix, x_args = _inputs(up, x, int_x)
+    kernel = _kernel(f"moe_grouped_gated{infix}_{up.qtype_name.lower()}", up.qtype_name, plan.max_tokens)
     launch(kernel, _product_grid(up, plan), (32 * WARPS,),
-           (gate.data, up.data, i64(up.expert_stride), i64(up.row_bytes), i32(up.n_rows), i32(up.n_cols), x,
+           (gate.data, up.data, i64(up.expert_stride), i64(up.row_bytes), i32(up.n_rows), i32(up.n_cols), *x_args,
             plan.order, plan.offsets, plan.active, i32(plan.k), ptr(gate.bias), ptr(up.bias), i32(kind),
             f32(spec.swiglu_limit), f32(spec.swiglu_alpha), y))  # fmt: skip
     return y
@@ -365,6 +402,7 @@ def moe_experts(
     groups: Any = None,
     plan: PairGroups | None = None,
     expert_scale: Any = None,
+    int_x: bool = False,
 ) -> Any:
     """The routed pairs through the grouped gate/up product with its activation (or, with `gate` None,
     the ungated activation of the up product), the grouped down product and the combine.
@@ -374,7 +412,8 @@ def moe_experts(
     so one call can run only the experts that are in slots (backend/cuda/experts.py streams the
     rest). The combine adds a token's pairs in expert-id order (`chosen`) either way. `plan`: the
     pairs already grouped (route_grouped), no `groups` then. `expert_scale` (float32 `[E]`): the
-    weights times their expert's factor in the combine (as route_scaled scales them)."""
+    weights times their expert's factor in the combine (as route_scaled scales them). `int_x`: the products
+    off the tensor cores over int16 x (grouped_product)."""
     import cupy as cp
 
     _check_activation(spec, gate)
@@ -387,11 +426,11 @@ def moe_experts(
     if moe_mma.serves(up.qtype_name, n_tok, k, spec.num_experts, up.n_cols):
         act = _gated_on_tensor_cores(x, plan, spec, gate, up)
     else:
-        act = gated_product(x, plan, spec, gate, up)
+        act = gated_product(x, plan, spec, gate, up, int_x)
     if moe_mma.serves(down.qtype_name, n_tok, k, spec.num_experts, down.n_cols):
         h = _tensor_core_product(down, act, plan, True)
     else:
-        h = grouped_product(down, act, plan, True)
+        h = grouped_product(down, act, plan, True, int_x=int_x)
     out = cp.empty((n_tok, down.n_rows), cp.float32)
     launch(_kernel("moe_combine"), (n_tok,), (THREADS,),
            (h, chosen, weights, ptr(expert_scale), plan.where, i32(k), i32(down.n_rows), out))  # fmt: skip

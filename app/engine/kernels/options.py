@@ -64,6 +64,7 @@ class KernelOptions:
     gemv_groups_per_thread: int | None = _from_env("PADDOCK_GEMV_QB")  # XQ_QB's cap; None: the tuning's
     fused_norm_max_cols: int | None = _from_env("PADDOCK_FUSED_NORM_MAX_COLS")  # None: the tuning's
     moe_fused_decode: bool = _from_env("PADDOCK_MOE_FUSED_DECODE")  # MoE at 1-4 tokens: no grouping, down+combine
+    moe_int_x: bool = _from_env("PADDOCK_MOE_INT_X")  # the grouped MoE products over int16 x (moe_grouped_int_*)
     gemv_overrides: ShapeOverrides = field(default_factory=ShapeOverrides.from_env)
     # {format: columns from which its one-weight single-token products take float32 x; 0: never}, over the tuning's
     gemv_float_x_from: Mapping[str, int] = _from_env("PADDOCK_GEMV_FLOAT_X_")

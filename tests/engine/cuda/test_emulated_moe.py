@@ -158,6 +158,19 @@ def test_sigmoid_routed_ungated_experts_emulated(moe_emu, tmp_path, request, qty
     _check_outputs(tmp_path, SMALL, layer, logits, spec, expected, seed)
 
 
+def _pair_set_spec(shape: Shape, activation: str) -> MoeSpec:
+    """The pair-set tests' layer: GPT-OSS's routing with its activation, else softmax then top k renormalised."""
+    gpt_oss = activation == "swiglu_oai"
+    return MoeSpec(shape.experts, shape.used, shape.ff, routing="topk_softmax" if gpt_oss else "softmax_topk",
+                   normalize=not gpt_oss, activation=activation)  # fmt: skip
+
+
+def _pair_set_build(moe_emu: Path, builds: dict[tuple[int, int], Path], tmax: int | tuple[int, int]) -> Path:
+    """The harness built for `tmax` (MOE_TMAX, or a pair (MOE_TMAX, MOE_R))."""
+    build = tmax if isinstance(tmax, tuple) else (tmax, 2)
+    return moe_emu if build == (4, 2) else builds[build]
+
+
 @pytest.mark.parametrize(("shape", "qtype", "activation", "tmax", "variant"), [
     (DECODE_K, "Q4_K", "silu", 1, (0, 0, 1)),  # a decode step as moe_forward runs it: route and group at once,
     (DECODE_K, "Q6_K", "silu", 1, ()),  # the build kernels/moe.py picks for one pair an expert
@@ -183,13 +196,38 @@ def test_moe_pair_sets_emulated(moe_emu, moe_emu_builds, tmp_path, request, shap
     pairs per pass (`tmax`; a pair (tmax, rows) also sets the rows a lane group reads), both groupings and the
     unfused gate/up, against the numpy layer."""
     rng, seed = fresh_rng(request.node.nodeid)
-    gpt_oss = activation == "swiglu_oai"
-    spec = MoeSpec(shape.experts, shape.used, shape.ff, routing="topk_softmax" if gpt_oss else "softmax_topk",
-                   normalize=not gpt_oss, activation=activation)  # fmt: skip
-    build = tmax if isinstance(tmax, tuple) else (tmax, 2)
-    exe = moe_emu if build == (4, 2) else moe_emu_builds[build]
+    spec, exe = _pair_set_spec(shape, activation), _pair_set_build(moe_emu, moe_emu_builds, tmax)
     layer, logits, expected = _case(exe, tmp_path, rng, qtype, shape, spec, *variant)
     _check_outputs(tmp_path, shape, layer, logits, spec, expected, seed)
+
+
+@pytest.mark.parametrize(("shape", "qtype", "activation", "tmax", "variant"), [
+    (DECODE_K, "Q4_K", "silu", 1, (0, 0, 1)),  # a decode step's pair set, routed and grouped at once
+    (BATCH32, "Q8_0", "silu", 2, (0, 0, 1)),  # signed codes
+    (BATCH32, "Q5_0", "gelu_tanh", 2, ()),  # Gemma-4-26B-A4B's down format, its GELU experts
+    (BATCH32, "Q4_1", "silu", 4, (1, 0, 0)),  # offsets from many pairs; affine codes (w = d q + m)
+    (BATCH32, "Q8_0", "relu2", 2, ()),  # ungated: the activation inside the up product
+    (BATCH32, "MXFP4", "swiglu_oai", 4, ()),  # GPT-OSS: table codes, biases, clamped SwiGLU
+    (WIDE, "IQ4_NL", "silu", 1, (0, 1, 0)),  # gate and up as two products, then moe_gated
+    (WIDE_K, "Q6_K", "silu", 4, ()),
+    (WIDE_K, "Q5_K", "silu", 2, ()),
+    (WIDE_K, "NVFP4", "silu", 1, ()),
+    (WIDE_K, "IQ4_XS", "silu", 2, ()),
+    (DECODE_K, "Q4_K", "silu", (1, 4), (0, 0, 1)),  # four rows a lane group (MOE_R=4)
+], ids=_id)  # fmt: skip
+def test_int_x_products_emulated(moe_emu, moe_emu_builds, tmp_path, request, shape, qtype, activation, tmax, variant):
+    """The grouped products over int16 x (KernelOptions.moe_int_x: moe_xq, then moe_grouped[_gated]_int_<fmt>) at
+    decode and small-batch pair sets, every format with integer codes' decoder, against the numpy layer: the
+    inputs rounded per 16 columns to int16 (gemv_int's x), so within its margin."""
+    from cuda_samples import GATED_FACTOR, INT_X_TOL
+
+    rng, seed = fresh_rng(request.node.nodeid)
+    spec, exe = _pair_set_spec(shape, activation), _pair_set_build(moe_emu, moe_emu_builds, tmax)
+    flags = (*variant, *(0,) * (3 - len(variant)), 0, 1)  # MANY_PAIRS SEPARATE FUSED_ROUTE FUSED_DECODE INT_X
+    layer, logits, expected = _case(exe, tmp_path, rng, qtype, shape, spec, *flags)
+    _check_outputs(tmp_path, shape, layer, logits, spec, expected, seed, tol=GATED_FACTOR * INT_X_TOL)
+    err = rel_err(np.fromfile(tmp_path / "out.bin", np.float32).reshape(expected.shape), expected)
+    assert err > 1e-6, f"seed {seed}: rel err {err:.3g}, float32 x's (the int16 rounding leaves ~1e-5)"
 
 
 @pytest.mark.parametrize(("shape", "variant"), [(DECODE, (0, 0, 1)), (SMALL, ())], ids=_id)
@@ -236,8 +274,8 @@ def test_skipped_pairs_emulated(moe_emu, tmp_path, request, shape, variant):
 
 
 def _check_outputs(tmp_path: Path, shape: Shape, layer: MoE, logits: np.ndarray, spec: MoeSpec,
-                   expected: np.ndarray, seed: int):  # fmt: skip
-    """The emulated route's experts and weights equal the numpy router's, and the output the layer's."""
+                   expected: np.ndarray, seed: int, tol: float = 1e-5):  # fmt: skip
+    """The emulated route's experts and weights equal the numpy router's, and the output the layer's (within `tol`)."""
     chosen = np.fromfile(tmp_path / "chosen.bin", np.int32).reshape(shape.tokens, shape.used)
     weights, want = route(np, logits, spec, layer.score_bias)
     assert (chosen == want).all(), f"seed {seed}: experts {chosen.tolist()} != {want.tolist()}"
@@ -245,4 +283,4 @@ def _check_outputs(tmp_path: Path, shape: Shape, layer: MoE, logits: np.ndarray,
     assert np.allclose(got_w, weights, rtol=1e-5, atol=1e-6), f"seed {seed}"
     out = np.fromfile(tmp_path / "out.bin", np.float32).reshape(shape.tokens, shape.hidden)
     assert np.isfinite(out).all()
-    assert rel_err(out, expected) < 1e-5, f"seed {seed}: rel err {rel_err(out, expected):.3g}"
+    assert rel_err(out, expected) < tol, f"seed {seed}: rel err {rel_err(out, expected):.3g}"

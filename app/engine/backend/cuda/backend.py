@@ -254,7 +254,8 @@ class CudaBackend:
             return routed if join is None else routed + join.gated()
         gate, up, down = experts if len(experts) == 3 else (None, *experts)
         return _moe.moe_forward(self._f32(x), self._rows(router_logits), spec, gate, up, down, scale, bias,
-                                fused_decode=self.kernel_options.moe_fused_decode, shared=join)  # fmt: skip
+                                fused_decode=self.kernel_options.moe_fused_decode, shared=join,
+                                int_x=self.kernel_options.moe_int_x)  # fmt: skip
 
     def alloc_kv_cache(
         self, num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int, dtype: str = "auto"

@@ -84,6 +84,26 @@ __device__ __forceinline__ u32 xq_pair(float lo, float hi) {
     return __byte_perm(__float_as_uint(__fadd_rn(lo, MAGIC)), __float_as_uint(__fadd_rn(hi, MAGIC)), 0x5410);
 }
 
+// One 16-column group v of x as 16 int16 codes (c[0]: values 0-7, c[1]: 8-15), code = rint(v * 32767 / max|v|),
+// and its (d, sum): d = max|v| / 32767 and the exact float sum of the 16 values.
+__device__ __forceinline__ float2 xq_group(const float4 (&v)[4], uint4 (&c)[2]) {
+    float amax = 0.f, sum = 0.f;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const float4 e = v[k];
+        amax = fmaxf(amax, fmaxf(fmaxf(fabsf(e.x), fabsf(e.y)), fmaxf(fabsf(e.z), fabsf(e.w))));
+        sum += (e.x + e.y) + (e.z + e.w);
+    }
+    const float inv = amax > 0.f ? XQ_LEVELS / amax : 0.f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const float4 a = v[2 * h], d = v[2 * h + 1];
+        c[h] = make_uint4(xq_pair(a.x * inv, a.y * inv), xq_pair(a.z * inv, a.w * inv), xq_pair(d.x * inv, d.y * inv),
+                          xq_pair(d.z * inv, d.w * inv));
+    }
+    return make_float2(amax / XQ_LEVELS, sum);
+}
+
 // Which copy of x a format reads: weights whose column maps differ need their own.
 template <class Fmt>
 __device__ __forceinline__ constexpr int xq_layout() {
@@ -152,22 +172,8 @@ __device__ __forceinline__ void xq_quantize(const float* __restrict__ x, int n_c
         for (int b = 0; b < QB; ++b) {
             const int grp = base + b * blockDim.x;
             if (grp >= groups) break;
-            float amax = 0.f, sum = 0.f;
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                const float4 e = v[b][k];
-                amax = fmaxf(amax, fmaxf(fmaxf(fabsf(e.x), fabsf(e.y)), fmaxf(fabsf(e.z), fabsf(e.w))));
-                sum += (e.x + e.y) + (e.z + e.w);
-            }
-            const float inv = amax > 0.f ? XQ_LEVELS / amax : 0.f;
             uint4 c[2];
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const float4 a = v[b][2 * h], d = v[b][2 * h + 1];
-                c[h] = make_uint4(xq_pair(a.x * inv, a.y * inv), xq_pair(a.z * inv, a.w * inv),
-                                  xq_pair(d.x * inv, d.y * inv), xq_pair(d.z * inv, d.w * inv));
-            }
-            const float2 ds = make_float2(amax / XQ_LEVELS, sum);
+            const float2 ds = xq_group(v[b], c);
             xq_store_group<L0, U>(s0, n_cols, grp, c[0], c[1], ds);
             if constexpr (L1 >= 0) xq_store_group<L1, U>(s1, n_cols, grp, c[0], c[1], ds);
             if constexpr (L2 >= 0) xq_store_group<L2, U>(s2, n_cols, grp, c[0], c[1], ds);

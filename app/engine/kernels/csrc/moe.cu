@@ -29,7 +29,7 @@
 // Every kernel starts with after_previous_grid() (common.cuh): a decode graph launches them programmatically
 // (pdl.py), and without the wait moe_route could read the router's logits while the product that writes
 // them still runs (the previous replay's values: wrong experts, only in graphs).
-#include "quant.cuh"
+#include "gemv_int.cuh"  // quant.cuh, and int16 x: xq_group, xq_dot_runs
 
 #define MOE_MAX_K 16
 #define MOE_FULL 0xffffffffu
@@ -397,14 +397,46 @@ __device__ __forceinline__ void moe_unit(const Fmt (&f)[NR], int u, const float*
     }
 }
 
+// An input row as int16 codes (moe_xq): `codes` its n_cols codes in column order, `ds` the (d, sum) of each
+// 16-column group (gemv_int.cuh's xq_group).
+struct MoeXq {
+    const u16* codes;
+    const float2* ds;
+};
+
+// moe_unit over int16 x: per run, the integer dot of the weight codes and x codes (dp2a, gemv_int.cuh's
+// xq_dot_runs), then w = a code + b gives a * d * dot + b * sum. Two-thirds fewer issue slots per weight than the
+// float32-x unit (which converts each code and multiplies it by a float x from L1 per token): at decode batch sizes
+// that unit kept the MoE products near the issue limit, well under HBM's bandwidth.
+template <class Fmt, int NR, int T>
+__device__ __forceinline__ void moe_unit(const Fmt (&f)[NR], int u, const MoeXq (&xs)[T], float (&acc)[T][NR]) {
+    const int xb = Fmt::x_base(u);
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+        const uint4* a = reinterpret_cast<const uint4*>(xs[t].codes + xb);
+        const uint4* c = reinterpret_cast<const uint4*>(xs[t].codes + xb + Fmt::RUN1);
+        const uint4 alo = __ldg(a), ahi = __ldg(a + 1), clo = __ldg(c), chi = __ldg(c + 1);
+        const float2 ga = __ldg(xs[t].ds + (xb >> 4)), gc = __ldg(xs[t].ds + ((xb + Fmt::RUN1) >> 4));
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+            int i0 = 0, i1 = 0;
+            xq_dot_runs(f[r], alo, ahi, clo, chi, i0, i1);
+            float a0, b0, a1, b1;
+            f[r].icoef(a0, b0, a1, b1);
+            acc[t][r] += fmaf(a0 * ga.x, (float)i0, b0 * ga.y) + fmaf(a1 * gc.x, (float)i1, b1 * gc.y);
+        }
+    }
+}
+
 // acc[t][r] = W[rows[r]] . x_t, summed over the `width` lanes of this lane's group (sl: its place in the
-// group). A lane takes two neighbouring units at a time (2 sl, 2 sl + 1, then 2 width further on), both
+// group); X an input row, float32 (const float*) or int16 codes (MoeXq). A lane takes two neighbouring units at a
+// time (2 sl, 2 sl + 1, then 2 width further on), both
 // loaded before either is multiplied: every row's next two units in flight, and for the k-quants one
 // block header (read and decoded once: the compiler merges the two units' identical loads) and 32
 // contiguous quant bytes, as gemv_int.cuh's U = 2.
-template <class Fmt, int NR, int T>
-__device__ __forceinline__ void moe_dot(const u8* const (&rows)[NR], int n_cols, const float* const (&xs)[T], int sl,
-                                        int width, float (&acc)[T][NR]) {
+template <class Fmt, int NR, int T, class X>
+__device__ __forceinline__ void moe_dot(const u8* const (&rows)[NR], int n_cols, const X (&xs)[T], int sl, int width,
+                                        float (&acc)[T][NR]) {
     const int units = n_cols >> 5;
 #pragma unroll
     for (int t = 0; t < T; ++t)
@@ -441,10 +473,9 @@ struct MoeWeights {
 
 // Pairs g0 .. g0 + T - 1 of expert e (their input rows xs), rows row0 .. row0 + R - 1 of each weight, by one
 // lane group; output rows g0 .. g0 + T - 1 of y.
-template <class Fmt, int G, int T>
-__device__ __forceinline__ void moe_pairs(const MoeWeights& mw, int e, int row0, bool writes,
-                                          const float* const (&xs)[T], int g0, int sl, int width,
-                                          float* __restrict__ y) {
+template <class Fmt, int G, int T, class X>
+__device__ __forceinline__ void moe_pairs(const MoeWeights& mw, int e, int row0, bool writes, const X (&xs)[T], int g0,
+                                          int sl, int width, float* __restrict__ y) {
     constexpr int R = MOE_R;
     const u8* rows[G * R];
 #pragma unroll
@@ -495,12 +526,33 @@ __device__ __forceinline__ void moe_prefetch(const MoeWeights& mw, int e, const 
                                  mw.row_bytes);
 }
 
+// A grouped product's inputs: float32 rows (const float*), or all rows as int16 codes (moe_xq's MoeXqRows);
+// MoeRow<X>::type is one row of them, moe_row(x, r, n_cols) row r.
+struct MoeXqRows {
+    const u16* codes;  // [rows, n_cols]
+    const float2* ds;  // [rows, n_cols / 16]
+};
+template <class X>
+struct MoeRow;
+template <>
+struct MoeRow<const float*> {
+    using type = const float*;
+};
+template <>
+struct MoeRow<MoeXqRows> {
+    using type = MoeXq;
+};
+__device__ __forceinline__ const float* moe_row(const float* x, i64 r, int n_cols) { return x + r * n_cols; }
+__device__ __forceinline__ MoeXq moe_row(const MoeXqRows& x, i64 r, int n_cols) {
+    return {x.codes + r * n_cols, x.ds + r * (n_cols >> 4)};
+}
+
 // Grouped pairs g .. g + T - 1's input rows: order[g] / k (their tokens), or g itself when the inputs are per pair.
-template <int T>
-__device__ __forceinline__ void moe_sources(const float* x, int n_cols, int x_per_pair, const int* order, int k, int g,
-                                            const float* (&xs)[T]) {
+template <int T, class X>
+__device__ __forceinline__ void moe_sources(const X& x, int n_cols, int x_per_pair, const int* order, int k, int g,
+                                            typename MoeRow<X>::type (&xs)[T]) {
 #pragma unroll
-    for (int t = 0; t < T; ++t) xs[t] = x + (i64)(x_per_pair ? g + t : order[g + t] / k) * n_cols;
+    for (int t = 0; t < T; ++t) xs[t] = moe_row(x, x_per_pair ? g + t : order[g + t] / k, n_cols);
 }
 
 // y[g, row] for each grouped pair g of the active group blockIdx.y (active[1 + blockIdx.y]; blocks past
@@ -508,10 +560,11 @@ __device__ __forceinline__ void moe_sources(const float* x, int n_cols, int x_pe
 // per pair (`x_per_pair`). The lanes as moe_lanes; the row groups of the block's warps are walked
 // grid-stride, so any grid.x is correct. The loops are warp-uniform (shuffles): a lane group past the last
 // row computes clamped rows and writes nothing.
-template <class Fmt, int G>
-__device__ __forceinline__ void moe_grouped(const MoeWeights& mw, const float* __restrict__ x, int x_per_pair,
+template <class Fmt, int G, class X>
+__device__ __forceinline__ void moe_grouped(const MoeWeights& mw, const X x, int x_per_pair,
                                             const int* __restrict__ order, const int* __restrict__ offsets,
                                             const int* __restrict__ active, int k, float* __restrict__ y) {
+    using Row = typename MoeRow<X>::type;
     after_previous_grid();
     const int n_active = active[0], e = active[1 + blockIdx.y];  // one round trip (past n_active: unused)
     if ((int)blockIdx.y >= n_active) return;
@@ -525,18 +578,18 @@ __device__ __forceinline__ void moe_grouped(const MoeWeights& mw, const float* _
         int g = begin;
         if constexpr (MOE_TMAX >= 4)
             for (; g + 4 <= end; g += 4) {
-                const float* xs[4];
+                Row xs[4];
                 moe_sources<4>(x, mw.n_cols, x_per_pair, order, k, g, xs);
                 moe_pairs<Fmt, G, 4>(mw, e, row0, writes, xs, g, ln.sl, ln.width, y);
             }
         if constexpr (MOE_TMAX >= 2)
             for (; g + 2 <= end; g += 2) {
-                const float* xs[2];
+                Row xs[2];
                 moe_sources<2>(x, mw.n_cols, x_per_pair, order, k, g, xs);
                 moe_pairs<Fmt, G, 2>(mw, e, row0, writes, xs, g, ln.sl, ln.width, y);
             }
         for (; g < end; ++g) {
-            const float* xs[1];
+            Row xs[1];
             moe_sources<1>(x, mw.n_cols, x_per_pair, order, k, g, xs);
             moe_pairs<Fmt, G, 1>(mw, e, row0, writes, xs, g, ln.sl, ln.width, y);
         }
@@ -656,7 +709,7 @@ __device__ __forceinline__ void moe_down_combine(const MoeWeights& mw, const flo
         const int* __restrict__ offsets, const int* __restrict__ active, int k, const float* __restrict__ bias, \
         int act, float* __restrict__ y) {                                                                       \
         const MoeWeights mw{{w, w}, {bias, bias}, expert_stride, row_bytes, n_rows, n_cols, act, 0.f, 0.f};    \
-        moe_grouped<FMT, 1>(mw, x, x_per_pair, order, offsets, active, k, y);                                   \
+        moe_grouped<FMT, 1, const float*>(mw, x, x_per_pair, order, offsets, active, k, y);                     \
     }                                                                                                           \
     extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS) moe_grouped_gated_##SUFFIX(                    \
         const u8* __restrict__ gate, const u8* __restrict__ up, i64 expert_stride, i64 row_bytes, int n_rows,   \
@@ -665,7 +718,7 @@ __device__ __forceinline__ void moe_down_combine(const MoeWeights& mw, const flo
         const float* __restrict__ up_bias, int act, float limit, float alpha, float* __restrict__ y) {          \
         const MoeWeights mw{{gate, up}, {gate_bias, up_bias}, expert_stride, row_bytes, n_rows, n_cols,         \
                             act,        limit,      alpha};                                                     \
-        moe_grouped<FMT, 2>(mw, x, 0, order, offsets, active, k, y);                                            \
+        moe_grouped<FMT, 2, const float*>(mw, x, 0, order, offsets, active, k, y);                              \
     }                                                                                                           \
     extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS) moe_pair_##SUFFIX(                             \
         const u8* __restrict__ w, i64 expert_stride, i64 row_bytes, int n_rows, int n_cols,                     \
@@ -700,6 +753,82 @@ __device__ __forceinline__ void moe_down_combine(const MoeWeights& mw, const flo
 PADDOCK_FORMATS(MOE_GROUPED_KERNEL)
 #else
 MOE_GROUPED_FORMAT(PADDOCK_FORMAT, PADDOCK_FORMAT_STRUCT)
+#endif
+
+// -- the grouped products over int16 x --------------------------------------------------------------------------
+//
+// moe_xq quantizes the inputs once (x's token rows before gate/up, the activations' pair rows before down); then
+// moe_grouped_int_<fmt> / moe_grouped_gated_int_<fmt> run moe_grouped's rows, lanes and pairs with the int16-x
+// unit. The formats with integer codes only (quant.cuh's codes() and icoef(): the block formats, not F16/BF16/F32);
+// kernels/moe.py launches them for those, and the others' builds of these kernels are empty.
+
+// rows x n_cols floats -> codes [rows, n_cols] and ds [rows, n_cols / 16] (xq_group per 16 columns): a thread a group.
+extern "C" __global__ void moe_xq(const float* __restrict__ x, int n_rows, int n_cols, u16* __restrict__ codes,
+                                  float2* __restrict__ ds) {
+    after_previous_grid();
+    const i64 grp = (i64)blockIdx.x * blockDim.x + threadIdx.x;  // rows are whole groups: the groups run on
+    if (grp >= (i64)n_rows * (n_cols >> 4)) return;
+    const float4* p = reinterpret_cast<const float4*>(x + 16 * grp);
+    float4 v[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = __ldg(p + i);
+    uint4 c[2];
+    ds[grp] = xq_group(v, c);
+    uint4* out = reinterpret_cast<uint4*>(codes + 16 * grp);
+    out[0] = c[0];
+    out[1] = c[1];
+}
+
+// Whether a format has integer codes (codes() and icoef()).
+template <class F>
+struct moe_int_codes {
+    template <class G>
+    static constexpr bool test(decltype(&G::codes)) {
+        return true;
+    }
+    template <class G>
+    static constexpr bool test(...) {
+        return false;
+    }
+    static constexpr bool value = test<F>(nullptr);
+};
+
+// moe_grouped over int16 x, for a format with integer codes (nothing for the others; a template, so that their
+// discarded branch is never instantiated).
+template <class Fmt, int G>
+__device__ __forceinline__ void moe_grouped_int(const MoeWeights& mw, MoeXqRows x, int x_per_pair,
+                                                const int* __restrict__ order, const int* __restrict__ offsets,
+                                                const int* __restrict__ active, int k, float* __restrict__ y) {
+    if constexpr (moe_int_codes<Fmt>::value)
+        moe_grouped<Fmt, G, MoeXqRows>(mw, x, x_per_pair, order, offsets, active, k, y);
+}
+
+#define MOE_INT_KERNEL(SUFFIX, FMT)                                                                                \
+    extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS) moe_grouped_int_##SUFFIX(                         \
+        const u8* __restrict__ w, i64 expert_stride, i64 row_bytes, int n_rows, int n_cols,                        \
+        const u16* __restrict__ codes, const float2* __restrict__ ds, int x_per_pair, const int* __restrict__ order, \
+        const int* __restrict__ offsets, const int* __restrict__ active, int k, const float* __restrict__ bias,    \
+        int act, float* __restrict__ y) {                                                                          \
+        const MoeWeights mw{{w, w}, {bias, bias}, expert_stride, row_bytes, n_rows, n_cols, act, 0.f, 0.f};       \
+        moe_grouped_int<FMT, 1>(mw, MoeXqRows{codes, ds}, x_per_pair, order, offsets, active, k, y);               \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS) moe_grouped_gated_int_##SUFFIX(                   \
+        const u8* __restrict__ gate, const u8* __restrict__ up, i64 expert_stride, i64 row_bytes, int n_rows,      \
+        int n_cols, const u16* __restrict__ codes, const float2* __restrict__ ds, const int* __restrict__ order,   \
+        const int* __restrict__ offsets, const int* __restrict__ active, int k,                                    \
+        const float* __restrict__ gate_bias, const float* __restrict__ up_bias, int act, float limit, float alpha, \
+        float* __restrict__ y) {                                                                                   \
+        const MoeWeights mw{{gate, up}, {gate_bias, up_bias}, expert_stride, row_bytes, n_rows, n_cols,            \
+                            act,        limit,      alpha};                                                        \
+        moe_grouped_int<FMT, 2>(mw, MoeXqRows{codes, ds}, 0, order, offsets, active, k, y);                        \
+    }
+
+#define MOE_INT_FORMAT(SUFFIX, FMT) MOE_INT_KERNEL(SUFFIX, FMT)
+
+#if defined(PADDOCK_ALL_VARIANTS)
+PADDOCK_FORMATS(MOE_INT_KERNEL)
+#else
+MOE_INT_FORMAT(PADDOCK_FORMAT, PADDOCK_FORMAT_STRUCT)
 #endif
 
 // act(gate) * up per element (moe_act's kinds), for gate and up products run apart (formats that differ).

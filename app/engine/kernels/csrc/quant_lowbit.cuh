@@ -4,6 +4,7 @@
 // kvalues_iq4nl), scaled per block. The tables are held as four words of int8 and read with
 // two byte permutes per four nibbles (lut16); the GEMV then multiplies exact integer-valued
 // floats by x and applies the block scale once per run (raw() = table value, coef() = (d, 0)).
+// codes() / icoef() give the same values as int8 codes (the int16-x MoE products, moe.cu).
 // In every 32 weights, the low nibbles of 16 bytes are weights 0..15 and the high nibbles
 // weights 16..31, so a unit is 32 weights in two runs of 16 (RUN1 = 16). The numpy oracles are
 // app/engine/quant/lowbit.py. Included by quant.cuh, which lists these formats in PADDOCK_FORMATS.
@@ -42,6 +43,13 @@ struct Lut4 {
         a1 = s.d;
         b0 = b1 = 0.f;
     }
+    // The table values as signed int8 codes, four to a word, and w = d * code (the int16-x MoE products).
+    __device__ __forceinline__ void codes(int k, u32& c0, u32& c1) const {
+        const u32 x = word4(static_cast<const Self*>(this)->q, k);
+        c0 = lut16(x & 0x0F0F0F0Fu, Self::T0, Self::T1, Self::T2, Self::T3);
+        c1 = lut16((x >> 4) & 0x0F0F0F0Fu, Self::T0, Self::T1, Self::T2, Self::T3);
+    }
+    __device__ __forceinline__ void icoef(float& a0, float& b0, float& a1, float& b1) const { coef(a0, b0, a1, b1); }
     __device__ __forceinline__ void get(int k, float* w0, float* w1) const {
         const Self& s = *static_cast<const Self*>(this);
         raw(k, w0, w1);
@@ -120,17 +128,24 @@ struct FmtNVFP4 {
         q = ld16u(b + 4 + 16 * h);
     }
     // Weights 4k..4k+3 of a run of 16 are the low (k < 2) or high nibbles of its bytes 4(k % 2)..
-    __device__ __forceinline__ void raw(int k, float* f0, float* f1) const {
+    __device__ __forceinline__ void codes(int k, u32& c0, u32& c1) const {
         const int shift = k < 2 ? 0 : 4;
         const u32 a = (word4(q, k & 1) >> shift) & 0x0F0F0F0Fu, c = (word4(q, 2 + (k & 1)) >> shift) & 0x0F0F0F0Fu;
-        signed4(lut16(a, FmtMXFP4::T0, FmtMXFP4::T1, FmtMXFP4::T2, FmtMXFP4::T3), f0);
-        signed4(lut16(c, FmtMXFP4::T0, FmtMXFP4::T1, FmtMXFP4::T2, FmtMXFP4::T3), f1);
+        c0 = lut16(a, FmtMXFP4::T0, FmtMXFP4::T1, FmtMXFP4::T2, FmtMXFP4::T3);
+        c1 = lut16(c, FmtMXFP4::T0, FmtMXFP4::T1, FmtMXFP4::T2, FmtMXFP4::T3);
+    }
+    __device__ __forceinline__ void raw(int k, float* f0, float* f1) const {
+        u32 c0, c1;
+        codes(k, c0, c1);
+        signed4(c0, f0);
+        signed4(c1, f1);
     }
     __device__ __forceinline__ void coef(float& a0, float& b0, float& a1, float& b1) const {
         a0 = d0;
         a1 = d1;
         b0 = b1 = 0.f;
     }
+    __device__ __forceinline__ void icoef(float& a0, float& b0, float& a1, float& b1) const { coef(a0, b0, a1, b1); }
     __device__ __forceinline__ void get(int k, float* w0, float* w1) const {
         raw(k, w0, w1);
 #pragma unroll

@@ -1,6 +1,6 @@
 // Run moe.cu's kernels on the SIMT emulator, in the order and with the grids kernels/moe.py uses:
 //   moe FMT DIR N_TOK HIDDEN FF N_EXP K MODE NORMALIZE ACT ROW_BYTES_GU ROW_BYTES_DOWN SOFTCAP ROUTED_SCALE
-//       N_GROUPS TOPK_GROUPS [MANY_PAIRS SEPARATE FUSED_ROUTE [FUSED_DECODE]]
+//       N_GROUPS TOPK_GROUPS [MANY_PAIRS SEPARATE FUSED_ROUTE [FUSED_DECODE [INT_X]]]
 //     the whole pipeline: reads x.bin [T, H], logits.bin [T, E], gate.bin / up.bin ([E, FF] rows), down.bin
 //     ([E, H] rows), optional gate_bias.bin / up_bias.bin / down_bias.bin and score_bias.bin [E] (sigmoid
 //     routing), optional expert_scale.bin [E] (Gemma 4: each expert's output factor, applied in the combine),
@@ -13,7 +13,8 @@
 //     moe_route_grouped (route and group in one block) instead of moe_route then the grouping; FUSED_DECODE 1:
 //     kernels/moe.py's path for a few tokens: moe_route, the gate/up product per pair (moe_pair_gated_<fmt>,
 //     or moe_pair_<fmt> for relu2) and moe_down_combine_<fmt> (down product and combine in one launch; with
-//     shared.bin [T, H] and shared_logit.bin [T], a shared expert's rows joined times sigmoid of the logit).
+//     shared.bin [T, H] and shared_logit.bin [T], a shared expert's rows joined times sigmoid of the logit). INT_X 1:
+//     the grouped products' inputs quantized by moe_xq and multiplied by moe_grouped[_gated]_int_<fmt>.
 //   route DIR N_TOK N_EXP K MODE NORMALIZE SOFTCAP ROUTED_SCALE N_GROUPS TOPK_GROUPS [LOGIT_STRIDE]
 //     moe_route alone: logits.bin ([N_TOK, LOGIT_STRIDE], default N_EXP; and score_bias.bin) -> chosen.bin,
 //     weights.bin.
@@ -33,6 +34,10 @@ typedef void (*GatedFn)(const u8*, const u8*, i64, i64, int, int, const float*, 
 typedef void (*PairFn)(const u8*, i64, i64, int, int, const float*, const int*, int, const float*, int, float*);
 typedef void (*PairGatedFn)(const u8*, const u8*, i64, i64, int, int, const float*, const int*, int, const float*,
                             const float*, int, float, float, float*);
+typedef void (*GroupedIntFn)(const u8*, i64, i64, int, int, const u16*, const float2*, int, const int*, const int*,
+                             const int*, int, const float*, int, float*);
+typedef void (*GatedIntFn)(const u8*, const u8*, i64, i64, int, int, const u16*, const float2*, const int*,
+                           const int*, const int*, int, const float*, const float*, int, float, float, float*);
 typedef void (*DownCombineFn)(const u8*, i64, i64, int, int, const float*, const int*, const float*, const float*, int,
                               const float*, const float*, const float*, i64, float*);
 
@@ -43,13 +48,16 @@ struct MoeFns {
     PairFn pair;
     PairGatedFn pair_gated;
     DownCombineFn down_combine;
+    GroupedIntFn grouped_int;
+    GatedIntFn gated_int;
 };
 
 static MoeFns pick(const std::string& fmt) {
 #define PICK_MOE(SUFFIX, FMT)                                                                                 \
     if (fmt == #SUFFIX)                                                                                       \
-        return {moe_grouped_##SUFFIX, moe_grouped_gated_##SUFFIX, moe_pair_##SUFFIX, moe_pair_gated_##SUFFIX, \
-                moe_down_combine_##SUFFIX};
+        return {moe_grouped_##SUFFIX,      moe_grouped_gated_##SUFFIX,    moe_pair_##SUFFIX,               \
+                moe_pair_gated_##SUFFIX,   moe_down_combine_##SUFFIX,     moe_grouped_int_##SUFFIX,        \
+                moe_grouped_gated_int_##SUFFIX};
     PADDOCK_FORMATS(PICK_MOE)
     exit(4);
 }
@@ -91,7 +99,7 @@ int main(int argc, char** argv) {
         write_file(dir + "/weights.bin", weights);
         return 0;
     }
-    if ((argc != 18 && argc != 21 && argc != 22) || std::string(argv[1]) != "moe") return 2;
+    if ((argc != 18 && argc != 21 && argc != 22 && argc != 23) || std::string(argv[1]) != "moe") return 2;
     const std::string fmt_arg = argv[2], dir = argv[3];
     const size_t comma = fmt_arg.find(',');
     const std::string fmt = fmt_arg.substr(0, comma);
@@ -102,7 +110,8 @@ int main(int argc, char** argv) {
     const float softcap = (float)atof(argv[14]), routed_scale = (float)atof(argv[15]);
     const int n_groups = atoi(argv[16]), topk_groups = atoi(argv[17]);
     const bool many = argc >= 21 && atoi(argv[18]), separate = argc >= 21 && atoi(argv[19]);
-    const bool fused_route = argc >= 21 && atoi(argv[20]), fused_decode = argc == 22 && atoi(argv[21]);
+    const bool fused_route = argc >= 21 && atoi(argv[20]), fused_decode = argc >= 22 && atoi(argv[21]);
+    const bool int_x = argc == 23 && atoi(argv[22]);
     auto x = read_required<float>(dir + "/x.bin");
     auto gate = read_file<uint4>(dir + "/gate.bin", 2), up = read_file<uint4>(dir + "/up.bin", 2);
     auto down = read_file<uint4>(dir + "/down.bin", 2);
@@ -177,34 +186,58 @@ int main(int argc, char** argv) {
         });
     }
 
-    const GroupedFn grouped_fn = fns.grouped, down_fn = down_fns.grouped;
-    const GatedFn gated_fn = fns.gated;
     const float unwritten = skipping ? 0.f : NAN;  // moe.py zeroes the products' outputs only when skipping
     std::vector<float> a((size_t)P * FF, unwritten), h((size_t)P * H, unwritten), out((size_t)T * H, NAN);
     const dim3 block{32 * WARPS, 1, 1};
+    // kernels/moe.py's quantize_rows: n rows of `cols` floats as moe_xq's codes and (scale, sum) per 16 columns
+    std::vector<u16> codes;
+    std::vector<float2> ds;
+    auto quantize = [&](const float* in, int n, int cols) {
+        codes.assign((size_t)n * cols, 0);
+        ds.assign((size_t)n * cols / 16, float2{NAN, NAN});
+        const int groups = n * cols / 16;
+        launch({(unsigned)((groups + THREADS - 1) / THREADS), 1, 1}, {THREADS, 1, 1},
+               [&] { moe_xq(in, n, cols, codes.data(), ds.data()); });
+    };
     auto grouped = [&](const std::vector<uint4>& w, i64 rb, int rows, int cols, const float* in, int per_pair,
-                       const std::vector<float>& bias, int kind, float* y, GroupedFn fn) {
+                       const std::vector<float>& bias, int kind, float* y, const MoeFns& f) {
+        const u8* wp = reinterpret_cast<const u8*>(w.data());
+        if (int_x) {
+            quantize(in, per_pair ? P : T, cols);
+            launch(product_grid(rows, cols, E, P), block, [&] {
+                f.grouped_int(wp, rb * rows, rb, rows, cols, codes.data(), ds.data(), per_pair, order.data(),
+                              offsets.data(), active.data(), K, opt(bias), kind, y);
+            });
+            return;
+        }
         launch(product_grid(rows, cols, E, P), block, [&] {
-            fn(reinterpret_cast<const u8*>(w.data()), rb * rows, rb, rows, cols, in, per_pair, order.data(),
-                       offsets.data(), active.data(), K, opt(bias), kind, y);
+            f.grouped(wp, rb * rows, rb, rows, cols, in, per_pair, order.data(), offsets.data(), active.data(), K,
+                      opt(bias), kind, y);
         });
     };
     if (act == 2) {
-        grouped(up, rb_gu, FF, H, x.data(), 0, up_bias, 2, a.data(), grouped_fn);
+        grouped(up, rb_gu, FF, H, x.data(), 0, up_bias, 2, a.data(), fns);
     } else if (separate) {
         std::vector<float> g((size_t)P * FF, unwritten), u((size_t)P * FF, unwritten);
-        grouped(gate, rb_gu, FF, H, x.data(), 0, gate_bias, -1, g.data(), grouped_fn);
-        grouped(up, rb_gu, FF, H, x.data(), 0, up_bias, -1, u.data(), grouped_fn);
+        grouped(gate, rb_gu, FF, H, x.data(), 0, gate_bias, -1, g.data(), fns);
+        grouped(up, rb_gu, FF, H, x.data(), 0, up_bias, -1, u.data(), fns);
         launch({(unsigned)(((long)P * FF + THREADS - 1) / THREADS), 1, 1}, {THREADS, 1, 1},
                [&] { moe_gated(g.data(), u.data(), (i64)P * FF, act, 7.0f, 1.702f, a.data()); });
+    } else if (int_x) {
+        quantize(x.data(), T, H);
+        launch(product_grid(FF, H, E, P), block, [&] {
+            fns.gated_int(reinterpret_cast<const u8*>(gate.data()), reinterpret_cast<const u8*>(up.data()),
+                          rb_gu * FF, rb_gu, FF, H, codes.data(), ds.data(), order.data(), offsets.data(),
+                          active.data(), K, opt(gate_bias), opt(up_bias), act, 7.0f, 1.702f, a.data());
+        });
     } else {
         launch(product_grid(FF, H, E, P), block, [&] {
-            gated_fn(reinterpret_cast<const u8*>(gate.data()), reinterpret_cast<const u8*>(up.data()), rb_gu * FF,
-                     rb_gu, FF, H, x.data(), order.data(), offsets.data(), active.data(), K, opt(gate_bias),
-                     opt(up_bias), act, 7.0f, 1.702f, a.data());
+            fns.gated(reinterpret_cast<const u8*>(gate.data()), reinterpret_cast<const u8*>(up.data()), rb_gu * FF,
+                      rb_gu, FF, H, x.data(), order.data(), offsets.data(), active.data(), K, opt(gate_bias),
+                      opt(up_bias), act, 7.0f, 1.702f, a.data());
         });
     }
-    grouped(down, rb_d, H, FF, a.data(), 1, down_bias, -1, h.data(), down_fn);
+    grouped(down, rb_d, H, FF, a.data(), 1, down_bias, -1, h.data(), down_fns);
     launch({(unsigned)T, 1, 1}, {32, 1, 1}, [&] {
         moe_combine(h.data(), chosen.data(), weights.data(), opt(expert_scale), where.data(), K, H, out.data());
     });
