@@ -4,6 +4,7 @@ and which kernel takes it. CuPy events only (no Nsight Compute needed).
 
     python3 bench/micro/moe_times.py [--tokens 1 8 32 128] [--reps 20]
     python3 bench/micro/moe_times.py --compare [--tokens 1 2 4 8]
+    python3 bench/micro/moe_times.py --int-x [--tokens 8 32 128]   (each count over float32 x, then int16 x)
 
 One JSON line per token count (`path`: "few_tokens" where moe_forward takes kernels/moe.py's moe_few_tokens, up to
 FUSED_DECODE_MAX_TOKENS tokens, else "grouped"):
@@ -121,8 +122,10 @@ class Layer:
         self.spec = MoeSpec(EXPERTS, USED, FFN, routing="softmax_topk", normalize=True, activation="silu")
 
 
-def measure(layer: Layer, n_tok: int, fused_decode: bool, reps: int, rng: np.random.Generator) -> dict[str, Any]:
-    """One JSON row: the layer at `n_tok` tokens in a graph, eager, and per kernel (module docstring)."""
+def measure(layer: Layer, n_tok: int, fused_decode: bool, reps: int, rng: np.random.Generator,
+            int_x: bool = False) -> dict[str, Any]:  # fmt: skip
+    """One JSON row: the layer at `n_tok` tokens in a graph, eager, and per kernel (module docstring); `int_x`: the
+    grouped products over int16 x (moe_forward's, the engine's PADDOCK_MOE_INT_X)."""
     import cupy as cp
 
     spec = layer.spec
@@ -130,7 +133,8 @@ def measure(layer: Layer, n_tok: int, fused_decode: bool, reps: int, rng: np.ran
     logits = cp.asarray(rng.standard_normal((n_tok, EXPERTS)).astype(np.float32))
 
     def call() -> Any:
-        return kmoe.moe_forward(x, logits, spec, layer.gate, layer.up, layer.down, fused_decode=fused_decode)
+        return kmoe.moe_forward(x, logits, spec, layer.gate, layer.up, layer.down, fused_decode=fused_decode,
+                                int_x=int_x)  # fmt: skip
 
     hit = int(cp.unique(kmoe.moe_route(logits, spec)[0]).size)
     with pdl.programmatic_launches():
@@ -163,7 +167,7 @@ def measure(layer: Layer, n_tok: int, fused_decode: bool, reps: int, rng: np.ran
             product_tb_s[name] = round(part_bytes / (us * 1e-6) / 1e12, 3)  # all of its calls' reads
     few = fused_decode and kmoe.few_tokens_serve(n_tok, spec, layer.gate, layer.up)
     return {
-        "tokens": n_tok, "fused_decode": fused_decode, "path": "few_tokens" if few else "grouped", "pairs": n_tok * USED, "experts_hit": hit,
+        "tokens": n_tok, "fused_decode": fused_decode, "int_x": int_x, "path": "few_tokens" if few else "grouped", "pairs": n_tok * USED, "experts_hit": hit,
         "hit_mb": round(hit_bytes / 1e6, 2), "layer_us": round(layer_s * 1e6, 2), "timing": how,
         "hit_tb_s": round(hit_bytes / layer_s / 1e12, 3), "eager_us": round(statistics.median(eager), 2),
         "kernels": kernels, "grouped_tb_s": product_tb_s,
@@ -186,6 +190,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, nargs="+", default=None, help="default 1 8 32 128 (--compare: 1 2 4 8)")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--compare", action="store_true", help="each token count with the few-tokens path on and off")
+    parser.add_argument("--int-x", action="store_true", help="each token count over float32 x, then over int16 x")
     args = parser.parse_args()
     tokens = args.tokens or ([1, 2, 4, 8] if args.compare else [1, 8, 32, 128])
     import cupy as cp
@@ -201,8 +206,9 @@ def main() -> None:
     rows = []
     for n_tok in tokens:
         for fused in (True, False) if args.compare else (True,):
-            rows.append(measure(layer, n_tok, fused, args.reps, rng))
-            print(json.dumps(rows[-1]), flush=True)
+            for int_x in (False, True) if args.int_x else (False,):
+                rows.append(measure(layer, n_tok, fused, args.reps, rng, int_x))
+                print(json.dumps(rows[-1]), flush=True)
     if args.compare:
         for line in compare_rows(rows):
             print(json.dumps(line), flush=True)
