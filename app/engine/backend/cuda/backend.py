@@ -250,7 +250,8 @@ class CudaBackend:
         scale, bias = (None if a is None else self._f32(a) for a in (expert_scale, score_bias))
         join = None if shared is None else _moe.SharedJoin(self._f32(shared[0]), self._rows(shared[1]))
         if isinstance(experts, StreamedExperts):
-            routed = streamed_moe(self._f32(x), self._f32(router_logits), spec, experts, scale, bias)
+            routed = streamed_moe(self._f32(x), self._f32(router_logits), spec, experts, scale, bias,
+                                  int_x=self.kernel_options.moe_int_x)  # fmt: skip
             return routed if join is None else routed + join.gated()
         gate, up, down = experts if len(experts) == 3 else (None, *experts)
         return _moe.moe_forward(self._f32(x), self._rows(router_logits), spec, gate, up, down, scale, bias,

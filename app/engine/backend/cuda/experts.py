@@ -158,14 +158,15 @@ class StreamedExperts:
 
 
 def streamed_moe(
-    x: Any, logits: Any, spec: MoeSpec, experts: StreamedExperts, expert_scale: Any = None, score_bias: Any = None
-) -> Any:
+    x: Any, logits: Any, spec: MoeSpec, experts: StreamedExperts, expert_scale: Any = None, score_bias: Any = None,
+    int_x: bool = False,
+) -> Any:  # fmt: skip
     """The experts' weighted sum with cold experts copied in for this step.
 
     The router's choices come back to the host (the one sync of the layer); the residency manager
     plans the copies; the hot experts' products run at once while the first round's copies are in
     flight, and each round's cold experts run after its copies land. The passes' partial sums are
-    added, so the result equals the all-resident one up to float32 rounding."""
+    added, so the result equals the all-resident one up to float32 rounding. `int_x`: moe_experts'."""
     import cupy as cp
 
     chosen, weights = route_scaled(logits, spec, expert_scale, score_bias)
@@ -184,7 +185,7 @@ def streamed_moe(
     hot_pairs = [(e, s) for r in rounds for e, s in zip(r.experts, r.slots, strict=True) if s < hot]
     out = None
     if hot_pairs:
-        out = _pass(x, chosen, weights, spec, experts, hot_pairs)
+        out = _pass(x, chosen, weights, spec, experts, hot_pairs, int_x)
     for index, (cold, slots, _) in enumerate(passes):
         if index and passes[index][2]:
             pending = experts.upload(passes[index][2])  # after the previous pass read its slots
@@ -192,12 +193,14 @@ def streamed_moe(
             stream.wait_event(pending)
             pending = None
         if cold:
-            part = _pass(x, chosen, weights, spec, experts, list(zip(cold, slots, strict=True)))
+            part = _pass(x, chosen, weights, spec, experts, list(zip(cold, slots, strict=True)), int_x)
             out = part if out is None else out + part
     return out if out is not None else cp.zeros((x.shape[0], experts.slots[2].n_rows), cp.float32)
 
 
-def _pass(x: Any, chosen: Any, weights: Any, spec: MoeSpec, experts: StreamedExperts, placed: list) -> Any:
+def _pass(
+    x: Any, chosen: Any, weights: Any, spec: MoeSpec, experts: StreamedExperts, placed: list, int_x: bool
+) -> Any:
     """The pairs of the experts in `placed` ((expert, slot) pairs); every other pair is skipped."""
     import cupy as cp
 
@@ -206,4 +209,4 @@ def _pass(x: Any, chosen: Any, weights: Any, spec: MoeSpec, experts: StreamedExp
         group_of[expert] = slot
     groups = cp.asarray(group_of)[chosen]
     gate, up, down = experts.slots
-    return moe_experts(x, chosen, weights, spec, gate, up, down, groups)
+    return moe_experts(x, chosen, weights, spec, gate, up, down, groups, int_x=int_x)
