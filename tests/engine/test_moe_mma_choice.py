@@ -19,12 +19,19 @@ def test_prefill_chunks_go_to_the_tensor_cores_and_decode_steps_do_not(n_tok: in
 
 
 @pytest.mark.parametrize(("qtype", "n_cols", "why"), [
-    ("MXFP4", 2048, "a table format: no get() decoder"),
-    ("IQ4_XS", 2048, "a table format: no get() decoder"),
+    ("FP8_E4M3", 2048, "a split format (codes and a scale grid apart): no block decoder"),
+    ("MXFP4_SPLIT", 2048, "a split format: no block decoder"),
     ("Q8_0", 2000, "not whole 32-weight units"),
 ])  # fmt: skip
 def test_formats_and_widths_the_kernel_cannot_take_stay_on_moe_grouped(qtype: str, n_cols: int, why: str) -> None:
     assert not moe_mma.serves(qtype, 8192, n_cols=n_cols, **A3B), why
+
+
+@pytest.mark.parametrize("qtype", ["MXFP4", "NVFP4", "IQ4_NL", "IQ4_XS"])
+def test_the_table_formats_prefill_on_the_tensor_cores(qtype: str) -> None:
+    """GPT-OSS's MXFP4 experts among them: on moe_grouped's CUDA cores an 8,000-token prompt took 8 s (H100)."""
+    assert moe_mma.serves(qtype, 8192, n_cols=2048, **A3B)
+    assert not moe_mma.serves(qtype, 32, n_cols=2048, **A3B)  # a decode step stays on moe_grouped
 
 
 def test_a_pair_count_past_the_grid_stays_on_moe_grouped() -> None:
@@ -43,6 +50,6 @@ def test_the_tile_shape_follows_the_pairs_an_expert() -> None:
 def test_grouped_mma_refuses_what_it_has_no_kernel_for() -> None:
     from app.engine.kernels.moe import StackedExperts
 
-    experts = StackedExperts(None, "MXFP4", 256, 512, 2048, 1088)
-    with pytest.raises(ValueError, match="no decoder for MXFP4"):
+    experts = StackedExperts(None, "FP8_E4M3", 256, 512, 2048, 2048)
+    with pytest.raises(ValueError, match="no decoder for FP8_E4M3"):
         moe_mma.grouped_mma(experts, None, False, None, None, 8, 256, None)

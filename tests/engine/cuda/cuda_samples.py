@@ -180,13 +180,26 @@ def linear_tol(
     return gemv_tol(n_tok, n_cols, qtypes, nbytes)
 
 
-def experts_tol(n_tok: int, k: int, n_experts: int, qtype: str, n_cols: int) -> float:
+def experts_tol(n_tok: int, k: int, n_experts: int, qtype: str, n_cols: int, int_x: bool = False) -> float:
     """The relative-error bound of a MoE layer's experts (kernels/moe.py) on `n_tok` tokens: float32
     inputs on moe_grouped (GEMV_TOL), or on the tensor cores with many pairs an expert (moe_mma.py), where
-    the gate/up and down products each round x and W to float16 and the gated unit carries both."""
-    from app.engine.kernels import moe_mma
+    the gate/up and down products each round x and W to float16 and the gated unit carries both. `int_x`: the
+    grouped products read int16 x past the few-tokens path's tokens (moe_forward's `int_x`; the CUDA backend's
+    layers pass KernelOptions.moe_int_x, on by default: `backend_int_x()`)."""
+    from app.engine.kernels import moe, moe_mma
 
-    return GATED_FACTOR * F16_TOL if moe_mma.serves(qtype, n_tok, k, n_experts, n_cols) else GEMV_TOL
+    if moe_mma.serves(qtype, n_tok, k, n_experts, n_cols):
+        return GATED_FACTOR * F16_TOL
+    if int_x and n_tok > moe.FUSED_DECODE_MAX_TOKENS and moe.takes_int_x(qtype):
+        return GATED_FACTOR * INT_X_TOL
+    return GEMV_TOL
+
+
+def backend_int_x() -> bool:
+    """Whether the CUDA backend's MoE layers run the grouped products over int16 x (its KernelOptions' default)."""
+    from app.engine.kernels.options import KernelOptions
+
+    return KernelOptions().moe_int_x
 
 
 def gemv_tol(n_tok: int, n_cols: int, qtypes: list[str] | tuple[str, ...], nbytes: int) -> float:

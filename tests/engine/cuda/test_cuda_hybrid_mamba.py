@@ -327,7 +327,7 @@ def test_nemotron_experts_run_on_the_device(cuda, cpu, rng, n_tok: int, qtype: s
     throughout but for the latent projections of 3+ tokens (float32 weights with a float16 copy: cuBLAS on
     float16 x, hence F16_TOL) and the experts of a prefill-sized batch (moe_mma.py: float16 tensor cores);
     the Q4_K latent experts are centred as trained ones are, their outputs O(1)."""
-    from cuda_samples import F16_TOL, experts_tol
+    from cuda_samples import F16_TOL, backend_int_x, experts_tol
 
     from app.engine.backend.cuda.linear import DENSE_FROM_TOKENS
     from app.engine.layers.moe import MoE
@@ -340,7 +340,7 @@ def test_nemotron_experts_run_on_the_device(cuda, cpu, rng, n_tok: int, qtype: s
     assert np.isfinite(got).all()
     if latent:  # the centred experts' outputs are O(1), as a trained model's: far from float16's range
         assert 0.1 < np.sqrt(np.mean(want**2)) < 100
-    experts = experts_tol(n_tok, spec.num_used, spec.num_experts, qtype, latent or 512)  # 70 tokens: moe_mma
+    experts = experts_tol(n_tok, spec.num_used, spec.num_experts, qtype, latent or 512, backend_int_x())  # 70: mma
     assert rel_err(got, want) < max(F16_TOL if latent and n_tok >= DENSE_FROM_TOKENS else 1e-4, experts)
 
 
