@@ -12,13 +12,15 @@ engine launches decode steps one ahead (core/pipeline.py) and hides that cost be
     python bench/lab/host_path.py --model /tmp/tiny.gguf --concurrency 32 --requests 96 --decode-ms 2.5
 
 It prints `paddock bench`'s JSON with the simulated step times and the engine thread's
-host time per step added. `--profile out.txt` writes a yappi profile of all threads.
+host time per step added. `--profile out.txt` writes a yappi profile of all threads (wall clock; with
+HOST_PATH_CLOCK=cpu, each thread's CPU time).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -143,7 +145,7 @@ def main() -> int:
     if args.profile:
         import yappi
 
-        yappi.set_clock_type("wall")
+        yappi.set_clock_type(os.environ.get("HOST_PATH_CLOCK", "wall"))
         yappi.start()
     bench = subprocess.run(
         [sys.executable, "-m", "app.cli", "bench", "--url", server.base_url, "--concurrency",
