@@ -42,9 +42,9 @@ FUSED_ROUTE_TOKENS = 64  # up to here moe_route_grouped routes (two tokens a war
 # expert is read twice as often, and moe_down_combine's grid (row tiles x tokens) grows with the batch while
 # each block still reads k experts' rows serially per warp. Decode at c=1..4 is the case it is for.
 FUSED_DECODE_MAX_TOKENS = 4
-# The formats with integer codes (quant.cuh's codes()): their grouped products can read int16 x (moe_grouped_int_*).
-INT_X_FORMATS = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K",
-                           "MXFP4", "NVFP4", "IQ4_NL", "IQ4_XS"})  # fmt: skip
+# The formats with integer codes (quant.cuh's codes(): every block format, the float ones not): their grouped
+# products can read int16 x (moe_grouped_int_*).
+INT_X_FORMATS = moe_mma.FORMATS - {"F32", "F16", "BF16"}
 PAD_BYTES = 16  # the format decoders read whole 16-byte words
 # moe_gated's `kind` per MoeSpec.activation (relu2: ungated, up and down only)
 ACTIVATION_KINDS = {"silu": 0, "swiglu_oai": 1, "relu2": 2, "gelu_tanh": 3}

@@ -397,8 +397,8 @@ __device__ __forceinline__ void moe_unit(const Fmt (&f)[NR], int u, const float*
     }
 }
 
-// An input row as int16 codes (moe_xq): `codes` its n_cols codes in column order, `ds` the (d, sum) of each
-// 16-column group (gemv_int.cuh's xq_group).
+// Inputs as int16 codes (moe_xq), from one row on: `codes` n_cols codes a row in column order, `ds` the (d, sum)
+// of each 16-column group (gemv_int.cuh's xq_group), n_cols / 16 a row.
 struct MoeXq {
     const u16* codes;
     const float2* ds;
@@ -429,11 +429,10 @@ __device__ __forceinline__ void moe_unit(const Fmt (&f)[NR], int u, const MoeXq 
 }
 
 // acc[t][r] = W[rows[r]] . x_t, summed over the `width` lanes of this lane's group (sl: its place in the
-// group); X an input row, float32 (const float*) or int16 codes (MoeXq). A lane takes two neighbouring units at a
-// time (2 sl, 2 sl + 1, then 2 width further on), both
-// loaded before either is multiplied: every row's next two units in flight, and for the k-quants one
-// block header (read and decoded once: the compiler merges the two units' identical loads) and 32
-// contiguous quant bytes, as gemv_int.cuh's U = 2.
+// group); X an input row, float32 (const float*) or int16 codes (MoeXq). A lane takes two neighbouring units
+// at a time (2 sl, 2 sl + 1, then 2 width further on), both loaded before either is multiplied: every row's
+// next two units in flight, and for the k-quants one block header (read and decoded once: the compiler merges
+// the two units' identical loads) and 32 contiguous quant bytes, as gemv_int.cuh's U = 2.
 template <class Fmt, int NR, int T, class X>
 __device__ __forceinline__ void moe_dot(const u8* const (&rows)[NR], int n_cols, const X (&xs)[T], int sl, int width,
                                         float (&acc)[T][NR]) {
@@ -526,31 +525,16 @@ __device__ __forceinline__ void moe_prefetch(const MoeWeights& mw, int e, const 
                                  mw.row_bytes);
 }
 
-// A grouped product's inputs: float32 rows (const float*), or all rows as int16 codes (moe_xq's MoeXqRows);
-// MoeRow<X>::type is one row of them, moe_row(x, r, n_cols) row r.
-struct MoeXqRows {
-    const u16* codes;  // [rows, n_cols]
-    const float2* ds;  // [rows, n_cols / 16]
-};
-template <class X>
-struct MoeRow;
-template <>
-struct MoeRow<const float*> {
-    using type = const float*;
-};
-template <>
-struct MoeRow<MoeXqRows> {
-    using type = MoeXq;
-};
+// Row r of a grouped product's inputs, float32 rows (const float*) or int16 codes (MoeXq): the same type.
 __device__ __forceinline__ const float* moe_row(const float* x, i64 r, int n_cols) { return x + r * n_cols; }
-__device__ __forceinline__ MoeXq moe_row(const MoeXqRows& x, i64 r, int n_cols) {
+__device__ __forceinline__ MoeXq moe_row(const MoeXq& x, i64 r, int n_cols) {
     return {x.codes + r * n_cols, x.ds + r * (n_cols >> 4)};
 }
 
 // Grouped pairs g .. g + T - 1's input rows: order[g] / k (their tokens), or g itself when the inputs are per pair.
 template <int T, class X>
 __device__ __forceinline__ void moe_sources(const X& x, int n_cols, int x_per_pair, const int* order, int k, int g,
-                                            typename MoeRow<X>::type (&xs)[T]) {
+                                            X (&xs)[T]) {
 #pragma unroll
     for (int t = 0; t < T; ++t) xs[t] = moe_row(x, x_per_pair ? g + t : order[g + t] / k, n_cols);
 }
@@ -564,7 +548,6 @@ template <class Fmt, int G, class X>
 __device__ __forceinline__ void moe_grouped(const MoeWeights& mw, const X x, int x_per_pair,
                                             const int* __restrict__ order, const int* __restrict__ offsets,
                                             const int* __restrict__ active, int k, float* __restrict__ y) {
-    using Row = typename MoeRow<X>::type;
     after_previous_grid();
     const int n_active = active[0], e = active[1 + blockIdx.y];  // one round trip (past n_active: unused)
     if ((int)blockIdx.y >= n_active) return;
@@ -578,18 +561,18 @@ __device__ __forceinline__ void moe_grouped(const MoeWeights& mw, const X x, int
         int g = begin;
         if constexpr (MOE_TMAX >= 4)
             for (; g + 4 <= end; g += 4) {
-                Row xs[4];
+                X xs[4];
                 moe_sources<4>(x, mw.n_cols, x_per_pair, order, k, g, xs);
                 moe_pairs<Fmt, G, 4>(mw, e, row0, writes, xs, g, ln.sl, ln.width, y);
             }
         if constexpr (MOE_TMAX >= 2)
             for (; g + 2 <= end; g += 2) {
-                Row xs[2];
+                X xs[2];
                 moe_sources<2>(x, mw.n_cols, x_per_pair, order, k, g, xs);
                 moe_pairs<Fmt, G, 2>(mw, e, row0, writes, xs, g, ln.sl, ln.width, y);
             }
         for (; g < end; ++g) {
-            Row xs[1];
+            X xs[1];
             moe_sources<1>(x, mw.n_cols, x_per_pair, order, k, g, xs);
             moe_pairs<Fmt, G, 1>(mw, e, row0, writes, xs, g, ln.sl, ln.width, y);
         }
@@ -796,11 +779,11 @@ struct moe_int_codes {
 // moe_grouped over int16 x, for a format with integer codes (nothing for the others; a template, so that their
 // discarded branch is never instantiated).
 template <class Fmt, int G>
-__device__ __forceinline__ void moe_grouped_int(const MoeWeights& mw, MoeXqRows x, int x_per_pair,
+__device__ __forceinline__ void moe_grouped_int(const MoeWeights& mw, MoeXq x, int x_per_pair,
                                                 const int* __restrict__ order, const int* __restrict__ offsets,
                                                 const int* __restrict__ active, int k, float* __restrict__ y) {
     if constexpr (moe_int_codes<Fmt>::value)
-        moe_grouped<Fmt, G, MoeXqRows>(mw, x, x_per_pair, order, offsets, active, k, y);
+        moe_grouped<Fmt, G, MoeXq>(mw, x, x_per_pair, order, offsets, active, k, y);
 }
 
 #define MOE_INT_KERNEL(SUFFIX, FMT)                                                                                \
@@ -810,7 +793,7 @@ __device__ __forceinline__ void moe_grouped_int(const MoeWeights& mw, MoeXqRows 
         const int* __restrict__ offsets, const int* __restrict__ active, int k, const float* __restrict__ bias,    \
         int act, float* __restrict__ y) {                                                                          \
         const MoeWeights mw{{w, w}, {bias, bias}, expert_stride, row_bytes, n_rows, n_cols, act, 0.f, 0.f};       \
-        moe_grouped_int<FMT, 1>(mw, MoeXqRows{codes, ds}, x_per_pair, order, offsets, active, k, y);               \
+        moe_grouped_int<FMT, 1>(mw, MoeXq{codes, ds}, x_per_pair, order, offsets, active, k, y);               \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS) moe_grouped_gated_int_##SUFFIX(                   \
         const u8* __restrict__ gate, const u8* __restrict__ up, i64 expert_stride, i64 row_bytes, int n_rows,      \
@@ -820,7 +803,7 @@ __device__ __forceinline__ void moe_grouped_int(const MoeWeights& mw, MoeXqRows 
         float* __restrict__ y) {                                                                                   \
         const MoeWeights mw{{gate, up}, {gate_bias, up_bias}, expert_stride, row_bytes, n_rows, n_cols,            \
                             act,        limit,      alpha};                                                        \
-        moe_grouped_int<FMT, 2>(mw, MoeXqRows{codes, ds}, 0, order, offsets, active, k, y);                        \
+        moe_grouped_int<FMT, 2>(mw, MoeXq{codes, ds}, 0, order, offsets, active, k, y);                        \
     }
 
 #define MOE_INT_FORMAT(SUFFIX, FMT) MOE_INT_KERNEL(SUFFIX, FMT)
