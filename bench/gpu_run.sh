@@ -32,12 +32,25 @@ if stage llamabuild; then  # llama.cpp's server, built in the background (outliv
 fi
 # tests: TESTS (default tests/engine/cuda); TEST_SHARD=K/N runs the K-th of N shares of its test files (sorted, every
 # N-th from the K-th), so a suite longer than one call's 10 minutes (515 s on the H100 for 1,324 tests) spans calls
+# TEST_PROCS=N: N pytest processes at once on the one card, each a share of the files (the suite is mostly NVRTC
+# compiles and small launches, so the CPUs, not the GPU, bound it); their logs follow each other in tests.log
+shares() {  # DIR K N: every N-th test file of DIR from the K-th (sorted)
+  find $1 -name 'test_*.py' | sort | awk -v k="$2" -v n="$3" '(NR - k) % n == 0'
+}
 if stage tests; then
   tests=${TESTS:-tests/engine/cuda}
-  if [[ -n ${TEST_SHARD:-} ]]; then
-    tests=$(find $tests -name 'test_*.py' | sort | awk -v k="${TEST_SHARD%/*}" -v n="${TEST_SHARD#*/}" '(NR - k) % n == 0')
+  if [[ ${TEST_PROCS:-1} -gt 1 ]]; then
+    for k in $(seq 1 "$TEST_PROCS"); do
+      timeout ${TEST_S:-200} python3 -m pytest -q -m gpu $(shares "$tests" "$k" "$TEST_PROCS") ${PYTEST_ARGS-} -rf \
+        -p no:cacheprovider > "/tmp/tests-$k.log" 2>&1 &
+    done
+    wait
+    for k in $(seq 1 "$TEST_PROCS"); do echo "== share $k/$TEST_PROCS"; cat "/tmp/tests-$k.log"; done > "$OUT/tests.log"
+    grep -E '^(FAILED|ERROR)|^== share| (passed|failed|error)' "$OUT/tests.log" | tail -40
+  else
+    [[ -n ${TEST_SHARD:-} ]] && tests=$(shares "$tests" "${TEST_SHARD%/*}" "${TEST_SHARD#*/}")
+    timeout ${TEST_S:-200} python3 -m pytest -q -m gpu $tests ${PYTEST_ARGS--x} -rf -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -25
   fi
-  timeout ${TEST_S:-200} python3 -m pytest -q -m gpu $tests ${PYTEST_ARGS--x} -rf -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -25
 fi
 if stage micro && left 180; then
   timeout 100 python3 bench/suite/gpu_check.py --out /tmp/check --no-tests --only "copy bandwidth,fused" 2>&1 \
@@ -217,6 +230,9 @@ if stage side; then
     file=$(gguf_of "$model")
     serve_paddock "$file" 16384 32 "/tmp/serve-${model/:/-}.log" 240
     side_rows paddock "$model" 11660
+    # expert bytes copied from host RAM over the rows (--experts-on-gpu below the experts' count) and tokens made
+    curl -s http://127.0.0.1:11660/metrics | grep -E "^paddock_engine_(expert_copied_bytes|generation_tokens)" \
+      | sed "s/^/$model ${SERVE_ARGS:-} /" | tee -a "$OUT/side.log"
     kill $server; wait $server 2> /dev/null
     for _ in $(seq 1 ${LLAMA_WAIT:-300}); do [[ -x /tmp/llama-build/bin/llama-server ]] && break; sleep 1; done
     if [[ ${SIDE_LLAMA:-all} != all && " $SIDE_LLAMA " != *" $model "* ]]; then
@@ -253,6 +269,21 @@ if stage curve; then
     done
     kill $server; wait $server 2> /dev/null
     tail -n 12 "/tmp/curve-${model/:/-}.log" >> "$OUT/curve.log"
+    # CURVE_LLAMA=1: the same points on llama.cpp's server (a slot per stream at the largest c), same file and client
+    if [[ ${CURVE_LLAMA:-0} == 1 ]] && left 60; then
+      cs=(${CURVE_CS:-1 32 64 128 256}); top=${cs[-1]}
+      for _ in $(seq 1 ${LLAMA_WAIT:-300}); do [[ -x /tmp/llama-build/bin/llama-server ]] && break; sleep 1; done
+      if bash bench/llama_cpp.sh serve "$(gguf_of "$model")" "$top" $(( top * 512 )); then
+        for c in "${cs[@]}"; do
+          left 30 || break
+          requests=$(( c * ${CURVE_WAVES:-3} > 4 ? c * ${CURVE_WAVES:-3} : 4 ))
+          timeout 150 python3 -m app.cli bench --url http://127.0.0.1:11661 --json --concurrency "$c" --requests $requests \
+            --input-tokens 128 --output-tokens 128 | sed "s/^{/{\"engine\": \"llama.cpp\", \"model\": \"$model\", /" \
+            | tee -a "$OUT/curve.jsonl" | cut -c1-200
+        done
+        kill "$(cat /tmp/llama-server.pid)"; sleep 2
+      fi
+    fi
   done
 fi
 if stage tiers && left 180; then

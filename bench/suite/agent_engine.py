@@ -10,6 +10,8 @@ step that returns the first token, the engine stepped back to back):
 - c8:         8 sessions of the shared 8,000-token prefix + 140 own tokens at once, 128 out each:
               step time p50 while all 8 decode (ITL) and output tok/s over the whole run.
 - prefill32k: a 32,000-token prompt.
+- prefill_ops, prefill_ops32k: GPU ms per op kind of the first and the last chunk of an 8,000- / 32,000-token
+              prompt (where its TTFT goes).
 - decode32k:  one session at 32k context: step time p50 over 64 decode steps.
 - interfere:  8 sessions decoding at 2k context while a 16k-token prompt prefills: their step-time
               p99 against p50 without it, and the long prompt's TTFT (what pacing costs it), once per
@@ -235,6 +237,7 @@ def main() -> None:
     ap.add_argument("--max-batched-tokens", type=int, default=None)
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--max-ctx", type=int, default=40000)
+    ap.add_argument("--kv-dtype", default="auto", help="the KV cache's element type: auto, f16 or fp8")
     ap.add_argument(
         "--decode-latency-factors", default="0,2", metavar="X,Y",
         help="interfere: run once per value (0: pacing off; the engine's default is 2)",
@@ -258,7 +261,8 @@ def main() -> None:
 
         linear.DENSE_FROM_TOKENS = linear.GEMV_MAX_TOKENS + 1
     engine = LLMEngine(
-        EngineConfig(model=args.model, device=args.device, max_model_len=args.max_ctx, max_num_seqs=16, **extra)
+        EngineConfig(model=args.model, device=args.device, max_model_len=args.max_ctx, max_num_seqs=16,
+                     kv_dtype=args.kv_dtype, **extra)
     )
     engine.backend.tensor_core_prefill = not args.simt
     d = Driver(engine)
@@ -266,6 +270,7 @@ def main() -> None:
     runs = {
         "prefill8k": lambda: case_prefill(d, 8000, 3),
         "prefill_ops": lambda: case_prefill_ops(d),
+        "prefill_ops32k": lambda: case_prefill_ops(d, 32000),
         "hit": lambda: case_hit(d),
         "c8": lambda: case_c8(d),
         "prefill32k": lambda: case_prefill(d, 32000, 1),
@@ -277,7 +282,7 @@ def main() -> None:
     for name in args.cases.split(","):
         results = runs[name]()
         for result in results if isinstance(results, list) else [results]:
-            print(json.dumps({"case": name, "attention": kernel, "device": args.device,
+            print(json.dumps({"case": name, "attention": kernel, "device": args.device, "kv_dtype": args.kv_dtype,
                               "batched_tokens": engine.config.max_num_batched_tokens, **result}), flush=True)  # fmt: skip
 
 
