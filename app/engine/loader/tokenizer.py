@@ -23,6 +23,7 @@ import logging
 import re
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 
 SPACE_MARK = "\u2581"  # SentencePiece's visible space
+_UNKNOWN = object()
 
 # Tokens that end a turn although the file may not name them as EOS (llama.cpp's list).
 END_OF_GENERATION_NAMES = frozenset({
@@ -156,6 +158,7 @@ class Tokenizer:
         self._piece_bytes = piece_bytes
         self.strips_prefix_space = strips_prefix_space
         self.chat_template = chat_template  # the checkpoint's own, if its tokenizer files carry one
+        self._marker_texts: dict[int, str | None] = {}  # marker_text's answers, found on first use
 
     # -- encode / decode ---------------------------------------------------------------
 
@@ -194,6 +197,39 @@ class Tokenizer:
 
     def is_special(self, id: int) -> bool:
         return id in self._special_ids
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        return self._special_ids
+
+    def marker_text(self, id: int) -> str | None:
+        """The text of special token `id` if it cuts a text wherever the text spells it, whatever
+        surrounds it; else None.
+
+        The tokenizer splits a text at its added tokens first and tokenizes the pieces between them
+        each on its own, so a text's ids up to such a token are those of the text before it alone
+        (server/prompt_prefix.py splices prompts there). Not markers: tokens matched on normalized text
+        or only as a whole word (the match depends on what surrounds them), and any whose text holds,
+        or is held by, another added token's (a longer match could start before it or run past it)."""
+        found = self._marker_texts.get(id, _UNKNOWN)
+        if found is _UNKNOWN:
+            found = self._marker_texts[id] = self._find_marker_text(id)
+        return found  # type: ignore[return-value]
+
+    def _find_marker_text(self, id: int) -> str | None:
+        added = self._added_tokens
+        token = added.get(id)
+        if id not in self._special_ids or token is None:
+            return None
+        text = token.content
+        if token.normalized or token.single_word or not text:
+            return None
+        clash = any(o.content != text and (text in o.content or o.content in text) for o in added.values())
+        return None if clash else text
+
+    @cached_property
+    def _added_tokens(self) -> dict[int, AddedToken]:
+        return self._backend.get_added_tokens_decoder()
 
     def token_bytes(self, id: int) -> bytes:
         """The bytes token `id` stands for in generated text (its piece; a special token's name)."""

@@ -24,6 +24,7 @@ from app.engine.models.vision.splice import image_spans
 from app.engine.server import limits
 from app.engine.server.errors import ApiError, bad_request, context_overflow
 from app.engine.server.images import AUDIO_MARK, IMAGE_MARK
+from app.engine.server.prompt_prefix import PromptPrefixes
 from app.engine.server.turn_memory import DEFAULT_TURNS, NO_REUSE, TurnMemory
 from app.engine.server.volatile_parts import strip_volatile
 from app.engine.text.template_sandbox import SlowRender, quick_lane
@@ -66,6 +67,7 @@ class PromptBuilder:
         self._slow_workers = anyio.CapacityLimiter(max(1, workers // 4))
         self._remembered_turns = remembered_turns
         self._memory: TurnMemory | None = None
+        self._prefixes: PromptPrefixes | None = None
         self._strip_volatile = strip_volatile_metadata
         self._told_stripped = False
 
@@ -184,12 +186,20 @@ class PromptBuilder:
             return Prompt(ids, text, views + clips)
         memory = self._turn_memory()
         reuse = memory.reuse(text) if memory is not None else NO_REUSE
+        prefixes = self._prompt_prefixes(memory)
+        shared = prefixes.reuse(text) if prefixes is not None else NO_REUSE
+        if shared.num_chars > reuse.num_chars:
+            reuse = shared
         if not reuse.num_chars:
-            return Prompt(self._encode(text), text, remembered=memory is not None)
-        rest = self._engine.tokenizer.encode(
-            text[reuse.num_chars :], add_special_tokens=False, parse_special=True
-        )
-        return Prompt(reuse.token_ids + rest, text, remembered=True)
+            ids = self._encode(text)
+        else:
+            rest = self._engine.tokenizer.encode(
+                text[reuse.num_chars :], add_special_tokens=False, parse_special=True
+            )
+            ids = reuse.token_ids + rest
+        if prefixes is not None:
+            prefixes.remember(text, ids)
+        return Prompt(ids, text, remembered=memory is not None)
 
     def _without_volatile(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The messages without the lines clients change on every request (volatile_parts.py), logged:
@@ -227,6 +237,16 @@ class PromptBuilder:
         if memory is None or memory.tokenizer is not tokenizer:
             memory = self._memory = TurnMemory(tokenizer, self._remembered_turns)
         return memory
+
+    def _prompt_prefixes(self, memory: TurnMemory | None) -> PromptPrefixes | None:
+        """The loaded tokenizer's recent prompts (prompt_prefix.py), where turn memory is on: the same
+        conditions make ids splicable."""
+        if memory is None:
+            return None
+        prefixes = self._prefixes
+        if prefixes is None or prefixes.tokenizer is not memory.tokenizer:
+            prefixes = self._prefixes = PromptPrefixes(memory.tokenizer)
+        return prefixes
 
     def remember(self, prompt: Prompt, output_ids: list[int]) -> None:
         """Keep a finished chat request's ids for the next turn to reuse (turn_memory.py)."""
