@@ -115,6 +115,9 @@ DECLARED: tuple[EnvVar, ...] = (
            "most tokens a product takes on quantized weights through tensor cores (gemv_mma), from 3; 0: never"),
     EnvVar("PADDOCK_GEMV_MMA_NO_COPY", _int, 64,
            "the same for a weight without a float16 copy (else it is expanded for every product); 0: never"),
+    EnvVar("PADDOCK_GEMV_MMA_COPY_", _int, MappingProxyType({}),
+           "most tokens a product takes on gemv_mma on a weight of format `<KEY>` (Q4_K, ...) that has a float16 "
+           "copy, from 3, over PADDOCK_GEMV_MMA_MAX_TOKENS (0: the copy, through cuBLAS)", prefix=True),
     EnvVar("PADDOCK_GEMV_MMA_KERNEL", _choice("v1", "v2"), "v2",
            "those products' kernel: v1 gemv_mma.cu, v2 gemv_mma2.cu (staged float16 x; gemv_mma.py)"),
     EnvVar("PADDOCK_GEMV_QB", _int, None, "groups of 16 x columns a thread quantizes at once (default: tuning table)"),

@@ -26,6 +26,8 @@ class GemvPlan:
     mma_max_tokens: int = 0
     mma_no_copy: int = 64  # the same bound for a weight without a float16 copy
     mma_kernel: str = "v2"  # gemv_mma's kernel: "v1" gemv_mma.cu, "v2" gemv_mma2.cu
+    # {format: the same bound as mma_max_tokens for weights of that format with a float16 copy}; the larger wins
+    mma_copy: Mapping[str, int] = field(default_factory=dict)
     groups_per_thread: int | None = None  # XQ_QB's cap; None: the tuning's
     fused_norm_max_cols: int | None = None  # None: the tuning's
     float_x_from: Mapping[str, int] = field(default_factory=dict)  # over the tuning's; 0: never
@@ -34,8 +36,8 @@ class GemvPlan:
     def for_backend(cls, options: KernelOptions, tuning: Tuning) -> GemvPlan:
         return cls(tuning, options.gemv_overrides, options.gemv_int_x, options.gemv_int_multi,
                    options.gemv_resident_cap, options.gemv_mma_max_tokens, options.gemv_mma_no_copy,
-                   options.gemv_mma_kernel, options.gemv_groups_per_thread, options.fused_norm_max_cols,
-                   options.gemv_float_x_from)  # fmt: skip
+                   options.gemv_mma_kernel, options.gemv_mma_copy, options.gemv_groups_per_thread,
+                   options.fused_norm_max_cols, options.gemv_float_x_from)  # fmt: skip
 
     def float_rows(self, bucket: int, qtype_name: str) -> int:
         """Rows per block of gemv.cu (float32 x) for a token bucket and format."""

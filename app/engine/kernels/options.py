@@ -61,6 +61,8 @@ class KernelOptions:
     gemv_mma_max_tokens: int = _from_env("PADDOCK_GEMV_MMA_MAX_TOKENS")  # 3..N tokens on gemv_mma; 0: off
     gemv_mma_no_copy: int = _from_env("PADDOCK_GEMV_MMA_NO_COPY")  # the same for weights without a float16 copy
     gemv_mma_kernel: str = _from_env("PADDOCK_GEMV_MMA_KERNEL")  # "v1" gemv_mma.cu, "v2" gemv_mma2.cu
+    # {format: most tokens on gemv_mma for a weight of that format with a float16 copy}, over gemv_mma_max_tokens
+    gemv_mma_copy: Mapping[str, int] = _from_env("PADDOCK_GEMV_MMA_COPY_")
     gemv_groups_per_thread: int | None = _from_env("PADDOCK_GEMV_QB")  # XQ_QB's cap; None: the tuning's
     fused_norm_max_cols: int | None = _from_env("PADDOCK_FUSED_NORM_MAX_COLS")  # None: the tuning's
     moe_fused_decode: bool = _from_env("PADDOCK_MOE_FUSED_DECODE")  # MoE at 1-4 tokens: no grouping, down+combine

@@ -47,6 +47,20 @@ def test_the_plan_bounds_the_products() -> None:
     assert _served(_weight(copy=True), GemvPlan(mma_max_tokens=64)) == [3, 8, 9, 32, 64]
 
 
+def test_a_format_bound_sends_weights_with_a_copy_to_gemv_mma() -> None:
+    """plan.mma_copy: where decoding a format's blocks beats reading the float16 copy (Q4_K, not Q6_K)."""
+    plan = GemvPlan(mma_copy={"Q4_K": 16})
+    assert _served(_weight(copy=True), plan) == [3, 8, 9]
+    assert _served(_weight("Q6_K", copy=True), plan) == []
+    assert _served(_weight(copy=True), GemvPlan(mma_copy={"Q4_K": 16}, mma_max_tokens=32)) == [3, 8, 9, 32]
+    # A fused weight takes the least bound of its parts' formats: a Q6_K v beside Q4_K q and k keeps the copy.
+    q4 = (_weight(rows=256), _weight(rows=64))
+    assert _served(CudaFusedWeight(q4, dense16=object()), plan) == [3, 8, 9]
+    assert _served(CudaFusedWeight((*q4, _weight("Q6_K", rows=64)), dense16=object()), plan) == []
+    # Without a copy the no-copy bound still rules.
+    assert _served(_weight(), plan) == [3, 8, 9, 32, 64]
+
+
 def test_fused_weights_follow_their_own_copy() -> None:
     parts = (_weight(rows=256), _weight(rows=64), _weight("Q6_K", rows=64))
     assert _served(CudaFusedWeight(parts), GemvPlan()) == [3, 8, 9, 32, 64]

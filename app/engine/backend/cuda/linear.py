@@ -52,11 +52,20 @@ def _mma_parts(
     parts = weight.parts if isinstance(weight, CudaFusedWeight) else (weight,)
     if len(parts) > 3 or any(p.data is None for p in parts):
         return None
-    if not DENSE_FROM_TOKENS <= n_tok <= max(plan.mma_max_tokens, _no_copy_bound(weight, plan)):
+    bound = max(plan.mma_max_tokens, _no_copy_bound(weight, plan), _copy_bound(parts, weight, plan))
+    if not DENSE_FROM_TOKENS <= n_tok <= bound:
         return None
     if not gemv_mma.serves(min(n_tok, gemv_mma.MAX_TOKENS), [p.qtype.name for p in parts], weight.n_cols):
         return None
     return [(p.data, p.qtype.name, p.row_bytes, p.n_rows) for p in parts]
+
+
+def _copy_bound(parts: tuple[CudaWeight, ...], weight: CudaWeight | CudaFusedWeight, plan: GemvPlan) -> int:
+    """The most tokens gemv_mma takes on a weight with a float16 copy by its formats (plan.mma_copy: where
+    decoding the quantized blocks beats reading 2 bytes a weight), the least of its parts'; 0 without one."""
+    if weight.dense16 is None or not plan.mma_copy:
+        return 0
+    return min(plan.mma_copy.get(p.qtype.name, 0) for p in parts)
 
 
 def _no_copy_bound(weight: CudaWeight | CudaFusedWeight, plan: GemvPlan) -> int:
