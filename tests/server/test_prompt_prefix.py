@@ -110,6 +110,21 @@ def test_reuse_ends_at_the_last_marker_wholly_shared(embedded_engine: Any) -> No
     assert reuse.token_ids + tokenizer.encode(second[reuse.num_chars :], add_special_tokens=False) == whole
 
 
+def test_the_prompt_sharing_the_most_wins(embedded_engine: Any) -> None:
+    tokenizer = embedded_engine.tokenizer
+    turn = "<end_of_turn>\n<start_of_turn>user\n"
+    texts = [GEMMA_SYSTEM + turn + "one" + turn, GEMMA_SYSTEM + turn + "one" + turn + "two" + turn, GEMMA_SYSTEM]
+    prefixes = PromptPrefixes(tokenizer, min_chars=1)
+    for text in texts:
+        prefixes.remember(text, tokenizer.encode(text, add_special_tokens=False))
+    new = GEMMA_SYSTEM + turn + "one" + turn + "two" + turn + "three"
+    reuse = prefixes.reuse(new)
+    assert reuse.num_chars == len(texts[1]) - len("<start_of_turn>user\n")  # to the last marker both spell
+    assert reuse.token_ids + tokenizer.encode(new[reuse.num_chars :], add_special_tokens=False) == tokenizer.encode(
+        new, add_special_tokens=False
+    )
+
+
 def test_nothing_is_reused_without_a_shared_marker_or_below_the_minimum(embedded_engine: Any) -> None:
     tokenizer = embedded_engine.tokenizer
     text = "plain words " * 400

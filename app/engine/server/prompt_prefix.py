@@ -82,11 +82,16 @@ class PromptPrefixes:
         remembered prompt, and the characters they spell; tokenize text[num_chars:] for the rest."""
         with self._lock:
             candidates = [p for p in reversed(self._prompts.values()) if p.text[:PROBE_CHARS] == text[:PROBE_CHARS]]
+        # Longest shared start first, among equals one whose markers are already found: the markers of the
+        # others are looked for only while their shared start could still beat the best cut so far.
+        shared_by = sorted(
+            ((_common_prefix_length(p.text, text), p.markers is not None, p) for p in candidates),
+            key=lambda entry: entry[:2], reverse=True,
+        )  # fmt: skip
         best: tuple[int, _Remembered, int] | None = None  # (characters, prompt, ids kept)
-        for prompt in candidates:
-            shared = _common_prefix_length(prompt.text, text)
-            if shared < self.min_chars:
-                continue
+        for shared, _, prompt in shared_by:
+            if shared < self.min_chars or (best is not None and shared <= best[0]):
+                break
             if prompt.markers is None:  # a benign race: two threads may both find the same positions
                 prompt.markers = self._marker_positions(prompt.text, prompt.ids)
             cut = _last_marker_within(prompt.markers, shared)
@@ -108,9 +113,13 @@ class PromptPrefixes:
         markers = {t: m for t, m in present.items() if m is not None}
         # a BOS the tokenizer put before the text is no spelling of it
         added_bos = bool(ids) and ids[0] == tokenizer.bos_token_id and not text.startswith(tokenizer.bos_token or "\0")
-        indices = [index for index, token in enumerate(ids) if token in markers and (index or not added_bos)]
-        if any(text.count(m) != ids.count(t) - (added_bos and t == ids[0]) for t, m in markers.items()):
-            return ()
+        indices: list[int] = []
+        for token, marker in markers.items():
+            found = _indices_of(ids, token, 1 if added_bos and token == ids[0] else 0)
+            if text.count(marker) != len(found):
+                return ()
+            indices += found
+        indices.sort()
         positions, pos = [], 0
         for index in indices:
             marker = markers[ids[index]]
@@ -120,6 +129,18 @@ class PromptPrefixes:
             positions.append((index, pos, len(marker)))
             pos += len(marker)
         return tuple(positions)
+
+
+def _indices_of(ids: tuple[int, ...], token: int, start: int) -> list[int]:
+    """Where `token` is in ids[start:] (tuple.index scans at C speed: a marker is a few of 8,000 ids)."""
+    found = []
+    try:
+        while True:
+            start = ids.index(token, start)
+            found.append(start)
+            start += 1
+    except ValueError:
+        return found
 
 
 def _common_prefix_length(a: str, b: str) -> int:
