@@ -471,3 +471,12 @@ def test_the_same_vocabulary_is_built_once_and_any_change_builds_anew(whisper_js
     assert other is not as_numpy and other.is_special(len(changed) // 2) != as_numpy.is_special(len(types) // 2)
     with_eos = Tokenizer.from_gguf_metadata(dict(metadata, **{"tokenizer.ggml.eos_token_id": 7}))
     assert with_eos is not first and with_eos.eos_token_id == 7 != first.eos_token_id
+
+
+def test_gguf_tokenizers_know_their_longest_piece(gemma: Tokenizer, whisper_json: Path) -> None:
+    """The prompt length pre-check's bound (server/prompting.py), known from the token list at once instead
+    of a scan of every id on the first request: it must equal that scan."""
+    byte_level = Tokenizer.from_gguf_metadata(gguf_metadata_from_tokenizer_json(whisper_json, "gpt-2"))
+    for tokenizer in (gemma, byte_level):
+        longest = max(len(tokenizer.id_to_token(i)) for i in range(tokenizer.vocab_size))
+        assert tokenizer.max_token_chars == longest

@@ -132,6 +132,7 @@ class Tokenizer:
         piece_bytes: Callable[[int], bytes] | None = None,
         strips_prefix_space: bool = False,
         chat_template: str | None = None,
+        max_token_chars: int | None = None,
     ) -> None:
         self._backend = backend
         self._lock = threading.Lock()  # `encode_special_tokens` is state on the shared backend
@@ -159,6 +160,9 @@ class Tokenizer:
         self.strips_prefix_space = strips_prefix_space
         self.chat_template = chat_template  # the checkpoint's own, if its tokenizer files carry one
         self._marker_texts: dict[int, str | None] = {}  # marker_text's answers, found on first use
+        # the most characters one token's piece spells, where the source knew it at once (GGUF: its token
+        # list); server/prompting.py scans the vocabulary otherwise
+        self.max_token_chars = max_token_chars
 
     # -- encode / decode ---------------------------------------------------------------
 
@@ -313,6 +317,7 @@ class Tokenizer:
             piece_bytes=piece_bytes,
             strips_prefix_space=strips,
             chat_template=metadata.get("tokenizer.chat_template"),
+            max_token_chars=max(map(len, tokens), default=1),
         )
 
     @classmethod
