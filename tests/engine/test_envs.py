@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from app.engine import envs
+from app.engine.kernels import gemv_plan
 from app.engine.kernels.gemv_plan import GemvPlan
 from app.engine.kernels.options import KernelOptions, ShapeOverrides
 from app.engine.kernels.tuning import LaunchShape, for_arch
@@ -60,6 +61,14 @@ def test_prefixed_families(environ) -> None:
             PADDOCK_GEMV_MIN_BLOCKS_GATED_Q6_K="4")  # fmt: skip
     assert dict(envs.PADDOCK_GEMV_SHAPE_) == {"MULTI": (2, 4, 1), "MULTI_Q8_0": (1, 8, 1)}
     assert envs.PADDOCK_GEMV_MIN_BLOCKS == 1 and dict(envs.PADDOCK_GEMV_MIN_BLOCKS_) == {"GATED_Q6_K": 4}
+
+
+def test_a_family_with_a_default_keeps_the_entries_not_set(environ) -> None:
+    assert dict(envs.PADDOCK_GEMV_MMA_COPY_) == dict(gemv_plan.MMA_COPY) == {"Q4_K": 16}
+    assert GemvPlan().mma_copy == KernelOptions().gemv_mma_copy  # the plan benchmarks use is the backend's
+    environ(PADDOCK_GEMV_MMA_COPY_Q4_K="0", PADDOCK_GEMV_MMA_COPY_Q5_K="8")
+    assert dict(envs.PADDOCK_GEMV_MMA_COPY_) == {"Q4_K": 0, "Q5_K": 8}
+    assert GemvPlan.for_backend(KernelOptions(), for_arch("90")).mma_copy == {"Q4_K": 0, "Q5_K": 8}
 
 
 @pytest.mark.parametrize(

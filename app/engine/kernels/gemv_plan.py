@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from app.engine.kernels import tuning as tuning_tables
 from app.engine.kernels.options import KernelOptions, ShapeOverrides
 from app.engine.kernels.tuning import LaunchShape, Tuning
+
+# PADDOCK_GEMV_MMA_COPY_<FORMAT>'s default (envs.py says what it measured; tests/engine/test_envs.py keeps the two equal)
+MMA_COPY: Mapping[str, int] = MappingProxyType({"Q4_K": 16})
 
 
 @dataclass(frozen=True, eq=False)
@@ -27,7 +31,7 @@ class GemvPlan:
     mma_no_copy: int = 64  # the same bound for a weight without a float16 copy
     mma_kernel: str = "v2"  # gemv_mma's kernel: "v1" gemv_mma.cu, "v2" gemv_mma2.cu
     # {format: the same bound as mma_max_tokens for weights of that format with a float16 copy}; the larger wins
-    mma_copy: Mapping[str, int] = field(default_factory=dict)
+    mma_copy: Mapping[str, int] = field(default_factory=lambda: MMA_COPY)
     groups_per_thread: int | None = None  # XQ_QB's cap; None: the tuning's
     fused_norm_max_cols: int | None = None  # None: the tuning's
     float_x_from: Mapping[str, int] = field(default_factory=dict)  # over the tuning's; 0: never

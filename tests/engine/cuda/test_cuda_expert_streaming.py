@@ -6,7 +6,7 @@ and 70 tokens (70 tokens pick every expert, so with 2 staging slots the step run
 called twice so the second call finds last call's picks staged; the tiny Qwen3-MoE GGUF in every
 run mode of the paged-KV harness; the engine's greedy tokens with decode graphs off. Streaming
 adds the hot and cold passes' partial sums, so results match to float32 rounding, not bit for
-bit. The refusal of experts the kernels cannot stream runs everywhere.
+bit (at 1-4 tokens, to int16 x's rounding: the resident layer's few-tokens path reads float32 x). The refusal of experts the kernels cannot stream runs everywhere.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from cuda_samples import random_tensor, rel_err
+from cuda_samples import GATED_FACTOR, INT_X_TOL, backend_int_x, random_tensor, rel_err
 
 from app.engine.backend.cuda.backend import CudaBackend
+from app.engine.kernels import moe as moe_kernels
 from app.engine.layers.moe import MoE
 from app.engine.models.config import MoeSpec
 from app.engine.moe.residency import ExpertStreaming
@@ -70,11 +71,15 @@ def test_streamed_layer_matches_the_resident_one(cuda, rng, on_gpu: int, n_tok: 
     backend = _streaming_backend(on_gpu)
     streamed = MoE(backend, tensors, "blk.0", SPEC)
     assert streamed.syncs_host and not resident.syncs_host
+    # Both run the same grouped products from 5 tokens; below, the resident layer takes the few-tokens path
+    # (float32 x) while the streamed passes stay grouped, over int16 x where the backend reads it.
+    few = n_tok <= moe_kernels.FUSED_DECODE_MAX_TOKENS and backend_int_x()
+    tol = GATED_FACTOR * INT_X_TOL if few else 1e-5
     for call in range(2):
         x = rng.standard_normal((n_tok, HIDDEN)).astype(np.float32)
         expected = cuda.to_host(resident(cuda.from_host(x)))
         got = backend.to_host(streamed(backend.from_host(x)))
-        assert rel_err(got, expected) < 1e-5, f"call {call}"
+        assert rel_err(got, expected) < tol, f"call {call}"
     (layer,) = backend.expert_streaming.layers
     layer.check_integrity()
     assert (layer.bytes_copied > 0) == (on_gpu < 6)

@@ -1,5 +1,6 @@
 """`CudaBackend.linear`: the GEMV path for decode; from 3 tokens cuBLAS on the float16 weight
-cache ("auto"), or without a copy ("off") gemv_mma up to 64 tokens and slices dequantized per call above."""
+cache ("auto"; Q4_K up to 16 tokens on gemv_mma still), or without a copy ("off") gemv_mma up to 64 tokens
+and slices dequantized per call above."""
 
 from __future__ import annotations
 

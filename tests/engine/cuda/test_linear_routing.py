@@ -33,8 +33,10 @@ def test_products_on_weights_without_a_copy_take_the_tensor_cores_from_three_tok
     plan = GemvPlan()
     assert _served(_weight(), plan) == [3, 8, 9, 32, 64]
     assert _served(_weight("Q6_K"), plan) == [3, 8, 9, 32, 64]
-    # With a float16 copy cuBLAS reads it (the default plan sends nothing else to gemv_mma).
-    assert _served(_weight(copy=True), plan) == []
+    # With a float16 copy cuBLAS reads it, but for Q4_K's products of up to 16 tokens (gemv_plan.MMA_COPY).
+    assert _served(_weight("Q6_K", copy=True), plan) == []
+    assert _served(_weight(copy=True), plan) == [3, 8, 9]
+    assert _served(_weight(copy=True), GemvPlan(mma_copy={})) == []
     # Formats gemv_mma cannot decode keep their paths.
     assert _served(_weight("IQ4_XS"), plan) == []
 
@@ -43,7 +45,7 @@ def test_the_plan_bounds_the_products() -> None:
     assert _served(_weight(), GemvPlan(mma_max_tokens=0, mma_no_copy=0)) == []
     assert _served(_weight(), GemvPlan(mma_max_tokens=0, mma_no_copy=8)) == [3, 8]
     assert _served(_weight(), GemvPlan(mma_no_copy=200)) == [3, 8, 9, 32, 64, 65, 200]
-    assert _served(_weight(copy=True), GemvPlan(mma_max_tokens=16)) == [3, 8, 9]
+    assert _served(_weight(copy=True), GemvPlan(mma_max_tokens=16, mma_copy={})) == [3, 8, 9]
     assert _served(_weight(copy=True), GemvPlan(mma_max_tokens=64)) == [3, 8, 9, 32, 64]
 
 
@@ -64,7 +66,7 @@ def test_a_format_bound_sends_weights_with_a_copy_to_gemv_mma() -> None:
 def test_fused_weights_follow_their_own_copy() -> None:
     parts = (_weight(rows=256), _weight(rows=64), _weight("Q6_K", rows=64))
     assert _served(CudaFusedWeight(parts), GemvPlan()) == [3, 8, 9, 32, 64]
-    assert _served(CudaFusedWeight(parts, dense16=object()), GemvPlan()) == []
+    assert _served(CudaFusedWeight(parts, dense16=object()), GemvPlan()) == []  # its Q6_K part keeps the copy
     # gemv_mma takes at most three weights in a launch: four parts go their own ways.
     assert _served(CudaFusedWeight((*parts, _weight(rows=32))), GemvPlan()) == []
 

@@ -4,9 +4,10 @@ One row of x goes to the GEMV kernels, which read the weight's blocks directly (
 one pass over the weight); DENSE_FROM_TOKENS to the plan's `mma_max_tokens` rows (none by default) go
 to gemv_mma (gemv_mma2.cu by default), which decodes each weight once into tensor-core fragments for all
 of them (also one pass). A fused weight (q/k/v, gate/up) is served by one launch over all its parts.
-Beyond that, cuBLAS multiplies float16 x by the weight's float16 copy when it has one (dense.py): with
-the column splits kept deterministic (gemv_mma.MAX_SPLITS), gemv_mma2 was within a few % of the copies
-at 3-16 tokens on the H100 (bench/results/gpu-s17-2026-12-06.md). A weight without a copy (a 27B-31B model keeps copies of only
+Beyond that, cuBLAS multiplies float16 x by the weight's float16 copy when it has one (dense.py), except
+for the formats in the plan's `mma_copy` up to their bound: Q4_K's 0.56 bytes a weight decoded on gemv_mma2
+beat the copy's 2 up to 16 tokens (the Qwen3-8B's decode step at 8 sequences 6.52 -> 5.45 ms on an H100),
+Q6_K's costlier decode did not (bench/results/gpu-s21-2026-12-06.md). A weight without a copy (a 27B-31B model keeps copies of only
 about half its weights) takes products up to the plan's `mma_no_copy` tokens on gemv_mma too, in
 launches of up to 64 tokens: the alternative expands the weight to float16 on every call, a write and a
 read of 2 bytes a weight on top of the product (2-3x gemv_mma2's time at 32 tokens; a decode step of 32
