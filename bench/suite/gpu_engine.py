@@ -172,6 +172,8 @@ PROFILED_OPS = (  # those the backend has (a hybrid model's recurrent ops among 
     "add_rms_norm",
     "linear",
     "gated_linear",
+    "add_rms_norm_linear",  # the norm before a product and the product, one op where fused (kind: the product's)
+    "add_rms_norm_gated_linear",
     "rope_and_cache",
     "attention",
     "rope_cache_attention",  # where it is one kernel; else its rope_and_cache and attention count
@@ -186,9 +188,9 @@ _LINEAR_KINDS = (("attn_q", "qkv"), ("attn_output", "o"), ("ffn_down", "down"), 
 
 
 def _op_kind(op: str, args: tuple) -> str:
-    if op not in ("linear", "gated_linear"):
+    if op not in ("linear", "gated_linear", "add_rms_norm_linear", "add_rms_norm_gated_linear"):
         return op
-    name = getattr(args[1], "name", "")
+    name = getattr(args[1] if op in ("linear", "gated_linear") else args[4], "name", "")
     return next((kind for key, kind in _LINEAR_KINDS if key in name), "lm_head")
 
 
