@@ -30,7 +30,9 @@ from typing import Any
 from app.engine.server.turn_memory import NO_REUSE, Reuse
 
 DEFAULT_PROMPTS = 16
-DEFAULT_TOKENS = 2**20
+# Ids kept as tuples (tuple.index is what finds the markers): ~36 bytes an id once the request that made them is
+# gone, so 2^19 ids (16 prompts of 32k tokens) hold ~18 MiB at most.
+DEFAULT_TOKENS = 2**19
 MIN_SHARED_CHARS = 2048  # shorter shared starts tokenize in well under a millisecond: not worth a splice
 PROBE_CHARS = 64  # a remembered prompt is compared further only if its first characters match
 
