@@ -114,7 +114,8 @@ class PromptPrefixes:
         present = {t: tokenizer.marker_text(t) for t in set(ids) & tokenizer.special_ids}
         markers = {t: m for t, m in present.items() if m is not None}
         # a BOS the tokenizer put before the text is no spelling of it
-        added_bos = bool(ids) and ids[0] == tokenizer.bos_token_id and not text.startswith(tokenizer.bos_token or "\0")
+        bos = tokenizer.bos_token
+        added_bos = bos is not None and ids[:1] == (tokenizer.bos_token_id,) and not text.startswith(bos)
         indices: list[int] = []
         for token, marker in markers.items():
             found = _indices_of(ids, token, 1 if added_bos and token == ids[0] else 0)
