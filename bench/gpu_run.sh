@@ -192,6 +192,7 @@ if stage serve; then
 fi
 # cascade: decode attention at agent contexts under each of CASCADE_DEFINES (default: plain loop, prefetch; "" skips),
 # then bench/suite/agent_engine.py's CASCADE_CASES (c8,decode32k) under each of CASCADE_SETTINGS (cascade off / on)
+# and each of CASCADE_KV (the KV cache's element type: auto by default, e.g. "f16 fp8")
 if stage cascade; then
   for defines in ${CASCADE_DEFINES-"" DEC_PREFETCH=1}; do
     echo "== PADDOCK_KERNEL_DEFINES=$defines" | tee -a "$OUT/cascade.log"
@@ -199,10 +200,12 @@ if stage cascade; then
       | tee -a "$OUT/cascade.log" | grep '^{'
   done
   for setting in ${CASCADE_SETTINGS:-PADDOCK_CASCADE=0 PADDOCK_CASCADE=1 PADDOCK_CASCADE=1+PADDOCK_KERNEL_DEFINES=DEC_PREFETCH=1}; do
-    left 120 || break
-    echo "== $setting" | tee -a "$OUT/cascade.log"
-    env ${setting//+/ } timeout 240 python3 bench/suite/agent_engine.py "$(gguf_of "${AGENT_MODELS%% *}")" --cases ${CASCADE_CASES:-c8,decode32k} 2>&1 \
-      | tee -a "$OUT/cascade.log" | grep '^{' | cut -c1-600
+    for kv in ${CASCADE_KV:-auto}; do
+      left 120 || break 2
+      echo "== $setting kv $kv" | tee -a "$OUT/cascade.log"
+      env ${setting//+/ } timeout 240 python3 bench/suite/agent_engine.py "$(gguf_of "${AGENT_MODELS%% *}")" \
+        --cases ${CASCADE_CASES:-c8,decode32k} --kv-dtype "$kv" 2>&1 | tee -a "$OUT/cascade.log" | grep '^{' | cut -c1-600
+    done
   done
 fi
 # side: per SIDE_MODELS entry, ISL/OSL 128 at c=1 and c=32 and an 8,000-token TTFT on our server, then on
