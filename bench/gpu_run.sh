@@ -17,7 +17,7 @@ compgen -G ".whl/*.whl" > /dev/null || { echo "no wheels in .whl/: run bench/fet
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$HOME/site" .whl/*.whl || exit 1
 # Compiled kernels cached outside $OUT (only 8 files come back from it), shared by every stage.
 export PYTHONPATH=$PWD:$HOME/site PYTHONUNBUFFERED=1 PADDOCK_KERNEL_CACHE=/tmp/paddock-kernels
-STAGES=${STAGES:-tests micro parity speed serve}  # also: agent, cascade, sweep (bench/micro/gemv_sweep.py --int), ab (see below), prefill, llamabuild, side, profile, spec, mma, wave, moe, curve, tiers
+STAGES=${STAGES:-tests micro parity speed serve}  # also: agent, cascade, sweep (bench/micro/gemv_sweep.py --int), ab (see below), prefill, q4r, llamabuild, side, profile, spec, mma, wave, moe, curve, tiers
 MODELS=${MODELS:-qwen3-0.6b:q4_k_m qwen3-8b:q4_k_m}  # SERVE_C1 / SERVE_C32: requests of the serve runs
 AGENT_MODELS=${AGENT_MODELS:-qwen3-8b:q4_k_m}
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm --format=csv
@@ -145,6 +145,11 @@ fi
 # cuBLAS on a float16 copy and against expanding the weight first, 8B and 27B/31B shapes); JSON lines in $OUT/mma.jsonl
 if stage mma; then
   timeout 100 python3 bench/micro/gemv_mma_times.py ${MMA_ARGS:-} 2>&1 | tee "$OUT/mma.jsonl" | cut -c1-300
+fi
+# q4r: products of 1-128 tokens on Q4_K repacked for the tensor cores (bench/micro/gemv_q4r_times.py: gemv_q4r.cu
+# against cuBLAS on a float16 copy, gemv_mma2.cu and the one-token GEMV, the Qwen3-8B's Q4_K shapes); $OUT/q4r.jsonl
+if stage q4r; then
+  timeout 200 python3 bench/micro/gemv_q4r_times.py ${Q4R_ARGS:-} 2>&1 | tee "$OUT/q4r.jsonl" | cut -c1-400
 fi
 # wave: a 32-request wave of short prompts on a Qwen3.5-27B-shaped file cut to 8 layers, step by step
 # (bench/lab/hybrid_serve_trace.py --steps: prefill tokens, first tokens, state copies, GPU and host ms per step),

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from app.engine.kernels import gemv_q4r
 from app.engine.kernels import tuning as tuning_tables
 from app.engine.kernels.options import KernelOptions, ShapeOverrides
 from app.engine.kernels.tuning import LaunchShape, Tuning
@@ -35,13 +36,21 @@ class GemvPlan:
     groups_per_thread: int | None = None  # XQ_QB's cap; None: the tuning's
     fused_norm_max_cols: int | None = None  # None: the tuning's
     float_x_from: Mapping[str, int] = field(default_factory=dict)  # over the tuning's; 0: never
+    # products of q4r_min_tokens to q4r_max_tokens tokens on the weights' repacked Q4_K copies (gemv_q4r); 0: none
+    q4r_max_tokens: int = 0
+    q4r_min_tokens: int = 2
 
     @classmethod
     def for_backend(cls, options: KernelOptions, tuning: Tuning) -> GemvPlan:
         return cls(tuning, options.gemv_overrides, options.gemv_int_x, options.gemv_int_multi,
                    options.gemv_resident_cap, options.gemv_mma_max_tokens, options.gemv_mma_no_copy,
                    options.gemv_mma_kernel, options.gemv_mma_copy, options.gemv_groups_per_thread,
-                   options.fused_norm_max_cols, options.gemv_float_x_from)  # fmt: skip
+                   options.fused_norm_max_cols, options.gemv_float_x_from,
+                   q4r_max_tokens=options.q4r_max_tokens, q4r_min_tokens=options.q4r_min_tokens)  # fmt: skip
+
+    def q4r_serves(self, n_tok: int) -> bool:
+        """Whether a product of `n_tok` tokens goes to a weight's repacked Q4_K copy when it has one."""
+        return self.q4r_min_tokens <= n_tok <= min(self.q4r_max_tokens, gemv_q4r.MAX_TOKENS)
 
     def float_rows(self, bucket: int, qtype_name: str) -> int:
         """Rows per block of gemv.cu (float32 x) for a token bucket and format."""

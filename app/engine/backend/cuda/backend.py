@@ -155,7 +155,8 @@ class CudaBackend:
         self.tuning = _tuning.for_arch(device_arch())
         self.gemv_plan = GemvPlan.for_backend(self.kernel_options, self.tuning)
         # Idle blocks of CuPy's pool (an earlier engine of this process) count as free too.
-        self.dense_cache = DenseCache(dense_cache, free + int(cupy.get_default_memory_pool().free_bytes()))
+        self.dense_cache = DenseCache(dense_cache, free + int(cupy.get_default_memory_pool().free_bytes()),
+                                      q4r=self.kernel_options.q4r_max_tokens > 0)  # fmt: skip
         cublas()  # the handle and its workspace now: never first made inside a graph capture
         self._reported = False
         # Prefill and mixed batches on the tensor-core kernel (attention_prefill.cu); False keeps

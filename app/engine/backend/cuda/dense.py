@@ -20,6 +20,11 @@ before it sizes the KV cache, so the cache is paid for out of the same free memo
   output head shares them (tied embeddings): they get their copy on their first product
   that would expand them (above the rows linear.py sends to gemv_mma), outside graph capture, when the budget and RESERVE_BYTES
   of free memory still allow it.
+
+With `q4r` on (PADDOCK_Q4R_MAX_TOKENS > 0) a Q4_K projection also gets its repacked copy for gemv_q4r
+(0.625 bytes a weight, taken first: decode steps of many sequences read it, where the float16 copy
+serves prefill), charged to the same budget; a fused weight's parts' copies are stacked like their
+float16 ones.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from typing import Any
 from app.engine.backend.cuda.expand import expand_rows
 from app.engine.backend.cuda.weights import CudaFusedWeight, CudaWeight
 from app.engine.config import DENSE_CACHE_FRACTION as DENSE_FRACTION
+from app.engine.kernels import gemv_q4r
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +45,12 @@ RESERVE_BYTES = 1 << 30  # a late copy (promote) must leave this much free: the 
 
 
 class DenseCache:
-    def __init__(self, mode: str, free_bytes: int, fraction: float = DENSE_FRACTION) -> None:
+    def __init__(self, mode: str, free_bytes: int, fraction: float = DENSE_FRACTION, q4r: bool = False) -> None:
         if mode not in MODES:
             raise ValueError(f"dense_cache must be one of {MODES}, not {mode!r}")
         self.mode = mode
+        self.q4r = q4r
+        self.q4r_bytes = self.q4r_count = 0
         self.budget = 0 if mode == "off" else (None if mode == "on" else int(fraction * free_bytes))
         self.cached_bytes = self.cached_count = 0
         self.skipped_bytes = self.skipped_count = 0
@@ -56,6 +64,8 @@ class DenseCache:
             return weight
         size = 2 * weight.n_rows * weight.n_cols
         cold = self.mode == "auto" and weight.name.endswith(_COLD_SUFFIXES)
+        if self.q4r and not cold:
+            self._pack(weight)
         if cold or not self._fits(size) or not self._copy(weight):
             self.skipped_bytes += size
             self.skipped_count += 1
@@ -99,12 +109,36 @@ class DenseCache:
         self.cached_count += 1
         return True
 
+    def _pack(self, weight: CudaWeight) -> None:
+        """The weight's repacked Q4_K copy, where its format and shape allow and the budget holds it."""
+        import cupy
+
+        if weight.split or not gemv_q4r.packs(weight.qtype.name, weight.n_rows, weight.n_cols):
+            return
+        if not self._fits(weight.n_rows * weight.n_cols * 5 // 8):
+            return
+        try:
+            weight.q4r = gemv_q4r.pack([(weight.data, weight.row_bytes, weight.n_rows)], weight.n_cols)
+        except cupy.cuda.memory.OutOfMemoryError:
+            if self.mode == "on":
+                raise
+            return
+        self.cached_bytes += weight.q4r.nbytes
+        self.q4r_bytes += weight.q4r.nbytes
+        self.q4r_count += 1
+
     @staticmethod
     def stack(fused: CudaFusedWeight) -> CudaFusedWeight:
         """One float16 matrix for a fused weight whose parts all have copies (no extra memory
-        once the parts' own copies are released: they become views of the stack)."""
+        once the parts' own copies are released: they become views of the stack); the same for
+        their repacked Q4_K copies."""
         import cupy
 
+        if all(p.q4r is not None for p in fused.parts):
+            fused.q4r = gemv_q4r.stack([p.q4r for p in fused.parts])
+            views = gemv_q4r.split(fused.q4r, [p.n_rows for p in fused.parts])
+            for part, view in zip(fused.parts, views, strict=True):
+                part.q4r = view
         if not all(p.dense16 is not None for p in fused.parts):
             return fused
         fused.dense16 = cupy.concatenate([p.dense16 for p in fused.parts], axis=0)
@@ -119,6 +153,8 @@ class DenseCache:
                 f"; {self.skipped_count} matrices ({self.skipped_bytes / 2**30:.2f} GiB as float16) not cached, "
                 "their products above 8 tokens dequantize per call"
             )
+        if self.q4r_count:
+            line += f"; {self.q4r_count} Q4_K matrices repacked for gemv_q4r ({self.q4r_bytes / 2**30:.2f} GiB of it)"
         if self.budget is not None and self.mode == "auto":
             line += f" (budget {self.budget / 2**30:.2f} GiB)"
         return line
@@ -129,4 +165,5 @@ class DenseCache:
             "cached_matrices": self.cached_count,
             "cached_gib": self.cached_bytes / 2**30,
             "skipped_matrices": self.skipped_count,
+            "q4r_matrices": self.q4r_count,
         }

@@ -16,6 +16,10 @@ sequences on a Qwen3.5-27B-shaped Q4_K_M file took 52 ms on an H100 that way, ag
 scratch buffer, written straight into the output's columns so the scratch stays small even
 for a 150k-row vocabulary projection. cuBLAS is called through blas.py, which works
 inside CUDA-graph capture (CuPy's wrapper refuses to).
+
+A weight with a repacked Q4_K copy (`q4r`, made at load when PADDOCK_Q4R_MAX_TOKENS is set: dense.py)
+sends products of the plan's q4r token range to gemv_q4r before any of the above: its 0.625 bytes a
+weight through the tensor cores, where the float16 copy is 2.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from app.engine.backend.cuda.expand import expand_rows
 from app.engine.backend.cuda.weights import CudaFusedWeight, CudaWeight
 from app.engine.kernels import activation as activation_kernels
 from app.engine.kernels import gemv as gemv_kernels
-from app.engine.kernels import gemv_int, gemv_mma
+from app.engine.kernels import gemv_int, gemv_mma, gemv_q4r
 from app.engine.kernels import norm as norm_kernels
 from app.engine.kernels.gemv_plan import DEFAULT_PLAN, GemvPlan
 from app.engine.kernels.gemv_split import gemv_split
@@ -44,6 +48,11 @@ DENSE_FROM_TOKENS = 3
 
 def _dense_pays(n_tok: int, weight: CudaWeight | CudaFusedWeight) -> bool:
     return n_tok >= DENSE_FROM_TOKENS and weight.dense16 is not None
+
+
+def _q4r_serves(n_tok: int, weight: CudaWeight | CudaFusedWeight, plan: GemvPlan) -> bool:
+    """Whether this product goes to the weight's repacked Q4_K copy (gemv_q4r)."""
+    return weight.q4r is not None and plan.q4r_serves(n_tok)
 
 
 def _mma_parts(
@@ -118,6 +127,8 @@ def linear(
         raise ValueError(f"linear {weight.name!r}: out must be C-contiguous float32 {(n_tok, weight.n_rows)}")
     if n_tok == 0:
         return out
+    if _q4r_serves(n_tok, weight, plan):
+        return gemv_q4r.gemv_q4r(weight.q4r, x, out, bias)
     mma = _mma_parts(n_tok, weight, plan)
     if weight.dense is not None:
         matmul_t(x, weight.dense, out)
@@ -193,6 +204,8 @@ def _linear_fused(x: Any, fused: CudaFusedWeight, cache: DenseCache | None, plan
     out = cupy.empty((n_tok, fused.n_rows), cupy.float32)
     if n_tok == 0:
         return out
+    if _q4r_serves(n_tok, fused, plan):
+        return gemv_q4r.gemv_q4r(fused.q4r, x, out, fused.bias)
     mma = _mma_parts(n_tok, fused, plan)
     if mma is not None:
         return _gemv_mma(mma, fused.n_cols, x, out, fused.bias, plan)
@@ -230,6 +243,7 @@ def gated_linear(
         0 < n_tok <= GEMV_MAX_TOKENS
         and not _dense_pays(n_tok, fused)
         and _mma_parts(n_tok, fused, plan) is None
+        and not _q4r_serves(n_tok, fused, plan)
     )
     if gemv and fused.bias is None and _gemv_parts(fused) is not None:
         out = cupy.empty((n_tok, gate.n_rows), cupy.float32)
@@ -257,6 +271,8 @@ def norm_linear(
         parts = [(p.data, p.qtype.name, p.row_bytes, p.n_rows) for p in fused.parts]  # q/k/v + an output gate
     if x.shape[0] != 1 or parts is None or (kind is not None and (len(parts) != 2 or fused.bias is not None)):
         return None
+    if _q4r_serves(1, fused, plan):
+        return None  # the norm on its own, then gemv_q4r
     if not plan.int_x or fused.n_cols > plan.norm_max_cols:
         return None
     runs = one_token_runs([True] * len(parts))
@@ -298,6 +314,8 @@ def norm_dense_linear(
     n_tok, n_cols = x.shape
     if not _dense_pays(n_tok, fused) or _mma_parts(n_tok, fused, plan) is not None:
         return None
+    if _q4r_serves(n_tok, fused, plan):
+        return None  # gemv_q4r rounds x itself
     if any(p.data is None for p in fused.parts):
         return None  # _linear_fused goes part by part there
     if kind is not None and (len(fused.parts) != 2 or fused.parts[0].shape != fused.parts[1].shape):

@@ -46,6 +46,7 @@ class CudaWeight:
     cache_checked: bool = False  # a late float16 copy was considered (cuda_dense.DenseCache.promote)
     scales: Any | None = None  # split formats: the scale grid's bytes on the device
     layout: SplitLayout | None = None  # split formats: how to read `data` and `scales`
+    q4r: Any | None = None  # Q4_K repacked for gemv_q4r (gemv_q4r.Q4rWeight; dense.py says when)
 
     @property
     def n_rows(self) -> int:
@@ -76,6 +77,7 @@ class CudaFusedWeight:
     parts: tuple[CudaWeight, ...]
     bias: Any | None = None
     dense16: Any | None = None
+    q4r: Any | None = None  # every part's repacked copy, stacked (their `q4r` are views of it)
 
     @property
     def name(self) -> str:

@@ -1,0 +1,364 @@
+// Products of 1..128 tokens on Q4_K weights repacked for the tensor cores ("q4r"): the decode step of
+// many sequences, where cuBLAS on a float16 copy reads 2 bytes a weight and gemv_mma2.cu, decoding the
+// GGUF blocks in place, falls behind it above 16 tokens.
+//
+// The layout (q4r_pack below writes it from the Q4_K rows, once, at load): per 16-row tile and
+// 64-column chunk, 512 bytes of 4-bit codes in mma.sync A-fragment order, lane l's 16 bytes at 16 l,
+// one 32-bit word per k-step of 16 columns. For lane (g = l / 4, t = l % 4) and k-step j, the word's
+// nibbles 0..7 (bits 4i..4i+3) are the codes of (row, column) =
+//   0: (g, 16j+2t)   4: (g, 16j+2t+1)   1: (g+8, 16j+2t)   5: (g+8, 16j+2t+1)
+//   2: (g, 16j+2t+8) 6: (g, 16j+2t+9)   3: (g+8, 16j+2t+8) 7: (g+8, 16j+2t+9)
+// so `word & 0x000f000f` is A's a[0] pair and `word & 0x00f000f0` its a[1] pair (times 16), and the
+// same of `word >> 8` a[2] and a[3]: OR-ed into the exponent 0x6400 (1024.0 in float16) each is two
+// float16 values 1024 + q (or 1024 + 16 q), exact, with no integer-to-float conversion.
+// Scales: Q4_K's w = d sc q - dmin m per 32-column sub-block becomes the float16 pair (s, m) =
+// (d sc, -dmin m) per row and sub-block, times 2^e, one e per row chosen so the row's largest
+// |15 s| + |m| lies in [2^12, 2^13): every value stays a normal float16 (rows of one tile may differ by
+// any factor; along a row Q4_K's scales span far less than float16's range), and the products' float32
+// sums are multiplied by 2^-e (`row_scale`) at the end. Rows g+8 store s / 16 (their codes come
+// times 16). Per tile and 256-column superblock lane (g, t) holds 16 bytes: the pairs of (row g,
+// sub-block 2t), (g+8, 2t), (g, 2t+1), (g+8, 2t+1); the chunk q of a superblock uses sub-blocks 2q and
+// 2q+1, all held by lane (g, q), so a warp takes a chunk's scales with four shuffles. 0.625 bytes a
+// weight (Q4_K: 0.5625; a float16 copy: 2).
+//
+// The product: a block of WARPS warps owns 64 MT rows (each warp MT 16-row tiles); x (float16, from the
+// pre-pass gemv_q4r_x16) is staged per chunk in shared memory by cp.async, STAGES chunks in flight, with
+// 16-byte columns swizzled by token so ldmatrix reads it without bank conflicts, and every warp reads
+// its B fragments from it; each lane keeps the next WPF chunks' weight words in registers (the first
+// issued before the wait on the previous kernel: weights are no kernel's output). A weight fragment is
+// decoded once (one AND-OR, one subtraction and one FMA per pair of weights, in float16) and used for
+// all NT 8-token tiles. Where row blocks are few, gridDim.y splits the chunks among blocks: each writes
+// its sums to `work`, and the last to finish (a counter per row block, reset by that block) adds them
+// in split order, so the result does not depend on which finished first.
+//
+// Numerics: w = s q + m rounded once to float16 from float16 s and m (each within 2^-11 of d sc and
+// dmin m, scaled by 2^e), x rounded to float16, float32 accumulation.
+#include "mma.cuh"
+
+#ifndef Q4R_MT
+#define Q4R_MT 2  // 16-row tiles a warp
+#endif
+#ifndef Q4R_NT
+#define Q4R_NT 2  // 8-token tiles
+#endif
+#ifndef Q4R_WPF
+#define Q4R_WPF 2  // chunks of weight words in flight in registers
+#endif
+
+namespace q4r {
+constexpr int MT = Q4R_MT, NT = Q4R_NT, WPF = Q4R_WPF;
+constexpr int WARPS = 4;
+constexpr int THREADS = 32 * WARPS;
+constexpr int ROWS = 16 * MT * WARPS;             // rows a block
+constexpr int TOK = 8 * NT;                       // tokens staged (zeros past n_tok)
+constexpr int CHUNK = 64;                         // columns a chunk
+constexpr int STAGES = NT >= 16 ? 2 : 3;          // x chunks in shared memory (48 KiB of static memory)
+constexpr int XS_HALVES = TOK * CHUNK;            // one stage
+constexpr u32 EXP = 0x64006400u;                  // 1024.0 twice in float16
+static_assert(STAGES * XS_HALVES * 2 <= 48 * 1024 - 16, "gemv_q4r: x stages over the static shared memory");
+}  // namespace q4r
+
+// -- float16 pairs (PTX: NVRTC has no cuda_fp16.h here) ------------------------------------------------
+#ifndef PADDOCK_HOST_SHIM
+__device__ __forceinline__ u32 h2_sub(u32 a, u32 b) {
+    u32 r;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+__device__ __forceinline__ u32 h2_fma(u32 a, u32 b, u32 c) {
+    u32 r;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+#else
+inline u32 h2_op(u32 a, u32 b, u32 c, bool fma) {  // each half in double (exact here), rounded once to float16
+    u32 r = 0;
+    for (int h = 0; h < 2; ++h) {
+        const double x = h2f((u16)(a >> 16 * h)), y = h2f((u16)(b >> 16 * h)), z = h2f((u16)(c >> 16 * h));
+        r |= (u32)f2h((float)(fma ? x * y + z : x - y)) << 16 * h;
+    }
+    return r;
+}
+inline u32 h2_sub(u32 a, u32 b) { return h2_op(a, b, 0, false); }
+inline u32 h2_fma(u32 a, u32 b, u32 c) { return h2_op(a, b, c, true); }
+#endif
+
+// The A fragment of one 16x16 weight tile from its code word and its rows' (s, m) pairs.
+__device__ __forceinline__ void q4r_decode(u32 q, u32 pair_g, u32 pair_g8, u32* a) {
+    const u32 s_g = __byte_perm(pair_g, 0, 0x1010), m_g = __byte_perm(pair_g, 0, 0x3232);
+    const u32 s_g8 = __byte_perm(pair_g8, 0, 0x1010), m_g8 = __byte_perm(pair_g8, 0, 0x3232);
+    a[0] = h2_fma(h2_sub((q & 0x000f000fu) | q4r::EXP, q4r::EXP), s_g, m_g);
+    a[1] = h2_fma(h2_sub((q & 0x00f000f0u) | q4r::EXP, q4r::EXP), s_g8, m_g8);
+    q >>= 8;
+    a[2] = h2_fma(h2_sub((q & 0x000f000fu) | q4r::EXP, q4r::EXP), s_g, m_g);
+    a[3] = h2_fma(h2_sub((q & 0x00f000f0u) | q4r::EXP, q4r::EXP), s_g8, m_g8);
+}
+
+namespace q4r {
+// Start copying chunk `cc` of x into stage buffer `xs` (one commit group, empty past `c_end`):
+// token n's 16-byte column q lands at column q ^ (n & 7).
+__device__ __forceinline__ void stage_x(u16* xs, const u16* __restrict__ xh, int n_tok, int n_cols, int cc, int c_end) {
+    for (int i = threadIdx.x; i < TOK * 8; i += THREADS) {
+        const int n = i >> 3, q = i & 7;
+        const bool ok = n < n_tok && cc < c_end;
+        const u16* src = xh + (i64)min(n, n_tok - 1) * n_cols + (i64)min(cc, c_end - 1) * CHUNK + 8 * q;
+        cp_async16(xs + n * CHUNK + 8 * (q ^ (n & 7)), src, ok);
+    }
+    cp_async_commit();
+}
+}  // namespace q4r
+
+// The pre-pass: `xh = float16(x)` (n elements, a multiple of 4). One thread per 4 elements.
+extern "C" __global__ void gemv_q4r_x16(const float* __restrict__ x, u32* __restrict__ xh, int n) {
+    after_previous_grid();
+    const int stride = gridDim.x * blockDim.x;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n / 4; i += stride) {
+        const float4 v = reinterpret_cast<const float4*>(x)[i];
+        reinterpret_cast<uint2*>(xh)[i] = make_uint2(pack_h2_rn(v.x, v.y), pack_h2_rn(v.z, v.w));
+    }
+}
+
+// `y[n, :] = row_scale * (x[n] @ W.T) (+ bias)` for n < n_tok <= 8 NT, W the q4r weight of n_rows
+// (a multiple of 16) by n_cols (a multiple of 256), x the float16 `xh`. Grid: (cdiv(n_rows, ROWS),
+// splits); with splits > 1, `work` holds splits * n_tok * n_rows floats and `counters` one zero int
+// per row block (left zero again).
+extern "C" __global__ void __launch_bounds__(q4r::THREADS)
+    gemv_q4r(const uint4* __restrict__ codes, const uint4* __restrict__ scales, const float* __restrict__ row_scale,
+             int n_rows, int n_cols, const u16* __restrict__ xh, int n_tok, float* __restrict__ y,
+             const float* __restrict__ bias, float* __restrict__ work, int* __restrict__ counters) {
+    using namespace q4r;
+    __shared__ __align__(16) u16 smem[STAGES * XS_HALVES];
+    __shared__ int last_block;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int n_chunks = n_cols / CHUNK, n_super = n_cols / 256, n_tiles = n_rows / 16;
+    const int c_begin = (int)((i64)n_chunks * blockIdx.y / gridDim.y);
+    const int c_end = (int)((i64)n_chunks * (blockIdx.y + 1) / gridDim.y);
+    const int tile0 = blockIdx.x * (ROWS / 16) + warp * MT;  // the warp's first 16-row tile
+
+    const uint4* code_p[MT];
+    const uint4* scale_p[MT];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        const i64 tile = min(tile0 + mt, n_tiles - 1);  // past the end: any valid tile, never written
+        code_p[mt] = codes + tile * n_chunks * 32 + lane;
+        scale_p[mt] = scales + tile * n_super * 32 + lane;
+    }
+    uint4 wq[WPF][MT], ws[WPF][MT];  // weight words and scale pairs of the next WPF chunks
+#pragma unroll
+    for (int s = 0; s < WPF; ++s) {
+        const int cc = min(c_begin + s, c_end - 1);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            wq[s][mt] = __ldg(code_p[mt] + (i64)cc * 32);
+            ws[s][mt] = __ldg(scale_p[mt] + (i64)(cc >> 2) * 32);
+        }
+    }
+    after_previous_grid();  // x, y and the work buffer belong to the kernels around this one
+
+    float c[MT][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) c[mt][nt][e] = 0.f;
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) stage_x(smem + s * XS_HALVES, xh, n_tok, n_cols, c_begin + s, c_end);
+    // ldmatrix: lane l gives row l % 8 of matrix l / 8; matrices 0/1 are columns 0-7/8-15 of a k-step
+    // for tokens 16 p .. +7, matrices 2/3 the same for tokens 16 p + 8 .. +15 (with one n-tile, again 0/1)
+    const int ld_tok = (NT > 1 ? 8 * (lane >> 4) : 0) + (lane & 7), ld_half = (lane >> 3) & 1;
+
+    for (int cb = c_begin; cb < c_end; cb += WPF) {
+#pragma unroll
+        for (int s = 0; s < WPF; ++s) {
+            const int cc = cb + s;
+            if (cc >= c_end) break;
+            cp_async_wait<STAGES - 2>();
+            __syncthreads();  // chunk cc's x has landed, and every warp is done with the stage it overwrites next
+            stage_x(smem + ((cc - c_begin + STAGES - 1) % STAGES) * XS_HALVES, xh, n_tok, n_cols, cc + STAGES - 1,
+                    c_end);
+            uint4 q[MT], sp[MT];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                q[mt] = wq[s][mt];
+                sp[mt] = ws[s][mt];
+            }
+            if (cc + WPF < c_end) {
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    wq[s][mt] = __ldg(code_p[mt] + (i64)(cc + WPF) * 32);
+                    ws[s][mt] = __ldg(scale_p[mt] + (i64)((cc + WPF) >> 2) * 32);
+                }
+            }
+            const u16* xs = smem + ((cc - c_begin) % STAGES) * XS_HALVES;
+            const int owner = (lane & ~3) | (cc & 3);  // lane (g, chunk % 4) holds this chunk's scale pairs
+            u32 pairs[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                pairs[mt][0] = __shfl_sync(0xffffffffu, sp[mt].x, owner);
+                pairs[mt][1] = __shfl_sync(0xffffffffu, sp[mt].y, owner);
+                pairs[mt][2] = __shfl_sync(0xffffffffu, sp[mt].z, owner);
+                pairs[mt][3] = __shfl_sync(0xffffffffu, sp[mt].w, owner);
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                u32 a[MT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    const u32 word = j == 0 ? q[mt].x : j == 1 ? q[mt].y : j == 2 ? q[mt].z : q[mt].w;
+                    q4r_decode(word, pairs[mt][j < 2 ? 0 : 2], pairs[mt][j < 2 ? 1 : 3], a[mt]);
+                }
+#pragma unroll
+                for (int p = 0; p < (NT + 1) / 2; ++p) {
+                    const int n = 16 * p + ld_tok, col16 = 2 * j + ld_half;
+                    u32 b[4];
+                    ldsm_x4(b, xs + n * CHUNK + 8 * (col16 ^ (n & 7)));
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) {
+                        mma_16816(c[mt][2 * p], a[mt], b);
+                        if (2 * p + 1 < NT) mma_16816(c[mt][2 * p + 1], a[mt], b + 2);
+                    }
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();  // no copy may still target shared memory when the block exits
+
+    // Row of c[mt][nt][e]: 16 (tile0 + mt) + g + 8 (e / 2); token: 8 nt + 2 t + e % 2.
+    const bool split = gridDim.y > 1;
+    if (split) {
+        float* mine = work + (i64)blockIdx.y * n_tok * n_rows;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int row = 16 * (tile0 + mt) + g + 8 * (e >> 1), n = 8 * nt + 2 * t + (e & 1);
+                    if (row < n_rows && n < n_tok) mine[(i64)n * n_rows + row] = c[mt][nt][e];
+                }
+        __threadfence();  // this block's sums are visible device-wide before it counts itself done
+        __syncthreads();
+        if (threadIdx.x == 0) last_block = atomicAdd(counters + blockIdx.x, 1) == (int)gridDim.y - 1;
+        __syncthreads();
+        if (!last_block) return;
+        __threadfence();
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        const int tile = tile0 + mt;
+        if (tile >= n_tiles) continue;
+        const float scale[2] = {__ldg(row_scale + 16 * tile + g), __ldg(row_scale + 16 * tile + g + 8)};
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int row = 16 * tile + g + 8 * (e >> 1), n = 8 * nt + 2 * t + (e & 1);
+                if (n >= n_tok) continue;
+                float sum = c[mt][nt][e];
+                if (split) {  // every split's sums, in split order (L2 reads: other blocks wrote them)
+                    sum = 0.f;
+                    for (int k = 0; k < (int)gridDim.y; ++k) sum += __ldcg(work + ((i64)k * n_tok + n) * n_rows + row);
+                }
+                y[(i64)n * n_rows + row] = sum * scale[e >> 1] + (bias != nullptr ? __ldg(bias + row) : 0.f);
+            }
+    }
+    if (split && threadIdx.x == 0) counters[blockIdx.x] = 0;  // for the next launch, which starts after this grid
+}
+
+// -- the repacking (once per weight, at load) ------------------------------------------------------------
+namespace q4r {
+constexpr int PACK_THREADS = 256;
+constexpr int Q4K_BYTES = 144;  // d, dmin (float16), 12 bytes of 6-bit scales and mins, 128 bytes of codes
+
+// Sub-block j's (6-bit scale, 6-bit min) of a Q4_K block's 12 scale bytes (ggml's get_scale_min_k4).
+__device__ __forceinline__ void scale_min(const u8* s, int j, int& sc, int& mn) {
+    if (j < 4) {
+        sc = s[j] & 63;
+        mn = s[j + 4] & 63;
+    } else {
+        sc = (s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4);
+        mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+// The 4-bit code of column `col` of a Q4_K row.
+__device__ __forceinline__ u32 code_at(const u8* row, int col) {
+    const u8* blk = row + (col >> 8) * Q4K_BYTES;
+    const int in = col & 255, group = in >> 6, l = in & 63;
+    const u32 byte = blk[16 + 32 * group + (l & 31)];
+    return l < 32 ? byte & 0xfu : byte >> 4;
+}
+}  // namespace q4r
+
+// One 16-row tile of a Q4_K weight (rows past n_rows: zeros) into the q4r layout: grid = cdiv(n_rows, 16)
+// tiles, starting at output tile `tile_offset` (weights stacked along the output: q/k/v, gate/up).
+extern "C" __global__ void __launch_bounds__(q4r::PACK_THREADS)
+    q4r_pack(const u8* __restrict__ w, i64 row_bytes, int n_rows, int n_cols, int tile_offset, uint4* __restrict__ codes,
+             uint4* __restrict__ scales, float* __restrict__ row_scale) {
+    using namespace q4r;
+    __shared__ float factor[16];
+    const int tile = blockIdx.x, n_super = n_cols / 256, n_chunks = n_cols / CHUNK;
+    const int out_tile = tile_offset + tile, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    // Each row's largest |15 s| + |m| over its sub-blocks (a warp a row at a time), and its factor 2^e with
+    // that times 2^e in [2^12, 2^13): e = 12 - floor(log2 most); 1 for an all-zero row.
+    for (int i = warp; i < 16; i += PACK_THREADS / 32) {
+        const int r = 16 * tile + i;
+        float most = 0.f;
+        for (int b = lane; r < n_rows && b < n_super; b += 32) {
+            const u8* blk = w + r * row_bytes + b * Q4K_BYTES;
+            const float d = h2f((u16)(blk[0] | blk[1] << 8)), dmin = h2f((u16)(blk[2] | blk[3] << 8));
+            for (int j = 0; j < 8; ++j) {
+                int sc, mn;
+                scale_min(blk + 4, j, sc, mn);
+                most = fmaxf(most, 15.f * fabsf(d * sc) + fabsf(dmin * mn));
+            }
+        }
+        for (int o = 16; o > 0; o >>= 1) most = fmaxf(most, __shfl_xor_sync(0xffffffffu, most, o));
+        const int e = most > 0.f && most < PADDOCK_INF
+                          ? min(max(139 - (int)((__float_as_uint(most) >> 23) & 255), -100), 100)
+                          : 0;
+        if (lane == 0) {
+            factor[i] = ldexpf(1.f, e);
+            row_scale[16 * out_tile + i] = ldexpf(1.f, -e);
+        }
+    }
+    __syncthreads();
+    // Codes: one 16-byte lane record per (chunk, lane).
+    for (int i = threadIdx.x; i < n_chunks * 32; i += PACK_THREADS) {
+        const int cc = i >> 5, l = i & 31, g = l >> 2, t = l & 3;
+        u32 words[4];
+        for (int j = 0; j < 4; ++j) {
+            const int col = cc * CHUNK + 16 * j + 2 * t;
+            u32 word = 0;
+            // nibble k: row g (k even) or g+8 (k odd); column 2t, +1 for k = 4..7, +8 for k = 2, 3, 6, 7
+            for (int k = 0; k < 8; ++k) {
+                const int r = 16 * tile + g + 8 * (k & 1), c = col + ((k >> 2) & 1) + ((k >> 1) & 1) * 8;
+                const u32 code = r < n_rows ? code_at(w + r * row_bytes, c) : 0u;
+                word |= code << (4 * k);
+            }
+            words[j] = word;
+        }
+        codes[((i64)out_tile * n_chunks + cc) * 32 + l] = make_uint4(words[0], words[1], words[2], words[3]);
+    }
+    // Scale pairs: one 16-byte lane record per (superblock, lane).
+    for (int i = threadIdx.x; i < n_super * 32; i += PACK_THREADS) {
+        const int sb = i >> 5, l = i & 31, g = l >> 2, t = l & 3;
+        u32 words[4];
+        for (int k = 0; k < 4; ++k) {  // (row g, 2t), (g+8, 2t), (g, 2t+1), (g+8, 2t+1)
+            const int in_tile = g + 8 * (k & 1), r = 16 * tile + in_tile, sub = 2 * t + (k >> 1);
+            u32 pair = 0;
+            if (r < n_rows) {
+                const u8* blk = w + r * row_bytes + sb * Q4K_BYTES;
+                const float d = h2f((u16)(blk[0] | blk[1] << 8)), dmin = h2f((u16)(blk[2] | blk[3] << 8));
+                const float f = factor[in_tile];
+                int sc, mn;
+                scale_min(blk + 4, sub, sc, mn);
+                pair = pack_h2_rn(d * sc * f * ((k & 1) ? 0.0625f : 1.f), -dmin * mn * f);
+            }
+            words[k] = pair;
+        }
+        scales[((i64)out_tile * n_super + sb) * 32 + l] = make_uint4(words[0], words[1], words[2], words[3]);
+    }
+}

@@ -1,0 +1,169 @@
+"""Wrapper of gemv_q4r.cu: products of 1..MAX_TOKENS tokens on Q4_K weights repacked for the tensor cores.
+
+`pack` turns the Q4_K rows of one or more weights stacked along the output (q/k/v, gate/up) into the
+q4r layout the kernel reads (0.625 bytes a weight: 4-bit codes in fragment order, float16 scale pairs
+per 32 columns, a power-of-two factor per row; the .cu file's header says why each part is
+there). `gemv_q4r` multiplies float32 x by such a weight: a pre-pass rounds x to float16, then one
+launch over row blocks and, where those are few, column splits reduced in a fixed order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from app.engine.kernels.runtime.compile import get_kernel
+from app.engine.kernels.runtime.launch import cdiv, i32, i64, launch, ptr
+
+SOURCE = "gemv_q4r.cu"
+FORMAT = "Q4_K"
+N_TILES = (1, 2, 4, 8, 16)  # builds by tokens: 8 per n-tile
+MAX_TOKENS = 8 * N_TILES[-1]
+WARPS = 4
+CHUNK = 64  # columns a chunk (the unit of the column splits)
+MULTIPROCESSORS = 132  # H100 SXM and H200
+BLOCKS_TARGET = 3 * MULTIPROCESSORS  # blocks of 4 warps: about three resident on each multiprocessor
+MIN_CHUNKS_PER_SPLIT = 8  # a split's pipeline fill and reduction are paid for by at least 512 columns
+MAX_SPLITS = 16
+X16_THREADS = 256
+PACK_THREADS = 256
+
+
+@dataclass(frozen=True)
+class Q4rWeight:
+    """A weight (or weights stacked along the output) in the q4r layout, on the device."""
+
+    codes: Any  # uint32 [n_rows / 16, n_cols / 64, 32, 4]
+    scales: Any  # uint32 [n_rows / 16, n_cols / 256, 32, 4]
+    row_scale: Any  # float32 [n_rows]: 2^-e of each row's scale pairs
+    n_rows: int
+    n_cols: int
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.codes.nbytes + self.scales.nbytes + self.row_scale.nbytes)
+
+
+def packs(qtype_name: str, n_rows: int, n_cols: int) -> bool:
+    """Whether a weight of this format and shape can be repacked (whole 16-row tiles, whole Q4_K blocks)."""
+    return qtype_name == FORMAT and n_rows % 16 == 0 and n_rows > 0 and n_cols % 256 == 0
+
+
+def pack(parts: Sequence[tuple[Any, int, int]], n_cols: int) -> Q4rWeight:
+    """The q4r weight of Q4_K weights `(data, row_bytes, n_rows)` stacked along the output, each a
+    multiple of 16 rows and all `n_cols` wide (a multiple of 256)."""
+    import cupy
+
+    for _, row_bytes, n_rows in parts:
+        if not packs(FORMAT, n_rows, n_cols) or row_bytes != n_cols // 256 * 144:
+            raise ValueError(f"q4r packs Q4_K weights of 16k rows by 256k columns, not {n_rows} x {n_cols}")
+    tiles = sum(p[2] for p in parts) // 16
+    codes = cupy.empty((tiles, n_cols // CHUNK, 32, 4), cupy.uint32)
+    scales = cupy.empty((tiles, n_cols // 256, 32, 4), cupy.uint32)
+    row_scale = cupy.empty(16 * tiles, cupy.float32)
+    kernel = get_kernel(SOURCE, "q4r_pack")
+    offset = 0
+    for data, row_bytes, n_rows in parts:
+        launch(kernel, (n_rows // 16,), (PACK_THREADS,),
+               (data, i64(row_bytes), i32(n_rows), i32(n_cols), i32(offset), codes, scales, row_scale))  # fmt: skip
+        offset += n_rows // 16
+    return Q4rWeight(codes, scales, row_scale, 16 * tiles, n_cols)
+
+
+def stack(weights: Sequence[Q4rWeight]) -> Q4rWeight:
+    """Packed weights of the same width as one, stacked along the output (a fused weight's parts)."""
+    import cupy
+
+    if len({w.n_cols for w in weights}) != 1:
+        raise ValueError("q4r weights stack only at one width")
+    return Q4rWeight(
+        cupy.concatenate([w.codes for w in weights]), cupy.concatenate([w.scales for w in weights]),
+        cupy.concatenate([w.row_scale for w in weights]), sum(w.n_rows for w in weights), weights[0].n_cols,
+    )  # fmt: skip
+
+
+def split(weight: Q4rWeight, rows: Sequence[int]) -> list[Q4rWeight]:
+    """Views of a stacked q4r weight's parts of `rows` each (multiples of 16)."""
+    views, tile = [], 0
+    for n in rows:
+        t = n // 16
+        views.append(Q4rWeight(weight.codes[tile : tile + t], weight.scales[tile : tile + t],
+                               weight.row_scale[16 * tile : 16 * (tile + t)], n, weight.n_cols))  # fmt: skip
+        tile += t
+    if 16 * tile != weight.n_rows:
+        raise ValueError(f"parts of {sum(rows)} rows do not cover a q4r weight of {weight.n_rows}")
+    return views
+
+
+@dataclass(frozen=True)
+class Q4rShape:
+    m_tiles: int  # 16-row tiles a warp
+    n_tiles: int  # 8-token tiles
+    splits: int  # blocks sharing a row block's columns (gridDim.y)
+
+    def rows(self) -> int:
+        return 16 * self.m_tiles * WARPS
+
+
+def pick_shape(n_tok: int, n_rows: int, n_cols: int) -> Q4rShape:
+    """Two 16-row tiles a warp (each staged x fragment serves both: shared-memory reads per product
+    halve), n-tiles by tokens, and column splits until the grid holds BLOCKS_TARGET blocks, each split
+    keeping MIN_CHUNKS_PER_SPLIT chunks."""
+    n_tiles = next(n for n in N_TILES if 8 * n >= n_tok)
+    shape = Q4rShape(2, n_tiles, 1)
+    blocks, chunks = cdiv(n_rows, shape.rows()), n_cols // CHUNK
+    splits = 1
+    while (blocks * splits < BLOCKS_TARGET and splits < MAX_SPLITS
+           and chunks // (2 * splits) >= MIN_CHUNKS_PER_SPLIT):  # fmt: skip
+        splits *= 2
+    return Q4rShape(2, n_tiles, splits)
+
+
+def serves(n_tok: int, n_cols: int) -> bool:
+    return 1 <= n_tok <= MAX_TOKENS and n_cols % 256 == 0
+
+
+def defines_of(shape: Q4rShape) -> dict[str, str | int]:
+    return {"Q4R_MT": shape.m_tiles, "Q4R_NT": shape.n_tiles}
+
+
+_counters: dict[int, Any] = {}  # device id -> the split reduction's counters (left zero by every launch)
+
+
+def _counters_for(blocks: int) -> Any:
+    import cupy
+
+    device = cupy.cuda.Device().id
+    have = _counters.get(device)
+    if have is None or have.size < blocks:
+        have = _counters[device] = cupy.zeros(max(blocks, 4096), cupy.int32)
+    return have
+
+
+def gemv_q4r(
+    weight: Q4rWeight, x: Any, out: Any, bias: Any | None = None, shape: Q4rShape | None = None
+) -> Any:
+    """`out = x @ W.T (+ bias)` for float32 `x [T, n_cols]`, 1 <= T <= MAX_TOKENS, into C-contiguous
+    float32 `out [T, n_rows]`. `shape` overrides the launch shape (tests, benchmarks)."""
+    import cupy
+
+    n_tok = x.shape[0]
+    if not serves(n_tok, weight.n_cols) or x.shape[1] != weight.n_cols:
+        raise ValueError(f"gemv_q4r takes 1..{MAX_TOKENS} tokens of {weight.n_cols} columns, got {x.shape}")
+    if out.shape != (n_tok, weight.n_rows) or not out.flags.c_contiguous:
+        raise ValueError(f"gemv_q4r writes a C-contiguous [{n_tok}, {weight.n_rows}] output, not {out.shape}")
+    shape = shape or pick_shape(n_tok, weight.n_rows, weight.n_cols)
+    defines = defines_of(shape)
+    x16 = cupy.empty(x.shape, cupy.float16)
+    pre = get_kernel(SOURCE, "gemv_q4r_x16", defines)
+    launch(pre, (max(1, min(cdiv(x.size // 4, X16_THREADS), 4 * MULTIPROCESSORS)),), (X16_THREADS,),
+           (x, x16, i32(x.size)))  # fmt: skip
+    blocks = cdiv(weight.n_rows, shape.rows())
+    work = cupy.empty(shape.splits * n_tok * weight.n_rows, cupy.float32) if shape.splits > 1 else None
+    counters = _counters_for(blocks) if shape.splits > 1 else None
+    main = get_kernel(SOURCE, "gemv_q4r", defines)
+    launch(main, (blocks, shape.splits), (32 * WARPS,),
+           (weight.codes, weight.scales, weight.row_scale, i32(weight.n_rows), i32(weight.n_cols), x16, i32(n_tok),
+            out, ptr(bias), ptr(work), ptr(counters)))  # fmt: skip
+    return out

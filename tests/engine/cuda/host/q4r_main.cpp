@@ -1,0 +1,50 @@
+// Run gemv_q4r.cu (Q4_K repacked for the tensor cores) on the SIMT emulator: q4r_pack of each weight into
+// one stacked layout, the float16 pre-pass, then the product. Build with -DQ4R_MT, -DQ4R_NT.
+// argv: dir n_cols n_tok splits rows0 [rows1 ...]; reads dir/w<i>.bin (Q4_K rows), dir/x.bin (float32
+// [n_tok, n_cols]), dir/bias.bin when present. Writes dir/y.bin (float32 [n_tok, sum rows]; NaN where never
+// written) and dir/counters.bin (the split counters after the launch: all zero again).
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "gemv_q4r.cu"
+
+#include "host_io.h"
+
+int main(int argc, char** argv) {
+    if (argc < 6) return 2;
+    const std::string dir = argv[1];
+    const int n_cols = atoi(argv[2]), n_tok = atoi(argv[3]);
+    const unsigned splits = (unsigned)atoi(argv[4]);
+    std::vector<int> rows;
+    for (int i = 5; i < argc; ++i) rows.push_back(atoi(argv[i]));
+    int total = 0;
+    for (int r : rows) total += r;
+    const int tiles = total / 16, n_chunks = n_cols / 64, n_super = n_cols / 256;
+    std::vector<uint4> codes((size_t)tiles * n_chunks * 32), scales((size_t)tiles * n_super * 32);
+    std::vector<float> row_scale((size_t)tiles * 16);
+    int offset = 0;
+    for (size_t i = 0; i < rows.size(); ++i) {
+        const auto w = read_required<u8>(dir + "/w" + std::to_string(i) + ".bin");
+        const i64 row_bytes = (i64)n_cols / 256 * 144;
+        launch({(unsigned)(rows[i] / 16), 1, 1}, {q4r::PACK_THREADS, 1, 1}, [&] {
+            q4r_pack(w.data(), row_bytes, rows[i], n_cols, offset, codes.data(), scales.data(), row_scale.data());
+        });
+        offset += rows[i] / 16;
+    }
+    const auto x = read_required<float>(dir + "/x.bin");
+    const auto bias = read_file<float>(dir + "/bias.bin");
+    std::vector<u32> xh(x.size() / 2);
+    launch({2, 1, 1}, {64, 1, 1}, [&] { gemv_q4r_x16(x.data(), xh.data(), (int)x.size()); });
+    std::vector<float> y((size_t)n_tok * total, NAN), work((size_t)splits * n_tok * total, NAN);
+    const unsigned blocks = (unsigned)((total + q4r::ROWS - 1) / q4r::ROWS);
+    std::vector<int> counters(blocks, 0);
+    launch({blocks, splits, 1}, {q4r::THREADS, 1, 1}, [&] {
+        gemv_q4r(codes.data(), scales.data(), row_scale.data(), total, n_cols, reinterpret_cast<const u16*>(xh.data()),
+                 n_tok, y.data(), bias.empty() ? nullptr : bias.data(), work.data(), counters.data());
+    });
+    write_file(dir + "/y.bin", y);
+    write_file(dir + "/counters.bin", counters);
+    return 0;
+}
