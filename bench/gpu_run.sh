@@ -147,9 +147,16 @@ if stage mma; then
   timeout 100 python3 bench/micro/gemv_mma_times.py ${MMA_ARGS:-} 2>&1 | tee "$OUT/mma.jsonl" | cut -c1-300
 fi
 # q4r: products of 1-128 tokens on Q4_K repacked for the tensor cores (bench/micro/gemv_q4r_times.py: gemv_q4r.cu
-# against cuBLAS on a float16 copy, gemv_mma2.cu and the one-token GEMV, the Qwen3-8B's Q4_K shapes); $OUT/q4r.jsonl
+# against cuBLAS on a float16 copy, gemv_mma2.cu and the one-token GEMV, the Qwen3-8B's Q4_K shapes) under each of
+# Q4R_DEFINES (PADDOCK_KERNEL_DEFINES values, "none" for the build as it is: e.g. "none Q4R_WPF=3"); $OUT/q4r.jsonl
 if stage q4r; then
-  timeout 200 python3 bench/micro/gemv_q4r_times.py ${Q4R_ARGS:-} 2>&1 | tee "$OUT/q4r.jsonl" | cut -c1-400
+  for defines in ${Q4R_DEFINES:-none}; do
+    left 60 || break
+    [[ $defines == none ]] && defines=""
+    echo "== PADDOCK_KERNEL_DEFINES=$defines" | tee -a "$OUT/q4r.jsonl"
+    PADDOCK_KERNEL_DEFINES=$defines timeout 200 python3 bench/micro/gemv_q4r_times.py ${Q4R_ARGS:-} 2>&1 \
+      | tee -a "$OUT/q4r.jsonl" | cut -c1-400
+  done
 fi
 # wave: a 32-request wave of short prompts on a Qwen3.5-27B-shaped file cut to 8 layers, step by step
 # (bench/lab/hybrid_serve_trace.py --steps: prefill tokens, first tokens, state copies, GPU and host ms per step),
