@@ -144,8 +144,9 @@ def _counters_for(blocks: int) -> Any:
 def gemv_q4r(
     weight: Q4rWeight, x: Any, out: Any, bias: Any | None = None, shape: Q4rShape | None = None
 ) -> Any:
-    """`out = x @ W.T (+ bias)` for float32 `x [T, n_cols]`, 1 <= T <= MAX_TOKENS, into C-contiguous
-    float32 `out [T, n_rows]`. `shape` overrides the launch shape (tests, benchmarks)."""
+    """`out = x @ W.T (+ bias)` for `x [T, n_cols]`, 1 <= T <= MAX_TOKENS, into C-contiguous float32
+    `out [T, n_rows]`. x in float32 is rounded to float16 by a pre-pass; a C-contiguous float16 x (a norm
+    kernel's output) is read as it is. `shape` overrides the launch shape (tests, benchmarks)."""
     import cupy
 
     n_tok = x.shape[0]
@@ -155,10 +156,14 @@ def gemv_q4r(
         raise ValueError(f"gemv_q4r writes a C-contiguous [{n_tok}, {weight.n_rows}] output, not {out.shape}")
     shape = shape or pick_shape(n_tok, weight.n_rows, weight.n_cols)
     defines = defines_of(shape)
-    x16 = cupy.empty(x.shape, cupy.float16)
-    pre = get_kernel(SOURCE, "gemv_q4r_x16", defines)
-    launch(pre, (max(1, min(cdiv(x.size // 4, X16_THREADS), 4 * MULTIPROCESSORS)),), (X16_THREADS,),
-           (x, x16, i32(x.size)))  # fmt: skip
+    if x.dtype == cupy.float16 and x.flags.c_contiguous:
+        x16 = x
+    else:
+        x = cupy.ascontiguousarray(x, dtype=cupy.float32)
+        x16 = cupy.empty(x.shape, cupy.float16)
+        pre = get_kernel(SOURCE, "gemv_q4r_x16", defines)
+        launch(pre, (max(1, min(cdiv(x.size // 4, X16_THREADS), 4 * MULTIPROCESSORS)),), (X16_THREADS,),
+               (x, x16, i32(x.size)))  # fmt: skip
     blocks = cdiv(weight.n_rows, shape.rows())
     work = cupy.empty(shape.splits * n_tok * weight.n_rows, cupy.float32) if shape.splits > 1 else None
     counters = _counters_for(blocks) if shape.splits > 1 else None

@@ -123,3 +123,9 @@ def test_backend_routes_the_q4r_range(cuda, rng, n_tok: int) -> None:
     )
     assert rel_err(backend.to_host(new_residual), summed) < 1e-6
     assert rel_err(backend.to_host(out), normed @ np.concatenate([w["q"], w["k"], w["v"]]).T) < F16_TOL
+
+    out, _ = backend.add_rms_norm_gated_linear(
+        backend.from_host(x), backend.from_host(residual), backend.from_host(norm_w), 1e-6, gate_up, "silu"
+    )
+    g, u = normed @ w["gate"].T, normed @ w["up"].T
+    assert rel_err(backend.to_host(out), g / (1 + np.exp(-g)) * u) < 2 * F16_TOL

@@ -305,17 +305,16 @@ def norm_dense_linear(
     x: Any, residual: Any | None, norm_weight: Any, eps: float, fused: CudaFusedWeight, kind: str | None,
     plan: GemvPlan = DEFAULT_PLAN,
 ) -> tuple[Any, Any] | None:  # fmt: skip
-    """Several tokens' add + RMSNorm written in float16 by the norm kernel itself for the product on the
-    fused weight's float16 copy, where `linear` would cast the normalized x in a kernel of its own (the
-    same rounding: the result is the composition's): `(linear or gated_linear of the normalized x, new
-    residual)`, or None where the product takes another path or the norm kernel cannot write the rows."""
+    """Add + RMSNorm written in float16 by the norm kernel itself for the product on the fused weight's
+    float16 copy or its repacked Q4_K one, where `linear` would cast the normalized x in a kernel of its
+    own (the same rounding: the result is the composition's): `(linear or gated_linear of the normalized
+    x, new residual)`, or None where the product takes another path or the norm kernel cannot write the rows."""
     import cupy
 
     n_tok, n_cols = x.shape
-    if not _dense_pays(n_tok, fused) or _mma_parts(n_tok, fused, plan) is not None:
+    q4r = _q4r_serves(n_tok, fused, plan)
+    if not q4r and (not _dense_pays(n_tok, fused) or _mma_parts(n_tok, fused, plan) is not None):
         return None
-    if _q4r_serves(n_tok, fused, plan):
-        return None  # gemv_q4r rounds x itself
     if any(p.data is None for p in fused.parts):
         return None  # _linear_fused goes part by part there
     if kind is not None and (len(fused.parts) != 2 or fused.parts[0].shape != fused.parts[1].shape):
@@ -327,9 +326,12 @@ def norm_dense_linear(
         return None
     norm_kernels.rms_norm_half(x, residual, norm_weight, eps, normed, new_residual)
     out = cupy.empty((n_tok, fused.n_rows), cupy.float32)
-    matmul_t(normed, fused.dense16, out)
-    if fused.bias is not None:
-        out += fused.bias
+    if q4r:
+        gemv_q4r.gemv_q4r(fused.q4r, normed, out, fused.bias)
+    else:
+        matmul_t(normed, fused.dense16, out)
+        if fused.bias is not None:
+            out += fused.bias
     if kind is not None:
         out = activation_kernels.gated_pairs(out, kind, cupy.empty((n_tok, fused.parts[0].n_rows), cupy.float32))
     return out, (x if residual is None else new_residual)
