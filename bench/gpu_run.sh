@@ -17,7 +17,7 @@ compgen -G ".whl/*.whl" > /dev/null || { echo "no wheels in .whl/: run bench/fet
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$HOME/site" .whl/*.whl || exit 1
 # Compiled kernels cached outside $OUT (only 8 files come back from it), shared by every stage.
 export PYTHONPATH=$PWD:$HOME/site PYTHONUNBUFFERED=1 PADDOCK_KERNEL_CACHE=/tmp/paddock-kernels
-STAGES=${STAGES:-tests micro parity speed serve}  # also: agent, cascade, sweep (bench/micro/gemv_sweep.py --int), ab (see below), prefill, q4r, llamabuild, side, profile, spec, mma, wave, moe, curve, tiers
+STAGES=${STAGES:-tests micro parity speed serve}  # also: agent, cascade, sweep (bench/micro/gemv_sweep.py --int), ab (see below), prefill, q4r, pattn, llamabuild, side, profile, spec, mma, wave, moe, curve, tiers
 MODELS=${MODELS:-qwen3-0.6b:q4_k_m qwen3-8b:q4_k_m}  # SERVE_C1 / SERVE_C32: requests of the serve runs
 AGENT_MODELS=${AGENT_MODELS:-qwen3-8b:q4_k_m}
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm --format=csv
@@ -157,6 +157,23 @@ if stage q4r; then
     PADDOCK_KERNEL_DEFINES=$defines timeout 200 python3 bench/micro/gemv_q4r_times.py ${Q4R_ARGS:-} 2>&1 \
       | tee -a "$OUT/q4r.jsonl" | cut -c1-400
   done
+fi
+# pattn: prefill attention alone at the last 2,048-token chunk of 2k/8k/32k prompts (bench/micro/prefill_attention_times.py)
+# under each of PATTN_DEFINES ("none": the build as it is; e.g. "none PF_LAZY=8"), $OUT/pattn.jsonl; PATTN_NCU=1 adds
+# Nsight Compute's sections for one 8k call of the first setting ($OUT/pattn-ncu.txt)
+if stage pattn; then
+  for defines in ${PATTN_DEFINES:-none}; do
+    left 45 || break
+    [[ $defines == none ]] && defines=""
+    PADDOCK_KERNEL_DEFINES=$defines timeout 120 python3 bench/micro/prefill_attention_times.py 2>&1 | tee -a "$OUT/pattn.jsonl"
+  done
+  if [[ ${PATTN_NCU:-0} == 1 ]] && left 90; then
+    defines=${PATTN_DEFINES%% *}; [[ $defines == none ]] && defines=""
+    PADDOCK_KERNEL_DEFINES=$defines timeout 120 ncu --section SpeedOfLight --section Occupancy --section WarpStateStats \
+      --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section LaunchStats -k regex:attn_prefill -s 1 -c 1 \
+      python3 bench/micro/prefill_attention_times.py --once --ctx 8192 > "$OUT/pattn-ncu.txt" 2>&1
+    grep -E "Duration|Throughput|Achieved Occupancy|Registers|Issue Slots|Stall|Executed Ipc" "$OUT/pattn-ncu.txt" | head -30
+  fi
 fi
 # wave: a 32-request wave of short prompts on a Qwen3.5-27B-shaped file cut to 8 layers, step by step
 # (bench/lab/hybrid_serve_trace.py --steps: prefill tokens, first tokens, state copies, GPU and host ms per step),

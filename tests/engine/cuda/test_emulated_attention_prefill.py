@@ -87,3 +87,31 @@ def test_prefill_attention_sinks_emulated(
     got = np.fromfile(tmp_path / "out.bin", np.float32).reshape(ref.shape)
     assert not np.isnan(got).any(), f"seed={seed}"
     assert rel_err(got, ref) < F16_TOL, f"seed={seed}"
+
+
+@pytest.fixture(scope="module")
+def prefill_emu_lazy(tmp_path_factory) -> Path:
+    return _build(tmp_path_factory, "prefill_main.cpp", ("-DPF_LAZY=8",))
+
+
+@pytest.mark.parametrize(("seqs", "heads", "window", "cap", "splits", "q_scale"), [
+    ([(40, 40), (17, 300)], (32, 8, 128), None, None, 1, 1.0),
+    ([(70, 513), (7, 300)], (12, 4, 64), None, None, 3, 8.0),  # wide scores: maxima jump past 2^8 and not
+    ([(50, 70), (6, 60)], (8, 4, 128), 32, 5.0, 1, 4.0),
+])  # fmt: skip
+def test_prefill_attention_lazy_rescale_emulated(
+    request: pytest.FixtureRequest, prefill_emu_lazy: Path, tmp_path: Path, seqs, heads, window, cap, splits, q_scale
+) -> None:
+    """PF_LAZY=8: O rescaled only when a tile's max passes the row's running one by more than 2^8; the
+    same attention, splits and their merge included."""
+    rng, seed = fresh_rng(request.node.nodeid)
+    q, k_cache, v_cache, meta = attention_case(rng, seqs, heads, q_scale)
+    n_heads, n_kv, head_dim = heads
+    scale = head_dim**-0.5
+    ref = CpuBackend().attention(q, k_cache, v_cache, meta, scale, window, cap)
+    write_attention_case(tmp_path, q, k_cache, v_cache, meta)
+    _run(prefill_emu_lazy, tmp_path, head_dim, len(q), n_heads, n_kv, BLOCK, len(seqs), meta.block_tables.shape[1],
+         scale, cap or 0.0, window or 0, splits)  # fmt: skip
+    got = np.fromfile(tmp_path / "out.bin", np.float32).reshape(ref.shape)
+    assert not np.isnan(got).any(), f"seed={seed}"
+    assert rel_err(got, ref) < F16_TOL, f"seed={seed}"

@@ -43,6 +43,9 @@ typedef u16 pf_kv_t;
 #endif
 
 #define PF_WARPS 4
+#ifndef PF_LAZY
+#define PF_LAZY 0  // log2 of how far a tile's max may exceed a row's running max before O is rescaled; 0: always
+#endif
 #define PF_PAD 8  // halves of padding per shared row: the 8 rows of a fragment land 4 banks apart
 #define PF_LOG2E 1.4426950408889634f
 
@@ -298,7 +301,12 @@ __device__ __forceinline__ void attn_prefill_body(
             for (int j = 0; j < S::NT; ++j) mx = fmaxf(mx, fmaxf(s[mt][j][e0], s[mt][j][e0 + 1]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float now = fmaxf(m[i], mx);
+            float now = fmaxf(m[i], mx);
+#if PF_LAZY > 0
+            // The row's running max kept while the tile's is at most PF_LAZY above it: its exps stay <= 2^PF_LAZY
+            // (float16 P holds them) and O is not rescaled, which past the first tiles is nearly always.
+            if (m[i] != -PADDOCK_INF && now - m[i] <= (float)PF_LAZY) now = m[i];
+#endif
             const float use = now == -PADDOCK_INF ? 0.f : now;
             const float alpha = fast_exp2(m[i] - use);
             m[i] = now;
@@ -310,10 +318,12 @@ __device__ __forceinline__ void attn_prefill_body(
                 sum += s[mt][j][e0] + s[mt][j][e0 + 1];
             }
             l[i] = l[i] * alpha + sum;  // this lane's share; the row's four lanes meet at the end
+            if (PF_LAZY == 0 || alpha != 1.f) {
 #pragma unroll
-            for (int d = 0; d < S::DT; ++d) {
-                o[mt][d][e0] *= alpha;
-                o[mt][d][e0 + 1] *= alpha;
+                for (int d = 0; d < S::DT; ++d) {
+                    o[mt][d][e0] *= alpha;
+                    o[mt][d][e0 + 1] *= alpha;
+                }
             }
         }
 
