@@ -299,6 +299,7 @@ extern "C" __global__ void __launch_bounds__(q4r::PACK_THREADS)
              uint4* __restrict__ scales, float* __restrict__ row_scale) {
     using namespace q4r;
     __shared__ float factor[16];
+    after_previous_grid();  // launched at load, outside graphs; a programmatic launch would find it safe too
     const int tile = blockIdx.x, n_super = n_cols / 256, n_chunks = n_cols / CHUNK;
     const int out_tile = tile_offset + tile, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     // Each row's largest |15 s| + |m| over its sub-blocks (a warp a row at a time), and its factor 2^e with
