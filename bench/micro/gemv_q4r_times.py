@@ -1,11 +1,12 @@
-"""Products of 1..128 tokens on Q4_K weights, on the GPU machine: gemv_q4r.cu on the repacked weight
+"""Products of 1..128 tokens on K-quant weights, on the GPU machine: gemv_q4r.cu on the repacked weight
 against cuBLAS on a float16 copy (what the 8B's decode step uses from 17 tokens), gemv_mma2.cu on the
 GGUF blocks (up to 64 tokens: its range; from 3 to 16 tokens today's path), and the one-token GEMV
 (gemv_int, at 1 token).
 
-Products: the Qwen3-8B's Q4_K matrices (q 4096 x 4096, k/v 1024 x 4096 stacked with q, gate+up
-2 x 12288 x 4096, o 4096 x 4096, down 4096 x 12288 where Q4_K_M keeps it in Q4_K). Weight bytes are
-random (valid scales), in enough copies that cycling through them misses L2, as a decode step does.
+Products: the Qwen3-8B's matrices as Q4_K_M stores them (q 4096 x 4096 with k/v 1024 x 4096 stacked, v in Q4_K
+or Q6_K; gate+up 2 x 12288 x 4096; o 4096 x 4096; down 4096 x 12288 in Q4_K or Q6_K; the 151,936-row output head
+in Q6_K): Q4_K alone in the 4-bit layout, the rest in the byte one. Weight bytes are random (valid scales), in
+enough copies that cycling through them misses L2, as a decode step does.
 
     python3 bench/micro/gemv_q4r_times.py                       # every product and token count (~1 min)
     python3 bench/micro/gemv_q4r_times.py --tokens 16 32 --products gate+up
@@ -35,8 +36,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from app.engine.kernels import gemv_q4r as q4r
 
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 128)
-PRODUCTS = {"qkv": (4096, 1024, 1024), "gate+up": (12288, 12288), "o": (4096,), "down": (4096,)}
-COLS = {"qkv": 4096, "gate+up": 4096, "o": 4096, "down": 12288}
+Q4, Q6 = "Q4_K", "Q6_K"
+PRODUCTS = {
+    "qkv": ((Q4, 4096), (Q4, 1024), (Q4, 1024)), "qkv6": ((Q4, 4096), (Q4, 1024), (Q6, 1024)),
+    "gate+up": ((Q4, 12288), (Q4, 12288)), "o": ((Q4, 4096),), "down": ((Q4, 4096),), "down6": ((Q6, 4096),),
+    "head6": ((Q6, 151936),),
+}  # fmt: skip
+COLS = {"qkv": 4096, "qkv6": 4096, "gate+up": 4096, "o": 4096, "down": 12288, "down6": 12288, "head6": 4096}
 CALLS = 50
 ROTATE_BYTES = 192 << 20
 MAX_COPIES = 24
@@ -45,7 +51,7 @@ MAX_COPIES = 24
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", nargs="*", type=int, default=list(TOKENS))
-    ap.add_argument("--products", nargs="*", choices=list(PRODUCTS), default=list(PRODUCTS))
+    ap.add_argument("--products", nargs="*", choices=list(PRODUCTS), default=[p for p in PRODUCTS if p != "head6"])
     args = ap.parse_args(argv)
     import cupy
 
@@ -70,7 +76,8 @@ def measure(name: str, tokens: list[int], rng: np.random.Generator, cupy) -> tup
     from app.engine.kernels.gemv_mma import gemv_mma
 
     parts, n_cols = PRODUCTS[name], COLS[name]
-    weights = [random_weight("Q4_K", r, n_cols, rng) for r in parts]
+    weights = [random_weight(qtype, r, n_cols, rng) for qtype, r in parts]
+    qtypes = [qtype for qtype, _ in parts]
     nbytes = sum(w.n_rows * w.row_bytes for w in weights)
     copies = max(1, min(MAX_COPIES, -(-ROTATE_BYTES // nbytes)))
     weight_sets = [weights] + [
@@ -78,7 +85,8 @@ def measure(name: str, tokens: list[int], rng: np.random.Generator, cupy) -> tup
     ]
     cupy.cuda.Device().synchronize()
     started = time.perf_counter()
-    packed = [q4r.pack([(w.data, w.row_bytes, w.n_rows) for w in ws], n_cols) for ws in weight_sets]
+    packed = [q4r.pack([(w.data, q, w.row_bytes, w.n_rows) for w, q in zip(ws, qtypes, strict=True)], n_cols)
+              for ws in weight_sets]  # fmt: skip
     cupy.cuda.Device().synchronize()
     pack_s = time.perf_counter() - started
     n_rows = packed[0].n_rows
@@ -90,7 +98,7 @@ def measure(name: str, tokens: list[int], rng: np.random.Generator, cupy) -> tup
     dense_sets = [dense] + [
         dense.copy() for _ in range(max(1, min(MAX_COPIES, -(-ROTATE_BYTES // dense.nbytes))) - 1)
     ]
-    mma_sets = [[(w.data, "Q4_K", w.row_bytes, w.n_rows) for w in ws] for ws in weight_sets]
+    mma_sets = [[(w.data, q, w.row_bytes, w.n_rows) for w, q in zip(ws, qtypes, strict=True)] for ws in weight_sets]
     for n_tok in tokens:
         x = cupy.asarray(rng.standard_normal((n_tok, n_cols)).astype(np.float32))
         x16 = x.astype(cupy.float16)
@@ -102,10 +110,10 @@ def measure(name: str, tokens: list[int], rng: np.random.Generator, cupy) -> tup
         if 2 <= n_tok <= 64 and len(parts) <= 3:
             calls["v2"] = [partial(gemv_mma, s, n_cols, x, outs["v2"], kernel="v2") for s in mma_sets]
         if n_tok == 1 and len(parts) == 1:
-            calls["gemv"] = [partial(gemv_int.gemv_int, w[0].data, "Q4_K", w[0].row_bytes, n_rows, n_cols, x, outs["gemv"])
+            calls["gemv"] = [partial(gemv_int.gemv_int, w[0].data, qtypes[0], w[0].row_bytes, n_rows, n_cols, x, outs["gemv"])
                              for w in weight_sets]  # fmt: skip
         shape = q4r.pick_shape(n_tok, n_rows, n_cols)
-        line = {"product": name, "rows": n_rows, "cols": n_cols, "tokens": n_tok, "mb": round(nbytes / 1e6, 1),
+        line = {"product": name, "layout": packed[0].layout, "rows": n_rows, "cols": n_cols, "tokens": n_tok, "mb": round(nbytes / 1e6, 1),
                 "q4r_shape": f"mt{shape.m_tiles} nt{shape.n_tiles} splits{shape.splits}"}  # fmt: skip
         for method, fns in calls.items():
             seconds, how = time_graph([fns[i % len(fns)] for i in range(CALLS)], reps=5)

@@ -1,9 +1,10 @@
-"""Wrapper of gemv_q4r.cu: products of 1..MAX_TOKENS tokens on Q4_K weights repacked for the tensor cores.
+"""Wrapper of gemv_q4r.cu: products of 1..MAX_TOKENS tokens on K-quant weights repacked for the tensor cores.
 
-`pack` turns the Q4_K rows of one or more weights stacked along the output (q/k/v, gate/up) into the
-q4r layout the kernel reads (0.625 bytes a weight: 4-bit codes in fragment order, float16 scale pairs
-per 32 columns, a power-of-two factor per row; the .cu file's header says why each part is
-there). `gemv_q4r` multiplies float32 x by such a weight: a pre-pass rounds x to float16, then one
+`pack` turns the rows of one or more weights stacked along the output (q/k/v, gate/up) into a layout the
+kernel reads: Q4_K alone into the 4-bit one (0.625 bytes a weight: codes in fragment order, float16 scale
+pairs per 32 columns), Q6_K, or Q4_K stacked with Q6_K, into the byte one (1.25 bytes a weight: a code a
+byte, pairs per 16 columns); both with a power-of-two factor per row (the .cu file's header says why each
+part is there). `gemv_q4r` multiplies x by such a weight: a pre-pass rounds float32 x to float16, then one
 launch over row blocks and, where those are few, column splits reduced in a fixed order.
 """
 
@@ -17,7 +18,9 @@ from app.engine.kernels.runtime.compile import get_kernel
 from app.engine.kernels.runtime.launch import cdiv, i32, i64, launch, ptr
 
 SOURCE = "gemv_q4r.cu"
-FORMAT = "Q4_K"
+FORMATS = ("Q4_K", "Q6_K")
+LAYOUT_4BIT, LAYOUT_BYTES = 0, 1
+BLOCK_BYTES = {"Q4_K": 144, "Q6_K": 210}  # a 256-weight block of each
 N_TILES = (1, 2, 4, 8, 16)  # builds by tokens: 8 per n-tile
 MAX_TOKENS = 8 * N_TILES[-1]
 WARPS = 4
@@ -32,13 +35,14 @@ PACK_THREADS = 256
 
 @dataclass(frozen=True)
 class Q4rWeight:
-    """A weight (or weights stacked along the output) in the q4r layout, on the device."""
+    """A weight (or weights stacked along the output) in one of the repacked layouts, on the device."""
 
-    codes: Any  # uint32 [n_rows / 16, n_cols / 64, 32, 4]
-    scales: Any  # uint32 [n_rows / 16, n_cols / 256, 32, 4]
+    codes: Any  # uint32 [n_rows / 16, n_cols / 64, 32, 4] (4-bit); [n_rows / 16, n_cols / 64, 2, 32, 4] (bytes)
+    scales: Any  # uint32 [n_rows / 16, n_cols / 256, 32, 4] (4-bit); [n_rows / 16, n_cols / 64, 32, 2] (bytes)
     row_scale: Any  # float32 [n_rows]: 2^-e of each row's scale pairs
     n_rows: int
     n_cols: int
+    layout: int = LAYOUT_4BIT
 
     @property
     def nbytes(self) -> int:
@@ -46,40 +50,55 @@ class Q4rWeight:
 
 
 def packs(qtype_name: str, n_rows: int, n_cols: int) -> bool:
-    """Whether a weight of this format and shape can be repacked (whole 16-row tiles, whole Q4_K blocks)."""
-    return qtype_name == FORMAT and n_rows % 16 == 0 and n_rows > 0 and n_cols % 256 == 0
+    """Whether a weight of this format and shape can be repacked (whole 16-row tiles, whole 256-weight blocks)."""
+    return qtype_name in FORMATS and n_rows % 16 == 0 and n_rows > 0 and n_cols % 256 == 0
 
 
-def pack(parts: Sequence[tuple[Any, int, int]], n_cols: int) -> Q4rWeight:
-    """The q4r weight of Q4_K weights `(data, row_bytes, n_rows)` stacked along the output, each a
-    multiple of 16 rows and all `n_cols` wide (a multiple of 256)."""
+def layout_of(qtype_names: Sequence[str]) -> int:
+    """The layout of weights of these formats stacked: 4-bit for Q4_K alone, else bytes."""
+    return LAYOUT_4BIT if all(q == "Q4_K" for q in qtype_names) else LAYOUT_BYTES
+
+
+def pack(parts: Sequence[tuple[Any, str, int, int]], n_cols: int) -> Q4rWeight:
+    """The repacked weight of weights `(data, qtype_name, row_bytes, n_rows)` stacked along the output, each
+    of FORMATS, a multiple of 16 rows and all `n_cols` wide (a multiple of 256)."""
     import cupy
 
-    for _, row_bytes, n_rows in parts:
-        if not packs(FORMAT, n_rows, n_cols) or row_bytes != n_cols // 256 * 144:
-            raise ValueError(f"q4r packs Q4_K weights of 16k rows by 256k columns, not {n_rows} x {n_cols}")
-    tiles = sum(p[2] for p in parts) // 16
-    codes = cupy.empty((tiles, n_cols // CHUNK, 32, 4), cupy.uint32)
-    scales = cupy.empty((tiles, n_cols // 256, 32, 4), cupy.uint32)
+    for _, qtype, row_bytes, n_rows in parts:
+        if not packs(qtype, n_rows, n_cols) or row_bytes != n_cols // 256 * BLOCK_BYTES[qtype]:
+            raise ValueError(f"gemv_q4r packs {FORMATS} weights of 16k rows by 256k columns, not {qtype} "
+                             f"{n_rows} x {n_cols}")  # fmt: skip
+    layout = layout_of([p[1] for p in parts])
+    tiles, chunks = sum(p[3] for p in parts) // 16, n_cols // CHUNK
+    if layout == LAYOUT_4BIT:
+        codes = cupy.empty((tiles, chunks, 32, 4), cupy.uint32)
+        scales = cupy.empty((tiles, n_cols // 256, 32, 4), cupy.uint32)
+    else:
+        codes = cupy.empty((tiles, chunks, 2, 32, 4), cupy.uint32)
+        scales = cupy.empty((tiles, chunks, 32, 2), cupy.uint32)
     row_scale = cupy.empty(16 * tiles, cupy.float32)
-    kernel = get_kernel(SOURCE, "q4r_pack")
     offset = 0
-    for data, row_bytes, n_rows in parts:
-        launch(kernel, (n_rows // 16,), (PACK_THREADS,),
-               (data, i64(row_bytes), i32(n_rows), i32(n_cols), i32(offset), codes, scales, row_scale))  # fmt: skip
+    for data, qtype, row_bytes, n_rows in parts:
+        head = (data, i64(row_bytes), i32(n_rows), i32(n_cols), i32(offset))
+        if layout == LAYOUT_4BIT:
+            launch(get_kernel(SOURCE, "q4r_pack"), (n_rows // 16,), (PACK_THREADS,), (*head, codes, scales, row_scale))
+        else:
+            launch(get_kernel(SOURCE, "q8r_pack"), (n_rows // 16,), (PACK_THREADS,),
+                   (*head, i32(qtype == "Q6_K"), codes, scales, row_scale))  # fmt: skip
         offset += n_rows // 16
-    return Q4rWeight(codes, scales, row_scale, 16 * tiles, n_cols)
+    return Q4rWeight(codes, scales, row_scale, 16 * tiles, n_cols, layout)
 
 
 def stack(weights: Sequence[Q4rWeight]) -> Q4rWeight:
     """Packed weights of the same width as one, stacked along the output (a fused weight's parts)."""
     import cupy
 
-    if len({w.n_cols for w in weights}) != 1:
-        raise ValueError("q4r weights stack only at one width")
+    if len({(w.n_cols, w.layout) for w in weights}) != 1:
+        raise ValueError("repacked weights stack only at one width and in one layout")
     return Q4rWeight(
         cupy.concatenate([w.codes for w in weights]), cupy.concatenate([w.scales for w in weights]),
         cupy.concatenate([w.row_scale for w in weights]), sum(w.n_rows for w in weights), weights[0].n_cols,
+        weights[0].layout,
     )  # fmt: skip
 
 
@@ -89,7 +108,7 @@ def split(weight: Q4rWeight, rows: Sequence[int]) -> list[Q4rWeight]:
     for n in rows:
         t = n // 16
         views.append(Q4rWeight(weight.codes[tile : tile + t], weight.scales[tile : tile + t],
-                               weight.row_scale[16 * tile : 16 * (tile + t)], n, weight.n_cols))  # fmt: skip
+                               weight.row_scale[16 * tile : 16 * (tile + t)], n, weight.n_cols, weight.layout))  # fmt: skip
         tile += t
     if 16 * tile != weight.n_rows:
         raise ValueError(f"parts of {sum(rows)} rows do not cover a q4r weight of {weight.n_rows}")
@@ -124,8 +143,8 @@ def serves(n_tok: int, n_cols: int) -> bool:
     return 1 <= n_tok <= MAX_TOKENS and n_cols % 256 == 0
 
 
-def defines_of(shape: Q4rShape) -> dict[str, str | int]:
-    return {"Q4R_MT": shape.m_tiles, "Q4R_NT": shape.n_tiles}
+def defines_of(shape: Q4rShape, layout: int = LAYOUT_4BIT) -> dict[str, str | int]:
+    return {"Q4R_MT": shape.m_tiles, "Q4R_NT": shape.n_tiles, "Q4R_FMT": layout}
 
 
 _counters: dict[int, Any] = {}  # device id -> the split reduction's counters (left zero by every launch)
@@ -155,7 +174,7 @@ def gemv_q4r(
     if out.shape != (n_tok, weight.n_rows) or not out.flags.c_contiguous:
         raise ValueError(f"gemv_q4r writes a C-contiguous [{n_tok}, {weight.n_rows}] output, not {out.shape}")
     shape = shape or pick_shape(n_tok, weight.n_rows, weight.n_cols)
-    defines = defines_of(shape)
+    defines = defines_of(shape, weight.layout)
     if x.dtype == cupy.float16 and x.flags.c_contiguous:
         x16 = x
     else:

@@ -1,7 +1,8 @@
-"""gemv_q4r.cu (Q4_K repacked for the tensor cores) on the GPU: q4r_pack and the product against the float64
-product of the numpy dequantizers' weights at every n-tile build, stacked weights, column splits reduced in a
-fixed order (the same bits run after run, counters left zero), and `CudaBackend` routing products of the plan's
-token range to the repacked copies it makes at load (linear, fused q/k/v, gate/up, the fused norm paths)."""
+"""gemv_q4r.cu (Q4_K and Q6_K repacked for the tensor cores) on the GPU: both layouts' packing and the product
+against the float64 product of the numpy dequantizers' weights at every n-tile build, stacked weights (Q4_K beside
+Q6_K in the byte layout), column splits reduced in a fixed order (the same bits run after run, counters left zero),
+and `CudaBackend` routing products of the plan's token range to the repacked copies it makes at load (linear,
+fused q/k/v, gate/up, the fused norm paths)."""
 
 from __future__ import annotations
 
@@ -12,23 +13,26 @@ from cuda_samples import F16_TOL, dequantize_oracle, random_tensor, rel_err
 pytestmark = pytest.mark.gpu
 
 
-def _packed(cuda, rng, rows, cols):
+def _packed(cuda, rng, rows, cols, qtypes=None):
     from app.engine.kernels import gemv_q4r
 
-    tensors = [random_tensor("Q4_K", r, cols, rng) for r in rows]
+    tensors = [random_tensor(q, r, cols, rng) for q, r in zip(qtypes or ["Q4_K"] * len(rows), rows, strict=True)]
     weights = [cuda.load_weight(t) for t in tensors]
-    packed = gemv_q4r.pack([(w.data, w.row_bytes, w.n_rows) for w in weights], cols)
+    packed = gemv_q4r.pack([(w.data, t.qtype.name, w.row_bytes, w.n_rows) for w, t in zip(weights, tensors, strict=True)],
+                           cols)
     ref_w = np.concatenate([dequantize_oracle(t) for t in tensors]).astype(np.float64)
     return packed, ref_w
 
 
+@pytest.mark.parametrize("qtypes", [("Q4_K",) * 3, ("Q4_K", "Q4_K", "Q6_K"), ("Q6_K",) * 3])
 @pytest.mark.parametrize("n_tok", [1, 2, 5, 8, 16, 17, 33, 64, 100, 128])
-def test_gemv_q4r_matches_oracle(cuda, rng, n_tok: int) -> None:
+def test_gemv_q4r_matches_oracle(cuda, rng, n_tok: int, qtypes) -> None:
     import cupy
 
     from app.engine.kernels import gemv_q4r
 
-    packed, ref_w = _packed(cuda, rng, (256, 64, 64), 4096)  # q/k/v-like: few rows, many columns: splits
+    packed, ref_w = _packed(cuda, rng, (256, 64, 64), 4096, qtypes)  # q/k/v-like: few rows, many columns: splits
+    assert packed.layout == gemv_q4r.layout_of(qtypes)
     x = rng.standard_normal((n_tok, 4096)).astype(np.float32)
     bias = rng.standard_normal(384).astype(np.float32)
     out = cupy.full((n_tok, 384), cupy.nan, cupy.float32)
@@ -70,7 +74,7 @@ def test_gemv_q4r_scales_span_a_wide_range(cuda, rng) -> None:
             value = blocks[r, :, off : off + 2].copy().view(np.float16).astype(np.float32) * 2.0 ** -(r % 21)
             blocks[r, :, off : off + 2] = value.astype(np.float16).view(np.uint8).reshape(2, 2)
     weight = cuda.load_weight(tensor)
-    packed = gemv_q4r.pack([(weight.data, weight.row_bytes, 64)], 512)
+    packed = gemv_q4r.pack([(weight.data, "Q4_K", weight.row_bytes, 64)], 512)
     x = rng.standard_normal((4, 512)).astype(np.float32)
     got = cupy.asnumpy(gemv_q4r.gemv_q4r(packed, cupy.asarray(x), cupy.empty((4, 64), cupy.float32)))
     ref = x.astype(np.float64) @ dequantize_oracle(tensor).astype(np.float64).T
@@ -82,8 +86,9 @@ def test_gemv_q4r_scales_span_a_wide_range(cuda, rng) -> None:
 def test_backend_routes_the_q4r_range(cuda, rng, n_tok: int) -> None:
     """With the q4r range set, Q4_K weights get repacked copies at load (fused parts stacked: one launch) and
     the plan's products go to them: linear, fused q/k/v, gate/up and the fused norm + product paths all
-    equal the float64 composition; a Q6_K part keeps the fused weight off the repacked path."""
+    equal the float64 composition; a Q6_K part takes its fused weight into the byte layout."""
     from app.engine.backend.cuda.backend import CudaBackend
+    from app.engine.kernels import gemv_q4r
     from app.engine.kernels.options import KernelOptions
 
     backend = CudaBackend(kernel_options=KernelOptions(q4r_max_tokens=64, q4r_min_tokens=1))
@@ -95,7 +100,7 @@ def test_backend_routes_the_q4r_range(cuda, rng, n_tok: int) -> None:
     gate_up = backend.fuse_linear([backend.load_weight(t) for t in (gate, up)], [None] * 2)
     mixed = backend.fuse_linear([backend.load_weight(t) for t in (q, k, v6)], [None] * 3)
     assert qkv.q4r is not None and qkv.q4r.n_rows == 384 and qkv.parts[1].q4r.n_rows == 64
-    assert gate_up.q4r is not None and mixed.q4r is None
+    assert gate_up.q4r is not None and mixed.q4r.layout == gemv_q4r.LAYOUT_BYTES and qkv.q4r.layout == 0
     assert "repacked for gemv_q4r" in backend.dense_cache.summary()
 
     x = rng.standard_normal((n_tok, cols)).astype(np.float32)

@@ -19,7 +19,7 @@ from emulator import build, run
 
 pytestmark = pytest.mark.slow  # each build compiles the kernel as host C++
 
-BUILDS = {"nt1": (2, 1), "nt2": (2, 2), "nt4": (1, 4)}  # (m-tiles a warp, n-tiles)
+BUILDS = {"nt1": (2, 1, 0), "nt2": (2, 2, 0), "nt4": (1, 4, 0), "b_nt2": (2, 2, 1), "b_nt8": (1, 8, 1)}  # (m-tiles a warp, n-tiles, layout)
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +28,8 @@ def emulators(tmp_path_factory):
 
     def get(name: str) -> Path:
         if name not in made:
-            mt, nt = BUILDS[name]
-            made[name] = build(tmp_path_factory, "q4r_main.cpp", (f"-DQ4R_MT={mt}", f"-DQ4R_NT={nt}"))
+            mt, nt, fmt = BUILDS[name]
+            made[name] = build(tmp_path_factory, "q4r_main.cpp", (f"-DQ4R_MT={mt}", f"-DQ4R_NT={nt}", f"-DQ4R_FMT={fmt}"))
         return made[name]
 
     return get
@@ -50,6 +50,10 @@ def spread_rows(tensor, every: int = 21) -> None:
     ("nt1", (32,), 256, 1, 1, True),  # one token, one superblock
     ("nt1", (160, 32), 768, 5, 2, False),  # two splits, a row block past the end of the rows
     ("nt4", (64, 64), 512, 29, 4, True),  # four of four token tiles, one m-tile a warp
+    # the byte layout: Q6_K (w = d sc (q - 32), signed scales), and Q4_K stacked with it (Q4_K_M's q/k/v)
+    ("b_nt2", ("64q6",), 512, 9, 1, True),
+    ("b_nt2", (48, 16, "32q6"), 768, 16, 3, False),
+    ("b_nt8", ("160q6", 32), 512, 61, 2, True),
 ])  # fmt: skip
 def test_gemv_q4r_emulated(request, emulators, tmp_path: Path, build_name, rows, cols, n_tok, splits, with_bias):
     _check(request, emulators(build_name), tmp_path, rows, cols, n_tok, splits, with_bias)
@@ -67,7 +71,9 @@ def _check(request, exe: Path, tmp_path: Path, rows, cols, n_tok, splits, with_b
     """Random Q4_K weights of `rows` each (and x, a bias) through harness `exe`, against the float64
     product: (got, ref)."""
     rng, seed = fresh_rng(request.node.nodeid)
-    tensors = [random_tensor("Q4_K", r, cols, rng) for r in rows]
+    tensors = [random_tensor("Q6_K" if str(r).endswith("q6") else "Q4_K", int(str(r).removesuffix("q6")), cols, rng)
+               for r in rows]  # fmt: skip
+    n_rows = sum(t.shape[0] for t in tensors)
     if spread:
         for t in tensors:
             spread_rows(t)
@@ -78,11 +84,11 @@ def _check(request, exe: Path, tmp_path: Path, rows, cols, n_tok, splits, with_b
     weights = np.concatenate([dequantize_oracle(t) for t in tensors])
     ref = x.astype(np.float64) @ weights.astype(np.float64).T
     if with_bias:
-        bias = rng.standard_normal(sum(rows)).astype(np.float32)
+        bias = rng.standard_normal(n_rows).astype(np.float32)
         bias.tofile(tmp_path / "bias.bin")
         ref += bias
     run(exe, tmp_path, cols, n_tok, splits, *rows)
-    got = np.fromfile(tmp_path / "y.bin", np.float32).reshape(n_tok, sum(rows))
+    got = np.fromfile(tmp_path / "y.bin", np.float32).reshape(n_tok, n_rows)
     assert not np.isnan(got).any(), f"seed={seed}: an output was never written"
     assert rel_err(got, ref) < F16_TOL, f"seed={seed}: {rel_err(got, ref)}"
     assert not np.fromfile(tmp_path / "counters.bin", np.int32).any(), "the split counters must be left zero"

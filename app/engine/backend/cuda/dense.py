@@ -21,10 +21,10 @@ before it sizes the KV cache, so the cache is paid for out of the same free memo
   that would expand them (above the rows linear.py sends to gemv_mma), outside graph capture, when the budget and RESERVE_BYTES
   of free memory still allow it.
 
-With `q4r` on (PADDOCK_Q4R_MAX_TOKENS > 0) a Q4_K projection also gets its repacked copy for gemv_q4r
-(0.625 bytes a weight, taken first: decode steps of many sequences read it, where the float16 copy
-serves prefill), charged to the same budget; a fused weight's parts' copies are stacked like their
-float16 ones.
+With `q4r` on (PADDOCK_Q4R_MAX_TOKENS > 0) a Q4_K or Q6_K projection also gets its repacked copy for
+gemv_q4r (0.625 / 1.25 bytes a weight, taken first: decode steps of many sequences read it, where the
+float16 copy serves prefill), charged to the same budget; a fused weight's parts' copies are stacked like
+their float16 ones, repacked together into the byte layout where Q4_K parts meet a Q6_K one.
 """
 
 from __future__ import annotations
@@ -110,15 +110,16 @@ class DenseCache:
         return True
 
     def _pack(self, weight: CudaWeight) -> None:
-        """The weight's repacked Q4_K copy, where its format and shape allow and the budget holds it."""
+        """The weight's repacked copy, where its format and shape allow and the budget holds it."""
         import cupy
 
         if weight.split or not gemv_q4r.packs(weight.qtype.name, weight.n_rows, weight.n_cols):
             return
-        if not self._fits(weight.n_rows * weight.n_cols * 5 // 8):
+        bits = 5 if gemv_q4r.layout_of([weight.qtype.name]) == gemv_q4r.LAYOUT_4BIT else 10
+        if not self._fits(weight.n_rows * weight.n_cols * bits // 8):
             return
         try:
-            weight.q4r = gemv_q4r.pack([(weight.data, weight.row_bytes, weight.n_rows)], weight.n_cols)
+            weight.q4r = gemv_q4r.pack([_q4r_part(weight)], weight.n_cols)
         except cupy.cuda.memory.OutOfMemoryError:
             if self.mode == "on":
                 raise
@@ -135,7 +136,10 @@ class DenseCache:
         import cupy
 
         if all(p.q4r is not None for p in fused.parts):
-            fused.q4r = gemv_q4r.stack([p.q4r for p in fused.parts])
+            if len({p.q4r.layout for p in fused.parts}) == 1:
+                fused.q4r = gemv_q4r.stack([p.q4r for p in fused.parts])
+            else:  # Q4_K parts beside a Q6_K one: all of them in the byte layout, one launch
+                fused.q4r = gemv_q4r.pack([_q4r_part(p) for p in fused.parts], fused.n_cols)
             views = gemv_q4r.split(fused.q4r, [p.n_rows for p in fused.parts])
             for part, view in zip(fused.parts, views, strict=True):
                 part.q4r = view
@@ -154,7 +158,7 @@ class DenseCache:
                 "their products above 8 tokens dequantize per call"
             )
         if self.q4r_count:
-            line += f"; {self.q4r_count} Q4_K matrices repacked for gemv_q4r ({self.q4r_bytes / 2**30:.2f} GiB of it)"
+            line += f"; {self.q4r_count} matrices repacked for gemv_q4r ({self.q4r_bytes / 2**30:.2f} GiB of it)"
         if self.budget is not None and self.mode == "auto":
             line += f" (budget {self.budget / 2**30:.2f} GiB)"
         return line
@@ -167,3 +171,7 @@ class DenseCache:
             "skipped_matrices": self.skipped_count,
             "q4r_matrices": self.q4r_count,
         }
+
+
+def _q4r_part(weight: CudaWeight) -> tuple[Any, str, int, int]:
+    return (weight.data, weight.qtype.name, weight.row_bytes, weight.n_rows)

@@ -33,6 +33,14 @@
 //
 // Numerics: w = s q + m rounded once to float16 from float16 s and m (each within 2^-11 of d sc and
 // dmin m, scaled by 2^e), x rounded to float16, float32 accumulation.
+//
+// Q4R_FMT=1 builds read the byte layout ("q8r", q8r_pack): codes of up to 8 bits, one byte a weight, and an
+// (s, m) pair per row and 16 columns, for Q6_K (w = d sc (q - 32): s = d sc, m = -32 s) and for Q4_K weights
+// stacked with a Q6_K one (Q4_K_M's q/k/v where v is Q6_K). Per tile and chunk lane (g, t) holds 32 bytes,
+// k-steps 0-1 then 2-3 (each two words: bytes (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1), then the same at
+// columns +8), stored as two 16-byte planes of the warp; and 8 bytes of pairs, (row g, row g+8) for the
+// columns of k-step t, which the warp shuffles from lane (g, j) at k-step j. A byte b becomes float16
+// 1024 + b by a byte permute with 0x64. 1.25 bytes a weight (Q6_K: 0.82; a float16 copy: 2).
 #include "mma.cuh"
 
 #ifndef Q4R_MT
@@ -43,6 +51,9 @@
 #endif
 #ifndef Q4R_WPF
 #define Q4R_WPF 2  // chunks of weight words in flight in registers
+#endif
+#ifndef Q4R_FMT
+#define Q4R_FMT 0  // 0: the 4-bit layout (Q4_K); 1: the byte layout (Q6_K, mixed stacks)
 #endif
 
 namespace q4r {
@@ -94,7 +105,66 @@ __device__ __forceinline__ void q4r_decode(u32 q, u32 pair_g, u32 pair_g8, u32* 
     a[3] = h2_fma(h2_sub((q & 0x00f000f0u) | q4r::EXP, q4r::EXP), s_g8, m_g8);
 }
 
+// The same from the byte layout: w0 holds rows g, g+8 at columns 2t, 2t+1 of the k-step, w1 the same at +8.
+__device__ __forceinline__ void q8r_decode(u32 w0, u32 w1, u32 pair_g, u32 pair_g8, u32* a) {
+    const u32 s_g = __byte_perm(pair_g, 0, 0x1010), m_g = __byte_perm(pair_g, 0, 0x3232);
+    const u32 s_g8 = __byte_perm(pair_g8, 0, 0x1010), m_g8 = __byte_perm(pair_g8, 0, 0x3232);
+    a[0] = h2_fma(h2_sub(__byte_perm(w0, 0x64646464u, 0x4140), q4r::EXP), s_g, m_g);
+    a[1] = h2_fma(h2_sub(__byte_perm(w0, 0x64646464u, 0x4342), q4r::EXP), s_g8, m_g8);
+    a[2] = h2_fma(h2_sub(__byte_perm(w1, 0x64646464u, 0x4140), q4r::EXP), s_g, m_g);
+    a[3] = h2_fma(h2_sub(__byte_perm(w1, 0x64646464u, 0x4342), q4r::EXP), s_g8, m_g8);
+}
+
 namespace q4r {
+// A lane's share of one (16-row tile, chunk) of each layout: `load` its words, `pairs` the scale pairs of the
+// chunk's four k-steps (p[2j]: row g, p[2j + 1]: row g + 8; shuffles: every lane of the warp calls it), and
+// `decode` k-step j's A fragment.
+struct RecordQ4 {
+    uint4 code, scale;
+    __device__ __forceinline__ void load(const uint4* codes, const uint4* scales, i64 tile, int n_chunks, int cc,
+                                         int lane) {
+        code = __ldg(codes + (tile * n_chunks + cc) * 32 + lane);
+        scale = __ldg(scales + (tile * (n_chunks >> 2) + (cc >> 2)) * 32 + lane);
+    }
+    __device__ __forceinline__ void pairs(int cc, int lane, u32* p) const {
+        const int owner = (lane & ~3) | (cc & 3);  // lane (g, chunk % 4) holds this chunk's pairs
+        p[0] = p[2] = __shfl_sync(0xffffffffu, scale.x, owner);
+        p[1] = p[3] = __shfl_sync(0xffffffffu, scale.y, owner);
+        p[4] = p[6] = __shfl_sync(0xffffffffu, scale.z, owner);
+        p[5] = p[7] = __shfl_sync(0xffffffffu, scale.w, owner);
+    }
+    __device__ __forceinline__ void decode(int j, const u32* p, u32* a) const {
+        q4r_decode(j == 0 ? code.x : j == 1 ? code.y : j == 2 ? code.z : code.w, p[2 * j], p[2 * j + 1], a);
+    }
+};
+struct RecordQ8 {
+    uint4 code[2];
+    uint2 scale;
+    __device__ __forceinline__ void load(const uint4* codes, const uint4* scales, i64 tile, int n_chunks, int cc,
+                                         int lane) {
+        const uint4* c = codes + (tile * n_chunks + cc) * 64 + lane;
+        code[0] = __ldg(c);
+        code[1] = __ldg(c + 32);
+        scale = __ldg(reinterpret_cast<const uint2*>(scales) + (tile * n_chunks + cc) * 32 + lane);
+    }
+    __device__ __forceinline__ void pairs(int, int lane, u32* p) const {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {  // lane (g, j) holds k-step j's pairs
+            p[2 * j] = __shfl_sync(0xffffffffu, scale.x, (lane & ~3) | j);
+            p[2 * j + 1] = __shfl_sync(0xffffffffu, scale.y, (lane & ~3) | j);
+        }
+    }
+    __device__ __forceinline__ void decode(int j, const u32* p, u32* a) const {
+        const uint4 h = code[j >> 1];
+        q8r_decode((j & 1) ? h.z : h.x, (j & 1) ? h.w : h.y, p[2 * j], p[2 * j + 1], a);
+    }
+};
+#if Q4R_FMT == 1
+typedef RecordQ8 Record;
+#else
+typedef RecordQ4 Record;
+#endif
+
 // Start copying chunk `cc` of x into stage buffer `xs` (one commit group, empty past `c_end`):
 // token n's 16-byte column q lands at column q ^ (n & 7).
 __device__ __forceinline__ void stage_x(u16* xs, const u16* __restrict__ xh, int n_tok, int n_cols, int cc, int c_end) {
@@ -130,29 +200,19 @@ extern "C" __global__ void __launch_bounds__(q4r::THREADS)
     __shared__ __align__(16) u16 smem[STAGES * XS_HALVES];
     __shared__ int last_block;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int n_chunks = n_cols / CHUNK, n_super = n_cols / 256, n_tiles = n_rows / 16;
+    const int n_chunks = n_cols / CHUNK, n_tiles = n_rows / 16;
     const int c_begin = (int)((i64)n_chunks * blockIdx.y / gridDim.y);
     const int c_end = (int)((i64)n_chunks * (blockIdx.y + 1) / gridDim.y);
     const int tile0 = blockIdx.x * (ROWS / 16) + warp * MT;  // the warp's first 16-row tile
 
-    const uint4* code_p[MT];
-    const uint4* scale_p[MT];
+    i64 tile_of[MT];
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-        const i64 tile = min(tile0 + mt, n_tiles - 1);  // past the end: any valid tile, never written
-        code_p[mt] = codes + tile * n_chunks * 32 + lane;
-        scale_p[mt] = scales + tile * n_super * 32 + lane;
-    }
-    uint4 wq[WPF][MT], ws[WPF][MT];  // weight words and scale pairs of the next WPF chunks
+    for (int mt = 0; mt < MT; ++mt) tile_of[mt] = min(tile0 + mt, n_tiles - 1);  // past the end: valid, never written
+    Record next[WPF][MT];  // the weight words and scale pairs of the next WPF chunks
 #pragma unroll
-    for (int s = 0; s < WPF; ++s) {
-        const int cc = min(c_begin + s, c_end - 1);
+    for (int s = 0; s < WPF; ++s)
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-            wq[s][mt] = __ldg(code_p[mt] + (i64)cc * 32);
-            ws[s][mt] = __ldg(scale_p[mt] + (i64)(cc >> 2) * 32);
-        }
-    }
+        for (int mt = 0; mt < MT; ++mt) next[s][mt].load(codes, scales, tile_of[mt], n_chunks, min(c_begin + s, c_end - 1), lane);
     after_previous_grid();  // x, y and the work buffer belong to the kernels around this one
 
     float c[MT][NT][4];
@@ -178,37 +238,22 @@ extern "C" __global__ void __launch_bounds__(q4r::THREADS)
             __syncthreads();  // chunk cc's x has landed, and every warp is done with the stage it overwrites next
             stage_x(smem + ((cc - c_begin + STAGES - 1) % STAGES) * XS_HALVES, xh, n_tok, n_cols, cc + STAGES - 1,
                     c_end);
-            uint4 q[MT], sp[MT];
+            Record rec[MT];
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                q[mt] = wq[s][mt];
-                sp[mt] = ws[s][mt];
-            }
+            for (int mt = 0; mt < MT; ++mt) rec[mt] = next[s][mt];
             if (cc + WPF < c_end) {
 #pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    wq[s][mt] = __ldg(code_p[mt] + (i64)(cc + WPF) * 32);
-                    ws[s][mt] = __ldg(scale_p[mt] + (i64)((cc + WPF) >> 2) * 32);
-                }
+                for (int mt = 0; mt < MT; ++mt) next[s][mt].load(codes, scales, tile_of[mt], n_chunks, cc + WPF, lane);
             }
             const u16* xs = smem + ((cc - c_begin) % STAGES) * XS_HALVES;
-            const int owner = (lane & ~3) | (cc & 3);  // lane (g, chunk % 4) holds this chunk's scale pairs
-            u32 pairs[MT][4];
+            u32 pairs[MT][8];
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                pairs[mt][0] = __shfl_sync(0xffffffffu, sp[mt].x, owner);
-                pairs[mt][1] = __shfl_sync(0xffffffffu, sp[mt].y, owner);
-                pairs[mt][2] = __shfl_sync(0xffffffffu, sp[mt].z, owner);
-                pairs[mt][3] = __shfl_sync(0xffffffffu, sp[mt].w, owner);
-            }
+            for (int mt = 0; mt < MT; ++mt) rec[mt].pairs(cc, lane, pairs[mt]);
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 u32 a[MT][4];
 #pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    const u32 word = j == 0 ? q[mt].x : j == 1 ? q[mt].y : j == 2 ? q[mt].z : q[mt].w;
-                    q4r_decode(word, pairs[mt][j < 2 ? 0 : 2], pairs[mt][j < 2 ? 1 : 3], a[mt]);
-                }
+                for (int mt = 0; mt < MT; ++mt) rec[mt].decode(j, pairs[mt], a[mt]);
 #pragma unroll
                 for (int p = 0; p < (NT + 1) / 2; ++p) {
                     const int n = 16 * p + ld_tok, col16 = 2 * j + ld_half;
@@ -361,5 +406,97 @@ extern "C" __global__ void __launch_bounds__(q4r::PACK_THREADS)
             words[k] = pair;
         }
         scales[((i64)out_tile * n_super + sb) * 32 + l] = make_uint4(words[0], words[1], words[2], words[3]);
+    }
+}
+
+// -- the byte layout (Q4R_FMT=1 builds read it) --------------------------------------------------------------
+namespace q4r {
+constexpr int Q6K_BYTES = 210;  // 128 bytes of low 4 bits, 64 of high 2 bits, 16 int8 scales, d (float16)
+
+// The 6-bit code (0..63) of column `col` of a Q6_K row (ggml's dequantize_row_q6_K).
+__device__ __forceinline__ u32 code_at_q6(const u8* row, int col) {
+    const u8* blk = row + (col >> 8) * Q6K_BYTES;
+    const int i = col & 255, n = i >> 7, part = (i & 127) >> 5, l = i & 31;
+    const u32 lo = (blk[64 * n + l + 32 * (part & 1)] >> (4 * (part >> 1))) & 0xfu;
+    const u32 hi = (blk[128 + 32 * n + l] >> (2 * part)) & 3u;
+    return lo | hi << 4;
+}
+
+// (s, m) of 16-column group `group` of a Q4_K (q6 false) or Q6_K row: w = s q + m.
+__device__ __forceinline__ void pair_at(const u8* row, int group, bool q6, float& s, float& m) {
+    if (q6) {
+        const u8* blk = row + (group >> 4) * Q6K_BYTES;
+        const float d = h2f((u16)(blk[208] | blk[209] << 8));
+        s = d * (float)(signed char)blk[192 + (group & 15)];
+        m = -32.f * s;
+    } else {
+        const u8* blk = row + (group >> 4) * Q4K_BYTES;
+        const float d = h2f((u16)(blk[0] | blk[1] << 8)), dmin = h2f((u16)(blk[2] | blk[3] << 8));
+        int sc, mn;
+        scale_min(blk + 4, (group & 15) >> 1, sc, mn);
+        s = d * sc;
+        m = -dmin * mn;
+    }
+}
+}  // namespace q4r
+
+// One 16-row tile of a Q4_K (source_q6 = 0) or Q6_K (1) weight into the byte layout, like q4r_pack.
+extern "C" __global__ void __launch_bounds__(q4r::PACK_THREADS)
+    q8r_pack(const u8* __restrict__ w, i64 row_bytes, int n_rows, int n_cols, int tile_offset, int source_q6,
+             uint4* __restrict__ codes, uint2* __restrict__ scales, float* __restrict__ row_scale) {
+    using namespace q4r;
+    __shared__ float factor[16];
+    after_previous_grid();  // launched at load, outside graphs
+    const bool q6 = source_q6 != 0;
+    const int tile = blockIdx.x, n_chunks = n_cols / CHUNK, n_groups = n_cols / 16;
+    const int out_tile = tile_offset + tile, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const float qmax = q6 ? 63.f : 15.f;
+    for (int i = warp; i < 16; i += PACK_THREADS / 32) {  // each row's factor, as q4r_pack's
+        const int r = 16 * tile + i;
+        float most = 0.f;
+        for (int gi = lane; r < n_rows && gi < n_groups; gi += 32) {
+            float s, m;
+            pair_at(w + r * row_bytes, gi, q6, s, m);
+            most = fmaxf(most, qmax * fabsf(s) + fabsf(m));
+        }
+        for (int o = 16; o > 0; o >>= 1) most = fmaxf(most, __shfl_xor_sync(0xffffffffu, most, o));
+        const int e = most > 0.f && most < PADDOCK_INF
+                          ? min(max(139 - (int)((__float_as_uint(most) >> 23) & 255), -100), 100)
+                          : 0;
+        if (lane == 0) {
+            factor[i] = ldexpf(1.f, e);
+            row_scale[16 * out_tile + i] = ldexpf(1.f, -e);
+        }
+    }
+    __syncthreads();
+    // Codes: per (chunk, plane h, lane) a 16-byte record, k-steps 2h and 2h + 1, two words each.
+    for (int i = threadIdx.x; i < n_chunks * 64; i += PACK_THREADS) {
+        const int cc = i >> 6, h = (i >> 5) & 1, l = i & 31, g = l >> 2, t = l & 3;
+        u32 words[4];
+        for (int k = 0; k < 4; ++k) {  // word k: k-step 2h + k / 2, columns +8 when k is odd
+            const int col = cc * CHUNK + 16 * (2 * h + (k >> 1)) + 2 * t + 8 * (k & 1);
+            u32 word = 0;
+            for (int b = 0; b < 4; ++b) {  // bytes: (g, col), (g, col + 1), (g + 8, col), (g + 8, col + 1)
+                const int r = 16 * tile + g + 8 * (b >> 1), c = col + (b & 1);
+                const u8* row = w + r * row_bytes;
+                const u32 code = r >= n_rows ? 0u : q6 ? code_at_q6(row, c) : code_at(row, c);
+                word |= code << (8 * b);
+            }
+            words[k] = word;
+        }
+        codes[((i64)out_tile * n_chunks + cc) * 64 + 32 * h + l] = make_uint4(words[0], words[1], words[2], words[3]);
+    }
+    // Pairs: per (chunk, lane (g, t)) rows g and g + 8 at 16-column group 4 chunk + t.
+    for (int i = threadIdx.x; i < n_chunks * 32; i += PACK_THREADS) {
+        const int cc = i >> 5, l = i & 31, g = l >> 2, t = l & 3;
+        u32 pair[2] = {0u, 0u};
+        for (int h = 0; h < 2; ++h) {
+            const int in_tile = g + 8 * h, r = 16 * tile + in_tile;
+            if (r >= n_rows) continue;
+            float s, m;
+            pair_at(w + r * row_bytes, 4 * cc + t, q6, s, m);
+            pair[h] = pack_h2_rn(s * factor[in_tile], m * factor[in_tile]);
+        }
+        scales[((i64)out_tile * n_chunks + cc) * 32 + l] = make_uint2(pair[0], pair[1]);
     }
 }

@@ -1,8 +1,10 @@
-// Run gemv_q4r.cu (Q4_K repacked for the tensor cores) on the SIMT emulator: q4r_pack of each weight into
-// one stacked layout, the float16 pre-pass, then the product. Build with -DQ4R_MT, -DQ4R_NT.
-// argv: dir n_cols n_tok splits rows0 [rows1 ...]; reads dir/w<i>.bin (Q4_K rows), dir/x.bin (float32
-// [n_tok, n_cols]), dir/bias.bin when present. Writes dir/y.bin (float32 [n_tok, sum rows]; NaN where never
-// written) and dir/counters.bin (the split counters after the launch: all zero again).
+// Run gemv_q4r.cu (quantized weights repacked for the tensor cores) on the SIMT emulator: each weight packed
+// into one stacked layout (q4r_pack, or q8r_pack in a -DQ4R_FMT=1 build), the float16 pre-pass, then the
+// product. Build with -DQ4R_MT, -DQ4R_NT (and -DQ4R_FMT).
+// argv: dir n_cols n_tok splits rows0 [rows1 ...]; a row count followed by "q6" (e.g. 64q6) is a Q6_K weight
+// (byte layout only). Reads dir/w<i>.bin (the GGUF rows), dir/x.bin (float32 [n_tok, n_cols]), dir/bias.bin
+// when present. Writes dir/y.bin (float32 [n_tok, sum rows]; NaN where never written) and dir/counters.bin
+// (the split counters after the launch: all zero again).
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -18,18 +20,28 @@ int main(int argc, char** argv) {
     const int n_cols = atoi(argv[2]), n_tok = atoi(argv[3]);
     const unsigned splits = (unsigned)atoi(argv[4]);
     std::vector<int> rows;
-    for (int i = 5; i < argc; ++i) rows.push_back(atoi(argv[i]));
+    std::vector<bool> q6;
+    for (int i = 5; i < argc; ++i) {
+        rows.push_back(atoi(argv[i]));
+        q6.push_back(std::string(argv[i]).find("q6") != std::string::npos);
+    }
     int total = 0;
     for (int r : rows) total += r;
-    const int tiles = total / 16, n_chunks = n_cols / 64, n_super = n_cols / 256;
-    std::vector<uint4> codes((size_t)tiles * n_chunks * 32), scales((size_t)tiles * n_super * 32);
+    const int tiles = total / 16, n_chunks = n_cols / 64;
+    const bool bytes = Q4R_FMT == 1;
+    std::vector<uint4> codes((size_t)tiles * n_chunks * (bytes ? 64 : 32)), scales((size_t)tiles * n_chunks * (bytes ? 16 : 8));
     std::vector<float> row_scale((size_t)tiles * 16);
     int offset = 0;
     for (size_t i = 0; i < rows.size(); ++i) {
         const auto w = read_required<u8>(dir + "/w" + std::to_string(i) + ".bin");
-        const i64 row_bytes = (i64)n_cols / 256 * 144;
+        const i64 row_bytes = (i64)n_cols / 256 * (q6[i] ? 210 : 144);
+        if (q6[i] && !bytes) return 4;
         launch({(unsigned)(rows[i] / 16), 1, 1}, {q4r::PACK_THREADS, 1, 1}, [&] {
-            q4r_pack(w.data(), row_bytes, rows[i], n_cols, offset, codes.data(), scales.data(), row_scale.data());
+            if (bytes)
+                q8r_pack(w.data(), row_bytes, rows[i], n_cols, offset, q6[i] ? 1 : 0, codes.data(),
+                         reinterpret_cast<uint2*>(scales.data()), row_scale.data());
+            else
+                q4r_pack(w.data(), row_bytes, rows[i], n_cols, offset, codes.data(), scales.data(), row_scale.data());
         });
         offset += rows[i] / 16;
     }
