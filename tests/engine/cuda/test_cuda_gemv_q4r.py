@@ -134,3 +134,36 @@ def test_backend_routes_the_q4r_range(cuda, rng, n_tok: int) -> None:
     )
     g, u = normed @ w["gate"].T, normed @ w["up"].T
     assert rel_err(backend.to_host(out), g / (1 + np.exp(-g)) * u) < 2 * F16_TOL
+
+
+def test_engine_on_repacked_weights_matches_numpy(tiny_gguf: str, monkeypatch) -> None:
+    """The whole engine with every projection of a Q4_K_M file repacked and every product of 1-128 tokens on
+    gemv_q4r (prefill chunks, decode graphs of 12 sequences, the output head): greedy tokens and first-step
+    logprobs as the numpy backend's."""
+    from cuda_samples import assert_greedy_agrees
+
+    from app.engine import envs
+    from app.engine.config import EngineConfig
+    from app.engine.core.engine import LLMEngine
+    from app.engine.sampling_params import SamplingParams
+
+    monkeypatch.setenv("PADDOCK_Q4R_MAX_TOKENS", "128")
+    monkeypatch.setenv("PADDOCK_Q4R_MIN_TOKENS", "1")
+    envs.reload()
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(0, 256, size=n).tolist() for n in (3, 9, 17, 40, 77, 130, 5, 60, 33, 8, 21, 300)]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=3)
+    results = {}
+    try:
+        for device in ("cpu", "cuda"):
+            engine = LLMEngine(EngineConfig(model=tiny_gguf, device=device, max_model_len=1024, max_num_seqs=16))
+            if device == "cuda":
+                assert engine.backend.dense_cache.q4r_count > 0
+            results[device] = engine.generate(prompts, params)
+    finally:  # the switches' cached values go with the environment they came from
+        monkeypatch.undo()
+        envs.reload()
+    for got, ref in zip(results["cuda"], results["cpu"], strict=True):
+        for token, value in ref["logprobs"][0].top:
+            assert abs(dict(got["logprobs"][0].top).get(token, -99.0) - value) < 5e-2
+        assert_greedy_agrees(got, ref, "q4r")
