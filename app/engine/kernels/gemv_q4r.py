@@ -43,6 +43,7 @@ class Q4rWeight:
     n_rows: int
     n_cols: int
     layout: int = LAYOUT_4BIT
+    interleaved: bool = False  # two weights' 16-row tiles alternating (a gate/up pair: `interleave`)
 
     @property
     def nbytes(self) -> int:
@@ -102,8 +103,25 @@ def stack(weights: Sequence[Q4rWeight]) -> Q4rWeight:
     )  # fmt: skip
 
 
+def interleave(first: Q4rWeight, second: Q4rWeight) -> Q4rWeight:
+    """Two packed weights of one shape and layout as one whose 16-row tiles alternate between them: a warp
+    then holds a gate tile and the up tile of the same rows, and the product's epilogue can apply the
+    gated activation itself (`gemv_q4r(..., act=)`); without it the output is still [first | second]."""
+    import cupy
+
+    if (first.n_rows, first.n_cols, first.layout) != (second.n_rows, second.n_cols, second.layout):
+        raise ValueError("only weights of one shape and layout interleave")
+    tiles = first.n_rows // 16
+    codes = cupy.stack([first.codes, second.codes], axis=1).reshape(2 * tiles, *first.codes.shape[1:])
+    scales = cupy.stack([first.scales, second.scales], axis=1).reshape(2 * tiles, *first.scales.shape[1:])
+    row_scale = cupy.stack([first.row_scale.reshape(tiles, 16), second.row_scale.reshape(tiles, 16)], axis=1)
+    return Q4rWeight(codes, scales, row_scale.reshape(-1), 2 * first.n_rows, first.n_cols, first.layout, True)
+
+
 def split(weight: Q4rWeight, rows: Sequence[int]) -> list[Q4rWeight]:
-    """Views of a stacked q4r weight's parts of `rows` each (multiples of 16)."""
+    """Views of a stacked q4r weight's parts of `rows` each (multiples of 16); not of an interleaved one."""
+    if weight.interleaved:
+        raise ValueError("an interleaved weight's parts are no slices of it")
     views, tile = [], 0
     for n in rows:
         t = n // 16
@@ -143,8 +161,12 @@ def serves(n_tok: int, n_cols: int) -> bool:
     return 1 <= n_tok <= MAX_TOKENS and n_cols % 256 == 0
 
 
-def defines_of(shape: Q4rShape, layout: int = LAYOUT_4BIT) -> dict[str, str | int]:
-    return {"Q4R_MT": shape.m_tiles, "Q4R_NT": shape.n_tiles, "Q4R_FMT": layout}
+ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # common.cuh's gated_act
+
+
+def defines_of(shape: Q4rShape, layout: int = LAYOUT_4BIT, act: str | None = None) -> dict[str, str | int]:
+    return {"Q4R_MT": shape.m_tiles, "Q4R_NT": shape.n_tiles, "Q4R_FMT": layout,
+            "Q4R_ACT": -1 if act is None else ACTIVATIONS[act]}  # fmt: skip
 
 
 _counters: dict[int, Any] = {}  # device id -> the split reduction's counters (left zero by every launch)
@@ -161,20 +183,24 @@ def _counters_for(blocks: int) -> Any:
 
 
 def gemv_q4r(
-    weight: Q4rWeight, x: Any, out: Any, bias: Any | None = None, shape: Q4rShape | None = None
+    weight: Q4rWeight, x: Any, out: Any, bias: Any | None = None, shape: Q4rShape | None = None, act: str | None = None
 ) -> Any:
     """`out = x @ W.T (+ bias)` for `x [T, n_cols]`, 1 <= T <= MAX_TOKENS, into C-contiguous float32
-    `out [T, n_rows]`. x in float32 is rounded to float16 by a pre-pass; a C-contiguous float16 x (a norm
-    kernel's output) is read as it is. `shape` overrides the launch shape (tests, benchmarks)."""
+    `out [T, n_rows]`; with `act` (an interleaved gate/up weight) `out [T, n_rows / 2] = act(gate) * up`.
+    x in float32 is rounded to float16 by a pre-pass; a C-contiguous float16 x (a norm kernel's output)
+    is read as it is. `shape` overrides the launch shape (tests, benchmarks)."""
     import cupy
 
     n_tok = x.shape[0]
     if not serves(n_tok, weight.n_cols) or x.shape[1] != weight.n_cols:
         raise ValueError(f"gemv_q4r takes 1..{MAX_TOKENS} tokens of {weight.n_cols} columns, got {x.shape}")
-    if out.shape != (n_tok, weight.n_rows) or not out.flags.c_contiguous:
-        raise ValueError(f"gemv_q4r writes a C-contiguous [{n_tok}, {weight.n_rows}] output, not {out.shape}")
+    if act is not None and (act not in ACTIVATIONS or not weight.interleaved):
+        raise ValueError(f"gemv_q4r applies {sorted(ACTIVATIONS)} to interleaved gate/up weights, not {act!r}")
+    width = weight.n_rows // 2 if act is not None else weight.n_rows
+    if out.shape != (n_tok, width) or not out.flags.c_contiguous:
+        raise ValueError(f"gemv_q4r writes a C-contiguous [{n_tok}, {width}] output, not {out.shape}")
     shape = shape or pick_shape(n_tok, weight.n_rows, weight.n_cols)
-    defines = defines_of(shape, weight.layout)
+    defines = defines_of(shape, weight.layout, act)
     if x.dtype == cupy.float16 and x.flags.c_contiguous:
         x16 = x
     else:
@@ -189,5 +215,5 @@ def gemv_q4r(
     main = get_kernel(SOURCE, "gemv_q4r", defines)
     launch(main, (blocks, shape.splits), (32 * WARPS,),
            (weight.codes, weight.scales, weight.row_scale, i32(weight.n_rows), i32(weight.n_cols), x16, i32(n_tok),
-            out, ptr(bias), ptr(work), ptr(counters)))  # fmt: skip
+            out, ptr(bias), ptr(work), ptr(counters), i32(weight.interleaved)))  # fmt: skip
     return out

@@ -100,7 +100,8 @@ def test_backend_routes_the_q4r_range(cuda, rng, n_tok: int) -> None:
     gate_up = backend.fuse_linear([backend.load_weight(t) for t in (gate, up)], [None] * 2)
     mixed = backend.fuse_linear([backend.load_weight(t) for t in (q, k, v6)], [None] * 3)
     assert qkv.q4r is not None and qkv.q4r.n_rows == 384 and qkv.parts[1].q4r.n_rows == 64
-    assert gate_up.q4r is not None and mixed.q4r.layout == gemv_q4r.LAYOUT_BYTES and qkv.q4r.layout == 0
+    assert gate_up.q4r.interleaved and gate_up.parts[0].q4r is None  # the pair's tiles alternate
+    assert mixed.q4r.layout == gemv_q4r.LAYOUT_BYTES and qkv.q4r.layout == gemv_q4r.LAYOUT_4BIT
     assert "repacked for gemv_q4r" in backend.dense_cache.summary()
 
     x = rng.standard_normal((n_tok, cols)).astype(np.float32)
@@ -114,6 +115,8 @@ def test_backend_routes_the_q4r_range(cuda, rng, n_tok: int) -> None:
     got = backend.to_host(backend.linear(backend.from_host(x), mixed))
     assert rel_err(got, x64 @ np.concatenate([w["q"], w["k"], w["v6"]]).T) < F16_TOL
 
+    got = backend.to_host(backend.linear(backend.from_host(x), gate_up))  # interleaved, written back in place
+    assert rel_err(got, x64 @ np.concatenate([w["gate"], w["up"]]).T) < F16_TOL
     g, u = x64 @ w["gate"].T, x64 @ w["up"].T
     silu_ref = g / (1 + np.exp(-g)) * u
     got = backend.to_host(backend.gated_linear(backend.from_host(x), gate_up, "silu"))

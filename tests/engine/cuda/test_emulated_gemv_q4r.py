@@ -19,7 +19,9 @@ from emulator import build, run
 
 pytestmark = pytest.mark.slow  # each build compiles the kernel as host C++
 
-BUILDS = {"nt1": (2, 1, 0), "nt2": (2, 2, 0), "nt4": (1, 4, 0), "b_nt2": (2, 2, 1), "b_nt8": (1, 8, 1)}  # (m-tiles a warp, n-tiles, layout)
+# (m-tiles a warp, n-tiles, layout, gated activation or -1)
+BUILDS = {"nt1": (2, 1, 0, -1), "nt2": (2, 2, 0, -1), "nt4": (1, 4, 0, -1), "b_nt2": (2, 2, 1, -1),
+          "b_nt8": (1, 8, 1, -1), "silu_nt2": (2, 2, 0, 0), "gelu_b_nt4": (2, 4, 1, 1)}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +30,9 @@ def emulators(tmp_path_factory):
 
     def get(name: str) -> Path:
         if name not in made:
-            mt, nt, fmt = BUILDS[name]
-            made[name] = build(tmp_path_factory, "q4r_main.cpp", (f"-DQ4R_MT={mt}", f"-DQ4R_NT={nt}", f"-DQ4R_FMT={fmt}"))
+            mt, nt, fmt, act = BUILDS[name]
+            defines = (f"-DQ4R_MT={mt}", f"-DQ4R_NT={nt}", f"-DQ4R_FMT={fmt}", f"-DQ4R_ACT={act}")
+            made[name] = build(tmp_path_factory, "q4r_main.cpp", defines)
         return made[name]
 
     return get
@@ -93,3 +96,32 @@ def _check(request, exe: Path, tmp_path: Path, rows, cols, n_tok, splits, with_b
     assert rel_err(got, ref) < F16_TOL, f"seed={seed}: {rel_err(got, ref)}"
     assert not np.fromfile(tmp_path / "counters.bin", np.int32).any(), "the split counters must be left zero"
     return got, ref
+
+
+@pytest.mark.parametrize(("build_name", "rows", "cols", "n_tok", "splits", "act"), [
+    ("nt2", (64, 64), 512, 13, 2, None),  # interleaved tiles, plain epilogue: [first | second] as stacked
+    ("silu_nt2", (96, 96), 768, 16, 3, "silu"),  # a gate/up pair: act(gate) * up in the epilogue, split
+    ("gelu_b_nt4", ("64q6", "64q6"), 512, 27, 1, "gelu_tanh"),  # the byte layout, Gemma's activation
+])  # fmt: skip
+def test_gemv_q4r_emulated_interleaved_pairs(request, emulators, tmp_path: Path, build_name, rows, cols, n_tok, splits,
+                                             act) -> None:  # fmt: skip
+    """Two weights' tiles alternating: the plain epilogue puts each output back in its place, the gated one
+    writes act(gate) * up (float64 reference, the activation in float64)."""
+    rng, seed = fresh_rng(request.node.nodeid)
+    tensors = [random_tensor("Q6_K" if str(r).endswith("q6") else "Q4_K", int(str(r).removesuffix("q6")), cols, rng)
+               for r in rows]  # fmt: skip
+    for i, t in enumerate(tensors):
+        t.data.tofile(tmp_path / f"w{i}.bin")
+    x = rng.standard_normal((n_tok, cols)).astype(np.float32)
+    x.tofile(tmp_path / "x.bin")
+    gate, up = (x.astype(np.float64) @ dequantize_oracle(t).astype(np.float64).T for t in tensors)
+    run(emulators(build_name), tmp_path, cols, n_tok, splits, "interleave", *rows)
+    if act is None:
+        ref = np.concatenate([gate, up], axis=1)
+    elif act == "silu":
+        ref = gate / (1 + np.exp(-gate)) * up
+    else:
+        ref = 0.5 * gate * (1 + np.tanh(0.7978845608028654 * (gate + 0.044715 * gate**3))) * up
+    got = np.fromfile(tmp_path / "y.bin", np.float32).reshape(ref.shape)
+    assert not np.isnan(got).any(), f"seed={seed}: an output was never written"
+    assert rel_err(got, ref) < 2 * F16_TOL, f"seed={seed}: {rel_err(got, ref)}"

@@ -136,13 +136,21 @@ class DenseCache:
         import cupy
 
         if all(p.q4r is not None for p in fused.parts):
-            if len({p.q4r.layout for p in fused.parts}) == 1:
-                fused.q4r = gemv_q4r.stack([p.q4r for p in fused.parts])
-            else:  # Q4_K parts beside a Q6_K one: all of them in the byte layout, one launch
-                fused.q4r = gemv_q4r.pack([_q4r_part(p) for p in fused.parts], fused.n_cols)
-            views = gemv_q4r.split(fused.q4r, [p.n_rows for p in fused.parts])
-            for part, view in zip(fused.parts, views, strict=True):
-                part.q4r = view
+            first = fused.parts[0].q4r
+            if len(fused.parts) == 2 and len({(p.shape, p.q4r.layout) for p in fused.parts}) == 1:
+                # a (gate, up)-like pair: tiles alternating, so the product can apply the activation itself;
+                # its parts keep no copy of their own (no slice of the pair is one of them)
+                fused.q4r = gemv_q4r.interleave(first, fused.parts[1].q4r)
+                for part in fused.parts:
+                    part.q4r = None
+            else:
+                if len({p.q4r.layout for p in fused.parts}) == 1:
+                    fused.q4r = gemv_q4r.stack([p.q4r for p in fused.parts])
+                else:  # Q4_K parts beside a Q6_K one: all of them in the byte layout, one launch
+                    fused.q4r = gemv_q4r.pack([_q4r_part(p) for p in fused.parts], fused.n_cols)
+                views = gemv_q4r.split(fused.q4r, [p.n_rows for p in fused.parts])
+                for part, view in zip(fused.parts, views, strict=True):
+                    part.q4r = view
         if not all(p.dense16 is not None for p in fused.parts):
             return fused
         fused.dense16 = cupy.concatenate([p.dense16 for p in fused.parts], axis=0)

@@ -251,8 +251,18 @@ def gated_linear(
             (gate.data, gate.qtype.name, gate.row_bytes), (up.data, up.qtype.name, up.row_bytes),
             gate.n_rows, gate.n_cols, x, kind, out, plan=plan,
         )  # fmt: skip
+    if _q4r_gates(n_tok, fused, kind, plan):
+        return gemv_q4r.gemv_q4r(fused.q4r, x, cupy.empty((n_tok, gate.n_rows), cupy.float32), act=kind)
     both = _linear_fused(x, fused, cache, plan)
     return activation_kernels.gated_pairs(both, kind, cupy.empty((n_tok, gate.n_rows), cupy.float32))
+
+
+def _q4r_gates(n_tok: int, fused: CudaFusedWeight, kind: str, plan: GemvPlan) -> bool:
+    """Whether gemv_q4r takes this gate/up product with its activation in the epilogue (interleaved tiles)."""
+    return (
+        _q4r_serves(n_tok, fused, plan) and fused.q4r.interleaved and fused.bias is None
+        and kind in gemv_q4r.ACTIVATIONS
+    )  # fmt: skip
 
 
 def norm_linear(
@@ -325,6 +335,10 @@ def norm_dense_linear(
     if not norm_kernels.half_serves(n_cols, *arrays):
         return None
     norm_kernels.rms_norm_half(x, residual, norm_weight, eps, normed, new_residual)
+    if kind is not None and _q4r_gates(n_tok, fused, kind, plan):
+        out = cupy.empty((n_tok, fused.parts[0].n_rows), cupy.float32)
+        gemv_q4r.gemv_q4r(fused.q4r, normed, out, act=kind)
+        return out, (x if residual is None else new_residual)
     out = cupy.empty((n_tok, fused.n_rows), cupy.float32)
     if q4r:
         gemv_q4r.gemv_q4r(fused.q4r, normed, out, fused.bias)

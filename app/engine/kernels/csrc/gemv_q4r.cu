@@ -52,6 +52,9 @@
 #ifndef Q4R_WPF
 #define Q4R_WPF 2  // chunks of weight words in flight in registers
 #endif
+#ifndef Q4R_ACT
+#define Q4R_ACT -1  // >= 0: a gated pair's act(gate) * up in the epilogue (common.cuh's gated_act: 0 silu, 1 gelu-tanh)
+#endif
 #ifndef Q4R_FMT
 #define Q4R_FMT 0  // 0: the 4-bit layout (Q4_K); 1: the byte layout (Q6_K, mixed stacks)
 #endif
@@ -188,15 +191,17 @@ extern "C" __global__ void gemv_q4r_x16(const float* __restrict__ x, u32* __rest
     }
 }
 
-// `y[n, :] = row_scale * (x[n] @ W.T) (+ bias)` for n < n_tok <= 8 NT, W the q4r weight of n_rows
-// (a multiple of 16) by n_cols (a multiple of 256), x the float16 `xh`. Grid: (cdiv(n_rows, ROWS),
-// splits); with splits > 1, `work` holds splits * n_tok * n_rows floats and `counters` one zero int
-// per row block (left zero again).
+// `y[n, :] = row_scale * (x[n] @ W.T) (+ bias)` for n < n_tok <= 8 NT, W the repacked weight of n_rows
+// (a multiple of 16) by n_cols (a multiple of 256), x the float16 `xh`; `interleaved`: W's tiles alternate
+// between two weights of n_rows / 2 (columns [first | second] of y), and a Q4R_ACT build writes
+// y [n_tok, n_rows / 2] = act(first) * second instead. Grid: (cdiv(n_rows, ROWS), splits); with splits > 1,
+// `work` holds splits * n_tok * n_rows floats and `counters` one zero int per row block (left zero again).
 extern "C" __global__ void __launch_bounds__(q4r::THREADS)
     gemv_q4r(const uint4* __restrict__ codes, const uint4* __restrict__ scales, const float* __restrict__ row_scale,
              int n_rows, int n_cols, const u16* __restrict__ xh, int n_tok, float* __restrict__ y,
-             const float* __restrict__ bias, float* __restrict__ work, int* __restrict__ counters) {
+             const float* __restrict__ bias, float* __restrict__ work, int* __restrict__ counters, int interleaved) {
     using namespace q4r;
+    static_assert(Q4R_ACT < 0 || MT == 2, "gemv_q4r: a gated epilogue pairs a warp's two tiles");
     __shared__ __align__(16) u16 smem[STAGES * XS_HALVES];
     __shared__ int last_block;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -290,11 +295,15 @@ extern "C" __global__ void __launch_bounds__(q4r::THREADS)
         if (!last_block) return;
         __threadfence();
     }
+    // Output column of a packed row: itself, or with two weights' tiles interleaved (gate/up: tile 2 i is the
+    // first's tile i, 2 i + 1 the second's) its place in [first | second].
+    const int half_rows = n_rows / 2;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
         const int tile = tile0 + mt;
         if (tile >= n_tiles) continue;
         const float scale[2] = {__ldg(row_scale + 16 * tile + g), __ldg(row_scale + 16 * tile + g + 8)};
+        const int tile_col = interleaved ? (tile & 1) * half_rows + 16 * (tile >> 1) : 16 * tile;
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -306,9 +315,25 @@ extern "C" __global__ void __launch_bounds__(q4r::THREADS)
                     sum = 0.f;
                     for (int k = 0; k < (int)gridDim.y; ++k) sum += __ldcg(work + ((i64)k * n_tok + n) * n_rows + row);
                 }
-                y[(i64)n * n_rows + row] = sum * scale[e >> 1] + (bias != nullptr ? __ldg(bias + row) : 0.f);
+                const int col = tile_col + g + 8 * (e >> 1);
+                const float v = sum * scale[e >> 1] + (bias != nullptr ? __ldg(bias + col) : 0.f);
+                if (Q4R_ACT >= 0) c[mt][nt][e] = v;  // paired below
+                else y[(i64)n * n_rows + col] = v;
             }
     }
+#if Q4R_ACT >= 0
+    if (tile0 < n_tiles) {  // the warp's tiles are gate tile p and up tile p: y [n_tok, n_rows / 2]
+        const int p = tile0 >> 1;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int n = 8 * nt + 2 * t + (e & 1);
+                if (n < n_tok)
+                    y[(i64)n * half_rows + 16 * p + g + 8 * (e >> 1)] = gated_act<Q4R_ACT>(c[0][nt][e], c[1][nt][e]);
+            }
+    }
+#endif
     if (split && threadIdx.x == 0) counters[blockIdx.x] = 0;  // for the next launch, which starts after this grid
 }
 
