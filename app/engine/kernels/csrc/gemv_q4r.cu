@@ -168,14 +168,22 @@ typedef RecordQ8 Record;
 typedef RecordQ4 Record;
 #endif
 
-// Start copying chunk `cc` of x into stage buffer `xs` (one commit group, empty past `c_end`):
-// token n's 16-byte column q lands at column q ^ (n & 7).
-__device__ __forceinline__ void stage_x(u16* xs, const u16* __restrict__ xh, int n_tok, int n_cols, int cc, int c_end) {
-    for (int i = threadIdx.x; i < TOK * 8; i += THREADS) {
-        const int n = i >> 3, q = i & 7;
-        const bool ok = n < n_tok && cc < c_end;
-        const u16* src = xh + (i64)min(n, n_tok - 1) * n_cols + (i64)min(cc, c_end - 1) * CHUNK + 8 * q;
-        cp_async16(xs + n * CHUNK + 8 * (q ^ (n & 7)), src, ok);
+// Start copying chunk `cc` of x into stage buffer `xs` (one commit group, empty past `c_end`): token n's
+// 16-byte column q lands at column q ^ (n & 7). Thread i copies column q = i % 8 of tokens i / 8 + 16 k,
+// so its source advances by 16 rows and its destination by 16 staged rows (same swizzle) per k: `x_row`
+// is its first token's row of x (clamped into x: past n_tok the copy reads nothing and writes zeros).
+__device__ __forceinline__ void stage_x(u16* xs, const u16* __restrict__ x_row, int n0, int n_tok, int n_cols, int cc,
+                                        int c_end) {
+    constexpr int PER = (TOK * 8 + THREADS - 1) / THREADS;  // copies a thread
+    if (cc < c_end && (TOK * 8 >= THREADS || (int)threadIdx.x < TOK * 8)) {
+        const int q = threadIdx.x & 7;
+        u16* dst = xs + n0 * CHUNK + 8 * (q ^ (n0 & 7));
+        const u16* src = x_row + cc * CHUNK + 8 * q;
+#pragma unroll
+        for (int k = 0; k < PER; ++k) {
+            const int n = n0 + 16 * k;
+            cp_async16(dst + 16 * k * CHUNK, src + (i64)(min(n, n_tok - 1) - min(n0, n_tok - 1)) * n_cols, n < n_tok);
+        }
     }
     cp_async_commit();
 }
@@ -228,8 +236,10 @@ extern "C" __global__ void __launch_bounds__(q4r::THREADS)
 #pragma unroll
             for (int e = 0; e < 4; ++e) c[mt][nt][e] = 0.f;
 
+    const int x_n0 = threadIdx.x >> 3;  // this thread's first staged token (stage_x)
+    const u16* x_row = xh + (i64)min(x_n0, n_tok - 1) * n_cols;
 #pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) stage_x(smem + s * XS_HALVES, xh, n_tok, n_cols, c_begin + s, c_end);
+    for (int s = 0; s < STAGES - 1; ++s) stage_x(smem + s * XS_HALVES, x_row, x_n0, n_tok, n_cols, c_begin + s, c_end);
     // ldmatrix: lane l gives row l % 8 of matrix l / 8; matrices 0/1 are columns 0-7/8-15 of a k-step
     // for tokens 16 p .. +7, matrices 2/3 the same for tokens 16 p + 8 .. +15 (with one n-tile, again 0/1)
     const int ld_tok = (NT > 1 ? 8 * (lane >> 4) : 0) + (lane & 7), ld_half = (lane >> 3) & 1;
@@ -241,8 +251,8 @@ extern "C" __global__ void __launch_bounds__(q4r::THREADS)
             if (cc >= c_end) break;
             cp_async_wait<STAGES - 2>();
             __syncthreads();  // chunk cc's x has landed, and every warp is done with the stage it overwrites next
-            stage_x(smem + ((cc - c_begin + STAGES - 1) % STAGES) * XS_HALVES, xh, n_tok, n_cols, cc + STAGES - 1,
-                    c_end);
+            stage_x(smem + ((cc - c_begin + STAGES - 1) % STAGES) * XS_HALVES, x_row, x_n0, n_tok, n_cols,
+                    cc + STAGES - 1, c_end);
             Record rec[MT];
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) rec[mt] = next[s][mt];
