@@ -323,7 +323,10 @@ extern "C" __global__ void __launch_bounds__(q4r::THREADS)
                 float sum = c[mt][nt][e];
                 if (split) {  // every split's sums, in split order (L2 reads: other blocks wrote them)
                     sum = 0.f;
-                    for (int k = 0; k < (int)gridDim.y; ++k) sum += __ldcg(work + ((i64)k * n_tok + n) * n_rows + row);
+                    const float* part = work + (i64)n * n_rows + row;
+                    const i64 stride = (i64)n_tok * n_rows;
+#pragma unroll 1
+                    for (int k = 0; k < (int)gridDim.y; ++k) sum += __ldcg(part + k * stride);
                 }
                 const int col = tile_col + g + 8 * (e >> 1);
                 const float v = sum * scale[e >> 1] + (bias != nullptr ? __ldg(bias + col) : 0.f);
