@@ -50,13 +50,18 @@ def test_prefill_attention_emulated(
     splits,
     q_scale,
 ):
+    _check(request, prefill_emu, tmp_path, seqs, heads, window, cap, splits, q_scale)
+
+
+def _check(request, emu: Path, tmp_path: Path, seqs, heads, window, cap, splits, q_scale) -> None:
+    """A random case of `seqs` (new, total tokens) through harness `emu`, against the numpy backend."""
     rng, seed = fresh_rng(request.node.nodeid)
     q, k_cache, v_cache, meta = attention_case(rng, seqs, heads, q_scale)
     n_heads, n_kv, head_dim = heads
     scale = head_dim**-0.5
     ref = CpuBackend().attention(q, k_cache, v_cache, meta, scale, window, cap)
     write_attention_case(tmp_path, q, k_cache, v_cache, meta)
-    _run(prefill_emu, tmp_path, head_dim, len(q), n_heads, n_kv, BLOCK, len(seqs), meta.block_tables.shape[1],
+    _run(emu, tmp_path, head_dim, len(q), n_heads, n_kv, BLOCK, len(seqs), meta.block_tables.shape[1],
          scale, cap or 0.0, window or 0, splits)  # fmt: skip
     got = np.fromfile(tmp_path / "out.bin", np.float32).reshape(ref.shape)
     assert not np.isnan(got).any(), f"seed={seed}"
@@ -104,14 +109,4 @@ def test_prefill_attention_lazy_rescale_emulated(
 ) -> None:
     """PF_LAZY=8: O rescaled only when a tile's max passes the row's running one by more than 2^8; the
     same attention, splits and their merge included."""
-    rng, seed = fresh_rng(request.node.nodeid)
-    q, k_cache, v_cache, meta = attention_case(rng, seqs, heads, q_scale)
-    n_heads, n_kv, head_dim = heads
-    scale = head_dim**-0.5
-    ref = CpuBackend().attention(q, k_cache, v_cache, meta, scale, window, cap)
-    write_attention_case(tmp_path, q, k_cache, v_cache, meta)
-    _run(prefill_emu_lazy, tmp_path, head_dim, len(q), n_heads, n_kv, BLOCK, len(seqs), meta.block_tables.shape[1],
-         scale, cap or 0.0, window or 0, splits)  # fmt: skip
-    got = np.fromfile(tmp_path / "out.bin", np.float32).reshape(ref.shape)
-    assert not np.isnan(got).any(), f"seed={seed}"
-    assert rel_err(got, ref) < F16_TOL, f"seed={seed}"
+    _check(request, prefill_emu_lazy, tmp_path, seqs, heads, window, cap, splits, q_scale)

@@ -74,12 +74,7 @@ __device__ __forceinline__ void gm_tile(const u8* __restrict__ w, i64 row_bytes,
     }
 
     float c[MT][NT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) c[mt][nt][e] = 0.f;
+    zero_tiles(c);
 
 #pragma unroll 2
     for (int step = warp; step < n_steps; step += WARPS) {

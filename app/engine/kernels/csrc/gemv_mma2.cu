@@ -130,12 +130,7 @@ __device__ __forceinline__ void tile(const u8* __restrict__ w, i64 row_bytes, in
             row_p[mt][h] = w + (i64)min(row0 + 16 * (rw * MT + mt) + 8 * h + g, n_rows - 1) * row_bytes;
 
     float c[MT][NT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) c[mt][nt][e] = 0.f;
+    zero_tiles(c);
 
     // The lane's unit of super-step ss is 4 (ss KW + kw) + t, clamped into the row (x reads as zero past its end).
     const int unit0 = 4 * kw + t, last_unit = n_units - 1;

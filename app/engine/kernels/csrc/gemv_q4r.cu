@@ -229,12 +229,7 @@ extern "C" __global__ void __launch_bounds__(q4r::THREADS)
     after_previous_grid();  // x, y and the work buffer belong to the kernels around this one
 
     float c[MT][NT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) c[mt][nt][e] = 0.f;
+    zero_tiles(c);
 
     const int x_n0 = threadIdx.x >> 3;  // this thread's first staged token (stage_x)
     const u16* x_row = xh + (i64)min(x_n0, n_tok - 1) * n_cols;
@@ -373,31 +368,48 @@ __device__ __forceinline__ u32 code_at(const u8* row, int col) {
     const u32 byte = blk[16 + 32 * group + (l & 31)];
     return l < 32 ? byte & 0xfu : byte >> 4;
 }
-}  // namespace q4r
+constexpr int Q6K_BYTES = 210;  // 128 bytes of low 4 bits, 64 of high 2 bits, 16 int8 scales, d (float16)
 
-// One 16-row tile of a Q4_K weight (rows past n_rows: zeros) into the q4r layout: grid = cdiv(n_rows, 16)
-// tiles, starting at output tile `tile_offset` (weights stacked along the output: q/k/v, gate/up).
-extern "C" __global__ void __launch_bounds__(q4r::PACK_THREADS)
-    q4r_pack(const u8* __restrict__ w, i64 row_bytes, int n_rows, int n_cols, int tile_offset, uint4* __restrict__ codes,
-             uint4* __restrict__ scales, float* __restrict__ row_scale) {
-    using namespace q4r;
-    __shared__ float factor[16];
-    after_previous_grid();  // launched at load, outside graphs; a programmatic launch would find it safe too
-    const int tile = blockIdx.x, n_super = n_cols / 256, n_chunks = n_cols / CHUNK;
-    const int out_tile = tile_offset + tile, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    // Each row's largest |15 s| + |m| over its sub-blocks (a warp a row at a time), and its factor 2^e with
-    // that times 2^e in [2^12, 2^13): e = 12 - floor(log2 most); 1 for an all-zero row.
+// The 6-bit code (0..63) of column `col` of a Q6_K row (ggml's dequantize_row_q6_K).
+__device__ __forceinline__ u32 code_at_q6(const u8* row, int col) {
+    const u8* blk = row + (col >> 8) * Q6K_BYTES;
+    const int i = col & 255, n = i >> 7, part = (i & 127) >> 5, l = i & 31;
+    const u32 lo = (blk[64 * n + l + 32 * (part & 1)] >> (4 * (part >> 1))) & 0xfu;
+    const u32 hi = (blk[128 + 32 * n + l] >> (2 * part)) & 3u;
+    return lo | hi << 4;
+}
+
+// (s, m) of 16-column group `group` of a Q4_K (q6 false) or Q6_K row: w = s q + m.
+__device__ __forceinline__ void pair_at(const u8* row, int group, bool q6, float& s, float& m) {
+    if (q6) {
+        const u8* blk = row + (group >> 4) * Q6K_BYTES;
+        const float d = h2f((u16)(blk[208] | blk[209] << 8));
+        s = d * (float)(signed char)blk[192 + (group & 15)];
+        m = -32.f * s;
+    } else {
+        const u8* blk = row + (group >> 4) * Q4K_BYTES;
+        const float d = h2f((u16)(blk[0] | blk[1] << 8)), dmin = h2f((u16)(blk[2] | blk[3] << 8));
+        int sc, mn;
+        scale_min(blk + 4, (group & 15) >> 1, sc, mn);
+        s = d * sc;
+        m = -dmin * mn;
+    }
+}
+
+// Each of the tile's 16 rows' factor 2^e (into `factor`, shared memory) and 2^-e (row_scale), from the largest
+// qmax |s| + |m| of its 16-column groups, a warp a row at a time: that times 2^e lies in [2^12, 2^13)
+// (e = 12 - floor(log2 most)); 1 for an all-zero row. Ends with a barrier: `factor` is the block's.
+__device__ __forceinline__ void row_factors(const u8* w, i64 row_bytes, int n_rows, int n_cols, bool q6, int tile,
+                                            int out_tile, float* factor, float* row_scale) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_groups = n_cols / 16;
+    const float qmax = q6 ? 63.f : 15.f;
     for (int i = warp; i < 16; i += PACK_THREADS / 32) {
         const int r = 16 * tile + i;
         float most = 0.f;
-        for (int b = lane; r < n_rows && b < n_super; b += 32) {
-            const u8* blk = w + r * row_bytes + b * Q4K_BYTES;
-            const float d = h2f((u16)(blk[0] | blk[1] << 8)), dmin = h2f((u16)(blk[2] | blk[3] << 8));
-            for (int j = 0; j < 8; ++j) {
-                int sc, mn;
-                scale_min(blk + 4, j, sc, mn);
-                most = fmaxf(most, 15.f * fabsf(d * sc) + fabsf(dmin * mn));
-            }
+        for (int gi = lane; r < n_rows && gi < n_groups; gi += 32) {
+            float s, m;
+            pair_at(w + r * row_bytes, gi, q6, s, m);
+            most = fmaxf(most, qmax * fabsf(s) + fabsf(m));
         }
         for (int o = 16; o > 0; o >>= 1) most = fmaxf(most, __shfl_xor_sync(0xffffffffu, most, o));
         const int e = most > 0.f && most < PADDOCK_INF
@@ -409,6 +421,20 @@ extern "C" __global__ void __launch_bounds__(q4r::PACK_THREADS)
         }
     }
     __syncthreads();
+}
+}  // namespace q4r
+
+// One 16-row tile of a Q4_K weight (rows past n_rows: zeros) into the q4r layout: grid = cdiv(n_rows, 16)
+// tiles, starting at output tile `tile_offset` (weights stacked along the output: q/k/v, gate/up).
+extern "C" __global__ void __launch_bounds__(q4r::PACK_THREADS)
+    q4r_pack(const u8* __restrict__ w, i64 row_bytes, int n_rows, int n_cols, int tile_offset, uint4* __restrict__ codes,
+             uint4* __restrict__ scales, float* __restrict__ row_scale) {
+    using namespace q4r;
+    __shared__ float factor[16];
+    after_previous_grid();  // launched at load, outside graphs; a programmatic launch would find it safe too
+    const int tile = blockIdx.x, n_super = n_cols / 256, n_chunks = n_cols / CHUNK;
+    const int out_tile = tile_offset + tile;
+    row_factors(w, row_bytes, n_rows, n_cols, false, tile, out_tile, factor, row_scale);
     // Codes: one 16-byte lane record per (chunk, lane).
     for (int i = threadIdx.x; i < n_chunks * 32; i += PACK_THREADS) {
         const int cc = i >> 5, l = i & 31, g = l >> 2, t = l & 3;
@@ -448,35 +474,6 @@ extern "C" __global__ void __launch_bounds__(q4r::PACK_THREADS)
 }
 
 // -- the byte layout (Q4R_FMT=1 builds read it) --------------------------------------------------------------
-namespace q4r {
-constexpr int Q6K_BYTES = 210;  // 128 bytes of low 4 bits, 64 of high 2 bits, 16 int8 scales, d (float16)
-
-// The 6-bit code (0..63) of column `col` of a Q6_K row (ggml's dequantize_row_q6_K).
-__device__ __forceinline__ u32 code_at_q6(const u8* row, int col) {
-    const u8* blk = row + (col >> 8) * Q6K_BYTES;
-    const int i = col & 255, n = i >> 7, part = (i & 127) >> 5, l = i & 31;
-    const u32 lo = (blk[64 * n + l + 32 * (part & 1)] >> (4 * (part >> 1))) & 0xfu;
-    const u32 hi = (blk[128 + 32 * n + l] >> (2 * part)) & 3u;
-    return lo | hi << 4;
-}
-
-// (s, m) of 16-column group `group` of a Q4_K (q6 false) or Q6_K row: w = s q + m.
-__device__ __forceinline__ void pair_at(const u8* row, int group, bool q6, float& s, float& m) {
-    if (q6) {
-        const u8* blk = row + (group >> 4) * Q6K_BYTES;
-        const float d = h2f((u16)(blk[208] | blk[209] << 8));
-        s = d * (float)(signed char)blk[192 + (group & 15)];
-        m = -32.f * s;
-    } else {
-        const u8* blk = row + (group >> 4) * Q4K_BYTES;
-        const float d = h2f((u16)(blk[0] | blk[1] << 8)), dmin = h2f((u16)(blk[2] | blk[3] << 8));
-        int sc, mn;
-        scale_min(blk + 4, (group & 15) >> 1, sc, mn);
-        s = d * sc;
-        m = -dmin * mn;
-    }
-}
-}  // namespace q4r
 
 // One 16-row tile of a Q4_K (source_q6 = 0) or Q6_K (1) weight into the byte layout, like q4r_pack.
 extern "C" __global__ void __launch_bounds__(q4r::PACK_THREADS)
@@ -486,27 +483,9 @@ extern "C" __global__ void __launch_bounds__(q4r::PACK_THREADS)
     __shared__ float factor[16];
     after_previous_grid();  // launched at load, outside graphs
     const bool q6 = source_q6 != 0;
-    const int tile = blockIdx.x, n_chunks = n_cols / CHUNK, n_groups = n_cols / 16;
-    const int out_tile = tile_offset + tile, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const float qmax = q6 ? 63.f : 15.f;
-    for (int i = warp; i < 16; i += PACK_THREADS / 32) {  // each row's factor, as q4r_pack's
-        const int r = 16 * tile + i;
-        float most = 0.f;
-        for (int gi = lane; r < n_rows && gi < n_groups; gi += 32) {
-            float s, m;
-            pair_at(w + r * row_bytes, gi, q6, s, m);
-            most = fmaxf(most, qmax * fabsf(s) + fabsf(m));
-        }
-        for (int o = 16; o > 0; o >>= 1) most = fmaxf(most, __shfl_xor_sync(0xffffffffu, most, o));
-        const int e = most > 0.f && most < PADDOCK_INF
-                          ? min(max(139 - (int)((__float_as_uint(most) >> 23) & 255), -100), 100)
-                          : 0;
-        if (lane == 0) {
-            factor[i] = ldexpf(1.f, e);
-            row_scale[16 * out_tile + i] = ldexpf(1.f, -e);
-        }
-    }
-    __syncthreads();
+    const int tile = blockIdx.x, n_chunks = n_cols / CHUNK;
+    const int out_tile = tile_offset + tile;
+    row_factors(w, row_bytes, n_rows, n_cols, q6, tile, out_tile, factor, row_scale);
     // Codes: per (chunk, plane h, lane) a 16-byte record, k-steps 2h and 2h + 1, two words each.
     for (int i = threadIdx.x; i < n_chunks * 64; i += PACK_THREADS) {
         const int cc = i >> 6, h = (i >> 5) & 1, l = i & 31, g = l >> 2, t = l & 3;

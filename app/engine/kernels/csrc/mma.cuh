@@ -82,3 +82,12 @@ __device__ __forceinline__ float fast_exp2(float x) {
     return y;
 }
 #endif
+
+// A warp's accumulator tiles, zeroed (mma_16816's C fragments, [A][B] of them).
+template <int A, int B>
+__device__ __forceinline__ void zero_tiles(float (&c)[A][B][4]) {
+#pragma unroll
+    for (int a = 0; a < A; ++a)
+#pragma unroll
+        for (int b = 0; b < B; ++b) c[a][b][0] = c[a][b][1] = c[a][b][2] = c[a][b][3] = 0.f;
+}
