@@ -36,7 +36,7 @@ class GemvPlan:
     groups_per_thread: int | None = None  # XQ_QB's cap; None: the tuning's
     fused_norm_max_cols: int | None = None  # None: the tuning's
     float_x_from: Mapping[str, int] = field(default_factory=dict)  # over the tuning's; 0: never
-    # products of q4r_min_tokens to q4r_max_tokens tokens on the weights' repacked Q4_K copies (gemv_q4r); 0: none
+    # products of q4r_min_tokens to q4r_max_tokens tokens on the weights' repacked copies (gemv_q4r); 0: none
     q4r_max_tokens: int = 0
     q4r_min_tokens: int = 2
 
@@ -49,7 +49,7 @@ class GemvPlan:
                    q4r_max_tokens=options.q4r_max_tokens, q4r_min_tokens=options.q4r_min_tokens)  # fmt: skip
 
     def q4r_serves(self, n_tok: int) -> bool:
-        """Whether a product of `n_tok` tokens goes to a weight's repacked Q4_K copy when it has one."""
+        """Whether a product of `n_tok` tokens goes to a weight's repacked copy when it has one."""
         return self.q4r_min_tokens <= n_tok <= min(self.q4r_max_tokens, gemv_q4r.MAX_TOKENS)
 
     def float_rows(self, bucket: int, qtype_name: str) -> int:

@@ -17,9 +17,9 @@ scratch buffer, written straight into the output's columns so the scratch stays 
 for a 150k-row vocabulary projection. cuBLAS is called through blas.py, which works
 inside CUDA-graph capture (CuPy's wrapper refuses to).
 
-A weight with a repacked Q4_K copy (`q4r`, made at load when PADDOCK_Q4R_MAX_TOKENS is set: dense.py)
-sends products of the plan's q4r token range to gemv_q4r before any of the above: its 0.625 bytes a
-weight through the tensor cores, where the float16 copy is 2.
+A weight with a repacked copy (`q4r`: Q4_K and Q6_K, made at load when PADDOCK_Q4R_MAX_TOKENS is set:
+dense.py) sends products of the plan's q4r token range to gemv_q4r before any of the above: 0.625 or
+1.25 bytes a weight through the tensor cores, where the float16 copy is 2.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def _dense_pays(n_tok: int, weight: CudaWeight | CudaFusedWeight) -> bool:
 
 
 def _q4r_serves(n_tok: int, weight: CudaWeight | CudaFusedWeight, plan: GemvPlan) -> bool:
-    """Whether this product goes to the weight's repacked Q4_K copy (gemv_q4r)."""
+    """Whether this product goes to the weight's repacked copy (gemv_q4r)."""
     return weight.q4r is not None and plan.q4r_serves(n_tok)
 
 
@@ -316,7 +316,7 @@ def norm_dense_linear(
     plan: GemvPlan = DEFAULT_PLAN,
 ) -> tuple[Any, Any] | None:  # fmt: skip
     """Add + RMSNorm written in float16 by the norm kernel itself for the product on the fused weight's
-    float16 copy or its repacked Q4_K one, where `linear` would cast the normalized x in a kernel of its
+    float16 copy or its repacked one, where `linear` would cast the normalized x in a kernel of its
     own (the same rounding: the result is the composition's): `(linear or gated_linear of the normalized
     x, new residual)`, or None where the product takes another path or the norm kernel cannot write the rows."""
     import cupy

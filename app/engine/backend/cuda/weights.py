@@ -46,7 +46,7 @@ class CudaWeight:
     cache_checked: bool = False  # a late float16 copy was considered (cuda_dense.DenseCache.promote)
     scales: Any | None = None  # split formats: the scale grid's bytes on the device
     layout: SplitLayout | None = None  # split formats: how to read `data` and `scales`
-    q4r: Any | None = None  # Q4_K repacked for gemv_q4r (gemv_q4r.Q4rWeight; dense.py says when)
+    q4r: Any | None = None  # Q4_K / Q6_K repacked for gemv_q4r (gemv_q4r.Q4rWeight; dense.py says when)
 
     @property
     def n_rows(self) -> int:
