@@ -16,11 +16,11 @@ from typing import Any
 
 from app.engine.kernels.runtime.compile import get_kernel
 from app.engine.kernels.runtime.launch import cdiv, i32, i64, launch, ptr
+from app.engine.quant.types import QUANT_TYPES
 
 SOURCE = "gemv_q4r.cu"
 FORMATS = ("Q4_K", "Q6_K")
 LAYOUT_4BIT, LAYOUT_BYTES = 0, 1
-BLOCK_BYTES = {"Q4_K": 144, "Q6_K": 210}  # a 256-weight block of each
 N_TILES = (1, 2, 4, 8, 16)  # builds by tokens: 8 per n-tile
 MAX_TOKENS = 8 * N_TILES[-1]
 WARPS = 4
@@ -66,7 +66,7 @@ def pack(parts: Sequence[tuple[Any, str, int, int]], n_cols: int) -> Q4rWeight:
     import cupy
 
     for _, qtype, row_bytes, n_rows in parts:
-        if not packs(qtype, n_rows, n_cols) or row_bytes != n_cols // 256 * BLOCK_BYTES[qtype]:
+        if not packs(qtype, n_rows, n_cols) or row_bytes != QUANT_TYPES[qtype].row_bytes(n_cols):
             raise ValueError(f"gemv_q4r packs {FORMATS} weights of 16k rows by 256k columns, not {qtype} "
                              f"{n_rows} x {n_cols}")  # fmt: skip
     layout = layout_of([p[1] for p in parts])

@@ -132,7 +132,7 @@ class DenseCache:
     def stack(fused: CudaFusedWeight) -> CudaFusedWeight:
         """One float16 matrix for a fused weight whose parts all have copies (no extra memory
         once the parts' own copies are released: they become views of the stack); the same for
-        their repacked Q4_K copies."""
+        their repacked copies (a pair of one shape interleaved instead, see below)."""
         import cupy
 
         if all(p.q4r is not None for p in fused.parts):

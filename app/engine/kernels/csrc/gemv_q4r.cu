@@ -460,12 +460,10 @@ extern "C" __global__ void __launch_bounds__(q4r::PACK_THREADS)
             const int in_tile = g + 8 * (k & 1), r = 16 * tile + in_tile, sub = 2 * t + (k >> 1);
             u32 pair = 0;
             if (r < n_rows) {
-                const u8* blk = w + r * row_bytes + sb * Q4K_BYTES;
-                const float d = h2f((u16)(blk[0] | blk[1] << 8)), dmin = h2f((u16)(blk[2] | blk[3] << 8));
+                float s, m;
+                pair_at(w + r * row_bytes, 16 * sb + 2 * sub, false, s, m);  // 16-column group 2 sub of block sb
                 const float f = factor[in_tile];
-                int sc, mn;
-                scale_min(blk + 4, sub, sc, mn);
-                pair = pack_h2_rn(d * sc * f * ((k & 1) ? 0.0625f : 1.f), -dmin * mn * f);
+                pair = pack_h2_rn(s * f * ((k & 1) ? 0.0625f : 1.f), m * f);
             }
             words[k] = pair;
         }
