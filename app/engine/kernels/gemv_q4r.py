@@ -60,6 +60,13 @@ def layout_of(qtype_names: Sequence[str]) -> int:
     return LAYOUT_4BIT if all(q == "Q4_K" for q in qtype_names) else LAYOUT_BYTES
 
 
+def packed_bytes(qtype_names: Sequence[str], n_rows: int, n_cols: int) -> int:
+    """Device bytes of weights of these formats stacked to `n_rows` x `n_cols` once packed: per weight the
+    codes (4 bits or a byte) and scale pairs (two float16 per 32 or per 16 columns), per row its factor."""
+    per_weight_eighths = 5 if layout_of(qtype_names) == LAYOUT_4BIT else 10
+    return n_rows * n_cols * per_weight_eighths // 8 + 4 * n_rows
+
+
 def pack(parts: Sequence[tuple[Any, str, int, int]], n_cols: int) -> Q4rWeight:
     """The repacked weight of weights `(data, qtype_name, row_bytes, n_rows)` stacked along the output, each
     of FORMATS, a multiple of 16 rows and all `n_cols` wide (a multiple of 256)."""

@@ -88,7 +88,8 @@ def weight_cache_mode(config: EngineConfig, shape: ModelShape, device: DeviceMem
     if config.weight_cache != "auto" or config.device == "cpu":
         return config.weight_cache
     free = device.free_bytes if device.kind == "cuda" else None
-    return "auto" if use_weight_cache(shape.weight_bytes, weight_copy_bytes(shape), free) else "off"
+    copies = weight_copy_bytes(shape, FitOptions.from_engine(config).repack_max_tokens > 0)
+    return "auto" if use_weight_cache(shape.weight_bytes, copies, free) else "off"
 
 
 def experts_on_device(

@@ -101,7 +101,8 @@ class FitReport:
             *([f"  audio        {format_bytes(b.audio):>10}  ({format_bytes(b.audio_weights)} of encoder, projector "
                f"and adapter in {self.audio_source}, {format_bytes(b.audio_activations)} to encode a {self.audio_clip})"]
               if self.audio_source else []),
-            f"  f16 copies   {format_bytes(b.weight_cache):>10}  (CUDA: faster batched products)",
+            f"  copies       {format_bytes(b.weight_cache):>10}  (CUDA: float16 / repacked weights, faster batched "
+            "products)",
             f"  KV cache     {format_bytes(b.kv_cache):>10}  ({self.context_length} tokens x {self.batch}, "
             f"{self.kv_dtype})",
             f"  activations  {format_bytes(b.activations):>10}",

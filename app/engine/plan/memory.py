@@ -24,7 +24,9 @@ the engine allocates. `paddock fit`, the Studio's will-it-fit and the engine all
   plus the sampler's rows: 6 float32 copies of max_num_seqs x vocab logits (logits, penalties,
   probabilities, sorted values and indices, noise). Attention is tiled (flash-style), so no
   T x context score matrix is counted.
-- weight cache (CUDA): float16 copies of the projections while the GPU has room to spare.
+- weight cache (CUDA): float16 copies of the projections while the GPU has room to spare, and with
+  `repack_max_tokens` (PADDOCK_Q4R_MAX_TOKENS) the Q4_K / Q6_K projections' repacked copies for gemv_q4r
+  (ModelShape.repacked_bytes), out of the same budget.
 - runtime overhead: CUDA context, cuBLAS workspace and allocator slack, a constant
   (`CUDA_RUNTIME_OVERHEAD_BYTES`) to be calibrated against measured peaks on the GPU.
 
@@ -36,9 +38,10 @@ after the weights are loaded, so only activations and state are taken from it th
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from app.engine import envs
 from app.engine.backend.fp8_kv import kv_block_bytes_fp8
 from app.engine.config import (
     DENSE_CACHE_FRACTION,
@@ -85,6 +88,8 @@ class FitOptions:
     state_snapshot_gb: float | None = None  # their memory (None: the share rule, `state_rows`)
     weight_cache: str = EngineConfig.weight_cache  # "off": no float16 copies (a task model's engine)
     speculative: str = "off"  # hybrid models: anything else keeps a checkpoint row per state slot
+    # products to this many tokens on repacked K-quant copies (their bytes join the weight cache); 0: none
+    repack_max_tokens: int = field(default_factory=lambda: envs.PADDOCK_Q4R_MAX_TOKENS)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "experts_on_gpu", parse_experts_on_gpu(self.experts_on_gpu))
@@ -177,12 +182,14 @@ def activation_bytes(shape: ModelShape, step_tokens: int, max_num_seqs: int) -> 
     return (step_tokens * per_token + sampler) * ACTIVATION_BYTES
 
 
-def weight_copy_bytes(shape: ModelShape) -> int:
+def weight_copy_bytes(shape: ModelShape, repacked: bool = False) -> int:
     """float16 copies of every projection and the output head: what the CUDA backend's
-    weight cache (app/engine/backend/cuda/dense.py) holds when it is on."""
+    weight cache (app/engine/backend/cuda/dense.py) holds when it is on; with `repacked`, the
+    K-quant projections' copies for gemv_q4r too."""
     s = shape
     per_layer = 2 * s.num_heads * s.head_dim + 2 * s.num_kv_heads * s.head_dim + 3 * s.intermediate_size
-    return 2 * (s.num_layers * per_layer * s.hidden_size + s.vocab_size * s.hidden_size)
+    float16 = 2 * (s.num_layers * per_layer * s.hidden_size + s.vocab_size * s.hidden_size)
+    return float16 + (s.repacked_bytes if repacked else 0)
 
 
 def use_weight_cache(weight_bytes: int, copy_bytes: int, free_bytes: int | None) -> bool:
@@ -191,9 +198,9 @@ def use_weight_cache(weight_bytes: int, copy_bytes: int, free_bytes: int | None)
     return free_bytes is not None and free_bytes >= 2 * (weight_bytes + copy_bytes)
 
 
-def weight_cache_bytes(shape: ModelShape, free_bytes: int | None) -> int:
-    """Predicted bytes of float16 copies under the "auto" rule, capped at the backend's share."""
-    copies = weight_copy_bytes(shape)
+def weight_cache_bytes(shape: ModelShape, free_bytes: int | None, repacked: bool = False) -> int:
+    """Predicted bytes of the weight copies under the "auto" rule, capped at the backend's share."""
+    copies = weight_copy_bytes(shape, repacked)
     if free_bytes is None or not use_weight_cache(shape.weight_bytes, copies, free_bytes):
         return 0
     return min(copies, int(DENSE_CACHE_FRACTION * free_bytes))
@@ -286,7 +293,9 @@ def memory(
         else options.num_kv_blocks * kv_block_bytes(shape, options.block_size, kv_dtype),
         activations=activation_bytes(shape, min(options.max_num_batched_tokens, context), options.max_num_seqs),
         overhead=overhead,
-        weight_cache=weight_cache_bytes(shape, free_bytes) if cuda and options.weight_cache != "off" else 0,
+        weight_cache=weight_cache_bytes(shape, free_bytes, options.repack_max_tokens > 0)
+        if cuda and options.weight_cache != "off"
+        else 0,
         vision_weights=shape.vision.weight_bytes if shape.vision else 0,
         vision_activations=shape.vision.activation_bytes() if shape.vision else 0,
         audio_weights=shape.audio.weight_bytes + shape.audio.adapter_bytes if shape.audio else 0,

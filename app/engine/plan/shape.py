@@ -11,11 +11,13 @@ decoder shares (`common_from_gguf` / `common_from_hf`), so their memory can stil
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from app.engine.kernels import gemv_q4r
 from app.engine.loader.lora import ADAPTER_WEIGHTS
 from app.engine.loader.names import CheckpointError
 from app.engine.models.config import GGUF_KEYS, ModelConfig, common_from_gguf, common_from_hf
@@ -60,6 +62,9 @@ class ModelShape:
     # num_kv_heads x head_dim (a hybrid model's recurrent layers own none, Gemma 4's shared-KV layers
     # read another's, its global layers have heads of their own); empty: every layer, uniform.
     kv_layers: tuple[tuple[int, int], ...] = ()
+    # Device bytes of the repacked copies gemv_q4r reads (backend/cuda/dense.py, when PADDOCK_Q4R_MAX_TOKENS
+    # turns them on): known where the tensors' formats are (`repacked_bytes`), else 0.
+    repacked_bytes: int = 0
 
     @property
     def owned_kv_layers(self) -> tuple[tuple[int, int], ...]:
@@ -88,6 +93,7 @@ def shape_from_config(
     expert_bytes: int | None = None,
     vision: VisionShape | None = None,
     audio: AudioShape | None = None,
+    repacked: int = 0,
 ) -> ModelShape:
     """The shape of a parsed model. `expert_bytes` None: estimated from the parameter counts."""
     moe = cfg.moe
@@ -110,6 +116,7 @@ def shape_from_config(
         audio=audio,
         state_bytes_per_sequence=cfg.state_bytes_per_sequence,
         kv_layers=_kv_layers(cfg),
+        repacked_bytes=repacked,
     )
     if expert_bytes is not None:
         return replace(shape, expert_bytes=expert_bytes)
@@ -192,7 +199,37 @@ def shape_of(checkpoint: Any, cfg: ModelConfig) -> ModelShape:
             vision = _hf_folder_vision(Path(checkpoint.path), checkpoint.hf_config or {})
         audio = _hf_folder_audio(Path(checkpoint.path), checkpoint.hf_config or {})
         cfg = replace(cfg, architecture=hf_architecture(checkpoint.hf_config or {}))  # the name, as above
-    return shape_from_config(cfg, weight_bytes, expert_bytes, vision, audio)
+    tensors = ((name, t.qtype.name, t.shape) for name, t in checkpoint.tensors.items())
+    return shape_from_config(cfg, weight_bytes, expert_bytes, vision, audio, repacked_bytes(tensors))
+
+
+# Weights the layers fuse into one product (layers/attention.py, layers/mlp.py), as GGUF names' parts: their
+# repacked copies are stacked, all in the byte layout where a Q6_K part meets Q4_K ones (Q4_K_M's q/k/v).
+_FUSED_PARTS = {"attn_q": "attn_qkv", "attn_k": "attn_qkv", "attn_v": "attn_qkv",
+                "ffn_gate": "ffn_gate_up", "ffn_up": "ffn_gate_up"}  # fmt: skip
+_BLOCK_WEIGHT = re.compile(r"^(blk\.\d+\.)(\w+)\.weight$")
+_NEVER_MULTIPLIED = ("token_embd.weight",)  # read a row per token (a tied head has no repacked copy either)
+
+
+def repacked_bytes(tensors: Iterable[tuple[str, str, tuple[int, ...]]]) -> int:
+    """Device bytes of gemv_q4r's repacked copies of the matrices `(GGUF name, format, numpy shape)`: each one
+    the kernel packs, a fused group's parts in one layout. Only where every part of a group packs is the group
+    stacked; otherwise each part that packs has its own copy, as the loader makes them."""
+    groups: dict[str, list[tuple[str, int, int]]] = {}
+    for name, qtype, shape in tensors:
+        if len(shape) != 2 or name in _NEVER_MULTIPLIED:
+            continue
+        block = _BLOCK_WEIGHT.match(name)
+        fused = _FUSED_PARTS.get(block.group(2)) if block else None
+        groups.setdefault(block.group(1) + fused if block and fused else name, []).append((qtype, *shape))
+    total = 0
+    for parts in groups.values():
+        packing = [(q, rows, cols) for q, rows, cols in parts if gemv_q4r.packs(q, rows, cols)]
+        if len(packing) == len(parts) and len({cols for _, _, cols in parts}) == 1:  # stacked as one
+            total += gemv_q4r.packed_bytes([q for q, _, _ in parts], sum(r for _, r, _ in parts), parts[0][2])
+        else:
+            total += sum(gemv_q4r.packed_bytes([q], rows, cols) for q, rows, cols in packing)
+    return total
 
 
 def shape_from_checkpoint(path: str | os.PathLike[str]) -> ModelShape:

@@ -148,6 +148,7 @@ def test_engine_on_repacked_weights_matches_numpy(tiny_gguf: str, monkeypatch) -
     from app.engine import envs
     from app.engine.config import EngineConfig
     from app.engine.core.engine import LLMEngine
+    from app.engine.plan.shape import shape_from_checkpoint
     from app.engine.sampling_params import SamplingParams
 
     monkeypatch.setenv("PADDOCK_Q4R_MAX_TOKENS", "128")
@@ -160,8 +161,9 @@ def test_engine_on_repacked_weights_matches_numpy(tiny_gguf: str, monkeypatch) -
     try:
         for device in ("cpu", "cuda"):
             engine = LLMEngine(EngineConfig(model=tiny_gguf, device=device, max_model_len=1024, max_num_seqs=16))
-            if device == "cuda":
+            if device == "cuda":  # the copies made are the ones the memory plan counts
                 assert engine.backend.dense_cache.q4r_count > 0
+                assert engine.backend.dense_cache.q4r_bytes == shape_from_checkpoint(tiny_gguf).repacked_bytes
             results[device] = engine.generate(prompts, params)
     finally:  # the switches' cached values go with the environment they came from
         monkeypatch.undo()

@@ -207,7 +207,7 @@ class CudaBackend:
                     for w, b in zip(weights, biases, strict=True)
                 ]
             )
-        return DenseCache.stack(CudaFusedWeight(tuple(weights), bias))
+        return self.dense_cache.stack(CudaFusedWeight(tuple(weights), bias))
 
     def load_experts(
         self,

@@ -115,8 +115,7 @@ class DenseCache:
 
         if weight.split or not gemv_q4r.packs(weight.qtype.name, weight.n_rows, weight.n_cols):
             return
-        bits = 5 if gemv_q4r.layout_of([weight.qtype.name]) == gemv_q4r.LAYOUT_4BIT else 10
-        if not self._fits(weight.n_rows * weight.n_cols * bits // 8):
+        if not self._fits(gemv_q4r.packed_bytes([weight.qtype.name], weight.n_rows, weight.n_cols)):
             return
         try:
             weight.q4r = gemv_q4r.pack([_q4r_part(weight)], weight.n_cols)
@@ -128,35 +127,47 @@ class DenseCache:
         self.q4r_bytes += weight.q4r.nbytes
         self.q4r_count += 1
 
-    @staticmethod
-    def stack(fused: CudaFusedWeight) -> CudaFusedWeight:
+    def stack(self, fused: CudaFusedWeight) -> CudaFusedWeight:
         """One float16 matrix for a fused weight whose parts all have copies (no extra memory
         once the parts' own copies are released: they become views of the stack); the same for
         their repacked copies (a pair of one shape interleaved instead, see below)."""
         import cupy
 
         if all(p.q4r is not None for p in fused.parts):
-            first = fused.parts[0].q4r
-            if len(fused.parts) == 2 and len({(p.shape, p.q4r.layout) for p in fused.parts}) == 1:
-                # a (gate, up)-like pair: tiles alternating, so the product can apply the activation itself;
-                # its parts keep no copy of their own (no slice of the pair is one of them)
-                fused.q4r = gemv_q4r.interleave(first, fused.parts[1].q4r)
-                for part in fused.parts:
-                    part.q4r = None
-            else:
-                if len({p.q4r.layout for p in fused.parts}) == 1:
-                    fused.q4r = gemv_q4r.stack([p.q4r for p in fused.parts])
-                else:  # Q4_K parts beside a Q6_K one: all of them in the byte layout, one launch
-                    fused.q4r = gemv_q4r.pack([_q4r_part(p) for p in fused.parts], fused.n_cols)
-                views = gemv_q4r.split(fused.q4r, [p.n_rows for p in fused.parts])
-                for part, view in zip(fused.parts, views, strict=True):
-                    part.q4r = view
+            self._stack_q4r(fused)
         if not all(p.dense16 is not None for p in fused.parts):
             return fused
         fused.dense16 = cupy.concatenate([p.dense16 for p in fused.parts], axis=0)
         for part, start in zip(fused.parts, fused.offsets, strict=True):
             part.dense16 = fused.dense16[start : start + part.n_rows]
         return fused
+
+    def _stack_q4r(self, fused: CudaFusedWeight) -> None:
+        import cupy
+
+        parts = fused.parts
+        own = sum(p.q4r.nbytes for p in parts)
+        if len(parts) == 2 and len({(p.shape, p.q4r.layout) for p in parts}) == 1:
+            # a (gate, up)-like pair: tiles alternating, so the product can apply the activation itself;
+            # its parts keep no copy of their own (no slice of the pair is one of them)
+            fused.q4r = gemv_q4r.interleave(parts[0].q4r, parts[1].q4r)
+            for part in parts:
+                part.q4r = None
+            return
+        if len({p.q4r.layout for p in parts}) == 1:
+            fused.q4r = gemv_q4r.stack([p.q4r for p in parts])
+        else:  # Q4_K parts beside a Q6_K one: all of them in the byte layout, one launch
+            try:
+                fused.q4r = gemv_q4r.pack([_q4r_part(p) for p in parts], fused.n_cols)
+            except cupy.cuda.memory.OutOfMemoryError:
+                if self.mode == "on":
+                    raise
+                return  # the parts keep their own copies (a launch each)
+            # the byte layout is larger than the Q4_K parts' own copies, which it replaces
+            self.cached_bytes += fused.q4r.nbytes - own
+            self.q4r_bytes += fused.q4r.nbytes - own
+        for part, view in zip(parts, gemv_q4r.split(fused.q4r, [p.n_rows for p in parts]), strict=True):
+            part.q4r = view
 
     def summary(self) -> str:
         line = f"float16 weight cache ({self.mode}): {self.cached_count} matrices, {self.cached_bytes / 2**30:.2f} GiB"
