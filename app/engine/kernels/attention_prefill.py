@@ -4,9 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from app.engine import envs
 from app.engine.kernels.kv_format import kv_operands
 from app.engine.kernels.runtime.compile import get_kernel
-from app.engine.kernels.runtime.launch import allow_shared, cdiv, f32, i32, launch, max_shared_bytes, ptr
+from app.engine.kernels.runtime.launch import (
+    LEAST_OPT_IN_SHARED_BYTES,
+    allow_shared,
+    cdiv,
+    f32,
+    i32,
+    launch,
+    max_shared_bytes,
+    ptr,
+)
 
 THREADS = 128  # PF_WARPS * 32
 PAD = 8  # PF_PAD
@@ -23,8 +33,8 @@ def rows_per_block(head_dim: int) -> int:
 
 
 def keys_per_tile(head_dim: int) -> int:
-    """PfShape::BN."""
-    return 64 if head_dim <= 64 else 32
+    """PfShape::BN: PF_BN where $PADDOCK_KERNEL_DEFINES sets it (an A/B build), else by head dim."""
+    return int(envs.PADDOCK_KERNEL_DEFINES.get("PF_BN", 0)) or (64 if head_dim <= 64 else 32)
 
 
 def value_columns(head_dim: int) -> int:
@@ -32,18 +42,26 @@ def value_columns(head_dim: int) -> int:
     return min(head_dim, 256)
 
 
+def value_buffers() -> int:
+    """PF_VBUF: the build's V buffers, 2 where $PADDOCK_KERNEL_DEFINES asks (an A/B build), else 1."""
+    return int(envs.PADDOCK_KERNEL_DEFINES.get("PF_VBUF", 1))
+
+
 def shared_bytes(head_dim: int) -> int:
-    """PF_SMEM_BYTES: Q, two K buffers and one V buffer of the block's value columns, rows padded."""
+    """PF_SMEM_BYTES: Q, two K buffers and PF_VBUF V buffers of the block's value columns, rows padded."""
     keys = keys_per_tile(head_dim)
-    return ((rows_per_block(head_dim) + 2 * keys) * (head_dim + PAD) + keys * (value_columns(head_dim) + PAD)) * 2
+    q_k = (rows_per_block(head_dim) + 2 * keys) * (head_dim + PAD)
+    return (q_k + value_buffers() * keys * (value_columns(head_dim) + PAD)) * 2
 
 
 def supports(head_dim: int, n_heads: int, n_kv: int) -> bool:
     """Whether a build exists for these heads and fits this device: every head dim but 512 fits all of
-    sm_80 to sm_120; 512's 146 KB needs sm_80 or sm_90 (elsewhere attention.cu runs those layers)."""
+    sm_80 to sm_120 (256 with two V buffers: 99 KB, just); 512's 146 KB (163 KB) needs sm_80 or sm_90, as
+    does an A/B build's larger tile (PF_BN) past 99 KB (elsewhere attention.cu runs those layers)."""
     if head_dim not in HEAD_DIMS or n_kv <= 0 or n_heads % n_kv:
         return False
-    return head_dim <= 256 or shared_bytes(head_dim) <= max_shared_bytes()
+    smem = shared_bytes(head_dim)
+    return smem <= LEAST_OPT_IN_SHARED_BYTES or smem <= max_shared_bytes()
 
 
 def grid_tiles(n_tok: int, n_seqs: int, group: int, head_dim: int) -> int:

@@ -158,6 +158,26 @@ def test_tensor_core_prefill_long_contexts(cuda, cpu, rng, heads, seqs) -> None:
     check(cuda, cpu, rng, seqs, heads, window=4096)
 
 
+@pytest.mark.parametrize("heads", [(16, 16, 64), (32, 8, 128), (4, 1, 256), (16, 2, 512)],
+                         ids=lambda h: f"d{h[2]}")  # fmt: skip
+def test_tensor_core_prefill_double_buffered_v(cuda, cpu, rng, monkeypatch, heads) -> None:
+    """The PF_VBUF=2 build (V a tile ahead in a second buffer): the cp.async groups it keeps in flight, which
+    the emulator's synchronous copies cannot check, on a split long context and a windowed mixed batch."""
+    from app.engine import envs
+
+    before = cuda.tensor_core_prefill
+    monkeypatch.setenv("PADDOCK_KERNEL_DEFINES", "PF_VBUF=2")
+    envs.reload()
+    try:
+        cuda.tensor_core_prefill = True
+        check(cuda, cpu, rng, [(140, 8140)], heads)
+        check(cuda, cpu, rng, BATCHES["mixed"], heads, window=100, num_splits=3)
+    finally:
+        cuda.tensor_core_prefill = before
+        monkeypatch.delenv("PADDOCK_KERNEL_DEFINES")
+        envs.reload()
+
+
 def test_attention_poisoned_output_fully_written(cuda, rng) -> None:
     import cupy
 

@@ -74,9 +74,10 @@ def test_attention_decode_fp8_emulated(
     assert rel_err(got, ref) < 1e-5, f"seed={seed}"
 
 
-@pytest.fixture(scope="module")
-def prefill_fp8_emu(tmp_path_factory) -> Path:
-    return build(tmp_path_factory, "prefill_main.cpp", FP8)
+@pytest.fixture(scope="module", params=[(), ("-DPF_VBUF=2",)], ids=["vbuf1", "vbuf2"])
+def prefill_fp8_emu(request, tmp_path_factory) -> Path:
+    """The one-V-buffer build and PF_VBUF=2 (the next tile's V stored beside its K, synchronously here)."""
+    return build(tmp_path_factory, "prefill_main.cpp", (*FP8, *request.param))
 
 
 @pytest.mark.parametrize(("seqs", "heads", "window", "cap", "splits", "sinks"), [

@@ -16,7 +16,10 @@ from cuda_samples import BLOCK, attention_case, fresh_rng, rel_err, write_attent
 from emulator import build as _build
 from emulator import run as _run
 
+from app.engine import envs
 from app.engine.backend.cpu import CpuBackend
+from app.engine.kernels import attention_prefill as ap
+from app.engine.kernels.runtime.launch import LEAST_OPT_IN_SHARED_BYTES
 
 pytestmark = pytest.mark.slow  # ~40 s: kernels run thread by thread on the CPU
 F16_TOL = 1e-3  # q rounded to float16 (2^-11 relative) and P rounded before P @ V
@@ -110,3 +113,64 @@ def test_prefill_attention_lazy_rescale_emulated(
     """PF_LAZY=8: O rescaled only when a tile's max passes the row's running one by more than 2^8; the
     same attention, splits and their merge included."""
     _check(request, prefill_emu_lazy, tmp_path, seqs, heads, window, cap, splits, q_scale)
+
+
+def test_double_buffered_v_shared_bytes(monkeypatch) -> None:
+    """attention_prefill.py counts PF_VBUF=2's second V buffer, and every head dim still fits where it did:
+    256 in sm_86/89/120's 99 KB, 512 in sm_80's 163 KB."""
+    sizes = {}
+    try:
+        for defines in ("", "PF_VBUF=2,PF_BN=64", "PF_VBUF=2"):
+            monkeypatch.setenv("PADDOCK_KERNEL_DEFINES", defines)
+            envs.reload()
+            sizes[defines] = {d: ap.shared_bytes(d) for d in ap.HEAD_DIMS}
+        assert ap.supports(256, 4, 1)  # PF_VBUF=2's 256 within every device's limit: no device asked
+    finally:
+        monkeypatch.delenv("PADDOCK_KERNEL_DEFINES")
+        envs.reload()
+    for d in ap.HEAD_DIMS:
+        assert sizes["PF_VBUF=2"][d] == sizes[""][d] + ap.keys_per_tile(d) * (ap.value_columns(d) + ap.PAD) * 2
+    assert sizes["PF_VBUF=2"][256] == LEAST_OPT_IN_SHARED_BYTES
+    assert sizes["PF_VBUF=2"][512] == 163 * 1024
+    assert sizes["PF_VBUF=2,PF_BN=64"][128] == 102 * 1024  # sm_80 and sm_90 only
+
+
+@pytest.fixture(scope="module")
+def prefill_emu_vbuf(tmp_path_factory) -> Path:
+    return _build(tmp_path_factory, "prefill_main.cpp", ("-DPF_VBUF=2",))
+
+
+@pytest.mark.parametrize(("seqs", "heads", "window", "cap", "splits", "q_scale"), [
+    ([(40, 40), (17, 300)], (32, 8, 128), None, None, 1, 1.0),  # 300 keys: 10 tiles, the last one partial
+    ([(70, 513), (7, 300)], (12, 4, 64), None, None, 2, 1.0),  # 9 tiles of 64 keys in 2 splits of 5 and 4
+    ([(5, 5), (9, 200)], (8, 8, 64), None, None, 8, 1.0),  # splits of one tile, and of none
+    ([(50, 70), (6, 60)], (8, 4, 128), 32, 5.0, 1, 4.0),  # sliding window and softcap
+    ([(30, 600), (3, 580)], (16, 2, 128), 300, None, 3, 1.0),  # window with splits: 10 tiles in 4, 4, 2
+    ([(64, 200)], (4, 1, 256), None, None, 1, 1.0),  # head dim 256: 7 tiles
+    ([(8, 200)], (8, 1, 512), None, 30.0, 1, 4.0),  # 512: each value-column block's own 7 tiles
+])  # fmt: skip
+def test_prefill_attention_double_buffered_v_emulated(
+    request: pytest.FixtureRequest, prefill_emu_vbuf: Path, tmp_path: Path, seqs, heads, window, cap, splits, q_scale
+) -> None:
+    """PF_VBUF=2: V a tile ahead in a second buffer like K, the barrier after P @ V gone; the same attention
+    whichever buffer a tile lands in (a warp reading the other would take a stale or next tile's values)."""
+    _check(request, prefill_emu_vbuf, tmp_path, seqs, heads, window, cap, splits, q_scale)
+
+
+@pytest.fixture(scope="module")
+def prefill_emu_vbuf_bn64(tmp_path_factory) -> Path:
+    return _build(tmp_path_factory, "prefill_main.cpp", ("-DPF_VBUF=2", "-DPF_BN=64"))
+
+
+@pytest.mark.parametrize(("seqs", "heads", "window", "cap", "splits", "q_scale"), [
+    ([(40, 40), (17, 300)], (32, 8, 128), None, None, 1, 1.0),  # 5 tiles, the last one partial
+    ([(50, 70), (6, 60)], (8, 4, 128), 32, 5.0, 1, 4.0),
+    ([(30, 600), (3, 580)], (16, 2, 128), 300, None, 3, 1.0),  # 5 tiles in 2, 2, 1
+    ([(64, 300)], (4, 1, 256), 200, None, 1, 1.0),
+])  # fmt: skip
+def test_prefill_attention_wide_tiles_emulated(
+    request: pytest.FixtureRequest, prefill_emu_vbuf_bn64: Path, tmp_path: Path, seqs, heads, window, cap, splits,
+    q_scale,
+) -> None:  # fmt: skip
+    """PF_BN=64 (with PF_VBUF=2): 64 keys a tile at head dims 128 and 256, S's n-tiles and P @ V's k-steps doubled."""
+    _check(request, prefill_emu_vbuf_bn64, tmp_path, seqs, heads, window, cap, splits, q_scale)

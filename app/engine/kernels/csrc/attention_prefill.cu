@@ -9,7 +9,9 @@
 // accumulators as the A operand (mma.cuh) and V read by ldmatrix.trans, again once for MT tiles.
 // K and V tiles arrive by cp.async, K one tile ahead in a second buffer, so the loads overlap the
 // products. Two row tiles per warp halve the shared-memory reads per product, which bound the
-// one-tile build (head dim 64 and 128; 256 keeps one, for registers).
+// one-tile build (head dim 64 and 128; 256 keeps one, for registers). PF_VBUF=2 (an A/B build) gives
+// V a second buffer too: the next tile's V is issued beside its K, a tile ahead, and the barrier
+// that kept the single V buffer from being overwritten under a slower warp's P @ V goes.
 //
 // Head dim 512 (Gemma 4's global layers): a warp's O for 16 rows would be 256 floats a thread, so the value
 // columns are cut into PARTS of DV = 256, one block per part (grid y = KV head x part): each block computes
@@ -46,6 +48,21 @@ typedef u16 pf_kv_t;
 #ifndef PF_LAZY
 #define PF_LAZY 0  // log2 of how far a tile's max may exceed a row's running max before O is rescaled; 0: always
 #endif
+#ifndef PF_VBUF
+// V buffers: 1, or 2 (V a tile ahead like K; two barriers a tile instead of three). Every head dim still fits
+// where it did: 256 takes 99 KB (sm_86/89/120's opt-in limit), 512 163 KB (sm_80's). The FP8 builds' loads
+// are synchronous stores, ordered by the same barriers as cp.async's, so they take either.
+#define PF_VBUF 1
+#endif
+#if PF_VBUF != 1 && PF_VBUF != 2
+#error "PF_VBUF is 1 or 2"
+#endif
+#ifndef PF_BN
+// Keys per tile of every head dim, a multiple of 16; 0: by head dim, for registers. An A/B build: 64 at head
+// dim 128 takes 255 registers and spills none with PF_VBUF=2 (84 bytes with 1), in 102 KB (sm_80 and sm_90
+// only); 512 at 64 fits no device, and attention_prefill.py's supports() leaves it to attention.cu.
+#define PF_BN 0
+#endif
 #define PF_PAD 8  // halves of padding per shared row: the 8 rows of a fragment land 4 banks apart
 #define PF_LOG2E 1.4426950408889634f
 
@@ -53,7 +70,8 @@ template <int D>
 struct PfShape {
     static constexpr int MT = D >= 256 ? 1 : 2;              // 16-row tiles per warp
     static constexpr int BM = PF_WARPS * 16 * MT;            // query rows per block
-    static constexpr int BN = (D >= 256 || MT == 2 && D >= 128) ? 32 : 64;  // keys per tile (registers)
+    static constexpr int BN = PF_BN ? PF_BN : (D >= 256 || MT == 2 && D >= 128) ? 32 : 64;  // keys per tile (registers)
+    static_assert(BN % 16 == 0, "P @ V takes keys 16 at a time, S's n-tiles in pairs");
     static constexpr int LD = D + PF_PAD;                    // shared row stride in halves
     static constexpr int KSTEPS = D / 16;                    // k-steps of S = Q K^T
     static constexpr int NT = BN / 8;                        // 8-key n-tiles of S per row tile
@@ -63,9 +81,9 @@ struct PfShape {
     static constexpr int DT = DV / 8;                        // 8-column n-tiles of O per row tile
 };
 
-// Dynamic shared memory bytes of a build: Q, two K buffers, one V buffer (its block's columns).
+// Dynamic shared memory bytes of a build: Q, two K buffers, PF_VBUF V buffers (its block's columns).
 #define PF_SMEM_BYTES(D) \
-    (((PfShape<D>::BM + 2 * PfShape<D>::BN) * PfShape<D>::LD + PfShape<D>::BN * PfShape<D>::LDV) * 2)
+    (((PfShape<D>::BM + 2 * PfShape<D>::BN) * PfShape<D>::LD + PF_VBUF * PfShape<D>::BN * PfShape<D>::LDV) * 2)
 
 struct PfTile {
     int seq, tile, q_start, q_len, seq_len;
@@ -172,7 +190,7 @@ __device__ __forceinline__ void attn_prefill_body(
     constexpr int BM = S::BM, BN = S::BN, LD = S::LD, MT = S::MT, DV = S::DV;
     u16* sQ = smem;             // [BM][LD]
     u16* sK = sQ + BM * LD;     // [2][BN][LD]
-    u16* sV = sK + 2 * BN * LD; // [BN][LDV]: the block's DV columns
+    u16* sV = sK + 2 * BN * LD; // [PF_VBUF][BN][LDV]: the block's DV columns
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int kvh = blockIdx.y / S::PARTS, part = blockIdx.y % S::PARTS, col0 = part * DV;
@@ -266,6 +284,13 @@ __device__ __forceinline__ void attn_prefill_body(
             PF_LOAD_KV(D, D, sK + ((kt + 1 - kt0) & 1) * BN * LD, k_cache, k_scale, table, key_lo + (kt + 1) * BN,
                        key_hi, block_size, n_kv, kvh, tid, 0);
             cp_async_commit();
+#if PF_VBUF == 2
+            // and its V into the other V buffer, which the barrier above freed as it freed K's: every warp
+            // had finished the previous tile's P @ V, the last read of that buffer
+            PF_LOAD_KV(D, DV, sV + ((kt + 1 - kt0) & 1) * BN * S::LDV, v_cache, v_scale, table, key_lo + (kt + 1) * BN,
+                       key_hi, block_size, n_kv, kvh, tid, col0);
+            cp_async_commit();
+#endif
         }
 
         // Scores in the log2 domain (log2 e folded into q, or applied after the cap), masked where the
@@ -327,8 +352,10 @@ __device__ __forceinline__ void attn_prefill_body(
             }
         }
 
-        if (more) cp_async_wait<1>(); else cp_async_wait<0>();  // this tile's V
+        // This tile's V: committed before the next K (and with PF_VBUF=2 the next V), which may stay in flight.
+        if (more) cp_async_wait<PF_VBUF>(); else cp_async_wait<0>();
         __syncthreads();
+        const u16* vb = sV + (PF_VBUF == 2 ? ((kt - kt0) & 1) * BN * S::LDV : 0);
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
             u32 a[MT][4];
@@ -339,7 +366,7 @@ __device__ __forceinline__ void attn_prefill_body(
                 a[mt][2] = pack_h2_rn(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
                 a[mt][3] = pack_h2_rn(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
             }
-            const u16* vrow = sV + (16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8) * S::LDV + (lane >> 4) * 8;
+            const u16* vrow = vb + (16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8) * S::LDV + (lane >> 4) * 8;
 #pragma unroll
             for (int np = 0; np < DV / 16; ++np) {
                 u32 b[4];
@@ -351,12 +378,14 @@ __device__ __forceinline__ void attn_prefill_body(
                 }
             }
         }
+#if PF_VBUF == 1
         __syncthreads();  // every warp is done with V before the next one lands there
         if (more) {
             PF_LOAD_KV(D, DV, sV, v_cache, v_scale, table, key_lo + (kt + 1) * BN, key_hi, block_size, n_kv, kvh, tid,
                        col0);
             cp_async_commit();
         }
+#endif
     }
 
 #pragma unroll
