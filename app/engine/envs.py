@@ -123,7 +123,8 @@ DECLARED: tuple[EnvVar, ...] = (
            "the copies stay faster (Q4_K=32: 8.24 against 7.31 ms)", prefix=True),
     EnvVar("PADDOCK_Q4R_MAX_TOKENS", _int, 0,
            "most tokens a product takes on Q4_K / Q6_K weights repacked for the tensor cores (gemv_q4r.cu: 0.625 / "
-           "1.25 bytes a weight, made at load), from PADDOCK_Q4R_MIN_TOKENS, at most 128; 0: never, and no repacked copies"),
+           "1.25 bytes a weight, made at load), from PADDOCK_Q4R_MIN_TOKENS, at most 128; 0: never, and no repacked copies. "
+           "Their bytes come out of the float16 weight cache's budget, and `paddock fit` counts them when this is set"),
     EnvVar("PADDOCK_Q4R_MIN_TOKENS", _int, 2, "the fewest tokens a product takes on the repacked weights"),
     EnvVar("PADDOCK_GEMV_MMA_KERNEL", _choice("v1", "v2"), "v2",
            "those products' kernel: v1 gemv_mma.cu, v2 gemv_mma2.cu (staged float16 x; gemv_mma.py)"),

@@ -71,4 +71,7 @@ def test_a_staged_decode_step_equals_the_eager_one(fam: str, arch: str, tmp_path
         if model.config.state_shapes(layer) is None:
             continue
         for g, w in zip(got, want, strict=True):  # every state row but the null row 0 the padding row used
-            np.testing.assert_allclose(g[1:], w[1:], rtol=1e-5, atol=1e-6, err_msg=f"layer {layer}")
+            # the padded batch may sum in another order (BLAS picks kernels by shape): float32 rounding at the
+            # states' scale, as for the outputs above
+            np.testing.assert_allclose(g[1:], w[1:], rtol=1e-5, atol=1e-6 * max(1.0, float(np.abs(w).max())),
+                                       err_msg=f"layer {layer}")  # fmt: skip
