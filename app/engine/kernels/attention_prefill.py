@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 from app.engine import envs
@@ -25,6 +26,11 @@ RESIDENT = 2  # blocks per multiprocessor the register budget allows (128 thread
 MIN_KEYS_PER_SPLIT = 256  # below this a split's partial sums cost more than its keys
 MAX_SPLITS = 32
 MAX_PARTIAL_BYTES = 64 << 20
+# Head dim 128's tile where the device's opt-in shared memory holds its 102 KB (sm_80, sm_90): 64 keys with V
+# double-buffered (255 registers, no spill; 32 keys and one V buffer spill 16 bytes). The last 2,048-token chunk
+# of an 8k / 32k prompt took 1.68 / 6.61 ms against 1.84 / 7.30 (H200, 2026-12-07, bench/results/gpu-s23).
+# Float16 caches only: the FP8 build's loads are synchronous and its wide tile spills (unmeasured).
+WIDE_TILE = {"PF_BN": 64, "PF_VBUF": 2}
 
 
 def rows_per_block(head_dim: int) -> int:
@@ -32,9 +38,10 @@ def rows_per_block(head_dim: int) -> int:
     return 64 if head_dim >= 256 else 128
 
 
-def keys_per_tile(head_dim: int) -> int:
-    """PfShape::BN: PF_BN where $PADDOCK_KERNEL_DEFINES sets it (an A/B build), else by head dim."""
-    return int(envs.PADDOCK_KERNEL_DEFINES.get("PF_BN", 0)) or (64 if head_dim <= 64 else 32)
+def keys_per_tile(head_dim: int, wide: bool = False) -> int:
+    """PfShape::BN: PF_BN where $PADDOCK_KERNEL_DEFINES sets it (an A/B build), else the wide tile's or by head
+    dim."""
+    return int(envs.PADDOCK_KERNEL_DEFINES.get("PF_BN", 0)) or (64 if head_dim <= 64 or wide else 32)
 
 
 def value_columns(head_dim: int) -> int:
@@ -42,16 +49,23 @@ def value_columns(head_dim: int) -> int:
     return min(head_dim, 256)
 
 
-def value_buffers() -> int:
-    """PF_VBUF: the build's V buffers, 2 where $PADDOCK_KERNEL_DEFINES asks (an A/B build), else 1."""
-    return int(envs.PADDOCK_KERNEL_DEFINES.get("PF_VBUF", 1))
+def value_buffers(wide: bool = False) -> int:
+    """PF_VBUF: the build's V buffers, as $PADDOCK_KERNEL_DEFINES sets it (an A/B build), else 2 in the wide tile
+    and 1 elsewhere."""
+    return int(envs.PADDOCK_KERNEL_DEFINES.get("PF_VBUF", 2 if wide else 1))
 
 
-def shared_bytes(head_dim: int) -> int:
+def shared_bytes(head_dim: int, wide: bool = False) -> int:
     """PF_SMEM_BYTES: Q, two K buffers and PF_VBUF V buffers of the block's value columns, rows padded."""
-    keys = keys_per_tile(head_dim)
+    keys = keys_per_tile(head_dim, wide)
     q_k = (rows_per_block(head_dim) + 2 * keys) * (head_dim + PAD)
-    return (q_k + value_buffers() * keys * (value_columns(head_dim) + PAD)) * 2
+    return (q_k + value_buffers(wide) * keys * (value_columns(head_dim) + PAD)) * 2
+
+
+@cache
+def wide_tile(head_dim: int, fp8: bool) -> bool:
+    """Whether this device builds `head_dim` with WIDE_TILE (asked once per head dim: the device stays)."""
+    return head_dim == 128 and not fp8 and shared_bytes(head_dim, wide=True) <= max_shared_bytes()
 
 
 def supports(head_dim: int, n_heads: int, n_kv: int) -> bool:
@@ -144,9 +158,11 @@ def _launch(
     n_tok, n_heads, head_dim = q.shape
     n_kv, block_size = k_cache.shape[2], k_cache.shape[1]
     n_seqs = seq_lens.shape[0]
-    smem = shared_bytes(head_dim)
     kv = kv_operands(k_cache, v_cache)
-    kernel = get_kernel("attention_prefill.cu", f"attn_prefill_d{head_dim}", {"PF_D": head_dim, **kv.defines})
+    wide = wide_tile(head_dim, bool(kv.defines))
+    smem = shared_bytes(head_dim, wide)
+    kernel = get_kernel("attention_prefill.cu", f"attn_prefill_d{head_dim}",
+                        {"PF_D": head_dim, **kv.defines, **(WIDE_TILE if wide else {})})  # fmt: skip
     allow_shared(kernel, smem)
     args = (
         q, kv.k, kv.v, query_start_loc, seq_lens, block_tables, i32(block_tables.shape[1]), i32(n_seqs),

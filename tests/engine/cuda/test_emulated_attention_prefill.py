@@ -133,6 +133,9 @@ def test_double_buffered_v_shared_bytes(monkeypatch) -> None:
     assert sizes["PF_VBUF=2"][256] == LEAST_OPT_IN_SHARED_BYTES
     assert sizes["PF_VBUF=2"][512] == 163 * 1024
     assert sizes["PF_VBUF=2,PF_BN=64"][128] == 102 * 1024  # sm_80 and sm_90 only
+    # the wide tile head dim 128 takes where it fits is that build: past the 99 KB every device has
+    assert ap.shared_bytes(128, wide=True) == sizes["PF_VBUF=2,PF_BN=64"][128] > LEAST_OPT_IN_SHARED_BYTES
+    assert ap.WIDE_TILE == {"PF_BN": 64, "PF_VBUF": 2}
 
 
 @pytest.fixture(scope="module")
@@ -174,3 +177,17 @@ def test_prefill_attention_wide_tiles_emulated(
 ) -> None:  # fmt: skip
     """PF_BN=64 (with PF_VBUF=2): 64 keys a tile at head dims 128 and 256, S's n-tiles and P @ V's k-steps doubled."""
     _check(request, prefill_emu_vbuf_bn64, tmp_path, seqs, heads, window, cap, splits, q_scale)
+
+
+@pytest.mark.parametrize(("optin_kb", "head_dim", "fp8", "wide"), [
+    (227, 128, False, True), (163, 128, False, True),  # sm_90, sm_80
+    (99, 128, False, False),  # sm_86 / 89 / 120: the narrow tile
+    (227, 128, True, False), (227, 64, False, False), (227, 256, False, False),
+])  # fmt: skip
+def test_the_wide_tile_is_head_dim_128s_where_it_fits(monkeypatch, optin_kb, head_dim, fp8, wide) -> None:
+    monkeypatch.setattr(ap, "max_shared_bytes", lambda: optin_kb * 1024)
+    ap.wide_tile.cache_clear()
+    try:
+        assert ap.wide_tile(head_dim, fp8) is wide
+    finally:
+        ap.wide_tile.cache_clear()

@@ -9,9 +9,10 @@
 // accumulators as the A operand (mma.cuh) and V read by ldmatrix.trans, again once for MT tiles.
 // K and V tiles arrive by cp.async, K one tile ahead in a second buffer, so the loads overlap the
 // products. Two row tiles per warp halve the shared-memory reads per product, which bound the
-// one-tile build (head dim 64 and 128; 256 keeps one, for registers). PF_VBUF=2 (an A/B build) gives
-// V a second buffer too: the next tile's V is issued beside its K, a tile ahead, and the barrier
-// that kept the single V buffer from being overwritten under a slower warp's P @ V goes.
+// one-tile build (head dim 64 and 128; 256 keeps one, for registers). PF_VBUF=2 gives V a second
+// buffer too: the next tile's V is issued beside its K, a tile ahead, and the barrier that kept the
+// single V buffer from being overwritten under a slower warp's P @ V goes. attention_prefill.py builds
+// head dim 128 with PF_VBUF=2 and PF_BN=64 where its 102 KB fit (WIDE_TILE: sm_80, sm_90).
 //
 // Head dim 512 (Gemma 4's global layers): a warp's O for 16 rows would be 256 floats a thread, so the value
 // columns are cut into PARTS of DV = 256, one block per part (grid y = KV head x part): each block computes
@@ -58,9 +59,10 @@ typedef u16 pf_kv_t;
 #error "PF_VBUF is 1 or 2"
 #endif
 #ifndef PF_BN
-// Keys per tile of every head dim, a multiple of 16; 0: by head dim, for registers. An A/B build: 64 at head
-// dim 128 takes 255 registers and spills none with PF_VBUF=2 (84 bytes with 1), in 102 KB (sm_80 and sm_90
-// only); 512 at 64 fits no device, and attention_prefill.py's supports() leaves it to attention.cu.
+// Keys per tile of every head dim, a multiple of 16; 0: by head dim, for registers. 64 at head dim 128 takes
+// 255 registers and spills none with PF_VBUF=2 (84 bytes with 1), in 102 KB (sm_80 and sm_90 only: the
+// wide tile attention_prefill.py picks there); 512 at 64 fits no device (an A/B build: supports() leaves it
+// to attention.cu).
 #define PF_BN 0
 #endif
 #define PF_PAD 8  // halves of padding per shared row: the 8 rows of a fragment land 4 banks apart
