@@ -170,7 +170,7 @@ if stage pattn; then
   if [[ ${PATTN_NCU:-0} == 1 ]] && left 90; then
     defines=${PATTN_DEFINES%% *}; [[ $defines == none ]] && defines=""
     PADDOCK_KERNEL_DEFINES=$defines timeout 120 ncu --section SpeedOfLight --section Occupancy --section WarpStateStats \
-      --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section LaunchStats -k regex:attn_prefill -s 1 -c 1 \
+      --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section LaunchStats -k regex:attn_prefill -c 1 \
       python3 bench/micro/prefill_attention_times.py --once --ctx 8192 > "$OUT/pattn-ncu.txt" 2>&1
     grep -E "Duration|Throughput|Achieved Occupancy|Registers|Issue Slots|Stall|Executed Ipc" "$OUT/pattn-ncu.txt" | head -30
   fi
