@@ -149,6 +149,9 @@ fi
 # q4r: products of 1-128 tokens on Q4_K repacked for the tensor cores (bench/micro/gemv_q4r_times.py: gemv_q4r.cu
 # against cuBLAS on a float16 copy, gemv_mma2.cu and the one-token GEMV, the Qwen3-8B's Q4_K shapes) under each of
 # Q4R_DEFINES (PADDOCK_KERNEL_DEFINES values, "none" for the build as it is: e.g. "none Q4R_WPF=3"); $OUT/q4r.jsonl
+# q4r: gemv_q4r against cuBLAS and gemv_mma2 (bench/micro/gemv_q4r_times.py) under each of Q4R_DEFINES ("none": the
+# build as it is; e.g. "none Q4R_WPF=4"); Q4R_NCU=1 adds Nsight Compute's sections of one o-product call at 32 tokens
+# (graph nodes profiled one by one), $OUT/q4r-ncu.txt
 if stage q4r; then
   for defines in ${Q4R_DEFINES:-none}; do
     left 60 || break
@@ -157,6 +160,12 @@ if stage q4r; then
     PADDOCK_KERNEL_DEFINES=$defines timeout 200 python3 bench/micro/gemv_q4r_times.py ${Q4R_ARGS:-} 2>&1 \
       | tee -a "$OUT/q4r.jsonl" | cut -c1-400
   done
+  if [[ ${Q4R_NCU:-0} == 1 ]] && left 90; then
+    timeout 120 ncu --graph-profiling node --section SpeedOfLight --section Occupancy --section WarpStateStats \
+      --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section LaunchStats -k regex:^gemv_q4r$ -c 1 \
+      python3 bench/micro/gemv_q4r_times.py --products o --tokens 32 > "$OUT/q4r-ncu.txt" 2>&1
+    grep -E "Duration|Throughput|Achieved Occupancy|Registers|Issue Slots|Stall|Executed Ipc" "$OUT/q4r-ncu.txt" | head -30
+  fi
 fi
 # pattn: prefill attention alone at the last 2,048-token chunk of 2k/8k/32k prompts (bench/micro/prefill_attention_times.py)
 # under each of PATTN_DEFINES ("none": the build as it is; e.g. "none PF_LAZY=8"), $OUT/pattn.jsonl; PATTN_NCU=1 adds

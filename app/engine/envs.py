@@ -126,6 +126,10 @@ DECLARED: tuple[EnvVar, ...] = (
            "1.25 bytes a weight, made at load), from PADDOCK_Q4R_MIN_TOKENS, at most 128; 0: never, and no repacked copies. "
            "Their bytes come out of the float16 weight cache's budget, and `paddock fit` counts them when this is set"),
     EnvVar("PADDOCK_Q4R_MIN_TOKENS", _int, 2, "the fewest tokens a product takes on the repacked weights"),
+    EnvVar("PADDOCK_SPLIT_MIXED_STEPS", _bool, False,
+           "a step of decodes and one prompt's chunk runs as two graph replays (the decode graph, then the prefill "
+           "graph) instead of one eager pass, which costs ~23 ms more than a decode-only step on a Qwen3-8B (H100, "
+           "the step cost model's c0 in bench/results/gpu-agent-engine-s21-2026-12-06.jsonl)"),
     EnvVar("PADDOCK_GEMV_MMA_KERNEL", _choice("v1", "v2"), "v2",
            "those products' kernel: v1 gemv_mma.cu, v2 gemv_mma2.cu (staged float16 x; gemv_mma.py)"),
     EnvVar("PADDOCK_GEMV_QB", _int, None, "groups of 16 x columns a thread quantizes at once (default: tuning table)"),

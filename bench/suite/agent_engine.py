@@ -221,7 +221,7 @@ def case_interfere(d: Driver, factor: float, sessions: int = 8, context: int = 2
     return {"decode_latency_factor": factor, "decoders": sessions, "context": context, "prompt": prompt,
             "itl_p50_alone_ms": p50, "itl_p50_during_ms": statistics.median(during), "itl_p99_during_ms": p99,
             "itl_max_during_ms": max(during), "p99_over_p50": p99 / p50, "steps_during": len(during),
-            "long_ttft_ms": ttft, **fit}  # fmt: skip
+            "long_ttft_ms": ttft, "split_steps": d.engine.runner.split_steps, **fit}  # fmt: skip
 
 
 def main() -> None:

@@ -31,6 +31,19 @@ def test_without_a_decode_only_step_there_is_no_bound_to_keep() -> None:
     assert PrefillBudget(model, FACTOR, 64).tokens(0) == DEFAULT_TOKENS
 
 
+def test_a_step_with_decodes_takes_no_more_than_the_largest_split_chunk() -> None:
+    """With split mixed steps the pacer's max_chunk (the largest prefill graph) caps a step's chunk in every
+    state of the model: no bound yet, warming up, and fitted, where the bound alone would allow more."""
+    ready = fitted([StepShape(8, ((start, n),)) for start, n in [(0, 64), (64, 128), (192, 256), (448, 512),
+                                                                 (960, 100), (4000, 300)]])  # fmt: skip
+    unbounded = StepCostModel()
+    warming = fitted([StepShape(8, ((0, 64),))])
+    for model in (unbounded, warming, ready):
+        assert PrefillBudget(model, 50.0, 64, max_chunk=96).tokens(0) <= 96
+    assert PrefillBudget(ready, 50.0, 64).tokens(0) > 96  # what the cap holds back
+    assert StepPacer(FACTOR, max_chunk=96).limit().tokens(0) == 96
+
+
 def test_the_pacer_times_each_step_from_the_previous_ones_ids() -> None:
     """A step's time runs from the previous step's ids to its own; a step that samples nothing puts its
     time into the next interval, which is then not used."""

@@ -254,7 +254,7 @@ class LLMEngine:
         # prefill paced while requests decode (core/step_pacing.py); the shape of the step in flight, timed
         # when its ids are read back
         factor, floor = config.decode_latency_factor, self.scheduler.config.min_paced_chunk
-        self.pacer = StepPacer(factor, floor=floor) if factor else None
+        self.pacer = StepPacer(factor, floor=floor, max_chunk=self.runner.split_max_chunk()) if factor else None
         self._flight_shape: StepShape | None = None
         self.async_decode = plan.async_decode and self.mtp is None  # the MTP head reads every step's hidden states
         self.counters = _Counters()

@@ -54,7 +54,7 @@ class PrefillBudget:
     the bound itself where the cheapest step just fits it, and about factor times the cheapest step's time
     deep past it."""
 
-    def __init__(self, model: StepCostModel, factor: float, floor: int) -> None:
+    def __init__(self, model: StepCostModel, factor: float, floor: int, max_chunk: int | None = None) -> None:
         self.model = model
         self.ready = model.ready
         self.factor, self.floor = factor, floor
@@ -68,6 +68,8 @@ class PrefillBudget:
             self.tokens_left = TRUST * model.largest_prefill
             self.extra = HEADROOM * (factor - 1.0) * model.decode_ms
             self.ms_left = self.extra - model.coefficients[0]
+        if max_chunk is not None:  # the largest chunk a step with decodes may carry (StepPacer)
+            self.tokens_left = min(self.tokens_left, max_chunk)
 
     def tokens(self, start: int) -> int:
         """The most tokens a prefill chunk from position `start` may take now."""
@@ -94,17 +96,21 @@ class StepPacer:
     next measured interval, which is therefore thrown away)."""
 
     def __init__(self, factor: float, model: StepCostModel | None = None,
-                 clock: Callable[[], float] = time.perf_counter, floor: int = MIN_PACED_CHUNK) -> None:  # fmt: skip
+                 clock: Callable[[], float] = time.perf_counter, floor: int = MIN_PACED_CHUNK,
+                 max_chunk: int | None = None) -> None:  # fmt: skip
         if factor < 1.0:
             raise ValueError(f"decode_latency_factor must be at least 1.0 (or 0: off), got {factor}")
         self.factor, self.floor = factor, floor  # floor: the scheduler's `min_paced_chunk`
+        # With split mixed steps (worker/runner.py), the largest prefill graph: a step with decodes that stays
+        # two replays, so the cost model only sees steps of that kind (an eager one costs ~23 ms more on an 8B)
+        self.max_chunk = max_chunk
         self.model = model if model is not None else StepCostModel()
         self._clock = clock
         self._last: float | None = None  # when the previous step's ids were read back
         self._spoiled = False
 
     def limit(self) -> PrefillBudget:
-        return PrefillBudget(self.model, self.factor, self.floor)
+        return PrefillBudget(self.model, self.factor, self.floor, self.max_chunk)
 
     def step_done(self, shape: StepShape) -> None:
         now = self._clock()

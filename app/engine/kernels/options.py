@@ -65,6 +65,7 @@ class KernelOptions:
     gemv_mma_copy: Mapping[str, int] = _from_env("PADDOCK_GEMV_MMA_COPY_")
     q4r_max_tokens: int = _from_env("PADDOCK_Q4R_MAX_TOKENS")  # products to N tokens on repacked K-quants; 0: off
     q4r_min_tokens: int = _from_env("PADDOCK_Q4R_MIN_TOKENS")  # ... from this many tokens
+    split_mixed_steps: bool = _from_env("PADDOCK_SPLIT_MIXED_STEPS")  # decodes + a prompt chunk: two graph replays
     gemv_groups_per_thread: int | None = _from_env("PADDOCK_GEMV_QB")  # XQ_QB's cap; None: the tuning's
     fused_norm_max_cols: int | None = _from_env("PADDOCK_FUSED_NORM_MAX_COLS")  # None: the tuning's
     moe_fused_decode: bool = _from_env("PADDOCK_MOE_FUSED_DECODE")  # MoE at 1-4 tokens: no grouping, down+combine

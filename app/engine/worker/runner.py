@@ -91,6 +91,7 @@ class ModelRunner:
         # replayed on the verify graphs, which keep them too)
         self.keep_hidden = False
         self.step_hidden: Any = None
+        self.split_steps = 0  # steps of decodes and a prompt chunk run as two graph replays (`_mixed_split`)
 
     def prepare(self, chunks: list[Any]) -> tuple[np.ndarray, AttentionMetadata, np.ndarray]:
         """Host arrays for one step: token ids, attention metadata, and the rows to sample."""
@@ -199,13 +200,51 @@ class ModelRunner:
         if self.images is not None and any(self.images.touches_images(c) for c in chunks):
             return self._run_eager(chunks)
         if self.prefill_graphs is not None and self._is_prefill_graphable(chunks):
-            chunk = chunks[0]
-            request = chunk.request
-            logits = self.prefill_graphs.run(
-                token_slice(request, chunk.start, chunk.num_tokens), chunk.start, request.block_ids
-            )
-            return logits if chunk.samples else None
+            return self._run_prefill_graph(chunks[0])
+        prompt = self._mixed_split(chunks)
+        if prompt is not None:
+            return self._run_mixed(chunks, prompt)
         return self._run_eager(chunks)
+
+    def _run_prefill_graph(self, chunk: Any) -> Any:
+        request = chunk.request
+        logits = self.prefill_graphs.run(token_slice(request, chunk.start, chunk.num_tokens), chunk.start,
+                                         request.block_ids)  # fmt: skip
+        return logits if chunk.samples else None
+
+    def split_max_chunk(self) -> int | None:
+        """The largest prompt chunk a step of decodes takes as a prefill graph's replay (`_mixed_split`); None
+        where such steps are not split."""
+        options = getattr(self.backend, "kernel_options", None)
+        if self.graphs is None or self.prefill_graphs is None or not getattr(options, "split_mixed_steps", False):
+            return None
+        return self.prefill_graphs.buckets[-1]
+
+    def _mixed_split(self, chunks: list[Any]) -> int | None:
+        """The index of a step's one prompt chunk where the step (decodes beside it) runs as a decode graph's
+        replay and a prefill graph's (`split_mixed_steps`): eagerly, a step with any prefill pays hundreds of
+        Python launches the graphs don't. None: not such a step, or not asked for."""
+        if self.split_max_chunk() is None:
+            return None
+        wide = [i for i, c in enumerate(chunks) if c.num_tokens > 1]
+        if len(wide) != 1 or len(chunks) < 2:
+            return None
+        decodes = chunks[: wide[0]] + chunks[wide[0] + 1 :]
+        if not all(c.samples for c in decodes) or not self._is_graphable(decodes):
+            return None
+        return wide[0] if self._is_prefill_graphable([chunks[wide[0]]]) else None
+
+    def _run_mixed(self, chunks: list[Any], prompt: int) -> Any:
+        """`_mixed_split`'s step: the decodes' rows (one each) with the prompt chunk's row, if it samples, at
+        its place among them."""
+        self.split_steps += 1
+        decoded = self._run_graph(chunks[:prompt] + chunks[prompt + 1 :])
+        # a copy (on the default stream, before the next replay): the two graphs share memory-pool blocks
+        decoded = decoded.copy()
+        prefilled = self._run_prefill_graph(chunks[prompt])
+        if prefilled is None:
+            return decoded
+        return self.backend.xp.concatenate([decoded[:prompt], prefilled, decoded[prompt:]])
 
     def run_from_device(self, chunks: list[Any], device_ids: Any, rows: np.ndarray | None) -> Any:
         """Forward a decode step (each chunk one token that samples) whose token ids are on the

@@ -365,6 +365,15 @@ def assert_greedy_agrees(got: dict, ref: dict, label: str) -> None:
         assert abs(top[0][1] - top[1][1]) < 5e-2, f"{label}: split at {split} without a near-tie"
 
 
+def assert_runs_agree(got: list[dict], ref: list[dict], label: str) -> None:
+    """Each GPU generation as numpy's: the first step's top logprobs within 5e-2, the greedy tokens as
+    `assert_greedy_agrees` allows."""
+    for one, theirs in zip(got, ref, strict=True):
+        for token, value in theirs["logprobs"][0].top:
+            assert abs(dict(one["logprobs"][0].top).get(token, -99.0) - value) < 5e-2, f"{label}: token {token}"
+        assert_greedy_agrees(one, theirs, label)
+
+
 def assert_top_agrees(mine: list, theirs: list, tol: float, where: str) -> None:
     """numpy's top log-probs `theirs` within `tol` of a GPU run's `mine`; a token numpy ranks last that the GPU
     ranks just past its list (a near-tie at the list's edge) must lie below the GPU's last by no more than `tol`."""

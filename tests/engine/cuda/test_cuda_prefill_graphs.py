@@ -61,3 +61,33 @@ def test_prefill_bucket_choice(tiny_gguf: str) -> None:
     assert graphs.bucket_for(512, 0) == 512
     assert graphs.bucket_for(513, 0) is None
     assert graphs.bucket_for(100, 1024 - 110) is None  # its padding would run past the context
+
+
+def test_split_mixed_steps_match_numpy(tiny_gguf: str, monkeypatch) -> None:
+    """PADDOCK_SPLIT_MIXED_STEPS=1: prompts chunked at 48 tokens while others decode, so steps carry decodes and
+    one prompt chunk, run as a decode graph's replay and a prefill graph's; greedy tokens and first logprobs as
+    the numpy backend's, and such steps did run."""
+    from cuda_samples import assert_runs_agree
+
+    from app.engine import envs
+    from app.engine.config import EngineConfig
+    from app.engine.core.engine import LLMEngine
+    from app.engine.sampling_params import SamplingParams
+
+    monkeypatch.setenv("PADDOCK_SPLIT_MIXED_STEPS", "1")
+    envs.reload()
+    rng = np.random.default_rng(11)
+    prompts = [rng.integers(0, 256, size=n).tolist() for n in (5, 140, 9, 300, 77, 33)]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=3)
+    results = {}
+    try:
+        for device in ("cpu", "cuda"):
+            engine = LLMEngine(EngineConfig(model=tiny_gguf, device=device, max_model_len=1024, max_num_seqs=8,
+                                            max_num_batched_tokens=48))  # fmt: skip
+            results[device] = engine.generate(prompts, params)
+            if device == "cuda":
+                assert engine.runner.split_steps > 0
+    finally:
+        monkeypatch.undo()
+        envs.reload()
+    assert_runs_agree(results["cuda"], results["cpu"], "split mixed steps")
