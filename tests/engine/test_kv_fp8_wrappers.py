@@ -6,6 +6,7 @@ The kernels themselves are checked on the emulator (tests/engine/cuda/test_emula
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from types import SimpleNamespace
 
 import numpy as np
@@ -18,7 +19,7 @@ N_BLOCKS, BLOCK, N_KV, D, N_HEADS = 4, 16, 2, 128, 8
 
 
 @pytest.fixture
-def calls(monkeypatch) -> list[tuple[str, dict, tuple]]:
+def calls(monkeypatch) -> Iterator[list[tuple[str, dict, tuple]]]:
     """(kernel, defines, args) of every launch; numpy stands in for CuPy."""
     fake_cupy = SimpleNamespace(empty=np.empty, zeros=np.zeros, float32=np.float32, int32=np.int32,
                                 cuda=SimpleNamespace(Device=lambda: SimpleNamespace(id=0)))  # fmt: skip
@@ -29,7 +30,11 @@ def calls(monkeypatch) -> list[tuple[str, dict, tuple]]:
         monkeypatch.setattr(module, "launch", lambda k, grid, block, args, **kw: log.append((k[0], k[1], tuple(args))))
     monkeypatch.setattr(attention_decode, "clusters_supported", lambda: False)
     monkeypatch.setattr(attention_prefill, "allow_shared", lambda *a: None)
-    return log
+    # a device where head dim 128 keeps the narrow tile for float16 caches too (the wide one is float16's only)
+    monkeypatch.setattr(attention_prefill, "max_shared_bytes", lambda: 99 * 1024)
+    attention_prefill.wide_tile.cache_clear()
+    yield log
+    attention_prefill.wide_tile.cache_clear()
 
 
 def _caches():
