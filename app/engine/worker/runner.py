@@ -226,13 +226,14 @@ class ModelRunner:
         Python launches the graphs don't. None: not such a step, or not asked for."""
         if self.split_max_chunk() is None:
             return None
-        wide = [i for i, c in enumerate(chunks) if c.num_tokens > 1]
-        if len(wide) != 1 or len(chunks) < 2:
+        prompts = [i for i, c in enumerate(chunks) if c.num_tokens > 1]
+        if len(prompts) != 1 or len(chunks) < 2:
             return None
-        decodes = chunks[: wide[0]] + chunks[wide[0] + 1 :]
+        prompt = prompts[0]
+        decodes = chunks[:prompt] + chunks[prompt + 1 :]
         if not all(c.samples for c in decodes) or not self._is_graphable(decodes):
             return None
-        return wide[0] if self._is_prefill_graphable([chunks[wide[0]]]) else None
+        return prompt if self._is_prefill_graphable([chunks[prompt]]) else None
 
     def _run_mixed(self, chunks: list[Any], prompt: int) -> Any:
         """`_mixed_split`'s step: the decodes' rows (one each) with the prompt chunk's row, if it samples, at
