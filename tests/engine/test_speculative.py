@@ -115,6 +115,7 @@ def test_config_and_builder_refuse_unknown_methods() -> None:
 # -- greedy: the same tokens --------------------------------------------------------------------
 
 
+@pytest.mark.slow  # the embedded model: the tiny families' runs below check the same in the fast tier
 def test_embedded_gemma_greedy_tokens_equal_without_drafts(embedded_engine: LLMEngine) -> None:
     engine = embedded_engine
     ids = engine.tokenizer.encode(CODE * 3 + "Repeat the code above exactly:\n")
@@ -126,6 +127,7 @@ def test_embedded_gemma_greedy_tokens_equal_without_drafts(embedded_engine: LLME
     engine.scheduler.check_integrity()
 
 
+@pytest.mark.slow  # the embedded model: the tiny families' runs below check the same in the fast tier
 def test_embedded_gemma_on_the_numba_kernels_greedy_tokens_equal_without_drafts() -> None:
     """On the numba backend a verify chunk's rows go through the few-row product (each weight row decoded
     once for all rows), a decode step's one row through gemv: other summation orders, the same tokens."""
@@ -164,6 +166,7 @@ LLAMA = FAMILIES / "llama" / "llama-bf16-q8_0.gguf"
 QWEN2 = FAMILIES / "qwen2" / "qwen2-q8_0.gguf"  # another random model of llama's 256-token vocabulary
 
 
+@pytest.mark.slow  # the embedded model: the tiny families' runs below check the same in the fast tier
 def test_embedded_gemma_greedy_tokens_equal_with_itself_as_draft_model(embedded_engine: LLMEngine) -> None:
     from app.engine.core.draft_model import DraftModelDrafter, check_same_tokenizer, draft_config
 
