@@ -146,7 +146,6 @@ class DenseCache:
         import cupy
 
         parts = fused.parts
-        own = sum(p.q4r.nbytes for p in parts)
         if len(parts) == 2 and len({(p.shape, p.q4r.layout) for p in parts}) == 1:
             # a (gate, up)-like pair: tiles alternating, so the product can apply the activation itself;
             # its parts keep no copy of their own (no slice of the pair is one of them)
@@ -157,6 +156,7 @@ class DenseCache:
         if len({p.q4r.layout for p in parts}) == 1:
             fused.q4r = gemv_q4r.stack([p.q4r for p in parts])
         else:  # Q4_K parts beside a Q6_K one: all of them in the byte layout, one launch
+            own = sum(p.q4r.nbytes for p in parts)
             try:
                 fused.q4r = gemv_q4r.pack([_q4r_part(p) for p in parts], fused.n_cols)
             except cupy.cuda.memory.OutOfMemoryError:
