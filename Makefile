@@ -3,6 +3,12 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Python caches each module it compiles (__pycache__), whatever the environment says, as the
+# --no-compile note below assumes: with PYTHONDONTWRITEBYTECODE set (this VM sets it), every process
+# compiled every module it imported again, the setup's model runs, `make run`, pytest's workers and
+# the CLI and server processes the tests start. Each worker's start and collection on fresh clones,
+# 2026-12-07: 27 CPU-s before, 20-26 after (two workers compile the same modules at once).
+export PYTHONDONTWRITEBYTECODE :=
 
 .PHONY: run serve test test-fast test-budget test-bundle lint gpu-test clean
 

@@ -117,9 +117,11 @@ def streamed_text(protocol: str, raw: list[str]) -> str:
     return text
 
 
-# a 3,000-word prefill on the embedded model is ~15 CPU-seconds: one protocol shows the real engine's abort,
-# and the fake engine's runs show both protocols' route handling
-@pytest.mark.parametrize("protocol", [pytest.param("anthropic", marks=pytest.mark.slow_on_embedded), "chat"])
+# a 3,000-word prefill on the embedded model is ~10-15 CPU-seconds, so its runs are the slow tier's: in the fast
+# tier the fake engine's runs show both protocols' route handling, test_disconnect_and_concurrency.py the real
+# engine's abort through the routes and test_scheduler.py an abort freeing a prefilling request's blocks
+@pytest.mark.slow_on_embedded
+@pytest.mark.parametrize("protocol", ["anthropic", "chat"])
 def test_a_disconnect_during_the_prefill_frees_the_requests_blocks(engine, model_name, protocol, caplog):
     fake = isinstance(engine, FakeEngine)
     if fake:

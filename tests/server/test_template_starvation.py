@@ -29,9 +29,11 @@ from .fakes import FakeEngine
 from .helpers import wait_until
 
 BAD = 16
-# Explodes only where a message says "boom": then it loops, calling hold() (the test's own brake).
+# Explodes only where a message says "boom": then it loops, calling hold() (the test's own brake). 5,000 turns:
+# held, each waits 5 ms, so no held render ends within 25 s; released, the 16 renders run the rest of theirs
+# at full speed (20,000 turns cost the file 2.5 CPU-s more on the 2-core VM)
 HOSTILE = (
-    "{% for m in messages %}{% if 'boom' in m.content %}{% for i in range(20000) %}{{ hold() }}{% endfor %}"
+    "{% for m in messages %}{% if 'boom' in m.content %}{% for i in range(5000) %}{{ hold() }}{% endfor %}"
     "{% endif %}<start_of_turn>{{ m.role }}\n{{ m.content }}<end_of_turn>\n{% endfor %}<start_of_turn>model\n"
 )
 
