@@ -3,6 +3,7 @@ radix tree, runner and decode-graph staging, timed per operation at 32k and 2k t
 
     python bench/lab/host_cost.py                 # the table (median microseconds per operation)
     python bench/lab/host_cost.py --json out.json
+    python bench/lab/host_cost.py --contexts 2000 --batches 64 128 256   # issue 38's curve past 32 sequences
 
 What runs is the real code; only the device is replaced. `DecodeGraphs` gets numpy arrays where
 it would hold pinned host memory and device buffers (its staging copy becomes a numpy copy) and
@@ -86,7 +87,7 @@ def host_graphs(max_model_len: int, max_batch: int) -> DecodeGraphs:
 
 
 def make_scheduler(num_blocks: int, max_model_len: int, max_num_seqs: int = 64) -> Scheduler:
-    config = SchedulerConfig(max_num_seqs, 8192, max_model_len, BLOCK_SIZE)
+    config = SchedulerConfig(max_num_seqs, 8192, max_model_len, BLOCK_SIZE)  # 8,192 tokens a step
     return Scheduler(config, KVCacheManager(num_blocks, BLOCK_SIZE))
 
 
@@ -145,13 +146,15 @@ def bench_admission(context: int, max_model_len: int, iterations: int) -> dict[s
 
 def bench_decode(batch: int, context: int, max_model_len: int, steps: int) -> dict[str, float]:
     rng = np.random.default_rng(2)
-    blocks_per_seq = -(-(context + steps + 64) // BLOCK_SIZE)
-    scheduler = make_scheduler(batch * blocks_per_seq + 64, max_model_len)
+    # the first prompts decode while the rest prefill (8,192 tokens a step): their blocks for those tokens too
+    prefill_steps = -(-batch * context // 8192)
+    blocks_per_seq = -(-(context + prefill_steps + steps + 64) // BLOCK_SIZE)
+    scheduler = make_scheduler(batch * blocks_per_seq + 64, max_model_len, max_num_seqs=max(64, batch))
     for i in range(batch):
         tokens = rng.integers(256, 50_000, size=context).tolist()
         scheduler.add(Request(f"s{i}", tokens, SamplingParams(max_tokens=steps + 64)))
     run_to_decode(scheduler, rng)
-    graphs = host_graphs(max_model_len, max_batch=32)
+    graphs = host_graphs(max_model_len, max_batch=max(32, batch))  # the engine's buckets reach 256
     runner = ModelRunner(None, SimpleNamespace(from_host=np.asarray), [], BLOCK_SIZE)
     runner.graphs = graphs
     eager = ModelRunner(None, SimpleNamespace(from_host=np.asarray), [], BLOCK_SIZE)
@@ -203,7 +206,7 @@ def main() -> int:
     }
     for row in rows:
         figures = ", ".join(f"{k[:-3]} {v:,.1f}" for k, v in row.items() if k.endswith("_us"))
-        print(f"{row['op']:9} ctx {row['context']:>6,} batch {row['batch']:>2}: {figures} (us, median)")
+        print(f"{row['op']:9} ctx {row['context']:>6,} batch {row['batch']:>3}: {figures} (us, median)")
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
     return 0
