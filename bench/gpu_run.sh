@@ -148,10 +148,9 @@ if stage mma; then
 fi
 # q4r: products of 1-128 tokens on Q4_K repacked for the tensor cores (bench/micro/gemv_q4r_times.py: gemv_q4r.cu
 # against cuBLAS on a float16 copy, gemv_mma2.cu and the one-token GEMV, the Qwen3-8B's Q4_K shapes) under each of
-# Q4R_DEFINES (PADDOCK_KERNEL_DEFINES values, "none" for the build as it is: e.g. "none Q4R_WPF=3"); $OUT/q4r.jsonl
-# q4r: gemv_q4r against cuBLAS and gemv_mma2 (bench/micro/gemv_q4r_times.py) under each of Q4R_DEFINES ("none": the
-# build as it is; e.g. "none Q4R_WPF=4"); Q4R_NCU=1 adds Nsight Compute's sections of one o-product call at 32 tokens
-# (graph nodes profiled one by one), $OUT/q4r-ncu.txt
+# Q4R_DEFINES (PADDOCK_KERNEL_DEFINES values, "none" for the build as it is: e.g. "none Q4R_WPF=4"); $OUT/q4r.jsonl.
+# Q4R_NCU=1 adds Nsight Compute's sections of one o-product call at 32 tokens (graph nodes profiled one by one),
+# $OUT/q4r-ncu.txt
 if stage q4r; then
   for defines in ${Q4R_DEFINES:-none}; do
     left 60 || break
