@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import statistics
 import threading
 import time
 from collections.abc import Iterator
@@ -35,6 +36,11 @@ HEALTH_BOUND_S = 0.1  # issue 24's acceptance line
 # 120-290 ms on a busy one; off the loop the longest stretch is about 1.5 ms, and up to 26 ms on a
 # 2-core machine running other test workers and jobs.)
 LOOP_SHARE_S = 0.4 * HEALTH_BOUND_S
+# The measure is the median attempt's longest stretch. A stretch the machine adds (68 ms once on CI's
+# loaded 2-core machine, beside 1-2 ms ones: the kernel's work inside a page fault, say, is charged to
+# the faulting thread) comes in one attempt, not in most; the request's own work on the loop comes in
+# every one (the parse there: 50-100 ms on a quiet machine, and now and then under 40).
+ATTEMPTS = 3
 POLLS = 20
 HANG = 60  # seconds: bounds a broken run only
 
@@ -167,9 +173,13 @@ def test_a_30mb_prompt_never_holds_the_event_loop_for_the_health_bound(
     server, http, model_name, path, body
 ):
     payload = json.dumps(body(model_name)).encode()
-    with loop_stretches(server) as stretches:
-        reply = http.post(path, content=payload, headers={"content-type": "application/json"})
-        health = http.get("/health")
-    assert reply.status_code == 400 and "refused before tokenizing" in reply.text, reply.text[:300]
-    assert health.status_code == 200
-    assert stretches and max(stretches) < LOOP_SHARE_S, sorted(stretches)[-5:]
+    longest: list[float] = []
+    for _ in range(ATTEMPTS):
+        with loop_stretches(server) as stretches:
+            reply = http.post(path, content=payload, headers={"content-type": "application/json"})
+            health = http.get("/health")
+        assert reply.status_code == 400 and "refused before tokenizing" in reply.text, reply.text[:300]
+        assert health.status_code == 200
+        assert stretches, "the sampler never ran on the server's loop"
+        longest.append(max(stretches))
+    assert statistics.median(longest) < LOOP_SHARE_S, longest
