@@ -148,7 +148,8 @@ if stage mma; then
 fi
 # q4r: products of 1-128 tokens on Q4_K repacked for the tensor cores (bench/micro/gemv_q4r_times.py: gemv_q4r.cu
 # against cuBLAS on a float16 copy, gemv_mma2.cu and the one-token GEMV, the Qwen3-8B's Q4_K shapes) under each of
-# Q4R_DEFINES (PADDOCK_KERNEL_DEFINES values, "none" for the build as it is: e.g. "none Q4R_WPF=4"); $OUT/q4r.jsonl.
+# Q4R_DEFINES (PADDOCK_KERNEL_DEFINES values, "none" for the build as it is; "Q4R_WSMEM=0,Q4R_STAGES=3" is the
+# build before the weights moved into the shared-memory stages, "Q4R_STAGES=6" a deeper pipeline); $OUT/q4r.jsonl.
 # Q4R_NCU=1 adds Nsight Compute's sections of one o-product call at 32 tokens (graph nodes profiled one by one),
 # $OUT/q4r-ncu.txt
 if stage q4r; then

@@ -112,7 +112,7 @@ def measure(name: str, tokens: list[int], rng: np.random.Generator, cupy) -> tup
         if n_tok == 1 and len(parts) == 1:
             calls["gemv"] = [partial(gemv_int.gemv_int, w[0].data, qtypes[0], w[0].row_bytes, n_rows, n_cols, x, outs["gemv"])
                              for w in weight_sets]  # fmt: skip
-        shape = q4r.pick_shape(n_tok, n_rows, n_cols)
+        shape = q4r.device_shape(n_tok, n_rows, n_cols, packed[0].layout)
         line = {"product": name, "layout": packed[0].layout, "rows": n_rows, "cols": n_cols, "tokens": n_tok, "mb": round(nbytes / 1e6, 1),
                 "q4r_shape": f"mt{shape.m_tiles} nt{shape.n_tiles} splits{shape.splits}"}  # fmt: skip
         for method, fns in calls.items():

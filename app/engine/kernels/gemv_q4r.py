@@ -5,17 +5,30 @@ kernel reads: Q4_K alone into the 4-bit one (0.625 bytes a weight: codes in frag
 pairs per 32 columns), Q6_K, or Q4_K stacked with Q6_K, into the byte one (1.25 bytes a weight: a code a
 byte, pairs per 16 columns); both with a power-of-two factor per row (the .cu file's header says why each
 part is there). `gemv_q4r` multiplies x by such a weight: a pre-pass rounds float32 x to float16, then one
-launch over row blocks and, where those are few, column splits reduced in a fixed order.
+launch over row blocks and, where those are too few to fill the GPU, column splits reduced in a fixed order.
+Each block streams its chunks of x and of its weight through STAGES shared-memory stages (`shared_bytes`).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from app.engine import envs
+from app.engine.kernels import gemv_int
 from app.engine.kernels.runtime.compile import get_kernel
-from app.engine.kernels.runtime.launch import cdiv, i32, i64, launch, ptr
+from app.engine.kernels.runtime.launch import (
+    allow_shared,
+    cdiv,
+    i32,
+    i64,
+    launch,
+    max_shared_bytes,
+    ptr,
+    resident_blocks,
+)
 from app.engine.quant.types import QUANT_TYPES
 
 SOURCE = "gemv_q4r.cu"
@@ -26,7 +39,13 @@ MAX_TOKENS = 8 * N_TILES[-1]
 WARPS = 4
 CHUNK = 64  # columns a chunk (the unit of the column splits)
 MULTIPROCESSORS = 132  # H100 SXM and H200
-BLOCKS_TARGET = 3 * MULTIPROCESSORS  # blocks of 4 warps: about three resident on each multiprocessor
+# Blocks of 4 warps the splits aim for where the device's own count is not asked (no GPU): about three resident
+# on each multiprocessor. On the GPU, gemv_q4r asks the occupancy calculator for the build's count.
+BLOCKS_TARGET = 3 * MULTIPROCESSORS
+STAGES = 4  # chunks a block stages in shared memory (3 in flight), fewer where a device's shared memory is short
+# 16-byte units of one 16-row tile's record a chunk (codes, then scale pairs) in each layout: gemv_q4r.cu's
+# CODE_UNITS + SCALE_UNITS
+RECORD_UNITS = {0: 32 + 32, 1: 64 + 16}
 MIN_CHUNKS_PER_SPLIT = 8  # a split's pipeline fill and reduction are paid for by at least 512 columns
 MAX_SPLITS = 16
 X16_THREADS = 256
@@ -150,18 +169,44 @@ class Q4rShape:
         return 16 * self.m_tiles * WARPS
 
 
-def pick_shape(n_tok: int, n_rows: int, n_cols: int) -> Q4rShape:
+def pick_shape(n_tok: int, n_rows: int, n_cols: int, blocks_target: int = BLOCKS_TARGET) -> Q4rShape:
     """Two 16-row tiles a warp (each staged x fragment serves both: shared-memory reads per product
-    halve), n-tiles by tokens, and column splits until the grid holds BLOCKS_TARGET blocks, each split
-    keeping MIN_CHUNKS_PER_SPLIT chunks."""
+    halve), n-tiles by tokens, and column splits until the grid holds `blocks_target` blocks (as many as
+    the GPU keeps resident at once), each split keeping MIN_CHUNKS_PER_SPLIT chunks."""
     n_tiles = next(n for n in N_TILES if 8 * n >= n_tok)
     shape = Q4rShape(2, n_tiles, 1)
     blocks, chunks = cdiv(n_rows, shape.rows()), n_cols // CHUNK
     splits = 1
-    while (blocks * splits < BLOCKS_TARGET and splits < MAX_SPLITS
+    while (blocks * splits < blocks_target and splits < MAX_SPLITS
            and chunks // (2 * splits) >= MIN_CHUNKS_PER_SPLIT):  # fmt: skip
         splits *= 2
     return Q4rShape(2, n_tiles, splits)
+
+
+def weights_staged() -> bool:
+    """Q4R_WSMEM: whether the weight records ride the shared-memory stages (the default) or, in an A/B build
+    that $PADDOCK_KERNEL_DEFINES asks for, registers."""
+    return int(envs.PADDOCK_KERNEL_DEFINES.get("Q4R_WSMEM", 1)) != 0
+
+
+def stage_bytes(shape: Q4rShape, layout: int = LAYOUT_4BIT) -> int:
+    """gemv_q4r.cu's STAGE_BYTES: a chunk of x for the build's tokens, and each warp's tiles' records."""
+    records = WARPS * shape.m_tiles * 16 * RECORD_UNITS[layout] if weights_staged() else 0
+    return 8 * shape.n_tiles * CHUNK * 2 + records
+
+
+def stages_for(shape: Q4rShape, layout: int = LAYOUT_4BIT, limit: int = 227 * 1024) -> int:
+    """Q4R_STAGES: as $PADDOCK_KERNEL_DEFINES sets it (an A/B build), else STAGES or as many as `limit` bytes
+    of shared memory a block hold (at least two)."""
+    chosen = envs.PADDOCK_KERNEL_DEFINES.get("Q4R_STAGES")
+    if chosen is not None:
+        return int(chosen)
+    return max(2, min(STAGES, (limit - 1024) // stage_bytes(shape, layout)))  # 1 KB: the static shared memory
+
+
+def shared_bytes(shape: Q4rShape, layout: int = LAYOUT_4BIT, stages: int = STAGES) -> int:
+    """gemv_q4r.cu's SMEM_BYTES: the dynamic shared memory of a launch."""
+    return stages * stage_bytes(shape, layout)
 
 
 def serves(n_tok: int, n_cols: int) -> bool:
@@ -171,9 +216,11 @@ def serves(n_tok: int, n_cols: int) -> bool:
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # common.cuh's gated_act
 
 
-def defines_of(shape: Q4rShape, layout: int = LAYOUT_4BIT, act: str | None = None) -> dict[str, str | int]:
+def defines_of(
+    shape: Q4rShape, layout: int = LAYOUT_4BIT, act: str | None = None, stages: int = STAGES
+) -> dict[str, str | int]:
     return {"Q4R_MT": shape.m_tiles, "Q4R_NT": shape.n_tiles, "Q4R_FMT": layout,
-            "Q4R_ACT": -1 if act is None else ACTIVATIONS[act]}  # fmt: skip
+            "Q4R_ACT": -1 if act is None else ACTIVATIONS[act], "Q4R_STAGES": stages}  # fmt: skip
 
 
 _counters: dict[int, Any] = {}  # device id -> the split reduction's counters (left zero by every launch)
@@ -206,7 +253,8 @@ def gemv_q4r(
     width = weight.n_rows // 2 if act is not None else weight.n_rows
     if out.shape != (n_tok, width) or not out.flags.c_contiguous:
         raise ValueError(f"gemv_q4r writes a C-contiguous [{n_tok}, {width}] output, not {out.shape}")
-    shape = shape or pick_shape(n_tok, weight.n_rows, weight.n_cols)
+    shape = shape or device_shape(n_tok, weight.n_rows, weight.n_cols, weight.layout, act)
+    main, smem = _build(shape, weight.layout, act)
     defines = defines_of(shape, weight.layout, act)
     if x.dtype == cupy.float16 and x.flags.c_contiguous:
         x16 = x
@@ -219,8 +267,26 @@ def gemv_q4r(
     blocks = cdiv(weight.n_rows, shape.rows())
     work = cupy.empty(shape.splits * n_tok * weight.n_rows, cupy.float32) if shape.splits > 1 else None
     counters = _counters_for(blocks) if shape.splits > 1 else None
-    main = get_kernel(SOURCE, "gemv_q4r", defines)
     launch(main, (blocks, shape.splits), (32 * WARPS,),
            (weight.codes, weight.scales, weight.row_scale, i32(weight.n_rows), i32(weight.n_cols), x16, i32(n_tok),
-            out, ptr(bias), ptr(work), ptr(counters), i32(weight.interleaved)))  # fmt: skip
+            out, ptr(bias), ptr(work), ptr(counters), i32(weight.interleaved)), shared_mem=smem)  # fmt: skip
     return out
+
+
+@functools.cache
+def device_shape(n_tok: int, n_rows: int, n_cols: int, layout: int, act: str | None = None) -> Q4rShape:
+    """pick_shape's shape with splits for as many blocks as the build keeps resident on this GPU (by its
+    registers and shared memory): the launch shape of `gemv_q4r` where none is given."""
+    shape = pick_shape(n_tok, n_rows, n_cols)
+    kernel, smem = _build(shape, layout, act)
+    return pick_shape(n_tok, n_rows, n_cols, resident_blocks(kernel, 32 * WARPS, smem) * gemv_int.sm_count())
+
+
+def _build(shape: Q4rShape, layout: int, act: str | None) -> tuple[Any, int]:
+    """The product's kernel for this shape (its stages fitted to the device's shared memory), allowed its
+    dynamic shared memory, and that size."""
+    stages = stages_for(shape, layout, max_shared_bytes())
+    kernel = get_kernel(SOURCE, "gemv_q4r", defines_of(shape, layout, act, stages))
+    smem = shared_bytes(shape, layout, stages)
+    allow_shared(kernel, smem)
+    return kernel, smem

@@ -24,8 +24,12 @@
 // The product: a block of WARPS warps owns 64 MT rows (each warp MT 16-row tiles); x (float16, from the
 // pre-pass gemv_q4r_x16) is staged per chunk in shared memory by cp.async, STAGES chunks in flight, with
 // 16-byte columns swizzled by token so ldmatrix reads it without bank conflicts, and every warp reads
-// its B fragments from it; each lane keeps the next WPF chunks' weight words in registers (the first
-// issued before the wait on the previous kernel: weights are no kernel's output). A weight fragment is
+// its B fragments from it. The weight words and scale pairs of each warp's tiles ride the same stages
+// (Q4R_WSMEM=1): each warp copies its own tiles' records, so a block keeps STAGES - 1 chunks of weights
+// in flight whatever its registers (the first issued before the wait on the previous kernel: weights
+// are no kernel's output). Held in registers instead (Q4R_WSMEM=0, WPF chunks ahead, kept for the A/B),
+// a block had two chunks of its weights in flight and waited on HBM latency: the H200 read 1.6 of its
+// 4.8 TB/s at one token, and each warp stalled the block's barrier while its loads were out. A weight fragment is
 // decoded once (one AND-OR, one subtraction and one FMA per pair of weights, in float16) and used for
 // all NT 8-token tiles. Where row blocks are few, gridDim.y splits the chunks among blocks: each writes
 // its sums to `work`, and the last to finish (a counter per row block, reset by that block) adds them
@@ -58,6 +62,12 @@
 #ifndef Q4R_FMT
 #define Q4R_FMT 0  // 0: the 4-bit layout (Q4_K); 1: the byte layout (Q6_K, mixed stacks)
 #endif
+#ifndef Q4R_WSMEM
+#define Q4R_WSMEM 1  // 1: weight records staged in shared memory with x; 0: in registers, WPF chunks ahead
+#endif
+#ifndef Q4R_STAGES
+#define Q4R_STAGES 4  // chunks a block's shared memory holds (kernels/gemv_q4r.py picks them by its size)
+#endif
 
 namespace q4r {
 constexpr int MT = Q4R_MT, NT = Q4R_NT, WPF = Q4R_WPF;
@@ -66,10 +76,17 @@ constexpr int THREADS = 32 * WARPS;
 constexpr int ROWS = 16 * MT * WARPS;             // rows a block
 constexpr int TOK = 8 * NT;                       // tokens staged (zeros past n_tok)
 constexpr int CHUNK = 64;                         // columns a chunk
-constexpr int STAGES = NT >= 16 ? 2 : 3;          // x chunks in shared memory (48 KiB of static memory)
-constexpr int XS_HALVES = TOK * CHUNK;            // one stage
+constexpr int STAGES = Q4R_STAGES;                // chunks in shared memory, STAGES - 1 in flight
+constexpr int X_BYTES = TOK * CHUNK * 2;          // a stage's x
+// A tile's record a chunk, in 16-byte units: its codes, then its scale pairs (4-bit: the pairs of the
+// chunk's 256-column superblock, read again by the superblock's next three chunks, from L1).
+constexpr int CODE_UNITS = Q4R_FMT == 1 ? 64 : 32;
+constexpr int SCALE_UNITS = Q4R_FMT == 1 ? 16 : 32;
+constexpr int RECORD_BYTES = Q4R_WSMEM ? 16 * (CODE_UNITS + SCALE_UNITS) : 0;
+constexpr int STAGE_BYTES = X_BYTES + WARPS * MT * RECORD_BYTES;
+constexpr int SMEM_BYTES = STAGES * STAGE_BYTES;  // dynamic shared memory (gemv_q4r.py: shared_bytes)
 constexpr u32 EXP = 0x64006400u;                  // 1024.0 twice in float16
-static_assert(STAGES * XS_HALVES * 2 <= 48 * 1024 - 16, "gemv_q4r: x stages over the static shared memory");
+static_assert(STAGES >= 2, "gemv_q4r: the pipeline needs two stages");
 }  // namespace q4r
 
 // -- float16 pairs (PTX: NVRTC has no cuda_fp16.h here) ------------------------------------------------
@@ -129,6 +146,16 @@ struct RecordQ4 {
         code = __ldg(codes + (tile * n_chunks + cc) * 32 + lane);
         scale = __ldg(scales + (tile * (n_chunks >> 2) + (cc >> 2)) * 32 + lane);
     }
+    // Copy lane's units of (tile, chunk cc)'s record into `rec` (shared memory; this thread's open group).
+    static __device__ __forceinline__ void stage(uint4* rec, const uint4* codes, const uint4* scales, i64 tile,
+                                                 int n_chunks, int cc, int lane) {
+        cp_async16(rec + lane, codes + (tile * n_chunks + cc) * 32 + lane, true);
+        cp_async16_ca(rec + 32 + lane, scales + (tile * (n_chunks >> 2) + (cc >> 2)) * 32 + lane, true);
+    }
+    __device__ __forceinline__ void load_staged(const uint4* rec, int lane) {
+        code = rec[lane];
+        scale = rec[32 + lane];
+    }
     __device__ __forceinline__ void pairs(int cc, int lane, u32* p) const {
         const int owner = (lane & ~3) | (cc & 3);  // lane (g, chunk % 4) holds this chunk's pairs
         p[0] = p[2] = __shfl_sync(0xffffffffu, scale.x, owner);
@@ -149,6 +176,18 @@ struct RecordQ8 {
         code[0] = __ldg(c);
         code[1] = __ldg(c + 32);
         scale = __ldg(reinterpret_cast<const uint2*>(scales) + (tile * n_chunks + cc) * 32 + lane);
+    }
+    static __device__ __forceinline__ void stage(uint4* rec, const uint4* codes, const uint4* scales, i64 tile,
+                                                 int n_chunks, int cc, int lane) {
+        const uint4* c = codes + (tile * n_chunks + cc) * 64;
+        cp_async16(rec + lane, c + lane, true);
+        cp_async16(rec + 32 + lane, c + 32 + lane, true);
+        if (lane < 16) cp_async16(rec + 64 + lane, scales + (tile * n_chunks + cc) * 16 + lane, true);  // 32 uint2
+    }
+    __device__ __forceinline__ void load_staged(const uint4* rec, int lane) {
+        code[0] = rec[lane];
+        code[1] = rec[32 + lane];
+        scale = reinterpret_cast<const uint2*>(rec + 64)[lane];
     }
     __device__ __forceinline__ void pairs(int, int lane, u32* p) const {
 #pragma unroll
@@ -187,6 +226,20 @@ __device__ __forceinline__ void stage_x(u16* xs, const u16* __restrict__ x_row, 
     }
     cp_async_commit();
 }
+
+// The stage of a block's k-th chunk.
+__device__ __forceinline__ u8* stage_at(u8* smem, int k) { return smem + (k % STAGES) * STAGE_BYTES; }
+
+// Start copying the records of this warp's tiles (`tile_of`) for chunk `cc` into stage `stage`'s weight area,
+// into this thread's open group (stage_x commits it); nothing past `c_end`.
+__device__ __forceinline__ void stage_w(u8* stage, const uint4* __restrict__ codes, const uint4* __restrict__ scales,
+                                        const i64* tile_of, int n_chunks, int cc, int c_end, int warp, int lane) {
+    if (RECORD_BYTES == 0 || cc >= c_end) return;
+    uint4* rec = reinterpret_cast<uint4*>(stage + X_BYTES) + warp * MT * (CODE_UNITS + SCALE_UNITS);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+        Record::stage(rec + mt * (CODE_UNITS + SCALE_UNITS), codes, scales, tile_of[mt], n_chunks, cc, lane);
+}
 }  // namespace q4r
 
 // The pre-pass: `xh = float16(x)` (n elements, a multiple of 4). One thread per 4 elements.
@@ -210,7 +263,7 @@ extern "C" __global__ void __launch_bounds__(q4r::THREADS)
              const float* __restrict__ bias, float* __restrict__ work, int* __restrict__ counters, int interleaved) {
     using namespace q4r;
     static_assert(Q4R_ACT < 0 || MT == 2, "gemv_q4r: a gated epilogue pairs a warp's two tiles");
-    __shared__ __align__(16) u16 smem[STAGES * XS_HALVES];
+    PADDOCK_DYNAMIC_SHARED(u8, smem);  // STAGES x [x: TOK x CHUNK halves | WARPS x MT tile records]
     __shared__ int last_block;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int n_chunks = n_cols / CHUNK, n_tiles = n_rows / 16;
@@ -221,11 +274,18 @@ extern "C" __global__ void __launch_bounds__(q4r::THREADS)
     i64 tile_of[MT];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) tile_of[mt] = min(tile0 + mt, n_tiles - 1);  // past the end: valid, never written
+#if Q4R_WSMEM
+    // the first stages' weights join the first group (stage_x below commits it): all land by its wait
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s)
+        stage_w(stage_at(smem, s), codes, scales, tile_of, n_chunks, c_begin + s, c_end, warp, lane);
+#else
     Record next[WPF][MT];  // the weight words and scale pairs of the next WPF chunks
 #pragma unroll
     for (int s = 0; s < WPF; ++s)
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) next[s][mt].load(codes, scales, tile_of[mt], n_chunks, min(c_begin + s, c_end - 1), lane);
+#endif
     after_previous_grid();  // x, y and the work buffer belong to the kernels around this one
 
     float c[MT][NT][4];
@@ -234,28 +294,38 @@ extern "C" __global__ void __launch_bounds__(q4r::THREADS)
     const int x_n0 = threadIdx.x >> 3;  // this thread's first staged token (stage_x)
     const u16* x_row = xh + (i64)min(x_n0, n_tok - 1) * n_cols;
 #pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) stage_x(smem + s * XS_HALVES, x_row, x_n0, n_tok, n_cols, c_begin + s, c_end);
+    for (int s = 0; s < STAGES - 1; ++s)
+        stage_x(reinterpret_cast<u16*>(stage_at(smem, s)), x_row, x_n0, n_tok, n_cols, c_begin + s, c_end);
     // ldmatrix: lane l gives row l % 8 of matrix l / 8; matrices 0/1 are columns 0-7/8-15 of a k-step
     // for tokens 16 p .. +7, matrices 2/3 the same for tokens 16 p + 8 .. +15 (with one n-tile, again 0/1)
     const int ld_tok = (NT > 1 ? 8 * (lane >> 4) : 0) + (lane & 7), ld_half = (lane >> 3) & 1;
+    constexpr int STEP = Q4R_WSMEM ? 1 : WPF;  // chunks an outer turn (WPF: the register slots stay static)
 
-    for (int cb = c_begin; cb < c_end; cb += WPF) {
+    for (int cb = c_begin; cb < c_end; cb += STEP) {
 #pragma unroll
-        for (int s = 0; s < WPF; ++s) {
+        for (int s = 0; s < STEP; ++s) {
             const int cc = cb + s;
             if (cc >= c_end) break;
             cp_async_wait<STAGES - 2>();
-            __syncthreads();  // chunk cc's x has landed, and every warp is done with the stage it overwrites next
-            stage_x(smem + ((cc - c_begin + STAGES - 1) % STAGES) * XS_HALVES, x_row, x_n0, n_tok, n_cols,
-                    cc + STAGES - 1, c_end);
+            __syncthreads();  // chunk cc has landed, and every warp is done with the stage it overwrites next
+            u8* ahead = stage_at(smem, cc - c_begin + STAGES - 1);
+            stage_w(ahead, codes, scales, tile_of, n_chunks, cc + STAGES - 1, c_end, warp, lane);
+            stage_x(reinterpret_cast<u16*>(ahead), x_row, x_n0, n_tok, n_cols, cc + STAGES - 1, c_end);
+            const u8* here = stage_at(smem, cc - c_begin);
             Record rec[MT];
+#if Q4R_WSMEM
+            const uint4* staged = reinterpret_cast<const uint4*>(here + X_BYTES) + warp * MT * (CODE_UNITS + SCALE_UNITS);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) rec[mt].load_staged(staged + mt * (CODE_UNITS + SCALE_UNITS), lane);
+#else
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) rec[mt] = next[s][mt];
             if (cc + WPF < c_end) {
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) next[s][mt].load(codes, scales, tile_of[mt], n_chunks, cc + WPF, lane);
             }
-            const u16* xs = smem + ((cc - c_begin) % STAGES) * XS_HALVES;
+#endif
+            const u16* xs = reinterpret_cast<const u16*>(here);
             u32 pairs[MT][8];
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) rec[mt].pairs(cc, lane, pairs[mt]);

@@ -61,6 +61,13 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool vali
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(addr), "l"(src), "r"(bytes));
 }
 
+// The same through L1 (.ca): for data a block reads again soon (gemv_q4r's scale pairs: four chunks each).
+__device__ __forceinline__ void cp_async16_ca(void* dst, const void* src, bool valid) {
+    const u32 addr = shared_address(dst);
+    const int bytes = valid ? 16 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(addr), "l"(src), "r"(bytes));
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 
 // Wait until at most N of this thread's committed groups are still in flight.

@@ -1,6 +1,6 @@
 // Run gemv_q4r.cu (quantized weights repacked for the tensor cores) on the SIMT emulator: each weight packed
 // into one stacked layout (q4r_pack, or q8r_pack in a -DQ4R_FMT=1 build), the float16 pre-pass, then the
-// product. Build with -DQ4R_MT, -DQ4R_NT (and -DQ4R_FMT).
+// product. Build with -DQ4R_MT, -DQ4R_NT (and -DQ4R_FMT, -DQ4R_WSMEM, -DQ4R_STAGES).
 // argv: dir n_cols n_tok splits [interleave] rows0 [rows1 ...]; a row count followed by "q6" (e.g. 64q6) is a
 // Q6_K weight (byte layout only); "interleave" takes two weights of one shape and alternates their 16-row tiles
 // (a gate/up pair: a -DQ4R_ACT build writes act(first) * second, [n_tok, rows0]). Reads dir/w<i>.bin (the GGUF rows), dir/x.bin (float32 [n_tok, n_cols]), dir/bias.bin
@@ -68,6 +68,7 @@ int main(int argc, char** argv) {
     std::vector<float> y((size_t)n_tok * total, NAN), work((size_t)splits * n_tok * total, NAN);
     const unsigned blocks = (unsigned)((total + q4r::ROWS - 1) / q4r::ROWS);
     std::vector<int> counters(blocks, 0);
+    g_dynamic_shared.assign(q4r::SMEM_BYTES, 0xff);  // garbage, as on the device
     launch({blocks, splits, 1}, {q4r::THREADS, 1, 1}, [&] {
         gemv_q4r(codes.data(), scales.data(), row_scale.data(), total, n_cols, reinterpret_cast<const u16*>(xh.data()),
                  n_tok, y.data(), bias.empty() ? nullptr : bias.data(), work.data(), counters.data(), interleave ? 1 : 0);

@@ -337,6 +337,7 @@ inline void cp_async16(void* dst, const void* src, bool valid) {
     if (valid) std::memcpy(dst, src, 16);
     else std::memset(dst, 0, 16);
 }
+inline void cp_async16_ca(void* dst, const void* src, bool valid) { cp_async16(dst, src, valid); }
 inline void cp_async_commit() {}
 template <int N>
 inline void cp_async_wait() {}
