@@ -12,9 +12,10 @@ enough copies that cycling through them misses L2, as a decode step does.
     python3 bench/micro/gemv_q4r_times.py --tokens 16 32 --products gate+up
 
 One JSON line per (product, tokens): microseconds a call of each path (CUDA events around a replayed graph
-of CALLS calls, median of 5), TB/s of the Q4_K bytes, gemv_q4r's shape and its time at the other column
-splits (q4r_splits<S>_us), and each path's relative difference from cuBLAS on the float16 copy. A last
-line gives the time q4r_pack took per GB of Q4_K.
+of CALLS calls, median of 5), TB/s of the Q4_K bytes, gemv_q4r's shape (its splits by the build's resident
+blocks on this GPU) and its time at the other column splits (q4r_splits<S>_us) and, up to 32 tokens, with
+four 16-row tiles a warp (q4r_mt4_splits<S>_us), and each path's relative difference from cuBLAS on the
+float16 copy. A last line gives the time q4r_pack took per GB of Q4_K.
 """
 
 from __future__ import annotations
@@ -128,6 +129,14 @@ def measure(name: str, tokens: list[int], rng: np.random.Generator, cupy) -> tup
             fns = [partial(q4r.gemv_q4r, p, x, outs["q4r"], shape=other) for p in packed]
             seconds, _ = time_graph([fns[i % len(fns)] for i in range(CALLS)], reps=5)
             line[f"q4r_splits{splits}_us"] = round(seconds * 1e6, 2)
+        if n_tok <= 32:  # four 16-row tiles a warp: each staged chunk of x serves twice the weight bytes
+            for splits in sorted({shape.splits, min(q4r.MAX_SPLITS, 2 * shape.splits)}):
+                if n_cols // q4r.CHUNK < 4 * splits:
+                    continue
+                other = q4r.Q4rShape(4, shape.n_tiles, splits)
+                fns = [partial(q4r.gemv_q4r, p, x, outs["q4r"], shape=other) for p in packed]
+                seconds, _ = time_graph([fns[i % len(fns)] for i in range(CALLS)], reps=5)
+                line[f"q4r_mt4_splits{splits}_us"] = round(seconds * 1e6, 2)
         ref = outs["cublas16"]
         for method in calls:
             if method != "cublas16":

@@ -25,7 +25,8 @@ BUILDS = {"nt1": (2, 1, 0, -1, ()), "nt2": (2, 2, 0, -1, ()), "nt4": (1, 4, 0, -
           "b_nt8": (1, 8, 1, -1, ()), "silu_nt2": (2, 2, 0, 0, ()), "gelu_b_nt4": (2, 4, 1, 1, ()),
           "nt2_s2": (2, 2, 0, -1, ("Q4R_STAGES=2",)), "b_nt2_s3": (2, 2, 1, -1, ("Q4R_STAGES=3",)),
           "nt2_registers": (2, 2, 0, -1, ("Q4R_WSMEM=0", "Q4R_STAGES=3")),
-          "b_nt4_registers": (1, 4, 1, -1, ("Q4R_WSMEM=0", "Q4R_STAGES=2"))}  # fmt: skip
+          "b_nt4_registers": (1, 4, 1, -1, ("Q4R_WSMEM=0", "Q4R_STAGES=2")), "mt4_nt2": (4, 2, 0, -1, ()),
+          "b_mt4_nt1": (4, 1, 1, -1, ())}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +66,9 @@ def spread_rows(tensor, every: int = 21) -> None:
     # the pipeline's depth: two stages; three where splits of 1-2 chunks end before the first stages fill
     ("nt2_s2", (64, 32), 768, 12, 2, True),
     ("b_nt2_s3", (48, "32q6"), 512, 10, 5, False),
+    # four 16-row tiles a warp (256 rows a block; gemv_q4r_times.py's q4r_mt4 rows): a partial second block
+    ("mt4_nt2", (256, 64), 512, 13, 2, True),
+    ("b_mt4_nt1", ("64q6", 32), 512, 7, 1, False),
     # the weight words in registers, WPF chunks ahead (Q4R_WSMEM=0: the A/B build)
     ("nt2_registers", (128,), 1024, 16, 3, True),
     ("b_nt4_registers", ("64q6", 16), 768, 30, 2, False),
