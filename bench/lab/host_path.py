@@ -12,7 +12,7 @@ engine launches decode steps one ahead (core/pipeline.py) and hides that cost be
     python bench/lab/host_path.py --model /tmp/tiny.gguf --concurrency 32 --requests 96 --decode-ms 2.5
 
 It prints `paddock bench`'s JSON with the simulated step times and the engine thread's
-host time per step added. `--profile out.txt` writes a yappi profile of all threads (wall clock; with
+host time per step added. `server_loop_cpu_us_per_token` is the event loop thread's CPU time per streamed token. `--profile out.txt` writes a yappi profile of all threads (wall clock; with
 HOST_PATH_CLOCK=cpu, each thread's CPU time).
 """
 
@@ -147,11 +147,15 @@ def main() -> int:
 
         yappi.set_clock_type(os.environ.get("HOST_PATH_CLOCK", "wall"))
         yappi.start()
+    assert server.thread is not None and server.thread.ident is not None
+    loop_clock = time.pthread_getcpuclockid(server.thread.ident)  # the event loop's thread: its CPU time alone
+    loop_cpu = time.clock_gettime(loop_clock)
     bench = subprocess.run(
         [sys.executable, "-m", "app.cli", "bench", "--url", server.base_url, "--concurrency",
          str(args.concurrency), "--requests", str(args.requests), "--json", *args.bench_args.split()],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
+    loop_cpu = time.clock_gettime(loop_clock) - loop_cpu
     if args.profile:
         yappi.stop()
         with args.profile.open("w") as fh:
@@ -174,6 +178,9 @@ def main() -> int:
         engine_steps=device.steps,
         async_decode=engine.async_decode,
         engine_host_ms_per_step=1000 * (device.step_s - device.waited_s) / max(1, device.steps),
+        # the server's event loop (HTTP, protocol, SSE framing) per streamed token: it shares the interpreter
+        # lock with the engine thread, so at c streams it adds up to c times this to each step's host work
+        server_loop_cpu_us_per_token=1e6 * loop_cpu / max(1, summary["output_tokens_total"]),
         threads=threading.active_count(),
     )
     print(json.dumps(summary))

@@ -7,6 +7,8 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
+import pydantic_core
+
 from app.engine import GrammarSpec
 from app.engine.server.errors import ApiError, Dialect, bad_request
 from app.engine.server.generation import (
@@ -199,6 +201,7 @@ class OpenAIServingChat:
             )
             return f"data: {chunk.model_dump_json(exclude=None if include_usage else {'usage'})}\n\n"
 
+        text_frames = _TextFrames(frame)
         template = self.ctx.engine.chat_template
         splitters = [ReplySplitter(template, plan.parse_calls) for _ in generations]
         texts = ["" for _ in generations]
@@ -214,7 +217,10 @@ class OpenAIServingChat:
                     if logprobs and logprobs.content and not deltas:
                         deltas = [DeltaMessage(content="")]
                     for n, delta in enumerate(deltas):  # logprobs ride on the step's first frame
-                        yield frame([ChunkChoice(index=index, delta=delta, logprobs=None if n else logprobs)])
+                        if n or logprobs is None:
+                            yield text_frames.of(index, delta)
+                        else:
+                            yield frame([ChunkChoice(index=index, delta=delta, logprobs=logprobs)])
                     if out.finished:
                         for text in self._finish(plan, index, splitters[index], texts, finals[index], frame):
                             yield text
@@ -258,6 +264,30 @@ class OpenAIServingChat:
         )
         frames.append(frame([last]))
         return frames
+
+
+class _TextFrames:
+    """A stream's frames of one delta of text, made by splicing the text into the frame the pydantic models
+    give for a marker text (rendered once per choice and field): the same bytes as `frame`, without three
+    models built and serialized for every token, which at 128 streams was a fifth of the event loop's work."""
+
+    _MARK = "\u0000paddock-text\u0000"
+
+    def __init__(self, frame: Callable[[list[ChunkChoice]], str]) -> None:
+        self._frame = frame
+        self._parts: dict[tuple[int, str], tuple[str, str]] = {}
+
+    def of(self, index: int, delta: DeltaMessage) -> str:
+        field, text = ("content", delta.content) if delta.reasoning_content is None else (
+            "reasoning_content", delta.reasoning_content)  # fmt: skip
+        if text is None or delta.role is not None or delta.tool_calls is not None:
+            return self._frame([ChunkChoice(index=index, delta=delta)])
+        parts = self._parts.get((index, field))
+        if parts is None:
+            marked = self._frame([ChunkChoice(index=index, delta=DeltaMessage(**{field: self._MARK}))])
+            prefix, _, suffix = marked.partition(pydantic_core.to_json(self._MARK).decode())
+            parts = self._parts[(index, field)] = (prefix, suffix)
+        return f"{parts[0]}{pydantic_core.to_json(text).decode()}{parts[1]}"
 
 
 def _deltas(pieces: list[tuple[str, str]], texts: list[str], index: int) -> list[DeltaMessage]:
