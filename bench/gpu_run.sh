@@ -17,7 +17,7 @@ compgen -G ".whl/*.whl" > /dev/null || { echo "no wheels in .whl/: run bench/fet
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$HOME/site" .whl/*.whl || exit 1
 # Compiled kernels cached outside $OUT (only 8 files come back from it), shared by every stage.
 export PYTHONPATH=$PWD:$HOME/site PYTHONUNBUFFERED=1 PADDOCK_KERNEL_CACHE=/tmp/paddock-kernels
-STAGES=${STAGES:-tests micro parity speed serve}  # also: agent, cascade, sweep (bench/micro/gemv_sweep.py --int), ab (see below), prefill, q4r, pattn, llamabuild, side, profile, spec, mma, wave, moe, curve, tiers
+STAGES=${STAGES:-tests micro parity speed serve}  # also: hostpath, agent, cascade, sweep (bench/micro/gemv_sweep.py --int), ab (see below), prefill, q4r, pattn, llamabuild, side, profile, spec, mma, wave, moe, curve, tiers
 MODELS=${MODELS:-qwen3-0.6b:q4_k_m qwen3-8b:q4_k_m}  # SERVE_C1 / SERVE_C32: requests of the serve runs
 AGENT_MODELS=${AGENT_MODELS:-qwen3-8b:q4_k_m}
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm --format=csv
@@ -166,6 +166,18 @@ if stage q4r; then
       python3 bench/micro/gemv_q4r_times.py --products o --tokens 32 > "$OUT/q4r-ncu.txt" 2>&1
     grep -E "Duration|Throughput|Achieved Occupancy|Registers|Issue Slots|Stall|Executed Ipc" "$OUT/q4r-ncu.txt" | head -30
   fi
+fi
+# hostpath: the server's event loop per streamed token on this host's CPU (bench/lab/host_path.py: the real server
+# and engine over a simulated 8.6 ms step; no GPU used), c=32 and c=128; $OUT/hostpath.jsonl. At c=128 the loop's
+# CPU a token bounds tok/s (bench/results/server-loop-cpu-2026-12-07.md)
+if stage hostpath; then
+  make_model qwen3-0.6b:q4_k_m
+  for c in 32 128; do
+    left 60 || break
+    PADDOCK_ASYNC_DECODE=1 timeout 120 python3 bench/lab/host_path.py --model "$(gguf_of qwen3-0.6b:q4_k_m)" \
+      --concurrency $c --requests $((3 * c)) --decode-ms 8.6 --prefill-us 25 --max-model-len 4096 2>&1 \
+      | tail -1 | tee -a "$OUT/hostpath.jsonl" | cut -c1-300
+  done
 fi
 # pattn: prefill attention alone at the last 2,048-token chunk of 2k/8k/32k prompts (bench/micro/prefill_attention_times.py)
 # under each of PATTN_DEFINES ("none": the build as it is; e.g. "none PF_LAZY=8"), $OUT/pattn.jsonl; PATTN_NCU=1 adds
