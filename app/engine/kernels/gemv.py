@@ -12,7 +12,7 @@ from typing import Any
 from app.engine.kernels import gemv_int
 from app.engine.kernels.gemv_plan import DEFAULT_PLAN, GemvPlan
 from app.engine.kernels.runtime.compile import get_kernel
-from app.engine.kernels.runtime.launch import cdiv, i32, i64, launch, ptr
+from app.engine.kernels.runtime.launch import cdiv, i32, i64, launch, ptr, sm_count
 
 TOKEN_BUCKETS = (1, 2, 4, 8)  # kernel variants; n tokens run in the smallest bucket >= n
 VARIANTS = {1: (8, 4, 1), 2: (4,), 4: (2,), 8: (2,)}  # rows per block compiled for each bucket (gemv.cu)
@@ -82,7 +82,7 @@ def gemv(
         return gemv_int.gemv_int(data, qtype_name, row_bytes, n_rows, n_cols, x, out, bias, plan=plan)
     bucket = next(b for b in TOKEN_BUCKETS if b >= n_tok)
     rows = rows_per_block or default_rows(bucket, qtype_name, plan)
-    few = None if rows_per_block or warps else few_rows_shape(n_tok, n_rows, n_cols, gemv_int.sm_count())
+    few = None if rows_per_block or warps else few_rows_shape(n_tok, n_rows, n_cols, sm_count())
     if few is not None:
         rows, warps = few
     if rows not in VARIANTS[bucket]:

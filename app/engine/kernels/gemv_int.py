@@ -14,7 +14,6 @@ in docs/tuning-log.md.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -31,6 +30,7 @@ from app.engine.kernels.runtime.launch import (
     launch,
     ptr,
     resident_blocks,
+    sm_count,
 )
 from app.engine.kernels.tuning import LaunchShape
 
@@ -81,13 +81,6 @@ def serves(
         and shared_bytes(n_cols, qtype_names) <= SHARED_LIMIT
         and all(q in INT_X_FORMATS for q in qtype_names)
     )
-
-
-@functools.cache
-def sm_count() -> int:
-    import cupy
-
-    return int(cupy.cuda.Device().attributes["MultiProcessorCount"])
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.engine import envs
-from app.engine.kernels import gemv_int
 from app.engine.kernels.runtime.compile import get_kernel
 from app.engine.kernels.runtime.launch import (
     allow_shared,
@@ -28,6 +27,7 @@ from app.engine.kernels.runtime.launch import (
     max_shared_bytes,
     ptr,
     resident_blocks,
+    sm_count,
 )
 from app.engine.quant.types import QUANT_TYPES
 
@@ -279,7 +279,7 @@ def device_shape(n_tok: int, n_rows: int, n_cols: int, layout: int, act: str | N
     registers and shared memory): the launch shape of `gemv_q4r` where none is given."""
     shape = pick_shape(n_tok, n_rows, n_cols)
     kernel, smem = _build(shape, layout, act)
-    return pick_shape(n_tok, n_rows, n_cols, resident_blocks(kernel, 32 * WARPS, smem) * gemv_int.sm_count())
+    return pick_shape(n_tok, n_rows, n_cols, resident_blocks(kernel, 32 * WARPS, smem) * sm_count())
 
 
 def _build(shape: Q4rShape, layout: int, act: str | None) -> tuple[Any, int]:

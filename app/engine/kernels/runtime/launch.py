@@ -62,6 +62,14 @@ _MAX_SHARED_OPTIN = 97
 
 
 @functools.cache
+def sm_count() -> int:
+    """The multiprocessors of this device."""
+    import cupy
+
+    return int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+
+
+@functools.cache
 def max_shared_bytes() -> int:
     """The opt-in shared memory per block of this device."""
     import cupy
