@@ -164,7 +164,7 @@ def test_a_float_x_cut_sends_big_single_products_to_the_float_kernel(tmp_path: P
 
     launched: list[str] = []
     monkeypatch.setattr(gemv_int, "gemv_int", lambda *a, **k: launched.append("int"))
-    monkeypatch.setattr(gemv_int, "sm_count", lambda: 132)
+    monkeypatch.setattr(gemv, "sm_count", lambda: 132)
     monkeypatch.setattr(gemv, "get_kernel", lambda file, name, defines: file)
     monkeypatch.setattr(gemv, "launch", lambda kernel, *a, **k: launched.append(kernel))
 
