@@ -41,7 +41,7 @@ from app.engine.server.services import Services
 from app.engine.server.serving_audio import TRANSCRIPTIONS_PATH
 from app.engine.server.sessions import bind_caller
 from app.engine.server.sse import sse_response
-from app.engine.server.streaming import ANTHROPIC_PING, COMMENT_PING, keep_alive
+from app.engine.server.streaming import ANTHROPIC_PING, COMMENT_PING, KeepAliveStream
 
 log = logging.getLogger(__name__)
 router = APIRouter(route_class=OffLoopJsonRoute)  # large JSON bodies parse on a worker
@@ -113,7 +113,7 @@ async def _generate(
         return _reply(result, dialect)
     ping = ANTHROPIC_PING if dialect is Dialect.ANTHROPIC else COMMENT_PING
     interval = _services(request).ctx.settings.stream_keepalive_seconds
-    return sse_response(keep_alive(result, ping, interval, partial(_log_client_closed, request, started)))
+    return KeepAliveStream(result, ping, interval, partial(_log_client_closed, request, started))
 
 
 def _log_client_closed(request: Request, started: float) -> None:

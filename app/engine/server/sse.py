@@ -28,7 +28,9 @@ def event_frame(event: str, payload: BaseModel | dict[str, Any]) -> str:
     return f"event: {event}\ndata: {to_json(payload)}\n\n"
 
 
+# no-cache and no proxy buffering: each frame should reach the client when it is made
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
 def sse_response(frames: AsyncIterator[str]) -> StreamingResponse:
-    # no-cache and no proxy buffering: each frame should reach the client when it is made
-    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return StreamingResponse(frames, media_type="text/event-stream", headers=headers)
+    return StreamingResponse(frames, media_type="text/event-stream", headers=SSE_HEADERS)
