@@ -56,14 +56,26 @@ def _body_ends(message: Message) -> bool:
     return message["type"] == "http.request" and not message.get("more_body", False)
 
 
+_ANSWER_KEY = "paddock.refusable"
+
+
 class _Refusable:
     """The `send` of one request that a wrapper may answer itself: once it has, the app's own
-    messages are dropped (the app is told the client left)."""
+    messages are dropped (the app is told the client left). The wrappers of a request share one
+    (`of`): every frame of a stream passes through it once, not once for each wrapper."""
 
     def __init__(self, send: Send) -> None:
         self._send = send
         self.refused = False
         self.started = False  # the app began its own answer: too late to send another
+
+    @classmethod
+    def of(cls, scope: Scope, send: Send) -> _Refusable:
+        """The request's one answer, made by the outermost wrapper around `send` as it found it."""
+        answer = scope.get(_ANSWER_KEY)
+        if answer is None:
+            answer = scope[_ANSWER_KEY] = cls(send)
+        return answer
 
     async def refuse(self, error: ApiError, scope: Scope, receive: Receive) -> Message:
         self.refused = True
@@ -104,7 +116,7 @@ class BodyDeadlineMiddleware:
             return await self.app(scope, receive, send)
         seconds = self.route_seconds.get(scope["path"], self.seconds)
         deadline = anyio.current_time() + seconds
-        answer = _Refusable(send)
+        answer = _Refusable.of(scope, send)
         whole = False
 
         async def timed() -> Message:
@@ -142,7 +154,7 @@ class BodyLimitMiddleware:
         declared = Headers(scope=scope).get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             return await reject(body_too_large(limit), scope, receive, send)
-        answer = _Refusable(send)
+        answer = _Refusable.of(scope, send)
         size = 0
 
         async def counted() -> Message:
@@ -185,7 +197,7 @@ class ConcurrencyLimitMiddleware:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in LIMITED_PATHS:
             return await self.app(scope, receive, send)
         path = scope["path"]
-        answer = _Refusable(send)
+        answer = _Refusable.of(scope, send)
         held = False
 
         async def admitted() -> Message:
