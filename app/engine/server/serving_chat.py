@@ -204,7 +204,7 @@ class OpenAIServingChat:
         text_frames = _TextFrames(frame)
         template = self.ctx.engine.chat_template
         splitters = [ReplySplitter(template, plan.parse_calls) for _ in generations]
-        texts = ["" for _ in generations]
+        texts: list[list[str]] = [[] for _ in generations]  # each reply's content pieces, for the JSON check
         finals: list[Completed] = [Completed() for _ in generations]
         try:
             for index in range(len(generations)):
@@ -212,15 +212,22 @@ class OpenAIServingChat:
             async with aclosing(merged(generations)) as outputs:
                 async for index, out in outputs:
                     finals[index].add(out)
-                    deltas = _deltas(splitters[index].feed(out.new_text), texts, index)
+                    pieces = splitters[index].feed(out.new_text)
                     logprobs = self._logprobs(req, out.logprobs or [])
-                    if logprobs and logprobs.content and not deltas:
-                        deltas = [DeltaMessage(content="")]
-                    for n, delta in enumerate(deltas):  # logprobs ride on the step's first frame
-                        if n or logprobs is None:
-                            yield text_frames.of(index, delta)
-                        else:
-                            yield frame([ChunkChoice(index=index, delta=delta, logprobs=logprobs)])
+                    if logprobs is None:  # a frame of text a piece, no delta models built
+                        for kind, text in pieces:
+                            if kind != REASONING:
+                                texts[index].append(text)
+                            yield text_frames.text(index, "reasoning_content" if kind == REASONING else "content", text)
+                    else:
+                        deltas = _deltas(pieces, texts, index)
+                        if logprobs.content and not deltas:
+                            deltas = [DeltaMessage(content="")]
+                        for n, delta in enumerate(deltas):  # logprobs ride on the step's first frame
+                            if n:
+                                yield text_frames.of(index, delta)
+                            else:
+                                yield frame([ChunkChoice(index=index, delta=delta, logprobs=logprobs)])
                     if out.finished:
                         for text in self._finish(plan, index, splitters[index], texts, finals[index], frame):
                             yield text
@@ -236,7 +243,7 @@ class OpenAIServingChat:
         plan: ChatPlan,
         index: int,
         splitter: ReplySplitter,
-        texts: list[str],
+        texts: list[list[str]],
         final: Completed,
         frame: Callable[[list[ChunkChoice]], str],
     ) -> list[str]:
@@ -254,7 +261,7 @@ class OpenAIServingChat:
                 for i, call in enumerate(calls)
             ]
             frames.append(frame([ChunkChoice(index=index, delta=DeltaMessage(tool_calls=deltas))]))
-        json_error = check_json(texts[index], plan.json_schema) if plan.check_json and not calls else None
+        json_error = check_json("".join(texts[index]), plan.json_schema) if plan.check_json and not calls else None
         last = ChunkChoice(
             index=index,
             delta=DeltaMessage(),
@@ -282,6 +289,10 @@ class _TextFrames:
             "reasoning_content", delta.reasoning_content)  # fmt: skip
         if text is None or delta.role is not None or delta.tool_calls is not None:
             return self._frame([ChunkChoice(index=index, delta=delta)])
+        return self.text(index, field, text)
+
+    def text(self, index: int, field: str, text: str) -> str:
+        """The frame of a delta of `text` in `field` ("content" or "reasoning_content") for choice `index`."""
         parts = self._parts.get((index, field))
         if parts is None:
             marked = self._frame([ChunkChoice(index=index, delta=DeltaMessage(**{field: self._MARK}))])
@@ -290,7 +301,7 @@ class _TextFrames:
         return f"{parts[0]}{pydantic_core.to_json(text).decode()}{parts[1]}"
 
 
-def _deltas(pieces: list[tuple[str, str]], texts: list[str], index: int) -> list[DeltaMessage]:
+def _deltas(pieces: list[tuple[str, str]], texts: list[list[str]], index: int) -> list[DeltaMessage]:
     """One delta per piece of the reply: reasoning as `reasoning_content`, the rest as content
     (kept in `texts` for the JSON check)."""
     out = []
@@ -298,7 +309,7 @@ def _deltas(pieces: list[tuple[str, str]], texts: list[str], index: int) -> list
         if kind == REASONING:
             out.append(DeltaMessage(reasoning_content=text))
         else:
-            texts[index] += text
+            texts[index].append(text)
             out.append(DeltaMessage(content=text))
     return out
 
