@@ -37,7 +37,8 @@ T = TypeVar("T")
 class Completed:
     """Everything one generation produced, gathered for a non-streaming response."""
 
-    text: str = ""
+    # the text's pieces, joined when read: `text += piece` on an attribute copied the whole reply every token
+    pieces: list[str] = field(default_factory=list, repr=False)
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
@@ -48,8 +49,15 @@ class Completed:
     draft_tokens: int = 0  # speculative decoding: drafted and verified
     accepted_tokens: int = 0  # of those, accepted
 
+    @property
+    def text(self) -> str:
+        if len(self.pieces) > 1:
+            self.pieces[:] = ["".join(self.pieces)]
+        return self.pieces[0] if self.pieces else ""
+
     def add(self, out: RequestOutput) -> None:
-        self.text += out.new_text
+        if out.new_text:
+            self.pieces.append(out.new_text)
         self.token_ids += out.new_token_ids
         self.logprobs += out.logprobs or []
         self.finish_reason, self.stop_reason = out.finish_reason, out.stop_reason

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from app.engine.server.errors import ApiError
@@ -97,7 +97,7 @@ class ResponseStream:
             if self.open is None:
                 frames += self.add(kind)
             assert self.open is not None
-            self.open.text += text
+            self.open.pieces.append(text)
             delta = "response.reasoning_text.delta" if kind == REASONING else "response.output_text.delta"
             extra = {} if kind == REASONING else {"logprobs": []}
             frames.append(self.event(delta, **self.open.where, delta=text, **extra))
@@ -158,7 +158,11 @@ class _OpenItem:
     kind: str
     id: str
     index: int
-    text: str = ""
+    pieces: list[str] = field(default_factory=list)  # joined once, when the item closes
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
 
     @property
     def where(self) -> dict[str, Any]:
