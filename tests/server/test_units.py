@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from app.engine.server.errors import ApiError, Dialect, describe_validation_errors
@@ -42,6 +44,32 @@ def test_disabled_splitter_passes_text_through():
     splitter = ToolCallSplitter(FakeChatTemplate(), enabled=False)
     assert feed_all(splitter, ["<tool_call>", "x"]) == "<tool_call>x"
     assert splitter.finish() == ("", [])
+
+
+CALL = '<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>'
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_splitter_shows_exactly_the_text_before_the_marker_however_the_deltas_fall(seed: int) -> None:
+    """Random texts with false alarms ("<to", "<tool_c"), long runs and a call at a random place, cut into random
+    deltas (1-9 characters): the shown text is all of it up to the marker, never a character of the marker or
+    past it, and the call is parsed at the end; without a call, all of it is shown by the end."""
+    rng = random.Random(seed)
+    words = ["a", " ", "<to", "<tool_c", "<", "tool_call", ">", "\n", "é中", "x" * 50]
+    before = "".join(rng.choice(words) for _ in range(rng.randint(0, 60))).replace("<tool_call>", "<tool_cal>")
+    after = "".join(rng.choice(words) for _ in range(rng.randint(0, 20))).replace("<tool_call>", "")
+    with_call = seed % 4 != 0
+    text = before + CALL + after if with_call else before
+    cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, len(text) // 3))) if len(text) > 1 else []
+    deltas = [text[i:j] for i, j in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+    splitter = ToolCallSplitter(FakeChatTemplate(), enabled=True)
+    shown = feed_all(splitter, deltas)
+    rest, calls = splitter.finish()
+    if with_call:
+        assert shown == before and [(c.name, c.arguments) for c in calls] == [("f", '{"a": 1}')]
+    else:
+        assert shown + rest == text.strip() or shown == text, (shown, rest)
+        assert calls == []
 
 
 def test_tool_plans():

@@ -129,42 +129,59 @@ class ParsedCall:
 
 
 class ToolCallSplitter:
-    """Feed text deltas; get back the content that is safe to show now; `finish()` parses what was held."""
+    """Feed text deltas; get back the content that is safe to show now; `finish()` parses what was held.
+
+    The whole text is kept as pieces (joined once, for the parser at the end), and the marker is looked for in a
+    window: the text not yet shown and the marker's length before it. Kept as one string grown by `+=`, the
+    text was copied whole at every token (quadratic in a long reply)."""
 
     def __init__(self, template: Any, enabled: bool) -> None:
         self._template = template
         self._enabled = enabled
         self._marker: str | None = getattr(template, "tool_call_start", None) if enabled else None
-        self._text = ""
+        self._pieces: list[str] = []
+        self._length = 0
         self._emitted = 0
+        self._window = ""  # the text from `_window_start` on
+        self._window_start = 0
         self._holding = False
 
     def feed(self, delta: str) -> str:
-        self._text += delta
+        self._pieces.append(delta)
+        self._length += len(delta)
         if not self._enabled:
-            return self._take(len(self._text))
+            self._emitted = self._length
+            return delta
         if self._marker is None or self._holding:
             return ""
-        start = self._text.find(self._marker, max(0, self._emitted - len(self._marker)))
+        self._window += delta
+        start = self._window.find(self._marker, max(0, self._emitted - len(self._marker) - self._window_start))
         if start >= 0:
             self._holding = True
-            return self._take(start)
-        return self._take(len(self._text) - _partial_marker_length(self._text, self._marker))
+            return self._take(self._window_start + start)
+        return self._take(self._length - _partial_marker_length(self._window, self._marker))
 
     def finish(self) -> tuple[str, list[ParsedCall]]:
         """The content not yet shown, and the calls parsed from the whole text."""
         if not self._enabled:
-            return self._take(len(self._text)), []
-        content, calls = self._template.parse_tool_calls(self._text)
+            return "", []
+        text = "".join(self._pieces)
+        content, calls = self._template.parse_tool_calls(text)
         parsed = [
             ParsedCall(call.id or f"call_{uuid.uuid4().hex[:24]}", call.name, call.arguments)
             for call in calls
         ]
-        return _remainder(content, self._text[: self._emitted]), parsed
+        return _remainder(content, text[: self._emitted]), parsed
 
     def _take(self, end: int) -> str:
-        out = self._text[self._emitted : end]
+        """The window's text from what was shown to `end`, now shown; the window keeps the marker's length of
+        it (a marker may begin there)."""
+        out = self._window[self._emitted - self._window_start : end - self._window_start]
         self._emitted = max(self._emitted, end)
+        keep_from = max(0, self._emitted - len(self._marker or ""))
+        if keep_from > self._window_start:
+            self._window = self._window[keep_from - self._window_start :]
+            self._window_start = keep_from
         return out
 
 
