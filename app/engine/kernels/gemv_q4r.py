@@ -254,8 +254,7 @@ def gemv_q4r(
     if out.shape != (n_tok, width) or not out.flags.c_contiguous:
         raise ValueError(f"gemv_q4r writes a C-contiguous [{n_tok}, {width}] output, not {out.shape}")
     shape = shape or device_shape(n_tok, weight.n_rows, weight.n_cols, weight.layout, act)
-    main, smem = _build(shape, weight.layout, act)
-    defines = defines_of(shape, weight.layout, act)
+    main, smem, defines = _build(shape, weight.layout, act)
     if x.dtype == cupy.float16 and x.flags.c_contiguous:
         x16 = x
     else:
@@ -278,15 +277,16 @@ def device_shape(n_tok: int, n_rows: int, n_cols: int, layout: int, act: str | N
     """pick_shape's shape with splits for as many blocks as the build keeps resident on this GPU (by its
     registers and shared memory): the launch shape of `gemv_q4r` where none is given."""
     shape = pick_shape(n_tok, n_rows, n_cols)
-    kernel, smem = _build(shape, layout, act)
+    kernel, smem, _ = _build(shape, layout, act)
     return pick_shape(n_tok, n_rows, n_cols, resident_blocks(kernel, 32 * WARPS, smem) * sm_count())
 
 
-def _build(shape: Q4rShape, layout: int, act: str | None) -> tuple[Any, int]:
+def _build(shape: Q4rShape, layout: int, act: str | None) -> tuple[Any, int, dict[str, str | int]]:
     """The product's kernel for this shape (its stages fitted to the device's shared memory), allowed its
-    dynamic shared memory, and that size."""
+    dynamic shared memory; that size, and the module's defines (the pre-pass comes from the same module)."""
     stages = stages_for(shape, layout, max_shared_bytes())
-    kernel = get_kernel(SOURCE, "gemv_q4r", defines_of(shape, layout, act, stages))
+    defines = defines_of(shape, layout, act, stages)
+    kernel = get_kernel(SOURCE, "gemv_q4r", defines)
     smem = shared_bytes(shape, layout, stages)
     allow_shared(kernel, smem)
-    return kernel, smem
+    return kernel, smem, defines

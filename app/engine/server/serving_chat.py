@@ -215,10 +215,8 @@ class OpenAIServingChat:
                     pieces = splitters[index].feed(out.new_text)
                     logprobs = self._logprobs(req, out.logprobs or [])
                     if logprobs is None:  # a frame of text a piece, no delta models built
-                        for kind, text in pieces:
-                            if kind != REASONING:
-                                texts[index].append(text)
-                            yield text_frames.text(index, "reasoning_content" if kind == REASONING else "content", text)
+                        for field, text in _fields(pieces, texts, index):
+                            yield text_frames.text(index, field, text)
                     else:
                         deltas = _deltas(pieces, texts, index)
                         if logprobs.content and not deltas:
@@ -301,17 +299,22 @@ class _TextFrames:
         return f"{parts[0]}{pydantic_core.to_json(text).decode()}{parts[1]}"
 
 
-def _deltas(pieces: list[tuple[str, str]], texts: list[list[str]], index: int) -> list[DeltaMessage]:
-    """One delta per piece of the reply: reasoning as `reasoning_content`, the rest as content
+def _fields(pieces: list[tuple[str, str]], texts: list[list[str]], index: int) -> list[tuple[str, str]]:
+    """The delta field of each piece of the reply: reasoning as `reasoning_content`, the rest as content
     (kept in `texts` for the JSON check)."""
     out = []
     for kind, text in pieces:
         if kind == REASONING:
-            out.append(DeltaMessage(reasoning_content=text))
+            out.append(("reasoning_content", text))
         else:
             texts[index].append(text)
-            out.append(DeltaMessage(content=text))
+            out.append(("content", text))
     return out
+
+
+def _deltas(pieces: list[tuple[str, str]], texts: list[list[str]], index: int) -> list[DeltaMessage]:
+    """One delta per piece of the reply (`_fields`)."""
+    return [DeltaMessage(**{field: text}) for field, text in _fields(pieces, texts, index)]
 
 
 def _json_request(req: ChatCompletionRequest) -> tuple[dict[str, Any] | None, bool]:

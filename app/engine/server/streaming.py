@@ -89,7 +89,7 @@ class KeepAliveStream(StreamingResponse):
         on_abandoned: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(frames, media_type="text/event-stream", headers=SSE_HEADERS)
-        self._frames = frames
+        self._frames = frames  # body_iterator, typed as the async iterator of str it is
         self._ping, self._interval, self._on_abandoned = ping.encode(), interval, on_abandoned
 
     async def stream_response(self, send: Send) -> None:
