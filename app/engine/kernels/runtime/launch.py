@@ -58,6 +58,7 @@ def _resident_blocks(function_ptr: int, threads: int, shared_mem: int) -> int:
 DEFAULT_SHARED_BYTES = 48 * 1024
 LEAST_OPT_IN_SHARED_BYTES = 99 * 1024  # of the GPUs the tuning tables ship for (sm_86 up)
 _MAX_DYNAMIC_SHARED = 8
+_STATIC_SHARED = 1  # CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES
 _MAX_SHARED_OPTIN = 97
 
 
@@ -78,17 +79,26 @@ def max_shared_bytes() -> int:
 
 
 def allow_shared(kernel: Any, nbytes: int) -> None:
-    """Let `kernel` take `nbytes` of dynamic shared memory; nothing to do within the default 48 KB."""
-    if nbytes > DEFAULT_SHARED_BYTES:
+    """Let `kernel` take `nbytes` of dynamic shared memory. A block's dynamic and static shared memory
+    together past the default 48 KB need the opt-in attribute: 48 KB of dynamic memory exactly beside a
+    kernel's few static bytes fails its launch (CUDA_ERROR_INVALID_VALUE) without it."""
+    if nbytes > 0:
         _allow_shared(pdl.function_ptr(kernel), nbytes)
 
 
 @functools.cache
 def _allow_shared(function_ptr: int, nbytes: int) -> None:
-    """cuFuncSetAttribute, once per (function, size): the attribute stays set on the function."""
+    """cuFuncSetAttribute where needed, once per (function, size): the attribute stays set on the function."""
     import ctypes
 
-    status = pdl.driver_library().cuFuncSetAttribute(
+    library = pdl.driver_library()
+    static = ctypes.c_int(0)
+    status = library.cuFuncGetAttribute(ctypes.byref(static), ctypes.c_int(_STATIC_SHARED), ctypes.c_void_p(function_ptr))
+    if status != 0:
+        raise RuntimeError(f"cuFuncGetAttribute(static shared memory) failed with CUDA error {status}")
+    if nbytes + static.value <= DEFAULT_SHARED_BYTES:
+        return
+    status = library.cuFuncSetAttribute(
         ctypes.c_void_p(function_ptr), ctypes.c_int(_MAX_DYNAMIC_SHARED), ctypes.c_int(nbytes)
     )
     if status != 0:
