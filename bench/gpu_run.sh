@@ -17,7 +17,7 @@ compgen -G ".whl/*.whl" > /dev/null || { echo "no wheels in .whl/: run bench/fet
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$HOME/site" .whl/*.whl || exit 1
 # Compiled kernels cached outside $OUT (only 8 files come back from it), shared by every stage.
 export PYTHONPATH=$PWD:$HOME/site PYTHONUNBUFFERED=1 PADDOCK_KERNEL_CACHE=/tmp/paddock-kernels
-STAGES=${STAGES:-tests micro parity speed serve}  # also: hostpath, agent, cascade, sweep (bench/micro/gemv_sweep.py --int), ab (see below), prefill, q4r, pattn, llamabuild, side, profile, spec, mma, wave, moe, curve, tiers
+STAGES=${STAGES:-tests micro parity speed serve}  # also: hostpath, dattn, agent, cascade, sweep (bench/micro/gemv_sweep.py --int), ab (see below), prefill, q4r, pattn, llamabuild, side, profile, spec, mma, wave, moe, curve, tiers
 MODELS=${MODELS:-qwen3-0.6b:q4_k_m qwen3-8b:q4_k_m}  # SERVE_C1 / SERVE_C32: requests of the serve runs
 AGENT_MODELS=${AGENT_MODELS:-qwen3-8b:q4_k_m}
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm --format=csv
@@ -169,14 +169,19 @@ if stage q4r; then
 fi
 # hostpath: the server's event loop per streamed token on this host's CPU (bench/lab/host_path.py: the real server
 # and engine over a simulated 8.6 ms step; no GPU used), c=32 and c=128; $OUT/hostpath.jsonl. At c=128 the loop's
-# CPU a token bounds tok/s (bench/results/server-loop-cpu-2026-12-07.md)
+# CPU a token bounds tok/s (bench/results/server-loop-cpu-2026-12-07.md); under each of HOSTPATH_SETTINGS ("none": as
+# it is; e.g. "PADDOCK_JOIN_BACKLOG=0 PADDOCK_JOIN_BACKLOG=1"), in turn per concurrency
 if stage hostpath; then
   make_model qwen3-0.6b:q4_k_m
-  for c in 32 128; do
-    left 60 || break
-    PADDOCK_ASYNC_DECODE=1 timeout 120 python3 bench/lab/host_path.py --model "$(gguf_of qwen3-0.6b:q4_k_m)" \
-      --concurrency $c --requests $((3 * c)) --decode-ms 8.6 --prefill-us 25 --max-model-len 4096 2>&1 \
-      | tail -1 | tee -a "$OUT/hostpath.jsonl" | cut -c1-300
+  for c in ${HOSTPATH_CS:-32 128}; do
+    for setting in ${HOSTPATH_SETTINGS:-none}; do
+      left 60 || break 2
+      [[ $setting == none ]] && setting=""
+      echo "== c=$c $setting" | tee -a "$OUT/hostpath.jsonl"
+      env PADDOCK_ASYNC_DECODE=1 ${setting//+/ } timeout 120 python3 bench/lab/host_path.py \
+        --model "$(gguf_of qwen3-0.6b:q4_k_m)" --concurrency $c --requests $((3 * c)) --decode-ms 8.6 --prefill-us 25 \
+        --max-model-len 4096 2>&1 | tail -1 | tee -a "$OUT/hostpath.jsonl" | cut -c1-300
+    done
   done
 fi
 # pattn: prefill attention alone at the last 2,048-token chunk of 2k/8k/32k prompts (bench/micro/prefill_attention_times.py)
@@ -256,6 +261,16 @@ if stage cascade; then
       env ${setting//+/ } timeout 240 python3 bench/suite/agent_engine.py "$(gguf_of "${AGENT_MODELS%% *}")" \
         --cases ${CASCADE_CASES:-c8,decode32k} --kv-dtype "$kv" 2>&1 | tee -a "$OUT/cascade.log" | grep '^{' | cut -c1-600
     done
+  done
+fi
+# dattn: decode attention alone at 32-128 sequences of short contexts (ISL/OSL 128 serving; bench/micro/
+# attention_decode_times.py --batch: block counts, clusters on and off) under each of DATTN_DEFINES ("none": as it is)
+if stage dattn; then
+  for defines in ${DATTN_DEFINES:-none}; do
+    left 45 || break
+    [[ $defines == none ]] && defines=""
+    echo "== PADDOCK_KERNEL_DEFINES=$defines" | tee -a "$OUT/dattn.jsonl"
+    PADDOCK_KERNEL_DEFINES=$defines timeout 150 python3 bench/micro/attention_decode_times.py --batch 2>&1 | tee -a "$OUT/dattn.jsonl" | cut -c1-600
   done
 fi
 # side: per SIDE_MODELS entry, ISL/OSL 128 at c=1 and c=32 and an 8,000-token TTFT on our server, then on

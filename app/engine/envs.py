@@ -121,6 +121,11 @@ DECLARED: tuple[EnvVar, ...] = (
            "copy, from 3, over PADDOCK_GEMV_MMA_MAX_TOKENS (0: the copy, through cuBLAS). H100, 2026-12-06, "
            "Qwen3-8B-shaped Q4_K_M: the decode step at 8 / 16 sequences 6.52 -> 5.45 / 7.17 -> 6.03 ms; at 32 "
            "the copies stay faster (Q4_K=32: 8.24 against 7.31 ms)", prefix=True),
+    EnvVar("PADDOCK_GEMV_MMA_COPY_TALL", _int, 0,
+           "the same bound for a weight of such a format with at least 16,384 rows (a fused gate/up), where larger; "
+           "0: none. H100, 2026-12-07, Qwen3-8B's gate/up at 32 tokens alone: gemv_mma2 54.8 us against cuBLAS's "
+           "75.2 on the copy (q/k/v, o and down stay faster on the copy); off until the decode step's A/B (32 "
+           "against 0) is measured"),
     EnvVar("PADDOCK_Q4R_MAX_TOKENS", _int, 0,
            "most tokens a product takes on Q4_K / Q6_K weights repacked for the tensor cores (gemv_q4r.cu: 0.625 / "
            "1.25 bytes a weight, made at load), from PADDOCK_Q4R_MIN_TOKENS, at most 128; 0: never, and no repacked copies. "
@@ -152,6 +157,10 @@ DECLARED: tuple[EnvVar, ...] = (
            "the width from which a one-weight single-token product of format `<KEY>` (Q4_K, ...) goes to the "
            "float32-x kernel instead of int16-x, at any row count (0: never; default: the tuning table's size)",
            prefix=True),
+    # serving
+    EnvVar("PADDOCK_JOIN_BACKLOG", _bool, True,
+           "a stream whose reader is behind the engine gets its piled-up outputs as one (AsyncEngine.generate: "
+           "one frame for several steps' tokens); 0: one output a step, for A/B runs of the server's host path"),
     # kernel compilation
     EnvVar("PADDOCK_KERNEL_DEFINES", _defines, MappingProxyType({}),
            "`-D` defines added to every kernel build, for A/B runs of a kernel constant"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app.engine.cache.block_table import BlockTableField
@@ -159,3 +159,18 @@ class RequestOutput:
     error: str | None = None  # why this request failed (finish_reason "error")
     num_draft_tokens: int = 0  # speculative decoding: tokens drafted and verified so far
     num_accepted_tokens: int = 0  # of those, accepted
+
+    def followed_by(self, later: RequestOutput) -> RequestOutput:
+        """This output and the `later` one of the same request as one: the new tokens, text and
+        logprobs of both, the totals and the finish of the later one."""
+        if later.request_id != self.request_id:
+            raise ValueError(f"outputs of requests {self.request_id!r} and {later.request_id!r} do not join")
+        if self.finished:
+            raise ValueError(f"request {self.request_id!r} has no output after its finished one")
+        logprobs = self.logprobs if later.logprobs is None else (self.logprobs or []) + later.logprobs
+        return replace(
+            later,
+            new_token_ids=self.new_token_ids + later.new_token_ids,
+            new_text=self.new_text + later.new_text,
+            logprobs=logprobs,
+        )

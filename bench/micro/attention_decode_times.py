@@ -3,6 +3,7 @@ as CUDA-graph replays of back-to-back launches (H200): where its time goes at sh
 
     python3 bench/micro/attention_decode_times.py          # short contexts, one sequence
     python3 bench/micro/attention_decode_times.py --long   # the agent rows: 8 x 8k and 1 x 32k
+    python3 bench/micro/attention_decode_times.py --batch  # 32-128 sequences at short contexts (serving)
 
 One line per (context, blocks per KV head): microseconds per launch. One block over several
 chunks against one chunk per block shows the per-chunk cost; one chunk alone the floor; the
@@ -62,12 +63,51 @@ def long_contexts(backend: CudaBackend, blocks: tuple[int, ...]) -> None:
         cupy.get_default_memory_pool().free_all_blocks()
 
 
+BATCH = ((32, 256), (64, 256), (128, 256), (128, 1024))  # (sequences, context): ISL/OSL 128 serving at c=32-128
+BATCH_PLAN_CONTEXT = 4096  # the context a decode graph's plan is made for (its max_model_len in the serve runs)
+
+
+def batch_contexts(backend: CudaBackend) -> None:
+    """Many sequences at short contexts, as in ISL/OSL 128 serving at c=32-128: each launch on another
+    layer's cache (more bytes than L2), the plan's block count against others, clusters on and off."""
+    import cupy
+
+    from app.engine.kernels.attention_decode import block_layout, clusters_supported, plan_blocks
+
+    _, n_kv, head_dim = HEADS["qwen3-8b"]
+    sm_count = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    bps = backend.tuning.decode_blocks_per_sm
+    rng = np.random.default_rng(0)
+    for n_seqs, ctx in BATCH:
+        layers = [_attention_setup(backend, rng, n_seqs, ctx, 1, HEADS["qwen3-8b"]) for _ in range(LAYERS)]
+        kv_bytes = 2 * n_seqs * ctx * n_kv * head_dim * 2
+        planned = plan_blocks(n_seqs, n_kv, BATCH_PLAN_CONTEXT, sm_count, head_dim, bps)
+        row: dict = {"shape": "qwen3-8b", "seqs": n_seqs, "ctx": ctx, "kv_mb": round(kv_bytes / 1e6, 1),
+                     "plan_blocks": planned}  # fmt: skip
+        for n_blocks in sorted({1, 2, 4, 8, planned}):
+            for clusters in (True, False) if clusters_supported() else (False,):
+                calls = []
+                for q, kc, vc, meta in layers:
+                    out = cupy.empty_like(q)
+                    args = (q, kc, vc, meta.seq_lens, meta.block_tables, head_dim**-0.5, None, None, n_blocks, out)
+                    calls.append(functools.partial(attention_decode, *args, clusters=clusters))
+                seconds, _ = time_graph(calls * 4)
+                key = f"blocks{block_layout(n_blocks, clusters)[0]}{'_cl' if clusters else ''}"
+                row[key] = {"us": round(seconds * 1e6, 1), "tb_s": round(kv_bytes / seconds / 1e12, 2)}
+        print(json.dumps(row), flush=True)
+        del layers
+        cupy.get_default_memory_pool().free_all_blocks()
+
+
 def main() -> None:
     import cupy
 
     backend = CudaBackend()
     if "--long" in sys.argv:
         long_contexts(backend, (2, 3, 4, 6, 8, 12))
+        return
+    if "--batch" in sys.argv:
+        batch_contexts(backend)
         return
     rng = np.random.default_rng(0)
     for name, heads in HEADS.items():

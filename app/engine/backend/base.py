@@ -185,9 +185,13 @@ class Backend(Protocol):
         ...
 
     def add_rms_norm_gated_linear(
-        self, x: Array, residual: Array | None, norm_weight: Array, eps: float, gate_up: Any, kind: str
-    ) -> tuple[Array, Array]:
-        """`(gated_linear(normed, gate_up, kind), new_residual)`, normed as in `add_rms_norm_linear`."""
+        self, x: Array, residual: Array | None, norm_weight: Array, eps: float, gate_up: Any, kind: str,
+        then: Any = None,
+    ) -> tuple[Array, Array]:  # fmt: skip
+        """`(gated_linear(normed, gate_up, kind), new_residual)`, normed as in `add_rms_norm_linear`.
+        `then`: the weight the gated result goes into next (the down projection), or None. A backend may
+        give the result in the form that product reads (CUDA: float16 for a product on a float16 copy, the
+        rounding that product would apply itself); `linear` takes it either way."""
         ...
 
     def rope_and_cache(

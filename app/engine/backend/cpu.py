@@ -149,7 +149,7 @@ class CpuBackend:
         return norm_then_product(self, x, residual, norm_weight, eps, weight, None)
 
     def add_rms_norm_gated_linear(
-        self, x, residual, norm_weight, eps: float, gate_up: CpuFusedWeight, kind: str
+        self, x, residual, norm_weight, eps: float, gate_up: CpuFusedWeight, kind: str, then=None
     ):
         return norm_then_product(self, x, residual, norm_weight, eps, gate_up, kind)
 

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from app.engine import envs
 from app.engine.config import EngineConfig
 from app.engine.core.engine import LLMEngine
 from app.engine.interface import (
@@ -49,6 +50,7 @@ class AsyncEngine:
         self._wakeup = threading.Event()
         self._streams: dict[str, _Stream] = {}
         self._stopping = False
+        self._join_backlog = envs.PADDOCK_JOIN_BACKLOG
         self._thread = threading.Thread(target=self._loop, name="paddock-engine", daemon=True)
         self._thread.start()
 
@@ -61,12 +63,22 @@ class AsyncEngine:
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
         self._send(("add", request, stream))
         finished = False
+        held: BaseException | None = None  # an error that came behind outputs joined into one
         try:
             while True:
-                item = await stream.queue.get()
+                item = held if held is not None else await stream.queue.get()
                 if isinstance(item, BaseException):
                     finished = True
                     raise item
+                # A consumer behind the engine (a busy event loop at high concurrency) takes what
+                # has piled up as one output: one frame for several steps' tokens, so the loop's
+                # work per token falls as its backlog grows, rather than the backlog growing.
+                while self._join_backlog and not item.finished and not stream.queue.empty():
+                    later = stream.queue.get_nowait()
+                    if isinstance(later, BaseException):
+                        held = later
+                        break
+                    item = item.followed_by(later)
                 yield item
                 if item.finished:
                     finished = True

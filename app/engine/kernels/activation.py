@@ -23,14 +23,18 @@ def gated(gate: Any, up: Any, kind: str, out: Any) -> Any:
 
 
 def gated_pairs(gate_up: Any, kind: str, out: Any) -> Any:
-    """`act(g) * u` for `gate_up [T, 2F]` holding gate and up side by side: `out [T, F]`."""
+    """`act(g) * u` for `gate_up [T, 2F]` holding gate and up side by side: `out [T, F]`, float32, or
+    float16 (rounded to nearest) for a product that reads float16."""
     if kind not in GATED_KERNELS:
         raise ValueError(f"unknown activation {kind!r}; expected one of {sorted(GATED_KERNELS)}")
     n, f = out.size, out.shape[-1]
     if gate_up.shape[-1] != 2 * f:
         raise ValueError(f"gate_up of shape {gate_up.shape} does not hold two halves of {f}")
+    if out.dtype.name not in ("float32", "float16"):
+        raise ValueError(f"gated_pairs writes float32 or float16, not {out.dtype}")
     if n:
-        kernel = get_kernel("activation.cu", f"gated_pairs_{kind}")
+        half = "_h" if out.dtype.name == "float16" else ""
+        kernel = get_kernel("activation.cu", f"gated_pairs_{kind}{half}")
         launch(kernel, (cdiv(n, THREADS),), (THREADS,), (gate_up, out, i64(n), i32(f)))
     return out
 

@@ -48,12 +48,24 @@ def plan_blocks(
 ) -> int:
     """Blocks per (sequence, KV head): one per chunk of the longest context, capped at about
     `blocks_per_sm` blocks per multiprocessor over the batch (enough in flight to stream a long
-    context at full bandwidth: the tuning's decode_blocks_per_sm); a block loops over the chunks
-    beyond that. Contexts shorter than the plan leave the extra blocks idle (they return at
-    once, but for those in a cluster with active blocks), so one plan serves every step a CUDA
-    graph replays."""
+    context at full bandwidth: the tuning's decode_blocks_per_sm, the blocks a multiprocessor holds at
+    once); a block loops over the chunks beyond that. Contexts shorter than the plan leave the extra
+    blocks idle (they return at once, but for those in a cluster with active blocks), so one plan
+    serves every step a CUDA graph replays.
+
+    A batch of at least one (sequence, KV head) pair per multiprocessor gets at most one wave of
+    blocks: rounded down, to a power of two that block_layout's clusters keep. Rounded up, 32
+    sequences of Qwen3-8B took 4 blocks a pair, two waves, and at serving's short contexts the
+    second wave's blocks mostly idle: 32.9 us against 25.0 us with 2 blocks at 256 keys, 42.1
+    against 38.2 us with 1 at 64 sequences (H100, 2026-12-07, bench/micro/attention_decode_times.py
+    --batch). Fewer pairs keep the rounded-up plan, which long contexts want (8 sequences at 8,000
+    keys: 16 blocks a pair in 137-142 us against 8 in 153-161 us)."""
     chunks = cdiv(max(1, max_seq_len), chunk_keys(head_dim))
-    return max(1, min(chunks, cdiv(blocks_per_sm * sm_count, n_seqs * n_kv), MAX_BLOCKS))
+    pairs, slots = n_seqs * n_kv, blocks_per_sm * sm_count
+    if pairs >= sm_count:
+        per_pair = 1 << (max(1, slots // pairs).bit_length() - 1)
+        return max(1, min(chunks, per_pair, MAX_BLOCKS))
+    return max(1, min(chunks, cdiv(slots, pairs), MAX_BLOCKS))
 
 
 @functools.cache

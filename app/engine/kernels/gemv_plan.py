@@ -18,6 +18,10 @@ from app.engine.kernels.tuning import LaunchShape, Tuning
 
 # PADDOCK_GEMV_MMA_COPY_<FORMAT>'s default (envs.py says what it measured; tests/engine/test_envs.py keeps the two equal)
 MMA_COPY: Mapping[str, int] = MappingProxyType({"Q4_K": 16})
+# PADDOCK_GEMV_MMA_COPY_TALL's default: a weight of such a format with at least MMA_TALL_ROWS rows (a fused gate/up)
+# takes gemv_mma up to this many tokens, where its many rows keep gemv_mma2's blocks busy (0: off, until measured)
+MMA_COPY_TALL = 0
+MMA_TALL_ROWS = 16384
 
 
 @dataclass(frozen=True, eq=False)
@@ -39,6 +43,8 @@ class GemvPlan:
     # products of q4r_min_tokens to q4r_max_tokens tokens on the weights' repacked copies (gemv_q4r); 0: none
     q4r_max_tokens: int = 0
     q4r_min_tokens: int = 2
+    # mma_copy's bound for a weight of at least MMA_TALL_ROWS rows (a fused gate/up), where larger
+    mma_copy_tall: int = MMA_COPY_TALL
 
     @classmethod
     def for_backend(cls, options: KernelOptions, tuning: Tuning) -> GemvPlan:
@@ -46,7 +52,8 @@ class GemvPlan:
                    options.gemv_resident_cap, options.gemv_mma_max_tokens, options.gemv_mma_no_copy,
                    options.gemv_mma_kernel, options.gemv_mma_copy, options.gemv_groups_per_thread,
                    options.fused_norm_max_cols, options.gemv_float_x_from,
-                   q4r_max_tokens=options.q4r_max_tokens, q4r_min_tokens=options.q4r_min_tokens)  # fmt: skip
+                   q4r_max_tokens=options.q4r_max_tokens, q4r_min_tokens=options.q4r_min_tokens,
+                   mma_copy_tall=options.gemv_mma_copy_tall)  # fmt: skip
 
     def q4r_serves(self, n_tok: int) -> bool:
         """Whether a product of `n_tok` tokens goes to a weight's repacked copy when it has one."""

@@ -63,6 +63,7 @@ class KernelOptions:
     gemv_mma_kernel: str = _from_env("PADDOCK_GEMV_MMA_KERNEL")  # "v1" gemv_mma.cu, "v2" gemv_mma2.cu
     # {format: most tokens on gemv_mma for a weight of that format with a float16 copy}, over gemv_mma_max_tokens
     gemv_mma_copy: Mapping[str, int] = _from_env("PADDOCK_GEMV_MMA_COPY_")
+    gemv_mma_copy_tall: int = _from_env("PADDOCK_GEMV_MMA_COPY_TALL")  # ... for such weights of many rows
     q4r_max_tokens: int = _from_env("PADDOCK_Q4R_MAX_TOKENS")  # products to N tokens on repacked K-quants; 0: off
     q4r_min_tokens: int = _from_env("PADDOCK_Q4R_MIN_TOKENS")  # ... from this many tokens
     split_mixed_steps: bool = _from_env("PADDOCK_SPLIT_MIXED_STEPS")  # decodes + a prompt chunk: two graph replays

@@ -31,6 +31,9 @@ class RMSNorm:
         fuses the norm into the product (one decode token)."""
         return self.backend.add_rms_norm_linear(x, residual, self.weight, self.eps, weight)
 
-    def add_norm_gated_linear(self, x: Any, residual: Any | None, gate_up: Any, kind: str) -> tuple[Any, Any]:
-        """`gated_linear` of `add_and_norm`'s output, and the new residual (as add_norm_linear)."""
-        return self.backend.add_rms_norm_gated_linear(x, residual, self.weight, self.eps, gate_up, kind)
+    def add_norm_gated_linear(
+        self, x: Any, residual: Any | None, gate_up: Any, kind: str, then: Any = None
+    ) -> tuple[Any, Any]:
+        """`gated_linear` of `add_and_norm`'s output, and the new residual (as add_norm_linear); `then`: the
+        weight the result goes into next, whose product the backend may give it in the form of."""
+        return self.backend.add_rms_norm_gated_linear(x, residual, self.weight, self.eps, gate_up, kind, then)

@@ -114,7 +114,7 @@ class DecoderLayer:
             h = self.moe(normed) if self.moe is not None else self.mlp(normed)
         else:
             act, residual = self.ffn_norm.add_norm_gated_linear(
-                h, residual, self.mlp.gate_up, self.mlp.activation
+                h, residual, self.mlp.gate_up, self.mlp.activation, then=self.mlp.down.weight
             )
             h = self.mlp.down(act)
             if self.experts_beside is not None:

@@ -6,7 +6,7 @@ import pytest
 
 from app.engine.backend.cuda.linear import one_token_runs
 from app.engine.kernels.attention import MAX_SPLITS, MIN_SPLIT, NO_SPLIT, group_bucket, plan_splits
-from app.engine.kernels.attention_decode import MAX_BLOCKS, MAX_CLUSTER, block_layout
+from app.engine.kernels.attention_decode import MAX_BLOCKS, MAX_CLUSTER, block_layout, plan_blocks
 from app.engine.kernels.gemv import MAX_WARPS, VARIANTS, default_rows, default_warps, few_rows_shape
 
 SMS = 132
@@ -90,6 +90,24 @@ def test_decode_blocks_fill_whole_clusters() -> None:
         if n <= MAX_CLUSTER:
             assert blocks == cluster, n  # up to one cluster's worth: one cluster, as small as holds it
     assert block_layout(66, clusters=True) == (72, MAX_CLUSTER)  # one sequence of Qwen3-8B on an H200
+
+
+def test_decode_plan_keeps_a_wide_batch_to_one_wave_of_blocks() -> None:
+    """At least one (sequence, KV head) pair per multiprocessor: blocks a pair rounded down to a power of two,
+    so that with block_layout's clusters the batch takes at most blocks_per_sm x SMs blocks (or one a pair); fewer pairs
+    keep the rounded-up plan (long contexts); never more blocks than the context's chunks."""
+    sms, bps, ctx = 132, 4, 4096  # H100, the default tuning, a serve run's graph context
+    for n_seqs in range(1, 257):
+        pairs = n_seqs * 8
+        n = plan_blocks(n_seqs, 8, ctx, sms, 128, bps)
+        total = block_layout(n, clusters=True)[0] * pairs
+        if pairs >= sms:
+            assert total <= max(pairs, bps * sms), n_seqs  # one wave, or one block a pair
+            assert n == 1 or 2 * n * pairs > bps * sms, n_seqs  # and no fewer than that takes
+        else:
+            assert n == min(64, -(-bps * sms // pairs)), n_seqs
+    assert [plan_blocks(s, 8, ctx, sms, 128, bps) for s in (1, 8, 16, 32, 64, 128)] == [64, 9, 5, 2, 1, 1]
+    assert plan_blocks(32, 8, 100, sms, 128, bps) == 2 and plan_blocks(32, 8, 64, sms, 128, bps) == 1  # chunks
 
 
 def test_gemv_int_launch_shape_caps_and_overrides() -> None:

@@ -151,6 +151,23 @@ def test_output_gate_emulated(
     assert rel_err(got, ref) < 1e-6, f"seed={seed}"
 
 
+@pytest.mark.parametrize("kind", ["silu", "gelu_tanh"])
+def test_gated_pairs_emulated(request: pytest.FixtureRequest, kernels_emu: Path, tmp_path: Path, kind: str) -> None:
+    """act(gate) * up over gate and up side by side, as numpy computes it; the float16 kernel writes exactly
+    the float32 kernel's values rounded to nearest (what a cast gives: the down projection's input on its
+    float16 copy)."""
+    rng, seed = fresh_rng(request.node.nodeid)
+    n_tok, f = 3, 300
+    gu = (rng.standard_normal((n_tok, 2 * f)) * 3).astype(np.float32)
+    gu.tofile(tmp_path / "gu.bin")
+    _run(kernels_emu, "gated_pairs", kind, "f32", tmp_path, n_tok, f)
+    got = np.fromfile(tmp_path / "y.bin", np.float32).reshape(n_tok, f)
+    assert rel_err(got, CpuBackend().gated_activation(gu[:, :f], gu[:, f:], kind)) < 1e-6, f"seed={seed}"
+    _run(kernels_emu, "gated_pairs", kind, "f16", tmp_path, n_tok, f)
+    half = np.fromfile(tmp_path / "y.bin", np.float16).reshape(n_tok, f)
+    np.testing.assert_array_equal(half, got.astype(np.float16), err_msg=f"seed={seed}")
+
+
 @pytest.mark.parametrize(("cols", "vec"), [(1000, False), (1000, True), (4096, True), (640, True), (16384, True)])
 def test_add_rms_norm_emulated(
     request: pytest.FixtureRequest, kernels_emu: Path, tmp_path: Path, cols: int, vec: bool

@@ -63,6 +63,34 @@ def test_a_format_bound_sends_weights_with_a_copy_to_gemv_mma() -> None:
     assert _served(_weight(), plan) == [3, 8, 9, 32, 64]
 
 
+def test_a_tall_weight_with_a_format_bound_takes_gemv_mma_further() -> None:
+    """plan.mma_copy_tall: a weight of MMA_TALL_ROWS rows or more (a fused gate/up) whose formats have a copy bound
+    takes gemv_mma up to the larger of the two; a narrower one, or a format without a bound, does not."""
+    from app.engine.kernels.gemv_plan import MMA_TALL_ROWS
+
+    plan = GemvPlan(mma_copy={"Q4_K": 16}, mma_copy_tall=32)
+    half = MMA_TALL_ROWS // 2
+    gate_up = CudaFusedWeight((_weight(rows=half), _weight(rows=half)), dense16=object())
+    assert _served(gate_up, plan) == [3, 8, 9, 32]
+    assert _served(_weight(rows=MMA_TALL_ROWS, copy=True), plan) == [3, 8, 9, 32]
+    assert _served(_weight(rows=MMA_TALL_ROWS - 1, copy=True), plan) == [3, 8, 9]
+    assert _served(_weight("Q6_K", rows=MMA_TALL_ROWS, copy=True), plan) == []
+    assert _served(gate_up, GemvPlan(mma_copy={"Q4_K": 16}, mma_copy_tall=0)) == [3, 8, 9]
+    assert _served(gate_up, GemvPlan(mma_copy={}, mma_copy_tall=32)) == []
+
+
+def test_takes_half_where_the_product_reads_float16() -> None:
+    """takes_half: a single weight whose product of these tokens runs on float16 x (its copy, or its rows expanded
+    past the GEMV sizes); never a fused weight, a float32 matrix, gemv_mma or the GEMVs."""
+    plan = GemvPlan(mma_copy={"Q4_K": 16})
+    assert [n for n in TOKENS if cuda_linear.takes_half(n, _weight(copy=True), plan)] == [32, 64, 65, 200]
+    assert [n for n in TOKENS if cuda_linear.takes_half(n, _weight("Q6_K", copy=True), plan)] == [3, 8, 9, 32, 64, 65, 200]
+    past_gemv = [n for n in TOKENS if n > cuda_linear.GEMV_MAX_TOKENS]
+    assert [n for n in TOKENS if cuda_linear.takes_half(n, _weight(), plan)] == [n for n in past_gemv if n > 64]
+    assert not cuda_linear.takes_half(32, CudaFusedWeight((_weight(copy=True),), dense16=object()), plan)
+    assert not cuda_linear.takes_half(0, _weight(copy=True), plan)
+
+
 def test_fused_weights_follow_their_own_copy() -> None:
     parts = (_weight(rows=256), _weight(rows=64), _weight("Q6_K", rows=64))
     assert _served(CudaFusedWeight(parts), GemvPlan()) == [3, 8, 9, 32, 64]

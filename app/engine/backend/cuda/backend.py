@@ -368,20 +368,23 @@ class CudaBackend:
         return self._norm_then(x, residual, norm_weight, eps, weight, None)
 
     def add_rms_norm_gated_linear(
-        self, x: Any, residual: Any | None, norm_weight: Any, eps: float, gate_up: CudaFusedWeight, kind: str
-    ) -> tuple[Any, Any]:
-        return self._norm_then(x, residual, norm_weight, eps, gate_up, kind)
+        self, x: Any, residual: Any | None, norm_weight: Any, eps: float, gate_up: CudaFusedWeight, kind: str,
+        then: Any = None,
+    ) -> tuple[Any, Any]:  # fmt: skip
+        return self._norm_then(x, residual, norm_weight, eps, gate_up, kind, then)
 
-    def _norm_then(self, x, residual, norm_weight, eps, weight, kind: str | None) -> tuple[Any, Any]:
+    def _norm_then(self, x, residual, norm_weight, eps, weight, kind: str | None, then: Any = None) -> tuple[Any, Any]:
         """One fused launch at one token where gemv_int.cu can take it; above, the norm written in float16
-        for a product on the weight's float16 copy (no cast kernel); else the composition."""
+        for a product on the weight's float16 copy (no cast kernel), and a gated result in float16 where
+        `then`, the product it goes into, reads float16; else the composition."""
         x = self._f32(x)
         if isinstance(weight, CudaFusedWeight):
             residual = None if residual is None else self._f32(residual)
             norm_weight = self._f32(norm_weight)
             done = _norm_linear(x, residual, norm_weight, eps, weight, kind, self.gemv_plan)
             if done is None:
-                done = _norm_dense_linear(x, residual, norm_weight, eps, weight, kind, self.gemv_plan)
+                then = then if isinstance(then, CudaWeight) else None
+                done = _norm_dense_linear(x, residual, norm_weight, eps, weight, kind, self.gemv_plan, then)
             if done is not None:
                 return done
         return norm_then_product(self, x, residual, norm_weight, eps, weight, kind)

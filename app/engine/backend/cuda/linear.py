@@ -34,7 +34,7 @@ from app.engine.kernels import activation as activation_kernels
 from app.engine.kernels import gemv as gemv_kernels
 from app.engine.kernels import gemv_int, gemv_mma, gemv_q4r
 from app.engine.kernels import norm as norm_kernels
-from app.engine.kernels.gemv_plan import DEFAULT_PLAN, GemvPlan
+from app.engine.kernels.gemv_plan import DEFAULT_PLAN, MMA_TALL_ROWS, GemvPlan
 from app.engine.kernels.gemv_split import gemv_split
 
 GEMV_MAX_TOKENS = gemv_kernels.MAX_TOKENS
@@ -72,10 +72,14 @@ def _mma_parts(
 
 def _copy_bound(parts: tuple[CudaWeight, ...], weight: CudaWeight | CudaFusedWeight, plan: GemvPlan) -> int:
     """The most tokens gemv_mma takes on a weight with a float16 copy by its formats (plan.mma_copy: where
-    decoding the quantized blocks beats reading 2 bytes a weight), the least of its parts'; 0 without one."""
+    decoding the quantized blocks beats reading 2 bytes a weight), the least of its parts'; 0 without one.
+    A weight of at least MMA_TALL_ROWS rows whose formats have a bound takes plan.mma_copy_tall where larger."""
     if weight.dense16 is None or not plan.mma_copy:
         return 0
-    return min(plan.mma_copy.get(p.qtype.name, 0) for p in parts)
+    bound = min(plan.mma_copy.get(p.qtype.name, 0) for p in parts)
+    if bound and weight.n_rows >= MMA_TALL_ROWS:
+        bound = max(bound, plan.mma_copy_tall)
+    return bound
 
 
 def _no_copy_bound(weight: CudaWeight | CudaFusedWeight, plan: GemvPlan) -> int:
@@ -94,10 +98,26 @@ def _gemv_mma(
     return out
 
 
-def _as_input(x: Any, weight: CudaWeight | CudaFusedWeight) -> Any:
+def takes_half(n_tok: int, weight: CudaWeight | CudaFusedWeight, plan: GemvPlan = DEFAULT_PLAN) -> bool:
+    """Whether `linear` of `n_tok` rows through this single weight runs on float16 x (cuBLAS on its
+    float16 copy, or on its rows expanded to float16), casting a float32 x first: a kernel that
+    produces x may write it in float16 instead, and `linear` takes it as it is."""
+    if isinstance(weight, CudaFusedWeight) or weight.dense is not None or n_tok == 0:
+        return False
+    if _q4r_serves(n_tok, weight, plan) or _mma_parts(n_tok, weight, plan) is not None:
+        return False
+    return n_tok > GEMV_MAX_TOKENS or _dense_pays(n_tok, weight)
+
+
+def _as_input(x: Any, weight: CudaWeight | CudaFusedWeight, plan: GemvPlan) -> Any:
+    """x as the product takes it: float16 where it came so and the product reads float16 (takes_half),
+    else float32 (no copy when it already is)."""
     import cupy
 
-    x = cupy.ascontiguousarray(x, dtype=cupy.float32)  # no copy when it already is
+    if x.dtype == cupy.float16 and x.ndim == 2 and takes_half(x.shape[0], weight, plan):
+        x = cupy.ascontiguousarray(x)
+    else:
+        x = cupy.ascontiguousarray(x, dtype=cupy.float32)
     if x.ndim != 2 or x.shape[1] != weight.n_cols:
         raise ValueError(f"linear {weight.name!r}: x of shape {x.shape} does not match weight {weight.shape}")
     return x
@@ -111,11 +131,12 @@ def linear(
     plan: GemvPlan = DEFAULT_PLAN,
     out: Any | None = None,
 ) -> Any:
-    """`x @ W.T (+ bias)` for float32 `x [T, in]`: float32 `[T, out]`; GEMVs launched by `plan`.
-    `out`: a C-contiguous float32 `[T, out]` to write into (a fused product's columns at one token)."""
+    """`x @ W.T (+ bias)` for float32 `x [T, in]` (or float16, for a product that reads it: takes_half):
+    float32 `[T, out]`; GEMVs launched by `plan`. `out`: a C-contiguous float32 `[T, out]` to write into
+    (a fused product's columns at one token)."""
     import cupy
 
-    x = _as_input(x, weight)
+    x = _as_input(x, weight, plan)
     if isinstance(weight, CudaFusedWeight):
         if bias is not None:
             raise ValueError("a fused weight carries its own bias")
@@ -146,7 +167,8 @@ def linear(
     else:
         if cache is not None:
             cache.promote(weight)
-        matmul_quantized(x.astype(cupy.float16), weight, out.data.ptr, weight.n_rows)
+        x16 = x if x.dtype == cupy.float16 else x.astype(cupy.float16)
+        matmul_quantized(x16, weight, out.data.ptr, weight.n_rows)
     if bias is not None:
         out += bias
     return out
@@ -237,7 +259,7 @@ def gated_linear(
     import cupy
 
     gate, up = fused.parts
-    x = _as_input(x, fused)
+    x = _as_input(x, fused, plan)
     n_tok = x.shape[0]
     gemv = (
         0 < n_tok <= GEMV_MAX_TOKENS
@@ -313,12 +335,14 @@ def norm_linear(
 
 def norm_dense_linear(
     x: Any, residual: Any | None, norm_weight: Any, eps: float, fused: CudaFusedWeight, kind: str | None,
-    plan: GemvPlan = DEFAULT_PLAN,
+    plan: GemvPlan = DEFAULT_PLAN, then: CudaWeight | None = None,
 ) -> tuple[Any, Any] | None:  # fmt: skip
     """Add + RMSNorm written in float16 by the norm kernel itself for the product on the fused weight's
     float16 copy or its repacked one, where `linear` would cast the normalized x in a kernel of its
     own (the same rounding: the result is the composition's): `(linear or gated_linear of the normalized
-    x, new residual)`, or None where the product takes another path or the norm kernel cannot write the rows."""
+    x, new residual)`, or None where the product takes another path or the norm kernel cannot write the rows.
+    `then`: the weight a gated result goes into next (the down projection); where that product reads
+    float16 (takes_half), the activation writes its result in float16, the cast `linear` would make."""
     import cupy
 
     n_tok, n_cols = x.shape
@@ -347,7 +371,9 @@ def norm_dense_linear(
         if fused.bias is not None:
             out += fused.bias
     if kind is not None:
-        out = activation_kernels.gated_pairs(out, kind, cupy.empty((n_tok, fused.parts[0].n_rows), cupy.float32))
+        half = then is not None and takes_half(n_tok, then, plan)
+        act = cupy.empty((n_tok, fused.parts[0].n_rows), cupy.float16 if half else cupy.float32)
+        out = activation_kernels.gated_pairs(out, kind, act)
     return out, (x if residual is None else new_residual)
 
 

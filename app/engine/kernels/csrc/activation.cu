@@ -25,26 +25,31 @@ extern "C" __global__ void __launch_bounds__(256) gated_gelu_tanh(const float* _
     gated_body<1>(gate, up, y, n);
 }
 
-// gate and up side by side in one [T, 2F] array (the fused gate/up projection): y [T, F].
-template <int ACT>
-__device__ __forceinline__ void gated_pairs_body(const float* __restrict__ gu, float* __restrict__ y, i64 n, int f) {
+// gate and up side by side in one [T, 2F] array (the fused gate/up projection): y [T, F]. The _h
+// kernels write y in float16 (rounded to nearest, as a cast would) for a down projection on its weight's
+// float16 copy, which would otherwise cast y in a kernel of its own (cuda/linear.py: takes_half).
+__device__ __forceinline__ void gated_store(float* y, i64 i, float v) { y[i] = v; }
+__device__ __forceinline__ void gated_store(u16* y, i64 i, float v) { y[i] = f2h(v); }
+
+template <int ACT, typename Out>
+__device__ __forceinline__ void gated_pairs_body(const float* __restrict__ gu, Out* __restrict__ y, i64 n, int f) {
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const i64 t = i / f, j = i % f;
-    y[i] = gated_act<ACT>(gu[t * 2 * f + j], gu[t * 2 * f + f + j]);
+    gated_store(y, i, gated_act<ACT>(gu[t * 2 * f + j], gu[t * 2 * f + f + j]));
 }
 
-extern "C" __global__ void __launch_bounds__(256) gated_pairs_silu(const float* __restrict__ gu, float* __restrict__ y,
-                                                                   i64 n, int f) {
-    after_previous_grid();
-    gated_pairs_body<0>(gu, y, n, f);
-}
-
-extern "C" __global__ void __launch_bounds__(256) gated_pairs_gelu_tanh(const float* __restrict__ gu,
-                                                                        float* __restrict__ y, i64 n, int f) {
-    after_previous_grid();
-    gated_pairs_body<1>(gu, y, n, f);
-}
+#define GATED_PAIRS(NAME, ACT, OUT)                                                                              \
+    extern "C" __global__ void __launch_bounds__(256) NAME(const float* __restrict__ gu, OUT* __restrict__ y, i64 n, \
+                                                           int f) {                                             \
+        after_previous_grid();                                                                                   \
+        gated_pairs_body<ACT>(gu, y, n, f);                                                                      \
+    }
+GATED_PAIRS(gated_pairs_silu, 0, float)
+GATED_PAIRS(gated_pairs_gelu_tanh, 1, float)
+GATED_PAIRS(gated_pairs_silu_h, 0, u16)
+GATED_PAIRS(gated_pairs_gelu_tanh_h, 1, u16)
+#undef GATED_PAIRS
 
 extern "C" __global__ void __launch_bounds__(256) softcap(const float* __restrict__ x, float* __restrict__ y, i64 n,
                                                           float cap) {

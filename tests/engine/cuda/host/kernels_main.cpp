@@ -7,6 +7,7 @@
 //   rms_norm_pair DIR ROWS COLS EPS THREADS   reads x.bin w.bin w2.bin, writes y.bin y2.bin
 //   dequant FMT OUT(f32|f16) DIR N_SRC N_COLS ROW_BYTES N_OUT ROW_OFFSET   reads w.bin [ids.bin], writes y.bin
 //   output_gate KIND(sigmoid|softplus) DIR N_TOK WIDTH GATE_STRIDE PER   reads out.bin gate.bin, writes y.bin
+//   gated_pairs KIND(silu|gelu_tanh) OUT(f32|f16) DIR N_TOK F   reads gu.bin ([N_TOK, 2F]), writes y.bin
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -163,6 +164,24 @@ int main(int argc, char** argv) {
             else output_gate_softplus(out.data(), gate.data(), y.data(), n, width, gate_stride, per);
         });
         write_file(dir + "/y.bin", y);
+        return 0;
+    }
+    if (cmd == "gated_pairs" && argc == 7) {
+        const std::string kind = argv[2], out = argv[3], dir = argv[4];
+        const int n_tok = atoi(argv[5]), f = atoi(argv[6]);
+        auto gu = read_file<float>(dir + "/gu.bin");
+        const i64 n = (i64)n_tok * f;
+        std::vector<float> y((size_t)n, NAN);
+        std::vector<u16> y16((size_t)n, 0xffffu);
+        const bool silu = kind == "silu", half = out == "f16";
+        launch({(unsigned)((n + 255) / 256), 1, 1}, {256, 1, 1}, [&] {
+            if (half && silu) gated_pairs_silu_h(gu.data(), y16.data(), n, f);
+            else if (half) gated_pairs_gelu_tanh_h(gu.data(), y16.data(), n, f);
+            else if (silu) gated_pairs_silu(gu.data(), y.data(), n, f);
+            else gated_pairs_gelu_tanh(gu.data(), y.data(), n, f);
+        });
+        if (half) write_file(dir + "/y.bin", y16);
+        else write_file(dir + "/y.bin", y);
         return 0;
     }
     return 2;
