@@ -263,7 +263,7 @@ if stage cascade; then
     done
   done
 fi
-# dattn: decode attention alone at 32-128 sequences of short contexts (ISL/OSL 128 serving; bench/micro/
+# dattn: decode attention alone at 16-128 sequences of short contexts and 32 of 4k (bench/micro/
 # attention_decode_times.py --batch: block counts, clusters on and off) under each of DATTN_DEFINES ("none": as it is)
 if stage dattn; then
   for defines in ${DATTN_DEFINES:-none}; do

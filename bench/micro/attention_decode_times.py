@@ -3,7 +3,7 @@ as CUDA-graph replays of back-to-back launches (H200): where its time goes at sh
 
     python3 bench/micro/attention_decode_times.py          # short contexts, one sequence
     python3 bench/micro/attention_decode_times.py --long   # the agent rows: 8 x 8k and 1 x 32k
-    python3 bench/micro/attention_decode_times.py --batch  # 32-128 sequences at short contexts (serving)
+    python3 bench/micro/attention_decode_times.py --batch  # 16-128 sequences at short contexts (serving), 32 at 4k
 
 One line per (context, blocks per KV head): microseconds per launch. One block over several
 chunks against one chunk per block shows the per-chunk cost; one chunk alone the floor; the
@@ -63,13 +63,14 @@ def long_contexts(backend: CudaBackend, blocks: tuple[int, ...]) -> None:
         cupy.get_default_memory_pool().free_all_blocks()
 
 
-BATCH = ((32, 256), (64, 256), (128, 256), (128, 1024))  # (sequences, context): ISL/OSL 128 serving at c=32-128
+BATCH = ((16, 256), (32, 256), (64, 256), (128, 256), (128, 1024), (32, 4096))  # (sequences, context): serving at c=16-128
 BATCH_PLAN_CONTEXT = 4096  # the context a decode graph's plan is made for (its max_model_len in the serve runs)
 
 
 def batch_contexts(backend: CudaBackend) -> None:
-    """Many sequences at short contexts, as in ISL/OSL 128 serving at c=32-128: each launch on another
-    layer's cache (more bytes than L2), the plan's block count against others, clusters on and off."""
+    """Many sequences at short contexts, as in ISL/OSL 128 serving at c=16-128, and 32 at 4k (whether the one-wave
+    plan costs a long context): each launch on another layer's cache (more bytes than L2), the plan's block count
+    against others, clusters on and off."""
     import cupy
 
     from app.engine.kernels.attention_decode import block_layout, clusters_supported, plan_blocks

@@ -217,7 +217,8 @@ class CpuBackend:
 
     def gated_activation(self, gate: np.ndarray, up: np.ndarray, kind: str) -> np.ndarray:
         if kind == "silu":
-            return gate / (np.float32(1.0) + np.exp(-gate)) * up
+            with np.errstate(over="ignore"):  # exp(-g) is inf below g = -88: g / inf is silu's limit there, -0
+                return gate / (np.float32(1.0) + np.exp(-gate)) * up
         if kind == "gelu_tanh":
             inner = _GELU_C * (gate + np.float32(0.044715) * gate * gate * gate)
             return np.float32(0.5) * gate * (np.float32(1.0) + np.tanh(inner)) * up

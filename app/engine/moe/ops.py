@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from app.engine.specs import UNGATED_ACTIVATIONS, MoeSpec
 
 
@@ -99,7 +101,8 @@ def swiglu_oai(xp: Any, gate_up: Any, limit: float, alpha: float) -> Any:
     one = gate_up.dtype.type(1.0)
     gate = xp.minimum(gate_up[:, :half], gate_up.dtype.type(limit))
     up = xp.clip(gate_up[:, half:], -limit, limit)
-    glu = gate / (one + xp.exp(-gate * gate_up.dtype.type(alpha)))
+    with np.errstate(over="ignore"):  # numpy: exp overflows to inf for a very negative gate, and g / inf is the limit
+        glu = gate / (one + xp.exp(-gate * gate_up.dtype.type(alpha)))
     return (up + one) * glu
 
 
