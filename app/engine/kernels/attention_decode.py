@@ -49,7 +49,7 @@ def plan_blocks(
     """Blocks per (sequence, KV head): one per chunk of the longest context, capped at about
     `blocks_per_sm` blocks per multiprocessor over the batch (enough in flight to stream a long
     context at full bandwidth: the tuning's decode_blocks_per_sm, the blocks a multiprocessor holds at
-    once); a block loops over the chunks beyond that. Contexts shorter than the plan leave the extra
+    once, 4 for sm_90's cluster builds of 128 registers); a block loops over the chunks beyond that. Contexts shorter than the plan leave the extra
     blocks idle (they return at once, but for those in a cluster with active blocks), so one plan
     serves every step a CUDA graph replays.
 
