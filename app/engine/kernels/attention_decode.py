@@ -48,10 +48,10 @@ def plan_blocks(
 ) -> int:
     """Blocks per (sequence, KV head): one per chunk of the longest context, capped at about
     `blocks_per_sm` blocks per multiprocessor over the batch (enough in flight to stream a long
-    context at full bandwidth: the tuning's decode_blocks_per_sm, the blocks a multiprocessor holds at
-    once, 4 for sm_90's cluster builds of 128 registers); a block loops over the chunks beyond that. Contexts shorter than the plan leave the extra
-    blocks idle (they return at once, but for those in a cluster with active blocks), so one plan
-    serves every step a CUDA graph replays.
+    context at full bandwidth: the tuning's decode_blocks_per_sm, the blocks a multiprocessor holds
+    at once, 4 for sm_90's cluster builds of 128 registers); a block loops over the chunks beyond
+    that. Contexts shorter than the plan leave the extra blocks idle (they return at once, but for
+    those in a cluster with active blocks), so one plan serves every step a CUDA graph replays.
 
     A batch of at least one (sequence, KV head) pair per multiprocessor gets at most one wave of
     blocks: rounded down, to a power of two that block_layout's clusters keep. Rounded up, 32
