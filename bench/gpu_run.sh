@@ -264,14 +264,23 @@ if stage cascade; then
   done
 fi
 # dattn: decode attention alone at 16-128 sequences of short contexts and 32 of 4k (bench/micro/
-# attention_decode_times.py --batch: block counts, clusters on and off) under each of DATTN_DEFINES ("none": as it is)
+# attention_decode_times.py --batch: block counts, clusters on and off; DATTN_ARGS=--plan-only: the serving plan only)
+# under each of DATTN_DEFINES ("none": as it is);
+# DATTN_NCU=1 adds Nsight Compute's sections of one launch at 128 sequences x 256 keys, the first setting ($OUT/dattn-ncu.txt)
 if stage dattn; then
   for defines in ${DATTN_DEFINES:-none}; do
     left 45 || break
     [[ $defines == none ]] && defines=""
     echo "== PADDOCK_KERNEL_DEFINES=$defines" | tee -a "$OUT/dattn.jsonl"
-    PADDOCK_KERNEL_DEFINES=$defines timeout 150 python3 bench/micro/attention_decode_times.py --batch 2>&1 | tee -a "$OUT/dattn.jsonl" | cut -c1-600
+    PADDOCK_KERNEL_DEFINES=$defines timeout 150 python3 bench/micro/attention_decode_times.py --batch ${DATTN_ARGS:-} 2>&1 | tee -a "$OUT/dattn.jsonl" | cut -c1-600
   done
+  if [[ ${DATTN_NCU:-0} == 1 ]] && left 90; then
+    defines=${DATTN_DEFINES%% *}; [[ $defines == none ]] && defines=""
+    PADDOCK_KERNEL_DEFINES=$defines timeout 120 ncu --section SpeedOfLight --section Occupancy --section WarpStateStats \
+      --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section LaunchStats --section SourceCounters \
+      -k regex:^attn_dec -s 1 -c 1 python3 bench/micro/attention_decode_times.py --ncu 128 256 > "$OUT/dattn-ncu.txt" 2>&1
+    grep -E "Duration|Throughput|Achieved Occupancy|Registers|Issue Slots|Stall|Executed Ipc|Block Limit" "$OUT/dattn-ncu.txt" | head -40
+  fi
 fi
 # side: per SIDE_MODELS entry, ISL/OSL 128 at c=1 and c=32 and an 8,000-token TTFT on our server, then on
 # llama.cpp's (bench/llama_cpp.sh; the llamabuild stage of this call or an earlier one on the same warm

@@ -121,11 +121,11 @@ DECLARED: tuple[EnvVar, ...] = (
            "copy, from 3, over PADDOCK_GEMV_MMA_MAX_TOKENS (0: the copy, through cuBLAS). H100, 2026-12-06, "
            "Qwen3-8B-shaped Q4_K_M: the decode step at 8 / 16 sequences 6.52 -> 5.45 / 7.17 -> 6.03 ms; at 32 "
            "the copies stay faster (Q4_K=32: 8.24 against 7.31 ms)", prefix=True),
-    EnvVar("PADDOCK_GEMV_MMA_COPY_TALL", _int, 0,
+    EnvVar("PADDOCK_GEMV_MMA_COPY_TALL", _int, 32,
            "the same bound for a weight of such a format with at least 16,384 rows (a fused gate/up), where larger; "
-           "0: none. H100, 2026-12-07, Qwen3-8B's gate/up at 32 tokens alone: gemv_mma2 54.8 us against cuBLAS's "
-           "75.2 on the copy (q/k/v, o and down stay faster on the copy); off until the decode step's A/B (32 "
-           "against 0) is measured"),
+           "0: none. H100, 2026-12-07, Qwen3-8B-shaped Q4_K_M, the decode step at 20 / 32 sequences: 6.92 -> 6.18 "
+           "/ 7.39 -> 6.76 ms (0 against 32, two pairs); 64 is slower than 32 at 40-64 sequences (7.82 against "
+           "7.48 ms at 40); served at c=32, 3,769 -> 4,053 tok/s"),
     EnvVar("PADDOCK_Q4R_MAX_TOKENS", _int, 0,
            "most tokens a product takes on Q4_K / Q6_K weights repacked for the tensor cores (gemv_q4r.cu: 0.625 / "
            "1.25 bytes a weight, made at load), from PADDOCK_Q4R_MIN_TOKENS, at most 128; 0: never, and no repacked copies. "

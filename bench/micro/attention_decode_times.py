@@ -4,6 +4,8 @@ as CUDA-graph replays of back-to-back launches (H200): where its time goes at sh
     python3 bench/micro/attention_decode_times.py          # short contexts, one sequence
     python3 bench/micro/attention_decode_times.py --long   # the agent rows: 8 x 8k and 1 x 32k
     python3 bench/micro/attention_decode_times.py --batch  # 16-128 sequences at short contexts (serving), 32 at 4k
+    python3 bench/micro/attention_decode_times.py --batch --plan-only  # the same rows, the serving plan only
+    python3 bench/micro/attention_decode_times.py --ncu 128 256  # a few plain launches at the plan (for Nsight)
 
 One line per (context, blocks per KV head): microseconds per launch. One block over several
 chunks against one chunk per block shows the per-chunk cost; one chunk alone the floor; the
@@ -67,7 +69,7 @@ BATCH = ((16, 256), (32, 256), (64, 256), (128, 256), (128, 1024), (32, 4096))  
 BATCH_PLAN_CONTEXT = 4096  # the context a decode graph's plan is made for (its max_model_len in the serve runs)
 
 
-def batch_contexts(backend: CudaBackend) -> None:
+def batch_contexts(backend: CudaBackend, plan_only: bool = False) -> None:
     """Many sequences at short contexts, as in ISL/OSL 128 serving at c=16-128, and 32 at 4k (whether the one-wave
     plan costs a long context): each launch on another layer's cache (more bytes than L2), the plan's block count
     against others, clusters on and off."""
@@ -85,8 +87,8 @@ def batch_contexts(backend: CudaBackend) -> None:
         planned = plan_blocks(n_seqs, n_kv, BATCH_PLAN_CONTEXT, sm_count, head_dim, bps)
         row: dict = {"shape": "qwen3-8b", "seqs": n_seqs, "ctx": ctx, "kv_mb": round(kv_bytes / 1e6, 1),
                      "plan_blocks": planned}  # fmt: skip
-        for n_blocks in sorted({1, 2, 4, 8, planned}):
-            for clusters in (True, False) if clusters_supported() else (False,):
+        for n_blocks in [planned] if plan_only else sorted({1, 2, 4, 8, planned}):
+            for clusters in (True, False) if clusters_supported() and not plan_only else (clusters_supported(),):
                 calls = []
                 for q, kc, vc, meta in layers:
                     out = cupy.empty_like(q)
@@ -100,15 +102,36 @@ def batch_contexts(backend: CudaBackend) -> None:
         cupy.get_default_memory_pool().free_all_blocks()
 
 
+def launches_for_a_profiler(backend: CudaBackend, n_seqs: int, ctx: int) -> None:
+    """A few plain launches (no graph) of the serving plan at `n_seqs` x `ctx`, for Nsight Compute to take one."""
+    import cupy
+
+    from app.engine.kernels.attention_decode import plan_blocks
+
+    _, n_kv, head_dim = HEADS["qwen3-8b"]
+    sm_count = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    n_blocks = plan_blocks(n_seqs, n_kv, BATCH_PLAN_CONTEXT, sm_count, head_dim, backend.tuning.decode_blocks_per_sm)
+    q, kc, vc, meta = _attention_setup(backend, np.random.default_rng(0), n_seqs, ctx, 1, HEADS["qwen3-8b"])
+    out = cupy.empty_like(q)
+    for _ in range(3):
+        attention_decode(q, kc, vc, meta.seq_lens, meta.block_tables, head_dim**-0.5, None, None, n_blocks, out)
+    cupy.cuda.Device().synchronize()
+    print(json.dumps({"seqs": n_seqs, "ctx": ctx, "plan_blocks": n_blocks}), flush=True)
+
+
 def main() -> None:
     import cupy
 
     backend = CudaBackend()
+    if "--ncu" in sys.argv:
+        at = sys.argv.index("--ncu")
+        launches_for_a_profiler(backend, int(sys.argv[at + 1]), int(sys.argv[at + 2]))
+        return
     if "--long" in sys.argv:
         long_contexts(backend, (2, 3, 4, 6, 8, 12))
         return
     if "--batch" in sys.argv:
-        batch_contexts(backend)
+        batch_contexts(backend, plan_only="--plan-only" in sys.argv)
         return
     rng = np.random.default_rng(0)
     for name, heads in HEADS.items():

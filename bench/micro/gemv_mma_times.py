@@ -3,12 +3,13 @@ gemv_mma2.cu ("v2") against cuBLAS on a float16 copy of the weight (blas.matmul_
 float16 cache does) and against expand-then-cuBLAS (linear.matmul_quantized with no copy).
 
 Products (rows x columns, Q4_K_M's formats: gate+up in Q4_K as two stacked weights, down in Q6_K):
-Qwen3-8B q 4096 x 4096, gate+up 2 x 12288 x 4096, down 4096 x 12288; the Qwen3.5-27B and Gemma-4-31B
+Qwen3-8B q 4096 x 4096, gate+up 2 x 12288 x 4096, down 4096 x 12288, lm_head 151936 x 4096 (Q6_K); the Qwen3.5-27B and Gemma-4-31B
 shapes (hidden 5120, intermediate 17408 / 21504) with a 5120 x 5120 q-sized product. Weight bytes are
 random (valid scales), in enough copies that cycling through them misses L2, as a decode step does.
 
     python3 bench/micro/gemv_mma_times.py                    # everything (< 90 s on an H100)
     python3 bench/micro/gemv_mma_times.py --models 8b --tokens 8 32
+    python3 bench/micro/gemv_mma_times.py --models 8b --products lm_head gate+up --tokens 16 20 32
     python3 bench/micro/gemv_mma_times.py --list             # the cases only (no GPU)
 
 Prints one JSON line per (product, tokens): microseconds per call of each path, each as CUDA events
@@ -41,6 +42,7 @@ from app.engine.kernels.gemv_mma import MAX_SPLITS, MmaShape, cdiv, module_of, p
 from app.engine.quant.types import QUANT_TYPES
 
 TOKENS = (2, 4, 8, 16, 32, 64)
+QWEN3_VOCAB = 151936
 SPLITS = tuple(2**i for i in range(MAX_SPLITS.bit_length()))  # v2's column splits, timed beside its pick
 METHODS = ("v1", "v2", "cublas16", "expand")
 CALLS = 50  # calls a timed graph holds
@@ -74,6 +76,8 @@ def products(models: list[str]) -> list[Product]:
         hidden, q_rows, inter = shapes[model]
         out += [Product(model, "q", "Q4_K", (q_rows,), hidden), Product(model, "gate+up", "Q4_K", (inter, inter), hidden),
                 Product(model, "down", "Q6_K", (hidden,), inter)]  # fmt: skip
+        if model == "8b":  # the output head (Q6_K in Q4_K_M), the decode step's tallest product
+            out.append(Product(model, "lm_head", "Q6_K", (QWEN3_VOCAB,), hidden))
     return out
 
 
@@ -81,6 +85,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="*", choices=("8b", "27b", "31b"), default=["8b", "27b", "31b"])
     parser.add_argument("--tokens", nargs="*", type=int, default=list(TOKENS))
+    parser.add_argument("--products", nargs="*", choices=("q", "gate+up", "down", "lm_head"), default=None,
+                        help="only these products (default: all)")  # fmt: skip
     parser.add_argument("--methods", nargs="*", choices=METHODS, default=list(METHODS))
     parser.add_argument("--list", action="store_true", help="print the cases and v2's shapes, touch no GPU")
     args = parser.parse_args(argv)
@@ -234,7 +240,7 @@ def _expand_then_cublas(x16: Any, weights: list, out: Any) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     started = time.perf_counter()
-    cases = products(args.models)
+    cases = [p for p in products(args.models) if args.products is None or p.name in args.products]
     if args.list:
         for product in cases:
             for n_tok in args.tokens:

@@ -91,6 +91,8 @@ SELECTED = {
     "attention_decode.cu": ("-DATTN_D=256", "-DATTN_G=2", "-DATTN_CL=2"),
     # the rope_cache-fused build (attention_decode_qkv) as Qwen3-8B asks for it
     "attention_decode.cu#rope": ("-DATTN_D=128", "-DATTN_G=4", "-DATTN_CL=8", "-DATTN_ROPE=1"),
+    # float16 output for an output projection on its float16 copy (serving batches), clusters merging
+    "attention_decode.cu#half": ("-DATTN_D=128", "-DATTN_G=4", "-DATTN_CL=2", "-DDEC_OUT_HALF=1"),
     "gemv_fused.cu": (
         "-DMULTI_F0=FmtQ5_K",
         "-DMULTI_F1=FmtQ8_0",
@@ -133,6 +135,7 @@ SELECTED_ENTRIES = {
     "ssd.cu": "ssd_scan",
     "attention_decode.cu": "attn_dec_d256_g2",
     "attention_decode.cu#rope": "attn_dec_rope_d128_g4",
+    "attention_decode.cu#half": "attn_dec_d128_g4",
     "gemv_fused.cu": "gemv_multi",
     "gemv_int.cu": "gemv_int_gated",
     "attention.cu#fp8": "attn_d128_g4",

@@ -290,9 +290,12 @@ class Backend(Protocol):
         scale: float,
         sliding_window: int | None = None,
         softcap: float | None = None,
+        then: Any = None,
     ) -> Array:
         """`attention(rope_and_cache(qkv, ...), ...)` (rope_cache_then_attention): one launch where
-        the backend fuses them (CUDA at decode)."""
+        the backend fuses them (CUDA at decode). `then`: the weight the output goes into next (the output
+        projection), or None; as in `add_rms_norm_gated_linear`, a backend may give the output in the form
+        that product reads (CUDA: float16 for a product on a float16 copy)."""
         ...
 
     def softcap(self, x: Array, cap: float) -> Array:

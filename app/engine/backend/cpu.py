@@ -139,7 +139,7 @@ class CpuBackend:
         return self.gated_activation(self.linear(x, gate, gate_bias), self.linear(x, up, up_bias), kind)
 
     def rope_cache_attention(
-        self, qkv, rope, k_cache, v_cache, meta, scale, sliding_window=None, softcap=None
+        self, qkv, rope, k_cache, v_cache, meta, scale, sliding_window=None, softcap=None, then=None
     ):
         return rope_cache_then_attention(
             self, qkv, rope, k_cache, v_cache, meta, scale, sliding_window, softcap

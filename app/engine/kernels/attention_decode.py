@@ -105,8 +105,9 @@ def attention_decode(
     sliding_window: int | None, softcap: float | None, n_blocks: int, out: Any, clusters: bool = True,
     key_floor: Any = None, lse_out: Any = None, sinks: Any = None,
 ) -> Any:  # fmt: skip
-    """`out [S, n_heads, D]` for float32 `q [S, n_heads, D]`, one token per sequence, whose
-    position is its `seq_lens` entry minus one (its own key already written to the cache).
+    """`out [S, n_heads, D]` (float32, or float16: each element rounded once) for float32
+    `q [S, n_heads, D]`, one token per sequence, whose position is its `seq_lens` entry minus one
+    (its own key already written to the cache).
     `clusters`: merge through thread-block clusters where the device has them.
 
     For a cascade decode (attention_cascade.py): `key_floor` (int32 [1] on the device, read at run
@@ -175,7 +176,10 @@ def _launch(
     gmax = group_bucket(n_heads, n_kv)
     n_blocks, cluster = block_layout(n_blocks, clusters and clusters_supported())
     kv = kv_operands(k_cache, v_cache)
-    defines = {"ATTN_D": head_dim, "ATTN_G": gmax, "ATTN_CL": cluster, **defines, **kv.defines}
+    if out.dtype.name not in ("float32", "float16"):
+        raise ValueError(f"decode attention writes float32 or float16, not {out.dtype}")
+    half = int(out.dtype.name == "float16")  # DEC_OUT_HALF: for an output projection that reads float16
+    defines = {"ATTN_D": head_dim, "ATTN_G": gmax, "ATTN_CL": cluster, "DEC_OUT_HALF": half, **defines, **kv.defines}
     kernel = get_kernel("attention_decode.cu", f"{entry}_d{head_dim}_g{gmax}", defines)
     part_acc = cupy.empty((n_seqs, n_heads, n_blocks, head_dim), cupy.float32)
     part_m = cupy.empty((n_seqs, n_heads, n_blocks), cupy.float32)

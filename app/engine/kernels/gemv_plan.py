@@ -19,8 +19,8 @@ from app.engine.kernels.tuning import LaunchShape, Tuning
 # PADDOCK_GEMV_MMA_COPY_<FORMAT>'s default (envs.py says what it measured; tests/engine/test_envs.py keeps the two equal)
 MMA_COPY: Mapping[str, int] = MappingProxyType({"Q4_K": 16})
 # PADDOCK_GEMV_MMA_COPY_TALL's default: a weight of such a format with at least MMA_TALL_ROWS rows (a fused gate/up)
-# takes gemv_mma up to this many tokens, where its many rows keep gemv_mma2's blocks busy (0: off, until measured)
-MMA_COPY_TALL = 0
+# takes gemv_mma up to this many tokens, where its many rows keep gemv_mma2's blocks busy (envs.py says what it measured)
+MMA_COPY_TALL = 32
 MMA_TALL_ROWS = 16384
 
 

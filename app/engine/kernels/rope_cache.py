@@ -7,14 +7,23 @@ from typing import Any
 from app.engine.kernels.kv_cache import write_kv
 from app.engine.kernels.kv_format import is_fp8
 from app.engine.kernels.runtime.compile import get_kernel
-from app.engine.kernels.runtime.launch import f32, i32, launch, ptr
+from app.engine.kernels.runtime.launch import cdiv, f32, i32, launch, ptr
 
-MAX_HEAD_DIM = 512  # one thread per rotated pair: 256 threads, the kernel's launch bound
+BLOCK_THREADS = 256  # the kernel's launch bound (RC_THREADS)
+MAX_HEAD_DIM = 2 * BLOCK_THREADS  # one thread per rotated pair: a 512-wide head fills a block
 
 
 def supports(head_dim: int) -> bool:
     """Whether one block's threads, one per rotated pair, are whole warps (its norm is a block sum)."""
     return head_dim % 64 == 0 and head_dim <= MAX_HEAD_DIM
+
+
+def heads_per_block(head_dim: int) -> int:
+    """Heads of one token a block of rope_cache.cu holds: as many whole heads of head_dim / 2 threads as
+    fit BLOCK_THREADS (4 of 128, 8 of 64, 2 of 256, 1 of 512). Fewer, fuller blocks than one per head;
+    the kernel reads the count back from its block size; the emulator harnesses
+    (tests/engine/cuda/host/fused_main.cpp, fp8_main.cpp) launch by the same rule."""
+    return max(1, BLOCK_THREADS // (head_dim // 2))
 
 
 def rope_cache(
@@ -58,9 +67,10 @@ def rope_cache(
         k_out, v_out = (cupy.empty((n_tok, n_kv, head_dim), cupy.float32) for _ in range(2))
     else:
         k_out, v_out = k_cache, v_cache
+    hpb = heads_per_block(head_dim)
     launch(
-        get_kernel("rope_cache.cu", "rope_cache", {"KV_FP8": 1} if fp8 else None), (n_tok, n_heads + 2 * n_kv),
-        (head_dim // 2,),
+        get_kernel("rope_cache.cu", "rope_cache", {"KV_FP8": 1} if fp8 else None),
+        (n_tok, cdiv(n_heads + 2 * n_kv, hpb)), (hpb * head_dim // 2,),
         (qkv, i32(n_heads), i32(n_kv), i32(head_dim), ptr(q_norm), ptr(k_norm), f32(eps), positions, cos, sin,
          i32(cos.shape[0]), i32(cos.shape[1]), i32(interleaved), k_out, v_out, slots, q_out),
     )  # fmt: skip

@@ -138,8 +138,9 @@ class Attention:
         if meta.image_spans is not None or meta.rope is not None:
             out = self._attend_reference(qkv, meta, kv_cache)  # honours image spans and a step's own rope
         elif self.sinks is None:
+            then = self.o.weight if gate is None else None  # the output gate reads float32
             out = self.backend.rope_cache_attention(
-                qkv, self.rope, k_cache, v_cache, meta, s.scale, s.sliding_window, s.softcap
+                qkv, self.rope, k_cache, v_cache, meta, s.scale, s.sliding_window, s.softcap, then=then
             )
         else:
             r = self.rope

@@ -406,3 +406,44 @@ def test_rope_cache_attention_matches_numpy_composition(cuda, cpu, rng, ctxs, qk
     for got_cache, want_cache in ((kg, kc), (vg, vc)):
         rows = cuda.to_host(got_cache).reshape(-1, n_kv, head_dim)[slots].astype(np.float32)
         np.testing.assert_allclose(rows, want_cache.reshape(-1, n_kv, head_dim)[slots], rtol=2e-3, atol=2e-3)
+
+
+# (sequences, decode_rope): 3 take the o product on gemv_mma (float32 x), 24 cuBLAS on o's float16 copy;
+# "off": rope_cache then attention_decode, "all": the fused launch (attention_decode_qkv)
+@pytest.mark.parametrize("decode_rope", ["off", "all"])
+@pytest.mark.parametrize("n_seqs", [3, 24])
+def test_decode_attention_output_in_float16_for_an_output_product_on_its_copy(rng, n_seqs: int, decode_rope) -> None:
+    """Given the output projection (`then`) that reads float16 at this batch, rope_cache_attention writes its
+    output in float16: the float32 output rounded once, as linear's cast would round it, so the product
+    gives what it gives from the float32 output. Where o reads float32, the output stays float32."""
+    import cupy
+    from cuda_samples import random_tensor
+
+    from app.engine.backend.base import QkvRope
+    from app.engine.backend.cpu import CpuBackend
+    from app.engine.backend.cuda.backend import CudaBackend
+    from app.engine.backend.cuda.linear import takes_half
+    from app.engine.kernels.options import KernelOptions
+
+    dense = CudaBackend(dense_cache="on", kernel_options=KernelOptions(decode_rope=decode_rope))
+    n_heads, n_kv, head_dim = 32, 8, 128
+    ctxs = [int(c) for c in rng.integers(1, 400, n_seqs)]
+    _, _, (kg, vg, mg) = make_batch(dense, CpuBackend(), rng, [(1, c) for c in ctxs], n_heads, n_kv, head_dim)
+    tables = dense.to_host(mg.block_tables)
+    pos = np.array(ctxs, np.int32) - 1
+    mg.slot_mapping = dense.from_host(
+        (tables[np.arange(n_seqs), pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE).astype(np.int32)
+    )
+    o = dense.load_weight(random_tensor("Q4_K", n_heads * head_dim, n_heads * head_dim, rng, name="blk.0.attn_output"))
+    rope = QkvRope(n_heads, n_kv, head_dim, None, None, 1e-6, dense.rope_table(*rope_tables(head_dim, 4096)), False)
+    qkv = dense.from_host(rng.standard_normal((n_seqs, (n_heads + 2 * n_kv) * head_dim)).astype(np.float32))
+    scale = head_dim**-0.5
+    assert dense.fuses_rope(n_seqs, n_heads, head_dim) == (decode_rope == "all")
+    out16 = dense.rope_cache_attention(qkv, rope, kg, vg, mg, scale, then=o)
+    out32 = dense.rope_cache_attention(qkv, rope, kg, vg, mg, scale)  # the same keys again: the same output
+    half = takes_half(n_seqs, o, dense.gemv_plan)
+    assert half == (n_seqs == 24)
+    assert out16.dtype == (cupy.float16 if half else cupy.float32) and out32.dtype == cupy.float32
+    np.testing.assert_array_equal(dense.to_host(out16), dense.to_host(out32).astype(out16.dtype))
+    x16, x32 = (a.reshape(n_seqs, n_heads * head_dim) for a in (out16, out32))
+    assert rel_err(dense.to_host(dense.linear(x16, o)), dense.to_host(dense.linear(x32, o))) < 1e-6

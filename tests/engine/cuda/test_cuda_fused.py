@@ -278,18 +278,20 @@ def test_norm_written_in_float16_for_the_dense_product(
     np.testing.assert_array_equal(dense.to_host(new_res), dense.to_host(ref_res))
 
 
-@pytest.mark.parametrize("n_tok", [3, 40])
-def test_gated_result_in_float16_for_a_down_product_on_its_float16_copy(cuda, rng, n_tok: int) -> None:
+# (tokens, gate/up rows): 3 and 40 take the norm in float16 and cuBLAS on the gate/up copy; 32 on a gate/up of
+# MMA_TALL_ROWS takes gemv_mma there (PADDOCK_GEMV_MMA_COPY_TALL) after the norm in float32, the composition
+@pytest.mark.parametrize(("n_tok", "rows"), [(3, 1024), (40, 1024), (32, 16384)])
+def test_gated_result_in_float16_for_a_down_product_on_its_float16_copy(cuda, rng, n_tok: int, rows: int) -> None:
     """Given the down weight (`then`) that reads float16 at these tokens, add_rms_norm_gated_linear writes its
     result in float16: the float32 result rounded as linear's cast would round it; linear takes it as it is and
     gives what it gives from the float32 result. Where down does not read float16, the result stays float32."""
     import cupy
 
     from app.engine.backend.cuda.backend import CudaBackend
-    from app.engine.backend.cuda.linear import takes_half
+    from app.engine.backend.cuda.linear import _mma_parts, takes_half
 
     dense = CudaBackend(dense_cache="on")
-    cols, rows, eps = 2048, 1024, 1e-6
+    cols, eps = 2048, 1e-6
     gate_up = dense.fuse_linear(
         [dense.load_weight(random_tensor("Q4_K", rows, cols, rng, name=f"blk.0.ffn_{n}")) for n in ("gate", "up")],
         [None, None],
@@ -300,8 +302,9 @@ def test_gated_result_in_float16_for_a_down_product_on_its_float16_copy(cuda, rn
     nw = dense.from_host(rng.uniform(0.02, 0.05, cols).astype(np.float32))
     act, _ = dense.add_rms_norm_gated_linear(x, res, nw, eps, gate_up, "silu", then=down)
     act32, _ = dense.add_rms_norm_gated_linear(x, res, nw, eps, gate_up, "silu")
+    assert (_mma_parts(n_tok, gate_up, dense.gemv_plan) is not None) == (rows == 16384)
     half = takes_half(n_tok, down, dense.gemv_plan)
-    assert half == (n_tok == 40)  # 40 tokens: cuBLAS on the copies; 3: gemv_mma (PADDOCK_GEMV_MMA_COPY_Q4_K)
+    assert half == (n_tok > 16)  # 32 and 40 tokens: cuBLAS on down's copy; 3: gemv_mma (PADDOCK_GEMV_MMA_COPY_Q4_K)
     assert act.dtype == (cupy.float16 if half else cupy.float32) and act32.dtype == cupy.float32
     np.testing.assert_array_equal(dense.to_host(act), dense.to_host(act32).astype(act.dtype))
     got, ref = dense.to_host(dense.linear(act, down)), dense.to_host(dense.linear(act32, down))

@@ -83,6 +83,44 @@ def test_attention_decode_emulated(
     assert rel_err(got, ref) < 1e-5, f"seed={seed}"
 
 
+@pytest.fixture(scope="module")
+def half_out_emu(tmp_path_factory) -> Path:
+    """The kernel writing float16 output (DEC_OUT_HALF: for an output projection that reads float16)."""
+    return build(tmp_path_factory, "attn_decode_main.cpp", ("-DDEC_OUT_HALF=1",))
+
+
+@pytest.mark.parametrize("rope", [False, True])
+@pytest.mark.parametrize(("ctxs", "blocks"), [([1, 17, 300], 1), ([700, 5, 130], 3)])  # one block; the merge
+def test_float16_output_is_the_float32_output_rounded(
+    request: pytest.FixtureRequest, decode_emu: Path, half_out_emu: Path, tmp_path: Path, ctxs, blocks, rope: bool
+) -> None:
+    """DEC_OUT_HALF's output is exactly the float32 build's, each element rounded to nearest (what the cast
+    before the output projection gives), over both output paths (one active block, the blocks' merge)."""
+    rng, seed = fresh_rng(request.node.nodeid)
+    heads = (32, 8, 128)
+    q, k_cache, v_cache, meta = _decode_case(rng, ctxs, heads)
+    n_heads, n_kv, head_dim = heads
+    pos = meta.seq_lens - 1
+    slots = (meta.block_tables[np.arange(len(ctxs)), pos // BLOCK] * BLOCK + pos % BLOCK).astype(np.int32)
+    table = CpuBackend().rope_table(*rope_tables(head_dim, 1024))
+    qkv = rng.standard_normal((len(ctxs), (n_heads + 2 * n_kv) * head_dim)).astype(np.float32)
+    for name, a in (("q", q), ("seq_lens", meta.seq_lens), ("tables", meta.block_tables), ("qkv", qkv),
+                    ("pos", pos), ("slots", slots), ("cos", table.cos), ("sin", table.sin)):  # fmt: skip
+        a.tofile(tmp_path / f"{name}.bin")
+    args = (tmp_path, head_dim, group_bucket(n_heads, n_kv), len(ctxs), n_heads, n_kv, BLOCK,
+            meta.block_tables.shape[1], head_dim**-0.5, 0.0, 0, blocks)  # fmt: skip
+    rope_args = ("rope", *args, 1e-6, 1024, 0, 0) if rope else args
+    outs = []
+    for exe, dtype in ((decode_emu, np.float32), (half_out_emu, np.float16)):
+        k_cache.astype(np.float16).tofile(tmp_path / "k.bin")  # the rope build writes the new keys back
+        v_cache.astype(np.float16).tofile(tmp_path / "v.bin")
+        run(exe, *rope_args)
+        outs.append(np.fromfile(tmp_path / "out.bin", dtype))
+    full, half = outs
+    assert np.isfinite(full).all() and np.abs(full).max() > 0.1, f"seed={seed}"
+    np.testing.assert_array_equal(half, full.astype(np.float16), err_msg=f"seed={seed}")
+
+
 @pytest.mark.parametrize(("ctxs", "heads", "window", "blocks"), [
     ([1, 17, 300], (64, 8, 64), None, 8),  # GPT-OSS's heads: 64 x 64 over 8 KV heads; one block, several
     ([700, 5], (64, 8, 64), 128, 3),  # its sliding layers (window 128), blocks looping over chunks

@@ -151,19 +151,31 @@ def test_output_gate_emulated(
     assert rel_err(got, ref) < 1e-6, f"seed={seed}"
 
 
+def test_gated_pairs_takes_four_elements_a_thread_where_rows_and_pointers_allow() -> None:
+    from app.engine.kernels.activation import pairs_vector
+
+    assert pairs_vector(12288, 0, 256) == 4
+    assert pairs_vector(302, 0, 256) == 1  # a row's halves would split a 16-byte load
+    assert pairs_vector(12288, 8, 256) == pairs_vector(12288, 0, 264) == 1  # unaligned input or output
+
+
+# (f, vec): a width of no 4-element split on one element a thread; one of 4-element splits both ways
+@pytest.mark.parametrize(("f", "vec"), [(302, 1), (300, 1), (300, 4)])
 @pytest.mark.parametrize("kind", ["silu", "gelu_tanh"])
-def test_gated_pairs_emulated(request: pytest.FixtureRequest, kernels_emu: Path, tmp_path: Path, kind: str) -> None:
-    """act(gate) * up over gate and up side by side, as numpy computes it; the float16 kernel writes exactly
-    the float32 kernel's values rounded to nearest (what a cast gives: the down projection's input on its
-    float16 copy)."""
+def test_gated_pairs_emulated(
+    request: pytest.FixtureRequest, kernels_emu: Path, tmp_path: Path, kind: str, f: int, vec: int
+) -> None:
+    """act(gate) * up over gate and up side by side, as numpy computes it, one element or four a thread (the
+    wrapper's grid); the float16 kernel writes exactly the float32 kernel's values rounded to nearest (what a
+    cast gives: the down projection's input on its float16 copy)."""
     rng, seed = fresh_rng(request.node.nodeid)
-    n_tok, f = 3, 300
+    n_tok = 3
     gu = (rng.standard_normal((n_tok, 2 * f)) * 3).astype(np.float32)
     gu.tofile(tmp_path / "gu.bin")
-    _run(kernels_emu, "gated_pairs", kind, "f32", tmp_path, n_tok, f)
+    _run(kernels_emu, "gated_pairs", kind, "f32", tmp_path, n_tok, f, vec)
     got = np.fromfile(tmp_path / "y.bin", np.float32).reshape(n_tok, f)
     assert rel_err(got, CpuBackend().gated_activation(gu[:, :f], gu[:, f:], kind)) < 1e-6, f"seed={seed}"
-    _run(kernels_emu, "gated_pairs", kind, "f16", tmp_path, n_tok, f)
+    _run(kernels_emu, "gated_pairs", kind, "f16", tmp_path, n_tok, f, vec)
     half = np.fromfile(tmp_path / "y.bin", np.float16).reshape(n_tok, f)
     np.testing.assert_array_equal(half, got.astype(np.float16), err_msg=f"seed={seed}")
 
@@ -378,21 +390,29 @@ def test_rope_emulated(
     np.testing.assert_array_equal(got[..., rotary:], x[..., rotary:])
 
 
-@pytest.mark.parametrize(("head_dim", "interleaved", "norm", "rotary"), [
-    (64, True, True, 64), (128, False, True, 128), (256, False, False, 256), (512, False, True, 512),
-    (256, False, True, 64), (64, False, False, 16), (128, True, True, 32),  # partial RoPE (Qwen3.5, Qwen3-Next)
-    (512, True, True, 128),  # partial at the widest head (256 threads)
+# A block holds heads_per_block(head_dim) heads of a token (8 of 64, 4 of 128, 2 of 256, 1 of 512); heads
+# (n_heads + 2 n_kv) not a multiple of it leave the last block part empty.
+@pytest.mark.parametrize(("head_dim", "interleaved", "norm", "rotary", "n_heads", "n_kv"), [
+    (64, True, True, 64, 4, 2), (128, False, True, 128, 4, 2), (256, False, False, 256, 4, 2),
+    (512, False, True, 512, 4, 2),
+    (256, False, True, 64, 4, 2), (64, False, False, 16, 4, 2), (128, True, True, 32, 4, 2),  # partial RoPE
+    (512, True, True, 128, 4, 2),  # partial at the widest head (256 threads)
+    (128, False, True, 128, 2, 2), (128, False, False, 128, 2, 2),  # 6 heads: the second block half empty
+    (64, False, True, 64, 3, 1), (64, True, False, 64, 10, 2),  # 5 of 8 heads; 14: q, k and v in one block
+    (256, True, True, 256, 3, 1), (256, False, False, 128, 3, 1),  # 5 heads of 256: the last block half empty
 ])  # fmt: skip
 def test_rope_cache_emulated(
     request: pytest.FixtureRequest,
-    fused_emu: Path, tmp_path: Path, head_dim: int, interleaved: bool, norm: bool, rotary: int
-) -> None:
+    fused_emu: Path, tmp_path: Path, head_dim: int, interleaved: bool, norm: bool, rotary: int, n_heads: int,
+    n_kv: int,
+) -> None:  # fmt: skip
     """QK-norm + RoPE + KV write in one launch equals the numpy composition; padding slots untouched.
     With a table of fewer than head_dim / 2 frequencies only the first `rotary` dims turn (the norm
-    still spans the head)."""
+    still spans the head). Several heads share a block (rope_cache.heads_per_block), each with its own
+    sum of squares; heads past the last in a token's last block write nothing."""
     rng, seed = fresh_rng(request.node.nodeid)
     cpu = CpuBackend()
-    n_tok, n_heads, n_kv, block, n_blocks, max_pos = 5, 4, 2, 16, 3, 300
+    n_tok, block, n_blocks, max_pos = 5, 16, 3, 300
     inv = 1.0 / (10000.0 ** (np.arange(0, rotary, 2) / rotary))
     angles = np.arange(max_pos)[:, None] * inv[None, :]
     table = cpu.rope_table(np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32))

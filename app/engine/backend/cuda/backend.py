@@ -23,6 +23,7 @@ from app.engine.backend.base import (
     AttentionMetadata,
     QkvRope,
     RopeTable,
+    add_and_norm,
     norm_each_head,
     norm_rope_then_cache,
     norm_then_join,
@@ -37,6 +38,7 @@ from app.engine.backend.cuda.linear import gated_linear as _gated_linear
 from app.engine.backend.cuda.linear import linear as _linear
 from app.engine.backend.cuda.linear import norm_dense_linear as _norm_dense_linear
 from app.engine.backend.cuda.linear import norm_linear as _norm_linear
+from app.engine.backend.cuda.linear import takes_half as _takes_half
 from app.engine.backend.cuda.weights import CudaFusedWeight, CudaWeight, upload_matrix, upload_vector
 from app.engine.backend.fp8_kv import Fp8KvCache
 from app.engine.kernels import activation as _activation
@@ -358,9 +360,13 @@ class CudaBackend:
         return _linear(x, weight, bias, self.dense_cache, self.gemv_plan)
 
     def gated_linear(self, x: Any, gate_up: CudaFusedWeight, kind: str) -> Any:
+        self._check_gate_up(gate_up)
+        return _gated_linear(x, gate_up, kind, self.dense_cache, self.gemv_plan)
+
+    @staticmethod
+    def _check_gate_up(gate_up: CudaFusedWeight) -> None:
         if len(gate_up.parts) != 2 or gate_up.parts[0].shape != gate_up.parts[1].shape:
             raise ValueError(f"gated_linear needs a fused (gate, up) pair of one shape, got {gate_up.name!r}")
-        return _gated_linear(x, gate_up, kind, self.dense_cache, self.gemv_plan)
 
     def add_rms_norm_linear(
         self, x: Any, residual: Any | None, norm_weight: Any, eps: float, weight: CudaWeight | CudaFusedWeight
@@ -376,17 +382,22 @@ class CudaBackend:
     def _norm_then(self, x, residual, norm_weight, eps, weight, kind: str | None, then: Any = None) -> tuple[Any, Any]:
         """One fused launch at one token where gemv_int.cu can take it; above, the norm written in float16
         for a product on the weight's float16 copy (no cast kernel), and a gated result in float16 where
-        `then`, the product it goes into, reads float16; else the composition."""
+        `then`, the product it goes into, reads float16; else the composition, whose gated product also
+        writes float16 for such a `then` (gemv_mma's gate/up before a down product on its copy)."""
         x = self._f32(x)
+        then = then if isinstance(then, CudaWeight) else None
         if isinstance(weight, CudaFusedWeight):
             residual = None if residual is None else self._f32(residual)
             norm_weight = self._f32(norm_weight)
             done = _norm_linear(x, residual, norm_weight, eps, weight, kind, self.gemv_plan)
             if done is None:
-                then = then if isinstance(then, CudaWeight) else None
                 done = _norm_dense_linear(x, residual, norm_weight, eps, weight, kind, self.gemv_plan, then)
             if done is not None:
                 return done
+            if kind is not None and then is not None:
+                self._check_gate_up(weight)
+                normed, new_residual = add_and_norm(self, x, residual, norm_weight, eps)
+                return _gated_linear(normed, weight, kind, self.dense_cache, self.gemv_plan, then), new_residual
         return norm_then_product(self, x, residual, norm_weight, eps, weight, kind)
 
     def rope_and_cache(
@@ -430,11 +441,14 @@ class CudaBackend:
         scale: float,
         sliding_window: int | None = None,
         softcap: float | None = None,
+        then: Any = None,
     ) -> Any:
         """One launch for a decode batch where that pays (attention_decode_qkv: fuses_rope), else
-        rope_and_cache then attention."""
+        rope_and_cache then attention. Where `then` (the output projection) reads float16 (takes_half),
+        decode attention writes its output in float16: the cast that product would make in a kernel of its own."""
         qkv = self._f32(qkv)
         n_tok = qkv.shape[0]
+        half = isinstance(then, CudaWeight) and _takes_half(n_tok, then, self.gemv_plan)
         rotary = 2 * int(rope.table.cos.shape[1])
         heads = (rope.head_dim, rope.n_heads, rope.n_kv_heads)
         fused = _decode_batch(meta, n_tok) and self.fuses_rope(n_tok, rope.n_heads, rope.head_dim)
@@ -443,15 +457,21 @@ class CudaBackend:
         # FP8: a block's scale depends on every key written into it, which rope_cache + write_kv_fp8 see.
         fused = fused and not isinstance(k_cache, Fp8KvCache)
         fused = fused and self._decode_attention(*heads) and _attention_decode.rope_supported(*heads, rotary)
-        if not fused:
+        if not fused and not half:
             return rope_cache_then_attention(self, qkv, rope, k_cache, v_cache, meta, scale, sliding_window, softcap)
+        if not fused:  # rope_cache_then_attention, the output in float16 where decode attention takes the batch
+            q = self.rope_and_cache(
+                qkv, rope.n_heads, rope.n_kv_heads, rope.head_dim, rope.q_norm, rope.k_norm, rope.eps,
+                meta.positions, rope.table, rope.interleaved, k_cache, v_cache, meta.slot_mapping,
+            )  # fmt: skip
+            return self.attention(q, k_cache, v_cache, meta, scale, sliding_window, softcap, half_out=True)
         n_blocks = self._decode_blocks(meta, n_tok, rope.n_kv_heads, rope.head_dim)
         norms = [None if w is None else self._f32(w) for w in (rope.q_norm, rope.k_norm)]
         return _attention_decode.attention_decode_qkv(
             qkv, rope.n_heads, rope.n_kv_heads, rope.head_dim, *norms, rope.eps, self._i32(meta.positions),
             rope.table.cos, rope.table.sin, rope.interleaved, k_cache, v_cache, self._i32(meta.slot_mapping),
             self._i32(meta.seq_lens), self._i32(meta.block_tables), scale, sliding_window, softcap, n_blocks,
-            self.xp.empty((n_tok, rope.n_heads, rope.head_dim), self.xp.float32),
+            self.xp.empty((n_tok, rope.n_heads, rope.head_dim), self.xp.float16 if half else self.xp.float32),
             clusters=self.kernel_options.decode_clusters,
         )  # fmt: skip
 
@@ -535,9 +555,11 @@ class CudaBackend:
         softcap: float | None = None,
         num_splits: int | None = None,
         sinks: Any | None = None,
+        half_out: bool = False,
     ) -> Any:
         """As `Backend.attention`; `num_splits` forces a split count (a CUDA graph needs
-        one fixed launch shape for every step it replays)."""
+        one fixed launch shape for every step it replays). `half_out`: a decode batch on
+        attention_decode.cu writes float16 (rope_cache_attention's `then`); other paths float32."""
         q = self._f32(q)
         n_tok, n_heads, head_dim = q.shape
         n_kv = k_cache.shape[2]
@@ -551,10 +573,10 @@ class CudaBackend:
                     scale, softcap, n_blocks, _attention_cascade.plan_splits(n_kv, self.sm_count),
                     self.xp.empty_like(q), self.kernel_options.decode_clusters,
                 )  # fmt: skip
+            out = self.xp.empty(q.shape, self.xp.float16) if half_out else self.xp.empty_like(q)
             return _attention_decode.attention_decode(
                 q, k_cache, v_cache, self._i32(meta.seq_lens), self._i32(meta.block_tables), scale,
-                sliding_window, softcap, n_blocks, self.xp.empty_like(q), self.kernel_options.decode_clusters,
-                sinks=sinks,
+                sliding_window, softcap, n_blocks, out, self.kernel_options.decode_clusters, sinks=sinks,
             )  # fmt: skip
         if (self.tensor_core_prefill or sinks is not None) and _attention_prefill.supports(head_dim, n_heads, n_kv):
             n_seqs = int(meta.seq_lens.shape[0])

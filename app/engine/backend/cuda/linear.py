@@ -253,9 +253,12 @@ def _linear_fused(x: Any, fused: CudaFusedWeight, cache: DenseCache | None, plan
 
 
 def gated_linear(
-    x: Any, fused: CudaFusedWeight, kind: str, cache: DenseCache | None = None, plan: GemvPlan = DEFAULT_PLAN
-) -> Any:
-    """`act(x @ G.T) * (x @ U.T)` for a fused (gate, up) weight: float32 `[T, rows]`."""
+    x: Any, fused: CudaFusedWeight, kind: str, cache: DenseCache | None = None, plan: GemvPlan = DEFAULT_PLAN,
+    then: CudaWeight | None = None,
+) -> Any:  # fmt: skip
+    """`act(x @ G.T) * (x @ U.T)` for a fused (gate, up) weight: float32 `[T, rows]`, or float16 where the
+    product ends in the activation kernel and `then`, the weight the result goes into next, reads float16
+    (takes_half: the cast `linear` would make, done by the activation's store)."""
     import cupy
 
     gate, up = fused.parts
@@ -276,7 +279,9 @@ def gated_linear(
     if _q4r_gates(n_tok, fused, kind, plan):
         return gemv_q4r.gemv_q4r(fused.q4r, x, cupy.empty((n_tok, gate.n_rows), cupy.float32), act=kind)
     both = _linear_fused(x, fused, cache, plan)
-    return activation_kernels.gated_pairs(both, kind, cupy.empty((n_tok, gate.n_rows), cupy.float32))
+    half = then is not None and takes_half(n_tok, then, plan)
+    out = cupy.empty((n_tok, gate.n_rows), cupy.float16 if half else cupy.float32)
+    return activation_kernels.gated_pairs(both, kind, out)
 
 
 def _q4r_gates(n_tok: int, fused: CudaFusedWeight, kind: str, plan: GemvPlan) -> bool:

@@ -58,6 +58,15 @@ __device__ __forceinline__ uint4 dec_unit_halves(uint4 h) { return h; }
 #define DEC_THREADS 128
 #define DEC_WARPS 4
 
+// DEC_OUT_HALF=1: `out` is float16 (each element rounded to nearest once, as a cast would round the float32
+// output), for an output projection that reads float16 (cuBLAS on its weight's float16 copy), which would
+// otherwise cast the output in a kernel of its own (attention_decode.py; cuda/linear.takes_half).
+#if defined(DEC_OUT_HALF) && DEC_OUT_HALF
+typedef u16 dec_out_t;
+#else
+typedef float dec_out_t;
+#endif
+
 // 1: a block's next chunk loads into registers while it computes this one (the loop below). Off by
 // default until measured on a GPU: its 64 more registers leave 3 blocks per SM where the plain loop's
 // 128 allowed 4 (PADDOCK_KERNEL_DEFINES=DEC_PREFETCH=1 for the A/B).
@@ -265,7 +274,7 @@ __device__ __forceinline__ DecPartial dec_merge_ranks(const float* stage, int n,
 // A block's rank is blockIdx.z % DEC_CLUSTER: clusters are (1, 1, DEC_CLUSTER) blocks, ranked along z.
 template <int D, int GMAX>
 __device__ __forceinline__ void dec_cluster_merge(const float* stage, int group, int n_act, i64 row0,
-                                                  float* __restrict__ out, float* __restrict__ part_acc,
+                                                  dec_out_t* __restrict__ out, float* __restrict__ part_acc,
                                                   float* __restrict__ part_m, float* __restrict__ part_l,
                                                   int* count, float* wgt, float* den, int* flag,
                                                   float* __restrict__ lse_out, const float* __restrict__ sinks) {
@@ -292,7 +301,7 @@ __device__ __forceinline__ void dec_cluster_merge(const float* stage, int group,
         const int d = e % D;
         if (n_clusters == 1) {
             const float den = attn_denominator(p[i].m, p[i].l, sinks, e / D);
-            out[row * D + d] = den > 0.f ? p[i].acc / den : 0.f;
+            attn_store(out, row * D + d, den > 0.f ? p[i].acc / den : 0.f);
             if (d == 0 && lse_out != nullptr) lse_out[row] = attn_lse(p[i].m, p[i].l);
         } else {
             part_acc[(row * n_blocks + cluster) * D + d] = p[i].acc;
@@ -462,7 +471,7 @@ __device__ __forceinline__ void attn_decode_body(const float* __restrict__ q, co
                                                  const dec_kv_t* __restrict__ v_cache, const int* __restrict__ seq_lens,
                                                  const int* __restrict__ block_tables, int table_stride, int n_heads,
                                                  int n_kv, int block_size, float scale, float softcap, int window,
-                                                 float* __restrict__ out, float* __restrict__ part_acc,
+                                                 dec_out_t* __restrict__ out, float* __restrict__ part_acc,
                                                  float* __restrict__ part_m, float* __restrict__ part_l,
                                                  int* __restrict__ counters, const int* __restrict__ key_floor,
                                                  float* __restrict__ lse_out, const float* __restrict__ sinks,
@@ -695,7 +704,8 @@ __device__ __forceinline__ void attn_decode_body(const float* __restrict__ q, co
                 const float l = l_s[h], den = attn_denominator(m_s[h], l, group_sinks, h);
 #pragma unroll
                 for (int j = 0; j < S::DPT; ++j)
-                    out[((i64)seq * n_heads + head0 + h) * D + tid % D + j * DEC_THREADS] = den > 0.f ? acc[j][h] / den : 0.f;
+                    attn_store(out, ((i64)seq * n_heads + head0 + h) * D + tid % D + j * DEC_THREADS,
+                               den > 0.f ? acc[j][h] / den : 0.f);
                 if (tid == 0 && lse_out != nullptr) lse_out[(i64)seq * n_heads + head0 + h] = attn_lse(m_s[h], l);
             }
         }
@@ -753,7 +763,7 @@ __device__ __forceinline__ void attn_decode_body(const float* __restrict__ q, co
     extern "C" __global__ void DEC_KERNEL_ATTRS attn_dec_d##D##_g##GMAX(                                         \
         const float* __restrict__ q, const dec_kv_t* __restrict__ k_cache, const dec_kv_t* __restrict__ v_cache,\
         const int* __restrict__ seq_lens, const int* __restrict__ block_tables, int table_stride, int n_heads,  \
-        int n_kv, int block_size, float scale, float softcap, int window, float* __restrict__ out,             \
+        int n_kv, int block_size, float scale, float softcap, int window, dec_out_t* __restrict__ out,         \
         float* __restrict__ part_acc, float* __restrict__ part_m, float* __restrict__ part_l,                  \
         int* __restrict__ counters, const int* __restrict__ key_floor, float* __restrict__ lse_out,            \
         const float* __restrict__ sinks DEC_SCALE_PARAMS) {                                                    \
@@ -767,7 +777,7 @@ __device__ __forceinline__ void attn_decode_body(const float* __restrict__ q, co
     extern "C" __global__ void DEC_KERNEL_ATTRS attn_dec_rope_d##D##_g##GMAX(                                    \
         const float* __restrict__ qkv, u16* __restrict__ k_cache, u16* __restrict__ v_cache,                    \
         const int* __restrict__ seq_lens, const int* __restrict__ block_tables, int table_stride, int n_heads,  \
-        int n_kv, int block_size, float scale, float softcap, int window, float* __restrict__ out,             \
+        int n_kv, int block_size, float scale, float softcap, int window, dec_out_t* __restrict__ out,         \
         float* __restrict__ part_acc, float* __restrict__ part_m, float* __restrict__ part_l,                  \
         int* __restrict__ counters, const int* __restrict__ key_floor, float* __restrict__ lse_out,            \
         const float* __restrict__ sinks, const float* __restrict__ q_norm, const float* __restrict__ k_norm,   \

@@ -50,11 +50,16 @@ __device__ __forceinline__ float attn_denominator(float m, float l, const float*
 // element is a sum over the splits whose loads are independent (unrolled, so several are in
 // flight: a serial walk of L2 loads per element made the merge the longest part of a
 // decode). __ldcg: the other blocks' partials come from L2, never from a stale L1 line.
-template <int D>
+// An output element as the caller's buffer holds it: float32, or float16 rounded to nearest (a decode
+// whose output projection reads float16: attention_decode.cu's DEC_OUT_HALF).
+__device__ __forceinline__ void attn_store(float* out, i64 i, float v) { out[i] = v; }
+__device__ __forceinline__ void attn_store(u16* out, i64 i, float v) { out[i] = f2h(v); }
+
+template <int D, typename Out>
 __device__ __forceinline__ void attn_merge_splits(const float* __restrict__ part_acc, const float* __restrict__ part_m,
                                                   const float* __restrict__ part_l, i64 row0, int group, int stride,
                                                   int first, int n, float* wgt, int wgt_stride, float* den,
-                                                  float* __restrict__ out, float* __restrict__ lse_out = nullptr,
+                                                  Out* __restrict__ out, float* __restrict__ lse_out = nullptr,
                                                   const float* __restrict__ sinks = nullptr) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
     for (int h = warp; h < group; h += n_warps) {
@@ -84,6 +89,6 @@ __device__ __forceinline__ void attn_merge_splits(const float* __restrict__ part
         float num = 0.f;
 #pragma unroll 8
         for (int s = 0; s < n; ++s) num = fmaf(wgt[h * wgt_stride + s], __ldcg(acc_p + (i64)s * D), num);
-        out[row * D + d] = den[h] > 0.f ? num / den[h] : 0.f;
+        attn_store(out, row * D + d, den[h] > 0.f ? num / den[h] : 0.f);
     }
 }

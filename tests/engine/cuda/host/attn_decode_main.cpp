@@ -4,7 +4,7 @@
 // Reads dir/{q,k,v,seq_lens,tables}.bin, writes dir/out.bin. With `rope` (attn_dec_rope_*, rope_cache's
 // work fused in): qkv.bin for q.bin, also pos, cos, sin, slots and [qn, kn].bin, and writes the caches
 // back as k_out.bin, v_out.bin. Built with -DKV_FP8=1: k.bin and v.bin are e4m3 codes with their block
-// scales in ks.bin, vs.bin (no `rope`).
+// scales in ks.bin, vs.bin (no `rope`). Built with -DDEC_OUT_HALF=1: out.bin holds float16.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -14,20 +14,25 @@
 
 #define PADDOCK_ALL_VARIANTS
 #include "attention_decode.cu"
+#if defined(DEC_OUT_HALF) && DEC_OUT_HALF
+#define DEC_OUT_HALF_FILL u16(0xffffu)
+#else
+#define DEC_OUT_HALF_FILL NAN
+#endif
 
 #include "host_io.h"
 
 #if DEC_FP8
 typedef void (*DecFn)(const float*, const u8*, const u8*, const int*, const int*, int, int, int, int, float, float,
-                      int, float*, float*, float*, float*, int*, const int*, float*, const float*, const float*,
+                      int, dec_out_t*, float*, float*, float*, int*, const int*, float*, const float*, const float*,
                       const float*);
 #else
 typedef void (*DecFn)(const float*, const u16*, const u16*, const int*, const int*, int, int, int, int, float, float,
-                      int, float*, float*, float*, float*, int*, const int*, float*, const float*);
+                      int, dec_out_t*, float*, float*, float*, int*, const int*, float*, const float*);
 #endif
-typedef void (*RopeFn)(const float*, u16*, u16*, const int*, const int*, int, int, int, int, float, float, int, float*,
-                       float*, float*, float*, int*, const int*, float*, const float*, const float*, const float*, float,
-                       const int*, const float*, const float*, int, int, int, const int*);
+typedef void (*RopeFn)(const float*, u16*, u16*, const int*, const int*, int, int, int, int, float, float, int,
+                       dec_out_t*, float*, float*, float*, int*, const int*, float*, const float*, const float*,
+                       const float*, float, const int*, const float*, const float*, int, int, int, const int*);
 
 #define PICK_ALL(PICK)                                                   \
     PICK(64, 1) PICK(64, 2) PICK(64, 4) PICK(64, 8) PICK(64, 16)         \
@@ -71,7 +76,9 @@ int main(int argc, char** argv) {
     auto seq_lens = read_required<int>(dir + "/seq_lens.bin");
     auto tables = read_required<int>(dir + "/tables.bin");
     auto sinks = read_file<float>(dir + "/sinks.bin");  // optional: the heads' sink logits
-    std::vector<float> out((size_t)n_seqs * n_heads * d, NAN);
+    // float32, or float16 codes with -DDEC_OUT_HALF=1 (0xffff: a float16 NaN, as NAN marks the unwritten)
+    const dec_out_t unwritten = DEC_OUT_HALF_FILL;
+    std::vector<dec_out_t> out((size_t)n_seqs * n_heads * d, unwritten);
     std::vector<float> acc((size_t)n_seqs * n_heads * blocks * d, NAN), m((size_t)n_seqs * n_heads * blocks, NAN),
         l((size_t)n_seqs * n_heads * blocks, NAN);
     std::vector<int> counters((size_t)n_seqs * n_kv, 0);
@@ -92,7 +99,7 @@ int main(int argc, char** argv) {
     // Twice: the counters must be back at zero after a launch for the next one to merge (and with
     // `rope`, the second launch finds its own new keys already in the cache: same result).
     for (int round = 0; round < 2; ++round) {
-        std::fill(out.begin(), out.end(), NAN);
+        std::fill(out.begin(), out.end(), unwritten);
         launch({(unsigned)n_seqs, (unsigned)n_kv, (unsigned)blocks}, {128, 1, 1}, [&] {
             if (!rope) {
                 pick(d, g)(q.data(), k.data(), v.data(), seq_lens.data(), tables.data(), stride, n_heads, n_kv,

@@ -7,6 +7,7 @@
 //   rope DIR N_TOK N_HEADS N_KV HEAD_DIM EPS MAX_POS INTERLEAVED NORM BLOCK_SIZE   rope_cache.cu's KV_FP8
 //                  build into float32 rows, then write_kv_fp8 (as rope_cache.py runs them): reads qkv, pos,
 //                  cos, sin, slots, [qn, kn] and the caches as `write`; writes q.bin and the caches
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -60,7 +61,10 @@ int main(int argc, char** argv) {
             std::vector<float> q((size_t)n_tok * n_heads * head_dim, NAN);
             k.assign((size_t)n_tok * n_kv * head_dim, NAN);
             v.assign(k.size(), NAN);
-            launch({(unsigned)n_tok, (unsigned)(n_heads + 2 * n_kv), 1}, {(unsigned)(head_dim / 2), 1, 1}, [&] {
+            // rope_cache.py's launch: heads_per_block = max(1, 256 / (head_dim / 2)) heads a block
+            const int hpb = std::max(1, 256 / (head_dim / 2)), n_rows = n_heads + 2 * n_kv;
+            const unsigned blocks = (unsigned)((n_rows + hpb - 1) / hpb), threads = (unsigned)(hpb * head_dim / 2);
+            launch({(unsigned)n_tok, blocks, 1}, {threads, 1, 1}, [&] {
                 rope_cache(qkv.data(), n_heads, n_kv, head_dim, norm ? qn.data() : nullptr, norm ? kn.data() : nullptr,
                            (float)atof(argv[7]), pos.data(), cos_t.data(), sin_t.data(), atoi(argv[8]),
                            (int)(cos_t.size() / atoi(argv[8])), atoi(argv[9]), k.data(), v.data(), slots.data(),

@@ -7,6 +7,7 @@
 //       the tables' width (cos.bin's size / MAX_POS) below D / 2 is partial RoPE
 //   rope DIR N_TOK N_HEADS D MAX_POS INTERLEAVED THREADS   rope.cu: reads x.bin pos.bin cos.bin sin.bin, writes y.bin
 // CASE picks one compiled combination of formats, token bucket and rows per block (below).
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -96,7 +97,9 @@ int main(int argc, char** argv) {
         auto kn = read_file<float>(dir + "/kn.bin");
         std::vector<float> q((size_t)n_tok * n_heads * d, NAN);
         std::vector<u16> k((size_t)n_slots * n_kv * d, 0x7e00u), v((size_t)n_slots * n_kv * d, 0x7e00u);  // NaN
-        launch({(unsigned)n_tok, (unsigned)(n_heads + 2 * n_kv), 1}, {(unsigned)(d / 2), 1, 1}, [&] {
+        // rope_cache.py's launch: heads_per_block(d) = max(1, 256 / (d / 2)) heads of d / 2 threads a block
+        const int hpb = std::max(1, 256 / (d / 2)), n_rows = n_heads + 2 * n_kv;
+        launch({(unsigned)n_tok, (unsigned)((n_rows + hpb - 1) / hpb), 1}, {(unsigned)(hpb * d / 2), 1, 1}, [&] {
             rope_cache(qkv.data(), n_heads, n_kv, d, norm ? qn.data() : nullptr, norm ? kn.data() : nullptr, eps,
                        pos.data(), cos_t.data(), sin_t.data(), max_pos, (int)(cos_t.size() / max_pos), interleaved,
                        k.data(), v.data(), slots.data(), q.data());  // table width < d / 2: partial RoPE

@@ -7,7 +7,7 @@
 //   rms_norm_pair DIR ROWS COLS EPS THREADS   reads x.bin w.bin w2.bin, writes y.bin y2.bin
 //   dequant FMT OUT(f32|f16) DIR N_SRC N_COLS ROW_BYTES N_OUT ROW_OFFSET   reads w.bin [ids.bin], writes y.bin
 //   output_gate KIND(sigmoid|softplus) DIR N_TOK WIDTH GATE_STRIDE PER   reads out.bin gate.bin, writes y.bin
-//   gated_pairs KIND(silu|gelu_tanh) OUT(f32|f16) DIR N_TOK F   reads gu.bin ([N_TOK, 2F]), writes y.bin
+//   gated_pairs KIND(silu|gelu_tanh) OUT(f32|f16) DIR N_TOK F VEC   reads gu.bin ([N_TOK, 2F]), writes y.bin
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -166,19 +166,20 @@ int main(int argc, char** argv) {
         write_file(dir + "/y.bin", y);
         return 0;
     }
-    if (cmd == "gated_pairs" && argc == 7) {
+    if (cmd == "gated_pairs" && argc == 8) {
         const std::string kind = argv[2], out = argv[3], dir = argv[4];
-        const int n_tok = atoi(argv[5]), f = atoi(argv[6]);
+        const int n_tok = atoi(argv[5]), f = atoi(argv[6]), vec = atoi(argv[7]);
         auto gu = read_file<float>(dir + "/gu.bin");
         const i64 n = (i64)n_tok * f;
         std::vector<float> y((size_t)n, NAN);
         std::vector<u16> y16((size_t)n, 0xffffu);
         const bool silu = kind == "silu", half = out == "f16";
-        launch({(unsigned)((n + 255) / 256), 1, 1}, {256, 1, 1}, [&] {
-            if (half && silu) gated_pairs_silu_h(gu.data(), y16.data(), n, f);
-            else if (half) gated_pairs_gelu_tanh_h(gu.data(), y16.data(), n, f);
-            else if (silu) gated_pairs_silu(gu.data(), y.data(), n, f);
-            else gated_pairs_gelu_tanh(gu.data(), y.data(), n, f);
+        const i64 threads = (n + vec - 1) / vec;  // the wrapper's grid (activation.gated_pairs)
+        launch({(unsigned)((threads + 255) / 256), 1, 1}, {256, 1, 1}, [&] {
+            if (half && silu) gated_pairs_silu_h(gu.data(), y16.data(), n, f, vec);
+            else if (half) gated_pairs_gelu_tanh_h(gu.data(), y16.data(), n, f, vec);
+            else if (silu) gated_pairs_silu(gu.data(), y.data(), n, f, vec);
+            else gated_pairs_gelu_tanh(gu.data(), y.data(), n, f, vec);
         });
         if (half) write_file(dir + "/y.bin", y16);
         else write_file(dir + "/y.bin", y);
