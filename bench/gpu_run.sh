@@ -90,13 +90,19 @@ if stage speed; then
     timeout 120 python3 bench/suite/gpu_engine.py speed "$(gguf_of "$model")" --batch 1 32 2>&1 | tee -a "$OUT/speed.log" | grep '^{'
   done
 fi
-if stage ab; then  # AB="PADDOCK_PDL=0 PADDOCK_PDL=1": quick engine speed under each setting (A=1+B=2: both)
+# ab: AB="PADDOCK_PDL=0 PADDOCK_PDL=1": quick engine speed under each setting (A=1+B=2: both). AB_BASE=DIR (an older
+# tree's app/ and bench/ copied into the working tree before the call, e.g. `git archive COMMIT app bench | tar -x -C
+# .ab-base`; delete it before committing): each setting runs from there too, base then tree, as "base:SETTING"
+if stage ab; then
   for model in $MODELS; do
     for setting in ${AB:-PADDOCK_PDL=0 PADDOCK_PDL=1}; do
-      left 60 || break
-      echo "== $model $setting" | tee -a "$OUT/ab.log"  # bench/ab_table.py reads these headers
-      env ${setting//+/ } SPEED_QUICK=1 timeout 100 python3 bench/suite/gpu_engine.py speed "$(gguf_of "$model")" --batch ${AB_BATCH:-1 32} 2>&1 \
-        | tee -a "$OUT/ab.log" | grep '^{' | sed "s/^{/{\"setting\": \"$setting\", /"
+      for tree in ${AB_BASE:-} .; do
+        left 60 || break 2
+        label=$setting; [[ $tree != . ]] && label="base:$setting"
+        echo "== $model $label" | tee -a "$OUT/ab.log"  # bench/ab_table.py reads these headers
+        env ${setting//+/ } SPEED_QUICK=1 timeout 100 python3 "$tree/bench/suite/gpu_engine.py" speed "$(gguf_of "$model")" \
+          --batch ${AB_BATCH:-1 32} 2>&1 | tee -a "$OUT/ab.log" | grep '^{' | sed "s/^{/{\"setting\": \"$label\", /"
+      done
     done
   done
   python3 bench/ab_table.py "$OUT/ab.log"

@@ -412,7 +412,9 @@ def test_rope_cache_attention_matches_numpy_composition(cuda, cpu, rng, ctxs, qk
 # "off": rope_cache then attention_decode, "all": the fused launch (attention_decode_qkv)
 @pytest.mark.parametrize("decode_rope", ["off", "all"])
 @pytest.mark.parametrize("n_seqs", [3, 24])
-def test_decode_attention_output_in_float16_for_an_output_product_on_its_copy(rng, n_seqs: int, decode_rope) -> None:
+def test_decode_attention_output_in_float16_for_an_output_product_on_its_copy(
+    cuda, rng, n_seqs: int, decode_rope
+) -> None:  # `cuda`: skipped without a GPU
     """Given the output projection (`then`) that reads float16 at this batch, rope_cache_attention writes its
     output in float16: the float32 output rounded once, as linear's cast would round it, so the product
     gives what it gives from the float32 output. Where o reads float32, the output stays float32."""
