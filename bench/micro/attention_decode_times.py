@@ -5,6 +5,7 @@ as CUDA-graph replays of back-to-back launches (H200): where its time goes at sh
     python3 bench/micro/attention_decode_times.py --long   # the agent rows: 8 x 8k and 1 x 32k
     python3 bench/micro/attention_decode_times.py --batch  # 16-128 sequences at short contexts (serving), 32 at 4k
     python3 bench/micro/attention_decode_times.py --batch --plan-only  # the same rows, the serving plan only
+    python3 bench/micro/attention_decode_times.py --batch --shape qwen35-27b  # Qwen3.5-27B's heads (24 / 4 / 256)
     python3 bench/micro/attention_decode_times.py --ncu 128 256  # a few plain launches at the plan (for Nsight)
 
 One line per (context, blocks per KV head): microseconds per launch. One block over several
@@ -34,6 +35,7 @@ from app.engine.backend.cuda.backend import CudaBackend
 from app.engine.kernels.attention_decode import attention_decode
 
 HEADS = {"qwen3-8b": (32, 8, 128), "qwen3-0.6b": (16, 8, 128)}
+BATCH_SHAPES = {"qwen3-8b": (32, 8, 128), "qwen35-27b": (24, 4, 256)}  # --batch --shape NAME (27B: group 6 of 8)
 LONG = ((8, 8000), (1, 32000), (4, 16000))  # (sequences, context)
 LAYERS = 6  # distinct caches a timed graph cycles through: more bytes than L2
 
@@ -69,7 +71,7 @@ BATCH = ((16, 256), (32, 256), (64, 256), (128, 256), (128, 1024), (32, 4096))  
 BATCH_PLAN_CONTEXT = 4096  # the context a decode graph's plan is made for (its max_model_len in the serve runs)
 
 
-def batch_contexts(backend: CudaBackend, plan_only: bool = False) -> None:
+def batch_contexts(backend: CudaBackend, plan_only: bool = False, shape: str = "qwen3-8b") -> None:
     """Many sequences at short contexts, as in ISL/OSL 128 serving at c=16-128, and 32 at 4k (whether the one-wave
     plan costs a long context): each launch on another layer's cache (more bytes than L2), the plan's block count
     against others, clusters on and off."""
@@ -77,15 +79,16 @@ def batch_contexts(backend: CudaBackend, plan_only: bool = False) -> None:
 
     from app.engine.kernels.attention_decode import block_layout, clusters_supported, plan_blocks
 
-    _, n_kv, head_dim = HEADS["qwen3-8b"]
+    heads = BATCH_SHAPES[shape]
+    _, n_kv, head_dim = heads
     sm_count = cupy.cuda.Device().attributes["MultiProcessorCount"]
     bps = backend.tuning.decode_blocks_per_sm
     rng = np.random.default_rng(0)
     for n_seqs, ctx in BATCH:
-        layers = [_attention_setup(backend, rng, n_seqs, ctx, 1, HEADS["qwen3-8b"]) for _ in range(LAYERS)]
+        layers = [_attention_setup(backend, rng, n_seqs, ctx, 1, heads) for _ in range(LAYERS)]
         kv_bytes = 2 * n_seqs * ctx * n_kv * head_dim * 2
         planned = plan_blocks(n_seqs, n_kv, BATCH_PLAN_CONTEXT, sm_count, head_dim, bps)
-        row: dict = {"shape": "qwen3-8b", "seqs": n_seqs, "ctx": ctx, "kv_mb": round(kv_bytes / 1e6, 1),
+        row: dict = {"shape": shape, "seqs": n_seqs, "ctx": ctx, "kv_mb": round(kv_bytes / 1e6, 1),
                      "plan_blocks": planned}  # fmt: skip
         for n_blocks in [planned] if plan_only else sorted({1, 2, 4, 8, planned}):
             for clusters in (True, False) if clusters_supported() and not plan_only else (clusters_supported(),):
@@ -131,7 +134,8 @@ def main() -> None:
         long_contexts(backend, (2, 3, 4, 6, 8, 12))
         return
     if "--batch" in sys.argv:
-        batch_contexts(backend, plan_only="--plan-only" in sys.argv)
+        shape = sys.argv[sys.argv.index("--shape") + 1] if "--shape" in sys.argv else "qwen3-8b"
+        batch_contexts(backend, plan_only="--plan-only" in sys.argv, shape=shape)
         return
     rng = np.random.default_rng(0)
     for name, heads in HEADS.items():

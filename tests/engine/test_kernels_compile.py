@@ -93,6 +93,8 @@ SELECTED = {
     "attention_decode.cu#rope": ("-DATTN_D=128", "-DATTN_G=4", "-DATTN_CL=8", "-DATTN_ROPE=1"),
     # float16 output for an output projection on its float16 copy (serving batches), clusters merging
     "attention_decode.cu#half": ("-DATTN_D=128", "-DATTN_G=4", "-DATTN_CL=2", "-DDEC_OUT_HALF=1"),
+    # the value loop's probabilities four keys a load, 4 blocks an SM's register budget (A/B builds)
+    "attention_decode.cu#pvec": ("-DATTN_D=256", "-DATTN_G=8", "-DATTN_CL=2", "-DDEC_PVEC=1", "-DDEC_MIN_BLOCKS=4"),
     "gemv_fused.cu": (
         "-DMULTI_F0=FmtQ5_K",
         "-DMULTI_F1=FmtQ8_0",
@@ -136,6 +138,7 @@ SELECTED_ENTRIES = {
     "attention_decode.cu": "attn_dec_d256_g2",
     "attention_decode.cu#rope": "attn_dec_rope_d128_g4",
     "attention_decode.cu#half": "attn_dec_d128_g4",
+    "attention_decode.cu#pvec": "attn_dec_d256_g8",
     "gemv_fused.cu": "gemv_multi",
     "gemv_int.cu": "gemv_int_gated",
     "attention.cu#fp8": "attn_d128_g4",

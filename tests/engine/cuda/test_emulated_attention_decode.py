@@ -20,9 +20,10 @@ pytestmark = pytest.mark.slow  # ~40 s together: kernels run thread by thread on
 BLOCK = 16
 
 
-@pytest.fixture(scope="module", params=[(), ("-DDEC_PREFETCH=1",)], ids=["loop", "prefetch"])
+@pytest.fixture(scope="module", params=[(), ("-DDEC_PREFETCH=1",), ("-DDEC_PVEC=1",)], ids=["loop", "prefetch", "pvec"])
 def decode_emu(request, tmp_path_factory) -> Path:
-    """The kernel as built by default, and with its next chunk prefetched into registers (DEC_PREFETCH)."""
+    """The kernel as built by default, with its next chunk prefetched into registers (DEC_PREFETCH), and with
+    its value loop reading four keys' probabilities at a time (DEC_PVEC)."""
     return build(tmp_path_factory, "attn_decode_main.cpp", request.param)
 
 
@@ -81,6 +82,31 @@ def test_attention_decode_emulated(
     got = np.fromfile(tmp_path / "out.bin", np.float32).reshape(ref.shape)
     assert not np.isnan(got).any(), f"seed={seed}"
     assert rel_err(got, ref) < 1e-5, f"seed={seed}"
+
+
+@pytest.mark.parametrize(("ctxs", "heads", "blocks"), [
+    ([1, 17, 300], (32, 8, 128), 1),  # Qwen3-8B's group of 4, one block walking every chunk
+    ([700, 5], (16, 2, 256), 3),  # head dim 256 (two dims a thread), group 8, the merge
+])  # fmt: skip
+def test_probabilities_four_keys_a_load_give_the_same_output(
+    request: pytest.FixtureRequest, tmp_path_factory, tmp_path: Path, ctxs, heads, blocks
+) -> None:
+    """DEC_PVEC reads the value loop's probabilities four keys at a time; every sum takes its keys in the same
+    order, so the output is the plain loop's bit for bit."""
+    rng, seed = fresh_rng(request.node.nodeid)
+    q, k_cache, v_cache, meta = _decode_case(rng, ctxs, heads)
+    n_heads, n_kv, head_dim = heads
+    for name, a in (("q", q), ("seq_lens", meta.seq_lens), ("tables", meta.block_tables)):
+        a.tofile(tmp_path / f"{name}.bin")
+    k_cache.astype(np.float16).tofile(tmp_path / "k.bin")
+    v_cache.astype(np.float16).tofile(tmp_path / "v.bin")
+    outs = []
+    for defines in ((), ("-DDEC_PVEC=1",)):
+        run(build(tmp_path_factory, "attn_decode_main.cpp", defines), tmp_path, head_dim, group_bucket(n_heads, n_kv),
+            len(ctxs), n_heads, n_kv, BLOCK, meta.block_tables.shape[1], head_dim**-0.5, 0.0, 0, blocks)  # fmt: skip
+        outs.append(np.fromfile(tmp_path / "out.bin", np.float32))
+    assert np.isfinite(outs[0]).all(), f"seed={seed}"
+    np.testing.assert_array_equal(outs[1], outs[0], err_msg=f"seed={seed}")
 
 
 @pytest.fixture(scope="module")

@@ -105,10 +105,11 @@ def test_rope_cache_fp8_matches_numpy(
     """rope_cache.cu's KV_FP8 build (float32 rows) then write_kv_fp8, as rope_cache.py runs them, against
     the numpy backend's rope_and_cache into an FP8 cache: q to float32 reordering, v byte for byte, the
     block scales equal, and k's codes within one e4m3 step (the rotation's float32 rounding may differ by
-    an ulp, which can cross a rounding edge); a padding token stores nothing."""
+    an ulp, which can cross a rounding edge); a padding token stores nothing. 10 heads fill no whole number of
+    rope_cache's blocks (4 heads of 128, 8 of 64 a block): the last block's empty slots write nothing."""
     rng, seed = fresh_rng(request.node.nodeid)
     cpu = CpuBackend()
-    n_tok, n_heads, n_kv, block, max_pos = 20, 4, 2, 16, 64
+    n_tok, n_heads, n_kv, block, max_pos = 20, 6, 2, 16, 64  # 10 heads: each token's last block part-empty
     table = cpu.rope_table(*rope_tables(head_dim, max_pos))
     qkv = rng.standard_normal((n_tok, (n_heads + 2 * n_kv) * head_dim)).astype(np.float32)
     pos = np.arange(n_tok, dtype=np.int32)

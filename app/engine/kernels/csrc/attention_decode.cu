@@ -74,6 +74,15 @@ typedef float dec_out_t;
 #define DEC_PREFETCH 0
 #endif
 
+// 1: the value loop of head dims >= 128 (one thread a dim) reads the probabilities four keys at a time (one
+// 16-byte shared load a head, not four 4-byte ones). Nsight at 128 sequences x 256 keys (H100, 2026-12-07,
+// bench/results/gpu-dattn-ncu-s27-2026-12-07.txt) puts the kernel at 76 % of L1's throughput and 54 % of DRAM's,
+// and the value loop's probability loads were most of its shared-memory loads. The same sums in the same order.
+// Off until the A/B on a GPU (PADDOCK_KERNEL_DEFINES=DEC_PVEC=1; bench/gpu_run.sh's dattn stage).
+#ifndef DEC_PVEC
+#define DEC_PVEC 0
+#endif
+
 // Blocks per cluster along grid z: ATTN_CL from the wrapper (attention_decode.block_layout), 8 when
 // not given (the compile test); 1 below sm_90 and in the host builds, which keep the global merge.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -481,7 +490,7 @@ __device__ __forceinline__ void attn_decode_body(const float* __restrict__ q, co
     __shared__ __align__(16) u16 k_s[S::KB * S::KROW];
     __shared__ __align__(16) u16 v_s[S::KB * D];
     __shared__ __align__(16) float q_s[GMAX][D];
-    __shared__ float sc[S::P][GMAX][S::KB];  // partial scores; part 0 ends as the probabilities
+    __shared__ __align__(16) float sc[S::P][GMAX][S::KB];  // partial scores; part 0 ends as the probabilities
     __shared__ int slot_s[2][S::KB];  // the chunk in k_s / v_s, and the one loading (parity of the chunk's turn)
 #if DEC_FP8
     __shared__ float kvs_s[2][2][S::KB];  // KV_FP8: per turn as slot_s, the keys' K then V scales
@@ -659,7 +668,29 @@ __device__ __forceinline__ void attn_decode_body(const float* __restrict__ q, co
 #pragma unroll
             for (int j = 0; j < S::DPT; ++j) acc[j][h] *= a;
         }
-        {
+        if constexpr (DEC_PVEC && S::VT == 1) {
+            // Four keys at a time: each head's four probabilities in one 16-byte load (a broadcast: every
+            // thread reads the same ones). Each sum takes its keys in the same order as below: the same result.
+            const int d0 = tid % D;
+#pragma unroll 4
+            for (int k4 = 0; k4 < S::KB; k4 += 4) {
+                float4 p[GMAX];
+#pragma unroll
+                for (int h = 0; h < GMAX; ++h) p[h] = *reinterpret_cast<const float4*>(&sc[0][h][k4]);
+#pragma unroll
+                for (int j = 0; j < S::DPT; ++j) {
+                    const u16* vp = v_s + k4 * D + d0 + j * DEC_THREADS;
+                    const float v0 = h2f(vp[0]), v1 = h2f(vp[D]), v2 = h2f(vp[2 * D]), v3 = h2f(vp[3 * D]);
+#pragma unroll
+                    for (int h = 0; h < GMAX; ++h) {
+                        float a = fmaf(p[h].x, v0, acc[j][h]);
+                        a = fmaf(p[h].y, v1, a);
+                        a = fmaf(p[h].z, v2, a);
+                        acc[j][h] = fmaf(p[h].w, v3, a);
+                    }
+                }
+            }
+        } else {
             const int d0 = tid % D, kpart = tid / D;  // kpart < VT
 #pragma unroll 4
             for (int kk = kpart; kk < S::KB; kk += S::VT) {
@@ -742,10 +773,16 @@ __device__ __forceinline__ void attn_decode_body(const float* __restrict__ q, co
 }
 
 // Cluster builds: compile-time cluster dims, which CuPy's launch and cuLaunchKernelEx both honour
-// (pdl.py), and a minimum of 3 resident blocks per SM, i.e. a budget of 168 registers: left to itself,
-// ptxas gave some sm_90 variants 64 or 96 registers and spilled (with or without clusters).
+// (pdl.py), and a minimum of DEC_MIN_BLOCKS resident blocks per SM: 3 is a budget of 168 registers (left
+// to itself, ptxas gave some sm_90 variants 64 or 96 registers and spilled, with or without clusters).
+// 4 (128 registers, 4 blocks an SM, which shared memory also allows at head dim 128) builds every head-dim-128
+// variant without spills (nvcc 2026-12, sm_90): group 8 goes from 166 registers (3 blocks) to 128, and
+// DEC_PVEC=1's group 4 from 138 to 128. Off until the A/B on a GPU (PADDOCK_KERNEL_DEFINES=DEC_MIN_BLOCKS=4).
+#ifndef DEC_MIN_BLOCKS
+#define DEC_MIN_BLOCKS 3
+#endif
 #if DEC_CLUSTER > 1
-#define DEC_KERNEL_ATTRS __launch_bounds__(DEC_THREADS, 3) __cluster_dims__(1, 1, DEC_CLUSTER)
+#define DEC_KERNEL_ATTRS __launch_bounds__(DEC_THREADS, DEC_MIN_BLOCKS) __cluster_dims__(1, 1, DEC_CLUSTER)
 #else
 #define DEC_KERNEL_ATTRS __launch_bounds__(DEC_THREADS)
 #endif
