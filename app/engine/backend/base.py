@@ -172,9 +172,10 @@ class Backend(Protocol):
         stay usable on their own."""
         ...
 
-    def gated_linear(self, x: Array, gate_up: Any, kind: str) -> Array:
+    def gated_linear(self, x: Array, gate_up: Any, kind: str, then: Any = None) -> Array:
         """`gated_activation(linear(x, gate), linear(x, up), kind)` for
-        `gate_up = fuse_linear([gate, up], [None, None])` (two parts of one shape)."""
+        `gate_up = fuse_linear([gate, up], [None, None])` (two parts of one shape). `then`: as in
+        `add_rms_norm_gated_linear`."""
         ...
 
     def add_rms_norm_linear(
@@ -386,11 +387,12 @@ def norm_then_product(
     eps: float,
     weight: Any,
     kind: str | None,
+    then: Any = None,
 ) -> tuple[Array, Array]:
     """The composition that `add_rms_norm_linear` (kind None) and `add_rms_norm_gated_linear`
-    (kind: the activation) are defined as."""
+    (kind: the activation; `then` as there) are defined as."""
     normed, new_residual = add_and_norm(backend, x, residual, norm_weight, eps)
-    out = backend.linear(normed, weight) if kind is None else backend.gated_linear(normed, weight, kind)
+    out = backend.linear(normed, weight) if kind is None else backend.gated_linear(normed, weight, kind, then)
     return out, new_residual
 
 
@@ -440,10 +442,12 @@ def rope_cache_then_attention(
     scale: float,
     sliding_window: int | None,
     softcap: float | None,
+    **attention_options: Any,
 ) -> Array:
-    """The composition that `rope_cache_attention` is defined as."""
+    """The composition that `rope_cache_attention` is defined as; `attention_options` go to the backend's
+    own `attention` (CUDA: `half_out`)."""
     q = backend.rope_and_cache(
         qkv, rope.n_heads, rope.n_kv_heads, rope.head_dim, rope.q_norm, rope.k_norm, rope.eps,
         meta.positions, rope.table, rope.interleaved, k_cache, v_cache, meta.slot_mapping,
     )  # fmt: skip
-    return backend.attention(q, k_cache, v_cache, meta, scale, sliding_window, softcap)
+    return backend.attention(q, k_cache, v_cache, meta, scale, sliding_window, softcap, **attention_options)

@@ -134,7 +134,7 @@ class CpuBackend:
             raise ValueError(f"fused weights must share their input width: {[w.shape for w in weights]}")
         return CpuFusedWeight(tuple(weights), tuple(biases))
 
-    def gated_linear(self, x: np.ndarray, gate_up: CpuFusedWeight, kind: str) -> np.ndarray:
+    def gated_linear(self, x: np.ndarray, gate_up: CpuFusedWeight, kind: str, then=None) -> np.ndarray:
         (gate, up), (gate_bias, up_bias) = gate_up.parts, gate_up.biases
         return self.gated_activation(self.linear(x, gate, gate_bias), self.linear(x, up, up_bias), kind)
 

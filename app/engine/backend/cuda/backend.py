@@ -23,7 +23,6 @@ from app.engine.backend.base import (
     AttentionMetadata,
     QkvRope,
     RopeTable,
-    add_and_norm,
     norm_each_head,
     norm_rope_then_cache,
     norm_then_join,
@@ -359,14 +358,11 @@ class CudaBackend:
     def linear(self, x: Any, weight: CudaWeight | CudaFusedWeight, bias: Any | None = None) -> Any:
         return _linear(x, weight, bias, self.dense_cache, self.gemv_plan)
 
-    def gated_linear(self, x: Any, gate_up: CudaFusedWeight, kind: str) -> Any:
-        self._check_gate_up(gate_up)
-        return _gated_linear(x, gate_up, kind, self.dense_cache, self.gemv_plan)
-
-    @staticmethod
-    def _check_gate_up(gate_up: CudaFusedWeight) -> None:
+    def gated_linear(self, x: Any, gate_up: CudaFusedWeight, kind: str, then: Any = None) -> Any:
         if len(gate_up.parts) != 2 or gate_up.parts[0].shape != gate_up.parts[1].shape:
             raise ValueError(f"gated_linear needs a fused (gate, up) pair of one shape, got {gate_up.name!r}")
+        then = then if isinstance(then, CudaWeight) else None
+        return _gated_linear(x, gate_up, kind, self.dense_cache, self.gemv_plan, then)
 
     def add_rms_norm_linear(
         self, x: Any, residual: Any | None, norm_weight: Any, eps: float, weight: CudaWeight | CudaFusedWeight
@@ -394,11 +390,7 @@ class CudaBackend:
                 done = _norm_dense_linear(x, residual, norm_weight, eps, weight, kind, self.gemv_plan, then)
             if done is not None:
                 return done
-            if kind is not None and then is not None:
-                self._check_gate_up(weight)
-                normed, new_residual = add_and_norm(self, x, residual, norm_weight, eps)
-                return _gated_linear(normed, weight, kind, self.dense_cache, self.gemv_plan, then), new_residual
-        return norm_then_product(self, x, residual, norm_weight, eps, weight, kind)
+        return norm_then_product(self, x, residual, norm_weight, eps, weight, kind, then)
 
     def rope_and_cache(
         self,
@@ -457,14 +449,10 @@ class CudaBackend:
         # FP8: a block's scale depends on every key written into it, which rope_cache + write_kv_fp8 see.
         fused = fused and not isinstance(k_cache, Fp8KvCache)
         fused = fused and self._decode_attention(*heads) and _attention_decode.rope_supported(*heads, rotary)
-        if not fused and not half:
-            return rope_cache_then_attention(self, qkv, rope, k_cache, v_cache, meta, scale, sliding_window, softcap)
-        if not fused:  # rope_cache_then_attention, the output in float16 where decode attention takes the batch
-            q = self.rope_and_cache(
-                qkv, rope.n_heads, rope.n_kv_heads, rope.head_dim, rope.q_norm, rope.k_norm, rope.eps,
-                meta.positions, rope.table, rope.interleaved, k_cache, v_cache, meta.slot_mapping,
-            )  # fmt: skip
-            return self.attention(q, k_cache, v_cache, meta, scale, sliding_window, softcap, half_out=True)
+        if not fused:
+            return rope_cache_then_attention(
+                self, qkv, rope, k_cache, v_cache, meta, scale, sliding_window, softcap, half_out=half
+            )
         n_blocks = self._decode_blocks(meta, n_tok, rope.n_kv_heads, rope.head_dim)
         norms = [None if w is None else self._f32(w) for w in (rope.q_norm, rope.k_norm)]
         return _attention_decode.attention_decode_qkv(
