@@ -30,10 +30,9 @@ extern "C" __global__ void __launch_bounds__(256) gated_gelu_tanh(const float* _
 // float16 copy, which would otherwise cast y in a kernel of its own (cuda/linear.py: takes_half).
 //
 // vec 4 (F a multiple of 4, gu 16-byte and y 16 / 8-byte aligned: the wrapper checks): thread i takes
-// elements 4i .. 4i + 3, in 16-byte loads and one store, which halves the kernel's time at 128 tokens
-// (one element a thread kept a quarter of the loads in flight). vec 1: thread i takes element i.
-__device__ __forceinline__ void gated_store(float* y, i64 i, float v) { y[i] = v; }
-__device__ __forceinline__ void gated_store(u16* y, i64 i, float v) { y[i] = f2h(v); }
+// elements 4i .. 4i + 3, in 16-byte loads and one store: a quarter of the threads and load instructions of
+// one element a thread (that kernel read at 1.5 TB/s at 128 tokens, H100, gpu-profile-8b-s27; this one is
+// not measured yet). vec 1: thread i takes element i.
 __device__ __forceinline__ void gated_store4(float* y, i64 i, float4 v) { *reinterpret_cast<float4*>(y + i) = v; }
 __device__ __forceinline__ void gated_store4(u16* y, i64 i, float4 v) {
     *reinterpret_cast<uint2*>(y + i) = make_uint2(pack_h2(v.x, v.y), pack_h2(v.z, v.w));
@@ -55,7 +54,7 @@ __device__ __forceinline__ void gated_pairs_body(const float* __restrict__ gu, O
     }
     if (i >= n) return;
     const i64 t = i / f, j = i % f;
-    gated_store(y, i, gated_act<ACT>(gu[t * 2 * f + j], gu[t * 2 * f + f + j]));
+    store_as(y, i, gated_act<ACT>(gu[t * 2 * f + j], gu[t * 2 * f + f + j]));
 }
 
 #define GATED_PAIRS(NAME, ACT, OUT)                                                                              \

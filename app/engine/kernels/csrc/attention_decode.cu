@@ -310,7 +310,7 @@ __device__ __forceinline__ void dec_cluster_merge(const float* stage, int group,
         const int d = e % D;
         if (n_clusters == 1) {
             const float den = attn_denominator(p[i].m, p[i].l, sinks, e / D);
-            attn_store(out, row * D + d, den > 0.f ? p[i].acc / den : 0.f);
+            store_as(out, row * D + d, den > 0.f ? p[i].acc / den : 0.f);
             if (d == 0 && lse_out != nullptr) lse_out[row] = attn_lse(p[i].m, p[i].l);
         } else {
             part_acc[(row * n_blocks + cluster) * D + d] = p[i].acc;
@@ -735,8 +735,8 @@ __device__ __forceinline__ void attn_decode_body(const float* __restrict__ q, co
                 const float l = l_s[h], den = attn_denominator(m_s[h], l, group_sinks, h);
 #pragma unroll
                 for (int j = 0; j < S::DPT; ++j)
-                    attn_store(out, ((i64)seq * n_heads + head0 + h) * D + tid % D + j * DEC_THREADS,
-                               den > 0.f ? acc[j][h] / den : 0.f);
+                    store_as(out, ((i64)seq * n_heads + head0 + h) * D + tid % D + j * DEC_THREADS,
+                             den > 0.f ? acc[j][h] / den : 0.f);
                 if (tid == 0 && lse_out != nullptr) lse_out[(i64)seq * n_heads + head0 + h] = attn_lse(m_s[h], l);
             }
         }

@@ -49,12 +49,8 @@ __device__ __forceinline__ float attn_denominator(float m, float l, const float*
 // its lanes over the splits) into wgt[h * wgt_stride + s] and den[h]; then every output
 // element is a sum over the splits whose loads are independent (unrolled, so several are in
 // flight: a serial walk of L2 loads per element made the merge the longest part of a
-// decode). __ldcg: the other blocks' partials come from L2, never from a stale L1 line.
-// An output element as the caller's buffer holds it: float32, or float16 rounded to nearest (a decode
-// whose output projection reads float16: attention_decode.cu's DEC_OUT_HALF).
-__device__ __forceinline__ void attn_store(float* out, i64 i, float v) { out[i] = v; }
-__device__ __forceinline__ void attn_store(u16* out, i64 i, float v) { out[i] = f2h(v); }
-
+// decode). __ldcg: the other blocks' partials come from L2, never from a stale L1 line. `out`: float32,
+// or float16 (store_as: attention_decode.cu's DEC_OUT_HALF).
 template <int D, typename Out>
 __device__ __forceinline__ void attn_merge_splits(const float* __restrict__ part_acc, const float* __restrict__ part_m,
                                                   const float* __restrict__ part_l, i64 row0, int group, int stride,
@@ -89,6 +85,6 @@ __device__ __forceinline__ void attn_merge_splits(const float* __restrict__ part
         float num = 0.f;
 #pragma unroll 8
         for (int s = 0; s < n; ++s) num = fmaf(wgt[h * wgt_stride + s], __ldcg(acc_p + (i64)s * D), num);
-        attn_store(out, row * D + d, den[h] > 0.f ? num / den[h] : 0.f);
+        store_as(out, row * D + d, den[h] > 0.f ? num / den[h] : 0.f);
     }
 }

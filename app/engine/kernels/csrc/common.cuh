@@ -39,6 +39,11 @@ __device__ __forceinline__ float h2f_hi(u32 w) { return h2f((u16)(w >> 16)); }
 
 __device__ __forceinline__ u32 pack_h2(float lo, float hi) { return (u32)f2h(lo) | ((u32)f2h(hi) << 16); }
 
+// An output element as the caller's buffer holds it: float32, or float16 rounded to nearest (what a cast
+// gives: for a product that reads float16, which would otherwise cast the output in a kernel of its own).
+__device__ __forceinline__ void store_as(float* out, i64 i, float v) { out[i] = v; }
+__device__ __forceinline__ void store_as(u16* out, i64 i, float v) { out[i] = f2h(v); }
+
 // -- loads ------------------------------------------------------------------------------
 
 __device__ __forceinline__ u16 ld_u16(const u8* p) { return __ldg(reinterpret_cast<const unsigned short*>(p)); }
