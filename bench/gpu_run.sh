@@ -253,8 +253,16 @@ if stage serve; then
 fi
 # cascade: decode attention at agent contexts under each of CASCADE_DEFINES (default: plain loop, prefetch; "" skips),
 # then bench/suite/agent_engine.py's CASCADE_CASES (c8,decode32k) under each of CASCADE_SETTINGS (cascade off / on)
-# and each of CASCADE_KV (the KV cache's element type: auto by default, e.g. "f16 fp8")
+# and each of CASCADE_KV (the KV cache's element type: auto by default, e.g. "f16 fp8"). CASCADE_NCU=1 first takes the
+# cascade step's per-kernel times (8 sessions over an 8,000-token prefix, an 8-layer cut: decode_kernel_times.py
+# --shared) into $OUT/cascade-kernels.jsonl
 if stage cascade; then
+  if [[ ${CASCADE_NCU:-0} == 1 ]] && left 120; then
+    cut8=/tmp/prof-qwen3-8b-8.gguf
+    [[ -e $cut8 ]] || python3 bench/make_random_gguf.py --shape qwen3-8b --layers 8 --out $cut8 > /dev/null
+    timeout 100 python3 bench/micro/decode_kernel_times.py $cut8 --batch 8 --context 8000 --shared --out "$OUT" 2>&1 \
+      | tail -1 | tee "$OUT/cascade-kernels.jsonl" | cut -c1-1200
+  fi
   for defines in ${CASCADE_DEFINES-"" DEC_PREFETCH=1}; do
     echo "== PADDOCK_KERNEL_DEFINES=$defines" | tee -a "$OUT/cascade.log"
     PADDOCK_KERNEL_DEFINES=$defines timeout 90 python3 bench/micro/attention_decode_times.py --long 2>&1 \

@@ -126,6 +126,11 @@ DECLARED: tuple[EnvVar, ...] = (
            "0: none. H100, 2026-12-07, Qwen3-8B-shaped Q4_K_M, the decode step at 20 / 32 sequences: 6.92 -> 6.18 "
            "/ 7.39 -> 6.76 ms (0 against 32, two pairs); 64 is slower than 32 at 40-64 sequences (7.82 against "
            "7.48 ms at 40); served at c=32, 3,769 -> 4,053 tok/s"),
+    EnvVar("PADDOCK_GEMV_MMA_SPLITS", _int, 8,
+           "most column splits (1, 2, 4, 8) of a row tile of gemv_mma2 where its rows are few; on sm_90+ they add up "
+           "in a thread-block cluster, in a fixed order; without clusters at most 2 (float atomics, still the same "
+           "bits every run). H100, 2026-12-07, Qwen3-8B-shaped Q4_K_M down (4,096 rows) at 32 tokens: 196.6 / "
+           "104.3 / 80.1 / 68.5 us at 1 / 2 / 4 / 8 splits"),
     EnvVar("PADDOCK_Q4R_MAX_TOKENS", _int, 0,
            "most tokens a product takes on Q4_K / Q6_K weights repacked for the tensor cores (gemv_q4r.cu: 0.625 / "
            "1.25 bytes a weight, made at load), from PADDOCK_Q4R_MIN_TOKENS, at most 128; 0: never, and no repacked copies. "

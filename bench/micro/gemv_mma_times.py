@@ -17,7 +17,8 @@ around one replay of a graph of ~50 calls (median of 5 replays, after two warm-u
 warm-up replay), TB/s of the quantized weight bytes, v2's launch shape and the relative difference
 of the other paths' outputs from cuBLAS on the float16 copy (the same float16 weights and x up to
 rounding ties: small). cuBLAS gets x already in float16; v1 and v2 convert it inside their time.
-Beside v2's picked column splits, v2 at the other splits (fields v2_splits<S>_us) for tuning pick_shape.
+Beside v2's picked column splits, v2 at the other splits (fields v2_splits<S>_us) for tuning pick_shape:
+1-8 on a device with thread-block clusters (the splits add up in a cluster), else 1-2 (atomics).
 The v1 and v2 builds compile first in parallel processes; a last line gives that time and the whole
 run's wall time.
 """
@@ -38,12 +39,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "suite"))
 
-from app.engine.kernels.gemv_mma import MAX_SPLITS, MmaShape, cdiv, module_of, pick_shape
+from app.engine.kernels.gemv_mma import MAX_CLUSTER, MAX_SPLITS, MmaShape, cdiv, module_of, pick_shape
 from app.engine.quant.types import QUANT_TYPES
 
 TOKENS = (2, 4, 8, 16, 32, 64)
 QWEN3_VOCAB = 151936
-SPLITS = tuple(2**i for i in range(MAX_SPLITS.bit_length()))  # v2's column splits, timed beside its pick
+SPLITS = tuple(2**i for i in range(MAX_CLUSTER.bit_length()))  # v2's column splits, timed beside its pick
 METHODS = ("v1", "v2", "cublas16", "expand")
 CALLS = 50  # calls a timed graph holds
 ROTATE_BYTES = 192 << 20  # copies of a weight set up to here: > 3x the H100's 50 MiB L2
@@ -96,29 +97,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def case_line(product: Product, n_tok: int) -> dict:
-    shape = pick_shape(n_tok, product.n_rows, product.n_cols, "v2")
+def case_line(product: Product, n_tok: int, clusters: bool) -> dict:
+    shape = pick_shape(n_tok, product.n_rows, product.n_cols, "v2", clusters)
     return {"model": product.model, "product": product.name, "format": product.qtype,
             "rows": product.n_rows, "cols": product.n_cols, "tokens": n_tok, "mb": round(product.nbytes / 1e6, 1),
             "v2_shape": f"mt{shape.m_tiles} nt{shape.n_tiles} rw{shape.row_warps} kw{shape.warps} "
-                        f"splits{shape.k_splits}"}  # fmt: skip
+                        f"splits{shape.k_splits}{' cluster' if shape.clustered() else ''}"}  # fmt: skip
 
 
-def split_choices(picked: MmaShape, n_cols: int) -> list[int]:
+def split_choices(picked: MmaShape, n_cols: int, clusters: bool) -> list[int]:
     """The column splits to time beside the picked one: each keeps >= 2 super-steps a split."""
     super_steps = cdiv(cdiv(n_cols // 32, 4), picked.warps)
-    return [s for s in SPLITS if s != picked.k_splits and 2 * s <= super_steps]
+    cap = MAX_CLUSTER if clusters else MAX_SPLITS
+    return [s for s in SPLITS if s <= cap and s != picked.k_splits and 2 * s <= super_steps]
 
 
-def module_jobs(cases: list[Product], tokens: list[int], methods: list[str]) -> list[tuple[str, dict]]:
-    """The (kernel file, defines) of every v1 and v2 build the run launches, each once."""
+def module_jobs(cases: list[Product], tokens: list[int], methods: list[str], clusters: bool) -> list[tuple[str, dict]]:
+    """The (kernel file, defines) of every v1 and v2 build the run launches, each once (a cluster's size is
+    the build's: each split count of v2 is one)."""
     jobs = {}
     for product in cases:
         for n_tok in tokens:
             for kernel in (k for k in ("v1", "v2") if k in methods):
-                shape = pick_shape(n_tok, product.n_rows, product.n_cols, kernel)
-                source, defines = module_of(kernel, [product.qtype] * len(product.parts), shape)
-                jobs[source, tuple(sorted(defines.items()))] = (source, defines)
+                shape = pick_shape(n_tok, product.n_rows, product.n_cols, kernel, clusters)
+                shapes = [shape] + [replace(shape, k_splits=s) for s in split_choices(shape, product.n_cols, clusters)
+                                    if kernel == "v2"]  # fmt: skip
+                for each in shapes:
+                    source, defines = module_of(kernel, [product.qtype] * len(product.parts), each)
+                    jobs[source, tuple(sorted(defines.items()))] = (source, defines)
     return list(jobs.values())
 
 
@@ -174,7 +180,7 @@ def copies_of(nbytes: int) -> int:
     return max(1, min(MAX_COPIES, -(-ROTATE_BYTES // nbytes)))
 
 
-def measure(product: Product, tokens: list[int], methods: list[str], rng: np.random.Generator) -> None:
+def measure(product: Product, tokens: list[int], methods: list[str], rng: np.random.Generator, clusters: bool) -> None:
     import cupy
     from gpu_check import time_graph
 
@@ -203,10 +209,10 @@ def measure(product: Product, tokens: list[int], methods: list[str], rng: np.ran
             "expand": [partial(_expand_then_cublas, x16, ws, outs["expand"]) for ws in weight_sets]
             if "expand" in outs else [],
         }  # fmt: skip
-        line = case_line(product, n_tok)
-        if "v2" in outs:  # v2 at the other column splits (one build: the splits are the grid's y)
-            picked = pick_shape(n_tok, product.n_rows, product.n_cols, "v2")
-            for splits in split_choices(picked, product.n_cols):
+        line = case_line(product, n_tok, clusters)
+        if "v2" in outs:  # v2 at the other column splits (the grid's y; with clusters, each its own build)
+            picked = pick_shape(n_tok, product.n_rows, product.n_cols, "v2", clusters)
+            for splits in split_choices(picked, product.n_cols, clusters):
                 shape = replace(picked, k_splits=splits)
                 fns = [partial(gemv_mma, s, product.n_cols, x, outs["v2"], shape=shape, kernel="v2") for s in sets]
                 seconds, _ = time_graph([fns[i % len(fns)] for i in range(CALLS)], reps=5)
@@ -241,18 +247,20 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     started = time.perf_counter()
     cases = [p for p in products(args.models) if args.products is None or p.name in args.products]
-    if args.list:
+    if args.list:  # the shapes of an sm_90 device (clusters)
         for product in cases:
             for n_tok in args.tokens:
-                print(json.dumps(case_line(product, n_tok)))
+                print(json.dumps(case_line(product, n_tok, clusters=True)))
         return
     from app.engine.backend.cuda.backend import CudaBackend
+    from app.engine.kernels.runtime.compile import clusters_supported
 
     CudaBackend()  # the device, its memory pool and cuBLAS as the engine sets them up
-    compile_s = precompile(module_jobs(cases, args.tokens, args.methods))
+    clusters = clusters_supported()
+    compile_s = precompile(module_jobs(cases, args.tokens, args.methods, clusters))
     rng = np.random.default_rng(0)
     for product in cases:  # anything not compiled ahead compiles in a timing's warm-up calls, not its replays
-        measure(product, args.tokens, args.methods, rng)
+        measure(product, args.tokens, args.methods, rng, clusters)
     print(json.dumps({"compile_s": round(compile_s, 1), "wall_s": round(time.perf_counter() - started, 1)}))
 
 

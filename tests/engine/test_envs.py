@@ -67,6 +67,7 @@ def test_a_family_with_a_default_keeps_the_entries_not_set(environ) -> None:
     assert dict(envs.PADDOCK_GEMV_MMA_COPY_) == dict(gemv_plan.MMA_COPY) == {"Q4_K": 16}
     assert GemvPlan().mma_copy == KernelOptions().gemv_mma_copy  # the plan benchmarks use is the backend's
     assert GemvPlan().mma_copy_tall == KernelOptions().gemv_mma_copy_tall == gemv_plan.MMA_COPY_TALL == 32
+    assert GemvPlan().mma_splits == KernelOptions().gemv_mma_splits == gemv_plan.MMA_SPLITS == 8
     environ(PADDOCK_GEMV_MMA_COPY_Q4_K="0", PADDOCK_GEMV_MMA_COPY_Q5_K="8")
     assert dict(envs.PADDOCK_GEMV_MMA_COPY_) == {"Q4_K": 0, "Q5_K": 8}
     assert GemvPlan.for_backend(KernelOptions(), for_arch("90")).mma_copy == {"Q4_K": 0, "Q5_K": 8}

@@ -93,8 +93,8 @@ SELECTED = {
     "attention_decode.cu#rope": ("-DATTN_D=128", "-DATTN_G=4", "-DATTN_CL=8", "-DATTN_ROPE=1"),
     # float16 output for an output projection on its float16 copy (serving batches), clusters merging
     "attention_decode.cu#half": ("-DATTN_D=128", "-DATTN_G=4", "-DATTN_CL=2", "-DDEC_OUT_HALF=1"),
-    # the value loop's probabilities four keys a load, 4 blocks an SM's register budget (A/B builds)
-    "attention_decode.cu#pvec": ("-DATTN_D=256", "-DATTN_G=8", "-DATTN_CL=2", "-DDEC_PVEC=1", "-DDEC_MIN_BLOCKS=4"),
+    # the plain value loop (DEC_PVEC=0), 4 blocks an SM's register budget (A/B builds)
+    "attention_decode.cu#loop": ("-DATTN_D=256", "-DATTN_G=8", "-DATTN_CL=2", "-DDEC_PVEC=0", "-DDEC_MIN_BLOCKS=4"),
     "gemv_fused.cu": (
         "-DMULTI_F0=FmtQ5_K",
         "-DMULTI_F1=FmtQ8_0",
@@ -118,6 +118,9 @@ SELECTED = {
         "-DXQ_ACT=1",
     ),
     # The FP8 KV builds (kernels/kv_format.py adds KV_FP8=1 for an FP8 cache).
+    # sm_90: gate/up at 8 tokens, its column splits a cluster of 8 adding up through distributed shared memory
+    "gemv_mma2.cu": ("-DGM_F0=FmtQ4_K", "-DGM_F1=FmtQ4_K", "-DGM_F2=FmtQ4_K", "-DGM_MT=1", "-DGM_NT=1", "-DGM_RW=4",
+                     "-DGM_KW=2", "-DGM_CL=8"),
     "attention.cu#fp8": ("-DATTN_D=128", "-DATTN_G=4", "-DKV_FP8=1"),
     "attention_decode.cu#fp8": ("-DATTN_D=64", "-DATTN_G=16", "-DATTN_CL=8", "-DKV_FP8=1"),
     "attention_prefill.cu#fp8": ("-DPF_D=256", "-DKV_FP8=1"),
@@ -138,9 +141,10 @@ SELECTED_ENTRIES = {
     "attention_decode.cu": "attn_dec_d256_g2",
     "attention_decode.cu#rope": "attn_dec_rope_d128_g4",
     "attention_decode.cu#half": "attn_dec_d128_g4",
-    "attention_decode.cu#pvec": "attn_dec_d256_g8",
+    "attention_decode.cu#loop": "attn_dec_d256_g8",
     "gemv_fused.cu": "gemv_multi",
     "gemv_int.cu": "gemv_int_gated",
+    "gemv_mma2.cu": "gemv_mma2",
     "attention.cu#fp8": "attn_d128_g4",
     "attention_decode.cu#fp8": "attn_dec_d64_g16",
     "attention_prefill.cu#fp8": "attn_prefill_d256",

@@ -15,20 +15,17 @@ pays (otherwise the caller runs rope_cache and attention_decode).
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from app.engine.kernels.attention import group_bucket, split_counters
 from app.engine.kernels.kv_format import is_fp8, kv_operands
-from app.engine.kernels.runtime.compile import device_arch, get_kernel
+from app.engine.kernels.runtime.compile import MAX_CLUSTER, clusters_supported, get_kernel
 from app.engine.kernels.runtime.launch import NULL, cdiv, f32, i32, launch, ptr
 
 # (256, 8): Qwen3.5's 24 query heads over 4 KV heads and Qwen3.5-MoE's 16 over 2 (~46 KB of shared memory)
 VARIANTS = frozenset({(64, 1), (64, 2), (64, 4), (64, 8), (64, 16), (128, 1), (128, 2), (128, 4), (128, 8),
                       (256, 1), (256, 2), (256, 4), (256, 8)})  # fmt: skip
 MAX_BLOCKS = 128  # blocks per (sequence, KV head): the merge keeps one weight per block in shared memory
-MAX_CLUSTER = 8  # blocks per thread-block cluster: the portable maximum on sm_90
-MIN_CLUSTER_CC = 90
 
 
 def chunk_keys(head_dim: int) -> int:
@@ -66,12 +63,6 @@ def plan_blocks(
         per_pair = 1 << (max(1, slots // pairs).bit_length() - 1)
         return max(1, min(chunks, per_pair, MAX_BLOCKS))
     return max(1, min(chunks, cdiv(slots, pairs), MAX_BLOCKS))
-
-
-@functools.cache
-def clusters_supported() -> bool:
-    """Whether this device can run thread-block clusters: sm_90+."""
-    return int(device_arch()) >= MIN_CLUSTER_CC
 
 
 def block_layout(n_blocks: int, clusters: bool) -> tuple[int, int]:

@@ -22,6 +22,8 @@ MMA_COPY: Mapping[str, int] = MappingProxyType({"Q4_K": 16})
 # takes gemv_mma up to this many tokens, where its many rows keep gemv_mma2's blocks busy (envs.py says what it measured)
 MMA_COPY_TALL = 32
 MMA_TALL_ROWS = 16384
+# PADDOCK_GEMV_MMA_SPLITS's default: column splits of a gemv_mma2 row tile, a thread-block cluster (envs.py)
+MMA_SPLITS = 8
 
 
 @dataclass(frozen=True, eq=False)
@@ -45,6 +47,7 @@ class GemvPlan:
     q4r_min_tokens: int = 2
     # mma_copy's bound for a weight of at least MMA_TALL_ROWS rows (a fused gate/up), where larger
     mma_copy_tall: int = MMA_COPY_TALL
+    mma_splits: int = MMA_SPLITS  # most column splits of a gemv_mma2 row tile (2 without thread-block clusters)
 
     @classmethod
     def for_backend(cls, options: KernelOptions, tuning: Tuning) -> GemvPlan:
@@ -53,7 +56,7 @@ class GemvPlan:
                    options.gemv_mma_kernel, options.gemv_mma_copy, options.gemv_groups_per_thread,
                    options.fused_norm_max_cols, options.gemv_float_x_from,
                    q4r_max_tokens=options.q4r_max_tokens, q4r_min_tokens=options.q4r_min_tokens,
-                   mma_copy_tall=options.gemv_mma_copy_tall)  # fmt: skip
+                   mma_copy_tall=options.gemv_mma_copy_tall, mma_splits=options.gemv_mma_splits)  # fmt: skip
 
     def q4r_serves(self, n_tok: int) -> bool:
         """Whether a product of `n_tok` tokens goes to a weight's repacked copy when it has one."""

@@ -64,6 +64,7 @@ class KernelOptions:
     # {format: most tokens on gemv_mma for a weight of that format with a float16 copy}, over gemv_mma_max_tokens
     gemv_mma_copy: Mapping[str, int] = _from_env("PADDOCK_GEMV_MMA_COPY_")
     gemv_mma_copy_tall: int = _from_env("PADDOCK_GEMV_MMA_COPY_TALL")  # ... for such weights of many rows
+    gemv_mma_splits: int = _from_env("PADDOCK_GEMV_MMA_SPLITS")  # most column splits of a gemv_mma2 row tile
     q4r_max_tokens: int = _from_env("PADDOCK_Q4R_MAX_TOKENS")  # products to N tokens on repacked K-quants; 0: off
     q4r_min_tokens: int = _from_env("PADDOCK_Q4R_MIN_TOKENS")  # ... from this many tokens
     split_mixed_steps: bool = _from_env("PADDOCK_SPLIT_MIXED_STEPS")  # decodes + a prompt chunk: two graph replays
@@ -80,3 +81,5 @@ class KernelOptions:
             raise ValueError(f"decode_rope must be auto, all or off, not {self.decode_rope!r}")
         if self.gemv_mma_kernel not in ("v1", "v2"):
             raise ValueError(f"gemv_mma_kernel must be v1 or v2, not {self.gemv_mma_kernel!r}")
+        if self.gemv_mma_splits not in (1, 2, 4, 8):
+            raise ValueError(f"gemv_mma_splits must be 1, 2, 4 or 8, not {self.gemv_mma_splits!r}")

@@ -367,10 +367,10 @@ def test_attention_decode_qkv_programmatic_launch(cuda, cpu, rng, n_blocks: int)
 def test_attention_decode_clusters_on_sm90(cuda) -> None:
     """The device decides (one place): clusters from compute capability 9.0 on."""
     from app.engine.kernels import attention_decode
-    from app.engine.kernels.runtime.compile import device_arch
+    from app.engine.kernels.runtime.compile import MIN_CLUSTER_CC, device_arch
 
     uses = attention_decode.block_layout(66, attention_decode.clusters_supported())[1] > 1
-    assert uses == (int(device_arch()) >= attention_decode.MIN_CLUSTER_CC)
+    assert uses == (int(device_arch()) >= MIN_CLUSTER_CC)
 
 
 @pytest.mark.parametrize(

@@ -278,8 +278,9 @@ def test_norm_written_in_float16_for_the_dense_product(
     np.testing.assert_array_equal(dense.to_host(new_res), dense.to_host(ref_res))
 
 
-# (tokens, gate/up rows): 3 and 40 take the norm in float16 and cuBLAS on the gate/up copy; 32 on a gate/up of
-# MMA_TALL_ROWS takes gemv_mma there (PADDOCK_GEMV_MMA_COPY_TALL) after the norm in float32, the composition
+# (tokens, gate/up rows): 3 takes gemv_mma on gate/up (PADDOCK_GEMV_MMA_COPY_Q4_K) and down, so the result stays
+# float32; 40 takes the norm in float16 and cuBLAS on the gate/up copy; 32 on a gate/up of MMA_TALL_ROWS takes
+# gemv_mma there (PADDOCK_GEMV_MMA_COPY_TALL) after the norm in float32, the composition
 @pytest.mark.parametrize(("n_tok", "rows"), [(3, 1024), (40, 1024), (32, 16384)])
 def test_gated_result_in_float16_for_a_down_product_on_its_float16_copy(cuda, rng, n_tok: int, rows: int) -> None:
     """Given the down weight (`then`) that reads float16 at these tokens, add_rms_norm_gated_linear writes its
@@ -289,6 +290,7 @@ def test_gated_result_in_float16_for_a_down_product_on_its_float16_copy(cuda, rn
 
     from app.engine.backend.cuda.backend import CudaBackend
     from app.engine.backend.cuda.linear import _mma_parts, takes_half
+    from app.engine.kernels.gemv_plan import MMA_TALL_ROWS
 
     dense = CudaBackend(dense_cache="on")
     cols, eps = 2048, 1e-6
@@ -302,7 +304,9 @@ def test_gated_result_in_float16_for_a_down_product_on_its_float16_copy(cuda, rn
     nw = dense.from_host(rng.uniform(0.02, 0.05, cols).astype(np.float32))
     act, _ = dense.add_rms_norm_gated_linear(x, res, nw, eps, gate_up, "silu", then=down)
     act32, _ = dense.add_rms_norm_gated_linear(x, res, nw, eps, gate_up, "silu")
-    assert (_mma_parts(n_tok, gate_up, dense.gemv_plan) is not None) == (rows == 16384)
+    plan = dense.gemv_plan
+    on_mma = n_tok <= plan.mma_copy["Q4_K"] or (rows >= MMA_TALL_ROWS and n_tok <= plan.mma_copy_tall)
+    assert (_mma_parts(n_tok, gate_up, plan) is not None) == on_mma
     half = takes_half(n_tok, down, dense.gemv_plan)
     assert half == (n_tok > 16)  # 32 and 40 tokens: cuBLAS on down's copy; 3: gemv_mma (PADDOCK_GEMV_MMA_COPY_Q4_K)
     assert act.dtype == (cupy.float16 if half else cupy.float32) and act32.dtype == cupy.float32

@@ -66,3 +66,38 @@ def test_gemv_mma2_launch_shapes(
 ) -> None:  # fmt: skip
     shape = MmaShape(m_tiles, n_tiles, col_warps, row_warps, splits)
     _check(cuda, rng, formats, (200, 77), 2560, n_tok, "v2", shape)
+
+
+@pytest.mark.parametrize(("m_tiles", "n_tiles", "col_warps", "splits", "n_tok"), [
+    (1, 1, 2, 2, 6),
+    (1, 1, 2, 8, 8),  # 2,560 columns: 10 super-steps for 8 splits, two of them with one, none empty
+    (2, 4, 1, 4, 29),
+    (2, 8, 1, 8, 64),
+])  # fmt: skip
+@pytest.mark.parametrize("formats", [("Q4_K", "Q6_K"), ("Q8_0", "Q5_K")])
+def test_gemv_mma2_cluster_splits_match_the_oracle_the_same_bits_every_run(
+    cuda, rng, formats, m_tiles: int, n_tiles: int, col_warps: int, splits: int, n_tok: int
+) -> None:  # fmt: skip
+    """On sm_90+ a row tile's column splits are a thread-block cluster that adds them in rank order through
+    distributed shared memory: every output written (they start as NaN, and nothing zeroes them), the
+    oracle's values, and the same bits on every run, where float atomics would vary with more than two."""
+    import cupy
+
+    from app.engine.kernels.gemv_mma import gemv_mma
+    from app.engine.kernels.runtime.compile import clusters_supported
+
+    if not clusters_supported():
+        pytest.skip("thread-block clusters need sm_90+")
+    shape = MmaShape(m_tiles, n_tiles, col_warps, 4, splits, cluster=True)
+    _check(cuda, rng, formats, (200, 77), 2560, n_tok, "v2", shape)
+    tensors = [random_tensor(q, r, 2560, rng) for q, r in zip(formats, (300, 45), strict=True)]
+    weights = [cuda.load_weight(t) for t in tensors]
+    parts = [(w.data, q, w.row_bytes, w.n_rows) for w, q in zip(weights, formats, strict=True)]
+    x = cupy.asarray(rng.standard_normal((n_tok, 2560)).astype(np.float32))
+    runs = [cupy.asnumpy(gemv_mma(parts, 2560, x, cupy.full((n_tok, 345), cupy.nan, cupy.float32), shape=shape,
+                                  kernel="v2")) for _ in range(4)]  # fmt: skip
+    for run in runs[1:]:
+        np.testing.assert_array_equal(run, runs[0])
+    whole = gemv_mma(parts, 2560, x, cupy.empty((n_tok, 345), cupy.float32), kernel="v2",
+                     shape=MmaShape(m_tiles, n_tiles, col_warps, 4, 1))  # fmt: skip
+    assert rel_err(runs[0], cupy.asnumpy(whole)) < 1e-5  # the same products, summed in another order

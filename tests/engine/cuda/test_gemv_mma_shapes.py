@@ -15,23 +15,37 @@ PRODUCTS = [(4096, 4096), (24576, 4096), (4096, 12288), (5120, 5120), (34816, 51
             (43008, 5120), (5120, 21504), (232, 4096), (7, 32)]  # fmt: skip
 
 
+@pytest.mark.parametrize("clusters", [False, True], ids=["atomics", "clusters"])
 @pytest.mark.parametrize(("n_rows", "n_cols"), PRODUCTS)
 @pytest.mark.parametrize("n_tok", [2, 4, 8, 9, 16, 17, 32, 33, 64])
-def test_v2_shapes_fit_and_fill_the_gpu(n_tok: int, n_rows: int, n_cols: int) -> None:
-    shape = pick_shape(n_tok, n_rows, n_cols, "v2")
+def test_v2_shapes_fit_and_fill_the_gpu(n_tok: int, n_rows: int, n_cols: int, clusters: bool) -> None:
+    """Without thread-block clusters at most MAX_SPLITS column splits (atomics); with them up to a cluster's
+    MAX_CLUSTER, which only the cluster's shared memory for the sums pays for."""
+    shape = pick_shape(n_tok, n_rows, n_cols, "v2", clusters)
+    cap = gm.MAX_CLUSTER if clusters else gm.MAX_SPLITS
     assert 8 * shape.n_tiles >= n_tok and (shape.n_tiles == 1 or 4 * shape.n_tiles < n_tok)  # the fewest tiles
     assert shape.shared_bytes_v2() <= gm.MAX_SHARED_BYTES
     assert 32 * shape.row_warps * shape.warps <= 256  # the register budget of the 8-warp builds
     blocks = cdiv(n_rows, shape.rows())
     super_steps = cdiv(cdiv(n_cols // 32, 4), shape.warps)
-    assert 1 <= shape.k_splits <= gm.MAX_SPLITS
+    assert 1 <= shape.k_splits <= cap and shape.k_splits & (shape.k_splits - 1) == 0
+    assert shape.clustered() == (clusters and shape.k_splits > 1)
+    assert ("GM_CL" in gm.module_of("v2", ["Q4_K"], shape)[1]) == shape.clustered()
     waves = gm.WAVES * gm.MULTIPROCESSORS
-    if shape.k_splits > 1:  # split only where the row tiles fill less than WAVES waves, >= 2 super-steps a split
-        assert blocks * shape.k_splits // 2 < waves
+    if shape.k_splits > 1:  # split only while the blocks stay within WAVES waves, >= 2 super-steps a split
+        assert blocks * shape.k_splits <= waves
         assert super_steps >= 2 * shape.k_splits
-    # no further split where one more would keep >= 2 super-steps: the blocks fill the waves, or the cap is hit
-    if shape.k_splits < gm.MAX_SPLITS and super_steps >= 4 * shape.k_splits:
-        assert blocks * shape.k_splits >= waves
+    # no further split where one more would keep >= 2 super-steps: it would pass the waves, or the cap is hit
+    if shape.k_splits < cap and super_steps >= 4 * shape.k_splits:
+        assert blocks * 2 * shape.k_splits > waves
+
+
+@pytest.mark.parametrize("max_splits", [1, 2, 4])
+def test_v2_splits_keep_under_the_plans_cap(max_splits: int) -> None:
+    """GemvPlan.mma_splits (PADDOCK_GEMV_MMA_SPLITS) caps the splits; one split is no cluster."""
+    shape = pick_shape(32, 4096, 12288, "v2", clusters=True, max_splits=max_splits)
+    assert shape.k_splits == max_splits and shape.clustered() == (max_splits > 1)
+    assert pick_shape(32, 4096, 12288, "v2", clusters=True).k_splits == gm.MAX_CLUSTER
 
 
 def test_v1_shape_has_no_v2_parts() -> None:

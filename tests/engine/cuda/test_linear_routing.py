@@ -106,8 +106,9 @@ def test_products_over_more_rows_than_a_launch_takes_are_sliced(monkeypatch, n_t
     w = rng.standard_normal((48, 64)).astype(np.float32)
     calls: list[int] = []
 
-    def fake(parts, n_cols, x, out, bias=None, shape=None, kernel="v1"):  # the kernel's contract, on numpy
+    def fake(parts, n_cols, x, out, bias=None, shape=None, kernel="v1", max_splits=8):  # the contract, on numpy
         assert 1 <= x.shape[0] <= gemv_mma.MAX_TOKENS and out.flags.c_contiguous and kernel == "v2"
+        assert max_splits == 4  # the plan's cap on the column splits
         calls.append(x.shape[0])
         out[...] = x @ w.T + (0 if bias is None else bias)
         return out
@@ -116,6 +117,6 @@ def test_products_over_more_rows_than_a_launch_takes_are_sliced(monkeypatch, n_t
     x = rng.standard_normal((n_tok, 64)).astype(np.float32)
     bias = rng.standard_normal(48).astype(np.float32)
     out = np.full((n_tok, 48), np.nan, np.float32)
-    cuda_linear._gemv_mma([(None, "Q4_K", 0, 48)], 64, x, out, bias, GemvPlan(mma_kernel="v2"))
+    cuda_linear._gemv_mma([(None, "Q4_K", 0, 48)], 64, x, out, bias, GemvPlan(mma_kernel="v2", mma_splits=4))
     assert sum(calls) == n_tok and len(calls) == -(-n_tok // gemv_mma.MAX_TOKENS)
     np.testing.assert_allclose(out, x @ w.T + bias, rtol=1e-5, atol=1e-5)

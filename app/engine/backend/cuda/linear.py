@@ -94,7 +94,8 @@ def _gemv_mma(
     (a row slice of the C-contiguous `out` is C-contiguous too)."""
     step = gemv_mma.MAX_TOKENS
     for r0 in range(0, x.shape[0], step):
-        gemv_mma.gemv_mma(parts, n_cols, x[r0 : r0 + step], out[r0 : r0 + step], bias, kernel=plan.mma_kernel)
+        gemv_mma.gemv_mma(parts, n_cols, x[r0 : r0 + step], out[r0 : r0 + step], bias, kernel=plan.mma_kernel,
+                          max_splits=plan.mma_splits)
     return out
 
 

@@ -78,9 +78,10 @@ typedef float dec_out_t;
 // 16-byte shared load a head, not four 4-byte ones). Nsight at 128 sequences x 256 keys (H100, 2026-12-07,
 // bench/results/gpu-dattn-ncu-s27-2026-12-07.txt) puts the kernel at 76 % of L1's throughput and 54 % of DRAM's,
 // and the value loop's probability loads were most of its shared-memory loads. The same sums in the same order.
-// Off until the A/B on a GPU (PADDOCK_KERNEL_DEFINES=DEC_PVEC=1; bench/gpu_run.sh's dattn stage).
+// On since the H100 A/B of 2026-12-07 (bench/results/gpu-s28-2026-12-07.md): 32 sequences x 4,096 keys 224 -> 200 us,
+// 128 x 256 66.4 -> 64.7 us; the engine's decode step at 32 sequences 6.30 -> 6.24 ms. DEC_PVEC=0: the plain loop.
 #ifndef DEC_PVEC
-#define DEC_PVEC 0
+#define DEC_PVEC 1
 #endif
 
 // Blocks per cluster along grid z: ATTN_CL from the wrapper (attention_decode.block_layout), 8 when
@@ -777,7 +778,8 @@ __device__ __forceinline__ void attn_decode_body(const float* __restrict__ q, co
 // to itself, ptxas gave some sm_90 variants 64 or 96 registers and spilled, with or without clusters).
 // 4 (128 registers, 4 blocks an SM, which shared memory also allows at head dim 128) builds every head-dim-128
 // variant without spills (nvcc 2026-12, sm_90): group 8 goes from 166 registers (3 blocks) to 128, and
-// DEC_PVEC=1's group 4 from 138 to 128. Off until the A/B on a GPU (PADDOCK_KERNEL_DEFINES=DEC_MIN_BLOCKS=4).
+// DEC_PVEC=1's group 4 from 138 to 128. Measured on the H100 (2026-12-07, with DEC_PVEC): within 1 % of 3 at every
+// point of the dattn stage (128 x 256: 64.7 -> 64.2 us), so it stays 3 (PADDOCK_KERNEL_DEFINES=DEC_MIN_BLOCKS=4).
 #ifndef DEC_MIN_BLOCKS
 #define DEC_MIN_BLOCKS 3
 #endif

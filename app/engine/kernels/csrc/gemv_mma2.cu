@@ -25,13 +25,16 @@
 //   weight, quant.cuh) instead of get()'s integer-to-float conversions (quarter-rate on sm_90),
 //   which made the decode, not memory, the limit;
 // - where rows are few (a 4096-row q or down projection has 32-64 row tiles for 132
-//   multiprocessors), gridDim.y splits the columns among blocks too; those blocks add their
-//   sums into `y` with atomics, on the zeros the pre-pass wrote.
+//   multiprocessors), gridDim.y splits the columns among blocks too. On sm_90+ the splits of a row
+//   tile are one thread-block cluster (GM_CL of them) that adds its blocks' sums through distributed
+//   shared memory in rank order (gm2::cluster_sum_write); elsewhere the blocks add their sums into
+//   `y` with atomics, on the zeros the pre-pass wrote (two at most: see gemv_mma.MAX_SPLITS).
 // Up to three weights stacked along the output (q/k/v, gate/up) are one launch, as in gemv_mma.cu.
 //
 // Numerics: weights decoded in float32 (w = a f + b, the same value as the dequantizers up to
-// float32 rounding) and rounded once to float16, x rounded to float16, float32 accumulation. With
-// gridDim.y > 1 the order of the split sums varies from run to run (float atomics).
+// float32 rounding) and rounded once to float16, x rounded to float16, float32 accumulation. The
+// cluster adds its splits in rank order: the same bits every run. With atomics, two splits give the
+// same bits in either order ((0 + a) + b == (0 + b) + a).
 #include "gemv_mma.cuh"
 #include "mma.cuh"
 #include "quant.cuh"
@@ -53,6 +56,15 @@
 #ifndef GM_KW
 #define GM_KW 2  // column-warps: warps splitting the columns of the same rows
 #endif
+// Column splits a thread-block cluster (sm_90+; gridDim.y == GM_CL), summed through distributed shared
+// memory; 1: no cluster. Host builds and older devices add the splits with atomics instead.
+#if defined(GM_CL) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define GM_CLUSTER GM_CL
+#else
+#define GM_CLUSTER 1
+#endif
+static_assert(GM_CLUSTER == 1 || GM_CLUSTER == 2 || GM_CLUSTER == 4 || GM_CLUSTER == 8,
+              "a cluster is 1, 2, 4 or 8 blocks (8: the portable maximum)");
 
 namespace gm2 {
 constexpr int WARPS = GM_RW * GM_KW;
@@ -61,7 +73,9 @@ constexpr int ROWS = 16 * GM_MT * GM_RW;          // rows a block
 constexpr int TOK = 8 * GM_NT;                    // tokens staged (padded with zeros)
 constexpr int XS_WORDS = GM_KW * 4 * TOK * 4;     // 16-byte words of x a super-step (one of two buffers)
 constexpr int PART_WORDS = (GM_KW - 1) * GM_RW * GM_MT * GM_NT * 4 * 32 / 4;  // column-warps' sums
-constexpr int SMEM_WORDS = 2 * XS_WORDS > PART_WORDS ? 2 * XS_WORDS : PART_WORDS;
+// The block's sums for its cluster, after the column-warps' (which warps (0, rw) may still be reading)
+constexpr int CLUSTER_WORDS = GM_CLUSTER > 1 ? GM_RW * GM_MT * GM_NT * 4 * 32 / 4 : 0;
+constexpr int SMEM_WORDS = 2 * XS_WORDS > PART_WORDS + CLUSTER_WORDS ? 2 * XS_WORDS : PART_WORDS + CLUSTER_WORDS;
 static_assert(SMEM_WORDS * 16 <= 48 * 1024, "gemv_mma2: shared memory over 48 KiB (pick_shape keeps it under)");
 
 template <class A, class B>
@@ -108,6 +122,49 @@ __device__ __forceinline__ void stage_x(uint4* xs, const u16* __restrict__ xh, i
     cp_async_commit();
 }
 
+#if GM_CLUSTER > 1
+// The end of every block of a cluster (the GM_CLUSTER column splits of rows [row0, row0 + ROWS), ranked
+// along y): each leaves its sums in shared memory (`part`), then rank r adds the r-th share of the outputs
+// over the cluster's blocks in rank order and writes them (bias added), so no zeros, atomics or run-to-run
+// variation. A share is a run of (token, row) outputs, rows fastest: coalesced stores, and padded tokens
+// cost nothing. `keeps`: the warp holds sums (the column-warps' sums went to their warp 0).
+template <int MT, int NT>
+__device__ __forceinline__ void cluster_sum_write(const float (&c)[MT][NT][4], bool keeps, float* part, int rw,
+                                                  int row0, int n_rows, int n_tok, float* __restrict__ y, int ld_y,
+                                                  int col0, const float* __restrict__ bias, int lane) {
+    constexpr int PER_WARP = MT * NT * 4 * 32;
+    constexpr int SHARE = TOK * ROWS / GM_CLUSTER;
+    static_assert(TOK * ROWS % GM_CLUSTER == 0, "outputs split evenly over the cluster");
+    __syncthreads();  // with one column-warp `part` overlaps the x buffers: every warp is done with them
+    if (keeps) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) part[rw * PER_WARP + ((mt * NT + nt) * 4 + e) * 32 + lane] = c[mt][nt][e];
+    }
+    cluster_sync();  // every block's sums are in place
+    const int rank = blockIdx.y;  // gridDim.y == GM_CLUSTER: one cluster spans the splits
+    for (int o = rank * SHARE + threadIdx.x; o < (rank + 1) * SHARE; o += THREADS) {
+        const int n = o / ROWS, r = o % ROWS, row = row0 + r;
+        if (n >= n_tok || row >= n_rows) continue;
+        // Row r is row g (+8 for the fragment's second half) of m-tile (r / 16) % MT of row-warp r / (16 MT); token
+        // n is 2t (+1) of n-tile n / 8: c[mt][nt][2 half + (n & 1)] of lane 4g + t.
+        const int w = r / (16 * MT), mt = (r >> 4) % MT, half = (r >> 3) & 1, g = r & 7, nt = n >> 3, t = (n & 7) >> 1;
+        const int i = w * PER_WARP + ((mt * NT + nt) * 4 + 2 * half + (n & 1)) * 32 + 4 * g + t;
+        float v[GM_CLUSTER];
+#pragma unroll
+        for (int q = 0; q < GM_CLUSTER; ++q) v[q] = cluster_map_shared(part, q)[i];  // every load before the sum
+        float sum = v[0];
+#pragma unroll
+        for (int q = 1; q < GM_CLUSTER; ++q) sum += v[q];
+        y[(i64)n * ld_y + col0 + row] = sum + (bias != nullptr ? bias[col0 + row] : 0.f);
+    }
+    cluster_sync();  // no block leaves while another may still read its shared memory
+}
+#endif
+
 // One block's rows [row0, row0 + ROWS) of weight `w` times every token of x, over the
 // super-steps of split blockIdx.y, into y's columns col0 + row (bias, when given, indexed the same
 // way and added by split 0).
@@ -139,7 +196,7 @@ __device__ __forceinline__ void tile(const u8* __restrict__ w, i64 row_bytes, in
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) next[mt][h].load(row_p[mt][h], min(4 * GM_KW * s_begin + unit0, last_unit));
+            for (int h = 0; h < 2; ++h) next[mt][h].fetch(row_p[mt][h], min(4 * GM_KW * s_begin + unit0, last_unit));
     }
     after_previous_grid();  // the weights are no earlier kernel's output: their first loads fly during the wait
     if (s_begin < s_end) stage_x<F>(smem, x, n_tok, n_cols, n_units, s_begin * GM_KW);
@@ -154,12 +211,16 @@ __device__ __forceinline__ void tile(const u8* __restrict__ w, i64 row_bytes, in
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int h = 0; h < 2; ++h) f[mt][h] = next[mt][h];
-        if (ss + 1 < s_end) {
+        if (ss + 1 < s_end) {  // loads alone (fetch): their first use is the next super-step's unpack
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                for (int h = 0; h < 2; ++h) next[mt][h].load(row_p[mt][h], min(4 * GM_KW * (ss + 1) + unit0, last_unit));
+                for (int h = 0; h < 2; ++h) next[mt][h].fetch(row_p[mt][h], min(4 * GM_KW * (ss + 1) + unit0, last_unit));
         }
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) f[mt][h].unpack();
         const uint4* xw = smem + cur * XS_WORDS + kw * 4 * TOK * 4;
 
         float ca[MT][2][2], cb[MT][2][2];  // [m-tile][half][run]: w = a f + b
@@ -202,10 +263,16 @@ __device__ __forceinline__ void tile(const u8* __restrict__ w, i64 row_bytes, in
         }
     }
 
-    if (!gm_sum_column_warps<MT, NT, GM_KW>(c, reinterpret_cast<float*>(smem), kw, rw, GM_RW, lane)) return;
+    const bool keeps = gm_sum_column_warps<MT, NT, GM_KW>(c, reinterpret_cast<float*>(smem), kw, rw, GM_RW, lane);
+#if GM_CLUSTER > 1
+    cluster_sum_write<MT, NT>(c, keeps, reinterpret_cast<float*>(smem + PART_WORDS), rw, row0, n_rows, n_tok, y, ld_y,
+                              col0, bias, lane);
+#else
+    if (!keeps) return;
     // Split 0 adds the bias; with splits the atomics add into the zeros the pre-pass wrote.
     gm_write<MT, NT>(c, row0 + 16 * rw * MT, n_rows, n_tok, y, ld_y, col0, blockIdx.y == 0 ? bias : nullptr,
                      gridDim.y > 1, lane);
+#endif
 }
 }  // namespace gm2
 
@@ -225,8 +292,13 @@ extern "C" __global__ void gemv_mma2_x16(const float* __restrict__ x, u32* __res
 
 // `y[n, :] = x[n] @ [W0; W1; W2].T (+ bias)` for n < n_tok <= 8 NT, from `xh`, the float16 copy of x
 // (gemv_mma2_x16); a weight with 0 rows is absent. Grid: (one block per gm2::ROWS rows of each
-// weight, column splits); with splits > 1, y must be zero.
-extern "C" __global__ void __launch_bounds__(gm2::THREADS)
+// weight, column splits); with splits > 1 and no cluster, y must be zero.
+#if GM_CLUSTER > 1
+#define GM_KERNEL_ATTRS __launch_bounds__(gm2::THREADS) __cluster_dims__(1, GM_CLUSTER, 1)
+#else
+#define GM_KERNEL_ATTRS __launch_bounds__(gm2::THREADS)
+#endif
+extern "C" __global__ void GM_KERNEL_ATTRS
     gemv_mma2(const u8* __restrict__ w0, const u8* __restrict__ w1, const u8* __restrict__ w2, i64 row_bytes0,
               i64 row_bytes1, i64 row_bytes2, int rows0, int rows1, int rows2, int n_cols, const u16* __restrict__ x,
               int n_tok, float* __restrict__ y, const float* __restrict__ bias) {

@@ -51,6 +51,12 @@ __device__ __forceinline__ void biased4(u32 lo, u32 hi, float* f0, float* f1) {
 template <class Self>
 struct IntCodes {
     static constexpr bool AFFINE = true;
+    // fetch() issues a unit's loads and unpack() turns them into what get()/codes()/coef() read; load() is both.
+    // A pipelined caller (gemv_mma2.cu) fetches the next step's unit before it multiplies this one and unpacks it
+    // after: done in load(), the scale arithmetic waits on the loads there and the warp stalls for DRAM before it
+    // multiplies. Formats whose load() is plain loads keep these defaults.
+    __device__ __forceinline__ void fetch(const u8* row, int u) { static_cast<Self*>(this)->load(row, u); }
+    __device__ __forceinline__ void unpack() {}
     __device__ __forceinline__ void raw(int k, float* f0, float* f1) const {
         u32 c0, c1;
         static_cast<const Self*>(this)->codes(k, c0, c1);
@@ -72,10 +78,16 @@ struct FmtQ4_0 : IntCodes<FmtQ4_0> {  // d:f16, qs[16]: w = d * (q - 8); low nib
     static __device__ __forceinline__ int x_base(int u) { return u * 32; }
     float d;
     uint4 q;
-    __device__ __forceinline__ void load(const u8* row, int u) {
+    u16 dh;
+    __device__ __forceinline__ void fetch(const u8* row, int u) {
         const u8* b = row + u * 18;
-        d = h2f(ld_u16(b));
+        dh = ld_u16(b);
         q = ld16u(b + 2);
+    }
+    __device__ __forceinline__ void unpack() { d = h2f(dh); }
+    __device__ __forceinline__ void load(const u8* row, int u) {
+        fetch(row, u);
+        unpack();
     }
     __device__ __forceinline__ void get(int k, float* w0, float* w1) const {
         const u32 x = word4(q, k);
@@ -200,11 +212,17 @@ struct FmtQ8_0 {  // d:f16, qs[32] int8: w = d * q
     static __device__ __forceinline__ int x_base(int u) { return u * 32; }
     float d;
     uint4 q0, q1;
-    __device__ __forceinline__ void load(const u8* row, int u) {
+    u16 dh;
+    __device__ __forceinline__ void fetch(const u8* row, int u) {  // IntCodes' fetch()/unpack(), for int8 codes
         const u8* b = row + u * 34;
-        d = h2f(ld_u16(b));
+        dh = ld_u16(b);
         q0 = ld16u(b + 2);
         q1 = ld16u(b + 18);
+    }
+    __device__ __forceinline__ void unpack() { d = h2f(dh); }
+    __device__ __forceinline__ void load(const u8* row, int u) {
+        fetch(row, u);
+        unpack();
     }
     __device__ __forceinline__ void get(int k, float* w0, float* w1) const {
         const u32 x0 = word4(q0, k), x1 = word4(q1, k);
@@ -269,12 +287,16 @@ struct FmtQ4_K : IntCodes<FmtQ4_K> {
         return (u >> 3) * 256 + (s >> 1) * 64 + (s & 1) * 16;
     }
     float s0, m0, s1, m1;
-    uint4 q;
-    __device__ __forceinline__ void load(const u8* row, int u) {
+    uint4 q, hdr;
+    int j;
+    __device__ __forceinline__ void fetch(const u8* row, int u) {
         const u8* b = row + (u >> 3) * 144;
-        const int s = u & 7, j = s >> 1, h = s & 1;
-        const uint4 hdr = ld16(b);  // 144-byte blocks in 16-aligned rows: always aligned
+        const int s = u & 7, h = s & 1;
+        j = s >> 1;
+        hdr = ld16(b);  // 144-byte blocks in 16-aligned rows: always aligned
         q = ld16(b + 16 + j * 32 + h * 16);
+    }
+    __device__ __forceinline__ void unpack() {
         const float d = h2f_lo(hdr.x), dmin = h2f_hi(hdr.x);
         u32 sa, ma, sb, mb;
         kquant_scale_min_pair(hdr.y, hdr.z, hdr.w, j, sa, ma, sb, mb);
@@ -282,6 +304,10 @@ struct FmtQ4_K : IntCodes<FmtQ4_K> {
         m0 = dmin * (float)ma;
         s1 = d * (float)sb;
         m1 = dmin * (float)mb;
+    }
+    __device__ __forceinline__ void load(const u8* row, int u) {
+        fetch(row, u);
+        unpack();
     }
     __device__ __forceinline__ void get(int k, float* w0, float* w1) const {
         const u32 x = word4(q, k);
@@ -311,21 +337,27 @@ struct FmtQ5_K : IntCodes<FmtQ5_K> {
     static __device__ __forceinline__ int x_base(int u) { return FmtQ4_K::x_base(u); }
     float s0, m0, s1, m1;
     int j2;
-    uint4 q, qh;
-    __device__ __forceinline__ void load(const u8* row, int u) {
+    uint4 q, qh, hdr;
+    __device__ __forceinline__ void fetch(const u8* row, int u) {
         const u8* b = row + (u >> 3) * 176;
         const int s = u & 7, j = s >> 1, h = s & 1;
-        const uint4 hdr = ld16(b);
+        hdr = ld16(b);
         qh = ld16(b + 16 + h * 16);
         q = ld16(b + 48 + j * 32 + h * 16);
+        j2 = 2 * j;
+    }
+    __device__ __forceinline__ void unpack() {
         const float d = h2f_lo(hdr.x), dmin = h2f_hi(hdr.x);
         u32 sa, ma, sb, mb;
-        kquant_scale_min_pair(hdr.y, hdr.z, hdr.w, j, sa, ma, sb, mb);
+        kquant_scale_min_pair(hdr.y, hdr.z, hdr.w, j2 >> 1, sa, ma, sb, mb);
         s0 = d * (float)sa;
         m0 = dmin * (float)ma;
         s1 = d * (float)sb;
         m1 = dmin * (float)mb;
-        j2 = 2 * j;
+    }
+    __device__ __forceinline__ void load(const u8* row, int u) {
+        fetch(row, u);
+        unpack();
     }
     __device__ __forceinline__ void get(int k, float* w0, float* w1) const {
         const u32 x = word4(q, k), hb = word4(qh, k) >> j2;
@@ -362,19 +394,27 @@ struct FmtQ6_K : IntCodes<FmtQ6_K> {
         return (u >> 3) * 256 + (s >> 2) * 128 + ((s >> 1) & 1) * 32 + (s & 1) * 16;
     }
     float s0, s1;
-    int sh0;
-    uint4 ql, qh;
-    __device__ __forceinline__ void load(const u8* row, int u) {
+    int sh0, base;
+    uint4 ql, qh, sc;
+    u16 dh;
+    __device__ __forceinline__ void fetch(const u8* row, int u) {
         const u8* b = row + (u >> 3) * 210;
         const int s = u & 7, n = s >> 2, part = (s >> 1) & 1, lh = s & 1;
         ql = ld16u(b + n * 64 + part * 32 + lh * 16);
         qh = ld16u(b + 128 + n * 32 + lh * 16);
-        const uint4 sc = ld16u(b + 192);
-        const float d = h2f(ld_u16(b + 208));
-        const int base = n * 8 + lh + part * 2;
+        sc = ld16u(b + 192);
+        dh = ld_u16(b + 208);
+        base = n * 8 + lh + part * 2;
+        sh0 = part * 2;
+    }
+    __device__ __forceinline__ void unpack() {
+        const float d = h2f(dh);
         s0 = d * (float)(signed char)byte_of16(sc, base);
         s1 = d * (float)(signed char)byte_of16(sc, base + 4);
-        sh0 = part * 2;
+    }
+    __device__ __forceinline__ void load(const u8* row, int u) {
+        fetch(row, u);
+        unpack();
     }
     __device__ __forceinline__ void get(int k, float* w0, float* w1) const {
         const u32 x = word4(ql, k), hb = word4(qh, k) >> sh0;
@@ -413,6 +453,8 @@ struct FmtF16 {
         b0 = ld16(p + 32);
         b1 = ld16(p + 48);
     }
+    __device__ __forceinline__ void fetch(const u8* row, int u) { load(row, u); }  // loads alone: no split
+    __device__ __forceinline__ void unpack() {}
     __device__ __forceinline__ void get(int k, float* w0, float* w1) const {
         const uint4 a = k < 2 ? a0 : a1, b = k < 2 ? b0 : b1;
         const u32 alo = (k & 1) ? a.z : a.x, ahi = (k & 1) ? a.w : a.y;
@@ -439,6 +481,8 @@ struct FmtBF16 {
         b0 = ld16(p + 32);
         b1 = ld16(p + 48);
     }
+    __device__ __forceinline__ void fetch(const u8* row, int u) { load(row, u); }  // loads alone: no split
+    __device__ __forceinline__ void unpack() {}
     __device__ __forceinline__ void get(int k, float* w0, float* w1) const {
         const uint4 a = k < 2 ? a0 : a1, b = k < 2 ? b0 : b1;
         const u32 alo = (k & 1) ? a.z : a.x, ahi = (k & 1) ? a.w : a.y;
@@ -463,6 +507,8 @@ struct FmtF32 {  // 128 bytes a unit: read in get(), too many registers to hold 
     __device__ __forceinline__ void load(const u8* row, int u) {
         p = reinterpret_cast<const float4*>(row + u * 128);
     }
+    __device__ __forceinline__ void fetch(const u8* row, int u) { load(row, u); }  // loads alone: no split
+    __device__ __forceinline__ void unpack() {}
     __device__ __forceinline__ void get(int k, float* w0, float* w1) const {
         const float4 a = __ldg(p + k), b = __ldg(p + 4 + k);
         w0[0] = a.x; w0[1] = a.y; w0[2] = a.z; w0[3] = a.w;

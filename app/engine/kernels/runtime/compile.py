@@ -59,6 +59,16 @@ def device_arch() -> str:
     return str(cupy.cuda.Device().compute_capability)
 
 
+MIN_CLUSTER_CC = 90  # thread-block clusters and distributed shared memory: sm_90+
+MAX_CLUSTER = 8  # blocks per thread-block cluster: the portable maximum on sm_90
+
+
+@functools.cache
+def clusters_supported() -> bool:
+    """Whether this device can run thread-block clusters: sm_90+."""
+    return int(device_arch()) >= MIN_CLUSTER_CC
+
+
 def _nvrtc_version() -> str:
     from cupy.cuda import nvrtc
 
