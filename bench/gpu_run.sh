@@ -255,8 +255,12 @@ fi
 # then bench/suite/agent_engine.py's CASCADE_CASES (c8,decode32k) under each of CASCADE_SETTINGS (cascade off / on)
 # and each of CASCADE_KV (the KV cache's element type: auto by default, e.g. "f16 fp8"). CASCADE_NCU=1 first takes the
 # cascade step's per-kernel times (8 sessions over an 8,000-token prefix, an 8-layer cut: decode_kernel_times.py
-# --shared) into $OUT/cascade-kernels.jsonl
+# --shared) into $OUT/cascade-kernels.jsonl; CASCADE_PARTS=1 the cascade's launches alone at several splits of the shared
+# keys (attention_decode_times.py --cascade) into $OUT/cascade-parts.jsonl
 if stage cascade; then
+  if [[ ${CASCADE_PARTS:-0} == 1 ]] && left 90; then
+    timeout 90 python3 bench/micro/attention_decode_times.py --cascade 2>&1 | tee "$OUT/cascade-parts.jsonl" | cut -c1-900
+  fi
   if [[ ${CASCADE_NCU:-0} == 1 ]] && left 120; then
     cut8=/tmp/prof-qwen3-8b-8.gguf
     [[ -e $cut8 ]] || python3 bench/make_random_gguf.py --shape qwen3-8b --layers 8 --out $cut8 > /dev/null

@@ -7,6 +7,7 @@ as CUDA-graph replays of back-to-back launches (H200): where its time goes at sh
     python3 bench/micro/attention_decode_times.py --batch --plan-only  # the same rows, the serving plan only
     python3 bench/micro/attention_decode_times.py --batch --shape qwen35-27b  # Qwen3.5-27B's heads (24 / 4 / 256)
     python3 bench/micro/attention_decode_times.py --ncu 128 256  # a few plain launches at the plan (for Nsight)
+    python3 bench/micro/attention_decode_times.py --cascade  # 8 sessions over one 8,000-token prefix: its parts
 
 One line per (context, blocks per KV head): microseconds per launch. One block over several
 chunks against one chunk per block shows the per-chunk cost; one chunk alone the floor; the
@@ -15,6 +16,12 @@ difference between one active block and several the cost of merging their partia
 `--long` times the contexts of issue 16's decode rows (8 sequences at 8k, 1 at 32k, 4 at 16k), each
 launch on another layer's cache of LAYERS so that the 50 MB L2 holds none of it, and gives the KV
 bytes read per second beside the microseconds: the number to hold against the copy bandwidth.
+
+`--cascade` times kernels/attention_cascade.py's decode of 8 sequences whose first 8,000 keys are the same
+blocks (agent sessions over one system prompt), each with 200 own keys: plain decode attention over the
+whole contexts, the cascade at several splits of the shared keys, and the cascade's three launches alone
+(the own keys through attention_decode.cu, the shared keys through attention_prefill.cu's split partials,
+the merge), with the shared keys' bytes read per second.
 """
 
 from __future__ import annotations
@@ -122,10 +129,74 @@ def launches_for_a_profiler(backend: CudaBackend, n_seqs: int, ctx: int) -> None
     print(json.dumps({"seqs": n_seqs, "ctx": ctx, "plan_blocks": n_blocks}), flush=True)
 
 
+CASCADE = (8, 8000, 200)  # sequences, shared keys, own keys
+CASCADE_SPLITS = (8, 16, 32)
+
+
+def cascade_parts(backend: CudaBackend) -> None:
+    import cupy
+
+    from app.engine.backend.base import SharedPrefix
+    from app.engine.kernels import attention_prefill
+    from app.engine.kernels.attention_cascade import cascade_decode, plan_splits
+    from app.engine.kernels.attention_decode import plan_blocks
+
+    n_seqs, shared, own = CASCADE
+    n_heads, n_kv, head_dim = HEADS["qwen3-8b"]
+    ctx, block_size = shared + own, 16
+    sm_count = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    rng = np.random.default_rng(0)
+    layers = []
+    for _ in range(LAYERS):  # each launch on another layer's cache: more bytes than L2
+        q, kc, vc, meta = _attention_setup(backend, rng, n_seqs, ctx, 1, HEADS["qwen3-8b"], block_size)
+        tables = meta.block_tables
+        tables[:, : shared // block_size] = tables[0, : shared // block_size]  # the shared blocks lead every table
+        layers.append((q, kc, vc, meta))
+    prefix = SharedPrefix(query_start_loc=cupy.asarray([0, n_seqs], cupy.int32),
+                          seq_len=cupy.asarray([shared - 1 + n_seqs], cupy.int32),
+                          length=cupy.asarray([shared], cupy.int32))  # fmt: skip
+    n_blocks = plan_blocks(n_seqs, n_kv, ctx, sm_count, head_dim, backend.tuning.decode_blocks_per_sm)
+    scale, shared_bytes = head_dim**-0.5, 2 * shared * n_kv * head_dim * 2
+    row: dict = {"shape": "qwen3-8b", "seqs": n_seqs, "shared": shared, "own": own, "plan_splits":
+                 plan_splits(n_kv, sm_count), "shared_mb": round(shared_bytes / 1e6, 1)}  # fmt: skip
+
+    def timed(make) -> float:
+        seconds, _ = time_graph([make(*layer) for layer in layers] * 4)
+        return round(seconds * 1e6, 1)
+
+    row["plain_us"] = timed(lambda q, kc, vc, m: functools.partial(
+        attention_decode, q, kc, vc, m.seq_lens, m.block_tables, scale, None, None, n_blocks, cupy.empty_like(q)))
+    for splits in CASCADE_SPLITS:
+        row[f"cascade{splits}_us"] = timed(lambda q, kc, vc, m, s=splits: functools.partial(
+            cascade_decode, q, kc, vc, m.seq_lens, m.block_tables, prefix, scale, None, n_blocks, s,
+            cupy.empty_like(q)))
+    lse = cupy.empty((n_seqs, n_heads), cupy.float32)
+    row["own_us"] = timed(lambda q, kc, vc, m: functools.partial(
+        attention_decode, q, kc, vc, m.seq_lens, m.block_tables, scale, None, None, n_blocks, cupy.empty_like(q),
+        key_floor=prefix.length, lse_out=lse))
+    for splits in CASCADE_SPLITS:
+        us = timed(lambda q, kc, vc, m, s=splits: functools.partial(
+            attention_prefill.split_partials, q, kc, vc, prefix.query_start_loc, prefix.seq_len, m.block_tables[:1],
+            scale, None, None, s, key_limit=prefix.length))
+        row[f"shared{splits}"] = {"us": us, "tb_s": round(shared_bytes / (us * 1e-6) / 1e12, 2)}
+        q = layers[0][0]
+        part_o, part_ml = attention_prefill.split_partials(q, *layers[0][1:3], prefix.query_start_loc, prefix.seq_len,
+                                                           layers[0][3].block_tables[:1], scale, None, None, splits,
+                                                           key_limit=prefix.length)  # fmt: skip
+        own_o, out = cupy.empty_like(q), cupy.empty_like(q)
+        seconds, _ = time_graph([functools.partial(attention_prefill.merge_splits, part_o, part_ml, out, own_o, lse)]
+                                * 24)  # fmt: skip
+        row[f"merge{splits}_us"] = round(seconds * 1e6, 1)
+    print(json.dumps(row), flush=True)
+
+
 def main() -> None:
     import cupy
 
     backend = CudaBackend()
+    if "--cascade" in sys.argv:
+        cascade_parts(backend)
+        return
     if "--ncu" in sys.argv:
         at = sys.argv.index("--ncu")
         launches_for_a_profiler(backend, int(sys.argv[at + 1]), int(sys.argv[at + 2]))

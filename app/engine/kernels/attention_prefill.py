@@ -24,7 +24,7 @@ PAD = 8  # PF_PAD
 HEAD_DIMS = (64, 128, 256, 512)  # 512 where the device's shared memory takes it (fits_device)
 RESIDENT = 2  # blocks per multiprocessor the register budget allows (128 threads at ~240 registers)
 MIN_KEYS_PER_SPLIT = 256  # below this a split's partial sums cost more than its keys
-MAX_SPLITS = 32
+MAX_SPLITS = 32  # attn_prefill_merge takes at most this many: a lane of one warp each
 MAX_PARTIAL_BYTES = 64 << 20
 # Head dim 128's tile where the device's opt-in shared memory holds its 102 KB (sm_80, sm_90): 64 keys with V
 # double-buffered (255 registers, no spill; 32 keys and one V buffer spill 16 bytes). The last 2,048-token chunk
@@ -181,6 +181,8 @@ def merge_splits(
     normalised `extra_o [T, H, D]` with its natural-log sums `extra_lse [T, H]`, and the heads' sink
     logits `sinks [H]`, where given)."""
     n_tok, n_heads, num_splits, head_dim = part_o.shape
+    if num_splits > MAX_SPLITS:
+        raise ValueError(f"attn_prefill_merge takes at most {MAX_SPLITS} splits, got {num_splits}")
     merge = get_kernel("attention_prefill.cu", "attn_prefill_merge", {"PF_D": head_dim})
     args = (part_o, part_ml, i32(num_splits), i32(head_dim), out, ptr(extra_o), ptr(extra_lse), ptr(sinks),
             i32(n_heads))  # fmt: skip

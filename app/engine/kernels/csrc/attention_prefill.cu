@@ -453,36 +453,52 @@ ATTN_PREFILL_SELECTED(PF_D)
 #endif
 
 // The splits of one (token, head) row combined: out = sum_z o_z 2^(m_z - M) / sum_z l_z 2^(m_z - M).
-// One block per row, one thread per output element. `extra_o` / `extra_lse` (nullable): one more
+// One block per row, one thread per output element (head_dim >= 32). `extra_o` / `extra_lse` (nullable): one more
 // part of the row, already normalised, with its natural-log sum of exponentials (a cascade decode's
 // own keys, from attention_decode.cu): in the splits' log2 domain a split of max lse * log2 e and sum 1.
 // `sinks` (nullable; GPT-OSS): head row % n_heads's sink logit joins the denominator.
+// Warp 0 reads the splits' (max, sum) pairs, a lane each, and leaves their weights and the denominator in
+// shared memory; then each thread's loads of its element over the splits are independent of each other. (When
+// every thread walked the pairs one after another, a c=8 cascade's merge took 10.8 us a layer on the H100:
+// bench/results/gpu-s28-2026-12-07.md.)
+#define PF_MERGE_SPLITS 32  // attention_prefill.MAX_SPLITS: a lane of warp 0 per split
 extern "C" __global__ void attn_prefill_merge(const float* __restrict__ part_o, const float* __restrict__ part_ml,
                                               int n_splits, int head_dim, float* __restrict__ out,
                                               const float* __restrict__ extra_o, const float* __restrict__ extra_lse,
                                               const float* __restrict__ sinks, int n_heads) {
+    __shared__ float weight_s[PF_MERGE_SPLITS + 2];  // 2^(m_z - M) of each split (0: no visible key), the extra
+                                                     // part's, then the denominator
     after_previous_grid();  // the partials are the kernel before's; extra_o the one before it, which that one waited for
     const size_t row = blockIdx.x;
     const int d = threadIdx.x;
-    const float* ml = part_ml + row * n_splits * 2;
-    const float extra_m = extra_o == nullptr ? -PADDOCK_INF : extra_lse[row] * PF_LOG2E;
-    float big = extra_m;
-    for (int z = 0; z < n_splits; ++z)
-        if (ml[2 * z + 1] > 0.f) big = fmaxf(big, ml[2 * z]);
-    float acc = 0.f, sum = 0.f;
-    for (int z = 0; z < n_splits; ++z) {
-        const float l = ml[2 * z + 1];
-        if (l > 0.f) {  // a split with no visible key wrote no output
-            const float w = fast_exp2(ml[2 * z] - big);
-            sum += l * w;
-            acc += w * part_o[(row * n_splits + z) * head_dim + d];
+    if (threadIdx.x < 32) {
+        const int z = threadIdx.x;
+        const float* ml = part_ml + row * n_splits * 2;
+        const float m = z < n_splits ? ml[2 * z] : -PADDOCK_INF;
+        const float l = z < n_splits ? ml[2 * z + 1] : 0.f;
+        const bool seen = l > 0.f;  // a split with no visible key wrote no output
+        const float extra_m = extra_o == nullptr ? -PADDOCK_INF : extra_lse[row] * PF_LOG2E;
+        const float big = warp_max(fmaxf(seen ? m : -PADDOCK_INF, extra_m));
+        const float w = seen ? fast_exp2(m - big) : 0.f;
+        float sum = warp_sum(seen ? l * w : 0.f);
+        const float w_extra = extra_m != -PADDOCK_INF ? fast_exp2(extra_m - big) : 0.f;
+        sum += w_extra;
+        if (sinks != nullptr) sum += fast_exp2(sinks[row % n_heads] * PF_LOG2E - big);
+        if (z < n_splits) weight_s[z] = w;
+        if (z == 0) {
+            weight_s[PF_MERGE_SPLITS] = w_extra;
+            weight_s[PF_MERGE_SPLITS + 1] = sum;
         }
     }
-    if (extra_m != -PADDOCK_INF) {
-        const float w = fast_exp2(extra_m - big);
-        sum += w;
-        acc += w * extra_o[row * head_dim + d];
+    __syncthreads();
+    const float* o = part_o + row * n_splits * head_dim + d;
+    float acc = 0.f;
+#pragma unroll 8
+    for (int z = 0; z < n_splits; ++z) {
+        const float w = weight_s[z];  // the same for every thread: a uniform branch, loads predicated
+        acc += w != 0.f ? w * o[(size_t)z * head_dim] : 0.f;
     }
-    if (sinks != nullptr) sum += fast_exp2(sinks[row % n_heads] * PF_LOG2E - big);
+    const float w_extra = weight_s[PF_MERGE_SPLITS], sum = weight_s[PF_MERGE_SPLITS + 1];
+    if (w_extra != 0.f) acc += w_extra * extra_o[row * head_dim + d];
     out[row * head_dim + d] = sum > 0.f ? acc / sum : 0.f;
 }

@@ -20,7 +20,10 @@
 // - the staging is cp.async into two buffers: the next super-step's x is copied while this one
 //   is multiplied (one barrier a super-step), and the next super-step's weights are loaded into
 //   registers at the same time, so a lane has two steps of weight loads in flight; the first ones
-//   are issued before the wait on the previous kernel (PDL: weights are no kernel's output);
+//   are issued before the wait on the previous kernel (PDL: weights are no kernel's output). Those
+//   loads are the format's fetch() alone: its unpack() (the scale arithmetic) runs a super-step
+//   later. With load() there, ptxas put that arithmetic, and the wait for the loads, before this
+//   step's HMMAs (SASS of the Q4_K build, 2026-12-07), so every warp stalled a DRAM round trip a step;
 // - weights are decoded with the formats' raw()/coef() pair (one byte permute and one FMA per
 //   weight, quant.cuh) instead of get()'s integer-to-float conversions (quarter-rate on sm_90),
 //   which made the decode, not memory, the limit;
