@@ -115,6 +115,26 @@ def test_prefill_attention_lazy_rescale_emulated(
     _check(request, prefill_emu_lazy, tmp_path, seqs, heads, window, cap, splits, q_scale)
 
 
+@pytest.fixture(scope="module", params=[(), ("-DPF_EARLY_KV=1",)], ids=["wide", "wide-early-kv"])
+def prefill_emu_wide(request, tmp_path_factory) -> Path:
+    """The wide tile sm_80 and sm_90 run (64 keys, two V buffers), and its A/B build that issues the next tile's
+    K and V before this tile's products (PF_EARLY_KV)."""
+    return _build(tmp_path_factory, "prefill_main.cpp", ("-DPF_VBUF=2", "-DPF_BN=64", *request.param))
+
+
+@pytest.mark.parametrize(("seqs", "heads", "window", "cap", "splits", "q_scale"), [
+    ([(40, 40), (17, 300)], (32, 8, 128), None, None, 1, 1.0),
+    ([(8, 1000)], (32, 8, 128), None, None, 4, 1.0),  # a cascade's shared keys: 32 rows, four tiles a split
+    ([(30, 300), (3, 280)], (16, 2, 128), 100, None, 4, 1.0),  # window with splits
+    ([(5, 5), (9, 200)], (8, 8, 64), None, None, 8, 1.0),  # many splits, some with no visible key
+])  # fmt: skip
+def test_prefill_attention_wide_tile_emulated(
+    request: pytest.FixtureRequest, prefill_emu_wide: Path, tmp_path: Path, seqs, heads, window, cap, splits, q_scale
+) -> None:
+    """The wide tile: the same attention, splits and their merge included."""
+    _check(request, prefill_emu_wide, tmp_path, seqs, heads, window, cap, splits, q_scale)
+
+
 def test_double_buffered_v_shared_bytes(monkeypatch) -> None:
     """attention_prefill.py counts PF_VBUF=2's second V buffer, and every head dim still fits where it did:
     256 in sm_86/89/120's 99 KB, 512 in sm_80's 163 KB."""

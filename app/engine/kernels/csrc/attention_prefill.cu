@@ -58,6 +58,16 @@ typedef u16 pf_kv_t;
 #if PF_VBUF != 1 && PF_VBUF != 2
 #error "PF_VBUF is 1 or 2"
 #endif
+// PF_EARLY_KV=1 (an A/B build; with two V buffers and cp.async, i.e. float16 caches): the next tile's K and V
+// are issued as soon as the barrier at the top of a tile frees their buffers, so they fly through this tile's
+// S = Q K^T as well as its softmax and P @ V. A cascade decode's shared keys (32 query rows, ~4 tiles a split)
+// wait on every tile's loads: attn_prefill_d128 read them at 0.85 TB/s on the H100
+// (bench/results/gpu-s28-2026-12-07.md). Off until measured: the wide head-dim-128 build then spills 84 bytes
+// (255 registers; none without it), which may cost the long prompts' compute-bound tiles more than it saves.
+#ifndef PF_EARLY_KV
+#define PF_EARLY_KV 0
+#endif
+#define PF_EARLY (PF_EARLY_KV && PF_VBUF == 2 && !PF_FP8)  // other builds keep their order
 #ifndef PF_BN
 // Keys per tile of every head dim, a multiple of 16; 0: by head dim, for registers. 64 at head dim 128 takes
 // 255 registers and spills none with PF_VBUF=2 (84 bytes with 1), in 102 KB (sm_80 and sm_90 only: the
@@ -260,6 +270,18 @@ __device__ __forceinline__ void attn_prefill_body(
         const u16* kb = sK + ((kt - kt0) & 1) * BN * LD;
         cp_async_wait<1>();  // this tile's K (its V may still be in flight)
         __syncthreads();
+        const bool more = kt + 1 < kt1;
+#if PF_EARLY
+        // the other K and V buffers held the previous tile, whose products every warp finished before the barrier
+        if (more) {
+            PF_LOAD_KV(D, D, sK + ((kt + 1 - kt0) & 1) * BN * LD, k_cache, k_scale, table, key_lo + (kt + 1) * BN,
+                       key_hi, block_size, n_kv, kvh, tid, 0);
+            cp_async_commit();
+            PF_LOAD_KV(D, DV, sV + ((kt + 1 - kt0) & 1) * BN * S::LDV, v_cache, v_scale, table, key_lo + (kt + 1) * BN,
+                       key_hi, block_size, n_kv, kvh, tid, col0);
+            cp_async_commit();
+        }
+#endif
         float s[MT][S::NT][4];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
@@ -281,7 +303,7 @@ __device__ __forceinline__ void attn_prefill_body(
                 }
             }
         }
-        const bool more = kt + 1 < kt1;
+#if !PF_EARLY
         if (more) {  // the next K into the other buffer, behind this tile's softmax and P @ V
             PF_LOAD_KV(D, D, sK + ((kt + 1 - kt0) & 1) * BN * LD, k_cache, k_scale, table, key_lo + (kt + 1) * BN,
                        key_hi, block_size, n_kv, kvh, tid, 0);
@@ -294,6 +316,7 @@ __device__ __forceinline__ void attn_prefill_body(
             cp_async_commit();
 #endif
         }
+#endif
 
         // Scores in the log2 domain (log2 e folded into q, or applied after the cap), masked where the
         // tile crosses a row's causal edge or window (block-uniform test: most tiles of a long context

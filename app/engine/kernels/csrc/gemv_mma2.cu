@@ -296,10 +296,20 @@ extern "C" __global__ void gemv_mma2_x16(const float* __restrict__ x, u32* __res
 // `y[n, :] = x[n] @ [W0; W1; W2].T (+ bias)` for n < n_tok <= 8 NT, from `xh`, the float16 copy of x
 // (gemv_mma2_x16); a weight with 0 rows is absent. Grid: (one block per gm2::ROWS rows of each
 // weight, column splits); with splits > 1 and no cluster, y must be zero.
-#if GM_CLUSTER > 1
-#define GM_KERNEL_ATTRS __launch_bounds__(gm2::THREADS) __cluster_dims__(1, GM_CLUSTER, 1)
+// GM_MIN_BLOCKS (an A/B build, PADDOCK_KERNEL_DEFINES): resident blocks a multiprocessor that ptxas must allow,
+// i.e. a register cap; 0 leaves it to ptxas.
+#ifndef GM_MIN_BLOCKS
+#define GM_MIN_BLOCKS 0
+#endif
+#if GM_MIN_BLOCKS > 0
+#define GM_BOUNDS __launch_bounds__(gm2::THREADS, GM_MIN_BLOCKS)
 #else
-#define GM_KERNEL_ATTRS __launch_bounds__(gm2::THREADS)
+#define GM_BOUNDS __launch_bounds__(gm2::THREADS)
+#endif
+#if GM_CLUSTER > 1
+#define GM_KERNEL_ATTRS GM_BOUNDS __cluster_dims__(1, GM_CLUSTER, 1)
+#else
+#define GM_KERNEL_ATTRS GM_BOUNDS
 #endif
 extern "C" __global__ void GM_KERNEL_ATTRS
     gemv_mma2(const u8* __restrict__ w0, const u8* __restrict__ w1, const u8* __restrict__ w2, i64 row_bytes0,
