@@ -34,4 +34,7 @@ for defines in "" GM_MIN_BLOCKS=4; do
   PADDOCK_KERNEL_DEFINES=$defines timeout 60 python3 bench/micro/gemv_mma_times.py --models 8b 27b --methods v2 cublas16 \
     --tokens 8 16 32 2>&1 | tee -a $O/gemv-mma.jsonl | cut -c1-300
 done
+# 5. moe_mma with its next stage's weights fetched apart from their scale arithmetic (session 28, not yet measured):
+# the MoE kernels' rows (the moe stage), if time is left; compare with bench/results/moe-kernels-gpu-2026-12-06.jsonl
+(( SECONDS < 500 )) && OUT=$O/moe STAGES=moe BUDGET=$((580 - SECONDS)) bash bench/gpu_run.sh 2>&1 | grep '^{' | cut -c1-300
 echo "total $SECONDS s"

@@ -103,7 +103,7 @@ __device__ __forceinline__ void mma_fetch(MmaStage<F>& s, const u8* const* wrow,
                                           const u16* __restrict__ x, const int* xrow, int n_cols) {
     const int u = min(4 * step + (int)(threadIdx.x & 3), n_units - 1);  // a unit past the end: decoded as zeros
 #pragma unroll
-    for (int j = 0; j < MMA_WU; ++j) s.f[j].load(wrow[j], u);
+    for (int j = 0; j < MMA_WU; ++j) s.f[j].fetch(wrow[j], u);  // loads alone: mma_store unpacks (quant.cuh)
     const int col = MMA_BK * step + 8 * (threadIdx.x & 15);
 #pragma unroll
     for (int j = 0; j < MMA_XJ; ++j) {
@@ -121,10 +121,12 @@ __device__ __forceinline__ void mma_store(const MmaStage<F>& s, int step, int n_
 #pragma unroll
     for (int j = 0; j < MMA_WU; ++j) {
         u16* row = ws[(threadIdx.x >> 2) + 64 * j];
+        F f = s.f[j];
+        f.unpack();  // the scales of what mma_fetch loaded while the previous step multiplied
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
             float w0[4], w1[4];
-            s.f[j].get(k, w0, w1);
+            f.get(k, w0, w1);
             *reinterpret_cast<uint2*>(row + at + 4 * k) =
                 ok ? make_uint2(pack_h2_rn(w0[0], w0[1]), pack_h2_rn(w0[2], w0[3])) : make_uint2(0u, 0u);
             *reinterpret_cast<uint2*>(row + at + F::RUN1 + 4 * k) =

@@ -31,6 +31,9 @@ template <class Self>
 struct Lut4 {
     static constexpr int RUN1 = 16;
     static constexpr bool AFFINE = true;
+    // quant.cuh's fetch() / unpack() pair (a pipelined caller's loads apart from their arithmetic): load() whole
+    __device__ __forceinline__ void fetch(const u8* row, int u) { static_cast<Self*>(this)->load(row, u); }
+    __device__ __forceinline__ void unpack() {}
     __device__ __forceinline__ void raw(int k, float* f0, float* f1) const {
         const Self& s = *static_cast<const Self*>(this);
         const u32 x = word4(s.q, k);
@@ -120,6 +123,8 @@ struct FmtNVFP4 {
     }
     float d0, d1;
     uint4 q;
+    __device__ __forceinline__ void fetch(const u8* row, int u) { load(row, u); }  // quant.cuh's pair: load() whole
+    __device__ __forceinline__ void unpack() {}
     __device__ __forceinline__ void load(const u8* row, int u) {
         const u8* b = row + (u >> 1) * 36;
         const int h = u & 1;
