@@ -60,15 +60,8 @@ def target(model: str, context: int, batch: int = 1, shared: bool = False) -> No
     cupy.cuda.Device().synchronize()
     graphs = engine.runner.graphs
     bucket = graphs.bucket_for(batch) if graphs is not None else None
-    if shared and bucket is not None and bucket in graphs._cascade_graphs and graphs.cascade_steps:
-        graph = graphs._cascade_graphs[bucket][0]
-        print(json.dumps({"replay_ms": graph_replay_ms(graph), "cascade_steps": graphs.cascade_steps}), flush=True)
-        cupy.cuda.runtime.profilerStart()
-        graph.launch()
-        cupy.cuda.Device().synchronize()
-        cupy.cuda.runtime.profilerStop()
-        return
-    if bucket is None or bucket not in graphs._graphs:
+    cascade = bool(shared and bucket is not None and bucket in graphs._cascade_graphs and graphs.cascade_steps)
+    if not cascade and (bucket is None or bucket not in graphs._graphs):
         started = time.perf_counter()
         engine.step()
         print(json.dumps({"eager_step_ms": (time.perf_counter() - started) * 1e3}), flush=True)
@@ -77,8 +70,9 @@ def target(model: str, context: int, batch: int = 1, shared: bool = False) -> No
         cupy.cuda.Device().synchronize()
         cupy.cuda.runtime.profilerStop()
         return
-    graph = graphs._graphs[bucket][0]
-    print(json.dumps({"replay_ms": graph_replay_ms(graph)}), flush=True)
+    graph = (graphs._cascade_graphs if cascade else graphs._graphs)[bucket][0]
+    line = {"replay_ms": graph_replay_ms(graph)} | ({"cascade_steps": graphs.cascade_steps} if cascade else {})
+    print(json.dumps(line), flush=True)
     cupy.cuda.runtime.profilerStart()
     graph.launch()
     cupy.cuda.Device().synchronize()
