@@ -259,7 +259,7 @@ fi
 # keys (attention_decode_times.py --cascade) into $OUT/cascade-parts.jsonl
 if stage cascade; then
   if [[ ${CASCADE_PARTS:-0} == 1 ]] && left 90; then
-    timeout 90 python3 bench/micro/attention_decode_times.py --cascade 2>&1 | tee "$OUT/cascade-parts.jsonl" | cut -c1-900
+    timeout 150 python3 bench/micro/attention_decode_times.py --cascade 2>&1 | tee "$OUT/cascade-parts.jsonl" | cut -c1-900
   fi
   if [[ ${CASCADE_NCU:-0} == 1 ]] && left 120; then
     cut8=/tmp/prof-qwen3-8b-8.gguf

@@ -6,11 +6,16 @@ O=$OUT; export BUDGET=540
 OUT=$O/tests STAGES=tests TEST_PROCS=4 TEST_S=200 TESTS="tests/engine/cuda/test_cuda_cascade.py tests/engine/cuda/test_cuda_gemv_mma.py tests/engine/cuda/test_cuda_prefill_graphs.py tests/engine/cuda/test_cuda_fused.py" \
   bash bench/gpu_run.sh 2>&1 | grep -E '^== share|passed|failed|FAILED|Error' | head -20
 # 2. the cascade's launches alone (the rewritten merge; the shared part at 8/16/32 splits), its step per kernel, and c8
-OUT=$O/cascade STAGES=cascade MODELS=qwen3-8b:q4_k_m CASCADE_PARTS=1 CASCADE_NCU=1 CASCADE_DEFINES="" \
-  CASCADE_SETTINGS=PADDOCK_CASCADE=1 CASCADE_CASES=c8 BUDGET=$((360 - SECONDS)) bash bench/gpu_run.sh 2>&1 | grep '^{' | cut -c1-900
+# (session 29: the shared part's key-split build, PF_KEY_WARPS, beside the default build in every row: `_kw` in the parts,
+# PADDOCK_CASCADE_KEY_WARPS=0 / 32 in the c8 case)
+PADDOCK_CASCADE_KEY_WARPS=32 OUT=$O/cascade STAGES=cascade MODELS=qwen3-8b:q4_k_m CASCADE_PARTS=1 CASCADE_NCU=1 CASCADE_DEFINES="" \
+  CASCADE_SETTINGS="PADDOCK_CASCADE_KEY_WARPS=0 PADDOCK_CASCADE_KEY_WARPS=32" CASCADE_CASES=c8 \
+  BUDGET=$((400 - SECONDS)) bash bench/gpu_run.sh 2>&1 | grep '^{' | cut -c1-900
+PYTHONPATH=$PWD:$HOME/site PADDOCK_KERNEL_CACHE=/tmp/paddock-kernels timeout 60 \
+  python3 bench/micro/attention_decode_times.py --cascade --seqs 16 2>&1 | tee $O/cascade16.jsonl | cut -c1-900
 # 2b. the cascade's launches with attention_prefill's next K and V issued before a tile's products (PF_EARLY_KV, an A/B
 # build: 84 bytes of spills in the wide head-dim-128 tile), then the 8,000-token prefill with it
-if (( SECONDS < 300 )); then
+if (( SECONDS < 330 )); then
   echo "== PADDOCK_KERNEL_DEFINES=PF_EARLY_KV=1" | tee -a $O/cascade-early.jsonl
   PADDOCK_KERNEL_DEFINES=PF_EARLY_KV=1 PYTHONPATH=$PWD:$HOME/site PADDOCK_KERNEL_CACHE=/tmp/paddock-kernels timeout 90 \
     python3 bench/micro/attention_decode_times.py --cascade 2>&1 | tee -a $O/cascade-early.jsonl | cut -c1-900

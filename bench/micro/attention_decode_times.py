@@ -8,6 +8,7 @@ as CUDA-graph replays of back-to-back launches (H200): where its time goes at sh
     python3 bench/micro/attention_decode_times.py --batch --shape qwen35-27b  # Qwen3.5-27B's heads (24 / 4 / 256)
     python3 bench/micro/attention_decode_times.py --ncu 128 256  # a few plain launches at the plan (for Nsight)
     python3 bench/micro/attention_decode_times.py --cascade  # 8 sessions over one 8,000-token prefix: its parts
+    python3 bench/micro/attention_decode_times.py --cascade --seqs 16  # the same with 16 sessions
 
 One line per (context, blocks per KV head): microseconds per launch. One block over several
 chunks against one chunk per block shows the per-chunk cost; one chunk alone the floor; the
@@ -21,7 +22,8 @@ bytes read per second beside the microseconds: the number to hold against the co
 blocks (agent sessions over one system prompt), each with 200 own keys: plain decode attention over the
 whole contexts, the cascade at several splits of the shared keys, and the cascade's three launches alone
 (the own keys through attention_decode.cu, the shared keys through attention_prefill.cu's split partials,
-the merge), with the shared keys' bytes read per second.
+the merge), with the shared keys' bytes read per second. The cascade and its shared part run on both of
+attention_prefill.cu's builds: `_kw` is the one whose warps split each tile's keys (KEY_WARPS).
 """
 
 from __future__ import annotations
@@ -142,6 +144,8 @@ def cascade_parts(backend: CudaBackend) -> None:
     from app.engine.kernels.attention_decode import plan_blocks
 
     n_seqs, shared, own = CASCADE
+    if "--seqs" in sys.argv:
+        n_seqs = int(sys.argv[sys.argv.index("--seqs") + 1])
     n_heads, n_kv, head_dim = HEADS["qwen3-8b"]
     ctx, block_size = shared + own, 16
     sm_count = cupy.cuda.Device().attributes["MultiProcessorCount"]
@@ -167,18 +171,20 @@ def cascade_parts(backend: CudaBackend) -> None:
     row["plain_us"] = timed(lambda q, kc, vc, m: functools.partial(
         attention_decode, q, kc, vc, m.seq_lens, m.block_tables, scale, None, None, n_blocks, cupy.empty_like(q)))
     for splits in CASCADE_SPLITS:
-        row[f"cascade{splits}_us"] = timed(lambda q, kc, vc, m, s=splits: functools.partial(
-            cascade_decode, q, kc, vc, m.seq_lens, m.block_tables, prefix, scale, None, n_blocks, s,
-            cupy.empty_like(q)))
+        for suffix, rows in (("", 0), ("_kw", n_seqs * n_heads // n_kv)):  # the shared part on either build
+            row[f"cascade{splits}{suffix}_us"] = timed(lambda q, kc, vc, m, s=splits, r=rows: functools.partial(
+                cascade_decode, q, kc, vc, m.seq_lens, m.block_tables, prefix, scale, None, n_blocks, s,
+                cupy.empty_like(q), key_warp_rows=r))
     lse = cupy.empty((n_seqs, n_heads), cupy.float32)
     row["own_us"] = timed(lambda q, kc, vc, m: functools.partial(
         attention_decode, q, kc, vc, m.seq_lens, m.block_tables, scale, None, None, n_blocks, cupy.empty_like(q),
         key_floor=prefix.length, lse_out=lse))
     for splits in CASCADE_SPLITS:
-        us = timed(lambda q, kc, vc, m, s=splits: functools.partial(
-            attention_prefill.split_partials, q, kc, vc, prefix.query_start_loc, prefix.seq_len, m.block_tables[:1],
-            scale, None, None, s, key_limit=prefix.length))
-        row[f"shared{splits}"] = {"us": us, "tb_s": round(shared_bytes / (us * 1e-6) / 1e12, 2)}
+        for suffix, kw in (("", False), ("_kw", True)):  # the default build, the key-split one (KEY_WARPS)
+            us = timed(lambda q, kc, vc, m, s=splits, k=kw: functools.partial(
+                attention_prefill.split_partials, q, kc, vc, prefix.query_start_loc, prefix.seq_len,
+                m.block_tables[:1], scale, None, None, s, key_limit=prefix.length, key_warps=k))
+            row[f"shared{splits}{suffix}"] = {"us": us, "tb_s": round(shared_bytes / (us * 1e-6) / 1e12, 2)}
         q = layers[0][0]
         part_o, part_ml = attention_prefill.split_partials(q, *layers[0][1:3], prefix.query_start_loc, prefix.seq_len,
                                                            layers[0][3].block_tables[:1], scale, None, None, splits,

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.engine.kernels import gemv_int, moe_mma, tuning
+from app.engine.kernels import attention_prefill, gemv_int, moe_mma, tuning
 from app.engine.kernels.gemv import format_defines
 from app.engine.kernels.gemv_plan import GemvPlan
 from app.engine.kernels.runtime.compile import BASE_OPTIONS, KERNEL_DIR
@@ -124,6 +124,8 @@ SELECTED = {
     "attention.cu#fp8": ("-DATTN_D=128", "-DATTN_G=4", "-DKV_FP8=1"),
     "attention_decode.cu#fp8": ("-DATTN_D=64", "-DATTN_G=16", "-DATTN_CL=8", "-DKV_FP8=1"),
     "attention_prefill.cu#fp8": ("-DPF_D=256", "-DKV_FP8=1"),
+    # the cascade's shared part: warps split each tile's keys (attention_prefill.KEY_WARPS)
+    "attention_prefill.cu#keywarps": ("-DPF_D=128", "-DPF_KEY_WARPS=1", "-DPF_VBUF=2"),
     "kv_cache.cu#fp8": ("-DKV_FP8=1",),
     "rope_cache.cu#fp8": ("-DKV_FP8=1",),
 }
@@ -148,6 +150,7 @@ SELECTED_ENTRIES = {
     "attention.cu#fp8": "attn_d128_g4",
     "attention_decode.cu#fp8": "attn_dec_d64_g16",
     "attention_prefill.cu#fp8": "attn_prefill_d256",
+    "attention_prefill.cu#keywarps": "attn_prefill_d128",
     "kv_cache.cu#fp8": "write_kv_fp8",
     "rope_cache.cu#fp8": "rope_cache",
 }
@@ -311,6 +314,17 @@ def test_moe_mma_builds_do_not_spill(qtype: str, shape: moe_mma.TileShape) -> No
     flags = [f"-D{k}={v}" for k, v in format_defines(qtype).items()]
     flags += [f"-DMMA_BM={shape.pairs}", f"-DMMA_BN={shape.rows}"]
     assert _spill_stores(flags, f"moe_mma_{qtype.lower()}", "moe_mma.cu") == 0
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_key_warp_prefill_builds_do_not_spill(head_dim: int) -> None:
+    """attention_prefill.cu's key-split build (the cascade's shared part), as attention_prefill.py builds it,
+    within its 128 threads' registers: a quarter of a tile's scores a warp leaves room for O (sm_90, 2026-12-07:
+    224 registers at head dim 128)."""
+    if _nvcc() is None:
+        pytest.skip("needs nvcc")
+    flags = [f"-D{k}={v}" for k, v in {"PF_D": head_dim, **attention_prefill.KEY_WARPS}.items()]
+    assert _spill_stores(flags, f"attn_prefill_d{head_dim}", "attention_prefill.cu") == 0
 
 
 HOST_DIR = Path(__file__).parent / "cuda" / "host"

@@ -25,6 +25,13 @@ MIN_SHARED_TOKENS = 512  # below this the shared keys are too few for a second l
 MAX_SPLITS = 32  # of the shared keys: about one wave of the prefill kernel's resident blocks
 
 
+def key_warps(n_seqs: int, n_heads: int, n_kv: int, head_dim: int, max_rows: int) -> bool:
+    """Whether the shared part runs on attention_prefill's key-split build (KEY_WARPS): the batch's rows a KV head
+    (sequences x query heads of its group) at most `max_rows` (KernelOptions.cascade_key_warps), where it fits.
+    With 32 rows the other build keeps one warp of four busy."""
+    return n_seqs * (n_heads // n_kv) <= max_rows and attention_prefill.key_warps_fit(head_dim)
+
+
 def plan_splits(n_kv: int, sm_count: int) -> int:
     """KV splits of the shared part: the prefill kernel's resident blocks over the KV heads (the
     batch's rows fill one tile per head up to 128 rows, i.e. 32 sequences at four heads per KV head),
@@ -50,11 +57,12 @@ def shared_length(seq_lens: Any, tables: Any, block_size: int) -> int:
 
 def cascade_decode(
     q: Any, k_cache: Any, v_cache: Any, seq_lens: Any, block_tables: Any, shared: Any, scale: float,
-    softcap: float | None, n_blocks: int, num_splits: int, out: Any, clusters: bool = True,
+    softcap: float | None, n_blocks: int, num_splits: int, out: Any, clusters: bool = True, key_warp_rows: int = 0,
 ) -> Any:  # fmt: skip
     """`out [S, n_heads, D]` for a decode batch (as attention_decode) whose sequences share the keys
     [0, shared.length) through the same blocks at the head of every block table. `shared`: a
-    backend.base.SharedPrefix (device arrays of the step)."""
+    backend.base.SharedPrefix (device arrays of the step). `key_warp_rows`: the most rows a KV head whose shared
+    part takes the key-split build (key_warps); 0: never."""
     import cupy
 
     n_seqs, n_heads, _ = q.shape
@@ -66,6 +74,6 @@ def cascade_decode(
     # shared key (the causal edge is past them) and no other (the key limit).
     part_o, part_ml = attention_prefill.split_partials(
         q, k_cache, v_cache, shared.query_start_loc, shared.seq_len, block_tables[:1], scale, None, softcap,
-        num_splits, key_limit=shared.length,
+        num_splits, key_limit=shared.length, key_warps=key_warps(n_seqs, n_heads, k_cache.shape[2], q.shape[2], key_warp_rows),
     )  # fmt: skip
     return attention_prefill.merge_splits(part_o, part_ml, out, own, lse)

@@ -31,16 +31,25 @@ MAX_PARTIAL_BYTES = 64 << 20
 # of an 8k / 32k prompt took 1.68 / 6.61 ms against 1.84 / 7.30 (H200, 2026-12-07, bench/results/gpu-s23).
 # Float16 caches only: the FP8 build's loads are synchronous and its wide tile spills (unmeasured).
 WIDE_TILE = {"PF_BN": 64, "PF_VBUF": 2}
+# The build whose four warps share a block's rows and split each tile's keys (PF_KEY_WARPS; 64 keys a tile, V a
+# tile ahead, the next K and V issued before a tile's products): for a few rows over many keys, a cascade decode's
+# shared part, where the other build leaves three warps of four on padding rows.
+KEY_WARPS = {"PF_KEY_WARPS": 1, "PF_VBUF": 2}
+KEY_WARP_KEYS = 64  # PfShape::BN of that build: 16 keys a warp
 
 
-def rows_per_block(head_dim: int) -> int:
-    """PfShape::BM: (token, query head) rows per block, two 16-row tiles per warp below head dim 256."""
-    return 64 if head_dim >= 256 else 128
+def rows_per_block(head_dim: int, key_warps: bool = False) -> int:
+    """PfShape::BM: (token, query head) rows per block, two 16-row tiles per warp below head dim 256; in the
+    key-split build the warps share them."""
+    rows = 16 if head_dim >= 256 else 32
+    return rows if key_warps else 4 * rows
 
 
-def keys_per_tile(head_dim: int, wide: bool = False) -> int:
-    """PfShape::BN: PF_BN where $PADDOCK_KERNEL_DEFINES sets it (an A/B build), else the wide tile's or by head
-    dim."""
+def keys_per_tile(head_dim: int, wide: bool = False, key_warps: bool = False) -> int:
+    """PfShape::BN: the key-split build's 64, else PF_BN where $PADDOCK_KERNEL_DEFINES sets it (an A/B build), else
+    the wide tile's or by head dim."""
+    if key_warps:
+        return KEY_WARP_KEYS
     return int(envs.PADDOCK_KERNEL_DEFINES.get("PF_BN", 0)) or (64 if head_dim <= 64 or wide else 32)
 
 
@@ -49,17 +58,30 @@ def value_columns(head_dim: int) -> int:
     return min(head_dim, 256)
 
 
-def value_buffers(wide: bool = False) -> int:
-    """PF_VBUF: the build's V buffers, as $PADDOCK_KERNEL_DEFINES sets it (an A/B build), else 2 in the wide tile
-    and 1 elsewhere."""
+def value_buffers(wide: bool = False, key_warps: bool = False) -> int:
+    """PF_VBUF: the key-split build's 2, else as $PADDOCK_KERNEL_DEFINES sets it (an A/B build), else 2 in the wide
+    tile and 1 elsewhere."""
+    if key_warps:
+        return 2
     return int(envs.PADDOCK_KERNEL_DEFINES.get("PF_VBUF", 2 if wide else 1))
 
 
-def shared_bytes(head_dim: int, wide: bool = False) -> int:
-    """PF_SMEM_BYTES: Q, two K buffers and PF_VBUF V buffers of the block's value columns, rows padded."""
-    keys = keys_per_tile(head_dim, wide)
-    q_k = (rows_per_block(head_dim) + 2 * keys) * (head_dim + PAD)
-    return (q_k + value_buffers(wide) * keys * (value_columns(head_dim) + PAD)) * 2
+def shared_bytes(head_dim: int, wide: bool = False, key_warps: bool = False) -> int:
+    """PF_SMEM_BYTES: Q, two K buffers and PF_VBUF V buffers of the block's value columns, rows padded; in the
+    key-split build at least each warp's float32 (max, sum) and O of the block's rows, which its end puts there."""
+    keys = keys_per_tile(head_dim, wide, key_warps)
+    rows = rows_per_block(head_dim, key_warps)
+    q_k = (rows + 2 * keys) * (head_dim + PAD)
+    tiles = (q_k + value_buffers(wide, key_warps) * keys * (value_columns(head_dim) + PAD)) * 2
+    combine = 4 * rows * (value_columns(head_dim) + 2) * 4 if key_warps else 0
+    return max(tiles, combine)
+
+
+def key_warps_fit(head_dim: int) -> bool:
+    """Whether the key-split build of `head_dim` fits this device's shared memory (every head dim to 128 does; 256
+    takes 143 KB: sm_80 and sm_90)."""
+    smem = shared_bytes(head_dim, key_warps=True)
+    return head_dim in HEAD_DIMS and (smem <= LEAST_OPT_IN_SHARED_BYTES or smem <= max_shared_bytes())
 
 
 @cache
@@ -78,9 +100,9 @@ def supports(head_dim: int, n_heads: int, n_kv: int) -> bool:
     return smem <= LEAST_OPT_IN_SHARED_BYTES or smem <= max_shared_bytes()
 
 
-def grid_tiles(n_tok: int, n_seqs: int, group: int, head_dim: int) -> int:
+def grid_tiles(n_tok: int, n_seqs: int, group: int, head_dim: int, key_warps: bool = False) -> int:
     """Blocks along x: every sequence's cdiv(q_len * group, rows per block) tiles fit in this bound."""
-    return cdiv(n_tok * group, rows_per_block(head_dim)) + n_seqs
+    return cdiv(n_tok * group, rows_per_block(head_dim, key_warps)) + n_seqs
 
 
 def plan_splits(
@@ -133,11 +155,12 @@ def attention_prefill(
 
 def split_partials(
     q: Any, k_cache: Any, v_cache: Any, query_start_loc: Any, seq_lens: Any, block_tables: Any, scale: float,
-    sliding_window: int | None, softcap: float | None, num_splits: int, key_limit: Any = None,
+    sliding_window: int | None, softcap: float | None, num_splits: int, key_limit: Any = None, key_warps: bool = False,
 ) -> tuple[Any, Any]:  # fmt: skip
     """The unnormalised partials of `num_splits` (>= 2) KV splits, `part_o [T, H, S, D]` and their
     log2-domain (max, sum) `part_ml [T, H, S, 2]`, for merge_splits. `key_limit` (int32 [1] on the
-    device, read at run time): no key at or past it is read, whatever the rows' positions."""
+    device, read at run time): no key at or past it is read, whatever the rows' positions. `key_warps`: on
+    the key-split build (KEY_WARPS; the caller checks key_warps_fit)."""
     import cupy
 
     if num_splits < 2:
@@ -146,23 +169,23 @@ def split_partials(
     part_o = cupy.empty((n_tok, n_heads, num_splits, head_dim), cupy.float32)
     part_ml = cupy.empty((n_tok, n_heads, num_splits, 2), cupy.float32)
     _launch(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, sliding_window, softcap,
-            num_splits, part_o, part_o, part_ml, key_limit, None)  # fmt: skip
+            num_splits, part_o, part_o, part_ml, key_limit, None, key_warps)  # fmt: skip
     return part_o, part_ml
 
 
 def _launch(
     q: Any, k_cache: Any, v_cache: Any, query_start_loc: Any, seq_lens: Any, block_tables: Any, scale: float,
     sliding_window: int | None, softcap: float | None, num_splits: int, out: Any, part_o: Any, part_ml: Any,
-    key_limit: Any, sinks: Any,
+    key_limit: Any, sinks: Any, key_warps: bool = False,
 ) -> None:  # fmt: skip
     n_tok, n_heads, head_dim = q.shape
     n_kv, block_size = k_cache.shape[2], k_cache.shape[1]
     n_seqs = seq_lens.shape[0]
     kv = kv_operands(k_cache, v_cache)
-    wide = wide_tile(head_dim, bool(kv.defines))
-    smem = shared_bytes(head_dim, wide)
-    kernel = get_kernel("attention_prefill.cu", f"attn_prefill_d{head_dim}",
-                        {"PF_D": head_dim, **kv.defines, **(WIDE_TILE if wide else {})})  # fmt: skip
+    wide = not key_warps and wide_tile(head_dim, bool(kv.defines))
+    smem = shared_bytes(head_dim, wide, key_warps)
+    tile = KEY_WARPS if key_warps else WIDE_TILE if wide else {}
+    kernel = get_kernel("attention_prefill.cu", f"attn_prefill_d{head_dim}", {"PF_D": head_dim, **kv.defines, **tile})
     allow_shared(kernel, smem)
     args = (
         q, kv.k, kv.v, query_start_loc, seq_lens, block_tables, i32(block_tables.shape[1]), i32(n_seqs),
@@ -170,7 +193,7 @@ def _launch(
         out, part_o, part_ml, ptr(key_limit), ptr(sinks), *kv.scales,
     )  # fmt: skip
     parts = head_dim // value_columns(head_dim)  # blocks per (row tile, KV head), each its value columns
-    grid = (grid_tiles(n_tok, n_seqs, n_heads // n_kv, head_dim), n_kv * parts, num_splits)
+    grid = (grid_tiles(n_tok, n_seqs, n_heads // n_kv, head_dim, key_warps), n_kv * parts, num_splits)
     launch(kernel, grid, (THREADS,), args, shared_mem=smem)
 
 

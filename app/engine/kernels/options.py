@@ -75,6 +75,7 @@ class KernelOptions:
     gemv_overrides: ShapeOverrides = field(default_factory=ShapeOverrides.from_env)
     # {format: columns from which its one-weight single-token products take float32 x; 0: never}, over the tuning's
     gemv_float_x_from: Mapping[str, int] = _from_env("PADDOCK_GEMV_FLOAT_X_")
+    cascade_key_warps: int = _from_env("PADDOCK_CASCADE_KEY_WARPS")  # most rows of the key-split shared part
 
     def __post_init__(self) -> None:
         if self.decode_rope not in ("auto", "all", "off"):

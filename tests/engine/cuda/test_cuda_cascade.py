@@ -5,6 +5,8 @@ prompt, against the numpy backend's tokens."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from cuda_samples import assert_greedy_agrees, rel_err, shared_prefix_case
@@ -41,7 +43,11 @@ def _on_gpu(cuda, q, k_cache, v_cache, meta: AttentionMetadata, shared: int | No
     (40, [5, 64, 300, 1], (4, 1, 256)),  # Gemma 3's global layers: head_dim 256, one KV head
     (37, [20, 3, 3, 90, 8, 1], (12, 4, 64)),  # head_dim 64, group of 3
 ])  # fmt: skip
-def test_cascade_decode_matches_numpy(cuda, cpu, rng, shared_blocks, own, heads) -> None:
+@pytest.mark.parametrize("key_warp_rows", [32, 0], ids=["key-warps", "row-warps"])
+def test_cascade_decode_matches_numpy(cuda, cpu, rng, monkeypatch, shared_blocks, own, heads, key_warp_rows) -> None:
+    """The shared part on the build whose warps split each tile's keys (every case here has at most 32 rows a KV
+    head) and on the default build."""
+    monkeypatch.setattr(cuda, "kernel_options", replace(cuda.kernel_options, cascade_key_warps=key_warp_rows))
     q, k_cache, v_cache, meta = shared_prefix_case(rng, shared_blocks, own, heads, BLOCK)
     scale = heads[2] ** -0.5
     ref = cpu.attention(q, k_cache, v_cache, meta, scale)

@@ -23,9 +23,11 @@ BLOCK = 16
 F16_TOL = 1e-3  # the shared part rounds q and the probabilities to float16 on the tensor cores
 
 
-@pytest.fixture(scope="module")
-def cascade_emu(tmp_path_factory) -> Path:
-    return build(tmp_path_factory, "cascade_main.cpp")
+@pytest.fixture(scope="module", params=[(), ("-DPF_KEY_WARPS=1", "-DPF_VBUF=2")], ids=["row-warps", "key-warps"])
+def cascade_emu(request, tmp_path_factory) -> Path:
+    """The shared part on attention_prefill.cu's default build, and on the one whose warps split each tile's keys
+    (attention_prefill.KEY_WARPS: cascade_decode takes it up to PADDOCK_CASCADE_KEY_WARPS rows a KV head)."""
+    return build(tmp_path_factory, "cascade_main.cpp", request.param)
 
 
 def _own_part(q, k_cache, v_cache, meta, shared: int, scale: float, cap: float | None):

@@ -135,6 +135,32 @@ def test_prefill_attention_wide_tile_emulated(
     _check(request, prefill_emu_wide, tmp_path, seqs, heads, window, cap, splits, q_scale)
 
 
+@pytest.fixture(scope="module", params=[("-DPF_VBUF=2",), ("-DPF_VBUF=1",), ("-DPF_VBUF=2", "-DPF_EARLY_KV=0")],
+                ids=["key-warps", "key-warps-one-v-buffer", "key-warps-late-kv"])
+def prefill_emu_key_warps(request, tmp_path_factory) -> Path:
+    """The build whose warps share the block's rows and split each tile's keys (PF_KEY_WARPS: the cascade's shared
+    part), as attention_prefill.py builds it (two V buffers, the next K and V issued early) and in its variants."""
+    return _build(tmp_path_factory, "prefill_main.cpp", ("-DPF_KEY_WARPS=1", *request.param))
+
+
+@pytest.mark.parametrize(("seqs", "heads", "window", "cap", "splits", "q_scale"), [
+    ([(8, 1000)], (32, 8, 128), None, None, 4, 1.0),  # a cascade's shared keys: 32 rows, four tiles a split
+    ([(8, 1000)], (32, 8, 128), None, None, 1, 1.0),  # unsplit: the warps' combine writes the output itself
+    ([(40, 40), (17, 300)], (32, 8, 128), None, None, 1, 1.0),  # causal chunks: warps whose keys are all masked
+    ([(50, 70), (6, 60)], (8, 4, 128), 32, 5.0, 1, 4.0),  # sliding window and softcap
+    ([(30, 300), (3, 280)], (16, 2, 128), 100, None, 4, 1.0),  # window with splits
+    ([(5, 5), (9, 200)], (8, 8, 64), None, None, 8, 1.0),  # many splits, some with no visible key
+    ([(12, 90), (1, 40)], (4, 1, 256), None, 30.0, 3, 4.0),  # head dim 256: one row tile
+    ([(24, 90), (3, 70)], (16, 2, 512), None, None, 3, 1.0),  # head dim 512: two blocks of value columns
+])  # fmt: skip
+def test_prefill_attention_key_warps_emulated(
+    request: pytest.FixtureRequest, prefill_emu_key_warps: Path, tmp_path: Path, seqs, heads, window, cap, splits,
+    q_scale,
+) -> None:  # fmt: skip
+    """The key-split build: the same attention, splits and their merge included."""
+    _check(request, prefill_emu_key_warps, tmp_path, seqs, heads, window, cap, splits, q_scale)
+
+
 def test_double_buffered_v_shared_bytes(monkeypatch) -> None:
     """attention_prefill.py counts PF_VBUF=2's second V buffer, and every head dim still fits where it did:
     256 in sm_86/89/120's 99 KB, 512 in sm_80's 163 KB."""

@@ -559,7 +559,7 @@ class CudaBackend:
                 return _attention_cascade.cascade_decode(
                     q, k_cache, v_cache, self._i32(meta.seq_lens), self._i32(meta.block_tables), meta.shared_prefix,
                     scale, softcap, n_blocks, _attention_cascade.plan_splits(n_kv, self.sm_count),
-                    self.xp.empty_like(q), self.kernel_options.decode_clusters,
+                    self.xp.empty_like(q), self.kernel_options.decode_clusters, self.kernel_options.cascade_key_warps,
                 )  # fmt: skip
             out = self.xp.empty(q.shape, self.xp.float16) if half_out else self.xp.empty_like(q)
             return _attention_decode.attention_decode(

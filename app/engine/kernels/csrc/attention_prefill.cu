@@ -64,8 +64,17 @@ typedef u16 pf_kv_t;
 // wait on every tile's loads: attn_prefill_d128 read them at 0.85 TB/s on the H100
 // (bench/results/gpu-s28-2026-12-07.md). Off until measured: the wide head-dim-128 build then spills 84 bytes
 // (255 registers; none without it), which may cost the long prompts' compute-bound tiles more than it saves.
+#ifndef PF_KEY_WARPS
+// PF_KEY_WARPS=1: the block's warps share its 16 MT rows and split each tile's keys, 16 a warp, instead of owning
+// 16 MT rows each over all of them. For a few rows over many keys (a cascade decode's shared part: 8 sessions x 4
+// heads = 32 rows a KV head) the other build leaves three warps of four on padding rows, and the useful warps of
+// two resident blocks on one sub-partition's tensor core: attn_prefill_d128 read the shared keys at 0.85 TB/s
+// (bench/results/gpu-s28-2026-12-07.md). Here every warp does a quarter of each tile; they combine their rows'
+// (max, sum, O) through shared memory at the end. 64 keys a tile, whatever the head dim.
+#define PF_KEY_WARPS 0
+#endif
 #ifndef PF_EARLY_KV
-#define PF_EARLY_KV 0
+#define PF_EARLY_KV PF_KEY_WARPS  // the key-split build has registers to spare (a quarter of S a warp)
 #endif
 #define PF_EARLY (PF_EARLY_KV && PF_VBUF == 2 && !PF_FP8)  // other builds keep their order
 #ifndef PF_BN
@@ -81,9 +90,12 @@ typedef u16 pf_kv_t;
 template <int D>
 struct PfShape {
     static constexpr int MT = D >= 256 ? 1 : 2;              // 16-row tiles per warp
-    static constexpr int BM = PF_WARPS * 16 * MT;            // query rows per block
-    static constexpr int BN = PF_BN ? PF_BN : (D >= 256 || MT == 2 && D >= 128) ? 32 : 64;  // keys per tile (registers)
+    static constexpr int BM = (PF_KEY_WARPS ? 1 : PF_WARPS) * 16 * MT;  // query rows per block
+    static constexpr int BN = PF_KEY_WARPS ? 16 * PF_WARPS
+                            : PF_BN ? PF_BN : (D >= 256 || MT == 2 && D >= 128) ? 32 : 64;  // keys per tile (registers)
     static_assert(BN % 16 == 0, "P @ V takes keys 16 at a time, S's n-tiles in pairs");
+    static constexpr int WK = PF_KEY_WARPS ? BN / PF_WARPS : BN;  // keys of a tile each warp takes
+    static constexpr int NTW = WK / 8;                       // 8-key n-tiles of S per row tile and warp
     static constexpr int LD = D + PF_PAD;                    // shared row stride in halves
     static constexpr int KSTEPS = D / 16;                    // k-steps of S = Q K^T
     static constexpr int NT = BN / 8;                        // 8-key n-tiles of S per row tile
@@ -94,8 +106,11 @@ struct PfShape {
 };
 
 // Dynamic shared memory bytes of a build: Q, two K buffers, PF_VBUF V buffers (its block's columns).
-#define PF_SMEM_BYTES(D) \
+// PF_KEY_WARPS: at the end the same bytes hold each warp's (max, sum) and O of the block's rows, in float32.
+#define PF_TILE_BYTES(D) \
     (((PfShape<D>::BM + 2 * PfShape<D>::BN) * PfShape<D>::LD + PF_VBUF * PfShape<D>::BN * PfShape<D>::LDV) * 2)
+#define PF_COMBINE_BYTES(D) (PF_KEY_WARPS ? PF_WARPS * PfShape<D>::BM * (PfShape<D>::DV + 2) * 4 : 0)
+#define PF_SMEM_BYTES(D) (PF_TILE_BYTES(D) > PF_COMBINE_BYTES(D) ? PF_TILE_BYTES(D) : PF_COMBINE_BYTES(D))
 
 struct PfTile {
     int seq, tile, q_start, q_len, seq_len;
@@ -191,6 +206,75 @@ __device__ __forceinline__ void pf_load_kv(u16* dst, const u16* __restrict__ cac
     }
 }
 
+#if PF_KEY_WARPS
+// The key-split build's end: each warp holds the block's rows over its quarter of every tile's keys. They leave
+// (max, sum) and O in shared memory (the tiles' bytes: every warp is past its last read of them), then each
+// thread takes output elements and sums the warps' parts in warp order, weighted as the splits' merge weighs
+// splits: the same bits every run. The result goes where the other build's would (out, or a split's partials).
+template <int D>
+__device__ __forceinline__ void pf_combine_warps(u16* smem, const float* m, const float* l, float (*o)[PfShape<D>::DT][4],
+                                                 int warp, int lane, int tid, int f0, int rows, int group, int q_start,
+                                                 int n_heads, int kvh, int col0, int split, int n_splits, int part,
+                                                 const float* __restrict__ sinks, float* __restrict__ out,
+                                                 float* __restrict__ part_o, float* __restrict__ part_ml) {
+    typedef PfShape<D> S;
+    constexpr int BM = S::BM, DV = S::DV, MT = S::MT;
+    float* ml_s = reinterpret_cast<float*>(smem);  // [PF_WARPS][BM][2]
+    float* o_s = ml_s + PF_WARPS * BM * 2;         // [PF_WARPS][BM][DV]
+    const int g = lane >> 2, t4 = lane & 3;
+    __syncthreads();  // every warp's last products are done with K and V
+#pragma unroll
+    for (int i = 0; i < 2 * MT; ++i) {
+        const int r = (i >> 1) * 16 + g + (i & 1) * 8, mt = i >> 1, e0 = 2 * (i & 1);
+        if (t4 == 0) {
+            ml_s[(warp * BM + r) * 2] = m[i];
+            ml_s[(warp * BM + r) * 2 + 1] = l[i];
+        }
+        float* dst = o_s + (size_t)(warp * BM + r) * DV + 2 * t4;
+#pragma unroll
+        for (int d = 0; d < S::DT; ++d)
+            *reinterpret_cast<float2*>(dst + 8 * d) = make_float2(o[mt][d][e0], o[mt][d][e0 + 1]);
+    }
+    __syncthreads();
+    for (int i = tid; i < BM * DV / 4; i += PF_WARPS * 32) {
+        const int r = i / (DV / 4), c = (i % (DV / 4)) * 4;
+        const int f = f0 + r;
+        if (f >= rows) continue;
+        float big = -PADDOCK_INF;
+#pragma unroll
+        for (int w = 0; w < PF_WARPS; ++w) big = fmaxf(big, ml_s[(w * BM + r) * 2]);
+        const float use = big == -PADDOCK_INF ? 0.f : big;
+        float sum = 0.f;
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int w = 0; w < PF_WARPS; ++w) {
+            const float mw = ml_s[(w * BM + r) * 2];
+            const float wt = mw == -PADDOCK_INF ? 0.f : fast_exp2(mw - use);  // a warp with no visible key: 0
+            sum += wt * ml_s[(w * BM + r) * 2 + 1];
+            const float4 ow = *reinterpret_cast<const float4*>(o_s + (size_t)(w * BM + r) * DV + c);
+            acc.x += wt * ow.x;
+            acc.y += wt * ow.y;
+            acc.z += wt * ow.z;
+            acc.w += wt * ow.w;
+        }
+        const size_t row = (size_t)(q_start + f / group) * n_heads + kvh * group + f % group;
+        if (n_splits == 1) {
+            const float den = sinks == nullptr ? sum : sum + fast_exp2(sinks[kvh * group + f % group] * PF_LOG2E - big);
+            const float inv = den > 0.f ? 1.f / den : 0.f;
+            *reinterpret_cast<float4*>(out + row * D + col0 + c) =
+                make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+        } else {
+            const size_t at = row * n_splits + split;
+            *reinterpret_cast<float4*>(part_o + at * D + col0 + c) = acc;
+            if (c == 0 && part == 0) {  // every part has the same (max, sum)
+                part_ml[2 * at] = big;
+                part_ml[2 * at + 1] = sum;
+            }
+        }
+    }
+}
+#endif
+
 template <int D>
 __device__ __forceinline__ void attn_prefill_body(
     const float* __restrict__ q, const pf_kv_t* __restrict__ k_cache, const pf_kv_t* __restrict__ v_cache,
@@ -222,7 +306,8 @@ __device__ __forceinline__ void attn_prefill_body(
     const int per_split = (n_key_tiles + n_splits - 1) / n_splits;
     const int kt0 = split * per_split, kt1 = min(n_key_tiles, kt0 + per_split);
     const int* table = block_tables + (size_t)tile.seq * table_stride;
-    const int warp_row = warp * 16 * MT;  // the warp's first row in the block
+    const int warp_row = PF_KEY_WARPS ? 0 : warp * 16 * MT;  // the warp's first row in the block
+    const int warp_key = PF_KEY_WARPS ? warp * S::WK : 0;    // the warp's first key of a tile
 
     // This thread's rows: g and g + 8 of each of its warp's row tiles (index 2 mt + h); their
     // positions, -1 for padding rows.
@@ -282,20 +367,20 @@ __device__ __forceinline__ void attn_prefill_body(
             cp_async_commit();
         }
 #endif
-        float s[MT][S::NT][4];
+        float s[MT][S::NTW][4];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int j = 0; j < S::NT; ++j) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f;
+            for (int j = 0; j < S::NTW; ++j) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < S::KSTEPS; ++kk) {
             u32 a[MT][4];
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[mt], q_rows + mt * 16 * LD + 16 * kk);
 #pragma unroll
-            for (int j = 0; j < S::NT; j += 2) {
+            for (int j = 0; j < S::NTW; j += 2) {
                 u32 b[4];
-                ldsm_x4(b, kb + (8 * j + k_row) * LD + 16 * kk + k_col);
+                ldsm_x4(b, kb + (warp_key + 8 * j + k_row) * LD + 16 * kk + k_col);
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
                     mma_16816(s[mt][j], a[mt], b);
@@ -326,7 +411,7 @@ __device__ __forceinline__ void attn_prefill_body(
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                for (int j = 0; j < S::NT; ++j)
+                for (int j = 0; j < S::NTW; ++j)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) s[mt][j][e] = softcap_log2 * tanhf(s[mt][j][e] * inv_softcap);
         }
@@ -335,10 +420,10 @@ __device__ __forceinline__ void attn_prefill_body(
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                for (int j = 0; j < S::NT; ++j)
+                for (int j = 0; j < S::NTW; ++j)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
-                        const int key = key0 + 8 * j + 2 * t4 + (e & 1);
+                        const int key = key0 + warp_key + 8 * j + 2 * t4 + (e & 1);
                         const int p = pos[2 * mt + (e >> 1)];
                         if (key > p || key >= key_hi || (window > 0 && key <= p - window)) s[mt][j][e] = -PADDOCK_INF;
                     }
@@ -348,7 +433,7 @@ __device__ __forceinline__ void attn_prefill_body(
             const int mt = i >> 1, e0 = 2 * (i & 1);
             float mx = -PADDOCK_INF;
 #pragma unroll
-            for (int j = 0; j < S::NT; ++j) mx = fmaxf(mx, fmaxf(s[mt][j][e0], s[mt][j][e0 + 1]));
+            for (int j = 0; j < S::NTW; ++j) mx = fmaxf(mx, fmaxf(s[mt][j][e0], s[mt][j][e0 + 1]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             float now = fmaxf(m[i], mx);
@@ -362,7 +447,7 @@ __device__ __forceinline__ void attn_prefill_body(
             m[i] = now;
             float sum = 0.f;
 #pragma unroll
-            for (int j = 0; j < S::NT; ++j) {
+            for (int j = 0; j < S::NTW; ++j) {
                 s[mt][j][e0] = fast_exp2(s[mt][j][e0] - use);
                 s[mt][j][e0 + 1] = fast_exp2(s[mt][j][e0 + 1] - use);
                 sum += s[mt][j][e0] + s[mt][j][e0 + 1];
@@ -382,7 +467,7 @@ __device__ __forceinline__ void attn_prefill_body(
         __syncthreads();
         const u16* vb = sV + (PF_VBUF == 2 ? ((kt - kt0) & 1) * BN * S::LDV : 0);
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
+        for (int kk = 0; kk < S::WK / 16; ++kk) {
             u32 a[MT][4];
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
@@ -391,7 +476,7 @@ __device__ __forceinline__ void attn_prefill_body(
                 a[mt][2] = pack_h2_rn(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
                 a[mt][3] = pack_h2_rn(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
             }
-            const u16* vrow = vb + (16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8) * S::LDV + (lane >> 4) * 8;
+            const u16* vrow = vb + (warp_key + 16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8) * S::LDV + (lane >> 4) * 8;
 #pragma unroll
             for (int np = 0; np < DV / 16; ++np) {
                 u32 b[4];
@@ -417,6 +502,13 @@ __device__ __forceinline__ void attn_prefill_body(
     for (int i = 0; i < 2 * MT; ++i) {
         l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
         l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    }
+#if PF_KEY_WARPS
+    pf_combine_warps<D>(smem, m, l, o, warp, lane, tid, f0, rows, group, tile.q_start, n_heads, kvh, col0, split,
+                        n_splits, part, sinks, out, part_o, part_ml);
+#else
+#pragma unroll
+    for (int i = 0; i < 2 * MT; ++i) {
         const int f = fr[i], mt = i >> 1, e0 = 2 * (i & 1);
         if (f >= rows) continue;
         const size_t row = (size_t)(tile.q_start + f / group) * n_heads + kvh * group + f % group;
@@ -440,6 +532,7 @@ __device__ __forceinline__ void attn_prefill_body(
             }
         }
     }
+#endif
 }
 
 // KV_FP8: the caches' block scales [num_blocks, n_kv] follow the float16 build's arguments.
