@@ -13,18 +13,11 @@ PADDOCK_CASCADE_KEY_WARPS=32 OUT=$O/cascade STAGES=cascade MODELS=qwen3-8b:q4_k_
   BUDGET=$((400 - SECONDS)) bash bench/gpu_run.sh 2>&1 | grep '^{' | cut -c1-900
 PYTHONPATH=$PWD:$HOME/site PADDOCK_KERNEL_CACHE=/tmp/paddock-kernels timeout 60 \
   python3 bench/micro/attention_decode_times.py --cascade --seqs 16 2>&1 | tee $O/cascade16.jsonl | cut -c1-900
-# 2b. the cascade's launches with attention_prefill's next K and V issued before a tile's products (PF_EARLY_KV, an A/B
-# build: 84 bytes of spills in the wide head-dim-128 tile), then the 8,000-token prefill with it
-if (( SECONDS < 330 )); then
-  echo "== PADDOCK_KERNEL_DEFINES=PF_EARLY_KV=1" | tee -a $O/cascade-early.jsonl
-  PADDOCK_KERNEL_DEFINES=PF_EARLY_KV=1 PYTHONPATH=$PWD:$HOME/site PADDOCK_KERNEL_CACHE=/tmp/paddock-kernels timeout 90 \
-    python3 bench/micro/attention_decode_times.py --cascade 2>&1 | tee -a $O/cascade-early.jsonl | cut -c1-900
-  for defines in "" PF_EARLY_KV=1; do
-    PADDOCK_KERNEL_DEFINES=$defines PYTHONPATH=$PWD:$HOME/site PADDOCK_KERNEL_CACHE=/tmp/paddock-kernels timeout 60 \
-      python3 bench/suite/agent_engine.py /tmp/qwen3-8b-q4_k_m.gguf --cases prefill8k 2>&1 | grep '^{' \
-      | sed "s/^{/{\"defines\": \"$defines\", /" | tee -a $O/cascade-early.jsonl | cut -c1-300
-  done
-fi
+# 2b. prefill attention alone at the last 2,048-token chunk of 2k/8k/32k prompts, as built and with the next K and V
+# issued before a tile's products (PF_EARLY_KV, an A/B build: 84 bytes of spills in the wide head-dim-128 tile); then
+# Nsight's sections of one 8k call (stall reasons: attention is ~40 % of the 8k TTFT at ~150 TFLOP/s)
+(( SECONDS < 330 )) && OUT=$O/pattn STAGES=pattn PATTN_DEFINES="none PF_EARLY_KV=1" PATTN_NCU=1 \
+  BUDGET=$((440 - SECONDS)) bash bench/gpu_run.sh 2>&1 | grep -E '^\{|Duration|Throughput|Occupancy|Stall|Ipc' | cut -c1-400
 # 3. the engine step under the new split rule (gate+up unsplit at 8-16 tokens, q/o in clusters of 4) against 1f303f5
 export PADDOCK_KERNEL_DEFINES=DEC_PVEC=1  # the base's build as the tree's default
 OUT=$O/ab STAGES=ab MODELS=qwen3-8b:q4_k_m AB_BASE=.ab-base AB="PADDOCK_GEMV_MMA_SPLITS=8 PADDOCK_GEMV_MMA_SPLITS=8" \

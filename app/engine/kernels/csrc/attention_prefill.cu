@@ -70,7 +70,10 @@ typedef u16 pf_kv_t;
 // heads = 32 rows a KV head) the other build leaves three warps of four on padding rows, and the useful warps of
 // two resident blocks on one sub-partition's tensor core: attn_prefill_d128 read the shared keys at 0.85 TB/s
 // (bench/results/gpu-s28-2026-12-07.md). Here every warp does a quarter of each tile; they combine their rows'
-// (max, sum, O) through shared memory at the end. 64 keys a tile, whatever the head dim.
+// (max, sum, O) through shared memory at the end. 64 keys a tile, whatever the head dim. On the H100 the shared part
+// of 8 sessions over 8,000 keys (32 splits) took 29.2 us against 34.8, and a c=8 token 6.29 ms against 6.53; at
+// 64 rows (two row tiles each reading the keys) 54.3 us against 37.7, hence attention_cascade.key_warps' bound
+// (bench/results/gpu-s29-2026-12-07.md).
 #define PF_KEY_WARPS 0
 #endif
 #ifndef PF_EARLY_KV
