@@ -145,7 +145,9 @@ def gemv_mma(
     """`out = x @ [W0; W1; W2].T (+ bias)` for float32 `x [T, n_cols]`, 2 <= T <= MAX_TOKENS, and
     1 to 3 weights `(data, qtype_name, row_bytes, n_rows)`; `out` is float32 `[T, sum n_rows]`,
     contiguous. `kernel` picks gemv_mma.cu ("v1") or gemv_mma2.cu ("v2"); `max_splits` caps v2's column
-    splits (GemvPlan.mma_splits); `shape` overrides the launch shape (benchmarks)."""
+    splits (GemvPlan.mma_splits); `shape` overrides the launch shape (benchmarks). v2 also takes a C-contiguous
+    float16 x (takes_half): the float16 copy its pre-pass would make, which is then skipped (or only zeroes
+    `out` for atomic splits)."""
     if not 1 <= len(parts) <= 3:
         raise ValueError(f"gemv_mma takes 1 to 3 weights, got {len(parts)}")
     n_tok = x.shape[0]
@@ -156,6 +158,8 @@ def gemv_mma(
         raise ValueError(f"gemv_mma has no decoder for {sorted(unknown)}")
     if kernel not in KERNELS:
         raise ValueError(f"gemv_mma kernel must be one of {KERNELS}, not {kernel!r}")
+    if x.dtype.itemsize == 2 and (kernel != "v2" or not x.flags.c_contiguous):
+        raise ValueError(f"gemv_mma takes float16 x only on v2, C-contiguous (got {kernel}, {x.strides})")
     total_rows = sum(p[3] for p in parts)
     shape = shape or pick_shape(n_tok, total_rows, n_cols, kernel, kernel == "v2" and clusters_supported(), max_splits)
     padded = list(parts) + [(parts[-1][0], parts[-1][1], parts[-1][2], 0)] * (3 - len(parts))
@@ -192,16 +196,20 @@ def _gemv_mma2(
     shape: MmaShape, source: str, defines: dict[str, str | int], blocks: int, weights: tuple[Any, ...], x: Any,
     n_tok: int, out: Any, bias: Any | None,
 ) -> None:  # fmt: skip
-    """The pre-pass (float16 x; zeros in `out` for atomic column splits to add into), then the product."""
+    """The pre-pass (float16 x, unless x is; zeros in `out` for atomic column splits to add into), then the
+    product."""
     import cupy
 
-    x16 = cupy.empty(x.shape, cupy.float16)
+    given = x.dtype == cupy.float16
+    x16 = x if given else cupy.empty(x.shape, cupy.float16)
     zero = shape.k_splits > 1 and not shape.clustered()
-    pre = get_kernel(source, "gemv_mma2_x16", defines)
-    work = max(x.size // 4, out.size if zero else 0)
-    pre_blocks = max(1, min(cdiv(work, X16_THREADS), 4 * MULTIPROCESSORS))  # stride loops cover the rest
-    launch(pre, (pre_blocks,), (X16_THREADS,),
-           (x, x16, i32(x.size), out if zero else ptr(None), i32(out.size if zero else 0)))  # fmt: skip
+    if zero or not given:
+        pre = get_kernel(source, "gemv_mma2_x16", defines)
+        n_x = 0 if given else x.size
+        work = max(n_x // 4, out.size if zero else 0)
+        pre_blocks = max(1, min(cdiv(work, X16_THREADS), 4 * MULTIPROCESSORS))  # stride loops cover the rest
+        launch(pre, (pre_blocks,), (X16_THREADS,),
+               (x, x16, i32(n_x), out if zero else ptr(None), i32(out.size if zero else 0)))  # fmt: skip
     main = get_kernel(source, "gemv_mma2", defines)
     launch(main, (blocks, shape.k_splits), (32 * shape.row_warps * shape.warps,),
            (*weights, x16, i32(n_tok), out, ptr(bias)))  # fmt: skip

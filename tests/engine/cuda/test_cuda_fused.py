@@ -249,10 +249,11 @@ def test_norm_written_in_float16_for_the_dense_product(
     cuda, rng, target: str, with_residual: bool, n_tok: int
 ) -> None:
     """Above GEMV sizes, the norm kernel writes the normalized x in float16 for the product on the weights'
-    float16 copy: what the composition (float32 norm, a cast, the same cuBLAS product) gives."""
+    float16 copy or on gemv_mma2: what the composition (float32 norm, a cast or gemv_mma2's pre-pass, the same
+    product) gives."""
     from app.engine.backend.base import norm_then_product
     from app.engine.backend.cuda.backend import CudaBackend
-    from app.engine.backend.cuda.linear import norm_dense_linear
+    from app.engine.backend.cuda.linear import norm_half_linear
 
     dense = CudaBackend(dense_cache="on")
     cols, eps = 2048, 1e-6
@@ -268,9 +269,9 @@ def test_norm_written_in_float16_for_the_dense_product(
     x = dense.from_host(rng.standard_normal((n_tok, cols)).astype(np.float32))
     res = dense.from_host((rng.standard_normal((n_tok, cols)) * 4).astype(np.float32)) if with_residual else None
     nw = dense.from_host(rng.uniform(0.02, 0.05, cols).astype(np.float32))
-    done = norm_dense_linear(x, res, nw, eps, fused, kind, dense.gemv_plan)
-    if done is None:  # gemv_mma serves these tokens under this plan: the composition runs, nothing to compare
-        pytest.skip("the product runs on gemv_mma here")
+    done = norm_half_linear(x, res, nw, eps, fused, kind, dense.gemv_plan)
+    if done is None:  # gemv_mma.cu (v1) serves these tokens under this plan: the composition runs
+        pytest.skip("the product runs on gemv_mma v1 here")
     got, new_res = done
     ref, ref_res = norm_then_product(dense, x, res, nw, eps, fused, kind)
     # the same float16 inputs to the same product: equal but for cuBLAS picking another summation order
@@ -278,9 +279,9 @@ def test_norm_written_in_float16_for_the_dense_product(
     np.testing.assert_array_equal(dense.to_host(new_res), dense.to_host(ref_res))
 
 
-# (tokens, gate/up rows): 3 takes gemv_mma on gate/up (PADDOCK_GEMV_MMA_COPY_Q4_K) and down, so the result stays
-# float32; 40 takes the norm in float16 and cuBLAS on the gate/up copy; 32 on a gate/up of MMA_TALL_ROWS takes
-# gemv_mma there (PADDOCK_GEMV_MMA_COPY_TALL) after the norm in float32, the composition
+# (tokens, gate/up rows): 3 takes gemv_mma2 on gate/up (PADDOCK_GEMV_MMA_COPY_Q4_K) and down, which reads float16
+# x too; 40 takes the norm in float16 and cuBLAS on the gate/up copy; 32 on a gate/up of MMA_TALL_ROWS takes
+# gemv_mma2 there (PADDOCK_GEMV_MMA_COPY_TALL), after the norm in float16 as well
 @pytest.mark.parametrize(("n_tok", "rows"), [(3, 1024), (40, 1024), (32, 16384)])
 def test_gated_result_in_float16_for_a_down_product_on_its_float16_copy(cuda, rng, n_tok: int, rows: int) -> None:
     """Given the down weight (`then`) that reads float16 at these tokens, add_rms_norm_gated_linear writes its
@@ -308,7 +309,8 @@ def test_gated_result_in_float16_for_a_down_product_on_its_float16_copy(cuda, rn
     on_mma = n_tok <= plan.mma_copy["Q4_K"] or (rows >= MMA_TALL_ROWS and n_tok <= plan.mma_copy_tall)
     assert (_mma_parts(n_tok, gate_up, plan) is not None) == on_mma
     half = takes_half(n_tok, down, dense.gemv_plan)
-    assert half == (n_tok > 16)  # 32 and 40 tokens: cuBLAS on down's copy; 3: gemv_mma (PADDOCK_GEMV_MMA_COPY_Q4_K)
+    # 32 and 40 tokens: cuBLAS on down's copy; 3: gemv_mma (PADDOCK_GEMV_MMA_COPY_Q4_K), float16 on gemv_mma2
+    assert half == (n_tok > 16 or plan.mma_kernel == "v2")
     assert act.dtype == (cupy.float16 if half else cupy.float32) and act32.dtype == cupy.float32
     np.testing.assert_array_equal(dense.to_host(act), dense.to_host(act32).astype(act.dtype))
     got, ref = dense.to_host(dense.linear(act, down)), dense.to_host(dense.linear(act32, down))

@@ -101,3 +101,32 @@ def test_gemv_mma2_cluster_splits_match_the_oracle_the_same_bits_every_run(
     whole = gemv_mma(parts, 2560, x, cupy.empty((n_tok, 345), cupy.float32), kernel="v2",
                      shape=MmaShape(m_tiles, n_tiles, col_warps, 4, 1))  # fmt: skip
     assert rel_err(runs[0], cupy.asnumpy(whole)) < 1e-5  # the same products, summed in another order
+
+
+@pytest.mark.parametrize(("splits", "cluster"), [(1, False), (4, True), (2, False)])
+def test_gemv_mma2_takes_float16_x_as_its_pre_pass_would_round_it(cuda, rng, splits: int, cluster: bool) -> None:
+    """A float16 x (a norm or attention that wrote it so: linear.takes_half) goes to the product as it is: the same
+    bits as the float32 x its pre-pass would round, unsplit, in a cluster and with atomic splits (whose pre-pass
+    then only zeroes the output). gemv_mma.cu (v1) refuses it."""
+    import cupy
+
+    from app.engine.kernels.gemv_mma import gemv_mma
+    from app.engine.kernels.runtime.compile import clusters_supported
+
+    if cluster and not clusters_supported():
+        pytest.skip("thread-block clusters need sm_90+")
+    formats = ("Q4_K", "Q6_K")
+    tensors = [random_tensor(q, r, 2048, rng) for q, r in zip(formats, (256, 64), strict=True)]
+    weights = [cuda.load_weight(t) for t in tensors]
+    parts = [(w.data, q, w.row_bytes, w.n_rows) for w, q in zip(weights, formats, strict=True)]
+    x = cupy.asarray(rng.standard_normal((8, 2048)).astype(np.float32))
+    shape = MmaShape(1, 1, 2, 4, splits, cluster=cluster)
+    want = gemv_mma(parts, 2048, x, cupy.full((8, 320), cupy.nan, cupy.float32), shape=shape, kernel="v2")
+    got = gemv_mma(parts, 2048, x.astype(cupy.float16), cupy.full((8, 320), cupy.nan, cupy.float32), shape=shape,
+                   kernel="v2")  # fmt: skip
+    if splits > 1 and not cluster:  # atomic splits add in any order
+        assert rel_err(cupy.asnumpy(got), cupy.asnumpy(want)) < 1e-6
+    else:
+        np.testing.assert_array_equal(cupy.asnumpy(got), cupy.asnumpy(want))
+    with pytest.raises(ValueError, match="float16 x only on v2"):
+        gemv_mma(parts, 2048, x.astype(cupy.float16), cupy.empty((8, 320), cupy.float32), kernel="v1")

@@ -80,15 +80,22 @@ def test_a_tall_weight_with_a_format_bound_takes_gemv_mma_further() -> None:
 
 
 def test_takes_half_where_the_product_reads_float16() -> None:
-    """takes_half: a single weight whose product of these tokens runs on float16 x (its copy, or its rows expanded
-    past the GEMV sizes); never a fused weight, a float32 matrix, gemv_mma or the GEMVs."""
-    plan = GemvPlan(mma_copy={"Q4_K": 16})
+    """takes_half: a single weight whose product of these tokens runs on float16 x (its copy, its rows expanded
+    past the GEMV sizes, or gemv_mma2, whose pre-pass would round x to float16); never a fused weight, a float32
+    matrix, gemv_mma.cu (v1) or the GEMVs."""
+    plan = GemvPlan(mma_copy={"Q4_K": 16}, mma_kernel="v1")
     assert [n for n in TOKENS if cuda_linear.takes_half(n, _weight(copy=True), plan)] == [32, 64, 65, 200]
     assert [n for n in TOKENS if cuda_linear.takes_half(n, _weight("Q6_K", copy=True), plan)] == [3, 8, 9, 32, 64, 65, 200]
     past_gemv = [n for n in TOKENS if n > cuda_linear.GEMV_MAX_TOKENS]
     assert [n for n in TOKENS if cuda_linear.takes_half(n, _weight(), plan)] == [n for n in past_gemv if n > 64]
     assert not cuda_linear.takes_half(32, CudaFusedWeight((_weight(copy=True),), dense16=object()), plan)
     assert not cuda_linear.takes_half(0, _weight(copy=True), plan)
+    # gemv_mma2 (the default): every product from DENSE_FROM_TOKENS reads float16, on the GEMV sizes' side too
+    v2 = GemvPlan(mma_copy={"Q4_K": 16})
+    assert v2.mma_kernel == "v2"
+    for weight in (_weight(copy=True), _weight("Q6_K", copy=True), _weight()):
+        assert [n for n in TOKENS if cuda_linear.takes_half(n, weight, v2)] == [3, 8, 9, 32, 64, 65, 200]
+    assert not cuda_linear.takes_half(3, _weight(), GemvPlan(mma_no_copy=0))  # the GEMVs at 3 tokens: float32 x
 
 
 def test_fused_weights_follow_their_own_copy() -> None:

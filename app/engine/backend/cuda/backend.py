@@ -35,7 +35,7 @@ from app.engine.backend.cuda.expand import expand_rows
 from app.engine.backend.cuda.experts import StreamedExperts, streamed_moe, unsupported, upload_experts
 from app.engine.backend.cuda.linear import gated_linear as _gated_linear
 from app.engine.backend.cuda.linear import linear as _linear
-from app.engine.backend.cuda.linear import norm_dense_linear as _norm_dense_linear
+from app.engine.backend.cuda.linear import norm_half_linear as _norm_half_linear
 from app.engine.backend.cuda.linear import norm_linear as _norm_linear
 from app.engine.backend.cuda.linear import takes_half as _takes_half
 from app.engine.backend.cuda.weights import CudaFusedWeight, CudaWeight, upload_matrix, upload_vector
@@ -377,7 +377,7 @@ class CudaBackend:
 
     def _norm_then(self, x, residual, norm_weight, eps, weight, kind: str | None, then: Any = None) -> tuple[Any, Any]:
         """One fused launch at one token where gemv_int.cu can take it; above, the norm written in float16
-        for a product on the weight's float16 copy (no cast kernel), and a gated result in float16 where
+        for a product on the weight's float16 copy or gemv_mma2 (no cast kernel), and a gated result in float16 where
         `then`, the product it goes into, reads float16; else the composition, whose gated product also
         writes float16 for such a `then` (gemv_mma's gate/up before a down product on its copy)."""
         x = self._f32(x)
@@ -387,7 +387,7 @@ class CudaBackend:
             norm_weight = self._f32(norm_weight)
             done = _norm_linear(x, residual, norm_weight, eps, weight, kind, self.gemv_plan)
             if done is None:
-                done = _norm_dense_linear(x, residual, norm_weight, eps, weight, kind, self.gemv_plan, then)
+                done = _norm_half_linear(x, residual, norm_weight, eps, weight, kind, self.gemv_plan, then)
             if done is not None:
                 return done
         return norm_then_product(self, x, residual, norm_weight, eps, weight, kind, then)

@@ -101,13 +101,23 @@ def _gemv_mma(
 
 def takes_half(n_tok: int, weight: CudaWeight | CudaFusedWeight, plan: GemvPlan = DEFAULT_PLAN) -> bool:
     """Whether `linear` of `n_tok` rows through this single weight runs on float16 x (cuBLAS on its
-    float16 copy, or on its rows expanded to float16), casting a float32 x first: a kernel that
-    produces x may write it in float16 instead, and `linear` takes it as it is."""
+    float16 copy, or on its rows expanded to float16; gemv_mma2, whose pre-pass rounds x to float16),
+    casting a float32 x first: a kernel that produces x may write it in float16 instead, and `linear`
+    takes it as it is."""
     if isinstance(weight, CudaFusedWeight) or weight.dense is not None or n_tok == 0:
         return False
-    if _q4r_serves(n_tok, weight, plan) or _mma_parts(n_tok, weight, plan) is not None:
+    if _q4r_serves(n_tok, weight, plan):
         return False
+    if _mma_parts(n_tok, weight, plan) is not None:
+        return _mma_takes_half(plan)
     return n_tok > GEMV_MAX_TOKENS or _dense_pays(n_tok, weight)
+
+
+def _mma_takes_half(plan: GemvPlan) -> bool:
+    """Whether the plan's gemv_mma kernel reads float16 x: gemv_mma2 rounds x to float16 in a pre-pass of its
+    own (2.75 us a launch on an H100, three a layer at 8 sequences: bench/results/gpu-s29-2026-12-07.md), which
+    a producer that writes float16 makes unnecessary."""
+    return plan.mma_kernel == "v2"
 
 
 def _as_input(x: Any, weight: CudaWeight | CudaFusedWeight, plan: GemvPlan) -> Any:
@@ -339,13 +349,13 @@ def norm_linear(
     return out, new_residual
 
 
-def norm_dense_linear(
+def norm_half_linear(
     x: Any, residual: Any | None, norm_weight: Any, eps: float, fused: CudaFusedWeight, kind: str | None,
     plan: GemvPlan = DEFAULT_PLAN, then: CudaWeight | None = None,
 ) -> tuple[Any, Any] | None:  # fmt: skip
     """Add + RMSNorm written in float16 by the norm kernel itself for the product on the fused weight's
-    float16 copy or its repacked one, where `linear` would cast the normalized x in a kernel of its
-    own (the same rounding: the result is the composition's): `(linear or gated_linear of the normalized
+    float16 copy, its repacked one or gemv_mma2, where `linear` (or gemv_mma2's pre-pass) would cast the
+    normalized x in a kernel of its own (the same rounding: the result is the composition's): `(linear or gated_linear of the normalized
     x, new residual)`, or None where the product takes another path or the norm kernel cannot write the rows.
     `then`: the weight a gated result goes into next (the down projection); where that product reads
     float16 (takes_half), the activation writes its result in float16, the cast `linear` would make."""
@@ -353,7 +363,10 @@ def norm_dense_linear(
 
     n_tok, n_cols = x.shape
     q4r = _q4r_serves(n_tok, fused, plan)
-    if not q4r and (not _dense_pays(n_tok, fused) or _mma_parts(n_tok, fused, plan) is not None):
+    mma = None if q4r else _mma_parts(n_tok, fused, plan)
+    if mma is not None and not _mma_takes_half(plan):
+        return None
+    if not q4r and mma is None and not _dense_pays(n_tok, fused):
         return None
     if any(p.data is None for p in fused.parts):
         return None  # _linear_fused goes part by part there
@@ -372,6 +385,8 @@ def norm_dense_linear(
     out = cupy.empty((n_tok, fused.n_rows), cupy.float32)
     if q4r:
         gemv_q4r.gemv_q4r(fused.q4r, normed, out, fused.bias)
+    elif mma is not None:
+        _gemv_mma(mma, fused.n_cols, normed, out, fused.bias, plan)
     else:
         matmul_t(normed, fused.dense16, out)
         if fused.bias is not None:
