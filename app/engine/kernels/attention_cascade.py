@@ -60,14 +60,15 @@ def cascade_decode(
     q: Any, k_cache: Any, v_cache: Any, seq_lens: Any, block_tables: Any, shared: Any, scale: float,
     softcap: float | None, n_blocks: int, num_splits: int, out: Any, clusters: bool = True, key_warp_rows: int = 0,
 ) -> Any:  # fmt: skip
-    """`out [S, n_heads, D]` for a decode batch (as attention_decode) whose sequences share the keys
+    """`out [S, n_heads, D]` (float32, or float16 for a product that reads it) for a decode batch (as
+    attention_decode) whose sequences share the keys
     [0, shared.length) through the same blocks at the head of every block table. `shared`: a
     backend.base.SharedPrefix (device arrays of the step). `key_warp_rows`: the most rows a KV head whose shared
     part takes the key-split build (key_warps); 0: never."""
     import cupy
 
     n_seqs, n_heads, _ = q.shape
-    own = cupy.empty_like(q)
+    own = cupy.empty_like(q)  # float32: the merge reads it
     lse = cupy.empty((n_seqs, n_heads), cupy.float32)
     attention_decode(q, k_cache, v_cache, seq_lens, block_tables, scale, None, softcap, n_blocks, own, clusters,
                      key_floor=shared.length, lse_out=lse)  # fmt: skip

@@ -200,13 +200,14 @@ def _launch(
 def merge_splits(
     part_o: Any, part_ml: Any, out: Any, extra_o: Any = None, extra_lse: Any = None, sinks: Any = None
 ) -> Any:
-    """`out [T, H, D]` from the split partials `part_o [T, H, S, D]`, `part_ml [T, H, S, 2]` (and a
-    normalised `extra_o [T, H, D]` with its natural-log sums `extra_lse [T, H]`, and the heads' sink
-    logits `sinks [H]`, where given)."""
+    """`out [T, H, D]` (float32, or float16: attn_prefill_merge_h) from the split partials `part_o [T, H, S, D]`,
+    `part_ml [T, H, S, 2]` (and a normalised `extra_o [T, H, D]` with its natural-log sums `extra_lse [T, H]`,
+    and the heads' sink logits `sinks [H]`, where given)."""
     n_tok, n_heads, num_splits, head_dim = part_o.shape
     if num_splits > MAX_SPLITS:
         raise ValueError(f"attn_prefill_merge takes at most {MAX_SPLITS} splits, got {num_splits}")
-    merge = get_kernel("attention_prefill.cu", "attn_prefill_merge", {"PF_D": head_dim})
+    name = "attn_prefill_merge_h" if out.dtype.itemsize == 2 else "attn_prefill_merge"
+    merge = get_kernel("attention_prefill.cu", name, {"PF_D": head_dim})
     args = (part_o, part_ml, i32(num_splits), i32(head_dim), out, ptr(extra_o), ptr(extra_lse), ptr(sinks),
             i32(n_heads))  # fmt: skip
     launch(merge, (n_tok * n_heads,), (head_dim,), args)

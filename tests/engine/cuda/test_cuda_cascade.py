@@ -55,6 +55,10 @@ def test_cascade_decode_matches_numpy(cuda, cpu, rng, monkeypatch, shared_blocks
         k_gpu, v_gpu, gpu_meta = _on_gpu(cuda, q, k_cache, v_cache, meta, shared)
         got = cuda.to_host(cuda.attention(cuda.from_host(q), k_gpu, v_gpu, gpu_meta, scale))
         assert rel_err(got, ref) < TC_TOL, f"shared={shared}"
+        # for an output product that reads float16: the same output, rounded as a cast rounds it
+        half = cuda.to_host(cuda.attention(cuda.from_host(q), k_gpu, v_gpu, gpu_meta, scale, half_out=True))
+        assert half.dtype == np.float16, f"shared={shared}"
+        np.testing.assert_array_equal(half, got.astype(np.float16))
 
 
 def _generate(model: str, device: str, prompts: list[list[int]], warm: list[int]) -> tuple[list[dict], int]:

@@ -547,7 +547,8 @@ class CudaBackend:
     ) -> Any:
         """As `Backend.attention`; `num_splits` forces a split count (a CUDA graph needs
         one fixed launch shape for every step it replays). `half_out`: a decode batch on
-        attention_decode.cu writes float16 (rope_cache_attention's `then`); other paths float32."""
+        attention_decode.cu (or a cascade's merge) writes float16 (rope_cache_attention's `then`); other paths
+        float32."""
         q = self._f32(q)
         n_tok, n_heads, head_dim = q.shape
         n_kv = k_cache.shape[2]
@@ -555,13 +556,13 @@ class CudaBackend:
         decode = _decode_batch(meta, n_tok) and num_splits is None
         if decode and self._decode_attention(head_dim, n_heads, n_kv):
             n_blocks = self._decode_blocks(meta, n_tok, n_kv, head_dim)
+            out = self.xp.empty(q.shape, self.xp.float16) if half_out else self.xp.empty_like(q)
             if sinks is None and self._cascades(meta, sliding_window, head_dim, n_heads, n_kv):
                 return _attention_cascade.cascade_decode(
                     q, k_cache, v_cache, self._i32(meta.seq_lens), self._i32(meta.block_tables), meta.shared_prefix,
                     scale, softcap, n_blocks, _attention_cascade.plan_splits(n_kv, self.sm_count),
-                    self.xp.empty_like(q), self.kernel_options.decode_clusters, self.kernel_options.cascade_key_warps,
+                    out, self.kernel_options.decode_clusters, self.kernel_options.cascade_key_warps,
                 )  # fmt: skip
-            out = self.xp.empty(q.shape, self.xp.float16) if half_out else self.xp.empty_like(q)
             return _attention_decode.attention_decode(
                 q, k_cache, v_cache, self._i32(meta.seq_lens), self._i32(meta.block_tables), scale,
                 sliding_window, softcap, n_blocks, out, self.kernel_options.decode_clusters, sinks=sinks,

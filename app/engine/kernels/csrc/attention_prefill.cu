@@ -580,11 +580,15 @@ ATTN_PREFILL_SELECTED(PF_D)
 // shared memory; then each thread's loads of its element over the splits are independent of each other. (When
 // every thread walked the pairs one after another, a c=8 cascade's merge took 10.8 us a layer on the H100:
 // bench/results/gpu-s28-2026-12-07.md.)
+// attn_prefill_merge_h writes `out` in float16 (rounded to nearest even, as a cast would): a cascade decode's
+// output before an output projection that reads float16 (cuda/linear.takes_half).
 #define PF_MERGE_SPLITS 32  // attention_prefill.MAX_SPLITS: a lane of warp 0 per split
-extern "C" __global__ void attn_prefill_merge(const float* __restrict__ part_o, const float* __restrict__ part_ml,
-                                              int n_splits, int head_dim, float* __restrict__ out,
-                                              const float* __restrict__ extra_o, const float* __restrict__ extra_lse,
-                                              const float* __restrict__ sinks, int n_heads) {
+template <typename T>
+__device__ __forceinline__ void attn_prefill_merge_body(const float* __restrict__ part_o,
+                                                        const float* __restrict__ part_ml, int n_splits, int head_dim,
+                                                        T* __restrict__ out, const float* __restrict__ extra_o,
+                                                        const float* __restrict__ extra_lse,
+                                                        const float* __restrict__ sinks, int n_heads) {
     __shared__ float weight_s[PF_MERGE_SPLITS + 2];  // 2^(m_z - M) of each split (0: no visible key), the extra
                                                      // part's, then the denominator
     after_previous_grid();  // the partials are the kernel before's; extra_o the one before it, which that one waited for
@@ -619,5 +623,15 @@ extern "C" __global__ void attn_prefill_merge(const float* __restrict__ part_o, 
     }
     const float w_extra = weight_s[PF_MERGE_SPLITS], sum = weight_s[PF_MERGE_SPLITS + 1];
     if (w_extra != 0.f) acc += w_extra * extra_o[row * head_dim + d];
-    out[row * head_dim + d] = sum > 0.f ? acc / sum : 0.f;
+    store_as(out, (i64)(row * head_dim + d), sum > 0.f ? acc / sum : 0.f);
 }
+
+#define ATTN_PREFILL_MERGE(NAME, T)                                                                                 \
+    extern "C" __global__ void NAME(const float* __restrict__ part_o, const float* __restrict__ part_ml,           \
+                                    int n_splits, int head_dim, T* __restrict__ out,                                \
+                                    const float* __restrict__ extra_o, const float* __restrict__ extra_lse,         \
+                                    const float* __restrict__ sinks, int n_heads) {                                 \
+        attn_prefill_merge_body<T>(part_o, part_ml, n_splits, head_dim, out, extra_o, extra_lse, sinks, n_heads); \
+    }
+ATTN_PREFILL_MERGE(attn_prefill_merge, float)
+ATTN_PREFILL_MERGE(attn_prefill_merge_h, u16)

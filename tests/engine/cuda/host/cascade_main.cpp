@@ -2,7 +2,8 @@
 // each sequence's own keys (from the key floor, with its log-sum-exp), attention_prefill.cu over the
 // shared keys for the batch as one pseudo sequence (with the key limit), and attn_prefill_merge.
 // argv: dir head_dim gmax n_seqs n_heads n_kv block_size table_stride scale softcap n_blocks splits shared.
-// Reads dir/{q,k,v,seq_lens,tables}.bin; writes dir/out.bin, own.bin (the decode part) and lse.bin. Built
+// Reads dir/{q,k,v,seq_lens,tables}.bin; writes dir/out.bin, out_h.bin (the same merge in float16), own.bin (the
+// decode part) and lse.bin. Built
 // with -DKV_FP8=1: k.bin and v.bin are e4m3 codes with their block scales in ks.bin, vs.bin.
 #include <cstdio>
 #include <cstdlib>
@@ -89,7 +90,13 @@ int main(int argc, char** argv) {
     launch({(unsigned)rows, 1, 1}, {(unsigned)d, 1, 1}, [&] {
         attn_prefill_merge(part_o.data(), part_ml.data(), splits, d, out.data(), own.data(), lse.data(), nullptr, n_heads);
     });
+    std::vector<u16> out_h(rows * d, 0xffff);  // the float16 merge (a product that reads float16 comes next)
+    launch({(unsigned)rows, 1, 1}, {(unsigned)d, 1, 1}, [&] {
+        attn_prefill_merge_h(part_o.data(), part_ml.data(), splits, d, out_h.data(), own.data(), lse.data(), nullptr,
+                             n_heads);
+    });
     write_file(dir + "/out.bin", out);
+    write_file(dir + "/out_h.bin", out_h);
     write_file(dir + "/own.bin", own);
     write_file(dir + "/lse.bin", lse);
     return 0;
