@@ -102,8 +102,10 @@ def emulators2(tmp_path_factory) -> dict[str, Path]:
 
     def get(name: str) -> Path:
         if name not in made:
-            formats, mt, nt, rw, kw = BUILDS2[name]
+            base, _, extra = name.partition("+")  # "+ahead2": the A/B build with two super-steps of weights in flight
+            formats, mt, nt, rw, kw = BUILDS2[base]
             defines = tuple(f"-DGM_F{i}=Fmt{f}" for i, f in enumerate(formats))
+            defines += ("-DGM_AHEAD=2",) if extra == "ahead2" else ()
             made[name] = build(tmp_path_factory, "mma_gemv2_main.cpp",
                                (*defines, f"-DGM_MT={mt}", f"-DGM_NT={nt}", f"-DGM_RW={rw}", f"-DGM_KW={kw}"))  # fmt: skip
         return made[name]
@@ -123,9 +125,15 @@ def emulators2(tmp_path_factory) -> dict[str, Path]:
     ("picked64", (130, 64, 70), 1536, 64, 2, True),
     ("uniform", (70, 130, 33), 1024, 16, 2, True),  # three weights, each ragged, tiles found by index
     ("uniform", (200, 0, 0), 768, 11, 1, False),
+    # GM_AHEAD=2: an even and an odd number of super-steps per split (the loop takes them in pairs), one of one
+    ("picked8+ahead2", (130, 64, 70), 2048, 5, 4, True),  # 4 super-steps over 4 splits: one each
+    ("kquants+ahead2", (40, 24, 17), 768, 9, 1, True),  # 3 super-steps
+    ("kquants+ahead2", (33, 0, 0), 1280, 16, 2, True),  # 5 steps, 2 splits: 2 and 1 super-steps
+    ("narrow+ahead2", (64, 16, 8), 4096, 2, 1, True),  # 16 super-steps
 ])  # fmt: skip
 def test_gemv_mma2_emulated(
     request: pytest.FixtureRequest, emulators2, tmp_path: Path, build_name: str, rows, cols: int, n_tok: int,
     splits: int, with_bias: bool,
 ) -> None:  # fmt: skip
-    _check(request, emulators2(build_name), tmp_path, BUILDS2[build_name][0], rows, cols, n_tok, with_bias, splits)
+    formats = BUILDS2[build_name.partition("+")[0]][0]
+    _check(request, emulators2(build_name), tmp_path, formats, rows, cols, n_tok, with_bias, splits)

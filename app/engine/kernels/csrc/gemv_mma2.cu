@@ -59,6 +59,15 @@
 #ifndef GM_KW
 #define GM_KW 2  // column-warps: warps splitting the columns of the same rows
 #endif
+#ifndef GM_AHEAD
+// Super-steps of weights a lane has in flight beyond the one it multiplies: 1, or 2 (an A/B build: a second set of
+// fetch() registers, 12 more at one m-tile, the same blocks a multiprocessor at 8 tokens; at 8 tokens gate+up ran at
+// 1.4 TB/s with one, about 2.5 us a super-step, near two DRAM round trips: bench/results/gpu-s29-2026-12-07.md).
+#define GM_AHEAD 1
+#endif
+#if GM_AHEAD != 1 && GM_AHEAD != 2
+#error "GM_AHEAD is 1 or 2"
+#endif
 // Column splits a thread-block cluster (sm_90+; gridDim.y == GM_CL), summed through distributed shared
 // memory; 1: no cluster. Host builds and older devices add the splits with atomics instead.
 #if defined(GM_CL) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -194,17 +203,15 @@ __device__ __forceinline__ void tile(const u8* __restrict__ w, i64 row_bytes, in
 
     // The lane's unit of super-step ss is 4 (ss KW + kw) + t, clamped into the row (x reads as zero past its end).
     const int unit0 = 4 * kw + t, last_unit = n_units - 1;
-    F next[MT][2];
-    if (s_begin < s_end) {
+    auto fetch = [&](F (&slot)[MT][2], int ss) {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) next[mt][h].fetch(row_p[mt][h], min(4 * GM_KW * s_begin + unit0, last_unit));
-    }
-    after_previous_grid();  // the weights are no earlier kernel's output: their first loads fly during the wait
-    if (s_begin < s_end) stage_x<F>(smem, x, n_tok, n_cols, n_units, s_begin * GM_KW);
-    for (int ss = s_begin; ss < s_end; ++ss) {
-        const int cur = (ss - s_begin) & 1;
+            for (int h = 0; h < 2; ++h) slot[mt][h].fetch(row_p[mt][h], min(4 * GM_KW * ss + unit0, last_unit));
+    };
+    // Super-step ss on x buffer `cur`, its weights in `slot` (fetched GM_AHEAD super-steps earlier), which then
+    // takes the loads of super-step ss + GM_AHEAD.
+    auto super_step = [&](int ss, int cur, F (&slot)[MT][2]) {
         cp_async_wait<0>();
         __syncthreads();  // this super-step's x has landed, and every warp is done with the other buffer
         if (ss + 1 < s_end)  // the next super-step's x and weights fly while this one is multiplied
@@ -213,13 +220,8 @@ __device__ __forceinline__ void tile(const u8* __restrict__ w, i64 row_bytes, in
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) f[mt][h] = next[mt][h];
-        if (ss + 1 < s_end) {  // loads alone (fetch): their first use is the next super-step's unpack
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) next[mt][h].fetch(row_p[mt][h], min(4 * GM_KW * (ss + 1) + unit0, last_unit));
-        }
+            for (int h = 0; h < 2; ++h) f[mt][h] = slot[mt][h];
+        if (ss + GM_AHEAD < s_end) fetch(slot, ss + GM_AHEAD);  // loads alone: their first use is a later unpack
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -264,7 +266,26 @@ __device__ __forceinline__ void tile(const u8* __restrict__ w, i64 row_bytes, in
                 }
             }
         }
+    };
+#if GM_AHEAD == 1
+    F next[MT][2];
+    if (s_begin < s_end) fetch(next, s_begin);
+    after_previous_grid();  // the weights are no earlier kernel's output: their first loads fly during the wait
+    if (s_begin < s_end) stage_x<F>(smem, x, n_tok, n_cols, n_units, s_begin * GM_KW);
+    for (int ss = s_begin; ss < s_end; ++ss) super_step(ss, (ss - s_begin) & 1, next);
+#else
+    // Two slots of weights in flight, used in turn: the loop takes super-steps in pairs so that each slot is a
+    // fixed set of registers (a slot copied into the other would wait for its loads).
+    F ahead0[MT][2], ahead1[MT][2];
+    if (s_begin < s_end) fetch(ahead0, s_begin);
+    if (s_begin + 1 < s_end) fetch(ahead1, s_begin + 1);
+    after_previous_grid();
+    if (s_begin < s_end) stage_x<F>(smem, x, n_tok, n_cols, n_units, s_begin * GM_KW);
+    for (int ss = s_begin; ss < s_end; ss += 2) {
+        super_step(ss, 0, ahead0);
+        if (ss + 1 < s_end) super_step(ss + 1, 1, ahead1);
     }
+#endif
 
     const bool keeps = gm_sum_column_warps<MT, NT, GM_KW>(c, reinterpret_cast<float*>(smem), kw, rw, GM_RW, lane);
 #if GM_CLUSTER > 1
