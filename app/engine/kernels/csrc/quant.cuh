@@ -54,7 +54,12 @@ struct IntCodes {
     // fetch() issues a unit's loads and unpack() turns them into what get()/codes()/coef() read; load() is both.
     // A pipelined caller (gemv_mma2.cu) fetches the next step's unit before it multiplies this one and unpacks it
     // after: done in load(), the scale arithmetic waits on the loads there and the warp stalls for DRAM before it
-    // multiplies. Formats whose load() is plain loads keep these defaults.
+    // multiplies. A format defines either fetch() and unpack() (load() is then this default) or, where its load()
+    // is plain loads, load() alone (fetch() and unpack() are then these).
+    __device__ __forceinline__ void load(const u8* row, int u) {
+        static_cast<Self*>(this)->fetch(row, u);
+        static_cast<Self*>(this)->unpack();
+    }
     __device__ __forceinline__ void fetch(const u8* row, int u) { static_cast<Self*>(this)->load(row, u); }
     __device__ __forceinline__ void unpack() {}
     __device__ __forceinline__ void raw(int k, float* f0, float* f1) const {
@@ -85,10 +90,6 @@ struct FmtQ4_0 : IntCodes<FmtQ4_0> {  // d:f16, qs[16]: w = d * (q - 8); low nib
         q = ld16u(b + 2);
     }
     __device__ __forceinline__ void unpack() { d = h2f(dh); }
-    __device__ __forceinline__ void load(const u8* row, int u) {
-        fetch(row, u);
-        unpack();
-    }
     __device__ __forceinline__ void get(int k, float* w0, float* w1) const {
         const u32 x = word4(q, k);
 #pragma unroll
@@ -305,10 +306,6 @@ struct FmtQ4_K : IntCodes<FmtQ4_K> {
         s1 = d * (float)sb;
         m1 = dmin * (float)mb;
     }
-    __device__ __forceinline__ void load(const u8* row, int u) {
-        fetch(row, u);
-        unpack();
-    }
     __device__ __forceinline__ void get(int k, float* w0, float* w1) const {
         const u32 x = word4(q, k);
 #pragma unroll
@@ -354,10 +351,6 @@ struct FmtQ5_K : IntCodes<FmtQ5_K> {
         m0 = dmin * (float)ma;
         s1 = d * (float)sb;
         m1 = dmin * (float)mb;
-    }
-    __device__ __forceinline__ void load(const u8* row, int u) {
-        fetch(row, u);
-        unpack();
     }
     __device__ __forceinline__ void get(int k, float* w0, float* w1) const {
         const u32 x = word4(q, k), hb = word4(qh, k) >> j2;
@@ -411,10 +404,6 @@ struct FmtQ6_K : IntCodes<FmtQ6_K> {
         const float d = h2f(dh);
         s0 = d * (float)(signed char)byte_of16(sc, base);
         s1 = d * (float)(signed char)byte_of16(sc, base + 4);
-    }
-    __device__ __forceinline__ void load(const u8* row, int u) {
-        fetch(row, u);
-        unpack();
     }
     __device__ __forceinline__ void get(int k, float* w0, float* w1) const {
         const u32 x = word4(ql, k), hb = word4(qh, k) >> sh0;
