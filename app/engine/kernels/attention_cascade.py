@@ -67,7 +67,7 @@ def cascade_decode(
     part takes the key-split build (key_warps); 0: never."""
     import cupy
 
-    n_seqs, n_heads, _ = q.shape
+    n_seqs, n_heads, head_dim = q.shape
     own = cupy.empty_like(q)  # float32: the merge reads it
     lse = cupy.empty((n_seqs, n_heads), cupy.float32)
     attention_decode(q, k_cache, v_cache, seq_lens, block_tables, scale, None, softcap, n_blocks, own, clusters,
@@ -76,6 +76,7 @@ def cascade_decode(
     # shared key (the causal edge is past them) and no other (the key limit).
     part_o, part_ml = attention_prefill.split_partials(
         q, k_cache, v_cache, shared.query_start_loc, shared.seq_len, block_tables[:1], scale, None, softcap,
-        num_splits, key_limit=shared.length, key_warps=key_warps(n_seqs, n_heads, k_cache.shape[2], q.shape[2], key_warp_rows),
+        num_splits, key_limit=shared.length,
+        key_warps=key_warps(n_seqs, n_heads, k_cache.shape[2], head_dim, key_warp_rows),
     )  # fmt: skip
     return attention_prefill.merge_splits(part_o, part_ml, out, own, lse)

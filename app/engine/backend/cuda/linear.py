@@ -355,8 +355,9 @@ def norm_half_linear(
 ) -> tuple[Any, Any] | None:  # fmt: skip
     """Add + RMSNorm written in float16 by the norm kernel itself for the product on the fused weight's
     float16 copy, its repacked one or gemv_mma2, where `linear` (or gemv_mma2's pre-pass) would cast the
-    normalized x in a kernel of its own (the same rounding: the result is the composition's): `(linear or gated_linear of the normalized
-    x, new residual)`, or None where the product takes another path or the norm kernel cannot write the rows.
+    normalized x in a kernel of its own (the same rounding: the result is the composition's): `(linear or
+    gated_linear of the normalized x, new residual)`, or None where the product takes another path or the norm
+    kernel cannot write the rows.
     `then`: the weight a gated result goes into next (the down projection); where that product reads
     float16 (takes_half), the activation writes its result in float16, the cast `linear` would make."""
     import cupy
