@@ -237,3 +237,24 @@ def test_the_wide_tile_is_head_dim_128s_where_it_fits(monkeypatch, optin_kb, hea
         assert ap.wide_tile(head_dim, fp8) is wide
     finally:
         ap.wide_tile.cache_clear()
+
+
+def test_key_warp_build_bytes_and_where_the_cascade_takes_it(monkeypatch) -> None:
+    """The key-split build (KEY_WARPS) as attention_prefill.py counts it: 32 rows (16 at head dim 256) and two
+    64-key K and V buffers, or its warps' float32 (max, sum, O) of those rows at the end, whichever is more; the
+    cascade takes it for at most `max_rows` rows a KV head, where its bytes fit the device."""
+    from app.engine.kernels import attention_cascade as ac
+
+    assert ap.rows_per_block(128, key_warps=True) == 32 and ap.rows_per_block(256, key_warps=True) == 16
+    assert ap.keys_per_tile(64, key_warps=True) == ap.keys_per_tile(256, key_warps=True) == 64
+    # head dim 128: Q (32 rows) + 2 K + 2 V buffers of 64 rows, 136 halves a row = 78,336 bytes; the combine 66,560
+    assert ap.shared_bytes(128, key_warps=True) == (32 + 4 * 64) * 136 * 2
+    # head dim 64: the tiles' 41,472 bytes are fewer than the combine's 4 warps x 32 rows x 66 floats
+    assert ap.shared_bytes(64, key_warps=True) == max((32 + 4 * 64) * 72 * 2, 4 * 32 * 66 * 4)
+    for optin_kb, fits_256 in ((99, False), (227, True)):
+        monkeypatch.setattr(ap, "max_shared_bytes", lambda kb=optin_kb: kb * 1024)
+        assert ap.key_warps_fit(128) and ap.key_warps_fit(256) is fits_256
+        assert ac.key_warps(8, 32, 8, 128, 32)  # 8 sessions of Qwen3-8B: 32 rows
+        assert not ac.key_warps(16, 32, 8, 128, 32)  # 64 rows: two row tiles would each read the keys
+        assert not ac.key_warps(8, 32, 8, 128, 0)  # the switch off
+        assert ac.key_warps(4, 32, 8, 256, 32) is fits_256

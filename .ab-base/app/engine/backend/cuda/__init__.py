@@ -1,0 +1,1 @@
+"""The CUDA backend: the op set of `backend/base.py` on an NVIDIA GPU through CuPy (see `backend.py`)."""

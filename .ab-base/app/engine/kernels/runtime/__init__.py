@@ -1,0 +1,1 @@
+"""Kernel runtime: NVRTC compilation with an on-disk cache, launches, programmatic dependent launch."""

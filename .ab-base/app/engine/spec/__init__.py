@@ -1,0 +1,1 @@
+"""Speculative decoding: drafters propose tokens, one step verifies them (core/engine.py)."""

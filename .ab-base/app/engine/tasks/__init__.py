@@ -1,0 +1,1 @@
+"""Work that is not text generation: pooling (embeddings from the loaded model), reranking, transcription."""
