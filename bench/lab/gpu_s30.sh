@@ -1,20 +1,24 @@
-# The next lease's first call (written in session 29): what session 29 changed but could not measure. About 560 s
-# on an H100; carry [".whl"]. Before it: `mkdir .ab-base && git archive 948b59d app bench | tar -x -C .ab-base`
-# (delete it before committing). run returns at most 8 files: each stage works in /tmp and copies one or two files
-# into $OUT as it ends, so what finished still comes back if the time runs out.
-# 1. The GPU tests of session 29's changes: the cascade (both builds of its shared part; its merge in float16),
-#    float16 x into gemv_mma2 (its pre-pass skipped), the norm in float16 before a fused product on gemv_mma2, the
-#    gated result and the attention output in float16 before one.
+# The next lease's calls (written in session 29): what session 29 changed but could not measure. Carry [".whl"].
+# Before them: `mkdir .ab-base && git archive 948b59d app bench | tar -x -C .ab-base` (delete it before committing).
+# run returns at most 8 files: each stage works in /tmp and copies one or two files into $OUT as it ends, so what
+# finished still comes back if the time runs out.
+# PART=1 (about 420 s on an H100):
+# 1. The GPU tests of session 29's changes: the cascade (both builds of its shared part, the own keys on 2 blocks a
+#    pair, its merge in float16), float16 x into gemv_mma2 (its pre-pass skipped), the norm in float16 before a fused
+#    product on gemv_mma2, the gated result and the attention output in float16 before one.
 # 2. gemv_mma2 alone with GM_AHEAD=2 (two super-steps of weights in flight a lane) against as built, twice.
 # 3. The engine's decode step at 8, 16 and 32 sequences against 948b59d (before the float16 hand-offs into
 #    gemv_mma2: up to three pre-pass launches a layer fewer).
-# 4. The c=8 shared-prefix row (the cascade's output now in float16 before o).
+# PART=2 (about 380 s):
+# 4. The cascade's launches alone (its own keys on 1/2/4 blocks a pair against the plain plan's), and the c=8
+#    shared-prefix row with PADDOCK_CASCADE_OWN_BLOCKS=0 and 2 (the cascade's output now in float16 before o).
 # 5. Prefill attention alone at the last 2,048-token chunk of 2k/8k/32k prompts, as built and with PF_EARLY_KV=1,
 #    and Nsight's sections of one 8k launch (stall reasons: attention is ~40 % of the 8k TTFT at ~150 TFLOP/s).
-# A second call: the whole GPU suite, `OUT=/tmp/t STAGES=tests TEST_PROCS=4 TEST_S=480 bash bench/gpu_run.sh; cp
+# Then the whole GPU suite: `OUT=/tmp/t STAGES=tests TEST_PROCS=4 TEST_S=480 bash bench/gpu_run.sh; cp
 # /tmp/t/tests.log $OUT/` (about 250 s; it last ran before session 28's gemv_mma2 changes).
 O=$OUT; export BUDGET=570
 W=/tmp/s30; rm -rf $W; mkdir -p $W/tests $W/ab $W/c8 $W/pattn
+if [[ ${PART:-1} == 1 ]]; then
 OUT=$W/tests STAGES=tests TEST_PROCS=4 TEST_S=150 \
   TESTS="tests/engine/cuda/test_cuda_cascade.py tests/engine/cuda/test_cuda_gemv_mma.py tests/engine/cuda/test_cuda_fused.py tests/engine/cuda/test_cuda_attention.py" \
   bash bench/gpu_run.sh 2>&1 | grep -E '^== share|passed|failed|FAILED|Error' | head -30
@@ -32,10 +36,13 @@ cp $W/tests/tests.log $O/tests.log
 OUT=$W/ab STAGES=ab MODELS=qwen3-8b:q4_k_m AB_BASE=.ab-base AB="PADDOCK_PDL=1 PADDOCK_PDL=1" AB_BATCH="8 16 32" \
   BUDGET=$((330 - SECONDS)) bash bench/gpu_run.sh 2>&1 | tail -6
 cp $W/ab/ab.log $O/ab.log
-OUT=$W/c8 STAGES=cascade MODELS=qwen3-8b:q4_k_m CASCADE_DEFINES="" CASCADE_SETTINGS=PADDOCK_CASCADE=1 CASCADE_CASES=c8 \
-  BUDGET=$((420 - SECONDS)) bash bench/gpu_run.sh 2>&1 | grep '^{' | cut -c1-400
-cp $W/c8/cascade.log $O/c8.log
-OUT=$W/pattn STAGES=pattn PATTN_DEFINES="none PF_EARLY_KV=1" PATTN_NCU=1 BUDGET=$((560 - SECONDS)) \
+else
+OUT=$W/c8 STAGES=cascade MODELS=qwen3-8b:q4_k_m CASCADE_PARTS=1 CASCADE_DEFINES="" CASCADE_CASES=c8 \
+  CASCADE_SETTINGS="PADDOCK_CASCADE_OWN_BLOCKS=0 PADDOCK_CASCADE_OWN_BLOCKS=2" \
+  BUDGET=$((250 - SECONDS)) bash bench/gpu_run.sh 2>&1 | grep '^{' | cut -c1-600
+cp $W/c8/cascade.log $O/c8.log; cp $W/c8/cascade-parts.jsonl $O/
+OUT=$W/pattn STAGES=pattn PATTN_DEFINES="none PF_EARLY_KV=1" PATTN_NCU=1 BUDGET=$((390 - SECONDS)) \
   bash bench/gpu_run.sh 2>&1 | grep -E '^\{|Duration|Throughput|Occupancy|Stall|Ipc|Registers' | cut -c1-300
 cp $W/pattn/pattn.jsonl $W/pattn/pattn-ncu.txt $O/ 2>/dev/null
+fi
 echo "total $SECONDS s"

@@ -161,8 +161,8 @@ def cascade_parts(backend: CudaBackend) -> None:
                           length=cupy.asarray([shared], cupy.int32))  # fmt: skip
     n_blocks = plan_blocks(n_seqs, n_kv, ctx, sm_count, head_dim, backend.tuning.decode_blocks_per_sm)
     scale, shared_bytes = head_dim**-0.5, 2 * shared * n_kv * head_dim * 2
-    row: dict = {"shape": "qwen3-8b", "seqs": n_seqs, "shared": shared, "own": own, "plan_splits":
-                 plan_splits(n_kv, sm_count), "shared_mb": round(shared_bytes / 1e6, 1)}  # fmt: skip
+    row: dict = {"shape": "qwen3-8b", "seqs": n_seqs, "shared": shared, "own": own, "own_plan_blocks": n_blocks,
+                 "plan_splits": plan_splits(n_kv, sm_count), "shared_mb": round(shared_bytes / 1e6, 1)}  # fmt: skip
 
     def timed(make) -> float:
         seconds, _ = time_graph([make(*layer) for layer in layers] * 4)
@@ -179,6 +179,10 @@ def cascade_parts(backend: CudaBackend) -> None:
     row["own_us"] = timed(lambda q, kc, vc, m: functools.partial(
         attention_decode, q, kc, vc, m.seq_lens, m.block_tables, scale, None, None, n_blocks, cupy.empty_like(q),
         key_floor=prefix.length, lse_out=lse))
+    for blocks in (1, 2, 4):  # the own keys' blocks a pair (PADDOCK_CASCADE_OWN_BLOCKS) against the plain plan's
+        row[f"own_b{blocks}_us"] = timed(lambda q, kc, vc, m, b=blocks: functools.partial(
+            attention_decode, q, kc, vc, m.seq_lens, m.block_tables, scale, None, None, b, cupy.empty_like(q),
+            key_floor=prefix.length, lse_out=lse))
     for splits in CASCADE_SPLITS:
         for suffix, kw in (("", False), ("_kw", True)):  # the default build, the key-split one (KEY_WARPS)
             us = timed(lambda q, kc, vc, m, s=splits, k=kw: functools.partial(

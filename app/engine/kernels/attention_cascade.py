@@ -61,10 +61,10 @@ def cascade_decode(
     softcap: float | None, n_blocks: int, num_splits: int, out: Any, clusters: bool = True, key_warp_rows: int = 0,
 ) -> Any:  # fmt: skip
     """`out [S, n_heads, D]` (float32, or float16 for a product that reads it) for a decode batch (as
-    attention_decode) whose sequences share the keys
-    [0, shared.length) through the same blocks at the head of every block table. `shared`: a
-    backend.base.SharedPrefix (device arrays of the step). `key_warp_rows`: the most rows a KV head whose shared
-    part takes the key-split build (key_warps); 0: never."""
+    attention_decode) whose sequences share the keys [0, shared.length) through the same blocks at the head of
+    every block table. `shared`: a backend.base.SharedPrefix (device arrays of the step). `n_blocks`: the own keys'
+    blocks a (sequence, KV head), as attention_decode takes them. `key_warp_rows`: the most rows a KV head whose
+    shared part takes the key-split build (key_warps); 0: never."""
     import cupy
 
     n_seqs, n_heads, head_dim = q.shape

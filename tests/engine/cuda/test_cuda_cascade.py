@@ -43,11 +43,14 @@ def _on_gpu(cuda, q, k_cache, v_cache, meta: AttentionMetadata, shared: int | No
     (40, [5, 64, 300, 1], (4, 1, 256)),  # Gemma 3's global layers: head_dim 256, one KV head
     (37, [20, 3, 3, 90, 8, 1], (12, 4, 64)),  # head_dim 64, group of 3
 ])  # fmt: skip
-@pytest.mark.parametrize("key_warp_rows", [32, 0], ids=["key-warps", "row-warps"])
-def test_cascade_decode_matches_numpy(cuda, cpu, rng, monkeypatch, shared_blocks, own, heads, key_warp_rows) -> None:
+@pytest.mark.parametrize(("key_warp_rows", "own_blocks"), [(32, 0), (0, 2)], ids=["key-warps", "row-warps-own2"])
+def test_cascade_decode_matches_numpy(
+    cuda, cpu, rng, monkeypatch, shared_blocks, own, heads, key_warp_rows, own_blocks
+) -> None:  # fmt: skip
     """The shared part on the build whose warps split each tile's keys (every case here has at most 32 rows a KV
-    head) and on the default build."""
-    monkeypatch.setattr(cuda, "kernel_options", replace(cuda.kernel_options, cascade_key_warps=key_warp_rows))
+    head) and on the default build; the own keys on the plain decode's plan of blocks, and on 2 a pair."""
+    options = replace(cuda.kernel_options, cascade_key_warps=key_warp_rows, cascade_own_blocks=own_blocks)
+    monkeypatch.setattr(cuda, "kernel_options", options)
     q, k_cache, v_cache, meta = shared_prefix_case(rng, shared_blocks, own, heads, BLOCK)
     scale = heads[2] ** -0.5
     ref = cpu.attention(q, k_cache, v_cache, meta, scale)

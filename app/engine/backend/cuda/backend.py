@@ -558,9 +558,10 @@ class CudaBackend:
             n_blocks = self._decode_blocks(meta, n_tok, n_kv, head_dim)
             out = self.xp.empty(q.shape, self.xp.float16) if half_out else self.xp.empty_like(q)
             if sinks is None and self._cascades(meta, sliding_window, head_dim, n_heads, n_kv):
+                own_blocks = self.kernel_options.cascade_own_blocks or n_blocks
                 return _attention_cascade.cascade_decode(
                     q, k_cache, v_cache, self._i32(meta.seq_lens), self._i32(meta.block_tables), meta.shared_prefix,
-                    scale, softcap, n_blocks, _attention_cascade.plan_splits(n_kv, self.sm_count),
+                    scale, softcap, own_blocks, _attention_cascade.plan_splits(n_kv, self.sm_count),
                     out, self.kernel_options.decode_clusters, self.kernel_options.cascade_key_warps,
                 )  # fmt: skip
             return _attention_decode.attention_decode(

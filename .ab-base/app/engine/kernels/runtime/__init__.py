@@ -1,1 +1,0 @@
-"""Kernel runtime: NVRTC compilation with an on-disk cache, launches, programmatic dependent launch."""

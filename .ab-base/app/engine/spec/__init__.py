@@ -1,1 +1,0 @@
-"""Speculative decoding: drafters propose tokens, one step verifies them (core/engine.py)."""

@@ -1,1 +1,0 @@
-"""Work that is not text generation: pooling (embeddings from the loaded model), reranking, transcription."""

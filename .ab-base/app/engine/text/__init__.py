@@ -1,1 +1,0 @@
-"""Text in and out of the model: chat templates and tool-call parsing."""
