@@ -112,7 +112,8 @@ DECLARED: tuple[EnvVar, ...] = (
            "0: planned from the whole context, as a plain decode's (an A/B switch: the own keys are a few hundred)"),
     EnvVar("PADDOCK_CASCADE_KEY_WARPS", _int, 32,
            "most rows (sequences x query heads a KV head) whose cascade shared part runs on the build whose warps "
-           "split each tile's keys (attention_prefill.cu PF_KEY_WARPS); 0: never. 32 (8 sessions of Qwen3-8B): "
+           "split each tile's keys (attention_prefill.cu PF_KEY_WARPS; within one of its row tiles: 32 rows, 16 from head "
+           "dim 256); 0: never. 32 (8 sessions of Qwen3-8B): "
            "c=8 over an 8,000-token prefix 6.53 -> 6.29 ms a token on an H100; at 64 rows the build is slower"),
     EnvVar("PADDOCK_DECODE_ROPE", _choice("1", "0", "all"), "1",
            "rope + cache write fused into decode attention: 1 where it pays, all wherever supported, 0 never"),

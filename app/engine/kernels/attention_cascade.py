@@ -27,10 +27,13 @@ MAX_SPLITS = 32  # of the shared keys: about one wave of the prefill kernel's re
 
 def key_warps(n_seqs: int, n_heads: int, n_kv: int, head_dim: int, max_rows: int) -> bool:
     """Whether the shared part runs on attention_prefill's key-split build (KEY_WARPS): the batch's rows a KV head
-    (sequences x query heads of its group) at most `max_rows` (KernelOptions.cascade_key_warps), where it fits.
-    With 32 rows the other build keeps one warp of four busy: 8 sessions' shared part on the H100 in 29.2 us
-    against 34.8; with 64, the key-split build's two row tiles each read the keys, 54.3 against 37.7."""
-    return n_seqs * (n_heads // n_kv) <= max_rows and attention_prefill.key_warps_fit(head_dim)
+    (sequences x query heads of its group) at most `max_rows` (KernelOptions.cascade_key_warps) and within one of
+    the build's row tiles (32 rows, 16 from head dim 256), where it fits. With 32 rows the other build keeps one
+    warp of four busy: 8 sessions' shared part on the H100 in 29.2 us against 34.8; with 64, the key-split build's
+    two row tiles each read the keys, 54.3 against 37.7."""
+    rows = n_seqs * (n_heads // n_kv)
+    one_tile = attention_prefill.rows_per_block(head_dim, key_warps=True)
+    return rows <= min(max_rows, one_tile) and attention_prefill.key_warps_fit(head_dim)
 
 
 def plan_splits(n_kv: int, sm_count: int) -> int:

@@ -242,7 +242,8 @@ def test_the_wide_tile_is_head_dim_128s_where_it_fits(monkeypatch, optin_kb, hea
 def test_key_warp_build_bytes_and_where_the_cascade_takes_it(monkeypatch) -> None:
     """The key-split build (KEY_WARPS) as attention_prefill.py counts it: 32 rows (16 at head dim 256) and two
     64-key K and V buffers, or its warps' float32 (max, sum, O) of those rows at the end, whichever is more; the
-    cascade takes it for at most `max_rows` rows a KV head, where its bytes fit the device."""
+    cascade takes it for at most `max_rows` rows a KV head within one of its row tiles, where its bytes fit the
+    device."""
     from app.engine.kernels import attention_cascade as ac
 
     assert ap.rows_per_block(128, key_warps=True) == 32 and ap.rows_per_block(256, key_warps=True) == 16
@@ -257,4 +258,5 @@ def test_key_warp_build_bytes_and_where_the_cascade_takes_it(monkeypatch) -> Non
         assert ac.key_warps(8, 32, 8, 128, 32)  # 8 sessions of Qwen3-8B: 32 rows
         assert not ac.key_warps(16, 32, 8, 128, 32)  # 64 rows: two row tiles would each read the keys
         assert not ac.key_warps(8, 32, 8, 128, 0)  # the switch off
-        assert ac.key_warps(4, 32, 8, 256, 32) is fits_256
+        assert ac.key_warps(4, 32, 8, 256, 32) is fits_256  # 16 rows: one row tile of head dim 256
+        assert not ac.key_warps(8, 32, 8, 256, 32)  # 32 rows would be two there
