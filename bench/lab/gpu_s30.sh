@@ -12,8 +12,9 @@
 # PART=2 (about 380 s):
 # 4. The cascade's launches alone (its own keys on 1/2/4 blocks a pair against the plain plan's), and the c=8
 #    shared-prefix row with PADDOCK_CASCADE_OWN_BLOCKS=0 and 2 (the cascade's output now in float16 before o).
-# 5. Prefill attention alone at the last 2,048-token chunk of 2k/8k/32k prompts, as built and with PF_EARLY_KV=1,
-#    and Nsight's sections of one 8k launch (stall reasons: attention is ~40 % of the 8k TTFT at ~150 TFLOP/s).
+# 5. Prefill attention alone at the last 2,048-token chunk of 2k/8k/32k prompts: as built (the block size built
+#    in since session 29), with it at run time again (PF_BS=0), and with PF_EARLY_KV=1; then Nsight's sections of
+#    one 8k launch (stall reasons: attention is ~40 % of the 8k TTFT at ~150 TFLOP/s).
 # Then the whole GPU suite: `OUT=/tmp/t STAGES=tests TEST_PROCS=4 TEST_S=480 bash bench/gpu_run.sh; cp
 # /tmp/t/tests.log $OUT/` (about 250 s; it last ran before session 28's gemv_mma2 changes).
 O=$OUT; export BUDGET=570
@@ -41,7 +42,7 @@ OUT=$W/c8 STAGES=cascade MODELS=qwen3-8b:q4_k_m CASCADE_PARTS=1 CASCADE_DEFINES=
   CASCADE_SETTINGS="PADDOCK_CASCADE_OWN_BLOCKS=0 PADDOCK_CASCADE_OWN_BLOCKS=2" \
   BUDGET=$((250 - SECONDS)) bash bench/gpu_run.sh 2>&1 | grep '^{' | cut -c1-600
 cp $W/c8/cascade.log $O/c8.log; cp $W/c8/cascade-parts.jsonl $O/
-OUT=$W/pattn STAGES=pattn PATTN_DEFINES="none PF_EARLY_KV=1" PATTN_NCU=1 BUDGET=$((390 - SECONDS)) \
+OUT=$W/pattn STAGES=pattn PATTN_DEFINES="none PF_BS=0 PF_EARLY_KV=1" PATTN_NCU=1 BUDGET=$((390 - SECONDS)) \
   bash bench/gpu_run.sh 2>&1 | grep -E '^\{|Duration|Throughput|Occupancy|Stall|Ipc|Registers' | cut -c1-300
 cp $W/pattn/pattn.jsonl $W/pattn/pattn-ncu.txt $O/ 2>/dev/null
 fi

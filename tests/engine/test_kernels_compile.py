@@ -124,8 +124,8 @@ SELECTED = {
     "attention.cu#fp8": ("-DATTN_D=128", "-DATTN_G=4", "-DKV_FP8=1"),
     "attention_decode.cu#fp8": ("-DATTN_D=64", "-DATTN_G=16", "-DATTN_CL=8", "-DKV_FP8=1"),
     "attention_prefill.cu#fp8": ("-DPF_D=256", "-DKV_FP8=1"),
-    # the cascade's shared part: warps split each tile's keys (attention_prefill.KEY_WARPS)
-    "attention_prefill.cu#keywarps": ("-DPF_D=128", "-DPF_KEY_WARPS=1", "-DPF_VBUF=2"),
+    # the cascade's shared part: warps split each tile's keys (attention_prefill.KEY_WARPS), the block size built in
+    "attention_prefill.cu#keywarps": ("-DPF_D=128", "-DPF_KEY_WARPS=1", "-DPF_VBUF=2", "-DPF_BS=16"),
     "kv_cache.cu#fp8": ("-DKV_FP8=1",),
     "rope_cache.cu#fp8": ("-DKV_FP8=1",),
 }
@@ -316,14 +316,15 @@ def test_moe_mma_builds_do_not_spill(qtype: str, shape: moe_mma.TileShape) -> No
     assert _spill_stores(flags, f"moe_mma_{qtype.lower()}", "moe_mma.cu") == 0
 
 
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_key_warp_prefill_builds_do_not_spill(head_dim: int) -> None:
-    """attention_prefill.cu's key-split build (the cascade's shared part), as attention_prefill.py builds it,
-    within its 128 threads' registers: a quarter of a tile's scores a warp leaves room for O (sm_90, 2026-12-07:
-    224 registers at head dim 128)."""
+@pytest.mark.parametrize(("head_dim", "tile"), [(64, "key_warps"), (128, "key_warps"), (256, "key_warps"), (128, "wide")])
+def test_prefill_attention_builds_do_not_spill(head_dim: int, tile: str) -> None:
+    """attention_prefill.cu's builds as attention_prefill.py makes them, within their 128 threads' registers: the
+    key-split build (the cascade's shared part; a quarter of a tile's scores a warp leaves room for O: 224 registers
+    at head dim 128) and the wide tile of head dim 128 (255, sm_90, 2026-12-07), the block size built in."""
     if _nvcc() is None:
         pytest.skip("needs nvcc")
-    flags = [f"-D{k}={v}" for k, v in {"PF_D": head_dim, **attention_prefill.KEY_WARPS}.items()]
+    build = attention_prefill.KEY_WARPS if tile == "key_warps" else attention_prefill.WIDE_TILE
+    flags = [f"-D{k}={v}" for k, v in {"PF_D": head_dim, "PF_BS": 16, **build}.items()]
     assert _spill_stores(flags, f"attn_prefill_d{head_dim}", "attention_prefill.cu") == 0
 
 

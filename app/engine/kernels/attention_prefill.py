@@ -185,7 +185,9 @@ def _launch(
     wide = not key_warps and wide_tile(head_dim, bool(kv.defines))
     smem = shared_bytes(head_dim, wide, key_warps)
     tile = KEY_WARPS if key_warps else WIDE_TILE if wide else {}
-    kernel = get_kernel("attention_prefill.cu", f"attn_prefill_d{head_dim}", {"PF_D": head_dim, **kv.defines, **tile})
+    # PF_BS: the cache's block size built in, so the K/V loaders' divisions by it are shifts (or multiplications)
+    defines = {"PF_D": head_dim, "PF_BS": block_size, **kv.defines, **tile}
+    kernel = get_kernel("attention_prefill.cu", f"attn_prefill_d{head_dim}", defines)
     allow_shared(kernel, smem)
     args = (
         q, kv.k, kv.v, query_start_loc, seq_lens, block_tables, i32(block_tables.shape[1]), i32(n_seqs),

@@ -23,7 +23,8 @@ BLOCK = 16
 F16_TOL = 1e-3  # the shared part rounds q and the probabilities to float16 on the tensor cores
 
 
-@pytest.fixture(scope="module", params=[(), ("-DPF_KEY_WARPS=1", "-DPF_VBUF=2")], ids=["row-warps", "key-warps"])
+@pytest.fixture(scope="module", params=[(), ("-DPF_KEY_WARPS=1", "-DPF_VBUF=2", f"-DPF_BS={BLOCK}")],
+                ids=["row-warps", "key-warps"])
 def cascade_emu(request, tmp_path_factory) -> Path:
     """The shared part on attention_prefill.cu's default build, and on the one whose warps split each tile's keys
     (attention_prefill.KEY_WARPS: cascade_decode takes it up to PADDOCK_CASCADE_KEY_WARPS rows a KV head)."""

@@ -115,10 +115,12 @@ def test_prefill_attention_lazy_rescale_emulated(
     _check(request, prefill_emu_lazy, tmp_path, seqs, heads, window, cap, splits, q_scale)
 
 
-@pytest.fixture(scope="module", params=[(), ("-DPF_EARLY_KV=1",)], ids=["wide", "wide-early-kv"])
+@pytest.fixture(scope="module", params=[(), ("-DPF_EARLY_KV=1",), (f"-DPF_BS={BLOCK}",)],
+                ids=["wide", "wide-early-kv", "wide-block-size-built-in"])
 def prefill_emu_wide(request, tmp_path_factory) -> Path:
-    """The wide tile sm_80 and sm_90 run (64 keys, two V buffers), and its A/B build that issues the next tile's
-    K and V before this tile's products (PF_EARLY_KV)."""
+    """The wide tile sm_80 and sm_90 run (64 keys, two V buffers); its A/B build that issues the next tile's K and
+    V before this tile's products (PF_EARLY_KV); and the build with the cache's block size a constant (PF_BS, as
+    attention_prefill.py builds every one)."""
     return _build(tmp_path_factory, "prefill_main.cpp", ("-DPF_VBUF=2", "-DPF_BN=64", *request.param))
 
 
@@ -135,7 +137,8 @@ def test_prefill_attention_wide_tile_emulated(
     _check(request, prefill_emu_wide, tmp_path, seqs, heads, window, cap, splits, q_scale)
 
 
-@pytest.fixture(scope="module", params=[("-DPF_VBUF=2",), ("-DPF_VBUF=1",), ("-DPF_VBUF=2", "-DPF_EARLY_KV=0")],
+@pytest.fixture(scope="module",
+                params=[("-DPF_VBUF=2", f"-DPF_BS={BLOCK}"), ("-DPF_VBUF=1",), ("-DPF_VBUF=2", "-DPF_EARLY_KV=0")],
                 ids=["key-warps", "key-warps-one-v-buffer", "key-warps-late-kv"])
 def prefill_emu_key_warps(request, tmp_path_factory) -> Path:
     """The build whose warps share the block's rows and split each tile's keys (PF_KEY_WARPS: the cascade's shared

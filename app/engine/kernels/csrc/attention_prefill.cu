@@ -287,6 +287,13 @@ __device__ __forceinline__ void attn_prefill_body(
     const float* __restrict__ sinks, u16* smem, const float* __restrict__ k_scale, const float* __restrict__ v_scale) {
     typedef PfShape<D> S;
     constexpr int BM = S::BM, BN = S::BN, LD = S::LD, MT = S::MT, DV = S::DV;
+#if defined(PF_BS) && PF_BS > 0
+    // The cache's block size as a constant of the build (attention_prefill.py passes the cache's; PF_BS=0 in
+    // $PADDOCK_KERNEL_DEFINES, an A/B run, takes it at run time): the loaders' key / block_size and
+    // key % block_size, 16 of each a tile a thread, become shifts and masks rather than integer divisions (IABS,
+    // I2F, MUFU.RCP and a dozen more instructions each: 100 IABS in the wide head-dim-128 build, 52 with it).
+    block_size = PF_BS;
+#endif
     u16* sQ = smem;             // [BM][LD]
     u16* sK = sQ + BM * LD;     // [2][BN][LD]
     u16* sV = sK + 2 * BN * LD; // [PF_VBUF][BN][LDV]: the block's DV columns
