@@ -6,7 +6,8 @@
 # 1. The GPU tests of session 29's changes: the cascade (both builds of its shared part, the own keys on 2 blocks a
 #    pair, its merge in float16), float16 x into gemv_mma2 (its pre-pass skipped), the norm in float16 before a fused
 #    product on gemv_mma2, the gated result and the attention output in float16 before one.
-# 2. gemv_mma2 alone with GM_AHEAD=2 (two super-steps of weights in flight a lane) against as built, twice.
+# 2. gemv_mma2 alone with GM_AHEAD=2 (two super-steps of weights in flight a lane) against as built, twice; each on
+#    float32 x (its pre-pass timed) and on float16 x (v2h: as the float16 hand-offs give it).
 # 3. The engine's decode step at 8, 16 and 32 sequences against 948b59d (before the float16 hand-offs into
 #    gemv_mma2: up to three pre-pass launches a layer fewer).
 # PART=2 (about 380 s):
@@ -28,10 +29,10 @@ cp $W/tests/tests.log $O/tests.log
   export PYTHONPATH=$PWD:$HOME/site PADDOCK_KERNEL_CACHE=/tmp/paddock-kernels
   for defines in "" GM_AHEAD=2 "" GM_AHEAD=2; do
     echo "== PADDOCK_KERNEL_DEFINES=$defines"
-    PADDOCK_KERNEL_DEFINES=$defines timeout 40 python3 bench/micro/gemv_mma_times.py --models 8b 27b --methods v2 \
-      --tokens 8 16
+    PADDOCK_KERNEL_DEFINES=$defines timeout 40 python3 bench/micro/gemv_mma_times.py --models 8b 27b --methods v2 v2h \
+      --products q gate+up down --tokens 8 16
   done > $O/gemv-ahead.jsonl 2>&1
-  grep -o '^==.*\|"model": "[^"]*", "product": "[^"]*"\|"tokens": [0-9]*\|"v2_us": [0-9.]*' $O/gemv-ahead.jsonl | paste -sd' ' \
+  grep -o '^==.*\|"model": "[^"]*", "product": "[^"]*"\|"tokens": [0-9]*\|"v2h\?_us": [0-9.]*' $O/gemv-ahead.jsonl | paste -sd' ' \
     | sed 's/ == /\n== /g' | cut -c1-600
 )
 OUT=$W/ab STAGES=ab MODELS=qwen3-8b:q4_k_m AB_BASE=.ab-base AB="PADDOCK_PDL=1 PADDOCK_PDL=1" AB_BATCH="8 16 32" \

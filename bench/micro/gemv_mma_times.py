@@ -16,7 +16,8 @@ Prints one JSON line per (product, tokens): microseconds per call of each path, 
 around one replay of a graph of ~50 calls (median of 5 replays, after two warm-up calls and one
 warm-up replay), TB/s of the quantized weight bytes, v2's launch shape and the relative difference
 of the other paths' outputs from cuBLAS on the float16 copy (the same float16 weights and x up to
-rounding ties: small). cuBLAS gets x already in float16; v1 and v2 convert it inside their time.
+rounding ties: small). cuBLAS gets x already in float16; v1 and v2 convert it inside their time; v2h is v2 given
+the float16 x a producer writes for it (no pre-pass).
 Beside v2's picked column splits, v2 at the other splits (fields v2_splits<S>_us) for tuning pick_shape:
 1-8 on a device with thread-block clusters (the splits add up in a cluster), else 1-2 (atomics).
 The v1 and v2 builds compile first in parallel processes; a last line gives that time and the whole
@@ -45,7 +46,7 @@ from app.engine.quant.types import QUANT_TYPES
 TOKENS = (2, 4, 8, 16, 32, 64)
 QWEN3_VOCAB = 151936
 SPLITS = tuple(2**i for i in range(MAX_CLUSTER.bit_length()))  # v2's column splits, timed beside its pick
-METHODS = ("v1", "v2", "cublas16", "expand")
+METHODS = ("v1", "v2", "v2h", "cublas16", "expand")  # v2h: v2 on float16 x, its pre-pass skipped (linear.takes_half)
 CALLS = 50  # calls a timed graph holds
 ROTATE_BYTES = 192 << 20  # copies of a weight set up to here: > 3x the H100's 50 MiB L2
 MAX_COPIES = 24
@@ -118,7 +119,7 @@ def module_jobs(cases: list[Product], tokens: list[int], methods: list[str], clu
     jobs = {}
     for product in cases:
         for n_tok in tokens:
-            for kernel in (k for k in ("v1", "v2") if k in methods):
+            for kernel in (k for k in ("v1", "v2") if k in methods or (k == "v2" and "v2h" in methods)):
                 shape = pick_shape(n_tok, product.n_rows, product.n_cols, kernel, clusters)
                 shapes = [shape] + [replace(shape, k_splits=s) for s in split_choices(shape, product.n_cols, clusters)
                                     if kernel == "v2"]  # fmt: skip
@@ -205,6 +206,8 @@ def measure(product: Product, tokens: list[int], methods: list[str], rng: np.ran
         calls = {
             "v1": [partial(gemv_mma, s, product.n_cols, x, outs["v1"], kernel="v1") for s in sets] if "v1" in outs else [],
             "v2": [partial(gemv_mma, s, product.n_cols, x, outs["v2"], kernel="v2") for s in sets] if "v2" in outs else [],
+            "v2h": [partial(gemv_mma, s, product.n_cols, x16, outs["v2h"], kernel="v2") for s in sets]
+            if "v2h" in outs else [],
             "cublas16": [partial(matmul_t, x16, d, outs["cublas16"]) for d in dense_sets] if "cublas16" in outs else [],
             "expand": [partial(_expand_then_cublas, x16, ws, outs["expand"]) for ws in weight_sets]
             if "expand" in outs else [],
@@ -226,7 +229,7 @@ def measure(product: Product, tokens: list[int], methods: list[str], rng: np.ran
                 line[f"{method}_timing"] = how
         if "cublas16" in outs:
             ref = outs["cublas16"]
-            for method in ("v1", "v2", "expand"):
+            for method in ("v1", "v2", "v2h", "expand"):
                 if method in outs:
                     diff = cupy.linalg.norm(outs[method] - ref) / cupy.linalg.norm(ref)
                     line[f"{method}_rel_diff"] = float(f"{float(diff):.3g}")
