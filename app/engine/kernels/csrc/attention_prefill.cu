@@ -58,12 +58,6 @@ typedef u16 pf_kv_t;
 #if PF_VBUF != 1 && PF_VBUF != 2
 #error "PF_VBUF is 1 or 2"
 #endif
-// PF_EARLY_KV=1 (an A/B build; with two V buffers and cp.async, i.e. float16 caches): the next tile's K and V
-// are issued as soon as the barrier at the top of a tile frees their buffers, so they fly through this tile's
-// S = Q K^T as well as its softmax and P @ V. A cascade decode's shared keys (32 query rows, ~4 tiles a split)
-// wait on every tile's loads: attn_prefill_d128 read them at 0.85 TB/s on the H100
-// (bench/results/gpu-s28-2026-12-07.md). Off until measured: the wide head-dim-128 build then spills 84 bytes
-// (255 registers; none without it), which may cost the long prompts' compute-bound tiles more than it saves.
 #ifndef PF_KEY_WARPS
 // PF_KEY_WARPS=1: the block's warps share its 16 MT rows and split each tile's keys, 16 a warp, instead of owning
 // 16 MT rows each over all of them. For a few rows over many keys (a cascade decode's shared part: 8 sessions x 4
@@ -76,8 +70,13 @@ typedef u16 pf_kv_t;
 // (bench/results/gpu-s29-2026-12-07.md).
 #define PF_KEY_WARPS 0
 #endif
+// PF_EARLY_KV=1 (with two V buffers and cp.async, i.e. float16 caches): the next tile's K and V are issued as soon
+// as the barrier at the top of a tile frees their buffers, so they fly through this tile's S = Q K^T as well as
+// its softmax and P @ V. On by default in the key-split build, which has registers to spare (a quarter of S a
+// warp). Elsewhere an A/B build, off until measured: the wide head-dim-128 build then spills 112 bytes (255
+// registers, sm_90; none without it), which may cost the long prompts' compute-bound tiles more than it saves.
 #ifndef PF_EARLY_KV
-#define PF_EARLY_KV PF_KEY_WARPS  // the key-split build has registers to spare (a quarter of S a warp)
+#define PF_EARLY_KV PF_KEY_WARPS
 #endif
 #define PF_EARLY (PF_EARLY_KV && PF_VBUF == 2 && !PF_FP8)  // other builds keep their order
 #ifndef PF_BN
@@ -101,7 +100,6 @@ struct PfShape {
     static constexpr int NTW = WK / 8;                       // 8-key n-tiles of S per row tile and warp
     static constexpr int LD = D + PF_PAD;                    // shared row stride in halves
     static constexpr int KSTEPS = D / 16;                    // k-steps of S = Q K^T
-    static constexpr int NT = BN / 8;                        // 8-key n-tiles of S per row tile
     static constexpr int DV = D > 256 ? 256 : D;             // value columns a block accumulates
     static constexpr int PARTS = D / DV;                     // blocks per (row tile, KV head)
     static constexpr int LDV = DV + PF_PAD;                  // shared V row stride in halves
