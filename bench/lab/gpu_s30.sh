@@ -1,4 +1,5 @@
-# The next lease's calls (written in session 29): what session 29 changed but could not measure. Carry [".whl"].
+# Session 30's calls (PART=1 and 2 written in session 29, and run in session 30: bench/results/gpu-s30-2026-12-07.md;
+# PART=3 written after them): what session 29 changed but could not measure. Carry [".whl"].
 # Before them: `mkdir .ab-base && git archive 948b59d app bench | tar -x -C .ab-base` (delete it before committing).
 # run returns at most 8 files: each stage works in /tmp and copies one or two files into $OUT as it ends, so what
 # finished still comes back if the time runs out.
@@ -6,8 +7,9 @@
 # 1. The GPU tests of session 29's changes: the cascade (both builds of its shared part, the own keys on 2 blocks a
 #    pair, its merge in float16), float16 x into gemv_mma2 (its pre-pass skipped), the norm in float16 before a fused
 #    product on gemv_mma2, the gated result and the attention output in float16 before one.
-# 2. gemv_mma2 alone with GM_AHEAD=2 (two super-steps of weights in flight a lane) against as built, twice; each on
-#    float32 x (its pre-pass timed) and on float16 x (v2h: as the float16 hand-offs give it).
+# 2. gemv_mma2 alone with GM_XSTAGE=0 (x staged as before session 30: its sources worked out from scratch each
+#    super-step) against as built, twice; each on float32 x (its pre-pass timed) and on float16 x (v2h: as the float16
+#    hand-offs give it). (Session 30 ran GM_AHEAD=2 here too: it lost everywhere, and the build is gone.)
 # 3. The engine's decode step at 8, 16 and 32 sequences against 948b59d (before the float16 hand-offs into
 #    gemv_mma2: up to three pre-pass launches a layer fewer).
 # PART=2 (about 380 s):
@@ -16,6 +18,9 @@
 # 5. Prefill attention alone at the last 2,048-token chunk of 2k/8k/32k prompts: as built (the block size built
 #    in since session 29), with it at run time again (PF_BS=0), and with PF_EARLY_KV=1; then Nsight's sections of
 #    one 8k launch (stall reasons: attention is ~40 % of the 8k TTFT at ~150 TFLOP/s).
+# PART=3 (written after the first two ran, about 500 s): the forced-splits attention tests (a forced count past the
+# merge's 32 now runs at 32), the c=8 shared-prefix row under PADDOCK_CASCADE_OWN_BLOCKS=4/2/0, then the served
+# agent rows and the c=1..256 curve of the 8B on main's head.
 # Then the whole GPU suite: `OUT=/tmp/t STAGES=tests TEST_PROCS=4 TEST_S=480 bash bench/gpu_run.sh; cp
 # /tmp/t/tests.log $OUT/` (about 250 s; it last ran before session 28's gemv_mma2 changes).
 O=$OUT; export BUDGET=570
@@ -27,7 +32,7 @@ OUT=$W/tests STAGES=tests TEST_PROCS=4 TEST_S=150 \
 cp $W/tests/tests.log $O/tests.log
 (
   export PYTHONPATH=$PWD:$HOME/site PADDOCK_KERNEL_CACHE=/tmp/paddock-kernels
-  for defines in "" GM_AHEAD=2 "" GM_AHEAD=2; do
+  for defines in "" GM_XSTAGE=0 "" GM_XSTAGE=0; do
     echo "== PADDOCK_KERNEL_DEFINES=$defines"
     PADDOCK_KERNEL_DEFINES=$defines timeout 40 python3 bench/micro/gemv_mma_times.py --models 8b 27b --methods v2 v2h \
       --products q gate+up down --tokens 8 16
@@ -38,6 +43,16 @@ cp $W/tests/tests.log $O/tests.log
 OUT=$W/ab STAGES=ab MODELS=qwen3-8b:q4_k_m AB_BASE=.ab-base AB="PADDOCK_PDL=1 PADDOCK_PDL=1" AB_BATCH="8 16 32" \
   BUDGET=$((330 - SECONDS)) bash bench/gpu_run.sh 2>&1 | tail -6
 cp $W/ab/ab.log $O/ab.log
+elif [[ $PART == 3 ]]; then
+OUT=$W/tests STAGES=tests TESTS=tests/engine/cuda/test_cuda_attention.py PYTEST_ARGS="-k forced_splits" TEST_S=120 \
+  bash bench/gpu_run.sh 2>&1 | grep -E 'passed|failed|FAILED|Error' | head
+cp $W/tests/tests.log $O/tests-splits.log
+OUT=$W/c8 STAGES=cascade MODELS=qwen3-8b:q4_k_m CASCADE_DEFINES="" CASCADE_CASES=c8 BUDGET=400 \
+  CASCADE_SETTINGS="PADDOCK_CASCADE_OWN_BLOCKS=4 PADDOCK_CASCADE_OWN_BLOCKS=2 PADDOCK_CASCADE_OWN_BLOCKS=0" \
+  bash bench/gpu_run.sh 2>&1 | grep '^{' | cut -c1-200
+cp $W/c8/cascade.log $O/c8-own.log
+OUT=$W/ab STAGES="agent curve" MODELS=qwen3-8b:q4_k_m BUDGET=$((560 - SECONDS)) bash bench/gpu_run.sh 2>&1 | tail -25
+cp $W/ab/agent.jsonl $W/ab/curve.jsonl $O/ 2>/dev/null
 else
 OUT=$W/c8 STAGES=cascade MODELS=qwen3-8b:q4_k_m CASCADE_PARTS=1 CASCADE_DEFINES="" CASCADE_CASES=c8 \
   CASCADE_SETTINGS="PADDOCK_CASCADE_OWN_BLOCKS=0 PADDOCK_CASCADE_OWN_BLOCKS=2" \

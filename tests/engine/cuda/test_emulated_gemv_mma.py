@@ -93,6 +93,7 @@ BUILDS2 = {
     "picked8": (("Q4_K", "Q4_K", "Q6_K"), 1, 1, 4, 2),  # pick_shape's builds for <= 8 and 33..64 tokens
     "picked64": (("Q4_K", "Q4_K", "Q6_K"), 2, 8, 4, 1),
     "uniform": (("Q4_K", "Q4_K", "Q4_K"), 1, 2, 4, 2),  # one format: the kernel's single inlined tile
+    "picked8_32": (("Q8_0", "Q4_0", "Q8_0"), 1, 1, 4, 2),  # the <= 8-token shape on 32-weight blocks: any 32 columns
 }
 
 
@@ -102,10 +103,10 @@ def emulators2(tmp_path_factory) -> dict[str, Path]:
 
     def get(name: str) -> Path:
         if name not in made:
-            base, _, extra = name.partition("+")  # "+ahead2": the A/B build with two super-steps of weights in flight
+            base, _, extra = name.partition("+")  # "+xstage0": x's sources worked out each super-step (the A/B build)
             formats, mt, nt, rw, kw = BUILDS2[base]
             defines = tuple(f"-DGM_F{i}=Fmt{f}" for i, f in enumerate(formats))
-            defines += ("-DGM_AHEAD=2",) if extra == "ahead2" else ()
+            defines += ("-DGM_XSTAGE=0",) if extra == "xstage0" else ()
             made[name] = build(tmp_path_factory, "mma_gemv2_main.cpp",
                                (*defines, f"-DGM_MT={mt}", f"-DGM_NT={nt}", f"-DGM_RW={rw}", f"-DGM_KW={kw}"))  # fmt: skip
         return made[name]
@@ -125,11 +126,11 @@ def emulators2(tmp_path_factory) -> dict[str, Path]:
     ("picked64", (130, 64, 70), 1536, 64, 2, True),
     ("uniform", (70, 130, 33), 1024, 16, 2, True),  # three weights, each ragged, tiles found by index
     ("uniform", (200, 0, 0), 768, 11, 1, False),
-    # GM_AHEAD=2: an even and an odd number of super-steps per split (the loop takes them in pairs), one of one
-    ("picked8+ahead2", (130, 64, 70), 2048, 5, 4, True),  # 4 super-steps over 4 splits: one each
-    ("kquants+ahead2", (40, 24, 17), 768, 9, 1, True),  # 3 super-steps
-    ("kquants+ahead2", (33, 0, 0), 1280, 16, 2, True),  # 5 steps, 2 splits: 2 and 1 super-steps
-    ("narrow+ahead2", (64, 16, 8), 4096, 2, 1, True),  # 16 super-steps
+    # the kept sources of staged x (XSource: up to two words a thread) move 128 columns a super-step: many of them,
+    # a row past its last unit, padding tokens; and the A/B build that works them out each super-step
+    ("narrow", (64, 16, 8), 4096, 2, 1, True),  # 16 super-steps, two words a thread
+    ("picked8_32", (70, 30, 0), 2080, 3, 1, False),  # 65 units: the last super-step's words all but one past the row
+    ("picked8+xstage0", (130, 64, 70), 2048, 5, 4, True),
 ])  # fmt: skip
 def test_gemv_mma2_emulated(
     request: pytest.FixtureRequest, emulators2, tmp_path: Path, build_name: str, rows, cols: int, n_tok: int,

@@ -574,6 +574,9 @@ class CudaBackend:
                 num_splits = _attention_prefill.plan_splits(
                     n_tok, n_seqs, n_heads, n_kv, int(meta.max_seq_len), self.sm_count, head_dim
                 )
+            # A forced count past what its merge takes runs at that maximum: the kernel divides the keys among
+            # the grid's splits itself, so any count gives the same attention.
+            num_splits = min(num_splits, _attention_prefill.MAX_SPLITS)
             return _attention_prefill.attention_prefill(
                 q, k_cache, v_cache, self._i32(meta.query_start_loc), self._i32(meta.seq_lens),
                 self._i32(meta.block_tables), scale, sliding_window, softcap, num_splits, self.xp.empty_like(q),

@@ -59,15 +59,6 @@
 #ifndef GM_KW
 #define GM_KW 2  // column-warps: warps splitting the columns of the same rows
 #endif
-#ifndef GM_AHEAD
-// Super-steps of weights a lane has in flight beyond the one it multiplies: 1, or 2 (an A/B build: a second set of
-// fetch() registers, 12 more at one m-tile, the same blocks a multiprocessor at 8 tokens; at 8 tokens gate+up ran at
-// 1.4 TB/s with one, about 2.5 us a super-step, near two DRAM round trips: bench/results/gpu-s29-2026-12-07.md).
-#define GM_AHEAD 1
-#endif
-#if GM_AHEAD != 1 && GM_AHEAD != 2
-#error "GM_AHEAD is 1 or 2"
-#endif
 // Column splits a thread-block cluster (sm_90+; gridDim.y == GM_CL), summed through distributed shared
 // memory; 1: no cluster. Host builds and older devices add the splits with atomics instead.
 #if defined(GM_CL) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -113,23 +104,65 @@ inline void cp_async8(void* dst, const void* src, bool valid) {
 }
 #endif
 
+// Where this thread's words of a super-step's staged x come from (stage_x): word j is word threadIdx.x + j THREADS
+// of the buffer, [kw][k][n][t] (below), and holds x of token n at columns 4k..4k+3 of run 0 and of run 1 of unit
+// 4 (step0 + kw) + t. Its source moves 128 columns a step in every format: x_base(u + 4 m) = x_base(u) + 128 m
+// (four units are 128 columns, however a format interleaves them within its blocks), so a word's offset into xh
+// and its unit at step 0 are all a super-step needs. Up to two words a thread (the <= 16-token builds) keep them in
+// registers; more (the wider builds, short of registers) are worked out from scratch each super-step, as every build
+// did before (GM_XSTAGE=0: the A/B of that).
+#ifndef GM_XSTAGE
+#define GM_XSTAGE 1
+#endif
+static_assert(XS_WORDS % THREADS == 0, "a thread stages the same number of words every super-step");
+template <class F>
+struct XSource {
+    static constexpr int PER = XS_WORDS / THREADS;
+    static constexpr bool KEPT = GM_XSTAGE && PER <= 2;
+    static constexpr int PAST = 1 << 29;  // a padding token's unit: past any row, so its word reads as zero
+    int off[KEPT ? PER : 1], unit[KEPT ? PER : 1];
+
+    // Each kept word's offset into xh and unit at step 0 (its unit PAST for a padding token).
+    __device__ __forceinline__ void init(int n_tok, int n_cols) {
+        if constexpr (KEPT) {
+#pragma unroll
+            for (int j = 0; j < PER; ++j) {
+                const int i = (int)threadIdx.x + j * THREADS;
+                const int t = i & 3, n = (i >> 2) % TOK, kk = (i >> 2) / TOK, k = kk & 3, kw = kk >> 2;
+                off[j] = n * n_cols + F::x_base(4 * kw + t) + 4 * k;  // 8-byte aligned: x_base, RUN1: 16 columns
+                unit[j] = n < n_tok ? 4 * kw + t : PAST;
+            }
+        }
+    }
+};
+
 // Start copying x of the KW steps from `step0` into `xs` (cp.async, one commit group), from the
 // float16 copy `xh` that gemv_mma2_x16 made, in fragment order: word [kw][k][n][t] holds x of token
 // n at columns 4k..4k+3 of run 0 (its first 8 bytes) and of run 1 (the last 8) of unit
 // 4 (step0 + kw) + t. Tokens past n_tok and units past the row's end are zeros, so the weights they
 // meet add nothing.
 template <class F>
-__device__ __forceinline__ void stage_x(uint4* xs, const u16* __restrict__ xh, int n_tok, int n_cols, int n_units,
-                                        int step0) {
-    for (int i = threadIdx.x; i < XS_WORDS; i += THREADS) {
-        const int t = i & 3, n = (i >> 2) % TOK, kk = (i >> 2) / TOK, k = kk & 3, kw = kk >> 2;
-        const int u = 4 * (step0 + kw) + t;
-        const bool ok = n < n_tok && u < n_units;
-        // 8-byte aligned: x_base and RUN1 are multiples of 16 columns
-        const u16* p = xh + (i64)min(n, n_tok - 1) * n_cols + F::x_base(min(u, n_units - 1)) + 4 * k;
-        u32* word = reinterpret_cast<u32*>(xs + i);
-        cp_async8(word, p, ok);
-        cp_async8(word + 2, p + F::RUN1, ok);
+__device__ __forceinline__ void stage_x(uint4* xs, const u16* __restrict__ xh, const XSource<F>& src, int n_tok,
+                                        int n_cols, int n_units, int step0) {
+    if constexpr (XSource<F>::KEPT) {
+#pragma unroll
+        for (int j = 0; j < XSource<F>::PER; ++j) {
+            const bool ok = src.unit[j] + 4 * step0 < n_units;
+            const u16* p = xh + (ok ? src.off[j] + 128 * step0 : 0);  // nothing is read where !ok (zero-fill)
+            u32* word = reinterpret_cast<u32*>(xs + threadIdx.x + j * THREADS);
+            cp_async8(word, p, ok);
+            cp_async8(word + 2, p + F::RUN1, ok);
+        }
+    } else {
+        for (int i = threadIdx.x; i < XS_WORDS; i += THREADS) {
+            const int t = i & 3, n = (i >> 2) % TOK, kk = (i >> 2) / TOK, k = kk & 3, kw = kk >> 2;
+            const int u = 4 * (step0 + kw) + t;
+            const bool ok = n < n_tok && u < n_units;
+            const u16* p = xh + (i64)min(n, n_tok - 1) * n_cols + F::x_base(min(u, n_units - 1)) + 4 * k;
+            u32* word = reinterpret_cast<u32*>(xs + i);
+            cp_async8(word, p, ok);
+            cp_async8(word + 2, p + F::RUN1, ok);
+        }
     }
     cp_async_commit();
 }
@@ -200,6 +233,8 @@ __device__ __forceinline__ void tile(const u8* __restrict__ w, i64 row_bytes, in
 
     float c[MT][NT][4];
     zero_tiles(c);
+    XSource<F> xsrc;
+    xsrc.init(n_tok, n_cols);
 
     // The lane's unit of super-step ss is 4 (ss KW + kw) + t, clamped into the row (x reads as zero past its end).
     const int unit0 = 4 * kw + t, last_unit = n_units - 1;
@@ -209,19 +244,20 @@ __device__ __forceinline__ void tile(const u8* __restrict__ w, i64 row_bytes, in
 #pragma unroll
             for (int h = 0; h < 2; ++h) slot[mt][h].fetch(row_p[mt][h], min(4 * GM_KW * ss + unit0, last_unit));
     };
-    // Super-step ss on x buffer `cur`, its weights in `slot` (fetched GM_AHEAD super-steps earlier), which then
-    // takes the loads of super-step ss + GM_AHEAD.
+    // Super-step ss on x buffer `cur`, its weights in `slot` (fetched a super-step earlier), which then takes the
+    // loads of super-step ss + 1. (A second slot, two super-steps in flight, was 7-30 % slower on the H100:
+    // bench/results/gpu-s30-2026-12-07.md.)
     auto super_step = [&](int ss, int cur, F (&slot)[MT][2]) {
         cp_async_wait<0>();
         __syncthreads();  // this super-step's x has landed, and every warp is done with the other buffer
         if (ss + 1 < s_end)  // the next super-step's x and weights fly while this one is multiplied
-            stage_x<F>(smem + (cur ^ 1) * XS_WORDS, x, n_tok, n_cols, n_units, (ss + 1) * GM_KW);
+            stage_x<F>(smem + (cur ^ 1) * XS_WORDS, x, xsrc, n_tok, n_cols, n_units, (ss + 1) * GM_KW);
         F f[MT][2];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int h = 0; h < 2; ++h) f[mt][h] = slot[mt][h];
-        if (ss + GM_AHEAD < s_end) fetch(slot, ss + GM_AHEAD);  // loads alone: their first use is a later unpack
+        if (ss + 1 < s_end) fetch(slot, ss + 1);  // loads alone: their first use is a later unpack
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -267,25 +303,11 @@ __device__ __forceinline__ void tile(const u8* __restrict__ w, i64 row_bytes, in
             }
         }
     };
-#if GM_AHEAD == 1
     F next[MT][2];
     if (s_begin < s_end) fetch(next, s_begin);
     after_previous_grid();  // the weights are no earlier kernel's output: their first loads fly during the wait
-    if (s_begin < s_end) stage_x<F>(smem, x, n_tok, n_cols, n_units, s_begin * GM_KW);
+    if (s_begin < s_end) stage_x<F>(smem, x, xsrc, n_tok, n_cols, n_units, s_begin * GM_KW);
     for (int ss = s_begin; ss < s_end; ++ss) super_step(ss, (ss - s_begin) & 1, next);
-#else
-    // Two slots of weights in flight, used in turn: the loop takes super-steps in pairs so that each slot is a
-    // fixed set of registers (a slot copied into the other would wait for its loads).
-    F ahead0[MT][2], ahead1[MT][2];
-    if (s_begin < s_end) fetch(ahead0, s_begin);
-    if (s_begin + 1 < s_end) fetch(ahead1, s_begin + 1);
-    after_previous_grid();
-    if (s_begin < s_end) stage_x<F>(smem, x, n_tok, n_cols, n_units, s_begin * GM_KW);
-    for (int ss = s_begin; ss < s_end; ss += 2) {
-        super_step(ss, 0, ahead0);
-        if (ss + 1 < s_end) super_step(ss + 1, 1, ahead1);
-    }
-#endif
 
     const bool keeps = gm_sum_column_warps<MT, NT, GM_KW>(c, reinterpret_cast<float*>(smem), kw, rw, GM_RW, lane);
 #if GM_CLUSTER > 1
