@@ -18,13 +18,14 @@
 # 5. Prefill attention alone at the last 2,048-token chunk of 2k/8k/32k prompts: as built (the block size built
 #    in since session 29), with it at run time again (PF_BS=0), and with PF_EARLY_KV=1; then Nsight's sections of
 #    one 8k launch (stall reasons: attention is ~40 % of the 8k TTFT at ~150 TFLOP/s).
-# PART=3 (written after the first two ran, about 500 s): the forced-splits attention tests (a forced count past the
-# merge's 32 now runs at 32), the c=8 shared-prefix row under PADDOCK_CASCADE_OWN_BLOCKS=4/2/0, then the served
-# agent rows and the c=1..256 curve of the 8B on main's head.
+# PART=3 (written after the first two ran, about 560 s): the forced-splits attention tests (a forced count past the
+# merge's 32 now runs at 32); gemv_mma2's float16-pair decode (GM_HDEC=1, an A/B build): its GPU tests, the products
+# alone and the engine step at 8 and 16 sequences; the c=8 shared-prefix row under PADDOCK_CASCADE_OWN_BLOCKS=4 and 0;
+# then the served agent rows and the c=1/32/128 curve of the 8B on main's head, as far as the time goes.
 # Then the whole GPU suite: `OUT=/tmp/t STAGES=tests TEST_PROCS=4 TEST_S=480 bash bench/gpu_run.sh; cp
 # /tmp/t/tests.log $OUT/` (about 250 s; it last ran before session 28's gemv_mma2 changes).
 O=$OUT; export BUDGET=570
-W=/tmp/s30; rm -rf $W; mkdir -p $W/tests $W/ab $W/c8 $W/pattn
+W=/tmp/s30; rm -rf $W; mkdir -p $W/tests $W/ab $W/c8 $W/pattn $W/sv
 if [[ ${PART:-1} == 1 ]]; then
 OUT=$W/tests STAGES=tests TEST_PROCS=4 TEST_S=150 \
   TESTS="tests/engine/cuda/test_cuda_cascade.py tests/engine/cuda/test_cuda_gemv_mma.py tests/engine/cuda/test_cuda_fused.py tests/engine/cuda/test_cuda_attention.py" \
@@ -47,12 +48,29 @@ elif [[ $PART == 3 ]]; then
 OUT=$W/tests STAGES=tests TESTS=tests/engine/cuda/test_cuda_attention.py PYTEST_ARGS="-k forced_splits" TEST_S=120 \
   bash bench/gpu_run.sh 2>&1 | grep -E 'passed|failed|FAILED|Error' | head
 cp $W/tests/tests.log $O/tests-splits.log
-OUT=$W/c8 STAGES=cascade MODELS=qwen3-8b:q4_k_m CASCADE_DEFINES="" CASCADE_CASES=c8 BUDGET=400 \
-  CASCADE_SETTINGS="PADDOCK_CASCADE_OWN_BLOCKS=4 PADDOCK_CASCADE_OWN_BLOCKS=2 PADDOCK_CASCADE_OWN_BLOCKS=0" \
+OUT=$W/tests STAGES=tests TESTS=tests/engine/cuda/test_cuda_gemv_mma.py PADDOCK_KERNEL_DEFINES=GM_HDEC=1 TEST_S=120 \
+  bash bench/gpu_run.sh 2>&1 | grep -E 'passed|failed|FAILED|Error' | head
+cp $W/tests/tests.log $O/tests-hdec.log
+(
+  export PYTHONPATH=$PWD:$HOME/site PADDOCK_KERNEL_CACHE=/tmp/paddock-kernels
+  for defines in "" GM_HDEC=1 "" GM_HDEC=1; do
+    echo "== PADDOCK_KERNEL_DEFINES=$defines"
+    PADDOCK_KERNEL_DEFINES=$defines timeout 40 python3 bench/micro/gemv_mma_times.py --models 8b --methods v2h \
+      --products q gate+up --tokens 8 16
+  done > $O/gemv-hdec.jsonl 2>&1
+  grep -o '^==.*\|"product": "[^"]*"\|"tokens": [0-9]*\|"v2h_us": [0-9.]*' $O/gemv-hdec.jsonl | paste -sd' ' \
+    | sed 's/ == /\n== /g' | cut -c1-400
+)
+OUT=$W/ab STAGES=ab MODELS=qwen3-8b:q4_k_m AB="PADDOCK_PDL=1 PADDOCK_PDL=1+PADDOCK_KERNEL_DEFINES=GM_HDEC=1 PADDOCK_PDL=1" \
+  AB_BATCH="8 16" BUDGET=$((300 - SECONDS)) bash bench/gpu_run.sh 2>&1 | tail -5
+cp $W/ab/ab.log $O/ab-hdec.log
+OUT=$W/c8 STAGES=cascade MODELS=qwen3-8b:q4_k_m CASCADE_DEFINES="" CASCADE_CASES=c8 BUDGET=$((480 - SECONDS)) \
+  CASCADE_SETTINGS="PADDOCK_CASCADE_OWN_BLOCKS=4 PADDOCK_CASCADE_OWN_BLOCKS=0" \
   bash bench/gpu_run.sh 2>&1 | grep '^{' | cut -c1-200
 cp $W/c8/cascade.log $O/c8-own.log
-OUT=$W/ab STAGES="agent curve" MODELS=qwen3-8b:q4_k_m BUDGET=$((560 - SECONDS)) bash bench/gpu_run.sh 2>&1 | tail -25
-cp $W/ab/agent.jsonl $W/ab/curve.jsonl $O/ 2>/dev/null
+OUT=$W/sv STAGES="agent curve" MODELS=qwen3-8b:q4_k_m CURVE_CS="1 32 128" BUDGET=$((560 - SECONDS)) \
+  bash bench/gpu_run.sh 2>&1 | tail -12
+cp $W/sv/agent.jsonl $W/sv/curve.jsonl $O/ 2>/dev/null
 else
 OUT=$W/c8 STAGES=cascade MODELS=qwen3-8b:q4_k_m CASCADE_PARTS=1 CASCADE_DEFINES="" CASCADE_CASES=c8 \
   CASCADE_SETTINGS="PADDOCK_CASCADE_OWN_BLOCKS=0 PADDOCK_CASCADE_OWN_BLOCKS=2" \

@@ -103,10 +103,12 @@ def emulators2(tmp_path_factory) -> dict[str, Path]:
 
     def get(name: str) -> Path:
         if name not in made:
-            base, _, extra = name.partition("+")  # "+xstage0": x's sources worked out each super-step (the A/B build)
+            # A/B builds: "+xstage0" works x's sources out each super-step, "+hdec" decodes the integer codes in
+            # float16 pairs
+            base, _, extra = name.partition("+")
             formats, mt, nt, rw, kw = BUILDS2[base]
             defines = tuple(f"-DGM_F{i}=Fmt{f}" for i, f in enumerate(formats))
-            defines += ("-DGM_XSTAGE=0",) if extra == "xstage0" else ()
+            defines += {"": (), "xstage0": ("-DGM_XSTAGE=0",), "hdec": ("-DGM_HDEC=1",)}[extra]
             made[name] = build(tmp_path_factory, "mma_gemv2_main.cpp",
                                (*defines, f"-DGM_MT={mt}", f"-DGM_NT={nt}", f"-DGM_RW={rw}", f"-DGM_KW={kw}"))  # fmt: skip
         return made[name]
@@ -131,6 +133,12 @@ def emulators2(tmp_path_factory) -> dict[str, Path]:
     ("narrow", (64, 16, 8), 4096, 2, 1, True),  # 16 super-steps, two words a thread
     ("picked8_32", (70, 30, 0), 2080, 3, 1, False),  # 65 units: the last super-step's words all but one past the row
     ("picked8+xstage0", (130, 64, 70), 2048, 5, 4, True),
+    # float16-pair decode: every integer-code format beside float ones (which keep float32), one and eight n-tiles
+    ("picked8+hdec", (130, 64, 70), 2048, 5, 4, True),
+    ("mixed+hdec", (23, 40, 9), 1024, 29, 1, True),
+    ("narrow+hdec", (19, 45, 30), 768, 2, 1, False),
+    ("wide+hdec", (37, 21, 50), 512, 64, 1, True),
+    ("picked8_32+hdec", (70, 30, 0), 2080, 3, 1, False),
 ])  # fmt: skip
 def test_gemv_mma2_emulated(
     request: pytest.FixtureRequest, emulators2, tmp_path: Path, build_name: str, rows, cols: int, n_tok: int,

@@ -59,6 +59,13 @@
 #ifndef GM_KW
 #define GM_KW 2  // column-warps: warps splitting the columns of the same rows
 #endif
+#ifndef GM_HDEC
+// 1: the integer-code formats (IntCodes: Q4_0..Q5_1, Q4_K..Q6_K) decode their weights in float16 pairs, w = a u + b
+// with (a, b) rounded to float16, about 1.5 instructions a weight (byte permute into 1024 + u, an exact subtraction,
+// one fma) against 2.5 in float32 (byte permute, fma, and half a pack). An A/B build: each weight then carries up to
+// three float16 roundings (a, b, the fma) where float32 gives one.
+#define GM_HDEC 0
+#endif
 // Column splits a thread-block cluster (sm_90+; gridDim.y == GM_CL), summed through distributed shared
 // memory; 1: no cluster. Host builds and older devices add the splits with atomics instead.
 #if defined(GM_CL) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -103,6 +110,28 @@ inline void cp_async8(void* dst, const void* src, bool valid) {
     else std::memset(dst, 0, 8);
 }
 #endif
+
+// Whether F decodes in float16 pairs (GM_HDEC): the formats of unsigned integer codes below 1024 (IntCodes).
+template <class F>
+__device__ __forceinline__ constexpr bool int_codes(const IntCodes<F>*) {
+    return true;
+}
+template <class F>
+__device__ __forceinline__ constexpr bool int_codes(const void*) {
+    return false;
+}
+template <class F>
+__device__ __forceinline__ constexpr bool half_decode() {
+    return GM_HDEC && int_codes<F>(static_cast<const F*>(nullptr));
+}
+
+// Two codes of a word (bytes i, i + 1: selector 0x4140 or 0x4342) as float16 a u + b: 1024 + u by a byte permute
+// (0x64 is 1024's high byte), minus 1024 exactly, then one fma with the run's (a, a) and (b, b).
+template <u32 SELECTOR>
+__device__ __forceinline__ u32 code_pair(u32 codes, u32 high, u32 a2, u32 b2) {
+    constexpr u32 EXP = 0x64006400u;  // 1024.0 twice in float16
+    return h2_fma(h2_sub(__byte_perm(codes, high, SELECTOR), EXP), a2, b2);
+}
 
 // Where this thread's words of a super-step's staged x come from (stage_x): word j is word threadIdx.x + j THREADS
 // of the buffer, [kw][k][n][t] (below), and holds x of token n at columns 4k..4k+3 of run 0 and of run 1 of unit
@@ -235,6 +264,9 @@ __device__ __forceinline__ void tile(const u8* __restrict__ w, i64 row_bytes, in
     zero_tiles(c);
     XSource<F> xsrc;
     xsrc.init(n_tok, n_cols);
+    // code_pair's 0x64 bytes, from a value ptxas cannot fold (n_cols > 0): as an immediate it took the byte permute's
+    // one immediate slot, and each selector was moved into a register first, one more instruction a pair
+    const u32 high = 0x64646464u | ((u32)n_cols >> 31);
 
     // The lane's unit of super-step ss is 4 (ss KW + kw) + t, clamped into the row (x reads as zero past its end).
     const int unit0 = 4 * kw + t, last_unit = n_units - 1;
@@ -265,16 +297,40 @@ __device__ __forceinline__ void tile(const u8* __restrict__ w, i64 row_bytes, in
         const uint4* xw = smem + cur * XS_WORDS + kw * 4 * TOK * 4;
 
         float ca[MT][2][2], cb[MT][2][2];  // [m-tile][half][run]: w = a f + b
+        u32 ha[MT][2][2], hb[MT][2][2];    // the same for the codes in float16 pairs (half_decode): w = a u + b
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int h = 0; h < 2; ++h)
-                f[mt][h].coef(ca[mt][h][0], cb[mt][h][0], ca[mt][h][1], cb[mt][h][1]);
+            for (int h = 0; h < 2; ++h) {
+                if constexpr (half_decode<F>()) {
+                    float a0, b0, a1, b1;
+                    f[mt][h].icoef(a0, b0, a1, b1);
+                    ha[mt][h][0] = pack_h2_rn(a0, a0);
+                    hb[mt][h][0] = pack_h2_rn(b0, b0);
+                    ha[mt][h][1] = pack_h2_rn(a1, a1);
+                    hb[mt][h][1] = pack_h2_rn(b1, b1);
+                } else {
+                    f[mt][h].coef(ca[mt][h][0], cb[mt][h][0], ca[mt][h][1], cb[mt][h][1]);
+                }
+            }
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
             u32 a[MT][2][4];  // [m-tile][run]: the A fragment
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
+                if constexpr (half_decode<F>()) {
+                    u32 c[2][2];  // [half][run]: the codes of weights 4k..4k+3, a byte each
+                    f[mt][0].codes(k, c[0][0], c[0][1]);
+                    f[mt][1].codes(k, c[1][0], c[1][1]);
+#pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+                        a[mt][r][0] = code_pair<0x4140u>(c[0][r], high, ha[mt][0][r], hb[mt][0][r]);
+                        a[mt][r][1] = code_pair<0x4140u>(c[1][r], high, ha[mt][1][r], hb[mt][1][r]);
+                        a[mt][r][2] = code_pair<0x4342u>(c[0][r], high, ha[mt][0][r], hb[mt][0][r]);
+                        a[mt][r][3] = code_pair<0x4342u>(c[1][r], high, ha[mt][1][r], hb[mt][1][r]);
+                    }
+                    continue;
+                }
                 float lo[2][4], hi[2][4];  // rows g and g + 8; [run][weight]
                 f[mt][0].raw(k, lo[0], lo[1]);
                 f[mt][1].raw(k, hi[0], hi[1]);

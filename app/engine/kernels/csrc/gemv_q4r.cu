@@ -89,31 +89,6 @@ constexpr u32 EXP = 0x64006400u;                  // 1024.0 twice in float16
 static_assert(STAGES >= 2, "gemv_q4r: the pipeline needs two stages");
 }  // namespace q4r
 
-// -- float16 pairs (PTX: NVRTC has no cuda_fp16.h here) ------------------------------------------------
-#ifndef PADDOCK_HOST_SHIM
-__device__ __forceinline__ u32 h2_sub(u32 a, u32 b) {
-    u32 r;
-    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-    return r;
-}
-__device__ __forceinline__ u32 h2_fma(u32 a, u32 b, u32 c) {
-    u32 r;
-    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
-    return r;
-}
-#else
-inline u32 h2_op(u32 a, u32 b, u32 c, bool fma) {  // each half in double (exact here), rounded once to float16
-    u32 r = 0;
-    for (int h = 0; h < 2; ++h) {
-        const double x = h2f((u16)(a >> 16 * h)), y = h2f((u16)(b >> 16 * h)), z = h2f((u16)(c >> 16 * h));
-        r |= (u32)f2h((float)(fma ? x * y + z : x - y)) << 16 * h;
-    }
-    return r;
-}
-inline u32 h2_sub(u32 a, u32 b) { return h2_op(a, b, 0, false); }
-inline u32 h2_fma(u32 a, u32 b, u32 c) { return h2_op(a, b, c, true); }
-#endif
-
 // The A fragment of one 16x16 weight tile from its code word and its rows' (s, m) pairs.
 __device__ __forceinline__ void q4r_decode(u32 q, u32 pair_g, u32 pair_g8, u32* a) {
     const u32 s_g = __byte_perm(pair_g, 0, 0x1010), m_g = __byte_perm(pair_g, 0, 0x3232);

@@ -90,6 +90,32 @@ __device__ __forceinline__ float fast_exp2(float x) {
 }
 #endif
 
+// Float16 pairs, a - b and a * b + c, each rounded once (PTX: NVRTC has no cuda_fp16.h here; the emulator computes
+// each half in double and rounds it once).
+#ifndef PADDOCK_HOST_SHIM
+__device__ __forceinline__ u32 h2_sub(u32 a, u32 b) {
+    u32 r;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+__device__ __forceinline__ u32 h2_fma(u32 a, u32 b, u32 c) {
+    u32 r;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+#else
+inline u32 h2_op(u32 a, u32 b, u32 c, bool fma) {  // each half in double (exact here), rounded once to float16
+    u32 r = 0;
+    for (int h = 0; h < 2; ++h) {
+        const double x = h2f((u16)(a >> 16 * h)), y = h2f((u16)(b >> 16 * h)), z = h2f((u16)(c >> 16 * h));
+        r |= (u32)f2h((float)(fma ? x * y + z : x - y)) << 16 * h;
+    }
+    return r;
+}
+inline u32 h2_sub(u32 a, u32 b) { return h2_op(a, b, 0, false); }
+inline u32 h2_fma(u32 a, u32 b, u32 c) { return h2_op(a, b, c, true); }
+#endif
+
 // A warp's accumulator tiles, zeroed (mma_16816's C fragments, [A][B] of them).
 template <int A, int B>
 __device__ __forceinline__ void zero_tiles(float (&c)[A][B][4]) {
