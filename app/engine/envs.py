@@ -109,7 +109,7 @@ DECLARED: tuple[EnvVar, ...] = (
            "8 sessions over an 8,000-token prefix step in 8.6 instead of 10.9 ms on an H100)"),
     EnvVar("PADDOCK_CASCADE_OWN_BLOCKS", _int, 0,
            "blocks a (sequence, KV head) of a cascade decode's own keys (attention_decode.cu past the shared prefix); "
-           "0: planned from the whole context, as a plain decode's (an A/B switch: the own keys are a few hundred)"),
+           "0: attention_cascade.OWN_BLOCKS (4), or fewer where a plain decode's plan has fewer"),
     EnvVar("PADDOCK_CASCADE_KEY_WARPS", _int, 32,
            "most rows (sequences x query heads a KV head) whose cascade shared part runs on the build whose warps "
            "split each tile's keys (attention_prefill.cu PF_KEY_WARPS; within one of its row tiles: 32 rows, 16 from head "

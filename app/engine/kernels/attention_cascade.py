@@ -23,6 +23,11 @@ from app.engine.kernels.runtime.launch import cdiv
 
 MIN_SHARED_TOKENS = 512  # below this the shared keys are too few for a second launch to pay
 MAX_SPLITS = 32  # of the shared keys: about one wave of the prefill kernel's resident blocks
+# Blocks a (sequence, KV head) of the own keys, at most (fewer where the plain decode plan has fewer). A CUDA graph's plan
+# sees only the model's whole context, not the own keys past the shared prefix (a few hundred in an agent session):
+# at 8 sessions of Qwen3-8B over 8,000 shared keys it took 9 blocks a pair, 14.9 us, against 9.6 with 4 and 11.2
+# with 2; the step's ITL 5.86 -> 5.64 ms with 4 (H100, bench/results/gpu-s30-2026-12-07.md).
+OWN_BLOCKS = 4
 
 
 def key_warps(n_seqs: int, n_heads: int, n_kv: int, head_dim: int, max_rows: int) -> bool:

@@ -103,12 +103,12 @@ def emulators2(tmp_path_factory) -> dict[str, Path]:
 
     def get(name: str) -> Path:
         if name not in made:
-            # A/B builds: "+xstage0" works x's sources out each super-step, "+hdec" decodes the integer codes in
-            # float16 pairs
+            # A/B builds: "+xstage0" works x's sources out each super-step, "+fdec" decodes the integer codes in
+            # float32 (GM_HDEC=0; by default they decode in float16 pairs)
             base, _, extra = name.partition("+")
             formats, mt, nt, rw, kw = BUILDS2[base]
             defines = tuple(f"-DGM_F{i}=Fmt{f}" for i, f in enumerate(formats))
-            defines += {"": (), "xstage0": ("-DGM_XSTAGE=0",), "hdec": ("-DGM_HDEC=1",)}[extra]
+            defines += {"": (), "xstage0": ("-DGM_XSTAGE=0",), "fdec": ("-DGM_HDEC=0",)}[extra]
             made[name] = build(tmp_path_factory, "mma_gemv2_main.cpp",
                                (*defines, f"-DGM_MT={mt}", f"-DGM_NT={nt}", f"-DGM_RW={rw}", f"-DGM_KW={kw}"))  # fmt: skip
         return made[name]
@@ -133,12 +133,11 @@ def emulators2(tmp_path_factory) -> dict[str, Path]:
     ("narrow", (64, 16, 8), 4096, 2, 1, True),  # 16 super-steps, two words a thread
     ("picked8_32", (70, 30, 0), 2080, 3, 1, False),  # 65 units: the last super-step's words all but one past the row
     ("picked8+xstage0", (130, 64, 70), 2048, 5, 4, True),
-    # float16-pair decode: every integer-code format beside float ones (which keep float32), one and eight n-tiles
-    ("picked8+hdec", (130, 64, 70), 2048, 5, 4, True),
-    ("mixed+hdec", (23, 40, 9), 1024, 29, 1, True),
-    ("narrow+hdec", (19, 45, 30), 768, 2, 1, False),
-    ("wide+hdec", (37, 21, 50), 512, 64, 1, True),
-    ("picked8_32+hdec", (70, 30, 0), 2080, 3, 1, False),
+    # the float32 decode of the integer codes (GM_HDEC=0): every integer format, one and eight n-tiles
+    ("picked8+fdec", (130, 64, 70), 2048, 5, 4, True),
+    ("mixed+fdec", (23, 40, 9), 1024, 29, 1, True),
+    ("wide+fdec", (37, 21, 50), 512, 64, 1, True),
+    ("picked8_32+fdec", (70, 30, 0), 2080, 3, 1, False),
 ])  # fmt: skip
 def test_gemv_mma2_emulated(
     request: pytest.FixtureRequest, emulators2, tmp_path: Path, build_name: str, rows, cols: int, n_tok: int,

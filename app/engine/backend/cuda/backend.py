@@ -558,7 +558,7 @@ class CudaBackend:
             n_blocks = self._decode_blocks(meta, n_tok, n_kv, head_dim)
             out = self.xp.empty(q.shape, self.xp.float16) if half_out else self.xp.empty_like(q)
             if sinks is None and self._cascades(meta, sliding_window, head_dim, n_heads, n_kv):
-                own_blocks = self.kernel_options.cascade_own_blocks or n_blocks
+                own_blocks = self.kernel_options.cascade_own_blocks or min(_attention_cascade.OWN_BLOCKS, n_blocks)
                 return _attention_cascade.cascade_decode(
                     q, k_cache, v_cache, self._i32(meta.seq_lens), self._i32(meta.block_tables), meta.shared_prefix,
                     scale, softcap, own_blocks, _attention_cascade.plan_splits(n_kv, self.sm_count),

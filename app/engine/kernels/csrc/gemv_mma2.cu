@@ -26,7 +26,8 @@
 //   step's HMMAs (SASS of the Q4_K build, 2026-12-07), so every warp stalled a DRAM round trip a step;
 // - weights are decoded with the formats' raw()/coef() pair (one byte permute and one FMA per
 //   weight, quant.cuh) instead of get()'s integer-to-float conversions (quarter-rate on sm_90),
-//   which made the decode, not memory, the limit;
+//   which made the decode, not memory, the limit; the integer-code formats go further, in float16
+//   pairs from their codes() (GM_HDEC below: the loop is still about half issue-bound at 8 tokens);
 // - where rows are few (a 4096-row q or down projection has 32-64 row tiles for 132
 //   multiprocessors), gridDim.y splits the columns among blocks too. On sm_90+ the splits of a row
 //   tile are one thread-block cluster (GM_CL of them) that adds its blocks' sums through distributed
@@ -62,9 +63,11 @@
 #ifndef GM_HDEC
 // 1: the integer-code formats (IntCodes: Q4_0..Q5_1, Q4_K..Q6_K) decode their weights in float16 pairs, w = a u + b
 // with (a, b) rounded to float16, about 1.5 instructions a weight (byte permute into 1024 + u, an exact subtraction,
-// one fma) against 2.5 in float32 (byte permute, fma, and half a pack). An A/B build: each weight then carries up to
-// three float16 roundings (a, b, the fma) where float32 gives one.
-#define GM_HDEC 0
+// one fma) against 2.5 in float32 (byte permute, fma, and half a pack); 0: float32, one rounding a weight where this
+// gives up to three (a, b, the fma), all at float16's precision. The loop is about half issue-bound at 8 tokens: on the
+// H100 q at 8 tokens 12.8 -> 11.4 us, gate+up 34.5 -> 29.0; the decode step at 8 sequences 4.71 -> 4.41 ms
+// (bench/results/gpu-s30-2026-12-07.md).
+#define GM_HDEC 1
 #endif
 // Column splits a thread-block cluster (sm_90+; gridDim.y == GM_CL), summed through distributed shared
 // memory; 1: no cluster. Host builds and older devices add the splits with atomics instead.
