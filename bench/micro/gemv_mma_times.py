@@ -4,7 +4,8 @@ float16 cache does) and against expand-then-cuBLAS (linear.matmul_quantized with
 
 Products (rows x columns, Q4_K_M's formats: gate+up in Q4_K as two stacked weights, down in Q6_K):
 Qwen3-8B q 4096 x 4096, gate+up 2 x 12288 x 4096, down 4096 x 12288, lm_head 151936 x 4096 (Q6_K); the Qwen3.5-27B and Gemma-4-31B
-shapes (hidden 5120, intermediate 17408 / 21504) with a 5120 x 5120 q-sized product. Weight bytes are
+shapes (hidden 5120, intermediate 17408 / 21504) with a 5120 x 5120 q-sized product. "qkv" stacks q, k and v as one
+launch does (8B: 4096 + 1024 + 1024 rows; 27B: 5120 + 1024 + 1024; all Q4_K here). Weight bytes are
 random (valid scales), in enough copies that cycling through them misses L2, as a decode step does.
 
     python3 bench/micro/gemv_mma_times.py                    # everything (< 90 s on an H100)
@@ -71,6 +72,9 @@ class Product:
         return self.n_rows * QUANT_TYPES[self.qtype].row_bytes(self.n_cols)
 
 
+KV_ROWS = {"8b": 8 * 128, "27b": 4 * 256}  # KV heads x head dim: Qwen3-8B, Qwen3.5-27B
+
+
 def products(models: list[str]) -> list[Product]:
     shapes = {"8b": (4096, 4096, 12288), "27b": (5120, 5120, 17408), "31b": (5120, 5120, 21504)}
     out = []
@@ -78,6 +82,8 @@ def products(models: list[str]) -> list[Product]:
         hidden, q_rows, inter = shapes[model]
         out += [Product(model, "q", "Q4_K", (q_rows,), hidden), Product(model, "gate+up", "Q4_K", (inter, inter), hidden),
                 Product(model, "down", "Q6_K", (hidden,), inter)]  # fmt: skip
+        if model in KV_ROWS:  # q/k/v stacked, as the decode step launches them (all Q4_K here)
+            out.append(Product(model, "qkv", "Q4_K", (q_rows, KV_ROWS[model], KV_ROWS[model]), hidden))
         if model == "8b":  # the output head (Q6_K in Q4_K_M), the decode step's tallest product
             out.append(Product(model, "lm_head", "Q6_K", (QWEN3_VOCAB,), hidden))
     return out
@@ -87,7 +93,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="*", choices=("8b", "27b", "31b"), default=["8b", "27b", "31b"])
     parser.add_argument("--tokens", nargs="*", type=int, default=list(TOKENS))
-    parser.add_argument("--products", nargs="*", choices=("q", "gate+up", "down", "lm_head"), default=None,
+    parser.add_argument("--products", nargs="*", choices=("q", "qkv", "gate+up", "down", "lm_head"), default=None,
                         help="only these products (default: all)")  # fmt: skip
     parser.add_argument("--methods", nargs="*", choices=METHODS, default=list(METHODS))
     parser.add_argument("--list", action="store_true", help="print the cases and v2's shapes, touch no GPU")

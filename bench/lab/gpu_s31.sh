@@ -1,0 +1,52 @@
+# The next lease's calls (written in session 30). Carry [".whl", ".llama"] (.llama/llama-server.xz: llama.cpp's server,
+# prebuilt on the VM with `bench/llama_cpp.sh prebuilt`; without it the side rows of PART=2 have no llama.cpp column).
+# run returns at most 8 files: each stage works in /tmp and copies its file into $OUT as it ends.
+# PART=1 (about 450 s on a fresh machine; 190 s on one whose kernels are compiled):
+#   the whole GPU suite under session 30's defaults (gemv_mma2's float16-pair decode, the cascade's own keys on at
+#   most 4 blocks a pair). Session 30's call 5 ran two thirds of it before its limit, with no failure.
+# PART=2 (about 560 s): issue 38's table on main's head, both engines in the same call, the same file:
+#   - side: ISL/OSL 128 at c=1 and c=32 and the 8,000-token TTFT, ours then llama.cpp's;
+#   - agent: the 8k TTFT, the cached 8,000-token prefix, the c=8 shared-prefix rows (ours);
+#   - the 32,000-token TTFT (ours; last measured in session 18, 3.08 s, before the tensor-core prefill's gains);
+#   - curve: c = 1 / 32 / 64 / 128 / 256 (ours).
+# PART=3 (about 300 s): what to tune next:
+#   - gemv_mma2's column splits at q, q/k/v stacked and gate+up, 8 and 16 tokens (the v2_splits<S>_us columns:
+#     session 30 found 2 splits beat the picked 4 on the 8B's q, 13.5 against 14.8 us);
+#   - decode attention of one sequence at 64 / 330 / 1,000 / 4,000 keys on 1-64 blocks (the c=1 row's attention,
+#     ~10 us a layer in session 27's profile; a decode graph plans its blocks from the model's whole context);
+#   - the c=1 step's per-kernel profile (8-layer cut), and the decode step at 1 / 8 / 16 / 32 sequences.
+O=$OUT; export BUDGET=570 PYTHONPATH=$PWD:$HOME/site
+W=/tmp/s31; rm -rf $W; mkdir -p $W/tests $W/side $W/sv $W/prof
+case ${PART:-1} in
+1)
+  OUT=$W/tests STAGES=tests TEST_PROCS=4 TEST_S=520 bash bench/gpu_run.sh 2>&1 | grep -E '^== share|passed|failed|FAILED|Error' | head -30
+  cp $W/tests/tests.log $O/tests.log
+  ;;
+2)
+  OUT=$W/side STAGES="llamabuild side" MODELS=qwen3-8b:q4_k_m SIDE_MODELS=qwen3-8b:q4_k_m KEEP_FILES=1 LLAMA_WAIT=60 BUDGET=250 \
+    bash bench/gpu_run.sh 2>&1 | grep '^{' | cut -c1-300
+  cp $W/side/side.jsonl $W/side/side.log $O/ 2>/dev/null
+  OUT=$W/sv STAGES=agent BUDGET=$((400 - SECONDS)) bash bench/gpu_run.sh 2>&1 | tail -6
+  cp $W/sv/agent.jsonl $O/ 2>/dev/null
+  (
+    source <(sed -n '/^serve_paddock() {/,/^}/p' bench/gpu_run.sh)
+    serve_paddock /tmp/qwen3-8b-q4_k_m.gguf 40960 8 /tmp/serve-32k.log 120
+    timeout 100 python3 -m app.cli bench --url http://127.0.0.1:11660 --json --concurrency 1 --requests 2 --warmup 1 \
+      --input-tokens 32000 --output-tokens 16 | sed 's/^{/{"workload": "ttft32k", /' | tee $O/ttft32k.jsonl | cut -c1-300
+    kill $server; wait $server 2> /dev/null
+  )
+  OUT=$W/sv STAGES=curve MODELS=qwen3-8b:q4_k_m BUDGET=$((565 - SECONDS)) bash bench/gpu_run.sh 2>&1 | grep '^{' | cut -c1-200
+  cp $W/sv/curve.jsonl $O/ 2>/dev/null
+  ;;
+3)
+  timeout 90 python3 bench/micro/gemv_mma_times.py --models 8b 27b --methods v2h --products q qkv gate+up \
+    --tokens 8 16 > $O/gemv-splits.jsonl 2>&1
+  grep -o '"model": "[^"]*", "product": "[^"]*"\|"tokens": [0-9]*\|"v2_shape": "[^"]*"\|"v2_splits[0-9]_us": [0-9.]*\|"v2h_us": [0-9.]*' \
+    $O/gemv-splits.jsonl | paste -sd' ' | sed 's/ "model"/\n"model"/g' | cut -c1-300
+  timeout 90 python3 bench/micro/attention_decode_times.py > $O/dattn-c1.jsonl 2>&1; cut -c1-300 $O/dattn-c1.jsonl
+  OUT=$W/prof STAGES="profile ab" MODELS=qwen3-8b:q4_k_m PROFILE_MODELS=qwen3-8b:8 PROFILE_BATCHES=1 \
+    AB="PADDOCK_PDL=1" AB_BATCH="1 8 16 32" BUDGET=$((290 - SECONDS)) bash bench/gpu_run.sh 2>&1 | tail -12
+  cp $W/prof/ab.log $O/ 2>/dev/null; cp $W/prof/profile*.jsonl $O/ 2>/dev/null
+  ;;
+esac
+echo "total $SECONDS s"
