@@ -110,6 +110,10 @@ DECLARED: tuple[EnvVar, ...] = (
     EnvVar("PADDOCK_CASCADE_OWN_BLOCKS", _int, 0,
            "blocks a (sequence, KV head) of a cascade decode's own keys (attention_decode.cu past the shared prefix); "
            "0: attention_cascade.OWN_BLOCKS (4), or fewer where a plain decode's plan has fewer"),
+    EnvVar("PADDOCK_DECODE_SHORT_CONTEXT", _int, 0,
+           "decode graphs of up to 8 rows get a second capture whose attention is planned for contexts of at most this "
+           "many tokens, replayed for steps whose every context fits (the first capture plans for the model's whole "
+           "context: at one sequence, 64 blocks a KV head over a few hundred keys); 0: off (an A/B switch, unmeasured)"),
     EnvVar("PADDOCK_CASCADE_KEY_WARPS", _int, 32,
            "most rows (sequences x query heads a KV head) whose cascade shared part runs on the build whose warps "
            "split each tile's keys (attention_prefill.cu PF_KEY_WARPS; within one of its row tiles: 32 rows, 16 from head "

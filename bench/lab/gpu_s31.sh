@@ -14,7 +14,10 @@
 #     session 30 found 2 splits beat the picked 4 on the 8B's q, 13.5 against 14.8 us);
 #   - decode attention of one sequence at 64 / 330 / 1,000 / 4,000 keys on 1-64 blocks (the c=1 row's attention,
 #     ~10 us a layer in session 27's profile; a decode graph plans its blocks from the model's whole context);
-#   - the c=1 step's per-kernel profile (8-layer cut), and the decode step at 1 / 8 / 16 / 32 sequences.
+#   - the decode step at 1 / 4 / 8 sequences (contexts 128-336) with PADDOCK_DECODE_SHORT_CONTEXT off, 512 and 2048
+#     (session 30's opt-in short-context decode graphs: attention planned for the bound, not the whole 4,096), then
+#     the c=1 step's per-kernel profile (8-layer cut). If the short graphs win, the GPU tests of decode graphs
+#     (tests/engine/cuda/test_cuda_engine.py, test_cuda_async_decode.py) under the switch come before a default.
 O=$OUT; export BUDGET=570 PYTHONPATH=$PWD:$HOME/site
 W=/tmp/s31; rm -rf $W; mkdir -p $W/tests $W/side $W/sv $W/prof
 case ${PART:-1} in
@@ -44,8 +47,9 @@ case ${PART:-1} in
   grep -o '"model": "[^"]*", "product": "[^"]*"\|"tokens": [0-9]*\|"v2_shape": "[^"]*"\|"v2_splits[0-9]_us": [0-9.]*\|"v2h_us": [0-9.]*' \
     $O/gemv-splits.jsonl | paste -sd' ' | sed 's/ "model"/\n"model"/g' | cut -c1-300
   timeout 90 python3 bench/micro/attention_decode_times.py > $O/dattn-c1.jsonl 2>&1; cut -c1-300 $O/dattn-c1.jsonl
-  OUT=$W/prof STAGES="profile ab" MODELS=qwen3-8b:q4_k_m PROFILE_MODELS=qwen3-8b:8 PROFILE_BATCHES=1 \
-    AB="PADDOCK_PDL=1" AB_BATCH="1 8 16 32" BUDGET=$((290 - SECONDS)) bash bench/gpu_run.sh 2>&1 | tail -12
+  OUT=$W/prof STAGES="ab profile" MODELS=qwen3-8b:q4_k_m PROFILE_MODELS=qwen3-8b:8 PROFILE_BATCHES=1 \
+    AB="PADDOCK_PDL=1 PADDOCK_PDL=1+PADDOCK_DECODE_SHORT_CONTEXT=512 PADDOCK_PDL=1+PADDOCK_DECODE_SHORT_CONTEXT=2048" \
+    AB_BATCH="1 4 8" BUDGET=$((290 - SECONDS)) bash bench/gpu_run.sh 2>&1 | tail -12
   cp $W/prof/ab.log $O/ 2>/dev/null; cp $W/prof/profile*.jsonl $O/ 2>/dev/null
   ;;
 esac

@@ -12,7 +12,7 @@ import pytest
 
 from app.engine.kernels.attention_cascade import MIN_SHARED_TOKENS
 from app.engine.kernels.options import KernelOptions
-from app.engine.worker.decode_graphs import DecodeGraphs
+from app.engine.worker.decode_graphs import SHORT_BUCKET, DecodeGraphs
 
 BLOCK = 16
 
@@ -48,10 +48,13 @@ def _fake_cupy() -> Any:
     )
 
 
-def _graphs(cascade: bool, model: Any = None) -> tuple[DecodeGraphs, dict[int, _Graph], dict[int, _Graph]]:
-    backend = types.SimpleNamespace(xp=_fake_cupy(), kernel_options=KernelOptions(cascade_attention=cascade))
+def _graphs(
+    cascade: bool, model: Any = None, short_context: int = 0, max_batch: int = 8
+) -> tuple[DecodeGraphs, dict[int, _Graph], dict[int, _Graph]]:
+    options = KernelOptions(cascade_attention=cascade, decode_short_context=short_context)
+    backend = types.SimpleNamespace(xp=_fake_cupy(), kernel_options=options)
     graphs = DecodeGraphs(model=model, backend=backend, kv_caches=[], block_size=BLOCK, max_model_len=4096,
-                          max_batch=8)  # fmt: skip
+                          max_batch=max_batch)  # fmt: skip
     plain = {n: _Graph() for n in graphs.buckets}
     several = {n: _Graph() for n in graphs.buckets if n >= 2} if cascade else {}
     graphs._graphs = {n: (g, np.zeros((n, 4))) for n, g in plain.items()}
@@ -150,3 +153,44 @@ def test_a_model_without_recurrent_layers_leaves_the_state_fields_out_of_its_ste
     graphs._forward(1)
     assert plain[1].launches == 1
     assert model.metas[-1].state_slots is None and model.metas[-1].has_initial_state is None
+
+
+def _with_short_graphs(graphs: DecodeGraphs) -> dict[int, _Graph]:
+    """Stand-ins for the short-context captures, in the buckets DecodeGraphs.capture would give them."""
+    short = {n: _Graph() for n in graphs.buckets if n <= SHORT_BUCKET} if graphs.short_context else {}
+    graphs._short_graphs = {n: (g, np.zeros((n, 4))) for n, g in short.items()}
+    return short
+
+
+def test_steps_whose_every_context_fits_replay_the_short_context_graph() -> None:
+    """PADDOCK_DECODE_SHORT_CONTEXT: a small bucket replays its short-context graph only while every row's
+    context is within the bound (its attention plan's max_seq_len); one longer row, a bucket past
+    SHORT_BUCKET or a cascade step replays the graph planned for the whole context."""
+    graphs, plain, several = _graphs(cascade=True, short_context=1024, max_batch=32)
+    short = _with_short_graphs(graphs)
+    assert graphs.short_context == 1024 and sorted(short) == [1, 2, 4, 8]
+    def tables(n: int, context: int) -> np.ndarray:  # distinct blocks enough for `context` tokens a row
+        blocks = -(-context // BLOCK)
+        return (np.arange(n * blocks, dtype=np.int32) + 1).reshape(n, blocks)
+
+    _step(graphs, tables(1, 300), np.array([300], np.int32))
+    _step(graphs, tables(2, 1024), np.array([1024, 40], np.int32))
+    assert short[1].launches == 1 and short[2].launches == 1 and graphs.short_steps == 2
+    _step(graphs, tables(2, 1025), np.array([1025, 40], np.int32))
+    assert plain[2].launches == 1 and short[2].launches == 1  # one row past the bound
+    _step(graphs, tables(16, 40), np.full(16, 40, np.int32))
+    assert plain[16].launches == 1 and graphs.short_steps == 2  # no short graph past SHORT_BUCKET
+    shared_blocks = MIN_SHARED_TOKENS // BLOCK + 1  # shared keys that pay for a cascade, within the bound
+    _step(graphs, _shared_tables(4, shared_blocks, 1), np.full(4, shared_blocks * BLOCK + 5, np.int32))
+    assert several[4].launches == 1 and short[4].launches == 0  # a cascade step keeps its graph
+
+
+def test_the_short_context_graph_plans_for_its_bound_and_the_switch_needs_one_below_the_model_context() -> None:
+    model = _HybridModel()
+    graphs, _, _ = _graphs(cascade=False, model=model, short_context=256)
+    graphs._forward_short(1)
+    graphs._forward(1)
+    assert [m.max_seq_len for m in model.metas] == [256, 4096]
+    for off in (0, 4096, 10_000):
+        graphs, _, _ = _graphs(cascade=False, short_context=off)
+        assert graphs.short_context == 0 and _with_short_graphs(graphs) == {}

@@ -77,6 +77,7 @@ class KernelOptions:
     gemv_float_x_from: Mapping[str, int] = _from_env("PADDOCK_GEMV_FLOAT_X_")
     cascade_key_warps: int = _from_env("PADDOCK_CASCADE_KEY_WARPS")  # most rows of the key-split shared part
     cascade_own_blocks: int = _from_env("PADDOCK_CASCADE_OWN_BLOCKS")  # own keys' blocks a pair; 0: up to OWN_BLOCKS
+    decode_short_context: int = _from_env("PADDOCK_DECODE_SHORT_CONTEXT")  # small buckets' short-context graphs; 0: off
 
     def __post_init__(self) -> None:
         if self.decode_rope not in ("auto", "all", "off"):

@@ -43,6 +43,11 @@ from app.engine.kernels.runtime.pdl import programmatic_launches
 log = logging.getLogger(__name__)
 
 
+# The largest bucket with a short-context graph: above it the batch's (sequence, KV head) pairs alone hold the plain
+# plan to a few blocks a pair (attention_decode.plan_blocks: 16 rows of 8 KV heads take 5 either way).
+SHORT_BUCKET = 8
+
+
 def bucket_sizes(max_batch: int) -> list[int]:
     """1, 2, 4, 8, then steps of 8 to 64, then of 32: small steps where decode is latency-bound."""
     sizes = [1, 2, 4, 8]
@@ -84,6 +89,15 @@ class DecodeGraphs:
         self.cascade = bool(options is not None and options.cascade_attention)
         self._cascade_graphs: dict[int, tuple[Any, Any]] = {}
         self.cascade_steps = 0  # steps replayed on a cascade graph (tests and benchmarks read it)
+        # Buckets of up to SHORT_BUCKET rows may get a third graph whose attention is planned for contexts of at most
+        # `short_context` tokens (KernelOptions.decode_short_context), replayed for steps whose every context fits: the
+        # plain graph's plan is for the model's whole context, which at one sequence is 64 blocks a KV head where a
+        # few hundred keys need four. Within that bound the plan's max_seq_len is a true bound, as every kernel's
+        # split plan needs.
+        short = options.decode_short_context if options is not None else 0
+        self.short_context = short if 0 < short < max_model_len else 0
+        self._short_graphs: dict[int, tuple[Any, Any]] = {}
+        self.short_steps = 0  # steps replayed on a short-context graph
         self._pair_starts = {n: xp.asarray([0, n], dtype=xp.int32) for n in self.buckets}
         self.capture_stream: Any = None  # prefill graphs capture on it too, sharing its pool blocks
 
@@ -104,8 +118,12 @@ class DecodeGraphs:
             self._cascade_graphs = capture_buckets(
                 several, self._forward_cascade, self.capture_stream, programmatic=pdl
             )
-        log.info("captured decode CUDA graphs for batch sizes %s%s", self.buckets,
-                 " (and their cascade variants)" if self._cascade_graphs else "")  # fmt: skip
+        if self.short_context:
+            small = [n for n in self.buckets if n <= SHORT_BUCKET]
+            self._short_graphs = capture_buckets(small, self._forward_short, self.capture_stream, programmatic=pdl)
+        log.info("captured decode CUDA graphs for batch sizes %s%s%s", self.buckets,
+                 " (and their cascade variants)" if self._cascade_graphs else "",
+                 f" (and short-context ones to {self.short_context} tokens)" if self._short_graphs else "")  # fmt: skip
 
     def bucket_for(self, n: int) -> int | None:
         return next((b for b in self.buckets if b >= n), None)
@@ -134,7 +152,9 @@ class DecodeGraphs:
         shared = shared_length(seq_lens, tables, self.block_size) if bucket in self._cascade_graphs else 0
         cascade = shared >= MIN_SHARED_TOKENS
         self.cascade_steps += cascade
-        graph, logits = (self._cascade_graphs if cascade else self._graphs)[bucket]
+        short = not cascade and bucket in self._short_graphs and int(seq_lens.max()) <= self.short_context
+        self.short_steps += short
+        graph, logits = (self._cascade_graphs if cascade else self._short_graphs if short else self._graphs)[bucket]
         host = self._hosts[self._turn]
         self._turn ^= 1
         ids, pos, slots, lens, state_rows, starts, table = self._fields(host, bucket)
@@ -186,7 +206,10 @@ class DecodeGraphs:
     def _forward_cascade(self, n: int) -> Any:
         return self._forward(n, cascade=True)
 
-    def _forward(self, n: int, cascade: bool = False) -> Any:
+    def _forward_short(self, n: int) -> Any:
+        return self._forward(n, max_seq_len=self.short_context)
+
+    def _forward(self, n: int, cascade: bool = False, max_seq_len: int | None = None) -> Any:
         token_ids, positions, slots, seq_lens, state_rows, starts, tables = self._fields(self._device, n)
         shared = None
         if cascade:  # the two ints after the bucket's fields; zero at capture: no shared keys
@@ -201,7 +224,7 @@ class DecodeGraphs:
             slot_mapping=slots,
             positions=positions,
             max_query_len=1,
-            max_seq_len=self.max_model_len,
+            max_seq_len=max_seq_len or self.max_model_len,
             block_size=self.block_size,
             shared_prefix=shared,
         )

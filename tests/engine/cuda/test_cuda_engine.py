@@ -38,6 +38,35 @@ def test_engine_matches_numpy_with_graphs_above_eight_sequences(tiny_gguf: str) 
             assert_greedy_agrees(got, ref, f"graphs={graphs}")
 
 
+def test_engine_matches_numpy_on_short_context_decode_graphs(tiny_gguf: str, monkeypatch, request) -> None:
+    """PADDOCK_DECODE_SHORT_CONTEXT: steps whose every context fits replay the small buckets' second graphs,
+    whose attention is planned for that bound; a batch whose longest row grows past it goes back to the plain
+    graph mid-generation. Both must match the numpy backend."""
+    from app.engine import envs
+    from app.engine.config import EngineConfig
+    from app.engine.core.engine import LLMEngine
+    from app.engine.sampling_params import SamplingParams
+
+    monkeypatch.setenv("PADDOCK_DECODE_SHORT_CONTEXT", "64")
+    envs.reload()
+    request.addfinalizer(envs.reload)  # drops the cached value: the next read, after monkeypatch's undo, is fresh
+    rng = np.random.default_rng(5)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=3)
+    engine = LLMEngine(EngineConfig(model=tiny_gguf, device="cuda", max_model_len=1024, max_num_seqs=16))
+    graphs = engine.runner.graphs
+    assert graphs.short_context == 64
+    for sizes in ((3, 9, 17, 40), (5, 58)):  # within the bound throughout; one row crosses it at its 7th token
+        prompts = [rng.integers(0, 256, size=n).tolist() for n in sizes]
+        reference = _generate(tiny_gguf, "cpu", False, prompts)
+        before = graphs.short_steps
+        ours = engine.generate(prompts, params)
+        assert graphs.short_steps > before
+        for got, ref in zip(ours, reference, strict=True):
+            for token, value in ref["logprobs"][0].top:
+                assert abs(dict(got["logprobs"][0].top).get(token, -99.0) - value) < 5e-2
+            assert_greedy_agrees(got, ref, f"short context, prompts {sizes}")
+
+
 def _requests(n: int, **params):
     from app.engine.request import Request
     from app.engine.sampling_params import SamplingParams
