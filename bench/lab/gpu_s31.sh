@@ -1,6 +1,8 @@
 # The next lease's calls (written in session 30). Carry [".whl", ".llama"] (.llama/llama-server.xz: llama.cpp's server,
 # prebuilt on the VM with `bench/llama_cpp.sh prebuilt`; without it the side rows of PART=2 have no llama.cpp column).
 # run returns at most 8 files: each stage works in /tmp and copies its file into $OUT as it ends.
+# PART=3 first: `mkdir .ab-base && git archive 852bf82 app bench | tar -x -C .ab-base` (main before the Q6_K fetch
+# change); delete it before committing.
 # PART=1 (about 450 s on a fresh machine; 190 s on one whose kernels are compiled):
 #   the whole GPU suite under session 30's defaults (gemv_mma2's float16-pair decode, the cascade's own keys on at
 #   most 4 blocks a pair). Session 30's call 5 ran two thirds of it before its limit, with no failure.
@@ -14,9 +16,11 @@
 #     session 30 found 2 splits beat the picked 4 on the 8B's q, 13.5 against 14.8 us);
 #   - decode attention of one sequence at 64 / 330 / 1,000 / 4,000 keys on 1-64 blocks (the c=1 row's attention,
 #     ~10 us a layer in session 27's profile; a decode graph plans its blocks from the model's whole context);
-#   - the decode step at 1 / 4 / 8 sequences (contexts 128-336) with PADDOCK_DECODE_SHORT_CONTEXT off, 512 and 2048
-#     (session 30's opt-in short-context decode graphs: attention planned for the bound, not the whole 4,096), then
-#     the c=1 step's per-kernel profile (8-layer cut). If the short graphs win, the GPU tests of decode graphs
+#   - Q6_K's unit fetch with its two scale bytes alone (session 30: gemv_mma2's Q6_K loop 464 -> 398 instructions,
+#     98 registers from 103), gemv_mma2 on the 8B's down against .ab-base;
+#   - the decode step at 1 and 8 sequences (contexts 128-336), .ab-base against the tree, and the tree with
+#     PADDOCK_DECODE_SHORT_CONTEXT=512 (session 30's opt-in short-context decode graphs: attention planned for the
+#     bound, not the whole 4,096); then the c=1 step's per-kernel profile (8-layer cut). If the short graphs win, the GPU tests of decode graphs
 #     (tests/engine/cuda/test_cuda_engine.py, test_cuda_async_decode.py) under the switch come before a default.
 O=$OUT; export BUDGET=570 PYTHONPATH=$PWD:$HOME/site
 W=/tmp/s31; rm -rf $W; mkdir -p $W/tests $W/side $W/sv $W/prof
@@ -47,9 +51,14 @@ case ${PART:-1} in
   grep -o '"model": "[^"]*", "product": "[^"]*"\|"tokens": [0-9]*\|"v2_shape": "[^"]*"\|"v2_splits[0-9]_us": [0-9.]*\|"v2h_us": [0-9.]*' \
     $O/gemv-splits.jsonl | paste -sd' ' | sed 's/ "model"/\n"model"/g' | cut -c1-300
   timeout 90 python3 bench/micro/attention_decode_times.py > $O/dattn-c1.jsonl 2>&1; cut -c1-300 $O/dattn-c1.jsonl
+  PYTHONPATH=$PWD/.ab-base:$HOME/site timeout 60 python3 .ab-base/bench/micro/gemv_mma_times.py --models 8b \
+    --methods v2h --products down --tokens 8 16 > $O/gemv-q6k-base.jsonl 2>&1
+  timeout 60 python3 bench/micro/gemv_mma_times.py --models 8b --methods v2h --products down --tokens 8 16 \
+    > $O/gemv-q6k.jsonl 2>&1
+  grep -ho '"tokens": [0-9]*\|"v2h_us": [0-9.]*' $O/gemv-q6k-base.jsonl $O/gemv-q6k.jsonl | paste -sd' '
   OUT=$W/prof STAGES="ab profile" MODELS=qwen3-8b:q4_k_m PROFILE_MODELS=qwen3-8b:8 PROFILE_BATCHES=1 \
-    AB="PADDOCK_PDL=1 PADDOCK_PDL=1+PADDOCK_DECODE_SHORT_CONTEXT=512 PADDOCK_PDL=1+PADDOCK_DECODE_SHORT_CONTEXT=2048" \
-    AB_BATCH="1 4 8" BUDGET=$((290 - SECONDS)) bash bench/gpu_run.sh 2>&1 | tail -12
+    AB_BASE=.ab-base AB="PADDOCK_PDL=1 PADDOCK_PDL=1+PADDOCK_DECODE_SHORT_CONTEXT=512" AB_BATCH="1 8" \
+    BUDGET=$((290 - SECONDS)) bash bench/gpu_run.sh 2>&1 | tail -12
   cp $W/prof/ab.log $O/ 2>/dev/null; cp $W/prof/profile*.jsonl $O/ 2>/dev/null
   ;;
 esac

@@ -387,23 +387,25 @@ struct FmtQ6_K : IntCodes<FmtQ6_K> {
         return (u >> 3) * 256 + (s >> 2) * 128 + ((s >> 1) & 1) * 32 + (s & 1) * 16;
     }
     float s0, s1;
-    int sh0, base;
-    uint4 ql, qh, sc;
+    int sh0;
+    uint4 ql, qh;
+    signed char sc0, sc1;  // the unit's two scales: its bytes of scales[16], not the whole 16 (two unaligned loads)
     u16 dh;
     __device__ __forceinline__ void fetch(const u8* row, int u) {
         const u8* b = row + (u >> 3) * 210;
         const int s = u & 7, n = s >> 2, part = (s >> 1) & 1, lh = s & 1;
         ql = ld16u(b + n * 64 + part * 32 + lh * 16);
         qh = ld16u(b + 128 + n * 32 + lh * 16);
-        sc = ld16u(b + 192);
+        const int base = n * 8 + lh + part * 2;
+        sc0 = (signed char)__ldg(b + 192 + base);
+        sc1 = (signed char)__ldg(b + 196 + base);
         dh = ld_u16(b + 208);
-        base = n * 8 + lh + part * 2;
         sh0 = part * 2;
     }
     __device__ __forceinline__ void unpack() {
         const float d = h2f(dh);
-        s0 = d * (float)(signed char)byte_of16(sc, base);
-        s1 = d * (float)(signed char)byte_of16(sc, base + 4);
+        s0 = d * (float)sc0;
+        s1 = d * (float)sc1;
     }
     __device__ __forceinline__ void get(int k, float* w0, float* w1) const {
         const u32 x = word4(ql, k), hb = word4(qh, k) >> sh0;
