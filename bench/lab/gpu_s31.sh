@@ -1,5 +1,7 @@
 # The next lease's calls (written in session 30). Carry [".whl", ".llama"] (.llama/llama-server.xz: llama.cpp's server,
 # prebuilt on the VM with `bench/llama_cpp.sh prebuilt`; without it the side rows of PART=2 have no llama.cpp column).
+# PART=4 (about 560 s): the table's other rows: Q8_0 8B at c=1 and c=32; the c=8 shared-prefix row with an FP8 KV
+#   cache against float16, at the engine and served (goal: faster than float16).
 # run returns at most 8 files: each stage works in /tmp and copies its file into $OUT as it ends.
 # PART=3 first: `mkdir .ab-base && git archive 852bf82 app bench | tar -x -C .ab-base` (main before the Q6_K fetch
 # change); delete it before committing.
@@ -17,7 +19,9 @@
 #   - decode attention of one sequence at 64 / 330 / 1,000 / 4,000 keys on 1-64 blocks (the c=1 row's attention,
 #     ~10 us a layer in session 27's profile; a decode graph plans its blocks from the model's whole context);
 #   - Q6_K's unit fetch with its two scale bytes alone (session 30: gemv_mma2's Q6_K loop 464 -> 398 instructions,
-#     98 registers from 103), gemv_mma2 on the 8B's down against .ab-base;
+#     98 registers from 103), gemv_mma2 on the 8B's down against .ab-base, and down and the output head (Q6_K)
+#     against cuBLAS on their float16 copies, where Q6_K goes today (PADDOCK_GEMV_MMA_COPY_ has Q4_K only): with the
+#     float16-pair decode too, does gemv_mma2 now win anywhere on Q6_K?
 #   - the decode step at 1 and 8 sequences (contexts 128-336), .ab-base against the tree, and the tree with
 #     PADDOCK_DECODE_SHORT_CONTEXT=512 (session 30's opt-in short-context decode graphs: attention planned for the
 #     bound, not the whole 4,096); then the c=1 step's per-kernel profile (8-layer cut). If the short graphs win, the GPU tests of decode graphs
@@ -53,13 +57,23 @@ case ${PART:-1} in
   timeout 90 python3 bench/micro/attention_decode_times.py > $O/dattn-c1.jsonl 2>&1; cut -c1-300 $O/dattn-c1.jsonl
   PYTHONPATH=$PWD/.ab-base:$HOME/site timeout 60 python3 .ab-base/bench/micro/gemv_mma_times.py --models 8b \
     --methods v2h --products down --tokens 8 16 > $O/gemv-q6k-base.jsonl 2>&1
-  timeout 60 python3 bench/micro/gemv_mma_times.py --models 8b --methods v2h --products down --tokens 8 16 \
-    > $O/gemv-q6k.jsonl 2>&1
-  grep -ho '"tokens": [0-9]*\|"v2h_us": [0-9.]*' $O/gemv-q6k-base.jsonl $O/gemv-q6k.jsonl | paste -sd' '
+  timeout 80 python3 bench/micro/gemv_mma_times.py --models 8b --methods v2h cublas16 --products down lm_head \
+    --tokens 8 16 > $O/gemv-q6k.jsonl 2>&1
+  grep -ho '"product": "[^"]*"\|"tokens": [0-9]*\|"v2h_us": [0-9.]*\|"cublas16_us": [0-9.]*' $O/gemv-q6k-base.jsonl \
+    $O/gemv-q6k.jsonl | paste -sd' '
   OUT=$W/prof STAGES="ab profile" MODELS=qwen3-8b:q4_k_m PROFILE_MODELS=qwen3-8b:8 PROFILE_BATCHES=1 \
     AB_BASE=.ab-base AB="PADDOCK_PDL=1 PADDOCK_PDL=1+PADDOCK_DECODE_SHORT_CONTEXT=512" AB_BATCH="1 8" \
     BUDGET=$((290 - SECONDS)) bash bench/gpu_run.sh 2>&1 | tail -12
   cp $W/prof/ab.log $O/ 2>/dev/null; cp $W/prof/profile*.jsonl $O/ 2>/dev/null
+  ;;
+4)
+  OUT=$W/sv STAGES=curve MODELS=qwen3-8b:q8_0 CURVE_CS="1 32" BUDGET=200 bash bench/gpu_run.sh 2>&1 | grep '^{' | cut -c1-200
+  cp $W/sv/curve.jsonl $O/curve-q8.jsonl 2>/dev/null
+  OUT=$W/prof STAGES=cascade MODELS=qwen3-8b:q4_k_m CASCADE_DEFINES="" CASCADE_CASES=c8 CASCADE_SETTINGS=PADDOCK_PDL=1 \
+    CASCADE_KV="f16 fp8" BUDGET=$((330 - SECONDS)) bash bench/gpu_run.sh 2>&1 | grep '^{' | cut -c1-200
+  cp $W/prof/cascade.log $O/c8-kv.log 2>/dev/null
+  OUT=$W/side STAGES=agent SERVE_ARGS="--kv-dtype fp8" BUDGET=$((560 - SECONDS)) bash bench/gpu_run.sh 2>&1 | tail -6
+  cp $W/side/agent.jsonl $O/agent-fp8.jsonl 2>/dev/null
   ;;
 esac
 echo "total $SECONDS s"
