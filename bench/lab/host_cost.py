@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from app.engine.cache.manager import KVCacheManager
 from app.engine.core.scheduler import Scheduler, SchedulerConfig
+from app.engine.kernels.options import KernelOptions
 from app.engine.request import Request, RequestStatus
 from app.engine.sampling_params import SamplingParams
 from app.engine.worker.decode_graphs import DecodeGraphs
@@ -77,7 +78,7 @@ class _NoGraph:
 def host_graphs(max_model_len: int, max_batch: int) -> DecodeGraphs:
     """DecodeGraphs over numpy, every bucket "captured" (cascade variants too, as on CUDA with
     PADDOCK_CASCADE on, so the shared-prefix check runs)."""
-    backend = SimpleNamespace(xp=_HostXp, kernel_options=SimpleNamespace(cascade_attention=True, pdl=False))
+    backend = SimpleNamespace(xp=_HostXp, kernel_options=KernelOptions(cascade_attention=True, pdl=False))
     graphs = DecodeGraphs(None, backend, [], BLOCK_SIZE, max_model_len, max_batch)
     for n in graphs.buckets:
         graphs._graphs[n] = (_NoGraph(), np.zeros((n, 8), np.float32))
