@@ -12,6 +12,9 @@ Linux): ASGI entry, route handler, prompt built (template + tokenizer), request 
 engine thread, engine step start and end, first output handed back, first SSE body written. Prints
 the median ms of each mark after the send; TTFT is the first line with content.
 `--simulate-ms` replaces the forward pass and sampler with bench/lab/host_path.py's simulated device.
+`--prefix-tokens 8000` puts the same ~8,000-token system message before each user message (issue 38's cached-prefix
+row): from the second request it is cached, and the marks show the host's share of that TTFT (template and
+tokenizer over the whole conversation, the prefix lookup).
 """
 
 from __future__ import annotations
@@ -29,13 +32,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 CLIENT = r"""
 import json, sys, time, httpx
-url, n = sys.argv[1], int(sys.argv[2])
+url, n, prefix = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
 words = "the quick brown fox jumps over a lazy dog while seven cats watch".split()
-prompt = httpx.post(url + "/tokenize", json={"model": model, "prompt": " ".join(words * 20), "add_special_tokens": False})
-ids = prompt.json()["tokens"][:128]
-text = httpx.post(url + "/detokenize", json={"model": model, "tokens": ids}).json()["prompt"]
-body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 128, "min_tokens": 128,
+
+
+def text_of(count, salt):  # about `count` tokens of text
+    words_needed = " ".join(f"{w}{salt if i % 7 == 0 else ''}" for i, w in enumerate(words * (count // 5 + 20)))
+    ids = httpx.post(url + "/tokenize", json={"model": model, "prompt": words_needed, "add_special_tokens": False})
+    return httpx.post(url + "/detokenize", json={"model": model, "tokens": ids.json()["tokens"][:count]}).json()["prompt"]
+
+
+messages = [{"role": "user", "content": text_of(128, "")}]
+if prefix:  # the same long system message every request: cached after the first
+    messages.insert(0, {"role": "system", "content": text_of(prefix, "s")})
+body = {"model": model, "messages": messages, "max_tokens": 128, "min_tokens": 128,
         "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
 rows = []
 with httpx.Client(base_url=url, timeout=120) as client:
@@ -71,7 +82,7 @@ def instrument(engine, marks: Marks) -> None:
     """Wrap the hand-over points of the request path with marks."""
     import fastapi
 
-    import app.engine.interface as client_module
+    import app.engine.core.async_engine as client_module
     import app.engine.server.serving_chat as serving_chat
 
     app_call = fastapi.FastAPI.__call__
@@ -144,11 +155,13 @@ def main() -> int:
         "--simulate-ms", type=float, default=None, help="simulated decode step (host_path.py)"
     )
     parser.add_argument("--port", type=int, default=11781)
+    parser.add_argument("--prefix-tokens", type=int, default=0,
+                        help="a system message of about this many tokens before each request's user message, the same "
+                             "every time (issue 38's cached-prefix row: 8000)")  # fmt: skip
     args = parser.parse_args()
 
-    engine = LLMEngine(
-        EngineConfig(model=args.model, device=args.device, max_model_len=4096, max_num_seqs=32)
-    )
+    engine = LLMEngine(EngineConfig(model=args.model, device=args.device, max_model_len=4096 + args.prefix_tokens,
+                                    max_num_seqs=32))  # fmt: skip
     if args.simulate_ms is not None:
         from host_path import SimulatedDevice
 
@@ -160,7 +173,7 @@ def main() -> int:
     server = ServerHandle(client, settings=settings)
     server.start()
     try:
-        done = subprocess.run([sys.executable, "-c", CLIENT, server.base_url, str(args.requests)],
+        done = subprocess.run([sys.executable, "-c", CLIENT, server.base_url, str(args.requests), str(args.prefix_tokens)],
                               capture_output=True, text=True, check=True)  # fmt: skip
     finally:
         server.stop()
