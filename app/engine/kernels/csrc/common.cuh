@@ -79,12 +79,6 @@ __device__ __forceinline__ uint4 ld16u(const u8* p) {
     return r;
 }
 
-// Byte `i` (run-time, 0..15) of a 16-byte value held in four registers.
-__device__ __forceinline__ u32 byte_of16(uint4 v, int i) {
-    const u32 w = (i < 8) ? ((i < 4) ? v.x : v.y) : ((i < 12) ? v.z : v.w);
-    return (w >> ((i & 3) * 8)) & 0xffu;
-}
-
 // Byte `i` (compile-time after unrolling) of a 32-bit word, as unsigned and as signed.
 __device__ __forceinline__ u32 ubyte(u32 w, int i) { return (w >> (8 * i)) & 0xffu; }
 __device__ __forceinline__ int sbyte(u32 w, int i) { return ((int)(w << (24 - 8 * i))) >> 24; }

@@ -128,14 +128,6 @@ __device__ __forceinline__ constexpr bool half_decode() {
     return GM_HDEC && int_codes<F>(static_cast<const F*>(nullptr));
 }
 
-// Two codes of a word (bytes i, i + 1: selector 0x4140 or 0x4342) as float16 a u + b: 1024 + u by a byte permute
-// (0x64 is 1024's high byte), minus 1024 exactly, then one fma with the run's (a, a) and (b, b).
-template <u32 SELECTOR>
-__device__ __forceinline__ u32 code_pair(u32 codes, u32 high, u32 a2, u32 b2) {
-    constexpr u32 EXP = 0x64006400u;  // 1024.0 twice in float16
-    return h2_fma(h2_sub(__byte_perm(codes, high, SELECTOR), EXP), a2, b2);
-}
-
 // Where this thread's words of a super-step's staged x come from (stage_x): word j is word threadIdx.x + j THREADS
 // of the buffer, [kw][k][n][t] (below), and holds x of token n at columns 4k..4k+3 of run 0 and of run 1 of unit
 // 4 (step0 + kw) + t. Its source moves 128 columns a step in every format: x_base(u + 4 m) = x_base(u) + 128 m

@@ -85,7 +85,6 @@ constexpr int SCALE_UNITS = Q4R_FMT == 1 ? 16 : 32;
 constexpr int RECORD_BYTES = Q4R_WSMEM ? 16 * (CODE_UNITS + SCALE_UNITS) : 0;
 constexpr int STAGE_BYTES = X_BYTES + WARPS * MT * RECORD_BYTES;
 constexpr int SMEM_BYTES = STAGES * STAGE_BYTES;  // dynamic shared memory (gemv_q4r.py: shared_bytes)
-constexpr u32 EXP = 0x64006400u;                  // 1024.0 twice in float16
 static_assert(STAGES >= 2, "gemv_q4r: the pipeline needs two stages");
 }  // namespace q4r
 
@@ -93,21 +92,21 @@ static_assert(STAGES >= 2, "gemv_q4r: the pipeline needs two stages");
 __device__ __forceinline__ void q4r_decode(u32 q, u32 pair_g, u32 pair_g8, u32* a) {
     const u32 s_g = __byte_perm(pair_g, 0, 0x1010), m_g = __byte_perm(pair_g, 0, 0x3232);
     const u32 s_g8 = __byte_perm(pair_g8, 0, 0x1010), m_g8 = __byte_perm(pair_g8, 0, 0x3232);
-    a[0] = h2_fma(h2_sub((q & 0x000f000fu) | q4r::EXP, q4r::EXP), s_g, m_g);
-    a[1] = h2_fma(h2_sub((q & 0x00f000f0u) | q4r::EXP, q4r::EXP), s_g8, m_g8);
+    a[0] = h2_fma(h2_sub((q & 0x000f000fu) | H2_1024, H2_1024), s_g, m_g);
+    a[1] = h2_fma(h2_sub((q & 0x00f000f0u) | H2_1024, H2_1024), s_g8, m_g8);
     q >>= 8;
-    a[2] = h2_fma(h2_sub((q & 0x000f000fu) | q4r::EXP, q4r::EXP), s_g, m_g);
-    a[3] = h2_fma(h2_sub((q & 0x00f000f0u) | q4r::EXP, q4r::EXP), s_g8, m_g8);
+    a[2] = h2_fma(h2_sub((q & 0x000f000fu) | H2_1024, H2_1024), s_g, m_g);
+    a[3] = h2_fma(h2_sub((q & 0x00f000f0u) | H2_1024, H2_1024), s_g8, m_g8);
 }
 
 // The same from the byte layout: w0 holds rows g, g+8 at columns 2t, 2t+1 of the k-step, w1 the same at +8.
 __device__ __forceinline__ void q8r_decode(u32 w0, u32 w1, u32 pair_g, u32 pair_g8, u32* a) {
     const u32 s_g = __byte_perm(pair_g, 0, 0x1010), m_g = __byte_perm(pair_g, 0, 0x3232);
     const u32 s_g8 = __byte_perm(pair_g8, 0, 0x1010), m_g8 = __byte_perm(pair_g8, 0, 0x3232);
-    a[0] = h2_fma(h2_sub(__byte_perm(w0, 0x64646464u, 0x4140), q4r::EXP), s_g, m_g);
-    a[1] = h2_fma(h2_sub(__byte_perm(w0, 0x64646464u, 0x4342), q4r::EXP), s_g8, m_g8);
-    a[2] = h2_fma(h2_sub(__byte_perm(w1, 0x64646464u, 0x4140), q4r::EXP), s_g, m_g);
-    a[3] = h2_fma(h2_sub(__byte_perm(w1, 0x64646464u, 0x4342), q4r::EXP), s_g8, m_g8);
+    a[0] = code_pair<0x4140u>(w0, 0x64646464u, s_g, m_g);
+    a[1] = code_pair<0x4342u>(w0, 0x64646464u, s_g8, m_g8);
+    a[2] = code_pair<0x4140u>(w1, 0x64646464u, s_g, m_g);
+    a[3] = code_pair<0x4342u>(w1, 0x64646464u, s_g8, m_g8);
 }
 
 namespace q4r {

@@ -116,6 +116,16 @@ inline u32 h2_sub(u32 a, u32 b) { return h2_op(a, b, 0, false); }
 inline u32 h2_fma(u32 a, u32 b, u32 c) { return h2_op(a, b, c, true); }
 #endif
 
+// 1024.0 twice in float16: an integer code u < 1024 in a half's low mantissa bits (exponent byte 0x64) is 1024 + u.
+constexpr u32 H2_1024 = 0x64006400u;
+
+// Two byte codes of a word (bytes i and i + 1: SELECTOR 0x4140 or 0x4342) as float16 a u + b: 1024 + u by a byte
+// permute with `high`'s 0x64 bytes, minus 1024 exactly, then one fma with the pairs (a, a) and (b, b).
+template <u32 SELECTOR>
+__device__ __forceinline__ u32 code_pair(u32 codes, u32 high, u32 a2, u32 b2) {
+    return h2_fma(h2_sub(__byte_perm(codes, high, SELECTOR), H2_1024), a2, b2);
+}
+
 // A warp's accumulator tiles, zeroed (mma_16816's C fragments, [A][B] of them).
 template <int A, int B>
 __device__ __forceinline__ void zero_tiles(float (&c)[A][B][4]) {
